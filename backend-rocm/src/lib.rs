@@ -1,0 +1,1 @@
+//! Placeholder: this backend is being written; see the crate description.

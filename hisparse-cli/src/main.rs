@@ -1,0 +1,2 @@
+//! The hisparse command.
+fn main() {}

@@ -1,0 +1,231 @@
+//! Portable error classification shared by every backend, and the typed error for malformed
+//! operation descriptors.
+//!
+//! The core never names a backend type. Each backend defines its own error type and implements
+//! [`Error`] for it, so generic code (conformance, the CLI, an engine) can react to the *kind* of
+//! failure without knowing which GPU API produced it. This is the embedded-hal pattern.
+
+use core::fmt;
+
+/// What kind of failure an operation hit, independent of the backend that reports it.
+///
+/// Each variant says what the caller should do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A descriptor, buffer or argument is malformed. Fix the call; retrying cannot help.
+    InvalidArgument,
+    /// Device memory is exhausted. Free buffers or plan a smaller pool
+    /// (`hisparse layout` shows what fits).
+    OutOfDeviceMemory,
+    /// Pinned (page-locked, device-visible) host memory could not be allocated, or the request
+    /// exceeds the safe share of RAM. Lower the host budget.
+    OutOfPinnedMemory,
+    /// No driver, runtime library or device was found. Install the vendor runtime, or pick
+    /// another backend; a test should report this as *skipped*.
+    NotFound,
+    /// The device or driver lacks a capability this operation needs (shared memory size,
+    /// extension, compiler). Pick another device or backend.
+    Unsupported,
+    /// A kernel or shader failed to compile or load. This is a bug in the backend or an
+    /// incompatible toolchain; report it with the message.
+    Compilation,
+    /// The device was lost or a launch faulted. The context is unusable; recreate it.
+    DeviceLost,
+    /// Any other backend failure; the message says more.
+    Other,
+}
+
+impl ErrorKind {
+    /// A short lowercase name, stable for logs and JSON.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid argument",
+            ErrorKind::OutOfDeviceMemory => "out of device memory",
+            ErrorKind::OutOfPinnedMemory => "out of pinned memory",
+            ErrorKind::NotFound => "not found",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Compilation => "compilation",
+            ErrorKind::DeviceLost => "device lost",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A backend error that can be classified portably.
+pub trait Error: fmt::Debug + fmt::Display {
+    /// The portable kind of this error.
+    fn kind(&self) -> ErrorKind;
+}
+
+impl Error for core::convert::Infallible {
+    fn kind(&self) -> ErrorKind {
+        match *self {}
+    }
+}
+
+/// Which data-plane operation a descriptor belongs to (used in error messages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OpName {
+    /// [`crate::ops::remap`].
+    Remap,
+    /// [`crate::ops::resolve`].
+    Resolve,
+    /// [`crate::ops::copy`] row gather from a miss plan.
+    GatherRows,
+    /// [`crate::ops::copy`] whole-page copies.
+    CopyPages,
+    /// [`crate::ops::copy`] row-span copies.
+    CopyRows,
+    /// [`crate::ops::invalidate`].
+    Invalidate,
+    /// [`crate::ops::slot_mapping`].
+    CompressedSlotMapping,
+    /// Buffer allocation, upload or download.
+    Buffer,
+}
+
+impl fmt::Display for OpName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OpName::Remap => "remap",
+            OpName::Resolve => "resolve",
+            OpName::GatherRows => "gather_rows",
+            OpName::CopyPages => "copy_pages",
+            OpName::CopyRows => "copy_rows",
+            OpName::Invalidate => "invalidate",
+            OpName::CompressedSlotMapping => "compressed_slot_mapping",
+            OpName::Buffer => "buffer",
+        })
+    }
+}
+
+/// A malformed operation descriptor or argument, found before any memory is touched.
+///
+/// Every variant names the operation and the offending field so the message alone says what to
+/// fix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OpError {
+    /// A size that must be positive is zero.
+    Zero {
+        /// Operation.
+        op: OpName,
+        /// Field name.
+        field: &'static str,
+    },
+    /// A value lies outside its allowed inclusive range.
+    OutOfRange {
+        /// Operation.
+        op: OpName,
+        /// Field name.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// Smallest allowed value.
+        min: u64,
+        /// Largest allowed value.
+        max: u64,
+    },
+    /// A value must be a multiple of `alignment`.
+    Misaligned {
+        /// Operation.
+        op: OpName,
+        /// Field name.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// Required alignment.
+        alignment: u64,
+    },
+    /// A buffer is smaller than the descriptor says it must be.
+    BufferTooSmall {
+        /// Operation.
+        op: OpName,
+        /// Argument name.
+        buffer: &'static str,
+        /// Bytes the descriptor needs.
+        needed: u64,
+        /// Bytes the buffer has.
+        actual: u64,
+    },
+    /// Two fields that must agree do not.
+    Mismatch {
+        /// Operation.
+        op: OpName,
+        /// First field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// Field it must equal.
+        expected_field: &'static str,
+        /// That field's value.
+        expected: u64,
+    },
+    /// An element of a host-side list (page pairs, row spans) is out of range.
+    ElementOutOfRange {
+        /// Operation.
+        op: OpName,
+        /// List name.
+        list: &'static str,
+        /// Position in the list.
+        index: usize,
+        /// Field of the element.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// Exclusive upper bound.
+        limit: u64,
+    },
+    /// A size computation overflows the address space.
+    Overflow {
+        /// Operation.
+        op: OpName,
+        /// Field whose size overflows.
+        field: &'static str,
+    },
+}
+
+impl fmt::Display for OpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            OpError::Zero { op, field } => write!(f, "{op}: `{field}` must be greater than 0"),
+            OpError::OutOfRange { op, field, value, min, max } => {
+                write!(f, "{op}: `{field}` = {value} is outside {min}..={max}")
+            }
+            OpError::Misaligned { op, field, value, alignment } => {
+                write!(f, "{op}: `{field}` = {value} must be a multiple of {alignment}")
+            }
+            OpError::BufferTooSmall { op, buffer, needed, actual } => write!(
+                f,
+                "{op}: buffer `{buffer}` holds {actual} bytes but the descriptor needs {needed}"
+            ),
+            OpError::Mismatch { op, field, value, expected_field, expected } => write!(
+                f,
+                "{op}: `{field}` = {value} must equal `{expected_field}` = {expected}"
+            ),
+            OpError::ElementOutOfRange { op, list, index, field, value, limit } => write!(
+                f,
+                "{op}: `{list}[{index}].{field}` = {value} must be below {limit}"
+            ),
+            OpError::Overflow { op, field } => {
+                write!(f, "{op}: size of `{field}` overflows the address space")
+            }
+        }
+    }
+}
+
+impl Error for OpError {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::InvalidArgument
+    }
+}
+
+impl core::error::Error for OpError {}

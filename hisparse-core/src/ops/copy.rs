@@ -1,0 +1,627 @@
+//! Row and page copies between the pinned host pool and the device pool (SPEC §5.3 and step 7 of
+//! §5.2).
+//!
+//! Both pools are described per layer by a [`PageLayout`]: where block 0's page of the layer sits,
+//! how far apart consecutive blocks are, and how rows sit inside a page — contiguous, or *split*
+//! (all value bytes of the page's rows first, then all their scale bytes). A row is addressed as
+//! `(block, offset)`; a flat row index `r` names `(r / index_stride_rows, r % index_stride_rows)`
+//! (the host pool uses `index_stride_rows = block_size`; the device pool uses the attention
+//! block stride, so flat device rows are exactly the indices attention reads).
+//!
+//! Operations:
+//! * [`gather_rows`]: execute a resolver miss plan (host row → device row) for one or more layers.
+//!   A source of `-1` or beyond the host pool zero-fills the destination row. A destination that is
+//!   negative, beyond the pool, or in another layer's part of a block (`offset ≥ block_size`) is
+//!   skipped. Plan destinations must be distinct (the resolver guarantees it); when they are not,
+//!   which source lands is unspecified.
+//! * [`copy_pages`]: whole pages, device → host (backup, several layers in one call) or host →
+//!   device (restore). Pairs are validated up front; destinations must be distinct.
+//! * [`copy_rows`]: row spans inside pages (row mirrors, partial restores).
+//! * [`copy_host_pages`]: host → host page copies (copy-on-write of a shared tail page).
+
+use super::{BufferLen, I32_BYTES, aligned, mul, need, nonzero};
+use crate::error::{OpError, OpName};
+
+/// Where one layer's pages sit in a pool buffer, and how rows sit inside a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PageLayout {
+    /// Byte offset of block 0's page of this layer in the buffer.
+    pub base: u64,
+    /// Bytes between the pages of consecutive blocks (≥ the page size).
+    pub block_stride: u64,
+    /// Blocks in the pool.
+    pub num_blocks: u32,
+    /// Rows per page.
+    pub block_size: u32,
+    /// Bytes per row (a multiple of 16).
+    pub row_bytes: u32,
+    /// Value bytes per row: `row_bytes` for contiguous rows, less for split pages (a multiple of
+    /// 16). In a split page row `r`'s values sit at `page + r * value_bytes` and its scales at
+    /// `page + block_size * value_bytes + r * (row_bytes - value_bytes)`.
+    pub value_bytes: u32,
+    /// Divisor that turns a flat row index into `(block, offset)` (≥ `block_size`).
+    pub index_stride_rows: u32,
+}
+
+impl PageLayout {
+    /// A contiguous-row layout with `index_stride_rows = block_size`, as used by the host pool.
+    pub const fn contiguous(
+        base: u64,
+        block_stride: u64,
+        num_blocks: u32,
+        block_size: u32,
+        row_bytes: u32,
+    ) -> Self {
+        PageLayout {
+            base,
+            block_stride,
+            num_blocks,
+            block_size,
+            row_bytes,
+            value_bytes: row_bytes,
+            index_stride_rows: block_size,
+        }
+    }
+
+    /// Bytes of one page of this layer.
+    pub const fn page_bytes(&self) -> u64 {
+        self.block_size as u64 * self.row_bytes as u64
+    }
+
+    /// Whether rows are split into a value part and a scale part.
+    pub const fn is_split(&self) -> bool {
+        self.value_bytes != self.row_bytes
+    }
+
+    /// Byte offset of `block`'s page (no bounds check).
+    pub const fn page_offset(&self, block: u32) -> u64 {
+        self.base + block as u64 * self.block_stride
+    }
+
+    /// The byte ranges `(offset, len)` of row `offset` of `block`: the value part, then the scale
+    /// part (length 0 for contiguous rows). No bounds check.
+    pub const fn row_parts(&self, block: u32, offset: u32) -> [(u64, u64); 2] {
+        let page = self.page_offset(block);
+        let (vb, sb) = (self.value_bytes as u64, (self.row_bytes - self.value_bytes) as u64);
+        [
+            (page + offset as u64 * vb, vb),
+            (page + self.block_size as u64 * vb + offset as u64 * sb, sb),
+        ]
+    }
+
+    /// `(block, offset)` of flat row `row`, or `None` when it lies outside the pool or in the part
+    /// of a block that belongs to other layers.
+    pub const fn locate(&self, row: i64) -> Option<(u32, u32)> {
+        if row < 0 {
+            return None;
+        }
+        let block = row / self.index_stride_rows as i64;
+        let offset = (row % self.index_stride_rows as i64) as u32;
+        if block >= self.num_blocks as i64 || offset >= self.block_size {
+            return None;
+        }
+        Some((block as u32, offset))
+    }
+
+    /// One past the last byte this layout touches.
+    pub fn end(&self, op: OpName) -> Result<u64, OpError> {
+        let last = mul(op, "layout.block_stride", u64::from(self.num_blocks) - 1, self.block_stride)?;
+        self.base
+            .checked_add(last)
+            .and_then(|v| v.checked_add(self.page_bytes()))
+            .ok_or(OpError::Overflow { op, field: "layout" })
+    }
+
+    /// Checks the layout on its own and against a buffer of `buffer_len` bytes.
+    pub fn check(&self, op: OpName, buffer: &'static str, buffer_len: u64) -> Result<(), OpError> {
+        nonzero(op, "layout.num_blocks", self.num_blocks.into())?;
+        nonzero(op, "layout.block_size", self.block_size.into())?;
+        nonzero(op, "layout.row_bytes", self.row_bytes.into())?;
+        nonzero(op, "layout.value_bytes", self.value_bytes.into())?;
+        aligned(op, "layout.row_bytes", self.row_bytes.into(), 16)?;
+        aligned(op, "layout.value_bytes", self.value_bytes.into(), 16)?;
+        aligned(op, "layout.base", self.base, 16)?;
+        aligned(op, "layout.block_stride", self.block_stride, 16)?;
+        if self.value_bytes > self.row_bytes {
+            return Err(OpError::OutOfRange {
+                op,
+                field: "layout.value_bytes",
+                value: self.value_bytes.into(),
+                min: 16,
+                max: self.row_bytes.into(),
+            });
+        }
+        if self.index_stride_rows < self.block_size {
+            return Err(OpError::OutOfRange {
+                op,
+                field: "layout.index_stride_rows",
+                value: self.index_stride_rows.into(),
+                min: self.block_size.into(),
+                max: u32::MAX.into(),
+            });
+        }
+        if self.num_blocks > 1 && self.block_stride < self.page_bytes() {
+            return Err(OpError::OutOfRange {
+                op,
+                field: "layout.block_stride",
+                value: self.block_stride,
+                min: self.page_bytes(),
+                max: u64::MAX,
+            });
+        }
+        let end = self.end(op)?;
+        if end > buffer_len {
+            return Err(OpError::BufferTooSmall { op, buffer, needed: end, actual: buffer_len });
+        }
+        Ok(())
+    }
+
+    fn same_rows(&self, other: &PageLayout, op: OpName) -> Result<(), OpError> {
+        for (field, a, b) in [
+            ("device.block_size", other.block_size, self.block_size),
+            ("device.row_bytes", other.row_bytes, self.row_bytes),
+            ("device.value_bytes", other.value_bytes, self.value_bytes),
+        ] {
+            if a != b {
+                return Err(OpError::Mismatch {
+                    op,
+                    field,
+                    value: a.into(),
+                    expected_field: "host layout",
+                    expected: b.into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One layer's place in the host pool and in the device pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct LayerPair {
+    /// Layout in the pinned host pool.
+    pub host: PageLayout,
+    /// Layout in the device pool.
+    pub device: PageLayout,
+}
+
+fn check_layers(
+    op: OpName,
+    layers: &[LayerPair],
+    host_len: u64,
+    device_len: u64,
+) -> Result<(), OpError> {
+    nonzero(op, "layers", layers.len() as u64)?;
+    for l in layers {
+        l.host.check(op, "host", host_len)?;
+        l.device.check(op, "device", device_len)?;
+        l.host.same_rows(&l.device, op)?;
+    }
+    Ok(())
+}
+
+/// Shape of a [`gather_rows`] call: a resolver miss plan of `T × K` entries applied to `layers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatherDesc<'a> {
+    /// Token rows `T` of the plan.
+    pub num_tokens: u32,
+    /// Plan entries per token row `K`.
+    pub top_k: u32,
+    /// Layers to gather (a leader and its followers share one plan).
+    pub layers: &'a [LayerPair],
+}
+
+/// Buffers of a gather call.
+#[derive(Debug)]
+pub struct GatherArgs<'a, B: ?Sized, H: ?Sized, D: ?Sized = B> {
+    /// `i32[T][K]` flat host rows (`-1` = zero-fill).
+    pub plan_src: &'a B,
+    /// `i32[T][K]` flat device rows.
+    pub plan_dst: &'a B,
+    /// `i32[T]` valid plan entries per token row (clamped to `0..=K`).
+    pub plan_counts: &'a B,
+    /// The host pool.
+    pub host: &'a H,
+    /// The device pool.
+    pub device: &'a mut D,
+}
+
+impl GatherDesc<'_> {
+    /// Checks the descriptor and buffer sizes.
+    pub fn check<B: BufferLen + ?Sized, H: BufferLen + ?Sized, D: BufferLen + ?Sized>(
+        &self,
+        args: &GatherArgs<'_, B, H, D>,
+    ) -> Result<(), OpError> {
+        const OP: OpName = OpName::GatherRows;
+        nonzero(OP, "top_k", self.top_k.into())?;
+        let tk = mul(OP, "plan", self.num_tokens.into(), self.top_k.into())?;
+        need(OP, "plan_src", args.plan_src.byte_len(), tk, I32_BYTES)?;
+        need(OP, "plan_dst", args.plan_dst.byte_len(), tk, I32_BYTES)?;
+        need(OP, "plan_counts", args.plan_counts.byte_len(), self.num_tokens.into(), I32_BYTES)?;
+        check_layers(OP, self.layers, args.host.byte_len(), args.device.byte_len())
+    }
+}
+
+fn copy_row(
+    src_layout: &PageLayout,
+    src_pos: Option<(u32, u32)>,
+    src: &[u8],
+    dst_layout: &PageLayout,
+    (db, doff): (u32, u32),
+    dst: &mut [u8],
+) {
+    let dparts = dst_layout.row_parts(db, doff);
+    match src_pos {
+        Some((sb, soff)) => {
+            let sparts = src_layout.row_parts(sb, soff);
+            for ((s, len), (d, _)) in sparts.into_iter().zip(dparts) {
+                let (s, d, len) = (s as usize, d as usize, len as usize);
+                dst[d..d + len].copy_from_slice(&src[s..s + len]);
+            }
+        }
+        None => {
+            for (d, len) in dparts {
+                dst[d as usize..(d + len) as usize].fill(0);
+            }
+        }
+    }
+}
+
+/// Reference gather: executes a miss plan for every layer. See the module docs for the rules.
+pub fn gather_rows(
+    desc: &GatherDesc<'_>,
+    args: GatherArgs<'_, [i32], [u8], [u8]>,
+) -> Result<(), OpError> {
+    desc.check(&args)?;
+    let k = desc.top_k as usize;
+    for layer in desc.layers {
+        for t in 0..desc.num_tokens as usize {
+            let n = args.plan_counts[t].clamp(0, desc.top_k as i32) as usize;
+            for j in 0..n {
+                let Some(dst) = layer.device.locate(args.plan_dst[t * k + j].into()) else {
+                    continue;
+                };
+                let src = layer.host.locate(args.plan_src[t * k + j].into());
+                copy_row(&layer.host, src, args.host, &layer.device, dst, args.device);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A page or row copy direction between the pools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Direction {
+    /// Device pool → host pool (backup, row mirror).
+    DeviceToHost,
+    /// Host pool → device pool (restore).
+    HostToDevice,
+}
+
+/// A source block and a destination block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BlockPair {
+    /// Source block id (in the source pool of the copy's direction).
+    pub src: u32,
+    /// Destination block id.
+    pub dst: u32,
+}
+
+/// Shape of a [`copy_pages`] call: whole pages of every listed layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageCopyDesc<'a> {
+    /// Direction of every pair.
+    pub direction: Direction,
+    /// Layers copied for each pair (multi-layer backup in one call).
+    pub layers: &'a [LayerPair],
+}
+
+fn src_dst(direction: Direction, l: &LayerPair) -> (&PageLayout, &PageLayout) {
+    match direction {
+        Direction::DeviceToHost => (&l.device, &l.host),
+        Direction::HostToDevice => (&l.host, &l.device),
+    }
+}
+
+fn check_pair(
+    op: OpName,
+    list: &'static str,
+    index: usize,
+    src_blocks: u32,
+    dst_blocks: u32,
+    pair: BlockPair,
+) -> Result<(), OpError> {
+    for (field, value, limit) in [("src", pair.src, src_blocks), ("dst", pair.dst, dst_blocks)] {
+        if value >= limit {
+            return Err(OpError::ElementOutOfRange {
+                op,
+                list,
+                index,
+                field,
+                value: value.into(),
+                limit: limit.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl PageCopyDesc<'_> {
+    /// Checks layouts, buffer sizes and every pair.
+    pub fn check(&self, pairs: &[BlockPair], host_len: u64, device_len: u64) -> Result<(), OpError> {
+        const OP: OpName = OpName::CopyPages;
+        check_layers(OP, self.layers, host_len, device_len)?;
+        for l in self.layers {
+            let (s, d) = src_dst(self.direction, l);
+            for (i, p) in pairs.iter().enumerate() {
+                check_pair(OP, "pairs", i, s.num_blocks, d.num_blocks, *p)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reference whole-page copy in `desc.direction`.
+pub fn copy_pages(
+    desc: &PageCopyDesc<'_>,
+    pairs: &[BlockPair],
+    host: &mut [u8],
+    device: &mut [u8],
+) -> Result<(), OpError> {
+    desc.check(pairs, host.byte_len(), device.byte_len())?;
+    for l in desc.layers {
+        let len = l.host.page_bytes() as usize;
+        for p in pairs {
+            match desc.direction {
+                Direction::DeviceToHost => {
+                    let (s, d) = (l.device.page_offset(p.src) as usize, l.host.page_offset(p.dst) as usize);
+                    host[d..d + len].copy_from_slice(&device[s..s + len]);
+                }
+                Direction::HostToDevice => {
+                    let (s, d) = (l.host.page_offset(p.src) as usize, l.device.page_offset(p.dst) as usize);
+                    device[d..d + len].copy_from_slice(&host[s..s + len]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A run of rows at the same offsets of a device page and a host page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RowSpan {
+    /// Device block id.
+    pub device_block: u32,
+    /// Host block id.
+    pub host_block: u32,
+    /// First row of the span within the page.
+    pub first_row: u32,
+    /// Rows in the span (0 is a no-op).
+    pub num_rows: u32,
+}
+
+/// Shape of a [`copy_rows`] call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowCopyDesc<'a> {
+    /// Direction of every span.
+    pub direction: Direction,
+    /// Layers copied for each span.
+    pub layers: &'a [LayerPair],
+}
+
+impl RowCopyDesc<'_> {
+    /// Checks layouts, buffer sizes and every span.
+    pub fn check(&self, spans: &[RowSpan], host_len: u64, device_len: u64) -> Result<(), OpError> {
+        const OP: OpName = OpName::CopyRows;
+        check_layers(OP, self.layers, host_len, device_len)?;
+        for l in self.layers {
+            for (index, s) in spans.iter().enumerate() {
+                let pair = BlockPair { src: s.device_block, dst: s.host_block };
+                check_pair(OP, "spans", index, l.device.num_blocks, l.host.num_blocks, pair)?;
+                let end = u64::from(s.first_row) + u64::from(s.num_rows);
+                if end > u64::from(l.host.block_size) {
+                    return Err(OpError::ElementOutOfRange {
+                        op: OP,
+                        list: "spans",
+                        index,
+                        field: "first_row + num_rows",
+                        value: end,
+                        limit: u64::from(l.host.block_size) + 1,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reference row-span copy in `desc.direction` (contiguous or split rows).
+pub fn copy_rows(
+    desc: &RowCopyDesc<'_>,
+    spans: &[RowSpan],
+    host: &mut [u8],
+    device: &mut [u8],
+) -> Result<(), OpError> {
+    desc.check(spans, host.byte_len(), device.byte_len())?;
+    for l in desc.layers {
+        for s in spans {
+            for r in s.first_row..s.first_row + s.num_rows {
+                let (hpos, dpos) = ((s.host_block, r), (s.device_block, r));
+                match desc.direction {
+                    Direction::DeviceToHost => {
+                        copy_row(&l.device, Some(dpos), device, &l.host, hpos, host)
+                    }
+                    Direction::HostToDevice => {
+                        copy_row(&l.host, Some(hpos), host, &l.device, dpos, device)
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a host → host page copy: layouts against the host buffer and every pair.
+pub fn check_host_page_copy(
+    layers: &[PageLayout],
+    pairs: &[BlockPair],
+    host_len: u64,
+) -> Result<(), OpError> {
+    const OP: OpName = OpName::CopyPages;
+    nonzero(OP, "layers", layers.len() as u64)?;
+    for l in layers {
+        l.check(OP, "host", host_len)?;
+        for (i, p) in pairs.iter().enumerate() {
+            check_pair(OP, "pairs", i, l.num_blocks, l.num_blocks, *p)?;
+            if p.src == p.dst {
+                return Err(OpError::ElementOutOfRange {
+                    op: OP,
+                    list: "pairs",
+                    index: i,
+                    field: "dst (equal to src)",
+                    value: p.dst.into(),
+                    limit: p.src.into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reference host → host page copy (copy-on-write). `src == dst` is rejected.
+pub fn copy_host_pages(
+    layers: &[PageLayout],
+    pairs: &[BlockPair],
+    host: &mut [u8],
+) -> Result<(), OpError> {
+    check_host_page_copy(layers, pairs, host.byte_len())?;
+    for l in layers {
+        let len = l.page_bytes() as usize;
+        for p in pairs {
+            let (s, d) = (l.page_offset(p.src) as usize, l.page_offset(p.dst) as usize);
+            host.copy_within(s..s + len, d);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split_layer() -> LayerPair {
+        // 2 rows per page, 32-byte rows: 16 value + 16 scale bytes; device blocks hold 2 layers.
+        let host = PageLayout {
+            base: 0,
+            block_stride: 64,
+            num_blocks: 3,
+            block_size: 2,
+            row_bytes: 32,
+            value_bytes: 16,
+            index_stride_rows: 2,
+        };
+        let device = PageLayout { block_stride: 128, index_stride_rows: 4, num_blocks: 2, ..host };
+        LayerPair { host, device }
+    }
+
+    fn pattern(len: usize) -> alloc_free::Buf {
+        let mut b = alloc_free::Buf([0; 256]);
+        for (i, x) in b.0[..len].iter_mut().enumerate() {
+            *x = (i as u8).wrapping_add(1);
+        }
+        b
+    }
+
+    mod alloc_free {
+        pub struct Buf(pub [u8; 256]);
+    }
+
+    #[test]
+    fn split_rows_are_addressed_by_part() {
+        let l = split_layer();
+        assert_eq!(l.host.row_parts(1, 1), [(64 + 16, 16), (64 + 32 + 16, 16)]);
+        assert_eq!(l.device.locate(5), Some((1, 1)));
+        assert_eq!(l.device.locate(6), None, "offset 2 belongs to another layer");
+        assert_eq!(l.device.locate(8), None, "block 2 is beyond the pool");
+        assert_eq!(l.host.locate(-1), None);
+    }
+
+    #[test]
+    fn gather_copies_parts_zero_fills_and_skips() {
+        let l = split_layer();
+        let host = pattern(192);
+        let mut dev = [0xAAu8; 256];
+        let layers = [l];
+        let desc = GatherDesc { num_tokens: 1, top_k: 4, layers: &layers };
+        // host row 3 = block 1 offset 1 -> device row 1 (block 0 offset 1);
+        // src -1 -> zero-fill device row 4 (block 1 offset 0); dst 6 is skipped; count 3 ignores the 4th.
+        gather_rows(
+            &desc,
+            GatherArgs {
+                plan_src: &[3, -1, 0, 0],
+                plan_dst: &[1, 4, 6, 0],
+                plan_counts: &[3],
+                host: &host.0[..192],
+                device: &mut dev[..],
+            },
+        )
+        .unwrap();
+        assert_eq!(dev[16..32], host.0[80..96]);
+        assert_eq!(dev[48..64], host.0[112..128]);
+        assert!(dev[128..144].iter().all(|&b| b == 0));
+        assert!(dev[160..176].iter().all(|&b| b == 0));
+        assert!(dev[0..16].iter().all(|&b| b == 0xAA), "4th entry is beyond the count");
+    }
+
+    #[test]
+    fn page_copies_round_trip_and_reject_bad_pairs() {
+        let l = split_layer();
+        let layers = [l];
+        let mut host = [0u8; 192];
+        let mut dev = pattern(256).0;
+        let back = PageCopyDesc { direction: Direction::DeviceToHost, layers: &layers };
+        copy_pages(&back, &[BlockPair { src: 1, dst: 2 }], &mut host, &mut dev).unwrap();
+        assert_eq!(host[128..192], dev[128..192]);
+        let err = copy_pages(&back, &[BlockPair { src: 2, dst: 0 }], &mut host, &mut dev);
+        assert!(matches!(err, Err(OpError::ElementOutOfRange { field: "src", value: 2, .. })));
+        let mut dev2 = [0u8; 256];
+        let restore = PageCopyDesc { direction: Direction::HostToDevice, layers: &layers };
+        copy_pages(&restore, &[BlockPair { src: 2, dst: 0 }], &mut host, &mut dev2).unwrap();
+        assert_eq!(dev2[0..64], dev[128..192]);
+    }
+
+    #[test]
+    fn row_spans_and_host_copy_on_write() {
+        let l = split_layer();
+        let layers = [l];
+        let mut host = [0u8; 192];
+        let mut dev = pattern(256).0;
+        let desc = RowCopyDesc { direction: Direction::DeviceToHost, layers: &layers };
+        let span = RowSpan { device_block: 0, host_block: 1, first_row: 1, num_rows: 1 };
+        copy_rows(&desc, &[span], &mut host, &mut dev).unwrap();
+        assert_eq!(host[80..96], dev[16..32]);
+        assert_eq!(host[112..128], dev[48..64]);
+        assert!(host[64..80].iter().all(|&b| b == 0));
+        let bad = RowSpan { num_rows: 2, ..span };
+        assert!(copy_rows(&desc, &[bad], &mut host, &mut dev).is_err());
+        copy_host_pages(&[l.host], &[BlockPair { src: 1, dst: 2 }], &mut host).unwrap();
+        assert_eq!(host[128..192], host.clone()[64..128]);
+        assert!(copy_host_pages(&[l.host], &[BlockPair { src: 1, dst: 1 }], &mut host).is_err());
+    }
+
+    #[test]
+    fn layouts_reject_misalignment_and_short_buffers() {
+        let l = split_layer();
+        let bad = PageLayout { row_bytes: 24, ..l.host };
+        assert!(matches!(bad.check(OpName::CopyPages, "host", 1 << 20), Err(OpError::Misaligned { .. })));
+        assert!(matches!(
+            l.host.check(OpName::CopyPages, "host", 191),
+            Err(OpError::BufferTooSmall { needed: 192, .. })
+        ));
+    }
+}

@@ -1,0 +1,300 @@
+//! Index remap for the fully-resident path (SPEC §5.1): top-k token positions → physical rows.
+//!
+//! Per token row `t` and column `j`, with `tok = topk[t][j]`:
+//! * the request is `req_id[t]`; with `idx_mapping`, the block-table row is
+//!   `idx_mapping[req_id[t]]`, otherwise `req_id[t]` itself. A request id or mapped row that is
+//!   negative or out of range makes the whole token row padding (all `-1`, count 0);
+//! * `tok < 0`, or `tok / block_size` outside `[0, max_blocks)` → `-1`;
+//! * a negative block-table entry → `-1`;
+//! * otherwise `block_table[row][tok / block_size] * block_stride_rows + tok % block_size`,
+//!   or `-1` if that does not fit an `i32` ([`super::physical_row`]).
+//!
+//! With `write_counts`, `counts[t]` = number of entries of row `t` that are not `-1`. With
+//! `compact`, each output row holds its valid entries first, in column order, then `-1`.
+
+use super::{BufferLen, I32_BYTES, in_range, mul, need, nonzero, physical_row};
+use crate::error::{OpError, OpName};
+
+const OP: OpName = OpName::Remap;
+
+/// Shape of one remap call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemapDesc {
+    /// Token rows `T` (may be 0: an empty batch does nothing).
+    pub num_tokens: u32,
+    /// Top-k width `K` (columns of `topk` and `out`).
+    pub top_k: u32,
+    /// Rows of the block table.
+    pub table_rows: u32,
+    /// Columns of the block table (`M`, blocks per request).
+    pub max_blocks: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Rows between consecutive blocks in the physical view (≥ `block_size`).
+    pub block_stride_rows: u32,
+    /// Entries of `idx_mapping`, or `None` when `req_id` indexes the block table directly.
+    pub idx_mapping_len: Option<u32>,
+    /// Write per-row valid counts.
+    pub write_counts: bool,
+    /// Move valid entries to the front of each row.
+    pub compact: bool,
+}
+
+/// Buffers of a remap call. `B` is a device buffer type (or a slice for the reference).
+#[derive(Debug)]
+pub struct RemapArgs<'a, B: ?Sized> {
+    /// `i32[T]` request id per token row (`-1` = padding).
+    pub req_id: &'a B,
+    /// `i32[table_rows][max_blocks]` physical block ids.
+    pub block_table: &'a B,
+    /// `i32[T][K]` token positions.
+    pub topk: &'a B,
+    /// `i32[idx_mapping_len]` request id → block-table row, when the descriptor has one.
+    pub idx_mapping: Option<&'a B>,
+    /// `i32[T][K]` output physical rows.
+    pub out: &'a mut B,
+    /// `i32[T]` output valid counts, when `write_counts`.
+    pub counts: Option<&'a mut B>,
+}
+
+impl RemapDesc {
+    /// Checks the descriptor on its own.
+    pub fn validate(&self) -> Result<(), OpError> {
+        nonzero(OP, "top_k", self.top_k.into())?;
+        nonzero(OP, "table_rows", self.table_rows.into())?;
+        nonzero(OP, "max_blocks", self.max_blocks.into())?;
+        nonzero(OP, "block_size", self.block_size.into())?;
+        in_range(
+            OP,
+            "block_stride_rows",
+            self.block_stride_rows.into(),
+            self.block_size.into(),
+            i32::MAX as u64,
+        )?;
+        if let Some(n) = self.idx_mapping_len {
+            nonzero(OP, "idx_mapping_len", n.into())?;
+        }
+        mul(OP, "topk", self.num_tokens.into(), self.top_k.into())?;
+        Ok(())
+    }
+
+    /// Checks the descriptor and every buffer's size. Call before touching memory.
+    pub fn check<B: BufferLen + ?Sized>(&self, args: &RemapArgs<'_, B>) -> Result<(), OpError> {
+        self.validate()?;
+        let t = u64::from(self.num_tokens);
+        let tk = t * u64::from(self.top_k);
+        need(OP, "req_id", args.req_id.byte_len(), t, I32_BYTES)?;
+        let table = mul(OP, "block_table", self.table_rows.into(), self.max_blocks.into())?;
+        need(OP, "block_table", args.block_table.byte_len(), table, I32_BYTES)?;
+        need(OP, "topk", args.topk.byte_len(), tk, I32_BYTES)?;
+        need(OP, "out", args.out.byte_len(), tk, I32_BYTES)?;
+        match (self.idx_mapping_len, &args.idx_mapping) {
+            (Some(n), Some(m)) => need(OP, "idx_mapping", m.byte_len(), n.into(), I32_BYTES)?,
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(OpError::BufferTooSmall {
+                    op: OP,
+                    buffer: "idx_mapping",
+                    needed: u64::from(self.idx_mapping_len.unwrap_or(0)) * I32_BYTES,
+                    actual: 0,
+                });
+            }
+            (None, Some(_)) => {
+                return Err(OpError::Mismatch {
+                    op: OP,
+                    field: "idx_mapping (given)",
+                    value: 1,
+                    expected_field: "idx_mapping_len (declared)",
+                    expected: 0,
+                });
+            }
+        }
+        match (self.write_counts, &args.counts) {
+            (true, Some(c)) => need(OP, "counts", c.byte_len(), t, I32_BYTES)?,
+            (false, None) => {}
+            (want, _) => {
+                return Err(OpError::Mismatch {
+                    op: OP,
+                    field: "counts (given)",
+                    value: u64::from(!want),
+                    expected_field: "write_counts",
+                    expected: u64::from(want),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Block-table row of token row `req`, or `None` for padding.
+    #[inline]
+    pub fn table_row(&self, req: i32, idx_mapping: Option<&[i32]>) -> Option<usize> {
+        let req = usize::try_from(req).ok()?;
+        let row = match idx_mapping {
+            Some(map) => {
+                if req >= self.idx_mapping_len? as usize {
+                    return None;
+                }
+                usize::try_from(*map.get(req)?).ok()?
+            }
+            None => req,
+        };
+        (row < self.table_rows as usize).then_some(row)
+    }
+
+    /// The physical row of token `tok` in block-table row `row` (`-1` if invalid).
+    #[inline]
+    pub fn map_token(&self, block_table: &[i32], row: usize, tok: i32) -> i32 {
+        if tok < 0 {
+            return -1;
+        }
+        let (bs, m) = (self.block_size as i64, self.max_blocks as usize);
+        let block_col = (tok as i64 / bs) as usize;
+        if block_col >= m {
+            return -1;
+        }
+        let block = block_table[row * m + block_col];
+        physical_row(block, self.block_stride_rows, (tok as i64 % bs) as u32)
+    }
+}
+
+/// Reference remap over plain slices. Checks shapes first; writes nothing on error.
+pub fn remap(desc: &RemapDesc, args: RemapArgs<'_, [i32]>) -> Result<(), OpError> {
+    desc.check(&args)?;
+    let RemapArgs { req_id, block_table, topk, idx_mapping, out, mut counts } = args;
+    let k = desc.top_k as usize;
+    for t in 0..desc.num_tokens as usize {
+        let out_row = &mut out[t * k..(t + 1) * k];
+        let row = desc.table_row(req_id[t], idx_mapping);
+        let mut valid = 0usize;
+        for j in 0..k {
+            let v = match row {
+                Some(row) => desc.map_token(block_table, row, topk[t * k + j]),
+                None => -1,
+            };
+            if desc.compact {
+                if v != -1 {
+                    out_row[valid] = v;
+                    valid += 1;
+                }
+            } else {
+                out_row[j] = v;
+                valid += usize::from(v != -1);
+            }
+        }
+        if desc.compact {
+            out_row[valid..].fill(-1);
+        }
+        if let Some(c) = counts.as_deref_mut() {
+            c[t] = valid as i32;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc() -> RemapDesc {
+        RemapDesc {
+            num_tokens: 2,
+            top_k: 4,
+            table_rows: 2,
+            max_blocks: 2,
+            block_size: 4,
+            block_stride_rows: 10,
+            idx_mapping_len: None,
+            write_counts: true,
+            compact: false,
+        }
+    }
+
+    #[test]
+    fn maps_and_marks_invalid() {
+        let d = desc();
+        let table = [3, 5, 7, -1];
+        let topk = [0, 5, -1, 8, 1, 4, 2, 3];
+        let mut out = [0; 8];
+        let mut counts = [0; 2];
+        remap(
+            &d,
+            RemapArgs {
+                req_id: &[0, 1],
+                block_table: &table,
+                topk: &topk,
+                idx_mapping: None,
+                out: &mut out,
+                counts: Some(&mut counts),
+            },
+        )
+        .unwrap();
+        // row 0: tok 0 -> 3*10+0, tok 5 -> 5*10+1, -1, tok 8 -> block 2 out of range
+        // row 1: tok 1 -> 7*10+1, tok 4 -> block -1 -> -1, tok 2 -> 72, tok 3 -> 73
+        assert_eq!(out, [30, 51, -1, -1, 71, -1, 72, 73]);
+        assert_eq!(counts, [2, 3]);
+    }
+
+    #[test]
+    fn compacts_and_maps_through_idx_mapping() {
+        let d = RemapDesc { idx_mapping_len: Some(3), compact: true, ..desc() };
+        let table = [3, 5, 7, 9];
+        let topk = [-1, 5, -7, 0, 0, 1, 2, 3];
+        let mut out = [0; 8];
+        let mut counts = [0; 2];
+        remap(
+            &d,
+            RemapArgs {
+                req_id: &[2, 0],
+                block_table: &table,
+                topk: &topk,
+                idx_mapping: Some(&[1, 0, -1]),
+                out: &mut out,
+                counts: Some(&mut counts),
+            },
+        )
+        .unwrap();
+        // req 2 maps to -1 → padding; req 0 maps to row 1.
+        assert_eq!(out, [-1, -1, -1, -1, 70, 71, 72, 73]);
+        assert_eq!(counts, [0, 4]);
+    }
+
+    #[test]
+    fn rejects_short_buffers_and_bad_stride() {
+        let d = desc();
+        let mut out = [0; 7];
+        let err = remap(
+            &d,
+            RemapArgs {
+                req_id: &[0, 1],
+                block_table: &[0; 4],
+                topk: &[0; 8],
+                idx_mapping: None,
+                out: &mut out,
+                counts: Some(&mut [0; 2]),
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(err, OpError::BufferTooSmall { buffer: "out", needed: 32, actual: 28, .. }));
+        let bad = RemapDesc { block_stride_rows: 3, ..desc() };
+        assert!(matches!(bad.validate(), Err(OpError::OutOfRange { field: "block_stride_rows", .. })));
+    }
+
+    #[test]
+    fn overflowing_physical_row_is_invalid() {
+        let d = RemapDesc { block_stride_rows: 1 << 20, num_tokens: 1, table_rows: 1, ..desc() };
+        let mut out = [0; 4];
+        remap(
+            &d,
+            RemapArgs {
+                req_id: &[0],
+                block_table: &[1 << 12, 1],
+                topk: &[0, 4, 5, 1],
+                idx_mapping: None,
+                out: &mut out,
+                counts: Some(&mut [0]),
+            },
+        )
+        .unwrap();
+        assert_eq!(out, [-1, 1 << 20, (1 << 20) + 1, -1]);
+    }
+}

@@ -1,0 +1,420 @@
+//! Residency resolve + swap-in planning (SPEC §5.2), one call per index group per decode step.
+//!
+//! Inputs per call: `T` token rows of `K` top-k token positions, each row tagged with the request's
+//! *state row* `req_id[t]` (`-1` = padding). Per state row `r` the caller keeps:
+//! * `resident_table[r][page]`: the GPU block still holding the page, or `≤ 0` (the null block)
+//!   when the page must be read from host;
+//! * `host_table[r][page]`: the host block holding the page's durable copy;
+//! * `hot_table[r][slot / block_size]`: the GPU blocks of the request's hot region;
+//! * `dgi[r][slot]`: the flat host row cached in hot slot `slot`, or `-1`;
+//! * `lru[r]`: a permutation of `0..hot_slots` (`u16`), index 0 least recently used.
+//!
+//! Per request (all token rows with the same `req_id`, in row order, are resolved together against
+//! the request's single state — speculative decoding):
+//! 1. a row whose `req_id` is negative or `≥ num_requests` is padding: outputs `-1`, counts 0, and
+//!    touches no state;
+//! 2. each entry is classified: `tok < 0` or page `tok / block_size ≥ max_pages` → invalid (`-1`);
+//!    a resident page → the resident physical row
+//!    `resident_table[r][page] * attention_block_stride + tok % block_size`; otherwise, when the
+//!    host block is `≥ 0`, the flat host row `g = host_block * block_size + tok % block_size`;
+//!    a negative host block, or a row that does not fit an `i32`, → invalid;
+//! 3. the *wanted* list is the distinct `g` in order of first appearance (row by row, column by
+//!    column); if it is empty the request's state is left exactly as it was;
+//! 4. if `lru[r]` is not a permutation of `0..hot_slots` it is reset to the identity and every
+//!    `dgi[r][..]` to `-1` first (a corrupt state is repaired deterministically, never read out of
+//!    bounds);
+//! 5. slots are scanned in LRU order: a slot whose `dgi` is a wanted `g` not matched yet is a
+//!    *hit*; every other slot is *evictable*;
+//! 6. the m-th unmatched wanted row (a *miss*) takes the m-th evictable slot and its `dgi` becomes
+//!    `g` — or `-1` when `g` lies beyond the host pool (`≥ host_num_blocks * block_size`), whose hot
+//!    row is then zero-filled by the gather. Misses beyond the evictable slots get no slot and
+//!    resolve to `-1`;
+//! 7. the new LRU order is: unused evictable slots (old order), miss slots (miss order), hit slots
+//!    (old order);
+//! 8. outputs: `indices[t][j]` = the resident row, or the hot row of `g`'s slot
+//!    (`hot_table[r][slot / block_size] * attention_block_stride + slot % block_size`), or `-1`;
+//!    `valid_counts[t]` = entries of row `t` that are not `-1`; each miss is a plan entry
+//!    `(miss_src, miss_dst)` = (`g` or `-1` beyond the pool, hot row) stored in the row where `g`
+//!    first appears, at `[t][0..miss_counts[t]]` (the rest of the plan row is `-1`);
+//!    `hit_counts[t]` = hits first appearing in row `t`.
+//!
+//! The gather itself ([`super::copy::gather_rows`]) is a separate call so followers can apply the
+//! leader's plan to their own layers.
+
+use alloc::collections::BTreeMap;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{BufferLen, I32_BYTES, MAX_HOT_SLOTS, U16_BYTES, in_range, mul, need, nonzero, physical_row};
+use crate::error::{OpError, OpName};
+
+const OP: OpName = OpName::Resolve;
+
+/// Shape of one resolve call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ResolveDesc {
+    /// Token rows `T` (0 is an empty batch).
+    pub num_tokens: u32,
+    /// Top-k width `K`.
+    pub top_k: u32,
+    /// State rows `R` (requests) of every per-request table.
+    pub num_requests: u32,
+    /// Columns `M` of the resident and host page tables.
+    pub max_pages: u32,
+    /// Rows per page / block.
+    pub block_size: u32,
+    /// Hot slots per request (`device_buffer_size`, `K..=32768`).
+    pub hot_slots: u32,
+    /// Rows between consecutive GPU blocks in the flat attention view (≥ `block_size`).
+    pub attention_block_stride: u32,
+    /// Blocks in the host pool (flat host rows beyond `host_num_blocks * block_size` are outside).
+    pub host_num_blocks: u32,
+}
+
+/// Buffers of a resolve call.
+#[derive(Debug)]
+pub struct ResolveArgs<'a, B: ?Sized> {
+    /// `i32[T]` state row per token row (`-1` = padding).
+    pub req_id: &'a B,
+    /// `i32[T][K]` token positions.
+    pub topk: &'a B,
+    /// `i32[R][M]` resident GPU block per page (`≤ 0` = read from host).
+    pub resident_table: &'a B,
+    /// `i32[R][M]` host block per page.
+    pub host_table: &'a B,
+    /// `i32[R][hot_table_width]` GPU blocks of each hot region.
+    pub hot_table: &'a B,
+    /// `i32[R][N]` flat host row cached per hot slot (`-1` = empty). Updated.
+    pub dgi: &'a mut B,
+    /// `u16[R][N]` LRU order of hot slots, least recent first. Updated.
+    pub lru: &'a mut B,
+    /// `i32[T][K]` output physical rows.
+    pub indices: &'a mut B,
+    /// `i32[T]` output valid entries per row.
+    pub valid_counts: &'a mut B,
+    /// `i32[T]` output hits first appearing in each row.
+    pub hit_counts: &'a mut B,
+    /// `i32[T]` output plan entries of each row.
+    pub miss_counts: &'a mut B,
+    /// `i32[T][K]` output plan sources (flat host rows; `-1` = zero-fill or unused).
+    pub miss_src: &'a mut B,
+    /// `i32[T][K]` output plan destinations (flat device rows; `-1` = unused).
+    pub miss_dst: &'a mut B,
+}
+
+/// One classified top-k entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// Outside the request's pages, or negative: output `-1`.
+    Invalid,
+    /// Still on the GPU: this physical row.
+    Resident(i32),
+    /// Read from host: this flat host row.
+    Host(i32),
+}
+
+impl ResolveDesc {
+    /// Columns of the hot table: `ceil(hot_slots / block_size)`.
+    pub const fn hot_table_width(&self) -> u32 {
+        self.hot_slots.div_ceil(self.block_size)
+    }
+
+    /// Rows of the host pool, `host_num_blocks * block_size`.
+    pub const fn host_rows(&self) -> i64 {
+        self.host_num_blocks as i64 * self.block_size as i64
+    }
+
+    /// Checks the descriptor on its own.
+    pub fn validate(&self) -> Result<(), OpError> {
+        nonzero(OP, "top_k", self.top_k.into())?;
+        nonzero(OP, "num_requests", self.num_requests.into())?;
+        nonzero(OP, "max_pages", self.max_pages.into())?;
+        nonzero(OP, "block_size", self.block_size.into())?;
+        nonzero(OP, "host_num_blocks", self.host_num_blocks.into())?;
+        in_range(OP, "hot_slots", self.hot_slots.into(), self.top_k.into(), MAX_HOT_SLOTS.into())?;
+        in_range(
+            OP,
+            "attention_block_stride",
+            self.attention_block_stride.into(),
+            self.block_size.into(),
+            i32::MAX as u64,
+        )?;
+        in_range(OP, "host_num_blocks * block_size", self.host_rows() as u64, 1, i32::MAX as u64)?;
+        Ok(())
+    }
+
+    /// Checks the descriptor and every buffer's size. Call before touching memory.
+    pub fn check(&self, a: &ResolveSizes) -> Result<(), OpError> {
+        self.validate()?;
+        let t = u64::from(self.num_tokens);
+        let tk = mul(OP, "topk", t, self.top_k.into())?;
+        let r = u64::from(self.num_requests);
+        let pages = mul(OP, "resident_table", r, self.max_pages.into())?;
+        let slots = mul(OP, "dgi", r, self.hot_slots.into())?;
+        let hot = mul(OP, "hot_table", r, self.hot_table_width().into())?;
+        need(OP, "req_id", a.req_id, t, I32_BYTES)?;
+        need(OP, "topk", a.topk, tk, I32_BYTES)?;
+        need(OP, "resident_table", a.resident_table, pages, I32_BYTES)?;
+        need(OP, "host_table", a.host_table, pages, I32_BYTES)?;
+        need(OP, "hot_table", a.hot_table, hot, I32_BYTES)?;
+        need(OP, "dgi", a.dgi, slots, I32_BYTES)?;
+        need(OP, "lru", a.lru, slots, U16_BYTES)?;
+        need(OP, "indices", a.indices, tk, I32_BYTES)?;
+        need(OP, "valid_counts", a.valid_counts, t, I32_BYTES)?;
+        need(OP, "hit_counts", a.hit_counts, t, I32_BYTES)?;
+        need(OP, "miss_counts", a.miss_counts, t, I32_BYTES)?;
+        need(OP, "miss_src", a.miss_src, tk, I32_BYTES)?;
+        need(OP, "miss_dst", a.miss_dst, tk, I32_BYTES)?;
+        Ok(())
+    }
+
+    /// State row of token row `req`, or `None` for padding.
+    #[inline]
+    pub fn state_row(&self, req: i32) -> Option<usize> {
+        usize::try_from(req).ok().filter(|&r| r < self.num_requests as usize)
+    }
+
+    /// Classifies token `tok` of state row `r` (step 2).
+    pub fn classify(&self, resident_table: &[i32], host_table: &[i32], r: usize, tok: i32) -> Entry {
+        if tok < 0 {
+            return Entry::Invalid;
+        }
+        let bs = self.block_size as i64;
+        let page = tok as i64 / bs;
+        if page >= i64::from(self.max_pages) {
+            return Entry::Invalid;
+        }
+        let off = (tok as i64 % bs) as u32;
+        let at = r * self.max_pages as usize + page as usize;
+        let resident = resident_table[at];
+        if resident > 0 {
+            return match physical_row(resident, self.attention_block_stride, off) {
+                -1 => Entry::Invalid,
+                row => Entry::Resident(row),
+            };
+        }
+        match physical_row(host_table[at], self.block_size, off) {
+            -1 => Entry::Invalid,
+            g => Entry::Host(g),
+        }
+    }
+
+    /// Flat device row of hot slot `slot` of state row `r`.
+    #[inline]
+    pub fn hot_row(&self, hot_table: &[i32], r: usize, slot: u32) -> i32 {
+        let w = self.hot_table_width() as usize;
+        let block = hot_table[r * w + (slot / self.block_size) as usize];
+        physical_row(block, self.attention_block_stride, slot % self.block_size)
+    }
+
+    /// Whether `lru` is a permutation of `0..hot_slots`.
+    pub fn lru_is_permutation(&self, lru: &[u16]) -> bool {
+        let mut seen = vec![false; self.hot_slots as usize];
+        lru.iter().all(|&s| {
+            let fresh = seen.get(s as usize).is_some_and(|&v| !v);
+            if fresh {
+                seen[s as usize] = true;
+            }
+            fresh
+        })
+    }
+}
+
+/// Byte sizes of every resolve argument: what [`ResolveDesc::check`] compares against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per argument of the same name
+pub struct ResolveSizes {
+    pub req_id: u64,
+    pub topk: u64,
+    pub resident_table: u64,
+    pub host_table: u64,
+    pub hot_table: u64,
+    pub dgi: u64,
+    pub lru: u64,
+    pub indices: u64,
+    pub valid_counts: u64,
+    pub hit_counts: u64,
+    pub miss_counts: u64,
+    pub miss_src: u64,
+    pub miss_dst: u64,
+}
+
+/// The resolve arguments as typed slices, for the reference implementation.
+#[derive(Debug)]
+#[allow(missing_docs)] // fields mirror [`ResolveArgs`]
+pub struct ResolveSlices<'a> {
+    pub req_id: &'a [i32],
+    pub topk: &'a [i32],
+    pub resident_table: &'a [i32],
+    pub host_table: &'a [i32],
+    pub hot_table: &'a [i32],
+    pub dgi: &'a mut [i32],
+    pub lru: &'a mut [u16],
+    pub indices: &'a mut [i32],
+    pub valid_counts: &'a mut [i32],
+    pub hit_counts: &'a mut [i32],
+    pub miss_counts: &'a mut [i32],
+    pub miss_src: &'a mut [i32],
+    pub miss_dst: &'a mut [i32],
+}
+
+macro_rules! sizes_of {
+    ($a:expr) => {
+        ResolveSizes {
+            req_id: $a.req_id.byte_len(),
+            topk: $a.topk.byte_len(),
+            resident_table: $a.resident_table.byte_len(),
+            host_table: $a.host_table.byte_len(),
+            hot_table: $a.hot_table.byte_len(),
+            dgi: $a.dgi.byte_len(),
+            lru: $a.lru.byte_len(),
+            indices: $a.indices.byte_len(),
+            valid_counts: $a.valid_counts.byte_len(),
+            hit_counts: $a.hit_counts.byte_len(),
+            miss_counts: $a.miss_counts.byte_len(),
+            miss_src: $a.miss_src.byte_len(),
+            miss_dst: $a.miss_dst.byte_len(),
+        }
+    };
+}
+
+impl<B: BufferLen + ?Sized> ResolveArgs<'_, B> {
+    /// Byte sizes of every argument.
+    pub fn sizes(&self) -> ResolveSizes {
+        sizes_of!(self)
+    }
+}
+
+impl ResolveSlices<'_> {
+    /// Byte sizes of every argument.
+    pub fn sizes(&self) -> ResolveSizes {
+        sizes_of!(self)
+    }
+}
+
+/// Reference resolve over typed slices. Checks shapes first; writes nothing on error.
+pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> {
+    desc.check(&a.sizes())?;
+    let ResolveSlices {
+        req_id,
+        topk,
+        resident_table,
+        host_table,
+        hot_table,
+        dgi,
+        lru,
+        indices,
+        valid_counts,
+        hit_counts,
+        miss_counts,
+        miss_src,
+        miss_dst,
+    } = a;
+    let (t_count, k, n) = (desc.num_tokens as usize, desc.top_k as usize, desc.hot_slots as usize);
+    let tk = t_count * k;
+    indices[..tk].fill(-1);
+    miss_src[..tk].fill(-1);
+    miss_dst[..tk].fill(-1);
+    for c in [&mut valid_counts[..t_count], &mut hit_counts[..t_count], &mut miss_counts[..t_count]] {
+        c.fill(0);
+    }
+
+    let mut done = vec![false; t_count];
+    for first in 0..t_count {
+        if done[first] {
+            continue;
+        }
+        let Some(r) = desc.state_row(req_id[first]) else {
+            done[first] = true;
+            continue;
+        };
+        let rows: Vec<usize> = (first..t_count).filter(|&t| req_id[t] == req_id[first]).collect();
+        for &t in &rows {
+            done[t] = true;
+        }
+
+        // Steps 2-3: classify, collect wanted host rows in order of first appearance.
+        let mut entries = Vec::with_capacity(rows.len() * k);
+        let mut wanted: Vec<(i32, usize)> = Vec::new(); // (g, first row)
+        let mut wanted_at: BTreeMap<i32, usize> = BTreeMap::new();
+        for &t in &rows {
+            for j in 0..k {
+                let e = desc.classify(resident_table, host_table, r, topk[t * k + j]);
+                if let Entry::Host(g) = e {
+                    wanted_at.entry(g).or_insert_with(|| {
+                        wanted.push((g, t));
+                        wanted.len() - 1
+                    });
+                }
+                entries.push(e);
+            }
+        }
+        let mut slot_of: Vec<Option<u32>> = vec![None; wanted.len()];
+        if !wanted.is_empty() {
+            let dgi_r = &mut dgi[r * n..(r + 1) * n];
+            let lru_r = &mut lru[r * n..(r + 1) * n];
+            // Step 4: repair a corrupt LRU.
+            if !desc.lru_is_permutation(lru_r) {
+                for (i, s) in lru_r.iter_mut().enumerate() {
+                    *s = i as u16;
+                }
+                dgi_r.fill(-1);
+            }
+            // Step 5: hits and evictables in LRU order.
+            let mut hits = Vec::new();
+            let mut evictable = Vec::new();
+            for &s in lru_r.iter() {
+                let cached = dgi_r[s as usize];
+                match wanted_at.get(&cached) {
+                    Some(&w) if cached >= 0 && slot_of[w].is_none() => {
+                        slot_of[w] = Some(s.into());
+                        hits.push(s);
+                        hit_counts[wanted[w].1] += 1;
+                    }
+                    _ => evictable.push(s),
+                }
+            }
+            // Step 6: misses take evictable slots in order.
+            let mut used = 0usize;
+            let mut miss_slots = Vec::new();
+            for (w, &(g, t)) in wanted.iter().enumerate() {
+                if slot_of[w].is_some() || used == evictable.len() {
+                    continue;
+                }
+                let s = evictable[used];
+                used += 1;
+                let in_pool = i64::from(g) < desc.host_rows();
+                dgi_r[s as usize] = if in_pool { g } else { -1 };
+                slot_of[w] = Some(s.into());
+                miss_slots.push(s);
+                let m = miss_counts[t] as usize;
+                miss_src[t * k + m] = if in_pool { g } else { -1 };
+                miss_dst[t * k + m] = desc.hot_row(hot_table, r, s.into());
+                miss_counts[t] += 1;
+            }
+            // Step 7: new LRU order.
+            let new_order: Vec<u16> =
+                evictable[used..].iter().chain(&miss_slots).chain(&hits).copied().collect();
+            lru_r.copy_from_slice(&new_order);
+        }
+
+        // Step 8: outputs.
+        for (i, &t) in rows.iter().enumerate() {
+            let mut valid = 0;
+            for j in 0..k {
+                let v = match entries[i * k + j] {
+                    Entry::Invalid => -1,
+                    Entry::Resident(row) => row,
+                    Entry::Host(g) => match slot_of[wanted_at[&g]] {
+                        Some(s) => desc.hot_row(hot_table, r, s),
+                        None => -1,
+                    },
+                };
+                indices[t * k + j] = v;
+                valid += i32::from(v != -1);
+            }
+            valid_counts[t] = valid;
+        }
+    }
+    Ok(())
+}
