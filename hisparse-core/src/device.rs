@@ -12,6 +12,8 @@
 //! * must produce output bit-identical to the reference function of the same name in
 //!   [`crate::ops`], including every `-1`, LRU order and copied byte.
 //!
+//! Bulk copies take byte offsets checked by [`crate::ops::copy::check_bulk_copy`].
+//!
 //! Host-side lists (`pairs`, `spans`) are copied by the backend before the call returns. The
 //! decode-path operations ([`Device::remap`], [`Device::resolve`], [`Device::gather_rows`],
 //! [`Device::invalidate`], [`Device::compressed_slot_mapping`]) take only device buffers and must
@@ -66,7 +68,12 @@ pub trait Device {
 
     /// Copies `dst.len()` bytes from `src` at byte `offset` into `dst`, after all enqueued work.
     /// Synchronous.
-    fn download(&self, src: &Self::Buffer, offset: usize, dst: &mut [u8]) -> Result<(), Self::Error>;
+    fn download(
+        &self,
+        src: &Self::Buffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), Self::Error>;
 
     /// Writes host bytes into a pinned buffer, after all enqueued work. Synchronous.
     fn write_pinned(
@@ -95,6 +102,40 @@ pub trait Device {
 
     /// Blocks the host until all work enqueued on `stream` has completed.
     fn synchronize(&self, stream: &Self::Stream) -> Result<(), Self::Error>;
+
+    /// Enqueues a contiguous copy of `bytes` from pinned `src` to device `dst`. This is the bulk
+    /// host→device path (and the bandwidth ceiling the benches compare against).
+    fn copy_to_device(
+        &self,
+        stream: &Self::Stream,
+        src: &Self::HostBuffer,
+        src_offset: usize,
+        dst: &mut Self::Buffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), Self::Error>;
+
+    /// Enqueues a contiguous copy of `bytes` from device `src` to pinned `dst`.
+    fn copy_to_host(
+        &self,
+        stream: &Self::Stream,
+        src: &Self::Buffer,
+        src_offset: usize,
+        dst: &mut Self::HostBuffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), Self::Error>;
+
+    /// Enqueues a contiguous copy of `bytes` between two device buffers.
+    fn copy_on_device(
+        &self,
+        stream: &Self::Stream,
+        src: &Self::Buffer,
+        src_offset: usize,
+        dst: &mut Self::Buffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), Self::Error>;
 
     /// Index remap for the fully-resident path ([`crate::ops::remap`]).
     fn remap(

@@ -88,6 +88,8 @@ pub enum OpName {
     Invalidate,
     /// [`crate::ops::slot_mapping`].
     CompressedSlotMapping,
+    /// Contiguous bulk copies ([`crate::ops::copy::check_bulk_copy`]).
+    BulkCopy,
     /// Buffer allocation, upload or download.
     Buffer,
 }
@@ -102,6 +104,7 @@ impl fmt::Display for OpName {
             OpName::CopyRows => "copy_rows",
             OpName::Invalidate => "invalidate",
             OpName::CompressedSlotMapping => "compressed_slot_mapping",
+            OpName::BulkCopy => "bulk_copy",
             OpName::Buffer => "buffer",
         })
     }
@@ -197,21 +200,53 @@ impl fmt::Display for OpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             OpError::Zero { op, field } => write!(f, "{op}: `{field}` must be greater than 0"),
-            OpError::OutOfRange { op, field, value, min, max } => {
+            OpError::OutOfRange {
+                op,
+                field,
+                value,
+                min,
+                max,
+            } => {
                 write!(f, "{op}: `{field}` = {value} is outside {min}..={max}")
             }
-            OpError::Misaligned { op, field, value, alignment } => {
-                write!(f, "{op}: `{field}` = {value} must be a multiple of {alignment}")
+            OpError::Misaligned {
+                op,
+                field,
+                value,
+                alignment,
+            } => {
+                write!(
+                    f,
+                    "{op}: `{field}` = {value} must be a multiple of {alignment}"
+                )
             }
-            OpError::BufferTooSmall { op, buffer, needed, actual } => write!(
+            OpError::BufferTooSmall {
+                op,
+                buffer,
+                needed,
+                actual,
+            } => write!(
                 f,
                 "{op}: buffer `{buffer}` holds {actual} bytes but the descriptor needs {needed}"
             ),
-            OpError::Mismatch { op, field, value, expected_field, expected } => write!(
+            OpError::Mismatch {
+                op,
+                field,
+                value,
+                expected_field,
+                expected,
+            } => write!(
                 f,
                 "{op}: `{field}` = {value} must equal `{expected_field}` = {expected}"
             ),
-            OpError::ElementOutOfRange { op, list, index, field, value, limit } => write!(
+            OpError::ElementOutOfRange {
+                op,
+                list,
+                index,
+                field,
+                value,
+                limit,
+            } => write!(
                 f,
                 "{op}: `{list}[{index}].{field}` = {value} must be below {limit}"
             ),

@@ -83,7 +83,10 @@ impl PageLayout {
     /// part (length 0 for contiguous rows). No bounds check.
     pub const fn row_parts(&self, block: u32, offset: u32) -> [(u64, u64); 2] {
         let page = self.page_offset(block);
-        let (vb, sb) = (self.value_bytes as u64, (self.row_bytes - self.value_bytes) as u64);
+        let (vb, sb) = (
+            self.value_bytes as u64,
+            (self.row_bytes - self.value_bytes) as u64,
+        );
         [
             (page + offset as u64 * vb, vb),
             (page + self.block_size as u64 * vb + offset as u64 * sb, sb),
@@ -106,11 +109,19 @@ impl PageLayout {
 
     /// One past the last byte this layout touches.
     pub fn end(&self, op: OpName) -> Result<u64, OpError> {
-        let last = mul(op, "layout.block_stride", u64::from(self.num_blocks) - 1, self.block_stride)?;
+        let last = mul(
+            op,
+            "layout.block_stride",
+            u64::from(self.num_blocks) - 1,
+            self.block_stride,
+        )?;
         self.base
             .checked_add(last)
             .and_then(|v| v.checked_add(self.page_bytes()))
-            .ok_or(OpError::Overflow { op, field: "layout" })
+            .ok_or(OpError::Overflow {
+                op,
+                field: "layout",
+            })
     }
 
     /// Checks the layout on its own and against a buffer of `buffer_len` bytes.
@@ -152,7 +163,12 @@ impl PageLayout {
         }
         let end = self.end(op)?;
         if end > buffer_len {
-            return Err(OpError::BufferTooSmall { op, buffer, needed: end, actual: buffer_len });
+            return Err(OpError::BufferTooSmall {
+                op,
+                buffer,
+                needed: end,
+                actual: buffer_len,
+            });
         }
         Ok(())
     }
@@ -239,8 +255,19 @@ impl GatherDesc<'_> {
         let tk = mul(OP, "plan", self.num_tokens.into(), self.top_k.into())?;
         need(OP, "plan_src", args.plan_src.byte_len(), tk, I32_BYTES)?;
         need(OP, "plan_dst", args.plan_dst.byte_len(), tk, I32_BYTES)?;
-        need(OP, "plan_counts", args.plan_counts.byte_len(), self.num_tokens.into(), I32_BYTES)?;
-        check_layers(OP, self.layers, args.host.byte_len(), args.device.byte_len())
+        need(
+            OP,
+            "plan_counts",
+            args.plan_counts.byte_len(),
+            self.num_tokens.into(),
+            I32_BYTES,
+        )?;
+        check_layers(
+            OP,
+            self.layers,
+            args.host.byte_len(),
+            args.device.byte_len(),
+        )
     }
 }
 
@@ -352,7 +379,12 @@ fn check_pair(
 
 impl PageCopyDesc<'_> {
     /// Checks layouts, buffer sizes and every pair.
-    pub fn check(&self, pairs: &[BlockPair], host_len: u64, device_len: u64) -> Result<(), OpError> {
+    pub fn check(
+        &self,
+        pairs: &[BlockPair],
+        host_len: u64,
+        device_len: u64,
+    ) -> Result<(), OpError> {
         const OP: OpName = OpName::CopyPages;
         check_layers(OP, self.layers, host_len, device_len)?;
         for l in self.layers {
@@ -378,11 +410,17 @@ pub fn copy_pages(
         for p in pairs {
             match desc.direction {
                 Direction::DeviceToHost => {
-                    let (s, d) = (l.device.page_offset(p.src) as usize, l.host.page_offset(p.dst) as usize);
+                    let (s, d) = (
+                        l.device.page_offset(p.src) as usize,
+                        l.host.page_offset(p.dst) as usize,
+                    );
                     host[d..d + len].copy_from_slice(&device[s..s + len]);
                 }
                 Direction::HostToDevice => {
-                    let (s, d) = (l.host.page_offset(p.src) as usize, l.device.page_offset(p.dst) as usize);
+                    let (s, d) = (
+                        l.host.page_offset(p.src) as usize,
+                        l.device.page_offset(p.dst) as usize,
+                    );
                     device[d..d + len].copy_from_slice(&host[s..s + len]);
                 }
             }
@@ -421,8 +459,18 @@ impl RowCopyDesc<'_> {
         check_layers(OP, self.layers, host_len, device_len)?;
         for l in self.layers {
             for (index, s) in spans.iter().enumerate() {
-                let pair = BlockPair { src: s.device_block, dst: s.host_block };
-                check_pair(OP, "spans", index, l.device.num_blocks, l.host.num_blocks, pair)?;
+                let pair = BlockPair {
+                    src: s.device_block,
+                    dst: s.host_block,
+                };
+                check_pair(
+                    OP,
+                    "spans",
+                    index,
+                    l.device.num_blocks,
+                    l.host.num_blocks,
+                    pair,
+                )?;
                 let end = u64::from(s.first_row) + u64::from(s.num_rows);
                 if end > u64::from(l.host.block_size) {
                     return Err(OpError::ElementOutOfRange {
@@ -510,6 +558,52 @@ pub fn copy_host_pages(
     Ok(())
 }
 
+/// Checks a contiguous copy of `bytes` from `src[src_offset..]` to `dst[dst_offset..]`
+/// (bulk host↔device and device↔device copies, also the bandwidth ceilings of the benches).
+pub fn check_bulk_copy(
+    src_len: u64,
+    src_offset: u64,
+    dst_len: u64,
+    dst_offset: u64,
+    bytes: u64,
+) -> Result<(), OpError> {
+    const OP: OpName = OpName::BulkCopy;
+    for (buffer, len, offset) in [("src", src_len, src_offset), ("dst", dst_len, dst_offset)] {
+        let needed = offset.checked_add(bytes).ok_or(OpError::Overflow {
+            op: OP,
+            field: buffer,
+        })?;
+        if needed > len {
+            return Err(OpError::BufferTooSmall {
+                op: OP,
+                buffer,
+                needed,
+                actual: len,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reference bulk copy between two byte slices.
+pub fn bulk_copy(
+    src: &[u8],
+    src_offset: usize,
+    dst: &mut [u8],
+    dst_offset: usize,
+    bytes: usize,
+) -> Result<(), OpError> {
+    check_bulk_copy(
+        src.byte_len(),
+        src_offset as u64,
+        dst.byte_len(),
+        dst_offset as u64,
+        bytes as u64,
+    )?;
+    dst[dst_offset..dst_offset + bytes].copy_from_slice(&src[src_offset..src_offset + bytes]);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,7 +619,12 @@ mod tests {
             value_bytes: 16,
             index_stride_rows: 2,
         };
-        let device = PageLayout { block_stride: 128, index_stride_rows: 4, num_blocks: 2, ..host };
+        let device = PageLayout {
+            block_stride: 128,
+            index_stride_rows: 4,
+            num_blocks: 2,
+            ..host
+        };
         LayerPair { host, device }
     }
 
@@ -546,7 +645,11 @@ mod tests {
         let l = split_layer();
         assert_eq!(l.host.row_parts(1, 1), [(64 + 16, 16), (64 + 32 + 16, 16)]);
         assert_eq!(l.device.locate(5), Some((1, 1)));
-        assert_eq!(l.device.locate(6), None, "offset 2 belongs to another layer");
+        assert_eq!(
+            l.device.locate(6),
+            None,
+            "offset 2 belongs to another layer"
+        );
         assert_eq!(l.device.locate(8), None, "block 2 is beyond the pool");
         assert_eq!(l.host.locate(-1), None);
     }
@@ -557,7 +660,11 @@ mod tests {
         let host = pattern(192);
         let mut dev = [0xAAu8; 256];
         let layers = [l];
-        let desc = GatherDesc { num_tokens: 1, top_k: 4, layers: &layers };
+        let desc = GatherDesc {
+            num_tokens: 1,
+            top_k: 4,
+            layers: &layers,
+        };
         // host row 3 = block 1 offset 1 -> device row 1 (block 0 offset 1);
         // src -1 -> zero-fill device row 4 (block 1 offset 0); dst 6 is skipped; count 3 ignores the 4th.
         gather_rows(
@@ -575,7 +682,10 @@ mod tests {
         assert_eq!(dev[48..64], host.0[112..128]);
         assert!(dev[128..144].iter().all(|&b| b == 0));
         assert!(dev[160..176].iter().all(|&b| b == 0));
-        assert!(dev[0..16].iter().all(|&b| b == 0xAA), "4th entry is beyond the count");
+        assert!(
+            dev[0..16].iter().all(|&b| b == 0xAA),
+            "4th entry is beyond the count"
+        );
     }
 
     #[test]
@@ -584,14 +694,33 @@ mod tests {
         let layers = [l];
         let mut host = [0u8; 192];
         let mut dev = pattern(256).0;
-        let back = PageCopyDesc { direction: Direction::DeviceToHost, layers: &layers };
+        let back = PageCopyDesc {
+            direction: Direction::DeviceToHost,
+            layers: &layers,
+        };
         copy_pages(&back, &[BlockPair { src: 1, dst: 2 }], &mut host, &mut dev).unwrap();
         assert_eq!(host[128..192], dev[128..192]);
         let err = copy_pages(&back, &[BlockPair { src: 2, dst: 0 }], &mut host, &mut dev);
-        assert!(matches!(err, Err(OpError::ElementOutOfRange { field: "src", value: 2, .. })));
+        assert!(matches!(
+            err,
+            Err(OpError::ElementOutOfRange {
+                field: "src",
+                value: 2,
+                ..
+            })
+        ));
         let mut dev2 = [0u8; 256];
-        let restore = PageCopyDesc { direction: Direction::HostToDevice, layers: &layers };
-        copy_pages(&restore, &[BlockPair { src: 2, dst: 0 }], &mut host, &mut dev2).unwrap();
+        let restore = PageCopyDesc {
+            direction: Direction::HostToDevice,
+            layers: &layers,
+        };
+        copy_pages(
+            &restore,
+            &[BlockPair { src: 2, dst: 0 }],
+            &mut host,
+            &mut dev2,
+        )
+        .unwrap();
         assert_eq!(dev2[0..64], dev[128..192]);
     }
 
@@ -601,24 +730,42 @@ mod tests {
         let layers = [l];
         let mut host = [0u8; 192];
         let mut dev = pattern(256).0;
-        let desc = RowCopyDesc { direction: Direction::DeviceToHost, layers: &layers };
-        let span = RowSpan { device_block: 0, host_block: 1, first_row: 1, num_rows: 1 };
+        let desc = RowCopyDesc {
+            direction: Direction::DeviceToHost,
+            layers: &layers,
+        };
+        let span = RowSpan {
+            device_block: 0,
+            host_block: 1,
+            first_row: 1,
+            num_rows: 1,
+        };
         copy_rows(&desc, &[span], &mut host, &mut dev).unwrap();
         assert_eq!(host[80..96], dev[16..32]);
         assert_eq!(host[112..128], dev[48..64]);
         assert!(host[64..80].iter().all(|&b| b == 0));
-        let bad = RowSpan { num_rows: 2, ..span };
+        let bad = RowSpan {
+            num_rows: 2,
+            ..span
+        };
         assert!(copy_rows(&desc, &[bad], &mut host, &mut dev).is_err());
         copy_host_pages(&[l.host], &[BlockPair { src: 1, dst: 2 }], &mut host).unwrap();
-        assert_eq!(host[128..192], host.clone()[64..128]);
+        let copy = host;
+        assert_eq!(host[128..192], copy[64..128]);
         assert!(copy_host_pages(&[l.host], &[BlockPair { src: 1, dst: 1 }], &mut host).is_err());
     }
 
     #[test]
     fn layouts_reject_misalignment_and_short_buffers() {
         let l = split_layer();
-        let bad = PageLayout { row_bytes: 24, ..l.host };
-        assert!(matches!(bad.check(OpName::CopyPages, "host", 1 << 20), Err(OpError::Misaligned { .. })));
+        let bad = PageLayout {
+            row_bytes: 24,
+            ..l.host
+        };
+        assert!(matches!(
+            bad.check(OpName::CopyPages, "host", 1 << 20),
+            Err(OpError::Misaligned { .. })
+        ));
         assert!(matches!(
             l.host.check(OpName::CopyPages, "host", 191),
             Err(OpError::BufferTooSmall { needed: 192, .. })

@@ -35,7 +35,13 @@ impl InvalidateDesc {
     /// Checks the descriptor and buffer sizes.
     pub fn check<B: BufferLen + ?Sized>(&self, a: &InvalidateArgs<'_, B>) -> Result<(), OpError> {
         nonzero(OP, "num_requests", self.num_requests.into())?;
-        in_range(OP, "hot_slots", self.hot_slots.into(), 1, MAX_HOT_SLOTS.into())?;
+        in_range(
+            OP,
+            "hot_slots",
+            self.hot_slots.into(),
+            1,
+            MAX_HOT_SLOTS.into(),
+        )?;
         let ranges = mul(OP, "ranges", self.num_ranges.into(), 2)?;
         need(OP, "ranges", a.ranges.byte_len(), ranges, I32_BYTES)?;
         let slots = mul(OP, "dgi", self.num_requests.into(), self.hot_slots.into())?;
@@ -62,16 +68,43 @@ mod tests {
 
     #[test]
     fn drops_only_rows_inside_ranges() {
-        let d = InvalidateDesc { num_requests: 2, hot_slots: 3, num_ranges: 2 };
+        let d = InvalidateDesc {
+            num_requests: 2,
+            hot_slots: 3,
+            num_ranges: 2,
+        };
         let mut dgi = [5, 10, -1, 64, 127, 128];
-        invalidate(&d, InvalidateArgs { ranges: &[64, 128, 10, 10], dgi: &mut dgi }).unwrap();
+        invalidate(
+            &d,
+            InvalidateArgs {
+                ranges: &[64, 128, 10, 10],
+                dgi: &mut dgi,
+            },
+        )
+        .unwrap();
         assert_eq!(dgi, [5, 10, -1, -1, -1, 128]);
     }
 
     #[test]
     fn rejects_short_range_buffer() {
-        let d = InvalidateDesc { num_requests: 1, hot_slots: 1, num_ranges: 2 };
-        let err = invalidate(&d, InvalidateArgs { ranges: &[0, 1, 2], dgi: &mut [0] });
-        assert!(matches!(err, Err(OpError::BufferTooSmall { buffer: "ranges", .. })));
+        let d = InvalidateDesc {
+            num_requests: 1,
+            hot_slots: 1,
+            num_ranges: 2,
+        };
+        let err = invalidate(
+            &d,
+            InvalidateArgs {
+                ranges: &[0, 1, 2],
+                dgi: &mut [0],
+            },
+        );
+        assert!(matches!(
+            err,
+            Err(OpError::BufferTooSmall {
+                buffer: "ranges",
+                ..
+            })
+        ));
     }
 }

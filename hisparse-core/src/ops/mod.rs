@@ -21,8 +21,8 @@ pub mod resolve;
 pub mod slot_mapping;
 
 pub use copy::{
-    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout,
-    RowCopyDesc, RowSpan,
+    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RowCopyDesc,
+    RowSpan,
 };
 pub use invalidate::{InvalidateArgs, InvalidateDesc};
 pub use pinned::{PINNED_ALIGNMENT, PinnedBudgetError, check_pinned_budget};
@@ -81,14 +81,23 @@ pub(crate) fn need(
 ) -> Result<(), OpError> {
     let needed = mul(op, buffer, elements, elem_bytes)?;
     if actual < needed {
-        return Err(OpError::BufferTooSmall { op, buffer, needed, actual });
+        return Err(OpError::BufferTooSmall {
+            op,
+            buffer,
+            needed,
+            actual,
+        });
     }
     Ok(())
 }
 
 /// Checks `value` is positive.
 pub(crate) fn nonzero(op: OpName, field: &'static str, value: u64) -> Result<(), OpError> {
-    if value == 0 { Err(OpError::Zero { op, field }) } else { Ok(()) }
+    if value == 0 {
+        Err(OpError::Zero { op, field })
+    } else {
+        Ok(())
+    }
 }
 
 /// Checks `min <= value <= max`.
@@ -100,7 +109,13 @@ pub(crate) fn in_range(
     max: u64,
 ) -> Result<(), OpError> {
     if value < min || value > max {
-        Err(OpError::OutOfRange { op, field, value, min, max })
+        Err(OpError::OutOfRange {
+            op,
+            field,
+            value,
+            min,
+            max,
+        })
     } else {
         Ok(())
     }
@@ -113,8 +128,13 @@ pub(crate) fn aligned(
     value: u64,
     alignment: u64,
 ) -> Result<(), OpError> {
-    if value % alignment != 0 {
-        Err(OpError::Misaligned { op, field, value, alignment })
+    if !value.is_multiple_of(alignment) {
+        Err(OpError::Misaligned {
+            op,
+            field,
+            value,
+            alignment,
+        })
     } else {
         Ok(())
     }
@@ -128,5 +148,9 @@ pub fn physical_row(block: i32, stride_rows: u32, offset: u32) -> i32 {
         return -1;
     }
     let row = block as i64 * stride_rows as i64 + offset as i64;
-    if row > i32::MAX as i64 { -1 } else { row as i32 }
+    if row > i32::MAX as i64 {
+        -1
+    } else {
+        row as i32
+    }
 }

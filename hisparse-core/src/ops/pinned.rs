@@ -33,8 +33,14 @@ pub enum PinnedBudgetError {
 impl fmt::Display for PinnedBudgetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            PinnedBudgetError::Empty => f.write_str("pinned allocation of 0 bytes; ask for at least one byte"),
-            PinnedBudgetError::ExceedsAvailable { requested, available, limit } => write!(
+            PinnedBudgetError::Empty => {
+                f.write_str("pinned allocation of 0 bytes; ask for at least one byte")
+            }
+            PinnedBudgetError::ExceedsAvailable {
+                requested,
+                available,
+                limit,
+            } => write!(
                 f,
                 "pinned allocation of {requested} bytes exceeds {MAX_PINNED_PERCENT}% of the \
                  {available} bytes of available RAM (limit {limit}); lower the host budget"
@@ -49,7 +55,9 @@ impl crate::error::Error for PinnedBudgetError {
     fn kind(&self) -> crate::error::ErrorKind {
         match self {
             PinnedBudgetError::Empty => crate::error::ErrorKind::InvalidArgument,
-            PinnedBudgetError::ExceedsAvailable { .. } => crate::error::ErrorKind::OutOfPinnedMemory,
+            PinnedBudgetError::ExceedsAvailable { .. } => {
+                crate::error::ErrorKind::OutOfPinnedMemory
+            }
         }
     }
 }
@@ -62,7 +70,11 @@ pub fn check_pinned_budget(requested: u64, available: u64) -> Result<(), PinnedB
     }
     let limit = (available as u128 * MAX_PINNED_PERCENT as u128 / 100) as u64;
     if requested > limit {
-        return Err(PinnedBudgetError::ExceedsAvailable { requested, available, limit });
+        return Err(PinnedBudgetError::ExceedsAvailable {
+            requested,
+            available,
+            limit,
+        });
     }
     Ok(())
 }

@@ -84,8 +84,19 @@ impl RemapDesc {
         let t = u64::from(self.num_tokens);
         let tk = t * u64::from(self.top_k);
         need(OP, "req_id", args.req_id.byte_len(), t, I32_BYTES)?;
-        let table = mul(OP, "block_table", self.table_rows.into(), self.max_blocks.into())?;
-        need(OP, "block_table", args.block_table.byte_len(), table, I32_BYTES)?;
+        let table = mul(
+            OP,
+            "block_table",
+            self.table_rows.into(),
+            self.max_blocks.into(),
+        )?;
+        need(
+            OP,
+            "block_table",
+            args.block_table.byte_len(),
+            table,
+            I32_BYTES,
+        )?;
         need(OP, "topk", args.topk.byte_len(), tk, I32_BYTES)?;
         need(OP, "out", args.out.byte_len(), tk, I32_BYTES)?;
         match (self.idx_mapping_len, &args.idx_mapping) {
@@ -160,7 +171,14 @@ impl RemapDesc {
 /// Reference remap over plain slices. Checks shapes first; writes nothing on error.
 pub fn remap(desc: &RemapDesc, args: RemapArgs<'_, [i32]>) -> Result<(), OpError> {
     desc.check(&args)?;
-    let RemapArgs { req_id, block_table, topk, idx_mapping, out, mut counts } = args;
+    let RemapArgs {
+        req_id,
+        block_table,
+        topk,
+        idx_mapping,
+        out,
+        mut counts,
+    } = args;
     let k = desc.top_k as usize;
     for t in 0..desc.num_tokens as usize {
         let out_row = &mut out[t * k..(t + 1) * k];
@@ -236,7 +254,11 @@ mod tests {
 
     #[test]
     fn compacts_and_maps_through_idx_mapping() {
-        let d = RemapDesc { idx_mapping_len: Some(3), compact: true, ..desc() };
+        let d = RemapDesc {
+            idx_mapping_len: Some(3),
+            compact: true,
+            ..desc()
+        };
         let table = [3, 5, 7, 9];
         let topk = [-1, 5, -7, 0, 0, 1, 2, 3];
         let mut out = [0; 8];
@@ -274,14 +296,36 @@ mod tests {
             },
         )
         .unwrap_err();
-        assert!(matches!(err, OpError::BufferTooSmall { buffer: "out", needed: 32, actual: 28, .. }));
-        let bad = RemapDesc { block_stride_rows: 3, ..desc() };
-        assert!(matches!(bad.validate(), Err(OpError::OutOfRange { field: "block_stride_rows", .. })));
+        assert!(matches!(
+            err,
+            OpError::BufferTooSmall {
+                buffer: "out",
+                needed: 32,
+                actual: 28,
+                ..
+            }
+        ));
+        let bad = RemapDesc {
+            block_stride_rows: 3,
+            ..desc()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(OpError::OutOfRange {
+                field: "block_stride_rows",
+                ..
+            })
+        ));
     }
 
     #[test]
     fn overflowing_physical_row_is_invalid() {
-        let d = RemapDesc { block_stride_rows: 1 << 20, num_tokens: 1, table_rows: 1, ..desc() };
+        let d = RemapDesc {
+            block_stride_rows: 1 << 20,
+            num_tokens: 1,
+            table_rows: 1,
+            ..desc()
+        };
         let mut out = [0; 4];
         remap(
             &d,

@@ -45,7 +45,9 @@ use alloc::collections::BTreeMap;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{BufferLen, I32_BYTES, MAX_HOT_SLOTS, U16_BYTES, in_range, mul, need, nonzero, physical_row};
+use super::{
+    BufferLen, I32_BYTES, MAX_HOT_SLOTS, U16_BYTES, in_range, mul, need, nonzero, physical_row,
+};
 use crate::error::{OpError, OpName};
 
 const OP: OpName = OpName::Resolve;
@@ -131,7 +133,13 @@ impl ResolveDesc {
         nonzero(OP, "max_pages", self.max_pages.into())?;
         nonzero(OP, "block_size", self.block_size.into())?;
         nonzero(OP, "host_num_blocks", self.host_num_blocks.into())?;
-        in_range(OP, "hot_slots", self.hot_slots.into(), self.top_k.into(), MAX_HOT_SLOTS.into())?;
+        in_range(
+            OP,
+            "hot_slots",
+            self.hot_slots.into(),
+            self.top_k.into(),
+            MAX_HOT_SLOTS.into(),
+        )?;
         in_range(
             OP,
             "attention_block_stride",
@@ -139,7 +147,13 @@ impl ResolveDesc {
             self.block_size.into(),
             i32::MAX as u64,
         )?;
-        in_range(OP, "host_num_blocks * block_size", self.host_rows() as u64, 1, i32::MAX as u64)?;
+        in_range(
+            OP,
+            "host_num_blocks * block_size",
+            self.host_rows() as u64,
+            1,
+            i32::MAX as u64,
+        )?;
         Ok(())
     }
 
@@ -171,11 +185,19 @@ impl ResolveDesc {
     /// State row of token row `req`, or `None` for padding.
     #[inline]
     pub fn state_row(&self, req: i32) -> Option<usize> {
-        usize::try_from(req).ok().filter(|&r| r < self.num_requests as usize)
+        usize::try_from(req)
+            .ok()
+            .filter(|&r| r < self.num_requests as usize)
     }
 
     /// Classifies token `tok` of state row `r` (step 2).
-    pub fn classify(&self, resident_table: &[i32], host_table: &[i32], r: usize, tok: i32) -> Entry {
+    pub fn classify(
+        &self,
+        resident_table: &[i32],
+        host_table: &[i32],
+        r: usize,
+        tok: i32,
+    ) -> Entry {
         if tok < 0 {
             return Entry::Invalid;
         }
@@ -310,12 +332,20 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
         miss_src,
         miss_dst,
     } = a;
-    let (t_count, k, n) = (desc.num_tokens as usize, desc.top_k as usize, desc.hot_slots as usize);
+    let (t_count, k, n) = (
+        desc.num_tokens as usize,
+        desc.top_k as usize,
+        desc.hot_slots as usize,
+    );
     let tk = t_count * k;
     indices[..tk].fill(-1);
     miss_src[..tk].fill(-1);
     miss_dst[..tk].fill(-1);
-    for c in [&mut valid_counts[..t_count], &mut hit_counts[..t_count], &mut miss_counts[..t_count]] {
+    for c in [
+        &mut valid_counts[..t_count],
+        &mut hit_counts[..t_count],
+        &mut miss_counts[..t_count],
+    ] {
         c.fill(0);
     }
 
@@ -328,7 +358,9 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
             done[first] = true;
             continue;
         };
-        let rows: Vec<usize> = (first..t_count).filter(|&t| req_id[t] == req_id[first]).collect();
+        let rows: Vec<usize> = (first..t_count)
+            .filter(|&t| req_id[t] == req_id[first])
+            .collect();
         for &t in &rows {
             done[t] = true;
         }
@@ -393,8 +425,12 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
                 miss_counts[t] += 1;
             }
             // Step 7: new LRU order.
-            let new_order: Vec<u16> =
-                evictable[used..].iter().chain(&miss_slots).chain(&hits).copied().collect();
+            let new_order: Vec<u16> = evictable[used..]
+                .iter()
+                .chain(&miss_slots)
+                .chain(&hits)
+                .copied()
+                .collect();
             lru_r.copy_from_slice(&new_order);
         }
 

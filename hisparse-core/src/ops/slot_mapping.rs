@@ -53,7 +53,13 @@ impl SlotMappingDesc {
         nonzero(OP, "ratio", self.ratio.into())?;
         nonzero(OP, "table_rows", self.table_rows.into())?;
         nonzero(OP, "max_blocks", self.max_blocks.into())?;
-        in_range(OP, "block_size", self.block_size.into(), self.ratio.into(), i32::MAX as u64)?;
+        in_range(
+            OP,
+            "block_size",
+            self.block_size.into(),
+            self.ratio.into(),
+            i32::MAX as u64,
+        )?;
         aligned(OP, "block_size", self.block_size.into(), self.ratio.into())?;
         let t = u64::from(self.num_tokens);
         for (name, len) in [
@@ -64,8 +70,19 @@ impl SlotMappingDesc {
         ] {
             need(OP, name, len, t, I32_BYTES)?;
         }
-        let table = mul(OP, "block_table", self.table_rows.into(), self.max_blocks.into())?;
-        need(OP, "block_table", a.block_table.byte_len(), table, I32_BYTES)
+        let table = mul(
+            OP,
+            "block_table",
+            self.table_rows.into(),
+            self.max_blocks.into(),
+        )?;
+        need(
+            OP,
+            "block_table",
+            a.block_table.byte_len(),
+            table,
+            I32_BYTES,
+        )
     }
 
     /// The compressed slot of one token (see the module docs).
@@ -75,7 +92,9 @@ impl SlotMappingDesc {
         if slot < 0 || position < 0 || (position as i64 + 1) % ratio != 0 {
             return -1;
         }
-        let Ok(row) = usize::try_from(row) else { return -1 };
+        let Ok(row) = usize::try_from(row) else {
+            return -1;
+        };
         if row >= self.table_rows as usize {
             return -1;
         }
@@ -97,7 +116,12 @@ pub fn compressed_slot_mapping(
 ) -> Result<(), OpError> {
     desc.check(&a)?;
     for t in 0..desc.num_tokens as usize {
-        a.out[t] = desc.map(a.block_table, a.positions[t], a.slot_mapping[t], a.table_row[t]);
+        a.out[t] = desc.map(
+            a.block_table,
+            a.positions[t],
+            a.slot_mapping[t],
+            a.table_row[t],
+        );
     }
     Ok(())
 }
@@ -109,7 +133,13 @@ mod tests {
     #[test]
     fn writes_every_ratio_th_token_at_block_boundaries() {
         // block 256 tokens, ratio 4 -> 64 compressed rows per block.
-        let d = SlotMappingDesc { num_tokens: 6, ratio: 4, block_size: 256, table_rows: 1, max_blocks: 2 };
+        let d = SlotMappingDesc {
+            num_tokens: 6,
+            ratio: 4,
+            block_size: 256,
+            table_rows: 1,
+            max_blocks: 2,
+        };
         let positions = [3, 4, 255, 259, 511, 515];
         let slots = [0, 1, 2, 3, -1, 5];
         let mut out = [0; 6];
@@ -131,7 +161,13 @@ mod tests {
 
     #[test]
     fn rejects_block_size_not_multiple_of_ratio() {
-        let d = SlotMappingDesc { num_tokens: 0, ratio: 3, block_size: 64, table_rows: 1, max_blocks: 1 };
+        let d = SlotMappingDesc {
+            num_tokens: 0,
+            ratio: 3,
+            block_size: 64,
+            table_rows: 1,
+            max_blocks: 1,
+        };
         let mut out = [0i32; 0];
         let a = SlotMappingArgs {
             positions: &[][..],
@@ -140,6 +176,12 @@ mod tests {
             block_table: &[0],
             out: &mut out[..],
         };
-        assert!(matches!(d.check(&a), Err(OpError::Misaligned { field: "block_size", .. })));
+        assert!(matches!(
+            d.check(&a),
+            Err(OpError::Misaligned {
+                field: "block_size",
+                ..
+            })
+        ));
     }
 }
