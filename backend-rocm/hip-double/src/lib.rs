@@ -1,0 +1,1 @@
+//! HIP runtime test double (being written).

@@ -1,0 +1,1 @@
+//! Kernel sources shared by the CUDA and ROCm backends (being written).
