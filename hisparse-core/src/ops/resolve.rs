@@ -23,8 +23,9 @@
 //! 4. if `lru[r]` is not a permutation of `0..hot_slots` it is reset to the identity and every
 //!    `dgi[r][..]` to `-1` first (a corrupt state is repaired deterministically, never read out of
 //!    bounds);
-//! 5. slots are scanned in LRU order: a slot whose `dgi` is a wanted `g` not matched yet is a
-//!    *hit*; every other slot is *evictable*;
+//! 5. slots are scanned in LRU order: a slot whose `dgi` is a wanted `g` inside the host pool and
+//!    not matched yet is a *hit* (so a row beyond the pool is never a hit, even if a corrupt `dgi`
+//!    names it); every other slot is *evictable*;
 //! 6. the m-th unmatched wanted row (a *miss*) takes the m-th evictable slot and its `dgi` becomes
 //!    `g` — or `-1` when `g` lies beyond the host pool (`≥ host_num_blocks * block_size`), whose hot
 //!    row is then zero-filled by the gather. Misses beyond the evictable slots get no slot and
@@ -397,8 +398,9 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
             let mut evictable = Vec::new();
             for &s in lru_r.iter() {
                 let cached = dgi_r[s as usize];
+                let in_pool = cached >= 0 && i64::from(cached) < desc.host_rows();
                 match wanted_at.get(&cached) {
-                    Some(&w) if cached >= 0 && slot_of[w].is_none() => {
+                    Some(&w) if in_pool && slot_of[w].is_none() => {
                         slot_of[w] = Some(s.into());
                         hits.push(s);
                         hit_counts[wanted[w].1] += 1;
