@@ -1,2 +1,62 @@
-//! The hisparse command.
-fn main() {}
+//! The `hisparse` command: plan a KV-cache layout, simulate decoding on a backend with every read
+//! row verified, run a backend's conformance suite, and benchmark its operations.
+//!
+//! Every failure is reported as one line on stderr (`error: ...`) with a non-zero exit code:
+//! 2 for arguments to change, 1 for a failed run.
+
+mod args;
+mod backend;
+mod error;
+mod progress;
+mod sim;
+mod size;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+use crate::error::{CliError, CliResult};
+
+fn run(cli: Cli) -> CliResult<()> {
+    match cli.command {
+        Command::Layout(_) | Command::Simulate(_) | Command::Conformance(_) | Command::Bench(_) => {
+            Err(CliError::failed("not implemented yet"))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            if matches!(
+                e.kind(),
+                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return ExitCode::from(
+                    if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
+                        2
+                    } else {
+                        0
+                    },
+                );
+            }
+            // One line: clap's first line, then where to look.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments").trim();
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("error: {first}; see `hisparse --help`");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Command-line arguments (clap derive).
+//!
+//! Values are taken as text and validated by the commands themselves, so every bad value gives
+//! one line that says what to change (clap's own multi-line reports are folded in `main`).
+
+use clap::{Args, Parser, Subcommand};
+
+/// HiSparse: hierarchical sparse-attention KV cache — plan layouts, simulate decoding on a
+/// backend, check a backend's conformance, and benchmark its operations.
+#[derive(Debug, Parser)]
+#[command(name = "hisparse", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Plan the KV cache: groups, block sizes, pool sizes and how many requests fit.
+    Layout(LayoutArgs),
+    /// Drive the real coordinator and device operations through prefill and decode, verifying
+    /// every row attention reads.
+    Simulate(SimulateArgs),
+    /// Run the conformance suite against a backend.
+    Conformance(ConformanceArgs),
+    /// Measure device operations beside the bandwidth ceilings of the same device.
+    Bench(BenchArgs),
+}
+
+/// Backend selection shared by the device commands.
+#[derive(Debug, Args, Clone)]
+pub struct BackendArgs {
+    /// Backend: cpu, cuda, vulkan or rocm (each must be compiled in as a Cargo feature).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Device selector: an ordinal for cuda/rocm; index or name substring for vulkan.
+    #[arg(long, default_value = "")]
+    pub device: String,
+}
+
+/// `hisparse layout`.
+#[derive(Debug, Args)]
+pub struct LayoutArgs {
+    /// Model preset (deepseek-v3.2, glm-5, deepseek-v4).
+    #[arg(long, default_value = "deepseek-v3.2")]
+    pub preset: String,
+    /// GPU memory given to the KV cache (e.g. 80GiB).
+    #[arg(long, default_value = "80GiB")]
+    pub gpu_mem: String,
+    /// Pinned host memory budget (e.g. 512GiB).
+    #[arg(long, default_value = "512GiB")]
+    pub host_mem: String,
+    /// Longest request, in tokens.
+    #[arg(long, default_value = "131072")]
+    pub max_model_len: String,
+    /// Hot rows per request per hot group (default 2 × top_k × max_query_len).
+    #[arg(long)]
+    pub device_buffer_size: Option<String>,
+    /// Tokens per decode step per request (1 + speculative tokens).
+    #[arg(long, default_value = "1")]
+    pub max_query_len: String,
+    /// Emit JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `hisparse simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Backend and device.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Model preset (deepseek-v3.2, glm-5, deepseek-v4).
+    #[arg(long, default_value = "deepseek-v3.2")]
+    pub preset: String,
+    /// Keep only the first N layers of the preset (0 = all): a smaller model, same geometry.
+    #[arg(long, default_value = "0")]
+    pub layers: String,
+    /// Concurrent requests.
+    #[arg(long, default_value = "4")]
+    pub requests: String,
+    /// Prompt length of each request, in tokens.
+    #[arg(long, default_value = "8192")]
+    pub context: String,
+    /// Decode steps after prefill.
+    #[arg(long, default_value = "48")]
+    pub decode_steps: String,
+    /// GPU memory for the KV cache (default: small enough that pages are reclaimed).
+    #[arg(long)]
+    pub gpu_mem: Option<String>,
+    /// Pinned host memory budget (default: what the requests need, with headroom).
+    #[arg(long)]
+    pub host_mem: Option<String>,
+    /// Hot rows per request per hot group (default 2 × top_k).
+    #[arg(long)]
+    pub device_buffer_size: Option<String>,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value = "1")]
+    pub seed: String,
+    /// Target share of top-k entries kept between adjacent decode steps (0..=1).
+    #[arg(long, default_value = "0.9")]
+    pub overlap: String,
+    /// Prefill chunk, in tokens.
+    #[arg(long, default_value = "2048")]
+    pub chunk: String,
+    /// Emit JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG of hit rate and transferred bytes per step to this file.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// `hisparse conformance`.
+#[derive(Debug, Args)]
+pub struct ConformanceArgs {
+    /// Backend and device.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Run only cases whose name contains this text.
+    pub filter: Option<String>,
+}
+
+/// `hisparse bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Backend and device.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Emit JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Measured repetitions per figure (the median is reported).
+    #[arg(long, default_value = "10")]
+    pub iters: String,
+}
+
+/// Parses a number given to `--flag`.
+pub fn number<T: std::str::FromStr>(flag: &str, text: &str) -> crate::error::CliResult<T> {
+    text.trim().replace('_', "").parse().map_err(|_| {
+        crate::error::CliError::usage(format!("--{flag} `{text}` is not a valid number"))
+    })
+}
+
+/// Parses a number given to `--flag` that must be at least 1.
+pub fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(
+    flag: &str,
+    text: &str,
+) -> crate::error::CliResult<T> {
+    let v: T = number(flag, text)?;
+    if v < T::from(1) {
+        return Err(crate::error::CliError::usage(format!(
+            "--{flag} must be at least 1 (got `{text}`)"
+        )));
+    }
+    Ok(v)
+}
+
+/// Parses a byte size given to `--flag`; zero is refused.
+pub fn size(flag: &str, text: &str) -> crate::error::CliResult<u64> {
+    let v = crate::size::parse_size(text)
+        .map_err(|e| crate::error::CliError::usage(format!("--{flag}: {e}")))?;
+    if v == 0 {
+        return Err(crate::error::CliError::usage(format!(
+            "--{flag} must be greater than 0; give a size such as 80GiB"
+        )));
+    }
+    Ok(v)
+}
+
+/// Parses the backend name of `--backend`.
+pub fn backend(text: &str) -> crate::error::CliResult<crate::backend::BackendKind> {
+    text.parse().map_err(crate::error::CliError::Usage)
+}

@@ -1,0 +1,142 @@
+//! A hand-written SVG of the per-step series of a simulation: hot hit rate (top panel) and
+//! host→device bytes (bottom panel). No plotting crate: two polylines, axes and labels.
+
+use std::fmt::Write as _;
+
+use crate::size::human;
+
+const W: f64 = 900.0;
+const PANEL_H: f64 = 220.0;
+const LEFT: f64 = 90.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 40.0;
+const GAP: f64 = 70.0;
+
+/// One panel's series.
+struct Panel<'a> {
+    title: &'a str,
+    values: &'a [f64],
+    max: f64,
+    label: &'a dyn Fn(f64) -> String,
+    colour: &'a str,
+}
+
+fn panel(svg: &mut String, y0: f64, p: &Panel<'_>) {
+    let plot_w = W - LEFT - RIGHT;
+    let n = p.values.len().max(2);
+    let x = |i: usize| LEFT + plot_w * i as f64 / (n - 1) as f64;
+    let max = if p.max > 0.0 { p.max } else { 1.0 };
+    let y = |v: f64| y0 + PANEL_H - PANEL_H * (v / max).clamp(0.0, 1.0);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{LEFT}" y="{:.1}" font-size="14" font-weight="bold">{}</text>"#,
+        y0 - 10.0,
+        esc(p.title)
+    );
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{LEFT}" y="{y0:.1}" width="{plot_w:.1}" height="{PANEL_H}" fill="none" stroke="#888"/>"##
+    );
+    for t in 0..=4 {
+        let v = max * f64::from(t) / 4.0;
+        let yy = y(v);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            yy + 4.0,
+            esc(&(p.label)(v))
+        );
+    }
+    let points: Vec<String> = p
+        .values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| format!("{:.1},{:.1}", x(i), y(v)))
+        .collect();
+    let _ = writeln!(
+        svg,
+        r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
+        p.colour,
+        points.join(" ")
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">decode step (1..{})</text>"#,
+        LEFT + plot_w / 2.0,
+        y0 + PANEL_H + 18.0,
+        p.values.len()
+    );
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Renders the SVG for per-step hit rates (0..=1) and host→device bytes.
+pub fn render(title: &str, hit_rate: &[f64], h2d_bytes: &[f64]) -> String {
+    let h = TOP + 2.0 * PANEL_H + GAP + 40.0;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="20" font-size="15" text-anchor="middle">{}</text>"#,
+        W / 2.0,
+        esc(title)
+    );
+    let pct = |v: f64| format!("{:.0}%", v * 100.0);
+    panel(
+        &mut svg,
+        TOP + 10.0,
+        &Panel {
+            title: "hot-buffer hit rate per decode step",
+            values: hit_rate,
+            max: 1.0,
+            label: &pct,
+            colour: "#1f77b4",
+        },
+    );
+    let max_bytes = h2d_bytes.iter().copied().fold(0.0, f64::max);
+    let bytes = |v: f64| human(v as u64);
+    panel(
+        &mut svg,
+        TOP + 10.0 + PANEL_H + GAP,
+        &Panel {
+            title: "host→device bytes per decode step",
+            values: h2d_bytes,
+            max: max_bytes * 1.05,
+            label: &bytes,
+            colour: "#d62728",
+        },
+    );
+    svg.push_str("</svg>\n");
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_a_well_formed_document() {
+        let svg = render("a <b> & c", &[0.5, 0.9, 0.95], &[1e6, 2e5, 1e5]);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(svg.contains("a &lt;b&gt; &amp; c"));
+        // Every opened text element is closed.
+        assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+    }
+
+    #[test]
+    fn empty_series_do_not_panic() {
+        let svg = render("empty", &[], &[]);
+        assert!(svg.contains("</svg>"));
+    }
+}
