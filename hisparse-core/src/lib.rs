@@ -5,10 +5,17 @@
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
+#[cfg(test)]
+extern crate std;
 
+pub mod config;
 pub mod device;
 pub mod error;
+#[cfg(feature = "alloc")]
+pub mod layout;
+pub mod model;
 pub mod ops;
+pub mod presets;
 
 pub use device::Device;
 pub use error::{Error, ErrorKind, OpError, OpName};

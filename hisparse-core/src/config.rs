@@ -1,0 +1,222 @@
+//! HiSparse configuration and its validation (SPEC §2).
+
+use core::fmt;
+
+use crate::ops::MAX_HOT_SLOTS;
+
+/// User-facing HiSparse settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct HiSparseConfig {
+    /// Tokens each decode token selects per sparse layer (2048 for DeepSeek V3.2).
+    pub top_k: u32,
+    /// Hot-buffer rows per request per hot group. `None` = the default
+    /// `2 * top_k * max_query_len`, capped at [`MAX_HOT_SLOTS`]. Must lie in
+    /// `top_k * max_query_len ..= 32768` (LRU slots are 16-bit).
+    pub device_buffer_size: Option<u32>,
+    /// Mirror rows to host as they are written (row-mirror spans), so sealing a page moves no
+    /// data. Default `true`.
+    pub eager_host_mirror: bool,
+    /// Bytes of pinned host memory for the source pool.
+    pub host_budget_bytes: u64,
+    /// Token rows one request contributes per decode step: 1 + speculative tokens. Default 1.
+    pub max_query_len: u32,
+}
+
+impl HiSparseConfig {
+    /// Defaults for a model's `top_k` and a host budget: default hot buffer, eager mirroring on,
+    /// no speculative tokens.
+    pub const fn new(top_k: u32, host_budget_bytes: u64) -> Self {
+        HiSparseConfig {
+            top_k,
+            device_buffer_size: None,
+            eager_host_mirror: true,
+            host_budget_bytes,
+            max_query_len: 1,
+        }
+    }
+
+    /// Smallest allowed hot buffer: `top_k * max_query_len` (saturating).
+    pub const fn min_device_buffer_size(&self) -> u64 {
+        self.top_k as u64 * self.max_query_len as u64
+    }
+
+    /// The hot buffer size in force, after validation.
+    pub fn resolved_device_buffer_size(&self) -> Result<u32, ConfigError> {
+        self.validate()?;
+        Ok(self.device_buffer_size_unchecked())
+    }
+
+    fn device_buffer_size_unchecked(&self) -> u32 {
+        match self.device_buffer_size {
+            Some(v) => v,
+            None => (2 * self.min_device_buffer_size()).min(MAX_HOT_SLOTS as u64) as u32,
+        }
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.top_k == 0 {
+            return Err(ConfigError::Zero { field: "top_k" });
+        }
+        if self.max_query_len == 0 {
+            return Err(ConfigError::Zero {
+                field: "max_query_len",
+            });
+        }
+        if self.host_budget_bytes == 0 {
+            return Err(ConfigError::Zero {
+                field: "host_budget_bytes",
+            });
+        }
+        let min = self.min_device_buffer_size();
+        if min > MAX_HOT_SLOTS as u64 {
+            return Err(ConfigError::TopKTooLarge {
+                top_k: self.top_k,
+                max_query_len: self.max_query_len,
+                max: MAX_HOT_SLOTS,
+            });
+        }
+        let v = self.device_buffer_size_unchecked();
+        if (v as u64) < min {
+            return Err(ConfigError::DeviceBufferTooSmall {
+                value: v,
+                min: min as u32,
+            });
+        }
+        if v > MAX_HOT_SLOTS {
+            return Err(ConfigError::DeviceBufferTooLarge {
+                value: v,
+                max: MAX_HOT_SLOTS,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A bad [`HiSparseConfig`] field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A field that must be positive is zero.
+    Zero {
+        /// Field name.
+        field: &'static str,
+    },
+    /// `device_buffer_size` is below `top_k * max_query_len`: one step's selections would not fit.
+    DeviceBufferTooSmall {
+        /// The value given.
+        value: u32,
+        /// The minimum.
+        min: u32,
+    },
+    /// `device_buffer_size` exceeds 32768 (LRU slots are 16-bit).
+    DeviceBufferTooLarge {
+        /// The value given.
+        value: u32,
+        /// The maximum.
+        max: u32,
+    },
+    /// `top_k * max_query_len` alone exceeds the largest hot buffer.
+    TopKTooLarge {
+        /// `top_k`.
+        top_k: u32,
+        /// `max_query_len`.
+        max_query_len: u32,
+        /// The largest hot buffer.
+        max: u32,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ConfigError::Zero { field } => write!(f, "config: `{field}` must be greater than 0"),
+            ConfigError::DeviceBufferTooSmall { value, min } => write!(
+                f,
+                "config: `device_buffer_size` = {value} is below top_k * max_query_len = {min}; raise it to at least {min}"
+            ),
+            ConfigError::DeviceBufferTooLarge { value, max } => write!(
+                f,
+                "config: `device_buffer_size` = {value} exceeds {max} (LRU slots are 16-bit); lower it"
+            ),
+            ConfigError::TopKTooLarge {
+                top_k,
+                max_query_len,
+                max,
+            } => write!(
+                f,
+                "config: `top_k` = {top_k} times `max_query_len` = {max_query_len} exceeds the largest hot buffer ({max} rows); lower max_query_len"
+            ),
+        }
+    }
+}
+
+impl crate::error::Error for ConfigError {
+    fn kind(&self) -> crate::error::ErrorKind {
+        crate::error::ErrorKind::InvalidArgument
+    }
+}
+
+impl core::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_bounds() {
+        let c = HiSparseConfig::new(2048, 1 << 30);
+        assert_eq!(c.resolved_device_buffer_size(), Ok(4096));
+        let c2 = HiSparseConfig {
+            max_query_len: 4,
+            ..c
+        };
+        assert_eq!(c2.resolved_device_buffer_size(), Ok(16384));
+        let c3 = HiSparseConfig {
+            max_query_len: 16,
+            ..c
+        };
+        assert_eq!(c3.resolved_device_buffer_size(), Ok(32768));
+        let c4 = HiSparseConfig {
+            max_query_len: 17,
+            ..c
+        };
+        assert!(matches!(
+            c4.validate(),
+            Err(ConfigError::TopKTooLarge { .. })
+        ));
+        let small = HiSparseConfig {
+            device_buffer_size: Some(2047),
+            ..c
+        };
+        assert_eq!(
+            small.validate(),
+            Err(ConfigError::DeviceBufferTooSmall {
+                value: 2047,
+                min: 2048
+            })
+        );
+        let big = HiSparseConfig {
+            device_buffer_size: Some(32769),
+            ..c
+        };
+        assert_eq!(
+            big.validate(),
+            Err(ConfigError::DeviceBufferTooLarge {
+                value: 32769,
+                max: 32768
+            })
+        );
+        assert_eq!(
+            HiSparseConfig::new(0, 1).validate(),
+            Err(ConfigError::Zero { field: "top_k" })
+        );
+        assert_eq!(
+            HiSparseConfig::new(1, 0).validate(),
+            Err(ConfigError::Zero {
+                field: "host_budget_bytes"
+            })
+        );
+    }
+}

@@ -1,0 +1,1090 @@
+//! Layout planning (SPEC §3): from a model, a [`HiSparseConfig`] and memory budgets to a
+//! [`KvCacheConfig`] — the KV-cache groups, the GPU and host pools and where every layer's pages
+//! sit in them. Pure: no I/O, deterministic.
+//!
+//! # Groups
+//!
+//! Order: `[source, indexer, resident.., hot.., regular..]`.
+//! * **source** (host): every sparse layer. Owns prefix caching.
+//! * **indexer** (GPU): every leader's indexer cache.
+//! * **hot units** = runs of sparse layers starting at each leader (the leader and its followers).
+//!   Units are packed greedily into *buckets* while the bucket's summed page bytes stay ≤ the
+//!   indexer group's summed page bytes (a unit is never split; a bucket always takes at least one
+//!   unit). Each bucket gives one **resident** group and a twin **hot** group with the same layers.
+//! * **regular** (GPU): non-sparse layers, one group per distinct (row bytes, compress ratio,
+//!   sliding window).
+//!
+//! # GPU pool
+//!
+//! All GPU groups share one block-id space; a block id belongs to one group at a time, so groups
+//! alias the same bytes. `bytes_per_block` is the largest GPU group's summed page bytes, rounded
+//! up to a multiple of the sparse page size so one flat row view addresses hot and resident rows
+//! alike (`attention_block_stride = bytes_per_block / row_bytes`). Inside a block a group's layers
+//! sit side by side from byte 0: layer `i` of a group at the sum of the pages before it. Device
+//! byte address of (block `b`, layer) = `b * bytes_per_block + layer offset`.
+//!
+//! # Host pool
+//!
+//! Layer-major: source layer `i` (its index in the source group) is one contiguous
+//! `[host_num_blocks, block_size, row]` array at `i * host_num_blocks * page_bytes`. The flat host
+//! row of (host block `h`, offset `o`) is `h * block_size + o`. `host_block_stride` is the summed
+//! source page bytes (the host memory one block id costs across all layers).
+//!
+//! # Example: DeepSeek V3.2
+//!
+//! ```
+//! use hisparse_core::{config::HiSparseConfig, layout::{plan_layout, LayoutInput}, presets};
+//! let model = presets::DEEPSEEK_V32;
+//! let cfg = HiSparseConfig::new(model.top_k, 64 << 30);
+//! let kv = plan_layout(&LayoutInput::new(&model, &cfg, 40 << 30, 131072)).unwrap();
+//! assert_eq!(kv.num_buckets, 6);
+//! assert_eq!(kv.bytes_per_block, 545792);
+//! assert_eq!(kv.host_block_stride, 2561024);
+//! assert_eq!(kv.hot_blocks_per_request, 64);
+//! assert_eq!(kv.attention_block_stride, 832);
+//! ```
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::config::{ConfigError, HiSparseConfig};
+use crate::model::{LayerSpec, ModelError, ModelSpec};
+use crate::ops::{LayerPair, PageLayout};
+
+/// Resident pages at the tail of a running request that are never reclaimed (the page being
+/// written and the one before it).
+pub const ACTIVE_TAIL_PAGES: u32 = 2;
+
+/// What a KV-cache group holds and where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum GroupKind {
+    /// Host pool: the durable copy of every sparse layer.
+    Source,
+    /// GPU: the indexer caches of all leaders.
+    Indexer,
+    /// GPU: resident pages of one bucket of sparse layers.
+    Resident,
+    /// GPU: per-request hot buffers of one bucket of sparse layers.
+    Hot,
+    /// GPU: a non-sparse layer group with ordinary paging.
+    Regular,
+}
+
+impl GroupKind {
+    /// Lowercase name for logs and tables.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            GroupKind::Source => "source",
+            GroupKind::Indexer => "indexer",
+            GroupKind::Resident => "resident",
+            GroupKind::Hot => "hot",
+            GroupKind::Regular => "regular",
+        }
+    }
+}
+
+/// One layer's place inside its group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GroupLayer {
+    /// Model layer index.
+    pub layer: u32,
+    /// Position of the layer inside its group.
+    pub index_in_group: u32,
+    /// GPU groups: byte offset of this layer's page inside a GPU block (the sum of the pages of
+    /// the group's earlier layers — the index-within-group offset). Source group: byte offset of
+    /// this layer's contiguous array in the host pool (`index_in_group * host_num_blocks *
+    /// page_bytes`).
+    pub offset: u64,
+    /// Bytes of one page of this layer.
+    pub page_bytes: u64,
+    /// Rows per page.
+    pub rows_per_block: u32,
+    /// Bytes per row (indexer groups: the indexer row).
+    pub row_bytes: u32,
+    /// Value bytes per row (`row_bytes` for contiguous rows).
+    pub value_bytes: u32,
+}
+
+/// One KV-cache group.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct KvCacheGroup {
+    /// What the group holds.
+    pub kind: GroupKind,
+    /// Resident and hot groups: the bucket index (resident group `b` and hot group `b` are twins).
+    pub bucket: Option<u32>,
+    /// Regular groups: the sliding window in tokens, if any.
+    pub sliding_window: Option<u32>,
+    /// Summed page bytes of the group's layers (one block's worth of this group).
+    pub page_bytes: u64,
+    /// The layers, in model order.
+    pub layers: Vec<GroupLayer>,
+}
+
+/// An index group: a leader and the followers that apply its resolver plan.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct IndexGroup {
+    /// Model layer of the leader.
+    pub leader: u32,
+    /// Model layers of the unit (leader first, then its followers).
+    pub layers: Vec<u32>,
+    /// Bucket (resident/hot group pair) the unit lives in.
+    pub bucket: u32,
+}
+
+/// Inputs of [`plan_layout`].
+#[derive(Clone, Copy, Debug)]
+pub struct LayoutInput<'a> {
+    /// The model.
+    pub model: &'a ModelSpec<'a>,
+    /// HiSparse settings (host budget included).
+    pub config: &'a HiSparseConfig,
+    /// GPU bytes available for the KV pool.
+    pub gpu_bytes: u64,
+    /// Longest request in tokens.
+    pub max_model_len: u32,
+    /// Use exactly this many GPU blocks (null block included) instead of `gpu_bytes /
+    /// bytes_per_block`.
+    pub num_gpu_blocks_override: Option<u32>,
+}
+
+impl<'a> LayoutInput<'a> {
+    /// Inputs without a block-count override.
+    pub const fn new(
+        model: &'a ModelSpec<'a>,
+        config: &'a HiSparseConfig,
+        gpu_bytes: u64,
+        max_model_len: u32,
+    ) -> Self {
+        LayoutInput {
+            model,
+            config,
+            gpu_bytes,
+            max_model_len,
+            num_gpu_blocks_override: None,
+        }
+    }
+}
+
+/// The planned KV-cache layout.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct KvCacheConfig {
+    /// Model name.
+    pub model: String,
+    /// The configuration with `device_buffer_size` resolved (`Some`).
+    pub config: HiSparseConfig,
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// Rows per page of the source, resident and hot groups (SPEC's block size).
+    pub block_size: u32,
+    /// Tokens per sparse row (compress ratio of the sparse layers).
+    pub sparse_compress_ratio: u32,
+    /// Bytes per sparse row.
+    pub row_bytes: u32,
+    /// Value bytes per sparse row (`row_bytes` for contiguous rows).
+    pub value_bytes: u32,
+    /// Groups in order `[source, indexer, resident.., hot.., regular..]`.
+    pub groups: Vec<KvCacheGroup>,
+    /// Number of resident/hot bucket pairs.
+    pub num_buckets: u32,
+    /// Index groups (leader + followers) in model order.
+    pub index_groups: Vec<IndexGroup>,
+    /// Bytes of one GPU block.
+    pub bytes_per_block: u64,
+    /// Rows between consecutive GPU blocks in the flat attention view.
+    pub attention_block_stride: u32,
+    /// GPU blocks, null block 0 included.
+    pub num_gpu_blocks: u32,
+    /// Host bytes one host block id costs (summed source page bytes).
+    pub host_block_stride: u64,
+    /// Host blocks, null block 0 included.
+    pub host_num_blocks: u32,
+    /// Hot rows per request per hot group.
+    pub device_buffer_size: u32,
+    /// Hot blocks per request per hot group: `ceil(device_buffer_size / block_size)`.
+    pub hot_blocks_per_request: u32,
+    /// Longest request in tokens.
+    pub max_model_len: u32,
+    /// Pages (blocks) of a `max_model_len` request: `ceil(max_model_len / block_tokens)`.
+    pub max_pages_per_request: u32,
+}
+
+/// Why a layout cannot be planned. Messages say what to change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// The model geometry is invalid.
+    Model(ModelError),
+    /// The configuration is invalid.
+    Config(ConfigError),
+    /// `max_model_len` is zero.
+    ZeroMaxModelLen,
+    /// `gpu_bytes` is zero and no block-count override was given.
+    ZeroGpuMemory,
+    /// The GPU pool cannot hold one `max_model_len` request even with HiSparse.
+    GpuPoolTooSmall {
+        /// GPU blocks the budget gives (null block included).
+        blocks: u64,
+        /// GPU blocks needed (null block included).
+        needed: u64,
+        /// Bytes per GPU block.
+        bytes_per_block: u64,
+    },
+    /// The host budget cannot hold one `max_model_len` request plus the null block and a
+    /// copy-on-write tail.
+    HostBudgetTooSmall {
+        /// The budget.
+        budget: u64,
+        /// Bytes per host block.
+        host_block_stride: u64,
+        /// Host blocks it gives.
+        blocks: u64,
+        /// Host blocks needed.
+        needed: u64,
+    },
+    /// A pool has more blocks than `i32` block ids (or flat rows) can address.
+    PoolTooLarge {
+        /// `"gpu"` or `"host"`.
+        pool: &'static str,
+        /// Blocks requested.
+        blocks: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+    /// A size computation overflows.
+    Overflow {
+        /// What was being computed.
+        field: &'static str,
+    },
+    /// A helper was asked about a layer that is not sparse (or not in the model).
+    NotSparse {
+        /// Model layer index.
+        layer: u32,
+    },
+    /// A helper was asked about a group index that does not exist.
+    NoSuchGroup {
+        /// Group index.
+        group: u32,
+    },
+}
+
+impl From<ModelError> for LayoutError {
+    fn from(e: ModelError) -> Self {
+        LayoutError::Model(e)
+    }
+}
+
+impl From<ConfigError> for LayoutError {
+    fn from(e: ConfigError) -> Self {
+        LayoutError::Config(e)
+    }
+}
+
+impl fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            LayoutError::Model(e) => e.fmt(f),
+            LayoutError::Config(e) => e.fmt(f),
+            LayoutError::ZeroMaxModelLen => {
+                f.write_str("layout: `max_model_len` must be greater than 0")
+            }
+            LayoutError::ZeroGpuMemory => f.write_str(
+                "layout: GPU memory for the KV pool is 0; give a positive GPU budget or a block-count override",
+            ),
+            LayoutError::GpuPoolTooSmall {
+                blocks,
+                needed,
+                bytes_per_block,
+            } => write!(
+                f,
+                "layout: the GPU pool has {blocks} blocks of {bytes_per_block} B but one max_model_len request needs {needed} (null block included); raise the GPU budget to at least {} B or lower max_model_len",
+                needed.saturating_mul(bytes_per_block)
+            ),
+            LayoutError::HostBudgetTooSmall {
+                budget,
+                host_block_stride,
+                blocks,
+                needed,
+            } => write!(
+                f,
+                "layout: host budget {budget} B gives {blocks} host blocks of {host_block_stride} B but one max_model_len request needs {needed} (pages + null block + copy-on-write tail); raise host_budget_bytes to at least {} B or lower max_model_len",
+                needed.saturating_mul(host_block_stride)
+            ),
+            LayoutError::PoolTooLarge { pool, blocks, max } => write!(
+                f,
+                "layout: the {pool} pool would have {blocks} blocks, more than {max} that i32 ids address; lower its budget"
+            ),
+            LayoutError::Overflow { field } => {
+                write!(f, "layout: `{field}` overflows; lower the budgets")
+            }
+            LayoutError::NotSparse { layer } => {
+                write!(f, "layout: layer {layer} is not a sparse layer of this model")
+            }
+            LayoutError::NoSuchGroup { group } => {
+                write!(f, "layout: group {group} does not exist")
+            }
+        }
+    }
+}
+
+impl crate::error::Error for LayoutError {
+    fn kind(&self) -> crate::error::ErrorKind {
+        crate::error::ErrorKind::InvalidArgument
+    }
+}
+
+impl core::error::Error for LayoutError {}
+
+fn ovf(field: &'static str) -> LayoutError {
+    LayoutError::Overflow { field }
+}
+
+/// Plans the layout. See the module docs for the rules.
+pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError> {
+    let model = input.model;
+    model.validate()?;
+    input.config.validate()?;
+    if input.max_model_len == 0 {
+        return Err(LayoutError::ZeroMaxModelLen);
+    }
+    let first = *model.first_sparse().ok_or(ModelError::NoSparseLayers)?;
+    let bt = model.block_tokens;
+    let block_size = bt / first.compress_ratio;
+    let sparse_page = u64::from(block_size) * u64::from(first.row_bytes);
+    let device_buffer_size = input.config.resolved_device_buffer_size()?;
+    let mut config = *input.config;
+    config.device_buffer_size = Some(device_buffer_size);
+
+    // Source group, indexer group and hot units.
+    let mut source = Vec::new();
+    let mut indexer = Vec::new();
+    let mut units: Vec<Vec<u32>> = Vec::new();
+    let mut indexer_sum = 0u64;
+    for (i, l) in model.layers.iter().enumerate() {
+        let LayerSpec::Sparse(s) = l else { continue };
+        let layer = i as u32;
+        source.push(GroupLayer {
+            layer,
+            index_in_group: source.len() as u32,
+            offset: 0,
+            page_bytes: sparse_page,
+            rows_per_block: block_size,
+            row_bytes: s.row_bytes,
+            value_bytes: s.value_bytes,
+        });
+        if let Some(irb) = s.indexer_row_bytes {
+            let page = u64::from(block_size) * u64::from(irb);
+            indexer.push(GroupLayer {
+                layer,
+                index_in_group: indexer.len() as u32,
+                offset: indexer_sum,
+                page_bytes: page,
+                rows_per_block: block_size,
+                row_bytes: irb,
+                value_bytes: irb,
+            });
+            indexer_sum = indexer_sum
+                .checked_add(page)
+                .ok_or(ovf("indexer page bytes"))?;
+            units.push(Vec::new());
+        }
+        // Validation guarantees the first sparse layer is a leader.
+        if let Some(u) = units.last_mut() {
+            u.push(layer);
+        }
+    }
+    let host_block_stride = sparse_page
+        .checked_mul(source.len() as u64)
+        .ok_or(ovf("host_block_stride"))?;
+
+    // Buckets.
+    let mut buckets: Vec<Vec<u32>> = Vec::new();
+    let mut bucket_sum = 0u64;
+    let mut index_groups = Vec::with_capacity(units.len());
+    for unit in units {
+        let unit_bytes = sparse_page * unit.len() as u64;
+        let fits = bucket_sum + unit_bytes <= indexer_sum;
+        match buckets.last_mut() {
+            Some(b) if fits => {
+                b.extend_from_slice(&unit);
+                bucket_sum += unit_bytes;
+            }
+            _ => {
+                buckets.push(unit.clone());
+                bucket_sum = unit_bytes;
+            }
+        }
+        index_groups.push(IndexGroup {
+            leader: unit[0],
+            layers: unit,
+            bucket: buckets.len() as u32 - 1,
+        });
+    }
+
+    let mut groups = Vec::new();
+    groups.push(KvCacheGroup {
+        kind: GroupKind::Source,
+        bucket: None,
+        sliding_window: None,
+        page_bytes: host_block_stride,
+        layers: source,
+    });
+    groups.push(KvCacheGroup {
+        kind: GroupKind::Indexer,
+        bucket: None,
+        sliding_window: None,
+        page_bytes: indexer_sum,
+        layers: indexer,
+    });
+    for kind in [GroupKind::Resident, GroupKind::Hot] {
+        for (b, layers) in buckets.iter().enumerate() {
+            let layers: Vec<GroupLayer> = layers
+                .iter()
+                .enumerate()
+                .map(|(i, &layer)| GroupLayer {
+                    layer,
+                    index_in_group: i as u32,
+                    offset: sparse_page * i as u64,
+                    page_bytes: sparse_page,
+                    rows_per_block: block_size,
+                    row_bytes: first.row_bytes,
+                    value_bytes: first.value_bytes,
+                })
+                .collect();
+            groups.push(KvCacheGroup {
+                kind,
+                bucket: Some(b as u32),
+                sliding_window: None,
+                page_bytes: sparse_page * layers.len() as u64,
+                layers,
+            });
+        }
+    }
+    // Regular groups: one per distinct (row bytes, ratio, window), in order of first appearance.
+    let first_regular = groups.len();
+    for (i, l) in model.layers.iter().enumerate() {
+        let LayerSpec::Regular(r) = l else { continue };
+        let rows = bt / r.compress_ratio;
+        let page = u64::from(rows) * u64::from(r.row_bytes);
+        let existing = groups[first_regular..].iter_mut().find(|g| {
+            g.sliding_window == r.sliding_window
+                && g.layers[0].row_bytes == r.row_bytes
+                && g.layers[0].rows_per_block == rows
+        });
+        let g = match existing {
+            Some(g) => g,
+            None => {
+                groups.push(KvCacheGroup {
+                    kind: GroupKind::Regular,
+                    bucket: None,
+                    sliding_window: r.sliding_window,
+                    page_bytes: 0,
+                    layers: Vec::new(),
+                });
+                groups.last_mut().expect("just pushed")
+            }
+        };
+        g.layers.push(GroupLayer {
+            layer: i as u32,
+            index_in_group: g.layers.len() as u32,
+            offset: g.page_bytes,
+            page_bytes: page,
+            rows_per_block: rows,
+            row_bytes: r.row_bytes,
+            value_bytes: r.row_bytes,
+        });
+        g.page_bytes = g
+            .page_bytes
+            .checked_add(page)
+            .ok_or(ovf("regular page bytes"))?;
+    }
+
+    // GPU block size: the largest GPU group, rounded up to a multiple of the hot page size (all
+    // hot pages have one size, so their lcm is that size).
+    let largest = groups[1..].iter().map(|g| g.page_bytes).max().unwrap_or(0);
+    let lcm = sparse_page;
+    let bytes_per_block = largest
+        .div_ceil(lcm)
+        .checked_mul(lcm)
+        .ok_or(ovf("bytes_per_block"))?;
+    let attention_block_stride = u32::try_from(bytes_per_block / u64::from(first.row_bytes))
+        .map_err(|_| ovf("attention_block_stride"))?;
+
+    let hot_blocks_per_request = device_buffer_size.div_ceil(block_size);
+    let max_pages_per_request = input.max_model_len.div_ceil(bt);
+
+    // Host pool.
+    let budget = config.host_budget_bytes;
+    let host_blocks = budget / host_block_stride;
+    let host_needed = u64::from(max_pages_per_request) + 2;
+    if host_blocks < host_needed {
+        return Err(LayoutError::HostBudgetTooSmall {
+            budget,
+            host_block_stride,
+            blocks: host_blocks,
+            needed: host_needed,
+        });
+    }
+    let host_max = (i32::MAX as u64 / u64::from(block_size)).min(i32::MAX as u64);
+    if host_blocks > host_max {
+        return Err(LayoutError::PoolTooLarge {
+            pool: "host",
+            blocks: host_blocks,
+            max: host_max,
+        });
+    }
+
+    // GPU pool.
+    let gpu_blocks = match input.num_gpu_blocks_override {
+        Some(n) => u64::from(n),
+        None if input.gpu_bytes == 0 => return Err(LayoutError::ZeroGpuMemory),
+        None => input.gpu_bytes / bytes_per_block,
+    };
+    let gpu_max = i32::MAX as u64 / u64::from(attention_block_stride).max(1);
+    if gpu_blocks > gpu_max {
+        return Err(LayoutError::PoolTooLarge {
+            pool: "gpu",
+            blocks: gpu_blocks,
+            max: gpu_max,
+        });
+    }
+
+    let kv = KvCacheConfig {
+        model: model.name.into(),
+        config,
+        block_tokens: bt,
+        block_size,
+        sparse_compress_ratio: first.compress_ratio,
+        row_bytes: first.row_bytes,
+        value_bytes: first.value_bytes,
+        groups,
+        num_buckets: buckets.len() as u32,
+        index_groups,
+        bytes_per_block,
+        attention_block_stride,
+        num_gpu_blocks: gpu_blocks as u32,
+        host_block_stride,
+        host_num_blocks: host_blocks as u32,
+        device_buffer_size,
+        hot_blocks_per_request,
+        max_model_len: input.max_model_len,
+        max_pages_per_request,
+    };
+    let needed = 1 + kv.gpu_blocks_per_request(input.max_model_len).min_needed();
+    if gpu_blocks < needed {
+        return Err(LayoutError::GpuPoolTooSmall {
+            blocks: gpu_blocks,
+            needed,
+            bytes_per_block,
+        });
+    }
+    Ok(kv)
+}
+
+/// GPU blocks one request needs at a context length, per strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GpuBlocksPerRequest {
+    /// Everything on the GPU: indexer + resident + regular pages.
+    pub all_on_gpu: u64,
+    /// HiSparse: indexer + regular pages, the `ACTIVE_TAIL_PAGES` resident tail per bucket, and a
+    /// hot region per bucket.
+    pub hisparse: u64,
+}
+
+impl GpuBlocksPerRequest {
+    /// The cheaper of the two (a request whose pages all fit stays fully resident).
+    pub fn min_needed(&self) -> u64 {
+        self.all_on_gpu.min(self.hisparse)
+    }
+}
+
+/// Which tier limits concurrency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum CapacityLimit {
+    /// The GPU pool: indexer, regular, resident tails and hot regions fill it first.
+    Gpu,
+    /// The host pool: the full KV of every request must fit in pinned host memory.
+    Host,
+    /// Keeping every page on the GPU already admits at least as many requests; HiSparse's hot
+    /// regions would cost more than the pages they free (short contexts).
+    AllOnGpu,
+}
+
+/// Max concurrent requests at one context length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct CapacityReport {
+    /// Context length in tokens.
+    pub context_len: u32,
+    /// Pages (blocks) per request.
+    pub pages_per_request: u64,
+    /// Usable GPU blocks (null block excluded).
+    pub gpu_blocks: u64,
+    /// Usable host blocks (null block and one copy-on-write block excluded).
+    pub host_blocks: u64,
+    /// GPU blocks per request.
+    pub gpu_blocks_per_request: GpuBlocksPerRequest,
+    /// Max requests with every page on the GPU.
+    pub all_on_gpu_max: u64,
+    /// Max requests the GPU pool admits under HiSparse.
+    pub hisparse_gpu_max: u64,
+    /// Max requests the host pool admits.
+    pub host_max: u64,
+    /// Max concurrent requests with HiSparse: `max(all_on_gpu_max, min(hisparse_gpu_max,
+    /// host_max))`.
+    pub hisparse_max: u64,
+    /// The tier that limits `hisparse_max`.
+    pub limit: CapacityLimit,
+}
+
+impl fmt::Display for CapacityReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "context {} tokens ({} pages): all-on-GPU {} requests ({} GPU blocks each of {}); HiSparse {} requests (GPU allows {} at {} blocks each, host allows {} at {} blocks each); limited by ",
+            self.context_len,
+            self.pages_per_request,
+            self.all_on_gpu_max,
+            self.gpu_blocks_per_request.all_on_gpu,
+            self.gpu_blocks,
+            self.hisparse_max,
+            self.hisparse_gpu_max,
+            self.gpu_blocks_per_request.hisparse,
+            self.host_max,
+            self.pages_per_request,
+        )?;
+        match self.limit {
+            CapacityLimit::Gpu => f.write_str(
+                "the GPU pool (indexer, regular pages, resident tails and hot regions); add GPU memory or shrink device_buffer_size",
+            ),
+            CapacityLimit::Host => f.write_str(
+                "the host pool (every request's full KV lives in pinned host memory); raise host_budget_bytes",
+            ),
+            CapacityLimit::AllOnGpu => f.write_str(
+                "nothing HiSparse can improve: at this context every page fits on the GPU, and hot regions would cost more than they free",
+            ),
+        }
+    }
+}
+
+impl KvCacheConfig {
+    /// Index of the source group (always 0).
+    pub const SOURCE_GROUP: usize = 0;
+    /// Index of the indexer group (always 1).
+    pub const INDEXER_GROUP: usize = 1;
+
+    /// Index of resident group `bucket`.
+    pub fn resident_group(&self, bucket: u32) -> usize {
+        2 + bucket as usize
+    }
+
+    /// Index of hot group `bucket`.
+    pub fn hot_group(&self, bucket: u32) -> usize {
+        2 + self.num_buckets as usize + bucket as usize
+    }
+
+    /// Indices of the regular groups.
+    pub fn regular_groups(&self) -> core::ops::Range<usize> {
+        2 + 2 * self.num_buckets as usize..self.groups.len()
+    }
+
+    /// Bytes of the GPU pool.
+    pub fn gpu_pool_bytes(&self) -> u64 {
+        u64::from(self.num_gpu_blocks) * self.bytes_per_block
+    }
+
+    /// Bytes of the host pool.
+    pub fn host_pool_bytes(&self) -> u64 {
+        u64::from(self.host_num_blocks) * self.host_block_stride
+    }
+
+    /// Pages (blocks) a request of `tokens` tokens occupies in every group.
+    pub fn pages_for(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.block_tokens)
+    }
+
+    /// Blocks a regular group keeps for a request with `pages` pages (sliding-window groups keep
+    /// only the blocks that cover the window, plus the block being written).
+    pub fn regular_blocks_for(&self, group: &KvCacheGroup, pages: u64) -> u64 {
+        match group.sliding_window {
+            Some(w) => pages.min(u64::from(w.div_ceil(self.block_tokens)) + 1),
+            None => pages,
+        }
+    }
+
+    /// GPU blocks one request needs at `context_len` tokens.
+    pub fn gpu_blocks_per_request(&self, context_len: u32) -> GpuBlocksPerRequest {
+        let pages = u64::from(self.pages_for(context_len));
+        let regular: u64 = self.groups[self.regular_groups()]
+            .iter()
+            .map(|g| self.regular_blocks_for(g, pages))
+            .sum();
+        let b = u64::from(self.num_buckets);
+        let base = pages + regular;
+        GpuBlocksPerRequest {
+            all_on_gpu: base + b * pages,
+            hisparse: base
+                + b * pages.min(u64::from(ACTIVE_TAIL_PAGES))
+                + b * u64::from(self.hot_blocks_per_request),
+        }
+    }
+
+    /// Max concurrent requests at `context_len` tokens, all-on-GPU vs HiSparse, and why.
+    pub fn capacity(&self, context_len: u32) -> CapacityReport {
+        let pages = u64::from(self.pages_for(context_len)).max(1);
+        let per = self.gpu_blocks_per_request(context_len.max(1));
+        let gpu_blocks = u64::from(self.num_gpu_blocks).saturating_sub(1);
+        let host_blocks = u64::from(self.host_num_blocks).saturating_sub(2);
+        let all_on_gpu_max = gpu_blocks / per.all_on_gpu.max(1);
+        let hisparse_gpu_max = gpu_blocks / per.hisparse.max(1);
+        let host_max = host_blocks / pages;
+        let offload = hisparse_gpu_max.min(host_max);
+        let (hisparse_max, limit) = if all_on_gpu_max >= offload {
+            (all_on_gpu_max, CapacityLimit::AllOnGpu)
+        } else if hisparse_gpu_max <= host_max {
+            (offload, CapacityLimit::Gpu)
+        } else {
+            (offload, CapacityLimit::Host)
+        };
+        CapacityReport {
+            context_len,
+            pages_per_request: pages,
+            gpu_blocks,
+            host_blocks,
+            gpu_blocks_per_request: per,
+            all_on_gpu_max,
+            hisparse_gpu_max,
+            host_max,
+            hisparse_max,
+            limit,
+        }
+    }
+
+    fn source_layer(&self, layer: u32) -> Result<&GroupLayer, LayoutError> {
+        self.groups[Self::SOURCE_GROUP]
+            .layers
+            .iter()
+            .find(|l| l.layer == layer)
+            .ok_or(LayoutError::NotSparse { layer })
+    }
+
+    /// Host-pool layout of sparse model layer `layer`: contiguous `[host_num_blocks, block_size,
+    /// row]` at `index * host_num_blocks * page_bytes`, `index_stride_rows = block_size`.
+    pub fn host_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
+        let l = self.source_layer(layer)?;
+        Ok(PageLayout {
+            base: u64::from(l.index_in_group) * u64::from(self.host_num_blocks) * l.page_bytes,
+            block_stride: l.page_bytes,
+            num_blocks: self.host_num_blocks,
+            block_size: self.block_size,
+            row_bytes: self.row_bytes,
+            value_bytes: self.value_bytes,
+            index_stride_rows: self.block_size,
+        })
+    }
+
+    /// Bucket of sparse model layer `layer` and its place in the bucket's resident/hot groups.
+    pub fn bucket_of(&self, layer: u32) -> Result<(u32, &GroupLayer), LayoutError> {
+        for b in 0..self.num_buckets {
+            let g = &self.groups[self.resident_group(b)];
+            if let Some(l) = g.layers.iter().find(|l| l.layer == layer) {
+                return Ok((b, l));
+            }
+        }
+        Err(LayoutError::NotSparse { layer })
+    }
+
+    /// Device-pool layout of sparse model layer `layer` (the same for its resident and hot
+    /// group): block `b`'s page at `b * bytes_per_block + offset`, `index_stride_rows =
+    /// attention_block_stride`.
+    pub fn device_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
+        let (_, l) = self.bucket_of(layer)?;
+        Ok(PageLayout {
+            base: l.offset,
+            block_stride: self.bytes_per_block,
+            num_blocks: self.num_gpu_blocks,
+            block_size: self.block_size,
+            row_bytes: self.row_bytes,
+            value_bytes: self.value_bytes,
+            index_stride_rows: self.attention_block_stride,
+        })
+    }
+
+    /// Host and device layouts of sparse model layer `layer`.
+    pub fn layer_pair(&self, layer: u32) -> Result<LayerPair, LayoutError> {
+        Ok(LayerPair {
+            host: self.host_layout(layer)?,
+            device: self.device_layout(layer)?,
+        })
+    }
+
+    /// Layer pairs of every sparse layer, in model order (backups and restores of all layers in
+    /// one call).
+    pub fn all_layer_pairs(&self) -> Vec<LayerPair> {
+        self.groups[Self::SOURCE_GROUP]
+            .layers
+            .iter()
+            .filter_map(|l| self.layer_pair(l.layer).ok())
+            .collect()
+    }
+
+    /// Layer pairs of one index group (leader first): what a gather of that group's plan copies.
+    pub fn index_group_pairs(&self, index_group: usize) -> Result<Vec<LayerPair>, LayoutError> {
+        let g = self
+            .index_groups
+            .get(index_group)
+            .ok_or(LayoutError::NoSuchGroup {
+                group: index_group as u32,
+            })?;
+        g.layers.iter().map(|&l| self.layer_pair(l)).collect()
+    }
+
+    /// Byte offset of (GPU block, layer of group) in the device pool.
+    pub fn device_offset(&self, block: u32, group: usize, index_in_group: usize) -> Option<u64> {
+        let l = self.groups.get(group)?.layers.get(index_in_group)?;
+        Some(u64::from(block) * self.bytes_per_block + l.offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{RegularLayer, SparseLayer};
+    use crate::presets::{DEEPSEEK_V4, DEEPSEEK_V32, GLM5};
+
+    const GIB: u64 = 1 << 30;
+
+    fn plan(
+        model: &ModelSpec<'_>,
+        host: u64,
+        gpu: u64,
+        len: u32,
+    ) -> Result<KvCacheConfig, LayoutError> {
+        let cfg = HiSparseConfig::new(model.top_k, host);
+        plan_layout(&LayoutInput::new(model, &cfg, gpu, len))
+    }
+
+    #[test]
+    fn deepseek_v32_vectors() {
+        let kv = plan(&DEEPSEEK_V32, 64 * GIB, 40 * GIB, 131072).unwrap();
+        assert_eq!(kv.num_buckets, 6);
+        let kinds: Vec<GroupKind> = kv.groups.iter().map(|g| g.kind).collect();
+        let mut expect = alloc::vec![GroupKind::Source, GroupKind::Indexer];
+        expect.extend([GroupKind::Resident; 6]);
+        expect.extend([GroupKind::Hot; 6]);
+        assert_eq!(kinds, expect);
+        for b in 0..6 {
+            let n = if b == 5 { 1 } else { 12 };
+            assert_eq!(kv.groups[kv.resident_group(b)].layers.len(), n);
+            assert_eq!(kv.groups[kv.hot_group(b)].layers.len(), n);
+            assert_eq!(
+                kv.groups[kv.hot_group(b)].layers,
+                kv.groups[kv.resident_group(b)].layers
+            );
+        }
+        assert_eq!(kv.groups[0].layers.len(), 61);
+        assert_eq!(kv.groups[1].layers.len(), 61);
+        assert_eq!(kv.groups[1].page_bytes, 61 * 64 * 132);
+        assert_eq!(kv.bytes_per_block, 545792);
+        assert_eq!(kv.attention_block_stride, 832);
+        assert_eq!(kv.host_block_stride, 2561024);
+        assert_eq!(kv.hot_blocks_per_request, 64);
+        assert_eq!(kv.device_buffer_size, 4096);
+        assert_eq!(kv.num_gpu_blocks as u64, 40 * GIB / 545792);
+        assert_eq!(kv.host_num_blocks as u64, 64 * GIB / 2561024);
+        assert_eq!(kv.max_pages_per_request, 2048);
+        assert_eq!(kv.index_groups.len(), 61);
+        assert_eq!(kv.index_groups[13].bucket, 1);
+        assert_eq!(kv.index_groups[60].bucket, 5);
+        // Layer 13 is the second layer of bucket 1: offset = one page.
+        let (b, l) = kv.bucket_of(13).unwrap();
+        assert_eq!((b, l.index_in_group, l.offset), (1, 1, 41984));
+        let pair = kv.layer_pair(13).unwrap();
+        assert_eq!(pair.device.base, 41984);
+        assert_eq!(pair.device.block_stride, 545792);
+        assert_eq!(pair.device.index_stride_rows, 832);
+        assert_eq!(pair.host.base, 13 * u64::from(kv.host_num_blocks) * 41984);
+        assert_eq!(pair.host.block_stride, 41984);
+        assert_eq!(pair.host.index_stride_rows, 64);
+        pair.host
+            .check(
+                crate::error::OpName::CopyPages,
+                "host",
+                kv.host_pool_bytes(),
+            )
+            .unwrap();
+        pair.device
+            .check(
+                crate::error::OpName::CopyPages,
+                "device",
+                kv.gpu_pool_bytes(),
+            )
+            .unwrap();
+        // Every layer of the last pool fits exactly.
+        let last = kv.layer_pair(60).unwrap();
+        assert_eq!(
+            last.host.end(crate::error::OpName::CopyPages).unwrap(),
+            kv.host_pool_bytes()
+        );
+        // Indexer offsets include the index within the group.
+        assert_eq!(kv.groups[1].layers[5].offset, 5 * 8448);
+        assert_eq!(kv.device_offset(3, 1, 5), Some(3 * 545792 + 5 * 8448));
+        assert_eq!(kv.layer_pair(61), Err(LayoutError::NotSparse { layer: 61 }));
+    }
+
+    #[test]
+    fn v32_capacity() {
+        let kv = plan(&DEEPSEEK_V32, 512 * GIB, 40 * GIB, 131072).unwrap();
+        let c = kv.capacity(32768);
+        // 512 pages; all-on-GPU: 512 indexer + 6*512 resident = 3584 blocks per request.
+        assert_eq!(c.pages_per_request, 512);
+        assert_eq!(c.gpu_blocks_per_request.all_on_gpu, 3584);
+        // HiSparse: 512 indexer + 6*2 tail + 6*64 hot = 908.
+        assert_eq!(c.gpu_blocks_per_request.hisparse, 908);
+        let gpu = (40 * GIB / 545792) - 1;
+        assert_eq!(c.all_on_gpu_max, gpu / 3584);
+        assert_eq!(c.hisparse_gpu_max, gpu / 908);
+        assert_eq!(c.limit, CapacityLimit::Gpu);
+        assert!(c.hisparse_max > 3 * c.all_on_gpu_max);
+        // A small host budget makes the host the limit.
+        let kv = plan(&DEEPSEEK_V32, 64 * GIB, 40 * GIB, 131072).unwrap();
+        let c = kv.capacity(32768);
+        assert_eq!(c.limit, CapacityLimit::Host);
+        assert_eq!(c.host_max, (64 * GIB / 2561024 - 2) / 512);
+        assert_eq!(c.hisparse_max, c.host_max);
+        // Short contexts: all-on-GPU is better.
+        let c = kv.capacity(128);
+        assert_eq!(c.limit, CapacityLimit::AllOnGpu);
+        assert!(std::format!("{c}").contains("limited by"));
+    }
+
+    #[test]
+    fn glm5_shares_indexers() {
+        let kv = plan(&GLM5, 64 * GIB, 40 * GIB, 65536).unwrap();
+        // 20 indexers * 8448 = 168960 ≥ one 4-layer unit (167936) but not two: 20 buckets.
+        assert_eq!(kv.groups[1].layers.len(), 20);
+        assert_eq!(kv.num_buckets, 20);
+        assert_eq!(kv.groups[kv.resident_group(0)].layers.len(), 4);
+        assert_eq!(kv.groups[kv.resident_group(19)].layers.len(), 2);
+        assert_eq!(kv.index_groups[1].layers, alloc::vec![4, 5, 6, 7]);
+        // Largest group: indexer 168960 → rounded up to 5 pages of 41984.
+        assert_eq!(kv.bytes_per_block, 5 * 41984);
+        assert_eq!(kv.host_block_stride, 78 * 41984);
+        assert_eq!(kv.index_group_pairs(1).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn deepseek_v4_split_rows_and_regular_groups() {
+        let kv = plan(&DEEPSEEK_V4, 64 * GIB, 40 * GIB, 1 << 20).unwrap();
+        assert_eq!(kv.block_size, 64);
+        assert_eq!(kv.block_tokens, 256);
+        let page = 64 * 592u64;
+        // 21 indexers * 8448 = 177408 → 4 C4A layers per bucket (151552), 21 = 5*4 + 1.
+        assert_eq!(kv.num_buckets, 6);
+        let regular: Vec<&KvCacheGroup> = kv.groups[kv.regular_groups()].iter().collect();
+        assert_eq!(regular.len(), 2);
+        assert_eq!(regular[0].sliding_window, Some(128));
+        assert_eq!(regular[0].layers.len(), 2);
+        assert_eq!(regular[0].page_bytes, 2 * 256 * 592);
+        assert_eq!(regular[1].layers.len(), 20);
+        assert_eq!(regular[1].layers[0].rows_per_block, 2);
+        // Largest group: SWA 303104 = 8 pages exactly.
+        assert_eq!(kv.bytes_per_block, 8 * page);
+        assert_eq!(kv.attention_block_stride, 8 * 64);
+        let pair = kv.layer_pair(2).unwrap();
+        assert!(pair.host.is_split());
+        assert_eq!(pair.host.value_bytes, 576);
+        pair.device
+            .check(
+                crate::error::OpName::CopyPages,
+                "device",
+                kv.gpu_pool_bytes(),
+            )
+            .unwrap();
+        assert_eq!(kv.max_pages_per_request, (1 << 20) / 256);
+    }
+
+    #[test]
+    fn errors_say_what_to_change() {
+        let e = plan(&DEEPSEEK_V32, 2561024 * 100, 40 * GIB, 131072).unwrap_err();
+        assert_eq!(
+            e,
+            LayoutError::HostBudgetTooSmall {
+                budget: 2561024 * 100,
+                host_block_stride: 2561024,
+                blocks: 100,
+                needed: 2050
+            }
+        );
+        assert!(std::format!("{e}").contains("raise host_budget_bytes"));
+        assert_eq!(
+            plan(&DEEPSEEK_V32, GIB, 0, 64),
+            Err(LayoutError::ZeroGpuMemory)
+        );
+        assert_eq!(
+            plan(&DEEPSEEK_V32, GIB, GIB, 0),
+            Err(LayoutError::ZeroMaxModelLen)
+        );
+        let e = plan(&DEEPSEEK_V32, 64 * GIB, 545792 * 100, 131072).unwrap_err();
+        assert!(
+            matches!(e, LayoutError::GpuPoolTooSmall { blocks: 100, .. }),
+            "{e:?}"
+        );
+        assert!(std::format!("{e}").contains("raise the GPU budget"));
+        assert!(matches!(
+            plan(&DEEPSEEK_V32, 0, GIB, 64),
+            Err(LayoutError::Config(ConfigError::Zero { .. }))
+        ));
+        // A custom model: two sparse layers sharing one indexer and a full regular layer.
+        let layers = [
+            LayerSpec::sparse_leader(64, 16),
+            LayerSpec::sparse_follower(64),
+            LayerSpec::Regular(RegularLayer {
+                row_bytes: 32,
+                compress_ratio: 1,
+                sliding_window: None,
+            }),
+        ];
+        let m = ModelSpec {
+            name: "tiny",
+            block_tokens: 4,
+            top_k: 4,
+            layers: &layers,
+        };
+        let kv = plan(&m, 1 << 20, 1 << 20, 64).unwrap();
+        // indexer page 64 B < unit (2 × 256 B): one bucket with both layers.
+        assert_eq!(kv.num_buckets, 1);
+        assert_eq!(kv.groups.len(), 5);
+        assert_eq!(kv.bytes_per_block, 512);
+        assert_eq!(kv.hot_blocks_per_request, 2);
+        let bad = [LayerSpec::Sparse(SparseLayer {
+            row_bytes: 48,
+            value_bytes: 40,
+            compress_ratio: 1,
+            indexer_row_bytes: Some(16),
+        })];
+        let m = ModelSpec { layers: &bad, ..m };
+        assert!(matches!(
+            plan(&m, 1 << 20, 1 << 20, 64),
+            Err(LayoutError::Model(_))
+        ));
+    }
+
+    #[test]
+    fn override_blocks() {
+        let model = DEEPSEEK_V32;
+        let cfg = HiSparseConfig::new(2048, 64 * GIB);
+        let mut input = LayoutInput::new(&model, &cfg, 0, 4096);
+        input.num_gpu_blocks_override = Some(1000);
+        assert_eq!(plan_layout(&input).unwrap().num_gpu_blocks, 1000);
+    }
+}
