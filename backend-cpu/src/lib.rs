@@ -1,1 +1,426 @@
-//! CPU backend.
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod aligned;
+mod error;
+mod gather;
+mod meminfo;
+mod remap;
+
+use hisparse_core::Device;
+use hisparse_core::ops::copy::{self, check_bulk_copy};
+use hisparse_core::ops::{
+    BlockPair, BufferLen, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc,
+    PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, ResolveSlices, RowCopyDesc,
+    RowSpan, SlotMappingArgs, SlotMappingDesc, check_pinned_budget, invalidate, resolve,
+    slot_mapping,
+};
+use hisparse_core::{OpError, OpName};
+
+use aligned::AlignedBytes;
+pub use error::CpuError;
+pub use meminfo::available_ram;
+
+/// A zeroed, page-aligned block of host memory: the CPU backend's device buffer and its pinned
+/// host buffer alike.
+pub struct CpuBuffer {
+    bytes: AlignedBytes,
+}
+
+impl CpuBuffer {
+    fn zeroed(bytes: usize, pinned: bool) -> Result<Self, CpuError> {
+        AlignedBytes::zeroed(bytes)
+            .map(|bytes| CpuBuffer { bytes })
+            .ok_or(CpuError::Alloc { bytes, pinned })
+    }
+
+    /// The buffer's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    /// The buffer's bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.bytes.as_mut_slice()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Address of the first byte (page-aligned).
+    pub fn address(&self) -> usize {
+        self.bytes.address()
+    }
+
+    /// The whole 4-byte elements of the buffer as `i32`s (buffers are page-aligned, so the cast
+    /// always succeeds).
+    fn i32s(&self) -> &[i32] {
+        let b = self.as_slice();
+        bytemuck::cast_slice(&b[..b.len() & !3])
+    }
+
+    fn i32s_mut(&mut self) -> &mut [i32] {
+        let b = self.as_mut_slice();
+        let n = b.len() & !3;
+        bytemuck::cast_slice_mut(&mut b[..n])
+    }
+
+    fn u16s_mut(&mut self) -> &mut [u16] {
+        let b = self.as_mut_slice();
+        let n = b.len() & !1;
+        bytemuck::cast_slice_mut(&mut b[..n])
+    }
+}
+
+impl core::fmt::Debug for CpuBuffer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CpuBuffer")
+            .field("len", &self.len())
+            .field("address", &format_args!("{:#x}", self.address()))
+            .finish()
+    }
+}
+
+impl BufferLen for CpuBuffer {
+    fn byte_len(&self) -> u64 {
+        self.len() as u64
+    }
+}
+
+/// An in-order queue of work. CPU work runs eagerly on the calling thread, so a stream carries
+/// no state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuStream;
+
+/// A point in a stream. CPU work is complete when the call returns, so every event has already
+/// happened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuEvent;
+
+/// The CPU backend: HiSparse data-plane operations over host memory.
+#[derive(Debug, Clone)]
+pub struct CpuDevice {
+    name: String,
+}
+
+impl Default for CpuDevice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuDevice {
+    /// The host CPU as a device. Always available.
+    pub fn new() -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+        CpuDevice {
+            name: format!("{model} ({threads} threads, host memory)"),
+        }
+    }
+
+    /// Same as [`CpuDevice::new`], in the `open` shape of the GPU backends (never fails).
+    pub fn open() -> Result<Self, CpuError> {
+        Ok(Self::new())
+    }
+}
+
+/// Checks a synchronous host copy of `len` bytes at `offset` of a buffer of `buffer_len` bytes.
+fn check_range(
+    buffer: &'static str,
+    buffer_len: usize,
+    offset: usize,
+    len: usize,
+) -> Result<(), CpuError> {
+    let needed = offset.checked_add(len).ok_or(OpError::Overflow {
+        op: OpName::Buffer,
+        field: buffer,
+    })?;
+    if needed > buffer_len {
+        return Err(OpError::BufferTooSmall {
+            op: OpName::Buffer,
+            buffer,
+            needed: needed as u64,
+            actual: buffer_len as u64,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+fn bulk(
+    src: &CpuBuffer,
+    src_offset: usize,
+    dst: &mut CpuBuffer,
+    dst_offset: usize,
+    bytes: usize,
+) -> Result<(), CpuError> {
+    check_bulk_copy(
+        src.byte_len(),
+        src_offset as u64,
+        dst.byte_len(),
+        dst_offset as u64,
+        bytes as u64,
+    )?;
+    dst.as_mut_slice()[dst_offset..dst_offset + bytes]
+        .copy_from_slice(&src.as_slice()[src_offset..src_offset + bytes]);
+    Ok(())
+}
+
+impl Device for CpuDevice {
+    type Error = CpuError;
+    type Buffer = CpuBuffer;
+    type HostBuffer = CpuBuffer;
+    type Stream = CpuStream;
+    type Event = CpuEvent;
+
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<CpuBuffer, CpuError> {
+        CpuBuffer::zeroed(bytes, false)
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<CpuBuffer, CpuError> {
+        // Without an "available" figure the allocator itself is the only limit.
+        let available = available_ram().unwrap_or(u64::MAX);
+        check_pinned_budget(bytes as u64, available)?;
+        CpuBuffer::zeroed(bytes, true)
+    }
+
+    fn pinned_address(&self, buf: &CpuBuffer) -> usize {
+        buf.address()
+    }
+
+    fn upload(&self, dst: &mut CpuBuffer, offset: usize, src: &[u8]) -> Result<(), CpuError> {
+        check_range("dst", dst.len(), offset, src.len())?;
+        dst.as_mut_slice()[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&self, src: &CpuBuffer, offset: usize, dst: &mut [u8]) -> Result<(), CpuError> {
+        check_range("src", src.len(), offset, dst.len())?;
+        dst.copy_from_slice(&src.as_slice()[offset..offset + dst.len()]);
+        Ok(())
+    }
+
+    fn write_pinned(&self, dst: &mut CpuBuffer, offset: usize, src: &[u8]) -> Result<(), CpuError> {
+        self.upload(dst, offset, src)
+    }
+
+    fn read_pinned(&self, src: &CpuBuffer, offset: usize, dst: &mut [u8]) -> Result<(), CpuError> {
+        self.download(src, offset, dst)
+    }
+
+    fn create_stream(&self) -> Result<CpuStream, CpuError> {
+        Ok(CpuStream)
+    }
+
+    fn record_event(&self, _stream: &CpuStream) -> Result<CpuEvent, CpuError> {
+        Ok(CpuEvent)
+    }
+
+    fn wait_event(&self, _stream: &CpuStream, _event: &CpuEvent) -> Result<(), CpuError> {
+        Ok(())
+    }
+
+    fn synchronize(&self, _stream: &CpuStream) -> Result<(), CpuError> {
+        Ok(())
+    }
+
+    fn copy_to_device(
+        &self,
+        _stream: &CpuStream,
+        src: &CpuBuffer,
+        src_offset: usize,
+        dst: &mut CpuBuffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), CpuError> {
+        bulk(src, src_offset, dst, dst_offset, bytes)
+    }
+
+    fn copy_to_host(
+        &self,
+        _stream: &CpuStream,
+        src: &CpuBuffer,
+        src_offset: usize,
+        dst: &mut CpuBuffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), CpuError> {
+        bulk(src, src_offset, dst, dst_offset, bytes)
+    }
+
+    fn copy_on_device(
+        &self,
+        _stream: &CpuStream,
+        src: &CpuBuffer,
+        src_offset: usize,
+        dst: &mut CpuBuffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), CpuError> {
+        bulk(src, src_offset, dst, dst_offset, bytes)
+    }
+
+    fn remap(
+        &self,
+        _stream: &CpuStream,
+        desc: &RemapDesc,
+        args: RemapArgs<'_, CpuBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&args)?;
+        remap::remap(
+            desc,
+            args.req_id.i32s(),
+            args.block_table.i32s(),
+            args.topk.i32s(),
+            args.idx_mapping.map(CpuBuffer::i32s),
+            args.out.i32s_mut(),
+            args.counts.map(CpuBuffer::i32s_mut),
+        );
+        Ok(())
+    }
+
+    fn resolve(
+        &self,
+        _stream: &CpuStream,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, CpuBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&args.sizes())?;
+        resolve::resolve(
+            desc,
+            ResolveSlices {
+                req_id: args.req_id.i32s(),
+                topk: args.topk.i32s(),
+                resident_table: args.resident_table.i32s(),
+                host_table: args.host_table.i32s(),
+                hot_table: args.hot_table.i32s(),
+                dgi: args.dgi.i32s_mut(),
+                lru: args.lru.u16s_mut(),
+                indices: args.indices.i32s_mut(),
+                valid_counts: args.valid_counts.i32s_mut(),
+                hit_counts: args.hit_counts.i32s_mut(),
+                miss_counts: args.miss_counts.i32s_mut(),
+                miss_src: args.miss_src.i32s_mut(),
+                miss_dst: args.miss_dst.i32s_mut(),
+            },
+        )?;
+        Ok(())
+    }
+
+    fn gather_rows(
+        &self,
+        _stream: &CpuStream,
+        desc: &GatherDesc<'_>,
+        args: GatherArgs<'_, CpuBuffer, CpuBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&args)?;
+        gather::gather_rows(
+            desc,
+            args.plan_src.i32s(),
+            args.plan_dst.i32s(),
+            args.plan_counts.i32s(),
+            args.host.as_slice(),
+            args.device.as_mut_slice(),
+        );
+        Ok(())
+    }
+
+    fn copy_pages(
+        &self,
+        _stream: &CpuStream,
+        desc: &PageCopyDesc<'_>,
+        pairs: &[BlockPair],
+        host: &mut CpuBuffer,
+        device: &mut CpuBuffer,
+    ) -> Result<(), CpuError> {
+        desc.check(pairs, host.byte_len(), device.byte_len())?;
+        copy::copy_pages(desc, pairs, host.as_mut_slice(), device.as_mut_slice())?;
+        Ok(())
+    }
+
+    fn copy_rows(
+        &self,
+        _stream: &CpuStream,
+        desc: &RowCopyDesc<'_>,
+        spans: &[RowSpan],
+        host: &mut CpuBuffer,
+        device: &mut CpuBuffer,
+    ) -> Result<(), CpuError> {
+        desc.check(spans, host.byte_len(), device.byte_len())?;
+        copy::copy_rows(desc, spans, host.as_mut_slice(), device.as_mut_slice())?;
+        Ok(())
+    }
+
+    fn copy_host_pages(
+        &self,
+        _stream: &CpuStream,
+        layers: &[PageLayout],
+        pairs: &[BlockPair],
+        host: &mut CpuBuffer,
+    ) -> Result<(), CpuError> {
+        copy::check_host_page_copy(layers, pairs, host.byte_len())?;
+        copy::copy_host_pages(layers, pairs, host.as_mut_slice())?;
+        Ok(())
+    }
+
+    fn invalidate(
+        &self,
+        _stream: &CpuStream,
+        desc: &InvalidateDesc,
+        args: InvalidateArgs<'_, CpuBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&args)?;
+        invalidate::invalidate(
+            desc,
+            InvalidateArgs {
+                ranges: args.ranges.i32s(),
+                dgi: args.dgi.i32s_mut(),
+            },
+        )?;
+        Ok(())
+    }
+
+    fn compressed_slot_mapping(
+        &self,
+        _stream: &CpuStream,
+        desc: &SlotMappingDesc,
+        args: SlotMappingArgs<'_, CpuBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&args)?;
+        slot_mapping::compressed_slot_mapping(
+            desc,
+            SlotMappingArgs {
+                positions: args.positions.i32s(),
+                slot_mapping: args.slot_mapping.i32s(),
+                table_row: args.table_row.i32s(),
+                block_table: args.block_table.i32s(),
+                out: args.out.i32s_mut(),
+            },
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! Zeroed, page-aligned heap allocations: the only `unsafe` code of this crate.
+//!
+//! [`AlignedBytes`] owns `len` zeroed bytes at an address aligned to
+//! [`hisparse_core::ops::PINNED_ALIGNMENT`]. It behaves like a `Box<[u8]>` with a stronger
+//! alignment: unique ownership, freed on drop, safe slice views.
+
+use core::ptr::NonNull;
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+
+use hisparse_core::ops::PINNED_ALIGNMENT;
+
+/// `len` zeroed bytes aligned to [`PINNED_ALIGNMENT`].
+pub(crate) struct AlignedBytes {
+    /// Start of the allocation (never dangling: at least one byte is always allocated).
+    ptr: NonNull<u8>,
+    /// Bytes visible through the slice views.
+    len: usize,
+    /// The layout the memory was allocated with (size `max(len, 1)`).
+    layout: Layout,
+}
+
+// SAFETY: `AlignedBytes` uniquely owns its allocation (like `Box<[u8]>`); no other handle to the
+// memory exists, so moving it to another thread is sound.
+unsafe impl Send for AlignedBytes {}
+// SAFETY: shared access only yields `&[u8]` (immutable views); mutation needs `&mut self`.
+unsafe impl Sync for AlignedBytes {}
+
+impl AlignedBytes {
+    /// Allocates `len` zeroed bytes, or `None` when the size cannot be laid out (above
+    /// `isize::MAX`) or the allocator refuses.
+    pub(crate) fn zeroed(len: usize) -> Option<Self> {
+        // Allocate at least one byte so the pointer is always a real, aligned allocation.
+        let layout = Layout::from_size_align(len.max(1), PINNED_ALIGNMENT).ok()?;
+        // SAFETY: `layout` has a non-zero size (at least 1) and a valid power-of-two alignment,
+        // which is all `alloc_zeroed` requires. A null result is handled below.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw)?;
+        Some(AlignedBytes { ptr, len, layout })
+    }
+
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to an allocation of `layout.size() >= len` bytes that this value
+        // owns; all of it was zero-initialised by `alloc_zeroed`, so `len` bytes are initialised.
+        // The returned borrow is tied to `&self`, so the memory outlives it and no `&mut` view
+        // can coexist with it.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` guarantees this is the only view of the memory
+        // for the lifetime of the returned borrow.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Address of the first byte.
+    pub(crate) fn address(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+impl Drop for AlignedBytes {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was returned by `alloc_zeroed(self.layout)` and is freed exactly once,
+        // here, with the same layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_aligned_and_writable() {
+        for len in [0, 1, 7, 4096, 4097, 1 << 20] {
+            let mut b = AlignedBytes::zeroed(len).unwrap();
+            assert_eq!(b.address() % PINNED_ALIGNMENT, 0, "len {len}");
+            assert_eq!(b.as_slice().len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice().fill(0xA5);
+            assert!(b.as_slice().iter().all(|&x| x == 0xA5));
+        }
+    }
+
+    #[test]
+    fn impossible_size_is_refused() {
+        assert!(AlignedBytes::zeroed(usize::MAX).is_none());
+        assert!(AlignedBytes::zeroed(isize::MAX as usize).is_none());
+    }
+}

@@ -1,0 +1,99 @@
+//! The CPU backend's error type.
+
+use core::fmt;
+
+use hisparse_core::ops::PinnedBudgetError;
+use hisparse_core::{Error, ErrorKind, OpError};
+
+/// Why a CPU backend call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CpuError {
+    /// A malformed descriptor or argument, found before any memory was touched.
+    Op(OpError),
+    /// A pinned allocation the host cannot safely satisfy (zero bytes, or above 95% of the
+    /// available RAM).
+    PinnedBudget(PinnedBudgetError),
+    /// The allocator refused a buffer (or its size cannot be laid out in the address space).
+    Alloc {
+        /// Bytes asked for.
+        bytes: usize,
+        /// Whether it was a pinned (host pool) allocation.
+        pinned: bool,
+    },
+}
+
+impl fmt::Display for CpuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CpuError::Op(e) => write!(f, "cpu: {e}"),
+            CpuError::PinnedBudget(e) => write!(f, "cpu: {e}"),
+            CpuError::Alloc { bytes, pinned } => write!(
+                f,
+                "cpu: could not allocate {bytes} bytes of {} memory; free buffers or plan a \
+                 smaller pool",
+                if *pinned { "pinned host" } else { "device" }
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CpuError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CpuError::Op(e) => Some(e),
+            CpuError::PinnedBudget(e) => Some(e),
+            CpuError::Alloc { .. } => None,
+        }
+    }
+}
+
+impl Error for CpuError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CpuError::Op(e) => e.kind(),
+            CpuError::PinnedBudget(e) => e.kind(),
+            CpuError::Alloc { pinned: true, .. } => ErrorKind::OutOfPinnedMemory,
+            CpuError::Alloc { pinned: false, .. } => ErrorKind::OutOfDeviceMemory,
+        }
+    }
+}
+
+impl From<OpError> for CpuError {
+    fn from(e: OpError) -> Self {
+        CpuError::Op(e)
+    }
+}
+
+impl From<PinnedBudgetError> for CpuError {
+    fn from(e: PinnedBudgetError) -> Self {
+        CpuError::PinnedBudget(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::OpName;
+
+    #[test]
+    fn kinds_are_portable() {
+        let op = CpuError::from(OpError::Zero {
+            op: OpName::Remap,
+            field: "top_k",
+        });
+        assert_eq!(op.kind(), ErrorKind::InvalidArgument);
+        assert!(op.to_string().contains("top_k"));
+        let pinned = CpuError::from(PinnedBudgetError::ExceedsAvailable {
+            requested: 10,
+            available: 10,
+            limit: 9,
+        });
+        assert_eq!(pinned.kind(), ErrorKind::OutOfPinnedMemory);
+        let alloc = CpuError::Alloc {
+            bytes: 1,
+            pinned: false,
+        };
+        assert_eq!(alloc.kind(), ErrorKind::OutOfDeviceMemory);
+    }
+}

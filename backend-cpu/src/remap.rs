@@ -1,0 +1,58 @@
+//! Index remap (SPEC §5.1) over checked slices.
+
+use hisparse_core::ops::{RemapDesc, physical_row};
+
+/// Remaps every token row. `desc` must have been checked against these buffers.
+pub(crate) fn remap(
+    desc: &RemapDesc,
+    req_id: &[i32],
+    block_table: &[i32],
+    topk: &[i32],
+    idx_mapping: Option<&[i32]>,
+    out: &mut [i32],
+    mut counts: Option<&mut [i32]>,
+) {
+    let k = desc.top_k as usize;
+    let bs = desc.block_size;
+    let m = desc.max_blocks as usize;
+    let stride = desc.block_stride_rows;
+    for t in 0..desc.num_tokens as usize {
+        let out_row = &mut out[t * k..(t + 1) * k];
+        let toks = &topk[t * k..(t + 1) * k];
+        let valid = match desc.table_row(req_id[t], idx_mapping) {
+            None => {
+                out_row.fill(-1);
+                0
+            }
+            Some(row) => {
+                let table = &block_table[row * m..(row + 1) * m];
+                let mut valid = 0usize;
+                for (j, &tok) in toks.iter().enumerate() {
+                    let v = match u32::try_from(tok) {
+                        Ok(tok) => match table.get((tok / bs) as usize) {
+                            Some(&block) => physical_row(block, stride, tok % bs),
+                            None => -1,
+                        },
+                        Err(_) => -1,
+                    };
+                    if desc.compact {
+                        if v != -1 {
+                            out_row[valid] = v;
+                            valid += 1;
+                        }
+                    } else {
+                        out_row[j] = v;
+                        valid += usize::from(v != -1);
+                    }
+                }
+                if desc.compact {
+                    out_row[valid..].fill(-1);
+                }
+                valid
+            }
+        };
+        if let Some(c) = counts.as_deref_mut() {
+            c[t] = valid as i32;
+        }
+    }
+}
