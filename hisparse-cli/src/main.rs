@@ -6,6 +6,7 @@
 
 mod args;
 mod backend;
+mod bench;
 mod error;
 mod progress;
 mod sim;
@@ -20,7 +21,11 @@ use crate::error::{CliError, CliResult};
 
 fn run(cli: Cli) -> CliResult<()> {
     match cli.command {
-        Command::Layout(_) | Command::Simulate(_) | Command::Conformance(_) | Command::Bench(_) => {
+        Command::Bench(a) => {
+            let kind = args::backend(&a.backend.backend)?;
+            with_device!(kind, &a.backend.device, |dev| bench::bench_on(&dev, &a))
+        }
+        Command::Layout(_) | Command::Simulate(_) | Command::Conformance(_) => {
             Err(CliError::failed("not implemented yet"))
         }
     }
