@@ -24,9 +24,9 @@ pub fn bench_on<D: Device>(dev: &D, a: &BenchArgs) -> CliResult<()> {
     let report = hisparse_benches::run(dev, &cfg)
         .map_err(|e| CliError::device(&format!("benchmark on {}", dev.backend()), e))?;
     if a.json {
-        println!("{}", to_json(&report));
+        crate::emit(&to_json(&report));
     } else {
-        print!("{}", to_text(&report));
+        crate::emit(&to_text(&report));
     }
     Ok(())
 }

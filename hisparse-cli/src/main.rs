@@ -8,6 +8,7 @@ mod args;
 mod backend;
 mod bench;
 mod error;
+mod layout;
 mod progress;
 mod sim;
 mod size;
@@ -19,13 +20,26 @@ use clap::Parser;
 use crate::args::{Cli, Command};
 use crate::error::{CliError, CliResult};
 
+/// Writes `text` to stdout (with a final newline if it lacks one). A closed pipe (`| head`) ends
+/// the output quietly instead of panicking.
+pub fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let nl = if text.ends_with('\n') { "" } else { "\n" };
+    let _ = out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.write_all(nl.as_bytes()));
+    let _ = out.flush();
+}
+
 fn run(cli: Cli) -> CliResult<()> {
     match cli.command {
         Command::Bench(a) => {
             let kind = args::backend(&a.backend.backend)?;
             with_device!(kind, &a.backend.device, |dev| bench::bench_on(&dev, &a))
         }
-        Command::Layout(_) | Command::Simulate(_) | Command::Conformance(_) => {
+        Command::Layout(a) => layout::run(&a),
+        Command::Simulate(_) | Command::Conformance(_) => {
             Err(CliError::failed("not implemented yet"))
         }
     }

@@ -1,0 +1,361 @@
+//! `hisparse layout`: the KV-cache plan a user would otherwise discover at engine start-up.
+
+use hisparse_core::config::{ConfigError, HiSparseConfig};
+use hisparse_core::layout::{
+    CapacityLimit, CapacityReport, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError,
+    LayoutInput, plan_layout,
+};
+use hisparse_core::model::ModelSpec;
+use hisparse_core::presets;
+use serde_json::json;
+
+use crate::args::{self, LayoutArgs};
+use crate::error::{CliError, CliResult};
+use crate::size::human;
+
+/// Looks a preset up, with a one-line error listing the valid names.
+pub fn preset(name: &str) -> CliResult<ModelSpec<'static>> {
+    presets::preset(name).map_err(|e| {
+        CliError::usage(format!(
+            "unknown preset `{name}`; use --preset with one of: {}",
+            e.valid.join(", ")
+        ))
+    })
+}
+
+/// Turns a planning error into a one-line message naming the command-line flag to change.
+pub fn layout_error(e: LayoutError, gpu_flag: &str) -> CliError {
+    match e {
+        LayoutError::HostBudgetTooSmall {
+            budget,
+            host_block_stride,
+            blocks,
+            needed,
+        } => CliError::usage(format!(
+            "--host-mem {} holds {blocks} host blocks of {host_block_stride} B, but one \
+             max-model-len request needs {needed} (its pages + null block + copy-on-write tail); \
+             raise --host-mem to at least {} or lower --max-model-len",
+            human(budget),
+            human(needed.saturating_mul(host_block_stride)),
+        )),
+        LayoutError::GpuPoolTooSmall {
+            blocks,
+            needed,
+            bytes_per_block,
+        } => CliError::usage(format!(
+            "{gpu_flag} gives {blocks} GPU blocks of {bytes_per_block} B, but one max-model-len \
+             request needs {needed} even with HiSparse; raise {gpu_flag} to at least {} or lower \
+             --max-model-len",
+            human(needed.saturating_mul(bytes_per_block)),
+        )),
+        LayoutError::Config(ConfigError::DeviceBufferTooSmall { value, min }) => {
+            CliError::usage(format!(
+                "--device-buffer-size {value} is below top_k × max_query_len = {min}; raise it to at least {min}"
+            ))
+        }
+        LayoutError::Config(ConfigError::DeviceBufferTooLarge { value, max }) => CliError::usage(
+            format!("--device-buffer-size {value} exceeds {max} (LRU slots are 16-bit); lower it"),
+        ),
+        LayoutError::ZeroMaxModelLen => CliError::usage("--max-model-len must be at least 1 token"),
+        other => CliError::usage(other.to_string()),
+    }
+}
+
+/// Plans a layout from parsed arguments.
+#[allow(clippy::too_many_arguments)]
+pub fn plan(
+    model: &ModelSpec<'_>,
+    gpu_bytes: u64,
+    host_bytes: u64,
+    max_model_len: u32,
+    device_buffer_size: Option<u32>,
+    max_query_len: u32,
+    gpu_flag: &str,
+) -> CliResult<KvCacheConfig> {
+    let mut cfg = HiSparseConfig::new(model.top_k, host_bytes);
+    cfg.device_buffer_size = device_buffer_size;
+    cfg.max_query_len = max_query_len;
+    plan_layout(&LayoutInput::new(model, &cfg, gpu_bytes, max_model_len))
+        .map_err(|e| layout_error(e, gpu_flag))
+}
+
+/// Context lengths of the capacity table: 8K, 32K, 128K up to `max_model_len`, and
+/// `max_model_len` itself.
+pub fn capacity_contexts(max_model_len: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [8192, 32768, 131072]
+        .into_iter()
+        .filter(|&c| c <= max_model_len)
+        .collect();
+    if !v.contains(&max_model_len) {
+        v.push(max_model_len);
+    }
+    v
+}
+
+/// `hisparse layout`.
+pub fn run(a: &LayoutArgs) -> CliResult<()> {
+    let model = preset(&a.preset)?;
+    let gpu = args::size("gpu-mem", &a.gpu_mem)?;
+    let host = args::size("host-mem", &a.host_mem)?;
+    let max_len: u32 = args::positive("max-model-len", &a.max_model_len)?;
+    let dbs = a
+        .device_buffer_size
+        .as_deref()
+        .map(|s| args::positive::<u32>("device-buffer-size", s))
+        .transpose()?;
+    let mql: u32 = args::positive("max-query-len", &a.max_query_len)?;
+    let kv = plan(&model, gpu, host, max_len, dbs, mql, "--gpu-mem")?;
+    let caps: Vec<CapacityReport> = capacity_contexts(max_len)
+        .into_iter()
+        .map(|c| kv.capacity(c))
+        .collect();
+    if a.json {
+        crate::emit(&to_json(&kv, &caps, gpu, host));
+    } else {
+        crate::emit(&to_text(&model, &kv, &caps, gpu, host));
+    }
+    Ok(())
+}
+
+/// Compact layer list: `0-11`, `0-3,5,8-9`.
+pub fn ranges(layers: impl IntoIterator<Item = u32>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut run: Option<(u32, u32)> = None;
+    let flush = |run: Option<(u32, u32)>, out: &mut Vec<String>| {
+        if let Some((a, b)) = run {
+            out.push(if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            });
+        }
+    };
+    for l in layers {
+        run = match run {
+            Some((a, b)) if l == b + 1 => Some((a, l)),
+            r => {
+                flush(r, &mut out);
+                Some((l, l))
+            }
+        };
+    }
+    flush(run, &mut out);
+    out.join(",")
+}
+
+/// Layer offsets of a group: `0, 41984, … (+41984 each)` when evenly spaced. Source layers are
+/// shown at their array's offset in the host pool ([`KvCacheConfig::host_layout`]).
+fn offsets(kv: &KvCacheConfig, g: &KvCacheGroup) -> String {
+    let o: Vec<u64> = g
+        .layers
+        .iter()
+        .map(|l| match g.kind {
+            GroupKind::Source => kv.host_layout(l.layer).map(|h| h.base).unwrap_or(l.offset),
+            _ => l.offset,
+        })
+        .collect();
+    match o.as_slice() {
+        [] => String::new(),
+        [a] => a.to_string(),
+        [a, b, rest @ ..] => {
+            let step = b - a;
+            let even = o.windows(2).all(|w| w[1] - w[0] == step);
+            if even && !rest.is_empty() {
+                format!("{a}, {b}, … {} (+{step} each)", o[o.len() - 1])
+            } else {
+                o.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+            }
+        }
+    }
+}
+
+fn limit_text(l: CapacityLimit) -> &'static str {
+    match l {
+        CapacityLimit::Gpu => "GPU pool",
+        CapacityLimit::Host => "host pool",
+        CapacityLimit::AllOnGpu => "none (all fits on GPU)",
+    }
+}
+
+fn tokens(t: u32) -> String {
+    if t.is_multiple_of(1024) {
+        format!("{}K", t / 1024)
+    } else {
+        t.to_string()
+    }
+}
+
+/// The plan as text.
+pub fn to_text(
+    model: &ModelSpec<'_>,
+    kv: &KvCacheConfig,
+    caps: &[CapacityReport],
+    gpu: u64,
+    host: u64,
+) -> String {
+    let mut s = String::new();
+    let sparse = model.num_sparse_layers();
+    s += &format!(
+        "model {}: {} layers ({} sparse, {} regular), block {} tokens = {} rows of {} B{}, top-k {}\n",
+        kv.model,
+        model.layers.len(),
+        sparse,
+        model.layers.len() - sparse,
+        kv.block_tokens,
+        kv.block_size,
+        kv.row_bytes,
+        if kv.value_bytes != kv.row_bytes {
+            format!(
+                " (split: {} value + {} scale)",
+                kv.value_bytes,
+                kv.row_bytes - kv.value_bytes
+            )
+        } else {
+            String::new()
+        },
+        kv.config.top_k,
+    );
+    s += &format!(
+        "GPU pool:  {} → {} blocks × bytes_per_block {} B = {} (attention block stride {} rows)\n",
+        human(gpu),
+        kv.num_gpu_blocks,
+        kv.bytes_per_block,
+        human(kv.gpu_pool_bytes()),
+        kv.attention_block_stride
+    );
+    s += &format!(
+        "host pool: {} → {} blocks × host_block_stride {} B = {} (layer-major, pinned)\n",
+        human(host),
+        kv.host_num_blocks,
+        kv.host_block_stride,
+        human(kv.host_pool_bytes())
+    );
+    s += &format!(
+        "hot buffer: {} rows per request per hot group = {} blocks; {} hot groups → {} blocks = {} per request\n",
+        kv.device_buffer_size,
+        kv.hot_blocks_per_request,
+        kv.num_buckets,
+        kv.hot_blocks_per_request * kv.num_buckets,
+        human(u64::from(kv.hot_blocks_per_request * kv.num_buckets) * kv.bytes_per_block)
+    );
+    s += "\ngroups (offsets: GPU groups = byte offset inside a block; source = layer array in the host pool):\n";
+    s += &format!(
+        "  {:>2}  {:<8} {:>6} {:>6}  {:>10}  {:<46}  layers\n",
+        "#", "kind", "bucket", "count", "page bytes", "offsets"
+    );
+    for (i, g) in kv.groups.iter().enumerate() {
+        s += &format!(
+            "  {:>2}  {:<8} {:>6} {:>6}  {:>10}  {:<46}  {}\n",
+            i,
+            g.kind.as_str(),
+            g.bucket
+                .map(|b| b.to_string())
+                .unwrap_or_else(|| "-".into()),
+            g.layers.len(),
+            g.page_bytes,
+            offsets(kv, g),
+            ranges(g.layers.iter().map(|l| l.layer)),
+        );
+    }
+    let followers = kv
+        .index_groups
+        .iter()
+        .filter(|g| g.layers.len() > 1)
+        .count();
+    s += &format!(
+        "index groups: {} ({} with followers)\n",
+        kv.index_groups.len(),
+        followers
+    );
+    s += "\ncapacity (concurrent requests that fit):\n";
+    s += &format!(
+        "  {:>7}  {:>10}  {:>10}  {:>16}  {:>16}  {:>10}  limited by\n",
+        "context", "all-on-GPU", "HiSparse", "GPU blk/req all", "GPU blk/req HS", "host fits"
+    );
+    for c in caps {
+        s += &format!(
+            "  {:>7}  {:>10}  {:>10}  {:>16}  {:>16}  {:>10}  {}\n",
+            tokens(c.context_len),
+            c.all_on_gpu_max,
+            c.hisparse_max,
+            c.gpu_blocks_per_request.all_on_gpu,
+            c.gpu_blocks_per_request.hisparse,
+            c.host_max,
+            limit_text(c.limit)
+        );
+    }
+    s
+}
+
+/// The plan as JSON: every field of the planned layout, plus pool sizes and the capacity table.
+pub fn to_json(kv: &KvCacheConfig, caps: &[CapacityReport], gpu: u64, host: u64) -> String {
+    let mut v = serde_json::to_value(kv).unwrap_or_else(|e| json!({ "error": e.to_string() }));
+    if let Some(o) = v.as_object_mut() {
+        o.insert("gpu_mem_bytes".into(), json!(gpu));
+        o.insert("host_mem_bytes".into(), json!(host));
+        o.insert("gpu_pool_bytes".into(), json!(kv.gpu_pool_bytes()));
+        o.insert("host_pool_bytes".into(), json!(kv.host_pool_bytes()));
+        o.insert(
+            "hot_bytes_per_request".into(),
+            json!(u64::from(kv.hot_blocks_per_request * kv.num_buckets) * kv.bytes_per_block),
+        );
+        o.insert(
+            "capacity".into(),
+            serde_json::to_value(caps).unwrap_or_default(),
+        );
+    }
+    serde_json::to_string_pretty(&v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_compress_runs() {
+        assert_eq!(ranges([0, 1, 2, 3, 5, 8, 9]), "0-3,5,8-9");
+        assert_eq!(ranges([]), "");
+        assert_eq!(ranges([7]), "7");
+    }
+
+    #[test]
+    fn contexts_stop_at_max_model_len() {
+        assert_eq!(capacity_contexts(131072), [8192, 32768, 131072]);
+        assert_eq!(capacity_contexts(40000), [8192, 32768, 40000]);
+        assert_eq!(capacity_contexts(4096), [4096]);
+    }
+
+    #[test]
+    fn deepseek_v32_vector() {
+        let m = preset("deepseek-v3.2").unwrap();
+        let kv = plan(&m, 80 << 30, 512 << 30, 131072, None, 1, "--gpu-mem").unwrap();
+        assert_eq!(kv.bytes_per_block, 545792);
+        assert_eq!(kv.host_block_stride, 2561024);
+        let j: serde_json::Value = serde_json::from_str(&to_json(&kv, &[], 0, 0)).unwrap();
+        for key in [
+            "bytes_per_block",
+            "host_block_stride",
+            "hot_blocks_per_request",
+            "num_gpu_blocks",
+            "host_num_blocks",
+            "groups",
+        ] {
+            assert!(j.get(key).is_some(), "{key}");
+        }
+    }
+
+    #[test]
+    fn small_host_budget_names_the_flag() {
+        let m = preset("deepseek-v3.2").unwrap();
+        let e = plan(&m, 80 << 30, 1 << 30, 131072, None, 1, "--gpu-mem")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--host-mem") && !e.contains('\n'), "{e}");
+        assert!(
+            preset("llama")
+                .unwrap_err()
+                .to_string()
+                .contains("deepseek-v3.2")
+        );
+    }
+}
