@@ -7,6 +7,7 @@
 mod args;
 mod backend;
 mod bench;
+mod conformance;
 mod error;
 mod layout;
 mod progress;
@@ -39,13 +40,16 @@ fn run(cli: Cli) -> CliResult<()> {
             with_device!(kind, &a.backend.device, |dev| bench::bench_on(&dev, &a))
         }
         Command::Layout(a) => layout::run(&a),
-        Command::Simulate(_) | Command::Conformance(_) => {
-            Err(CliError::failed("not implemented yet"))
-        }
+        Command::Conformance(a) => conformance::run(&a),
+        Command::Simulate(_) => Err(CliError::failed("not implemented yet")),
     }
 }
 
 fn main() -> ExitCode {
+    // A panic is a bug; report it on one line (with its location) rather than a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("internal error: {}", info.to_string().replace('\n', " "));
+    }));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
