@@ -1,1 +1,490 @@
-//! Kernel sources shared by the CUDA and ROCm backends (being written).
+//! Kernel sources shared by the HiSparse CUDA and ROCm backends, and the ABI they are launched with.
+//!
+//! There is **one** kernel source, [`COMMON_SOURCE`] (`kernels/hisparse.cuh`), written against a
+//! tiny set of `HS_*` macros. Each vendor has a prelude that defines them:
+//! [`CUDA_PRELUDE`] (`kernels/vendor_cuda.h`, for NVRTC or nvcc) and [`HIP_PRELUDE`]
+//! (`kernels/vendor_hip.h`, for hiprtc or `clang -x hip`). [`CUDA_SOURCE`] and [`HIP_SOURCE`] are
+//! the ready-to-compile concatenations. Backends compile them at run time (NVRTC / hiprtc), so
+//! building this crate needs no GPU toolkit.
+//!
+//! Every kernel reproduces a reference function of `hisparse_core::ops` bit for bit. The
+//! [`Kernel`] enum names them; [`Kernel::abi`] gives each one's symbol, its parameters in order
+//! ([`Param`]) and its block size, which is all a launcher (or a test double decoding launches)
+//! needs. The `#[repr(C)]` structs here ([`Layout`], [`LayerPairAbi`], [`GatherLayers`],
+//! [`PageJob`], [`Pair`], [`Span`], [`Wanted`]) mirror the C structs of the source byte for byte.
+//!
+//! Launch shapes (grid, block, dynamic shared memory) are documented on each [`Kernel`] variant
+//! and in the source.
+//!
+//! What this crate deliberately does not do: load drivers, compile, or launch anything.
+
+#![deny(missing_docs)]
+
+use hisparse_core::ops::{LayerPair, PageLayout};
+
+/// The vendor-neutral kernel source (needs a prelude first).
+pub const COMMON_SOURCE: &str = include_str!("../kernels/hisparse.cuh");
+/// The CUDA prelude: defines the `HS_*` macros for NVRTC/nvcc.
+pub const CUDA_PRELUDE: &str = include_str!("../kernels/vendor_cuda.h");
+/// The HIP prelude: defines the `HS_*` macros for hiprtc/clang.
+pub const HIP_PRELUDE: &str = include_str!("../kernels/vendor_hip.h");
+/// Complete CUDA translation unit: [`CUDA_PRELUDE`] followed by [`COMMON_SOURCE`].
+pub const CUDA_SOURCE: &str = concat!(
+    include_str!("../kernels/vendor_cuda.h"),
+    include_str!("../kernels/hisparse.cuh")
+);
+/// Complete HIP translation unit: [`HIP_PRELUDE`] followed by [`COMMON_SOURCE`].
+pub const HIP_SOURCE: &str = concat!(
+    include_str!("../kernels/vendor_hip.h"),
+    include_str!("../kernels/hisparse.cuh")
+);
+/// File name to give the translation unit in compiler diagnostics.
+pub const SOURCE_NAME: &str = "hisparse.cuh";
+
+/// Threads per block of `hs_remap`.
+pub const REMAP_THREADS: u32 = 256;
+/// `hs_remap` flag: `idx_mapping` is given.
+pub const REMAP_HAS_MAP: u32 = 1;
+/// `hs_remap` flag: write per-row valid counts.
+pub const REMAP_COUNTS: u32 = 2;
+/// `hs_remap` flag: compact valid entries to the front.
+pub const REMAP_COMPACT: u32 = 4;
+/// Threads per block of `hs_resolve`.
+pub const RESOLVE_THREADS: u32 = 512;
+/// Threads per block of `hs_gather_rows`.
+pub const GATHER_THREADS: u32 = 128;
+/// Plan entries per block of `hs_gather_rows` (grid x = `ceil(top_k / GATHER_ROWS)`).
+pub const GATHER_ROWS: u32 = 16;
+/// Most layers one `hs_gather_rows` launch carries (more are split over several launches).
+pub const GATHER_MAX_LAYERS: usize = 16;
+/// Threads per block of `hs_copy_pages` and `hs_copy_rows`.
+pub const COPY_THREADS: u32 = 256;
+/// Threads per block of `hs_invalidate`.
+pub const INVALIDATE_THREADS: u32 = 256;
+/// Threads per block of `hs_compressed_slot_mapping`.
+pub const SLOT_THREADS: u32 = 256;
+/// `hs_copy_rows` direction: device pool → host pool.
+pub const DIRECTION_DEVICE_TO_HOST: u32 = 0;
+/// `hs_copy_rows` direction: host pool → device pool.
+pub const DIRECTION_HOST_TO_DEVICE: u32 = 1;
+
+/// The type of one kernel parameter, in the order the kernel declares them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Param {
+    /// A device pointer (8 bytes; may be null where the kernel's docs say so).
+    Ptr,
+    /// `int32_t`.
+    I32,
+    /// `uint32_t`.
+    U32,
+    /// `uint64_t`.
+    U64,
+    /// [`GatherLayers`] by value (1296 bytes, 8-byte aligned).
+    GatherLayers,
+}
+
+impl Param {
+    /// Size in bytes of the parameter as passed.
+    pub const fn size(self) -> usize {
+        match self {
+            Param::Ptr | Param::U64 => 8,
+            Param::I32 | Param::U32 => 4,
+            Param::GatherLayers => core::mem::size_of::<GatherLayers>(),
+        }
+    }
+
+    /// Alignment in bytes of the parameter as passed.
+    pub const fn align(self) -> usize {
+        match self {
+            Param::Ptr | Param::U64 | Param::GatherLayers => 8,
+            Param::I32 | Param::U32 => 4,
+        }
+    }
+}
+
+/// A named parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NamedParam {
+    /// The parameter's name in the source.
+    pub name: &'static str,
+    /// Its type.
+    pub ty: Param,
+}
+
+/// Everything needed to launch one kernel: symbol, parameters in order, block size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelAbi {
+    /// The `extern "C"` symbol.
+    pub name: &'static str,
+    /// Parameters in declaration order.
+    pub params: &'static [NamedParam],
+    /// Threads per block (one dimension) the kernel is written for.
+    pub block_threads: u32,
+}
+
+/// Every kernel of the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `hs_remap`: grid `(num_tokens)`, block [`REMAP_THREADS`]. `flags` is a set of `REMAP_*`.
+    Remap,
+    /// `hs_resolve`: grid `(num_tokens)`, block [`RESOLVE_THREADS`], dynamic shared memory
+    /// [`resolve_shared_bytes`]. `workspace` (`Wanted[workspace_entries]`) and
+    /// `workspace_counter` (`u32`, zeroed before each launch) back requests whose table does not
+    /// fit `smem_table_entries` (a power of two, or 0); see [`resolve_workspace_entries`].
+    Resolve,
+    /// `hs_gather_rows`: grid `(ceil(top_k / GATHER_ROWS), num_tokens, layers.count)`, block
+    /// [`GATHER_THREADS`]. `host` is the device address of the mapped pinned host pool.
+    GatherRows,
+    /// `hs_copy_pages`: 1-D grid (any size), block [`COPY_THREADS`]. `jobs`: `PageJob[num_layers]`,
+    /// `pairs`: `Pair[num_pairs]`, both in device memory. Destination ranges of one launch must be
+    /// disjoint from each other and from every source range.
+    CopyPages,
+    /// `hs_copy_rows`: 1-D grid (any size), block [`COPY_THREADS`]. `layers`:
+    /// `LayerPairAbi[num_layers]`, `spans`: `Span[num_spans]`, in device memory. Same overlap rule
+    /// as [`Kernel::CopyPages`].
+    CopyRows,
+    /// `hs_invalidate`: 1-D grid (any size), block [`INVALIDATE_THREADS`]. `total` = `R * N`.
+    Invalidate,
+    /// `hs_compressed_slot_mapping`: grid `(ceil(num_tokens / SLOT_THREADS))`, block
+    /// [`SLOT_THREADS`].
+    CompressedSlotMapping,
+}
+
+macro_rules! params {
+    ($($name:ident: $ty:ident),* $(,)?) => {
+        &[$(NamedParam { name: stringify!($name), ty: Param::$ty }),*]
+    };
+}
+
+const REMAP_PARAMS: &[NamedParam] = params![
+    req_id: Ptr, block_table: Ptr, topk: Ptr, idx_mapping: Ptr, out: Ptr, counts: Ptr,
+    num_tokens: U32, top_k: U32, table_rows: U32, max_blocks: U32, block_size: U32,
+    block_stride_rows: U32, idx_mapping_len: U32, flags: U32,
+];
+const RESOLVE_PARAMS: &[NamedParam] = params![
+    req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, dgi: Ptr,
+    lru: Ptr, indices: Ptr, valid_counts: Ptr, hit_counts: Ptr, miss_counts: Ptr, miss_src: Ptr,
+    miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
+    smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
+    block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
+];
+const GATHER_PARAMS: &[NamedParam] = params![
+    plan_src: Ptr, plan_dst: Ptr, plan_counts: Ptr, host: Ptr, device: Ptr, num_tokens: U32,
+    top_k: U32, layers: GatherLayers,
+];
+const COPY_PAGES_PARAMS: &[NamedParam] = params![
+    jobs: Ptr, num_layers: U32, pairs: Ptr, num_pairs: U32, src: Ptr, dst: Ptr,
+];
+const COPY_ROWS_PARAMS: &[NamedParam] = params![
+    layers: Ptr, num_layers: U32, spans: Ptr, num_spans: U32, direction: U32, host: Ptr,
+    device: Ptr,
+];
+const INVALIDATE_PARAMS: &[NamedParam] = params![
+    ranges: Ptr, num_ranges: U32, dgi: Ptr, total: U64,
+];
+const SLOT_PARAMS: &[NamedParam] = params![
+    positions: Ptr, slot_mapping: Ptr, table_row: Ptr, block_table: Ptr, out: Ptr,
+    num_tokens: U32, ratio: U32, block_size: U32, table_rows: U32, max_blocks: U32,
+];
+
+impl Kernel {
+    /// Every kernel, in source order.
+    pub const ALL: [Kernel; 7] = [
+        Kernel::Remap,
+        Kernel::Resolve,
+        Kernel::GatherRows,
+        Kernel::CopyPages,
+        Kernel::CopyRows,
+        Kernel::Invalidate,
+        Kernel::CompressedSlotMapping,
+    ];
+
+    /// Symbol, parameters and block size.
+    pub const fn abi(self) -> KernelAbi {
+        let (name, params, block_threads) = match self {
+            Kernel::Remap => ("hs_remap", REMAP_PARAMS, REMAP_THREADS),
+            Kernel::Resolve => ("hs_resolve", RESOLVE_PARAMS, RESOLVE_THREADS),
+            Kernel::GatherRows => ("hs_gather_rows", GATHER_PARAMS, GATHER_THREADS),
+            Kernel::CopyPages => ("hs_copy_pages", COPY_PAGES_PARAMS, COPY_THREADS),
+            Kernel::CopyRows => ("hs_copy_rows", COPY_ROWS_PARAMS, COPY_THREADS),
+            Kernel::Invalidate => ("hs_invalidate", INVALIDATE_PARAMS, INVALIDATE_THREADS),
+            Kernel::CompressedSlotMapping => {
+                ("hs_compressed_slot_mapping", SLOT_PARAMS, SLOT_THREADS)
+            }
+        };
+        KernelAbi {
+            name,
+            params,
+            block_threads,
+        }
+    }
+
+    /// The `extern "C"` symbol.
+    pub const fn name(self) -> &'static str {
+        self.abi().name
+    }
+}
+
+/// One layer's pages in one pool: `struct hs_layout` (40 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// Byte offset of block 0's page.
+    pub base: u64,
+    /// Bytes between consecutive blocks' pages.
+    pub block_stride: u64,
+    /// Blocks in the pool.
+    pub num_blocks: u32,
+    /// Rows per page.
+    pub block_size: u32,
+    /// Bytes per row.
+    pub row_bytes: u32,
+    /// Value bytes per row.
+    pub value_bytes: u32,
+    /// Divisor turning a flat row into `(block, offset)`.
+    pub index_stride_rows: u32,
+    /// Padding (0).
+    pub pad: u32,
+}
+
+impl From<&PageLayout> for Layout {
+    fn from(l: &PageLayout) -> Self {
+        Layout {
+            base: l.base,
+            block_stride: l.block_stride,
+            num_blocks: l.num_blocks,
+            block_size: l.block_size,
+            row_bytes: l.row_bytes,
+            value_bytes: l.value_bytes,
+            index_stride_rows: l.index_stride_rows,
+            pad: 0,
+        }
+    }
+}
+
+/// A layer in both pools: `struct hs_layer_pair` (80 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LayerPairAbi {
+    /// Layout in the pinned host pool.
+    pub host: Layout,
+    /// Layout in the device pool.
+    pub device: Layout,
+}
+
+impl From<&LayerPair> for LayerPairAbi {
+    fn from(l: &LayerPair) -> Self {
+        LayerPairAbi {
+            host: (&l.host).into(),
+            device: (&l.device).into(),
+        }
+    }
+}
+
+/// The layers of one gather launch, passed by value: `struct hs_gather_layers` (1296 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GatherLayers {
+    /// Layers used (`1..=GATHER_MAX_LAYERS`).
+    pub count: u32,
+    /// Padding (0).
+    pub pad: [u32; 3],
+    /// The layers; entries beyond `count` are ignored.
+    pub layer: [LayerPairAbi; GATHER_MAX_LAYERS],
+}
+
+impl GatherLayers {
+    /// Packs up to [`GATHER_MAX_LAYERS`] layers (extra layers are ignored: split first).
+    pub fn new(layers: &[LayerPair]) -> Self {
+        let mut g = GatherLayers {
+            count: layers.len().min(GATHER_MAX_LAYERS) as u32,
+            pad: [0; 3],
+            layer: [LayerPairAbi::default(); GATHER_MAX_LAYERS],
+        };
+        for (d, s) in g.layer.iter_mut().zip(layers) {
+            *d = s.into();
+        }
+        g
+    }
+}
+
+/// One layer of a whole-page copy: `struct hs_page_job` (40 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PageJob {
+    /// Byte offset of block 0's page in the source buffer.
+    pub src_base: u64,
+    /// Bytes between source pages.
+    pub src_stride: u64,
+    /// Byte offset of block 0's page in the destination buffer.
+    pub dst_base: u64,
+    /// Bytes between destination pages.
+    pub dst_stride: u64,
+    /// Bytes per page (a multiple of 16).
+    pub page_bytes: u64,
+}
+
+/// A source block and a destination block: `struct hs_pair` (8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Pair {
+    /// Source block.
+    pub src: u32,
+    /// Destination block.
+    pub dst: u32,
+}
+
+/// A row span: `struct hs_span` (16 bytes), same fields as `hisparse_core::ops::RowSpan`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Span {
+    /// Device block.
+    pub device_block: u32,
+    /// Host block.
+    pub host_block: u32,
+    /// First row in the page.
+    pub first_row: u32,
+    /// Rows.
+    pub num_rows: u32,
+}
+
+/// One entry of the resolver's wanted-row table: `struct hs_wanted` (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Wanted {
+    /// Flat host row, or -1.
+    pub key: i32,
+    /// First entry ordinal.
+    pub first_entry: u32,
+    /// First LRU position caching the row.
+    pub first_lru: u32,
+    /// Slot given to the row.
+    pub slot: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<Layout>() == 40);
+    assert!(core::mem::size_of::<LayerPairAbi>() == 80);
+    assert!(core::mem::size_of::<GatherLayers>() == 1296);
+    assert!(core::mem::align_of::<GatherLayers>() == 8);
+    assert!(core::mem::size_of::<PageJob>() == 40);
+    assert!(core::mem::size_of::<Pair>() == 8);
+    assert!(core::mem::size_of::<Span>() == 16);
+    assert!(core::mem::size_of::<Wanted>() == 16);
+};
+
+const fn align16(x: u64) -> u64 {
+    (x + 15) & !15
+}
+
+/// Dynamic shared memory of `hs_resolve` for `hot_slots` slots and a shared wanted-row table of
+/// `table_entries` entries: LRU copy and partition (`u16[N]` each), a bitmap of `N` bits, then
+/// the table (16 bytes per entry), each part 16-byte aligned.
+pub const fn resolve_shared_bytes(hot_slots: u32, table_entries: u32) -> u64 {
+    let n = hot_slots as u64;
+    2 * align16(2 * n) + align16(4 * n.div_ceil(32)) + 16 * table_entries as u64
+}
+
+/// Static shared memory of `hs_resolve` (scan scratch and a few counters), an upper bound.
+pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 33 + 4 * 8;
+
+/// Entries the global wanted-row workspace needs so that every request of a launch of
+/// `num_tokens × top_k` entries finds room: `4 * num_tokens * top_k + 16 * num_tokens`.
+pub const fn resolve_workspace_entries(num_tokens: u32, top_k: u32) -> u64 {
+    4 * num_tokens as u64 * top_k as u64 + 16 * num_tokens as u64
+}
+
+/// Table entries a request of `entries` top-k entries needs (`max(16, next_pow2(2 * entries))`).
+pub const fn resolve_table_entries(entries: u64) -> u64 {
+    let need = 2 * entries;
+    if need <= 16 {
+        16
+    } else {
+        need.next_power_of_two()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel of the ABI table is defined in the source with the same parameter names in the
+    /// same order.
+    #[test]
+    fn abi_table_matches_source() {
+        for k in Kernel::ALL {
+            let abi = k.abi();
+            let needle = format!(" {}(", abi.name);
+            let at = COMMON_SOURCE
+                .find(&needle)
+                .unwrap_or_else(|| panic!("{} not in source", abi.name));
+            let rest = &COMMON_SOURCE[at + needle.len()..];
+            let sig = &rest[..rest.find(')').expect("closing paren")];
+            let names: Vec<&str> = sig
+                .split(',')
+                .map(|p| {
+                    p.trim()
+                        .rsplit(|c: char| c.is_whitespace() || c == '*')
+                        .next()
+                        .unwrap_or("")
+                })
+                .collect();
+            let expected: Vec<&str> = abi.params.iter().map(|p| p.name).collect();
+            assert_eq!(names, expected, "parameters of {}", abi.name);
+            for p in abi.params {
+                let decl = sig
+                    .split(',')
+                    .map(str::trim)
+                    .find(|d| d.ends_with(p.name))
+                    .expect("declared");
+                let ok = match p.ty {
+                    Param::Ptr => decl.contains('*'),
+                    Param::U32 => decl.starts_with("u32 "),
+                    Param::I32 => decl.starts_with("i32 "),
+                    Param::U64 => decl.starts_with("u64 "),
+                    Param::GatherLayers => decl.starts_with("hs_gather_layers "),
+                };
+                assert!(ok, "{}: `{decl}` is not {:?}", abi.name, p.ty);
+            }
+        }
+    }
+
+    #[test]
+    fn block_sizes_and_limits_match_source() {
+        for (name, value) in [
+            ("HS_REMAP_THREADS", REMAP_THREADS),
+            ("HS_RESOLVE_THREADS", RESOLVE_THREADS),
+            ("HS_GATHER_THREADS", GATHER_THREADS),
+            ("HS_GATHER_ROWS", GATHER_ROWS),
+            ("HS_GATHER_MAX_LAYERS", GATHER_MAX_LAYERS as u32),
+            ("HS_COPY_THREADS", COPY_THREADS),
+            ("HS_INVALIDATE_THREADS", INVALIDATE_THREADS),
+            ("HS_SLOT_THREADS", SLOT_THREADS),
+            ("HS_REMAP_HAS_MAP", REMAP_HAS_MAP),
+            ("HS_REMAP_COUNTS", REMAP_COUNTS),
+            ("HS_REMAP_COMPACT", REMAP_COMPACT),
+        ] {
+            let line = format!("#define {name} {value}");
+            assert!(
+                COMMON_SOURCE
+                    .lines()
+                    .any(|l| l.trim_end() == line || l.trim_end() == format!("{line}u")),
+                "`{line}` not in source"
+            );
+        }
+    }
+
+    #[test]
+    fn sources_are_prelude_plus_common() {
+        assert_eq!(CUDA_SOURCE, format!("{CUDA_PRELUDE}{COMMON_SOURCE}"));
+        assert_eq!(HIP_SOURCE, format!("{HIP_PRELUDE}{COMMON_SOURCE}"));
+    }
+
+    #[test]
+    fn resolve_sizes() {
+        assert_eq!(resolve_table_entries(2048), 4096);
+        assert_eq!(resolve_table_entries(1), 16);
+        assert_eq!(resolve_shared_bytes(4096, 0), 8192 + 8192 + 512);
+        assert_eq!(resolve_shared_bytes(3, 16), 16 + 16 + 16 + 256);
+    }
+}

@@ -1,0 +1,19 @@
+// HiSparse kernels: CUDA vendor prelude (NVRTC or nvcc). Prepended to hisparse.cuh.
+// Every vendor-specific spelling the common source uses is defined here and nowhere else.
+#define HS_VENDOR_CUDA 1
+#define HS_KERNEL extern "C" __global__
+#define HS_BOUNDS(n) __launch_bounds__(n)
+#define HS_DEVICE static __device__ __forceinline__
+#define HS_SYNC() __syncthreads()
+#define HS_TID ((unsigned)threadIdx.x)
+#define HS_NTHREADS ((unsigned)blockDim.x)
+#define HS_BID_X ((unsigned)blockIdx.x)
+#define HS_BID_Y ((unsigned)blockIdx.y)
+#define HS_BID_Z ((unsigned)blockIdx.z)
+#define HS_NBLOCKS_X ((unsigned)gridDim.x)
+// Lanes of one warp (a compile-time constant).
+#define HS_WARP 32u
+// Inclusive-scan step inside a warp: the value of the lane `d` below, every lane participating.
+#define HS_SHFL_UP_U32(v, d) __shfl_up_sync(0xffffffffu, (v), (d))
+#define HS_SHARED __shared__
+#define HS_DYN_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
