@@ -15,6 +15,8 @@ pub mod error;
 pub mod layout;
 pub mod model;
 pub mod ops;
+#[cfg(feature = "alloc")]
+pub mod pool;
 pub mod presets;
 
 pub use device::Device;

@@ -1,0 +1,534 @@
+//! Block pool (SPEC §4): reference-counted blocks with an LRU free queue and an optional prefix
+//! cache of block hashes.
+//!
+//! * Block 0 is the **null block**: never handed out, never freed, never counted as free.
+//! * The free queue is LRU, an intrusive doubly-linked list kept in two `Vec<u32>`s (link `0`
+//!   means "none", which is free because block 0 is never queued). Initially blocks `1..n` in id
+//!   order; allocation takes the head, a block whose reference count drops to 0 goes to the tail.
+//!   A request frees its blocks in reverse ([`BlockPool::free_reverse`]): its last block reaches
+//!   the tail first and is reused first, so its first block (the most shareable prefix) stays
+//!   cached longest.
+//! * [`BlockPool::touch`] re-pins a block: a free block with a cached hash leaves the queue.
+//! * Prefix cache: a held block may be given a `(group, hash)` key ([`BlockPool::cache`]);
+//!   [`BlockPool::lookup`] finds it while the block is held or free-but-not-yet-reused. When a
+//!   free block is handed out again it is *evicted*: its key is dropped.
+//!
+//! Every operation is O(1) (hash-table operations expected O(1): open addressing with linear
+//! probing and backward-shift deletion, at most half full) and allocates nothing: all storage is
+//! sized at construction.
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::fmt;
+
+const NIL: u32 = 0;
+const EMPTY: u32 = 0;
+
+/// A misuse of a [`BlockPool`]. Every variant names the block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// Fewer free blocks than requested; nothing was allocated.
+    OutOfBlocks {
+        /// Blocks requested.
+        requested: u32,
+        /// Blocks free.
+        free: u32,
+    },
+    /// The null block (0) cannot be freed, touched or cached.
+    NullBlock,
+    /// The block id is outside the pool.
+    OutOfRange {
+        /// The block id.
+        block: u32,
+        /// Blocks in the pool.
+        num_blocks: u32,
+    },
+    /// The block is already free.
+    DoubleFree {
+        /// The block id.
+        block: u32,
+    },
+    /// The block is not held (reference count 0), so it cannot be given a hash.
+    NotHeld {
+        /// The block id.
+        block: u32,
+    },
+    /// A pool needs at least one block (the null block).
+    Empty,
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            PoolError::OutOfBlocks { requested, free } => {
+                write!(f, "pool: {requested} blocks requested but only {free} free")
+            }
+            PoolError::NullBlock => f.write_str("pool: block 0 is the null block"),
+            PoolError::OutOfRange { block, num_blocks } => {
+                write!(f, "pool: block {block} is outside 0..{num_blocks}")
+            }
+            PoolError::DoubleFree { block } => write!(f, "pool: block {block} is already free"),
+            PoolError::NotHeld { block } => write!(f, "pool: block {block} is not held"),
+            PoolError::Empty => f.write_str("pool: `num_blocks` must be at least 1"),
+        }
+    }
+}
+
+impl crate::error::Error for PoolError {
+    fn kind(&self) -> crate::error::ErrorKind {
+        crate::error::ErrorKind::InvalidArgument
+    }
+}
+
+impl core::error::Error for PoolError {}
+
+/// A prefix-cache key: the group that owns the block and the chained hash of its contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockKey {
+    /// KV-cache group index.
+    pub group: u32,
+    /// Chained hash of the block's tokens and every block before it.
+    pub hash: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    key: BlockKey,
+    block: u32,
+}
+
+/// A pool of `n` blocks (block 0 = null) with an LRU free queue and an optional prefix cache.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    refs: Vec<u32>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    num_free: u32,
+    /// Per block: its position + 1 in `table`, or 0 when it has no key. Kept in sync on every
+    /// table move.
+    key_pos: Vec<u32>,
+    table: Vec<Slot>,
+    mask: usize,
+    num_cached: u32,
+}
+
+fn mix(key: BlockKey) -> usize {
+    let h = (key.hash ^ u64::from(key.group).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (h ^ (h >> 31)) as usize
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks, block 0 being the null block.
+    pub fn new(num_blocks: u32) -> Result<Self, PoolError> {
+        if num_blocks == 0 {
+            return Err(PoolError::Empty);
+        }
+        let n = num_blocks as usize;
+        let mut prev = vec![NIL; n];
+        let mut next = vec![NIL; n];
+        for b in 1..n {
+            prev[b] = if b > 1 { b as u32 - 1 } else { NIL };
+            next[b] = if b + 1 < n { b as u32 + 1 } else { NIL };
+        }
+        let cap = (2 * n).next_power_of_two().max(2);
+        Ok(BlockPool {
+            refs: vec![0; n],
+            prev,
+            next,
+            head: if n > 1 { 1 } else { NIL },
+            tail: if n > 1 { num_blocks - 1 } else { NIL },
+            num_free: num_blocks - 1,
+            key_pos: vec![0; n],
+            table: vec![
+                Slot {
+                    key: BlockKey { group: 0, hash: 0 },
+                    block: EMPTY,
+                };
+                cap
+            ],
+            mask: cap - 1,
+            num_cached: 0,
+        })
+    }
+
+    /// Blocks in the pool, null block included.
+    pub fn num_blocks(&self) -> u32 {
+        self.refs.len() as u32
+    }
+
+    /// Blocks in the free queue.
+    pub fn num_free(&self) -> u32 {
+        self.num_free
+    }
+
+    /// Blocks held (reference count > 0); `num_free + num_held + 1 == num_blocks` always.
+    pub fn num_held(&self) -> u32 {
+        self.num_blocks() - 1 - self.num_free
+    }
+
+    /// Blocks that carry a prefix-cache key.
+    pub fn num_cached(&self) -> u32 {
+        self.num_cached
+    }
+
+    /// Reference count of `block` (0 for free blocks and the null block; 0 for ids out of range).
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.refs.get(block as usize).copied().unwrap_or(0)
+    }
+
+    fn check(&self, block: u32) -> Result<(), PoolError> {
+        if block == 0 {
+            return Err(PoolError::NullBlock);
+        }
+        if block as usize >= self.refs.len() {
+            return Err(PoolError::OutOfRange {
+                block,
+                num_blocks: self.num_blocks(),
+            });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn unlink(&mut self, b: u32) {
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[b as usize] = NIL;
+        self.next[b as usize] = NIL;
+        self.num_free -= 1;
+    }
+
+    #[inline]
+    fn push_tail(&mut self, b: u32) {
+        self.prev[b as usize] = self.tail;
+        self.next[b as usize] = NIL;
+        if self.tail == NIL {
+            self.head = b;
+        } else {
+            self.next[self.tail as usize] = b;
+        }
+        self.tail = b;
+        self.num_free += 1;
+    }
+
+    /// Takes the least recently freed block (evicting its prefix-cache key), or `None` when the
+    /// queue is empty.
+    #[inline]
+    pub fn allocate(&mut self) -> Option<u32> {
+        let b = self.head;
+        if b == NIL {
+            return None;
+        }
+        self.unlink(b);
+        self.refs[b as usize] = 1;
+        if self.key_pos[b as usize] != 0 {
+            self.remove_key_of(b);
+        }
+        Some(b)
+    }
+
+    /// Allocates `count` blocks into `out` (appended), all or nothing.
+    pub fn allocate_n(&mut self, count: u32, out: &mut Vec<u32>) -> Result<(), PoolError> {
+        if count > self.num_free {
+            return Err(PoolError::OutOfBlocks {
+                requested: count,
+                free: self.num_free,
+            });
+        }
+        out.reserve(count as usize);
+        for _ in 0..count {
+            if let Some(b) = self.allocate() {
+                out.push(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops one reference; a block reaching 0 goes to the tail of the free queue (keeping its
+    /// key, so it can still be found by [`BlockPool::lookup`] until it is reused).
+    #[inline]
+    pub fn free(&mut self, block: u32) -> Result<(), PoolError> {
+        self.check(block)?;
+        let r = &mut self.refs[block as usize];
+        if *r == 0 {
+            return Err(PoolError::DoubleFree { block });
+        }
+        *r -= 1;
+        if *r == 0 {
+            self.push_tail(block);
+        }
+        Ok(())
+    }
+
+    /// Frees `blocks` in reverse order (a request's blocks: its later blocks become reusable
+    /// before its prefix). Null entries (0) are skipped. Stops at the first error.
+    pub fn free_reverse(&mut self, blocks: &[u32]) -> Result<(), PoolError> {
+        for &b in blocks.iter().rev() {
+            if b != 0 {
+                self.free(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a reference; a free block leaves the queue (a prefix-cache hit re-pins it).
+    #[inline]
+    pub fn touch(&mut self, block: u32) -> Result<(), PoolError> {
+        self.check(block)?;
+        if self.refs[block as usize] == 0 {
+            self.unlink(block);
+        }
+        self.refs[block as usize] += 1;
+        Ok(())
+    }
+
+    /// Gives held `block` the prefix-cache key `key`. Returns `false` (and changes nothing) when
+    /// another block already carries `key` or `block` already has a key.
+    pub fn cache(&mut self, block: u32, key: BlockKey) -> Result<bool, PoolError> {
+        self.check(block)?;
+        if self.refs[block as usize] == 0 {
+            return Err(PoolError::NotHeld { block });
+        }
+        if self.key_pos[block as usize] != 0 || self.lookup(key).is_some() {
+            return Ok(false);
+        }
+        let mut i = mix(key) & self.mask;
+        while self.table[i].block != EMPTY {
+            i = (i + 1) & self.mask;
+        }
+        self.table[i] = Slot { key, block };
+        self.key_pos[block as usize] = i as u32 + 1;
+        self.num_cached += 1;
+        Ok(true)
+    }
+
+    /// The block carrying `key`, if any (held, or free and not yet reused).
+    pub fn lookup(&self, key: BlockKey) -> Option<u32> {
+        let mut i = mix(key) & self.mask;
+        loop {
+            let s = &self.table[i];
+            if s.block == EMPTY {
+                return None;
+            }
+            if s.key == key {
+                return Some(s.block);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// The key `block` carries, if any.
+    pub fn key_of(&self, block: u32) -> Option<BlockKey> {
+        let p = *self.key_pos.get(block as usize)?;
+        (p != 0).then(|| self.table[p as usize - 1].key)
+    }
+
+    /// Drops `block`'s key, if any (its contents are about to change).
+    pub fn uncache(&mut self, block: u32) -> Result<(), PoolError> {
+        self.check(block)?;
+        if self.key_pos[block as usize] != 0 {
+            self.remove_key_of(block);
+        }
+        Ok(())
+    }
+
+    fn remove_key_of(&mut self, block: u32) {
+        let mut i = self.key_pos[block as usize] as usize - 1;
+        self.key_pos[block as usize] = 0;
+        self.num_cached -= 1;
+        // Backward-shift deletion keeps every probe chain unbroken.
+        let mut j = i;
+        loop {
+            j = (j + 1) & self.mask;
+            let s = self.table[j];
+            if s.block == EMPTY {
+                break;
+            }
+            let home = mix(s.key) & self.mask;
+            // Move `s` into the hole at `i` if its home is not cyclically in (i, j].
+            let in_range = if i <= j {
+                home > i && home <= j
+            } else {
+                home > i || home <= j
+            };
+            if !in_range {
+                self.table[i] = s;
+                self.key_pos[s.block as usize] = i as u32 + 1;
+                i = j;
+            }
+        }
+        self.table[i].block = EMPTY;
+    }
+
+    /// Whether `block` is in the free queue.
+    pub fn is_free(&self, block: u32) -> bool {
+        block != 0 && (block as usize) < self.refs.len() && self.refs[block as usize] == 0
+    }
+
+    /// Checks every internal invariant (for tests): the queue is a consistent doubly-linked list
+    /// of exactly the blocks with reference count 0 (null excluded), and the key table and
+    /// per-block key positions agree. O(n).
+    pub fn check_invariants(&self) -> Result<(), &'static str> {
+        let mut count = 0u32;
+        let mut prev = NIL;
+        let mut b = self.head;
+        while b != NIL {
+            if self.refs[b as usize] != 0 {
+                return Err("held block in the free queue");
+            }
+            if self.prev[b as usize] != prev {
+                return Err("broken prev link");
+            }
+            count += 1;
+            if count > self.num_blocks() {
+                return Err("cycle in the free queue");
+            }
+            prev = b;
+            b = self.next[b as usize];
+        }
+        if prev != self.tail {
+            return Err("tail mismatch");
+        }
+        if count != self.num_free {
+            return Err("free count mismatch");
+        }
+        let zero = self.refs[1..].iter().filter(|&&r| r == 0).count() as u32;
+        if zero != self.num_free {
+            return Err("free blocks missing from the queue");
+        }
+        if self.refs[0] != 0 {
+            return Err("null block referenced");
+        }
+        let mut keyed = 0;
+        for (i, s) in self.table.iter().enumerate() {
+            if s.block != EMPTY {
+                keyed += 1;
+                if self.key_pos[s.block as usize] as usize != i + 1 {
+                    return Err("key position mismatch");
+                }
+                if self.lookup(s.key) != Some(s.block) {
+                    return Err("key unreachable");
+                }
+            }
+        }
+        if keyed != self.num_cached {
+            return Err("cached count mismatch");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(h: u64) -> BlockKey {
+        BlockKey { group: 0, hash: h }
+    }
+
+    #[test]
+    fn lru_order_and_null() {
+        let mut p = BlockPool::new(5).unwrap();
+        assert_eq!(p.num_free(), 4);
+        let a: Vec<u32> = (0..4).map(|_| p.allocate().unwrap()).collect();
+        assert_eq!(a, [1, 2, 3, 4]);
+        assert_eq!(p.allocate(), None);
+        p.free_reverse(&[1, 0, 3]).unwrap();
+        // Reverse: 3 then 1 at the tail.
+        assert_eq!(p.allocate(), Some(3));
+        assert_eq!(p.allocate(), Some(1));
+        assert_eq!(p.free(0), Err(PoolError::NullBlock));
+        assert_eq!(
+            p.free(9),
+            Err(PoolError::OutOfRange {
+                block: 9,
+                num_blocks: 5
+            })
+        );
+        p.free(2).unwrap();
+        assert_eq!(p.free(2), Err(PoolError::DoubleFree { block: 2 }));
+        p.check_invariants().unwrap();
+        let mut out = Vec::new();
+        assert_eq!(
+            p.allocate_n(2, &mut out),
+            Err(PoolError::OutOfBlocks {
+                requested: 2,
+                free: 1
+            })
+        );
+        assert!(out.is_empty());
+        assert_eq!(BlockPool::new(0).unwrap_err(), PoolError::Empty);
+        let mut one = BlockPool::new(1).unwrap();
+        assert_eq!(one.allocate(), None);
+        one.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn refcounts_touch_and_prefix_cache() {
+        let mut p = BlockPool::new(4).unwrap();
+        let b = p.allocate().unwrap();
+        assert!(p.cache(b, key(7)).unwrap());
+        assert!(!p.cache(b, key(8)).unwrap());
+        p.touch(b).unwrap();
+        assert_eq!(p.ref_count(b), 2);
+        p.free(b).unwrap();
+        assert!(!p.is_free(b));
+        p.free(b).unwrap();
+        assert!(p.is_free(b));
+        // Free but cached: still found; touch re-pins it.
+        assert_eq!(p.lookup(key(7)), Some(b));
+        p.touch(b).unwrap();
+        assert_eq!(p.num_free(), 2);
+        p.free(b).unwrap();
+        // Reuse evicts: b is at the tail, so allocate the two others first.
+        let x = p.allocate().unwrap();
+        let y = p.allocate().unwrap();
+        assert_ne!(x, b);
+        assert_ne!(y, b);
+        assert_eq!(p.allocate(), Some(b));
+        assert_eq!(p.lookup(key(7)), None);
+        assert_eq!(p.num_cached(), 0);
+        assert_eq!(p.cache(3, key(1)).err(), None);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn hash_table_survives_churn() {
+        let n = 64u32;
+        let mut p = BlockPool::new(n).unwrap();
+        let mut held = Vec::new();
+        let mut s = 1u64;
+        for round in 0..2000u64 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if s % 3 != 0 {
+                if let Some(b) = p.allocate() {
+                    // Few distinct hashes force collisions and probe chains.
+                    let _ = p.cache(b, key(s % 97)).unwrap();
+                    held.push(b);
+                }
+            } else if !held.is_empty() {
+                let b = held.swap_remove((s as usize / 3) % held.len());
+                p.free(b).unwrap();
+            }
+            if round % 50 == 0 {
+                p.check_invariants().unwrap();
+            }
+        }
+        p.check_invariants().unwrap();
+    }
+}
