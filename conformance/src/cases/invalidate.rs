@@ -1,7 +1,116 @@
-//! (cases of this family are being added)
+//! Hot-entry invalidation (SPEC §5.4).
 
 use hisparse_core::Device;
+use hisparse_core::ops::invalidate::invalidate as reference;
+use hisparse_core::ops::{InvalidateArgs, InvalidateDesc, MAX_HOT_SLOTS};
 
-use crate::Case;
+use crate::util::{Ctx, dev_i32, read_i32, same};
+use crate::{Case, CaseResult, SplitMix64};
 
-pub(crate) fn cases<D: Device + 'static>(_v: &mut Vec<Case<D>>) {}
+pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
+    for (name, requests, slots, ranges) in [
+        ("small", 1u32, 16u32, 3u32),
+        ("several-requests", 5, 300, 6),
+        ("many-ranges", 2, 128, 64),
+        ("max-hot-slots-32768", 2, MAX_HOT_SLOTS, 8),
+    ] {
+        v.push(Case::seeded(
+            format!("invalidate/{name}"),
+            move |d: &D, s| random(d, s, requests, slots, ranges),
+        ));
+    }
+    v.push(Case::fixed("invalidate/fixed/known-values", known::<D>));
+    v.push(Case::fixed("invalidate/fixed/no-ranges", no_ranges::<D>));
+}
+
+fn check<D: Device>(dev: &D, desc: &InvalidateDesc, ranges: &[i32], dgi: &[i32]) -> CaseResult {
+    let mut want = dgi.to_vec();
+    reference(
+        desc,
+        InvalidateArgs {
+            ranges,
+            dgi: &mut want[..],
+        },
+    )
+    .ctx("reference invalidate")?;
+    let s = dev.create_stream().ctx("create_stream")?;
+    let d_ranges = dev_i32(dev, ranges)?;
+    let mut d_dgi = dev_i32(dev, dgi)?;
+    dev.invalidate(
+        &s,
+        desc,
+        InvalidateArgs {
+            ranges: &d_ranges,
+            dgi: &mut d_dgi,
+        },
+    )
+    .ctx("invalidate")?;
+    dev.synchronize(&s).ctx("synchronize")?;
+    same("dgi", &read_i32(dev, &d_dgi, dgi.len())?, &want)
+}
+
+fn random<D: Device>(dev: &D, seed: u64, requests: u32, slots: u32, num_ranges: u32) -> CaseResult {
+    let mut rng = SplitMix64::new(seed);
+    let rows = 10_000;
+    let desc = InvalidateDesc {
+        num_requests: requests,
+        hot_slots: slots,
+        num_ranges,
+    };
+    let mut ranges = Vec::new();
+    for _ in 0..num_ranges {
+        let a = rng.i32_in(-10, rows);
+        let (start, end) = match rng.below(10) {
+            0 => (a, a),                         // empty
+            1 => (a, a - rng.i32_in(1, 50)),     // inverted: matches nothing
+            2 => (i32::MIN, rng.i32_in(-5, 20)), // from the bottom
+            3 => (a, i32::MAX),                  // to the top (i32::MAX itself excluded)
+            _ => (a, a + rng.i32_in(1, 200)),
+        };
+        ranges.extend_from_slice(&[start, end]);
+    }
+    // Slack past the declared ranges must be ignored: make it match everything.
+    ranges.extend_from_slice(&[i32::MIN, i32::MAX]);
+    // A few entries past the declared state must stay untouched too.
+    let n = (requests * slots) as usize + 4;
+    let dgi: Vec<i32> = (0..n)
+        .map(|_| match rng.below(20) {
+            0 => -1,
+            1 => i32::MAX,
+            2 => i32::MIN,
+            _ => rng.i32_in(0, rows),
+        })
+        .collect();
+    check(dev, &desc, &ranges, &dgi)
+}
+
+/// Hand-computed values, independent of the reference.
+fn known<D: Device>(dev: &D) -> CaseResult {
+    let desc = InvalidateDesc {
+        num_requests: 2,
+        hot_slots: 3,
+        num_ranges: 2,
+    };
+    let s = dev.create_stream().ctx("create_stream")?;
+    let ranges = dev_i32(dev, &[64, 128, 10, 10])?;
+    let mut dgi = dev_i32(dev, &[5, 10, -1, 64, 127, 128])?;
+    dev.invalidate(
+        &s,
+        &desc,
+        InvalidateArgs {
+            ranges: &ranges,
+            dgi: &mut dgi,
+        },
+    )
+    .ctx("invalidate")?;
+    same("dgi", &read_i32(dev, &dgi, 6)?, &[5, 10, -1, -1, -1, 128])
+}
+
+fn no_ranges<D: Device>(dev: &D) -> CaseResult {
+    let desc = InvalidateDesc {
+        num_requests: 1,
+        hot_slots: 4,
+        num_ranges: 0,
+    };
+    check(dev, &desc, &[i32::MIN, i32::MAX], &[1, 2, 3, -1])
+}
