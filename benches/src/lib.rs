@@ -12,3 +12,9 @@
 pub mod device;
 
 pub use device::{BenchConfig, Ceiling, Figure, Report, run};
+
+/// The repository README's Rust snippets, compiled and run as doctests so the embedding example
+/// cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -143,27 +143,42 @@ pub fn ranges(layers: impl IntoIterator<Item = u32>) -> String {
     out.join(",")
 }
 
-/// Layer offsets of a group: `0, 41984, … (+41984 each)` when evenly spaced. Source layers are
-/// shown at their array's offset in the host pool ([`KvCacheConfig::host_layout`]).
+/// Layer offsets of a group: `0, 41984, … 461824 (+41984 each)` when evenly spaced. Source
+/// layers are shown at their array's offset in the host pool ([`KvCacheConfig::host_layout`]), in
+/// human units.
 fn offsets(kv: &KvCacheConfig, g: &KvCacheGroup) -> String {
+    let source = g.kind == GroupKind::Source;
     let o: Vec<u64> = g
         .layers
         .iter()
-        .map(|l| match g.kind {
-            GroupKind::Source => kv.host_layout(l.layer).map(|h| h.base).unwrap_or(l.offset),
-            _ => l.offset,
+        .map(|l| match source {
+            true => kv.host_layout(l.layer).map(|h| h.base).unwrap_or(l.offset),
+            false => l.offset,
         })
         .collect();
+    let f = |v: u64| {
+        if source && v > 0 {
+            human(v)
+        } else {
+            v.to_string()
+        }
+    };
     match o.as_slice() {
         [] => String::new(),
-        [a] => a.to_string(),
+        [a] => f(*a),
         [a, b, rest @ ..] => {
             let step = b - a;
             let even = o.windows(2).all(|w| w[1] - w[0] == step);
             if even && !rest.is_empty() {
-                format!("{a}, {b}, … {} (+{step} each)", o[o.len() - 1])
+                format!(
+                    "{}, {}, … {} (+{} each)",
+                    f(*a),
+                    f(*b),
+                    f(o[o.len() - 1]),
+                    f(step)
+                )
             } else {
-                o.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                o.iter().map(|&v| f(v)).collect::<Vec<_>>().join(", ")
             }
         }
     }
