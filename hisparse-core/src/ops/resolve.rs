@@ -456,3 +456,349 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    /// A small world: `R` requests, block size 4, 4 pages per request; page `p` of request `r`
+    /// lives in host block `4r + p` (so token `tok` of request `r` is host row `16r + tok`); the
+    /// hot region of request `r` is GPU blocks `10 + r*w ..`, attention stride 4, so slot `s` of
+    /// request 0 is physical row `40 + s`.
+    struct World {
+        desc: ResolveDesc,
+        resident: Vec<i32>,
+        host: Vec<i32>,
+        hot: Vec<i32>,
+        dgi: Vec<i32>,
+        lru: Vec<u16>,
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct Out {
+        indices: Vec<i32>,
+        valid: Vec<i32>,
+        hits: Vec<i32>,
+        misses: Vec<i32>,
+        src: Vec<i32>,
+        dst: Vec<i32>,
+    }
+
+    impl World {
+        fn new(requests: u32, top_k: u32, hot_slots: u32) -> Self {
+            let desc = ResolveDesc {
+                num_tokens: 0,
+                top_k,
+                num_requests: requests,
+                max_pages: 4,
+                block_size: 4,
+                hot_slots,
+                attention_block_stride: 4,
+                host_num_blocks: 4 * requests,
+            };
+            let w = desc.hot_table_width() as i32;
+            let n = hot_slots as usize;
+            World {
+                desc,
+                resident: vec![0; 4 * requests as usize],
+                host: (0..4 * requests as i32).collect(),
+                hot: (0..requests as i32 * w).map(|i| 10 + i).collect(),
+                dgi: vec![-1; requests as usize * n],
+                lru: (0..requests as usize * n).map(|i| (i % n) as u16).collect(),
+            }
+        }
+
+        fn lru(&self, r: usize) -> &[u16] {
+            let n = self.desc.hot_slots as usize;
+            &self.lru[r * n..(r + 1) * n]
+        }
+
+        fn dgi(&self, r: usize) -> &[i32] {
+            let n = self.desc.hot_slots as usize;
+            &self.dgi[r * n..(r + 1) * n]
+        }
+
+        fn step(&mut self, req_id: &[i32], topk: &[i32]) -> Out {
+            let t = req_id.len();
+            let tk = topk.len();
+            let desc = ResolveDesc {
+                num_tokens: t as u32,
+                ..self.desc
+            };
+            let mut o = Out {
+                indices: vec![7; tk],
+                valid: vec![7; t],
+                hits: vec![7; t],
+                misses: vec![7; t],
+                src: vec![7; tk],
+                dst: vec![7; tk],
+            };
+            resolve(
+                &desc,
+                ResolveSlices {
+                    req_id,
+                    topk,
+                    resident_table: &self.resident,
+                    host_table: &self.host,
+                    hot_table: &self.hot,
+                    dgi: &mut self.dgi,
+                    lru: &mut self.lru,
+                    indices: &mut o.indices,
+                    valid_counts: &mut o.valid,
+                    hit_counts: &mut o.hits,
+                    miss_counts: &mut o.misses,
+                    miss_src: &mut o.src,
+                    miss_dst: &mut o.dst,
+                },
+            )
+            .unwrap();
+            o
+        }
+    }
+
+    #[test]
+    fn exact_hits_misses_slot_choice_and_lru_order() {
+        let mut w = World::new(1, 2, 4);
+        // Two misses take the two least recent slots (0, 1).
+        let o = w.step(&[0], &[0, 1]);
+        assert_eq!(o.indices, [40, 41]);
+        assert_eq!((o.valid[0], o.hits[0], o.misses[0]), (2, 0, 2));
+        assert_eq!((o.src, o.dst), (vec![0, 1], vec![40, 41]));
+        assert_eq!(w.dgi(0), [0, 1, -1, -1]);
+        assert_eq!(w.lru(0), [2, 3, 0, 1]);
+        // Host row 1 hits slot 1; host row 5 misses into the least recent evictable slot (2).
+        // New order: unused evictables (3, 0), the miss (2), the hit (1).
+        let o = w.step(&[0], &[1, 5]);
+        assert_eq!(o.indices, [41, 42]);
+        assert_eq!((o.valid[0], o.hits[0], o.misses[0]), (2, 1, 1));
+        assert_eq!((o.src, o.dst), (vec![5, -1], vec![42, -1]));
+        assert_eq!(w.dgi(0), [0, 1, 5, -1]);
+        assert_eq!(w.lru(0), [3, 0, 2, 1]);
+        // A hit and no miss: the hit still moves to the most recent end.
+        let o = w.step(&[0], &[5, -1]);
+        assert_eq!(o.indices, [42, -1]);
+        assert_eq!((o.valid[0], o.hits[0], o.misses[0]), (1, 1, 0));
+        assert_eq!(w.lru(0), [3, 0, 1, 2]);
+        // Row 0 hits slot 0, row 9 misses into slot 3.
+        let o = w.step(&[0], &[0, 9]);
+        assert_eq!(o.indices, [40, 43]);
+        assert_eq!(w.dgi(0), [0, 1, 5, 9]);
+        assert_eq!(w.lru(0), [1, 2, 3, 0]);
+    }
+
+    #[test]
+    fn misses_follow_a_non_identity_lru() {
+        let mut w = World::new(1, 2, 4);
+        w.lru = vec![3, 1, 0, 2];
+        let o = w.step(&[0], &[6, 2]);
+        // First miss (row 6) takes slot 3, the second (row 2) slot 1.
+        assert_eq!(o.indices, [43, 41]);
+        assert_eq!(o.dst[..2], [43, 41]);
+        assert_eq!(w.dgi(0), [-1, 2, -1, 6]);
+        assert_eq!(w.lru(0), [0, 2, 3, 1]);
+    }
+
+    #[test]
+    fn padding_rows_output_minus_one_and_touch_nothing() {
+        let mut w = World::new(2, 2, 4);
+        w.dgi[0] = 3;
+        let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+        let o = w.step(&[-1, 2, i32::MIN], &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(o.indices, [-1; 6]);
+        assert_eq!(
+            (o.valid, o.hits, o.misses),
+            (vec![0; 3], vec![0; 3], vec![0; 3])
+        );
+        assert_eq!((o.src, o.dst), (vec![-1; 6], vec![-1; 6]));
+        assert_eq!((w.dgi, w.lru), (dgi, lru));
+    }
+
+    #[test]
+    fn duplicates_within_a_row_resolve_once() {
+        let mut w = World::new(1, 4, 4);
+        let o = w.step(&[0], &[1, 1, 5, 1]);
+        assert_eq!(o.indices, [40, 40, 41, 40]);
+        assert_eq!((o.valid[0], o.hits[0], o.misses[0]), (4, 0, 2));
+        assert_eq!(o.src, [1, 5, -1, -1]);
+        assert_eq!(w.lru(0), [2, 3, 0, 1]);
+        // Again: both are hits, counted once each.
+        let o = w.step(&[0], &[5, 1, 5, 5]);
+        assert_eq!(o.indices, [41, 40, 41, 41]);
+        assert_eq!((o.hits[0], o.misses[0]), (2, 0));
+    }
+
+    #[test]
+    fn resident_pages_come_first_and_leave_the_lru_alone() {
+        let mut w = World::new(1, 2, 4);
+        w.step(&[0], &[0, 1]);
+        let lru = w.lru.clone();
+        // Page 0 is resident on GPU block 7 although host rows 0 and 1 are cached hot.
+        w.resident[0] = 7;
+        let o = w.step(&[0], &[1, 3]);
+        assert_eq!(o.indices, [29, 31]);
+        assert_eq!((o.valid[0], o.hits[0], o.misses[0]), (2, 0, 0));
+        assert_eq!(w.lru, lru, "a fully resident row changes no LRU");
+        // Mixed: the resident entry bypasses the slots, the host entry misses.
+        let o = w.step(&[0], &[2, 4]);
+        assert_eq!(o.indices, [30, 42]);
+        assert_eq!(o.misses[0], 1);
+        // A null block (0) or a negative one means "read from host".
+        w.resident[0] = -1;
+        let o = w.step(&[0], &[0, 4]);
+        assert_eq!(o.indices, [40, 42]);
+        assert_eq!(o.hits[0], 2);
+    }
+
+    #[test]
+    fn invalid_entries_are_minus_one() {
+        let mut w = World::new(1, 4, 4);
+        w.host[2] = -1; // page 2 has no host block
+        let o = w.step(&[0], &[-1, 16, 9, i32::MIN]);
+        assert_eq!(o.indices, [-1; 4]);
+        assert_eq!(o.valid[0], 0);
+        assert_eq!(w.lru(0), [0, 1, 2, 3], "nothing wanted: no LRU change");
+        let o = w.step(&[0], &[15, i32::MAX, 3, -7]);
+        assert_eq!(o.indices, [40, -1, 41, -1]);
+        assert_eq!(o.valid[0], 2);
+    }
+
+    #[test]
+    fn host_row_beyond_the_pool_zero_fills_and_never_hits() {
+        let mut w = World::new(1, 2, 4);
+        w.host[3] = 9; // beyond the 4-block pool: rows 36..40
+        let o = w.step(&[0], &[12, 1]);
+        assert_eq!(o.indices, [40, 41]);
+        assert_eq!((o.src, o.dst), (vec![-1, 1], vec![40, 41]));
+        assert_eq!(w.dgi(0), [-1, 1, -1, -1]);
+        // Even a (corrupt) dgi naming the beyond-pool row is not a hit: it misses again.
+        w.dgi[0] = 36;
+        let o = w.step(&[0], &[12, 13]);
+        assert_eq!(o.hits[0], 0);
+        assert_eq!(o.misses[0], 2);
+        assert_eq!(o.src[..2], [-1, -1]);
+    }
+
+    #[test]
+    fn several_requests_keep_separate_state() {
+        let mut w = World::new(2, 2, 4);
+        // Interleaved rows; request 1's tokens are host rows 16 + tok.
+        let o = w.step(&[1, 0, 1], &[0, 1, 0, 1, 2, 0]);
+        // Request 1 resolves rows 0 and 2 together: wanted 16, 17, 18; slots 0, 1, 2 of its
+        // region (GPU block 11 → rows 44..48).
+        assert_eq!(o.indices, [44, 45, 40, 41, 46, 44]);
+        assert_eq!(o.misses, [2, 2, 1]);
+        assert_eq!(o.src, [16, 17, 0, 1, 18, -1]);
+        assert_eq!(o.dst, [44, 45, 40, 41, 46, -1]);
+        assert_eq!(w.dgi(0), [0, 1, -1, -1]);
+        assert_eq!(w.dgi(1), [16, 17, 18, -1]);
+        assert_eq!(w.lru(1), [3, 0, 1, 2]);
+    }
+
+    #[test]
+    fn speculative_rows_share_one_state_and_number_misses_by_first_appearance() {
+        let mut w = World::new(1, 2, 4);
+        w.step(&[0], &[0, 1]); // slots 0, 1 hold rows 0, 1; lru [2, 3, 0, 1]
+        let o = w.step(&[0, 0], &[2, 1, 3, 2]);
+        // Wanted in order: 2 (row 0), 1 (row 0, hit), 3 (row 1). Misses: 2 → slot 2, 3 → slot 3.
+        assert_eq!(o.indices, [42, 41, 43, 42]);
+        assert_eq!((o.hits.clone(), o.misses.clone()), (vec![1, 0], vec![1, 1]));
+        assert_eq!((o.src, o.dst), (vec![2, -1, 3, -1], vec![42, -1, 43, -1]));
+        assert_eq!(o.valid, [2, 2]);
+        assert_eq!(w.lru(0), [0, 2, 3, 1]);
+    }
+
+    #[test]
+    fn misses_beyond_the_evictable_slots_get_minus_one() {
+        let mut w = World::new(1, 2, 2);
+        let o = w.step(&[0, 0], &[0, 1, 2, 3]);
+        assert_eq!(o.indices, [40, 41, -1, -1]);
+        assert_eq!(o.valid, [2, 0]);
+        assert_eq!(o.misses, [2, 0]);
+        assert_eq!(o.src, [0, 1, -1, -1]);
+        assert_eq!(w.lru(0), [0, 1]);
+        // Hits are kept before misses take slots: row 1 hits, 2 takes the only evictable slot.
+        let o = w.step(&[0, 0], &[1, 2, 3, 1]);
+        assert_eq!(o.indices, [41, 40, -1, 41]);
+        assert_eq!(w.dgi(0), [2, 1]);
+    }
+
+    #[test]
+    fn a_corrupt_lru_is_repaired_first() {
+        for bad in [vec![0u16, 0, 1, 2], vec![0, 1, 2, 4], vec![3, 2, 1, 9]] {
+            let mut w = World::new(1, 2, 4);
+            w.lru = bad;
+            w.dgi = vec![5, 6, 7, 8];
+            let o = w.step(&[0], &[5, 6]);
+            // Reset to identity, dgi cleared: both miss into slots 0 and 1.
+            assert_eq!(o.indices, [40, 41]);
+            assert_eq!(o.hits[0], 0);
+            assert_eq!(w.dgi(0), [5, 6, -1, -1]);
+            assert_eq!(w.lru(0), [2, 3, 0, 1]);
+        }
+        // A corrupt LRU with nothing wanted is left as it is.
+        let mut w = World::new(1, 2, 4);
+        w.lru = vec![1, 1, 1, 1];
+        w.step(&[0], &[-1, -1]);
+        assert_eq!(w.lru(0), [1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn empty_batch_changes_nothing() {
+        let mut w = World::new(2, 2, 4);
+        let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+        let o = w.step(&[], &[]);
+        assert!(o.indices.is_empty());
+        assert_eq!((w.dgi, w.lru), (dgi, lru));
+    }
+
+    #[test]
+    fn short_buffers_are_rejected_before_any_write() {
+        let w = World::new(1, 2, 4);
+        let desc = ResolveDesc {
+            num_tokens: 1,
+            ..w.desc
+        };
+        let (mut dgi, mut lru) = (w.dgi.clone(), w.lru.clone());
+        let mut indices = vec![7; 2];
+        let mut short = vec![7; 1];
+        let err = resolve(
+            &desc,
+            ResolveSlices {
+                req_id: &[0],
+                topk: &[0, 1],
+                resident_table: &w.resident,
+                host_table: &w.host,
+                hot_table: &w.hot,
+                dgi: &mut dgi,
+                lru: &mut lru,
+                indices: &mut indices,
+                valid_counts: &mut [7],
+                hit_counts: &mut [7],
+                miss_counts: &mut [7],
+                miss_src: &mut [7, 7],
+                miss_dst: &mut short,
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(
+            err,
+            OpError::BufferTooSmall {
+                buffer: "miss_dst",
+                ..
+            }
+        ));
+        assert_eq!((dgi, lru, indices), (w.dgi, w.lru, vec![7, 7]));
+        let bad = ResolveDesc {
+            hot_slots: 1,
+            ..desc
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(OpError::OutOfRange {
+                field: "hot_slots",
+                ..
+            })
+        ));
+    }
+}
