@@ -4,6 +4,7 @@
 //! * [`kv`]: synthetic KV rows, deterministic from (request, layer, position);
 //! * [`plot`]: the SVG of per-step hit rate and transferred bytes.
 
+pub mod dataplane;
 pub mod kv;
 pub mod plot;
 pub mod workload;

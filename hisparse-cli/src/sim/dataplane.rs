@@ -1,0 +1,743 @@
+//! The data-plane side of the simulation: the device and host pools, the per-index-group hot
+//! state, every device operation a decode step issues, and the byte-for-byte verification of what
+//! attention reads. Generic over [`Device`], so every backend runs exactly this code.
+//!
+//! Verification: after a step's operations, the device pool is downloaded once and every output
+//! index of remap/resolve is checked — a valid top-k token must map to a row whose bytes equal
+//! the synthetic row of (request, layer, token) in every layer of the index group (leader and
+//! followers), and an invalid token must map to `-1`.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use hisparse_core::Device;
+use hisparse_core::layout::KvCacheConfig;
+use hisparse_core::ops::{
+    BlockPair, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair,
+    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
+};
+
+use super::kv;
+use crate::error::{CliError, CliResult};
+
+/// `i32`s as native-endian bytes (the device element format).
+pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// Native-endian bytes as `i32`s.
+pub fn bytes_i32(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn dev_err<E: hisparse_core::Error>(what: &str) -> impl FnOnce(E) -> CliError + '_ {
+    move |e| CliError::device(what, e)
+}
+
+/// What one request looks like to the data plane in one step.
+#[derive(Clone, Debug)]
+pub struct RequestView {
+    /// State row of the request in every per-request table (stable while it runs).
+    pub slot: u32,
+    /// Unique id of the request (seeds its synthetic rows; never reused).
+    pub uid: u64,
+    /// Sparse rows (token positions; compressed positions for compressed layers) that exist after
+    /// this step's writes: top-k entries below it must resolve to their row.
+    pub seq_len: u32,
+    /// Host block of each page (`-1`/`0` = none yet).
+    pub host_blocks: Vec<i32>,
+    /// Per bucket: GPU block of each page, or `≤ 0` when the page must be read from host.
+    pub resident: Vec<Vec<i32>>,
+    /// Per bucket: the hot region's GPU blocks (empty when the request has none).
+    pub hot: Vec<Vec<i32>>,
+}
+
+/// Counters the data plane accumulates.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    /// Rows checked byte for byte (one per layer per valid top-k entry).
+    pub verified_rows: u64,
+    /// Rows whose bytes differ, or that resolved to `-1` although the token exists, or to a row
+    /// although it does not.
+    pub mismatched_rows: u64,
+    /// Top-k entries served from the hot buffer.
+    pub hot_hits: u64,
+    /// Top-k entries swapped in from host.
+    pub misses: u64,
+    /// Top-k entries served by resident pages.
+    pub resident_reads: u64,
+    /// Bytes copied host → device (gathers and restores).
+    pub h2d_bytes: u64,
+    /// Bytes copied device → host (mirrors and backups).
+    pub d2h_bytes: u64,
+    /// Seconds spent in device operations (enqueue + synchronise).
+    pub device_seconds: f64,
+    /// Resolve calls.
+    pub resolve_calls: u64,
+    /// Remap calls (fully-resident path).
+    pub remap_calls: u64,
+    /// First mismatch, described.
+    pub first_mismatch: Option<String>,
+}
+
+/// Per-index-group device state: the hot-slot contents and LRU orders of every state row.
+struct GroupState<D: Device> {
+    dgi: D::Buffer,
+    lru: D::Buffer,
+    /// Layer pairs of the group (leader first).
+    pairs: Vec<LayerPair>,
+    /// Model layers of the group (leader first).
+    layers: Vec<u32>,
+    bucket: u32,
+}
+
+/// Outputs of one attention read, kept for verification.
+struct ReadOut {
+    group: usize,
+    /// (uid, seq_len) per token row.
+    rows: Vec<(u64, u32)>,
+    topk: Vec<i32>,
+    indices: Vec<i32>,
+}
+
+/// The pools, the hot state and the operations.
+pub struct DataPlane<'d, D: Device> {
+    dev: &'d D,
+    stream: D::Stream,
+    kv: KvCacheConfig,
+    device_pool: D::Buffer,
+    host_pool: D::HostBuffer,
+    groups: Vec<GroupState<D>>,
+    /// Layer pairs of each bucket's layers.
+    bucket_pairs: Vec<Vec<LayerPair>>,
+    /// Layer pairs of every sparse layer with its model layer id.
+    layer_pairs: Vec<(u32, LayerPair)>,
+    slots: u32,
+    /// Per slot: (uid, hot blocks per bucket) the hot state was last reset for.
+    hot_owner: Vec<Option<(u64, Vec<Vec<i32>>)>>,
+    pending: Vec<ReadOut>,
+    /// Counters.
+    pub counters: Counters,
+    scratch: Vec<u8>,
+}
+
+impl<'d, D: Device> DataPlane<'d, D> {
+    /// Allocates the device and host pools of `kv` and hot state for `slots` concurrent requests.
+    pub fn new(dev: &'d D, kv: &KvCacheConfig, slots: u32) -> CliResult<Self> {
+        let stream = dev.create_stream().map_err(dev_err("creating a stream"))?;
+        let device_pool = dev
+            .alloc(kv.gpu_pool_bytes() as usize)
+            .map_err(dev_err("allocating the device pool"))?;
+        let host_pool = dev
+            .alloc_pinned(kv.host_pool_bytes() as usize)
+            .map_err(dev_err("allocating the pinned host pool"))?;
+        let n = kv.device_buffer_size as usize;
+        let mut groups = Vec::new();
+        for (g, ig) in kv.index_groups.iter().enumerate() {
+            let pairs = kv
+                .index_group_pairs(g)
+                .map_err(|e| CliError::failed(e.to_string()))?;
+            let mut dgi = dev
+                .alloc(slots as usize * n * 4)
+                .map_err(dev_err("allocating hot state"))?;
+            dev.upload(&mut dgi, 0, &i32_bytes(&vec![-1; slots as usize * n]))
+                .map_err(dev_err("initialising hot state"))?;
+            let lru_init: Vec<u8> = (0..slots)
+                .flat_map(|_| (0..n as u16).flat_map(|s| s.to_ne_bytes()))
+                .collect();
+            let mut lru = dev
+                .alloc(lru_init.len())
+                .map_err(dev_err("allocating hot state"))?;
+            dev.upload(&mut lru, 0, &lru_init)
+                .map_err(dev_err("initialising hot state"))?;
+            groups.push(GroupState {
+                dgi,
+                lru,
+                pairs,
+                layers: ig.layers.clone(),
+                bucket: ig.bucket,
+            });
+        }
+        let bucket_pairs = (0..kv.num_buckets)
+            .map(|b| {
+                kv.groups[kv.resident_group(b)]
+                    .layers
+                    .iter()
+                    .map(|l| kv.layer_pair(l.layer))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| CliError::failed(e.to_string()))?;
+        let layer_pairs = kv.groups[KvCacheConfig::SOURCE_GROUP]
+            .layers
+            .iter()
+            .map(|l| kv.layer_pair(l.layer).map(|p| (l.layer, p)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| CliError::failed(e.to_string()))?;
+        Ok(DataPlane {
+            dev,
+            stream,
+            kv: kv.clone(),
+            device_pool,
+            host_pool,
+            groups,
+            bucket_pairs,
+            layer_pairs,
+            slots,
+            hot_owner: vec![None; slots as usize],
+            pending: Vec::new(),
+            counters: Counters::default(),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The planned layout.
+    pub fn layout(&self) -> &KvCacheConfig {
+        &self.kv
+    }
+
+    fn timed<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&Self) -> Result<T, D::Error>,
+    ) -> CliResult<T> {
+        let t = Instant::now();
+        let r = f(self).map_err(|e| CliError::device(what, e))?;
+        self.counters.device_seconds += t.elapsed().as_secs_f64();
+        Ok(r)
+    }
+
+    /// Waits for all enqueued work (counted as device time).
+    pub fn synchronize(&mut self) -> CliResult<()> {
+        self.timed("synchronising", |s| s.dev.synchronize(&s.stream))
+    }
+
+    /// Writes the synthetic rows `positions` of request `uid` into its resident pages in every
+    /// sparse layer, as the model's forward pass would (`block_of(bucket, page)` = GPU block).
+    /// Not counted as device time: this is the model, not HiSparse.
+    pub fn write_rows(
+        &mut self,
+        uid: u64,
+        positions: Range<u32>,
+        block_of: impl Fn(u32, u32) -> Option<i32>,
+    ) -> CliResult<()> {
+        let bs = self.kv.block_size;
+        let rb = self.kv.row_bytes as usize;
+        let mut p = positions.start;
+        while p < positions.end {
+            let page = p / bs;
+            let end = positions.end.min((page + 1) * bs);
+            let (r0, r1) = (p % bs, (end - 1) % bs + 1);
+            for b in 0..self.kv.num_buckets {
+                let Some(block) = block_of(b, page).filter(|&x| x > 0) else {
+                    return Err(CliError::failed(format!(
+                        "simulation: request {uid} page {page} has no resident block in bucket {b} to write into"
+                    )));
+                };
+                for li in 0..self.bucket_pairs[b as usize].len() {
+                    let pair = self.bucket_pairs[b as usize][li];
+                    let layer = self.kv.groups[self.kv.resident_group(b)].layers[li].layer;
+                    self.write_layer_rows(
+                        uid,
+                        layer,
+                        &pair.device,
+                        block as u32,
+                        page,
+                        r0..r1,
+                        rb,
+                    )?;
+                }
+            }
+            p = end;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_layer_rows(
+        &mut self,
+        uid: u64,
+        layer: u32,
+        l: &PageLayout,
+        block: u32,
+        page: u32,
+        rows: Range<u32>,
+        rb: usize,
+    ) -> CliResult<()> {
+        let vb = l.value_bytes as usize;
+        let sb = rb - vb;
+        let n = (rows.end - rows.start) as usize;
+        let pos0 = page * l.block_size;
+        // Value parts of consecutive rows are contiguous, and so are scale parts.
+        let mut values = std::mem::take(&mut self.scratch);
+        values.clear();
+        values.resize(n * vb, 0);
+        let mut scales = vec![0u8; n * sb];
+        for (i, r) in rows.clone().enumerate() {
+            let seed = kv::row_seed(uid, layer, pos0 + r);
+            kv::fill(seed, 0, &mut values[i * vb..(i + 1) * vb]);
+            if sb > 0 {
+                kv::fill(seed, vb, &mut scales[i * sb..(i + 1) * sb]);
+            }
+        }
+        let [(voff, _), (soff, _)] = l.row_parts(block, rows.start);
+        let r = self
+            .dev
+            .upload(&mut self.device_pool, voff as usize, &values)
+            .and_then(|()| {
+                if sb > 0 {
+                    self.dev
+                        .upload(&mut self.device_pool, soff as usize, &scales)
+                } else {
+                    Ok(())
+                }
+            });
+        self.scratch = values;
+        r.map_err(|e| CliError::device("writing KV rows", e))
+    }
+
+    /// Row mirrors / partial copies device → host for the layers of `bucket`.
+    pub fn mirror_rows(&mut self, bucket: u32, spans: &[RowSpan]) -> CliResult<()> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        let layers = self.bucket_pairs[bucket as usize].clone();
+        let rows: u64 = spans.iter().map(|s| u64::from(s.num_rows)).sum();
+        self.counters.d2h_bytes += rows * u64::from(self.kv.row_bytes) * layers.len() as u64;
+        let desc = RowCopyDesc {
+            direction: Direction::DeviceToHost,
+            layers: &layers,
+        };
+        let t = Instant::now();
+        self.dev
+            .copy_rows(
+                &self.stream,
+                &desc,
+                spans,
+                &mut self.host_pool,
+                &mut self.device_pool,
+            )
+            .map_err(dev_err("mirroring rows to host"))?;
+        self.counters.device_seconds += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Whole-page copies for the layers of `bucket` (`src`/`dst` per `direction`).
+    pub fn copy_pages(
+        &mut self,
+        bucket: u32,
+        direction: Direction,
+        pairs: &[BlockPair],
+    ) -> CliResult<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let layers = self.bucket_pairs[bucket as usize].clone();
+        let bytes = pairs.len() as u64 * layers.iter().map(|l| l.host.page_bytes()).sum::<u64>();
+        match direction {
+            Direction::DeviceToHost => self.counters.d2h_bytes += bytes,
+            Direction::HostToDevice => self.counters.h2d_bytes += bytes,
+        }
+        let desc = PageCopyDesc {
+            direction,
+            layers: &layers,
+        };
+        let t = Instant::now();
+        self.dev
+            .copy_pages(
+                &self.stream,
+                &desc,
+                pairs,
+                &mut self.host_pool,
+                &mut self.device_pool,
+            )
+            .map_err(dev_err("copying pages"))?;
+        self.counters.device_seconds += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Host → host page copies (copy-on-write) for every sparse layer.
+    pub fn copy_host_pages(&mut self, pairs: &[BlockPair]) -> CliResult<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let layers: Vec<PageLayout> = self.layer_pairs.iter().map(|(_, p)| p.host).collect();
+        let t = Instant::now();
+        self.dev
+            .copy_host_pages(&self.stream, &layers, pairs, &mut self.host_pool)
+            .map_err(dev_err("copy-on-write of host pages"))?;
+        self.counters.device_seconds += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Drops hot entries caching any row of `host_blocks` (blocks just (re)assigned), in every
+    /// index group.
+    pub fn invalidate_host_blocks(&mut self, host_blocks: &[u32]) -> CliResult<()> {
+        if host_blocks.is_empty() {
+            return Ok(());
+        }
+        let bs = self.kv.block_size as i32;
+        let ranges: Vec<i32> = host_blocks
+            .iter()
+            .flat_map(|&h| [h as i32 * bs, (h as i32 + 1) * bs])
+            .collect();
+        let ranges_b = self.upload_i32(&ranges)?;
+        let desc = InvalidateDesc {
+            num_requests: self.slots,
+            hot_slots: self.kv.device_buffer_size,
+            num_ranges: host_blocks.len() as u32,
+        };
+        let t = Instant::now();
+        for g in &mut self.groups {
+            self.dev
+                .invalidate(
+                    &self.stream,
+                    &desc,
+                    InvalidateArgs {
+                        ranges: &ranges_b,
+                        dgi: &mut g.dgi,
+                    },
+                )
+                .map_err(dev_err("invalidating hot entries"))?;
+        }
+        self.counters.device_seconds += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn upload_i32(&self, v: &[i32]) -> CliResult<D::Buffer> {
+        let bytes = i32_bytes(v);
+        let mut b = self
+            .dev
+            .alloc(bytes.len().max(4))
+            .map_err(dev_err("allocating a step buffer"))?;
+        if !bytes.is_empty() {
+            self.dev
+                .upload(&mut b, 0, &bytes)
+                .map_err(dev_err("uploading a step buffer"))?;
+        }
+        Ok(b)
+    }
+
+    fn download_i32(&self, b: &D::Buffer, n: usize) -> CliResult<Vec<i32>> {
+        let mut bytes = vec![0u8; n * 4];
+        self.dev
+            .download(b, 0, &mut bytes)
+            .map_err(dev_err("downloading step outputs"))?;
+        Ok(bytes_i32(&bytes))
+    }
+
+    /// Resets the hot state of slots whose owner or hot blocks changed since the last step (a new
+    /// hot region holds stale bytes from its previous owner).
+    fn reset_hot_state(&mut self, reqs: &[RequestView]) -> CliResult<()> {
+        let n = self.kv.device_buffer_size as usize;
+        for r in reqs {
+            let owner = Some((r.uid, r.hot.clone()));
+            if r.hot.iter().all(Vec::is_empty) || self.hot_owner[r.slot as usize] == owner {
+                continue;
+            }
+            let dgi = i32_bytes(&vec![-1; n]);
+            let lru: Vec<u8> = (0..n as u16).flat_map(|s| s.to_ne_bytes()).collect();
+            for g in &mut self.groups {
+                self.dev
+                    .upload(&mut g.dgi, r.slot as usize * n * 4, &dgi)
+                    .and_then(|()| self.dev.upload(&mut g.lru, r.slot as usize * n * 2, &lru))
+                    .map_err(dev_err("resetting hot state"))?;
+            }
+            self.hot_owner[r.slot as usize] = owner;
+        }
+        Ok(())
+    }
+
+    /// One decode step's attention reads: per index group, `topk[g]` (`T × K`, one token row per
+    /// request in `reqs` order) is remapped (fully-resident path) or resolved against the hot
+    /// buffers with the leader's and followers' gathers. Outputs are kept for [`Self::verify`].
+    pub fn attend(
+        &mut self,
+        reqs: &[RequestView],
+        topk: &[Vec<i32>],
+        fully_resident: bool,
+    ) -> CliResult<()> {
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        self.reset_hot_state(reqs)?;
+        let kv = &self.kv;
+        let (t, k) = (reqs.len() as u32, kv.config.top_k);
+        let m = reqs
+            .iter()
+            .map(|r| r.host_blocks.len())
+            .max()
+            .unwrap_or(1)
+            .max(1) as u32;
+        let w = kv.hot_blocks_per_request;
+        let slots = self.slots as usize;
+        // Per-slot tables (rows of absent slots stay 0 / -1).
+        let mut host_table = vec![-1i32; slots * m as usize];
+        let mut resident = vec![vec![0i32; slots * m as usize]; kv.num_buckets as usize];
+        let mut hot = vec![vec![0i32; slots * w as usize]; kv.num_buckets as usize];
+        for r in reqs {
+            let s = r.slot as usize;
+            for (p, &h) in r.host_blocks.iter().enumerate() {
+                host_table[s * m as usize + p] = h;
+            }
+            for b in 0..kv.num_buckets as usize {
+                for (p, &x) in r.resident[b].iter().enumerate() {
+                    resident[b][s * m as usize + p] = x;
+                }
+                for (i, &x) in r.hot[b].iter().enumerate().take(w as usize) {
+                    hot[b][s * w as usize + i] = x;
+                }
+            }
+        }
+        let req_id: Vec<i32> = reqs.iter().map(|r| r.slot as i32).collect();
+        let rows: Vec<(u64, u32)> = reqs.iter().map(|r| (r.uid, r.seq_len)).collect();
+        let num_buckets = kv.num_buckets;
+        let host_num_blocks = kv.host_num_blocks;
+        let block_size = kv.block_size;
+        let stride = kv.attention_block_stride;
+        let hot_slots = kv.device_buffer_size;
+
+        let req_b = self.upload_i32(&req_id)?;
+        let host_b = self.upload_i32(&host_table)?;
+        let res_b: Vec<D::Buffer> = resident
+            .iter()
+            .map(|v| self.upload_i32(v))
+            .collect::<CliResult<_>>()?;
+        let hot_b: Vec<D::Buffer> = hot
+            .iter()
+            .map(|v| self.upload_i32(v))
+            .collect::<CliResult<_>>()?;
+        let tk = (t * k) as usize;
+        let mut indices = self
+            .dev
+            .alloc(tk * 4)
+            .map_err(dev_err("allocating outputs"))?;
+        let mut counts = self
+            .dev
+            .alloc(t as usize * 4)
+            .map_err(dev_err("allocating outputs"))?;
+        let mut hits = self
+            .dev
+            .alloc(t as usize * 4)
+            .map_err(dev_err("allocating outputs"))?;
+        let mut misses = self
+            .dev
+            .alloc(t as usize * 4)
+            .map_err(dev_err("allocating outputs"))?;
+        let mut miss_src = self
+            .dev
+            .alloc(tk * 4)
+            .map_err(dev_err("allocating outputs"))?;
+        let mut miss_dst = self
+            .dev
+            .alloc(tk * 4)
+            .map_err(dev_err("allocating outputs"))?;
+        debug_assert_eq!(num_buckets as usize, res_b.len());
+
+        for g in 0..self.groups.len() {
+            let topk_g = &topk[g];
+            let topk_b = self.upload_i32(topk_g)?;
+            let bucket = self.groups[g].bucket as usize;
+            let t0 = Instant::now();
+            if fully_resident {
+                let desc = RemapDesc {
+                    num_tokens: t,
+                    top_k: k,
+                    table_rows: self.slots,
+                    max_blocks: m,
+                    block_size,
+                    block_stride_rows: stride,
+                    idx_mapping_len: None,
+                    write_counts: true,
+                    compact: false,
+                };
+                self.dev
+                    .remap(
+                        &self.stream,
+                        &desc,
+                        RemapArgs {
+                            req_id: &req_b,
+                            block_table: &res_b[bucket],
+                            topk: &topk_b,
+                            idx_mapping: None,
+                            out: &mut indices,
+                            counts: Some(&mut counts),
+                        },
+                    )
+                    .map_err(dev_err("remap"))?;
+                self.counters.remap_calls += 1;
+            } else {
+                let desc = ResolveDesc {
+                    num_tokens: t,
+                    top_k: k,
+                    num_requests: self.slots,
+                    max_pages: m,
+                    block_size,
+                    hot_slots,
+                    attention_block_stride: stride,
+                    host_num_blocks,
+                };
+                let gs = &mut self.groups[g];
+                self.dev
+                    .resolve(
+                        &self.stream,
+                        &desc,
+                        ResolveArgs {
+                            req_id: &req_b,
+                            topk: &topk_b,
+                            resident_table: &res_b[bucket],
+                            host_table: &host_b,
+                            hot_table: &hot_b[bucket],
+                            dgi: &mut gs.dgi,
+                            lru: &mut gs.lru,
+                            indices: &mut indices,
+                            valid_counts: &mut counts,
+                            hit_counts: &mut hits,
+                            miss_counts: &mut misses,
+                            miss_src: &mut miss_src,
+                            miss_dst: &mut miss_dst,
+                        },
+                    )
+                    .map_err(dev_err("resolve"))?;
+                let gdesc = GatherDesc {
+                    num_tokens: t,
+                    top_k: k,
+                    layers: &gs.pairs,
+                };
+                self.dev
+                    .gather_rows(
+                        &self.stream,
+                        &gdesc,
+                        GatherArgs {
+                            plan_src: &miss_src,
+                            plan_dst: &miss_dst,
+                            plan_counts: &misses,
+                            host: &self.host_pool,
+                            device: &mut self.device_pool,
+                        },
+                    )
+                    .map_err(dev_err("gather_rows"))?;
+                self.counters.resolve_calls += 1;
+            }
+            self.dev
+                .synchronize(&self.stream)
+                .map_err(dev_err("synchronising"))?;
+            self.counters.device_seconds += t0.elapsed().as_secs_f64();
+            let idx = self.download_i32(&indices, tk)?;
+            if !fully_resident {
+                let h: i64 = self
+                    .download_i32(&hits, t as usize)?
+                    .iter()
+                    .map(|&x| i64::from(x))
+                    .sum();
+                let mi: i64 = self
+                    .download_i32(&misses, t as usize)?
+                    .iter()
+                    .map(|&x| i64::from(x))
+                    .sum();
+                self.counters.hot_hits += h.max(0) as u64;
+                self.counters.misses += mi.max(0) as u64;
+                self.counters.h2d_bytes += mi.max(0) as u64
+                    * u64::from(self.kv.row_bytes)
+                    * self.groups[g].layers.len() as u64;
+            }
+            self.pending.push(ReadOut {
+                group: g,
+                rows: rows.clone(),
+                topk: topk_g.clone(),
+                indices: idx,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks every pending read against the synthetic rows; returns rows verified this call.
+    pub fn verify(&mut self) -> CliResult<u64> {
+        if self.pending.is_empty() {
+            return Ok(0);
+        }
+        let len = self.kv.gpu_pool_bytes() as usize;
+        let mut pool = vec![0u8; len];
+        self.dev
+            .download(&self.device_pool, 0, &mut pool)
+            .map_err(dev_err("downloading the device pool for verification"))?;
+        let k = self.kv.config.top_k as usize;
+        let stride = self.kv.attention_block_stride as i64;
+        let bs = self.kv.block_size as i64;
+        let mut verified = 0u64;
+        for out in std::mem::take(&mut self.pending) {
+            let g = &self.groups[out.group];
+            for (t, &(uid, seq_len)) in out.rows.iter().enumerate() {
+                for j in 0..k {
+                    let tok = out.topk[t * k + j];
+                    let idx = out.indices[t * k + j];
+                    let exists = tok >= 0 && (tok as u32) < seq_len;
+                    if !exists {
+                        if idx != -1 {
+                            self.counters.mismatched_rows += g.layers.len() as u64;
+                            note(
+                                &mut self.counters,
+                                format!(
+                                    "group {} request {uid}: token {tok} does not exist but maps to row {idx}",
+                                    out.group
+                                ),
+                            );
+                        }
+                        continue;
+                    }
+                    if idx < 0 {
+                        self.counters.mismatched_rows += g.layers.len() as u64;
+                        note(
+                            &mut self.counters,
+                            format!(
+                                "group {} request {uid}: token {tok} (context {seq_len}) resolved to -1",
+                                out.group
+                            ),
+                        );
+                        continue;
+                    }
+                    for (li, pair) in g.pairs.iter().enumerate() {
+                        let layer = g.layers[li];
+                        verified += 1;
+                        let ok = match pair.device.locate(i64::from(idx)) {
+                            Some((b, o)) => {
+                                let seed = kv::row_seed(uid, layer, tok as u32);
+                                let [(v0, vl), (s0, sl)] = pair.device.row_parts(b, o);
+                                let vb = pair.device.value_bytes as usize;
+                                kv::matches(seed, 0, &pool[v0 as usize..(v0 + vl) as usize])
+                                    && (sl == 0
+                                        || kv::matches(
+                                            seed,
+                                            vb,
+                                            &pool[s0 as usize..(s0 + sl) as usize],
+                                        ))
+                            }
+                            None => false,
+                        };
+                        if !ok {
+                            self.counters.mismatched_rows += 1;
+                            note(
+                                &mut self.counters,
+                                format!(
+                                    "layer {layer} request {uid}: token {tok} read from row {idx} (block {}, offset {}) holds other bytes",
+                                    i64::from(idx) / stride,
+                                    i64::from(idx) % stride % bs.max(1)
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        self.counters.verified_rows += verified;
+        Ok(verified)
+    }
+}
+
+fn note(c: &mut Counters, what: String) {
+    if c.first_mismatch.is_none() {
+        c.first_mismatch = Some(what);
+    }
+}
