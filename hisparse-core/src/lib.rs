@@ -9,6 +9,8 @@ extern crate alloc;
 extern crate std;
 
 pub mod config;
+#[cfg(feature = "alloc")]
+pub mod coordinator;
 pub mod device;
 pub mod error;
 #[cfg(feature = "alloc")]

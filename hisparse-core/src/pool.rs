@@ -515,7 +515,7 @@ mod tests {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
-            if s % 3 != 0 {
+            if !s.is_multiple_of(3) {
                 if let Some(b) = p.allocate() {
                     // Few distinct hashes force collisions and probe chains.
                     let _ = p.cache(b, key(s % 97)).unwrap();
