@@ -269,6 +269,15 @@ fn run_opened_selected<D: Device + 'static>(
     select: &dyn Fn(&str) -> bool,
     out: &mut dyn Write,
 ) -> Report {
+    run_opened_with(result, select, device_required(), out)
+}
+
+fn run_opened_with<D: Device + 'static>(
+    result: Result<D, D::Error>,
+    select: &dyn Fn(&str) -> bool,
+    require_device: bool,
+    out: &mut dyn Write,
+) -> Report {
     let e = match result {
         Ok(dev) => {
             let _ = writeln!(
@@ -283,7 +292,7 @@ fn run_opened_selected<D: Device + 'static>(
     };
     let backend = backend_name_of::<D>();
     let mut report = Report::default();
-    if e.kind() == ErrorKind::NotFound && !device_required() {
+    if e.kind() == ErrorKind::NotFound && !require_device {
         let _ = writeln!(out, "SKIPPED: no {backend} device: {e}");
         let why = format!("no {backend} device");
         for case in cases::<D>() {
@@ -406,3 +415,6 @@ macro_rules! conformance_main {
         }
     };
 }
+
+#[cfg(test)]
+mod tests;
