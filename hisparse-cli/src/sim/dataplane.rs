@@ -741,3 +741,168 @@ fn note(c: &mut Counters, what: String) {
         c.first_mismatch = Some(what);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_backend_cpu::CpuDevice;
+    use hisparse_core::config::HiSparseConfig;
+    use hisparse_core::layout::{LayoutInput, plan_layout};
+    use hisparse_core::model::{LayerSpec, ModelSpec};
+
+    /// Two index groups of a leader and a follower each: 64 B rows, 16-token blocks, top-k 32,
+    /// 64 hot slots (4 hot blocks).
+    fn layout() -> KvCacheConfig {
+        let layers = [
+            LayerSpec::sparse_leader(64, 32),
+            LayerSpec::sparse_follower(64),
+            LayerSpec::sparse_leader(64, 32),
+            LayerSpec::sparse_follower(64),
+        ];
+        let model = ModelSpec {
+            name: "tiny",
+            block_tokens: 16,
+            top_k: 32,
+            layers: &layers,
+        };
+        let mut cfg = HiSparseConfig::new(32, 64 * 64 * 4 * 64);
+        cfg.device_buffer_size = Some(64);
+        plan_layout(&LayoutInput::new(&model, &cfg, 200 * 4096, 256)).unwrap()
+    }
+
+    struct Alloc {
+        next_gpu: i32,
+    }
+
+    impl Alloc {
+        fn take(&mut self, n: usize) -> Vec<i32> {
+            let v = (self.next_gpu..self.next_gpu + n as i32).collect();
+            self.next_gpu += n as i32;
+            v
+        }
+    }
+
+    fn request(kv: &KvCacheConfig, a: &mut Alloc, slot: u32, uid: u64, host0: i32) -> RequestView {
+        let pages = 16;
+        RequestView {
+            slot,
+            uid,
+            seq_len: 256,
+            host_blocks: (host0..host0 + pages as i32).collect(),
+            resident: (0..kv.num_buckets).map(|_| a.take(pages)).collect(),
+            hot: (0..kv.num_buckets)
+                .map(|_| a.take(kv.hot_blocks_per_request as usize))
+                .collect(),
+        }
+    }
+
+    fn topk(kv: &KvCacheConfig, reqs: usize, seed: u64) -> Vec<Vec<i32>> {
+        let mut rng = super::super::workload::Rng::new(seed, 0);
+        (0..kv.index_groups.len())
+            .map(|_| {
+                let mut v = Vec::new();
+                for _ in 0..reqs {
+                    let mut row: Vec<i32> = Vec::new();
+                    while row.len() < 31 {
+                        let p = rng.below(256) as i32;
+                        if !row.contains(&p) {
+                            row.push(p);
+                        }
+                    }
+                    row.push(-1); // padding entry
+                    v.extend(row);
+                }
+                v
+            })
+            .collect()
+    }
+
+    fn write_and_mirror(dp: &mut DataPlane<'_, CpuDevice>, r: &RequestView, mirror: bool) {
+        let res = r.resident.clone();
+        dp.write_rows(r.uid, 0..r.seq_len, |b, p| {
+            Some(res[b as usize][p as usize])
+        })
+        .unwrap();
+        if mirror {
+            for b in 0..dp.layout().num_buckets {
+                let spans: Vec<RowSpan> = (0..16)
+                    .map(|p| RowSpan {
+                        device_block: r.resident[b as usize][p] as u32,
+                        host_block: r.host_blocks[p] as u32,
+                        first_row: 0,
+                        num_rows: 16,
+                    })
+                    .collect();
+                dp.mirror_rows(b, &spans).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn resolve_path_reads_exact_rows_and_hot_buffer_hits() {
+        let kv = layout();
+        assert_eq!(kv.index_groups.len(), 2);
+        assert_eq!(kv.index_groups[0].layers, [0, 1]);
+        let dev = CpuDevice::new();
+        let mut dp = DataPlane::new(&dev, &kv, 2).unwrap();
+        let mut a = Alloc { next_gpu: 1 };
+        let mut r0 = request(&kv, &mut a, 0, 100, 1);
+        let r1 = request(&kv, &mut a, 1, 101, 20);
+        write_and_mirror(&mut dp, &r0, true);
+        write_and_mirror(&mut dp, &r1, true);
+        // Reclaim r0's first 12 pages and reuse their GPU blocks for another request's rows:
+        // reading them from the GPU now would return wrong bytes.
+        let stale: Vec<Vec<i32>> = r0.resident.clone();
+        for b in 0..kv.num_buckets as usize {
+            for p in 0..12 {
+                r0.resident[b][p] = 0;
+            }
+        }
+        dp.write_rows(999, 0..12 * 16, |b, p| Some(stale[b as usize][p as usize]))
+            .unwrap();
+        let reqs = [r0.clone(), r1.clone()];
+        let sel = topk(&kv, 2, 5);
+        dp.attend(&reqs, &sel, false).unwrap();
+        dp.verify().unwrap();
+        let c = dp.counters.clone();
+        assert_eq!(c.mismatched_rows, 0, "{:?}", c.first_mismatch);
+        assert_eq!(c.verified_rows, 2 * 2 * 31 * 2);
+        assert!(c.misses > 0);
+        assert_eq!(c.hot_hits, 0);
+        // Same selection again: everything host-resident now hits the hot buffer.
+        dp.attend(&reqs, &sel, false).unwrap();
+        dp.verify().unwrap();
+        assert_eq!(dp.counters.mismatched_rows, 0);
+        assert_eq!(dp.counters.hot_hits, c.misses);
+        assert_eq!(dp.counters.misses, c.misses);
+        // Fully resident path: remap of r1 alone.
+        dp.attend(&reqs[1..], &topk(&kv, 1, 6), true).unwrap();
+        dp.verify().unwrap();
+        assert_eq!(dp.counters.mismatched_rows, 0);
+        assert_eq!(dp.counters.remap_calls, 2);
+    }
+
+    #[test]
+    fn a_missing_mirror_is_caught() {
+        let kv = layout();
+        let dev = CpuDevice::new();
+        let mut dp = DataPlane::new(&dev, &kv, 1).unwrap();
+        let mut a = Alloc { next_gpu: 1 };
+        let mut r0 = request(&kv, &mut a, 0, 7, 1);
+        write_and_mirror(&mut dp, &r0, false);
+        for b in 0..kv.num_buckets as usize {
+            r0.resident[b][0] = 0;
+        }
+        // Every selection includes a token of page 0, whose host copy was never written.
+        let mut sel = topk(&kv, 1, 9);
+        for s in &mut sel {
+            if !s.contains(&3) {
+                s[0] = 3;
+            }
+        }
+        dp.attend(&[r0], &sel, false).unwrap();
+        dp.verify().unwrap();
+        assert!(dp.counters.mismatched_rows >= 4, "{:?}", dp.counters);
+        assert!(dp.counters.first_mismatch.is_some());
+    }
+}
