@@ -7,4 +7,5 @@
 pub mod dataplane;
 pub mod kv;
 pub mod plot;
+pub mod report;
 pub mod workload;

@@ -1,0 +1,178 @@
+//! What a simulation reports: totals, per-step series, text and JSON.
+
+use serde::Serialize;
+
+use crate::size::human;
+
+/// Per decode step.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StepStats {
+    /// Hot hits / (hits + misses) this step (1.0 when nothing was read from host).
+    pub hit_rate: f64,
+    /// Bytes copied host → device this step (swap-in gathers and restores, all layers).
+    pub h2d_bytes: u64,
+    /// Top-k entries served from the hot buffer.
+    pub hot_hits: u64,
+    /// Top-k entries swapped in.
+    pub misses: u64,
+    /// Whether the step took the fully-resident (remap) path.
+    pub fully_resident: bool,
+    /// Planning time (coordinator) in µs.
+    pub planning_us: f64,
+    /// Device-operation time in µs.
+    pub device_us: f64,
+}
+
+/// The whole run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SimReport {
+    /// Backend name.
+    pub backend: String,
+    /// Device name.
+    pub device: String,
+    /// Model preset.
+    pub preset: String,
+    /// Sparse layers simulated.
+    pub sparse_layers: u32,
+    /// Index groups (resolve calls per step).
+    pub index_groups: u32,
+    /// Concurrent requests.
+    pub requests: u32,
+    /// Prompt tokens per request.
+    pub context: u32,
+    /// Decode steps.
+    pub decode_steps: u32,
+    /// Workload seed.
+    pub seed: u64,
+    /// Target adjacent-step top-k overlap.
+    pub overlap_target: f64,
+    /// Measured adjacent-step top-k overlap (mean over index groups, requests, steps).
+    pub overlap_measured: f64,
+    /// GPU pool bytes used by the simulation.
+    pub gpu_pool_bytes: u64,
+    /// GPU bytes an all-resident cache would need for the same requests at their final length.
+    pub all_resident_gpu_bytes: u64,
+    /// Pinned host pool bytes.
+    pub host_pool_bytes: u64,
+    /// Hot rows per request per hot group.
+    pub device_buffer_size: u32,
+    /// Overall hot hit rate over decode steps: hits / (hits + misses).
+    pub hit_rate: f64,
+    /// Mean host → device bytes per decode step.
+    pub h2d_bytes_per_step: f64,
+    /// Total host → device bytes (decode steps).
+    pub h2d_bytes: u64,
+    /// Total device → host bytes (mirrors and backups, whole run).
+    pub d2h_bytes: u64,
+    /// Resident pages reclaimed (GPU blocks returned while their host copy is durable).
+    pub reclaimed_pages: u64,
+    /// Pages written back by spill transfers.
+    pub spilled_pages: u64,
+    /// Row-mirror spans executed.
+    pub mirror_spans: u64,
+    /// Steps where allocation had to wait for in-flight reclamation.
+    pub waits: u64,
+    /// Requests preempted.
+    pub preemptions: u64,
+    /// Decode steps on the fully-resident (remap) path.
+    pub fully_resident_steps: u32,
+    /// Resolve calls.
+    pub resolve_calls: u64,
+    /// Remap calls.
+    pub remap_calls: u64,
+    /// Hot hits (decode).
+    pub hot_hits: u64,
+    /// Swap-in misses (decode).
+    pub misses: u64,
+    /// Entries read from resident pages (decode).
+    pub resident_reads: u64,
+    /// Mean coordinator time per decode step, µs.
+    pub planning_us_per_step: f64,
+    /// Mean device-operation time per decode step, µs.
+    pub device_us_per_step: f64,
+    /// Rows verified byte for byte.
+    pub verified_rows: u64,
+    /// Rows that did not match.
+    pub mismatched_rows: u64,
+    /// The first mismatch, described.
+    pub first_mismatch: Option<String>,
+    /// Wall-clock seconds of the run.
+    pub wall_seconds: f64,
+    /// Per decode step.
+    pub steps: Vec<StepStats>,
+}
+
+impl SimReport {
+    /// The report as text.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let pct = |x: f64| format!("{:.1}%", 100.0 * x);
+        s += &format!(
+            "simulated {} on {} ({}): {} requests × {} tokens, {} decode steps, {} sparse layers in {} index groups, seed {}\n\n",
+            self.preset,
+            self.backend,
+            self.device,
+            self.requests,
+            self.context,
+            self.decode_steps,
+            self.sparse_layers,
+            self.index_groups,
+            self.seed
+        );
+        s += &format!(
+            "hot hit rate            {} ({} hits, {} misses; {} entries from resident pages)\n",
+            pct(self.hit_rate),
+            self.hot_hits,
+            self.misses,
+            self.resident_reads
+        );
+        s += &format!(
+            "top-k overlap           {} measured between adjacent steps (target {})\n",
+            pct(self.overlap_measured),
+            pct(self.overlap_target)
+        );
+        s += &format!(
+            "host→device per step    {} (total {}); device→host total {}\n",
+            human(self.h2d_bytes_per_step as u64),
+            human(self.h2d_bytes),
+            human(self.d2h_bytes)
+        );
+        s += &format!(
+            "pages reclaimed         {}   spilled {}   mirror spans {}   waits {}   preemptions {}\n",
+            self.reclaimed_pages,
+            self.spilled_pages,
+            self.mirror_spans,
+            self.waits,
+            self.preemptions
+        );
+        s += &format!(
+            "paths                   {} resolve calls, {} remap calls ({} fully-resident steps)\n",
+            self.resolve_calls, self.remap_calls, self.fully_resident_steps
+        );
+        s += &format!(
+            "time per decode step    planning {:.1} µs, device ops {:.1} µs\n",
+            self.planning_us_per_step, self.device_us_per_step
+        );
+        s += &format!(
+            "GPU memory              {} pool vs {} for an all-resident cache ({}); host pool {}\n",
+            human(self.gpu_pool_bytes),
+            human(self.all_resident_gpu_bytes),
+            pct(self.gpu_pool_bytes as f64 / self.all_resident_gpu_bytes.max(1) as f64),
+            human(self.host_pool_bytes)
+        );
+        s += &format!(
+            "verification            {} rows verified byte for byte, {} mismatched\n",
+            self.verified_rows, self.mismatched_rows
+        );
+        if let Some(m) = &self.first_mismatch {
+            s += &format!("first mismatch          {m}\n");
+        }
+        s += &format!("wall time               {:.2} s\n", self.wall_seconds);
+        s
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+}
