@@ -1,1 +1,35 @@
-//! Placeholder: this backend is being written; see the crate description.
+//! HiSparse CUDA backend: every data-plane operation of [`hisparse_core::Device`] as CUDA
+//! kernels, through the CUDA driver API (cudarc, loaded at run time) and NVRTC.
+//!
+//! * [`CudaDevice::open`] loads the driver, retains the device's primary context and finds NVRTC
+//!   (also outside the library path: see [`nvrtc`]). A missing driver, device or NVRTC is an
+//!   error of kind `NotFound`; nothing panics.
+//! * The host pool ([`CudaHostBuffer`]) is pinned with `cuMemHostAlloc(DEVICEMAP | PORTABLE)`,
+//!   cacheable (not write-combined) and mapped into the device's address space: the swap-in
+//!   gather kernel reads host rows directly with 16-byte loads, many in flight.
+//! * Kernels come from the shared source in `hisparse-gpu-kernels`, compiled with NVRTC for the
+//!   device's architecture on first use and cached per process; building this crate needs no
+//!   CUDA toolkit.
+//! * The decode-path operations (remap, resolve, gather, invalidate, compressed slot mapping)
+//!   only enqueue kernels (and a 16-byte memset for the resolver's workspace counter): no host
+//!   synchronisation, so they can be captured in a CUDA graph ([`CudaDevice::capture`]).
+//!   Page and row copies stage their host-side lists through pinned memory and an asynchronous
+//!   copy, one launch for all layers and pairs.
+//! * Buffers free their memory after the context has finished all enqueued work, so dropping a
+//!   buffer that a kernel still uses is safe (it waits). Do not drop buffers while capturing.
+//!
+//! What this crate deliberately does not do: manage several devices at once, or use the CUDA
+//! runtime API.
+//!
+//! All FFI sits in one private module; every `unsafe` block carries a `// SAFETY:` comment.
+
+#![deny(missing_docs)]
+
+mod device;
+mod error;
+mod ffi;
+pub mod nvrtc;
+mod staging;
+
+pub use device::{CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream};
+pub use error::CudaError;

@@ -1,0 +1,993 @@
+//! [`CudaDevice`]: the [`Device`] implementation.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use hisparse_core::Device;
+use hisparse_core::ops::copy::{check_bulk_copy, check_host_page_copy};
+use hisparse_core::ops::{
+    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc,
+    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
+    SlotMappingArgs, SlotMappingDesc, check_pinned_budget,
+};
+use hisparse_gpu_kernels::{self as gk, GatherLayers, Kernel};
+
+use crate::error::CudaError;
+use crate::ffi::{self, Arg, Context, DevMem, Event, Function, Launch, Module, PinnedMem, Stream};
+use crate::staging::Staging;
+
+type Result<T> = std::result::Result<T, CudaError>;
+
+/// Device memory of a [`CudaDevice`] (zeroed at allocation; freed after outstanding work).
+#[derive(Debug)]
+pub struct CudaBuffer {
+    mem: DevMem,
+}
+
+impl CudaBuffer {
+    /// Device address (for diagnostics).
+    pub fn device_address(&self) -> u64 {
+        self.mem.ptr()
+    }
+}
+
+impl BufferLen for CudaBuffer {
+    fn byte_len(&self) -> u64 {
+        self.mem.len() as u64
+    }
+}
+
+/// Pinned, page-aligned host memory mapped into the device's address space: kernels read and
+/// write it directly over the bus (cacheable, not write-combined).
+#[derive(Debug)]
+pub struct CudaHostBuffer {
+    mem: PinnedMem,
+}
+
+impl BufferLen for CudaHostBuffer {
+    fn byte_len(&self) -> u64 {
+        self.mem.len() as u64
+    }
+}
+
+/// A non-blocking CUDA stream, with the scratch memory its resolver launches use.
+#[derive(Debug)]
+pub struct CudaStream {
+    inner: Stream,
+    workspace: Mutex<Workspace>,
+}
+
+#[derive(Debug, Default)]
+struct Workspace {
+    current: Option<DevMem>,
+    /// Smaller workspaces replaced while launches using them may be in flight; freed with the
+    /// stream (after the context synchronised).
+    retired: Vec<DevMem>,
+}
+
+/// A CUDA event.
+#[derive(Debug)]
+pub struct CudaEvent {
+    inner: Event,
+}
+
+/// An instantiated CUDA graph captured with [`CudaDevice::capture`].
+#[derive(Debug)]
+pub struct CudaGraph {
+    inner: ffi::Graph,
+}
+
+struct Kernels {
+    _module: Module,
+    f: [Function; Kernel::ALL.len()],
+}
+
+impl Kernels {
+    fn get(&self, k: Kernel) -> Function {
+        self.f[Kernel::ALL.iter().position(|x| *x == k).unwrap_or(0)]
+    }
+}
+
+/// One CUDA device: a retained primary context, kernels compiled with NVRTC on first use
+/// (cached per process and architecture), and the staging rings for host-side lists.
+pub struct CudaDevice {
+    ctx: Arc<Context>,
+    ordinal: usize,
+    name: String,
+    cc: (i32, i32),
+    sm_count: u32,
+    max_shared_optin: u32,
+    kernels: OnceLock<Kernels>,
+    kernels_init: Mutex<()>,
+    staging: Mutex<Staging>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Bytes of RAM available for pinning (`MemAvailable`), if the system reports it.
+fn available_ram() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl CudaDevice {
+    /// Opens CUDA device `ordinal`. No driver or no such device gives an error of kind
+    /// `NotFound`; so does a missing NVRTC ([`CudaError::NoNvrtc`]), since no kernel could run.
+    /// Kernels are compiled on first use (or with [`CudaDevice::prepare`]).
+    pub fn open(ordinal: usize) -> Result<CudaDevice> {
+        if !ffi::driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        ffi::init()?;
+        let count = ffi::device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        crate::nvrtc::ensure()?;
+        let dev = ffi::device_get(ordinal)?;
+        let attr = |a| ffi::device_attr(dev, a);
+        if attr(Attr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? == 0
+            || attr(Attr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? == 0
+        {
+            return Err(CudaError::Unsupported(
+                "device cannot map pinned host memory (needed for the swap-in gather)".into(),
+            ));
+        }
+        let cc = (
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let max_shared_optin =
+            attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as u32;
+        let ctx = Context::retain(dev)?;
+        let name = format!(
+            "{} (sm_{}{}, device {ordinal})",
+            ffi::device_name(dev)?,
+            cc.0,
+            cc.1
+        );
+        Ok(CudaDevice {
+            staging: Mutex::new(Staging::new(ctx.clone())),
+            ctx,
+            ordinal,
+            name,
+            cc,
+            sm_count,
+            max_shared_optin,
+            kernels: OnceLock::new(),
+            kernels_init: Mutex::new(()),
+        })
+    }
+
+    /// Compiles and loads the kernels now (otherwise the first operation does).
+    pub fn prepare(&self) -> Result<()> {
+        self.kernels().map(|_| ())
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    /// Number of multiprocessors.
+    pub fn multiprocessor_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// Largest shared memory one block may use, in bytes.
+    pub fn max_shared_per_block(&self) -> u32 {
+        self.max_shared_optin
+    }
+
+    /// `(free, total)` bytes of device memory.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.ctx.bind()?;
+        ffi::mem_info()
+    }
+
+    /// Records an event with timing enabled at the end of `stream`.
+    pub fn timing_event(&self, stream: &CudaStream) -> Result<CudaEvent> {
+        let inner = Event::new(&self.ctx, true)?;
+        inner.record(&stream.inner)?;
+        Ok(CudaEvent { inner })
+    }
+
+    /// Milliseconds between two timing events (waits for `end`).
+    pub fn elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
+        end.inner.elapsed_ms_since(&start.inner)
+    }
+
+    /// Captures the work `f` enqueues on `stream` into a graph instead of running it. Decode-path
+    /// operations ([`Device::remap`], [`Device::resolve`], [`Device::gather_rows`],
+    /// [`Device::invalidate`], [`Device::compressed_slot_mapping`]) can be captured; anything
+    /// that synchronises with the host cannot.
+    pub fn capture(
+        &self,
+        stream: &CudaStream,
+        f: impl FnOnce(&Self) -> Result<()>,
+    ) -> Result<CudaGraph> {
+        stream.inner.begin_capture()?;
+        let body = f(self);
+        let graph = stream.inner.end_capture();
+        body?;
+        Ok(CudaGraph { inner: graph? })
+    }
+
+    /// Enqueues one replay of `graph` on `stream`.
+    pub fn launch_graph(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        self.ctx.bind()?;
+        stream.inner.launch_graph(&graph.inner)
+    }
+
+    fn kernels(&self) -> Result<&Kernels> {
+        if let Some(k) = self.kernels.get() {
+            return Ok(k);
+        }
+        let _guard = lock(&self.kernels_init);
+        if let Some(k) = self.kernels.get() {
+            return Ok(k);
+        }
+        let ptx = crate::nvrtc::cached_ptx(self.cc.0, self.cc.1)?;
+        let module = Module::load_ptx(&self.ctx, &ptx)?;
+        let mut f = Vec::with_capacity(Kernel::ALL.len());
+        for k in Kernel::ALL {
+            f.push(module.function(k.name())?);
+        }
+        let f: [Function; Kernel::ALL.len()] = f.try_into().map_err(|_| CudaError::Compile {
+            log: "kernel table".into(),
+        })?;
+        let resolve = f[Kernel::ALL
+            .iter()
+            .position(|k| *k == Kernel::Resolve)
+            .unwrap_or(0)];
+        let dynamic = self
+            .max_shared_optin
+            .saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES as u32);
+        resolve.set_max_dynamic_shared(dynamic)?;
+        let _ = self.kernels.set(Kernels { _module: module, f });
+        self.kernels.get().ok_or_else(|| CudaError::Compile {
+            log: "kernel table".into(),
+        })
+    }
+
+    /// Blocks for a grid-stride kernel over `items` units of work.
+    fn grid_for(&self, items: u64, per_block: u64) -> u32 {
+        items
+            .div_ceil(per_block.max(1))
+            .clamp(1, u64::from(self.sm_count) * 8) as u32
+    }
+
+    fn launch(&self, k: Kernel, l: Launch, stream: &CudaStream, args: &[Arg<'_>]) -> Result<()> {
+        let f = self.kernels()?.get(k);
+        self.ctx.bind()?;
+        debug_assert_eq!(args.len(), k.abi().params.len());
+        // SAFETY: every caller passes arguments in the order and types of `k`'s ABI table (the
+        // debug assertion checks the count), after the descriptor's `check` proved every buffer
+        // large enough for what the kernel touches; the buffers are borrowed by the caller and
+        // freed only after the context synchronised.
+        unsafe { ffi::launch(f, l, &stream.inner, args) }
+    }
+
+    fn ensure_workspace(&self, stream: &CudaStream, bytes: usize) -> Result<(u64, u64)> {
+        let mut ws = lock(&stream.workspace);
+        if ws.current.as_ref().is_none_or(|m| m.len() < bytes) {
+            let mem = DevMem::alloc_zeroed(&self.ctx, bytes.next_power_of_two())?;
+            if let Some(old) = ws.current.replace(mem) {
+                ws.retired.push(old);
+            }
+        }
+        let mem = ws.current.as_ref().expect("allocated above");
+        stream.inner.fill_u32(mem, 0, 0, 4)?;
+        Ok((mem.ptr() + 16, mem.ptr()))
+    }
+}
+
+/// Byte ranges `[start, end)` of one buffer; whether any two overlap, and whether any of
+/// `others` overlaps one of them.
+fn overlapping(mut ranges: Vec<(u64, u64)>, others: &[(u64, u64)]) -> bool {
+    ranges.retain(|r| r.0 < r.1);
+    ranges.sort_unstable();
+    if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+        return true;
+    }
+    others.iter().filter(|o| o.0 < o.1).any(|o| {
+        let i = ranges.partition_point(|r| r.1 <= o.0);
+        ranges.get(i).is_some_and(|r| r.0 < o.1)
+    })
+}
+
+fn push_u32(v: &mut Vec<u8>, x: u32) {
+    v.extend_from_slice(&x.to_ne_bytes());
+}
+
+fn push_u64(v: &mut Vec<u8>, x: u64) {
+    v.extend_from_slice(&x.to_ne_bytes());
+}
+
+fn push_layout(v: &mut Vec<u8>, l: &PageLayout) {
+    push_u64(v, l.base);
+    push_u64(v, l.block_stride);
+    for x in [
+        l.num_blocks,
+        l.block_size,
+        l.row_bytes,
+        l.value_bytes,
+        l.index_stride_rows,
+        0,
+    ] {
+        push_u32(v, x);
+    }
+}
+
+fn page_job(v: &mut Vec<u8>, src: &PageLayout, dst: &PageLayout) {
+    for x in [
+        src.base,
+        src.block_stride,
+        dst.base,
+        dst.block_stride,
+        src.page_bytes(),
+    ] {
+        push_u64(v, x);
+    }
+}
+
+const PAGE_JOB_BYTES: u64 = core::mem::size_of::<gk::PageJob>() as u64;
+const PAIR_BYTES: u64 = core::mem::size_of::<gk::Pair>() as u64;
+const LAYER_PAIR_BYTES: u64 = core::mem::size_of::<gk::LayerPairAbi>() as u64;
+const SPAN_BYTES: u64 = core::mem::size_of::<gk::Span>() as u64;
+
+fn too_large(what: &str) -> CudaError {
+    CudaError::Unsupported(format!(
+        "{what} exceeds what one CUDA launch of this backend handles"
+    ))
+}
+
+impl CudaDevice {
+    /// Launches `hs_copy_pages` over `layers × pairs` (jobs and pairs staged), or one tile at a
+    /// time in reference order when destination ranges overlap.
+    #[allow(clippy::too_many_arguments)]
+    fn page_copies(
+        &self,
+        stream: &CudaStream,
+        jobs: &[(PageLayout, PageLayout)],
+        pairs: &[BlockPair],
+        src_ptr: u64,
+        dst_ptr: u64,
+        same_buffer: bool,
+    ) -> Result<()> {
+        if pairs.is_empty() || jobs.is_empty() {
+            return Ok(());
+        }
+        let mut job_bytes = Vec::with_capacity(jobs.len() * PAGE_JOB_BYTES as usize);
+        let mut dst_ranges = Vec::with_capacity(jobs.len() * pairs.len());
+        let mut src_ranges = Vec::new();
+        for (s, d) in jobs {
+            page_job(&mut job_bytes, s, d);
+            for p in pairs {
+                let len = s.page_bytes();
+                let at = d.page_offset(p.dst);
+                dst_ranges.push((at, at + len));
+                if same_buffer {
+                    let at = s.page_offset(p.src);
+                    src_ranges.push((at, at + len));
+                }
+            }
+        }
+        let mut pair_bytes = Vec::with_capacity(pairs.len() * PAIR_BYTES as usize);
+        for p in pairs {
+            push_u32(&mut pair_bytes, p.src);
+            push_u32(&mut pair_bytes, p.dst);
+        }
+        let serial = overlapping(dst_ranges, &src_ranges);
+        let (nl, np) = (jobs.len() as u32, pairs.len() as u32);
+        let mut staging = lock(&self.staging);
+        let lease = staging.stage(&stream.inner, &[&job_bytes, &pair_bytes])?;
+        let (jobs_ptr, pairs_ptr) = (lease.ptrs[0], lease.ptrs[1]);
+        let result = (|| {
+            if !serial {
+                let tiles = u64::from(nl) * u64::from(np);
+                let l = Launch {
+                    grid: (self.grid_for(tiles, 1), 1, 1),
+                    block: gk::COPY_THREADS,
+                    shared: 0,
+                };
+                return self.launch(
+                    Kernel::CopyPages,
+                    l,
+                    stream,
+                    &[
+                        Arg::Ptr(jobs_ptr),
+                        Arg::U32(nl),
+                        Arg::Ptr(pairs_ptr),
+                        Arg::U32(np),
+                        Arg::Ptr(src_ptr),
+                        Arg::Ptr(dst_ptr),
+                    ],
+                );
+            }
+            for li in 0..u64::from(nl) {
+                for pi in 0..u64::from(np) {
+                    let l = Launch {
+                        grid: (1, 1, 1),
+                        block: gk::COPY_THREADS,
+                        shared: 0,
+                    };
+                    self.launch(
+                        Kernel::CopyPages,
+                        l,
+                        stream,
+                        &[
+                            Arg::Ptr(jobs_ptr + li * PAGE_JOB_BYTES),
+                            Arg::U32(1),
+                            Arg::Ptr(pairs_ptr + pi * PAIR_BYTES),
+                            Arg::U32(1),
+                            Arg::Ptr(src_ptr),
+                            Arg::Ptr(dst_ptr),
+                        ],
+                    )?;
+                }
+            }
+            Ok(())
+        })();
+        staging.finish(lease, &stream.inner)?;
+        result
+    }
+}
+
+impl Device for CudaDevice {
+    type Error = CudaError;
+    type Buffer = CudaBuffer;
+    type HostBuffer = CudaHostBuffer;
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<CudaBuffer> {
+        Ok(CudaBuffer {
+            mem: DevMem::alloc_zeroed(&self.ctx, bytes)?,
+        })
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<CudaHostBuffer> {
+        let available = available_ram().unwrap_or(u64::MAX);
+        check_pinned_budget(bytes as u64, available)?;
+        let mem = PinnedMem::alloc_zeroed(&self.ctx, bytes)?;
+        if mem.host_addr() % hisparse_core::ops::PINNED_ALIGNMENT != 0 {
+            return Err(CudaError::Unsupported(
+                "the driver returned pinned memory that is not page-aligned".into(),
+            ));
+        }
+        Ok(CudaHostBuffer { mem })
+    }
+
+    fn pinned_address(&self, buf: &CudaHostBuffer) -> usize {
+        buf.mem.host_addr()
+    }
+
+    fn upload(&self, dst: &mut CudaBuffer, offset: usize, src: &[u8]) -> Result<()> {
+        check_bulk_copy(
+            src.len() as u64,
+            0,
+            dst.byte_len(),
+            offset as u64,
+            src.len() as u64,
+        )?;
+        dst.mem.write(offset, src)
+    }
+
+    fn download(&self, src: &CudaBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_bulk_copy(
+            src.byte_len(),
+            offset as u64,
+            dst.len() as u64,
+            0,
+            dst.len() as u64,
+        )?;
+        src.mem.read(offset, dst)
+    }
+
+    fn write_pinned(&self, dst: &mut CudaHostBuffer, offset: usize, src: &[u8]) -> Result<()> {
+        check_bulk_copy(
+            src.len() as u64,
+            0,
+            dst.byte_len(),
+            offset as u64,
+            src.len() as u64,
+        )?;
+        self.ctx.synchronize()?;
+        dst.mem.as_mut_slice()[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read_pinned(&self, src: &CudaHostBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_bulk_copy(
+            src.byte_len(),
+            offset as u64,
+            dst.len() as u64,
+            0,
+            dst.len() as u64,
+        )?;
+        self.ctx.synchronize()?;
+        dst.copy_from_slice(&src.mem.as_slice()[offset..offset + dst.len()]);
+        Ok(())
+    }
+
+    fn create_stream(&self) -> Result<CudaStream> {
+        Ok(CudaStream {
+            inner: Stream::new(&self.ctx)?,
+            workspace: Mutex::new(Workspace::default()),
+        })
+    }
+
+    fn record_event(&self, stream: &CudaStream) -> Result<CudaEvent> {
+        let inner = Event::new(&self.ctx, false)?;
+        inner.record(&stream.inner)?;
+        Ok(CudaEvent { inner })
+    }
+
+    fn wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        self.ctx.bind()?;
+        stream.inner.wait(&event.inner)
+    }
+
+    fn synchronize(&self, stream: &CudaStream) -> Result<()> {
+        stream.inner.synchronize()
+    }
+
+    fn copy_to_device(
+        &self,
+        stream: &CudaStream,
+        src: &CudaHostBuffer,
+        src_offset: usize,
+        dst: &mut CudaBuffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        check_bulk_copy(
+            src.byte_len(),
+            src_offset as u64,
+            dst.byte_len(),
+            dst_offset as u64,
+            bytes as u64,
+        )?;
+        self.ctx.bind()?;
+        stream
+            .inner
+            .copy_htod(&src.mem, src_offset, &dst.mem, dst_offset, bytes)
+    }
+
+    fn copy_to_host(
+        &self,
+        stream: &CudaStream,
+        src: &CudaBuffer,
+        src_offset: usize,
+        dst: &mut CudaHostBuffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        check_bulk_copy(
+            src.byte_len(),
+            src_offset as u64,
+            dst.byte_len(),
+            dst_offset as u64,
+            bytes as u64,
+        )?;
+        self.ctx.bind()?;
+        stream
+            .inner
+            .copy_dtoh(&src.mem, src_offset, &dst.mem, dst_offset, bytes)
+    }
+
+    fn copy_on_device(
+        &self,
+        stream: &CudaStream,
+        src: &CudaBuffer,
+        src_offset: usize,
+        dst: &mut CudaBuffer,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        check_bulk_copy(
+            src.byte_len(),
+            src_offset as u64,
+            dst.byte_len(),
+            dst_offset as u64,
+            bytes as u64,
+        )?;
+        self.ctx.bind()?;
+        stream
+            .inner
+            .copy_dtod(&src.mem, src_offset, &dst.mem, dst_offset, bytes)
+    }
+
+    fn remap(
+        &self,
+        stream: &CudaStream,
+        desc: &RemapDesc,
+        args: RemapArgs<'_, CudaBuffer>,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        if desc.num_tokens == 0 {
+            return Ok(());
+        }
+        if desc.num_tokens > i32::MAX as u32 {
+            return Err(too_large("remap num_tokens"));
+        }
+        let mut flags = 0;
+        if desc.idx_mapping_len.is_some() {
+            flags |= gk::REMAP_HAS_MAP;
+        }
+        if desc.write_counts {
+            flags |= gk::REMAP_COUNTS;
+        }
+        if desc.compact {
+            flags |= gk::REMAP_COMPACT;
+        }
+        let l = Launch {
+            grid: (desc.num_tokens, 1, 1),
+            block: gk::REMAP_THREADS,
+            shared: 0,
+        };
+        self.launch(
+            Kernel::Remap,
+            l,
+            stream,
+            &[
+                Arg::Ptr(args.req_id.mem.ptr()),
+                Arg::Ptr(args.block_table.mem.ptr()),
+                Arg::Ptr(args.topk.mem.ptr()),
+                Arg::Ptr(args.idx_mapping.map_or(0, |b| b.mem.ptr())),
+                Arg::Ptr(args.out.mem.ptr()),
+                Arg::Ptr(args.counts.as_ref().map_or(0, |b| b.mem.ptr())),
+                Arg::U32(desc.num_tokens),
+                Arg::U32(desc.top_k),
+                Arg::U32(desc.table_rows),
+                Arg::U32(desc.max_blocks),
+                Arg::U32(desc.block_size),
+                Arg::U32(desc.block_stride_rows),
+                Arg::U32(desc.idx_mapping_len.unwrap_or(0)),
+                Arg::U32(flags),
+            ],
+        )
+    }
+
+    fn resolve(
+        &self,
+        stream: &CudaStream,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, CudaBuffer>,
+    ) -> Result<()> {
+        desc.check(&args.sizes())?;
+        if desc.num_tokens == 0 {
+            return Ok(());
+        }
+        let (t, k, n) = (desc.num_tokens, desc.top_k, desc.hot_slots);
+        let entries = u64::from(t) * u64::from(k);
+        if entries >= 1 << 28 || t > i32::MAX as u32 {
+            return Err(too_large("resolve num_tokens * top_k"));
+        }
+        let available =
+            u64::from(self.max_shared_optin).saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES);
+        let base = gk::resolve_shared_bytes(n, 0);
+        if base > available {
+            return Err(CudaError::SharedMemory {
+                hot_slots: n,
+                needed: base + gk::RESOLVE_STATIC_SHARED_BYTES,
+                available: u64::from(self.max_shared_optin),
+            });
+        }
+        // Shared table sized for requests of up to two rows, shrunk to what fits.
+        let mut table = gk::resolve_table_entries(u64::from(k) * u64::from(t.min(2)));
+        while table >= 16 && base + 16 * table > available {
+            table /= 2;
+        }
+        if table < 16 {
+            table = 0;
+        }
+        let (ws_ptr, counter_ptr, ws_entries) = if gk::resolve_table_entries(entries) > table {
+            let ws_entries = gk::resolve_workspace_entries(t, k);
+            let (p, c) = self.ensure_workspace(stream, 16 + 16 * ws_entries as usize)?;
+            (p, c, ws_entries)
+        } else {
+            (0, 0, 0)
+        };
+        let l = Launch {
+            grid: (t, 1, 1),
+            block: gk::RESOLVE_THREADS,
+            shared: (base + 16 * table) as u32,
+        };
+        self.launch(
+            Kernel::Resolve,
+            l,
+            stream,
+            &[
+                Arg::Ptr(args.req_id.mem.ptr()),
+                Arg::Ptr(args.topk.mem.ptr()),
+                Arg::Ptr(args.resident_table.mem.ptr()),
+                Arg::Ptr(args.host_table.mem.ptr()),
+                Arg::Ptr(args.hot_table.mem.ptr()),
+                Arg::Ptr(args.dgi.mem.ptr()),
+                Arg::Ptr(args.lru.mem.ptr()),
+                Arg::Ptr(args.indices.mem.ptr()),
+                Arg::Ptr(args.valid_counts.mem.ptr()),
+                Arg::Ptr(args.hit_counts.mem.ptr()),
+                Arg::Ptr(args.miss_counts.mem.ptr()),
+                Arg::Ptr(args.miss_src.mem.ptr()),
+                Arg::Ptr(args.miss_dst.mem.ptr()),
+                Arg::Ptr(ws_ptr),
+                Arg::Ptr(counter_ptr),
+                Arg::U32(ws_entries as u32),
+                Arg::U32(table as u32),
+                Arg::U32(t),
+                Arg::U32(k),
+                Arg::U32(desc.num_requests),
+                Arg::U32(desc.max_pages),
+                Arg::U32(desc.block_size),
+                Arg::U32(n),
+                Arg::U32(desc.attention_block_stride),
+                Arg::U32(desc.host_num_blocks),
+            ],
+        )
+    }
+
+    fn gather_rows(
+        &self,
+        stream: &CudaStream,
+        desc: &GatherDesc<'_>,
+        args: GatherArgs<'_, CudaBuffer, CudaHostBuffer>,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        if desc.num_tokens == 0 {
+            return Ok(());
+        }
+        let k = desc.top_k;
+        const MAX_Y: u32 = 65535;
+        for layers in desc.layers.chunks(gk::GATHER_MAX_LAYERS) {
+            let table = GatherLayers::new(layers);
+            let mut t0 = 0u32;
+            while t0 < desc.num_tokens {
+                let tn = (desc.num_tokens - t0).min(MAX_Y);
+                let plan_off = u64::from(t0) * u64::from(k) * 4;
+                let l = Launch {
+                    grid: (k.div_ceil(gk::GATHER_ROWS), tn, layers.len() as u32),
+                    block: gk::GATHER_THREADS,
+                    shared: 0,
+                };
+                self.launch(
+                    Kernel::GatherRows,
+                    l,
+                    stream,
+                    &[
+                        Arg::Ptr(args.plan_src.mem.ptr() + plan_off),
+                        Arg::Ptr(args.plan_dst.mem.ptr() + plan_off),
+                        Arg::Ptr(args.plan_counts.mem.ptr() + u64::from(t0) * 4),
+                        Arg::Ptr(args.host.mem.dev_ptr()),
+                        Arg::Ptr(args.device.mem.ptr()),
+                        Arg::U32(tn),
+                        Arg::U32(k),
+                        Arg::Struct(&table),
+                    ],
+                )?;
+                t0 += tn;
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_pages(
+        &self,
+        stream: &CudaStream,
+        desc: &PageCopyDesc<'_>,
+        pairs: &[BlockPair],
+        host: &mut CudaHostBuffer,
+        device: &mut CudaBuffer,
+    ) -> Result<()> {
+        desc.check(pairs, host.byte_len(), device.byte_len())?;
+        let (jobs, src, dst): (Vec<_>, _, _) = match desc.direction {
+            Direction::DeviceToHost => (
+                desc.layers.iter().map(|l| (l.device, l.host)).collect(),
+                device.mem.ptr(),
+                host.mem.dev_ptr(),
+            ),
+            Direction::HostToDevice => (
+                desc.layers.iter().map(|l| (l.host, l.device)).collect(),
+                host.mem.dev_ptr(),
+                device.mem.ptr(),
+            ),
+        };
+        self.page_copies(stream, &jobs, pairs, src, dst, false)
+    }
+
+    fn copy_rows(
+        &self,
+        stream: &CudaStream,
+        desc: &RowCopyDesc<'_>,
+        spans: &[RowSpan],
+        host: &mut CudaHostBuffer,
+        device: &mut CudaBuffer,
+    ) -> Result<()> {
+        desc.check(spans, host.byte_len(), device.byte_len())?;
+        let spans: Vec<&RowSpan> = spans.iter().filter(|s| s.num_rows > 0).collect();
+        if spans.is_empty() || desc.layers.is_empty() {
+            return Ok(());
+        }
+        let mut layer_bytes = Vec::with_capacity(desc.layers.len() * LAYER_PAIR_BYTES as usize);
+        let mut dst_ranges = Vec::new();
+        for l in desc.layers {
+            push_layout(&mut layer_bytes, &l.host);
+            push_layout(&mut layer_bytes, &l.device);
+            let dl: &PageLayout = match desc.direction {
+                Direction::DeviceToHost => &l.host,
+                Direction::HostToDevice => &l.device,
+            };
+            for s in &spans {
+                let block = match desc.direction {
+                    Direction::DeviceToHost => s.host_block,
+                    Direction::HostToDevice => s.device_block,
+                };
+                let [(v0, vl), (s0, sl)] = dl.row_parts(block, s.first_row);
+                let n = u64::from(s.num_rows);
+                dst_ranges.push((v0, v0 + vl * n));
+                dst_ranges.push((s0, s0 + sl * n));
+            }
+        }
+        let mut span_bytes = Vec::with_capacity(spans.len() * SPAN_BYTES as usize);
+        for s in &spans {
+            for x in [s.device_block, s.host_block, s.first_row, s.num_rows] {
+                push_u32(&mut span_bytes, x);
+            }
+        }
+        let serial = overlapping(dst_ranges, &[]);
+        let direction = match desc.direction {
+            Direction::DeviceToHost => gk::DIRECTION_DEVICE_TO_HOST,
+            Direction::HostToDevice => gk::DIRECTION_HOST_TO_DEVICE,
+        };
+        let (nl, ns) = (desc.layers.len() as u32, spans.len() as u32);
+        let (host_ptr, dev_ptr) = (host.mem.dev_ptr(), device.mem.ptr());
+        let mut staging = lock(&self.staging);
+        let lease = staging.stage(&stream.inner, &[&layer_bytes, &span_bytes])?;
+        let (layers_ptr, spans_ptr) = (lease.ptrs[0], lease.ptrs[1]);
+        let run = |lp: u64, nl: u32, sp: u64, ns: u32, blocks: u32| {
+            self.launch(
+                Kernel::CopyRows,
+                Launch {
+                    grid: (blocks, 1, 1),
+                    block: gk::COPY_THREADS,
+                    shared: 0,
+                },
+                stream,
+                &[
+                    Arg::Ptr(lp),
+                    Arg::U32(nl),
+                    Arg::Ptr(sp),
+                    Arg::U32(ns),
+                    Arg::U32(direction),
+                    Arg::Ptr(host_ptr),
+                    Arg::Ptr(dev_ptr),
+                ],
+            )
+        };
+        let result = if !serial {
+            let tiles = u64::from(nl) * u64::from(ns);
+            run(layers_ptr, nl, spans_ptr, ns, self.grid_for(tiles, 1))
+        } else {
+            (|| {
+                for li in 0..u64::from(nl) {
+                    for si in 0..u64::from(ns) {
+                        run(
+                            layers_ptr + li * LAYER_PAIR_BYTES,
+                            1,
+                            spans_ptr + si * SPAN_BYTES,
+                            1,
+                            1,
+                        )?;
+                    }
+                }
+                Ok(())
+            })()
+        };
+        staging.finish(lease, &stream.inner)?;
+        result
+    }
+
+    fn copy_host_pages(
+        &self,
+        stream: &CudaStream,
+        layers: &[PageLayout],
+        pairs: &[BlockPair],
+        host: &mut CudaHostBuffer,
+    ) -> Result<()> {
+        check_host_page_copy(layers, pairs, host.byte_len())?;
+        let jobs: Vec<(PageLayout, PageLayout)> = layers.iter().map(|l| (*l, *l)).collect();
+        let p = host.mem.dev_ptr();
+        self.page_copies(stream, &jobs, pairs, p, p, true)
+    }
+
+    fn invalidate(
+        &self,
+        stream: &CudaStream,
+        desc: &InvalidateDesc,
+        args: InvalidateArgs<'_, CudaBuffer>,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        let total = u64::from(desc.num_requests) * u64::from(desc.hot_slots);
+        if total == 0 || desc.num_ranges == 0 {
+            return Ok(());
+        }
+        let l = Launch {
+            grid: (
+                self.grid_for(total, u64::from(gk::INVALIDATE_THREADS)),
+                1,
+                1,
+            ),
+            block: gk::INVALIDATE_THREADS,
+            shared: 0,
+        };
+        self.launch(
+            Kernel::Invalidate,
+            l,
+            stream,
+            &[
+                Arg::Ptr(args.ranges.mem.ptr()),
+                Arg::U32(desc.num_ranges),
+                Arg::Ptr(args.dgi.mem.ptr()),
+                Arg::U64(total),
+            ],
+        )
+    }
+
+    fn compressed_slot_mapping(
+        &self,
+        stream: &CudaStream,
+        desc: &SlotMappingDesc,
+        args: SlotMappingArgs<'_, CudaBuffer>,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        if desc.num_tokens == 0 {
+            return Ok(());
+        }
+        let l = Launch {
+            grid: (desc.num_tokens.div_ceil(gk::SLOT_THREADS), 1, 1),
+            block: gk::SLOT_THREADS,
+            shared: 0,
+        };
+        self.launch(
+            Kernel::CompressedSlotMapping,
+            l,
+            stream,
+            &[
+                Arg::Ptr(args.positions.mem.ptr()),
+                Arg::Ptr(args.slot_mapping.mem.ptr()),
+                Arg::Ptr(args.table_row.mem.ptr()),
+                Arg::Ptr(args.block_table.mem.ptr()),
+                Arg::Ptr(args.out.mem.ptr()),
+                Arg::U32(desc.num_tokens),
+                Arg::U32(desc.ratio),
+                Arg::U32(desc.block_size),
+                Arg::U32(desc.table_rows),
+                Arg::U32(desc.max_blocks),
+            ],
+        )
+    }
+}
