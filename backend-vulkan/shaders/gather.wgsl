@@ -1,0 +1,94 @@
+// Miss-plan gather (hisparse_core::ops::copy::gather_rows): 32 lanes per plan entry and layer,
+// 16-byte words. Addresses are in 16-byte units; each pool is bound as windows of
+// 2^chunk_shift units (see build.rs).
+struct Params {
+    num_tokens: u32,
+    top_k: u32,
+    num_layers: u32,
+    // total work items: num_layers * num_tokens * top_k
+    items: u32,
+    chunk_shift: u32,
+    chunk_mask: u32,
+}
+
+// Per layer, 16 words: host layout then device layout, each
+// [base16, stride16, num_blocks, block_size, row16, value16, index_stride, 0].
+var<immediate> pc: Params;
+@group(0) @binding(0) var<storage, read> plan_src: array<i32>;
+@group(0) @binding(1) var<storage, read> plan_dst: array<i32>;
+@group(0) @binding(2) var<storage, read> plan_counts: array<i32>;
+@group(0) @binding(3) var<storage, read> layers: array<u32>;
+//@POOL_BINDINGS
+
+//@POOL_ACCESS
+
+struct Row {
+    ok: bool,
+    value: u32,
+    scale: u32,
+}
+
+// Where flat row `row` of the layout at word `l` lies: value and scale parts in 16-byte units.
+fn locate(l: u32, row: i32) -> Row {
+    var r = Row(false, 0u, 0u);
+    if (row < 0) {
+        return r;
+    }
+    let istride = layers[l + 6u];
+    let block = u32(row) / istride;
+    let off = u32(row) % istride;
+    let bsize = layers[l + 3u];
+    if (block >= layers[l + 2u] || off >= bsize) {
+        return r;
+    }
+    let page = layers[l] + block * layers[l + 1u];
+    let v16 = layers[l + 5u];
+    r.ok = true;
+    r.value = page + off * v16;
+    r.scale = page + bsize * v16 + off * (layers[l + 4u] - v16);
+    return r;
+}
+
+@compute @workgroup_size(128)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let item = group_index(wid, nwg) * 4u + (lid >> 5u);
+    let lane = lid & 31u;
+    if (item >= pc.items) {
+        return;
+    }
+    let tk = pc.num_tokens * pc.top_k;
+    let layer = item / tk;
+    let e = item % tk;
+    let t = e / pc.top_k;
+    let j = e % pc.top_k;
+    let n = u32(clamp(plan_counts[t], 0, i32(pc.top_k)));
+    if (j >= n) {
+        return;
+    }
+    let hl = layer * 16u;
+    let dl = hl + 8u;
+    let dst = locate(dl, plan_dst[e]);
+    if (!dst.ok) {
+        return;
+    }
+    let src = locate(hl, plan_src[e]);
+    let row16 = layers[dl + 4u];
+    let v16 = layers[dl + 5u];
+    for (var w = lane; w < row16; w = w + 32u) {
+        var d = dst.value + w;
+        var s = src.value + w;
+        if (w >= v16) {
+            d = dst.scale + (w - v16);
+            s = src.scale + (w - v16);
+        }
+        var v = vec4<u32>(0u);
+        if (src.ok) {
+            v = load_host(s);
+        }
+        store_dev(d, v);
+    }
+}

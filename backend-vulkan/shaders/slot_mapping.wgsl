@@ -1,0 +1,45 @@
+// Compressed slot mapping (hisparse_core::ops::slot_mapping): one invocation per token.
+struct Params {
+    num_tokens: u32,
+    ratio: u32,
+    block_size: u32,
+    table_rows: u32,
+    max_blocks: u32,
+}
+
+var<immediate> pc: Params;
+@group(0) @binding(0) var<storage, read> positions: array<i32>;
+@group(0) @binding(1) var<storage, read> slot_mapping: array<i32>;
+@group(0) @binding(2) var<storage, read> table_row: array<i32>;
+@group(0) @binding(3) var<storage, read> block_table: array<i32>;
+@group(0) @binding(4) var<storage, read_write> out_slots: array<i32>;
+
+fn map_slot(position: i32, slot: i32, row: i32) -> i32 {
+    if (slot < 0 || position < 0 || ((u32(position) + 1u) % pc.ratio) != 0u) {
+        return -1;
+    }
+    if (row < 0 || u32(row) >= pc.table_rows) {
+        return -1;
+    }
+    let bc = pc.block_size / pc.ratio;
+    let c = u32(position) / pc.ratio;
+    let col = c / bc;
+    if (col >= pc.max_blocks) {
+        return -1;
+    }
+    let block = block_table[u32(row) * pc.max_blocks + col];
+    return phys_row(block, bc, c % bc);
+}
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let t = group_index(wid, nwg) * 256u + lid;
+    if (t >= pc.num_tokens) {
+        return;
+    }
+    out_slots[t] = map_slot(positions[t], slot_mapping[t], table_row[t]);
+}
