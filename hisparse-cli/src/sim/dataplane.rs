@@ -462,6 +462,19 @@ impl<'d, D: Device> DataPlane<'d, D> {
         if reqs.is_empty() {
             return Ok(());
         }
+        if topk.len() != self.groups.len()
+            || topk
+                .iter()
+                .any(|t| t.len() != reqs.len() * self.kv.config.top_k as usize)
+        {
+            return Err(CliError::failed(format!(
+                "simulation: {} top-k lists for {} index groups, each must hold {} × {} entries",
+                topk.len(),
+                self.groups.len(),
+                reqs.len(),
+                self.kv.config.top_k
+            )));
+        }
         self.reset_hot_state(reqs)?;
         let kv = &self.kv;
         let (t, k) = (reqs.len() as u32, kv.config.top_k);
@@ -536,8 +549,7 @@ impl<'d, D: Device> DataPlane<'d, D> {
             .map_err(dev_err("allocating outputs"))?;
         debug_assert_eq!(num_buckets as usize, res_b.len());
 
-        for g in 0..self.groups.len() {
-            let topk_g = &topk[g];
+        for (g, topk_g) in topk.iter().enumerate().take(self.groups.len()) {
             let topk_b = self.upload_i32(topk_g)?;
             let bucket = self.groups[g].bucket as usize;
             let t0 = Instant::now();

@@ -34,7 +34,7 @@ fn word(seed: u64, i: usize) -> u64 {
 /// Writes the bytes `[first_byte, first_byte + out.len())` of the row with seed `seed`.
 /// `first_byte` and `out.len()` must be multiples of 8 (rows and split parts are multiples of 16).
 pub fn fill(seed: u64, first_byte: usize, out: &mut [u8]) {
-    debug_assert!(first_byte % 8 == 0 && out.len() % 8 == 0);
+    debug_assert!(first_byte.is_multiple_of(8) && out.len().is_multiple_of(8));
     let w0 = first_byte / 8;
     for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
         chunk.copy_from_slice(&word(seed, w0 + i).to_le_bytes());
@@ -44,7 +44,7 @@ pub fn fill(seed: u64, first_byte: usize, out: &mut [u8]) {
 /// Whether `bytes` equal bytes `[first_byte, first_byte + bytes.len())` of the row with seed
 /// `seed`.
 pub fn matches(seed: u64, first_byte: usize, bytes: &[u8]) -> bool {
-    if first_byte % 8 != 0 || bytes.len() % 8 != 0 {
+    if !first_byte.is_multiple_of(8) || !bytes.len().is_multiple_of(8) {
         return false;
     }
     let w0 = first_byte / 8;
