@@ -1,1 +1,16 @@
-//! Placeholder: this backend is being written; see the crate description.
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod context;
+mod device;
+pub mod elf;
+mod error;
+mod ffi;
+pub mod kernels;
+mod launch;
+mod memory;
+
+pub use device::RocmDevice;
+pub use error::RocmError;
+pub use kernels::KernelSource;
+pub use memory::{RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream};

@@ -1,1 +1,691 @@
-//! HIP runtime test double (being written).
+//! A test double of the HIP runtime and hiprtc: exactly the entry points the HiSparse ROCm backend
+//! calls, on host memory, with every kernel run by the core's reference implementation.
+//!
+//! Build it (`cargo build -p hisparse-hip-double`), expose the library under the names the backend
+//! loads (`backend-rocm/scripts/hip-double-root.sh DIR` makes `DIR/lib/libamdhip64.so` and
+//! `DIR/lib/libhiprtc.so`), and point `ROCM_PATH` at `DIR`. The real backend code then runs:
+//! library loading, device selection by `gcnArchName`, code-object choice or hiprtc fallback,
+//! argument packing, pitches, offsets, stream order, events, error mapping.
+//!
+//! What the double models:
+//! * "device" memory is host memory, filled with `0xCD` on allocation; pinned memory is mapped at
+//!   the same address; every copy and every kernel pointer must lie inside one live allocation;
+//! * streams queue work and run it only when something waits (see [`state`]); asynchronous copies
+//!   must use registered memory (stricter than HIP, which also accepts pageable memory);
+//! * `hipModuleLoadData` accepts an AMDGPU ELF code object whose architecture matches the device
+//!   (else `hipErrorNoBinaryForGpu`) or the double's hiprtc output for that architecture;
+//!   `hipModuleGetFunction` finds a kernel only if the image defines it (`name` and `name.kd`);
+//! * `hipModuleLaunchKernel` decodes the parameters with the kernel ABI table of
+//!   `hisparse-gpu-kernels`, and at execution runs the reference op for that kernel; a failure is
+//!   a sticky `hipErrorIllegalAddress`, as a fault on a GPU would be.
+//!
+//! Environment: `HISPARSE_HIP_DOUBLE_DEVICES` (default 1; 0 makes `hipGetDeviceCount` report
+//! `hipErrorNoDevice`), `HISPARSE_HIP_DOUBLE_ARCH` (default `gfx942:sramecc+:xnack-`),
+//! `HISPARSE_HIP_DOUBLE_MEMORY` (device bytes, default 16 GiB; `hipMalloc` beyond it is
+//! `hipErrorOutOfMemory`), `HISPARSE_HIP_DOUBLE_RTC_FAIL=1` (hiprtc reports a compile error).
+
+#![allow(clippy::missing_safety_doc)] // C entry points: the contract is HIP's own documentation.
+
+#[path = "../../src/elf.rs"]
+#[allow(dead_code)]
+mod elf;
+pub mod exec;
+pub mod mem;
+mod rtc;
+pub mod state;
+pub mod status;
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use state::{Kind, Module, Op, State};
+use status::*;
+
+pub use rtc::{
+    hiprtcCompileProgram, hiprtcCreateProgram, hiprtcDestroyProgram, hiprtcGetCode,
+    hiprtcGetCodeSize, hiprtcGetErrorString, hiprtcGetProgramLog, hiprtcGetProgramLogSize,
+};
+
+static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
+
+thread_local! {
+    static CURRENT: Cell<c_int> = const { Cell::new(0) };
+}
+
+/// Locks the double's state (recovering from a poisoned lock: the state stays consistent because
+/// every mutation completes before any code that can panic).
+fn state() -> MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Devices the double reports.
+fn device_count() -> c_int {
+    std::env::var("HISPARSE_HIP_DOUBLE_DEVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// The architecture the double reports, e.g. `gfx942:sramecc+:xnack-`.
+pub fn arch() -> String {
+    std::env::var("HISPARSE_HIP_DOUBLE_ARCH").unwrap_or_else(|_| "gfx942:sramecc+:xnack-".into())
+}
+
+/// The processor part of [`arch`], e.g. `gfx942`.
+pub fn arch_base() -> String {
+    arch().split(':').next().unwrap_or_default().to_owned()
+}
+
+fn memory_limit() -> usize {
+    std::env::var("HISPARSE_HIP_DOUBLE_MEMORY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16 << 30)
+}
+
+/// Writes `value` through an out-pointer, or reports `hipErrorInvalidValue` for null.
+///
+/// # Safety
+/// `out` is null or valid for writing a `T`.
+unsafe fn put<T>(out: *mut T, value: T) -> u32 {
+    if out.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: non-null and, per the caller's contract, valid for writes.
+    unsafe { out.write(value) };
+    HIP_SUCCESS
+}
+
+/// `hipInit`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipInit(flags: c_uint) -> u32 {
+    if flags != 0 {
+        HIP_ERROR_INVALID_VALUE
+    } else {
+        HIP_SUCCESS
+    }
+}
+
+/// `hipGetDeviceCount`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipGetDeviceCount(count: *mut c_int) -> u32 {
+    let n = device_count();
+    // SAFETY: HIP contract: `count` is a valid out-pointer.
+    let s = unsafe { put(count, n.max(0)) };
+    if s != HIP_SUCCESS {
+        s
+    } else if n <= 0 {
+        HIP_ERROR_NO_DEVICE
+    } else {
+        HIP_SUCCESS
+    }
+}
+
+/// `hipSetDevice`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipSetDevice(ordinal: c_int) -> u32 {
+    if ordinal < 0 || ordinal >= device_count() {
+        return HIP_ERROR_INVALID_DEVICE;
+    }
+    CURRENT.with(|c| c.set(ordinal));
+    HIP_SUCCESS
+}
+
+/// `hipRuntimeGetVersion`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipRuntimeGetVersion(version: *mut c_int) -> u32 {
+    // SAFETY: HIP contract: valid out-pointer. 6.2.41134 in HIP_VERSION encoding.
+    unsafe { put(version, 60_241_134) }
+}
+
+/// Copies a string into a fixed C char array field, NUL-terminated.
+fn fill(field: &mut [c_char], text: &str) {
+    field.fill(0);
+    let room = field.len() - 1;
+    for (d, s) in field.iter_mut().zip(text.bytes().take(room)) {
+        *d = s as c_char;
+    }
+}
+
+/// `hipGetDevicePropertiesR0600`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipGetDevicePropertiesR0600(
+    prop: *mut cubecl_hip_sys::hipDeviceProp_tR0600,
+    ordinal: c_int,
+) -> u32 {
+    if ordinal < 0 || ordinal >= device_count() {
+        return HIP_ERROR_INVALID_DEVICE;
+    }
+    if prop.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: HIP contract: `prop` points at a writable `hipDeviceProp_tR0600`. Every field is
+    // an integer or an array of integers, so all-zero bytes are a valid value.
+    let p = unsafe {
+        std::ptr::write_bytes(prop, 0, 1);
+        &mut *prop
+    };
+    fill(&mut p.name, "HiSparse HIP test double");
+    fill(&mut p.gcnArchName, &arch());
+    p.totalGlobalMem = memory_limit();
+    p.warpSize = if arch_base().starts_with("gfx11") {
+        32
+    } else {
+        64
+    };
+    p.maxThreadsPerBlock = 1024;
+    p.multiProcessorCount = 8;
+    // The LDS a block may use on CDNA and RDNA.
+    p.sharedMemPerBlock = 64 * 1024;
+    p.canMapHostMemory = 1;
+    p.major = 9;
+    p.minor = 4;
+    HIP_SUCCESS
+}
+
+/// `hipGetErrorName`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetErrorName(status: u32) -> *const c_char {
+    hip_name(status).as_ptr().cast()
+}
+
+/// `hipDeviceSynchronize`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceSynchronize() -> u32 {
+    let mut st = state();
+    st.drain_all();
+    st.sticky_status()
+}
+
+/// `hipMalloc`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> u32 {
+    if ptr.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let mut st = state();
+    if bytes == 0 {
+        // SAFETY: non-null out-pointer per the HIP contract.
+        return unsafe { put(ptr, std::ptr::null_mut()) };
+    }
+    if st.device_bytes.saturating_add(bytes) > memory_limit() {
+        return HIP_ERROR_OUT_OF_MEMORY;
+    }
+    let Some(addr) = mem::alloc(&mut st, bytes, Kind::Device) else {
+        return HIP_ERROR_OUT_OF_MEMORY;
+    };
+    st.device_bytes += bytes;
+    // SAFETY: as above.
+    unsafe { put(ptr, addr as *mut c_void) }
+}
+
+/// Frees a device or pinned allocation after draining every stream (HIP's frees synchronise).
+fn free_kind(addr: usize, want: Kind) -> u32 {
+    if addr == 0 {
+        return HIP_SUCCESS;
+    }
+    let mut st = state();
+    st.drain_all();
+    match st.allocs.get(&addr).map(|a| (a.kind, a.len)) {
+        Some((kind, len)) if kind == want => {
+            mem::free(&mut st, addr);
+            if kind == Kind::Device {
+                st.device_bytes -= len;
+            }
+            HIP_SUCCESS
+        }
+        _ => HIP_ERROR_INVALID_VALUE,
+    }
+}
+
+/// `hipFree`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipFree(ptr: *mut c_void) -> u32 {
+    free_kind(ptr as usize, Kind::Device)
+}
+
+/// `hipHostMalloc`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipHostMalloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint) -> u32 {
+    // hipHostMallocPortable | hipHostMallocMapped | hipHostMallocCoherent | NonCoherent are known.
+    if ptr.is_null() || bytes == 0 || flags & !(1 | 2 | 0x4000_0000 | 0x8000_0000) != 0 {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let mut st = state();
+    let Some(addr) = mem::alloc(&mut st, bytes, Kind::Pinned) else {
+        return HIP_ERROR_OUT_OF_MEMORY;
+    };
+    // SAFETY: non-null out-pointer per the HIP contract.
+    unsafe { put(ptr, addr as *mut c_void) }
+}
+
+/// `hipHostFree`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipHostFree(ptr: *mut c_void) -> u32 {
+    free_kind(ptr as usize, Kind::Pinned)
+}
+
+/// `hipHostGetDevicePointer`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipHostGetDevicePointer(
+    dev: *mut *mut c_void,
+    host: *mut c_void,
+    flags: c_uint,
+) -> u32 {
+    if flags != 0 {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let st = state();
+    match st.allocs.get(&(host as usize)) {
+        // SAFETY: HIP contract: `dev` is a valid out-pointer.
+        Some(a) if a.kind == Kind::Pinned => unsafe { put(dev, host) },
+        _ => HIP_ERROR_INVALID_VALUE,
+    }
+}
+
+/// `hipMemset`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset(dst: *mut c_void, value: c_int, bytes: usize) -> u32 {
+    let mut st = state();
+    st.drain_all();
+    if let Err(s) = st.check_range(dst as usize, bytes, &[Kind::Device]) {
+        return s;
+    }
+    mem::write(&st, dst as usize, &vec![value as u8; bytes]);
+    st.sticky_status()
+}
+
+/// `hipMemsetAsync`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetAsync(
+    dst: *mut c_void,
+    value: c_int,
+    bytes: usize,
+    stream: *mut c_void,
+) -> u32 {
+    let mut st = state();
+    if let Err(s) = st.check_range(dst as usize, bytes, &[Kind::Device]) {
+        return s;
+    }
+    if bytes == 0 {
+        return st
+            .stream(stream as usize)
+            .map_or_else(|e| e, |_| HIP_SUCCESS);
+    }
+    let op = Op::Fill {
+        dst: dst as usize,
+        value: value as u8,
+        len: bytes,
+    };
+    match st.enqueue(stream as usize, op) {
+        Ok(()) => HIP_SUCCESS,
+        Err(e) => e,
+    }
+}
+
+/// Which allocation kinds each side of a copy may use: `(dst, src)`; `None` = unregistered host
+/// memory is allowed (synchronous copies only).
+fn sides(kind: c_uint) -> Option<(&'static [Kind], &'static [Kind])> {
+    const HOST: &[Kind] = &[Kind::Pinned];
+    const ANY: &[Kind] = &[Kind::Device, Kind::Pinned];
+    Some(match kind {
+        0 => (HOST, HOST),
+        1 => (ANY, HOST),
+        2 => (HOST, ANY),
+        3 => (ANY, ANY),
+        4 => (ANY, ANY),
+        _ => return None,
+    })
+}
+
+/// `hipMemcpy`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipMemcpy(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: c_uint,
+) -> u32 {
+    let Some((dk, sk)) = sides(kind) else {
+        return HIP_ERROR_INVALID_VALUE;
+    };
+    let mut st = state();
+    st.drain_all();
+    if bytes == 0 {
+        return st.sticky_status();
+    }
+    let (d, s) = (dst as usize, src as usize);
+    // A side declared "host" may be pageable memory for a synchronous copy.
+    let src_registered = st.check_range(s, bytes, sk).is_ok();
+    let dst_registered = st.check_range(d, bytes, dk).is_ok();
+    if (!src_registered && sk != [Kind::Pinned]) || (!dst_registered && dk != [Kind::Pinned]) {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let data = if src_registered {
+        mem::read(&st, s, bytes)
+    } else {
+        // SAFETY: HIP contract of hipMemcpy: `src` is readable for `bytes`.
+        unsafe { mem::read_host(src.cast(), bytes) }
+    };
+    if dst_registered {
+        mem::write(&st, d, &data);
+    } else {
+        // SAFETY: HIP contract of hipMemcpy: `dst` is writable for `bytes`.
+        unsafe { mem::write_host(dst.cast(), &data) };
+    }
+    st.sticky_status()
+}
+
+/// `hipMemcpyAsync`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: c_uint,
+    stream: *mut c_void,
+) -> u32 {
+    let Some((dk, sk)) = sides(kind) else {
+        return HIP_ERROR_INVALID_VALUE;
+    };
+    let mut st = state();
+    if let Err(s) = st
+        .check_range(dst as usize, bytes, dk)
+        .and_then(|_| st.check_range(src as usize, bytes, sk))
+    {
+        return s;
+    }
+    if bytes == 0 {
+        return st
+            .stream(stream as usize)
+            .map_or_else(|e| e, |_| HIP_SUCCESS);
+    }
+    let op = Op::Copy {
+        dst: dst as usize,
+        src: src as usize,
+        len: bytes,
+    };
+    match st.enqueue(stream as usize, op) {
+        Ok(()) => HIP_SUCCESS,
+        Err(s) => s,
+    }
+}
+
+/// `hipStreamCreateWithFlags`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipStreamCreateWithFlags(stream: *mut *mut c_void, flags: c_uint) -> u32 {
+    if flags > 1 {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let mut st = state();
+    let h = st.handle();
+    st.streams.insert(h, Default::default());
+    // SAFETY: HIP contract: valid out-pointer.
+    unsafe { put(stream, h as *mut c_void) }
+}
+
+/// `hipStreamDestroy`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipStreamDestroy(stream: *mut c_void) -> u32 {
+    let mut st = state();
+    let h = stream as usize;
+    if h == 0 || !st.streams.contains_key(&h) {
+        return HIP_ERROR_INVALID_HANDLE;
+    }
+    // Pending work completes before the stream goes away.
+    st.drain(h);
+    st.streams.remove(&h);
+    HIP_SUCCESS
+}
+
+/// `hipStreamSynchronize`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipStreamSynchronize(stream: *mut c_void) -> u32 {
+    let mut st = state();
+    let h = stream as usize;
+    if let Err(s) = st.stream(h) {
+        return s;
+    }
+    st.drain(h);
+    st.sticky_status()
+}
+
+/// `hipEventCreateWithFlags`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipEventCreateWithFlags(event: *mut *mut c_void, flags: c_uint) -> u32 {
+    // hipEventDefault | hipEventBlockingSync | hipEventDisableTiming | hipEventInterprocess.
+    if flags & !0x7 != 0 || event.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let mut st = state();
+    let h = st.handle();
+    st.events.insert(h, None);
+    // SAFETY: HIP contract: valid (non-null, checked) out-pointer.
+    unsafe { put(event, h as *mut c_void) }
+}
+
+/// `hipEventRecord`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventRecord(event: *mut c_void, stream: *mut c_void) -> u32 {
+    let mut st = state();
+    let seq = match st.stream(stream as usize) {
+        Ok(s) => s.enqueued,
+        Err(e) => return e,
+    };
+    match st.events.get_mut(&(event as usize)) {
+        Some(slot) => {
+            *slot = Some((stream as usize, seq));
+            HIP_SUCCESS
+        }
+        None => HIP_ERROR_INVALID_HANDLE,
+    }
+}
+
+/// `hipStreamWaitEvent`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipStreamWaitEvent(
+    stream: *mut c_void,
+    event: *mut c_void,
+    flags: c_uint,
+) -> u32 {
+    if flags != 0 {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let mut st = state();
+    let Some(&recorded) = st.events.get(&(event as usize)) else {
+        return HIP_ERROR_INVALID_HANDLE;
+    };
+    // An event never recorded is complete: nothing to wait for.
+    let Some((other, seq)) = recorded else {
+        return st
+            .stream(stream as usize)
+            .map_or_else(|e| e, |_| HIP_SUCCESS);
+    };
+    match st.enqueue(stream as usize, Op::Wait { stream: other, seq }) {
+        Ok(()) => HIP_SUCCESS,
+        Err(e) => e,
+    }
+}
+
+/// `hipEventQuery`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventQuery(event: *mut c_void) -> u32 {
+    let mut st = state();
+    let Some(&recorded) = st.events.get(&(event as usize)) else {
+        return HIP_ERROR_INVALID_HANDLE;
+    };
+    let Some((stream, seq)) = recorded else {
+        return HIP_SUCCESS;
+    };
+    // Queued work runs only when waited for: the event is complete once its stream ran past it.
+    let pending = st
+        .stream(stream)
+        .map(|s| s.queue.front().is_some_and(|&(next, _)| next <= seq))
+        .unwrap_or(false);
+    if pending {
+        HIP_ERROR_NOT_READY
+    } else {
+        HIP_SUCCESS
+    }
+}
+
+/// `hipEventDestroy`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventDestroy(event: *mut c_void) -> u32 {
+    match state().events.remove(&(event as usize)) {
+        Some(_) => HIP_SUCCESS,
+        None => HIP_ERROR_INVALID_HANDLE,
+    }
+}
+
+/// Reads a module image: an AMDGPU ELF code object for the device's architecture, or the double's
+/// hiprtc output. Returns the kernels it defines.
+///
+/// # Safety
+/// `image` points at a complete image (HIP's contract of `hipModuleLoadData`).
+unsafe fn read_image(image: *const u8) -> Result<Vec<String>, u32> {
+    // SAFETY: every image format starts with at least 64 bytes (ELF header, or the 16-byte
+    // marker plus its length word and payload); the caller passes a complete image.
+    let head = unsafe { std::slice::from_raw_parts(image, 64) };
+    if let Some(len) = rtc::marker_len(head) {
+        // SAFETY: the marker records the full length of the blob hiprtc returned.
+        let blob = unsafe { std::slice::from_raw_parts(image, len) };
+        let (arch, kernels) = rtc::parse_marker(blob).ok_or(HIP_ERROR_INVALID_IMAGE)?;
+        return if arch == arch_base() {
+            Ok(kernels)
+        } else {
+            Err(HIP_ERROR_NO_BINARY_FOR_GPU)
+        };
+    }
+    let table_end = elf::header_extent(head).map_err(|_| HIP_ERROR_INVALID_IMAGE)?;
+    // SAFETY: a complete ELF image holds its section header table.
+    let with_table = unsafe { std::slice::from_raw_parts(image, table_end) };
+    let len = elf::extent(with_table).map_err(|_| HIP_ERROR_INVALID_IMAGE)?;
+    // SAFETY: a complete ELF image holds every section it declares.
+    let whole = unsafe { std::slice::from_raw_parts(image, len) };
+    let info = elf::parse(whole).map_err(|_| HIP_ERROR_INVALID_IMAGE)?;
+    if info.machine != elf::EM_AMDGPU {
+        return Err(HIP_ERROR_INVALID_IMAGE);
+    }
+    if Some(info.flags & elf::EF_AMDGPU_MACH) != elf::mach_of(&arch_base()) {
+        return Err(HIP_ERROR_NO_BINARY_FOR_GPU);
+    }
+    Ok(hisparse_gpu_kernels_names()
+        .filter(|k| info.has_kernel(k))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Every kernel name of the ABI table.
+fn hisparse_gpu_kernels_names() -> impl Iterator<Item = &'static str> {
+    exec::kernel_names()
+}
+
+/// `hipModuleLoadData`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> u32 {
+    if module.is_null() || image.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: HIP contract: `image` is a complete image.
+    let kernels = match unsafe { read_image(image.cast()) } {
+        Ok(k) => k,
+        Err(s) => return s,
+    };
+    let mut st = state();
+    let h = st.handle();
+    st.modules.insert(h, Module { kernels });
+    // SAFETY: non-null out-pointer (checked).
+    unsafe { put(module, h as *mut c_void) }
+}
+
+/// `hipModuleUnload`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipModuleUnload(module: *mut c_void) -> u32 {
+    let mut st = state();
+    st.drain_all();
+    match st.modules.remove(&(module as usize)) {
+        Some(_) => HIP_SUCCESS,
+        None => HIP_ERROR_INVALID_HANDLE,
+    }
+}
+
+/// `hipModuleGetFunction`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipModuleGetFunction(
+    function: *mut *mut c_void,
+    module: *mut c_void,
+    name: *const c_char,
+) -> u32 {
+    if function.is_null() || name.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: HIP contract: `name` is NUL-terminated.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    let mut st = state();
+    let Some(m) = st.modules.get(&(module as usize)) else {
+        return HIP_ERROR_INVALID_HANDLE;
+    };
+    if !m.kernels.iter().any(|k| *k == name) {
+        return HIP_ERROR_NOT_FOUND;
+    }
+    let Some(index) = exec::kernel_index(&name) else {
+        return HIP_ERROR_NOT_FOUND;
+    };
+    let h = st.handle();
+    st.functions.insert(h, index);
+    // SAFETY: non-null out-pointer (checked).
+    unsafe { put(function, h as *mut c_void) }
+}
+
+/// `hipModuleLaunchKernel`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipModuleLaunchKernel(
+    function: *mut c_void,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_bytes: c_uint,
+    stream: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> u32 {
+    let mut st = state();
+    let Some(&index) = st.functions.get(&(function as usize)) else {
+        return HIP_ERROR_INVALID_HANDLE;
+    };
+    let grid = [grid_x, grid_y, grid_z];
+    let block = [block_x, block_y, block_z];
+    let threads = u64::from(block_x) * u64::from(block_y) * u64::from(block_z);
+    if grid.contains(&0) || threads == 0 || threads > 1024 || shared_bytes > 64 * 1024 {
+        return HIP_ERROR_INVALID_CONFIGURATION;
+    }
+    if !extra.is_null() || params.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: HIP contract: `params` holds one pointer per kernel parameter, each to a value of
+    // the parameter's type, as declared by the ABI table the decoder follows.
+    let launch = match unsafe { exec::decode(&st, index, grid, block, shared_bytes, params) } {
+        Ok(l) => l,
+        Err(s) => return s,
+    };
+    match st.enqueue(stream as usize, Op::Launch(launch)) {
+        Ok(()) => HIP_SUCCESS,
+        Err(e) => e,
+    }
+}
+
+/// Kernel launches executed so far, by kernel name (for tests of the double loaded in-process).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hisparse_hip_double_launches(name: *const c_char) -> u64 {
+    if name.is_null() {
+        return 0;
+    }
+    // SAFETY: callers pass a NUL-terminated name.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    state().launches.get(name.as_ref()).copied().unwrap_or(0)
+}

@@ -1,0 +1,676 @@
+//! Kernel launches: decoding the parameters with the ABI table of `hisparse-gpu-kernels`, checking
+//! the launch shape each kernel documents, and running each kernel as the core's reference
+//! operation (or, for the two copy kernels whose work items are lower-level than an op, a direct
+//! emulation of exactly what the kernel does).
+//!
+//! A kernel reads and writes only through pointers it was given: every range is checked against
+//! the live allocations, and a range outside them is a fault (sticky `hipErrorIllegalAddress`).
+
+use std::ffi::c_void;
+
+use hisparse_core::ops::copy::{copy_rows, gather_rows};
+use hisparse_core::ops::invalidate::invalidate;
+use hisparse_core::ops::remap::remap;
+use hisparse_core::ops::resolve::resolve;
+use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
+use hisparse_core::ops::{
+    Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageLayout,
+    RemapArgs, RemapDesc, ResolveDesc, ResolveSlices, RowCopyDesc, RowSpan, SlotMappingArgs,
+    SlotMappingDesc,
+};
+use hisparse_gpu_kernels::{self as gk, Kernel, KernelAbi, Param};
+
+use crate::state::State;
+use crate::status::*;
+
+/// A decoded launch, queued until its stream runs.
+#[derive(Debug)]
+pub struct Launch {
+    kernel: Kernel,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    /// Raw bytes of each parameter, in ABI order.
+    args: Vec<Vec<u8>>,
+}
+
+/// Every kernel name of the ABI table.
+pub fn kernel_names() -> impl Iterator<Item = &'static str> {
+    Kernel::ALL.iter().map(|k| k.name())
+}
+
+/// Index in [`Kernel::ALL`] of the kernel called `name`.
+pub fn kernel_index(name: &str) -> Option<usize> {
+    Kernel::ALL.iter().position(|k| k.name() == name)
+}
+
+/// Name of the launched kernel.
+pub fn kernel_name(l: &Launch) -> &'static str {
+    l.kernel.name()
+}
+
+/// Copies each parameter value out of the caller's `params` array.
+///
+/// # Safety
+/// `params` holds one valid pointer per parameter of kernel `index`, each pointing at a value of
+/// the size the ABI table declares.
+pub unsafe fn decode(
+    st: &State,
+    index: usize,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    params: *mut *mut c_void,
+) -> Result<Launch, u32> {
+    let kernel = Kernel::ALL[index];
+    let abi = kernel.abi();
+    let mut args = Vec::with_capacity(abi.params.len());
+    for (i, p) in abi.params.iter().enumerate() {
+        // SAFETY: per the caller's contract, `params` has an entry per parameter.
+        let value = unsafe { *params.add(i) };
+        if value.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        let mut bytes = vec![0u8; p.ty.size()];
+        // SAFETY: per the caller's contract, `value` points at `p.ty.size()` readable bytes;
+        // `bytes` is a distinct buffer of that size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(value.cast::<u8>(), bytes.as_mut_ptr(), bytes.len())
+        };
+        // A non-null pointer argument must point into a live allocation at launch time.
+        if p.ty == Param::Ptr {
+            let addr = u64::from_ne_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+            if addr != 0 && st.room(addr).is_none() {
+                return Err(HIP_ERROR_INVALID_VALUE);
+            }
+        }
+        args.push(bytes);
+    }
+    if block != [abi.block_threads, 1, 1] {
+        return Err(HIP_ERROR_INVALID_CONFIGURATION);
+    }
+    Ok(Launch {
+        kernel,
+        grid,
+        block,
+        shared,
+        args,
+    })
+}
+
+/// Typed access to a launch's parameters by name.
+struct Params<'a> {
+    abi: KernelAbi,
+    args: &'a [Vec<u8>],
+}
+
+impl Params<'_> {
+    fn raw(&self, name: &str) -> &[u8] {
+        let i = self
+            .abi
+            .params
+            .iter()
+            .position(|p| p.name == name)
+            .unwrap_or_else(|| panic!("double: {} has no parameter {name}", self.abi.name));
+        &self.args[i]
+    }
+    fn u32(&self, name: &str) -> u32 {
+        u32::from_ne_bytes(self.raw(name)[..4].try_into().expect("4 bytes"))
+    }
+    fn u64(&self, name: &str) -> u64 {
+        u64::from_ne_bytes(self.raw(name)[..8].try_into().expect("8 bytes"))
+    }
+    fn ptr(&self, name: &str) -> usize {
+        self.u64(name) as usize
+    }
+}
+
+fn range(st: &State, what: &str, addr: usize, bytes: usize) -> Result<(), String> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    if addr == 0 {
+        return Err(format!(
+            "`{what}` is null but {bytes} bytes are read or written"
+        ));
+    }
+    st.find(addr, bytes).map(|_| ()).ok_or_else(|| {
+        format!("`{what}`: {bytes} bytes at {addr:#x} are not inside one allocation")
+    })
+}
+
+fn read_i32(st: &State, what: &str, addr: usize, n: usize) -> Result<Vec<i32>, String> {
+    range(st, what, addr, n * 4)?;
+    Ok(crate::mem::read(st, addr, n * 4)
+        .chunks_exact(4)
+        .map(|c| i32::from_ne_bytes(c.try_into().expect("4 bytes")))
+        .collect())
+}
+
+fn write_i32(st: &State, addr: usize, v: &[i32]) {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    crate::mem::write(st, addr, &bytes);
+}
+
+fn read_u16(st: &State, what: &str, addr: usize, n: usize) -> Result<Vec<u16>, String> {
+    range(st, what, addr, n * 2)?;
+    Ok(crate::mem::read(st, addr, n * 2)
+        .chunks_exact(2)
+        .map(|c| u16::from_ne_bytes(c.try_into().expect("2 bytes")))
+        .collect())
+}
+
+/// Every byte from `addr` to the end of its allocation.
+fn region(st: &State, what: &str, addr: usize) -> Result<Vec<u8>, String> {
+    let room = st
+        .room(addr)
+        .ok_or_else(|| format!("`{what}` at {addr:#x} is not inside an allocation"))?;
+    Ok(crate::mem::read(st, addr, room))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// `struct hs_layout` → `PageLayout`.
+fn layout(b: &[u8]) -> PageLayout {
+    PageLayout {
+        base: u64_at(b, 0),
+        block_stride: u64_at(b, 8),
+        num_blocks: u32_at(b, 16),
+        block_size: u32_at(b, 20),
+        row_bytes: u32_at(b, 24),
+        value_bytes: u32_at(b, 28),
+        index_stride_rows: u32_at(b, 32),
+    }
+}
+
+/// `struct hs_layer_pair` → `LayerPair`.
+fn layer_pair(b: &[u8]) -> LayerPair {
+    LayerPair {
+        host: layout(&b[..40]),
+        device: layout(&b[40..80]),
+    }
+}
+
+fn need_grid(l: &Launch, min: [u64; 3]) -> Result<(), String> {
+    for (d, (&g, &m)) in l.grid.iter().zip(&min).enumerate() {
+        if u64::from(g) < m {
+            return Err(format!(
+                "grid {:?} is too small: dimension {d} must be at least {m} (work would be skipped)",
+                l.grid
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one launch against the double's memory.
+pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
+    let p = Params {
+        abi: l.kernel.abi(),
+        args: &l.args,
+    };
+    debug_assert_eq!(l.block[0], p.abi.block_threads);
+    match l.kernel {
+        Kernel::Remap => run_remap(st, l, &p),
+        Kernel::Resolve => run_resolve(st, l, &p),
+        Kernel::GatherRows => run_gather(st, l, &p),
+        Kernel::CopyPages => run_copy_pages(st, &p),
+        Kernel::CopyRows => run_copy_rows(st, &p),
+        Kernel::Invalidate => run_invalidate(st, &p),
+        Kernel::CompressedSlotMapping => run_slot_mapping(st, l, &p),
+    }
+}
+
+fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    let flags = p.u32("flags");
+    let desc = RemapDesc {
+        num_tokens: p.u32("num_tokens"),
+        top_k: p.u32("top_k"),
+        table_rows: p.u32("table_rows"),
+        max_blocks: p.u32("max_blocks"),
+        block_size: p.u32("block_size"),
+        block_stride_rows: p.u32("block_stride_rows"),
+        idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
+        write_counts: flags & gk::REMAP_COUNTS != 0,
+        compact: flags & gk::REMAP_COMPACT != 0,
+    };
+    need_grid(l, [desc.num_tokens.into(), 1, 1])?;
+    let t = desc.num_tokens as usize;
+    let tk = t * desc.top_k as usize;
+    let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
+    let table = read_i32(
+        st,
+        "block_table",
+        p.ptr("block_table"),
+        desc.table_rows as usize * desc.max_blocks as usize,
+    )?;
+    let topk = read_i32(st, "topk", p.ptr("topk"), tk)?;
+    let map = match desc.idx_mapping_len {
+        Some(n) => Some(read_i32(
+            st,
+            "idx_mapping",
+            p.ptr("idx_mapping"),
+            n as usize,
+        )?),
+        None => None,
+    };
+    let mut out = read_i32(st, "out", p.ptr("out"), tk)?;
+    let mut counts = if desc.write_counts {
+        Some(read_i32(st, "counts", p.ptr("counts"), t)?)
+    } else {
+        None
+    };
+    remap(
+        &desc,
+        RemapArgs {
+            req_id: &req[..],
+            block_table: &table[..],
+            topk: &topk[..],
+            idx_mapping: map.as_deref(),
+            out: &mut out[..],
+            counts: counts.as_deref_mut(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    write_i32(st, p.ptr("out"), &out);
+    if let Some(c) = counts {
+        write_i32(st, p.ptr("counts"), &c);
+    }
+    Ok(())
+}
+
+fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    let desc = ResolveDesc {
+        num_tokens: p.u32("num_tokens"),
+        top_k: p.u32("top_k"),
+        num_requests: p.u32("num_requests"),
+        max_pages: p.u32("max_pages"),
+        block_size: p.u32("block_size"),
+        hot_slots: p.u32("hot_slots"),
+        attention_block_stride: p.u32("attention_block_stride"),
+        host_num_blocks: p.u32("host_num_blocks"),
+    };
+    desc.validate().map_err(|e| e.to_string())?;
+    need_grid(l, [desc.num_tokens.into(), 1, 1])?;
+    let smem_table = p.u32("smem_table_entries");
+    if smem_table != 0 && !smem_table.is_power_of_two() {
+        return Err(format!(
+            "smem_table_entries {smem_table} is not a power of two"
+        ));
+    }
+    let needed = gk::resolve_shared_bytes(desc.hot_slots, smem_table);
+    if u64::from(l.shared) < needed {
+        return Err(format!(
+            "{} bytes of dynamic shared memory, the kernel uses {needed}",
+            l.shared
+        ));
+    }
+    let (t, k) = (desc.num_tokens as usize, desc.top_k as usize);
+    let (r, n) = (desc.num_requests as usize, desc.hot_slots as usize);
+    let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
+
+    // The wanted-row tables of requests too big for shared memory come from the workspace,
+    // bump-allocated through the counter, which must be zero when the kernel starts.
+    let mut from_workspace = 0u64;
+    for first in 0..t {
+        let q = req[first];
+        if q < 0 || q as u32 >= desc.num_requests || req[..first].contains(&q) {
+            continue;
+        }
+        let rows = req[first..].iter().filter(|&&x| x == q).count() as u64;
+        let cap = gk::resolve_table_entries(rows * desc.top_k as u64);
+        if cap > u64::from(smem_table) {
+            from_workspace += cap;
+        }
+    }
+    if from_workspace > 0 {
+        let counter = p.ptr("workspace_counter");
+        let c = read_i32(st, "workspace_counter", counter, 1)?[0];
+        if c != 0 {
+            return Err(format!(
+                "workspace_counter is {c} at launch; the host must zero it before each launch"
+            ));
+        }
+        let entries = u64::from(p.u32("workspace_entries"));
+        if from_workspace > entries {
+            return Err(format!(
+                "the launch needs {from_workspace} workspace entries, {entries} were given"
+            ));
+        }
+        range(
+            st,
+            "workspace",
+            p.ptr("workspace"),
+            from_workspace as usize * 16,
+        )?;
+        write_i32(st, counter, &[from_workspace as i32]);
+    }
+
+    let w = desc.hot_table_width() as usize;
+    let topk = read_i32(st, "topk", p.ptr("topk"), t * k)?;
+    let resident = read_i32(
+        st,
+        "resident_table",
+        p.ptr("resident_table"),
+        r * desc.max_pages as usize,
+    )?;
+    let host = read_i32(
+        st,
+        "host_table",
+        p.ptr("host_table"),
+        r * desc.max_pages as usize,
+    )?;
+    let hot = read_i32(st, "hot_table", p.ptr("hot_table"), r * w)?;
+    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), r * n)?;
+    let mut lru = read_u16(st, "lru", p.ptr("lru"), r * n)?;
+    let mut outs: Vec<Vec<i32>> = Vec::new();
+    for (name, len) in [
+        ("indices", t * k),
+        ("valid_counts", t),
+        ("hit_counts", t),
+        ("miss_counts", t),
+        ("miss_src", t * k),
+        ("miss_dst", t * k),
+    ] {
+        outs.push(read_i32(st, name, p.ptr(name), len)?);
+    }
+    let [indices, valid, hits, misses, src, dst] = &mut outs[..] else {
+        unreachable!("six outputs")
+    };
+    resolve(
+        &desc,
+        ResolveSlices {
+            req_id: &req,
+            topk: &topk,
+            resident_table: &resident,
+            host_table: &host,
+            hot_table: &hot,
+            dgi: &mut dgi,
+            lru: &mut lru,
+            indices,
+            valid_counts: valid,
+            hit_counts: hits,
+            miss_counts: misses,
+            miss_src: src,
+            miss_dst: dst,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    write_i32(st, p.ptr("dgi"), &dgi);
+    let lru_bytes: Vec<u8> = lru.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    crate::mem::write(st, p.ptr("lru"), &lru_bytes);
+    for (name, v) in [
+        "indices",
+        "valid_counts",
+        "hit_counts",
+        "miss_counts",
+        "miss_src",
+        "miss_dst",
+    ]
+    .iter()
+    .zip(&outs)
+    {
+        write_i32(st, p.ptr(name), v);
+    }
+    Ok(())
+}
+
+fn run_gather(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    let g = p.raw("layers");
+    let count = u32_at(g, 0) as usize;
+    if count == 0 || count > gk::GATHER_MAX_LAYERS {
+        return Err(format!(
+            "layers.count = {count} is outside 1..={}",
+            gk::GATHER_MAX_LAYERS
+        ));
+    }
+    let layers: Vec<LayerPair> = (0..count)
+        .map(|i| layer_pair(&g[16 + 80 * i..16 + 80 * (i + 1)]))
+        .collect();
+    let (t, k) = (p.u32("num_tokens"), p.u32("top_k"));
+    need_grid(
+        l,
+        [k.div_ceil(gk::GATHER_ROWS).into(), t.into(), count as u64],
+    )?;
+    let tk = t as usize * k as usize;
+    let src = read_i32(st, "plan_src", p.ptr("plan_src"), tk)?;
+    let dst = read_i32(st, "plan_dst", p.ptr("plan_dst"), tk)?;
+    let counts = read_i32(st, "plan_counts", p.ptr("plan_counts"), t as usize)?;
+    let host = region(st, "host", p.ptr("host"))?;
+    let mut device = region(st, "device", p.ptr("device"))?;
+    gather_rows(
+        &GatherDesc {
+            num_tokens: t,
+            top_k: k,
+            layers: &layers,
+        },
+        GatherArgs {
+            plan_src: &src[..],
+            plan_dst: &dst[..],
+            plan_counts: &counts[..],
+            host: &host[..],
+            device: &mut device[..],
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    crate::mem::write(st, p.ptr("device"), &device);
+    Ok(())
+}
+
+fn overlap_error(what: &str) -> String {
+    format!(
+        "{what} overlap within one launch: blocks run in any order on a GPU, so the result is \
+         undefined (the host must split such copies)"
+    )
+}
+
+/// Whether two non-empty ranges `(start, len)` of `v` overlap.
+fn overlaps_within(v: &[(usize, usize)]) -> bool {
+    let mut v: Vec<(usize, usize)> = v.iter().copied().filter(|r| r.1 > 0).collect();
+    v.sort_unstable();
+    let mut end = 0usize;
+    for (i, (s, l)) in v.into_iter().enumerate() {
+        if i > 0 && s < end {
+            return true;
+        }
+        end = end.max(s + l);
+    }
+    false
+}
+
+/// Whether a non-empty range of `a` overlaps one of `b`.
+fn overlaps_between(a: &[(usize, usize)], b: &[(usize, usize)]) -> bool {
+    let mut all: Vec<(usize, usize, bool)> = a
+        .iter()
+        .map(|&(s, l)| (s, l, false))
+        .chain(b.iter().map(|&(s, l)| (s, l, true)))
+        .filter(|r| r.1 > 0)
+        .collect();
+    all.sort_unstable();
+    let (mut end_a, mut end_b) = (0usize, 0usize);
+    for (s, l, in_b) in all {
+        let (mine, other) = if in_b {
+            (&mut end_b, end_a)
+        } else {
+            (&mut end_a, end_b)
+        };
+        if s < other {
+            return true;
+        }
+        *mine = (*mine).max(s + l);
+    }
+    false
+}
+
+/// `hs_copy_pages`: for every (job, pair) tile, copy `page_bytes` from the source page to the
+/// destination page. The kernel's contract: destinations disjoint from each other and from every
+/// source of the launch.
+fn run_copy_pages(st: &mut State, p: &Params<'_>) -> Result<(), String> {
+    let (nl, np) = (p.u32("num_layers") as usize, p.u32("num_pairs") as usize);
+    range(st, "jobs", p.ptr("jobs"), nl * 40)?;
+    range(st, "pairs", p.ptr("pairs"), np * 8)?;
+    let jobs = crate::mem::read(st, p.ptr("jobs"), nl * 40);
+    let pairs = crate::mem::read(st, p.ptr("pairs"), np * 8);
+    let (src, dst) = (p.ptr("src"), p.ptr("dst"));
+    let mut tiles = Vec::with_capacity(nl * np);
+    for pi in 0..np {
+        for ji in 0..nl {
+            let j = &jobs[40 * ji..40 * (ji + 1)];
+            let (ps, pd) = (
+                u32_at(&pairs, 8 * pi) as u64,
+                u32_at(&pairs, 8 * pi + 4) as u64,
+            );
+            let len = u64_at(j, 32);
+            if !len.is_multiple_of(16) {
+                return Err(format!("page_bytes {len} is not a multiple of 16"));
+            }
+            let s = src + (u64_at(j, 0) + ps * u64_at(j, 8)) as usize;
+            let d = dst + (u64_at(j, 16) + pd * u64_at(j, 24)) as usize;
+            range(st, "src page", s, len as usize)?;
+            range(st, "dst page", d, len as usize)?;
+            tiles.push((s, d, len as usize));
+        }
+    }
+    let srcs: Vec<(usize, usize)> = tiles.iter().map(|t| (t.0, t.2)).collect();
+    let dsts: Vec<(usize, usize)> = tiles.iter().map(|t| (t.1, t.2)).collect();
+    if overlaps_within(&dsts) {
+        return Err(overlap_error("destination pages"));
+    }
+    if overlaps_between(&dsts, &srcs) {
+        return Err(overlap_error("destination and source pages"));
+    }
+    for (s, d, len) in tiles {
+        let bytes = crate::mem::read(st, s, len);
+        crate::mem::write(st, d, &bytes);
+    }
+    Ok(())
+}
+
+fn run_copy_rows(st: &mut State, p: &Params<'_>) -> Result<(), String> {
+    let (nl, ns) = (p.u32("num_layers") as usize, p.u32("num_spans") as usize);
+    range(st, "layers", p.ptr("layers"), nl * 80)?;
+    range(st, "spans", p.ptr("spans"), ns * 16)?;
+    let lb = crate::mem::read(st, p.ptr("layers"), nl * 80);
+    let sb = crate::mem::read(st, p.ptr("spans"), ns * 16);
+    let layers: Vec<LayerPair> = (0..nl)
+        .map(|i| layer_pair(&lb[80 * i..80 * (i + 1)]))
+        .collect();
+    let spans: Vec<RowSpan> = (0..ns)
+        .map(|i| RowSpan {
+            device_block: u32_at(&sb, 16 * i),
+            host_block: u32_at(&sb, 16 * i + 4),
+            first_row: u32_at(&sb, 16 * i + 8),
+            num_rows: u32_at(&sb, 16 * i + 12),
+        })
+        .collect();
+    let direction = match p.u32("direction") {
+        gk::DIRECTION_DEVICE_TO_HOST => Direction::DeviceToHost,
+        gk::DIRECTION_HOST_TO_DEVICE => Direction::HostToDevice,
+        d => return Err(format!("direction {d} is neither 0 nor 1")),
+    };
+    // The kernel's contract: destination rows of one launch are disjoint.
+    let mut dsts = Vec::new();
+    for lp in &layers {
+        let d = match direction {
+            Direction::DeviceToHost => &lp.host,
+            Direction::HostToDevice => &lp.device,
+        };
+        for s in &spans {
+            let block = match direction {
+                Direction::DeviceToHost => s.host_block,
+                Direction::HostToDevice => s.device_block,
+            };
+            for row in s.first_row..s.first_row + s.num_rows {
+                for (at, len) in d.row_parts(block, row) {
+                    dsts.push((at as usize, len as usize));
+                }
+            }
+        }
+    }
+    if overlaps_within(&dsts) {
+        return Err(overlap_error("destination rows"));
+    }
+    let (h, d) = (p.ptr("host"), p.ptr("device"));
+    let mut host = region(st, "host", h)?;
+    let mut device = region(st, "device", d)?;
+    copy_rows(
+        &RowCopyDesc {
+            direction,
+            layers: &layers,
+        },
+        &spans,
+        &mut host,
+        &mut device,
+    )
+    .map_err(|e| e.to_string())?;
+    match direction {
+        Direction::DeviceToHost => crate::mem::write(st, h, &host),
+        Direction::HostToDevice => crate::mem::write(st, d, &device),
+    }
+    Ok(())
+}
+
+fn run_invalidate(st: &mut State, p: &Params<'_>) -> Result<(), String> {
+    let nr = p.u32("num_ranges");
+    let total = usize::try_from(p.u64("total")).map_err(|_| "total overflows".to_string())?;
+    let ranges = read_i32(st, "ranges", p.ptr("ranges"), nr as usize * 2)?;
+    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), total)?;
+    // The reference takes at most MAX_HOT_SLOTS slots per request: apply it chunk by chunk.
+    for chunk in dgi.chunks_mut(hisparse_core::ops::MAX_HOT_SLOTS as usize) {
+        invalidate(
+            &InvalidateDesc {
+                num_requests: 1,
+                hot_slots: chunk.len() as u32,
+                num_ranges: nr,
+            },
+            InvalidateArgs {
+                ranges: &ranges[..],
+                dgi: chunk,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    write_i32(st, p.ptr("dgi"), &dgi);
+    Ok(())
+}
+
+fn run_slot_mapping(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    let desc = SlotMappingDesc {
+        num_tokens: p.u32("num_tokens"),
+        ratio: p.u32("ratio"),
+        block_size: p.u32("block_size"),
+        table_rows: p.u32("table_rows"),
+        max_blocks: p.u32("max_blocks"),
+    };
+    need_grid(l, [desc.num_tokens.div_ceil(gk::SLOT_THREADS).into(), 1, 1])?;
+    let t = desc.num_tokens as usize;
+    let positions = read_i32(st, "positions", p.ptr("positions"), t)?;
+    let slots = read_i32(st, "slot_mapping", p.ptr("slot_mapping"), t)?;
+    let rows = read_i32(st, "table_row", p.ptr("table_row"), t)?;
+    let table = read_i32(
+        st,
+        "block_table",
+        p.ptr("block_table"),
+        desc.table_rows as usize * desc.max_blocks as usize,
+    )?;
+    let mut out = read_i32(st, "out", p.ptr("out"), t)?;
+    compressed_slot_mapping(
+        &desc,
+        SlotMappingArgs {
+            positions: &positions[..],
+            slot_mapping: &slots[..],
+            table_row: &rows[..],
+            block_table: &table[..],
+            out: &mut out[..],
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    write_i32(st, p.ptr("out"), &out);
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! `hipError_t` and `hiprtcResult` values the double returns, with their names.
+
+/// `hipSuccess`.
+pub const HIP_SUCCESS: u32 = 0;
+/// `hipErrorInvalidValue`.
+pub const HIP_ERROR_INVALID_VALUE: u32 = 1;
+/// `hipErrorOutOfMemory`.
+pub const HIP_ERROR_OUT_OF_MEMORY: u32 = 2;
+/// `hipErrorInvalidConfiguration`.
+pub const HIP_ERROR_INVALID_CONFIGURATION: u32 = 9;
+/// `hipErrorNoDevice`.
+pub const HIP_ERROR_NO_DEVICE: u32 = 100;
+/// `hipErrorInvalidDevice`.
+pub const HIP_ERROR_INVALID_DEVICE: u32 = 101;
+/// `hipErrorInvalidImage`.
+pub const HIP_ERROR_INVALID_IMAGE: u32 = 200;
+/// `hipErrorNoBinaryForGpu`.
+pub const HIP_ERROR_NO_BINARY_FOR_GPU: u32 = 209;
+/// `hipErrorInvalidHandle`.
+pub const HIP_ERROR_INVALID_HANDLE: u32 = 400;
+/// `hipErrorNotFound`.
+pub const HIP_ERROR_NOT_FOUND: u32 = 500;
+/// `hipErrorNotReady`.
+pub const HIP_ERROR_NOT_READY: u32 = 600;
+/// `hipErrorIllegalAddress`.
+pub const HIP_ERROR_ILLEGAL_ADDRESS: u32 = 700;
+
+/// `HIPRTC_SUCCESS`.
+pub const RTC_SUCCESS: u32 = 0;
+/// `HIPRTC_ERROR_INVALID_INPUT`.
+pub const RTC_ERROR_INVALID_INPUT: u32 = 3;
+/// `HIPRTC_ERROR_INVALID_PROGRAM`.
+pub const RTC_ERROR_INVALID_PROGRAM: u32 = 4;
+/// `HIPRTC_ERROR_INVALID_OPTION`.
+pub const RTC_ERROR_INVALID_OPTION: u32 = 5;
+/// `HIPRTC_ERROR_COMPILATION`.
+pub const RTC_ERROR_COMPILATION: u32 = 6;
+
+/// `hipGetErrorName` of the statuses above, as NUL-terminated static strings.
+pub fn hip_name(status: u32) -> &'static [u8] {
+    match status {
+        HIP_SUCCESS => b"hipSuccess\0",
+        HIP_ERROR_INVALID_VALUE => b"hipErrorInvalidValue\0",
+        HIP_ERROR_OUT_OF_MEMORY => b"hipErrorOutOfMemory\0",
+        HIP_ERROR_INVALID_CONFIGURATION => b"hipErrorInvalidConfiguration\0",
+        HIP_ERROR_NO_DEVICE => b"hipErrorNoDevice\0",
+        HIP_ERROR_INVALID_DEVICE => b"hipErrorInvalidDevice\0",
+        HIP_ERROR_INVALID_IMAGE => b"hipErrorInvalidImage\0",
+        HIP_ERROR_NO_BINARY_FOR_GPU => b"hipErrorNoBinaryForGpu\0",
+        HIP_ERROR_INVALID_HANDLE => b"hipErrorInvalidHandle\0",
+        HIP_ERROR_NOT_FOUND => b"hipErrorNotFound\0",
+        HIP_ERROR_ILLEGAL_ADDRESS => b"hipErrorIllegalAddress\0",
+        HIP_ERROR_NOT_READY => b"hipErrorNotReady\0",
+        _ => b"hipErrorUnknown\0",
+    }
+}
+
+/// `hiprtcGetErrorString` of the results above.
+pub fn rtc_name(status: u32) -> &'static [u8] {
+    match status {
+        RTC_SUCCESS => b"HIPRTC_SUCCESS\0",
+        RTC_ERROR_INVALID_INPUT => b"HIPRTC_ERROR_INVALID_INPUT\0",
+        RTC_ERROR_INVALID_PROGRAM => b"HIPRTC_ERROR_INVALID_PROGRAM\0",
+        RTC_ERROR_INVALID_OPTION => b"HIPRTC_ERROR_INVALID_OPTION\0",
+        RTC_ERROR_COMPILATION => b"HIPRTC_ERROR_COMPILATION\0",
+        _ => b"HIPRTC_ERROR_INTERNAL_ERROR\0",
+    }
+}

@@ -1,0 +1,202 @@
+//! Device buffers, pinned host buffers, streams and events: owned HIP objects freed on drop.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use hisparse_core::ops::BufferLen;
+
+use crate::context::Context;
+use crate::error::RocmError;
+use crate::ffi::Handle;
+
+/// Device memory from `hipMalloc` (zeroed on allocation).
+///
+/// Dropping it calls `hipFree`, which synchronises the device first, so work still using the
+/// buffer completes before the memory is released.
+#[derive(Debug)]
+pub struct RocmBuffer {
+    pub(crate) ptr: *mut c_void,
+    pub(crate) len: usize,
+    pub(crate) ctx: Arc<Context>,
+}
+
+// SAFETY: the buffer owns a device allocation; the HIP API may free it and use it from any thread.
+unsafe impl Send for RocmBuffer {}
+// SAFETY: shared references only read the address and length.
+unsafe impl Sync for RocmBuffer {}
+
+impl RocmBuffer {
+    /// Device address of byte `offset` (the caller has bounds-checked `offset`).
+    pub(crate) fn at(&self, offset: usize) -> *mut c_void {
+        self.ptr.wrapping_byte_add(offset)
+    }
+
+    /// Device address as the `u64` a kernel parameter holds.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+}
+
+impl BufferLen for RocmBuffer {
+    fn byte_len(&self) -> u64 {
+        self.len as u64
+    }
+}
+
+impl Drop for RocmBuffer {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        self.ctx.bind_quietly();
+        // SAFETY: `ptr` came from `hipMalloc` in `RocmDevice::alloc` and is freed exactly once,
+        // here; `hipFree` waits for outstanding work on the device first.
+        let _ = unsafe { self.ctx.hip.free(self.ptr) };
+    }
+}
+
+/// Pinned, mapped host memory from `hipHostMalloc(hipHostMallocMapped | hipHostMallocPortable)`,
+/// page-aligned and zeroed on allocation. Kernels read it through its device address.
+#[derive(Debug)]
+pub struct RocmHostBuffer {
+    pub(crate) host: *mut u8,
+    pub(crate) device: *mut c_void,
+    pub(crate) len: usize,
+    pub(crate) ctx: Arc<Context>,
+}
+
+// SAFETY: the buffer owns a pinned allocation usable from any thread; host-side access goes
+// through `&`/`&mut` methods of the device after synchronisation.
+unsafe impl Send for RocmHostBuffer {}
+// SAFETY: shared references only read addresses and the length.
+unsafe impl Sync for RocmHostBuffer {}
+
+impl RocmHostBuffer {
+    /// Host address of byte `offset` (bounds-checked by the caller).
+    pub(crate) fn host_at(&self, offset: usize) -> *mut c_void {
+        self.host.wrapping_add(offset).cast()
+    }
+
+    /// Device address of the mapping as a kernel parameter.
+    pub(crate) fn device_addr(&self) -> u64 {
+        self.device as u64
+    }
+}
+
+impl BufferLen for RocmHostBuffer {
+    fn byte_len(&self) -> u64 {
+        self.len as u64
+    }
+}
+
+impl Drop for RocmHostBuffer {
+    fn drop(&mut self) {
+        if self.host.is_null() {
+            return;
+        }
+        self.ctx.bind_quietly();
+        // SAFETY: `host` came from `hipHostMalloc` in `RocmDevice::alloc_pinned` and is freed
+        // exactly once, here; `hipHostFree` waits for outstanding work first.
+        let _ = unsafe { self.ctx.hip.host_free(self.host.cast()) };
+    }
+}
+
+/// A non-blocking HIP stream (it does not synchronise with the null stream).
+///
+/// It owns the resolver's device scratch (a counter and the wanted-row workspace for requests
+/// whose table does not fit shared memory), so concurrent streams never share it. The scratch
+/// grows on the first resolve of a larger shape (the only time that call synchronises the stream).
+#[derive(Debug)]
+pub struct RocmStream {
+    pub(crate) raw: Handle,
+    pub(crate) ctx: Arc<Context>,
+    /// `(address, bytes)` of the scratch allocation.
+    pub(crate) scratch: Mutex<Option<(usize, usize)>>,
+}
+
+impl RocmStream {
+    /// `(workspace, counter)` device addresses of a scratch of at least `bytes` bytes: the counter
+    /// at offset 0, the workspace at offset 16.
+    pub(crate) fn scratch(&self, bytes: usize) -> Result<(u64, u64), RocmError> {
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((p, cap)) = *s {
+            if cap >= bytes {
+                return Ok((p as u64 + 16, p as u64));
+            }
+            // Work already enqueued on this stream may still use the old scratch.
+            self.ctx.check(
+                "hipStreamSynchronize",
+                self.ctx.hip.stream_synchronize(self.raw),
+            )?;
+            *s = None;
+            // SAFETY: `p` came from `hipMalloc` below; the stream is idle and the slot is
+            // cleared, so nothing uses or frees it again.
+            let _ = unsafe { self.ctx.hip.free(p as *mut c_void) };
+        }
+        let cap = bytes.next_power_of_two();
+        let p = self
+            .ctx
+            .hip
+            .malloc(cap)
+            .map_err(|st| RocmError::hip(&self.ctx.hip, "hipMalloc", st))?;
+        *s = Some((p as usize, cap));
+        Ok((p as u64 + 16, p as u64))
+    }
+}
+
+// SAFETY: HIP streams may be used from any thread.
+unsafe impl Send for RocmStream {}
+// SAFETY: enqueueing from several threads is allowed by HIP; order between threads is the
+// caller's business.
+unsafe impl Sync for RocmStream {}
+
+impl Drop for RocmStream {
+    fn drop(&mut self) {
+        self.ctx.bind_quietly();
+        // SAFETY: `raw` came from `hipStreamCreateWithFlags` and is destroyed exactly once; HIP
+        // lets pending work finish before releasing the stream.
+        let _ = unsafe { self.ctx.hip.stream_destroy(self.raw) };
+        if let Some((p, _)) = *self.scratch.get_mut().unwrap_or_else(|e| e.into_inner()) {
+            // SAFETY: the scratch came from `hipMalloc` in `scratch` and is freed once, here;
+            // `hipFree` waits for the device, so the stream's last work has finished with it.
+            let _ = unsafe { self.ctx.hip.free(p as *mut c_void) };
+        }
+    }
+}
+
+/// A HIP event without timing, recorded on a stream.
+#[derive(Debug)]
+pub struct RocmEvent {
+    pub(crate) raw: Handle,
+    pub(crate) ctx: Arc<Context>,
+}
+
+// SAFETY: HIP events may be used from any thread.
+unsafe impl Send for RocmEvent {}
+// SAFETY: as above.
+unsafe impl Sync for RocmEvent {}
+
+impl Drop for RocmEvent {
+    fn drop(&mut self) {
+        self.ctx.bind_quietly();
+        // SAFETY: `raw` came from `hipEventCreateWithFlags` and is destroyed exactly once; waits
+        // already enqueued on it stay valid (HIP defers the release).
+        let _ = unsafe { self.ctx.hip.event_destroy(self.raw) };
+    }
+}
+
+/// Bytes of RAM the operating system reports as available (`MemAvailable`, else `MemFree`, from
+/// `/proc/meminfo`), or `None` where it cannot be read.
+pub(crate) fn available_ram() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    ["MemAvailable:", "MemFree:"].iter().find_map(|key| {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        let mut words = line[key.len()..].split_whitespace();
+        let value: u64 = words.next()?.parse().ok()?;
+        match words.next() {
+            Some("kB") => value.checked_mul(1024),
+            None => Some(value),
+            Some(_) => None,
+        }
+    })
+}
