@@ -382,8 +382,9 @@ pub struct RowMirror {
 
 /// Everything the workers do in one step, as plain data.
 ///
-/// Order of execution: (1) apply `host_blocks`, `residency`, `block_tables`, `hot_assign`,
-/// `hot_release` to the tables and hot states; invalidate hot entries caching rows of
+/// Order of execution: (1) reset the `started` rows, release `hot_release` regions, apply
+/// `host_blocks`, `residency`, `block_tables`, `hot_assign`,
+/// to the tables and hot states; invalidate hot entries caching rows of
 /// `new_host_blocks`; (2) `host_cow` (host → host pages), then `restores` (host → device pages,
 /// which read the copied host blocks), then `gpu_cow` (whole GPU blocks); (3) the forward pass;
 /// (4) the after-forward copies `row_mirrors` and `page_transfers` (device → host), as the batch
@@ -399,6 +400,9 @@ pub struct OffloadCommand {
     pub scheduled: Vec<ScheduledRequest>,
     /// Requests preempted in this step (their slots are free; their tokens will be recomputed).
     pub preempted: Vec<RequestId>,
+    /// State rows given to a request in this step: reset them first (resident and block tables
+    /// to 0, host table to -1, no hot region), then apply the updates.
+    pub started: Vec<u32>,
     /// Every scheduled request is fully resident: the fast path (remap only, no resolve).
     pub fully_resident: bool,
     /// Resident-table changes (per request, per resident group).
@@ -430,6 +434,7 @@ impl OffloadCommand {
         self.transfer_id = None;
         self.scheduled.clear();
         self.preempted.clear();
+        self.started.clear();
         self.fully_resident = true;
         self.residency.clear();
         self.host_blocks.clear();
@@ -449,6 +454,7 @@ impl OffloadCommand {
     }
 
     fn purge_slot(&mut self, slot: u32) {
+        self.started.retain(|&s| s != slot);
         self.scheduled.retain(|s| s.slot != slot);
         self.residency.retain(|u| u.slot != slot);
         self.host_blocks.retain(|u| u.slot != slot);
@@ -1057,6 +1063,7 @@ impl Coordinator {
         let row = self.free_rows.pop().unwrap_or(NO_ROW);
         self.row_owner[row as usize] = r.slot;
         r.row = row;
+        self.out.started.push(row);
         let slot = row;
         let nb = self.num_buckets as usize;
         let nr = self.regular_groups.len();
@@ -1734,16 +1741,20 @@ impl Coordinator {
     }
 
     fn apply_durable(&mut self) {
-        while let Some(&(x, pool, b)) = self.deferred.front() {
-            if x > self.durable {
-                break;
+        // Releases of finished requests wait for the last transfer that touched them; those
+        // ids are not monotone across requests, so sweep the (short) queue.
+        let durable = self.durable;
+        let (gpu, host) = (&mut self.gpu, &mut self.host);
+        self.deferred.retain(|&(x, pool, b)| {
+            if x > durable {
+                return true;
             }
-            self.deferred.pop_front();
             let _ = match pool {
-                PoolKind::Gpu => self.gpu.free(b),
-                PoolKind::Host => self.host.free(b),
+                PoolKind::Gpu => gpu.free(b),
+                PoolKind::Host => host.free(b),
             };
-        }
+            false
+        });
         let nb = self.num_buckets;
         while let Some(&pp) = self.pending_pages.front() {
             if pp.xfer > self.durable {

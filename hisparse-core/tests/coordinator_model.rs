@@ -1,0 +1,550 @@
+//! Model-based test of the coordinator: random sequences of admit / step (prefill chunks and
+//! decode tokens) / worker reports (interleaved across several workers) / sample / finish /
+//! preempt / forced reclaim on small pools, checking after every operation:
+//!
+//! * the coordinator's own invariant check (pool reference counts = references held: no leak,
+//!   no double free; page states; ready prefix; prefix hashes only on durable pages);
+//! * an independent shadow of the data plane, built only from the commands: the per-row resident,
+//!   host and hot tables the workers would hold equal the coordinator's exported `i32` rows;
+//! * a shadow of the host pool's contents: which rows of which host block have been written by
+//!   which transfer. A resident entry may turn null (page reclaimed) only when every row of the
+//!   page has reached host in transfers every worker completed, and never for the last two pages
+//!   of a request; a prefix hit reads only host blocks whose rows are all durable;
+//! * GPU blocks in resident and hot tables are never shared between requests, and no device →
+//!   host copy writes a host block another running request uses.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use hisparse_core::config::HiSparseConfig;
+use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand, RequestId};
+use hisparse_core::layout::{LayoutInput, plan_layout};
+use hisparse_core::model::{LayerSpec, ModelSpec, RegularLayer};
+use proptest::prelude::*;
+
+const BT: u32 = 4;
+
+/// Coverage counters: the test fails if a behaviour it claims to check never happened.
+static RECLAIMS: AtomicU64 = AtomicU64::new(0);
+static HOST_READS: AtomicU64 = AtomicU64::new(0);
+static COW: AtomicU64 = AtomicU64::new(0);
+static PREEMPTS: AtomicU64 = AtomicU64::new(0);
+static WAITS: AtomicU64 = AtomicU64::new(0);
+static HOT_ASSIGN: AtomicU64 = AtomicU64::new(0);
+static SPILLS: AtomicU64 = AtomicU64::new(0);
+static WINDOW_FREES: AtomicU64 = AtomicU64::new(0);
+static DURABLE_ADVANCES: AtomicU64 = AtomicU64::new(0);
+const MAX_LEN: u32 = 48;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit { len: u8, family: u8 },
+    Step,
+    Sample { finish_len: u8 },
+    Report { worker: u8, enq: u8, comp: u8 },
+    Finish { pick: u8 },
+    Preempt { pick: u8 },
+    Reclaim { blocks: u8 },
+}
+
+#[derive(Clone, Debug)]
+struct Params {
+    gpu_blocks: u32,
+    host_blocks: u32,
+    eager: bool,
+    workers: u32,
+    prefix: bool,
+    window: bool,
+    mql: u32,
+    max_running: u32,
+    max_batched: u32,
+    spill: u32,
+}
+
+fn params() -> impl Strategy<Value = Params> {
+    (
+        (40u32..160, 14u32..70, any::<bool>(), 1u32..=3),
+        (any::<bool>(), prop::bool::weighted(0.2), 1u32..=2),
+        (1u32..=6, 4u32..=40, 1u32..=4),
+    )
+        .prop_map(
+            |(
+                (gpu_blocks, host_blocks, eager, workers),
+                (prefix, window, mql),
+                (mr, mb, spill),
+            )| {
+                Params {
+                    gpu_blocks,
+                    host_blocks,
+                    eager,
+                    workers,
+                    prefix,
+                    window,
+                    mql,
+                    max_running: mr,
+                    max_batched: mb,
+                    spill,
+                }
+            },
+        )
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (1u8..=40, 0u8..3).prop_map(|(len, family)| Op::Admit { len, family }),
+        6 => Just(Op::Step),
+        3 => (8u8..=MAX_LEN as u8).prop_map(|finish_len| Op::Sample { finish_len }),
+        5 => (0u8..3, 0u8..4, 0u8..4).prop_map(|(worker, enq, comp)| Op::Report { worker, enq, comp }),
+        1 => any::<u8>().prop_map(|pick| Op::Finish { pick }),
+        1 => any::<u8>().prop_map(|pick| Op::Preempt { pick }),
+        1 => (1u8..20).prop_map(|blocks| Op::Reclaim { blocks }),
+    ]
+}
+
+/// Shadow of what the workers hold, built from commands only.
+struct Shadow {
+    nb: usize,
+    /// row → bucket → page → block.
+    resident: Vec<Vec<Vec<u32>>>,
+    /// row → page → host block.
+    host: Vec<Vec<i64>>,
+    /// row → bucket → hot blocks.
+    hot: Vec<Vec<Vec<u32>>>,
+    /// Issued transfer ids in order.
+    issued: Vec<u64>,
+    /// Per worker: ids enqueued / completed (counts into `issued`).
+    enq: Vec<usize>,
+    comp: Vec<usize>,
+    /// host block → bucket → rows written (bitmask) and the last transfer that wrote it.
+    rows: HashMap<u32, (Vec<u64>, u64)>,
+}
+
+impl Shadow {
+    fn durable(&self) -> u64 {
+        let n = self.comp.iter().copied().min().unwrap_or(0);
+        if n == 0 { 0 } else { self.issued[n - 1] }
+    }
+
+    fn page_durable(&self, h: u32, full: u64) -> bool {
+        match self.rows.get(&h) {
+            Some((masks, last)) => masks.iter().all(|&m| m == full) && *last <= self.durable(),
+            None => false,
+        }
+    }
+}
+
+fn tokens_for(family: u8, len: u32) -> Vec<u32> {
+    (0..len).map(|i| u32::from(family) * 1000 + i).collect()
+}
+
+fn setup(p: &Params) -> Coordinator {
+    let mut layers = vec![
+        LayerSpec::sparse_leader(16, 16),
+        LayerSpec::sparse_follower(16),
+        LayerSpec::sparse_leader(16, 16),
+        LayerSpec::Regular(RegularLayer {
+            row_bytes: 32,
+            compress_ratio: 1,
+            sliding_window: None,
+        }),
+    ];
+    if p.window {
+        layers.push(LayerSpec::Regular(RegularLayer {
+            row_bytes: 16,
+            compress_ratio: 1,
+            sliding_window: Some(6),
+        }));
+    }
+    let layers: &'static [LayerSpec] = Box::leak(layers.into_boxed_slice());
+    let model: &'static ModelSpec<'static> = Box::leak(Box::new(ModelSpec {
+        name: "model-test",
+        block_tokens: BT,
+        top_k: 4,
+        layers,
+    }));
+    let mut cfg = HiSparseConfig::new(4, u64::from(p.host_blocks) * 3 * 64);
+    cfg.device_buffer_size = Some(8 * p.mql);
+    cfg.max_query_len = p.mql;
+    cfg.eager_host_mirror = p.eager;
+    let mut input = LayoutInput::new(model, &cfg, 0, MAX_LEN);
+    input.num_gpu_blocks_override = Some(p.gpu_blocks);
+    let kv = plan_layout(&input).expect("layout");
+    assert_eq!(kv.num_buckets, 2);
+    Coordinator::new(
+        kv,
+        CoordinatorConfig {
+            max_running: p.max_running,
+            max_batched_tokens: p.max_batched,
+            max_spill_pages_per_step: p.spill,
+            num_workers: p.workers,
+            enable_prefix_caching: p.prefix,
+        },
+    )
+    .expect("coordinator")
+}
+
+fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), TestCaseError> {
+    let kv = c.layout();
+    let full = if kv.block_size == 64 {
+        u64::MAX
+    } else {
+        (1u64 << kv.block_size) - 1
+    };
+    let resident_base = 2u32;
+    if let Some(id) = cmd.transfer_id {
+        prop_assert_eq!(Some(&(id - 1)), sh.issued.last().or(Some(&0)));
+        sh.issued.push(id);
+    }
+    for &row in &cmd.started {
+        let row = row as usize;
+        sh.host[row].clear();
+        for b in 0..sh.nb {
+            sh.resident[row][b].clear();
+            sh.hot[row][b].clear();
+        }
+    }
+    for &row in &cmd.hot_release {
+        for b in &mut sh.hot[row as usize] {
+            b.clear();
+        }
+    }
+    for u in &cmd.host_blocks {
+        let v = &mut sh.host[u.slot as usize];
+        if v.len() <= u.page as usize {
+            v.resize(u.page as usize + 1, -1);
+        }
+        v[u.page as usize] = i64::from(u.block);
+    }
+    for &h in &cmd.new_host_blocks {
+        sh.rows.remove(&h);
+    }
+    for pair in &cmd.host_cow {
+        COW.fetch_add(1, Relaxed);
+        let src = sh.rows.get(&pair.src).cloned();
+        prop_assert!(
+            src.is_some(),
+            "copy-on-write from a host block never written"
+        );
+        sh.rows.insert(pair.dst, src.unwrap_or_default());
+    }
+    for u in &cmd.residency {
+        let bucket = (u.group - resident_base) as usize;
+        prop_assert!(bucket < sh.nb);
+        let v = &mut sh.resident[u.slot as usize][bucket];
+        if v.len() <= u.page as usize {
+            v.resize(u.page as usize + 1, 0);
+        }
+        let old = v[u.page as usize];
+        v[u.page as usize] = u.block;
+        if old != 0 && u.block == 0 {
+            RECLAIMS.fetch_add(1, Relaxed);
+            // A reclaim: the page must be durable on host and outside the active tail.
+            let pages = v.len();
+            prop_assert!(
+                u.page as usize + 2 < pages,
+                "page {} of row {} reclaimed among the last two of {} pages",
+                u.page,
+                u.slot,
+                pages
+            );
+            let h = sh.host[u.slot as usize][u.page as usize];
+            prop_assert!(h > 0);
+            prop_assert!(
+                sh.page_durable(h as u32, full),
+                "page {} of row {} reclaimed before its host copy is durable",
+                u.page,
+                u.slot
+            );
+        }
+    }
+    HOT_ASSIGN.fetch_add(cmd.hot_assign.len() as u64, Relaxed);
+    PREEMPTS.fetch_add(cmd.preempted.len() as u64, Relaxed);
+    SPILLS.fetch_add(cmd.page_transfers.len() as u64, Relaxed);
+    WINDOW_FREES.fetch_add(
+        cmd.block_tables.iter().filter(|u| u.block == 0).count() as u64,
+        Relaxed,
+    );
+    for a in &cmd.hot_assign {
+        let b = (a.group - resident_base) as usize - sh.nb;
+        prop_assert_eq!(a.blocks.len(), kv.hot_blocks_per_request as usize);
+        sh.hot[a.slot as usize][b] = a.blocks.clone();
+    }
+    // Prefix hits: null resident entries of pages never resident must be durable on host.
+    for s in &cmd.scheduled {
+        let row = s.slot as usize;
+        let gpu_pages = (s.first_token + s.num_tokens).div_ceil(kv.block_tokens) as usize;
+        let tail_from = gpu_pages.saturating_sub(2);
+        for p in 0..gpu_pages {
+            let null = sh.resident[row]
+                .iter()
+                .any(|v| v.get(p).copied().unwrap_or(0) == 0);
+            if null {
+                HOST_READS.fetch_add(1, Relaxed);
+                let h = sh.host[row][p];
+                prop_assert!(
+                    sh.page_durable(h as u32, full),
+                    "row {} page {} reads a host block that is not durable",
+                    row,
+                    p
+                );
+                prop_assert!(
+                    sh.hot[row].iter().all(|v| !v.is_empty()),
+                    "null entry without a hot region"
+                );
+                let _ = tail_from;
+            }
+        }
+    }
+    // After-forward copies.
+    let id = cmd.transfer_id.unwrap_or(0);
+    for m in &cmd.row_mirrors {
+        prop_assert!(m.span.first_row + m.span.num_rows <= kv.block_size);
+        let e = sh
+            .rows
+            .entry(m.span.host_block)
+            .or_insert((vec![0; sh.nb], 0));
+        let mask = if m.span.num_rows == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << m.span.num_rows) - 1) << m.span.first_row
+        };
+        e.0[m.bucket as usize] |= mask;
+        e.1 = id;
+    }
+    for t in &cmd.page_transfers {
+        let e = sh.rows.entry(t.host_block).or_insert((vec![0; sh.nb], 0));
+        e.0[t.bucket as usize] = full;
+        e.1 = id;
+    }
+    Ok(())
+}
+
+fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
+    let kv = c.layout();
+    let nb = kv.num_buckets as usize;
+    let mp = c.max_pages() as usize;
+    let mut row_buf = vec![0i32; mp];
+    let mut owner: HashMap<u32, RequestId> = HashMap::new();
+    let mut host_owner: HashMap<u32, RequestId> = HashMap::new();
+    let ids: Vec<RequestId> = c.running_ids().collect();
+    for id in ids {
+        let row = c.slot_of(id).expect("running has a row") as usize;
+        let pages = c.num_computed(id).unwrap().div_ceil(kv.block_tokens) as usize;
+        for b in 0..nb {
+            c.resident_row(id, b as u32, &mut row_buf).unwrap();
+            for (p, &got) in row_buf.iter().enumerate().take(pages) {
+                let want = sh.resident[row][b].get(p).copied().unwrap_or(u32::MAX);
+                prop_assert_eq!(
+                    got as u32,
+                    want,
+                    "resident row {} bucket {} page {}",
+                    row,
+                    b,
+                    p
+                );
+                if want != 0 {
+                    prop_assert!(
+                        owner.insert(want, id).is_none(),
+                        "GPU block {} shared",
+                        want
+                    );
+                }
+            }
+            prop_assert!(row_buf[pages..].iter().all(|&v| v == 0));
+            let mut hot = vec![0i32; kv.hot_blocks_per_request as usize];
+            c.hot_row(id, b as u32, &mut hot).unwrap();
+            let sh_hot = &sh.hot[row][b];
+            if sh_hot.is_empty() {
+                prop_assert!(hot.iter().all(|&v| v == -1));
+            } else {
+                for (i, &blk) in sh_hot.iter().enumerate() {
+                    prop_assert_eq!(hot[i] as u32, blk);
+                    prop_assert!(owner.insert(blk, id).is_none(), "hot block {} shared", blk);
+                }
+            }
+        }
+        c.host_row(id, &mut row_buf).unwrap();
+        for (p, &h) in row_buf.iter().enumerate() {
+            if h < 0 {
+                break;
+            }
+            prop_assert_eq!(i64::from(h), sh.host[row][p], "host row {} page {}", row, p);
+            host_owner.entry(h as u32).or_insert(id);
+        }
+    }
+    Ok(())
+}
+
+fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut c = setup(&p);
+    let kv = c.layout().clone();
+    let nb = kv.num_buckets as usize;
+    let rows = p.max_running as usize;
+    let mut sh = Shadow {
+        nb,
+        resident: vec![vec![Vec::new(); nb]; rows],
+        host: vec![Vec::new(); rows],
+        hot: vec![vec![Vec::new(); nb]; rows],
+        issued: Vec::new(),
+        enq: vec![0; p.workers as usize],
+        comp: vec![0; p.workers as usize],
+        rows: HashMap::new(),
+    };
+    let mut next_id: RequestId = 1;
+    let mut known: Vec<RequestId> = Vec::new();
+    let mut steps = 0u32;
+    for op in ops {
+        match op {
+            Op::Admit { len, family } => {
+                let t = tokens_for(family, u32::from(len));
+                c.admit(next_id, &t)
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                known.push(next_id);
+                next_id += 1;
+            }
+            Op::Step => {
+                let sum = c
+                    .schedule_step()
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                WAITS.fetch_add(u64::from(sum.waiting_on_reclaim), Relaxed);
+                let cmd = c.build_offload_command();
+                steps += 1;
+                apply(&mut sh, &c, &cmd)?;
+                // Right after a step the workers' view is complete (changes made later, e.g. a
+                // release when a report arrives, travel in the next command).
+                compare(&sh, &c)?;
+                // Every copy targets a host block exactly one running request uses.
+                let mut users: HashMap<i64, u32> = HashMap::new();
+                let mut buf = vec![0i32; c.max_pages() as usize];
+                for id in c.running_ids() {
+                    let row = c.slot_of(id).unwrap() as usize;
+                    c.host_row(id, &mut buf).unwrap();
+                    let n = buf.iter().take_while(|&&h| h >= 0).count();
+                    for &h in &sh.host[row][..n] {
+                        *users.entry(h).or_default() += 1;
+                    }
+                }
+                for h in cmd
+                    .row_mirrors
+                    .iter()
+                    .map(|m| m.span.host_block)
+                    .chain(cmd.page_transfers.iter().map(|t| t.host_block))
+                {
+                    prop_assert_eq!(
+                        users.get(&i64::from(h)).copied(),
+                        Some(1),
+                        "copy into host block {}",
+                        h
+                    );
+                }
+            }
+            Op::Sample { finish_len } => {
+                let ids: Vec<RequestId> = c.running_ids().collect();
+                for id in ids {
+                    let (n, done) = (c.num_tokens(id).unwrap(), c.num_computed(id).unwrap());
+                    if n == done {
+                        if n >= u32::from(finish_len) || n >= MAX_LEN {
+                            c.finish(id).unwrap();
+                            known.retain(|&k| k != id);
+                        } else {
+                            c.append_tokens(id, &[7]).unwrap();
+                        }
+                    }
+                }
+            }
+            Op::Report { worker, enq, comp } => {
+                let w = usize::from(worker) % p.workers as usize;
+                let e0 = sh.enq[w];
+                let e1 = (e0 + usize::from(enq)).min(sh.issued.len());
+                let c0 = sh.comp[w];
+                let c1 = (c0 + usize::from(comp)).min(e1);
+                let before = c.durable_transfer();
+                c.report(w as u32, &sh.issued[e0..e1], &sh.issued[c0..c1])
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                sh.enq[w] = e1;
+                sh.comp[w] = c1;
+                if sh.durable() > before {
+                    DURABLE_ADVANCES.fetch_add(1, Relaxed);
+                }
+                prop_assert_eq!(c.durable_transfer(), sh.durable());
+                // Out-of-order reports are refused.
+                if c1 < e1 {
+                    let bad = sh.issued[c1..e1].last().copied().unwrap();
+                    if e1 - c1 >= 2 {
+                        prop_assert!(c.report(w as u32, &[], &[bad]).is_err());
+                    }
+                }
+            }
+            Op::Finish { pick } => {
+                if !known.is_empty() {
+                    let id = known.remove(usize::from(pick) % known.len());
+                    c.finish(id).unwrap();
+                }
+            }
+            Op::Preempt { pick } => {
+                let ids: Vec<RequestId> = c.running_ids().collect();
+                if !ids.is_empty() {
+                    c.preempt(ids[usize::from(pick) % ids.len()]).unwrap();
+                    // Its rows are cleared by the next command's `hot_release`/updates; the shadow
+                    // compares only running requests.
+                }
+            }
+            Op::Reclaim { blocks } => {
+                c.reclaim_resident_blocks(u32::from(blocks));
+            }
+        }
+        c.check_invariants()
+            .map_err(|v| TestCaseError::fail(format!("{v} after {steps} steps")))?;
+    }
+    // Drain: report everything, finish everything; every pool must be empty again.
+    for w in 0..p.workers as usize {
+        let (e0, c0) = (sh.enq[w], sh.comp[w]);
+        c.report(w as u32, &sh.issued[e0..], &sh.issued[c0..])
+            .unwrap();
+    }
+    for id in known {
+        c.finish(id).unwrap();
+    }
+    c.check_invariants()
+        .map_err(|v| TestCaseError::fail(format!("{v}")))?;
+    prop_assert_eq!(c.gpu_pool().num_held(), 0);
+    prop_assert_eq!(c.host_pool().num_held(), 0);
+    Ok(())
+}
+
+#[test]
+fn coordinator_model() {
+    // 10 000 sequences by default; PROPTEST_CASES lowers it (e.g. under Miri).
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(cases)
+    });
+    let strategy = (params(), prop::collection::vec(op(), 1..60));
+    if let Err(e) = runner.run(&strategy, |(p, ops)| run(p, ops)) {
+        panic!("{e}");
+    }
+    let counts = [
+        ("reclaims", RECLAIMS.load(Relaxed)),
+        ("host reads", HOST_READS.load(Relaxed)),
+        ("copy-on-write tails", COW.load(Relaxed)),
+        ("preemptions", PREEMPTS.load(Relaxed)),
+        ("waits on reclaim", WAITS.load(Relaxed)),
+        ("hot assignments", HOT_ASSIGN.load(Relaxed)),
+        ("page spills", SPILLS.load(Relaxed)),
+        ("window/COW block frees", WINDOW_FREES.load(Relaxed)),
+        ("durable advances", DURABLE_ADVANCES.load(Relaxed)),
+    ];
+    println!("coverage over {cases} sequences: {counts:?}");
+    if cases >= 1000 {
+        for (what, n) in counts {
+            assert!(
+                n > 0,
+                "no {what} happened in {cases} sequences: the test lost its teeth"
+            );
+        }
+    }
+}
