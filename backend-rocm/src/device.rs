@@ -267,15 +267,10 @@ impl Device for RocmDevice {
             ctx: self.ctx.clone(),
         };
         if !(host as usize).is_multiple_of(hisparse_core::ops::PINNED_ALIGNMENT) {
-            return Err(RocmError::Hip {
-                call: "hipHostMalloc",
-                status: 0,
-                name: format!(
-                    "returned {host:p}, not aligned to {} bytes",
-                    hisparse_core::ops::PINNED_ALIGNMENT
-                ),
-                kind: hisparse_core::ErrorKind::Unsupported,
-            });
+            return Err(RocmError::Unsupported(format!(
+                "hipHostMalloc returned {host:p}, not aligned to {} bytes",
+                hisparse_core::ops::PINNED_ALIGNMENT
+            )));
         }
         buf.device = self
             .ctx
@@ -571,15 +566,11 @@ impl Device for RocmDevice {
             (self.ctx.shared_mem_per_block as u64).saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES);
         let base = gk::resolve_shared_bytes(desc.hot_slots, 0);
         if base > limit {
-            return Err(RocmError::Hip {
-                call: "hs_resolve",
-                status: 0,
-                name: format!(
-                    "{} hot slots need {base} bytes of shared memory, the device offers {limit}",
-                    desc.hot_slots
-                ),
-                kind: hisparse_core::ErrorKind::Unsupported,
-            });
+            return Err(RocmError::Unsupported(format!(
+                "resolve with {} hot slots needs {base} bytes of shared memory per block, the \
+                 device offers {limit}",
+                desc.hot_slots
+            )));
         }
         let room = (limit - base) / 16;
         let smem_table = if room >= 16 {
@@ -657,15 +648,10 @@ impl Device for RocmDevice {
             return Ok(());
         }
         if desc.num_tokens > 65_535 {
-            return Err(RocmError::Hip {
-                call: "hs_gather_rows",
-                status: 0,
-                name: format!(
-                    "{} token rows exceed the grid's y dimension (65535)",
-                    desc.num_tokens
-                ),
-                kind: hisparse_core::ErrorKind::Unsupported,
-            });
+            return Err(RocmError::Unsupported(format!(
+                "gather of {} token rows exceeds the grid's y dimension (65535)",
+                desc.num_tokens
+            )));
         }
         self.ctx.bind()?;
         let gx = desc.top_k.div_ceil(gk::GATHER_ROWS);

@@ -44,6 +44,9 @@ pub enum RocmError {
         /// What failed, with the compiler log.
         message: String,
     },
+    /// The device cannot run this operation with these sizes (a hardware limit such as shared
+    /// memory or a grid dimension); the message names the limit.
+    Unsupported(String),
     /// A kernel module or function could not be loaded.
     Module {
         /// Where the code came from (an embedded code object or hiprtc) and what failed.
@@ -102,6 +105,7 @@ impl fmt::Display for RocmError {
                 write!(f, "compiling the HIP kernels for {arch} failed: {message}")
             }
             RocmError::Module { message } => write!(f, "loading the HIP kernels failed: {message}"),
+            RocmError::Unsupported(m) => write!(f, "unsupported on this HIP device: {m}"),
         }
     }
 }
@@ -116,6 +120,7 @@ impl hisparse_core::Error for RocmError {
             RocmError::RuntimeNotFound(_) | RocmError::NoDevice { .. } => ErrorKind::NotFound,
             RocmError::Hip { kind, .. } => *kind,
             RocmError::Compile { .. } | RocmError::Module { .. } => ErrorKind::Compilation,
+            RocmError::Unsupported(_) => ErrorKind::Unsupported,
         }
     }
 }

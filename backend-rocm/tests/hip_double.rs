@@ -1,0 +1,308 @@
+//! The ROCm backend's host plumbing against the HIP test double (`harness = false`): code-object
+//! choice per architecture, the hiprtc fallback and its failure, error mapping (no device, ordinal,
+//! out of memory), and cross-stream ordering through events.
+//!
+//! Each case runs in a child process of this binary with the double's environment knobs set
+//! (`HISPARSE_HIP_DOUBLE_*`), because the runtime is loaded once per process. Without a HIP
+//! runtime the cases report skipped (a failure under `HISPARSE_REQUIRE_DEVICE=1`); with a real ROCm
+//! runtime they report skipped too, since they need the double's knobs.
+
+use std::process::{Command, ExitCode};
+
+use hisparse_backend_rocm::{KernelSource, RocmDevice, RocmError};
+use hisparse_core::ops::remap::remap;
+use hisparse_core::ops::{RemapArgs, RemapDesc};
+use hisparse_core::{Device, Error, ErrorKind};
+
+type Env = &'static [(&'static str, &'static str)];
+
+const ARCH: &str = "HISPARSE_HIP_DOUBLE_ARCH";
+
+/// `(case, environment of the child)`.
+const CASES: &[(&str, Env)] = &[
+    ("code-object-gfx90a", &[(ARCH, "gfx90a:sramecc+:xnack-")]),
+    ("code-object-gfx942", &[(ARCH, "gfx942:sramecc+:xnack-")]),
+    ("code-object-gfx1100", &[(ARCH, "gfx1100")]),
+    ("hiprtc-gfx1201", &[(ARCH, "gfx1201")]),
+    (
+        "hiprtc-failure-is-compilation",
+        &[(ARCH, "gfx1201"), ("HISPARSE_HIP_DOUBLE_RTC_FAIL", "1")],
+    ),
+    (
+        "no-device-is-not-found",
+        &[("HISPARSE_HIP_DOUBLE_DEVICES", "0")],
+    ),
+    ("ordinal-beyond-devices-is-not-found", &[]),
+    (
+        "out-of-device-memory",
+        &[("HISPARSE_HIP_DOUBLE_MEMORY", "1048576")],
+    ),
+    ("events-order-streams", &[]),
+];
+
+fn required() -> bool {
+    std::env::var("HISPARSE_REQUIRE_DEVICE")
+        .is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        let name = args.get(i + 1).map(String::as_str).unwrap_or_default();
+        return match child(name) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in CASES {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let filter = args.iter().find(|a| !a.starts_with('-'));
+    let selected: Vec<_> = CASES
+        .iter()
+        .filter(|(n, _)| filter.is_none_or(|f| n.contains(f.as_str())))
+        .collect();
+
+    // Only the double has the knobs these cases turn.
+    let skip_reason = match RocmDevice::open(0) {
+        Ok(dev) if dev.device_name().contains("HIP test double") => None,
+        Ok(dev) => Some(format!("{} is not the HIP test double", dev.device_name())),
+        Err(e) if e.kind() == ErrorKind::NotFound => Some(format!("no HIP runtime: {e}")),
+        Err(e) => {
+            println!("FAIL open: {e} [{}]", e.kind());
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(why) = skip_reason {
+        println!("SKIPPED: {why}");
+        for (name, _) in &selected {
+            println!("skip {name}");
+        }
+        if required() {
+            println!("0 passed, 1 failed (HISPARSE_REQUIRE_DEVICE=1 demands the HIP test double)");
+            return ExitCode::FAILURE;
+        }
+        println!("0 passed, 0 failed, {} skipped", selected.len());
+        return ExitCode::SUCCESS;
+    }
+
+    let exe = std::env::current_exe().expect("test binary path");
+    let (mut passed, mut failed) = (0, 0);
+    for (name, env) in selected {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--child").arg(name);
+        for (k, v) in env.iter() {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("spawn the test binary");
+        if out.status.success() {
+            passed += 1;
+            println!("ok   {name}");
+        } else {
+            failed += 1;
+            println!(
+                "FAIL {name}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn child(name: &str) -> Result<(), String> {
+    match name {
+        "code-object-gfx90a" => kernels_from(KernelSource::CodeObject("gfx90a")),
+        "code-object-gfx942" => kernels_from(KernelSource::CodeObject("gfx942")),
+        "code-object-gfx1100" => kernels_from(KernelSource::CodeObject("gfx1100")),
+        "hiprtc-gfx1201" => kernels_from(KernelSource::Hiprtc("gfx1201".into())),
+        "hiprtc-failure-is-compilation" => {
+            let e = open_err(0)?;
+            expect_kind(&e, ErrorKind::Compilation)?;
+            let msg = e.to_string();
+            if !msg.contains("injected failure") {
+                return Err(format!("the compiler log is missing from `{msg}`"));
+            }
+            Ok(())
+        }
+        "no-device-is-not-found" => expect_kind(&open_err(0)?, ErrorKind::NotFound),
+        "ordinal-beyond-devices-is-not-found" => expect_kind(&open_err(1)?, ErrorKind::NotFound),
+        "out-of-device-memory" => {
+            let dev = open()?;
+            let e = dev.alloc(2 << 20).err().ok_or("2 MiB fit a 1 MiB device")?;
+            expect_kind(&e, ErrorKind::OutOfDeviceMemory)?;
+            dev.alloc(1 << 19).map(drop).map_err(|e| e.to_string())
+        }
+        "events-order-streams" => events_order_streams(),
+        other => Err(format!("unknown case {other}")),
+    }
+}
+
+fn open() -> Result<RocmDevice, String> {
+    RocmDevice::open(0).map_err(|e| format!("open: {e} [{}]", e.kind()))
+}
+
+fn open_err(ordinal: usize) -> Result<RocmError, String> {
+    match RocmDevice::open(ordinal) {
+        Ok(d) => Err(format!("opened {}", d.device_name())),
+        Err(e) => Ok(e),
+    }
+}
+
+fn expect_kind(e: &RocmError, kind: ErrorKind) -> Result<(), String> {
+    if e.kind() == kind {
+        Ok(())
+    } else {
+        Err(format!("`{e}` is {:?}, expected {kind:?}", e.kind()))
+    }
+}
+
+fn bytes_of(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// Opens the device, checks where the kernels came from, and runs a remap bit-exactly.
+fn kernels_from(expected: KernelSource) -> Result<(), String> {
+    let dev = open()?;
+    if *dev.kernel_source() != expected {
+        return Err(format!(
+            "kernels from {}, expected {expected}",
+            dev.kernel_source()
+        ));
+    }
+    let desc = RemapDesc {
+        num_tokens: 2,
+        top_k: 5,
+        table_rows: 2,
+        max_blocks: 2,
+        block_size: 4,
+        block_stride_rows: 10,
+        idx_mapping_len: None,
+        write_counts: true,
+        compact: true,
+    };
+    let (req, table, topk) = ([1, 0], [3, 5, 7, -1], [0, 5, -1, 8, 3, 1, 4, 2, 3, 9]);
+    let mut want = [0i32; 10];
+    let mut want_counts = [0i32; 2];
+    remap(
+        &desc,
+        RemapArgs {
+            req_id: &req[..],
+            block_table: &table[..],
+            topk: &topk[..],
+            idx_mapping: None,
+            out: &mut want[..],
+            counts: Some(&mut want_counts[..]),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let e = |e: RocmError| e.to_string();
+    let upload = |v: &[i32]| -> Result<_, String> {
+        let mut b = dev.alloc(v.len() * 4).map_err(e)?;
+        dev.upload(&mut b, 0, &bytes_of(v)).map_err(e)?;
+        Ok(b)
+    };
+    let (r, t, k) = (upload(&req)?, upload(&table)?, upload(&topk)?);
+    let mut out = upload(&[7; 10])?;
+    let mut counts = upload(&[7; 2])?;
+    let stream = dev.create_stream().map_err(e)?;
+    dev.remap(
+        &stream,
+        &desc,
+        RemapArgs {
+            req_id: &r,
+            block_table: &t,
+            topk: &k,
+            idx_mapping: None,
+            out: &mut out,
+            counts: Some(&mut counts),
+        },
+    )
+    .map_err(e)?;
+    dev.synchronize(&stream).map_err(e)?;
+    let mut got = vec![0u8; 40];
+    dev.download(&out, 0, &mut got).map_err(e)?;
+    let mut got_counts = vec![0u8; 8];
+    dev.download(&counts, 0, &mut got_counts).map_err(e)?;
+    let launches = double_launches(dev.runtime_path(), c"hs_remap")?;
+    if launches != 1 {
+        return Err(format!(
+            "the double ran hs_remap {launches} times, expected once"
+        ));
+    }
+    if got != bytes_of(&want) || got_counts != bytes_of(&want_counts) {
+        return Err(format!(
+            "remap differs from the reference: {got:?} / {got_counts:?}, want {want:?} / {want_counts:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Kernel launches of `name` the double executed (its `hisparse_hip_double_launches` export).
+fn double_launches(library: &str, name: &std::ffi::CStr) -> Result<u64, String> {
+    // SAFETY: the library is the HIP test double the backend already loaded (the dynamic loader
+    // returns the same instance); loading runs no new initialisers.
+    let lib = unsafe { libloading::Library::new(library) }.map_err(|e| e.to_string())?;
+    // SAFETY: the double exports this symbol with exactly this signature.
+    let f = unsafe {
+        lib.get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(
+            b"hisparse_hip_double_launches\0",
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    // SAFETY: `name` is NUL-terminated.
+    Ok(unsafe { f(name.as_ptr()) })
+}
+
+/// Stream B copies out what stream A copied in. With an event between them the data arrives;
+/// without, the double (which runs queued work only when waited for) shows the stale bytes, so
+/// the first half proves the backend's event plumbing orders the streams.
+fn events_order_streams() -> Result<(), String> {
+    let dev = open()?;
+    let e = |e: RocmError| e.to_string();
+    let n = 4096;
+    let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8 + 1).collect();
+    for with_event in [true, false] {
+        let mut src = dev.alloc_pinned(n).map_err(e)?;
+        dev.write_pinned(&mut src, 0, &data).map_err(e)?;
+        let mut dst = dev.alloc_pinned(n).map_err(e)?;
+        let mut buf = dev.alloc(n).map_err(e)?;
+        let (a, b) = (
+            dev.create_stream().map_err(e)?,
+            dev.create_stream().map_err(e)?,
+        );
+        dev.copy_to_device(&a, &src, 0, &mut buf, 0, n).map_err(e)?;
+        if with_event {
+            let ev = dev.record_event(&a).map_err(e)?;
+            dev.wait_event(&b, &ev).map_err(e)?;
+        }
+        dev.copy_to_host(&b, &buf, 0, &mut dst, 0, n).map_err(e)?;
+        dev.synchronize(&b).map_err(e)?;
+        let mut got = vec![0u8; n];
+        dev.read_pinned(&dst, 0, &mut got).map_err(e)?;
+        match (with_event, got == data) {
+            (true, false) => {
+                return Err("stream B ran before stream A's copy despite the event".into());
+            }
+            (false, true) => {
+                return Err(
+                    "without an event stream B still saw A's data: the double does not \
+                            model stream order"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
