@@ -251,3 +251,27 @@ pub unsafe extern "C" fn hiprtcDestroyProgram(prog: *mut *mut std::ffi::c_void) 
 pub extern "C" fn hiprtcGetErrorString(status: u32) -> *const c_char {
     rtc_name(status).as_ptr().cast()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_round_trips() {
+        let blob = marker("gfx1201", &["hs_a", "hs_b"]);
+        assert_eq!(marker_len(&blob), Some(blob.len()));
+        let (arch, kernels) = parse_marker(&blob).unwrap();
+        assert_eq!(arch, "gfx1201");
+        assert_eq!(kernels, ["hs_a", "hs_b"]);
+        assert_eq!(marker_len(b"\x7fELF0123456789abcdef"), None);
+    }
+
+    #[test]
+    fn kernel_definitions_are_found_by_name() {
+        let src = "HS_KERNEL void hs_remap(int x) {}\nvoid not_hs_copy(int);";
+        assert!(defines(src, "hs_remap"));
+        assert!(!defines(src, "hs_copy"));
+        assert!(!defines(src, "hs_resolve"));
+        assert!(crate::exec::kernel_names().all(|k| defines(hisparse_gpu_kernels::HIP_SOURCE, k)));
+    }
+}

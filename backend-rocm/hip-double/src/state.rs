@@ -212,3 +212,61 @@ impl State {
         self.sticky.as_ref().map_or(HIP_SUCCESS, |(s, _)| *s)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem;
+
+    fn copy(st: &mut State, stream: usize, dst: usize, src: usize) {
+        st.enqueue(stream, Op::Copy { dst, src, len: 4 }).unwrap();
+    }
+
+    #[test]
+    fn queued_work_runs_only_when_waited_for_and_waits_follow_events() {
+        let mut st = State::default();
+        let (a, b) = (st.handle(), st.handle());
+        st.streams.insert(a, Stream::default());
+        st.streams.insert(b, Stream::default());
+        let x = mem::alloc(&mut st, 4, Kind::Pinned).unwrap();
+        let y = mem::alloc(&mut st, 4, Kind::Device).unwrap();
+        let z = mem::alloc(&mut st, 4, Kind::Pinned).unwrap();
+        mem::write(&st, x, &[1, 2, 3, 4]);
+        copy(&mut st, a, y, x);
+        let recorded = st.streams[&a].enqueued;
+        st.enqueue(
+            b,
+            Op::Wait {
+                stream: a,
+                seq: recorded,
+            },
+        )
+        .unwrap();
+        copy(&mut st, b, z, y);
+        assert_eq!(mem::read(&st, z, 4), [mem::GARBAGE; 4], "nothing ran yet");
+        st.drain(b);
+        assert_eq!(
+            mem::read(&st, z, 4),
+            [1, 2, 3, 4],
+            "the wait ran stream a first"
+        );
+        assert!(st.streams[&a].queue.is_empty());
+        for addr in [x, y, z] {
+            mem::free(&mut st, addr).unwrap();
+        }
+        assert!(st.allocs.is_empty());
+    }
+
+    #[test]
+    fn ranges_must_lie_in_one_allocation_of_the_right_kind() {
+        let mut st = State::default();
+        let d = mem::alloc(&mut st, 64, Kind::Device).unwrap();
+        assert!(st.check_range(d, 64, &[Kind::Device]).is_ok());
+        assert!(st.check_range(d + 60, 8, &[Kind::Device]).is_err());
+        assert!(st.check_range(d, 8, &[Kind::Pinned]).is_err());
+        assert!(st.check_range(d - 1, 1, &[Kind::Device]).is_err());
+        assert_eq!(st.room(d + 10), Some(54));
+        mem::free(&mut st, d).unwrap();
+        assert!(st.check_range(d, 1, &[Kind::Device]).is_err());
+    }
+}
