@@ -201,6 +201,8 @@ impl State {
                     return;
                 }
                 if let Err(message) = crate::exec::run(self, &launch) {
+                    // A GPU reports only the status; the double also says why, once.
+                    eprintln!("hip-double: {name} faulted: {message}");
                     self.sticky = Some((HIP_ERROR_ILLEGAL_ADDRESS, format!("{name}: {message}")));
                 }
             }
