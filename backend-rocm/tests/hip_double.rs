@@ -11,7 +11,10 @@ use std::process::{Command, ExitCode};
 
 use hisparse_backend_rocm::{KernelSource, RocmDevice, RocmError};
 use hisparse_core::ops::remap::remap;
-use hisparse_core::ops::{RemapArgs, RemapDesc};
+use hisparse_core::ops::{
+    GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageLayout, RemapArgs,
+    RemapDesc, ResolveArgs, ResolveDesc, SlotMappingArgs, SlotMappingDesc,
+};
 use hisparse_core::{Device, Error, ErrorKind};
 
 type Env = &'static [(&'static str, &'static str)];
@@ -38,6 +41,7 @@ const CASES: &[(&str, Env)] = &[
         &[("HISPARSE_HIP_DOUBLE_MEMORY", "1048576")],
     ),
     ("events-order-streams", &[]),
+    ("decode-path-never-blocks", &[]),
 ];
 
 fn required() -> bool {
@@ -144,6 +148,7 @@ fn child(name: &str) -> Result<(), String> {
             dev.alloc(1 << 19).map(drop).map_err(|e| e.to_string())
         }
         "events-order-streams" => events_order_streams(),
+        "decode-path-never-blocks" => decode_path_never_blocks(),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -244,6 +249,194 @@ fn kernels_from(expected: KernelSource) -> Result<(), String> {
         return Err(format!(
             "remap differs from the reference: {got:?} / {got_counts:?}, want {want:?} / {want_counts:?}"
         ));
+    }
+    Ok(())
+}
+
+/// Calls the double counts as blocking or allocating (its `hisparse_hip_double_blocking_calls`).
+fn double_blocking_calls(library: &str) -> Result<u64, String> {
+    // SAFETY: as in `double_launches`: the already loaded double.
+    let lib = unsafe { libloading::Library::new(library) }.map_err(|e| e.to_string())?;
+    // SAFETY: the double exports this symbol with exactly this signature.
+    let f = unsafe {
+        lib.get::<unsafe extern "C" fn() -> u64>(b"hisparse_hip_double_blocking_calls\0")
+    }
+    .map_err(|e| e.to_string())?;
+    // SAFETY: no arguments.
+    Ok(unsafe { f() })
+}
+
+/// Every decode-path operation (remap, resolve — with the wanted-row table in the workspace —,
+/// gather, invalidate, compressed slot mapping), once the stream is warm, makes no call that
+/// blocks the host or allocates: SPEC §5 requires them to be capturable.
+fn decode_path_never_blocks() -> Result<(), String> {
+    let dev = open()?;
+    let e = |e: RocmError| e.to_string();
+    let zeroed = |bytes: usize| dev.alloc(bytes).map_err(e);
+    let (t, k, n, bs, pages) = (2u32, 2048u32, 4096u32, 64u32, 64u32);
+    let tk = (t * k) as usize;
+    let resolve_desc = ResolveDesc {
+        num_tokens: t,
+        top_k: k,
+        num_requests: 1,
+        max_pages: pages,
+        block_size: bs,
+        hot_slots: n,
+        attention_block_stride: bs,
+        host_num_blocks: pages,
+    };
+    let mut req = zeroed(t as usize * 4)?;
+    dev.upload(&mut req, 0, &bytes_of(&[0, 0])).map_err(e)?;
+    let mut topk = zeroed(tk * 4)?;
+    let toks: Vec<i32> = (0..tk as i32)
+        .map(|i| (i * 3) % (pages * bs) as i32)
+        .collect();
+    dev.upload(&mut topk, 0, &bytes_of(&toks)).map_err(e)?;
+    let resident = zeroed(pages as usize * 4)?;
+    let mut host_table = zeroed(pages as usize * 4)?;
+    dev.upload(
+        &mut host_table,
+        0,
+        &bytes_of(&(0..pages as i32).collect::<Vec<_>>()),
+    )
+    .map_err(e)?;
+    let mut hot_table = zeroed(resolve_desc.hot_table_width() as usize * 4)?;
+    let hot: Vec<i32> = (0..resolve_desc.hot_table_width() as i32).collect();
+    dev.upload(&mut hot_table, 0, &bytes_of(&hot)).map_err(e)?;
+    let mut dgi = zeroed(n as usize * 4)?;
+    let mut lru = zeroed(n as usize * 2)?;
+    let mut outs = Vec::new();
+    for len in [tk, t as usize, t as usize, t as usize, tk, tk] {
+        outs.push(zeroed(len * 4)?);
+    }
+    let row = PageLayout::contiguous(0, u64::from(bs) * 16, pages, bs, 16);
+    let layer = LayerPair {
+        host: row,
+        device: row,
+    };
+    let host_pool = dev
+        .alloc_pinned(pages as usize * bs as usize * 16)
+        .map_err(e)?;
+    let mut device_pool = zeroed(pages as usize * bs as usize * 16)?;
+    let mut ranges = zeroed(8)?;
+    dev.upload(&mut ranges, 0, &bytes_of(&[0, 64])).map_err(e)?;
+    let mut slot_out = zeroed(t as usize * 4)?;
+    let mut remap_out = zeroed(tk * 4)?;
+    let remap_desc = RemapDesc {
+        num_tokens: t,
+        top_k: k,
+        table_rows: 1,
+        max_blocks: pages,
+        block_size: bs,
+        block_stride_rows: bs,
+        idx_mapping_len: None,
+        write_counts: false,
+        compact: true,
+    };
+    let stream = dev.create_stream().map_err(e)?;
+    let mut round = || -> Result<(), String> {
+        dev.remap(
+            &stream,
+            &remap_desc,
+            RemapArgs {
+                req_id: &req,
+                block_table: &host_table,
+                topk: &topk,
+                idx_mapping: None,
+                out: &mut remap_out,
+                counts: None,
+            },
+        )
+        .map_err(e)?;
+        let [indices, valid, hits, misses, src, dst] = &mut outs[..] else {
+            unreachable!("six outputs")
+        };
+        dev.resolve(
+            &stream,
+            &resolve_desc,
+            ResolveArgs {
+                req_id: &req,
+                topk: &topk,
+                resident_table: &resident,
+                host_table: &host_table,
+                hot_table: &hot_table,
+                dgi: &mut dgi,
+                lru: &mut lru,
+                indices,
+                valid_counts: valid,
+                hit_counts: hits,
+                miss_counts: misses,
+                miss_src: src,
+                miss_dst: dst,
+            },
+        )
+        .map_err(e)?;
+        dev.gather_rows(
+            &stream,
+            &GatherDesc {
+                num_tokens: t,
+                top_k: k,
+                layers: &[layer],
+            },
+            GatherArgs {
+                plan_src: &outs[4],
+                plan_dst: &outs[5],
+                plan_counts: &outs[3],
+                host: &host_pool,
+                device: &mut device_pool,
+            },
+        )
+        .map_err(e)?;
+        dev.invalidate(
+            &stream,
+            &InvalidateDesc {
+                num_requests: 1,
+                hot_slots: n,
+                num_ranges: 1,
+            },
+            InvalidateArgs {
+                ranges: &ranges,
+                dgi: &mut dgi,
+            },
+        )
+        .map_err(e)?;
+        dev.compressed_slot_mapping(
+            &stream,
+            &SlotMappingDesc {
+                num_tokens: t,
+                ratio: 4,
+                block_size: bs,
+                table_rows: 1,
+                max_blocks: pages,
+            },
+            SlotMappingArgs {
+                positions: &req,
+                slot_mapping: &req,
+                table_row: &req,
+                block_table: &host_table,
+                out: &mut slot_out,
+            },
+        )
+        .map_err(e)
+    };
+    // Warm-up: the stream's resolve scratch is allocated here.
+    round()?;
+    dev.synchronize(&stream).map_err(e)?;
+    let before = double_blocking_calls(dev.runtime_path())?;
+    for _ in 0..3 {
+        round()?;
+    }
+    let after = double_blocking_calls(dev.runtime_path())?;
+    dev.synchronize(&stream).map_err(e)?;
+    if after != before {
+        return Err(format!(
+            "{} blocking or allocating HIP calls during three warm decode rounds",
+            after - before
+        ));
+    }
+    let launches = double_launches(dev.runtime_path(), c"hs_resolve")?;
+    if launches != 4 {
+        return Err(format!("hs_resolve ran {launches} times, expected 4"));
     }
     Ok(())
 }

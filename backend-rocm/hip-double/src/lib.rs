@@ -59,6 +59,21 @@ fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Calls that block the host or allocate (synchronisations, synchronous copies, allocations,
+/// frees, module loads, stream and event creation) made so far.
+static BLOCKING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn blocking() {
+    BLOCKING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Not HIP: how many blocking or allocating calls (see `BLOCKING`) the process made so far, so a
+/// test can prove the decode-path operations make none.
+#[unsafe(no_mangle)]
+pub extern "C" fn hisparse_hip_double_blocking_calls() -> u64 {
+    BLOCKING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Devices the double reports.
 fn device_count() -> c_int {
     std::env::var("HISPARSE_HIP_DOUBLE_DEVICES")
@@ -193,6 +208,7 @@ pub extern "C" fn hipGetErrorName(status: u32) -> *const c_char {
 /// `hipDeviceSynchronize`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub extern "C" fn hipDeviceSynchronize() -> u32 {
+    blocking();
     let mut st = state();
     st.drain_all();
     st.sticky_status()
@@ -201,6 +217,7 @@ pub extern "C" fn hipDeviceSynchronize() -> u32 {
 /// `hipMalloc`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> u32 {
+    blocking();
     if ptr.is_null() {
         return HIP_ERROR_INVALID_VALUE;
     }
@@ -242,12 +259,14 @@ fn free_kind(addr: usize, want: Kind) -> u32 {
 /// `hipFree`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub extern "C" fn hipFree(ptr: *mut c_void) -> u32 {
+    blocking();
     free_kind(ptr as usize, Kind::Device)
 }
 
 /// `hipHostMalloc`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipHostMalloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint) -> u32 {
+    blocking();
     // hipHostMallocPortable | hipHostMallocMapped | hipHostMallocCoherent | NonCoherent are known.
     if ptr.is_null() || bytes == 0 || flags & !(1 | 2 | 0x4000_0000 | 0x8000_0000) != 0 {
         return HIP_ERROR_INVALID_VALUE;
@@ -263,6 +282,7 @@ pub unsafe extern "C" fn hipHostMalloc(ptr: *mut *mut c_void, bytes: usize, flag
 /// `hipHostFree`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub extern "C" fn hipHostFree(ptr: *mut c_void) -> u32 {
+    blocking();
     free_kind(ptr as usize, Kind::Pinned)
 }
 
@@ -287,6 +307,7 @@ pub unsafe extern "C" fn hipHostGetDevicePointer(
 /// `hipMemset`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemset(dst: *mut c_void, value: c_int, bytes: usize) -> u32 {
+    blocking();
     let mut st = state();
     st.drain_all();
     if let Err(s) = st.check_range(dst as usize, bytes, &[Kind::Device]) {
@@ -347,6 +368,7 @@ pub unsafe extern "C" fn hipMemcpy(
     bytes: usize,
     kind: c_uint,
 ) -> u32 {
+    blocking();
     let Some((dk, sk)) = sides(kind) else {
         return HIP_ERROR_INVALID_VALUE;
     };
@@ -415,6 +437,7 @@ pub extern "C" fn hipMemcpyAsync(
 /// `hipStreamCreateWithFlags`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipStreamCreateWithFlags(stream: *mut *mut c_void, flags: c_uint) -> u32 {
+    blocking();
     if flags > 1 {
         return HIP_ERROR_INVALID_VALUE;
     }
@@ -442,6 +465,7 @@ pub extern "C" fn hipStreamDestroy(stream: *mut c_void) -> u32 {
 /// `hipStreamSynchronize`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub extern "C" fn hipStreamSynchronize(stream: *mut c_void) -> u32 {
+    blocking();
     let mut st = state();
     let h = stream as usize;
     if let Err(s) = st.stream(h) {
@@ -454,6 +478,7 @@ pub extern "C" fn hipStreamSynchronize(stream: *mut c_void) -> u32 {
 /// `hipEventCreateWithFlags`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipEventCreateWithFlags(event: *mut *mut c_void, flags: c_uint) -> u32 {
+    blocking();
     // hipEventDefault | hipEventBlockingSync | hipEventDisableTiming | hipEventInterprocess.
     if flags & !0x7 != 0 || event.is_null() {
         return HIP_ERROR_INVALID_VALUE;
@@ -585,6 +610,7 @@ fn hisparse_gpu_kernels_names() -> impl Iterator<Item = &'static str> {
 /// `hipModuleLoadData`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> u32 {
+    blocking();
     if module.is_null() || image.is_null() {
         return HIP_ERROR_INVALID_VALUE;
     }
