@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::args::{Cli, Command};
-use crate::error::{CliError, CliResult};
+use crate::error::CliResult;
 
 /// Writes `text` to stdout (with a final newline if it lacks one). A closed pipe (`| head`) ends
 /// the output quietly instead of panicking.
@@ -41,7 +41,13 @@ fn run(cli: Cli) -> CliResult<()> {
         }
         Command::Layout(a) => layout::run(&a),
         Command::Conformance(a) => conformance::run(&a),
-        Command::Simulate(_) => Err(CliError::failed("not implemented yet")),
+        Command::Simulate(a) => {
+            let kind = args::backend(&a.backend.backend)?;
+            let setup = sim::setup(&a)?;
+            with_device!(kind, &a.backend.device, |dev| sim::simulate_on(
+                &dev, &a, &setup
+            ))
+        }
     }
 }
 

@@ -372,6 +372,56 @@ impl<'d, D: Device> DataPlane<'d, D> {
         Ok(())
     }
 
+    /// Marks the hot state of `slot` stale: the next read resets it (LRU identity, `dgi` all
+    /// `-1`) before use. Called for hot regions given out or released and rows restarted.
+    pub fn forget_hot_state(&mut self, slot: u32) {
+        if let Some(o) = self.hot_owner.get_mut(slot as usize) {
+            *o = None;
+        }
+    }
+
+    /// Copies whole GPU blocks (GPU copy-on-write).
+    pub fn copy_gpu_blocks(&mut self, pairs: &[BlockPair]) -> CliResult<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let bpb = self.kv.bytes_per_block as usize;
+        let t = Instant::now();
+        for p in pairs {
+            // Source and destination are different blocks of one buffer: stage through a
+            // second buffer because the trait's copy takes distinct source and destination.
+            let mut tmp = self
+                .dev
+                .alloc(bpb)
+                .map_err(dev_err("allocating a copy-on-write staging block"))?;
+            self.dev
+                .copy_on_device(
+                    &self.stream,
+                    &self.device_pool,
+                    p.src as usize * bpb,
+                    &mut tmp,
+                    0,
+                    bpb,
+                )
+                .and_then(|()| {
+                    self.dev.copy_on_device(
+                        &self.stream,
+                        &tmp,
+                        0,
+                        &mut self.device_pool,
+                        p.dst as usize * bpb,
+                        bpb,
+                    )
+                })
+                .map_err(dev_err("GPU copy-on-write"))?;
+            self.dev
+                .synchronize(&self.stream)
+                .map_err(dev_err("synchronising"))?;
+        }
+        self.counters.device_seconds += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
     /// Drops hot entries caching any row of `host_blocks` (blocks just (re)assigned), in every
     /// index group.
     pub fn invalidate_host_blocks(&mut self, host_blocks: &[u32]) -> CliResult<()> {
@@ -638,7 +688,10 @@ impl<'d, D: Device> DataPlane<'d, D> {
                 .map_err(dev_err("synchronising"))?;
             self.counters.device_seconds += t0.elapsed().as_secs_f64();
             let idx = self.download_i32(&indices, tk)?;
-            if !fully_resident {
+            let valid = idx.iter().filter(|&&x| x != -1).count() as u64;
+            if fully_resident {
+                self.counters.resident_reads += valid;
+            } else {
                 let h: i64 = self
                     .download_i32(&hits, t as usize)?
                     .iter()
@@ -651,6 +704,8 @@ impl<'d, D: Device> DataPlane<'d, D> {
                     .sum();
                 self.counters.hot_hits += h.max(0) as u64;
                 self.counters.misses += mi.max(0) as u64;
+                self.counters.resident_reads +=
+                    valid.saturating_sub(h.max(0) as u64 + mi.max(0) as u64);
                 self.counters.h2d_bytes += mi.max(0) as u64
                     * u64::from(self.kv.row_bytes)
                     * self.groups[g].layers.len() as u64;

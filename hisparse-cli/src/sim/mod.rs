@@ -1,11 +1,135 @@
-//! `hisparse simulate`: the simulation engine, generic over [`hisparse_core::Device`].
+//! `hisparse simulate`: prefill and decode through the real coordinator and the real device
+//! operations, generic over [`hisparse_core::Device`] so every backend runs the same code.
 //!
-//! * [`workload`]: top-k selections with realistic structure;
+//! * [`workload`]: top-k selections with realistic structure (sink, local window, drifting
+//!   clusters, tunable adjacent-step overlap);
 //! * [`kv`]: synthetic KV rows, deterministic from (request, layer, position);
-//! * [`plot`]: the SVG of per-step hit rate and transferred bytes.
+//! * [`dataplane`]: pools, hot state, every device operation of a step, and verification;
+//! * [`engine`]: the per-step loop between the coordinator and the data plane;
+//! * [`report`] and [`plot`]: what a run reports, as text, JSON and SVG.
 
 pub mod dataplane;
+pub mod engine;
 pub mod kv;
 pub mod plot;
 pub mod report;
 pub mod workload;
+
+use hisparse_core::Device;
+use hisparse_core::layout::KvCacheConfig;
+use hisparse_core::model::{LayerSpec, OwnedModel};
+
+use crate::args::{self, SimulateArgs};
+use crate::error::{CliError, CliResult};
+use crate::layout::preset;
+use engine::SimSetup;
+
+/// The model of `--preset`, keeping only its first `layers` layers when `layers > 0`.
+fn model(name: &str, layers: u32) -> CliResult<OwnedModel> {
+    let mut m: OwnedModel = preset(name)?.into();
+    if layers > 0 {
+        if layers as usize > m.layers.len() {
+            return Err(CliError::usage(format!(
+                "--layers {layers} exceeds the {} layers of {name}; give at most {} (0 = all)",
+                m.layers.len(),
+                m.layers.len()
+            )));
+        }
+        m.layers.truncate(layers as usize);
+        if !m.layers.iter().any(|l| matches!(l, LayerSpec::Sparse(_))) {
+            return Err(CliError::usage(format!(
+                "--layers {layers} keeps no sparse layer of {name}; give more layers"
+            )));
+        }
+    }
+    Ok(m)
+}
+
+/// Parses and validates the arguments and plans the layout, choosing default memory sizes small
+/// enough that pages are reclaimed and rows are swapped in.
+pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
+    let m = model(&a.preset, args::number("layers", &a.layers)?)?;
+    let requests: u32 = args::positive("requests", &a.requests)?;
+    let context: u32 = args::positive("context", &a.context)?;
+    let decode_steps: u32 = args::positive("decode-steps", &a.decode_steps)?;
+    let seed: u64 = args::number("seed", &a.seed)?;
+    let overlap: f64 = args::number("overlap", &a.overlap)?;
+    if !(0.0..=1.0).contains(&overlap) {
+        return Err(CliError::usage(format!(
+            "--overlap {overlap} must lie between 0 and 1 (share of top-k kept between steps)"
+        )));
+    }
+    let chunk: u32 = args::positive("chunk", &a.chunk)?;
+    let dbs = a
+        .device_buffer_size
+        .as_deref()
+        .map(|s| args::positive::<u32>("device-buffer-size", s))
+        .transpose()?;
+    let spec = m.as_spec();
+    let final_len = context
+        .checked_add(decode_steps)
+        .ok_or_else(|| CliError::usage("--context + --decode-steps overflows"))?;
+    let max_len = final_len.next_multiple_of(spec.block_tokens);
+    // Provisional plan with ample memory, to learn block sizes and per-request needs.
+    let probe = crate::layout::plan(&spec, 1 << 36, 1 << 40, max_len, dbs, 1, "--gpu-mem")?;
+    let host = match &a.host_mem {
+        Some(h) => args::size("host-mem", h)?,
+        None => {
+            let pages = u64::from(probe.pages_for(final_len));
+            (u64::from(requests) * (pages + 1) + 2) * probe.host_block_stride
+        }
+    };
+    let gpu = match &a.gpu_mem {
+        Some(g) => args::size("gpu-mem", g)?,
+        None => {
+            // Room for every request's HiSparse needs plus a quarter of the extra pages an
+            // all-resident cache would hold: reclaim and swap-in must happen.
+            let per = probe.gpu_blocks_per_request(final_len);
+            let r = u64::from(requests);
+            let extra = per.all_on_gpu.saturating_sub(per.hisparse);
+            (1 + r * per.hisparse.min(per.all_on_gpu) + r * extra / 4) * probe.bytes_per_block
+        }
+    };
+    let kv: KvCacheConfig = crate::layout::plan(&spec, gpu, host, max_len, dbs, 1, "--gpu-mem")?;
+    Ok(SimSetup {
+        preset: m.name.clone(),
+        kv,
+        requests,
+        context,
+        decode_steps,
+        seed,
+        overlap,
+        max_batched_tokens: chunk,
+        quiet: a.json,
+    })
+}
+
+/// Runs the simulation on `dev` and prints the report (and the SVG, if asked).
+pub fn simulate_on<D: Device>(dev: &D, a: &SimulateArgs, s: &SimSetup) -> CliResult<()> {
+    let report = engine::run(dev, s)?;
+    if let Some(path) = &a.plot {
+        let hit: Vec<f64> = report.steps.iter().map(|s| s.hit_rate).collect();
+        let bytes: Vec<f64> = report.steps.iter().map(|s| s.h2d_bytes as f64).collect();
+        let title = format!(
+            "hisparse simulate — {} on {}, {} requests × {} tokens",
+            report.preset, report.backend, report.requests, report.context
+        );
+        std::fs::write(path, plot::render(&title, &hit, &bytes)).map_err(|e| {
+            CliError::failed(format!("cannot write the plot to {}: {e}", path.display()))
+        })?;
+    }
+    if a.json {
+        crate::emit(&report.to_json());
+    } else {
+        crate::emit(&report.to_text());
+    }
+    if report.mismatched_rows > 0 {
+        return Err(CliError::failed(format!(
+            "{} of {} rows read by attention did not match their source (first: {})",
+            report.mismatched_rows,
+            report.verified_rows,
+            report.first_mismatch.as_deref().unwrap_or("?")
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! The simulation loop: the real [`Coordinator`] plans every step, the [`DataPlane`] executes
+//! each [`OffloadCommand`] on a [`Device`] in the documented order, synthetic KV rows are written
+//! as the forward pass would write them, and every decode step's attention reads are verified.
+//!
+//! Per step:
+//! 1. `Coordinator::step` schedules prefill chunks and decode tokens and returns the command;
+//! 2. hot regions given out or released reset their hot state; hot entries caching rows of newly
+//!    assigned host blocks are invalidated; host copy-on-write, restores and GPU copy-on-write run;
+//! 3. the forward pass: each scheduled request's new rows are written into its resident pages
+//!    (every sparse layer); decode tokens then read their top-k through remap (fully-resident
+//!    path) or resolve + leader/follower gathers;
+//! 4. the after-forward copies (row mirrors, page spills) run as the step's transfer batch;
+//! 5. the worker reports the batch enqueued now and completed one step later (as a real copy
+//!    stream would), so pages go through `pending` before `clean` and reclaim must sometimes wait;
+//! 6. the reads are verified against the synthetic rows; decoded requests get their next token
+//!    or finish.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use hisparse_core::Device;
+use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand, RequestId};
+use hisparse_core::layout::KvCacheConfig;
+use hisparse_core::ops::{BlockPair, Direction, RowSpan};
+
+use super::dataplane::{DataPlane, RequestView};
+use super::report::{SimReport, StepStats};
+use super::workload::{Pattern, TopKStream, overlap};
+use crate::error::{CliError, CliResult};
+use crate::progress::Progress;
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct SimSetup {
+    /// Preset name (for the report).
+    pub preset: String,
+    /// The planned layout.
+    pub kv: KvCacheConfig,
+    /// Concurrent requests.
+    pub requests: u32,
+    /// Prompt tokens per request.
+    pub context: u32,
+    /// Decode tokens per request.
+    pub decode_steps: u32,
+    /// Workload seed.
+    pub seed: u64,
+    /// Target adjacent-step top-k overlap.
+    pub overlap: f64,
+    /// Tokens per step (prefill chunks + decode tokens).
+    pub max_batched_tokens: u32,
+    /// Suppress the progress bar.
+    pub quiet: bool,
+}
+
+fn coord_err(e: impl std::fmt::Display) -> CliError {
+    CliError::failed(format!("coordinator: {e}"))
+}
+
+/// Runs the simulation on `dev`.
+pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
+    let wall = Instant::now();
+    let kv = &s.kv;
+    let ratio = kv.sparse_compress_ratio.max(1);
+    let final_len = s.context + s.decode_steps;
+    let mut coord = Coordinator::new(
+        kv.clone(),
+        CoordinatorConfig {
+            max_running: s.requests,
+            max_batched_tokens: s.max_batched_tokens,
+            max_spill_pages_per_step: 64,
+            num_workers: 1,
+            enable_prefix_caching: false,
+        },
+    )
+    .map_err(coord_err)?;
+    let mut dp = DataPlane::new(dev, kv, s.requests)?;
+    let uids: Vec<RequestId> = (1..=u64::from(s.requests)).collect();
+    for &uid in &uids {
+        let prompt: Vec<u32> = (0..s.context)
+            .map(|p| (uid as u32).wrapping_mul(1_000_003).wrapping_add(p))
+            .collect();
+        coord.admit(uid, &prompt).map_err(coord_err)?;
+    }
+    let pattern = Pattern::for_top_k(kv.config.top_k, s.overlap);
+    let groups = kv.index_groups.len();
+    let mut streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)> = HashMap::new();
+    let mut progress = Progress::new(
+        "simulate",
+        u64::from(s.requests) * u64::from(final_len),
+        s.quiet,
+    );
+    let mut report = SimReport {
+        backend: dev.backend().to_string(),
+        device: dev.device_name().to_string(),
+        preset: s.preset.clone(),
+        sparse_layers: kv.groups[KvCacheConfig::SOURCE_GROUP].layers.len() as u32,
+        index_groups: groups as u32,
+        requests: s.requests,
+        context: s.context,
+        decode_steps: s.decode_steps,
+        seed: s.seed,
+        overlap_target: s.overlap,
+        gpu_pool_bytes: kv.gpu_pool_bytes(),
+        host_pool_bytes: kv.host_pool_bytes(),
+        device_buffer_size: kv.device_buffer_size,
+        all_resident_gpu_bytes: (1 + u64::from(s.requests)
+            * kv.gpu_blocks_per_request(final_len).all_on_gpu)
+            * kv.bytes_per_block,
+        ..SimReport::default()
+    };
+    let mp = coord.max_pages() as usize;
+    let nb = kv.num_buckets;
+    let mut row = vec![0i32; mp];
+    let mut hot_row = vec![0i32; kv.hot_blocks_per_request as usize];
+    let mut to_complete: Vec<u64> = Vec::new();
+    let mut overlap_sum = 0.0;
+    let mut overlap_n = 0u64;
+    let mut idle_steps = 0u32;
+    let mut done_tokens = 0u64;
+    let mut cmd = OffloadCommand::default();
+
+    while !coord.is_empty() {
+        // 1. Plan.
+        let t = Instant::now();
+        let sum = coord.schedule_step().map_err(coord_err)?;
+        coord.build_offload_command_into(&mut cmd);
+        let mut planning = t.elapsed().as_secs_f64();
+        report.waits += u64::from(sum.waiting_on_reclaim.min(1));
+        report.preemptions += cmd.preempted.len() as u64;
+        if cmd.scheduled.is_empty() {
+            idle_steps += 1;
+            if idle_steps > 1000 {
+                return Err(CliError::failed(
+                    "simulation stalled: 1000 steps scheduled nothing; give it more --gpu-mem",
+                ));
+            }
+        } else {
+            idle_steps = 0;
+        }
+        let dev0 = dp.counters.device_seconds;
+        let (hits0, miss0, h2d0) = (
+            dp.counters.hot_hits,
+            dp.counters.misses,
+            dp.counters.h2d_bytes,
+        );
+
+        // 2. Tables, hot state, invalidation, copy-on-write, restores.
+        for a in &cmd.hot_assign {
+            dp.forget_hot_state(a.slot);
+        }
+        for &slot in cmd.hot_release.iter().chain(&cmd.started) {
+            dp.forget_hot_state(slot);
+        }
+        report.reclaimed_pages +=
+            cmd.residency.iter().filter(|u| u.block == 0).count() as u64 / u64::from(nb.max(1));
+        dp.invalidate_host_blocks(&cmd.new_host_blocks)?;
+        dp.copy_host_pages(&cmd.host_cow)?;
+        for b in 0..nb {
+            let pairs: Vec<BlockPair> = cmd
+                .restores
+                .iter()
+                .filter(|r| r.bucket == b)
+                .map(|r| BlockPair {
+                    src: r.host_block,
+                    dst: r.device_block,
+                })
+                .collect();
+            dp.copy_pages(b, Direction::HostToDevice, &pairs)?;
+        }
+        dp.copy_gpu_blocks(&cmd.gpu_cow)?;
+
+        // 3. Forward: write the new rows, then the decode tokens read their top-k.
+        let mut views = Vec::new();
+        let mut decode_fully_resident = true;
+        for sr in &cmd.scheduled {
+            let mut resident = Vec::with_capacity(nb as usize);
+            let mut hot = Vec::with_capacity(nb as usize);
+            for b in 0..nb {
+                coord.resident_row(sr.id, b, &mut row).map_err(coord_err)?;
+                resident.push(row.clone());
+                coord.hot_row(sr.id, b, &mut hot_row).map_err(coord_err)?;
+                hot.push(if hot_row.iter().all(|&x| x < 0) {
+                    Vec::new()
+                } else {
+                    hot_row.clone()
+                });
+            }
+            coord.host_row(sr.id, &mut row).map_err(coord_err)?;
+            let end = sr.first_token + sr.num_tokens;
+            let rows = sr.first_token / ratio..end / ratio;
+            dp.write_rows(sr.id, rows, |b, p| {
+                resident
+                    .get(b as usize)
+                    .and_then(|r| r.get(p as usize).copied())
+            })?;
+            done_tokens += u64::from(sr.num_tokens);
+            let decode = sr.first_token >= s.context && sr.num_tokens == 1;
+            if decode {
+                decode_fully_resident &= sr.fully_resident;
+                views.push(RequestView {
+                    slot: sr.slot,
+                    uid: sr.id,
+                    seq_len: end / ratio,
+                    host_blocks: row.clone(),
+                    resident,
+                    hot,
+                });
+            }
+        }
+        if !views.is_empty() {
+            let t = Instant::now();
+            let mut topk: Vec<Vec<i32>> = vec![Vec::new(); groups];
+            for v in &views {
+                for (g, out) in topk.iter_mut().enumerate() {
+                    let (stream, prev) = streams.entry((v.uid, g)).or_insert_with(|| {
+                        (
+                            TopKStream::new(pattern, s.seed, v.uid * 1_000 + g as u64),
+                            Vec::new(),
+                        )
+                    });
+                    let sel = stream.step(v.seq_len);
+                    if !prev.is_empty() {
+                        overlap_sum += overlap(prev, sel);
+                        overlap_n += 1;
+                    }
+                    prev.clear();
+                    prev.extend_from_slice(sel);
+                    out.extend_from_slice(sel);
+                }
+            }
+            // Workload generation is neither planning nor device time.
+            let _ = t;
+            dp.attend(&views, &topk, decode_fully_resident)?;
+            if decode_fully_resident {
+                report.fully_resident_steps += 1;
+            }
+        }
+
+        // 4. After-forward copies.
+        for b in 0..nb {
+            let spans: Vec<RowSpan> = cmd
+                .row_mirrors
+                .iter()
+                .filter(|m| m.bucket == b)
+                .map(|m| m.span)
+                .collect();
+            report.mirror_spans += spans.len() as u64;
+            dp.mirror_rows(b, &spans)?;
+            let pairs: Vec<BlockPair> = cmd
+                .page_transfers
+                .iter()
+                .filter(|p| p.bucket == b)
+                .map(|p| BlockPair {
+                    src: p.device_block,
+                    dst: p.host_block,
+                })
+                .collect();
+            report.spilled_pages += pairs.len() as u64;
+            dp.copy_pages(b, Direction::DeviceToHost, &pairs)?;
+        }
+        dp.synchronize()?;
+
+        // 5. Reports: last step's batch completes now, this step's is enqueued.
+        let t = Instant::now();
+        let enq: Vec<u64> = cmd.transfer_id.into_iter().collect();
+        coord.report(0, &enq, &to_complete).map_err(coord_err)?;
+        to_complete = enq;
+        planning += t.elapsed().as_secs_f64();
+
+        // 6. Verify, then sample or finish.
+        dp.verify()?;
+        let t = Instant::now();
+        let running: Vec<RequestId> = coord.running_ids().collect();
+        for id in running {
+            let (n, c) = (
+                coord.num_tokens(id).unwrap_or(0),
+                coord.num_computed(id).unwrap_or(0),
+            );
+            if n == c {
+                if n >= final_len {
+                    coord.finish(id).map_err(coord_err)?;
+                } else {
+                    coord.append_tokens(id, &[n]).map_err(coord_err)?;
+                }
+            }
+        }
+        planning += t.elapsed().as_secs_f64();
+        if !views.is_empty() {
+            let c = &dp.counters;
+            let (hits, misses) = (c.hot_hits - hits0, c.misses - miss0);
+            report.steps.push(StepStats {
+                hit_rate: if hits + misses == 0 {
+                    1.0
+                } else {
+                    hits as f64 / (hits + misses) as f64
+                },
+                h2d_bytes: c.h2d_bytes - h2d0,
+                hot_hits: hits,
+                misses,
+                fully_resident: decode_fully_resident,
+                planning_us: planning * 1e6,
+                device_us: (c.device_seconds - dev0) * 1e6,
+            });
+        }
+        progress.set(
+            done_tokens,
+            &format!(
+                "step {} · {} rows verified, {} mismatched",
+                cmd.step, dp.counters.verified_rows, dp.counters.mismatched_rows
+            ),
+        );
+    }
+    progress.finish();
+    // Drain: the last batch completes; every block must be back in its pool.
+    coord.report(0, &[], &to_complete).map_err(coord_err)?;
+    coord
+        .check_invariants()
+        .map_err(|v| CliError::failed(format!("coordinator invariant violated: {v}")))?;
+    if coord.gpu_pool().num_held() != 0 || coord.host_pool().num_held() != 0 {
+        return Err(CliError::failed(format!(
+            "simulation leaked blocks: {} GPU and {} host blocks still held after every request finished",
+            coord.gpu_pool().num_held(),
+            coord.host_pool().num_held()
+        )));
+    }
+
+    let c = &dp.counters;
+    let decode = report.steps.len().max(1) as f64;
+    report.hot_hits = c.hot_hits;
+    report.misses = c.misses;
+    report.resident_reads = c.resident_reads;
+    report.hit_rate = if c.hot_hits + c.misses == 0 {
+        0.0
+    } else {
+        c.hot_hits as f64 / (c.hot_hits + c.misses) as f64
+    };
+    report.h2d_bytes = report.steps.iter().map(|s| s.h2d_bytes).sum();
+    report.h2d_bytes_per_step = report.h2d_bytes as f64 / decode;
+    report.d2h_bytes = c.d2h_bytes;
+    report.resolve_calls = c.resolve_calls;
+    report.remap_calls = c.remap_calls;
+    report.planning_us_per_step = report.steps.iter().map(|s| s.planning_us).sum::<f64>() / decode;
+    report.device_us_per_step = report.steps.iter().map(|s| s.device_us).sum::<f64>() / decode;
+    report.verified_rows = c.verified_rows;
+    report.mismatched_rows = c.mismatched_rows;
+    report.first_mismatch = c.first_mismatch.clone();
+    report.overlap_measured = if overlap_n == 0 {
+        0.0
+    } else {
+        overlap_sum / overlap_n as f64
+    };
+    report.wall_seconds = wall.elapsed().as_secs_f64();
+    Ok(report)
+}
