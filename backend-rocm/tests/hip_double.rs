@@ -10,10 +10,12 @@
 use std::process::{Command, ExitCode};
 
 use hisparse_backend_rocm::{KernelSource, RocmDevice, RocmError};
+use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
 use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::{
-    GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageLayout, RemapArgs,
-    RemapDesc, ResolveArgs, ResolveDesc, SlotMappingArgs, SlotMappingDesc,
+    BlockPair, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair,
+    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
+    SlotMappingArgs, SlotMappingDesc,
 };
 use hisparse_core::{Device, Error, ErrorKind};
 
@@ -42,6 +44,7 @@ const CASES: &[(&str, Env)] = &[
     ),
     ("events-order-streams", &[]),
     ("decode-path-never-blocks", &[]),
+    ("split-launches-match-reference", &[]),
 ];
 
 fn required() -> bool {
@@ -149,6 +152,7 @@ fn child(name: &str) -> Result<(), String> {
         }
         "events-order-streams" => events_order_streams(),
         "decode-path-never-blocks" => decode_path_never_blocks(),
+        "split-launches-match-reference" => split_launches_match_reference(),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -437,6 +441,161 @@ fn decode_path_never_blocks() -> Result<(), String> {
     let launches = double_launches(dev.runtime_path(), c"hs_resolve")?;
     if launches != 4 {
         return Err(format!("hs_resolve ran {launches} times, expected 4"));
+    }
+    Ok(())
+}
+
+/// Operations the backend must split over several launches — a gather of more layers than one
+/// launch carries, page copies whose destinations repeat or overlap a source (copy-on-write
+/// chains), row copies whose destinations repeat — still equal the reference, which applies them
+/// in order.
+fn split_launches_match_reference() -> Result<(), String> {
+    let dev = open()?;
+    let e = |e: RocmError| e.to_string();
+    let (bs, row, blocks, nl) = (4u32, 32u32, 6u32, 20usize);
+    let page = u64::from(bs * row);
+    // Layer-major pools: layer l's pages at l * blocks * page.
+    let layers: Vec<LayerPair> = (0..nl as u64)
+        .map(|l| {
+            let host = PageLayout {
+                base: l * u64::from(blocks) * page,
+                block_stride: page,
+                num_blocks: blocks,
+                block_size: bs,
+                row_bytes: row,
+                value_bytes: 16,
+                index_stride_rows: bs,
+            };
+            LayerPair { host, device: host }
+        })
+        .collect();
+    let len = nl * blocks as usize * page as usize;
+    let pattern = |seed: u8| -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    };
+    let stream = dev.create_stream().map_err(e)?;
+
+    let check = |what: &str, host: &[u8], dev_bytes: &[u8], h: &_, d: &_| -> Result<(), String> {
+        let mut got_h = vec![0u8; len];
+        dev.read_pinned(h, 0, &mut got_h).map_err(e)?;
+        let mut got_d = vec![0u8; len];
+        dev.download(d, 0, &mut got_d).map_err(e)?;
+        if got_h != host || got_d != dev_bytes {
+            return Err(format!("{what} differs from the reference"));
+        }
+        Ok(())
+    };
+    let mut ref_host = pattern(1);
+    let mut ref_dev = pattern(2);
+    let mut h = dev.alloc_pinned(len).map_err(e)?;
+    dev.write_pinned(&mut h, 0, &ref_host).map_err(e)?;
+    let mut d = dev.alloc(len).map_err(e)?;
+    dev.upload(&mut d, 0, &ref_dev).map_err(e)?;
+
+    // Gather over 20 layers (two launches), plan rows 0..8 of the pool with one zero-fill.
+    let plan_src = [0, 5, -1, 9, 13, 2, 22, 7];
+    let plan_dst = [3, 4, 5, 6, 7, 8, 9, 10];
+    let counts = [8];
+    let up = |v: &[i32]| -> Result<_, String> {
+        let mut b = dev.alloc(v.len() * 4).map_err(e)?;
+        dev.upload(&mut b, 0, &bytes_of(v)).map_err(e)?;
+        Ok(b)
+    };
+    let (ps, pd, pc) = (up(&plan_src)?, up(&plan_dst)?, up(&counts)?);
+    let desc = GatherDesc {
+        num_tokens: 1,
+        top_k: 8,
+        layers: &layers,
+    };
+    gather_rows(
+        &desc,
+        GatherArgs {
+            plan_src: &plan_src[..],
+            plan_dst: &plan_dst[..],
+            plan_counts: &counts[..],
+            host: &ref_host[..],
+            device: &mut ref_dev[..],
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    dev.gather_rows(
+        &stream,
+        &desc,
+        GatherArgs {
+            plan_src: &ps,
+            plan_dst: &pd,
+            plan_counts: &pc,
+            host: &h,
+            device: &mut d,
+        },
+    )
+    .map_err(e)?;
+    dev.synchronize(&stream).map_err(e)?;
+    check("gather over 20 layers", &ref_host, &ref_dev, &h, &d)?;
+
+    // Copy-on-write chain 1 -> 2 -> 3 and a repeated destination: order matters.
+    let chain = [
+        BlockPair { src: 1, dst: 2 },
+        BlockPair { src: 2, dst: 3 },
+        BlockPair { src: 0, dst: 4 },
+        BlockPair { src: 5, dst: 4 },
+    ];
+    let host_layers: Vec<PageLayout> = layers.iter().map(|l| l.host).collect();
+    copy_host_pages(&host_layers, &chain, &mut ref_host).map_err(|e| e.to_string())?;
+    dev.copy_host_pages(&stream, &host_layers, &chain, &mut h)
+        .map_err(e)?;
+    dev.synchronize(&stream).map_err(e)?;
+    check("copy_host_pages chain", &ref_host, &ref_dev, &h, &d)?;
+
+    // Page restores with a repeated destination: the later pair wins.
+    let dup = [BlockPair { src: 1, dst: 0 }, BlockPair { src: 3, dst: 0 }];
+    let pd_desc = PageCopyDesc {
+        direction: Direction::HostToDevice,
+        layers: &layers,
+    };
+    copy_pages(&pd_desc, &dup, &mut ref_host, &mut ref_dev).map_err(|e| e.to_string())?;
+    dev.copy_pages(&stream, &pd_desc, &dup, &mut h, &mut d)
+        .map_err(e)?;
+    dev.synchronize(&stream).map_err(e)?;
+    check(
+        "copy_pages with a repeated destination",
+        &ref_host,
+        &ref_dev,
+        &h,
+        &d,
+    )?;
+
+    // Row mirrors writing the same host rows twice from different device blocks.
+    let spans = [
+        RowSpan {
+            device_block: 1,
+            host_block: 5,
+            first_row: 0,
+            num_rows: 3,
+        },
+        RowSpan {
+            device_block: 2,
+            host_block: 5,
+            first_row: 2,
+            num_rows: 2,
+        },
+    ];
+    let rd = RowCopyDesc {
+        direction: Direction::DeviceToHost,
+        layers: &layers,
+    };
+    copy_rows(&rd, &spans, &mut ref_host, &mut ref_dev).map_err(|e| e.to_string())?;
+    dev.copy_rows(&stream, &rd, &spans, &mut h, &mut d)
+        .map_err(e)?;
+    dev.synchronize(&stream).map_err(e)?;
+    check("copy_rows with repeated rows", &ref_host, &ref_dev, &h, &d)?;
+    let launches = double_launches(dev.runtime_path(), c"hs_gather_rows")?;
+    if launches != 2 {
+        return Err(format!(
+            "hs_gather_rows ran {launches} times, expected 2 (20 layers)"
+        ));
     }
     Ok(())
 }
