@@ -15,6 +15,9 @@ struct Rows {
     num_blocks: u32,
     block_size: u32,
     index_stride: u32,
+    /// `log2(index_stride)` when it is a power of two (the usual case): a shift instead of a
+    /// division per row.
+    index_shift: Option<u32>,
     value_bytes: usize,
     scale_bytes: usize,
     /// Offset of the scale part inside a page (`block_size * value_bytes`).
@@ -29,6 +32,10 @@ impl Rows {
             num_blocks: l.num_blocks,
             block_size: l.block_size,
             index_stride: l.index_stride_rows,
+            index_shift: l
+                .index_stride_rows
+                .is_power_of_two()
+                .then(|| l.index_stride_rows.trailing_zeros()),
             value_bytes: l.value_bytes as usize,
             scale_bytes: (l.row_bytes - l.value_bytes) as usize,
             scale_base: l.block_size as usize * l.value_bytes as usize,
@@ -40,7 +47,10 @@ impl Rows {
     #[inline(always)]
     fn locate(&self, row: i32) -> Option<(usize, usize)> {
         let row = u32::try_from(row).ok()?;
-        let (block, offset) = (row / self.index_stride, row % self.index_stride);
+        let (block, offset) = match self.index_shift {
+            Some(shift) => (row >> shift, row & (self.index_stride - 1)),
+            None => (row / self.index_stride, row % self.index_stride),
+        };
         if block >= self.num_blocks || offset >= self.block_size {
             return None;
         }
