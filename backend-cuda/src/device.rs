@@ -697,9 +697,12 @@ impl Device for CudaDevice {
                 available: u64::from(self.max_shared_optin),
             });
         }
-        // Shared table sized for requests of up to two rows, shrunk to what fits.
-        let mut table = gk::resolve_table_entries(u64::from(k) * u64::from(t.min(2)));
-        while table >= 16 && base + 16 * table > available {
+        // Shared table sized for requests of up to two rows (one when there are more rows than
+        // multiprocessors, to keep two blocks per multiprocessor), shrunk to what fits; larger
+        // requests use the stream's global workspace.
+        let rows = if t > self.sm_count { 1 } else { t.min(2) };
+        let mut table = gk::resolve_table_entries(u64::from(k) * u64::from(rows));
+        while table >= 16 && gk::resolve_shared_bytes(n, table as u32) > available {
             table /= 2;
         }
         if table < 16 {
@@ -715,7 +718,7 @@ impl Device for CudaDevice {
         let l = Launch {
             grid: (t, 1, 1),
             block: gk::RESOLVE_THREADS,
-            shared: (base + 16 * table) as u32,
+            shared: gk::resolve_shared_bytes(n, table as u32) as u32,
         };
         self.launch(
             Kernel::Resolve,

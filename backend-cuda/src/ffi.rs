@@ -273,11 +273,17 @@ impl Drop for DevMem {
 /// not write-combined, so the host reads it at full speed too). Freed on drop after all work.
 #[derive(Debug)]
 pub(crate) struct PinnedMem {
+    /// What cuMemHostAlloc returned (freed on drop).
+    base: *mut c_void,
+    /// `base` rounded up to [`PINNED_ALIGNMENT`]: byte 0 of the buffer.
     host: *mut u8,
     dev: sys::CUdeviceptr,
     len: usize,
     ctx: Arc<Context>,
 }
+
+/// Alignment of every pinned buffer (the driver sub-allocates small requests without it).
+const PINNED_ALIGNMENT: usize = hisparse_core::ops::PINNED_ALIGNMENT;
 
 // SAFETY: the allocation is plain host memory owned by this value; access goes through
 // `&self`/`&mut self`, so Rust's aliasing rules hold across threads.
@@ -286,28 +292,39 @@ unsafe impl Send for PinnedMem {}
 unsafe impl Sync for PinnedMem {}
 
 impl PinnedMem {
-    /// Pins `len` (> 0) zeroed bytes.
+    /// Pins `len` zeroed bytes starting at a [`PINNED_ALIGNMENT`]-aligned address.
     pub(crate) fn alloc_zeroed(ctx: &Arc<Context>, len: usize) -> Result<PinnedMem> {
         ctx.bind()?;
-        let mut host = std::ptr::null_mut();
+        let mut base = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: `host` is a valid out-pointer; the context is current.
-        let code = unsafe { sys::cuMemHostAlloc(&mut host, len.max(1), flags) };
+        let total = len
+            .checked_add(PINNED_ALIGNMENT)
+            .ok_or(CudaError::OutOfPinnedMemory {
+                bytes: len,
+                code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            })?;
+        // SAFETY: `base` is a valid out-pointer; the context is current.
+        let code = unsafe { sys::cuMemHostAlloc(&mut base, total, flags) };
         if code != CUresult::CUDA_SUCCESS {
             return Err(CudaError::OutOfPinnedMemory { bytes: len, code });
         }
+        let pad = (PINNED_ALIGNMENT - base as usize % PINNED_ALIGNMENT) % PINNED_ALIGNMENT;
         let mut mem = PinnedMem {
-            host: host.cast(),
+            base,
+            // SAFETY: `pad < PINNED_ALIGNMENT`, so `base + pad .. base + pad + len` lies inside
+            // the `len + PINNED_ALIGNMENT` bytes just allocated.
+            host: unsafe { base.cast::<u8>().add(pad) },
             dev: 0,
             len,
             ctx: ctx.clone(),
         };
         let mut dev = 0;
-        // SAFETY: `host` was returned by cuMemHostAlloc with DEVICEMAP; `dev` is an out-pointer.
+        // SAFETY: `base` was returned by cuMemHostAlloc with DEVICEMAP; `dev` is an out-pointer.
         check("cuMemHostGetDevicePointer", unsafe {
-            sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0)
+            sys::cuMemHostGetDevicePointer_v2(&mut dev, base, 0)
         })?;
-        mem.dev = dev;
+        // The mapping is linear: byte `pad` of the allocation is at `dev + pad` on the device.
+        mem.dev = dev + pad as u64;
         mem.as_mut_slice().fill(0);
         Ok(mem)
     }
@@ -329,8 +346,8 @@ impl PinnedMem {
 
     /// The bytes. Callers synchronise with the device before reading what it wrote.
     pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `host` points to `len` bytes allocated by cuMemHostAlloc and owned by `self`;
-        // they were initialised (zeroed) at allocation and live until drop.
+        // SAFETY: `host` points to `len` bytes inside the allocation made by cuMemHostAlloc and
+        // owned by `self`; they were initialised (zeroed) at allocation and live until drop.
         unsafe { std::slice::from_raw_parts(self.host, self.len) }
     }
 
@@ -344,9 +361,9 @@ impl PinnedMem {
 impl Drop for PinnedMem {
     fn drop(&mut self) {
         let _ = self.ctx.synchronize();
-        // SAFETY: `host` came from cuMemHostAlloc and is freed once, after all device work.
+        // SAFETY: `base` came from cuMemHostAlloc and is freed once, after all device work.
         unsafe {
-            sys::cuMemFreeHost(self.host.cast());
+            sys::cuMemFreeHost(self.base);
         }
     }
 }
