@@ -15,7 +15,7 @@ set -euo pipefail
 
 CLANG=${CLANG:-clang-19}
 READELF=${READELF:-llvm-readelf-19}
-TARGETS=(gfx90a gfx942 gfx1100)
+TARGETS=(gfx90a gfx942 gfx1100 gfx1201)
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"

@@ -15,6 +15,7 @@ pub fn mach_of(arch: &str) -> Option<u32> {
         "gfx90a" => Some(0x3f),
         "gfx942" => Some(0x4c),
         "gfx1100" => Some(0x41),
+        "gfx1201" => Some(0x4e),
         _ => None,
     }
 }

@@ -1,4 +1,5 @@
-//! The kernels: embedded code objects for gfx90a, gfx942 and gfx1100, the source for hiprtc, and
+//! The kernels: embedded code objects for gfx90a, gfx942, gfx1100 and gfx1201, the source for
+//! hiprtc, and
 //! the ABI table (from `hisparse-gpu-kernels`).
 //!
 //! The code objects in `kernels/` are built by `scripts/build-code-objects.sh` with clang 19 from
@@ -62,12 +63,14 @@ struct Aligned<T: ?Sized>(T);
 static GFX90A: &Aligned<[u8]> = &Aligned(*include_bytes!("../kernels/hisparse-gfx90a.co"));
 static GFX942: &Aligned<[u8]> = &Aligned(*include_bytes!("../kernels/hisparse-gfx942.co"));
 static GFX1100: &Aligned<[u8]> = &Aligned(*include_bytes!("../kernels/hisparse-gfx1100.co"));
+static GFX1201: &Aligned<[u8]> = &Aligned(*include_bytes!("../kernels/hisparse-gfx1201.co"));
 
 /// The embedded code objects by processor name.
-pub const CODE_OBJECTS: [(&str, &[u8]); 3] = [
+pub const CODE_OBJECTS: [(&str, &[u8]); 4] = [
     ("gfx90a", &GFX90A.0),
     ("gfx942", &GFX942.0),
     ("gfx1100", &GFX1100.0),
+    ("gfx1201", &GFX1201.0),
 ];
 
 /// The processor part of a `gcnArchName` (`gfx942:sramecc+:xnack-` → `gfx942`).
@@ -151,7 +154,8 @@ mod tests {
             "gfx90a"
         );
         assert_eq!(code_object_for("gfx1100").unwrap().0, "gfx1100");
-        assert!(code_object_for("gfx1201").is_none());
+        assert_eq!(code_object_for("gfx1201").unwrap().0, "gfx1201");
+        assert!(code_object_for("gfx908:sramecc+:xnack-").is_none());
         assert!(code_object_for("gfx94").is_none());
         assert!(code_object_for("").is_none());
     }

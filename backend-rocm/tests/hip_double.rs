@@ -28,10 +28,11 @@ const CASES: &[(&str, Env)] = &[
     ("code-object-gfx90a", &[(ARCH, "gfx90a:sramecc+:xnack-")]),
     ("code-object-gfx942", &[(ARCH, "gfx942:sramecc+:xnack-")]),
     ("code-object-gfx1100", &[(ARCH, "gfx1100")]),
-    ("hiprtc-gfx1201", &[(ARCH, "gfx1201")]),
+    ("code-object-gfx1201", &[(ARCH, "gfx1201")]),
+    ("hiprtc-gfx908", &[(ARCH, "gfx908:sramecc+:xnack-")]),
     (
         "hiprtc-failure-is-compilation",
-        &[(ARCH, "gfx1201"), ("HISPARSE_HIP_DOUBLE_RTC_FAIL", "1")],
+        &[(ARCH, "gfx908"), ("HISPARSE_HIP_DOUBLE_RTC_FAIL", "1")],
     ),
     (
         "no-device-is-not-found",
@@ -132,7 +133,8 @@ fn child(name: &str) -> Result<(), String> {
         "code-object-gfx90a" => kernels_from(KernelSource::CodeObject("gfx90a")),
         "code-object-gfx942" => kernels_from(KernelSource::CodeObject("gfx942")),
         "code-object-gfx1100" => kernels_from(KernelSource::CodeObject("gfx1100")),
-        "hiprtc-gfx1201" => kernels_from(KernelSource::Hiprtc("gfx1201".into())),
+        "code-object-gfx1201" => kernels_from(KernelSource::CodeObject("gfx1201")),
+        "hiprtc-gfx908" => kernels_from(KernelSource::Hiprtc("gfx908:sramecc+:xnack-".into())),
         "hiprtc-failure-is-compilation" => {
             let e = open_err(0)?;
             expect_kind(&e, ErrorKind::Compilation)?;
