@@ -51,6 +51,17 @@ for arch in "${TARGETS[@]}"; do
             fi
         done
     done
+    # The backend sizes hs_resolve's dynamic shared memory against the device limit minus
+    # RESOLVE_STATIC_SHARED_BYTES (gpu-kernels/src/lib.rs): the static part must stay below it.
+    static_max=$(grep -oE 'RESOLVE_STATIC_SHARED_BYTES: u64 = [0-9 *+]+' gpu-kernels/src/lib.rs \
+        | sed 's/.*= //' | tr -d ' ')
+    resolve_lds=$("$READELF" --notes "$co" | awk '
+        /\.group_segment_fixed_size:/ { lds = $2 }
+        /\.name:[[:space:]]+hs_resolve$/ { print lds }')
+    if [ -z "$resolve_lds" ] || [ "$resolve_lds" -gt $((static_max)) ]; then
+        echo "$co: hs_resolve uses '${resolve_lds}' bytes of static LDS, the backend budgets $((static_max))" >&2
+        status=1
+    fi
     flags=$("$READELF" -h "$co" | grep Flags)
     if ! grep -q "$arch" <<<"$flags"; then
         echo "$co: header says '$flags', expected $arch" >&2
