@@ -33,16 +33,6 @@ impl BackendKind {
             BackendKind::Rocm => "rocm",
         }
     }
-
-    /// Whether this backend is compiled into the binary.
-    pub const fn compiled_in(self) -> bool {
-        match self {
-            BackendKind::Cpu => cfg!(feature = "cpu"),
-            BackendKind::Cuda => cfg!(feature = "cuda"),
-            BackendKind::Vulkan => cfg!(feature = "vulkan"),
-            BackendKind::Rocm => cfg!(feature = "rocm"),
-        }
-    }
 }
 
 impl fmt::Display for BackendKind {
@@ -68,6 +58,7 @@ impl FromStr for BackendKind {
 }
 
 /// Parses a CUDA/ROCm device ordinal from `--device` (empty = 0).
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub fn ordinal(selector: &str, backend: BackendKind) -> Result<usize, CliError> {
     if selector.trim().is_empty() {
         return Ok(0);

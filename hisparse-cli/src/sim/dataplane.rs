@@ -102,6 +102,21 @@ struct ReadOut {
     indices: Vec<i32>,
 }
 
+/// Buffers of one step's reads, allocated once at their largest size and reused.
+struct StepBuffers<D: Device> {
+    req_id: D::Buffer,
+    host_table: D::Buffer,
+    resident: Vec<D::Buffer>,
+    hot: Vec<D::Buffer>,
+    topk: D::Buffer,
+    indices: D::Buffer,
+    counts: D::Buffer,
+    hits: D::Buffer,
+    misses: D::Buffer,
+    miss_src: D::Buffer,
+    miss_dst: D::Buffer,
+}
+
 /// The pools, the hot state and the operations.
 pub struct DataPlane<'d, D: Device> {
     dev: &'d D,
@@ -121,6 +136,9 @@ pub struct DataPlane<'d, D: Device> {
     /// Counters.
     pub counters: Counters,
     scratch: Vec<u8>,
+    bufs: StepBuffers<D>,
+    /// Host copy of the device pool for verification (only referenced blocks are refreshed).
+    pool_copy: Vec<u8>,
 }
 
 impl<'d, D: Device> DataPlane<'d, D> {
@@ -176,7 +194,33 @@ impl<'d, D: Device> DataPlane<'d, D> {
             .map(|l| kv.layer_pair(l.layer).map(|p| (l.layer, p)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| CliError::failed(e.to_string()))?;
+        let (t, k) = (slots as usize, kv.config.top_k as usize);
+        let m = kv.max_pages_per_request.max(1) as usize;
+        let w = kv.hot_blocks_per_request as usize;
+        let a = |bytes: usize| {
+            dev.alloc(bytes.max(4))
+                .map_err(dev_err("allocating step buffers"))
+        };
+        let bufs = StepBuffers {
+            req_id: a(t * 4)?,
+            host_table: a(t * m * 4)?,
+            resident: (0..kv.num_buckets)
+                .map(|_| a(t * m * 4))
+                .collect::<CliResult<_>>()?,
+            hot: (0..kv.num_buckets)
+                .map(|_| a(t * w * 4))
+                .collect::<CliResult<_>>()?,
+            topk: a(t * k * 4)?,
+            indices: a(t * k * 4)?,
+            counts: a(t * 4)?,
+            hits: a(t * 4)?,
+            misses: a(t * 4)?,
+            miss_src: a(t * k * 4)?,
+            miss_dst: a(t * k * 4)?,
+        };
         Ok(DataPlane {
+            bufs,
+            pool_copy: Vec::new(),
             dev,
             stream,
             kv: kv.clone(),
@@ -191,11 +235,6 @@ impl<'d, D: Device> DataPlane<'d, D> {
             counters: Counters::default(),
             scratch: Vec::new(),
         })
-    }
-
-    /// The planned layout.
-    pub fn layout(&self) -> &KvCacheConfig {
-        &self.kv
     }
 
     fn timed<T>(
@@ -470,14 +509,6 @@ impl<'d, D: Device> DataPlane<'d, D> {
         Ok(b)
     }
 
-    fn download_i32(&self, b: &D::Buffer, n: usize) -> CliResult<Vec<i32>> {
-        let mut bytes = vec![0u8; n * 4];
-        self.dev
-            .download(b, 0, &mut bytes)
-            .map_err(dev_err("downloading step outputs"))?;
-        Ok(bytes_i32(&bytes))
-    }
-
     /// Resets the hot state of slots whose owner or hot blocks changed since the last step (a new
     /// hot region holds stale bytes from its previous owner).
     fn reset_hot_state(&mut self, reqs: &[RequestView]) -> CliResult<()> {
@@ -512,41 +543,37 @@ impl<'d, D: Device> DataPlane<'d, D> {
         if reqs.is_empty() {
             return Ok(());
         }
-        if topk.len() != self.groups.len()
-            || topk
-                .iter()
-                .any(|t| t.len() != reqs.len() * self.kv.config.top_k as usize)
+        let (k, slots) = (self.kv.config.top_k, self.slots as usize);
+        if reqs.len() > slots
+            || topk.len() != self.groups.len()
+            || topk.iter().any(|t| t.len() != reqs.len() * k as usize)
         {
             return Err(CliError::failed(format!(
-                "simulation: {} top-k lists for {} index groups, each must hold {} × {} entries",
+                "simulation: {} requests and {} top-k lists for {} slots and {} index groups (each list {} × {} entries)",
+                reqs.len(),
                 topk.len(),
+                slots,
                 self.groups.len(),
                 reqs.len(),
-                self.kv.config.top_k
+                k
             )));
         }
         self.reset_hot_state(reqs)?;
-        let kv = &self.kv;
-        let (t, k) = (reqs.len() as u32, kv.config.top_k);
-        let m = reqs
-            .iter()
-            .map(|r| r.host_blocks.len())
-            .max()
-            .unwrap_or(1)
-            .max(1) as u32;
-        let w = kv.hot_blocks_per_request;
-        let slots = self.slots as usize;
-        // Per-slot tables (rows of absent slots stay 0 / -1).
+        let t = reqs.len() as u32;
+        let m = self.kv.max_pages_per_request.max(1);
+        let w = self.kv.hot_blocks_per_request;
+        let nbk = self.kv.num_buckets as usize;
+        // Per-slot tables (rows of absent slots stay null / -1).
         let mut host_table = vec![-1i32; slots * m as usize];
-        let mut resident = vec![vec![0i32; slots * m as usize]; kv.num_buckets as usize];
-        let mut hot = vec![vec![0i32; slots * w as usize]; kv.num_buckets as usize];
+        let mut resident = vec![vec![0i32; slots * m as usize]; nbk];
+        let mut hot = vec![vec![0i32; slots * w as usize]; nbk];
         for r in reqs {
             let s = r.slot as usize;
-            for (p, &h) in r.host_blocks.iter().enumerate() {
+            for (p, &h) in r.host_blocks.iter().enumerate().take(m as usize) {
                 host_table[s * m as usize + p] = h;
             }
-            for b in 0..kv.num_buckets as usize {
-                for (p, &x) in r.resident[b].iter().enumerate() {
+            for b in 0..nbk {
+                for (p, &x) in r.resident[b].iter().enumerate().take(m as usize) {
                     resident[b][s * m as usize + p] = x;
                 }
                 for (i, &x) in r.hot[b].iter().enumerate().take(w as usize) {
@@ -556,161 +583,133 @@ impl<'d, D: Device> DataPlane<'d, D> {
         }
         let req_id: Vec<i32> = reqs.iter().map(|r| r.slot as i32).collect();
         let rows: Vec<(u64, u32)> = reqs.iter().map(|r| (r.uid, r.seq_len)).collect();
-        let num_buckets = kv.num_buckets;
-        let host_num_blocks = kv.host_num_blocks;
-        let block_size = kv.block_size;
-        let stride = kv.attention_block_stride;
-        let hot_slots = kv.device_buffer_size;
-
-        let req_b = self.upload_i32(&req_id)?;
-        let host_b = self.upload_i32(&host_table)?;
-        let res_b: Vec<D::Buffer> = resident
-            .iter()
-            .map(|v| self.upload_i32(v))
-            .collect::<CliResult<_>>()?;
-        let hot_b: Vec<D::Buffer> = hot
-            .iter()
-            .map(|v| self.upload_i32(v))
-            .collect::<CliResult<_>>()?;
+        let DataPlane {
+            dev,
+            stream,
+            kv,
+            device_pool,
+            host_pool,
+            groups,
+            counters,
+            pending,
+            bufs,
+            ..
+        } = self;
+        let dev = *dev;
+        let up = |what: &str, buf: &mut D::Buffer, v: &[i32]| {
+            dev.upload(buf, 0, &i32_bytes(v))
+                .map_err(|e| CliError::device(&format!("uploading {what}"), e))
+        };
+        let down = |buf: &D::Buffer, n: usize| -> CliResult<Vec<i32>> {
+            let mut bytes = vec![0u8; n * 4];
+            dev.download(buf, 0, &mut bytes)
+                .map_err(dev_err("downloading step outputs"))?;
+            Ok(bytes_i32(&bytes))
+        };
+        up("request ids", &mut bufs.req_id, &req_id)?;
+        up("the host table", &mut bufs.host_table, &host_table)?;
+        for b in 0..nbk {
+            up("a resident table", &mut bufs.resident[b], &resident[b])?;
+            up("a hot table", &mut bufs.hot[b], &hot[b])?;
+        }
         let tk = (t * k) as usize;
-        let mut indices = self
-            .dev
-            .alloc(tk * 4)
-            .map_err(dev_err("allocating outputs"))?;
-        let mut counts = self
-            .dev
-            .alloc(t as usize * 4)
-            .map_err(dev_err("allocating outputs"))?;
-        let mut hits = self
-            .dev
-            .alloc(t as usize * 4)
-            .map_err(dev_err("allocating outputs"))?;
-        let mut misses = self
-            .dev
-            .alloc(t as usize * 4)
-            .map_err(dev_err("allocating outputs"))?;
-        let mut miss_src = self
-            .dev
-            .alloc(tk * 4)
-            .map_err(dev_err("allocating outputs"))?;
-        let mut miss_dst = self
-            .dev
-            .alloc(tk * 4)
-            .map_err(dev_err("allocating outputs"))?;
-        debug_assert_eq!(num_buckets as usize, res_b.len());
-
-        for (g, topk_g) in topk.iter().enumerate().take(self.groups.len()) {
-            let topk_b = self.upload_i32(topk_g)?;
-            let bucket = self.groups[g].bucket as usize;
+        for (g, topk_g) in topk.iter().enumerate() {
+            up("top-k", &mut bufs.topk, topk_g)?;
+            let gs = &mut groups[g];
+            let bucket = gs.bucket as usize;
             let t0 = Instant::now();
             if fully_resident {
                 let desc = RemapDesc {
                     num_tokens: t,
                     top_k: k,
-                    table_rows: self.slots,
+                    table_rows: slots as u32,
                     max_blocks: m,
-                    block_size,
-                    block_stride_rows: stride,
+                    block_size: kv.block_size,
+                    block_stride_rows: kv.attention_block_stride,
                     idx_mapping_len: None,
                     write_counts: true,
                     compact: false,
                 };
-                self.dev
-                    .remap(
-                        &self.stream,
-                        &desc,
-                        RemapArgs {
-                            req_id: &req_b,
-                            block_table: &res_b[bucket],
-                            topk: &topk_b,
-                            idx_mapping: None,
-                            out: &mut indices,
-                            counts: Some(&mut counts),
-                        },
-                    )
-                    .map_err(dev_err("remap"))?;
-                self.counters.remap_calls += 1;
+                dev.remap(
+                    stream,
+                    &desc,
+                    RemapArgs {
+                        req_id: &bufs.req_id,
+                        block_table: &bufs.resident[bucket],
+                        topk: &bufs.topk,
+                        idx_mapping: None,
+                        out: &mut bufs.indices,
+                        counts: Some(&mut bufs.counts),
+                    },
+                )
+                .map_err(dev_err("remap"))?;
+                counters.remap_calls += 1;
             } else {
                 let desc = ResolveDesc {
                     num_tokens: t,
                     top_k: k,
-                    num_requests: self.slots,
+                    num_requests: slots as u32,
                     max_pages: m,
-                    block_size,
-                    hot_slots,
-                    attention_block_stride: stride,
-                    host_num_blocks,
+                    block_size: kv.block_size,
+                    hot_slots: kv.device_buffer_size,
+                    attention_block_stride: kv.attention_block_stride,
+                    host_num_blocks: kv.host_num_blocks,
                 };
-                let gs = &mut self.groups[g];
-                self.dev
-                    .resolve(
-                        &self.stream,
-                        &desc,
-                        ResolveArgs {
-                            req_id: &req_b,
-                            topk: &topk_b,
-                            resident_table: &res_b[bucket],
-                            host_table: &host_b,
-                            hot_table: &hot_b[bucket],
-                            dgi: &mut gs.dgi,
-                            lru: &mut gs.lru,
-                            indices: &mut indices,
-                            valid_counts: &mut counts,
-                            hit_counts: &mut hits,
-                            miss_counts: &mut misses,
-                            miss_src: &mut miss_src,
-                            miss_dst: &mut miss_dst,
-                        },
-                    )
-                    .map_err(dev_err("resolve"))?;
+                dev.resolve(
+                    stream,
+                    &desc,
+                    ResolveArgs {
+                        req_id: &bufs.req_id,
+                        topk: &bufs.topk,
+                        resident_table: &bufs.resident[bucket],
+                        host_table: &bufs.host_table,
+                        hot_table: &bufs.hot[bucket],
+                        dgi: &mut gs.dgi,
+                        lru: &mut gs.lru,
+                        indices: &mut bufs.indices,
+                        valid_counts: &mut bufs.counts,
+                        hit_counts: &mut bufs.hits,
+                        miss_counts: &mut bufs.misses,
+                        miss_src: &mut bufs.miss_src,
+                        miss_dst: &mut bufs.miss_dst,
+                    },
+                )
+                .map_err(dev_err("resolve"))?;
                 let gdesc = GatherDesc {
                     num_tokens: t,
                     top_k: k,
                     layers: &gs.pairs,
                 };
-                self.dev
-                    .gather_rows(
-                        &self.stream,
-                        &gdesc,
-                        GatherArgs {
-                            plan_src: &miss_src,
-                            plan_dst: &miss_dst,
-                            plan_counts: &misses,
-                            host: &self.host_pool,
-                            device: &mut self.device_pool,
-                        },
-                    )
-                    .map_err(dev_err("gather_rows"))?;
-                self.counters.resolve_calls += 1;
+                dev.gather_rows(
+                    stream,
+                    &gdesc,
+                    GatherArgs {
+                        plan_src: &bufs.miss_src,
+                        plan_dst: &bufs.miss_dst,
+                        plan_counts: &bufs.misses,
+                        host: &*host_pool,
+                        device: &mut *device_pool,
+                    },
+                )
+                .map_err(dev_err("gather_rows"))?;
+                counters.resolve_calls += 1;
             }
-            self.dev
-                .synchronize(&self.stream)
-                .map_err(dev_err("synchronising"))?;
-            self.counters.device_seconds += t0.elapsed().as_secs_f64();
-            let idx = self.download_i32(&indices, tk)?;
+            dev.synchronize(stream).map_err(dev_err("synchronising"))?;
+            counters.device_seconds += t0.elapsed().as_secs_f64();
+            let idx = down(&bufs.indices, tk)?;
             let valid = idx.iter().filter(|&&x| x != -1).count() as u64;
             if fully_resident {
-                self.counters.resident_reads += valid;
+                counters.resident_reads += valid;
             } else {
-                let h: i64 = self
-                    .download_i32(&hits, t as usize)?
-                    .iter()
-                    .map(|&x| i64::from(x))
-                    .sum();
-                let mi: i64 = self
-                    .download_i32(&misses, t as usize)?
-                    .iter()
-                    .map(|&x| i64::from(x))
-                    .sum();
-                self.counters.hot_hits += h.max(0) as u64;
-                self.counters.misses += mi.max(0) as u64;
-                self.counters.resident_reads +=
-                    valid.saturating_sub(h.max(0) as u64 + mi.max(0) as u64);
-                self.counters.h2d_bytes += mi.max(0) as u64
-                    * u64::from(self.kv.row_bytes)
-                    * self.groups[g].layers.len() as u64;
+                let sum = |v: Vec<i32>| v.iter().map(|&x| u64::from(x.max(0) as u32)).sum::<u64>();
+                let h = sum(down(&bufs.hits, t as usize)?);
+                let mi = sum(down(&bufs.misses, t as usize)?);
+                counters.hot_hits += h;
+                counters.misses += mi;
+                counters.resident_reads += valid.saturating_sub(h + mi);
+                counters.h2d_bytes += mi * u64::from(kv.row_bytes) * gs.layers.len() as u64;
             }
-            self.pending.push(ReadOut {
+            pending.push(ReadOut {
                 group: g,
                 rows: rows.clone(),
                 topk: topk_g.clone(),
@@ -725,81 +724,154 @@ impl<'d, D: Device> DataPlane<'d, D> {
         if self.pending.is_empty() {
             return Ok(0);
         }
-        let len = self.kv.gpu_pool_bytes() as usize;
-        let mut pool = vec![0u8; len];
-        self.dev
-            .download(&self.device_pool, 0, &mut pool)
-            .map_err(dev_err("downloading the device pool for verification"))?;
+        // Refresh the host copy of every referenced block (runs of consecutive blocks in one
+        // download each); the rest of the copy is never read.
+        let stride = i64::from(self.kv.attention_block_stride);
+        let bpb = self.kv.bytes_per_block as usize;
+        self.pool_copy.resize(self.kv.gpu_pool_bytes() as usize, 0);
+        let mut blocks: Vec<usize> = self
+            .pending
+            .iter()
+            .flat_map(|o| o.indices.iter())
+            .filter(|&&i| i >= 0)
+            .map(|&i| (i64::from(i) / stride) as usize)
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 {
+                j += 1;
+            }
+            let (first, end) = (blocks[i], blocks[j - 1] + 1);
+            if end * bpb <= self.pool_copy.len() {
+                self.dev
+                    .download(
+                        &self.device_pool,
+                        first * bpb,
+                        &mut self.pool_copy[first * bpb..end * bpb],
+                    )
+                    .map_err(dev_err("downloading the device pool for verification"))?;
+            }
+            i = j;
+        }
+        let pool = &self.pool_copy;
         let k = self.kv.config.top_k as usize;
-        let stride = self.kv.attention_block_stride as i64;
-        let bs = self.kv.block_size as i64;
-        let mut verified = 0u64;
-        for out in std::mem::take(&mut self.pending) {
-            let g = &self.groups[out.group];
-            for (t, &(uid, seq_len)) in out.rows.iter().enumerate() {
-                for j in 0..k {
-                    let tok = out.topk[t * k + j];
-                    let idx = out.indices[t * k + j];
-                    let exists = tok >= 0 && (tok as u32) < seq_len;
-                    if !exists {
-                        if idx != -1 {
-                            self.counters.mismatched_rows += g.layers.len() as u64;
-                            note(
-                                &mut self.counters,
-                                format!(
-                                    "group {} request {uid}: token {tok} does not exist but maps to row {idx}",
-                                    out.group
-                                ),
-                            );
+        let pending = std::mem::take(&mut self.pending);
+        let groups: Vec<(&[LayerPair], &[u32])> = self
+            .groups
+            .iter()
+            .map(|g| (g.pairs.as_slice(), g.layers.as_slice()))
+            .collect();
+        let groups = &groups;
+        // Split the reads over the cores; each part tallies its own counters.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8);
+        let parts: Vec<Tally> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..threads)
+                .map(|part| {
+                    let pending = &pending;
+                    sc.spawn(move || {
+                        let mut t = Tally::default();
+                        for out in pending.iter().skip(part).step_by(threads) {
+                            check_read(out, groups[out.group], k, stride, pool, &mut t);
                         }
-                        continue;
-                    }
-                    if idx < 0 {
-                        self.counters.mismatched_rows += g.layers.len() as u64;
-                        note(
-                            &mut self.counters,
-                            format!(
-                                "group {} request {uid}: token {tok} (context {seq_len}) resolved to -1",
-                                out.group
-                            ),
-                        );
-                        continue;
-                    }
-                    for (li, pair) in g.pairs.iter().enumerate() {
-                        let layer = g.layers[li];
-                        verified += 1;
-                        let ok = match pair.device.locate(i64::from(idx)) {
-                            Some((b, o)) => {
-                                let seed = kv::row_seed(uid, layer, tok as u32);
-                                let [(v0, vl), (s0, sl)] = pair.device.row_parts(b, o);
-                                let vb = pair.device.value_bytes as usize;
-                                kv::matches(seed, 0, &pool[v0 as usize..(v0 + vl) as usize])
-                                    && (sl == 0
-                                        || kv::matches(
-                                            seed,
-                                            vb,
-                                            &pool[s0 as usize..(s0 + sl) as usize],
-                                        ))
-                            }
-                            None => false,
-                        };
-                        if !ok {
-                            self.counters.mismatched_rows += 1;
-                            note(
-                                &mut self.counters,
-                                format!(
-                                    "layer {layer} request {uid}: token {tok} read from row {idx} (block {}, offset {}) holds other bytes",
-                                    i64::from(idx) / stride,
-                                    i64::from(idx) % stride % bs.max(1)
-                                ),
-                            );
-                        }
-                    }
-                }
+                        t
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        let mut verified = 0;
+        for t in parts {
+            verified += t.verified;
+            self.counters.mismatched_rows += t.mismatched;
+            if let Some(m) = t.first {
+                note(&mut self.counters, m);
             }
         }
         self.counters.verified_rows += verified;
         Ok(verified)
+    }
+}
+
+/// Verification counts of one part of a step's reads.
+#[derive(Default)]
+struct Tally {
+    verified: u64,
+    mismatched: u64,
+    first: Option<String>,
+}
+
+impl Tally {
+    fn bad(&mut self, rows: u64, what: impl FnOnce() -> String) {
+        self.mismatched += rows;
+        if self.first.is_none() {
+            self.first = Some(what());
+        }
+    }
+}
+
+/// Checks one group's read: every valid token's row, in every layer of the group.
+fn check_read(
+    out: &ReadOut,
+    (pairs, layer_ids): (&[LayerPair], &[u32]),
+    k: usize,
+    stride: i64,
+    pool: &[u8],
+    t: &mut Tally,
+) {
+    let layers = layer_ids.len() as u64;
+    for (row, &(uid, seq_len)) in out.rows.iter().enumerate() {
+        for j in 0..k {
+            let tok = out.topk[row * k + j];
+            let idx = out.indices[row * k + j];
+            let exists = tok >= 0 && (tok as u32) < seq_len;
+            if !exists {
+                if idx != -1 {
+                    t.bad(layers, || {
+                        format!(
+                            "index group {} request {uid}: token {tok} does not exist but maps to row {idx}",
+                            out.group
+                        )
+                    });
+                }
+                continue;
+            }
+            if idx < 0 {
+                t.bad(layers, || {
+                    format!(
+                        "index group {} request {uid}: token {tok} (context {seq_len}) resolved to -1",
+                        out.group
+                    )
+                });
+                continue;
+            }
+            for (pair, &layer) in pairs.iter().zip(layer_ids) {
+                t.verified += 1;
+                let ok = pair.device.locate(i64::from(idx)).is_some_and(|(b, o)| {
+                    let seed = kv::row_seed(uid, layer, tok as u32);
+                    let [(v0, vl), (s0, sl)] = pair.device.row_parts(b, o);
+                    let vb = pair.device.value_bytes as usize;
+                    let part = |a: u64, l: u64| pool.get(a as usize..(a + l) as usize);
+                    part(v0, vl).is_some_and(|p| kv::matches(seed, 0, p))
+                        && (sl == 0 || part(s0, sl).is_some_and(|p| kv::matches(seed, vb, p)))
+                });
+                if !ok {
+                    t.bad(1, || {
+                        format!(
+                            "layer {layer} request {uid}: token {tok} read from row {idx} (block {}) holds other bytes",
+                            i64::from(idx) / stride
+                        )
+                    });
+                }
+            }
+        }
     }
 }
 
@@ -891,7 +963,7 @@ mod tests {
         })
         .unwrap();
         if mirror {
-            for b in 0..dp.layout().num_buckets {
+            for b in 0..dp.kv.num_buckets {
                 let spans: Vec<RowSpan> = (0..16)
                     .map(|p| RowSpan {
                         device_block: r.resident[b as usize][p] as u32,
