@@ -2,14 +2,42 @@
 //!
 //! [`AlignedBytes`] owns `len` zeroed bytes at an address aligned to
 //! [`hisparse_core::ops::PINNED_ALIGNMENT`]. It behaves like a `Box<[u8]>` with a stronger
-//! alignment: unique ownership, freed on drop, safe slice views.
+//! alignment: unique ownership, freed on drop, safe slice views. Buffers of 2 MiB and more are
+//! 2 MiB aligned and advised to use transparent huge pages on Linux (`madvise`).
 
 use core::ptr::NonNull;
-use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 
 use hisparse_core::ops::PINNED_ALIGNMENT;
 
-/// `len` zeroed bytes aligned to [`PINNED_ALIGNMENT`].
+/// Size of a transparent huge page (x86-64 and most aarch64 Linux kernels).
+const HUGE_PAGE: usize = 2 << 20;
+
+#[cfg(target_os = "linux")]
+unsafe extern "C" {
+    /// `madvise(2)` from the C library the standard library already links.
+    fn madvise(
+        addr: *mut core::ffi::c_void,
+        len: usize,
+        advice: core::ffi::c_int,
+    ) -> core::ffi::c_int;
+}
+
+/// Asks the kernel to back `[ptr, ptr + len)` with transparent huge pages. Purely advisory: a
+/// refusal (THP disabled, another kernel) changes nothing but speed, so the result is ignored.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: NonNull<u8>, len: usize) {
+    const MADV_HUGEPAGE: core::ffi::c_int = 14;
+    // SAFETY: `[ptr, ptr + len)` lies inside one live allocation of ours whose start is 2 MiB
+    // aligned (a multiple of the page size, as `madvise` requires). MADV_HUGEPAGE only changes
+    // how the kernel backs the range, never its contents or validity.
+    let _ = unsafe { madvise(ptr.as_ptr().cast(), len, MADV_HUGEPAGE) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_ptr: NonNull<u8>, _len: usize) {}
+
+/// `len` zeroed bytes aligned to [`PINNED_ALIGNMENT`] (to 2 MiB from 2 MiB on).
 pub(crate) struct AlignedBytes {
     /// Start of the allocation (never dangling: at least one byte is always allocated).
     ptr: NonNull<u8>,
@@ -29,12 +57,27 @@ impl AlignedBytes {
     /// Allocates `len` zeroed bytes, or `None` when the size cannot be laid out (above
     /// `isize::MAX`) or the allocator refuses.
     pub(crate) fn zeroed(len: usize) -> Option<Self> {
-        // Allocate at least one byte so the pointer is always a real, aligned allocation.
-        let layout = Layout::from_size_align(len.max(1), PINNED_ALIGNMENT).ok()?;
-        // SAFETY: `layout` has a non-zero size (at least 1) and a valid power-of-two alignment,
-        // which is all `alloc_zeroed` requires. A null result is handled below.
-        let raw = unsafe { alloc_zeroed(layout) };
+        if len < HUGE_PAGE {
+            // Allocate at least one byte so the pointer is always a real, aligned allocation.
+            let layout = Layout::from_size_align(len.max(1), PINNED_ALIGNMENT).ok()?;
+            // SAFETY: `layout` has a non-zero size (at least 1) and a valid power-of-two
+            // alignment, which is all `alloc_zeroed` requires. A null result is handled below.
+            let raw = unsafe { alloc_zeroed(layout) };
+            let ptr = NonNull::new(raw)?;
+            return Some(AlignedBytes { ptr, len, layout });
+        }
+        // Large buffers (host pools) are aligned to a huge page, advised to use huge pages
+        // *before* their first touch, then zeroed: random row gathers over a large pool are
+        // otherwise dominated by TLB misses.
+        let layout = Layout::from_size_align(len, HUGE_PAGE).ok()?;
+        // SAFETY: `layout` has a non-zero size (`len >= HUGE_PAGE`) and a valid power-of-two
+        // alignment, which is all `alloc` requires. A null result is handled below.
+        let raw = unsafe { alloc(layout) };
         let ptr = NonNull::new(raw)?;
+        advise_huge_pages(ptr, len);
+        // SAFETY: `ptr` is valid for writes of `len` bytes (just allocated with a layout of that
+        // size, exclusively ours); writing zeros initialises every byte the slice views expose.
+        unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, len) };
         Some(AlignedBytes { ptr, len, layout })
     }
 
@@ -74,7 +117,7 @@ mod tests {
 
     #[test]
     fn zeroed_aligned_and_writable() {
-        for len in [0, 1, 7, 4096, 4097, 1 << 20] {
+        for len in [0, 1, 7, 4096, 4097, 1 << 20, 2 << 20, (5 << 20) + 3] {
             let mut b = AlignedBytes::zeroed(len).unwrap();
             assert_eq!(b.address() % PINNED_ALIGNMENT, 0, "len {len}");
             assert_eq!(b.as_slice().len(), len);

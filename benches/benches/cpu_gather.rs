@@ -8,8 +8,9 @@
 //!   (`device_buffer_size` = 2 × rows, at most 32768 slots). Successive iterations use different
 //!   plans that together cover the whole host pool, so rows come from DRAM, not a warm cache.
 //!
-//! After criterion's report the bench prints its own median-of-runs figures and the ratio
-//! gather / memcpy measured in the same process, which is what `docs/PERF.md` records.
+//! After criterion's report the bench prints its own figures: 25 rounds, each timing the memcpy
+//! and both gathers back to back (so all three see the same background load), the median of
+//! each, and the ratio gather / memcpy. That is what `docs/PERF.md` records.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -148,20 +149,6 @@ fn gather(s: &mut Setup, p: &Plans, i: usize) {
     black_box(s.hot.as_slice().as_ptr());
 }
 
-/// Median seconds of `runs` calls of `f` (after one warm-up call).
-fn median(runs: usize, mut f: impl FnMut(usize)) -> f64 {
-    f(usize::MAX / 2);
-    let mut t: Vec<f64> = (0..runs)
-        .map(|i| {
-            let start = Instant::now();
-            f(i);
-            start.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[runs / 2]
-}
-
 fn main() {
     let mut s = setup();
     let mut rng = Rng(42);
@@ -190,13 +177,40 @@ fn main() {
     }
     c.final_summary();
 
-    // The same figures, median of plain timed runs in this process, and the ratio.
+    // The same figures from plain timed runs, interleaved so that the ceiling and the gathers
+    // see the same background load (this box is shared), and the ratio of the medians.
     let gbs = |bytes: usize, secs: f64| bytes as f64 / secs / 1e9;
-    let mem = gbs(MEMCPY_BYTES, median(15, |_| memcpy(&mut s)));
-    println!("summary: memcpy 256 MiB        {mem:6.2} GB/s (ceiling)");
-    for p in [&small, &large] {
-        let runs = if p.rows < 4096 { 401 } else { 41 };
-        let g = gbs(p.rows * ROW, median(runs, |i| gather(&mut s, p, i)));
+    let (mut mem, mut small_t, mut large_t) = (Vec::new(), Vec::new(), Vec::new());
+    memcpy(&mut s);
+    gather(&mut s, &small, 0);
+    gather(&mut s, &large, 0);
+    let time = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        f();
+        start.elapsed().as_secs_f64()
+    };
+    for round in 0..25 {
+        mem.push(gbs(MEMCPY_BYTES, time(&mut || memcpy(&mut s))));
+        // 16 small gathers per round: each takes ~0.2 ms, too short to time alone.
+        let t = time(&mut || {
+            for i in 0..16 {
+                gather(&mut s, &small, round * 16 + i)
+            }
+        });
+        small_t.push(gbs(16 * small.rows * ROW, t));
+        large_t.push(gbs(
+            large.rows * ROW,
+            time(&mut || gather(&mut s, &large, round)),
+        ));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mem = median(&mut mem);
+    println!("summary: memcpy 256 MiB        {mem:6.2} GB/s (ceiling, median of 25)");
+    for (p, v) in [(&small, &mut small_t), (&large, &mut large_t)] {
+        let g = median(v);
         println!(
             "summary: gather 656 B x {:5}   {g:6.2} GB/s = {:5.1}% of memcpy",
             p.rows,
