@@ -171,6 +171,7 @@ fn main(
         atomicStore(&any_host, 0u);
         atomicStore(&bad_lru, 0u);
     }
+    workgroupBarrier();
     for (var i = lid; i < 1024u; i = i + W) {
         atomicStore(&seen[i], 0u);
     }
