@@ -85,6 +85,7 @@
 //! assert_eq!(coord.gpu_pool().num_held(), 0);
 //! ```
 
+use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec;
 use alloc::vec::Vec;
@@ -116,6 +117,10 @@ pub struct CoordinatorConfig {
     /// requests. Models with sliding-window groups never hit (their window blocks are not
     /// cached).
     pub enable_prefix_caching: bool,
+    /// When an allocation finds the GPU pool short, reclaim at least this many blocks (a
+    /// low-watermark: one reclaim pass then serves many page allocations instead of one).
+    /// 0 = exactly the shortfall.
+    pub reclaim_min_blocks: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -126,6 +131,7 @@ impl Default for CoordinatorConfig {
             max_spill_pages_per_step: 64,
             num_workers: 1,
             enable_prefix_caching: true,
+            reclaim_min_blocks: 64,
         }
     }
 }
@@ -634,7 +640,9 @@ pub struct Coordinator {
     /// Regular group layout indices, and whether each has a sliding window.
     regular_groups: Vec<(u32, Option<u32>)>,
     has_window: bool,
-    reqs: Vec<Option<Req>>,
+    /// Boxed so that taking a request out and putting it back moves a pointer.
+    reqs: Vec<Option<Box<Req>>>,
+    spare: Option<Box<Req>>,
     free_slots: Vec<u32>,
     free_rows: Vec<u32>,
     row_owner: Vec<u32>,
@@ -686,6 +694,7 @@ impl Coordinator {
             gpu,
             host,
             reqs: (0..n).map(|_| None).collect(),
+            spare: Some(Box::new(empty_req())),
             free_slots: (0..n).rev().collect(),
             free_rows: (0..n).rev().collect(),
             row_owner: vec![NO_ROW; n as usize],
@@ -769,7 +778,7 @@ impl Coordinator {
 
     fn req(&self, id: RequestId) -> Option<&Req> {
         let s = *self.ids.get(&id)?;
-        self.reqs[s as usize].as_ref()
+        self.reqs[s as usize].as_deref()
     }
 
     /// The data-plane state row (`0..max_running`) of a running request.
@@ -837,7 +846,7 @@ impl Coordinator {
         };
         self.generation = self.generation.wrapping_add(1);
         let nr = self.regular_groups.len();
-        self.reqs[slot as usize] = Some(Req {
+        self.reqs[slot as usize] = Some(Box::new(Req {
             id,
             generation: self.generation,
             status: Status::Waiting,
@@ -862,7 +871,7 @@ impl Coordinator {
             hit_pages: 0,
             window_cursor: vec![0; nr],
             last_xfer: 0,
-        });
+        }));
         self.ids.insert(id, slot);
         self.waiting.push_back(slot);
         Ok(())
@@ -971,7 +980,7 @@ impl Coordinator {
         res
     }
 
-    fn start_inner(&mut self, r: &mut Req, max_tokens: u32) -> Result<Alloc, CoordError> {
+    fn start_inner(&mut self, r: &mut Box<Req>, max_tokens: u32) -> Result<Alloc, CoordError> {
         let bt = self.kv.block_tokens;
         let len = r.tokens.len() as u32;
         let total_pages = self.kv.pages_for(len);
@@ -1048,7 +1057,8 @@ impl Coordinator {
         }
         if u64::from(self.gpu.num_free()) < gpu_need {
             let short = gpu_need - u64::from(self.gpu.num_free());
-            self.reclaim_resident_blocks(short.min(u64::from(u32::MAX)) as u32);
+            let want = short.max(u64::from(self.cfg.reclaim_min_blocks));
+            self.reclaim_resident_blocks(want.min(u64::from(u32::MAX)) as u32);
             if u64::from(self.gpu.num_free()) < gpu_need {
                 return Ok(if self.io_in_flight() {
                     Alloc::Wait
@@ -1231,7 +1241,7 @@ impl Coordinator {
         res
     }
 
-    fn schedule_inner(&mut self, r: &mut Req, n: u32) -> Result<Alloc, CoordError> {
+    fn schedule_inner(&mut self, r: &mut Box<Req>, n: u32) -> Result<Alloc, CoordError> {
         let available = r.tokens.len() as u32 - r.num_computed;
         if n > available || n == 0 {
             return Err(CoordError::NotEnoughTokens {
@@ -1264,9 +1274,14 @@ impl Coordinator {
             let short = need - u64::from(self.gpu.num_free());
             // The request itself is a reclaim candidate: put it back while reclaiming.
             let slot = r.slot;
-            self.reqs[slot as usize] = Some(core::mem::replace(r, empty_req()));
-            self.reclaim_resident_blocks(short.min(u64::from(u32::MAX)) as u32);
-            *r = self.reqs[slot as usize].take().unwrap_or_else(empty_req);
+            let spare = self.spare.take().unwrap_or_else(|| Box::new(empty_req()));
+            self.reqs[slot as usize] = Some(core::mem::replace(r, spare));
+            let want = short.max(u64::from(self.cfg.reclaim_min_blocks));
+            self.reclaim_resident_blocks(want.min(u64::from(u32::MAX)) as u32);
+            let back = self.reqs[slot as usize]
+                .take()
+                .unwrap_or_else(|| Box::new(empty_req()));
+            self.spare = Some(core::mem::replace(r, back));
             if gpu_need(self, r) > u64::from(self.gpu.num_free()) {
                 return Ok(if self.io_in_flight() {
                     Alloc::Wait

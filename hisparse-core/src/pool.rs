@@ -92,6 +92,16 @@ pub struct BlockKey {
     pub hash: u64,
 }
 
+#[derive(Clone, Copy, Debug, Default)]
+struct Node {
+    prev: u32,
+    next: u32,
+    refs: u32,
+    /// Position + 1 of the block's key in `table`, or 0 when it has no key. Kept in sync on
+    /// every table move.
+    key_pos: u32,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     key: BlockKey,
@@ -101,15 +111,12 @@ struct Slot {
 /// A pool of `n` blocks (block 0 = null) with an LRU free queue and an optional prefix cache.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
-    refs: Vec<u32>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    /// Per block: links, reference count and key position, side by side (one cache line
+    /// serves every operation on a block).
+    nodes: Vec<Node>,
     head: u32,
     tail: u32,
     num_free: u32,
-    /// Per block: its position + 1 in `table`, or 0 when it has no key. Kept in sync on every
-    /// table move.
-    key_pos: Vec<u32>,
     table: Vec<Slot>,
     mask: usize,
     num_cached: u32,
@@ -128,21 +135,17 @@ impl BlockPool {
             return Err(PoolError::Empty);
         }
         let n = num_blocks as usize;
-        let mut prev = vec![NIL; n];
-        let mut next = vec![NIL; n];
-        for b in 1..n {
-            prev[b] = if b > 1 { b as u32 - 1 } else { NIL };
-            next[b] = if b + 1 < n { b as u32 + 1 } else { NIL };
+        let mut nodes = vec![Node::default(); n];
+        for (b, node) in nodes.iter_mut().enumerate().skip(1) {
+            node.prev = if b > 1 { b as u32 - 1 } else { NIL };
+            node.next = if b + 1 < n { b as u32 + 1 } else { NIL };
         }
         let cap = (2 * n).next_power_of_two().max(2);
         Ok(BlockPool {
-            refs: vec![0; n],
-            prev,
-            next,
+            nodes,
             head: if n > 1 { 1 } else { NIL },
             tail: if n > 1 { num_blocks - 1 } else { NIL },
             num_free: num_blocks - 1,
-            key_pos: vec![0; n],
             table: vec![
                 Slot {
                     key: BlockKey { group: 0, hash: 0 },
@@ -157,7 +160,7 @@ impl BlockPool {
 
     /// Blocks in the pool, null block included.
     pub fn num_blocks(&self) -> u32 {
-        self.refs.len() as u32
+        self.nodes.len() as u32
     }
 
     /// Blocks in the free queue.
@@ -177,14 +180,14 @@ impl BlockPool {
 
     /// Reference count of `block` (0 for free blocks and the null block; 0 for ids out of range).
     pub fn ref_count(&self, block: u32) -> u32 {
-        self.refs.get(block as usize).copied().unwrap_or(0)
+        self.nodes.get(block as usize).map_or(0, |n| n.refs)
     }
 
     fn check(&self, block: u32) -> Result<(), PoolError> {
         if block == 0 {
             return Err(PoolError::NullBlock);
         }
-        if block as usize >= self.refs.len() {
+        if block as usize >= self.nodes.len() {
             return Err(PoolError::OutOfRange {
                 block,
                 num_blocks: self.num_blocks(),
@@ -193,32 +196,33 @@ impl BlockPool {
         Ok(())
     }
 
+    /// Unlinks free block `b` from the queue.
     #[inline]
     fn unlink(&mut self, b: u32) {
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        let (p, n) = (self.nodes[b as usize].prev, self.nodes[b as usize].next);
         if p == NIL {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.nodes[p as usize].next = n;
         }
         if n == NIL {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.nodes[n as usize].prev = p;
         }
-        self.prev[b as usize] = NIL;
-        self.next[b as usize] = NIL;
+        self.nodes[b as usize].prev = NIL;
+        self.nodes[b as usize].next = NIL;
         self.num_free -= 1;
     }
 
     #[inline]
     fn push_tail(&mut self, b: u32) {
-        self.prev[b as usize] = self.tail;
-        self.next[b as usize] = NIL;
+        self.nodes[b as usize].prev = self.tail;
+        self.nodes[b as usize].next = NIL;
         if self.tail == NIL {
             self.head = b;
         } else {
-            self.next[self.tail as usize] = b;
+            self.nodes[self.tail as usize].next = b;
         }
         self.tail = b;
         self.num_free += 1;
@@ -232,9 +236,17 @@ impl BlockPool {
         if b == NIL {
             return None;
         }
-        self.unlink(b);
-        self.refs[b as usize] = 1;
-        if self.key_pos[b as usize] != 0 {
+        // Pop the head. A held block's links are never read, so they are left as they are.
+        let n = self.nodes[b as usize].next;
+        self.head = n;
+        if n == NIL {
+            self.tail = NIL;
+        } else {
+            self.nodes[n as usize].prev = NIL;
+        }
+        self.num_free -= 1;
+        self.nodes[b as usize].refs = 1;
+        if self.nodes[b as usize].key_pos != 0 {
             self.remove_key_of(b);
         }
         Some(b)
@@ -248,12 +260,27 @@ impl BlockPool {
                 free: self.num_free,
             });
         }
-        out.reserve(count as usize);
-        for _ in 0..count {
-            if let Some(b) = self.allocate() {
-                out.push(b);
-            }
+        if count == 0 {
+            return Ok(());
         }
+        out.reserve(count as usize);
+        // Walk `count` blocks from the head, then cut the queue once.
+        let mut b = self.head;
+        for _ in 0..count {
+            out.push(b);
+            self.nodes[b as usize].refs = 1;
+            if self.nodes[b as usize].key_pos != 0 {
+                self.remove_key_of(b);
+            }
+            b = self.nodes[b as usize].next;
+        }
+        self.head = b;
+        if b == NIL {
+            self.tail = NIL;
+        } else {
+            self.nodes[b as usize].prev = NIL;
+        }
+        self.num_free -= count;
         Ok(())
     }
 
@@ -262,12 +289,12 @@ impl BlockPool {
     #[inline]
     pub fn free(&mut self, block: u32) -> Result<(), PoolError> {
         self.check(block)?;
-        let r = &mut self.refs[block as usize];
-        if *r == 0 {
+        let node = &mut self.nodes[block as usize];
+        if node.refs == 0 {
             return Err(PoolError::DoubleFree { block });
         }
-        *r -= 1;
-        if *r == 0 {
+        node.refs -= 1;
+        if node.refs == 0 {
             self.push_tail(block);
         }
         Ok(())
@@ -276,9 +303,31 @@ impl BlockPool {
     /// Frees `blocks` in reverse order (a request's blocks: its later blocks become reusable
     /// before its prefix). Null entries (0) are skipped. Stops at the first error.
     pub fn free_reverse(&mut self, blocks: &[u32]) -> Result<(), PoolError> {
+        let num_blocks = self.num_blocks();
         for &b in blocks.iter().rev() {
-            if b != 0 {
-                self.free(b)?;
+            if b == 0 {
+                continue;
+            }
+            let Some(node) = self.nodes.get_mut(b as usize) else {
+                return Err(PoolError::OutOfRange {
+                    block: b,
+                    num_blocks,
+                });
+            };
+            if node.refs == 0 {
+                return Err(PoolError::DoubleFree { block: b });
+            }
+            node.refs -= 1;
+            if node.refs == 0 {
+                node.prev = self.tail;
+                node.next = NIL;
+                if self.tail == NIL {
+                    self.head = b;
+                } else {
+                    self.nodes[self.tail as usize].next = b;
+                }
+                self.tail = b;
+                self.num_free += 1;
             }
         }
         Ok(())
@@ -288,10 +337,10 @@ impl BlockPool {
     #[inline]
     pub fn touch(&mut self, block: u32) -> Result<(), PoolError> {
         self.check(block)?;
-        if self.refs[block as usize] == 0 {
+        if self.nodes[block as usize].refs == 0 {
             self.unlink(block);
         }
-        self.refs[block as usize] += 1;
+        self.nodes[block as usize].refs += 1;
         Ok(())
     }
 
@@ -299,10 +348,10 @@ impl BlockPool {
     /// another block already carries `key` or `block` already has a key.
     pub fn cache(&mut self, block: u32, key: BlockKey) -> Result<bool, PoolError> {
         self.check(block)?;
-        if self.refs[block as usize] == 0 {
+        if self.nodes[block as usize].refs == 0 {
             return Err(PoolError::NotHeld { block });
         }
-        if self.key_pos[block as usize] != 0 || self.lookup(key).is_some() {
+        if self.nodes[block as usize].key_pos != 0 || self.lookup(key).is_some() {
             return Ok(false);
         }
         let mut i = mix(key) & self.mask;
@@ -310,7 +359,7 @@ impl BlockPool {
             i = (i + 1) & self.mask;
         }
         self.table[i] = Slot { key, block };
-        self.key_pos[block as usize] = i as u32 + 1;
+        self.nodes[block as usize].key_pos = i as u32 + 1;
         self.num_cached += 1;
         Ok(true)
     }
@@ -332,22 +381,22 @@ impl BlockPool {
 
     /// The key `block` carries, if any.
     pub fn key_of(&self, block: u32) -> Option<BlockKey> {
-        let p = *self.key_pos.get(block as usize)?;
+        let p = self.nodes.get(block as usize)?.key_pos;
         (p != 0).then(|| self.table[p as usize - 1].key)
     }
 
     /// Drops `block`'s key, if any (its contents are about to change).
     pub fn uncache(&mut self, block: u32) -> Result<(), PoolError> {
         self.check(block)?;
-        if self.key_pos[block as usize] != 0 {
+        if self.nodes[block as usize].key_pos != 0 {
             self.remove_key_of(block);
         }
         Ok(())
     }
 
     fn remove_key_of(&mut self, block: u32) {
-        let mut i = self.key_pos[block as usize] as usize - 1;
-        self.key_pos[block as usize] = 0;
+        let mut i = self.nodes[block as usize].key_pos as usize - 1;
+        self.nodes[block as usize].key_pos = 0;
         self.num_cached -= 1;
         // Backward-shift deletion keeps every probe chain unbroken.
         let mut j = i;
@@ -366,7 +415,7 @@ impl BlockPool {
             };
             if !in_range {
                 self.table[i] = s;
-                self.key_pos[s.block as usize] = i as u32 + 1;
+                self.nodes[s.block as usize].key_pos = i as u32 + 1;
                 i = j;
             }
         }
@@ -375,7 +424,7 @@ impl BlockPool {
 
     /// Whether `block` is in the free queue.
     pub fn is_free(&self, block: u32) -> bool {
-        block != 0 && (block as usize) < self.refs.len() && self.refs[block as usize] == 0
+        block != 0 && (block as usize) < self.nodes.len() && self.nodes[block as usize].refs == 0
     }
 
     /// Checks every internal invariant (for tests): the queue is a consistent doubly-linked list
@@ -386,10 +435,10 @@ impl BlockPool {
         let mut prev = NIL;
         let mut b = self.head;
         while b != NIL {
-            if self.refs[b as usize] != 0 {
+            if self.nodes[b as usize].refs != 0 {
                 return Err("held block in the free queue");
             }
-            if self.prev[b as usize] != prev {
+            if self.nodes[b as usize].prev != prev {
                 return Err("broken prev link");
             }
             count += 1;
@@ -397,7 +446,7 @@ impl BlockPool {
                 return Err("cycle in the free queue");
             }
             prev = b;
-            b = self.next[b as usize];
+            b = self.nodes[b as usize].next;
         }
         if prev != self.tail {
             return Err("tail mismatch");
@@ -405,18 +454,18 @@ impl BlockPool {
         if count != self.num_free {
             return Err("free count mismatch");
         }
-        let zero = self.refs[1..].iter().filter(|&&r| r == 0).count() as u32;
+        let zero = self.nodes[1..].iter().filter(|n| n.refs == 0).count() as u32;
         if zero != self.num_free {
             return Err("free blocks missing from the queue");
         }
-        if self.refs[0] != 0 {
+        if self.nodes[0].refs != 0 {
             return Err("null block referenced");
         }
         let mut keyed = 0;
         for (i, s) in self.table.iter().enumerate() {
             if s.block != EMPTY {
                 keyed += 1;
-                if self.key_pos[s.block as usize] as usize != i + 1 {
+                if self.nodes[s.block as usize].key_pos as usize != i + 1 {
                     return Err("key position mismatch");
                 }
                 if self.lookup(s.key) != Some(s.block) {

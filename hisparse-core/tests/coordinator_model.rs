@@ -59,19 +59,25 @@ struct Params {
     max_running: u32,
     max_batched: u32,
     spill: u32,
+    reclaim_min: u32,
 }
 
 fn params() -> impl Strategy<Value = Params> {
     (
         (40u32..160, 14u32..70, any::<bool>(), 1u32..=3),
         (any::<bool>(), prop::bool::weighted(0.2), 1u32..=2),
-        (1u32..=6, 4u32..=40, 1u32..=4),
+        (
+            1u32..=6,
+            4u32..=40,
+            1u32..=4,
+            prop_oneof![Just(0u32), 1u32..24],
+        ),
     )
         .prop_map(
             |(
                 (gpu_blocks, host_blocks, eager, workers),
                 (prefix, window, mql),
-                (mr, mb, spill),
+                (mr, mb, spill, reclaim_min),
             )| {
                 Params {
                     gpu_blocks,
@@ -84,6 +90,7 @@ fn params() -> impl Strategy<Value = Params> {
                     max_running: mr,
                     max_batched: mb,
                     spill,
+                    reclaim_min,
                 }
             },
         )
@@ -178,6 +185,7 @@ fn setup(p: &Params) -> Coordinator {
             max_spill_pages_per_step: p.spill,
             num_workers: p.workers,
             enable_prefix_caching: p.prefix,
+            reclaim_min_blocks: p.reclaim_min,
         },
     )
     .expect("coordinator")
