@@ -60,18 +60,15 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind as K;
-            if matches!(
-                e.kind(),
-                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
+            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
                 let _ = e.print();
-                return ExitCode::from(
-                    if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
-                        2
-                    } else {
-                        0
-                    },
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
+                eprintln!(
+                    "error: no command given; use one of layout, simulate, conformance, bench (see `hisparse --help`)"
                 );
+                return ExitCode::from(2);
             }
             // One line: clap's first line, then where to look.
             let text = e.to_string();

@@ -1017,7 +1017,11 @@ mod tests {
         // Fully resident path: remap of r1 alone.
         dp.attend(&reqs[1..], &topk(&kv, 1, 6), true).unwrap();
         dp.verify().unwrap();
-        assert_eq!(dp.counters.mismatched_rows, 0);
+        assert_eq!(
+            dp.counters.mismatched_rows, 0,
+            "{:?}",
+            dp.counters.first_mismatch
+        );
         assert_eq!(dp.counters.remap_calls, 2);
     }
 

@@ -70,6 +70,7 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             max_spill_pages_per_step: 64,
             num_workers: 1,
             enable_prefix_caching: false,
+            ..CoordinatorConfig::default()
         },
     )
     .map_err(coord_err)?;
