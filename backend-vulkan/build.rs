@@ -54,8 +54,8 @@ fn compile(name: &str, source: &str, out_dir: &Path) {
     });
     // Barriers sit in control flow that is uniform per workgroup by construction (values read
     // once and broadcast), which WGSL's static analysis cannot prove; every other check stays on.
-    let flags = naga::valid::ValidationFlags::all()
-        - naga::valid::ValidationFlags::CONTROL_FLOW_UNIFORMITY;
+    let flags =
+        naga::valid::ValidationFlags::all() - naga::valid::ValidationFlags::CONTROL_FLOW_UNIFORMITY;
     let info = naga::valid::Validator::new(flags, naga::valid::Capabilities::IMMEDIATES)
         .validate(&module)
         .unwrap_or_else(|e| {
@@ -66,8 +66,7 @@ fn compile(name: &str, source: &str, out_dir: &Path) {
         flags: naga::back::spv::WriterFlags::empty(),
         // Use the WGSL @group/@binding numbers as they are.
         fake_missing_bindings: true,
-        zero_initialize_workgroup_memory:
-            naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
         force_loop_bounding: false,
         // Every index is validated on the host before a dispatch; divisors are never zero.
         bounds_check_policies: naga::proc::BoundsCheckPolicies::default(),

@@ -184,9 +184,8 @@ fn run(o: &Opts) -> Result<(), VulkanError> {
             )
         };
         // Check that every plan's rows land (first, middle, last entry).
-        for i in 0..plans {
+        for (i, (src, dst, ..)) in set.iter().enumerate() {
             gather(&dev, i, &mut pool)?;
-            let (src, dst, ..) = &set[i];
             for e in [0usize, rows as usize / 2, rows as usize - 1] {
                 let mut got = [0u8; 4];
                 dev.download(&pool, dst[e] as usize * ROW_BYTES as usize, &mut got)?;

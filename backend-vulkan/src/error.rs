@@ -61,7 +61,10 @@ impl fmt::Display for VulkanError {
             VulkanError::Op(e) => write!(f, "{e}"),
             VulkanError::PinnedBudget(e) => write!(f, "{e}"),
             VulkanError::HostAllocation { bytes } => {
-                write!(f, "could not allocate {bytes} bytes of page-aligned host memory")
+                write!(
+                    f,
+                    "could not allocate {bytes} bytes of page-aligned host memory"
+                )
             }
             VulkanError::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
             VulkanError::Validation { messages } => write!(

@@ -45,6 +45,12 @@ use vk::{Binding, Context, MemKind, RawBuffer, Rec};
 
 type Result<T> = core::result::Result<T, VulkanError>;
 
+/// The embedded SPIR-V modules as `(name, bytes)`, for validation with external tools
+/// (`tests/spirv_val.rs` runs `spirv-val` on each).
+pub fn spirv_modules() -> impl Iterator<Item = (&'static str, &'static [u8])> {
+    Shader::ALL.into_iter().map(|s| (s.name(), s.spirv()))
+}
+
 /// Environment variable: `1` opens every device in strict validation mode
 /// ([`VulkanDevice::open_strict`]).
 pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
@@ -116,7 +122,9 @@ macro_rules! buffer_common {
 
         impl std::fmt::Debug for $t {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($t)).field("len", &self.len).finish()
+                f.debug_struct(stringify!($t))
+                    .field("len", &self.len)
+                    .finish()
             }
         }
     };
@@ -318,7 +326,7 @@ impl Device for VulkanDevice {
             len: bytes,
             ctx: self.ctx.clone(),
         };
-        if buf.raw().ptr as usize % PINNED_ALIGNMENT != 0 {
+        if !(buf.raw().ptr as usize).is_multiple_of(PINNED_ALIGNMENT) {
             return Err(VulkanError::Unsupported(format!(
                 "host-visible memory mapped at {:p}, not {PINNED_ALIGNMENT}-byte aligned",
                 buf.raw().ptr

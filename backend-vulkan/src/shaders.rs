@@ -1,15 +1,18 @@
 //! The compute shaders: WGSL sources in `shaders/`, compiled to SPIR-V by `build.rs` (naga) and
 //! embedded here, 4-byte aligned.
 
-
 /// Bytes embedded with 4-byte alignment, as SPIR-V words require.
 #[repr(C, align(4))]
 pub struct Aligned<T: ?Sized>(pub T);
 
 macro_rules! spirv {
     ($name:literal) => {{
-        static BYTES: &Aligned<[u8]> =
-            &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/", $name, ".spv")));
+        static BYTES: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(
+            env!("OUT_DIR"),
+            "/",
+            $name,
+            ".spv"
+        )));
         &BYTES.0
     }};
 }

@@ -203,8 +203,13 @@ impl Context {
     /// Opens the device chosen by `selector` (see `VulkanDevice::open`); with `strict`, work
     /// after which the validation layer reported warnings or errors fails.
     pub fn open(selector: &str, strict: bool) -> Result<Context> {
+        Self::open_with(selector, strict, false)
+    }
+
+    /// [`Context::open`], enabling the Khronos validation layer explicitly with `layer`.
+    pub fn open_with(selector: &str, strict: bool, layer: bool) -> Result<Context> {
         let before = validation_message_count();
-        let mut ctx = Self::open_inner(selector)?;
+        let mut ctx = Self::open_inner(selector, layer)?;
         ctx.strict = strict;
         ctx.checked = AtomicUsize::new(before);
         ctx.check_validation()?;
@@ -223,7 +228,7 @@ impl Context {
         Ok(())
     }
 
-    fn open_inner(selector: &str) -> Result<Context> {
+    fn open_inner(selector: &str, layer: bool) -> Result<Context> {
         // SAFETY: loading the system Vulkan loader runs its initialisers; this is the documented
         // way to use ash with run-time linking, and the library stays loaded inside `Entry`.
         let entry = unsafe { ash::Entry::load() }
@@ -231,9 +236,23 @@ impl Context {
         // SAFETY: a global command with no handles; the entry is valid.
         let exts = unsafe { entry.enumerate_instance_extension_properties(None) }
             .map_err(VulkanError::vk("vkEnumerateInstanceExtensionProperties"))?;
+        let validation = c"VK_LAYER_KHRONOS_validation";
+        let layer_exts = if layer {
+            // SAFETY: a global command with no handles; the layer name is NUL-terminated.
+            unsafe { entry.enumerate_instance_extension_properties(Some(validation)) }
+                .map_err(VulkanError::vk("vkEnumerateInstanceExtensionProperties"))?
+        } else {
+            Vec::new()
+        };
         let has_debug = exts
             .iter()
+            .chain(&layer_exts)
             .any(|e| e.extension_name_as_c_str() == Ok(ash::ext::debug_utils::NAME));
+        let layers = if layer {
+            vec![validation.as_ptr()]
+        } else {
+            Vec::new()
+        };
         let app_name = c"hisparse";
         let app = vk::ApplicationInfo::default()
             .application_name(app_name)
@@ -245,6 +264,7 @@ impl Context {
         }
         let info = vk::InstanceCreateInfo::default()
             .application_info(&app)
+            .enabled_layer_names(&layers)
             .enabled_extension_names(&ext_names);
         // SAFETY: `info` and everything it points to live until the call returns.
         let instance = unsafe { entry.create_instance(&info, None) }.map_err(|r| match r {
@@ -278,18 +298,16 @@ impl Context {
         } else {
             None
         };
-        let destroy_instance = |debug: &Option<(
-            ash::ext::debug_utils::Instance,
-            vk::DebugUtilsMessengerEXT,
-        )>| {
-            // SAFETY: the messenger and instance were created above and nothing else uses them.
-            unsafe {
-                if let Some((du, m)) = debug {
-                    du.destroy_debug_utils_messenger(*m, None);
+        let destroy_instance =
+            |debug: &Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>| {
+                // SAFETY: the messenger and instance were created above and nothing else uses them.
+                unsafe {
+                    if let Some((du, m)) = debug {
+                        du.destroy_debug_utils_messenger(*m, None);
+                    }
+                    instance.destroy_instance(None);
                 }
-                instance.destroy_instance(None);
-            }
-        };
+            };
         match Self::create_device(&entry, &instance, selector) {
             Ok(parts) => Self::finish(entry, instance, debug, parts),
             Err(e) => {
@@ -299,7 +317,10 @@ impl Context {
         }
     }
 
-    fn suitability(instance: &ash::Instance, pdev: vk::PhysicalDevice) -> core::result::Result<u32, String> {
+    fn suitability(
+        instance: &ash::Instance,
+        pdev: vk::PhysicalDevice,
+    ) -> core::result::Result<u32, String> {
         // SAFETY: `pdev` was enumerated from `instance`.
         let props = unsafe { instance.get_physical_device_properties(pdev) };
         if props.api_version < vk::API_VERSION_1_2 {
@@ -406,9 +427,9 @@ impl Context {
         // SAFETY: `cand.pdev` was enumerated from `instance`.
         let dev_exts = unsafe { instance.enumerate_device_extension_properties(cand.pdev) }
             .map_err(VulkanError::vk("vkEnumerateDeviceExtensionProperties"))?;
-        let has_import = dev_exts.iter().any(|e| {
-            e.extension_name_as_c_str() == Ok(ash::ext::external_memory_host::NAME)
-        });
+        let has_import = dev_exts
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(ash::ext::external_memory_host::NAME));
         let mut ext_names = Vec::new();
         if has_import {
             ext_names.push(ash::ext::external_memory_host::NAME.as_ptr());
@@ -467,9 +488,7 @@ impl Context {
                 .limits
                 .max_per_stage_descriptor_storage_buffers
                 .min(props.limits.max_descriptor_set_storage_buffers),
-            timestamp_period: (ts_bits > 0 && props.limits.timestamp_compute_and_graphics != 0
-                || ts_bits > 0)
-                .then_some(f64::from(props.limits.timestamp_period)),
+            timestamp_period: (ts_bits > 0).then_some(f64::from(props.limits.timestamp_period)),
             import_alignment: has_import
                 .then_some(host_props.min_imported_host_pointer_alignment.max(4096)),
         };
@@ -477,7 +496,10 @@ impl Context {
         let full_name = if driver_name.is_empty() {
             name
         } else {
-            format!("{name} ({driver_name}, Vulkan {})", api_version_string(props.api_version))
+            format!(
+                "{name} ({driver_name}, Vulkan {})",
+                api_version_string(props.api_version)
+            )
         };
         let host_import =
             has_import.then(|| ash::ext::external_memory_host::Device::new(&instance, &device));
@@ -609,8 +631,12 @@ impl Context {
             .allocation_size(req.size)
             .memory_type_index(type_index);
         // SAFETY: valid allocate info for this device.
-        let memory = unsafe { self.device.allocate_memory(&alloc, None) }
-            .map_err(|r| destroy(VulkanError::Vk { call: "vkAllocateMemory", result: r }))?;
+        let memory = unsafe { self.device.allocate_memory(&alloc, None) }.map_err(|r| {
+            destroy(VulkanError::Vk {
+                call: "vkAllocateMemory",
+                result: r,
+            })
+        })?;
         let free = |e: VulkanError| {
             // SAFETY: memory and buffer are unused and owned here.
             unsafe {
@@ -620,8 +646,12 @@ impl Context {
             e
         };
         // SAFETY: the memory type matches the buffer's requirements and the memory is unbound.
-        unsafe { self.device.bind_buffer_memory(buffer, memory, 0) }
-            .map_err(|r| free(VulkanError::Vk { call: "vkBindBufferMemory", result: r }))?;
+        unsafe { self.device.bind_buffer_memory(buffer, memory, 0) }.map_err(|r| {
+            free(VulkanError::Vk {
+                call: "vkBindBufferMemory",
+                result: r,
+            })
+        })?;
         let mut ptr = std::ptr::null_mut();
         if kind != MemKind::Device {
             // SAFETY: host-visible memory, mapped once for the buffer's life.
@@ -629,7 +659,12 @@ impl Context {
                 self.device
                     .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
             }
-            .map_err(|r| free(VulkanError::Vk { call: "vkMapMemory", result: r }))?;
+            .map_err(|r| {
+                free(VulkanError::Vk {
+                    call: "vkMapMemory",
+                    result: r,
+                })
+            })?;
             ptr = p.cast::<u8>();
             // SAFETY: the mapping covers at least `size` bytes (the allocation holds the buffer).
             unsafe { std::ptr::write_bytes(ptr, 0, size as usize) };
@@ -912,7 +947,10 @@ impl Context {
         // SAFETY: the queue is externally synchronised by `state`'s lock (held by the caller);
         // the command buffer is executable and every resource it uses stays alive until the
         // timeline reaches `value` (buffers are retired against the timeline).
-        let r = unsafe { self.device.queue_submit(self.queue, &[si], vk::Fence::null()) };
+        let r = unsafe {
+            self.device
+                .queue_submit(self.queue, &[si], vk::Fence::null())
+        };
         if let Err(r) = r {
             self.abandon(st, sub);
             return Err(VulkanError::Vk {
@@ -1067,7 +1105,11 @@ impl Context {
         Ok(Some(ticks[1].wrapping_sub(ticks[0]) as f64 * period))
     }
 
-    fn pipeline(&self, st: &mut State, shader: Shader) -> Result<(vk::PipelineLayout, vk::Pipeline, vk::DescriptorSetLayout)> {
+    fn pipeline(
+        &self,
+        st: &mut State,
+        shader: Shader,
+    ) -> Result<(vk::PipelineLayout, vk::Pipeline, vk::DescriptorSetLayout)> {
         if let Some(p) = &st.pipelines[shader.index()] {
             return Ok((p.layout, p.pipeline, p.set_layout));
         }
@@ -1187,7 +1229,7 @@ impl Drop for Context {
         bufs.extend(st.scratch.take());
         let pipes: Vec<Pipeline> = st.pipelines.iter_mut().filter_map(Option::take).collect();
         for s in &mut subs {
-            bufs.extend(s.retired.drain(..));
+            bufs.append(&mut s.retired);
             bufs.extend(s.arena.take());
         }
         for b in bufs {
@@ -1206,7 +1248,8 @@ impl Drop for Context {
             for p in pipes {
                 self.device.destroy_pipeline(p.pipeline, None);
                 self.device.destroy_pipeline_layout(p.layout, None);
-                self.device.destroy_descriptor_set_layout(p.set_layout, None);
+                self.device
+                    .destroy_descriptor_set_layout(p.set_layout, None);
             }
             if let Some(q) = self.query_pool {
                 self.device.destroy_query_pool(q, None);
@@ -1286,7 +1329,9 @@ impl Rec<'_> {
         {
             return Ok(s.buffer);
         }
-        let b = self.ctx.create_buffer(bytes.max(1 << 16), MemKind::Device)?;
+        let b = self
+            .ctx
+            .create_buffer(bytes.max(1 << 16), MemKind::Device)?;
         let handle = b.buffer;
         if let Some(old) = self.st.scratch.replace(b) {
             self.sub.retired.push(old);
@@ -1476,4 +1521,66 @@ pub fn available_ram() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::{Error, ErrorKind};
+
+    #[test]
+    fn strict_mode_fails_work_that_draws_validation_messages() {
+        let required = std::env::var("HISPARSE_REQUIRE_DEVICE").is_ok_and(|v| v.trim() == "1");
+        let ctx = match Context::open_with("", true, true) {
+            Ok(c) => c,
+            Err(e)
+                if !required
+                    && (e.kind() == ErrorKind::NotFound
+                        || matches!(
+                            e,
+                            VulkanError::Vk {
+                                result: vk::Result::ERROR_LAYER_NOT_PRESENT,
+                                ..
+                            }
+                        )) =>
+            {
+                eprintln!("SKIPPED: no Vulkan device or validation layer: {e}");
+                return;
+            }
+            Err(e) => panic!("open with the validation layer: {e}"),
+        };
+        let b = ctx.create_buffer(64, MemKind::Device).expect("buffer");
+        let h = b.buffer;
+        ctx.record(|rec| {
+            rec.zero(h, 0, 64);
+            Ok(())
+        })
+        .expect("valid work passes");
+        let err = ctx
+            .record(|rec| {
+                let bad = vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                    .dst_access_mask(vk::AccessFlags::SHADER_READ);
+                // SAFETY: recording command buffer. The access masks deliberately do not match
+                // the transfer stages: invalid usage the validation layer reports, and that
+                // drivers ignore.
+                unsafe {
+                    rec.ctx.device.cmd_pipeline_barrier(
+                        rec.sub.cmd,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::DependencyFlags::empty(),
+                        &[bad],
+                        &[],
+                        &[],
+                    )
+                };
+                Ok(())
+            })
+            .expect_err("strict mode reports the message");
+        assert!(matches!(err, VulkanError::Validation { messages } if messages > 0));
+        assert_eq!(err.kind(), ErrorKind::Other);
+        ctx.retire(b);
+        ctx.wait_idle().expect("no new messages");
+    }
 }
