@@ -572,12 +572,15 @@ impl Device for RocmDevice {
                 desc.hot_slots
             )));
         }
-        let room = (limit - base) / 16;
-        let smem_table = if room >= 16 {
-            1u64 << (63 - room.leading_zeros())
-        } else {
-            0
-        };
+        // Largest power of two (at least 16) whose table fits, else 0 (every table in the workspace).
+        let mut smem_table = 0u64;
+        while smem_table < u64::from(u32::MAX / 2) {
+            let next = if smem_table == 0 { 16 } else { smem_table * 2 };
+            if gk::resolve_shared_bytes(desc.hot_slots, next as u32) > limit {
+                break;
+            }
+            smem_table = next;
+        }
         let shared = gk::resolve_shared_bytes(desc.hot_slots, smem_table as u32);
         let biggest = gk::resolve_table_entries(u64::from(desc.num_tokens) * u64::from(desc.top_k));
         let (workspace, counter, entries) = if biggest <= smem_table {
