@@ -564,12 +564,12 @@ pub extern "C" fn hipEventDestroy(event: *mut c_void) -> u32 {
     }
 }
 
-/// Reads a module image: an AMDGPU ELF code object for the device's architecture, or the double's
-/// hiprtc output. Returns the kernels it defines.
+/// Reads a module image: an AMDGPU ELF code object for `device_arch` (a processor name such as
+/// `gfx942`), or the double's hiprtc output for it. Returns the kernels it defines.
 ///
 /// # Safety
 /// `image` points at a complete image (HIP's contract of `hipModuleLoadData`).
-unsafe fn read_image(image: *const u8) -> Result<Vec<String>, u32> {
+unsafe fn read_image(image: *const u8, device_arch: &str) -> Result<Vec<String>, u32> {
     // SAFETY: every image format starts with at least 64 bytes (ELF header, or the 16-byte
     // marker plus its length word and payload); the caller passes a complete image.
     let head = unsafe { std::slice::from_raw_parts(image, 64) };
@@ -577,7 +577,7 @@ unsafe fn read_image(image: *const u8) -> Result<Vec<String>, u32> {
         // SAFETY: the marker records the full length of the blob hiprtc returned.
         let blob = unsafe { std::slice::from_raw_parts(image, len) };
         let (arch, kernels) = rtc::parse_marker(blob).ok_or(HIP_ERROR_INVALID_IMAGE)?;
-        return if arch == arch_base() {
+        return if arch == device_arch {
             Ok(kernels)
         } else {
             Err(HIP_ERROR_NO_BINARY_FOR_GPU)
@@ -593,7 +593,7 @@ unsafe fn read_image(image: *const u8) -> Result<Vec<String>, u32> {
     if info.machine != elf::EM_AMDGPU {
         return Err(HIP_ERROR_INVALID_IMAGE);
     }
-    if Some(info.flags & elf::EF_AMDGPU_MACH) != elf::mach_of(&arch_base()) {
+    if Some(info.flags & elf::EF_AMDGPU_MACH) != elf::mach_of(device_arch) {
         return Err(HIP_ERROR_NO_BINARY_FOR_GPU);
     }
     Ok(hisparse_gpu_kernels_names()
@@ -615,7 +615,7 @@ pub unsafe extern "C" fn hipModuleLoadData(module: *mut *mut c_void, image: *con
         return HIP_ERROR_INVALID_VALUE;
     }
     // SAFETY: HIP contract: `image` is a complete image.
-    let kernels = match unsafe { read_image(image.cast()) } {
+    let kernels = match unsafe { read_image(image.cast(), &arch_base()) } {
         Ok(k) => k,
         Err(s) => return s,
     };
@@ -714,4 +714,28 @@ pub unsafe extern "C" fn hisparse_hip_double_launches(name: *const c_char) -> u6
     // SAFETY: callers pass a NUL-terminated name.
     let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
     state().launches.get(name.as_ref()).copied().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C, align(16))]
+    struct Aligned<T: ?Sized>(T);
+    static GFX90A: &Aligned<[u8]> = &Aligned(*include_bytes!("../../kernels/hisparse-gfx90a.co"));
+
+    #[test]
+    fn code_objects_load_only_on_their_processor() {
+        let image = GFX90A.0.as_ptr();
+        // SAFETY: a complete, 16-byte aligned code object embedded above.
+        let kernels = unsafe { read_image(image, "gfx90a") }.unwrap();
+        assert_eq!(kernels.len(), exec::kernel_names().count());
+        // SAFETY: as above.
+        let other = unsafe { read_image(image, "gfx942") };
+        assert_eq!(other, Err(HIP_ERROR_NO_BINARY_FOR_GPU));
+        let garbage = [0u8; 64];
+        // SAFETY: 64 readable bytes, which is all a non-image is read for.
+        let not_an_image = unsafe { read_image(garbage.as_ptr(), "gfx90a") };
+        assert_eq!(not_an_image, Err(HIP_ERROR_INVALID_IMAGE));
+    }
 }
