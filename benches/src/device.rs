@@ -398,15 +398,15 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
     })
 }
 
-/// The swap-in gather: `rows` random 656 B rows of a 2^18-row (172 MB) pinned host pool into
-/// distinct device rows.
+/// The swap-in gather: `rows` random 656 B rows of a 2^20-row (688 MB, larger than any CPU
+/// cache) pinned host pool into distinct device rows.
 fn gather<D: Device>(
     dev: &D,
     stream: &D::Stream,
     cfg: &BenchConfig,
     rows: u32,
 ) -> Result<Figure, D::Error> {
-    let host_blocks = (1u32 << 18) / BLOCK;
+    let host_blocks = (1u32 << 20) / BLOCK;
     let dev_blocks = rows.div_ceil(BLOCK);
     let page = u64::from(BLOCK * ROW_BYTES);
     let layer = LayerPair {
@@ -473,9 +473,12 @@ fn gather<D: Device>(
 }
 
 /// Page backup: 64 resident pages of a 12-layer group (one DeepSeek V3.2 resident group) from
-/// the device pool into scattered host blocks, all layers in one call.
+/// the device pool into scattered host blocks, all layers in one call. Successive calls take
+/// different pages (16 sets covering a 1024-block, ~520 MB device pool), so the source is not
+/// served from a cache.
 fn backup<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Figure, D::Error> {
-    let (layers_n, pages, dev_blocks, host_blocks) = (12u32, 64u32, 256u32, 1024u32);
+    const SETS: usize = 16;
+    let (layers_n, pages, dev_blocks, host_blocks) = (12u32, 64u32, 1024u32, 1024u32);
     let page = u64::from(BLOCK * ROW_BYTES);
     let dev_stride = page * u64::from(layers_n) + 4 * 1024; // ≈ a V3.2 block (545 792 B) with padding
     let layers: Vec<LayerPair> = (0..layers_n)
@@ -502,22 +505,30 @@ fn backup<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<F
     let mut host = dev.alloc_pinned((page * u64::from(host_blocks * layers_n)) as usize)?;
     let mut device = dev.alloc((dev_stride * u64::from(dev_blocks)) as usize)?;
     let mut rng = Rng(4);
-    let mut dsts: Vec<u32> = (0..host_blocks).collect();
-    for i in (1..dsts.len()).rev() {
-        dsts.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    let pairs: Vec<BlockPair> = (0..pages)
-        .map(|i| BlockPair {
-            src: rng.below(u64::from(dev_blocks)) as u32,
-            dst: dsts[i as usize],
+    let mut shuffled = |n: u32| {
+        let mut v: Vec<u32> = (0..n).collect();
+        for i in (1..v.len()).rev() {
+            v.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        v
+    };
+    let (srcs, dsts) = (shuffled(dev_blocks), shuffled(host_blocks));
+    let sets: Vec<Vec<BlockPair>> = (0..SETS)
+        .map(|s| {
+            (0..pages as usize)
+                .map(|i| BlockPair {
+                    src: srcs[s * pages as usize + i],
+                    dst: dsts[s * pages as usize + i],
+                })
+                .collect()
         })
         .collect();
     let desc = PageCopyDesc {
         direction: Direction::DeviceToHost,
         layers: &layers,
     };
-    let s = time(dev, stream, cfg, |_| {
-        dev.copy_pages(stream, &desc, &pairs, &mut host, &mut device)
+    let s = time(dev, stream, cfg, |call| {
+        dev.copy_pages(stream, &desc, &sets[call % SETS], &mut host, &mut device)
     })?;
     let n = u64::from(pages * layers_n);
     Ok(Figure {
