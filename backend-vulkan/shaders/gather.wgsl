@@ -49,46 +49,67 @@ fn locate(l: u32, row: i32) -> Row {
     return r;
 }
 
+// Per row slot of the workgroup, computed once by the slot's first lane:
+// (copy?, dst value, dst scale, src ok?) and (src value, src scale, row16, value16).
+var<workgroup> slot_dst: array<vec4<u32>, 4>;
+var<workgroup> slot_src: array<vec4<u32>, 4>;
+
 @compute @workgroup_size(128)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let item = group_index(wid, nwg) * 4u + (lid >> 5u);
+    let first = group_index(wid, nwg) * 4u;
+    if (first >= pc.items) {
+        return;
+    }
+    let slot = lid >> 5u;
     let lane = lid & 31u;
-    if (item >= pc.items) {
+    if (lane == 0u) {
+        var d = vec4<u32>(0u);
+        var s = vec4<u32>(0u);
+        let item = first + slot;
+        if (item < pc.items) {
+            let tk = pc.num_tokens * pc.top_k;
+            let layer = item / tk;
+            let e = item % tk;
+            let t = e / pc.top_k;
+            let j = e % pc.top_k;
+            let n = u32(clamp(plan_counts[t], 0, i32(pc.top_k)));
+            if (j < n) {
+                let hl = layer * 16u;
+                let dl = hl + 8u;
+                let dst = locate(dl, plan_dst[e]);
+                if (dst.ok) {
+                    let src = locate(hl, plan_src[e]);
+                    d = vec4<u32>(1u, dst.value, dst.scale, select(0u, 1u, src.ok));
+                    s = vec4<u32>(src.value, src.scale, layers[dl + 4u], layers[dl + 5u]);
+                }
+            }
+        }
+        slot_dst[slot] = d;
+        slot_src[slot] = s;
+    }
+    workgroupBarrier();
+    let d = slot_dst[slot];
+    if (d.x == 0u) {
         return;
     }
-    let tk = pc.num_tokens * pc.top_k;
-    let layer = item / tk;
-    let e = item % tk;
-    let t = e / pc.top_k;
-    let j = e % pc.top_k;
-    let n = u32(clamp(plan_counts[t], 0, i32(pc.top_k)));
-    if (j >= n) {
-        return;
-    }
-    let hl = layer * 16u;
-    let dl = hl + 8u;
-    let dst = locate(dl, plan_dst[e]);
-    if (!dst.ok) {
-        return;
-    }
-    let src = locate(hl, plan_src[e]);
-    let row16 = layers[dl + 4u];
-    let v16 = layers[dl + 5u];
+    let s = slot_src[slot];
+    let row16 = s.z;
+    let v16 = s.w;
     for (var w = lane; w < row16; w = w + 32u) {
-        var d = dst.value + w;
-        var s = src.value + w;
+        var dw = d.y + w;
+        var sw = s.x + w;
         if (w >= v16) {
-            d = dst.scale + (w - v16);
-            s = src.scale + (w - v16);
+            dw = d.z + (w - v16);
+            sw = s.y + (w - v16);
         }
         var v = vec4<u32>(0u);
-        if (src.ok) {
-            v = load_host(s);
+        if (d.w == 1u) {
+            v = load_host(sw);
         }
-        store_dev(d, v);
+        store_dev(dw, v);
     }
 }

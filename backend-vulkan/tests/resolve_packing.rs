@@ -1,0 +1,198 @@
+//! Resolve with an odd number of hot slots and several requests per call: the `u16` LRU rows of
+//! neighbouring requests then share 32-bit words, which the shader updates with atomics. Checked
+//! bit-exactly against the core reference over several steps, with shuffled and padding rows, a
+//! corrupt LRU, duplicates, resident pages and host blocks beyond the pool.
+
+use hisparse_backend_vulkan::{VulkanBuffer, VulkanDevice};
+use hisparse_core::ops::resolve::resolve;
+use hisparse_core::ops::{ResolveArgs, ResolveDesc, ResolveSlices};
+use hisparse_core::{Device, Error, ErrorKind};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn bytes_i32(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn bytes_u16(v: &[u16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn i32s(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn u16s(b: &[u8]) -> Vec<u16> {
+    b.chunks_exact(2)
+        .map(|c| u16::from_ne_bytes([c[0], c[1]]))
+        .collect()
+}
+
+fn upload(dev: &VulkanDevice, data: &[u8]) -> VulkanBuffer {
+    let mut b = dev.alloc(data.len()).expect("alloc");
+    dev.upload(&mut b, 0, data).expect("upload");
+    b
+}
+
+fn download(dev: &VulkanDevice, b: &VulkanBuffer) -> Vec<u8> {
+    let mut v = vec![0u8; b.len()];
+    dev.download(b, 0, &mut v).expect("download");
+    v
+}
+
+#[test]
+fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
+    let dev = match VulkanDevice::open_strict("") {
+        Ok(d) => d,
+        Err(e)
+            if e.kind() == ErrorKind::NotFound
+                && std::env::var("HISPARSE_REQUIRE_DEVICE").is_err() =>
+        {
+            eprintln!("SKIPPED: no Vulkan device: {e}");
+            return;
+        }
+        Err(e) => panic!("open: {e}"),
+    };
+    let stream = dev.create_stream().expect("stream");
+    for (seed, hot_slots) in [(1u64, 67u32), (2, 33), (3, 17)] {
+        let mut rng = Rng(seed);
+        let (k, r, m, bs) = (16u32, 5u32, 8u32, 4u32);
+        let rows_per_req = 2u32;
+        let t = r * rows_per_req + 2;
+        let desc = ResolveDesc {
+            num_tokens: t,
+            top_k: k,
+            num_requests: r,
+            max_pages: m,
+            block_size: bs,
+            hot_slots,
+            attention_block_stride: 5,
+            host_num_blocks: 10,
+        };
+        let n = (r * hot_slots) as usize;
+        let width = desc.hot_table_width() as usize;
+        let resident: Vec<i32> = (0..r * m)
+            .map(|_| {
+                if rng.below(4) == 0 {
+                    1 + rng.below(30) as i32
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let host: Vec<i32> = (0..r * m).map(|_| rng.below(13) as i32).collect();
+        let hot: Vec<i32> = (0..r as usize * width).map(|i| 40 + i as i32).collect();
+        let mut dgi = vec![-1i32; n];
+        let mut lru: Vec<u16> = (0..r).flat_map(|_| 0..hot_slots as u16).collect();
+        // Request 3 starts corrupt: a duplicate slot and garbage contents.
+        let base = 3 * hot_slots as usize;
+        lru[base + 1] = lru[base];
+        for d in &mut dgi[base..base + hot_slots as usize] {
+            *d = rng.below(50) as i32;
+        }
+        let b_res = upload(&dev, &bytes_i32(&resident));
+        let b_host = upload(&dev, &bytes_i32(&host));
+        let b_hot = upload(&dev, &bytes_i32(&hot));
+        let mut b_dgi = upload(&dev, &bytes_i32(&dgi));
+        let mut b_lru = upload(&dev, &bytes_u16(&lru));
+        let tk = (t * k) as usize;
+        let mut outs: Vec<VulkanBuffer> = [tk, t as usize, t as usize, t as usize, tk, tk]
+            .iter()
+            .map(|&e| dev.alloc(e * 4).expect("alloc"))
+            .collect();
+        for step in 0..6 {
+            let mut req: Vec<i32> = (0..r as i32)
+                .flat_map(|q| std::iter::repeat_n(q, rows_per_req as usize))
+                .chain([-1, r as i32 + 3])
+                .collect();
+            for i in (1..req.len()).rev() {
+                req.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let topk: Vec<i32> = (0..tk)
+                .map(|i| match rng.below(10) {
+                    0 => -1,
+                    1 => (m * bs) as i32 + 3,
+                    2 if i > 0 => i as i32 % 7,
+                    _ => rng.below(u64::from(m * bs)) as i32,
+                })
+                .collect();
+            let (mut idx, mut valid, mut hits, mut misses, mut src, mut dst) = (
+                vec![0; tk],
+                vec![0; t as usize],
+                vec![0; t as usize],
+                vec![0; t as usize],
+                vec![0; tk],
+                vec![0; tk],
+            );
+            resolve(
+                &desc,
+                ResolveSlices {
+                    req_id: &req,
+                    topk: &topk,
+                    resident_table: &resident,
+                    host_table: &host,
+                    hot_table: &hot,
+                    dgi: &mut dgi,
+                    lru: &mut lru,
+                    indices: &mut idx,
+                    valid_counts: &mut valid,
+                    hit_counts: &mut hits,
+                    miss_counts: &mut misses,
+                    miss_src: &mut src,
+                    miss_dst: &mut dst,
+                },
+            )
+            .expect("reference");
+            let b_req = upload(&dev, &bytes_i32(&req));
+            let b_topk = upload(&dev, &bytes_i32(&topk));
+            let [o_idx, o_valid, o_hits, o_misses, o_src, o_dst] = &mut outs[..] else {
+                unreachable!()
+            };
+            dev.resolve(
+                &stream,
+                &desc,
+                ResolveArgs {
+                    req_id: &b_req,
+                    topk: &b_topk,
+                    resident_table: &b_res,
+                    host_table: &b_host,
+                    hot_table: &b_hot,
+                    dgi: &mut b_dgi,
+                    lru: &mut b_lru,
+                    indices: o_idx,
+                    valid_counts: o_valid,
+                    hit_counts: o_hits,
+                    miss_counts: o_misses,
+                    miss_src: o_src,
+                    miss_dst: o_dst,
+                },
+            )
+            .expect("resolve");
+            let ctx = format!("hot_slots {hot_slots}, step {step}");
+            assert_eq!(i32s(&download(&dev, &outs[0])), idx, "indices, {ctx}");
+            assert_eq!(i32s(&download(&dev, &outs[1])), valid, "valid, {ctx}");
+            assert_eq!(i32s(&download(&dev, &outs[2])), hits, "hits, {ctx}");
+            assert_eq!(i32s(&download(&dev, &outs[3])), misses, "misses, {ctx}");
+            assert_eq!(i32s(&download(&dev, &outs[4])), src, "miss_src, {ctx}");
+            assert_eq!(i32s(&download(&dev, &outs[5])), dst, "miss_dst, {ctx}");
+            assert_eq!(i32s(&download(&dev, &b_dgi)), dgi, "dgi, {ctx}");
+            assert_eq!(u16s(&download(&dev, &b_lru)), lru, "lru, {ctx}");
+        }
+    }
+}
