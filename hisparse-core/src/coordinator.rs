@@ -1020,52 +1020,58 @@ impl Coordinator {
         let target = computed0 + chunk;
         let target_pages = self.kv.pages_for(target);
 
-        // Account for every tier before touching anything. Re-pinning a free cached block takes
-        // it out of the free queue, so it counts like an allocation.
-        let mut host_repin = 0u64;
-        let mut gpu_repin = 0u64;
+        // Pin every hit block first: re-pinning takes a free cached block out of the free
+        // queue, and no later allocation (reclaim's hot regions included) may evict it.
+        let nb = self.num_buckets as usize;
+        let nr = self.regular_groups.len();
         for p in 0..hit {
             let hash = r.hashes[p as usize];
-            if let Some(b) = self.host.lookup(BlockKey { group: 0, hash })
-                && self.host.is_free(b)
-            {
-                host_repin += 1;
-            }
-            let groups = core::iter::once(1).chain(self.regular_groups.iter().map(|g| g.0));
-            for g in groups {
-                if let Some(b) = self.gpu.lookup(BlockKey { group: g, hash })
-                    && self.gpu.is_free(b)
-                {
-                    gpu_repin += 1;
-                }
+            let hb = self.host.lookup(BlockKey { group: 0, hash }).unwrap_or(0);
+            let ib = self.gpu.lookup(BlockKey { group: 1, hash }).unwrap_or(0);
+            self.host.touch(hb)?;
+            self.gpu.touch(ib)?;
+            r.host.push(hb);
+            r.indexer.push(ib);
+            for gi in 0..nr {
+                let g = self.regular_groups[gi].0;
+                let b = self.gpu.lookup(BlockKey { group: g, hash }).unwrap_or(0);
+                self.gpu.touch(b)?;
+                r.regular.push(b);
             }
         }
-        let host_need = host_repin + u64::from(total_pages - shared);
+        // Account for every tier before allocating anything.
+        let host_need = u64::from(total_pages - shared);
         let new_gpu_pages = u64::from(target_pages - shared);
         let hot = if shared > 0 {
             u64::from(self.hot_cost())
         } else {
             0
         };
-        let gpu_need = gpu_repin + new_gpu_pages * self.gpu_cost_per_page() + hot;
+        let gpu_need = new_gpu_pages * self.gpu_cost_per_page() + hot;
+        let mut short = None;
         if u64::from(self.host.num_free()) < host_need {
+            short = Some(PoolKind::Host);
+        } else if u64::from(self.gpu.num_free()) < gpu_need {
+            let want = (gpu_need - u64::from(self.gpu.num_free()))
+                .max(u64::from(self.cfg.reclaim_min_blocks));
+            self.reclaim_resident_blocks(want.min(u64::from(u32::MAX)) as u32);
+            if u64::from(self.gpu.num_free()) < gpu_need {
+                short = Some(PoolKind::Gpu);
+            }
+        }
+        if let Some(pool) = short {
+            // Unpin (the blocks keep their hashes and go to the tail of the LRU queue).
+            let _ = self.host.free_reverse(&r.host);
+            let _ = self.gpu.free_reverse(&r.regular);
+            let _ = self.gpu.free_reverse(&r.indexer);
+            r.host.clear();
+            r.indexer.clear();
+            r.regular.clear();
             return Ok(if self.io_in_flight() {
                 Alloc::Wait
             } else {
-                Alloc::NoSpace(PoolKind::Host)
+                Alloc::NoSpace(pool)
             });
-        }
-        if u64::from(self.gpu.num_free()) < gpu_need {
-            let short = gpu_need - u64::from(self.gpu.num_free());
-            let want = short.max(u64::from(self.cfg.reclaim_min_blocks));
-            self.reclaim_resident_blocks(want.min(u64::from(u32::MAX)) as u32);
-            if u64::from(self.gpu.num_free()) < gpu_need {
-                return Ok(if self.io_in_flight() {
-                    Alloc::Wait
-                } else {
-                    Alloc::NoSpace(PoolKind::Gpu)
-                });
-            }
         }
 
         // Commit.
@@ -1075,8 +1081,6 @@ impl Coordinator {
         r.row = row;
         self.out.started.push(row);
         let slot = row;
-        let nb = self.num_buckets as usize;
-        let nr = self.regular_groups.len();
         let cap = self.kv.max_pages_per_request as usize;
         r.host.reserve(cap);
         r.state.reserve(cap);
@@ -1084,21 +1088,7 @@ impl Coordinator {
         r.indexer.reserve(cap);
         r.resident.reserve(cap * nb);
         r.regular.reserve(cap * nr);
-        // Pin every hit block first (a later allocation must not evict one).
-        for p in 0..hit {
-            let hash = r.hashes[p as usize];
-            let hb = self.host.lookup(BlockKey { group: 0, hash }).unwrap_or(0);
-            self.host.touch(hb)?;
-            r.host.push(hb);
-            let ib = self.gpu.lookup(BlockKey { group: 1, hash }).unwrap_or(0);
-            self.gpu.touch(ib)?;
-            r.indexer.push(ib);
-            for gi in 0..nr {
-                let g = self.regular_groups[gi].0;
-                let b = self.gpu.lookup(BlockKey { group: g, hash }).unwrap_or(0);
-                self.gpu.touch(b)?;
-                r.regular.push(b);
-            }
+        for _ in 0..hit {
             for _ in 0..nb {
                 r.resident.push(0);
             }
