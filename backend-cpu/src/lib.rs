@@ -6,14 +6,14 @@ mod error;
 mod gather;
 mod meminfo;
 mod remap;
+mod resolve;
 
 use hisparse_core::Device;
 use hisparse_core::ops::copy::{self, check_bulk_copy};
 use hisparse_core::ops::{
     BlockPair, BufferLen, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc,
-    PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, ResolveSlices, RowCopyDesc,
-    RowSpan, SlotMappingArgs, SlotMappingDesc, check_pinned_budget, invalidate, resolve,
-    slot_mapping,
+    PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
+    SlotMappingArgs, SlotMappingDesc, check_pinned_budget, invalidate, slot_mapping,
 };
 use hisparse_core::{OpError, OpName};
 
@@ -312,7 +312,7 @@ impl Device for CpuDevice {
         desc.check(&args.sizes())?;
         resolve::resolve(
             desc,
-            ResolveSlices {
+            resolve::Slices {
                 req_id: args.req_id.i32s(),
                 topk: args.topk.i32s(),
                 resident_table: args.resident_table.i32s(),
@@ -327,7 +327,7 @@ impl Device for CpuDevice {
                 miss_src: args.miss_src.i32s_mut(),
                 miss_dst: args.miss_dst.i32s_mut(),
             },
-        )?;
+        );
         Ok(())
     }
 

@@ -48,6 +48,8 @@ struct Scenario {
     churn: bool,
     /// Layers gathered with each step's plan (0: no gather).
     layers: u32,
+    /// Smallest context length (tokens) of a request (0: the default, `2 * k + 1`).
+    min_ctx: u32,
     /// Split rows (values then scales) in the gathered pages.
     split: bool,
 }
@@ -70,6 +72,7 @@ const BASE: Scenario = Scenario {
     churn: false,
     layers: 0,
     split: false,
+    min_ctx: 0,
 };
 
 fn scenarios() -> Vec<(&'static str, Scenario)> {
@@ -112,7 +115,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             Scenario {
                 k: 128,
                 hot_slots: 128,
-                rows_per_request: 2,
+                rows_per_request: 3,
                 overlap_pct: 30,
                 ..BASE
             },
@@ -194,6 +197,8 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
                 hot_slots: 32768,
                 steps: 20,
                 block_size: 64,
+                // More distinct rows than slots: the LRU wraps around.
+                min_ctx: 50_000,
                 overlap_pct: 0,
                 invalid_pct: 1,
                 ..BASE
@@ -586,16 +591,17 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
     let mut rng = SplitMix64::new(seed);
     let (k, n, r_count, bs) = (scn.k, scn.hot_slots, scn.requests, scn.block_size);
     // Context lengths and page tables.
-    let ctx_len: Vec<u32> = (0..r_count)
-        .map(|_| rng.u32_in(k + 1, 4 * k + bs))
-        .collect();
+    let lo = (2 * k + 1).max(scn.min_ctx);
+    let hi = (6 * k + bs).max(lo + k);
+    let ctx_len: Vec<u32> = (0..r_count).map(|_| rng.u32_in(lo, hi)).collect();
     let max_pages = ctx_len.iter().max().copied().unwrap_or(1).div_ceil(bs) + 1;
     let pages_used: Vec<u32> = ctx_len.iter().map(|l| l.div_ceil(bs)).collect();
     let total_pages: u32 = pages_used.iter().sum();
     // Host blocks: a shuffled permutation of 1..=total (block 0 is the null block).
     let mut host_blocks: Vec<i32> = (1..=total_pages as i32).collect();
     rng.shuffle(&mut host_blocks);
-    let beyond = (u64::from(total_pages) * scn.beyond_pct / 100) as u32;
+    let beyond =
+        ((u64::from(total_pages) * scn.beyond_pct / 100) as u32).max(u32::from(scn.beyond_pct > 0));
     let host_num_blocks = total_pages + 1 - beyond;
     let mut host = vec![-1i32; (r_count * max_pages) as usize];
     let mut resident = vec![0i32; (r_count * max_pages) as usize];
@@ -615,6 +621,11 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
                 resident[at] = -1;
             }
         }
+    }
+    if scn.resident_pct > 0 && !resident.iter().any(|&b| b > 0) {
+        // Every page drew "host": make one resident so the scenario tests what it says.
+        resident[0] = next_gpu;
+        next_gpu += 1;
     }
     let device_blocks = next_gpu as u32;
     let stride = if scn.layers > 0 {
