@@ -252,7 +252,7 @@ fn main(
             }
             storageBarrier();
         }
-        // Phase 4: the first LRU position caching each wanted row.
+        // Phase 4: the first LRU position caching each wanted row inside the host pool.
         for (var p = lid; p < n; p = p + W) {
             var s = p;
             if (!bad) {
@@ -260,7 +260,8 @@ fn main(
             }
             old[grp + p] = s;
             let c = dgi[lb + s];
-            if (c >= 0) {
+            // A row beyond the host pool is never a hit, even if a corrupt dgi names it.
+            if (c >= 0 && u32(c) < pc.host_rows) {
                 let h = find(hb, hsize, u32(c));
                 if (h != NONE) {
                     atomicMin(&hash[(hb + h) * 4u + 2u], p);
@@ -277,7 +278,7 @@ fn main(
             if (p < n) {
                 s = old[grp + p];
                 let c = dgi[lb + s];
-                if (c >= 0) {
+                if (c >= 0 && u32(c) < pc.host_rows) {
                     let h = find(hb, hsize, u32(c));
                     if (h != NONE && atomicLoad(&hash[(hb + h) * 4u + 2u]) == p) {
                         hit = true;

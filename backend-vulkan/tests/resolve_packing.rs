@@ -1,7 +1,7 @@
 //! Resolve with an odd number of hot slots and several requests per call: the `u16` LRU rows of
 //! neighbouring requests then share 32-bit words, which the shader updates with atomics. Checked
 //! bit-exactly against the core reference over several steps, with shuffled and padding rows, a
-//! corrupt LRU, duplicates, resident pages and host blocks beyond the pool.
+//! corrupt LRU, duplicates, resident pages, host blocks beyond the pool and cached rows beyond it.
 
 use hisparse_backend_vulkan::{VulkanBuffer, VulkanDevice};
 use hisparse_core::ops::resolve::resolve;
@@ -103,6 +103,12 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
         // Request 3 starts corrupt: a duplicate slot and garbage contents.
         let base = 3 * hot_slots as usize;
         lru[base + 1] = lru[base];
+        for d in &mut dgi[base..base + hot_slots as usize] {
+            *d = rng.below(50) as i32;
+        }
+        // Request 1 has a valid LRU but its dgi names rows, some beyond the pool (40..50),
+        // and some twice: only in-pool rows may hit, the first in LRU order.
+        let base = hot_slots as usize;
         for d in &mut dgi[base..base + hot_slots as usize] {
             *d = rng.below(50) as i32;
         }
