@@ -290,11 +290,7 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             let c = &dp.counters;
             let (hits, misses) = (c.hot_hits - hits0, c.misses - miss0);
             report.steps.push(StepStats {
-                hit_rate: if hits + misses == 0 {
-                    1.0
-                } else {
-                    hits as f64 / (hits + misses) as f64
-                },
+                hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
                 h2d_bytes: c.h2d_bytes - h2d0,
                 hot_hits: hits,
                 misses,

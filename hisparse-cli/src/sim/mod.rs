@@ -108,7 +108,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
 pub fn simulate_on<D: Device>(dev: &D, a: &SimulateArgs, s: &SimSetup) -> CliResult<()> {
     let report = engine::run(dev, s)?;
     if let Some(path) = &a.plot {
-        let hit: Vec<f64> = report.steps.iter().map(|s| s.hit_rate).collect();
+        let hit: Vec<Option<f64>> = report.steps.iter().map(|s| s.hit_rate).collect();
         let bytes: Vec<f64> = report.steps.iter().map(|s| s.h2d_bytes as f64).collect();
         let title = format!(
             "hisparse simulate — {} on {}, {} requests × {} tokens",

@@ -12,10 +12,10 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
 const GAP: f64 = 70.0;
 
-/// One panel's series.
+/// One panel's series (`None` = no value at that step: the line breaks).
 struct Panel<'a> {
     title: &'a str,
-    values: &'a [f64],
+    values: &'a [Option<f64>],
     max: f64,
     label: &'a dyn Fn(f64) -> String,
     colour: &'a str,
@@ -49,18 +49,26 @@ fn panel(svg: &mut String, y0: f64, p: &Panel<'_>) {
             esc(&(p.label)(v))
         );
     }
-    let points: Vec<String> = p
-        .values
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| format!("{:.1},{:.1}", x(i), y(v)))
-        .collect();
-    let _ = writeln!(
-        svg,
-        r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
-        p.colour,
-        points.join(" ")
-    );
+    // One polyline per run of defined values.
+    let mut run: Vec<String> = Vec::new();
+    let mut flush = |run: &mut Vec<String>, svg: &mut String| {
+        if !run.is_empty() {
+            let _ = writeln!(
+                svg,
+                r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
+                p.colour,
+                run.join(" ")
+            );
+            run.clear();
+        }
+    };
+    for (i, v) in p.values.iter().enumerate() {
+        match v {
+            Some(v) => run.push(format!("{:.1},{:.1}", x(i), y(*v))),
+            None => flush(&mut run, svg),
+        }
+    }
+    flush(&mut run, svg);
     let _ = writeln!(
         svg,
         r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">decode step (1..{})</text>"#,
@@ -76,8 +84,9 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Renders the SVG for per-step hit rates (0..=1) and host→device bytes.
-pub fn render(title: &str, hit_rate: &[f64], h2d_bytes: &[f64]) -> String {
+/// Renders the SVG for per-step hit rates (0..=1; `None` where a step read nothing from host)
+/// and host→device bytes.
+pub fn render(title: &str, hit_rate: &[Option<f64>], h2d_bytes: &[f64]) -> String {
     let h = TOP + 2.0 * PANEL_H + GAP + 40.0;
     let mut svg = String::new();
     let _ = writeln!(
@@ -104,13 +113,14 @@ pub fn render(title: &str, hit_rate: &[f64], h2d_bytes: &[f64]) -> String {
         },
     );
     let max_bytes = h2d_bytes.iter().copied().fold(0.0, f64::max);
+    let h2d: Vec<Option<f64>> = h2d_bytes.iter().copied().map(Some).collect();
     let bytes = |v: f64| human(v as u64);
     panel(
         &mut svg,
         TOP + 10.0 + PANEL_H + GAP,
         &Panel {
             title: "host→device bytes per decode step",
-            values: h2d_bytes,
+            values: &h2d,
             max: max_bytes * 1.05,
             label: &bytes,
             colour: "#d62728",
@@ -126,12 +136,19 @@ mod tests {
 
     #[test]
     fn renders_a_well_formed_document() {
-        let svg = render("a <b> & c", &[0.5, 0.9, 0.95], &[1e6, 2e5, 1e5]);
+        let svg = render(
+            "a <b> & c",
+            &[Some(0.5), Some(0.9), Some(0.95)],
+            &[1e6, 2e5, 1e5],
+        );
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.contains("a &lt;b&gt; &amp; c"));
         // Every opened text element is closed.
         assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+        // A step without host reads breaks the hit-rate line in two.
+        let gap = render("gap", &[Some(0.5), None, Some(0.9)], &[1.0, 2.0, 3.0]);
+        assert_eq!(gap.matches("<polyline").count(), 3);
     }
 
     #[test]

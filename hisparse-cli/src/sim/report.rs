@@ -7,8 +7,9 @@ use crate::size::human;
 /// Per decode step.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StepStats {
-    /// Hot hits / (hits + misses) this step (1.0 when nothing was read from host).
-    pub hit_rate: f64,
+    /// Hot hits / (hits + misses) this step; `None` when nothing was read from host (every read
+    /// row was resident).
+    pub hit_rate: Option<f64>,
     /// Bytes copied host → device this step (swap-in gathers and restores, all layers).
     pub h2d_bytes: u64,
     /// Top-k entries served from the hot buffer.
