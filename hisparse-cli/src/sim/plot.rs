@@ -51,7 +51,7 @@ fn panel(svg: &mut String, y0: f64, p: &Panel<'_>) {
     }
     // One polyline per run of defined values.
     let mut run: Vec<String> = Vec::new();
-    let mut flush = |run: &mut Vec<String>, svg: &mut String| {
+    let flush = |run: &mut Vec<String>, svg: &mut String| {
         if !run.is_empty() {
             let _ = writeln!(
                 svg,
