@@ -68,6 +68,32 @@ fn step(c: &mut Coordinator, cmd: &mut OffloadCommand, token: u32) {
 fn bench(cr: &mut Criterion) {
     let base = prepared();
     assert_eq!(base.num_running(), REQUESTS as usize);
+    // Show the state the step runs in: most pages read from host, a hot region per request.
+    let host_only: u32 = base
+        .running_ids()
+        .map(|id| base.host_only_pages(id).unwrap_or(0))
+        .sum();
+    let hot = base
+        .running_ids()
+        .filter(|&id| base.has_hot_region(id) == Some(true))
+        .count();
+    let mut probe = base.clone();
+    let mut cmd = OffloadCommand::default();
+    let mut reclaimed = 0usize;
+    for i in 0..256 {
+        step(&mut probe, &mut cmd, i);
+        reclaimed += cmd.residency.iter().filter(|u| u.block == 0).count();
+    }
+    eprintln!(
+        "setup: {} requests at {} tokens; {:.1}% of pages read from host; {} hot regions; GPU pool {} blocks, {} free; 256 steps reclaimed {} resident entries",
+        REQUESTS,
+        CONTEXT,
+        100.0 * f64::from(host_only) / f64::from(REQUESTS * CONTEXT.div_ceil(64)),
+        hot,
+        base.gpu_pool().num_blocks(),
+        base.gpu_pool().num_free(),
+        reclaimed,
+    );
     let mut g = cr.benchmark_group("scheduler");
     g.sample_size(30);
     g.measurement_time(Duration::from_secs(6));

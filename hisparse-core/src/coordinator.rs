@@ -2536,6 +2536,54 @@ mod tests {
     }
 
     #[test]
+    fn deepseek_v4_compressed_rows_and_sliding_window() {
+        use crate::presets::DEEPSEEK_V4;
+        let cfg = HiSparseConfig::new(DEEPSEEK_V4.top_k, 64 << 30);
+        let mut input = LayoutInput::new(&DEEPSEEK_V4, &cfg, 0, 65536);
+        input.num_gpu_blocks_override = Some(4000);
+        let kv = plan_layout(&input).unwrap();
+        let swa = kv.regular_groups().start as u32;
+        assert_eq!(kv.groups[swa as usize].sliding_window, Some(128));
+        let mut c = Coordinator::new(
+            kv,
+            CoordinatorConfig {
+                max_batched_tokens: 4096,
+                ..CoordinatorConfig::default()
+            },
+        )
+        .unwrap();
+        c.admit(1, &toks(1000)).unwrap();
+        let cmd = c.step().unwrap();
+        // 1000 tokens = 250 compressed rows = pages of 64 rows: 64, 64, 64 and 58 rows; one span
+        // per page per bucket (6 buckets).
+        assert_eq!(cmd.row_mirrors.len(), 4 * 6);
+        let spans: Vec<(u32, u32)> = cmd
+            .row_mirrors
+            .iter()
+            .filter(|m| m.bucket == 0)
+            .map(|m| (m.span.first_row, m.span.num_rows))
+            .collect();
+        assert_eq!(spans, [(0, 64), (0, 64), (0, 64), (0, 58)]);
+        // Pages 0..=2 (tokens 0..768) are sealed; page 3 is still being written.
+        assert_eq!(c.page_state(1, 2), Some(PageState::Pending));
+        assert_eq!(c.page_state(1, 3), Some(PageState::Dirty));
+        // The sliding-window group (128 tokens) keeps only the blocks covering tokens 872..1000:
+        // pages 0..=2 are given back.
+        let freed: Vec<u32> = cmd
+            .block_tables
+            .iter()
+            .filter(|u| u.group == swa && u.block == 0)
+            .map(|u| u.page)
+            .collect();
+        assert_eq!(freed, [0, 1, 2]);
+        let mut t = vec![0; c.max_pages() as usize];
+        c.block_table_row(1, swa as usize, &mut t).unwrap();
+        assert_eq!(&t[..3], &[0, 0, 0]);
+        assert!(t[3] > 0);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
     fn typed_errors() {
         let mut c = coord(40, true, 1);
         assert_eq!(c.admit(1, &[]), Err(CoordError::EmptyPrompt { id: 1 }));
