@@ -41,6 +41,11 @@
 //! is in flight, and preempts the newest running request otherwise) and returns the command for
 //! the engine. The engine runs the forward pass and the copies, reports them, appends sampled
 //! tokens ([`Coordinator::append_tokens`]) and finally [`Coordinator::finish`]es the request.
+//! Ordering contract: blocks released by a step's scheduling (reclaim) or by a report may be
+//! handed out by the next scheduling and written by that step's forward pass, so an engine runs
+//! the forward passes of consecutive steps in order on one compute stream (the usual case), and
+//! executes a command's table updates before its forward pass.
+//!
 //! The per-request tables the data plane reads are exported as `i32` rows by
 //! [`Coordinator::resident_row`], [`Coordinator::host_row`], [`Coordinator::hot_row`] and
 //! [`Coordinator::block_table_row`].

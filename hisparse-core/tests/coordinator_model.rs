@@ -455,7 +455,10 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                             c.finish(id).unwrap();
                             known.retain(|&k| k != id);
                         } else {
-                            c.append_tokens(id, &[7]).unwrap();
+                            // Speculative decoding appends up to `max_query_len` tokens.
+                            let k = (1 + (n as usize + usize::from(finish_len)) % p.mql as usize)
+                                .min((MAX_LEN - n) as usize);
+                            c.append_tokens(id, &vec![7; k]).unwrap();
                         }
                     }
                 }
