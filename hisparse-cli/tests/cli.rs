@@ -1,4 +1,5 @@
-//! Runs the `hisparse` binary as a user would.
+//! Runs the `hisparse` binary as a user would (with the default CPU backend).
+#![cfg(feature = "cpu")]
 
 use std::process::{Command, Output};
 

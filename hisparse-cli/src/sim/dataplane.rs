@@ -881,7 +881,7 @@ fn note(c: &mut Counters, what: String) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cpu"))]
 mod tests {
     use super::*;
     use hisparse_backend_cpu::CpuDevice;
