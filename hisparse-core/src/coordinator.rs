@@ -214,6 +214,16 @@ pub enum CoordError {
     },
     /// No free slot (state row) to start a request.
     NoFreeSlot,
+    /// No running request holds this state row.
+    UnknownSlot {
+        /// The state row.
+        slot: u32,
+    },
+    /// The layout handed to [`Coordinator::new`] is inconsistent (hand-edited).
+    InvalidLayout {
+        /// What is wrong.
+        what: &'static str,
+    },
     /// A worker index is out of range.
     UnknownWorker {
         /// The worker.
@@ -287,6 +297,13 @@ impl fmt::Display for CoordError {
             CoordError::NoFreeSlot => {
                 f.write_str("coordinator: every slot is taken; raise max_running")
             }
+            CoordError::UnknownSlot { slot } => {
+                write!(f, "coordinator: no running request holds state row {slot}")
+            }
+            CoordError::InvalidLayout { what } => write!(
+                f,
+                "coordinator: inconsistent layout ({what}); plan it with `plan_layout`"
+            ),
             CoordError::UnknownWorker {
                 worker,
                 num_workers,
@@ -681,6 +698,7 @@ impl Coordinator {
                 return Err(CoordError::ZeroConfig { field });
             }
         }
+        check_layout(&kv)?;
         let gpu = BlockPool::new(kv.num_gpu_blocks)?;
         let host = BlockPool::new(kv.host_num_blocks)?;
         let regular_groups: Vec<(u32, Option<u32>)> = kv
@@ -934,7 +952,7 @@ impl Coordinator {
             .reqs
             .get_mut(idx as usize)
             .and_then(Option::as_mut)
-            .ok_or(CoordError::UnknownRequest { id: u64::MAX })?;
+            .ok_or(CoordError::UnknownSlot { slot })?;
         if r.tokens.len() as u64 >= u64::from(max) {
             return Err(CoordError::TooLong {
                 id: r.id,
@@ -1199,6 +1217,10 @@ impl Coordinator {
             return;
         }
         let cost = self.hot_cost();
+        if self.gpu.num_free() < cost {
+            // Callers account for the region first; never hand out a partial one.
+            return;
+        }
         r.hot.reserve(cost as usize);
         for _ in 0..cost {
             if let Some(b) = self.gpu.allocate() {
@@ -1225,7 +1247,7 @@ impl Coordinator {
 
     fn schedule_slot(&mut self, slot: u32, num_tokens: u32) -> Result<Alloc, CoordError> {
         let Some(mut r) = self.reqs[slot as usize].take() else {
-            return Err(CoordError::UnknownRequest { id: u64::MAX });
+            return Err(CoordError::UnknownSlot { slot });
         };
         let res = if r.status != Status::Running {
             Err(CoordError::NotRunning { id: r.id })
@@ -1909,7 +1931,7 @@ impl Coordinator {
 
     fn preempt_slot(&mut self, slot: u32) -> Result<(), CoordError> {
         let Some(mut r) = self.reqs[slot as usize].take() else {
-            return Err(CoordError::UnknownRequest { id: u64::MAX });
+            return Err(CoordError::UnknownSlot { slot });
         };
         self.release_blocks(&mut r);
         r.status = Status::Waiting;
@@ -1983,7 +2005,7 @@ impl Coordinator {
     /// GPU blocks, or `-1`s when it has none.
     pub fn hot_row(&self, id: RequestId, bucket: u32, out: &mut [i32]) -> Result<(), CoordError> {
         let r = self.running_req(id)?;
-        let s = (bucket * self.hot_per) as usize;
+        let s = (u64::from(bucket) * u64::from(self.hot_per)).min(usize::MAX as u64) as usize;
         for (i, o) in out.iter_mut().enumerate() {
             *o = if i < self.hot_per as usize && bucket < self.num_buckets {
                 r.hot.get(s + i).map_or(-1, |&b| b as i32)
@@ -2195,6 +2217,48 @@ impl Coordinator {
         }
         Ok(())
     }
+}
+
+/// Structural checks of a layout (one from `plan_layout` always passes), so that a hand-edited
+/// one gives a typed error instead of a panic.
+fn check_layout(kv: &KvCacheConfig) -> Result<(), CoordError> {
+    let bad = |what| Err(CoordError::InvalidLayout { what });
+    let nb = kv.num_buckets as usize;
+    if kv.block_tokens == 0 || kv.block_size == 0 || kv.sparse_compress_ratio == 0 {
+        return bad("zero block size");
+    }
+    if u64::from(kv.block_size) * u64::from(kv.sparse_compress_ratio) != u64::from(kv.block_tokens)
+    {
+        return bad("block_tokens != block_size * sparse_compress_ratio");
+    }
+    if nb == 0 || kv.hot_blocks_per_request == 0 {
+        return bad("no buckets or no hot blocks");
+    }
+    if kv.max_model_len == 0
+        || kv.max_pages_per_request != kv.max_model_len.div_ceil(kv.block_tokens)
+    {
+        return bad("max_pages_per_request");
+    }
+    if kv.groups.len() < 2 + 2 * nb
+        || kv.groups[0].kind != GroupKind::Source
+        || kv.groups[1].kind != GroupKind::Indexer
+    {
+        return bad("group order");
+    }
+    for b in 0..nb {
+        if kv.groups[2 + b].kind != GroupKind::Resident
+            || kv.groups[2 + nb + b].kind != GroupKind::Hot
+        {
+            return bad("group order");
+        }
+    }
+    if kv.groups[2 + 2 * nb..]
+        .iter()
+        .any(|g| g.kind != GroupKind::Regular || g.layers.is_empty())
+    {
+        return bad("regular groups");
+    }
+    Ok(())
 }
 
 fn reclaim_limit(r: &Req, bt: u32) -> u32 {
@@ -2640,5 +2704,21 @@ mod tests {
             })
         ));
         assert!(std::format!("{}", CoordError::NoFreeSlot).contains("max_running"));
+        let mut kv = c.layout().clone();
+        kv.num_buckets = 3;
+        assert!(matches!(
+            Coordinator::new(kv, CoordinatorConfig::default()),
+            Err(CoordError::InvalidLayout { .. })
+        ));
+        let mut kv = c.layout().clone();
+        kv.block_tokens = 0;
+        assert!(Coordinator::new(kv, CoordinatorConfig::default()).is_err());
+        assert_eq!(
+            c.append_token_by_slot(3, 1),
+            Err(CoordError::UnknownSlot { slot: 3 })
+        );
+        let mut row = [0i32; 4];
+        assert!(c.hot_row(1, u32::MAX, &mut row).is_ok());
+        assert_eq!(row, [-1; 4]);
     }
 }

@@ -11,6 +11,9 @@
 //!   Units are packed greedily into *buckets* while the bucket's summed page bytes stay ≤ the
 //!   indexer group's summed page bytes (a unit is never split; a bucket always takes at least one
 //!   unit). Each bucket gives one **resident** group and a twin **hot** group with the same layers.
+//!   Mixed page sizes inside a bucket cannot happen: [`ModelSpec::validate`] already refuses
+//!   sparse layers whose row geometry differs ([`ModelError::MixedSparseGeometry`]), because one
+//!   flat row view and one host row view serve every sparse layer.
 //! * **regular** (GPU): non-sparse layers, one group per distinct (row bytes, compress ratio,
 //!   sliding window).
 //!
@@ -709,7 +712,7 @@ impl KvCacheConfig {
 
     /// Pages (blocks) a request of `tokens` tokens occupies in every group.
     pub fn pages_for(&self, tokens: u32) -> u32 {
-        tokens.div_ceil(self.block_tokens)
+        tokens.div_ceil(self.block_tokens.max(1))
     }
 
     /// Blocks a regular group keeps for a request with `pages` pages (sliding-window groups keep
