@@ -1635,8 +1635,11 @@ impl Coordinator {
                 }
             }
         }
-        // Start waiting requests while budget and slots allow; never preempt for them.
-        while budget > 0 && (self.running.len() as u32) < self.cfg.max_running {
+        // Start waiting requests while budget and slots allow; never preempt for them, and not
+        // at all in a step where a running request had to wait or be preempted (the memory it
+        // needs comes first; a victim must not restart at once).
+        let pressed = sum.preempted > 0 || sum.waiting_on_reclaim > 0;
+        while !pressed && budget > 0 && (self.running.len() as u32) < self.cfg.max_running {
             let Some(&slot) = self.waiting.front() else {
                 break;
             };
