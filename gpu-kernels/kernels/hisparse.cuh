@@ -155,6 +155,8 @@ HS_DEVICE u32 hs_block_scan(u32 v, u32* s, u32& total) {
 // ---------------------------------------------------------------------------------------------
 
 #define HS_REMAP_THREADS 256
+// Block-table rows of at most this many blocks are staged in shared memory (16 KB).
+#define HS_REMAP_SMEM_BLOCKS 4096
 #define HS_REMAP_HAS_MAP 1u
 #define HS_REMAP_COUNTS 2u
 #define HS_REMAP_COMPACT 4u
@@ -187,7 +189,7 @@ HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
     i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
     u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
     HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
-    HS_SHARED u32 s_count;
+    HS_SHARED i32 s_bt[HS_REMAP_SMEM_BLOCKS];
     const u32 t = HS_BID_X;
     if (t >= num_tokens) return;
     const i32 req = req_id[t];
@@ -214,6 +216,35 @@ HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
     }
     const i32* in = topk + (u64)t * top_k;
     i32* o = out + (u64)t * top_k;
+    const uint4 none4 = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+
+    // Fast path (no compaction, top_k a multiple of 4, at most two vectors per thread): the
+    // thread's top-k vectors are loaded first, so they are in flight while the block-table row
+    // is staged in shared memory (one coalesced read instead of top_k scattered ones).
+    const bool fast = !(flags & HS_REMAP_COMPACT) && (top_k & 3u) == 0 && (top_k >> 2) <= 2 * HS_NTHREADS;
+    uint4 fa = none4, fb = none4;
+    if (fast) {
+        const uint4* in4 = (const uint4*)in;
+        if (HS_TID < (top_k >> 2)) fa = in4[HS_TID];
+        if (HS_TID + HS_NTHREADS < (top_k >> 2)) fb = in4[HS_TID + HS_NTHREADS];
+    }
+    if (c.bt != 0 && max_blocks <= HS_REMAP_SMEM_BLOCKS) {
+        for (u32 i0 = 0; i0 < max_blocks; i0 += 8 * HS_NTHREADS) {
+            i32 v[8];
+#pragma unroll
+            for (u32 q = 0; q < 8; ++q) {
+                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
+                v[q] = i < max_blocks ? c.bt[i] : 0;
+            }
+#pragma unroll
+            for (u32 q = 0; q < 8; ++q) {
+                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
+                if (i < max_blocks) s_bt[i] = v[q];
+            }
+        }
+        HS_SYNC();
+        c.bt = s_bt;
+    }
 
     if (flags & HS_REMAP_COMPACT) {
         // Chunks of 4 consecutive entries per thread, block-wide ordered compaction.
@@ -241,7 +272,26 @@ HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
     }
 
     u32 valid = 0;
-    if ((top_k & 3u) == 0) {
+    if (fast) {
+        uint4* o4 = (uint4*)o;
+        uint4 ra, rb;
+        ra.x = (u32)hs_remap_one(c, (i32)fa.x);
+        ra.y = (u32)hs_remap_one(c, (i32)fa.y);
+        ra.z = (u32)hs_remap_one(c, (i32)fa.z);
+        ra.w = (u32)hs_remap_one(c, (i32)fa.w);
+        rb.x = (u32)hs_remap_one(c, (i32)fb.x);
+        rb.y = (u32)hs_remap_one(c, (i32)fb.y);
+        rb.z = (u32)hs_remap_one(c, (i32)fb.z);
+        rb.w = (u32)hs_remap_one(c, (i32)fb.w);
+        if (HS_TID < (top_k >> 2)) {
+            valid += (ra.x != HS_NONE) + (ra.y != HS_NONE) + (ra.z != HS_NONE) + (ra.w != HS_NONE);
+            o4[HS_TID] = ra;
+        }
+        if (HS_TID + HS_NTHREADS < (top_k >> 2)) {
+            valid += (rb.x != HS_NONE) + (rb.y != HS_NONE) + (rb.z != HS_NONE) + (rb.w != HS_NONE);
+            o4[HS_TID + HS_NTHREADS] = rb;
+        }
+    } else if ((top_k & 3u) == 0) {
         // 16-byte loads and stores; two independent vectors in flight per thread.
         const uint4* in4 = (const uint4*)in;
         uint4* o4 = (uint4*)o;
@@ -250,7 +300,7 @@ HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
             const u32 i2 = i + HS_NTHREADS;
             const bool two = i2 < n4;
             const uint4 a = in4[i];
-            const uint4 b = two ? in4[i2] : make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+            const uint4 b = two ? in4[i2] : none4;
             uint4 ra, rb;
             ra.x = (u32)hs_remap_one(c, (i32)a.x);
             ra.y = (u32)hs_remap_one(c, (i32)a.y);
@@ -275,11 +325,9 @@ HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
         }
     }
     if (flags & HS_REMAP_COUNTS) {
-        if (HS_TID == 0) s_count = 0;
-        HS_SYNC();
-        if (valid) atomicAdd(&s_count, valid);
-        HS_SYNC();
-        if (HS_TID == 0) counts[t] = (i32)s_count;
+        u32 total;
+        hs_block_scan(valid, s_scan, total);
+        if (HS_TID == 0) counts[t] = (i32)total;
     }
 }
 
@@ -288,28 +336,18 @@ HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
 // ---------------------------------------------------------------------------------------------
 //
 // Launch: grid (num_tokens), block (HS_RESOLVE_THREADS), dynamic shared memory
-// hs_resolve_smem_bytes(hot_slots, smem_table_entries) (see `resolve_shared_bytes` in the Rust
-// ABI table). Block t handles token row t: a padding row writes its outputs; a row whose request
-// appeared in an earlier row exits (that earlier row's block resolves all rows of the request);
-// otherwise the block resolves every row of the request, in row order, against the request's
-// single state.
+// hs_resolve_smem_bytes(hot_slots, smem_table_entries) (see the Rust ABI table for the formula).
+// Block t handles token row t: a padding row writes its outputs; a row whose request appeared in
+// an earlier row exits (that earlier row's block resolves all rows of the request); otherwise the
+// block resolves every row of the request, in row order, against the request's single state.
 //
-// Per request the block keeps, for E = rows * top_k entries: a wanted-row hash table of
-// cap = max(16, next_pow2(2E)) entries and a per-entry code array of cap / 2 words. They live in
-// shared memory when cap <= smem_table_entries (a power of two, or 0), else in `workspace`:
-// `workspace_counter` (zeroed by the host before each launch) bump-allocates cap + cap / 8
-// 16-byte units per such block; the host sizes the workspace at 5 * num_tokens * top_k +
-// 32 * num_tokens units, which bounds the sum over all blocks.
-//
-// Latency design: every pass issues all its global loads before using them (unrolled items per
-// thread); top-k entries are classified once (codes kept in shared memory) and the LRU order is
-// copied to shared memory, so later passes touch global memory only for dgi and outputs.
+// The wanted-row hash table lives in shared memory when it needs at most `smem_table_entries`
+// entries (a power of two, or 0), else in `workspace`: `workspace_counter` (zeroed by the host
+// before each launch) bump-allocates per-block tables of `workspace_entries` entries in total; the
+// host sizes it at 4 * num_tokens * top_k entries, which bounds the sum of every block's need.
 
 #define HS_RESOLVE_THREADS 512
 #define HS_RESOLVE_ITEMS 4
-#define HS_RESOLVE_LRU_ITEMS 8
-#define HS_CODE_INVALID 0xffffffffu
-#define HS_CODE_HOST 0x80000000u
 
 struct hs_resolve_desc {
     u32 num_tokens, top_k, num_requests, max_pages, block_size, hot_slots,
@@ -328,16 +366,33 @@ HS_DEVICE u32 hs_lookup(const hs_wanted* table, u32 mask, i32 g) {
     }
 }
 
-HS_DEVICE u32 hs_insert(hs_wanted* table, u32 mask, i32 g, u32 entry) {
+HS_DEVICE void hs_insert(hs_wanted* table, u32 mask, i32 g, u32 entry) {
     u32 h = hs_hash(g, mask);
     for (;;) {
         i32 prev = atomicCAS(&table[h].key, HS_EMPTY_KEY, g);
         if (prev == HS_EMPTY_KEY || prev == g) {
             atomicMin(&table[h].first_entry, entry);
-            return h;
+            return;
         }
         h = (h + 1) & mask;
     }
+}
+
+// Step 2: 0 = invalid, 1 = resident (value = physical row), 2 = host (value = flat host row g).
+HS_DEVICE u32 hs_classify(const hs_resolve_desc& d, const i32* resident_table, const i32* host_table,
+                          u32 r, i32 tok, i32& value) {
+    if (tok < 0) return 0;
+    u32 page = (u32)tok / d.block_size;
+    if (page >= d.max_pages) return 0;
+    u32 off = (u32)tok % d.block_size;
+    u64 at = (u64)r * d.max_pages + page;
+    i32 res = resident_table[at];
+    if (res > 0) {
+        value = hs_physical_row(res, d.attention_block_stride, off);
+        return value == -1 ? 0u : 1u;
+    }
+    value = hs_physical_row(host_table[at], d.block_size, off);
+    return value == -1 ? 0u : 2u;
 }
 
 HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, u32 slot) {
@@ -346,6 +401,7 @@ HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, 
     return hs_physical_row(block, d.attention_block_stride, slot % d.block_size);
 }
 
+// Dynamic shared memory layout of hs_resolve (byte offsets; every part 16-byte aligned).
 HS_DEVICE u32 hs_align16(u32 x) { return (x + 15u) & ~15u; }
 
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
@@ -401,35 +457,30 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
         s_corrupt = 0;
     }
     HS_SYNC();
-    for (u32 t2 = HS_TID; t2 < num_tokens; t2 += HS_NTHREADS) {
-        if (req_id[t2] == req) {
-            if (t2 < t) atomicOr(&s_flag, 1u);
-            else atomicAdd(&s_rows, 1u);
-        }
-    }
+    for (u32 t2 = HS_TID; t2 < t; t2 += HS_NTHREADS)
+        if (req_id[t2] == req) atomicOr(&s_flag, 1u);
+    for (u32 t2 = t + HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
+        if (req_id[t2] == req) atomicAdd(&s_rows, 1u);
     HS_SYNC();
     if (s_flag) return;
     const u32 entries = s_rows * K;
 
-    // Shared memory: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), table, codes.
-    const u32 nwords = (N + 31) / 32;
+    // Shared memory: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), table.
     u16* s_lru = (u16*)hs_smem;
     u16* s_part = (u16*)(hs_smem + hs_align16(2 * N));
     u32* s_bits = (u32*)(hs_smem + 2 * hs_align16(2 * N));
-    hs_wanted* s_table = (hs_wanted*)(hs_smem + 2 * hs_align16(2 * N) + hs_align16(4 * nwords));
+    hs_wanted* s_table = (hs_wanted*)(hs_smem + 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32)));
 
     u32 cap = 16;
     while (cap < 2 * entries) cap <<= 1;
     hs_wanted* table;
-    u32* code;
     if (cap <= smem_table_entries) {
+        cap = smem_table_entries;
         table = s_table;
-        code = (u32*)(s_table + smem_table_entries);
     } else {
-        if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap + cap / 8);
+        if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap);
         HS_SYNC();
         table = workspace + s_table_off;
-        code = (u32*)(table + cap);
     }
     const u32 mask = cap - 1;
     for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
@@ -438,157 +489,106 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
         table[i].first_lru = HS_NONE;
         table[i].slot = HS_NONE;
     }
-    for (u32 i = HS_TID; i < nwords; i += HS_NTHREADS) s_bits[i] = 0;
     HS_SYNC();
 
-    const u64 sbase = (u64)r * N;
-    const i64 host_rows = (i64)host_num_blocks * (i64)block_size;
-
-    // Steps 2-3: classify every entry once (loads of a chunk in flight together), insert host
-    // rows with their first appearance, keep each entry's code; reset plans and counts. The LRU
-    // order is copied to shared memory and checked (step 4) in the same phase.
+    // Steps 2-3: classify every entry, insert host rows with their first appearance; reset the
+    // plan and counts of every row.
     {
         u32 ord = 0;
-        bool any = false;
         for (u32 t2 = t; t2 < num_tokens; ++t2) {
             if (req_id[t2] != req) continue;
             const u64 base = (u64)t2 * K;
-            for (u32 jb = 0; jb < K; jb += HS_NTHREADS * HS_RESOLVE_ITEMS) {
-                const u32 j0 = jb + HS_TID * HS_RESOLVE_ITEMS;
-                i32 tok[HS_RESOLVE_ITEMS], res[HS_RESOLVE_ITEMS], hb[HS_RESOLVE_ITEMS];
-                u32 page[HS_RESOLVE_ITEMS];
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) tok[q] = j0 + q < K ? topk[base + j0 + q] : -1;
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
-                    page[q] = tok[q] < 0 ? HS_NONE : (u32)tok[q] / block_size;
-                    res[q] = 0;
-                    hb[q] = -1;
-                    if (page[q] < max_pages) {
-                        const u64 at = (u64)r * max_pages + page[q];
-                        res[q] = resident_table[at];
-                        hb[q] = host_table[at];
-                    }
+            bool any = false;
+            for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
+                i32 v;
+                if (hs_classify(d, resident_table, host_table, r, topk[base + j], v) == 2) {
+                    hs_insert(table, mask, v, ord * K + j);
+                    any = true;
                 }
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
-                    const u32 j = j0 + q;
-                    if (j >= K) continue;
-                    u32 c = HS_CODE_INVALID;
-                    if (page[q] < max_pages) {
-                        const u32 off = (u32)tok[q] % block_size;
-                        if (res[q] > 0) {
-                            i32 v = hs_physical_row(res[q], attention_block_stride, off);
-                            if (v != -1) c = (u32)v;
-                        } else {
-                            i32 g = hs_physical_row(hb[q], block_size, off);
-                            if (g != -1) {
-                                c = HS_CODE_HOST | hs_insert(table, mask, g, ord * K + j);
-                                any = true;
-                            }
-                        }
-                    }
-                    code[ord * K + j] = c;
-                    miss_src[base + j] = -1;
-                    miss_dst[base + j] = -1;
-                }
+                miss_src[base + j] = -1;
+                miss_dst[base + j] = -1;
             }
+            if (any) atomicOr(&s_any_host, 1u);
             if (HS_TID == 0) {
                 hit_counts[t2] = 0;
                 miss_counts[t2] = 0;
             }
             ++ord;
         }
-        if (any) atomicOr(&s_any_host, 1u);
-        for (u32 pb = 0; pb < N; pb += HS_NTHREADS * HS_RESOLVE_LRU_ITEMS) {
-            u32 v[HS_RESOLVE_LRU_ITEMS];
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_LRU_ITEMS; ++q) {
-                const u32 p = pb + q * HS_NTHREADS + HS_TID;
-                v[q] = p < N ? (u32)lru[sbase + p] : 0u;
-            }
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_LRU_ITEMS; ++q) {
-                const u32 p = pb + q * HS_NTHREADS + HS_TID;
-                if (p >= N) continue;
-                const u32 s = v[q];
-                s_lru[p] = (u16)s;
-                if (s >= N) {
-                    atomicOr(&s_corrupt, 1u);
-                } else {
-                    const u32 bit = 1u << (s & 31u);
-                    if (atomicOr(&s_bits[s >> 5], bit) & bit) atomicOr(&s_corrupt, 1u);
-                }
-            }
-        }
     }
     HS_SYNC();
 
+    const u64 sbase = (u64)r * N;
     if (s_any_host) {
-        // Step 4: a corrupt LRU is reset to the identity and the dgi row to -1.
+        // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the dgi row.
+        for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
+        HS_SYNC();
+        for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
+            u32 s = lru[sbase + p];
+            s_lru[p] = (u16)s;
+            if (s >= N) {
+                atomicOr(&s_corrupt, 1u);
+            } else {
+                u32 bit = 1u << (s & 31u);
+                if (atomicOr(&s_bits[s >> 5], bit) & bit) atomicOr(&s_corrupt, 1u);
+            }
+        }
+        HS_SYNC();
         const bool corrupt = s_corrupt != 0;
         if (corrupt) {
             for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
                 s_lru[p] = (u16)p;
                 dgi[sbase + p] = -1;
             }
-            HS_SYNC();
         }
+        HS_SYNC();
 
+        const i64 host_rows = (i64)host_num_blocks * (i64)block_size;
         // Step 5a: for each wanted g, the first LRU position caching it (only rows in the pool).
         if (!corrupt) {
-            for (u32 pb = 0; pb < N; pb += HS_NTHREADS * HS_RESOLVE_LRU_ITEMS) {
-                i32 c[HS_RESOLVE_LRU_ITEMS];
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_LRU_ITEMS; ++q) {
-                    const u32 p = pb + q * HS_NTHREADS + HS_TID;
-                    c[q] = p < N ? dgi[sbase + s_lru[p]] : -1;
-                }
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_LRU_ITEMS; ++q) {
-                    const u32 p = pb + q * HS_NTHREADS + HS_TID;
-                    if (c[q] >= 0 && (i64)c[q] < host_rows) {
-                        const u32 h = hs_lookup(table, mask, c[q]);
-                        if (h != HS_NONE) atomicMin(&table[h].first_lru, p);
-                    }
+            for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
+                i32 c = dgi[sbase + s_lru[p]];
+                if (c >= 0 && (i64)c < host_rows) {
+                    u32 h = hs_lookup(table, mask, c);
+                    if (h != HS_NONE) atomicMin(&table[h].first_lru, p);
                 }
             }
-            HS_SYNC();
         }
+        HS_SYNC();
 
         // Step 5b: split LRU positions into hits (old order, stored from the end of s_part) and
-        // evictables (old order, from the front): evictable rank e at s_part[e], hit rank h at
-        // s_part[N - 1 - h]. Each thread takes consecutive positions so ranks follow LRU order.
+        // evictables (old order, stored from the front): evictable rank e at s_part[e], hit rank
+        // h at s_part[N - 1 - h].
         u32 hits_before = 0;
-        for (u32 base = 0; base < N; base += HS_NTHREADS * HS_RESOLVE_LRU_ITEMS) {
-            const u32 p0 = base + HS_TID * HS_RESOLVE_LRU_ITEMS;
-            i32 c[HS_RESOLVE_LRU_ITEMS];
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_LRU_ITEMS; ++q)
-                c[q] = (p0 + q < N && !corrupt) ? dgi[sbase + s_lru[p0 + q]] : -1;
-            u32 hit_h[HS_RESOLVE_LRU_ITEMS];
+        for (u32 base = 0; base < N; base += HS_NTHREADS * HS_RESOLVE_ITEMS) {
+            const u32 p0 = base + HS_TID * HS_RESOLVE_ITEMS;
+            u32 hit_slot[HS_RESOLVE_ITEMS];
             u32 nh = 0;
 #pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_LRU_ITEMS; ++q) {
-                hit_h[q] = HS_NONE;
-                if (c[q] >= 0 && (i64)c[q] < host_rows) {
-                    const u32 h = hs_lookup(table, mask, c[q]);
-                    if (h != HS_NONE && table[h].first_lru == p0 + q) {
-                        hit_h[q] = h;
-                        ++nh;
+            for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
+                hit_slot[q] = HS_NONE;
+                const u32 p = p0 + q;
+                if (p < N && !corrupt) {
+                    i32 c = dgi[sbase + s_lru[p]];
+                    if (c >= 0 && (i64)c < host_rows) {
+                        u32 h = hs_lookup(table, mask, c);
+                        if (h != HS_NONE && table[h].first_lru == p) {
+                            hit_slot[q] = h;
+                            ++nh;
+                        }
                     }
                 }
             }
             u32 total;
             u32 hr = hits_before + hs_block_scan(nh, s_scan, total);
 #pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_LRU_ITEMS; ++q) {
+            for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
                 const u32 p = p0 + q;
                 if (p >= N) continue;
                 const u32 s = s_lru[p];
-                if (hit_h[q] != HS_NONE) {
+                if (hit_slot[q] != HS_NONE) {
                     s_part[N - 1 - hr] = (u16)s;
-                    table[hit_h[q]].slot = s;
+                    table[hit_slot[q]].slot = s;
                     ++hr;
                 } else {
                     s_part[p - hr] = (u16)s;
@@ -614,21 +614,25 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
                 for (u32 jb = 0; jb < K; jb += HS_NTHREADS * HS_RESOLVE_ITEMS) {
                     const u32 j0 = jb + HS_TID * HS_RESOLVE_ITEMS;
                     u32 miss_h[HS_RESOLVE_ITEMS];
+                    i32 miss_g[HS_RESOLVE_ITEMS];
                     u32 nm = 0;
 #pragma unroll
                     for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
                         miss_h[q] = HS_NONE;
+                        miss_g[q] = -1;
                         const u32 j = j0 + q;
-                        if (j >= K) continue;
-                        const u32 c = code[ord * K + j];
-                        if (c == HS_CODE_INVALID || !(c & HS_CODE_HOST)) continue;
-                        const u32 h = c & ~HS_CODE_HOST;
-                        if (table[h].first_entry != ord * K + j) continue;
-                        if (table[h].slot != HS_NONE) {
-                            ++row_hits;
-                        } else {
-                            miss_h[q] = h;
-                            ++nm;
+                        i32 g;
+                        if (j < K && hs_classify(d, resident_table, host_table, r, topk[base + j], g) == 2) {
+                            u32 h = hs_lookup(table, mask, g);
+                            if (table[h].first_entry == ord * K + j) {
+                                if (table[h].slot != HS_NONE) {
+                                    ++row_hits;
+                                } else {
+                                    miss_h[q] = h;
+                                    miss_g[q] = g;
+                                    ++nm;
+                                }
+                            }
                         }
                     }
                     u32 total;
@@ -638,7 +642,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
                         if (miss_h[q] == HS_NONE) continue;
                         if (m < V) {
                             const u32 s = s_part[m];
-                            const i32 g = table[miss_h[q]].key;
+                            const i32 g = miss_g[q];
                             const i32 src = (i64)g < host_rows ? g : -1;
                             table[miss_h[q]].slot = s;
                             dgi[sbase + s] = src;
@@ -671,36 +675,32 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
             lru[sbase + i] = (u16)s;
         }
     }
+    HS_SYNC();
 
     // Step 8: output indices and valid counts.
-    {
-        u32 ord = 0;
-        for (u32 t2 = t; t2 < num_tokens; ++t2) {
-            if (req_id[t2] != req) continue;
-            const u64 base = (u64)t2 * K;
-            if (HS_TID == 0) s_count = 0;
-            HS_SYNC();
-            u32 valid = 0;
-            for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
-                const u32 c = code[ord * K + j];
-                i32 out = -1;
-                if (c != HS_CODE_INVALID) {
-                    if (!(c & HS_CODE_HOST)) {
-                        out = (i32)c;
-                    } else {
-                        const u32 s = table[c & ~HS_CODE_HOST].slot;
-                        if (s != HS_NONE) out = hs_hot_row(d, hot_table, r, s);
-                    }
-                }
-                indices[base + j] = out;
-                valid += out != -1 ? 1u : 0u;
+    for (u32 t2 = t; t2 < num_tokens; ++t2) {
+        if (req_id[t2] != req) continue;
+        const u64 base = (u64)t2 * K;
+        if (HS_TID == 0) s_count = 0;
+        HS_SYNC();
+        u32 valid = 0;
+        for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
+            i32 v;
+            u32 kind = hs_classify(d, resident_table, host_table, r, topk[base + j], v);
+            i32 out = -1;
+            if (kind == 1) {
+                out = v;
+            } else if (kind == 2) {
+                u32 s = table[hs_lookup(table, mask, v)].slot;
+                if (s != HS_NONE) out = hs_hot_row(d, hot_table, r, s);
             }
-            if (valid) atomicAdd(&s_count, valid);
-            HS_SYNC();
-            if (HS_TID == 0) valid_counts[t2] = (i32)s_count;
-            HS_SYNC();
-            ++ord;
+            indices[base + j] = out;
+            valid += out != -1 ? 1u : 0u;
         }
+        if (valid) atomicAdd(&s_count, valid);
+        HS_SYNC();
+        if (HS_TID == 0) valid_counts[t2] = (i32)s_count;
+        HS_SYNC();
     }
 }
 

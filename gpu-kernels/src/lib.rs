@@ -128,7 +128,7 @@ pub enum Kernel {
     /// `hs_remap`: grid `(num_tokens)`, block [`REMAP_THREADS`]. `flags` is a set of `REMAP_*`.
     Remap,
     /// `hs_resolve`: grid `(num_tokens)`, block [`RESOLVE_THREADS`], dynamic shared memory
-    /// [`resolve_shared_bytes`]. `workspace` (`workspace_entries` 16-byte units) and
+    /// [`resolve_shared_bytes`]. `workspace` (`Wanted[workspace_entries]`) and
     /// `workspace_counter` (`u32`, zeroed before each launch) back requests whose table does not
     /// fit `smem_table_entries` (a power of two, or 0); see [`resolve_workspace_entries`].
     Resolve,
@@ -379,21 +379,19 @@ const fn align16(x: u64) -> u64 {
 
 /// Dynamic shared memory of `hs_resolve` for `hot_slots` slots and a shared wanted-row table of
 /// `table_entries` entries: LRU copy and partition (`u16[N]` each), a bitmap of `N` bits, then
-/// the table (16 bytes per entry) and the per-entry codes (`u32[table_entries / 2]`), each part
-/// 16-byte aligned.
+/// the table (16 bytes per entry), each part 16-byte aligned.
 pub const fn resolve_shared_bytes(hot_slots: u32, table_entries: u32) -> u64 {
     let n = hot_slots as u64;
-    2 * align16(2 * n) + align16(4 * n.div_ceil(32)) + 18 * table_entries as u64
+    2 * align16(2 * n) + align16(4 * n.div_ceil(32)) + 16 * table_entries as u64
 }
 
 /// Static shared memory of `hs_resolve` (scan scratch and a few counters), an upper bound.
 pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 33 + 4 * 8;
 
-/// 16-byte units the global wanted-row workspace needs so that every request of a launch of
-/// `num_tokens × top_k` entries finds room for its table and codes:
-/// `5 * num_tokens * top_k + 32 * num_tokens`.
+/// 16-byte table entries the global wanted-row workspace needs so that every request of a launch
+/// of `num_tokens × top_k` entries finds room: `4 * num_tokens * top_k + 16 * num_tokens`.
 pub const fn resolve_workspace_entries(num_tokens: u32, top_k: u32) -> u64 {
-    5 * num_tokens as u64 * top_k as u64 + 32 * num_tokens as u64
+    4 * num_tokens as u64 * top_k as u64 + 16 * num_tokens as u64
 }
 
 /// Table entries a request of `entries` top-k entries needs (`max(16, next_pow2(2 * entries))`).
@@ -487,6 +485,6 @@ mod tests {
         assert_eq!(resolve_table_entries(2048), 4096);
         assert_eq!(resolve_table_entries(1), 16);
         assert_eq!(resolve_shared_bytes(4096, 0), 8192 + 8192 + 512);
-        assert_eq!(resolve_shared_bytes(3, 16), 16 + 16 + 16 + 16 * 18);
+        assert_eq!(resolve_shared_bytes(3, 16), 16 + 16 + 16 + 256);
     }
 }
