@@ -315,8 +315,8 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     let (r, n) = (desc.num_requests as usize, desc.hot_slots as usize);
     let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
 
-    // The wanted-row tables (and entry codes) of requests too big for shared memory come from the
-    // workspace, bump-allocated through the counter, which must be zero when the kernel starts.
+    // The wanted-row tables of requests too big for shared memory come from the workspace,
+    // bump-allocated through the counter, which must be zero when the kernel starts.
     let mut from_workspace = 0u64;
     for first in 0..t {
         let q = req[first];
@@ -326,8 +326,9 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         let rows = req[first..].iter().filter(|&&x| x == q).count() as u64;
         let cap = gk::resolve_table_entries(rows * desc.top_k as u64);
         if cap > u64::from(smem_table) {
-            // The table (cap entries) and its per-entry codes (cap / 2 words), in 16-byte units.
-            from_workspace += cap + cap / 8;
+            // At least the table's `cap` entries (how much more a block takes is the kernel's
+            // business; the host sizes the workspace with `resolve_workspace_entries`).
+            from_workspace += cap;
         }
     }
     if from_workspace > 0 {
@@ -344,12 +345,8 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
                 "the launch needs {from_workspace} workspace entries, {entries} were given"
             ));
         }
-        range(
-            st,
-            "workspace",
-            p.ptr("workspace"),
-            from_workspace as usize * 16,
-        )?;
+        // The whole declared workspace must be device memory the kernel may use.
+        range(st, "workspace", p.ptr("workspace"), entries as usize * 16)?;
         write_i32(st, counter, &[from_workspace as i32]);
     }
 
