@@ -83,6 +83,30 @@ impl RocmDevice {
         &self.ctx.source
     }
 
+    /// The most hot slots per request `resolve` supports on this device: its LRU state
+    /// (`hisparse_gpu_kernels::resolve_shared_bytes(hot_slots, 0)`) must fit the shared memory of
+    /// one block. 15,840 with the 64 KiB of current AMD GPUs; larger `hot_slots` give an
+    /// `Unsupported` error.
+    pub fn max_hot_slots(&self) -> u32 {
+        let limit = self.resolve_shared_limit();
+        // resolve_shared_bytes grows with hot_slots: binary search the largest that fits.
+        let (mut lo, mut hi) = (0u32, hisparse_core::ops::MAX_HOT_SLOTS);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if gk::resolve_shared_bytes(mid, 0) <= limit {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// Dynamic shared memory `hs_resolve` may use: the per-block limit minus its static part.
+    fn resolve_shared_limit(&self) -> u64 {
+        (self.ctx.shared_mem_per_block as u64).saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES)
+    }
+
     /// Device memory in bytes, as the runtime reports it.
     pub fn memory_bytes(&self) -> usize {
         self.ctx.total_global_mem
@@ -562,14 +586,14 @@ impl Device for RocmDevice {
         }
         // The largest power-of-two wanted-row table that fits shared memory beside the LRU copy,
         // the partition and the bitmap; bigger tables go to the stream's workspace.
-        let limit =
-            (self.ctx.shared_mem_per_block as u64).saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES);
+        let limit = self.resolve_shared_limit();
         let base = gk::resolve_shared_bytes(desc.hot_slots, 0);
         if base > limit {
             return Err(RocmError::Unsupported(format!(
                 "resolve with {} hot slots needs {base} bytes of shared memory per block, the \
-                 device offers {limit}",
-                desc.hot_slots
+                 device offers {limit}: use at most {} hot slots (device_buffer_size) here",
+                desc.hot_slots,
+                self.max_hot_slots()
             )));
         }
         // Largest power of two (at least 16) whose table fits, else 0 (every table in the workspace).

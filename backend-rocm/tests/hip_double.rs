@@ -250,6 +250,13 @@ fn kernels_from(expected: KernelSource) -> Result<(), String> {
     dev.download(&out, 0, &mut got).map_err(e)?;
     let mut got_counts = vec![0u8; 8];
     dev.download(&counts, 0, &mut got_counts).map_err(e)?;
+    // 64 KiB of shared memory per block (the double, like current AMD GPUs).
+    if dev.max_hot_slots() != 15_840 {
+        return Err(format!(
+            "max_hot_slots() = {}, expected 15840",
+            dev.max_hot_slots()
+        ));
+    }
     let launches = double_launches(dev.runtime_path(), c"hs_remap")?;
     if launches != 1 {
         return Err(format!(
