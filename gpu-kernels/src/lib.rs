@@ -16,6 +16,12 @@
 //! Launch shapes (grid, block, dynamic shared memory) are documented on each [`Kernel`] variant
 //! and in the source.
 //!
+//! Testing without a GPU: `emu/vendor_cpu.h` is a third prelude that turns the same source into
+//! C++20 for the CPU (one OS thread per GPU thread, barriers and warp shuffles emulated), and
+//! `tests/cpu_emulation.rs` compiles it with the system C++ compiler, launches every kernel through
+//! wrappers generated from this ABI table, and compares the results bit for bit with the core's
+//! reference on random inputs (`HISPARSE_REQUIRE_CXX=1` makes a missing compiler a failure).
+//!
 //! What this crate deliberately does not do: load drivers, compile, or launch anything.
 
 #![deny(missing_docs)]
