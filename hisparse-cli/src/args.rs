@@ -102,9 +102,13 @@ pub struct SimulateArgs {
     /// Target share of top-k entries kept between adjacent decode steps (0..=1).
     #[arg(long, default_value = "0.9")]
     pub overlap: String,
-    /// Prefill chunk, in tokens.
+    /// Tokens computed per step (prefill chunks + decode tokens).
     #[arg(long, default_value = "2048")]
     pub chunk: String,
+    /// Turn eager row mirroring off: sealed pages go to host as whole-page spills (page backups)
+    /// instead of row mirrors as rows are written.
+    #[arg(long)]
+    pub no_eager_mirror: bool,
     /// Emit JSON instead of text.
     #[arg(long)]
     pub json: bool,

@@ -230,6 +230,27 @@ fn simulate_followers_and_split_rows() {
     }
 }
 
+/// Without eager row mirroring, sealed pages reach host as whole-page spills (page backups).
+#[test]
+fn simulate_with_page_spills_instead_of_row_mirrors() {
+    let j = simulate_json(&[
+        "simulate",
+        "--layers",
+        "4",
+        "--requests",
+        "2",
+        "--context",
+        "8192",
+        "--decode-steps",
+        "8",
+        "--no-eager-mirror",
+        "--json",
+    ]);
+    check_run(&j);
+    assert!(j["spilled_pages"].as_u64().expect("spilled_pages") > 0);
+    assert_eq!(j["mirror_spans"], 0);
+}
+
 #[test]
 fn simulate_text_report_names_its_figures() {
     let o = hisparse(&[

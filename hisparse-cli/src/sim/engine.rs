@@ -117,7 +117,7 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
     let mut overlap_sum = 0.0;
     let mut overlap_n = 0u64;
     let mut idle_steps = 0u32;
-    let mut done_tokens = 0u64;
+    let mut finished_tokens = 0u64;
     let mut cmd = OffloadCommand::default();
 
     while !coord.is_empty() {
@@ -194,7 +194,6 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
                     .get(b as usize)
                     .and_then(|r| r.get(p as usize).copied())
             })?;
-            done_tokens += u64::from(sr.num_tokens);
             let decode = sr.first_token >= s.context && sr.num_tokens == 1;
             if decode {
                 decode_fully_resident &= sr.fully_resident;
@@ -280,6 +279,7 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             if n == c {
                 if n >= final_len {
                     coord.finish(id).map_err(coord_err)?;
+                    finished_tokens += u64::from(final_len);
                 } else {
                     coord.append_tokens(id, &[n]).map_err(coord_err)?;
                 }
@@ -299,8 +299,14 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
                 device_us: (c.device_seconds - dev0) * 1e6,
             });
         }
+        // Progress: tokens of finished requests plus those computed by running ones (a preempted
+        // request starts over, so this can go back).
+        let running: u64 = coord
+            .running_ids()
+            .map(|id| u64::from(coord.num_computed(id).unwrap_or(0)))
+            .sum();
         progress.set(
-            done_tokens,
+            finished_tokens + running,
             &format!(
                 "step {} · {} rows verified, {} mismatched",
                 cmd.step, dp.counters.verified_rows, dp.counters.mismatched_rows

@@ -90,7 +90,10 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
             (1 + r * per.hisparse.min(per.all_on_gpu) + r * extra / 4) * probe.bytes_per_block
         }
     };
-    let kv: KvCacheConfig = crate::layout::plan(&spec, gpu, host, max_len, dbs, 1, "--gpu-mem")?;
+    let mut kv: KvCacheConfig =
+        crate::layout::plan(&spec, gpu, host, max_len, dbs, 1, "--gpu-mem")?;
+    // Mirroring changes what the coordinator plans, not the layout.
+    kv.config.eager_host_mirror = !a.no_eager_mirror;
     Ok(SimSetup {
         preset: m.name.clone(),
         kv,
