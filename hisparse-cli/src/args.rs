@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 /// HiSparse: hierarchical sparse-attention KV cache — plan layouts, simulate decoding on a
 /// backend, check a backend's conformance, and benchmark its operations.
 #[derive(Debug, Parser)]
-#[command(name = "hisparse", version, about, long_about = None)]
+#[command(name = "hisparse", version)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
