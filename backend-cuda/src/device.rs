@@ -994,3 +994,60 @@ impl Device for CudaDevice {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::Error as _;
+
+    #[test]
+    fn overlap_detection() {
+        assert!(!overlapping(vec![(0, 10), (10, 20), (30, 40)], &[]));
+        assert!(overlapping(vec![(0, 10), (9, 20)], &[]));
+        assert!(overlapping(vec![(30, 40), (0, 10), (35, 36)], &[]));
+        // Empty ranges never overlap.
+        assert!(!overlapping(vec![(5, 5), (0, 10)], &[(3, 3)]));
+        // A source range against destination ranges.
+        assert!(!overlapping(vec![(0, 10), (20, 30)], &[(10, 20), (30, 31)]));
+        assert!(overlapping(vec![(0, 10), (20, 30)], &[(25, 40)]));
+        assert!(overlapping(vec![(0, 10), (20, 30)], &[(5, 6)]));
+    }
+
+    #[test]
+    fn list_encodings_match_the_abi_structs() {
+        let l = PageLayout {
+            base: 1,
+            block_stride: 2,
+            num_blocks: 3,
+            block_size: 4,
+            row_bytes: 5,
+            value_bytes: 6,
+            index_stride_rows: 7,
+        };
+        let mut v = Vec::new();
+        push_layout(&mut v, &l);
+        push_layout(&mut v, &l);
+        assert_eq!(v.len() as u64, LAYER_PAIR_BYTES);
+        assert_eq!(&v[..8], &1u64.to_ne_bytes());
+        assert_eq!(&v[32..36], &7u32.to_ne_bytes());
+        let mut j = Vec::new();
+        page_job(&mut j, &l, &l);
+        assert_eq!(j.len() as u64, PAGE_JOB_BYTES);
+        assert_eq!(
+            &j[32..40],
+            &20u64.to_ne_bytes(),
+            "page bytes = block_size * row_bytes"
+        );
+    }
+
+    #[test]
+    fn open_without_a_usable_device_is_a_typed_error() {
+        // On a machine with a GPU this opens it; everywhere else it must be NotFound, not a panic.
+        if let Err(e) = CudaDevice::open(0) {
+            assert_eq!(e.kind(), hisparse_core::ErrorKind::NotFound, "{e}");
+        }
+        if let Err(e) = CudaDevice::open(usize::MAX / 2) {
+            assert_eq!(e.kind(), hisparse_core::ErrorKind::NotFound, "{e}");
+        }
+    }
+}

@@ -18,6 +18,20 @@
 //! * Buffers free their memory after the context has finished all enqueued work, so dropping a
 //!   buffer that a kernel still uses is safe (it waits). Do not drop buffers while capturing.
 //!
+//! Checks without a GPU (what CI runs):
+//!
+//! ```text
+//! pip install nvidia-cuda-nvrtc==13.0.88
+//! export CUDA_PATH="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')"
+//! HISPARSE_REQUIRE_NVRTC=1 cargo test -p hisparse-backend-cuda   # NVRTC compiles every kernel;
+//!                                                                # conformance reports skipped
+//! HISPARSE_REQUIRE_CXX=1 cargo test -p hisparse-gpu-kernels      # kernels run on the CPU
+//! ```
+//!
+//! On a GPU machine: `HISPARSE_REQUIRE_DEVICE=1` makes the conformance target fail instead of
+//! skipping when no device opens; `examples/cuda_bench.rs` measures every kernel beside its
+//! ceiling.
+//!
 //! What this crate deliberately does not do: manage several devices at once, or use the CUDA
 //! runtime API.
 //!
