@@ -108,13 +108,20 @@ struct StepBuffers<D: Device> {
     host_table: D::Buffer,
     resident: Vec<D::Buffer>,
     hot: Vec<D::Buffer>,
-    topk: D::Buffer,
-    indices: D::Buffer,
+    /// Per index group: its top-k and the outputs read back after the step (so every group's
+    /// operations are enqueued back to back, with one synchronisation per step).
+    per_group: Vec<GroupBuffers<D>>,
     counts: D::Buffer,
-    hits: D::Buffer,
-    misses: D::Buffer,
     miss_src: D::Buffer,
     miss_dst: D::Buffer,
+}
+
+/// The per-index-group part of [`StepBuffers`].
+struct GroupBuffers<D: Device> {
+    topk: D::Buffer,
+    indices: D::Buffer,
+    hits: D::Buffer,
+    misses: D::Buffer,
 }
 
 /// The pools, the hot state and the operations.
@@ -210,11 +217,17 @@ impl<'d, D: Device> DataPlane<'d, D> {
             hot: (0..kv.num_buckets)
                 .map(|_| a(t * w * 4))
                 .collect::<CliResult<_>>()?,
-            topk: a(t * k * 4)?,
-            indices: a(t * k * 4)?,
+            per_group: (0..kv.index_groups.len())
+                .map(|_| {
+                    Ok(GroupBuffers {
+                        topk: a(t * k * 4)?,
+                        indices: a(t * k * 4)?,
+                        hits: a(t * 4)?,
+                        misses: a(t * 4)?,
+                    })
+                })
+                .collect::<CliResult<_>>()?,
             counts: a(t * 4)?,
-            hits: a(t * 4)?,
-            misses: a(t * 4)?,
             miss_src: a(t * k * 4)?,
             miss_dst: a(t * k * 4)?,
         };
@@ -613,11 +626,13 @@ impl<'d, D: Device> DataPlane<'d, D> {
             up("a hot table", &mut bufs.hot[b], &hot[b])?;
         }
         let tk = (t * k) as usize;
-        for (g, topk_g) in topk.iter().enumerate() {
-            up("top-k", &mut bufs.topk, topk_g)?;
-            let gs = &mut groups[g];
+        for (gb, topk_g) in bufs.per_group.iter_mut().zip(topk) {
+            up("top-k", &mut gb.topk, topk_g)?;
+        }
+        // Every group's operations back to back on one stream, one synchronisation.
+        let t0 = Instant::now();
+        for (gs, gb) in groups.iter_mut().zip(bufs.per_group.iter_mut()) {
             let bucket = gs.bucket as usize;
-            let t0 = Instant::now();
             if fully_resident {
                 let desc = RemapDesc {
                     num_tokens: t,
@@ -636,9 +651,9 @@ impl<'d, D: Device> DataPlane<'d, D> {
                     RemapArgs {
                         req_id: &bufs.req_id,
                         block_table: &bufs.resident[bucket],
-                        topk: &bufs.topk,
+                        topk: &gb.topk,
                         idx_mapping: None,
-                        out: &mut bufs.indices,
+                        out: &mut gb.indices,
                         counts: Some(&mut bufs.counts),
                     },
                 )
@@ -660,16 +675,16 @@ impl<'d, D: Device> DataPlane<'d, D> {
                     &desc,
                     ResolveArgs {
                         req_id: &bufs.req_id,
-                        topk: &bufs.topk,
+                        topk: &gb.topk,
                         resident_table: &bufs.resident[bucket],
                         host_table: &bufs.host_table,
                         hot_table: &bufs.hot[bucket],
                         dgi: &mut gs.dgi,
                         lru: &mut gs.lru,
-                        indices: &mut bufs.indices,
+                        indices: &mut gb.indices,
                         valid_counts: &mut bufs.counts,
-                        hit_counts: &mut bufs.hits,
-                        miss_counts: &mut bufs.misses,
+                        hit_counts: &mut gb.hits,
+                        miss_counts: &mut gb.misses,
                         miss_src: &mut bufs.miss_src,
                         miss_dst: &mut bufs.miss_dst,
                     },
@@ -686,7 +701,7 @@ impl<'d, D: Device> DataPlane<'d, D> {
                     GatherArgs {
                         plan_src: &bufs.miss_src,
                         plan_dst: &bufs.miss_dst,
-                        plan_counts: &bufs.misses,
+                        plan_counts: &gb.misses,
                         host: &*host_pool,
                         device: &mut *device_pool,
                     },
@@ -694,20 +709,22 @@ impl<'d, D: Device> DataPlane<'d, D> {
                 .map_err(dev_err("gather_rows"))?;
                 counters.resolve_calls += 1;
             }
-            dev.synchronize(stream).map_err(dev_err("synchronising"))?;
-            counters.device_seconds += t0.elapsed().as_secs_f64();
-            let idx = down(&bufs.indices, tk)?;
+        }
+        dev.synchronize(stream).map_err(dev_err("synchronising"))?;
+        counters.device_seconds += t0.elapsed().as_secs_f64();
+        for (g, (gb, topk_g)) in bufs.per_group.iter().zip(topk).enumerate() {
+            let idx = down(&gb.indices, tk)?;
             let valid = idx.iter().filter(|&&x| x != -1).count() as u64;
             if fully_resident {
                 counters.resident_reads += valid;
             } else {
                 let sum = |v: Vec<i32>| v.iter().map(|&x| u64::from(x.max(0) as u32)).sum::<u64>();
-                let h = sum(down(&bufs.hits, t as usize)?);
-                let mi = sum(down(&bufs.misses, t as usize)?);
+                let h = sum(down(&gb.hits, t as usize)?);
+                let mi = sum(down(&gb.misses, t as usize)?);
                 counters.hot_hits += h;
                 counters.misses += mi;
                 counters.resident_reads += valid.saturating_sub(h + mi);
-                counters.h2d_bytes += mi * u64::from(kv.row_bytes) * gs.layers.len() as u64;
+                counters.h2d_bytes += mi * u64::from(kv.row_bytes) * groups[g].layers.len() as u64;
             }
             pending.push(ReadOut {
                 group: g,
