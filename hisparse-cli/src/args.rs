@@ -22,7 +22,7 @@ pub enum Command {
     Layout(LayoutArgs),
     /// Drive the real coordinator and device operations through prefill and decode, verifying
     /// every row attention reads.
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
     /// Run the conformance suite against a backend.
     Conformance(ConformanceArgs),
     /// Measure device operations beside the bandwidth ceilings of the same device.
@@ -109,6 +109,10 @@ pub struct SimulateArgs {
     /// instead of row mirrors as rows are written.
     #[arg(long)]
     pub no_eager_mirror: bool,
+    /// Prompt tokens every request shares: turns prefix caching on and admits requests one after
+    /// another, so later ones read the prefix from the host prefix cache (0 = none).
+    #[arg(long, default_value = "0")]
+    pub shared_prefix: String,
     /// Emit JSON instead of text.
     #[arg(long)]
     pub json: bool,

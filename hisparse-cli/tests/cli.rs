@@ -251,6 +251,30 @@ fn simulate_with_page_spills_instead_of_row_mirrors() {
     assert_eq!(j["mirror_spans"], 0);
 }
 
+/// Requests sharing their whole prompt: later ones find it in the host prefix cache, read it
+/// through the hot path, and the shared tail page goes through copy-on-write and a restore.
+#[test]
+fn simulate_shared_prefix_reuses_host_pages_with_copy_on_write() {
+    let j = simulate_json(&[
+        "simulate",
+        "--layers",
+        "4",
+        "--requests",
+        "3",
+        "--context",
+        "8192",
+        "--decode-steps",
+        "8",
+        "--shared-prefix",
+        "8192",
+        "--json",
+    ]);
+    check_run(&j);
+    assert!(j["prefix_hit_tokens"].as_u64().expect("prefix_hit_tokens") > 8192);
+    assert!(j["host_cow_pages"].as_u64().expect("host_cow_pages") > 0);
+    assert!(j["restored_pages"].as_u64().expect("restored_pages") > 0);
+}
+
 #[test]
 fn simulate_text_report_names_its_figures() {
     let o = hisparse(&[

@@ -146,6 +146,15 @@ pub struct DataPlane<'d, D: Device> {
     bufs: StepBuffers<D>,
     /// Host copy of the device pool for verification (only referenced blocks are refreshed).
     pool_copy: Vec<u8>,
+    /// Rows below this position hold the shared prompt prefix: their content is the same for
+    /// every request (synthetic request id 0), as a real prefix's KV would be.
+    shared_rows: u32,
+}
+
+/// The synthetic identity of row `pos` of request `uid` when the first `shared_rows` rows are a
+/// prefix every request shares.
+fn row_owner(uid: u64, pos: u32, shared_rows: u32) -> u64 {
+    if pos < shared_rows { 0 } else { uid }
 }
 
 impl<'d, D: Device> DataPlane<'d, D> {
@@ -234,6 +243,7 @@ impl<'d, D: Device> DataPlane<'d, D> {
         Ok(DataPlane {
             bufs,
             pool_copy: Vec::new(),
+            shared_rows: 0,
             dev,
             stream,
             kv: kv.clone(),
@@ -248,6 +258,11 @@ impl<'d, D: Device> DataPlane<'d, D> {
             counters: Counters::default(),
             scratch: Vec::new(),
         })
+    }
+
+    /// Declares the first `rows` rows of every request a shared prefix (same bytes for all).
+    pub fn set_shared_prefix_rows(&mut self, rows: u32) {
+        self.shared_rows = rows;
     }
 
     fn timed<T>(
@@ -328,7 +343,7 @@ impl<'d, D: Device> DataPlane<'d, D> {
         values.resize(n * vb, 0);
         let mut scales = vec![0u8; n * sb];
         for (i, r) in rows.clone().enumerate() {
-            let seed = kv::row_seed(uid, layer, pos0 + r);
+            let seed = kv::row_seed(row_owner(uid, pos0 + r, self.shared_rows), layer, pos0 + r);
             kv::fill(seed, 0, &mut values[i * vb..(i + 1) * vb]);
             if sb > 0 {
                 kv::fill(seed, vb, &mut scales[i * sb..(i + 1) * sb]);
@@ -782,6 +797,7 @@ impl<'d, D: Device> DataPlane<'d, D> {
             .map(|g| (g.pairs.as_slice(), g.layers.as_slice()))
             .collect();
         let groups = &groups;
+        let shared = self.shared_rows;
         // Split the reads over the cores; each part tallies its own counters.
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -793,7 +809,7 @@ impl<'d, D: Device> DataPlane<'d, D> {
                     sc.spawn(move || {
                         let mut t = Tally::default();
                         for out in pending.iter().skip(part).step_by(threads) {
-                            check_read(out, groups[out.group], k, stride, pool, &mut t);
+                            check_read(out, groups[out.group], k, stride, pool, shared, &mut t);
                         }
                         t
                     })
@@ -841,6 +857,7 @@ fn check_read(
     k: usize,
     stride: i64,
     pool: &[u8],
+    shared_rows: u32,
     t: &mut Tally,
 ) {
     let layers = layer_ids.len() as u64;
@@ -872,7 +889,8 @@ fn check_read(
             for (pair, &layer) in pairs.iter().zip(layer_ids) {
                 t.verified += 1;
                 let ok = pair.device.locate(i64::from(idx)).is_some_and(|(b, o)| {
-                    let seed = kv::row_seed(uid, layer, tok as u32);
+                    let owner = row_owner(uid, tok as u32, shared_rows);
+                    let seed = kv::row_seed(owner, layer, tok as u32);
                     let [(v0, vl), (s0, sl)] = pair.device.row_parts(b, o);
                     let vb = pair.device.value_bytes as usize;
                     let part = |a: u64, l: u64| pool.get(a as usize..(a + l) as usize);

@@ -48,6 +48,10 @@ pub struct SimSetup {
     pub overlap: f64,
     /// Tokens per step (prefill chunks + decode tokens).
     pub max_batched_tokens: u32,
+    /// Prompt tokens every request shares (0 = none). With a shared prefix, prefix caching is on
+    /// and requests are admitted one after another, each once the previous one's prefill is
+    /// durable on host, so later requests find the prefix in the host prefix cache.
+    pub shared_prefix: u32,
     /// Suppress the progress bar.
     pub quiet: bool,
 }
@@ -69,19 +73,29 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             max_batched_tokens: s.max_batched_tokens,
             max_spill_pages_per_step: 64,
             num_workers: 1,
-            enable_prefix_caching: false,
+            enable_prefix_caching: s.shared_prefix > 0,
             ..CoordinatorConfig::default()
         },
     )
     .map_err(coord_err)?;
     let mut dp = DataPlane::new(dev, kv, s.requests)?;
+    dp.set_shared_prefix_rows(s.shared_prefix.min(s.context) / ratio);
     let uids: Vec<RequestId> = (1..=u64::from(s.requests)).collect();
-    for &uid in &uids {
-        let prompt: Vec<u32> = (0..s.context)
-            .map(|p| (uid as u32).wrapping_mul(1_000_003).wrapping_add(p))
-            .collect();
-        coord.admit(uid, &prompt).map_err(coord_err)?;
-    }
+    let prompt = |uid: RequestId| -> Vec<u32> {
+        (0..s.context)
+            .map(|p| {
+                if p < s.shared_prefix {
+                    0x5EED_0000 + p
+                } else {
+                    (uid as u32).wrapping_mul(1_000_003).wrapping_add(p)
+                }
+            })
+            .collect()
+    };
+    // Without a shared prefix every request is admitted at once; with one, one after another.
+    let mut next_admit = 0usize;
+    let mut admit_at_step: Option<u64> = Some(0);
+    let staggered = s.shared_prefix > 0;
     let pattern = Pattern::for_top_k(kv.config.top_k, s.overlap);
     let groups = kv.index_groups.len();
     let mut streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)> = HashMap::new();
@@ -120,7 +134,22 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
     let mut finished_tokens = 0u64;
     let mut cmd = OffloadCommand::default();
 
-    while !coord.is_empty() {
+    let mut step_no = 0u64;
+    while !coord.is_empty() || next_admit < uids.len() {
+        step_no += 1;
+        // 0. Admission.
+        if coord.is_empty() && admit_at_step.is_none() {
+            admit_at_step = Some(step_no);
+        }
+        while next_admit < uids.len() && admit_at_step.is_some_and(|a| a <= step_no) {
+            coord
+                .admit(uids[next_admit], &prompt(uids[next_admit]))
+                .map_err(coord_err)?;
+            next_admit += 1;
+            if staggered {
+                admit_at_step = None;
+            }
+        }
         // 1. Plan.
         let t = Instant::now();
         let sum = coord.schedule_step().map_err(coord_err)?;
@@ -154,6 +183,14 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         }
         report.reclaimed_pages +=
             cmd.residency.iter().filter(|u| u.block == 0).count() as u64 / u64::from(nb.max(1));
+        report.host_cow_pages += cmd.host_cow.len() as u64;
+        report.restored_pages += cmd.restores.len() as u64;
+        report.gpu_cow_blocks += cmd.gpu_cow.len() as u64;
+        for sr in &cmd.scheduled {
+            if cmd.started.contains(&sr.slot) {
+                report.prefix_hit_tokens += u64::from(sr.first_token);
+            }
+        }
         dp.invalidate_host_blocks(&cmd.new_host_blocks)?;
         dp.copy_host_pages(&cmd.host_cow)?;
         for b in 0..nb {
@@ -286,6 +323,14 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             }
         }
         planning += t.elapsed().as_secs_f64();
+        if staggered && admit_at_step.is_none() && next_admit < uids.len() {
+            let last = uids[next_admit - 1];
+            let prefilled = coord.num_computed(last).is_none_or(|c| c >= s.context);
+            if prefilled {
+                // Two more steps: the prefill's last copy batch is reported complete.
+                admit_at_step = Some(step_no + 2);
+            }
+        }
         if !views.is_empty() {
             let c = &dp.counters;
             let (hits, misses) = (c.hot_hits - hits0, c.misses - miss0);

@@ -60,6 +60,12 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         )));
     }
     let chunk: u32 = args::positive("chunk", &a.chunk)?;
+    let shared_prefix: u32 = args::number("shared-prefix", &a.shared_prefix)?;
+    if shared_prefix > context {
+        return Err(CliError::usage(format!(
+            "--shared-prefix {shared_prefix} exceeds --context {context}; give at most the prompt length"
+        )));
+    }
     let dbs = a
         .device_buffer_size
         .as_deref()
@@ -103,6 +109,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         seed,
         overlap,
         max_batched_tokens: chunk,
+        shared_prefix,
         quiet: a.json,
     })
 }

@@ -71,6 +71,14 @@ pub struct SimReport {
     pub spilled_pages: u64,
     /// Row-mirror spans executed.
     pub mirror_spans: u64,
+    /// Prompt tokens served from the host prefix cache instead of being computed.
+    pub prefix_hit_tokens: u64,
+    /// Host copy-on-write page copies executed.
+    pub host_cow_pages: u64,
+    /// Host → device page restores executed.
+    pub restored_pages: u64,
+    /// GPU copy-on-write block copies executed.
+    pub gpu_cow_blocks: u64,
     /// Steps where allocation had to wait for in-flight reclamation.
     pub waits: u64,
     /// Requests preempted.
@@ -146,6 +154,17 @@ impl SimReport {
             self.waits,
             self.preemptions
         );
+        if self.prefix_hit_tokens + self.host_cow_pages + self.restored_pages + self.gpu_cow_blocks
+            > 0
+        {
+            s += &format!(
+                "prefix cache            {} prompt tokens reused; copy-on-write {} host pages, {} GPU blocks; {} pages restored\n",
+                self.prefix_hit_tokens,
+                self.host_cow_pages,
+                self.gpu_cow_blocks,
+                self.restored_pages
+            );
+        }
         s += &format!(
             "paths                   {} resolve calls, {} remap calls ({} fully-resident steps)\n",
             self.resolve_calls, self.remap_calls, self.fully_resident_steps
