@@ -3,6 +3,8 @@
 //! as the forward pass would write them, and every decode step's attention reads are verified.
 //!
 //! Per step:
+//! 0. requests are admitted: all at once, or, with a shared prompt prefix, one after another so
+//!    later requests find the earlier ones' durable pages in the host prefix cache;
 //! 1. `Coordinator::step` schedules prefill chunks and decode tokens and returns the command;
 //! 2. hot regions given out or released reset their hot state; hot entries caching rows of newly
 //!    assigned host blocks are invalidated; host copy-on-write, restores and GPU copy-on-write run;
@@ -245,7 +247,7 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             }
         }
         if !views.is_empty() {
-            let t = Instant::now();
+            // Workload generation is neither planning nor device time.
             let mut topk: Vec<Vec<i32>> = vec![Vec::new(); groups];
             for v in &views {
                 for (g, out) in topk.iter_mut().enumerate() {
@@ -265,8 +267,6 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
                     out.extend_from_slice(sel);
                 }
             }
-            // Workload generation is neither planning nor device time.
-            let _ = t;
             dp.attend(&views, &topk, decode_fully_resident)?;
             if decode_fully_resident {
                 report.fully_resident_steps += 1;
