@@ -680,6 +680,8 @@ pub struct Coordinator {
     pending_pages: VecDeque<PendingPage>,
     deferred: VecDeque<(u64, PoolKind, u32)>,
     in_flight_release: u32,
+    /// References released when the current command is built (copy-on-write sources).
+    after_build: Vec<(PoolKind, u32)>,
     out: OffloadCommand,
     scratch: Vec<(u32, u32)>,
     scratch_blocks: Vec<u32>,
@@ -732,6 +734,7 @@ impl Coordinator {
             pending_pages: VecDeque::new(),
             deferred: VecDeque::new(),
             in_flight_release: 0,
+            after_build: Vec::new(),
             out,
             scratch: Vec::new(),
             scratch_blocks: Vec::new(),
@@ -1126,13 +1129,15 @@ impl Coordinator {
             let nbk = self.host.allocate().unwrap_or(0);
             self.out.host_cow.push(BlockPair { src: old, dst: nbk });
             self.out.new_host_blocks.push(nbk);
-            self.host.free(old)?;
+            // The copy-on-write source is released when the command is built, so no request
+            // of this step can be handed it (its copy runs before the forward pass).
+            self.after_build.push((PoolKind::Host, old));
             r.host[p] = nbk;
             for b in core::iter::once(&mut r.indexer[p]).chain(&mut r.regular[p * nr..(p + 1) * nr])
             {
                 let nbk = self.gpu.allocate().unwrap_or(0);
                 self.out.gpu_cow.push(BlockPair { src: *b, dst: nbk });
-                self.gpu.free(*b)?;
+                self.after_build.push((PoolKind::Gpu, *b));
                 *b = nbk;
             }
             for bk in 0..nb {
@@ -1722,6 +1727,12 @@ impl Coordinator {
         }
         core::mem::swap(cmd, &mut self.out);
         self.out.clear();
+        for (pool, b) in self.after_build.drain(..) {
+            let _ = match pool {
+                PoolKind::Gpu => self.gpu.free(b),
+                PoolKind::Host => self.host.free(b),
+            };
+        }
     }
 
     /// Records a worker's progress: transfer ids it has `enqueued` and `completed`, each in FIFO
@@ -1859,6 +1870,18 @@ impl Coordinator {
             self.out
                 .page_transfers
                 .retain(|m| !(host.contains(&m.host_block) && resident.contains(&m.device_block)));
+        }
+        // Copy-on-write and restores into its blocks must not run either.
+        if !(self.out.host_cow.is_empty()
+            && self.out.gpu_cow.is_empty()
+            && self.out.restores.is_empty())
+        {
+            let (host, idx, reg, res) = (&r.host, &r.indexer, &r.regular, &r.resident);
+            self.out.host_cow.retain(|p| !host.contains(&p.dst));
+            self.out
+                .gpu_cow
+                .retain(|p| !idx.contains(&p.dst) && !reg.contains(&p.dst));
+            self.out.restores.retain(|t| !res.contains(&t.device_block));
         }
         // GPU: resident pages and hot region, then indexer and regular (reverse order).
         let mut scratch = core::mem::take(&mut self.scratch_blocks);
@@ -2190,6 +2213,12 @@ impl Coordinator {
         }
         if in_flight != self.in_flight_release {
             return Err(violation("in-flight release counter", None, None));
+        }
+        for &(pool, b) in &self.after_build {
+            match pool {
+                PoolKind::Gpu => gpu_refs[b as usize] += 1,
+                PoolKind::Host => host_refs[b as usize] += 1,
+            }
         }
         for &(x, pool, b) in &self.deferred {
             if x <= self.durable {
