@@ -851,6 +851,36 @@ impl KvCacheConfig {
         g.layers.iter().map(|&l| self.layer_pair(l)).collect()
     }
 
+    /// Layer pairs of one bucket (its resident/hot group's layers, in group order): what a page
+    /// transfer, row mirror or restore of that bucket copies.
+    pub fn bucket_layer_pairs(&self, bucket: u32) -> Result<Vec<LayerPair>, LayoutError> {
+        if bucket >= self.num_buckets {
+            return Err(LayoutError::NoSuchGroup {
+                group: bucket.saturating_add(2),
+            });
+        }
+        self.groups[self.resident_group(bucket)]
+            .layers
+            .iter()
+            .map(|l| self.layer_pair(l.layer))
+            .collect()
+    }
+
+    /// The resolver descriptor for one index group's call over `num_tokens` token rows and
+    /// `num_requests` state rows (`max_running`), from this layout.
+    pub fn resolve_desc(&self, num_tokens: u32, num_requests: u32) -> crate::ops::ResolveDesc {
+        crate::ops::ResolveDesc {
+            num_tokens,
+            top_k: self.config.top_k,
+            num_requests,
+            max_pages: self.max_pages_per_request,
+            block_size: self.block_size,
+            hot_slots: self.device_buffer_size,
+            attention_block_stride: self.attention_block_stride,
+            host_num_blocks: self.host_num_blocks,
+        }
+    }
+
     /// Byte offset of (GPU block, layer of group) in the device pool.
     pub fn device_offset(&self, block: u32, group: usize, index_in_group: usize) -> Option<u64> {
         let l = self.groups.get(group)?.layers.get(index_in_group)?;
@@ -942,6 +972,18 @@ mod tests {
         assert_eq!(kv.groups[1].layers[5].offset, 5 * 8448);
         assert_eq!(kv.device_offset(3, 1, 5), Some(3 * 545792 + 5 * 8448));
         assert_eq!(kv.layer_pair(61), Err(LayoutError::NotSparse { layer: 61 }));
+        assert_eq!(kv.bucket_layer_pairs(5).unwrap().len(), 1);
+        assert_eq!(
+            kv.bucket_layer_pairs(0).unwrap()[1],
+            kv.layer_pair(1).unwrap()
+        );
+        assert!(kv.bucket_layer_pairs(6).is_err());
+        let d = kv.resolve_desc(3, 8);
+        assert_eq!(
+            (d.hot_slots, d.attention_block_stride, d.max_pages),
+            (4096, 832, 2048)
+        );
+        d.validate().unwrap();
     }
 
     #[test]
