@@ -9,6 +9,8 @@
 # 3. With the HIP test double as the runtime (ROCM_PATH), the real backend passes the host-plumbing
 #    tests and the conformance suite, through the embedded gfx942 code object and through hiprtc
 #    (an architecture without an embedded code object), device required.
+# 4. The shared kernel source, emulated on the CPU with 64-lane wavefronts (CDNA), matches the
+#    reference (scripts/emulate-wave64.sh; needs g++ or clang++).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -38,3 +40,6 @@ export ROCM_PATH="$target/hip-double" HISPARSE_REQUIRE_DEVICE=1
 cargo test -p hisparse-backend-rocm --test hip_double --test conformance
 HISPARSE_HIP_DOUBLE_ARCH=gfx908:sramecc+:xnack- \
     cargo test -p hisparse-backend-rocm --test conformance
+
+echo "--- kernels emulated with 64-lane wavefronts"
+backend-rocm/scripts/emulate-wave64.sh

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs the shared kernel source on the CPU with 64-lane wavefronts, as CDNA GPUs (gfx90a, gfx942)
+# execute it, and compares every kernel with the core's reference: gpu-kernels' CPU emulation
+# (emu/, tests/cpu_emulation.rs) models 32-lane warps; this copies the committed sources to a
+# temporary workspace, switches the emulated warp to 64 lanes, and runs the same check there.
+# RDNA (gfx1100, gfx1201) runs 32-lane wavefronts, which the unmodified check covers.
+#
+# Needs a C++20 compiler (g++ or clang++). Nothing in the working tree is modified.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git -C "$root" archive HEAD hisparse-core gpu-kernels Cargo.toml Cargo.lock | tar -x -C "$work"
+cd "$work"
+# A workspace of the two crates the check needs.
+awk 'BEGIN { skip = 0 }
+    /^members = \[/ { print "members = [\"hisparse-core\", \"gpu-kernels\"]"; skip = 1; next }
+    skip && /^\]/ { skip = 0; next }
+    !skip { print }' Cargo.toml > Cargo.toml.new
+mv Cargo.toml.new Cargo.toml
+
+patch_file() { # FILE FROM TO: replace the literal text FROM, fail if it is absent
+    grep -qF -- "$2" "$1" || { echo "emulate-wave64: '$2' not found in $1; update this script" >&2; exit 1; }
+    local from
+    from=$(printf '%s' "$2" | sed 's/[][\\.*^$|/]/\\&/g')
+    sed -i "s|$from|$3|g" "$1"
+}
+patch_file gpu-kernels/emu/vendor_cpu.h '#define HS_WARP 32u' '#define HS_WARP 64u'
+patch_file gpu-kernels/emu/driver.cpp 'w = t / 32, lane = t % 32' 'w = t / 64, lane = t % 64'
+patch_file gpu-kernels/emu/driver.cpp '(bx + 31) / 32' '(bx + 63) / 64'
+patch_file gpu-kernels/emu/driver.cpp 'bx - 32 * w < 32 ? bx - 32 * w : 32' 'bx - 64 * w < 64 ? bx - 64 * w : 64'
+if grep -nE '\b32\b' gpu-kernels/emu/driver.cpp; then
+    echo "emulate-wave64: driver.cpp still names 32 lanes above; update this script" >&2
+    exit 1
+fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}/wave64"
+HISPARSE_REQUIRE_CXX=1 cargo test -p hisparse-gpu-kernels --test cpu_emulation
