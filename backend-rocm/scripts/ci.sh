@@ -33,6 +33,9 @@ if HISPARSE_REQUIRE_DEVICE=1 "${no_runtime[@]}" \
 fi
 grep -E '^(FAIL|[0-9]+ passed)' "$log" | cut -c1-160
 
+echo "--- kernels emulated with 64-lane wavefronts"
+backend-rocm/scripts/emulate-wave64.sh
+
 echo "--- the HIP test double as the runtime"
 cargo build -p hisparse-hip-double
 backend-rocm/scripts/hip-double-root.sh "$target/hip-double"
@@ -40,6 +43,3 @@ export ROCM_PATH="$target/hip-double" HISPARSE_REQUIRE_DEVICE=1
 cargo test -p hisparse-backend-rocm --test hip_double --test conformance
 HISPARSE_HIP_DOUBLE_ARCH=gfx908:sramecc+:xnack- \
     cargo test -p hisparse-backend-rocm --test conformance
-
-echo "--- kernels emulated with 64-lane wavefronts"
-backend-rocm/scripts/emulate-wave64.sh
