@@ -46,7 +46,7 @@ pub fn to_text(r: &Report) -> String {
     }
     s += "\noperations:\n";
     s += &format!(
-        "  {:<64} {:>10} {:>16} {:>12}  {}\n",
+        "  {:<64} {:>10} {:>17} {:>12}  {}\n",
         "operation", "µs/call", "items/s", "bandwidth", "share of ceiling"
     );
     for f in &r.figures {
@@ -71,7 +71,7 @@ pub fn to_text(r: &Report) -> String {
             })
             .unwrap_or_default();
         s += &format!(
-            "  {:<64} {:>10.1} {:>10.1} M{:<5} {:>12}  {share}{memcpy}\n",
+            "  {:<64} {:>10.1} {:>8.1} M {:<7} {:>12}  {share}{memcpy}\n",
             f.name,
             f.seconds * 1e6,
             f.items_per_s() / 1e6,
