@@ -46,6 +46,12 @@ pub struct LayoutArgs {
     /// Model preset (deepseek-v3.2, glm-5, deepseek-v4).
     #[arg(long, default_value = "deepseek-v3.2")]
     pub preset: String,
+    /// A model described in a JSON file instead of a preset (`--print-model` writes a template).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// Print the model (the preset or `--model`) as JSON and exit: a template for `--model`.
+    #[arg(long)]
+    pub print_model: bool,
     /// GPU memory given to the KV cache (e.g. 80GiB).
     #[arg(long, default_value = "80GiB")]
     pub gpu_mem: String,
@@ -75,6 +81,9 @@ pub struct SimulateArgs {
     /// Model preset (deepseek-v3.2, glm-5, deepseek-v4).
     #[arg(long, default_value = "deepseek-v3.2")]
     pub preset: String,
+    /// A model described in a JSON file instead of a preset (see `hisparse layout --print-model`).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
     /// Keep only the first N layers of the preset (0 = all): a smaller model, same geometry.
     #[arg(long, default_value = "0")]
     pub layers: String,

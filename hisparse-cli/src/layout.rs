@@ -5,7 +5,7 @@ use hisparse_core::layout::{
     CapacityLimit, CapacityReport, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError,
     LayoutInput, plan_layout,
 };
-use hisparse_core::model::ModelSpec;
+use hisparse_core::model::{ModelSpec, OwnedModel};
 use hisparse_core::presets;
 use serde_json::json;
 
@@ -21,6 +21,25 @@ pub fn preset(name: &str) -> CliResult<ModelSpec<'static>> {
             e.valid.join(", ")
         ))
     })
+}
+
+/// The model of `--model <file>` (JSON, see `--print-model`) or else of `--preset`.
+pub fn model(preset_name: &str, file: Option<&std::path::Path>) -> CliResult<OwnedModel> {
+    let Some(path) = file else {
+        return Ok(preset(preset_name)?.into());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage(format!("--model {}: cannot read it: {e}", path.display())))?;
+    let m: OwnedModel = serde_json::from_str(&text).map_err(|e| {
+        CliError::usage(format!(
+            "--model {}: not a model description ({e}); `hisparse layout --print-model` writes a template",
+            path.display()
+        ))
+    })?;
+    m.as_spec()
+        .validate()
+        .map_err(|e| CliError::usage(format!("--model {}: {e}", path.display())))?;
+    Ok(m)
 }
 
 /// Turns a planning error into a one-line message naming the command-line flag to change.
@@ -94,7 +113,12 @@ pub fn capacity_contexts(max_model_len: u32) -> Vec<u32> {
 
 /// `hisparse layout`.
 pub fn run(a: &LayoutArgs) -> CliResult<()> {
-    let model = preset(&a.preset)?;
+    let owned = model(&a.preset, a.model.as_deref())?;
+    if a.print_model {
+        crate::emit(&serde_json::to_string_pretty(&owned).unwrap_or_default());
+        return Ok(());
+    }
+    let model = owned.as_spec();
     let gpu = args::size("gpu-mem", &a.gpu_mem)?;
     let host = args::size("host-mem", &a.host_mem)?;
     let max_len: u32 = args::positive("max-model-len", &a.max_model_len)?;

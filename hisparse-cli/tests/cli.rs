@@ -68,6 +68,55 @@ fn layout_text_has_groups_and_a_capacity_table() {
     }
 }
 
+/// A preset written with `--print-model` and read back with `--model` plans the same layout; a
+/// malformed model file is one line naming the file.
+#[test]
+fn model_files_round_trip_and_bad_ones_are_one_line() {
+    let dir = std::env::temp_dir();
+    let good = dir.join(format!("hisparse-model-{}.json", std::process::id()));
+    let bad = dir.join(format!("hisparse-bad-model-{}.json", std::process::id()));
+    let o = hisparse(&["layout", "--preset", "glm-5", "--print-model"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(&good, &o.stdout).expect("write model");
+    let text = stdout(&o).replace("\"row_bytes\": 656", "\"row_bytes\": 650");
+    std::fs::write(&bad, text).expect("write model");
+    let args = |m: &str| {
+        [
+            "layout",
+            "--model",
+            m,
+            "--gpu-mem",
+            "80GiB",
+            "--host-mem",
+            "512GiB",
+            "--json",
+        ]
+        .map(String::from)
+    };
+    let from_file = hisparse(&args(good.to_str().unwrap()).each_ref().map(String::as_str));
+    let from_preset = hisparse(&[
+        "layout",
+        "--preset",
+        "glm-5",
+        "--gpu-mem",
+        "80GiB",
+        "--host-mem",
+        "512GiB",
+        "--json",
+    ]);
+    assert!(from_file.status.success(), "{}", stderr(&from_file));
+    assert_eq!(from_file.stdout, from_preset.stdout);
+    let e = hisparse(&args(bad.to_str().unwrap()).each_ref().map(String::as_str));
+    let _ = (std::fs::remove_file(&good), std::fs::remove_file(&bad));
+    assert!(!e.status.success());
+    let err = stderr(&e);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--model") && err.contains("row_bytes"),
+        "{err}"
+    );
+}
+
 /// Every bad argument: a single `error:` line on stderr, nothing on stdout, a non-zero exit, no
 /// panic and no backtrace.
 #[test]
@@ -85,6 +134,7 @@ fn bad_arguments_give_one_line_and_a_non_zero_exit() {
             "--device-buffer-size",
         ),
         (&["layout", "--frobnicate"], "--frobnicate"),
+        (&["layout", "--model", "/nonexistent/model.json"], "--model"),
         (&["simulate", "--backend", "metal"], "backend"),
         (&["simulate", "--preset", "nope"], "--preset"),
         (&["simulate", "--gpu-mem", "0"], "--gpu-mem"),

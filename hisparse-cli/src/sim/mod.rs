@@ -21,12 +21,12 @@ use hisparse_core::model::{LayerSpec, OwnedModel};
 
 use crate::args::{self, SimulateArgs};
 use crate::error::{CliError, CliResult};
-use crate::layout::preset;
 use engine::SimSetup;
 
-/// The model of `--preset`, keeping only its first `layers` layers when `layers > 0`.
-fn model(name: &str, layers: u32) -> CliResult<OwnedModel> {
-    let mut m: OwnedModel = preset(name)?.into();
+/// The model of `--model` or `--preset`, keeping only its first `layers` layers when
+/// `layers > 0`.
+fn model(name: &str, file: Option<&std::path::Path>, layers: u32) -> CliResult<OwnedModel> {
+    let mut m: OwnedModel = crate::layout::model(name, file)?;
     if layers > 0 {
         if layers as usize > m.layers.len() {
             return Err(CliError::usage(format!(
@@ -48,7 +48,11 @@ fn model(name: &str, layers: u32) -> CliResult<OwnedModel> {
 /// Parses and validates the arguments and plans the layout, choosing default memory sizes small
 /// enough that pages are reclaimed and rows are swapped in.
 pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
-    let m = model(&a.preset, args::number("layers", &a.layers)?)?;
+    let m = model(
+        &a.preset,
+        a.model.as_deref(),
+        args::number("layers", &a.layers)?,
+    )?;
     let requests: u32 = args::positive("requests", &a.requests)?;
     let context: u32 = args::positive("context", &a.context)?;
     let decode_steps: u32 = args::positive("decode-steps", &a.decode_steps)?;
