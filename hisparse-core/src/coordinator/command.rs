@@ -1,0 +1,216 @@
+//! The per-step [`OffloadCommand`] (plain data) and how the coordinator ends a step by building
+//! it ([`Coordinator::build_offload_command`]).
+
+use alloc::vec::Vec;
+
+use super::request::DIRTY;
+use super::{Coordinator, PoolKind, RequestId};
+use crate::ops::{BlockPair, RowSpan};
+
+/// A request scheduled in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ScheduledRequest {
+    /// The request.
+    pub id: RequestId,
+    /// Its state row in every per-request table of the data plane.
+    pub slot: u32,
+    /// First token computed in this step.
+    pub first_token: u32,
+    /// Tokens computed in this step.
+    pub num_tokens: u32,
+    /// Whether every page of the request is resident (no host reads).
+    pub fully_resident: bool,
+}
+
+/// A change of one per-request table entry (page → block; block 0 = null).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct TableUpdate {
+    /// State row.
+    pub slot: u32,
+    /// Group index in the layout (`KvCacheConfig::groups`).
+    pub group: u32,
+    /// Page.
+    pub page: u32,
+    /// New block (0 = null: for resident groups, "read from host").
+    pub block: u32,
+}
+
+/// A hot region given to a request: reset the slot's LRU to the identity and its `dgi` to `-1`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct HotAssignment {
+    /// State row.
+    pub slot: u32,
+    /// Hot group index in the layout.
+    pub group: u32,
+    /// The `hot_blocks_per_request` GPU blocks of the region.
+    pub blocks: Vec<u32>,
+}
+
+/// A page copy between a GPU block and a host block, for the layers of one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PageTransfer {
+    /// Bucket (resident group `2 + bucket`): the layers to copy.
+    pub bucket: u32,
+    /// GPU block.
+    pub device_block: u32,
+    /// Host block.
+    pub host_block: u32,
+}
+
+/// Rows of one page to mirror device → host, for the layers of one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RowMirror {
+    /// Bucket: the layers to copy.
+    pub bucket: u32,
+    /// The rows.
+    pub span: RowSpan,
+}
+
+/// Everything the workers do in one step, as plain data.
+///
+/// Order of execution: (1) reset the `started` rows, release `hot_release` regions, apply
+/// `host_blocks`, `residency`, `block_tables`, `hot_assign`,
+/// to the tables and hot states; invalidate hot entries caching rows of
+/// `new_host_blocks`; (2) `host_cow` (host → host pages), then `restores` (host → device pages,
+/// which read the copied host blocks), then `gpu_cow` (whole GPU blocks); (3) the forward pass;
+/// (4) the after-forward copies `row_mirrors` and `page_transfers` (device → host), as the batch
+/// `transfer_id`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct OffloadCommand {
+    /// Step number (from 1).
+    pub step: u64,
+    /// Id of the after-forward copy batch, if the step has any.
+    pub transfer_id: Option<u64>,
+    /// Requests computed in this step.
+    pub scheduled: Vec<ScheduledRequest>,
+    /// Requests preempted in this step (their slots are free; their tokens will be recomputed).
+    pub preempted: Vec<RequestId>,
+    /// State rows given to a request in this step: reset them first (resident and block tables
+    /// to 0, host table to -1, no hot region), then apply the updates.
+    pub started: Vec<u32>,
+    /// Every scheduled request is fully resident: the fast path (remap only, no resolve).
+    pub fully_resident: bool,
+    /// Resident-table changes (per request, per resident group).
+    pub residency: Vec<TableUpdate>,
+    /// Host-table changes (group = the source group, 0).
+    pub host_blocks: Vec<TableUpdate>,
+    /// Indexer and regular block-table changes.
+    pub block_tables: Vec<TableUpdate>,
+    /// Host blocks newly given to requests: invalidate hot entries caching their old rows.
+    pub new_host_blocks: Vec<u32>,
+    /// Host copy-on-write pairs (`src` → `dst` host blocks), before the forward.
+    pub host_cow: Vec<BlockPair>,
+    /// GPU copy-on-write pairs (`src` → `dst` whole GPU blocks), before the forward.
+    pub gpu_cow: Vec<BlockPair>,
+    /// Host → device page restores (a copy-on-write tail page made resident), before the forward.
+    pub restores: Vec<PageTransfer>,
+    /// Hot regions given out.
+    pub hot_assign: Vec<HotAssignment>,
+    /// Slots whose hot regions were released.
+    pub hot_release: Vec<u32>,
+    /// After-forward row mirrors (device → host).
+    pub row_mirrors: Vec<RowMirror>,
+    /// After-forward whole-page spills (device → host).
+    pub page_transfers: Vec<PageTransfer>,
+}
+
+impl OffloadCommand {
+    pub(super) fn clear(&mut self) {
+        self.transfer_id = None;
+        self.scheduled.clear();
+        self.preempted.clear();
+        self.started.clear();
+        self.fully_resident = true;
+        self.residency.clear();
+        self.host_blocks.clear();
+        self.block_tables.clear();
+        self.new_host_blocks.clear();
+        self.host_cow.clear();
+        self.gpu_cow.clear();
+        self.restores.clear();
+        self.hot_assign.clear();
+        self.hot_release.clear();
+        self.row_mirrors.clear();
+        self.page_transfers.clear();
+    }
+
+    pub(super) fn has_copies(&self) -> bool {
+        !self.row_mirrors.is_empty() || !self.page_transfers.is_empty()
+    }
+
+    pub(super) fn purge_slot(&mut self, slot: u32) {
+        self.started.retain(|&s| s != slot);
+        self.scheduled.retain(|s| s.slot != slot);
+        self.residency.retain(|u| u.slot != slot);
+        self.host_blocks.retain(|u| u.slot != slot);
+        self.block_tables.retain(|u| u.slot != slot);
+        self.hot_assign.retain(|h| h.slot != slot);
+    }
+}
+
+impl Coordinator {
+    /// Ends the current step and returns its command (see [`OffloadCommand`]).
+    pub fn build_offload_command(&mut self) -> OffloadCommand {
+        let mut cmd = OffloadCommand::default();
+        self.build_offload_command_into(&mut cmd);
+        cmd
+    }
+
+    /// Like [`Coordinator::build_offload_command`], reusing `cmd`'s buffers (no allocation in
+    /// steady state).
+    pub fn build_offload_command_into(&mut self, cmd: &mut OffloadCommand) {
+        // Spills when eager mirroring is off.
+        if !self.kv.config.eager_host_mirror {
+            let mut budget = self.cfg.max_spill_pages_per_step;
+            let mut i = 0;
+            while i < self.running.len() && budget > 0 {
+                let slot = self.running[i];
+                if let Some(mut r) = self.reqs[slot as usize].take() {
+                    let sealed = r.num_computed / self.kv.block_tokens;
+                    while r.spill_cursor < sealed && budget > 0 {
+                        let p = r.spill_cursor;
+                        if r.state[p as usize] == DIRTY {
+                            self.plan_spill(&mut r, p);
+                            budget -= 1;
+                        }
+                        r.spill_cursor = r.spill_cursor.max(p + 1);
+                    }
+                    self.reqs[slot as usize] = Some(r);
+                }
+                i += 1;
+            }
+        }
+        self.step_no += 1;
+        self.out.step = self.step_no;
+        // Reclaim later in the step may have changed residency: decide now.
+        let mut all = true;
+        for s in self.out.scheduled.iter_mut() {
+            let idx = self.row_owner[s.slot as usize];
+            s.fully_resident = self.reqs[idx as usize]
+                .as_ref()
+                .is_some_and(|r| r.host_only == 0);
+            all &= s.fully_resident;
+        }
+        self.out.fully_resident = all;
+        if self.out.has_copies() {
+            self.out.transfer_id = Some(self.current_xfer);
+            self.current_xfer += 1;
+        } else {
+            self.out.transfer_id = None;
+        }
+        core::mem::swap(cmd, &mut self.out);
+        self.out.clear();
+        for (pool, b) in self.after_build.drain(..) {
+            let _ = match pool {
+                PoolKind::Gpu => self.gpu.free(b),
+                PoolKind::Host => self.host.free(b),
+            };
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Errors of the coordinator: [`CoordError`] and the [`PoolKind`] it names.
+
+use core::fmt;
+
+use super::RequestId;
+#[cfg(doc)]
+use super::{Coordinator, CoordinatorConfig};
+use crate::pool::PoolError;
+
+/// Which pool ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum PoolKind {
+    /// The GPU pool.
+    Gpu,
+    /// The pinned host pool.
+    Host,
+}
+
+/// A scheduling or reporting error. Every variant names the request, worker or value at fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CoordError {
+    /// A [`CoordinatorConfig`] field is zero.
+    ZeroConfig {
+        /// Field name.
+        field: &'static str,
+    },
+    /// The layout's pools are unusable (a pool error while building them).
+    Pool(PoolError),
+    /// The request id is already known.
+    DuplicateRequest {
+        /// The id.
+        id: RequestId,
+    },
+    /// No such request.
+    UnknownRequest {
+        /// The id.
+        id: RequestId,
+    },
+    /// A request must have at least one prompt token.
+    EmptyPrompt {
+        /// The id.
+        id: RequestId,
+    },
+    /// The request would exceed `max_model_len`.
+    TooLong {
+        /// The id.
+        id: RequestId,
+        /// Tokens it would have.
+        tokens: u64,
+        /// The limit.
+        max_model_len: u32,
+    },
+    /// The request can never fit the pools, even alone.
+    NeverFits {
+        /// The id.
+        id: RequestId,
+        /// The pool that is too small.
+        pool: PoolKind,
+        /// Blocks it needs.
+        needed: u64,
+        /// Usable blocks in the pool.
+        capacity: u64,
+    },
+    /// `schedule` asked for more tokens than the request has uncomputed.
+    NotEnoughTokens {
+        /// The id.
+        id: RequestId,
+        /// Tokens asked for.
+        requested: u32,
+        /// Tokens available.
+        available: u32,
+    },
+    /// The request is not running (waiting requests are started by [`Coordinator::step`] or
+    /// [`Coordinator::start`]).
+    NotRunning {
+        /// The id.
+        id: RequestId,
+    },
+    /// No free slot (state row) to start a request.
+    NoFreeSlot,
+    /// No running request holds this state row.
+    UnknownSlot {
+        /// The state row.
+        slot: u32,
+    },
+    /// The layout handed to [`Coordinator::new`] is inconsistent (hand-edited).
+    InvalidLayout {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A worker index is out of range.
+    UnknownWorker {
+        /// The worker.
+        worker: u32,
+        /// Workers configured.
+        num_workers: u32,
+    },
+    /// A worker reported a transfer out of FIFO order or one never issued / never enqueued.
+    OutOfOrderReport {
+        /// The worker.
+        worker: u32,
+        /// `"enqueued"` or `"completed"`.
+        what: &'static str,
+        /// The id reported.
+        id: u64,
+        /// The id expected next.
+        expected: u64,
+    },
+}
+
+impl From<PoolError> for CoordError {
+    fn from(e: PoolError) -> Self {
+        CoordError::Pool(e)
+    }
+}
+
+impl fmt::Display for CoordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            CoordError::ZeroConfig { field } => {
+                write!(f, "coordinator: `{field}` must be greater than 0")
+            }
+            CoordError::Pool(e) => e.fmt(f),
+            CoordError::DuplicateRequest { id } => {
+                write!(f, "coordinator: request {id} already exists")
+            }
+            CoordError::UnknownRequest { id } => write!(f, "coordinator: no request {id}"),
+            CoordError::EmptyPrompt { id } => {
+                write!(f, "coordinator: request {id} has an empty prompt")
+            }
+            CoordError::TooLong {
+                id,
+                tokens,
+                max_model_len,
+            } => write!(
+                f,
+                "coordinator: request {id} would have {tokens} tokens, above max_model_len {max_model_len}; finish it or plan a larger max_model_len"
+            ),
+            CoordError::NeverFits {
+                id,
+                pool,
+                needed,
+                capacity,
+            } => write!(
+                f,
+                "coordinator: request {id} needs {needed} {} blocks but the pool has {capacity}; plan larger pools",
+                match pool {
+                    PoolKind::Gpu => "GPU",
+                    PoolKind::Host => "host",
+                }
+            ),
+            CoordError::NotEnoughTokens {
+                id,
+                requested,
+                available,
+            } => write!(
+                f,
+                "coordinator: request {id}: {requested} tokens scheduled but only {available} are uncomputed; append tokens first"
+            ),
+            CoordError::NotRunning { id } => write!(f, "coordinator: request {id} is not running"),
+            CoordError::NoFreeSlot => {
+                f.write_str("coordinator: every slot is taken; raise max_running")
+            }
+            CoordError::UnknownSlot { slot } => {
+                write!(f, "coordinator: no running request holds state row {slot}")
+            }
+            CoordError::InvalidLayout { what } => write!(
+                f,
+                "coordinator: inconsistent layout ({what}); plan it with `plan_layout`"
+            ),
+            CoordError::UnknownWorker {
+                worker,
+                num_workers,
+            } => write!(
+                f,
+                "coordinator: worker {worker} does not exist ({num_workers} configured)"
+            ),
+            CoordError::OutOfOrderReport {
+                worker,
+                what,
+                id,
+                expected,
+            } => write!(
+                f,
+                "coordinator: worker {worker} reported transfer {id} {what}, but {expected} is next (FIFO, issued ids only)"
+            ),
+        }
+    }
+}
+
+impl crate::error::Error for CoordError {
+    fn kind(&self) -> crate::error::ErrorKind {
+        crate::error::ErrorKind::InvalidArgument
+    }
+}
+
+impl core::error::Error for CoordError {}

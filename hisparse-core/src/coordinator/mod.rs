@@ -1,0 +1,574 @@
+//! The coordinator: managers for every KV-cache group, admission, the page lifecycle, reclaim,
+//! spill and row-mirror planning, worker reports, prefix caching and the per-step
+//! [`OffloadCommand`] (SPEC §4). Pure and deterministic: no I/O, no clocks.
+//!
+//! # Managers
+//!
+//! Per request the coordinator keeps one table per manager, all indexed by page (one page = one
+//! block of `block_tokens` tokens):
+//! * **source** (host pool): a host block for every page — the durable home of every sparse row;
+//! * **indexer** and **regular** (GPU pool): ordinary paging; sliding-window groups give back
+//!   blocks that fall out of the window;
+//! * **resident** (GPU pool, one table per bucket): the GPU copy of each page, or the null block
+//!   (`0`) once the page is reclaimed ("read from host");
+//! * **hot** (GPU pool, one region per bucket): exactly `hot_blocks_per_request` blocks,
+//!   allocated all at once when the request first needs to read from host.
+//!
+//! # Page lifecycle
+//!
+//! `dirty` (GPU only) → `pending` (host transfer in flight) → `clean` (host copy durable) →
+//! `reclaimed` (GPU blocks back in the pool, resident entries null). A page is reclaimable only
+//! when clean, not among the last [`ACTIVE_TAIL_PAGES`] pages, and its request has (or is given)
+//! a hot region. Nothing is reclaimed before its host copy is durable.
+//!
+//! # Transfers and workers
+//!
+//! All device→host copies planned during a step (row mirrors of the rows the step writes when
+//! `eager_host_mirror` is on, whole-page spills otherwise or when reclaim forces them) form one
+//! batch with one *transfer id* ([`OffloadCommand::transfer_id`]); ids increase by one per batch.
+//! Each worker (tensor-parallel rank) executes every batch and reports it *enqueued*, then
+//! *completed*, in FIFO order ([`Coordinator::report`]). A batch is complete when every worker
+//! has completed it; then the pages it sealed become clean, pages marked release-after-transfer
+//! are reclaimed, blocks of finished requests that the batch touched return to their pools, the
+//! request's durable prefix ([`Coordinator::ready_prefix_pages`]) grows and its pages' hashes
+//! are published in the host prefix cache.
+//!
+//! # Driving it
+//!
+//! [`Coordinator::admit`] queues a request; [`Coordinator::step`] schedules one step (running
+//! requests first — prefill chunks and decode tokens — then waiting ones, FCFS, within
+//! `max_batched_tokens`; when memory runs out it reclaims resident pages, waits when reclamation
+//! is in flight, and preempts the newest running request otherwise) and returns the command for
+//! the engine. The engine runs the forward pass and the copies, reports them, appends sampled
+//! tokens ([`Coordinator::append_tokens`]) and finally [`Coordinator::finish`]es the request.
+//! Ordering contract: blocks released by a step's scheduling (reclaim) or by a report may be
+//! handed out by the next scheduling and written by that step's forward pass, so an engine runs
+//! the forward passes of consecutive steps in order on one compute stream (the usual case), and
+//! executes a command's table updates before its forward pass.
+//!
+//! The per-request tables the data plane reads are exported as `i32` rows by
+//! [`Coordinator::resident_row`], [`Coordinator::host_row`], [`Coordinator::hot_row`] and
+//! [`Coordinator::block_table_row`].
+//!
+//! ```
+//! use hisparse_core::config::HiSparseConfig;
+//! use hisparse_core::coordinator::{Coordinator, CoordinatorConfig};
+//! use hisparse_core::layout::{plan_layout, LayoutInput};
+//! use hisparse_core::presets::DEEPSEEK_V32;
+//!
+//! // Plan a small pool: 2000 GPU blocks, host room for 64 K tokens.
+//! let cfg = HiSparseConfig::new(DEEPSEEK_V32.top_k, 1100 * 2561024);
+//! let mut input = LayoutInput::new(&DEEPSEEK_V32, &cfg, 0, 65536);
+//! input.num_gpu_blocks_override = Some(2000);
+//! let kv = plan_layout(&input).unwrap();
+//! let mut coord = Coordinator::new(kv, CoordinatorConfig::default()).unwrap();
+//!
+//! // Admit a 1000-token prompt and prefill it in chunks of at most 512 tokens.
+//! let prompt: Vec<u32> = (0..1000).collect();
+//! coord.admit(7, &prompt).unwrap();
+//! let mut resident = vec![0i32; coord.max_pages() as usize];
+//! loop {
+//!     let cmd = coord.step().unwrap();
+//!     // The engine would now apply `cmd` (tables, hot regions, copy-on-write), run the forward
+//!     // pass, and execute the after-forward copies of `cmd.transfer_id`.
+//!     coord.resident_row(7, 0, &mut resident).unwrap();
+//!     if let Some(id) = cmd.transfer_id {
+//!         coord.report(0, &[id], &[id]).unwrap();
+//!     }
+//!     if coord.num_computed(7) == Some(coord.num_tokens(7).unwrap()) {
+//!         if coord.num_tokens(7) == Some(1064) {
+//!             break;
+//!         }
+//!         coord.append_tokens(7, &[42]).unwrap(); // the sampled token
+//!     }
+//! }
+//! // 1064 tokens = 16 full pages + 40 rows; all 16 full pages are durable on host.
+//! assert_eq!(coord.ready_prefix_pages(7), Some(16));
+//! assert!(resident[0] > 0); // still resident: no memory pressure
+//! coord.finish(7).unwrap();
+//! coord.check_invariants().unwrap();
+//! assert_eq!(coord.gpu_pool().num_held(), 0);
+//! ```
+
+mod admission;
+mod command;
+mod error;
+mod invariants;
+mod reclaim;
+mod request;
+mod rows;
+mod schedule;
+#[cfg(test)]
+mod tests;
+mod transfers;
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec;
+use alloc::vec::Vec;
+
+pub use crate::layout::ACTIVE_TAIL_PAGES;
+use crate::layout::{GroupKind, KvCacheConfig};
+use crate::pool::BlockPool;
+
+pub use command::{
+    HotAssignment, OffloadCommand, PageTransfer, RowMirror, ScheduledRequest, TableUpdate,
+};
+pub use error::{CoordError, PoolKind};
+pub use invariants::InvariantViolation;
+pub use request::PageState;
+use request::{NO_ROW, Req, Status, empty_req, page_state};
+use transfers::{PendingPage, WorkerState};
+
+/// Caller-chosen request identifier.
+pub type RequestId = u64;
+
+/// Scheduler settings that are not part of the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct CoordinatorConfig {
+    /// Requests that can run at once: the number of per-request state rows (slots) the data plane
+    /// allocates.
+    pub max_running: u32,
+    /// Tokens one step may compute (prefill chunks + decode tokens).
+    pub max_batched_tokens: u32,
+    /// Whole-page spills planned per step when `eager_host_mirror` is off.
+    pub max_spill_pages_per_step: u32,
+    /// Workers that execute every command (tensor-parallel ranks); a transfer is complete when
+    /// all have reported it.
+    pub num_workers: u32,
+    /// Reuse durable host pages (and the GPU indexer/regular blocks of the same prefix) across
+    /// requests. Models with sliding-window groups never hit (their window blocks are not
+    /// cached).
+    pub enable_prefix_caching: bool,
+    /// When an allocation finds the GPU pool short, reclaim at least this many blocks (a
+    /// low-watermark: one reclaim pass then serves many page allocations instead of one).
+    /// 0 = exactly the shortfall.
+    pub reclaim_min_blocks: u32,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            max_running: 256,
+            max_batched_tokens: 512,
+            max_spill_pages_per_step: 64,
+            num_workers: 1,
+            enable_prefix_caching: true,
+            reclaim_min_blocks: 64,
+        }
+    }
+}
+
+/// Outcome of trying to give a request the blocks a step needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Alloc {
+    /// The blocks are allocated; the tokens are scheduled in this step.
+    Scheduled,
+    /// Not enough memory now, but reclamation (or a release) is in flight: try next step rather
+    /// than preempt.
+    Wait,
+    /// Not enough memory and nothing in flight: preempt someone (or wait for a finish).
+    NoSpace(PoolKind),
+}
+
+/// What one [`Coordinator::schedule_step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StepSummary {
+    /// Requests scheduled.
+    pub scheduled: u32,
+    /// Tokens scheduled.
+    pub tokens: u32,
+    /// Requests preempted.
+    pub preempted: u32,
+    /// Requests that wait for reclamation in flight.
+    pub waiting_on_reclaim: u32,
+    /// Requests started from the waiting queue.
+    pub started: u32,
+}
+
+/// The scheduler side of HiSparse for one model instance. See the module docs.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    kv: KvCacheConfig,
+    cfg: CoordinatorConfig,
+    gpu: BlockPool,
+    host: BlockPool,
+    num_buckets: u32,
+    hot_per: u32,
+    /// Regular group layout indices, and whether each has a sliding window.
+    regular_groups: Vec<(u32, Option<u32>)>,
+    has_window: bool,
+    /// Boxed so that taking a request out and putting it back moves a pointer.
+    reqs: Vec<Option<Box<Req>>>,
+    spare: Option<Box<Req>>,
+    free_slots: Vec<u32>,
+    free_rows: Vec<u32>,
+    row_owner: Vec<u32>,
+    ids: BTreeMap<RequestId, u32>,
+    waiting: VecDeque<u32>,
+    running: Vec<u32>,
+    generation: u32,
+    step_no: u64,
+    /// Id the current step's copy batch gets if it has copies.
+    current_xfer: u64,
+    durable: u64,
+    workers: Vec<WorkerState>,
+    pending_pages: VecDeque<PendingPage>,
+    deferred: VecDeque<(u64, PoolKind, u32)>,
+    in_flight_release: u32,
+    /// References released when the current command is built (copy-on-write sources).
+    after_build: Vec<(PoolKind, u32)>,
+    out: OffloadCommand,
+    scratch: Vec<(u32, u32)>,
+    scratch_blocks: Vec<u32>,
+}
+
+impl Coordinator {
+    /// A coordinator with empty pools for the planned layout.
+    pub fn new(kv: KvCacheConfig, cfg: CoordinatorConfig) -> Result<Self, CoordError> {
+        for (field, v) in [
+            ("max_running", cfg.max_running),
+            ("max_batched_tokens", cfg.max_batched_tokens),
+            ("max_spill_pages_per_step", cfg.max_spill_pages_per_step),
+            ("num_workers", cfg.num_workers),
+        ] {
+            if v == 0 {
+                return Err(CoordError::ZeroConfig { field });
+            }
+        }
+        check_layout(&kv)?;
+        let gpu = BlockPool::new(kv.num_gpu_blocks)?;
+        let host = BlockPool::new(kv.host_num_blocks)?;
+        let regular_groups: Vec<(u32, Option<u32>)> = kv
+            .regular_groups()
+            .map(|g| (g as u32, kv.groups[g].sliding_window))
+            .collect();
+        let has_window = regular_groups.iter().any(|g| g.1.is_some());
+        let n = cfg.max_running;
+        let mut out = OffloadCommand::default();
+        out.clear();
+        Ok(Coordinator {
+            num_buckets: kv.num_buckets,
+            hot_per: kv.hot_blocks_per_request,
+            regular_groups,
+            has_window,
+            gpu,
+            host,
+            reqs: (0..n).map(|_| None).collect(),
+            spare: Some(Box::new(empty_req())),
+            free_slots: (0..n).rev().collect(),
+            free_rows: (0..n).rev().collect(),
+            row_owner: vec![NO_ROW; n as usize],
+            ids: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            generation: 0,
+            step_no: 0,
+            current_xfer: 1,
+            durable: 0,
+            workers: vec![WorkerState::default(); cfg.num_workers as usize],
+            pending_pages: VecDeque::new(),
+            deferred: VecDeque::new(),
+            in_flight_release: 0,
+            after_build: Vec::new(),
+            out,
+            scratch: Vec::new(),
+            scratch_blocks: Vec::new(),
+            kv,
+            cfg,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &KvCacheConfig {
+        &self.kv
+    }
+
+    /// The scheduler settings.
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.cfg
+    }
+
+    /// The GPU pool.
+    pub fn gpu_pool(&self) -> &BlockPool {
+        &self.gpu
+    }
+
+    /// The host pool.
+    pub fn host_pool(&self) -> &BlockPool {
+        &self.host
+    }
+
+    /// Columns of every per-request page table (`max_pages_per_request`).
+    pub fn max_pages(&self) -> u32 {
+        self.kv.max_pages_per_request
+    }
+
+    /// Largest transfer id every worker has completed.
+    pub fn durable_transfer(&self) -> u64 {
+        self.durable
+    }
+
+    /// Number of requests waiting to start.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Number of running requests.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Ids of the running requests, oldest first.
+    pub fn running_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.running
+            .iter()
+            .filter_map(|&s| self.reqs[s as usize].as_ref().map(|r| r.id))
+    }
+
+    /// Whether any request is known (waiting or running).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    fn slot_of_id(&self, id: RequestId) -> Result<u32, CoordError> {
+        self.ids
+            .get(&id)
+            .copied()
+            .ok_or(CoordError::UnknownRequest { id })
+    }
+
+    fn req(&self, id: RequestId) -> Option<&Req> {
+        let s = *self.ids.get(&id)?;
+        self.reqs[s as usize].as_deref()
+    }
+
+    /// The data-plane state row (`0..max_running`) of a running request.
+    pub fn slot_of(&self, id: RequestId) -> Option<u32> {
+        self.req(id)
+            .filter(|r| r.status == Status::Running)
+            .map(|r| r.row)
+    }
+
+    /// Tokens of the request (prompt + appended).
+    pub fn num_tokens(&self, id: RequestId) -> Option<u32> {
+        self.req(id).map(|r| r.tokens.len() as u32)
+    }
+
+    /// Tokens whose KV is computed (or scheduled in the current step).
+    pub fn num_computed(&self, id: RequestId) -> Option<u32> {
+        self.req(id).map(|r| r.num_computed)
+    }
+
+    /// Length in pages of the request's contiguous durable prefix.
+    pub fn ready_prefix_pages(&self, id: RequestId) -> Option<u32> {
+        self.req(id).map(|r| r.ready_prefix)
+    }
+
+    /// Lifecycle state of page `page` of a running request.
+    pub fn page_state(&self, id: RequestId, page: u32) -> Option<PageState> {
+        let r = self.req(id)?;
+        r.state.get(page as usize).map(|&s| page_state(s))
+    }
+
+    /// Whether the request has a hot region.
+    pub fn has_hot_region(&self, id: RequestId) -> Option<bool> {
+        self.req(id).map(|r| !r.hot.is_empty())
+    }
+
+    /// Pages of the request whose resident entries are null (read from host).
+    pub fn host_only_pages(&self, id: RequestId) -> Option<u32> {
+        self.req(id).map(|r| r.host_only)
+    }
+
+    fn gpu_cost_per_page(&self) -> u64 {
+        1 + self.regular_groups.len() as u64 + u64::from(self.num_buckets)
+    }
+
+    fn hot_cost(&self) -> u32 {
+        self.num_buckets * self.hot_per
+    }
+
+    /// Gives back every block of `r` (deferring those an issued, unfinished transfer touches)
+    /// and purges its entries from the current step's command.
+    fn release_blocks(&mut self, r: &mut Req) {
+        let issued = self.current_xfer - 1;
+        let defer_until = if r.last_xfer > self.durable && r.last_xfer <= issued {
+            Some(r.last_xfer)
+        } else {
+            None
+        };
+        if r.row != NO_ROW {
+            self.out.purge_slot(r.row);
+        }
+        if r.last_xfer == self.current_xfer {
+            // Its copies in the unbuilt batch must not run: drop them.
+            let host = &r.host;
+            let resident = &r.resident;
+            self.out.row_mirrors.retain(|m| {
+                !(host.contains(&m.span.host_block) && resident.contains(&m.span.device_block))
+            });
+            self.out
+                .page_transfers
+                .retain(|m| !(host.contains(&m.host_block) && resident.contains(&m.device_block)));
+        }
+        // Copy-on-write and restores into its blocks must not run either.
+        if !(self.out.host_cow.is_empty()
+            && self.out.gpu_cow.is_empty()
+            && self.out.restores.is_empty())
+        {
+            let (host, idx, reg, res) = (&r.host, &r.indexer, &r.regular, &r.resident);
+            self.out.host_cow.retain(|p| !host.contains(&p.dst));
+            self.out
+                .gpu_cow
+                .retain(|p| !idx.contains(&p.dst) && !reg.contains(&p.dst));
+            self.out.restores.retain(|t| !res.contains(&t.device_block));
+        }
+        // GPU: resident pages and hot region, then indexer and regular (reverse order).
+        let mut scratch = core::mem::take(&mut self.scratch_blocks);
+        scratch.clear();
+        scratch.extend(r.indexer.iter().copied());
+        scratch.extend(r.regular.iter().copied());
+        scratch.extend(r.resident.iter().copied());
+        for &b in scratch.iter().rev() {
+            if b == 0 {
+                continue;
+            }
+            match defer_until {
+                Some(x) => self.deferred.push_back((x, PoolKind::Gpu, b)),
+                None => {
+                    let _ = self.gpu.free(b);
+                }
+            }
+        }
+        for &b in r.hot.iter().rev() {
+            let _ = self.gpu.free(b);
+        }
+        for &b in r.host.iter().rev() {
+            if b == 0 {
+                continue;
+            }
+            match defer_until {
+                Some(x) => self.deferred.push_back((x, PoolKind::Host, b)),
+                None => {
+                    let _ = self.host.free(b);
+                }
+            }
+        }
+        self.scratch_blocks = scratch;
+        if !r.hot.is_empty() {
+            self.out.hot_release.push(r.row);
+        }
+        if r.row != NO_ROW {
+            self.row_owner[r.row as usize] = NO_ROW;
+            self.free_rows.push(r.row);
+            r.row = NO_ROW;
+        }
+        self.in_flight_release -= r.pending_release * self.num_buckets;
+        r.pending_release = 0;
+        r.hot.clear();
+        r.host.clear();
+        r.indexer.clear();
+        r.regular.clear();
+        r.resident.clear();
+        r.state.clear();
+        r.xfer.clear();
+        r.pages = 0;
+        r.num_computed = 0;
+        r.host_only = 0;
+        r.reclaim_cursor = 0;
+        r.spill_cursor = 0;
+        r.ready_prefix = 0;
+        r.hit_pages = 0;
+        r.last_xfer = 0;
+        self.generation = self.generation.wrapping_add(1);
+        r.generation = self.generation;
+    }
+
+    /// Preempts running request `id`: gives back its blocks and queues it at the front of the
+    /// waiting queue; its tokens are recomputed when it restarts (durable prefix pages are found
+    /// again through the host prefix cache).
+    pub fn preempt(&mut self, id: RequestId) -> Result<(), CoordError> {
+        let slot = self.slot_of_id(id)?;
+        if self.reqs[slot as usize].as_ref().map(|r| r.status) != Some(Status::Running) {
+            return Err(CoordError::NotRunning { id });
+        }
+        self.preempt_slot(slot)
+    }
+
+    fn preempt_slot(&mut self, slot: u32) -> Result<(), CoordError> {
+        let Some(mut r) = self.reqs[slot as usize].take() else {
+            return Err(CoordError::UnknownSlot { slot });
+        };
+        self.release_blocks(&mut r);
+        r.status = Status::Waiting;
+        self.out.preempted.push(r.id);
+        self.reqs[slot as usize] = Some(r);
+        if let Some(pos) = self.running.iter().position(|&s| s == slot) {
+            self.running.remove(pos);
+        }
+        self.waiting.push_front(slot);
+        Ok(())
+    }
+
+    /// Finishes (or aborts) request `id`, waiting or running: gives back its blocks.
+    pub fn finish(&mut self, id: RequestId) -> Result<(), CoordError> {
+        let slot = self.slot_of_id(id)?;
+        let Some(mut r) = self.reqs[slot as usize].take() else {
+            return Err(CoordError::UnknownRequest { id });
+        };
+        self.release_blocks(&mut r);
+        self.ids.remove(&id);
+        if let Some(pos) = self.running.iter().position(|&s| s == slot) {
+            self.running.remove(pos);
+        }
+        if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
+            self.waiting.remove(pos);
+        }
+        self.free_slots.push(slot);
+        Ok(())
+    }
+}
+
+/// Structural checks of a layout (one from `plan_layout` always passes), so that a hand-edited
+/// one gives a typed error instead of a panic.
+fn check_layout(kv: &KvCacheConfig) -> Result<(), CoordError> {
+    let bad = |what| Err(CoordError::InvalidLayout { what });
+    let nb = kv.num_buckets as usize;
+    if kv.block_tokens == 0 || kv.block_size == 0 || kv.sparse_compress_ratio == 0 {
+        return bad("zero block size");
+    }
+    if u64::from(kv.block_size) * u64::from(kv.sparse_compress_ratio) != u64::from(kv.block_tokens)
+    {
+        return bad("block_tokens != block_size * sparse_compress_ratio");
+    }
+    if nb == 0 || kv.hot_blocks_per_request == 0 {
+        return bad("no buckets or no hot blocks");
+    }
+    if kv.max_model_len == 0
+        || kv.max_pages_per_request != kv.max_model_len.div_ceil(kv.block_tokens)
+    {
+        return bad("max_pages_per_request");
+    }
+    if kv.groups.len() < 2 + 2 * nb
+        || kv.groups[0].kind != GroupKind::Source
+        || kv.groups[1].kind != GroupKind::Indexer
+    {
+        return bad("group order");
+    }
+    for b in 0..nb {
+        if kv.groups[2 + b].kind != GroupKind::Resident
+            || kv.groups[2 + nb + b].kind != GroupKind::Hot
+        {
+            return bad("group order");
+        }
+    }
+    if kv.groups[2 + 2 * nb..]
+        .iter()
+        .any(|g| g.kind != GroupKind::Regular || g.layers.is_empty())
+    {
+        return bad("regular groups");
+    }
+    Ok(())
+}

@@ -1,0 +1,423 @@
+//! Unit tests of the coordinator on a tiny two-layer model.
+
+use super::*;
+use crate::config::HiSparseConfig;
+use crate::layout::{LayoutInput, plan_layout};
+use crate::model::{LayerSpec, ModelSpec};
+use crate::ops::RowSpan;
+
+/// Two sparse leaders (16 B rows, 16 B indexer rows), 4-token blocks: one bucket of both
+/// layers, so a page costs 2 GPU blocks (indexer + resident) and a hot region 2 blocks.
+const LAYERS: [LayerSpec; 2] = [
+    LayerSpec::sparse_leader(16, 16),
+    LayerSpec::sparse_leader(16, 16),
+];
+const MODEL: ModelSpec<'static> = ModelSpec {
+    name: "tiny",
+    block_tokens: 4,
+    top_k: 4,
+    layers: &LAYERS,
+};
+
+fn coord(gpu_blocks: u32, eager: bool, workers: u32) -> Coordinator {
+    coord_len(gpu_blocks, eager, workers, 48)
+}
+
+fn coord_len(gpu_blocks: u32, eager: bool, workers: u32, max_len: u32) -> Coordinator {
+    let mut cfg = HiSparseConfig::new(4, 64 * 128);
+    cfg.device_buffer_size = Some(8);
+    cfg.eager_host_mirror = eager;
+    let mut input = LayoutInput::new(&MODEL, &cfg, 0, max_len);
+    input.num_gpu_blocks_override = Some(gpu_blocks);
+    let kv = plan_layout(&input).unwrap();
+    assert_eq!(
+        (
+            kv.num_buckets,
+            kv.hot_blocks_per_request,
+            kv.host_num_blocks
+        ),
+        (1, 2, 64)
+    );
+    Coordinator::new(
+        kv,
+        CoordinatorConfig {
+            max_running: 4,
+            max_batched_tokens: 64,
+            max_spill_pages_per_step: 2,
+            num_workers: workers,
+            enable_prefix_caching: true,
+            reclaim_min_blocks: 0,
+        },
+    )
+    .unwrap()
+}
+
+fn toks(n: u32) -> Vec<u32> {
+    (0..n).collect()
+}
+
+fn row(c: &Coordinator, id: RequestId) -> Vec<i32> {
+    let mut v = vec![0; c.max_pages() as usize];
+    c.resident_row(id, 0, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn prefill_mirrors_then_reclaim_converts_oldest_first() {
+    let mut c = coord(40, true, 1);
+    c.admit(1, &toks(40)).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.started, [0]);
+    assert_eq!(cmd.scheduled.len(), 1);
+    assert_eq!(cmd.scheduled[0].num_tokens, 40);
+    assert!(cmd.fully_resident);
+    // Page p: indexer block 1 + 2p, resident block 2 + 2p; host blocks 1..=10.
+    assert_eq!(&row(&c, 1)[..10], &[2, 4, 6, 8, 10, 12, 14, 16, 18, 20]);
+    // One coalesced mirror span per page.
+    assert_eq!(cmd.row_mirrors.len(), 10);
+    assert_eq!(
+        cmd.row_mirrors[3].span,
+        RowSpan {
+            device_block: 8,
+            host_block: 4,
+            first_row: 0,
+            num_rows: 4
+        }
+    );
+    assert_eq!(cmd.transfer_id, Some(1));
+    assert_eq!(c.page_state(1, 0), Some(PageState::Pending));
+    assert_eq!(c.ready_prefix_pages(1), Some(0));
+    // Nothing is clean yet: reclaim marks pending pages and frees nothing now.
+    c.report(0, &[1], &[]).unwrap();
+    assert_eq!(c.ready_prefix_pages(1), Some(0));
+    c.report(0, &[], &[1]).unwrap();
+    assert_eq!(c.ready_prefix_pages(1), Some(10));
+    assert_eq!(c.page_state(1, 9), Some(PageState::Clean));
+    // 8 candidates (10 pages minus the 2-page tail) > 2 hot blocks: convert, releasing all 8
+    // clean pages (8 blocks) and paying 2 for the hot region.
+    assert_eq!(c.reclaim_resident_blocks(3), 6);
+    assert_eq!(&row(&c, 1)[..10], &[0, 0, 0, 0, 0, 0, 0, 0, 18, 20]);
+    assert_eq!(c.page_state(1, 7), Some(PageState::Reclaimed));
+    assert_eq!(c.page_state(1, 8), Some(PageState::Clean));
+    // Blocks 21..=39 were free; the hot region takes the head of the LRU queue.
+    let mut hot = [0i32; 2];
+    c.hot_row(1, 0, &mut hot).unwrap();
+    assert_eq!(hot, [21, 22]);
+    let cmd = c.build_offload_command();
+    assert_eq!(cmd.residency.len(), 8);
+    assert!(cmd.residency.iter().all(|u| u.block == 0 && u.group == 2));
+    assert_eq!(cmd.hot_assign.len(), 1);
+    assert_eq!(cmd.hot_assign[0].blocks, [21, 22]);
+    assert_eq!(cmd.hot_assign[0].group, 3);
+    c.check_invariants().unwrap();
+    // Decode: the next token reads from host.
+    c.append_tokens(1, &[9]).unwrap();
+    let cmd = c.step().unwrap();
+    assert!(!cmd.fully_resident);
+    assert_eq!(cmd.scheduled[0].first_token, 40);
+    c.finish(1).unwrap();
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn wait_while_reclaim_in_flight_then_admit() {
+    let mut c = coord(25, true, 1);
+    c.admit(1, &toks(40)).unwrap();
+    c.step().unwrap(); // 20 blocks, transfer 1 in flight
+    let other: Vec<u32> = (100..112).collect(); // no prefix in common
+    c.admit(2, &other).unwrap(); // needs 6 blocks, 4 free
+    let sum = c.schedule_step().unwrap();
+    // Request 1's 8 old pages are marked release-after-transfer (it gets its hot region
+    // now), so request 2 waits instead of preempting anyone.
+    assert_eq!(sum.waiting_on_reclaim, 1);
+    assert_eq!(sum.preempted, 0);
+    assert_eq!(c.page_state(1, 0), Some(PageState::PendingRelease));
+    assert_eq!(c.has_hot_region(1), Some(true));
+    let cmd = c.build_offload_command();
+    assert_eq!(cmd.transfer_id, None);
+    assert!(cmd.residency.is_empty());
+    c.check_invariants().unwrap();
+    c.report(0, &[1], &[1]).unwrap();
+    assert_eq!(c.page_state(1, 0), Some(PageState::Reclaimed));
+    // 24 usable - 20 (request 1) - 2 (its hot region) + 8 released.
+    assert_eq!(c.gpu_pool().num_free(), 10);
+    let cmd = c.step().unwrap();
+    // The releases travel in the next command, with request 2's start.
+    assert_eq!(cmd.residency.iter().filter(|u| u.block == 0).count(), 8);
+    assert_eq!(cmd.scheduled.len(), 1);
+    assert_eq!(cmd.scheduled[0].id, 2);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn no_space_preempts_the_newest() {
+    // 8 usable blocks: two 2-page requests fill them; growth needs a page.
+    let mut c = coord_len(9, true, 1, 12);
+    c.admit(1, &toks(8)).unwrap();
+    c.admit(2, &toks(8)).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 2);
+    c.report(0, &[1], &[1]).unwrap();
+    c.append_tokens(1, &[1]).unwrap();
+    c.append_tokens(2, &[1]).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.preempted, [2]);
+    assert_eq!(cmd.scheduled.len(), 1);
+    assert_eq!(cmd.scheduled[0].id, 1);
+    assert_eq!(c.slot_of(2), None);
+    assert_eq!(c.num_waiting(), 1);
+    c.check_invariants().unwrap();
+    // Request 2 restarts later and recomputes its 9 tokens.
+    c.finish(1).unwrap();
+    c.report(0, &[2], &[2]).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled[0].id, 2);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn several_workers_and_fifo_reports() {
+    let mut c = coord(40, true, 2);
+    c.admit(1, &toks(8)).unwrap();
+    assert_eq!(c.step().unwrap().transfer_id, Some(1));
+    c.append_tokens(1, &[5]).unwrap();
+    assert_eq!(c.step().unwrap().transfer_id, Some(2));
+    assert_eq!(
+        c.report(2, &[1], &[]),
+        Err(CoordError::UnknownWorker {
+            worker: 2,
+            num_workers: 2
+        })
+    );
+    assert_eq!(
+        c.report(0, &[2], &[]),
+        Err(CoordError::OutOfOrderReport {
+            worker: 0,
+            what: "enqueued",
+            id: 2,
+            expected: 1
+        })
+    );
+    assert_eq!(
+        c.report(0, &[1], &[2]),
+        Err(CoordError::OutOfOrderReport {
+            worker: 0,
+            what: "completed",
+            id: 2,
+            expected: 1
+        })
+    );
+    assert!(c.report(0, &[3], &[]).is_err()); // never issued
+    c.report(0, &[1, 2], &[1, 2]).unwrap();
+    assert_eq!(c.durable_transfer(), 0);
+    assert_eq!(c.ready_prefix_pages(1), Some(0));
+    c.report(1, &[1], &[1]).unwrap();
+    assert_eq!(c.durable_transfer(), 1);
+    assert_eq!(c.ready_prefix_pages(1), Some(2));
+    c.report(1, &[2], &[2]).unwrap();
+    assert_eq!(c.durable_transfer(), 2);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn prefix_hits_and_copy_on_write_tail() {
+    let mut c = coord(40, true, 1);
+    c.admit(1, &toks(8)).unwrap();
+    c.step().unwrap();
+    let mut host_a = vec![0; c.max_pages() as usize];
+    c.host_row(1, &mut host_a).unwrap();
+    // Not durable yet: no hit.
+    c.admit(2, &toks(12)).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled[0].first_token, 0);
+    c.finish(2).unwrap();
+    c.report(0, &[1, 2], &[1, 2]).unwrap();
+    c.finish(1).unwrap();
+    // Same 8-token prompt: both pages hit, the last one becomes a copy-on-write tail and
+    // only the last token is computed.
+    c.admit(3, &toks(8)).unwrap();
+    let cmd = c.step().unwrap();
+    let s = cmd.scheduled[0];
+    assert_eq!(
+        (s.first_token, s.num_tokens, s.fully_resident),
+        (7, 1, false)
+    );
+    assert_eq!(cmd.host_cow.len(), 1);
+    assert_eq!(cmd.host_cow[0].src, host_a[1] as u32);
+    assert_eq!(cmd.gpu_cow.len(), 1);
+    assert_eq!(cmd.restores.len(), 1);
+    assert_eq!(cmd.hot_assign.len(), 1);
+    let mut host_c = vec![0; c.max_pages() as usize];
+    c.host_row(3, &mut host_c).unwrap();
+    assert_eq!(host_c[0], host_a[0]);
+    assert_eq!(host_c[1], cmd.host_cow[0].dst as i32);
+    let r = row(&c, 3);
+    assert_eq!(r[0], 0);
+    assert_eq!(r[1], cmd.restores[0].device_block as i32);
+    assert_eq!(c.ready_prefix_pages(3), Some(1));
+    assert_eq!(c.page_state(3, 0), Some(PageState::Reclaimed));
+    assert_eq!(c.page_state(3, 1), Some(PageState::Pending));
+    // The tail's last row is mirrored into the private host copy.
+    assert_eq!(cmd.row_mirrors.len(), 1);
+    assert_eq!(cmd.row_mirrors[0].span.first_row, 3);
+    assert_eq!(cmd.row_mirrors[0].span.host_block, host_c[1] as u32);
+    c.check_invariants().unwrap();
+    // A longer prompt with the same 8-token prefix hits both pages without copy-on-write.
+    c.admit(4, &toks(10)).unwrap();
+    let cmd = c.step().unwrap();
+    let s = cmd.scheduled[0];
+    assert_eq!((s.first_token, s.num_tokens), (8, 2));
+    assert!(cmd.host_cow.is_empty());
+    assert_eq!(c.host_only_pages(4), Some(2));
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn spills_under_a_budget_without_eager_mirroring() {
+    let mut c = coord(40, false, 1);
+    c.admit(1, &toks(40)).unwrap();
+    let cmd = c.step().unwrap();
+    assert!(cmd.row_mirrors.is_empty());
+    assert_eq!(cmd.page_transfers.len(), 2);
+    assert_eq!(
+        cmd.page_transfers[0],
+        PageTransfer {
+            bucket: 0,
+            device_block: 2,
+            host_block: 1
+        }
+    );
+    assert_eq!(c.page_state(1, 2), Some(PageState::Dirty));
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.page_transfers.len(), 2);
+    assert_eq!(cmd.page_transfers[0].host_block, 3);
+    c.report(0, &[1, 2], &[1, 2]).unwrap();
+    assert_eq!(c.ready_prefix_pages(1), Some(4));
+    // Reclaim forces the spill of dirty full pages with release-after-transfer.
+    c.reclaim_resident_blocks(8);
+    assert_eq!(c.page_state(1, 0), Some(PageState::Reclaimed));
+    assert_eq!(c.page_state(1, 4), Some(PageState::PendingRelease));
+    // 4 forced spills (pages 4..=7) plus this step's budget of 2 (pages 8 and 9).
+    let cmd = c.build_offload_command();
+    assert_eq!(cmd.page_transfers.len(), 6);
+    assert_eq!(c.page_state(1, 8), Some(PageState::Pending));
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn deepseek_v4_compressed_rows_and_sliding_window() {
+    use crate::presets::DEEPSEEK_V4;
+    let cfg = HiSparseConfig::new(DEEPSEEK_V4.top_k, 64 << 30);
+    let mut input = LayoutInput::new(&DEEPSEEK_V4, &cfg, 0, 65536);
+    input.num_gpu_blocks_override = Some(4000);
+    let kv = plan_layout(&input).unwrap();
+    let swa = kv.regular_groups().start as u32;
+    assert_eq!(kv.groups[swa as usize].sliding_window, Some(128));
+    let mut c = Coordinator::new(
+        kv,
+        CoordinatorConfig {
+            max_batched_tokens: 4096,
+            ..CoordinatorConfig::default()
+        },
+    )
+    .unwrap();
+    c.admit(1, &toks(1000)).unwrap();
+    let cmd = c.step().unwrap();
+    // 1000 tokens = 250 compressed rows = pages of 64 rows: 64, 64, 64 and 58 rows; one span
+    // per page per bucket (6 buckets).
+    assert_eq!(cmd.row_mirrors.len(), 4 * 6);
+    let spans: Vec<(u32, u32)> = cmd
+        .row_mirrors
+        .iter()
+        .filter(|m| m.bucket == 0)
+        .map(|m| (m.span.first_row, m.span.num_rows))
+        .collect();
+    assert_eq!(spans, [(0, 64), (0, 64), (0, 64), (0, 58)]);
+    // Pages 0..=2 (tokens 0..768) are sealed; page 3 is still being written.
+    assert_eq!(c.page_state(1, 2), Some(PageState::Pending));
+    assert_eq!(c.page_state(1, 3), Some(PageState::Dirty));
+    // The sliding-window group (128 tokens) keeps only the blocks covering tokens 872..1000:
+    // pages 0..=2 are given back.
+    let freed: Vec<u32> = cmd
+        .block_tables
+        .iter()
+        .filter(|u| u.group == swa && u.block == 0)
+        .map(|u| u.page)
+        .collect();
+    assert_eq!(freed, [0, 1, 2]);
+    let mut t = vec![0; c.max_pages() as usize];
+    c.block_table_row(1, swa as usize, &mut t).unwrap();
+    assert_eq!(&t[..3], &[0, 0, 0]);
+    assert!(t[3] > 0);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn typed_errors() {
+    let mut c = coord(40, true, 1);
+    assert_eq!(c.admit(1, &[]), Err(CoordError::EmptyPrompt { id: 1 }));
+    assert_eq!(
+        c.admit(1, &toks(49)),
+        Err(CoordError::TooLong {
+            id: 1,
+            tokens: 49,
+            max_model_len: 48
+        })
+    );
+    c.admit(1, &toks(4)).unwrap();
+    assert_eq!(
+        c.admit(1, &toks(4)),
+        Err(CoordError::DuplicateRequest { id: 1 })
+    );
+    assert_eq!(c.schedule(1, 1), Err(CoordError::NotRunning { id: 1 }));
+    assert_eq!(c.finish(9), Err(CoordError::UnknownRequest { id: 9 }));
+    c.step().unwrap();
+    assert_eq!(
+        c.schedule(1, 1),
+        Err(CoordError::NotEnoughTokens {
+            id: 1,
+            requested: 1,
+            available: 0
+        })
+    );
+    // The layout guarantees one max_model_len request fits; a hand-edited layout may not.
+    let mut kv = c.layout().clone();
+    kv.num_gpu_blocks = 10;
+    let mut small = Coordinator::new(kv, CoordinatorConfig::default()).unwrap();
+    assert!(matches!(
+        small.admit(5, &toks(48)),
+        Err(CoordError::NeverFits {
+            pool: PoolKind::Gpu,
+            ..
+        })
+    ));
+    assert!(matches!(
+        Coordinator::new(
+            c.layout().clone(),
+            CoordinatorConfig {
+                num_workers: 0,
+                ..CoordinatorConfig::default()
+            }
+        ),
+        Err(CoordError::ZeroConfig {
+            field: "num_workers"
+        })
+    ));
+    assert!(std::format!("{}", CoordError::NoFreeSlot).contains("max_running"));
+    let mut kv = c.layout().clone();
+    kv.num_buckets = 3;
+    assert!(matches!(
+        Coordinator::new(kv, CoordinatorConfig::default()),
+        Err(CoordError::InvalidLayout { .. })
+    ));
+    let mut kv = c.layout().clone();
+    kv.block_tokens = 0;
+    assert!(Coordinator::new(kv, CoordinatorConfig::default()).is_err());
+    assert_eq!(
+        c.append_token_by_slot(3, 1),
+        Err(CoordError::UnknownSlot { slot: 3 })
+    );
+    let mut row = [0i32; 4];
+    assert!(c.hot_row(1, u32::MAX, &mut row).is_ok());
+    assert_eq!(row, [-1; 4]);
+}
