@@ -1,5 +1,6 @@
 //! [`CudaDevice`]: the [`Device`] implementation.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
@@ -77,9 +78,125 @@ pub struct CudaGraph {
     inner: ffi::Graph,
 }
 
+/// Which remap kernel a [`CudaDevice`] launches. Every variant gives identical results; they
+/// differ only in speed, and exist so that one run on a device can measure them side by side.
+/// The initial choice comes from the environment variable `HISPARSE_CUDA_REMAP` (see
+/// [`RemapKernel::from_name`]), else [`RemapKernel::V2`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RemapKernel {
+    /// `hs_remap_v1`: one block per token row, the table row staged with 4-byte loads.
+    V1,
+    /// `hs_remap`: one block per token row, at most 32 registers (8 blocks per multiprocessor),
+    /// top-k loads issued first, the table row staged with asynchronous 16-byte copies.
+    V2,
+    /// `hs_remap` with table entries read through the read-only cache instead of staged.
+    V2Direct,
+}
+
+impl RemapKernel {
+    /// Every variant.
+    pub const ALL: [RemapKernel; 3] = [RemapKernel::V1, RemapKernel::V2, RemapKernel::V2Direct];
+
+    /// The variant's name: `v1`, `v2` or `v2-direct`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RemapKernel::V1 => "v1",
+            RemapKernel::V2 => "v2",
+            RemapKernel::V2Direct => "v2-direct",
+        }
+    }
+
+    /// The variant named `name` (as [`RemapKernel::name`] spells it), if any.
+    pub fn from_name(name: &str) -> Option<RemapKernel> {
+        Self::ALL.into_iter().find(|k| k.name() == name.trim())
+    }
+}
+
+/// Which swap-in gather kernel a [`CudaDevice`] launches. Every variant gives identical results.
+/// The initial choice comes from the environment variable `HISPARSE_CUDA_GATHER` (see
+/// [`GatherKernel::from_name`]), else [`GatherKernel::V2`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GatherKernel {
+    /// `hs_gather_rows_v1`: 16 plan entries per block, count read before the plan.
+    V1,
+    /// `hs_gather_rows`: 16 plan entries per block, plan read together with the count.
+    V2,
+    /// `hs_gather_rows` with 8 plan entries per block (twice the blocks).
+    V2Rows8,
+    /// `hs_gather_rows` with 4 plan entries per block (four times the blocks).
+    V2Rows4,
+}
+
+impl GatherKernel {
+    /// Every variant.
+    pub const ALL: [GatherKernel; 4] = [
+        GatherKernel::V1,
+        GatherKernel::V2,
+        GatherKernel::V2Rows8,
+        GatherKernel::V2Rows4,
+    ];
+
+    /// The variant's name: `v1`, `v2`, `v2-r8` or `v2-r4`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            GatherKernel::V1 => "v1",
+            GatherKernel::V2 => "v2",
+            GatherKernel::V2Rows8 => "v2-r8",
+            GatherKernel::V2Rows4 => "v2-r4",
+        }
+    }
+
+    /// The variant named `name` (as [`GatherKernel::name`] spells it), if any.
+    pub fn from_name(name: &str) -> Option<GatherKernel> {
+        Self::ALL.into_iter().find(|k| k.name() == name.trim())
+    }
+
+    /// Plan entries per block.
+    const fn rows_per_block(self) -> u32 {
+        match self {
+            GatherKernel::V1 | GatherKernel::V2 => gk::GATHER_ROWS,
+            GatherKernel::V2Rows8 => 8,
+            GatherKernel::V2Rows4 => 4,
+        }
+    }
+}
+
+/// Environment variable choosing the initial [`RemapKernel`].
+pub const REMAP_KERNEL_ENV: &str = "HISPARSE_CUDA_REMAP";
+/// Environment variable choosing the initial [`GatherKernel`].
+pub const GATHER_KERNEL_ENV: &str = "HISPARSE_CUDA_GATHER";
+
+/// The variant the environment variable `var` names, `default` when it is unset or empty, or an
+/// error naming the accepted values.
+fn variant_from_env<K: Copy>(
+    var: &str,
+    default: K,
+    all: &[K],
+    name: impl Fn(K) -> &'static str,
+) -> Result<K> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => all
+            .iter()
+            .copied()
+            .find(|k| name(*k) == v.trim())
+            .ok_or_else(|| {
+                let names: Vec<&str> = all.iter().map(|k| name(*k)).collect();
+                CudaError::Unsupported(format!("{var}={v}: expected one of {}", names.join(", ")))
+            }),
+        _ => Ok(default),
+    }
+}
+
+/// `hs_remap` flag (not in the ABI table): look table entries up in global memory.
+const REMAP_DIRECT: u32 = 8;
+
 struct Kernels {
     _module: Module,
     f: [Function; Kernel::ALL.len()],
+    /// `hs_remap_v1` (same parameters as [`Kernel::Remap`]).
+    remap_v1: Function,
+    /// `hs_gather_rows_v1` (same parameters as [`Kernel::GatherRows`]).
+    gather_v1: Function,
 }
 
 impl Kernels {
@@ -100,6 +217,8 @@ pub struct CudaDevice {
     kernels: OnceLock<Kernels>,
     kernels_init: Mutex<()>,
     staging: Mutex<Staging>,
+    remap_kernel: AtomicU8,
+    gather_kernel: AtomicU8,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -153,6 +272,18 @@ impl CudaDevice {
         let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let max_shared_optin =
             attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as u32;
+        let remap = variant_from_env(
+            REMAP_KERNEL_ENV,
+            RemapKernel::V2,
+            &RemapKernel::ALL,
+            RemapKernel::name,
+        )?;
+        let gather = variant_from_env(
+            GATHER_KERNEL_ENV,
+            GatherKernel::V2,
+            &GatherKernel::ALL,
+            GatherKernel::name,
+        )?;
         let ctx = Context::retain(dev)?;
         let name = format!(
             "{} (sm_{}{}, device {ordinal})",
@@ -170,12 +301,42 @@ impl CudaDevice {
             max_shared_optin,
             kernels: OnceLock::new(),
             kernels_init: Mutex::new(()),
+            remap_kernel: AtomicU8::new(remap as u8),
+            gather_kernel: AtomicU8::new(gather as u8),
         })
     }
 
     /// Compiles and loads the kernels now (otherwise the first operation does).
     pub fn prepare(&self) -> Result<()> {
         self.kernels().map(|_| ())
+    }
+
+    /// The remap kernel launched from now on.
+    pub fn remap_kernel(&self) -> RemapKernel {
+        let v = self.remap_kernel.load(Ordering::Relaxed);
+        RemapKernel::ALL
+            .into_iter()
+            .find(|k| *k as u8 == v)
+            .unwrap_or(RemapKernel::V2)
+    }
+
+    /// Chooses the remap kernel for later [`Device::remap`] calls (results are identical).
+    pub fn set_remap_kernel(&self, k: RemapKernel) {
+        self.remap_kernel.store(k as u8, Ordering::Relaxed);
+    }
+
+    /// The swap-in gather kernel launched from now on.
+    pub fn gather_kernel(&self) -> GatherKernel {
+        let v = self.gather_kernel.load(Ordering::Relaxed);
+        GatherKernel::ALL
+            .into_iter()
+            .find(|k| *k as u8 == v)
+            .unwrap_or(GatherKernel::V2)
+    }
+
+    /// Chooses the gather kernel for later [`Device::gather_rows`] calls (results are identical).
+    pub fn set_gather_kernel(&self, k: GatherKernel) {
+        self.gather_kernel.store(k as u8, Ordering::Relaxed);
     }
 
     /// Compute capability `(major, minor)`.
@@ -258,7 +419,14 @@ impl CudaDevice {
             .max_shared_optin
             .saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES as u32);
         resolve.set_max_dynamic_shared(dynamic)?;
-        let _ = self.kernels.set(Kernels { _module: module, f });
+        let remap_v1 = module.function("hs_remap_v1")?;
+        let gather_v1 = module.function("hs_gather_rows_v1")?;
+        let _ = self.kernels.set(Kernels {
+            _module: module,
+            f,
+            remap_v1,
+            gather_v1,
+        });
         self.kernels.get().ok_or_else(|| CudaError::Compile {
             log: "kernel table".into(),
         })
@@ -273,6 +441,18 @@ impl CudaDevice {
 
     fn launch(&self, k: Kernel, l: Launch, stream: &CudaStream, args: &[Arg<'_>]) -> Result<()> {
         let f = self.kernels()?.get(k);
+        self.launch_fn(f, k, l, stream, args)
+    }
+
+    /// Launches `f`, a kernel with the parameters of `k` (`k` itself or a variant of it).
+    fn launch_fn(
+        &self,
+        f: Function,
+        k: Kernel,
+        l: Launch,
+        stream: &CudaStream,
+        args: &[Arg<'_>],
+    ) -> Result<()> {
         self.ctx.bind()?;
         debug_assert_eq!(args.len(), k.abi().params.len());
         // SAFETY: every caller passes arguments in the order and types of `k`'s ABI table (the
@@ -644,12 +824,23 @@ impl Device for CudaDevice {
         if desc.compact {
             flags |= gk::REMAP_COMPACT;
         }
+        let variant = self.remap_kernel();
+        let kernels = self.kernels()?;
+        let f = match variant {
+            RemapKernel::V1 => kernels.remap_v1,
+            RemapKernel::V2 => kernels.get(Kernel::Remap),
+            RemapKernel::V2Direct => {
+                flags |= REMAP_DIRECT;
+                kernels.get(Kernel::Remap)
+            }
+        };
         let l = Launch {
             grid: (desc.num_tokens, 1, 1),
             block: gk::REMAP_THREADS,
             shared: 0,
         };
-        self.launch(
+        self.launch_fn(
+            f,
             Kernel::Remap,
             l,
             stream,
@@ -766,6 +957,11 @@ impl Device for CudaDevice {
         }
         let k = desc.top_k;
         const MAX_Y: u32 = 65535;
+        let variant = self.gather_kernel();
+        let f = match variant {
+            GatherKernel::V1 => self.kernels()?.gather_v1,
+            _ => self.kernels()?.get(Kernel::GatherRows),
+        };
         for layers in desc.layers.chunks(gk::GATHER_MAX_LAYERS) {
             let table = GatherLayers::new(layers);
             let mut t0 = 0u32;
@@ -773,11 +969,16 @@ impl Device for CudaDevice {
                 let tn = (desc.num_tokens - t0).min(MAX_Y);
                 let plan_off = u64::from(t0) * u64::from(k) * 4;
                 let l = Launch {
-                    grid: (k.div_ceil(gk::GATHER_ROWS), tn, layers.len() as u32),
+                    grid: (
+                        k.div_ceil(variant.rows_per_block()),
+                        tn,
+                        layers.len() as u32,
+                    ),
                     block: gk::GATHER_THREADS,
                     shared: 0,
                 };
-                self.launch(
+                self.launch_fn(
+                    f,
                     Kernel::GatherRows,
                     l,
                     stream,
@@ -1011,6 +1212,29 @@ mod tests {
         assert!(!overlapping(vec![(0, 10), (20, 30)], &[(10, 20), (30, 31)]));
         assert!(overlapping(vec![(0, 10), (20, 30)], &[(25, 40)]));
         assert!(overlapping(vec![(0, 10), (20, 30)], &[(5, 6)]));
+    }
+
+    #[test]
+    fn kernel_variants_exist_in_the_source() {
+        for sym in ["hs_remap_v1(", "hs_gather_rows_v1("] {
+            assert!(gk::COMMON_SOURCE.contains(&format!(" {sym}")), "{sym}");
+        }
+        let define = format!("#define HS_REMAP_DIRECT {REMAP_DIRECT}u");
+        assert!(gk::COMMON_SOURCE.lines().any(|l| l.trim_end() == define));
+        for k in RemapKernel::ALL {
+            assert_eq!(RemapKernel::from_name(k.name()), Some(k));
+        }
+        for k in GatherKernel::ALL {
+            assert_eq!(GatherKernel::from_name(k.name()), Some(k));
+        }
+        assert_eq!(RemapKernel::from_name("v3"), None);
+        let e = variant_from_env::<RemapKernel>(
+            "HISPARSE_TEST_UNSET_VARIABLE_FOR_VARIANTS",
+            RemapKernel::V2,
+            &RemapKernel::ALL,
+            RemapKernel::name,
+        );
+        assert_eq!(e.ok(), Some(RemapKernel::V2));
     }
 
     #[test]

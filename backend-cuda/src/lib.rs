@@ -45,5 +45,8 @@ mod ffi;
 pub mod nvrtc;
 mod staging;
 
-pub use device::{CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream};
+pub use device::{
+    CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream, GATHER_KERNEL_ENV,
+    GatherKernel, REMAP_KERNEL_ENV, RemapKernel,
+};
 pub use error::CudaError;

@@ -160,6 +160,25 @@ HS_DEVICE u32 hs_block_scan(u32 v, u32* s, u32& total) {
 #define HS_REMAP_HAS_MAP 1u
 #define HS_REMAP_COUNTS 2u
 #define HS_REMAP_COMPACT 4u
+// Look block-table entries up in global memory even where the row would be staged in shared
+// memory. The results are identical; the CUDA backend sets it only to compare the two paths.
+#define HS_REMAP_DIRECT 8u
+// 16-byte top-k vectors a thread of hs_remap loads before it uses any (per pass over a row).
+#define HS_REMAP_VECS 2u
+
+#if defined(HS_VENDOR_CUDA)
+// Read-only data path (data no thread writes during the launch).
+#define HS_LDG(p) __ldg(p)
+// Streaming load of data read once (first to leave the caches).
+#define HS_LDCS(p) __ldcs(p)
+// Launch bounds of hs_remap: 8 blocks of 256 threads per multiprocessor (at most 32 registers),
+// so that a launch of up to 8 rows per multiprocessor runs as one wave.
+#define HS_REMAP_BOUNDS __launch_bounds__(HS_REMAP_THREADS, 8)
+#else
+#define HS_LDG(p) (*(p))
+#define HS_LDCS(p) (*(p))
+#define HS_REMAP_BOUNDS HS_BOUNDS(HS_REMAP_THREADS)
+#endif
 
 struct hs_remap_ctx {
     const i32* bt; // block-table row, or 0 for padding
@@ -181,9 +200,10 @@ HS_DEVICE i32 hs_remap_one(const hs_remap_ctx& c, i32 tok) {
     return hs_physical_row(c.bt[col], c.stride, off);
 }
 
-// Launch: grid (num_tokens), block (HS_REMAP_THREADS). `idx_mapping` and `counts` may be null
-// when the matching flag is clear.
-HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
+// hs_remap_v1: the first remap kernel, kept (not in the ABI table) so the CUDA backend can still
+// measure it against hs_remap. Same parameters, flags (HS_REMAP_DIRECT is ignored) and launch
+// shape as hs_remap, but the grid must be exactly (num_tokens).
+HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap_v1(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
     i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
@@ -328,6 +348,231 @@ HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap(
         u32 total;
         hs_block_scan(valid, s_scan, total);
         if (HS_TID == 0) counts[t] = (i32)total;
+    }
+}
+
+// How a top-k token number splits into (block-table column, offset in the block).
+struct hs_remap_geo {
+    u32 block_size, max_blocks, stride;
+    u32 shift; // log2(block_size) when it is a power of two, else 32
+};
+
+// The block-table row of request `req` (through idx_mapping when HS_REMAP_HAS_MAP), or null for
+// a padding row.
+HS_DEVICE const i32* hs_remap_table_row(i32 req, const i32* block_table, const i32* idx_mapping,
+                                        u32 table_rows, u32 max_blocks, u32 idx_mapping_len,
+                                        u32 flags) {
+    i64 row = -1;
+    if (req >= 0) {
+        if (flags & HS_REMAP_HAS_MAP) {
+            if ((u32)req < idx_mapping_len) {
+                const i32 m = HS_LDG(idx_mapping + req);
+                if (m >= 0 && (u32)m < table_rows) row = m;
+            }
+        } else if ((u32)req < table_rows) {
+            row = req;
+        }
+    }
+    return row >= 0 ? block_table + (u64)row * max_blocks : 0;
+}
+
+// Output of top-k entry `tok` against the (non-null) table row `bt`, which lives in shared
+// memory, or in global memory (read-only path) when GLOBAL.
+template <bool GLOBAL>
+HS_DEVICE i32 hs_remap_entry(const hs_remap_geo& g, const i32* bt, i32 tok) {
+    if (tok < 0) return -1;
+    u32 col, off;
+    if (g.shift < 32) {
+        col = (u32)tok >> g.shift;
+        off = (u32)tok & (g.block_size - 1);
+    } else {
+        col = (u32)tok / g.block_size;
+        off = (u32)tok % g.block_size;
+    }
+    if (col >= g.max_blocks) return -1;
+    return hs_physical_row(GLOBAL ? HS_LDG(bt + col) : bt[col], g.stride, off);
+}
+
+template <bool GLOBAL>
+HS_DEVICE uint4 hs_remap_vec(const hs_remap_geo& g, const i32* bt, uint4 a, u32& valid) {
+    uint4 r;
+    r.x = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.x);
+    r.y = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.y);
+    r.z = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.z);
+    r.w = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.w);
+    valid += (u32)(r.x != HS_NONE) + (u32)(r.y != HS_NONE) + (u32)(r.z != HS_NONE) + (u32)(r.w != HS_NONE);
+    return r;
+}
+
+// The vector pass loop of one row: `a` holds the first pass's top-k vectors.
+template <bool GLOBAL>
+HS_DEVICE u32 hs_remap_row_vec(const hs_remap_geo& g, const i32* bt, uint4* a, const uint4* in4,
+                               uint4* o4, u32 n4) {
+    u32 valid = 0;
+    for (u32 base = 0;;) {
+#pragma unroll
+        for (u32 q = 0; q < HS_REMAP_VECS; ++q) {
+            const u32 i = base + q * HS_NTHREADS + HS_TID;
+            if (i < n4) o4[i] = hs_remap_vec<GLOBAL>(g, bt, a[q], valid);
+        }
+        base += HS_REMAP_VECS * HS_NTHREADS;
+        if (base >= n4) return valid;
+#pragma unroll
+        for (u32 q = 0; q < HS_REMAP_VECS; ++q) {
+            const u32 i = base + q * HS_NTHREADS + HS_TID;
+            if (i < n4) a[q] = HS_LDCS(in4 + i);
+        }
+    }
+}
+
+// A padding row: every output -1.
+HS_DEVICE void hs_remap_row_none(uint4* o4, u32 n4) {
+    const uint4 none4 = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+    for (u32 i = HS_TID; i < n4; i += HS_NTHREADS) o4[i] = none4;
+}
+
+// Copies table row `bt` (m entries) to shared memory `s`: 16-byte loads when rows are 16-byte
+// aligned (m % 4 == 0; the table itself starts 16-byte aligned), every load of a step issued
+// before the first store.
+HS_DEVICE void hs_remap_stage(const i32* bt, u32 m, i32* s) {
+    if ((m & 3u) == 0) {
+        const uint4* b4 = (const uint4*)bt;
+        uint4* s4 = (uint4*)s;
+        const u32 m4 = m >> 2;
+#if defined(HS_VENDOR_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        // Asynchronous copies global -> shared (L2 only): no registers held while they fly.
+        for (u32 i = HS_TID; i < m4; i += HS_NTHREADS) {
+            const u32 d = (u32)__cvta_generic_to_shared(s4 + i);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(b4 + i) : "memory");
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+#else
+        for (u32 i0 = 0; i0 < m4; i0 += 2 * HS_NTHREADS) {
+            const u32 i = i0 + HS_TID, i2 = i + HS_NTHREADS;
+            uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+            if (i < m4) v0 = HS_LDG(b4 + i);
+            if (i2 < m4) v1 = HS_LDG(b4 + i2);
+            if (i < m4) s4[i] = v0;
+            if (i2 < m4) s4[i2] = v1;
+        }
+#endif
+    } else {
+        for (u32 i0 = 0; i0 < m; i0 += 8 * HS_NTHREADS) {
+            i32 v[8];
+#pragma unroll
+            for (u32 q = 0; q < 8; ++q) {
+                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
+                v[q] = i < m ? HS_LDG(bt + i) : 0;
+            }
+#pragma unroll
+            for (u32 q = 0; q < 8; ++q) {
+                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
+                if (i < m) s[i] = v[q];
+            }
+        }
+    }
+}
+
+// Launch: grid (any size; the host uses num_tokens), block (HS_REMAP_THREADS, or any multiple
+// of the warp up to it). Blocks take token rows grid-stride. `idx_mapping` and `counts` may be
+// null when the matching flag is clear.
+//
+// Per row: the first pass's top-k vectors (HS_REMAP_VECS 16-byte loads per thread, when top_k is
+// a multiple of 4) are requested first, since they do not depend on the table; then the request's
+// table row is resolved and, when it fits and is not much longer than the row's top-k, staged in
+// shared memory with 16-byte loads (one coalesced read instead of top_k scattered ones); then the
+// outputs are written with 16-byte stores. Compaction keeps a block-wide ordered scan.
+HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
+    const i32* __restrict__ req_id, const i32* __restrict__ block_table,
+    const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
+    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
+    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
+    HS_SHARED uint4 s_bt4[HS_REMAP_SMEM_BLOCKS / 4];
+    i32* const s_bt = (i32*)s_bt4;
+    hs_remap_geo g;
+    g.block_size = block_size;
+    g.max_blocks = max_blocks;
+    g.stride = block_stride_rows;
+    g.shift = 32;
+    if ((block_size & (block_size - 1)) == 0) {
+        g.shift = 0;
+        while ((1u << g.shift) < block_size) ++g.shift;
+    }
+    const bool compact = (flags & HS_REMAP_COMPACT) != 0;
+    const bool vec = !compact && (top_k & 3u) == 0;
+    const bool may_stage = !(flags & HS_REMAP_DIRECT) && max_blocks <= HS_REMAP_SMEM_BLOCKS &&
+                           (u64)max_blocks <= 8ull * top_k;
+    const u32 n4 = top_k >> 2;
+    const uint4 none4 = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+
+    for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
+        const i32* in = topk + (u64)t * top_k;
+        i32* o = out + (u64)t * top_k;
+        const uint4* in4 = (const uint4*)in;
+        uint4* o4 = (uint4*)o;
+        uint4 a[HS_REMAP_VECS];
+#pragma unroll
+        for (u32 q = 0; q < HS_REMAP_VECS; ++q) {
+            const u32 i = q * HS_NTHREADS + HS_TID;
+            a[q] = none4;
+            if (vec && i < n4) a[q] = HS_LDCS(in4 + i);
+        }
+        const i32* bt = hs_remap_table_row(HS_LDG(req_id + t), block_table, idx_mapping, table_rows,
+                                           max_blocks, idx_mapping_len, flags);
+        const bool staged = bt != 0 && may_stage; // uniform over the block
+        if (staged) {
+            if (t != HS_BID_X) HS_SYNC(); // the previous row's lookups are done
+            hs_remap_stage(bt, max_blocks, s_bt);
+            HS_SYNC();
+        }
+        u32 valid = 0;
+        if (compact) {
+            // Chunks of 4 consecutive entries per thread, block-wide ordered compaction.
+            u32 written = 0;
+            for (u32 base = 0; base < top_k; base += HS_NTHREADS * 4) {
+                const u32 j0 = base + HS_TID * 4;
+                i32 v[4];
+                u32 n = 0;
+#pragma unroll
+                for (u32 q = 0; q < 4; ++q) {
+                    v[q] = -1;
+                    if (j0 + q < top_k && bt != 0) {
+                        v[q] = staged ? hs_remap_entry<false>(g, s_bt, in[j0 + q])
+                                      : hs_remap_entry<true>(g, bt, in[j0 + q]);
+                    }
+                    n += v[q] != -1 ? 1u : 0u;
+                }
+                u32 total;
+                u32 at = written + hs_block_scan(n, s_scan, total);
+#pragma unroll
+                for (u32 q = 0; q < 4; ++q) {
+                    if (v[q] != -1) o[at++] = v[q];
+                }
+                written += total;
+            }
+            for (u32 j = written + HS_TID; j < top_k; j += HS_NTHREADS) o[j] = -1;
+            if ((flags & HS_REMAP_COUNTS) && HS_TID == 0) counts[t] = (i32)written;
+            continue;
+        }
+        if (vec) {
+            if (staged) valid = hs_remap_row_vec<false>(g, s_bt, a, in4, o4, n4);
+            else if (bt != 0) valid = hs_remap_row_vec<true>(g, bt, a, in4, o4, n4);
+            else hs_remap_row_none(o4, n4);
+        } else {
+            for (u32 j = HS_TID; j < top_k; j += HS_NTHREADS) {
+                i32 v = -1;
+                if (staged) v = hs_remap_entry<false>(g, s_bt, in[j]);
+                else if (bt != 0) v = hs_remap_entry<true>(g, bt, in[j]);
+                o[j] = v;
+                valid += v != -1 ? 1u : 0u;
+            }
+        }
+        if (flags & HS_REMAP_COUNTS) {
+            u32 total;
+            hs_block_scan(valid, s_scan, total);
+            if (HS_TID == 0) counts[t] = (i32)total;
+        }
     }
 }
 
@@ -718,7 +963,94 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 #define HS_GATHER_ROWS 16
 #define HS_GATHER_UNROLL 8
 
+// hs_gather_rows accepts any grid x (the host uses ceil(top_k / HS_GATHER_ROWS)): block x takes
+// the ceil(top_k / grid x) entries from x * that, in chunks of HS_GATHER_ROWS. The first chunk's
+// plan entries are requested together with the row's count (entries up to top_k are always in
+// the plan buffers), so the host loads start one round trip earlier.
 HS_KERNEL HS_BOUNDS(HS_GATHER_THREADS) void hs_gather_rows(
+    const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
+    const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
+    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
+    HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
+    HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
+    HS_SHARED u32 s_flags[HS_GATHER_ROWS]; // bit0: copy (else zero-fill), bit1: skip
+
+    const u32 t = HS_BID_Y;
+    if (t >= num_tokens || HS_BID_Z >= layers.count) return;
+    const u32 per = top_k / HS_NBLOCKS_X + (top_k % HS_NBLOCKS_X != 0 ? 1u : 0u);
+    const u64 lo64 = (u64)HS_BID_X * per;
+    if (lo64 >= top_k) return;
+    const u32 lo = (u32)lo64;
+    const u32 end_k = top_k - lo < per ? top_k : lo + per;
+    const u64 prow = (u64)t * top_k;
+    i32 ps = -1, pd = -1;
+    if (HS_TID < HS_GATHER_ROWS && lo + HS_TID < end_k) {
+        ps = HS_LDG(plan_src + prow + lo + HS_TID);
+        pd = HS_LDG(plan_dst + prow + lo + HS_TID);
+    }
+    const i32 cnt = HS_LDG(plan_counts + t);
+    const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+    const u32 hi = end_k < n ? end_k : n;
+    if (lo >= hi) return;
+    const hs_layer_pair L = layers.layer[HS_BID_Z];
+    const u32 cpr = L.host.row_bytes >> 4;
+    const u32 vc = L.host.value_bytes >> 4;
+
+    for (u32 j0 = lo; j0 < hi; j0 += HS_GATHER_ROWS) {
+        const u32 rows = hi - j0 < HS_GATHER_ROWS ? hi - j0 : HS_GATHER_ROWS;
+        if (j0 != lo) {
+            HS_SYNC(); // the previous chunk's copies have read the row table
+            if (HS_TID < rows) {
+                ps = HS_LDG(plan_src + prow + j0 + HS_TID);
+                pd = HS_LDG(plan_dst + prow + j0 + HS_TID);
+            }
+        }
+        if (HS_TID < rows) {
+            u32 db, doff, sb, soff;
+            u32 f = 0;
+            if (!hs_locate(L.device, pd, db, doff)) {
+                f = 2;
+            } else {
+                hs_row_parts(L.device, db, doff, s_dst_v[HS_TID], s_dst_s[HS_TID]);
+                if (hs_locate(L.host, ps, sb, soff)) {
+                    hs_row_parts(L.host, sb, soff, s_src_v[HS_TID], s_src_s[HS_TID]);
+                    f = 1;
+                }
+            }
+            s_flags[HS_TID] = f;
+        }
+        HS_SYNC();
+
+        const u32 total = rows * cpr;
+        for (u32 base = 0; base < total; base += HS_GATHER_THREADS * HS_GATHER_UNROLL) {
+            uint4 v[HS_GATHER_UNROLL];
+#pragma unroll
+            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
+                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
+                v[u] = make_uint4(0u, 0u, 0u, 0u);
+                if (q < total) {
+                    const u32 i = q / cpr, c = q % cpr;
+                    if (s_flags[i] == 1)
+                        v[u] = *(const uint4*)(host + hs_chunk(s_src_v[i], s_src_s[i], vc, c));
+                }
+            }
+#pragma unroll
+            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
+                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
+                if (q < total) {
+                    const u32 i = q / cpr, c = q % cpr;
+                    if (s_flags[i] != 2)
+                        *(uint4*)(device + hs_chunk(s_dst_v[i], s_dst_s[i], vc, c)) = v[u];
+                }
+            }
+        }
+    }
+}
+
+// hs_gather_rows_v1: the first gather kernel, kept (not in the ABI table) so the CUDA backend can
+// still measure it against hs_gather_rows. Same parameters; the grid must be exactly
+// (ceil(top_k / HS_GATHER_ROWS), num_tokens, layers.count).
+HS_KERNEL HS_BOUNDS(HS_GATHER_THREADS) void hs_gather_rows_v1(
     const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
     const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
     u32 num_tokens, u32 top_k, hs_gather_layers layers) {
