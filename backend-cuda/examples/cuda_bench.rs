@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo build --release -p hisparse-backend-cuda --example cuda_bench
-//! cuda_bench [--json PATH] [--quick]
+//! cuda_bench [--json PATH] [--quick] [--only remap,gather,resolve,backup]
 //! ```
+//!
+//! The remap and gather figures are measured for every kernel variant of the backend
+//! ([`RemapKernel`], [`GatherKernel`]; the name says which, `*` marks the default), and each
+//! variant's output is compared byte for byte with the first variant's (a mismatch is an error).
 //!
 //! Ceilings: bulk pinned host→device and device→host copies (`cuMemcpyAsync`, 256 MiB), and a
 //! device-to-device copy (1 GiB, counting bytes read plus bytes written). Figures, timed with CUDA
@@ -23,7 +27,7 @@
 use std::error::Error;
 use std::fmt::Write as _;
 
-use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaStream};
+use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaStream, GatherKernel, RemapKernel};
 use hisparse_core::Device;
 use hisparse_core::ops::{
     BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout,
@@ -105,10 +109,22 @@ fn main() -> Res<()> {
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1).cloned());
     let quick = args.iter().any(|a| a == "--quick");
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(|x| x.trim().to_owned()).collect());
+    let run = |section: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == section));
     let dev = CudaDevice::open(0)?;
     dev.prepare()?;
     let s = dev.create_stream()?;
     println!("device: {}", dev.device_name());
+    let (remap_default, gather_default) = (dev.remap_kernel(), dev.gather_kernel());
+    println!(
+        "default kernels: remap {}, gather {}",
+        remap_default.name(),
+        gather_default.name()
+    );
     let mut rows: Vec<Row> = Vec::new();
 
     // ---- ceilings ------------------------------------------------------------------------
@@ -158,7 +174,8 @@ fn main() -> Res<()> {
     // ---- remap 1024 x 2048 ----------------------------------------------------------------
     // Two block tables: 1024 requests of 128K tokens (an 8 MB table, each token its own
     // request: the table is read from DRAM too) and 64 requests of 16 tokens each (512 KB).
-    for (reqs, label) in [(1024u32, "1024 req x 128K ctx"), (64, "64 req x 16 tok")] {
+    let remap_cases = [(1024u32, "1024 req x 128K ctx"), (64, "64 req x 16 tok")];
+    for (reqs, label) in remap_cases.into_iter().filter(|_| run("remap")) {
         let (t, k, bs, m) = (1024u32, 2048u32, 64u32, 2048u32);
         let sets = 8;
         let table: Vec<i32> = (0..reqs * m).map(|_| rng.below(1 << 20) as i32).collect();
@@ -185,41 +202,46 @@ fn main() -> Res<()> {
             write_counts: false,
             compact: false,
         };
-        let iters = if quick { 40 } else { 400 };
-        let ms = time_ms(&dev, &s, 8, iters, |i| {
-            let j = i % sets;
-            let (o, tk) = (&mut outs[j], &topks[j]);
-            Ok(dev.remap(
+        let bytes = 2.0 * f64::from(t) * f64::from(k) * 4.0;
+        let ceil_us = bytes / d2d / 1e3;
+        let mut first: Option<Vec<u8>> = None;
+        for variant in RemapKernel::ALL {
+            dev.set_remap_kernel(variant);
+            let tag = format!(
+                "{}{}",
+                variant.name(),
+                if variant == remap_default { "*" } else { "" }
+            );
+            // Correctness against the first variant, on set 0.
+            let mut check = dev.alloc((t * k * 4) as usize)?;
+            dev.remap(
                 &s,
                 &desc,
                 RemapArgs {
                     req_id: &req,
                     block_table: &table,
-                    topk: tk,
+                    topk: &topks[0],
                     idx_mapping: None,
-                    out: o,
+                    out: &mut check,
                     counts: None,
                 },
-            )?)
-        })?;
-        let bytes = 2.0 * f64::from(t) * f64::from(k) * 4.0;
-        let ceil_us = bytes / d2d / 1e3;
-        let us = ms * 1e3;
-        rows.push(Row {
-            name: format!("remap 1024 tok x 2048, {label} (stream)"),
-            value: us,
-            unit: "us",
-            ceiling: ceil_us,
-            ratio: us / ceil_us,
-            target: "<= 1.3x".into(),
-            met: us / ceil_us <= 1.3,
-            note: format!("{:.0} GB/s effective", bytes / us / 1e3),
-        });
-        // Same, as CUDA-graph replays of 8 remaps.
-        let graph = dev.capture(&s, |d| {
-            for j in 0..sets {
+            )?;
+            let mut got = vec![0u8; (t * k * 4) as usize];
+            dev.download(&check, 0, &mut got)?;
+            match &first {
+                None => first = Some(got),
+                Some(want) if *want != got => {
+                    return Err(
+                        format!("remap {tag} output differs from the first variant's").into(),
+                    );
+                }
+                Some(_) => {}
+            }
+            let iters = if quick { 40 } else { 400 };
+            let ms = time_ms(&dev, &s, 8, iters, |i| {
+                let j = i % sets;
                 let (o, tk) = (&mut outs[j], &topks[j]);
-                d.remap(
+                Ok(dev.remap(
                     &s,
                     &desc,
                     RemapArgs {
@@ -230,23 +252,53 @@ fn main() -> Res<()> {
                         out: o,
                         counts: None,
                     },
-                )?;
-            }
-            Ok(())
-        })?;
-        let reps = if quick { 5 } else { 50 };
-        let ms = time_ms(&dev, &s, 2, reps, |_| Ok(dev.launch_graph(&graph, &s)?))?;
-        let us = ms * 1e3 / sets as f64;
-        rows.push(Row {
-            name: format!("remap 1024 tok x 2048, {label} (graph)"),
-            value: us,
-            unit: "us",
-            ceiling: ceil_us,
-            ratio: us / ceil_us,
-            target: "<= 1.3x".into(),
-            met: us / ceil_us <= 1.3,
-            note: format!("{:.0} GB/s effective", bytes / us / 1e3),
-        });
+                )?)
+            })?;
+            let us = ms * 1e3;
+            rows.push(Row {
+                name: format!("remap 1024 tok x 2048, {label} (stream) [{tag}]"),
+                value: us,
+                unit: "us",
+                ceiling: ceil_us,
+                ratio: us / ceil_us,
+                target: "<= 1.3x".into(),
+                met: us / ceil_us <= 1.3,
+                note: format!("{:.0} GB/s effective", bytes / us / 1e3),
+            });
+            // Same, as CUDA-graph replays of 8 remaps.
+            let graph = dev.capture(&s, |d| {
+                for j in 0..sets {
+                    let (o, tk) = (&mut outs[j], &topks[j]);
+                    d.remap(
+                        &s,
+                        &desc,
+                        RemapArgs {
+                            req_id: &req,
+                            block_table: &table,
+                            topk: tk,
+                            idx_mapping: None,
+                            out: o,
+                            counts: None,
+                        },
+                    )?;
+                }
+                Ok(())
+            })?;
+            let reps = if quick { 5 } else { 50 };
+            let ms = time_ms(&dev, &s, 2, reps, |_| Ok(dev.launch_graph(&graph, &s)?))?;
+            let us = ms * 1e3 / sets as f64;
+            rows.push(Row {
+                name: format!("remap 1024 tok x 2048, {label} (graph) [{tag}]"),
+                value: us,
+                unit: "us",
+                ceiling: ceil_us,
+                ratio: us / ceil_us,
+                target: "<= 1.3x".into(),
+                met: us / ceil_us <= 1.3,
+                note: format!("{:.0} GB/s effective", bytes / us / 1e3),
+            });
+        }
+        dev.set_remap_kernel(remap_default);
     }
 
     // ---- swap-in gather of random 656 B rows ----------------------------------------------
@@ -261,7 +313,8 @@ fn main() -> Res<()> {
         }
         dev.write_pinned(&mut host, 0, &fill)?;
     }
-    for (rows_n, layers_n) in [(2048u32, 1u32), (32768, 1), (2048, 4)] {
+    let gather_cases = [(2048u32, 1u32), (32768, 1), (2048, 4)];
+    for (rows_n, layers_n) in gather_cases.into_iter().filter(|_| run("gather")) {
         let k = 2048u32;
         let t = rows_n / k;
         let dev_blocks = rows_n / bs;
@@ -295,47 +348,86 @@ fn main() -> Res<()> {
             top_k: k,
             layers: &layers,
         };
-        let iters = if quick {
-            16
-        } else if rows_n == 2048 {
-            640
-        } else {
-            80
-        };
-        let ms = time_ms(&dev, &s, plans, iters, |i| {
-            let (src, dst) = &plan_bufs[i % plans];
-            Ok(dev.gather_rows(
-                &s,
-                &desc,
-                GatherArgs {
-                    plan_src: src,
-                    plan_dst: dst,
-                    plan_counts: &counts,
-                    host: &host,
-                    device: &mut pool,
-                },
-            )?)
-        })?;
-        let gbs = f64::from(rows_n * layers_n) * f64::from(row) / ms / 1e6;
-        let what = if layers_n == 1 {
-            String::new()
-        } else {
-            format!(" x {layers_n} layers (one launch)")
-        };
-        rows.push(Row {
-            name: format!("swap-in gather {rows_n} x 656 B rows{what}"),
-            value: gbs,
-            unit: "GB/s",
-            ceiling: h2d,
-            ratio: gbs / h2d,
-            target: ">= 0.8x".into(),
-            met: gbs / h2d >= 0.8,
-            note: format!("{:.1} us per call", ms * 1e3),
-        });
+        let mut first: Option<Vec<u8>> = None;
+        for variant in GatherKernel::ALL {
+            dev.set_gather_kernel(variant);
+            let tag = format!(
+                "{}{}",
+                variant.name(),
+                if variant == gather_default { "*" } else { "" }
+            );
+            // Correctness against the first variant: plan 0 into a cleared pool.
+            let pool_len = pool.byte_len() as usize;
+            let zero = dev.alloc(pool_len)?;
+            dev.copy_on_device(&s, &zero, 0, &mut pool, 0, pool_len)?;
+            {
+                let (src, dst) = &plan_bufs[0];
+                dev.gather_rows(
+                    &s,
+                    &desc,
+                    GatherArgs {
+                        plan_src: src,
+                        plan_dst: dst,
+                        plan_counts: &counts,
+                        host: &host,
+                        device: &mut pool,
+                    },
+                )?;
+            }
+            let mut got = vec![0u8; pool.byte_len() as usize];
+            dev.download(&pool, 0, &mut got)?;
+            match &first {
+                None => first = Some(got),
+                Some(want) if *want != got => {
+                    return Err(
+                        format!("gather {tag} result differs from the first variant's").into(),
+                    );
+                }
+                Some(_) => {}
+            }
+            let iters = if quick {
+                16
+            } else if rows_n == 2048 {
+                640
+            } else {
+                80
+            };
+            let ms = time_ms(&dev, &s, plans, iters, |i| {
+                let (src, dst) = &plan_bufs[i % plans];
+                Ok(dev.gather_rows(
+                    &s,
+                    &desc,
+                    GatherArgs {
+                        plan_src: src,
+                        plan_dst: dst,
+                        plan_counts: &counts,
+                        host: &host,
+                        device: &mut pool,
+                    },
+                )?)
+            })?;
+            let gbs = f64::from(rows_n * layers_n) * f64::from(row) / ms / 1e6;
+            let what = if layers_n == 1 {
+                String::new()
+            } else {
+                format!(" x {layers_n} layers (one launch)")
+            };
+            rows.push(Row {
+                name: format!("swap-in gather {rows_n} x 656 B rows{what} [{tag}]"),
+                value: gbs,
+                unit: "GB/s",
+                ceiling: h2d,
+                ratio: gbs / h2d,
+                target: ">= 0.8x".into(),
+                met: gbs / h2d >= 0.8,
+                note: format!("{:.1} us per call", ms * 1e3),
+            });
+        }
+        dev.set_gather_kernel(gather_default);
     }
 
     // ---- resolver 64 x 2048, 4096 hot slots, ~10% misses ------------------------------------
-    {
+    if run("resolve") {
         let (r, k, n, bs) = (64u32, 2048u32, 4096u32, 64u32);
         let ctx_tokens = 65536u32;
         let max_pages = ctx_tokens / bs;
@@ -501,7 +593,7 @@ fn main() -> Res<()> {
     }
 
     // ---- multi-layer page backup and restore ----------------------------------------------
-    {
+    if run("backup") {
         let layers_n = 61u32;
         let pages = 64u32;
         let dev_blocks = 128u32;
