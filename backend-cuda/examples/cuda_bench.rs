@@ -125,6 +125,17 @@ fn main() -> Res<()> {
         remap_default.name(),
         gather_default.name()
     );
+    for r in dev.kernel_report()? {
+        println!(
+            "kernel {}: {} registers, {} B local, {} B shared, {} blocks of {} threads per SM",
+            r.name,
+            r.registers,
+            r.local_bytes,
+            r.shared_bytes,
+            r.blocks_per_multiprocessor,
+            r.block_threads
+        );
+    }
     let mut rows: Vec<Row> = Vec::new();
 
     // ---- ceilings ------------------------------------------------------------------------

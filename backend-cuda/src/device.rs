@@ -161,6 +161,23 @@ impl GatherKernel {
     }
 }
 
+/// Resource use of one compiled kernel ([`CudaDevice::kernel_report`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelReport {
+    /// The kernel's symbol.
+    pub name: &'static str,
+    /// Registers per thread.
+    pub registers: i32,
+    /// Local memory (register spills, stack) per thread, in bytes.
+    pub local_bytes: i32,
+    /// Static shared memory per block, in bytes.
+    pub shared_bytes: i32,
+    /// Threads per block the backend launches it with.
+    pub block_threads: u32,
+    /// Blocks one multiprocessor holds at once at that block size.
+    pub blocks_per_multiprocessor: i32,
+}
+
 /// Environment variable choosing the initial [`RemapKernel`].
 pub const REMAP_KERNEL_ENV: &str = "HISPARSE_CUDA_REMAP";
 /// Environment variable choosing the initial [`GatherKernel`].
@@ -339,6 +356,36 @@ impl CudaDevice {
         self.gather_kernel.store(k as u8, Ordering::Relaxed);
     }
 
+    /// What the driver made of the remap and gather kernels (every variant): registers per
+    /// thread, local (spill) bytes per thread, static shared bytes per block, and blocks one
+    /// multiprocessor holds at the block size the backend launches.
+    pub fn kernel_report(&self) -> Result<Vec<KernelReport>> {
+        use cudarc::driver::sys::CUfunction_attribute as A;
+        let k = self.kernels()?;
+        let list = [
+            ("hs_remap", k.get(Kernel::Remap), gk::REMAP_THREADS),
+            ("hs_remap_v1", k.remap_v1, gk::REMAP_THREADS),
+            (
+                "hs_gather_rows",
+                k.get(Kernel::GatherRows),
+                gk::GATHER_THREADS,
+            ),
+            ("hs_gather_rows_v1", k.gather_v1, gk::GATHER_THREADS),
+        ];
+        let mut out = Vec::new();
+        for (name, f, block) in list {
+            out.push(KernelReport {
+                name,
+                registers: f.attribute(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+                local_bytes: f.attribute(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                shared_bytes: f.attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+                block_threads: block,
+                blocks_per_multiprocessor: f.max_active_blocks(block, 0)?,
+            });
+        }
+        Ok(out)
+    }
+
     /// Compute capability `(major, minor)`.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.cc
@@ -419,6 +466,14 @@ impl CudaDevice {
             .max_shared_optin
             .saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES as u32);
         resolve.set_max_dynamic_shared(dynamic)?;
+        // The largest shared-memory carveout, so that 8 blocks of hs_remap (16.5 KB each) fit
+        // whatever carveout the driver would pick. Only a hint: a device without a configurable
+        // carveout may refuse it, and the kernel runs correctly either way.
+        let _ = f[Kernel::ALL
+            .iter()
+            .position(|k| *k == Kernel::Remap)
+            .unwrap_or(0)]
+        .set_preferred_carveout(100);
         let remap_v1 = module.function("hs_remap_v1")?;
         let gather_v1 = module.function("hs_gather_rows_v1")?;
         let _ = self.kernels.set(Kernels {

@@ -745,6 +745,43 @@ impl Function {
             )
         })
     }
+
+    /// Prefers a shared-memory carveout of `percent` of the unified L1/shared storage.
+    pub(crate) fn set_preferred_carveout(&self, percent: i32) -> Result<()> {
+        // SAFETY: `self.0` is a live kernel handle; the attribute is a valid enum value.
+        check("cuFuncSetAttribute", unsafe {
+            sys::cuFuncSetAttribute(
+                self.0,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                percent,
+            )
+        })
+    }
+
+    /// An attribute of the compiled kernel (registers, local memory, ...).
+    pub(crate) fn attribute(&self, a: sys::CUfunction_attribute) -> Result<i32> {
+        let mut v = 0i32;
+        // SAFETY: `self.0` is a live kernel handle; `v` is an out-pointer.
+        check("cuFuncGetAttribute", unsafe {
+            sys::cuFuncGetAttribute(&mut v, a, self.0)
+        })?;
+        Ok(v)
+    }
+
+    /// Blocks of `block` threads (and `dynamic_shared` bytes) one multiprocessor holds at once.
+    pub(crate) fn max_active_blocks(&self, block: u32, dynamic_shared: usize) -> Result<i32> {
+        let mut v = 0i32;
+        // SAFETY: `self.0` is a live kernel handle; `v` is an out-pointer.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut v,
+                self.0,
+                block as i32,
+                dynamic_shared,
+            )
+        })?;
+        Ok(v)
+    }
 }
 
 /// One kernel argument, passed by address to `cuLaunchKernel`.
