@@ -42,6 +42,7 @@ for arch in "${TARGETS[@]}"; do
         -nogpulib -nogpuinc -O3 -cuid=hisparse -Wall -Werror \
         -include backend-rocm/kernels/hip_offline.h -include gpu-kernels/kernels/vendor_hip.h \
         gpu-kernels/kernels/hisparse.cuh -o "$co"
+    chmod 644 "$co"
     symbols=$("$READELF" -s --wide "$co")
     for k in "${kernels[@]}"; do
         for s in "$k" "$k.kd"; do
