@@ -120,6 +120,10 @@ fn main() -> Res<()> {
     let s = dev.create_stream()?;
     println!("device: {}", dev.device_name());
     let (remap_default, gather_default) = (dev.remap_kernel(), dev.gather_kernel());
+    let pdl_default = dev.programmatic_launch();
+    // The variant loops measure with programmatic launch off, then (where the device supports it)
+    // the v2 kernels once more with it on: rows marked "PDL".
+    dev.set_programmatic_launch(false);
     println!(
         "default kernels: remap {}, gather {}",
         remap_default.name(),
@@ -276,6 +280,58 @@ fn main() -> Res<()> {
                 met: us / ceil_us <= 1.3,
                 note: format!("{:.0} GB/s effective", bytes / us / 1e3),
             });
+            if variant != RemapKernel::V1 && dev.set_programmatic_launch(true) {
+                let mut check = dev.alloc((t * k * 4) as usize)?;
+                let mut got = vec![0u8; (t * k * 4) as usize];
+                for j in 0..2 {
+                    dev.remap(
+                        &s,
+                        &desc,
+                        RemapArgs {
+                            req_id: &req,
+                            block_table: &table,
+                            topk: &topks[1 - j],
+                            idx_mapping: None,
+                            out: &mut check,
+                            counts: None,
+                        },
+                    )?;
+                }
+                dev.download(&check, 0, &mut got)?;
+                let ms = time_ms(&dev, &s, 8, iters, |i| {
+                    let j = i % sets;
+                    let (o, tk) = (&mut outs[j], &topks[j]);
+                    Ok(dev.remap(
+                        &s,
+                        &desc,
+                        RemapArgs {
+                            req_id: &req,
+                            block_table: &table,
+                            topk: tk,
+                            idx_mapping: None,
+                            out: o,
+                            counts: None,
+                        },
+                    )?)
+                });
+                dev.set_programmatic_launch(false);
+                if first.as_ref().is_some_and(|want| *want != got) {
+                    return Err(
+                        format!("remap {tag} with PDL differs from the first variant's").into(),
+                    );
+                }
+                let us = ms? * 1e3;
+                rows.push(Row {
+                    name: format!("remap 1024 tok x 2048, {label} (stream, PDL) [{tag}]"),
+                    value: us,
+                    unit: "us",
+                    ceiling: ceil_us,
+                    ratio: us / ceil_us,
+                    target: "<= 1.3x".into(),
+                    met: us / ceil_us <= 1.3,
+                    note: format!("{:.0} GB/s effective", bytes / us / 1e3),
+                });
+            }
             // Same, as CUDA-graph replays of 8 remaps.
             let graph = dev.capture(&s, |d| {
                 for j in 0..sets {
@@ -433,9 +489,40 @@ fn main() -> Res<()> {
                 met: gbs / h2d >= 0.8,
                 note: format!("{:.1} us per call", ms * 1e3),
             });
+            if variant != GatherKernel::V1 && dev.set_programmatic_launch(true) {
+                let ms = time_ms(&dev, &s, plans, iters, |i| {
+                    let (src, dst) = &plan_bufs[i % plans];
+                    Ok(dev.gather_rows(
+                        &s,
+                        &desc,
+                        GatherArgs {
+                            plan_src: src,
+                            plan_dst: dst,
+                            plan_counts: &counts,
+                            host: &host,
+                            device: &mut pool,
+                        },
+                    )?)
+                });
+                dev.set_programmatic_launch(false);
+                let ms = ms?;
+                let gbs = f64::from(rows_n * layers_n) * f64::from(row) / ms / 1e6;
+                rows.push(Row {
+                    name: format!("swap-in gather {rows_n} x 656 B rows{what} PDL [{tag}]"),
+                    value: gbs,
+                    unit: "GB/s",
+                    ceiling: h2d,
+                    ratio: gbs / h2d,
+                    target: ">= 0.8x".into(),
+                    met: gbs / h2d >= 0.8,
+                    note: format!("{:.1} us per call", ms * 1e3),
+                });
+            }
         }
         dev.set_gather_kernel(gather_default);
     }
+
+    dev.set_programmatic_launch(pdl_default);
 
     // ---- resolver 64 x 2048, 4096 hot slots, ~10% misses ------------------------------------
     if run("resolve") {

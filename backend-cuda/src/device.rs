@@ -1,6 +1,6 @@
 //! [`CudaDevice`]: the [`Device`] implementation.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
@@ -178,6 +178,10 @@ pub struct KernelReport {
     pub blocks_per_multiprocessor: i32,
 }
 
+/// Environment variable turning on programmatic dependent launch of the v2 remap and gather
+/// kernels (`1`; default `0`): see [`CudaDevice::set_programmatic_launch`].
+pub const PROGRAMMATIC_LAUNCH_ENV: &str = "HISPARSE_CUDA_PDL";
+
 /// Environment variable choosing the initial [`RemapKernel`].
 pub const REMAP_KERNEL_ENV: &str = "HISPARSE_CUDA_REMAP";
 /// Environment variable choosing the initial [`GatherKernel`].
@@ -236,6 +240,7 @@ pub struct CudaDevice {
     staging: Mutex<Staging>,
     remap_kernel: AtomicU8,
     gather_kernel: AtomicU8,
+    programmatic: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -301,6 +306,9 @@ impl CudaDevice {
             &GatherKernel::ALL,
             GatherKernel::name,
         )?;
+        let programmatic = variant_from_env(PROGRAMMATIC_LAUNCH_ENV, false, &[false, true], |b| {
+            if b { "1" } else { "0" }
+        })?;
         let ctx = Context::retain(dev)?;
         let name = format!(
             "{} (sm_{}{}, device {ordinal})",
@@ -320,6 +328,7 @@ impl CudaDevice {
             kernels_init: Mutex::new(()),
             remap_kernel: AtomicU8::new(remap as u8),
             gather_kernel: AtomicU8::new(gather as u8),
+            programmatic: AtomicBool::new(programmatic && cc.0 >= 9),
         })
     }
 
@@ -340,6 +349,23 @@ impl CudaDevice {
     /// Chooses the remap kernel for later [`Device::remap`] calls (results are identical).
     pub fn set_remap_kernel(&self, k: RemapKernel) {
         self.remap_kernel.store(k as u8, Ordering::Relaxed);
+    }
+
+    /// Whether the v2 remap and gather kernels are launched with programmatic stream
+    /// serialisation (programmatic dependent launch).
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic.load(Ordering::Relaxed)
+    }
+
+    /// Launches the v2 remap and gather kernels with programmatic stream serialisation (`on`,
+    /// and a device of compute capability 9.0 or newer; otherwise normally): each may be
+    /// scheduled while the previous kernel of its stream finishes, and waits for it on the
+    /// device (`griddepcontrol.wait`) before touching memory, which hides the launch gap.
+    /// Results are identical. Returns whether it is on.
+    pub fn set_programmatic_launch(&self, on: bool) -> bool {
+        let on = on && self.cc.0 >= 9;
+        self.programmatic.store(on, Ordering::Relaxed);
+        on
     }
 
     /// The swap-in gather kernel launched from now on.
@@ -508,7 +534,30 @@ impl CudaDevice {
         stream: &CudaStream,
         args: &[Arg<'_>],
     ) -> Result<()> {
+        self.launch_fn_as(f, k, l, stream, args, false)
+    }
+
+    /// [`Self::launch_fn`], with programmatic stream serialisation when `programmatic` (only
+    /// for kernels that run `HS_GRID_DEP_WAIT` first: `hs_remap`, `hs_gather_rows`).
+    fn launch_fn_as(
+        &self,
+        f: Function,
+        k: Kernel,
+        l: Launch,
+        stream: &CudaStream,
+        args: &[Arg<'_>],
+        programmatic: bool,
+    ) -> Result<()> {
         self.ctx.bind()?;
+        if programmatic {
+            debug_assert!(matches!(k, Kernel::Remap | Kernel::GatherRows));
+            debug_assert_eq!(args.len(), k.abi().params.len());
+            // SAFETY: as below; in addition `hs_remap` and `hs_gather_rows` (the only kernels
+            // launched this way, with `programmatic` false for their v1 variants) execute
+            // `griddepcontrol.wait` before any global memory access (HS_GRID_DEP_WAIT, compiled
+            // in for sm_90+, and this path is only taken on compute capability 9.0+).
+            return unsafe { ffi::launch_programmatic(f, l, &stream.inner, args) };
+        }
         debug_assert_eq!(args.len(), k.abi().params.len());
         // SAFETY: every caller passes arguments in the order and types of `k`'s ABI table (the
         // debug assertion checks the count), after the descriptor's `check` proved every buffer
@@ -894,7 +943,8 @@ impl Device for CudaDevice {
             block: gk::REMAP_THREADS,
             shared: 0,
         };
-        self.launch_fn(
+        let programmatic = variant != RemapKernel::V1 && self.programmatic_launch();
+        self.launch_fn_as(
             f,
             Kernel::Remap,
             l,
@@ -915,6 +965,7 @@ impl Device for CudaDevice {
                 Arg::U32(desc.idx_mapping_len.unwrap_or(0)),
                 Arg::U32(flags),
             ],
+            programmatic,
         )
     }
 
@@ -1017,6 +1068,7 @@ impl Device for CudaDevice {
             GatherKernel::V1 => self.kernels()?.gather_v1,
             _ => self.kernels()?.get(Kernel::GatherRows),
         };
+        let programmatic = variant != GatherKernel::V1 && self.programmatic_launch();
         for layers in desc.layers.chunks(gk::GATHER_MAX_LAYERS) {
             let table = GatherLayers::new(layers);
             let mut t0 = 0u32;
@@ -1032,7 +1084,7 @@ impl Device for CudaDevice {
                     block: gk::GATHER_THREADS,
                     shared: 0,
                 };
-                self.launch_fn(
+                self.launch_fn_as(
                     f,
                     Kernel::GatherRows,
                     l,
@@ -1047,6 +1099,7 @@ impl Device for CudaDevice {
                         Arg::U32(k),
                         Arg::Struct(&table),
                     ],
+                    programmatic,
                 )?;
                 t0 += tn;
             }

@@ -848,6 +848,53 @@ pub(crate) unsafe fn launch(
     })
 }
 
+/// Enqueues `f` on `stream` with `args` and programmatic stream serialisation: the kernel may
+/// start before the previous kernel of the stream has finished, so it must wait for it
+/// (`griddepcontrol.wait`) before touching memory.
+///
+/// # Safety
+///
+/// As [`launch`], and `f` must execute `griddepcontrol.wait` before any global memory access.
+pub(crate) unsafe fn launch_programmatic(
+    f: Function,
+    l: Launch,
+    stream: &Stream,
+    args: &[Arg<'_>],
+) -> Result<()> {
+    let mut params: Vec<*mut c_void> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Ptr(p) => (p as *const u64).cast_mut().cast(),
+            Arg::U32(v) => (v as *const u32).cast_mut().cast(),
+            Arg::U64(v) => (v as *const u64).cast_mut().cast(),
+            Arg::Struct(s) => (*s as *const hisparse_gpu_kernels::GatherLayers)
+                .cast_mut()
+                .cast(),
+        })
+        .collect();
+    // SAFETY: CUlaunchAttribute is plain data (an id, padding and a union of integers and
+    // plain structs), for which all-zero bytes are a valid value.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: l.grid.0,
+        gridDimY: l.grid.1,
+        gridDimZ: l.grid.2,
+        blockDimX: l.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: l.shared,
+        hStream: stream.raw,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as in `launch`; `config` and the attribute it points at live for the call.
+    check("cuLaunchKernelEx", unsafe {
+        sys::cuLaunchKernelEx(&config, f.0, params.as_mut_ptr(), std::ptr::null_mut())
+    })
+}
+
 // ------------------------------------------------------------------------------------------------
 // NVRTC
 // ------------------------------------------------------------------------------------------------

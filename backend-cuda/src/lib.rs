@@ -47,6 +47,6 @@ mod staging;
 
 pub use device::{
     CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream, GATHER_KERNEL_ENV,
-    GatherKernel, KernelReport, REMAP_KERNEL_ENV, RemapKernel,
+    GatherKernel, KernelReport, PROGRAMMATIC_LAUNCH_ENV, REMAP_KERNEL_ENV, RemapKernel,
 };
 pub use error::CudaError;

@@ -174,10 +174,20 @@ HS_DEVICE u32 hs_block_scan(u32 v, u32* s, u32& total) {
 // Launch bounds of hs_remap: 8 blocks of 256 threads per multiprocessor (at most 32 registers),
 // so that a launch of up to 8 rows per multiprocessor runs as one wave.
 #define HS_REMAP_BOUNDS __launch_bounds__(HS_REMAP_THREADS, 8)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Programmatic dependent launch (sm_90+): let the next kernel of the stream launch now (its own
+// HS_GRID_DEP_WAIT still waits for this whole grid), then wait until the previous kernel of the
+// stream has completed and its writes are visible. Both are no-ops unless the host launched the
+// kernels with programmatic stream serialisation.
+#define HS_GRID_DEP_WAIT() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory")
+#endif
 #else
 #define HS_LDG(p) (*(p))
 #define HS_LDCS(p) (*(p))
 #define HS_REMAP_BOUNDS HS_BOUNDS(HS_REMAP_THREADS)
+#endif
+#ifndef HS_GRID_DEP_WAIT
+#define HS_GRID_DEP_WAIT() ((void)0)
 #endif
 
 struct hs_remap_ctx {
@@ -490,6 +500,7 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
     HS_SHARED uint4 s_bt4[HS_REMAP_SMEM_BLOCKS / 4];
     i32* const s_bt = (i32*)s_bt4;
+    HS_GRID_DEP_WAIT(); // before any global memory access
     hs_remap_geo g;
     g.block_size = block_size;
     g.max_blocks = max_blocks;
@@ -974,6 +985,7 @@ HS_KERNEL HS_BOUNDS(HS_GATHER_THREADS) void hs_gather_rows(
     HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
     HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
     HS_SHARED u32 s_flags[HS_GATHER_ROWS]; // bit0: copy (else zero-fill), bit1: skip
+    HS_GRID_DEP_WAIT(); // before any global memory access
 
     const u32 t = HS_BID_Y;
     if (t >= num_tokens || HS_BID_Z >= layers.count) return;
