@@ -122,6 +122,10 @@ pub struct SimulateArgs {
     /// another, so later ones read the prefix from the host prefix cache (0 = none).
     #[arg(long, default_value = "0")]
     pub shared_prefix: String,
+    /// Tensor-parallel workers reporting each copy batch; worker w reports completion w + 1 steps
+    /// after the batch was issued.
+    #[arg(long, default_value = "1")]
+    pub workers: String,
     /// Emit JSON instead of text.
     #[arg(long)]
     pub json: bool,

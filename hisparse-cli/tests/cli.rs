@@ -280,7 +280,8 @@ fn simulate_followers_and_split_rows() {
     }
 }
 
-/// Without eager row mirroring, sealed pages reach host as whole-page spills (page backups).
+/// Without eager row mirroring, sealed pages reach host as whole-page spills (page backups);
+/// three workers report each batch complete one, two and three steps late.
 #[test]
 fn simulate_with_page_spills_instead_of_row_mirrors() {
     let j = simulate_json(&[
@@ -294,9 +295,12 @@ fn simulate_with_page_spills_instead_of_row_mirrors() {
         "--decode-steps",
         "8",
         "--no-eager-mirror",
+        "--workers",
+        "3",
         "--json",
     ]);
     check_run(&j);
+    assert_eq!(j["workers"], 3);
     assert!(j["spilled_pages"].as_u64().expect("spilled_pages") > 0);
     assert_eq!(j["mirror_spans"], 0);
 }

@@ -12,8 +12,9 @@
 //!    (every sparse layer); decode tokens then read their top-k through remap (fully-resident
 //!    path) or resolve + leader/follower gathers;
 //! 4. the after-forward copies (row mirrors, page spills) run as the step's transfer batch;
-//! 5. the worker reports the batch enqueued now and completed one step later (as a real copy
-//!    stream would), so pages go through `pending` before `clean` and reclaim must sometimes wait;
+//! 5. every worker reports the batch enqueued now; worker `w` reports it completed `w + 1` steps
+//!    later (as real copy streams would, out of step across tensor-parallel ranks), so pages go
+//!    through `pending` before `clean` and reclaim must sometimes wait;
 //! 6. the reads are verified against the synthetic rows; decoded requests get their next token
 //!    or finish.
 
@@ -50,6 +51,9 @@ pub struct SimSetup {
     pub overlap: f64,
     /// Tokens per step (prefill chunks + decode tokens).
     pub max_batched_tokens: u32,
+    /// Tensor-parallel workers that report every copy batch (worker `w` completes a batch `w + 1`
+    /// steps after it was issued).
+    pub workers: u32,
     /// Prompt tokens every request shares (0 = none). With a shared prefix, prefix caching is on
     /// and requests are admitted one after another, each once the previous one's prefill is
     /// durable on host, so later requests find the prefix in the host prefix cache.
@@ -74,7 +78,7 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             max_running: s.requests,
             max_batched_tokens: s.max_batched_tokens,
             max_spill_pages_per_step: 64,
-            num_workers: 1,
+            num_workers: s.workers,
             enable_prefix_caching: s.shared_prefix > 0,
             ..CoordinatorConfig::default()
         },
@@ -116,6 +120,7 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         context: s.context,
         decode_steps: s.decode_steps,
         seed: s.seed,
+        workers: s.workers,
         overlap_target: s.overlap,
         gpu_pool_bytes: kv.gpu_pool_bytes(),
         host_pool_bytes: kv.host_pool_bytes(),
@@ -129,7 +134,9 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
     let nb = kv.num_buckets;
     let mut row = vec![0i32; mp];
     let mut hot_row = vec![0i32; kv.hot_blocks_per_request as usize];
-    let mut to_complete: Vec<u64> = Vec::new();
+    // Copy batches issued (id, step) and, per worker, how many of them it has completed.
+    let mut issued: Vec<(u64, u64)> = Vec::new();
+    let mut completed = vec![0usize; s.workers as usize];
     let mut overlap_sum = 0.0;
     let mut overlap_n = 0u64;
     let mut idle_steps = 0u32;
@@ -297,11 +304,26 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         }
         dp.synchronize()?;
 
-        // 5. Reports: last step's batch completes now, this step's is enqueued.
+        // 5. Reports: every worker enqueues this step's batch now; worker `w` reports a batch
+        //    complete `w + 1` steps after it was issued (the copies themselves are done: the
+        //    stream was synchronised), so completions arrive late and out of step across workers.
         let t = Instant::now();
-        let enq: Vec<u64> = cmd.transfer_id.into_iter().collect();
-        coord.report(0, &enq, &to_complete).map_err(coord_err)?;
-        to_complete = enq;
+        if let Some(id) = cmd.transfer_id {
+            issued.push((id, step_no));
+        }
+        for (w, done) in completed.iter_mut().enumerate() {
+            let enq: Vec<u64> = cmd.transfer_id.into_iter().collect();
+            let upto = issued
+                .iter()
+                .take_while(|&&(_, at)| at + 1 + w as u64 <= step_no)
+                .count();
+            let comp: Vec<u64> = issued[*done..upto.max(*done)]
+                .iter()
+                .map(|&(id, _)| id)
+                .collect();
+            coord.report(w as u32, &enq, &comp).map_err(coord_err)?;
+            *done = upto.max(*done);
+        }
         planning += t.elapsed().as_secs_f64();
 
         // 6. Verify, then sample or finish.
@@ -359,8 +381,11 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         );
     }
     progress.finish();
-    // Drain: the last batch completes; every block must be back in its pool.
-    coord.report(0, &[], &to_complete).map_err(coord_err)?;
+    // Drain: every worker completes what is left; every block must be back in its pool.
+    for (w, &done) in completed.iter().enumerate() {
+        let comp: Vec<u64> = issued[done..].iter().map(|&(id, _)| id).collect();
+        coord.report(w as u32, &[], &comp).map_err(coord_err)?;
+    }
     coord
         .check_invariants()
         .map_err(|v| CliError::failed(format!("coordinator invariant violated: {v}")))?;

@@ -65,6 +65,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
     }
     let chunk: u32 = args::positive("chunk", &a.chunk)?;
     let shared_prefix: u32 = args::number("shared-prefix", &a.shared_prefix)?;
+    let workers: u32 = args::positive("workers", &a.workers)?;
     if shared_prefix > context {
         return Err(CliError::usage(format!(
             "--shared-prefix {shared_prefix} exceeds --context {context}; give at most the prompt length"
@@ -114,6 +115,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         overlap,
         max_batched_tokens: chunk,
         shared_prefix,
+        workers,
         quiet: a.json,
     })
 }

@@ -45,6 +45,8 @@ pub struct SimReport {
     pub decode_steps: u32,
     /// Workload seed.
     pub seed: u64,
+    /// Workers reporting copy batches.
+    pub workers: u32,
     /// Target adjacent-step top-k overlap.
     pub overlap_target: f64,
     /// Measured adjacent-step top-k overlap (mean over index groups, requests, steps).
