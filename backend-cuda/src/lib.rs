@@ -15,6 +15,12 @@
 //!   synchronisation, so they can be captured in a CUDA graph ([`CudaDevice::capture`]).
 //!   Page and row copies stage their host-side lists through pinned memory and an asynchronous
 //!   copy, one launch for all layers and pairs.
+//! * Kernel variants for A/B measurements (identical results): [`RemapKernel`] and
+//!   [`GatherKernel`] choose between the first and the current remap/gather kernels
+//!   (`HISPARSE_CUDA_REMAP=v1|v2|v2-direct`, `HISPARSE_CUDA_GATHER=v1|v2|v2-r8|v2-r4`, default
+//!   `v2`), and `HISPARSE_CUDA_PDL=1` launches the v2 kernels with programmatic dependent launch
+//!   (sm_90+); each also settable on a [`CudaDevice`]. [`CudaDevice::kernel_report`] says what the
+//!   driver made of them (registers, spills, blocks per multiprocessor).
 //! * Buffers free their memory after the context has finished all enqueued work, so dropping a
 //!   buffer that a kernel still uses is safe (it waits). Do not drop buffers while capturing.
 //!
