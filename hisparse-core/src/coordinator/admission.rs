@@ -2,15 +2,10 @@
 //! lookup, copy-on-write tail, accounting for every tier before allocating anything).
 
 use alloc::boxed::Box;
-use alloc::vec;
-use alloc::vec::Vec;
 
-use super::request::{DIRTY, HASH_SEED, NO_ROW, RECLAIMED, Req, Status, chain_hash};
-use super::{
-    Alloc, CoordError, Coordinator, HotAssignment, PageTransfer, PoolKind, RequestId, TableUpdate,
-};
-use crate::ops::BlockPair;
-use crate::pool::BlockKey;
+use super::managers::{HotRegion, ResidentTable, SourceTable};
+use super::request::{NO_ROW, Req, Status};
+use super::{Alloc, CoordError, Coordinator, PoolKind, RequestId};
 
 impl Coordinator {
     /// Queues a request with its prompt. It starts in a later [`Coordinator::step`] (or
@@ -39,7 +34,6 @@ impl Coordinator {
             }
         };
         self.generation = self.generation.wrapping_add(1);
-        let nr = self.regular_groups.len();
         self.reqs[slot as usize] = Some(Box::new(Req {
             id,
             generation: self.generation,
@@ -49,22 +43,12 @@ impl Coordinator {
             tokens: prompt.to_vec(),
             num_computed: 0,
             pages: 0,
-            host: Vec::new(),
-            indexer: Vec::new(),
-            regular: Vec::new(),
-            resident: Vec::new(),
-            state: Vec::new(),
-            xfer: Vec::new(),
-            hashes: Vec::new(),
-            hot: Vec::new(),
-            reclaim_cursor: 0,
-            spill_cursor: 0,
-            host_only: 0,
-            pending_release: 0,
-            ready_prefix: 0,
             hit_pages: 0,
-            window_cursor: vec![0; nr],
             last_xfer: 0,
+            source: SourceTable::default(),
+            paged: self.paged.new_table(),
+            resident: ResidentTable::default(),
+            hot: HotRegion::default(),
         }));
         self.ids.insert(id, slot);
         self.waiting.push_back(slot);
@@ -171,26 +155,14 @@ impl Coordinator {
         let len = r.tokens.len() as u32;
         let total_pages = self.kv.pages_for(len);
         // Prefix hashes of the full pages.
-        r.hashes.clear();
-        let mut h = HASH_SEED;
-        for p in 0..len / bt {
-            h = chain_hash(h, &r.tokens[(p * bt) as usize..((p + 1) * bt) as usize]);
-            r.hashes.push(h);
-        }
+        self.source.hash_prompt(&mut r.source, &r.tokens);
         // Longest prefix durable on host whose indexer/regular blocks are still on the GPU.
         let mut hit = 0u32;
-        if self.cfg.enable_prefix_caching && !self.has_window {
-            while (hit as usize) < r.hashes.len() {
-                let hash = r.hashes[hit as usize];
-                let src = BlockKey { group: 0, hash };
-                let idx = BlockKey { group: 1, hash };
-                if self.host.lookup(src).is_none() || self.gpu.lookup(idx).is_none() {
-                    break;
-                }
-                if self
-                    .regular_groups
-                    .iter()
-                    .any(|&(g, _)| self.gpu.lookup(BlockKey { group: g, hash }).is_none())
+        if self.source.caching() {
+            while (hit as usize) < r.source.hashes.len() {
+                let hash = r.source.hashes[hit as usize];
+                if !self.source.is_cached(&self.host, hash)
+                    || !self.paged.is_cached(&self.gpu, hash)
                 {
                     break;
                 }
@@ -208,28 +180,16 @@ impl Coordinator {
 
         // Pin every hit block first: re-pinning takes a free cached block out of the free
         // queue, and no later allocation (reclaim's hot regions included) may evict it.
-        let nb = self.num_buckets as usize;
-        let nr = self.regular_groups.len();
         for p in 0..hit {
-            let hash = r.hashes[p as usize];
-            let hb = self.host.lookup(BlockKey { group: 0, hash }).unwrap_or(0);
-            let ib = self.gpu.lookup(BlockKey { group: 1, hash }).unwrap_or(0);
-            self.host.touch(hb)?;
-            self.gpu.touch(ib)?;
-            r.host.push(hb);
-            r.indexer.push(ib);
-            for gi in 0..nr {
-                let g = self.regular_groups[gi].0;
-                let b = self.gpu.lookup(BlockKey { group: g, hash }).unwrap_or(0);
-                self.gpu.touch(b)?;
-                r.regular.push(b);
-            }
+            let hash = r.source.hashes[p as usize];
+            self.source.pin_hit(&mut r.source, &mut self.host, hash)?;
+            self.paged.pin_hit(&mut r.paged, &mut self.gpu, hash)?;
         }
         // Account for every tier before allocating anything.
         let host_need = u64::from(total_pages - shared);
         let new_gpu_pages = u64::from(target_pages - shared);
         let hot = if shared > 0 {
-            u64::from(self.hot_cost())
+            u64::from(self.hot.cost())
         } else {
             0
         };
@@ -247,12 +207,8 @@ impl Coordinator {
         }
         if let Some(pool) = short {
             // Unpin (the blocks keep their hashes and go to the tail of the LRU queue).
-            let _ = self.host.free_reverse(&r.host);
-            let _ = self.gpu.free_reverse(&r.regular);
-            let _ = self.gpu.free_reverse(&r.indexer);
-            r.host.clear();
-            r.indexer.clear();
-            r.regular.clear();
+            self.source.unpin(&mut r.source, &mut self.host);
+            self.paged.unpin(&mut r.paged, &mut self.gpu);
             return Ok(if self.io_in_flight() {
                 Alloc::Wait
             } else {
@@ -268,105 +224,58 @@ impl Coordinator {
         self.out.started.push(row);
         let slot = row;
         let cap = self.kv.max_pages_per_request as usize;
-        r.host.reserve(cap);
-        r.state.reserve(cap);
-        r.xfer.reserve(cap);
-        r.indexer.reserve(cap);
-        r.resident.reserve(cap * nb);
-        r.regular.reserve(cap * nr);
+        r.source.blocks.reserve(cap);
+        self.resident.reserve(&mut r.resident, cap);
+        self.paged.reserve(&mut r.paged, cap);
         for _ in 0..hit {
-            for _ in 0..nb {
-                r.resident.push(0);
-            }
-            r.state.push(RECLAIMED);
-            r.xfer.push(0);
+            self.resident.push_hit_page(&mut r.resident);
         }
         if cow_tail {
             // The shared last page gets private copies: host → host, GPU → GPU, and resident
-            // blocks restored from the private host copy.
+            // blocks restored from the private host copy. The copy-on-write sources are
+            // released when the command is built, so no request of this step can be handed
+            // them (their copies run before the forward pass).
             let p = (hit - 1) as usize;
-            let old = r.host[p];
-            let nbk = self.host.allocate().unwrap_or(0);
-            self.out.host_cow.push(BlockPair { src: old, dst: nbk });
-            self.out.new_host_blocks.push(nbk);
-            // The copy-on-write source is released when the command is built, so no request
-            // of this step can be handed it (its copy runs before the forward pass).
-            self.after_build.push((PoolKind::Host, old));
-            r.host[p] = nbk;
-            for b in core::iter::once(&mut r.indexer[p]).chain(&mut r.regular[p * nr..(p + 1) * nr])
-            {
-                let nbk = self.gpu.allocate().unwrap_or(0);
-                self.out.gpu_cow.push(BlockPair { src: *b, dst: nbk });
-                self.after_build.push((PoolKind::Gpu, *b));
-                *b = nbk;
-            }
-            for bk in 0..nb {
-                let rb = self.gpu.allocate().unwrap_or(0);
-                r.resident[p * nb + bk] = rb;
-                self.out.restores.push(PageTransfer {
-                    bucket: bk as u32,
-                    device_block: rb,
-                    host_block: nbk,
-                });
-            }
-            // Rows 0..block_size-1 are restored; the last row is written by the forward.
-            r.state[p] = DIRTY;
+            let nbk = self.source.copy_on_write(
+                &mut r.source,
+                p,
+                &mut self.host,
+                &mut self.out,
+                &mut self.after_build,
+            );
+            self.paged.copy_on_write(
+                &mut r.paged,
+                p,
+                &mut self.gpu,
+                &mut self.out,
+                &mut self.after_build,
+            );
+            self.resident
+                .restore(&mut r.resident, p, nbk, &mut self.gpu, &mut self.out);
         }
-        for p in 0..hit {
-            let pu = p as usize;
-            self.out.host_blocks.push(TableUpdate {
-                slot,
-                group: 0,
-                page: p,
-                block: r.host[pu],
-            });
-            self.out.block_tables.push(TableUpdate {
-                slot,
-                group: 1,
-                page: p,
-                block: r.indexer[pu],
-            });
-            for gi in 0..nr {
-                self.out.block_tables.push(TableUpdate {
-                    slot,
-                    group: self.regular_groups[gi].0,
-                    page: p,
-                    block: r.regular[pu * nr + gi],
-                });
-            }
-            for bk in 0..nb {
-                self.out.residency.push(TableUpdate {
-                    slot,
-                    group: self.kv.resident_group(bk as u32) as u32,
-                    page: p,
-                    block: r.resident[pu * nb + bk],
-                });
-            }
-        }
+        self.source.hit_tables(&r.source, slot, hit, &mut self.out);
+        self.paged.hit_tables(&r.paged, slot, hit, &mut self.out);
+        self.resident
+            .hit_tables(&r.resident, slot, hit, &mut self.out);
         r.pages = hit;
         r.hit_pages = shared;
-        r.host_only = shared;
-        r.reclaim_cursor = shared;
-        r.spill_cursor = shared;
-        r.ready_prefix = shared;
+        r.resident.host_only = shared;
+        r.resident.reclaim_cursor = shared;
+        r.resident.spill_cursor = shared;
+        r.source.ready_prefix = shared;
         r.num_computed = computed0;
-        for c in r.window_cursor.iter_mut() {
-            *c = 0;
-        }
+        self.paged.reset_windows(&mut r.paged);
         // Host blocks for the rest of the prompt.
-        for p in hit..total_pages {
-            let b = self.host.allocate().unwrap_or(0);
-            r.host.push(b);
-            self.out.new_host_blocks.push(b);
-            self.out.host_blocks.push(TableUpdate {
-                slot,
-                group: 0,
-                page: p,
-                block: b,
-            });
-        }
+        self.source.grow(
+            &mut r.source,
+            &mut self.host,
+            &mut self.out,
+            slot,
+            total_pages,
+        );
         if shared > 0 {
-            self.give_hot_region(r);
+            self.hot
+                .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
         }
         let res = self.schedule_inner(r, chunk);
         if !matches!(res, Ok(Alloc::Scheduled)) {
@@ -375,30 +284,5 @@ impl Coordinator {
             r.status = Status::Waiting;
         }
         res
-    }
-
-    pub(super) fn give_hot_region(&mut self, r: &mut Req) {
-        if !r.hot.is_empty() {
-            return;
-        }
-        let cost = self.hot_cost();
-        if self.gpu.num_free() < cost {
-            // Callers account for the region first; never hand out a partial one.
-            return;
-        }
-        r.hot.reserve(cost as usize);
-        for _ in 0..cost {
-            if let Some(b) = self.gpu.allocate() {
-                r.hot.push(b);
-            }
-        }
-        for b in 0..self.num_buckets {
-            let s = (b * self.hot_per) as usize;
-            self.out.hot_assign.push(HotAssignment {
-                slot: r.row,
-                group: self.kv.hot_group(b) as u32,
-                blocks: r.hot[s..s + self.hot_per as usize].to_vec(),
-            });
-        }
     }
 }

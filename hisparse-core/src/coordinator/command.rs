@@ -3,7 +3,7 @@
 
 use alloc::vec::Vec;
 
-use super::request::DIRTY;
+use super::managers::DIRTY;
 use super::{Coordinator, PoolKind, RequestId};
 use crate::ops::{BlockPair, RowSpan};
 
@@ -121,6 +121,7 @@ pub struct OffloadCommand {
 }
 
 impl OffloadCommand {
+    /// Empties every list (keeping the buffers) for the next step.
     pub(super) fn clear(&mut self) {
         self.transfer_id = None;
         self.scheduled.clear();
@@ -140,10 +141,13 @@ impl OffloadCommand {
         self.page_transfers.clear();
     }
 
+    /// Whether the step has after-forward copies (and so a transfer id).
     pub(super) fn has_copies(&self) -> bool {
         !self.row_mirrors.is_empty() || !self.page_transfers.is_empty()
     }
 
+    /// Drops every table change, start and schedule entry of state row `slot` (its request was
+    /// preempted or finished before the command was built).
     pub(super) fn purge_slot(&mut self, slot: u32) {
         self.started.retain(|&s| s != slot);
         self.scheduled.retain(|s| s.slot != slot);
@@ -151,6 +155,35 @@ impl OffloadCommand {
         self.host_blocks.retain(|u| u.slot != slot);
         self.block_tables.retain(|u| u.slot != slot);
         self.hot_assign.retain(|h| h.slot != slot);
+    }
+
+    /// Drops the copies that would write into the blocks of a request released before the
+    /// command was built: its after-forward copies when `own_batch` (they were planned in this
+    /// batch), and copy-on-write and restores into its blocks.
+    pub(super) fn purge_request_copies(
+        &mut self,
+        own_batch: bool,
+        host: &[u32],
+        indexer: &[u32],
+        regular: &[u32],
+        resident: &[u32],
+    ) {
+        if own_batch {
+            // Its copies in the unbuilt batch must not run: drop them.
+            self.row_mirrors.retain(|m| {
+                !(host.contains(&m.span.host_block) && resident.contains(&m.span.device_block))
+            });
+            self.page_transfers
+                .retain(|m| !(host.contains(&m.host_block) && resident.contains(&m.device_block)));
+        }
+        // Copy-on-write and restores into its blocks must not run either.
+        if !(self.host_cow.is_empty() && self.gpu_cow.is_empty() && self.restores.is_empty()) {
+            self.host_cow.retain(|p| !host.contains(&p.dst));
+            self.gpu_cow
+                .retain(|p| !indexer.contains(&p.dst) && !regular.contains(&p.dst));
+            self.restores
+                .retain(|t| !resident.contains(&t.device_block));
+        }
     }
 }
 
@@ -173,13 +206,13 @@ impl Coordinator {
                 let slot = self.running[i];
                 if let Some(mut r) = self.reqs[slot as usize].take() {
                     let sealed = r.num_computed / self.kv.block_tokens;
-                    while r.spill_cursor < sealed && budget > 0 {
-                        let p = r.spill_cursor;
-                        if r.state[p as usize] == DIRTY {
+                    while r.resident.spill_cursor < sealed && budget > 0 {
+                        let p = r.resident.spill_cursor;
+                        if r.resident.state[p as usize] == DIRTY {
                             self.plan_spill(&mut r, p);
                             budget -= 1;
                         }
-                        r.spill_cursor = r.spill_cursor.max(p + 1);
+                        r.resident.spill_cursor = r.resident.spill_cursor.max(p + 1);
                     }
                     self.reqs[slot as usize] = Some(r);
                 }
@@ -194,7 +227,7 @@ impl Coordinator {
             let idx = self.row_owner[s.slot as usize];
             s.fully_resident = self.reqs[idx as usize]
                 .as_ref()
-                .is_some_and(|r| r.host_only == 0);
+                .is_some_and(|r| r.resident.host_only == 0);
             all &= s.fully_resident;
         }
         self.out.fully_resident = all;

@@ -4,7 +4,8 @@
 use alloc::vec;
 use core::fmt;
 
-use super::request::{CLEAN, DIRTY, PENDING_RELEASE, RECLAIMED, Status};
+use super::managers::{CLEAN, DIRTY, PENDING_RELEASE, RECLAIMED};
+use super::request::Status;
 use super::{ACTIVE_TAIL_PAGES, Coordinator, PoolKind, RequestId};
 
 /// A broken invariant found by [`Coordinator::check_invariants`].
@@ -59,7 +60,7 @@ impl Coordinator {
             .map_err(|w| violation(w, None, None))?;
         let mut gpu_refs = vec![0u32; self.kv.num_gpu_blocks as usize];
         let mut host_refs = vec![0u32; self.kv.host_num_blocks as usize];
-        let nb = self.num_buckets as usize;
+        let nb = self.resident.num_buckets() as usize;
         let bt = self.kv.block_tokens;
         let mut in_flight = 0u32;
         let mut seen = 0usize;
@@ -76,42 +77,51 @@ impl Coordinator {
                 return Err(violation("request in exactly one queue", rid, None));
             }
             if r.status == Status::Waiting {
-                if !(r.host.is_empty() && r.resident.is_empty() && r.hot.is_empty()) {
+                if !(r.source.blocks.is_empty()
+                    && r.resident.blocks.is_empty()
+                    && r.hot.blocks.is_empty())
+                {
                     return Err(violation("waiting request holds blocks", rid, None));
                 }
                 continue;
             }
             for &b in r
+                .paged
                 .indexer
                 .iter()
-                .chain(&r.regular)
-                .chain(&r.resident)
-                .chain(&r.hot)
+                .chain(&r.paged.regular)
+                .chain(&r.resident.blocks)
+                .chain(&r.hot.blocks)
             {
                 if b != 0 {
                     gpu_refs[b as usize] += 1;
                 }
             }
-            for &b in &r.host {
+            for &b in &r.source.blocks {
                 host_refs[b as usize] += 1;
             }
-            if !r.hot.is_empty() && r.hot.len() != self.hot_cost() as usize {
+            if !r.hot.blocks.is_empty() && r.hot.blocks.len() != self.hot.cost() as usize {
                 return Err(violation("partial hot region", rid, None));
             }
-            if (r.host_only > 0 || r.pending_release > 0) && r.hot.is_empty() {
+            if (r.resident.host_only > 0 || r.resident.pending_release > 0)
+                && r.hot.blocks.is_empty()
+            {
                 return Err(violation("reads from host without a hot region", rid, None));
             }
             let pages = r.pages;
-            if r.state.len() != pages as usize || r.resident.len() != pages as usize * nb {
+            if r.resident.state.len() != pages as usize
+                || r.resident.blocks.len() != pages as usize * nb
+            {
                 return Err(violation("table length", rid, None));
             }
             let (mut host_only, mut pend) = (0, 0);
             for p in 0..pages {
-                let s = r.state[p as usize];
-                let null = r.resident[p as usize * nb..(p as usize + 1) * nb]
+                let s = r.resident.state[p as usize];
+                let null = r.resident.blocks[p as usize * nb..(p as usize + 1) * nb]
                     .iter()
                     .all(|&b| b == 0);
-                let any_null = r.resident[p as usize * nb..(p as usize + 1) * nb].contains(&0);
+                let any_null =
+                    r.resident.blocks[p as usize * nb..(p as usize + 1) * nb].contains(&0);
                 if (s == RECLAIMED) != null || (s != RECLAIMED && any_null) {
                     return Err(violation(
                         "resident entries disagree with page state",
@@ -121,7 +131,7 @@ impl Coordinator {
                 }
                 if s == RECLAIMED {
                     host_only += 1;
-                    if r.xfer[p as usize] > self.durable {
+                    if r.resident.xfer[p as usize] > self.durable {
                         return Err(violation(
                             "page reclaimed before its host copy is durable",
                             rid,
@@ -142,7 +152,7 @@ impl Coordinator {
                         ));
                     }
                 }
-                if (s == CLEAN || s == RECLAIMED) && r.xfer[p as usize] > self.durable {
+                if (s == CLEAN || s == RECLAIMED) && r.resident.xfer[p as usize] > self.durable {
                     return Err(violation("clean page not durable", rid, Some(p)));
                 }
                 if (s != DIRTY) && (p + 1) * bt > r.num_computed {
@@ -153,13 +163,13 @@ impl Coordinator {
                     ));
                 }
             }
-            if host_only != r.host_only || pend != r.pending_release {
+            if host_only != r.resident.host_only || pend != r.resident.pending_release {
                 return Err(violation("page counters", rid, None));
             }
-            in_flight += pend * self.num_buckets;
-            for p in 0..r.host.len() as u32 {
-                let durable = p < r.ready_prefix;
-                if !durable && self.host.key_of(r.host[p as usize]).is_some() {
+            in_flight += pend * self.resident.num_buckets();
+            for p in 0..r.source.blocks.len() as u32 {
+                let durable = p < r.source.ready_prefix;
+                if !durable && self.host.key_of(r.source.blocks[p as usize]).is_some() {
                     return Err(violation(
                         "host prefix hash published past the durable prefix",
                         rid,
@@ -167,8 +177,8 @@ impl Coordinator {
                     ));
                 }
             }
-            for p in 0..r.ready_prefix {
-                if !matches!(r.state[p as usize], CLEAN | RECLAIMED) {
+            for p in 0..r.source.ready_prefix {
+                if !matches!(r.resident.state[p as usize], CLEAN | RECLAIMED) {
                     return Err(violation(
                         "ready prefix covers a page that is not durable",
                         rid,

@@ -94,6 +94,7 @@ mod admission;
 mod command;
 mod error;
 mod invariants;
+mod managers;
 mod reclaim;
 mod request;
 mod rows;
@@ -116,8 +117,9 @@ pub use command::{
 };
 pub use error::{CoordError, PoolKind};
 pub use invariants::InvariantViolation;
-pub use request::PageState;
-use request::{NO_ROW, Req, Status, empty_req, page_state};
+pub use managers::PageState;
+use managers::{HotManager, PagedManager, Release, ResidentManager, SourceManager, page_state};
+use request::{NO_ROW, Req, Status, empty_req};
 use transfers::{PendingPage, WorkerState};
 
 /// Caller-chosen request identifier.
@@ -194,11 +196,14 @@ pub struct Coordinator {
     cfg: CoordinatorConfig,
     gpu: BlockPool,
     host: BlockPool,
-    num_buckets: u32,
-    hot_per: u32,
-    /// Regular group layout indices, and whether each has a sliding window.
-    regular_groups: Vec<(u32, Option<u32>)>,
-    has_window: bool,
+    /// Host blocks, prefix hashes and the host prefix cache.
+    source: SourceManager,
+    /// The indexer and regular groups.
+    paged: PagedManager,
+    /// The resident groups and the page lifecycle.
+    resident: ResidentManager,
+    /// Hot regions.
+    hot: HotManager,
     /// Boxed so that taking a request out and putting it back moves a pointer.
     reqs: Vec<Option<Box<Req>>>,
     spare: Option<Box<Req>>,
@@ -221,7 +226,6 @@ pub struct Coordinator {
     after_build: Vec<(PoolKind, u32)>,
     out: OffloadCommand,
     scratch: Vec<(u32, u32)>,
-    scratch_blocks: Vec<u32>,
 }
 
 impl Coordinator {
@@ -240,19 +244,16 @@ impl Coordinator {
         check_layout(&kv)?;
         let gpu = BlockPool::new(kv.num_gpu_blocks)?;
         let host = BlockPool::new(kv.host_num_blocks)?;
-        let regular_groups: Vec<(u32, Option<u32>)> = kv
-            .regular_groups()
-            .map(|g| (g as u32, kv.groups[g].sliding_window))
-            .collect();
-        let has_window = regular_groups.iter().any(|g| g.1.is_some());
+        let paged = PagedManager::new(&kv);
+        let caching = cfg.enable_prefix_caching && !paged.has_window();
         let n = cfg.max_running;
         let mut out = OffloadCommand::default();
         out.clear();
         Ok(Coordinator {
-            num_buckets: kv.num_buckets,
-            hot_per: kv.hot_blocks_per_request,
-            regular_groups,
-            has_window,
+            source: SourceManager::new(kv.block_tokens, caching),
+            paged,
+            resident: ResidentManager::new(kv.num_buckets, kv.block_tokens),
+            hot: HotManager::new(kv.num_buckets, kv.hot_blocks_per_request),
             gpu,
             host,
             reqs: (0..n).map(|_| None).collect(),
@@ -274,7 +275,6 @@ impl Coordinator {
             after_build: Vec::new(),
             out,
             scratch: Vec::new(),
-            scratch_blocks: Vec::new(),
             kv,
             cfg,
         })
@@ -363,31 +363,29 @@ impl Coordinator {
 
     /// Length in pages of the request's contiguous durable prefix.
     pub fn ready_prefix_pages(&self, id: RequestId) -> Option<u32> {
-        self.req(id).map(|r| r.ready_prefix)
+        self.req(id).map(|r| r.source.ready_prefix)
     }
 
     /// Lifecycle state of page `page` of a running request.
     pub fn page_state(&self, id: RequestId, page: u32) -> Option<PageState> {
         let r = self.req(id)?;
-        r.state.get(page as usize).map(|&s| page_state(s))
+        r.resident.state.get(page as usize).map(|&s| page_state(s))
     }
 
     /// Whether the request has a hot region.
     pub fn has_hot_region(&self, id: RequestId) -> Option<bool> {
-        self.req(id).map(|r| !r.hot.is_empty())
+        self.req(id).map(|r| !r.hot.blocks.is_empty())
     }
 
     /// Pages of the request whose resident entries are null (read from host).
     pub fn host_only_pages(&self, id: RequestId) -> Option<u32> {
-        self.req(id).map(|r| r.host_only)
+        self.req(id).map(|r| r.resident.host_only)
     }
 
+    /// GPU blocks one page costs across the paged and resident managers.
+    #[inline]
     fn gpu_cost_per_page(&self) -> u64 {
-        1 + self.regular_groups.len() as u64 + u64::from(self.num_buckets)
-    }
-
-    fn hot_cost(&self) -> u32 {
-        self.num_buckets * self.hot_per
+        self.paged.blocks_per_page() + u64::from(self.resident.num_buckets())
     }
 
     /// Gives back every block of `r` (deferring those an issued, unfinished transfer touches)
@@ -402,84 +400,35 @@ impl Coordinator {
         if r.row != NO_ROW {
             self.out.purge_slot(r.row);
         }
-        if r.last_xfer == self.current_xfer {
-            // Its copies in the unbuilt batch must not run: drop them.
-            let host = &r.host;
-            let resident = &r.resident;
-            self.out.row_mirrors.retain(|m| {
-                !(host.contains(&m.span.host_block) && resident.contains(&m.span.device_block))
-            });
-            self.out
-                .page_transfers
-                .retain(|m| !(host.contains(&m.host_block) && resident.contains(&m.device_block)));
-        }
-        // Copy-on-write and restores into its blocks must not run either.
-        if !(self.out.host_cow.is_empty()
-            && self.out.gpu_cow.is_empty()
-            && self.out.restores.is_empty())
-        {
-            let (host, idx, reg, res) = (&r.host, &r.indexer, &r.regular, &r.resident);
-            self.out.host_cow.retain(|p| !host.contains(&p.dst));
-            self.out
-                .gpu_cow
-                .retain(|p| !idx.contains(&p.dst) && !reg.contains(&p.dst));
-            self.out.restores.retain(|t| !res.contains(&t.device_block));
-        }
-        // GPU: resident pages and hot region, then indexer and regular (reverse order).
-        let mut scratch = core::mem::take(&mut self.scratch_blocks);
-        scratch.clear();
-        scratch.extend(r.indexer.iter().copied());
-        scratch.extend(r.regular.iter().copied());
-        scratch.extend(r.resident.iter().copied());
-        for &b in scratch.iter().rev() {
-            if b == 0 {
-                continue;
-            }
-            match defer_until {
-                Some(x) => self.deferred.push_back((x, PoolKind::Gpu, b)),
-                None => {
-                    let _ = self.gpu.free(b);
-                }
-            }
-        }
-        for &b in r.hot.iter().rev() {
-            let _ = self.gpu.free(b);
-        }
-        for &b in r.host.iter().rev() {
-            if b == 0 {
-                continue;
-            }
-            match defer_until {
-                Some(x) => self.deferred.push_back((x, PoolKind::Host, b)),
-                None => {
-                    let _ = self.host.free(b);
-                }
-            }
-        }
-        self.scratch_blocks = scratch;
-        if !r.hot.is_empty() {
-            self.out.hot_release.push(r.row);
-        }
+        self.out.purge_request_copies(
+            r.last_xfer == self.current_xfer,
+            &r.source.blocks,
+            &r.paged.indexer,
+            &r.paged.regular,
+            &r.resident.blocks,
+        );
+        // GPU: resident pages, then regular and indexer, then the hot region (reverse order);
+        // then host.
+        let mut release = Release {
+            defer_until,
+            deferred: &mut self.deferred,
+        };
+        self.in_flight_release -=
+            self.resident
+                .release(&mut r.resident, &mut self.gpu, &mut release);
+        self.paged
+            .release(&mut r.paged, &mut self.gpu, &mut release);
+        self.hot
+            .release(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
+        self.source
+            .release(&mut r.source, &mut self.host, &mut release);
         if r.row != NO_ROW {
             self.row_owner[r.row as usize] = NO_ROW;
             self.free_rows.push(r.row);
             r.row = NO_ROW;
         }
-        self.in_flight_release -= r.pending_release * self.num_buckets;
-        r.pending_release = 0;
-        r.hot.clear();
-        r.host.clear();
-        r.indexer.clear();
-        r.regular.clear();
-        r.resident.clear();
-        r.state.clear();
-        r.xfer.clear();
         r.pages = 0;
         r.num_computed = 0;
-        r.host_only = 0;
-        r.reclaim_cursor = 0;
-        r.spill_cursor = 0;
-        r.ready_prefix = 0;
         r.hit_pages = 0;
         r.last_xfer = 0;
         self.generation = self.generation.wrapping_add(1);

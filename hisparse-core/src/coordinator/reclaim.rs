@@ -2,10 +2,14 @@
 //! resident pages, and tells allocation to wait instead of preempting while releases are in
 //! flight.
 
-use super::request::{CLEAN, DIRTY, PENDING, PENDING_RELEASE, RECLAIMED, Req};
-use super::{ACTIVE_TAIL_PAGES, Coordinator, TableUpdate};
+use super::Coordinator;
+use super::managers::{CLEAN, DIRTY, PENDING, PENDING_RELEASE};
 
 impl Coordinator {
+    /// Whether releases are in flight (pages marked release-after-transfer, or blocks of
+    /// finished requests waiting for a transfer): an allocation that finds the pools short
+    /// then answers [`super::Alloc::Wait`] rather than preempting.
+    #[inline]
     pub(super) fn io_in_flight(&self) -> bool {
         self.in_flight_release > 0 || !self.deferred.is_empty()
     }
@@ -20,7 +24,9 @@ impl Coordinator {
         scratch.clear();
         for &idx in &self.running {
             if let Some(r) = &self.reqs[idx as usize] {
-                let c = candidates(r, self.kv.block_tokens);
+                let c = self
+                    .resident
+                    .candidates(&r.resident, r.pages, r.num_computed);
                 if c > 0 {
                     scratch.push((c, idx));
                 }
@@ -28,8 +34,8 @@ impl Coordinator {
         }
         // Most candidates first; ties by age (running order is admission order).
         scratch.sort_by_key(|a| core::cmp::Reverse(a.0));
-        let nb = self.num_buckets;
-        let hot_cost = self.hot_cost();
+        let nb = self.resident.num_buckets();
+        let hot_cost = self.hot.cost();
         let mut freed = 0u32;
         let mut progress = 0u32;
         for &(c, idx) in &scratch {
@@ -39,39 +45,47 @@ impl Coordinator {
             let Some(mut r) = self.reqs[idx as usize].take() else {
                 continue;
             };
-            let limit = reclaim_limit(&r, self.kv.block_tokens);
-            let converting = r.hot.is_empty();
+            let limit = self.resident.reclaim_limit(r.pages, r.num_computed);
+            let converting = r.hot.blocks.is_empty();
             if converting {
                 // Worth it only when the pages it frees exceed the region's cost, and possible
                 // only when the region can be paid once its clean pages are released.
-                let clean = (r.reclaim_cursor..limit)
-                    .filter(|&p| r.state[p as usize] == CLEAN)
+                let clean = (r.resident.reclaim_cursor..limit)
+                    .filter(|&p| r.resident.state[p as usize] == CLEAN)
                     .count() as u32;
-                if c <= self.hot_per || self.gpu.num_free() + clean * nb < hot_cost {
+                if c <= self.hot.blocks_per_request() || self.gpu.num_free() + clean * nb < hot_cost
+                {
                     self.reqs[idx as usize] = Some(r);
                     continue;
                 }
             }
-            let mut p = r.reclaim_cursor;
+            let mut p = r.resident.reclaim_cursor;
             // A converted request gives up every candidate: the region is paid for once.
             while p < limit && (converting || progress < shortfall) {
-                match r.state[p as usize] {
+                match r.resident.state[p as usize] {
                     CLEAN => {
-                        self.release_page(&mut r, p);
+                        let row = r.row;
+                        self.resident.release_page(
+                            &mut r.resident,
+                            p,
+                            &mut self.gpu,
+                            &mut self.out,
+                            row,
+                        );
                         freed += nb;
                         progress += nb;
                     }
                     PENDING => {
-                        r.state[p as usize] = PENDING_RELEASE;
-                        r.pending_release += 1;
+                        r.resident.state[p as usize] = PENDING_RELEASE;
+                        r.resident.pending_release += 1;
                         self.in_flight_release += nb;
                         progress += nb;
                     }
                     DIRTY => {
                         // Full but not yet transferred (eager mirroring off): spill it now.
                         self.plan_spill(&mut r, p);
-                        r.state[p as usize] = PENDING_RELEASE;
-                        r.pending_release += 1;
+                        r.resident.state[p as usize] = PENDING_RELEASE;
+                        r.resident.pending_release += 1;
                         self.in_flight_release += nb;
                         progress += nb;
                     }
@@ -79,9 +93,10 @@ impl Coordinator {
                 }
                 p += 1;
             }
-            r.reclaim_cursor = p;
+            r.resident.reclaim_cursor = p;
             if converting {
-                self.give_hot_region(&mut r);
+                self.hot
+                    .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
                 freed = freed.saturating_sub(hot_cost);
                 progress = progress.saturating_sub(hot_cost);
             }
@@ -90,32 +105,4 @@ impl Coordinator {
         self.scratch = scratch;
         freed
     }
-
-    pub(super) fn release_page(&mut self, r: &mut Req, p: u32) {
-        let nb = self.num_buckets;
-        for bk in 0..nb {
-            let i = (p * nb + bk) as usize;
-            let b = core::mem::replace(&mut r.resident[i], 0);
-            if b != 0 {
-                let _ = self.gpu.free(b);
-            }
-            self.out.residency.push(TableUpdate {
-                slot: r.row,
-                group: 2 + bk,
-                page: p,
-                block: 0,
-            });
-        }
-        r.state[p as usize] = RECLAIMED;
-        r.host_only += 1;
-    }
-}
-
-pub(super) fn reclaim_limit(r: &Req, bt: u32) -> u32 {
-    let sealed = r.num_computed / bt;
-    r.pages.saturating_sub(ACTIVE_TAIL_PAGES).min(sealed)
-}
-
-pub(super) fn candidates(r: &Req, bt: u32) -> u32 {
-    reclaim_limit(r, bt).saturating_sub(r.reclaim_cursor)
 }

@@ -5,6 +5,7 @@ use super::{CoordError, Coordinator, RequestId};
 use crate::layout::GroupKind;
 
 impl Coordinator {
+    /// The running request `id`.
     pub(super) fn running_req(&self, id: RequestId) -> Result<&Req, CoordError> {
         let r = self.req(id).ok_or(CoordError::UnknownRequest { id })?;
         if r.status != Status::Running {
@@ -23,14 +24,7 @@ impl Coordinator {
         out: &mut [i32],
     ) -> Result<(), CoordError> {
         let r = self.running_req(id)?;
-        let nb = self.num_buckets as usize;
-        for (p, o) in out.iter_mut().enumerate() {
-            *o = if p < r.pages as usize && (bucket as usize) < nb {
-                r.resident[p * nb + bucket as usize] as i32
-            } else {
-                0
-            };
-        }
+        self.resident.row(&r.resident, r.pages, bucket, out);
         Ok(())
     }
 
@@ -38,9 +32,7 @@ impl Coordinator {
     /// request.
     pub fn host_row(&self, id: RequestId, out: &mut [i32]) -> Result<(), CoordError> {
         let r = self.running_req(id)?;
-        for (p, o) in out.iter_mut().enumerate() {
-            *o = r.host.get(p).map_or(-1, |&b| b as i32);
-        }
+        self.source.row(&r.source, out);
         Ok(())
     }
 
@@ -48,14 +40,7 @@ impl Coordinator {
     /// GPU blocks, or `-1`s when it has none.
     pub fn hot_row(&self, id: RequestId, bucket: u32, out: &mut [i32]) -> Result<(), CoordError> {
         let r = self.running_req(id)?;
-        let s = (u64::from(bucket) * u64::from(self.hot_per)).min(usize::MAX as u64) as usize;
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = if i < self.hot_per as usize && bucket < self.num_buckets {
-                r.hot.get(s + i).map_or(-1, |&b| b as i32)
-            } else {
-                -1
-            };
-        }
+        self.hot.row(&r.hot, bucket, out);
         Ok(())
     }
 
@@ -69,22 +54,21 @@ impl Coordinator {
     ) -> Result<(), CoordError> {
         let r = self.running_req(id)?;
         let kind = self.kv.groups.get(group).map(|g| g.kind);
-        let nr = self.regular_groups.len();
         for (p, o) in out.iter_mut().enumerate() {
             *o = if p >= r.pages as usize {
                 0
             } else {
                 match kind {
-                    Some(GroupKind::Indexer) => r.indexer[p] as i32,
+                    Some(GroupKind::Indexer) => r.paged.indexer[p] as i32,
                     Some(GroupKind::Resident) => {
-                        let b = self.kv.groups[group].bucket.unwrap_or(0) as usize;
-                        r.resident[p * self.num_buckets as usize + b] as i32
+                        let b = self.kv.groups[group].bucket.unwrap_or(0);
+                        self.resident.block(&r.resident, p as u32, b) as i32
                     }
                     Some(GroupKind::Regular) => {
                         let gi = group - self.kv.regular_groups().start;
-                        r.regular[p * nr + gi] as i32
+                        self.paged.regular_block(&r.paged, p, gi) as i32
                     }
-                    Some(GroupKind::Source) => r.host[p] as i32,
+                    Some(GroupKind::Source) => r.source.blocks[p] as i32,
                     _ => 0,
                 }
             };

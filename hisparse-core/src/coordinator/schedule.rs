@@ -4,14 +4,11 @@
 
 use alloc::boxed::Box;
 
-use super::request::{DIRTY, HASH_SEED, PENDING, Req, Status, chain_hash, empty_req};
-use super::transfers::PendingPage;
+use super::request::{Req, Status, empty_req};
 use super::{
-    Alloc, CoordError, Coordinator, OffloadCommand, PoolKind, RequestId, RowMirror,
-    ScheduledRequest, StepSummary, TableUpdate,
+    Alloc, CoordError, Coordinator, OffloadCommand, PoolKind, RequestId, ScheduledRequest,
+    StepSummary,
 };
-use crate::ops::RowSpan;
-use crate::pool::BlockKey;
 
 impl Coordinator {
     /// Schedules `num_tokens` more tokens of running request `id` in the current step:
@@ -51,7 +48,7 @@ impl Coordinator {
         let target = r.num_computed + n;
         let target_pages = self.kv.pages_for(target);
         let new_pages = target_pages.saturating_sub(r.pages);
-        let host_need = target_pages.saturating_sub(r.host.len() as u32);
+        let host_need = target_pages.saturating_sub(r.source.blocks.len() as u32);
         if host_need > self.host.num_free() {
             return Ok(if self.io_in_flight() {
                 Alloc::Wait
@@ -60,8 +57,8 @@ impl Coordinator {
             });
         }
         let gpu_need = |c: &Self, r: &Req| {
-            let hot = if (r.host_only > 0 || r.pending_release > 0) && r.hot.is_empty() {
-                u64::from(c.hot_cost())
+            let hot = if c.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
+                u64::from(c.hot.cost())
             } else {
                 0
             };
@@ -88,55 +85,25 @@ impl Coordinator {
                 });
             }
         }
-        if (r.host_only > 0 || r.pending_release > 0) && r.hot.is_empty() {
-            self.give_hot_region(r);
+        if self.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
+            self.hot
+                .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
         }
         let slot = r.row;
-        let nb = self.num_buckets;
         // Host blocks for decode growth.
-        while (r.host.len() as u32) < target_pages {
-            let b = self.host.allocate().unwrap_or(0);
-            self.out.new_host_blocks.push(b);
-            self.out.host_blocks.push(TableUpdate {
-                slot,
-                group: 0,
-                page: r.host.len() as u32,
-                block: b,
-            });
-            r.host.push(b);
-        }
+        self.source.grow(
+            &mut r.source,
+            &mut self.host,
+            &mut self.out,
+            slot,
+            target_pages,
+        );
         // GPU pages.
         for p in r.pages..target_pages {
-            let b = self.gpu.allocate().unwrap_or(0);
-            r.indexer.push(b);
-            self.out.block_tables.push(TableUpdate {
-                slot,
-                group: 1,
-                page: p,
-                block: b,
-            });
-            for &(g, _) in &self.regular_groups {
-                let b = self.gpu.allocate().unwrap_or(0);
-                r.regular.push(b);
-                self.out.block_tables.push(TableUpdate {
-                    slot,
-                    group: g,
-                    page: p,
-                    block: b,
-                });
-            }
-            for bk in 0..nb {
-                let b = self.gpu.allocate().unwrap_or(0);
-                r.resident.push(b);
-                self.out.residency.push(TableUpdate {
-                    slot,
-                    group: 2 + bk,
-                    page: p,
-                    block: b,
-                });
-            }
-            r.state.push(DIRTY);
-            r.xfer.push(0);
+            self.paged
+                .allocate_page(&mut r.paged, &mut self.gpu, &mut self.out, slot, p);
+            self.resident
+                .allocate_page(&mut r.resident, &mut self.gpu, &mut self.out, slot, p);
         }
         r.pages = target_pages;
         let first = r.num_computed;
@@ -146,102 +113,29 @@ impl Coordinator {
             slot,
             first_token: first,
             num_tokens: n,
-            fully_resident: r.host_only == 0 && r.pending_release == 0,
+            fully_resident: !self.resident.reads_from_host(&r.resident),
         });
         // Rows written and pages sealed by this step.
-        let ratio = self.kv.sparse_compress_ratio;
-        let bs = self.kv.block_size;
-        let bt = self.kv.block_tokens;
-        let (row0, row1) = (first / ratio, target / ratio);
-        let sealed0 = first / bt;
-        let sealed1 = target / bt;
-        let id_now = self.current_xfer;
-        if self.kv.config.eager_host_mirror && row1 > row0 {
-            let mut row = row0;
-            while row < row1 {
-                let page = row / bs;
-                let end = ((page + 1) * bs).min(row1);
-                for bk in 0..nb {
-                    self.out.row_mirrors.push(RowMirror {
-                        bucket: bk,
-                        span: RowSpan {
-                            device_block: r.resident[(page * nb + bk) as usize],
-                            host_block: r.host[page as usize],
-                            first_row: row % bs,
-                            num_rows: end - row,
-                        },
-                    });
-                }
-                row = end;
-            }
-            r.last_xfer = id_now;
-            for p in sealed0..sealed1 {
-                if r.state[p as usize] == DIRTY {
-                    r.state[p as usize] = PENDING;
-                    r.xfer[p as usize] = id_now;
-                    self.pending_pages.push_back(PendingPage {
-                        xfer: id_now,
-                        slot: r.slot,
-                        generation: r.generation,
-                        page: p,
-                    });
-                }
-            }
-            r.spill_cursor = r.spill_cursor.max(sealed1);
+        if self.kv.config.eager_host_mirror {
+            self.plan_row_mirrors(r, first, target);
         }
         // Hashes of newly full pages; publish GPU-only groups now (host pages publish when
         // durable).
-        while (r.hashes.len() as u32) < sealed1 {
-            let p = r.hashes.len() as u32;
-            let parent = if p == 0 {
-                HASH_SEED
-            } else {
-                r.hashes[p as usize - 1]
-            };
-            let h = chain_hash(
-                parent,
-                &r.tokens[(p * bt) as usize..((p + 1) * bt) as usize],
+        let bt = self.kv.block_tokens;
+        let (sealed0, sealed1) = (first / bt, target / bt);
+        self.source.hash_sealed(&mut r.source, &r.tokens, sealed1);
+        if self.source.caching() {
+            self.paged.publish(
+                &r.paged,
+                &mut self.gpu,
+                &r.source.hashes,
+                sealed0.max(r.hit_pages)..sealed1,
             );
-            r.hashes.push(h);
-        }
-        if self.cfg.enable_prefix_caching && !self.has_window {
-            for p in sealed0.max(r.hit_pages)..sealed1 {
-                let hash = r.hashes[p as usize];
-                let _ = self
-                    .gpu
-                    .cache(r.indexer[p as usize], BlockKey { group: 1, hash });
-                let nr = self.regular_groups.len();
-                for (gi, &(g, _)) in self.regular_groups.iter().enumerate() {
-                    let _ = self
-                        .gpu
-                        .cache(r.regular[p as usize * nr + gi], BlockKey { group: g, hash });
-                }
-            }
         }
         // Sliding windows: give back blocks wholly before `num_computed - window`.
-        if self.has_window {
-            let nr = self.regular_groups.len();
-            for gi in 0..nr {
-                let (g, Some(w)) = self.regular_groups[gi] else {
-                    continue;
-                };
-                let keep_from = target.saturating_sub(w) / bt;
-                while r.window_cursor[gi] < keep_from {
-                    let p = r.window_cursor[gi];
-                    let i = p as usize * nr + gi;
-                    let b = core::mem::replace(&mut r.regular[i], 0);
-                    if b != 0 {
-                        self.gpu.free(b)?;
-                        self.out.block_tables.push(TableUpdate {
-                            slot,
-                            group: g,
-                            page: p,
-                            block: 0,
-                        });
-                    }
-                    r.window_cursor[gi] += 1;
-                }
-            }
+        if self.paged.has_window() {
+            self.paged
+                .slide_windows(&mut r.paged, &mut self.gpu, &mut self.out, slot, target)?;
         }
         Ok(Alloc::Scheduled)
     }

@@ -1,37 +1,95 @@
-//! Transfers: spill planning under the current transfer id, worker reports (FIFO, several
-//! workers), durability, and what a durable transfer makes happen (clean pages, releases after
-//! transfer, deferred frees, the durable prefix and host prefix hashes).
+//! Transfers: the device → host copies planned in a step (row mirrors and whole-page spills)
+//! under the step's transfer id, worker reports (FIFO, several workers), durability, and what a
+//! durable transfer makes happen (clean pages, releases after transfer, deferred frees, the
+//! durable prefix and its host prefix hashes).
 
-use super::request::{CLEAN, PENDING, PENDING_RELEASE, RECLAIMED, Req, Status};
-use super::{CoordError, Coordinator, PageTransfer, PoolKind};
-use crate::pool::BlockKey;
+use super::managers::PENDING;
+use super::request::{Req, Status};
+use super::{CoordError, Coordinator, PageTransfer, PoolKind, RowMirror};
+use crate::ops::RowSpan;
 
+/// A page waiting for its transfer to become durable (queued in transfer-id order).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PendingPage {
+    /// The transfer.
     pub(super) xfer: u64,
+    /// The request's index in `Coordinator::reqs`.
     pub(super) slot: u32,
+    /// The request's generation (a finished or preempted request's pages are stale).
     pub(super) generation: u32,
+    /// The page.
     pub(super) page: u32,
 }
 
+/// The last transfer ids one worker reported.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct WorkerState {
+    /// Last id enqueued.
     pub(super) enqueued: u64,
+    /// Last id completed.
     pub(super) completed: u64,
 }
 
 impl Coordinator {
+    /// With eager mirroring: plans the row mirrors of the rows tokens `first..target` write
+    /// (one span per page and bucket, coalesced) and seals the pages they fill, which go
+    /// pending under the current transfer id.
+    #[inline]
+    pub(super) fn plan_row_mirrors(&mut self, r: &mut Req, first: u32, target: u32) {
+        let nb = self.resident.num_buckets();
+        let ratio = self.kv.sparse_compress_ratio;
+        let bs = self.kv.block_size;
+        let bt = self.kv.block_tokens;
+        let (row0, row1) = (first / ratio, target / ratio);
+        let sealed0 = first / bt;
+        let sealed1 = target / bt;
+        let id_now = self.current_xfer;
+        if row1 > row0 {
+            let mut row = row0;
+            while row < row1 {
+                let page = row / bs;
+                let end = ((page + 1) * bs).min(row1);
+                for bk in 0..nb {
+                    self.out.row_mirrors.push(RowMirror {
+                        bucket: bk,
+                        span: RowSpan {
+                            device_block: self.resident.block(&r.resident, page, bk),
+                            host_block: r.source.blocks[page as usize],
+                            first_row: row % bs,
+                            num_rows: end - row,
+                        },
+                    });
+                }
+                row = end;
+            }
+            r.last_xfer = id_now;
+            for p in sealed0..sealed1 {
+                if self.resident.seal(&mut r.resident, p, id_now) {
+                    self.pending_pages.push_back(PendingPage {
+                        xfer: id_now,
+                        slot: r.slot,
+                        generation: r.generation,
+                        page: p,
+                    });
+                }
+            }
+            r.resident.spill_cursor = r.resident.spill_cursor.max(sealed1);
+        }
+    }
+
+    /// Plans the whole-page spill of page `p` (every bucket) under the current transfer id;
+    /// the page goes pending.
     pub(super) fn plan_spill(&mut self, r: &mut Req, p: u32) {
         let id_now = self.current_xfer;
-        for bk in 0..self.num_buckets {
+        for bk in 0..self.resident.num_buckets() {
             self.out.page_transfers.push(PageTransfer {
                 bucket: bk,
-                device_block: r.resident[(p * self.num_buckets + bk) as usize],
-                host_block: r.host[p as usize],
+                device_block: self.resident.block(&r.resident, p, bk),
+                host_block: r.source.blocks[p as usize],
             });
         }
-        r.state[p as usize] = PENDING;
-        r.xfer[p as usize] = id_now;
+        r.resident.state[p as usize] = PENDING;
+        r.resident.xfer[p as usize] = id_now;
         r.last_xfer = id_now;
         self.pending_pages.push_back(PendingPage {
             xfer: id_now,
@@ -39,8 +97,8 @@ impl Coordinator {
             generation: r.generation,
             page: p,
         });
-        if p >= r.spill_cursor {
-            r.spill_cursor = p + 1;
+        if p >= r.resident.spill_cursor {
+            r.resident.spill_cursor = p + 1;
         }
     }
 
@@ -95,6 +153,7 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Applies everything transfers up to `self.durable` made happen.
     pub(super) fn apply_durable(&mut self) {
         // Releases of finished requests wait for the last transfer that touched them; those
         // ids are not monotone across requests, so sweep the (short) queue.
@@ -110,7 +169,7 @@ impl Coordinator {
             };
             false
         });
-        let nb = self.num_buckets;
+        let nb = self.resident.num_buckets();
         while let Some(&pp) = self.pending_pages.front() {
             if pp.xfer > self.durable {
                 break;
@@ -121,39 +180,23 @@ impl Coordinator {
             };
             if r.generation == pp.generation
                 && r.status == Status::Running
-                && r.xfer.get(pp.page as usize) == Some(&pp.xfer)
+                && r.resident.xfer.get(pp.page as usize) == Some(&pp.xfer)
             {
-                match r.state[pp.page as usize] {
-                    PENDING => r.state[pp.page as usize] = CLEAN,
-                    PENDING_RELEASE => {
-                        self.release_page(&mut r, pp.page);
-                        r.pending_release -= 1;
-                        self.in_flight_release -= nb;
-                    }
-                    _ => {}
+                let row = r.row;
+                if self.resident.on_durable(
+                    &mut r.resident,
+                    pp.page,
+                    &mut self.gpu,
+                    &mut self.out,
+                    row,
+                ) {
+                    self.in_flight_release -= nb;
                 }
-                self.advance_ready(&mut r);
+                let sealed = r.num_computed / self.kv.block_tokens;
+                self.source
+                    .advance_ready(&mut r.source, &r.resident, sealed, &mut self.host);
             }
             self.reqs[pp.slot as usize] = Some(r);
-        }
-    }
-
-    pub(super) fn advance_ready(&mut self, r: &mut Req) {
-        let sealed = r.num_computed / self.kv.block_tokens;
-        while r.ready_prefix < sealed
-            && matches!(r.state[r.ready_prefix as usize], CLEAN | RECLAIMED)
-        {
-            let p = r.ready_prefix as usize;
-            if self.cfg.enable_prefix_caching && !self.has_window && p < r.hashes.len() {
-                let _ = self.host.cache(
-                    r.host[p],
-                    BlockKey {
-                        group: 0,
-                        hash: r.hashes[p],
-                    },
-                );
-            }
-            r.ready_prefix += 1;
         }
     }
 }
