@@ -4,9 +4,8 @@
 use alloc::vec;
 use core::fmt;
 
-use super::managers::{CLEAN, DIRTY, PENDING_RELEASE, RECLAIMED};
 use super::request::Status;
-use super::{ACTIVE_TAIL_PAGES, Coordinator, PoolKind, RequestId};
+use super::{Coordinator, PoolKind, RequestId};
 
 /// A broken invariant found by [`Coordinator::check_invariants`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,8 +59,6 @@ impl Coordinator {
             .map_err(|w| violation(w, None, None))?;
         let mut gpu_refs = vec![0u32; self.kv.num_gpu_blocks as usize];
         let mut host_refs = vec![0u32; self.kv.host_num_blocks as usize];
-        let nb = self.resident.num_buckets() as usize;
-        let bt = self.kv.block_tokens;
         let mut in_flight = 0u32;
         let mut seen = 0usize;
         for (slot, r) in self.reqs.iter().enumerate() {
@@ -100,92 +97,23 @@ impl Coordinator {
             for &b in &r.source.blocks {
                 host_refs[b as usize] += 1;
             }
-            if !r.hot.blocks.is_empty() && r.hot.blocks.len() != self.hot.cost() as usize {
-                return Err(violation("partial hot region", rid, None));
-            }
-            if (r.resident.host_only > 0 || r.resident.pending_release > 0)
-                && r.hot.blocks.is_empty()
-            {
-                return Err(violation("reads from host without a hot region", rid, None));
-            }
-            let pages = r.pages;
-            if r.resident.state.len() != pages as usize
-                || r.resident.blocks.len() != pages as usize * nb
-            {
-                return Err(violation("table length", rid, None));
-            }
-            let (mut host_only, mut pend) = (0, 0);
-            for p in 0..pages {
-                let s = r.resident.state[p as usize];
-                let null = r.resident.blocks[p as usize * nb..(p as usize + 1) * nb]
-                    .iter()
-                    .all(|&b| b == 0);
-                let any_null =
-                    r.resident.blocks[p as usize * nb..(p as usize + 1) * nb].contains(&0);
-                if (s == RECLAIMED) != null || (s != RECLAIMED && any_null) {
-                    return Err(violation(
-                        "resident entries disagree with page state",
-                        rid,
-                        Some(p),
-                    ));
-                }
-                if s == RECLAIMED {
-                    host_only += 1;
-                    if r.resident.xfer[p as usize] > self.durable {
-                        return Err(violation(
-                            "page reclaimed before its host copy is durable",
-                            rid,
-                            Some(p),
-                        ));
-                    }
-                    if p >= r.hit_pages && p + ACTIVE_TAIL_PAGES >= pages {
-                        return Err(violation("active tail page reclaimed", rid, Some(p)));
-                    }
-                }
-                if s == PENDING_RELEASE {
-                    pend += 1;
-                    if p + ACTIVE_TAIL_PAGES >= pages {
-                        return Err(violation(
-                            "active tail page marked for release",
-                            rid,
-                            Some(p),
-                        ));
-                    }
-                }
-                if (s == CLEAN || s == RECLAIMED) && r.resident.xfer[p as usize] > self.durable {
-                    return Err(violation("clean page not durable", rid, Some(p)));
-                }
-                if (s != DIRTY) && (p + 1) * bt > r.num_computed {
-                    return Err(violation(
-                        "unsealed page left the dirty state",
-                        rid,
-                        Some(p),
-                    ));
-                }
-            }
-            if host_only != r.resident.host_only || pend != r.resident.pending_release {
-                return Err(violation("page counters", rid, None));
-            }
-            in_flight += pend * self.resident.num_buckets();
-            for p in 0..r.source.blocks.len() as u32 {
-                let durable = p < r.source.ready_prefix;
-                if !durable && self.host.key_of(r.source.blocks[p as usize]).is_some() {
-                    return Err(violation(
-                        "host prefix hash published past the durable prefix",
-                        rid,
-                        Some(p),
-                    ));
-                }
-            }
-            for p in 0..r.source.ready_prefix {
-                if !matches!(r.resident.state[p as usize], CLEAN | RECLAIMED) {
-                    return Err(violation(
-                        "ready prefix covers a page that is not durable",
-                        rid,
-                        Some(p),
-                    ));
-                }
-            }
+            let at = |(what, index)| violation(what, rid, index);
+            self.hot
+                .check(&r.hot, self.resident.reads_from_host(&r.resident))
+                .map_err(at)?;
+            self.resident
+                .check(
+                    &r.resident,
+                    r.pages,
+                    r.hit_pages,
+                    r.num_computed,
+                    self.durable,
+                )
+                .map_err(at)?;
+            in_flight += r.resident.pending_release * self.resident.num_buckets();
+            self.source
+                .check(&r.source, &r.resident, &self.host)
+                .map_err(at)?;
         }
         if seen != self.ids.len() {
             return Err(violation("id map size", None, None));

@@ -14,6 +14,26 @@
 //! * **hot** (GPU pool, one region per bucket): exactly `hot_blocks_per_request` blocks,
 //!   allocated all at once when the request first needs to read from host.
 //!
+//! Each is a manager type (`SourceManager`, `PagedManager` for the indexer and regular groups,
+//! `ResidentManager`, `HotManager`) that owns the rules of its table; the coordinator owns the
+//! pools and the decisions that cross managers.
+//!
+//! # Module map
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the [`Coordinator`] facade: its state, settings, queries, preemption, finish and the release of a request's blocks |
+//! | `managers/` | `source.rs`, `paged.rs`, `resident.rs` (with [`PageState`]), `hot.rs`: one manager and its per-request table each |
+//! | `request.rs` | the per-request record: tokens, progress, one table per manager |
+//! | `admission.rs` | [`Coordinator::admit`], appending tokens, [`Coordinator::start`] (prefix hits, copy-on-write tail, accounting for every tier) |
+//! | `schedule.rs` | [`Coordinator::schedule`] and the built-in step policy [`Coordinator::schedule_step`] |
+//! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`] and wait-instead-of-preempt |
+//! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`], durability |
+//! | `command.rs` | [`OffloadCommand`] and the types it carries; [`Coordinator::build_offload_command`] |
+//! | `rows.rs` | the `i32` table rows the data plane reads |
+//! | `invariants.rs` | [`Coordinator::check_invariants`] |
+//! | `error.rs` | [`CoordError`], [`PoolKind`] |
+//!
 //! # Page lifecycle
 //!
 //! `dirty` (GPU only) → `pending` (host transfer in flight) → `clean` (host copy durable) →

@@ -113,4 +113,20 @@ impl HotManager {
             };
         }
     }
+
+    /// The region's invariants: whole or absent, and present whenever the request reads from
+    /// host (`reads_from_host`).
+    pub(in crate::coordinator) fn check(
+        &self,
+        t: &HotRegion,
+        reads_from_host: bool,
+    ) -> Result<(), (&'static str, Option<u32>)> {
+        if !t.blocks.is_empty() && t.blocks.len() != self.cost() as usize {
+            return Err(("partial hot region", None));
+        }
+        if reads_from_host && t.blocks.is_empty() {
+            return Err(("reads from host without a hot region", None));
+        }
+        Ok(())
+    }
 }

@@ -32,7 +32,7 @@ pub(in crate::coordinator) use hot::{HotManager, HotRegion};
 pub(in crate::coordinator) use paged::{PagedManager, PagedTable};
 pub use resident::PageState;
 pub(in crate::coordinator) use resident::{
-    CLEAN, DIRTY, PENDING, PENDING_RELEASE, RECLAIMED, ResidentManager, ResidentTable, page_state,
+    CLEAN, DIRTY, PENDING, PENDING_RELEASE, ResidentManager, ResidentTable, page_state,
 };
 pub(in crate::coordinator) use source::{SourceManager, SourceTable};
 

@@ -323,4 +323,60 @@ impl ResidentManager {
         t.spill_cursor = 0;
         in_flight
     }
+
+    /// The table's invariants for a running request with `pages` pages (`hit_pages` of them
+    /// prefix hits) and `num_computed` tokens, when transfers up to `durable` are durable: table
+    /// lengths; null entries exactly on reclaimed pages; nothing reclaimed (or clean) before its
+    /// host copy is durable; the last [`ACTIVE_TAIL_PAGES`] pages never reclaimed (prefix hits
+    /// aside) nor marked for release; only sealed pages leave the dirty state; the counters.
+    pub(in crate::coordinator) fn check(
+        &self,
+        t: &ResidentTable,
+        pages: u32,
+        hit_pages: u32,
+        num_computed: u32,
+        durable: u64,
+    ) -> Result<(), (&'static str, Option<u32>)> {
+        let nb = self.num_buckets as usize;
+        let bt = self.block_tokens;
+        if t.state.len() != pages as usize || t.blocks.len() != pages as usize * nb {
+            return Err(("table length", None));
+        }
+        let (mut host_only, mut pend) = (0, 0);
+        for p in 0..pages {
+            let s = t.state[p as usize];
+            let null = t.blocks[p as usize * nb..(p as usize + 1) * nb]
+                .iter()
+                .all(|&b| b == 0);
+            let any_null = t.blocks[p as usize * nb..(p as usize + 1) * nb].contains(&0);
+            if (s == RECLAIMED) != null || (s != RECLAIMED && any_null) {
+                return Err(("resident entries disagree with page state", Some(p)));
+            }
+            if s == RECLAIMED {
+                host_only += 1;
+                if t.xfer[p as usize] > durable {
+                    return Err(("page reclaimed before its host copy is durable", Some(p)));
+                }
+                if p >= hit_pages && p + ACTIVE_TAIL_PAGES >= pages {
+                    return Err(("active tail page reclaimed", Some(p)));
+                }
+            }
+            if s == PENDING_RELEASE {
+                pend += 1;
+                if p + ACTIVE_TAIL_PAGES >= pages {
+                    return Err(("active tail page marked for release", Some(p)));
+                }
+            }
+            if (s == CLEAN || s == RECLAIMED) && t.xfer[p as usize] > durable {
+                return Err(("clean page not durable", Some(p)));
+            }
+            if (s != DIRTY) && (p + 1) * bt > num_computed {
+                return Err(("unsealed page left the dirty state", Some(p)));
+            }
+        }
+        if host_only != t.host_only || pend != t.pending_release {
+            return Err(("page counters", None));
+        }
+        Ok(())
+    }
 }

@@ -168,7 +168,7 @@ impl SourceManager {
 
     /// Gives the request host blocks up to `pages` pages. The caller has checked that the host
     /// pool has them.
-    #[inline]
+    #[inline(always)]
     pub(in crate::coordinator) fn grow(
         &self,
         t: &mut SourceTable,
@@ -239,5 +239,30 @@ impl SourceManager {
         for (p, o) in out.iter_mut().enumerate() {
             *o = t.blocks.get(p).map_or(-1, |&b| b as i32);
         }
+    }
+
+    /// The table's invariants: no host prefix hash published past the durable prefix, and the
+    /// durable prefix covers only clean or reclaimed pages.
+    pub(in crate::coordinator) fn check(
+        &self,
+        t: &SourceTable,
+        resident: &ResidentTable,
+        host: &BlockPool,
+    ) -> Result<(), (&'static str, Option<u32>)> {
+        for p in 0..t.blocks.len() as u32 {
+            let durable = p < t.ready_prefix;
+            if !durable && host.key_of(t.blocks[p as usize]).is_some() {
+                return Err((
+                    "host prefix hash published past the durable prefix",
+                    Some(p),
+                ));
+            }
+        }
+        for p in 0..t.ready_prefix {
+            if !matches!(resident.state[p as usize], CLEAN | RECLAIMED) {
+                return Err(("ready prefix covers a page that is not durable", Some(p)));
+            }
+        }
+        Ok(())
     }
 }
