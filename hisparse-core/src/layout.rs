@@ -558,6 +558,13 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
         });
     }
 
+    // The source group's layers are host-pool arrays, one after another (layer-major).
+    if let Some(source) = groups.first_mut() {
+        for l in &mut source.layers {
+            l.offset = u64::from(l.index_in_group) * host_blocks * l.page_bytes;
+        }
+    }
+
     let kv = KvCacheConfig {
         model: model.name.into(),
         config,
@@ -946,6 +953,7 @@ mod tests {
         assert_eq!(pair.device.block_stride, 545792);
         assert_eq!(pair.device.index_stride_rows, 832);
         assert_eq!(pair.host.base, 13 * u64::from(kv.host_num_blocks) * 41984);
+        assert_eq!(kv.groups[0].layers[13].offset, pair.host.base, "source offset = host base");
         assert_eq!(pair.host.block_stride, 41984);
         assert_eq!(pair.host.index_stride_rows, 64);
         pair.host
