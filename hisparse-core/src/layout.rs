@@ -953,7 +953,10 @@ mod tests {
         assert_eq!(pair.device.block_stride, 545792);
         assert_eq!(pair.device.index_stride_rows, 832);
         assert_eq!(pair.host.base, 13 * u64::from(kv.host_num_blocks) * 41984);
-        assert_eq!(kv.groups[0].layers[13].offset, pair.host.base, "source offset = host base");
+        assert_eq!(
+            kv.groups[0].layers[13].offset, pair.host.base,
+            "source offset = host base"
+        );
         assert_eq!(pair.host.block_stride, 41984);
         assert_eq!(pair.host.index_stride_rows, 64);
         pair.host
