@@ -182,6 +182,19 @@ pub struct KernelReport {
 /// kernels (`1`; default `0`): see [`CudaDevice::set_programmatic_launch`].
 pub const PROGRAMMATIC_LAUNCH_ENV: &str = "HISPARSE_CUDA_PDL";
 
+/// Environment variable that, set to `1`, makes `resolve` keep each request's LRU copy, partition
+/// and bitmap in the global workspace even when they fit shared memory (global-state mode of
+/// `hs_resolve`, used by default only when shared memory is too small; for testing).
+pub const RESOLVE_GLOBAL_ENV: &str = "HISPARSE_CUDA_RESOLVE_GLOBAL";
+
+/// Whether [`RESOLVE_GLOBAL_ENV`] forces global-state resolves (read once per process).
+fn resolve_global_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        std::env::var(RESOLVE_GLOBAL_ENV).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+    })
+}
+
 /// Environment variable choosing the initial [`RemapKernel`].
 pub const REMAP_KERNEL_ENV: &str = "HISPARSE_CUDA_REMAP";
 /// Environment variable choosing the initial [`GatherKernel`].
@@ -986,36 +999,54 @@ impl Device for CudaDevice {
         }
         let available =
             u64::from(self.max_shared_optin).saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES);
-        let base = gk::resolve_shared_bytes(n, 0);
-        if base > available {
-            return Err(CudaError::SharedMemory {
-                hot_slots: n,
-                needed: base + gk::RESOLVE_STATIC_SHARED_BYTES,
-                available: u64::from(self.max_shared_optin),
-            });
-        }
+        // The LRU copy, partition and bitmap stay in shared memory whenever they fit (always on
+        // sm_80+ for every hot_slots the specification allows); otherwise, or when
+        // HISPARSE_CUDA_RESOLVE_GLOBAL=1 forces it (for testing), they live in the workspace
+        // (global-state mode) and shared memory holds only the wanted-row table.
+        let global = gk::resolve_shared_bytes(n, 0) > available || resolve_global_forced();
+        let shared_bytes = |table: u64| {
+            if global {
+                gk::resolve_global_shared_bytes(table as u32)
+            } else {
+                gk::resolve_shared_bytes(n, table as u32)
+            }
+        };
         // Shared table sized for requests of up to two rows (one when there are more rows than
         // multiprocessors, to keep two blocks per multiprocessor), shrunk to what fits; larger
         // requests use the stream's global workspace.
         let rows = if t > self.sm_count { 1 } else { t.min(2) };
         let mut table = gk::resolve_table_entries(u64::from(k) * u64::from(rows));
-        while table >= 16 && gk::resolve_shared_bytes(n, table as u32) > available {
+        while table >= 16 && shared_bytes(table) > available {
             table /= 2;
         }
         if table < 16 {
             table = 0;
         }
-        let (ws_ptr, counter_ptr, ws_entries) = if gk::resolve_table_entries(entries) > table {
-            let ws_entries = gk::resolve_workspace_entries(t, k);
-            let (p, c) = self.ensure_workspace(stream, 16 + 16 * ws_entries as usize)?;
-            (p, c, ws_entries)
+        let tables_in_workspace = gk::resolve_table_entries(entries) > table;
+        let ws_entries = if global {
+            gk::resolve_global_workspace_entries(t, k, desc.num_requests, n, tables_in_workspace)
+        } else if tables_in_workspace {
+            gk::resolve_workspace_entries(t, k)
         } else {
-            (0, 0, 0)
+            0
+        };
+        if ws_entries > u64::from(u32::MAX) {
+            return Err(too_large("resolve workspace"));
+        }
+        let (ws_ptr, counter_ptr) = if ws_entries > 0 {
+            self.ensure_workspace(stream, 16 + 16 * ws_entries as usize)?
+        } else {
+            (0, 0)
+        };
+        let table_arg = if global {
+            table as u32 | gk::RESOLVE_GLOBAL_STATE
+        } else {
+            table as u32
         };
         let l = Launch {
             grid: (t, 1, 1),
             block: gk::RESOLVE_THREADS,
-            shared: gk::resolve_shared_bytes(n, table as u32) as u32,
+            shared: shared_bytes(table) as u32,
         };
         self.launch(
             Kernel::Resolve,
@@ -1038,7 +1069,7 @@ impl Device for CudaDevice {
                 Arg::Ptr(ws_ptr),
                 Arg::Ptr(counter_ptr),
                 Arg::U32(ws_entries as u32),
-                Arg::U32(table as u32),
+                Arg::U32(table_arg),
                 Arg::U32(t),
                 Arg::U32(k),
                 Arg::U32(desc.num_requests),

@@ -83,11 +83,19 @@ impl RocmDevice {
         &self.ctx.source
     }
 
-    /// The most hot slots per request `resolve` supports on this device: its LRU state
-    /// (`hisparse_gpu_kernels::resolve_shared_bytes(hot_slots, 0)`) must fit the shared memory of
-    /// one block. 15,840 with the 64 KiB of current AMD GPUs; larger `hot_slots` give an
-    /// `Unsupported` error.
+    /// The most hot slots per request `resolve` supports on this device: every `hot_slots` the
+    /// specification allows (`hisparse_core::ops::MAX_HOT_SLOTS`, 32,768). When a request's LRU
+    /// state (`hisparse_gpu_kernels::resolve_shared_bytes(hot_slots, 0)`) fits the shared memory
+    /// of one block ([`RocmDevice::max_shared_hot_slots`]) it stays there; above that `resolve`
+    /// keeps it in a global-memory workspace (global-state mode of `hs_resolve`).
     pub fn max_hot_slots(&self) -> u32 {
+        hisparse_core::ops::MAX_HOT_SLOTS
+    }
+
+    /// The most hot slots per request whose `resolve` state fits the shared memory of one block
+    /// (15,840 with the 64 KiB of current AMD GPUs); larger `hot_slots` resolve with the state in
+    /// global memory.
+    pub fn max_shared_hot_slots(&self) -> u32 {
         let limit = self.resolve_shared_limit();
         // resolve_shared_bytes grows with hot_slots: binary search the largest that fits.
         let (mut lo, mut hi) = (0u32, hisparse_core::ops::MAX_HOT_SLOTS);
@@ -584,40 +592,63 @@ impl Device for RocmDevice {
         if desc.num_tokens == 0 {
             return Ok(());
         }
-        // The largest power-of-two wanted-row table that fits shared memory beside the LRU copy,
-        // the partition and the bitmap; bigger tables go to the stream's workspace.
+        // The LRU copy, the partition and the bitmap stay in shared memory when they fit it
+        // (shared mode); otherwise every resolving block takes them from the workspace
+        // (global-state mode) and shared memory holds only the wanted-row table. Either way the
+        // largest power-of-two table that fits the rest of shared memory is shared; bigger tables
+        // go to the workspace too.
         let limit = self.resolve_shared_limit();
-        let base = gk::resolve_shared_bytes(desc.hot_slots, 0);
-        if base > limit {
-            return Err(RocmError::Unsupported(format!(
-                "resolve with {} hot slots needs {base} bytes of shared memory per block, the \
-                 device offers {limit}: use at most {} hot slots (device_buffer_size) here",
-                desc.hot_slots,
-                self.max_hot_slots()
-            )));
-        }
+        let global = gk::resolve_shared_bytes(desc.hot_slots, 0) > limit;
+        let shared_bytes = |table: u64| {
+            if global {
+                gk::resolve_global_shared_bytes(table as u32)
+            } else {
+                gk::resolve_shared_bytes(desc.hot_slots, table as u32)
+            }
+        };
         // Largest power of two (at least 16) whose table fits, else 0 (every table in the workspace).
         let mut smem_table = 0u64;
-        while smem_table < u64::from(u32::MAX / 2) {
+        while smem_table < u64::from(u32::MAX / 4) {
             let next = if smem_table == 0 { 16 } else { smem_table * 2 };
-            if gk::resolve_shared_bytes(desc.hot_slots, next as u32) > limit {
+            if shared_bytes(next) > limit {
                 break;
             }
             smem_table = next;
         }
-        let shared = gk::resolve_shared_bytes(desc.hot_slots, smem_table as u32);
+        let shared = shared_bytes(smem_table);
         let biggest = gk::resolve_table_entries(u64::from(desc.num_tokens) * u64::from(desc.top_k));
-        let (workspace, counter, entries) = if biggest <= smem_table {
+        let tables_in_workspace = biggest > smem_table;
+        let entries = if global {
+            gk::resolve_global_workspace_entries(
+                desc.num_tokens,
+                desc.top_k,
+                desc.num_requests,
+                desc.hot_slots,
+                tables_in_workspace,
+            )
+        } else if tables_in_workspace {
+            gk::resolve_workspace_entries(desc.num_tokens, desc.top_k)
+        } else {
+            0
+        };
+        let (workspace, counter, entries) = if entries == 0 {
             (0, 0, 0)
         } else {
-            let entries = gk::resolve_workspace_entries(desc.num_tokens, desc.top_k);
             let entries32 = u32::try_from(entries).map_err(|_| {
                 RocmError::Op(hisparse_core::OpError::Overflow {
                     op: hisparse_core::OpName::Resolve,
                     field: "workspace",
                 })
             })?;
-            let (ws, counter) = stream.scratch(16 + entries as usize * 16)?;
+            let bytes = usize::try_from(entries)
+                .ok()
+                .and_then(|e| e.checked_mul(16))
+                .and_then(|b| b.checked_add(16))
+                .ok_or(RocmError::Op(hisparse_core::OpError::Overflow {
+                    op: hisparse_core::OpName::Resolve,
+                    field: "workspace",
+                }))?;
+            let (ws, counter) = stream.scratch(bytes)?;
             // SAFETY: the counter is the first 4 bytes of the stream's scratch allocation, which
             // lives as long as the stream; the memset is ordered before the launch on `stream`.
             let s = unsafe {
@@ -627,6 +658,11 @@ impl Device for RocmDevice {
             };
             self.ctx.check("hipMemsetAsync", s)?;
             (ws, counter, entries32)
+        };
+        let table_arg = if global {
+            smem_table as u32 | gk::RESOLVE_GLOBAL_STATE
+        } else {
+            smem_table as u32
         };
         let mut a = Args::default();
         a.ptr(args.req_id.addr())
@@ -645,7 +681,7 @@ impl Device for RocmDevice {
             .ptr(workspace)
             .ptr(counter)
             .u32(entries)
-            .u32(smem_table as u32)
+            .u32(table_arg)
             .u32(desc.num_tokens)
             .u32(desc.top_k)
             .u32(desc.num_requests)

@@ -601,9 +601,18 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
 // entries (a power of two, or 0), else in `workspace`: `workspace_counter` (zeroed by the host
 // before each launch) bump-allocates per-block tables of `workspace_entries` entries in total; the
 // host sizes it at 4 * num_tokens * top_k entries, which bounds the sum of every block's need.
+//
+// Global-state mode: when bit 31 of `smem_table_entries` (HS_RESOLVE_GLOBAL_STATE) is set, the
+// per-request LRU copy, partition and bitmap do not live in shared memory but in `workspace`:
+// each resolving block bump-allocates them (resolve_state_entries(hot_slots) 16-byte entries,
+// followed by its wanted-row table when that does not fit shared memory) in one atomicAdd on
+// `workspace_counter`. The low 31 bits are then the shared table capacity as above, and the
+// dynamic shared memory holds only that table (16 * capacity bytes). For hot_slots too large for
+// the device's shared memory (64 KiB on AMD GPUs).
 
 #define HS_RESOLVE_THREADS 512
 #define HS_RESOLVE_ITEMS 4
+#define HS_RESOLVE_GLOBAL_STATE 0x80000000u
 
 struct hs_resolve_desc {
     u32 num_tokens, top_k, num_requests, max_pages, block_size, hot_slots,
@@ -721,23 +730,38 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     if (s_flag) return;
     const u32 entries = s_rows * K;
 
-    // Shared memory: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), table.
-    u16* s_lru = (u16*)hs_smem;
-    u16* s_part = (u16*)(hs_smem + hs_align16(2 * N));
-    u32* s_bits = (u32*)(hs_smem + 2 * hs_align16(2 * N));
-    hs_wanted* s_table = (hs_wanted*)(hs_smem + 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32)));
+    // Per-request state: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), each part
+    // 16-byte aligned, in shared memory followed by the shared table, or (global-state mode) in
+    // the workspace with the table alone in shared memory.
+    const bool global_state = (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u;
+    const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
+    const u32 state_bytes = 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32));
 
     u32 cap = 16;
     while (cap < 2 * entries) cap <<= 1;
+    const bool table_shared = cap <= smem_cap;
+    if (table_shared) cap = smem_cap;
+    unsigned char* state;
     hs_wanted* table;
-    if (cap <= smem_table_entries) {
-        cap = smem_table_entries;
-        table = s_table;
-    } else {
-        if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap);
+    if (global_state) {
+        if (HS_TID == 0)
+            s_table_off = atomicAdd(workspace_counter, state_bytes / 16u + (table_shared ? 0u : cap));
         HS_SYNC();
-        table = workspace + s_table_off;
+        state = (unsigned char*)(workspace + s_table_off);
+        table = table_shared ? (hs_wanted*)hs_smem : workspace + s_table_off + state_bytes / 16u;
+    } else {
+        state = hs_smem;
+        if (table_shared) {
+            table = (hs_wanted*)(hs_smem + state_bytes);
+        } else {
+            if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap);
+            HS_SYNC();
+            table = workspace + s_table_off;
+        }
     }
+    u16* s_lru = (u16*)state;
+    u16* s_part = (u16*)(state + hs_align16(2 * N));
+    u32* s_bits = (u32*)(state + 2 * hs_align16(2 * N));
     const u32 mask = cap - 1;
     for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
         table[i].key = HS_EMPTY_KEY;

@@ -137,6 +137,11 @@ pub enum Kernel {
     /// [`resolve_shared_bytes`]. `workspace` (`Wanted[workspace_entries]`) and
     /// `workspace_counter` (`u32`, zeroed before each launch) back requests whose table does not
     /// fit `smem_table_entries` (a power of two, or 0); see [`resolve_workspace_entries`].
+    /// With [`RESOLVE_GLOBAL_STATE`] set in `smem_table_entries` (global-state mode), the
+    /// per-request LRU copy, partition and bitmap come from the workspace as well
+    /// ([`resolve_state_entries`] entries per resolving block, bump-allocated before that block's
+    /// table), the low 31 bits are the shared table capacity, the dynamic shared memory is
+    /// [`resolve_global_shared_bytes`] and the workspace [`resolve_global_workspace_entries`].
     Resolve,
     /// `hs_gather_rows`: grid `(ceil(top_k / GATHER_ROWS), num_tokens, layers.count)`, block
     /// [`GATHER_THREADS`]. `host` is the device address of the mapped pinned host pool.
@@ -391,6 +396,48 @@ pub const fn resolve_shared_bytes(hot_slots: u32, table_entries: u32) -> u64 {
     2 * align16(2 * n) + align16(4 * n.div_ceil(32)) + 16 * table_entries as u64
 }
 
+/// Flag bit of `hs_resolve`'s `smem_table_entries` selecting global-state mode: each resolving
+/// block keeps its LRU copy, partition and bitmap in the workspace instead of shared memory
+/// (`HS_RESOLVE_GLOBAL_STATE` in the source). For `hot_slots` whose [`resolve_shared_bytes`]
+/// `(hot_slots, 0)` exceeds the device's shared memory per block.
+pub const RESOLVE_GLOBAL_STATE: u32 = 1 << 31;
+
+/// 16-byte workspace entries one resolving block takes for its LRU copy, partition and bitmap in
+/// global-state mode: `resolve_shared_bytes(hot_slots, 0) / 16` (a multiple of 16 bytes).
+pub const fn resolve_state_entries(hot_slots: u32) -> u64 {
+    resolve_shared_bytes(hot_slots, 0) / 16
+}
+
+/// Dynamic shared memory of `hs_resolve` in global-state mode: the shared wanted-row table of
+/// `table_entries` entries only.
+pub const fn resolve_global_shared_bytes(table_entries: u32) -> u64 {
+    16 * table_entries as u64
+}
+
+/// 16-byte workspace entries `hs_resolve` needs in global-state mode: the state of at most
+/// `min(num_tokens, num_requests)` resolving blocks (one per distinct request) plus, when a
+/// request's wanted-row table may not fit the shared table (`tables_in_workspace`), the tables'
+/// [`resolve_workspace_entries`].
+pub const fn resolve_global_workspace_entries(
+    num_tokens: u32,
+    top_k: u32,
+    num_requests: u32,
+    hot_slots: u32,
+    tables_in_workspace: bool,
+) -> u64 {
+    let blocks = if num_tokens < num_requests {
+        num_tokens
+    } else {
+        num_requests
+    };
+    let tables = if tables_in_workspace {
+        resolve_workspace_entries(num_tokens, top_k)
+    } else {
+        0
+    };
+    blocks as u64 * resolve_state_entries(hot_slots) + tables
+}
+
 /// Static shared memory of `hs_resolve` (scan scratch and a few counters), an upper bound.
 pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 33 + 4 * 8;
 
@@ -492,5 +539,23 @@ mod tests {
         assert_eq!(resolve_table_entries(1), 16);
         assert_eq!(resolve_shared_bytes(4096, 0), 8192 + 8192 + 512);
         assert_eq!(resolve_shared_bytes(3, 16), 16 + 16 + 16 + 256);
+        // 32768 slots: 64 KiB + 64 KiB + 4 KiB of state, over AMD's 64 KiB per block.
+        assert_eq!(resolve_shared_bytes(32_768, 0), 65_536 + 65_536 + 4096);
+        assert_eq!(resolve_state_entries(32_768), (65_536 + 65_536 + 4096) / 16);
+        assert_eq!(resolve_state_entries(3), 3);
+        assert_eq!(resolve_global_shared_bytes(0), 0);
+        assert_eq!(resolve_global_shared_bytes(1024), 16_384);
+        // One state per distinct request: min(num_tokens, num_requests) blocks.
+        assert_eq!(
+            resolve_global_workspace_entries(4, 64, 2, 32_768, false),
+            2 * 8448
+        );
+        assert_eq!(
+            resolve_global_workspace_entries(2, 64, 8, 4096, true),
+            2 * resolve_state_entries(4096) + resolve_workspace_entries(2, 64)
+        );
+        assert!(COMMON_SOURCE.contains(&format!(
+            "#define HS_RESOLVE_GLOBAL_STATE {RESOLVE_GLOBAL_STATE:#x}u"
+        )));
     }
 }

@@ -285,11 +285,24 @@ fn check_remap(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
 }
 
 #[allow(clippy::too_many_lines)]
-fn check_resolve(emu: &Emu, rng: &mut Rng, smem_table: Option<u32>) -> Result<(), String> {
+/// How `check_resolve` launches `hs_resolve`: the shared table capacity (`None`: sized for two
+/// rows), whether the per-request state is forced into the workspace (global-state mode), and a
+/// fixed `hot_slots` (`None`: random).
+#[derive(Clone, Copy, Debug)]
+struct ResolveMode {
+    smem_table: Option<u32>,
+    global: bool,
+    hot_slots: Option<u32>,
+}
+
+fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), String> {
+    let smem_table = mode.smem_table;
     let k = rng.int(1, 40) as u32;
     let bs = rng.int(1, 8) as u32;
     let r = rng.int(1, 3) as u32;
-    let n = if rng.pct(15) {
+    let n = if let Some(n) = mode.hot_slots {
+        n
+    } else if rng.pct(15) {
         rng.int(2049, 2600) as u32
     } else {
         k * rng.int(1, 3) as u32
@@ -402,14 +415,26 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, smem_table: Option<u32>) -> Result<()
         let table = smem_table.unwrap_or_else(|| {
             gk::resolve_table_entries(u64::from(k) * u64::from(t.min(2))) as u32
         });
-        let ws_entries = gk::resolve_workspace_entries(t, k);
+        let (ws_entries, shared, table_arg) = if mode.global {
+            (
+                gk::resolve_global_workspace_entries(t, k, r, n, true),
+                gk::resolve_global_shared_bytes(table),
+                table | gk::RESOLVE_GLOBAL_STATE,
+            )
+        } else {
+            (
+                gk::resolve_workspace_entries(t, k),
+                gk::resolve_shared_bytes(n, table),
+                table,
+            )
+        };
         let mut ws = vec![0u8; 16 * ws_entries as usize + 16];
         let mut counter = vec![0u32; 4];
         emu.run(
             Kernel::Resolve,
             (t, 1, 1),
             gk::RESOLVE_THREADS,
-            gk::resolve_shared_bytes(n, table),
+            shared,
             &[
                 p(&req),
                 p(&topk),
@@ -427,7 +452,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, smem_table: Option<u32>) -> Result<()
                 Arg::Ptr(ws.as_mut_ptr().wrapping_add(16).cast_const().cast()),
                 pm(&mut counter),
                 Arg::U32(ws_entries as u32),
-                Arg::U32(table),
+                Arg::U32(table_arg),
                 Arg::U32(t),
                 Arg::U32(k),
                 Arg::U32(r),
@@ -438,6 +463,12 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, smem_table: Option<u32>) -> Result<()
                 Arg::U32(host_blocks),
             ],
         );
+        if u64::from(counter[0]) > ws_entries {
+            return Err(format!(
+                "resolve took {} workspace entries, the host sized {ws_entries} ({mode:?}, {d:?})",
+                counter[0]
+            ));
+        }
         for (name, a, b) in [
             ("indices", &ind, &gind),
             ("miss_src", &src, &gsrc),
@@ -449,12 +480,12 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, smem_table: Option<u32>) -> Result<()
         ] {
             if a != b {
                 return Err(format!(
-                    "resolve {name} differs (table {table}) for {d:?} req {req:?}\n want {a:?}\n  got {b:?}"
+                    "resolve {name} differs (table {table}, {mode:?}) for {d:?} req {req:?}\n want {a:?}\n  got {b:?}"
                 ));
             }
         }
         if lru != glru {
-            return Err(format!("resolve lru differs for {d:?}"));
+            return Err(format!("resolve lru differs ({mode:?}) for {d:?}"));
         }
     }
     Ok(())
@@ -838,9 +869,33 @@ fn main() {
             1 => Some(0),
             _ => Some(64),
         };
+        let shared = ResolveMode {
+            smem_table: smem,
+            global: false,
+            hot_slots: None,
+        };
+        // The same launches with the per-request state in the workspace, and the largest
+        // hot-slot count (32768, beyond any AMD GPU's shared memory) in global-state mode.
+        let global = ResolveMode {
+            global: true,
+            ..shared
+        };
+        let global_max = ResolveMode {
+            global: true,
+            hot_slots: Some(hisparse_core::ops::MAX_HOT_SLOTS),
+            ..shared
+        };
         for (name, r) in [
             ("remap", check_remap(&emu, &mut rng)),
-            ("resolve", check_resolve(&emu, &mut rng, smem)),
+            ("resolve", check_resolve(&emu, &mut rng, shared)),
+            (
+                "resolve (global state)",
+                check_resolve(&emu, &mut rng, global),
+            ),
+            (
+                "resolve (global state, max hot slots)",
+                check_resolve(&emu, &mut rng, global_max),
+            ),
             ("copies", check_copies(&emu, &mut rng)),
             ("small ops", check_small_ops(&emu, &mut rng)),
         ] {

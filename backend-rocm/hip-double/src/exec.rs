@@ -298,13 +298,21 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     };
     desc.validate().map_err(|e| e.to_string())?;
     need_grid(l, [desc.num_tokens.into(), 1, 1])?;
-    let smem_table = p.u32("smem_table_entries");
+    // Bit 31 selects global-state mode (LRU copy, partition and bitmap in the workspace); the
+    // low 31 bits are the shared table capacity.
+    let table_arg = p.u32("smem_table_entries");
+    let global = table_arg & gk::RESOLVE_GLOBAL_STATE != 0;
+    let smem_table = table_arg & !gk::RESOLVE_GLOBAL_STATE;
     if smem_table != 0 && !smem_table.is_power_of_two() {
         return Err(format!(
             "smem_table_entries {smem_table} is not a power of two"
         ));
     }
-    let needed = gk::resolve_shared_bytes(desc.hot_slots, smem_table);
+    let needed = if global {
+        gk::resolve_global_shared_bytes(smem_table)
+    } else {
+        gk::resolve_shared_bytes(desc.hot_slots, smem_table)
+    };
     if u64::from(l.shared) < needed {
         return Err(format!(
             "{} bytes of dynamic shared memory, the kernel uses {needed}",
@@ -324,6 +332,10 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
             continue;
         }
         let rows = req[first..].iter().filter(|&&x| x == q).count() as u64;
+        if global {
+            // Every resolving block takes its state from the workspace.
+            from_workspace += gk::resolve_state_entries(desc.hot_slots);
+        }
         let cap = gk::resolve_table_entries(rows * desc.top_k as u64);
         if cap > u64::from(smem_table) {
             // At least the table's `cap` entries (how much more a block takes is the kernel's

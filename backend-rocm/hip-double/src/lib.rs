@@ -42,6 +42,10 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use state::{Kind, Module, Op, State};
 use status::*;
 
+/// The LDS a block may use on CDNA and RDNA (64 KiB): reported as `sharedMemPerBlock`; a launch
+/// asking for more dynamic shared memory fails.
+pub(crate) const SHARED_MEM_PER_BLOCK: usize = 64 * 1024;
+
 pub use rtc::{
     hiprtcCompileProgram, hiprtcCreateProgram, hiprtcDestroyProgram, hiprtcGetCode,
     hiprtcGetCodeSize, hiprtcGetErrorString, hiprtcGetProgramLog, hiprtcGetProgramLogSize,
@@ -191,8 +195,7 @@ pub unsafe extern "C" fn hipGetDevicePropertiesR0600(
     };
     p.maxThreadsPerBlock = 1024;
     p.multiProcessorCount = 8;
-    // The LDS a block may use on CDNA and RDNA.
-    p.sharedMemPerBlock = 64 * 1024;
+    p.sharedMemPerBlock = SHARED_MEM_PER_BLOCK;
     p.canMapHostMemory = 1;
     p.major = 9;
     p.minor = 4;
@@ -687,7 +690,11 @@ pub unsafe extern "C" fn hipModuleLaunchKernel(
     let grid = [grid_x, grid_y, grid_z];
     let block = [block_x, block_y, block_z];
     let threads = u64::from(block_x) * u64::from(block_y) * u64::from(block_z);
-    if grid.contains(&0) || threads == 0 || threads > 1024 || shared_bytes > 64 * 1024 {
+    if grid.contains(&0)
+        || threads == 0
+        || threads > 1024
+        || shared_bytes as usize > SHARED_MEM_PER_BLOCK
+    {
         return HIP_ERROR_INVALID_CONFIGURATION;
     }
     if !extra.is_null() || params.is_null() {
