@@ -9,7 +9,7 @@ mod remap;
 mod resolve;
 
 use hisparse_core::Device;
-use hisparse_core::ops::copy::{self, check_bulk_copy};
+use hisparse_core::ops::copy::{self, bulk_copy};
 use hisparse_core::ops::{
     BlockPair, BufferLen, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc,
     PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
@@ -170,15 +170,13 @@ fn bulk(
     dst_offset: usize,
     bytes: usize,
 ) -> Result<(), CpuError> {
-    check_bulk_copy(
-        src.byte_len(),
-        src_offset as u64,
-        dst.byte_len(),
-        dst_offset as u64,
-        bytes as u64,
+    bulk_copy(
+        src.as_slice(),
+        src_offset,
+        dst.as_mut_slice(),
+        dst_offset,
+        bytes,
     )?;
-    dst.as_mut_slice()[dst_offset..dst_offset + bytes]
-        .copy_from_slice(&src.as_slice()[src_offset..src_offset + bytes]);
     Ok(())
 }
 
@@ -357,7 +355,6 @@ impl Device for CpuDevice {
         host: &mut CpuBuffer,
         device: &mut CpuBuffer,
     ) -> Result<(), CpuError> {
-        desc.check(pairs, host.byte_len(), device.byte_len())?;
         copy::copy_pages(desc, pairs, host.as_mut_slice(), device.as_mut_slice())?;
         Ok(())
     }
@@ -370,7 +367,6 @@ impl Device for CpuDevice {
         host: &mut CpuBuffer,
         device: &mut CpuBuffer,
     ) -> Result<(), CpuError> {
-        desc.check(spans, host.byte_len(), device.byte_len())?;
         copy::copy_rows(desc, spans, host.as_mut_slice(), device.as_mut_slice())?;
         Ok(())
     }
@@ -382,7 +378,6 @@ impl Device for CpuDevice {
         pairs: &[BlockPair],
         host: &mut CpuBuffer,
     ) -> Result<(), CpuError> {
-        copy::check_host_page_copy(layers, pairs, host.byte_len())?;
         copy::copy_host_pages(layers, pairs, host.as_mut_slice())?;
         Ok(())
     }
