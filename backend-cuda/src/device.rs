@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use hisparse_core::Device;
-use hisparse_core::ops::copy::{check_bulk_copy, check_host_page_copy};
+use hisparse_core::ops::copy::{check_bulk, check_host_page_copy, check_read, check_write};
 use hisparse_core::ops::{
     BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc,
     PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
@@ -783,48 +783,24 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, dst: &mut CudaBuffer, offset: usize, src: &[u8]) -> Result<()> {
-        check_bulk_copy(
-            src.len() as u64,
-            0,
-            dst.byte_len(),
-            offset as u64,
-            src.len() as u64,
-        )?;
+        check_write(dst, offset, src)?;
         dst.mem.write(offset, src)
     }
 
     fn download(&self, src: &CudaBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
-        check_bulk_copy(
-            src.byte_len(),
-            offset as u64,
-            dst.len() as u64,
-            0,
-            dst.len() as u64,
-        )?;
+        check_read(src, offset, dst)?;
         src.mem.read(offset, dst)
     }
 
     fn write_pinned(&self, dst: &mut CudaHostBuffer, offset: usize, src: &[u8]) -> Result<()> {
-        check_bulk_copy(
-            src.len() as u64,
-            0,
-            dst.byte_len(),
-            offset as u64,
-            src.len() as u64,
-        )?;
+        check_write(dst, offset, src)?;
         self.ctx.synchronize()?;
         dst.mem.as_mut_slice()[offset..offset + src.len()].copy_from_slice(src);
         Ok(())
     }
 
     fn read_pinned(&self, src: &CudaHostBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
-        check_bulk_copy(
-            src.byte_len(),
-            offset as u64,
-            dst.len() as u64,
-            0,
-            dst.len() as u64,
-        )?;
+        check_read(src, offset, dst)?;
         self.ctx.synchronize()?;
         dst.copy_from_slice(&src.mem.as_slice()[offset..offset + dst.len()]);
         Ok(())
@@ -861,13 +837,7 @@ impl Device for CudaDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<()> {
-        check_bulk_copy(
-            src.byte_len(),
-            src_offset as u64,
-            dst.byte_len(),
-            dst_offset as u64,
-            bytes as u64,
-        )?;
+        check_bulk(src, src_offset, dst, dst_offset, bytes)?;
         self.ctx.bind()?;
         stream
             .inner
@@ -883,13 +853,7 @@ impl Device for CudaDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<()> {
-        check_bulk_copy(
-            src.byte_len(),
-            src_offset as u64,
-            dst.byte_len(),
-            dst_offset as u64,
-            bytes as u64,
-        )?;
+        check_bulk(src, src_offset, dst, dst_offset, bytes)?;
         self.ctx.bind()?;
         stream
             .inner
@@ -905,13 +869,7 @@ impl Device for CudaDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<()> {
-        check_bulk_copy(
-            src.byte_len(),
-            src_offset as u64,
-            dst.byte_len(),
-            dst_offset as u64,
-            bytes as u64,
-        )?;
+        check_bulk(src, src_offset, dst, dst_offset, bytes)?;
         self.ctx.bind()?;
         stream
             .inner

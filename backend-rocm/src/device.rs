@@ -4,7 +4,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use hisparse_core::Device;
-use hisparse_core::ops::copy::{check_bulk_copy, check_host_page_copy};
+use hisparse_core::ops::copy::{check_bulk, check_host_page_copy, check_read, check_write};
 use hisparse_core::ops::{
     BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc,
     PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
@@ -319,13 +319,7 @@ impl Device for RocmDevice {
     }
 
     fn upload(&self, dst: &mut RocmBuffer, offset: usize, src: &[u8]) -> Result<(), RocmError> {
-        check_bulk_copy(
-            src.len() as u64,
-            0,
-            dst.byte_len(),
-            offset as u64,
-            src.len() as u64,
-        )?;
+        check_write(dst, offset, src)?;
         self.sync_all()?;
         if src.is_empty() {
             return Ok(());
@@ -346,13 +340,7 @@ impl Device for RocmDevice {
     }
 
     fn download(&self, src: &RocmBuffer, offset: usize, dst: &mut [u8]) -> Result<(), RocmError> {
-        check_bulk_copy(
-            src.byte_len(),
-            offset as u64,
-            dst.len() as u64,
-            0,
-            dst.len() as u64,
-        )?;
+        check_read(src, offset, dst)?;
         self.sync_all()?;
         if dst.is_empty() {
             return Ok(());
@@ -376,13 +364,7 @@ impl Device for RocmDevice {
         offset: usize,
         src: &[u8],
     ) -> Result<(), RocmError> {
-        check_bulk_copy(
-            src.len() as u64,
-            0,
-            dst.byte_len(),
-            offset as u64,
-            src.len() as u64,
-        )?;
+        check_write(dst, offset, src)?;
         self.sync_all()?;
         if !src.is_empty() {
             // SAFETY: the range lies inside the pinned allocation (checked); the device is idle
@@ -400,13 +382,7 @@ impl Device for RocmDevice {
         offset: usize,
         dst: &mut [u8],
     ) -> Result<(), RocmError> {
-        check_bulk_copy(
-            src.byte_len(),
-            offset as u64,
-            dst.len() as u64,
-            0,
-            dst.len() as u64,
-        )?;
+        check_read(src, offset, dst)?;
         self.sync_all()?;
         if !dst.is_empty() {
             // SAFETY: the range lies inside the pinned allocation (checked); the device is idle,
@@ -477,13 +453,7 @@ impl Device for RocmDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<(), RocmError> {
-        check_bulk_copy(
-            src.byte_len(),
-            src_offset as u64,
-            dst.byte_len(),
-            dst_offset as u64,
-            bytes as u64,
-        )?;
+        check_bulk(src, src_offset, dst, dst_offset, bytes)?;
         self.memcpy_async(
             stream,
             dst.at(dst_offset),
@@ -502,13 +472,7 @@ impl Device for RocmDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<(), RocmError> {
-        check_bulk_copy(
-            src.byte_len(),
-            src_offset as u64,
-            dst.byte_len(),
-            dst_offset as u64,
-            bytes as u64,
-        )?;
+        check_bulk(src, src_offset, dst, dst_offset, bytes)?;
         self.memcpy_async(
             stream,
             dst.host_at(dst_offset),
@@ -527,13 +491,7 @@ impl Device for RocmDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<(), RocmError> {
-        check_bulk_copy(
-            src.byte_len(),
-            src_offset as u64,
-            dst.byte_len(),
-            dst_offset as u64,
-            bytes as u64,
-        )?;
+        check_bulk(src, src_offset, dst, dst_offset, bytes)?;
         self.memcpy_async(
             stream,
             dst.at(dst_offset),

@@ -585,11 +585,11 @@ pub fn check_bulk_copy(
     Ok(())
 }
 
-/// Reference bulk copy between two byte slices.
-pub fn bulk_copy(
-    src: &[u8],
+/// [`check_bulk_copy`] for two buffers, with offsets and size as `usize`.
+pub fn check_bulk<S: BufferLen + ?Sized, D: BufferLen + ?Sized>(
+    src: &S,
     src_offset: usize,
-    dst: &mut [u8],
+    dst: &D,
     dst_offset: usize,
     bytes: usize,
 ) -> Result<(), OpError> {
@@ -599,7 +599,36 @@ pub fn bulk_copy(
         dst.byte_len(),
         dst_offset as u64,
         bytes as u64,
-    )?;
+    )
+}
+
+/// Checks writing all of `src` into `dst` at byte `offset` (uploads, pinned writes).
+pub fn check_write<D: BufferLen + ?Sized>(
+    dst: &D,
+    offset: usize,
+    src: &[u8],
+) -> Result<(), OpError> {
+    check_bulk(src, 0, dst, offset, src.len())
+}
+
+/// Checks reading `dst.len()` bytes of `src` from byte `offset` (downloads, pinned reads).
+pub fn check_read<S: BufferLen + ?Sized>(
+    src: &S,
+    offset: usize,
+    dst: &[u8],
+) -> Result<(), OpError> {
+    check_bulk(src, offset, dst, 0, dst.len())
+}
+
+/// Reference bulk copy between two byte slices.
+pub fn bulk_copy(
+    src: &[u8],
+    src_offset: usize,
+    dst: &mut [u8],
+    dst_offset: usize,
+    bytes: usize,
+) -> Result<(), OpError> {
+    check_bulk(src, src_offset, dst, dst_offset, bytes)?;
     dst[dst_offset..dst_offset + bytes].copy_from_slice(&src[src_offset..src_offset + bytes]);
     Ok(())
 }
