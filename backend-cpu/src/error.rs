@@ -14,6 +14,14 @@ pub enum CpuError {
     /// A pinned allocation the host cannot safely satisfy (zero bytes, or above 95% of the
     /// available RAM).
     PinnedBudget(PinnedBudgetError),
+    /// A device buffer larger than the RAM the operating system reports available (device memory
+    /// is host RAM on this backend).
+    RamExhausted {
+        /// Bytes asked for.
+        bytes: usize,
+        /// Bytes of RAM available.
+        available: u64,
+    },
     /// The allocator refused a buffer (or its size cannot be laid out in the address space).
     Alloc {
         /// Bytes asked for.
@@ -28,6 +36,11 @@ impl fmt::Display for CpuError {
         match self {
             CpuError::Op(e) => write!(f, "cpu: {e}"),
             CpuError::PinnedBudget(e) => write!(f, "cpu: {e}"),
+            CpuError::RamExhausted { bytes, available } => write!(
+                f,
+                "cpu: a device buffer of {bytes} bytes does not fit the {available} bytes of RAM \
+                 available (the CPU backend's device memory is host RAM); plan a smaller GPU pool"
+            ),
             CpuError::Alloc { bytes, pinned } => write!(
                 f,
                 "cpu: could not allocate {bytes} bytes of {} memory; free buffers or plan a \
@@ -43,7 +56,7 @@ impl std::error::Error for CpuError {
         match self {
             CpuError::Op(e) => Some(e),
             CpuError::PinnedBudget(e) => Some(e),
-            CpuError::Alloc { .. } => None,
+            CpuError::Alloc { .. } | CpuError::RamExhausted { .. } => None,
         }
     }
 }
@@ -54,7 +67,9 @@ impl Error for CpuError {
             CpuError::Op(e) => e.kind(),
             CpuError::PinnedBudget(e) => e.kind(),
             CpuError::Alloc { pinned: true, .. } => ErrorKind::OutOfPinnedMemory,
-            CpuError::Alloc { pinned: false, .. } => ErrorKind::OutOfDeviceMemory,
+            CpuError::Alloc { pinned: false, .. } | CpuError::RamExhausted { .. } => {
+                ErrorKind::OutOfDeviceMemory
+            }
         }
     }
 }

@@ -11,11 +11,12 @@ mod resolve;
 use hisparse_core::Device;
 use hisparse_core::ops::copy::{self, bulk_copy};
 use hisparse_core::ops::{
-    BlockPair, BufferLen, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc,
-    PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
-    SlotMappingArgs, SlotMappingDesc, check_pinned_budget, invalidate, slot_mapping,
+    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
+    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
+    SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc, check_pinned_budget, invalidate,
+    slot_mapping, table,
 };
-use hisparse_core::{OpError, OpName};
+use hisparse_core::{MemoryInfo, OpError, OpName};
 
 use aligned::AlignedBytes;
 pub use error::CpuError;
@@ -196,6 +197,13 @@ impl Device for CpuDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<CpuBuffer, CpuError> {
+        // "Device" memory is host RAM here: refuse what RAM cannot hold before the allocator
+        // commits (and zero-fills) it, instead of driving the machine into swap.
+        if let Some(available) = available_ram()
+            && bytes as u64 > available
+        {
+            return Err(CpuError::RamExhausted { bytes, available });
+        }
         CpuBuffer::zeroed(bytes, false)
     }
 
@@ -243,6 +251,57 @@ impl Device for CpuDevice {
     }
 
     fn synchronize(&self, _stream: &CpuStream) -> Result<(), CpuError> {
+        Ok(())
+    }
+
+    fn query_event(&self, _event: &CpuEvent) -> Result<bool, CpuError> {
+        // Work runs eagerly: whatever an event captured has completed.
+        Ok(true)
+    }
+
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        let available = available_ram()?;
+        Some(MemoryInfo {
+            device_free: available,
+            host_available: available,
+            unified: true,
+        })
+    }
+
+    fn copy_within_device(
+        &self,
+        _stream: &CpuStream,
+        buf: &mut CpuBuffer,
+        src_offset: usize,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), CpuError> {
+        copy::copy_within(buf.as_mut_slice(), src_offset, dst_offset, bytes)?;
+        Ok(())
+    }
+
+    fn write_table(
+        &self,
+        _stream: &CpuStream,
+        desc: &TableWriteDesc,
+        writes: &[TableWrite],
+        table: &mut CpuBuffer,
+    ) -> Result<(), CpuError> {
+        desc.check(writes, &*table)?;
+        table::write_table(desc, writes, table.i32s_mut())?;
+        Ok(())
+    }
+
+    fn reset_hot_state(
+        &self,
+        _stream: &CpuStream,
+        desc: &HotResetDesc,
+        rows: &[u32],
+        dgi: &mut CpuBuffer,
+        lru: &mut CpuBuffer,
+    ) -> Result<(), CpuError> {
+        desc.check(rows, &*dgi, &*lru)?;
+        table::reset_hot_state(desc, rows, dgi.i32s_mut(), lru.u16s_mut())?;
         Ok(())
     }
 

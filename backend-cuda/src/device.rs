@@ -828,6 +828,11 @@ impl Device for CudaDevice {
         stream.inner.synchronize()
     }
 
+    fn query_event(&self, event: &CudaEvent) -> Result<bool> {
+        self.ctx.bind()?;
+        event.inner.is_complete()
+    }
+
     fn copy_to_device(
         &self,
         stream: &CudaStream,

@@ -14,7 +14,7 @@ use hisparse_gpu_kernels::{self as gk, GatherLayers, Kernel, LayerPairAbi, PageJ
 
 use crate::context::Context;
 use crate::error::RocmError;
-use crate::ffi::{HOST_MALLOC_MAPPED, HOST_MALLOC_PORTABLE, Handle, MemcpyKind};
+use crate::ffi::{self, HOST_MALLOC_MAPPED, HOST_MALLOC_PORTABLE, Handle, MemcpyKind};
 use crate::kernels::{self, KernelSource};
 use crate::launch::{self, Args};
 use crate::memory::{RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, available_ram};
@@ -434,6 +434,15 @@ impl Device for RocmDevice {
             "hipStreamWaitEvent",
             self.ctx.hip.stream_wait_event(stream.raw, event.raw),
         )
+    }
+
+    fn query_event(&self, event: &RocmEvent) -> Result<bool, RocmError> {
+        self.ctx.bind()?;
+        match self.ctx.hip.event_query(event.raw) {
+            ffi::HIP_SUCCESS => Ok(true),
+            ffi::HIP_ERROR_NOT_READY => Ok(false),
+            s => Err(RocmError::hip(&self.ctx.hip, "hipEventQuery", s)),
+        }
     }
 
     fn synchronize(&self, stream: &RocmStream) -> Result<(), RocmError> {

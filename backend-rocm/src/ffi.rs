@@ -30,6 +30,8 @@ pub type Handle = *mut c_void;
 pub const HIP_SUCCESS: HipStatus = 0;
 /// `HIPRTC_SUCCESS`.
 pub const RTC_SUCCESS: RtcStatus = 0;
+/// `hipErrorNotReady`: the queried work has not completed yet.
+pub const HIP_ERROR_NOT_READY: HipStatus = 600;
 /// `hipStreamNonBlocking`: the stream does not synchronise with the null stream.
 pub const STREAM_NON_BLOCKING: c_uint = 1;
 /// `hipEventDisableTiming`.

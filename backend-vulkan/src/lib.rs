@@ -84,7 +84,7 @@ pub struct VulkanStream {
 /// A point in the device's submission order.
 #[derive(Clone, Copy, Debug)]
 pub struct VulkanEvent {
-    _value: u64,
+    value: u64,
 }
 
 macro_rules! buffer_common {
@@ -422,7 +422,7 @@ impl Device for VulkanDevice {
 
     fn record_event(&self, _stream: &VulkanStream) -> Result<VulkanEvent> {
         Ok(VulkanEvent {
-            _value: self.ctx.last_submitted(),
+            value: self.ctx.last_submitted(),
         })
     }
 
@@ -434,6 +434,10 @@ impl Device for VulkanDevice {
 
     fn synchronize(&self, _stream: &VulkanStream) -> Result<()> {
         self.ctx.wait_idle()
+    }
+
+    fn query_event(&self, event: &VulkanEvent) -> Result<bool> {
+        Ok(self.ctx.reached(event.value))
     }
 
     fn copy_to_device(

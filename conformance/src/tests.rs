@@ -97,6 +97,9 @@ impl Device for GhostDevice {
     fn synchronize(&self, _: &()) -> R {
         never()
     }
+    fn query_event(&self, _: &()) -> R<bool> {
+        never()
+    }
     fn copy_to_device(
         &self,
         _: &(),

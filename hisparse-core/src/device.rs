@@ -6,31 +6,66 @@
 //!
 //! * checks its descriptor and every buffer size with the core's `check` before anything is
 //!   enqueued, returning the [`OpError`] (converted into [`Device::Error`]) on failure;
-//! * is *enqueued* on a stream and may complete after the call returns. Operations on one stream
-//!   run in order; across streams, order them with [`Device::record_event`] /
-//!   [`Device::wait_event`];
+//! * is *enqueued* on a stream and may complete after the call returns;
 //! * must produce output bit-identical to the reference function of the same name in
 //!   [`crate::ops`], including every `-1`, LRU order and copied byte.
 //!
-//! Bulk copies take byte offsets checked by [`crate::ops::copy::check_bulk_copy`].
+//! # Streams and events
 //!
-//! Host-side lists (`pairs`, `spans`) are copied by the backend before the call returns. The
-//! decode-path operations ([`Device::remap`], [`Device::resolve`], [`Device::gather_rows`],
+//! Every backend honours these rules; the conformance suite's `streams/*` cases check them.
+//!
+//! 1. **In order on one stream.** Work enqueued on a stream runs after, and sees every write
+//!    of, the work enqueued on the same stream before it.
+//! 2. **Nothing is promised across streams** without an event: work on two streams may run
+//!    concurrently and in any order.
+//! 3. **Events.** [`Device::record_event`] captures the work enqueued on a stream so far;
+//!    [`Device::wait_event`] makes work enqueued on another stream *afterwards* start only once
+//!    that work has completed (it does not block the host). [`Device::query_event`] asks, without
+//!    blocking, whether the captured work has completed; once it answers `true` every write of
+//!    that work is visible to the host (pinned memory included).
+//! 4. **Synchronous calls.** [`Device::synchronize`] blocks until a stream's work completed.
+//!    [`Device::upload`], [`Device::download`], [`Device::write_pinned`] and
+//!    [`Device::read_pinned`] wait for all previously enqueued work of the device (every
+//!    stream), then copy.
+//! 5. **Host lists** (`pairs`, `spans`, `writes`, `rows`) are copied by the backend before the
+//!    call returns; the caller may reuse them at once.
+//! 6. **Lifetimes.** Buffers passed to an operation must stay alive until the work that uses them
+//!    completes; a backend's buffer `Drop` must therefore be stream-ordered or wait for
+//!    outstanding work.
+//!
+//! A backend whose work runs eagerly on the calling thread (the CPU backend) meets these rules
+//! trivially: every event has completed when it is recorded.
+//!
+//! The decode-path operations ([`Device::remap`], [`Device::resolve`], [`Device::gather_rows`],
 //! [`Device::invalidate`], [`Device::compressed_slot_mapping`]) take only device buffers and must
 //! not synchronise with the host, so a GPU backend can capture them in a graph.
 //!
-//! Buffers passed to an operation must stay alive until the work that uses them completes; a
-//! backend's buffer `Drop` must therefore be stream-ordered or wait for outstanding work.
-//! [`Device::upload`], [`Device::download`], [`Device::write_pinned`] and [`Device::read_pinned`]
-//! are synchronous: they wait for all previously enqueued work of the device, then copy.
+//! Bulk copies take byte offsets checked by [`crate::ops::copy::check_bulk_copy`].
 
 use crate::error::{Error, OpError};
 use crate::ops::{
-    BlockPair, BufferLen, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc,
-    PageLayout, RemapArgs, RemapDesc, RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc,
+    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
+    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RowCopyDesc, RowSpan, SlotMappingArgs,
+    SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 #[cfg(feature = "alloc")]
 use crate::ops::{ResolveArgs, ResolveDesc};
+
+/// Free memory a device reports ([`Device::memory_info`]), so callers can check a budget before
+/// any memory is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemoryInfo {
+    /// Device memory free now, in bytes.
+    pub device_free: u64,
+    /// Host memory available now (what pinned allocations draw from), in bytes.
+    pub host_available: u64,
+    /// Device allocations come out of the same host memory (the CPU backend): a device pool
+    /// and a host pool must fit *together* in `host_available`.
+    pub unified: bool,
+}
+
+/// Elements per chunk of the provided typed uploads and downloads (a 4 KiB stack buffer).
+const TYPED_CHUNK_BYTES: usize = 4096;
 
 /// A backend that executes HiSparse data-plane operations.
 pub trait Device {
@@ -103,6 +138,103 @@ pub trait Device {
     /// Blocks the host until all work enqueued on `stream` has completed.
     fn synchronize(&self, stream: &Self::Stream) -> Result<(), Self::Error>;
 
+    /// Whether the work `event` captured has completed, without blocking (rule 3 of the module
+    /// docs). Completion polling in an engine's step loop uses this instead of
+    /// [`Device::synchronize`].
+    fn query_event(&self, event: &Self::Event) -> Result<bool, Self::Error>;
+
+    /// Free device and host memory now, or `None` when the backend cannot tell (allocations
+    /// then fail with [`crate::ErrorKind::OutOfDeviceMemory`] when they do not fit).
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        None
+    }
+
+    /// Writes `src` as native-endian `i32`s into `dst` at byte `offset`. Synchronous, like
+    /// [`Device::upload`].
+    fn upload_i32(
+        &self,
+        dst: &mut Self::Buffer,
+        offset: usize,
+        src: &[i32],
+    ) -> Result<(), Self::Error> {
+        crate::ops::copy::check_bulk(src, 0, dst, offset, core::mem::size_of_val(src))?;
+        let mut chunk = [0u8; TYPED_CHUNK_BYTES];
+        for (i, part) in src.chunks(TYPED_CHUNK_BYTES / 4).enumerate() {
+            for (b, v) in chunk.chunks_exact_mut(4).zip(part) {
+                b.copy_from_slice(&v.to_ne_bytes());
+            }
+            self.upload(
+                dst,
+                offset + i * TYPED_CHUNK_BYTES,
+                &chunk[..part.len() * 4],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Reads `dst.len()` native-endian `i32`s of `src` from byte `offset`. Synchronous, like
+    /// [`Device::download`].
+    fn download_i32(
+        &self,
+        src: &Self::Buffer,
+        offset: usize,
+        dst: &mut [i32],
+    ) -> Result<(), Self::Error> {
+        crate::ops::copy::check_bulk(src, offset, &*dst, 0, core::mem::size_of_val(dst))?;
+        let mut chunk = [0u8; TYPED_CHUNK_BYTES];
+        for (i, part) in dst.chunks_mut(TYPED_CHUNK_BYTES / 4).enumerate() {
+            let bytes = &mut chunk[..part.len() * 4];
+            self.download(src, offset + i * TYPED_CHUNK_BYTES, bytes)?;
+            for (v, b) in part.iter_mut().zip(bytes.chunks_exact(4)) {
+                *v = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `src` as native-endian `u16`s (LRU orders) into `dst` at byte `offset`.
+    /// Synchronous, like [`Device::upload`].
+    fn upload_u16(
+        &self,
+        dst: &mut Self::Buffer,
+        offset: usize,
+        src: &[u16],
+    ) -> Result<(), Self::Error> {
+        crate::ops::copy::check_bulk(src, 0, dst, offset, core::mem::size_of_val(src))?;
+        let mut chunk = [0u8; TYPED_CHUNK_BYTES];
+        for (i, part) in src.chunks(TYPED_CHUNK_BYTES / 2).enumerate() {
+            for (b, v) in chunk.chunks_exact_mut(2).zip(part) {
+                b.copy_from_slice(&v.to_ne_bytes());
+            }
+            self.upload(
+                dst,
+                offset + i * TYPED_CHUNK_BYTES,
+                &chunk[..part.len() * 2],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Reads `dst.len()` native-endian `u16`s of `src` from byte `offset`. Synchronous, like
+    /// [`Device::download`].
+    fn download_u16(
+        &self,
+        src: &Self::Buffer,
+        offset: usize,
+        dst: &mut [u16],
+    ) -> Result<(), Self::Error> {
+        crate::ops::copy::check_bulk(src, offset, &*dst, 0, core::mem::size_of_val(dst))?;
+        let mut chunk = [0u8; TYPED_CHUNK_BYTES];
+        for (i, part) in dst.chunks_mut(TYPED_CHUNK_BYTES / 2).enumerate() {
+            let bytes = &mut chunk[..part.len() * 2];
+            self.download(src, offset + i * TYPED_CHUNK_BYTES, bytes)?;
+            for (v, b) in part.iter_mut().zip(bytes.chunks_exact(2)) {
+                *v = u16::from_ne_bytes([b[0], b[1]]);
+            }
+        }
+        Ok(())
+    }
+
     /// Enqueues a contiguous copy of `bytes` from pinned `src` to device `dst`. This is the bulk
     /// host→device path (and the bandwidth ceiling the benches compare against).
     fn copy_to_device(
@@ -136,6 +268,105 @@ pub trait Device {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<(), Self::Error>;
+
+    /// Enqueues a copy of `bytes` from `src_offset` to `dst_offset` inside one device buffer
+    /// (GPU copy-on-write of whole blocks of a pool). The ranges must be disjoint
+    /// ([`crate::ops::copy::check_copy_within`]).
+    ///
+    /// The provided implementation stages through a temporary buffer with two
+    /// [`Device::copy_on_device`] calls (correct on every backend; the temporary's drop is
+    /// stream-ordered by rule 6). Backends override it with a direct copy.
+    fn copy_within_device(
+        &self,
+        stream: &Self::Stream,
+        buf: &mut Self::Buffer,
+        src_offset: usize,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), Self::Error> {
+        crate::ops::copy::check_copy_within(
+            buf.byte_len(),
+            src_offset as u64,
+            dst_offset as u64,
+            bytes as u64,
+        )?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut tmp = self.alloc(bytes)?;
+        self.copy_on_device(stream, buf, src_offset, &mut tmp, 0, bytes)?;
+        self.copy_on_device(stream, &tmp, 0, buf, dst_offset, bytes)
+    }
+
+    /// Sparse writes into an `i32` table ([`crate::ops::table::write_table`]), ordered on
+    /// `stream`.
+    ///
+    /// The provided implementation uploads each run of consecutive indices with
+    /// [`Device::upload_i32`]: correct (an upload waits for all enqueued work, and later work
+    /// is enqueued after it) but synchronous. Backends override it with a staged scatter that
+    /// does not block the host.
+    fn write_table(
+        &self,
+        stream: &Self::Stream,
+        desc: &TableWriteDesc,
+        writes: &[TableWrite],
+        table: &mut Self::Buffer,
+    ) -> Result<(), Self::Error> {
+        let _ = stream;
+        desc.check(writes, table)?;
+        let mut run = [0i32; TYPED_CHUNK_BYTES / 4];
+        let mut i = 0;
+        while i < writes.len() {
+            let first = writes[i].index;
+            let mut n = 0;
+            while i < writes.len() && n < run.len() && writes[i].index == first + n as u32 {
+                run[n] = writes[i].value;
+                n += 1;
+                i += 1;
+            }
+            self.upload_i32(table, first as usize * 4, &run[..n])?;
+        }
+        Ok(())
+    }
+
+    /// Resets the hot state of the listed state rows ([`crate::ops::table::reset_hot_state`]):
+    /// `dgi` rows to `-1`, LRU rows to the identity, ordered on `stream`.
+    ///
+    /// The provided implementation uploads each row (synchronous, like [`Device::write_table`]'s);
+    /// backends override it with a kernel.
+    fn reset_hot_state(
+        &self,
+        stream: &Self::Stream,
+        desc: &HotResetDesc,
+        rows: &[u32],
+        dgi: &mut Self::Buffer,
+        lru: &mut Self::Buffer,
+    ) -> Result<(), Self::Error> {
+        let _ = stream;
+        desc.check(rows, dgi, lru)?;
+        let n = desc.hot_slots as usize;
+        let empty = [-1i32; TYPED_CHUNK_BYTES / 4];
+        let mut order = [0u16; TYPED_CHUNK_BYTES / 2];
+        for &r in rows {
+            let r = r as usize;
+            let mut s = 0;
+            while s < n {
+                let m = (n - s).min(empty.len());
+                self.upload_i32(dgi, (r * n + s) * 4, &empty[..m])?;
+                s += m;
+            }
+            let mut s = 0;
+            while s < n {
+                let m = (n - s).min(order.len());
+                for (j, v) in order[..m].iter_mut().enumerate() {
+                    *v = (s + j) as u16;
+                }
+                self.upload_u16(lru, (r * n + s) * 2, &order[..m])?;
+                s += m;
+            }
+        }
+        Ok(())
+    }
 
     /// Index remap for the fully-resident path ([`crate::ops::remap`]).
     fn remap(

@@ -92,6 +92,12 @@ pub enum OpName {
     BulkCopy,
     /// Buffer allocation, upload or download.
     Buffer,
+    /// [`crate::ops::table::write_table`].
+    TableWrite,
+    /// [`crate::ops::table::reset_hot_state`].
+    HotReset,
+    /// A copy inside one device buffer ([`crate::ops::copy::check_copy_within`]).
+    CopyWithin,
 }
 
 impl fmt::Display for OpName {
@@ -106,6 +112,9 @@ impl fmt::Display for OpName {
             OpName::CompressedSlotMapping => "compressed_slot_mapping",
             OpName::BulkCopy => "bulk_copy",
             OpName::Buffer => "buffer",
+            OpName::TableWrite => "write_table",
+            OpName::HotReset => "reset_hot_state",
+            OpName::CopyWithin => "copy_within_device",
         })
     }
 }
@@ -187,6 +196,33 @@ pub enum OpError {
         /// Exclusive upper bound.
         limit: u64,
     },
+    /// An element of a host-side list must be strictly greater than the one before it (the
+    /// list names each element once, in order).
+    NotIncreasing {
+        /// Operation.
+        op: OpName,
+        /// List name.
+        list: &'static str,
+        /// Position in the list.
+        index: usize,
+        /// Field of the element.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The previous element's value.
+        previous: u64,
+    },
+    /// Two byte ranges of one buffer that must be disjoint overlap.
+    Overlap {
+        /// Operation.
+        op: OpName,
+        /// Start of the source range.
+        src: u64,
+        /// Start of the destination range.
+        dst: u64,
+        /// Length of both ranges.
+        bytes: u64,
+    },
     /// A size computation overflows the address space.
     Overflow {
         /// Operation.
@@ -249,6 +285,28 @@ impl fmt::Display for OpError {
             } => write!(
                 f,
                 "{op}: `{list}[{index}].{field}` = {value} must be below {limit}"
+            ),
+            OpError::NotIncreasing {
+                op,
+                list,
+                index,
+                field,
+                value,
+                previous,
+            } => write!(
+                f,
+                "{op}: `{list}[{index}].{field}` = {value} must be greater than the previous element's {previous} (sort the list and drop duplicates)"
+            ),
+            OpError::Overlap {
+                op,
+                src,
+                dst,
+                bytes,
+            } => write!(
+                f,
+                "{op}: source bytes {src}..{} and destination bytes {dst}..{} overlap; copy through a second buffer or split the copy",
+                src.saturating_add(bytes),
+                dst.saturating_add(bytes)
             ),
             OpError::Overflow { op, field } => {
                 write!(f, "{op}: size of `{field}` overflows the address space")

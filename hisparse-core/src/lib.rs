@@ -21,5 +21,5 @@ pub mod ops;
 pub mod pool;
 pub mod presets;
 
-pub use device::Device;
+pub use device::{Device, MemoryInfo};
 pub use error::{Error, ErrorKind, OpError, OpName};

@@ -13,6 +13,11 @@ impl Context {
         self.lock().last
     }
 
+    /// Whether the work up to timeline value `value` has completed (non-blocking).
+    pub fn reached(&self, value: u64) -> bool {
+        self.completed() >= value
+    }
+
     pub(super) fn completed(&self) -> u64 {
         // SAFETY: valid timeline semaphore of this device.
         unsafe { self.device.get_semaphore_counter_value(self.timeline) }.unwrap_or(0)

@@ -14,6 +14,8 @@ mod pipeline;
 mod remap;
 mod resolve;
 mod slot_mapping;
+mod streams;
+mod tables;
 
 /// Every case of the suite, in a stable order, for backend `D`.
 pub fn cases<D: Device + 'static>() -> Vec<Case<D>> {
@@ -26,5 +28,7 @@ pub fn cases<D: Device + 'static>() -> Vec<Case<D>> {
     pinned::cases(&mut v);
     malformed::cases(&mut v);
     pipeline::cases(&mut v);
+    tables::cases(&mut v);
+    streams::cases(&mut v);
     v
 }

@@ -620,6 +620,58 @@ pub fn check_read<S: BufferLen + ?Sized>(
     check_bulk(src, offset, dst, 0, dst.len())
 }
 
+/// Checks a copy of `bytes` from `src_offset` to `dst_offset` inside one buffer of `len` bytes:
+/// both ranges inside the buffer and disjoint (an overlapping copy has no single right answer
+/// once a backend splits it across threads).
+pub fn check_copy_within(
+    len: u64,
+    src_offset: u64,
+    dst_offset: u64,
+    bytes: u64,
+) -> Result<(), OpError> {
+    const OP: OpName = OpName::CopyWithin;
+    for (buffer, offset) in [("src", src_offset), ("dst", dst_offset)] {
+        let needed = offset.checked_add(bytes).ok_or(OpError::Overflow {
+            op: OP,
+            field: buffer,
+        })?;
+        if needed > len {
+            return Err(OpError::BufferTooSmall {
+                op: OP,
+                buffer,
+                needed,
+                actual: len,
+            });
+        }
+    }
+    if bytes > 0 && src_offset < dst_offset + bytes && dst_offset < src_offset + bytes {
+        return Err(OpError::Overlap {
+            op: OP,
+            src: src_offset,
+            dst: dst_offset,
+            bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Reference copy inside one byte slice ([`check_copy_within`] first).
+pub fn copy_within(
+    buf: &mut [u8],
+    src_offset: usize,
+    dst_offset: usize,
+    bytes: usize,
+) -> Result<(), OpError> {
+    check_copy_within(
+        buf.len() as u64,
+        src_offset as u64,
+        dst_offset as u64,
+        bytes as u64,
+    )?;
+    buf.copy_within(src_offset..src_offset + bytes, dst_offset);
+    Ok(())
+}
+
 /// Reference bulk copy between two byte slices.
 pub fn bulk_copy(
     src: &[u8],

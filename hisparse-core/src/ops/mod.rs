@@ -19,6 +19,7 @@ pub mod remap;
 #[cfg(feature = "alloc")]
 pub mod resolve;
 pub mod slot_mapping;
+pub mod table;
 
 pub use copy::{
     BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RowCopyDesc,
@@ -28,6 +29,7 @@ pub use invalidate::{InvalidateArgs, InvalidateDesc};
 pub use pinned::{PINNED_ALIGNMENT, PinnedBudgetError, check_pinned_budget};
 pub use remap::{RemapArgs, RemapDesc};
 pub use slot_mapping::{SlotMappingArgs, SlotMappingDesc};
+pub use table::{HotResetDesc, TableWrite, TableWriteDesc};
 
 #[cfg(feature = "alloc")]
 pub use resolve::{ResolveArgs, ResolveDesc, ResolveSizes, ResolveSlices};
