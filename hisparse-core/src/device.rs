@@ -143,6 +143,24 @@ pub trait Device {
     /// [`Device::synchronize`].
     fn query_event(&self, event: &Self::Event) -> Result<bool, Self::Error>;
 
+    /// Reads bytes of a pinned buffer that `event`'s work wrote, waiting for that event only —
+    /// not for the device's other work, so completion polling can read results (counters,
+    /// copied rows) while later work runs. The caller must not read a range that work enqueued
+    /// after `event` may still be writing.
+    ///
+    /// The provided implementation is [`Device::read_pinned`] (which waits for all work):
+    /// correct, but it blocks; backends override it.
+    fn read_pinned_after(
+        &self,
+        event: &Self::Event,
+        src: &Self::HostBuffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), Self::Error> {
+        let _ = event;
+        self.read_pinned(src, offset, dst)
+    }
+
     /// Free device and host memory now, or `None` when the backend cannot tell (allocations
     /// then fail with [`crate::ErrorKind::OutOfDeviceMemory`] when they do not fit).
     fn memory_info(&self) -> Option<MemoryInfo> {

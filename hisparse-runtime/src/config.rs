@@ -1,0 +1,31 @@
+//! How a [`crate::Runtime`] is sized.
+
+/// Settings of a [`crate::Runtime`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RuntimeConfig {
+    /// Per-request state rows of every table and hot state: the coordinator's
+    /// [`max_running`](hisparse_core::coordinator::CoordinatorConfig::max_running).
+    pub state_rows: u32,
+    /// Token rows one per-layer call may carry (decode tokens per step, speculative tokens
+    /// included). Sizes the miss-plan and counter buffers.
+    pub max_step_tokens: u32,
+    /// Which worker (tensor-parallel rank) this runtime is, in the coordinator's reports.
+    pub worker: u32,
+    /// Copy the per-group hit, miss and valid counts of every `stats_every`-th step to host for
+    /// [`crate::Counters`] (`1` = every step; `0` = never, the hit and miss counters then stay
+    /// zero). Each sampled step costs three small device→host copies per index group on the
+    /// compute stream.
+    pub stats_every: u32,
+}
+
+impl RuntimeConfig {
+    /// `state_rows` rows, `max_step_tokens` token rows per call, worker 0, counters every step.
+    pub const fn new(state_rows: u32, max_step_tokens: u32) -> Self {
+        RuntimeConfig {
+            state_rows,
+            max_step_tokens,
+            worker: 0,
+            stats_every: 1,
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The runtime's error type: a device failure (with what the runtime was doing), or a call that
+//! does not fit the layout, the configuration or the step sequence.
+
+use core::fmt;
+
+use hisparse_core::layout::LayoutError;
+use hisparse_core::{Error, ErrorKind};
+
+/// Why a runtime call failed. `E` is the backend's error type.
+///
+/// Every variant's message says what to change. [`RuntimeError::kind`] classifies it portably.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RuntimeError<E> {
+    /// The backend failed while the runtime was doing `what`.
+    Device {
+        /// What the runtime was doing, e.g. "resolving index group 3".
+        what: &'static str,
+        /// The backend's error.
+        source: E,
+    },
+    /// The layout cannot be executed as planned (a layer or group it names is missing).
+    Layout(LayoutError),
+    /// A configuration value is out of range.
+    Config {
+        /// The field.
+        field: &'static str,
+        /// Why, and what to change.
+        reason: String,
+    },
+    /// A pool handed to the runtime is smaller than the layout needs.
+    PoolTooSmall {
+        /// "device pool" or "host pool".
+        what: &'static str,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes the pool has.
+        available: u64,
+    },
+    /// The memory the device reports free cannot hold what the runtime would allocate; nothing
+    /// was allocated.
+    NotEnoughMemory {
+        /// "device" or "host".
+        what: &'static str,
+        /// Bytes the runtime would allocate.
+        needed: u64,
+        /// Bytes free.
+        available: u64,
+    },
+    /// A command or call names a state row beyond `state_rows`.
+    StateRow {
+        /// The row.
+        row: u32,
+        /// Rows the runtime holds.
+        rows: u32,
+    },
+    /// A call carries more token rows than the runtime was configured for.
+    TooManyTokens {
+        /// Token rows given.
+        tokens: u32,
+        /// `max_step_tokens` of the configuration.
+        max: u32,
+    },
+    /// An index group or layer outside the layout.
+    NoSuchGroup {
+        /// What was named ("index group", "layer").
+        what: &'static str,
+        /// Its number.
+        value: u32,
+    },
+    /// A call out of sequence (e.g. a per-layer resolve before [`crate::Runtime::begin_step`]).
+    Sequence(&'static str),
+    /// A command field that does not match the layout (a table update naming a source group as
+    /// a resident group, a page beyond the table, …).
+    Command(String),
+}
+
+impl<E> RuntimeError<E> {
+    /// Wraps a backend error with what the runtime was doing.
+    pub(crate) fn device(what: &'static str) -> impl FnOnce(E) -> Self {
+        move |source| RuntimeError::Device { what, source }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuntimeError::Device { what, source } => write!(f, "{what}: {source}"),
+            RuntimeError::Layout(e) => write!(f, "layout: {e}"),
+            RuntimeError::Config { field, reason } => {
+                write!(f, "runtime config `{field}`: {reason}")
+            }
+            RuntimeError::PoolTooSmall {
+                what,
+                needed,
+                available,
+            } => write!(
+                f,
+                "the {what} holds {available} bytes but the layout needs {needed}; pass a pool of at least {needed} bytes"
+            ),
+            RuntimeError::NotEnoughMemory {
+                what,
+                needed,
+                available,
+            } => write!(
+                f,
+                "the runtime needs {needed} bytes of {what} memory but only {available} are free; plan a smaller pool (fewer GPU blocks or a smaller host budget) or fewer state rows"
+            ),
+            RuntimeError::StateRow { row, rows } => write!(
+                f,
+                "state row {row} is beyond the runtime's {rows} rows; configure `state_rows` as the coordinator's `max_running`"
+            ),
+            RuntimeError::TooManyTokens { tokens, max } => write!(
+                f,
+                "{tokens} token rows in one call, but the runtime was built for at most {max}; raise `max_step_tokens`"
+            ),
+            RuntimeError::NoSuchGroup { what, value } => {
+                write!(f, "{what} {value} is not part of the layout")
+            }
+            RuntimeError::Sequence(m) => write!(f, "out of sequence: {m}"),
+            RuntimeError::Command(m) => write!(f, "command does not match the layout: {m}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RuntimeError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RuntimeError::Device { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl<E: Error> Error for RuntimeError<E> {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RuntimeError::Device { source, .. } => source.kind(),
+            RuntimeError::NotEnoughMemory { what: "host", .. } => ErrorKind::OutOfPinnedMemory,
+            RuntimeError::NotEnoughMemory { .. } => ErrorKind::OutOfDeviceMemory,
+            _ => ErrorKind::InvalidArgument,
+        }
+    }
+}
+
+impl<E> From<LayoutError> for RuntimeError<E> {
+    fn from(e: LayoutError) -> Self {
+        RuntimeError::Layout(e)
+    }
+}

@@ -1,0 +1,455 @@
+//! [`Runtime`]: the state it keeps on the device and how it is built.
+
+use std::collections::VecDeque;
+
+use hisparse_core::Device;
+use hisparse_core::layout::KvCacheConfig;
+use hisparse_core::ops::{LayerPair, PageLayout};
+
+use crate::config::RuntimeConfig;
+use crate::counters::Counters;
+use crate::error::RuntimeError;
+use crate::tables::Tables;
+
+/// The KV pools the runtime executes on: the GPU pool every GPU group's blocks live in, and the
+/// pinned host pool holding every sparse layer's durable rows.
+pub struct Pools<D: Device> {
+    /// `num_gpu_blocks × bytes_per_block` bytes of device memory.
+    pub device: D::Buffer,
+    /// `host_num_blocks × host_block_stride` bytes of pinned host memory.
+    pub host: D::HostBuffer,
+}
+
+/// The hot state and per-call buffers of one index group.
+pub(crate) struct GroupState<D: Device> {
+    /// `i32[state_rows][hot_slots]`: flat host row cached per hot slot.
+    pub(crate) dgi: D::Buffer,
+    /// `u16[state_rows][hot_slots]`: LRU order of the hot slots.
+    pub(crate) lru: D::Buffer,
+    /// Layer pairs of the group, leader first.
+    pub(crate) pairs: Vec<LayerPair>,
+    /// Model layers of the group, leader first.
+    pub(crate) layers: Vec<u32>,
+    pub(crate) bucket: u32,
+    /// The group's own miss plan (`src`, `dst`), kept when it has followers that apply it after
+    /// other groups resolved; groups without followers use the runtime's shared plan.
+    pub(crate) plan: Option<(D::Buffer, D::Buffer)>,
+    /// `i32[max_step_tokens]` per-row hit, miss and valid counts of this step's call.
+    pub(crate) hits: D::Buffer,
+    pub(crate) misses: D::Buffer,
+    pub(crate) valid: D::Buffer,
+    /// This step's call: token rows, and whether it resolved (`false` = remap).
+    pub(crate) call: Option<GroupCall>,
+}
+
+/// What one index group did in the current step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupCall {
+    pub(crate) tokens: u32,
+    pub(crate) resolved: bool,
+}
+
+/// The step between [`Runtime::begin_step`] and [`Runtime::end_step`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OpenStep {
+    pub(crate) step: u64,
+    pub(crate) fully_resident: bool,
+    pub(crate) sampled: bool,
+}
+
+/// Counts of one sampled step on their way to the host.
+pub(crate) struct StatsInFlight<D: Device> {
+    pub(crate) slot: usize,
+    pub(crate) event: D::Event,
+    /// Per index group: `(token rows, resolved, gather bytes per miss)`.
+    pub(crate) groups: Vec<(u32, bool, u64)>,
+}
+
+/// The HiSparse engine runtime: executes each step's coordinator command on a [`Device`].
+///
+/// See the crate docs for the per-step sequence. All device work is enqueued on two streams:
+/// the *compute* stream (before-forward updates and the per-layer decode path, in order with the
+/// engine's forward pass when the engine passes its own stream) and the *copy* stream (the
+/// after-forward mirrors and spills, which wait for the forward pass through an event).
+pub struct Runtime<D: Device> {
+    pub(crate) dev: D,
+    pub(crate) kv: KvCacheConfig,
+    pub(crate) cfg: RuntimeConfig,
+    pub(crate) compute: D::Stream,
+    pub(crate) copy: D::Stream,
+    pub(crate) pools: Pools<D>,
+    pub(crate) tables: Tables<D>,
+    pub(crate) groups: Vec<GroupState<D>>,
+    /// Layer pairs of each bucket (page transfers, mirrors, restores).
+    pub(crate) bucket_pairs: Vec<Vec<LayerPair>>,
+    /// Host layouts of every sparse layer (host copy-on-write).
+    pub(crate) host_layers: Vec<PageLayout>,
+    /// Shared miss plan of groups without followers.
+    pub(crate) plan_src: D::Buffer,
+    pub(crate) plan_dst: D::Buffer,
+    /// `i32[max_step_tokens]`: token row → state row of the current batch ([`Runtime::set_batch`]).
+    pub(crate) batch: D::Buffer,
+    pub(crate) batch_len: Option<u32>,
+    /// `i32[2 * capacity]` invalidation ranges, grown on demand.
+    pub(crate) ranges: D::Buffer,
+    pub(crate) ranges_capacity: usize,
+    pub(crate) open: Option<OpenStep>,
+    /// Transfer batches enqueued on the copy stream, oldest first.
+    pub(crate) in_flight: VecDeque<(u64, D::Event)>,
+    /// Transfer ids enqueued but not yet reported to the coordinator.
+    pub(crate) unreported: Vec<u64>,
+    /// Pinned ring of stats slots and the sampled steps in flight.
+    pub(crate) stats_host: D::HostBuffer,
+    pub(crate) stats_slot_bytes: usize,
+    pub(crate) stats_in_flight: VecDeque<StatsInFlight<D>>,
+    pub(crate) stats_next_slot: usize,
+    pub(crate) counters: Counters,
+    /// Scratch lists reused every step.
+    pub(crate) scratch_rows: Vec<Vec<u32>>,
+    pub(crate) scratch_i32: Vec<i32>,
+}
+
+/// Slots of the pinned stats ring: sampled steps whose counts may be in flight at once.
+pub(crate) const STATS_SLOTS: usize = 4;
+
+impl<D: Device> Runtime<D> {
+    /// Allocates the layout's pools on `dev` and builds a runtime over them.
+    ///
+    /// Everything the runtime will allocate is checked against [`Device::memory_info`] first
+    /// (where the backend reports it): a layout that cannot fit fails with
+    /// [`RuntimeError::NotEnoughMemory`] before any memory is taken.
+    pub fn new(
+        dev: D,
+        kv: KvCacheConfig,
+        cfg: RuntimeConfig,
+    ) -> Result<Self, RuntimeError<D::Error>> {
+        let state = Self::check_config(&kv, &cfg)?;
+        let device_pool = kv.gpu_pool_bytes();
+        let host_pool = kv.host_pool_bytes();
+        Self::check_memory(&dev, device_pool + state, host_pool)?;
+        let pools = Pools {
+            device: dev
+                .alloc(to_usize(device_pool)?)
+                .map_err(RuntimeError::device("allocating the device pool"))?,
+            host: dev
+                .alloc_pinned(to_usize(host_pool)?)
+                .map_err(RuntimeError::device("allocating the pinned host pool"))?,
+        };
+        Self::build(dev, kv, cfg, pools, None)
+    }
+
+    /// Builds a runtime over pools the engine already owns (e.g. wrapped PyTorch tensors), and
+    /// optionally the engine's own compute stream (e.g. PyTorch's current stream, wrapped by the
+    /// backend); the runtime then enqueues its before-forward and decode-path work on it, in
+    /// order with the engine's forward pass.
+    ///
+    /// The pools must be at least the layout's sizes ([`KvCacheConfig::gpu_pool_bytes`],
+    /// [`KvCacheConfig::host_pool_bytes`]); their contents are used as they are.
+    pub fn with_pools(
+        dev: D,
+        kv: KvCacheConfig,
+        cfg: RuntimeConfig,
+        pools: Pools<D>,
+        compute_stream: Option<D::Stream>,
+    ) -> Result<Self, RuntimeError<D::Error>> {
+        use hisparse_core::ops::BufferLen;
+        let state = Self::check_config(&kv, &cfg)?;
+        for (what, needed, available) in [
+            ("device pool", kv.gpu_pool_bytes(), pools.device.byte_len()),
+            ("host pool", kv.host_pool_bytes(), pools.host.byte_len()),
+        ] {
+            if available < needed {
+                return Err(RuntimeError::PoolTooSmall {
+                    what,
+                    needed,
+                    available,
+                });
+            }
+        }
+        let addr = dev.pinned_address(&pools.host);
+        if !addr.is_multiple_of(hisparse_core::ops::PINNED_ALIGNMENT) {
+            return Err(RuntimeError::Config {
+                field: "pools.host",
+                reason: format!(
+                    "the host pool starts at {addr:#x}, not a multiple of {} bytes; pass page-aligned pinned memory",
+                    hisparse_core::ops::PINNED_ALIGNMENT
+                ),
+            });
+        }
+        Self::check_memory(&dev, state, 0)?;
+        Self::build(dev, kv, cfg, pools, compute_stream)
+    }
+
+    /// Checks the configuration against the layout; returns the device bytes of the runtime's
+    /// own state (tables, hot states, plans, counters).
+    fn check_config(
+        kv: &KvCacheConfig,
+        cfg: &RuntimeConfig,
+    ) -> Result<u64, RuntimeError<D::Error>> {
+        if cfg.state_rows == 0 {
+            return Err(RuntimeError::Config {
+                field: "state_rows",
+                reason: "must be at least 1 (the coordinator's max_running)".into(),
+            });
+        }
+        if cfg.max_step_tokens == 0 {
+            return Err(RuntimeError::Config {
+                field: "max_step_tokens",
+                reason: "must be at least 1 (token rows per per-layer call)".into(),
+            });
+        }
+        let hot_width = kv.resolve_desc(1, cfg.state_rows).hot_table_width();
+        if hot_width != kv.hot_blocks_per_request {
+            return Err(RuntimeError::Command(format!(
+                "the layout gives {} hot blocks per request but the resolver reads {hot_width} \
+                 ({} hot slots of {}-row blocks); re-plan the layout",
+                kv.hot_blocks_per_request, kv.device_buffer_size, kv.block_size
+            )));
+        }
+        let rows = u64::from(cfg.state_rows);
+        let slots = u64::from(kv.device_buffer_size);
+        let groups = kv.index_groups.len() as u64;
+        let t = u64::from(cfg.max_step_tokens);
+        let k = u64::from(kv.config.top_k);
+        let with_followers = kv
+            .index_groups
+            .iter()
+            .filter(|g| g.layers.len() > 1)
+            .count() as u64;
+        let bytes = Tables::<D>::bytes(kv, cfg.state_rows, hot_width)
+            + groups * rows * slots * 6
+            + groups * t * 12
+            + (1 + with_followers) * t * k * 8
+            + t * 4;
+        Ok(bytes)
+    }
+
+    /// Refuses allocations the device cannot hold, before any is made.
+    fn check_memory(dev: &D, device: u64, host: u64) -> Result<(), RuntimeError<D::Error>> {
+        let Some(info) = dev.memory_info() else {
+            return Ok(());
+        };
+        if info.unified {
+            let needed = device.saturating_add(host);
+            if needed > info.host_available {
+                return Err(RuntimeError::NotEnoughMemory {
+                    what: "host (this backend's device memory is host memory)",
+                    needed,
+                    available: info.host_available,
+                });
+            }
+            return Ok(());
+        }
+        if device > info.device_free {
+            return Err(RuntimeError::NotEnoughMemory {
+                what: "device",
+                needed: device,
+                available: info.device_free,
+            });
+        }
+        if host > info.host_available {
+            return Err(RuntimeError::NotEnoughMemory {
+                what: "host",
+                needed: host,
+                available: info.host_available,
+            });
+        }
+        Ok(())
+    }
+
+    fn build(
+        dev: D,
+        kv: KvCacheConfig,
+        cfg: RuntimeConfig,
+        pools: Pools<D>,
+        compute_stream: Option<D::Stream>,
+    ) -> Result<Self, RuntimeError<D::Error>> {
+        let err = RuntimeError::device;
+        let rows = cfg.state_rows as usize;
+        let n = kv.device_buffer_size as usize;
+        let t = cfg.max_step_tokens as usize;
+        let k = kv.config.top_k as usize;
+        let hot_width = kv.hot_blocks_per_request;
+        let tables = Tables::new(&dev, &kv, cfg.state_rows, hot_width)?;
+        let alloc = |bytes: usize, what: &'static str| dev.alloc(bytes.max(4)).map_err(err(what));
+        let mut groups = Vec::with_capacity(kv.index_groups.len());
+        let empty_dgi = vec![-1i32; rows * n];
+        let identity: Vec<u16> = (0..rows).flat_map(|_| 0..n as u16).collect();
+        for (g, ig) in kv.index_groups.iter().enumerate() {
+            let mut dgi = alloc(rows * n * 4, "allocating hot state")?;
+            dev.upload_i32(&mut dgi, 0, &empty_dgi)
+                .map_err(err("initialising hot state"))?;
+            let mut lru = alloc(rows * n * 2, "allocating hot state")?;
+            dev.upload_u16(&mut lru, 0, &identity)
+                .map_err(err("initialising hot state"))?;
+            let plan = if ig.layers.len() > 1 {
+                Some((
+                    alloc(t * k * 4, "allocating a miss plan")?,
+                    alloc(t * k * 4, "allocating a miss plan")?,
+                ))
+            } else {
+                None
+            };
+            groups.push(GroupState {
+                dgi,
+                lru,
+                pairs: kv.index_group_pairs(g)?,
+                layers: ig.layers.clone(),
+                bucket: ig.bucket,
+                plan,
+                hits: alloc(t * 4, "allocating counters")?,
+                misses: alloc(t * 4, "allocating counters")?,
+                valid: alloc(t * 4, "allocating counters")?,
+                call: None,
+            });
+        }
+        let bucket_pairs = (0..kv.num_buckets)
+            .map(|b| kv.bucket_layer_pairs(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let host_layers = kv
+            .all_layer_pairs()
+            .iter()
+            .map(|p| p.host)
+            .collect::<Vec<_>>();
+        let stats_slot_bytes = kv.index_groups.len() * 3 * t * 4;
+        let stats_host = dev
+            .alloc_pinned((stats_slot_bytes * STATS_SLOTS).max(16))
+            .map_err(err("allocating the pinned counter ring"))?;
+        let compute = match compute_stream {
+            Some(s) => s,
+            None => dev
+                .create_stream()
+                .map_err(err("creating the compute stream"))?,
+        };
+        let copy = dev
+            .create_stream()
+            .map_err(err("creating the copy stream"))?;
+        let ranges_capacity = 256;
+        Ok(Runtime {
+            plan_src: alloc(t * k * 4, "allocating the miss plan")?,
+            plan_dst: alloc(t * k * 4, "allocating the miss plan")?,
+            batch: alloc(t * 4, "allocating the batch table")?,
+            batch_len: None,
+            ranges: alloc(ranges_capacity * 8, "allocating invalidation ranges")?,
+            ranges_capacity,
+            open: None,
+            in_flight: VecDeque::new(),
+            unreported: Vec::new(),
+            stats_host,
+            stats_slot_bytes,
+            stats_in_flight: VecDeque::new(),
+            stats_next_slot: 0,
+            counters: Counters::default(),
+            scratch_rows: vec![Vec::new(); kv.index_groups.len()],
+            scratch_i32: Vec::new(),
+            bucket_pairs,
+            host_layers,
+            groups,
+            tables,
+            pools,
+            compute,
+            copy,
+            cfg,
+            kv,
+            dev,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// The layout the runtime executes.
+    pub fn layout(&self) -> &KvCacheConfig {
+        &self.kv
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.cfg
+    }
+
+    /// The pools.
+    pub fn pools(&self) -> &Pools<D> {
+        &self.pools
+    }
+
+    /// The device and the pools, mutably (for an engine that writes its forward pass's KV rows
+    /// into the device pool through the same device, and for tests).
+    pub fn device_and_pools_mut(&mut self) -> (&D, &mut Pools<D>) {
+        (&self.dev, &mut self.pools)
+    }
+
+    /// The compute stream: before-forward work and the decode path run on it. An engine that
+    /// did not pass its own stream orders its forward pass after this stream's work.
+    pub fn compute_stream(&self) -> &D::Stream {
+        &self.compute
+    }
+
+    /// The copy stream the after-forward mirrors and spills run on.
+    pub fn copy_stream(&self) -> &D::Stream {
+        &self.copy
+    }
+
+    /// Totals since the runtime was built.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Transfer batches enqueued and not yet seen complete.
+    pub fn pending_transfers(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The device resident table of `bucket`: `i32[state_rows][max_pages_per_request]`, page →
+    /// GPU block, `0` for pages read from host.
+    pub fn resident_table(&self, bucket: u32) -> Option<&D::Buffer> {
+        self.tables.resident.get(bucket as usize).map(|t| &t.buf)
+    }
+
+    /// The device host table: `i32[state_rows][max_pages_per_request]`, page → host block, `-1`
+    /// for none.
+    pub fn host_table(&self) -> &D::Buffer {
+        &self.tables.host.buf
+    }
+
+    /// The device hot table of `bucket`: `i32[state_rows][hot_blocks_per_request]`.
+    pub fn hot_table(&self, bucket: u32) -> Option<&D::Buffer> {
+        self.tables.hot.get(bucket as usize).map(|t| &t.buf)
+    }
+
+    /// The device block table of the indexer group (the engine's indexer kernels read it):
+    /// `i32[state_rows][max_pages_per_request]`, `0` for none.
+    pub fn indexer_table(&self) -> &D::Buffer {
+        &self.tables.indexer.buf
+    }
+
+    /// The device block table of layout group `group` when it is a regular group.
+    pub fn regular_table(&self, group: usize) -> Option<&D::Buffer> {
+        let start = self.kv.regular_groups().start;
+        group
+            .checked_sub(start)
+            .and_then(|i| self.tables.regular.get(i))
+            .map(|t| &t.buf)
+    }
+
+    /// The host shadow of the resident table row of `state_row` in `bucket` (what the device
+    /// holds once the current step's updates are enqueued).
+    pub fn resident_row(&self, bucket: u32, state_row: u32) -> Option<&[i32]> {
+        let t = self.tables.resident.get(bucket as usize)?;
+        (state_row < self.cfg.state_rows).then(|| t.row(state_row))
+    }
+
+    /// The host shadow of the host table row of `state_row`.
+    pub fn host_row(&self, state_row: u32) -> Option<&[i32]> {
+        (state_row < self.cfg.state_rows).then(|| self.tables.host.row(state_row))
+    }
+}
+
+fn to_usize<E>(bytes: u64) -> Result<usize, RuntimeError<E>> {
+    usize::try_from(bytes).map_err(|_| RuntimeError::Config {
+        field: "layout",
+        reason: format!("a pool of {bytes} bytes does not fit this machine's address space"),
+    })
+}

@@ -1,0 +1,545 @@
+//! The before-forward and after-forward halves of a step, and completion polling.
+
+use hisparse_core::Device;
+use hisparse_core::coordinator::{CoordError, Coordinator, OffloadCommand};
+use hisparse_core::ops::{
+    BlockPair, Direction, HotResetDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc, RowCopyDesc,
+    RowSpan, TableWrite, TableWriteDesc,
+};
+
+use crate::error::RuntimeError;
+use crate::runtime::{OpenStep, Runtime, STATS_SLOTS, StatsInFlight};
+
+/// What [`Runtime::poll`] found since the last poll, in the shape of
+/// [`Coordinator::report`]'s arguments.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// The worker (tensor-parallel rank) this runtime is.
+    pub worker: u32,
+    /// Transfer batches enqueued since the last report, oldest first.
+    pub enqueued: Vec<u64>,
+    /// Transfer batches that completed since the last report, oldest first.
+    pub completed: Vec<u64>,
+}
+
+impl WorkerReport {
+    /// Whether there is nothing to report.
+    pub fn is_empty(&self) -> bool {
+        self.enqueued.is_empty() && self.completed.is_empty()
+    }
+}
+
+impl<D: Device> Runtime<D> {
+    /// Before the forward pass: applies `cmd` on the compute stream, in the command's documented
+    /// order — incremental table updates, hot-state resets (state rows started, hot regions given
+    /// out), invalidation of hot entries caching rows of newly assigned host blocks, host
+    /// copy-on-write, restores, GPU copy-on-write. Nothing here synchronises with the host.
+    ///
+    /// Also sets the step's batch to its decode-like rows when the engine does not call
+    /// [`Runtime::set_batch`]: see there.
+    pub fn begin_step(&mut self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
+        if let Some(open) = self.open {
+            return Err(RuntimeError::Sequence(if open.step == cmd.step {
+                "begin_step called twice for one step"
+            } else {
+                "begin_step before the previous step's end_step"
+            }));
+        }
+        for s in &cmd.scheduled {
+            if s.slot >= self.cfg.state_rows {
+                return Err(RuntimeError::StateRow {
+                    row: s.slot,
+                    rows: self.cfg.state_rows,
+                });
+            }
+        }
+        let span = tracing::debug_span!("hisparse.begin_step", step = cmd.step);
+        let _enter = span.enter();
+        // 1. Tables.
+        self.tables.apply_command(&self.kv, cmd)?;
+        let written = self.tables.flush(&self.dev, &self.compute)?;
+        self.counters.table_writes += written as u64;
+        // 2. Hot-state resets: started rows in every group, new hot regions in their bucket's.
+        let resets = self.reset_hot_states(cmd)?;
+        // 3. Invalidation of hot entries caching rows of recycled host blocks.
+        self.invalidate_host_blocks(&cmd.new_host_blocks)?;
+        // 4. Host copy-on-write, restores, GPU copy-on-write.
+        if !cmd.host_cow.is_empty() {
+            self.dev
+                .copy_host_pages(
+                    &self.compute,
+                    &self.host_layers,
+                    &cmd.host_cow,
+                    &mut self.pools.host,
+                )
+                .map_err(RuntimeError::device("host copy-on-write"))?;
+        }
+        let mut pairs: Vec<BlockPair> = Vec::new();
+        for b in 0..self.kv.num_buckets {
+            pairs.clear();
+            pairs.extend(
+                cmd.restores
+                    .iter()
+                    .filter(|r| r.bucket == b)
+                    .map(|r| BlockPair {
+                        src: r.host_block,
+                        dst: r.device_block,
+                    }),
+            );
+            if pairs.is_empty() {
+                continue;
+            }
+            let layers = &self.bucket_pairs[b as usize];
+            self.counters.h2d_bytes += pairs.len() as u64 * page_bytes(layers);
+            self.dev
+                .copy_pages(
+                    &self.compute,
+                    &PageCopyDesc {
+                        direction: Direction::HostToDevice,
+                        layers,
+                    },
+                    &pairs,
+                    &mut self.pools.host,
+                    &mut self.pools.device,
+                )
+                .map_err(RuntimeError::device("restoring pages"))?;
+        }
+        let bpb = self.kv.bytes_per_block as usize;
+        for p in &cmd.gpu_cow {
+            self.dev
+                .copy_within_device(
+                    &self.compute,
+                    &mut self.pools.device,
+                    p.src as usize * bpb,
+                    p.dst as usize * bpb,
+                    bpb,
+                )
+                .map_err(RuntimeError::device("GPU copy-on-write"))?;
+        }
+        let c = &mut self.counters;
+        c.steps += 1;
+        c.host_cow_pages += cmd.host_cow.len() as u64;
+        c.restored_pages += cmd.restores.len() as u64;
+        c.gpu_cow_blocks += cmd.gpu_cow.len() as u64;
+        let reclaimed = cmd.residency.iter().filter(|u| u.block == 0).count() as u64;
+        c.reclaimed_pages += reclaimed / u64::from(self.kv.num_buckets.max(1));
+        for g in &mut self.groups {
+            g.call = None;
+        }
+        let sampled = self.cfg.stats_every > 0
+            && (c.steps - 1).is_multiple_of(u64::from(self.cfg.stats_every));
+        self.open = Some(OpenStep {
+            step: cmd.step,
+            fully_resident: cmd.fully_resident,
+            sampled,
+        });
+        self.batch_len = None;
+        tracing::debug!(
+            scheduled = cmd.scheduled.len(),
+            fully_resident = cmd.fully_resident,
+            table_writes = written,
+            hot_resets = resets,
+            new_host_blocks = cmd.new_host_blocks.len(),
+            host_cow = cmd.host_cow.len(),
+            restores = cmd.restores.len(),
+            gpu_cow = cmd.gpu_cow.len(),
+            "before-forward work enqueued"
+        );
+        Ok(())
+    }
+
+    /// Resets the hot state of started rows (every group) and of rows given a hot region (the
+    /// groups of that region's bucket); returns the number of (row, group) resets.
+    fn reset_hot_states(&mut self, cmd: &OffloadCommand) -> Result<u64, RuntimeError<D::Error>> {
+        let nb = self.kv.num_buckets as usize;
+        for rows in &mut self.scratch_rows {
+            rows.clear();
+        }
+        for (g, gs) in self.groups.iter().enumerate() {
+            let rows = &mut self.scratch_rows[g];
+            rows.extend_from_slice(&cmd.started);
+            rows.extend(cmd.hot_assign.iter().filter_map(|a| {
+                (a.group as usize)
+                    .checked_sub(2 + nb)
+                    .and_then(|b| (b == gs.bucket as usize).then_some(a.slot))
+            }));
+        }
+        let desc = HotResetDesc {
+            num_requests: self.cfg.state_rows,
+            hot_slots: self.kv.device_buffer_size,
+        };
+        let mut resets = 0;
+        for (gs, rows) in self.groups.iter_mut().zip(&mut self.scratch_rows) {
+            if rows.is_empty() {
+                continue;
+            }
+            rows.sort_unstable();
+            rows.dedup();
+            resets += rows.len() as u64;
+            self.dev
+                .reset_hot_state(&self.compute, &desc, rows, &mut gs.dgi, &mut gs.lru)
+                .map_err(RuntimeError::device("resetting hot state"))?;
+        }
+        self.counters.hot_resets += resets;
+        Ok(resets)
+    }
+
+    /// Drops hot entries caching any row of `host_blocks`, in every index group. Consecutive
+    /// block ids become one range.
+    fn invalidate_host_blocks(
+        &mut self,
+        host_blocks: &[u32],
+    ) -> Result<(), RuntimeError<D::Error>> {
+        if host_blocks.is_empty() {
+            return Ok(());
+        }
+        let mut blocks = host_blocks.to_vec();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let bs = i64::from(self.kv.block_size);
+        let ranges = &mut self.scratch_i32;
+        ranges.clear();
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 {
+                j += 1;
+            }
+            let start = i64::from(blocks[i]) * bs;
+            let end = (i64::from(blocks[j - 1]) + 1) * bs;
+            ranges.push(start.min(i64::from(i32::MAX)) as i32);
+            ranges.push(end.min(i64::from(i32::MAX)) as i32);
+            i = j;
+        }
+        let num_ranges = ranges.len() / 2;
+        if num_ranges > self.ranges_capacity {
+            let cap = num_ranges.next_power_of_two();
+            self.ranges = self
+                .dev
+                .alloc(cap * 8)
+                .map_err(RuntimeError::device("growing the invalidation ranges"))?;
+            self.ranges_capacity = cap;
+        }
+        let writes: Vec<TableWrite> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, &value)| TableWrite {
+                index: i as u32,
+                value,
+            })
+            .collect();
+        self.dev
+            .write_table(
+                &self.compute,
+                &TableWriteDesc {
+                    table_len: (self.ranges_capacity * 2) as u32,
+                },
+                &writes,
+                &mut self.ranges,
+            )
+            .map_err(RuntimeError::device("staging invalidation ranges"))?;
+        let desc = InvalidateDesc {
+            num_requests: self.cfg.state_rows,
+            hot_slots: self.kv.device_buffer_size,
+            num_ranges: num_ranges as u32,
+        };
+        for gs in &mut self.groups {
+            self.dev
+                .invalidate(
+                    &self.compute,
+                    &desc,
+                    InvalidateArgs {
+                        ranges: &self.ranges,
+                        dgi: &mut gs.dgi,
+                    },
+                )
+                .map_err(RuntimeError::device("invalidating hot entries"))?;
+        }
+        Ok(())
+    }
+
+    /// After the forward pass: the copy stream waits for the compute stream's work (the forward
+    /// pass's KV writes), then runs `cmd`'s row mirrors and page spills as transfer batch
+    /// `cmd.transfer_id`, and records an event that [`Runtime::poll`] watches. On sampled steps
+    /// the per-group counts are copied to host on the compute stream. Nothing here blocks the
+    /// host.
+    pub fn end_step(&mut self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
+        let open = self
+            .open
+            .ok_or(RuntimeError::Sequence("end_step without a begin_step"))?;
+        if open.step != cmd.step {
+            return Err(RuntimeError::Sequence(
+                "end_step with a different command than begin_step",
+            ));
+        }
+        let span = tracing::debug_span!("hisparse.end_step", step = cmd.step);
+        let _enter = span.enter();
+        if open.sampled {
+            self.copy_stats()?;
+        }
+        if let Some(id) = cmd.transfer_id {
+            let forward = self
+                .dev
+                .record_event(&self.compute)
+                .map_err(RuntimeError::device(
+                    "recording the end of the forward pass",
+                ))?;
+            self.dev
+                .wait_event(&self.copy, &forward)
+                .map_err(RuntimeError::device(
+                    "ordering copies after the forward pass",
+                ))?;
+            let mut spans: Vec<RowSpan> = Vec::new();
+            let mut pairs: Vec<BlockPair> = Vec::new();
+            for b in 0..self.kv.num_buckets {
+                let layers = &self.bucket_pairs[b as usize];
+                spans.clear();
+                spans.extend(
+                    cmd.row_mirrors
+                        .iter()
+                        .filter(|m| m.bucket == b)
+                        .map(|m| m.span),
+                );
+                if !spans.is_empty() {
+                    let rows: u64 = spans.iter().map(|s| u64::from(s.num_rows)).sum();
+                    self.counters.d2h_bytes +=
+                        rows * u64::from(self.kv.row_bytes) * layers.len() as u64;
+                    self.counters.mirror_spans += spans.len() as u64;
+                    self.dev
+                        .copy_rows(
+                            &self.copy,
+                            &RowCopyDesc {
+                                direction: Direction::DeviceToHost,
+                                layers,
+                            },
+                            &spans,
+                            &mut self.pools.host,
+                            &mut self.pools.device,
+                        )
+                        .map_err(RuntimeError::device("mirroring rows to host"))?;
+                }
+                pairs.clear();
+                pairs.extend(
+                    cmd.page_transfers
+                        .iter()
+                        .filter(|p| p.bucket == b)
+                        .map(|p| BlockPair {
+                            src: p.device_block,
+                            dst: p.host_block,
+                        }),
+                );
+                if !pairs.is_empty() {
+                    self.counters.d2h_bytes += pairs.len() as u64 * page_bytes(layers);
+                    self.counters.spilled_pages += pairs.len() as u64;
+                    self.dev
+                        .copy_pages(
+                            &self.copy,
+                            &PageCopyDesc {
+                                direction: Direction::DeviceToHost,
+                                layers,
+                            },
+                            &pairs,
+                            &mut self.pools.host,
+                            &mut self.pools.device,
+                        )
+                        .map_err(RuntimeError::device("spilling pages to host"))?;
+                }
+            }
+            let done = self
+                .dev
+                .record_event(&self.copy)
+                .map_err(RuntimeError::device("recording a transfer batch"))?;
+            self.in_flight.push_back((id, done));
+            self.unreported.push(id);
+            self.counters.transfers_enqueued += 1;
+            tracing::debug!(
+                transfer = id,
+                mirror_spans = cmd.row_mirrors.len(),
+                spills = cmd.page_transfers.len(),
+                "after-forward copies enqueued"
+            );
+        }
+        self.open = None;
+        Ok(())
+    }
+
+    /// Copies this step's per-group counts into the next slot of the pinned ring, on the compute
+    /// stream (the next step's calls overwrite the device buffers after it, in stream order).
+    fn copy_stats(&mut self) -> Result<(), RuntimeError<D::Error>> {
+        if self.stats_in_flight.len() == STATS_SLOTS {
+            // Every slot is in flight: wait for the oldest (rare: the device is far behind).
+            let oldest = self.stats_in_flight.pop_front().expect("ring is full");
+            self.read_stats(oldest)?;
+        }
+        let slot = self.stats_next_slot;
+        self.stats_next_slot = (slot + 1) % STATS_SLOTS;
+        let t = self.cfg.max_step_tokens as usize;
+        let mut groups = Vec::with_capacity(self.groups.len());
+        for (g, gs) in self.groups.iter().enumerate() {
+            let Some(call) = gs.call else {
+                groups.push((0, false, 0));
+                continue;
+            };
+            let bytes = call.tokens as usize * 4;
+            let base = slot * self.stats_slot_bytes + g * 3 * t * 4;
+            let bufs: &[&D::Buffer] = if call.resolved {
+                &[&gs.hits, &gs.misses, &gs.valid]
+            } else {
+                &[&gs.valid]
+            };
+            for (i, b) in bufs.iter().enumerate() {
+                self.dev
+                    .copy_to_host(
+                        &self.compute,
+                        b,
+                        0,
+                        &mut self.stats_host,
+                        base + i * t * 4,
+                        bytes,
+                    )
+                    .map_err(RuntimeError::device("copying counters to host"))?;
+            }
+            let miss_bytes = u64::from(self.kv.row_bytes) * gs.layers.len() as u64;
+            groups.push((call.tokens, call.resolved, miss_bytes));
+        }
+        let event = self
+            .dev
+            .record_event(&self.compute)
+            .map_err(RuntimeError::device("recording counters"))?;
+        self.stats_in_flight.push_back(StatsInFlight {
+            slot,
+            event,
+            groups,
+        });
+        Ok(())
+    }
+
+    /// Adds one sampled step's counts (waiting for them if they are not in yet).
+    fn read_stats(&mut self, s: StatsInFlight<D>) -> Result<(), RuntimeError<D::Error>> {
+        let t = self.cfg.max_step_tokens as usize;
+        let mut buf = vec![0u8; t * 4];
+        let mut sum = |dev: &D, off: usize, n: u32| -> Result<u64, RuntimeError<D::Error>> {
+            let bytes = &mut buf[..n as usize * 4];
+            dev.read_pinned_after(&s.event, &self.stats_host, off, bytes)
+                .map_err(RuntimeError::device("reading counters"))?;
+            Ok(bytes
+                .chunks_exact(4)
+                .map(|c| u64::from(i32::from_ne_bytes([c[0], c[1], c[2], c[3]]).max(0) as u32))
+                .sum())
+        };
+        let (mut hits, mut misses, mut resident, mut h2d) = (0, 0, 0, 0);
+        for (g, &(tokens, resolved, miss_bytes)) in s.groups.iter().enumerate() {
+            if tokens == 0 {
+                continue;
+            }
+            let base = s.slot * self.stats_slot_bytes + g * 3 * t * 4;
+            if resolved {
+                let h = sum(&self.dev, base, tokens)?;
+                let m = sum(&self.dev, base + t * 4, tokens)?;
+                let v = sum(&self.dev, base + 2 * t * 4, tokens)?;
+                hits += h;
+                misses += m;
+                resident += v.saturating_sub(h + m);
+                h2d += m * miss_bytes;
+            } else {
+                resident += sum(&self.dev, base, tokens)?;
+            }
+        }
+        let c = &mut self.counters;
+        c.hot_hits += hits;
+        c.hot_misses += misses;
+        c.resident_reads += resident;
+        c.h2d_bytes += h2d;
+        c.sampled_steps += 1;
+        Ok(())
+    }
+
+    /// Polls, without blocking, the transfer batches and counters in flight: returns the batches
+    /// enqueued and completed since the last call, for [`Coordinator::report`], and folds
+    /// finished counters into [`Runtime::counters`].
+    pub fn poll(&mut self) -> Result<WorkerReport, RuntimeError<D::Error>> {
+        let mut report = WorkerReport {
+            worker: self.cfg.worker,
+            enqueued: std::mem::take(&mut self.unreported),
+            completed: Vec::new(),
+        };
+        while let Some((id, ev)) = self.in_flight.front() {
+            let done = self
+                .dev
+                .query_event(ev)
+                .map_err(RuntimeError::device("polling a transfer batch"))?;
+            if !done {
+                break;
+            }
+            report.completed.push(*id);
+            self.in_flight.pop_front();
+        }
+        self.counters.transfers_completed += report.completed.len() as u64;
+        while let Some(s) = self.stats_in_flight.front() {
+            let done = self
+                .dev
+                .query_event(&s.event)
+                .map_err(RuntimeError::device("polling counters"))?;
+            if !done {
+                break;
+            }
+            let s = self.stats_in_flight.pop_front().expect("front exists");
+            self.read_stats(s)?;
+        }
+        if !report.completed.is_empty() {
+            tracing::debug!(completed = ?report.completed, "transfer batches complete");
+        }
+        Ok(report)
+    }
+
+    /// [`Runtime::poll`], then hands the result to `coord` as this runtime's worker report.
+    pub fn poll_and_report(
+        &mut self,
+        coord: &mut Coordinator,
+    ) -> Result<WorkerReport, ReportError<D::Error>> {
+        let r = self.poll().map_err(ReportError::Runtime)?;
+        if !r.is_empty() {
+            coord
+                .report(r.worker, &r.enqueued, &r.completed)
+                .map_err(ReportError::Coordinator)?;
+        }
+        Ok(r)
+    }
+
+    /// Blocks until every transfer batch and counter copy in flight has completed, then polls
+    /// (shutdown, tests). Not for the decode path.
+    pub fn drain(&mut self) -> Result<WorkerReport, RuntimeError<D::Error>> {
+        self.dev
+            .synchronize(&self.compute)
+            .map_err(RuntimeError::device("synchronising the compute stream"))?;
+        self.dev
+            .synchronize(&self.copy)
+            .map_err(RuntimeError::device("synchronising the copy stream"))?;
+        self.poll()
+    }
+}
+
+/// Why [`Runtime::poll_and_report`] failed.
+#[derive(Debug)]
+pub enum ReportError<E> {
+    /// Polling failed.
+    Runtime(RuntimeError<E>),
+    /// The coordinator refused the report.
+    Coordinator(CoordError),
+}
+
+impl<E: core::fmt::Display> core::fmt::Display for ReportError<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ReportError::Runtime(e) => e.fmt(f),
+            ReportError::Coordinator(e) => write!(f, "coordinator: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for ReportError<E> {}
+
+/// Summed page bytes of `layers` (one page of each).
+fn page_bytes(layers: &[hisparse_core::ops::LayerPair]) -> u64 {
+    layers.iter().map(|l| l.host.page_bytes()).sum()
+}
