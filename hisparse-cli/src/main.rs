@@ -63,7 +63,7 @@ fn run(cli: Cli) -> CliResult<()> {
             let kind = args::backend(&a.backend.backend)?;
             let setup = sim::setup(&a)?;
             with_device!(kind, &a.backend.device, |dev| sim::simulate_on(
-                &dev, &a, &setup
+                dev, &a, &setup
             ))
         }
     }

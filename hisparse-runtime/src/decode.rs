@@ -1,7 +1,9 @@
 //! The per-layer decode path: top-k positions in, attention row indices out.
 //!
 //! Per index group and step the runtime either remaps the top-k through the resident tables
-//! (every scheduled request fully resident: [`OffloadCommand::fully_resident`]) or resolves it
+//! (every request of the call fully resident: every scheduled request
+//! ([`OffloadCommand::fully_resident`]), or every request of the batch given to
+//! [`Runtime::set_batch`]) or resolves it
 //! against the group's hot state and gathers the misses from the pinned host pool into the hot
 //! rows (leader), then applies the same plan to each follower layer. Everything is enqueued on
 //! the compute stream from device buffers only: no host synchronisation, so the calls can be
@@ -90,6 +92,11 @@ impl<D: Device> Runtime<D> {
             )
             .map_err(RuntimeError::device("writing the batch"))?;
         self.batch_len = Some(n);
+        let open = self.open.expect("checked above");
+        self.batch_fully_resident = open.fully_resident
+            || state_rows
+                .iter()
+                .all(|&r| r < 0 || self.row_fully_resident[r as usize]);
         Ok(())
     }
 
@@ -120,9 +127,9 @@ impl<D: Device> Runtime<D> {
     /// Swaps in follower layer `layer` with its leader's plan of this step (the original
     /// system's `apply_plan`). A no-op on fully-resident steps (the remap needs no swap-in).
     pub fn apply_plan(&mut self, layer: u32) -> Result<(), RuntimeError<D::Error>> {
-        let open = self
-            .open
-            .ok_or(RuntimeError::Sequence("apply_plan outside a step"))?;
+        if self.open.is_none() {
+            return Err(RuntimeError::Sequence("apply_plan outside a step"));
+        }
         let (g, li) = self
             .groups
             .iter()
@@ -142,7 +149,7 @@ impl<D: Device> Runtime<D> {
         let call = gs.call.ok_or(RuntimeError::Sequence(
             "apply_plan before its leader's resolve_leader in this step",
         ))?;
-        if open.fully_resident || !call.resolved {
+        if !call.resolved {
             return Ok(());
         }
         let (src, dst) = gs.plan.as_ref().ok_or(RuntimeError::Sequence(
@@ -195,10 +202,10 @@ impl<D: Device> Runtime<D> {
                 max: self.cfg.max_step_tokens,
             });
         }
-        let req_id = match topk.state_rows {
-            Some(b) => b,
+        let (req_id, fully_resident) = match topk.state_rows {
+            Some(b) => (b, open.fully_resident),
             None => match self.batch_len {
-                Some(n) if n >= t => &self.batch,
+                Some(n) if n >= t => (&self.batch, self.batch_fully_resident),
                 Some(_) => {
                     return Err(RuntimeError::Sequence(
                         "a per-layer call with more token rows than the batch set_batch gave",
@@ -240,7 +247,7 @@ impl<D: Device> Runtime<D> {
                 .map_err(RuntimeError::device("copying valid counts")),
             _ => Ok(()),
         };
-        if open.fully_resident {
+        if fully_resident {
             let desc = RemapDesc {
                 num_tokens: t,
                 top_k: k,

@@ -89,7 +89,12 @@ pub struct Runtime<D: Device> {
     pub(crate) plan_dst: D::Buffer,
     /// `i32[max_step_tokens]`: token row → state row of the current batch ([`Runtime::set_batch`]).
     pub(crate) batch: D::Buffer,
+    /// Token rows of the batch set this step, and whether every request in it is fully
+    /// resident (then the batch takes the remap even when other scheduled requests do not).
     pub(crate) batch_len: Option<u32>,
+    pub(crate) batch_fully_resident: bool,
+    /// Per state row: scheduled in the open step and fully resident.
+    pub(crate) row_fully_resident: Vec<bool>,
     /// `i32[2 * capacity]` invalidation ranges, grown on demand.
     pub(crate) ranges: D::Buffer,
     pub(crate) ranges_capacity: usize,
@@ -330,6 +335,8 @@ impl<D: Device> Runtime<D> {
             plan_dst: alloc(t * k * 4, "allocating the miss plan")?,
             batch: alloc(t * 4, "allocating the batch table")?,
             batch_len: None,
+            batch_fully_resident: false,
+            row_fully_resident: vec![false; rows],
             ranges: alloc(ranges_capacity * 8, "allocating invalidation ranges")?,
             ranges_capacity,
             open: None,

@@ -134,6 +134,10 @@ impl<D: Device> Runtime<D> {
             sampled,
         });
         self.batch_len = None;
+        self.row_fully_resident.fill(false);
+        for s in &cmd.scheduled {
+            self.row_fully_resident[s.slot as usize] = s.fully_resident;
+        }
         tracing::debug!(
             scheduled = cmd.scheduled.len(),
             fully_resident = cmd.fully_resident,

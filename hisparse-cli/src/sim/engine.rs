@@ -1,22 +1,26 @@
-//! The simulation loop: the real [`Coordinator`] plans every step, the [`DataPlane`] executes
-//! each [`OffloadCommand`] on a [`Device`] in the documented order, synthetic KV rows are written
-//! as the forward pass would write them, and every decode step's attention reads are verified.
+//! The simulation loop: the real [`Coordinator`] plans every step, the
+//! [`hisparse_runtime::Runtime`] executes each [`OffloadCommand`] on a [`Device`], the simulated
+//! forward pass writes synthetic KV rows, and every decode step's attention reads are verified.
 //!
 //! Per step:
 //! 0. requests are admitted: all at once, or, with a shared prompt prefix, one after another so
 //!    later requests find the earlier ones' durable pages in the host prefix cache;
 //! 1. `Coordinator::step` schedules prefill chunks and decode tokens and returns the command;
-//! 2. hot regions given out or released reset their hot state; hot entries caching rows of newly
-//!    assigned host blocks are invalidated; host copy-on-write, restores and GPU copy-on-write run;
-//! 3. the forward pass: each scheduled request's new rows are written into its resident pages
-//!    (every sparse layer); decode tokens then read their top-k through remap (fully-resident
-//!    path) or resolve + leader/follower gathers;
-//! 4. the after-forward copies (row mirrors, page spills) run as the step's transfer batch;
-//! 5. every worker reports the batch enqueued now; worker `w` reports it completed `w + 1` steps
-//!    later (as real copy streams would, out of step across tensor-parallel ranks), so pages go
-//!    through `pending` before `clean` and reclaim must sometimes wait;
-//! 6. the reads are verified against the synthetic rows; decoded requests get their next token
-//!    or finish.
+//! 2. [`Runtime::begin_step`]: tables, hot-state resets, invalidation, copy-on-write, restores;
+//! 3. the forward pass writes each scheduled request's new rows into its resident pages (every
+//!    sparse layer); decode tokens then read their top-k, one
+//!    [`Runtime::resolve_index_group`] per index group;
+//! 4. [`Runtime::end_step`]: the after-forward copies (row mirrors, page spills) as the step's
+//!    transfer batch;
+//! 5. [`Runtime::poll`] reports what completed; worker `w` reports a batch complete once it
+//!    really is and `w + 1` steps after it was issued (as real copy streams would, out of step
+//!    across tensor-parallel ranks), so pages go through `pending` before `clean` and reclaim must
+//!    sometimes wait;
+//! 6. the reads are verified against the synthetic rows (off the timed path); decoded requests
+//!    get their next token or finish.
+//!
+//! Device time per step is the time of steps 2–4 up to a synchronisation of both streams; the
+//! forward pass's writes, the top-k uploads and verification are not counted.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -24,10 +28,11 @@ use std::time::Instant;
 use hisparse_core::Device;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand, RequestId};
 use hisparse_core::layout::KvCacheConfig;
-use hisparse_core::ops::{BlockPair, Direction, RowSpan};
+use hisparse_runtime::{Indices, Runtime, RuntimeConfig, TopK};
 
-use super::dataplane::{DataPlane, RequestView};
+use super::forward::Forward;
 use super::report::{SimReport, StepStats};
+use super::verify::{ReadOut, Verifier};
 use super::workload::{Pattern, TopKStream, overlap};
 use crate::error::{CliError, CliResult};
 use crate::progress::Progress;
@@ -66,8 +71,18 @@ fn coord_err(e: impl std::fmt::Display) -> CliError {
     CliError::failed(format!("coordinator: {e}"))
 }
 
+fn rt_err(e: impl std::fmt::Display) -> CliError {
+    CliError::failed(format!("runtime: {e}"))
+}
+
+/// The engine's own per-index-group buffers: the indexer's top-k and attention's row indices.
+struct GroupIo<D: Device> {
+    topk: D::Buffer,
+    rows: D::Buffer,
+}
+
 /// Runs the simulation on `dev`.
-pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
+pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
     let wall = Instant::now();
     let kv = &s.kv;
     let ratio = kv.sparse_compress_ratio.max(1);
@@ -84,8 +99,27 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         },
     )
     .map_err(coord_err)?;
-    let mut dp = DataPlane::new(dev, kv, s.requests)?;
-    dp.set_shared_prefix_rows(s.shared_prefix.min(s.context) / ratio);
+    let shared_rows = s.shared_prefix.min(s.context) / ratio;
+    let mut forward = Forward::new(kv, shared_rows)?;
+    let mut verifier = Verifier::new(kv, shared_rows)?;
+    let backend = dev.backend().to_string();
+    let device = dev.device_name().to_string();
+    let mut rt = Runtime::new(dev, kv.clone(), RuntimeConfig::new(s.requests, s.requests))
+        .map_err(|e| CliError::device("setting up the runtime", e))?;
+    let groups = kv.index_groups.len();
+    let (t_max, k) = (s.requests as usize, kv.config.top_k as usize);
+    let mut io: Vec<GroupIo<D>> = Vec::with_capacity(groups);
+    for _ in 0..groups {
+        let a = || {
+            rt.device()
+                .alloc((t_max * k * 4).max(4))
+                .map_err(|e| CliError::device("allocating top-k buffers", e))
+        };
+        io.push(GroupIo {
+            topk: a()?,
+            rows: a()?,
+        });
+    }
     let uids: Vec<RequestId> = (1..=u64::from(s.requests)).collect();
     let prompt = |uid: RequestId| -> Vec<u32> {
         (0..s.context)
@@ -103,7 +137,6 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
     let mut admit_at_step: Option<u64> = Some(0);
     let staggered = s.shared_prefix > 0;
     let pattern = Pattern::for_top_k(kv.config.top_k, s.overlap);
-    let groups = kv.index_groups.len();
     let mut streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)> = HashMap::new();
     let mut progress = Progress::new(
         "simulate",
@@ -111,8 +144,8 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         s.quiet,
     );
     let mut report = SimReport {
-        backend: dev.backend().to_string(),
-        device: dev.device_name().to_string(),
+        backend,
+        device,
         preset: s.preset.clone(),
         sparse_layers: kv.groups[KvCacheConfig::SOURCE_GROUP].layers.len() as u32,
         index_groups: groups as u32,
@@ -130,18 +163,19 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             * kv.bytes_per_block,
         ..SimReport::default()
     };
-    let mp = coord.max_pages() as usize;
     let nb = kv.num_buckets;
-    let mut row = vec![0i32; mp];
-    let mut hot_row = vec![0i32; kv.hot_blocks_per_request as usize];
-    // Copy batches issued (id, step) and, per worker, how many of them it has completed.
+    // Copy batches issued (id, step), how many of them the runtime saw complete (a FIFO
+    // prefix), and per worker how many it has reported complete.
     let mut issued: Vec<(u64, u64)> = Vec::new();
+    let mut really_done = 0usize;
     let mut completed = vec![0usize; s.workers as usize];
     let mut overlap_sum = 0.0;
     let mut overlap_n = 0u64;
     let mut idle_steps = 0u32;
     let mut finished_tokens = 0u64;
+    let mut verify_seconds = 0.0;
     let mut cmd = OffloadCommand::default();
+    let mut reads: Vec<ReadOut> = Vec::new();
 
     let mut step_no = 0u64;
     while !coord.is_empty() || next_admit < uids.len() {
@@ -176,95 +210,56 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         } else {
             idle_steps = 0;
         }
-        let dev0 = dp.counters.device_seconds;
-        let (hits0, miss0, h2d0) = (
-            dp.counters.hot_hits,
-            dp.counters.misses,
-            dp.counters.h2d_bytes,
-        );
-
-        // 2. Tables, hot state, invalidation, copy-on-write, restores.
-        for a in &cmd.hot_assign {
-            dp.forget_hot_state(a.slot);
-        }
-        for &slot in cmd.hot_release.iter().chain(&cmd.started) {
-            dp.forget_hot_state(slot);
-        }
-        report.reclaimed_pages +=
-            cmd.residency.iter().filter(|u| u.block == 0).count() as u64 / u64::from(nb.max(1));
-        report.host_cow_pages += cmd.host_cow.len() as u64;
-        report.restored_pages += cmd.restores.len() as u64;
-        report.gpu_cow_blocks += cmd.gpu_cow.len() as u64;
         for sr in &cmd.scheduled {
             if cmd.started.contains(&sr.slot) {
                 report.prefix_hit_tokens += u64::from(sr.first_token);
             }
         }
-        dp.invalidate_host_blocks(&cmd.new_host_blocks)?;
-        dp.copy_host_pages(&cmd.host_cow)?;
-        for b in 0..nb {
-            let pairs: Vec<BlockPair> = cmd
-                .restores
-                .iter()
-                .filter(|r| r.bucket == b)
-                .map(|r| BlockPair {
-                    src: r.host_block,
-                    dst: r.device_block,
-                })
-                .collect();
-            dp.copy_pages(b, Direction::HostToDevice, &pairs)?;
-        }
-        dp.copy_gpu_blocks(&cmd.gpu_cow)?;
+        let before = *rt.counters();
+
+        // 2. Before the forward pass.
+        let t = Instant::now();
+        rt.begin_step(&cmd).map_err(rt_err)?;
+        rt.device()
+            .synchronize(rt.compute_stream())
+            .map_err(|e| CliError::device("synchronising", e))?;
+        let mut device_seconds = t.elapsed().as_secs_f64();
 
         // 3. Forward: write the new rows, then the decode tokens read their top-k.
-        let mut views = Vec::new();
+        let mut batch: Vec<i32> = Vec::new();
+        let mut rows: Vec<(u64, u32)> = Vec::new();
         let mut decode_fully_resident = true;
         for sr in &cmd.scheduled {
-            let mut resident = Vec::with_capacity(nb as usize);
-            let mut hot = Vec::with_capacity(nb as usize);
-            for b in 0..nb {
-                coord.resident_row(sr.id, b, &mut row).map_err(coord_err)?;
-                resident.push(row.clone());
-                coord.hot_row(sr.id, b, &mut hot_row).map_err(coord_err)?;
-                hot.push(if hot_row.iter().all(|&x| x < 0) {
-                    Vec::new()
-                } else {
-                    hot_row.clone()
-                });
-            }
-            coord.host_row(sr.id, &mut row).map_err(coord_err)?;
             let end = sr.first_token + sr.num_tokens;
-            let rows = sr.first_token / ratio..end / ratio;
-            dp.write_rows(sr.id, rows, |b, p| {
+            let positions = sr.first_token / ratio..end / ratio;
+            let resident: Vec<Vec<i32>> = (0..nb)
+                .map(|b| rt.resident_row(b, sr.slot).map(<[i32]>::to_vec).unwrap_or_default())
+                .collect();
+            let (dev, pools) = rt.device_and_pools_mut();
+            forward.write(dev, &mut pools.device, sr.id, positions, |b, p| {
                 resident
                     .get(b as usize)
                     .and_then(|r| r.get(p as usize).copied())
             })?;
-            let decode = sr.first_token >= s.context && sr.num_tokens == 1;
-            if decode {
+            if sr.first_token >= s.context && sr.num_tokens == 1 {
                 decode_fully_resident &= sr.fully_resident;
-                views.push(RequestView {
-                    slot: sr.slot,
-                    uid: sr.id,
-                    seq_len: end / ratio,
-                    host_blocks: row.clone(),
-                    resident,
-                    hot,
-                });
+                batch.push(sr.slot as i32);
+                rows.push((sr.id, end / ratio));
             }
         }
-        if !views.is_empty() {
-            // Workload generation is neither planning nor device time.
+        reads.clear();
+        if !batch.is_empty() {
+            // Workload generation and the top-k uploads are the model's, not device time.
             let mut topk: Vec<Vec<i32>> = vec![Vec::new(); groups];
-            for v in &views {
+            for &(uid, seq_len) in &rows {
                 for (g, out) in topk.iter_mut().enumerate() {
-                    let (stream, prev) = streams.entry((v.uid, g)).or_insert_with(|| {
+                    let (stream, prev) = streams.entry((uid, g)).or_insert_with(|| {
                         (
-                            TopKStream::new(pattern, s.seed, v.uid * 1_000 + g as u64),
+                            TopKStream::new(pattern, s.seed, uid * 1_000 + g as u64),
                             Vec::new(),
                         )
                     });
-                    let sel = stream.step(v.seq_len);
+                    let sel = stream.step(seq_len);
                     if !prev.is_empty() {
                         overlap_sum += overlap(prev, sel);
                         overlap_n += 1;
@@ -274,46 +269,63 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
                     out.extend_from_slice(sel);
                 }
             }
-            dp.attend(&views, &topk, decode_fully_resident)?;
+            for (g, sel) in topk.iter().enumerate() {
+                rt.device()
+                    .upload_i32(&mut io[g].topk, 0, sel)
+                    .map_err(|e| CliError::device("uploading top-k", e))?;
+            }
+            let t = Instant::now();
+            rt.set_batch(&batch).map_err(rt_err)?;
+            for (g, gio) in io.iter_mut().enumerate() {
+                let input = TopK {
+                    positions: &gio.topk,
+                    num_tokens: batch.len() as u32,
+                    state_rows: None,
+                };
+                rt.resolve_index_group(
+                    g,
+                    &input,
+                    Indices {
+                        rows: &mut gio.rows,
+                        counts: None,
+                    },
+                )
+                .map_err(rt_err)?;
+            }
+            device_seconds += t.elapsed().as_secs_f64();
+            for (g, sel) in topk.into_iter().enumerate() {
+                reads.push(ReadOut {
+                    group: g,
+                    rows: rows.clone(),
+                    topk: sel,
+                    indices: Vec::new(),
+                });
+            }
             if decode_fully_resident {
                 report.fully_resident_steps += 1;
             }
         }
 
-        // 4. After-forward copies.
-        for b in 0..nb {
-            let spans: Vec<RowSpan> = cmd
-                .row_mirrors
-                .iter()
-                .filter(|m| m.bucket == b)
-                .map(|m| m.span)
-                .collect();
-            report.mirror_spans += spans.len() as u64;
-            dp.mirror_rows(b, &spans)?;
-            let pairs: Vec<BlockPair> = cmd
-                .page_transfers
-                .iter()
-                .filter(|p| p.bucket == b)
-                .map(|p| BlockPair {
-                    src: p.device_block,
-                    dst: p.host_block,
-                })
-                .collect();
-            report.spilled_pages += pairs.len() as u64;
-            dp.copy_pages(b, Direction::DeviceToHost, &pairs)?;
+        // 4. After the forward pass, then wait for the step's work (the simulation checks it).
+        let t = Instant::now();
+        rt.end_step(&cmd).map_err(rt_err)?;
+        for stream in [rt.compute_stream(), rt.copy_stream()] {
+            rt.device()
+                .synchronize(stream)
+                .map_err(|e| CliError::device("synchronising", e))?;
         }
-        dp.synchronize()?;
+        device_seconds += t.elapsed().as_secs_f64();
 
         // 5. Reports: every worker enqueues this step's batch now; worker `w` reports a batch
-        //    complete `w + 1` steps after it was issued (the copies themselves are done: the
-        //    stream was synchronised), so completions arrive late and out of step across workers.
+        //    complete once the runtime saw it complete and `w + 1` steps after it was issued.
         let t = Instant::now();
+        let polled = rt.poll().map_err(rt_err)?;
         if let Some(id) = cmd.transfer_id {
             issued.push((id, step_no));
         }
+        really_done += polled.completed.len();
         for (w, done) in completed.iter_mut().enumerate() {
-            let enq: Vec<u64> = cmd.transfer_id.into_iter().collect();
-            let upto = issued
+            let upto = issued[..really_done]
                 .iter()
                 .take_while(|&&(_, at)| at + 1 + w as u64 <= step_no)
                 .count();
@@ -321,13 +333,23 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
                 .iter()
                 .map(|&(id, _)| id)
                 .collect();
-            coord.report(w as u32, &enq, &comp).map_err(coord_err)?;
+            coord
+                .report(w as u32, &polled.enqueued, &comp)
+                .map_err(coord_err)?;
             *done = upto.max(*done);
         }
         planning += t.elapsed().as_secs_f64();
 
-        // 6. Verify, then sample or finish.
-        dp.verify()?;
+        // 6. Verify (the step's work has completed), then sample or finish.
+        let t = Instant::now();
+        for r in &mut reads {
+            r.indices.resize(r.topk.len(), 0);
+            rt.device()
+                .download_i32(&io[r.group].rows, 0, &mut r.indices)
+                .map_err(|e| CliError::device("downloading row indices", e))?;
+        }
+        verifier.check(rt.device(), &rt.pools().device, &reads)?;
+        verify_seconds += t.elapsed().as_secs_f64();
         let t = Instant::now();
         let running: Vec<RequestId> = coord.running_ids().collect();
         for id in running {
@@ -353,17 +375,17 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
                 admit_at_step = Some(step_no + 2);
             }
         }
-        if !views.is_empty() {
-            let c = &dp.counters;
-            let (hits, misses) = (c.hot_hits - hits0, c.misses - miss0);
+        if !batch.is_empty() {
+            let c = rt.counters();
+            let (hits, misses) = (c.hot_hits - before.hot_hits, c.hot_misses - before.hot_misses);
             report.steps.push(StepStats {
                 hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
-                h2d_bytes: c.h2d_bytes - h2d0,
+                h2d_bytes: c.h2d_bytes - before.h2d_bytes,
                 hot_hits: hits,
                 misses,
                 fully_resident: decode_fully_resident,
                 planning_us: planning * 1e6,
-                device_us: (c.device_seconds - dev0) * 1e6,
+                device_us: device_seconds * 1e6,
             });
         }
         // Progress: tokens of finished requests plus those computed by running ones (a preempted
@@ -376,15 +398,26 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
             finished_tokens + running,
             &format!(
                 "step {} · {} rows verified, {} mismatched",
-                cmd.step, dp.counters.verified_rows, dp.counters.mismatched_rows
+                cmd.step, verifier.verified.rows, verifier.verified.mismatched
             ),
         );
     }
     progress.finish();
     // Drain: every worker completes what is left; every block must be back in its pool.
+    let last = rt.drain().map_err(rt_err)?;
+    really_done += last.completed.len();
+    if really_done != issued.len() {
+        return Err(CliError::failed(format!(
+            "runtime: {} of {} copy batches never completed",
+            issued.len() - really_done,
+            issued.len()
+        )));
+    }
     for (w, &done) in completed.iter().enumerate() {
         let comp: Vec<u64> = issued[done..].iter().map(|&(id, _)| id).collect();
-        coord.report(w as u32, &[], &comp).map_err(coord_err)?;
+        coord
+            .report(w as u32, &last.enqueued, &comp)
+            .map_err(coord_err)?;
     }
     coord
         .check_invariants()
@@ -397,26 +430,29 @@ pub fn run<D: Device>(dev: &D, s: &SimSetup) -> CliResult<SimReport> {
         )));
     }
 
-    let c = &dp.counters;
+    let c = *rt.counters();
     let decode = report.steps.len().max(1) as f64;
     report.hot_hits = c.hot_hits;
-    report.misses = c.misses;
+    report.misses = c.hot_misses;
     report.resident_reads = c.resident_reads;
-    report.hit_rate = if c.hot_hits + c.misses == 0 {
-        0.0
-    } else {
-        c.hot_hits as f64 / (c.hot_hits + c.misses) as f64
-    };
+    report.hit_rate = c.hit_rate().unwrap_or(0.0);
     report.h2d_bytes = report.steps.iter().map(|s| s.h2d_bytes).sum();
     report.h2d_bytes_per_step = report.h2d_bytes as f64 / decode;
     report.d2h_bytes = c.d2h_bytes;
     report.resolve_calls = c.resolve_calls;
     report.remap_calls = c.remap_calls;
+    report.reclaimed_pages = c.reclaimed_pages;
+    report.spilled_pages = c.spilled_pages;
+    report.mirror_spans = c.mirror_spans;
+    report.host_cow_pages = c.host_cow_pages;
+    report.restored_pages = c.restored_pages;
+    report.gpu_cow_blocks = c.gpu_cow_blocks;
     report.planning_us_per_step = report.steps.iter().map(|s| s.planning_us).sum::<f64>() / decode;
     report.device_us_per_step = report.steps.iter().map(|s| s.device_us).sum::<f64>() / decode;
-    report.verified_rows = c.verified_rows;
-    report.mismatched_rows = c.mismatched_rows;
-    report.first_mismatch = c.first_mismatch.clone();
+    report.verify_us_per_step = verify_seconds * 1e6 / decode;
+    report.verified_rows = verifier.verified.rows;
+    report.mismatched_rows = verifier.verified.mismatched;
+    report.first_mismatch = verifier.verified.first_mismatch.clone();
     report.overlap_measured = if overlap_n == 0 {
         0.0
     } else {

@@ -4,15 +4,17 @@
 //! * [`workload`]: top-k selections with realistic structure (sink, local window, drifting
 //!   clusters, tunable adjacent-step overlap);
 //! * [`kv`]: synthetic KV rows, deterministic from (request, layer, position);
-//! * [`dataplane`]: pools, hot state, every device operation of a step, and verification;
-//! * [`engine`]: the per-step loop between the coordinator and the data plane;
+//! * [`forward`]: the simulated forward pass, writing those rows into the resident pages;
+//! * [`verify`]: byte-for-byte checks of every row attention reads;
+//! * [`engine`]: the per-step loop: the coordinator plans, the `hisparse-runtime` executes;
 //! * [`report`] and [`plot`]: what a run reports, as text, JSON and SVG.
 
-pub mod dataplane;
 pub mod engine;
+pub mod forward;
 pub mod kv;
 pub mod plot;
 pub mod report;
+pub mod verify;
 pub mod workload;
 
 use hisparse_core::Device;
@@ -121,7 +123,17 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
 }
 
 /// Runs the simulation on `dev` and prints the report (and the SVG, if asked).
-pub fn simulate_on<D: Device>(dev: &D, a: &SimulateArgs, s: &SimSetup) -> CliResult<()> {
+pub fn simulate_on<D: Device>(dev: D, a: &SimulateArgs, s: &SimSetup) -> CliResult<()> {
+    // The plot's file is created before the run, so a path that cannot be written fails at once
+    // instead of after the whole simulation.
+    if let Some(path) = &a.plot {
+        std::fs::write(path, b"").map_err(|e| {
+            CliError::usage(format!(
+                "--plot {}: cannot create the file ({e}); give a path in an existing, writable folder",
+                path.display()
+            ))
+        })?;
+    }
     let report = engine::run(dev, s)?;
     if let Some(path) = &a.plot {
         let hit: Vec<Option<f64>> = report.steps.iter().map(|s| s.hit_rate).collect();

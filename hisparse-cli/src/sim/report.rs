@@ -99,8 +99,12 @@ pub struct SimReport {
     pub resident_reads: u64,
     /// Mean coordinator time per decode step, µs.
     pub planning_us_per_step: f64,
-    /// Mean device-operation time per decode step, µs.
+    /// Mean device-operation time per decode step, µs: the runtime's before-forward work, the
+    /// per-layer resolves and the after-forward copies up to a synchronisation of both streams
+    /// (not the simulated forward pass's writes, not verification).
     pub device_us_per_step: f64,
+    /// Mean time per decode step spent verifying reads (downloads and byte comparisons), µs.
+    pub verify_us_per_step: f64,
     /// Rows verified byte for byte.
     pub verified_rows: u64,
     /// Rows that did not match.
@@ -172,8 +176,8 @@ impl SimReport {
             self.resolve_calls, self.remap_calls, self.fully_resident_steps
         );
         s += &format!(
-            "time per decode step    planning {:.1} µs, device ops {:.1} µs\n",
-            self.planning_us_per_step, self.device_us_per_step
+            "time per decode step    planning {:.1} µs, device ops {:.1} µs, verification {:.1} µs\n",
+            self.planning_us_per_step, self.device_us_per_step, self.verify_us_per_step
         );
         s += &format!(
             "GPU memory              {} pool vs {} for an all-resident cache ({}); host pool {}\n",
