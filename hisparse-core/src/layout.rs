@@ -33,6 +33,14 @@
 //! row of (host block `h`, offset `o`) is `h * block_size + o`. `host_block_stride` is the summed
 //! source page bytes (the host memory one block id costs across all layers).
 //!
+//! # Layouts from elsewhere
+//!
+//! A [`KvCacheConfig`] is plain data (serialisable). One that did not come from [`plan_layout`]
+//! — edited by hand, or deserialised — is checked by [`KvCacheConfig::validate`] (the
+//! coordinator does so on construction): every rule the planner keeps, with the field named.
+//! The helpers never panic on an unvalidated layout either: they return an error, `None`, or a
+//! saturated count.
+//!
 //! # Example: DeepSeek V3.2
 //!
 //! ```
@@ -55,8 +63,9 @@ use crate::config::{ConfigError, HiSparseConfig};
 use crate::model::{LayerSpec, ModelError, ModelSpec};
 use crate::ops::{LayerPair, PageLayout};
 
-/// Resident pages at the tail of a running request that are never reclaimed (the page being
-/// written and the one before it).
+/// Resident pages at the tail of a running request that are never reclaimed: the page its next
+/// token writes and the one before it. (When the last allocated page is full, the next token's
+/// page is not allocated yet, so only one allocated page is protected.)
 pub const ACTIVE_TAIL_PAGES: u32 = 2;
 
 /// What a KV-cache group holds and where it lives.
@@ -275,6 +284,18 @@ pub enum LayoutError {
         /// Group index.
         group: u32,
     },
+    /// A field of a [`KvCacheConfig`] (hand-edited or deserialised) breaks a rule that
+    /// [`plan_layout`] keeps; [`KvCacheConfig::validate`] names the first such field.
+    InvalidField {
+        /// The field (`hot_blocks_per_request`, `groups[].bucket`, …).
+        field: &'static str,
+        /// For a field inside a list (`groups[]`, `index_groups[]`): the element's index.
+        index: Option<u32>,
+        /// The field's value, when it is a number.
+        value: Option<u64>,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
 }
 
 impl From<ModelError> for LayoutError {
@@ -331,6 +352,26 @@ impl fmt::Display for LayoutError {
             }
             LayoutError::NoSuchGroup { group } => {
                 write!(f, "layout: group {group} does not exist")
+            }
+            LayoutError::InvalidField {
+                field,
+                index,
+                value,
+                rule,
+            } => {
+                f.write_str("layout: `")?;
+                match (index, field.split_once("[]")) {
+                    (Some(i), Some((list, rest))) => write!(f, "{list}[{i}]{rest}")?,
+                    _ => f.write_str(field)?,
+                }
+                f.write_str("`")?;
+                if let Some(v) = value {
+                    write!(f, " = {v}")?;
+                }
+                write!(
+                    f,
+                    " {rule}; correct it or plan the layout with `plan_layout`"
+                )
             }
         }
     }
@@ -702,19 +743,20 @@ impl KvCacheConfig {
         2 + self.num_buckets as usize + bucket as usize
     }
 
-    /// Indices of the regular groups.
+    /// Indices of the regular groups (empty when `groups` is shorter than its buckets need).
     pub fn regular_groups(&self) -> core::ops::Range<usize> {
-        2 + 2 * self.num_buckets as usize..self.groups.len()
+        let len = self.groups.len();
+        (2 + 2 * self.num_buckets as usize).min(len)..len
     }
 
-    /// Bytes of the GPU pool.
+    /// Bytes of the GPU pool (saturating).
     pub fn gpu_pool_bytes(&self) -> u64 {
-        u64::from(self.num_gpu_blocks) * self.bytes_per_block
+        u64::from(self.num_gpu_blocks).saturating_mul(self.bytes_per_block)
     }
 
-    /// Bytes of the host pool.
+    /// Bytes of the host pool (saturating).
     pub fn host_pool_bytes(&self) -> u64 {
-        u64::from(self.host_num_blocks) * self.host_block_stride
+        u64::from(self.host_num_blocks).saturating_mul(self.host_block_stride)
     }
 
     /// Pages (blocks) a request of `tokens` tokens occupies in every group.
@@ -726,26 +768,287 @@ impl KvCacheConfig {
     /// only the blocks that cover the window, plus the block being written).
     pub fn regular_blocks_for(&self, group: &KvCacheGroup, pages: u64) -> u64 {
         match group.sliding_window {
-            Some(w) => pages.min(u64::from(w.div_ceil(self.block_tokens)) + 1),
+            Some(w) => pages.min(u64::from(w.div_ceil(self.block_tokens.max(1))) + 1),
             None => pages,
         }
     }
 
-    /// GPU blocks one request needs at `context_len` tokens.
+    /// GPU blocks one request needs at `context_len` tokens (saturating, so a hand-edited layout
+    /// gives huge counts rather than a panic).
     pub fn gpu_blocks_per_request(&self, context_len: u32) -> GpuBlocksPerRequest {
         let pages = u64::from(self.pages_for(context_len));
-        let regular: u64 = self.groups[self.regular_groups()]
+        let regular = self.groups[self.regular_groups()]
             .iter()
-            .map(|g| self.regular_blocks_for(g, pages))
-            .sum();
+            .fold(0u64, |acc, g| {
+                acc.saturating_add(self.regular_blocks_for(g, pages))
+            });
         let b = u64::from(self.num_buckets);
-        let base = pages + regular;
+        let base = pages.saturating_add(regular);
         GpuBlocksPerRequest {
-            all_on_gpu: base + b * pages,
+            all_on_gpu: base.saturating_add(b.saturating_mul(pages)),
             hisparse: base
-                + b * pages.min(u64::from(ACTIVE_TAIL_PAGES))
-                + b * u64::from(self.hot_blocks_per_request),
+                .saturating_add(b.saturating_mul(pages.min(u64::from(ACTIVE_TAIL_PAGES))))
+                .saturating_add(b.saturating_mul(u64::from(self.hot_blocks_per_request))),
         }
+    }
+
+    /// Checks every rule of [`plan_layout`] that the coordinator, the helpers and the data plane
+    /// rely on, so that a hand-edited or deserialised layout gives a typed error naming the
+    /// field ([`LayoutError::InvalidField`], or the planner's own error for pools that cannot
+    /// hold one `max_model_len` request) instead of a panic, an overflow or a coordinator that
+    /// never makes progress. A layout from [`plan_layout`] always passes. O(groups + layers).
+    pub fn validate(&self) -> Result<(), LayoutError> {
+        fn bad(
+            field: &'static str,
+            index: Option<usize>,
+            value: Option<u64>,
+            rule: &'static str,
+        ) -> Result<(), LayoutError> {
+            Err(LayoutError::InvalidField {
+                field,
+                index: index.map(|i| i.min(u32::MAX as usize) as u32),
+                value,
+                rule,
+            })
+        }
+        let dbs = self.config.resolved_device_buffer_size()?;
+        if self.device_buffer_size != dbs {
+            bad(
+                "device_buffer_size",
+                None,
+                Some(self.device_buffer_size.into()),
+                "must equal the configuration's device_buffer_size",
+            )?;
+        }
+        for (field, v) in [
+            ("block_tokens", self.block_tokens),
+            ("block_size", self.block_size),
+            ("sparse_compress_ratio", self.sparse_compress_ratio),
+            ("max_model_len", self.max_model_len),
+            ("num_buckets", self.num_buckets),
+            ("num_gpu_blocks", self.num_gpu_blocks),
+            ("host_num_blocks", self.host_num_blocks),
+        ] {
+            if v == 0 {
+                bad(field, None, Some(0), "must be greater than 0")?;
+            }
+        }
+        if u64::from(self.block_size) * u64::from(self.sparse_compress_ratio)
+            != u64::from(self.block_tokens)
+        {
+            bad(
+                "block_tokens",
+                None,
+                Some(self.block_tokens.into()),
+                "must equal block_size * sparse_compress_ratio",
+            )?;
+        }
+        if self.row_bytes == 0 || !self.row_bytes.is_multiple_of(16) {
+            bad(
+                "row_bytes",
+                None,
+                Some(self.row_bytes.into()),
+                "must be a positive multiple of 16",
+            )?;
+        }
+        if self.value_bytes == 0
+            || self.value_bytes > self.row_bytes
+            || !self.value_bytes.is_multiple_of(16)
+        {
+            bad(
+                "value_bytes",
+                None,
+                Some(self.value_bytes.into()),
+                "must be a positive multiple of 16 no larger than row_bytes",
+            )?;
+        }
+        if self.max_pages_per_request != self.max_model_len.div_ceil(self.block_tokens) {
+            bad(
+                "max_pages_per_request",
+                None,
+                Some(self.max_pages_per_request.into()),
+                "must equal ceil(max_model_len / block_tokens)",
+            )?;
+        }
+        if self.hot_blocks_per_request != dbs.div_ceil(self.block_size) {
+            bad(
+                "hot_blocks_per_request",
+                None,
+                Some(self.hot_blocks_per_request.into()),
+                "must equal ceil(device_buffer_size / block_size)",
+            )?;
+        }
+        if self
+            .num_buckets
+            .checked_mul(self.hot_blocks_per_request)
+            .is_none()
+        {
+            bad(
+                "num_buckets",
+                None,
+                Some(self.num_buckets.into()),
+                "times hot_blocks_per_request overflows a u32 block count",
+            )?;
+        }
+        if self.bytes_per_block == 0
+            || u64::from(self.attention_block_stride) * u64::from(self.row_bytes)
+                != self.bytes_per_block
+            || self.attention_block_stride < self.block_size
+        {
+            bad(
+                "attention_block_stride",
+                None,
+                Some(self.attention_block_stride.into()),
+                "must equal bytes_per_block / row_bytes and be at least block_size",
+            )?;
+        }
+        self.validate_groups()?;
+        let host_max = i32::MAX as u64 / u64::from(self.block_size);
+        if u64::from(self.host_num_blocks) > host_max {
+            return Err(LayoutError::PoolTooLarge {
+                pool: "host",
+                blocks: self.host_num_blocks.into(),
+                max: host_max,
+            });
+        }
+        let gpu_max = i32::MAX as u64 / u64::from(self.attention_block_stride);
+        if u64::from(self.num_gpu_blocks) > gpu_max {
+            return Err(LayoutError::PoolTooLarge {
+                pool: "gpu",
+                blocks: self.num_gpu_blocks.into(),
+                max: gpu_max,
+            });
+        }
+        if u64::from(self.host_num_blocks) < u64::from(self.max_pages_per_request) + 2 {
+            bad(
+                "host_num_blocks",
+                None,
+                Some(self.host_num_blocks.into()),
+                "must be at least max_pages_per_request + 2 (one max_model_len request, the null block and a copy-on-write tail)",
+            )?;
+        }
+        let needed = self
+            .gpu_blocks_per_request(self.max_model_len)
+            .min_needed()
+            .saturating_add(1);
+        if u64::from(self.num_gpu_blocks) < needed {
+            return Err(LayoutError::GpuPoolTooSmall {
+                blocks: self.num_gpu_blocks.into(),
+                needed,
+                bytes_per_block: self.bytes_per_block,
+            });
+        }
+        Ok(())
+    }
+
+    /// The group and index-group rules of [`KvCacheConfig::validate`].
+    fn validate_groups(&self) -> Result<(), LayoutError> {
+        let bad = |field, index: usize, value: Option<u64>, rule| {
+            Err(LayoutError::InvalidField {
+                field,
+                index: Some(index.min(u32::MAX as usize) as u32),
+                value,
+                rule,
+            })
+        };
+        let nb = self.num_buckets as usize;
+        let len = self.groups.len();
+        if len < 2 + 2 * nb {
+            return Err(LayoutError::InvalidField {
+                field: "groups",
+                index: None,
+                value: Some(len as u64),
+                rule: "must hold a source group, an indexer group, and a resident and a hot group per bucket (2 + 2 * num_buckets)",
+            });
+        }
+        for (i, g) in self.groups.iter().enumerate() {
+            let (kind, bucket) = match i {
+                0 => (GroupKind::Source, None),
+                1 => (GroupKind::Indexer, None),
+                i if i < 2 + nb => (GroupKind::Resident, Some((i - 2) as u32)),
+                i if i < 2 + 2 * nb => (GroupKind::Hot, Some((i - 2 - nb) as u32)),
+                _ => (GroupKind::Regular, None),
+            };
+            if g.kind != kind {
+                return bad(
+                    "groups[].kind",
+                    i,
+                    None,
+                    "breaks the order [source, indexer, resident.., hot.., regular..]",
+                );
+            }
+            if g.bucket != bucket {
+                return bad(
+                    "groups[].bucket",
+                    i,
+                    g.bucket.map(u64::from),
+                    "must be the group's bucket (its position among the resident or hot groups), and absent elsewhere",
+                );
+            }
+            if g.layers.is_empty() {
+                return bad("groups[].layers", i, Some(0), "must not be empty");
+            }
+            if kind == GroupKind::Source {
+                if g.page_bytes != self.host_block_stride {
+                    return bad(
+                        "groups[].page_bytes",
+                        i,
+                        Some(g.page_bytes),
+                        "of the source group must equal host_block_stride",
+                    );
+                }
+            } else if g.page_bytes > self.bytes_per_block {
+                return bad(
+                    "groups[].page_bytes",
+                    i,
+                    Some(g.page_bytes),
+                    "must not exceed bytes_per_block",
+                );
+            }
+            if kind == GroupKind::Hot && g.layers != self.groups[i - nb].layers {
+                return bad(
+                    "groups[].layers",
+                    i,
+                    None,
+                    "of a hot group must equal its twin resident group's",
+                );
+            }
+        }
+        if self.host_block_stride == 0 {
+            return bad(
+                "groups[].page_bytes",
+                0,
+                Some(0),
+                "of the source group must be greater than 0",
+            );
+        }
+        if self.index_groups.is_empty() {
+            return Err(LayoutError::InvalidField {
+                field: "index_groups",
+                index: None,
+                value: Some(0),
+                rule: "must not be empty",
+            });
+        }
+        for (i, g) in self.index_groups.iter().enumerate() {
+            if g.bucket >= self.num_buckets {
+                return bad(
+                    "index_groups[].bucket",
+                    i,
+                    Some(g.bucket.into()),
+                    "must be below num_buckets",
+                );
+            }
+            if g.layers.first() != Some(&g.leader) {
+                return bad(
+                    "index_groups[].layers",
+                    i,
+                    None,
+                    "must start with the leader",
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Max concurrent requests at `context_len` tokens, all-on-GPU vs HiSparse, and why.
@@ -780,10 +1083,9 @@ impl KvCacheConfig {
     }
 
     fn source_layer(&self, layer: u32) -> Result<&GroupLayer, LayoutError> {
-        self.groups[Self::SOURCE_GROUP]
-            .layers
-            .iter()
-            .find(|l| l.layer == layer)
+        self.groups
+            .get(Self::SOURCE_GROUP)
+            .and_then(|g| g.layers.iter().find(|l| l.layer == layer))
             .ok_or(LayoutError::NotSparse { layer })
     }
 
@@ -791,8 +1093,12 @@ impl KvCacheConfig {
     /// row]` at `index * host_num_blocks * page_bytes`, `index_stride_rows = block_size`.
     pub fn host_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
         let l = self.source_layer(layer)?;
+        let base = u64::from(l.index_in_group)
+            .checked_mul(u64::from(self.host_num_blocks))
+            .and_then(|v| v.checked_mul(l.page_bytes))
+            .ok_or(ovf("host layout base"))?;
         Ok(PageLayout {
-            base: u64::from(l.index_in_group) * u64::from(self.host_num_blocks) * l.page_bytes,
+            base,
             block_stride: l.page_bytes,
             num_blocks: self.host_num_blocks,
             block_size: self.block_size,
@@ -805,7 +1111,9 @@ impl KvCacheConfig {
     /// Bucket of sparse model layer `layer` and its place in the bucket's resident/hot groups.
     pub fn bucket_of(&self, layer: u32) -> Result<(u32, &GroupLayer), LayoutError> {
         for b in 0..self.num_buckets {
-            let g = &self.groups[self.resident_group(b)];
+            let Some(g) = self.groups.get(self.resident_group(b)) else {
+                break;
+            };
             if let Some(l) = g.layers.iter().find(|l| l.layer == layer) {
                 return Ok((b, l));
             }
@@ -840,8 +1148,9 @@ impl KvCacheConfig {
     /// Layer pairs of every sparse layer, in model order (backups and restores of all layers in
     /// one call).
     pub fn all_layer_pairs(&self) -> Vec<LayerPair> {
-        self.groups[Self::SOURCE_GROUP]
-            .layers
+        self.groups
+            .get(Self::SOURCE_GROUP)
+            .map_or(&[][..], |g| &g.layers[..])
             .iter()
             .filter_map(|l| self.layer_pair(l.layer).ok())
             .collect()
@@ -861,12 +1170,14 @@ impl KvCacheConfig {
     /// Layer pairs of one bucket (its resident/hot group's layers, in group order): what a page
     /// transfer, row mirror or restore of that bucket copies.
     pub fn bucket_layer_pairs(&self, bucket: u32) -> Result<Vec<LayerPair>, LayoutError> {
-        if bucket >= self.num_buckets {
-            return Err(LayoutError::NoSuchGroup {
+        let group = self
+            .groups
+            .get(self.resident_group(bucket))
+            .filter(|_| bucket < self.num_buckets)
+            .ok_or(LayoutError::NoSuchGroup {
                 group: bucket.saturating_add(2),
-            });
-        }
-        self.groups[self.resident_group(bucket)]
+            })?;
+        group
             .layers
             .iter()
             .map(|l| self.layer_pair(l.layer))
@@ -888,10 +1199,16 @@ impl KvCacheConfig {
         }
     }
 
-    /// Byte offset of (GPU block, layer of group) in the device pool.
+    /// Byte offset of (GPU block, layer of group) in the device pool; `None` when the block is
+    /// outside the pool, the group or layer does not exist, or the offset overflows.
     pub fn device_offset(&self, block: u32, group: usize, index_in_group: usize) -> Option<u64> {
+        if block >= self.num_gpu_blocks {
+            return None;
+        }
         let l = self.groups.get(group)?.layers.get(index_in_group)?;
-        Some(u64::from(block) * self.bytes_per_block + l.offset)
+        u64::from(block)
+            .checked_mul(self.bytes_per_block)?
+            .checked_add(l.offset)
     }
 }
 
@@ -1133,6 +1450,141 @@ mod tests {
             plan(&m, 1 << 20, 1 << 20, 64),
             Err(LayoutError::Model(_))
         ));
+    }
+
+    #[test]
+    fn validate_accepts_every_planned_layout() {
+        for model in [DEEPSEEK_V32, GLM5, DEEPSEEK_V4] {
+            let kv = plan(&model, 512 * GIB, 80 * GIB, 131072).unwrap();
+            assert_eq!(kv.validate(), Ok(()), "{}", model.name);
+        }
+    }
+
+    /// Every malformed layout a hand edit or a deserialiser can produce is refused with the
+    /// field named, before a coordinator or a helper can overflow, index out of bounds or wedge.
+    #[test]
+    fn validate_names_the_malformed_field() {
+        let good = plan(&DEEPSEEK_V32, 64 * GIB, 40 * GIB, 8192).unwrap();
+        let field_of = |kv: &KvCacheConfig| match kv.validate() {
+            Err(LayoutError::InvalidField { field, .. }) => field,
+            other => panic!("expected InvalidField, got {other:?}"),
+        };
+        let mut kv = good.clone();
+        kv.hot_blocks_per_request = 1 << 31;
+        assert_eq!(field_of(&kv), "hot_blocks_per_request");
+        let e = kv.validate().unwrap_err();
+        let text = std::format!("{e}");
+        assert!(
+            text.contains("`hot_blocks_per_request` = 2147483648"),
+            "{text}"
+        );
+        assert!(text.contains("plan_layout"), "{text}");
+        let mut kv = good.clone();
+        kv.groups[3].bucket = Some(99);
+        assert_eq!(field_of(&kv), "groups[].bucket");
+        assert!(std::format!("{}", kv.validate().unwrap_err()).contains("`groups[3].bucket` = 99"));
+        let mut kv = good.clone();
+        kv.index_groups[7].bucket = 6;
+        assert_eq!(field_of(&kv), "index_groups[].bucket");
+        let mut kv = good.clone();
+        kv.config.max_query_len = 0;
+        assert_eq!(
+            kv.validate(),
+            Err(LayoutError::Config(ConfigError::Zero {
+                field: "max_query_len"
+            }))
+        );
+        // max_model_len beyond what the host pool holds.
+        let mut kv = good.clone();
+        kv.max_model_len = kv.host_num_blocks * 64;
+        kv.max_pages_per_request = kv.host_num_blocks;
+        assert_eq!(field_of(&kv), "host_num_blocks");
+        // ... or the GPU pool.
+        let mut kv = good.clone();
+        kv.num_gpu_blocks = 10;
+        assert!(matches!(
+            kv.validate(),
+            Err(LayoutError::GpuPoolTooSmall { blocks: 10, .. })
+        ));
+        let mut kv = good.clone();
+        kv.max_pages_per_request += 1;
+        assert_eq!(field_of(&kv), "max_pages_per_request");
+        let mut kv = good.clone();
+        kv.groups.truncate(5);
+        assert_eq!(field_of(&kv), "groups");
+        let mut kv = good.clone();
+        kv.groups.swap(2, 9);
+        assert_eq!(field_of(&kv), "groups[].kind");
+        let mut kv = good.clone();
+        kv.block_tokens = 0;
+        assert_eq!(field_of(&kv), "block_tokens");
+        let mut kv = good.clone();
+        kv.num_buckets = u32::MAX;
+        assert_eq!(field_of(&kv), "num_buckets");
+        let mut kv = good.clone();
+        kv.num_gpu_blocks = u32::MAX;
+        assert!(matches!(
+            kv.validate(),
+            Err(LayoutError::PoolTooLarge { pool: "gpu", .. })
+        ));
+    }
+
+    /// The helpers answer (an error, `None`, or a saturated count) on layouts that `validate`
+    /// refuses, instead of panicking.
+    #[test]
+    fn helpers_do_not_panic_on_unvalidated_layouts() {
+        let good = plan(&DEEPSEEK_V32, 64 * GIB, 40 * GIB, 8192).unwrap();
+        let mut empty = good.clone();
+        empty.groups.clear();
+        empty.index_groups.clear();
+        let mut huge = good.clone();
+        huge.num_buckets = u32::MAX;
+        huge.hot_blocks_per_request = u32::MAX;
+        huge.bytes_per_block = u64::MAX;
+        huge.host_block_stride = u64::MAX;
+        huge.block_tokens = 0;
+        for kv in [&empty, &huge] {
+            let c = kv.capacity(u32::MAX);
+            assert!(c.gpu_blocks_per_request.hisparse >= c.pages_per_request.min(1));
+            let _ = kv.gpu_blocks_per_request(u32::MAX).min_needed();
+            let _ = kv.host_layout(0);
+            let _ = kv.device_layout(0);
+            let _ = kv.all_layer_pairs();
+            let _ = kv.bucket_of(0);
+            let _ = kv.bucket_layer_pairs(u32::MAX);
+            let _ = kv.index_group_pairs(usize::MAX);
+            let _ = (
+                kv.gpu_pool_bytes(),
+                kv.host_pool_bytes(),
+                kv.pages_for(u32::MAX),
+            );
+            let _ = kv.regular_groups();
+            assert_eq!(kv.device_offset(u32::MAX, 1, 0), None);
+            assert!(kv.validate().is_err());
+        }
+        assert_eq!(
+            empty.host_layout(0),
+            Err(LayoutError::NotSparse { layer: 0 })
+        );
+        assert!(empty.all_layer_pairs().is_empty());
+        // device_offset: range-checked block, checked arithmetic.
+        assert_eq!(good.device_offset(good.num_gpu_blocks, 1, 0), None);
+        assert_eq!(
+            good.device_offset(good.num_gpu_blocks - 1, 1, 0),
+            Some(u64::from(good.num_gpu_blocks - 1) * good.bytes_per_block)
+        );
+        let mut wide = good.clone();
+        wide.bytes_per_block = u64::MAX;
+        assert_eq!(wide.device_offset(2, 1, 0), None);
+        let mut far = good.clone();
+        far.groups[0].layers[60].index_in_group = u32::MAX;
+        far.host_num_blocks = u32::MAX;
+        assert_eq!(
+            far.host_layout(60),
+            Err(LayoutError::Overflow {
+                field: "host layout base"
+            })
+        );
     }
 
     #[test]

@@ -17,7 +17,6 @@
 //! probing and backward-shift deletion, at most half full) and allocates nothing: all storage is
 //! sized at construction.
 
-use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -56,6 +55,19 @@ pub enum PoolError {
     },
     /// A pool needs at least one block (the null block).
     Empty,
+    /// The block already holds `u32::MAX` references; nothing was changed.
+    TooManyReferences {
+        /// The block id.
+        block: u32,
+    },
+    /// The pool's bookkeeping could not be allocated (the allocator refused `bytes` bytes for
+    /// `num_blocks` blocks); nothing was allocated.
+    OutOfMemory {
+        /// Blocks asked for.
+        num_blocks: u32,
+        /// Bytes of bookkeeping they need.
+        bytes: u64,
+    },
 }
 
 impl fmt::Display for PoolError {
@@ -71,12 +83,22 @@ impl fmt::Display for PoolError {
             PoolError::DoubleFree { block } => write!(f, "pool: block {block} is already free"),
             PoolError::NotHeld { block } => write!(f, "pool: block {block} is not held"),
             PoolError::Empty => f.write_str("pool: `num_blocks` must be at least 1"),
+            PoolError::TooManyReferences { block } => write!(
+                f,
+                "pool: block {block} already holds {} references; free some before touching it again",
+                u32::MAX
+            ),
+            PoolError::OutOfMemory { num_blocks, bytes } => write!(
+                f,
+                "pool: {num_blocks} blocks need {bytes} B of bookkeeping, which could not be allocated; plan a smaller pool"
+            ),
         }
     }
 }
 
 impl crate::error::Error for PoolError {
     fn kind(&self) -> crate::error::ErrorKind {
+        // An out-of-memory error included: the pool size is the caller's to lower.
         crate::error::ErrorKind::InvalidArgument
     }
 }
@@ -130,29 +152,49 @@ fn mix(key: BlockKey) -> usize {
 
 impl BlockPool {
     /// A pool of `num_blocks` blocks, block 0 being the null block.
+    ///
+    /// The bookkeeping (a 16-byte node per block and a prefix-key table of two to four 24-byte
+    /// slots per block) is allocated
+    /// fallibly: a size the allocator refuses is [`PoolError::OutOfMemory`], not an abort.
     pub fn new(num_blocks: u32) -> Result<Self, PoolError> {
         if num_blocks == 0 {
             return Err(PoolError::Empty);
         }
         let n = num_blocks as usize;
-        let mut nodes = vec![Node::default(); n];
-        for (b, node) in nodes.iter_mut().enumerate().skip(1) {
-            node.prev = if b > 1 { b as u32 - 1 } else { NIL };
-            node.next = if b + 1 < n { b as u32 + 1 } else { NIL };
-        }
-        let cap = (2 * n).next_power_of_two().max(2);
+        let cap = n.saturating_mul(2).next_power_of_two().max(2);
+        let oom = || PoolError::OutOfMemory {
+            num_blocks,
+            bytes: (n as u64)
+                .saturating_mul(core::mem::size_of::<Node>() as u64)
+                .saturating_add((cap as u64).saturating_mul(core::mem::size_of::<Slot>() as u64)),
+        };
+        let mut nodes: Vec<Node> = Vec::new();
+        nodes.try_reserve_exact(n).map_err(|_| oom())?;
+        let mut table: Vec<Slot> = Vec::new();
+        table.try_reserve_exact(cap).map_err(|_| oom())?;
+        nodes.extend((0..n).map(|b| Node {
+            prev: if b > 1 { b as u32 - 1 } else { NIL },
+            next: if b >= 1 && b + 1 < n {
+                b as u32 + 1
+            } else {
+                NIL
+            },
+            refs: 0,
+            key_pos: 0,
+        }));
+        table.resize(
+            cap,
+            Slot {
+                key: BlockKey { group: 0, hash: 0 },
+                block: EMPTY,
+            },
+        );
         Ok(BlockPool {
             nodes,
             head: if n > 1 { 1 } else { NIL },
             tail: if n > 1 { num_blocks - 1 } else { NIL },
             num_free: num_blocks - 1,
-            table: vec![
-                Slot {
-                    key: BlockKey { group: 0, hash: 0 },
-                    block: EMPTY,
-                };
-                cap
-            ],
+            table,
             mask: cap - 1,
             num_cached: 0,
         })
@@ -333,14 +375,20 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Adds a reference; a free block leaves the queue (a prefix-cache hit re-pins it).
+    /// Adds a reference; a free block leaves the queue (a prefix-cache hit re-pins it). A block
+    /// that already holds `u32::MAX` references is refused with
+    /// [`PoolError::TooManyReferences`] and left as it is.
     #[inline]
     pub fn touch(&mut self, block: u32) -> Result<(), PoolError> {
         self.check(block)?;
-        if self.nodes[block as usize].refs == 0 {
+        let refs = self.nodes[block as usize].refs;
+        if refs == u32::MAX {
+            return Err(PoolError::TooManyReferences { block });
+        }
+        if refs == 0 {
             self.unlink(block);
         }
-        self.nodes[block as usize].refs += 1;
+        self.nodes[block as usize].refs = refs + 1;
         Ok(())
     }
 
@@ -552,6 +600,20 @@ mod tests {
         assert_eq!(p.num_cached(), 0);
         assert_eq!(p.cache(3, key(1)).err(), None);
         p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn touch_refuses_a_reference_count_overflow() {
+        let mut p = BlockPool::new(3).unwrap();
+        let b = p.allocate().unwrap();
+        // 2^32 - 2 touches would take minutes; set the count the way they would leave it.
+        p.nodes[b as usize].refs = u32::MAX - 1;
+        p.touch(b).unwrap();
+        assert_eq!(p.ref_count(b), u32::MAX);
+        assert_eq!(p.touch(b), Err(PoolError::TooManyReferences { block: b }));
+        assert_eq!(p.ref_count(b), u32::MAX, "a refused touch changes nothing");
+        p.check_invariants().unwrap();
+        assert!(std::format!("{}", PoolError::TooManyReferences { block: b }).contains("free"));
     }
 
     #[test]
