@@ -193,5 +193,6 @@ pub fn size(flag: &str, text: &str) -> crate::error::CliResult<u64> {
 
 /// Parses the backend name of `--backend`.
 pub fn backend(text: &str) -> crate::error::CliResult<crate::backend::BackendKind> {
-    text.parse().map_err(crate::error::CliError::Usage)
+    text.parse()
+        .map_err(|e: hisparse_runtime::UnknownBackend| crate::error::CliError::Usage(e.to_string()))
 }

@@ -1,17 +1,36 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+mod any;
 mod config;
 mod counters;
 mod decode;
 mod error;
+mod kind;
 mod runtime;
 mod step;
 mod tables;
 
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+pub use any::{
+    AnyBuffer, AnyDevice, AnyError, AnyEvent, AnyHostBuffer, AnyStream, DeviceVisitor, OpenError,
+    open_with,
+};
 pub use config::RuntimeConfig;
 pub use counters::{Counters, PoolUsage};
 pub use decode::{Indices, TopK};
 pub use error::RuntimeError;
+pub use kind::{BackendKind, UnknownBackend};
 pub use runtime::{Pools, Runtime};
 pub use step::{ReportError, WorkerReport};

@@ -103,10 +103,12 @@ impl Verifier {
             }
             let (first, end) = (blocks[i], blocks[j - 1] + 1);
             if end * bpb <= self.pool_copy.len() {
-                dev.download(pool, first * bpb, &mut self.pool_copy[first * bpb..end * bpb])
-                    .map_err(|e| {
-                        CliError::device("downloading the device pool for verification", e)
-                    })?;
+                dev.download(
+                    pool,
+                    first * bpb,
+                    &mut self.pool_copy[first * bpb..end * bpb],
+                )
+                .map_err(|e| CliError::device("downloading the device pool for verification", e))?;
             }
             i = j;
         }
@@ -223,6 +225,91 @@ fn check_read(
                     });
                 }
             }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "cpu"))]
+mod tests {
+    use super::*;
+    use crate::sim::forward::Forward;
+    use hisparse_backend_cpu::CpuDevice;
+    use hisparse_core::config::HiSparseConfig;
+    use hisparse_core::layout::{LayoutInput, plan_layout};
+    use hisparse_core::model::{LayerSpec, ModelSpec};
+
+    /// One index group of a leader and a follower: 64 B rows, 16-token blocks, top-k 4.
+    fn layout() -> KvCacheConfig {
+        let layers = [
+            LayerSpec::sparse_leader(64, 32),
+            LayerSpec::sparse_follower(64),
+        ];
+        let model = ModelSpec {
+            name: "tiny",
+            block_tokens: 16,
+            top_k: 4,
+            layers: &layers,
+        };
+        let mut cfg = HiSparseConfig::new(4, 64 * 64 * 2 * 64);
+        cfg.device_buffer_size = Some(16);
+        plan_layout(&LayoutInput::new(&model, &cfg, 64 * 4096, 64)).unwrap()
+    }
+
+    /// Writes request 7's rows 0..32 into blocks 3 and 4 (pages 0 and 1) and returns the pool.
+    fn written(kv: &KvCacheConfig, dev: &CpuDevice) -> hisparse_backend_cpu::CpuBuffer {
+        let mut pool = dev.alloc(kv.gpu_pool_bytes() as usize).unwrap();
+        let mut fwd = Forward::new(kv, 0).unwrap();
+        fwd.write(dev, &mut pool, 7, 0..32, |_, p| Some(3 + p as i32))
+            .unwrap();
+        pool
+    }
+
+    fn read(topk: Vec<i32>, indices: Vec<i32>) -> ReadOut {
+        ReadOut {
+            group: 0,
+            rows: vec![(7, 32)],
+            topk,
+            indices,
+        }
+    }
+
+    #[test]
+    fn rows_where_the_forward_pass_wrote_them_verify_in_every_layer() {
+        let kv = layout();
+        let dev = CpuDevice::new();
+        let pool = written(&kv, &dev);
+        let s = kv.attention_block_stride as i32;
+        let mut v = Verifier::new(&kv, 0).unwrap();
+        // Tokens 1 and 17 (page 0 row 1, page 1 row 1); token 40 does not exist; padding -1.
+        let r = read(vec![1, 17, 40, -1], vec![3 * s + 1, 4 * s + 1, -1, -1]);
+        assert_eq!(v.check(&dev, &pool, &[r]).unwrap(), 4);
+        assert_eq!(v.verified.mismatched, 0, "{:?}", v.verified.first_mismatch);
+    }
+
+    #[test]
+    fn a_wrong_row_a_missing_row_and_a_row_for_nothing_are_each_caught() {
+        let kv = layout();
+        let dev = CpuDevice::new();
+        let pool = written(&kv, &dev);
+        let s = kv.attention_block_stride as i32;
+        for (topk, idx, what) in [
+            (
+                vec![1, -1, -1, -1],
+                vec![3 * s + 2, -1, -1, -1],
+                "holds other bytes",
+            ),
+            (vec![1, -1, -1, -1], vec![-1, -1, -1, -1], "resolved to -1"),
+            (
+                vec![40, -1, -1, -1],
+                vec![3 * s, -1, -1, -1],
+                "does not exist",
+            ),
+        ] {
+            let mut v = Verifier::new(&kv, 0).unwrap();
+            v.check(&dev, &pool, &[read(topk, idx)]).unwrap();
+            assert!(v.verified.mismatched > 0, "{what} not caught");
+            let first = v.verified.first_mismatch.clone().unwrap();
+            assert!(first.contains(what), "{first}");
         }
     }
 }
