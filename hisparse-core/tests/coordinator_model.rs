@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use hisparse_core::config::HiSparseConfig;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand, RequestId};
-use hisparse_core::layout::{LayoutInput, plan_layout};
+use hisparse_core::layout::{ACTIVE_TAIL_PAGES, LayoutInput, plan_layout};
 use hisparse_core::model::{LayerSpec, ModelSpec, RegularLayer};
 use proptest::prelude::*;
 
@@ -117,6 +117,8 @@ struct Shadow {
     host: Vec<Vec<i64>>,
     /// row → bucket → hot blocks.
     hot: Vec<Vec<Vec<u32>>>,
+    /// row → tokens computed (scheduled) as of the last command.
+    computed: Vec<u32>,
     /// Issued transfer ids in order.
     issued: Vec<u64>,
     /// Per worker: ids enqueued / completed (counts into `issued`).
@@ -127,6 +129,21 @@ struct Shadow {
 }
 
 impl Shadow {
+    fn new(p: &Params, nb: usize) -> Self {
+        let rows = p.max_running as usize;
+        Shadow {
+            nb,
+            resident: vec![vec![Vec::new(); nb]; rows],
+            host: vec![Vec::new(); rows],
+            hot: vec![vec![Vec::new(); nb]; rows],
+            computed: vec![0; rows],
+            issued: Vec::new(),
+            enq: vec![0; p.workers as usize],
+            comp: vec![0; p.workers as usize],
+            rows: HashMap::new(),
+        }
+    }
+
     fn durable(&self) -> u64 {
         let n = self.comp.iter().copied().min().unwrap_or(0);
         if n == 0 { 0 } else { self.issued[n - 1] }
@@ -205,6 +222,7 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
     }
     for &row in &cmd.started {
         let row = row as usize;
+        sh.computed[row] = 0;
         sh.host[row].clear();
         for b in 0..sh.nb {
             sh.resident[row][b].clear();
@@ -246,14 +264,23 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
         v[u.page as usize] = u.block;
         if old != 0 && u.block == 0 {
             RECLAIMS.fetch_add(1, Relaxed);
-            // A reclaim: the page must be durable on host and outside the active tail.
-            let pages = v.len();
+            // A reclaim: the page must be durable on host and outside the active tail (the
+            // page the next token writes and the one before it), as of the most tokens the
+            // request has had computed when the reclaim can have happened: this step's.
+            let computed = cmd
+                .scheduled
+                .iter()
+                .find(|s| s.slot == u.slot)
+                .map_or(sh.computed[u.slot as usize], |s| {
+                    s.first_token + s.num_tokens
+                });
+            let next_page = computed / kv.block_tokens;
             prop_assert!(
-                u.page as usize + 2 < pages,
-                "page {} of row {} reclaimed among the last two of {} pages",
+                u.page + ACTIVE_TAIL_PAGES <= next_page,
+                "page {} of row {} reclaimed in the active tail (next token writes page {})",
                 u.page,
                 u.slot,
-                pages
+                next_page
             );
             let h = sh.host[u.slot as usize][u.page as usize];
             prop_assert!(h > 0);
@@ -302,6 +329,9 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
                 let _ = tail_from;
             }
         }
+    }
+    for s in &cmd.scheduled {
+        sh.computed[s.slot as usize] = s.first_token + s.num_tokens;
     }
     // After-forward copies.
     let id = cmd.transfer_id.unwrap_or(0);
@@ -383,21 +413,43 @@ fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Applies a step's command to the shadow and checks it against the coordinator: the workers'
+/// view right after the step, and every copy targets a host block exactly one running request
+/// uses.
+fn check_step(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), TestCaseError> {
+    apply(sh, c, cmd)?;
+    // Right after a step the workers' view is complete (changes made later, e.g. a release when
+    // a report arrives, travel in the next command).
+    compare(sh, c)?;
+    let mut users: HashMap<i64, u32> = HashMap::new();
+    let mut buf = vec![0i32; c.max_pages() as usize];
+    for id in c.running_ids() {
+        let row = c.slot_of(id).unwrap() as usize;
+        c.host_row(id, &mut buf).unwrap();
+        let n = buf.iter().take_while(|&&h| h >= 0).count();
+        for &h in &sh.host[row][..n] {
+            *users.entry(h).or_default() += 1;
+        }
+    }
+    for h in cmd
+        .row_mirrors
+        .iter()
+        .map(|m| m.span.host_block)
+        .chain(cmd.page_transfers.iter().map(|t| t.host_block))
+    {
+        prop_assert_eq!(
+            users.get(&i64::from(h)).copied(),
+            Some(1),
+            "copy into host block {}",
+            h
+        );
+    }
+    Ok(())
+}
+
 fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut c = setup(&p);
-    let kv = c.layout().clone();
-    let nb = kv.num_buckets as usize;
-    let rows = p.max_running as usize;
-    let mut sh = Shadow {
-        nb,
-        resident: vec![vec![Vec::new(); nb]; rows],
-        host: vec![Vec::new(); rows],
-        hot: vec![vec![Vec::new(); nb]; rows],
-        issued: Vec::new(),
-        enq: vec![0; p.workers as usize],
-        comp: vec![0; p.workers as usize],
-        rows: HashMap::new(),
-    };
+    let mut sh = Shadow::new(&p, c.layout().num_buckets as usize);
     let mut next_id: RequestId = 1;
     let mut known: Vec<RequestId> = Vec::new();
     let mut steps = 0u32;
@@ -417,34 +469,7 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 WAITS.fetch_add(u64::from(sum.waiting_on_reclaim), Relaxed);
                 let cmd = c.build_offload_command();
                 steps += 1;
-                apply(&mut sh, &c, &cmd)?;
-                // Right after a step the workers' view is complete (changes made later, e.g. a
-                // release when a report arrives, travel in the next command).
-                compare(&sh, &c)?;
-                // Every copy targets a host block exactly one running request uses.
-                let mut users: HashMap<i64, u32> = HashMap::new();
-                let mut buf = vec![0i32; c.max_pages() as usize];
-                for id in c.running_ids() {
-                    let row = c.slot_of(id).unwrap() as usize;
-                    c.host_row(id, &mut buf).unwrap();
-                    let n = buf.iter().take_while(|&&h| h >= 0).count();
-                    for &h in &sh.host[row][..n] {
-                        *users.entry(h).or_default() += 1;
-                    }
-                }
-                for h in cmd
-                    .row_mirrors
-                    .iter()
-                    .map(|m| m.span.host_block)
-                    .chain(cmd.page_transfers.iter().map(|t| t.host_block))
-                {
-                    prop_assert_eq!(
-                        users.get(&i64::from(h)).copied(),
-                        Some(1),
-                        "copy into host block {}",
-                        h
-                    );
-                }
+                check_step(&mut sh, &c, &cmd)?;
             }
             Op::Sample { finish_len } => {
                 let ids: Vec<RequestId> = c.running_ids().collect();
@@ -555,6 +580,242 @@ fn coordinator_model() {
             assert!(
                 n > 0,
                 "no {what} happened in {cases} sequences: the test lost its teeth"
+            );
+        }
+    }
+}
+
+/// One request of a liveness workload: its prompt (`family` and length: equal families share
+/// prefixes, equal family and length are the same prompt), the length at which the engine
+/// finishes it, and the step it arrives at.
+#[derive(Clone, Debug)]
+struct Arrival {
+    len: u32,
+    family: u8,
+    final_len: u32,
+    at: u32,
+}
+
+/// Liveness workloads: pools within a few blocks of the smallest the layout allows (one
+/// `MAX_LEN` request's HiSparse needs), a host pool barely larger than one request, prompts
+/// drawn from two families so that many repeat (prefix hits on a pool too small for them,
+/// copy-on-write tails), arrivals spread over the first steps.
+fn liveness_case() -> impl Strategy<Value = (Params, u32, Vec<Arrival>)> {
+    let params = (
+        (0u32..6, 14u32..24, any::<bool>(), 1u32..=3),
+        (
+            prop::bool::weighted(0.8),
+            prop::bool::weighted(0.2),
+            1u32..=2,
+        ),
+        (
+            1u32..=4,
+            1u32..=40,
+            1u32..=4,
+            prop_oneof![Just(0u32), 1u32..24],
+        ),
+    )
+        .prop_map(
+            |(
+                (slack, host_blocks, eager, workers),
+                (prefix, window, mql),
+                (mr, mb, spill, reclaim_min),
+            )| {
+                (
+                    Params {
+                        gpu_blocks: 0,
+                        host_blocks,
+                        eager,
+                        workers,
+                        prefix,
+                        window,
+                        mql,
+                        max_running: mr,
+                        max_batched: mb,
+                        spill,
+                        reclaim_min,
+                    },
+                    slack,
+                )
+            },
+        );
+    let arrival =
+        (1u32..=MAX_LEN, 0u8..2, 0u32..=MAX_LEN, 0u32..12).prop_map(|(len, family, extra, at)| {
+            Arrival {
+                len,
+                family,
+                final_len: (len + extra % (MAX_LEN - len + 1)).max(len),
+                at,
+            }
+        });
+    (params, prop::collection::vec(arrival, 1..=6)).prop_map(|((p, slack), a)| (p, slack, a))
+}
+
+/// GPU blocks (null block included) of the smallest pool `p`'s layout allows.
+fn min_gpu_blocks(p: &Params) -> u32 {
+    let roomy = Params {
+        gpu_blocks: 1 << 12,
+        ..p.clone()
+    };
+    let kv = setup(&roomy).layout().clone();
+    1 + kv.gpu_blocks_per_request(MAX_LEN).min_needed() as u32
+}
+
+/// Most steps a liveness workload may take: every token computed one step at a time, twice
+/// over (a preempted request recomputes), per request, plus the arrival window and the
+/// workers' reporting lag. Requests share the pool, so they are counted one after another.
+fn step_bound(p: &Params, arrivals: &[Arrival]) -> u32 {
+    let tokens: u32 = arrivals.iter().map(|a| a.final_len).sum();
+    12 + 4 * tokens + 4 * p.workers * arrivals.len() as u32
+}
+
+static LIVENESS_MAX_SHARE: AtomicU64 = AtomicU64::new(0);
+static LIVENESS_RECOMPUTED: AtomicU64 = AtomicU64::new(0);
+static LIVENESS_HITS: AtomicU64 = AtomicU64::new(0);
+static LIVENESS_SHRUNK: AtomicU64 = AtomicU64::new(0);
+
+/// Drives a workload as an engine does: arrivals are admitted at their step; every step's
+/// command goes through the shadow checks; worker `w` reports each batch `w` steps after it was
+/// issued (tensor-parallel ranks running behind one another); a request whose tokens are all
+/// computed gets sampled tokens (up to `max_query_len`, speculative decoding) until its final
+/// length, then is finished. Every request must finish within [`step_bound`] steps, and every
+/// block must come back.
+fn run_liveness(p: Params, slack: u32, arrivals: Vec<Arrival>) -> Result<(), TestCaseError> {
+    let p = Params {
+        gpu_blocks: min_gpu_blocks(&p) + slack,
+        ..p
+    };
+    let mut c = setup(&p);
+    let mut sh = Shadow::new(&p, c.layout().num_buckets as usize);
+    let bound = step_bound(&p, &arrivals);
+    let mut open: HashMap<RequestId, u32> = HashMap::new();
+    let mut backlog: Vec<Vec<(u64, u32)>> = vec![Vec::new(); p.workers as usize];
+    let mut step = 0u32;
+    while step < bound {
+        for (i, a) in arrivals.iter().enumerate() {
+            if a.at == step {
+                let id = i as RequestId + 1;
+                c.admit(id, &tokens_for(a.family, a.len))
+                    .map_err(|e| TestCaseError::fail(format!("admit: {e}")))?;
+                open.insert(id, a.final_len);
+            }
+        }
+        step += 1;
+        c.schedule_step()
+            .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+        let cmd = c.build_offload_command();
+        for s in &cmd.scheduled {
+            let row_started = cmd.started.contains(&s.slot);
+            if row_started && s.first_token > 0 {
+                LIVENESS_HITS.fetch_add(1, Relaxed);
+            }
+            if s.first_token == 0 {
+                let a = &arrivals[s.id as usize - 1];
+                let repeat = arrivals[..s.id as usize - 1]
+                    .iter()
+                    .any(|b| b.family == a.family && b.len >= a.len && a.len >= BT);
+                if repeat && p.prefix {
+                    LIVENESS_RECOMPUTED.fetch_add(1, Relaxed);
+                }
+                if s.num_tokens < a.len.min(p.max_batched) {
+                    LIVENESS_SHRUNK.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        check_step(&mut sh, &c, &cmd)?;
+        for (w, queue) in backlog.iter_mut().enumerate() {
+            if let Some(id) = cmd.transfer_id {
+                queue.push((id, step));
+            }
+            let due = queue
+                .iter()
+                .take_while(|&&(_, at)| at + w as u32 <= step)
+                .count();
+            let ids: Vec<u64> = queue.drain(..due).map(|(id, _)| id).collect();
+            let e0 = sh.enq[w];
+            c.report(w as u32, &ids, &ids)
+                .map_err(|e| TestCaseError::fail(format!("report: {e}")))?;
+            sh.enq[w] = e0 + ids.len();
+            sh.comp[w] = sh.enq[w];
+        }
+        prop_assert_eq!(c.durable_transfer(), sh.durable());
+        let running: Vec<RequestId> = c.running_ids().collect();
+        for id in running {
+            let (n, done) = (c.num_tokens(id).unwrap(), c.num_computed(id).unwrap());
+            if n != done {
+                continue;
+            }
+            let want = open[&id];
+            if n >= want {
+                c.finish(id).unwrap();
+                open.remove(&id);
+            } else {
+                let k = (1 + (n + id as u32) % p.mql).min(want - n);
+                c.append_tokens(id, &vec![7; k as usize]).unwrap();
+            }
+        }
+        c.check_invariants()
+            .map_err(|v| TestCaseError::fail(format!("{v} after {step} steps")))?;
+        let all_arrived = arrivals.iter().all(|a| a.at < step);
+        if all_arrived && open.is_empty() {
+            break;
+        }
+    }
+    prop_assert!(
+        open.is_empty() && arrivals.iter().all(|a| a.at < step),
+        "requests {:?} unfinished after {} steps ({} waiting, {} running)",
+        open.keys().collect::<Vec<_>>(),
+        step,
+        c.num_waiting(),
+        c.num_running()
+    );
+    LIVENESS_MAX_SHARE.fetch_max(u64::from(step) * 1000 / u64::from(bound), Relaxed);
+    for (w, queue) in backlog.iter_mut().enumerate() {
+        let ids: Vec<u64> = queue.drain(..).map(|(id, _)| id).collect();
+        c.report(w as u32, &ids, &ids).unwrap();
+    }
+    c.check_invariants()
+        .map_err(|v| TestCaseError::fail(format!("{v}")))?;
+    prop_assert_eq!(c.gpu_pool().num_held(), 0);
+    prop_assert_eq!(c.host_pool().num_held(), 0);
+    Ok(())
+}
+
+/// Liveness: with every worker reporting (some of them late), every admitted request whose
+/// context fits the layout finishes within [`step_bound`] steps, on pools at most a few blocks
+/// above the smallest the layout allows and with prompts that repeat.
+#[test]
+fn coordinator_liveness() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3_000);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(cases)
+    });
+    if let Err(e) = runner.run(&liveness_case(), |(p, slack, a)| run_liveness(p, slack, a)) {
+        panic!("{e}");
+    }
+    let share = LIVENESS_MAX_SHARE.load(Relaxed);
+    let counts = [
+        ("first chunks shrunk", LIVENESS_SHRUNK.load(Relaxed)),
+        ("prefix hits used", LIVENESS_HITS.load(Relaxed)),
+        (
+            "repeated prompts recomputed from the start",
+            LIVENESS_RECOMPUTED.load(Relaxed),
+        ),
+    ];
+    println!(
+        "liveness over {cases} workloads: slowest used {}.{}% of its step bound; {counts:?}",
+        share / 10,
+        share % 10
+    );
+    if cases >= 1000 {
+        for (what, n) in counts {
+            assert!(
+                n > 0,
+                "no {what} in {cases} workloads: the test lost its teeth"
             );
         }
     }

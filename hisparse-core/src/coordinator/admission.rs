@@ -2,7 +2,9 @@
 //! lookup, copy-on-write tail, accounting for every tier before allocating anything).
 
 use alloc::boxed::Box;
+use alloc::vec::Vec;
 
+use super::error::out_of_memory;
 use super::managers::{HotRegion, ResidentTable, SourceTable};
 use super::request::{NO_ROW, Req, Status};
 use super::{Alloc, CoordError, Coordinator, PoolKind, RequestId};
@@ -25,10 +27,21 @@ impl Coordinator {
             });
         }
         self.check_fits(id, prompt.len() as u32)?;
+        // Everything that can fail is allocated before anything changes.
+        let mut tokens = Vec::new();
+        tokens
+            .try_reserve_exact(prompt.len())
+            .map_err(|_| out_of_memory::<u32>("the prompt", prompt.len()))?;
+        tokens.extend_from_slice(prompt);
+        if self.free_slots.is_empty() {
+            // Request storage grows past `max_running` (waiting requests); data-plane rows do not.
+            self.reqs
+                .try_reserve(1)
+                .map_err(|_| out_of_memory::<Option<Box<Req>>>("request records", 1))?;
+        }
         let slot = match self.free_slots.pop() {
             Some(s) => s,
             None => {
-                // Request storage grows past `max_running`; data-plane rows do not.
                 self.reqs.push(None);
                 self.reqs.len() as u32 - 1
             }
@@ -40,7 +53,7 @@ impl Coordinator {
             status: Status::Waiting,
             slot,
             row: NO_ROW,
-            tokens: prompt.to_vec(),
+            tokens,
             num_computed: 0,
             pages: 0,
             hit_pages: 0,
@@ -94,6 +107,9 @@ impl Coordinator {
                 max_model_len: max,
             });
         }
+        r.tokens
+            .try_reserve(tokens.len())
+            .map_err(|_| out_of_memory::<u32>("appended tokens", tokens.len()))?;
         r.tokens.extend_from_slice(tokens);
         Ok(())
     }
@@ -121,15 +137,24 @@ impl Coordinator {
 
     /// Starts the waiting request `id` (prefix-cache lookup, host blocks for the whole prompt,
     /// hot region if it reads from host) and schedules its first chunk of at most `max_tokens`
-    /// tokens. Admission accounts for every tier it needs before touching anything: host blocks
-    /// for every page, GPU blocks for the chunk and re-pinned prefix blocks, and the hot region.
+    /// tokens — fewer when the free GPU pool holds less, so a prompt larger than the free pool
+    /// still starts. Admission accounts for every tier it needs before touching anything: host
+    /// blocks for every page, GPU blocks for the chunk and re-pinned prefix blocks, and the hot
+    /// region. A prefix hit whose pinned blocks, hot region and first page could never fit the
+    /// GPU pool, even alone, is not used: the prefix is recomputed instead.
     pub fn start(&mut self, id: RequestId, max_tokens: u32) -> Result<Alloc, CoordError> {
         let slot = self.slot_of_id(id)?;
         if self.reqs[slot as usize].as_ref().map(|r| r.status) != Some(Status::Waiting) {
             return Err(CoordError::NotRunning { id });
         }
         if self.free_rows.is_empty() {
-            return Err(CoordError::NoFreeSlot);
+            if self.row_owner.len() >= self.cfg.max_running as usize {
+                return Err(CoordError::NoFreeSlot);
+            }
+            // A fresh data-plane row is recorded at commit; make room for it first.
+            self.row_owner
+                .try_reserve(1)
+                .map_err(|_| out_of_memory::<u32>("data-plane rows", 1))?;
         }
         let Some(mut r) = self.reqs[slot as usize].take() else {
             return Err(CoordError::UnknownRequest { id });
@@ -146,17 +171,9 @@ impl Coordinator {
         res
     }
 
-    pub(super) fn start_inner(
-        &mut self,
-        r: &mut Box<Req>,
-        max_tokens: u32,
-    ) -> Result<Alloc, CoordError> {
-        let bt = self.kv.block_tokens;
-        let len = r.tokens.len() as u32;
-        let total_pages = self.kv.pages_for(len);
-        // Prefix hashes of the full pages.
-        self.source.hash_prompt(&mut r.source, &r.tokens);
-        // Longest prefix durable on host whose indexer/regular blocks are still on the GPU.
+    /// Longest prefix of `r`'s full pages durable on host whose indexer and regular blocks are
+    /// still cached on the GPU.
+    fn prefix_hit(&self, r: &Req) -> u32 {
         let mut hit = 0u32;
         if self.source.caching() {
             while (hit as usize) < r.source.hashes.len() {
@@ -169,64 +186,125 @@ impl Coordinator {
                 hit += 1;
             }
         }
-        // The last token is always computed: a hit on every page makes the last page a
-        // copy-on-write tail.
-        let cow_tail = hit > 0 && hit * bt >= len;
-        let shared = if cow_tail { hit - 1 } else { hit };
-        let computed0 = if cow_tail { len - 1 } else { hit * bt };
-        let chunk = (len - computed0).min(max_tokens.max(1));
-        let target = computed0 + chunk;
-        let target_pages = self.kv.pages_for(target);
+        hit
+    }
 
-        // Pin every hit block first: re-pinning takes a free cached block out of the free
-        // queue, and no later allocation (reclaim's hot regions included) may evict it.
-        for p in 0..hit {
-            let hash = r.source.hashes[p as usize];
-            self.source.pin_hit(&mut r.source, &mut self.host, hash)?;
-            self.paged.pin_hit(&mut r.paged, &mut self.gpu, hash)?;
-        }
-        // Account for every tier before allocating anything.
-        let host_need = u64::from(total_pages - shared);
-        let new_gpu_pages = u64::from(target_pages - shared);
+    /// GPU blocks a start with a prefix hit of `hit` pages (of a `len`-token prompt) holds at
+    /// the least: the pinned indexer and regular blocks of the hit, one new page (the first
+    /// chunk, or the copy-on-write tail) and the hot region when some page reads from host.
+    fn hit_start_footprint(&self, hit: u32, len: u32) -> u64 {
+        let cow_tail = u64::from(hit) * u64::from(self.kv.block_tokens) >= u64::from(len);
+        let shared = if cow_tail { hit - 1 } else { hit };
         let hot = if shared > 0 {
             u64::from(self.hot.cost())
         } else {
             0
         };
-        let gpu_need = new_gpu_pages * self.gpu_cost_per_page() + hot;
+        u64::from(hit) * self.paged.blocks_per_page() + self.gpu_cost_per_page() + hot
+    }
+
+    pub(super) fn start_inner(
+        &mut self,
+        r: &mut Box<Req>,
+        max_tokens: u32,
+    ) -> Result<Alloc, CoordError> {
+        let bt = self.kv.block_tokens;
+        let len = r.tokens.len() as u32;
+        let total_pages = self.kv.pages_for(len);
+        // Prefix hashes of the full pages.
+        self.source.hash_prompt(&mut r.source, &r.tokens);
+        let mut hit = self.prefix_hit(r);
+        // A hit that could never start, even with the whole pool free, would wait forever:
+        // recompute the prefix instead.
+        if hit > 0 && self.hit_start_footprint(hit, len) > u64::from(self.gpu.num_blocks() - 1) {
+            hit = 0;
+        }
+        // The last token is always computed: a hit on every page makes the last page a
+        // copy-on-write tail.
+        let cow_tail = hit > 0 && hit * bt >= len;
+        let shared = if cow_tail { hit - 1 } else { hit };
+        let computed0 = if cow_tail { len - 1 } else { hit * bt };
+        let mut chunk = (len - computed0).min(max_tokens.max(1));
+
+        // Pin every hit block first: re-pinning takes a free cached block out of the free
+        // queue, and no later allocation (reclaim's hot regions included) may evict it.
+        for p in 0..hit {
+            let hash = r.source.hashes[p as usize];
+            let pinned = self
+                .source
+                .pin_hit(&mut r.source, &mut self.host, hash)
+                .and_then(|()| self.paged.pin_hit(&mut r.paged, &mut self.gpu, hash));
+            if let Err(e) = pinned {
+                self.source.unpin(&mut r.source, &mut self.host);
+                self.paged.unpin(&mut r.paged, &mut self.gpu);
+                return Err(e.into());
+            }
+        }
+        // Account for every tier before allocating anything.
+        let host_need = u64::from(total_pages - shared);
+        let hot = if shared > 0 {
+            u64::from(self.hot.cost())
+        } else {
+            0
+        };
+        let per_page = self.gpu_cost_per_page();
+        let gpu_need =
+            |chunk: u32| u64::from((computed0 + chunk).div_ceil(bt) - shared) * per_page + hot;
         let mut short = None;
+        let mut awaits = false;
         if u64::from(self.host.num_free()) < host_need {
             short = Some(PoolKind::Host);
-        } else if u64::from(self.gpu.num_free()) < gpu_need {
-            let want = (gpu_need - u64::from(self.gpu.num_free()))
+        } else if u64::from(self.gpu.num_free()) < gpu_need(chunk) {
+            let want = (gpu_need(chunk) - u64::from(self.gpu.num_free()))
                 .max(u64::from(self.cfg.reclaim_min_blocks));
-            self.reclaim_resident_blocks(want.min(u64::from(u32::MAX)) as u32);
-            if u64::from(self.gpu.num_free()) < gpu_need {
-                short = Some(PoolKind::Gpu);
+            awaits = self.reclaim(want.min(u64::from(u32::MAX)) as u32).1;
+            let free = u64::from(self.gpu.num_free());
+            if free < gpu_need(chunk) {
+                // Shrink the first chunk to the pages the free pool holds (at least one).
+                let pages = free.saturating_sub(hot) / per_page;
+                let end = (u64::from(shared) + pages) * u64::from(bt);
+                if free < hot || pages == 0 || end <= u64::from(computed0) {
+                    short = Some(PoolKind::Gpu);
+                } else {
+                    chunk = chunk.min((end - u64::from(computed0)).min(u64::from(u32::MAX)) as u32);
+                }
+            }
+        }
+        // The request's tables, for the whole prompt (they grow with decode).
+        if short.is_none() {
+            let pages = total_pages as usize + 1;
+            let reserved = self
+                .source
+                .try_reserve(&mut r.source, pages)
+                .and_then(|()| self.resident.try_reserve(&mut r.resident, pages))
+                .and_then(|()| self.paged.try_reserve(&mut r.paged, pages));
+            if let Err(e) = reserved {
+                self.source.unpin(&mut r.source, &mut self.host);
+                self.paged.unpin(&mut r.paged, &mut self.gpu);
+                return Err(e);
             }
         }
         if let Some(pool) = short {
             // Unpin (the blocks keep their hashes and go to the tail of the LRU queue).
             self.source.unpin(&mut r.source, &mut self.host);
             self.paged.unpin(&mut r.paged, &mut self.gpu);
-            return Ok(if self.io_in_flight() {
-                Alloc::Wait
-            } else {
-                Alloc::NoSpace(pool)
-            });
+            return Ok(self.short_of(pool, awaits));
         }
 
         // Commit.
         r.status = Status::Running;
-        let row = self.free_rows.pop().unwrap_or(NO_ROW);
+        let row = match self.free_rows.pop() {
+            Some(row) => row,
+            None => {
+                // Room was reserved by `start`.
+                self.row_owner.push(NO_ROW);
+                self.row_owner.len() as u32 - 1
+            }
+        };
         self.row_owner[row as usize] = r.slot;
         r.row = row;
         self.out.started.push(row);
         let slot = row;
-        let cap = self.kv.max_pages_per_request as usize;
-        r.source.blocks.reserve(cap);
-        self.resident.reserve(&mut r.resident, cap);
-        self.paged.reserve(&mut r.paged, cap);
         for _ in 0..hit {
             self.resident.push_hit_page(&mut r.resident);
         }
@@ -277,7 +355,7 @@ impl Coordinator {
             self.hot
                 .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
         }
-        let res = self.schedule_inner(r, chunk);
+        let res = self.schedule_inner(r, chunk, false).map(|(alloc, _)| alloc);
         if !matches!(res, Ok(Alloc::Scheduled)) {
             // Accounting said it fits; undo everything if it did not.
             self.release_blocks(r);

@@ -5,6 +5,9 @@ use core::fmt;
 use super::RequestId;
 #[cfg(doc)]
 use super::{Coordinator, CoordinatorConfig};
+#[cfg(doc)]
+use crate::layout::KvCacheConfig;
+use crate::layout::LayoutError;
 use crate::pool::PoolError;
 
 /// Which pool ran out.
@@ -25,6 +28,23 @@ pub enum CoordError {
     ZeroConfig {
         /// Field name.
         field: &'static str,
+    },
+    /// A [`CoordinatorConfig`] field is larger than the coordinator can serve.
+    ConfigTooLarge {
+        /// Field name.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// Memory for the coordinator's own bookkeeping could not be allocated (a caller-given size
+    /// the allocator refused); nothing was changed.
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: u64,
     },
     /// The layout's pools are unusable (a pool error while building them).
     Pool(PoolError),
@@ -85,11 +105,9 @@ pub enum CoordError {
         /// The state row.
         slot: u32,
     },
-    /// The layout handed to [`Coordinator::new`] is inconsistent (hand-edited).
-    InvalidLayout {
-        /// What is wrong.
-        what: &'static str,
-    },
+    /// The layout handed to [`Coordinator::new`] breaks a rule of the planner (hand-edited or
+    /// deserialised); see [`KvCacheConfig::validate`].
+    InvalidLayout(LayoutError),
     /// A worker index is out of range.
     UnknownWorker {
         /// The worker.
@@ -116,12 +134,34 @@ impl From<PoolError> for CoordError {
     }
 }
 
+impl From<LayoutError> for CoordError {
+    fn from(e: LayoutError) -> Self {
+        CoordError::InvalidLayout(e)
+    }
+}
+
+/// An [`CoordError::OutOfMemory`] for `count` elements of `T` (saturating).
+pub(super) fn out_of_memory<T>(what: &'static str, count: usize) -> CoordError {
+    CoordError::OutOfMemory {
+        what,
+        bytes: (count as u64).saturating_mul(core::mem::size_of::<T>() as u64),
+    }
+}
+
 impl fmt::Display for CoordError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             CoordError::ZeroConfig { field } => {
                 write!(f, "coordinator: `{field}` must be greater than 0")
             }
+            CoordError::ConfigTooLarge { field, value, max } => write!(
+                f,
+                "coordinator: `{field}` = {value} exceeds {max}; lower it"
+            ),
+            CoordError::OutOfMemory { what, bytes } => write!(
+                f,
+                "coordinator: {bytes} B for {what} could not be allocated; lower it"
+            ),
             CoordError::Pool(e) => e.fmt(f),
             CoordError::DuplicateRequest { id } => {
                 write!(f, "coordinator: request {id} already exists")
@@ -166,10 +206,7 @@ impl fmt::Display for CoordError {
             CoordError::UnknownSlot { slot } => {
                 write!(f, "coordinator: no running request holds state row {slot}")
             }
-            CoordError::InvalidLayout { what } => write!(
-                f,
-                "coordinator: inconsistent layout ({what}); plan it with `plan_layout`"
-            ),
+            CoordError::InvalidLayout(e) => write!(f, "coordinator: invalid layout: {e}"),
             CoordError::UnknownWorker {
                 worker,
                 num_workers,
@@ -192,6 +229,8 @@ impl fmt::Display for CoordError {
 
 impl crate::error::Error for CoordError {
     fn kind(&self) -> crate::error::ErrorKind {
+        // Every variant is a call to fix, an out-of-memory one included: its size comes from the
+        // caller (`max_running`, `num_workers`, a prompt, the planned pools).
         crate::error::ErrorKind::InvalidArgument
     }
 }

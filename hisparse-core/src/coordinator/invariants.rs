@@ -4,7 +4,7 @@
 use alloc::vec;
 use core::fmt;
 
-use super::request::Status;
+use super::request::{NO_ROW, Status};
 use super::{Coordinator, PoolKind, RequestId};
 
 /// A broken invariant found by [`Coordinator::check_invariants`].
@@ -47,7 +47,8 @@ impl Coordinator {
     /// Checks every invariant (O(everything); for tests and debugging): pool accounting (every
     /// block's reference count equals the references requests, hot regions and deferred frees
     /// hold — no leak, no double free), no page reclaimed before its host copy is durable, the
-    /// last `ACTIVE_TAIL_PAGES` pages of a running request never reclaimed, host prefix hashes
+    /// active tail of a running request (the page its next token writes and the one before it)
+    /// never reclaimed, host prefix hashes
     /// only on durable pages, hot regions whole and present whenever a page reads from host, and
     /// slot bookkeeping.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
@@ -72,6 +73,14 @@ impl Coordinator {
             let waiting = self.waiting.contains(&(slot as u32));
             if running == waiting || running != (r.status == Status::Running) {
                 return Err(violation("request in exactly one queue", rid, None));
+            }
+            let row_ok = if r.status == Status::Running {
+                self.row_owner.get(r.row as usize) == Some(&(slot as u32))
+            } else {
+                r.row == NO_ROW
+            };
+            if !row_ok {
+                return Err(violation("data-plane row bookkeeping", rid, Some(r.row)));
             }
             if r.status == Status::Waiting {
                 if !(r.source.blocks.is_empty()
@@ -117,6 +126,17 @@ impl Coordinator {
         }
         if seen != self.ids.len() {
             return Err(violation("id map size", None, None));
+        }
+        let owned = self.row_owner.iter().filter(|&&o| o != NO_ROW).count();
+        if owned != self.running.len()
+            || owned + self.free_rows.len() != self.row_owner.len()
+            || self.row_owner.len() > self.cfg.max_running as usize
+            || self
+                .free_rows
+                .iter()
+                .any(|&row| self.row_owner.get(row as usize) != Some(&NO_ROW))
+        {
+            return Err(violation("data-plane row bookkeeping", None, None));
         }
         if in_flight != self.in_flight_release {
             return Err(violation("in-flight release counter", None, None));

@@ -38,7 +38,8 @@
 //!
 //! `dirty` (GPU only) → `pending` (host transfer in flight) → `clean` (host copy durable) →
 //! `reclaimed` (GPU blocks back in the pool, resident entries null). A page is reclaimable only
-//! when clean, not among the last [`ACTIVE_TAIL_PAGES`] pages, and its request has (or is given)
+//! when clean, outside the active tail (the page the next token writes and the one before it,
+//! [`ACTIVE_TAIL_PAGES`] pages), and its request has (or is given)
 //! a hot region. Nothing is reclaimed before its host copy is durable.
 //!
 //! # Transfers and workers
@@ -61,6 +62,15 @@
 //! is in flight, and preempts the newest running request otherwise) and returns the command for
 //! the engine. The engine runs the forward pass and the copies, reports them, appends sampled
 //! tokens ([`Coordinator::append_tokens`]) and finally [`Coordinator::finish`]es the request.
+//!
+//! Liveness: with workers reporting, a request whose context fits the layout always finishes
+//! (the layout guarantees that one `max_model_len` request fits both pools, and
+//! [`KvCacheConfig::validate`] refuses one that does not). The step policy shrinks a prefill
+//! chunk (or a speculative decode) to the pages the free pool holds before it preempts anyone;
+//! a prefix hit whose pinned blocks, hot region and first page could never fit the pool is not
+//! used (the prefix is recomputed); and an allocation waits instead of preempting while a
+//! release, or a conversion to a hot region that only in-flight transfers hold back, is
+//! pending — so a request alone in the pool is never preempted.
 //! Ordering contract: blocks released by a step's scheduling (reclaim) or by a report may be
 //! handed out by the next scheduling and written by that step's forward pass, so an engine runs
 //! the forward passes of consecutive steps in order on one compute stream (the usual case), and
@@ -125,16 +135,16 @@ mod transfers;
 
 use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, VecDeque};
-use alloc::vec;
 use alloc::vec::Vec;
 
 pub use crate::layout::ACTIVE_TAIL_PAGES;
-use crate::layout::{GroupKind, KvCacheConfig};
+use crate::layout::KvCacheConfig;
 use crate::pool::BlockPool;
 
 pub use command::{
     HotAssignment, OffloadCommand, PageTransfer, RowMirror, ScheduledRequest, TableUpdate,
 };
+use error::out_of_memory;
 pub use error::{CoordError, PoolKind};
 pub use invariants::InvariantViolation;
 pub use managers::PageState;
@@ -145,19 +155,24 @@ use transfers::{PendingPage, WorkerState};
 /// Caller-chosen request identifier.
 pub type RequestId = u64;
 
+/// Largest [`CoordinatorConfig::num_workers`]: a report scans every worker's progress, so the
+/// bound keeps a report cheap (tensor-parallel groups are far smaller).
+pub const MAX_WORKERS: u32 = 1024;
+
 /// Scheduler settings that are not part of the layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CoordinatorConfig {
     /// Requests that can run at once: the number of per-request state rows (slots) the data plane
-    /// allocates.
+    /// allocates, at most `i32::MAX` (rows are `i32` in the data plane). The coordinator's own
+    /// per-row bookkeeping grows with the rows actually used, not with this bound.
     pub max_running: u32,
     /// Tokens one step may compute (prefill chunks + decode tokens).
     pub max_batched_tokens: u32,
     /// Whole-page spills planned per step when `eager_host_mirror` is off.
     pub max_spill_pages_per_step: u32,
     /// Workers that execute every command (tensor-parallel ranks); a transfer is complete when
-    /// all have reported it.
+    /// all have reported it. At most [`MAX_WORKERS`].
     pub num_workers: u32,
     /// Reuse durable host pages (and the GPU indexer/regular blocks of the same prefix) across
     /// requests. Models with sliding-window groups never hit (their window blocks are not
@@ -227,8 +242,13 @@ pub struct Coordinator {
     /// Boxed so that taking a request out and putting it back moves a pointer.
     reqs: Vec<Option<Box<Req>>>,
     spare: Option<Box<Req>>,
+    /// Indices of `reqs` given back by finished requests (reused last-in first-out before
+    /// `reqs` grows).
     free_slots: Vec<u32>,
+    /// Data-plane rows given back (reused last-in first-out before a fresh row is issued).
     free_rows: Vec<u32>,
+    /// Per issued row (`0..row_owner.len()`, at most `max_running`): the index in `reqs` of
+    /// the request holding it, or `NO_ROW`.
     row_owner: Vec<u32>,
     ids: BTreeMap<RequestId, u32>,
     waiting: VecDeque<u32>,
@@ -250,6 +270,12 @@ pub struct Coordinator {
 
 impl Coordinator {
     /// A coordinator with empty pools for the planned layout.
+    ///
+    /// Refuses a zero or oversized setting ([`CoordError::ZeroConfig`],
+    /// [`CoordError::ConfigTooLarge`]), a layout that breaks a planner rule
+    /// ([`CoordError::InvalidLayout`], from [`KvCacheConfig::validate`]), and pools whose
+    /// bookkeeping cannot be allocated ([`CoordError::Pool`]); it allocates nothing in
+    /// proportion to `max_running`.
     pub fn new(kv: KvCacheConfig, cfg: CoordinatorConfig) -> Result<Self, CoordError> {
         for (field, v) in [
             ("max_running", cfg.max_running),
@@ -261,12 +287,29 @@ impl Coordinator {
                 return Err(CoordError::ZeroConfig { field });
             }
         }
-        check_layout(&kv)?;
+        for (field, v, max) in [
+            ("max_running", cfg.max_running, i32::MAX as u32),
+            ("num_workers", cfg.num_workers, MAX_WORKERS),
+        ] {
+            if v > max {
+                return Err(CoordError::ConfigTooLarge {
+                    field,
+                    value: v.into(),
+                    max: max.into(),
+                });
+            }
+        }
+        kv.validate()?;
         let gpu = BlockPool::new(kv.num_gpu_blocks)?;
         let host = BlockPool::new(kv.host_num_blocks)?;
         let paged = PagedManager::new(&kv);
         let caching = cfg.enable_prefix_caching && !paged.has_window();
-        let n = cfg.max_running;
+        let n = cfg.num_workers as usize;
+        let mut workers = Vec::new();
+        workers
+            .try_reserve_exact(n)
+            .map_err(|_| out_of_memory::<WorkerState>("num_workers", n))?;
+        workers.resize(n, WorkerState::default());
         let mut out = OffloadCommand::default();
         out.clear();
         Ok(Coordinator {
@@ -276,11 +319,11 @@ impl Coordinator {
             hot: HotManager::new(kv.num_buckets, kv.hot_blocks_per_request),
             gpu,
             host,
-            reqs: (0..n).map(|_| None).collect(),
+            reqs: Vec::new(),
             spare: Some(Box::new(empty_req())),
-            free_slots: (0..n).rev().collect(),
-            free_rows: (0..n).rev().collect(),
-            row_owner: vec![NO_ROW; n as usize],
+            free_slots: Vec::new(),
+            free_rows: Vec::new(),
+            row_owner: Vec::new(),
             ids: BTreeMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -288,7 +331,7 @@ impl Coordinator {
             step_no: 0,
             current_xfer: 1,
             durable: 0,
-            workers: vec![WorkerState::default(); cfg.num_workers as usize],
+            workers,
             pending_pages: VecDeque::new(),
             deferred: VecDeque::new(),
             in_flight_release: 0,
@@ -498,46 +541,4 @@ impl Coordinator {
         self.free_slots.push(slot);
         Ok(())
     }
-}
-
-/// Structural checks of a layout (one from `plan_layout` always passes), so that a hand-edited
-/// one gives a typed error instead of a panic.
-fn check_layout(kv: &KvCacheConfig) -> Result<(), CoordError> {
-    let bad = |what| Err(CoordError::InvalidLayout { what });
-    let nb = kv.num_buckets as usize;
-    if kv.block_tokens == 0 || kv.block_size == 0 || kv.sparse_compress_ratio == 0 {
-        return bad("zero block size");
-    }
-    if u64::from(kv.block_size) * u64::from(kv.sparse_compress_ratio) != u64::from(kv.block_tokens)
-    {
-        return bad("block_tokens != block_size * sparse_compress_ratio");
-    }
-    if nb == 0 || kv.hot_blocks_per_request == 0 {
-        return bad("no buckets or no hot blocks");
-    }
-    if kv.max_model_len == 0
-        || kv.max_pages_per_request != kv.max_model_len.div_ceil(kv.block_tokens)
-    {
-        return bad("max_pages_per_request");
-    }
-    if kv.groups.len() < 2 + 2 * nb
-        || kv.groups[0].kind != GroupKind::Source
-        || kv.groups[1].kind != GroupKind::Indexer
-    {
-        return bad("group order");
-    }
-    for b in 0..nb {
-        if kv.groups[2 + b].kind != GroupKind::Resident
-            || kv.groups[2 + nb + b].kind != GroupKind::Hot
-        {
-            return bad("group order");
-        }
-    }
-    if kv.groups[2 + 2 * nb..]
-        .iter()
-        .any(|g| g.kind != GroupKind::Regular || g.layers.is_empty())
-    {
-        return bad("regular groups");
-    }
-    Ok(())
 }

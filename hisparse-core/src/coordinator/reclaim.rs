@@ -2,8 +2,8 @@
 //! resident pages, and tells allocation to wait instead of preempting while releases are in
 //! flight.
 
-use super::Coordinator;
 use super::managers::{CLEAN, DIRTY, PENDING, PENDING_RELEASE};
+use super::{Alloc, Coordinator, PoolKind};
 
 impl Coordinator {
     /// Whether releases are in flight (pages marked release-after-transfer, or blocks of
@@ -14,12 +14,34 @@ impl Coordinator {
         self.in_flight_release > 0 || !self.deferred.is_empty()
     }
 
+    /// What an allocation that found `pool` short answers: wait when releases are in flight or
+    /// when the reclaim pass it ran `awaits` transfers ([`Coordinator::reclaim`]), else no
+    /// space (someone must be preempted, or finish).
+    #[inline]
+    pub(super) fn short_of(&self, pool: PoolKind, awaits: bool) -> Alloc {
+        if awaits || self.io_in_flight() {
+            Alloc::Wait
+        } else {
+            Alloc::NoSpace(pool)
+        }
+    }
+
     /// Frees GPU blocks by reclaiming clean resident pages (SPEC §4): visits running requests
     /// with the most candidates first, oldest pages first; releases clean pages at once, marks
     /// pending ones release-after-transfer (and, without eager mirroring, plans the spill of
     /// dirty full pages with release-after-transfer); converts a request without a hot region
     /// only when the pages it frees exceed the region's cost. Returns the blocks freed now.
     pub fn reclaim_resident_blocks(&mut self, shortfall: u32) -> u32 {
+        self.reclaim(shortfall).0
+    }
+
+    /// [`Coordinator::reclaim_resident_blocks`], also saying whether the pass *awaits
+    /// transfers*: some request without a hot region has enough candidates to pay for one, but
+    /// too few of them are clean yet (their host copies are in flight, or — without eager
+    /// mirroring — about to be spilled). Its conversion becomes possible once those transfers
+    /// complete, so an allocation still short should wait rather than preempt.
+    pub(super) fn reclaim(&mut self, shortfall: u32) -> (u32, bool) {
+        let mut awaits = false;
         let mut scratch = core::mem::take(&mut self.scratch);
         scratch.clear();
         for &idx in &self.running {
@@ -53,8 +75,14 @@ impl Coordinator {
                 let clean = (r.resident.reclaim_cursor..limit)
                     .filter(|&p| r.resident.state[p as usize] == CLEAN)
                     .count() as u32;
-                if c <= self.hot.blocks_per_request() || self.gpu.num_free() + clean * nb < hot_cost
+                let worth_it = c > self.hot.blocks_per_request();
+                if !worth_it
+                    || u64::from(self.gpu.num_free()) + u64::from(clean) * u64::from(nb)
+                        < u64::from(hot_cost)
                 {
+                    // Worth it but not payable yet: every candidate is sealed, so the rest
+                    // become clean as their transfers complete.
+                    awaits |= worth_it;
                     self.reqs[idx as usize] = Some(r);
                     continue;
                 }
@@ -103,6 +131,6 @@ impl Coordinator {
             self.reqs[idx as usize] = Some(r);
         }
         self.scratch = scratch;
-        freed
+        (freed, awaits)
     }
 }

@@ -13,30 +13,61 @@ use super::{
 impl Coordinator {
     /// Schedules `num_tokens` more tokens of running request `id` in the current step:
     /// allocates pages in every group (reclaiming resident pages when the GPU pool is short),
-    /// plans the row mirrors of the rows it writes, and seals full pages.
+    /// plans the row mirrors of the rows it writes, and seals full pages. All `num_tokens` or
+    /// none: [`Coordinator::schedule_step`]'s policy is the one that shrinks a chunk to what
+    /// fits.
     pub fn schedule(&mut self, id: RequestId, num_tokens: u32) -> Result<Alloc, CoordError> {
         let slot = self.slot_of_id(id)?;
-        self.schedule_slot(slot, num_tokens)
+        self.schedule_slot(slot, num_tokens, false)
+            .map(|(alloc, _)| alloc)
     }
 
+    /// Schedules up to `num_tokens` tokens of the request in `reqs[slot]` — exactly that many
+    /// unless `shrink` — and returns the outcome and the tokens scheduled.
     pub(super) fn schedule_slot(
         &mut self,
         slot: u32,
         num_tokens: u32,
-    ) -> Result<Alloc, CoordError> {
+        shrink: bool,
+    ) -> Result<(Alloc, u32), CoordError> {
         let Some(mut r) = self.reqs[slot as usize].take() else {
             return Err(CoordError::UnknownSlot { slot });
         };
         let res = if r.status != Status::Running {
             Err(CoordError::NotRunning { id: r.id })
         } else {
-            self.schedule_inner(&mut r, num_tokens)
+            self.schedule_inner(&mut r, num_tokens, shrink)
         };
         self.reqs[slot as usize] = Some(r);
         res
     }
 
-    pub(super) fn schedule_inner(&mut self, r: &mut Box<Req>, n: u32) -> Result<Alloc, CoordError> {
+    /// Tokens of `n` (from `r.num_computed`) whose pages fit in `max_pages` pages.
+    #[inline]
+    fn tokens_within(&self, r: &Req, n: u32, max_pages: u64) -> u32 {
+        let end = max_pages.saturating_mul(u64::from(self.kv.block_tokens));
+        end.saturating_sub(u64::from(r.num_computed))
+            .min(u64::from(n)) as u32
+    }
+
+    /// GPU blocks `r` needs for `new_pages` more pages: theirs in every group, and the hot
+    /// region when it reads from host without one.
+    #[inline]
+    fn gpu_need(&self, r: &Req, new_pages: u32) -> u64 {
+        let hot = if self.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
+            u64::from(self.hot.cost())
+        } else {
+            0
+        };
+        u64::from(new_pages) * self.gpu_cost_per_page() + hot
+    }
+
+    pub(super) fn schedule_inner(
+        &mut self,
+        r: &mut Box<Req>,
+        n: u32,
+        shrink: bool,
+    ) -> Result<(Alloc, u32), CoordError> {
         let available = r.tokens.len() as u32 - r.num_computed;
         if n > available || n == 0 {
             return Err(CoordError::NotEnoughTokens {
@@ -45,26 +76,24 @@ impl Coordinator {
                 available,
             });
         }
-        let target = r.num_computed + n;
-        let target_pages = self.kv.pages_for(target);
-        let new_pages = target_pages.saturating_sub(r.pages);
-        let host_need = target_pages.saturating_sub(r.source.blocks.len() as u32);
+        let mut n = n;
+        let held_host = r.source.blocks.len() as u32;
+        let host_need = self
+            .kv
+            .pages_for(r.num_computed + n)
+            .saturating_sub(held_host);
         if host_need > self.host.num_free() {
-            return Ok(if self.io_in_flight() {
-                Alloc::Wait
-            } else {
-                Alloc::NoSpace(PoolKind::Host)
-            });
+            let fit =
+                self.tokens_within(r, n, u64::from(held_host) + u64::from(self.host.num_free()));
+            if !shrink || fit == 0 {
+                return Ok((self.short_of(PoolKind::Host, false), 0));
+            }
+            n = fit;
         }
-        let gpu_need = |c: &Self, r: &Req| {
-            let hot = if c.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
-                u64::from(c.hot.cost())
-            } else {
-                0
-            };
-            u64::from(new_pages) * c.gpu_cost_per_page() + hot
+        let new_pages = |kv: &crate::layout::KvCacheConfig, r: &Req, n: u32| {
+            kv.pages_for(r.num_computed + n).saturating_sub(r.pages)
         };
-        let need = gpu_need(self, r);
+        let need = self.gpu_need(r, new_pages(&self.kv, r, n));
         if need > u64::from(self.gpu.num_free()) {
             let short = need - u64::from(self.gpu.num_free());
             // The request itself is a reclaim candidate: put it back while reclaiming.
@@ -72,19 +101,28 @@ impl Coordinator {
             let spare = self.spare.take().unwrap_or_else(|| Box::new(empty_req()));
             self.reqs[slot as usize] = Some(core::mem::replace(r, spare));
             let want = short.max(u64::from(self.cfg.reclaim_min_blocks));
-            self.reclaim_resident_blocks(want.min(u64::from(u32::MAX)) as u32);
+            let (_, awaits) = self.reclaim(want.min(u64::from(u32::MAX)) as u32);
             let back = self.reqs[slot as usize]
                 .take()
                 .unwrap_or_else(|| Box::new(empty_req()));
             self.spare = Some(core::mem::replace(r, back));
-            if gpu_need(self, r) > u64::from(self.gpu.num_free()) {
-                return Ok(if self.io_in_flight() {
-                    Alloc::Wait
+            let free = u64::from(self.gpu.num_free());
+            if self.gpu_need(r, new_pages(&self.kv, r, n)) > free {
+                let hot = self.gpu_need(r, 0);
+                let fit = if shrink && free >= hot {
+                    let pages = (free - hot) / self.gpu_cost_per_page();
+                    self.tokens_within(r, n, u64::from(r.pages) + pages)
                 } else {
-                    Alloc::NoSpace(PoolKind::Gpu)
-                });
+                    0
+                };
+                if fit == 0 {
+                    return Ok((self.short_of(PoolKind::Gpu, awaits), 0));
+                }
+                n = fit;
             }
         }
+        let target = r.num_computed + n;
+        let target_pages = self.kv.pages_for(target);
         if self.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
             self.hot
                 .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
@@ -137,7 +175,7 @@ impl Coordinator {
             self.paged
                 .slide_windows(&mut r.paged, &mut self.gpu, &mut self.out, slot, target)?;
         }
-        Ok(Alloc::Scheduled)
+        Ok((Alloc::Scheduled, n))
     }
 
     /// Runs the built-in policy for one step (see the module docs) without building the
@@ -164,18 +202,19 @@ impl Coordinator {
             } else {
                 left.min(mql).min(budget)
             };
-            match self.schedule_slot(slot, n)? {
-                Alloc::Scheduled => {
+            // A chunk (or a speculative decode) shrinks to what fits before anyone is preempted.
+            match self.schedule_slot(slot, n, true)? {
+                (Alloc::Scheduled, n) => {
                     sum.scheduled += 1;
                     sum.tokens += n;
                     budget -= n;
                     i += 1;
                 }
-                Alloc::Wait => {
+                (Alloc::Wait, _) => {
                     sum.waiting_on_reclaim += 1;
                     i += 1;
                 }
-                Alloc::NoSpace(_) => {
+                (Alloc::NoSpace(_), _) => {
                     // Preempt the newest running request; possibly this one.
                     let victim = *self.running.last().unwrap_or(&slot);
                     self.preempt_slot(victim)?;

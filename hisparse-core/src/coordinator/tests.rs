@@ -5,6 +5,7 @@ use crate::config::HiSparseConfig;
 use crate::layout::{LayoutInput, plan_layout};
 use crate::model::{LayerSpec, ModelSpec};
 use crate::ops::RowSpan;
+use alloc::vec;
 
 /// Two sparse leaders (16 B rows, 16 B indexer rows), 4-token blocks: one bucket of both
 /// layers, so a page costs 2 GPU blocks (indexer + resident) and a hot region 2 blocks.
@@ -93,18 +94,19 @@ fn prefill_mirrors_then_reclaim_converts_oldest_first() {
     c.report(0, &[], &[1]).unwrap();
     assert_eq!(c.ready_prefix_pages(1), Some(10));
     assert_eq!(c.page_state(1, 9), Some(PageState::Clean));
-    // 8 candidates (10 pages minus the 2-page tail) > 2 hot blocks: convert, releasing all 8
-    // clean pages (8 blocks) and paying 2 for the hot region.
-    assert_eq!(c.reclaim_resident_blocks(3), 6);
-    assert_eq!(&row(&c, 1)[..10], &[0, 0, 0, 0, 0, 0, 0, 0, 18, 20]);
-    assert_eq!(c.page_state(1, 7), Some(PageState::Reclaimed));
-    assert_eq!(c.page_state(1, 8), Some(PageState::Clean));
+    // 9 candidates (every full page but the last: the next token writes page 10, and the
+    // active tail is that page and page 9) > 2 hot blocks: convert, releasing all 9 clean
+    // pages (9 blocks) and paying 2 for the hot region.
+    assert_eq!(c.reclaim_resident_blocks(3), 7);
+    assert_eq!(&row(&c, 1)[..10], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 20]);
+    assert_eq!(c.page_state(1, 8), Some(PageState::Reclaimed));
+    assert_eq!(c.page_state(1, 9), Some(PageState::Clean));
     // Blocks 21..=39 were free; the hot region takes the head of the LRU queue.
     let mut hot = [0i32; 2];
     c.hot_row(1, 0, &mut hot).unwrap();
     assert_eq!(hot, [21, 22]);
     let cmd = c.build_offload_command();
-    assert_eq!(cmd.residency.len(), 8);
+    assert_eq!(cmd.residency.len(), 9);
     assert!(cmd.residency.iter().all(|u| u.block == 0 && u.group == 2));
     assert_eq!(cmd.hot_assign.len(), 1);
     assert_eq!(cmd.hot_assign[0].blocks, [21, 22]);
@@ -121,14 +123,15 @@ fn prefill_mirrors_then_reclaim_converts_oldest_first() {
 
 #[test]
 fn wait_while_reclaim_in_flight_then_admit() {
-    let mut c = coord(25, true, 1);
+    // 22 usable blocks: request 1 takes 20, leaving 2.
+    let mut c = coord(23, true, 1);
     c.admit(1, &toks(40)).unwrap();
     c.step().unwrap(); // 20 blocks, transfer 1 in flight
     let other: Vec<u32> = (100..112).collect(); // no prefix in common
-    c.admit(2, &other).unwrap(); // needs 6 blocks, 4 free
+    c.admit(2, &other).unwrap(); // needs 6 blocks, 2 free
     let sum = c.schedule_step().unwrap();
-    // Request 1's 8 old pages are marked release-after-transfer (it gets its hot region
-    // now), so request 2 waits instead of preempting anyone.
+    // Request 1's 9 old pages are marked release-after-transfer (it gets its hot region
+    // now, which takes the 2 free blocks), so request 2 waits instead of preempting anyone.
     assert_eq!(sum.waiting_on_reclaim, 1);
     assert_eq!(sum.preempted, 0);
     assert_eq!(c.page_state(1, 0), Some(PageState::PendingRelease));
@@ -139,13 +142,48 @@ fn wait_while_reclaim_in_flight_then_admit() {
     c.check_invariants().unwrap();
     c.report(0, &[1], &[1]).unwrap();
     assert_eq!(c.page_state(1, 0), Some(PageState::Reclaimed));
-    // 24 usable - 20 (request 1) - 2 (its hot region) + 8 released.
-    assert_eq!(c.gpu_pool().num_free(), 10);
+    // 22 usable - 20 (request 1) - 2 (its hot region) + 9 released.
+    assert_eq!(c.gpu_pool().num_free(), 9);
     let cmd = c.step().unwrap();
     // The releases travel in the next command, with request 2's start.
-    assert_eq!(cmd.residency.iter().filter(|u| u.block == 0).count(), 8);
+    assert_eq!(cmd.residency.iter().filter(|u| u.block == 0).count(), 9);
     assert_eq!(cmd.scheduled.len(), 1);
     assert_eq!(cmd.scheduled[0].id, 2);
+    assert_eq!(cmd.scheduled[0].num_tokens, 12);
+    c.check_invariants().unwrap();
+}
+
+/// A first chunk larger than the free pool shrinks to the pages it holds (here one), instead
+/// of waiting for the whole chunk.
+#[test]
+fn first_chunk_shrinks_to_the_free_pool_while_reclaim_is_in_flight() {
+    // 24 usable blocks: request 1 takes 20, leaving 4.
+    let mut c = coord(25, true, 1);
+    c.admit(1, &toks(40)).unwrap();
+    c.step().unwrap();
+    let other: Vec<u32> = (100..112).collect();
+    c.admit(2, &other).unwrap(); // 3 pages = 6 blocks
+    let sum = c.schedule_step().unwrap();
+    // Request 1 converts (its hot region takes 2 blocks, its pages go release-after-transfer);
+    // the 2 blocks left hold one page of request 2: a 4-token chunk.
+    assert_eq!(
+        (sum.started, sum.waiting_on_reclaim, sum.preempted),
+        (1, 0, 0)
+    );
+    assert_eq!(c.page_state(1, 0), Some(PageState::PendingRelease));
+    let cmd = c.build_offload_command();
+    assert_eq!(cmd.scheduled.len(), 1);
+    assert_eq!((cmd.scheduled[0].id, cmd.scheduled[0].num_tokens), (2, 4));
+    assert_eq!(c.gpu_pool().num_free(), 0);
+    c.check_invariants().unwrap();
+    c.report(0, &[1, 2], &[1, 2]).unwrap();
+    // The rest of the prompt follows once the releases land.
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 1);
+    assert_eq!(
+        (cmd.scheduled[0].first_token, cmd.scheduled[0].num_tokens),
+        (4, 8)
+    );
     c.check_invariants().unwrap();
 }
 
@@ -297,10 +335,12 @@ fn spills_under_a_budget_without_eager_mirroring() {
     c.reclaim_resident_blocks(8);
     assert_eq!(c.page_state(1, 0), Some(PageState::Reclaimed));
     assert_eq!(c.page_state(1, 4), Some(PageState::PendingRelease));
-    // 4 forced spills (pages 4..=7) plus this step's budget of 2 (pages 8 and 9).
+    assert_eq!(c.page_state(1, 8), Some(PageState::PendingRelease));
+    // 5 forced spills (pages 4..=8) plus what is left of this step's budget for the sealed
+    // pages: page 9.
     let cmd = c.build_offload_command();
     assert_eq!(cmd.page_transfers.len(), 6);
-    assert_eq!(c.page_state(1, 8), Some(PageState::Pending));
+    assert_eq!(c.page_state(1, 9), Some(PageState::Pending));
     c.check_invariants().unwrap();
 }
 
@@ -380,16 +420,19 @@ fn typed_errors() {
             available: 0
         })
     );
-    // The layout guarantees one max_model_len request fits; a hand-edited layout may not.
+    // The layout guarantees one max_model_len request fits; a hand-edited one that does not is
+    // refused up front (a request could otherwise never finish).
     let mut kv = c.layout().clone();
     kv.num_gpu_blocks = 10;
-    let mut small = Coordinator::new(kv, CoordinatorConfig::default()).unwrap();
     assert!(matches!(
-        small.admit(5, &toks(48)),
-        Err(CoordError::NeverFits {
-            pool: PoolKind::Gpu,
-            ..
-        })
+        Coordinator::new(kv, CoordinatorConfig::default()),
+        Err(CoordError::InvalidLayout(
+            crate::layout::LayoutError::GpuPoolTooSmall {
+                blocks: 10,
+                needed: 17,
+                ..
+            }
+        ))
     ));
     assert!(matches!(
         Coordinator::new(
@@ -408,7 +451,7 @@ fn typed_errors() {
     kv.num_buckets = 3;
     assert!(matches!(
         Coordinator::new(kv, CoordinatorConfig::default()),
-        Err(CoordError::InvalidLayout { .. })
+        Err(CoordError::InvalidLayout(_))
     ));
     let mut kv = c.layout().clone();
     kv.block_tokens = 0;
@@ -420,4 +463,120 @@ fn typed_errors() {
     let mut row = [0i32; 4];
     assert!(c.hot_row(1, u32::MAX, &mut row).is_ok());
     assert_eq!(row, [-1; 4]);
+}
+
+/// Caller-given sizes never abort: bounds are typed errors, and bookkeeping grows with what is
+/// used (a `max_running` of `i32::MAX` allocates nothing up front).
+#[test]
+fn huge_settings_are_typed_errors_not_aborts() {
+    let kv = coord(40, true, 1).layout().clone();
+    let with = |cfg: CoordinatorConfig| Coordinator::new(kv.clone(), cfg);
+    let base = CoordinatorConfig::default();
+    assert_eq!(
+        with(CoordinatorConfig {
+            max_running: u32::MAX,
+            ..base
+        })
+        .err(),
+        Some(CoordError::ConfigTooLarge {
+            field: "max_running",
+            value: u64::from(u32::MAX),
+            max: i32::MAX as u64
+        })
+    );
+    assert_eq!(
+        with(CoordinatorConfig {
+            num_workers: u32::MAX,
+            ..base
+        })
+        .err(),
+        Some(CoordError::ConfigTooLarge {
+            field: "num_workers",
+            value: u64::from(u32::MAX),
+            max: u64::from(MAX_WORKERS)
+        })
+    );
+    let e = with(CoordinatorConfig {
+        num_workers: u32::MAX,
+        ..base
+    })
+    .unwrap_err();
+    assert!(std::format!("{e}").contains("`num_workers`"), "{e}");
+    let mut c = with(CoordinatorConfig {
+        max_running: i32::MAX as u32,
+        num_workers: MAX_WORKERS,
+        ..base
+    })
+    .unwrap();
+    for id in 0..3 {
+        c.admit(id, &toks(9)).unwrap();
+    }
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.started, [0, 1, 2]);
+    for w in 0..MAX_WORKERS {
+        c.report(w, &[1], &[1]).unwrap();
+    }
+    assert_eq!(c.durable_transfer(), 1);
+    c.finish(1).unwrap();
+    c.check_invariants().unwrap();
+    // Rows are reused last-in first-out before a fresh one is issued.
+    c.admit(7, &toks(3)).unwrap();
+    c.admit(8, &toks(3)).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.started, [1, 3]);
+    c.check_invariants().unwrap();
+}
+
+/// A layout for requests of up to `u32::MAX` tokens starts a short request with tables sized
+/// for its prompt, not for `max_model_len` (a million pages here).
+#[test]
+fn max_model_len_of_u32_max_starts_small_requests() {
+    // Ratio-64 rows keep the host rows of a u32::MAX-token request within i32.
+    const WIDE: [LayerSpec; 1] = [LayerSpec::Sparse(crate::model::SparseLayer {
+        row_bytes: 16,
+        value_bytes: 16,
+        compress_ratio: 64,
+        indexer_row_bytes: Some(16),
+    })];
+    let model = ModelSpec {
+        name: "wide-blocks",
+        block_tokens: 4096,
+        top_k: 4,
+        layers: &WIDE,
+    };
+    let cfg = HiSparseConfig::new(4, (1 << 20) * 1100);
+    let mut input = LayoutInput::new(&model, &cfg, 0, u32::MAX);
+    input.num_gpu_blocks_override = Some(1_048_600);
+    let kv = plan_layout(&input).unwrap();
+    assert_eq!(kv.max_pages_per_request, 1 << 20);
+    let mut c = Coordinator::new(kv, CoordinatorConfig::default()).unwrap();
+    c.admit(1, &toks(100)).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled[0].num_tokens, 100);
+    c.check_invariants().unwrap();
+}
+
+/// Failed calls leave the coordinator consistent: every error is raised before anything
+/// changes.
+#[test]
+fn errors_leave_no_trace() {
+    let mut c = coord(40, true, 1);
+    c.admit(1, &toks(10)).unwrap();
+    c.step().unwrap();
+    let before = std::format!("{:?}", c);
+    assert!(c.admit(1, &toks(3)).is_err());
+    assert!(c.admit(2, &[]).is_err());
+    assert!(c.admit(3, &toks(49)).is_err());
+    assert!(c.append_tokens(1, &toks(39)).is_err());
+    assert!(c.append_tokens(9, &toks(1)).is_err());
+    assert!(c.schedule(1, 1).is_err());
+    assert!(c.start(1, 4).is_err());
+    assert!(c.report(0, &[2], &[]).is_err());
+    assert!(c.report(0, &[1], &[2]).is_err());
+    assert!(c.report(5, &[1], &[1]).is_err());
+    assert!(c.preempt(9).is_err());
+    assert!(c.finish(9).is_err());
+    assert!(c.append_token_by_slot(9, 1).is_err());
+    assert_eq!(std::format!("{:?}", c), before);
+    c.check_invariants().unwrap();
 }

@@ -10,7 +10,9 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::{PoolKind, Release};
+use crate::coordinator::CoordError;
 use crate::coordinator::command::{OffloadCommand, TableUpdate};
+use crate::coordinator::error::out_of_memory;
 use crate::layout::KvCacheConfig;
 use crate::ops::BlockPair;
 use crate::pool::{BlockKey, BlockPool, PoolError};
@@ -73,11 +75,21 @@ impl PagedManager {
         }
     }
 
-    /// Makes room for `pages` pages without reallocating.
+    /// Makes room for `pages` more pages without reallocating; a size the allocator refuses is
+    /// an error, and the table is unchanged.
     #[inline]
-    pub(in crate::coordinator) fn reserve(&self, t: &mut PagedTable, pages: usize) {
-        t.indexer.reserve(pages);
-        t.regular.reserve(pages * self.regular_groups.len());
+    pub(in crate::coordinator) fn try_reserve(
+        &self,
+        t: &mut PagedTable,
+        pages: usize,
+    ) -> Result<(), CoordError> {
+        let regular = pages.saturating_mul(self.regular_groups.len());
+        t.indexer
+            .try_reserve(pages)
+            .map_err(|_| out_of_memory::<u32>("indexer page table", pages))?;
+        t.regular
+            .try_reserve(regular)
+            .map_err(|_| out_of_memory::<u32>("regular page tables", regular))
     }
 
     /// Whether every group still caches a block with prefix hash `hash`.

@@ -5,13 +5,16 @@
 //! copy still readable) → `reclaimed` (GPU blocks back in the pool, entries null: "read from
 //! host"). A pending page may be marked release-after-transfer (`pending-release`): it is
 //! reclaimed as soon as its transfer is durable. A page is a reclaim candidate only when it is
-//! sealed (full), not among the last [`ACTIVE_TAIL_PAGES`] pages of its row, and not below the
-//! request's reclaim cursor; nothing is reclaimed before its host copy is durable.
+//! sealed (full), outside the active tail (the page the next token writes and the one before
+//! it, [`ACTIVE_TAIL_PAGES`] in all), and not below the request's reclaim cursor; nothing is
+//! reclaimed before its host copy is durable.
 
 use alloc::vec::Vec;
 
 use super::{PoolKind, Release};
+use crate::coordinator::CoordError;
 use crate::coordinator::command::{OffloadCommand, PageTransfer, TableUpdate};
+use crate::coordinator::error::out_of_memory;
 use crate::layout::ACTIVE_TAIL_PAGES;
 use crate::pool::BlockPool;
 
@@ -90,12 +93,24 @@ impl ResidentManager {
         self.num_buckets
     }
 
-    /// Makes room for `pages` pages without reallocating.
+    /// Makes room for `pages` more pages without reallocating; a size the allocator refuses is
+    /// an error.
     #[inline]
-    pub(in crate::coordinator) fn reserve(&self, t: &mut ResidentTable, pages: usize) {
-        t.state.reserve(pages);
-        t.xfer.reserve(pages);
-        t.blocks.reserve(pages * self.num_buckets as usize);
+    pub(in crate::coordinator) fn try_reserve(
+        &self,
+        t: &mut ResidentTable,
+        pages: usize,
+    ) -> Result<(), CoordError> {
+        let blocks = pages.saturating_mul(self.num_buckets as usize);
+        t.state
+            .try_reserve(pages)
+            .map_err(|_| out_of_memory::<u8>("page states", pages))?;
+        t.xfer
+            .try_reserve(pages)
+            .map_err(|_| out_of_memory::<u64>("page transfer ids", pages))?;
+        t.blocks
+            .try_reserve(blocks)
+            .map_err(|_| out_of_memory::<u32>("resident page tables", blocks))
     }
 
     /// Whether some page reads from host now or will once its transfer completes (the request
@@ -227,12 +242,18 @@ impl ResidentManager {
         true
     }
 
-    /// End (exclusive) of the pages that may be reclaimed: sealed, and not among the last
-    /// [`ACTIVE_TAIL_PAGES`] of the request's `pages`.
+    /// End (exclusive) of the pages that may be reclaimed: the sealed pages before the active
+    /// tail: the page the next token writes (`num_computed / block_tokens`) and the pages before
+    /// it, [`ACTIVE_TAIL_PAGES`] in all. Counting from the next token rather than from the
+    /// allocated pages matters when the last page is full: the page before it can then go, so
+    /// a request growing by one page holds two resident pages, as
+    /// [`crate::layout::KvCacheConfig::gpu_blocks_per_request`] counts, not three.
     #[inline]
     pub(in crate::coordinator) fn reclaim_limit(&self, pages: u32, num_computed: u32) -> u32 {
-        let sealed = num_computed / self.block_tokens;
-        pages.saturating_sub(ACTIVE_TAIL_PAGES).min(sealed)
+        let next = num_computed / self.block_tokens;
+        next.saturating_add(1)
+            .saturating_sub(ACTIVE_TAIL_PAGES)
+            .min(pages)
     }
 
     /// Reclaim candidates of a request: pages from its reclaim cursor to its reclaim limit.
@@ -327,8 +348,8 @@ impl ResidentManager {
     /// The table's invariants for a running request with `pages` pages (`hit_pages` of them
     /// prefix hits) and `num_computed` tokens, when transfers up to `durable` are durable: table
     /// lengths; null entries exactly on reclaimed pages; nothing reclaimed (or clean) before its
-    /// host copy is durable; the last [`ACTIVE_TAIL_PAGES`] pages never reclaimed (prefix hits
-    /// aside) nor marked for release; only sealed pages leave the dirty state; the counters.
+    /// host copy is durable; the active tail (see [`ResidentManager::reclaim_limit`]) never
+    /// reclaimed (prefix hits aside) nor marked for release; only sealed pages leave the dirty state; the counters.
     pub(in crate::coordinator) fn check(
         &self,
         t: &ResidentTable,
@@ -339,6 +360,7 @@ impl ResidentManager {
     ) -> Result<(), (&'static str, Option<u32>)> {
         let nb = self.num_buckets as usize;
         let bt = self.block_tokens;
+        let limit = self.reclaim_limit(pages, num_computed);
         if t.state.len() != pages as usize || t.blocks.len() != pages as usize * nb {
             return Err(("table length", None));
         }
@@ -357,13 +379,13 @@ impl ResidentManager {
                 if t.xfer[p as usize] > durable {
                     return Err(("page reclaimed before its host copy is durable", Some(p)));
                 }
-                if p >= hit_pages && p + ACTIVE_TAIL_PAGES >= pages {
+                if p >= hit_pages && p >= limit {
                     return Err(("active tail page reclaimed", Some(p)));
                 }
             }
             if s == PENDING_RELEASE {
                 pend += 1;
-                if p + ACTIVE_TAIL_PAGES >= pages {
+                if p >= limit {
                     return Err(("active tail page marked for release", Some(p)));
                 }
             }

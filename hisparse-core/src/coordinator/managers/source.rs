@@ -11,7 +11,9 @@ use alloc::vec::Vec;
 
 use super::resident::{CLEAN, RECLAIMED, ResidentTable};
 use super::{PoolKind, Release};
+use crate::coordinator::CoordError;
 use crate::coordinator::command::{OffloadCommand, TableUpdate};
+use crate::coordinator::error::out_of_memory;
 use crate::ops::BlockPair;
 use crate::pool::{BlockKey, BlockPool, PoolError};
 
@@ -61,6 +63,19 @@ impl SourceManager {
     #[inline]
     pub(in crate::coordinator) fn caching(&self) -> bool {
         self.caching
+    }
+
+    /// Makes room for `pages` more host pages without reallocating; a size the allocator
+    /// refuses is an error.
+    #[inline]
+    pub(in crate::coordinator) fn try_reserve(
+        &self,
+        t: &mut SourceTable,
+        pages: usize,
+    ) -> Result<(), CoordError> {
+        t.blocks
+            .try_reserve(pages)
+            .map_err(|_| out_of_memory::<u32>("host page table", pages))
     }
 
     /// Recomputes the hashes of every full page of `tokens` (a request starting).

@@ -1,0 +1,240 @@
+//! Liveness of the coordinator on the smallest pools a layout allows: a request whose context
+//! fits the layout always finishes, whatever the pool is doing. Each test is named after what it
+//! guards; the first two are the stalls found on valid input (no error, no progress, ever).
+
+use hisparse_core::config::HiSparseConfig;
+use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, RequestId};
+use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
+use hisparse_core::model::{LayerSpec, ModelSpec};
+
+/// One sparse layer of 16-byte rows (16-byte indexer rows), 4-token blocks, top-k 4: a page
+/// costs 2 GPU blocks (indexer + resident) and the default hot region (8 rows) 2 blocks.
+const ONE_LAYER: [LayerSpec; 1] = [LayerSpec::sparse_leader(16, 16)];
+const MODEL: ModelSpec<'static> = ModelSpec {
+    name: "one-layer",
+    block_tokens: 4,
+    top_k: 4,
+    layers: &ONE_LAYER,
+};
+
+fn layout(max_model_len: u32, gpu_blocks: u32, eager: bool) -> KvCacheConfig {
+    let mut cfg = HiSparseConfig::new(4, 64 * 64);
+    cfg.eager_host_mirror = eager;
+    let mut input = LayoutInput::new(&MODEL, &cfg, 0, max_model_len);
+    input.num_gpu_blocks_override = Some(gpu_blocks);
+    plan_layout(&input).expect("layout")
+}
+
+fn coordinator(kv: KvCacheConfig, max_batched_tokens: u32, workers: u32) -> Coordinator {
+    Coordinator::new(
+        kv,
+        CoordinatorConfig {
+            max_batched_tokens,
+            num_workers: workers,
+            ..CoordinatorConfig::default()
+        },
+    )
+    .expect("coordinator")
+}
+
+/// Drives the coordinator as an engine does — step; worker `w` reports each step's copies `w`
+/// steps after they were issued (worker 0 at once), as tensor-parallel ranks running behind
+/// one another do; append a sampled token to each request whose tokens are all computed, or
+/// finish it at `final_len[id]` — until every request in `final_len` is finished. Returns the
+/// steps it took and the preemptions on the way; fails after `max_steps`, naming the requests
+/// still unfinished.
+fn drive(c: &mut Coordinator, final_len: &[(RequestId, u32)], max_steps: u32) -> (u32, usize) {
+    let workers = c.config().num_workers as usize;
+    let mut open: Vec<(RequestId, u32)> = final_len.to_vec();
+    let mut preempted = 0;
+    // Per worker: transfers issued but not yet reported, with the step they were issued in.
+    let mut backlog: Vec<Vec<(u64, u32)>> = vec![Vec::new(); workers];
+    for step in 1..=max_steps {
+        let cmd = c.step().expect("step");
+        preempted += cmd.preempted.len();
+        for (w, queue) in backlog.iter_mut().enumerate() {
+            if let Some(id) = cmd.transfer_id {
+                queue.push((id, step));
+            }
+            let due = queue
+                .iter()
+                .take_while(|&&(_, at)| at + w as u32 <= step)
+                .count();
+            let ids: Vec<u64> = queue.drain(..due).map(|(id, _)| id).collect();
+            c.report(w as u32, &ids, &ids).expect("report");
+        }
+        c.check_invariants().expect("invariants");
+        let running: Vec<RequestId> = c.running_ids().collect();
+        for id in running {
+            if c.num_computed(id) != c.num_tokens(id) {
+                continue;
+            }
+            let Some(&(_, want)) = open.iter().find(|&&(r, _)| r == id) else {
+                continue;
+            };
+            if c.num_tokens(id) == Some(want) {
+                c.finish(id).expect("finish");
+                open.retain(|&(r, _)| r != id);
+            } else {
+                c.append_tokens(id, &[7]).expect("append");
+            }
+        }
+        if open.is_empty() {
+            // Let the last transfers land before checking that every block came back.
+            for (w, queue) in backlog.iter_mut().enumerate() {
+                let ids: Vec<u64> = queue.drain(..).map(|(id, _)| id).collect();
+                c.report(w as u32, &ids, &ids).expect("report");
+            }
+            c.check_invariants().expect("invariants");
+            assert_eq!(c.gpu_pool().num_held(), 0, "GPU blocks leaked");
+            assert_eq!(c.host_pool().num_held(), 0, "host blocks leaked");
+            return (step, preempted);
+        }
+    }
+    panic!(
+        "requests {:?} did not finish within {max_steps} steps ({} waiting, {} running)",
+        open,
+        c.num_waiting(),
+        c.num_running()
+    );
+}
+
+/// A layout that holds one request entirely on the GPU, prefix caching on: prompt P runs to the
+/// end and finishes; P again hits the host prefix cache, but the hit (its pinned blocks, a hot
+/// region and the first page) needs more than the whole pool. It must start without the hit
+/// rather than wait forever — and so must the request queued behind it.
+#[test]
+fn a_prefix_hit_that_cannot_start_within_the_pool_falls_back_to_recomputing() {
+    // 5 GPU blocks: 4 usable, exactly one 8-token request all on the GPU (2 pages × 2 blocks).
+    let mut c = coordinator(layout(8, 5, true), 512, 1);
+    let p: Vec<u32> = (0..5).collect();
+    c.admit(1, &p).unwrap();
+    drive(&mut c, &[(1, 8)], 20);
+    c.admit(2, &p).unwrap();
+    c.admit(3, &[50, 51, 52]).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 1, "P starts again");
+    assert_eq!(
+        (cmd.scheduled[0].id, cmd.scheduled[0].first_token),
+        (2, 0),
+        "without the prefix hit: every prompt token is recomputed"
+    );
+    if let Some(id) = cmd.transfer_id {
+        c.report(0, &[id], &[id]).unwrap();
+    }
+    drive(&mut c, &[(2, 8), (3, 8)], 60);
+}
+
+/// The same prompt with room for the hit: the hit is used (only the last token is computed),
+/// so the fallback above is not taken when it is not needed.
+#[test]
+fn a_prefix_hit_that_fits_the_pool_is_used() {
+    let mut c = coordinator(layout(8, 9, true), 512, 1);
+    let p: Vec<u32> = (0..8).collect();
+    c.admit(1, &p).unwrap();
+    let cmd = c.step().unwrap();
+    c.report(0, &[1], &[1]).unwrap();
+    assert_eq!(cmd.scheduled[0].num_tokens, 8);
+    c.finish(1).unwrap();
+    c.admit(2, &p).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(
+        (cmd.scheduled[0].first_token, cmd.scheduled[0].num_tokens),
+        (7, 1)
+    );
+    assert_eq!(cmd.host_cow.len(), 1);
+    if let Some(id) = cmd.transfer_id {
+        c.report(0, &[id], &[id]).unwrap();
+    }
+    c.finish(2).unwrap();
+    c.check_invariants().unwrap();
+}
+
+/// A 32-token prompt in a 13-block pool (12 usable: 8 indexer blocks + a 2-page resident tail +
+/// a 2-block hot region, exactly the HiSparse cost of 32 tokens). The first chunk (the whole
+/// prompt, 16 blocks) is larger than the pool: it must shrink to what fits, and the prefill
+/// must then go on chunk by chunk, reclaiming as it goes, instead of never computing a token
+/// (or churning between start and preempt with smaller chunks).
+#[test]
+fn the_first_prefill_chunk_shrinks_to_what_fits_the_free_pool() {
+    for max_batched_tokens in [512, 16, 5] {
+        for eager in [true, false] {
+            for workers in [1, 3] {
+                let mut c = coordinator(layout(32, 13, eager), max_batched_tokens, workers);
+                let p: Vec<u32> = (0..32).collect();
+                c.admit(1, &p).unwrap();
+                let cmd = c.step().unwrap();
+                assert_eq!(cmd.scheduled.len(), 1, "the request starts at once");
+                assert!(cmd.scheduled[0].num_tokens <= 24, "at most 6 pages fit");
+                if let Some(id) = cmd.transfer_id {
+                    for w in 0..workers {
+                        c.report(w, &[id], &[id]).unwrap();
+                    }
+                }
+                let (steps, preempted) = drive(&mut c, &[(1, 32)], 40);
+                assert!(steps < 40);
+                assert_eq!(preempted, 0, "a lone request that fits is never preempted");
+                assert_eq!(
+                    c.num_computed(1),
+                    None,
+                    "finished (max_batched_tokens {max_batched_tokens}, eager {eager})"
+                );
+            }
+        }
+    }
+}
+
+/// Every prompt length up to `max_model_len`, in every pool from the smallest the layout
+/// allows upwards, with and without prefix caching and eager mirroring, whole-prompt and small
+/// chunks, workers reporting at once or lagging: one or two requests of the same prompt each
+/// finish within a bound of steps (no stall, no endless preemption), and a request alone is
+/// never preempted — while its pages' host copies are in flight it waits for them.
+#[test]
+fn a_request_whose_context_fits_the_layout_always_finishes() {
+    let max_len = 24;
+    let min_blocks = {
+        let kv = layout(max_len, 1 << 10, true);
+        1 + kv.gpu_blocks_per_request(max_len).min_needed() as u32
+    };
+    let mut runs = 0;
+    for gpu_blocks in min_blocks..min_blocks + 6 {
+        for eager in [true, false] {
+            for caching in [true, false] {
+                for (workers, chunk) in [(1, 8), (3, 8), (3, 512)] {
+                    for len in 1..=max_len {
+                        for copies in 1..=2u64 {
+                            let kv = layout(max_len, gpu_blocks, eager);
+                            let mut c = Coordinator::new(
+                                kv,
+                                CoordinatorConfig {
+                                    max_batched_tokens: chunk,
+                                    enable_prefix_caching: caching,
+                                    num_workers: workers,
+                                    reclaim_min_blocks: 0,
+                                    ..CoordinatorConfig::default()
+                                },
+                            )
+                            .unwrap();
+                            let p: Vec<u32> = (0..len).collect();
+                            let finals: Vec<(RequestId, u32)> =
+                                (0..copies).map(|id| (id, max_len)).collect();
+                            for &(id, _) in &finals {
+                                c.admit(id, &p).unwrap();
+                            }
+                            let (_, preempted) = drive(&mut c, &finals, 40 * max_len);
+                            if copies == 1 {
+                                assert_eq!(preempted, 0, "a lone request that fits is preempted");
+                            }
+                            // The same prompt again after the others finished: a prefix hit.
+                            c.admit(9, &p).unwrap();
+                            let (_, preempted) = drive(&mut c, &[(9, max_len)], 40 * max_len);
+                            assert_eq!(preempted, 0, "a lone request that fits is preempted");
+                            runs += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(runs, 6 * 2 * 2 * 3 * 24 * 2);
+}
