@@ -4,13 +4,16 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use hisparse_core::Device;
-use hisparse_core::ops::copy::{check_bulk, check_host_page_copy, check_read, check_write};
-use hisparse_core::ops::{
-    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc,
-    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
-    SlotMappingArgs, SlotMappingDesc, check_pinned_budget,
+use hisparse_core::ops::copy::{
+    check_bulk, check_copy_within, check_host_page_copy, check_read, check_write,
 };
+use hisparse_core::ops::{
+    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
+    InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
+    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
+    check_pinned_budget,
+};
+use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels::{self as gk, GatherLayers, Kernel};
 
 use crate::error::CudaError;
@@ -22,7 +25,7 @@ type Result<T> = std::result::Result<T, CudaError>;
 /// Device memory of a [`CudaDevice`] (zeroed at allocation; freed after outstanding work).
 #[derive(Debug)]
 pub struct CudaBuffer {
-    mem: DevMem,
+    pub(crate) mem: DevMem,
 }
 
 impl CudaBuffer {
@@ -42,7 +45,7 @@ impl BufferLen for CudaBuffer {
 /// write it directly over the bus (cacheable, not write-combined).
 #[derive(Debug)]
 pub struct CudaHostBuffer {
-    mem: PinnedMem,
+    pub(crate) mem: PinnedMem,
 }
 
 impl BufferLen for CudaHostBuffer {
@@ -51,11 +54,28 @@ impl BufferLen for CudaHostBuffer {
     }
 }
 
-/// A non-blocking CUDA stream, with the scratch memory its resolver launches use.
+/// A CUDA stream (a non-blocking one of this backend, or an engine's lent through
+/// [`CudaDevice::wrap_stream`]), with the scratch memory its resolver launches use.
 #[derive(Debug)]
 pub struct CudaStream {
     inner: Stream,
     workspace: Mutex<Workspace>,
+}
+
+impl CudaStream {
+    /// A stream with empty scratch.
+    pub(crate) fn from_inner(inner: Stream) -> CudaStream {
+        CudaStream {
+            inner,
+            workspace: Mutex::new(Workspace::default()),
+        }
+    }
+
+    /// The driver's handle of the stream, e.g. to order an engine's own work after this
+    /// backend's (`torch.cuda.ExternalStream`). It stays owned by this value.
+    pub fn raw_handle(&self) -> cudarc::driver::sys::CUstream {
+        self.inner.raw()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -242,8 +262,8 @@ impl Kernels {
 /// One CUDA device: a retained primary context, kernels compiled with NVRTC on first use
 /// (cached per process and architecture), and the staging rings for host-side lists.
 pub struct CudaDevice {
-    ctx: Arc<Context>,
-    ordinal: usize,
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) ordinal: usize,
     name: String,
     cc: (i32, i32),
     sm_count: u32,
@@ -440,8 +460,9 @@ impl CudaDevice {
         self.max_shared_optin
     }
 
-    /// `(free, total)` bytes of device memory.
-    pub fn memory_info(&self) -> Result<(usize, usize)> {
+    /// `(free, total)` bytes of device memory (`cuMemGetInfo`; [`Device::memory_info`] adds the
+    /// host's available RAM).
+    pub fn device_memory(&self) -> Result<(usize, usize)> {
         self.ctx.bind()?;
         ffi::mem_info()
     }
@@ -579,10 +600,29 @@ impl CudaDevice {
         unsafe { ffi::launch(f, l, &stream.inner, args) }
     }
 
+    /// Stages `parts` (host lists) for kernels on `stream`, runs `enqueue` with their device
+    /// addresses, and keeps the staged region reserved until the work enqueued so far completes.
+    fn staged_launch(
+        &self,
+        stream: &CudaStream,
+        parts: &[&[u8]],
+        enqueue: impl FnOnce(&[u64]) -> Result<()>,
+    ) -> Result<()> {
+        self.ctx.bind()?;
+        let mut staging = lock(&self.staging);
+        let lease = staging.stage(&stream.inner, parts)?;
+        let result = enqueue(&lease.ptrs);
+        staging.finish(lease, &stream.inner)?;
+        result
+    }
+
     fn ensure_workspace(&self, stream: &CudaStream, bytes: usize) -> Result<(u64, u64)> {
         let mut ws = lock(&stream.workspace);
         if ws.current.as_ref().is_none_or(|m| m.len() < bytes) {
-            let mem = DevMem::alloc_zeroed(&self.ctx, bytes.next_power_of_two())?;
+            // Uninitialised, and no host synchronisation: the kernel initialises every entry it
+            // reads, the counter is cleared below on the stream, and a first resolve of a larger
+            // shape may then happen while the stream is being captured.
+            let mem = DevMem::alloc_uninit(&self.ctx, bytes.next_power_of_two())?;
             if let Some(old) = ws.current.replace(mem) {
                 ws.retired.push(old);
             }
@@ -807,10 +847,7 @@ impl Device for CudaDevice {
     }
 
     fn create_stream(&self) -> Result<CudaStream> {
-        Ok(CudaStream {
-            inner: Stream::new(&self.ctx)?,
-            workspace: Mutex::new(Workspace::default()),
-        })
+        Ok(CudaStream::from_inner(Stream::new(&self.ctx)?))
     }
 
     fn record_event(&self, stream: &CudaStream) -> Result<CudaEvent> {
@@ -831,6 +868,108 @@ impl Device for CudaDevice {
     fn query_event(&self, event: &CudaEvent) -> Result<bool> {
         self.ctx.bind()?;
         event.inner.is_complete()
+    }
+
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        let (free, _) = self.device_memory().ok()?;
+        Some(MemoryInfo {
+            device_free: free as u64,
+            host_available: available_ram()?,
+            unified: false,
+        })
+    }
+
+    fn copy_within_device(
+        &self,
+        stream: &CudaStream,
+        buf: &mut CudaBuffer,
+        src_offset: usize,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        check_copy_within(
+            buf.byte_len(),
+            src_offset as u64,
+            dst_offset as u64,
+            bytes as u64,
+        )?;
+        self.ctx.bind()?;
+        stream
+            .inner
+            .copy_within(&buf.mem, src_offset, dst_offset, bytes)
+    }
+
+    fn write_table(
+        &self,
+        stream: &CudaStream,
+        desc: &TableWriteDesc,
+        writes: &[TableWrite],
+        table: &mut CudaBuffer,
+    ) -> Result<()> {
+        desc.check(writes, table)?;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let n = u32::try_from(writes.len()).map_err(|_| too_large("write_table writes"))?;
+        let list: Vec<gk::TableWriteAbi> = writes.iter().map(gk::TableWriteAbi::from).collect();
+        self.staged_launch(stream, &[bytemuck::cast_slice(&list)], |lease| {
+            let l = Launch {
+                grid: (
+                    self.grid_for(u64::from(n), u64::from(gk::TABLE_THREADS)),
+                    1,
+                    1,
+                ),
+                block: gk::TABLE_THREADS,
+                shared: 0,
+            };
+            self.launch(
+                Kernel::WriteTable,
+                l,
+                stream,
+                &[
+                    Arg::Ptr(lease[0]),
+                    Arg::U32(n),
+                    Arg::Ptr(table.mem.ptr()),
+                    Arg::U32(desc.table_len),
+                ],
+            )
+        })
+    }
+
+    fn reset_hot_state(
+        &self,
+        stream: &CudaStream,
+        desc: &HotResetDesc,
+        rows: &[u32],
+        dgi: &mut CudaBuffer,
+        lru: &mut CudaBuffer,
+    ) -> Result<()> {
+        desc.check(rows, dgi, lru)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let n = u32::try_from(rows.len()).map_err(|_| too_large("reset_hot_state rows"))?;
+        let work = u64::from(n) * u64::from(desc.hot_slots);
+        self.staged_launch(stream, &[bytemuck::cast_slice(rows)], |lease| {
+            let l = Launch {
+                grid: (self.grid_for(work, u64::from(gk::TABLE_THREADS)), 1, 1),
+                block: gk::TABLE_THREADS,
+                shared: 0,
+            };
+            self.launch(
+                Kernel::ResetHotState,
+                l,
+                stream,
+                &[
+                    Arg::Ptr(lease[0]),
+                    Arg::U32(n),
+                    Arg::Ptr(dgi.mem.ptr()),
+                    Arg::Ptr(lru.mem.ptr()),
+                    Arg::U32(desc.num_requests),
+                    Arg::U32(desc.hot_slots),
+                ],
+            )
+        })
     }
 
     fn copy_to_device(

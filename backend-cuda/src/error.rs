@@ -67,6 +67,14 @@ pub enum CudaError {
     Unsupported(String),
     /// A malformed descriptor or argument, found before anything was enqueued.
     Op(OpError),
+    /// Memory or a stream an engine lends (`CudaDevice::wrap_device_memory`,
+    /// `wrap_host_memory`, `wrap_stream`) cannot be used; nothing was registered or kept.
+    Foreign {
+        /// What was lent: `"device memory"`, `"host memory"` or `"stream"`.
+        what: &'static str,
+        /// What is wrong with it and what to pass instead.
+        problem: String,
+    },
 }
 
 impl CudaError {
@@ -115,6 +123,7 @@ impl Error for CudaError {
             CudaError::PinnedBudget(e) => e.kind(),
             CudaError::SharedMemory { .. } | CudaError::Unsupported(_) => ErrorKind::Unsupported,
             CudaError::Op(e) => e.kind(),
+            CudaError::Foreign { .. } => ErrorKind::InvalidArgument,
         }
     }
 }
@@ -164,6 +173,7 @@ impl fmt::Display for CudaError {
             ),
             CudaError::Unsupported(what) => write!(f, "unsupported: {what}"),
             CudaError::Op(e) => write!(f, "{e}"),
+            CudaError::Foreign { what, problem } => write!(f, "cannot use the {what}: {problem}"),
         }
     }
 }

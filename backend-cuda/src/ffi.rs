@@ -150,6 +150,11 @@ impl Context {
         Ok(ctx)
     }
 
+    /// The driver's handle (to compare with the context a foreign pointer or stream reports).
+    pub(crate) fn raw(&self) -> sys::CUcontext {
+        self.raw
+    }
+
     /// Makes the context current on this thread.
     pub(crate) fn bind(&self) -> Result<()> {
         // SAFETY: `raw` is a retained, live context (released only in Drop).
@@ -178,16 +183,59 @@ impl Drop for Context {
 // Memory
 // ------------------------------------------------------------------------------------------------
 
-/// Device memory. Freed on drop, after all work of the context completed (so no enqueued kernel
-/// can still use it).
+/// Device memory. Memory this crate allocated is freed on drop, after all work of the context
+/// completed (so no enqueued kernel can still use it); borrowed memory ([`DevMem::borrowed`]) is
+/// left to its owner.
 #[derive(Debug)]
 pub(crate) struct DevMem {
     ptr: sys::CUdeviceptr,
     len: usize,
     ctx: Arc<Context>,
+    /// Whether drop frees the memory (allocated here) or leaves it alone (borrowed).
+    owned: bool,
 }
 
 impl DevMem {
+    /// Allocates `len` bytes without initialising them and without waiting for the device
+    /// (scratch that kernels overwrite before reading; `len == 0` allocates nothing).
+    pub(crate) fn alloc_uninit(ctx: &Arc<Context>, len: usize) -> Result<DevMem> {
+        ctx.bind()?;
+        let mut ptr = 0;
+        if len > 0 {
+            // SAFETY: `ptr` is a valid out-pointer; the context is current.
+            let code = unsafe { sys::cuMemAlloc_v2(&mut ptr, len) };
+            if code != CUresult::CUDA_SUCCESS {
+                return Err(if code == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                    CudaError::OutOfDeviceMemory { bytes: len, code }
+                } else {
+                    CudaError::driver("cuMemAlloc", code)
+                });
+            }
+        }
+        Ok(DevMem {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+            owned: true,
+        })
+    }
+
+    /// Device memory someone else allocated, which drop leaves alone.
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + len)` is device memory of `ctx`'s device that stays allocated, and is used by
+    /// nobody else while work of this crate may touch it, for as long as the value lives and until
+    /// every operation enqueued on it has completed.
+    pub(crate) unsafe fn borrowed(ctx: &Arc<Context>, ptr: sys::CUdeviceptr, len: usize) -> DevMem {
+        DevMem {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+            owned: false,
+        }
+    }
+
     /// Allocates `len` zeroed bytes (`len == 0` allocates nothing and has a null address).
     pub(crate) fn alloc_zeroed(ctx: &Arc<Context>, len: usize) -> Result<DevMem> {
         ctx.bind()?;
@@ -207,6 +255,7 @@ impl DevMem {
             ptr,
             len,
             ctx: ctx.clone(),
+            owned: true,
         };
         if len > 0 {
             // SAFETY: `ptr` points to `len` bytes just allocated in this context.
@@ -257,7 +306,7 @@ impl DevMem {
 
 impl Drop for DevMem {
     fn drop(&mut self) {
-        if self.len == 0 {
+        if self.len == 0 || !self.owned {
             return;
         }
         let _ = self.ctx.synchronize();
@@ -269,24 +318,36 @@ impl Drop for DevMem {
     }
 }
 
+/// Who releases a [`PinnedMem`]'s pinning.
+#[derive(Debug)]
+enum Pinning {
+    /// Allocated here with `cuMemHostAlloc`; `base` (what it returned) is freed on drop.
+    Allocated { base: *mut c_void },
+    /// Host memory someone else allocated, registered here with `cuMemHostRegister`;
+    /// unregistered on drop.
+    Registered,
+    /// Host memory someone else allocated and pinned; left alone on drop.
+    Borrowed,
+}
+
 /// Pinned host memory, mapped into the device's address space (DEVICEMAP | PORTABLE, cacheable,
-/// not write-combined, so the host reads it at full speed too). Freed on drop after all work.
+/// not write-combined, so the host reads it at full speed too). Allocated or registered here, it
+/// is freed or unregistered on drop after all work; borrowed, it is left to its owner.
 #[derive(Debug)]
 pub(crate) struct PinnedMem {
-    /// What cuMemHostAlloc returned (freed on drop).
-    base: *mut c_void,
-    /// `base` rounded up to [`PINNED_ALIGNMENT`]: byte 0 of the buffer.
+    /// Byte 0 of the buffer ([`PINNED_ALIGNMENT`]-aligned).
     host: *mut u8,
     dev: sys::CUdeviceptr,
     len: usize,
     ctx: Arc<Context>,
+    pinning: Pinning,
 }
 
 /// Alignment of every pinned buffer (the driver sub-allocates small requests without it).
 const PINNED_ALIGNMENT: usize = hisparse_core::ops::PINNED_ALIGNMENT;
 
-// SAFETY: the allocation is plain host memory owned by this value; access goes through
-// `&self`/`&mut self`, so Rust's aliasing rules hold across threads.
+// SAFETY: the allocation is plain host memory owned (or, borrowed, exclusively lent) by this
+// value; access goes through `&self`/`&mut self`, so Rust's aliasing rules hold across threads.
 unsafe impl Send for PinnedMem {}
 // SAFETY: shared references only read (`as_slice`).
 unsafe impl Sync for PinnedMem {}
@@ -310,22 +371,60 @@ impl PinnedMem {
         }
         let pad = (PINNED_ALIGNMENT - base as usize % PINNED_ALIGNMENT) % PINNED_ALIGNMENT;
         let mut mem = PinnedMem {
-            base,
             // SAFETY: `pad < PINNED_ALIGNMENT`, so `base + pad .. base + pad + len` lies inside
             // the `len + PINNED_ALIGNMENT` bytes just allocated.
             host: unsafe { base.cast::<u8>().add(pad) },
             dev: 0,
             len,
             ctx: ctx.clone(),
+            pinning: Pinning::Allocated { base },
         };
-        let mut dev = 0;
-        // SAFETY: `base` was returned by cuMemHostAlloc with DEVICEMAP; `dev` is an out-pointer.
-        check("cuMemHostGetDevicePointer", unsafe {
-            sys::cuMemHostGetDevicePointer_v2(&mut dev, base, 0)
-        })?;
         // The mapping is linear: byte `pad` of the allocation is at `dev + pad` on the device.
-        mem.dev = dev + pad as u64;
+        mem.dev = host_device_pointer(base)? + pad as u64;
         mem.as_mut_slice().fill(0);
+        Ok(mem)
+    }
+
+    /// Host memory someone else allocated: registered here as pinned and device-mapped when
+    /// `register` (and unregistered on drop), else already pinned and mapped by its owner (left
+    /// alone on drop).
+    ///
+    /// # Safety
+    ///
+    /// `[host, host + len)` is host memory, readable and writable, that stays allocated for as
+    /// long as the value lives and until every operation enqueued on it has completed, and that
+    /// nothing else reads or writes while such work may touch it. When `register` is false it is
+    /// page-locked and mapped into `ctx`'s device address space (`cuMemHostAlloc`,
+    /// `cuMemHostRegister` with DEVICEMAP, or any pinned memory under unified addressing).
+    pub(crate) unsafe fn foreign(
+        ctx: &Arc<Context>,
+        host: *mut u8,
+        len: usize,
+        register: bool,
+    ) -> Result<PinnedMem> {
+        ctx.bind()?;
+        if register {
+            let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+            // SAFETY: the caller guarantees `[host, host + len)` is live host memory; the driver
+            // page-locks it and maps it into the current context's address space.
+            let code = unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) };
+            if code != CUresult::CUDA_SUCCESS {
+                return Err(CudaError::driver("cuMemHostRegister", code));
+            }
+        }
+        let mut mem = PinnedMem {
+            host,
+            dev: 0,
+            len,
+            ctx: ctx.clone(),
+            pinning: if register {
+                Pinning::Registered
+            } else {
+                Pinning::Borrowed
+            },
+        };
+        // On failure `mem` drops here and unregisters what it registered.
+        mem.dev = host_device_pointer(host.cast())?;
         Ok(mem)
     }
 
@@ -344,10 +443,16 @@ impl PinnedMem {
         self.len
     }
 
+    /// Whether drop unregisters the pinning (memory registered by this crate).
+    pub(crate) fn registered_here(&self) -> bool {
+        matches!(self.pinning, Pinning::Registered)
+    }
+
     /// The bytes. Callers synchronise with the device before reading what it wrote.
     pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `host` points to `len` bytes inside the allocation made by cuMemHostAlloc and
-        // owned by `self`; they were initialised (zeroed) at allocation and live until drop.
+        // SAFETY: `host` points to `len` initialised bytes that live until drop: allocated (and
+        // zeroed) by cuMemHostAlloc and owned by `self`, or lent by the caller of `foreign`
+        // under its contract.
         unsafe { std::slice::from_raw_parts(self.host, self.len) }
     }
 
@@ -360,23 +465,148 @@ impl PinnedMem {
 
 impl Drop for PinnedMem {
     fn drop(&mut self) {
-        let _ = self.ctx.synchronize();
-        // SAFETY: `base` came from cuMemHostAlloc and is freed once, after all device work.
-        unsafe {
-            sys::cuMemFreeHost(self.base);
+        match self.pinning {
+            Pinning::Allocated { base } => {
+                let _ = self.ctx.synchronize();
+                // SAFETY: `base` came from cuMemHostAlloc and is freed once, after all device
+                // work.
+                unsafe {
+                    sys::cuMemFreeHost(base);
+                }
+            }
+            Pinning::Registered => {
+                let _ = self.ctx.synchronize();
+                // SAFETY: `host` was registered in `foreign` and is unregistered once, after all
+                // device work (the memory itself belongs to the caller).
+                unsafe {
+                    sys::cuMemHostUnregister(self.host.cast());
+                }
+            }
+            Pinning::Borrowed => {}
         }
     }
+}
+
+/// Device address of page-locked, mapped host memory at `host`.
+pub(crate) fn host_device_pointer(host: *mut c_void) -> Result<sys::CUdeviceptr> {
+    let mut dev = 0;
+    // SAFETY: `dev` is an out-pointer; the driver only looks `host` up in its tables.
+    check("cuMemHostGetDevicePointer", unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0)
+    })?;
+    Ok(dev)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Pointer and stream queries (checking memory and streams an engine lends)
+// ------------------------------------------------------------------------------------------------
+
+/// What the driver knows about an address (`cuPointerGetAttribute`), for memory an engine lends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PointerInfo {
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` as its raw value (`CU_MEMORYTYPE_*`), or `None` when the
+    /// driver does not know the address (pageable host memory, or no memory at all).
+    pub memory_type: Option<u32>,
+    /// The context the memory was allocated in (null for allocations not tied to one, such as
+    /// virtual-memory-management mappings).
+    pub context: sys::CUcontext,
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, when the driver answers it.
+    pub device_ordinal: Option<i32>,
+    /// `(start, size)` of the allocation holding the address, when the driver answers it.
+    pub range: Option<(u64, u64)>,
+}
+
+/// `CU_MEMORYTYPE_HOST` as the raw value [`PointerInfo::memory_type`] holds.
+pub(crate) const MEMORY_TYPE_HOST: u32 = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+/// `CU_MEMORYTYPE_DEVICE` as the raw value [`PointerInfo::memory_type`] holds.
+pub(crate) const MEMORY_TYPE_DEVICE: u32 = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
+
+/// One pointer attribute into `T` (a plain integer or handle the attribute's docs name), or the
+/// driver's result code.
+fn pointer_attribute<T: Copy>(
+    attr: sys::CUpointer_attribute,
+    ptr: u64,
+    init: T,
+) -> std::result::Result<T, CUresult> {
+    let mut v = init;
+    // SAFETY: `v` is a live, writable `T`, the type the driver writes for `attr` (each call site
+    // pairs the attribute with its documented type); the driver only looks `ptr` up.
+    let code = unsafe { sys::cuPointerGetAttribute((&raw mut v).cast(), attr, ptr) };
+    if code == CUresult::CUDA_SUCCESS {
+        Ok(v)
+    } else {
+        Err(code)
+    }
+}
+
+/// What the driver knows about `ptr`. Needs a current context.
+pub(crate) fn pointer_info(ptr: u64) -> Result<PointerInfo> {
+    use sys::CUpointer_attribute as A;
+    let memory_type = match pointer_attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr, 0u32) {
+        Ok(t) => Some(t),
+        // The documented answer for an address the driver has not seen.
+        Err(CUresult::CUDA_ERROR_INVALID_VALUE) => None,
+        Err(code) => return Err(CudaError::driver("cuPointerGetAttribute", code)),
+    };
+    if memory_type.is_none() {
+        return Ok(PointerInfo {
+            memory_type,
+            context: std::ptr::null_mut(),
+            device_ordinal: None,
+            range: None,
+        });
+    }
+    let context = pointer_attribute(A::CU_POINTER_ATTRIBUTE_CONTEXT, ptr, std::ptr::null_mut())
+        .unwrap_or(std::ptr::null_mut());
+    let device_ordinal = pointer_attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr, 0i32).ok();
+    let start = pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr, 0u64).ok();
+    let size = pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr, 0usize).ok();
+    Ok(PointerInfo {
+        memory_type,
+        context,
+        device_ordinal,
+        range: start.zip(size).map(|(s, n)| (s, n as u64)),
+    })
+}
+
+/// `(start, size)` of the device allocation holding `ptr` (`cuMemGetAddressRange`).
+pub(crate) fn address_range(ptr: u64) -> Result<(u64, u64)> {
+    let (mut start, mut size) = (0u64, 0usize);
+    // SAFETY: both are out-pointers; the driver only looks `ptr` up.
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut start, &mut size, ptr)
+    })?;
+    Ok((start, size as u64))
+}
+
+/// The context a stream belongs to (`cuStreamGetCtx`).
+///
+/// # Safety
+///
+/// `raw` is a live stream handle, the null (default) stream, `CU_STREAM_LEGACY` or
+/// `CU_STREAM_PER_THREAD`: the driver dereferences other handles.
+pub(crate) unsafe fn stream_context(raw: sys::CUstream) -> Result<sys::CUcontext> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: `ctx` is an out-pointer and `raw` a stream handle the driver accepts (the caller's
+    // contract); a destroyed context is reported as a result code.
+    check("cuStreamGetCtx", unsafe {
+        sys::cuStreamGetCtx(raw, &mut ctx)
+    })?;
+    Ok(ctx)
 }
 
 // ------------------------------------------------------------------------------------------------
 // Streams, events, graphs
 // ------------------------------------------------------------------------------------------------
 
-/// A non-blocking stream. Destroyed on drop (pending work still completes).
+/// A stream: created here (non-blocking, destroyed on drop; pending work still completes), or
+/// borrowed from an engine ([`Stream::borrowed`], never destroyed here).
 #[derive(Debug)]
 pub(crate) struct Stream {
     raw: sys::CUstream,
     ctx: Arc<Context>,
+    /// Whether drop destroys the stream.
+    owned: bool,
 }
 
 // SAFETY: stream handles may be used from any thread of the process (driver API is thread-safe).
@@ -396,7 +626,27 @@ impl Stream {
         Ok(Stream {
             raw,
             ctx: ctx.clone(),
+            owned: true,
         })
+    }
+
+    /// A stream someone else created, which drop leaves alone.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is a stream of `ctx` (checked by the caller with [`stream_context`]) that stays
+    /// valid for as long as the value lives.
+    pub(crate) unsafe fn borrowed(ctx: &Arc<Context>, raw: sys::CUstream) -> Stream {
+        Stream {
+            raw,
+            ctx: ctx.clone(),
+            owned: false,
+        }
+    }
+
+    /// The driver's handle.
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.raw
     }
 
     /// Blocks until the stream's work completed.
@@ -489,6 +739,31 @@ impl Stream {
         })
     }
 
+    /// Enqueues a copy of `n` bytes from `mem[src_off..]` to `mem[dst_off..]` (disjoint ranges,
+    /// checked by the caller).
+    pub(crate) fn copy_within(
+        &self,
+        mem: &DevMem,
+        src_off: usize,
+        dst_off: usize,
+        n: usize,
+    ) -> Result<()> {
+        assert!(src_off + n <= mem.len && dst_off + n <= mem.len);
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges lie inside one live device allocation (asserted) and do not
+        // overlap (the caller ran the core's check_copy_within).
+        check("cuMemcpyDtoDAsync", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                mem.ptr + dst_off as u64,
+                mem.ptr + src_off as u64,
+                n,
+                self.raw,
+            )
+        })
+    }
+
     /// Enqueues filling `words` u32 words at `mem[offset..]` with `value`.
     pub(crate) fn fill_u32(
         &self,
@@ -554,6 +829,9 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = self.ctx.bind();
         // SAFETY: destroys the stream created in `new` once; pending work still completes.
         unsafe {

@@ -23,6 +23,18 @@
 //!   driver made of them (registers, spills, blocks per multiprocessor).
 //! * Buffers free their memory after the context has finished all enqueued work, so dropping a
 //!   buffer that a kernel still uses is safe (it waits). Do not drop buffers while capturing.
+//! * Engine-owned memory and streams: [`CudaDevice::wrap_device_memory`],
+//!   [`CudaDevice::wrap_host_memory`] and [`CudaDevice::wrap_stream`] use an engine's device
+//!   allocation, host memory (registered as pinned when it is not yet) and stream (PyTorch's
+//!   current stream) as this backend's, checked with the driver and never freed or destroyed
+//!   here.
+//! * Table maintenance ([`Device::write_table`], [`Device::reset_hot_state`]) stages its list in
+//!   pinned memory and runs one kernel; [`Device::copy_within_device`] is one device-to-device
+//!   copy; none of them synchronises with the host.
+//!
+//! [`Device::write_table`]: hisparse_core::Device::write_table
+//! [`Device::reset_hot_state`]: hisparse_core::Device::reset_hot_state
+//! [`Device::copy_within_device`]: hisparse_core::Device::copy_within_device
 //!
 //! Checks without a GPU (what CI runs):
 //!
@@ -48,9 +60,11 @@
 mod device;
 mod error;
 mod ffi;
+mod foreign;
 pub mod nvrtc;
 mod staging;
 
+pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use device::{
     CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream, GATHER_KERNEL_ENV,
     GatherKernel, KernelReport, PROGRAMMATIC_LAUNCH_ENV, REMAP_KERNEL_ENV, RemapKernel,

@@ -57,7 +57,8 @@ impl Staging {
             .next_power_of_two();
         let ring = Ring {
             host: PinnedMem::alloc_zeroed(&self.ctx, cap)?,
-            device: DevMem::alloc_zeroed(&self.ctx, cap)?,
+            // Uninitialised and without a host synchronisation: staging never blocks.
+            device: DevMem::alloc_uninit(&self.ctx, cap)?,
             head: 0,
             in_flight: VecDeque::new(),
         };

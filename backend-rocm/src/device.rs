@@ -3,13 +3,16 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use hisparse_core::Device;
-use hisparse_core::ops::copy::{check_bulk, check_host_page_copy, check_read, check_write};
-use hisparse_core::ops::{
-    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc,
-    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
-    SlotMappingArgs, SlotMappingDesc, check_pinned_budget,
+use hisparse_core::ops::copy::{
+    check_bulk, check_copy_within, check_host_page_copy, check_read, check_write,
 };
+use hisparse_core::ops::{
+    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
+    InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
+    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
+    check_pinned_budget,
+};
+use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels::{self as gk, GatherLayers, Kernel, LayerPairAbi, PageJob, Pair, Span};
 
 use crate::context::Context;
@@ -17,7 +20,7 @@ use crate::error::RocmError;
 use crate::ffi::{self, HOST_MALLOC_MAPPED, HOST_MALLOC_PORTABLE, Handle, MemcpyKind};
 use crate::kernels::{self, KernelSource};
 use crate::launch::{self, Args};
-use crate::memory::{RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, available_ram};
+use crate::memory::{Pinning, RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, available_ram};
 
 /// A HIP device with the HiSparse kernels loaded.
 ///
@@ -26,7 +29,7 @@ use crate::memory::{RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, available
 /// fits, and loads them. Every operation of [`Device`] is enqueued on a caller's stream.
 #[derive(Debug)]
 pub struct RocmDevice {
-    ctx: Arc<Context>,
+    pub(crate) ctx: Arc<Context>,
     display: String,
 }
 
@@ -266,6 +269,7 @@ impl Device for RocmDevice {
             ptr: std::ptr::null_mut(),
             len: bytes,
             ctx: self.ctx.clone(),
+            owned: true,
         };
         if bytes == 0 {
             return Ok(buf);
@@ -297,6 +301,7 @@ impl Device for RocmDevice {
             device: std::ptr::null_mut(),
             len: bytes,
             ctx: self.ctx.clone(),
+            pinning: Pinning::Allocated,
         };
         if !(host as usize).is_multiple_of(hisparse_core::ops::PINNED_ALIGNMENT) {
             return Err(RocmError::Unsupported(format!(
@@ -409,6 +414,7 @@ impl Device for RocmDevice {
             raw,
             ctx: self.ctx.clone(),
             scratch: Mutex::new(None),
+            owned: true,
         })
     }
 
@@ -443,6 +449,105 @@ impl Device for RocmDevice {
             ffi::HIP_ERROR_NOT_READY => Ok(false),
             s => Err(RocmError::hip(&self.ctx.hip, "hipEventQuery", s)),
         }
+    }
+
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        self.ctx.bind().ok()?;
+        let (free, _) = self.ctx.hip.mem_info().ok()?;
+        Some(MemoryInfo {
+            device_free: free as u64,
+            host_available: available_ram()?,
+            unified: false,
+        })
+    }
+
+    fn copy_within_device(
+        &self,
+        stream: &RocmStream,
+        buf: &mut RocmBuffer,
+        src_offset: usize,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<(), RocmError> {
+        check_copy_within(
+            buf.byte_len(),
+            src_offset as u64,
+            dst_offset as u64,
+            bytes as u64,
+        )?;
+        self.memcpy_async(
+            stream,
+            buf.at(dst_offset),
+            buf.at(src_offset),
+            bytes,
+            MemcpyKind::DeviceToDevice,
+        )
+    }
+
+    fn write_table(
+        &self,
+        stream: &RocmStream,
+        desc: &TableWriteDesc,
+        writes: &[TableWrite],
+        table: &mut RocmBuffer,
+    ) -> Result<(), RocmError> {
+        desc.check(writes, table)?;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let n = u32::try_from(writes.len()).map_err(|_| {
+            RocmError::Unsupported(format!(
+                "{} table writes in one call exceed the kernel's u32 count",
+                writes.len()
+            ))
+        })?;
+        let list: Vec<gk::TableWriteAbi> = writes.iter().map(gk::TableWriteAbi::from).collect();
+        let grid = stride_grid(
+            u64::from(n),
+            u64::from(gk::TABLE_THREADS),
+            self.ctx.multiprocessors,
+        );
+        self.ctx.bind()?;
+        self.ctx
+            .with_staging(stream.raw, bytemuck::cast_slice(&list), |staged| {
+                let mut a = Args::default();
+                a.ptr(staged).u32(n).ptr(table.addr()).u32(desc.table_len);
+                self.launch(stream.raw, Kernel::WriteTable, [grid, 1, 1], 0, a)
+            })
+    }
+
+    fn reset_hot_state(
+        &self,
+        stream: &RocmStream,
+        desc: &HotResetDesc,
+        rows: &[u32],
+        dgi: &mut RocmBuffer,
+        lru: &mut RocmBuffer,
+    ) -> Result<(), RocmError> {
+        desc.check(rows, dgi, lru)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let n = u32::try_from(rows.len()).map_err(|_| {
+            RocmError::Unsupported(format!(
+                "{} hot-state rows in one call exceed the kernel's u32 count",
+                rows.len()
+            ))
+        })?;
+        let work = u64::from(n) * u64::from(desc.hot_slots);
+        let grid = stride_grid(work, u64::from(gk::TABLE_THREADS), self.ctx.multiprocessors);
+        self.ctx.bind()?;
+        self.ctx
+            .with_staging(stream.raw, bytemuck::cast_slice(rows), |staged| {
+                let mut a = Args::default();
+                a.ptr(staged)
+                    .u32(n)
+                    .ptr(dgi.addr())
+                    .ptr(lru.addr())
+                    .u32(desc.num_requests)
+                    .u32(desc.hot_slots);
+                self.launch(stream.raw, Kernel::ResetHotState, [grid, 1, 1], 0, a)
+            })
     }
 
     fn synchronize(&self, stream: &RocmStream) -> Result<(), RocmError> {

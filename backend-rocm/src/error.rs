@@ -52,6 +52,14 @@ pub enum RocmError {
         /// Where the code came from (an embedded code object or hiprtc) and what failed.
         message: String,
     },
+    /// Memory or a stream an engine lends (`RocmDevice::wrap_device_memory`,
+    /// `wrap_host_memory`, `wrap_stream`) cannot be used; nothing was registered or kept.
+    Foreign {
+        /// What was lent: `"device memory"`, `"host memory"` or `"stream"`.
+        what: &'static str,
+        /// What is wrong with it and what to pass instead.
+        problem: String,
+    },
 }
 
 impl RocmError {
@@ -106,6 +114,7 @@ impl fmt::Display for RocmError {
             }
             RocmError::Module { message } => write!(f, "loading the HIP kernels failed: {message}"),
             RocmError::Unsupported(m) => write!(f, "unsupported on this HIP device: {m}"),
+            RocmError::Foreign { what, problem } => write!(f, "cannot use the {what}: {problem}"),
         }
     }
 }
@@ -121,6 +130,7 @@ impl hisparse_core::Error for RocmError {
             RocmError::Hip { kind, .. } => *kind,
             RocmError::Compile { .. } | RocmError::Module { .. } => ErrorKind::Compilation,
             RocmError::Unsupported(_) => ErrorKind::Unsupported,
+            RocmError::Foreign { .. } => ErrorKind::InvalidArgument,
         }
     }
 }

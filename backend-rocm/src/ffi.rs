@@ -40,6 +40,20 @@ pub const EVENT_DISABLE_TIMING: c_uint = 2;
 pub const HOST_MALLOC_MAPPED: c_uint = 2;
 /// `hipHostMallocPortable`: usable from every device.
 pub const HOST_MALLOC_PORTABLE: c_uint = 1;
+/// `hipHostRegisterPortable`: the registration is visible to every device.
+pub const HOST_REGISTER_PORTABLE: c_uint = 1;
+/// `hipHostRegisterMapped`: map the registered memory into the device address space.
+pub const HOST_REGISTER_MAPPED: c_uint = 2;
+/// `hipMemoryTypeUnregistered` (HIP 6): memory the runtime does not know.
+pub const MEMORY_TYPE_UNREGISTERED: c_uint = 0;
+/// `hipMemoryTypeHost` (HIP 6): pinned host memory.
+pub const MEMORY_TYPE_HOST: c_uint = 1;
+/// `hipMemoryTypeDevice` (HIP 6): device memory.
+pub const MEMORY_TYPE_DEVICE: c_uint = 2;
+/// `hipErrorInvalidValue`.
+pub const HIP_ERROR_INVALID_VALUE: HipStatus = 1;
+/// `hipErrorHostMemoryAlreadyRegistered`.
+pub const HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED: HipStatus = 712;
 
 /// `hipMemcpyKind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +70,21 @@ pub enum MemcpyKind {
 /// `hipDeviceProp_tR0600`, the layout filled by `hipGetDevicePropertiesR0600` (HIP 6.0 and later;
 /// identical in every binding set of `cubecl-hip-sys` 7.14).
 pub type DeviceProp = cubecl_hip_sys::hipDeviceProp_tR0600;
+
+/// `hipPointerAttribute_t`, the layout filled by `hipPointerGetAttributes` (identical in every
+/// binding set of `cubecl-hip-sys` 7.14).
+pub type PointerAttribute = cubecl_hip_sys::hipPointerAttribute_t;
+
+/// What the runtime knows about an address (`hipPointerGetAttributes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// `hipMemoryType` (HIP 6 values, [`MEMORY_TYPE_HOST`], [`MEMORY_TYPE_DEVICE`], ...);
+    /// [`MEMORY_TYPE_UNREGISTERED`] also when the runtime refuses the query for an unknown
+    /// address (HIP 5 did).
+    pub memory_type: c_uint,
+    /// The device the memory belongs to.
+    pub device: c_int,
+}
 
 /// Bytes reserved for the device-property struct: its size plus slack, so a runtime whose struct
 /// grew at the end cannot write past our buffer.
@@ -158,6 +187,12 @@ fn_table! {
         hipHostMalloc: fn(*mut *mut c_void, usize, c_uint) -> HipStatus;
         hipHostFree: fn(*mut c_void) -> HipStatus;
         hipHostGetDevicePointer: fn(*mut *mut c_void, *mut c_void, c_uint) -> HipStatus;
+        hipHostRegister: fn(*mut c_void, usize, c_uint) -> HipStatus;
+        hipHostUnregister: fn(*mut c_void) -> HipStatus;
+        hipMemGetInfo: fn(*mut usize, *mut usize) -> HipStatus;
+        hipMemGetAddressRange: fn(*mut *mut c_void, *mut usize, *mut c_void) -> HipStatus;
+        hipPointerGetAttributes: fn(*mut c_void, *const c_void) -> HipStatus;
+        hipStreamGetDevice: fn(Handle, *mut c_int) -> HipStatus;
         hipMemset: fn(*mut c_void, c_int, usize) -> HipStatus;
         hipMemsetAsync: fn(*mut c_void, c_int, usize, Handle) -> HipStatus;
         hipMemcpy: fn(*mut c_void, *const c_void, usize, c_uint) -> HipStatus;
@@ -364,6 +399,90 @@ impl Hip {
         // SAFETY: `p` is a valid out-pointer; `host` is only looked up, not dereferenced.
         let s = unsafe { (self.fns.hipHostGetDevicePointer)(&mut p, host, 0) };
         if s == HIP_SUCCESS { Ok(p) } else { Err(s) }
+    }
+
+    /// `hipHostRegister(host, bytes, flags)`: page-locks memory someone else allocated.
+    ///
+    /// # Safety
+    /// `[host, host + bytes)` is live host memory that stays allocated until
+    /// [`Hip::host_unregister`].
+    pub unsafe fn host_register(
+        &self,
+        host: *mut c_void,
+        bytes: usize,
+        flags: c_uint,
+    ) -> HipStatus {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { (self.fns.hipHostRegister)(host, bytes, flags) }
+    }
+
+    /// `hipHostUnregister`.
+    ///
+    /// # Safety
+    /// `host` was registered with [`Hip::host_register`] and no work uses it any more.
+    pub unsafe fn host_unregister(&self, host: *mut c_void) -> HipStatus {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { (self.fns.hipHostUnregister)(host) }
+    }
+
+    /// `hipMemGetInfo`: `(free, total)` bytes of the current device.
+    pub fn mem_info(&self) -> Result<(usize, usize), HipStatus> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are valid out-pointers.
+        let s = unsafe { (self.fns.hipMemGetInfo)(&mut free, &mut total) };
+        if s == HIP_SUCCESS {
+            Ok((free, total))
+        } else {
+            Err(s)
+        }
+    }
+
+    /// `hipMemGetAddressRange`: `(base, size)` of the device allocation holding `ptr`.
+    pub fn address_range(&self, ptr: *mut c_void) -> Result<(usize, usize), HipStatus> {
+        let (mut base, mut size) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: both are valid out-pointers; the runtime only looks `ptr` up.
+        let s = unsafe { (self.fns.hipMemGetAddressRange)(&mut base, &mut size, ptr) };
+        if s == HIP_SUCCESS {
+            Ok((base as usize, size))
+        } else {
+            Err(s)
+        }
+    }
+
+    /// `hipPointerGetAttributes`, reduced to the memory type and device. An address the runtime
+    /// does not know is [`MEMORY_TYPE_UNREGISTERED`] (HIP 6 answers so; HIP 5 refused with
+    /// `hipErrorInvalidValue`, mapped to the same).
+    pub fn pointer_info(&self, ptr: *const c_void) -> Result<PointerInfo, HipStatus> {
+        let mut storage = vec![0u64; std::mem::size_of::<PointerAttribute>().div_ceil(8) + 8];
+        // SAFETY: `storage` is zeroed, 8-byte aligned and larger than `hipPointerAttribute_t`;
+        // the runtime writes at most the struct and only looks `ptr` up.
+        let s = unsafe { (self.fns.hipPointerGetAttributes)(storage.as_mut_ptr().cast(), ptr) };
+        if s == HIP_ERROR_INVALID_VALUE {
+            return Ok(PointerInfo {
+                memory_type: MEMORY_TYPE_UNREGISTERED,
+                device: -1,
+            });
+        }
+        if s != HIP_SUCCESS {
+            return Err(s);
+        }
+        let bytes: Vec<u8> = storage.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let u32_at = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        Ok(PointerInfo {
+            memory_type: u32_at(std::mem::offset_of!(PointerAttribute, type_)),
+            device: u32_at(std::mem::offset_of!(PointerAttribute, device)) as c_int,
+        })
+    }
+
+    /// `hipStreamGetDevice`: the device a stream belongs to.
+    ///
+    /// # Safety
+    /// `stream` is a live stream handle or the null stream (the runtime dereferences it).
+    pub unsafe fn stream_device(&self, stream: Handle) -> Result<c_int, HipStatus> {
+        let mut d: c_int = -1;
+        // SAFETY: `d` is a valid out-pointer; `stream` per the caller's contract.
+        let s = unsafe { (self.fns.hipStreamGetDevice)(stream, &mut d) };
+        if s == HIP_SUCCESS { Ok(d) } else { Err(s) }
     }
 
     /// `hipMemset` (null stream).

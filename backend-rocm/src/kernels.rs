@@ -31,10 +31,10 @@ impl fmt::Display for KernelSource {
 }
 
 /// Every kernel, in the order of [`Kernel::ALL`].
-pub(crate) const KERNELS: [KernelAbi; 7] = {
-    let mut out = [Kernel::ALL[0].abi(); 7];
+pub(crate) const KERNELS: [KernelAbi; Kernel::ALL.len()] = {
+    let mut out = [Kernel::ALL[0].abi(); Kernel::ALL.len()];
     let mut i = 0;
-    while i < 7 {
+    while i < Kernel::ALL.len() {
         out[i] = Kernel::ALL[i].abi();
         i += 1;
     }

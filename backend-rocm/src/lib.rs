@@ -6,6 +6,7 @@ mod device;
 pub mod elf;
 mod error;
 mod ffi;
+mod foreign;
 pub mod kernels;
 mod launch;
 mod memory;

@@ -9,15 +9,19 @@ use crate::context::Context;
 use crate::error::RocmError;
 use crate::ffi::Handle;
 
-/// Device memory from `hipMalloc` (zeroed on allocation).
+/// Device memory from `hipMalloc` (zeroed on allocation), or an engine's device memory lent
+/// through [`crate::RocmDevice::wrap_device_memory`].
 ///
-/// Dropping it calls `hipFree`, which synchronises the device first, so work still using the
-/// buffer completes before the memory is released.
+/// Dropping memory this backend allocated calls `hipFree`, which synchronises the device first,
+/// so work still using the buffer completes before the memory is released; lent memory is left
+/// to its owner.
 #[derive(Debug)]
 pub struct RocmBuffer {
     pub(crate) ptr: *mut c_void,
     pub(crate) len: usize,
     pub(crate) ctx: Arc<Context>,
+    /// Whether drop frees the memory (allocated here) or leaves it alone (lent).
+    pub(crate) owned: bool,
 }
 
 // SAFETY: the buffer owns a device allocation; the HIP API may free it and use it from any thread.
@@ -35,6 +39,11 @@ impl RocmBuffer {
     pub(crate) fn addr(&self) -> u64 {
         self.ptr as u64
     }
+
+    /// Device address of byte 0 (for an engine's own copies into the buffer, and diagnostics).
+    pub fn device_address(&self) -> u64 {
+        self.ptr as u64
+    }
 }
 
 impl BufferLen for RocmBuffer {
@@ -45,7 +54,7 @@ impl BufferLen for RocmBuffer {
 
 impl Drop for RocmBuffer {
     fn drop(&mut self) {
-        if self.ptr.is_null() {
+        if self.ptr.is_null() || !self.owned {
             return;
         }
         self.ctx.bind_quietly();
@@ -55,14 +64,27 @@ impl Drop for RocmBuffer {
     }
 }
 
-/// Pinned, mapped host memory from `hipHostMalloc(hipHostMallocMapped | hipHostMallocPortable)`,
-/// page-aligned and zeroed on allocation. Kernels read it through its device address.
+/// Who releases a [`RocmHostBuffer`]'s pinning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pinning {
+    /// `hipHostMalloc` here; `hipHostFree` on drop.
+    Allocated,
+    /// An engine's memory registered here with `hipHostRegister`; `hipHostUnregister` on drop.
+    Registered,
+    /// An engine's memory it had pinned itself; left alone on drop.
+    Borrowed,
+}
+
+/// Pinned, mapped host memory: from `hipHostMalloc(hipHostMallocMapped |
+/// hipHostMallocPortable)`, page-aligned and zeroed on allocation, or an engine's host memory lent
+/// through [`crate::RocmDevice::wrap_host_memory`]. Kernels read it through its device address.
 #[derive(Debug)]
 pub struct RocmHostBuffer {
     pub(crate) host: *mut u8,
     pub(crate) device: *mut c_void,
     pub(crate) len: usize,
     pub(crate) ctx: Arc<Context>,
+    pub(crate) pinning: Pinning,
 }
 
 // SAFETY: the buffer owns a pinned allocation usable from any thread; host-side access goes
@@ -95,13 +117,26 @@ impl Drop for RocmHostBuffer {
             return;
         }
         self.ctx.bind_quietly();
-        // SAFETY: `host` came from `hipHostMalloc` in `RocmDevice::alloc_pinned` and is freed
-        // exactly once, here; `hipHostFree` waits for outstanding work first.
-        let _ = unsafe { self.ctx.hip.host_free(self.host.cast()) };
+        match self.pinning {
+            Pinning::Allocated => {
+                // SAFETY: `host` came from `hipHostMalloc` in `RocmDevice::alloc_pinned` and is
+                // freed exactly once, here; `hipHostFree` waits for outstanding work first.
+                let _ = unsafe { self.ctx.hip.host_free(self.host.cast()) };
+            }
+            Pinning::Registered => {
+                // Work still reading or writing the memory finishes before it is unpinned.
+                let _ = self.ctx.hip.device_synchronize();
+                // SAFETY: `host` was registered in `RocmDevice::wrap_host_memory` and is
+                // unregistered exactly once, here, after the device went idle.
+                let _ = unsafe { self.ctx.hip.host_unregister(self.host.cast()) };
+            }
+            Pinning::Borrowed => {}
+        }
     }
 }
 
-/// A non-blocking HIP stream (it does not synchronise with the null stream).
+/// A HIP stream: a non-blocking one of this backend (it does not synchronise with the null
+/// stream), or an engine's lent through [`crate::RocmDevice::wrap_stream`].
 ///
 /// It owns the resolver's device scratch (a counter and the wanted-row workspace for requests
 /// whose table does not fit shared memory), so concurrent streams never share it. The scratch
@@ -112,9 +147,17 @@ pub struct RocmStream {
     pub(crate) ctx: Arc<Context>,
     /// `(address, bytes)` of the scratch allocation.
     pub(crate) scratch: Mutex<Option<(usize, usize)>>,
+    /// Whether drop destroys the stream (created here) or leaves it alone (lent by an engine).
+    pub(crate) owned: bool,
 }
 
 impl RocmStream {
+    /// The runtime's handle (`hipStream_t`), e.g. to order an engine's own work after this
+    /// backend's. It stays owned by this value (or by the engine that lent it).
+    pub fn raw_handle(&self) -> *mut c_void {
+        self.raw
+    }
+
     /// `(workspace, counter)` device addresses of a scratch of at least `bytes` bytes: the counter
     /// at offset 0, the workspace at offset 16.
     pub(crate) fn scratch(&self, bytes: usize) -> Result<(u64, u64), RocmError> {
@@ -153,9 +196,11 @@ unsafe impl Sync for RocmStream {}
 impl Drop for RocmStream {
     fn drop(&mut self) {
         self.ctx.bind_quietly();
-        // SAFETY: `raw` came from `hipStreamCreateWithFlags` and is destroyed exactly once; HIP
-        // lets pending work finish before releasing the stream.
-        let _ = unsafe { self.ctx.hip.stream_destroy(self.raw) };
+        if self.owned {
+            // SAFETY: `raw` came from `hipStreamCreateWithFlags` and is destroyed exactly once;
+            // HIP lets pending work finish before releasing the stream.
+            let _ = unsafe { self.ctx.hip.stream_destroy(self.raw) };
+        }
         if let Some((p, _)) = *self.scratch.get_mut().unwrap_or_else(|e| e.into_inner()) {
             // SAFETY: the scratch came from `hipMalloc` in `scratch` and is freed once, here;
             // `hipFree` waits for the device, so the stream's last work has finished with it.

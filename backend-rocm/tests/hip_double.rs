@@ -8,6 +8,7 @@
 //! runtime they report skipped too, since they need the double's knobs (the conformance suite
 //! runs on the real device instead).
 
+use std::ffi::c_void;
 use std::process::{Command, ExitCode};
 
 use hisparse_backend_rocm::{KernelSource, RocmDevice, RocmError};
@@ -19,6 +20,9 @@ use hisparse_core::ops::{
     SlotMappingArgs, SlotMappingDesc,
 };
 use hisparse_core::{Device, Error, ErrorKind};
+
+#[path = "../../gpu-kernels/tests/support/lending_scenario.rs"]
+mod lending_scenario;
 
 type Env = &'static [(&'static str, &'static str)];
 
@@ -47,6 +51,8 @@ const CASES: &[(&str, Env)] = &[
     ("events-order-streams", &[]),
     ("decode-path-never-blocks", &[]),
     ("split-launches-match-reference", &[]),
+    ("engine-owned-memory-and-streams", &[]),
+    ("query-event-reports-not-ready-then-completes", &[]),
 ];
 
 fn required() -> bool {
@@ -160,6 +166,8 @@ fn child(name: &str) -> Result<(), String> {
         "events-order-streams" => events_order_streams(),
         "decode-path-never-blocks" => decode_path_never_blocks(),
         "split-launches-match-reference" => split_launches_match_reference(),
+        "engine-owned-memory-and-streams" => engine_owned_memory_and_streams(),
+        "query-event-reports-not-ready-then-completes" => query_event_not_ready_then_complete(),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -677,6 +685,330 @@ fn events_order_streams() -> Result<(), String> {
             }
             _ => {}
         }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Engine-owned memory and streams
+// ------------------------------------------------------------------------------------------------
+
+type HipStatus = u32;
+
+/// The HIP entry points an engine would call itself, from the runtime the backend loaded.
+struct EngineHip {
+    _lib: libloading::Library,
+    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipStatus,
+    free: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> HipStatus,
+    host_free: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    memset: unsafe extern "C" fn(*mut c_void, i32, usize) -> HipStatus,
+    memcpy_async:
+        unsafe extern "C" fn(*mut c_void, *const c_void, usize, u32, *mut c_void) -> HipStatus,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void, u32) -> HipStatus,
+    stream_destroy: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    stream_synchronize: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    pointer_attributes: unsafe extern "C" fn(*mut c_void, *const c_void) -> HipStatus,
+}
+
+impl EngineHip {
+    fn load(path: &str) -> Result<EngineHip, String> {
+        // SAFETY: the HIP runtime (here the test double) the backend already loaded.
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the runtime exports the symbol with the signature of the field it is
+                // stored in (HIP's C API); the library is kept loaded beside the pointers.
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| format!("{}: {e}", $name))?
+            };
+        }
+        Ok(EngineHip {
+            malloc: sym!("hipMalloc"),
+            free: sym!("hipFree"),
+            host_malloc: sym!("hipHostMalloc"),
+            host_free: sym!("hipHostFree"),
+            memset: sym!("hipMemset"),
+            memcpy_async: sym!("hipMemcpyAsync"),
+            stream_create: sym!("hipStreamCreateWithFlags"),
+            stream_destroy: sym!("hipStreamDestroy"),
+            stream_synchronize: sym!("hipStreamSynchronize"),
+            pointer_attributes: sym!("hipPointerGetAttributes"),
+            _lib: lib,
+        })
+    }
+
+    /// The memory type `hipPointerGetAttributes` reports (HIP 6: 0 unregistered, 1 host, 2
+    /// device).
+    fn memory_type(&self, p: *const c_void) -> u32 {
+        let mut attrs = [0u64; 8];
+        // SAFETY: 64 writable, 8-aligned bytes, more than hipPointerAttribute_t.
+        let s = unsafe { (self.pointer_attributes)(attrs.as_mut_ptr().cast(), p) };
+        if s != 0 { 0 } else { attrs[0] as u32 }
+    }
+}
+
+fn hip_ok(call: &str, s: HipStatus) -> Result<(), String> {
+    if s == 0 {
+        Ok(())
+    } else {
+        Err(format!("{call}: hipError {s}"))
+    }
+}
+
+/// Memory and streams the engine allocated; freed by the engine at the end.
+struct Engine {
+    hip: EngineHip,
+    device: Vec<*mut c_void>,
+    pinned: Vec<*mut c_void>,
+    plain: Vec<(*mut u8, std::alloc::Layout)>,
+    streams: Vec<*mut c_void>,
+}
+
+impl Engine {
+    fn device(&mut self, len: usize) -> Result<*mut c_void, String> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: `p` is an out-pointer.
+        hip_ok("hipMalloc", unsafe { (self.hip.malloc)(&mut p, len) })?;
+        self.device.push(p);
+        // SAFETY: `p` addresses `len` bytes just allocated.
+        hip_ok("hipMemset", unsafe { (self.hip.memset)(p, 0, len) })?;
+        Ok(p)
+    }
+
+    fn pinned(&mut self, len: usize) -> Result<*mut u8, String> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: `p` is an out-pointer; mapped | portable.
+        hip_ok("hipHostMalloc", unsafe {
+            (self.hip.host_malloc)(&mut p, len, 3)
+        })?;
+        self.pinned.push(p);
+        // SAFETY: `p` addresses `len` bytes of host memory just allocated.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len) };
+        Ok(p.cast())
+    }
+
+    fn plain(&mut self, len: usize) -> Result<*mut u8, String> {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| e.to_string())?;
+        // SAFETY: non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err("host allocation failed".into());
+        }
+        self.plain.push((p, layout));
+        Ok(p)
+    }
+
+    fn release(self) -> Result<(), String> {
+        for s in &self.streams {
+            // SAFETY: the engine's stream; a stream the backend destroyed would be refused.
+            hip_ok("hipStreamSynchronize after the wrapper dropped", unsafe {
+                (self.hip.stream_synchronize)(*s)
+            })?;
+            // SAFETY: destroyed once, here.
+            hip_ok("hipStreamDestroy", unsafe { (self.hip.stream_destroy)(*s) })?;
+        }
+        for p in &self.device {
+            // SAFETY: from hipMalloc above, freed once; memory the backend freed would be refused.
+            hip_ok("hipFree after the wrapper dropped", unsafe {
+                (self.hip.free)(*p)
+            })?;
+        }
+        for p in &self.pinned {
+            // SAFETY: from hipHostMalloc above, freed once.
+            hip_ok("hipHostFree after the wrapper dropped", unsafe {
+                (self.hip.host_free)(*p)
+            })?;
+        }
+        for &(p, layout) in &self.plain {
+            // SAFETY: allocated above with this layout, unregistered by the backend, freed once.
+            unsafe { std::alloc::dealloc(p, layout) };
+        }
+        Ok(())
+    }
+}
+
+impl lending_scenario::Lender<RocmDevice> for Engine {
+    fn buffer(
+        &mut self,
+        dev: &RocmDevice,
+        len: usize,
+    ) -> Result<hisparse_backend_rocm::RocmBuffer, String> {
+        let base = self.device(len + 512)?;
+        // SAFETY: the engine frees the allocation only in `release`, after the wrappers dropped.
+        unsafe { dev.wrap_device_memory(base.wrapping_byte_add(256), len) }
+            .map_err(|e| e.to_string())
+    }
+
+    fn host(
+        &mut self,
+        dev: &RocmDevice,
+        len: usize,
+        second: bool,
+    ) -> Result<hisparse_backend_rocm::RocmHostBuffer, String> {
+        let p = if second {
+            self.plain(len)?
+        } else {
+            self.pinned(len)?
+        };
+        // SAFETY: freed only in `release`, after the wrappers dropped.
+        let buf = unsafe { dev.wrap_host_memory(p, len) }.map_err(|e| e.to_string())?;
+        if dev.registered_here(&buf) != second {
+            return Err("registration does not match the memory's origin".into());
+        }
+        Ok(buf)
+    }
+
+    fn stream(&mut self, dev: &RocmDevice) -> Result<hisparse_backend_rocm::RocmStream, String> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is an out-pointer; non-blocking.
+        hip_ok("hipStreamCreateWithFlags", unsafe {
+            (self.hip.stream_create)(&mut raw, 1)
+        })?;
+        self.streams.push(raw);
+        // SAFETY: destroyed only in `release`, after the wrapper dropped.
+        unsafe { dev.wrap_stream(raw) }.map_err(|e| e.to_string())
+    }
+
+    fn engine_copy(
+        &mut self,
+        dev: &RocmDevice,
+        stream: &hisparse_backend_rocm::RocmStream,
+        src: &hisparse_backend_rocm::RocmHostBuffer,
+        dst: &mut hisparse_backend_rocm::RocmBuffer,
+        bytes: usize,
+    ) -> Result<(), String> {
+        let raw = stream.raw_handle();
+        if !self.streams.contains(&raw) {
+            return Err("the wrapped stream's handle is not the engine's".into());
+        }
+        let src = dev.pinned_address(src) as *const c_void;
+        // SAFETY: pinned source and device destination of at least `bytes`, alive until the
+        // stream's work completed.
+        hip_ok("hipMemcpyAsync", unsafe {
+            (self.hip.memcpy_async)(dst.device_address() as *mut c_void, src, bytes, 1, raw)
+        })
+    }
+}
+
+/// The engine allocates device memory, pinned and plain host memory and a stream through the
+/// runtime; the backend wraps them, runs the shared scenario on them and on its own buffers, and
+/// the results must be identical; afterwards the engine's memory and stream are still alive,
+/// registered memory is unregistered, and bad arguments are refused.
+fn engine_owned_memory_and_streams() -> Result<(), String> {
+    let dev = open()?;
+    let owned = lending_scenario::scenario(&dev, &mut lending_scenario::Owned)?;
+    let mut engine = Engine {
+        hip: EngineHip::load(dev.runtime_path())?,
+        device: Vec::new(),
+        pinned: Vec::new(),
+        plain: Vec::new(),
+        streams: Vec::new(),
+    };
+    let lent = lending_scenario::scenario(&dev, &mut engine)?;
+    lending_scenario::compare(&owned, &lent)?;
+    for &(p, _) in &engine.plain {
+        if engine.hip.memory_type(p.cast()) != 0 {
+            return Err("memory the backend registered is still pinned after drop".into());
+        }
+    }
+    for &p in &engine.pinned {
+        if engine.hip.memory_type(p) != 1 {
+            return Err("the engine's pinned memory was unpinned by the backend".into());
+        }
+    }
+    let d = engine.device(4096)?;
+    let pinned = engine.pinned(8192)?;
+    let plain = engine.plain(8192)?;
+    let refused = |what: &str, r: Result<(), RocmError>| -> Result<(), String> {
+        match r {
+            Err(err) if err.kind() == ErrorKind::InvalidArgument => Ok(()),
+            Err(err) => Err(format!("{what}: `{err}` is {:?}", err.kind())),
+            Ok(()) => Err(format!("{what}: accepted")),
+        }
+    };
+    // SAFETY: every call is refused before anything is kept (one accepted by mistake is dropped
+    // at once, before the engine frees the memory); the bogus stream handle goes to the HIP test
+    // double (these cases run only on it), which looks handles up instead of dereferencing them.
+    unsafe {
+        refused(
+            "device range past its allocation",
+            dev.wrap_device_memory(d, 4097).map(drop),
+        )?;
+        refused(
+            "misaligned device pointer",
+            dev.wrap_device_memory(d.wrapping_byte_add(8), 64).map(drop),
+        )?;
+        refused(
+            "host memory as device memory",
+            dev.wrap_device_memory(pinned.cast(), 64).map(drop),
+        )?;
+        refused(
+            "plain memory as device memory",
+            dev.wrap_device_memory(plain.cast(), 64).map(drop),
+        )?;
+        refused(
+            "device memory as host memory",
+            dev.wrap_host_memory(d.cast(), 4096).map(drop),
+        )?;
+        refused(
+            "pinned range past its allocation",
+            dev.wrap_host_memory(pinned, 8192 + 4096).map(drop),
+        )?;
+        refused(
+            "misaligned host memory",
+            dev.wrap_host_memory(plain.add(16), 4096).map(drop),
+        )?;
+        refused("empty host range", dev.wrap_host_memory(plain, 0).map(drop))?;
+        refused(
+            "a destroyed-looking stream handle",
+            dev.wrap_stream(0x12345 as *mut c_void).map(drop),
+        )?;
+    }
+    if engine.hip.memory_type(plain.cast()) != 0 {
+        return Err("a refused registration left the memory pinned".into());
+    }
+    engine.release()
+}
+
+/// `query_event` on work still queued answers false first, then true once the work ran, and
+/// the work's result is visible then, without any synchronisation.
+fn query_event_not_ready_then_complete() -> Result<(), String> {
+    let dev = open()?;
+    let e = |e: RocmError| e.to_string();
+    let n: usize = 1 << 16;
+    let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+    let src = {
+        let mut b = dev.alloc(n).map_err(e)?;
+        dev.upload(&mut b, 0, &data).map_err(e)?;
+        b
+    };
+    let mut dst = dev.alloc_pinned(n).map_err(e)?;
+    let s = dev.create_stream().map_err(e)?;
+    dev.copy_to_host(&s, &src, 0, &mut dst, 0, n).map_err(e)?;
+    let ev = dev.record_event(&s).map_err(e)?;
+    if dev.query_event(&ev).map_err(e)? {
+        return Err("the event of queued work was complete before the work ran".into());
+    }
+    let mut polls = 0;
+    while !dev.query_event(&ev).map_err(e)? {
+        polls += 1;
+        if polls > 1000 {
+            return Err("query_event never answered true".into());
+        }
+    }
+    // Read the pinned memory directly, without the synchronising read_pinned.
+    let got = {
+        let mut v = vec![0u8; n];
+        // SAFETY: the event completed, so the copy into the pinned buffer has finished; nothing
+        // else writes it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(dev.pinned_address(&dst) as *const u8, v.as_mut_ptr(), n)
+        };
+        v
+    };
+    if got != data {
+        return Err("the copy's result is not visible once query_event answered true".into());
     }
     Ok(())
 }

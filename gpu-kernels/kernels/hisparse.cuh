@@ -80,6 +80,12 @@ struct hs_span {
     u32 num_rows;
 };
 
+// One sparse table write (hisparse_core::ops::TableWrite): table[index] = value. 8 bytes.
+struct hs_table_write {
+    u32 index;
+    i32 value;
+};
+
 // One entry of the resolver's wanted-row hash table. 16 bytes.
 struct hs_wanted {
     i32 key;         // flat host row g, or HS_EMPTY_KEY
@@ -1282,4 +1288,43 @@ HS_KERNEL HS_BOUNDS(HS_SLOT_THREADS) void hs_compressed_slot_mapping(
         if (col < max_blocks) v = hs_physical_row(block_table[(u64)row * max_blocks + col], bc, c % bc);
     }
     out[t] = v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Table maintenance (hisparse_core::ops::table::write_table and reset_hot_state)
+// ---------------------------------------------------------------------------------------------
+//
+// Launch: grid (min(ceil(work / HS_TABLE_THREADS), a few blocks per multiprocessor)), block
+// (HS_TABLE_THREADS); both kernels are grid-stride. The host stages the lists (`writes`, `rows`)
+// in device memory. Write indices are unique (checked on the host), so the writes are
+// independent; a reset row listed twice is written twice with the same values.
+
+#define HS_TABLE_THREADS 256
+
+// table[w.index] = w.value for every write. Indices at or beyond table_len are skipped (the host
+// refuses them before launching; the bound keeps a corrupted list from writing out of range).
+HS_KERNEL HS_BOUNDS(HS_TABLE_THREADS) void hs_write_table(
+    const hs_table_write* __restrict__ writes, u32 num_writes, i32* __restrict__ table,
+    u32 table_len) {
+    for (u64 i = (u64)HS_BID_X * HS_NTHREADS + HS_TID; i < num_writes; i += (u64)HS_NBLOCKS_X * HS_NTHREADS) {
+        const hs_table_write w = writes[i];
+        if (w.index < table_len) table[w.index] = w.value;
+    }
+}
+
+// For every listed state row r: dgi[r][s] = -1 and lru[r][s] = s for s in 0..hot_slots. Rows at
+// or beyond num_requests are skipped (refused on the host, as above).
+HS_KERNEL HS_BOUNDS(HS_TABLE_THREADS) void hs_reset_hot_state(
+    const u32* __restrict__ rows, u32 num_rows, i32* __restrict__ dgi, u16* __restrict__ lru,
+    u32 num_requests, u32 hot_slots) {
+    const u64 total = (u64)num_rows * hot_slots;
+    for (u64 i = (u64)HS_BID_X * HS_NTHREADS + HS_TID; i < total; i += (u64)HS_NBLOCKS_X * HS_NTHREADS) {
+        const u32 r = rows[i / hot_slots];
+        const u32 s = (u32)(i % hot_slots);
+        if (r < num_requests) {
+            const u64 at = (u64)r * hot_slots + s;
+            dgi[at] = -1;
+            lru[at] = (u16)s;
+        }
+    }
 }

@@ -11,7 +11,8 @@
 //! [`Kernel`] enum names them; [`Kernel::abi`] gives each one's symbol, its parameters in order
 //! ([`Param`]) and its block size, which is all a launcher (or a test double decoding launches)
 //! needs. The `#[repr(C)]` structs here ([`Layout`], [`LayerPairAbi`], [`GatherLayers`],
-//! [`PageJob`], [`Pair`], [`Span`], [`Wanted`]) mirror the C structs of the source byte for byte.
+//! [`PageJob`], [`Pair`], [`Span`], [`TableWriteAbi`], [`Wanted`]) mirror the C structs of the
+//! source byte for byte.
 //!
 //! Launch shapes (grid, block, dynamic shared memory) are documented on each [`Kernel`] variant
 //! and in the source.
@@ -22,11 +23,16 @@
 //! wrappers generated from this ABI table, and compares the results bit for bit with the core's
 //! reference on random inputs (`HISPARSE_REQUIRE_CXX=1` makes a missing compiler a failure).
 //!
+//! [`lending`] holds the argument checks both backends apply to memory an engine lends them.
+//!
 //! What this crate deliberately does not do: load drivers, compile, or launch anything.
 
 #![deny(missing_docs)]
 
-use hisparse_core::ops::{LayerPair, PageLayout};
+pub mod lending;
+
+use bytemuck::{Pod, Zeroable};
+use hisparse_core::ops::{LayerPair, PageLayout, TableWrite};
 
 /// The vendor-neutral kernel source (needs a prelude first).
 pub const COMMON_SOURCE: &str = include_str!("../kernels/hisparse.cuh");
@@ -69,6 +75,8 @@ pub const COPY_THREADS: u32 = 256;
 pub const INVALIDATE_THREADS: u32 = 256;
 /// Threads per block of `hs_compressed_slot_mapping`.
 pub const SLOT_THREADS: u32 = 256;
+/// Threads per block of `hs_write_table` and `hs_reset_hot_state`.
+pub const TABLE_THREADS: u32 = 256;
 /// `hs_copy_rows` direction: device pool → host pool.
 pub const DIRECTION_DEVICE_TO_HOST: u32 = 0;
 /// `hs_copy_rows` direction: host pool → device pool.
@@ -159,6 +167,12 @@ pub enum Kernel {
     /// `hs_compressed_slot_mapping`: grid `(ceil(num_tokens / SLOT_THREADS))`, block
     /// [`SLOT_THREADS`].
     CompressedSlotMapping,
+    /// `hs_write_table`: 1-D grid (any size), block [`TABLE_THREADS`]. `writes`:
+    /// `TableWriteAbi[num_writes]` in device memory, indices strictly increasing (unique).
+    WriteTable,
+    /// `hs_reset_hot_state`: 1-D grid (any size), block [`TABLE_THREADS`]. `rows`:
+    /// `u32[num_rows]` in device memory (repeats allowed).
+    ResetHotState,
 }
 
 macro_rules! params {
@@ -197,10 +211,16 @@ const SLOT_PARAMS: &[NamedParam] = params![
     positions: Ptr, slot_mapping: Ptr, table_row: Ptr, block_table: Ptr, out: Ptr,
     num_tokens: U32, ratio: U32, block_size: U32, table_rows: U32, max_blocks: U32,
 ];
+const WRITE_TABLE_PARAMS: &[NamedParam] = params![
+    writes: Ptr, num_writes: U32, table: Ptr, table_len: U32,
+];
+const RESET_HOT_PARAMS: &[NamedParam] = params![
+    rows: Ptr, num_rows: U32, dgi: Ptr, lru: Ptr, num_requests: U32, hot_slots: U32,
+];
 
 impl Kernel {
     /// Every kernel, in source order.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Remap,
         Kernel::Resolve,
         Kernel::GatherRows,
@@ -208,6 +228,8 @@ impl Kernel {
         Kernel::CopyRows,
         Kernel::Invalidate,
         Kernel::CompressedSlotMapping,
+        Kernel::WriteTable,
+        Kernel::ResetHotState,
     ];
 
     /// Symbol, parameters and block size.
@@ -222,6 +244,8 @@ impl Kernel {
             Kernel::CompressedSlotMapping => {
                 ("hs_compressed_slot_mapping", SLOT_PARAMS, SLOT_THREADS)
             }
+            Kernel::WriteTable => ("hs_write_table", WRITE_TABLE_PARAMS, TABLE_THREADS),
+            Kernel::ResetHotState => ("hs_reset_hot_state", RESET_HOT_PARAMS, TABLE_THREADS),
         };
         KernelAbi {
             name,
@@ -238,7 +262,7 @@ impl Kernel {
 
 /// One layer's pages in one pool: `struct hs_layout` (40 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct Layout {
     /// Byte offset of block 0's page.
     pub base: u64,
@@ -275,7 +299,7 @@ impl From<&PageLayout> for Layout {
 
 /// A layer in both pools: `struct hs_layer_pair` (80 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct LayerPairAbi {
     /// Layout in the pinned host pool.
     pub host: Layout,
@@ -294,7 +318,7 @@ impl From<&LayerPair> for LayerPairAbi {
 
 /// The layers of one gather launch, passed by value: `struct hs_gather_layers` (1296 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct GatherLayers {
     /// Layers used (`1..=GATHER_MAX_LAYERS`).
     pub count: u32,
@@ -321,7 +345,7 @@ impl GatherLayers {
 
 /// One layer of a whole-page copy: `struct hs_page_job` (40 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct PageJob {
     /// Byte offset of block 0's page in the source buffer.
     pub src_base: u64,
@@ -337,7 +361,7 @@ pub struct PageJob {
 
 /// A source block and a destination block: `struct hs_pair` (8 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct Pair {
     /// Source block.
     pub src: u32,
@@ -347,7 +371,7 @@ pub struct Pair {
 
 /// A row span: `struct hs_span` (16 bytes), same fields as `hisparse_core::ops::RowSpan`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct Span {
     /// Device block.
     pub device_block: u32,
@@ -359,9 +383,29 @@ pub struct Span {
     pub num_rows: u32,
 }
 
+/// One sparse table write: `struct hs_table_write` (8 bytes), the fields of
+/// `hisparse_core::ops::TableWrite`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct TableWriteAbi {
+    /// Element index into the table.
+    pub index: u32,
+    /// The value written.
+    pub value: i32,
+}
+
+impl From<&TableWrite> for TableWriteAbi {
+    fn from(w: &TableWrite) -> Self {
+        TableWriteAbi {
+            index: w.index,
+            value: w.value,
+        }
+    }
+}
+
 /// One entry of the resolver's wanted-row table: `struct hs_wanted` (16 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct Wanted {
     /// Flat host row, or -1.
     pub key: i32,
@@ -382,6 +426,7 @@ const _: () = {
     assert!(core::mem::size_of::<Pair>() == 8);
     assert!(core::mem::size_of::<Span>() == 16);
     assert!(core::mem::size_of::<Wanted>() == 16);
+    assert!(core::mem::size_of::<TableWriteAbi>() == 8);
 };
 
 const fn align16(x: u64) -> u64 {
@@ -513,6 +558,7 @@ mod tests {
             ("HS_COPY_THREADS", COPY_THREADS),
             ("HS_INVALIDATE_THREADS", INVALIDATE_THREADS),
             ("HS_SLOT_THREADS", SLOT_THREADS),
+            ("HS_TABLE_THREADS", TABLE_THREADS),
             ("HS_REMAP_HAS_MAP", REMAP_HAS_MAP),
             ("HS_REMAP_COUNTS", REMAP_COUNTS),
             ("HS_REMAP_COMPACT", REMAP_COMPACT),

@@ -17,10 +17,11 @@ use hisparse_core::ops::invalidate::invalidate;
 use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
+use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    BlockPair, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair,
-    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices, RowCopyDesc,
-    RowSpan, SlotMappingArgs, SlotMappingDesc,
+    BlockPair, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
+    LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices,
+    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels as gk;
 
@@ -838,6 +839,86 @@ fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     Ok(())
 }
 
+/// Sparse table writes (random sorted unique indices, extreme values) and hot-state resets
+/// (rows listed more than once), launched with grids smaller than the work (grid-stride).
+fn check_tables(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+    let len = rng.int(1, 3000) as u32;
+    let density = *[1u64, 30, 100].get(rng.below(3) as usize).unwrap_or(&30);
+    let mut writes = Vec::new();
+    for index in 0..len {
+        if rng.pct(density) {
+            let value = match rng.below(4) {
+                0 => -1,
+                1 => i32::MIN,
+                2 => i32::MAX,
+                _ => rng.int(-1000, 1000) as i32,
+            };
+            writes.push(TableWrite { index, value });
+        }
+    }
+    // Slack beyond the table: the kernel must not touch it.
+    let table: Vec<i32> = (0..len + 8).map(|_| rng.int(-5, 5) as i32).collect();
+    let desc = TableWriteDesc { table_len: len };
+    let mut want = table.clone();
+    write_table(&desc, &writes, &mut want[..len as usize]).map_err(|e| e.to_string())?;
+    let mut got = table.clone();
+    let abi: Vec<gk::TableWriteAbi> = writes.iter().map(gk::TableWriteAbi::from).collect();
+    if !abi.is_empty() {
+        emu.run(
+            Kernel::WriteTable,
+            (rng.int(1, 3) as u32, 1, 1),
+            gk::TABLE_THREADS,
+            0,
+            &[
+                p(&abi),
+                Arg::U32(abi.len() as u32),
+                pm(&mut got),
+                Arg::U32(len),
+            ],
+        );
+    }
+    if got != want {
+        return Err(format!(
+            "write_table differs ({} writes over {len})",
+            writes.len()
+        ));
+    }
+
+    let (r, n) = (rng.int(1, 5) as u32, rng.int(1, 700) as u32);
+    let rows: Vec<u32> = (0..rng.int(1, 8))
+        .map(|_| rng.below(u64::from(r)) as u32)
+        .collect();
+    let desc = HotResetDesc {
+        num_requests: r,
+        hot_slots: n,
+    };
+    let dgi: Vec<i32> = (0..r * n).map(|_| rng.int(-1, 99) as i32).collect();
+    let lru: Vec<u16> = (0..r * n).map(|_| rng.below(u64::from(n)) as u16).collect();
+    let (mut want_dgi, mut want_lru) = (dgi.clone(), lru.clone());
+    reset_hot_state(&desc, &rows, &mut want_dgi, &mut want_lru).map_err(|e| e.to_string())?;
+    let (mut got_dgi, mut got_lru) = (dgi, lru);
+    emu.run(
+        Kernel::ResetHotState,
+        (rng.int(1, 3) as u32, 1, 1),
+        gk::TABLE_THREADS,
+        0,
+        &[
+            p(&rows),
+            Arg::U32(rows.len() as u32),
+            pm(&mut got_dgi),
+            pm(&mut got_lru),
+            Arg::U32(r),
+            Arg::U32(n),
+        ],
+    );
+    if got_dgi != want_dgi || got_lru != want_lru {
+        return Err(format!(
+            "reset_hot_state differs (rows {rows:?}, {n} slots)"
+        ));
+    }
+    Ok(())
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("kernels_match_reference_on_cpu: test");
@@ -898,6 +979,7 @@ fn main() {
             ),
             ("copies", check_copies(&emu, &mut rng)),
             ("small ops", check_small_ops(&emu, &mut rng)),
+            ("tables", check_tables(&emu, &mut rng)),
         ] {
             if let Err(e) = r {
                 failures.push(format!("seed {seed} {name}: {e}"));

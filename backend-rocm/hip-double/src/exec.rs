@@ -13,10 +13,11 @@ use hisparse_core::ops::invalidate::invalidate;
 use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
+use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageLayout,
-    RemapArgs, RemapDesc, ResolveDesc, ResolveSlices, RowCopyDesc, RowSpan, SlotMappingArgs,
-    SlotMappingDesc,
+    Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc, LayerPair,
+    PageLayout, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices, RowCopyDesc, RowSpan,
+    SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels::{self as gk, Kernel, KernelAbi, Param};
 
@@ -224,6 +225,8 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
         Kernel::CopyRows => run_copy_rows(st, &p),
         Kernel::Invalidate => run_invalidate(st, &p),
         Kernel::CompressedSlotMapping => run_slot_mapping(st, l, &p),
+        Kernel::WriteTable => run_write_table(st, &p),
+        Kernel::ResetHotState => run_reset_hot_state(st, &p),
     }
 }
 
@@ -682,5 +685,46 @@ fn run_slot_mapping(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), St
     )
     .map_err(|e| e.to_string())?;
     write_i32(st, p.ptr("out"), &out);
+    Ok(())
+}
+
+/// `hs_write_table`: the reference write. The list must be what the host promises (strictly
+/// increasing indices below `table_len`); the reference refuses anything else, which the double
+/// reports as a fault.
+fn run_write_table(st: &mut State, p: &Params<'_>) -> Result<(), String> {
+    let n = p.u32("num_writes") as usize;
+    let table_len = p.u32("table_len");
+    let raw = read_i32(st, "writes", p.ptr("writes"), 2 * n)?;
+    let writes: Vec<TableWrite> = raw
+        .chunks_exact(2)
+        .map(|w| TableWrite {
+            index: w[0] as u32,
+            value: w[1],
+        })
+        .collect();
+    let mut table = read_i32(st, "table", p.ptr("table"), table_len as usize)?;
+    write_table(&TableWriteDesc { table_len }, &writes, &mut table).map_err(|e| e.to_string())?;
+    write_i32(st, p.ptr("table"), &table);
+    Ok(())
+}
+
+/// `hs_reset_hot_state`: the reference reset of the listed state rows.
+fn run_reset_hot_state(st: &mut State, p: &Params<'_>) -> Result<(), String> {
+    let desc = HotResetDesc {
+        num_requests: p.u32("num_requests"),
+        hot_slots: p.u32("hot_slots"),
+    };
+    let n = p.u32("num_rows") as usize;
+    let rows: Vec<u32> = read_i32(st, "rows", p.ptr("rows"), n)?
+        .into_iter()
+        .map(|r| r as u32)
+        .collect();
+    let slots = desc.num_requests as usize * desc.hot_slots as usize;
+    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), slots)?;
+    let mut lru = read_u16(st, "lru", p.ptr("lru"), slots)?;
+    reset_hot_state(&desc, &rows, &mut dgi, &mut lru).map_err(|e| e.to_string())?;
+    write_i32(st, p.ptr("dgi"), &dgi);
+    let lru_bytes: Vec<u8> = lru.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    crate::mem::write(st, p.ptr("lru"), &lru_bytes);
     Ok(())
 }

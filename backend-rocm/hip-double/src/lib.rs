@@ -300,11 +300,132 @@ pub unsafe extern "C" fn hipHostGetDevicePointer(
         return HIP_ERROR_INVALID_VALUE;
     }
     let st = state();
-    match st.allocs.get(&(host as usize)) {
+    // Any address inside pinned or registered memory maps to itself (the double's device sees
+    // host memory at the same address).
+    match st.find(host as usize, 0) {
         // SAFETY: HIP contract: `dev` is a valid out-pointer.
-        Some(a) if a.kind == Kind::Pinned => unsafe { put(dev, host) },
+        Some((_, a)) if Kind::HOST.contains(&a.kind) => unsafe { put(dev, host) },
         _ => HIP_ERROR_INVALID_VALUE,
     }
+}
+
+/// `hipHostRegister`, as HIP documents it, on the double's host-memory device (crate docs): the
+/// caller's host memory becomes pinned and mapped at the same address.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipHostRegister(host: *mut c_void, bytes: usize, flags: c_uint) -> u32 {
+    blocking();
+    // hipHostRegisterDefault | Portable | Mapped | IoMemory | ReadOnly.
+    if host.is_null() || bytes == 0 || flags & !(1 | 2 | 4 | 8) != 0 {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let mut st = state();
+    match mem::register(&mut st, host as usize, bytes) {
+        Ok(()) => HIP_SUCCESS,
+        Err(Kind::Device) => HIP_ERROR_INVALID_VALUE,
+        Err(_) => HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+    }
+}
+
+/// `hipHostUnregister`, as HIP documents it, on the double's host-memory device (crate docs).
+/// Waits for all queued work first, so nothing reads the memory after it is unpinned.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipHostUnregister(host: *mut c_void) -> u32 {
+    blocking();
+    let mut st = state();
+    st.drain_all();
+    match st.allocs.get(&(host as usize)).map(|a| a.kind) {
+        Some(Kind::Registered) => {
+            mem::free(&mut st, host as usize);
+            HIP_SUCCESS
+        }
+        _ => HIP_ERROR_HOST_MEMORY_NOT_REGISTERED,
+    }
+}
+
+/// `hipMemGetInfo`, as HIP documents it, on the double's host-memory device (crate docs): the
+/// device memory limit and what `hipMalloc` has not taken of it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
+    let limit = memory_limit();
+    let used = state().device_bytes;
+    // SAFETY: HIP contract: both are valid out-pointers (null is refused by `put`).
+    let s = unsafe { put(free, limit.saturating_sub(used)) };
+    if s != HIP_SUCCESS {
+        return s;
+    }
+    // SAFETY: as above.
+    unsafe { put(total, limit) }
+}
+
+/// `hipMemGetAddressRange`, as HIP documents it, on the double's host-memory device (crate
+/// docs): base and size of the device allocation holding `ptr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipMemGetAddressRange(
+    base: *mut *mut c_void,
+    size: *mut usize,
+    ptr: *mut c_void,
+) -> u32 {
+    let st = state();
+    let Some((start, a)) = st.find(ptr as usize, 0) else {
+        return HIP_ERROR_NOT_FOUND;
+    };
+    if a.kind != Kind::Device {
+        return HIP_ERROR_NOT_FOUND;
+    }
+    // SAFETY: HIP contract: valid out-pointers (null is refused by `put`).
+    let s = unsafe { put(base, start as *mut c_void) };
+    if s != HIP_SUCCESS {
+        return s;
+    }
+    // SAFETY: as above.
+    unsafe { put(size, a.len) }
+}
+
+/// `hipPointerGetAttributes`, as HIP 6 documents it, on the double's host-memory device (crate
+/// docs): device memory is `hipMemoryTypeDevice`, pinned and registered host memory
+/// `hipMemoryTypeHost` (mapped at the same address), anything else `hipMemoryTypeUnregistered`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipPointerGetAttributes(
+    attributes: *mut cubecl_hip_sys::hipPointerAttribute_t,
+    ptr: *const c_void,
+) -> u32 {
+    if attributes.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    let st = state();
+    let addr = ptr as usize;
+    let (memory_type, device, host) = match st.find(addr, 0).map(|(_, a)| a.kind) {
+        Some(Kind::Device) => (2, 0, std::ptr::null_mut()),
+        Some(Kind::Pinned | Kind::Registered) => (1, 0, ptr.cast_mut()),
+        None => (0, -1, std::ptr::null_mut()),
+    };
+    let value = cubecl_hip_sys::hipPointerAttribute_t {
+        type_: memory_type,
+        device,
+        devicePointer: if memory_type == 0 {
+            std::ptr::null_mut()
+        } else {
+            ptr.cast_mut()
+        },
+        hostPointer: host,
+        isManaged: 0,
+        allocationFlags: 0,
+    };
+    // SAFETY: HIP contract: `attributes` points at a writable hipPointerAttribute_t (non-null,
+    // checked).
+    unsafe { put(attributes, value) }
+}
+
+/// `hipStreamGetDevice`, as HIP documents it, on the double's host-memory device (crate docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipStreamGetDevice(stream: *mut c_void, device: *mut c_int) -> u32 {
+    let mut st = state();
+    if let Err(s) = st.stream(stream as usize) {
+        return s;
+    }
+    let current = CURRENT.with(Cell::get);
+    // SAFETY: HIP contract: valid out-pointer (null is refused by `put`).
+    unsafe { put(device, current) }
 }
 
 /// `hipMemset`, as HIP documents it, on the double's host-memory device (crate docs).
@@ -351,8 +472,8 @@ pub extern "C" fn hipMemsetAsync(
 /// Which allocation kinds each side of a copy may use: `(dst, src)`; `None` = unregistered host
 /// memory is allowed (synchronous copies only).
 fn sides(kind: c_uint) -> Option<(&'static [Kind], &'static [Kind])> {
-    const HOST: &[Kind] = &[Kind::Pinned];
-    const ANY: &[Kind] = &[Kind::Device, Kind::Pinned];
+    const HOST: &[Kind] = Kind::HOST;
+    const ANY: &[Kind] = &[Kind::Device, Kind::Pinned, Kind::Registered];
     Some(match kind {
         0 => (HOST, HOST),
         1 => (ANY, HOST),
@@ -384,7 +505,7 @@ pub unsafe extern "C" fn hipMemcpy(
     // A side declared "host" may be pageable memory for a synchronous copy.
     let src_registered = st.check_range(s, bytes, sk).is_ok();
     let dst_registered = st.check_range(d, bytes, dk).is_ok();
-    if (!src_registered && sk != [Kind::Pinned]) || (!dst_registered && dk != [Kind::Pinned]) {
+    if (!src_registered && sk != Kind::HOST) || (!dst_registered && dk != Kind::HOST) {
         return HIP_ERROR_INVALID_VALUE;
     }
     let data = if src_registered {
@@ -546,15 +667,19 @@ pub extern "C" fn hipEventQuery(event: *mut c_void) -> u32 {
     let Some((stream, seq)) = recorded else {
         return HIP_SUCCESS;
     };
-    // Queued work runs only when waited for: the event is complete once its stream ran past it.
+    // Queued work runs only when something waits for it. A query of work still queued answers
+    // "not ready" and lets the device make progress: the work up to the event runs now, so a
+    // later query answers success (a GPU also finishes on its own; a poller must never spin
+    // forever, nor see success before the work ran).
     let pending = st
         .stream(stream)
         .map(|s| s.queue.front().is_some_and(|&(next, _)| next <= seq))
         .unwrap_or(false);
     if pending {
+        st.run_until(stream, seq);
         HIP_ERROR_NOT_READY
     } else {
-        HIP_SUCCESS
+        st.sticky_status()
     }
 }
 

@@ -35,10 +35,35 @@ pub fn alloc(state: &mut State, len: usize, kind: Kind) -> Option<usize> {
     Some(p as usize)
 }
 
-/// Unregisters and frees the allocation starting at `addr`. Returns its kind, or `None` when no
-/// allocation starts there.
+/// Registers `len` bytes of caller-owned host memory at `addr` (`hipHostRegister`): reads and
+/// writes go straight to it; [`free`] only unregisters it. When the range overlaps a known
+/// allocation nothing is registered and the overlapped allocation's kind is returned.
+pub fn register(state: &mut State, addr: usize, len: usize) -> Result<(), Kind> {
+    // Allocations are disjoint: only the last one starting before the range's end can overlap.
+    if let Some((&start, a)) = state.allocs.range(..addr.saturating_add(len)).next_back()
+        && start + a.len.max(1) > addr
+    {
+        return Err(a.kind);
+    }
+    state.allocs.insert(
+        addr,
+        Alloc {
+            len,
+            kind: Kind::Registered,
+            reserved: 0,
+        },
+    );
+    Ok(())
+}
+
+/// Unregisters and frees the allocation starting at `addr` (registered host memory is only
+/// unregistered: it belongs to the caller). Returns its kind, or `None` when no allocation
+/// starts there.
 pub fn free(state: &mut State, addr: usize) -> Option<Kind> {
     let a = state.allocs.remove(&addr)?;
+    if a.kind == Kind::Registered {
+        return Some(a.kind);
+    }
     let layout = Layout::from_size_align(a.reserved, ALIGN).expect("layout was valid at alloc");
     // SAFETY: `addr` was returned by `std::alloc::alloc` with exactly this layout (registered in
     // `alloc`) and is removed from the registry, so it is freed once.

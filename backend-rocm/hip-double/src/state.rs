@@ -17,6 +17,14 @@ pub enum Kind {
     Device,
     /// `hipHostMalloc` (pinned, mapped: the same address on host and device).
     Pinned,
+    /// Host memory someone else allocated, registered with `hipHostRegister` (pinned and mapped
+    /// at the same address; never allocated or freed by the double).
+    Registered,
+}
+
+impl Kind {
+    /// Pinned host memory of either origin (what host-side copies and mapped kernels accept).
+    pub const HOST: &'static [Kind] = &[Kind::Pinned, Kind::Registered];
 }
 
 /// One live allocation.

@@ -24,6 +24,10 @@ pub const HIP_ERROR_NOT_FOUND: u32 = 500;
 pub const HIP_ERROR_NOT_READY: u32 = 600;
 /// `hipErrorIllegalAddress`.
 pub const HIP_ERROR_ILLEGAL_ADDRESS: u32 = 700;
+/// `hipErrorHostMemoryAlreadyRegistered`.
+pub const HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
+/// `hipErrorHostMemoryNotRegistered`.
+pub const HIP_ERROR_HOST_MEMORY_NOT_REGISTERED: u32 = 713;
 
 /// `HIPRTC_SUCCESS`.
 pub const RTC_SUCCESS: u32 = 0;
@@ -51,6 +55,8 @@ pub fn hip_name(status: u32) -> &'static [u8] {
         HIP_ERROR_NOT_FOUND => b"hipErrorNotFound\0",
         HIP_ERROR_ILLEGAL_ADDRESS => b"hipErrorIllegalAddress\0",
         HIP_ERROR_NOT_READY => b"hipErrorNotReady\0",
+        HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED => b"hipErrorHostMemoryAlreadyRegistered\0",
+        HIP_ERROR_HOST_MEMORY_NOT_REGISTERED => b"hipErrorHostMemoryNotRegistered\0",
         _ => b"hipErrorUnknown\0",
     }
 }

@@ -1,0 +1,290 @@
+//! Engine-owned memory and streams: device allocations, host memory and streams an inference
+//! engine already has (a PyTorch tensor's storage, PyTorch's current stream), used as this
+//! backend's buffers and streams without taking ownership.
+//!
+//! Every entry is `unsafe`: the backend cannot know how long the engine keeps the memory or the
+//! stream alive. What it can check, it checks with the driver before anything is kept, and a
+//! failed check is a [`CudaError::Foreign`] naming the problem:
+//!
+//! * the argument itself (null, zero length, alignment, address overflow), without a driver call
+//!   (`hisparse_gpu_kernels::lending`, shared with the ROCm backend);
+//! * device memory: the driver knows the address as device memory of *this* device's context
+//!   (`cuPointerGetAttribute`), and `[ptr, ptr + len)` lies inside one allocation;
+//! * host memory: pinned already (it must then be mapped into this context, and the whole range
+//!   must be pinned) or registered here (`cuMemHostRegister`, DEVICEMAP | PORTABLE), in which case
+//!   the buffer unregisters it on drop and only then;
+//! * a stream: it belongs to this device's context (`cuStreamGetCtx`); it is never destroyed here.
+
+use cudarc::driver::sys::{self, CUstream};
+use hisparse_gpu_kernels::lending;
+
+use crate::device::{CudaBuffer, CudaDevice, CudaHostBuffer, CudaStream};
+use crate::error::CudaError;
+use crate::ffi::{self, DevMem, MEMORY_TYPE_DEVICE, MEMORY_TYPE_HOST, PinnedMem, PointerInfo};
+
+type Result<T> = std::result::Result<T, CudaError>;
+
+fn refuse<T>(what: &'static str, problem: String) -> Result<T> {
+    Err(CudaError::Foreign { what, problem })
+}
+
+fn lent(what: &'static str, checked: std::result::Result<(), String>) -> Result<()> {
+    checked.map_err(|problem| CudaError::Foreign { what, problem })
+}
+
+impl CudaDevice {
+    /// Whether `info` says the memory belongs to this device's context: allocated in it, or not
+    /// tied to a context (virtual-memory mappings) but on this device.
+    fn same_device(&self, info: &PointerInfo) -> bool {
+        if !info.context.is_null() {
+            return info.context == self.ctx.raw();
+        }
+        info.device_ordinal == Some(self.ordinal as i32)
+    }
+
+    /// Uses `len` bytes of device memory at `ptr`, allocated by someone else (an engine's tensor),
+    /// as a buffer of this device. The buffer never frees the memory.
+    ///
+    /// Refused with [`CudaError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// not 16-byte aligned, the driver does not know it as device memory of this device's
+    /// context, or `[ptr, ptr + len)` does not lie inside one allocation.
+    ///
+    /// # Safety
+    ///
+    /// * **Lifetime:** the memory stays allocated for as long as the returned buffer lives *and*
+    ///   until every operation enqueued with it has completed (synchronise, or wait for an event,
+    ///   before freeing it).
+    /// * **Exclusive use:** while work of this backend may read or write it, nothing else writes
+    ///   it (and nothing else reads what this backend writes) without ordering through a stream
+    ///   or an event.
+    /// * **Size and context:** `[ptr, ptr + len)` is memory the engine may lend; it belongs to
+    ///   this device (the backend checks what the driver can tell: the context or device of
+    ///   the allocation and its extent).
+    pub unsafe fn wrap_device_memory(
+        &self,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+    ) -> Result<CudaBuffer> {
+        const WHAT: &str = "device memory";
+        lent(WHAT, lending::check_device_range(ptr, len))?;
+        self.ctx.bind()?;
+        let info = ffi::pointer_info(ptr)?;
+        match info.memory_type {
+            Some(MEMORY_TYPE_DEVICE) => {}
+            Some(MEMORY_TYPE_HOST) => {
+                return refuse(
+                    WHAT,
+                    format!("{ptr:#x} is pinned host memory: use wrap_host_memory for it"),
+                );
+            }
+            Some(other) => {
+                return refuse(
+                    WHAT,
+                    format!("{ptr:#x} is memory of type {other}, not device memory"),
+                );
+            }
+            None => {
+                return refuse(
+                    WHAT,
+                    format!(
+                        "the CUDA driver does not know {ptr:#x}: pass memory from cuMemAlloc, \
+                         cudaMalloc or an engine's allocator on this device"
+                    ),
+                );
+            }
+        }
+        if !self.same_device(&info) {
+            return refuse(
+                WHAT,
+                format!(
+                    "{ptr:#x} belongs to another CUDA context or device (device {:?}), not to \
+                     device {}'s primary context: lend memory of this device",
+                    info.device_ordinal, self.ordinal
+                ),
+            );
+        }
+        let range = match info.range {
+            Some(r) => r,
+            None => ffi::address_range(ptr)?,
+        };
+        lent(WHAT, lending::check_inside(ptr, len, range.0, range.1))?;
+        // SAFETY: the driver confirmed `[ptr, ptr + len)` is device memory of this context inside
+        // one allocation; the caller guarantees its lifetime and exclusive use.
+        let mem = unsafe { DevMem::borrowed(&self.ctx, ptr, len) };
+        Ok(CudaBuffer { mem })
+    }
+
+    /// Uses `len` bytes of host memory at `ptr`, allocated by someone else (a pinned PyTorch
+    /// tensor, or plain memory), as a pinned buffer of this device that kernels read and write
+    /// directly. Memory the driver does not know yet is registered here (`cuMemHostRegister`,
+    /// page-locked and mapped into the device's address space) and unregistered when the buffer
+    /// drops; memory that is already pinned is used as it is and left pinned.
+    ///
+    /// Refused with [`CudaError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// not page-aligned ([`hisparse_core::ops::PINNED_ALIGNMENT`]), the address is device memory, already pinned
+    /// memory belongs to another context, is not mapped into the device's address space or does
+    /// not cover `[ptr, ptr + len)`, or the driver refuses to register it (for instance because
+    /// part of the range is already registered).
+    ///
+    /// # Safety
+    ///
+    /// * **Lifetime:** `[ptr, ptr + len)` is readable and writable host memory that stays
+    ///   allocated for as long as the returned buffer lives *and* until every operation enqueued
+    ///   with it has completed.
+    /// * **Exclusive use:** while work of this backend may touch it, the host neither writes it
+    ///   nor reads what the device writes, except after synchronising (a stream, an event, or
+    ///   the backend's synchronous `read_pinned` / `write_pinned`).
+    /// * **Alignment and size:** the pointer is page-aligned (checked) and the range is one
+    ///   allocation of the caller's (checked against the driver's records when already pinned).
+    pub unsafe fn wrap_host_memory(&self, ptr: *mut u8, len: usize) -> Result<CudaHostBuffer> {
+        const WHAT: &str = "host memory";
+        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        self.ctx.bind()?;
+        let addr = ptr as u64;
+        let info = ffi::pointer_info(addr)?;
+        let register = match info.memory_type {
+            None => {
+                // Nothing of the range may be pinned yet: registering a range that overlaps a
+                // registered one fails, and the error below says so.
+                true
+            }
+            Some(MEMORY_TYPE_HOST) => {
+                if !info.context.is_null() && info.context != self.ctx.raw() {
+                    return refuse(
+                        WHAT,
+                        format!(
+                            "{ptr:p} was pinned in another CUDA context: pin it as portable \
+                             memory (cuMemHostAlloc PORTABLE), or in device {}'s primary context",
+                            self.ordinal
+                        ),
+                    );
+                }
+                match info.range {
+                    Some((start, size)) => {
+                        lent(WHAT, lending::check_inside(addr, len, start, size))?
+                    }
+                    None => {
+                        // The driver gives no extent for this pinned memory: the last byte must be
+                        // pinned as well, mapped linearly with the first.
+                        let last = addr + len as u64 - 1;
+                        let tail = ffi::pointer_info(last)?;
+                        let linear = tail.memory_type == Some(MEMORY_TYPE_HOST)
+                            && ffi::host_device_pointer(ptr.cast())
+                                .ok()
+                                .zip(
+                                    ffi::host_device_pointer(ptr.wrapping_add(len - 1).cast()).ok(),
+                                )
+                                .is_some_and(|(a, b)| b.wrapping_sub(a) == len as u64 - 1);
+                        if !linear {
+                            return refuse(
+                                WHAT,
+                                format!(
+                                    "{len} bytes at {ptr:p} are not one pinned, mapped range: \
+                                     pass the pinned allocation's own length, or unpinned memory \
+                                     to register"
+                                ),
+                            );
+                        }
+                    }
+                }
+                false
+            }
+            Some(_) => {
+                return refuse(
+                    WHAT,
+                    format!("{ptr:p} is device memory: use wrap_device_memory for it"),
+                );
+            }
+        };
+        // SAFETY: the arguments were checked above; the caller guarantees the range is live host
+        // memory lent exclusively for the buffer's life; when `register` is false the driver
+        // reported it page-locked in this context and covering the whole range.
+        let mem =
+            unsafe { PinnedMem::foreign(&self.ctx, ptr, len, register) }.map_err(|e| match e {
+                CudaError::Driver { call, code } => CudaError::Foreign {
+                    what: WHAT,
+                    problem: format!(
+                        "{call} refused {len} bytes at {ptr:p} ({code:?}): pass memory that is \
+                         either pinned as a whole already or not pinned at all, and not \
+                         memory-mapped device or file memory"
+                    ),
+                },
+                other => other,
+            })?;
+        Ok(CudaHostBuffer { mem })
+    }
+
+    /// Enqueues this backend's work on a stream someone else created (PyTorch's current stream)
+    /// instead of one of its own. The returned stream never destroys `raw`; it has its own
+    /// scratch memory for the resolver, like every stream of this backend.
+    ///
+    /// Refused with [`CudaError::Foreign`] when the stream belongs to another context than this
+    /// device's primary context.
+    ///
+    /// # Safety
+    ///
+    /// * `raw` is a live stream handle (or the null stream, `CU_STREAM_LEGACY`,
+    ///   `CU_STREAM_PER_THREAD`): the driver dereferences other values.
+    /// * It stays valid for as long as the returned stream lives and until the work enqueued on
+    ///   it has completed; the engine may keep enqueuing its own work on it (that is the point:
+    ///   both are ordered by the stream).
+    pub unsafe fn wrap_stream(&self, raw: CUstream) -> Result<CudaStream> {
+        self.ctx.bind()?;
+        // SAFETY: the caller guarantees `raw` is a handle the driver accepts.
+        let ctx = unsafe { ffi::stream_context(raw) }.map_err(|e| CudaError::Foreign {
+            what: "stream",
+            problem: format!("the driver does not accept the stream handle {raw:p}: {e}"),
+        })?;
+        if ctx != self.ctx.raw() {
+            return refuse(
+                "stream",
+                format!(
+                    "stream {raw:p} belongs to another CUDA context, not to device {}'s primary \
+                     context (the one the CUDA runtime and PyTorch use): create it on this device",
+                    self.ordinal
+                ),
+            );
+        }
+        // SAFETY: the driver confirmed the stream belongs to this context; the caller guarantees
+        // it outlives the value.
+        Ok(CudaStream::from_inner(unsafe {
+            ffi::Stream::borrowed(&self.ctx, raw)
+        }))
+    }
+
+    /// Whether `buf` is lent memory this backend registered as pinned itself (and will
+    /// unregister when it drops), as opposed to memory it allocated or memory that was pinned
+    /// already.
+    pub fn registered_here(&self, buf: &CudaHostBuffer) -> bool {
+        buf.mem.registered_here()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::{Error as _, ErrorKind};
+
+    #[test]
+    fn refused_arguments_are_typed_invalid_argument_errors() {
+        for (what, r) in [
+            ("device memory", lending::check_device_range(0, 16)),
+            ("device memory", lending::check_device_range(0x1008, 16)),
+            ("host memory", lending::check_host_range(0x1000, 0)),
+            ("host memory", lending::check_host_range(0x1010, 64)),
+            (
+                "host memory",
+                lending::check_inside(0x2000, 4097, 0x2000, 4096),
+            ),
+        ] {
+            let e = lent(what, r).expect_err("refused");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with(&format!("cannot use the {what}: ")),
+                "{msg}"
+            );
+        }
+        assert!(lent("stream", Ok(())).is_ok());
+    }
+}

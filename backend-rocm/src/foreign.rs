@@ -1,0 +1,292 @@
+//! Engine-owned memory and streams: device allocations, host memory and streams an inference
+//! engine already has (a PyTorch tensor's storage, PyTorch's current `hipStream_t`), used as this
+//! backend's buffers and streams without taking ownership. The same contract as the CUDA
+//! backend's `wrap_*` entry points:
+//!
+//! * the arguments are checked first without a runtime call (`hisparse_gpu_kernels::lending`);
+//! * device memory must be known to the runtime as device memory of this device
+//!   (`hipPointerGetAttributes`), and `[ptr, ptr + len)` must lie inside one allocation
+//!   (`hipMemGetAddressRange`);
+//! * host memory is used as it is when it is pinned already (the whole range must be pinned and
+//!   mapped linearly), else registered here (`hipHostRegister`, mapped and portable) and
+//!   unregistered when the buffer drops;
+//! * a stream must belong to this device (`hipStreamGetDevice`); it is never destroyed here.
+//!
+//! A failed check is a [`RocmError::Foreign`] naming the problem. Verified against the HIP test
+//! double (`hisparse-hip-double`), not yet on AMD hardware.
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use hisparse_gpu_kernels::lending;
+
+use crate::device::RocmDevice;
+use crate::error::RocmError;
+use crate::ffi::{
+    HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED, HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE,
+    MEMORY_TYPE_DEVICE, MEMORY_TYPE_HOST, MEMORY_TYPE_UNREGISTERED,
+};
+use crate::memory::{Pinning, RocmBuffer, RocmHostBuffer, RocmStream};
+
+fn refuse<T>(what: &'static str, problem: String) -> Result<T, RocmError> {
+    Err(RocmError::Foreign { what, problem })
+}
+
+fn lent(what: &'static str, checked: Result<(), String>) -> Result<(), RocmError> {
+    checked.map_err(|problem| RocmError::Foreign { what, problem })
+}
+
+impl RocmDevice {
+    /// Uses `len` bytes of device memory at `ptr`, allocated by someone else (an engine's
+    /// tensor), as a buffer of this device. The buffer never frees the memory.
+    ///
+    /// Refused with [`RocmError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// not 16-byte aligned, the runtime does not know it as device memory of this device, or
+    /// `[ptr, ptr + len)` does not lie inside one allocation.
+    ///
+    /// # Safety
+    ///
+    /// * **Lifetime:** the memory stays allocated for as long as the returned buffer lives *and*
+    ///   until every operation enqueued with it has completed.
+    /// * **Exclusive use:** while work of this backend may read or write it, nothing else writes
+    ///   it (or reads what this backend writes) without ordering through a stream or an event.
+    /// * **Size and device:** `[ptr, ptr + len)` is memory the engine may lend, on this device
+    ///   (checked as far as the runtime can tell).
+    pub unsafe fn wrap_device_memory(
+        &self,
+        ptr: *mut c_void,
+        len: usize,
+    ) -> Result<RocmBuffer, RocmError> {
+        const WHAT: &str = "device memory";
+        lent(WHAT, lending::check_device_range(ptr as u64, len))?;
+        self.ctx.bind()?;
+        let info = self
+            .ctx
+            .hip
+            .pointer_info(ptr)
+            .map_err(|s| RocmError::hip(&self.ctx.hip, "hipPointerGetAttributes", s))?;
+        match info.memory_type {
+            MEMORY_TYPE_DEVICE => {}
+            MEMORY_TYPE_HOST => {
+                return refuse(
+                    WHAT,
+                    format!("{ptr:p} is pinned host memory: use wrap_host_memory for it"),
+                );
+            }
+            MEMORY_TYPE_UNREGISTERED => {
+                return refuse(
+                    WHAT,
+                    format!(
+                        "the HIP runtime does not know {ptr:p}: pass memory from hipMalloc or an \
+                         engine's allocator on this device"
+                    ),
+                );
+            }
+            other => {
+                return refuse(
+                    WHAT,
+                    format!("{ptr:p} is memory of type {other}, not device memory"),
+                );
+            }
+        }
+        if info.device != self.ctx.ordinal {
+            return refuse(
+                WHAT,
+                format!(
+                    "{ptr:p} belongs to device {}, not to device {}: lend memory of this device",
+                    info.device, self.ctx.ordinal
+                ),
+            );
+        }
+        let (start, size) = self
+            .ctx
+            .hip
+            .address_range(ptr)
+            .map_err(|s| RocmError::hip(&self.ctx.hip, "hipMemGetAddressRange", s))?;
+        lent(
+            WHAT,
+            lending::check_inside(ptr as u64, len, start as u64, size as u64),
+        )?;
+        Ok(RocmBuffer {
+            ptr,
+            len,
+            ctx: self.ctx.clone(),
+            owned: false,
+        })
+    }
+
+    /// Uses `len` bytes of host memory at `ptr`, allocated by someone else (a pinned tensor, or
+    /// plain memory), as a pinned buffer of this device that kernels read and write directly.
+    /// Memory the runtime does not know is registered here (`hipHostRegister`, mapped and
+    /// portable) and unregistered when the buffer drops; memory that is pinned already is used as
+    /// it is and left pinned.
+    ///
+    /// Refused with [`RocmError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// not page-aligned, the address is device memory, already pinned memory does not cover the
+    /// range (or is not mapped linearly), or the runtime refuses to register it.
+    ///
+    /// # Safety
+    ///
+    /// * **Lifetime:** `[ptr, ptr + len)` is readable and writable host memory that stays
+    ///   allocated for as long as the returned buffer lives *and* until every operation enqueued
+    ///   with it has completed.
+    /// * **Exclusive use:** while work of this backend may touch it, the host neither writes it
+    ///   nor reads what the device writes, except after synchronising.
+    /// * **Alignment and size:** page-aligned (checked); one allocation of the caller's.
+    pub unsafe fn wrap_host_memory(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<RocmHostBuffer, RocmError> {
+        const WHAT: &str = "host memory";
+        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        self.ctx.bind()?;
+        let hip = &self.ctx.hip;
+        let info = hip
+            .pointer_info(ptr.cast())
+            .map_err(|s| RocmError::hip(hip, "hipPointerGetAttributes", s))?;
+        let pinning = match info.memory_type {
+            MEMORY_TYPE_UNREGISTERED => {
+                // SAFETY: the caller guarantees `[ptr, ptr + len)` is live host memory that
+                // outlives the buffer, which unregisters it on drop.
+                let s = unsafe {
+                    hip.host_register(
+                        ptr.cast(),
+                        len,
+                        HOST_REGISTER_MAPPED | HOST_REGISTER_PORTABLE,
+                    )
+                };
+                if s == HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
+                    return refuse(
+                        WHAT,
+                        format!(
+                            "part of the {len} bytes at {ptr:p} is pinned already: pass the \
+                             whole pinned allocation, or memory not pinned at all"
+                        ),
+                    );
+                }
+                if s != crate::ffi::HIP_SUCCESS {
+                    return refuse(
+                        WHAT,
+                        format!(
+                            "hipHostRegister refused {len} bytes at {ptr:p}: {} ({s}); pass \
+                             ordinary, readable and writable host memory",
+                            hip.error_name(s)
+                        ),
+                    );
+                }
+                Pinning::Registered
+            }
+            MEMORY_TYPE_HOST => {
+                let last = ptr.wrapping_add(len - 1);
+                let tail = hip
+                    .pointer_info(last.cast())
+                    .map_err(|s| RocmError::hip(hip, "hipPointerGetAttributes", s))?;
+                let linear = tail.memory_type == MEMORY_TYPE_HOST
+                    && hip
+                        .host_device_pointer(ptr.cast())
+                        .ok()
+                        .zip(hip.host_device_pointer(last.cast()).ok())
+                        .is_some_and(|(a, b)| (b as usize).wrapping_sub(a as usize) == len - 1);
+                if !linear {
+                    return refuse(
+                        WHAT,
+                        format!(
+                            "{len} bytes at {ptr:p} are not one pinned, mapped range: pass the \
+                             pinned allocation's own length, or unpinned memory to register"
+                        ),
+                    );
+                }
+                Pinning::Borrowed
+            }
+            _ => {
+                return refuse(
+                    WHAT,
+                    format!("{ptr:p} is device memory: use wrap_device_memory for it"),
+                );
+            }
+        };
+        let mut buf = RocmHostBuffer {
+            host: ptr,
+            device: std::ptr::null_mut(),
+            len,
+            ctx: self.ctx.clone(),
+            pinning,
+        };
+        // On failure `buf` drops here and unregisters what it registered.
+        buf.device = hip
+            .host_device_pointer(ptr.cast())
+            .map_err(|s| RocmError::hip(hip, "hipHostGetDevicePointer", s))?;
+        Ok(buf)
+    }
+
+    /// Enqueues this backend's work on a stream someone else created (`hipStream_t`, e.g. the
+    /// engine's current stream) instead of one of its own. The returned stream never destroys
+    /// `raw`; it has its own resolver scratch, like every stream of this backend.
+    ///
+    /// Refused with [`RocmError::Foreign`] when the stream belongs to another device.
+    ///
+    /// # Safety
+    ///
+    /// * `raw` is a live stream handle or the null stream (the runtime dereferences it).
+    /// * It stays valid for as long as the returned stream lives and until the work enqueued on
+    ///   it has completed; the engine may keep enqueuing its own work on it.
+    pub unsafe fn wrap_stream(&self, raw: *mut c_void) -> Result<RocmStream, RocmError> {
+        self.ctx.bind()?;
+        // SAFETY: the caller guarantees `raw` is a handle the runtime accepts.
+        let device =
+            unsafe { self.ctx.hip.stream_device(raw) }.map_err(|s| RocmError::Foreign {
+                what: "stream",
+                problem: format!(
+                    "the HIP runtime does not accept the stream handle {raw:p}: {} ({s})",
+                    self.ctx.hip.error_name(s)
+                ),
+            })?;
+        if device != self.ctx.ordinal {
+            return refuse(
+                "stream",
+                format!(
+                    "stream {raw:p} belongs to device {device}, not to device {}: create it on \
+                     this device",
+                    self.ctx.ordinal
+                ),
+            );
+        }
+        Ok(RocmStream {
+            raw,
+            ctx: self.ctx.clone(),
+            scratch: Mutex::new(None),
+            owned: false,
+        })
+    }
+
+    /// Whether `buf` is lent memory this backend registered as pinned itself (and will unregister
+    /// when it drops), as opposed to memory it allocated or memory that was pinned already.
+    pub fn registered_here(&self, buf: &RocmHostBuffer) -> bool {
+        buf.pinning == Pinning::Registered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::{Error as _, ErrorKind};
+
+    #[test]
+    fn refused_arguments_are_typed_invalid_argument_errors() {
+        for (what, r) in [
+            ("device memory", lending::check_device_range(0, 16)),
+            ("device memory", lending::check_device_range(0x1008, 16)),
+            ("host memory", lending::check_host_range(0x1000, 0)),
+            ("host memory", lending::check_host_range(0x1010, 64)),
+        ] {
+            let e = lent(what, r).expect_err("refused");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("cannot use the {what}: ")),
+                "{e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds, on the development machine, every binary the CUDA scripts of scripts/h200/ run on the
+# GPU machine (which has no Rust toolchain), and puts them in h200-cuda/ (ignored by git; carry it
+# to the GPU machine):
+#
+#   h200-cuda/cuda-conformance   the shared conformance suite on CUDA device 0
+#   h200-cuda/cuda-wrap          engine-owned memory and streams (backend-cuda/tests/wrap.rs)
+#   h200-cuda/cuda-bench         examples/cuda_bench.rs
+#   h200-cuda/MANIFEST           commit, build date, sizes and sha256 of the binaries
+#
+# Release profile without debug info, stripped. The binaries load libcuda and NVRTC at run time
+# (NVRTC from /usr/local/cuda-*/targets/x86_64-linux/lib, CUDA_PATH or LD_LIBRARY_PATH).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=h200-cuda
+mkdir -p "$out"
+export CARGO_PROFILE_RELEASE_DEBUG=0
+
+# Test and example executables, as cargo reports them.
+json=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --no-run \
+    --message-format=json 2>/dev/null)
+exe_of() {
+    python3 -c '
+import json, sys
+name = sys.argv[1]
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == name and m.get("executable"):
+        print(m["executable"])
+' "$1" <<<"$json" | tail -n 1
+}
+conformance=$(exe_of conformance)
+wrap=$(exe_of wrap)
+cargo build --release -p hisparse-backend-cuda --example cuda_bench
+bench=target/release/examples/cuda_bench
+for f in "$conformance" "$wrap" "$bench"; do
+    [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
+done
+install -m 755 "$conformance" "$out/cuda-conformance"
+install -m 755 "$wrap" "$out/cuda-wrap"
+install -m 755 "$bench" "$out/cuda-bench"
+strip "$out/cuda-conformance" "$out/cuda-wrap" "$out/cuda-bench"
+{
+    echo "commit $(git rev-parse HEAD)$(git diff --quiet -- gpu-kernels backend-cuda || echo ' (with uncommitted changes in gpu-kernels/backend-cuda)')"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    (cd "$out" && sha256sum cuda-conformance cuda-wrap cuda-bench)
+    du -b "$out"/cuda-* | awk '{ printf "%s %d bytes\n", $2, $1 }'
+} >"$out/MANIFEST"
+cat "$out/MANIFEST"
+total=$(du -sb "$out" | cut -f1)
+echo "h200-cuda/: $total bytes (carry limit 64 MiB)"
