@@ -1,4 +1,4 @@
-//! Helpers the cases share: typed uploads and downloads, bit-exact comparison, error context.
+//! Helpers the cases share: buffers holding typed data, bit-exact comparison, error context.
 
 use std::fmt::{self, Display};
 
@@ -33,28 +33,6 @@ impl<T, E: Display> Ctx<T> for Result<T, E> {
     }
 }
 
-/// Native-endian bytes of `i32`s (the element type of every index buffer).
-pub(crate) fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-/// Native-endian bytes of `u16`s (LRU orders).
-pub(crate) fn u16_bytes(v: &[u16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-fn from_i32_bytes(b: &[u8]) -> Vec<i32> {
-    b.chunks_exact(4)
-        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn from_u16_bytes(b: &[u8]) -> Vec<u16> {
-    b.chunks_exact(2)
-        .map(|c| u16::from_ne_bytes([c[0], c[1]]))
-        .collect()
-}
-
 /// A device buffer holding `data` (at least 4 bytes, so empty inputs need no zero-size buffer).
 pub(crate) fn dev_bytes<D: Device>(dev: &D, data: &[u8]) -> Result<D::Buffer, CaseError> {
     let mut b = dev
@@ -64,14 +42,22 @@ pub(crate) fn dev_bytes<D: Device>(dev: &D, data: &[u8]) -> Result<D::Buffer, Ca
     Ok(b)
 }
 
-/// A device buffer holding `data` as `i32`s.
+/// A device buffer holding `data` as `i32`s (at least 4 bytes).
 pub(crate) fn dev_i32<D: Device>(dev: &D, data: &[i32]) -> Result<D::Buffer, CaseError> {
-    dev_bytes(dev, &i32_bytes(data))
+    let mut b = dev
+        .alloc((data.len() * 4).max(4))
+        .ctx(&format!("alloc {} i32s", data.len()))?;
+    dev.upload_i32(&mut b, 0, data).ctx("upload_i32")?;
+    Ok(b)
 }
 
-/// A device buffer holding `data` as `u16`s.
+/// A device buffer holding `data` as `u16`s (at least 4 bytes).
 pub(crate) fn dev_u16<D: Device>(dev: &D, data: &[u16]) -> Result<D::Buffer, CaseError> {
-    dev_bytes(dev, &u16_bytes(data))
+    let mut b = dev
+        .alloc((data.len() * 2).max(4))
+        .ctx(&format!("alloc {} u16s", data.len()))?;
+    dev.upload_u16(&mut b, 0, data).ctx("upload_u16")?;
+    Ok(b)
 }
 
 /// The first `n` bytes of a device buffer.
@@ -91,7 +77,9 @@ pub(crate) fn read_i32<D: Device>(
     buf: &D::Buffer,
     n: usize,
 ) -> Result<Vec<i32>, CaseError> {
-    Ok(from_i32_bytes(&read_bytes(dev, buf, n * 4)?))
+    let mut v = vec![0; n];
+    dev.download_i32(buf, 0, &mut v).ctx("download_i32")?;
+    Ok(v)
 }
 
 /// The first `n` `u16`s of a device buffer.
@@ -100,7 +88,9 @@ pub(crate) fn read_u16<D: Device>(
     buf: &D::Buffer,
     n: usize,
 ) -> Result<Vec<u16>, CaseError> {
-    Ok(from_u16_bytes(&read_bytes(dev, buf, n * 2)?))
+    let mut v = vec![0; n];
+    dev.download_u16(buf, 0, &mut v).ctx("download_u16")?;
+    Ok(v)
 }
 
 /// A pinned host buffer holding `data` (at least 16 bytes).

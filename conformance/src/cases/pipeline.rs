@@ -13,9 +13,7 @@ use hisparse_core::ops::{
     PageCopyDesc, PageLayout, ResolveArgs, ResolveDesc,
 };
 
-use crate::util::{
-    Ctx, at_step, dev_bytes, dev_i32, dev_u16, ensure, i32_bytes, read_bytes, read_i32,
-};
+use crate::util::{Ctx, at_step, dev_bytes, dev_i32, dev_u16, ensure, read_bytes, read_i32};
 use crate::{Case, CaseError, CaseResult, SplitMix64};
 
 #[derive(Clone, Copy, Debug)]
@@ -377,7 +375,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
         .ctx("invalidate")?;
         if let Some(e) = resident.iter_mut().find(|e| **e > 0 && rng.percent(30)) {
             *e = 0;
-            dev.upload(&mut d_resident, 0, &i32_bytes(&resident))
+            dev.upload_i32(&mut d_resident, 0, &resident)
                 .ctx("upload resident table")?;
         }
     }

@@ -319,13 +319,9 @@ impl<D: Device> State<D> {
 
     /// Re-uploads the page tables after the host copy changed.
     fn sync_tables(&mut self, dev: &D) -> CaseResult {
-        dev.upload(
-            &mut self.d_resident,
-            0,
-            &crate::util::i32_bytes(&self.resident),
-        )
-        .ctx("upload resident table")?;
-        dev.upload(&mut self.d_host, 0, &crate::util::i32_bytes(&self.host))
+        dev.upload_i32(&mut self.d_resident, 0, &self.resident)
+            .ctx("upload resident table")?;
+        dev.upload_i32(&mut self.d_host, 0, &self.host)
             .ctx("upload host table")
     }
 
