@@ -18,6 +18,9 @@
 //!   device (restore). Pairs are validated up front; destinations must be distinct.
 //! * [`copy_rows`]: row spans inside pages (row mirrors, partial restores).
 //! * [`copy_host_pages`]: host → host page copies (copy-on-write of a shared tail page).
+//!
+//! [`copy_batches`] is the one copy-conflict rule of the GPU backends: which consecutive tiles of a
+//! copy list may run as one parallel launch and still give the reference's sequential result.
 
 use super::{BufferLen, I32_BYTES, aligned, mul, need, nonzero};
 use crate::error::{OpError, OpName};
@@ -683,6 +686,277 @@ pub fn bulk_copy(
     check_bulk(src, src_offset, dst, dst_offset, bytes)?;
     dst[dst_offset..dst_offset + bytes].copy_from_slice(&src[src_offset..src_offset + bytes]);
     Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// When copies may run in parallel: the copy-conflict rule shared by the GPU backends
+// ------------------------------------------------------------------------------------------------
+
+/// A byte range `[start, start + len)` of one buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ByteRange {
+    /// First byte.
+    pub start: u64,
+    /// Bytes (0: the range is empty and conflicts with nothing).
+    pub len: u64,
+}
+
+impl ByteRange {
+    /// `[start, start + len)`.
+    pub const fn new(start: u64, len: u64) -> Self {
+        ByteRange { start, len }
+    }
+
+    /// One past the last byte (saturating).
+    pub const fn end(&self) -> u64 {
+        self.start.saturating_add(self.len)
+    }
+}
+
+/// What one tile of a copy reads and writes: a page, a row span, a buffer region. Up to two
+/// parts each (a split row's value part and scale part); empty parts are ignored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CopyFootprint {
+    /// Bytes the tile reads.
+    pub src: [ByteRange; 2],
+    /// Bytes the tile writes (the same number of bytes as it reads, part for part).
+    pub dst: [ByteRange; 2],
+}
+
+impl CopyFootprint {
+    /// A contiguous copy of `len` bytes from `src` to `dst`.
+    pub const fn contiguous(src: u64, dst: u64, len: u64) -> Self {
+        let none = ByteRange::new(0, 0);
+        CopyFootprint {
+            src: [ByteRange::new(src, len), none],
+            dst: [ByteRange::new(dst, len), none],
+        }
+    }
+}
+
+/// Disjoint, merged half-open byte intervals.
+#[cfg(feature = "alloc")]
+#[derive(Debug, Default)]
+struct Intervals(alloc::collections::BTreeMap<u64, u64>);
+
+#[cfg(feature = "alloc")]
+impl Intervals {
+    fn overlaps(&self, r: &ByteRange) -> bool {
+        r.len > 0
+            && self
+                .0
+                .range(..r.end())
+                .next_back()
+                .is_some_and(|(_, &e)| e > r.start)
+    }
+
+    fn insert(&mut self, r: &ByteRange) {
+        if r.len == 0 {
+            return;
+        }
+        let (mut start, mut end) = (r.start, r.end());
+        while let Some((&s, &e)) = self.0.range(..=end).next_back() {
+            if e < start {
+                break;
+            }
+            start = start.min(s);
+            end = end.max(e);
+            self.0.remove(&s);
+        }
+        self.0.insert(start, end);
+    }
+}
+
+/// The copy-conflict rule: splits copy tiles, listed in the order the reference applies them,
+/// into consecutive batches that may each run as *one* parallel launch (tiles of a batch in any
+/// order, or at once) and still give the reference's sequential result, when the batches run one
+/// after another (stream order).
+///
+/// A tile joins the current batch unless it writes bytes a tile of the batch writes, or — when
+/// source and destination are the same buffer (`same_buffer`) — it writes bytes a tile of the
+/// batch reads, or reads bytes one writes. A tile whose own source and destination overlap
+/// without being equal has no parallel execution at all; the caller splits it first (memmove
+/// order), as no backend's copy tiles can (pages and rows of one layout are equal or disjoint).
+///
+/// Returns the batches as index ranges into `tiles`, in order; one range covering every tile is
+/// the common case (no conflicts), none for an empty list. Time `O(n log n)` for `n` ranges.
+#[cfg(feature = "alloc")]
+pub fn copy_batches(
+    tiles: &[CopyFootprint],
+    same_buffer: bool,
+) -> alloc::vec::Vec<core::ops::Range<usize>> {
+    let mut batches = alloc::vec::Vec::new();
+    let (mut srcs, mut dsts) = (Intervals::default(), Intervals::default());
+    let mut first = 0;
+    for (i, t) in tiles.iter().enumerate() {
+        let conflict = t.dst.iter().any(|d| dsts.overlaps(d))
+            || (same_buffer
+                && (t.dst.iter().any(|d| srcs.overlaps(d))
+                    || t.src.iter().any(|s| dsts.overlaps(s))));
+        if conflict {
+            batches.push(first..i);
+            first = i;
+            srcs = Intervals::default();
+            dsts = Intervals::default();
+        }
+        for r in &t.src {
+            srcs.insert(r);
+        }
+        for r in &t.dst {
+            dsts.insert(r);
+        }
+    }
+    if first < tiles.len() {
+        batches.push(first..tiles.len());
+    }
+    batches
+}
+
+#[cfg(all(test, feature = "alloc"))]
+mod batch_tests {
+    use super::*;
+    use alloc::vec::Vec;
+
+    /// Applies one tile: each part read, then written.
+    fn apply(t: &CopyFootprint, buf: &mut [u8], src_buf: &[u8], same_buffer: bool) {
+        for (s, d) in t.src.iter().zip(&t.dst) {
+            let (s, d, n) = (s.start as usize, d.start as usize, s.len as usize);
+            if same_buffer {
+                buf.copy_within(s..s + n, d);
+            } else {
+                buf[d..d + n].copy_from_slice(&src_buf[s..s + n]);
+            }
+        }
+    }
+
+    /// Runs each batch in two of the orders a device may pick — every tile reading before any
+    /// writes, and the tiles one by one in reverse — and compares both with applying the tiles
+    /// one by one in order (the reference). Returns the number of batches.
+    fn check(len: usize, tiles: &[CopyFootprint], same_buffer: bool) -> usize {
+        let batches = copy_batches(tiles, same_buffer);
+        let covered: usize = batches.iter().map(|b| b.len()).sum();
+        assert_eq!(covered, tiles.len(), "every tile in exactly one batch");
+        assert!(batches.iter().all(|b| !b.is_empty()));
+        let src_buf: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7)).collect();
+        let start: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let mut want = start.clone();
+        for t in tiles {
+            apply(t, &mut want, &src_buf, same_buffer);
+        }
+        let (mut reads_first, mut reversed) = (start.clone(), start);
+        for b in &batches {
+            let batch = &tiles[b.clone()];
+            let reads: Vec<Vec<u8>> = batch
+                .iter()
+                .flat_map(|t| t.src.iter())
+                .map(|s| {
+                    let from = if same_buffer { &reads_first } else { &src_buf };
+                    from[s.start as usize..s.end() as usize].to_vec()
+                })
+                .collect();
+            for (bytes, d) in reads.iter().zip(batch.iter().flat_map(|t| t.dst.iter())) {
+                reads_first[d.start as usize..d.end() as usize].copy_from_slice(bytes);
+            }
+            for t in batch.iter().rev() {
+                apply(t, &mut reversed, &src_buf, same_buffer);
+            }
+        }
+        assert_eq!(
+            reads_first, want,
+            "reads first: batches {batches:?} of {tiles:?}"
+        );
+        assert_eq!(reversed, want, "reversed: batches {batches:?} of {tiles:?}");
+        batches.len()
+    }
+
+    #[test]
+    fn independent_tiles_form_one_batch() {
+        let tiles: Vec<CopyFootprint> = (0..8)
+            .map(|i| CopyFootprint::contiguous(i * 16, 128 + i * 16, 16))
+            .collect();
+        assert_eq!(check(256, &tiles, true), 1);
+        assert_eq!(check(256, &tiles, false), 1);
+        assert!(copy_batches(&[], true).is_empty());
+    }
+
+    #[test]
+    fn a_repeated_destination_starts_a_new_batch() {
+        let tiles = [
+            CopyFootprint::contiguous(0, 64, 16),
+            CopyFootprint::contiguous(16, 72, 16),
+            CopyFootprint::contiguous(32, 200, 16),
+        ];
+        assert_eq!(copy_batches(&tiles, false), [0..1, 1..3]);
+        assert_eq!(check(256, &tiles, false), 2);
+    }
+
+    #[test]
+    fn chains_in_one_buffer_run_in_order() {
+        // Copy-on-write chain 1 -> 2 -> 3: the second copy reads what the first writes.
+        let page = 16;
+        let tiles = [
+            CopyFootprint::contiguous(page, 2 * page, page),
+            CopyFootprint::contiguous(2 * page, 3 * page, page),
+            CopyFootprint::contiguous(5 * page, 6 * page, page),
+        ];
+        assert_eq!(copy_batches(&tiles, true), [0..1, 1..3]);
+        assert_eq!(check(128, &tiles, true), 2);
+        // Between two buffers the same offsets are independent.
+        assert_eq!(check(128, &tiles, false), 1);
+        // Writing what an earlier tile of the batch reads (an anti-dependence) splits too.
+        let war = [
+            CopyFootprint::contiguous(32, 0, 16),
+            CopyFootprint::contiguous(64, 32, 16),
+        ];
+        assert_eq!(copy_batches(&war, true), [0..1, 1..2]);
+        assert_eq!(check(128, &war, true), 2);
+    }
+
+    #[test]
+    fn split_parts_and_empty_ranges() {
+        let t = |v: u64, s: u64, dv: u64, ds: u64| CopyFootprint {
+            src: [ByteRange::new(v, 16), ByteRange::new(s, 16)],
+            dst: [ByteRange::new(dv, 16), ByteRange::new(ds, 16)],
+        };
+        // The scale parts collide while the value parts do not.
+        let tiles = [t(0, 100, 200, 300), t(16, 116, 216, 308)];
+        assert_eq!(copy_batches(&tiles, false), [0..1, 1..2]);
+        assert_eq!(check(400, &tiles, false), 2);
+        // Empty parts never conflict.
+        let empty = [
+            CopyFootprint::contiguous(0, 64, 0),
+            CopyFootprint::contiguous(0, 64, 0),
+            CopyFootprint::contiguous(0, 64, 16),
+        ];
+        let batches = copy_batches(&empty, true);
+        assert_eq!((batches.len(), batches[0].clone()), (1, 0..3));
+    }
+
+    #[test]
+    fn random_lists_match_sequential_order() {
+        let mut x = 0x1234_5678_u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..300 {
+            let same = round % 2 == 0;
+            let n = 1 + next(12) as usize;
+            let mut tiles = Vec::new();
+            for _ in 0..n {
+                let len = 16 * (1 + next(3));
+                let (s, d) = (16 * next(14), 16 * next(14));
+                // Within one buffer, a tile's own source and destination are equal or disjoint.
+                if same && s != d && s < d + len && d < s + len {
+                    continue;
+                }
+                tiles.push(CopyFootprint::contiguous(s, d, len));
+            }
+            check(16 * 18, &tiles, same);
+        }
+    }
 }
 
 #[cfg(test)]
