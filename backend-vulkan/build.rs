@@ -2,50 +2,69 @@
 //! is needed on the machine that builds the crate). The SPIR-V lands in `OUT_DIR` and is embedded
 //! by `src/shaders.rs`; `tests/spirv_val.rs` checks it with `spirv-val`.
 //!
-//! `gather.wgsl` is a template: the host pool and the device pool are each bound as `CHUNKS`
-//! windows of at most `maxStorageBufferRange` bytes, so pools larger than one binding work. The
-//! script generates one variant with a single window per pool and one per entry of [`CHUNKS`].
+//! `gather.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B (written), each
+//! bound as `WINDOWS` storage buffers of one window each, so pools larger than one binding work:
+//! the script generates one variant per entry of [`WINDOWS`]. The 1-window variant binds each
+//! pool whole and needs no window arithmetic.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// Windows per pool of the chunked gather variants (keep in sync with `src/shaders.rs`).
-const CHUNKS: [usize; 2] = [8, 32];
+/// Windows per pool of the templated variants (keep in sync with `Windows` in `src/shaders.rs`).
+const WINDOWS: [usize; 4] = [1, 8, 12, 32];
 
-fn gather_source(template: &str, chunks: usize) -> String {
+/// The template with its pool bindings (from binding `first`) and access functions filled in.
+fn pooled_source(template: &str, first: usize, windows: usize) -> String {
     let mut decl = String::new();
-    let mut load = String::from("fn load_host(u: u32) -> vec4<u32> {\n");
-    let mut store = String::from("fn store_dev(u: u32, v: vec4<u32>) {\n");
-    if chunks == 1 {
-        decl.push_str(
-            "@group(0) @binding(4) var<storage, read> host0: array<vec4<u32>>;\n\
-             @group(0) @binding(5) var<storage, read_write> dev0: array<vec4<u32>>;\n",
+    let mut access = String::new();
+    for c in 0..windows {
+        let _ = writeln!(
+            decl,
+            "@group(0) @binding({}) var<storage, read> a{c}: array<vec4<u32>>;",
+            first + c
         );
-        load.push_str("    return host0[u];\n}\n");
-        store.push_str("    dev0[u] = v;\n}\n");
+    }
+    for c in 0..windows {
+        let _ = writeln!(
+            decl,
+            "@group(0) @binding({}) var<storage, read_write> b{c}: array<vec4<u32>>;",
+            first + windows + c
+        );
+    }
+    if windows == 1 {
+        access.push_str(
+            "fn in_a(u: u32) -> bool {\n    return true;\n}\n\
+             fn in_b(u: u32) -> bool {\n    return true;\n}\n\
+             fn load_a(u: u32) -> vec4<u32> {\n    return a0[u];\n}\n\
+             fn store_b(u: u32, v: vec4<u32>) {\n    b0[u] = v;\n}\n",
+        );
     } else {
-        load.push_str("    let o = u & pc.chunk_mask;\n    switch (u >> pc.chunk_shift) {\n");
-        store.push_str("    let o = u & pc.chunk_mask;\n    switch (u >> pc.chunk_shift) {\n");
-        for c in 0..chunks {
-            let _ = writeln!(
-                decl,
-                "@group(0) @binding({}) var<storage, read> host{c}: array<vec4<u32>>;",
-                4 + c
-            );
-            let _ = writeln!(
-                decl,
-                "@group(0) @binding({}) var<storage, read_write> dev{c}: array<vec4<u32>>;",
-                4 + chunks + c
-            );
-            let _ = writeln!(load, "        case {c}u: {{ return host{c}[o]; }}");
-            let _ = writeln!(store, "        case {c}u: {{ dev{c}[o] = v; }}");
+        let _ = write!(
+            access,
+            "const WINDOWS: u32 = {windows}u;\n\
+             fn in_a(u: u32) -> bool {{\n    return (u >> pc.chunk_shift) - pc.a_base < WINDOWS;\n}}\n\
+             fn in_b(u: u32) -> bool {{\n    return (u >> pc.chunk_shift) - pc.b_base < WINDOWS;\n}}\n"
+        );
+        access.push_str(
+            "fn load_a(u: u32) -> vec4<u32> {\n    let o = u & pc.chunk_mask;\n    \
+             switch ((u >> pc.chunk_shift) - pc.a_base) {\n",
+        );
+        for c in 0..windows {
+            let _ = writeln!(access, "        case {c}u: {{ return a{c}[o]; }}");
         }
-        load.push_str("        default: { return vec4<u32>(0u); }\n    }\n}\n");
-        store.push_str("        default: {}\n    }\n}\n");
+        access.push_str("        default: { return vec4<u32>(0u); }\n    }\n}\n");
+        access.push_str(
+            "fn store_b(u: u32, v: vec4<u32>) {\n    let o = u & pc.chunk_mask;\n    \
+             switch ((u >> pc.chunk_shift) - pc.b_base) {\n",
+        );
+        for c in 0..windows {
+            let _ = writeln!(access, "        case {c}u: {{ b{c}[o] = v; }}");
+        }
+        access.push_str("        default: {}\n    }\n}\n");
     }
     template
         .replace("//@POOL_BINDINGS", &decl)
-        .replace("//@POOL_ACCESS", &(load + &store))
+        .replace("//@POOL_ACCESS", &access)
 }
 
 fn compile(name: &str, source: &str, out_dir: &Path) {
@@ -95,14 +114,22 @@ fn main() {
         "invalidate",
         "resolve_prep",
         "resolve",
+        "table_write",
+        "hot_reset",
     ] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("shader");
         compile(name, &format!("{common}\n{src}"), out_dir);
     }
-    let gather = std::fs::read_to_string(dir.join("gather.wgsl")).expect("gather.wgsl");
-    let gather = format!("{common}\n{gather}");
-    compile("gather_1", &gather_source(&gather, 1), out_dir);
-    for c in CHUNKS {
-        compile(&format!("gather_{c}"), &gather_source(&gather, c), out_dir);
+    // (template, first pool binding)
+    for (name, first) in [("gather", 4), ("copy", 1)] {
+        let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");
+        let src = format!("{common}\n{src}");
+        for w in WINDOWS {
+            compile(
+                &format!("{name}_{w}"),
+                &pooled_source(&src, first, w),
+                out_dir,
+            );
+        }
     }
 }

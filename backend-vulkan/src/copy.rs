@@ -111,13 +111,52 @@ impl CopyPlan {
         }
     }
 
-    /// The batches, each to be recorded as one `vkCmdCopyBuffer` after a barrier.
+    /// The batches, each to be recorded as one `vkCmdCopyBuffer` (or one copy dispatch) after a
+    /// barrier.
     pub fn batches(&self) -> impl Iterator<Item = &[vk::BufferCopy]> {
         self.batches
             .iter()
             .filter(|b| !b.is_empty())
             .map(Vec::as_slice)
     }
+
+    /// Regions of the plan.
+    pub fn regions(&self) -> usize {
+        self.batches.iter().map(Vec::len).sum()
+    }
+
+    /// Bytes the plan copies.
+    pub fn bytes(&self) -> u64 {
+        self.batches.iter().flatten().map(|r| r.size).sum()
+    }
+
+    /// Whether every offset and length is a multiple of `align`.
+    pub fn aligned(&self, align: u64) -> bool {
+        self.batches
+            .iter()
+            .flatten()
+            .all(|r| (r.src_offset | r.dst_offset | r.size) % align == 0)
+    }
+}
+
+/// Words (16 bytes) of one tile of the copy shader: a workgroup copies one tile.
+pub const TILE_WORDS: u64 = 4096;
+
+/// The copy shader's tiles of a batch of 16-byte aligned regions: `[src word, dst word, words,
+/// 0]`, each at most [`TILE_WORDS`] words. Regions of one batch do not conflict, so neither do
+/// their tiles.
+pub fn tiles(batch: &[vk::BufferCopy]) -> Vec<[u32; 4]> {
+    let mut v = Vec::new();
+    for r in batch {
+        let (s, d, n) = (r.src_offset / 16, r.dst_offset / 16, r.size / 16);
+        let mut at = 0;
+        while at < n {
+            let len = (n - at).min(TILE_WORDS);
+            v.push([(s + at) as u32, (d + at) as u32, len as u32, 0]);
+            at += len;
+        }
+    }
+    v
 }
 
 #[cfg(test)]
@@ -171,6 +210,33 @@ mod tests {
         check(true, &[(50, 3, 100), (7, 7, 9)]);
         check(false, &[(0, 0, 64), (64, 0, 64), (128, 32, 16)]);
         check(true, &[(0, 128, 16), (16, 144, 16), (32, 160, 16)]);
+    }
+
+    #[test]
+    fn tiles_cover_each_region_in_order() {
+        let regions = [
+            vk::BufferCopy {
+                src_offset: 0,
+                dst_offset: 1 << 20,
+                size: 16 * (TILE_WORDS * 2 + 3),
+            },
+            vk::BufferCopy {
+                src_offset: 32,
+                dst_offset: 16,
+                size: 16,
+            },
+        ];
+        let t = tiles(&regions);
+        let w = TILE_WORDS as u32;
+        assert_eq!(
+            t,
+            vec![
+                [0, 65536, w, 0],
+                [w, 65536 + w, w, 0],
+                [2 * w, 65536 + 2 * w, 3, 0],
+                [2, 1, 1, 0]
+            ]
+        );
     }
 
     #[test]

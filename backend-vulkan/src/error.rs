@@ -27,6 +27,14 @@ pub enum VulkanError {
     Op(OpError),
     /// A pinned allocation exceeds the safe share of RAM, or is empty.
     PinnedBudget(PinnedBudgetError),
+    /// A device allocation is larger than the device memory free now (checked before anything
+    /// is allocated).
+    OutOfDeviceMemory {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Device memory free (the driver's budget with `VK_EXT_memory_budget`).
+        free: u64,
+    },
     /// Page-aligned host memory for a pinned buffer could not be allocated.
     HostAllocation {
         /// Bytes asked for.
@@ -60,6 +68,11 @@ impl fmt::Display for VulkanError {
             VulkanError::Vk { call, result } => write!(f, "{call} failed: {result}"),
             VulkanError::Op(e) => write!(f, "{e}"),
             VulkanError::PinnedBudget(e) => write!(f, "{e}"),
+            VulkanError::OutOfDeviceMemory { bytes, free } => write!(
+                f,
+                "a device allocation of {bytes} bytes exceeds the {free} bytes of device memory \
+                 free now; free buffers or plan a smaller pool (`hisparse layout` shows what fits)"
+            ),
             VulkanError::HostAllocation { bytes } => {
                 write!(
                     f,
@@ -86,6 +99,7 @@ impl Error for VulkanError {
             VulkanError::Op(e) => e.kind(),
             VulkanError::PinnedBudget(e) => e.kind(),
             VulkanError::HostAllocation { .. } => ErrorKind::OutOfPinnedMemory,
+            VulkanError::OutOfDeviceMemory { .. } => ErrorKind::OutOfDeviceMemory,
             VulkanError::InvalidArgument(_) => ErrorKind::InvalidArgument,
             VulkanError::Validation { .. } => ErrorKind::Other,
             VulkanError::Vk { result, .. } => match *result {

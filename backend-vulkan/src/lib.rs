@@ -1,5 +1,5 @@
 //! HiSparse Vulkan backend: every data-plane operation of [`hisparse_core::Device`] as Vulkan
-//! compute shaders (or `vkCmdCopyBuffer` for page, row and bulk copies), for GPUs of any vendor.
+//! compute shaders or `vkCmdCopyBuffer` copies, for GPUs of any vendor.
 //!
 //! * [`VulkanDevice::open`] picks a device: `""` = the first suitable one, a number = its index
 //!   in the loader's list, anything else = a case-insensitive substring of its name. No loader or
@@ -10,38 +10,58 @@
 //!   `spirv-val`.
 //! * The pinned host pool is a page-aligned host allocation imported with
 //!   `VK_EXT_external_memory_host` where available (else host-visible coherent memory): shaders
-//!   read it directly. Pools larger than `maxStorageBufferRange` are bound as 8 or 32 windows of
-//!   a power-of-two size each (pools up to 1 GiB on lavapipe, whose stages take 32 storage
-//!   buffers; up to 64 GiB on drivers with a 4 GiB range and enough bindings).
-//! * Execution: one queue, every command behind a full barrier, so all streams run in
-//!   submission order (events are trivially satisfied). Buffers dropped while work may use them
-//!   are destroyed once a timeline semaphore passes that work.
+//!   read and write it directly.
+//! * **Streams and events** follow the rules of [`hisparse_core::device`]: a stream is a chain of
+//!   submissions on its own timeline semaphore, spread over up to four compute queues and a
+//!   dedicated transfer queue where the device has one; an event is a timeline value, and
+//!   waiting for it adds a semaphore wait to the waiting stream's next submission. Work is
+//!   recorded into one open command buffer per stream and submitted when the device has caught
+//!   up with the stream, when 64 commands accumulated, or when something observes it, so a
+//!   decode step costs few submissions; inside a command buffer a command waits behind a barrier
+//!   only when it depends on an earlier one. Synchronous calls wait for every stream. The
+//!   execution model is described in full in the docs of the `vk` module.
+//! * **Copies** of many small regions (page backups and restores, row mirrors, host
+//!   copy-on-write) and device-to-device copies run as a copy shader on GPUs; large contiguous
+//!   copies across the bus and every copy on CPU devices (lavapipe) use `vkCmdCopyBuffer`
+//!   ([`CopyEngine`], overridable with [`COPY_ENGINE_ENV`]).
+//! * **Large pools** are bound as windows of `maxStorageBufferRange` (a power of two); a shader
+//!   variant binds 1, 8, 12 or 32 windows per pool, and pools with more windows than fit the
+//!   device's storage buffers per stage are processed in several dispatches, each covering a
+//!   group of windows (module `windows`). Shaders address pools up to 64 GiB.
 //! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches).
 //!
-//! Not done here: multi-queue overlap of copies and compute, buffer device addresses.
+//! Not done here: buffer device addresses (the WGSL compiler used has no pointers to physical
+//! storage), which would remove the windows.
 
+mod copies;
 mod copy;
 mod error;
+mod gather;
+mod index;
 mod shaders;
 mod vk;
+mod windows;
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicU8;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hisparse_core::Device;
-use hisparse_core::ops::copy::{check_bulk_copy, check_host_page_copy};
+use hisparse_core::device::MemoryInfo;
+use hisparse_core::ops::copy::check_bulk_copy;
 use hisparse_core::ops::{
-    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc,
+    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
     PINNED_ALIGNMENT, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
-    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, check_pinned_budget,
+    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
+    check_pinned_budget,
 };
 
+pub use copies::{COPY_ENGINE_ENV, CopyEngine};
 pub use error::VulkanError;
 pub use vk::validation_message_count;
 
-use copy::CopyPlan;
 use shaders::Shader;
-use vk::{Binding, Context, MemKind, RawBuffer, Rec};
+use vk::{Binding, Context, Engine, MemKind, RawBuffer};
 
 type Result<T> = core::result::Result<T, VulkanError>;
 
@@ -55,9 +75,16 @@ pub fn spirv_modules() -> impl Iterator<Item = (&'static str, &'static [u8])> {
 /// ([`VulkanDevice::open_strict`]).
 pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
 
+/// Largest staging chunk of a synchronous upload or download.
+const STAGING_CHUNK: usize = 64 << 20;
+
 /// A Vulkan device executing HiSparse operations. Cheap to share by reference across threads.
 pub struct VulkanDevice {
     ctx: Arc<Context>,
+    /// The staging buffer synchronous uploads and downloads reuse (held for a whole call).
+    staging: Mutex<Option<RawBuffer>>,
+    /// [`CopyEngine`] as a number (see `copies`).
+    copy_engine: AtomicU8,
 }
 
 /// Device memory of a [`VulkanDevice`]. Dropping it defers destruction until enqueued work that
@@ -75,16 +102,20 @@ pub struct VulkanHostBuffer {
     ctx: Arc<Context>,
 }
 
-/// A stream: all streams of a device share its queue, in submission order.
-#[derive(Debug)]
+/// A stream: a chain of submissions on its own timeline semaphore (see the crate docs).
+/// Dropping it submits what it recorded; its timeline is reused by a later stream.
 pub struct VulkanStream {
-    _private: (),
+    id: usize,
+    ctx: Arc<Context>,
 }
 
-/// A point in the device's submission order.
+/// A point on a stream's timeline: the value that marks the work recorded before it complete.
 #[derive(Clone, Copy, Debug)]
 pub struct VulkanEvent {
+    sem: ash::vk::Semaphore,
     value: u64,
+    /// Identity of the device (its context's address) the event belongs to.
+    device: usize,
 }
 
 macro_rules! buffer_common {
@@ -141,11 +172,38 @@ impl VulkanHostBuffer {
     }
 }
 
+impl Drop for VulkanStream {
+    fn drop(&mut self) {
+        self.ctx.drop_stream(self.id);
+    }
+}
+
+impl std::fmt::Debug for VulkanStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanStream")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for VulkanDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VulkanDevice")
             .field("name", &self.ctx.name)
             .finish()
+    }
+}
+
+impl Drop for VulkanDevice {
+    fn drop(&mut self) {
+        let staging = self
+            .staging
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(b) = staging {
+            self.ctx.retire(b);
+        }
     }
 }
 
@@ -160,6 +218,7 @@ fn bulk(src_len: usize, so: usize, dst_len: usize, d: usize, bytes: usize) -> Re
     Ok(())
 }
 
+/// `v` as a `u32`, or an `Unsupported` error naming `what`.
 fn u32_of(v: u64, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| VulkanError::Unsupported(format!("{what} ({v}) exceeds 32 bits")))
 }
@@ -170,17 +229,53 @@ impl VulkanDevice {
     /// (case-insensitive).
     pub fn open(selector: &str) -> Result<VulkanDevice> {
         let strict = std::env::var(STRICT_VALIDATION_ENV).is_ok_and(|v| v.trim() == "1");
-        Ok(VulkanDevice {
-            ctx: Arc::new(Context::open(selector, strict)?),
-        })
+        Self::with_context(Context::open(selector, strict)?)
     }
 
     /// Like [`VulkanDevice::open`], but any validation warning or error (reported through
     /// `VK_EXT_debug_utils`, e.g. with `VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation`) makes
     /// the call during which it appeared fail with [`VulkanError::Validation`]. Tests use this.
     pub fn open_strict(selector: &str) -> Result<VulkanDevice> {
+        Self::with_context(Context::open(selector, true)?)
+    }
+
+    /// Opens like [`VulkanDevice::open_strict`], but binds pools as if one storage binding
+    /// covered only `window` bytes (a power of two, at most the device's real window) and a
+    /// dispatch could bind only `storage_buffers` storage buffers (at least the 21 the resolver
+    /// needs): the windowed shader variants and the one-dispatch-per-window-group path then run
+    /// on pools of a few MiB on any device. For tests.
+    pub fn open_windowed(
+        selector: &str,
+        window: u64,
+        storage_buffers: u32,
+    ) -> Result<VulkanDevice> {
+        let mut ctx = Context::open(selector, true)?;
+        let real = ctx.limits;
+        if !window.is_power_of_two()
+            || window < 256
+            || window > real.window
+            || storage_buffers < Shader::Resolve.bindings()
+            || storage_buffers > real.max_storage_per_stage
+        {
+            return Err(VulkanError::InvalidArgument(format!(
+                "open_windowed: window {window} must be a power of two in 256..={} and \
+                 storage_buffers {storage_buffers} in {}..={}",
+                real.window,
+                Shader::Resolve.bindings(),
+                real.max_storage_per_stage
+            )));
+        }
+        ctx.limits.window = window;
+        ctx.limits.max_storage_per_stage = storage_buffers;
+        Self::with_context(ctx)
+    }
+
+    fn with_context(ctx: Context) -> Result<VulkanDevice> {
+        let engine = CopyEngine::from_env()?;
         Ok(VulkanDevice {
-            ctx: Arc::new(Context::open(selector, true)?),
+            ctx: Arc::new(ctx),
+            staging: Mutex::new(None),
+            copy_engine: AtomicU8::new(engine as u8),
         })
     }
 
@@ -199,8 +294,19 @@ impl VulkanDevice {
         self.ctx.limits.window
     }
 
-    /// Runs `f`, which should only enqueue work, recording everything it enqueues into one
-    /// command buffer between two timestamp queries; returns the device time between them.
+    /// Compute queues streams are spread over.
+    pub fn compute_queues(&self) -> usize {
+        self.ctx.compute_lanes()
+    }
+
+    /// Whether the device has a dedicated transfer queue (copy-only batches run there).
+    pub fn has_transfer_queue(&self) -> bool {
+        self.ctx.has_transfer_lane()
+    }
+
+    /// Runs `f`, which should only enqueue work, recording everything it enqueues (on any
+    /// stream) into one chain of command buffers on one queue between two timestamp queries;
+    /// returns the device time between them. Event waits inside `f` become full barriers.
     /// Synchronous calls inside `f` (uploads, `synchronize`, …) submit early; the result then
     /// also includes host round trips.
     pub fn timed(&self, f: impl FnOnce(&Self) -> Result<()>) -> Result<Duration> {
@@ -209,83 +315,72 @@ impl VulkanDevice {
                 "the compute queue has no timestamp support".into(),
             ));
         }
-        self.ctx.begin_batch(true)?;
+        self.ctx.begin_capture()?;
         let r = f(self);
-        let ns = self.ctx.end_batch(true)?;
+        let ns = self.ctx.end_capture()?;
         r?;
         let ns = ns.unwrap_or(0.0);
         Ok(Duration::from_nanos(ns.max(0.0) as u64))
     }
 
+    /// The id of `stream` on this device's context, or an error for another device's stream.
+    fn sid(&self, stream: &VulkanStream) -> Result<usize> {
+        if !Arc::ptr_eq(&stream.ctx, &self.ctx) {
+            return Err(VulkanError::InvalidArgument(
+                "the stream belongs to another Vulkan device; create streams with the device \
+                 that runs the work"
+                    .into(),
+            ));
+        }
+        Ok(stream.id)
+    }
+
+    fn event_of(&self, e: &VulkanEvent) -> Result<(ash::vk::Semaphore, u64)> {
+        if e.device != Arc::as_ptr(&self.ctx) as usize {
+            return Err(VulkanError::InvalidArgument(
+                "the event belongs to another Vulkan device".into(),
+            ));
+        }
+        Ok((e.sem, e.value))
+    }
+
+    /// The binding of the first `need` bytes of an index buffer (one binding at most).
     fn bind_index(&self, b: &RawBuffer, need: u64, what: &str) -> Result<Binding> {
-        let window = self.ctx.limits.window;
-        if need > window {
+        let max = self.ctx.limits.max_storage_range;
+        if need > max {
             return Err(VulkanError::Unsupported(format!(
-                "{what}: {need} bytes exceed one storage binding ({window} bytes)"
+                "{what}: {need} bytes exceed one storage binding (maxStorageBufferRange = \
+                 {max} bytes on this device); split the batch (fewer tokens or requests per \
+                 call)"
             )));
         }
         Ok(Binding {
             buffer: b.buffer,
             offset: 0,
-            range: b.size.min(window),
+            range: b.size.min(max),
         })
     }
 
-    /// `windows` bindings covering a pool buffer (unused ones repeat window 0).
-    fn pool_windows(&self, b: &RawBuffer, windows: u64) -> Vec<Binding> {
-        let window = self.ctx.limits.window;
-        let n = b.size.div_ceil(window);
-        (0..windows)
-            .map(|c| {
-                let c = if c < n { c } else { 0 };
-                Binding {
-                    buffer: b.buffer,
-                    offset: c * window,
-                    range: (b.size - c * window).min(window),
-                }
-            })
-            .collect()
-    }
-
-    fn record<R>(&self, f: impl FnOnce(&mut Rec<'_>) -> Result<R>) -> Result<R> {
-        self.ctx.record(f)
-    }
-
-    fn run_plan(&self, plan: &CopyPlan, src: ash::vk::Buffer, dst: ash::vk::Buffer) -> Result<()> {
-        self.record(|rec| {
-            for batch in plan.batches() {
-                rec.copy(src, dst, batch);
+    /// Runs `f` with the staging buffer grown to at least `bytes` (held for the whole call).
+    fn with_staging<R>(
+        &self,
+        bytes: usize,
+        f: impl FnOnce(&mut RawBuffer) -> Result<R>,
+    ) -> Result<R> {
+        let mut slot = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|s| (s.size as usize) < bytes) {
+            let fresh = self
+                .ctx
+                .create_buffer(bytes.next_power_of_two() as u64, MemKind::Staging)?;
+            if let Some(old) = slot.replace(fresh) {
+                self.ctx.retire(old);
             }
-            Ok(())
-        })
+        }
+        match slot.as_mut() {
+            Some(s) => f(s),
+            None => Err(VulkanError::Unsupported("no staging buffer".into())),
+        }
     }
-}
-
-/// Layout words for the gather shader (16-byte units).
-fn layout_words(l: &PageLayout) -> Result<[u32; 8]> {
-    let stride = if l.num_blocks > 1 {
-        u32_of(l.block_stride / 16, "layout.block_stride / 16")?
-    } else {
-        0
-    };
-    Ok([
-        u32_of(l.base / 16, "layout.base / 16")?,
-        stride,
-        l.num_blocks,
-        l.block_size,
-        l.row_bytes / 16,
-        l.value_bytes / 16,
-        l.index_stride_rows,
-        0,
-    ])
-}
-
-/// Byte ranges `(offset, len)` of rows `first..first + n` of `block`: value part, scale part.
-fn span_parts(l: &PageLayout, block: u32, first: u32, n: u32) -> [(u64, u64); 2] {
-    let [(v, _), (s, _)] = l.row_parts(block, first);
-    let vb = u64::from(l.value_bytes);
-    let sb = u64::from(l.row_bytes - l.value_bytes);
-    [(v, vb * u64::from(n)), (s, sb * u64::from(n))]
 }
 
 impl Device for VulkanDevice {
@@ -311,7 +406,8 @@ impl Device for VulkanDevice {
             len: bytes,
             ctx: self.ctx.clone(),
         };
-        self.record(|rec| {
+        // On the internal stream, which every stream's next submission waits for.
+        self.ctx.record(0, Engine::Copy, |rec| {
             rec.zero(handle, 0, size);
             Ok(())
         })?;
@@ -339,70 +435,79 @@ impl Device for VulkanDevice {
         buf.raw().ptr as usize
     }
 
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        let host_available = vk::available_ram()?;
+        let (free, _) = self.ctx.device_memory();
+        let unified = self.ctx.limits.unified;
+        Some(MemoryInfo {
+            device_free: if unified {
+                free.min(host_available)
+            } else {
+                free
+            },
+            host_available,
+            unified,
+        })
+    }
+
     fn upload(&self, dst: &mut VulkanBuffer, offset: usize, src: &[u8]) -> Result<()> {
         bulk(src.len(), 0, dst.len, offset, src.len())?;
+        self.ctx.wait_all()?;
         if src.is_empty() {
-            return self.ctx.wait_idle();
+            return Ok(());
         }
-        let chunk = src.len().min(64 << 20);
-        let mut staging = self.ctx.create_buffer(chunk as u64, MemKind::Staging)?;
         let dst_handle = dst.raw().buffer;
-        let mut r = Ok(());
-        for (i, piece) in src.chunks(chunk).enumerate() {
-            r = self.ctx.wait_idle().and_then(|()| {
-                vk::write_host(&mut staging, 0, piece);
+        let chunk = src.len().min(STAGING_CHUNK);
+        self.with_staging(chunk, |staging| {
+            for (i, piece) in src.chunks(chunk).enumerate() {
+                vk::write_host(staging, 0, piece);
                 let region = ash::vk::BufferCopy {
                     src_offset: 0,
                     dst_offset: (offset + i * chunk) as u64,
                     size: piece.len() as u64,
                 };
-                self.record(|rec| {
-                    rec.copy(staging.buffer, dst_handle, &[region]);
+                let sb = staging.buffer;
+                self.ctx.record(0, Engine::Copy, |rec| {
+                    rec.copy(sb, dst_handle, &[region]);
                     Ok(())
-                })
-            });
-            if r.is_err() {
-                break;
+                })?;
+                // The staging buffer is reused by the next piece.
+                self.ctx.synchronize(0)?;
             }
-        }
-        let w = self.ctx.wait_idle();
-        self.ctx.retire(staging);
-        r.and(w)
+            Ok(())
+        })
     }
 
     fn download(&self, src: &VulkanBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         bulk(src.len, offset, dst.len(), 0, dst.len())?;
+        self.ctx.wait_all()?;
         if dst.is_empty() {
-            return self.ctx.wait_idle();
+            return Ok(());
         }
-        let chunk = dst.len().min(64 << 20);
-        let staging = self.ctx.create_buffer(chunk as u64, MemKind::Staging)?;
         let src_handle = src.raw().buffer;
-        let mut r = Ok(());
-        for (i, piece) in dst.chunks_mut(chunk).enumerate() {
-            let region = ash::vk::BufferCopy {
-                src_offset: (offset + i * chunk) as u64,
-                dst_offset: 0,
-                size: piece.len() as u64,
-            };
-            r = self
-                .record(|rec| {
-                    rec.copy(src_handle, staging.buffer, &[region]);
+        let chunk = dst.len().min(STAGING_CHUNK);
+        self.with_staging(chunk, |staging| {
+            let sb = staging.buffer;
+            for (i, piece) in dst.chunks_mut(chunk).enumerate() {
+                let region = ash::vk::BufferCopy {
+                    src_offset: (offset + i * chunk) as u64,
+                    dst_offset: 0,
+                    size: piece.len() as u64,
+                };
+                self.ctx.record(0, Engine::Copy, |rec| {
+                    rec.copy(src_handle, sb, &[region]);
                     Ok(())
-                })
-                .and_then(|()| self.ctx.wait_idle())
-                .map(|()| vk::read_host(&staging, 0, piece));
-            if r.is_err() {
-                break;
+                })?;
+                self.ctx.synchronize(0)?;
+                vk::read_host(staging, 0, piece);
             }
-        }
-        self.ctx.retire(staging);
-        r
+            Ok(())
+        })
     }
 
     fn write_pinned(&self, dst: &mut VulkanHostBuffer, offset: usize, src: &[u8]) -> Result<()> {
         bulk(src.len(), 0, dst.len, offset, src.len())?;
-        self.ctx.wait_idle()?;
+        self.ctx.wait_all()?;
         if let Some(raw) = dst.raw.as_mut() {
             vk::write_host(raw, offset, src);
         }
@@ -411,38 +516,58 @@ impl Device for VulkanDevice {
 
     fn read_pinned(&self, src: &VulkanHostBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         bulk(src.len, offset, dst.len(), 0, dst.len())?;
-        self.ctx.wait_idle()?;
+        self.ctx.wait_all()?;
+        vk::read_host(src.raw(), offset, dst);
+        Ok(())
+    }
+
+    fn read_pinned_after(
+        &self,
+        event: &VulkanEvent,
+        src: &VulkanHostBuffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        bulk(src.len, offset, dst.len(), 0, dst.len())?;
+        // Every submission ends with a barrier that makes its writes visible to the host.
+        self.ctx.wait_event_host(self.event_of(event)?)?;
         vk::read_host(src.raw(), offset, dst);
         Ok(())
     }
 
     fn create_stream(&self) -> Result<VulkanStream> {
-        Ok(VulkanStream { _private: () })
-    }
-
-    fn record_event(&self, _stream: &VulkanStream) -> Result<VulkanEvent> {
-        Ok(VulkanEvent {
-            value: self.ctx.last_submitted(),
+        Ok(VulkanStream {
+            id: self.ctx.create_stream()?,
+            ctx: self.ctx.clone(),
         })
     }
 
-    fn wait_event(&self, _stream: &VulkanStream, _event: &VulkanEvent) -> Result<()> {
-        // Every stream shares one queue with a full barrier before each command: work enqueued
-        // later already runs after the event's work.
-        Ok(())
+    fn record_event(&self, stream: &VulkanStream) -> Result<VulkanEvent> {
+        let (sem, value) = self.ctx.record_event(self.sid(stream)?);
+        Ok(VulkanEvent {
+            sem,
+            value,
+            device: Arc::as_ptr(&self.ctx) as usize,
+        })
     }
 
-    fn synchronize(&self, _stream: &VulkanStream) -> Result<()> {
-        self.ctx.wait_idle()
+    fn wait_event(&self, stream: &VulkanStream, event: &VulkanEvent) -> Result<()> {
+        let e = self.event_of(event)?;
+        self.ctx.wait_event(self.sid(stream)?, e)
+    }
+
+    fn synchronize(&self, stream: &VulkanStream) -> Result<()> {
+        self.ctx.synchronize(self.sid(stream)?)
     }
 
     fn query_event(&self, event: &VulkanEvent) -> Result<bool> {
-        Ok(self.ctx.reached(event.value))
+        let e = self.event_of(event)?;
+        self.ctx.query_event(e)
     }
 
     fn copy_to_device(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         src: &VulkanHostBuffer,
         src_offset: usize,
         dst: &mut VulkanBuffer,
@@ -450,14 +575,20 @@ impl Device for VulkanDevice {
         bytes: usize,
     ) -> Result<()> {
         bulk(src.len, src_offset, dst.len, dst_offset, bytes)?;
-        let mut plan = CopyPlan::new(false);
-        plan.push(src_offset as u64, dst_offset as u64, bytes as u64);
-        self.run_plan(&plan, src.raw().buffer, dst.raw().buffer)
+        self.bulk_copy(
+            self.sid(stream)?,
+            src.raw(),
+            src_offset,
+            dst.raw(),
+            dst_offset,
+            bytes,
+            true,
+        )
     }
 
     fn copy_to_host(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         src: &VulkanBuffer,
         src_offset: usize,
         dst: &mut VulkanHostBuffer,
@@ -465,14 +596,20 @@ impl Device for VulkanDevice {
         bytes: usize,
     ) -> Result<()> {
         bulk(src.len, src_offset, dst.len, dst_offset, bytes)?;
-        let mut plan = CopyPlan::new(false);
-        plan.push(src_offset as u64, dst_offset as u64, bytes as u64);
-        self.run_plan(&plan, src.raw().buffer, dst.raw().buffer)
+        self.bulk_copy(
+            self.sid(stream)?,
+            src.raw(),
+            src_offset,
+            dst.raw(),
+            dst_offset,
+            bytes,
+            true,
+        )
     }
 
     fn copy_on_device(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         src: &VulkanBuffer,
         src_offset: usize,
         dst: &mut VulkanBuffer,
@@ -480,329 +617,145 @@ impl Device for VulkanDevice {
         bytes: usize,
     ) -> Result<()> {
         bulk(src.len, src_offset, dst.len, dst_offset, bytes)?;
-        let mut plan = CopyPlan::new(false);
-        plan.push(src_offset as u64, dst_offset as u64, bytes as u64);
-        self.run_plan(&plan, src.raw().buffer, dst.raw().buffer)
+        self.bulk_copy(
+            self.sid(stream)?,
+            src.raw(),
+            src_offset,
+            dst.raw(),
+            dst_offset,
+            bytes,
+            false,
+        )
+    }
+
+    fn copy_within_device(
+        &self,
+        stream: &VulkanStream,
+        buf: &mut VulkanBuffer,
+        src_offset: usize,
+        dst_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        hisparse_core::ops::copy::check_copy_within(
+            buf.len as u64,
+            src_offset as u64,
+            dst_offset as u64,
+            bytes as u64,
+        )?;
+        self.copy_within(
+            self.sid(stream)?,
+            buf.raw(),
+            src_offset as u64,
+            dst_offset as u64,
+            bytes as u64,
+        )
+    }
+
+    fn write_table(
+        &self,
+        stream: &VulkanStream,
+        desc: &TableWriteDesc,
+        writes: &[TableWrite],
+        table: &mut VulkanBuffer,
+    ) -> Result<()> {
+        desc.check(writes, table)?;
+        self.table_writes(self.sid(stream)?, writes, table.raw())
+    }
+
+    fn reset_hot_state(
+        &self,
+        stream: &VulkanStream,
+        desc: &HotResetDesc,
+        rows: &[u32],
+        dgi: &mut VulkanBuffer,
+        lru: &mut VulkanBuffer,
+    ) -> Result<()> {
+        desc.check(rows, dgi, lru)?;
+        self.hot_reset(self.sid(stream)?, desc, rows, dgi.raw(), lru.raw())
     }
 
     fn remap(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         desc: &RemapDesc,
         args: RemapArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
-        if desc.num_tokens == 0 {
-            return Ok(());
-        }
-        let t = u64::from(desc.num_tokens);
-        let tk = t * u64::from(desc.top_k);
-        let table = u64::from(desc.table_rows) * u64::from(desc.max_blocks);
-        let mut b = vec![
-            self.bind_index(args.req_id.raw(), 4 * t, "req_id")?,
-            self.bind_index(args.block_table.raw(), 4 * table, "block_table")?,
-            self.bind_index(args.topk.raw(), 4 * tk, "topk")?,
-        ];
-        let map = args.idx_mapping.map(|m| {
-            let n = u64::from(desc.idx_mapping_len.unwrap_or(0));
-            self.bind_index(m.raw(), 4 * n, "idx_mapping")
-        });
-        let out = self.bind_index(args.out.raw(), 4 * tk, "out")?;
-        let counts = match &args.counts {
-            Some(c) => Some(self.bind_index(c.raw(), 4 * t, "counts")?),
-            None => None,
-        };
-        let map = map.transpose()?;
-        let flags = u32::from(desc.write_counts)
-            | u32::from(desc.compact) << 1
-            | u32::from(desc.idx_mapping_len.is_some()) << 2;
-        let push = [
-            desc.num_tokens,
-            desc.top_k,
-            desc.table_rows,
-            desc.max_blocks,
-            desc.block_size,
-            desc.block_stride_rows,
-            desc.idx_mapping_len.unwrap_or(0),
-            flags,
-        ];
-        self.record(|rec| {
-            let dummy = Binding {
-                buffer: rec.scratch(16)?,
-                offset: 0,
-                range: 16,
-            };
-            b.push(map.unwrap_or(b[0]));
-            b.push(out);
-            b.push(counts.unwrap_or(dummy));
-            rec.dispatch(Shader::Remap, &b, &push, t)
-        })
+        self.remap_rows(self.sid(stream)?, desc, args)
     }
 
     fn resolve(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         desc: &ResolveDesc,
         args: ResolveArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
         desc.check(&args.sizes())?;
-        if desc.num_tokens == 0 {
-            return Ok(());
-        }
-        let t = u64::from(desc.num_tokens);
-        let k = u64::from(desc.top_k);
-        let r = u64::from(desc.num_requests);
-        let n = u64::from(desc.hot_slots);
-        let tk = t * k;
-        let pages = r * u64::from(desc.max_pages);
-        let slots = r * n;
-        let hot = r * u64::from(desc.hot_table_width());
-        let mut b = vec![
-            self.bind_index(args.req_id.raw(), 4 * t, "req_id")?,
-            self.bind_index(args.topk.raw(), 4 * tk, "topk")?,
-            self.bind_index(args.resident_table.raw(), 4 * pages, "resident_table")?,
-            self.bind_index(args.host_table.raw(), 4 * pages, "host_table")?,
-            self.bind_index(args.hot_table.raw(), 4 * hot, "hot_table")?,
-            self.bind_index(args.dgi.raw(), 4 * slots, "dgi")?,
-            self.bind_index(args.lru.raw(), 2 * slots, "lru")?,
-            self.bind_index(args.indices.raw(), 4 * tk, "indices")?,
-            self.bind_index(args.valid_counts.raw(), 4 * t, "valid_counts")?,
-            self.bind_index(args.hit_counts.raw(), 4 * t, "hit_counts")?,
-            self.bind_index(args.miss_counts.raw(), 4 * t, "miss_counts")?,
-            self.bind_index(args.miss_src.raw(), 4 * tk, "miss_src")?,
-            self.bind_index(args.miss_dst.raw(), 4 * tk, "miss_dst")?,
-        ];
-        // Scratch regions (words): info 4T, perm T, gval TK, xmiss TK, hash 8TK, rowc 4T,
-        // old G*N, evl G*N with G = min(R, T) groups.
-        let groups = r.min(t);
-        let words = [4 * t, t, tk, tk, 8 * tk, 4 * t, groups * n, groups * n];
-        let mut regions = Vec::with_capacity(words.len());
-        let mut at = 0u64;
-        for w in words {
-            let bytes = (4 * w).max(16);
-            if bytes > self.ctx.limits.window {
-                return Err(VulkanError::Unsupported(format!(
-                    "resolve scratch of {bytes} bytes exceeds one storage binding; split the batch"
-                )));
-            }
-            regions.push((at, bytes));
-            at = (at + bytes).div_ceil(256) * 256;
-        }
-        let host_rows = desc.host_rows() as u32;
-        let push_prep = [desc.num_tokens, desc.num_requests];
-        let push = [
-            desc.num_tokens,
-            desc.top_k,
-            desc.num_requests,
-            desc.max_pages,
-            desc.block_size,
-            desc.hot_slots,
-            desc.attention_block_stride,
-            host_rows,
-            desc.hot_table_width(),
-            u32::from(r <= t),
-        ];
-        self.record(|rec| {
-            let scratch = rec.scratch(at)?;
-            let sb: Vec<Binding> = regions
-                .iter()
-                .map(|&(offset, range)| Binding {
-                    buffer: scratch,
-                    offset,
-                    range,
-                })
-                .collect();
-            rec.dispatch(
-                Shader::ResolvePrep,
-                &[b[0], sb[0], sb[1]],
-                &push_prep,
-                t.div_ceil(256),
-            )?;
-            b.extend_from_slice(&sb);
-            rec.dispatch(Shader::Resolve, &b, &push, t)
-        })
+        self.resolve_rows(self.sid(stream)?, desc, args)
     }
 
     fn gather_rows(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         desc: &GatherDesc<'_>,
         args: GatherArgs<'_, VulkanBuffer, VulkanHostBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
-        let t = u64::from(desc.num_tokens);
-        let tk = t * u64::from(desc.top_k);
-        let items = tk * desc.layers.len() as u64;
-        if items == 0 {
-            return Ok(());
-        }
-        let items = u32_of(items, "gather work items (layers × tokens × top_k)")?;
-        let mut layer_words = Vec::with_capacity(desc.layers.len() * 16);
-        for l in desc.layers {
-            layer_words.extend(layout_words(&l.host)?);
-            layer_words.extend(layout_words(&l.device)?);
-        }
-        let host = args.host.raw();
-        let dev = args.device.raw();
-        let window = self.ctx.limits.window;
-        let need = host.size.max(dev.size).div_ceil(window);
-        let limit = self.ctx.limits.max_storage_per_stage;
-        let Some(shader) = Shader::GATHERS
-            .into_iter()
-            .find(|s| s.windows() >= need && s.bindings() <= limit)
-        else {
-            return Err(VulkanError::Unsupported(format!(
-                "a pool of {} bytes needs {need} bindings of {window} bytes; the device allows \
-                 {limit} storage buffers per stage",
-                host.size.max(dev.size)
-            )));
-        };
-        let mut b = vec![
-            self.bind_index(args.plan_src.raw(), 4 * tk, "plan_src")?,
-            self.bind_index(args.plan_dst.raw(), 4 * tk, "plan_dst")?,
-            self.bind_index(args.plan_counts.raw(), 4 * t, "plan_counts")?,
-        ];
-        let mut pools = self.pool_windows(host, shader.windows());
-        pools.extend(self.pool_windows(dev, shader.windows()));
-        let units = window / 16;
-        let push = [
-            desc.num_tokens,
-            desc.top_k,
-            desc.layers.len() as u32,
-            items,
-            units.trailing_zeros(),
-            (units - 1) as u32,
-        ];
-        self.record(|rec| {
-            b.push(rec.params(&layer_words)?);
-            b.extend(pools);
-            rec.dispatch(shader, &b, &push, u64::from(items).div_ceil(4))
-        })
+        self.gather(self.sid(stream)?, desc, args)
     }
 
     fn copy_pages(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         desc: &PageCopyDesc<'_>,
         pairs: &[BlockPair],
         host: &mut VulkanHostBuffer,
         device: &mut VulkanBuffer,
     ) -> Result<()> {
         desc.check(pairs, host.len as u64, device.len as u64)?;
-        let mut plan = CopyPlan::new(false);
-        for l in desc.layers {
-            let len = l.host.page_bytes();
-            for p in pairs {
-                let (s, d) = match desc.direction {
-                    Direction::DeviceToHost => {
-                        (l.device.page_offset(p.src), l.host.page_offset(p.dst))
-                    }
-                    Direction::HostToDevice => {
-                        (l.host.page_offset(p.src), l.device.page_offset(p.dst))
-                    }
-                };
-                plan.push(s, d, len);
-            }
-        }
-        let (hb, db) = (host.raw().buffer, device.raw().buffer);
-        match desc.direction {
-            Direction::DeviceToHost => self.run_plan(&plan, db, hb),
-            Direction::HostToDevice => self.run_plan(&plan, hb, db),
-        }
+        self.pages(self.sid(stream)?, desc, pairs, host.raw(), device.raw())
     }
 
     fn copy_rows(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         desc: &RowCopyDesc<'_>,
         spans: &[RowSpan],
         host: &mut VulkanHostBuffer,
         device: &mut VulkanBuffer,
     ) -> Result<()> {
         desc.check(spans, host.len as u64, device.len as u64)?;
-        let mut plan = CopyPlan::new(false);
-        for l in desc.layers {
-            for s in spans {
-                let hp = span_parts(&l.host, s.host_block, s.first_row, s.num_rows);
-                let dp = span_parts(&l.device, s.device_block, s.first_row, s.num_rows);
-                for ((h, len), (d, _)) in hp.into_iter().zip(dp) {
-                    match desc.direction {
-                        Direction::DeviceToHost => plan.push(d, h, len),
-                        Direction::HostToDevice => plan.push(h, d, len),
-                    }
-                }
-            }
-        }
-        let (hb, db) = (host.raw().buffer, device.raw().buffer);
-        match desc.direction {
-            Direction::DeviceToHost => self.run_plan(&plan, db, hb),
-            Direction::HostToDevice => self.run_plan(&plan, hb, db),
-        }
+        self.rows(self.sid(stream)?, desc, spans, host.raw(), device.raw())
     }
 
     fn copy_host_pages(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         layers: &[PageLayout],
         pairs: &[BlockPair],
         host: &mut VulkanHostBuffer,
     ) -> Result<()> {
-        check_host_page_copy(layers, pairs, host.len as u64)?;
-        let mut plan = CopyPlan::new(true);
-        for l in layers {
-            for p in pairs {
-                plan.push(l.page_offset(p.src), l.page_offset(p.dst), l.page_bytes());
-            }
-        }
-        let hb = host.raw().buffer;
-        self.run_plan(&plan, hb, hb)
+        hisparse_core::ops::copy::check_host_page_copy(layers, pairs, host.len as u64)?;
+        self.host_pages(self.sid(stream)?, layers, pairs, host.raw())
     }
 
     fn invalidate(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         desc: &InvalidateDesc,
         args: InvalidateArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
-        let entries = u64::from(desc.num_requests) * u64::from(desc.hot_slots);
-        if desc.num_ranges == 0 {
-            return Ok(());
-        }
-        let b = [
-            self.bind_index(args.ranges.raw(), 8 * u64::from(desc.num_ranges), "ranges")?,
-            self.bind_index(args.dgi.raw(), 4 * entries, "dgi")?,
-        ];
-        let push = [entries as u32, desc.num_ranges];
-        self.record(|rec| rec.dispatch(Shader::Invalidate, &b, &push, entries.div_ceil(256)))
+        self.invalidate_rows(self.sid(stream)?, desc, args)
     }
 
     fn compressed_slot_mapping(
         &self,
-        _stream: &VulkanStream,
+        stream: &VulkanStream,
         desc: &SlotMappingDesc,
         args: SlotMappingArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
-        let t = u64::from(desc.num_tokens);
-        if t == 0 {
-            return Ok(());
-        }
-        let table = u64::from(desc.table_rows) * u64::from(desc.max_blocks);
-        let b = [
-            self.bind_index(args.positions.raw(), 4 * t, "positions")?,
-            self.bind_index(args.slot_mapping.raw(), 4 * t, "slot_mapping")?,
-            self.bind_index(args.table_row.raw(), 4 * t, "table_row")?,
-            self.bind_index(args.block_table.raw(), 4 * table, "block_table")?,
-            self.bind_index(args.out.raw(), 4 * t, "out")?,
-        ];
-        let push = [
-            desc.num_tokens,
-            desc.ratio,
-            desc.block_size,
-            desc.table_rows,
-            desc.max_blocks,
-        ];
-        self.record(|rec| rec.dispatch(Shader::SlotMapping, &b, &push, t.div_ceil(256)))
+        self.slot_mapping(self.sid(stream)?, desc, args)
     }
 }

@@ -17,6 +17,49 @@ macro_rules! spirv {
     }};
 }
 
+/// Windows per pool of a pooled shader (gather, copy): how many storage buffers each of its two
+/// pools is bound as. Keep in sync with `WINDOWS` in `build.rs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Windows {
+    /// Each pool bound whole (it fits one binding).
+    One,
+    /// 8 windows per pool.
+    Eight,
+    /// 12 windows per pool (fits devices with 32 storage buffers per stage, such as lavapipe).
+    Twelve,
+    /// 32 windows per pool.
+    ThirtyTwo,
+}
+
+impl Windows {
+    /// Every variant, fewest windows first.
+    pub const ALL: [Windows; 4] = [
+        Windows::One,
+        Windows::Eight,
+        Windows::Twelve,
+        Windows::ThirtyTwo,
+    ];
+
+    /// Windows per pool.
+    pub const fn count(self) -> u32 {
+        match self {
+            Windows::One => 1,
+            Windows::Eight => 8,
+            Windows::Twelve => 12,
+            Windows::ThirtyTwo => 32,
+        }
+    }
+
+    const fn slot(self) -> usize {
+        match self {
+            Windows::One => 0,
+            Windows::Eight => 1,
+            Windows::Twelve => 2,
+            Windows::ThirtyTwo => 3,
+        }
+    }
+}
+
 /// One compute shader of the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Shader {
@@ -30,46 +73,52 @@ pub enum Shader {
     ResolvePrep,
     /// Resolve pass 2: one workgroup per request.
     Resolve,
-    /// Gather with one binding per pool.
-    Gather1,
-    /// Gather with 8 windows per pool.
-    Gather8,
-    /// Gather with 32 windows per pool.
-    Gather32,
+    /// Sparse `i32` table writes.
+    TableWrite,
+    /// Hot-state reset (`dgi` to -1, LRU to the identity).
+    HotReset,
+    /// Miss-plan gather, host pool → device pool.
+    Gather(Windows),
+    /// Region copies between two pools (or within one).
+    Copy(Windows),
 }
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 8] = [
+    pub const ALL: [Shader; 15] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
         Shader::ResolvePrep,
         Shader::Resolve,
-        Shader::Gather1,
-        Shader::Gather8,
-        Shader::Gather32,
+        Shader::TableWrite,
+        Shader::HotReset,
+        Shader::Gather(Windows::One),
+        Shader::Gather(Windows::Eight),
+        Shader::Gather(Windows::Twelve),
+        Shader::Gather(Windows::ThirtyTwo),
+        Shader::Copy(Windows::One),
+        Shader::Copy(Windows::Eight),
+        Shader::Copy(Windows::Twelve),
+        Shader::Copy(Windows::ThirtyTwo),
     ];
-
-    /// The gather variants, fewest windows first.
-    pub const GATHERS: [Shader; 3] = [Shader::Gather1, Shader::Gather8, Shader::Gather32];
-
-    /// Windows per pool of a gather variant (0 for other shaders).
-    pub fn windows(self) -> u64 {
-        match self {
-            Shader::Gather1 => 1,
-            Shader::Gather8 => 8,
-            Shader::Gather32 => 32,
-            _ => 0,
-        }
-    }
 
     /// Index in [`Shader::ALL`].
     pub fn index(self) -> usize {
-        self as usize
+        match self {
+            Shader::Remap => 0,
+            Shader::SlotMapping => 1,
+            Shader::Invalidate => 2,
+            Shader::ResolvePrep => 3,
+            Shader::Resolve => 4,
+            Shader::TableWrite => 5,
+            Shader::HotReset => 6,
+            Shader::Gather(w) => 7 + w.slot(),
+            Shader::Copy(w) => 11 + w.slot(),
+        }
     }
 
-    /// File name stem of the shader.
+    /// Name of the embedded module (file stem of the SPIR-V).
     pub fn name(self) -> &'static str {
         match self {
             Shader::Remap => "remap",
@@ -77,9 +126,16 @@ impl Shader {
             Shader::Invalidate => "invalidate",
             Shader::ResolvePrep => "resolve_prep",
             Shader::Resolve => "resolve",
-            Shader::Gather1 => "gather_1",
-            Shader::Gather8 => "gather_8",
-            Shader::Gather32 => "gather_32",
+            Shader::TableWrite => "table_write",
+            Shader::HotReset => "hot_reset",
+            Shader::Gather(Windows::One) => "gather_1",
+            Shader::Gather(Windows::Eight) => "gather_8",
+            Shader::Gather(Windows::Twelve) => "gather_12",
+            Shader::Gather(Windows::ThirtyTwo) => "gather_32",
+            Shader::Copy(Windows::One) => "copy_1",
+            Shader::Copy(Windows::Eight) => "copy_8",
+            Shader::Copy(Windows::Twelve) => "copy_12",
+            Shader::Copy(Windows::ThirtyTwo) => "copy_32",
         }
     }
 
@@ -91,9 +147,16 @@ impl Shader {
             Shader::Invalidate => spirv!("invalidate"),
             Shader::ResolvePrep => spirv!("resolve_prep"),
             Shader::Resolve => spirv!("resolve"),
-            Shader::Gather1 => spirv!("gather_1"),
-            Shader::Gather8 => spirv!("gather_8"),
-            Shader::Gather32 => spirv!("gather_32"),
+            Shader::TableWrite => spirv!("table_write"),
+            Shader::HotReset => spirv!("hot_reset"),
+            Shader::Gather(Windows::One) => spirv!("gather_1"),
+            Shader::Gather(Windows::Eight) => spirv!("gather_8"),
+            Shader::Gather(Windows::Twelve) => spirv!("gather_12"),
+            Shader::Gather(Windows::ThirtyTwo) => spirv!("gather_32"),
+            Shader::Copy(Windows::One) => spirv!("copy_1"),
+            Shader::Copy(Windows::Eight) => spirv!("copy_8"),
+            Shader::Copy(Windows::Twelve) => spirv!("copy_12"),
+            Shader::Copy(Windows::ThirtyTwo) => spirv!("copy_32"),
         }
     }
 
@@ -105,9 +168,25 @@ impl Shader {
             Shader::Invalidate => 2,
             Shader::ResolvePrep => 3,
             Shader::Resolve => 21,
-            Shader::Gather1 => 6,
-            Shader::Gather8 => 4 + 2 * 8,
-            Shader::Gather32 => 4 + 2 * 32,
+            Shader::TableWrite => 2,
+            Shader::HotReset => 3,
+            Shader::Gather(w) => 4 + 2 * w.count(),
+            Shader::Copy(w) => 1 + 2 * w.count(),
+        }
+    }
+
+    /// Whether the shader writes binding `b` (the others it only reads): what the recorder's
+    /// hazard tracking needs to place barriers.
+    pub fn writes(self, b: u32) -> bool {
+        match self {
+            Shader::Remap => b >= 4,
+            Shader::SlotMapping => b == 4,
+            Shader::Invalidate | Shader::TableWrite => b == 1,
+            Shader::ResolvePrep | Shader::HotReset => b >= 1,
+            Shader::Resolve => (5..=12).contains(&b) || b >= 15,
+            Shader::Gather(w) => b >= 4 + w.count(),
+            // Binding 0 is the tile list, then `count` source windows.
+            Shader::Copy(w) => b > w.count(),
         }
     }
 
@@ -116,10 +195,10 @@ impl Shader {
         4 * match self {
             Shader::Remap => 8,
             Shader::SlotMapping => 5,
-            Shader::Invalidate => 2,
-            Shader::ResolvePrep => 2,
+            Shader::Invalidate | Shader::ResolvePrep | Shader::TableWrite => 2,
             Shader::Resolve => 10,
-            Shader::Gather1 | Shader::Gather8 | Shader::Gather32 => 6,
+            Shader::HotReset | Shader::Copy(_) => 6,
+            Shader::Gather(_) => 8,
         }
     }
 }
@@ -135,6 +214,13 @@ mod tests {
             assert_eq!(bytes.as_ptr() as usize % 4, 0, "{}", s.name());
             assert_eq!(bytes.len() % 4, 0, "{}", s.name());
             assert_eq!(&bytes[..4], &0x0723_0203u32.to_le_bytes(), "{}", s.name());
+        }
+    }
+
+    #[test]
+    fn pipeline_table_indices_follow_all() {
+        for (i, s) in Shader::ALL.into_iter().enumerate() {
+            assert_eq!(s.index(), i, "{}", s.name());
         }
     }
 }

@@ -27,6 +27,39 @@ struct Candidate {
     name: String,
 }
 
+/// What device creation produced, for [`Context::finish`].
+pub(super) struct Parts {
+    pdev: vk::PhysicalDevice,
+    device: ash::Device,
+    name: String,
+    has_import: bool,
+    has_budget: bool,
+    /// The compute family and how many of its queues were created.
+    compute: (u32, u32),
+    /// A dedicated transfer family (one queue created), if the device has one.
+    transfer: Option<u32>,
+}
+
+/// The queue families the backend uses: the first compute-capable family, and a family with
+/// transfer but neither graphics nor compute (a DMA engine).
+fn pick_families(families: &[vk::QueueFamilyProperties]) -> Option<(u32, u32, Option<u32>)> {
+    let compute = families
+        .iter()
+        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0)?;
+    let transfer = families.iter().position(|f| {
+        f.queue_count > 0
+            && f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+            && !f
+                .queue_flags
+                .intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS)
+    });
+    Some((
+        compute as u32,
+        families[compute].queue_count.min(MAX_COMPUTE_LANES),
+        transfer.map(|t| t as u32),
+    ))
+}
+
 impl Context {
     /// Opens the device chosen by `selector` (see `VulkanDevice::open`); with `strict`, work
     /// after which the validation layer reported warnings or errors fails.
@@ -148,7 +181,7 @@ impl Context {
     pub(super) fn suitability(
         instance: &ash::Instance,
         pdev: vk::PhysicalDevice,
-    ) -> core::result::Result<u32, String> {
+    ) -> core::result::Result<(u32, u32, Option<u32>), String> {
         // SAFETY: `pdev` was enumerated from `instance`.
         let props = unsafe { instance.get_physical_device_properties(pdev) };
         if props.api_version < vk::API_VERSION_1_2 {
@@ -168,12 +201,13 @@ impl Context {
         if l.max_compute_work_group_invocations < 256 || l.max_compute_work_group_size[0] < 256 {
             return Err("compute workgroups of 256 invocations unsupported".into());
         }
-        if l.max_per_stage_descriptor_storage_buffers < Shader::Resolve.bindings()
-            || l.max_descriptor_set_storage_buffers < Shader::Resolve.bindings()
-        {
+        let storage = l
+            .max_per_stage_descriptor_storage_buffers
+            .min(l.max_descriptor_set_storage_buffers);
+        if storage < Shader::Resolve.bindings() {
             return Err(format!(
-                "only {} storage buffers per stage ({} needed)",
-                l.max_per_stage_descriptor_storage_buffers,
+                "only {storage} storage buffers per stage (maxPerStageDescriptorStorageBuffers; {} \
+                 needed)",
                 Shader::Resolve.bindings()
             ));
         }
@@ -182,19 +216,14 @@ impl Context {
         }
         // SAFETY: as above.
         let families = unsafe { instance.get_physical_device_queue_family_properties(pdev) };
-        families
-            .iter()
-            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-            .map(|i| i as u32)
-            .ok_or_else(|| "no compute queue".into())
+        pick_families(&families).ok_or_else(|| "no compute queue".into())
     }
 
-    #[allow(clippy::type_complexity)]
     pub(super) fn create_device(
         _entry: &ash::Entry,
         instance: &ash::Instance,
         selector: &str,
-    ) -> Result<(vk::PhysicalDevice, ash::Device, u32, String, bool)> {
+    ) -> Result<Parts> {
         // SAFETY: valid instance.
         let pdevs = unsafe { instance.enumerate_physical_devices() }
             .map_err(VulkanError::vk("vkEnumeratePhysicalDevices"))?;
@@ -242,73 +271,124 @@ impl Context {
         let mut chosen = None;
         for c in matching {
             match Self::suitability(instance, c.pdev) {
-                Ok(qf) => {
-                    chosen = Some((c, qf));
+                Ok(families) => {
+                    chosen = Some((c, families));
                     break;
                 }
                 Err(why) => reasons.push(format!("{}: {}: {why}", c.index, c.name)),
             }
         }
-        let Some((cand, qf)) = chosen else {
+        let Some((cand, (cf, cn, tf))) = chosen else {
             return Err(VulkanError::Unsupported(reasons.join("; ")));
         };
         // SAFETY: `cand.pdev` was enumerated from `instance`.
         let dev_exts = unsafe { instance.enumerate_device_extension_properties(cand.pdev) }
             .map_err(VulkanError::vk("vkEnumerateDeviceExtensionProperties"))?;
-        let has_import = dev_exts
-            .iter()
-            .any(|e| e.extension_name_as_c_str() == Ok(ash::ext::external_memory_host::NAME));
+        let has = |name: &std::ffi::CStr| {
+            dev_exts
+                .iter()
+                .any(|e| e.extension_name_as_c_str() == Ok(name))
+        };
+        let has_import = has(ash::ext::external_memory_host::NAME);
+        let has_budget = has(ash::ext::memory_budget::NAME);
         let mut ext_names = Vec::new();
         if has_import {
             ext_names.push(ash::ext::external_memory_host::NAME.as_ptr());
         }
-        let prio = [1.0f32];
-        let queues = [vk::DeviceQueueCreateInfo::default()
-            .queue_family_index(qf)
-            .queue_priorities(&prio)];
+        if has_budget {
+            ext_names.push(ash::ext::memory_budget::NAME.as_ptr());
+        }
+        let prio = [1.0f32; MAX_COMPUTE_LANES as usize];
+        let mut queues = vec![
+            vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(cf)
+                .queue_priorities(&prio[..cn as usize]),
+        ];
+        if let Some(tf) = tf {
+            queues.push(
+                vk::DeviceQueueCreateInfo::default()
+                    .queue_family_index(tf)
+                    .queue_priorities(&prio[..1]),
+            );
+        }
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
         let info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&ext_names)
             .push_next(&mut f12);
-        // SAFETY: `info` and its chain live until the call returns; the features and extensions
-        // were checked above.
+        // SAFETY: `info` and its chain live until the call returns; the features, extensions
+        // and queue counts were checked above.
         let device = unsafe { instance.create_device(cand.pdev, &info, None) }
             .map_err(VulkanError::vk("vkCreateDevice"))?;
-        Ok((cand.pdev, device, qf, cand.name.clone(), has_import))
+        Ok(Parts {
+            pdev: cand.pdev,
+            device,
+            name: cand.name.clone(),
+            has_import,
+            has_budget,
+            compute: (cf, cn),
+            transfer: tf,
+        })
     }
 
     pub(super) fn finish(
         entry: ash::Entry,
         instance: ash::Instance,
         debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
-        (pdev, device, queue_family, name, has_import): (
-            vk::PhysicalDevice,
-            ash::Device,
-            u32,
-            String,
-            bool,
-        ),
+        parts: Parts,
     ) -> Result<Context> {
+        let Parts {
+            pdev,
+            device,
+            name,
+            has_import,
+            has_budget,
+            compute: (cf, cn),
+            transfer,
+        } = parts;
         let mut host_props = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
-        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut driver);
+        let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut driver)
+            .push_next(&mut m3);
         if has_import {
             props2 = props2.push_next(&mut host_props);
         }
-        // SAFETY: valid physical device; the chained structs are supported (1.2 core / enabled
-        // extension).
+        // SAFETY: valid physical device; the chained structs are supported (1.1 / 1.2 core, the
+        // enabled extension).
         unsafe { instance.get_physical_device_properties2(pdev, &mut props2) };
         let props = props2.properties;
         // SAFETY: as above.
         let mem = unsafe { instance.get_physical_device_memory_properties(pdev) };
         // SAFETY: as above.
         let families = unsafe { instance.get_physical_device_queue_family_properties(pdev) };
-        let ts_bits = families[queue_family as usize].timestamp_valid_bits;
-        // SAFETY: the queue family and index were requested at device creation.
-        let queue = unsafe { device.get_device_queue(queue_family, 0) };
+        let ts_bits = families[cf as usize].timestamp_valid_bits;
+        let mut lanes = Vec::new();
+        for i in 0..cn {
+            // SAFETY: the queue family and index were requested at device creation.
+            let queue = unsafe { device.get_device_queue(cf, i) };
+            lanes.push(Lane {
+                queue,
+                family_slot: 0,
+                transfer: false,
+            });
+        }
+        let mut family_list = vec![cf];
+        let transfer_lane = transfer.map(|tf| {
+            family_list.push(tf);
+            // SAFETY: as above.
+            let queue = unsafe { device.get_device_queue(tf, 0) };
+            lanes.push(Lane {
+                queue,
+                family_slot: 1,
+                transfer: true,
+            });
+            lanes.len() - 1
+        });
         let max_range = u64::from(props.limits.max_storage_buffer_range);
         let window = 1u64 << (63 - max_range.min(1 << 31).leading_zeros());
+        let ty = props.device_type;
         let limits = Limits {
             max_storage_range: max_range,
             window,
@@ -316,9 +396,15 @@ impl Context {
                 .limits
                 .max_per_stage_descriptor_storage_buffers
                 .min(props.limits.max_descriptor_set_storage_buffers),
+            storage_offset_alignment: props.limits.min_storage_buffer_offset_alignment.max(4),
+            max_allocation: m3.max_memory_allocation_size,
             timestamp_period: (ts_bits > 0).then_some(f64::from(props.limits.timestamp_period)),
             import_alignment: has_import
                 .then_some(host_props.min_imported_host_pointer_alignment.max(4096)),
+            gpu: ty != vk::PhysicalDeviceType::CPU && ty != vk::PhysicalDeviceType::OTHER,
+            unified: ty == vk::PhysicalDeviceType::CPU
+                || ty == vk::PhysicalDeviceType::INTEGRATED_GPU,
+            memory_budget: has_budget,
         };
         let driver_name = c_name(&driver.driver_name);
         let full_name = if driver_name.is_empty() {
@@ -331,15 +417,9 @@ impl Context {
         };
         let host_import =
             has_import.then(|| ash::ext::external_memory_host::Device::new(&instance, &device));
-        let mut type_info = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let sem_info = vk::SemaphoreCreateInfo::default().push_next(&mut type_info);
-        // SAFETY: valid device with the timelineSemaphore feature enabled.
-        let timeline = unsafe { device.create_semaphore(&sem_info, None) };
-        let timeline = match timeline {
+        let internal = match Self::new_timeline(&device) {
             Ok(t) => t,
-            Err(r) => {
+            Err(e) => {
                 // SAFETY: nothing was created on the device yet.
                 unsafe {
                     device.destroy_device(None);
@@ -348,10 +428,7 @@ impl Context {
                     }
                     instance.destroy_instance(None);
                 }
-                return Err(VulkanError::Vk {
-                    call: "vkCreateSemaphore",
-                    result: r,
-                });
+                return Err(e);
             }
         };
         let query_pool = if limits.timestamp_period.is_some() {
@@ -367,30 +444,79 @@ impl Context {
             timestamp_period: query_pool.and(limits.timestamp_period),
             ..limits
         };
+        let slots = family_list.len();
         Ok(Context {
             _entry: entry,
             instance,
+            pdev,
             debug,
             device,
             host_import,
-            queue,
-            queue_family,
+            compute_lanes: cn as usize,
+            transfer_lane,
+            lanes,
+            families: family_list,
             mem,
             name: full_name,
             limits,
-            timeline,
             query_pool,
             state: Mutex::new(State {
-                last: 0,
-                batch: None,
-                free: Vec::new(),
-                inflight: VecDeque::new(),
+                streams: vec![StreamState::new(internal, 0)],
+                next_lane: 0,
+                free: (0..slots).map(|_| Vec::new()).collect(),
+                inflight: Vec::new(),
                 garbage: Vec::new(),
                 pipelines: (0..Shader::ALL.len()).map(|_| None).collect(),
-                scratch: None,
+                capture: false,
             }),
+            device_allocated: AtomicU64::new(0),
             strict: false,
             checked: AtomicUsize::new(0),
         })
+    }
+
+    /// A new timeline semaphore at value 0.
+    pub(super) fn new_timeline(device: &ash::Device) -> Result<vk::Semaphore> {
+        let mut type_info = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let sem_info = vk::SemaphoreCreateInfo::default().push_next(&mut type_info);
+        // SAFETY: valid device with the timelineSemaphore feature enabled.
+        unsafe { device.create_semaphore(&sem_info, None) }
+            .map_err(VulkanError::vk("vkCreateSemaphore"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn family(flags: vk::QueueFlags, count: u32) -> vk::QueueFamilyProperties {
+        vk::QueueFamilyProperties {
+            queue_flags: flags,
+            queue_count: count,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn families_prefer_a_dedicated_transfer_queue() {
+        use vk::QueueFlags as Q;
+        // An NVIDIA-like device: universal family, DMA family, compute-only family.
+        let nv = [
+            family(Q::GRAPHICS | Q::COMPUTE | Q::TRANSFER, 16),
+            family(Q::TRANSFER, 2),
+            family(Q::COMPUTE | Q::TRANSFER, 8),
+        ];
+        assert_eq!(pick_families(&nv), Some((0, MAX_COMPUTE_LANES, Some(1))));
+        // lavapipe: one universal queue, no dedicated transfer family.
+        let lvp = [family(Q::GRAPHICS | Q::COMPUTE | Q::TRANSFER, 1)];
+        assert_eq!(pick_families(&lvp), Some((0, 1, None)));
+        // A transfer family that also computes is not dedicated; no compute: unusable.
+        assert_eq!(
+            pick_families(&[family(Q::TRANSFER | Q::COMPUTE, 2)]),
+            Some((0, 2, None))
+        );
+        assert_eq!(pick_families(&[family(Q::GRAPHICS, 1)]), None);
     }
 }

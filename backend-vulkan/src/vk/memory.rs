@@ -1,4 +1,5 @@
-//! Buffers and their memory: device-local, mapped host-visible, and imported host allocations.
+//! Buffers and their memory: device-local, mapped host-visible, and imported host allocations;
+//! the device memory budget.
 
 use super::*;
 
@@ -15,23 +16,95 @@ impl Context {
         None
     }
 
+    /// Buffer create info shared by every kind: storage and transfer usage, shared by the lane
+    /// families when there are several (no ownership transfers needed).
+    fn buffer_info(&self, size: u64) -> vk::BufferCreateInfo<'_> {
+        let info = vk::BufferCreateInfo::default().size(size).usage(
+            vk::BufferUsageFlags::STORAGE_BUFFER
+                | vk::BufferUsageFlags::TRANSFER_SRC
+                | vk::BufferUsageFlags::TRANSFER_DST,
+        );
+        if self.families.len() > 1 {
+            info.sharing_mode(vk::SharingMode::CONCURRENT)
+                .queue_family_indices(&self.families)
+        } else {
+            info.sharing_mode(vk::SharingMode::EXCLUSIVE)
+        }
+    }
+
+    /// Refuses an allocation larger than one Vulkan allocation may be, naming the limit.
+    fn check_allocation_size(&self, size: u64, kind: MemKind) -> Result<()> {
+        let max = self.limits.max_allocation;
+        if max > 0 && size > max {
+            return Err(VulkanError::Unsupported(format!(
+                "a {kind:?} buffer of {size} bytes exceeds this device's largest single \
+                 allocation (maxMemoryAllocationSize = {max} bytes); use a smaller pool (for \
+                 `hisparse simulate`: a smaller --gpu-mem or --host-mem, or fewer --requests)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Device-local heaps: `(free bytes now, total bytes)`. With `VK_EXT_memory_budget` the free
+    /// bytes are the driver's budget minus its usage; without it, the heap sizes minus what this
+    /// context allocated.
+    pub fn device_memory(&self) -> (u64, u64) {
+        let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+        let mut props = vk::PhysicalDeviceMemoryProperties2::default();
+        if self.limits.memory_budget {
+            props = props.push_next(&mut budget);
+        }
+        // SAFETY: valid physical device of this instance; the budget struct is chained only
+        // when the extension is enabled.
+        unsafe {
+            self.instance
+                .get_physical_device_memory_properties2(self.pdev, &mut props)
+        };
+        let mem = props.memory_properties;
+        let (mut free, mut total) = (0u64, 0u64);
+        for h in 0..mem.memory_heap_count as usize {
+            let heap = mem.memory_heaps[h];
+            if !heap.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL) {
+                continue;
+            }
+            total += heap.size;
+            free += if self.limits.memory_budget {
+                budget.heap_budget[h].saturating_sub(budget.heap_usage[h])
+            } else {
+                heap.size
+            };
+        }
+        if !self.limits.memory_budget {
+            free = free.saturating_sub(self.device_allocated.load(Ordering::SeqCst));
+        }
+        (free, total)
+    }
+
     /// Creates a buffer of at least `len` bytes (rounded up to 16, at least 16) in `kind` memory.
-    /// Host-accessible kinds are zeroed; device memory is zeroed by the caller on the queue.
+    /// Host-accessible kinds are zeroed; device memory is zeroed by the caller on a queue.
+    /// Device allocations are checked against the free device memory first (and, on devices
+    /// whose memory is host memory, against the available RAM).
     pub fn create_buffer(&self, len: u64, kind: MemKind) -> Result<RawBuffer> {
         let size = len.max(16).div_ceil(16) * 16;
+        self.check_allocation_size(size, kind)?;
+        if kind == MemKind::Device && size >= 1 << 20 {
+            let (free, _) = self.device_memory();
+            let free = if self.limits.unified {
+                free.min(available_ram().unwrap_or(u64::MAX))
+            } else {
+                free
+            };
+            if size > free {
+                return Err(VulkanError::OutOfDeviceMemory { bytes: size, free });
+            }
+        }
         if kind == MemKind::Pinned
             && let Some(align) = self.limits.import_alignment
             && let Some(b) = self.import_host(size, align)?
         {
             return Ok(b);
         }
-        let usage = vk::BufferUsageFlags::STORAGE_BUFFER
-            | vk::BufferUsageFlags::TRANSFER_SRC
-            | vk::BufferUsageFlags::TRANSFER_DST;
-        let info = vk::BufferCreateInfo::default()
-            .size(size)
-            .usage(usage)
-            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let info = self.buffer_info(size);
         // SAFETY: valid device and create info.
         let buffer = unsafe { self.device.create_buffer(&info, None) }
             .map_err(VulkanError::vk("vkCreateBuffer"))?;
@@ -101,6 +174,9 @@ impl Context {
             // SAFETY: the mapping covers at least `size` bytes (the allocation holds the buffer).
             unsafe { std::ptr::write_bytes(ptr, 0, size as usize) };
         }
+        let device_bytes = if kind == MemKind::Device { req.size } else { 0 };
+        self.device_allocated
+            .fetch_add(device_bytes, Ordering::SeqCst);
         Ok(RawBuffer {
             buffer,
             memory,
@@ -108,6 +184,7 @@ impl Context {
             ptr,
             host: None,
             imported: false,
+            device_bytes,
         })
     }
 
@@ -152,15 +229,7 @@ impl Context {
             return Ok(None);
         }
         let mut ext_info = vk::ExternalMemoryBufferCreateInfo::default().handle_types(handle);
-        let info = vk::BufferCreateInfo::default()
-            .size(bytes)
-            .usage(
-                vk::BufferUsageFlags::STORAGE_BUFFER
-                    | vk::BufferUsageFlags::TRANSFER_SRC
-                    | vk::BufferUsageFlags::TRANSFER_DST,
-            )
-            .sharing_mode(vk::SharingMode::EXCLUSIVE)
-            .push_next(&mut ext_info);
+        let info = self.buffer_info(bytes).push_next(&mut ext_info);
         // SAFETY: valid device and create info.
         let buffer = match unsafe { self.device.create_buffer(&info, None) } {
             Ok(b) => b,
@@ -216,11 +285,14 @@ impl Context {
             ptr,
             host: Some(host),
             imported: true,
+            device_bytes: 0,
         }))
     }
 
     /// Destroys a buffer no submitted work uses any more.
     pub(super) fn destroy_now(&self, b: RawBuffer) {
+        self.device_allocated
+            .fetch_sub(b.device_bytes, Ordering::SeqCst);
         // SAFETY: the caller guarantees no pending work references the buffer; the memory is
         // freed before the imported host range is released.
         unsafe {
@@ -229,18 +301,6 @@ impl Context {
             if let Some(h) = &b.host {
                 std::alloc::dealloc(h.ptr, h.layout);
             }
-        }
-    }
-
-    /// Releases a buffer once all work submitted (or being recorded) so far has completed.
-    pub fn retire(&self, b: RawBuffer) {
-        let mut st = self.lock();
-        let threshold = st.last + u64::from(st.batch.is_some());
-        if threshold <= self.completed() {
-            drop(st);
-            self.destroy_now(b);
-        } else {
-            st.garbage.push((threshold, b));
         }
     }
 }

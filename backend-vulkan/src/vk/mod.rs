@@ -1,19 +1,40 @@
 //! The raw Vulkan layer: instance and device creation, memory, pipelines, command recording and
 //! submission. Every `unsafe` call of the backend lives in this module and its submodules:
-//! `device` (instance, device selection, validation messenger), `memory` (buffers, host import),
-//! `submit` (timeline submission, batches, deferred destruction) and `record` (pipelines and the
-//! command recorder).
+//! `device` (instance, device and queue selection, validation messenger), `memory` (buffers,
+//! host import, memory budget), `submit` (streams, batches, timeline submission, deferred
+//! destruction) and `record` (pipelines and the command recorder with its hazard tracking).
 //!
-//! Execution model: one compute queue and one timeline semaphore per device. Every submission
-//! signals the next timeline value, and every recorded command is preceded by a full memory
-//! barrier, so all work executes in submission order (stronger than the per-stream order the
-//! `Device` trait asks for). Resources released while work may still use them are destroyed once
-//! the timeline passes the last value that could reference them.
+//! # Execution model
+//!
+//! * **Lanes** are the queues the device gets: up to [`MAX_COMPUTE_LANES`] queues of one
+//!   compute-capable family, plus one queue of a dedicated transfer family (no graphics, no
+//!   compute: a DMA engine) where the device has one.
+//! * **Streams** are submission chains. Each stream owns a timeline semaphore; every submission
+//!   of the stream waits for the stream's previous value and signals the next, so the stream's
+//!   work runs in order whichever lane each submission went to. A stream records into one open
+//!   command buffer (a *batch*) and submits it when the device has finished the stream's previous
+//!   submission (the device would otherwise idle), when the batch holds
+//!   [`FLUSH_COMMANDS`] commands, and whenever something must observe it (a synchronisation, an
+//!   event another stream waits for or the host polls). A batch of copy commands only may go to
+//!   the transfer lane; a batch with compute work goes to the stream's compute lane (streams
+//!   take compute lanes round-robin).
+//! * **Inside a batch**, a command waits behind a pipeline barrier only when it touches bytes an
+//!   earlier command of the batch wrote, or writes bytes one read ([`record::Hazards`]), so
+//!   independent commands overlap.
+//! * **Events** are `(semaphore, value)` pairs; waiting for one adds a semaphore wait to the
+//!   waiting stream's next submission.
+//! * **Stream 0** is internal: buffer zero-fills and the staging copies of synchronous uploads
+//!   and downloads. Every other stream's next submission waits for stream 0's latest value, so
+//!   work enqueued after an allocation sees its zeros.
+//! * **Capture** (the backend's `timed`): every stream records into stream 0's batch on compute
+//!   lane 0, between two timestamp queries, with a full barrier at each event wait.
+//!
+//! Resources released while work may still use them are destroyed once every stream's timeline
+//! has passed the value that could reference them.
 
 use std::alloc::Layout;
-use std::collections::VecDeque;
 use std::ffi::{CString, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use ash::vk;
@@ -30,6 +51,12 @@ pub use memory::{read_host, write_host};
 pub use record::Rec;
 
 type Result<T> = core::result::Result<T, VulkanError>;
+
+/// Most compute queues the backend asks for (streams are spread over them round-robin).
+pub const MAX_COMPUTE_LANES: u32 = 4;
+
+/// Commands after which a stream's open batch is submitted even while the device is busy.
+pub const FLUSH_COMMANDS: u32 = 64;
 
 /// Validation warnings and errors reported by the debug messenger of any device (process-wide).
 static VALIDATION_MESSAGES: AtomicUsize = AtomicUsize::new(0);
@@ -70,6 +97,15 @@ pub enum MemKind {
     Arena,
 }
 
+/// What a recording needs from the lane it runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// Compute dispatches (a compute lane).
+    Compute,
+    /// Only copy and fill commands (any lane, the transfer lane included).
+    Copy,
+}
+
 /// A page-aligned host allocation owned by a buffer (imported into Vulkan).
 #[derive(Debug)]
 struct HostAlloc {
@@ -90,6 +126,8 @@ pub struct RawBuffer {
     host: Option<HostAlloc>,
     /// Whether the memory is an imported host allocation.
     pub imported: bool,
+    /// Bytes counted against the device heap (device-local allocations only).
+    device_bytes: u64,
 }
 
 // SAFETY: the handles are plain identifiers usable from any thread (Vulkan requires external
@@ -118,12 +156,33 @@ pub struct Limits {
     pub max_storage_range: u64,
     /// Bytes of one pool window: the largest power of two ≤ `maxStorageBufferRange` and ≤ 2 GiB.
     pub window: u64,
-    /// Storage buffer descriptors per stage.
+    /// Storage buffer descriptors one dispatch may bind (per stage and per set).
     pub max_storage_per_stage: u32,
+    /// `minStorageBufferOffsetAlignment`.
+    pub storage_offset_alignment: u64,
+    /// `maxMemoryAllocationSize`: the largest single allocation.
+    pub max_allocation: u64,
     /// Nanoseconds per timestamp tick, or `None` without timestamp support.
     pub timestamp_period: Option<f64>,
     /// Alignment of imported host pointers, when host import is available.
     pub import_alignment: Option<u64>,
+    /// Whether the device is a GPU (discrete, integrated or virtual), not a CPU implementation
+    /// such as lavapipe: copies of many small regions then run as compute shaders.
+    pub gpu: bool,
+    /// Whether device memory is host memory (CPU devices and integrated GPUs).
+    pub unified: bool,
+    /// Whether `VK_EXT_memory_budget` reports per-heap budgets.
+    pub memory_budget: bool,
+}
+
+/// A queue the backend submits to.
+#[derive(Clone, Copy, Debug)]
+pub struct Lane {
+    queue: vk::Queue,
+    /// Index into [`Context::families`] (its command pools).
+    family_slot: usize,
+    /// A dedicated transfer queue (copies only).
+    transfer: bool,
 }
 
 struct Pipeline {
@@ -132,69 +191,115 @@ struct Pipeline {
     pipeline: vk::Pipeline,
 }
 
+/// A command buffer with its pools and the resources its work references.
 struct Submission {
     pool: vk::CommandPool,
     cmd: vk::CommandBuffer,
+    family_slot: usize,
     desc_pools: Vec<vk::DescriptorPool>,
     desc_pool_at: usize,
     arena: Option<RawBuffer>,
     arena_used: u64,
     retired: Vec<RawBuffer>,
-    value: u64,
+    /// The timeline value whose signal marks this submission complete.
+    signal: (vk::Semaphore, u64),
+}
+
+/// A stream's command buffer being recorded.
+struct Open {
+    sub: Submission,
+    lane: usize,
+    commands: u32,
+    hazards: record::Hazards,
+}
+
+/// One stream: a timeline semaphore and the chain of submissions signalling it.
+struct StreamState {
+    sem: vk::Semaphore,
+    /// Last value a submission of this stream signals (0: nothing submitted yet).
+    submitted: u64,
+    /// The compute lane this stream's compute batches go to.
+    lane: usize,
+    open: Option<Open>,
+    /// Semaphore waits for the next submission (events this stream waits for).
+    waits: Vec<(vk::Semaphore, u64)>,
+    /// Stream 0's value the last submission waited for.
+    internal_seen: u64,
+    /// Scratch memory of the stream's resolves (never shared between streams).
+    scratch: Option<RawBuffer>,
+    /// Whether a `VulkanStream` owns the slot (stream 0 always does).
+    live: bool,
 }
 
 struct State {
-    /// Last timeline value submitted.
-    last: u64,
-    /// An open command buffer that ops append to instead of submitting (timed batches).
-    batch: Option<Submission>,
-    free: Vec<Submission>,
-    inflight: VecDeque<Submission>,
-    garbage: Vec<(u64, RawBuffer)>,
+    /// Index = stream id; slot 0 is the internal stream.
+    streams: Vec<StreamState>,
+    next_lane: usize,
+    /// Recycled submissions, per family slot.
+    free: Vec<Vec<Submission>>,
+    inflight: Vec<Submission>,
+    /// Buffers waiting for every listed timeline value.
+    garbage: Vec<(Vec<(vk::Semaphore, u64)>, RawBuffer)>,
     pipelines: Vec<Option<Pipeline>>,
-    scratch: Option<RawBuffer>,
+    /// Capture mode (see the module docs).
+    capture: bool,
 }
 
-/// A Vulkan instance, device and queue with everything the backend submits through.
+/// A Vulkan instance, device and queues with everything the backend submits through.
 pub struct Context {
     _entry: ash::Entry,
     instance: ash::Instance,
+    pdev: vk::PhysicalDevice,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
     device: ash::Device,
     host_import: Option<ash::ext::external_memory_host::Device>,
-    queue: vk::Queue,
-    queue_family: u32,
+    /// Compute lanes first, then the transfer lane (if any).
+    lanes: Vec<Lane>,
+    compute_lanes: usize,
+    transfer_lane: Option<usize>,
+    /// Queue family index of each family slot (slot 0: the compute family).
+    families: Vec<u32>,
     mem: vk::PhysicalDeviceMemoryProperties,
     /// Device name and driver, for reports.
     pub name: String,
     /// Planning limits.
     pub limits: Limits,
-    timeline: vk::Semaphore,
     query_pool: Option<vk::QueryPool>,
     state: Mutex<State>,
+    /// Device-local bytes this context has allocated (for the budget without
+    /// `VK_EXT_memory_budget`).
+    device_allocated: AtomicU64,
     /// Fail operations after which validation messages appeared.
     pub strict: bool,
     /// Process-wide message count already reported.
     checked: AtomicUsize,
 }
 
-// SAFETY: `ash::Instance`/`ash::Device` are function tables plus handles; Vulkan objects are used
-// from several threads only under `state`'s mutex (the queue, command pools and descriptor pools)
-// or are immutable after creation.
+// SAFETY: `ash::Instance`/`ash::Device` are function tables plus handles; Vulkan objects that
+// need external synchronisation (queues, command pools, descriptor pools, submissions) are used
+// only under `state`'s mutex, and everything else is immutable after creation.
 unsafe impl Send for Context {}
 // SAFETY: see `Send`: all externally synchronised objects are reached through `state`.
 unsafe impl Sync for Context {}
 
 impl Drop for Context {
     fn drop(&mut self) {
-        let _ = self.wait_idle();
+        let _ = self.wait_all();
+        // SAFETY: valid device; waiting makes every queue idle before anything is destroyed.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+        }
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         let mut bufs: Vec<RawBuffer> = Vec::new();
-        let mut subs: Vec<Submission> = st.free.drain(..).collect();
-        subs.extend(st.inflight.drain(..));
-        subs.extend(st.batch.take());
+        let mut subs: Vec<Submission> = st.free.drain(..).flatten().collect();
+        subs.append(&mut st.inflight);
+        let mut sems = Vec::new();
+        for s in &mut st.streams {
+            subs.extend(s.open.take().map(|o| o.sub));
+            bufs.extend(s.scratch.take());
+            sems.push(s.sem);
+        }
         bufs.extend(st.garbage.drain(..).map(|(_, b)| b));
-        bufs.extend(st.scratch.take());
         let pipes: Vec<Pipeline> = st.pipelines.iter_mut().filter_map(Option::take).collect();
         for s in &mut subs {
             bufs.append(&mut s.retired);
@@ -206,7 +311,6 @@ impl Drop for Context {
         // SAFETY: the device is idle (waited above) and every object below was created from
         // it and is destroyed exactly once, children before the device and instance.
         unsafe {
-            let _ = self.device.device_wait_idle();
             for s in subs {
                 for p in s.desc_pools {
                     self.device.destroy_descriptor_pool(p, None);
@@ -222,13 +326,32 @@ impl Drop for Context {
             if let Some(q) = self.query_pool {
                 self.device.destroy_query_pool(q, None);
             }
-            self.device.destroy_semaphore(self.timeline, None);
+            for s in sems {
+                self.device.destroy_semaphore(s, None);
+            }
             self.device.destroy_device(None);
             if let Some((du, m)) = &self.debug {
                 du.destroy_debug_utils_messenger(*m, None);
             }
             self.instance.destroy_instance(None);
         }
+    }
+}
+
+impl Context {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent handles; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Compute lanes (queues of the compute family) this context submits to.
+    pub fn compute_lanes(&self) -> usize {
+        self.compute_lanes
+    }
+
+    /// Whether the device has a dedicated transfer queue that copy-only batches go to.
+    pub fn has_transfer_lane(&self) -> bool {
+        self.transfer_lane.is_some()
     }
 }
 
@@ -268,36 +391,39 @@ mod tests {
         };
         let b = ctx.create_buffer(64, MemKind::Device).expect("buffer");
         let h = b.buffer;
-        ctx.record(|rec| {
+        ctx.record(0, Engine::Copy, |rec| {
             rec.zero(h, 0, 64);
             Ok(())
         })
         .expect("valid work passes");
-        let err = ctx
-            .record(|rec| {
-                let bad = vk::MemoryBarrier::default()
-                    .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                    .dst_access_mask(vk::AccessFlags::SHADER_READ);
-                // SAFETY: recording command buffer. The access masks deliberately do not match
-                // the transfer stages: invalid usage the validation layer reports, and that
-                // drivers ignore.
-                unsafe {
-                    rec.ctx.device.cmd_pipeline_barrier(
-                        rec.sub.cmd,
-                        vk::PipelineStageFlags::TRANSFER,
-                        vk::PipelineStageFlags::TRANSFER,
-                        vk::DependencyFlags::empty(),
-                        &[bad],
-                        &[],
-                        &[],
-                    )
-                };
-                Ok(())
-            })
-            .expect_err("strict mode reports the message");
-        assert!(matches!(err, VulkanError::Validation { messages } if messages > 0));
-        assert_eq!(err.kind(), ErrorKind::Other);
+        ctx.synchronize(0).expect("valid work completes");
+        ctx.record(0, Engine::Compute, |rec| {
+            let bad = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                .dst_access_mask(vk::AccessFlags::SHADER_READ);
+            // SAFETY: recording command buffer. The access masks deliberately do not match the
+            // transfer stages: invalid usage the validation layer reports, and that drivers
+            // ignore.
+            unsafe {
+                rec.ctx.device.cmd_pipeline_barrier(
+                    rec.cmd(),
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::DependencyFlags::empty(),
+                    &[bad],
+                    &[],
+                    &[],
+                )
+            };
+            Ok(())
+        })
+        .and_then(|()| ctx.synchronize(0))
+        .map(|()| panic!("strict mode did not report the invalid barrier"))
+        .unwrap_or_else(|err| {
+            assert!(matches!(err, VulkanError::Validation { messages } if messages > 0));
+            assert_eq!(err.kind(), ErrorKind::Other);
+        });
         ctx.retire(b);
-        ctx.wait_idle().expect("no new messages");
+        ctx.wait_all().expect("no new messages");
     }
 }

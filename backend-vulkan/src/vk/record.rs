@@ -1,14 +1,15 @@
-//! Pipelines and the command recorder the operations use.
+//! Pipelines, and the command recorder the operations use, with the hazard tracking that places
+//! pipeline barriers only where a command depends on an earlier one.
 
 use super::*;
 
 impl Context {
     pub(super) fn pipeline(
         &self,
-        st: &mut State,
+        pipelines: &mut [Option<Pipeline>],
         shader: Shader,
     ) -> Result<(vk::PipelineLayout, vk::Pipeline, vk::DescriptorSetLayout)> {
-        if let Some(p) = &st.pipelines[shader.index()] {
+        if let Some(p) = &pipelines[shader.index()] {
             return Ok((p.layout, p.pipeline, p.set_layout));
         }
         let n = shader.bindings();
@@ -106,7 +107,7 @@ impl Context {
                 });
             }
         };
-        st.pipelines[shader.index()] = Some(Pipeline {
+        pipelines[shader.index()] = Some(Pipeline {
             set_layout,
             layout,
             pipeline,
@@ -115,24 +116,83 @@ impl Context {
     }
 }
 
-/// A command buffer being recorded.
+/// A byte range of one buffer that a command reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// The buffer.
+    pub buffer: vk::Buffer,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl Span {
+    fn overlaps(&self, o: &Span) -> bool {
+        self.buffer == o.buffer && self.start < o.end && o.start < self.end
+    }
+}
+
+/// What the commands recorded since the last barrier read and wrote. A new command needs a
+/// barrier first when it reads or writes bytes they wrote (read-after-write, write-after-write)
+/// or writes bytes they read (write-after-read); otherwise it may run alongside them.
+#[derive(Debug, Default)]
+pub struct Hazards {
+    reads: Vec<Span>,
+    writes: Vec<Span>,
+}
+
+impl Hazards {
+    /// Records a command's accesses; returns whether a barrier must precede it (the tracker then
+    /// starts over from this command).
+    pub fn access(&mut self, reads: &[Span], writes: &[Span]) -> bool {
+        let conflict = reads
+            .iter()
+            .chain(writes)
+            .any(|a| self.writes.iter().any(|w| w.overlaps(a)))
+            || writes
+                .iter()
+                .any(|a| self.reads.iter().any(|r| r.overlaps(a)));
+        if conflict {
+            self.clear();
+        }
+        self.reads.extend_from_slice(reads);
+        self.writes.extend_from_slice(writes);
+        conflict
+    }
+
+    /// Forgets everything (after a full barrier).
+    pub fn clear(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+    }
+}
+
+/// A command buffer being recorded (a stream's open batch).
 pub struct Rec<'a> {
     pub(super) ctx: &'a Context,
-    pub(super) st: &'a mut State,
-    pub(super) sub: &'a mut Submission,
+    pub(super) pipelines: &'a mut Vec<Option<Pipeline>>,
+    pub(super) open: &'a mut Open,
+    pub(super) scratch: &'a mut Option<RawBuffer>,
 }
 
 impl Rec<'_> {
-    /// A full memory barrier: every earlier command (of this and earlier submissions) completes
-    /// and its writes become visible before any later command starts.
+    /// The command buffer.
+    pub(super) fn cmd(&self) -> vk::CommandBuffer {
+        self.open.sub.cmd
+    }
+
+    /// A full memory barrier: every earlier command (of this and earlier submissions to the
+    /// queue) completes and its writes become visible before any later command starts.
     pub fn barrier(&mut self) {
+        self.open.hazards.clear();
         let b = vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
             .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
         // SAFETY: recording command buffer.
         unsafe {
             self.ctx.device.cmd_pipeline_barrier(
-                self.sub.cmd,
+                self.cmd(),
                 vk::PipelineStageFlags::ALL_COMMANDS,
                 vk::PipelineStageFlags::ALL_COMMANDS,
                 vk::DependencyFlags::empty(),
@@ -143,39 +203,94 @@ impl Rec<'_> {
         };
     }
 
+    /// Places a barrier before a command with these accesses when it depends on earlier ones.
+    fn access(&mut self, reads: &[Span], writes: &[Span]) {
+        self.open.commands += 1;
+        if self.open.hazards.access(reads, writes) {
+            // The tracker already restarted from this command; the barrier must not clear it.
+            let b = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+            // SAFETY: recording command buffer.
+            unsafe {
+                self.ctx.device.cmd_pipeline_barrier(
+                    self.cmd(),
+                    vk::PipelineStageFlags::ALL_COMMANDS,
+                    vk::PipelineStageFlags::ALL_COMMANDS,
+                    vk::DependencyFlags::empty(),
+                    &[b],
+                    &[],
+                    &[],
+                )
+            };
+        }
+    }
+
     /// Fills `size` bytes (a multiple of 4) of `buffer` from `offset` with zeros.
     pub fn zero(&mut self, buffer: vk::Buffer, offset: u64, size: u64) {
         if size == 0 {
             return;
         }
-        self.barrier();
+        self.access(
+            &[],
+            &[Span {
+                buffer,
+                start: offset,
+                end: offset + size,
+            }],
+        );
         // SAFETY: recording command buffer; the range lies in the buffer (caller).
         unsafe {
             self.ctx
                 .device
-                .cmd_fill_buffer(self.sub.cmd, buffer, offset, size, 0)
+                .cmd_fill_buffer(self.cmd(), buffer, offset, size, 0)
         };
     }
 
-    /// Copies regions between buffers (after a barrier). The regions must not overlap each
-    /// other's destinations, nor (for one buffer) each other's sources.
+    /// Copies regions between buffers. The regions must not overlap each other's destinations,
+    /// nor (for one buffer) each other's sources.
     pub fn copy(&mut self, src: vk::Buffer, dst: vk::Buffer, regions: &[vk::BufferCopy]) {
         if regions.is_empty() {
             return;
         }
-        self.barrier();
+        let span = |buffer, f: fn(&vk::BufferCopy) -> u64| Span {
+            buffer,
+            start: regions.iter().map(f).min().unwrap_or(0),
+            end: regions.iter().map(|r| f(r) + r.size).max().unwrap_or(0),
+        };
+        let reads = [span(src, |r| r.src_offset)];
+        let writes = [span(dst, |r| r.dst_offset)];
+        self.access(&reads, &writes);
         // SAFETY: recording command buffer; regions lie inside the buffers (checked by the ops)
         // and do not overlap (caller).
         unsafe {
             self.ctx
                 .device
-                .cmd_copy_buffer(self.sub.cmd, src, dst, regions)
+                .cmd_copy_buffer(self.cmd(), src, dst, regions)
         };
     }
 
-    /// Takes the device's scratch buffer, grown to at least `bytes`.
+    /// Writes timestamp query `query` of the context's pool once all earlier work completed.
+    pub(super) fn timestamp(&mut self, pool: vk::QueryPool, query: u32, reset: bool) {
+        self.barrier();
+        // SAFETY: recording command buffer on compute lane 0 (whose family has timestamp
+        // bits); the pool has 2 queries, reset before they are written.
+        unsafe {
+            if reset {
+                self.ctx.device.cmd_reset_query_pool(self.cmd(), pool, 0, 2);
+            }
+            self.ctx.device.cmd_write_timestamp(
+                self.cmd(),
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                pool,
+                query,
+            );
+        }
+    }
+
+    /// The recording stream's scratch buffer, grown to at least `bytes`.
     pub fn scratch(&mut self, bytes: u64) -> Result<vk::Buffer> {
-        if let Some(s) = &self.st.scratch
+        if let Some(s) = &*self.scratch
             && s.size >= bytes
         {
             return Ok(s.buffer);
@@ -184,42 +299,47 @@ impl Rec<'_> {
             .ctx
             .create_buffer(bytes.max(1 << 16), MemKind::Device)?;
         let handle = b.buffer;
-        if let Some(old) = self.st.scratch.replace(b) {
-            self.sub.retired.push(old);
+        if let Some(old) = self.scratch.replace(b) {
+            // Earlier submissions of this stream used it; they complete before this one.
+            self.open.sub.retired.push(old);
         }
         Ok(handle)
     }
 
     /// Copies `words` into this submission's parameter arena; returns their binding.
-    pub fn params(&mut self, words: &[u32]) -> Result<Binding> {
-        let bytes = (words.len() as u64 * 4).max(16);
-        let need = self.sub.arena_used + bytes;
-        if self.sub.arena.as_ref().is_none_or(|a| a.size < need) {
-            let size = need.max(64 << 10).next_power_of_two();
+    pub fn params<T: Copy>(&mut self, words: &[T]) -> Result<Binding> {
+        let len = std::mem::size_of_val(words) as u64;
+        let bytes = len.max(16).div_ceil(16) * 16;
+        let sub = &mut self.open.sub;
+        let need = sub.arena_used + bytes;
+        if sub.arena.as_ref().is_none_or(|a| a.size < need) {
+            let size = bytes.max(64 << 10).next_power_of_two();
             let fresh = self.ctx.create_buffer(size, MemKind::Arena)?;
-            if let Some(old) = self.sub.arena.replace(fresh) {
-                if self.sub.arena_used > 0 {
-                    self.sub.retired.push(old);
+            if let Some(old) = sub.arena.replace(fresh) {
+                if sub.arena_used > 0 {
+                    sub.retired.push(old);
                 } else {
                     self.ctx.destroy_now(old);
                 }
             }
-            self.sub.arena_used = 0;
+            sub.arena_used = 0;
         }
-        let Some(arena) = &self.sub.arena else {
+        let Some(arena) = &sub.arena else {
             return Err(VulkanError::Unsupported("no parameter arena".into()));
         };
-        let offset = self.sub.arena_used;
+        let offset = sub.arena_used;
         // SAFETY: the arena is mapped host-coherent memory of `arena.size ≥ offset + bytes`
-        // bytes that no submitted work reads (this submission is still being recorded).
+        // bytes that no submitted work reads (this submission is still being recorded); `T` is
+        // plain data (`Copy`) read as bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 words.as_ptr().cast::<u8>(),
                 arena.ptr.add(offset as usize),
-                words.len() * 4,
+                len as usize,
             )
         };
-        self.sub.arena_used = (offset + bytes).div_ceil(256) * 256;
+        let align = self.ctx.limits.storage_offset_alignment.max(16);
+        sub.arena_used = (offset + bytes).div_ceil(align) * align;
         Ok(Binding {
             buffer: arena.buffer,
             offset,
@@ -228,8 +348,9 @@ impl Rec<'_> {
     }
 
     fn descriptor_set(&mut self, set_layout: vk::DescriptorSetLayout) -> Result<vk::DescriptorSet> {
+        let sub = &mut self.open.sub;
         loop {
-            if self.sub.desc_pool_at == self.sub.desc_pools.len() {
+            if sub.desc_pool_at == sub.desc_pools.len() {
                 let sizes = [vk::DescriptorPoolSize::default()
                     .ty(vk::DescriptorType::STORAGE_BUFFER)
                     .descriptor_count(64 * 40)];
@@ -239,9 +360,9 @@ impl Rec<'_> {
                 // SAFETY: valid device and create info.
                 let pool = unsafe { self.ctx.device.create_descriptor_pool(&pi, None) }
                     .map_err(VulkanError::vk("vkCreateDescriptorPool"))?;
-                self.sub.desc_pools.push(pool);
+                sub.desc_pools.push(pool);
             }
-            let pool = self.sub.desc_pools[self.sub.desc_pool_at];
+            let pool = sub.desc_pools[sub.desc_pool_at];
             let layouts = [set_layout];
             let ai = vk::DescriptorSetAllocateInfo::default()
                 .descriptor_pool(pool)
@@ -250,7 +371,7 @@ impl Rec<'_> {
             match unsafe { self.ctx.device.allocate_descriptor_sets(&ai) } {
                 Ok(s) => return Ok(s[0]),
                 Err(vk::Result::ERROR_OUT_OF_POOL_MEMORY | vk::Result::ERROR_FRAGMENTED_POOL) => {
-                    self.sub.desc_pool_at += 1;
+                    sub.desc_pool_at += 1;
                 }
                 Err(r) => {
                     return Err(VulkanError::Vk {
@@ -262,7 +383,8 @@ impl Rec<'_> {
         }
     }
 
-    /// Dispatches `shader` over `groups` workgroups (split over x and y) after a barrier.
+    /// Dispatches `shader` over `groups` workgroups (split over x and y), after a barrier when
+    /// it depends on earlier commands of the batch.
     pub fn dispatch(
         &mut self,
         shader: Shader,
@@ -273,9 +395,19 @@ impl Rec<'_> {
         if groups == 0 {
             return Ok(());
         }
-        let (layout, pipeline, set_layout) = self.ctx.pipeline(self.st, shader)?;
-        debug_assert_eq!(bindings.len() as u32, shader.bindings());
-        debug_assert_eq!(push.len() as u32 * 4, shader.push_bytes());
+        let (layout, pipeline, set_layout) = self.ctx.pipeline(self.pipelines, shader)?;
+        if bindings.len() as u32 != shader.bindings()
+            || push.len() as u32 * 4 != shader.push_bytes()
+        {
+            return Err(VulkanError::Unsupported(format!(
+                "{}: {} bindings and {} push bytes given, {} and {} declared (a backend bug)",
+                shader.name(),
+                bindings.len(),
+                push.len() * 4,
+                shader.bindings(),
+                shader.push_bytes()
+            )));
+        }
         for b in bindings {
             if b.range > self.ctx.limits.max_storage_range {
                 return Err(VulkanError::Unsupported(format!(
@@ -315,17 +447,31 @@ impl Rec<'_> {
                     .buffer_info(info)
             })
             .collect();
+        let mut reads = Vec::with_capacity(bindings.len());
+        let mut written = Vec::new();
+        for (i, b) in bindings.iter().enumerate() {
+            let span = Span {
+                buffer: b.buffer,
+                start: b.offset,
+                end: b.offset + b.range,
+            };
+            if shader.writes(i as u32) {
+                written.push(span);
+            } else {
+                reads.push(span);
+            }
+        }
+        self.access(&reads, &written);
         let push_bytes: Vec<u8> = push.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        self.barrier();
         // SAFETY: the set was allocated from this submission's pool and is not in use; the
         // command buffer is recording; bindings, push constants and group counts were checked
         // against the pipeline's layout and the device limits above.
         unsafe {
             self.ctx.device.update_descriptor_sets(&writes, &[]);
             let d = &self.ctx.device;
-            d.cmd_bind_pipeline(self.sub.cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+            d.cmd_bind_pipeline(self.cmd(), vk::PipelineBindPoint::COMPUTE, pipeline);
             d.cmd_bind_descriptor_sets(
-                self.sub.cmd,
+                self.cmd(),
                 vk::PipelineBindPoint::COMPUTE,
                 layout,
                 0,
@@ -333,14 +479,48 @@ impl Rec<'_> {
                 &[],
             );
             d.cmd_push_constants(
-                self.sub.cmd,
+                self.cmd(),
                 layout,
                 vk::ShaderStageFlags::COMPUTE,
                 0,
                 &push_bytes,
             );
-            d.cmd_dispatch(self.sub.cmd, x as u32, y as u32, 1);
+            d.cmd_dispatch(self.cmd(), x as u32, y as u32, 1);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ash::vk::Handle;
+
+    fn span(buffer: u64, start: u64, end: u64) -> Span {
+        Span {
+            buffer: vk::Buffer::from_raw(buffer),
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn barriers_only_where_commands_depend_on_each_other() {
+        let mut h = Hazards::default();
+        // Two commands reading the same bytes and writing different buffers: no barrier.
+        assert!(!h.access(&[span(1, 0, 64)], &[span(2, 0, 64)]));
+        assert!(!h.access(&[span(1, 0, 64)], &[span(3, 0, 64)]));
+        // Disjoint ranges of one written buffer: no barrier.
+        assert!(!h.access(&[], &[span(2, 64, 128)]));
+        // Read after write.
+        assert!(h.access(&[span(2, 32, 40)], &[span(4, 0, 8)]));
+        // The tracker restarted from that command: buffer 3's earlier write is forgotten.
+        assert!(!h.access(&[span(3, 0, 64)], &[]));
+        // Write after read (buffer 2 was read by the command after the barrier).
+        assert!(h.access(&[], &[span(2, 39, 41)]));
+        // Write after write.
+        assert!(h.access(&[], &[span(2, 0, 64)]));
+        // Touching ranges do not overlap.
+        assert!(!h.access(&[span(2, 64, 70)], &[]));
     }
 }

@@ -1,35 +1,65 @@
-//! Command buffers, submission on the timeline, batches with timestamps, deferred destruction.
+//! Streams, batches and their submission on timeline semaphores; events; capture with timestamps;
+//! deferred destruction. The execution model is described in the module docs of `vk`.
 
 use super::*;
 
+impl StreamState {
+    pub(super) fn new(sem: vk::Semaphore, lane: usize) -> Self {
+        StreamState {
+            sem,
+            submitted: 0,
+            lane,
+            open: None,
+            waits: Vec::new(),
+            internal_seen: 0,
+            scratch: None,
+            live: true,
+        }
+    }
+
+    /// The value that marks everything recorded on the stream so far complete.
+    fn frontier(&self) -> u64 {
+        self.submitted + u64::from(self.open.as_ref().is_some_and(|o| o.commands > 0))
+    }
+}
+
+/// Completed timeline values, read once per semaphore per pass.
+struct Counters<'c> {
+    ctx: &'c Context,
+    seen: Vec<(vk::Semaphore, u64)>,
+}
+
+impl Counters<'_> {
+    fn reached(&mut self, (sem, value): (vk::Semaphore, u64)) -> bool {
+        if let Some(&(_, v)) = self.seen.iter().find(|(s, _)| *s == sem) {
+            return v >= value;
+        }
+        let v = self.ctx.counter(sem);
+        self.seen.push((sem, v));
+        v >= value
+    }
+}
+
 impl Context {
-    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves consistent handles; keep going.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The last timeline value submitted.
-    pub fn last_submitted(&self) -> u64 {
-        self.lock().last
-    }
-
-    /// Whether the work up to timeline value `value` has completed (non-blocking).
-    pub fn reached(&self, value: u64) -> bool {
-        self.completed() >= value
-    }
-
-    pub(super) fn completed(&self) -> u64 {
+    /// The value a timeline semaphore has reached (0 when the query fails: "not yet").
+    pub(super) fn counter(&self, sem: vk::Semaphore) -> u64 {
         // SAFETY: valid timeline semaphore of this device.
-        unsafe { self.device.get_semaphore_counter_value(self.timeline) }.unwrap_or(0)
+        unsafe { self.device.get_semaphore_counter_value(sem) }.unwrap_or(0)
     }
 
     /// Recycles finished submissions and destroys garbage whose work has completed.
     pub(super) fn reclaim(&self, st: &mut State) {
-        let done = self.completed();
-        while st.inflight.front().is_some_and(|s| s.value <= done) {
-            let Some(mut s) = st.inflight.pop_front() else {
-                break;
-            };
+        let mut done = Counters {
+            ctx: self,
+            seen: Vec::new(),
+        };
+        let mut i = 0;
+        while i < st.inflight.len() {
+            if !done.reached(st.inflight[i].signal) {
+                i += 1;
+                continue;
+            }
+            let mut s = st.inflight.swap_remove(i);
             for b in s.retired.drain(..) {
                 self.destroy_now(b);
             }
@@ -46,11 +76,11 @@ impl Context {
             }
             s.desc_pool_at = 0;
             s.arena_used = 0;
-            st.free.push(s);
+            st.free[s.family_slot].push(s);
         }
         let mut i = 0;
         while i < st.garbage.len() {
-            if st.garbage[i].0 <= done {
+            if st.garbage[i].0.iter().all(|&t| done.reached(t)) {
                 let (_, b) = st.garbage.swap_remove(i);
                 self.destroy_now(b);
             } else {
@@ -59,8 +89,9 @@ impl Context {
         }
     }
 
-    pub(super) fn new_submission(&self) -> Result<Submission> {
-        let pi = vk::CommandPoolCreateInfo::default().queue_family_index(self.queue_family);
+    fn new_submission(&self, family_slot: usize) -> Result<Submission> {
+        let pi =
+            vk::CommandPoolCreateInfo::default().queue_family_index(self.families[family_slot]);
         // SAFETY: valid device and queue family.
         let pool = unsafe { self.device.create_command_pool(&pi, None) }
             .map_err(VulkanError::vk("vkCreateCommandPool"))?;
@@ -83,35 +114,89 @@ impl Context {
         Ok(Submission {
             pool,
             cmd,
+            family_slot,
             desc_pools: Vec::new(),
             desc_pool_at: 0,
             arena: None,
             arena_used: 0,
             retired: Vec::new(),
-            value: 0,
+            signal: (vk::Semaphore::null(), 0),
         })
     }
 
-    pub(super) fn begin(&self, st: &mut State) -> Result<Submission> {
+    /// Opens a batch for stream `i` on `lane`.
+    fn open_batch(&self, st: &mut State, i: usize, lane: usize) -> Result<()> {
         self.reclaim(st);
-        let sub = match st.free.pop() {
+        let slot = self.lanes[lane].family_slot;
+        let sub = match st.free[slot].pop() {
             Some(s) => s,
-            None => self.new_submission()?,
+            None => self.new_submission(slot)?,
         };
         let bi = vk::CommandBufferBeginInfo::default()
             .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
         // SAFETY: the command buffer's pool was reset (or is new); nothing else records into it.
         if let Err(r) = unsafe { self.device.begin_command_buffer(sub.cmd, &bi) } {
-            st.free.push(sub);
+            st.free[slot].push(sub);
             return Err(VulkanError::Vk {
                 call: "vkBeginCommandBuffer",
                 result: r,
             });
         }
-        Ok(sub)
+        st.streams[i].open = Some(Open {
+            sub,
+            lane,
+            commands: 0,
+            hazards: record::Hazards::default(),
+        });
+        Ok(())
     }
 
-    pub(super) fn submit(&self, st: &mut State, mut sub: Submission) -> Result<()> {
+    /// Returns a submission that was never submitted to the free list (waiting for the device
+    /// first when it may have been submitted partly, so its pools are idle).
+    fn abandon(&self, st: &mut State, mut sub: Submission, submitted: bool) {
+        // SAFETY: valid device and pools owned by `sub`; when the submission may have reached
+        // the device, waiting for idle first makes the pools idle.
+        unsafe {
+            if submitted {
+                let _ = self.device.device_wait_idle();
+            }
+            let _ = self
+                .device
+                .reset_command_pool(sub.pool, vk::CommandPoolResetFlags::empty());
+            for &p in &sub.desc_pools {
+                let _ = self
+                    .device
+                    .reset_descriptor_pool(p, vk::DescriptorPoolResetFlags::empty());
+            }
+        }
+        for b in sub.retired.drain(..) {
+            self.destroy_now(b);
+        }
+        sub.arena_used = 0;
+        sub.desc_pool_at = 0;
+        st.free[sub.family_slot].push(sub);
+    }
+
+    /// Submits stream `i`'s open batch (after stream 0's, which it waits for): it waits for the
+    /// stream's previous submission, stream 0's latest one and the events the stream waits for,
+    /// and signals the stream's next value.
+    fn submit_stream(&self, st: &mut State, i: usize) -> Result<()> {
+        if i != 0 && st.streams[0].open.as_ref().is_some_and(|o| o.commands > 0) {
+            self.submit_stream(st, 0)?;
+        }
+        let Some(open) = st.streams[i].open.take() else {
+            return Ok(());
+        };
+        let Open {
+            mut sub,
+            lane,
+            commands,
+            ..
+        } = open;
+        if commands == 0 {
+            self.abandon(st, sub, false);
+            return Ok(());
+        }
         let barrier = vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::HOST_WRITE);
@@ -130,166 +215,322 @@ impl Context {
             self.device.end_command_buffer(sub.cmd)
         };
         if let Err(r) = ended {
-            self.abandon(st, sub);
+            self.abandon(st, sub, false);
             return Err(VulkanError::Vk {
                 call: "vkEndCommandBuffer",
                 result: r,
             });
         }
-        let value = st.last + 1;
-        let values = [value];
-        let sems = [self.timeline];
+        let (sem0, v0) = (st.streams[0].sem, st.streams[0].submitted);
+        let s = &mut st.streams[i];
+        let mut waits: Vec<(vk::Semaphore, u64)> = std::mem::take(&mut s.waits);
+        if s.submitted > 0 {
+            waits.push((s.sem, s.submitted));
+        }
+        if i != 0 && v0 > s.internal_seen {
+            waits.push((sem0, v0));
+        }
+        let value = s.submitted + 1;
+        let wait_sems: Vec<vk::Semaphore> = waits.iter().map(|w| w.0).collect();
+        let wait_values: Vec<u64> = waits.iter().map(|w| w.1).collect();
+        let stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; waits.len()];
+        let signal_sems = [s.sem];
+        let signal_values = [value];
         let cmds = [sub.cmd];
-        let mut ti = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+        let mut ti = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
         let si = vk::SubmitInfo::default()
+            .wait_semaphores(&wait_sems)
+            .wait_dst_stage_mask(&stages)
             .command_buffers(&cmds)
-            .signal_semaphores(&sems)
+            .signal_semaphores(&signal_sems)
             .push_next(&mut ti);
-        // SAFETY: the queue is externally synchronised by `state`'s lock (held by the caller);
-        // the command buffer is executable and every resource it uses stays alive until the
-        // timeline reaches `value` (buffers are retired against the timeline).
+        // SAFETY: queues are externally synchronised by `state`'s lock (held by the caller);
+        // the command buffer is executable; every waited value was submitted before (waits are
+        // added only after their signalling stream was flushed), and every resource the work
+        // uses stays alive until the signalled value is reached (buffers are retired against
+        // the timelines).
         let r = unsafe {
             self.device
-                .queue_submit(self.queue, &[si], vk::Fence::null())
+                .queue_submit(self.lanes[lane].queue, &[si], vk::Fence::null())
         };
         if let Err(r) = r {
-            self.abandon(st, sub);
+            self.abandon(st, sub, true);
             return Err(VulkanError::Vk {
                 call: "vkQueueSubmit",
                 result: r,
             });
         }
-        st.last = value;
-        sub.value = value;
-        st.inflight.push_back(sub);
+        let s = &mut st.streams[i];
+        if i != 0 {
+            s.internal_seen = s.internal_seen.max(v0);
+        }
+        s.submitted = value;
+        sub.signal = (s.sem, value);
+        st.inflight.push(sub);
         Ok(())
     }
 
-    /// Drops a submission that could not be submitted (waits for the device so its resources
-    /// are idle before reuse).
-    pub(super) fn abandon(&self, st: &mut State, mut sub: Submission) {
-        // SAFETY: valid device; waiting makes every pool idle.
-        unsafe {
-            let _ = self.device.device_wait_idle();
-            let _ = self
-                .device
-                .reset_command_pool(sub.pool, vk::CommandPoolResetFlags::empty());
+    /// Creates a stream (a new timeline, or a dropped stream's slot whose timeline goes on);
+    /// returns its id.
+    pub fn create_stream(&self) -> Result<usize> {
+        let mut st = self.lock();
+        let lane = st.next_lane % self.compute_lanes.max(1);
+        st.next_lane += 1;
+        if let Some(i) = (1..st.streams.len()).find(|&i| !st.streams[i].live) {
+            let s = &mut st.streams[i];
+            s.live = true;
+            s.lane = lane;
+            return Ok(i);
         }
-        for b in sub.retired.drain(..) {
-            self.destroy_now(b);
-        }
-        sub.value = 0;
-        sub.arena_used = 0;
-        sub.desc_pool_at = 0;
-        st.free.push(sub);
+        let sem = Self::new_timeline(&self.device)?;
+        st.streams.push(StreamState::new(sem, lane));
+        Ok(st.streams.len() - 1)
     }
 
-    /// Records work with `f`: into the open batch, or into a fresh command buffer submitted when
-    /// `f` returns (also when it fails after recording, so the queue stays consistent).
-    pub fn record<R>(&self, f: impl FnOnce(&mut Rec<'_>) -> Result<R>) -> Result<R> {
+    /// Releases stream `i`: its open batch is submitted, its slot (timeline and scratch) is
+    /// reused by a later stream.
+    pub fn drop_stream(&self, i: usize) {
         let mut st = self.lock();
-        if let Some(mut sub) = st.batch.take() {
-            let r = {
-                let mut rec = Rec {
-                    ctx: self,
-                    st: &mut st,
-                    sub: &mut sub,
-                };
-                f(&mut rec)
-            };
-            st.batch = Some(sub);
-            return r;
+        let _ = self.submit_stream(&mut st, i);
+        let s = &mut st.streams[i];
+        s.waits.clear();
+        s.live = false;
+    }
+
+    /// Records work with `f` into stream `stream`'s open batch (stream 0's while capturing),
+    /// opening one on a lane that can run `engine` work, and submits the batch when the device
+    /// has finished the stream's previous submission or the batch is full.
+    pub fn record<R>(
+        &self,
+        stream: usize,
+        engine: Engine,
+        f: impl FnOnce(&mut Rec<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let mut st = self.lock();
+        let carrier = if st.capture { 0 } else { stream };
+        let on_transfer = st.streams[carrier]
+            .open
+            .as_ref()
+            .is_some_and(|o| self.lanes[o.lane].transfer);
+        if on_transfer && engine == Engine::Compute {
+            self.submit_stream(&mut st, carrier)?;
         }
-        let mut sub = self.begin(&mut st)?;
-        let r = {
-            let mut rec = Rec {
-                ctx: self,
-                st: &mut st,
-                sub: &mut sub,
+        if st.streams[carrier].open.is_none() {
+            let lane = match (engine, self.transfer_lane) {
+                (Engine::Copy, Some(t)) if carrier != 0 => t,
+                _ => st.streams[carrier].lane,
             };
-            f(&mut rec)
+            self.open_batch(&mut st, carrier, lane)?;
+        }
+        let r = {
+            let State {
+                pipelines, streams, ..
+            } = &mut *st;
+            let StreamState { open, scratch, .. } = &mut streams[carrier];
+            match open.as_mut() {
+                Some(open) => f(&mut Rec {
+                    ctx: self,
+                    pipelines,
+                    open,
+                    scratch,
+                }),
+                None => Err(VulkanError::Unsupported(
+                    "no open batch (a backend bug)".into(),
+                )),
+            }
         };
-        let s = self.submit(&mut st, sub);
+        let mut flushed = Ok(());
+        if !st.capture {
+            let s = &st.streams[carrier];
+            if let Some(o) = &s.open
+                && o.commands > 0
+                && (o.commands >= FLUSH_COMMANDS || self.counter(s.sem) >= s.submitted)
+            {
+                flushed = self.submit_stream(&mut st, carrier);
+            }
+        }
         drop(st);
         let v = r?;
-        s?;
+        flushed?;
         self.check_validation()?;
         Ok(v)
     }
 
-    /// Submits the open batch, if any, and blocks until every submitted command has completed.
-    pub fn wait_idle(&self) -> Result<()> {
-        let mut st = self.lock();
-        if let Some(sub) = st.batch.take() {
-            self.submit(&mut st, sub)?;
+    /// Blocks until the timeline values `targets` are reached, then recycles what finished.
+    fn wait_values(&self, targets: &[(vk::Semaphore, u64)]) -> Result<()> {
+        let targets: Vec<_> = targets.iter().filter(|t| t.1 > 0).copied().collect();
+        if !targets.is_empty() {
+            let sems: Vec<vk::Semaphore> = targets.iter().map(|t| t.0).collect();
+            let values: Vec<u64> = targets.iter().map(|t| t.1).collect();
+            let wi = vk::SemaphoreWaitInfo::default()
+                .semaphores(&sems)
+                .values(&values);
+            // SAFETY: valid timeline semaphores; waiting needs no external synchronisation and
+            // every value waited for was submitted.
+            unsafe { self.device.wait_semaphores(&wi, u64::MAX) }
+                .map_err(VulkanError::vk("vkWaitSemaphores"))?;
         }
-        let last = st.last;
-        drop(st);
-        let sems = [self.timeline];
-        let values = [last];
-        let wi = vk::SemaphoreWaitInfo::default()
-            .semaphores(&sems)
-            .values(&values);
-        // SAFETY: valid timeline semaphore; waiting needs no external synchronisation.
-        unsafe { self.device.wait_semaphores(&wi, u64::MAX) }
-            .map_err(VulkanError::vk("vkWaitSemaphores"))?;
         let mut st = self.lock();
         self.reclaim(&mut st);
         drop(st);
         self.check_validation()
     }
 
-    /// Opens a batch: later `record` calls append to one command buffer until `end_batch`.
-    /// With `timestamp`, the batch starts by writing timestamp query 0.
-    pub fn begin_batch(&self, timestamp: bool) -> Result<()> {
-        self.wait_idle()?;
+    /// Submits stream `i`'s open batch and blocks until all its work has completed (while
+    /// capturing, the capture's work too).
+    pub fn synchronize(&self, i: usize) -> Result<()> {
         let mut st = self.lock();
-        let mut sub = self.begin(&mut st)?;
-        if timestamp && let Some(pool) = self.query_pool {
-            let mut rec = Rec {
-                ctx: self,
-                st: &mut st,
-                sub: &mut sub,
-            };
-            rec.barrier();
-            // SAFETY: recording command buffer; the pool has 2 queries.
-            unsafe {
-                self.device.cmd_reset_query_pool(sub.cmd, pool, 0, 2);
-                self.device.cmd_write_timestamp(
-                    sub.cmd,
-                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                    pool,
-                    0,
-                );
-            }
+        let mut ids = vec![i];
+        if st.capture && i != 0 {
+            ids.push(0);
         }
-        st.batch = Some(sub);
+        let mut targets = Vec::new();
+        for j in ids {
+            self.submit_stream(&mut st, j)?;
+            targets.push((st.streams[j].sem, st.streams[j].submitted));
+        }
+        drop(st);
+        self.wait_values(&targets)
+    }
+
+    /// Submits every open batch and blocks until all work of every stream has completed.
+    pub fn wait_all(&self) -> Result<()> {
+        let mut st = self.lock();
+        for i in 0..st.streams.len() {
+            self.submit_stream(&mut st, i)?;
+        }
+        let targets: Vec<_> = st.streams.iter().map(|s| (s.sem, s.submitted)).collect();
+        drop(st);
+        self.wait_values(&targets)
+    }
+
+    /// An event at the current end of stream `i`: the timeline value that marks everything
+    /// recorded on it so far complete (stream 0's while capturing).
+    pub fn record_event(&self, i: usize) -> (vk::Semaphore, u64) {
+        let st = self.lock();
+        let s = &st.streams[if st.capture { 0 } else { i }];
+        (s.sem, s.frontier())
+    }
+
+    /// Submits, if needed, the stream whose timeline `sem` is so that `value` will be signalled.
+    fn flush_for(&self, st: &mut State, (sem, value): (vk::Semaphore, u64)) -> Result<()> {
+        if let Some(j) = st.streams.iter().position(|s| s.sem == sem)
+            && st.streams[j].submitted < value
+        {
+            self.submit_stream(st, j)?;
+        }
         Ok(())
     }
 
-    /// Ends the batch (writing timestamp 1 when asked), submits it and waits; returns the
-    /// nanoseconds between the two timestamps when both were written.
-    pub fn end_batch(&self, timestamp: bool) -> Result<Option<f64>> {
-        if timestamp && let Some(pool) = self.query_pool {
-            self.record(|rec| {
-                rec.barrier();
-                // SAFETY: recording command buffer; query 1 of the pool was reset at the
-                // batch's start.
-                unsafe {
-                    rec.ctx.device.cmd_write_timestamp(
-                        rec.sub.cmd,
-                        vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                        pool,
-                        1,
-                    )
-                };
-                Ok(())
-            })?;
+    /// Makes work recorded on stream `i` from now on wait for `event` (without blocking the
+    /// host). The event's stream is submitted first if needed, and stream `i`'s work recorded
+    /// before this call is submitted without the wait.
+    pub fn wait_event(&self, i: usize, event: (vk::Semaphore, u64)) -> Result<()> {
+        let mut st = self.lock();
+        if st.capture {
+            // One command buffer: a full barrier orders everything recorded after it.
+            let State {
+                pipelines, streams, ..
+            } = &mut *st;
+            let StreamState { open, scratch, .. } = &mut streams[0];
+            if let Some(open) = open.as_mut() {
+                Rec {
+                    ctx: self,
+                    pipelines,
+                    open,
+                    scratch,
+                }
+                .barrier();
+            }
+            return Ok(());
         }
-        self.wait_idle()?;
-        let (Some(pool), Some(period), true) =
-            (self.query_pool, self.limits.timestamp_period, timestamp)
-        else {
+        self.flush_for(&mut st, event)?;
+        if st.streams[i].sem == event.0 || self.counter(event.0) >= event.1 {
+            // Same stream (already in order), or already complete.
+            return Ok(());
+        }
+        self.submit_stream(&mut st, i)?;
+        st.streams[i].waits.push(event);
+        Ok(())
+    }
+
+    /// Whether `event` has completed, without blocking; submits its stream when the event's
+    /// work was not submitted yet, so that it will complete.
+    pub fn query_event(&self, event: (vk::Semaphore, u64)) -> Result<bool> {
+        if self.counter(event.0) >= event.1 {
+            return Ok(true);
+        }
+        let mut st = self.lock();
+        self.flush_for(&mut st, event)?;
+        drop(st);
+        self.check_validation()?;
+        Ok(self.counter(event.0) >= event.1)
+    }
+
+    /// Blocks until `event` has completed.
+    pub fn wait_event_host(&self, event: (vk::Semaphore, u64)) -> Result<()> {
+        let mut st = self.lock();
+        self.flush_for(&mut st, event)?;
+        drop(st);
+        self.wait_values(&[event])
+    }
+
+    /// Releases a buffer once all work submitted or being recorded so far, on every stream, has
+    /// completed.
+    pub fn retire(&self, b: RawBuffer) {
+        let mut st = self.lock();
+        let mut done = Counters {
+            ctx: self,
+            seen: Vec::new(),
+        };
+        let pending: Vec<(vk::Semaphore, u64)> = st
+            .streams
+            .iter()
+            .map(|s| (s.sem, s.frontier()))
+            .filter(|&t| t.1 > 0 && !done.reached(t))
+            .collect();
+        if pending.is_empty() {
+            drop(st);
+            self.destroy_now(b);
+        } else {
+            st.garbage.push((pending, b));
+        }
+    }
+
+    /// Starts a capture: after all earlier work completed, every stream records into one chain
+    /// of command buffers on compute lane 0, starting with timestamp query 0.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.wait_all()?;
+        let mut st = self.lock();
+        st.capture = true;
+        if let Some(pool) = self.query_pool {
+            self.with_capture_rec(&mut st, |rec| rec.timestamp(pool, 0, true))?;
+        }
+        Ok(())
+    }
+
+    /// Ends the capture (writing timestamp 1), submits it and waits; returns the nanoseconds
+    /// between the two timestamps when both were written.
+    pub fn end_capture(&self) -> Result<Option<f64>> {
+        let mut st = self.lock();
+        if !st.capture {
+            return Err(VulkanError::Unsupported(
+                "end_capture without begin_capture (a backend bug)".into(),
+            ));
+        }
+        let ended = match self.query_pool {
+            Some(pool) => self.with_capture_rec(&mut st, |rec| rec.timestamp(pool, 1, false)),
+            None => Ok(()),
+        };
+        st.capture = false;
+        let submitted = ended.and_then(|()| self.submit_stream(&mut st, 0));
+        let target = (st.streams[0].sem, st.streams[0].submitted);
+        drop(st);
+        submitted?;
+        self.wait_values(&[target])?;
+        let (Some(pool), Some(period)) = (self.query_pool, self.limits.timestamp_period) else {
             return Ok(None);
         };
         let mut ticks = [0u64; 2];
@@ -304,5 +545,27 @@ impl Context {
         }
         .map_err(VulkanError::vk("vkGetQueryPoolResults"))?;
         Ok(Some(ticks[1].wrapping_sub(ticks[0]) as f64 * period))
+    }
+
+    /// Runs `f` on stream 0's open batch (opened on compute lane 0 if needed).
+    fn with_capture_rec(&self, st: &mut State, f: impl FnOnce(&mut Rec<'_>)) -> Result<()> {
+        if st.streams[0].open.is_none() {
+            self.open_batch(st, 0, 0)?;
+        }
+        let State {
+            pipelines, streams, ..
+        } = st;
+        let StreamState { open, scratch, .. } = &mut streams[0];
+        if let Some(open) = open.as_mut() {
+            let mut rec = Rec {
+                ctx: self,
+                pipelines,
+                open,
+                scratch,
+            };
+            rec.open.commands += 1;
+            f(&mut rec);
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,14 @@
+//! The shared conformance suite on the Vulkan backend with every copy on the copy shader and
+//! pools bound as windows of 1 MiB with at most 28 storage buffers per dispatch
+//! ([`VulkanDevice::open_windowed`]): the cases' pools of a few MiB then take the 12-window
+//! shader variants, and pools above 12 MiB the one-dispatch-per-window-group path — the code a
+//! real device runs for pools beyond `maxStorageBufferRange` (lavapipe: 128 MiB), checked
+//! bit-exactly here without gigabyte pools.
+
+use hisparse_backend_vulkan::{CopyEngine, VulkanDevice};
+
+hisparse_conformance::conformance_main!(|| {
+    let dev = VulkanDevice::open_windowed("", 1 << 20, 28)?;
+    dev.set_copy_engine(CopyEngine::Shader);
+    Ok(dev)
+});
