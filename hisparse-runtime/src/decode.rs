@@ -7,7 +7,10 @@
 //! against the group's hot state and gathers the misses from the pinned host pool into the hot
 //! rows (leader), then applies the same plan to each follower layer. Everything is enqueued on
 //! the compute stream from device buffers only: no host synchronisation, so the calls can be
-//! captured in a CUDA graph.
+//! captured in a CUDA graph (on the engine's stream, passed to [`Runtime::with_pools`]) and the
+//! graph replayed in later steps, as long as the batch keeps its size and the steps take the same
+//! path (remap or resolve, decided when the calls are made). Replayed calls are not seen by the
+//! runtime's host side, so [`crate::Counters`] do not count them.
 //!
 //! [`OffloadCommand::fully_resident`]: hisparse_core::coordinator::OffloadCommand::fully_resident
 
