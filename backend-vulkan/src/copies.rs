@@ -141,7 +141,7 @@ impl VulkanDevice {
         let groups = pools.groups();
         // Tiles per dispatch: one binding of the list, one workgroup each.
         let per_dispatch = ((limits.window / 16) as usize).min(1 << 24);
-        let batches: Vec<Vec<[u32; 4]>> = plan.batches().map(tiles).collect();
+        let batches: Vec<Vec<[u32; 4]>> = plan.batches().into_iter().map(tiles).collect();
         self.ctx.record(s, Engine::Compute, |rec| {
             for batch in &batches {
                 for chunk in batch.chunks(per_dispatch) {
