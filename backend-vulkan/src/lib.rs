@@ -75,8 +75,31 @@ pub fn spirv_modules() -> impl Iterator<Item = (&'static str, &'static [u8])> {
 /// ([`VulkanDevice::open_strict`]).
 pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
 
+/// Environment variable choosing the queues at [`VulkanDevice::open`]: `all` (default: up to four
+/// compute queues and the dedicated transfer queue, where the device has them) or `single` (one
+/// compute queue for every stream, as a comparison or a fallback).
+pub const QUEUES_ENV: &str = "HISPARSE_VULKAN_QUEUES";
+
 /// Largest staging chunk of a synchronous upload or download.
 const STAGING_CHUNK: usize = 64 << 20;
+
+/// How [`VulkanDevice::open_shaped`] reshapes a device for tests; `None` keeps the device's own.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TestShape {
+    /// Bind pools as if one storage binding covered only this many bytes (a power of two, at
+    /// most the device's real window): the windowed shader variants and the
+    /// one-dispatch-per-window-group path then run on pools of a few MiB.
+    pub window: Option<u64>,
+    /// Bind at most this many storage buffers per dispatch (at least the resolver's 21).
+    pub storage_buffers: Option<u32>,
+    /// `(compute lanes, transfer lane)`: lanes beyond the device's queues share them, so the
+    /// multi-queue routing runs on single-queue devices.
+    pub lanes: Option<(usize, bool)>,
+    /// A deliberate bug: `wait_event` does nothing. Shows that the stream cases catch a backend
+    /// that ignores event waits; never for real work.
+    pub ignore_event_waits: bool,
+}
 
 /// A Vulkan device executing HiSparse operations. Cheap to share by reference across threads.
 pub struct VulkanDevice {
@@ -229,44 +252,60 @@ impl VulkanDevice {
     /// (case-insensitive).
     pub fn open(selector: &str) -> Result<VulkanDevice> {
         let strict = std::env::var(STRICT_VALIDATION_ENV).is_ok_and(|v| v.trim() == "1");
-        Self::with_context(Context::open(selector, strict)?)
+        Self::with_context(Self::context(selector, strict)?)
     }
 
     /// Like [`VulkanDevice::open`], but any validation warning or error (reported through
     /// `VK_EXT_debug_utils`, e.g. with `VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation`) makes
     /// the call during which it appeared fail with [`VulkanError::Validation`]. Tests use this.
     pub fn open_strict(selector: &str) -> Result<VulkanDevice> {
-        Self::with_context(Context::open(selector, true)?)
+        Self::with_context(Self::context(selector, true)?)
     }
 
-    /// Opens like [`VulkanDevice::open_strict`], but binds pools as if one storage binding
-    /// covered only `window` bytes (a power of two, at most the device's real window) and a
-    /// dispatch could bind only `storage_buffers` storage buffers (at least the 21 the resolver
-    /// needs): the windowed shader variants and the one-dispatch-per-window-group path then run
-    /// on pools of a few MiB on any device. For tests.
-    pub fn open_windowed(
-        selector: &str,
-        window: u64,
-        storage_buffers: u32,
-    ) -> Result<VulkanDevice> {
-        let mut ctx = Context::open(selector, true)?;
-        let real = ctx.limits;
-        if !window.is_power_of_two()
-            || window < 256
-            || window > real.window
-            || storage_buffers < Shader::Resolve.bindings()
-            || storage_buffers > real.max_storage_per_stage
-        {
-            return Err(VulkanError::InvalidArgument(format!(
-                "open_windowed: window {window} must be a power of two in 256..={} and \
-                 storage_buffers {storage_buffers} in {}..={}",
-                real.window,
-                Shader::Resolve.bindings(),
-                real.max_storage_per_stage
-            )));
+    /// Opens the context, applying [`QUEUES_ENV`].
+    fn context(selector: &str, strict: bool) -> Result<Context> {
+        let mut ctx = Context::open(selector, strict)?;
+        match std::env::var(QUEUES_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("" | "all") => {}
+            Ok("single") => ctx.reshape_lanes(1, false),
+            Ok(other) => {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "{QUEUES_ENV}={other}: use all or single"
+                )));
+            }
         }
-        ctx.limits.window = window;
-        ctx.limits.max_storage_per_stage = storage_buffers;
+        Ok(ctx)
+    }
+
+    /// Opens like [`VulkanDevice::open_strict`], then reshapes the device as `shape` says, to
+    /// run code paths this device would not take otherwise. For tests.
+    #[doc(hidden)]
+    pub fn open_shaped(selector: &str, shape: TestShape) -> Result<VulkanDevice> {
+        let mut ctx = Self::context(selector, true)?;
+        let real = ctx.limits;
+        if let Some(window) = shape.window {
+            if !window.is_power_of_two() || window < 256 || window > real.window {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "TestShape::window {window}: a power of two in 256..={}",
+                    real.window
+                )));
+            }
+            ctx.limits.window = window;
+        }
+        if let Some(n) = shape.storage_buffers {
+            if n < Shader::Resolve.bindings() || n > real.max_storage_per_stage {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "TestShape::storage_buffers {n}: in {}..={}",
+                    Shader::Resolve.bindings(),
+                    real.max_storage_per_stage
+                )));
+            }
+            ctx.limits.max_storage_per_stage = n;
+        }
+        if let Some((compute, transfer)) = shape.lanes {
+            ctx.reshape_lanes(compute, transfer);
+        }
+        ctx.ignore_event_waits = shape.ignore_event_waits;
         Self::with_context(ctx)
     }
 

@@ -1,14 +1,21 @@
 //! The shared conformance suite on the Vulkan backend with every copy on the copy shader and
 //! pools bound as windows of 1 MiB with at most 28 storage buffers per dispatch
-//! ([`VulkanDevice::open_windowed`]): the cases' pools of a few MiB then take the 12-window
-//! shader variants, and pools above 12 MiB the one-dispatch-per-window-group path — the code a
-//! real device runs for pools beyond `maxStorageBufferRange` (lavapipe: 128 MiB), checked
-//! bit-exactly here without gigabyte pools.
+//! ([`VulkanDevice::open_shaped`]): the cases' pools of a few MiB then take the 12-window shader
+//! variants, and pools above 12 MiB the one-dispatch-per-window-group path — the code a real
+//! device runs for pools beyond `maxStorageBufferRange` (lavapipe: 128 MiB), checked bit-exactly
+//! here without gigabyte pools.
 
-use hisparse_backend_vulkan::{CopyEngine, VulkanDevice};
+use hisparse_backend_vulkan::{CopyEngine, TestShape, VulkanDevice};
 
 hisparse_conformance::conformance_main!(|| {
-    let dev = VulkanDevice::open_windowed("", 1 << 20, 28)?;
+    let dev = VulkanDevice::open_shaped(
+        "",
+        TestShape {
+            window: Some(1 << 20),
+            storage_buffers: Some(28),
+            ..TestShape::default()
+        },
+    )?;
     dev.set_copy_engine(CopyEngine::Shader);
     Ok(dev)
 });

@@ -471,6 +471,7 @@ impl Context {
             }),
             device_allocated: AtomicU64::new(0),
             strict: false,
+            ignore_event_waits: false,
             checked: AtomicUsize::new(0),
         })
     }

@@ -271,6 +271,9 @@ pub struct Context {
     device_allocated: AtomicU64,
     /// Fail operations after which validation messages appeared.
     pub strict: bool,
+    /// Fault injection for tests: `wait_event` does nothing (see
+    /// `TestShape::ignore_event_waits`).
+    pub ignore_event_waits: bool,
     /// Process-wide message count already reported.
     checked: AtomicUsize,
 }
@@ -352,6 +355,28 @@ impl Context {
     /// Whether the device has a dedicated transfer queue that copy-only batches go to.
     pub fn has_transfer_lane(&self) -> bool {
         self.transfer_lane.is_some()
+    }
+
+    /// Reshapes the lanes before any work: `compute` compute lanes (beyond the queues created,
+    /// lanes share them round-robin) and a transfer lane or none (without a dedicated transfer
+    /// queue, a transfer lane that shares compute queue 0). Lanes sharing a queue are still
+    /// correct — every submission happens under the state lock — they just do not overlap; this
+    /// runs the multi-queue routing on single-queue devices, and turns queues off for
+    /// comparisons.
+    pub fn reshape_lanes(&mut self, compute: usize, transfer: bool) {
+        let real: Vec<Lane> = self.lanes[..self.compute_lanes].to_vec();
+        let dedicated = self.transfer_lane.map(|t| self.lanes[t]);
+        let mut lanes: Vec<Lane> = (0..compute.max(1)).map(|i| real[i % real.len()]).collect();
+        let n = lanes.len();
+        self.transfer_lane = transfer.then(|| {
+            lanes.push(dedicated.unwrap_or(Lane {
+                transfer: true,
+                ..real[0]
+            }));
+            n
+        });
+        self.compute_lanes = n;
+        self.lanes = lanes;
     }
 }
 

@@ -1,0 +1,15 @@
+//! The shared conformance suite on the Vulkan backend with streams spread over three compute
+//! lanes and a transfer lane ([`VulkanDevice::open_shaped`]; lanes beyond the device's queues
+//! share them): on a single-queue device such as lavapipe this runs the multi-queue routing —
+//! copy-only batches on the transfer lane, a batch moving to a compute lane when compute work
+//! follows, cross-lane semaphore waits — that a GPU with several queues takes.
+
+use hisparse_backend_vulkan::{TestShape, VulkanDevice};
+
+hisparse_conformance::conformance_main!(|| VulkanDevice::open_shaped(
+    "",
+    TestShape {
+        lanes: Some((3, true)),
+        ..TestShape::default()
+    },
+));

@@ -1,0 +1,51 @@
+//! The conformance suite's cross-stream case must catch a backend that ignores event waits:
+//! with `wait_event` turned into a no-op ([`TestShape::ignore_event_waits`]), the
+//! second stream's copy runs before the first stream's chain of copies has finished (it runs on
+//! another queue, or on the same queue ahead of the chain's unsubmitted tail) and reads stale
+//! bytes. The case is repeated a few times; it must fail at least once (it fails every time on
+//! lavapipe and on the H200 in practice), and pass every time on the real backend.
+
+use hisparse_backend_vulkan::{TestShape, VulkanDevice};
+use hisparse_conformance::{CaseError, cases};
+use hisparse_core::{Error, ErrorKind};
+
+const CASE: &str = "streams/event-orders-streams";
+const TRIES: usize = 5;
+
+#[test]
+fn the_stream_case_fails_when_event_waits_are_ignored() {
+    let required = std::env::var("HISPARSE_REQUIRE_DEVICE").is_ok_and(|v| v.trim() == "1");
+    let shape = TestShape {
+        ignore_event_waits: true,
+        ..TestShape::default()
+    };
+    let faulty = match VulkanDevice::open_shaped("", shape) {
+        Ok(d) => d,
+        Err(e) if !required && e.kind() == ErrorKind::NotFound => {
+            eprintln!("SKIPPED: no Vulkan device: {e}");
+            return;
+        }
+        Err(e) => panic!("open: {e}"),
+    };
+    let all = cases::<VulkanDevice>();
+    let case = all
+        .iter()
+        .find(|c| c.name() == CASE)
+        .unwrap_or_else(|| panic!("the suite has no case {CASE}"));
+    let failures = (0..TRIES)
+        .filter(|_| matches!(case.run(&faulty), Err(CaseError::Fail(_))))
+        .count();
+    assert!(
+        failures > 0,
+        "{CASE} passed {TRIES} times on a backend that ignores event waits ({} compute queues)",
+        faulty.compute_queues()
+    );
+    drop(faulty);
+    let sound = VulkanDevice::open_strict("").expect("open");
+    for _ in 0..TRIES {
+        assert_eq!(case.run(&sound), Ok(()), "{CASE} on the real backend");
+    }
+    eprintln!(
+        "{CASE}: failed {failures} of {TRIES} runs with event waits ignored, passed with them"
+    );
+}
