@@ -52,6 +52,35 @@ const WRAP: Shape = Shape {
     gpu_blocks: 16 * (18 + 4 * (2 + 8)) + 16 * 4 * 18 / 4,
 };
 
+/// The engine's own hold on device 0's primary context (the CUDA runtime, and so PyTorch, keeps
+/// one): its memory and streams stay valid after the backend's device, which holds another,
+/// is dropped.
+struct PrimaryContext {
+    device: sys::CUdevice,
+}
+
+impl PrimaryContext {
+    fn retain() -> PrimaryContext {
+        let (mut device, mut ctx) = (0, std::ptr::null_mut());
+        // SAFETY: out-pointers; ordinal 0 exists (the backend opened it).
+        ok("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, 0) });
+        // SAFETY: as above.
+        ok("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, device)
+        });
+        // SAFETY: `ctx` was just retained.
+        ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) });
+        PrimaryContext { device }
+    }
+}
+
+impl Drop for PrimaryContext {
+    fn drop(&mut self) {
+        // SAFETY: releases the retain of `retain`, after everything allocated in it was freed.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}
+
 /// Memory and a stream the engine allocated through the driver; freed by the engine.
 struct Engine {
     device: sys::CUdeviceptr,
@@ -115,10 +144,12 @@ fn engine_allocated_pools_and_stream_give_the_owning_path_s_results() -> bool {
     let kv = layout(&WRAP);
     let cfg = RuntimeConfig::new(WRAP.requests, WRAP.requests);
     let owned = drive(WRAP, Runtime::new(dev, kv.clone(), cfg).unwrap());
+    eprintln!("  the owning runtime finished");
     let c = owned.counters;
     assert!(c.reclaimed_pages > 0 && c.hot_misses > 0, "{c:?}");
 
     let dev = CudaDevice::open(0).unwrap();
+    let context = PrimaryContext::retain();
     let engine = Engine::new(kv.gpu_pool_bytes() as usize, kv.host_pool_bytes() as usize);
     // SAFETY: the engine's allocations outlive the runtime (dropped at the end of `drive`),
     // are at least the layout's sizes, page-aligned, on device 0's primary context.
@@ -135,12 +166,14 @@ fn engine_allocated_pools_and_stream_give_the_owning_path_s_results() -> bool {
             dev.wrap_stream(engine.stream).unwrap(),
         )
     };
+    eprintln!("  engine pools and stream wrapped");
     let borrowed = drive(
         WRAP,
         Runtime::with_pools(dev, kv, cfg, pools, Some(stream)).unwrap(),
     );
     same(&owned, &borrowed).unwrap();
     drop(engine);
+    drop(context);
     true
 }
 
@@ -274,10 +307,12 @@ fn a_decode_step_captured_in_one_cuda_graph_replays_identically() -> bool {
         step(&mut run, &mut rt, &mut io, None, &mut none, &mut steps);
     }
     let eager: Outcome = finish(run, rt);
+    eprintln!("  the eager runtime finished");
     assert!(eager.counters.hot_misses > 0, "{:?}", eager.counters);
 
     // Graph: the runtime enqueues on the engine's stream, which the test captures.
     let dev = CudaDevice::open(0).unwrap();
+    let context = PrimaryContext::retain();
     let mut raw: sys::CUstream = std::ptr::null_mut();
     // SAFETY: out-pointer; valid flags; the primary context is current.
     ok("cuStreamCreate", unsafe {
@@ -325,6 +360,7 @@ fn a_decode_step_captured_in_one_cuda_graph_replays_identically() -> bool {
         }
         sys::cuStreamDestroy_v2(raw);
     }
+    drop(context);
     true
 }
 
@@ -348,6 +384,7 @@ fn main() {
             continue;
         }
         let t = std::time::Instant::now();
+        eprintln!("run  {name}");
         if test() {
             println!("ok   {name} ({:.1} s)", t.elapsed().as_secs_f64());
         }
