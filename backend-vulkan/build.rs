@@ -2,7 +2,7 @@
 //! is needed on the machine that builds the crate). The SPIR-V lands in `OUT_DIR` and is embedded
 //! by `src/shaders.rs`; `tests/spirv_val.rs` checks it with `spirv-val`.
 //!
-//! `gather.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B (written), each
+//! `gather.wgsl`, `gather_v1.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B (written), each
 //! bound as `WINDOWS` storage buffers of one window each, so pools larger than one binding work:
 //! the script generates one variant per entry of [`WINDOWS`]. The 1-window variant binds each
 //! pool whole and needs no window arithmetic.
@@ -121,7 +121,7 @@ fn main() {
         compile(name, &format!("{common}\n{src}"), out_dir);
     }
     // (template, first pool binding)
-    for (name, first) in [("gather", 4), ("copy", 1)] {
+    for (name, first) in [("gather", 4), ("gather_v1", 4), ("copy", 1)] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");
         let src = format!("{common}\n{src}");
         for w in WINDOWS {

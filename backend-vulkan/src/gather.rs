@@ -1,12 +1,61 @@
-//! The swap-in gather (`gather_rows`): a resolver miss plan executed by the gather shader,
-//! host pool → device pool, every layer of the call in one dispatch (per window group).
+//! The swap-in gather (`gather_rows`): a resolver miss plan executed by a gather shader, host
+//! pool → device pool, every layer of the call in one dispatch (per window group).
+//!
+//! Two kernels ([`GatherKernel`]): `v2` (`shaders/gather.wgsl`) spreads the 16-byte words of 16
+//! plan entries over a workgroup with eight loads in flight per invocation, as the CUDA kernel
+//! does; `v1` (`shaders/gather_v1.wgsl`) gives each entry 32 lanes. On GPUs `v2` keeps more bytes
+//! in flight across the bus; on CPU implementations (lavapipe) `v1` is several times faster,
+//! because `v2`'s per-word division is scalarised there.
+
+use std::sync::atomic::Ordering;
 
 use hisparse_core::ops::{GatherArgs, GatherDesc, PageLayout};
 
 use crate::shaders::Shader;
 use crate::vk::Engine;
 use crate::windows::PoolPlan;
-use crate::{Result, VulkanBuffer, VulkanDevice, VulkanHostBuffer, u32_of};
+use crate::{Result, VulkanBuffer, VulkanDevice, VulkanError, VulkanHostBuffer, u32_of};
+
+/// Environment variable choosing the gather kernel at [`VulkanDevice::open`]: `auto` (default),
+/// `v1` or `v2` (see [`GatherKernel`]).
+pub const GATHER_KERNEL_ENV: &str = "HISPARSE_VULKAN_GATHER";
+
+/// Which shader runs `gather_rows` (both give identical results).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum GatherKernel {
+    /// `V2` on GPUs, `V1` on CPU devices.
+    Auto = 0,
+    /// 32 lanes per plan entry.
+    V1 = 1,
+    /// 16 plan entries per workgroup, eight loads in flight per invocation.
+    V2 = 2,
+}
+
+impl GatherKernel {
+    pub(crate) fn from_u8(v: u8) -> GatherKernel {
+        match v {
+            1 => GatherKernel::V1,
+            2 => GatherKernel::V2,
+            _ => GatherKernel::Auto,
+        }
+    }
+
+    /// The kernel [`GATHER_KERNEL_ENV`] names (`Auto` when unset).
+    pub fn from_env() -> Result<GatherKernel> {
+        match std::env::var(GATHER_KERNEL_ENV) {
+            Err(_) => Ok(GatherKernel::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(GatherKernel::Auto),
+                "v1" => Ok(GatherKernel::V1),
+                "v2" => Ok(GatherKernel::V2),
+                other => Err(VulkanError::InvalidArgument(format!(
+                    "{GATHER_KERNEL_ENV}={other}: use auto, v1 or v2"
+                ))),
+            },
+        }
+    }
+}
 
 /// Plan entries one workgroup copies (keep in sync with `ROWS` in `shaders/gather.wgsl`).
 const ROWS_PER_GROUP: u32 = 16;
@@ -31,6 +80,16 @@ fn layout_words(l: &PageLayout) -> Result<[u32; 8]> {
 }
 
 impl VulkanDevice {
+    /// The gather kernel in use.
+    pub fn gather_kernel(&self) -> GatherKernel {
+        GatherKernel::from_u8(self.gather_kernel.load(Ordering::Relaxed))
+    }
+
+    /// Chooses the gather kernel for later calls (benches compare them; results are identical).
+    pub fn set_gather_kernel(&self, kernel: GatherKernel) {
+        self.gather_kernel.store(kernel as u8, Ordering::Relaxed);
+    }
+
     /// Runs a checked gather on stream `s`.
     pub(crate) fn gather(
         &self,
@@ -43,11 +102,25 @@ impl VulkanDevice {
         if tk == 0 || desc.layers.is_empty() {
             return Ok(());
         }
+        let v2 = match self.gather_kernel() {
+            GatherKernel::Auto => self.ctx.limits.gpu,
+            k => k == GatherKernel::V2,
+        };
         let row_chunks = desc.top_k.div_ceil(ROWS_PER_GROUP);
-        let groups = u32_of(
-            desc.layers.len() as u64 * t * u64::from(row_chunks),
-            "gather workgroups (layers × tokens × top_k / 16)",
-        )?;
+        // v2: one workgroup per (layer, token, 16 entries); v1: four entries per workgroup.
+        let (work, groups) = if v2 {
+            let g = u32_of(
+                desc.layers.len() as u64 * t * u64::from(row_chunks),
+                "gather workgroups (layers × tokens × top_k / 16)",
+            )?;
+            (g, u64::from(g))
+        } else {
+            let items = u32_of(
+                desc.layers.len() as u64 * tk,
+                "gather work items (layers × tokens × top_k)",
+            )?;
+            (items, u64::from(items).div_ceil(4))
+        };
         let mut layer_words = Vec::with_capacity(desc.layers.len() * 16);
         for l in desc.layers {
             layer_words.extend(layout_words(&l.host)?);
@@ -72,18 +145,18 @@ impl VulkanDevice {
                     desc.num_tokens,
                     desc.top_k,
                     row_chunks,
-                    groups,
+                    work,
                     shift,
                     mask,
                     a,
                     b,
                 ];
-                rec.dispatch(
-                    Shader::Gather(pools.windows),
-                    &bindings,
-                    &push,
-                    u64::from(groups),
-                )?;
+                let shader = if v2 {
+                    Shader::Gather(pools.windows)
+                } else {
+                    Shader::GatherV1(pools.windows)
+                };
+                rec.dispatch(shader, &bindings, &push, groups)?;
             }
             Ok(())
         })

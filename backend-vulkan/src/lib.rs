@@ -58,6 +58,7 @@ use hisparse_core::ops::{
 
 pub use copies::{COPY_ENGINE_ENV, CopyEngine};
 pub use error::VulkanError;
+pub use gather::{GATHER_KERNEL_ENV, GatherKernel};
 pub use vk::validation_message_count;
 
 use shaders::Shader;
@@ -108,6 +109,8 @@ pub struct VulkanDevice {
     staging: Mutex<Option<RawBuffer>>,
     /// [`CopyEngine`] as a number (see `copies`).
     copy_engine: AtomicU8,
+    /// [`GatherKernel`] as a number (see `gather`).
+    gather_kernel: AtomicU8,
 }
 
 /// Device memory of a [`VulkanDevice`]. Dropping it defers destruction until enqueued work that
@@ -311,10 +314,12 @@ impl VulkanDevice {
 
     fn with_context(ctx: Context) -> Result<VulkanDevice> {
         let engine = CopyEngine::from_env()?;
+        let gather = GatherKernel::from_env()?;
         Ok(VulkanDevice {
             ctx: Arc::new(ctx),
             staging: Mutex::new(None),
             copy_engine: AtomicU8::new(engine as u8),
+            gather_kernel: AtomicU8::new(gather as u8),
         })
     }
 

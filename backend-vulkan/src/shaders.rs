@@ -77,15 +77,18 @@ pub enum Shader {
     TableWrite,
     /// Hot-state reset (`dgi` to -1, LRU to the identity).
     HotReset,
-    /// Miss-plan gather, host pool → device pool.
+    /// Miss-plan gather, host pool → device pool: 16 plan entries per workgroup, 8 loads in
+    /// flight per invocation (the default on GPUs).
     Gather(Windows),
+    /// Miss-plan gather, first design: 32 lanes per plan entry (the default on CPU devices).
+    GatherV1(Windows),
     /// Region copies between two pools (or within one).
     Copy(Windows),
 }
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 15] = [
+    pub const ALL: [Shader; 19] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
@@ -97,6 +100,10 @@ impl Shader {
         Shader::Gather(Windows::Eight),
         Shader::Gather(Windows::Twelve),
         Shader::Gather(Windows::ThirtyTwo),
+        Shader::GatherV1(Windows::One),
+        Shader::GatherV1(Windows::Eight),
+        Shader::GatherV1(Windows::Twelve),
+        Shader::GatherV1(Windows::ThirtyTwo),
         Shader::Copy(Windows::One),
         Shader::Copy(Windows::Eight),
         Shader::Copy(Windows::Twelve),
@@ -114,7 +121,8 @@ impl Shader {
             Shader::TableWrite => 5,
             Shader::HotReset => 6,
             Shader::Gather(w) => 7 + w.slot(),
-            Shader::Copy(w) => 11 + w.slot(),
+            Shader::GatherV1(w) => 11 + w.slot(),
+            Shader::Copy(w) => 15 + w.slot(),
         }
     }
 
@@ -132,6 +140,10 @@ impl Shader {
             Shader::Gather(Windows::Eight) => "gather_8",
             Shader::Gather(Windows::Twelve) => "gather_12",
             Shader::Gather(Windows::ThirtyTwo) => "gather_32",
+            Shader::GatherV1(Windows::One) => "gather_v1_1",
+            Shader::GatherV1(Windows::Eight) => "gather_v1_8",
+            Shader::GatherV1(Windows::Twelve) => "gather_v1_12",
+            Shader::GatherV1(Windows::ThirtyTwo) => "gather_v1_32",
             Shader::Copy(Windows::One) => "copy_1",
             Shader::Copy(Windows::Eight) => "copy_8",
             Shader::Copy(Windows::Twelve) => "copy_12",
@@ -153,6 +165,10 @@ impl Shader {
             Shader::Gather(Windows::Eight) => spirv!("gather_8"),
             Shader::Gather(Windows::Twelve) => spirv!("gather_12"),
             Shader::Gather(Windows::ThirtyTwo) => spirv!("gather_32"),
+            Shader::GatherV1(Windows::One) => spirv!("gather_v1_1"),
+            Shader::GatherV1(Windows::Eight) => spirv!("gather_v1_8"),
+            Shader::GatherV1(Windows::Twelve) => spirv!("gather_v1_12"),
+            Shader::GatherV1(Windows::ThirtyTwo) => spirv!("gather_v1_32"),
             Shader::Copy(Windows::One) => spirv!("copy_1"),
             Shader::Copy(Windows::Eight) => spirv!("copy_8"),
             Shader::Copy(Windows::Twelve) => spirv!("copy_12"),
@@ -170,7 +186,7 @@ impl Shader {
             Shader::Resolve => 21,
             Shader::TableWrite => 2,
             Shader::HotReset => 3,
-            Shader::Gather(w) => 4 + 2 * w.count(),
+            Shader::Gather(w) | Shader::GatherV1(w) => 4 + 2 * w.count(),
             Shader::Copy(w) => 1 + 2 * w.count(),
         }
     }
@@ -184,7 +200,7 @@ impl Shader {
             Shader::Invalidate | Shader::TableWrite => b == 1,
             Shader::ResolvePrep | Shader::HotReset => b >= 1,
             Shader::Resolve => (5..=12).contains(&b) || b >= 15,
-            Shader::Gather(w) => b >= 4 + w.count(),
+            Shader::Gather(w) | Shader::GatherV1(w) => b >= 4 + w.count(),
             // Binding 0 is the tile list, then `count` source windows.
             Shader::Copy(w) => b > w.count(),
         }
@@ -198,7 +214,7 @@ impl Shader {
             Shader::Invalidate | Shader::ResolvePrep | Shader::TableWrite => 2,
             Shader::Resolve => 10,
             Shader::HotReset | Shader::Copy(_) => 6,
-            Shader::Gather(_) => 8,
+            Shader::Gather(_) | Shader::GatherV1(_) => 8,
         }
     }
 }

@@ -1,11 +1,12 @@
-//! The shared conformance suite on the Vulkan backend with every copy on the copy shader and
-//! pools bound as windows of 1 MiB with at most 28 storage buffers per dispatch
+//! The shared conformance suite on the Vulkan backend with every copy on the copy shader, the
+//! `v2` gather kernel (the default on GPUs; lavapipe's own default is `v1`), and pools bound as
+//! windows of 1 MiB with at most 28 storage buffers per dispatch
 //! ([`VulkanDevice::open_shaped`]): the cases' pools of a few MiB then take the 12-window shader
 //! variants, and pools above 12 MiB the one-dispatch-per-window-group path — the code a real
 //! device runs for pools beyond `maxStorageBufferRange` (lavapipe: 128 MiB), checked bit-exactly
 //! here without gigabyte pools.
 
-use hisparse_backend_vulkan::{CopyEngine, TestShape, VulkanDevice};
+use hisparse_backend_vulkan::{CopyEngine, GatherKernel, TestShape, VulkanDevice};
 
 hisparse_conformance::conformance_main!(|| {
     let dev = VulkanDevice::open_shaped(
@@ -17,5 +18,6 @@ hisparse_conformance::conformance_main!(|| {
         },
     )?;
     dev.set_copy_engine(CopyEngine::Shader);
+    dev.set_gather_kernel(GatherKernel::V2);
     Ok(dev)
 });

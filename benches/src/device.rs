@@ -198,7 +198,9 @@ pub fn run<D: Device>(dev: &D, cfg: &BenchConfig) -> Result<Report, D::Error> {
     for rows in [2048u32, 32768] {
         figures.push(gather(dev, &stream, cfg, rows)?);
     }
-    figures.push(backup(dev, &stream, cfg)?);
+    for direction in [Direction::DeviceToHost, Direction::HostToDevice] {
+        figures.push(page_copy(dev, &stream, cfg, direction)?);
+    }
     Ok(Report {
         backend: dev.backend(),
         device: dev.device_name().to_string(),
@@ -472,11 +474,16 @@ fn gather<D: Device>(
     })
 }
 
-/// Page backup: 64 resident pages of a 12-layer group (one DeepSeek V3.2 resident group) from
-/// the device pool into scattered host blocks, all layers in one call. Successive calls take
-/// different pages (16 sets covering a 1024-block, ~520 MB device pool), so the source is not
-/// served from a cache.
-fn backup<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Figure, D::Error> {
+/// Page backup (device → host) or restore (host → device): 64 resident pages of a 12-layer group
+/// (one DeepSeek V3.2 resident group) between the device pool and scattered host blocks, all
+/// layers in one call. Successive calls take different pages (16 sets covering a 1024-block,
+/// ~520 MB device pool), so the source is not served from a cache.
+fn page_copy<D: Device>(
+    dev: &D,
+    stream: &D::Stream,
+    cfg: &BenchConfig,
+    direction: Direction,
+) -> Result<Figure, D::Error> {
     const SETS: usize = 16;
     let (layers_n, pages, dev_blocks, host_blocks) = (12u32, 64u32, 1024u32, 1024u32);
     let page = u64::from(BLOCK * ROW_BYTES);
@@ -523,20 +530,39 @@ fn backup<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<F
                 .collect()
         })
         .collect();
+    // A restore copies host blocks to device blocks: the pairs the other way round.
+    let sets: Vec<Vec<BlockPair>> = match direction {
+        Direction::DeviceToHost => sets,
+        Direction::HostToDevice => sets
+            .into_iter()
+            .map(|v| {
+                v.into_iter()
+                    .map(|p| BlockPair {
+                        src: p.dst,
+                        dst: p.src,
+                    })
+                    .collect()
+            })
+            .collect(),
+    };
     let desc = PageCopyDesc {
-        direction: Direction::DeviceToHost,
+        direction,
         layers: &layers,
     };
     let s = time(dev, stream, cfg, |call| {
         dev.copy_pages(stream, &desc, &sets[call % SETS], &mut host, &mut device)
     })?;
     let n = u64::from(pages * layers_n);
+    let (what, way, ceiling) = match direction {
+        Direction::DeviceToHost => ("backup", "device→host", D2H),
+        Direction::HostToDevice => ("restore", "host→device", H2D),
+    };
     Ok(Figure {
-        name: format!("backup {pages} pages × {layers_n} layers (device→host)"),
+        name: format!("{what} {pages} pages × {layers_n} layers ({way})"),
         seconds: s,
         items: n,
         item: "pages",
         bytes: n * page,
-        ceiling: D2H,
+        ceiling,
     })
 }
