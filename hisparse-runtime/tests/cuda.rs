@@ -19,7 +19,7 @@ use cudarc::driver::sys::{self, CUresult};
 use hisparse_backend_cuda::CudaDevice;
 use hisparse_core::{Device, Error as _, ErrorKind};
 use hisparse_runtime::{Indices, Pools, Runtime, RuntimeConfig, TopK};
-use scenario::{Outcome, Run, Shape, drive, finish, layout, same};
+use scenario::{Outcome, Run, Shape, drive, finish, layout, same, tight};
 
 fn open(test: &str) -> Option<CudaDevice> {
     match CudaDevice::open(0) {
@@ -39,7 +39,7 @@ fn ok(call: &str, code: CUresult) {
     assert_eq!(code, CUresult::CUDA_SUCCESS, "{call}");
 }
 
-/// Eight 656-byte layers, 16 requests of 1K tokens on a pool that forces reclaim and swap-in.
+/// Four 656-byte layers, 16 requests of 1K tokens (pool: [`scenario::tight`]).
 const WRAP: Shape = Shape {
     layers: 4,
     row_bytes: 656,
@@ -49,7 +49,7 @@ const WRAP: Shape = Shape {
     requests: 16,
     prompt: 1024,
     decode: 24,
-    gpu_blocks: 16 * (18 + 4 * (2 + 8)) + 16 * 4 * 18 / 4,
+    gpu_blocks: 0,
 };
 
 /// The engine's own hold on device 0's primary context (the CUDA runtime, and so PyTorch, keeps
@@ -141,9 +141,10 @@ fn engine_allocated_pools_and_stream_give_the_owning_path_s_results() -> bool {
     let Some(dev) = open(name) else {
         return false;
     };
-    let kv = layout(&WRAP);
+    let shape = tight(WRAP);
+    let kv = layout(&shape);
     let cfg = RuntimeConfig::new(WRAP.requests, WRAP.requests);
-    let owned = drive(WRAP, Runtime::new(dev, kv.clone(), cfg).unwrap());
+    let owned = drive(shape, Runtime::new(dev, kv.clone(), cfg).unwrap());
     eprintln!("  the owning runtime finished");
     let c = owned.counters;
     assert!(c.reclaimed_pages > 0 && c.hot_misses > 0, "{c:?}");
@@ -168,7 +169,7 @@ fn engine_allocated_pools_and_stream_give_the_owning_path_s_results() -> bool {
     };
     eprintln!("  engine pools and stream wrapped");
     let borrowed = drive(
-        WRAP,
+        shape,
         Runtime::with_pools(dev, kv, cfg, pools, Some(stream)).unwrap(),
     );
     same(&owned, &borrowed).unwrap();
@@ -177,17 +178,18 @@ fn engine_allocated_pools_and_stream_give_the_owning_path_s_results() -> bool {
     true
 }
 
-/// The graph test's shape: 64 decode requests over 8 layers of DeepSeek V3.2 geometry.
+/// The graph test's shape: 64 decode requests of 8K tokens over 8 layers of DeepSeek V3.2
+/// geometry, top-k 2048 (pool: [`scenario::tight`]).
 const GRAPH: Shape = Shape {
     layers: 8,
     row_bytes: 656,
     block: 64,
     top_k: 2048,
-    hot: 4096,
+    hot: 2048,
     requests: 64,
-    prompt: 4096,
+    prompt: 8192,
     decode: 8,
-    gpu_blocks: 64 * (66 + 8 * (2 + 64)) + 64 * 8 * 66 / 4,
+    gpu_blocks: 0,
 };
 
 /// Per index group: the engine's top-k input and row output (stable addresses a graph bakes in).
@@ -294,21 +296,23 @@ fn a_decode_step_captured_in_one_cuda_graph_replays_identically() -> bool {
     let Some(dev) = open(name) else {
         return false;
     };
-    let kv = layout(&GRAPH);
+    let shape = tight(GRAPH);
+    let kv = layout(&shape);
     let cfg = RuntimeConfig::new(GRAPH.requests, GRAPH.requests);
     let groups = kv.index_groups.len();
 
     // Eager.
     let mut io = group_io(&dev, groups);
     let mut rt = Runtime::new(dev, kv.clone(), cfg).unwrap();
-    let mut run = Run::new(GRAPH, rt.device());
+    let mut run = Run::new(shape, rt.device());
     let (mut none, mut steps) = (None, 0);
     while !run.done() {
         step(&mut run, &mut rt, &mut io, None, &mut none, &mut steps);
     }
     let eager: Outcome = finish(run, rt);
     eprintln!("  the eager runtime finished");
-    assert!(eager.counters.hot_misses > 0, "{:?}", eager.counters);
+    let c = eager.counters;
+    assert!(c.hot_misses > 0 && c.resolve_calls > 0, "{c:?}");
 
     // Graph: the runtime enqueues on the engine's stream, which the test captures.
     let dev = CudaDevice::open(0).unwrap();
@@ -326,7 +330,7 @@ fn a_decode_step_captured_in_one_cuda_graph_replays_identically() -> bool {
         host: dev.alloc_pinned(kv.host_pool_bytes() as usize).unwrap(),
     };
     let mut rt = Runtime::with_pools(dev, kv, cfg, pools, Some(stream)).unwrap();
-    let mut run = Run::new(GRAPH, rt.device());
+    let mut run = Run::new(shape, rt.device());
     let (mut graph, mut steps, mut replays) = (None, 0, 0);
     while !run.done() {
         if step(

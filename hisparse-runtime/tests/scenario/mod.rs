@@ -75,6 +75,18 @@ pub fn layout(s: &Shape) -> KvCacheConfig {
     plan_layout(&input).unwrap()
 }
 
+/// `s` with a GPU pool that holds every request's HiSparse needs plus a quarter of the extra
+/// pages an all-resident cache would hold: pages get reclaimed and rows swapped in.
+pub fn tight(mut s: Shape) -> Shape {
+    s.gpu_blocks = 1 << 20;
+    let kv = layout(&s);
+    let per = kv.gpu_blocks_per_request(s.prompt + s.decode);
+    let r = u64::from(s.requests);
+    let extra = per.all_on_gpu.saturating_sub(per.hisparse);
+    s.gpu_blocks = (1 + r * per.hisparse.min(per.all_on_gpu) + r * extra / 4) as u32;
+    s
+}
+
 /// The coordinator of `s`.
 pub fn coordinator(s: &Shape, kv: &KvCacheConfig) -> Coordinator {
     Coordinator::new(
