@@ -22,7 +22,7 @@
 //! [`copy_batches`] is the one copy-conflict rule of the GPU backends: which consecutive tiles of a
 //! copy list may run as one parallel launch and still give the reference's sequential result.
 
-use super::{BufferLen, I32_BYTES, aligned, mul, need, nonzero};
+use super::{BufferLen, I32_BYTES, aligned, in_range, mul, need, nonzero};
 use crate::error::{OpError, OpName};
 
 /// Where one layer's pages sit in a pool buffer, and how rows sit inside a page.
@@ -97,9 +97,9 @@ impl PageLayout {
     }
 
     /// `(block, offset)` of flat row `row`, or `None` when it lies outside the pool or in the part
-    /// of a block that belongs to other layers.
+    /// of a block that belongs to other layers (or the layout has no rows per index stride).
     pub const fn locate(&self, row: i64) -> Option<(u32, u32)> {
-        if row < 0 {
+        if row < 0 || self.index_stride_rows == 0 {
             return None;
         }
         let block = row / self.index_stride_rows as i64;
@@ -110,8 +110,10 @@ impl PageLayout {
         Some((block as u32, offset))
     }
 
-    /// One past the last byte this layout touches.
+    /// One past the last byte this layout touches; a layout of 0 blocks is an
+    /// [`OpError::Zero`].
     pub fn end(&self, op: OpName) -> Result<u64, OpError> {
+        nonzero(op, "layout.num_blocks", self.num_blocks.into())?;
         let last = mul(
             op,
             "layout.block_stride",
@@ -255,6 +257,8 @@ impl GatherDesc<'_> {
     ) -> Result<(), OpError> {
         const OP: OpName = OpName::GatherRows;
         nonzero(OP, "top_k", self.top_k.into())?;
+        // Plan counts are `i32`: a row cannot hold more entries than they count.
+        in_range(OP, "top_k", self.top_k.into(), 1, i32::MAX as u64)?;
         let tk = mul(OP, "plan", self.num_tokens.into(), self.top_k.into())?;
         need(OP, "plan_src", args.plan_src.byte_len(), tk, I32_BYTES)?;
         need(OP, "plan_dst", args.plan_dst.byte_len(), tk, I32_BYTES)?;

@@ -152,10 +152,11 @@ impl RemapDesc {
         (row < self.table_rows as usize).then_some(row)
     }
 
-    /// The physical row of token `tok` in block-table row `row` (`-1` if invalid).
+    /// The physical row of token `tok` in block-table row `row` (`-1` if invalid, including
+    /// a zero `block_size` and an entry beyond `block_table`).
     #[inline]
     pub fn map_token(&self, block_table: &[i32], row: usize, tok: i32) -> i32 {
-        if tok < 0 {
+        if tok < 0 || self.block_size == 0 {
             return -1;
         }
         let (bs, m) = (self.block_size as i64, self.max_blocks as usize);
@@ -163,7 +164,13 @@ impl RemapDesc {
         if block_col >= m {
             return -1;
         }
-        let block = block_table[row * m + block_col];
+        let Some(&block) = row
+            .checked_mul(m)
+            .and_then(|start| start.checked_add(block_col))
+            .and_then(|i| block_table.get(i))
+        else {
+            return -1;
+        };
         physical_row(block, self.block_stride_rows, (tok as i64 % bs) as u32)
     }
 }

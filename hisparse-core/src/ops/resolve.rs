@@ -117,14 +117,20 @@ pub enum Entry {
 }
 
 impl ResolveDesc {
-    /// Columns of the hot table: `ceil(hot_slots / block_size)`.
+    /// Columns of the hot table: `ceil(hot_slots / block_size)`; 0 when `block_size` is 0
+    /// (which [`ResolveDesc::validate`] refuses).
     pub const fn hot_table_width(&self) -> u32 {
-        self.hot_slots.div_ceil(self.block_size)
+        if self.block_size == 0 {
+            0
+        } else {
+            self.hot_slots.div_ceil(self.block_size)
+        }
     }
 
-    /// Rows of the host pool, `host_num_blocks * block_size`.
+    /// Rows of the host pool, `host_num_blocks * block_size`, saturating at `i64::MAX` (beyond
+    /// the `i32` rows [`ResolveDesc::validate`] allows).
     pub const fn host_rows(&self) -> i64 {
-        self.host_num_blocks as i64 * self.block_size as i64
+        (self.host_num_blocks as i64).saturating_mul(self.block_size as i64)
     }
 
     /// Checks the descriptor on its own.

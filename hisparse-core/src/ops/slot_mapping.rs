@@ -43,9 +43,13 @@ pub struct SlotMappingArgs<'a, B: ?Sized> {
 }
 
 impl SlotMappingDesc {
-    /// Compressed rows per block, `block_size / ratio`.
+    /// Compressed rows per block, `block_size / ratio`; 0 when `ratio` is 0 (which
+    /// [`SlotMappingDesc::check`] refuses).
     pub const fn compressed_block_size(&self) -> u32 {
-        self.block_size / self.ratio
+        match self.block_size.checked_div(self.ratio) {
+            Some(rows) => rows,
+            None => 0,
+        }
     }
 
     /// Checks the descriptor and buffer sizes.
@@ -85,10 +89,15 @@ impl SlotMappingDesc {
         )
     }
 
-    /// The compressed slot of one token (see the module docs).
+    /// The compressed slot of one token (see the module docs); `-1` as well for a descriptor
+    /// [`SlotMappingDesc::check`] refuses (zero ratio, fewer rows per block than the ratio) and
+    /// an entry beyond `block_table`.
     #[inline]
     pub fn map(&self, block_table: &[i32], position: i32, slot: i32, row: i32) -> i32 {
         let ratio = self.ratio as i64;
+        if ratio == 0 || self.compressed_block_size() == 0 {
+            return -1;
+        }
         if slot < 0 || position < 0 || (position as i64 + 1) % ratio != 0 {
             return -1;
         }
@@ -104,7 +113,9 @@ impl SlotMappingDesc {
         if col >= i64::from(self.max_blocks) {
             return -1;
         }
-        let block = block_table[row * self.max_blocks as usize + col as usize];
+        let Some(&block) = block_table.get(row * self.max_blocks as usize + col as usize) else {
+            return -1;
+        };
         physical_row(block, bc as u32, (c % bc) as u32)
     }
 }
