@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds, on the development machine, everything scripts/h200/vulkan.sh runs on the GPU machine
+# (which has no Rust toolchain and no network), into h200-vulkan/ (ignored by git; carry it):
+#
+#   h200-vulkan/hisparse                 the CLI with --features cuda,vulkan
+#   h200-vulkan/vulkan-bench             backend-vulkan/examples/vulkan_bench.rs
+#   h200-vulkan/vulkan-windowed          the conformance suite with 1 MiB pool windows, the copy
+#                                        shader and the v2 gather (tests/conformance_windowed.rs)
+#   h200-vulkan/vulkan-streams-fault     the cross-stream case fails with event waits ignored
+#                                        (tests/streams_fault.rs)
+#   h200-vulkan/vulkan-resolve-packing   odd hot-slot counts (tests/resolve_packing.rs)
+#   h200-vulkan/debs/                    the Vulkan loader, glvnd (the NVIDIA ICD needs
+#                                        libGLdispatch) and the validation layers, as .debs
+#   h200-vulkan/MANIFEST                 commit, build date, sizes and sha256 of the binaries
+#
+# Release profile without debug info, stripped. Everything loads its GPU runtime at run time.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=h200-vulkan
+mkdir -p "$out/debs"
+export CARGO_PROFILE_RELEASE_DEBUG=0
+
+json=$(cargo test --release -p hisparse-backend-vulkan --test conformance_windowed \
+    --test streams_fault --test resolve_packing --no-run --message-format=json 2>/dev/null)
+exe_of() {
+    python3 -c '
+import json, sys
+name = sys.argv[1]
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == name and m.get("executable"):
+        print(m["executable"])
+' "$1" <<<"$json" | tail -n 1
+}
+windowed=$(exe_of conformance_windowed)
+fault=$(exe_of streams_fault)
+packing=$(exe_of resolve_packing)
+cargo build --release -p hisparse-backend-vulkan --example vulkan_bench
+cargo build --release -p hisparse-cli --features cuda,vulkan
+for f in "$windowed" "$fault" "$packing" target/release/examples/vulkan_bench target/release/hisparse; do
+    [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
+done
+install -m 755 target/release/hisparse "$out/hisparse"
+install -m 755 target/release/examples/vulkan_bench "$out/vulkan-bench"
+install -m 755 "$windowed" "$out/vulkan-windowed"
+install -m 755 "$fault" "$out/vulkan-streams-fault"
+install -m 755 "$packing" "$out/vulkan-resolve-packing"
+bins=(hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing)
+(cd "$out" && strip "${bins[@]}")
+
+# The loader and what the NVIDIA ICD links (glvnd), and the validation layers.
+debs=(libvulkan1 libglvnd0 libglx0 libgl1 libegl1 libopengl0 libgles2 vulkan-validationlayers)
+for d in "${debs[@]}"; do
+    ls "$out/debs/${d}"_*.deb >/dev/null 2>&1 || (cd "$out/debs" && apt-get download "$d")
+done
+
+{
+    echo "commit $(git rev-parse HEAD)$(git diff --quiet -- backend-vulkan hisparse-cli hisparse-runtime hisparse-core benches || echo ' (with uncommitted changes)')"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    (cd "$out" && sha256sum "${bins[@]}")
+    (cd "$out" && du -b "${bins[@]}" debs | awk '{ printf "%s %d bytes\n", $2, $1 }')
+} >"$out/MANIFEST"
+cat "$out/MANIFEST"
+total=$(du -sb "$out" | cut -f1)
+echo "h200-vulkan/: $total bytes (carry limit 64 MiB, shared with everything else carried)"

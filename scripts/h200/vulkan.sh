@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The Vulkan backend on the GPU machine (NVIDIA driver, no Vulkan loader installed), from the
+# repository root, with what scripts/h200/vulkan-build.sh put in h200-vulkan/ (carry that folder):
+#
+#   1. installs the carried loader, glvnd and validation-layer packages (dpkg -x into /);
+#   2. correctness, validation layer on, device required: the conformance suite through the CLI
+#      in strict validation mode; the suite again with 1 MiB pool windows, the copy shader and the
+#      v2 gather; odd hot-slot counts; the cross-stream case failing with event waits ignored
+#      (and passing with them) on truly concurrent queues;
+#   3. performance, in the same session as CUDA: vulkan_bench (device time from timestamps and
+#      wall time per call, both gather kernels, both copy engines); `hisparse bench --json` on
+#      Vulkan and on CUDA; `hisparse simulate --json` on Vulkan (all queues, then one queue) and
+#      on CUDA, with the default workload (4 requests × 8192 tokens, 48 decode steps);
+#   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling).
+#
+# Every section has its own time limit (they add up to 345 s) and the script goes on after a
+# failing or timed-out section. Logs and JSON go to $OUT/vulkan/, the summary to stdout and to
+# $OUT/vulkan/summary.txt. Exit status 0 only when every section passed.
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+bin=$(cd "${HISPARSE_H200_VULKAN_BIN:-h200-vulkan}" && pwd)
+out=${OUT:-/tmp/hisparse-h200}/vulkan
+mkdir -p "$out"
+for f in hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing; do
+    if [ ! -x "$bin/$f" ]; then
+        echo "missing $bin/$f: run scripts/h200/vulkan-build.sh on the development machine and carry h200-vulkan" >&2
+        exit 2
+    fi
+done
+[ -f "$bin/MANIFEST" ] && head -n 2 "$bin/MANIFEST"
+
+# 1. The Vulkan loader and the NVIDIA ICD (HISPARSE_H200_SKIP_INSTALL=1: already installed, e.g.
+#    a dry run on the development machine).
+if [ "${HISPARSE_H200_SKIP_INSTALL:-0}" != 1 ]; then
+    for f in "$bin"/debs/*.deb; do dpkg -x "$f" / || echo "dpkg -x $f failed" >&2; done
+    ldconfig
+fi
+if [ -z "${VK_DRIVER_FILES:-}" ]; then
+    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json \
+        /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json; do
+        [ -f "$icd" ] && { export VK_DRIVER_FILES=$icd; break; }
+    done
+fi
+echo "== Vulkan on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1), ICD ${VK_DRIVER_FILES:-not found}"
+export HISPARSE_REQUIRE_DEVICE=1
+# NVRTC for the CUDA figures (not on the default library path there).
+for d in /usr/local/cuda-13.0/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && break
+done
+validation=(env VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation HISPARSE_VULKAN_STRICT_VALIDATION=1)
+
+results=()
+overall=0
+# limited SECONDS COMMAND...: runs COMMAND in its own process group; past SECONDS the whole group
+# is stopped. Returns COMMAND's exit status, or 124 when it was stopped.
+limited() {
+    local limit=$1
+    shift
+    setsid "$@" &
+    local pid=$! ticks=0 state
+    while :; do
+        state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)
+        [ -z "$state" ] || [ "$state" = Z ] && break
+        if [ "$ticks" -ge $((limit * 10)) ]; then
+            kill -TERM -- "-$pid" 2>/dev/null
+            sleep 3
+            kill -KILL -- "-$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+        sleep 0.1
+        ticks=$((ticks + 1))
+    done
+    wait "$pid"
+}
+
+# section NAME LIMIT OUTFILE COMMAND...: runs COMMAND with a time limit, stdout to OUTFILE (or
+# NAME.log when OUTFILE is -), stderr to NAME.err; records pass, FAIL(status) or TIMEOUT.
+section() {
+    local name=$1 limit=$2 file=$3
+    shift 3
+    [ "$file" = - ] && file="$out/$name.log"
+    local t0 rc status
+    t0=$(date +%s.%N)
+    limited "$limit" "$@" >"$file" 2>"$out/$name.err"
+    rc=$?
+    case $rc in
+        0) status=pass ;;
+        124) status=TIMEOUT ;;
+        *) status="FAIL($rc)" ;;
+    esac
+    [ "$status" = pass ] || overall=1
+    local secs counts msgs
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    counts=$(cat "$file" "$out/$name.err" | grep -E '[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    msgs=$(grep -c 'vulkan validation' "$out/$name.err")
+    printf '%-28s %-10s %6ss  %s  (validation messages: %s)\n' "$name" "$status" "$secs" \
+        "${counts:-}" "$msgs"
+    results+=("$name $status ${secs}s ${counts:-} validation=$msgs")
+}
+
+# 2. Correctness.
+section conformance 60 - "${validation[@]}" "$bin/hisparse" conformance --backend vulkan
+section windowed 50 - "${validation[@]}" "$bin/vulkan-windowed"
+section resolve-packing 10 - "${validation[@]}" "$bin/vulkan-resolve-packing" --nocapture
+section streams-fault 20 - "${validation[@]}" "$bin/vulkan-streams-fault" --nocapture
+# 3. Performance (no validation layer).
+section vulkan-bench 45 - "$bin/vulkan-bench" --iters 50 --json "$out/vulkan_bench.json"
+section bench-vulkan 30 "$out/bench_vulkan.json" "$bin/hisparse" bench --backend vulkan --json
+section bench-cuda 20 "$out/bench_cuda.json" "$bin/hisparse" bench --backend cuda --json
+section simulate-cuda 20 "$out/simulate_cuda.json" "$bin/hisparse" simulate --backend cuda --json
+section simulate-vulkan 60 "$out/simulate_vulkan.json" "$bin/hisparse" simulate --backend vulkan --json
+section simulate-vulkan-1q 30 "$out/simulate_vulkan_single_queue.json" \
+    env HISPARSE_VULKAN_QUEUES=single "$bin/hisparse" simulate --backend vulkan --json
+
+# 4. Summary of the issue-16 targets.
+python3 - "$out" <<'EOF' | tee "$out/summary.txt"
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except Exception as e:
+        print(f"  ({name}: {e})")
+        return None
+def fig(b, prefix):
+    return next((f for f in (b or {}).get("figures", []) if f["name"].startswith(prefix)), None)
+def ceil(b, name):
+    return next((c for c in (b or {}).get("ceilings", []) if c["name"] == name), None)
+bv, bc = load("bench_vulkan.json"), load("bench_cuda.json")
+vb = load("vulkan_bench.json")
+sv, sc = load("simulate_vulkan.json"), load("simulate_cuda.json")
+s1 = load("simulate_vulkan_single_queue.json")
+rows = []
+def row(what, value, target, ok):
+    rows.append((what, value, target, "met" if ok else "MISSED" if ok is not None else "?"))
+GB = 1e9
+if bv and bc:
+    for p, name in [("backup", "backup"), ("restore", "restore")]:
+        f = fig(bv, p)
+        if f:
+            row(f"{name} (bench, Vulkan)", f"{f['bytes_per_s']/GB:.2f} GB/s = {f['share_of_ceiling']:.2f}x own bulk",
+                ">= 0.8x", f["share_of_ceiling"] >= 0.8)
+    cv, cc = ceil(bv, "device copy (read+write)"), ceil(bc, "device copy (read+write)")
+    if cv and cc:
+        r = cv["bytes_per_s"] / cc["bytes_per_s"]
+        row("device copy (bench)", f"{cv['bytes_per_s']/GB:.0f} vs CUDA {cc['bytes_per_s']/GB:.0f} GB/s = {r:.2f}x",
+            ">= 0.8x CUDA", r >= 0.8)
+    for p in ["gather 656 B rows × 2048 ", "gather 656 B rows × 32768 "]:
+        fv, fc = fig(bv, p), fig(bc, p)
+        if fv and fc:
+            r = fv["bytes_per_s"] / fc["bytes_per_s"]
+            row(p.strip() + " (bench)", f"{fv['bytes_per_s']/GB:.2f} vs CUDA {fc['bytes_per_s']/GB:.2f} GB/s = {r:.2f}x",
+                ">= 0.8x CUDA", r >= 0.8)
+    for p in ["remap", "resolve"]:
+        fv, fc = fig(bv, p), fig(bc, p)
+        if fv and fc:
+            r = fv["seconds_per_call"] / fc["seconds_per_call"]
+            row(f"{p} (bench)", f"{fv['seconds_per_call']*1e6:.1f} vs CUDA {fc['seconds_per_call']*1e6:.1f} us = {r:.2f}x",
+                "<= 1.5x CUDA", r <= 1.5)
+if vb and bc:
+    for rows_n, cuda_prefix in [(2048, "gather 656 B rows × 2048 "), (32768, "gather 656 B rows × 32768 ")]:
+        fc = fig(bc, cuda_prefix)
+        for f in vb["figures"]:
+            if f["name"].startswith(f"gather {rows_n} x") and fc:
+                r = f["gbps"] * GB / fc["bytes_per_s"]
+                row(f"{f['name']} (vulkan_bench)", f"{f['gbps']:.2f} GB/s = {r:.2f}x CUDA bench, {f['share']:.2f}x bulk",
+                    ">= 0.8x CUDA", r >= 0.8)
+    for f in vb["figures"]:
+        if f["name"].startswith(("backup", "restore", "device copy")):
+            row(f"{f['name']} (vulkan_bench)", f"{f['gbps']:.2f} GB/s = {f['share']:.2f}x {f['ceiling']}", "", None)
+if sv and sc:
+    for label, s in [("all queues", sv), ("one queue", s1)]:
+        if not s:
+            continue
+        r = s["device_us_per_step"] / sc["device_us_per_step"]
+        row(f"simulate device time/step, Vulkan {label}",
+            f"{s['device_us_per_step']:.0f} vs CUDA {sc['device_us_per_step']:.0f} us = {r:.2f}x",
+            "<= 2x CUDA", r <= 2.0)
+    for label, s in [("vulkan", sv), ("vulkan 1q", s1), ("cuda", sc)]:
+        if s:
+            row(f"simulate {label}: rows verified / mismatched",
+                f"{s['verified_rows']} / {s['mismatched_rows']}, hit rate {s['hit_rate']:.4f}, "
+                f"reclaimed {s['reclaimed_pages']}, wall {s['wall_seconds']:.1f} s", "0 mismatched",
+                s["mismatched_rows"] == 0)
+w = max((len(r[0]) for r in rows), default=10)
+print("== issue 16 targets (H200, this session)")
+for what, value, target, ok in rows:
+    print(f"  {what:<{w}}  {value:<70} {target:<14} {ok}")
+EOF
+echo "== sections"
+printf '  %s\n' "${results[@]}"
+echo "logs and JSON: $out"
+exit $overall
