@@ -53,19 +53,19 @@ pub struct LayoutArgs {
     #[arg(long)]
     pub print_model: bool,
     /// GPU memory given to the KV cache (e.g. 80GiB).
-    #[arg(long, default_value = "80GiB")]
+    #[arg(long, allow_hyphen_values = true, default_value = "80GiB")]
     pub gpu_mem: String,
     /// Pinned host memory budget (e.g. 512GiB).
-    #[arg(long, default_value = "512GiB")]
+    #[arg(long, allow_hyphen_values = true, default_value = "512GiB")]
     pub host_mem: String,
     /// Longest request, in tokens.
-    #[arg(long, default_value = "131072")]
+    #[arg(long, allow_negative_numbers = true, default_value = "131072")]
     pub max_model_len: String,
     /// Hot rows per request per hot group (default 2 × top_k × max_query_len).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub device_buffer_size: Option<String>,
     /// Tokens per decode step per request (1 + speculative tokens).
-    #[arg(long, default_value = "1")]
+    #[arg(long, allow_negative_numbers = true, default_value = "1")]
     pub max_query_len: String,
     /// Emit JSON instead of text.
     #[arg(long)]
@@ -85,34 +85,34 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
     /// Keep only the first N layers of the preset (0 = all): a smaller model, same geometry.
-    #[arg(long, default_value = "0")]
+    #[arg(long, allow_negative_numbers = true, default_value = "0")]
     pub layers: String,
     /// Concurrent requests.
-    #[arg(long, default_value = "4")]
+    #[arg(long, allow_negative_numbers = true, default_value = "4")]
     pub requests: String,
     /// Prompt length of each request, in tokens.
-    #[arg(long, default_value = "8192")]
+    #[arg(long, allow_negative_numbers = true, default_value = "8192")]
     pub context: String,
     /// Decode steps after prefill.
-    #[arg(long, default_value = "48")]
+    #[arg(long, allow_negative_numbers = true, default_value = "48")]
     pub decode_steps: String,
     /// GPU memory for the KV cache (default: small enough that pages are reclaimed).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub gpu_mem: Option<String>,
     /// Pinned host memory budget (default: what the requests need, with headroom).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub host_mem: Option<String>,
     /// Hot rows per request per hot group (default 2 × top_k).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub device_buffer_size: Option<String>,
     /// Seed of the synthetic workload.
-    #[arg(long, default_value = "1")]
+    #[arg(long, allow_negative_numbers = true, default_value = "1")]
     pub seed: String,
     /// Target share of top-k entries kept between adjacent decode steps (0..=1).
-    #[arg(long, default_value = "0.9")]
+    #[arg(long, allow_negative_numbers = true, default_value = "0.9")]
     pub overlap: String,
     /// Tokens computed per step (prefill chunks + decode tokens).
-    #[arg(long, default_value = "2048")]
+    #[arg(long, allow_negative_numbers = true, default_value = "2048")]
     pub chunk: String,
     /// Turn eager row mirroring off: sealed pages go to host as whole-page spills (page backups)
     /// instead of row mirrors as rows are written.
@@ -120,11 +120,11 @@ pub struct SimulateArgs {
     pub no_eager_mirror: bool,
     /// Prompt tokens every request shares: turns prefix caching on and admits requests one after
     /// another, so later ones read the prefix from the host prefix cache (0 = none).
-    #[arg(long, default_value = "0")]
+    #[arg(long, allow_negative_numbers = true, default_value = "0")]
     pub shared_prefix: String,
     /// Tensor-parallel workers reporting each copy batch; worker w reports completion w + 1 steps
     /// after the batch was issued.
-    #[arg(long, default_value = "1")]
+    #[arg(long, allow_negative_numbers = true, default_value = "1")]
     pub workers: String,
     /// Emit JSON instead of text.
     #[arg(long)]
@@ -154,33 +154,93 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Measured repetitions per figure (the median is reported).
-    #[arg(long, default_value = "10")]
+    #[arg(long, allow_negative_numbers = true, default_value = "10")]
     pub iters: String,
 }
 
-/// Parses a number given to `--flag`.
-pub fn number<T: std::str::FromStr>(flag: &str, text: &str) -> crate::error::CliResult<T> {
-    text.trim().replace('_', "").parse().map_err(|_| {
-        crate::error::CliError::usage(format!("--{flag} `{text}` is not a valid number"))
-    })
+/// A whole-number type a flag takes, with its range for the messages.
+pub trait Whole: std::str::FromStr + Copy + TryFrom<i128> + std::fmt::Display {
+    /// The largest value.
+    const MAX: Self;
 }
 
-/// Parses a number given to `--flag` that must be at least 1.
-pub fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(
+impl Whole for u32 {
+    const MAX: Self = u32::MAX;
+}
+
+impl Whole for u64 {
+    const MAX: Self = u64::MAX;
+}
+
+impl Whole for usize {
+    const MAX: Self = usize::MAX;
+}
+
+/// Parses a whole number given to `--flag`, at least `min` and at most `max`; the message of
+/// a bad one gives the range (`--context 99999999999` is out of range, not "not a number").
+pub fn whole_in<T: Whole + PartialOrd>(
+    flag: &str,
+    text: &str,
+    min: T,
+    max: T,
+) -> crate::error::CliResult<T> {
+    let range = || format!("give a whole number from {min} to {max}");
+    let clean: String = text.trim().chars().filter(|&c| c != '_').collect();
+    let v: i128 = clean.parse().map_err(|_| {
+        let what = if clean.parse::<f64>().is_ok() {
+            "is not a whole number"
+        } else {
+            "is not a number"
+        };
+        crate::error::CliError::usage(format!("--{flag} `{text}` {what}; {}", range()))
+    })?;
+    let v = T::try_from(v)
+        .ok()
+        .filter(|v| *v >= min && *v <= max)
+        .ok_or_else(|| {
+            crate::error::CliError::usage(format!("--{flag} {text} is out of range; {}", range()))
+        })?;
+    Ok(v)
+}
+
+/// Parses a whole number given to `--flag` (0 allowed).
+pub fn number<T: Whole + PartialOrd + From<u8>>(
     flag: &str,
     text: &str,
 ) -> crate::error::CliResult<T> {
-    let v: T = number(flag, text)?;
-    if v < T::from(1) {
+    whole_in(flag, text, T::from(0), T::MAX)
+}
+
+/// Parses a whole number given to `--flag` that must be at least 1.
+pub fn positive<T: Whole + PartialOrd + From<u8>>(
+    flag: &str,
+    text: &str,
+) -> crate::error::CliResult<T> {
+    whole_in(flag, text, T::from(1), T::MAX)
+}
+
+/// Parses a decimal number given to `--flag` that must lie in `min..=max`.
+pub fn decimal_in(flag: &str, text: &str, min: f64, max: f64) -> crate::error::CliResult<f64> {
+    let v: f64 = text.trim().parse().map_err(|_| {
+        crate::error::CliError::usage(format!(
+            "--{flag} `{text}` is not a number; give one from {min} to {max}"
+        ))
+    })?;
+    if !(min..=max).contains(&v) {
         return Err(crate::error::CliError::usage(format!(
-            "--{flag} must be at least 1 (got `{text}`)"
+            "--{flag} {text} is out of range; give a number from {min} to {max}"
         )));
     }
     Ok(v)
 }
 
-/// Parses a byte size given to `--flag`; zero is refused.
+/// Parses a byte size given to `--flag`; zero and negative sizes are refused.
 pub fn size(flag: &str, text: &str) -> crate::error::CliResult<u64> {
+    if text.trim().starts_with('-') {
+        return Err(crate::error::CliError::usage(format!(
+            "--{flag} `{text}` is negative; give a size such as 80GiB"
+        )));
+    }
     let v = crate::size::parse_size(text)
         .map_err(|e| crate::error::CliError::usage(format!("--{flag}: {e}")))?;
     if v == 0 {

@@ -7,9 +7,14 @@ use serde_json::json;
 use crate::args::{self, BenchArgs};
 use crate::error::{CliError, CliResult};
 
+/// Largest `--iters`: about a minute of measurements on the development machine.
+pub const MAX_ITERS: usize = 1000;
+
 /// Runs the benchmark on `dev` and prints the report.
 pub fn bench_on<D: Device>(dev: &D, a: &BenchArgs) -> CliResult<()> {
-    let iters: usize = args::positive("iters", &a.iters)?;
+    // Each figure takes `iters` samples of at least 2 ms (the memcpy ceiling, `iters` copies of
+    // 256 MiB): the bound keeps a run within minutes.
+    let iters: usize = args::whole_in("iters", &a.iters, 1, MAX_ITERS)?;
     let cfg = BenchConfig {
         iters,
         ..BenchConfig::default()
@@ -21,8 +26,13 @@ pub fn bench_on<D: Device>(dev: &D, a: &BenchArgs) -> CliResult<()> {
             dev.device_name()
         );
     }
+    // The figures run one after another without a hook to report them; a ticker shows the run
+    // is alive (on a terminal only).
+    let ticker = crate::progress::Ticker::start("measuring", a.json);
     let report = hisparse_benches::run(dev, &cfg)
-        .map_err(|e| CliError::device(&format!("benchmark on {}", dev.backend()), e))?;
+        .map_err(|e| CliError::device(&format!("benchmark on {}", dev.backend()), e));
+    drop(ticker);
+    let report = report?;
     if a.json {
         crate::emit(&to_json(&report));
     } else {

@@ -42,8 +42,36 @@ pub fn model(preset_name: &str, file: Option<&std::path::Path>) -> CliResult<Own
     Ok(m)
 }
 
+/// The command-line flags behind a plan's inputs, so that a planning error names only flags the
+/// command has and what the user can change.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanFlags<'a> {
+    /// What sets the GPU budget: `--gpu-mem`, or what the default budget grows with.
+    pub gpu: &'a str,
+    /// What sets the host budget: `--host-mem`, or what the default budget grows with.
+    pub host: &'a str,
+    /// What sets the longest request: `--max-model-len`, or `--context + --decode-steps`.
+    pub length: &'a str,
+    /// What to lower for a shorter one: `--max-model-len`, or `--context or --decode-steps`.
+    pub shorten: &'a str,
+}
+
+/// `hisparse layout`'s flags.
+pub const LAYOUT_FLAGS: PlanFlags<'static> = PlanFlags {
+    gpu: "--gpu-mem",
+    host: "--host-mem",
+    length: "--max-model-len",
+    shorten: "--max-model-len",
+};
+
 /// Turns a planning error into a one-line message naming the command-line flag to change.
-pub fn layout_error(e: LayoutError, gpu_flag: &str) -> CliError {
+pub fn layout_error(e: LayoutError, flags: &PlanFlags<'_>) -> CliError {
+    let PlanFlags {
+        gpu,
+        host,
+        length,
+        shorten,
+    } = *flags;
     match e {
         LayoutError::HostBudgetTooSmall {
             budget,
@@ -51,9 +79,9 @@ pub fn layout_error(e: LayoutError, gpu_flag: &str) -> CliError {
             blocks,
             needed,
         } => CliError::usage(format!(
-            "--host-mem {} holds {blocks} host blocks of {host_block_stride} B, but one \
-             max-model-len request needs {needed} (its pages + null block + copy-on-write tail); \
-             raise --host-mem to at least {} or lower --max-model-len",
+            "{host} {} holds {blocks} host blocks of {host_block_stride} B, but the longest \
+             request ({length}) needs {needed} (its pages + null block + copy-on-write tail); \
+             raise {host} to at least {} or lower {shorten}",
             human(budget),
             human(needed.saturating_mul(host_block_stride)),
         )),
@@ -62,10 +90,20 @@ pub fn layout_error(e: LayoutError, gpu_flag: &str) -> CliError {
             needed,
             bytes_per_block,
         } => CliError::usage(format!(
-            "{gpu_flag} gives {blocks} GPU blocks of {bytes_per_block} B, but one max-model-len \
-             request needs {needed} even with HiSparse; raise {gpu_flag} to at least {} or lower \
-             --max-model-len",
+            "{gpu} gives {blocks} GPU blocks of {bytes_per_block} B, but the longest request \
+             ({length}) needs {needed} even with HiSparse; raise {gpu} to at least {} or lower \
+             {shorten}",
             human(needed.saturating_mul(bytes_per_block)),
+        )),
+        LayoutError::PoolTooLarge { pool, blocks, max } => {
+            let flag = if pool == "host" { host } else { gpu };
+            CliError::usage(format!(
+                "the {pool} pool would have {blocks} blocks, more than the {max} that i32 block \
+                 ids and rows address; lower {flag}"
+            ))
+        }
+        LayoutError::Overflow { field } => CliError::usage(format!(
+            "the plan's `{field}` overflows; lower {gpu}, {host} or {shorten}"
         )),
         LayoutError::Config(ConfigError::DeviceBufferTooSmall { value, min }) => {
             CliError::usage(format!(
@@ -75,12 +113,14 @@ pub fn layout_error(e: LayoutError, gpu_flag: &str) -> CliError {
         LayoutError::Config(ConfigError::DeviceBufferTooLarge { value, max }) => CliError::usage(
             format!("--device-buffer-size {value} exceeds {max} (LRU slots are 16-bit); lower it"),
         ),
-        LayoutError::ZeroMaxModelLen => CliError::usage("--max-model-len must be at least 1 token"),
+        LayoutError::ZeroMaxModelLen => {
+            CliError::usage(format!("{length} must be at least 1 token"))
+        }
         other => CliError::usage(other.to_string()),
     }
 }
 
-/// Plans a layout from parsed arguments.
+/// Plans a layout from parsed arguments; errors name the flags in `flags`.
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
     model: &ModelSpec<'_>,
@@ -89,13 +129,32 @@ pub fn plan(
     max_model_len: u32,
     device_buffer_size: Option<u32>,
     max_query_len: u32,
-    gpu_flag: &str,
+    flags: &PlanFlags<'_>,
 ) -> CliResult<KvCacheConfig> {
+    plan_unmapped(
+        model,
+        gpu_bytes,
+        host_bytes,
+        max_model_len,
+        device_buffer_size,
+        max_query_len,
+    )
+    .map_err(|e| layout_error(e, flags))
+}
+
+/// [`plan`] with the planner's own error, for callers that say more about it.
+pub fn plan_unmapped(
+    model: &ModelSpec<'_>,
+    gpu_bytes: u64,
+    host_bytes: u64,
+    max_model_len: u32,
+    device_buffer_size: Option<u32>,
+    max_query_len: u32,
+) -> Result<KvCacheConfig, LayoutError> {
     let mut cfg = HiSparseConfig::new(model.top_k, host_bytes);
     cfg.device_buffer_size = device_buffer_size;
     cfg.max_query_len = max_query_len;
     plan_layout(&LayoutInput::new(model, &cfg, gpu_bytes, max_model_len))
-        .map_err(|e| layout_error(e, gpu_flag))
 }
 
 /// Context lengths of the capacity table: 8K, 32K, 128K up to `max_model_len`, and
@@ -128,7 +187,7 @@ pub fn run(a: &LayoutArgs) -> CliResult<()> {
         .map(|s| args::positive::<u32>("device-buffer-size", s))
         .transpose()?;
     let mql: u32 = args::positive("max-query-len", &a.max_query_len)?;
-    let kv = plan(&model, gpu, host, max_len, dbs, mql, "--gpu-mem")?;
+    let kv = plan(&model, gpu, host, max_len, dbs, mql, &LAYOUT_FLAGS)?;
     let caps: Vec<CapacityReport> = capacity_contexts(max_len)
         .into_iter()
         .map(|c| kv.capacity(c))
@@ -367,7 +426,7 @@ mod tests {
     #[test]
     fn deepseek_v32_vector() {
         let m = preset("deepseek-v3.2").unwrap();
-        let kv = plan(&m, 80 << 30, 512 << 30, 131072, None, 1, "--gpu-mem").unwrap();
+        let kv = plan(&m, 80 << 30, 512 << 30, 131072, None, 1, &LAYOUT_FLAGS).unwrap();
         assert_eq!(kv.bytes_per_block, 545792);
         assert_eq!(kv.host_block_stride, 2561024);
         let j: serde_json::Value = serde_json::from_str(&to_json(&kv, &[], 0, 0)).unwrap();
@@ -386,7 +445,7 @@ mod tests {
     #[test]
     fn small_host_budget_names_the_flag() {
         let m = preset("deepseek-v3.2").unwrap();
-        let e = plan(&m, 80 << 30, 1 << 30, 131072, None, 1, "--gpu-mem")
+        let e = plan(&m, 80 << 30, 1 << 30, 131072, None, 1, &LAYOUT_FLAGS)
             .unwrap_err()
             .to_string();
         assert!(e.contains("--host-mem") && !e.contains('\n'), "{e}");

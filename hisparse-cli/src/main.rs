@@ -69,6 +69,40 @@ fn run(cli: Cli) -> CliResult<()> {
     }
 }
 
+/// Subcommand names, for pointing at the right `--help`.
+const SUBCOMMANDS: [&str; 4] = ["layout", "simulate", "conformance", "bench"];
+
+/// A clap error as one line: clap's first line, clap's "did you mean" suggestion (a mistyped
+/// subcommand, flag or value), and the help to read.
+fn usage_line(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or("invalid arguments").trim();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let suggestion = [
+        ContextKind::SuggestedSubcommand,
+        ContextKind::SuggestedArg,
+        ContextKind::SuggestedValue,
+    ]
+    .into_iter()
+    .find_map(|kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => v.first().cloned(),
+        _ => None,
+    });
+    let command = std::env::args()
+        .nth(1)
+        .filter(|a| SUBCOMMANDS.contains(&a.as_str()));
+    let help = match command {
+        Some(c) => format!("hisparse {c} --help"),
+        None => "hisparse --help".to_string(),
+    };
+    match suggestion {
+        Some(s) => format!("{first}; did you mean `{s}`? (see `{help}`)"),
+        None => format!("{first}; see `{help}`"),
+    }
+}
+
 fn main() -> ExitCode {
     // A panic is a bug; report it on one line (with its location) rather than a backtrace.
     std::panic::set_hook(Box::new(|info| {
@@ -84,15 +118,12 @@ fn main() -> ExitCode {
             }
             if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
                 eprintln!(
-                    "error: no command given; use one of layout, simulate, conformance, bench (see `hisparse --help`)"
+                    "error: no command given; use one of {} (see `hisparse --help`)",
+                    SUBCOMMANDS.join(", ")
                 );
                 return ExitCode::from(2);
             }
-            // One line: clap's first line, then where to look.
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments").trim();
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("error: {first}; see `hisparse --help`");
+            eprintln!("error: {}", usage_line(&e));
             return ExitCode::from(2);
         }
     };

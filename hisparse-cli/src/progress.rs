@@ -1,6 +1,10 @@
-//! A progress bar on stderr, drawn only when stderr is a terminal.
+//! Progress on stderr, drawn only when stderr is a terminal: a bar for work with a known total,
+//! a ticker (elapsed time) for work without one.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A single-line progress bar that redraws at most every 100 ms.
@@ -58,6 +62,51 @@ impl Progress {
             let mut err = std::io::stderr().lock();
             let _ = write!(err, "\r\x1b[2K");
             let _ = err.flush();
+        }
+    }
+}
+
+/// Elapsed time on one stderr line, redrawn twice a second by a background thread until the
+/// ticker is dropped: progress for a long call that reports nothing itself.
+pub struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Ticker {
+    /// Starts a ticker labelled `label`; disabled (no thread) when stderr is not a terminal or
+    /// `quiet`.
+    pub fn start(label: &str, quiet: bool) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        if quiet || !std::io::stderr().is_terminal() {
+            return Ticker { stop, thread: None };
+        }
+        let (flag, label) = (Arc::clone(&stop), label.to_string());
+        let thread = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !flag.load(Ordering::Relaxed) {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2K{label}… {} s", t0.elapsed().as_secs());
+                let _ = err.flush();
+                drop(err);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+        });
+        Ticker {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }

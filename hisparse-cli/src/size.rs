@@ -50,7 +50,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if !frac.is_empty() {
         let digits = frac.len().min(18) as u32;
         let f: u128 = frac[..digits as usize].parse().map_err(|_| bad())?;
-        bytes += f * u128::from(multiplier) / 10u128.pow(digits);
+        bytes = bytes
+            .checked_add(f * u128::from(multiplier) / 10u128.pow(digits))
+            .ok_or_else(too_big)?;
     }
     u64::try_from(bytes).map_err(|_| too_big())
 }
@@ -88,7 +90,15 @@ mod tests {
 
     #[test]
     fn rejects_garbage_with_a_hint() {
-        for bad in ["", "GiB", "12XB", "1.2.3G", "-5", "99999999999TiB"] {
+        for bad in [
+            "",
+            "GiB",
+            "12XB",
+            "1.2.3G",
+            "-5",
+            "99999999999TiB",
+            "340282366920938463463374607.9TB",
+        ] {
             let e = parse_size(bad).unwrap_err();
             assert!(!e.contains('\n'), "{e}");
             assert!(e.contains(bad.trim()) || bad.is_empty(), "{e}");

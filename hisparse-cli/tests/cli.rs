@@ -356,3 +356,129 @@ fn simulate_text_report_names_its_figures() {
         assert!(out.contains(needle), "missing {needle}:\n{out}");
     }
 }
+
+/// Runs a command expected to fail with a usage error: one `error:` line, nothing on stdout, no
+/// panic; returns the line.
+fn usage_error(args: &[&str]) -> String {
+    let o = hisparse(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{args:?}: not one line:\n{err}"
+    );
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
+    err
+}
+
+/// A message names only flags the command has, and the one the user can change.
+#[test]
+fn messages_name_only_flags_the_command_has() {
+    let e = usage_error(&["simulate", "--host-mem", "1MiB"]);
+    assert!(e.contains("--host-mem") && e.contains("--context"), "{e}");
+    assert!(
+        !e.contains("--max-model-len"),
+        "simulate has no --max-model-len: {e}"
+    );
+    let e = usage_error(&["simulate", "--requests", "100000000"]);
+    assert!(
+        e.contains("--requests"),
+        "the derived budget grows with --requests: {e}"
+    );
+    assert!(!e.contains("its budget"), "{e}");
+    let e = usage_error(&["simulate", "--gpu-mem", "1MiB"]);
+    assert!(e.contains("raise --gpu-mem"), "{e}");
+    assert!(!e.contains("--max-model-len"), "{e}");
+    let e = usage_error(&["layout", "--host-mem", "1MiB"]);
+    assert!(
+        e.contains("--host-mem") && e.contains("--max-model-len"),
+        "{e}"
+    );
+}
+
+/// Negative numbers reach the validation (not "unexpected argument"), and a number out of its
+/// range says the range.
+#[test]
+fn negative_and_huge_values_say_what_is_allowed() {
+    for (args, needles) in [
+        (
+            &["simulate", "--gpu-mem", "-5"][..],
+            &["--gpu-mem", "negative"][..],
+        ),
+        (
+            &["layout", "--host-mem", "-1GiB"],
+            &["--host-mem", "negative"],
+        ),
+        (
+            &["simulate", "--overlap", "-1"],
+            &["--overlap", "from 0 to 1"],
+        ),
+        (
+            &["simulate", "--context", "99999999999"],
+            &["--context", "from 1 to 4294967295"],
+        ),
+        (
+            &["simulate", "--context", "-3"],
+            &["--context", "from 1 to"],
+        ),
+        (&["simulate", "--seed", "-1"], &["--seed", "from 0 to"]),
+        (
+            &["layout", "--max-model-len", "1.5"],
+            &["--max-model-len", "whole number"],
+        ),
+        (
+            &["layout", "--gpu-mem", "340282366920938463463374607.9TB"],
+            &["--gpu-mem", "larger than 16 EiB"],
+        ),
+        (
+            &["simulate", "--context", "4294967290"],
+            &["--context", "--decode-steps"],
+        ),
+        (
+            &["simulate", "--workers", "4294967295"],
+            &["--workers", "from 1 to 1024"],
+        ),
+        (
+            &["simulate", "--requests", "4294967295"],
+            &["--requests", "from 1 to"],
+        ),
+        (
+            &["bench", "--iters", "99999999999"],
+            &["--iters", "from 1 to 1000"],
+        ),
+    ] {
+        let e = usage_error(args);
+        for n in needles {
+            assert!(e.contains(n), "{args:?}: `{n}` missing in {e}");
+        }
+    }
+}
+
+/// A mistyped subcommand or flag gets clap's "did you mean" on the one line.
+#[test]
+fn mistyped_subcommands_and_flags_get_a_suggestion() {
+    let e = usage_error(&["simulat"]);
+    assert!(e.contains("did you mean `simulate`"), "{e}");
+    let e = usage_error(&["simulate", "--contxt", "5"]);
+    assert!(e.contains("did you mean `--context`"), "{e}");
+    assert!(e.contains("hisparse simulate --help"), "{e}");
+    let e = usage_error(&["layout", "--gpu-meme", "80GiB"]);
+    assert!(e.contains("did you mean `--gpu-mem`"), "{e}");
+}
+
+/// A conformance run that verifies nothing is not a success: a filter matching no case exits
+/// non-zero (and so does a run whose every case is skipped, checked where the verdict is made).
+#[test]
+fn conformance_with_a_filter_matching_nothing_fails() {
+    let o = hisparse(&["conformance", "--backend", "cpu", "zzz"]);
+    assert!(!o.status.success(), "nothing ran, yet it succeeded");
+    let err = stderr(&o);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("`zzz` matches no conformance case"), "{err}");
+}

@@ -48,26 +48,28 @@ fn model(name: &str, file: Option<&std::path::Path>, layers: u32) -> CliResult<O
 }
 
 /// Parses and validates the arguments and plans the layout, choosing default memory sizes small
-/// enough that pages are reclaimed and rows are swapped in.
+/// enough that pages are reclaimed and rows are swapped in. Every error names a flag
+/// `simulate` has, and the one to change.
 pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
     let m = model(
         &a.preset,
         a.model.as_deref(),
         args::number("layers", &a.layers)?,
     )?;
-    let requests: u32 = args::positive("requests", &a.requests)?;
+    // Rows of the data plane are `i32`, and every worker is polled each step.
+    let requests: u32 = args::whole_in("requests", &a.requests, 1, i32::MAX as u32)?;
     let context: u32 = args::positive("context", &a.context)?;
     let decode_steps: u32 = args::positive("decode-steps", &a.decode_steps)?;
     let seed: u64 = args::number("seed", &a.seed)?;
-    let overlap: f64 = args::number("overlap", &a.overlap)?;
-    if !(0.0..=1.0).contains(&overlap) {
-        return Err(CliError::usage(format!(
-            "--overlap {overlap} must lie between 0 and 1 (share of top-k kept between steps)"
-        )));
-    }
+    let overlap = args::decimal_in("overlap", &a.overlap, 0.0, 1.0)?;
     let chunk: u32 = args::positive("chunk", &a.chunk)?;
     let shared_prefix: u32 = args::number("shared-prefix", &a.shared_prefix)?;
-    let workers: u32 = args::positive("workers", &a.workers)?;
+    let workers: u32 = args::whole_in(
+        "workers",
+        &a.workers,
+        1,
+        hisparse_core::coordinator::MAX_WORKERS,
+    )?;
     if shared_prefix > context {
         return Err(CliError::usage(format!(
             "--shared-prefix {shared_prefix} exceeds --context {context}; give at most the prompt length"
@@ -79,32 +81,74 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         .map(|s| args::positive::<u32>("device-buffer-size", s))
         .transpose()?;
     let spec = m.as_spec();
-    let final_len = context
-        .checked_add(decode_steps)
-        .ok_or_else(|| CliError::usage("--context + --decode-steps overflows"))?;
-    let max_len = final_len.next_multiple_of(spec.block_tokens);
-    // Provisional plan with ample memory, to learn block sizes and per-request needs.
-    let probe = crate::layout::plan(&spec, 1 << 36, 1 << 40, max_len, dbs, 1, "--gpu-mem")?;
-    let host = match &a.host_mem {
-        Some(h) => args::size("host-mem", h)?,
+    let too_long = || {
+        CliError::usage(format!(
+            "--context {context} + --decode-steps {decode_steps} tokens exceed the {} a request \
+             may hold; lower --context or --decode-steps",
+            u32::MAX
+        ))
+    };
+    let final_len = context.checked_add(decode_steps).ok_or_else(too_long)?;
+    let max_len = final_len
+        .checked_next_multiple_of(spec.block_tokens)
+        .ok_or_else(too_long)?;
+    let (length, shorten) = ("--context + --decode-steps", "--context or --decode-steps");
+    // Provisional plan with ample memory, to learn block sizes and per-request needs: when even
+    // that cannot hold one request, its length is what to change.
+    let probe = crate::layout::plan_unmapped(&spec, 1 << 36, 1 << 40, max_len, dbs, 1).map_err(
+        |e| match e {
+            hisparse_core::layout::LayoutError::HostBudgetTooSmall { .. }
+            | hisparse_core::layout::LayoutError::GpuPoolTooSmall { .. }
+            | hisparse_core::layout::LayoutError::PoolTooLarge { .. }
+            | hisparse_core::layout::LayoutError::Overflow { .. } => CliError::usage(format!(
+                "--context {context} + --decode-steps {decode_steps} = {final_len} tokens per \
+                 request are more than the simulation plans for (one request in 64 GiB of GPU \
+                 memory and 1 TiB of host memory, block ids and rows within i32); lower {shorten}"
+            )),
+            other => crate::layout::layout_error(
+                other,
+                &crate::layout::PlanFlags {
+                    gpu: "--gpu-mem",
+                    host: "--host-mem",
+                    length,
+                    shorten,
+                },
+            ),
+        },
+    )?;
+    // Budgets given on the command line are the flags to change; derived ones grow with
+    // --requests and the request length.
+    let derived = "--requests, --context or --decode-steps (the default budget grows with them)";
+    let r = u64::from(requests);
+    let (host, host_flag) = match &a.host_mem {
+        Some(h) => (args::size("host-mem", h)?, "--host-mem"),
         None => {
             let pages = u64::from(probe.pages_for(final_len));
-            (u64::from(requests) * (pages + 1) + 2) * probe.host_block_stride
+            let blocks = r.saturating_mul(pages + 1).saturating_add(2);
+            (blocks.saturating_mul(probe.host_block_stride), derived)
         }
     };
-    let gpu = match &a.gpu_mem {
-        Some(g) => args::size("gpu-mem", g)?,
+    let (gpu, gpu_flag) = match &a.gpu_mem {
+        Some(g) => (args::size("gpu-mem", g)?, "--gpu-mem"),
         None => {
             // Room for every request's HiSparse needs plus a quarter of the extra pages an
             // all-resident cache would hold: reclaim and swap-in must happen.
             let per = probe.gpu_blocks_per_request(final_len);
-            let r = u64::from(requests);
             let extra = per.all_on_gpu.saturating_sub(per.hisparse);
-            (1 + r * per.hisparse.min(per.all_on_gpu) + r * extra / 4) * probe.bytes_per_block
+            let blocks = r
+                .saturating_mul(per.hisparse.min(per.all_on_gpu))
+                .saturating_add(r.saturating_mul(extra) / 4)
+                .saturating_add(1);
+            (blocks.saturating_mul(probe.bytes_per_block), derived)
         }
     };
-    let mut kv: KvCacheConfig =
-        crate::layout::plan(&spec, gpu, host, max_len, dbs, 1, "--gpu-mem")?;
+    let flags = crate::layout::PlanFlags {
+        gpu: gpu_flag,
+        host: host_flag,
+        length,
+        shorten,
+    };
+    let mut kv: KvCacheConfig = crate::layout::plan(&spec, gpu, host, max_len, dbs, 1, &flags)?;
     // Mirroring changes what the coordinator plans, not the layout.
     kv.config.eager_host_mirror = !a.no_eager_mirror;
     Ok(SimSetup {
