@@ -12,7 +12,11 @@ fn embedded_spirv_passes_spirv_val() {
             !required,
             "spirv-val not found and HISPARSE_REQUIRE_SPIRV_VAL=1: install spirv-tools"
         );
-        eprintln!(
+        // Straight to stderr, not through `eprintln!`: libtest captures a passing test's
+        // `eprintln!` output, which would hide the skip behind `... ok`.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
             "SKIPPED: spirv-val not found (install spirv-tools); the embedded SPIR-V was not validated"
         );
         return;
