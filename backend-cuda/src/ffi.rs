@@ -1025,6 +1025,7 @@ impl Function {
     }
 
     /// Prefers a shared-memory carveout of `percent` of the unified L1/shared storage.
+    #[cfg(feature = "bench-variants")]
     pub(crate) fn set_preferred_carveout(&self, percent: i32) -> Result<()> {
         // SAFETY: `self.0` is a live kernel handle; the attribute is a valid enum value.
         check("cuFuncSetAttribute", unsafe {
@@ -1062,94 +1063,51 @@ impl Function {
     }
 }
 
-/// One kernel argument, passed by address to `cuLaunchKernel`.
-pub(crate) enum Arg<'a> {
-    /// A device pointer (or null).
-    Ptr(u64),
-    /// A 32-bit unsigned integer.
-    U32(u32),
-    /// A 64-bit unsigned integer.
-    U64(u64),
-    /// A by-value struct, as raw bytes with the C layout.
-    Struct(&'a hisparse_gpu_kernels::GatherLayers),
-}
-
 /// Launch geometry.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Launch {
+pub(crate) struct LaunchShape {
     pub grid: (u32, u32, u32),
     pub block: u32,
     pub shared: u32,
 }
 
-/// Enqueues `f` on `stream` with `args`.
+/// Enqueues `f` on `stream` with the parameter pointers `params`; with `programmatic`, with
+/// programmatic stream serialisation (the kernel may start before the previous kernel of the
+/// stream has finished).
 ///
 /// # Safety
 ///
-/// `args` must match the kernel's parameter list in the ABI table (count, order, types), and
-/// every pointer argument must address device-accessible memory that holds every byte the kernel
-/// touches for these arguments (the callers check descriptors and buffer sizes with the core's
-/// `check` first) and stays alive until the launch completes.
+/// `params` holds one pointer per parameter of `f`, in order, each to a live value of the
+/// parameter's type; every device pointer among those values addresses device-accessible memory
+/// that holds every byte the kernel touches for these arguments and stays alive until the launch
+/// completes. With `programmatic`, `f` executes `griddepcontrol.wait` before any global memory
+/// access.
 pub(crate) unsafe fn launch(
     f: Function,
-    l: Launch,
+    l: LaunchShape,
     stream: &Stream,
-    args: &[Arg<'_>],
+    params: &mut [*mut c_void],
+    programmatic: bool,
 ) -> Result<()> {
-    let mut params: Vec<*mut c_void> = args
-        .iter()
-        .map(|a| match a {
-            Arg::Ptr(p) => (p as *const u64).cast_mut().cast(),
-            Arg::U32(v) => (v as *const u32).cast_mut().cast(),
-            Arg::U64(v) => (v as *const u64).cast_mut().cast(),
-            Arg::Struct(s) => (*s as *const hisparse_gpu_kernels::GatherLayers)
-                .cast_mut()
-                .cast(),
-        })
-        .collect();
-    // SAFETY: the caller guarantees the arguments match the kernel; `params` points at values
-    // borrowed from `args`, alive for the call (the driver copies them before returning).
-    check("cuLaunchKernel", unsafe {
-        sys::cuLaunchKernel(
-            f.0,
-            l.grid.0,
-            l.grid.1,
-            l.grid.2,
-            l.block,
-            1,
-            1,
-            l.shared,
-            stream.raw,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    })
-}
-
-/// Enqueues `f` on `stream` with `args` and programmatic stream serialisation: the kernel may
-/// start before the previous kernel of the stream has finished, so it must wait for it
-/// (`griddepcontrol.wait`) before touching memory.
-///
-/// # Safety
-///
-/// As [`launch`], and `f` must execute `griddepcontrol.wait` before any global memory access.
-pub(crate) unsafe fn launch_programmatic(
-    f: Function,
-    l: Launch,
-    stream: &Stream,
-    args: &[Arg<'_>],
-) -> Result<()> {
-    let mut params: Vec<*mut c_void> = args
-        .iter()
-        .map(|a| match a {
-            Arg::Ptr(p) => (p as *const u64).cast_mut().cast(),
-            Arg::U32(v) => (v as *const u32).cast_mut().cast(),
-            Arg::U64(v) => (v as *const u64).cast_mut().cast(),
-            Arg::Struct(s) => (*s as *const hisparse_gpu_kernels::GatherLayers)
-                .cast_mut()
-                .cast(),
-        })
-        .collect();
+    if !programmatic {
+        // SAFETY: the caller guarantees `params` matches the kernel; the driver copies the
+        // values before returning.
+        return check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                f.0,
+                l.grid.0,
+                l.grid.1,
+                l.grid.2,
+                l.block,
+                1,
+                1,
+                l.shared,
+                stream.raw,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        });
+    }
     // SAFETY: CUlaunchAttribute is plain data (an id, padding and a union of integers and
     // plain structs), for which all-zero bytes are a valid value.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -1167,7 +1125,7 @@ pub(crate) unsafe fn launch_programmatic(
         attrs: &mut attr,
         numAttrs: 1,
     };
-    // SAFETY: as in `launch`; `config` and the attribute it points at live for the call.
+    // SAFETY: as above; `config` and the attribute it points at live for the call.
     check("cuLaunchKernelEx", unsafe {
         sys::cuLaunchKernelEx(&config, f.0, params.as_mut_ptr(), std::ptr::null_mut())
     })

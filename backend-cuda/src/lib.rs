@@ -15,12 +15,17 @@
 //!   synchronisation, so they can be captured in a CUDA graph ([`CudaDevice::capture`]).
 //!   Page and row copies stage their host-side lists through pinned memory and an asynchronous
 //!   copy, one launch for all layers and pairs.
-//! * Kernel variants for A/B measurements (identical results): [`RemapKernel`] and
-//!   [`GatherKernel`] choose between the first and the current remap/gather kernels
-//!   (`HISPARSE_CUDA_REMAP=v1|v2|v2-direct`, `HISPARSE_CUDA_GATHER=v1|v2|v2-r8|v2-r4`, default
-//!   `v2`), and `HISPARSE_CUDA_PDL=1` launches the v2 kernels with programmatic dependent launch
-//!   (sm_90+); each also settable on a [`CudaDevice`]. [`CudaDevice::kernel_report`] says what the
-//!   driver made of them (registers, spills, blocks per multiprocessor).
+//! * What to launch comes from the shared planners of `hisparse_gpu_kernels::plan` (grids,
+//!   blocks, shared memory, staged lists, workspace, the splitting of conflicting copies); this
+//!   crate stages, places and enqueues. [`CudaDevice::set_programmatic_launch`] launches the
+//!   remap and gather kernels with programmatic dependent launch (sm_90+, off by default);
+//!   [`CudaDevice::kernel_report`] says what the driver made of the kernels (registers, spills,
+//!   blocks per multiprocessor).
+//! * Feature `bench-variants`: the earlier remap and gather kernels, selectable at run time for
+//!   A/B measurements (`set_remap_variant`, `set_gather_variant`, `set_resolve_variant`;
+//!   identical results), an empty kernel (`launch_empty`, the floor of a launch), and
+//!   `HISPARSE_CUDA_RESOLVE_GLOBAL=1` forcing the resolver's global-state mode. `cuda_bench`
+//!   needs it; production builds do without.
 //! * Buffers free their memory after the context has finished all enqueued work, so dropping a
 //!   buffer that a kernel still uses is safe (it waits). Do not drop buffers while capturing.
 //! * Engine-owned memory and streams: [`CudaDevice::wrap_device_memory`],
@@ -63,10 +68,13 @@ mod ffi;
 mod foreign;
 pub mod nvrtc;
 mod staging;
+#[cfg(feature = "bench-variants")]
+mod variants;
 
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use device::{
-    CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream, GATHER_KERNEL_ENV,
-    GatherKernel, KernelReport, PROGRAMMATIC_LAUNCH_ENV, REMAP_KERNEL_ENV, RemapKernel,
+    CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream, KernelReport,
 };
 pub use error::CudaError;
+#[cfg(feature = "bench-variants")]
+pub use variants::{GatherVariant, RESOLVE_GLOBAL_ENV, RemapVariant, ResolveVariant};

@@ -35,10 +35,15 @@ fn main() {
         match nvrtc::compile(arch) {
             Ok(ptx) => {
                 let ptx = ptx.to_string_lossy();
-                for k in Kernel::ALL {
-                    let entry = format!(".entry {}(", k.name());
+                let names = Kernel::ALL.iter().map(|k| k.name());
+                #[cfg(feature = "bench-variants")]
+                let names = names
+                    .chain(hisparse_gpu_kernels::variants::SYMBOLS)
+                    .chain([hisparse_gpu_kernels::variants::EMPTY_KERNEL]);
+                for name in names {
+                    let entry = format!(".entry {name}(");
                     if !ptx.contains(&entry) {
-                        println!("FAILED: {arch}: kernel {} missing from the PTX", k.name());
+                        println!("FAILED: {arch}: kernel {name} missing from the PTX");
                         failed += 1;
                     }
                 }

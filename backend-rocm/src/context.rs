@@ -17,6 +17,8 @@ pub(crate) struct Context {
     /// `hipRuntimeGetVersion`, 0 when unknown.
     pub(crate) runtime_version: i32,
     pub(crate) shared_mem_per_block: usize,
+    /// Shared memory of one compute unit (the per-block figure when the runtime reports none).
+    pub(crate) shared_mem_per_multiprocessor: usize,
     pub(crate) total_global_mem: usize,
     pub(crate) multiprocessors: u32,
     /// Pinned staging buffers for host-side lists read by kernels (page pairs, spans, layouts).
@@ -110,6 +112,11 @@ impl Context {
             source,
             runtime_version: 0,
             shared_mem_per_block: props.shared_mem_per_block,
+            shared_mem_per_multiprocessor: if props.shared_mem_per_multiprocessor > 0 {
+                props.shared_mem_per_multiprocessor
+            } else {
+                props.shared_mem_per_block
+            },
             total_global_mem: props.total_global_mem,
             multiprocessors: props.multiprocessors,
             staging: Mutex::new(Vec::new()),

@@ -13,13 +13,13 @@ use hisparse_core::ops::{
     check_pinned_budget,
 };
 use hisparse_core::{Device, MemoryInfo};
-use hisparse_gpu_kernels::{self as gk, GatherLayers, Kernel, LayerPairAbi, PageJob, Pair, Span};
+use hisparse_gpu_kernels as gk;
+use hisparse_gpu_kernels::plan::{self, Launch, Plan, PlanError, Target};
 
 use crate::context::Context;
 use crate::error::RocmError;
 use crate::ffi::{self, HOST_MALLOC_MAPPED, HOST_MALLOC_PORTABLE, Handle, MemcpyKind};
 use crate::kernels::{self, KernelSource};
-use crate::launch::{self, Args};
 use crate::memory::{Pinning, RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, available_ram};
 
 /// A HIP device with the HiSparse kernels loaded.
@@ -31,13 +31,6 @@ use crate::memory::{Pinning, RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, 
 pub struct RocmDevice {
     pub(crate) ctx: Arc<Context>,
     display: String,
-}
-
-/// Grid of a grid-stride kernel: enough blocks for `work` items of `per_block`, at most a few
-/// per compute unit.
-fn stride_grid(work: u64, per_block: u64, multiprocessors: u32) -> u32 {
-    let cap = u64::from(multiprocessors.max(1)) * 4;
-    work.div_ceil(per_block).clamp(1, cap) as u32
 }
 
 impl RocmDevice {
@@ -96,7 +89,7 @@ impl RocmDevice {
     }
 
     /// The most hot slots per request whose `resolve` state fits the shared memory of one block
-    /// (15,840 with the 64 KiB of current AMD GPUs); larger `hot_slots` resolve with the state in
+    /// (15,816 with the 64 KiB of current AMD GPUs); larger `hot_slots` resolve with the state in
     /// global memory.
     pub fn max_shared_hot_slots(&self) -> u32 {
         let limit = self.resolve_shared_limit();
@@ -128,28 +121,91 @@ impl RocmDevice {
         &self.ctx.hip.path
     }
 
-    fn launch(
-        &self,
-        stream: Handle,
-        kernel: Kernel,
-        grid: [u32; 3],
-        shared_bytes: u32,
-        mut args: Args,
-    ) -> Result<(), RocmError> {
-        let abi = kernel.abi();
-        args.matches(&abi)
+    /// What the launch planners know about this device.
+    fn target(&self) -> Target {
+        Target {
+            multiprocessors: self.ctx.multiprocessors,
+            shared_per_block: self.ctx.shared_mem_per_block as u64,
+            shared_per_multiprocessor: self.ctx.shared_mem_per_multiprocessor as u64,
+        }
+    }
+
+    /// Enqueues `plan` on `stream`: stages its lists in one pinned, mapped buffer (reused once an
+    /// event says the launches reading it finished), clears the workspace counter, places the
+    /// symbolic pointers and launches each kernel in order. An empty plan enqueues nothing.
+    fn execute(&self, stream: &RocmStream, mut plan: Plan) -> Result<(), RocmError> {
+        if plan.launches.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        let workspace = if plan.workspace_bytes > 0 {
+            let bytes = usize::try_from(plan.workspace_bytes).map_err(|_| {
+                RocmError::Unsupported("the resolve workspace exceeds the address space".into())
+            })?;
+            let base = stream.scratch(bytes)?;
+            // SAFETY: the counter area is the first 16 bytes of the stream's scratch allocation,
+            // which lives as long as the stream; the memset is ordered before the launches.
+            let s = unsafe {
+                self.ctx
+                    .hip
+                    .memset_async(base as *mut c_void, 0, 16, stream.raw)
+            };
+            self.ctx.check("hipMemsetAsync", s)?;
+            base
+        } else {
+            0
+        };
+        let mut bytes = Vec::new();
+        let mut offsets = Vec::with_capacity(plan.staged.len());
+        for part in &plan.staged {
+            while !bytes.len().is_multiple_of(16) {
+                bytes.push(0);
+            }
+            offsets.push(bytes.len() as u64);
+            bytes.extend_from_slice(part);
+        }
+        let mut run = |base: u64| -> Result<(), RocmError> {
+            let placed: Vec<u64> = offsets.iter().map(|o| base + o).collect();
+            for l in &mut plan.launches {
+                l.args
+                    .resolve(&placed, workspace)
+                    .map_err(|message| RocmError::Module { message })?;
+                self.launch(stream.raw, l)?;
+            }
+            Ok(())
+        };
+        if offsets.is_empty() {
+            run(0)
+        } else {
+            self.ctx.with_staging(stream.raw, &bytes, run)
+        }
+    }
+
+    fn launch(&self, stream: Handle, l: &mut Launch) -> Result<(), RocmError> {
+        let abi = l.kernel.abi();
+        if let Some(sym) = l.variant {
+            return Err(RocmError::Module {
+                message: format!("kernel variant {sym} is not part of the ROCm build"),
+            });
+        }
+        l.args
+            .matches(&abi)
             .map_err(|message| RocmError::Module { message })?;
-        let mut params = args.pointers();
-        // SAFETY: `params` points into `args`, which outlives the call and holds one value per
+        let mut params = l
+            .args
+            .pointers()
+            .map_err(|message| RocmError::Module { message })?;
+        // SAFETY: `params` points into `l.args`, which outlives the call and holds one value per
         // parameter with exactly the type the ABI table declares (checked just above); HIP copies
         // the values at launch. Every device address among them belongs to a buffer the caller
-        // keeps alive until the work completes (the `Device` contract).
+        // keeps alive until the work completes (the `Device` contract), to the staging buffer
+        // reserved until then, or to the stream's scratch (freed only with the stream).
         let status = unsafe {
             self.ctx.hip.launch(
-                self.ctx.function(kernels::index(kernel)),
-                grid,
-                [abi.block_threads, 1, 1],
-                shared_bytes,
+                self.ctx.function(kernels::index(l.kernel)),
+                l.grid,
+                [l.block, 1, 1],
+                l.shared,
                 stream,
                 &mut params,
             )
@@ -180,72 +236,6 @@ impl RocmDevice {
         self.ctx.bind()?;
         self.ctx
             .check("hipDeviceSynchronize", self.ctx.hip.device_synchronize())
-    }
-
-    /// Launches `hs_copy_pages` over `jobs × pairs`, or tile by tile in reference order when
-    /// destination ranges overlap each other or (`same_buffer`) any source range.
-    fn page_copies(
-        &self,
-        stream: &RocmStream,
-        jobs: &[PageJob],
-        pairs: &[BlockPair],
-        same_buffer: bool,
-        src: u64,
-        dst: u64,
-    ) -> Result<(), RocmError> {
-        if jobs.is_empty() || pairs.is_empty() {
-            return Ok(());
-        }
-        let mut dsts = Vec::with_capacity(jobs.len() * pairs.len());
-        let mut srcs = Vec::new();
-        for j in jobs {
-            for p in pairs {
-                dsts.push((j.dst_base + u64::from(p.dst) * j.dst_stride, j.page_bytes));
-                if same_buffer {
-                    srcs.push((j.src_base + u64::from(p.src) * j.src_stride, j.page_bytes));
-                }
-            }
-        }
-        let together = !launch::overlaps_within(&dsts) && !launch::overlaps_between(&dsts, &srcs);
-        let mut bytes = Vec::with_capacity(jobs.len() * 40 + pairs.len() * 8 + 16);
-        for j in jobs {
-            launch::page_job_bytes(j, &mut bytes);
-        }
-        launch::pad16(&mut bytes);
-        let pairs_at = bytes.len() as u64;
-        for p in pairs {
-            launch::pair_bytes(
-                &Pair {
-                    src: p.src,
-                    dst: p.dst,
-                },
-                &mut bytes,
-            );
-        }
-        let mps = self.ctx.multiprocessors;
-        self.ctx.bind()?;
-        self.ctx.with_staging(stream.raw, &bytes, |list| {
-            let one = |job: usize, pair: usize, nj: usize, np: usize| {
-                let mut a = Args::default();
-                a.ptr(list + 40 * job as u64)
-                    .u32(nj as u32)
-                    .ptr(list + pairs_at + 8 * pair as u64)
-                    .u32(np as u32)
-                    .ptr(src)
-                    .ptr(dst);
-                let grid = stride_grid((nj * np) as u64, 1, mps);
-                self.launch(stream.raw, Kernel::CopyPages, [grid, 1, 1], 0, a)
-            };
-            if together {
-                return one(0, 0, jobs.len(), pairs.len());
-            }
-            for j in 0..jobs.len() {
-                for p in 0..pairs.len() {
-                    one(j, p, 1, 1)?;
-                }
-            }
-            Ok(())
-        })
     }
 }
 
@@ -492,28 +482,8 @@ impl Device for RocmDevice {
         table: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
         desc.check(writes, table)?;
-        if writes.is_empty() {
-            return Ok(());
-        }
-        let n = u32::try_from(writes.len()).map_err(|_| {
-            RocmError::Unsupported(format!(
-                "{} table writes in one call exceed the kernel's u32 count",
-                writes.len()
-            ))
-        })?;
-        let list: Vec<gk::TableWriteAbi> = writes.iter().map(gk::TableWriteAbi::from).collect();
-        let grid = stride_grid(
-            u64::from(n),
-            u64::from(gk::TABLE_THREADS),
-            self.ctx.multiprocessors,
-        );
-        self.ctx.bind()?;
-        self.ctx
-            .with_staging(stream.raw, bytemuck::cast_slice(&list), |staged| {
-                let mut a = Args::default();
-                a.ptr(staged).u32(n).ptr(table.addr()).u32(desc.table_len);
-                self.launch(stream.raw, Kernel::WriteTable, [grid, 1, 1], 0, a)
-            })
+        let plan = plan::write_table(&self.target(), desc, writes, table.addr())?;
+        self.execute(stream, plan)
     }
 
     fn reset_hot_state(
@@ -525,29 +495,8 @@ impl Device for RocmDevice {
         lru: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
         desc.check(rows, dgi, lru)?;
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let n = u32::try_from(rows.len()).map_err(|_| {
-            RocmError::Unsupported(format!(
-                "{} hot-state rows in one call exceed the kernel's u32 count",
-                rows.len()
-            ))
-        })?;
-        let work = u64::from(n) * u64::from(desc.hot_slots);
-        let grid = stride_grid(work, u64::from(gk::TABLE_THREADS), self.ctx.multiprocessors);
-        self.ctx.bind()?;
-        self.ctx
-            .with_staging(stream.raw, bytemuck::cast_slice(rows), |staged| {
-                let mut a = Args::default();
-                a.ptr(staged)
-                    .u32(n)
-                    .ptr(dgi.addr())
-                    .ptr(lru.addr())
-                    .u32(desc.num_requests)
-                    .u32(desc.hot_slots);
-                self.launch(stream.raw, Kernel::ResetHotState, [grid, 1, 1], 0, a)
-            })
+        let plan = plan::reset_hot_state(&self.target(), desc, rows, dgi.addr(), lru.addr())?;
+        self.execute(stream, plan)
     }
 
     fn synchronize(&self, stream: &RocmStream) -> Result<(), RocmError> {
@@ -622,36 +571,16 @@ impl Device for RocmDevice {
         args: RemapArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args)?;
-        if desc.num_tokens == 0 {
-            return Ok(());
-        }
-        let mut flags = 0;
-        if desc.idx_mapping_len.is_some() {
-            flags |= gk::REMAP_HAS_MAP;
-        }
-        if desc.write_counts {
-            flags |= gk::REMAP_COUNTS;
-        }
-        if desc.compact {
-            flags |= gk::REMAP_COMPACT;
-        }
-        let mut a = Args::default();
-        a.ptr(args.req_id.addr())
-            .ptr(args.block_table.addr())
-            .ptr(args.topk.addr())
-            .ptr(args.idx_mapping.map_or(0, |b| b.addr()))
-            .ptr(args.out.addr())
-            .ptr(args.counts.as_ref().map_or(0, |b| b.addr()))
-            .u32(desc.num_tokens)
-            .u32(desc.top_k)
-            .u32(desc.table_rows)
-            .u32(desc.max_blocks)
-            .u32(desc.block_size)
-            .u32(desc.block_stride_rows)
-            .u32(desc.idx_mapping_len.unwrap_or(0))
-            .u32(flags);
-        self.ctx.bind()?;
-        self.launch(stream.raw, Kernel::Remap, [desc.num_tokens, 1, 1], 0, a)
+        let addrs = plan::RemapAddrs {
+            req_id: args.req_id.addr(),
+            block_table: args.block_table.addr(),
+            topk: args.topk.addr(),
+            idx_mapping: args.idx_mapping.map_or(0, |b| b.addr()),
+            out: args.out.addr(),
+            counts: args.counts.as_ref().map_or(0, |b| b.addr()),
+        };
+        let plan = plan::remap(&self.target(), desc, &addrs)?;
+        self.execute(stream, plan)
     }
 
     fn resolve(
@@ -661,115 +590,23 @@ impl Device for RocmDevice {
         args: ResolveArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args.sizes())?;
-        if desc.num_tokens == 0 {
-            return Ok(());
-        }
-        // The LRU copy, the partition and the bitmap stay in shared memory when they fit it
-        // (shared mode); otherwise every resolving block takes them from the workspace
-        // (global-state mode) and shared memory holds only the wanted-row table. Either way the
-        // largest power-of-two table that fits the rest of shared memory is shared; bigger tables
-        // go to the workspace too.
-        let limit = self.resolve_shared_limit();
-        let global = gk::resolve_shared_bytes(desc.hot_slots, 0) > limit;
-        let shared_bytes = |table: u64| {
-            if global {
-                gk::resolve_global_shared_bytes(table as u32)
-            } else {
-                gk::resolve_shared_bytes(desc.hot_slots, table as u32)
-            }
+        let addrs = plan::ResolveAddrs {
+            req_id: args.req_id.addr(),
+            topk: args.topk.addr(),
+            resident_table: args.resident_table.addr(),
+            host_table: args.host_table.addr(),
+            hot_table: args.hot_table.addr(),
+            dgi: args.dgi.addr(),
+            lru: args.lru.addr(),
+            indices: args.indices.addr(),
+            valid_counts: args.valid_counts.addr(),
+            hit_counts: args.hit_counts.addr(),
+            miss_counts: args.miss_counts.addr(),
+            miss_src: args.miss_src.addr(),
+            miss_dst: args.miss_dst.addr(),
         };
-        // Largest power of two (at least 16) whose table fits, else 0 (every table in the workspace).
-        let mut smem_table = 0u64;
-        while smem_table < u64::from(u32::MAX / 4) {
-            let next = if smem_table == 0 { 16 } else { smem_table * 2 };
-            if shared_bytes(next) > limit {
-                break;
-            }
-            smem_table = next;
-        }
-        let shared = shared_bytes(smem_table);
-        let biggest = gk::resolve_table_entries(u64::from(desc.num_tokens) * u64::from(desc.top_k));
-        let tables_in_workspace = biggest > smem_table;
-        let entries = if global {
-            gk::resolve_global_workspace_entries(
-                desc.num_tokens,
-                desc.top_k,
-                desc.num_requests,
-                desc.hot_slots,
-                tables_in_workspace,
-            )
-        } else if tables_in_workspace {
-            gk::resolve_workspace_entries(desc.num_tokens, desc.top_k)
-        } else {
-            0
-        };
-        let (workspace, counter, entries) = if entries == 0 {
-            (0, 0, 0)
-        } else {
-            let entries32 = u32::try_from(entries).map_err(|_| {
-                RocmError::Op(hisparse_core::OpError::Overflow {
-                    op: hisparse_core::OpName::Resolve,
-                    field: "workspace",
-                })
-            })?;
-            let bytes = usize::try_from(entries)
-                .ok()
-                .and_then(|e| e.checked_mul(16))
-                .and_then(|b| b.checked_add(16))
-                .ok_or(RocmError::Op(hisparse_core::OpError::Overflow {
-                    op: hisparse_core::OpName::Resolve,
-                    field: "workspace",
-                }))?;
-            let (ws, counter) = stream.scratch(bytes)?;
-            // SAFETY: the counter is the first 4 bytes of the stream's scratch allocation, which
-            // lives as long as the stream; the memset is ordered before the launch on `stream`.
-            let s = unsafe {
-                self.ctx
-                    .hip
-                    .memset_async(counter as *mut c_void, 0, 4, stream.raw)
-            };
-            self.ctx.check("hipMemsetAsync", s)?;
-            (ws, counter, entries32)
-        };
-        let table_arg = if global {
-            smem_table as u32 | gk::RESOLVE_GLOBAL_STATE
-        } else {
-            smem_table as u32
-        };
-        let mut a = Args::default();
-        a.ptr(args.req_id.addr())
-            .ptr(args.topk.addr())
-            .ptr(args.resident_table.addr())
-            .ptr(args.host_table.addr())
-            .ptr(args.hot_table.addr())
-            .ptr(args.dgi.addr())
-            .ptr(args.lru.addr())
-            .ptr(args.indices.addr())
-            .ptr(args.valid_counts.addr())
-            .ptr(args.hit_counts.addr())
-            .ptr(args.miss_counts.addr())
-            .ptr(args.miss_src.addr())
-            .ptr(args.miss_dst.addr())
-            .ptr(workspace)
-            .ptr(counter)
-            .u32(entries)
-            .u32(table_arg)
-            .u32(desc.num_tokens)
-            .u32(desc.top_k)
-            .u32(desc.num_requests)
-            .u32(desc.max_pages)
-            .u32(desc.block_size)
-            .u32(desc.hot_slots)
-            .u32(desc.attention_block_stride)
-            .u32(desc.host_num_blocks);
-        self.ctx.bind()?;
-        self.launch(
-            stream.raw,
-            Kernel::Resolve,
-            [desc.num_tokens, 1, 1],
-            shared as u32,
-            a,
-        )
+        let plan = plan::resolve(&self.target(), desc, &addrs, false)?;
+        self.execute(stream, plan)
     }
 
     fn gather_rows(
@@ -779,37 +616,15 @@ impl Device for RocmDevice {
         args: GatherArgs<'_, RocmBuffer, RocmHostBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args)?;
-        if desc.num_tokens == 0 {
-            return Ok(());
-        }
-        if desc.num_tokens > 65_535 {
-            return Err(RocmError::Unsupported(format!(
-                "gather of {} token rows exceeds the grid's y dimension (65535)",
-                desc.num_tokens
-            )));
-        }
-        self.ctx.bind()?;
-        let gx = desc.top_k.div_ceil(gk::GATHER_ROWS);
-        for chunk in desc.layers.chunks(gk::GATHER_MAX_LAYERS) {
-            let layers = GatherLayers::new(chunk);
-            let mut a = Args::default();
-            a.ptr(args.plan_src.addr())
-                .ptr(args.plan_dst.addr())
-                .ptr(args.plan_counts.addr())
-                .ptr(args.host.device_addr())
-                .ptr(args.device.addr())
-                .u32(desc.num_tokens)
-                .u32(desc.top_k)
-                .gather_layers(&layers);
-            self.launch(
-                stream.raw,
-                Kernel::GatherRows,
-                [gx, desc.num_tokens, chunk.len() as u32],
-                0,
-                a,
-            )?;
-        }
-        Ok(())
+        let addrs = plan::GatherAddrs {
+            plan_src: args.plan_src.addr(),
+            plan_dst: args.plan_dst.addr(),
+            plan_counts: args.plan_counts.addr(),
+            host: args.host.device_addr(),
+            device: args.device.addr(),
+        };
+        let plan = plan::gather(&self.target(), desc, &addrs)?;
+        self.execute(stream, plan)
     }
 
     fn copy_pages(
@@ -821,28 +636,20 @@ impl Device for RocmDevice {
         device: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
         desc.check(pairs, host.byte_len(), device.byte_len())?;
-        let jobs: Vec<PageJob> = desc
-            .layers
-            .iter()
-            .map(|l| {
-                let (s, d) = match desc.direction {
-                    Direction::DeviceToHost => (&l.device, &l.host),
-                    Direction::HostToDevice => (&l.host, &l.device),
-                };
-                PageJob {
-                    src_base: s.base,
-                    src_stride: s.block_stride,
-                    dst_base: d.base,
-                    dst_stride: d.block_stride,
-                    page_bytes: l.host.page_bytes(),
-                }
-            })
-            .collect();
-        let (src, dst) = match desc.direction {
-            Direction::DeviceToHost => (device.addr(), host.device_addr()),
-            Direction::HostToDevice => (host.device_addr(), device.addr()),
+        let (jobs, src, dst): (Vec<_>, _, _) = match desc.direction {
+            Direction::DeviceToHost => (
+                desc.layers.iter().map(|l| (l.device, l.host)).collect(),
+                device.addr(),
+                host.device_addr(),
+            ),
+            Direction::HostToDevice => (
+                desc.layers.iter().map(|l| (l.host, l.device)).collect(),
+                host.device_addr(),
+                device.addr(),
+            ),
         };
-        self.page_copies(stream, &jobs, pairs, false, src, dst)
+        let plan = plan::copy_pages(&self.target(), &jobs, pairs, src, dst, false)?;
+        self.execute(stream, plan)
     }
 
     fn copy_rows(
@@ -854,74 +661,14 @@ impl Device for RocmDevice {
         device: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
         desc.check(spans, host.byte_len(), device.byte_len())?;
-        if spans.is_empty() {
-            return Ok(());
-        }
-        let direction = match desc.direction {
-            Direction::DeviceToHost => gk::DIRECTION_DEVICE_TO_HOST,
-            Direction::HostToDevice => gk::DIRECTION_HOST_TO_DEVICE,
-        };
-        // Destination byte ranges of every (layer, span) tile: the value part and the scale part.
-        let mut dsts = Vec::with_capacity(desc.layers.len() * spans.len() * 2);
-        for l in desc.layers {
-            let d = match desc.direction {
-                Direction::DeviceToHost => &l.host,
-                Direction::HostToDevice => &l.device,
-            };
-            for s in spans.iter().filter(|s| s.num_rows > 0) {
-                let block = match desc.direction {
-                    Direction::DeviceToHost => s.host_block,
-                    Direction::HostToDevice => s.device_block,
-                };
-                let [(v, vl), (sc, sl)] = d.row_parts(block, s.first_row);
-                let n = u64::from(s.num_rows);
-                dsts.push((v, vl * n));
-                dsts.push((sc, sl * n));
-            }
-        }
-        let together = !launch::overlaps_within(&dsts);
-        let mut bytes = Vec::with_capacity(desc.layers.len() * 80 + spans.len() * 16);
-        for l in desc.layers {
-            launch::layer_pair_bytes(&LayerPairAbi::from(l), &mut bytes);
-        }
-        let spans_at = bytes.len() as u64;
-        for s in spans {
-            launch::span_bytes(
-                &Span {
-                    device_block: s.device_block,
-                    host_block: s.host_block,
-                    first_row: s.first_row,
-                    num_rows: s.num_rows,
-                },
-                &mut bytes,
-            );
-        }
-        let (h, d) = (host.device_addr(), device.addr());
-        let mps = self.ctx.multiprocessors;
-        self.ctx.bind()?;
-        self.ctx.with_staging(stream.raw, &bytes, |list| {
-            let one = |layer: usize, span: usize, nl: usize, ns: usize| {
-                let mut a = Args::default();
-                a.ptr(list + 80 * layer as u64)
-                    .u32(nl as u32)
-                    .ptr(list + spans_at + 16 * span as u64)
-                    .u32(ns as u32)
-                    .u32(direction)
-                    .ptr(h)
-                    .ptr(d);
-                let grid = stride_grid((nl * ns) as u64, 1, mps);
-                self.launch(stream.raw, Kernel::CopyRows, [grid, 1, 1], 0, a)
-            };
-            if together {
-                return one(0, 0, desc.layers.len(), spans.len());
-            }
-            for l in 0..desc.layers.len() {
-                for s in 0..spans.len() {
-                    one(l, s, 1, 1)?;
-                }
-            }
-            Ok(())
-        })
+        let plan = plan::copy_rows(
+            &self.target(),
+            desc,
+            spans,
+            host.device_addr(),
+            device.addr(),
+        )?;
+        self.execute(stream, plan)
     }
 
     fn copy_host_pages(
@@ -932,18 +679,10 @@ impl Device for RocmDevice {
         host: &mut RocmHostBuffer,
     ) -> Result<(), RocmError> {
         check_host_page_copy(layers, pairs, host.byte_len())?;
-        let jobs: Vec<PageJob> = layers
-            .iter()
-            .map(|l| PageJob {
-                src_base: l.base,
-                src_stride: l.block_stride,
-                dst_base: l.base,
-                dst_stride: l.block_stride,
-                page_bytes: l.page_bytes(),
-            })
-            .collect();
+        let jobs: Vec<(PageLayout, PageLayout)> = layers.iter().map(|l| (*l, *l)).collect();
         let h = host.device_addr();
-        self.page_copies(stream, &jobs, pairs, true, h, h)
+        let plan = plan::copy_pages(&self.target(), &jobs, pairs, h, h, true)?;
+        self.execute(stream, plan)
     }
 
     fn invalidate(
@@ -953,22 +692,8 @@ impl Device for RocmDevice {
         args: InvalidateArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args)?;
-        if desc.num_ranges == 0 {
-            return Ok(());
-        }
-        let total = u64::from(desc.num_requests) * u64::from(desc.hot_slots);
-        let mut a = Args::default();
-        a.ptr(args.ranges.addr())
-            .u32(desc.num_ranges)
-            .ptr(args.dgi.addr())
-            .u64(total);
-        let grid = stride_grid(
-            total,
-            u64::from(gk::INVALIDATE_THREADS),
-            self.ctx.multiprocessors,
-        );
-        self.ctx.bind()?;
-        self.launch(stream.raw, Kernel::Invalidate, [grid, 1, 1], 0, a)
+        let plan = plan::invalidate(&self.target(), desc, args.ranges.addr(), args.dgi.addr());
+        self.execute(stream, plan)
     }
 
     fn compressed_slot_mapping(
@@ -978,27 +703,19 @@ impl Device for RocmDevice {
         args: SlotMappingArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args)?;
-        if desc.num_tokens == 0 {
-            return Ok(());
-        }
-        let mut a = Args::default();
-        a.ptr(args.positions.addr())
-            .ptr(args.slot_mapping.addr())
-            .ptr(args.table_row.addr())
-            .ptr(args.block_table.addr())
-            .ptr(args.out.addr())
-            .u32(desc.num_tokens)
-            .u32(desc.ratio)
-            .u32(desc.block_size)
-            .u32(desc.table_rows)
-            .u32(desc.max_blocks);
-        self.ctx.bind()?;
-        self.launch(
-            stream.raw,
-            Kernel::CompressedSlotMapping,
-            [desc.num_tokens.div_ceil(gk::SLOT_THREADS), 1, 1],
-            0,
-            a,
-        )
+        let addrs = plan::SlotMappingAddrs {
+            positions: args.positions.addr(),
+            slot_mapping: args.slot_mapping.addr(),
+            table_row: args.table_row.addr(),
+            block_table: args.block_table.addr(),
+            out: args.out.addr(),
+        };
+        self.execute(stream, plan::slot_mapping(desc, &addrs))
+    }
+}
+
+impl From<PlanError> for RocmError {
+    fn from(e: PlanError) -> Self {
+        RocmError::Unsupported(e.to_string())
     }
 }

@@ -258,6 +258,8 @@ pub struct Props {
     pub total_global_mem: usize,
     /// Shared memory (LDS) one block may use, in bytes.
     pub shared_mem_per_block: usize,
+    /// Shared memory (LDS) of one compute unit, in bytes (0 when the runtime does not say).
+    pub shared_mem_per_multiprocessor: usize,
     /// Compute units.
     pub multiprocessors: u32,
 }
@@ -348,6 +350,10 @@ impl Hip {
             gcn_arch_name: c_string_at(&bytes, std::mem::offset_of!(DeviceProp, gcnArchName), 256),
             total_global_mem: usize_at(std::mem::offset_of!(DeviceProp, totalGlobalMem)),
             shared_mem_per_block: usize_at(std::mem::offset_of!(DeviceProp, sharedMemPerBlock)),
+            shared_mem_per_multiprocessor: usize_at(std::mem::offset_of!(
+                DeviceProp,
+                maxSharedMemoryPerMultiProcessor
+            )),
             multiprocessors: int_at(std::mem::offset_of!(DeviceProp, multiProcessorCount)).max(1)
                 as u32,
         })

@@ -8,7 +8,6 @@ mod error;
 mod ffi;
 mod foreign;
 pub mod kernels;
-mod launch;
 mod memory;
 
 pub use device::RocmDevice;

@@ -158,13 +158,13 @@ impl RocmStream {
         self.raw
     }
 
-    /// `(workspace, counter)` device addresses of a scratch of at least `bytes` bytes: the counter
-    /// at offset 0, the workspace at offset 16.
-    pub(crate) fn scratch(&self, bytes: usize) -> Result<(u64, u64), RocmError> {
+    /// Device address of a scratch of at least `bytes` bytes (the planner's workspace: a counter
+    /// area at offset 0, the tables from offset 16).
+    pub(crate) fn scratch(&self, bytes: usize) -> Result<u64, RocmError> {
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((p, cap)) = *s {
             if cap >= bytes {
-                return Ok((p as u64 + 16, p as u64));
+                return Ok(p as u64);
             }
             // Work already enqueued on this stream may still use the old scratch.
             self.ctx.check(
@@ -183,7 +183,7 @@ impl RocmStream {
             .malloc(cap)
             .map_err(|st| RocmError::hip(&self.ctx.hip, "hipMalloc", st))?;
         *s = Some((p as usize, cap));
-        Ok((p as u64 + 16, p as u64))
+        Ok(p as u64)
     }
 }
 

@@ -128,58 +128,16 @@ HS_DEVICE u64 hs_chunk(u64 values, u64 scales, u32 value_chunks, u32 c) {
     return c < value_chunks ? values + ((u64)c << 4) : scales + ((u64)(c - value_chunks) << 4);
 }
 
-// Exclusive prefix sum of `v` over the block, in thread order; `total` receives the block's sum.
-// Every thread of the block must call it (it holds barriers). blockDim.x must be a multiple of
-// HS_WARP. `s` is scratch of HS_MAX_WARPS + 1 words, free again when the function returns.
-HS_DEVICE u32 hs_block_scan(u32 v, u32* s, u32& total) {
-    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP;
-    u32 x = v;
-    for (u32 d = 1; d < HS_WARP; d <<= 1) {
-        u32 y = HS_SHFL_UP_U32(x, d);
-        if (lane >= d) x += y;
-    }
-    if (lane == HS_WARP - 1) s[warp] = x;
-    HS_SYNC();
-    if (HS_TID == 0) {
-        u32 acc = 0, nw = HS_NTHREADS / HS_WARP;
-        for (u32 w = 0; w < nw; ++w) {
-            u32 t = s[w];
-            s[w] = acc;
-            acc += t;
-        }
-        s[HS_MAX_WARPS] = acc;
-    }
-    HS_SYNC();
-    u32 r = s[warp] + x - v;
-    total = s[HS_MAX_WARPS];
-    HS_SYNC();
-    return r;
-}
 
 // ---------------------------------------------------------------------------------------------
-// Remap (hisparse_core::ops::remap::remap)
+// Vendor-specific memory hints shared by the kernels
 // ---------------------------------------------------------------------------------------------
-
-#define HS_REMAP_THREADS 256
-// Block-table rows of at most this many blocks are staged in shared memory (16 KB).
-#define HS_REMAP_SMEM_BLOCKS 4096
-#define HS_REMAP_HAS_MAP 1u
-#define HS_REMAP_COUNTS 2u
-#define HS_REMAP_COMPACT 4u
-// Look block-table entries up in global memory even where the row would be staged in shared
-// memory. The results are identical; the CUDA backend sets it only to compare the two paths.
-#define HS_REMAP_DIRECT 8u
-// 16-byte top-k vectors a thread of hs_remap loads before it uses any (per pass over a row).
-#define HS_REMAP_VECS 2u
 
 #if defined(HS_VENDOR_CUDA)
 // Read-only data path (data no thread writes during the launch).
 #define HS_LDG(p) __ldg(p)
 // Streaming load of data read once (first to leave the caches).
 #define HS_LDCS(p) __ldcs(p)
-// Launch bounds of hs_remap: 8 blocks of 256 threads per multiprocessor (at most 32 registers),
-// so that a launch of up to 8 rows per multiprocessor runs as one wave.
-#define HS_REMAP_BOUNDS __launch_bounds__(HS_REMAP_THREADS, 8)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Programmatic dependent launch (sm_90+): let the next kernel of the stream launch now (its own
 // HS_GRID_DEP_WAIT still waits for this whole grid), then wait until the previous kernel of the
@@ -190,182 +148,71 @@ HS_DEVICE u32 hs_block_scan(u32 v, u32* s, u32& total) {
 #else
 #define HS_LDG(p) (*(p))
 #define HS_LDCS(p) (*(p))
-#define HS_REMAP_BOUNDS HS_BOUNDS(HS_REMAP_THREADS)
 #endif
 #ifndef HS_GRID_DEP_WAIT
 #define HS_GRID_DEP_WAIT() ((void)0)
 #endif
 
-struct hs_remap_ctx {
-    const i32* bt; // block-table row, or 0 for padding
-    u32 block_size, max_blocks, stride;
-    u32 shift; // log2(block_size) when it is a power of two, else 32
-};
-
-HS_DEVICE i32 hs_remap_one(const hs_remap_ctx& c, i32 tok) {
-    if (c.bt == 0 || tok < 0) return -1;
-    u32 col, off;
-    if (c.shift < 32) {
-        col = (u32)tok >> c.shift;
-        off = (u32)tok & (c.block_size - 1);
-    } else {
-        col = (u32)tok / c.block_size;
-        off = (u32)tok % c.block_size;
+// Inclusive prefix sum of `v` over the lanes of the calling warp (every lane participates).
+HS_DEVICE u32 hs_warp_inclusive(u32 v) {
+    const u32 lane = HS_TID % HS_WARP;
+    for (u32 d = 1; d < HS_WARP; d <<= 1) {
+        const u32 y = HS_SHFL_UP_U32(v, d);
+        if (lane >= d) v += y;
     }
-    if (col >= c.max_blocks) return -1;
-    return hs_physical_row(c.bt[col], c.stride, off);
+    return v;
 }
 
-// hs_remap_v1: the first remap kernel, kept (not in the ABI table) so the CUDA backend can still
-// measure it against hs_remap. Same parameters, flags (HS_REMAP_DIRECT is ignored) and launch
-// shape as hs_remap, but the grid must be exactly (num_tokens).
-HS_KERNEL HS_BOUNDS(HS_REMAP_THREADS) void hs_remap_v1(
-    const i32* __restrict__ req_id, const i32* __restrict__ block_table,
-    const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
-    HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
-    HS_SHARED i32 s_bt[HS_REMAP_SMEM_BLOCKS];
-    const u32 t = HS_BID_X;
-    if (t >= num_tokens) return;
-    const i32 req = req_id[t];
-    i64 row = -1;
-    if (req >= 0) {
-        if (flags & HS_REMAP_HAS_MAP) {
-            if ((u32)req < idx_mapping_len) {
-                i32 m = idx_mapping[req];
-                if (m >= 0 && (u32)m < table_rows) row = m;
-            }
-        } else if ((u32)req < table_rows) {
-            row = req;
-        }
+// Exclusive prefix sum of `v` over the block in thread order, and the block's total, with ONE
+// barrier: each warp publishes its total, then every thread adds up the totals of the warps
+// before its own. `s` holds 2 * HS_MAX_WARPS words; `phase` must differ by one between
+// consecutive calls (callers pass a counter), so a call never overwrites the half that readers of
+// the previous call may still read (they all passed this call's barrier before anyone writes the
+// same half again). Every thread of the block calls it; blockDim.x is a multiple of HS_WARP.
+HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
+    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
+    u32* t = s + (phase & 1u) * HS_MAX_WARPS;
+    const u32 inc = hs_warp_inclusive(v);
+    if (lane == HS_WARP - 1) t[warp] = inc;
+    HS_SYNC();
+    u32 before = 0, sum = 0;
+    for (u32 w = 0; w < nw; ++w) {
+        const u32 x = t[w];
+        before += w < warp ? x : 0u;
+        sum += x;
     }
-    hs_remap_ctx c;
-    c.bt = row >= 0 ? block_table + (u64)row * max_blocks : 0;
-    c.block_size = block_size;
-    c.max_blocks = max_blocks;
-    c.stride = block_stride_rows;
-    c.shift = 32;
-    if ((block_size & (block_size - 1)) == 0) {
-        c.shift = 0;
-        while ((1u << c.shift) < block_size) ++c.shift;
-    }
-    const i32* in = topk + (u64)t * top_k;
-    i32* o = out + (u64)t * top_k;
-    const uint4 none4 = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
-
-    // Fast path (no compaction, top_k a multiple of 4, at most two vectors per thread): the
-    // thread's top-k vectors are loaded first, so they are in flight while the block-table row
-    // is staged in shared memory (one coalesced read instead of top_k scattered ones).
-    const bool fast = !(flags & HS_REMAP_COMPACT) && (top_k & 3u) == 0 && (top_k >> 2) <= 2 * HS_NTHREADS;
-    uint4 fa = none4, fb = none4;
-    if (fast) {
-        const uint4* in4 = (const uint4*)in;
-        if (HS_TID < (top_k >> 2)) fa = in4[HS_TID];
-        if (HS_TID + HS_NTHREADS < (top_k >> 2)) fb = in4[HS_TID + HS_NTHREADS];
-    }
-    if (c.bt != 0 && max_blocks <= HS_REMAP_SMEM_BLOCKS) {
-        for (u32 i0 = 0; i0 < max_blocks; i0 += 8 * HS_NTHREADS) {
-            i32 v[8];
-#pragma unroll
-            for (u32 q = 0; q < 8; ++q) {
-                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
-                v[q] = i < max_blocks ? c.bt[i] : 0;
-            }
-#pragma unroll
-            for (u32 q = 0; q < 8; ++q) {
-                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
-                if (i < max_blocks) s_bt[i] = v[q];
-            }
-        }
-        HS_SYNC();
-        c.bt = s_bt;
-    }
-
-    if (flags & HS_REMAP_COMPACT) {
-        // Chunks of 4 consecutive entries per thread, block-wide ordered compaction.
-        u32 written = 0;
-        for (u32 base = 0; base < top_k; base += HS_NTHREADS * 4) {
-            const u32 j0 = base + HS_TID * 4;
-            i32 v[4];
-            u32 n = 0;
-#pragma unroll
-            for (u32 q = 0; q < 4; ++q) {
-                v[q] = j0 + q < top_k ? hs_remap_one(c, in[j0 + q]) : -1;
-                n += v[q] != -1 ? 1u : 0u;
-            }
-            u32 total;
-            u32 at = written + hs_block_scan(n, s_scan, total);
-#pragma unroll
-            for (u32 q = 0; q < 4; ++q) {
-                if (v[q] != -1) o[at++] = v[q];
-            }
-            written += total;
-        }
-        for (u32 j = written + HS_TID; j < top_k; j += HS_NTHREADS) o[j] = -1;
-        if ((flags & HS_REMAP_COUNTS) && HS_TID == 0) counts[t] = (i32)written;
-        return;
-    }
-
-    u32 valid = 0;
-    if (fast) {
-        uint4* o4 = (uint4*)o;
-        uint4 ra, rb;
-        ra.x = (u32)hs_remap_one(c, (i32)fa.x);
-        ra.y = (u32)hs_remap_one(c, (i32)fa.y);
-        ra.z = (u32)hs_remap_one(c, (i32)fa.z);
-        ra.w = (u32)hs_remap_one(c, (i32)fa.w);
-        rb.x = (u32)hs_remap_one(c, (i32)fb.x);
-        rb.y = (u32)hs_remap_one(c, (i32)fb.y);
-        rb.z = (u32)hs_remap_one(c, (i32)fb.z);
-        rb.w = (u32)hs_remap_one(c, (i32)fb.w);
-        if (HS_TID < (top_k >> 2)) {
-            valid += (ra.x != HS_NONE) + (ra.y != HS_NONE) + (ra.z != HS_NONE) + (ra.w != HS_NONE);
-            o4[HS_TID] = ra;
-        }
-        if (HS_TID + HS_NTHREADS < (top_k >> 2)) {
-            valid += (rb.x != HS_NONE) + (rb.y != HS_NONE) + (rb.z != HS_NONE) + (rb.w != HS_NONE);
-            o4[HS_TID + HS_NTHREADS] = rb;
-        }
-    } else if ((top_k & 3u) == 0) {
-        // 16-byte loads and stores; two independent vectors in flight per thread.
-        const uint4* in4 = (const uint4*)in;
-        uint4* o4 = (uint4*)o;
-        const u32 n4 = top_k >> 2;
-        for (u32 i = HS_TID; i < n4; i += 2 * HS_NTHREADS) {
-            const u32 i2 = i + HS_NTHREADS;
-            const bool two = i2 < n4;
-            const uint4 a = in4[i];
-            const uint4 b = two ? in4[i2] : none4;
-            uint4 ra, rb;
-            ra.x = (u32)hs_remap_one(c, (i32)a.x);
-            ra.y = (u32)hs_remap_one(c, (i32)a.y);
-            ra.z = (u32)hs_remap_one(c, (i32)a.z);
-            ra.w = (u32)hs_remap_one(c, (i32)a.w);
-            rb.x = (u32)hs_remap_one(c, (i32)b.x);
-            rb.y = (u32)hs_remap_one(c, (i32)b.y);
-            rb.z = (u32)hs_remap_one(c, (i32)b.z);
-            rb.w = (u32)hs_remap_one(c, (i32)b.w);
-            valid += (ra.x != HS_NONE) + (ra.y != HS_NONE) + (ra.z != HS_NONE) + (ra.w != HS_NONE);
-            o4[i] = ra;
-            if (two) {
-                valid += (rb.x != HS_NONE) + (rb.y != HS_NONE) + (rb.z != HS_NONE) + (rb.w != HS_NONE);
-                o4[i2] = rb;
-            }
-        }
-    } else {
-        for (u32 j = HS_TID; j < top_k; j += HS_NTHREADS) {
-            i32 v = hs_remap_one(c, in[j]);
-            o[j] = v;
-            valid += v != -1 ? 1u : 0u;
-        }
-    }
-    if (flags & HS_REMAP_COUNTS) {
-        u32 total;
-        hs_block_scan(valid, s_scan, total);
-        if (HS_TID == 0) counts[t] = (i32)total;
-    }
+    total = sum;
+    return before + inc - v;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Remap (hisparse_core::ops::remap::remap)
+// ---------------------------------------------------------------------------------------------
+//
+// Launch: grid (any size; the host uses num_tokens), block (a multiple of 64 up to
+// HS_REMAP_MAX_THREADS; the host uses top_k / 4 threads, one 16-byte vector each, when top_k is
+// a multiple of 4). Blocks take token rows grid-stride. `idx_mapping` and `counts` may be null
+// when the matching flag is clear.
+//
+// Per row the request id and the thread's top-k vector are loaded together (independent), then
+// each entry's block-table entry is read directly through the read-only path (one dependent round
+// trip; no staging, no barrier), and the outputs are stored as 16-byte vectors. Valid counts are
+// a block sum and compaction a block scan, each with a single barrier (hs_block_scan1); the -1
+// tail of a compacted row is written by the threads whose own entries lie beyond the valid ones.
+// Rows longer than one pass of the block loop over passes.
+
+#define HS_REMAP_MAX_THREADS 512
+#define HS_REMAP_HAS_MAP 1u
+#define HS_REMAP_COUNTS 2u
+#define HS_REMAP_COMPACT 4u
+
+#if defined(HS_VENDOR_CUDA)
+// Four blocks of 512 threads per multiprocessor (at most 32 registers each): a launch of up to
+// four rows per multiprocessor runs as one wave.
+#define HS_REMAP_BOUNDS __launch_bounds__(HS_REMAP_MAX_THREADS, 4)
+#else
+#define HS_REMAP_BOUNDS HS_BOUNDS(HS_REMAP_MAX_THREADS)
+#endif
 
 // How a top-k token number splits into (block-table column, offset in the block).
 struct hs_remap_geo {
@@ -392,11 +239,10 @@ HS_DEVICE const i32* hs_remap_table_row(i32 req, const i32* block_table, const i
     return row >= 0 ? block_table + (u64)row * max_blocks : 0;
 }
 
-// Output of top-k entry `tok` against the (non-null) table row `bt`, which lives in shared
-// memory, or in global memory (read-only path) when GLOBAL.
-template <bool GLOBAL>
-HS_DEVICE i32 hs_remap_entry(const hs_remap_geo& g, const i32* bt, i32 tok) {
-    if (tok < 0) return -1;
+// Output of top-k entry `tok` against the table row `bt` (null: padding), read from global memory
+// through the read-only path.
+HS_DEVICE i32 hs_remap_lookup(const hs_remap_geo& g, const i32* bt, i32 tok) {
+    if (bt == 0 || tok < 0) return -1;
     u32 col, off;
     if (g.shift < 32) {
         col = (u32)tok >> g.shift;
@@ -406,106 +252,15 @@ HS_DEVICE i32 hs_remap_entry(const hs_remap_geo& g, const i32* bt, i32 tok) {
         off = (u32)tok % g.block_size;
     }
     if (col >= g.max_blocks) return -1;
-    return hs_physical_row(GLOBAL ? HS_LDG(bt + col) : bt[col], g.stride, off);
+    return hs_physical_row(HS_LDG(bt + col), g.stride, off);
 }
 
-template <bool GLOBAL>
-HS_DEVICE uint4 hs_remap_vec(const hs_remap_geo& g, const i32* bt, uint4 a, u32& valid) {
-    uint4 r;
-    r.x = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.x);
-    r.y = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.y);
-    r.z = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.z);
-    r.w = (u32)hs_remap_entry<GLOBAL>(g, bt, (i32)a.w);
-    valid += (u32)(r.x != HS_NONE) + (u32)(r.y != HS_NONE) + (u32)(r.z != HS_NONE) + (u32)(r.w != HS_NONE);
-    return r;
-}
-
-// The vector pass loop of one row: `a` holds the first pass's top-k vectors.
-template <bool GLOBAL>
-HS_DEVICE u32 hs_remap_row_vec(const hs_remap_geo& g, const i32* bt, uint4* a, const uint4* in4,
-                               uint4* o4, u32 n4) {
-    u32 valid = 0;
-    for (u32 base = 0;;) {
-#pragma unroll
-        for (u32 q = 0; q < HS_REMAP_VECS; ++q) {
-            const u32 i = base + q * HS_NTHREADS + HS_TID;
-            if (i < n4) o4[i] = hs_remap_vec<GLOBAL>(g, bt, a[q], valid);
-        }
-        base += HS_REMAP_VECS * HS_NTHREADS;
-        if (base >= n4) return valid;
-#pragma unroll
-        for (u32 q = 0; q < HS_REMAP_VECS; ++q) {
-            const u32 i = base + q * HS_NTHREADS + HS_TID;
-            if (i < n4) a[q] = HS_LDCS(in4 + i);
-        }
-    }
-}
-
-// A padding row: every output -1.
-HS_DEVICE void hs_remap_row_none(uint4* o4, u32 n4) {
-    const uint4 none4 = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
-    for (u32 i = HS_TID; i < n4; i += HS_NTHREADS) o4[i] = none4;
-}
-
-// Copies table row `bt` (m entries) to shared memory `s`: 16-byte loads when rows are 16-byte
-// aligned (m % 4 == 0; the table itself starts 16-byte aligned), every load of a step issued
-// before the first store.
-HS_DEVICE void hs_remap_stage(const i32* bt, u32 m, i32* s) {
-    if ((m & 3u) == 0) {
-        const uint4* b4 = (const uint4*)bt;
-        uint4* s4 = (uint4*)s;
-        const u32 m4 = m >> 2;
-#if defined(HS_VENDOR_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        // Asynchronous copies global -> shared (L2 only): no registers held while they fly.
-        for (u32 i = HS_TID; i < m4; i += HS_NTHREADS) {
-            const u32 d = (u32)__cvta_generic_to_shared(s4 + i);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(b4 + i) : "memory");
-        }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-#else
-        for (u32 i0 = 0; i0 < m4; i0 += 2 * HS_NTHREADS) {
-            const u32 i = i0 + HS_TID, i2 = i + HS_NTHREADS;
-            uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
-            if (i < m4) v0 = HS_LDG(b4 + i);
-            if (i2 < m4) v1 = HS_LDG(b4 + i2);
-            if (i < m4) s4[i] = v0;
-            if (i2 < m4) s4[i2] = v1;
-        }
-#endif
-    } else {
-        for (u32 i0 = 0; i0 < m; i0 += 8 * HS_NTHREADS) {
-            i32 v[8];
-#pragma unroll
-            for (u32 q = 0; q < 8; ++q) {
-                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
-                v[q] = i < m ? HS_LDG(bt + i) : 0;
-            }
-#pragma unroll
-            for (u32 q = 0; q < 8; ++q) {
-                const u32 i = i0 + q * HS_NTHREADS + HS_TID;
-                if (i < m) s[i] = v[q];
-            }
-        }
-    }
-}
-
-// Launch: grid (any size; the host uses num_tokens), block (HS_REMAP_THREADS, or any multiple
-// of the warp up to it). Blocks take token rows grid-stride. `idx_mapping` and `counts` may be
-// null when the matching flag is clear.
-//
-// Per row: the first pass's top-k vectors (HS_REMAP_VECS 16-byte loads per thread, when top_k is
-// a multiple of 4) are requested first, since they do not depend on the table; then the request's
-// table row is resolved and, when it fits and is not much longer than the row's top-k, staged in
-// shared memory with 16-byte loads (one coalesced read instead of top_k scattered ones); then the
-// outputs are written with 16-byte stores. Compaction keeps a block-wide ordered scan.
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
     i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
     u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
-    HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
-    HS_SHARED uint4 s_bt4[HS_REMAP_SMEM_BLOCKS / 4];
-    i32* const s_bt = (i32*)s_bt4;
+    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     hs_remap_geo g;
     g.block_size = block_size;
@@ -517,77 +272,74 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
         while ((1u << g.shift) < block_size) ++g.shift;
     }
     const bool compact = (flags & HS_REMAP_COMPACT) != 0;
-    const bool vec = !compact && (top_k & 3u) == 0;
-    const bool may_stage = !(flags & HS_REMAP_DIRECT) && max_blocks <= HS_REMAP_SMEM_BLOCKS &&
-                           (u64)max_blocks <= 8ull * top_k;
-    const u32 n4 = top_k >> 2;
-    const uint4 none4 = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+    const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
+    // Four entries (one 16-byte vector) per thread per pass when rows are 16-byte aligned.
+    const bool vec = (top_k & 3u) == 0;
+    const u32 per = vec ? 4u : 1u;
+    const u32 span = HS_NTHREADS * per;
+    u32 phase = 0; // hs_block_scan1 calls so far (uniform over the block)
 
     for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
         const i32* in = topk + (u64)t * top_k;
         i32* o = out + (u64)t * top_k;
-        const uint4* in4 = (const uint4*)in;
-        uint4* o4 = (uint4*)o;
-        uint4 a[HS_REMAP_VECS];
-#pragma unroll
-        for (u32 q = 0; q < HS_REMAP_VECS; ++q) {
-            const u32 i = q * HS_NTHREADS + HS_TID;
-            a[q] = none4;
-            if (vec && i < n4) a[q] = HS_LDCS(in4 + i);
-        }
-        const i32* bt = hs_remap_table_row(HS_LDG(req_id + t), block_table, idx_mapping, table_rows,
-                                           max_blocks, idx_mapping_len, flags);
-        const bool staged = bt != 0 && may_stage; // uniform over the block
-        if (staged) {
-            if (t != HS_BID_X) HS_SYNC(); // the previous row's lookups are done
-            hs_remap_stage(bt, max_blocks, s_bt);
-            HS_SYNC();
-        }
-        u32 valid = 0;
-        if (compact) {
-            // Chunks of 4 consecutive entries per thread, block-wide ordered compaction.
-            u32 written = 0;
-            for (u32 base = 0; base < top_k; base += HS_NTHREADS * 4) {
-                const u32 j0 = base + HS_TID * 4;
-                i32 v[4];
-                u32 n = 0;
-#pragma unroll
-                for (u32 q = 0; q < 4; ++q) {
-                    v[q] = -1;
-                    if (j0 + q < top_k && bt != 0) {
-                        v[q] = staged ? hs_remap_entry<false>(g, s_bt, in[j0 + q])
-                                      : hs_remap_entry<true>(g, bt, in[j0 + q]);
-                    }
-                    n += v[q] != -1 ? 1u : 0u;
+        u32 written = 0; // compaction: valid entries written so far (uniform)
+        u32 valid = 0;   // this thread's valid entries (counts without compaction)
+        const i32* bt = 0;
+        for (u32 base = 0; base < top_k; base += span) {
+            const u32 j0 = base + HS_TID * per;
+            const bool mine = j0 < top_k; // in vector mode j0 + 3 < top_k then too
+            i32 v[4] = {-1, -1, -1, -1};
+            if (mine) {
+                if (vec) {
+                    const uint4 a = HS_LDG((const uint4*)(in + j0));
+                    v[0] = (i32)a.x;
+                    v[1] = (i32)a.y;
+                    v[2] = (i32)a.z;
+                    v[3] = (i32)a.w;
+                } else {
+                    v[0] = HS_LDG(in + j0);
                 }
-                u32 total;
-                u32 at = written + hs_block_scan(n, s_scan, total);
+            }
+            if (base == 0)
+                bt = hs_remap_table_row(HS_LDG(req_id + t), block_table, idx_mapping, table_rows,
+                                        max_blocks, idx_mapping_len, flags);
+            u32 n = 0;
 #pragma unroll
-                for (u32 q = 0; q < 4; ++q) {
-                    if (v[q] != -1) o[at++] = v[q];
+            for (u32 q = 0; q < 4; ++q) {
+                v[q] = (mine && q < per) ? hs_remap_lookup(g, bt, v[q]) : -1;
+                n += v[q] != -1 ? 1u : 0u;
+            }
+            if (!compact) {
+                if (mine) {
+                    if (vec) *(uint4*)(o + j0) = make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
+                    else o[j0] = v[0];
                 }
-                written += total;
+                valid += n;
+                continue;
             }
-            for (u32 j = written + HS_TID; j < top_k; j += HS_NTHREADS) o[j] = -1;
-            if ((flags & HS_REMAP_COUNTS) && HS_TID == 0) counts[t] = (i32)written;
-            continue;
-        }
-        if (vec) {
-            if (staged) valid = hs_remap_row_vec<false>(g, s_bt, a, in4, o4, n4);
-            else if (bt != 0) valid = hs_remap_row_vec<true>(g, bt, a, in4, o4, n4);
-            else hs_remap_row_none(o4, n4);
-        } else {
-            for (u32 j = HS_TID; j < top_k; j += HS_NTHREADS) {
-                i32 v = -1;
-                if (staged) v = hs_remap_entry<false>(g, s_bt, in[j]);
-                else if (bt != 0) v = hs_remap_entry<true>(g, bt, in[j]);
-                o[j] = v;
-                valid += v != -1 ? 1u : 0u;
-            }
-        }
-        if (flags & HS_REMAP_COUNTS) {
             u32 total;
-            hs_block_scan(valid, s_scan, total);
+            u32 at = written + hs_block_scan1(n, s_scan, phase++, total);
+#pragma unroll
+            for (u32 q = 0; q < 4; ++q)
+                if (v[q] != -1) o[at++] = v[q];
+            written += total;
+            if (span >= top_k && mine) {
+                // One pass: this thread's own entries at or beyond the valid count become -1.
+                if (vec && j0 >= written) {
+                    *(uint4*)(o + j0) = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+                } else {
+                    for (u32 q = 0; q < per; ++q)
+                        if (j0 + q >= written) o[j0 + q] = -1;
+                }
+            }
+        }
+        if (compact) {
+            if (span < top_k)
+                for (u32 j = written + HS_TID; j < top_k; j += HS_NTHREADS) o[j] = -1;
+            if (want_counts && HS_TID == 0) counts[t] = (i32)written;
+        } else if (want_counts) {
+            u32 total;
+            hs_block_scan1(valid, s_scan, phase++, total);
             if (HS_TID == 0) counts[t] = (i32)total;
         }
     }
@@ -615,14 +367,26 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
 // `workspace_counter`. The low 31 bits are then the shared table capacity as above, and the
 // dynamic shared memory holds only that table (16 * capacity bytes). For hot_slots too large for
 // the device's shared memory (64 KiB on AMD GPUs).
+//
+// Work per thread: every pass over a row takes HS_RESOLVE_IK consecutive top-k entries per
+// thread, every pass over the LRU HS_RESOLVE_IN consecutive positions, and issues all their loads
+// (top-k, both page tables, the LRU, the cached rows) before using any, so each pass costs one
+// dependent memory round trip, not one per item. A request of one row whose entries fit one pass
+// (top_k <= HS_RESOLVE_THREADS * HS_RESOLVE_IK: the decode case) classifies each entry once and
+// keeps the result and its hash slot in registers for the later phases; likewise the LRU scan
+// keeps each position's hash slot when the hot buffer fits one pass. Block sums and scans take
+// one barrier each (hs_block_scan1).
 
-#define HS_RESOLVE_THREADS 512
-#define HS_RESOLVE_ITEMS 4
+#define HS_RESOLVE_THREADS 1024
+#define HS_RESOLVE_IK 2
+#define HS_RESOLVE_IN 4
 #define HS_RESOLVE_GLOBAL_STATE 0x80000000u
 
 struct hs_resolve_desc {
     u32 num_tokens, top_k, num_requests, max_pages, block_size, hot_slots,
         attention_block_stride, host_num_blocks;
+    u32 shift;    // log2(block_size) when it is a power of two, else 32
+    u32 hot_cols; // columns of the hot table: ceil(hot_slots / block_size)
 };
 
 HS_DEVICE u32 hs_hash(i32 g, u32 mask) { return ((u32)g * 2654435761u) & mask; }
@@ -637,39 +401,55 @@ HS_DEVICE u32 hs_lookup(const hs_wanted* table, u32 mask, i32 g) {
     }
 }
 
-HS_DEVICE void hs_insert(hs_wanted* table, u32 mask, i32 g, u32 entry) {
+// Inserts g with entry ordinal `entry` (the smallest ordinal wins); returns g's slot in the table.
+HS_DEVICE u32 hs_insert(hs_wanted* table, u32 mask, i32 g, u32 entry) {
     u32 h = hs_hash(g, mask);
     for (;;) {
         i32 prev = atomicCAS(&table[h].key, HS_EMPTY_KEY, g);
         if (prev == HS_EMPTY_KEY || prev == g) {
             atomicMin(&table[h].first_entry, entry);
-            return;
+            return h;
         }
         h = (h + 1) & mask;
     }
 }
 
-// Step 2: 0 = invalid, 1 = resident (value = physical row), 2 = host (value = flat host row g).
+// Step 2 for one entry: 0 = invalid, 1 = resident (value = physical row), 2 = host (value = flat
+// host row g). Both page-table entries are read, neither waiting for the other.
 HS_DEVICE u32 hs_classify(const hs_resolve_desc& d, const i32* resident_table, const i32* host_table,
                           u32 r, i32 tok, i32& value) {
     if (tok < 0) return 0;
-    u32 page = (u32)tok / d.block_size;
+    u32 page, off;
+    if (d.shift < 32) {
+        page = (u32)tok >> d.shift;
+        off = (u32)tok & (d.block_size - 1);
+    } else {
+        page = (u32)tok / d.block_size;
+        off = (u32)tok % d.block_size;
+    }
     if (page >= d.max_pages) return 0;
-    u32 off = (u32)tok % d.block_size;
-    u64 at = (u64)r * d.max_pages + page;
-    i32 res = resident_table[at];
+    const u64 at = (u64)r * d.max_pages + page;
+    const i32 res = HS_LDG(resident_table + at);
+    const i32 hb = HS_LDG(host_table + at);
     if (res > 0) {
         value = hs_physical_row(res, d.attention_block_stride, off);
         return value == -1 ? 0u : 1u;
     }
-    value = hs_physical_row(host_table[at], d.block_size, off);
+    value = hs_physical_row(hb, d.block_size, off);
     return value == -1 ? 0u : 2u;
 }
 
 HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, u32 slot) {
-    u32 w = (d.hot_slots + d.block_size - 1) / d.block_size;
-    i32 block = hot_table[(u64)r * w + slot / d.block_size];
-    return hs_physical_row(block, d.attention_block_stride, slot % d.block_size);
+    u32 col, off;
+    if (d.shift < 32) {
+        col = slot >> d.shift;
+        off = slot & (d.block_size - 1);
+    } else {
+        col = slot / d.block_size;
+        off = slot % d.block_size;
+    }
+    const i32 block = HS_LDG(hot_table + (u64)r * d.hot_cols + col);
+    return hs_physical_row(block, d.attention_block_stride, off);
 }
 
 // Dynamic shared memory layout of hs_resolve (byte offsets; every part 16-byte aligned).
@@ -685,8 +465,8 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
     HS_DYN_SHARED(hs_smem);
-    HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
-    HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_count, s_table_off;
+    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
+    HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
 
     hs_resolve_desc d;
     d.num_tokens = num_tokens;
@@ -697,11 +477,18 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     d.hot_slots = hot_slots;
     d.attention_block_stride = attention_block_stride;
     d.host_num_blocks = host_num_blocks;
+    d.shift = 32;
+    if ((block_size & (block_size - 1)) == 0) {
+        d.shift = 0;
+        while ((1u << d.shift) < block_size) ++d.shift;
+    }
+    d.hot_cols = hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
 
     const u32 t = HS_BID_X;
     if (t >= num_tokens) return;
     const u32 K = top_k, N = hot_slots;
-    const i32 req = req_id[t];
+    const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
+    const i32 req = HS_LDG(req_id + t);
 
     // Step 1: padding rows.
     if (req < 0 || (u32)req >= num_requests) {
@@ -729,12 +516,17 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     }
     HS_SYNC();
     for (u32 t2 = HS_TID; t2 < t; t2 += HS_NTHREADS)
-        if (req_id[t2] == req) atomicOr(&s_flag, 1u);
+        if (HS_LDG(req_id + t2) == req) atomicOr(&s_flag, 1u);
     for (u32 t2 = t + HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
-        if (req_id[t2] == req) atomicAdd(&s_rows, 1u);
+        if (HS_LDG(req_id + t2) == req) atomicAdd(&s_rows, 1u);
     HS_SYNC();
     if (s_flag) return;
-    const u32 entries = s_rows * K;
+    const u32 rows = s_rows;
+    const u32 entries = rows * K;
+    // One row in one pass: keep each entry's class, value and hash slot in registers.
+    const bool cached = rows == 1 && K <= span_k;
+    // The hot buffer in one pass: keep each LRU position's hash slot in registers.
+    const bool cached_n = N <= span_n;
 
     // Per-request state: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), each part
     // 16-byte aligned, in shared memory followed by the shared table, or (global-state mode) in
@@ -775,48 +567,97 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
         table[i].first_lru = HS_NONE;
         table[i].slot = HS_NONE;
     }
+    for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
     HS_SYNC();
+
+    u32 phase = 0; // hs_block_scan1 calls so far (uniform)
+    // The registers of the cached case: class, value and hash slot of this thread's entries.
+    u32 c_kind[HS_RESOLVE_IK];
+    i32 c_val[HS_RESOLVE_IK];
+    u32 c_h[HS_RESOLVE_IK];
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+        c_kind[q] = 0;
+        c_val[q] = -1;
+        c_h[q] = HS_NONE;
+    }
 
     // Steps 2-3: classify every entry, insert host rows with their first appearance; reset the
     // plan and counts of every row.
     {
+        bool any = false;
         u32 ord = 0;
         for (u32 t2 = t; t2 < num_tokens; ++t2) {
-            if (req_id[t2] != req) continue;
+            if (HS_LDG(req_id + t2) != req) continue;
             const u64 base = (u64)t2 * K;
-            bool any = false;
-            for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
-                i32 v;
-                if (hs_classify(d, resident_table, host_table, r, topk[base + j], v) == 2) {
-                    hs_insert(table, mask, v, ord * K + j);
-                    any = true;
+            for (u32 jb = 0; jb < K; jb += span_k) {
+                const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
+                i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+                    tok[q] = j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    i32 v = -1;
+                    const u32 kind = j0 + q < K ? hs_classify(d, resident_table, host_table, r, tok[q], v) : 0u;
+                    u32 h = HS_NONE;
+                    if (kind == 2) {
+                        h = hs_insert(table, mask, v, ord * K + j0 + q);
+                        any = true;
+                    }
+                    c_kind[q] = kind;
+                    c_val[q] = v;
+                    c_h[q] = h;
+                    if (j0 + q < K) {
+                        miss_src[base + j0 + q] = -1;
+                        miss_dst[base + j0 + q] = -1;
+                    }
                 }
-                miss_src[base + j] = -1;
-                miss_dst[base + j] = -1;
             }
-            if (any) atomicOr(&s_any_host, 1u);
             if (HS_TID == 0) {
                 hit_counts[t2] = 0;
                 miss_counts[t2] = 0;
             }
             ++ord;
         }
+        if (any) atomicOr(&s_any_host, 1u);
     }
     HS_SYNC();
+
+    // An entry's class, value and hash slot: from the registers in the cached case, else read
+    // and classified again (`tok` is the entry's top-k value, loaded by the caller).
+#define HS_RESOLVE_ENTRY(q, tokv, kind, v, h)                                                    \
+    do {                                                                                         \
+        if (cached) {                                                                            \
+            kind = c_kind[q];                                                                    \
+            v = c_val[q];                                                                        \
+            h = c_h[q];                                                                          \
+        } else {                                                                                 \
+            v = -1;                                                                              \
+            kind = j0 + (q) < K ? hs_classify(d, resident_table, host_table, r, tokv, v) : 0u;  \
+            h = kind == 2 ? hs_lookup(table, mask, v) : HS_NONE;                                 \
+        }                                                                                        \
+    } while (0)
 
     const u64 sbase = (u64)r * N;
     if (s_any_host) {
         // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the dgi row.
-        for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
-        HS_SYNC();
-        for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
-            u32 s = lru[sbase + p];
-            s_lru[p] = (u16)s;
-            if (s >= N) {
-                atomicOr(&s_corrupt, 1u);
-            } else {
-                u32 bit = 1u << (s & 31u);
-                if (atomicOr(&s_bits[s >> 5], bit) & bit) atomicOr(&s_corrupt, 1u);
+        for (u32 pb = 0; pb < N; pb += span_n) {
+            const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
+            u32 sv[HS_RESOLVE_IN];
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) sv[q] = p0 + q < N ? (u32)lru[sbase + p0 + q] : 0u;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                if (p0 + q >= N) continue;
+                const u32 s = sv[q];
+                s_lru[p0 + q] = (u16)s;
+                if (s >= N) {
+                    atomicOr(&s_corrupt, 1u);
+                } else {
+                    const u32 bit = 1u << (s & 31u);
+                    if (atomicOr(&s_bits[s >> 5], bit) & bit) atomicOr(&s_corrupt, 1u);
+                }
             }
         }
         HS_SYNC();
@@ -831,12 +672,23 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 
         const i64 host_rows = (i64)host_num_blocks * (i64)block_size;
         // Step 5a: for each wanted g, the first LRU position caching it (only rows in the pool).
+        u32 c_hq[HS_RESOLVE_IN];
+#pragma unroll
+        for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c_hq[q] = HS_NONE;
         if (!corrupt) {
-            for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
-                i32 c = dgi[sbase + s_lru[p]];
-                if (c >= 0 && (i64)c < host_rows) {
-                    u32 h = hs_lookup(table, mask, c);
-                    if (h != HS_NONE) atomicMin(&table[h].first_lru, p);
+            for (u32 pb = 0; pb < N; pb += span_n) {
+                const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
+                i32 c[HS_RESOLVE_IN];
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                    u32 h = HS_NONE;
+                    if (c[q] >= 0 && (i64)c[q] < host_rows) {
+                        h = hs_lookup(table, mask, c[q]);
+                        if (h != HS_NONE) atomicMin(&table[h].first_lru, p0 + q);
+                    }
+                    c_hq[q] = h;
                 }
             }
         }
@@ -846,29 +698,34 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
         // evictables (old order, stored from the front): evictable rank e at s_part[e], hit rank
         // h at s_part[N - 1 - h].
         u32 hits_before = 0;
-        for (u32 base = 0; base < N; base += HS_NTHREADS * HS_RESOLVE_ITEMS) {
-            const u32 p0 = base + HS_TID * HS_RESOLVE_ITEMS;
-            u32 hit_slot[HS_RESOLVE_ITEMS];
+        for (u32 pb = 0; pb < N; pb += span_n) {
+            const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
+            u32 hq[HS_RESOLVE_IN];
+            if (cached_n || corrupt) {
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) hq[q] = c_hq[q];
+            } else {
+                i32 c[HS_RESOLVE_IN];
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q)
+                    hq[q] = c[q] >= 0 && (i64)c[q] < host_rows ? hs_lookup(table, mask, c[q]) : HS_NONE;
+            }
+            u32 hit_slot[HS_RESOLVE_IN];
             u32 nh = 0;
 #pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
                 hit_slot[q] = HS_NONE;
-                const u32 p = p0 + q;
-                if (p < N && !corrupt) {
-                    i32 c = dgi[sbase + s_lru[p]];
-                    if (c >= 0 && (i64)c < host_rows) {
-                        u32 h = hs_lookup(table, mask, c);
-                        if (h != HS_NONE && table[h].first_lru == p) {
-                            hit_slot[q] = h;
-                            ++nh;
-                        }
-                    }
+                if (p0 + q < N && hq[q] != HS_NONE && table[hq[q]].first_lru == p0 + q) {
+                    hit_slot[q] = hq[q];
+                    ++nh;
                 }
             }
             u32 total;
-            u32 hr = hits_before + hs_block_scan(nh, s_scan, total);
+            u32 hr = hits_before + hs_block_scan1(nh, s_scan, phase++, total);
 #pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
                 const u32 p = p0 + q;
                 if (p >= N) continue;
                 const u32 s = s_lru[p];
@@ -891,40 +748,40 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
         {
             u32 ord = 0;
             for (u32 t2 = t; t2 < num_tokens; ++t2) {
-                if (req_id[t2] != req) continue;
+                if (HS_LDG(req_id + t2) != req) continue;
                 const u64 base = (u64)t2 * K;
                 const u32 row_base = misses;
-                if (HS_TID == 0) s_count = 0;
-                HS_SYNC();
                 u32 row_hits = 0;
-                for (u32 jb = 0; jb < K; jb += HS_NTHREADS * HS_RESOLVE_ITEMS) {
-                    const u32 j0 = jb + HS_TID * HS_RESOLVE_ITEMS;
-                    u32 miss_h[HS_RESOLVE_ITEMS];
-                    i32 miss_g[HS_RESOLVE_ITEMS];
+                for (u32 jb = 0; jb < K; jb += span_k) {
+                    const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
+                    i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+                        tok[q] = !cached && j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
+                    u32 miss_h[HS_RESOLVE_IK];
+                    i32 miss_g[HS_RESOLVE_IK];
                     u32 nm = 0;
 #pragma unroll
-                    for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
+                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                        u32 kind, h;
+                        i32 g;
+                        HS_RESOLVE_ENTRY(q, tok[q], kind, g, h);
                         miss_h[q] = HS_NONE;
                         miss_g[q] = -1;
-                        const u32 j = j0 + q;
-                        i32 g;
-                        if (j < K && hs_classify(d, resident_table, host_table, r, topk[base + j], g) == 2) {
-                            u32 h = hs_lookup(table, mask, g);
-                            if (table[h].first_entry == ord * K + j) {
-                                if (table[h].slot != HS_NONE) {
-                                    ++row_hits;
-                                } else {
-                                    miss_h[q] = h;
-                                    miss_g[q] = g;
-                                    ++nm;
-                                }
+                        if (kind == 2 && table[h].first_entry == ord * K + j0 + q) {
+                            if (table[h].slot != HS_NONE) {
+                                ++row_hits;
+                            } else {
+                                miss_h[q] = h;
+                                miss_g[q] = g;
+                                ++nm;
                             }
                         }
                     }
                     u32 total;
-                    u32 m = misses + hs_block_scan(nm, s_scan, total);
+                    u32 m = misses + hs_block_scan1(nm, s_scan, phase++, total);
 #pragma unroll
-                    for (u32 q = 0; q < HS_RESOLVE_ITEMS; ++q) {
+                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
                         if (miss_h[q] == HS_NONE) continue;
                         if (m < V) {
                             const u32 s = s_part[m];
@@ -939,10 +796,10 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
                     }
                     misses += total;
                 }
-                if (row_hits) atomicAdd(&s_count, row_hits);
-                HS_SYNC();
+                u32 hits_total;
+                hs_block_scan1(row_hits, s_scan, phase++, hits_total);
                 if (HS_TID == 0) {
-                    hit_counts[t2] = (i32)s_count;
+                    hit_counts[t2] = (i32)hits_total;
                     u32 lo = row_base < V ? row_base : V, hi = misses < V ? misses : V;
                     miss_counts[t2] = (i32)(hi - lo);
                 }
@@ -965,88 +822,97 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 
     // Step 8: output indices and valid counts.
     for (u32 t2 = t; t2 < num_tokens; ++t2) {
-        if (req_id[t2] != req) continue;
+        if (HS_LDG(req_id + t2) != req) continue;
         const u64 base = (u64)t2 * K;
-        if (HS_TID == 0) s_count = 0;
-        HS_SYNC();
         u32 valid = 0;
-        for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
-            i32 v;
-            u32 kind = hs_classify(d, resident_table, host_table, r, topk[base + j], v);
-            i32 out = -1;
-            if (kind == 1) {
-                out = v;
-            } else if (kind == 2) {
-                u32 s = table[hs_lookup(table, mask, v)].slot;
-                if (s != HS_NONE) out = hs_hot_row(d, hot_table, r, s);
+        for (u32 jb = 0; jb < K; jb += span_k) {
+            const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
+            i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+                tok[q] = !cached && j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                if (j0 + q >= K) continue;
+                u32 kind, h;
+                i32 v;
+                HS_RESOLVE_ENTRY(q, tok[q], kind, v, h);
+                i32 out = -1;
+                if (kind == 1) {
+                    out = v;
+                } else if (kind == 2) {
+                    const u32 s = table[h].slot;
+                    if (s != HS_NONE) out = hs_hot_row(d, hot_table, r, s);
+                }
+                indices[base + j0 + q] = out;
+                valid += out != -1 ? 1u : 0u;
             }
-            indices[base + j] = out;
-            valid += out != -1 ? 1u : 0u;
         }
-        if (valid) atomicAdd(&s_count, valid);
-        HS_SYNC();
-        if (HS_TID == 0) valid_counts[t2] = (i32)s_count;
-        HS_SYNC();
+        u32 total;
+        hs_block_scan1(valid, s_scan, phase++, total);
+        if (HS_TID == 0) valid_counts[t2] = (i32)total;
     }
+#undef HS_RESOLVE_ENTRY
 }
 
 // ---------------------------------------------------------------------------------------------
 // Gather of a miss plan (hisparse_core::ops::copy::gather_rows)
 // ---------------------------------------------------------------------------------------------
 //
-// Launch: grid (ceil(top_k / HS_GATHER_ROWS), num_tokens, layers.count), block
-// (HS_GATHER_THREADS). Block (x, t, l) copies plan entries [x * HS_GATHER_ROWS, ...) of token row
-// t into layer l: all rows' 16-byte chunks are spread over the block's threads, each thread
-// issuing up to HS_GATHER_UNROLL independent loads before its stores (the host pool is mapped
-// pinned memory read across the bus, so many loads must be in flight).
+// Launch: grid (G, 1, layers.count) with any G (the host fills the device, or gives every work
+// item its own block), block (HS_GATHER_THREADS). Work item w of layer z is chunk
+// x = w / num_tokens of token row t = w % num_tokens: plan entries [x * HS_GATHER_ROWS, ...) of
+// row t. Blocks take items grid-stride, so the first chunk of every row comes before any second
+// chunk: the work (a row's valid count of entries, typically a tenth of top_k) sits in the first
+// items and the blocks that start first do it; an item beyond its row's count is skipped without
+// a barrier. A block copies its item's rows with every 16-byte chunk of every row spread over its
+// threads, each thread issuing up to HS_GATHER_UNROLL independent loads before its stores (the
+// host pool is mapped pinned memory read across the bus, so many loads must be in flight).
 
 #define HS_GATHER_THREADS 128
 #define HS_GATHER_ROWS 16
 #define HS_GATHER_UNROLL 8
 
-// hs_gather_rows accepts any grid x (the host uses ceil(top_k / HS_GATHER_ROWS)): block x takes
-// the ceil(top_k / grid x) entries from x * that, in chunks of HS_GATHER_ROWS. The first chunk's
-// plan entries are requested together with the row's count (entries up to top_k are always in
-// the plan buffers), so the host loads start one round trip earlier.
-HS_KERNEL HS_BOUNDS(HS_GATHER_THREADS) void hs_gather_rows(
+#if defined(HS_VENDOR_CUDA)
+// Eight blocks per multiprocessor (at most 64 registers: the eight 16-byte values in flight per
+// thread take 32), the residency the host's grid assumes (GATHER_BLOCKS_PER_MULTIPROCESSOR).
+#define HS_GATHER_BOUNDS __launch_bounds__(HS_GATHER_THREADS, 8)
+#else
+#define HS_GATHER_BOUNDS HS_BOUNDS(HS_GATHER_THREADS)
+#endif
+
+HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
     const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
     const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
     u32 num_tokens, u32 top_k, hs_gather_layers layers) {
     HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
     HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
-    HS_SHARED u32 s_flags[HS_GATHER_ROWS]; // bit0: copy (else zero-fill), bit1: skip
+    HS_SHARED u32 s_flags[HS_GATHER_ROWS]; // 1: copy, 0: zero-fill, 2: skip
     HS_GRID_DEP_WAIT(); // before any global memory access
-
-    const u32 t = HS_BID_Y;
-    if (t >= num_tokens || HS_BID_Z >= layers.count) return;
-    const u32 per = top_k / HS_NBLOCKS_X + (top_k % HS_NBLOCKS_X != 0 ? 1u : 0u);
-    const u64 lo64 = (u64)HS_BID_X * per;
-    if (lo64 >= top_k) return;
-    const u32 lo = (u32)lo64;
-    const u32 end_k = top_k - lo < per ? top_k : lo + per;
-    const u64 prow = (u64)t * top_k;
-    i32 ps = -1, pd = -1;
-    if (HS_TID < HS_GATHER_ROWS && lo + HS_TID < end_k) {
-        ps = HS_LDG(plan_src + prow + lo + HS_TID);
-        pd = HS_LDG(plan_dst + prow + lo + HS_TID);
-    }
-    const i32 cnt = HS_LDG(plan_counts + t);
-    const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-    const u32 hi = end_k < n ? end_k : n;
-    if (lo >= hi) return;
+    if (HS_BID_Z >= layers.count || num_tokens == 0) return;
     const hs_layer_pair L = layers.layer[HS_BID_Z];
     const u32 cpr = L.host.row_bytes >> 4;
     const u32 vc = L.host.value_bytes >> 4;
-
-    for (u32 j0 = lo; j0 < hi; j0 += HS_GATHER_ROWS) {
-        const u32 rows = hi - j0 < HS_GATHER_ROWS ? hi - j0 : HS_GATHER_ROWS;
-        if (j0 != lo) {
-            HS_SYNC(); // the previous chunk's copies have read the row table
-            if (HS_TID < rows) {
-                ps = HS_LDG(plan_src + prow + j0 + HS_TID);
-                pd = HS_LDG(plan_dst + prow + j0 + HS_TID);
-            }
+    const u32 chunks = top_k / HS_GATHER_ROWS + (top_k % HS_GATHER_ROWS != 0 ? 1u : 0u);
+    const u64 items = (u64)chunks * num_tokens;
+    bool first = true;
+    for (u64 w = HS_BID_X; w < items; w += HS_NBLOCKS_X) {
+        const u32 t = (u32)(w % num_tokens);
+        const u32 lo = (u32)(w / num_tokens) * HS_GATHER_ROWS;
+        const u64 prow = (u64)t * top_k;
+        // The item's plan entries are requested together with the row's count (entries up to
+        // top_k are always in the plan buffers), one round trip for both.
+        i32 ps = -1, pd = -1;
+        if (HS_TID < HS_GATHER_ROWS && lo + HS_TID < top_k) {
+            ps = HS_LDG(plan_src + prow + lo + HS_TID);
+            pd = HS_LDG(plan_dst + prow + lo + HS_TID);
         }
+        const i32 cnt = HS_LDG(plan_counts + t);
+        const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+        if (lo >= n) continue; // uniform over the block
+        const u32 rows = n - lo < HS_GATHER_ROWS ? n - lo : HS_GATHER_ROWS;
+        if (!first) HS_SYNC(); // the previous item's copies have read the row table
+        first = false;
         if (HS_TID < rows) {
             u32 db, doff, sb, soff;
             u32 f = 0;
@@ -1084,70 +950,6 @@ HS_KERNEL HS_BOUNDS(HS_GATHER_THREADS) void hs_gather_rows(
                     if (s_flags[i] != 2)
                         *(uint4*)(device + hs_chunk(s_dst_v[i], s_dst_s[i], vc, c)) = v[u];
                 }
-            }
-        }
-    }
-}
-
-// hs_gather_rows_v1: the first gather kernel, kept (not in the ABI table) so the CUDA backend can
-// still measure it against hs_gather_rows. Same parameters; the grid must be exactly
-// (ceil(top_k / HS_GATHER_ROWS), num_tokens, layers.count).
-HS_KERNEL HS_BOUNDS(HS_GATHER_THREADS) void hs_gather_rows_v1(
-    const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
-    const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
-    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
-    HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
-    HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
-    HS_SHARED u32 s_flags[HS_GATHER_ROWS]; // bit0: copy (else zero-fill), bit1: skip
-
-    const u32 t = HS_BID_Y;
-    if (t >= num_tokens || HS_BID_Z >= layers.count) return;
-    i32 cnt = plan_counts[t];
-    const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-    const u32 j0 = HS_BID_X * HS_GATHER_ROWS;
-    if (j0 >= n) return;
-    const u32 rows = n - j0 < HS_GATHER_ROWS ? n - j0 : HS_GATHER_ROWS;
-    const hs_layer_pair L = layers.layer[HS_BID_Z];
-
-    if (HS_TID < rows) {
-        const u64 at = (u64)t * top_k + j0 + HS_TID;
-        u32 db, doff, sb, soff;
-        u32 f = 0;
-        if (!hs_locate(L.device, plan_dst[at], db, doff)) {
-            f = 2;
-        } else {
-            hs_row_parts(L.device, db, doff, s_dst_v[HS_TID], s_dst_s[HS_TID]);
-            if (hs_locate(L.host, plan_src[at], sb, soff)) {
-                hs_row_parts(L.host, sb, soff, s_src_v[HS_TID], s_src_s[HS_TID]);
-                f = 1;
-            }
-        }
-        s_flags[HS_TID] = f;
-    }
-    HS_SYNC();
-
-    const u32 cpr = L.host.row_bytes >> 4;
-    const u32 vc = L.host.value_bytes >> 4;
-    const u32 total = rows * cpr;
-    for (u32 base = 0; base < total; base += HS_GATHER_THREADS * HS_GATHER_UNROLL) {
-        uint4 v[HS_GATHER_UNROLL];
-#pragma unroll
-        for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
-            const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
-            v[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (q < total) {
-                const u32 i = q / cpr, c = q % cpr;
-                if (s_flags[i] == 1)
-                    v[u] = *(const uint4*)(host + hs_chunk(s_src_v[i], s_src_s[i], vc, c));
-            }
-        }
-#pragma unroll
-        for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
-            const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
-            if (q < total) {
-                const u32 i = q / cpr, c = q % cpr;
-                if (s_flags[i] != 2)
-                    *(uint4*)(device + hs_chunk(s_dst_v[i], s_dst_s[i], vc, c)) = v[u];
             }
         }
     }

@@ -12,16 +12,20 @@
 //! ([`Param`]) and its block size, which is all a launcher (or a test double decoding launches)
 //! needs. The `#[repr(C)]` structs here ([`Layout`], [`LayerPairAbi`], [`GatherLayers`],
 //! [`PageJob`], [`Pair`], [`Span`], [`TableWriteAbi`], [`Wanted`]) mirror the C structs of the
-//! source byte for byte.
+//! source byte for byte and are `bytemuck::Pod`: lists are staged as their bytes, no hand packing.
 //!
-//! Launch shapes (grid, block, dynamic shared memory) are documented on each [`Kernel`] variant
-//! and in the source.
+//! This crate also owns *what to launch*: [`plan`] has one planner per operation, shared by the
+//! CUDA and ROCm backends, that turns a checked descriptor and buffer addresses into staged lists,
+//! a workspace size and launches with grid, block, dynamic shared memory and arguments packed by
+//! [`args::Args`] against the ABI table. With the `variants` feature, the `variants` module keeps
+//! the earlier remap, gather and resolve kernels (`VARIANTS_SOURCE`) for A/B benchmarks.
 //!
 //! Testing without a GPU: `emu/vendor_cpu.h` is a third prelude that turns the same source into
 //! C++20 for the CPU (one OS thread per GPU thread, barriers and warp shuffles emulated), and
-//! `tests/cpu_emulation.rs` compiles it with the system C++ compiler, launches every kernel through
-//! wrappers generated from this ABI table, and compares the results bit for bit with the core's
-//! reference on random inputs (`HISPARSE_REQUIRE_CXX=1` makes a missing compiler a failure).
+//! `tests/cpu_emulation.rs` compiles it with the system C++ compiler, executes the planners'
+//! launches through wrappers generated from this ABI table, and compares the results bit for bit
+//! with the core's reference on random inputs (`HISPARSE_REQUIRE_CXX=1` makes a missing compiler
+//! a failure).
 //!
 //! [`lending`] holds the argument checks both backends apply to memory an engine lends them.
 //!
@@ -29,7 +33,9 @@
 
 #![deny(missing_docs)]
 
+pub mod args;
 pub mod lending;
+pub mod plan;
 
 use bytemuck::{Pod, Zeroable};
 use hisparse_core::ops::{LayerPair, PageLayout, TableWrite};
@@ -53,8 +59,19 @@ pub const HIP_SOURCE: &str = concat!(
 /// File name to give the translation unit in compiler diagnostics.
 pub const SOURCE_NAME: &str = "hisparse.cuh";
 
-/// Threads per block of `hs_remap`.
-pub const REMAP_THREADS: u32 = 256;
+/// The earlier remap, gather and resolve kernels (`hs_remap_v1`, `hs_remap_v2`,
+/// `hs_gather_rows_v1`, `hs_gather_rows_v2`, `hs_resolve_v1`), kept for A/B measurements only:
+/// append after [`CUDA_SOURCE`]. Same parameters as [`Kernel::Remap`], [`Kernel::GatherRows`]
+/// and [`Kernel::Resolve`]; launched by [`variants`].
+#[cfg(feature = "variants")]
+pub const VARIANTS_SOURCE: &str = include_str!("../kernels/variants.cuh");
+
+#[cfg(feature = "variants")]
+pub mod variants;
+
+/// Most threads per block of `hs_remap` (the planner picks the block size per row length:
+/// [`plan::remap_threads`]).
+pub const REMAP_MAX_THREADS: u32 = 512;
 /// `hs_remap` flag: `idx_mapping` is given.
 pub const REMAP_HAS_MAP: u32 = 1;
 /// `hs_remap` flag: write per-row valid counts.
@@ -62,10 +79,10 @@ pub const REMAP_COUNTS: u32 = 2;
 /// `hs_remap` flag: compact valid entries to the front.
 pub const REMAP_COMPACT: u32 = 4;
 /// Threads per block of `hs_resolve`.
-pub const RESOLVE_THREADS: u32 = 512;
+pub const RESOLVE_THREADS: u32 = 1024;
 /// Threads per block of `hs_gather_rows`.
 pub const GATHER_THREADS: u32 = 128;
-/// Plan entries per block of `hs_gather_rows` (grid x = `ceil(top_k / GATHER_ROWS)`).
+/// Plan entries per work item of `hs_gather_rows`.
 pub const GATHER_ROWS: u32 = 16;
 /// Most layers one `hs_gather_rows` launch carries (more are split over several launches).
 pub const GATHER_MAX_LAYERS: usize = 16;
@@ -132,14 +149,19 @@ pub struct KernelAbi {
     pub name: &'static str,
     /// Parameters in declaration order.
     pub params: &'static [NamedParam],
-    /// Threads per block (one dimension) the kernel is written for.
+    /// Threads per block (one dimension) the kernel is written for: exactly this many, or, with
+    /// [`KernelAbi::variable_block`], at most this many.
     pub block_threads: u32,
+    /// The kernel runs with any block of a multiple of 64 threads (whole warps and wavefronts)
+    /// up to [`KernelAbi::block_threads`] (the planner chooses).
+    pub variable_block: bool,
 }
 
 /// Every kernel of the source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// `hs_remap`: grid `(num_tokens)`, block [`REMAP_THREADS`]. `flags` is a set of `REMAP_*`.
+    /// `hs_remap`: grid `(num_tokens)`, block [`plan::remap_threads`] (at most
+    /// [`REMAP_MAX_THREADS`]). `flags` is a set of `REMAP_*`.
     Remap,
     /// `hs_resolve`: grid `(num_tokens)`, block [`RESOLVE_THREADS`], dynamic shared memory
     /// [`resolve_shared_bytes`]. `workspace` (`Wanted[workspace_entries]`) and
@@ -151,8 +173,9 @@ pub enum Kernel {
     /// table), the low 31 bits are the shared table capacity, the dynamic shared memory is
     /// [`resolve_global_shared_bytes`] and the workspace [`resolve_global_workspace_entries`].
     Resolve,
-    /// `hs_gather_rows`: grid `(ceil(top_k / GATHER_ROWS), num_tokens, layers.count)`, block
-    /// [`GATHER_THREADS`]. `host` is the device address of the mapped pinned host pool.
+    /// `hs_gather_rows`: grid `(any, 1, layers.count)`, block [`GATHER_THREADS`]; blocks walk
+    /// work items of [`GATHER_ROWS`] plan entries grid-stride ([`plan::gather`]). `host` is the
+    /// device address of the mapped pinned host pool.
     GatherRows,
     /// `hs_copy_pages`: 1-D grid (any size), block [`COPY_THREADS`]. `jobs`: `PageJob[num_layers]`,
     /// `pairs`: `Pair[num_pairs]`, both in device memory. Destination ranges of one launch must be
@@ -235,7 +258,7 @@ impl Kernel {
     /// Symbol, parameters and block size.
     pub const fn abi(self) -> KernelAbi {
         let (name, params, block_threads) = match self {
-            Kernel::Remap => ("hs_remap", REMAP_PARAMS, REMAP_THREADS),
+            Kernel::Remap => ("hs_remap", REMAP_PARAMS, REMAP_MAX_THREADS),
             Kernel::Resolve => ("hs_resolve", RESOLVE_PARAMS, RESOLVE_THREADS),
             Kernel::GatherRows => ("hs_gather_rows", GATHER_PARAMS, GATHER_THREADS),
             Kernel::CopyPages => ("hs_copy_pages", COPY_PAGES_PARAMS, COPY_THREADS),
@@ -251,6 +274,7 @@ impl Kernel {
             name,
             params,
             block_threads,
+            variable_block: matches!(self, Kernel::Remap),
         }
     }
 
@@ -484,7 +508,7 @@ pub const fn resolve_global_workspace_entries(
 }
 
 /// Static shared memory of `hs_resolve` (scan scratch and a few counters), an upper bound.
-pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 33 + 4 * 8;
+pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 64 + 4 * 8;
 
 /// 16-byte table entries the global wanted-row workspace needs so that every request of a launch
 /// of `num_tokens × top_k` entries finds room: `4 * num_tokens * top_k + 16 * num_tokens`.
@@ -550,7 +574,7 @@ mod tests {
     #[test]
     fn block_sizes_and_limits_match_source() {
         for (name, value) in [
-            ("HS_REMAP_THREADS", REMAP_THREADS),
+            ("HS_REMAP_MAX_THREADS", REMAP_MAX_THREADS),
             ("HS_RESOLVE_THREADS", RESOLVE_THREADS),
             ("HS_GATHER_THREADS", GATHER_THREADS),
             ("HS_GATHER_ROWS", GATHER_ROWS),

@@ -1,6 +1,7 @@
 //! Executes the shared kernel source on the CPU (compiled as C++20 with `emu/vendor_cpu.h`, one OS
 //! thread per GPU thread) and compares every kernel bit for bit with the core's reference on
-//! random inputs, launched exactly as the CUDA backend launches them. The per-kernel launch
+//! random inputs, launched exactly as the backends launch them (the planners of `plan` decide every
+//! grid, block, shared memory size, staged list and workspace). The per-kernel launch
 //! wrappers are generated from the ABI table, so a table that disagrees with the source fails to
 //! compile here.
 //!
@@ -11,8 +12,9 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::process::Command;
 
-use gk::{GatherLayers, Kernel, Param};
-use hisparse_core::ops::copy::{copy_pages, copy_rows, gather_rows};
+use gk::plan::{self, Plan, Target};
+use gk::{Kernel, Param};
+use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
 use hisparse_core::ops::invalidate::invalidate;
 use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::resolve::resolve;
@@ -46,22 +48,6 @@ impl Rng {
     }
 }
 
-enum Arg<'a> {
-    Ptr(*const c_void),
-    U32(u32),
-    U64(u64),
-    Layers(&'a GatherLayers),
-}
-
-fn p<T>(v: &[T]) -> Arg<'static> {
-    Arg::Ptr(v.as_ptr().cast())
-}
-
-/// An argument the kernel writes through.
-fn pm<T>(v: &mut [T]) -> Arg<'static> {
-    Arg::Ptr(v.as_mut_ptr().cast_const().cast())
-}
-
 type LaunchFn = unsafe extern "C" fn(u32, u32, u32, u32, u32, u32, *mut *mut c_void) -> i32;
 
 struct Emu {
@@ -69,34 +55,97 @@ struct Emu {
     launch: LaunchFn,
 }
 
+/// The device address of a host vector (the emulated device reads and writes host memory).
+fn a<T>(v: &[T]) -> u64 {
+    v.as_ptr() as u64
+}
+
+/// The device address of a host vector the kernel writes.
+fn am<T>(v: &mut [T]) -> u64 {
+    v.as_mut_ptr() as u64
+}
+
+/// Devices the planners are asked about: a large one (shared memory of an H200), and small ones
+/// whose limits push the planners onto their other paths (tiny grids, small shared tables).
+fn target(multiprocessors: u32, shared_per_block: u64) -> Target {
+    Target {
+        multiprocessors,
+        shared_per_block,
+        shared_per_multiprocessor: shared_per_block + 1024,
+    }
+}
+
+const BIG: Target = Target {
+    multiprocessors: 132,
+    shared_per_block: 227 * 1024,
+    shared_per_multiprocessor: 228 * 1024,
+};
+
 impl Emu {
-    fn run(&self, k: Kernel, grid: (u32, u32, u32), block: u32, smem: u64, args: &[Arg<'_>]) {
-        assert_eq!(args.len(), k.abi().params.len(), "{}", k.name());
-        let mut ptrs: Vec<*mut c_void> = args
+    /// Executes `plan` as a backend would: stages its lists (16-byte aligned copies), places a
+    /// workspace whose counter area is zero and whose rest is garbage (kernels must initialise
+    /// what they read), resolves the symbolic pointers and runs the launches in order.
+    /// Returns the workspace counter after the launches (0 without a workspace).
+    fn execute(&self, mut plan: Plan) -> u32 {
+        let staged: Vec<Vec<u128>> = plan
+            .staged
             .iter()
-            .map(|a| match a {
-                Arg::Ptr(p) => (p as *const *const c_void).cast_mut().cast(),
-                Arg::U32(v) => (v as *const u32).cast_mut().cast(),
-                Arg::U64(v) => (v as *const u64).cast_mut().cast(),
-                Arg::Layers(l) => (*l as *const GatherLayers).cast_mut().cast(),
+            .map(|b| {
+                let mut v = vec![0u128; b.len().div_ceil(16).max(1)];
+                bytemuck::cast_slice_mut::<u128, u8>(&mut v)[..b.len()].copy_from_slice(b);
+                v
             })
             .collect();
-        let idx = Kernel::ALL.iter().position(|x| *x == k).expect("kernel") as u32;
-        // SAFETY: the generated wrapper reads exactly `args.len()` argument addresses with the
-        // ABI table's types (asserted above), and every pointer argument addresses a live Vec
-        // that the descriptor's `check` (run by the reference first) proved large enough.
-        let rc = unsafe {
-            (self.launch)(
-                idx,
-                grid.0,
-                grid.1,
-                grid.2,
-                block,
-                smem as u32,
-                ptrs.as_mut_ptr(),
-            )
+        let addrs: Vec<u64> = staged.iter().map(|v| a(v)).collect();
+        let mut workspace = vec![
+            0xA5A5_A5A5_A5A5_A5A5_A5A5_A5A5_A5A5_A5A5u128;
+            (plan.workspace_bytes as usize).div_ceil(16) + 1
+        ];
+        workspace[0] = 0;
+        let ws = if plan.workspace_bytes > 0 {
+            am(&mut workspace)
+        } else {
+            0
         };
-        assert_eq!(rc, 0);
+        for l in &mut plan.launches {
+            assert!(
+                l.variant.is_none(),
+                "variants are not part of the emulated source"
+            );
+            let abi = l.kernel.abi();
+            l.args.matches(&abi).unwrap();
+            assert!(
+                l.block == abi.block_threads
+                    || (abi.variable_block && l.block <= abi.block_threads && l.block % 64 == 0),
+                "{}: block {}",
+                abi.name,
+                l.block
+            );
+            l.args.resolve(&addrs, ws).unwrap();
+            let mut ptrs = l.args.pointers().unwrap();
+            let idx = Kernel::ALL
+                .iter()
+                .position(|x| *x == l.kernel)
+                .expect("kernel") as u32;
+            // SAFETY: the generated wrapper reads exactly one argument address per parameter with
+            // the ABI table's types (checked above), and every pointer argument addresses a live
+            // host vector (the test's buffers, the staged copies, the workspace) that the core's
+            // `check` (run by the reference first) proved large enough.
+            let rc = unsafe {
+                (self.launch)(
+                    idx,
+                    l.grid[0],
+                    l.grid[1],
+                    l.grid[2],
+                    l.block,
+                    l.shared,
+                    ptrs.as_mut_ptr(),
+                )
+            };
+            assert_eq!(rc, 0);
+        }
+        drop(staged);
+        bytemuck::cast_slice::<u128, u32>(&workspace)[0]
     }
 }
 
@@ -246,39 +295,15 @@ fn check_remap(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     }
     let mut got = vec![7i32; (t * k) as usize];
     let mut got_c = vec![7i32; t as usize];
-    let flags = (u32::from(map_len.is_some()) * gk::REMAP_HAS_MAP)
-        | (u32::from(desc.write_counts) * gk::REMAP_COUNTS)
-        | (u32::from(desc.compact) * gk::REMAP_COMPACT);
-    emu.run(
-        Kernel::Remap,
-        (t, 1, 1),
-        gk::REMAP_THREADS,
-        0,
-        &[
-            p(&req),
-            p(&table),
-            p(&topk),
-            if map_len.is_some() {
-                p(&map)
-            } else {
-                Arg::Ptr(std::ptr::null())
-            },
-            pm(&mut got),
-            if desc.write_counts {
-                pm(&mut got_c)
-            } else {
-                Arg::Ptr(std::ptr::null())
-            },
-            Arg::U32(t),
-            Arg::U32(k),
-            Arg::U32(rows),
-            Arg::U32(m),
-            Arg::U32(bs),
-            Arg::U32(stride),
-            Arg::U32(map_len.unwrap_or(0)),
-            Arg::U32(flags),
-        ],
-    );
+    let addrs = plan::RemapAddrs {
+        req_id: a(&req),
+        block_table: a(&table),
+        topk: a(&topk),
+        idx_mapping: if map_len.is_some() { a(&map) } else { 0 },
+        out: am(&mut got),
+        counts: if desc.write_counts { am(&mut got_c) } else { 0 },
+    };
+    emu.execute(plan::remap(&BIG, &desc, &addrs).map_err(|e| e.to_string())?);
     if got != want || got_c != want_c {
         return Err(format!("remap differs for {desc:?}"));
     }
@@ -286,19 +311,26 @@ fn check_remap(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
 }
 
 #[allow(clippy::too_many_lines)]
-/// How `check_resolve` launches `hs_resolve`: the shared table capacity (`None`: sized for two
-/// rows), whether the per-request state is forced into the workspace (global-state mode), and a
-/// fixed `hot_slots` (`None`: random).
+/// How `check_resolve` has the planner launch `hs_resolve`: the shared table capacity the device
+/// leaves room for (`None`: a large device), whether the per-request state is forced into the
+/// workspace (global-state mode), a fixed `hot_slots` (`None`: random), and the multiprocessors
+/// (fewer than rows halves a block's shared memory).
 #[derive(Clone, Copy, Debug)]
 struct ResolveMode {
     smem_table: Option<u32>,
     global: bool,
     hot_slots: Option<u32>,
+    multiprocessors: u32,
 }
 
 fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), String> {
     let smem_table = mode.smem_table;
-    let k = rng.int(1, 40) as u32;
+    // Mostly short rows (one pass of the kernel's block); sometimes rows longer than one pass.
+    let k = if rng.pct(10) {
+        rng.int(2049, 2200) as u32
+    } else {
+        rng.int(1, 40) as u32
+    };
     let bs = rng.int(1, 8) as u32;
     let r = rng.int(1, 3) as u32;
     let n = if let Some(n) = mode.hot_slots {
@@ -413,61 +445,55 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
             vec![9; t as usize],
             vec![9; t as usize],
         );
-        let table = smem_table.unwrap_or_else(|| {
-            gk::resolve_table_entries(u64::from(k) * u64::from(t.min(2))) as u32
-        });
-        let (ws_entries, shared, table_arg) = if mode.global {
-            (
-                gk::resolve_global_workspace_entries(t, k, r, n, true),
-                gk::resolve_global_shared_bytes(table),
-                table | gk::RESOLVE_GLOBAL_STATE,
-            )
-        } else {
-            (
-                gk::resolve_workspace_entries(t, k),
-                gk::resolve_shared_bytes(n, table),
-                table,
-            )
+        // The device the planner sizes for: room for everything, or exactly enough shared memory
+        // for a table of `x` entries (beside the state, unless global-state mode).
+        let tgt = match smem_table {
+            None => BIG,
+            Some(x) => {
+                let state = if mode.global {
+                    0
+                } else {
+                    gk::resolve_shared_bytes(n, 0)
+                };
+                target(
+                    mode.multiprocessors,
+                    gk::RESOLVE_STATIC_SHARED_BYTES + state + 16 * u64::from(x) + 8,
+                )
+            }
         };
-        let mut ws = vec![0u8; 16 * ws_entries as usize + 16];
-        let mut counter = vec![0u32; 4];
-        emu.run(
-            Kernel::Resolve,
-            (t, 1, 1),
-            gk::RESOLVE_THREADS,
-            shared,
-            &[
-                p(&req),
-                p(&topk),
-                p(&resident),
-                p(&host),
-                p(&hot),
-                pm(&mut gdgi),
-                pm(&mut glru),
-                pm(&mut gind),
-                pm(&mut gvc),
-                pm(&mut ghc),
-                pm(&mut gmc),
-                pm(&mut gsrc),
-                pm(&mut gdst),
-                Arg::Ptr(ws.as_mut_ptr().wrapping_add(16).cast_const().cast()),
-                pm(&mut counter),
-                Arg::U32(ws_entries as u32),
-                Arg::U32(table_arg),
-                Arg::U32(t),
-                Arg::U32(k),
-                Arg::U32(r),
-                Arg::U32(pages),
-                Arg::U32(bs),
-                Arg::U32(n),
-                Arg::U32(stride),
-                Arg::U32(host_blocks),
-            ],
-        );
-        if u64::from(counter[0]) > ws_entries {
+        let shape = plan::resolve_shape(&tgt, &d, mode.global);
+        // (With more rows than multiprocessors a block gets half as much: smaller tables.)
+        if let Some(x) = smem_table.filter(|_| t <= tgt.multiprocessors) {
+            let biggest = gk::resolve_table_entries(u64::from(t) * u64::from(k)) as u32;
+            let want = if x >= 16 { x.min(biggest) } else { 0 };
+            if shape.shared_table != want {
+                return Err(format!(
+                    "shared table {} instead of {want} ({mode:?})",
+                    shape.shared_table
+                ));
+            }
+        }
+        let addrs = plan::ResolveAddrs {
+            req_id: a(&req),
+            topk: a(&topk),
+            resident_table: a(&resident),
+            host_table: a(&host),
+            hot_table: a(&hot),
+            dgi: am(&mut gdgi),
+            lru: am(&mut glru),
+            indices: am(&mut gind),
+            valid_counts: am(&mut gvc),
+            hit_counts: am(&mut ghc),
+            miss_counts: am(&mut gmc),
+            miss_src: am(&mut gsrc),
+            miss_dst: am(&mut gdst),
+        };
+        let planned = plan::resolve(&tgt, &d, &addrs, mode.global).map_err(|e| e.to_string())?;
+        let ws_entries = planned.workspace_bytes.saturating_sub(16) / 16;
+        let counter = emu.execute(planned);
+        if u64::from(counter) > ws_entries {
             return Err(format!(
-                "resolve took {} workspace entries, the host sized {ws_entries} ({mode:?}, {d:?})",
-                counter[0]
+                "resolve took {counter} workspace entries, the host sized {ws_entries} ({mode:?}, {d:?})"
             ));
         }
         for (name, a, b) in [
@@ -481,7 +507,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         ] {
             if a != b {
                 return Err(format!(
-                    "resolve {name} differs (table {table}, {mode:?}) for {d:?} req {req:?}\n want {a:?}\n  got {b:?}"
+                    "resolve {name} differs ({shape:?}, {mode:?}) for {d:?} req {req:?}\n want {a:?}\n  got {b:?}"
                 ));
             }
         }
@@ -537,6 +563,8 @@ fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     let nl = rng.int(1, 3) as u32;
     let (layers, hl, dl) = pair_layers(rng, nl);
     let l0 = layers[0];
+    // A small device sometimes, so the persistent gather grid is smaller than its work.
+    let tgt = target(if rng.pct(50) { 1 } else { 132 }, 48 * 1024);
     // gather
     let t = rng.int(1, 3) as u32;
     let k = rng.int(1, 40) as u32;
@@ -582,111 +610,66 @@ fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let mut got = dev0.clone();
-    let table = GatherLayers::new(&layers);
-    emu.run(
-        Kernel::GatherRows,
-        (k.div_ceil(gk::GATHER_ROWS), t, nl),
-        gk::GATHER_THREADS,
-        0,
-        &[
-            p(&src),
-            p(&dst),
-            p(&counts),
-            p(&host),
-            pm(&mut got),
-            Arg::U32(t),
-            Arg::U32(k),
-            Arg::Layers(&table),
-        ],
-    );
+    let addrs = plan::GatherAddrs {
+        plan_src: a(&src),
+        plan_dst: a(&dst),
+        plan_counts: a(&counts),
+        host: a(&host),
+        device: am(&mut got),
+    };
+    emu.execute(plan::gather(&tgt, &desc, &addrs).map_err(|e| e.to_string())?);
     if got != want {
         return Err("gather differs".into());
     }
-    // page copies, both directions (distinct destinations)
+    // Page copies both ways, destinations sometimes repeated (the later pair wins: the planner
+    // must split the launch).
     for dir in [Direction::DeviceToHost, Direction::HostToDevice] {
         let (sb, db) = match dir {
             Direction::DeviceToHost => (l0.device.num_blocks, l0.host.num_blocks),
             Direction::HostToDevice => (l0.host.num_blocks, l0.device.num_blocks),
         };
-        let mut dsts: Vec<u32> = (0..db).collect();
-        for i in (1..dsts.len()).rev() {
-            dsts.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        let pairs: Vec<BlockPair> = dsts
-            .iter()
-            .take(rng.int(1, i64::from(db)) as usize)
-            .map(|&d| BlockPair {
+        let pairs: Vec<BlockPair> = (0..rng.int(1, i64::from(db) + 2))
+            .map(|_| BlockPair {
                 src: rng.below(u64::from(sb)) as u32,
-                dst: d,
+                dst: rng.below(u64::from(db)) as u32,
             })
             .collect();
         let (mut wh, mut wd) = (fill(rng, hl), fill(rng, dl));
         let (mut gh, mut gd) = (wh.clone(), wd.clone());
-        copy_pages(
-            &PageCopyDesc {
-                direction: dir,
-                layers: &layers,
-            },
-            &pairs,
-            &mut wh,
-            &mut wd,
-        )
-        .map_err(|e| e.to_string())?;
-        let jobs: Vec<gk::PageJob> = layers
+        let pdesc = PageCopyDesc {
+            direction: dir,
+            layers: &layers,
+        };
+        copy_pages(&pdesc, &pairs, &mut wh, &mut wd).map_err(|e| e.to_string())?;
+        let jobs: Vec<(PageLayout, PageLayout)> = layers
             .iter()
-            .map(|l| {
-                let (s, d) = match dir {
-                    Direction::DeviceToHost => (l.device, l.host),
-                    Direction::HostToDevice => (l.host, l.device),
-                };
-                gk::PageJob {
-                    src_base: s.base,
-                    src_stride: s.block_stride,
-                    dst_base: d.base,
-                    dst_stride: d.block_stride,
-                    page_bytes: s.page_bytes(),
-                }
-            })
-            .collect();
-        let kp: Vec<gk::Pair> = pairs
-            .iter()
-            .map(|q| gk::Pair {
-                src: q.src,
-                dst: q.dst,
+            .map(|l| match dir {
+                Direction::DeviceToHost => (l.device, l.host),
+                Direction::HostToDevice => (l.host, l.device),
             })
             .collect();
         let (sp, dp) = match dir {
-            Direction::DeviceToHost => (p(&gd), pm(&mut gh)),
-            Direction::HostToDevice => (p(&gh), pm(&mut gd)),
+            Direction::DeviceToHost => (a(&gd), am(&mut gh)),
+            Direction::HostToDevice => (a(&gh), am(&mut gd)),
         };
-        emu.run(
-            Kernel::CopyPages,
-            (3, 1, 1),
-            gk::COPY_THREADS,
-            0,
-            &[
-                p(&jobs),
-                Arg::U32(nl),
-                p(&kp),
-                Arg::U32(kp.len() as u32),
-                sp,
-                dp,
-            ],
+        emu.execute(
+            plan::copy_pages(&tgt, &jobs, &pairs, sp, dp, false).map_err(|e| e.to_string())?,
         );
         if gh != wh || gd != wd {
-            return Err(format!("copy_pages {dir:?} differs"));
+            return Err(format!("copy_pages {dir:?} differs for {pairs:?}"));
         }
-        // row spans, one per distinct destination block
-        let spans: Vec<RowSpan> = dsts
-            .iter()
-            .take(rng.int(1, i64::from(db)) as usize)
-            .map(|&d| {
+        // Row spans, destination rows sometimes repeated.
+        let spans: Vec<RowSpan> = (0..rng.int(1, i64::from(db) + 2))
+            .map(|_| {
                 let first = rng.below(u64::from(l0.host.block_size)) as u32;
                 let num = rng.int(0, i64::from(l0.host.block_size - first)) as u32;
-                let other = rng.below(u64::from(sb)) as u32;
+                let (d, o) = (
+                    rng.below(u64::from(db)) as u32,
+                    rng.below(u64::from(sb)) as u32,
+                );
                 let (device_block, host_block) = match dir {
-                    Direction::DeviceToHost => (other, d),
-                    Direction::HostToDevice => (d, other),
+                    Direction::DeviceToHost => (o, d),
+                    Direction::HostToDevice => (d, o),
                 };
                 RowSpan {
                     device_block,
@@ -698,53 +681,43 @@ fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
             .collect();
         let (mut wh, mut wd) = (fill(rng, hl), fill(rng, dl));
         let (mut gh, mut gd) = (wh.clone(), wd.clone());
-        copy_rows(
-            &RowCopyDesc {
-                direction: dir,
-                layers: &layers,
-            },
-            &spans,
-            &mut wh,
-            &mut wd,
-        )
-        .map_err(|e| e.to_string())?;
-        let kl: Vec<gk::LayerPairAbi> = layers.iter().map(gk::LayerPairAbi::from).collect();
-        let ks: Vec<gk::Span> = spans
-            .iter()
-            .map(|s| gk::Span {
-                device_block: s.device_block,
-                host_block: s.host_block,
-                first_row: s.first_row,
-                num_rows: s.num_rows,
-            })
-            .collect();
-        let direction = match dir {
-            Direction::DeviceToHost => gk::DIRECTION_DEVICE_TO_HOST,
-            Direction::HostToDevice => gk::DIRECTION_HOST_TO_DEVICE,
+        let rdesc = RowCopyDesc {
+            direction: dir,
+            layers: &layers,
         };
-        emu.run(
-            Kernel::CopyRows,
-            (2, 1, 1),
-            gk::COPY_THREADS,
-            0,
-            &[
-                p(&kl),
-                Arg::U32(nl),
-                p(&ks),
-                Arg::U32(ks.len() as u32),
-                Arg::U32(direction),
-                pm(&mut gh),
-                pm(&mut gd),
-            ],
-        );
+        copy_rows(&rdesc, &spans, &mut wh, &mut wd).map_err(|e| e.to_string())?;
+        let (h, d) = (am(&mut gh), am(&mut gd));
+        emu.execute(plan::copy_rows(&tgt, &rdesc, &spans, h, d).map_err(|e| e.to_string())?);
         if gh != wh || gd != wd {
-            return Err(format!("copy_rows {dir:?} differs"));
+            return Err(format!("copy_rows {dir:?} differs for {spans:?}"));
         }
+    }
+    // Host copy-on-write in one buffer: chains (a destination read by a later pair) and repeats.
+    let host_layers: Vec<PageLayout> = layers.iter().map(|l| l.host).collect();
+    let hb = l0.host.num_blocks;
+    let pairs: Vec<BlockPair> = (0..rng.int(1, 6))
+        .filter_map(|_| {
+            let (s, d) = (
+                rng.below(u64::from(hb)) as u32,
+                rng.below(u64::from(hb)) as u32,
+            );
+            (s != d).then_some(BlockPair { src: s, dst: d })
+        })
+        .collect();
+    let mut wh = fill(rng, hl);
+    let mut gh = wh.clone();
+    copy_host_pages(&host_layers, &pairs, &mut wh).map_err(|e| e.to_string())?;
+    let jobs: Vec<(PageLayout, PageLayout)> = host_layers.iter().map(|l| (*l, *l)).collect();
+    let h = am(&mut gh);
+    emu.execute(plan::copy_pages(&tgt, &jobs, &pairs, h, h, true).map_err(|e| e.to_string())?);
+    if gh != wh {
+        return Err(format!("copy_host_pages differs for {pairs:?}"));
     }
     Ok(())
 }
 
 fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+    let tgt = target(if rng.pct(50) { 1 } else { 132 }, 48 * 1024);
     // invalidate
     let (r, n, nr) = (
         rng.int(1, 3) as u32,
@@ -767,18 +740,7 @@ fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
-    emu.run(
-        Kernel::Invalidate,
-        (2, 1, 1),
-        gk::INVALIDATE_THREADS,
-        0,
-        &[
-            p(&ranges),
-            Arg::U32(nr),
-            pm(&mut got),
-            Arg::U64(u64::from(r * n)),
-        ],
-    );
+    emu.execute(plan::invalidate(&tgt, &desc, a(&ranges), am(&mut got)));
     if got != want {
         return Err("invalidate differs".into());
     }
@@ -815,24 +777,14 @@ fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
-    emu.run(
-        Kernel::CompressedSlotMapping,
-        (t.div_ceil(gk::SLOT_THREADS), 1, 1),
-        gk::SLOT_THREADS,
-        0,
-        &[
-            p(&pos),
-            p(&slots),
-            p(&trow),
-            p(&table),
-            pm(&mut got),
-            Arg::U32(t),
-            Arg::U32(ratio),
-            Arg::U32(bs),
-            Arg::U32(rows),
-            Arg::U32(m),
-        ],
-    );
+    let addrs = plan::SlotMappingAddrs {
+        positions: a(&pos),
+        slot_mapping: a(&slots),
+        table_row: a(&trow),
+        block_table: a(&table),
+        out: am(&mut got),
+    };
+    emu.execute(plan::slot_mapping(&d, &addrs));
     if got != want {
         return Err("compressed_slot_mapping differs".into());
     }
@@ -840,8 +792,9 @@ fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
 }
 
 /// Sparse table writes (random sorted unique indices, extreme values) and hot-state resets
-/// (rows listed more than once), launched with grids smaller than the work (grid-stride).
+/// (rows listed more than once), with grids smaller than the work on a small device.
 fn check_tables(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+    let tgt = target(1, 48 * 1024);
     let len = rng.int(1, 3000) as u32;
     let density = *[1u64, 30, 100].get(rng.below(3) as usize).unwrap_or(&30);
     let mut writes = Vec::new();
@@ -862,21 +815,12 @@ fn check_tables(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     let mut want = table.clone();
     write_table(&desc, &writes, &mut want[..len as usize]).map_err(|e| e.to_string())?;
     let mut got = table.clone();
-    let abi: Vec<gk::TableWriteAbi> = writes.iter().map(gk::TableWriteAbi::from).collect();
-    if !abi.is_empty() {
-        emu.run(
-            Kernel::WriteTable,
-            (rng.int(1, 3) as u32, 1, 1),
-            gk::TABLE_THREADS,
-            0,
-            &[
-                p(&abi),
-                Arg::U32(abi.len() as u32),
-                pm(&mut got),
-                Arg::U32(len),
-            ],
-        );
+    let planned =
+        plan::write_table(&tgt, &desc, &writes, am(&mut got)).map_err(|e| e.to_string())?;
+    if writes.is_empty() != planned.launches.is_empty() {
+        return Err("an empty write list must enqueue nothing, any other list one launch".into());
     }
+    emu.execute(planned);
     if got != want {
         return Err(format!(
             "write_table differs ({} writes over {len})",
@@ -897,20 +841,9 @@ fn check_tables(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     let (mut want_dgi, mut want_lru) = (dgi.clone(), lru.clone());
     reset_hot_state(&desc, &rows, &mut want_dgi, &mut want_lru).map_err(|e| e.to_string())?;
     let (mut got_dgi, mut got_lru) = (dgi, lru);
-    emu.run(
-        Kernel::ResetHotState,
-        (rng.int(1, 3) as u32, 1, 1),
-        gk::TABLE_THREADS,
-        0,
-        &[
-            p(&rows),
-            Arg::U32(rows.len() as u32),
-            pm(&mut got_dgi),
-            pm(&mut got_lru),
-            Arg::U32(r),
-            Arg::U32(n),
-        ],
-    );
+    let planned = plan::reset_hot_state(&tgt, &desc, &rows, am(&mut got_dgi), am(&mut got_lru))
+        .map_err(|e| e.to_string())?;
+    emu.execute(planned);
     if got_dgi != want_dgi || got_lru != want_lru {
         return Err(format!(
             "reset_hot_state differs (rows {rows:?}, {n} slots)"
@@ -954,6 +887,7 @@ fn main() {
             smem_table: smem,
             global: false,
             hot_slots: None,
+            multiprocessors: if seed % 2 == 0 { 132 } else { 2 },
         };
         // The same launches with the per-request state in the workspace, and the largest
         // hot-slot count (32768, beyond any AMD GPU's shared memory) in global-state mode.

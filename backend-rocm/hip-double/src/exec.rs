@@ -87,7 +87,15 @@ pub unsafe fn decode(
         }
         args.push(bytes);
     }
-    if block != [abi.block_threads, 1, 1] {
+    // The block the kernel is written for; kernels with a variable block take any multiple of
+    // 64 threads (whole wavefronts) up to it.
+    let block_ok = block == [abi.block_threads, 1, 1]
+        || (abi.variable_block
+            && block[0] <= abi.block_threads
+            && block[0] > 0
+            && block[0].is_multiple_of(64)
+            && block[1..] == [1, 1]);
+    if !block_ok {
         return Err(HIP_ERROR_INVALID_CONFIGURATION);
     }
     Ok(Launch {
@@ -216,7 +224,7 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
         abi: l.kernel.abi(),
         args: &l.args,
     };
-    debug_assert_eq!(l.block[0], p.abi.block_threads);
+    debug_assert!(l.block[0] <= p.abi.block_threads);
     match l.kernel {
         Kernel::Remap => run_remap(st, l, &p),
         Kernel::Resolve => run_resolve(st, l, &p),
@@ -243,7 +251,8 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
         write_counts: flags & gk::REMAP_COUNTS != 0,
         compact: flags & gk::REMAP_COMPACT != 0,
     };
-    need_grid(l, [desc.num_tokens.into(), 1, 1])?;
+    // Blocks take token rows grid-stride: any grid covers every row.
+    need_grid(l, [1, 1, 1])?;
     let t = desc.num_tokens as usize;
     let tk = t * desc.top_k as usize;
     let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
@@ -447,10 +456,8 @@ fn run_gather(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> 
         .map(|i| layer_pair(&g[16 + 80 * i..16 + 80 * (i + 1)]))
         .collect();
     let (t, k) = (p.u32("num_tokens"), p.u32("top_k"));
-    need_grid(
-        l,
-        [k.div_ceil(gk::GATHER_ROWS).into(), t.into(), count as u64],
-    )?;
+    // Blocks walk the work items grid-stride (any grid x); grid z covers the layers.
+    need_grid(l, [1, 1, count as u64])?;
     let tk = t as usize * k as usize;
     let src = read_i32(st, "plan_src", p.ptr("plan_src"), tk)?;
     let dst = read_i32(st, "plan_dst", p.ptr("plan_dst"), tk)?;

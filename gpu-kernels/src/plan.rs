@@ -1,0 +1,968 @@
+//! What to launch: one planner per operation, shared by the CUDA and ROCm backends.
+//!
+//! A planner takes an operation's descriptor (already checked by the core), the device addresses
+//! of its buffers and what it needs to know about the device ([`Target`]), and returns a [`Plan`]:
+//! the host-side lists to stage in device-readable memory ([`Plan::staged`]), the size of the
+//! stream's resolver workspace ([`Plan::workspace_bytes`]) and the launches in stream order, each
+//! with its grid, block, dynamic shared memory and packed arguments ([`Launch`]). A backend only
+//! places the staged parts and the workspace, resolves the symbolic pointers
+//! ([`crate::args::Args::resolve`]) and enqueues the launches; it never decides a launch shape.
+//!
+//! Every rule about launch shapes lives here once: the grid of grid-stride kernels, the
+//! resolver's shared wanted-row table and workspace, the gather's layer chunks, and the splitting
+//! of page and row copies into launches that honour the core's copy-conflict rule
+//! ([`hisparse_core::ops::copy::copy_batches`]).
+
+use core::fmt;
+use core::ops::Range;
+
+use hisparse_core::ops::copy::{ByteRange, CopyFootprint, copy_batches};
+use hisparse_core::ops::{
+    BlockPair, Direction, GatherDesc, HotResetDesc, InvalidateDesc, PageLayout, RemapDesc,
+    ResolveDesc, RowCopyDesc, RowSpan, SlotMappingDesc, TableWrite, TableWriteDesc,
+};
+
+use crate::args::Args;
+use crate::{
+    COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE, GATHER_MAX_LAYERS,
+    GATHER_ROWS, GATHER_THREADS, GatherLayers, INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob,
+    Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, RESOLVE_GLOBAL_STATE,
+    RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS, Span, TABLE_THREADS, TableWriteAbi,
+    resolve_global_shared_bytes, resolve_global_workspace_entries, resolve_shared_bytes,
+    resolve_table_entries, resolve_workspace_entries,
+};
+
+/// What the planners need to know about the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// Multiprocessors (CUDA SMs, AMD compute units).
+    pub multiprocessors: u32,
+    /// Shared memory one block may use, static and dynamic together (CUDA: the opt-in maximum).
+    pub shared_per_block: u64,
+    /// Shared memory of one multiprocessor (what blocks resident together share).
+    pub shared_per_multiprocessor: u64,
+}
+
+/// Blocks per multiprocessor the grid of a grid-stride kernel provides for.
+pub const STRIDE_BLOCKS_PER_MULTIPROCESSOR: u64 = 8;
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The kernel (its parameters, and its symbol unless [`Launch::variant`] names another).
+    pub kernel: Kernel,
+    /// The symbol of an A/B variant with `kernel`'s parameters (`crate::variants`), or `None`
+    /// for the production kernel.
+    pub variant: Option<&'static str>,
+    /// Grid `(x, y, z)`.
+    pub grid: [u32; 3],
+    /// Threads per block (one dimension).
+    pub block: u32,
+    /// Dynamic shared memory in bytes.
+    pub shared: u32,
+    /// The arguments, in the kernel's ABI order.
+    pub args: Args,
+}
+
+/// Everything one operation enqueues.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Host-side lists the kernels read, to copy into device-readable memory before the launches
+    /// (each part placed at a 16-byte aligned address; arguments name them by index).
+    pub staged: Vec<Vec<u8>>,
+    /// Bytes of the stream's resolver workspace the launches use (0: none). Its first 16 bytes
+    /// are a counter area that must be zero when the first launch starts: the backend clears
+    /// them on the stream, before the launches.
+    pub workspace_bytes: u64,
+    /// The launches, in stream order.
+    pub launches: Vec<Launch>,
+}
+
+impl Plan {
+    /// A plan that enqueues nothing.
+    pub fn empty() -> Plan {
+        Plan::default()
+    }
+
+    fn one(launch: Launch) -> Plan {
+        Plan {
+            launches: vec![launch],
+            ..Plan::default()
+        }
+    }
+
+    fn stage(&mut self, bytes: Vec<u8>) -> usize {
+        self.staged.push(bytes);
+        self.staged.len() - 1
+    }
+}
+
+/// An operation one launch of these kernels cannot express.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanError {
+    /// What is too large.
+    pub what: &'static str,
+    /// Its value.
+    pub value: u64,
+    /// The largest value the kernels handle.
+    pub limit: u64,
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} = {} exceeds what one launch of these kernels handles ({}); split the call",
+            self.what, self.value, self.limit
+        )
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+fn limit(what: &'static str, value: u64, limit: u64) -> Result<(), PlanError> {
+    if value > limit {
+        Err(PlanError { what, value, limit })
+    } else {
+        Ok(())
+    }
+}
+
+/// Blocks of a grid-stride kernel over `work` items of `per_block` each: enough for the work, at
+/// most [`STRIDE_BLOCKS_PER_MULTIPROCESSOR`] per multiprocessor.
+pub fn stride_grid(t: &Target, work: u64, per_block: u64) -> u32 {
+    let cap = u64::from(t.multiprocessors.max(1)) * STRIDE_BLOCKS_PER_MULTIPROCESSOR;
+    work.div_ceil(per_block.max(1)).clamp(1, cap) as u32
+}
+
+// ------------------------------------------------------------------------------------------------
+// Remap
+// ------------------------------------------------------------------------------------------------
+
+/// Device addresses of a remap's buffers (`idx_mapping` and `counts` 0 when absent).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per buffer of `RemapArgs`
+pub struct RemapAddrs {
+    pub req_id: u64,
+    pub block_table: u64,
+    pub topk: u64,
+    pub idx_mapping: u64,
+    pub out: u64,
+    pub counts: u64,
+}
+
+/// Threads per block of `hs_remap` for rows of `top_k` entries: one 16-byte vector (4 entries)
+/// per thread when `top_k` is a multiple of 4, else one entry, rounded up to a multiple of 64
+/// (whole warps of 32 and whole wavefronts of 64), between 64 and [`REMAP_MAX_THREADS`] (longer
+/// rows take several passes).
+pub const fn remap_threads(top_k: u32) -> u32 {
+    let per_thread = if top_k.is_multiple_of(4) {
+        top_k / 4
+    } else {
+        top_k
+    };
+    let t = per_thread.div_ceil(64) * 64;
+    if t < 64 {
+        64
+    } else if t > REMAP_MAX_THREADS {
+        REMAP_MAX_THREADS
+    } else {
+        t
+    }
+}
+
+/// `hs_remap`: one block per token row.
+pub fn remap(_t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
+    if d.num_tokens == 0 {
+        return Ok(Plan::empty());
+    }
+    limit("remap num_tokens", d.num_tokens.into(), i32::MAX as u64)?;
+    let mut flags = 0;
+    if d.idx_mapping_len.is_some() {
+        flags |= REMAP_HAS_MAP;
+    }
+    if d.write_counts {
+        flags |= REMAP_COUNTS;
+    }
+    if d.compact {
+        flags |= REMAP_COMPACT;
+    }
+    let mut args = Args::default();
+    args.ptr(a.req_id)
+        .ptr(a.block_table)
+        .ptr(a.topk)
+        .ptr(a.idx_mapping)
+        .ptr(a.out)
+        .ptr(a.counts)
+        .u32(d.num_tokens)
+        .u32(d.top_k)
+        .u32(d.table_rows)
+        .u32(d.max_blocks)
+        .u32(d.block_size)
+        .u32(d.block_stride_rows)
+        .u32(d.idx_mapping_len.unwrap_or(0))
+        .u32(flags);
+    Ok(Plan::one(Launch {
+        variant: None,
+        kernel: Kernel::Remap,
+        grid: [d.num_tokens, 1, 1],
+        block: remap_threads(d.top_k),
+        shared: 0,
+        args,
+    }))
+}
+
+// ------------------------------------------------------------------------------------------------
+// Resolve
+// ------------------------------------------------------------------------------------------------
+
+/// Device addresses of a resolve's buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per buffer of `ResolveArgs`
+pub struct ResolveAddrs {
+    pub req_id: u64,
+    pub topk: u64,
+    pub resident_table: u64,
+    pub host_table: u64,
+    pub hot_table: u64,
+    pub dgi: u64,
+    pub lru: u64,
+    pub indices: u64,
+    pub valid_counts: u64,
+    pub hit_counts: u64,
+    pub miss_counts: u64,
+    pub miss_src: u64,
+    pub miss_dst: u64,
+}
+
+/// How `hs_resolve` keeps a request's state, decided per launch by [`resolve_shape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ResolveShape {
+    /// LRU copy, partition and bitmap in the workspace instead of shared memory.
+    pub global_state: bool,
+    /// Entries of the shared wanted-row table (a power of two, or 0: every table in the
+    /// workspace).
+    pub shared_table: u32,
+    /// Dynamic shared memory of each block.
+    pub shared_bytes: u64,
+    /// 16-byte workspace entries (0: no workspace).
+    pub workspace_entries: u64,
+}
+
+/// The one rule for the resolver's memory: the per-request state (LRU copy, partition, bitmap)
+/// stays in shared memory when it fits one block's share (else every block takes it from the
+/// workspace: global-state mode, or always when `force_global`); the shared wanted-row table is
+/// the largest power of two that fits what is left, but no larger than the biggest request of
+/// the launch could need (all its rows one request). A block's share is the whole per-block
+/// maximum while there are no more rows than multiprocessors (one block each), else half a
+/// multiprocessor's shared memory (two blocks resident together). Requests whose table does not
+/// fit take it from the workspace.
+pub fn resolve_shape(t: &Target, d: &ResolveDesc, force_global: bool) -> ResolveShape {
+    let per_block = t
+        .shared_per_block
+        .saturating_sub(RESOLVE_STATIC_SHARED_BYTES);
+    let share = if d.num_tokens > t.multiprocessors {
+        per_block.min((t.shared_per_multiprocessor / 2).saturating_sub(RESOLVE_STATIC_SHARED_BYTES))
+    } else {
+        per_block
+    };
+    let (n, k) = (d.hot_slots, d.top_k);
+    let global_state = force_global || resolve_shared_bytes(n, 0) > share;
+    let bytes = |table: u64| {
+        if global_state {
+            resolve_global_shared_bytes(table as u32)
+        } else {
+            resolve_shared_bytes(n, table as u32)
+        }
+    };
+    let biggest = resolve_table_entries(u64::from(d.num_tokens) * u64::from(k));
+    let mut table = biggest.min(1 << 30);
+    while table >= 16 && bytes(table) > share {
+        table /= 2;
+    }
+    if table < 16 {
+        table = 0;
+    }
+    let tables_in_workspace = biggest > table;
+    let workspace_entries = if global_state {
+        resolve_global_workspace_entries(d.num_tokens, k, d.num_requests, n, tables_in_workspace)
+    } else if tables_in_workspace {
+        resolve_workspace_entries(d.num_tokens, k)
+    } else {
+        0
+    };
+    ResolveShape {
+        global_state,
+        shared_table: table as u32,
+        shared_bytes: bytes(table),
+        workspace_entries,
+    }
+}
+
+/// `hs_resolve`: one block per token row (the first row of each request resolves it).
+pub fn resolve(
+    t: &Target,
+    d: &ResolveDesc,
+    a: &ResolveAddrs,
+    force_global: bool,
+) -> Result<Plan, PlanError> {
+    if d.num_tokens == 0 {
+        return Ok(Plan::empty());
+    }
+    let entries = u64::from(d.num_tokens) * u64::from(d.top_k);
+    limit("resolve num_tokens * top_k", entries, (1 << 28) - 1)?;
+    limit("resolve num_tokens", d.num_tokens.into(), i32::MAX as u64)?;
+    let shape = resolve_shape(t, d, force_global);
+    limit(
+        "resolve workspace entries",
+        shape.workspace_entries,
+        u32::MAX.into(),
+    )?;
+    let table_arg = if shape.global_state {
+        shape.shared_table | RESOLVE_GLOBAL_STATE
+    } else {
+        shape.shared_table
+    };
+    let mut args = Args::default();
+    args.ptr(a.req_id)
+        .ptr(a.topk)
+        .ptr(a.resident_table)
+        .ptr(a.host_table)
+        .ptr(a.hot_table)
+        .ptr(a.dgi)
+        .ptr(a.lru)
+        .ptr(a.indices)
+        .ptr(a.valid_counts)
+        .ptr(a.hit_counts)
+        .ptr(a.miss_counts)
+        .ptr(a.miss_src)
+        .ptr(a.miss_dst);
+    let workspace_bytes = if shape.workspace_entries > 0 {
+        args.workspace(16).workspace(0);
+        16 + 16 * shape.workspace_entries
+    } else {
+        args.ptr(0).ptr(0);
+        0
+    };
+    args.u32(shape.workspace_entries as u32)
+        .u32(table_arg)
+        .u32(d.num_tokens)
+        .u32(d.top_k)
+        .u32(d.num_requests)
+        .u32(d.max_pages)
+        .u32(d.block_size)
+        .u32(d.hot_slots)
+        .u32(d.attention_block_stride)
+        .u32(d.host_num_blocks);
+    Ok(Plan {
+        staged: Vec::new(),
+        workspace_bytes,
+        launches: vec![Launch {
+            variant: None,
+            kernel: Kernel::Resolve,
+            grid: [d.num_tokens, 1, 1],
+            block: RESOLVE_THREADS,
+            shared: shape.shared_bytes as u32,
+            args,
+        }],
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Gather
+// ------------------------------------------------------------------------------------------------
+
+/// Device addresses of a gather's buffers (`host`: the device address of the mapped host pool).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per buffer of `GatherArgs`
+pub struct GatherAddrs {
+    pub plan_src: u64,
+    pub plan_dst: u64,
+    pub plan_counts: u64,
+    pub host: u64,
+    pub device: u64,
+}
+
+/// Blocks of 128 threads one multiprocessor holds while gathering (the kernel's launch bounds on
+/// CUDA: at most 64 registers per thread).
+pub const GATHER_BLOCKS_PER_MULTIPROCESSOR: u64 = 8;
+
+/// `hs_gather_rows`: a persistent grid per chunk of at most [`GATHER_MAX_LAYERS`] layers (grid z),
+/// each block walking work items of [`GATHER_ROWS`] plan entries, first entries of every row
+/// first; the grid holds every item at once when the device can, else fills the device.
+pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, PlanError> {
+    if d.num_tokens == 0 || d.layers.is_empty() {
+        return Ok(Plan::empty());
+    }
+    let items = u64::from(d.top_k.div_ceil(GATHER_ROWS)) * u64::from(d.num_tokens);
+    limit("gather num_tokens * top_k / 16", items, u32::MAX.into())?;
+    let mut plan = Plan::empty();
+    for chunk in d.layers.chunks(GATHER_MAX_LAYERS) {
+        let resident = u64::from(t.multiprocessors.max(1)) * GATHER_BLOCKS_PER_MULTIPROCESSOR;
+        let per_layer = (resident / chunk.len() as u64).max(1);
+        let grid_x = items.min(per_layer).max(1) as u32;
+        let mut args = Args::default();
+        args.ptr(a.plan_src)
+            .ptr(a.plan_dst)
+            .ptr(a.plan_counts)
+            .ptr(a.host)
+            .ptr(a.device)
+            .u32(d.num_tokens)
+            .u32(d.top_k)
+            .gather_layers(&GatherLayers::new(chunk));
+        plan.launches.push(Launch {
+            variant: None,
+            kernel: Kernel::GatherRows,
+            grid: [grid_x, 1, chunk.len() as u32],
+            block: GATHER_THREADS,
+            shared: 0,
+            args,
+        });
+    }
+    Ok(plan)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Page and row copies
+// ------------------------------------------------------------------------------------------------
+
+/// Splits the tiles of a `layers × items` copy (tile `l * items + i`, the reference's order)
+/// at the batch boundaries of the copy-conflict rule, into launch rectangles
+/// `(layer range, item range)` in stream order: one rectangle when nothing conflicts.
+fn rectangles(batches: &[Range<usize>], items: usize) -> Vec<(Range<usize>, Range<usize>)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let (mut at, end) = (b.start, b.end);
+        while at < end {
+            let (l, i) = (at / items, at % items);
+            if i == 0 && end - at >= items {
+                // Whole layers.
+                let layers = (end - at) / items;
+                out.push((l..l + layers, 0..items));
+                at += layers * items;
+            } else {
+                let stop = (end - at).min(items - i);
+                out.push((l..l + 1, i..i + stop));
+                at += stop;
+            }
+        }
+    }
+    out
+}
+
+/// Whole-page copies: `jobs[l] = (source layout, destination layout)` of layer `l`, each pair
+/// copied for every layer, in the reference's order (layer by layer); `src`, `dst` the buffers'
+/// device addresses, `same_buffer` when they are one buffer (host copy-on-write). Launches
+/// `hs_copy_pages` over layers × pairs, split where the copy-conflict rule says.
+pub fn copy_pages(
+    t: &Target,
+    jobs: &[(PageLayout, PageLayout)],
+    pairs: &[BlockPair],
+    src: u64,
+    dst: u64,
+    same_buffer: bool,
+) -> Result<Plan, PlanError> {
+    if jobs.is_empty() || pairs.is_empty() {
+        return Ok(Plan::empty());
+    }
+    limit("copy_pages layers", jobs.len() as u64, u32::MAX.into())?;
+    limit("copy_pages pairs", pairs.len() as u64, u32::MAX.into())?;
+    let mut tiles = Vec::with_capacity(jobs.len() * pairs.len());
+    for (s, d) in jobs {
+        for p in pairs {
+            tiles.push(CopyFootprint::contiguous(
+                s.page_offset(p.src),
+                d.page_offset(p.dst),
+                s.page_bytes(),
+            ));
+        }
+    }
+    let job_abi: Vec<PageJob> = jobs
+        .iter()
+        .map(|(s, d)| PageJob {
+            src_base: s.base,
+            src_stride: s.block_stride,
+            dst_base: d.base,
+            dst_stride: d.block_stride,
+            page_bytes: s.page_bytes(),
+        })
+        .collect();
+    let pair_abi: Vec<Pair> = pairs
+        .iter()
+        .map(|p| Pair {
+            src: p.src,
+            dst: p.dst,
+        })
+        .collect();
+    let mut plan = Plan::empty();
+    let jp = plan.stage(bytemuck::cast_slice(&job_abi).to_vec());
+    let pp = plan.stage(bytemuck::cast_slice(&pair_abi).to_vec());
+    for (layers, items) in rectangles(&copy_batches(&tiles, same_buffer), pairs.len()) {
+        let (nl, np) = (layers.len() as u32, items.len() as u32);
+        let mut args = Args::default();
+        args.staged(jp, (layers.start * size_of::<PageJob>()) as u64)
+            .u32(nl)
+            .staged(pp, (items.start * size_of::<Pair>()) as u64)
+            .u32(np)
+            .ptr(src)
+            .ptr(dst);
+        plan.launches.push(Launch {
+            variant: None,
+            kernel: Kernel::CopyPages,
+            grid: [stride_grid(t, u64::from(nl) * u64::from(np), 1), 1, 1],
+            block: COPY_THREADS,
+            shared: 0,
+            args,
+        });
+    }
+    Ok(plan)
+}
+
+/// Row-span copies of `desc` (`host` the device address of the mapped host pool, `device` of the
+/// device pool): `hs_copy_rows` over layers × non-empty spans, split where the copy-conflict rule
+/// says (repeated destination rows).
+pub fn copy_rows(
+    t: &Target,
+    desc: &RowCopyDesc<'_>,
+    spans: &[RowSpan],
+    host: u64,
+    device: u64,
+) -> Result<Plan, PlanError> {
+    let spans: Vec<RowSpan> = spans.iter().copied().filter(|s| s.num_rows > 0).collect();
+    if spans.is_empty() || desc.layers.is_empty() {
+        return Ok(Plan::empty());
+    }
+    limit(
+        "copy_rows layers",
+        desc.layers.len() as u64,
+        u32::MAX.into(),
+    )?;
+    limit("copy_rows spans", spans.len() as u64, u32::MAX.into())?;
+    let mut tiles = Vec::with_capacity(desc.layers.len() * spans.len());
+    for l in desc.layers {
+        let (sl, dl) = match desc.direction {
+            Direction::DeviceToHost => (&l.device, &l.host),
+            Direction::HostToDevice => (&l.host, &l.device),
+        };
+        for s in &spans {
+            let (sb, db) = match desc.direction {
+                Direction::DeviceToHost => (s.device_block, s.host_block),
+                Direction::HostToDevice => (s.host_block, s.device_block),
+            };
+            let n = u64::from(s.num_rows);
+            let part = |layout: &PageLayout, block: u32| {
+                let [(v, vl), (c, cl)] = layout.row_parts(block, s.first_row);
+                [ByteRange::new(v, vl * n), ByteRange::new(c, cl * n)]
+            };
+            tiles.push(CopyFootprint {
+                src: part(sl, sb),
+                dst: part(dl, db),
+            });
+        }
+    }
+    let layer_abi: Vec<LayerPairAbi> = desc.layers.iter().map(LayerPairAbi::from).collect();
+    let span_abi: Vec<Span> = spans
+        .iter()
+        .map(|s| Span {
+            device_block: s.device_block,
+            host_block: s.host_block,
+            first_row: s.first_row,
+            num_rows: s.num_rows,
+        })
+        .collect();
+    let direction = match desc.direction {
+        Direction::DeviceToHost => DIRECTION_DEVICE_TO_HOST,
+        Direction::HostToDevice => DIRECTION_HOST_TO_DEVICE,
+    };
+    let mut plan = Plan::empty();
+    let lp = plan.stage(bytemuck::cast_slice(&layer_abi).to_vec());
+    let sp = plan.stage(bytemuck::cast_slice(&span_abi).to_vec());
+    // Different buffers: only destinations can conflict.
+    for (layers, items) in rectangles(&copy_batches(&tiles, false), spans.len()) {
+        let (nl, ns) = (layers.len() as u32, items.len() as u32);
+        let mut args = Args::default();
+        args.staged(lp, (layers.start * size_of::<LayerPairAbi>()) as u64)
+            .u32(nl)
+            .staged(sp, (items.start * size_of::<Span>()) as u64)
+            .u32(ns)
+            .u32(direction)
+            .ptr(host)
+            .ptr(device);
+        plan.launches.push(Launch {
+            variant: None,
+            kernel: Kernel::CopyRows,
+            grid: [stride_grid(t, u64::from(nl) * u64::from(ns), 1), 1, 1],
+            block: COPY_THREADS,
+            shared: 0,
+            args,
+        });
+    }
+    Ok(plan)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Small operations
+// ------------------------------------------------------------------------------------------------
+
+/// `hs_invalidate` over every hot slot (`ranges`, `dgi`: device addresses).
+pub fn invalidate(t: &Target, d: &InvalidateDesc, ranges: u64, dgi: u64) -> Plan {
+    let total = u64::from(d.num_requests) * u64::from(d.hot_slots);
+    if total == 0 || d.num_ranges == 0 {
+        return Plan::empty();
+    }
+    let mut args = Args::default();
+    args.ptr(ranges).u32(d.num_ranges).ptr(dgi).u64(total);
+    Plan::one(Launch {
+        variant: None,
+        kernel: Kernel::Invalidate,
+        grid: [stride_grid(t, total, INVALIDATE_THREADS.into()), 1, 1],
+        block: INVALIDATE_THREADS,
+        shared: 0,
+        args,
+    })
+}
+
+/// Device addresses of a compressed slot mapping's buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per buffer of `SlotMappingArgs`
+pub struct SlotMappingAddrs {
+    pub positions: u64,
+    pub slot_mapping: u64,
+    pub table_row: u64,
+    pub block_table: u64,
+    pub out: u64,
+}
+
+/// `hs_compressed_slot_mapping`: one thread per token.
+pub fn slot_mapping(d: &SlotMappingDesc, a: &SlotMappingAddrs) -> Plan {
+    if d.num_tokens == 0 {
+        return Plan::empty();
+    }
+    let mut args = Args::default();
+    args.ptr(a.positions)
+        .ptr(a.slot_mapping)
+        .ptr(a.table_row)
+        .ptr(a.block_table)
+        .ptr(a.out)
+        .u32(d.num_tokens)
+        .u32(d.ratio)
+        .u32(d.block_size)
+        .u32(d.table_rows)
+        .u32(d.max_blocks);
+    Plan::one(Launch {
+        variant: None,
+        kernel: Kernel::CompressedSlotMapping,
+        grid: [d.num_tokens.div_ceil(SLOT_THREADS), 1, 1],
+        block: SLOT_THREADS,
+        shared: 0,
+        args,
+    })
+}
+
+/// `hs_write_table` with the write list staged (`table`: device address). An empty list
+/// enqueues nothing.
+pub fn write_table(
+    t: &Target,
+    d: &TableWriteDesc,
+    writes: &[TableWrite],
+    table: u64,
+) -> Result<Plan, PlanError> {
+    if writes.is_empty() {
+        return Ok(Plan::empty());
+    }
+    limit("write_table writes", writes.len() as u64, u32::MAX.into())?;
+    let list: Vec<TableWriteAbi> = writes.iter().map(TableWriteAbi::from).collect();
+    let mut plan = Plan::empty();
+    let part = plan.stage(bytemuck::cast_slice(&list).to_vec());
+    let n = writes.len() as u32;
+    let mut args = Args::default();
+    args.staged(part, 0).u32(n).ptr(table).u32(d.table_len);
+    plan.launches.push(Launch {
+        variant: None,
+        kernel: Kernel::WriteTable,
+        grid: [stride_grid(t, n.into(), TABLE_THREADS.into()), 1, 1],
+        block: TABLE_THREADS,
+        shared: 0,
+        args,
+    });
+    Ok(plan)
+}
+
+/// `hs_reset_hot_state` with the row list staged (`dgi`, `lru`: device addresses). An empty list
+/// enqueues nothing.
+pub fn reset_hot_state(
+    t: &Target,
+    d: &HotResetDesc,
+    rows: &[u32],
+    dgi: u64,
+    lru: u64,
+) -> Result<Plan, PlanError> {
+    if rows.is_empty() {
+        return Ok(Plan::empty());
+    }
+    limit("reset_hot_state rows", rows.len() as u64, u32::MAX.into())?;
+    let mut plan = Plan::empty();
+    let part = plan.stage(bytemuck::cast_slice(rows).to_vec());
+    let n = rows.len() as u32;
+    let work = u64::from(n) * u64::from(d.hot_slots);
+    let mut args = Args::default();
+    args.staged(part, 0)
+        .u32(n)
+        .ptr(dgi)
+        .ptr(lru)
+        .u32(d.num_requests)
+        .u32(d.hot_slots);
+    plan.launches.push(Launch {
+        variant: None,
+        kernel: Kernel::ResetHotState,
+        grid: [stride_grid(t, work, TABLE_THREADS.into()), 1, 1],
+        block: TABLE_THREADS,
+        shared: 0,
+        args,
+    });
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::ops::LayerPair;
+
+    const H200: Target = Target {
+        multiprocessors: 132,
+        shared_per_block: 227 * 1024,
+        shared_per_multiprocessor: 228 * 1024,
+    };
+    const MI300: Target = Target {
+        multiprocessors: 304,
+        shared_per_block: 64 * 1024,
+        shared_per_multiprocessor: 64 * 1024,
+    };
+
+    fn resolve_desc(t: u32, k: u32, n: u32) -> ResolveDesc {
+        ResolveDesc {
+            num_tokens: t,
+            top_k: k,
+            num_requests: t.max(1),
+            max_pages: 1024,
+            block_size: 64,
+            hot_slots: n,
+            attention_block_stride: 64,
+            host_num_blocks: 1 << 16,
+        }
+    }
+
+    #[test]
+    fn every_launch_matches_its_abi() {
+        let a = ResolveAddrs::default();
+        let mut plans = vec![
+            resolve(&H200, &resolve_desc(64, 2048, 4096), &a, false).unwrap(),
+            resolve(&MI300, &resolve_desc(3, 2048, 32768), &a, false).unwrap(),
+            remap(
+                &H200,
+                &RemapDesc {
+                    num_tokens: 3,
+                    top_k: 2048,
+                    table_rows: 3,
+                    max_blocks: 8,
+                    block_size: 64,
+                    block_stride_rows: 64,
+                    idx_mapping_len: Some(3),
+                    write_counts: true,
+                    compact: true,
+                },
+                &RemapAddrs::default(),
+            )
+            .unwrap(),
+            invalidate(
+                &H200,
+                &InvalidateDesc {
+                    num_requests: 2,
+                    hot_slots: 16,
+                    num_ranges: 1,
+                },
+                1,
+                2,
+            ),
+            slot_mapping(
+                &SlotMappingDesc {
+                    num_tokens: 9,
+                    ratio: 4,
+                    block_size: 64,
+                    table_rows: 1,
+                    max_blocks: 4,
+                },
+                &SlotMappingAddrs::default(),
+            ),
+            write_table(
+                &H200,
+                &TableWriteDesc { table_len: 4 },
+                &[TableWrite { index: 1, value: 2 }],
+                8,
+            )
+            .unwrap(),
+            reset_hot_state(
+                &H200,
+                &HotResetDesc {
+                    num_requests: 2,
+                    hot_slots: 8,
+                },
+                &[1, 1],
+                8,
+                16,
+            )
+            .unwrap(),
+        ];
+        let l = PageLayout::contiguous(0, 1024, 8, 16, 64);
+        plans.push(
+            gather(
+                &H200,
+                &GatherDesc {
+                    num_tokens: 2,
+                    top_k: 40,
+                    layers: &[LayerPair { host: l, device: l }; 20],
+                },
+                &GatherAddrs::default(),
+            )
+            .unwrap(),
+        );
+        plans.push(
+            copy_pages(
+                &H200,
+                &[(l, l); 3],
+                &[BlockPair { src: 1, dst: 2 }],
+                0,
+                0,
+                true,
+            )
+            .unwrap(),
+        );
+        for p in plans {
+            assert!(!p.launches.is_empty());
+            for mut l in p.launches {
+                l.args.matches(&l.kernel.abi()).unwrap();
+                assert!(l.block <= l.kernel.abi().block_threads);
+                let staged: Vec<u64> = (0..p.staged.len() as u64).map(|i| 4096 * (i + 1)).collect();
+                l.args.resolve(&staged, 1 << 20).unwrap();
+                assert!(l.args.pointers().is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn remap_blocks_cover_a_row_with_vectors() {
+        assert_eq!(remap_threads(2048), 512);
+        assert_eq!(remap_threads(512), 128);
+        assert_eq!(remap_threads(8), 64);
+        assert_eq!(remap_threads(2052), REMAP_MAX_THREADS);
+        assert_eq!(remap_threads(130), 192);
+        assert_eq!(remap_threads(100), 64);
+        assert_eq!(remap_threads(1 << 20), REMAP_MAX_THREADS);
+    }
+
+    #[test]
+    fn resolver_memory_follows_one_rule_on_every_device() {
+        // H200, 64 requests of one row: the table the whole launch could need does not fit; the
+        // largest that does (8192 entries, room for two rows) is shared, the rest in workspace.
+        let s = resolve_shape(&H200, &resolve_desc(64, 2048, 4096), false);
+        assert!(!s.global_state);
+        assert_eq!(s.shared_table, 8192);
+        assert_eq!(s.shared_bytes, resolve_shared_bytes(4096, 8192));
+        assert_eq!(s.workspace_entries, resolve_workspace_entries(64, 2048));
+        // One row: its table exactly, nothing in the workspace.
+        let s = resolve_shape(&H200, &resolve_desc(1, 2048, 4096), false);
+        assert_eq!((s.shared_table, s.workspace_entries), (4096, 0));
+        // More rows than multiprocessors: two blocks share one.
+        let s = resolve_shape(&H200, &resolve_desc(200, 2048, 4096), false);
+        assert!(s.shared_bytes <= 114 * 1024 - RESOLVE_STATIC_SHARED_BYTES);
+        // 64 KiB (AMD): state of 32768 slots does not fit, global-state mode.
+        let s = resolve_shape(&MI300, &resolve_desc(2, 2048, 32768), false);
+        assert!(s.global_state);
+        assert!(s.shared_bytes <= 64 * 1024 - RESOLVE_STATIC_SHARED_BYTES);
+        let s = resolve_shape(&MI300, &resolve_desc(2, 2048, 4096), false);
+        assert!(!s.global_state);
+        assert_eq!(s.shared_table, 2048);
+        assert!(s.workspace_entries > 0);
+        // Forced global-state mode.
+        assert!(resolve_shape(&H200, &resolve_desc(2, 64, 4096), true).global_state);
+        // A device without shared memory to speak of: everything in the workspace.
+        let tiny = Target {
+            shared_per_block: 256,
+            ..MI300
+        };
+        let s = resolve_shape(&tiny, &resolve_desc(2, 64, 4096), false);
+        assert!(s.global_state);
+        assert_eq!(s.shared_table, 0);
+    }
+
+    #[test]
+    fn copies_split_only_where_tiles_conflict() {
+        let l = PageLayout::contiguous(0, 1024, 8, 16, 64);
+        let pairs = [
+            BlockPair { src: 1, dst: 2 },
+            BlockPair { src: 3, dst: 4 },
+            BlockPair { src: 5, dst: 6 },
+        ];
+        // Between buffers: one launch over 3 layers × 3 pairs... with distinct layer bases.
+        let jobs: Vec<(PageLayout, PageLayout)> = (0..3)
+            .map(|i| {
+                let m = PageLayout {
+                    base: i * 8 * 1024,
+                    ..l
+                };
+                (m, m)
+            })
+            .collect();
+        let p = copy_pages(&H200, &jobs, &pairs, 0, 1 << 30, false).unwrap();
+        assert_eq!(p.launches.len(), 1);
+        assert_eq!(p.staged.len(), 2);
+        // A chain in one buffer (2 -> 3 after 1 -> 2): split before the second pair.
+        let chain = [BlockPair { src: 1, dst: 2 }, BlockPair { src: 2, dst: 3 }];
+        let p = copy_pages(&H200, &[(l, l)], &chain, 0, 0, true).unwrap();
+        assert_eq!(p.launches.len(), 2);
+        // Rectangles: batches cut inside layers become per-layer pair ranges.
+        let all: Vec<Range<usize>> = core::iter::once(0..9).collect();
+        let whole = rectangles(&all, 3);
+        assert_eq!((whole.len(), whole[0].clone()), (1, (0..3, 0..3)));
+        assert_eq!(
+            rectangles(&[0..4, 4..9], 3),
+            [(0..1, 0..3), (1..2, 0..1), (1..2, 1..3), (2..3, 0..3)]
+        );
+    }
+
+    #[test]
+    fn gather_grid_holds_every_item_or_fills_the_device() {
+        let l = PageLayout::contiguous(0, 1024, 8, 16, 64);
+        let layer = [LayerPair { host: l, device: l }];
+        let g = |t: u32| {
+            gather(
+                &H200,
+                &GatherDesc {
+                    num_tokens: t,
+                    top_k: 2048,
+                    layers: &layer,
+                },
+                &GatherAddrs::default(),
+            )
+            .unwrap()
+            .launches[0]
+                .grid
+        };
+        assert_eq!(g(1), [128, 1, 1]);
+        assert_eq!(g(64), [132 * 8, 1, 1]);
+        assert!(
+            gather(
+                &H200,
+                &GatherDesc {
+                    num_tokens: 0,
+                    top_k: 8,
+                    layers: &layer
+                },
+                &GatherAddrs::default()
+            )
+            .unwrap()
+            .launches
+            .is_empty()
+        );
+    }
+}
