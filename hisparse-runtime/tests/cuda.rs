@@ -50,6 +50,7 @@ const WRAP: Shape = Shape {
     prompt: 1024,
     decode: 24,
     gpu_blocks: 0,
+    together: false,
 };
 
 /// The engine's own hold on device 0's primary context (the CUDA runtime, and so PyTorch, keeps
@@ -190,6 +191,7 @@ const GRAPH: Shape = Shape {
     prompt: 8192,
     decode: 8,
     gpu_blocks: 0,
+    together: true,
 };
 
 /// Per index group: the engine's top-k input and row output (stable addresses a graph bakes in).

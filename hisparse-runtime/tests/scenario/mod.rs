@@ -33,6 +33,10 @@ pub struct Shape {
     pub decode: u32,
     /// GPU blocks (null block included).
     pub gpu_blocks: u32,
+    /// Decode only once every request's prompt is computed, so decode steps carry the whole
+    /// batch (the pool must then hold every request at once: [`tight`] sizes it so); otherwise
+    /// each request decodes as soon as its own prompt is in.
+    pub together: bool,
 }
 
 /// Three small requests on a tight pool: pages are reclaimed and swapped in.
@@ -46,6 +50,7 @@ pub const SMALL: Shape = Shape {
     prompt: 60,
     decode: 20,
     gpu_blocks: 40,
+    together: false,
 };
 
 static LEADERS: [LayerSpec; 64] = [LayerSpec::sparse_leader(656, 132); 64];
@@ -179,6 +184,10 @@ impl<D: Device> Run<D> {
     /// batch (every scheduled request's state row).
     pub fn begin(&mut self, rt: &mut Runtime<D>) -> (OffloadCommand, Vec<i32>) {
         self.step += 1;
+        assert!(
+            self.step < 100_000,
+            "the scenario made no progress in 100000 steps"
+        );
         let cmd = self.coord.step().unwrap();
         rt.begin_step(&cmd).unwrap();
         forward(rt, &self.kv, &cmd);
@@ -235,6 +244,14 @@ impl<D: Device> Run<D> {
         rt.poll_and_report(&mut self.coord).unwrap();
         let final_len = self.shape.prompt + self.shape.decode;
         let ids: Vec<_> = self.coord.running_ids().collect();
+        // Decoding starts once every admitted request has its prompt computed, so the decode
+        // steps carry the whole batch (and the pool holds every request at once).
+        let prefilled = |c: &Coordinator, id| c.num_computed(id) == c.num_tokens(id);
+        if self.shape.together
+            && (self.coord.num_waiting() > 0 || !ids.iter().all(|&id| prefilled(&self.coord, id)))
+        {
+            return;
+        }
         for id in ids {
             if self.coord.num_computed(id) == self.coord.num_tokens(id) {
                 if self.coord.num_tokens(id).unwrap() >= final_len {
