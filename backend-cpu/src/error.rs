@@ -6,7 +6,7 @@ use hisparse_core::ops::PinnedBudgetError;
 use hisparse_core::{Error, ErrorKind, OpError};
 
 /// Why a CPU backend call failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CpuError {
     /// A malformed descriptor or argument, found before any memory was touched.
@@ -29,6 +29,13 @@ pub enum CpuError {
         /// Whether it was a pinned (host pool) allocation.
         pinned: bool,
     },
+    /// Memory lent by the engine ([`crate::CpuBuffer::from_raw_parts`]) cannot be used.
+    Foreign {
+        /// What was lent ("host memory").
+        what: &'static str,
+        /// The problem and what to pass instead.
+        problem: String,
+    },
 }
 
 impl fmt::Display for CpuError {
@@ -47,6 +54,7 @@ impl fmt::Display for CpuError {
                  smaller pool",
                 if *pinned { "pinned host" } else { "device" }
             ),
+            CpuError::Foreign { what, problem } => write!(f, "cpu: lent {what}: {problem}"),
         }
     }
 }
@@ -56,7 +64,9 @@ impl std::error::Error for CpuError {
         match self {
             CpuError::Op(e) => Some(e),
             CpuError::PinnedBudget(e) => Some(e),
-            CpuError::Alloc { .. } | CpuError::RamExhausted { .. } => None,
+            CpuError::Alloc { .. } | CpuError::RamExhausted { .. } | CpuError::Foreign { .. } => {
+                None
+            }
         }
     }
 }
@@ -70,6 +80,7 @@ impl Error for CpuError {
             CpuError::Alloc { pinned: false, .. } | CpuError::RamExhausted { .. } => {
                 ErrorKind::OutOfDeviceMemory
             }
+            CpuError::Foreign { .. } => ErrorKind::InvalidArgument,
         }
     }
 }

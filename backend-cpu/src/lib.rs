@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 mod aligned;
+mod borrowed;
 mod error;
 mod gather;
 mod meminfo;
@@ -19,30 +20,83 @@ use hisparse_core::ops::{
 use hisparse_core::{MemoryInfo, OpError, OpName};
 
 use aligned::AlignedBytes;
+use borrowed::BorrowedBytes;
 pub use error::CpuError;
 pub use meminfo::available_ram;
 
-/// A zeroed, page-aligned block of host memory: the CPU backend's device buffer and its pinned
-/// host buffer alike.
+/// A block of host memory: the CPU backend's device buffer and its pinned host buffer alike.
+/// Either a zeroed, page-aligned allocation of the backend's own ([`Device::alloc`],
+/// [`Device::alloc_pinned`]), or memory an engine lends ([`CpuBuffer::from_raw_parts`]).
 pub struct CpuBuffer {
-    bytes: AlignedBytes,
+    bytes: Storage,
+}
+
+/// Where a [`CpuBuffer`]'s bytes live.
+enum Storage {
+    /// Allocated, and freed on drop, by the backend.
+    Owned(AlignedBytes),
+    /// Lent by the engine; never freed here.
+    Borrowed(BorrowedBytes),
 }
 
 impl CpuBuffer {
     fn zeroed(bytes: usize, pinned: bool) -> Result<Self, CpuError> {
         AlignedBytes::zeroed(bytes)
-            .map(|bytes| CpuBuffer { bytes })
+            .map(|bytes| CpuBuffer {
+                bytes: Storage::Owned(bytes),
+            })
             .ok_or(CpuError::Alloc { bytes, pinned })
+    }
+
+    /// Uses `len` bytes of host memory at `ptr`, allocated by someone else (a numpy array's
+    /// data, a tensor's storage), as a buffer of this backend — device or pinned alike. The
+    /// buffer never frees the memory; dropping it only ends the loan.
+    ///
+    /// Refused with [`CpuError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// not 16-byte aligned or the range runs past the end of the address space. A buffer used
+    /// as a runtime's host pool must also be page-aligned
+    /// ([`hisparse_core::ops::PINNED_ALIGNMENT`]); the runtime checks that.
+    ///
+    /// # Safety
+    ///
+    /// * **Lifetime:** `[ptr, ptr + len)` is one live allocation of initialised, readable and
+    ///   writable memory that stays allocated for as long as the returned buffer lives.
+    /// * **Exclusive use:** while the buffer lives, nothing else reads or writes the range —
+    ///   no other thread, no other `CpuBuffer` over overlapping memory that is passed to the
+    ///   same call, no Rust reference to it — except between this backend's calls on the same
+    ///   thread (the CPU backend's work is complete when its call returns, so the engine may
+    ///   read and write the memory between calls).
+    pub unsafe fn from_raw_parts(ptr: *mut u8, len: usize) -> Result<Self, CpuError> {
+        let start = borrowed::check_lent(ptr, len).map_err(|problem| CpuError::Foreign {
+            what: "host memory",
+            problem,
+        })?;
+        // SAFETY: the range passed `check_lent`; the caller guarantees the rest of the contract.
+        let bytes = unsafe { BorrowedBytes::new(start, len) };
+        Ok(CpuBuffer {
+            bytes: Storage::Borrowed(bytes),
+        })
+    }
+
+    /// Whether the memory is lent by someone else ([`CpuBuffer::from_raw_parts`]).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.bytes, Storage::Borrowed(_))
     }
 
     /// The buffer's bytes.
     pub fn as_slice(&self) -> &[u8] {
-        self.bytes.as_slice()
+        match &self.bytes {
+            Storage::Owned(b) => b.as_slice(),
+            Storage::Borrowed(b) => b.as_slice(),
+        }
     }
 
     /// The buffer's bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.bytes.as_mut_slice()
+        match &mut self.bytes {
+            Storage::Owned(b) => b.as_mut_slice(),
+            Storage::Borrowed(b) => b.as_mut_slice(),
+        }
     }
 
     /// Length in bytes.
@@ -55,13 +109,17 @@ impl CpuBuffer {
         self.len() == 0
     }
 
-    /// Address of the first byte (page-aligned).
+    /// Address of the first byte (page-aligned for the backend's own buffers, 16-byte aligned
+    /// at least for lent ones).
     pub fn address(&self) -> usize {
-        self.bytes.address()
+        match &self.bytes {
+            Storage::Owned(b) => b.address(),
+            Storage::Borrowed(b) => b.address(),
+        }
     }
 
-    /// The whole 4-byte elements of the buffer as `i32`s (buffers are page-aligned, so the cast
-    /// always succeeds).
+    /// The whole 4-byte elements of the buffer as `i32`s (buffers are at least 16-byte aligned,
+    /// so the cast always succeeds).
     fn i32s(&self) -> &[i32] {
         let b = self.as_slice();
         bytemuck::cast_slice(&b[..b.len() & !3])
@@ -84,6 +142,7 @@ impl core::fmt::Debug for CpuBuffer {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CpuBuffer")
             .field("len", &self.len())
+            .field("borrowed", &self.is_borrowed())
             .field("address", &format_args!("{:#x}", self.address()))
             .finish()
     }
