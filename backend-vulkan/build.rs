@@ -67,6 +67,66 @@ fn pooled_source(template: &str, first: usize, windows: usize) -> String {
         .replace("//@POOL_ACCESS", &access)
 }
 
+/// The resolver's scan on devices without subgroup arithmetic.
+const PLAIN_SCAN: &str = "fn scan(lid: u32, f: u32) -> u32 {\n    return scan_barriers(lid, f);\n}";
+
+/// The resolver's scan with subgroup arithmetic: an inclusive add inside each subgroup, one
+/// invocation scans the subgroup totals, two barriers in all (the plain scan takes 16). It needs
+/// subgroups that are consecutive runs of `local_invocation_index`, as every known driver makes
+/// them; the entry point checks that once and otherwise falls back to the plain scan.
+const SUBGROUP_SCAN: &str = "
+var<private> sg_inv: u32;
+var<private> sg_size: u32;
+var<private> sg_idx: u32;
+var<private> sg_count: u32;
+// Per subgroup: its total, then the total of the subgroups before it.
+var<workgroup> sg_sums: array<u32, 256>;
+// 1 when every invocation's lid = subgroup_id * subgroup_size + subgroup_invocation_id.
+var<workgroup> sg_linear: atomic<u32>;
+
+fn scan(lid: u32, f: u32) -> u32 {
+    if (atomicLoad(&sg_linear) == 0u) {
+        return scan_barriers(lid, f);
+    }
+    let x = subgroupInclusiveAdd(f);
+    if (sg_inv == sg_size - 1u) {
+        sg_sums[sg_idx] = x;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var acc = 0u;
+        for (var i = 0u; i < sg_count; i = i + 1u) {
+            let v = sg_sums[i];
+            sg_sums[i] = acc;
+            acc = acc + v;
+        }
+        sc[W - 1u] = acc;
+    }
+    workgroupBarrier();
+    return x + sg_sums[sg_idx];
+}
+";
+
+/// Entry-point parameters of the subgroup variant.
+const SUBGROUP_PARAMS: &str = "@builtin(subgroup_invocation_id) sg_inv_in: u32,
+    @builtin(subgroup_size) sg_size_in: u32,
+    @builtin(subgroup_id) sg_idx_in: u32,
+    @builtin(num_subgroups) sg_count_in: u32,";
+
+/// Start of the subgroup variant's entry point: the subgroup layout check.
+const SUBGROUP_INIT: &str = "sg_inv = sg_inv_in;
+    sg_size = sg_size_in;
+    sg_idx = sg_idx_in;
+    sg_count = sg_count_in;
+    if (lid == 0u) {
+        atomicStore(&sg_linear, 1u);
+    }
+    workgroupBarrier();
+    if (lid != sg_idx * sg_size + sg_inv || W % sg_size != 0u || sg_count > 256u) {
+        atomicStore(&sg_linear, 0u);
+    }
+    workgroupBarrier();";
+
 fn compile(name: &str, source: &str, out_dir: &Path) {
     let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| {
         panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(source));
@@ -75,7 +135,13 @@ fn compile(name: &str, source: &str, out_dir: &Path) {
     // once and broadcast), which WGSL's static analysis cannot prove; every other check stays on.
     let flags =
         naga::valid::ValidationFlags::all() - naga::valid::ValidationFlags::CONTROL_FLOW_UNIFORMITY;
-    let info = naga::valid::Validator::new(flags, naga::valid::Capabilities::IMMEDIATES)
+    let caps = naga::valid::Capabilities::IMMEDIATES | naga::valid::Capabilities::SUBGROUP;
+    let info = naga::valid::Validator::new(flags, caps)
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(
+            naga::valid::SubgroupOperationSet::BASIC
+                | naga::valid::SubgroupOperationSet::ARITHMETIC,
+        )
         .validate(&module)
         .unwrap_or_else(|e| {
             panic!("{name}: validation error:\n{}", e.emit_to_string(source));
@@ -113,13 +179,23 @@ fn main() {
         "slot_mapping",
         "invalidate",
         "resolve_prep",
-        "resolve",
         "table_write",
         "hot_reset",
     ] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("shader");
         compile(name, &format!("{common}\n{src}"), out_dir);
     }
+    let resolve = std::fs::read_to_string(dir.join("resolve.wgsl")).expect("resolve.wgsl");
+    let plain = resolve
+        .replace("//@SCAN", PLAIN_SCAN)
+        .replace("//@SG_PARAMS", "")
+        .replace("//@SG_INIT", "");
+    compile("resolve", &format!("{common}\n{plain}"), out_dir);
+    let subgroup = resolve
+        .replace("//@SCAN", SUBGROUP_SCAN)
+        .replace("//@SG_PARAMS", SUBGROUP_PARAMS)
+        .replace("//@SG_INIT", SUBGROUP_INIT);
+    compile("resolve_sg", &format!("{common}\n{subgroup}"), out_dir);
     // (template, first pool binding)
     for (name, first) in [("gather", 4), ("gather_v1", 4), ("copy", 1)] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");

@@ -1,21 +1,42 @@
-//! Swap-in gather bench on the Vulkan backend: random 656-byte rows from the pinned host pool
-//! into hot rows of the device pool (the resolver's miss plan executed by `gather_rows`),
-//! timed with timestamp queries, next to its ceiling measured in the same run: the bulk
-//! host→device copy (`vkCmdCopyBuffer`) of the same bytes and of 256 MiB.
+//! Device benchmarks of the Vulkan backend, each beside its ceiling measured in the same run:
+//!
+//! * ceilings: bulk host→device and device→host copies of 256 MiB (`vkCmdCopyBuffer` from and to
+//!   the imported pinned pool) and the device copy of 256 MiB (read + write counted) with both
+//!   copy engines (`vkCmdCopyBuffer` and the copy shader);
+//! * the swap-in gather (`gather_rows`, the resolver's miss plan) of random 656-byte rows from
+//!   the pinned host pool into random hot rows of the device pool, 2048 and 32768 rows per call,
+//!   with both gather kernels, measured two ways: **device** time from timestamp queries around
+//!   back-to-back gathers in one command buffer (what the GPU spends), and **wall** time per call
+//!   as `hisparse bench` measures it (calls enqueued on a stream, then one synchronisation, for
+//!   at least 2 ms; the host's recording and submission included), so the two tools' figures can
+//!   be told apart;
+//! * page backup and restore of 61 layers × 64 pages (164 MB per call, one DeepSeek V3.2 block
+//!   set), with both copy engines, against the bulk copies.
+//!
+//! Plans and page sets are cycled so one timed run touches ≥ 512 MiB of distinct rows: no figure
+//! is served from a GPU cache.
 //!
 //! ```text
 //! cargo run -p hisparse-backend-vulkan --release --example vulkan_bench -- \
 //!     [--device SELECTOR] [--iters N] [--host-mib M] [--json PATH]
 //! ```
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use hisparse_backend_vulkan::{VulkanBuffer, VulkanDevice, VulkanError};
+use hisparse_backend_vulkan::{
+    CopyEngine, GatherKernel, VulkanBuffer, VulkanDevice, VulkanError, VulkanHostBuffer,
+};
 use hisparse_core::Device;
-use hisparse_core::ops::{GatherArgs, GatherDesc, LayerPair, PageLayout};
+use hisparse_core::ops::{
+    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout,
+};
 
 const ROW_BYTES: u32 = 656;
 const BLOCK: u32 = 64;
+const PAGE: u64 = (ROW_BYTES * BLOCK) as u64;
+const MIB: usize = 1 << 20;
+
+type Result<T> = core::result::Result<T, VulkanError>;
 
 struct Opts {
     device: String,
@@ -24,7 +45,7 @@ struct Opts {
     json: Option<String>,
 }
 
-fn parse() -> Result<Opts, String> {
+fn parse() -> core::result::Result<Opts, String> {
     let mut o = Opts {
         device: String::new(),
         iters: 50,
@@ -57,49 +78,383 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn shuffled(&mut self, n: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..n).collect();
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i as u64 + 1) as usize);
+        }
+        v
+    }
 }
 
 fn gbps(bytes: u64, t: Duration) -> f64 {
-    bytes as f64 / t.as_secs_f64() / 1e9
+    bytes as f64 / t.as_secs_f64().max(1e-12) / 1e9
 }
 
-fn as_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
+/// One measured figure: `bytes` per call in `time` per call.
 struct Figure {
-    rows: u32,
-    iters: usize,
-    plans: usize,
-    gather: Duration,
-    bulk_same: Duration,
+    name: String,
+    time: Duration,
+    bytes: u64,
+    ceiling: &'static str,
 }
 
-fn run(o: &Opts) -> Result<(), VulkanError> {
-    let dev = VulkanDevice::open(&o.device)?;
+/// Everything the run measured, printed and written as JSON.
+struct Report {
+    device: String,
+    ceilings: Vec<(&'static str, f64)>,
+    figures: Vec<Figure>,
+}
+
+impl Report {
+    fn ceiling(&self, name: &str) -> f64 {
+        self.ceilings
+            .iter()
+            .find(|c| c.0 == name)
+            .map_or(f64::NAN, |c| c.1)
+    }
+
+    fn print_figure(&self, f: &Figure) {
+        let g = gbps(f.bytes, f.time);
+        println!(
+            "  {:<58} {:>10.1} us {:>8.2} GB/s  {:>4.0}% of {}",
+            f.name,
+            f.time.as_secs_f64() * 1e6,
+            g,
+            100.0 * g / self.ceiling(f.ceiling),
+            f.ceiling
+        );
+    }
+
+    fn json(&self) -> String {
+        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+        let ceilings: Vec<String> = self
+            .ceilings
+            .iter()
+            .map(|(n, g)| format!("{{\"name\":\"{}\",\"gbps\":{g:.3}}}", esc(n)))
+            .collect();
+        let figures: Vec<String> = self
+            .figures
+            .iter()
+            .map(|f| {
+                let g = gbps(f.bytes, f.time);
+                format!(
+                    "{{\"name\":\"{}\",\"us\":{:.3},\"bytes\":{},\"gbps\":{g:.3},\"ceiling\":\"{}\",\
+                     \"share\":{:.4}}}",
+                    esc(&f.name),
+                    f.time.as_secs_f64() * 1e6,
+                    f.bytes,
+                    esc(f.ceiling),
+                    g / self.ceiling(f.ceiling)
+                )
+            })
+            .collect();
+        format!(
+            "{{\"backend\":\"vulkan\",\"device\":\"{}\",\"ceilings\":[{}],\"figures\":[{}]}}\n",
+            esc(&self.device),
+            ceilings.join(","),
+            figures.join(",")
+        )
+    }
+}
+
+const H2D: &str = "host->device bulk";
+const D2H: &str = "device->host bulk";
+const D2D: &str = "device copy (read+write)";
+
+/// Device time per call of `op` (timestamp queries around `iters` back-to-back calls).
+fn device_time(
+    dev: &VulkanDevice,
+    iters: usize,
+    mut op: impl FnMut(&VulkanDevice, usize) -> Result<()>,
+) -> Result<Duration> {
+    op(dev, 0)?;
+    let t = dev.timed(|d| {
+        for i in 0..iters {
+            op(d, i)?;
+        }
+        Ok(())
+    })?;
+    Ok(t / iters as u32)
+}
+
+/// Wall time per call as `hisparse bench` measures it: the median of samples of `reps` calls
+/// enqueued on `stream` and one synchronisation, `reps` chosen so a sample lasts ≥ 2 ms.
+fn wall_time(
+    dev: &VulkanDevice,
+    stream: &<VulkanDevice as Device>::Stream,
+    samples: usize,
+    mut op: impl FnMut(usize) -> Result<()>,
+) -> Result<Duration> {
+    let mut call = 0;
+    let t0 = Instant::now();
+    op(call)?;
+    call += 1;
+    dev.synchronize(stream)?;
+    let once = t0.elapsed().as_secs_f64().max(1e-9);
+    let reps = ((2e-3 / once).ceil() as usize).clamp(1, 1000);
+    let mut v = Vec::with_capacity(samples);
+    for _ in 0..samples.max(1) {
+        let t = Instant::now();
+        for _ in 0..reps {
+            op(call)?;
+            call += 1;
+        }
+        dev.synchronize(stream)?;
+        v.push(t.elapsed() / reps as u32);
+    }
+    v.sort();
+    Ok(v[v.len() / 2])
+}
+
+fn upload_i32(dev: &VulkanDevice, v: &[i32]) -> Result<VulkanBuffer> {
+    let mut b = dev.alloc(v.len() * 4)?;
+    dev.upload_i32(&mut b, 0, v)?;
+    Ok(b)
+}
+
+fn ceilings(
+    dev: &VulkanDevice,
+    iters: usize,
+    host: &VulkanHostBuffer,
+    r: &mut Report,
+) -> Result<()> {
     let stream = dev.create_stream()?;
-    let host_blocks = ((o.host_mib << 20) / u64::from(BLOCK * ROW_BYTES)) as u32;
-    let host_layout = PageLayout::contiguous(
-        0,
-        u64::from(BLOCK * ROW_BYTES),
-        host_blocks,
-        BLOCK,
-        ROW_BYTES,
-    );
+    let n = (256 * MIB).min(host.len());
+    let mut a = dev.alloc(n)?;
+    let mut b = dev.alloc(n)?;
+    let it = iters.clamp(1, 10);
+    let h2d = device_time(dev, it, |d, _| {
+        d.copy_to_device(&stream, host, 0, &mut a, 0, n)
+    })?;
+    r.ceilings.push((H2D, gbps(n as u64, h2d)));
+    let mut host_dst = dev.alloc_pinned(n)?;
+    let d2h = device_time(dev, it, |d, _| {
+        d.copy_to_host(&stream, &a, 0, &mut host_dst, 0, n)
+    })?;
+    r.ceilings.push((D2H, gbps(n as u64, d2h)));
+    for (engine, label) in [(CopyEngine::Dma, "dma"), (CopyEngine::Shader, "shader")] {
+        dev.set_copy_engine(engine);
+        let t = device_time(dev, it, |d, _| {
+            d.copy_on_device(&stream, &a, 0, &mut b, 0, n)
+        })?;
+        r.figures.push(Figure {
+            name: format!("device copy 256 MiB, {label}"),
+            time: t,
+            bytes: 2 * n as u64,
+            ceiling: D2D,
+        });
+    }
+    dev.set_copy_engine(CopyEngine::Auto);
+    // The device copy ceiling: the faster engine.
+    let best = r
+        .figures
+        .iter()
+        .map(|f| gbps(f.bytes, f.time))
+        .fold(0.0, f64::max);
+    r.ceilings.push((D2D, best));
+    println!("ceilings (timestamps):");
+    for (name, g) in &r.ceilings {
+        println!("  {name:<28} {g:>9.2} GB/s");
+    }
+    Ok(())
+}
+
+fn gathers(
+    dev: &VulkanDevice,
+    o: &Opts,
+    host: &VulkanHostBuffer,
+    host_rows: u32,
+    r: &mut Report,
+) -> Result<()> {
     let max_rows = 32768u32;
-    let dev_blocks = max_rows / BLOCK;
-    let dev_layout = PageLayout::contiguous(
-        0,
-        u64::from(BLOCK * ROW_BYTES),
-        dev_blocks,
-        BLOCK,
-        ROW_BYTES,
+    let dev_layout = PageLayout::contiguous(0, PAGE, max_rows / BLOCK, BLOCK, ROW_BYTES);
+    let host_layout = PageLayout::contiguous(0, PAGE, host_rows / BLOCK, BLOCK, ROW_BYTES);
+    let layers = [LayerPair {
+        host: host_layout,
+        device: dev_layout,
+    }];
+    let mut pool = dev.alloc((u64::from(max_rows / BLOCK) * PAGE) as usize)?;
+    let stream = dev.create_stream()?;
+    let mut rng = Rng(0x0656_2048);
+    println!("gather (device: timestamps around back-to-back calls; wall: as `hisparse bench`):");
+    for rows in [2048u32, 32768] {
+        let k = 2048u32;
+        let t = rows / k;
+        let bytes = u64::from(rows) * u64::from(ROW_BYTES);
+        // Enough different plans that one timed run gathers ≥ 512 MiB of distinct rows.
+        let plans = (512 * MIB).div_ceil(bytes as usize).clamp(2, 400);
+        let mut set = Vec::with_capacity(plans);
+        for _ in 0..plans {
+            let mut src: Vec<i32> = Vec::with_capacity(rows as usize);
+            let mut seen = std::collections::HashSet::new();
+            while src.len() < rows as usize {
+                let g = rng.below(u64::from(host_rows)) as i32;
+                if seen.insert(g) {
+                    src.push(g);
+                }
+            }
+            let mut dst: Vec<i32> = rng
+                .shuffled(max_rows)
+                .into_iter()
+                .map(|x| x as i32)
+                .collect();
+            dst.truncate(rows as usize);
+            let counts = vec![k as i32; t as usize];
+            let bufs = (
+                upload_i32(dev, &src)?,
+                upload_i32(dev, &dst)?,
+                upload_i32(dev, &counts)?,
+            );
+            set.push((src, dst, bufs));
+        }
+        let desc = GatherDesc {
+            num_tokens: t,
+            top_k: k,
+            layers: &layers,
+        };
+        for kernel in [GatherKernel::V1, GatherKernel::V2] {
+            dev.set_gather_kernel(kernel);
+            let gather = |d: &VulkanDevice, i: usize, pool: &mut VulkanBuffer| {
+                let (_, _, (plan_src, plan_dst, plan_counts)) = &set[i % plans];
+                d.gather_rows(
+                    &stream,
+                    &desc,
+                    GatherArgs {
+                        plan_src,
+                        plan_dst,
+                        plan_counts,
+                        host,
+                        device: pool,
+                    },
+                )
+            };
+            // Every plan's rows land (first, middle and last entry checked).
+            for (i, (src, dst, _)) in set.iter().enumerate() {
+                gather(dev, i, &mut pool)?;
+                for e in [0usize, rows as usize / 2, rows as usize - 1] {
+                    let mut got = [0u8; 4];
+                    dev.download(&pool, dst[e] as usize * ROW_BYTES as usize, &mut got)?;
+                    if u32::from_ne_bytes(got) != src[e] as u32 {
+                        return Err(VulkanError::InvalidArgument(format!(
+                            "{kernel:?} plan {i}: gathered row {e} holds {} instead of host row {}",
+                            u32::from_ne_bytes(got),
+                            src[e]
+                        )));
+                    }
+                }
+            }
+            let iters = o.iters.max(plans);
+            let dt = device_time(dev, iters, |d, i| gather(d, i, &mut pool))?;
+            let wt = wall_time(dev, &stream, 10, |i| gather(dev, i, &mut pool))?;
+            for (how, time) in [("device", dt), ("wall", wt)] {
+                let f = Figure {
+                    name: format!("gather {rows} x {ROW_BYTES} B, {kernel:?}, {how}"),
+                    time,
+                    bytes,
+                    ceiling: H2D,
+                };
+                r.print_figure(&f);
+                r.figures.push(f);
+            }
+        }
+    }
+    dev.set_gather_kernel(GatherKernel::Auto);
+    Ok(())
+}
+
+/// 61 layers × 64 pages per call between a device pool of 256 blocks (61 pages each, padded)
+/// and a layer-major host pool of 256 blocks per layer, four page sets cycled.
+fn page_copies(dev: &VulkanDevice, iters: usize, r: &mut Report) -> Result<()> {
+    const LAYERS: u32 = 61;
+    const PAGES: usize = 64;
+    const BLOCKS: u32 = 256;
+    const SETS: usize = BLOCKS as usize / PAGES;
+    let dev_stride = PAGE * u64::from(LAYERS) + 4096;
+    let layers: Vec<LayerPair> = (0..LAYERS)
+        .map(|l| LayerPair {
+            host: PageLayout::contiguous(
+                u64::from(l) * PAGE * u64::from(BLOCKS),
+                PAGE,
+                BLOCKS,
+                BLOCK,
+                ROW_BYTES,
+            ),
+            device: PageLayout {
+                index_stride_rows: (dev_stride / u64::from(ROW_BYTES)) as u32,
+                ..PageLayout::contiguous(u64::from(l) * PAGE, dev_stride, BLOCKS, BLOCK, ROW_BYTES)
+            },
+        })
+        .collect();
+    let mut host = dev.alloc_pinned((PAGE * u64::from(LAYERS * BLOCKS)) as usize)?;
+    let mut pool = dev.alloc((dev_stride * u64::from(BLOCKS)) as usize)?;
+    let mut rng = Rng(4);
+    let (a, b) = (rng.shuffled(BLOCKS), rng.shuffled(BLOCKS));
+    let sets: Vec<Vec<BlockPair>> = (0..SETS)
+        .map(|s| {
+            (0..PAGES)
+                .map(|i| BlockPair {
+                    src: a[s * PAGES + i],
+                    dst: b[s * PAGES + i],
+                })
+                .collect()
+        })
+        .collect();
+    let stream = dev.create_stream()?;
+    let bytes = PAGE * u64::from(LAYERS) * PAGES as u64;
+    println!(
+        "page copies, {LAYERS} layers x {PAGES} pages ({} MB) per call (timestamps):",
+        bytes / 1_000_000
     );
-    let host_bytes = host_layout.end(hisparse_core::error::OpName::GatherRows)? as usize;
-    let dev_bytes = dev_layout.end(hisparse_core::error::OpName::GatherRows)? as usize;
+    for (direction, what, ceiling) in [
+        (Direction::DeviceToHost, "backup", D2H),
+        (Direction::HostToDevice, "restore", H2D),
+    ] {
+        let desc = PageCopyDesc {
+            direction,
+            layers: &layers,
+        };
+        for (engine, label) in [
+            (CopyEngine::Auto, "auto"),
+            (CopyEngine::Dma, "dma"),
+            (CopyEngine::Shader, "shader"),
+        ] {
+            dev.set_copy_engine(engine);
+            let t = device_time(dev, iters.clamp(SETS, 20), |d, i| {
+                d.copy_pages(&stream, &desc, &sets[i % SETS], &mut host, &mut pool)
+            })?;
+            let f = Figure {
+                name: format!("{what} {LAYERS} layers x {PAGES} pages, {label}"),
+                time: t,
+                bytes,
+                ceiling,
+            };
+            r.print_figure(&f);
+            r.figures.push(f);
+        }
+    }
+    dev.set_copy_engine(CopyEngine::Auto);
+    Ok(())
+}
+
+fn run(o: &Opts) -> Result<()> {
+    let dev = VulkanDevice::open(&o.device)?;
+    let host_bytes = ((o.host_mib << 20) / PAGE * PAGE) as usize;
+    let host_rows = (host_bytes as u64 / u64::from(ROW_BYTES)) as u32;
+    if host_rows < 4 * 32768 {
+        return Err(VulkanError::InvalidArgument(format!(
+            "--host-mib {} holds {host_rows} rows; the bench needs at least {}",
+            o.host_mib,
+            4 * 32768
+        )));
+    }
     let mut host = dev.alloc_pinned(host_bytes)?;
-    let mut pool = dev.alloc(dev_bytes)?;
-    // Fill the host pool with a pattern (row r starts with r).
+    // Row r starts with r, so a gathered row names its source.
     let mut fill = vec![0u8; host_bytes];
     for (r, row) in fill.chunks_mut(ROW_BYTES as usize).enumerate() {
         row[..4].copy_from_slice(&(r as u32).to_ne_bytes());
@@ -107,16 +462,16 @@ fn run(o: &Opts) -> Result<(), VulkanError> {
     }
     dev.write_pinned(&mut host, 0, &fill)?;
     drop(fill);
-    let host_rows = host_blocks * BLOCK;
-    let layers = [LayerPair {
-        host: host_layout,
-        device: dev_layout,
-    }];
     println!(
-        "device: {} | host pool {} MiB ({} rows of {ROW_BYTES} B, {}), window {} MiB",
+        "device: {} | {} compute queue(s){} | host pool {} MiB ({}) | binding window {} MiB",
         dev.device_name(),
+        dev.compute_queues(),
+        if dev.has_transfer_queue() {
+            " + a transfer queue"
+        } else {
+            ""
+        },
         host_bytes >> 20,
-        host_rows,
         if host.is_imported() {
             "imported host memory"
         } else {
@@ -124,163 +479,22 @@ fn run(o: &Opts) -> Result<(), VulkanError> {
         },
         dev.binding_window() >> 20
     );
-    if host_rows < 4 * max_rows {
-        return Err(VulkanError::InvalidArgument(format!(
-            "--host-mib {} holds {host_rows} rows; the bench needs at least {}",
-            o.host_mib,
-            4 * max_rows
-        )));
+    let mut report = Report {
+        device: dev.device_name().to_string(),
+        ceilings: Vec::new(),
+        figures: Vec::new(),
+    };
+    ceilings(&dev, o.iters, &host, &mut report)?;
+    for f in &report.figures {
+        report.print_figure(f);
     }
-    let mut rng = Rng(0x0656_2048);
-    let mut figures = Vec::new();
-    for rows in [2048u32, 32768] {
-        let k = 2048u32;
-        let t = rows / k;
-        let bytes = rows as usize * ROW_BYTES as usize;
-        // Enough different plans that the rows gathered in one timed run (≥ 512 MiB) exceed
-        // every GPU cache: a repeated plan would be served from L2, not from host memory.
-        let plans = (512usize << 20).div_ceil(bytes).clamp(2, 400);
-        let mut set = Vec::with_capacity(plans);
-        for _ in 0..plans {
-            let mut src: Vec<i32> = Vec::with_capacity(rows as usize);
-            let mut seen = std::collections::HashSet::new();
-            while src.len() < rows as usize {
-                let g = (rng.next() % u64::from(host_rows)) as i32;
-                if seen.insert(g) {
-                    src.push(g);
-                }
-            }
-            let mut dst: Vec<i32> = (0..max_rows as i32).collect();
-            for i in (1..dst.len()).rev() {
-                dst.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-            }
-            dst.truncate(rows as usize);
-            let counts = vec![k as i32; t as usize];
-            let mut plan_src = dev.alloc(rows as usize * 4)?;
-            let mut plan_dst = dev.alloc(rows as usize * 4)?;
-            let mut plan_counts = dev.alloc(t as usize * 4)?;
-            dev.upload(&mut plan_src, 0, &as_bytes(&src))?;
-            dev.upload(&mut plan_dst, 0, &as_bytes(&dst))?;
-            dev.upload(&mut plan_counts, 0, &as_bytes(&counts))?;
-            set.push((src, dst, plan_src, plan_dst, plan_counts));
-        }
-        let desc = GatherDesc {
-            num_tokens: t,
-            top_k: k,
-            layers: &layers,
-        };
-        let gather = |d: &VulkanDevice, i: usize, pool: &mut VulkanBuffer| {
-            let (_, _, plan_src, plan_dst, plan_counts) = &set[i % plans];
-            d.gather_rows(
-                &stream,
-                &desc,
-                GatherArgs {
-                    plan_src,
-                    plan_dst,
-                    plan_counts,
-                    host: &host,
-                    device: pool,
-                },
-            )
-        };
-        // Check that every plan's rows land (first, middle, last entry).
-        for (i, (src, dst, ..)) in set.iter().enumerate() {
-            gather(&dev, i, &mut pool)?;
-            for e in [0usize, rows as usize / 2, rows as usize - 1] {
-                let mut got = [0u8; 4];
-                dev.download(&pool, dst[e] as usize * ROW_BYTES as usize, &mut got)?;
-                if u32::from_ne_bytes(got) != src[e] as u32 {
-                    return Err(VulkanError::InvalidArgument(format!(
-                        "plan {i}: gathered row {e} holds {} instead of host row {}",
-                        u32::from_ne_bytes(got),
-                        src[e]
-                    )));
-                }
-            }
-        }
-        let iters = o.iters.max(plans);
-        let g = dev.timed(|d| {
-            for i in 0..iters {
-                gather(d, i, &mut pool)?;
-            }
-            Ok(())
-        })? / iters as u32;
-        // The same bytes as one bulk copy, from a different place of the pool each time.
-        let span = host_bytes - bytes;
-        let b = dev.timed(|d| {
-            for i in 0..iters {
-                let at = (i * bytes * 7 + i * 4096) % span / 4096 * 4096;
-                d.copy_to_device(&stream, &host, at, &mut pool, 0, bytes)?;
-            }
-            Ok(())
-        })? / iters as u32;
-        figures.push(Figure {
-            rows,
-            iters,
-            plans,
-            gather: g,
-            bulk_same: b,
-        });
-    }
-    let big = (256usize << 20).min(host_bytes);
-    let mut big_dst = dev.alloc(big)?;
-    dev.copy_to_device(&stream, &host, 0, &mut big_dst, 0, big)?;
-    let bulk_iters = o.iters.clamp(1, 10);
-    let bulk = dev.timed(|d| {
-        for _ in 0..bulk_iters {
-            d.copy_to_device(&stream, &host, 0, &mut big_dst, 0, big)?;
-        }
-        Ok(())
-    })? / bulk_iters as u32;
-    let ceiling = gbps(big as u64, bulk);
-    println!(
-        "bulk host->device copy of {} MiB: {:.1} GB/s ({:.1} us)",
-        big >> 20,
-        ceiling,
-        bulk.as_secs_f64() * 1e6
-    );
-    let mut json_rows = Vec::new();
-    for f in &figures {
-        let bytes = u64::from(f.rows) * u64::from(ROW_BYTES);
-        let g = gbps(bytes, f.gather);
-        let s = gbps(bytes, f.bulk_same);
-        println!(
-            "gather {:>5} rows x {ROW_BYTES} B ({} plans, {} runs): {:8.1} us  {:6.1} GB/s | bulk copy of the same bytes \
-             {:6.1} GB/s | {:.0}% of the {} MiB bulk ceiling",
-            f.rows,
-            f.plans,
-            f.iters,
-            f.gather.as_secs_f64() * 1e6,
-            g,
-            s,
-            100.0 * g / ceiling,
-            big >> 20
-        );
-        json_rows.push(format!(
-            "{{\"rows\":{},\"row_bytes\":{ROW_BYTES},\"iters\":{},\"plans\":{},\"gather_us\":{:.3},\
-             \"gather_gbps\":{:.3},\"bulk_same_bytes_gbps\":{:.3}}}",
-            f.rows,
-            f.iters,
-            f.plans,
-            f.gather.as_secs_f64() * 1e6,
-            g,
-            s
-        ));
-    }
-    if let Some(path) = &o.json {
-        let name = dev.device_name().replace('\\', "\\\\").replace('"', "\\\"");
-        let json = format!(
-            "{{\"backend\":\"vulkan\",\"device\":\"{name}\",\"min_iters\":{},\"host_pool_mib\":{},\
-             \"imported_host_memory\":{},\"bulk_h2d_bytes\":{big},\"bulk_h2d_gbps\":{ceiling:.3},\
-             \"gather\":[{}]}}\n",
-            o.iters,
-            host_bytes >> 20,
-            host.is_imported(),
-            json_rows.join(",")
-        );
-        if let Err(e) = std::fs::write(path, json) {
-            eprintln!("could not write {path}: {e}");
-        }
+    gathers(&dev, o, &host, host_rows, &mut report)?;
+    drop(host);
+    page_copies(&dev, o.iters, &mut report)?;
+    if let Some(path) = &o.json
+        && let Err(e) = std::fs::write(path, report.json())
+    {
+        eprintln!("could not write {path}: {e}");
     }
     Ok(())
 }

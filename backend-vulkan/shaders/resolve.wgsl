@@ -59,9 +59,9 @@ var<workgroup> seen: array<atomic<u32>, 1024>;
 var<workgroup> any_host: atomic<u32>;
 var<workgroup> bad_lru: atomic<u32>;
 
-// Inclusive workgroup scan of f; the caller reads sc[W - 1] (the total) and then must barrier
-// before the next scan.
-fn scan(lid: u32, f: u32) -> u32 {
+// Inclusive workgroup scan of f with workgroup memory only (Hillis-Steele, 16 barriers); the
+// caller reads sc[W - 1] (the total) and then must barrier before the next scan.
+fn scan_barriers(lid: u32, f: u32) -> u32 {
     sc[lid] = f;
     workgroupBarrier();
     for (var o = 1u; o < W; o = o * 2u) {
@@ -75,6 +75,11 @@ fn scan(lid: u32, f: u32) -> u32 {
     }
     return sc[lid];
 }
+
+// `scan(lid, f)`: the workgroup scan the phases call, with the same contract as scan_barriers
+// (build.rs fills in scan_barriers itself, or a subgroup scan with two barriers where the device
+// has subgroup arithmetic).
+//@SCAN
 
 fn lru_get(i: u32) -> u32 {
     let w = atomicLoad(&lru[i >> 1u]);
@@ -132,7 +137,9 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
+    //@SG_PARAMS
 ) {
+    //@SG_INIT
     let t0 = group_index(wid, nwg);
     if (t0 >= pc.num_tokens) {
         return;

@@ -283,6 +283,11 @@ impl VulkanDevice {
             at = (at + bytes).div_ceil(align) * align;
         }
         let host_rows = desc.host_rows() as u32;
+        let resolver = if self.ctx.limits.subgroup_arithmetic {
+            Shader::ResolveSubgroup
+        } else {
+            Shader::Resolve
+        };
         let push_prep = [desc.num_tokens, desc.num_requests];
         let push = [
             desc.num_tokens,
@@ -313,7 +318,7 @@ impl VulkanDevice {
                 t.div_ceil(256),
             )?;
             b.extend_from_slice(&sb);
-            rec.dispatch(Shader::Resolve, &b, &push, t)
+            rec.dispatch(resolver, &b, &push, t)
         })
     }
 

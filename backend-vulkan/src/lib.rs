@@ -81,6 +81,11 @@ pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
 /// compute queue for every stream, as a comparison or a fallback).
 pub const QUEUES_ENV: &str = "HISPARSE_VULKAN_QUEUES";
 
+/// Environment variable choosing the resolver's workgroup scans at [`VulkanDevice::open`]: `auto`
+/// (default: subgroup arithmetic where the device has it, two barriers per scan) or `barriers`
+/// (workgroup memory only, 16 barriers per scan), for comparisons.
+pub const RESOLVE_SCAN_ENV: &str = "HISPARSE_VULKAN_RESOLVE_SCAN";
+
 /// Largest staging chunk of a synchronous upload or download.
 const STAGING_CHUNK: usize = 64 << 20;
 
@@ -97,6 +102,8 @@ pub struct TestShape {
     /// `(compute lanes, transfer lane)`: lanes beyond the device's queues share them, so the
     /// multi-queue routing runs on single-queue devices.
     pub lanes: Option<(usize, bool)>,
+    /// Run the resolver's scans without subgroup arithmetic, as on devices that lack it.
+    pub no_subgroups: bool,
     /// A deliberate bug: `wait_event` does nothing. Shows that the stream cases catch a backend
     /// that ignores event waits; never for real work.
     pub ignore_event_waits: bool,
@@ -265,7 +272,7 @@ impl VulkanDevice {
         Self::with_context(Self::context(selector, true)?)
     }
 
-    /// Opens the context, applying [`QUEUES_ENV`].
+    /// Opens the context, applying [`QUEUES_ENV`] and [`RESOLVE_SCAN_ENV`].
     fn context(selector: &str, strict: bool) -> Result<Context> {
         let mut ctx = Context::open(selector, strict)?;
         match std::env::var(QUEUES_ENV).as_deref().map(str::trim) {
@@ -274,6 +281,15 @@ impl VulkanDevice {
             Ok(other) => {
                 return Err(VulkanError::InvalidArgument(format!(
                     "{QUEUES_ENV}={other}: use all or single"
+                )));
+            }
+        }
+        match std::env::var(RESOLVE_SCAN_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("" | "auto") => {}
+            Ok("barriers") => ctx.limits.subgroup_arithmetic = false,
+            Ok(other) => {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "{RESOLVE_SCAN_ENV}={other}: use auto or barriers"
                 )));
             }
         }
@@ -307,6 +323,9 @@ impl VulkanDevice {
         }
         if let Some((compute, transfer)) = shape.lanes {
             ctx.reshape_lanes(compute, transfer);
+        }
+        if shape.no_subgroups {
+            ctx.limits.subgroup_arithmetic = false;
         }
         ctx.ignore_event_waits = shape.ignore_event_waits;
         Self::with_context(ctx)

@@ -73,6 +73,8 @@ pub enum Shader {
     ResolvePrep,
     /// Resolve pass 2: one workgroup per request.
     Resolve,
+    /// Resolve pass 2 with its workgroup scans on subgroup arithmetic (devices that have it).
+    ResolveSubgroup,
     /// Sparse `i32` table writes.
     TableWrite,
     /// Hot-state reset (`dgi` to -1, LRU to the identity).
@@ -88,12 +90,13 @@ pub enum Shader {
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 19] = [
+    pub const ALL: [Shader; 20] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
         Shader::ResolvePrep,
         Shader::Resolve,
+        Shader::ResolveSubgroup,
         Shader::TableWrite,
         Shader::HotReset,
         Shader::Gather(Windows::One),
@@ -118,11 +121,12 @@ impl Shader {
             Shader::Invalidate => 2,
             Shader::ResolvePrep => 3,
             Shader::Resolve => 4,
-            Shader::TableWrite => 5,
-            Shader::HotReset => 6,
-            Shader::Gather(w) => 7 + w.slot(),
-            Shader::GatherV1(w) => 11 + w.slot(),
-            Shader::Copy(w) => 15 + w.slot(),
+            Shader::ResolveSubgroup => 5,
+            Shader::TableWrite => 6,
+            Shader::HotReset => 7,
+            Shader::Gather(w) => 8 + w.slot(),
+            Shader::GatherV1(w) => 12 + w.slot(),
+            Shader::Copy(w) => 16 + w.slot(),
         }
     }
 
@@ -134,6 +138,7 @@ impl Shader {
             Shader::Invalidate => "invalidate",
             Shader::ResolvePrep => "resolve_prep",
             Shader::Resolve => "resolve",
+            Shader::ResolveSubgroup => "resolve_sg",
             Shader::TableWrite => "table_write",
             Shader::HotReset => "hot_reset",
             Shader::Gather(Windows::One) => "gather_1",
@@ -159,6 +164,7 @@ impl Shader {
             Shader::Invalidate => spirv!("invalidate"),
             Shader::ResolvePrep => spirv!("resolve_prep"),
             Shader::Resolve => spirv!("resolve"),
+            Shader::ResolveSubgroup => spirv!("resolve_sg"),
             Shader::TableWrite => spirv!("table_write"),
             Shader::HotReset => spirv!("hot_reset"),
             Shader::Gather(Windows::One) => spirv!("gather_1"),
@@ -183,7 +189,7 @@ impl Shader {
             Shader::SlotMapping => 5,
             Shader::Invalidate => 2,
             Shader::ResolvePrep => 3,
-            Shader::Resolve => 21,
+            Shader::Resolve | Shader::ResolveSubgroup => 21,
             Shader::TableWrite => 2,
             Shader::HotReset => 3,
             Shader::Gather(w) | Shader::GatherV1(w) => 4 + 2 * w.count(),
@@ -199,7 +205,7 @@ impl Shader {
             Shader::SlotMapping => b == 4,
             Shader::Invalidate | Shader::TableWrite => b == 1,
             Shader::ResolvePrep | Shader::HotReset => b >= 1,
-            Shader::Resolve => (5..=12).contains(&b) || b >= 15,
+            Shader::Resolve | Shader::ResolveSubgroup => (5..=12).contains(&b) || b >= 15,
             Shader::Gather(w) | Shader::GatherV1(w) => b >= 4 + w.count(),
             // Binding 0 is the tile list, then `count` source windows.
             Shader::Copy(w) => b > w.count(),
@@ -212,7 +218,7 @@ impl Shader {
             Shader::Remap => 8,
             Shader::SlotMapping => 5,
             Shader::Invalidate | Shader::ResolvePrep | Shader::TableWrite => 2,
-            Shader::Resolve => 10,
+            Shader::Resolve | Shader::ResolveSubgroup => 10,
             Shader::HotReset | Shader::Copy(_) => 6,
             Shader::Gather(_) | Shader::GatherV1(_) => 8,
         }

@@ -161,6 +161,7 @@ mod tests {
             gpu: true,
             unified: false,
             memory_budget: false,
+            subgroup_arithmetic: false,
         }
     }
 

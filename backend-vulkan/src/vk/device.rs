@@ -349,9 +349,11 @@ impl Context {
         let mut host_props = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
         let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
         let mut props2 = vk::PhysicalDeviceProperties2::default()
             .push_next(&mut driver)
-            .push_next(&mut m3);
+            .push_next(&mut m3)
+            .push_next(&mut subgroup);
         if has_import {
             props2 = props2.push_next(&mut host_props);
         }
@@ -405,6 +407,12 @@ impl Context {
             unified: ty == vk::PhysicalDeviceType::CPU
                 || ty == vk::PhysicalDeviceType::INTEGRATED_GPU,
             memory_budget: has_budget,
+            subgroup_arithmetic: subgroup
+                .supported_stages
+                .contains(vk::ShaderStageFlags::COMPUTE)
+                && subgroup.supported_operations.contains(
+                    vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC,
+                ),
         };
         let driver_name = c_name(&driver.driver_name);
         let full_name = if driver_name.is_empty() {

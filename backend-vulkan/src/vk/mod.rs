@@ -173,6 +173,8 @@ pub struct Limits {
     pub unified: bool,
     /// Whether `VK_EXT_memory_budget` reports per-heap budgets.
     pub memory_budget: bool,
+    /// Whether compute shaders have subgroup arithmetic (the resolver's scans use it).
+    pub subgroup_arithmetic: bool,
 }
 
 /// A queue the backend submits to.
