@@ -1,4 +1,6 @@
-// Index remap (hisparse_core::ops::remap): one workgroup per token row.
+// Index remap (hisparse_core::ops::remap): one workgroup per token row. Without compaction every
+// invocation maps its entries independently and the valid count is one workgroup atomic; with
+// compaction, chunks of 64 entries are placed by a workgroup scan.
 struct Params {
     num_tokens: u32,
     top_k: u32,
@@ -22,6 +24,7 @@ var<immediate> pc: Params;
 
 const W: u32 = 64u;
 var<workgroup> sc: array<u32, 64>;
+var<workgroup> valid: atomic<u32>;
 
 fn map_token(row: u32, tok: i32) -> i32 {
     if (tok < 0) {
@@ -60,6 +63,27 @@ fn main(
         } else if (u32(req) < pc.table_rows) {
             row = req;
         }
+    }
+    if (!compact) {
+        if (lid == 0u) {
+            atomicStore(&valid, 0u);
+        }
+        workgroupBarrier();
+        var n = 0u;
+        for (var j = lid; j < k; j = j + W) {
+            var v = -1;
+            if (row >= 0) {
+                v = map_token(u32(row), topk[t * k + j]);
+            }
+            out_rows[t * k + j] = v;
+            n = n + select(0u, 1u, v != -1);
+        }
+        atomicAdd(&valid, n);
+        workgroupBarrier();
+        if ((pc.flags & 1u) != 0u && lid == 0u) {
+            counts[t] = i32(atomicLoad(&valid));
+        }
+        return;
     }
     var base = 0u;
     for (var j0 = 0u; j0 < k; j0 = j0 + W) {
