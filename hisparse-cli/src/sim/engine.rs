@@ -233,7 +233,11 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
             let end = sr.first_token + sr.num_tokens;
             let positions = sr.first_token / ratio..end / ratio;
             let resident: Vec<Vec<i32>> = (0..nb)
-                .map(|b| rt.resident_row(b, sr.slot).map(<[i32]>::to_vec).unwrap_or_default())
+                .map(|b| {
+                    rt.resident_row(b, sr.slot)
+                        .map(<[i32]>::to_vec)
+                        .unwrap_or_default()
+                })
                 .collect();
             let (dev, pools) = rt.device_and_pools_mut();
             forward.write(dev, &mut pools.device, sr.id, positions, |b, p| {
@@ -377,7 +381,10 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
         }
         if !batch.is_empty() {
             let c = rt.counters();
-            let (hits, misses) = (c.hot_hits - before.hot_hits, c.hot_misses - before.hot_misses);
+            let (hits, misses) = (
+                c.hot_hits - before.hot_hits,
+                c.hot_misses - before.hot_misses,
+            );
             report.steps.push(StepStats {
                 hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
                 h2d_bytes: c.h2d_bytes - before.h2d_bytes,

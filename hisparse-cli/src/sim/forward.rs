@@ -75,7 +75,16 @@ impl Forward {
                 };
                 for li in 0..self.buckets[b].len() {
                     let (layer, l) = self.buckets[b][li];
-                    self.write_layer_rows(dev, pool, uid, layer, &l, block as u32, page, rows.clone())?;
+                    self.write_layer_rows(
+                        dev,
+                        pool,
+                        uid,
+                        layer,
+                        &l,
+                        block as u32,
+                        page,
+                        rows.clone(),
+                    )?;
                 }
             }
             p = end;
