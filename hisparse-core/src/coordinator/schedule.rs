@@ -76,24 +76,20 @@ impl Coordinator {
                 available,
             });
         }
-        let mut n = n;
+        // One division on the fast path (every request, every step): `target_pages` is
+        // recomputed only when the chunk shrinks.
+        let (mut n, mut target_pages) = (n, self.kv.pages_for(r.num_computed + n));
         let held_host = r.source.blocks.len() as u32;
-        let host_need = self
-            .kv
-            .pages_for(r.num_computed + n)
-            .saturating_sub(held_host);
-        if host_need > self.host.num_free() {
+        if target_pages.saturating_sub(held_host) > self.host.num_free() {
             let fit =
                 self.tokens_within(r, n, u64::from(held_host) + u64::from(self.host.num_free()));
             if !shrink || fit == 0 {
                 return Ok((self.short_of(PoolKind::Host, false), 0));
             }
             n = fit;
+            target_pages = self.kv.pages_for(r.num_computed + n);
         }
-        let new_pages = |kv: &crate::layout::KvCacheConfig, r: &Req, n: u32| {
-            kv.pages_for(r.num_computed + n).saturating_sub(r.pages)
-        };
-        let need = self.gpu_need(r, new_pages(&self.kv, r, n));
+        let need = self.gpu_need(r, target_pages.saturating_sub(r.pages));
         if need > u64::from(self.gpu.num_free()) {
             let short = need - u64::from(self.gpu.num_free());
             // The request itself is a reclaim candidate: put it back while reclaiming.
@@ -107,7 +103,7 @@ impl Coordinator {
                 .unwrap_or_else(|| Box::new(empty_req()));
             self.spare = Some(core::mem::replace(r, back));
             let free = u64::from(self.gpu.num_free());
-            if self.gpu_need(r, new_pages(&self.kv, r, n)) > free {
+            if self.gpu_need(r, target_pages.saturating_sub(r.pages)) > free {
                 let hot = self.gpu_need(r, 0);
                 let fit = if shrink && free >= hot {
                     let pages = (free - hot) / self.gpu_cost_per_page();
@@ -119,10 +115,10 @@ impl Coordinator {
                     return Ok((self.short_of(PoolKind::Gpu, awaits), 0));
                 }
                 n = fit;
+                target_pages = self.kv.pages_for(r.num_computed + n);
             }
         }
         let target = r.num_computed + n;
-        let target_pages = self.kv.pages_for(target);
         if self.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
             self.hot
                 .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
