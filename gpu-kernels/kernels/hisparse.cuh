@@ -375,7 +375,8 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
 // (top_k <= HS_RESOLVE_THREADS * HS_RESOLVE_IK: the decode case) classifies each entry once and
 // keeps the result and its hash slot in registers for the later phases; likewise the LRU scan
 // keeps each position's hash slot when the hot buffer fits one pass. Block sums and scans take
-// one barrier each (hs_block_scan1).
+// one barrier each (hs_block_scan1). The loops over a request's rows stop at its last row (one
+// iteration for a one-row request, however many rows the launch has).
 
 #define HS_RESOLVE_THREADS 1024
 #define HS_RESOLVE_IK 2
@@ -587,8 +588,9 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     {
         bool any = false;
         u32 ord = 0;
-        for (u32 t2 = t; t2 < num_tokens; ++t2) {
+        for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
             if (HS_LDG(req_id + t2) != req) continue;
+            ++seen;
             const u64 base = (u64)t2 * K;
             for (u32 jb = 0; jb < K; jb += span_k) {
                 const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
@@ -747,8 +749,9 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
         u32 misses = 0;
         {
             u32 ord = 0;
-            for (u32 t2 = t; t2 < num_tokens; ++t2) {
+            for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
                 if (HS_LDG(req_id + t2) != req) continue;
+                ++seen;
                 const u64 base = (u64)t2 * K;
                 const u32 row_base = misses;
                 u32 row_hits = 0;
@@ -821,8 +824,9 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     HS_SYNC();
 
     // Step 8: output indices and valid counts.
-    for (u32 t2 = t; t2 < num_tokens; ++t2) {
+    for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
         if (HS_LDG(req_id + t2) != req) continue;
+        ++seen;
         const u64 base = (u64)t2 * K;
         u32 valid = 0;
         for (u32 jb = 0; jb < K; jb += span_k) {
@@ -864,8 +868,8 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 // x = w / num_tokens of token row t = w % num_tokens: plan entries [x * HS_GATHER_ROWS, ...) of
 // row t. Blocks take items grid-stride, so the first chunk of every row comes before any second
 // chunk: the work (a row's valid count of entries, typically a tenth of top_k) sits in the first
-// items and the blocks that start first do it; an item beyond its row's count is skipped without
-// a barrier. A block copies its item's rows with every 16-byte chunk of every row spread over its
+// items and the blocks that start first do it; an item beyond its row's count is skipped after
+// one load of the (cached) count, without a barrier. A block copies its item's rows with every 16-byte chunk of every row spread over its
 // threads, each thread issuing up to HS_GATHER_UNROLL independent loads before its stores (the
 // host pool is mapped pinned memory read across the bus, so many loads must be in flight).
 
@@ -900,17 +904,17 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
         const u32 t = (u32)(w % num_tokens);
         const u32 lo = (u32)(w / num_tokens) * HS_GATHER_ROWS;
         const u64 prow = (u64)t * top_k;
-        // The item's plan entries are requested together with the row's count (entries up to
-        // top_k are always in the plan buffers), one round trip for both.
-        i32 ps = -1, pd = -1;
-        if (HS_TID < HS_GATHER_ROWS && lo + HS_TID < top_k) {
-            ps = HS_LDG(plan_src + prow + lo + HS_TID);
-            pd = HS_LDG(plan_dst + prow + lo + HS_TID);
-        }
+        // Items beyond their row's count (most of them: a row misses a tenth of top_k) cost one
+        // cached load of the count, nothing more.
         const i32 cnt = HS_LDG(plan_counts + t);
         const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
         if (lo >= n) continue; // uniform over the block
         const u32 rows = n - lo < HS_GATHER_ROWS ? n - lo : HS_GATHER_ROWS;
+        i32 ps = -1, pd = -1;
+        if (HS_TID < rows) {
+            ps = HS_LDG(plan_src + prow + lo + HS_TID);
+            pd = HS_LDG(plan_dst + prow + lo + HS_TID);
+        }
         if (!first) HS_SYNC(); // the previous item's copies have read the row table
         first = false;
         if (HS_TID < rows) {

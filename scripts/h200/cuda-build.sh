@@ -3,10 +3,13 @@
 # GPU machine (which has no Rust toolchain), and puts them in h200-cuda/ (ignored by git; carry it
 # to the GPU machine):
 #
-#   h200-cuda/cuda-conformance   the shared conformance suite on CUDA device 0
-#   h200-cuda/cuda-wrap          engine-owned memory and streams (backend-cuda/tests/wrap.rs)
-#   h200-cuda/cuda-bench         examples/cuda_bench.rs
-#   h200-cuda/MANIFEST           commit, build date, sizes and sha256 of the binaries
+#   h200-cuda/cuda-conformance           the shared conformance suite on CUDA device 0 (production
+#                                        build: only the production kernels exist)
+#   h200-cuda/cuda-wrap                  engine-owned memory and streams (tests/wrap.rs)
+#   h200-cuda/cuda-conformance-variants  the suite built with `bench-variants` (for the resolver's
+#                                        forced global-state mode, HISPARSE_CUDA_RESOLVE_GLOBAL=1)
+#   h200-cuda/cuda-bench                 examples/cuda_bench.rs (needs `bench-variants`)
+#   h200-cuda/MANIFEST                   commit, build date, sizes and sha256 of the binaries
 #
 # Release profile without debug info, stripped. The binaries load libcuda and NVRTC at run time
 # (NVRTC from /usr/local/cuda-*/targets/x86_64-linux/lib, CUDA_PATH or LD_LIBRARY_PATH).
@@ -17,9 +20,7 @@ out=h200-cuda
 mkdir -p "$out"
 export CARGO_PROFILE_RELEASE_DEBUG=0
 
-# Test and example executables, as cargo reports them.
-json=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --no-run \
-    --message-format=json 2>/dev/null)
+# The executable of test target $1 in cargo's JSON messages on stdin.
 exe_of() {
     python3 -c '
 import json, sys
@@ -31,23 +32,33 @@ for line in sys.stdin:
         continue
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == name and m.get("executable"):
         print(m["executable"])
-' "$1" <<<"$json" | tail -n 1
+' "$1" | tail -n 1
 }
-conformance=$(exe_of conformance)
-wrap=$(exe_of wrap)
-cargo build --release -p hisparse-backend-cuda --example cuda_bench
+prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --no-run \
+    --message-format=json 2>/dev/null)
+variants=$(cargo test --release -p hisparse-backend-cuda --features bench-variants \
+    --test conformance --no-run --message-format=json 2>/dev/null)
+cargo build --release -p hisparse-backend-cuda --features bench-variants --example cuda_bench
+conformance=$(exe_of conformance <<<"$prod")
+wrap=$(exe_of wrap <<<"$prod")
+conformance_variants=$(exe_of conformance <<<"$variants")
 bench=target/release/examples/cuda_bench
-for f in "$conformance" "$wrap" "$bench"; do
+for f in "$conformance" "$wrap" "$conformance_variants" "$bench"; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
+if [ "$conformance" = "$conformance_variants" ]; then
+    echo "the production and bench-variants conformance binaries are the same file" >&2
+    exit 1
+fi
 install -m 755 "$conformance" "$out/cuda-conformance"
 install -m 755 "$wrap" "$out/cuda-wrap"
+install -m 755 "$conformance_variants" "$out/cuda-conformance-variants"
 install -m 755 "$bench" "$out/cuda-bench"
-strip "$out/cuda-conformance" "$out/cuda-wrap" "$out/cuda-bench"
+strip "$out"/cuda-conformance "$out"/cuda-wrap "$out"/cuda-conformance-variants "$out"/cuda-bench
 {
-    echo "commit $(git rev-parse HEAD)$(git diff --quiet -- gpu-kernels backend-cuda || echo ' (with uncommitted changes in gpu-kernels/backend-cuda)')"
+    echo "commit $(git rev-parse HEAD)$(git diff --quiet -- gpu-kernels backend-cuda hisparse-core || echo ' (with uncommitted changes in gpu-kernels/backend-cuda/hisparse-core)')"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    (cd "$out" && sha256sum cuda-conformance cuda-wrap cuda-bench)
+    (cd "$out" && sha256sum cuda-conformance cuda-wrap cuda-conformance-variants cuda-bench)
     du -b "$out"/cuda-* | awk '{ printf "%s %d bytes\n", $2, $1 }'
 } >"$out/MANIFEST"
 cat "$out/MANIFEST"

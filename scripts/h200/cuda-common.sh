@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Helpers sourced by scripts/h200/cuda-conformance.sh and cuda-perf.sh (not run on its own):
+# sections with their own time limit whose results are collected for a JSON summary.
+#
+#   section NAME LIMIT_SECONDS COMMAND...   run COMMAND, output to $out/NAME.log, record the result
+#   write_summary SCRIPT                     $out/summary.json; returns 0 when every section passed
+#
+# The caller sets `out` (a directory) before using them.
+
+results=()
+overall=0
+
+# limited SECONDS COMMAND...: runs COMMAND in its own process group and, past SECONDS, stops the
+# whole group (compute-sanitizer and the program it runs), so nothing is left holding the GPU.
+# Returns COMMAND's exit status, or 124 when it was stopped.
+limited() {
+    local limit=$1
+    shift
+    setsid "$@" &
+    local pid=$! ticks=0 state
+    while :; do
+        state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)
+        [ -z "$state" ] || [ "$state" = Z ] && break
+        if [ "$ticks" -ge $((limit * 10)) ]; then
+            kill -TERM -- "-$pid" 2>/dev/null
+            sleep 5
+            kill -KILL -- "-$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+        sleep 0.1
+        ticks=$((ticks + 1))
+    done
+    wait "$pid"
+}
+
+# section NAME LIMIT_SECONDS COMMAND...: runs COMMAND with a time limit, output to NAME.log;
+# records pass, FAIL (exit status) or TIMEOUT, with the last "N passed, M failed" line and the
+# sanitizer's summary line of the log.
+section() {
+    local name=$1 limit=$2
+    shift 2
+    local log="$out/$name.log" t0 rc status
+    t0=$(date +%s.%N)
+    limited "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    case $rc in
+        0) status=pass ;;
+        124) status=TIMEOUT ;;
+        *) status="FAIL($rc)" ;;
+    esac
+    [ "$status" = pass ] || overall=1
+    local secs counts errors
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    errors=$(grep -E '(ERROR|RACECHECK) SUMMARY: ' "$log" | tail -n 1 | sed 's/^=* *//')
+    printf '%-34s %-10s %6ss  %s %s\n' "$name" "$status" "$secs" "${counts:-}" "${errors:-}"
+    results+=("{\"section\":\"$name\",\"status\":\"$status\",\"seconds\":$secs,\"counts\":\"${counts:-}\",\"sanitizer\":\"${errors:-}\"}")
+}
+
+# write_summary SCRIPT: $out/summary.json, and the first failing cases and sanitizer reports.
+write_summary() {
+    {
+        printf '{"script":"%s","ok":%s,"sections":[' "$1" "$([ $overall = 0 ] && echo true || echo false)"
+        (IFS=,; printf '%s' "${results[*]}")
+        printf ']}\n'
+    } >"$out/summary.json"
+    echo "summary: $out/summary.json ($([ $overall = 0 ] && echo 'all sections passed' || echo 'SOME SECTIONS FAILED'))"
+    grep -hE '^FAIL|FAILED|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]|Race reported|Invalid __global__' \
+        "$out"/*.log 2>/dev/null | head -n 20
+    return $overall
+}
+
+# The compute-sanitizer of the machine, or nothing.
+find_sanitizer() {
+    command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1
+}
