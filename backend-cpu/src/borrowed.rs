@@ -1,5 +1,6 @@
 //! Engine-owned host memory used as a [`crate::CpuBuffer`] without owning it (a numpy array's
-//! data, a tensor's storage): the second and last module of this crate with `unsafe` code.
+//! data, a tensor's storage, a shared-memory segment): the second and last module of this crate
+//! with `unsafe` code.
 //!
 //! [`BorrowedBytes`] is a pointer and a length the caller vouches for (see
 //! [`crate::CpuBuffer::from_raw_parts`]). It never frees the memory. Its views follow the same
@@ -32,6 +33,18 @@ pub(crate) fn check_lent(ptr: *mut u8, len: usize) -> Result<NonNull<u8>, String
         ));
     }
     Ok(start)
+}
+
+/// The mapping of a shared-memory segment as a lent range. The caller stores `segment` beside
+/// the result, so the mapping outlives every view of it.
+pub(crate) fn of_segment(segment: &hisparse_shm::SharedSegment) -> Result<BorrowedBytes, String> {
+    let start = check_lent(segment.addr().as_ptr(), segment.len())?;
+    // SAFETY: the range passed `check_lent` and is the segment's live, zero-initialised,
+    // read-write mapping, kept alive by the buffer that stores the segment beside these bytes.
+    // Other processes write it too; the host pool's protocol (one writer per page, readers only
+    // after the writer's completion reached them through a synchronisation point) keeps every
+    // view this crate hands out, which lasts one call, free of concurrent writes to its bytes.
+    Ok(unsafe { BorrowedBytes::new(start, segment.len()) })
 }
 
 /// `len` bytes at `ptr` that someone else allocated and will free.

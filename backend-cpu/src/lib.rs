@@ -37,6 +37,12 @@ enum Storage {
     Owned(AlignedBytes),
     /// Lent by the engine; never freed here.
     Borrowed(BorrowedBytes),
+    /// A shared-memory segment other processes map too (a host pool shared by the ranks of a
+    /// node); the buffer keeps the mapping alive.
+    Shared {
+        bytes: BorrowedBytes,
+        _segment: hisparse_shm::SharedSegment,
+    },
 }
 
 impl CpuBuffer {
@@ -78,16 +84,42 @@ impl CpuBuffer {
         })
     }
 
+    /// A buffer over a shared-memory segment (a host pool that the tensor-parallel ranks of a
+    /// node map together); the buffer owns the mapping.
+    ///
+    /// Other processes write the same memory. What keeps that sound is the host pool's
+    /// protocol, as for a pinned buffer a GPU writes while the host runs: one process writes a
+    /// page's bytes, and another reads them only after the writer's completion was reported to
+    /// it (through a pipe or socket, a synchronisation point). Every slice this buffer hands out
+    /// is borrowed for one backend call or one engine read, never across such a point.
+    pub fn from_shared(segment: hisparse_shm::SharedSegment) -> Result<Self, CpuError> {
+        let bytes = borrowed::of_segment(&segment).map_err(|problem| CpuError::Foreign {
+            what: "shared host memory",
+            problem,
+        })?;
+        Ok(CpuBuffer {
+            bytes: Storage::Shared {
+                bytes,
+                _segment: segment,
+            },
+        })
+    }
+
     /// Whether the memory is lent by someone else ([`CpuBuffer::from_raw_parts`]).
     pub fn is_borrowed(&self) -> bool {
         matches!(self.bytes, Storage::Borrowed(_))
+    }
+
+    /// Whether the memory is a shared-memory segment ([`CpuBuffer::from_shared`]).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.bytes, Storage::Shared { .. })
     }
 
     /// The buffer's bytes.
     pub fn as_slice(&self) -> &[u8] {
         match &self.bytes {
             Storage::Owned(b) => b.as_slice(),
-            Storage::Borrowed(b) => b.as_slice(),
+            Storage::Borrowed(b) | Storage::Shared { bytes: b, .. } => b.as_slice(),
         }
     }
 
@@ -95,7 +127,7 @@ impl CpuBuffer {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.bytes {
             Storage::Owned(b) => b.as_mut_slice(),
-            Storage::Borrowed(b) => b.as_mut_slice(),
+            Storage::Borrowed(b) | Storage::Shared { bytes: b, .. } => b.as_mut_slice(),
         }
     }
 
@@ -114,7 +146,7 @@ impl CpuBuffer {
     pub fn address(&self) -> usize {
         match &self.bytes {
             Storage::Owned(b) => b.address(),
-            Storage::Borrowed(b) => b.address(),
+            Storage::Borrowed(b) | Storage::Shared { bytes: b, .. } => b.address(),
         }
     }
 
