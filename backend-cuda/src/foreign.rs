@@ -134,6 +134,10 @@ impl CudaDevice {
     /// * **Exclusive use:** while work of this backend may touch it, the host neither writes it
     ///   nor reads what the device writes, except after synchronising (a stream, an event, or
     ///   the backend's synchronous `read_pinned` / `write_pinned`).
+    /// * **Extent:** when the driver does not report the extent of memory that is pinned already,
+    ///   the backend checks that the range's last byte is pinned too and mapped linearly with the
+    ///   first; a range that runs on into an adjacent pinned allocation passes that check, so the
+    ///   length must be the caller's own allocation's.
     /// * **Alignment and size:** the pointer is page-aligned (checked) and the range is one
     ///   allocation of the caller's (checked against the driver's records when already pinned).
     pub unsafe fn wrap_host_memory(&self, ptr: *mut u8, len: usize) -> Result<CudaHostBuffer> {

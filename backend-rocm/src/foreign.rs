@@ -132,6 +132,10 @@ impl RocmDevice {
     ///   with it has completed.
     /// * **Exclusive use:** while work of this backend may touch it, the host neither writes it
     ///   nor reads what the device writes, except after synchronising.
+    /// * **Extent:** when the driver does not report the extent of memory that is pinned already,
+    ///   the backend checks that the range's last byte is pinned too and mapped linearly with the
+    ///   first; a range that runs on into an adjacent pinned allocation passes that check, so the
+    ///   length must be the caller's own allocation's.
     /// * **Alignment and size:** page-aligned (checked); one allocation of the caller's.
     pub unsafe fn wrap_host_memory(
         &self,

@@ -951,9 +951,11 @@ fn engine_owned_memory_and_streams() -> Result<(), String> {
             "device memory as host memory",
             dev.wrap_host_memory(d.cast(), 4096).map(drop),
         )?;
+        // Far past its allocation, into memory nobody mapped (an adjacent pinned allocation
+        // would look like one pinned, linearly mapped range).
         refused(
-            "pinned range past its allocation",
-            dev.wrap_host_memory(pinned, 8192 + 4096).map(drop),
+            "pinned range far past its allocation",
+            dev.wrap_host_memory(pinned, 8192 + (1 << 40)).map(drop),
         )?;
         refused(
             "misaligned host memory",
