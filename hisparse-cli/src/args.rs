@@ -27,6 +27,9 @@ pub enum Command {
     Conformance(ConformanceArgs),
     /// Measure device operations beside the bandwidth ceilings of the same device.
     Bench(BenchArgs),
+    /// A rank of `simulate --tp N` (started by it; reads its instructions on stdin).
+    #[command(name = "simulate-rank", hide = true)]
+    SimulateRank,
 }
 
 /// Backend selection shared by the device commands.
@@ -126,6 +129,14 @@ pub struct SimulateArgs {
     /// after the batch was issued.
     #[arg(long, allow_negative_numbers = true, default_value = "1")]
     pub workers: String,
+    /// Tensor-parallel ranks: N worker processes, each with its own runtime (on GPU r of a
+    /// multi-GPU machine, all on one device otherwise), every row verified in every rank.
+    #[arg(long, allow_negative_numbers = true, default_value = "1")]
+    pub tp: String,
+    /// With --tp: one pinned host pool in shared memory for every rank of the node (rank 0
+    /// writes it, every rank reads it) instead of one per rank.
+    #[arg(long)]
+    pub shared_host_pool: bool,
     /// Emit JSON instead of text.
     #[arg(long)]
     pub json: bool,

@@ -62,10 +62,14 @@ fn run(cli: Cli) -> CliResult<()> {
         Command::Simulate(a) => {
             let kind = args::backend(&a.backend.backend)?;
             let setup = sim::setup(&a)?;
+            if setup.tp > 1 {
+                return sim::simulate_tp(kind, &a, &setup);
+            }
             with_device!(kind, &a.backend.device, |dev| sim::simulate_on(
                 dev, &a, &setup
             ))
         }
+        Command::SimulateRank => sim::tp::rank_main(),
     }
 }
 

@@ -192,6 +192,8 @@ macro_rules! any_enums {
             $( #[cfg(feature = $feat)] #[doc = concat!("The `", $feat, "` backend's.")] $var($err), )*
             /// A malformed descriptor or argument.
             Op(OpError),
+            /// The backend lacks a capability the call needs; the message names it.
+            Unsupported(String),
             /// A buffer, stream or event of one backend was passed to a device of another.
             BackendMismatch {
                 /// What was passed ("buffer", "host buffer", "stream", "event").
@@ -308,6 +310,7 @@ macro_rules! any_enums {
                 match self {
                     $( #[cfg(feature = $feat)] AnyError::$var(e) => e.fmt(f), )*
                     AnyError::Op(e) => e.fmt(f),
+                    AnyError::Unsupported(m) => f.write_str(m),
                     AnyError::BackendMismatch { what, device, argument } => write!(
                         f,
                         "a {what} of the {argument} backend was passed to a {device} device; use buffers, streams and events of the device they are given to"
@@ -320,6 +323,7 @@ macro_rules! any_enums {
                 match self {
                     $( #[cfg(feature = $feat)] AnyError::$var(e) => e.kind(), )*
                     AnyError::Op(e) => e.kind(),
+                    AnyError::Unsupported(_) => ErrorKind::Unsupported,
                     AnyError::BackendMismatch { .. } => ErrorKind::InvalidArgument,
                 }
             }

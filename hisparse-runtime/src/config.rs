@@ -2,6 +2,7 @@
 
 /// Settings of a [`crate::Runtime`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RuntimeConfig {
     /// Per-request state rows of every table and hot state: the coordinator's
     /// [`max_running`](hisparse_core::coordinator::CoordinatorConfig::max_running).
@@ -16,6 +17,14 @@ pub struct RuntimeConfig {
     /// zero). Each sampled step costs three small device→host copies per index group on the
     /// compute stream.
     pub stats_every: u32,
+    /// Whether this runtime writes the host pool: row mirrors, page spills and host
+    /// copy-on-write. `true` when a process has the pool to itself. When one host pool is shared
+    /// by every tensor-parallel rank of a node, exactly one rank writes it and the others only
+    /// read it (swap-in gathers, restores): their transfer batches hold no copies and complete
+    /// once their forward pass has, and the writer's host copy-on-write must complete before the
+    /// others' restores of the same step (a barrier the engine places, see
+    /// [`crate::Runtime::begin_step`]).
+    pub writes_host: bool,
 }
 
 impl RuntimeConfig {
@@ -26,6 +35,7 @@ impl RuntimeConfig {
             max_step_tokens,
             worker: 0,
             stats_every: 1,
+            writes_host: true,
         }
     }
 }

@@ -4,6 +4,7 @@ use hisparse_core::coordinator::Coordinator;
 
 /// Totals since the runtime was built. Read them with [`crate::Runtime::counters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Counters {
     /// Steps begun.
     pub steps: u64,
@@ -58,6 +59,7 @@ impl Counters {
 
 /// Block-pool occupancy, for metrics: what the coordinator holds of each pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolUsage {
     /// GPU blocks held by requests (the null block excluded).
     pub gpu_used: u32,

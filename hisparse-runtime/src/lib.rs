@@ -14,6 +14,7 @@ mod decode;
 mod error;
 mod kind;
 mod runtime;
+mod shared;
 mod step;
 mod tables;
 
@@ -33,4 +34,5 @@ pub use decode::{Indices, TopK};
 pub use error::RuntimeError;
 pub use kind::{BackendKind, UnknownBackend};
 pub use runtime::{Pools, Runtime};
+pub use shared::{SharedHostPool, SharedSegment, ShmError};
 pub use step::{ReportError, WorkerReport};

@@ -13,6 +13,7 @@ use crate::runtime::{OpenStep, Runtime, STATS_SLOTS, StatsInFlight};
 /// What [`Runtime::poll`] found since the last poll, in the shape of
 /// [`Coordinator::report`]'s arguments.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WorkerReport {
     /// The worker (tensor-parallel rank) this runtime is.
     pub worker: u32,
@@ -35,8 +36,11 @@ impl<D: Device> Runtime<D> {
     /// out), invalidation of hot entries caching rows of newly assigned host blocks, host
     /// copy-on-write, restores, GPU copy-on-write. Nothing here synchronises with the host.
     ///
-    /// Also sets the step's batch to its decode-like rows when the engine does not call
-    /// [`Runtime::set_batch`]: see there.
+    /// With a host pool shared across processes (see [`crate::RuntimeConfig::writes_host`]),
+    /// the writer's host copy-on-write must be complete before the other ranks enqueue this
+    /// step's restores, which read the copied pages: when `cmd.host_cow` is not empty, the engine
+    /// synchronises the writer's compute stream after its `begin_step` and only then calls the
+    /// others' (one barrier, in steps with copy-on-write only).
     pub fn begin_step(&mut self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
         if let Some(open) = self.open {
             return Err(RuntimeError::Sequence(if open.step == cmd.step {
@@ -63,8 +67,9 @@ impl<D: Device> Runtime<D> {
         let resets = self.reset_hot_states(cmd)?;
         // 3. Invalidation of hot entries caching rows of recycled host blocks.
         self.invalidate_host_blocks(&cmd.new_host_blocks)?;
-        // 4. Host copy-on-write, restores, GPU copy-on-write.
-        if !cmd.host_cow.is_empty() {
+        // 4. Host copy-on-write (by the rank that writes the host pool), restores, GPU
+        //    copy-on-write.
+        if self.cfg.writes_host && !cmd.host_cow.is_empty() {
             self.dev
                 .copy_host_pages(
                     &self.compute,
@@ -295,7 +300,14 @@ impl<D: Device> Runtime<D> {
                 ))?;
             let mut spans: Vec<RowSpan> = Vec::new();
             let mut pairs: Vec<BlockPair> = Vec::new();
-            for b in 0..self.kv.num_buckets {
+            // A rank that does not write the host pool has no copies: its batch completes with
+            // its forward pass.
+            let buckets = if self.cfg.writes_host {
+                self.kv.num_buckets
+            } else {
+                0
+            };
+            for b in 0..buckets {
                 let layers = &self.bucket_pairs[b as usize];
                 spans.clear();
                 spans.extend(

@@ -22,23 +22,20 @@
 //! Device time per step is the time of steps 2–4 up to a synchronisation of both streams; the
 //! forward pass's writes, the top-k uploads and verification are not counted.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use hisparse_core::Device;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand, RequestId};
 use hisparse_core::layout::KvCacheConfig;
-use hisparse_runtime::{Indices, Runtime, RuntimeConfig, TopK};
+use serde::{Deserialize, Serialize};
 
-use super::forward::Forward;
-use super::report::{SimReport, StepStats};
-use super::verify::{ReadOut, Verifier};
-use super::workload::{Pattern, TopKStream, overlap};
+use super::rank::{DecodeRow, Rank, RankStep};
+use super::report::{RankReport, SimReport, StepStats};
 use crate::error::{CliError, CliResult};
 use crate::progress::Progress;
 
 /// What to simulate.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SimSetup {
     /// Preset name (for the report).
     pub preset: String,
@@ -63,63 +60,82 @@ pub struct SimSetup {
     /// and requests are admitted one after another, each once the previous one's prefill is
     /// durable on host, so later requests find the prefix in the host prefix cache.
     pub shared_prefix: u32,
+    /// Tensor-parallel ranks, each a worker process with its own runtime (1 = this process).
+    pub tp: u32,
+    /// With `tp > 1`: one host pool in shared memory for every rank (else one per rank).
+    pub shared_host_pool: bool,
     /// Suppress the progress bar.
     pub quiet: bool,
+}
+
+/// The ranks that execute every command: this process's one ([`Local`]), or worker processes
+/// ([`super::tp::Processes`]).
+pub trait Ranks {
+    /// The backend's name and the device's (of rank 0).
+    fn names(&self) -> (String, String);
+    /// How many ranks.
+    fn count(&self) -> usize;
+    /// Before the forward pass, on every rank (the writer of a shared host pool first, when
+    /// the command has host copy-on-write).
+    fn begin(&mut self, cmd: &OffloadCommand) -> CliResult<()>;
+    /// The rest of the step on every rank; one result per rank, in rank order.
+    fn finish(&mut self, cmd: &OffloadCommand, decode: &[DecodeRow]) -> CliResult<Vec<RankStep>>;
+    /// Everything in flight, completed; one result per rank.
+    fn drain(&mut self) -> CliResult<Vec<RankStep>>;
+}
+
+/// This process's one rank.
+pub struct Local<D: Device>(pub Rank<D>);
+
+impl<D: Device> Ranks for Local<D> {
+    fn names(&self) -> (String, String) {
+        self.0.names()
+    }
+    fn count(&self) -> usize {
+        1
+    }
+    fn begin(&mut self, cmd: &OffloadCommand) -> CliResult<()> {
+        self.0.begin(cmd)
+    }
+    fn finish(&mut self, cmd: &OffloadCommand, decode: &[DecodeRow]) -> CliResult<Vec<RankStep>> {
+        Ok(vec![self.0.finish(cmd, decode)?])
+    }
+    fn drain(&mut self) -> CliResult<Vec<RankStep>> {
+        Ok(vec![self.0.drain()?])
+    }
 }
 
 fn coord_err(e: impl std::fmt::Display) -> CliError {
     CliError::failed(format!("coordinator: {e}"))
 }
 
-fn rt_err(e: impl std::fmt::Display) -> CliError {
-    CliError::failed(format!("runtime: {e}"))
-}
-
-/// The engine's own per-index-group buffers: the indexer's top-k and attention's row indices.
-struct GroupIo<D: Device> {
-    topk: D::Buffer,
-    rows: D::Buffer,
-}
-
-/// Runs the simulation on `dev`.
+/// Runs the simulation on `dev`, in this process.
 pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
+    run_on(&mut Local(Rank::new(dev, s)?), s)
+}
+
+/// Runs the simulation on `ranks`: the coordinator plans every step here, every rank executes it.
+pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
     let wall = Instant::now();
     let kv = &s.kv;
     let ratio = kv.sparse_compress_ratio.max(1);
     let final_len = s.context + s.decode_steps;
+    let nranks = ranks.count();
+    // One worker per rank; in one process, `--workers` simulates W ranks' late reports.
+    let workers = if nranks > 1 { nranks as u32 } else { s.workers };
     let mut coord = Coordinator::new(
         kv.clone(),
         CoordinatorConfig {
             max_running: s.requests,
             max_batched_tokens: s.max_batched_tokens,
             max_spill_pages_per_step: 64,
-            num_workers: s.workers,
+            num_workers: workers,
             enable_prefix_caching: s.shared_prefix > 0,
             ..CoordinatorConfig::default()
         },
     )
     .map_err(coord_err)?;
-    let shared_rows = s.shared_prefix.min(s.context) / ratio;
-    let mut forward = Forward::new(kv, shared_rows)?;
-    let mut verifier = Verifier::new(kv, shared_rows)?;
-    let backend = dev.backend().to_string();
-    let device = dev.device_name().to_string();
-    let mut rt = Runtime::new(dev, kv.clone(), RuntimeConfig::new(s.requests, s.requests))
-        .map_err(|e| CliError::device("setting up the runtime", e))?;
     let groups = kv.index_groups.len();
-    let (t_max, k) = (s.requests as usize, kv.config.top_k as usize);
-    let mut io: Vec<GroupIo<D>> = Vec::with_capacity(groups);
-    for _ in 0..groups {
-        let a = || {
-            rt.device()
-                .alloc((t_max * k * 4).max(4))
-                .map_err(|e| CliError::device("allocating top-k buffers", e))
-        };
-        io.push(GroupIo {
-            topk: a()?,
-            rows: a()?,
-        });
-    }
     let uids: Vec<RequestId> = (1..=u64::from(s.requests)).collect();
     let prompt = |uid: RequestId| -> Vec<u32> {
         (0..s.context)
@@ -136,13 +152,17 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
     let mut next_admit = 0usize;
     let mut admit_at_step: Option<u64> = Some(0);
     let staggered = s.shared_prefix > 0;
-    let pattern = Pattern::for_top_k(kv.config.top_k, s.overlap);
-    let mut streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)> = HashMap::new();
     let mut progress = Progress::new(
         "simulate",
         u64::from(s.requests) * u64::from(final_len),
         s.quiet,
     );
+    let (backend, device) = ranks.names();
+    let host_pools = if nranks > 1 && !s.shared_host_pool {
+        nranks as u64
+    } else {
+        1
+    };
     let mut report = SimReport {
         backend,
         device,
@@ -153,29 +173,35 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
         context: s.context,
         decode_steps: s.decode_steps,
         seed: s.seed,
-        workers: s.workers,
+        workers,
+        tp: nranks as u32,
+        shared_host_pool: nranks > 1 && s.shared_host_pool,
         overlap_target: s.overlap,
         gpu_pool_bytes: kv.gpu_pool_bytes(),
         host_pool_bytes: kv.host_pool_bytes(),
+        host_memory_bytes: kv.host_pool_bytes() * host_pools,
         device_buffer_size: kv.device_buffer_size,
         all_resident_gpu_bytes: (1 + u64::from(s.requests)
             * kv.gpu_blocks_per_request(final_len).all_on_gpu)
             * kv.bytes_per_block,
         ..SimReport::default()
     };
-    let nb = kv.num_buckets;
-    // Copy batches issued (id, step), how many of them the runtime saw complete (a FIFO
-    // prefix), and per worker how many it has reported complete.
+    // Copy batches issued (id, step); per rank, how many of them it saw complete (a FIFO
+    // prefix); per worker, how many it has reported complete. Worker `w` reports a batch once its
+    // rank saw it complete and `delay(w)` steps after it was issued.
+    let rank_of = |w: usize| if nranks > 1 { w } else { 0 };
+    let delay = |w: usize| if nranks > 1 { 1 } else { w as u64 + 1 };
     let mut issued: Vec<(u64, u64)> = Vec::new();
-    let mut really_done = 0usize;
-    let mut completed = vec![0usize; s.workers as usize];
-    let mut overlap_sum = 0.0;
-    let mut overlap_n = 0u64;
+    let mut really_done = vec![0usize; nranks];
+    let mut completed = vec![0usize; workers as usize];
+    let mut enqueued: Vec<Vec<u64>> = vec![Vec::new(); nranks];
+    let (mut overlap_sum, mut overlap_n) = (0.0, 0u64);
     let mut idle_steps = 0u32;
     let mut finished_tokens = 0u64;
-    let mut verify_seconds = 0.0;
     let mut cmd = OffloadCommand::default();
-    let mut reads: Vec<ReadOut> = Vec::new();
+    let mut last: Vec<RankStep> = Vec::new();
+    let mut rank_device_seconds = vec![0.0f64; nranks];
+    let mut verify_seconds = 0.0;
 
     let mut step_no = 0u64;
     while !coord.is_empty() || next_admit < uids.len() {
@@ -215,145 +241,59 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
                 report.prefix_hit_tokens += u64::from(sr.first_token);
             }
         }
-        let before = *rt.counters();
-
-        // 2. Before the forward pass.
-        let t = Instant::now();
-        rt.begin_step(&cmd).map_err(rt_err)?;
-        rt.device()
-            .synchronize(rt.compute_stream())
-            .map_err(|e| CliError::device("synchronising", e))?;
-        let mut device_seconds = t.elapsed().as_secs_f64();
-
-        // 3. Forward: write the new rows, then the decode tokens read their top-k.
-        let mut batch: Vec<i32> = Vec::new();
-        let mut rows: Vec<(u64, u32)> = Vec::new();
-        let mut decode_fully_resident = true;
-        for sr in &cmd.scheduled {
-            let end = sr.first_token + sr.num_tokens;
-            let positions = sr.first_token / ratio..end / ratio;
-            let resident: Vec<Vec<i32>> = (0..nb)
-                .map(|b| {
-                    rt.resident_row(b, sr.slot)
-                        .map(<[i32]>::to_vec)
-                        .unwrap_or_default()
-                })
-                .collect();
-            let (dev, pools) = rt.device_and_pools_mut();
-            forward.write(dev, &mut pools.device, sr.id, positions, |b, p| {
-                resident
-                    .get(b as usize)
-                    .and_then(|r| r.get(p as usize).copied())
-            })?;
-            if sr.first_token >= s.context && sr.num_tokens == 1 {
-                decode_fully_resident &= sr.fully_resident;
-                batch.push(sr.slot as i32);
-                rows.push((sr.id, end / ratio));
-            }
+        let before = last.first().map(|r| r.counters).unwrap_or_default();
+        // 2-4. Every rank: before the forward pass, the forward pass and the decode rows'
+        //      reads, after the forward pass.
+        let decode: Vec<DecodeRow> = cmd
+            .scheduled
+            .iter()
+            .filter(|sr| sr.first_token >= s.context && sr.num_tokens == 1)
+            .map(|sr| DecodeRow {
+                slot: sr.slot,
+                uid: sr.id,
+                seq_len: (sr.first_token + sr.num_tokens) / ratio,
+            })
+            .collect();
+        let decode_fully_resident = cmd
+            .scheduled
+            .iter()
+            .filter(|sr| sr.first_token >= s.context && sr.num_tokens == 1)
+            .all(|sr| sr.fully_resident);
+        ranks.begin(&cmd)?;
+        let steps = ranks.finish(&cmd, &decode)?;
+        if !decode.is_empty() && decode_fully_resident {
+            report.fully_resident_steps += 1;
         }
-        reads.clear();
-        if !batch.is_empty() {
-            // Workload generation and the top-k uploads are the model's, not device time.
-            let mut topk: Vec<Vec<i32>> = vec![Vec::new(); groups];
-            for &(uid, seq_len) in &rows {
-                for (g, out) in topk.iter_mut().enumerate() {
-                    let (stream, prev) = streams.entry((uid, g)).or_insert_with(|| {
-                        (
-                            TopKStream::new(pattern, s.seed, uid * 1_000 + g as u64),
-                            Vec::new(),
-                        )
-                    });
-                    let sel = stream.step(seq_len);
-                    if !prev.is_empty() {
-                        overlap_sum += overlap(prev, sel);
-                        overlap_n += 1;
-                    }
-                    prev.clear();
-                    prev.extend_from_slice(sel);
-                    out.extend_from_slice(sel);
-                }
-            }
-            for (g, sel) in topk.iter().enumerate() {
-                rt.device()
-                    .upload_i32(&mut io[g].topk, 0, sel)
-                    .map_err(|e| CliError::device("uploading top-k", e))?;
-            }
-            let t = Instant::now();
-            rt.set_batch(&batch).map_err(rt_err)?;
-            for (g, gio) in io.iter_mut().enumerate() {
-                let input = TopK {
-                    positions: &gio.topk,
-                    num_tokens: batch.len() as u32,
-                    state_rows: None,
-                };
-                rt.resolve_index_group(
-                    g,
-                    &input,
-                    Indices {
-                        rows: &mut gio.rows,
-                        counts: None,
-                    },
-                )
-                .map_err(rt_err)?;
-            }
-            device_seconds += t.elapsed().as_secs_f64();
-            for (g, sel) in topk.into_iter().enumerate() {
-                reads.push(ReadOut {
-                    group: g,
-                    rows: rows.clone(),
-                    topk: sel,
-                    indices: Vec::new(),
-                });
-            }
-            if decode_fully_resident {
-                report.fully_resident_steps += 1;
-            }
-        }
-
-        // 4. After the forward pass, then wait for the step's work (the simulation checks it).
+        // 5. Reports: worker `w` reports what its rank enqueued, and a batch complete once its
+        //    rank saw it complete and `delay(w)` steps after it was issued.
         let t = Instant::now();
-        rt.end_step(&cmd).map_err(rt_err)?;
-        for stream in [rt.compute_stream(), rt.copy_stream()] {
-            rt.device()
-                .synchronize(stream)
-                .map_err(|e| CliError::device("synchronising", e))?;
-        }
-        device_seconds += t.elapsed().as_secs_f64();
-
-        // 5. Reports: every worker enqueues this step's batch now; worker `w` reports a batch
-        //    complete once the runtime saw it complete and `w + 1` steps after it was issued.
-        let t = Instant::now();
-        let polled = rt.poll().map_err(rt_err)?;
         if let Some(id) = cmd.transfer_id {
             issued.push((id, step_no));
         }
-        really_done += polled.completed.len();
+        for (r, st) in steps.iter().enumerate() {
+            really_done[r] += st.report.completed.len();
+            enqueued[r].clone_from(&st.report.enqueued);
+            if !decode.is_empty() {
+                rank_device_seconds[r] += st.device_seconds;
+            }
+        }
         for (w, done) in completed.iter_mut().enumerate() {
-            let upto = issued[..really_done]
+            let r = rank_of(w);
+            let upto = issued[..really_done[r]]
                 .iter()
-                .take_while(|&&(_, at)| at + 1 + w as u64 <= step_no)
+                .take_while(|&&(_, at)| at + delay(w) <= step_no)
                 .count();
             let comp: Vec<u64> = issued[*done..upto.max(*done)]
                 .iter()
                 .map(|&(id, _)| id)
                 .collect();
             coord
-                .report(w as u32, &polled.enqueued, &comp)
+                .report(w as u32, &enqueued[r], &comp)
                 .map_err(coord_err)?;
             *done = upto.max(*done);
         }
         planning += t.elapsed().as_secs_f64();
-
-        // 6. Verify (the step's work has completed), then sample or finish.
-        let t = Instant::now();
-        for r in &mut reads {
-            r.indices.resize(r.topk.len(), 0);
-            rt.device()
-                .download_i32(&io[r.group].rows, 0, &mut r.indices)
-                .map_err(|e| CliError::device("downloading row indices", e))?;
-        }
-        verifier.check(rt.device(), &rt.pools().device, &reads)?;
-        verify_seconds += t.elapsed().as_secs_f64();
+        // 6. Sample or finish.
         let t = Instant::now();
         let running: Vec<RequestId> = coord.running_ids().collect();
         for id in running {
@@ -379,12 +319,17 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
                 admit_at_step = Some(step_no + 2);
             }
         }
-        if !batch.is_empty() {
-            let c = rt.counters();
+        let r0 = &steps[0];
+        overlap_sum += r0.overlap_sum;
+        overlap_n += r0.overlap_n;
+        verify_seconds += steps.iter().map(|s| s.verify_seconds).sum::<f64>();
+        if !decode.is_empty() {
+            let c = r0.counters;
             let (hits, misses) = (
                 c.hot_hits - before.hot_hits,
                 c.hot_misses - before.hot_misses,
             );
+            let device = steps.iter().map(|s| s.device_seconds).fold(0.0, f64::max);
             report.steps.push(StepStats {
                 hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
                 h2d_bytes: c.h2d_bytes - before.h2d_bytes,
@@ -392,38 +337,45 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
                 misses,
                 fully_resident: decode_fully_resident,
                 planning_us: planning * 1e6,
-                device_us: device_seconds * 1e6,
+                device_us: device * 1e6,
             });
         }
+        last = steps;
         // Progress: tokens of finished requests plus those computed by running ones (a preempted
         // request starts over, so this can go back).
         let running: u64 = coord
             .running_ids()
             .map(|id| u64::from(coord.num_computed(id).unwrap_or(0)))
             .sum();
+        let (verified, mismatched) = last.iter().fold((0, 0), |(v, m), s| {
+            (v + s.verified.rows, m + s.verified.mismatched)
+        });
         progress.set(
             finished_tokens + running,
             &format!(
-                "step {} · {} rows verified, {} mismatched",
-                cmd.step, verifier.verified.rows, verifier.verified.mismatched
+                "step {} · {verified} rows verified, {mismatched} mismatched",
+                cmd.step
             ),
         );
     }
     progress.finish();
     // Drain: every worker completes what is left; every block must be back in its pool.
-    let last = rt.drain().map_err(rt_err)?;
-    really_done += last.completed.len();
-    if really_done != issued.len() {
-        return Err(CliError::failed(format!(
-            "runtime: {} of {} copy batches never completed",
-            issued.len() - really_done,
-            issued.len()
-        )));
+    let drained = ranks.drain()?;
+    for (r, st) in drained.iter().enumerate() {
+        really_done[r] += st.report.completed.len();
+        enqueued[r].clone_from(&st.report.enqueued);
+        if really_done[r] != issued.len() {
+            return Err(CliError::failed(format!(
+                "rank {r}: {} of {} copy batches never completed",
+                issued.len() - really_done[r],
+                issued.len()
+            )));
+        }
     }
     for (w, &done) in completed.iter().enumerate() {
         let comp: Vec<u64> = issued[done..].iter().map(|&(id, _)| id).collect();
         coord
-            .report(w as u32, &last.enqueued, &comp)
+            .report(w as u32, &enqueued[rank_of(w)], &comp)
             .map_err(coord_err)?;
     }
     coord
@@ -437,15 +389,15 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
         )));
     }
 
-    let c = *rt.counters();
     let decode = report.steps.len().max(1) as f64;
+    let c = drained[0].counters;
     report.hot_hits = c.hot_hits;
     report.misses = c.hot_misses;
     report.resident_reads = c.resident_reads;
     report.hit_rate = c.hit_rate().unwrap_or(0.0);
     report.h2d_bytes = report.steps.iter().map(|s| s.h2d_bytes).sum();
     report.h2d_bytes_per_step = report.h2d_bytes as f64 / decode;
-    report.d2h_bytes = c.d2h_bytes;
+    report.d2h_bytes = drained.iter().map(|s| s.counters.d2h_bytes).sum();
     report.resolve_calls = c.resolve_calls;
     report.remap_calls = c.remap_calls;
     report.reclaimed_pages = c.reclaimed_pages;
@@ -457,9 +409,29 @@ pub fn run<D: Device>(dev: D, s: &SimSetup) -> CliResult<SimReport> {
     report.planning_us_per_step = report.steps.iter().map(|s| s.planning_us).sum::<f64>() / decode;
     report.device_us_per_step = report.steps.iter().map(|s| s.device_us).sum::<f64>() / decode;
     report.verify_us_per_step = verify_seconds * 1e6 / decode;
-    report.verified_rows = verifier.verified.rows;
-    report.mismatched_rows = verifier.verified.mismatched;
-    report.first_mismatch = verifier.verified.first_mismatch.clone();
+    report.verified_rows = drained.iter().map(|s| s.verified.rows).sum();
+    report.mismatched_rows = drained.iter().map(|s| s.verified.mismatched).sum();
+    report.first_mismatch = drained.iter().enumerate().find_map(|(r, s)| {
+        s.verified.first_mismatch.as_ref().map(|m| {
+            if nranks > 1 {
+                format!("rank {r}: {m}")
+            } else {
+                m.clone()
+            }
+        })
+    });
+    if nranks > 1 {
+        report.ranks = drained
+            .iter()
+            .zip(&rank_device_seconds)
+            .map(|(s, &dev)| RankReport {
+                verified_rows: s.verified.rows,
+                mismatched_rows: s.verified.mismatched,
+                device_us_per_step: dev * 1e6 / decode,
+                d2h_bytes: s.counters.d2h_bytes,
+            })
+            .collect();
+    }
     report.overlap_measured = if overlap_n == 0 {
         0.0
     } else {

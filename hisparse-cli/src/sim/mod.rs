@@ -13,7 +13,9 @@ pub mod engine;
 pub mod forward;
 pub mod kv;
 pub mod plot;
+pub mod rank;
 pub mod report;
+pub mod tp;
 pub mod verify;
 pub mod workload;
 
@@ -24,6 +26,7 @@ use hisparse_core::model::{LayerSpec, OwnedModel};
 use crate::args::{self, SimulateArgs};
 use crate::error::{CliError, CliResult};
 use engine::SimSetup;
+use report::SimReport;
 
 /// The model of `--model` or `--preset`, keeping only its first `layers` layers when
 /// `layers > 0`.
@@ -74,6 +77,17 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         return Err(CliError::usage(format!(
             "--shared-prefix {shared_prefix} exceeds --context {context}; give at most the prompt length"
         )));
+    }
+    let tp: u32 = args::whole_in("tp", &a.tp, 1, 64)?;
+    if tp > 1 && workers > 1 {
+        return Err(CliError::usage(
+            "--tp and --workers both set: with --tp every rank is a worker; drop --workers",
+        ));
+    }
+    if a.shared_host_pool && tp == 1 {
+        return Err(CliError::usage(
+            "--shared-host-pool shares one host pool between ranks; give --tp 2 or more",
+        ));
     }
     let dbs = a
         .device_buffer_size
@@ -162,14 +176,15 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         max_batched_tokens: chunk,
         shared_prefix,
         workers,
+        tp,
+        shared_host_pool: a.shared_host_pool,
         quiet: a.json,
     })
 }
 
-/// Runs the simulation on `dev` and prints the report (and the SVG, if asked).
-pub fn simulate_on<D: Device>(dev: D, a: &SimulateArgs, s: &SimSetup) -> CliResult<()> {
-    // The plot's file is created before the run, so a path that cannot be written fails at once
-    // instead of after the whole simulation.
+/// Creates the plot's file before the run, so a path that cannot be written fails at once
+/// instead of after the whole simulation.
+fn check_plot(a: &SimulateArgs) -> CliResult<()> {
     if let Some(path) = &a.plot {
         std::fs::write(path, b"").map_err(|e| {
             CliError::usage(format!(
@@ -178,7 +193,28 @@ pub fn simulate_on<D: Device>(dev: D, a: &SimulateArgs, s: &SimSetup) -> CliResu
             ))
         })?;
     }
-    let report = engine::run(dev, s)?;
+    Ok(())
+}
+
+/// Runs the simulation on `dev` and prints the report (and the SVG, if asked).
+pub fn simulate_on<D: Device>(dev: D, a: &SimulateArgs, s: &SimSetup) -> CliResult<()> {
+    check_plot(a)?;
+    publish(a, engine::run(dev, s)?)
+}
+
+/// Runs the simulation over `s.tp` rank processes on backend `kind` and prints the report.
+pub fn simulate_tp(
+    kind: hisparse_runtime::BackendKind,
+    a: &SimulateArgs,
+    s: &SimSetup,
+) -> CliResult<()> {
+    check_plot(a)?;
+    let mut ranks = tp::Processes::start(kind, &a.backend.device, s)?;
+    publish(a, engine::run_on(&mut ranks, s)?)
+}
+
+/// Prints the report (and writes the SVG), failing when any row mismatched.
+fn publish(a: &SimulateArgs, report: SimReport) -> CliResult<()> {
     if let Some(path) = &a.plot {
         let hit: Vec<Option<f64>> = report.steps.iter().map(|s| s.hit_rate).collect();
         let bytes: Vec<f64> = report.steps.iter().map(|s| s.h2d_bytes as f64).collect();
@@ -202,6 +238,11 @@ pub fn simulate_on<D: Device>(dev: D, a: &SimulateArgs, s: &SimSetup) -> CliResu
             report.verified_rows,
             report.first_mismatch.as_deref().unwrap_or("?")
         )));
+    }
+    if report.verified_rows == 0 {
+        return Err(CliError::failed(
+            "no row was verified: the run decoded nothing; give it --decode-steps 1 or more",
+        ));
     }
     Ok(())
 }

@@ -24,6 +24,19 @@ pub struct StepStats {
     pub device_us: f64,
 }
 
+/// One rank of a `--tp` run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RankReport {
+    /// Rows this rank verified byte for byte.
+    pub verified_rows: u64,
+    /// Rows that did not match on this rank.
+    pub mismatched_rows: u64,
+    /// Mean device-operation time per decode step on this rank, µs.
+    pub device_us_per_step: f64,
+    /// Bytes this rank copied device → host (only the writer of a shared host pool copies).
+    pub d2h_bytes: u64,
+}
+
 /// The whole run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SimReport {
@@ -47,6 +60,10 @@ pub struct SimReport {
     pub seed: u64,
     /// Workers reporting copy batches.
     pub workers: u32,
+    /// Tensor-parallel ranks (worker processes; 1 = this process).
+    pub tp: u32,
+    /// Whether the ranks shared one host pool.
+    pub shared_host_pool: bool,
     /// Target adjacent-step top-k overlap.
     pub overlap_target: f64,
     /// Measured adjacent-step top-k overlap (mean over index groups, requests, steps).
@@ -55,8 +72,10 @@ pub struct SimReport {
     pub gpu_pool_bytes: u64,
     /// GPU bytes an all-resident cache would need for the same requests at their final length.
     pub all_resident_gpu_bytes: u64,
-    /// Pinned host pool bytes.
+    /// Pinned host pool bytes (one pool).
     pub host_pool_bytes: u64,
+    /// Pinned host memory of the node: one pool, or one per rank without a shared pool.
+    pub host_memory_bytes: u64,
     /// Hot rows per request per hot group.
     pub device_buffer_size: u32,
     /// Overall hot hit rate over decode steps: hits / (hits + misses).
@@ -113,6 +132,8 @@ pub struct SimReport {
     pub first_mismatch: Option<String>,
     /// Wall-clock seconds of the run.
     pub wall_seconds: f64,
+    /// Per rank, with `--tp` (empty otherwise).
+    pub ranks: Vec<RankReport>,
     /// Per decode step.
     pub steps: Vec<StepStats>,
 }
@@ -186,6 +207,27 @@ impl SimReport {
             pct(self.gpu_pool_bytes as f64 / self.all_resident_gpu_bytes.max(1) as f64),
             human(self.host_pool_bytes)
         );
+        if self.tp > 1 {
+            s += &format!(
+                "tensor parallel         {} ranks, {}; node host memory {}\n",
+                self.tp,
+                if self.shared_host_pool {
+                    "one shared host pool"
+                } else {
+                    "one host pool per rank"
+                },
+                human(self.host_memory_bytes)
+            );
+            for (r, k) in self.ranks.iter().enumerate() {
+                s += &format!(
+                    "  rank {r}                {} rows verified, {} mismatched, device ops {:.1} µs/step, device→host {}\n",
+                    k.verified_rows,
+                    k.mismatched_rows,
+                    k.device_us_per_step,
+                    human(k.d2h_bytes)
+                );
+            }
+        }
         s += &format!(
             "verification            {} rows verified byte for byte, {} mismatched\n",
             self.verified_rows, self.mismatched_rows

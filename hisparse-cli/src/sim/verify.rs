@@ -27,7 +27,7 @@ pub struct ReadOut {
 }
 
 /// What verification found so far.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Verified {
     /// Rows checked byte for byte (one per layer per valid top-k entry).
     pub rows: u64,

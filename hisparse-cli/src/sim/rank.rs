@@ -1,0 +1,288 @@
+//! One rank of the simulation: a [`Runtime`] on one device, the simulated forward pass, the
+//! workload's top-k for its decode rows and the verification of what its attention reads.
+//!
+//! Every rank executes every command. Run in this process (one rank) or, with `--tp N`, in N
+//! worker processes ([`super::tp`]), each rank regenerates the same top-k selections from the
+//! seed, so ranks agree without shipping them.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use hisparse_core::Device;
+use hisparse_core::coordinator::{OffloadCommand, RequestId};
+use hisparse_runtime::{Counters, Indices, Pools, Runtime, RuntimeConfig, TopK, WorkerReport};
+use serde::{Deserialize, Serialize};
+
+use super::engine::SimSetup;
+use super::forward::Forward;
+use super::verify::{ReadOut, Verified, Verifier};
+use super::workload::{Pattern, TopKStream, overlap};
+use crate::error::{CliError, CliResult};
+
+fn rt_err(e: impl std::fmt::Display) -> CliError {
+    CliError::failed(format!("runtime: {e}"))
+}
+
+/// A decode row of a step: which request reads, and how many of its rows exist.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct DecodeRow {
+    /// State row.
+    pub slot: u32,
+    /// Request id (seeds its synthetic rows and its top-k stream).
+    pub uid: RequestId,
+    /// Rows that exist after this step's writes.
+    pub seq_len: u32,
+}
+
+/// What a rank reports after a step.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RankStep {
+    /// Its worker report (transfer batches enqueued and completed since the last one).
+    pub report: WorkerReport,
+    /// Its runtime's counters after the step.
+    pub counters: Counters,
+    /// Seconds of device work this step (before-forward, decode path, after-forward, to a
+    /// synchronisation of both streams; not the forward pass's writes, not verification).
+    pub device_seconds: f64,
+    /// Seconds spent verifying this step's reads.
+    pub verify_seconds: f64,
+    /// Verification totals so far.
+    pub verified: Verified,
+    /// Adjacent-step top-k overlap measured this step: sum and count.
+    pub overlap_sum: f64,
+    /// See `overlap_sum`.
+    pub overlap_n: u64,
+}
+
+/// The engine's own per-index-group buffers: the indexer's top-k and attention's row indices.
+struct GroupIo<D: Device> {
+    topk: D::Buffer,
+    rows: D::Buffer,
+}
+
+/// One rank's data plane.
+pub struct Rank<D: Device> {
+    rt: Runtime<D>,
+    forward: Forward,
+    verifier: Verifier,
+    io: Vec<GroupIo<D>>,
+    streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)>,
+    pattern: Pattern,
+    seed: u64,
+    ratio: u32,
+    /// Device seconds of the open step so far.
+    device_seconds: f64,
+}
+
+impl<D: Device> Rank<D> {
+    /// A rank whose runtime owns its pools.
+    pub fn new(dev: D, s: &SimSetup) -> CliResult<Self> {
+        let rt = Runtime::new(
+            dev,
+            s.kv.clone(),
+            RuntimeConfig::new(s.requests, s.requests),
+        )
+        .map_err(|e| CliError::device("setting up the runtime", e))?;
+        Self::with_runtime(rt, s)
+    }
+
+    /// A rank over `host` (a host pool this rank may share with others) and a device pool it
+    /// allocates; `writes_host` says whether it writes the host pool.
+    pub fn with_host_pool(
+        dev: D,
+        s: &SimSetup,
+        worker: u32,
+        host: D::HostBuffer,
+        writes_host: bool,
+    ) -> CliResult<Self> {
+        let device = dev
+            .alloc(s.kv.gpu_pool_bytes() as usize)
+            .map_err(|e| CliError::device("allocating the device pool", e))?;
+        let mut cfg = RuntimeConfig::new(s.requests, s.requests);
+        cfg.worker = worker;
+        cfg.writes_host = writes_host;
+        let rt = Runtime::with_pools(dev, s.kv.clone(), cfg, Pools { device, host }, None)
+            .map_err(|e| CliError::device("setting up the runtime", e))?;
+        Self::with_runtime(rt, s)
+    }
+
+    fn with_runtime(rt: Runtime<D>, s: &SimSetup) -> CliResult<Self> {
+        let kv = &s.kv;
+        let ratio = kv.sparse_compress_ratio.max(1);
+        let shared_rows = s.shared_prefix.min(s.context) / ratio;
+        let (t, k) = (s.requests as usize, kv.config.top_k as usize);
+        let mut io = Vec::with_capacity(kv.index_groups.len());
+        for _ in 0..kv.index_groups.len() {
+            let a = || {
+                rt.device()
+                    .alloc((t * k * 4).max(4))
+                    .map_err(|e| CliError::device("allocating top-k buffers", e))
+            };
+            io.push(GroupIo {
+                topk: a()?,
+                rows: a()?,
+            });
+        }
+        Ok(Rank {
+            forward: Forward::new(kv, shared_rows)?,
+            verifier: Verifier::new(kv, shared_rows)?,
+            io,
+            streams: HashMap::new(),
+            pattern: Pattern::for_top_k(kv.config.top_k, s.overlap),
+            seed: s.seed,
+            ratio,
+            device_seconds: 0.0,
+            rt,
+        })
+    }
+
+    /// The backend's name and the device's.
+    pub fn names(&self) -> (String, String) {
+        let d = self.rt.device();
+        (d.backend().to_string(), d.device_name().to_string())
+    }
+
+    /// Before the forward pass: the command's updates and copies, waited for (timed). With
+    /// `barrier`, also waits for the compute stream so host copy-on-write is complete before
+    /// other ranks read the pages it wrote.
+    pub fn begin(&mut self, cmd: &OffloadCommand) -> CliResult<()> {
+        let t = Instant::now();
+        self.rt.begin_step(cmd).map_err(rt_err)?;
+        self.rt
+            .device()
+            .synchronize(self.rt.compute_stream())
+            .map_err(|e| CliError::device("synchronising", e))?;
+        self.device_seconds = t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The rest of the step: the forward pass's writes, the decode rows' reads through the
+    /// runtime, the after-forward copies, a poll, and verification of the reads.
+    pub fn finish(&mut self, cmd: &OffloadCommand, decode: &[DecodeRow]) -> CliResult<RankStep> {
+        let nb = self.rt.layout().num_buckets;
+        let ratio = self.ratio;
+        for sr in &cmd.scheduled {
+            let end = sr.first_token + sr.num_tokens;
+            let resident: Vec<Vec<i32>> = (0..nb)
+                .map(|b| {
+                    self.rt
+                        .resident_row(b, sr.slot)
+                        .map(<[i32]>::to_vec)
+                        .unwrap_or_default()
+                })
+                .collect();
+            let (dev, pools) = self.rt.device_and_pools_mut();
+            self.forward.write(
+                dev,
+                &mut pools.device,
+                sr.id,
+                sr.first_token / ratio..end / ratio,
+                |b, p| {
+                    resident
+                        .get(b as usize)
+                        .and_then(|r| r.get(p as usize).copied())
+                },
+            )?;
+        }
+        let mut step = RankStep::default();
+        let mut reads: Vec<ReadOut> = Vec::new();
+        if !decode.is_empty() {
+            let groups = self.io.len();
+            // Workload generation and the top-k uploads are the model's, not device time.
+            let mut topk: Vec<Vec<i32>> = vec![Vec::new(); groups];
+            for r in decode {
+                for (g, out) in topk.iter_mut().enumerate() {
+                    let (pattern, seed) = (self.pattern, self.seed);
+                    let (stream, prev) = self.streams.entry((r.uid, g)).or_insert_with(|| {
+                        (
+                            TopKStream::new(pattern, seed, r.uid * 1_000 + g as u64),
+                            Vec::new(),
+                        )
+                    });
+                    let sel = stream.step(r.seq_len);
+                    if !prev.is_empty() {
+                        step.overlap_sum += overlap(prev, sel);
+                        step.overlap_n += 1;
+                    }
+                    prev.clear();
+                    prev.extend_from_slice(sel);
+                    out.extend_from_slice(sel);
+                }
+            }
+            for (g, sel) in topk.iter().enumerate() {
+                self.rt
+                    .device()
+                    .upload_i32(&mut self.io[g].topk, 0, sel)
+                    .map_err(|e| CliError::device("uploading top-k", e))?;
+            }
+            let batch: Vec<i32> = decode.iter().map(|r| r.slot as i32).collect();
+            let t = Instant::now();
+            self.rt.set_batch(&batch).map_err(rt_err)?;
+            for (g, gio) in self.io.iter_mut().enumerate() {
+                let input = TopK {
+                    positions: &gio.topk,
+                    num_tokens: batch.len() as u32,
+                    state_rows: None,
+                };
+                self.rt
+                    .resolve_index_group(
+                        g,
+                        &input,
+                        Indices {
+                            rows: &mut gio.rows,
+                            counts: None,
+                        },
+                    )
+                    .map_err(rt_err)?;
+            }
+            self.device_seconds += t.elapsed().as_secs_f64();
+            let rows: Vec<(u64, u32)> = decode.iter().map(|r| (r.uid, r.seq_len)).collect();
+            for (g, sel) in topk.into_iter().enumerate() {
+                reads.push(ReadOut {
+                    group: g,
+                    rows: rows.clone(),
+                    topk: sel,
+                    indices: Vec::new(),
+                });
+            }
+        }
+        // After the forward pass; then wait for the step's work (the simulation checks it).
+        let t = Instant::now();
+        self.rt.end_step(cmd).map_err(rt_err)?;
+        for stream in [self.rt.compute_stream(), self.rt.copy_stream()] {
+            self.rt
+                .device()
+                .synchronize(stream)
+                .map_err(|e| CliError::device("synchronising", e))?;
+        }
+        self.device_seconds += t.elapsed().as_secs_f64();
+        step.report = self.rt.poll().map_err(rt_err)?;
+        // Verify (the step's work has completed).
+        let t = Instant::now();
+        for r in &mut reads {
+            r.indices.resize(r.topk.len(), 0);
+            self.rt
+                .device()
+                .download_i32(&self.io[r.group].rows, 0, &mut r.indices)
+                .map_err(|e| CliError::device("downloading row indices", e))?;
+        }
+        self.verifier
+            .check(self.rt.device(), &self.rt.pools().device, &reads)?;
+        step.verify_seconds = t.elapsed().as_secs_f64();
+        step.device_seconds = self.device_seconds;
+        step.counters = *self.rt.counters();
+        step.verified = self.verifier.verified.clone();
+        Ok(step)
+    }
+
+    /// Waits for everything in flight and reports what completed.
+    pub fn drain(&mut self) -> CliResult<RankStep> {
+        let report = self.rt.drain().map_err(rt_err)?;
+        Ok(RankStep {
+            report,
+            counters: *self.rt.counters(),
+            verified: self.verifier.verified.clone(),
+            ..RankStep::default()
+        })
+    }
+}

@@ -1,0 +1,98 @@
+//! `simulate --tp N`: N rank processes with their own runtimes, one coordinator; with
+//! `--shared-host-pool` the node pins one host pool that every rank maps, rank 0 writes and every
+//! rank reads. Every rank verifies every row it reads.
+#![cfg(feature = "cpu")]
+
+use std::process::Command;
+
+/// Runs a 3-request simulation whose whole prompt is a shared prefix (prefix hits, host and GPU
+/// copy-on-write, restores, reclaim and swap-in) over `tp` ranks.
+fn simulate(tp: &str, shared: bool) -> serde_json::Value {
+    let mut args = vec![
+        "simulate",
+        "--backend",
+        "cpu",
+        "--layers",
+        "4",
+        "--requests",
+        "3",
+        "--context",
+        "4096",
+        "--decode-steps",
+        "8",
+        "--shared-prefix",
+        "4096",
+        "--tp",
+        tp,
+        "--json",
+    ];
+    if shared {
+        args.push("--shared-host-pool");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_hisparse"))
+        .args(&args)
+        .output()
+        .expect("the hisparse binary runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("valid JSON")
+}
+
+#[test]
+fn two_ranks_share_one_host_pool_and_verify_every_row_in_each() {
+    let j = simulate("2", true);
+    assert_eq!(j["tp"], 2);
+    assert_eq!(j["shared_host_pool"], true);
+    assert_eq!(j["mismatched_rows"], 0);
+    // Host memory is counted once: the node pins one pool.
+    assert_eq!(j["host_memory_bytes"], j["host_pool_bytes"]);
+    let ranks = j["ranks"].as_array().expect("per-rank figures");
+    assert_eq!(ranks.len(), 2);
+    for r in ranks {
+        assert!(r["verified_rows"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["mismatched_rows"], 0, "{r}");
+    }
+    // Rank 0 writes the pool; rank 1 only reads it.
+    assert!(ranks[0]["d2h_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(ranks[1]["d2h_bytes"], 0);
+    // The run exercised what a shared pool must get right across processes.
+    for what in [
+        "host_cow_pages",
+        "restored_pages",
+        "reclaimed_pages",
+        "misses",
+    ] {
+        assert!(j[what].as_u64().unwrap() > 0, "no {what}: {j}");
+    }
+}
+
+#[test]
+fn ranks_without_a_shared_pool_pin_one_pool_each_and_each_writes_its_own() {
+    let j = simulate("2", false);
+    assert_eq!(j["shared_host_pool"], false);
+    assert_eq!(j["mismatched_rows"], 0);
+    assert_eq!(
+        j["host_memory_bytes"].as_u64().unwrap(),
+        2 * j["host_pool_bytes"].as_u64().unwrap()
+    );
+    for r in j["ranks"].as_array().unwrap() {
+        assert!(r["d2h_bytes"].as_u64().unwrap() > 0, "{r}");
+    }
+}
+
+#[test]
+fn a_shared_pool_needs_ranks_and_tp_excludes_workers() {
+    for (args, needle) in [
+        (&["--shared-host-pool"][..], "--tp 2"),
+        (&["--tp", "2", "--workers", "2"][..], "--workers"),
+        (&["--tp", "0"][..], "--tp"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_hisparse"))
+            .arg("simulate")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle) && err.lines().count() == 1, "{err}");
+    }
+}
