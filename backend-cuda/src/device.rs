@@ -178,9 +178,9 @@ impl From<PlanError> for CudaError {
 }
 
 /// Kernels that run `HS_GRID_DEP_WAIT` before touching memory, so they may be launched with
-/// programmatic stream serialisation.
+/// programmatic stream serialisation: the decode path (remap, resolve, gather).
 const fn waits_for_grid_dependency(k: Kernel) -> bool {
-    matches!(k, Kernel::Remap | Kernel::GatherRows)
+    matches!(k, Kernel::Remap | Kernel::Resolve | Kernel::GatherRows)
 }
 
 impl CudaDevice {
@@ -246,17 +246,18 @@ impl CudaDevice {
         self.kernels().map(|_| ())
     }
 
-    /// Whether the remap and gather kernels are launched with programmatic stream
-    /// serialisation (programmatic dependent launch).
+    /// Whether the decode-path kernels (remap, resolve, gather) are launched with programmatic
+    /// stream serialisation (programmatic dependent launch).
     pub fn programmatic_launch(&self) -> bool {
         self.programmatic.load(Ordering::Relaxed)
     }
 
-    /// Launches the remap and gather kernels with programmatic stream serialisation (`on`, and a
-    /// device of compute capability 9.0 or newer; otherwise normally): each may be scheduled
-    /// while the previous kernel of its stream finishes, and waits for it on the device
-    /// (`griddepcontrol.wait`) before touching memory, which hides the launch gap. Results are
-    /// identical. Off by default. Returns whether it is on.
+    /// Launches the decode-path kernels (remap, resolve, gather) with programmatic stream
+    /// serialisation (`on`, and a device of compute capability 9.0 or newer; otherwise normally):
+    /// each may be scheduled while the previous kernel of its stream finishes, and waits for it on
+    /// the device (`griddepcontrol.wait`) before touching memory, which hides the launch gap (a
+    /// resolve's gather is scheduled while the resolve runs). Results are identical. Off by
+    /// default. Returns whether it is on.
     pub fn set_programmatic_launch(&self, on: bool) -> bool {
         let on = on && self.cc.0 >= 9;
         self.programmatic.store(on, Ordering::Relaxed);
@@ -898,6 +899,7 @@ mod tests {
     #[test]
     fn only_kernels_that_wait_for_their_grid_dependency_launch_programmatically() {
         assert!(waits_for_grid_dependency(Kernel::Remap));
+        assert!(waits_for_grid_dependency(Kernel::Resolve));
         assert!(waits_for_grid_dependency(Kernel::GatherRows));
         for k in Kernel::ALL {
             if waits_for_grid_dependency(k) {
@@ -910,7 +912,10 @@ mod tests {
                 let first = body[open + 1..].trim_start();
                 let first = first
                     .lines()
-                    .find(|l| !l.trim().starts_with("HS_SHARED"))
+                    .find(|l| {
+                        let l = l.trim();
+                        !l.starts_with("HS_SHARED") && !l.starts_with("HS_DYN_SHARED")
+                    })
                     .unwrap_or_default();
                 assert!(
                     first.trim().starts_with("HS_GRID_DEP_WAIT()"),

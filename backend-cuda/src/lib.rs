@@ -18,7 +18,8 @@
 //! * What to launch comes from the shared planners of `hisparse_gpu_kernels::plan` (grids,
 //!   blocks, shared memory, staged lists, workspace, the splitting of conflicting copies); this
 //!   crate stages, places and enqueues. [`CudaDevice::set_programmatic_launch`] launches the
-//!   remap and gather kernels with programmatic dependent launch (sm_90+, off by default);
+//!   remap, resolve and gather kernels with programmatic dependent launch (sm_90+, off by
+//!   default);
 //!   [`CudaDevice::kernel_report`] says what the driver made of the kernels (registers, spills,
 //!   blocks per multiprocessor).
 //! * Feature `bench-variants`: the earlier remap and gather kernels, selectable at run time for

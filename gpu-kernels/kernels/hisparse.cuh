@@ -468,6 +468,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     HS_DYN_SHARED(hs_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
+    HS_GRID_DEP_WAIT(); // before any global memory access
 
     hs_resolve_desc d;
     d.num_tokens = num_tokens;
