@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds, on the development machine, the scheduler-step bench (benches/benches/scheduler.rs: one
+# decode step of 256 DeepSeek V3.2 requests at 32K context) twice — at the current commit and at
+# a baseline commit (default: the commit before the coordinator's liveness work, $1 overrides) —
+# so the GPU machine's idle host CPU can compare them; the development machine is too loaded
+# (and too shared) for a before/after within a few percent. Puts into h200-scheduler/ (ignored by
+# git; carry it):
+#
+#   h200-scheduler/scheduler-new   the bench at HEAD
+#   h200-scheduler/scheduler-base  the bench at the baseline commit
+#   h200-scheduler/MANIFEST        both commits, build date, sizes and sha256
+#
+# Release (bench) profile without debug info, stripped; about 1 MB each.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+base=${1:-d6fa2c2^}
+base=$(git rev-parse "$base")
+out=h200-scheduler
+mkdir -p "$out"
+export CARGO_PROFILE_BENCH_DEBUG=0
+
+# The executable of bench target `scheduler` in cargo's JSON messages on stdin.
+bench_exe() {
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "scheduler" \
+            and m.get("executable"):
+        print(m["executable"])
+'
+}
+
+new=$(cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | bench_exe | tail -n 1)
+cp "$new" "$out/scheduler-new"
+
+# The baseline: the whole tree at that commit, built in its own target folder.
+tree=$(mktemp -d)
+trap 'rm -rf "$tree"' EXIT
+git archive "$base" | tar -x -C "$tree"
+old=$(cd "$tree" && CARGO_TARGET_DIR="$root/target/scheduler-base" \
+    cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | bench_exe | tail -n 1)
+cp "$old" "$out/scheduler-base"
+strip "$out/scheduler-new" "$out/scheduler-base"
+{
+    echo "new:  $(git rev-parse HEAD) $(git log -1 --format=%s HEAD | cut -c1-80)"
+    echo "base: $base $(git log -1 --format=%s "$base" | cut -c1-80)"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+    for f in scheduler-new scheduler-base; do
+        echo "$f $(stat -c %s "$out/$f") $(sha256sum "$out/$f" | cut -d' ' -f1)"
+    done
+} > "$out/MANIFEST"
+cat "$out/MANIFEST"
