@@ -73,30 +73,40 @@ fn run(cli: Cli) -> CliResult<()> {
     }
 }
 
-/// Subcommand names, for pointing at the right `--help`.
-const SUBCOMMANDS: [&str; 4] = ["layout", "simulate", "conformance", "bench"];
+/// The subcommands a user sees (hidden internal ones left out), for suggestions and for
+/// pointing at the right `--help`.
+fn visible_subcommands() -> Vec<String> {
+    use clap::CommandFactory;
+    Cli::command()
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_string())
+        .collect()
+}
 
 /// A clap error as one line: clap's first line, clap's "did you mean" suggestion (a mistyped
-/// subcommand, flag or value), and the help to read.
+/// subcommand, flag or value; never a hidden subcommand), and the help to read.
 fn usage_line(e: &clap::Error) -> String {
     use clap::error::{ContextKind, ContextValue};
     let text = e.to_string();
     let first = text.lines().next().unwrap_or("invalid arguments").trim();
     let first = first.strip_prefix("error: ").unwrap_or(first);
+    let visible = visible_subcommands();
     let suggestion = [
         ContextKind::SuggestedSubcommand,
         ContextKind::SuggestedArg,
         ContextKind::SuggestedValue,
     ]
     .into_iter()
-    .find_map(|kind| match e.get(kind) {
-        Some(ContextValue::String(s)) => Some(s.clone()),
-        Some(ContextValue::Strings(v)) => v.first().cloned(),
-        _ => None,
+    .find_map(|kind| {
+        let shown = |s: &String| kind != ContextKind::SuggestedSubcommand || visible.contains(s);
+        match e.get(kind) {
+            Some(ContextValue::String(s)) => Some(s.clone()).filter(shown),
+            Some(ContextValue::Strings(v)) => v.iter().find(|s| shown(s)).cloned(),
+            _ => None,
+        }
     });
-    let command = std::env::args()
-        .nth(1)
-        .filter(|a| SUBCOMMANDS.contains(&a.as_str()));
+    let command = std::env::args().nth(1).filter(|a| visible.contains(a));
     let help = match command {
         Some(c) => format!("hisparse {c} --help"),
         None => "hisparse --help".to_string(),
@@ -123,7 +133,7 @@ fn main() -> ExitCode {
             if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
                 eprintln!(
                     "error: no command given; use one of {} (see `hisparse --help`)",
-                    SUBCOMMANDS.join(", ")
+                    visible_subcommands().join(", ")
                 );
                 return ExitCode::from(2);
             }
