@@ -1,0 +1,326 @@
+//! Layout planning: `hs_layout_plan` → an `HsLayout` handle and its figures.
+
+use std::ffi::c_char;
+
+use hisparse_core::config::HiSparseConfig;
+use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
+use hisparse_core::model::{ModelSpec, OwnedModel};
+use hisparse_core::presets;
+
+use crate::error::{Failure, HsStatus, deref, guard, invalid, put, string};
+
+/// A planned KV-cache layout (opaque). Free with `hs_layout_free`.
+pub struct HsLayout {
+    pub(crate) kv: KvCacheConfig,
+}
+
+/// What to plan. Start from `hs_layout_options_default` (the defaults of `hisparse layout`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HsLayoutOptions {
+    /// A preset name (`deepseek-v3.2`, `glm-5`, `deepseek-v4`); ignored when `model_json` is
+    /// set. NULL = `deepseek-v3.2`.
+    pub preset: *const c_char,
+    /// A model description as JSON (what `hisparse layout --print-model` writes), or NULL.
+    pub model_json: *const c_char,
+    /// Keep only the first `layers` layers (0 = all).
+    pub layers: u32,
+    /// GPU bytes for the KV pool.
+    pub gpu_mem: u64,
+    /// Pinned host bytes for the host pool.
+    pub host_mem: u64,
+    /// Longest request in tokens.
+    pub max_model_len: u32,
+    /// Hot rows per request per hot group (0 = the default, `(max_query_len + 1) * top_k`).
+    pub device_buffer_size: u32,
+    /// Tokens per request per step (1 + speculative tokens).
+    pub max_query_len: u32,
+    /// Top-k (0 = the model's).
+    pub top_k: u32,
+    /// Use exactly this many GPU blocks, null block included (0 = derive from `gpu_mem`).
+    pub num_gpu_blocks: u32,
+}
+
+/// A layout's figures.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HsLayoutInfo {
+    /// Top-k per decode token and layer.
+    pub top_k: u32,
+    /// Rows per page of the source, resident and hot groups.
+    pub block_size: u32,
+    /// Bytes per sparse KV row.
+    pub row_bytes: u32,
+    /// Sparse layers (each in one index group and one bucket).
+    pub num_sparse_layers: u32,
+    /// Index groups (one resolve call each per step).
+    pub num_index_groups: u32,
+    /// Resident/hot bucket pairs.
+    pub num_buckets: u32,
+    /// Bytes of one GPU block.
+    pub bytes_per_block: u64,
+    /// Rows between consecutive GPU blocks in the flat attention view.
+    pub attention_block_stride: u32,
+    /// GPU blocks, null block 0 included.
+    pub num_gpu_blocks: u32,
+    /// Host bytes of one host block.
+    pub host_block_stride: u64,
+    /// Host blocks, null block 0 included.
+    pub host_num_blocks: u32,
+    /// Hot rows per request per hot group.
+    pub device_buffer_size: u32,
+    /// Hot blocks per request per hot group.
+    pub hot_blocks_per_request: u32,
+    /// Longest request in tokens.
+    pub max_model_len: u32,
+    /// Pages of a `max_model_len` request (the width of the per-request tables).
+    pub max_pages_per_request: u32,
+    /// Bytes of the device pool.
+    pub gpu_pool_bytes: u64,
+    /// Bytes of the pinned host pool.
+    pub host_pool_bytes: u64,
+}
+
+/// One index group.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HsIndexGroupInfo {
+    /// The leader layer (owns the indexer).
+    pub leader: u32,
+    /// Layers in the group, leader included.
+    pub num_layers: u32,
+    /// The bucket (resident/hot group pair) its layers live in.
+    pub bucket: u32,
+}
+
+/// Fills `options` with the defaults of `hisparse layout`: DeepSeek V3.2, 80 GiB GPU, 512 GiB
+/// host, 131072 tokens, max_query_len 1.
+///
+/// # Safety
+///
+/// `options` is NULL or points to writable memory for an `HsLayoutOptions`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_options_default(options: *mut HsLayoutOptions) -> HsStatus {
+    guard(|| {
+        let value = HsLayoutOptions {
+            preset: std::ptr::null(),
+            model_json: std::ptr::null(),
+            layers: 0,
+            gpu_mem: 80 << 30,
+            host_mem: 512 << 30,
+            max_model_len: 131072,
+            device_buffer_size: 0,
+            max_query_len: 1,
+            top_k: 0,
+            num_gpu_blocks: 0,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { put(options, "options", value) }
+    })
+}
+
+/// Plans a layout; `*out` receives a handle to free with `hs_layout_free`.
+///
+/// # Safety
+///
+/// `options` points to a valid `HsLayoutOptions` whose strings are NULL or NUL-terminated;
+/// `out` points to writable memory for a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_plan(
+    options: *const HsLayoutOptions,
+    out: *mut *mut HsLayout,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let o = unsafe { deref(options, "options") }?;
+        // SAFETY: forwarded contract (the option strings).
+        let (preset, model_json) = unsafe {
+            (
+                string(o.preset, "options.preset", "deepseek-v3.2")?,
+                (!o.model_json.is_null())
+                    .then(|| string(o.model_json, "options.model_json", ""))
+                    .transpose()?,
+            )
+        };
+        let kv = plan(o, preset, model_json)?;
+        let handle = Box::into_raw(Box::new(HsLayout { kv }));
+        // SAFETY: forwarded contract.
+        unsafe { put(out, "out", handle) }.inspect_err(|_| {
+            // SAFETY: `handle` came from `Box::into_raw` just above and was not handed out.
+            drop(unsafe { Box::from_raw(handle) });
+        })
+    })
+}
+
+fn plan(
+    o: &HsLayoutOptions,
+    preset: &str,
+    model_json: Option<&str>,
+) -> Result<KvCacheConfig, Failure> {
+    let owned: OwnedModel = match model_json {
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            invalid(format!(
+                "options.model_json is not a model description ({e}); `hisparse layout --print-model` writes a template"
+            ))
+        })?,
+        None => presets::preset(preset)
+            .map_err(|e| {
+                invalid(format!(
+                    "unknown preset `{preset}`; use one of: {}",
+                    e.valid.join(", ")
+                ))
+            })?
+            .into(),
+    };
+    let full = owned.as_spec();
+    full.validate()?;
+    let n = o.layers as usize;
+    if n > full.layers.len() {
+        return Err(invalid(format!(
+            "options.layers = {n}, but the model has {} layers; pass at most that many (0 = all)",
+            full.layers.len()
+        )));
+    }
+    let model = match n {
+        0 => full,
+        n => ModelSpec {
+            layers: &full.layers[..n],
+            ..full
+        },
+    };
+    let top_k = if o.top_k == 0 { model.top_k } else { o.top_k };
+    let mut cfg = HiSparseConfig::new(top_k, o.host_mem);
+    cfg.device_buffer_size = (o.device_buffer_size != 0).then_some(o.device_buffer_size);
+    cfg.max_query_len = o.max_query_len;
+    let mut input = LayoutInput::new(&model, &cfg, o.gpu_mem, o.max_model_len);
+    input.num_gpu_blocks_override = (o.num_gpu_blocks != 0).then_some(o.num_gpu_blocks);
+    Ok(plan_layout(&input)?)
+}
+
+/// Frees a layout (NULL is ignored). Coordinators and runtimes built from it keep their own
+/// copy.
+///
+/// # Safety
+///
+/// `layout` is NULL or a handle from `hs_layout_plan` not freed yet.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_free(layout: *mut HsLayout) {
+    if !layout.is_null() {
+        // SAFETY: forwarded contract: the handle came from `Box::into_raw`.
+        drop(unsafe { Box::from_raw(layout) });
+    }
+}
+
+/// The layout's figures.
+///
+/// # Safety
+///
+/// `layout` is a live handle; `out` points to writable memory for an `HsLayoutInfo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_info(
+    layout: *const HsLayout,
+    out: *mut HsLayoutInfo,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let kv = &unsafe { deref(layout, "layout") }?.kv;
+        let info = HsLayoutInfo {
+            top_k: kv.config.top_k,
+            block_size: kv.block_size,
+            row_bytes: kv.row_bytes,
+            num_sparse_layers: kv.groups[KvCacheConfig::SOURCE_GROUP].layers.len() as u32,
+            num_index_groups: kv.index_groups.len() as u32,
+            num_buckets: kv.num_buckets,
+            bytes_per_block: kv.bytes_per_block,
+            attention_block_stride: kv.attention_block_stride,
+            num_gpu_blocks: kv.num_gpu_blocks,
+            host_block_stride: kv.host_block_stride,
+            host_num_blocks: kv.host_num_blocks,
+            device_buffer_size: kv.device_buffer_size,
+            hot_blocks_per_request: kv.hot_blocks_per_request,
+            max_model_len: kv.max_model_len,
+            max_pages_per_request: kv.max_pages_per_request,
+            gpu_pool_bytes: kv.gpu_pool_bytes(),
+            host_pool_bytes: kv.host_pool_bytes(),
+        };
+        // SAFETY: forwarded contract.
+        unsafe { put(out, "out", info) }
+    })
+}
+
+/// Index group `group`'s leader, size and bucket.
+///
+/// # Safety
+///
+/// `layout` is a live handle; `out` points to writable memory for an `HsIndexGroupInfo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_index_group(
+    layout: *const HsLayout,
+    group: usize,
+    out: *mut HsIndexGroupInfo,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let kv = &unsafe { deref(layout, "layout") }?.kv;
+        let g = kv.index_groups.get(group).ok_or_else(|| {
+            invalid(format!(
+                "index group {group} is not part of the layout ({} groups)",
+                kv.index_groups.len()
+            ))
+        })?;
+        let info = HsIndexGroupInfo {
+            leader: g.leader,
+            num_layers: g.layers.len() as u32,
+            bucket: g.bucket,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { put(out, "out", info) }
+    })
+}
+
+/// Where sparse layer `layer` lives in the device pool: its bucket and its byte offset inside
+/// every resident and hot block of that bucket. In the flat attention view, physical row `r`
+/// of the layer starts at byte `offset + r * row_bytes`.
+///
+/// # Safety
+///
+/// `layout` is a live handle; `bucket` and `offset` point to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_layer_offset(
+    layout: *const HsLayout,
+    layer: u32,
+    bucket: *mut u32,
+    offset: *mut u64,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let kv = &unsafe { deref(layout, "layout") }?.kv;
+        let (b, gl) = kv.bucket_of(layer)?;
+        // SAFETY: forwarded contract.
+        unsafe {
+            put(bucket, "bucket", b)?;
+            put(offset, "offset", gl.offset)
+        }
+    })
+}
+
+/// The byte offset of sparse layer `layer`'s `[host_num_blocks, block_size, row]` array in the
+/// host pool (flat host row `g` at `offset + g * row_bytes` for contiguous rows).
+///
+/// # Safety
+///
+/// `layout` is a live handle; `offset` points to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_host_layer_offset(
+    layout: *const HsLayout,
+    layer: u32,
+    offset: *mut u64,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let kv = &unsafe { deref(layout, "layout") }?.kv;
+        let base = kv.host_layout(layer)?.base;
+        // SAFETY: forwarded contract.
+        unsafe { put(offset, "offset", base) }
+    })
+}

@@ -1,0 +1,30 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod coordinator;
+mod error;
+mod layout;
+mod runtime;
+
+pub use coordinator::{
+    HsCommand, HsCommandInfo, HsCoordinator, HsCoordinatorConfig, HsScheduledRequest,
+    hs_command_free, hs_command_info, hs_command_scheduled, hs_coordinator_admit,
+    hs_coordinator_append_tokens, hs_coordinator_config_default, hs_coordinator_finish,
+    hs_coordinator_free, hs_coordinator_is_empty, hs_coordinator_new, hs_coordinator_num_computed,
+    hs_coordinator_num_tokens, hs_coordinator_preempt, hs_coordinator_report, hs_coordinator_step,
+};
+pub use error::{HsStatus, hs_last_error, hs_status_name};
+pub use layout::{
+    HsIndexGroupInfo, HsLayout, HsLayoutInfo, HsLayoutOptions, hs_layout_free,
+    hs_layout_host_layer_offset, hs_layout_index_group, hs_layout_info, hs_layout_layer_offset,
+    hs_layout_options_default, hs_layout_plan,
+};
+pub use runtime::{
+    HsBuffer, HsCounters, HsLentResources, HsRuntime, HsRuntimeConfig, hs_buffer_alloc,
+    hs_buffer_download_i32, hs_buffer_free, hs_buffer_upload_i32, hs_buffer_wrap,
+    hs_runtime_apply_plan, hs_runtime_begin_step, hs_runtime_config_default, hs_runtime_counters,
+    hs_runtime_drain, hs_runtime_end_step, hs_runtime_free, hs_runtime_new,
+    hs_runtime_new_with_pools, hs_runtime_poll_and_report, hs_runtime_read_device_pool,
+    hs_runtime_read_host_pool, hs_runtime_resident_row, hs_runtime_resolve_index_group,
+    hs_runtime_resolve_leader, hs_runtime_set_batch, hs_runtime_write_device_pool,
+};

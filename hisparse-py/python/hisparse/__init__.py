@@ -1,0 +1,84 @@
+"""HiSparse: a hierarchical KV cache for sparse-attention LLM inference.
+
+The full KV cache lives in pinned host memory, the GPU keeps the pages that still fit, and each
+decode step's top-k rows are swapped into small per-request GPU hot buffers. This package binds
+what an engine drives once per step:
+
+* :func:`plan_layout` → :class:`Layout` (``Layout.to_dict()`` is what ``hisparse layout --json``
+  prints for the same inputs);
+* :class:`Coordinator`: admit, ``step()`` → :class:`Command`, report, finish, preempt,
+  append_tokens;
+* :class:`Runtime`: executes each command on a backend chosen by name, on pools and a stream it
+  allocates or that the engine lends (PyTorch tensors and stream, numpy arrays).
+
+Errors are :class:`HiSparseError` subclasses with ``kind`` and ``message`` attributes.
+"""
+
+from typing import TYPE_CHECKING
+
+from ._hisparse import (
+    Command,
+    Coordinator,
+    DeviceError,
+    HiSparseError,
+    InvalidArgumentError,
+    Layout,
+    NotFoundError,
+    OutOfDeviceMemoryError,
+    OutOfPinnedMemoryError,
+    Runtime,
+    UnsupportedError,
+    __version__,
+    backends,
+    plan_layout,
+    presets,
+)
+
+if TYPE_CHECKING:
+    import numpy
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: Alignment of a host pool (the page size the backends pin and map).
+HOST_POOL_ALIGNMENT = 4096
+
+
+def aligned_empty(nbytes: int, alignment: int = HOST_POOL_ALIGNMENT) -> "numpy.ndarray":
+    """A zero-filled numpy ``uint8`` array of ``nbytes`` whose data starts at a multiple of
+    ``alignment`` bytes: a host pool (or any buffer) to lend to a :class:`Runtime`."""
+    import numpy as np
+
+    if nbytes <= 0:
+        message = f"nbytes = {nbytes}; pass a positive size"
+        error = InvalidArgumentError(message)
+        error.kind, error.message = "invalid argument", message
+        raise error
+    raw = np.zeros(nbytes + alignment, dtype=np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start : start + nbytes]
+
+
+__all__ = [
+    "Command",
+    "Coordinator",
+    "DeviceError",
+    "GiB",
+    "HOST_POOL_ALIGNMENT",
+    "HiSparseError",
+    "InvalidArgumentError",
+    "KiB",
+    "Layout",
+    "MiB",
+    "NotFoundError",
+    "OutOfDeviceMemoryError",
+    "OutOfPinnedMemoryError",
+    "Runtime",
+    "UnsupportedError",
+    "__version__",
+    "aligned_empty",
+    "backends",
+    "plan_layout",
+    "presets",
+]

@@ -1,0 +1,329 @@
+//! Layout planning: `plan_layout(...)` → `Layout`, whose `to_dict()` is what `hisparse layout
+//! --json` prints for the same inputs.
+
+use hisparse_core::config::HiSparseConfig;
+use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout as plan};
+use hisparse_core::model::{ModelSpec, OwnedModel};
+use hisparse_core::presets as model_presets;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{invalid, to_py};
+
+/// A planned KV-cache layout (immutable).
+#[pyclass(module = "hisparse", frozen, name = "Layout")]
+pub struct Layout {
+    pub(crate) kv: KvCacheConfig,
+    /// The GPU and host budgets it was planned from (reported as `gpu_mem_bytes`,
+    /// `host_mem_bytes`, as the CLI does).
+    gpu_mem: u64,
+    host_mem: u64,
+}
+
+/// Context lengths of the capacity table of `hisparse layout`: 8K, 32K and 128K up to
+/// `max_model_len`, then `max_model_len` itself.
+// The CLI's `layout::capacity_contexts` states the same rule; the wheel's tests compare the two
+// outputs, so a change to one that the other misses fails CI.
+fn capacity_contexts(max_model_len: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [8192, 32768, 131072]
+        .into_iter()
+        .filter(|&c| c <= max_model_len)
+        .collect();
+    if !v.contains(&max_model_len) {
+        v.push(max_model_len);
+    }
+    v
+}
+
+impl Layout {
+    /// The layout as the CLI's JSON value: every field of the plan, the budgets, the pool
+    /// sizes, the hot-buffer cost per request and the capacity table.
+    fn json_value(&self, contexts: Option<Vec<u32>>) -> PyResult<serde_json::Value> {
+        let kv = &self.kv;
+        let mut v = serde_json::to_value(kv).map_err(|e| invalid(e.to_string()))?;
+        let contexts = contexts.unwrap_or_else(|| capacity_contexts(kv.max_model_len));
+        let caps: Vec<_> = contexts.into_iter().map(|c| kv.capacity(c)).collect();
+        let o = v
+            .as_object_mut()
+            .ok_or_else(|| invalid("a layout serialises as an object"))?;
+        let hot = u64::from(kv.hot_blocks_per_request) * u64::from(kv.num_buckets);
+        for (key, value) in [
+            ("gpu_mem_bytes", serde_json::json!(self.gpu_mem)),
+            ("host_mem_bytes", serde_json::json!(self.host_mem)),
+            ("gpu_pool_bytes", serde_json::json!(kv.gpu_pool_bytes())),
+            ("host_pool_bytes", serde_json::json!(kv.host_pool_bytes())),
+            (
+                "hot_bytes_per_request",
+                serde_json::json!(hot * kv.bytes_per_block),
+            ),
+            (
+                "capacity",
+                serde_json::to_value(caps).map_err(|e| invalid(e.to_string()))?,
+            ),
+        ] {
+            o.insert(key.into(), value);
+        }
+        Ok(v)
+    }
+}
+
+/// Plans a layout.
+///
+/// The model is a preset (`preset`, see `presets()`) or a model description as JSON
+/// (`model_json`, the format `hisparse layout --print-model` writes); `layers` keeps only the
+/// first `layers` layers. Sizes are bytes. `num_gpu_blocks` fixes the GPU pool's block count
+/// (null block included) instead of deriving it from `gpu_mem`.
+#[pyfunction]
+#[pyo3(signature = (
+    preset = "deepseek-v3.2",
+    *,
+    model_json = None,
+    layers = None,
+    gpu_mem = 80 << 30,
+    host_mem = 512 << 30,
+    max_model_len = 131072,
+    device_buffer_size = None,
+    max_query_len = 1,
+    top_k = None,
+    eager_host_mirror = true,
+    num_gpu_blocks = None,
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn plan_layout(
+    preset: &str,
+    model_json: Option<&str>,
+    layers: Option<usize>,
+    gpu_mem: u64,
+    host_mem: u64,
+    max_model_len: u32,
+    device_buffer_size: Option<u32>,
+    max_query_len: u32,
+    top_k: Option<u32>,
+    eager_host_mirror: bool,
+    num_gpu_blocks: Option<u32>,
+) -> PyResult<Layout> {
+    let owned: OwnedModel = match model_json {
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            invalid(format!(
+                "model_json is not a model description ({e}); `hisparse layout --print-model` writes a template"
+            ))
+        })?,
+        None => model_presets::preset(preset)
+            .map_err(|e| {
+                invalid(format!(
+                    "unknown preset `{preset}`; use one of: {}",
+                    e.valid.join(", ")
+                ))
+            })?
+            .into(),
+    };
+    let full = owned.as_spec();
+    full.validate().map_err(to_py)?;
+    let model = match layers {
+        None | Some(0) => full,
+        Some(n) if n <= full.layers.len() => ModelSpec {
+            layers: &full.layers[..n],
+            ..full
+        },
+        Some(n) => {
+            return Err(invalid(format!(
+                "layers = {n}, but the model has {} layers; pass at most that many",
+                full.layers.len()
+            )));
+        }
+    };
+    let mut cfg = HiSparseConfig::new(top_k.unwrap_or(model.top_k), host_mem);
+    cfg.device_buffer_size = device_buffer_size;
+    cfg.max_query_len = max_query_len;
+    cfg.eager_host_mirror = eager_host_mirror;
+    let mut input = LayoutInput::new(&model, &cfg, gpu_mem, max_model_len);
+    input.num_gpu_blocks_override = num_gpu_blocks;
+    let kv = plan(&input).map_err(to_py)?;
+    Ok(Layout {
+        kv,
+        gpu_mem,
+        host_mem,
+    })
+}
+
+/// Names of the model presets.
+#[pyfunction]
+pub fn presets() -> Vec<&'static str> {
+    model_presets::PRESET_NAMES.to_vec()
+}
+
+#[pymethods]
+impl Layout {
+    /// A layout from JSON (`Layout.to_json()`, `hisparse layout --json`): the plan's fields are
+    /// read and validated; extra keys (budgets, pool sizes, capacity) are ignored.
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Layout> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?;
+        let budget = |key: &str| value.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
+        let (gpu_mem, host_mem) = (budget("gpu_mem_bytes"), budget("host_mem_bytes"));
+        let kv: KvCacheConfig =
+            serde_json::from_value(value).map_err(|e| invalid(format!("not a layout: {e}")))?;
+        kv.validate().map_err(to_py)?;
+        Ok(Layout {
+            kv,
+            gpu_mem,
+            host_mem,
+        })
+    }
+
+    /// The layout as a dict: exactly what `hisparse layout --json` prints for the same inputs
+    /// (capacity at 8K, 32K, 128K up to `max_model_len`, and `max_model_len`; or at
+    /// `capacity_contexts`).
+    #[pyo3(signature = (capacity_contexts = None))]
+    fn to_dict<'py>(
+        &self,
+        py: Python<'py>,
+        capacity_contexts: Option<Vec<u32>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let text = self.json_value(capacity_contexts)?.to_string();
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    /// The layout as JSON text (the `to_dict()` content, indented as the CLI prints it).
+    #[pyo3(signature = (capacity_contexts = None))]
+    fn to_json(&self, capacity_contexts: Option<Vec<u32>>) -> PyResult<String> {
+        serde_json::to_string_pretty(&self.json_value(capacity_contexts)?)
+            .map_err(|e| invalid(e.to_string()))
+    }
+
+    /// Requests that fit at `context_len` tokens, all-on-GPU vs HiSparse, and the limiting tier.
+    fn capacity<'py>(&self, py: Python<'py>, context_len: u32) -> PyResult<Bound<'py, PyAny>> {
+        let text = serde_json::to_string(&self.kv.capacity(context_len))
+            .map_err(|e| invalid(e.to_string()))?;
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    /// Model name.
+    #[getter]
+    fn model(&self) -> &str {
+        &self.kv.model
+    }
+    /// Top-k per decode token and layer.
+    #[getter]
+    fn top_k(&self) -> u32 {
+        self.kv.config.top_k
+    }
+    /// Rows per page of the source, resident and hot groups.
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.kv.block_size
+    }
+    /// Bytes per sparse KV row.
+    #[getter]
+    fn row_bytes(&self) -> u32 {
+        self.kv.row_bytes
+    }
+    /// Bytes of one GPU block.
+    #[getter]
+    fn bytes_per_block(&self) -> u64 {
+        self.kv.bytes_per_block
+    }
+    /// Rows between consecutive GPU blocks in the flat attention view of the device pool.
+    #[getter]
+    fn attention_block_stride(&self) -> u32 {
+        self.kv.attention_block_stride
+    }
+    /// GPU blocks, null block 0 included.
+    #[getter]
+    fn num_gpu_blocks(&self) -> u32 {
+        self.kv.num_gpu_blocks
+    }
+    /// Host bytes of one host block (summed source page bytes).
+    #[getter]
+    fn host_block_stride(&self) -> u64 {
+        self.kv.host_block_stride
+    }
+    /// Host blocks, null block 0 included.
+    #[getter]
+    fn host_num_blocks(&self) -> u32 {
+        self.kv.host_num_blocks
+    }
+    /// Hot rows per request per hot group.
+    #[getter]
+    fn device_buffer_size(&self) -> u32 {
+        self.kv.device_buffer_size
+    }
+    /// Hot blocks per request per hot group.
+    #[getter]
+    fn hot_blocks_per_request(&self) -> u32 {
+        self.kv.hot_blocks_per_request
+    }
+    /// Longest request in tokens.
+    #[getter]
+    fn max_model_len(&self) -> u32 {
+        self.kv.max_model_len
+    }
+    /// Pages of a `max_model_len` request (the width of the per-request tables).
+    #[getter]
+    fn max_pages_per_request(&self) -> u32 {
+        self.kv.max_pages_per_request
+    }
+    /// Resident/hot bucket pairs.
+    #[getter]
+    fn num_buckets(&self) -> u32 {
+        self.kv.num_buckets
+    }
+    /// Bytes of the device pool (`num_gpu_blocks × bytes_per_block`).
+    #[getter]
+    fn gpu_pool_bytes(&self) -> u64 {
+        self.kv.gpu_pool_bytes()
+    }
+    /// Bytes of the pinned host pool (`host_num_blocks × host_block_stride`).
+    #[getter]
+    fn host_pool_bytes(&self) -> u64 {
+        self.kv.host_pool_bytes()
+    }
+    /// Index groups in model order: `{"leader", "layers", "bucket"}` each.
+    #[getter]
+    fn index_groups<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.kv
+            .index_groups
+            .iter()
+            .map(|g| {
+                let d = PyDict::new(py);
+                d.set_item("leader", g.leader)?;
+                d.set_item("layers", g.layers.clone())?;
+                d.set_item("bucket", g.bucket)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Where sparse layer `layer` lives in the device pool: `(bucket, offset)`, `offset` being
+    /// the layer's byte offset inside every resident and hot block of its bucket. In the flat
+    /// attention view, physical row `r` of the layer starts at byte `offset + r * row_bytes`.
+    fn layer_offset(&self, layer: u32) -> PyResult<(u32, u64)> {
+        let (bucket, gl) = self.kv.bucket_of(layer).map_err(to_py)?;
+        Ok((bucket, gl.offset))
+    }
+
+    /// Where sparse layer `layer`'s rows live in the host pool: the byte offset of its
+    /// `[host_num_blocks, block_size, row]` array (flat host row `g` at `offset + g * row_bytes`
+    /// for contiguous rows).
+    fn host_layer_offset(&self, layer: u32) -> PyResult<u64> {
+        Ok(self.kv.host_layout(layer).map_err(to_py)?.base)
+    }
+
+    fn __repr__(&self) -> String {
+        let kv = &self.kv;
+        format!(
+            "Layout(model={:?}, layers={}, bytes_per_block={}, num_gpu_blocks={}, host_block_stride={}, host_num_blocks={}, top_k={}, device_buffer_size={})",
+            kv.model,
+            kv.groups
+                .get(KvCacheConfig::SOURCE_GROUP)
+                .map_or(0, |g| g.layers.len()),
+            kv.bytes_per_block,
+            kv.num_gpu_blocks,
+            kv.host_block_stride,
+            kv.host_num_blocks,
+            kv.config.top_k,
+            kv.device_buffer_size
+        )
+    }
+}

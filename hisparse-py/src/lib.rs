@@ -1,0 +1,35 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod arrays;
+mod coordinator;
+mod errors;
+mod layout;
+mod runtime;
+
+use pyo3::prelude::*;
+
+/// The compiled part of the `hisparse` Python package.
+#[pymodule]
+fn _hisparse(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<layout::Layout>()?;
+    m.add_class::<coordinator::Coordinator>()?;
+    m.add_class::<coordinator::Command>()?;
+    m.add_class::<runtime::Runtime>()?;
+    m.add_function(wrap_pyfunction!(layout::plan_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::presets, m)?)?;
+    m.add_function(wrap_pyfunction!(backends, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
+
+/// Names of the backends compiled into this build.
+#[pyfunction]
+fn backends() -> Vec<&'static str> {
+    hisparse_runtime::BackendKind::ALL
+        .into_iter()
+        .filter(|k| k.is_compiled())
+        .map(|k| k.name())
+        .collect()
+}

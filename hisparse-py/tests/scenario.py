@@ -1,0 +1,178 @@
+"""A multi-request decode scenario driven from Python on the CPU backend: the coordinator plans,
+the runtime executes, a forward pass writes a recognisable row per (request, token, layer) into
+the resident pages, and every row attention reads is checked against what was written."""
+
+from dataclasses import dataclass, field
+import json
+
+import numpy as np
+
+import hisparse
+
+
+@dataclass
+class Shape:
+    layers: int = 3
+    row_bytes: int = 64
+    block: int = 16
+    top_k: int = 16
+    hot: int = 32
+    requests: int = 3
+    prompt: int = 96
+    decode: int = 24
+    gpu_blocks: int = 32
+
+
+def model_json(s: Shape) -> str:
+    layer = {
+        "sparse": {
+            "row_bytes": s.row_bytes,
+            "value_bytes": s.row_bytes,
+            "compress_ratio": 1,
+            "indexer_row_bytes": 16,
+        }
+    }
+    return json.dumps(
+        {"name": "tiny", "block_tokens": s.block, "top_k": s.top_k, "layers": [layer] * s.layers}
+    )
+
+
+def layout(s: Shape) -> hisparse.Layout:
+    max_len = s.prompt + s.decode + s.block
+    pages = -(-max_len // s.block)
+    stride = s.row_bytes * s.block * s.layers
+    return hisparse.plan_layout(
+        model_json=model_json(s),
+        gpu_mem=0,
+        host_mem=(s.requests * (pages + 1) + 4) * stride,
+        max_model_len=max_len,
+        device_buffer_size=s.hot,
+        num_gpu_blocks=s.gpu_blocks,
+    )
+
+
+def row(req: int, pos: int, layer: int, nbytes: int) -> np.ndarray:
+    """The bytes the forward pass writes for (request, token, layer)."""
+    i = np.arange(nbytes, dtype=np.int64)
+    return ((req * 131 + pos * 7 + layer * 31 + i * 3) % 251).astype(np.uint8)
+
+
+@dataclass
+class Pool:
+    """Write and read access to the device pool, owned by the runtime or lent as numpy."""
+
+    rt: hisparse.Runtime
+    array: "np.ndarray | None" = None
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        if self.array is None:
+            self.rt.write_device_pool(offset, data.tobytes())
+        else:
+            self.array[offset : offset + data.size] = data
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        if self.array is None:
+            return np.frombuffer(self.rt.read_device_pool(offset, nbytes), dtype=np.uint8)
+        return self.array[offset : offset + nbytes]
+
+
+@dataclass
+class Outcome:
+    rows: list = field(default_factory=list)
+    verified: int = 0
+    steps: int = 0
+    counters: dict = field(default_factory=dict)
+
+
+def run(s: Shape, lend_pools: bool) -> Outcome:
+    """Runs the scenario to the end; raises AssertionError on the first wrong row."""
+    lay = layout(s)
+    coord = hisparse.Coordinator(
+        lay, max_running=s.requests, max_batched_tokens=4096, reclaim_min_blocks=0
+    )
+    if lend_pools:
+        device_pool = hisparse.aligned_empty(lay.gpu_pool_bytes)
+        host_pool = hisparse.aligned_empty(lay.host_pool_bytes)
+        rt = hisparse.Runtime(
+            lay,
+            "cpu",
+            state_rows=s.requests,
+            max_step_tokens=s.requests,
+            device_pool=device_pool,
+            host_pool=host_pool,
+        )
+        pool = Pool(rt, device_pool)
+    else:
+        rt = hisparse.Runtime(lay, "cpu", state_rows=s.requests, max_step_tokens=s.requests)
+        pool = Pool(rt)
+    assert rt.lends_pools == lend_pools
+    for req in range(1, s.requests + 1):
+        coord.admit(req, [1000 * req + t for t in range(s.prompt)])
+    groups = lay.index_groups
+    offsets = {layer: lay.layer_offset(layer) for g in groups for layer in g["layers"]}
+    rb, bs, stride = lay.row_bytes, lay.block_size, lay.attention_block_stride
+    final_len = s.prompt + s.decode
+    out = Outcome()
+    topk = np.empty((s.requests, s.top_k), dtype=np.int32)
+    rows = np.empty((s.requests, s.top_k), dtype=np.int32)
+    counts = np.empty(s.requests, dtype=np.int32)
+    while not coord.is_empty():
+        out.steps += 1
+        assert out.steps < 10_000, "no progress in 10000 steps"
+        cmd = coord.step()
+        rt.begin_step(cmd)
+        scheduled = cmd.scheduled
+        # The forward pass: every computed token's row, into its resident page of each layer.
+        for sr in scheduled:
+            for pos in range(sr["first_token"], sr["first_token"] + sr["num_tokens"]):
+                page, at = divmod(pos, bs)
+                for layer, (bucket, off) in offsets.items():
+                    block = rt.resident_row(bucket, sr["slot"])[page]
+                    assert block > 0, f"request {sr['id']} page {page} has no resident block"
+                    pool.write(off + (block * stride + at) * rb, row(sr["id"], pos, layer, rb))
+        rt.set_batch(cmd.slots)
+        t = len(scheduled)
+        for g, group in enumerate(groups):
+            # The indexer: top_k positions below each request's length, drifting with the
+            # step; one entry -1 (no token) and one duplicate.
+            for i, sr in enumerate(scheduled):
+                n = sr["first_token"] + sr["num_tokens"]
+                salt = out.steps + 13 * g
+                topk[i] = [(j * 7919 + salt * 31) % n for j in range(s.top_k)]
+                topk[i, 0] = -1
+                topk[i, 1] = topk[i, 2]
+            rt.resolve_index_group(g, topk[:t], rows[:t], counts[:t])
+            out.rows.append(rows[:t].copy())
+            for i, sr in enumerate(scheduled):
+                valid = 0
+                for j in range(s.top_k):
+                    pos, r = int(topk[i, j]), int(rows[i, j])
+                    if pos < 0:
+                        assert r == -1, f"entry {j} has no token but row {r}"
+                        continue
+                    assert r >= 0, f"request {sr['id']} token {pos}: no row"
+                    valid += 1
+                    for layer in group["layers"]:
+                        _, off = offsets[layer]
+                        got = pool.read(off + r * rb, rb)
+                        want = row(sr["id"], pos, layer, rb)
+                        assert np.array_equal(got, want), (
+                            f"step {out.steps} group {g} request {sr['id']} token {pos} layer "
+                            f"{layer}: row {r} holds other bytes"
+                        )
+                        out.verified += 1
+                assert counts[i] == valid, f"count {counts[i]} for {valid} valid entries"
+        rt.end_step(cmd)
+        rt.poll_and_report(coord)
+        coord.check_invariants()
+        for req in coord.running_ids():
+            if coord.num_computed(req) == coord.num_tokens(req):
+                if coord.num_tokens(req) >= final_len:
+                    coord.finish(req)
+                else:
+                    coord.append_tokens(req, [7])
+    rep = rt.drain()
+    if rep["enqueued"] or rep["completed"]:
+        coord.report(rep["worker"], rep["enqueued"], rep["completed"])
+    out.counters = rt.counters()
+    return out
