@@ -414,6 +414,13 @@ enum HsStatus hs_layout_layer_offset(const struct HsLayout *layout, uint32_t lay
 // `layout` is a live handle; `offset` points to writable memory.
 enum HsStatus hs_layout_host_layer_offset(const struct HsLayout *layout, uint32_t layer, uint64_t *offset);
 
+// Layer `index` (`0 .. num_layers`, the leader first) of index group `group`.
+//
+// # Safety
+//
+// `layout` is a live handle; `layer` points to writable memory.
+enum HsStatus hs_layout_index_group_layer(const struct HsLayout *layout, uintptr_t group, uintptr_t index, uint32_t *layer);
+
 // Fills `config` with defaults: 1 state row, 1 token row per call, worker 0, counters every
 // step. Set `state_rows` and `max_step_tokens` for the engine.
 //

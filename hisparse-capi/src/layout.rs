@@ -324,3 +324,32 @@ pub unsafe extern "C" fn hs_layout_host_layer_offset(
         unsafe { put(offset, "offset", base) }
     })
 }
+
+/// Layer `index` (`0 .. num_layers`, the leader first) of index group `group`.
+///
+/// # Safety
+///
+/// `layout` is a live handle; `layer` points to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_layout_index_group_layer(
+    layout: *const HsLayout,
+    group: usize,
+    index: usize,
+    layer: *mut u32,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let kv = &unsafe { deref(layout, "layout") }?.kv;
+        let l = kv
+            .index_groups
+            .get(group)
+            .and_then(|g| g.layers.get(index))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "index group {group} has no layer {index} (see hs_layout_index_group)"
+                ))
+            })?;
+        // SAFETY: forwarded contract.
+        unsafe { put(layer, "layer", *l) }
+    })
+}

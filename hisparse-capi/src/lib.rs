@@ -16,8 +16,8 @@ pub use coordinator::{
 pub use error::{HsStatus, hs_last_error, hs_status_name};
 pub use layout::{
     HsIndexGroupInfo, HsLayout, HsLayoutInfo, HsLayoutOptions, hs_layout_free,
-    hs_layout_host_layer_offset, hs_layout_index_group, hs_layout_info, hs_layout_layer_offset,
-    hs_layout_options_default, hs_layout_plan,
+    hs_layout_host_layer_offset, hs_layout_index_group, hs_layout_index_group_layer,
+    hs_layout_info, hs_layout_layer_offset, hs_layout_options_default, hs_layout_plan,
 };
 pub use runtime::{
     HsBuffer, HsCounters, HsLentResources, HsRuntime, HsRuntimeConfig, hs_buffer_alloc,
