@@ -6,7 +6,7 @@
  *
  *   cargo build -p hisparse-capi
  *   cc -std=c11 -Wall -Wextra -Werror -I hisparse-capi/include hisparse-capi/examples/simulate.c \
- *      target/debug/libhisparse.a -lpthread -ldl -lm -o simulate && ./simulate
+ *      target/debug/libhisparse_capi.a -lpthread -ldl -lm -o simulate && ./simulate
  */
 #include <inttypes.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 //!
 //! Each backend is a Cargo feature of the CLI (`cpu` by default; `cuda`, `vulkan`, `rocm`),
 //! forwarded to `hisparse-runtime`, whose [`hisparse_runtime::AnyDevice::open`] opens it. The
-//! commands are generic over [`hisparse_core::Device`]; [`with_device!`] binds the opened
+//! commands are generic over [`hisparse_core::Device`]; [`with_device!`](crate::with_device!) binds the opened
 //! device's concrete type and runs one generic body with it, so dispatch is static (one
 //! instantiation per compiled-in backend).
 

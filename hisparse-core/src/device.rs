@@ -36,7 +36,7 @@
 //! A backend whose work runs eagerly on the calling thread (the CPU backend) meets these rules
 //! trivially: every event has completed when it is recorded.
 //!
-//! The decode-path operations ([`Device::remap`], [`Device::resolve`], [`Device::gather_rows`],
+//! The decode-path operations ([`Device::remap`], `Device::resolve` (with `alloc`), [`Device::gather_rows`],
 //! [`Device::invalidate`], [`Device::compressed_slot_mapping`]) take only device buffers and must
 //! not synchronise with the host, so a GPU backend can capture them in a graph.
 //!

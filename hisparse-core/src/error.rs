@@ -76,7 +76,7 @@ impl Error for core::convert::Infallible {
 pub enum OpName {
     /// [`crate::ops::remap`].
     Remap,
-    /// [`crate::ops::resolve`].
+    /// `crate::ops::resolve` (with `alloc`).
     Resolve,
     /// [`crate::ops::copy`] row gather from a miss plan.
     GatherRows,

@@ -14,7 +14,7 @@
 //! DeepSeek-V4-style model, 256 tokens / ratio 4 = 64 compressed rows).
 //!
 //! Models are plain data. [`ModelSpec`] borrows its layer list (works without `alloc`; the
-//! presets in [`crate::presets`] are `'static`); with `alloc`, [`OwnedModel`] owns it and is
+//! presets in [`crate::presets`] are `'static`); with `alloc`, `OwnedModel` owns it and is
 //! what a user-described model (for example from JSON under the `serde` feature) deserialises to.
 
 use core::fmt;

@@ -6,13 +6,13 @@
 //! 0. requests are admitted: all at once, or, with a shared prompt prefix, one after another so
 //!    later requests find the earlier ones' durable pages in the host prefix cache;
 //! 1. `Coordinator::step` schedules prefill chunks and decode tokens and returns the command;
-//! 2. [`Runtime::begin_step`]: tables, hot-state resets, invalidation, copy-on-write, restores;
+//! 2. [`Runtime::begin_step`](hisparse_runtime::Runtime::begin_step): tables, hot-state resets, invalidation, copy-on-write, restores;
 //! 3. the forward pass writes each scheduled request's new rows into its resident pages (every
 //!    sparse layer); decode tokens then read their top-k, one
-//!    [`Runtime::resolve_index_group`] per index group;
-//! 4. [`Runtime::end_step`]: the after-forward copies (row mirrors, page spills) as the step's
+//!    [`Runtime::resolve_index_group`](hisparse_runtime::Runtime::resolve_index_group) per index group;
+//! 4. [`Runtime::end_step`](hisparse_runtime::Runtime::end_step): the after-forward copies (row mirrors, page spills) as the step's
 //!    transfer batch;
-//! 5. [`Runtime::poll`] reports what completed; worker `w` reports a batch complete once it
+//! 5. [`Runtime::poll`](hisparse_runtime::Runtime::poll) reports what completed; worker `w` reports a batch complete once it
 //!    really is and `w + 1` steps after it was issued (as real copy streams would, out of step
 //!    across tensor-parallel ranks), so pages go through `pending` before `clean` and reclaim must
 //!    sometimes wait;

@@ -19,7 +19,7 @@
 //! * [`copy_rows`]: row spans inside pages (row mirrors, partial restores).
 //! * [`copy_host_pages`]: host → host page copies (copy-on-write of a shared tail page).
 //!
-//! [`copy_batches`] is the one copy-conflict rule of the GPU backends: which consecutive tiles of a
+//! `copy_batches` (with `alloc`) is the one copy-conflict rule of the GPU backends: which consecutive tiles of a
 //! copy list may run as one parallel launch and still give the reference's sequential result.
 
 use super::{BufferLen, I32_BYTES, aligned, in_range, mul, need, nonzero};
