@@ -28,6 +28,10 @@
 //!   variant binds 1, 8, 12 or 32 windows per pool, and pools with more windows than fit the
 //!   device's storage buffers per stage are processed in several dispatches, each covering a
 //!   group of windows (module `windows`). Shaders address pools up to 64 GiB.
+//! * **Kernel choices**: the gather runs kernel `v2` on GPUs and `v1` on CPU devices
+//!   ([`GatherKernel`], [`GATHER_KERNEL_ENV`]); the resolver's workgroup scans use subgroup
+//!   arithmetic where the device has it ([`RESOLVE_SCAN_ENV`]); [`QUEUES_ENV`] puts every
+//!   stream on one queue. All choices give identical results; they exist for comparisons.
 //! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches).
 //!
 //! Not done here: buffer device addresses (the WGSL compiler used has no pointers to physical
