@@ -49,18 +49,11 @@ impl<D: Device> Runtime<D> {
                 "begin_step before the previous step's end_step"
             }));
         }
-        for s in &cmd.scheduled {
-            if s.slot >= self.cfg.state_rows {
-                return Err(RuntimeError::StateRow {
-                    row: s.slot,
-                    rows: self.cfg.state_rows,
-                });
-            }
-        }
+        self.check_command(cmd)?;
         let span = tracing::debug_span!("hisparse.begin_step", step = cmd.step);
         let _enter = span.enter();
         // 1. Tables.
-        self.tables.apply_command(&self.kv, cmd)?;
+        self.tables.apply_command(cmd);
         let written = self.tables.flush(&self.dev, &self.compute)?;
         self.counters.table_writes += written as u64;
         // 2. Hot-state resets: started rows in every group, new hot regions in their bucket's.
@@ -154,6 +147,62 @@ impl<D: Device> Runtime<D> {
             gpu_cow = cmd.gpu_cow.len(),
             "before-forward work enqueued"
         );
+        Ok(())
+    }
+
+    /// Checks everything `cmd` names against the layout and the configuration before any of it
+    /// is applied, so a malformed command is refused whole (nothing enqueued, the tables as they
+    /// were) rather than half-executed.
+    fn check_command(&self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
+        for s in &cmd.scheduled {
+            if s.slot >= self.cfg.state_rows {
+                return Err(RuntimeError::StateRow {
+                    row: s.slot,
+                    rows: self.cfg.state_rows,
+                });
+            }
+        }
+        self.tables.validate(cmd)?;
+        let kv = &self.kv;
+        let bad = |what: String| Err(RuntimeError::Command(what));
+        let (gpu, host) = (kv.num_gpu_blocks, kv.host_num_blocks);
+        if let Some(&h) = cmd.new_host_blocks.iter().find(|&&h| h >= host) {
+            return bad(format!("new host block {h} of a {host}-block host pool"));
+        }
+        for (what, pairs, src_limit, dst_limit) in [
+            ("host copy-on-write", &cmd.host_cow, host, host),
+            ("GPU copy-on-write", &cmd.gpu_cow, gpu, gpu),
+        ] {
+            if let Some(p) = pairs
+                .iter()
+                .find(|p| p.src >= src_limit || p.dst >= dst_limit || p.src == p.dst)
+            {
+                return bad(format!("{what} of block {} to block {}", p.src, p.dst));
+            }
+        }
+        let transfers = cmd.restores.iter().chain(&cmd.page_transfers);
+        for t in transfers {
+            if t.bucket >= kv.num_buckets || t.device_block >= gpu || t.host_block >= host {
+                return bad(format!(
+                    "a page copy between GPU block {} and host block {} of bucket {}",
+                    t.device_block, t.host_block, t.bucket
+                ));
+            }
+        }
+        for m in &cmd.row_mirrors {
+            let s = m.span;
+            let end = u64::from(s.first_row) + u64::from(s.num_rows);
+            if m.bucket >= kv.num_buckets
+                || s.device_block >= gpu
+                || s.host_block >= host
+                || end > u64::from(kv.block_size)
+            {
+                return bad(format!(
+                    "a row mirror of rows {}..{end} between GPU block {} and host block {} of bucket {}",
+                    s.first_row, s.device_block, s.host_block, m.bucket
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -6,8 +6,8 @@
 //! whole tables).
 
 use hisparse_core::Device;
-use hisparse_core::coordinator::{OffloadCommand, TableUpdate};
-use hisparse_core::layout::{GroupKind, KvCacheConfig};
+use hisparse_core::coordinator::OffloadCommand;
+use hisparse_core::layout::KvCacheConfig;
 use hisparse_core::ops::{TableWrite, TableWriteDesc};
 
 use crate::error::RuntimeError;
@@ -45,18 +45,14 @@ impl<D: Device> Table<D> {
         })
     }
 
-    /// Sets entry `(row, col)`; ignores columns beyond the table (the caller checked rows).
-    fn set(&mut self, row: u32, col: u32, value: i32) -> bool {
-        if col >= self.width {
-            return false;
-        }
+    /// Sets entry `(row, col)` (both checked by the caller).
+    fn set(&mut self, row: u32, col: u32, value: i32) {
         let i = row * self.width + col;
         let e = &mut self.shadow[i as usize];
         if *e != value {
             *e = value;
             self.touched.push(i);
         }
-        true
     }
 
     /// Puts row `row` back to the empty value.
@@ -159,50 +155,90 @@ impl<D: Device> Tables<D> {
         Ok(())
     }
 
-    /// The table of layout group `group` for a [`TableUpdate`].
-    fn table_of(&mut self, group: u32) -> Result<&mut Table<D>, RuntimeError<D::Error>> {
+    /// The width of layout group `group`'s table and whether it is the host table (whose
+    /// "none" is `-1`), or `None` for a group without a per-request table.
+    fn shape_of(&self, group: u32) -> Option<(u32, bool)> {
         let g = group as usize;
         let b = self.num_buckets as usize;
-        let bad = || RuntimeError::Command(format!("a table update names group {group}"));
         match g {
-            0 => Ok(&mut self.host),
-            1 => Ok(&mut self.indexer),
-            _ if g < 2 + b => Ok(&mut self.resident[g - 2]),
-            _ if g < 2 + 2 * b => Ok(&mut self.hot[g - 2 - b]),
-            _ => self.regular.get_mut(g - self.regular_start).ok_or_else(bad),
+            0 => Some((self.host.width, true)),
+            1 => Some((self.indexer.width, false)),
+            _ if g < 2 + b => Some((self.resident[g - 2].width, false)),
+            _ if g < 2 + 2 * b => Some((self.hot[g - 2 - b].width, false)),
+            _ => g
+                .checked_sub(self.regular_start)
+                .and_then(|i| self.regular.get(i))
+                .map(|t| (t.width, false)),
         }
     }
 
-    fn apply(&mut self, u: &TableUpdate, kind: GroupKind) -> Result<(), RuntimeError<D::Error>> {
-        self.check_row(u.slot)?;
-        let value = i32::try_from(u.block)
-            .map_err(|_| RuntimeError::Command(format!("block {} does not fit i32", u.block)))?;
-        // Block 0 is the null block: "none" in the host table is -1.
-        let value = if kind == GroupKind::Source && value == 0 {
-            -1
-        } else {
-            value
-        };
-        let t = self.table_of(u.group)?;
-        if !t.set(u.slot, u.page, value) {
-            return Err(RuntimeError::Command(format!(
-                "page {} of state row {} is beyond the table's {} columns",
-                u.page, u.slot, t.width
-            )));
+    /// The table of layout group `group` (one [`Tables::shape_of`] accepted).
+    fn table_of(&mut self, group: u32) -> &mut Table<D> {
+        let g = group as usize;
+        let b = self.num_buckets as usize;
+        match g {
+            0 => &mut self.host,
+            1 => &mut self.indexer,
+            _ if g < 2 + b => &mut self.resident[g - 2],
+            _ if g < 2 + 2 * b => &mut self.hot[g - 2 - b],
+            _ => &mut self.regular[g - self.regular_start],
+        }
+    }
+
+    /// Checks every table change of `cmd`, so that applying it cannot fail half-way: a refused
+    /// command leaves the tables as they were.
+    pub(crate) fn validate(&self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
+        for &row in cmd.started.iter().chain(&cmd.hot_release) {
+            self.check_row(row)?;
+        }
+        for u in cmd
+            .host_blocks
+            .iter()
+            .chain(&cmd.residency)
+            .chain(&cmd.block_tables)
+        {
+            self.check_row(u.slot)?;
+            let (width, _) = self.shape_of(u.group).ok_or_else(|| {
+                RuntimeError::Command(format!("a table update names group {}", u.group))
+            })?;
+            if u.page >= width {
+                return Err(RuntimeError::Command(format!(
+                    "page {} of state row {} is beyond the table's {width} columns",
+                    u.page, u.slot
+                )));
+            }
+            if i32::try_from(u.block).is_err() {
+                return Err(RuntimeError::Command(format!(
+                    "block {} does not fit i32",
+                    u.block
+                )));
+            }
+        }
+        let b = self.num_buckets as usize;
+        for a in &cmd.hot_assign {
+            self.check_row(a.slot)?;
+            let bucket = (a.group as usize)
+                .checked_sub(2 + b)
+                .filter(|&i| i < b)
+                .ok_or_else(|| {
+                    RuntimeError::Command(format!("a hot region for group {}", a.group))
+                })?;
+            let width = self.hot[bucket].width as usize;
+            if a.blocks.len() > width || a.blocks.iter().any(|&x| i32::try_from(x).is_err()) {
+                return Err(RuntimeError::Command(format!(
+                    "a hot region of {} blocks for a {width}-block hot table",
+                    a.blocks.len()
+                )));
+            }
         }
         Ok(())
     }
 
     /// Applies a command's table changes to the shadows, in the command's documented order:
     /// started rows reset, released hot regions cleared, then host, residency, block-table and
-    /// hot-region updates.
-    pub(crate) fn apply_command(
-        &mut self,
-        kv: &KvCacheConfig,
-        cmd: &OffloadCommand,
-    ) -> Result<(), RuntimeError<D::Error>> {
+    /// hot-region updates. [`Tables::validate`] accepted `cmd`.
+    pub(crate) fn apply_command(&mut self, cmd: &OffloadCommand) {
         for &row in &cmd.started {
-            self.check_row(row)?;
             self.host.clear_row(row);
             self.indexer.clear_row(row);
             for t in self
@@ -215,7 +251,6 @@ impl<D: Device> Tables<D> {
             }
         }
         for &row in &cmd.hot_release {
-            self.check_row(row)?;
             for t in &mut self.hot {
                 t.clear_row(row);
             }
@@ -226,35 +261,22 @@ impl<D: Device> Tables<D> {
             .chain(&cmd.residency)
             .chain(&cmd.block_tables)
         {
-            let kind = kv
-                .groups
-                .get(u.group as usize)
-                .map(|g| g.kind)
-                .ok_or_else(|| RuntimeError::Command(format!("no group {}", u.group)))?;
-            self.apply(u, kind)?;
+            let host = self.shape_of(u.group).is_some_and(|(_, h)| h);
+            // Block 0 is the null block: "none" in the host table is -1.
+            let value = match u.block as i32 {
+                0 if host => -1,
+                v => v,
+            };
+            self.table_of(u.group).set(u.slot, u.page, value);
         }
+        let b = self.num_buckets as usize;
         for a in &cmd.hot_assign {
-            self.check_row(a.slot)?;
-            let b = (a.group as usize)
-                .checked_sub(2 + self.num_buckets as usize)
-                .filter(|&b| b < self.num_buckets as usize)
-                .ok_or_else(|| {
-                    RuntimeError::Command(format!("hot region for group {}", a.group))
-                })?;
-            let t = &mut self.hot[b];
-            if a.blocks.len() > t.width as usize {
-                return Err(RuntimeError::Command(format!(
-                    "hot region of {} blocks for a {}-block hot table",
-                    a.blocks.len(),
-                    t.width
-                )));
-            }
+            let t = &mut self.hot[a.group as usize - 2 - b];
             for col in 0..t.width {
                 let v = a.blocks.get(col as usize).map_or(-1, |&x| x as i32);
                 t.set(a.slot, col, v);
             }
         }
-        Ok(())
     }
 
     /// Writes every table's changes on `stream`; returns the number of entries written.

@@ -216,3 +216,58 @@ fn counters_can_be_turned_off() {
     assert_eq!((off.sampled_steps, off.hot_hits, off.hot_misses), (0, 0, 0));
     assert_eq!(off.resolve_calls, on.resolve_calls);
 }
+
+#[test]
+fn a_malformed_command_is_refused_whole_and_changes_nothing() {
+    use hisparse_core::coordinator::TableUpdate;
+    use hisparse_core::ops::BlockPair;
+    let kv = layout(&SMALL);
+    let mut rt = Runtime::new(CpuDevice::new(), kv.clone(), RuntimeConfig::new(3, 3)).unwrap();
+    let good = TableUpdate {
+        slot: 0,
+        group: 2,
+        page: 0,
+        block: 5,
+    };
+    let mut cmds = Vec::new();
+    // A valid update followed by one naming a page beyond the table.
+    let mut c = OffloadCommand {
+        step: 1,
+        ..OffloadCommand::default()
+    };
+    c.residency = vec![
+        good,
+        TableUpdate {
+            page: kv.max_pages_per_request,
+            ..good
+        },
+    ];
+    cmds.push(c.clone());
+    c.residency = vec![good];
+    c.gpu_cow = vec![BlockPair { src: 3, dst: 3 }];
+    cmds.push(c.clone());
+    c.gpu_cow.clear();
+    c.new_host_blocks = vec![kv.host_num_blocks];
+    cmds.push(c.clone());
+    c.new_host_blocks.clear();
+    c.residency = vec![TableUpdate { group: 999, ..good }];
+    cmds.push(c);
+    for cmd in &cmds {
+        assert!(
+            matches!(rt.begin_step(cmd), Err(RuntimeError::Command(_))),
+            "{cmd:?} accepted"
+        );
+        assert_eq!(
+            rt.resident_row(0, 0).unwrap()[0],
+            0,
+            "a refused command changed a table"
+        );
+        assert_eq!(rt.counters().table_writes, 0);
+    }
+    // The runtime is still usable: the valid part alone is accepted.
+    let mut ok = cmds[0].clone();
+    ok.residency.truncate(1);
+    rt.begin_step(&ok).unwrap();
+    assert_eq!(rt.resident_row(0, 0).unwrap()[0], 5);
+    rt.end_step(&ok).unwrap();
+}
