@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds, on the development machine, the Python wheel scripts/h200/python-torch.sh installs on
+# the GPU machine (which has no Rust toolchain and no network), into h200-python/ (ignored by
+# git; carry it):
+#
+#   h200-python/hisparse-<version>-cp39-abi3-manylinux_*_x86_64.whl   abi3 (Python >= 3.9), with
+#                                        the cpu and cuda backends (libcuda and NVRTC loaded at
+#                                        run time), release profile without debug info, stripped
+#   h200-python/MANIFEST                 commit, build date, size and sha256 of the wheel
+#
+# maturin comes from PyPI into a virtual environment (HISPARSE_MATURIN_VENV, default
+# /tmp/hisparse-maturin).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=h200-python
+venv=${HISPARSE_MATURIN_VENV:-/tmp/hisparse-maturin}
+if [[ ! -x "$venv/bin/maturin" ]]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "maturin>=1.9,<2"
+fi
+rm -rf "$out"
+mkdir -p "$out"
+CARGO_PROFILE_RELEASE_DEBUG=0 "$venv/bin/maturin" build --release --strip \
+    -m hisparse-py/Cargo.toml -i "$venv/bin/python" -o "$out"
+{
+    echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- hisparse-py hisparse-runtime || echo ' (with local changes)')"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m)"
+    for f in "$out"/*.whl; do
+        echo "$(basename "$f") $(stat -c %s "$f") bytes sha256 $(sha256sum "$f" | cut -d' ' -f1)"
+    done
+} > "$out/MANIFEST"
+cat "$out/MANIFEST"
