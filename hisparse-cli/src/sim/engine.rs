@@ -105,8 +105,9 @@ impl<D: Device> Ranks for Local<D> {
     }
 }
 
+/// A coordinator error (its message already names the coordinator).
 fn coord_err(e: impl std::fmt::Display) -> CliError {
-    CliError::failed(format!("coordinator: {e}"))
+    CliError::failed(e.to_string())
 }
 
 /// Runs the simulation on `dev`, in this process.
