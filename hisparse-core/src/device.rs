@@ -175,28 +175,7 @@ pub trait Device {
         offset: usize,
         src: &[i32],
     ) -> Result<(), Self::Error> {
-        crate::ops::copy::check_bulk(src, 0, dst, offset, core::mem::size_of_val(src))?;
-        // With a heap: one conversion and one upload; without: 4 KiB at a time.
-        #[cfg(feature = "alloc")]
-        {
-            let bytes: alloc::vec::Vec<u8> = src.iter().flat_map(|v| v.to_ne_bytes()).collect();
-            self.upload(dst, offset, &bytes)
-        }
-        #[cfg(not(feature = "alloc"))]
-        {
-            let mut chunk = [0u8; TYPED_CHUNK_BYTES];
-            for (i, part) in src.chunks(TYPED_CHUNK_BYTES / 4).enumerate() {
-                for (b, v) in chunk.chunks_exact_mut(4).zip(part) {
-                    b.copy_from_slice(&v.to_ne_bytes());
-                }
-                self.upload(
-                    dst,
-                    offset + i * TYPED_CHUNK_BYTES,
-                    &chunk[..part.len() * 4],
-                )?;
-            }
-            Ok(())
-        }
+        upload_typed(self, dst, offset, src)
     }
 
     /// Reads `dst.len()` native-endian `i32`s of `src` from byte `offset`. Synchronous, like
@@ -207,28 +186,7 @@ pub trait Device {
         offset: usize,
         dst: &mut [i32],
     ) -> Result<(), Self::Error> {
-        crate::ops::copy::check_bulk(src, offset, &*dst, 0, core::mem::size_of_val(dst))?;
-        #[cfg(feature = "alloc")]
-        {
-            let mut bytes = alloc::vec![0u8; dst.len() * 4];
-            self.download(src, offset, &mut bytes)?;
-            for (v, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
-                *v = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-            }
-            Ok(())
-        }
-        #[cfg(not(feature = "alloc"))]
-        {
-            let mut chunk = [0u8; TYPED_CHUNK_BYTES];
-            for (i, part) in dst.chunks_mut(TYPED_CHUNK_BYTES / 4).enumerate() {
-                let bytes = &mut chunk[..part.len() * 4];
-                self.download(src, offset + i * TYPED_CHUNK_BYTES, bytes)?;
-                for (v, b) in part.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *v = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-            Ok(())
-        }
+        download_typed(self, src, offset, dst)
     }
 
     /// Writes `src` as native-endian `u16`s (LRU orders) into `dst` at byte `offset`.
@@ -239,28 +197,7 @@ pub trait Device {
         offset: usize,
         src: &[u16],
     ) -> Result<(), Self::Error> {
-        crate::ops::copy::check_bulk(src, 0, dst, offset, core::mem::size_of_val(src))?;
-        // With a heap: one conversion and one upload; without: 4 KiB at a time.
-        #[cfg(feature = "alloc")]
-        {
-            let bytes: alloc::vec::Vec<u8> = src.iter().flat_map(|v| v.to_ne_bytes()).collect();
-            self.upload(dst, offset, &bytes)
-        }
-        #[cfg(not(feature = "alloc"))]
-        {
-            let mut chunk = [0u8; TYPED_CHUNK_BYTES];
-            for (i, part) in src.chunks(TYPED_CHUNK_BYTES / 2).enumerate() {
-                for (b, v) in chunk.chunks_exact_mut(2).zip(part) {
-                    b.copy_from_slice(&v.to_ne_bytes());
-                }
-                self.upload(
-                    dst,
-                    offset + i * TYPED_CHUNK_BYTES,
-                    &chunk[..part.len() * 2],
-                )?;
-            }
-            Ok(())
-        }
+        upload_typed(self, dst, offset, src)
     }
 
     /// Reads `dst.len()` native-endian `u16`s of `src` from byte `offset`. Synchronous, like
@@ -271,28 +208,7 @@ pub trait Device {
         offset: usize,
         dst: &mut [u16],
     ) -> Result<(), Self::Error> {
-        crate::ops::copy::check_bulk(src, offset, &*dst, 0, core::mem::size_of_val(dst))?;
-        #[cfg(feature = "alloc")]
-        {
-            let mut bytes = alloc::vec![0u8; dst.len() * 2];
-            self.download(src, offset, &mut bytes)?;
-            for (v, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
-                *v = u16::from_ne_bytes([b[0], b[1]]);
-            }
-            Ok(())
-        }
-        #[cfg(not(feature = "alloc"))]
-        {
-            let mut chunk = [0u8; TYPED_CHUNK_BYTES];
-            for (i, part) in dst.chunks_mut(TYPED_CHUNK_BYTES / 2).enumerate() {
-                let bytes = &mut chunk[..part.len() * 2];
-                self.download(src, offset + i * TYPED_CHUNK_BYTES, bytes)?;
-                for (v, b) in part.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *v = u16::from_ne_bytes([b[0], b[1]]);
-                }
-            }
-            Ok(())
-        }
+        download_typed(self, src, offset, dst)
     }
 
     /// Enqueues a contiguous copy of `bytes` from pinned `src` to device `dst`. This is the bulk
@@ -499,4 +415,100 @@ pub trait Device {
         desc: &SlotMappingDesc,
         args: SlotMappingArgs<'_, Self::Buffer>,
     ) -> Result<(), Self::Error>;
+}
+
+/// The element types of device buffers, in native byte order: `i32` indices and block ids, `u16`
+/// LRU slots.
+trait Element: Copy + Default {
+    /// Bytes per element.
+    const BYTES: usize;
+    /// Writes the element's native-endian bytes into `out` (`BYTES` long).
+    fn put(self, out: &mut [u8]);
+    /// The element of native-endian `bytes` (`BYTES` long).
+    fn get(bytes: &[u8]) -> Self;
+}
+
+impl Element for i32 {
+    const BYTES: usize = 4;
+    fn put(self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_ne_bytes());
+    }
+    fn get(b: &[u8]) -> Self {
+        i32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+impl Element for u16 {
+    const BYTES: usize = 2;
+    fn put(self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_ne_bytes());
+    }
+    fn get(b: &[u8]) -> Self {
+        u16::from_ne_bytes([b[0], b[1]])
+    }
+}
+
+/// [`Device::upload`] of typed elements: with a heap, one conversion and one upload; without,
+/// 4 KiB at a time.
+fn upload_typed<D: Device + ?Sized, T: Element>(
+    dev: &D,
+    dst: &mut D::Buffer,
+    offset: usize,
+    src: &[T],
+) -> Result<(), D::Error> {
+    crate::ops::copy::check_bulk(src, 0, dst, offset, core::mem::size_of_val(src))?;
+    #[cfg(feature = "alloc")]
+    {
+        let mut bytes = alloc::vec![0u8; src.len() * T::BYTES];
+        for (b, v) in bytes.chunks_exact_mut(T::BYTES).zip(src) {
+            v.put(b);
+        }
+        dev.upload(dst, offset, &bytes)
+    }
+    #[cfg(not(feature = "alloc"))]
+    {
+        let mut chunk = [0u8; TYPED_CHUNK_BYTES];
+        for (i, part) in src.chunks(TYPED_CHUNK_BYTES / T::BYTES).enumerate() {
+            for (b, v) in chunk.chunks_exact_mut(T::BYTES).zip(part) {
+                v.put(b);
+            }
+            dev.upload(
+                dst,
+                offset + i * TYPED_CHUNK_BYTES,
+                &chunk[..part.len() * T::BYTES],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// [`Device::download`] of typed elements, the counterpart of [`upload_typed`].
+fn download_typed<D: Device + ?Sized, T: Element>(
+    dev: &D,
+    src: &D::Buffer,
+    offset: usize,
+    dst: &mut [T],
+) -> Result<(), D::Error> {
+    crate::ops::copy::check_bulk(src, offset, &*dst, 0, core::mem::size_of_val(dst))?;
+    #[cfg(feature = "alloc")]
+    {
+        let mut bytes = alloc::vec![0u8; dst.len() * T::BYTES];
+        dev.download(src, offset, &mut bytes)?;
+        for (v, b) in dst.iter_mut().zip(bytes.chunks_exact(T::BYTES)) {
+            *v = T::get(b);
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "alloc"))]
+    {
+        let mut chunk = [0u8; TYPED_CHUNK_BYTES];
+        for (i, part) in dst.chunks_mut(TYPED_CHUNK_BYTES / T::BYTES).enumerate() {
+            let bytes = &mut chunk[..part.len() * T::BYTES];
+            dev.download(src, offset + i * TYPED_CHUNK_BYTES, bytes)?;
+            for (v, b) in part.iter_mut().zip(bytes.chunks_exact(T::BYTES)) {
+                *v = T::get(b);
+            }
+        }
+        Ok(())
+    }
 }
