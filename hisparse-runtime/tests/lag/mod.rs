@@ -126,6 +126,49 @@ fn lock(b: &LagBuffer) -> MutexGuard<'_, CpuBuffer> {
     b.bytes()
 }
 
+/// The CPU backend's signature of a contiguous copy between two buffers.
+type BulkCopy = fn(
+    &CpuDevice,
+    &CpuStream,
+    &CpuBuffer,
+    usize,
+    &mut CpuBuffer,
+    usize,
+    usize,
+) -> Result<(), CpuError>;
+
+impl LagDevice {
+    /// A contiguous copy (`copy` is one of the CPU backend's), checked now, run on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn bulk(
+        &self,
+        stream: &LagStream,
+        src: &LagBuffer,
+        src_offset: usize,
+        dst: &mut LagBuffer,
+        dst_offset: usize,
+        bytes: usize,
+        copy: BulkCopy,
+    ) -> Result<(), CpuError> {
+        hisparse_core::ops::copy::check_bulk(src, src_offset, dst, dst_offset, bytes)?;
+        let (s, d) = (src.clone(), dst.clone());
+        self.submit(
+            stream,
+            Box::new(move |cpu| {
+                copy(
+                    cpu,
+                    &CpuStream,
+                    &lock(&s),
+                    src_offset,
+                    &mut lock(&d),
+                    dst_offset,
+                    bytes,
+                )
+            }),
+        )
+    }
+}
+
 impl Device for LagDevice {
     type Error = CpuError;
     type Buffer = LagBuffer;
@@ -244,20 +287,14 @@ impl Device for LagDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<(), CpuError> {
-        hisparse_core::ops::copy::check_bulk(src, src_offset, dst, dst_offset, bytes)?;
-        let (s, d) = (src.clone(), dst.clone());
-        self.submit(
+        self.bulk(
             stream,
-            Box::new(move |cpu| {
-                cpu.copy_to_device(
-                    &CpuStream,
-                    &lock(&s),
-                    src_offset,
-                    &mut lock(&d),
-                    dst_offset,
-                    bytes,
-                )
-            }),
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+            CpuDevice::copy_to_device,
         )
     }
 
@@ -270,20 +307,14 @@ impl Device for LagDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<(), CpuError> {
-        hisparse_core::ops::copy::check_bulk(src, src_offset, dst, dst_offset, bytes)?;
-        let (s, d) = (src.clone(), dst.clone());
-        self.submit(
+        self.bulk(
             stream,
-            Box::new(move |cpu| {
-                cpu.copy_to_host(
-                    &CpuStream,
-                    &lock(&s),
-                    src_offset,
-                    &mut lock(&d),
-                    dst_offset,
-                    bytes,
-                )
-            }),
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+            CpuDevice::copy_to_host,
         )
     }
 
@@ -296,20 +327,14 @@ impl Device for LagDevice {
         dst_offset: usize,
         bytes: usize,
     ) -> Result<(), CpuError> {
-        hisparse_core::ops::copy::check_bulk(src, src_offset, dst, dst_offset, bytes)?;
-        let (s, d) = (src.clone(), dst.clone());
-        self.submit(
+        self.bulk(
             stream,
-            Box::new(move |cpu| {
-                cpu.copy_on_device(
-                    &CpuStream,
-                    &lock(&s),
-                    src_offset,
-                    &mut lock(&d),
-                    dst_offset,
-                    bytes,
-                )
-            }),
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            bytes,
+            CpuDevice::copy_on_device,
         )
     }
 
