@@ -1,6 +1,24 @@
 """Type stubs of the compiled module ``hisparse._hisparse`` (re-exported by ``hisparse``)."""
 
-from typing import Any, Optional, Sequence, TypedDict
+from typing import Any, Optional, Sequence, TypedDict, final
+
+__all__ = [
+    "HiSparseError",
+    "InvalidArgumentError",
+    "OutOfDeviceMemoryError",
+    "OutOfPinnedMemoryError",
+    "NotFoundError",
+    "UnsupportedError",
+    "DeviceError",
+    "Layout",
+    "Coordinator",
+    "Command",
+    "Runtime",
+    "plan_layout",
+    "presets",
+    "backends",
+    "__version__",
+]
 
 __version__: str
 
@@ -20,30 +38,30 @@ class NotFoundError(HiSparseError): ...
 class UnsupportedError(HiSparseError): ...
 class DeviceError(HiSparseError): ...
 
-class IndexGroup(TypedDict):
+class _IndexGroup(TypedDict):
     leader: int
     layers: list[int]
     bucket: int
 
-class ScheduledRequest(TypedDict):
+class _ScheduledRequest(TypedDict):
     id: int
     slot: int
     first_token: int
     num_tokens: int
     fully_resident: bool
 
-class WorkerReport(TypedDict):
+class _WorkerReport(TypedDict):
     worker: int
     enqueued: list[int]
     completed: list[int]
 
-class PoolUsage(TypedDict):
+class _PoolUsage(TypedDict):
     gpu_used: int
     gpu_total: int
     host_used: int
     host_total: int
 
-class Counters(TypedDict):
+class _Counters(TypedDict):
     steps: int
     sampled_steps: int
     hot_hits: int
@@ -90,6 +108,7 @@ def presets() -> list[str]:
 def backends() -> list[str]:
     """Names of the backends compiled into this build."""
 
+@final
 class Layout:
     """A planned KV-cache layout (immutable)."""
 
@@ -140,8 +159,9 @@ class Layout:
     @property
     def host_pool_bytes(self) -> int: ...
     @property
-    def index_groups(self) -> list[IndexGroup]: ...
+    def index_groups(self) -> list[_IndexGroup]: ...
 
+@final
 class Command:
     """One step's command (plain data for ``Runtime.begin_step`` / ``end_step``)."""
 
@@ -152,7 +172,7 @@ class Command:
     @property
     def fully_resident(self) -> bool: ...
     @property
-    def scheduled(self) -> list[ScheduledRequest]: ...
+    def scheduled(self) -> list[_ScheduledRequest]: ...
     @property
     def slots(self) -> list[int]:
         """State rows of the scheduled requests (the batch for ``Runtime.set_batch``)."""
@@ -161,11 +181,12 @@ class Command:
     def to_dict(self) -> dict[str, Any]:
         """Every field of the command."""
 
+@final
 class Coordinator:
     """The scheduler side of HiSparse for one model instance."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         layout: Layout,
         *,
         max_running: int = 256,
@@ -174,7 +195,7 @@ class Coordinator:
         num_workers: int = 1,
         enable_prefix_caching: bool = True,
         reclaim_min_blocks: int = 64,
-    ) -> None: ...
+    ) -> Coordinator: ...
     def admit(self, id: int, prompt: Sequence[int]) -> None: ...
     def append_tokens(self, id: int, tokens: Sequence[int]) -> None: ...
     def step(self) -> Command: ...
@@ -190,13 +211,14 @@ class Coordinator:
     @property
     def num_running(self) -> int: ...
     def running_ids(self) -> list[int]: ...
-    def pool_usage(self) -> PoolUsage: ...
+    def pool_usage(self) -> _PoolUsage: ...
     def resident_row(self, id: int, bucket: int) -> list[int]: ...
     def host_row(self, id: int) -> list[int]: ...
     def hot_row(self, id: int, bucket: int) -> list[int]: ...
     def block_table_row(self, id: int, group: int) -> list[int]: ...
     def check_invariants(self) -> None: ...
 
+@final
 class Runtime:
     """The engine runtime: executes each step's command on a backend, on pools and a stream it
     owns or that the engine lends.
@@ -209,8 +231,8 @@ class Runtime:
     call completes before it returns. Lent memory must not be touched by the engine while the
     runtime's work on it may be in flight, except in stream order."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         layout: Layout,
         backend: str = "cpu",
         device: str = "",
@@ -222,7 +244,7 @@ class Runtime:
         device_pool: Any = None,
         host_pool: Any = None,
         stream: Optional[int] = None,
-    ) -> None: ...
+    ) -> Runtime: ...
     @property
     def backend(self) -> str: ...
     @property
@@ -261,11 +283,11 @@ class Runtime:
     ) -> None: ...
     def apply_plan(self, layer: int) -> None: ...
     def end_step(self, cmd: Command) -> None: ...
-    def poll(self) -> WorkerReport: ...
-    def poll_and_report(self, coordinator: Coordinator) -> WorkerReport: ...
-    def drain(self) -> WorkerReport: ...
+    def poll(self) -> _WorkerReport: ...
+    def poll_and_report(self, coordinator: Coordinator) -> _WorkerReport: ...
+    def drain(self) -> _WorkerReport: ...
     def synchronize(self) -> None: ...
-    def counters(self) -> Counters: ...
+    def counters(self) -> _Counters: ...
     def resident_row(self, bucket: int, state_row: int) -> list[int]: ...
     def host_row(self, state_row: int) -> list[int]: ...
     def write_device_pool(self, offset: int, data: bytes) -> None: ...
