@@ -43,10 +43,22 @@ impl BufferLen for CudaBuffer {
 }
 
 /// Pinned, page-aligned host memory mapped into the device's address space: kernels read and
-/// write it directly over the bus (cacheable, not write-combined).
+/// write it directly over the bus (cacheable, not write-combined). Allocated here
+/// ([`Device::alloc_pinned`]), lent by an engine ([`CudaDevice::wrap_host_memory`]) or a
+/// shared-memory segment every rank of a node maps ([`CudaDevice::host_buffer_from_shared`]).
 #[derive(Debug)]
 pub struct CudaHostBuffer {
     pub(crate) mem: PinnedMem,
+    /// The shared-memory segment `mem` registers, if any. Declared after `mem` so that it is
+    /// unmapped only after `mem` has unregistered it (fields drop in declaration order).
+    pub(crate) shared: Option<hisparse_shm::SharedSegment>,
+}
+
+impl CudaHostBuffer {
+    /// Whether the memory is a shared-memory segment ([`CudaDevice::host_buffer_from_shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
 }
 
 impl BufferLen for CudaHostBuffer {
@@ -553,7 +565,7 @@ impl Device for CudaDevice {
                 "the driver returned pinned memory that is not page-aligned".into(),
             ));
         }
-        Ok(CudaHostBuffer { mem })
+        Ok(CudaHostBuffer { mem, shared: None })
     }
 
     fn pinned_address(&self, buf: &CudaHostBuffer) -> usize {

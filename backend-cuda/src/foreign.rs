@@ -14,9 +14,14 @@
 //!   must be pinned) or registered here (`cuMemHostRegister`, DEVICEMAP | PORTABLE), in which case
 //!   the buffer unregisters it on drop and only then;
 //! * a stream: it belongs to this device's context (`cuStreamGetCtx`); it is never destroyed here.
+//!
+//! [`CudaDevice::host_buffer_from_shared`] is the safe entry for one kind of host memory: a
+//! shared-memory segment (the host pool the ranks of a node share), registered here and kept
+//! alive by the buffer.
 
 use cudarc::driver::sys::{self, CUstream};
 use hisparse_gpu_kernels::lending;
+use hisparse_shm::SharedSegment;
 
 use crate::device::{CudaBuffer, CudaDevice, CudaHostBuffer, CudaStream};
 use crate::error::CudaError;
@@ -215,7 +220,50 @@ impl CudaDevice {
                 },
                 other => other,
             })?;
-        Ok(CudaHostBuffer { mem })
+        Ok(CudaHostBuffer { mem, shared: None })
+    }
+
+    /// Uses a shared-memory segment — the host pool every tensor-parallel rank of a node maps —
+    /// as a pinned host buffer of this device: the segment's mapping is registered with the
+    /// driver (`cuMemHostRegister`, page-locked, mapped into the device's address space and
+    /// portable), the buffer keeps the segment alive, and on drop it unregisters the mapping
+    /// (after the context's outstanding work) before the segment unmaps it.
+    ///
+    /// Other processes (the other ranks) map the same memory. What keeps that sound is the host
+    /// pool's protocol, as for any pinned buffer a GPU writes while the host runs: one rank
+    /// writes a page's bytes, and another reads them only after the writer's completion was
+    /// reported to it (a synchronisation point between the processes).
+    ///
+    /// Refused with [`CudaError::Foreign`] when the driver refuses to register the mapping (for
+    /// instance because this process registered the same address range already).
+    pub fn host_buffer_from_shared(&self, segment: SharedSegment) -> Result<CudaHostBuffer> {
+        const WHAT: &str = "shared host memory";
+        let ptr = segment.addr().as_ptr();
+        let len = segment.len();
+        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        // SAFETY: `[ptr, ptr + len)` is the segment's mapping: readable and writable host memory
+        // that stays mapped while `segment` lives, and `segment` is moved into the returned
+        // buffer after the pinning (so it unmaps only after the pinning unregistered it, and
+        // only once every enqueued operation completed: `PinnedMem`'s drop synchronises the
+        // context first). Within this process nothing else can reach the mapping: the segment
+        // hands out no slices and is owned by the buffer. Other processes' accesses are ordered
+        // by the host pool's protocol (above).
+        let mem =
+            unsafe { PinnedMem::foreign(&self.ctx, ptr, len, true) }.map_err(|e| match e {
+                CudaError::Driver { call, code } => CudaError::Foreign {
+                    what: WHAT,
+                    problem: format!(
+                        "{call} refused the {len}-byte segment `{}` at {ptr:p} ({code:?}): map the \
+                     segment once per process and hand each mapping to one buffer",
+                        segment.name()
+                    ),
+                },
+                other => other,
+            })?;
+        Ok(CudaHostBuffer {
+            mem,
+            shared: Some(segment),
+        })
     }
 
     /// Enqueues this backend's work on a stream someone else created (PyTorch's current stream)

@@ -292,6 +292,7 @@ impl Device for RocmDevice {
             len: bytes,
             ctx: self.ctx.clone(),
             pinning: Pinning::Allocated,
+            shared: None,
         };
         if !(host as usize).is_multiple_of(hisparse_core::ops::PINNED_ALIGNMENT) {
             return Err(RocmError::Unsupported(format!(

@@ -12,6 +12,10 @@
 //!   unregistered when the buffer drops;
 //! * a stream must belong to this device (`hipStreamGetDevice`); it is never destroyed here.
 //!
+//! [`RocmDevice::host_buffer_from_shared`] is the safe entry for one kind of host memory: a
+//! shared-memory segment (the host pool the ranks of a node share), registered here and kept
+//! alive by the buffer.
+//!
 //! A failed check is a [`RocmError::Foreign`] naming the problem. Verified against the HIP test
 //! double (`hisparse-hip-double`), not yet on AMD hardware.
 
@@ -19,6 +23,7 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use hisparse_gpu_kernels::lending;
+use hisparse_shm::SharedSegment;
 
 use crate::device::RocmDevice;
 use crate::error::RocmError;
@@ -216,8 +221,67 @@ impl RocmDevice {
             len,
             ctx: self.ctx.clone(),
             pinning,
+            shared: None,
         };
         // On failure `buf` drops here and unregisters what it registered.
+        buf.device = hip
+            .host_device_pointer(ptr.cast())
+            .map_err(|s| RocmError::hip(hip, "hipHostGetDevicePointer", s))?;
+        Ok(buf)
+    }
+
+    /// Uses a shared-memory segment — the host pool every tensor-parallel rank of a node maps —
+    /// as a pinned host buffer of this device: the segment's mapping is registered with the
+    /// runtime (`hipHostRegister`, mapped and portable), the buffer keeps the segment alive, and
+    /// on drop it unregisters the mapping (after the device went idle) before the segment unmaps
+    /// it.
+    ///
+    /// Other processes (the other ranks) map the same memory. What keeps that sound is the host
+    /// pool's protocol: one rank writes a page's bytes, and another reads them only after the
+    /// writer's completion was reported to it (a synchronisation point between the processes).
+    ///
+    /// Refused with [`RocmError::Foreign`] when the runtime refuses to register the mapping (for
+    /// instance because this process registered the same address range already).
+    pub fn host_buffer_from_shared(
+        &self,
+        segment: SharedSegment,
+    ) -> Result<RocmHostBuffer, RocmError> {
+        const WHAT: &str = "shared host memory";
+        let ptr = segment.addr().as_ptr();
+        let len = segment.len();
+        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        self.ctx.bind()?;
+        let hip = &self.ctx.hip;
+        // SAFETY: `[ptr, ptr + len)` is the segment's mapping, readable and writable host memory
+        // that stays mapped while `segment` lives; `segment` is moved into the buffer, which
+        // unregisters the range (after the device went idle) before the segment unmaps it.
+        let s = unsafe {
+            hip.host_register(
+                ptr.cast(),
+                len,
+                HOST_REGISTER_MAPPED | HOST_REGISTER_PORTABLE,
+            )
+        };
+        if s != crate::ffi::HIP_SUCCESS {
+            return refuse(
+                WHAT,
+                format!(
+                    "hipHostRegister refused the {len}-byte segment `{}` at {ptr:p}: {} ({s}); map \
+                     the segment once per process and hand each mapping to one buffer",
+                    segment.name(),
+                    hip.error_name(s)
+                ),
+            );
+        }
+        let mut buf = RocmHostBuffer {
+            host: ptr,
+            device: std::ptr::null_mut(),
+            len,
+            ctx: self.ctx.clone(),
+            pinning: Pinning::Registered,
+            shared: Some(segment),
+        };
+        // On failure `buf` drops here, unregisters the range, then unmaps the segment.
         buf.device = hip
             .host_device_pointer(ptr.cast())
             .map_err(|s| RocmError::hip(hip, "hipHostGetDevicePointer", s))?;

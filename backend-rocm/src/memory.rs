@@ -85,6 +85,10 @@ pub struct RocmHostBuffer {
     pub(crate) len: usize,
     pub(crate) ctx: Arc<Context>,
     pub(crate) pinning: Pinning,
+    /// The shared-memory segment the buffer registers, if any
+    /// ([`crate::RocmDevice::host_buffer_from_shared`]). Fields drop after [`Drop::drop`], so the
+    /// segment is unmapped only after the drop unregistered it.
+    pub(crate) shared: Option<hisparse_shm::SharedSegment>,
 }
 
 // SAFETY: the buffer owns a pinned allocation usable from any thread; host-side access goes
@@ -97,6 +101,12 @@ impl RocmHostBuffer {
     /// Host address of byte `offset` (bounds-checked by the caller).
     pub(crate) fn host_at(&self, offset: usize) -> *mut c_void {
         self.host.wrapping_add(offset).cast()
+    }
+
+    /// Whether the memory is a shared-memory segment
+    /// ([`crate::RocmDevice::host_buffer_from_shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// Device address of the mapping as a kernel parameter.

@@ -53,6 +53,7 @@ const CASES: &[(&str, Env)] = &[
     ("split-launches-match-reference", &[]),
     ("engine-owned-memory-and-streams", &[]),
     ("query-event-reports-not-ready-then-completes", &[]),
+    ("shared-host-pool-seen-through-two-mappings", &[]),
 ];
 
 fn required() -> bool {
@@ -168,6 +169,7 @@ fn child(name: &str) -> Result<(), String> {
         "split-launches-match-reference" => split_launches_match_reference(),
         "engine-owned-memory-and-streams" => engine_owned_memory_and_streams(),
         "query-event-reports-not-ready-then-completes" => query_event_not_ready_then_complete(),
+        "shared-host-pool-seen-through-two-mappings" => shared_host_pool_two_mappings(),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -1011,6 +1013,61 @@ fn query_event_not_ready_then_complete() -> Result<(), String> {
     };
     if got != data {
         return Err("the copy's result is not visible once query_event answered true".into());
+    }
+    Ok(())
+}
+
+/// One shared-memory segment mapped twice (as two ranks of a node would), each mapping a host
+/// buffer of the device: a device→host copy into one is read back by a host→device copy from the
+/// other; the opener's buffer drops first and the creator's still works; registering a mapping
+/// the runtime already knows is refused.
+fn shared_host_pool_two_mappings() -> Result<(), String> {
+    use hisparse_shm::SharedSegment;
+    let dev = open()?;
+    let e = |e: RocmError| e.to_string();
+    let n: usize = 1 << 16;
+    let name = SharedSegment::unique_name("hisparse-rocm-test");
+    let seg_a = SharedSegment::create(&name, n).map_err(|e| e.to_string())?;
+    let seg_b = SharedSegment::open(&name, n).map_err(|e| e.to_string())?;
+    let mut a = dev.host_buffer_from_shared(seg_a).map_err(e)?;
+    let b = dev.host_buffer_from_shared(seg_b).map_err(e)?;
+    if !(a.is_shared() && b.is_shared() && dev.registered_here(&a)) {
+        return Err("a shared buffer is not marked as a registered shared segment".into());
+    }
+    if dev.pinned_address(&a) == dev.pinned_address(&b) {
+        return Err("the two mappings have one address".into());
+    }
+    let data: Vec<u8> = (0..4096).map(|i| (i * 7 % 251) as u8).collect();
+    let s = dev.create_stream().map_err(e)?;
+    let mut src = dev.alloc(4096).map_err(e)?;
+    dev.upload(&mut src, 0, &data).map_err(e)?;
+    dev.copy_to_host(&s, &src, 0, &mut a, 8192, 4096)
+        .map_err(e)?;
+    dev.synchronize(&s).map_err(e)?;
+    let mut back = dev.alloc(4096).map_err(e)?;
+    dev.copy_to_device(&s, &b, 8192, &mut back, 0, 4096)
+        .map_err(e)?;
+    dev.synchronize(&s).map_err(e)?;
+    let mut got = vec![0u8; 4096];
+    dev.download(&back, 0, &mut got).map_err(e)?;
+    if got != data {
+        return Err("the second mapping did not see the first one's device→host copy".into());
+    }
+    drop(b);
+    let mut head = [0u8; 16];
+    dev.read_pinned(&a, 8192, &mut head).map_err(e)?;
+    if head[..] != data[..16] {
+        return Err("the creator's mapping lost its contents when the opener's dropped".into());
+    }
+    // The same range again (a second registration of one mapping) is refused, not undefined.
+    let seg_c = SharedSegment::open(&name, n).map_err(|e| e.to_string())?;
+    let c = dev.host_buffer_from_shared(seg_c).map_err(e)?;
+    // SAFETY: refused before anything is kept (an acceptance is dropped at once, before `c`).
+    let again = unsafe { dev.wrap_host_memory(dev.pinned_address(&c) as *mut u8, n) };
+    if let Ok(buf) = again
+        && dev.registered_here(&buf)
+    {
+        return Err("a registered shared mapping was registered a second time".into());
     }
     Ok(())
 }

@@ -33,6 +33,26 @@ impl SharedHostPool for hisparse_backend_cpu::CpuDevice {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl SharedHostPool for hisparse_backend_cuda::CudaDevice {
+    fn host_pool_from_shared(
+        &self,
+        segment: SharedSegment,
+    ) -> Result<hisparse_backend_cuda::CudaHostBuffer, hisparse_backend_cuda::CudaError> {
+        self.host_buffer_from_shared(segment)
+    }
+}
+
+#[cfg(feature = "rocm")]
+impl SharedHostPool for hisparse_backend_rocm::RocmDevice {
+    fn host_pool_from_shared(
+        &self,
+        segment: SharedSegment,
+    ) -> Result<hisparse_backend_rocm::RocmHostBuffer, hisparse_backend_rocm::RocmError> {
+        self.host_buffer_from_shared(segment)
+    }
+}
+
 #[cfg(any(feature = "cpu", feature = "cuda", feature = "vulkan", feature = "rocm"))]
 impl SharedHostPool for crate::AnyDevice {
     fn host_pool_from_shared(
@@ -42,6 +62,10 @@ impl SharedHostPool for crate::AnyDevice {
         match self {
             #[cfg(feature = "cpu")]
             crate::AnyDevice::Cpu(d) => Ok(d.host_pool_from_shared(segment)?.into()),
+            #[cfg(feature = "cuda")]
+            crate::AnyDevice::Cuda(d) => Ok(d.host_pool_from_shared(segment)?.into()),
+            #[cfg(feature = "rocm")]
+            crate::AnyDevice::Rocm(d) => Ok(d.host_pool_from_shared(segment)?.into()),
             #[allow(unreachable_patterns)]
             other => Err(crate::AnyError::Unsupported(format!(
                 "the {} backend cannot use a shared-memory host pool yet; run the ranks with one host pool each",
