@@ -33,6 +33,11 @@ if ! python3 -m pip install --quiet --no-index --no-deps --target "$site" "$whee
     exit 2
 fi
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+if ! python3 -c "import numpy" 2>/dev/null; then
+    echo "no numpy in $(command -v python3): installing the carried one"
+    python3 -m pip install --quiet --no-index --no-deps --target "$site" h200-python/fallback/numpy-*.whl \
+        >> "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log" >&2; exit 2; }
+fi
 cp h200-python/MANIFEST "$OUT/wheel-MANIFEST" 2>/dev/null || true
 python3 - <<'PY' 2>&1 | tee "$OUT/environment.txt"
 import hisparse, numpy, torch
