@@ -365,6 +365,10 @@ def main(argv=None):
     if rep["enqueued"] or rep["completed"]:
         coord.report(rep["worker"], rep["enqueued"], rep["completed"])
     c = rt.counters()
+    # Release the runtime (it finishes its work, then lets go of the lent tensors and stream)
+    # while PyTorch's CUDA context is certainly alive, not at interpreter exit.
+    del rt
+    ops.sync()
     timed = per_step[1:] or per_step  # the first step includes one-time warm-up
     mean = lambda key: sum(s[key] for s in timed) / len(timed)
     summary = {
