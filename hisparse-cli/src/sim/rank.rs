@@ -23,6 +23,17 @@ fn rt_err(e: impl std::fmt::Display) -> CliError {
     CliError::failed(format!("runtime: {e}"))
 }
 
+/// A runtime that could not be built; memory that does not fit names the flags that size it.
+fn setup_err<E: hisparse_core::Error>(e: E) -> CliError {
+    use hisparse_core::ErrorKind as K;
+    match e.kind() {
+        K::OutOfDeviceMemory | K::OutOfPinnedMemory => CliError::failed(format!(
+            "setting up the runtime: {e}; lower --gpu-mem or --host-mem (or --requests, --context)"
+        )),
+        _ => CliError::device("setting up the runtime", e),
+    }
+}
+
 /// A decode row of a step: which request reads, and how many of its rows exist.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct DecodeRow {
@@ -82,7 +93,7 @@ impl<D: Device> Rank<D> {
             s.kv.clone(),
             RuntimeConfig::new(s.requests, s.requests),
         )
-        .map_err(|e| CliError::device("setting up the runtime", e))?;
+        .map_err(setup_err)?;
         Self::with_runtime(rt, s)
     }
 
@@ -102,7 +113,7 @@ impl<D: Device> Rank<D> {
         cfg.worker = worker;
         cfg.writes_host = writes_host;
         let rt = Runtime::with_pools(dev, s.kv.clone(), cfg, Pools { device, host }, None)
-            .map_err(|e| CliError::device("setting up the runtime", e))?;
+            .map_err(setup_err)?;
         Self::with_runtime(rt, s)
     }
 
