@@ -53,7 +53,12 @@ impl SharedHostPool for hisparse_backend_rocm::RocmDevice {
     }
 }
 
-#[cfg(any(feature = "cpu", feature = "cuda", feature = "vulkan", feature = "rocm"))]
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
 impl SharedHostPool for crate::AnyDevice {
     fn host_pool_from_shared(
         &self,
