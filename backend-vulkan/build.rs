@@ -107,6 +107,60 @@ fn scan(lid: u32, f: u32) -> u32 {
 }
 ";
 
+/// The one-dispatch resolver's scan on devices without subgroup arithmetic.
+const WG_PLAIN_SCAN: &str = "fn scan(f: u32) -> u32 {\n    return scan_plain(f);\n}";
+
+/// The one-dispatch resolver's scan with subgroup arithmetic: an inclusive add inside each
+/// subgroup, then every invocation sums the subgroup totals before its own (one barrier; the
+/// totals alternate between two buffers so consecutive scans need no second barrier). It orders
+/// invocations by (subgroup, lane), which `//@WG_SG_INIT` makes their place `vl`, and needs full
+/// subgroups; otherwise the entry point keeps `vl = lid` and the plain scan.
+const WG_SUBGROUP_SCAN: &str = "
+var<private> sg_inv: u32;
+var<private> sg_size: u32;
+var<private> sg_idx: u32;
+var<private> sg_count: u32;
+var<private> use_sg: bool;
+var<private> scan_phase: u32;
+var<workgroup> sg_sums: array<u32, 256>;
+
+fn scan(f: u32) -> u32 {
+    if (!use_sg) {
+        return scan_plain(f);
+    }
+    let b = (scan_phase & 1u) * 128u;
+    scan_phase = scan_phase + 1u;
+    let incl = subgroupInclusiveAdd(f);
+    if (sg_inv == sg_size - 1u) {
+        sg_sums[b + sg_idx] = incl;
+    }
+    workgroupBarrier();
+    var before = 0u;
+    var sum = 0u;
+    for (var i = 0u; i < sg_count; i = i + 1u) {
+        let x = sg_sums[b + i];
+        if (i < sg_idx) {
+            before = before + x;
+        }
+        sum = sum + x;
+    }
+    scan_total = sum;
+    return before + incl - f;
+}
+";
+
+/// Start of the one-dispatch resolver's subgroup variant: full subgroups (at most 128) order the
+/// invocations by (subgroup, lane).
+const WG_SUBGROUP_INIT: &str = "sg_inv = sg_inv_in;
+    sg_size = sg_size_in;
+    sg_idx = sg_idx_in;
+    sg_count = sg_count_in;
+    scan_phase = 0u;
+    use_sg = sg_size * sg_count == W && sg_count <= 128u;
+    if (use_sg) {
+        vl = sg_idx * sg_size + sg_inv;
+    }";
+
 /// Entry-point parameters of the subgroup variant.
 const SUBGROUP_PARAMS: &str = "@builtin(subgroup_invocation_id) sg_inv_in: u32,
     @builtin(subgroup_size) sg_size_in: u32,
@@ -196,6 +250,17 @@ fn main() {
         .replace("//@SG_PARAMS", SUBGROUP_PARAMS)
         .replace("//@SG_INIT", SUBGROUP_INIT);
     compile("resolve_sg", &format!("{common}\n{subgroup}"), out_dir);
+    let wg = std::fs::read_to_string(dir.join("resolve_wg.wgsl")).expect("resolve_wg.wgsl");
+    let plain = wg
+        .replace("//@SCAN", WG_PLAIN_SCAN)
+        .replace("//@SG_PARAMS", "")
+        .replace("//@SG_INIT", "");
+    compile("resolve_wg", &format!("{common}\n{plain}"), out_dir);
+    let subgroup = wg
+        .replace("//@SCAN", WG_SUBGROUP_SCAN)
+        .replace("//@SG_PARAMS", SUBGROUP_PARAMS)
+        .replace("//@SG_INIT", WG_SUBGROUP_INIT);
+    compile("resolve_wg_sg", &format!("{common}\n{subgroup}"), out_dir);
     // (template, first pool binding)
     for (name, first) in [("gather", 4), ("gather_v1", 4), ("copy", 1)] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");

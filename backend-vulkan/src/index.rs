@@ -1,9 +1,10 @@
-//! The index operations (remap, resolve, invalidation, compressed slot mapping) and the table
-//! maintenance ones (sparse table writes, hot-state resets), each one or two dispatches.
+//! The index operations (remap, invalidation, compressed slot mapping) and the table maintenance
+//! ones (sparse table writes, hot-state resets), one dispatch each (the resolver is in
+//! `resolve`).
 
 use hisparse_core::ops::{
-    HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
-    SlotMappingArgs, SlotMappingDesc, TableWrite,
+    HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, SlotMappingArgs,
+    SlotMappingDesc, TableWrite,
 };
 
 use crate::shaders::Shader;
@@ -66,7 +67,7 @@ fn reset_groups(rows: &[u32], n: u64, window: u64, align: u64) -> Vec<(usize, us
 
 impl VulkanDevice {
     /// A sub-range binding of `b` (`[offset, end)`, within the buffer).
-    fn range(b: &RawBuffer, offset: u64, end: u64) -> Binding {
+    pub(crate) fn range(b: &RawBuffer, offset: u64, end: u64) -> Binding {
         Binding {
             buffer: b.buffer,
             offset,
@@ -227,98 +228,6 @@ impl VulkanDevice {
             b.push(out);
             b.push(counts.unwrap_or(dummy));
             rec.dispatch(Shader::Remap, &b, &push, t)
-        })
-    }
-
-    /// A checked resolve on stream `s`: the grouping pass, then one workgroup per request.
-    pub(crate) fn resolve_rows(
-        &self,
-        s: usize,
-        desc: &ResolveDesc,
-        args: ResolveArgs<'_, VulkanBuffer>,
-    ) -> Result<()> {
-        if desc.num_tokens == 0 {
-            return Ok(());
-        }
-        let t = u64::from(desc.num_tokens);
-        let k = u64::from(desc.top_k);
-        let r = u64::from(desc.num_requests);
-        let n = u64::from(desc.hot_slots);
-        let tk = t * k;
-        let pages = r * u64::from(desc.max_pages);
-        let slots = r * n;
-        let hot = r * u64::from(desc.hot_table_width());
-        let mut b = vec![
-            self.bind_index(args.req_id.raw(), 4 * t, "req_id")?,
-            self.bind_index(args.topk.raw(), 4 * tk, "topk")?,
-            self.bind_index(args.resident_table.raw(), 4 * pages, "resident_table")?,
-            self.bind_index(args.host_table.raw(), 4 * pages, "host_table")?,
-            self.bind_index(args.hot_table.raw(), 4 * hot, "hot_table")?,
-            self.bind_index(args.dgi.raw(), 4 * slots, "dgi")?,
-            self.bind_index(args.lru.raw(), 2 * slots, "lru")?,
-            self.bind_index(args.indices.raw(), 4 * tk, "indices")?,
-            self.bind_index(args.valid_counts.raw(), 4 * t, "valid_counts")?,
-            self.bind_index(args.hit_counts.raw(), 4 * t, "hit_counts")?,
-            self.bind_index(args.miss_counts.raw(), 4 * t, "miss_counts")?,
-            self.bind_index(args.miss_src.raw(), 4 * tk, "miss_src")?,
-            self.bind_index(args.miss_dst.raw(), 4 * tk, "miss_dst")?,
-        ];
-        // Scratch regions (words): info 4T, perm T, gval TK, xmiss TK, hash 8TK, rowc 4T,
-        // old G*N, evl G*N with G = min(R, T) groups.
-        let groups = r.min(t);
-        let words = [4 * t, t, tk, tk, 8 * tk, 4 * t, groups * n, groups * n];
-        let align = self.ctx.limits.storage_offset_alignment.max(256);
-        let mut regions = Vec::with_capacity(words.len());
-        let mut at = 0u64;
-        for w in words {
-            let bytes = (4 * w).max(16);
-            if bytes > self.ctx.limits.max_storage_range {
-                return Err(VulkanError::Unsupported(format!(
-                    "resolve scratch of {bytes} bytes exceeds one storage binding \
-                     (maxStorageBufferRange = {} bytes); split the batch (fewer tokens per call)",
-                    self.ctx.limits.max_storage_range
-                )));
-            }
-            regions.push((at, bytes));
-            at = (at + bytes).div_ceil(align) * align;
-        }
-        let host_rows = desc.host_rows() as u32;
-        let resolver = if self.ctx.limits.subgroup_arithmetic {
-            Shader::ResolveSubgroup
-        } else {
-            Shader::Resolve
-        };
-        let push_prep = [desc.num_tokens, desc.num_requests];
-        let push = [
-            desc.num_tokens,
-            desc.top_k,
-            desc.num_requests,
-            desc.max_pages,
-            desc.block_size,
-            desc.hot_slots,
-            desc.attention_block_stride,
-            host_rows,
-            desc.hot_table_width(),
-            u32::from(r <= t),
-        ];
-        self.ctx.record(s, Engine::Compute, |rec| {
-            let scratch = rec.scratch(at)?;
-            let sb: Vec<Binding> = regions
-                .iter()
-                .map(|&(offset, range)| Binding {
-                    buffer: scratch,
-                    offset,
-                    range,
-                })
-                .collect();
-            rec.dispatch(
-                Shader::ResolvePrep,
-                &[b[0], sb[0], sb[1]],
-                &push_prep,
-                t.div_ceil(256),
-            )?;
-            b.extend_from_slice(&sb);
-            rec.dispatch(resolver, &b, &push, t)
         })
     }
 

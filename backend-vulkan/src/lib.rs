@@ -28,10 +28,13 @@
 //!   variant binds 1, 8, 12 or 32 windows per pool, and pools with more windows than fit the
 //!   device's storage buffers per stage are processed in several dispatches, each covering a
 //!   group of windows (module `windows`). Shaders address pools up to 64 GiB.
-//! * **Kernel choices**: the gather runs kernel `v2` on GPUs and `v1` on CPU devices
-//!   ([`GatherKernel`], [`GATHER_KERNEL_ENV`]); the resolver's workgroup scans use subgroup
-//!   arithmetic where the device has it ([`RESOLVE_SCAN_ENV`]); [`QUEUES_ENV`] puts every
-//!   stream on one queue. All choices give identical results; they exist for comparisons.
+//! * **Kernel choices**: the resolver is one dispatch with its per-request state in workgroup
+//!   memory where the device runs 1024-invocation workgroups, else a grouping pass and a
+//!   256-invocation kernel ([`ResolveKernel`], [`RESOLVE_KERNEL_ENV`]); its workgroup scans use
+//!   subgroup arithmetic where the device has it ([`RESOLVE_SCAN_ENV`]); the gather runs kernel
+//!   `v2` on GPUs and `v1` on CPU devices ([`GatherKernel`], [`GATHER_KERNEL_ENV`]);
+//!   [`QUEUES_ENV`] puts every stream on one queue. All choices give identical results; they
+//!   exist for comparisons.
 //! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches).
 //!
 //! Not done here: buffer device addresses (the WGSL compiler used has no pointers to physical
@@ -42,6 +45,7 @@ mod copy;
 mod error;
 mod gather;
 mod index;
+mod resolve;
 mod shaders;
 mod vk;
 mod windows;
@@ -63,6 +67,7 @@ use hisparse_core::ops::{
 pub use copies::{COPY_ENGINE_ENV, CopyEngine};
 pub use error::VulkanError;
 pub use gather::{GATHER_KERNEL_ENV, GatherKernel};
+pub use resolve::{RESOLVE_KERNEL_ENV, ResolveKernel};
 pub use vk::validation_message_count;
 
 use shaders::Shader;
@@ -86,8 +91,8 @@ pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
 pub const QUEUES_ENV: &str = "HISPARSE_VULKAN_QUEUES";
 
 /// Environment variable choosing the resolver's workgroup scans at [`VulkanDevice::open`]: `auto`
-/// (default: subgroup arithmetic where the device has it, two barriers per scan) or `barriers`
-/// (workgroup memory only, 16 barriers per scan), for comparisons.
+/// (default: subgroup arithmetic where the device has it) or `barriers` (workgroup memory only),
+/// for comparisons.
 pub const RESOLVE_SCAN_ENV: &str = "HISPARSE_VULKAN_RESOLVE_SCAN";
 
 /// Largest staging chunk of a synchronous upload or download.
@@ -122,6 +127,8 @@ pub struct VulkanDevice {
     copy_engine: AtomicU8,
     /// [`GatherKernel`] as a number (see `gather`).
     gather_kernel: AtomicU8,
+    /// [`ResolveKernel`] as a number (see `resolve`).
+    resolve_kernel: AtomicU8,
 }
 
 /// Device memory of a [`VulkanDevice`]. Dropping it defers destruction until enqueued work that
@@ -338,12 +345,16 @@ impl VulkanDevice {
     fn with_context(ctx: Context) -> Result<VulkanDevice> {
         let engine = CopyEngine::from_env()?;
         let gather = GatherKernel::from_env()?;
-        Ok(VulkanDevice {
+        let resolver = ResolveKernel::from_env()?;
+        let dev = VulkanDevice {
             ctx: Arc::new(ctx),
             staging: Mutex::new(None),
             copy_engine: AtomicU8::new(engine as u8),
             gather_kernel: AtomicU8::new(gather as u8),
-        })
+            resolve_kernel: AtomicU8::new(ResolveKernel::Auto as u8),
+        };
+        dev.set_resolve_kernel(resolver)?;
+        Ok(dev)
     }
 
     /// Whether timestamp queries work on this device ([`VulkanDevice::timed`]).

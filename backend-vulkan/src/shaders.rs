@@ -75,6 +75,10 @@ pub enum Shader {
     Resolve,
     /// Resolve pass 2 with its workgroup scans on subgroup arithmetic (devices that have it).
     ResolveSubgroup,
+    /// Resolve in one dispatch of 1024-invocation workgroups, state in workgroup memory.
+    ResolveWg,
+    /// [`Shader::ResolveWg`] with its scans on subgroup arithmetic.
+    ResolveWgSubgroup,
     /// Sparse `i32` table writes.
     TableWrite,
     /// Hot-state reset (`dgi` to -1, LRU to the identity).
@@ -90,7 +94,7 @@ pub enum Shader {
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 20] = [
+    pub const ALL: [Shader; 22] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
@@ -99,6 +103,8 @@ impl Shader {
         Shader::ResolveSubgroup,
         Shader::TableWrite,
         Shader::HotReset,
+        Shader::ResolveWg,
+        Shader::ResolveWgSubgroup,
         Shader::Gather(Windows::One),
         Shader::Gather(Windows::Eight),
         Shader::Gather(Windows::Twelve),
@@ -124,9 +130,11 @@ impl Shader {
             Shader::ResolveSubgroup => 5,
             Shader::TableWrite => 6,
             Shader::HotReset => 7,
-            Shader::Gather(w) => 8 + w.slot(),
-            Shader::GatherV1(w) => 12 + w.slot(),
-            Shader::Copy(w) => 16 + w.slot(),
+            Shader::ResolveWg => 8,
+            Shader::ResolveWgSubgroup => 9,
+            Shader::Gather(w) => 10 + w.slot(),
+            Shader::GatherV1(w) => 14 + w.slot(),
+            Shader::Copy(w) => 18 + w.slot(),
         }
     }
 
@@ -141,6 +149,8 @@ impl Shader {
             Shader::ResolveSubgroup => "resolve_sg",
             Shader::TableWrite => "table_write",
             Shader::HotReset => "hot_reset",
+            Shader::ResolveWg => "resolve_wg",
+            Shader::ResolveWgSubgroup => "resolve_wg_sg",
             Shader::Gather(Windows::One) => "gather_1",
             Shader::Gather(Windows::Eight) => "gather_8",
             Shader::Gather(Windows::Twelve) => "gather_12",
@@ -167,6 +177,8 @@ impl Shader {
             Shader::ResolveSubgroup => spirv!("resolve_sg"),
             Shader::TableWrite => spirv!("table_write"),
             Shader::HotReset => spirv!("hot_reset"),
+            Shader::ResolveWg => spirv!("resolve_wg"),
+            Shader::ResolveWgSubgroup => spirv!("resolve_wg_sg"),
             Shader::Gather(Windows::One) => spirv!("gather_1"),
             Shader::Gather(Windows::Eight) => spirv!("gather_8"),
             Shader::Gather(Windows::Twelve) => spirv!("gather_12"),
@@ -190,6 +202,7 @@ impl Shader {
             Shader::Invalidate => 2,
             Shader::ResolvePrep => 3,
             Shader::Resolve | Shader::ResolveSubgroup => 21,
+            Shader::ResolveWg | Shader::ResolveWgSubgroup => 14,
             Shader::TableWrite => 2,
             Shader::HotReset => 3,
             Shader::Gather(w) | Shader::GatherV1(w) => 4 + 2 * w.count(),
@@ -206,6 +219,7 @@ impl Shader {
             Shader::Invalidate | Shader::TableWrite => b == 1,
             Shader::ResolvePrep | Shader::HotReset => b >= 1,
             Shader::Resolve | Shader::ResolveSubgroup => (5..=12).contains(&b) || b >= 15,
+            Shader::ResolveWg | Shader::ResolveWgSubgroup => b >= 5,
             Shader::Gather(w) | Shader::GatherV1(w) => b >= 4 + w.count(),
             // Binding 0 is the tile list, then `count` source windows.
             Shader::Copy(w) => b > w.count(),
@@ -218,7 +232,10 @@ impl Shader {
             Shader::Remap => 8,
             Shader::SlotMapping => 5,
             Shader::Invalidate | Shader::ResolvePrep | Shader::TableWrite => 2,
-            Shader::Resolve | Shader::ResolveSubgroup => 10,
+            Shader::Resolve
+            | Shader::ResolveSubgroup
+            | Shader::ResolveWg
+            | Shader::ResolveWgSubgroup => 10,
             Shader::HotReset | Shader::Copy(_) => 6,
             Shader::Gather(_) | Shader::GatherV1(_) => 8,
         }

@@ -162,6 +162,7 @@ mod tests {
             unified: false,
             memory_budget: false,
             subgroup_arithmetic: false,
+            workgroup_resolver: false,
         }
     }
 

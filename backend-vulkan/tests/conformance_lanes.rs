@@ -2,14 +2,19 @@
 //! lanes and a transfer lane ([`VulkanDevice::open_shaped`]; lanes beyond the device's queues
 //! share them): on a single-queue device such as lavapipe this runs the multi-queue routing —
 //! copy-only batches on the transfer lane, a batch moving to a compute lane when compute work
-//! follows, cross-lane semaphore waits — that a GPU with several queues takes.
+//! follows, cross-lane semaphore waits — that a GPU with several queues takes. The resolver is the
+//! portable two-pass kernel (the one devices without 1024-invocation workgroups run).
 
-use hisparse_backend_vulkan::{TestShape, VulkanDevice};
+use hisparse_backend_vulkan::{ResolveKernel, TestShape, VulkanDevice};
 
-hisparse_conformance::conformance_main!(|| VulkanDevice::open_shaped(
-    "",
-    TestShape {
-        lanes: Some((3, true)),
-        ..TestShape::default()
-    },
-));
+hisparse_conformance::conformance_main!(|| {
+    let dev = VulkanDevice::open_shaped(
+        "",
+        TestShape {
+            lanes: Some((3, true)),
+            ..TestShape::default()
+        },
+    )?;
+    dev.set_resolve_kernel(ResolveKernel::Portable)?;
+    Ok(dev)
+});

@@ -2,8 +2,10 @@
 //! neighbouring requests then share 32-bit words, which the shader updates with atomics. Checked
 //! bit-exactly against the core reference over several steps, with shuffled and padding rows, a
 //! corrupt LRU, duplicates, resident pages, host blocks beyond the pool and cached rows beyond it.
+//! Every resolver runs it: the one-dispatch kernel (workgroup mode, with subgroup and with plain
+//! scans, and global mode) and the portable two-pass kernel.
 
-use hisparse_backend_vulkan::{VulkanBuffer, VulkanDevice};
+use hisparse_backend_vulkan::{ResolveKernel, TestShape, VulkanBuffer, VulkanDevice};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::{ResolveArgs, ResolveDesc, ResolveSlices};
 use hisparse_core::{Device, Error, ErrorKind};
@@ -58,17 +60,42 @@ fn download(dev: &VulkanDevice, b: &VulkanBuffer) -> Vec<u8> {
 
 #[test]
 fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
-    let dev = match VulkanDevice::open_strict("") {
-        Ok(d) => d,
-        Err(e)
-            if e.kind() == ErrorKind::NotFound
-                && std::env::var("HISPARSE_REQUIRE_DEVICE").is_err() =>
-        {
-            eprintln!("SKIPPED: no Vulkan device: {e}");
-            return;
-        }
-        Err(e) => panic!("open: {e}"),
+    let plain = TestShape {
+        no_subgroups: true,
+        ..TestShape::default()
     };
+    let runs = [
+        ("workgroup", TestShape::default(), ResolveKernel::Workgroup),
+        ("workgroup, plain scans", plain, ResolveKernel::Workgroup),
+        ("global mode", TestShape::default(), ResolveKernel::Global),
+        ("portable", TestShape::default(), ResolveKernel::Portable),
+    ];
+    for (what, shape, kernel) in runs {
+        let dev = match VulkanDevice::open_shaped("", shape) {
+            Ok(d) => d,
+            Err(e)
+                if e.kind() == ErrorKind::NotFound
+                    && std::env::var("HISPARSE_REQUIRE_DEVICE").is_err() =>
+            {
+                eprintln!("SKIPPED: no Vulkan device: {e}");
+                return;
+            }
+            Err(e) => panic!("open: {e}"),
+        };
+        match dev.set_resolve_kernel(kernel) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Unsupported => {
+                eprintln!("SKIPPED ({what}): {e}");
+                continue;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+        eprintln!("resolver: {what}");
+        check(&dev, what);
+    }
+}
+
+fn check(dev: &VulkanDevice, what: &str) {
     let stream = dev.create_stream().expect("stream");
     for (seed, hot_slots) in [(1u64, 67u32), (2, 33), (3, 17)] {
         let mut rng = Rng(seed);
@@ -112,11 +139,11 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
         for d in &mut dgi[base..base + hot_slots as usize] {
             *d = rng.below(50) as i32;
         }
-        let b_res = upload(&dev, &bytes_i32(&resident));
-        let b_host = upload(&dev, &bytes_i32(&host));
-        let b_hot = upload(&dev, &bytes_i32(&hot));
-        let mut b_dgi = upload(&dev, &bytes_i32(&dgi));
-        let mut b_lru = upload(&dev, &bytes_u16(&lru));
+        let b_res = upload(dev, &bytes_i32(&resident));
+        let b_host = upload(dev, &bytes_i32(&host));
+        let b_hot = upload(dev, &bytes_i32(&hot));
+        let mut b_dgi = upload(dev, &bytes_i32(&dgi));
+        let mut b_lru = upload(dev, &bytes_u16(&lru));
         let tk = (t * k) as usize;
         let mut outs: Vec<VulkanBuffer> = [tk, t as usize, t as usize, t as usize, tk, tk]
             .iter()
@@ -165,8 +192,8 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
                 },
             )
             .expect("reference");
-            let b_req = upload(&dev, &bytes_i32(&req));
-            let b_topk = upload(&dev, &bytes_i32(&topk));
+            let b_req = upload(dev, &bytes_i32(&req));
+            let b_topk = upload(dev, &bytes_i32(&topk));
             let [o_idx, o_valid, o_hits, o_misses, o_src, o_dst] = &mut outs[..] else {
                 unreachable!()
             };
@@ -190,15 +217,15 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
                 },
             )
             .expect("resolve");
-            let ctx = format!("hot_slots {hot_slots}, step {step}");
-            assert_eq!(i32s(&download(&dev, &outs[0])), idx, "indices, {ctx}");
-            assert_eq!(i32s(&download(&dev, &outs[1])), valid, "valid, {ctx}");
-            assert_eq!(i32s(&download(&dev, &outs[2])), hits, "hits, {ctx}");
-            assert_eq!(i32s(&download(&dev, &outs[3])), misses, "misses, {ctx}");
-            assert_eq!(i32s(&download(&dev, &outs[4])), src, "miss_src, {ctx}");
-            assert_eq!(i32s(&download(&dev, &outs[5])), dst, "miss_dst, {ctx}");
-            assert_eq!(i32s(&download(&dev, &b_dgi)), dgi, "dgi, {ctx}");
-            assert_eq!(u16s(&download(&dev, &b_lru)), lru, "lru, {ctx}");
+            let ctx = format!("{what}: hot_slots {hot_slots}, step {step}");
+            assert_eq!(i32s(&download(dev, &outs[0])), idx, "indices, {ctx}");
+            assert_eq!(i32s(&download(dev, &outs[1])), valid, "valid, {ctx}");
+            assert_eq!(i32s(&download(dev, &outs[2])), hits, "hits, {ctx}");
+            assert_eq!(i32s(&download(dev, &outs[3])), misses, "misses, {ctx}");
+            assert_eq!(i32s(&download(dev, &outs[4])), src, "miss_src, {ctx}");
+            assert_eq!(i32s(&download(dev, &outs[5])), dst, "miss_dst, {ctx}");
+            assert_eq!(i32s(&download(dev, &b_dgi)), dgi, "dgi, {ctx}");
+            assert_eq!(u16s(&download(dev, &b_lru)), lru, "lru, {ctx}");
         }
     }
 }

@@ -413,6 +413,9 @@ impl Context {
                 && subgroup.supported_operations.contains(
                     vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC,
                 ),
+            workgroup_resolver: props.limits.max_compute_work_group_invocations >= 1024
+                && props.limits.max_compute_work_group_size[0] >= 1024
+                && props.limits.max_compute_shared_memory_size >= RESOLVE_WG_SHARED_BYTES,
         };
         let driver_name = c_name(&driver.driver_name);
         let full_name = if driver_name.is_empty() {

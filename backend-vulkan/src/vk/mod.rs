@@ -175,7 +175,14 @@ pub struct Limits {
     pub memory_budget: bool,
     /// Whether compute shaders have subgroup arithmetic (the resolver's scans use it).
     pub subgroup_arithmetic: bool,
+    /// Whether the one-dispatch resolver runs here: workgroups of 1024 invocations with
+    /// [`RESOLVE_WG_SHARED_BYTES`] of workgroup memory.
+    pub workgroup_resolver: bool,
 }
+
+/// Workgroup memory the one-dispatch resolver (`shaders/resolve_wg.wgsl`) declares, rounded up
+/// (31 904 bytes; lavapipe offers 32 KiB, NVIDIA GPUs 48 KiB).
+pub const RESOLVE_WG_SHARED_BYTES: u32 = 32 << 10;
 
 /// A queue the backend submits to.
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,288 @@
+//! The resolver (`resolve`): residency resolve with the per-request hot-state update, as one of
+//! two kernels ([`ResolveKernel`]).
+//!
+//! * **Workgroup** (`shaders/resolve_wg.wgsl`, the default where the device runs workgroups of
+//!   1024 invocations with 32 KiB of workgroup memory): one dispatch; per request one workgroup
+//!   keeps the wanted-row hash table, the evictable list and the LRU bitmap in workgroup memory
+//!   and its entries and LRU positions in registers, as the CUDA kernel does, so a decode-sized
+//!   request (top-k up to 2048, up to 4096 hot slots) costs a handful of dependent device-memory
+//!   round trips. Larger requests (speculative rows beyond 2048 entries, more hot slots) take the
+//!   same phases with those arrays in a scratch buffer (global mode), decided per request on the
+//!   device.
+//! * **Portable** (`shaders/resolve_prep.wgsl` + `shaders/resolve.wgsl`, for devices with
+//!   smaller workgroups): a grouping pass, then one 256-invocation workgroup per request with
+//!   every array in the scratch buffer.
+//!
+//! Both give results identical to the reference; [`RESOLVE_KERNEL_ENV`] chooses for comparisons,
+//! and `global` forces the workgroup kernel's global mode for every request (tests cover that
+//! mode with it).
+
+use std::sync::atomic::Ordering;
+
+use hisparse_core::ops::{ResolveArgs, ResolveDesc};
+
+use crate::shaders::Shader;
+use crate::vk::{Binding, Engine};
+use crate::{Result, VulkanBuffer, VulkanDevice, VulkanError};
+
+/// Environment variable choosing the resolver at [`VulkanDevice::open`]: `auto` (default),
+/// `workgroup`, `global` or `portable` (see [`ResolveKernel`]).
+pub const RESOLVE_KERNEL_ENV: &str = "HISPARSE_VULKAN_RESOLVE";
+
+/// Which kernel runs `resolve` (all give identical results).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ResolveKernel {
+    /// `Workgroup` where the device can run it, else `Portable`.
+    Auto = 0,
+    /// One dispatch, per-request state in workgroup memory where the request fits.
+    Workgroup = 1,
+    /// The workgroup kernel with every request in global mode (state in the scratch buffer).
+    Global = 2,
+    /// The grouping pass and the 256-invocation kernel with its state in the scratch buffer.
+    Portable = 3,
+}
+
+impl ResolveKernel {
+    pub(crate) fn from_u8(v: u8) -> ResolveKernel {
+        match v {
+            1 => ResolveKernel::Workgroup,
+            2 => ResolveKernel::Global,
+            3 => ResolveKernel::Portable,
+            _ => ResolveKernel::Auto,
+        }
+    }
+
+    /// The kernel [`RESOLVE_KERNEL_ENV`] names (`Auto` when unset).
+    pub fn from_env() -> Result<ResolveKernel> {
+        match std::env::var(RESOLVE_KERNEL_ENV) {
+            Err(_) => Ok(ResolveKernel::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(ResolveKernel::Auto),
+                "workgroup" => Ok(ResolveKernel::Workgroup),
+                "global" => Ok(ResolveKernel::Global),
+                "portable" => Ok(ResolveKernel::Portable),
+                other => Err(VulkanError::InvalidArgument(format!(
+                    "{RESOLVE_KERNEL_ENV}={other}: use auto, workgroup, global or portable"
+                ))),
+            },
+        }
+    }
+}
+
+/// Words of the workgroup kernel's scratch buffer (its global mode; the layout is described in
+/// `shaders/resolve_wg.wgsl`): `7·T·K + 4·T + G·(2N + ⌈N/32⌉)` with `G = min(R, T)`.
+pub(crate) fn resolve_wg_scratch_words(desc: &ResolveDesc) -> u64 {
+    let t = u64::from(desc.num_tokens);
+    let tk = t * u64::from(desc.top_k);
+    let n = u64::from(desc.hot_slots);
+    let groups = u64::from(desc.num_requests).min(t);
+    7 * tk + 4 * t + groups * (2 * n + n.div_ceil(32))
+}
+
+impl VulkanDevice {
+    /// The resolver in use ([`ResolveKernel::Auto`] resolved for this device).
+    pub fn resolve_kernel(&self) -> ResolveKernel {
+        match ResolveKernel::from_u8(self.resolve_kernel.load(Ordering::Relaxed)) {
+            ResolveKernel::Auto if self.ctx.limits.workgroup_resolver => ResolveKernel::Workgroup,
+            ResolveKernel::Auto => ResolveKernel::Portable,
+            k => k,
+        }
+    }
+
+    /// Chooses the resolver for later calls (benches and tests compare them; results are
+    /// identical). The workgroup kernels need workgroups of 1024 invocations and 32 KiB of
+    /// workgroup memory: on a device without them, an `Unsupported` error.
+    pub fn set_resolve_kernel(&self, kernel: ResolveKernel) -> Result<()> {
+        if matches!(kernel, ResolveKernel::Workgroup | ResolveKernel::Global)
+            && !self.ctx.limits.workgroup_resolver
+        {
+            return Err(VulkanError::Unsupported(format!(
+                "resolve kernel {kernel:?} needs compute workgroups of 1024 invocations and {} \
+                 bytes of workgroup memory, which this device lacks; use {RESOLVE_KERNEL_ENV}=\
+                 portable (or auto)",
+                crate::vk::RESOLVE_WG_SHARED_BYTES
+            )));
+        }
+        self.resolve_kernel.store(kernel as u8, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The bindings the resolve arguments share by both kernels (0..=12).
+    fn resolve_bindings(
+        &self,
+        desc: &ResolveDesc,
+        args: &ResolveArgs<'_, VulkanBuffer>,
+    ) -> Result<Vec<Binding>> {
+        let t = u64::from(desc.num_tokens);
+        let tk = t * u64::from(desc.top_k);
+        let r = u64::from(desc.num_requests);
+        let pages = r * u64::from(desc.max_pages);
+        let slots = r * u64::from(desc.hot_slots);
+        let hot = r * u64::from(desc.hot_table_width());
+        Ok(vec![
+            self.bind_index(args.req_id.raw(), 4 * t, "req_id")?,
+            self.bind_index(args.topk.raw(), 4 * tk, "topk")?,
+            self.bind_index(args.resident_table.raw(), 4 * pages, "resident_table")?,
+            self.bind_index(args.host_table.raw(), 4 * pages, "host_table")?,
+            self.bind_index(args.hot_table.raw(), 4 * hot, "hot_table")?,
+            self.bind_index(args.dgi.raw(), 4 * slots, "dgi")?,
+            self.bind_index(args.lru.raw(), 2 * slots, "lru")?,
+            self.bind_index(args.indices.raw(), 4 * tk, "indices")?,
+            self.bind_index(args.valid_counts.raw(), 4 * t, "valid_counts")?,
+            self.bind_index(args.hit_counts.raw(), 4 * t, "hit_counts")?,
+            self.bind_index(args.miss_counts.raw(), 4 * t, "miss_counts")?,
+            self.bind_index(args.miss_src.raw(), 4 * tk, "miss_src")?,
+            self.bind_index(args.miss_dst.raw(), 4 * tk, "miss_dst")?,
+        ])
+    }
+
+    /// The push constants both kernels take: the descriptor, then `flags`.
+    fn resolve_push(desc: &ResolveDesc, flags: u32) -> [u32; 10] {
+        [
+            desc.num_tokens,
+            desc.top_k,
+            desc.num_requests,
+            desc.max_pages,
+            desc.block_size,
+            desc.hot_slots,
+            desc.attention_block_stride,
+            desc.host_rows() as u32,
+            desc.hot_table_width(),
+            flags,
+        ]
+    }
+
+    /// A checked resolve on stream `s` with the kernel in use.
+    pub(crate) fn resolve_rows(
+        &self,
+        s: usize,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, VulkanBuffer>,
+    ) -> Result<()> {
+        if desc.num_tokens == 0 {
+            return Ok(());
+        }
+        match self.resolve_kernel() {
+            ResolveKernel::Portable | ResolveKernel::Auto => self.resolve_portable(s, desc, args),
+            k => self.resolve_workgroup(s, desc, args, k == ResolveKernel::Workgroup),
+        }
+    }
+
+    /// The one-dispatch kernel; `fast` allows workgroup mode.
+    fn resolve_workgroup(
+        &self,
+        s: usize,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, VulkanBuffer>,
+        fast: bool,
+    ) -> Result<()> {
+        let mut b = self.resolve_bindings(desc, &args)?;
+        let words = resolve_wg_scratch_words(desc);
+        let bytes = (4 * words).max(16);
+        let max = self.ctx.limits.max_storage_range;
+        if bytes > max || words >= 1 << 32 {
+            return Err(VulkanError::Unsupported(format!(
+                "resolve scratch of {bytes} bytes exceeds one storage binding \
+                 (maxStorageBufferRange = {max} bytes); split the batch (fewer tokens per call)"
+            )));
+        }
+        let group_by_request = desc.num_requests <= desc.num_tokens;
+        let flags = u32::from(group_by_request) | u32::from(fast) << 1;
+        let push = Self::resolve_push(desc, flags);
+        let shader = if self.ctx.limits.subgroup_arithmetic {
+            Shader::ResolveWgSubgroup
+        } else {
+            Shader::ResolveWg
+        };
+        self.ctx.record(s, Engine::Compute, |rec| {
+            b.push(Binding {
+                buffer: rec.scratch(bytes)?,
+                offset: 0,
+                range: bytes,
+            });
+            rec.dispatch(shader, &b, &push, u64::from(desc.num_tokens))
+        })
+    }
+
+    /// The grouping pass, then one 256-invocation workgroup per request.
+    fn resolve_portable(
+        &self,
+        s: usize,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, VulkanBuffer>,
+    ) -> Result<()> {
+        let t = u64::from(desc.num_tokens);
+        let k = u64::from(desc.top_k);
+        let r = u64::from(desc.num_requests);
+        let n = u64::from(desc.hot_slots);
+        let tk = t * k;
+        let mut b = self.resolve_bindings(desc, &args)?;
+        // Scratch regions (words): info 4T, perm T, gval TK, xmiss TK, hash 8TK, rowc 4T,
+        // old G*N, evl G*N with G = min(R, T) groups.
+        let groups = r.min(t);
+        let words = [4 * t, t, tk, tk, 8 * tk, 4 * t, groups * n, groups * n];
+        let align = self.ctx.limits.storage_offset_alignment.max(256);
+        let mut regions = Vec::with_capacity(words.len());
+        let mut at = 0u64;
+        for w in words {
+            let bytes = (4 * w).max(16);
+            if bytes > self.ctx.limits.max_storage_range {
+                return Err(VulkanError::Unsupported(format!(
+                    "resolve scratch of {bytes} bytes exceeds one storage binding \
+                     (maxStorageBufferRange = {} bytes); split the batch (fewer tokens per call)",
+                    self.ctx.limits.max_storage_range
+                )));
+            }
+            regions.push((at, bytes));
+            at = (at + bytes).div_ceil(align) * align;
+        }
+        let resolver = if self.ctx.limits.subgroup_arithmetic {
+            Shader::ResolveSubgroup
+        } else {
+            Shader::Resolve
+        };
+        let push_prep = [desc.num_tokens, desc.num_requests];
+        let push = Self::resolve_push(desc, u32::from(r <= t));
+        self.ctx.record(s, Engine::Compute, |rec| {
+            let scratch = rec.scratch(at)?;
+            let sb: Vec<Binding> = regions
+                .iter()
+                .map(|&(offset, range)| Binding {
+                    buffer: scratch,
+                    offset,
+                    range,
+                })
+                .collect();
+            rec.dispatch(
+                Shader::ResolvePrep,
+                &[b[0], sb[0], sb[1]],
+                &push_prep,
+                t.div_ceil(256),
+            )?;
+            b.extend_from_slice(&sb);
+            rec.dispatch(resolver, &b, &push, t)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_words_cover_every_region_of_the_shader() {
+        let desc = ResolveDesc {
+            num_tokens: 3,
+            top_k: 5,
+            num_requests: 2,
+            max_pages: 1,
+            block_size: 1,
+            hot_slots: 33,
+            attention_block_stride: 1,
+            host_num_blocks: 1,
+        };
+        // 7·15 + 4·3 + 2·(66 + 2)
+        assert_eq!(resolve_wg_scratch_words(&desc), 105 + 12 + 136);
+    }
+}
