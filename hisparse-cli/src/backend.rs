@@ -23,6 +23,16 @@ pub fn ordinal(selector: &str, backend: BackendKind) -> Result<usize, CliError> 
     })
 }
 
+/// Whether this binary was built with backend `kind`'s feature.
+pub const fn compiled(kind: BackendKind) -> bool {
+    match kind {
+        BackendKind::Cpu => cfg!(feature = "cpu"),
+        BackendKind::Cuda => cfg!(feature = "cuda"),
+        BackendKind::Vulkan => cfg!(feature = "vulkan"),
+        BackendKind::Rocm => cfg!(feature = "rocm"),
+    }
+}
+
 /// Opens the backend `$kind` (a [`BackendKind`]) with device selector `$sel` (`&str`), binds it to
 /// `$dev` and evaluates `$body` (a `Result<_, CliError>`) with it. A backend that is not compiled
 /// in gives [`CliError::NotCompiled`]; a backend that cannot open its device gives a one-line
@@ -38,7 +48,14 @@ macro_rules! with_device {
     ($kind:expr, $sel:expr, |$dev:ident| $body:expr) => {{
         use hisparse_runtime::{AnyDevice, OpenError};
         let kind: $crate::backend::BackendKind = $kind;
-        match AnyDevice::open(kind, $sel) {
+        // This binary's features decide, not the runtime's (a workspace build may compile more
+        // backends into the runtime than the CLI asked for).
+        let opened = if $crate::backend::compiled(kind) {
+            AnyDevice::open(kind, $sel)
+        } else {
+            Err(OpenError::NotCompiled(kind))
+        };
+        match opened {
             Err(OpenError::NotCompiled(k)) => Err($crate::error::CliError::NotCompiled(k.name())),
             Err(e @ OpenError::BadSelector { .. }) => {
                 Err($crate::error::CliError::usage(format!("--{e}")))

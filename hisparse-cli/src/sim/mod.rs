@@ -208,6 +208,9 @@ pub fn simulate_tp(
     a: &SimulateArgs,
     s: &SimSetup,
 ) -> CliResult<()> {
+    if !crate::backend::compiled(kind) {
+        return Err(CliError::NotCompiled(kind.name()));
+    }
     check_plot(a)?;
     let mut ranks = tp::Processes::start(kind, &a.backend.device, s)?;
     publish(a, engine::run_on(&mut ranks, s)?)
