@@ -11,8 +11,11 @@ pub struct HiSparseConfig {
     /// Tokens each decode token selects per sparse layer (2048 for DeepSeek V3.2).
     pub top_k: u32,
     /// Hot-buffer rows per request per hot group. `None` = the default
-    /// `2 * top_k * max_query_len`, capped at [`MAX_HOT_SLOTS`]. Must lie in
-    /// `top_k * max_query_len ..= 32768` (LRU slots are 16-bit).
+    /// `(max_query_len + 1) * top_k`: the worst-case union of one step's `max_query_len` top-k
+    /// sets (speculative decoding resolves them together against one state) plus one top-k of
+    /// LRU slack, so rows the next step reselects survive. Must lie in
+    /// `top_k * max_query_len ..= 32768` (LRU slots are 16-bit); a default beyond 32768 is an
+    /// error, never capped.
     pub device_buffer_size: Option<u32>,
     /// Mirror rows to host as they are written (row-mirror spans), so sealing a page moves no
     /// data. Default `true`.
@@ -44,13 +47,18 @@ impl HiSparseConfig {
     /// The hot buffer size in force, after validation.
     pub fn resolved_device_buffer_size(&self) -> Result<u32, ConfigError> {
         self.validate()?;
-        Ok(self.device_buffer_size_unchecked())
+        Ok(self.device_buffer_size_unchecked() as u32)
     }
 
-    fn device_buffer_size_unchecked(&self) -> u32 {
+    /// The default hot buffer, `(max_query_len + 1) * top_k` (saturating).
+    pub const fn default_device_buffer_size(&self) -> u64 {
+        (self.max_query_len as u64 + 1) * self.top_k as u64
+    }
+
+    fn device_buffer_size_unchecked(&self) -> u64 {
         match self.device_buffer_size {
-            Some(v) => v,
-            None => (2 * self.min_device_buffer_size()).min(MAX_HOT_SLOTS as u64) as u32,
+            Some(v) => v as u64,
+            None => self.default_device_buffer_size(),
         }
     }
 
@@ -78,15 +86,23 @@ impl HiSparseConfig {
             });
         }
         let v = self.device_buffer_size_unchecked();
-        if (v as u64) < min {
-            return Err(ConfigError::DeviceBufferTooSmall {
+        if self.device_buffer_size.is_none() && v > u64::from(MAX_HOT_SLOTS) {
+            return Err(ConfigError::DefaultDeviceBufferTooLarge {
+                top_k: self.top_k,
+                max_query_len: self.max_query_len,
                 value: v,
+                max: MAX_HOT_SLOTS,
+            });
+        }
+        if v < min {
+            return Err(ConfigError::DeviceBufferTooSmall {
+                value: v as u32,
                 min: min as u32,
             });
         }
-        if v > MAX_HOT_SLOTS {
+        if v > u64::from(MAX_HOT_SLOTS) {
             return Err(ConfigError::DeviceBufferTooLarge {
-                value: v,
+                value: v as u32,
                 max: MAX_HOT_SLOTS,
             });
         }
@@ -117,6 +133,19 @@ pub enum ConfigError {
         /// The maximum.
         max: u32,
     },
+    /// The default hot buffer `(max_query_len + 1) * top_k` exceeds the largest hot buffer
+    /// (`top_k * max_query_len` alone fits): give `device_buffer_size` explicitly or fewer
+    /// speculative tokens.
+    DefaultDeviceBufferTooLarge {
+        /// `top_k`.
+        top_k: u32,
+        /// `max_query_len`.
+        max_query_len: u32,
+        /// The default it gives.
+        value: u64,
+        /// The largest hot buffer.
+        max: u32,
+    },
     /// `top_k * max_query_len` alone exceeds the largest hot buffer.
     TopKTooLarge {
         /// `top_k`.
@@ -139,6 +168,16 @@ impl fmt::Display for ConfigError {
             ConfigError::DeviceBufferTooLarge { value, max } => write!(
                 f,
                 "config: `device_buffer_size` = {value} exceeds {max} (LRU slots are 16-bit); lower it"
+            ),
+            ConfigError::DefaultDeviceBufferTooLarge {
+                top_k,
+                max_query_len,
+                value,
+                max,
+            } => write!(
+                f,
+                "config: the default `device_buffer_size` (max_query_len + 1) * top_k = ({max_query_len} + 1) * {top_k} = {value} exceeds {max} (LRU slots are 16-bit); lower max_query_len or give device_buffer_size in {}..={max}",
+                u64::from(top_k) * u64::from(max_query_len)
             ),
             ConfigError::TopKTooLarge {
                 top_k,
@@ -172,12 +211,40 @@ mod tests {
             max_query_len: 4,
             ..c
         };
-        assert_eq!(c2.resolved_device_buffer_size(), Ok(16384));
+        // (q + 1) × top_k, not 2 × top_k × q.
+        assert_eq!(c2.resolved_device_buffer_size(), Ok(10240));
+        let c2 = HiSparseConfig {
+            max_query_len: 2,
+            ..c
+        };
+        assert_eq!(c2.resolved_device_buffer_size(), Ok(6144));
         let c3 = HiSparseConfig {
-            max_query_len: 16,
+            max_query_len: 15,
             ..c
         };
         assert_eq!(c3.resolved_device_buffer_size(), Ok(32768));
+        // q = 16: the default (17 × 2048) is beyond 32768: refused, not capped; an explicit
+        // buffer of at least q × top_k still works.
+        let c16 = HiSparseConfig {
+            max_query_len: 16,
+            ..c
+        };
+        let e = c16.validate().unwrap_err();
+        assert_eq!(
+            e,
+            ConfigError::DefaultDeviceBufferTooLarge {
+                top_k: 2048,
+                max_query_len: 16,
+                value: 34816,
+                max: 32768
+            }
+        );
+        assert!(std::format!("{e}").contains("lower max_query_len"));
+        let explicit = HiSparseConfig {
+            device_buffer_size: Some(32768),
+            ..c16
+        };
+        assert_eq!(explicit.resolved_device_buffer_size(), Ok(32768));
         let c4 = HiSparseConfig {
             max_query_len: 17,
             ..c

@@ -14,8 +14,21 @@
 //!   Mixed page sizes inside a bucket cannot happen: [`ModelSpec::validate`] already refuses
 //!   sparse layers whose row geometry differs ([`ModelError::MixedSparseGeometry`]), because one
 //!   flat row view and one host row view serve every sparse layer.
-//! * **regular** (GPU): non-sparse layers, one group per distinct (row bytes, compress ratio,
-//!   sliding window).
+//! * **regular** (GPU): non-sparse caches, grouped by geometry (kind, row bytes, rows and tokens
+//!   per block, sliding window, page alignment) in model order; a group takes layers while its
+//!   summed page bytes stay ≤ the largest of the indexer and resident groups (the block those
+//!   set), so one geometry with many layers (DeepSeek V4's 43 sliding-window caches) becomes
+//!   several groups instead of one that would make every GPU block — resident pages included —
+//!   as large as all of them. Each regular group has its own block size in tokens
+//!   ([`KvCacheGroup::block_tokens`], dividing the sparse layers' `block_tokens`): DeepSeek V4's
+//!   sliding-window caches use 64-token blocks and its compressor states 4- and 8-token blocks,
+//!   beside the 256-token pages of the sparse layers, in one block-id space.
+//!
+//! # Pages
+//!
+//! A page holds `rows_per_block` rows and is padded up to the layer's `page_alignment`
+//! ([`crate::model::padded_page_bytes`]): DeepSeek V4's C4A page is 64 × 584 B = 37,376 B,
+//! padded to 37,440 B; its indexer page 64 × 132 B → 8,640 B.
 //!
 //! # GPU pool
 //!
@@ -29,9 +42,17 @@
 //! # Host pool
 //!
 //! Layer-major: source layer `i` (its index in the source group) is one contiguous
-//! `[host_num_blocks, block_size, row]` array at `i * host_num_blocks * page_bytes`. The flat host
-//! row of (host block `h`, offset `o`) is `h * block_size + o`. `host_block_stride` is the summed
-//! source page bytes (the host memory one block id costs across all layers).
+//! `[host_num_blocks, page]` array at `i * host_array_bytes` ([`KvCacheConfig::host_array_bytes`]:
+//! `host_num_blocks * page_bytes`). The flat host row of (host block `h`, offset `o`) is
+//! `h * block_size + o`. `host_block_stride` is the summed source page bytes (the host memory
+//! one block id costs across all layers), and the pool is `host_pool_bytes() = layers *
+//! host_array_bytes`.
+//!
+//! **Shared host pool** ([`LayoutInput::shared_host_pool`], for the tensor-parallel ranks of a
+//! node mapping one pool): `host_block_stride` is rounded up to a multiple of
+//! [`SHARED_HOST_ALIGNMENT`] (4,096 B) and every layer's array starts on a 4,096-B boundary
+//! (`host_array_bytes` is rounded up to it); the host block count is the largest whose arrays fit
+//! the budget.
 //!
 //! # Layouts from elsewhere
 //!
@@ -60,13 +81,18 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use crate::config::{ConfigError, HiSparseConfig};
-use crate::model::{LayerSpec, ModelError, ModelSpec};
+use crate::model::{LayerSpec, ModelError, ModelSpec, RegularKind, padded_page_bytes};
 use crate::ops::{LayerPair, PageLayout};
 
 /// Resident pages at the tail of a running request that are never reclaimed: the page its next
 /// token writes and the one before it. (When the last allocated page is full, the next token's
 /// page is not allocated yet, so only one allocated page is protected.)
 pub const ACTIVE_TAIL_PAGES: u32 = 2;
+
+#[cfg(feature = "serde")]
+const fn one() -> u32 {
+    1
+}
 
 /// What a KV-cache group holds and where it lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -111,7 +137,7 @@ pub struct GroupLayer {
     /// this layer's contiguous array in the host pool (`index_in_group * host_num_blocks *
     /// page_bytes`).
     pub offset: u64,
-    /// Bytes of one page of this layer.
+    /// Bytes of one page of this layer, padding included.
     pub page_bytes: u64,
     /// Rows per page.
     pub rows_per_block: u32,
@@ -131,6 +157,15 @@ pub struct KvCacheGroup {
     pub bucket: Option<u32>,
     /// Regular groups: the sliding window in tokens, if any.
     pub sliding_window: Option<u32>,
+    /// Tokens one block of this group covers (the layout's `block_tokens` for every group but
+    /// regular ones with their own block size).
+    pub block_tokens: u32,
+    /// Regular groups: what their caches hold.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub cache: Option<RegularKind>,
     /// Summed page bytes of the group's layers (one block's worth of this group).
     pub page_bytes: u64,
     /// The layers, in model order.
@@ -163,7 +198,14 @@ pub struct LayoutInput<'a> {
     /// Use exactly this many GPU blocks (null block included) instead of `gpu_bytes /
     /// bytes_per_block`.
     pub num_gpu_blocks_override: Option<u32>,
+    /// One host pool for every tensor-parallel rank of a node (in shared memory): the host
+    /// stride and every layer's host array are aligned to [`SHARED_HOST_ALIGNMENT`].
+    pub shared_host_pool: bool,
 }
+
+/// Alignment of the host stride and of every layer's host array in a shared host pool (the
+/// page size each rank maps and registers).
+pub const SHARED_HOST_ALIGNMENT: u64 = 4096;
 
 impl<'a> LayoutInput<'a> {
     /// Inputs without a block-count override.
@@ -179,6 +221,7 @@ impl<'a> LayoutInput<'a> {
             gpu_bytes,
             max_model_len,
             num_gpu_blocks_override: None,
+            shared_host_pool: false,
         }
     }
 }
@@ -201,6 +244,14 @@ pub struct KvCacheConfig {
     pub row_bytes: u32,
     /// Value bytes per sparse row (`row_bytes` for contiguous rows).
     pub value_bytes: u32,
+    /// Pages of the sparse layers (and their indexers) are padded to a multiple of this (1 =
+    /// none).
+    #[cfg_attr(feature = "serde", serde(default = "one"))]
+    pub page_alignment: u32,
+    /// The host pool is one pool in shared memory for every rank of a node: its stride and
+    /// layer arrays are aligned to [`SHARED_HOST_ALIGNMENT`].
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub shared_host_pool: bool,
     /// Groups in order `[source, indexer, resident.., hot.., regular..]`.
     pub groups: Vec<KvCacheGroup>,
     /// Number of resident/hot bucket pairs.
@@ -213,7 +264,8 @@ pub struct KvCacheConfig {
     pub attention_block_stride: u32,
     /// GPU blocks, null block 0 included.
     pub num_gpu_blocks: u32,
-    /// Host bytes one host block id costs (summed source page bytes).
+    /// Host bytes one host block id costs (summed source page bytes; in a shared host pool
+    /// rounded up to a multiple of [`SHARED_HOST_ALIGNMENT`]).
     pub host_block_stride: u64,
     /// Host blocks, null block 0 included.
     pub host_num_blocks: u32,
@@ -400,7 +452,9 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
     let first = *model.first_sparse().ok_or(ModelError::NoSparseLayers)?;
     let bt = model.block_tokens;
     let block_size = bt / first.compress_ratio;
-    let sparse_page = u64::from(block_size) * u64::from(first.row_bytes);
+    let align = first.page_alignment;
+    let sparse_page =
+        padded_page_bytes(block_size, first.row_bytes, align).ok_or(ovf("sparse page bytes"))?;
     let device_buffer_size = input.config.resolved_device_buffer_size()?;
     let mut config = *input.config;
     config.device_buffer_size = Some(device_buffer_size);
@@ -423,7 +477,7 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
             value_bytes: s.value_bytes,
         });
         if let Some(irb) = s.indexer_row_bytes {
-            let page = u64::from(block_size) * u64::from(irb);
+            let page = padded_page_bytes(block_size, irb, align).ok_or(ovf("indexer page"))?;
             indexer.push(GroupLayer {
                 layer,
                 index_in_group: indexer.len() as u32,
@@ -431,7 +485,7 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
                 page_bytes: page,
                 rows_per_block: block_size,
                 row_bytes: irb,
-                value_bytes: irb,
+                value_bytes: s.indexer_value_bytes.unwrap_or(irb),
             });
             indexer_sum = indexer_sum
                 .checked_add(page)
@@ -443,13 +497,22 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
             u.push(layer);
         }
     }
-    let host_block_stride = sparse_page
+    let source_sum = sparse_page
         .checked_mul(source.len() as u64)
+        .ok_or(ovf("host_block_stride"))?;
+    let host_align = if input.shared_host_pool {
+        SHARED_HOST_ALIGNMENT
+    } else {
+        1
+    };
+    let host_block_stride = source_sum
+        .checked_next_multiple_of(host_align)
         .ok_or(ovf("host_block_stride"))?;
 
     // Buckets.
     let mut buckets: Vec<Vec<u32>> = Vec::new();
     let mut bucket_sum = 0u64;
+    let mut largest_bucket = 0u64;
     let mut index_groups = Vec::with_capacity(units.len());
     for unit in units {
         let unit_bytes = sparse_page * unit.len() as u64;
@@ -464,6 +527,7 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
                 bucket_sum = unit_bytes;
             }
         }
+        largest_bucket = largest_bucket.max(bucket_sum);
         index_groups.push(IndexGroup {
             leader: unit[0],
             layers: unit,
@@ -472,20 +536,17 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
     }
 
     let mut groups = Vec::new();
-    groups.push(KvCacheGroup {
-        kind: GroupKind::Source,
-        bucket: None,
+    let group = |kind, bucket, page_bytes, layers| KvCacheGroup {
+        kind,
+        bucket,
         sliding_window: None,
-        page_bytes: host_block_stride,
-        layers: source,
-    });
-    groups.push(KvCacheGroup {
-        kind: GroupKind::Indexer,
-        bucket: None,
-        sliding_window: None,
-        page_bytes: indexer_sum,
-        layers: indexer,
-    });
+        block_tokens: bt,
+        cache: None,
+        page_bytes,
+        layers,
+    };
+    groups.push(group(GroupKind::Source, None, source_sum, source));
+    groups.push(group(GroupKind::Indexer, None, indexer_sum, indexer));
     for kind in [GroupKind::Resident, GroupKind::Hot] {
         for (b, layers) in buckets.iter().enumerate() {
             let layers: Vec<GroupLayer> = layers
@@ -501,39 +562,43 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
                     value_bytes: first.value_bytes,
                 })
                 .collect();
-            groups.push(KvCacheGroup {
-                kind,
-                bucket: Some(b as u32),
-                sliding_window: None,
-                page_bytes: sparse_page * layers.len() as u64,
-                layers,
-            });
+            let page = sparse_page * layers.len() as u64;
+            groups.push(group(kind, Some(b as u32), page, layers));
         }
     }
-    // Regular groups: one per distinct (row bytes, ratio, window), in order of first appearance.
+    // Regular groups: by geometry, in order of first appearance; a group takes layers while it
+    // stays within the block the sparse groups set (a group of one layer may exceed it).
+    let cap = indexer_sum.max(largest_bucket);
     let first_regular = groups.len();
     for (i, l) in model.layers.iter().enumerate() {
         let LayerSpec::Regular(r) = l else { continue };
-        let rows = bt / r.compress_ratio;
-        let page = u64::from(rows) * u64::from(r.row_bytes);
-        let existing = groups[first_regular..].iter_mut().find(|g| {
+        let gbt = r.tokens_per_block(bt);
+        let rows = gbt / r.compress_ratio;
+        let page = padded_page_bytes(rows, r.row_bytes, r.page_alignment)
+            .ok_or(ovf("regular page bytes"))?;
+        let open = groups[first_regular..].iter().rposition(|g| {
             g.sliding_window == r.sliding_window
+                && g.cache == Some(r.kind)
+                && g.block_tokens == gbt
                 && g.layers[0].row_bytes == r.row_bytes
                 && g.layers[0].rows_per_block == rows
+                && g.layers[0].page_bytes == page
         });
-        let g = match existing {
-            Some(g) => g,
-            None => {
+        let gi = match open {
+            Some(j) if groups[first_regular + j].page_bytes.saturating_add(page) <= cap => {
+                first_regular + j
+            }
+            _ => {
                 groups.push(KvCacheGroup {
-                    kind: GroupKind::Regular,
-                    bucket: None,
                     sliding_window: r.sliding_window,
-                    page_bytes: 0,
-                    layers: Vec::new(),
+                    block_tokens: gbt,
+                    cache: Some(r.kind),
+                    ..group(GroupKind::Regular, None, 0, Vec::new())
                 });
-                groups.last_mut().expect("just pushed")
+                groups.len() - 1
             }
         };
+        let g = &mut groups[gi];
         g.layers.push(GroupLayer {
             layer: i as u32,
             index_in_group: g.layers.len() as u32,
@@ -552,20 +617,32 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
     // GPU block size: the largest GPU group, rounded up to a multiple of the hot page size (all
     // hot pages have one size, so their lcm is that size).
     let largest = groups[1..].iter().map(|g| g.page_bytes).max().unwrap_or(0);
-    let lcm = sparse_page;
     let bytes_per_block = largest
-        .div_ceil(lcm)
-        .checked_mul(lcm)
+        .div_ceil(sparse_page)
+        .checked_mul(sparse_page)
         .ok_or(ovf("bytes_per_block"))?;
-    let attention_block_stride = u32::try_from(bytes_per_block / u64::from(first.row_bytes))
-        .map_err(|_| ovf("attention_block_stride"))?;
+    let attention_block_stride = u32::try_from(bytes_per_block / sparse_page)
+        .ok()
+        .and_then(|slots| slots.checked_mul(block_size))
+        .ok_or(ovf("attention_block_stride"))?;
 
     let hot_blocks_per_request = device_buffer_size.div_ceil(block_size);
     let max_pages_per_request = input.max_model_len.div_ceil(bt);
 
-    // Host pool.
+    // Host pool: the largest block count whose (aligned) layer arrays fit the budget.
     let budget = config.host_budget_bytes;
-    let host_blocks = budget / host_block_stride;
+    let layers = groups[0].layers.len() as u64;
+    let pool_bytes = |n: u64| {
+        n.checked_mul(sparse_page)
+            .and_then(|a| a.checked_next_multiple_of(host_align))
+            .and_then(|a| a.checked_mul(layers))
+    };
+    let mut host_blocks = budget / host_block_stride;
+    while host_blocks > 0 && pool_bytes(host_blocks).is_none_or(|b| b > budget) {
+        // Each block less frees `layers * sparse_page` bytes; the alignment slack is at most
+        // `layers * host_align`, so this ends within `host_align / sparse_page + 1` rounds.
+        host_blocks -= 1;
+    }
     let host_needed = u64::from(max_pages_per_request) + 2;
     if host_blocks < host_needed {
         return Err(LayoutError::HostBudgetTooSmall {
@@ -599,14 +676,7 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
         });
     }
 
-    // The source group's layers are host-pool arrays, one after another (layer-major).
-    if let Some(source) = groups.first_mut() {
-        for l in &mut source.layers {
-            l.offset = u64::from(l.index_in_group) * host_blocks * l.page_bytes;
-        }
-    }
-
-    let kv = KvCacheConfig {
+    let mut kv = KvCacheConfig {
         model: model.name.into(),
         config,
         block_tokens: bt,
@@ -614,6 +684,8 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
         sparse_compress_ratio: first.compress_ratio,
         row_bytes: first.row_bytes,
         value_bytes: first.value_bytes,
+        page_alignment: align,
+        shared_host_pool: input.shared_host_pool,
         groups,
         num_buckets: buckets.len() as u32,
         index_groups,
@@ -627,6 +699,13 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
         max_model_len: input.max_model_len,
         max_pages_per_request,
     };
+    // The source group's layers are host-pool arrays, one after another (layer-major).
+    let array = kv.host_array_bytes();
+    if let Some(source) = kv.groups.first_mut() {
+        for l in &mut source.layers {
+            l.offset = u64::from(l.index_in_group) * array;
+        }
+    }
     let needed = 1 + kv.gpu_blocks_per_request(input.max_model_len).min_needed();
     if gpu_blocks < needed {
         return Err(LayoutError::GpuPoolTooSmall {
@@ -754,9 +833,32 @@ impl KvCacheConfig {
         u64::from(self.num_gpu_blocks).saturating_mul(self.bytes_per_block)
     }
 
-    /// Bytes of the host pool (saturating).
+    /// Bytes of one layer's host array, `host_num_blocks * page_bytes` (rounded up to
+    /// [`SHARED_HOST_ALIGNMENT`] in a shared host pool, so the next array starts aligned;
+    /// saturating).
+    pub fn host_array_bytes(&self) -> u64 {
+        let page = self
+            .groups
+            .get(Self::SOURCE_GROUP)
+            .and_then(|g| g.layers.first())
+            .map_or(0, |l| l.page_bytes);
+        let raw = u64::from(self.host_num_blocks).saturating_mul(page);
+        if self.shared_host_pool {
+            raw.checked_next_multiple_of(SHARED_HOST_ALIGNMENT)
+                .unwrap_or(u64::MAX)
+        } else {
+            raw
+        }
+    }
+
+    /// Bytes of the host pool: every source layer's array (saturating). Without a shared host
+    /// pool this is `host_num_blocks * host_block_stride`.
     pub fn host_pool_bytes(&self) -> u64 {
-        u64::from(self.host_num_blocks).saturating_mul(self.host_block_stride)
+        let layers = self
+            .groups
+            .get(Self::SOURCE_GROUP)
+            .map_or(0, |g| g.layers.len() as u64);
+        layers.saturating_mul(self.host_array_bytes())
     }
 
     /// Pages (blocks) a request of `tokens` tokens occupies in every group.
@@ -764,12 +866,42 @@ impl KvCacheConfig {
         tokens.div_ceil(self.block_tokens.max(1))
     }
 
-    /// Blocks a regular group keeps for a request with `pages` pages (sliding-window groups keep
-    /// only the blocks that cover the window, plus the block being written).
-    pub fn regular_blocks_for(&self, group: &KvCacheGroup, pages: u64) -> u64 {
+    /// Tokens one block of group `group` covers (the layout's `block_tokens` for a group that
+    /// does not exist or gives 0).
+    pub fn group_block_tokens(&self, group: usize) -> u32 {
+        match self.groups.get(group).map(|g| g.block_tokens) {
+            Some(b) if b > 0 => b,
+            _ => self.block_tokens.max(1),
+        }
+    }
+
+    /// Columns of group `group`'s per-request block table: `ceil(max_model_len / block tokens)`
+    /// (`max_pages_per_request` for every group with the layout's block size).
+    pub fn table_width(&self, group: usize) -> u32 {
+        self.max_model_len.div_ceil(self.group_block_tokens(group))
+    }
+
+    /// Tokens a sliding-window group of window `window` keeps per request: the window, the
+    /// `max_query_len` tokens of a step, and the `max_query_len - 1` tokens a rollback of
+    /// rejected speculative tokens may give back (their window must still be there).
+    pub fn window_tokens(&self, window: u32) -> u64 {
+        let spec = u64::from(self.config.max_query_len.max(1)) - 1;
+        u64::from(window) + 2 * spec
+    }
+
+    /// Blocks a regular group keeps for a request of `tokens` tokens: a full group every block
+    /// of them; a sliding-window group at most the blocks spanned by its window tokens
+    /// ([`KvCacheConfig::window_tokens`]) plus one.
+    pub fn regular_blocks_for(&self, group: &KvCacheGroup, tokens: u32) -> u64 {
+        let bt = u64::from(if group.block_tokens > 0 {
+            group.block_tokens
+        } else {
+            self.block_tokens.max(1)
+        });
+        let all = u64::from(tokens).div_ceil(bt);
         match group.sliding_window {
-            Some(w) => pages.min(u64::from(w.div_ceil(self.block_tokens.max(1))) + 1),
-            None => pages,
+            Some(w) => all.min(self.window_tokens(w).div_ceil(bt) + 1),
+            None => all,
         }
     }
 
@@ -780,7 +912,7 @@ impl KvCacheConfig {
         let regular = self.groups[self.regular_groups()]
             .iter()
             .fold(0u64, |acc, g| {
-                acc.saturating_add(self.regular_blocks_for(g, pages))
+                acc.saturating_add(self.regular_blocks_for(g, context_len))
             });
         let b = u64::from(self.num_buckets);
         let base = pages.saturating_add(regular);
@@ -843,12 +975,16 @@ impl KvCacheConfig {
                 "must equal block_size * sparse_compress_ratio",
             )?;
         }
-        if self.row_bytes == 0 || !self.row_bytes.is_multiple_of(16) {
+        let split = self.value_bytes != self.row_bytes;
+        if self.row_bytes == 0
+            || (!split && !self.row_bytes.is_multiple_of(16))
+            || (split && !(self.row_bytes.wrapping_sub(self.value_bytes)).is_multiple_of(4))
+        {
             bad(
                 "row_bytes",
                 None,
                 Some(self.row_bytes.into()),
-                "must be a positive multiple of 16",
+                "must be a positive multiple of 16 (contiguous rows) or value_bytes plus a multiple of 4 (split rows)",
             )?;
         }
         if self.value_bytes == 0
@@ -861,6 +997,9 @@ impl KvCacheConfig {
                 Some(self.value_bytes.into()),
                 "must be a positive multiple of 16 no larger than row_bytes",
             )?;
+        }
+        if self.page_alignment == 0 {
+            bad("page_alignment", None, Some(0), "must be greater than 0")?;
         }
         if self.max_pages_per_request != self.max_model_len.div_ceil(self.block_tokens) {
             bad(
@@ -890,19 +1029,34 @@ impl KvCacheConfig {
                 "times hot_blocks_per_request overflows a u32 block count",
             )?;
         }
-        if self.bytes_per_block == 0
-            || u64::from(self.attention_block_stride) * u64::from(self.row_bytes)
-                != self.bytes_per_block
-            || self.attention_block_stride < self.block_size
+        let Some(page) = padded_page_bytes(self.block_size, self.row_bytes, self.page_alignment)
+        else {
+            return bad(
+                "row_bytes",
+                None,
+                Some(self.row_bytes.into()),
+                "times block_size overflows a page",
+            );
+        };
+        if self.bytes_per_block == 0 || !self.bytes_per_block.is_multiple_of(page) {
+            bad(
+                "bytes_per_block",
+                None,
+                Some(self.bytes_per_block),
+                "must be a positive multiple of the sparse page (block_size rows of row_bytes, padded to page_alignment)",
+            )?;
+        }
+        if (self.bytes_per_block / page).checked_mul(u64::from(self.block_size))
+            != Some(u64::from(self.attention_block_stride))
         {
             bad(
                 "attention_block_stride",
                 None,
                 Some(self.attention_block_stride.into()),
-                "must equal bytes_per_block / row_bytes and be at least block_size",
+                "must equal (bytes_per_block / sparse page) * block_size",
             )?;
         }
-        self.validate_groups()?;
+        self.validate_groups(page)?;
         let host_max = i32::MAX as u64 / u64::from(self.block_size);
         if u64::from(self.host_num_blocks) > host_max {
             return Err(LayoutError::PoolTooLarge {
@@ -918,6 +1072,14 @@ impl KvCacheConfig {
                 blocks: self.num_gpu_blocks.into(),
                 max: gpu_max,
             });
+        }
+        if self.host_pool_bytes() > self.config.host_budget_bytes {
+            bad(
+                "host_num_blocks",
+                None,
+                Some(self.host_num_blocks.into()),
+                "gives a host pool (every source layer's array) beyond host_budget_bytes",
+            )?;
         }
         if u64::from(self.host_num_blocks) < u64::from(self.max_pages_per_request) + 2 {
             bad(
@@ -942,7 +1104,7 @@ impl KvCacheConfig {
     }
 
     /// The group and index-group rules of [`KvCacheConfig::validate`].
-    fn validate_groups(&self) -> Result<(), LayoutError> {
+    fn validate_groups(&self, sparse_page: u64) -> Result<(), LayoutError> {
         let bad = |field, index: usize, value: Option<u64>, rule| {
             Err(LayoutError::InvalidField {
                 field,
@@ -988,13 +1150,70 @@ impl KvCacheConfig {
             if g.layers.is_empty() {
                 return bad("groups[].layers", i, Some(0), "must not be empty");
             }
-            if kind == GroupKind::Source {
-                if g.page_bytes != self.host_block_stride {
+            let own_blocks = kind == GroupKind::Regular;
+            if g.block_tokens == 0
+                || !self.block_tokens.is_multiple_of(g.block_tokens)
+                || (!own_blocks && g.block_tokens != self.block_tokens)
+            {
+                return bad(
+                    "groups[].block_tokens",
+                    i,
+                    Some(g.block_tokens.into()),
+                    "must equal block_tokens (regular groups: divide it)",
+                );
+            }
+            let mut sum = 0u64;
+            for (j, l) in g.layers.iter().enumerate() {
+                let sparse = matches!(
+                    kind,
+                    GroupKind::Source | GroupKind::Resident | GroupKind::Hot
+                );
+                if l.index_in_group as usize != j
+                    || (sparse
+                        && (l.page_bytes != sparse_page || l.rows_per_block != self.block_size))
+                {
                     return bad(
-                        "groups[].page_bytes",
+                        "groups[].layers",
                         i,
-                        Some(g.page_bytes),
-                        "of the source group must equal host_block_stride",
+                        None,
+                        "must number their layers in order, and sparse layers must have the sparse page (block_size rows of row_bytes, padded)",
+                    );
+                }
+                sum = sum.saturating_add(l.page_bytes);
+            }
+            if sum != g.page_bytes {
+                return bad(
+                    "groups[].page_bytes",
+                    i,
+                    Some(g.page_bytes),
+                    "must equal the sum of its layers' page bytes",
+                );
+            }
+            if kind == GroupKind::Source {
+                let align = if self.shared_host_pool {
+                    SHARED_HOST_ALIGNMENT
+                } else {
+                    1
+                };
+                if g.page_bytes.checked_next_multiple_of(align) != Some(self.host_block_stride) {
+                    return Err(LayoutError::InvalidField {
+                        field: "host_block_stride",
+                        index: None,
+                        value: Some(self.host_block_stride),
+                        rule: "must equal the source group's page bytes (rounded up to 4096 in a shared host pool)",
+                    });
+                }
+                let array = self.host_array_bytes();
+                if let Some(j) = g
+                    .layers
+                    .iter()
+                    .position(|l| Some(l.offset) != u64::from(l.index_in_group).checked_mul(array))
+                {
+                    return bad(
+                        "groups[].layers[].offset",
+                        j,
+                        Some(g.layers[j].offset),
+                        "of a source layer must be its index times host_array_bytes",
                     );
                 }
             } else if g.page_bytes > self.bytes_per_block {
@@ -1089,13 +1308,21 @@ impl KvCacheConfig {
             .ok_or(LayoutError::NotSparse { layer })
     }
 
-    /// Host-pool layout of sparse model layer `layer`: contiguous `[host_num_blocks, block_size,
-    /// row]` at `index * host_num_blocks * page_bytes`, `index_stride_rows = block_size`.
+    /// Host-pool layout of sparse model layer `layer`: `[host_num_blocks, page]` at `index *
+    /// host_array_bytes`, `index_stride_rows = block_size`.
     pub fn host_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
         let l = self.source_layer(layer)?;
-        let base = u64::from(l.index_in_group)
-            .checked_mul(u64::from(self.host_num_blocks))
-            .and_then(|v| v.checked_mul(l.page_bytes))
+        let array = u64::from(self.host_num_blocks)
+            .checked_mul(l.page_bytes)
+            .and_then(|a| {
+                a.checked_next_multiple_of(if self.shared_host_pool {
+                    SHARED_HOST_ALIGNMENT
+                } else {
+                    1
+                })
+            });
+        let base = array
+            .and_then(|a| u64::from(l.index_in_group).checked_mul(a))
             .ok_or(ovf("host layout base"))?;
         Ok(PageLayout {
             base,
@@ -1143,6 +1370,45 @@ impl KvCacheConfig {
             host: self.host_layout(layer)?,
             device: self.device_layout(layer)?,
         })
+    }
+
+    /// The indexer row of leader `layer` in the GPU pool (block `b`'s page at `b *
+    /// bytes_per_block + offset`) and in an indexer host cache of `host_num_blocks` pages per
+    /// leader, layer-major like the host pool (leader `i` of the indexer group at `i *
+    /// host_num_blocks * page`): what [`crate::ops::indexer_backup`] copies. `Err` for a layer
+    /// that leads no index group.
+    pub fn indexer_layer_pair(&self, layer: u32) -> Result<LayerPair, LayoutError> {
+        let l = self
+            .groups
+            .get(Self::INDEXER_GROUP)
+            .and_then(|g| g.layers.iter().find(|l| l.layer == layer))
+            .ok_or(LayoutError::NotSparse { layer })?;
+        let base = u64::from(l.index_in_group)
+            .checked_mul(u64::from(self.host_num_blocks))
+            .and_then(|v| v.checked_mul(l.page_bytes))
+            .ok_or(ovf("indexer host layout base"))?;
+        let rows = |base, block_stride, num_blocks| PageLayout {
+            base,
+            block_stride,
+            num_blocks,
+            block_size: l.rows_per_block,
+            row_bytes: l.row_bytes,
+            value_bytes: l.value_bytes,
+            index_stride_rows: l.rows_per_block,
+        };
+        Ok(LayerPair {
+            host: rows(base, l.page_bytes, self.host_num_blocks),
+            device: rows(l.offset, self.bytes_per_block, self.num_gpu_blocks),
+        })
+    }
+
+    /// Bytes of an indexer host cache holding `host_num_blocks` pages of every leader's indexer
+    /// (the host side of [`KvCacheConfig::indexer_layer_pair`]; saturating).
+    pub fn indexer_host_pool_bytes(&self) -> u64 {
+        self.groups
+            .get(Self::INDEXER_GROUP)
+            .map_or(0, |g| g.page_bytes)
+            .saturating_mul(u64::from(self.host_num_blocks))
     }
 
     /// Layer pairs of every sparse layer, in model order (backups and restores of all layers in
@@ -1215,7 +1481,7 @@ impl KvCacheConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{RegularLayer, SparseLayer};
+    use crate::model::{RegularKind, RegularLayer, SparseLayer};
     use crate::presets::{DEEPSEEK_V4, DEEPSEEK_V32, GLM5};
 
     const GIB: u64 = 1 << 30;
@@ -1340,42 +1606,112 @@ mod tests {
         assert!(std::format!("{c}").contains("limited by"));
     }
 
+    /// GLM-5's index schedule (`index_topk_freq` 4, `index_skip_topk_offset` 3): 21 index
+    /// groups with leaders at 0, 1, 2, 6, 10, …, 74.
     #[test]
-    fn glm5_shares_indexers() {
+    fn glm5_index_groups() {
         let kv = plan(&GLM5, 64 * GIB, 40 * GIB, 65536).unwrap();
-        // 20 indexers * 8448 = 168960 ≥ one 4-layer unit (167936) but not two: 20 buckets.
-        assert_eq!(kv.groups[1].layers.len(), 20);
+        assert_eq!(kv.groups[1].layers.len(), 21);
+        let leaders: Vec<u32> = kv.index_groups.iter().map(|g| g.leader).collect();
+        let mut want = alloc::vec![0, 1, 2];
+        want.extend((6..=74).step_by(4));
+        assert_eq!(leaders, want);
+        assert_eq!(kv.index_groups[2].layers, alloc::vec![2, 3, 4, 5]);
+        assert_eq!(kv.index_groups[20].layers, alloc::vec![74, 75, 76, 77]);
+        // 21 indexers * 8448 = 177408 hold 4 pages of 41984: layers 0 and 1 share a bucket,
+        // then one bucket per 4-layer unit.
         assert_eq!(kv.num_buckets, 20);
-        assert_eq!(kv.groups[kv.resident_group(0)].layers.len(), 4);
-        assert_eq!(kv.groups[kv.resident_group(19)].layers.len(), 2);
-        assert_eq!(kv.index_groups[1].layers, alloc::vec![4, 5, 6, 7]);
-        // Largest group: indexer 168960 → rounded up to 5 pages of 41984.
+        assert_eq!(kv.groups[kv.resident_group(0)].layers.len(), 2);
+        assert_eq!(kv.groups[kv.resident_group(1)].layers.len(), 4);
+        // Largest group: indexer 177408 → rounded up to 5 pages of 41984.
         assert_eq!(kv.bytes_per_block, 5 * 41984);
         assert_eq!(kv.host_block_stride, 78 * 41984);
-        assert_eq!(kv.index_group_pairs(1).unwrap().len(), 4);
+        assert_eq!(kv.index_group_pairs(2).unwrap().len(), 4);
     }
 
+    /// DeepSeek V4 as vLLM declares its caches: 584-B split rows in 37,440-B pages, 8,640-B
+    /// indexer pages, 1,728-B C128A pages, sliding-window and compressor-state groups with
+    /// their own block sizes, host stride 21 × 37,440 = 786,240.
     #[test]
-    fn deepseek_v4_split_rows_and_regular_groups() {
-        let kv = plan(&DEEPSEEK_V4, 64 * GIB, 40 * GIB, 1 << 20).unwrap();
-        assert_eq!(kv.block_size, 64);
-        assert_eq!(kv.block_tokens, 256);
-        let page = 64 * 592u64;
-        // 21 indexers * 8448 = 177408 → 4 C4A layers per bucket (151552), 21 = 5*4 + 1.
+    fn deepseek_v4_vectors() {
+        let kv = plan(&DEEPSEEK_V4, 512 * GIB, 80 * GIB, 131072).unwrap();
+        assert_eq!((kv.block_tokens, kv.block_size), (256, 64));
+        assert_eq!(
+            (kv.row_bytes, kv.value_bytes, kv.page_alignment),
+            (584, 576, 576)
+        );
+        assert_eq!(kv.host_block_stride, 786240);
+        assert!(kv.groups[0].layers.iter().all(|l| l.page_bytes == 37440));
+        assert_eq!(kv.groups[1].layers.len(), 21);
+        assert!(
+            kv.groups[1]
+                .layers
+                .iter()
+                .all(|l| l.page_bytes == 8640 && l.row_bytes == 132 && l.value_bytes == 128)
+        );
+        // 21 indexers * 8640 = 181440 hold 4 C4A pages (149760): 21 = 5 * 4 + 1.
         assert_eq!(kv.num_buckets, 6);
+        assert_eq!(kv.groups[kv.resident_group(0)].page_bytes, 4 * 37440);
+        // Block: 181440 rounded up to 5 pages of 37440; 5 * 64 rows in the flat view.
+        assert_eq!(kv.bytes_per_block, 5 * 37440);
+        assert_eq!(kv.attention_block_stride, 320);
+        assert_eq!(kv.hot_blocks_per_request, (2 * 512) / 64);
         let regular: Vec<&KvCacheGroup> = kv.groups[kv.regular_groups()].iter().collect();
-        assert_eq!(regular.len(), 2);
-        assert_eq!(regular[0].sliding_window, Some(128));
-        assert_eq!(regular[0].layers.len(), 2);
-        assert_eq!(regular[0].page_bytes, 2 * 256 * 592);
-        assert_eq!(regular[1].layers.len(), 20);
-        assert_eq!(regular[1].layers[0].rows_per_block, 2);
-        // Largest group: SWA 303104 = 8 pages exactly.
-        assert_eq!(kv.bytes_per_block, 8 * page);
-        assert_eq!(kv.attention_block_stride, 8 * 64);
-        let pair = kv.layer_pair(2).unwrap();
+        let of = |kind: RegularKind, bt: u32| -> Vec<&&KvCacheGroup> {
+            regular
+                .iter()
+                .filter(|g| g.cache == Some(kind) && g.block_tokens == bt)
+                .collect()
+        };
+        let swa = of(RegularKind::SlidingWindow, 64);
+        assert_eq!(swa.iter().map(|g| g.layers.len()).sum::<usize>(), 43);
+        assert_eq!(swa.len(), 11);
+        assert!(swa.iter().all(|g| {
+            g.sliding_window == Some(128)
+                && g.layers
+                    .iter()
+                    .all(|l| l.page_bytes == 37440 && l.rows_per_block == 64)
+        }));
+        let c128a = of(RegularKind::Attention, 256);
+        assert_eq!(c128a.len(), 1);
+        assert_eq!(c128a[0].layers.len(), 20);
+        assert!(
+            c128a[0]
+                .layers
+                .iter()
+                .all(|l| l.page_bytes == 1728 && l.rows_per_block == 2)
+        );
+        let c4_state: Vec<_> = of(RegularKind::CompressorState, 4);
+        let (kv_state, indexer_state): (Vec<&&&KvCacheGroup>, Vec<&&&KvCacheGroup>) = c4_state
+            .iter()
+            .partition(|g| g.layers[0].page_bytes == 32832);
+        assert_eq!(kv_state.iter().map(|g| g.layers.len()).sum::<usize>(), 21);
+        assert_eq!(
+            indexer_state.iter().map(|g| g.layers.len()).sum::<usize>(),
+            21
+        );
+        assert!(indexer_state.iter().all(|g| g.layers[0].page_bytes == 8640));
+        assert!(c4_state.iter().all(|g| g.sliding_window == Some(8)));
+        let c128_state = of(RegularKind::CompressorState, 8);
+        assert_eq!(c128_state.iter().map(|g| g.layers.len()).sum::<usize>(), 20);
+        assert!(c128_state.iter().all(
+            |g| g.sliding_window == Some(128) && g.layers.iter().all(|l| l.page_bytes == 32832)
+        ));
+        // Every group fits the block; groups of one geometry split where the block ends.
+        assert!(
+            kv.groups[1..]
+                .iter()
+                .all(|g| g.page_bytes <= kv.bytes_per_block)
+        );
+        assert_eq!(kv.table_width(kv.regular_groups().start), 131072 / 64);
+        // The first C4A layer is tensor 3 (after three sliding-window caches).
+        assert_eq!(kv.groups[0].layers[0].layer, 3);
+        let pair = kv.layer_pair(3).unwrap();
         assert!(pair.host.is_split());
-        assert_eq!(pair.host.value_bytes, 576);
+        assert_eq!(
+            (pair.host.value_bytes, pair.host.block_stride),
+            (576, 37440)
+        );
         pair.device
             .check(
                 crate::error::OpName::CopyPages,
@@ -1383,7 +1719,115 @@ mod tests {
                 kv.gpu_pool_bytes(),
             )
             .unwrap();
-        assert_eq!(kv.max_pages_per_request, (1 << 20) / 256);
+        pair.host
+            .check(
+                crate::error::OpName::CopyPages,
+                "host",
+                kv.host_pool_bytes(),
+            )
+            .unwrap();
+        let ix = kv.indexer_layer_pair(3).unwrap();
+        assert_eq!((ix.host.row_bytes, ix.host.value_bytes), (132, 128));
+        ix.host
+            .check(
+                crate::error::OpName::CopyRows,
+                "host",
+                kv.indexer_host_pool_bytes(),
+            )
+            .unwrap();
+        ix.device
+            .check(
+                crate::error::OpName::CopyRows,
+                "device",
+                kv.gpu_pool_bytes(),
+            )
+            .unwrap();
+        assert_eq!(kv.max_pages_per_request, 131072 / 256);
+        assert_eq!(kv.validate(), Ok(()));
+    }
+
+    /// The hot table has `hot_blocks_per_request` columns in every preset: the resolver's
+    /// `hot_table_width` (`ceil(device_buffer_size / block_size)`), with the hot groups' own
+    /// rows per block.
+    #[test]
+    fn hot_blocks_follow_the_hot_group_geometry() {
+        for model in [DEEPSEEK_V32, GLM5, DEEPSEEK_V4] {
+            for mql in [1, 2, 4] {
+                let mut cfg = HiSparseConfig::new(model.top_k, 512 * GIB);
+                cfg.max_query_len = mql;
+                let kv = plan_layout(&LayoutInput::new(&model, &cfg, 80 * GIB, 65536)).unwrap();
+                assert_eq!(kv.device_buffer_size, (mql + 1) * model.top_k);
+                let d = kv.resolve_desc(1, 1);
+                assert_eq!(d.hot_table_width(), kv.hot_blocks_per_request);
+                for b in 0..kv.num_buckets {
+                    let hot = &kv.groups[kv.hot_group(b)];
+                    assert!(hot.layers.iter().all(|l| l.rows_per_block == kv.block_size));
+                    assert!(
+                        u64::from(kv.hot_blocks_per_request) * u64::from(kv.block_size)
+                            >= u64::from(kv.device_buffer_size)
+                    );
+                }
+            }
+        }
+    }
+
+    /// A shared host pool (one pool for the tensor-parallel ranks of a node): the stride is a
+    /// multiple of 4096 and every layer's array starts on a 4096-B boundary; the pool is the
+    /// arrays, within the budget.
+    #[test]
+    fn shared_host_pool_aligns_stride_and_arrays() {
+        for model in [DEEPSEEK_V32, GLM5, DEEPSEEK_V4] {
+            for budget in [64 * GIB, 512 * GIB, 3 * GIB + 12345] {
+                let cfg = HiSparseConfig::new(model.top_k, budget);
+                let mut input = LayoutInput::new(&model, &cfg, 80 * GIB, 8192);
+                let plain = plan_layout(&input).unwrap();
+                input.shared_host_pool = true;
+                let kv = plan_layout(&input).unwrap();
+                assert!(kv.shared_host_pool);
+                assert_eq!(kv.host_block_stride % SHARED_HOST_ALIGNMENT, 0);
+                assert_eq!(
+                    kv.host_block_stride,
+                    plain.host_block_stride.next_multiple_of(4096)
+                );
+                for l in &kv.groups[0].layers {
+                    let h = kv.host_layout(l.layer).unwrap();
+                    assert_eq!(h.base % 4096, 0, "{}", model.name);
+                    assert_eq!(h.base, l.offset);
+                    h.check(
+                        crate::error::OpName::CopyPages,
+                        "host",
+                        kv.host_pool_bytes(),
+                    )
+                    .unwrap();
+                }
+                assert_eq!(kv.host_pool_bytes() % 4096, 0);
+                assert!(kv.host_pool_bytes() <= budget);
+                assert!(kv.host_num_blocks <= plain.host_num_blocks);
+                // The largest block count whose aligned arrays fit.
+                let mut more = kv.clone();
+                more.host_num_blocks += 1;
+                assert!(
+                    more.host_pool_bytes() > budget
+                        || u64::from(more.host_num_blocks) * kv.host_block_stride > budget
+                );
+                assert_eq!(kv.validate(), Ok(()));
+                // validate keeps to the shared rules.
+                let mut bad = kv.clone();
+                bad.host_block_stride = plain.host_block_stride;
+                if bad.host_block_stride != kv.host_block_stride {
+                    assert!(matches!(
+                        bad.validate(),
+                        Err(LayoutError::InvalidField {
+                            field: "host_block_stride",
+                            ..
+                        })
+                    ));
+                }
+                let mut bad = kv.clone();
+                bad.shared_host_pool = false;
+                assert!(bad.validate().is_err());
+            }
+        }
     }
 
     #[test]
@@ -1425,6 +1869,9 @@ mod tests {
                 row_bytes: 32,
                 compress_ratio: 1,
                 sliding_window: None,
+                block_tokens: None,
+                page_alignment: 1,
+                kind: crate::model::RegularKind::Attention,
             }),
         ];
         let m = ModelSpec {
@@ -1444,6 +1891,8 @@ mod tests {
             value_bytes: 40,
             compress_ratio: 1,
             indexer_row_bytes: Some(16),
+            indexer_value_bytes: None,
+            page_alignment: 1,
         })];
         let m = ModelSpec { layers: &bad, ..m };
         assert!(matches!(

@@ -598,6 +598,9 @@ fn small_layout(gpu_blocks: u32, host_blocks: u32, max_len: u32) -> KvCacheConfi
             row_bytes: 32,
             compress_ratio: 1,
             sliding_window: None,
+            block_tokens: None,
+            page_alignment: 1,
+            kind: hisparse_core::model::RegularKind::Attention,
         }),
     ];
     let model = ModelSpec {

@@ -34,17 +34,38 @@ static HOT_ASSIGN: AtomicU64 = AtomicU64::new(0);
 static SPILLS: AtomicU64 = AtomicU64::new(0);
 static WINDOW_FREES: AtomicU64 = AtomicU64::new(0);
 static DURABLE_ADVANCES: AtomicU64 = AtomicU64::new(0);
+static ROLLBACKS: AtomicU64 = AtomicU64::new(0);
 const MAX_LEN: u32 = 48;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Admit { len: u8, family: u8 },
+    Admit {
+        len: u8,
+        family: u8,
+    },
     Step,
-    Sample { finish_len: u8 },
-    Report { worker: u8, enq: u8, comp: u8 },
-    Finish { pick: u8 },
-    Preempt { pick: u8 },
-    Reclaim { blocks: u8 },
+    Sample {
+        finish_len: u8,
+    },
+    Report {
+        worker: u8,
+        enq: u8,
+        comp: u8,
+    },
+    Finish {
+        pick: u8,
+    },
+    Preempt {
+        pick: u8,
+    },
+    Reclaim {
+        blocks: u8,
+    },
+    /// Rejected speculative tokens given back (refusals of too-long rollbacks are expected).
+    Rollback {
+        pick: u8,
+        n: u8,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -64,7 +85,7 @@ struct Params {
 
 fn params() -> impl Strategy<Value = Params> {
     (
-        (40u32..160, 14u32..70, any::<bool>(), 1u32..=3),
+        (48u32..160, 14u32..70, any::<bool>(), 1u32..=3),
         (any::<bool>(), prop::bool::weighted(0.2), 1u32..=2),
         (
             1u32..=6,
@@ -105,6 +126,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(|pick| Op::Finish { pick }),
         1 => any::<u8>().prop_map(|pick| Op::Preempt { pick }),
         1 => (1u8..20).prop_map(|blocks| Op::Reclaim { blocks }),
+        2 => (any::<u8>(), 1u8..4).prop_map(|(pick, n)| Op::Rollback { pick, n }),
     ]
 }
 
@@ -170,6 +192,9 @@ fn setup(p: &Params) -> Coordinator {
             row_bytes: 32,
             compress_ratio: 1,
             sliding_window: None,
+            block_tokens: None,
+            page_alignment: 1,
+            kind: hisparse_core::model::RegularKind::Attention,
         }),
     ];
     if p.window {
@@ -177,6 +202,10 @@ fn setup(p: &Params) -> Coordinator {
             row_bytes: 16,
             compress_ratio: 1,
             sliding_window: Some(6),
+            // Its own block size (2 tokens against the sparse layers' 4).
+            block_tokens: Some(2),
+            page_alignment: 1,
+            kind: hisparse_core::model::RegularKind::SlidingWindow,
         }));
     }
     let layers: &'static [LayerSpec] = Box::leak(layers.into_boxed_slice());
@@ -388,7 +417,27 @@ fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
                     );
                 }
             }
-            prop_assert!(row_buf[pages..].iter().all(|&v| v == 0));
+            // A rollback leaves the pages it un-filled allocated for the tokens that follow.
+            let held = pages.max(sh.resident[row][b].len()).min(mp);
+            for (p, &got) in row_buf.iter().enumerate().take(held).skip(pages) {
+                let want = sh.resident[row][b].get(p).copied().unwrap_or(0);
+                prop_assert_eq!(
+                    got as u32,
+                    want,
+                    "resident row {} bucket {} page {}",
+                    row,
+                    b,
+                    p
+                );
+                if want != 0 {
+                    prop_assert!(
+                        owner.insert(want, id).is_none(),
+                        "GPU block {} shared",
+                        want
+                    );
+                }
+            }
+            prop_assert!(row_buf[held..].iter().all(|&v| v == 0));
             let mut hot = vec![0i32; kv.hot_blocks_per_request as usize];
             c.hot_row(id, b as u32, &mut hot).unwrap();
             let sh_hot = &sh.hot[row][b];
@@ -528,6 +577,25 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Reclaim { blocks } => {
                 c.reclaim_resident_blocks(u32::from(blocks));
             }
+            Op::Rollback { pick, n } => {
+                let ids: Vec<RequestId> = c.running_ids().collect();
+                if !ids.is_empty() {
+                    let id = ids[usize::from(pick) % ids.len()];
+                    let before = c.num_computed(id).unwrap();
+                    match c.rollback(id, u32::from(n)) {
+                        Ok(()) => {
+                            let after = c.num_computed(id).unwrap();
+                            prop_assert!(after + u32::from(n) >= before);
+                            if after < before {
+                                ROLLBACKS.fetch_add(1, Relaxed);
+                            }
+                            sh.computed[c.slot_of(id).unwrap() as usize] = after;
+                        }
+                        Err(hisparse_core::coordinator::CoordError::RollbackTooFar { .. }) => {}
+                        Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                    }
+                }
+            }
         }
         c.check_invariants()
             .map_err(|v| TestCaseError::fail(format!("{v} after {steps} steps")))?;
@@ -573,6 +641,7 @@ fn coordinator_model() {
         ("page spills", SPILLS.load(Relaxed)),
         ("window/COW block frees", WINDOW_FREES.load(Relaxed)),
         ("durable advances", DURABLE_ADVANCES.load(Relaxed)),
+        ("rollbacks of computed tokens", ROLLBACKS.load(Relaxed)),
     ];
     println!("coverage over {cases} sequences: {counts:?}");
     if cases >= 1000 {

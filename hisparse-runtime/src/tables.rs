@@ -128,9 +128,10 @@ impl<D: Device> Tables<D> {
             hot: (0..b)
                 .map(|_| Table::new(dev, rows, hot_width, -1))
                 .collect::<Result<_, _>>()?,
+            // A regular group's table has a column per block of its own size.
             regular: kv
                 .regular_groups()
-                .map(|_| Table::new(dev, rows, m, 0))
+                .map(|g| Table::new(dev, rows, kv.table_width(g), 0))
                 .collect::<Result<_, _>>()?,
             rows,
             regular_start: kv.regular_groups().start,
@@ -141,8 +142,14 @@ impl<D: Device> Tables<D> {
     /// Device bytes `rows` state rows of tables take for `kv` (for the budget check).
     pub(crate) fn bytes(kv: &KvCacheConfig, rows: u32, hot_width: u32) -> u64 {
         let m = u64::from(kv.max_pages_per_request);
-        let tables = 2 + u64::from(kv.num_buckets) + kv.regular_groups().len() as u64;
-        u64::from(rows) * 4 * (tables * m + u64::from(kv.num_buckets) * u64::from(hot_width))
+        let tables = 2 + u64::from(kv.num_buckets);
+        let regular: u64 = kv
+            .regular_groups()
+            .map(|g| u64::from(kv.table_width(g)))
+            .sum();
+        u64::from(rows)
+            * 4
+            * (tables * m + regular + u64::from(kv.num_buckets) * u64::from(hot_width))
     }
 
     fn check_row(&self, row: u32) -> Result<(), RuntimeError<D::Error>> {

@@ -43,6 +43,8 @@ const fn sparse(indexer: Option<u32>) -> LayerSpec {
         value_bytes: 16,
         compress_ratio: 1,
         indexer_row_bytes: indexer,
+        indexer_value_bytes: None,
+        page_alignment: 1,
     })
 }
 
@@ -54,6 +56,9 @@ static LAYERS: [LayerSpec; 4] = [
         row_bytes: 16,
         compress_ratio: 1,
         sliding_window: None,
+        block_tokens: None,
+        page_alignment: 1,
+        kind: hisparse_core::model::RegularKind::Attention,
     }),
 ];
 

@@ -55,6 +55,7 @@ impl Coordinator {
             row: NO_ROW,
             tokens,
             num_computed: 0,
+            rollback_floor: 0,
             pages: 0,
             hit_pages: 0,
             last_xfer: 0,
@@ -171,19 +172,47 @@ impl Coordinator {
         res
     }
 
-    /// Longest prefix of `r`'s full pages durable on host whose indexer and regular blocks are
-    /// still cached on the GPU.
+    /// The first token a start recomputes after a prefix hit of `hit` pages of a `len`-token
+    /// prompt: the token after the hit, or — when the hit covers the whole prompt — its last
+    /// token (the last token is always computed; its page becomes a copy-on-write tail).
+    #[inline]
+    fn resume_token(&self, hit: u32, len: u32) -> u32 {
+        let end = u64::from(hit) * u64::from(self.kv.block_tokens);
+        if end >= u64::from(len) {
+            len - 1
+        } else {
+            end as u32
+        }
+    }
+
+    /// Longest prefix of `r`'s full pages durable on host whose GPU blocks are still cached:
+    /// every page's indexer and full-attention blocks, and in each sliding-window group the
+    /// blocks the window of the first recomputed token needs.
     fn prefix_hit(&self, r: &Req) -> u32 {
         let mut hit = 0u32;
-        if self.source.caching() {
-            while (hit as usize) < r.source.hashes.len() {
-                let hash = r.source.hashes[hit as usize];
-                if !self.source.is_cached(&self.host, hash)
-                    || !self.paged.is_cached(&self.gpu, hash)
-                {
-                    break;
-                }
-                hit += 1;
+        if !self.source.caching() {
+            return 0;
+        }
+        while (hit as usize) < r.source.hashes.len() {
+            let hash = r.source.hashes[hit as usize];
+            if !self.source.is_cached(&self.host, hash) || !self.paged.is_cached(&self.gpu, hash) {
+                break;
+            }
+            hit += 1;
+        }
+        if self.paged.has_window() {
+            let len = r.tokens.len() as u32;
+            // Not monotone in the hit length: a window's blocks may be cached at one boundary
+            // and evicted at an earlier one. Take the longest hit whose window is there.
+            while hit > 0
+                && !self.paged.windows_cached(
+                    &self.gpu,
+                    &r.source.hashes,
+                    hit,
+                    self.resume_token(hit, len),
+                )
+            {
+                hit -= 1;
             }
         }
         hit
@@ -191,7 +220,8 @@ impl Coordinator {
 
     /// GPU blocks a start with a prefix hit of `hit` pages (of a `len`-token prompt) holds at
     /// the least: the pinned indexer and regular blocks of the hit, one new page (the first
-    /// chunk, or the copy-on-write tail) and the hot region when some page reads from host.
+    /// chunk, or the copy-on-write tail) with a new block in every regular group, and the hot
+    /// region when some page reads from host.
     fn hit_start_footprint(&self, hit: u32, len: u32) -> u64 {
         let cow_tail = u64::from(hit) * u64::from(self.kv.block_tokens) >= u64::from(len);
         let shared = if cow_tail { hit - 1 } else { hit };
@@ -200,7 +230,10 @@ impl Coordinator {
         } else {
             0
         };
-        u64::from(hit) * self.paged.blocks_per_page() + self.gpu_cost_per_page() + hot
+        self.paged.hit_pins(hit, self.resume_token(hit, len))
+            + self.gpu_cost_per_page()
+            + self.paged.num_groups()
+            + hot
     }
 
     pub(super) fn start_inner(
@@ -228,17 +261,27 @@ impl Coordinator {
 
         // Pin every hit block first: re-pinning takes a free cached block out of the free
         // queue, and no later allocation (reclaim's hot regions included) may evict it.
+        let mut pinned = Ok(());
         for p in 0..hit {
             let hash = r.source.hashes[p as usize];
-            let pinned = self
-                .source
-                .pin_hit(&mut r.source, &mut self.host, hash)
-                .and_then(|()| self.paged.pin_hit(&mut r.paged, &mut self.gpu, hash));
-            if let Err(e) = pinned {
-                self.source.unpin(&mut r.source, &mut self.host);
-                self.paged.unpin(&mut r.paged, &mut self.gpu);
-                return Err(e.into());
+            pinned = self.source.pin_hit(&mut r.source, &mut self.host, hash);
+            if pinned.is_err() {
+                break;
             }
+        }
+        if hit > 0 && pinned.is_ok() {
+            pinned = self.paged.pin_hit(
+                &mut r.paged,
+                &mut self.gpu,
+                &r.source.hashes,
+                hit,
+                computed0,
+            );
+        }
+        if let Err(e) = pinned {
+            self.source.unpin(&mut r.source, &mut self.host);
+            self.paged.unpin(&mut r.paged, &mut self.gpu);
+            return Err(e.into());
         }
         // Account for every tier before allocating anything.
         let host_need = u64::from(total_pages - shared);
@@ -248,25 +291,31 @@ impl Coordinator {
             0
         };
         let per_page = self.gpu_cost_per_page();
-        let gpu_need =
-            |chunk: u32| u64::from((computed0 + chunk).div_ceil(bt) - shared) * per_page + hot;
+        // The copy-on-write tail also copies the column of its last token in every regular
+        // group.
+        let cow_regular = if cow_tail { self.paged.num_groups() } else { 0 };
+        let gpu_need = |this: &Self, r: &Req, chunk: u32| {
+            u64::from((computed0 + chunk).div_ceil(bt) - shared) * per_page
+                + hot
+                + cow_regular
+                + this
+                    .paged
+                    .regular_need(&r.paged, computed0, computed0 + chunk)
+        };
         let mut short = None;
         let mut awaits = false;
         if u64::from(self.host.num_free()) < host_need {
             short = Some(PoolKind::Host);
-        } else if u64::from(self.gpu.num_free()) < gpu_need(chunk) {
-            let want = (gpu_need(chunk) - u64::from(self.gpu.num_free()))
+        } else if u64::from(self.gpu.num_free()) < gpu_need(self, r, chunk) {
+            let want = (gpu_need(self, r, chunk) - u64::from(self.gpu.num_free()))
                 .max(u64::from(self.cfg.reclaim_min_blocks));
             awaits = self.reclaim(want.min(u64::from(u32::MAX)) as u32).1;
             let free = u64::from(self.gpu.num_free());
-            if free < gpu_need(chunk) {
-                // Shrink the first chunk to the pages the free pool holds (at least one).
-                let pages = free.saturating_sub(hot) / per_page;
-                let end = (u64::from(shared) + pages) * u64::from(bt);
-                if free < hot || pages == 0 || end <= u64::from(computed0) {
-                    short = Some(PoolKind::Gpu);
-                } else {
-                    chunk = chunk.min((end - u64::from(computed0)).min(u64::from(u32::MAX)) as u32);
+            if free < gpu_need(self, r, chunk) {
+                // Shrink the first chunk to what the free pool holds (at least one token).
+                match largest_fit(chunk, |c| gpu_need(self, r, c) <= free) {
+                    Some(c) => chunk = c,
+                    None => short = Some(PoolKind::Gpu),
                 }
             }
         }
@@ -323,7 +372,7 @@ impl Coordinator {
             );
             self.paged.copy_on_write(
                 &mut r.paged,
-                p,
+                computed0,
                 &mut self.gpu,
                 &mut self.out,
                 &mut self.after_build,
@@ -332,7 +381,7 @@ impl Coordinator {
                 .restore(&mut r.resident, p, nbk, &mut self.gpu, &mut self.out);
         }
         self.source.hit_tables(&r.source, slot, hit, &mut self.out);
-        self.paged.hit_tables(&r.paged, slot, hit, &mut self.out);
+        self.paged.hit_tables(&r.paged, slot, &mut self.out);
         self.resident
             .hit_tables(&r.resident, slot, hit, &mut self.out);
         r.pages = hit;
@@ -342,7 +391,6 @@ impl Coordinator {
         r.resident.spill_cursor = shared;
         r.source.ready_prefix = shared;
         r.num_computed = computed0;
-        self.paged.reset_windows(&mut r.paged);
         // Host blocks for the rest of the prompt.
         self.source.grow(
             &mut r.source,
@@ -363,4 +411,22 @@ impl Coordinator {
         }
         res
     }
+}
+
+/// The largest `c` in `1..=max` for which `fits(c)` holds, when `fits` is monotone (true up to
+/// some point, false after); `None` when not even `fits(1)` holds.
+pub(super) fn largest_fit(max: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
+    if max == 0 || !fits(1) {
+        return None;
+    }
+    let (mut lo, mut hi) = (1u32, max);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Some(lo)
 }

@@ -3,7 +3,7 @@
 
 use alloc::vec::Vec;
 
-use super::managers::DIRTY;
+use super::managers::{DIRTY, PagedTable};
 use super::{Coordinator, PoolKind, RequestId};
 use crate::ops::{BlockPair, RowSpan};
 
@@ -164,8 +164,7 @@ impl OffloadCommand {
         &mut self,
         own_batch: bool,
         host: &[u32],
-        indexer: &[u32],
-        regular: &[u32],
+        paged: &PagedTable,
         resident: &[u32],
     ) {
         if own_batch {
@@ -179,8 +178,7 @@ impl OffloadCommand {
         // Copy-on-write and restores into its blocks must not run either.
         if !(self.host_cow.is_empty() && self.gpu_cow.is_empty() && self.restores.is_empty()) {
             self.host_cow.retain(|p| !host.contains(&p.dst));
-            self.gpu_cow
-                .retain(|p| !indexer.contains(&p.dst) && !regular.contains(&p.dst));
+            self.gpu_cow.retain(|p| !paged.holds(p.dst));
             self.restores
                 .retain(|t| !resident.contains(&t.device_block));
         }

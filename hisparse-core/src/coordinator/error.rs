@@ -92,6 +92,18 @@ pub enum CoordError {
         /// Tokens available.
         available: u32,
     },
+    /// A rollback ([`Coordinator::rollback`]) asks to give back more computed tokens than the
+    /// request's last step may return: at most `max_query_len - 1` of them (a step's
+    /// speculative tokens), never its first token, and never into a page that is reclaimed or
+    /// marked for release.
+    RollbackTooFar {
+        /// The id.
+        id: RequestId,
+        /// Computed tokens the rollback would give back.
+        requested: u32,
+        /// Computed tokens it may give back.
+        allowed: u32,
+    },
     /// The request is not running (waiting requests are started by [`Coordinator::step`] or
     /// [`Coordinator::start`]).
     NotRunning {
@@ -198,6 +210,14 @@ impl fmt::Display for CoordError {
             } => write!(
                 f,
                 "coordinator: request {id}: {requested} tokens scheduled but only {available} are uncomputed; append tokens first"
+            ),
+            CoordError::RollbackTooFar {
+                id,
+                requested,
+                allowed,
+            } => write!(
+                f,
+                "coordinator: request {id}: a rollback of {requested} computed tokens, but only {allowed} may go back (the rejected speculative tokens of its last step: at most max_query_len - 1, never its first token); roll back fewer"
             ),
             CoordError::NotRunning { id } => write!(f, "coordinator: request {id} is not running"),
             CoordError::NoFreeSlot => {

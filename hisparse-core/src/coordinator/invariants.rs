@@ -91,13 +91,11 @@ impl Coordinator {
                 }
                 continue;
             }
-            for &b in r
+            for b in r
                 .paged
-                .indexer
-                .iter()
-                .chain(&r.paged.regular)
-                .chain(&r.resident.blocks)
-                .chain(&r.hot.blocks)
+                .blocks()
+                .chain(r.resident.blocks.iter().copied())
+                .chain(r.hot.blocks.iter().copied())
             {
                 if b != 0 {
                     gpu_refs[b as usize] += 1;
@@ -110,6 +108,7 @@ impl Coordinator {
             self.hot
                 .check(&r.hot, self.resident.reads_from_host(&r.resident))
                 .map_err(at)?;
+            self.paged.check(&r.paged, r.num_computed).map_err(at)?;
             self.resident
                 .check(
                     &r.resident,

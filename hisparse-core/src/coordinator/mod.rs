@@ -28,6 +28,7 @@
 //! | `admission.rs` | [`Coordinator::admit`], appending tokens, [`Coordinator::start`] (prefix hits, copy-on-write tail, accounting for every tier) |
 //! | `schedule.rs` | [`Coordinator::schedule`] and the built-in step policy [`Coordinator::schedule_step`] |
 //! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`] and wait-instead-of-preempt |
+//! | `rollback.rs` | [`Coordinator::rollback`]: rejected speculative tokens given back |
 //! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`], durability |
 //! | `command.rs` | [`OffloadCommand`] and the types it carries; [`Coordinator::build_offload_command`] |
 //! | `rows.rs` | the `i32` table rows the data plane reads |
@@ -62,6 +63,9 @@
 //! is in flight, and preempts the newest running request otherwise) and returns the command for
 //! the engine. The engine runs the forward pass and the copies, reports them, appends sampled
 //! tokens ([`Coordinator::append_tokens`]) and finally [`Coordinator::finish`]es the request.
+//! With speculative decoding (`max_query_len = 1 + s`) the engine appends `s` draft tokens with
+//! each sampled one, a step computes them together, and the engine gives back the drafts the
+//! verifier rejected with [`Coordinator::rollback`] before the next step.
 //!
 //! Liveness: with workers reporting, a request whose context fits the layout always finishes
 //! (the layout guarantees that one `max_model_len` request fits both pools, and
@@ -127,6 +131,7 @@ mod invariants;
 mod managers;
 mod reclaim;
 mod request;
+mod rollback;
 mod rows;
 mod schedule;
 #[cfg(test)]
@@ -175,8 +180,8 @@ pub struct CoordinatorConfig {
     /// all have reported it. At most [`MAX_WORKERS`].
     pub num_workers: u32,
     /// Reuse durable host pages (and the GPU indexer/regular blocks of the same prefix) across
-    /// requests. Models with sliding-window groups never hit (their window blocks are not
-    /// cached).
+    /// requests. Sliding-window groups need only the blocks of the window before the first
+    /// recomputed token to be still cached on the GPU.
     pub enable_prefix_caching: bool,
     /// When an allocation finds the GPU pool short, reclaim at least this many blocks (a
     /// low-watermark: one reclaim pass then serves many page allocations instead of one).
@@ -303,7 +308,7 @@ impl Coordinator {
         let gpu = BlockPool::new(kv.num_gpu_blocks)?;
         let host = BlockPool::new(kv.host_num_blocks)?;
         let paged = PagedManager::new(&kv);
-        let caching = cfg.enable_prefix_caching && !paged.has_window();
+        let caching = cfg.enable_prefix_caching;
         let n = cfg.num_workers as usize;
         let mut workers = Vec::new();
         workers
@@ -466,8 +471,7 @@ impl Coordinator {
         self.out.purge_request_copies(
             r.last_xfer == self.current_xfer,
             &r.source.blocks,
-            &r.paged.indexer,
-            &r.paged.regular,
+            &r.paged,
             &r.resident.blocks,
         );
         // GPU: resident pages, then regular and indexer, then the hot region (reverse order);
@@ -492,6 +496,7 @@ impl Coordinator {
         }
         r.pages = 0;
         r.num_computed = 0;
+        r.rollback_floor = 0;
         r.hit_pages = 0;
         r.last_xfer = 0;
         self.generation = self.generation.wrapping_add(1);

@@ -27,6 +27,10 @@ pub(super) struct Req {
     pub(super) row: u32,
     pub(super) tokens: Vec<u32>,
     pub(super) num_computed: u32,
+    /// Fewest computed tokens a rollback may leave: of the request's last scheduled chunk
+    /// `first..target`, `max(first + 1, target - (max_query_len - 1))` (its first token and
+    /// all but the last `max_query_len - 1` of its tokens stay).
+    pub(super) rollback_floor: u32,
     /// Pages with GPU blocks (indexer, regular, resident).
     pub(super) pages: u32,
     /// Prefix-hit pages (read from host from the start).
@@ -56,6 +60,7 @@ pub(super) fn empty_req() -> Req {
         row: NO_ROW,
         tokens: Vec::new(),
         num_computed: 0,
+        rollback_floor: 0,
         pages: 0,
         hit_pages: 0,
         last_xfer: 0,

@@ -45,7 +45,9 @@ impl Coordinator {
     }
 
     /// Writes the request's block table of layout group `group` (indexer, resident or regular)
-    /// as an `i32` row: page → GPU block, `0` for null entries and pages beyond the request.
+    /// as an `i32` row: column → GPU block (a page for the indexer and resident groups, a block
+    /// of the group's own size for a regular one), `0` for null entries and columns beyond the
+    /// request.
     pub fn block_table_row(
         &self,
         id: RequestId,
@@ -54,23 +56,24 @@ impl Coordinator {
     ) -> Result<(), CoordError> {
         let r = self.running_req(id)?;
         let kind = self.kv.groups.get(group).map(|g| g.kind);
+        let pages = r.pages as usize;
         for (p, o) in out.iter_mut().enumerate() {
-            *o = if p >= r.pages as usize {
-                0
-            } else {
-                match kind {
-                    Some(GroupKind::Indexer) => r.paged.indexer[p] as i32,
-                    Some(GroupKind::Resident) => {
-                        let b = self.kv.groups[group].bucket.unwrap_or(0);
-                        self.resident.block(&r.resident, p as u32, b) as i32
-                    }
-                    Some(GroupKind::Regular) => {
-                        let gi = group - self.kv.regular_groups().start;
-                        self.paged.regular_block(&r.paged, p, gi) as i32
-                    }
-                    Some(GroupKind::Source) => r.source.blocks[p] as i32,
-                    _ => 0,
+            *o = match kind {
+                Some(GroupKind::Indexer) if p < pages => {
+                    r.paged.indexer.get(p).copied().unwrap_or(0) as i32
                 }
+                Some(GroupKind::Resident) if p < pages => {
+                    let b = self.kv.groups[group].bucket.unwrap_or(0);
+                    self.resident.block(&r.resident, p as u32, b) as i32
+                }
+                Some(GroupKind::Regular) => {
+                    let gi = group - self.kv.regular_groups().start;
+                    self.paged.regular_block(&r.paged, p as u32, gi) as i32
+                }
+                Some(GroupKind::Source) if p < pages => {
+                    r.source.blocks.get(p).copied().unwrap_or(0) as i32
+                }
+                _ => 0,
             };
         }
         Ok(())

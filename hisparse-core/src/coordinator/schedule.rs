@@ -4,6 +4,7 @@
 
 use alloc::boxed::Box;
 
+use super::admission::largest_fit;
 use super::request::{Req, Status, empty_req};
 use super::{
     Alloc, CoordError, Coordinator, OffloadCommand, PoolKind, RequestId, ScheduledRequest,
@@ -50,8 +51,8 @@ impl Coordinator {
             .min(u64::from(n)) as u32
     }
 
-    /// GPU blocks `r` needs for `new_pages` more pages: theirs in every group, and the hot
-    /// region when it reads from host without one.
+    /// GPU blocks `r` needs for `new_pages` more pages: theirs in the indexer and resident
+    /// groups, and the hot region when it reads from host without one.
     #[inline]
     fn gpu_need(&self, r: &Req, new_pages: u32) -> u64 {
         let hot = if self.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
@@ -60,6 +61,18 @@ impl Coordinator {
             0
         };
         u64::from(new_pages) * self.gpu_cost_per_page() + hot
+    }
+
+    /// GPU blocks scheduling `n` more tokens of `r` needs in every group.
+    #[inline]
+    fn gpu_need_tokens(&self, r: &Req, n: u32) -> u64 {
+        let target = r.num_computed + n;
+        let pages = self.kv.pages_for(target).saturating_sub(r.pages);
+        let mut need = self.gpu_need(r, pages);
+        if self.paged.has_regular() {
+            need += self.paged.regular_need(&r.paged, r.num_computed, target);
+        }
+        need
     }
 
     pub(super) fn schedule_inner(
@@ -89,7 +102,7 @@ impl Coordinator {
             n = fit;
             target_pages = self.kv.pages_for(r.num_computed + n);
         }
-        let need = self.gpu_need(r, target_pages.saturating_sub(r.pages));
+        let need = self.gpu_need_tokens(r, n);
         if need > u64::from(self.gpu.num_free()) {
             let short = need - u64::from(self.gpu.num_free());
             // The request itself is a reclaim candidate: put it back while reclaiming.
@@ -103,13 +116,19 @@ impl Coordinator {
                 .unwrap_or_else(|| Box::new(empty_req()));
             self.spare = Some(core::mem::replace(r, back));
             let free = u64::from(self.gpu.num_free());
-            if self.gpu_need(r, target_pages.saturating_sub(r.pages)) > free {
-                let hot = self.gpu_need(r, 0);
-                let fit = if shrink && free >= hot {
-                    let pages = (free - hot) / self.gpu_cost_per_page();
-                    self.tokens_within(r, n, u64::from(r.pages) + pages)
-                } else {
+            if self.gpu_need_tokens(r, n) > free {
+                let fit = if !shrink {
                     0
+                } else if self.paged.has_regular() {
+                    largest_fit(n, |c| self.gpu_need_tokens(r, c) <= free).unwrap_or(0)
+                } else {
+                    let hot = self.gpu_need(r, 0);
+                    if free >= hot {
+                        let pages = (free - hot) / self.gpu_cost_per_page();
+                        self.tokens_within(r, n, u64::from(r.pages) + pages)
+                    } else {
+                        0
+                    }
                 };
                 if fit == 0 {
                     return Ok((self.short_of(PoolKind::Gpu, awaits), 0));
@@ -132,16 +151,28 @@ impl Coordinator {
             slot,
             target_pages,
         );
-        // GPU pages.
+        // GPU pages, and the regular groups' blocks.
         for p in r.pages..target_pages {
             self.paged
                 .allocate_page(&mut r.paged, &mut self.gpu, &mut self.out, slot, p);
             self.resident
                 .allocate_page(&mut r.resident, &mut self.gpu, &mut self.out, slot, p);
         }
-        r.pages = target_pages;
         let first = r.num_computed;
+        if self.paged.has_regular() {
+            self.paged.allocate_columns(
+                &mut r.paged,
+                &mut self.gpu,
+                &mut self.out,
+                slot,
+                first,
+                target,
+            );
+        }
+        r.pages = r.pages.max(target_pages);
         r.num_computed = target;
+        let spec = self.kv.config.max_query_len.max(1) - 1;
+        r.rollback_floor = target.saturating_sub(spec).max(first + 1).min(target);
         self.out.scheduled.push(ScheduledRequest {
             id: r.id,
             slot,
@@ -166,10 +197,16 @@ impl Coordinator {
                 sealed0.max(r.hit_pages)..sealed1,
             );
         }
-        // Sliding windows: give back blocks wholly before `num_computed - window`.
+        // Sliding windows: give back the blocks no later step (or rollback) reads.
         if self.paged.has_window() {
-            self.paged
-                .slide_windows(&mut r.paged, &mut self.gpu, &mut self.out, slot, target)?;
+            self.paged.slide_windows(
+                &mut r.paged,
+                &mut self.gpu,
+                &mut self.out,
+                slot,
+                first,
+                target,
+            )?;
         }
         Ok((Alloc::Scheduled, n))
     }

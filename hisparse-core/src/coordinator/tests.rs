@@ -376,20 +376,178 @@ fn deepseek_v4_compressed_rows_and_sliding_window() {
     // Pages 0..=2 (tokens 0..768) are sealed; page 3 is still being written.
     assert_eq!(c.page_state(1, 2), Some(PageState::Pending));
     assert_eq!(c.page_state(1, 3), Some(PageState::Dirty));
-    // The sliding-window group (128 tokens) keeps only the blocks covering tokens 872..1000:
-    // pages 0..=2 are given back.
+    // The first sliding-window group (window 128 tokens, 64-token blocks) keeps only the
+    // blocks covering tokens 872..1000: columns 13..16; columns 0..=12 are given back.
+    assert_eq!(kv_block_tokens(&c, swa), 64);
     let freed: Vec<u32> = cmd
         .block_tables
         .iter()
         .filter(|u| u.group == swa && u.block == 0)
         .map(|u| u.page)
         .collect();
-    assert_eq!(freed, [0, 1, 2]);
-    let mut t = vec![0; c.max_pages() as usize];
+    assert_eq!(freed, (0..13).collect::<Vec<u32>>());
+    let mut t = vec![0; c.layout().table_width(swa as usize) as usize];
+    assert_eq!(t.len(), 1024);
     c.block_table_row(1, swa as usize, &mut t).unwrap();
-    assert_eq!(&t[..3], &[0, 0, 0]);
-    assert!(t[3] > 0);
+    assert!(t[..13].iter().all(|&b| b == 0));
+    assert!(t[13..16].iter().all(|&b| b > 0));
+    assert!(t[16..].iter().all(|&b| b == 0));
+    // A compressor state (window 8, 4-token blocks) keeps columns 248..250.
+    let state = c
+        .layout()
+        .groups
+        .iter()
+        .position(|g| g.block_tokens == 4 && g.sliding_window == Some(8))
+        .unwrap();
+    let mut t = vec![0; c.layout().table_width(state) as usize];
+    c.block_table_row(1, state, &mut t).unwrap();
+    let held: Vec<usize> = (0..t.len()).filter(|&i| t[i] > 0).collect();
+    assert_eq!(held, [248, 249]);
     c.check_invariants().unwrap();
+}
+
+fn kv_block_tokens(c: &Coordinator, group: u32) -> u32 {
+    c.layout().groups[group as usize].block_tokens
+}
+
+/// Prefix caching with sliding-window groups (DeepSeek V4): a later request with the same
+/// prompt reuses the durable host pages, every indexer and full-attention block of the prefix,
+/// and only the window's last blocks in each sliding-window group.
+#[test]
+fn prefix_hits_with_sliding_window_groups() {
+    use crate::presets::DEEPSEEK_V4;
+    let cfg = HiSparseConfig::new(DEEPSEEK_V4.top_k, 64 << 30);
+    let mut input = LayoutInput::new(&DEEPSEEK_V4, &cfg, 0, 65536);
+    input.num_gpu_blocks_override = Some(4000);
+    let kv = plan_layout(&input).unwrap();
+    let mut c = Coordinator::new(kv, CoordinatorConfig::default()).unwrap();
+    let prompt = toks(2000);
+    c.admit(1, &prompt).unwrap();
+    let mut steps = 0;
+    while c.num_computed(1) != Some(2000) {
+        let cmd = c.step().unwrap();
+        if let Some(id) = cmd.transfer_id {
+            c.report(0, &[id], &[id]).unwrap();
+        }
+        steps += 1;
+        assert!(steps < 20);
+    }
+    // 2000 tokens: 7 full pages of 256 tokens, durable.
+    assert_eq!(c.ready_prefix_pages(1), Some(7));
+    let held_before = c.gpu_pool().num_held();
+    let mut longer = prompt.clone();
+    longer.extend(5000..5100);
+    c.admit(2, &longer).unwrap();
+    let cmd = c.step().unwrap();
+    let s = cmd.scheduled.iter().find(|s| s.id == 2).unwrap();
+    // The hit covers the 7 full pages: 1792 tokens are not recomputed.
+    assert_eq!(s.first_token, 7 * 256);
+    c.check_invariants().unwrap();
+    // Request 2 pinned request 1's indexer and C128A blocks of the 7 pages, and only the
+    // window blocks of the sliding-window groups: its own new blocks are the page it computes
+    // and the windows' new columns, far fewer than a recomputed prefix would take.
+    let swa = c.layout().regular_groups().start;
+    let mut t = vec![0; c.layout().table_width(swa) as usize];
+    c.block_table_row(2, swa, &mut t).unwrap();
+    let held: Vec<usize> = (0..t.len()).filter(|&i| t[i] > 0).collect();
+    // Resume at token 1792: the window (128 tokens) starts in column 26 (pinned: 26, 27); the
+    // step computes tokens 1792..2100 (columns 28..=32), then slides to the window of token
+    // 2100 (column 30 on).
+    assert_eq!(held, [30, 31, 32]);
+    let mut t1 = vec![0; c.layout().table_width(swa) as usize];
+    c.block_table_row(1, swa, &mut t1).unwrap();
+    let mut idx = vec![0; c.max_pages() as usize];
+    let mut idx1 = vec![0; c.max_pages() as usize];
+    c.block_table_row(2, 1, &mut idx).unwrap();
+    c.block_table_row(1, 1, &mut idx1).unwrap();
+    assert_eq!(
+        idx[..7],
+        idx1[..7],
+        "indexer blocks of the prefix are shared"
+    );
+    assert!(c.gpu_pool().num_held() > held_before);
+    c.finish(1).unwrap();
+    c.finish(2).unwrap();
+    c.check_invariants().unwrap();
+    // Frees wait for the copies in flight.
+    let id = cmd.transfer_id.unwrap();
+    c.report(0, &[id], &[id]).unwrap();
+    assert_eq!(c.gpu_pool().num_held(), 0);
+}
+
+/// Speculative decoding: a step computes the sampled token and its drafts together; the
+/// rejected drafts are rolled back, pages they filled become dirty again and lose their
+/// prefix hashes, and the window groups still hold what the next step reads.
+#[test]
+fn rollback_of_rejected_drafts() {
+    let mut cfg = HiSparseConfig::new(4, 64 * 128);
+    cfg.device_buffer_size = Some(12);
+    cfg.max_query_len = 3;
+    let mut layers = [
+        LAYERS[0],
+        LAYERS[1],
+        LayerSpec::Regular(crate::model::RegularLayer::windowed(16, 4)),
+    ];
+    if let LayerSpec::Regular(r) = &mut layers[2] {
+        r.block_tokens = Some(2);
+    }
+    let model = ModelSpec {
+        layers: &layers,
+        ..MODEL
+    };
+    let mut input = LayoutInput::new(&model, &cfg, 0, 48);
+    input.num_gpu_blocks_override = Some(200);
+    let kv = plan_layout(&input).unwrap();
+    let mut c = Coordinator::new(
+        kv,
+        CoordinatorConfig {
+            max_running: 4,
+            max_batched_tokens: 64,
+            ..CoordinatorConfig::default()
+        },
+    )
+    .unwrap();
+    c.admit(1, &toks(6)).unwrap();
+    let cmd = c.step().unwrap();
+    c.report(0, &[1], &[cmd.transfer_id.unwrap()]).unwrap();
+    assert_eq!(c.num_computed(1), Some(6));
+    // Sampled token 6 plus drafts 7 and 8: one step of three tokens, filling page 1.
+    c.append_tokens(1, &[60, 70, 80]).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled[0].num_tokens, 3);
+    assert_eq!(c.page_state(1, 1), Some(PageState::Pending));
+    // Too far: at most max_query_len - 1 = 2 computed tokens, never the step's first.
+    assert!(matches!(
+        c.rollback(1, 3),
+        Err(CoordError::RollbackTooFar { allowed: 2, .. })
+    ));
+    // Both drafts rejected: page 1 holds 3 tokens again and is dirty.
+    c.rollback(1, 2).unwrap();
+    assert_eq!((c.num_tokens(1), c.num_computed(1)), (Some(7), Some(7)));
+    assert_eq!(c.page_state(1, 1), Some(PageState::Dirty));
+    c.check_invariants().unwrap();
+    // The stale copy completes: the page stays dirty.
+    c.report(0, &[2], &[2]).unwrap();
+    assert_eq!(c.page_state(1, 1), Some(PageState::Dirty));
+    c.append_tokens(1, &[71, 81, 91]).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(
+        (cmd.scheduled[0].first_token, cmd.scheduled[0].num_tokens),
+        (7, 3)
+    );
+    // Token 7 refills page 1; its row is mirrored again under the new transfer.
+    assert_eq!(c.page_state(1, 1), Some(PageState::Pending));
+    assert!(cmd.row_mirrors.iter().any(|m| m.span.first_row == 3));
+    c.check_invariants().unwrap();
+    c.report(0, &[3], &[3]).unwrap();
+    assert_eq!(c.page_state(1, 1), Some(PageState::Clean));
+    // Appended but uncomputed tokens roll back freely.
+    c.append_tokens(1, &[1, 2]).unwrap();
+    c.rollback(1, 2).unwrap();
+    assert_eq!(c.num_tokens(1), Some(10));
+    c.finish(1).unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.gpu_pool().num_held(), 0);
 }
 
 #[test]
@@ -537,6 +695,8 @@ fn max_model_len_of_u32_max_starts_small_requests() {
         value_bytes: 16,
         compress_ratio: 64,
         indexer_row_bytes: Some(16),
+        indexer_value_bytes: None,
+        page_alignment: 1,
     })];
     let model = ModelSpec {
         name: "wide-blocks",

@@ -37,11 +37,13 @@ pub struct PageLayout {
     pub num_blocks: u32,
     /// Rows per page.
     pub block_size: u32,
-    /// Bytes per row (a multiple of 16).
+    /// Bytes per row: a multiple of 16 for contiguous rows; for split rows the value part is a
+    /// multiple of 16 and the scale part a multiple of 4.
     pub row_bytes: u32,
     /// Value bytes per row: `row_bytes` for contiguous rows, less for split pages (a multiple of
     /// 16). In a split page row `r`'s values sit at `page + r * value_bytes` and its scales at
-    /// `page + block_size * value_bytes + r * (row_bytes - value_bytes)`.
+    /// `page + block_size * value_bytes + r * (row_bytes - value_bytes)`. A page may be padded
+    /// (`block_stride` beyond the page): only the rows' bytes are ever copied.
     pub value_bytes: u32,
     /// Divisor that turns a flat row index into `(block, offset)` (≥ `block_size`).
     pub index_stride_rows: u32,
@@ -135,8 +137,19 @@ impl PageLayout {
         nonzero(op, "layout.block_size", self.block_size.into())?;
         nonzero(op, "layout.row_bytes", self.row_bytes.into())?;
         nonzero(op, "layout.value_bytes", self.value_bytes.into())?;
-        aligned(op, "layout.row_bytes", self.row_bytes.into(), 16)?;
+        // Contiguous rows and split value parts are 16-byte chunks; split scale parts 4-byte
+        // words (DeepSeek V4: 576 + 8, and its indexer's 128 + 4).
         aligned(op, "layout.value_bytes", self.value_bytes.into(), 16)?;
+        if self.is_split() {
+            aligned(
+                op,
+                "layout.scale bytes (row_bytes - value_bytes)",
+                u64::from(self.row_bytes.saturating_sub(self.value_bytes)),
+                4,
+            )?;
+        } else {
+            aligned(op, "layout.row_bytes", self.row_bytes.into(), 16)?;
+        }
         aligned(op, "layout.base", self.base, 16)?;
         aligned(op, "layout.block_stride", self.block_stride, 16)?;
         if self.value_bytes > self.row_bytes {
@@ -1117,12 +1130,27 @@ mod tests {
     #[test]
     fn layouts_reject_misalignment_and_short_buffers() {
         let l = split_layer();
-        let bad = PageLayout {
+        // A split row's scale part is a multiple of 4 bytes (DeepSeek V4: 8), its value part
+        // of 16; a contiguous row a multiple of 16.
+        for (row_bytes, value_bytes, ok) in [(24, 16, true), (22, 16, false), (40, 24, false)] {
+            let l = PageLayout {
+                row_bytes,
+                value_bytes,
+                ..l.host
+            };
+            let r = l.check(OpName::CopyPages, "host", 1 << 20);
+            assert_eq!(r.is_ok(), ok, "{row_bytes}/{value_bytes}: {r:?}");
+            if !ok {
+                assert!(matches!(r, Err(OpError::Misaligned { .. })), "{r:?}");
+            }
+        }
+        let contiguous = PageLayout {
             row_bytes: 24,
+            value_bytes: 24,
             ..l.host
         };
         assert!(matches!(
-            bad.check(OpName::CopyPages, "host", 1 << 20),
+            contiguous.check(OpName::CopyPages, "host", 1 << 20),
             Err(OpError::Misaligned { .. })
         ));
         assert!(matches!(

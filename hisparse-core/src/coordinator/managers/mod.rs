@@ -9,7 +9,7 @@
 //! | manager | layout groups | per-request table | pool |
 //! |---|---|---|---|
 //! | [`SourceManager`] | source (0) | [`SourceTable`]: a host block for every page, chained prefix hashes, the durable prefix | host |
-//! | [`PagedManager`] | indexer (1), regular | [`PagedTable`]: ordinary paging, sliding windows | GPU |
+//! | [`PagedManager`] | indexer (1), regular | [`PagedTable`]: ordinary paging, regular groups with their own block sizes, sliding windows | GPU |
 //! | [`ResidentManager`] | resident (one per bucket) | [`ResidentTable`]: the GPU copy of each page or null, the page lifecycle | GPU |
 //! | [`HotManager`] | hot (one per bucket) | [`HotRegion`]: exactly `hot_blocks_per_request` blocks per bucket, or none | GPU |
 //!

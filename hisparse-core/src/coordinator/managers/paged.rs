@@ -1,12 +1,23 @@
 //! The paged manager: ordinary GPU paging for the indexer group and the regular groups.
 //!
-//! Every page of a request has one GPU block in the indexer group and one in each regular group,
-//! allocated together with the page's resident blocks. Full pages publish their prefix hashes in
-//! the GPU pool right away (these groups live only on the GPU, so there is no durability to wait
-//! for); a request whose prompt hits the host prefix cache re-pins them. Sliding-window regular
-//! groups give back the blocks that fall out of their window (and then nothing is cached).
+//! The indexer group pages like the sparse layers: one block per page (`block_tokens` tokens),
+//! allocated with the page's resident blocks. A regular group has its own block size
+//! (`KvCacheGroup::block_tokens`, dividing the page): its table has one column per block of its
+//! own, and a page covers `block_tokens / group block tokens` columns. A sliding-window group
+//! keeps only the columns its window still needs: before a step computing tokens
+//! `first..target` it allocates the columns from the one holding token `first - window`; after
+//! it, it gives back the columns wholly before the window of the earliest token a rollback of
+//! that step's speculative tokens may return to ([`PagedManager::slide_windows`]).
+//!
+//! Prefix caching: once a page is full, its indexer block and the regular columns it covers
+//! publish prefix hashes in the GPU pool right away (these groups live only on the GPU, so there
+//! is no durability to wait for; a column's key is derived from its page's hash and its place in
+//! the page). A request whose prompt hits the host prefix cache re-pins them: every block of
+//! the hit pages in the indexer and full-attention groups, but in a sliding-window group only
+//! the columns the window of the first recomputed token needs — the rest of the prefix is never
+//! read there, so a hit needs only the window's last blocks on the GPU.
 
-use alloc::vec;
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use super::{PoolKind, Release};
@@ -17,52 +28,158 @@ use crate::layout::KvCacheConfig;
 use crate::ops::BlockPair;
 use crate::pool::{BlockKey, BlockPool, PoolError};
 
+/// The blocks one request holds in one regular group: columns `first..first + blocks.len()`.
+#[derive(Clone, Debug, Default)]
+pub(in crate::coordinator) struct Columns {
+    /// Column of `blocks[0]` (columns below were given back, or never needed).
+    pub(in crate::coordinator) first: u32,
+    /// Column → GPU block, from `first` on.
+    pub(in crate::coordinator) blocks: VecDeque<u32>,
+}
+
+impl Columns {
+    /// One past the last column held.
+    #[inline]
+    fn end(&self) -> u32 {
+        self.first + self.blocks.len() as u32
+    }
+
+    /// Block of column `c` (0 when not held).
+    #[inline]
+    pub(in crate::coordinator) fn get(&self, c: u32) -> u32 {
+        c.checked_sub(self.first)
+            .and_then(|i| self.blocks.get(i as usize))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
 /// The indexer and regular block tables of one request.
 #[derive(Clone, Debug, Default)]
 pub(in crate::coordinator) struct PagedTable {
     /// Page → indexer block.
     pub(in crate::coordinator) indexer: Vec<u32>,
-    /// `page * num_regular + g` → block of regular group `g` (0 once out of a sliding window).
-    pub(in crate::coordinator) regular: Vec<u32>,
-    /// Per regular group: pages below were given back (sliding window).
-    pub(in crate::coordinator) window_cursor: Vec<u32>,
+    /// Per regular group: the columns it holds.
+    pub(in crate::coordinator) regular: Vec<Columns>,
+}
+
+impl PagedTable {
+    /// Every GPU block the table holds.
+    pub(in crate::coordinator) fn blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.indexer
+            .iter()
+            .copied()
+            .chain(self.regular.iter().flat_map(|c| c.blocks.iter().copied()))
+    }
+
+    /// Whether the table holds GPU block `b`.
+    pub(in crate::coordinator) fn holds(&self, b: u32) -> bool {
+        self.indexer.contains(&b) || self.regular.iter().any(|c| c.blocks.contains(&b))
+    }
+}
+
+/// One regular group's paging rules.
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    /// Layout group index.
+    group: u32,
+    /// Tokens per block.
+    block_tokens: u32,
+    /// Sliding window in tokens.
+    window: Option<u32>,
+    /// Columns per page (`page tokens / block_tokens`).
+    per_page: u32,
+}
+
+impl Group {
+    /// Column of token `t`.
+    #[inline]
+    fn column(&self, t: u32) -> u32 {
+        t / self.block_tokens
+    }
+
+    /// Columns covering tokens `0..t`.
+    #[inline]
+    fn columns(&self, t: u32) -> u32 {
+        t.div_ceil(self.block_tokens)
+    }
+
+    /// First column token `t` attends to (0 for a full group).
+    #[inline]
+    fn window_start(&self, t: u32) -> u32 {
+        match self.window {
+            Some(w) => t.saturating_sub(w) / self.block_tokens,
+            None => 0,
+        }
+    }
+}
+
+/// The prefix key of column `k` of a page with prefix hash `hash` (the hash itself for the
+/// first column, so groups with page-sized blocks key by the page's hash).
+#[inline]
+fn column_key(group: u32, hash: u64, k: u32) -> BlockKey {
+    let hash = if k == 0 {
+        hash
+    } else {
+        let mut h = hash ^ u64::from(k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 31;
+        h.wrapping_mul(0xBF58_476D_1CE4_E5B9)
+    };
+    BlockKey { group, hash }
 }
 
 /// Ordinary GPU paging of the indexer group (layout group 1) and the regular groups.
 #[derive(Clone, Debug)]
 pub(in crate::coordinator) struct PagedManager {
-    /// Regular group layout indices, and whether each has a sliding window.
-    regular_groups: Vec<(u32, Option<u32>)>,
+    groups: Vec<Group>,
     has_window: bool,
     block_tokens: u32,
+    /// Tokens of a step a rollback may give back (`max_query_len - 1`).
+    spec_tokens: u32,
 }
 
 impl PagedManager {
     /// The paged manager of `kv`'s indexer and regular groups.
     #[inline]
     pub(in crate::coordinator) fn new(kv: &KvCacheConfig) -> Self {
-        let regular_groups: Vec<(u32, Option<u32>)> = kv
+        let bt = kv.block_tokens.max(1);
+        let groups: Vec<Group> = kv
             .regular_groups()
-            .map(|g| (g as u32, kv.groups[g].sliding_window))
+            .map(|g| {
+                let gbt = kv.group_block_tokens(g);
+                Group {
+                    group: g as u32,
+                    block_tokens: gbt,
+                    window: kv.groups[g].sliding_window,
+                    per_page: (bt / gbt).max(1),
+                }
+            })
             .collect();
-        let has_window = regular_groups.iter().any(|g| g.1.is_some());
+        let has_window = groups.iter().any(|g| g.window.is_some());
         PagedManager {
-            regular_groups,
+            groups,
             has_window,
-            block_tokens: kv.block_tokens,
+            block_tokens: bt,
+            spec_tokens: kv.config.max_query_len.max(1) - 1,
         }
     }
 
-    /// Whether a regular group has a sliding window (then no prefix is ever cached).
+    /// Whether a regular group has a sliding window.
     #[inline]
     pub(in crate::coordinator) fn has_window(&self) -> bool {
         self.has_window
     }
 
-    /// GPU blocks one page costs in these groups (the indexer block and one per regular group).
+    /// Whether the layout has regular groups (whose block counts do not follow the pages).
+    #[inline]
+    pub(in crate::coordinator) fn has_regular(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
+    /// GPU blocks one page costs in the indexer group.
     #[inline]
     pub(in crate::coordinator) fn blocks_per_page(&self) -> u64 {
-        1 + self.regular_groups.len() as u64
+        1
     }
 
     /// An empty table for a new request.
@@ -70,55 +187,146 @@ impl PagedManager {
     pub(in crate::coordinator) fn new_table(&self) -> PagedTable {
         PagedTable {
             indexer: Vec::new(),
-            regular: Vec::new(),
-            window_cursor: vec![0; self.regular_groups.len()],
+            regular: (0..self.groups.len()).map(|_| Columns::default()).collect(),
         }
     }
 
-    /// Makes room for `pages` more pages without reallocating; a size the allocator refuses is
-    /// an error, and the table is unchanged.
+    /// Makes room for `pages` more pages without reallocating (and for the window's columns of
+    /// every sliding-window group); a size the allocator refuses is an error, and the table is
+    /// unchanged.
     #[inline]
     pub(in crate::coordinator) fn try_reserve(
         &self,
         t: &mut PagedTable,
         pages: usize,
     ) -> Result<(), CoordError> {
-        let regular = pages.saturating_mul(self.regular_groups.len());
         t.indexer
             .try_reserve(pages)
             .map_err(|_| out_of_memory::<u32>("indexer page table", pages))?;
-        t.regular
-            .try_reserve(regular)
-            .map_err(|_| out_of_memory::<u32>("regular page tables", regular))
+        for (g, c) in self.groups.iter().zip(t.regular.iter_mut()) {
+            let cols = match g.window {
+                Some(w) => (u64::from(w) + 2 * u64::from(self.spec_tokens))
+                    .div_ceil(u64::from(g.block_tokens))
+                    .saturating_add(2)
+                    .min(pages as u64 * u64::from(g.per_page)) as usize,
+                None => pages.saturating_mul(g.per_page as usize),
+            };
+            c.blocks
+                .try_reserve(cols)
+                .map_err(|_| out_of_memory::<u32>("regular block tables", cols))?;
+        }
+        Ok(())
     }
 
-    /// Whether every group still caches a block with prefix hash `hash`.
+    /// Regular-group blocks scheduling tokens `first..target` newly allocates (the indexer's
+    /// are counted with the pages).
+    #[inline]
+    pub(in crate::coordinator) fn regular_need(
+        &self,
+        t: &PagedTable,
+        first: u32,
+        target: u32,
+    ) -> u64 {
+        let mut need = 0u64;
+        for (g, c) in self.groups.iter().zip(&t.regular) {
+            let from = if c.blocks.is_empty() {
+                g.window_start(first).max(c.first)
+            } else {
+                c.end().max(g.window_start(first))
+            };
+            need += u64::from(g.columns(target).saturating_sub(from));
+        }
+        need
+    }
+
+    /// Whether page `p` (prefix hash `hash`) is cached in the indexer group and in every full
+    /// regular group.
     #[inline]
     pub(in crate::coordinator) fn is_cached(&self, gpu: &BlockPool, hash: u64) -> bool {
         if gpu.lookup(BlockKey { group: 1, hash }).is_none() {
             return false;
         }
-        !self
-            .regular_groups
+        self.groups
             .iter()
-            .any(|&(g, _)| gpu.lookup(BlockKey { group: g, hash }).is_none())
+            .filter(|g| g.window.is_none())
+            .all(|g| (0..g.per_page).all(|k| gpu.lookup(column_key(g.group, hash, k)).is_some()))
     }
 
-    /// Re-pins the cached blocks of prefix hash `hash` as the request's next page.
+    /// The columns a sliding-window group pins for a prefix hit of `hit` pages whose first
+    /// recomputed token is `resume`: from the one the window of `resume` starts in to the end
+    /// of the hit.
     #[inline]
+    fn hit_columns(&self, g: &Group, hit: u32, resume: u32) -> core::ops::Range<u32> {
+        g.window_start(resume)..hit * g.per_page
+    }
+
+    /// Whether every sliding-window group still caches the columns a prefix hit of `hit`
+    /// pages (hashes `hashes`) with first recomputed token `resume` needs.
+    pub(in crate::coordinator) fn windows_cached(
+        &self,
+        gpu: &BlockPool,
+        hashes: &[u64],
+        hit: u32,
+        resume: u32,
+    ) -> bool {
+        self.groups.iter().filter(|g| g.window.is_some()).all(|g| {
+            self.hit_columns(g, hit, resume).all(|c| {
+                let (p, k) = (c / g.per_page, c % g.per_page);
+                hashes
+                    .get(p as usize)
+                    .is_some_and(|&h| gpu.lookup(column_key(g.group, h, k)).is_some())
+            })
+        })
+    }
+
+    /// GPU blocks a prefix hit of `hit` pages with first recomputed token `resume` pins.
+    pub(in crate::coordinator) fn hit_pins(&self, hit: u32, resume: u32) -> u64 {
+        let mut n = u64::from(hit);
+        for g in &self.groups {
+            n += match g.window {
+                Some(_) => self.hit_columns(g, hit, resume).len() as u64,
+                None => u64::from(hit) * u64::from(g.per_page),
+            };
+        }
+        n
+    }
+
+    /// Regular groups: one new column each for the first token after a prefix hit (its own, or
+    /// the copy of the shared one it writes).
+    #[inline]
+    pub(in crate::coordinator) fn num_groups(&self) -> u64 {
+        self.groups.len() as u64
+    }
+
+    /// Re-pins the cached blocks of a prefix hit of `hit` pages (`hashes`, first recomputed
+    /// token `resume`); the caller has checked that they are cached. On an error the table
+    /// holds what was pinned so far (undo with [`PagedManager::unpin`]).
     pub(in crate::coordinator) fn pin_hit(
         &self,
         t: &mut PagedTable,
         gpu: &mut BlockPool,
-        hash: u64,
+        hashes: &[u64],
+        hit: u32,
+        resume: u32,
     ) -> Result<(), PoolError> {
-        let ib = gpu.lookup(BlockKey { group: 1, hash }).unwrap_or(0);
-        gpu.touch(ib)?;
-        t.indexer.push(ib);
-        for &(g, _) in &self.regular_groups {
-            let b = gpu.lookup(BlockKey { group: g, hash }).unwrap_or(0);
-            gpu.touch(b)?;
-            t.regular.push(b);
+        let lookup = |gpu: &BlockPool, key| gpu.lookup(key).unwrap_or(0);
+        for &hash in &hashes[..hit as usize] {
+            let ib = lookup(gpu, BlockKey { group: 1, hash });
+            gpu.touch(ib)?;
+            t.indexer.push(ib);
+        }
+        for (g, c) in self.groups.iter().zip(t.regular.iter_mut()) {
+            let cols = match g.window {
+                Some(_) => self.hit_columns(g, hit, resume),
+                None => 0..hit * g.per_page,
+            };
+            c.first = cols.start;
+            for col in cols {
+                let (p, k) = (col / g.per_page, col % g.per_page);
+                let b = lookup(gpu, column_key(g.group, hashes[p as usize], k));
+                gpu.touch(b)?;
+                c.blocks.push_back(b);
+            }
         }
         Ok(())
     }
@@ -127,63 +335,81 @@ impl PagedManager {
     /// hashes and go to the tail of the LRU queue.
     #[inline]
     pub(in crate::coordinator) fn unpin(&self, t: &mut PagedTable, gpu: &mut BlockPool) {
-        let _ = gpu.free_reverse(&t.regular);
+        for c in t.regular.iter_mut().rev() {
+            for &b in c.blocks.iter().rev() {
+                let _ = gpu.free(b);
+            }
+            c.blocks.clear();
+            c.first = 0;
+        }
         let _ = gpu.free_reverse(&t.indexer);
         t.indexer.clear();
-        t.regular.clear();
     }
 
-    /// Gives page `p` private blocks in every group: records the whole-block copies and
-    /// releases the shared sources once the command is built (`after_build`).
+    /// Gives the page holding token `token` (a copy-on-write tail) private blocks where that
+    /// token is written: its indexer block and, in every regular group, the column holding the
+    /// token. Records the whole-block copies and releases the shared sources once the command
+    /// is built (`after_build`).
     #[inline]
     pub(in crate::coordinator) fn copy_on_write(
         &self,
         t: &mut PagedTable,
-        p: usize,
+        token: u32,
         gpu: &mut BlockPool,
         out: &mut OffloadCommand,
         after_build: &mut Vec<(PoolKind, u32)>,
     ) {
-        let nr = self.regular_groups.len();
-        for b in core::iter::once(&mut t.indexer[p]).chain(&mut t.regular[p * nr..(p + 1) * nr]) {
+        let p = (token / self.block_tokens) as usize;
+        let mut cow = |b: &mut u32| {
             let nbk = gpu.allocate().unwrap_or(0);
             out.gpu_cow.push(BlockPair { src: *b, dst: nbk });
             after_build.push((PoolKind::Gpu, *b));
             *b = nbk;
+        };
+        if let Some(b) = t.indexer.get_mut(p) {
+            cow(b);
+        }
+        for (g, c) in self.groups.iter().zip(t.regular.iter_mut()) {
+            let col = g.column(token);
+            if let Some(b) = col
+                .checked_sub(c.first)
+                .and_then(|i| c.blocks.get_mut(i as usize))
+            {
+                cow(b);
+            }
         }
     }
 
-    /// Records the block-table entries of pages `0..pages` (prefix hits) for state row `slot`.
+    /// Records every block-table entry the table holds (prefix hits) for state row `slot`.
     #[inline]
     pub(in crate::coordinator) fn hit_tables(
         &self,
         t: &PagedTable,
         slot: u32,
-        pages: u32,
         out: &mut OffloadCommand,
     ) {
-        let nr = self.regular_groups.len();
-        for p in 0..pages {
-            let pu = p as usize;
+        for (p, &block) in t.indexer.iter().enumerate() {
             out.block_tables.push(TableUpdate {
                 slot,
                 group: 1,
-                page: p,
-                block: t.indexer[pu],
+                page: p as u32,
+                block,
             });
-            for gi in 0..nr {
+        }
+        for (g, c) in self.groups.iter().zip(&t.regular) {
+            for (i, &block) in c.blocks.iter().enumerate() {
                 out.block_tables.push(TableUpdate {
                     slot,
-                    group: self.regular_groups[gi].0,
-                    page: p,
-                    block: t.regular[pu * nr + gi],
+                    group: g.group,
+                    page: c.first + i as u32,
+                    block,
                 });
             }
         }
     }
 
-    /// Allocates page `p` (the next one) in every group. The caller has checked that the GPU
-    /// pool has the blocks.
+    /// Allocates page `p` (the next one) in the indexer group. The caller has checked that the
+    /// GPU pool has the block.
     #[inline]
     pub(in crate::coordinator) fn allocate_page(
         &self,
@@ -201,19 +427,47 @@ impl PagedManager {
             page: p,
             block: b,
         });
-        for &(g, _) in &self.regular_groups {
-            let b = gpu.allocate().unwrap_or(0);
-            t.regular.push(b);
-            out.block_tables.push(TableUpdate {
-                slot,
-                group: g,
-                page: p,
-                block: b,
-            });
+    }
+
+    /// Allocates the regular columns tokens `first..target` need (see
+    /// [`PagedManager::regular_need`], which the caller has checked the GPU pool holds).
+    #[inline]
+    pub(in crate::coordinator) fn allocate_columns(
+        &self,
+        t: &mut PagedTable,
+        gpu: &mut BlockPool,
+        out: &mut OffloadCommand,
+        slot: u32,
+        first: u32,
+        target: u32,
+    ) {
+        for (g, c) in self.groups.iter().zip(t.regular.iter_mut()) {
+            let start = g.window_start(first);
+            if c.blocks.is_empty() {
+                c.first = c.first.max(start);
+            } else if c.end() < start {
+                // Nothing held is needed any more (a defensive case: the windows slide after
+                // every step).
+                for b in c.blocks.drain(..) {
+                    let _ = gpu.free(b);
+                }
+                c.first = start;
+            }
+            while c.end() < g.columns(target) {
+                let b = gpu.allocate().unwrap_or(0);
+                out.block_tables.push(TableUpdate {
+                    slot,
+                    group: g.group,
+                    page: c.end(),
+                    block: b,
+                });
+                c.blocks.push_back(b);
+            }
         }
     }
 
-    /// Publishes the prefix hashes of full pages `pages` in the GPU prefix cache.
+    /// Publishes the prefix hashes of full pages `pages` in the GPU prefix cache: the indexer
+    /// block and every column of the page a regular group still holds.
     #[inline]
     pub(in crate::coordinator) fn publish(
         &self,
@@ -222,17 +476,46 @@ impl PagedManager {
         hashes: &[u64],
         pages: core::ops::Range<u32>,
     ) {
-        let nr = self.regular_groups.len();
         for p in pages {
             let hash = hashes[p as usize];
             let _ = gpu.cache(t.indexer[p as usize], BlockKey { group: 1, hash });
-            for (gi, &(g, _)) in self.regular_groups.iter().enumerate() {
-                let _ = gpu.cache(t.regular[p as usize * nr + gi], BlockKey { group: g, hash });
+            for (g, c) in self.groups.iter().zip(&t.regular) {
+                for k in 0..g.per_page {
+                    let b = c.get(p * g.per_page + k);
+                    if b != 0 {
+                        let _ = gpu.cache(b, column_key(g.group, hash, k));
+                    }
+                }
             }
         }
     }
 
-    /// Sliding windows: gives back the blocks wholly before `num_computed - window`.
+    /// Withdraws the prefix hashes of pages `pages` (a rollback un-filled them).
+    pub(in crate::coordinator) fn unpublish(
+        &self,
+        t: &PagedTable,
+        gpu: &mut BlockPool,
+        pages: core::ops::Range<u32>,
+    ) {
+        for p in pages {
+            if let Some(&b) = t.indexer.get(p as usize) {
+                let _ = gpu.uncache(b);
+            }
+            for (g, c) in self.groups.iter().zip(&t.regular) {
+                for k in 0..g.per_page {
+                    let b = c.get(p * g.per_page + k);
+                    if b != 0 {
+                        let _ = gpu.uncache(b);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sliding windows after a step that computed tokens `first..target`: gives back the
+    /// columns wholly before the window of the earliest token the next step may start from
+    /// (`target`, or after a rollback of up to `max_query_len - 1` of the step's tokens, no
+    /// earlier than `first + 1`).
     #[inline]
     pub(in crate::coordinator) fn slide_windows(
         &self,
@@ -240,42 +523,42 @@ impl PagedManager {
         gpu: &mut BlockPool,
         out: &mut OffloadCommand,
         slot: u32,
-        num_computed: u32,
+        first: u32,
+        target: u32,
     ) -> Result<(), PoolError> {
         if !self.has_window {
             return Ok(());
         }
-        let nr = self.regular_groups.len();
-        for gi in 0..nr {
-            let (g, Some(w)) = self.regular_groups[gi] else {
+        let earliest = target
+            .saturating_sub(self.spec_tokens)
+            .max(first.saturating_add(1))
+            .min(target);
+        for (g, c) in self.groups.iter().zip(t.regular.iter_mut()) {
+            if g.window.is_none() {
                 continue;
-            };
-            let keep_from = num_computed.saturating_sub(w) / self.block_tokens;
-            while t.window_cursor[gi] < keep_from {
-                let p = t.window_cursor[gi];
-                let i = p as usize * nr + gi;
-                let b = core::mem::replace(&mut t.regular[i], 0);
-                if b != 0 {
-                    gpu.free(b)?;
-                    out.block_tables.push(TableUpdate {
-                        slot,
-                        group: g,
-                        page: p,
-                        block: 0,
-                    });
+            }
+            let keep_from = g.window_start(earliest);
+            while c.first < keep_from {
+                match c.blocks.pop_front() {
+                    Some(b) => {
+                        if b != 0 {
+                            gpu.free(b)?;
+                            out.block_tables.push(TableUpdate {
+                                slot,
+                                group: g.group,
+                                page: c.first,
+                                block: 0,
+                            });
+                        }
+                        c.first += 1;
+                    }
+                    None => {
+                        c.first = keep_from;
+                    }
                 }
-                t.window_cursor[gi] += 1;
             }
         }
         Ok(())
-    }
-
-    /// Restarts the sliding windows (a request starting).
-    #[inline]
-    pub(in crate::coordinator) fn reset_windows(&self, t: &mut PagedTable) {
-        for c in t.window_cursor.iter_mut() {
-            *c = 0;
-        }
     }
 
     /// Gives back every block (regular groups, then the indexer, each in reverse order) and
@@ -287,16 +570,46 @@ impl PagedManager {
         gpu: &mut BlockPool,
         release: &mut Release<'_>,
     ) {
-        for &b in t.regular.iter().rev().chain(t.indexer.iter().rev()) {
+        for c in t.regular.iter_mut().rev() {
+            for &b in c.blocks.iter().rev() {
+                release.block(gpu, PoolKind::Gpu, b);
+            }
+            c.blocks.clear();
+            c.first = 0;
+        }
+        for &b in t.indexer.iter().rev() {
             release.block(gpu, PoolKind::Gpu, b);
         }
         t.indexer.clear();
-        t.regular.clear();
     }
 
-    /// Block of page `p` in regular group `gi` (`0..num_regular`).
+    /// Block of column `col` in regular group `gi` (`0..num_regular`), 0 when not held.
     #[inline]
-    pub(in crate::coordinator) fn regular_block(&self, t: &PagedTable, p: usize, gi: usize) -> u32 {
-        t.regular[p * self.regular_groups.len() + gi]
+    pub(in crate::coordinator) fn regular_block(&self, t: &PagedTable, col: u32, gi: usize) -> u32 {
+        t.regular.get(gi).map_or(0, |c| c.get(col))
+    }
+
+    /// The table's invariants for a request that computed `num_computed` tokens: no null block
+    /// among the columns held, and every regular group holds at least the columns from the one
+    /// the next token's window starts in to the last column of its tokens.
+    pub(in crate::coordinator) fn check(
+        &self,
+        t: &PagedTable,
+        num_computed: u32,
+    ) -> Result<(), (&'static str, Option<u32>)> {
+        for (g, c) in self.groups.iter().zip(&t.regular) {
+            if c.blocks.contains(&0) {
+                return Err(("null block in a regular table", Some(g.group)));
+            }
+            let need_end = g.columns(num_computed);
+            let need_start = g.window_start(num_computed).min(need_end);
+            if need_end > need_start && (c.first > need_start || c.end() < need_end) {
+                return Err((
+                    "regular group misses a column its window needs",
+                    Some(g.group),
+                ));
+            }
+        }
+        Ok(())
     }
 }

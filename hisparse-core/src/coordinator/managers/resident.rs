@@ -205,6 +205,12 @@ impl ResidentManager {
         t.xfer.push(0);
     }
 
+    /// Whether page `p` is reclaimed (read from host).
+    #[inline]
+    pub(in crate::coordinator) fn is_reclaimed(&self, t: &ResidentTable, p: u32) -> bool {
+        t.state.get(p as usize) == Some(&RECLAIMED)
+    }
+
     /// GPU block of page `p` in `bucket`.
     #[inline]
     pub(in crate::coordinator) fn block(&self, t: &ResidentTable, p: u32, bucket: u32) -> u32 {
