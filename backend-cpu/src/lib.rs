@@ -12,8 +12,9 @@ mod resolve;
 use hisparse_core::Device;
 use hisparse_core::ops::copy::{self, bulk_copy};
 use hisparse_core::ops::{
-    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
-    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
+    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs,
+    RemapDesc, RemapModesArgs, RemapModesDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
     SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc, check_pinned_budget, invalidate,
     slot_mapping, table,
 };
@@ -544,6 +545,56 @@ impl Device for CpuDevice {
             InvalidateArgs {
                 ranges: args.ranges.i32s(),
                 dgi: args.dgi.i32s_mut(),
+            },
+        )?;
+        Ok(())
+    }
+
+    fn remap_modes(
+        &self,
+        stream: &CpuStream,
+        desc: &RemapModesDesc,
+        args: RemapModesArgs<'_, CpuBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&args)?;
+        if !desc.has_modes() {
+            return self.remap(stream, &desc.remap, args.remap);
+        }
+        // The modes run the reference: they serve prefill rows and context-parallel decode,
+        // not the single-rank decode path the tuned remap serves.
+        let a = args.remap;
+        hisparse_core::ops::remap::remap_modes(
+            desc,
+            RemapModesArgs {
+                remap: RemapArgs {
+                    req_id: a.req_id.i32s(),
+                    block_table: a.block_table.i32s(),
+                    topk: a.topk.i32s(),
+                    idx_mapping: a.idx_mapping.map(CpuBuffer::i32s),
+                    out: a.out.i32s_mut(),
+                    counts: a.counts.map(CpuBuffer::i32s_mut),
+                },
+                prefill_req_id: args.prefill_req_id.map(CpuBuffer::i32s),
+                workspace_starts: args.workspace_starts.map(CpuBuffer::i32s),
+            },
+        )?;
+        Ok(())
+    }
+
+    fn indexer_backup(
+        &self,
+        _stream: &CpuStream,
+        desc: &IndexerBackupDesc<'_>,
+        args: IndexerBackupArgs<'_, CpuBuffer, CpuBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&args)?;
+        hisparse_core::ops::indexer_backup::indexer_backup(
+            desc,
+            IndexerBackupArgs {
+                device_slots: args.device_slots.i32s(),
+                host_slots: args.host_slots.i32s(),
+                device: args.device.as_slice(),
+                host: args.host.as_mut_slice(),
             },
         )?;
         Ok(())

@@ -42,10 +42,11 @@
 //!
 //! Bulk copies take byte offsets checked by [`crate::ops::copy::check_bulk_copy`].
 
-use crate::error::{Error, OpError};
+use crate::error::{Error, OpError, OpName};
 use crate::ops::{
-    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
-    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RowCopyDesc, RowSpan, SlotMappingArgs,
+    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs,
+    RemapDesc, RemapModesArgs, RemapModesDesc, RowCopyDesc, RowSpan, SlotMappingArgs,
     SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 #[cfg(feature = "alloc")]
@@ -351,6 +352,53 @@ pub trait Device {
         desc: &RemapDesc,
         args: RemapArgs<'_, Self::Buffer>,
     ) -> Result<(), Self::Error>;
+
+    /// Index remap with its optional modes — decode context parallelism and a prefill
+    /// workspace ([`crate::ops::remap::remap_modes`]). Without a mode it is [`Device::remap`].
+    ///
+    /// Provided: checks the descriptor, runs a call without modes as [`Device::remap`], and
+    /// refuses one with a mode with [`OpError::Unsupported`] naming it (kind `Unsupported`), so
+    /// a backend without these kernels says so instead of computing something else. A backend
+    /// that has them overrides this.
+    fn remap_modes(
+        &self,
+        stream: &Self::Stream,
+        desc: &RemapModesDesc,
+        args: RemapModesArgs<'_, Self::Buffer>,
+    ) -> Result<(), Self::Error> {
+        desc.check(&args)?;
+        if desc.has_modes() {
+            return Err(OpError::Unsupported {
+                op: OpName::Remap,
+                feature: desc.feature(),
+                backend: self.backend(),
+            }
+            .into());
+        }
+        self.remap(stream, &desc.remap, args.remap)
+    }
+
+    /// Indexer backup: the rows at `device_slots` of every indexer layer, copied into the
+    /// indexer host cache at `host_slots` ([`crate::ops::indexer_backup`]). No host
+    /// synchronisation.
+    ///
+    /// Provided: checks the descriptor and refuses the call with [`OpError::Unsupported`] (kind
+    /// `Unsupported`); a backend that has the copy overrides this.
+    fn indexer_backup(
+        &self,
+        stream: &Self::Stream,
+        desc: &IndexerBackupDesc<'_>,
+        args: IndexerBackupArgs<'_, Self::Buffer, Self::HostBuffer>,
+    ) -> Result<(), Self::Error> {
+        let _ = stream;
+        desc.check(&args)?;
+        Err(OpError::Unsupported {
+            op: OpName::IndexerBackup,
+            feature: "indexer_backup",
+            backend: self.backend(),
+        }
+        .into())
+    }
 
     /// Residency resolve and swap-in planning ([`crate::ops::resolve`]).
     #[cfg(feature = "alloc")]

@@ -98,6 +98,8 @@ pub enum OpName {
     HotReset,
     /// A copy inside one device buffer ([`crate::ops::copy::check_copy_within`]).
     CopyWithin,
+    /// [`crate::ops::indexer_backup`].
+    IndexerBackup,
 }
 
 impl fmt::Display for OpName {
@@ -114,6 +116,7 @@ impl fmt::Display for OpName {
             OpName::Buffer => "buffer",
             OpName::TableWrite => "write_table",
             OpName::HotReset => "reset_hot_state",
+            OpName::IndexerBackup => "indexer_backup",
             OpName::CopyWithin => "copy_within_device",
         })
     }
@@ -230,6 +233,17 @@ pub enum OpError {
         /// Field whose size overflows.
         field: &'static str,
     },
+    /// The backend does not implement this mode of a valid operation (the descriptor was
+    /// checked first, so the call itself is well formed): kind
+    /// [`ErrorKind::Unsupported`]. Use a backend that has it (the CPU backend has every mode).
+    Unsupported {
+        /// Operation.
+        op: OpName,
+        /// The mode or feature, named as in the descriptor (`dcp`, `prefill_workspace`, …).
+        feature: &'static str,
+        /// The backend.
+        backend: &'static str,
+    },
 }
 
 impl fmt::Display for OpError {
@@ -311,13 +325,24 @@ impl fmt::Display for OpError {
             OpError::Overflow { op, field } => {
                 write!(f, "{op}: size of `{field}` overflows the address space")
             }
+            OpError::Unsupported {
+                op,
+                feature,
+                backend,
+            } => write!(
+                f,
+                "{op}: the {backend} backend does not implement `{feature}` yet; run it on a backend that does (cpu)"
+            ),
         }
     }
 }
 
 impl Error for OpError {
     fn kind(&self) -> ErrorKind {
-        ErrorKind::InvalidArgument
+        match self {
+            OpError::Unsupported { .. } => ErrorKind::Unsupported,
+            _ => ErrorKind::InvalidArgument,
+        }
     }
 }
 

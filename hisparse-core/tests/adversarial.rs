@@ -17,16 +17,18 @@ use hisparse_core::error::OpName;
 use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
 use hisparse_core::model::{LayerSpec, ModelSpec, RegularLayer};
 use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
+use hisparse_core::ops::indexer_backup::indexer_backup;
 use hisparse_core::ops::invalidate::invalidate;
-use hisparse_core::ops::remap::remap;
+use hisparse_core::ops::remap::{remap, remap_modes};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    BlockPair, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
-    LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices,
-    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
-    check_pinned_budget, physical_row,
+    BlockPair, DcpSplit, Direction, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageCopyDesc, PageLayout,
+    RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, ResolveDesc, ResolveSlices, RowCopyDesc,
+    RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc, check_pinned_budget,
+    physical_row,
 };
 use hisparse_core::presets;
 
@@ -216,6 +218,140 @@ fn remap_on_hostile_descriptors() {
     assert!(
         ok * 10 > n,
         "only {ok} of {n} remaps ran: the test lost its teeth"
+    );
+}
+
+/// The remap modes (decode context parallelism, prefill workspace) on hostile descriptors: a
+/// typed error that writes nothing, or a result; without modes, exactly the plain remap.
+#[test]
+fn remap_modes_on_hostile_descriptors() {
+    let mut ok = 0u64;
+    let n = rounds(4000);
+    each_round("remap_modes", 11, n, |rng| {
+        let remap_desc = RemapDesc {
+            num_tokens: rng.size(6),
+            top_k: rng.size(6),
+            table_rows: rng.size(4),
+            max_blocks: rng.size(5),
+            block_size: rng.size(6),
+            block_stride_rows: rng.size(12),
+            idx_mapping_len: None,
+            write_counts: rng.chance(50),
+            compact: rng.chance(50),
+        };
+        let desc = RemapModesDesc {
+            remap: remap_desc,
+            dcp: rng.chance(60).then(|| DcpSplit {
+                size: rng.size(4),
+                rank: rng.size(4),
+                interleave: rng.size(5),
+            }),
+            prefill_requests: rng.chance(40).then(|| rng.size(3)),
+        };
+        let tk = u64::from(remap_desc.num_tokens) * u64::from(remap_desc.top_k);
+        let req_id = rng.buf(remap_desc.num_tokens.into(), 5);
+        let table_len =
+            rng.len_for(u64::from(remap_desc.table_rows) * u64::from(remap_desc.max_blocks));
+        let block_table = rng.entries(table_len, 40);
+        let topk = rng.buf(tk, 60);
+        let prefill_ids = (desc.prefill_requests.is_some() || rng.chance(5))
+            .then(|| rng.buf(remap_desc.num_tokens.into(), 4));
+        let starts = (desc.prefill_requests.is_some() || rng.chance(5))
+            .then(|| rng.buf(desc.prefill_requests.unwrap_or(1).into(), 1 << 30));
+        let mut out = vec![123; rng.len_for(tk)];
+        let mut counts = remap_desc
+            .write_counts
+            .then(|| vec![123; rng.len_for(remap_desc.num_tokens.into())]);
+        let res = remap_modes(
+            &desc,
+            RemapModesArgs {
+                remap: RemapArgs {
+                    req_id: &req_id[..],
+                    block_table: &block_table[..],
+                    topk: &topk[..],
+                    idx_mapping: None,
+                    out: &mut out[..],
+                    counts: counts.as_deref_mut(),
+                },
+                prefill_req_id: prefill_ids.as_deref(),
+                workspace_starts: starts.as_deref(),
+            },
+        );
+        match res {
+            Ok(()) => {
+                ok += 1;
+                if !desc.has_modes() {
+                    let mut plain = vec![123; out.len()];
+                    remap(
+                        &remap_desc,
+                        RemapArgs {
+                            req_id: &req_id[..],
+                            block_table: &block_table[..],
+                            topk: &topk[..],
+                            idx_mapping: None,
+                            out: &mut plain[..],
+                            counts: None,
+                        },
+                    )
+                    .map(|()| assert_eq!(plain[..tk as usize], out[..tk as usize]))
+                    .ok();
+                }
+            }
+            Err(_) => assert!(out.iter().all(|&v| v == 123), "remap_modes wrote on error"),
+        }
+        if let Some(d) = desc.dcp {
+            for _ in 0..4 {
+                let _ = d.local(rng.entry(1 << 20).unsigned_abs());
+            }
+        }
+    });
+    assert!(
+        ok * 30 > n,
+        "only {ok} of {n} remaps with modes ran: the test lost its teeth"
+    );
+}
+
+/// The indexer backup on hostile layouts and slots: a typed error that writes nothing, or a
+/// copy that stays inside the host cache.
+#[test]
+fn indexer_backup_on_hostile_layouts() {
+    let mut ok = 0u64;
+    let n = rounds(3000);
+    each_round("indexer_backup", 12, n, |rng| {
+        let host = layout(rng);
+        let mut device = layout(rng);
+        if rng.chance(70) {
+            device.block_size = host.block_size;
+            device.row_bytes = host.row_bytes;
+            device.value_bytes = host.value_bytes;
+        }
+        let layers = [LayerPair { host, device }];
+        let t = rng.size(8);
+        let device_slots = rng.buf(t.into(), 200);
+        let host_slots = rng.buf(t.into(), 200);
+        let dev_pool: Vec<u8> = (0..pool_len(&device, rng)).map(|i| i as u8).collect();
+        let mut host_pool = vec![0xEEu8; pool_len(&host, rng)];
+        let desc = IndexerBackupDesc {
+            num_tokens: t,
+            layers: &layers,
+        };
+        let res = indexer_backup(
+            &desc,
+            IndexerBackupArgs {
+                device_slots: &device_slots[..],
+                host_slots: &host_slots[..],
+                device: &dev_pool[..],
+                host: &mut host_pool[..],
+            },
+        );
+        match res {
+            Ok(()) => ok += 1,
+            Err(_) => assert!(host_pool.iter().all(|&b| b == 0xEE), "wrote on error"),
+        }
+    });
+    assert!(
+        ok * 50 > n,
+        "only {ok} of {n} indexer backups ran: the test lost its teeth"
     );
 }
 

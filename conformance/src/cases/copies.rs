@@ -12,6 +12,7 @@ use hisparse_core::ops::{
     RowSpan,
 };
 
+use super::unsupported_is_skip;
 use crate::util::{Ctx, dev_bytes, dev_i32, ensure, pinned_bytes, read_bytes, read_pinned, same};
 use crate::{Case, CaseError, CaseResult, SplitMix64};
 
@@ -24,6 +25,8 @@ pub(crate) struct Rows {
     pub(crate) layers: u32,
     /// Extra rows per device block beyond the layers' rows (another group's part of a block).
     pub(crate) extra_rows: u32,
+    /// Pages padded to a multiple of this many bytes (1 = none).
+    pub(crate) page_alignment: u32,
 }
 
 pub(crate) const MLA: Rows = Rows {
@@ -32,7 +35,35 @@ pub(crate) const MLA: Rows = Rows {
     block_size: 64,
     layers: 1,
     extra_rows: 0,
+    page_alignment: 1,
 };
+
+/// DeepSeek V4's fp8_ds_mla rows: 576 value + 8 scale bytes, 64 per page, pages padded to
+/// 37,440 B; a device block holds a bucket of 4 layers and one more page (like the planned
+/// layout's 5-page, 320-row blocks).
+pub(crate) const V4: Rows = Rows {
+    row_bytes: 584,
+    value_bytes: 576,
+    block_size: 64,
+    layers: 4,
+    extra_rows: 64,
+    page_alignment: 576,
+};
+
+impl Rows {
+    /// Bytes of one page, padding included.
+    pub(crate) fn page_bytes(&self) -> u64 {
+        (u64::from(self.block_size) * u64::from(self.row_bytes))
+            .next_multiple_of(u64::from(self.page_alignment.max(1)))
+    }
+
+    /// Bytes of one device block: the layers' pages, then the extra rows, 16-byte aligned.
+    pub(crate) fn block_bytes(&self) -> u64 {
+        (u64::from(self.layers) * self.page_bytes()
+            + u64::from(self.extra_rows) * u64::from(self.row_bytes))
+        .next_multiple_of(16)
+    }
+}
 
 fn geometries() -> Vec<(&'static str, Rows)> {
     vec![
@@ -63,6 +94,7 @@ fn geometries() -> Vec<(&'static str, Rows)> {
                 block_size: 8,
                 layers: 2,
                 extra_rows: 5,
+                page_alignment: 1,
             },
         ),
         (
@@ -73,6 +105,41 @@ fn geometries() -> Vec<(&'static str, Rows)> {
                 block_size: 4,
                 layers: 1,
                 extra_rows: 3,
+                page_alignment: 1,
+            },
+        ),
+        // DeepSeek V4: 584-B split rows (8-B scale parts) in padded pages.
+        ("split-576+8-v4-x4-layers", V4),
+        (
+            "split-576+8-v4-1-layer",
+            Rows {
+                layers: 1,
+                extra_rows: 0,
+                ..V4
+            },
+        ),
+        // Its indexer rows: 128 values + a 4-B scale, pages padded to 8,640 B.
+        (
+            "split-128+4-v4-indexer",
+            Rows {
+                row_bytes: 132,
+                value_bytes: 128,
+                block_size: 64,
+                layers: 3,
+                extra_rows: 7,
+                page_alignment: 576,
+            },
+        ),
+        // The smallest scale part with an odd row count: byte-exact word copies.
+        (
+            "split-16+4-odd-rows",
+            Rows {
+                row_bytes: 20,
+                value_bytes: 16,
+                block_size: 3,
+                layers: 2,
+                extra_rows: 1,
+                page_alignment: 16,
             },
         ),
     ]
@@ -115,12 +182,13 @@ pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
     ));
 }
 
-/// Host and device layouts for `g`: host layer-major, device layers side by side in a block.
+/// Host and device layouts for `g`: host layer-major, device layers side by side in a block
+/// (pages padded to `page_alignment`).
 pub(crate) fn layouts(g: Rows, host_blocks: u32, device_blocks: u32) -> Vec<LayerPair> {
-    let page = u64::from(g.block_size) * u64::from(g.row_bytes);
+    let page = g.page_bytes();
     let n = u64::from(g.layers);
     let block_rows = g.layers * g.block_size + g.extra_rows;
-    let block_bytes = u64::from(block_rows) * u64::from(g.row_bytes);
+    let block_bytes = g.block_bytes();
     (0..n)
         .map(|i| LayerPair {
             host: PageLayout {
@@ -146,11 +214,9 @@ pub(crate) fn layouts(g: Rows, host_blocks: u32, device_blocks: u32) -> Vec<Laye
 }
 
 pub(crate) fn pool_sizes(g: Rows, host_blocks: u32, device_blocks: u32) -> (usize, usize) {
-    let page = g.block_size as usize * g.row_bytes as usize;
-    let block_rows = (g.layers * g.block_size + g.extra_rows) as usize;
     (
-        g.layers as usize * host_blocks as usize * page,
-        block_rows * g.row_bytes as usize * device_blocks as usize,
+        (u64::from(g.layers) * u64::from(host_blocks) * g.page_bytes()) as usize,
+        (g.block_bytes() * u64::from(device_blocks)) as usize,
     )
 }
 
@@ -262,7 +328,7 @@ fn gather<D: Device>(dev: &D, seed: u64, g: Rows) -> CaseResult {
         dev_i32(dev, &dst)?,
         dev_i32(dev, &counts)?,
     );
-    dev.gather_rows(
+    let r = dev.gather_rows(
         &s,
         &desc,
         GatherArgs {
@@ -272,8 +338,8 @@ fn gather<D: Device>(dev: &D, seed: u64, g: Rows) -> CaseResult {
             host: &p.d_host,
             device: &mut p.d_device,
         },
-    )
-    .ctx("gather_rows")?;
+    );
+    unsupported_is_skip(r, "gather_rows")?;
     dev.synchronize(&s).ctx("synchronize")?;
     p.compare(dev)
 }
@@ -309,8 +375,8 @@ fn pages<D: Device>(dev: &D, seed: u64, g: Rows, dir: Direction) -> CaseResult {
     };
     ref_pages(&desc, &pairs, &mut p.host, &mut p.device).ctx("reference copy_pages")?;
     let s = dev.create_stream().ctx("create_stream")?;
-    dev.copy_pages(&s, &desc, &pairs, &mut p.d_host, &mut p.d_device)
-        .ctx("copy_pages")?;
+    let r = dev.copy_pages(&s, &desc, &pairs, &mut p.d_host, &mut p.d_device);
+    unsupported_is_skip(r, "copy_pages")?;
     dev.synchronize(&s).ctx("synchronize")?;
     p.compare(dev)
 }
@@ -361,8 +427,8 @@ fn rows<D: Device>(dev: &D, seed: u64, g: Rows, dir: Direction) -> CaseResult {
     };
     ref_rows(&desc, &spans, &mut p.host, &mut p.device).ctx("reference copy_rows")?;
     let s = dev.create_stream().ctx("create_stream")?;
-    dev.copy_rows(&s, &desc, &spans, &mut p.d_host, &mut p.d_device)
-        .ctx("copy_rows")?;
+    let r = dev.copy_rows(&s, &desc, &spans, &mut p.d_host, &mut p.d_device);
+    unsupported_is_skip(r, "copy_rows")?;
     dev.synchronize(&s).ctx("synchronize")?;
     p.compare(dev)
 }
@@ -387,8 +453,8 @@ fn host_pages<D: Device>(dev: &D, seed: u64, g: Rows) -> CaseResult {
         .collect();
     ref_host_pages(&layers, &pairs, &mut p.host).ctx("reference copy_host_pages")?;
     let s = dev.create_stream().ctx("create_stream")?;
-    dev.copy_host_pages(&s, &layers, &pairs, &mut p.d_host)
-        .ctx("copy_host_pages")?;
+    let r = dev.copy_host_pages(&s, &layers, &pairs, &mut p.d_host);
+    unsupported_is_skip(r, "copy_host_pages")?;
     dev.synchronize(&s).ctx("synchronize")?;
     p.compare(dev)
 }
@@ -452,6 +518,7 @@ fn known_gather<D: Device>(dev: &D) -> CaseResult {
         block_size: 2,
         layers: 1,
         extra_rows: 2,
+        page_alignment: 1,
     };
     let layers = layouts(g, 3, 2);
     // Host: 3 blocks × 64 bytes; byte i = i + 1.

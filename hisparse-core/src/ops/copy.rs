@@ -221,7 +221,7 @@ pub struct LayerPair {
     pub device: PageLayout,
 }
 
-fn check_layers(
+pub(crate) fn check_layers(
     op: OpName,
     layers: &[LayerPair],
     host_len: u64,
@@ -291,7 +291,7 @@ impl GatherDesc<'_> {
     }
 }
 
-fn copy_row(
+pub(crate) fn copy_row(
     src_layout: &PageLayout,
     src_pos: Option<(u32, u32)>,
     src: &[u8],

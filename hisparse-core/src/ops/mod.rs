@@ -13,6 +13,7 @@
 //! in native byte order. `-1` means "no row".
 
 pub mod copy;
+pub mod indexer_backup;
 pub mod invalidate;
 pub mod pinned;
 pub mod remap;
@@ -25,9 +26,10 @@ pub use copy::{
     BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RowCopyDesc,
     RowSpan,
 };
+pub use indexer_backup::{IndexerBackupArgs, IndexerBackupDesc};
 pub use invalidate::{InvalidateArgs, InvalidateDesc};
 pub use pinned::{PINNED_ALIGNMENT, PinnedBudgetError, check_pinned_budget};
-pub use remap::{RemapArgs, RemapDesc};
+pub use remap::{DcpSplit, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc};
 pub use slot_mapping::{SlotMappingArgs, SlotMappingDesc};
 pub use table::{HotResetDesc, TableWrite, TableWriteDesc};
 

@@ -39,6 +39,23 @@
 //!    first appears, at `[t][0..miss_counts[t]]` (the rest of the plan row is `-1`);
 //!    `hit_counts[t]` = hits first appearing in row `t`.
 //!
+//! # Several rows of one request (speculative decoding)
+//!
+//! All token rows with the same `req_id` — adjacent or not, in row order — are resolved as one
+//! against the request's single state, so a step of `q = max_query_len` rows needs up to
+//! `q × top_k` distinct hot slots (the default hot buffer, `(q + 1) × top_k`, keeps one more
+//! top-k of slack). The LRU order after the call is, exactly:
+//!
+//! 1. the evictable slots no miss took, in their old LRU order;
+//! 2. the miss slots, in the order the misses first appear — row by row (in row order), column
+//!    by column — whichever row they first appear in;
+//! 3. the hit slots, in their **old LRU order** (not in the order the rows asked for them): a
+//!    slot hit by several rows moves once.
+//!
+//! A request's rows never change another request's state; each miss's plan entry is stored in
+//! the row where its host row first appears, so a later row of the same request that wants it
+//! counts neither a hit nor a miss and reads the slot the earlier row's miss fills.
+//!
 //! The gather itself ([`super::copy::gather_rows`]) is a separate call so followers can apply the
 //! leader's plan to their own layers.
 
@@ -712,6 +729,42 @@ mod tests {
         assert_eq!((o.src, o.dst), (vec![2, -1, 3, -1], vec![42, -1, 43, -1]));
         assert_eq!(o.valid, [2, 2]);
         assert_eq!(w.lru(0), [0, 2, 3, 1]);
+    }
+
+    /// The LRU order after a call with several rows of one request (module docs): unused
+    /// evictables in old order, then misses by first appearance across the rows, then hits in
+    /// their old LRU order — here with the request's rows interleaved with another request's.
+    #[test]
+    fn several_rows_of_one_request_give_the_documented_lru_order() {
+        let mut w = World::new(2, 3, 8);
+        // Request 0: slots 0..3 cache rows 0, 1, 2; LRU [3, 4, 5, 6, 7, 0, 1, 2].
+        w.step(&[0], &[0, 1, 2]);
+        assert_eq!(w.lru(0), [3, 4, 5, 6, 7, 0, 1, 2]);
+        let other = w.lru(1).to_vec();
+        // Rows of request 0 (rows 0 and 2) around a row of request 1. Request 0 wants, in order
+        // of first appearance: 2 (hit, slot 2), 6 (miss), 0 (hit, slot 0) from row 0; then 7
+        // (miss), 6 (again: no count), 1 (hit, slot 1) from row 2.
+        let o = w.step(&[0, 1, 0], &[2, 6, 0, 4, 5, 6, 7, 6, 1]);
+        // Misses take the least recent evictables 3 and 4, in first-appearance order.
+        assert_eq!(o.indices[..3], [42, 43, 40]);
+        assert_eq!(o.indices[6..], [44, 43, 41]);
+        assert_eq!((o.hits[0], o.misses[0]), (2, 1));
+        assert_eq!((o.hits[2], o.misses[2]), (1, 1));
+        assert_eq!(
+            (o.src[..1].to_vec(), o.dst[..1].to_vec()),
+            (vec![6], vec![43])
+        );
+        assert_eq!(
+            (o.src[6..7].to_vec(), o.dst[6..7].to_vec()),
+            (vec![7], vec![44])
+        );
+        // Unused evictables (5, 6, 7), the misses (3, 4), the hits in old order (0, 1, 2) —
+        // not in the order the rows asked for them (2, 0, 1).
+        assert_eq!(w.lru(0), [5, 6, 7, 3, 4, 0, 1, 2]);
+        assert_eq!(w.dgi(0), [0, 1, 2, 6, 7, -1, -1, -1]);
+        // Request 1's row missed rows 4, 5 and 6 (host rows 20, 21, 22 of its own table) in its
+        // own state only.
+        assert_eq!(&w.lru(1)[5..], &[other[0], other[1], other[2]]);
     }
 
     #[test]
