@@ -73,15 +73,23 @@ impl BufferLen for CudaHostBuffer {
 pub struct CudaStream {
     pub(crate) inner: Stream,
     workspace: Mutex<Workspace>,
+    /// The resolver's counters (`hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES`), cleared on the
+    /// stream when it is made and left zero by every launch, so no launch needs a memset first.
+    counters: DevMem,
 }
 
 impl CudaStream {
-    /// A stream with empty scratch.
-    pub(crate) fn from_inner(inner: Stream) -> CudaStream {
-        CudaStream {
+    /// A stream with empty scratch and cleared resolver counters (the clearing is the stream's
+    /// first operation: no host synchronisation).
+    pub(crate) fn from_inner(ctx: &Arc<Context>, inner: Stream) -> Result<CudaStream> {
+        let words = (gk::WORKSPACE_COUNTER_BYTES / 4) as usize;
+        let counters = DevMem::alloc_uninit(ctx, words * 4)?;
+        inner.fill_u32(&counters, 0, 0, words)?;
+        Ok(CudaStream {
             inner,
             workspace: Mutex::new(Workspace::default()),
-        }
+            counters,
+        })
     }
 
     /// The driver's handle of the stream, e.g. to order an engine's own work after this
@@ -133,14 +141,29 @@ pub(crate) struct Kernels {
     _module: Module,
     /// One function per entry of [`Kernel::ALL`], in that order.
     f: [Function; Kernel::ALL.len()],
-    /// The A/B variants (`gk::variants::SYMBOLS`), by symbol.
+    /// The A/B variants (`gk::variants::SYMBOLS` and the benchmark helpers), by symbol.
     #[cfg(feature = "bench-variants")]
     pub(crate) variants: Vec<(&'static str, Function)>,
+    /// Dynamic shared memory the resolver functions accept (their attribute is raised to it);
+    /// every other function accepts [`DEFAULT_DYNAMIC_SHARED`].
+    large_dynamic_shared: u32,
 }
+
+/// Dynamic shared memory a CUDA function accepts without opting in.
+const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
 
 impl Kernels {
     pub(crate) fn get(&self, k: Kernel) -> Function {
         self.f[Kernel::ALL.iter().position(|x| *x == k).unwrap_or(0)]
+    }
+
+    /// Dynamic shared memory a launch of `k` (or of a variant with its parameters) may ask for.
+    fn dynamic_shared_limit(&self, k: Kernel) -> u32 {
+        if k.large_dynamic_shared() {
+            self.large_dynamic_shared
+        } else {
+            DEFAULT_DYNAMIC_SHARED
+        }
     }
 }
 
@@ -192,7 +215,10 @@ impl From<PlanError> for CudaError {
 /// Kernels that run `HS_GRID_DEP_WAIT` before touching memory, so they may be launched with
 /// programmatic stream serialisation: the decode path (remap, resolve, gather).
 const fn waits_for_grid_dependency(k: Kernel) -> bool {
-    matches!(k, Kernel::Remap | Kernel::Resolve | Kernel::GatherRows)
+    matches!(
+        k,
+        Kernel::Remap | Kernel::Resolve | Kernel::GatherRows | Kernel::ResolveGather
+    )
 }
 
 impl CudaDevice {
@@ -283,17 +309,25 @@ impl CudaDevice {
         use cudarc::driver::sys::CUfunction_attribute as A;
         let k = self.kernels()?;
         #[cfg_attr(not(feature = "bench-variants"), allow(unused_mut))]
-        let mut list: Vec<(&'static str, Function, u32)> =
-            [Kernel::Remap, Kernel::Resolve, Kernel::GatherRows]
-                .into_iter()
-                .map(|x| (x.name(), k.get(x), x.abi().block_threads))
-                .collect();
+        let mut list: Vec<(&'static str, Function, u32)> = [
+            Kernel::Remap,
+            Kernel::Resolve,
+            Kernel::GatherRows,
+            Kernel::ResolveGather,
+        ]
+        .into_iter()
+        .map(|x| (x.name(), k.get(x), x.abi().block_threads))
+        .collect();
         #[cfg(feature = "bench-variants")]
         for &(sym, f) in &k.variants {
-            let block = if sym.starts_with("hs_remap") {
+            let block = if sym == "hs_remap_v3" {
+                gk::REMAP_MAX_THREADS
+            } else if sym.starts_with("hs_remap") {
                 gk::variants::REMAP_V2_THREADS
-            } else if sym.starts_with("hs_resolve") {
+            } else if sym == "hs_resolve_v1" {
                 gk::variants::RESOLVE_V1_THREADS
+            } else if sym.starts_with("hs_resolve") {
+                gk::RESOLVE_THREADS
             } else if sym.starts_with("hs_gather") {
                 gk::GATHER_THREADS
             } else {
@@ -390,21 +424,33 @@ impl CudaDevice {
         let f: [Function; Kernel::ALL.len()] = f.try_into().map_err(|_| CudaError::Compile {
             log: "kernel table".into(),
         })?;
+        // The resolvers' shared state and table are sized by the planner up to the device's
+        // per-block maximum: raise their limit (every function with their parameters, variants
+        // included, so no planned launch is refused by the driver).
         let dynamic = self
             .target
             .shared_per_block
             .saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES) as u32;
-        f[Kernel::ALL
-            .iter()
-            .position(|k| *k == Kernel::Resolve)
-            .unwrap_or(0)]
-        .set_max_dynamic_shared(dynamic)?;
+        for (k, func) in Kernel::ALL.iter().zip(&f) {
+            if k.large_dynamic_shared() {
+                func.set_max_dynamic_shared(dynamic)?;
+            }
+        }
         #[cfg(feature = "bench-variants")]
         let variants = gk::variants::SYMBOLS
             .iter()
-            .chain([&gk::variants::EMPTY_KERNEL])
+            .chain([
+                &gk::variants::EMPTY_KERNEL,
+                &gk::variants::CLOCK_PROBE_KERNEL,
+            ])
             .map(|&sym| module.function(sym).map(|f| (sym, f)))
             .collect::<Result<Vec<_>>>()?;
+        #[cfg(feature = "bench-variants")]
+        for (sym, func) in &variants {
+            if sym.starts_with("hs_resolve") {
+                func.set_max_dynamic_shared(dynamic)?;
+            }
+        }
         // hs_remap_v2 stages table rows in 16.5 KB of static shared memory: prefer the largest
         // carveout so 8 blocks fit. Only a hint (a device may refuse it; the kernel runs either way).
         #[cfg(feature = "bench-variants")]
@@ -418,6 +464,7 @@ impl CudaDevice {
             f,
             #[cfg(feature = "bench-variants")]
             variants,
+            large_dynamic_shared: dynamic,
         });
         self.kernels.get().ok_or_else(|| CudaError::Compile {
             log: "kernel table".into(),
@@ -425,8 +472,10 @@ impl CudaDevice {
     }
 
     /// Enqueues `plan` on `stream`: stages its lists (one asynchronous copy into the device ring,
-    /// reserved until the launches completed), clears the workspace counter, places the symbolic
-    /// pointers and launches each kernel in order. An empty plan enqueues nothing.
+    /// reserved until the launches completed), places the symbolic pointers (the stream's
+    /// workspace and resolver counters among them) and launches each kernel in order. An empty
+    /// plan enqueues nothing. A launch asking for more dynamic shared memory than its function
+    /// accepts is refused before anything of the plan is enqueued.
     pub(crate) fn execute(&self, stream: &CudaStream, mut plan: Plan) -> Result<()> {
         if plan.launches.is_empty() {
             return Ok(());
@@ -440,6 +489,16 @@ impl CudaDevice {
             0
         };
         let kernels = self.kernels()?;
+        for l in &plan.launches {
+            let limit = kernels.dynamic_shared_limit(l.kernel);
+            if l.shared > limit {
+                return Err(CudaError::Unsupported(format!(
+                    "{} asks for {} bytes of dynamic shared memory; the function accepts {limit}",
+                    l.variant.unwrap_or(l.kernel.name()),
+                    l.shared
+                )));
+            }
+        }
         let mut staging = lock(&self.staging);
         let lease = if plan.staged.is_empty() {
             None
@@ -451,7 +510,7 @@ impl CudaDevice {
         let result = (|| {
             for l in &mut plan.launches {
                 l.args
-                    .resolve(placed, workspace)
+                    .resolve(placed, workspace, stream.counters.ptr())
                     .map_err(|log| CudaError::Compile { log })?;
                 let abi = l.kernel.abi();
                 debug_assert!(l.args.matches(&abi).is_ok(), "{:?}", l.args.matches(&abi));
@@ -504,22 +563,80 @@ impl CudaDevice {
         result
     }
 
-    /// Device address of a workspace of at least `bytes` for `stream`, with its first 16 bytes
-    /// (the counter area) cleared on the stream.
+    /// Device address of a workspace of at least `bytes` for `stream` (its contents need no
+    /// initialisation: the resolver initialises every entry it reads).
     fn ensure_workspace(&self, stream: &CudaStream, bytes: usize) -> Result<u64> {
         let mut ws = lock(&stream.workspace);
         if ws.current.as_ref().is_none_or(|m| m.len() < bytes) {
             // Uninitialised, and no host synchronisation: the kernel initialises every entry it
-            // reads, the counter is cleared below on the stream, and a first resolve of a larger
-            // shape may then happen while the stream is being captured.
+            // reads, the counters live apart (cleared once with the stream), and a first resolve
+            // of a larger shape may then happen while the stream is being captured.
             let mem = DevMem::alloc_uninit(&self.ctx, bytes.next_power_of_two())?;
             if let Some(old) = ws.current.replace(mem) {
                 ws.retired.push(old);
             }
         }
-        let mem = ws.current.as_ref().expect("allocated above");
-        stream.inner.fill_u32(mem, 0, 0, 4)?;
-        Ok(mem.ptr())
+        Ok(ws.current.as_ref().expect("allocated above").ptr())
+    }
+
+    /// The swap-in critical path in one launch: [`Device::resolve`] of `desc` with `args`, and
+    /// the gather of its miss plan (`args.miss_src`, `args.miss_dst`, `args.miss_counts`) from
+    /// `host` into `device` for `layers`, as [`Device::gather_rows`] would do right after it —
+    /// identical results — but in one `hs_resolve_gather` launch: each request's missed rows
+    /// start crossing the bus as soon as that request is resolved, while the others still
+    /// resolve, and no second launch waits for the slowest request (`layers` beyond 16 follow as
+    /// gather launches). No host synchronisation; capturable in a graph.
+    pub fn resolve_and_gather(
+        &self,
+        stream: &CudaStream,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, CudaBuffer>,
+        layers: &[hisparse_core::ops::LayerPair],
+        host: &CudaHostBuffer,
+        device: &mut CudaBuffer,
+    ) -> Result<()> {
+        desc.check(&args.sizes())?;
+        GatherDesc {
+            num_tokens: desc.num_tokens,
+            top_k: desc.top_k,
+            layers,
+        }
+        .check(&GatherArgs {
+            plan_src: &*args.miss_src,
+            plan_dst: &*args.miss_dst,
+            plan_counts: &*args.miss_counts,
+            host,
+            device: &mut *device,
+        })?;
+        let addrs = self.resolve_addrs(&args);
+        let plan = plan::resolve_gather(
+            &self.target,
+            desc,
+            &addrs,
+            layers,
+            host.mem.dev_ptr(),
+            device.mem.ptr(),
+            self.resolve_global(),
+        )?;
+        self.execute(stream, plan)
+    }
+
+    fn resolve_addrs(&self, args: &ResolveArgs<'_, CudaBuffer>) -> plan::ResolveAddrs {
+        plan::ResolveAddrs {
+            req_id: args.req_id.mem.ptr(),
+            topk: args.topk.mem.ptr(),
+            resident_table: args.resident_table.mem.ptr(),
+            host_table: args.host_table.mem.ptr(),
+            hot_table: args.hot_table.mem.ptr(),
+            dgi: args.dgi.mem.ptr(),
+            lru: args.lru.mem.ptr(),
+            indices: args.indices.mem.ptr(),
+            valid_counts: args.valid_counts.mem.ptr(),
+            hit_counts: args.hit_counts.mem.ptr(),
+            miss_counts: args.miss_counts.mem.ptr(),
+            miss_src: args.miss_src.mem.ptr(),
+            miss_dst: args.miss_dst.mem.ptr(),
+        }
     }
 
     /// Whether `resolve` forces global-state mode (a test switch of the `bench-variants` build).
@@ -597,7 +714,7 @@ impl Device for CudaDevice {
     }
 
     fn create_stream(&self) -> Result<CudaStream> {
-        Ok(CudaStream::from_inner(Stream::new(&self.ctx)?))
+        CudaStream::from_inner(&self.ctx, Stream::new(&self.ctx)?)
     }
 
     fn record_event(&self, stream: &CudaStream) -> Result<CudaEvent> {
@@ -751,21 +868,7 @@ impl Device for CudaDevice {
         args: ResolveArgs<'_, CudaBuffer>,
     ) -> Result<()> {
         desc.check(&args.sizes())?;
-        let addrs = plan::ResolveAddrs {
-            req_id: args.req_id.mem.ptr(),
-            topk: args.topk.mem.ptr(),
-            resident_table: args.resident_table.mem.ptr(),
-            host_table: args.host_table.mem.ptr(),
-            hot_table: args.hot_table.mem.ptr(),
-            dgi: args.dgi.mem.ptr(),
-            lru: args.lru.mem.ptr(),
-            indices: args.indices.mem.ptr(),
-            valid_counts: args.valid_counts.mem.ptr(),
-            hit_counts: args.hit_counts.mem.ptr(),
-            miss_counts: args.miss_counts.mem.ptr(),
-            miss_src: args.miss_src.mem.ptr(),
-            miss_dst: args.miss_dst.mem.ptr(),
-        };
+        let addrs = self.resolve_addrs(&args);
         #[cfg(feature = "bench-variants")]
         let plan = gk::variants::resolve(
             &self.target,
@@ -913,6 +1016,7 @@ mod tests {
         assert!(waits_for_grid_dependency(Kernel::Remap));
         assert!(waits_for_grid_dependency(Kernel::Resolve));
         assert!(waits_for_grid_dependency(Kernel::GatherRows));
+        assert!(waits_for_grid_dependency(Kernel::ResolveGather));
         for k in Kernel::ALL {
             if waits_for_grid_dependency(k) {
                 // The kernel body starts with the wait (HS_GRID_DEP_WAIT) before any access.

@@ -268,7 +268,8 @@ impl CudaDevice {
 
     /// Enqueues this backend's work on a stream someone else created (PyTorch's current stream)
     /// instead of one of its own. The returned stream never destroys `raw`; it has its own
-    /// scratch memory for the resolver, like every stream of this backend.
+    /// scratch memory for the resolver, like every stream of this backend, whose counters it
+    /// clears with a first operation on `raw` (so wrap a stream that is not being captured).
     ///
     /// Refused with [`CudaError::Foreign`] when the stream belongs to another context than this
     /// device's primary context.
@@ -299,9 +300,7 @@ impl CudaDevice {
         }
         // SAFETY: the driver confirmed the stream belongs to this context; the caller guarantees
         // it outlives the value.
-        Ok(CudaStream::from_inner(unsafe {
-            ffi::Stream::borrowed(&self.ctx, raw)
-        }))
+        CudaStream::from_inner(&self.ctx, unsafe { ffi::Stream::borrowed(&self.ctx, raw) })
     }
 
     /// Whether `buf` is lent memory this backend registered as pinned itself (and will

@@ -45,9 +45,9 @@ impl BenchSwitches {
             Err(_) => false,
         };
         Ok(BenchSwitches {
-            remap: AtomicU8::new(index_of(&RemapVariant::ALL, &RemapVariant::V3)),
-            gather: AtomicU8::new(index_of(&GatherVariant::ALL, &GatherVariant::V3)),
-            resolve: AtomicU8::new(index_of(&ResolveVariant::ALL, &ResolveVariant::V2)),
+            remap: AtomicU8::new(index_of(&RemapVariant::ALL, &RemapVariant::PRODUCTION)),
+            gather: AtomicU8::new(index_of(&GatherVariant::ALL, &GatherVariant::PRODUCTION)),
+            resolve: AtomicU8::new(index_of(&ResolveVariant::ALL, &ResolveVariant::PRODUCTION)),
             resolve_global: AtomicBool::new(global),
         })
     }
@@ -128,6 +128,54 @@ impl CudaDevice {
         unsafe { ffi::launch(f, shape, &stream.inner, &mut [], false) }
     }
 
+    /// Enqueues `hs_clock_probe` on `stream`: one block per multiprocessor spinning for `ns`
+    /// nanoseconds of the GPU's timer (sustained work that brings the clocks up), block 0
+    /// measuring the SM clock over its spin into `out` (two `u64`: cycles, nanoseconds; see
+    /// [`CudaDevice::clock_mhz`]).
+    pub fn launch_clock_probe(
+        &self,
+        stream: &CudaStream,
+        out: &mut crate::CudaBuffer,
+        ns: u64,
+    ) -> Result<(), CudaError> {
+        if out.mem.len() < 16 {
+            return Err(CudaError::Unsupported(
+                "the clock probe writes 16 bytes: pass a buffer of at least 16".into(),
+            ));
+        }
+        let f = self
+            .kernels()?
+            .variants
+            .iter()
+            .find(|(s, _)| *s == hisparse_gpu_kernels::variants::CLOCK_PROBE_KERNEL)
+            .map(|&(_, f)| f)
+            .ok_or_else(|| CudaError::Compile {
+                log: "the clock probe is not loaded".into(),
+            })?;
+        self.ctx.bind()?;
+        let shape = LaunchShape {
+            grid: (self.target.multiprocessors, 1, 1),
+            block: 32,
+            shared: 0,
+        };
+        let mut addr = out.mem.ptr();
+        let mut spin = ns;
+        let mut params = [
+            (&raw mut addr).cast::<std::ffi::c_void>(),
+            (&raw mut spin).cast::<std::ffi::c_void>(),
+        ];
+        // SAFETY: `hs_clock_probe(u64* out, u64 ns)` takes exactly these two parameters; `addr`
+        // is a live device buffer of at least 16 bytes (checked), which the caller keeps alive
+        // until the stream's work completed (the `Device` contract for every buffer).
+        unsafe { ffi::launch(f, shape, &stream.inner, &mut params, false) }
+    }
+
+    /// The SM clock in MHz from a probe's output (`[cycles, nanoseconds]`, downloaded after
+    /// [`CudaDevice::launch_clock_probe`] completed), or `None` when the probe measured nothing.
+    pub fn clock_mhz(probe: [u64; 2]) -> Option<f64> {
+        (probe[1] > 0).then(|| probe[0] as f64 * 1e3 / probe[1] as f64)
+    }
+
     /// Forces (or stops forcing) the resolver's global-state mode.
     pub fn set_resolve_global(&self, on: bool) {
         self.bench.resolve_global.store(on, Ordering::Relaxed);
@@ -146,9 +194,12 @@ mod tests {
         for v in GatherVariant::ALL {
             assert_eq!(GatherVariant::from_name(v.name()), Some(v));
         }
-        assert_eq!(RemapVariant::ALL.last(), Some(&RemapVariant::V3));
-        assert_eq!(GatherVariant::ALL.last(), Some(&GatherVariant::V3));
-        assert_eq!(ResolveVariant::ALL.last(), Some(&ResolveVariant::V2));
+        assert_eq!(RemapVariant::ALL.last(), Some(&RemapVariant::PRODUCTION));
+        assert_eq!(GatherVariant::ALL.last(), Some(&GatherVariant::PRODUCTION));
+        assert_eq!(
+            ResolveVariant::ALL.last(),
+            Some(&ResolveVariant::PRODUCTION)
+        );
         for sym in hisparse_gpu_kernels::variants::SYMBOLS {
             assert!(
                 hisparse_gpu_kernels::VARIANTS_SOURCE.contains(&format!(" {sym}(")),

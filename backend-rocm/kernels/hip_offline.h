@@ -86,3 +86,11 @@ static __device__ __forceinline__ int atomicCAS(int* p, int expected, int desire
                                          __HIP_MEMORY_SCOPE_AGENT);
     return expected;
 }
+static __device__ __forceinline__ unsigned atomicExch(unsigned* p, unsigned v) {
+    return __hip_atomic_exchange(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+static __device__ __forceinline__ unsigned atomicMax(unsigned* p, unsigned v) {
+    return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+// HIP's __threadfence(): a sequentially consistent fence at agent (device) scope.
+static __device__ __forceinline__ void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }

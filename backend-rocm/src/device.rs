@@ -1,7 +1,7 @@
 //! [`RocmDevice`]: the [`Device`] implementation on the HIP runtime.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hisparse_core::ops::copy::{
     check_bulk, check_copy_within, check_host_page_copy, check_read, check_write,
@@ -121,6 +121,44 @@ impl RocmDevice {
         &self.ctx.hip.path
     }
 
+    /// The swap-in critical path in one launch: [`Device::resolve`] of `desc` with `args`, and
+    /// the gather of its miss plan (`args.miss_src`, `args.miss_dst`, `args.miss_counts`) from
+    /// `host` into `device` for `layers`, with the results of [`Device::gather_rows`] right after
+    /// it, in one `hs_resolve_gather` launch (layers beyond 16 follow as gather launches).
+    pub fn resolve_and_gather(
+        &self,
+        stream: &RocmStream,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, RocmBuffer>,
+        layers: &[hisparse_core::ops::LayerPair],
+        host: &RocmHostBuffer,
+        device: &mut RocmBuffer,
+    ) -> Result<(), RocmError> {
+        desc.check(&args.sizes())?;
+        GatherDesc {
+            num_tokens: desc.num_tokens,
+            top_k: desc.top_k,
+            layers,
+        }
+        .check(&GatherArgs {
+            plan_src: &*args.miss_src,
+            plan_dst: &*args.miss_dst,
+            plan_counts: &*args.miss_counts,
+            host,
+            device: &mut *device,
+        })?;
+        let plan = plan::resolve_gather(
+            &self.target(),
+            desc,
+            &resolve_addrs(&args),
+            layers,
+            host.device_addr(),
+            device.addr(),
+            false,
+        )?;
+        self.execute(stream, plan)
+    }
+
     /// What the launch planners know about this device.
     fn target(&self) -> Target {
         Target {
@@ -131,8 +169,9 @@ impl RocmDevice {
     }
 
     /// Enqueues `plan` on `stream`: stages its lists in one pinned, mapped buffer (reused once an
-    /// event says the launches reading it finished), clears the workspace counter, places the
-    /// symbolic pointers and launches each kernel in order. An empty plan enqueues nothing.
+    /// event says the launches reading it finished), places the symbolic pointers (the stream's
+    /// workspace and resolver counters among them) and launches each kernel in order. An empty
+    /// plan enqueues nothing.
     fn execute(&self, stream: &RocmStream, mut plan: Plan) -> Result<(), RocmError> {
         if plan.launches.is_empty() {
             return Ok(());
@@ -142,16 +181,7 @@ impl RocmDevice {
             let bytes = usize::try_from(plan.workspace_bytes).map_err(|_| {
                 RocmError::Unsupported("the resolve workspace exceeds the address space".into())
             })?;
-            let base = stream.scratch(bytes)?;
-            // SAFETY: the counter area is the first 16 bytes of the stream's scratch allocation,
-            // which lives as long as the stream; the memset is ordered before the launches.
-            let s = unsafe {
-                self.ctx
-                    .hip
-                    .memset_async(base as *mut c_void, 0, 16, stream.raw)
-            };
-            self.ctx.check("hipMemsetAsync", s)?;
-            base
+            stream.scratch(bytes)?
         } else {
             0
         };
@@ -168,7 +198,7 @@ impl RocmDevice {
             let placed: Vec<u64> = offsets.iter().map(|o| base + o).collect();
             for l in &mut plan.launches {
                 l.args
-                    .resolve(&placed, workspace)
+                    .resolve(&placed, workspace, stream.counters as u64)
                     .map_err(|message| RocmError::Module { message })?;
                 self.launch(stream.raw, l)?;
             }
@@ -401,12 +431,7 @@ impl Device for RocmDevice {
             .hip
             .stream_create()
             .map_err(|s| RocmError::hip(&self.ctx.hip, "hipStreamCreateWithFlags", s))?;
-        Ok(RocmStream {
-            raw,
-            ctx: self.ctx.clone(),
-            scratch: Mutex::new(None),
-            owned: true,
-        })
+        RocmStream::new(&self.ctx, raw, true)
     }
 
     fn record_event(&self, stream: &RocmStream) -> Result<RocmEvent, RocmError> {
@@ -591,22 +616,7 @@ impl Device for RocmDevice {
         args: ResolveArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args.sizes())?;
-        let addrs = plan::ResolveAddrs {
-            req_id: args.req_id.addr(),
-            topk: args.topk.addr(),
-            resident_table: args.resident_table.addr(),
-            host_table: args.host_table.addr(),
-            hot_table: args.hot_table.addr(),
-            dgi: args.dgi.addr(),
-            lru: args.lru.addr(),
-            indices: args.indices.addr(),
-            valid_counts: args.valid_counts.addr(),
-            hit_counts: args.hit_counts.addr(),
-            miss_counts: args.miss_counts.addr(),
-            miss_src: args.miss_src.addr(),
-            miss_dst: args.miss_dst.addr(),
-        };
-        let plan = plan::resolve(&self.target(), desc, &addrs, false)?;
+        let plan = plan::resolve(&self.target(), desc, &resolve_addrs(&args), false)?;
         self.execute(stream, plan)
     }
 
@@ -718,5 +728,24 @@ impl Device for RocmDevice {
 impl From<PlanError> for RocmError {
     fn from(e: PlanError) -> Self {
         RocmError::Unsupported(e.to_string())
+    }
+}
+
+/// The device addresses of a resolve's buffers, for the planners.
+fn resolve_addrs(args: &ResolveArgs<'_, RocmBuffer>) -> plan::ResolveAddrs {
+    plan::ResolveAddrs {
+        req_id: args.req_id.addr(),
+        topk: args.topk.addr(),
+        resident_table: args.resident_table.addr(),
+        host_table: args.host_table.addr(),
+        hot_table: args.hot_table.addr(),
+        dgi: args.dgi.addr(),
+        lru: args.lru.addr(),
+        indices: args.indices.addr(),
+        valid_counts: args.valid_counts.addr(),
+        hit_counts: args.hit_counts.addr(),
+        miss_counts: args.miss_counts.addr(),
+        miss_src: args.miss_src.addr(),
+        miss_dst: args.miss_dst.addr(),
     }
 }

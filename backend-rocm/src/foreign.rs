@@ -20,7 +20,6 @@
 //! double (`hisparse-hip-double`), not yet on AMD hardware.
 
 use std::ffi::c_void;
-use std::sync::Mutex;
 
 use hisparse_gpu_kernels::lending;
 use hisparse_shm::SharedSegment;
@@ -320,12 +319,7 @@ impl RocmDevice {
                 ),
             );
         }
-        Ok(RocmStream {
-            raw,
-            ctx: self.ctx.clone(),
-            scratch: Mutex::new(None),
-            owned: false,
-        })
+        RocmStream::new(&self.ctx, raw, false)
     }
 
     /// Whether `buf` is lent memory this backend registered as pinned itself (and will unregister

@@ -157,19 +157,50 @@ pub struct RocmStream {
     pub(crate) ctx: Arc<Context>,
     /// `(address, bytes)` of the scratch allocation.
     pub(crate) scratch: Mutex<Option<(usize, usize)>>,
+    /// The resolver's counters (`hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES`, device memory),
+    /// cleared on the stream when it is made and left zero by every launch.
+    pub(crate) counters: usize,
     /// Whether drop destroys the stream (created here) or leaves it alone (lent by an engine).
     pub(crate) owned: bool,
 }
 
 impl RocmStream {
+    /// A stream of this backend over `raw` with no scratch yet and its resolver counters
+    /// allocated and cleared on the stream (its first operation: no host synchronisation).
+    /// `owned`: drop destroys `raw`. On failure an owned `raw` is destroyed.
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        raw: Handle,
+        owned: bool,
+    ) -> Result<RocmStream, RocmError> {
+        let mut stream = RocmStream {
+            raw,
+            ctx: ctx.clone(),
+            scratch: Mutex::new(None),
+            counters: 0,
+            owned,
+        };
+        let bytes = hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES as usize;
+        let p = ctx
+            .hip
+            .malloc(bytes)
+            .map_err(|st| RocmError::hip(&ctx.hip, "hipMalloc", st))?;
+        stream.counters = p as usize;
+        // SAFETY: `p` is `bytes` of device memory just allocated, freed only with the stream;
+        // the memset is the first operation on the stream, so every later launch follows it.
+        let st = unsafe { ctx.hip.memset_async(p, 0, bytes, raw) };
+        ctx.check("hipMemsetAsync", st)?;
+        Ok(stream)
+    }
+
     /// The runtime's handle (`hipStream_t`), e.g. to order an engine's own work after this
     /// backend's. It stays owned by this value (or by the engine that lent it).
     pub fn raw_handle(&self) -> *mut c_void {
         self.raw
     }
 
-    /// Device address of a scratch of at least `bytes` bytes (the planner's workspace: a counter
-    /// area at offset 0, the tables from offset 16).
+    /// Device address of a scratch of at least `bytes` bytes (the planner's workspace; its
+    /// contents need no initialisation).
     pub(crate) fn scratch(&self, bytes: usize) -> Result<u64, RocmError> {
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((p, cap)) = *s {
@@ -215,6 +246,11 @@ impl Drop for RocmStream {
             // SAFETY: the scratch came from `hipMalloc` in `scratch` and is freed once, here;
             // `hipFree` waits for the device, so the stream's last work has finished with it.
             let _ = unsafe { self.ctx.hip.free(p as *mut c_void) };
+        }
+        if self.counters != 0 {
+            // SAFETY: the counters came from `hipMalloc` in `RocmStream::new` and are freed once,
+            // here, after the device finished with them (`hipFree` waits).
+            let _ = unsafe { self.ctx.hip.free(self.counters as *mut c_void) };
         }
     }
 }

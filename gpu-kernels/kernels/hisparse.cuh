@@ -189,22 +189,28 @@ HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
 // Remap (hisparse_core::ops::remap::remap)
 // ---------------------------------------------------------------------------------------------
 //
-// Launch: grid (any size; the host uses num_tokens), block (a multiple of 64 up to
-// HS_REMAP_MAX_THREADS; the host uses top_k / 4 threads, one 16-byte vector each, when top_k is
-// a multiple of 4). Blocks take token rows grid-stride. `idx_mapping` and `counts` may be null
-// when the matching flag is clear.
+// Launch: grid (any size; the host uses min(num_tokens, what the device holds at once)), block
+// (a multiple of 64 up to HS_REMAP_MAX_THREADS; the host uses top_k / 4 threads, one 16-byte
+// vector each, when top_k is a multiple of 4), dynamic shared memory 4 * top_k bytes with
+// HS_REMAP_STAGED, else none. Blocks take token rows grid-stride. `idx_mapping` and `counts` may
+// be null when the matching flag is clear.
 //
-// Per row the request id and the thread's top-k vector are loaded together (independent), then
-// each entry's block-table entry is read directly through the read-only path (one dependent round
-// trip; no staging, no barrier), and the outputs are stored as 16-byte vectors. Valid counts are
-// a block sum and compaction a block scan, each with a single barrier (hs_block_scan1); the -1
-// tail of a compacted row is written by the threads whose own entries lie beyond the valid ones.
-// Rows longer than one pass of the block loop over passes.
+// Per row the request id and the thread's top-k vector are loaded together (independent), one
+// row ahead: while a block looks up row t, the inputs of its next row are already in flight, so a
+// block with several rows pays the first round trip once. Each entry's block-table entry is read
+// directly through the read-only path (one dependent round trip; no staging, no barrier), and the
+// outputs are stored as 16-byte vectors. Valid counts are a block sum and compaction a block scan,
+// each with a single barrier (hs_block_scan1). With HS_REMAP_STAGED the compacted row is built in
+// shared memory and leaves it as whole 16-byte vectors with its -1 tail (one more barrier, no
+// scattered 4-byte stores); without it, valid entries are stored where they land and the -1 tail
+// is written by the threads whose own entries lie beyond the valid ones. Rows longer than one
+// pass of the block loop over passes.
 
 #define HS_REMAP_MAX_THREADS 512
 #define HS_REMAP_HAS_MAP 1u
 #define HS_REMAP_COUNTS 2u
 #define HS_REMAP_COMPACT 4u
+#define HS_REMAP_STAGED 16u
 
 #if defined(HS_VENDOR_CUDA)
 // Four blocks of 512 threads per multiprocessor (at most 32 registers each): a launch of up to
@@ -255,11 +261,32 @@ HS_DEVICE i32 hs_remap_lookup(const hs_remap_geo& g, const i32* bt, i32 tok) {
     return hs_physical_row(HS_LDG(bt + col), g.stride, off);
 }
 
+// The first pass of token row t: its request id and this thread's top-k vector (or entry), both
+// loads issued at once.
+HS_DEVICE void hs_remap_load(const i32* req_id, const i32* topk, u32 t, u32 top_k, u32 j0,
+                             bool vec, i32& req, i32 (&v)[4]) {
+    const i32* in = topk + (u64)t * top_k;
+    req = HS_LDG(req_id + t);
+    v[0] = v[1] = v[2] = v[3] = -1;
+    if (j0 < top_k) {
+        if (vec) {
+            const uint4 a = HS_LDG((const uint4*)(in + j0));
+            v[0] = (i32)a.x;
+            v[1] = (i32)a.y;
+            v[2] = (i32)a.z;
+            v[3] = (i32)a.w;
+        } else {
+            v[0] = HS_LDG(in + j0);
+        }
+    }
+}
+
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
     i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
     u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    HS_DYN_SHARED(hs_remap_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     hs_remap_geo g;
@@ -272,37 +299,51 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
         while ((1u << g.shift) < block_size) ++g.shift;
     }
     const bool compact = (flags & HS_REMAP_COMPACT) != 0;
+    const bool staged = compact && (flags & HS_REMAP_STAGED) != 0;
     const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
     // Four entries (one 16-byte vector) per thread per pass when rows are 16-byte aligned.
     const bool vec = (top_k & 3u) == 0;
     const u32 per = vec ? 4u : 1u;
     const u32 span = HS_NTHREADS * per;
-    u32 phase = 0; // hs_block_scan1 calls so far (uniform over the block)
+    const u32 j_first = HS_TID * per;
+    i32* s_row = (i32*)hs_remap_smem; // the compacted row (staged mode): top_k entries
+    u32 phase = 0;              // hs_block_scan1 calls so far (uniform over the block)
 
+    // Row t's first-pass inputs are loaded one row ahead: while row t is looked up, the request
+    // id and top-k vector of the block's next row are already on their way.
+    i32 next_req = -1;
+    i32 next_v[4] = {-1, -1, -1, -1};
+    if (HS_BID_X < num_tokens)
+        hs_remap_load(req_id, topk, HS_BID_X, top_k, j_first, vec, next_req, next_v);
     for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
+        const i32 req = next_req;
+        i32 v[4] = {next_v[0], next_v[1], next_v[2], next_v[3]};
+        const u32 tn = t + HS_NBLOCKS_X;
+        if (tn < num_tokens) hs_remap_load(req_id, topk, tn, top_k, j_first, vec, next_req, next_v);
+        const i32* bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
+                                           idx_mapping_len, flags);
         const i32* in = topk + (u64)t * top_k;
         i32* o = out + (u64)t * top_k;
         u32 written = 0; // compaction: valid entries written so far (uniform)
         u32 valid = 0;   // this thread's valid entries (counts without compaction)
-        const i32* bt = 0;
         for (u32 base = 0; base < top_k; base += span) {
-            const u32 j0 = base + HS_TID * per;
+            const u32 j0 = base + j_first;
             const bool mine = j0 < top_k; // in vector mode j0 + 3 < top_k then too
-            i32 v[4] = {-1, -1, -1, -1};
-            if (mine) {
-                if (vec) {
-                    const uint4 a = HS_LDG((const uint4*)(in + j0));
-                    v[0] = (i32)a.x;
-                    v[1] = (i32)a.y;
-                    v[2] = (i32)a.z;
-                    v[3] = (i32)a.w;
-                } else {
-                    v[0] = HS_LDG(in + j0);
+            if (base > 0) {
+                // Later passes of a long row (top_k above 4 entries per thread).
+                v[0] = v[1] = v[2] = v[3] = -1;
+                if (mine) {
+                    if (vec) {
+                        const uint4 a = HS_LDG((const uint4*)(in + j0));
+                        v[0] = (i32)a.x;
+                        v[1] = (i32)a.y;
+                        v[2] = (i32)a.z;
+                        v[3] = (i32)a.w;
+                    } else {
+                        v[0] = HS_LDG(in + j0);
+                    }
                 }
             }
-            if (base == 0)
-                bt = hs_remap_table_row(HS_LDG(req_id + t), block_table, idx_mapping, table_rows,
-                                        max_blocks, idx_mapping_len, flags);
             u32 n = 0;
 #pragma unroll
             for (u32 q = 0; q < 4; ++q) {
@@ -319,23 +360,44 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
             }
             u32 total;
             u32 at = written + hs_block_scan1(n, s_scan, phase++, total);
+            if (staged) {
 #pragma unroll
-            for (u32 q = 0; q < 4; ++q)
-                if (v[q] != -1) o[at++] = v[q];
-            written += total;
-            if (span >= top_k && mine) {
-                // One pass: this thread's own entries at or beyond the valid count become -1.
-                if (vec && j0 >= written) {
-                    *(uint4*)(o + j0) = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
-                } else {
-                    for (u32 q = 0; q < per; ++q)
-                        if (j0 + q >= written) o[j0 + q] = -1;
+                for (u32 q = 0; q < 4; ++q)
+                    if (v[q] != -1) s_row[at++] = v[q];
+            } else {
+#pragma unroll
+                for (u32 q = 0; q < 4; ++q)
+                    if (v[q] != -1) o[at++] = v[q];
+                if (span >= top_k && mine) {
+                    // One pass: this thread's own entries at or beyond the valid count become -1.
+                    if (vec && j0 >= written + total) {
+                        *(uint4*)(o + j0) = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+                    } else {
+                        for (u32 q = 0; q < per; ++q)
+                            if (j0 + q >= written + total) o[j0 + q] = -1;
+                    }
                 }
             }
+            written += total;
         }
         if (compact) {
-            if (span < top_k)
+            if (staged) {
+                // The compacted row leaves shared memory as whole vectors, its -1 tail with it.
+                HS_SYNC();
+                if (vec) {
+                    for (u32 j = j_first; j < top_k; j += span) {
+                        const uint4 a = *(const uint4*)(s_row + j);
+                        *(uint4*)(o + j) = make_uint4(j < written ? a.x : HS_NONE,
+                                                      j + 1 < written ? a.y : HS_NONE,
+                                                      j + 2 < written ? a.z : HS_NONE,
+                                                      j + 3 < written ? a.w : HS_NONE);
+                    }
+                } else {
+                    for (u32 j = HS_TID; j < top_k; j += HS_NTHREADS) o[j] = j < written ? s_row[j] : -1;
+                }
+            } else if (span < top_k) {
                 for (u32 j = written + HS_TID; j < top_k; j += HS_NTHREADS) o[j] = -1;
+            }
             if (want_counts && HS_TID == 0) counts[t] = (i32)written;
         } else if (want_counts) {
             u32 total;
@@ -344,44 +406,54 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
         }
     }
 }
-
 // ---------------------------------------------------------------------------------------------
 // Resolve (hisparse_core::ops::resolve::resolve)
 // ---------------------------------------------------------------------------------------------
 //
 // Launch: grid (num_tokens), block (HS_RESOLVE_THREADS), dynamic shared memory
-// hs_resolve_smem_bytes(hot_slots, smem_table_entries) (see the Rust ABI table for the formula).
+// resolve_shared_bytes(hot_slots, smem_table_entries) of the Rust ABI table: the staged hot-table
+// row (4 * HS_RESOLVE_HOT_STAGE bytes), the per-request state (hs_resolve_state_bytes) and the
+// shared wanted-row table (16 bytes per entry).
 // Block t handles token row t: a padding row writes its outputs; a row whose request appeared in
 // an earlier row exits (that earlier row's block resolves all rows of the request); otherwise the
 // block resolves every row of the request, in row order, against the request's single state.
 //
 // The wanted-row hash table lives in shared memory when it needs at most `smem_table_entries`
-// entries (a power of two, or 0), else in `workspace`: `workspace_counter` (zeroed by the host
-// before each launch) bump-allocates per-block tables of `workspace_entries` entries in total; the
-// host sizes it at 4 * num_tokens * top_k entries, which bounds the sum of every block's need.
+// entries (a power of two, or 0), else in `workspace`: `workspace_counter` bump-allocates
+// per-block tables of `workspace_entries` entries in total (the host sizes it at
+// 4 * num_tokens * top_k entries, which bounds the sum of every block's need). The counter area is
+// zero before the first launch and every launch leaves it zero (hs_workspace_release).
 //
 // Global-state mode: when bit 31 of `smem_table_entries` (HS_RESOLVE_GLOBAL_STATE) is set, the
-// per-request LRU copy, partition and bitmap do not live in shared memory but in `workspace`:
+// per-request state (LRU copy, inverse, partition, bitmaps) does not live in shared memory but in
+// `workspace`:
 // each resolving block bump-allocates them (resolve_state_entries(hot_slots) 16-byte entries,
 // followed by its wanted-row table when that does not fit shared memory) in one atomicAdd on
 // `workspace_counter`. The low 31 bits are then the shared table capacity as above, and the
-// dynamic shared memory holds only that table (16 * capacity bytes). For hot_slots too large for
-// the device's shared memory (64 KiB on AMD GPUs).
+// dynamic shared memory holds only the hot stage and that table. For hot_slots too large for the
+// device's shared memory (64 KiB on AMD GPUs).
 //
 // Work per thread: every pass over a row takes HS_RESOLVE_IK consecutive top-k entries per
-// thread, every pass over the LRU HS_RESOLVE_IN consecutive positions, and issues all their loads
-// (top-k, both page tables, the LRU, the cached rows) before using any, so each pass costs one
-// dependent memory round trip, not one per item. A request of one row whose entries fit one pass
+// thread, every pass over the hot buffer HS_RESOLVE_IN consecutive LRU positions and slots. The
+// hits are found in slot order (each slot's cached row dgi[s] and, through the inverse of the
+// LRU built in shared memory, its LRU position), so the LRU and the dgi row are read once,
+// coalesced and without a dependent load. A request of one row whose entries fit one pass
 // (top_k <= HS_RESOLVE_THREADS * HS_RESOLVE_IK: the decode case) classifies each entry once and
-// keeps the result and its hash slot in registers for the later phases; likewise the LRU scan
-// keeps each position's hash slot when the hot buffer fits one pass. Block sums and scans take
-// one barrier each (hs_block_scan1). The loops over a request's rows stop at its last row (one
-// iteration for a one-row request, however many rows the launch has).
+// keeps the result and its hash slot in registers for the later phases; likewise the slots when
+// the hot buffer fits one pass. Block sums and scans take one barrier each (hs_block_scan2, two
+// sums at once). The loops over a request's rows stop at its last row (one iteration for a
+// one-row request, however many rows the launch has). The kernel body is hs_resolve_block, shared
+// with hs_resolve_gather.
 
 #define HS_RESOLVE_THREADS 1024
 #define HS_RESOLVE_IK 2
 #define HS_RESOLVE_IN 4
 #define HS_RESOLVE_GLOBAL_STATE 0x80000000u
+
+#ifndef HS_FENCE
+// Orders this thread's global memory accesses before its later ones, device-wide.
+#define HS_FENCE() __threadfence()
+#endif
 
 struct hs_resolve_desc {
     u32 num_tokens, top_k, num_requests, max_pages, block_size, hot_slots,
@@ -456,20 +528,17 @@ HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, 
 // Dynamic shared memory layout of hs_resolve (byte offsets; every part 16-byte aligned).
 HS_DEVICE u32 hs_align16(u32 x) { return (x + 15u) & ~15u; }
 
-HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
-    const i32* __restrict__ req_id, const i32* __restrict__ topk,
-    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
-    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
-    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
-    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
-    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
-    u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
-    HS_DYN_SHARED(hs_smem);
-    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
-    HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
-    HS_GRID_DEP_WAIT(); // before any global memory access
+// Entries of the wanted-row table for `entries` top-k entries: max(16, next_pow2(2 * entries))
+// (resolve_table_entries in the Rust ABI table), a load factor of at most one half.
+HS_DEVICE u32 hs_table_capacity(u32 entries) {
+    u32 cap = 16;
+    while (cap < 2u * entries) cap <<= 1;
+    return cap;
+}
 
+HS_DEVICE hs_resolve_desc hs_resolve_desc_of(u32 num_tokens, u32 top_k, u32 num_requests,
+                                             u32 max_pages, u32 block_size, u32 hot_slots,
+                                             u32 attention_block_stride, u32 host_num_blocks) {
     hs_resolve_desc d;
     d.num_tokens = num_tokens;
     d.top_k = top_k;
@@ -485,15 +554,465 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
         while ((1u << d.shift) < block_size) ++d.shift;
     }
     d.hot_cols = hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
+    return d;
+}
 
+// Two block-wide exclusive prefix sums at once (`a` and `b`, thread order) and their totals, with
+// ONE barrier; the same scheme as hs_block_scan1 over a scratch of 4 * HS_MAX_WARPS words
+// (`phase` must differ by one between consecutive calls of one kernel).
+HS_DEVICE void hs_block_scan2(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32& eb, u32& ta,
+                              u32& tb) {
+    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
+    u32* h = s + (phase & 1u) * 2u * HS_MAX_WARPS;
+    const u32 ia = hs_warp_inclusive(a), ib = hs_warp_inclusive(b);
+    if (lane == HS_WARP - 1) {
+        h[warp] = ia;
+        h[HS_MAX_WARPS + warp] = ib;
+    }
+    HS_SYNC();
+    u32 ba = 0, bb = 0, sa = 0, sb = 0;
+    for (u32 w = 0; w < nw; ++w) {
+        const u32 x = h[w], y = h[HS_MAX_WARPS + w];
+        ba += w < warp ? x : 0u;
+        bb += w < warp ? y : 0u;
+        sa += x;
+        sb += y;
+    }
+    ta = sa;
+    tb = sb;
+    ea = ba + ia - a;
+    eb = bb + ib - b;
+}
+
+// Bytes of one request's resolver state: the LRU copy, its inverse (slot -> LRU position) and the
+// partition (u16[N] each), the permutation bitmap and the hit bitmap (N bits each), every part
+// 16-byte aligned (resolve_state_entries in the Rust ABI table is this / 16).
+HS_DEVICE u32 hs_resolve_state_bytes(u32 n) {
+    return 3u * hs_align16(2u * n) + 2u * hs_align16(4u * ((n + 31u) / 32u));
+}
+
+// Hot-table entries of the resolving request staged in shared memory (the first part of the
+// dynamic shared memory, 4 * HS_RESOLVE_HOT_STAGE bytes); a request with more hot blocks reads
+// them from global memory.
+#define HS_RESOLVE_HOT_STAGE 1024
+
+// The per-request state parts at `p` (shared memory, or the workspace in global-state mode).
+struct hs_rstate {
+    u16* lru;  // the request's LRU order (identity once repaired)
+    u16* pos;  // slot -> its position in that order
+    u16* part; // evictables from the front, hits from the back (old order)
+    u32* perm; // slots seen in the LRU (permutation check)
+    u32* hit;  // LRU positions that hold a wanted row first (the hits)
+};
+
+HS_DEVICE hs_rstate hs_rstate_at(unsigned char* p, u32 n) {
+    const u32 a = hs_align16(2u * n), b = hs_align16(4u * ((n + 31u) / 32u));
+    hs_rstate s;
+    s.lru = (u16*)p;
+    s.pos = (u16*)(p + a);
+    s.part = (u16*)(p + 2u * a);
+    s.perm = (u32*)(p + 3u * a);
+    s.hit = (u32*)(p + 3u * a + b);
+    return s;
+}
+
+// A table entry nobody has claimed: key -1 and every field HS_NONE, all bits set.
+HS_DEVICE void hs_table_clear(hs_wanted* table, u32 from, u32 to) {
+    for (u32 i = from + HS_TID; i < to; i += HS_NTHREADS)
+        *(uint4*)(table + i) = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+}
+
+// The workspace counter area of hs_resolve (u32[4], zero before the first launch that uses it):
+// [0] the launch's bump allocator, [1] blocks finished, [2] the most entries one launch took
+// (a diagnostic), [3] unused. The last block of a launch to finish puts [0] and [1] back to zero,
+// so the next launch on the stream finds them zero without a memset before every launch. Every
+// block of the grid calls this once, after its last allocation (the allocations are made by
+// thread 0, which is the thread that counts the block as finished).
+HS_DEVICE void hs_workspace_release(u32* counter) {
+    if (counter == 0 || HS_TID != 0) return;
+    HS_FENCE();
+    if (atomicAdd(counter + 1, 1u) == HS_NBLOCKS_X - 1) {
+        HS_FENCE();
+        const u32 used = atomicExch(counter, 0u);
+        atomicMax(counter + 2, used);
+        atomicExch(counter + 1, 0u);
+        HS_FENCE();
+    }
+}
+
+// Resolves the request of token row HS_BID_X (steps 1-8 of the reference) when this row is the
+// request's first; a padding row writes its outputs; a later row of a request returns (the first
+// row's block resolves all of them). Returns true when this block resolved a request, with
+// `rows_out` its rows; it has then passed a barrier after writing every output, so the block may
+// read the miss plan back (the fused gather). Uniform over the block.
+//
+// Memory round trips on the critical path: (1) the row's request id, its top-k entries and the
+// other rows' request ids, all at once; (2) both page tables for every entry, the request's whole
+// LRU order and dgi row (slot order, no indirection: the inverse permutation is built in shared
+// memory instead) and its hot-table row, all at once; then only shared-memory work and barriers
+// (eight for a one-row request: two 2-value scans, three plain barriers, a 2-value scan, a plain
+// barrier and the valid-count sum) and the output stores.
+// The registers hs_resolve_block loaded before its first barrier (round trip 2): page-table
+// entries of the thread's first top-k entries, its LRU values (two 16-bit values per word) and
+// dgi values of the first pass over the hot buffer, its hot-table entry.
+struct hs_resolve_regs {
+    u32 e_off[HS_RESOLVE_IK];
+    i32 e_res[HS_RESOLVE_IK], e_hb[HS_RESOLVE_IK];
+    u32 svp[HS_RESOLVE_IN / 2];
+    i32 dv[HS_RESOLVE_IN];
+    i32 hv;
+};
+
+// Steps 2-8 of hs_resolve_block once the request's state (`state_at`) and wanted-row table
+// (`table`, `cap` entries, cleared) are placed. Called with pointers derived from the dynamic
+// shared memory or from the workspace (one inlined copy per placement), so that the compiler
+// addresses shared memory as such.
+HS_DEVICE void hs_resolve_rest(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    const hs_resolve_desc& d, const hs_resolve_regs& R, u32 rows, u32 cap, u32 phase,
+    u32* s_scan, i32* s_hot, unsigned char* state_at, hs_wanted* table) {
     const u32 t = HS_BID_X;
-    if (t >= num_tokens) return;
-    const u32 K = top_k, N = hot_slots;
-    const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
     const i32 req = HS_LDG(req_id + t);
+    const u32 r = (u32)req;
+    const u32 K = d.top_k, N = d.hot_slots, T = d.num_tokens;
+    const u64 sbase = (u64)r * N;
+    const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
+    const u32 k0 = HS_TID * HS_RESOLVE_IK, p0 = HS_TID * HS_RESOLVE_IN;
+    const bool hot_staged = d.hot_cols <= HS_RESOLVE_HOT_STAGE;
+    // One row in one pass: each entry's class, value and hash slot stay in registers; one pass
+    // over the hot buffer: each slot's dgi value, LRU value and hash slot too.
+    const bool cached = rows == 1 && K <= span_k;
+    const bool cached_n = N <= span_n;
+#define HS_SV(q) ((R.svp[(q) / 2] >> (16u * ((q) & 1u))) & 0xffffu)
+    const hs_rstate st = hs_rstate_at(state_at, N);
+    const u32 mask = cap - 1;
+    const i64 host_rows = (i64)d.host_num_blocks * (i64)d.block_size;
+
+    // An entry's class: 0 invalid, 1 resident (v = physical row), 2 host (v = flat host row).
+    auto classify = [&](i32 res, i32 hb, u32 off, i32& v) -> u32 {
+        if (res > 0) {
+            v = hs_physical_row(res, d.attention_block_stride, off);
+            return v == -1 ? 0u : 1u;
+        }
+        v = hs_physical_row(hb, d.block_size, off);
+        return v == -1 ? 0u : 2u;
+    };
+    // Entry j of row t2 loaded and classified again (the uncached case).
+    auto reclassify = [&](u32 t2, u32 j, i32& v) -> u32 {
+        v = -1;
+        if (j >= K) return 0;
+        return hs_classify(d, resident_table, host_table, r, HS_LDG(topk + (u64)t2 * K + j), v);
+    };
+    auto hot_row = [&](u32 slot) -> i32 {
+        if (!hot_staged) return hs_hot_row(d, hot_table, r, slot);
+        u32 col, off;
+        if (d.shift < 32) {
+            col = slot >> d.shift;
+            off = slot & (d.block_size - 1);
+        } else {
+            col = slot / d.block_size;
+            off = slot % d.block_size;
+        }
+        return hs_physical_row(s_hot[col], d.attention_block_stride, off);
+    };
+
+    // ---- Steps 2-3: classify every entry, insert host rows with their first appearance; copy
+    // the LRU, build its inverse and check that it is a permutation; stage the hot-table row.
+    // The cached case's registers: each entry's value and hash slot (a host entry has a hash
+    // slot, a resident one a value, an invalid one neither).
+    i32 c_val[HS_RESOLVE_IK];
+    u32 c_h[HS_RESOLVE_IK];
+    u32 n_host = 0, corrupt_local = 0;
+    {
+        u32 ord = 0;
+        for (u32 t2 = t, seen = 0; t2 < T && seen < rows; ++t2) {
+            if (t2 != t && HS_LDG(req_id + t2) != req) continue;
+            ++seen;
+            for (u32 jb = 0; jb < K; jb += span_k) {
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    const u32 j = jb + k0 + q;
+                    i32 v;
+                    const u32 kind = (t2 == t && jb == 0)
+                                         ? classify(R.e_res[q], R.e_hb[q], R.e_off[q], v)
+                                         : reclassify(t2, j, v);
+                    u32 h = HS_NONE;
+                    if (kind == 2) {
+                        h = hs_insert(table, mask, v, ord * K + j);
+                        ++n_host;
+                    }
+                    c_val[q] = v;
+                    c_h[q] = h;
+                }
+            }
+            ++ord;
+        }
+    }
+    for (u32 pb = 0; pb < N; pb += span_n) {
+#pragma unroll
+        for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+            const u32 p = pb + p0 + q;
+            if (p >= N) continue;
+            const u32 s = pb == 0 ? HS_SV(q) : (u32)lru[sbase + p];
+            st.lru[p] = (u16)s;
+            if (s >= N) {
+                corrupt_local = 1;
+            } else {
+                st.pos[s] = (u16)p;
+                const u32 bit = 1u << (s & 31u);
+                if (atomicOr(&st.perm[s >> 5], bit) & bit) corrupt_local = 1;
+            }
+        }
+    }
+    if (hot_staged)
+        for (u32 i = HS_TID; i < d.hot_cols; i += HS_NTHREADS)
+            s_hot[i] = i == HS_TID ? R.hv : HS_LDG(hot_table + (u64)r * d.hot_cols + i);
+    u32 ignore_a, ignore_b, any_host, corrupt_n;
+    hs_block_scan2(n_host, corrupt_local, s_scan, phase++, ignore_a, ignore_b, any_host, corrupt_n);
+    const bool corrupt = corrupt_n != 0;
+
+    u32 V = N; // evictable slots
+    if (any_host != 0) {
+        // Step 4: an LRU that is not a permutation is reset, with its dgi row.
+        if (corrupt) {
+            for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
+                st.lru[p] = (u16)p;
+                st.pos[p] = (u16)p;
+                dgi[sbase + p] = -1;
+            }
+            HS_SYNC();
+        }
+        // Step 5a, slot order: for each slot caching a wanted row, its LRU position competes for
+        // the row's first (least recent) position.
+        u32 c_hs[HS_RESOLVE_IN];
+        for (u32 pb = 0; pb < N; pb += span_n) {
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                const u32 s = pb + p0 + q;
+                u32 h = HS_NONE;
+                if (s < N && !corrupt) {
+                    const i32 g = pb == 0 ? R.dv[q] : dgi[sbase + s];
+                    if (g >= 0 && (i64)g < host_rows) {
+                        h = hs_lookup(table, mask, g);
+                        if (h != HS_NONE) atomicMin(&table[h].first_lru, (u32)st.pos[s]);
+                    }
+                }
+                c_hs[q] = h;
+            }
+        }
+        HS_SYNC();
+        // The slot at a row's first position is the hit: the row keeps that slot.
+        for (u32 pb = 0; pb < N; pb += span_n) {
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                const u32 s = pb + p0 + q;
+                if (s >= N || corrupt) continue;
+                u32 h = c_hs[q];
+                if (!cached_n) {
+                    const i32 g = dgi[sbase + s];
+                    h = g >= 0 && (i64)g < host_rows ? hs_lookup(table, mask, g) : HS_NONE;
+                }
+                const u32 p = st.pos[s];
+                if (h != HS_NONE && table[h].first_lru == p) {
+                    table[h].slot = s;
+                    atomicOr(&st.hit[p >> 5], 1u << (p & 31u));
+                }
+            }
+        }
+        HS_SYNC();
+        // Step 5b, LRU order: hits (old order) to the back of the partition, evictables (old
+        // order) to the front: evictable rank e at part[e], hit rank h at part[N - 1 - h].
+        u32 hits_before = 0;
+        for (u32 pb = 0; pb < N; pb += span_n) {
+            const u32 pq = pb + p0; // HS_RESOLVE_IN divides 32: the four bits share one word
+            const u32 bits = pq < N ? (st.hit[pq >> 5] >> (pq & 31u)) & ((1u << HS_RESOLVE_IN) - 1u) : 0u;
+            u32 nh = 0;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) nh += (bits >> q) & 1u;
+            u32 hr, ignore, total, ignore_t;
+            hs_block_scan2(nh, 0, s_scan, phase++, hr, ignore, total, ignore_t);
+            hr += hits_before;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                const u32 p = pq + q;
+                if (p >= N) continue;
+                const u32 s = (pb == 0 && !corrupt) ? HS_SV(q) : (u32)st.lru[p];
+                if ((bits >> q) & 1u) {
+                    st.part[N - 1 - hr] = (u16)s;
+                    ++hr;
+                } else {
+                    st.part[p - hr] = (u16)s;
+                }
+            }
+            hits_before += total;
+        }
+        V = N - hits_before;
+    }
+
+    // Steps 6 and 8 (plan): number misses in order of first appearance, give the m-th miss the
+    // m-th evictable slot, count hits and misses by the row of first appearance; the plan rows
+    // are compact, -1 beyond each row's misses.
+    u32 misses = 0;
+    {
+        u32 ord = 0;
+        for (u32 t2 = t, seen = 0; t2 < T && seen < rows; ++t2) {
+            if (t2 != t && HS_LDG(req_id + t2) != req) continue;
+            ++seen;
+            const u64 base = (u64)t2 * K;
+            const u32 row_base = misses;
+            u32 row_hits = 0;
+            for (u32 jb = 0; jb < K; jb += span_k) {
+                u32 miss_h[HS_RESOLVE_IK];
+                i32 miss_g[HS_RESOLVE_IK];
+                u32 nm = 0, nh = 0;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    const u32 j = jb + k0 + q;
+                    u32 h = c_h[q];
+                    i32 g = c_val[q];
+                    u32 kind = h != HS_NONE ? 2u : (g != -1 ? 1u : 0u);
+                    if (!cached) {
+                        kind = reclassify(t2, j, g);
+                        h = kind == 2 ? hs_lookup(table, mask, g) : HS_NONE;
+                    }
+                    miss_h[q] = HS_NONE;
+                    miss_g[q] = -1;
+                    if (kind == 2 && table[h].first_entry == ord * K + j) {
+                        if (table[h].slot != HS_NONE) {
+                            ++nh;
+                        } else {
+                            miss_h[q] = h;
+                            miss_g[q] = g;
+                            ++nm;
+                        }
+                    }
+                }
+                u32 em, eh, tm, th;
+                hs_block_scan2(nm, nh, s_scan, phase++, em, eh, tm, th);
+                u32 m = misses + em;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    if (miss_h[q] == HS_NONE) continue;
+                    if (m < V) {
+                        const u32 s = st.part[m];
+                        const i32 g = miss_g[q];
+                        const i32 src = (i64)g < host_rows ? g : -1;
+                        table[miss_h[q]].slot = s;
+                        dgi[sbase + s] = src;
+                        miss_src[base + (m - row_base)] = src;
+                        miss_dst[base + (m - row_base)] = hot_row(s);
+                    }
+                    ++m;
+                }
+                misses += tm;
+                row_hits += th;
+            }
+            const u32 lo = row_base < V ? row_base : V, hi = misses < V ? misses : V;
+            const u32 count = hi - lo;
+            // This thread's own plan columns beyond the row's misses.
+            for (u32 jb = 0; jb < K; jb += span_k)
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    const u32 j = jb + k0 + q;
+                    if (j < K && j >= count) {
+                        miss_src[base + j] = -1;
+                        miss_dst[base + j] = -1;
+                    }
+                }
+            if (HS_TID == 0) {
+                hit_counts[t2] = (i32)row_hits;
+                miss_counts[t2] = (i32)count;
+            }
+            ++ord;
+        }
+    }
+    if (any_host != 0) {
+        // Step 7: new LRU order = unused evictables, miss slots (miss order), hits (old order).
+        const u32 used = misses < V ? misses : V;
+        for (u32 i = HS_TID; i < N; i += HS_NTHREADS) {
+            u32 s;
+            if (i < V - used) s = st.part[used + i];
+            else if (i < V) s = st.part[i - (V - used)];
+            else s = st.part[N - 1 - (i - V)];
+            lru[sbase + i] = (u16)s;
+        }
+    }
+    HS_SYNC();
+
+    // Step 8: output indices and valid counts.
+    for (u32 t2 = t, seen = 0; t2 < T && seen < rows; ++t2) {
+        if (t2 != t && HS_LDG(req_id + t2) != req) continue;
+        ++seen;
+        const u64 base = (u64)t2 * K;
+        u32 valid = 0;
+        for (u32 jb = 0; jb < K; jb += span_k) {
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                const u32 j = jb + k0 + q;
+                if (j >= K) continue;
+                u32 h = c_h[q];
+                i32 v = c_val[q];
+                u32 kind = h != HS_NONE ? 2u : (v != -1 ? 1u : 0u);
+                if (!cached) {
+                    kind = reclassify(t2, j, v);
+                    h = kind == 2 ? hs_lookup(table, mask, v) : HS_NONE;
+                }
+                i32 o = -1;
+                if (kind == 1) {
+                    o = v;
+                } else if (kind == 2) {
+                    const u32 s = table[h].slot;
+                    if (s != HS_NONE) o = hot_row(s);
+                }
+                indices[base + j] = o;
+                valid += o != -1 ? 1u : 0u;
+            }
+        }
+        u32 ev, ignore, total, ignore_t;
+        hs_block_scan2(valid, 0, s_scan, phase++, ev, ignore, total, ignore_t);
+        if (HS_TID == 0) valid_counts[t2] = (i32)total;
+    }
+#undef HS_SV
+}
+
+HS_DEVICE bool hs_resolve_block(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter,
+    u32 smem_table_entries, const hs_resolve_desc& d, u32& rows_out) {
+    HS_DYN_SHARED(hs_smem);
+    HS_SHARED u32 s_scan[4 * HS_MAX_WARPS];
+    HS_SHARED u32 s_off;
+    hs_resolve_regs R;
+    const u32 t = HS_BID_X;
+    const u32 K = d.top_k, N = d.hot_slots, T = d.num_tokens;
+    const u32 k0 = HS_TID * HS_RESOLVE_IK, p0 = HS_TID * HS_RESOLVE_IN;
+    rows_out = 0;
+
+    // ---- Round trip 1: the row's request id, its first top-k pass, the other rows' request ids.
+    const i32 req = HS_LDG(req_id + t);
+    i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+        tok[q] = k0 + q < K ? HS_LDG(topk + (u64)t * K + k0 + q) : -1;
+    u32 dup = 0, later = 0; // rows of this request before t (then t is not first) and from t on
+    for (u32 t2 = HS_TID; t2 < T; t2 += HS_NTHREADS) {
+        const i32 x = HS_LDG(req_id + t2);
+        if (x == req) {
+            if (t2 < t) ++dup;
+            else ++later;
+        }
+    }
 
     // Step 1: padding rows.
-    if (req < 0 || (u32)req >= num_requests) {
+    if (req < 0 || (u32)req >= d.num_requests) {
         const u64 base = (u64)t * K;
         for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
             indices[base + j] = -1;
@@ -505,361 +1024,127 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
             hit_counts[t] = 0;
             miss_counts[t] = 0;
         }
-        return;
+        return false;
     }
     const u32 r = (u32)req;
+    const u64 sbase = (u64)r * N;
 
-    // Only the first row of a request resolves it; count the request's rows.
-    if (HS_TID == 0) {
-        s_flag = 0;
-        s_rows = 0;
-        s_any_host = 0;
-        s_corrupt = 0;
-    }
-    HS_SYNC();
-    for (u32 t2 = HS_TID; t2 < t; t2 += HS_NTHREADS)
-        if (HS_LDG(req_id + t2) == req) atomicOr(&s_flag, 1u);
-    for (u32 t2 = t + HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
-        if (HS_LDG(req_id + t2) == req) atomicAdd(&s_rows, 1u);
-    HS_SYNC();
-    if (s_flag) return;
-    const u32 rows = s_rows;
-    const u32 entries = rows * K;
-    // One row in one pass: keep each entry's class, value and hash slot in registers.
-    const bool cached = rows == 1 && K <= span_k;
-    // The hot buffer in one pass: keep each LRU position's hash slot in registers.
-    const bool cached_n = N <= span_n;
-
-    // Per-request state: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), each part
-    // 16-byte aligned, in shared memory followed by the shared table, or (global-state mode) in
-    // the workspace with the table alone in shared memory.
-    const bool global_state = (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u;
-    const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
-    const u32 state_bytes = 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32));
-
-    u32 cap = 16;
-    while (cap < 2 * entries) cap <<= 1;
-    const bool table_shared = cap <= smem_cap;
-    if (table_shared) cap = smem_cap;
-    unsigned char* state;
-    hs_wanted* table;
-    if (global_state) {
-        if (HS_TID == 0)
-            s_table_off = atomicAdd(workspace_counter, state_bytes / 16u + (table_shared ? 0u : cap));
-        HS_SYNC();
-        state = (unsigned char*)(workspace + s_table_off);
-        table = table_shared ? (hs_wanted*)hs_smem : workspace + s_table_off + state_bytes / 16u;
-    } else {
-        state = hs_smem;
-        if (table_shared) {
-            table = (hs_wanted*)(hs_smem + state_bytes);
-        } else {
-            if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap);
-            HS_SYNC();
-            table = workspace + s_table_off;
-        }
-    }
-    u16* s_lru = (u16*)state;
-    u16* s_part = (u16*)(state + hs_align16(2 * N));
-    u32* s_bits = (u32*)(state + 2 * hs_align16(2 * N));
-    const u32 mask = cap - 1;
-    for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
-        table[i].key = HS_EMPTY_KEY;
-        table[i].first_entry = HS_NONE;
-        table[i].first_lru = HS_NONE;
-        table[i].slot = HS_NONE;
-    }
-    for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
-    HS_SYNC();
-
-    u32 phase = 0; // hs_block_scan1 calls so far (uniform)
-    // The registers of the cached case: class, value and hash slot of this thread's entries.
-    u32 c_kind[HS_RESOLVE_IK];
-    i32 c_val[HS_RESOLVE_IK];
-    u32 c_h[HS_RESOLVE_IK];
+    // ---- Round trip 2, issued before anything waits: both page tables of this thread's first
+    // entries, its LRU positions and dgi slots of the first pass over the hot buffer (slot order),
+    // and the request's hot-table row.
+    // An entry outside the request's pages keeps res 0 and hb -1: it classifies as invalid.
 #pragma unroll
     for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
-        c_kind[q] = 0;
-        c_val[q] = -1;
-        c_h[q] = HS_NONE;
-    }
-
-    // Steps 2-3: classify every entry, insert host rows with their first appearance; reset the
-    // plan and counts of every row.
-    {
-        bool any = false;
-        u32 ord = 0;
-        for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-            if (HS_LDG(req_id + t2) != req) continue;
-            ++seen;
-            const u64 base = (u64)t2 * K;
-            for (u32 jb = 0; jb < K; jb += span_k) {
-                const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
-                i32 tok[HS_RESOLVE_IK];
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
-                    tok[q] = j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
-                    i32 v = -1;
-                    const u32 kind = j0 + q < K ? hs_classify(d, resident_table, host_table, r, tok[q], v) : 0u;
-                    u32 h = HS_NONE;
-                    if (kind == 2) {
-                        h = hs_insert(table, mask, v, ord * K + j0 + q);
-                        any = true;
-                    }
-                    c_kind[q] = kind;
-                    c_val[q] = v;
-                    c_h[q] = h;
-                    if (j0 + q < K) {
-                        miss_src[base + j0 + q] = -1;
-                        miss_dst[base + j0 + q] = -1;
-                    }
-                }
-            }
-            if (HS_TID == 0) {
-                hit_counts[t2] = 0;
-                miss_counts[t2] = 0;
-            }
-            ++ord;
-        }
-        if (any) atomicOr(&s_any_host, 1u);
-    }
-    HS_SYNC();
-
-    // An entry's class, value and hash slot: from the registers in the cached case, else read
-    // and classified again (`tok` is the entry's top-k value, loaded by the caller).
-#define HS_RESOLVE_ENTRY(q, tokv, kind, v, h)                                                    \
-    do {                                                                                         \
-        if (cached) {                                                                            \
-            kind = c_kind[q];                                                                    \
-            v = c_val[q];                                                                        \
-            h = c_h[q];                                                                          \
-        } else {                                                                                 \
-            v = -1;                                                                              \
-            kind = j0 + (q) < K ? hs_classify(d, resident_table, host_table, r, tokv, v) : 0u;  \
-            h = kind == 2 ? hs_lookup(table, mask, v) : HS_NONE;                                 \
-        }                                                                                        \
-    } while (0)
-
-    const u64 sbase = (u64)r * N;
-    if (s_any_host) {
-        // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the dgi row.
-        for (u32 pb = 0; pb < N; pb += span_n) {
-            const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
-            u32 sv[HS_RESOLVE_IN];
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) sv[q] = p0 + q < N ? (u32)lru[sbase + p0 + q] : 0u;
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
-                if (p0 + q >= N) continue;
-                const u32 s = sv[q];
-                s_lru[p0 + q] = (u16)s;
-                if (s >= N) {
-                    atomicOr(&s_corrupt, 1u);
-                } else {
-                    const u32 bit = 1u << (s & 31u);
-                    if (atomicOr(&s_bits[s >> 5], bit) & bit) atomicOr(&s_corrupt, 1u);
-                }
-            }
-        }
-        HS_SYNC();
-        const bool corrupt = s_corrupt != 0;
-        if (corrupt) {
-            for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
-                s_lru[p] = (u16)p;
-                dgi[sbase + p] = -1;
-            }
-        }
-        HS_SYNC();
-
-        const i64 host_rows = (i64)host_num_blocks * (i64)block_size;
-        // Step 5a: for each wanted g, the first LRU position caching it (only rows in the pool).
-        u32 c_hq[HS_RESOLVE_IN];
-#pragma unroll
-        for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c_hq[q] = HS_NONE;
-        if (!corrupt) {
-            for (u32 pb = 0; pb < N; pb += span_n) {
-                const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
-                i32 c[HS_RESOLVE_IN];
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
-                    u32 h = HS_NONE;
-                    if (c[q] >= 0 && (i64)c[q] < host_rows) {
-                        h = hs_lookup(table, mask, c[q]);
-                        if (h != HS_NONE) atomicMin(&table[h].first_lru, p0 + q);
-                    }
-                    c_hq[q] = h;
-                }
-            }
-        }
-        HS_SYNC();
-
-        // Step 5b: split LRU positions into hits (old order, stored from the end of s_part) and
-        // evictables (old order, stored from the front): evictable rank e at s_part[e], hit rank
-        // h at s_part[N - 1 - h].
-        u32 hits_before = 0;
-        for (u32 pb = 0; pb < N; pb += span_n) {
-            const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
-            u32 hq[HS_RESOLVE_IN];
-            if (cached_n || corrupt) {
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) hq[q] = c_hq[q];
+        u32 page = 0, off = 0;
+        if (tok[q] >= 0) {
+            if (d.shift < 32) {
+                page = (u32)tok[q] >> d.shift;
+                off = (u32)tok[q] & (d.block_size - 1);
             } else {
-                i32 c[HS_RESOLVE_IN];
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
-#pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IN; ++q)
-                    hq[q] = c[q] >= 0 && (i64)c[q] < host_rows ? hs_lookup(table, mask, c[q]) : HS_NONE;
+                page = (u32)tok[q] / d.block_size;
+                off = (u32)tok[q] % d.block_size;
             }
-            u32 hit_slot[HS_RESOLVE_IN];
-            u32 nh = 0;
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
-                hit_slot[q] = HS_NONE;
-                if (p0 + q < N && hq[q] != HS_NONE && table[hq[q]].first_lru == p0 + q) {
-                    hit_slot[q] = hq[q];
-                    ++nh;
-                }
-            }
-            u32 total;
-            u32 hr = hits_before + hs_block_scan1(nh, s_scan, phase++, total);
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
-                const u32 p = p0 + q;
-                if (p >= N) continue;
-                const u32 s = s_lru[p];
-                if (hit_slot[q] != HS_NONE) {
-                    s_part[N - 1 - hr] = (u16)s;
-                    table[hit_slot[q]].slot = s;
-                    ++hr;
-                } else {
-                    s_part[p - hr] = (u16)s;
-                }
-            }
-            hits_before += total;
         }
-        HS_SYNC();
-        const u32 V = N - hits_before; // evictable slots
+        R.e_off[q] = off;
+        R.e_res[q] = 0;
+        R.e_hb[q] = -1;
+        if (tok[q] >= 0 && page < d.max_pages) {
+            const u64 at = (u64)r * d.max_pages + page;
+            R.e_res[q] = HS_LDG(resident_table + at);
+            R.e_hb[q] = HS_LDG(host_table + at);
+        }
+    }
+    // LRU values are 16-bit: two per register (sv(q) below).
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IN / 2; ++q) R.svp[q] = 0;
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+        if (p0 + q < N) R.svp[q / 2] |= (u32)lru[sbase + p0 + q] << (16u * (q & 1u));
+        R.dv[q] = p0 + q < N ? dgi[sbase + p0 + q] : -1;
+    }
+    const bool hot_staged = d.hot_cols <= HS_RESOLVE_HOT_STAGE;
+    R.hv = -1;
+    if (hot_staged && HS_TID < d.hot_cols) R.hv = HS_LDG(hot_table + (u64)r * d.hot_cols + HS_TID);
 
-        // Steps 6 and 8 (plan): number misses in order of first appearance, give the m-th miss
-        // the m-th evictable slot, count hits and misses by the row of first appearance.
-        u32 misses = 0;
-        {
-            u32 ord = 0;
-            for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-                if (HS_LDG(req_id + t2) != req) continue;
-                ++seen;
-                const u64 base = (u64)t2 * K;
-                const u32 row_base = misses;
-                u32 row_hits = 0;
-                for (u32 jb = 0; jb < K; jb += span_k) {
-                    const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
-                    i32 tok[HS_RESOLVE_IK];
-#pragma unroll
-                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
-                        tok[q] = !cached && j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
-                    u32 miss_h[HS_RESOLVE_IK];
-                    i32 miss_g[HS_RESOLVE_IK];
-                    u32 nm = 0;
-#pragma unroll
-                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
-                        u32 kind, h;
-                        i32 g;
-                        HS_RESOLVE_ENTRY(q, tok[q], kind, g, h);
-                        miss_h[q] = HS_NONE;
-                        miss_g[q] = -1;
-                        if (kind == 2 && table[h].first_entry == ord * K + j0 + q) {
-                            if (table[h].slot != HS_NONE) {
-                                ++row_hits;
-                            } else {
-                                miss_h[q] = h;
-                                miss_g[q] = g;
-                                ++nm;
-                            }
-                        }
-                    }
-                    u32 total;
-                    u32 m = misses + hs_block_scan1(nm, s_scan, phase++, total);
-#pragma unroll
-                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
-                        if (miss_h[q] == HS_NONE) continue;
-                        if (m < V) {
-                            const u32 s = s_part[m];
-                            const i32 g = miss_g[q];
-                            const i32 src = (i64)g < host_rows ? g : -1;
-                            table[miss_h[q]].slot = s;
-                            dgi[sbase + s] = src;
-                            miss_src[base + (m - row_base)] = src;
-                            miss_dst[base + (m - row_base)] = hs_hot_row(d, hot_table, r, s);
-                        }
-                        ++m;
-                    }
-                    misses += total;
-                }
-                u32 hits_total;
-                hs_block_scan1(row_hits, s_scan, phase++, hits_total);
-                if (HS_TID == 0) {
-                    hit_counts[t2] = (i32)hits_total;
-                    u32 lo = row_base < V ? row_base : V, hi = misses < V ? misses : V;
-                    miss_counts[t2] = (i32)(hi - lo);
-                }
-                ++ord;
+    // Dynamic shared memory: [hot stage][state, unless global-state mode][shared table].
+    const bool global_state = (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u;
+    const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
+    const u32 state_bytes = hs_resolve_state_bytes(N);
+    i32* s_hot = (i32*)hs_smem;
+    unsigned char* after_hot = hs_smem + 4u * HS_RESOLVE_HOT_STAGE;
+    hs_wanted* s_table = (hs_wanted*)(after_hot + (global_state ? 0u : state_bytes));
+    // While the loads travel: the table a one-row request needs (the decode case), cleared in
+    // shared memory on speculation, and the bitmaps of the shared state.
+    const u32 cap1 = (u32)hs_table_capacity(K);
+    const u32 cleared = cap1 <= smem_cap ? cap1 : 0u;
+    hs_table_clear(s_table, 0, cleared);
+    if (!global_state) {
+        const hs_rstate st = hs_rstate_at(after_hot, N);
+        for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) {
+            st.perm[i] = 0;
+            st.hit[i] = 0;
+        }
+    }
+    u32 phase = 0; // scan calls so far (uniform)
+    u32 e_dup, e_later, n_dup, rows;
+    hs_block_scan2(dup, later, s_scan, phase++, e_dup, e_later, n_dup, rows);
+    if (n_dup != 0) return false; // an earlier row of this request resolves it
+    rows_out = rows;
+
+    const u32 entries = rows * K;
+    const u32 cap = (u32)hs_table_capacity(entries);
+    const bool table_shared = cap <= smem_cap;
+    const u32 state_entries = global_state ? state_bytes / 16u : 0u;
+    if (global_state || !table_shared || cap > cleared) {
+        // Not the common case: state or table from the workspace, or a larger table.
+        if (global_state || !table_shared) {
+            if (HS_TID == 0) s_off = atomicAdd(workspace_counter, state_entries + (table_shared ? 0u : cap));
+            HS_SYNC();
+        }
+        hs_table_clear(table_shared ? s_table : workspace + s_off + state_entries,
+                       table_shared ? cleared : 0u, cap);
+        if (global_state) {
+            const hs_rstate st = hs_rstate_at((unsigned char*)(workspace + s_off), N);
+            for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) {
+                st.perm[i] = 0;
+                st.hit[i] = 0;
             }
         }
         HS_SYNC();
-
-        // Step 7: new LRU order = unused evictables, miss slots (miss order), hits (old order).
-        const u32 used = misses < V ? misses : V;
-        for (u32 i = HS_TID; i < N; i += HS_NTHREADS) {
-            u32 s;
-            if (i < V - used) s = s_part[used + i];
-            else if (i < V) s = s_part[i - (V - used)];
-            else s = s_part[N - 1 - (i - V)];
-            lru[sbase + i] = (u16)s;
-        }
     }
-    HS_SYNC();
-
-    // Step 8: output indices and valid counts.
-    for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-        if (HS_LDG(req_id + t2) != req) continue;
-        ++seen;
-        const u64 base = (u64)t2 * K;
-        u32 valid = 0;
-        for (u32 jb = 0; jb < K; jb += span_k) {
-            const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
-            i32 tok[HS_RESOLVE_IK];
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
-                tok[q] = !cached && j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
-#pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
-                if (j0 + q >= K) continue;
-                u32 kind, h;
-                i32 v;
-                HS_RESOLVE_ENTRY(q, tok[q], kind, v, h);
-                i32 out = -1;
-                if (kind == 1) {
-                    out = v;
-                } else if (kind == 2) {
-                    const u32 s = table[h].slot;
-                    if (s != HS_NONE) out = hs_hot_row(d, hot_table, r, s);
-                }
-                indices[base + j0 + q] = out;
-                valid += out != -1 ? 1u : 0u;
-            }
-        }
-        u32 total;
-        hs_block_scan1(valid, s_scan, phase++, total);
-        if (HS_TID == 0) valid_counts[t2] = (i32)total;
-    }
-#undef HS_RESOLVE_ENTRY
+    // The rest, with the state and the table addressed where they are (one copy per placement).
+#define HS_REST(state, table)                                                                   \
+    hs_resolve_rest(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,      \
+                    valid_counts, hit_counts, miss_counts, miss_src, miss_dst, d, R, rows, cap,  \
+                    phase, s_scan, s_hot, (state), (table))
+    HS_REST(global_state ? (unsigned char*)(workspace + s_off) : after_hot,
+            table_shared ? s_table : workspace + s_off + state_entries);
+#undef HS_REST
+    return true;
 }
 
+HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
+    u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    (void)workspace_entries;
+    if (HS_BID_X < num_tokens) {
+        const hs_resolve_desc d = hs_resolve_desc_of(num_tokens, top_k, num_requests, max_pages,
+                                                     block_size, hot_slots,
+                                                     attention_block_stride, host_num_blocks);
+        u32 rows;
+        hs_resolve_block(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
+                         valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
+                         workspace_counter, smem_table_entries, d, rows);
+    }
+    hs_workspace_release(workspace_counter);
+}
 // ---------------------------------------------------------------------------------------------
 // Gather of a miss plan (hisparse_core::ops::copy::gather_rows)
 // ---------------------------------------------------------------------------------------------
@@ -869,14 +1154,17 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 // x = w / num_tokens of token row t = w % num_tokens: plan entries [x * HS_GATHER_ROWS, ...) of
 // row t. Blocks take items grid-stride, so the first chunk of every row comes before any second
 // chunk: the work (a row's valid count of entries, typically a tenth of top_k) sits in the first
-// items and the blocks that start first do it; an item beyond its row's count is skipped after
-// one load of the (cached) count, without a barrier. A block copies its item's rows with every 16-byte chunk of every row spread over its
-// threads, each thread issuing up to HS_GATHER_UNROLL independent loads before its stores (the
-// host pool is mapped pinned memory read across the bus, so many loads must be in flight).
+// items and the blocks that start first do it. Each group of HS_GATHER_GROUP consecutive threads
+// copies one row of the item (hs_gather_row): it loads the row's count and plan entry together,
+// then the host row's chunks, up to HS_GATHER_UNROLL loads in flight per thread before its stores
+// (the host pool is mapped pinned memory read across the bus, so many loads must be in flight).
+// No barrier and no shared memory: an item beyond its row's count costs one round trip.
 
 #define HS_GATHER_THREADS 128
 #define HS_GATHER_ROWS 16
 #define HS_GATHER_UNROLL 8
+// Threads copying one row together (HS_GATHER_THREADS / HS_GATHER_ROWS).
+#define HS_GATHER_GROUP 8
 
 #if defined(HS_VENDOR_CUDA)
 // Eight blocks per multiprocessor (at most 64 registers: the eight 16-byte values in flight per
@@ -886,80 +1174,121 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 #define HS_GATHER_BOUNDS HS_BOUNDS(HS_GATHER_THREADS)
 #endif
 
-HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
-    const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
-    const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
-    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
-    HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
-    HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
-    HS_SHARED u32 s_flags[HS_GATHER_ROWS]; // 1: copy, 0: zero-fill, 2: skip
-    HS_GRID_DEP_WAIT(); // before any global memory access
-    if (HS_BID_Z >= layers.count || num_tokens == 0) return;
-    const hs_layer_pair L = layers.layer[HS_BID_Z];
-    const u32 cpr = L.host.row_bytes >> 4;
-    const u32 vc = L.host.value_bytes >> 4;
-    const u32 chunks = top_k / HS_GATHER_ROWS + (top_k % HS_GATHER_ROWS != 0 ? 1u : 0u);
-    const u64 items = (u64)chunks * num_tokens;
-    bool first = true;
-    for (u64 w = HS_BID_X; w < items; w += HS_NBLOCKS_X) {
-        const u32 t = (u32)(w % num_tokens);
-        const u32 lo = (u32)(w / num_tokens) * HS_GATHER_ROWS;
-        const u64 prow = (u64)t * top_k;
-        // Items beyond their row's count (most of them: a row misses a tenth of top_k) cost one
-        // cached load of the count, nothing more.
-        const i32 cnt = HS_LDG(plan_counts + t);
-        const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-        if (lo >= n) continue; // uniform over the block
-        const u32 rows = n - lo < HS_GATHER_ROWS ? n - lo : HS_GATHER_ROWS;
-        i32 ps = -1, pd = -1;
-        if (HS_TID < rows) {
-            ps = HS_LDG(plan_src + prow + lo + HS_TID);
-            pd = HS_LDG(plan_dst + prow + lo + HS_TID);
-        }
-        if (!first) HS_SYNC(); // the previous item's copies have read the row table
-        first = false;
-        if (HS_TID < rows) {
-            u32 db, doff, sb, soff;
-            u32 f = 0;
-            if (!hs_locate(L.device, pd, db, doff)) {
-                f = 2;
-            } else {
-                hs_row_parts(L.device, db, doff, s_dst_v[HS_TID], s_dst_s[HS_TID]);
-                if (hs_locate(L.host, ps, sb, soff)) {
-                    hs_row_parts(L.host, sb, soff, s_src_v[HS_TID], s_src_s[HS_TID]);
-                    f = 1;
-                }
-            }
-            s_flags[HS_TID] = f;
-        }
-        HS_SYNC();
-
-        const u32 total = rows * cpr;
-        for (u32 base = 0; base < total; base += HS_GATHER_THREADS * HS_GATHER_UNROLL) {
-            uint4 v[HS_GATHER_UNROLL];
+// One row of a miss plan copied by a group of HS_GATHER_GROUP consecutive threads (`sub` is the
+// thread's index in its group): host row `ps` into device row `pd` of layer `L` with 16-byte
+// chunks, U loads in flight per thread before its stores. A device row outside
+// the pool is skipped; a host row outside the pool zero-fills the device row
+// (hisparse_core::ops::copy::gather_rows).
+template <u32 U>
+HS_DEVICE void hs_gather_row(const hs_layer_pair& L, i32 ps, i32 pd, const u8* host, u8* device,
+                             u32 sub) {
+    u32 db, doff, sb, soff;
+    if (!hs_locate(L.device, pd, db, doff)) return;
+    u64 dv, ds, sv = 0, ss = 0;
+    hs_row_parts(L.device, db, doff, dv, ds);
+    const bool copy = hs_locate(L.host, ps, sb, soff);
+    if (copy) hs_row_parts(L.host, sb, soff, sv, ss);
+    const u32 cpr = L.host.row_bytes >> 4, vc = L.host.value_bytes >> 4;
+    for (u32 cb = 0; cb < cpr; cb += HS_GATHER_GROUP * U) {
+        uint4 v[U];
 #pragma unroll
-            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
-                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
-                v[u] = make_uint4(0u, 0u, 0u, 0u);
-                if (q < total) {
-                    const u32 i = q / cpr, c = q % cpr;
-                    if (s_flags[i] == 1)
-                        v[u] = *(const uint4*)(host + hs_chunk(s_src_v[i], s_src_s[i], vc, c));
-                }
-            }
+        for (u32 u = 0; u < U; ++u) {
+            const u32 c = cb + u * HS_GATHER_GROUP + sub;
+            v[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (copy && c < cpr) v[u] = *(const uint4*)(host + hs_chunk(sv, ss, vc, c));
+        }
 #pragma unroll
-            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
-                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
-                if (q < total) {
-                    const u32 i = q / cpr, c = q % cpr;
-                    if (s_flags[i] != 2)
-                        *(uint4*)(device + hs_chunk(s_dst_v[i], s_dst_s[i], vc, c)) = v[u];
-                }
-            }
+        for (u32 u = 0; u < U; ++u) {
+            const u32 c = cb + u * HS_GATHER_GROUP + sub;
+            if (c < cpr) *(uint4*)(device + hs_chunk(dv, ds, vc, c)) = v[u];
         }
     }
 }
 
+HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
+    const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
+    const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
+    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    if (HS_BID_Z >= layers.count || num_tokens == 0) return;
+    const hs_layer_pair L = layers.layer[HS_BID_Z];
+    const u32 group = HS_TID / HS_GATHER_GROUP, sub = HS_TID % HS_GATHER_GROUP;
+    const u32 chunks = top_k / HS_GATHER_ROWS + (top_k % HS_GATHER_ROWS != 0 ? 1u : 0u);
+    const u64 items = (u64)chunks * num_tokens;
+    for (u64 w = HS_BID_X; w < items; w += HS_NBLOCKS_X) {
+        const u32 t = (u32)(w % num_tokens);
+        const u32 e = (u32)(w / num_tokens) * HS_GATHER_ROWS + group;
+        // The count and the plan entry at once (the entry is inside the plan even beyond the
+        // count), so the host loads start one round trip after the launch.
+        const i32 cnt = HS_LDG(plan_counts + t);
+        i32 ps = -1, pd = -1;
+        if (e < top_k) {
+            ps = HS_LDG(plan_src + (u64)t * top_k + e);
+            pd = HS_LDG(plan_dst + (u64)t * top_k + e);
+        }
+        const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+        if (e < n) hs_gather_row<HS_GATHER_UNROLL>(L, ps, pd, host, device, sub);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolve and gather in one launch (hisparse_core::ops::resolve::resolve, then
+// hisparse_core::ops::copy::gather_rows of its miss plan)
+// ---------------------------------------------------------------------------------------------
+//
+// Launch: as hs_resolve (grid (num_tokens), block HS_RESOLVE_THREADS, the same dynamic shared
+// memory and workspace), plus the gather's pools and up to HS_GATHER_MAX_LAYERS layers by value
+// (the host launches hs_gather_rows for further layers). A block that resolved a request copies
+// that request's missed rows right away, every layer, its threads in groups of
+// HS_GATHER_GROUP (one row per group): the copies of the requests that finish first overlap the
+// resolving of the others, and no second launch waits for the slowest block. The plan is read
+// back from global memory (this block wrote it, before a barrier).
+
+// Loads in flight per thread of the fused gather (fewer registers than the resolver's 64 allow
+// for eight; a 656-byte row takes six per thread of its group).
+#define HS_FUSED_GATHER_UNROLL 6
+
+HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
+    u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
+    const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers) {
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    (void)workspace_entries;
+    const u32 t = HS_BID_X;
+    if (t < num_tokens) {
+        const hs_resolve_desc d = hs_resolve_desc_of(num_tokens, top_k, num_requests, max_pages,
+                                                     block_size, hot_slots,
+                                                     attention_block_stride, host_num_blocks);
+        u32 rows;
+        if (hs_resolve_block(req_id, topk, resident_table, host_table, hot_table, dgi, lru,
+                             indices, valid_counts, hit_counts, miss_counts, miss_src, miss_dst,
+                             workspace, workspace_counter, smem_table_entries, d, rows)) {
+            const i32 req = req_id[t];
+            const u32 group = HS_TID / HS_GATHER_GROUP, sub = HS_TID % HS_GATHER_GROUP;
+            const u32 groups = HS_NTHREADS / HS_GATHER_GROUP;
+            const u32 nl = layers.count < HS_GATHER_MAX_LAYERS ? layers.count : HS_GATHER_MAX_LAYERS;
+            for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+                if (t2 != t && req_id[t2] != req) continue;
+                ++seen;
+                const i32 cnt = miss_counts[t2];
+                const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+                const u64 base = (u64)t2 * top_k;
+                for (u32 e = group; e < n; e += groups) {
+                    const i32 ps = miss_src[base + e], pd = miss_dst[base + e];
+                    for (u32 z = 0; z < nl; ++z)
+                        hs_gather_row<HS_FUSED_GATHER_UNROLL>(layers.layer[z], ps, pd, host, device, sub);
+                }
+            }
+        }
+    }
+    hs_workspace_release(workspace_counter);
+}
 // ---------------------------------------------------------------------------------------------
 // Whole-page copies (hisparse_core::ops::copy::copy_pages and copy_host_pages)
 // ---------------------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ pub enum Place {
         /// Byte offset inside it.
         offset: u64,
     },
+    /// The stream's resolver counters ([`crate::WORKSPACE_COUNTER_BYTES`], see
+    /// [`crate::plan::Plan::workspace_bytes`]).
+    Counters,
 }
 
 /// Kernel parameters of one launch.
@@ -70,6 +73,11 @@ impl Args {
         self.placed(Place::Workspace { offset })
     }
 
+    /// The stream's resolver counters.
+    pub fn counters(&mut self) -> &mut Self {
+        self.placed(Place::Counters)
+    }
+
     /// A `uint32_t`.
     pub fn u32(&mut self, v: u32) -> &mut Self {
         self.push_bytes(Param::U32, &v.to_ne_bytes())
@@ -91,8 +99,9 @@ impl Args {
     }
 
     /// Places every symbolic pointer: `staged[part]` is the device address of staged part
-    /// `part`, `workspace` that of the workspace (0 when the plan needs none).
-    pub fn resolve(&mut self, staged: &[u64], workspace: u64) -> Result<(), String> {
+    /// `part`, `workspace` that of the workspace and `counters` that of the stream's resolver
+    /// counters (each 0 when the plan needs none).
+    pub fn resolve(&mut self, staged: &[u64], workspace: u64, counters: u64) -> Result<(), String> {
         for (slot, place) in std::mem::take(&mut self.pending) {
             let addr = match place {
                 Place::Staged { part, offset } => staged
@@ -104,6 +113,14 @@ impl Args {
                         return Err("the launch needs a workspace but none was placed".into());
                     }
                     workspace.checked_add(offset)
+                }
+                Place::Counters => {
+                    if counters == 0 {
+                        return Err(
+                            "the launch needs the resolver counters but none were placed".into(),
+                        );
+                    }
+                    Some(counters)
                 }
             }
             .ok_or("placed address overflows")?;
@@ -191,13 +208,21 @@ mod tests {
     #[test]
     fn symbolic_pointers_must_be_placed() {
         let mut a = Args::default();
-        a.staged(1, 16).u32(3).workspace(32);
+        a.staged(1, 16).u32(3).workspace(32).counters();
         assert!(a.pointers().is_err());
-        assert!(a.clone().resolve(&[100], 0).is_err(), "part 1 missing");
-        assert!(a.clone().resolve(&[100, 200], 0).is_err(), "no workspace");
-        a.resolve(&[100, 200], 1000).unwrap();
+        assert!(a.clone().resolve(&[100], 0, 8).is_err(), "part 1 missing");
+        assert!(
+            a.clone().resolve(&[100, 200], 0, 8).is_err(),
+            "no workspace"
+        );
+        assert!(
+            a.clone().resolve(&[100, 200], 1000, 0).is_err(),
+            "no counters"
+        );
+        a.resolve(&[100, 200], 1000, 8).unwrap();
         assert_eq!(a.value(0).unwrap(), &216u64.to_ne_bytes());
         assert_eq!(a.value(2).unwrap(), &1032u64.to_ne_bytes());
+        assert_eq!(a.value(3).unwrap(), &8u64.to_ne_bytes());
         assert!(a.pointers().is_ok());
     }
 }

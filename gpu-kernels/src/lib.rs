@@ -78,12 +78,20 @@ pub const REMAP_HAS_MAP: u32 = 1;
 pub const REMAP_COUNTS: u32 = 2;
 /// `hs_remap` flag: compact valid entries to the front.
 pub const REMAP_COMPACT: u32 = 4;
+/// `hs_remap` flag (with [`REMAP_COMPACT`]): build each compacted row in the launch's dynamic
+/// shared memory (`4 * top_k` bytes) and store it as whole 16-byte vectors.
+pub const REMAP_STAGED: u32 = 16;
+/// Largest dynamic shared memory the planner gives `hs_remap` for a staged compaction (rows of
+/// more than a quarter of this many entries compact in place).
+pub const REMAP_STAGE_MAX_BYTES: u32 = 16 * 1024;
 /// Threads per block of `hs_resolve`.
 pub const RESOLVE_THREADS: u32 = 1024;
 /// Threads per block of `hs_gather_rows`.
 pub const GATHER_THREADS: u32 = 128;
 /// Plan entries per work item of `hs_gather_rows`.
 pub const GATHER_ROWS: u32 = 16;
+/// Threads of `hs_gather_rows` and `hs_resolve_gather` that copy one row together.
+pub const GATHER_GROUP: u32 = 8;
 /// Most layers one `hs_gather_rows` launch carries (more are split over several launches).
 pub const GATHER_MAX_LAYERS: usize = 16;
 /// Threads per block of `hs_copy_pages` and `hs_copy_rows`.
@@ -165,7 +173,8 @@ pub enum Kernel {
     Remap,
     /// `hs_resolve`: grid `(num_tokens)`, block [`RESOLVE_THREADS`], dynamic shared memory
     /// [`resolve_shared_bytes`]. `workspace` (`Wanted[workspace_entries]`) and
-    /// `workspace_counter` (`u32`, zeroed before each launch) back requests whose table does not
+    /// `workspace_counter` ([`WORKSPACE_COUNTER_BYTES`]: zero before the first launch, left zero
+    /// by every launch) back requests whose table does not
     /// fit `smem_table_entries` (a power of two, or 0); see [`resolve_workspace_entries`].
     /// With [`RESOLVE_GLOBAL_STATE`] set in `smem_table_entries` (global-state mode), the
     /// per-request LRU copy, partition and bitmap come from the workspace as well
@@ -196,6 +205,12 @@ pub enum Kernel {
     /// `hs_reset_hot_state`: 1-D grid (any size), block [`TABLE_THREADS`]. `rows`:
     /// `u32[num_rows]` in device memory (repeats allowed).
     ResetHotState,
+    /// `hs_resolve_gather`: [`Kernel::Resolve`] (same grid, block, shared memory, workspace and
+    /// parameters), then, in the same launch, the gather of each resolved request's misses into
+    /// `device` for the first `layers.count` layers (at most [`GATHER_MAX_LAYERS`]), as
+    /// [`Kernel::GatherRows`] would with the miss plan. `host` is the device address of the
+    /// mapped pinned host pool.
+    ResolveGather,
 }
 
 macro_rules! params {
@@ -240,10 +255,18 @@ const WRITE_TABLE_PARAMS: &[NamedParam] = params![
 const RESET_HOT_PARAMS: &[NamedParam] = params![
     rows: Ptr, num_rows: U32, dgi: Ptr, lru: Ptr, num_requests: U32, hot_slots: U32,
 ];
+const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
+    req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, dgi: Ptr,
+    lru: Ptr, indices: Ptr, valid_counts: Ptr, hit_counts: Ptr, miss_counts: Ptr, miss_src: Ptr,
+    miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
+    smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
+    block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
+    host: Ptr, device: Ptr, layers: GatherLayers,
+];
 
 impl Kernel {
     /// Every kernel, in source order.
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 10] = [
         Kernel::Remap,
         Kernel::Resolve,
         Kernel::GatherRows,
@@ -253,6 +276,7 @@ impl Kernel {
         Kernel::CompressedSlotMapping,
         Kernel::WriteTable,
         Kernel::ResetHotState,
+        Kernel::ResolveGather,
     ];
 
     /// Symbol, parameters and block size.
@@ -269,6 +293,7 @@ impl Kernel {
             }
             Kernel::WriteTable => ("hs_write_table", WRITE_TABLE_PARAMS, TABLE_THREADS),
             Kernel::ResetHotState => ("hs_reset_hot_state", RESET_HOT_PARAMS, TABLE_THREADS),
+            Kernel::ResolveGather => ("hs_resolve_gather", RESOLVE_GATHER_PARAMS, RESOLVE_THREADS),
         };
         KernelAbi {
             name,
@@ -281,6 +306,14 @@ impl Kernel {
     /// The `extern "C"` symbol.
     pub const fn name(self) -> &'static str {
         self.abi().name
+    }
+
+    /// Whether launches of the kernel may ask for more dynamic shared memory than a device gives
+    /// without opting in (48 KiB on CUDA): the resolvers, whose shared state and table the
+    /// planner sizes up to the device's per-block maximum. A backend raises the limit of these
+    /// (and of their variants) when it loads them.
+    pub const fn large_dynamic_shared(self) -> bool {
+        matches!(self, Kernel::Resolve | Kernel::ResolveGather)
     }
 }
 
@@ -442,6 +475,7 @@ pub struct Wanted {
 }
 
 const _: () = {
+    assert!(GATHER_THREADS == GATHER_GROUP * GATHER_ROWS);
     assert!(core::mem::size_of::<Layout>() == 40);
     assert!(core::mem::size_of::<LayerPairAbi>() == 80);
     assert!(core::mem::size_of::<GatherLayers>() == 1296);
@@ -457,12 +491,24 @@ const fn align16(x: u64) -> u64 {
     (x + 15) & !15
 }
 
-/// Dynamic shared memory of `hs_resolve` for `hot_slots` slots and a shared wanted-row table of
-/// `table_entries` entries: LRU copy and partition (`u16[N]` each), a bitmap of `N` bits, then
-/// the table (16 bytes per entry), each part 16-byte aligned.
-pub const fn resolve_shared_bytes(hot_slots: u32, table_entries: u32) -> u64 {
+/// Hot-table entries of the resolving request `hs_resolve` stages in shared memory (the first
+/// `4 * RESOLVE_HOT_STAGE` bytes of its dynamic shared memory; a request with more hot blocks
+/// reads them from global memory).
+pub const RESOLVE_HOT_STAGE: u32 = 1024;
+
+/// Bytes of one request's resolver state for `hot_slots` slots: the LRU copy, its inverse and
+/// the partition (`u16[N]` each), the permutation and hit bitmaps (`N` bits each), each part
+/// 16-byte aligned (`hs_resolve_state_bytes` in the source).
+pub const fn resolve_state_bytes(hot_slots: u32) -> u64 {
     let n = hot_slots as u64;
-    2 * align16(2 * n) + align16(4 * n.div_ceil(32)) + 16 * table_entries as u64
+    3 * align16(2 * n) + 2 * align16(4 * n.div_ceil(32))
+}
+
+/// Dynamic shared memory of `hs_resolve` for `hot_slots` slots and a shared wanted-row table of
+/// `table_entries` entries: the hot stage ([`RESOLVE_HOT_STAGE`] entries of 4 bytes), the state
+/// ([`resolve_state_bytes`]), then the table (16 bytes per entry).
+pub const fn resolve_shared_bytes(hot_slots: u32, table_entries: u32) -> u64 {
+    4 * RESOLVE_HOT_STAGE as u64 + resolve_state_bytes(hot_slots) + 16 * table_entries as u64
 }
 
 /// Flag bit of `hs_resolve`'s `smem_table_entries` selecting global-state mode: each resolving
@@ -471,16 +517,16 @@ pub const fn resolve_shared_bytes(hot_slots: u32, table_entries: u32) -> u64 {
 /// `(hot_slots, 0)` exceeds the device's shared memory per block.
 pub const RESOLVE_GLOBAL_STATE: u32 = 1 << 31;
 
-/// 16-byte workspace entries one resolving block takes for its LRU copy, partition and bitmap in
-/// global-state mode: `resolve_shared_bytes(hot_slots, 0) / 16` (a multiple of 16 bytes).
+/// 16-byte workspace entries one resolving block takes for its state in global-state mode:
+/// `resolve_state_bytes(hot_slots) / 16` (a multiple of 16 bytes).
 pub const fn resolve_state_entries(hot_slots: u32) -> u64 {
-    resolve_shared_bytes(hot_slots, 0) / 16
+    resolve_state_bytes(hot_slots) / 16
 }
 
-/// Dynamic shared memory of `hs_resolve` in global-state mode: the shared wanted-row table of
-/// `table_entries` entries only.
+/// Dynamic shared memory of `hs_resolve` in global-state mode: the hot stage and the shared
+/// wanted-row table of `table_entries` entries.
 pub const fn resolve_global_shared_bytes(table_entries: u32) -> u64 {
-    16 * table_entries as u64
+    4 * RESOLVE_HOT_STAGE as u64 + 16 * table_entries as u64
 }
 
 /// 16-byte workspace entries `hs_resolve` needs in global-state mode: the state of at most
@@ -507,8 +553,20 @@ pub const fn resolve_global_workspace_entries(
     blocks as u64 * resolve_state_entries(hot_slots) + tables
 }
 
-/// Static shared memory of `hs_resolve` (scan scratch and a few counters), an upper bound.
-pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 64 + 4 * 8;
+/// Static shared memory of `hs_resolve` and `hs_resolve_gather` (scan scratch for two sums and a
+/// few words), an upper bound.
+pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 128 + 4 * 8;
+
+/// Bytes of a stream's resolver counters (`u32[4]`, the `workspace_counter` of the resolvers):
+/// the bump allocator of a launch, the blocks finished, the most entries one launch took (word
+/// [`WORKSPACE_HIGH_WATER_WORD`], a diagnostic) and one unused word. They must be zero before the
+/// first launch that uses them; every launch leaves the first two zero (its last block to finish
+/// resets them), so a backend clears them once, when it makes the stream.
+pub const WORKSPACE_COUNTER_BYTES: u64 = 16;
+
+/// Index of the `u32` word of the workspace counters that holds the most entries one launch
+/// took.
+pub const WORKSPACE_HIGH_WATER_WORD: usize = 2;
 
 /// 16-byte table entries the global wanted-row workspace needs so that every request of a launch
 /// of `num_tokens × top_k` entries finds room: `4 * num_tokens * top_k + 16 * num_tokens`.
@@ -586,6 +644,9 @@ mod tests {
             ("HS_REMAP_HAS_MAP", REMAP_HAS_MAP),
             ("HS_REMAP_COUNTS", REMAP_COUNTS),
             ("HS_REMAP_COMPACT", REMAP_COMPACT),
+            ("HS_REMAP_STAGED", REMAP_STAGED),
+            ("HS_GATHER_GROUP", GATHER_GROUP),
+            ("HS_RESOLVE_HOT_STAGE", RESOLVE_HOT_STAGE),
         ] {
             let line = format!("#define {name} {value}");
             assert!(
@@ -607,18 +668,19 @@ mod tests {
     fn resolve_sizes() {
         assert_eq!(resolve_table_entries(2048), 4096);
         assert_eq!(resolve_table_entries(1), 16);
-        assert_eq!(resolve_shared_bytes(4096, 0), 8192 + 8192 + 512);
-        assert_eq!(resolve_shared_bytes(3, 16), 16 + 16 + 16 + 256);
-        // 32768 slots: 64 KiB + 64 KiB + 4 KiB of state, over AMD's 64 KiB per block.
-        assert_eq!(resolve_shared_bytes(32_768, 0), 65_536 + 65_536 + 4096);
-        assert_eq!(resolve_state_entries(32_768), (65_536 + 65_536 + 4096) / 16);
-        assert_eq!(resolve_state_entries(3), 3);
-        assert_eq!(resolve_global_shared_bytes(0), 0);
-        assert_eq!(resolve_global_shared_bytes(1024), 16_384);
+        assert_eq!(resolve_state_bytes(4096), 3 * 8192 + 2 * 512);
+        assert_eq!(resolve_shared_bytes(4096, 0), 4096 + 3 * 8192 + 2 * 512);
+        assert_eq!(resolve_shared_bytes(3, 16), 4096 + 5 * 16 + 256);
+        // 32768 slots: 3 x 64 KiB + 8 KiB of state, over AMD's 64 KiB per block.
+        assert_eq!(resolve_state_bytes(32_768), 3 * 65_536 + 2 * 4096);
+        assert_eq!(resolve_state_entries(32_768), (3 * 65_536 + 2 * 4096) / 16);
+        assert_eq!(resolve_state_entries(3), 5);
+        assert_eq!(resolve_global_shared_bytes(0), 4096);
+        assert_eq!(resolve_global_shared_bytes(1024), 4096 + 16_384);
         // One state per distinct request: min(num_tokens, num_requests) blocks.
         assert_eq!(
             resolve_global_workspace_entries(4, 64, 2, 32_768, false),
-            2 * 8448
+            2 * resolve_state_entries(32_768)
         );
         assert_eq!(
             resolve_global_workspace_entries(2, 64, 8, 4096, true),

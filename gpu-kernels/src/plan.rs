@@ -18,18 +18,19 @@ use core::ops::Range;
 
 use hisparse_core::ops::copy::{ByteRange, CopyFootprint, copy_batches};
 use hisparse_core::ops::{
-    BlockPair, Direction, GatherDesc, HotResetDesc, InvalidateDesc, PageLayout, RemapDesc,
-    ResolveDesc, RowCopyDesc, RowSpan, SlotMappingDesc, TableWrite, TableWriteDesc,
+    BlockPair, Direction, GatherDesc, HotResetDesc, InvalidateDesc, LayerPair, PageLayout,
+    RemapDesc, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 
 use crate::args::Args;
 use crate::{
     COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE, GATHER_MAX_LAYERS,
     GATHER_ROWS, GATHER_THREADS, GatherLayers, INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob,
-    Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, RESOLVE_GLOBAL_STATE,
-    RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS, Span, TABLE_THREADS, TableWriteAbi,
-    resolve_global_shared_bytes, resolve_global_workspace_entries, resolve_shared_bytes,
-    resolve_table_entries, resolve_workspace_entries,
+    Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES,
+    REMAP_STAGED, RESOLVE_GLOBAL_STATE, RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS,
+    Span, TABLE_THREADS, TableWriteAbi, resolve_global_shared_bytes,
+    resolve_global_workspace_entries, resolve_shared_bytes, resolve_table_entries,
+    resolve_workspace_entries,
 };
 
 /// What the planners need to know about the device.
@@ -70,9 +71,12 @@ pub struct Plan {
     /// Host-side lists the kernels read, to copy into device-readable memory before the launches
     /// (each part placed at a 16-byte aligned address; arguments name them by index).
     pub staged: Vec<Vec<u8>>,
-    /// Bytes of the stream's resolver workspace the launches use (0: none). Its first 16 bytes
-    /// are a counter area that must be zero when the first launch starts: the backend clears
-    /// them on the stream, before the launches.
+    /// Bytes of the stream's resolver workspace the launches use (0: none). Launches that use it
+    /// also take the stream's resolver counters ([`crate::args::Place::Counters`]:
+    /// [`crate::WORKSPACE_COUNTER_BYTES`] that must be zero before the first such launch on the
+    /// stream; every launch leaves them zero again, so the backend clears them once, when it
+    /// makes the stream, never before a launch, and a workspace may grow at any time, during a
+    /// graph capture too, without clearing anything).
     pub workspace_bytes: u64,
     /// The launches, in stream order.
     pub launches: Vec<Launch>,
@@ -171,8 +175,15 @@ pub const fn remap_threads(top_k: u32) -> u32 {
     }
 }
 
-/// `hs_remap`: one block per token row.
-pub fn remap(_t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
+/// Blocks of `hs_remap` one multiprocessor holds at once (its launch bounds on CUDA: four
+/// blocks of 512 threads).
+pub const REMAP_BLOCKS_PER_MULTIPROCESSOR: u32 = 4;
+
+/// `hs_remap`: one block per token row while the device holds them all at once, else as many
+/// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead. A
+/// compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4 entries is staged in dynamic
+/// shared memory ([`REMAP_STAGED`]).
+pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
     if d.num_tokens == 0 {
         return Ok(Plan::empty());
     }
@@ -187,6 +198,17 @@ pub fn remap(_t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanErr
     if d.compact {
         flags |= REMAP_COMPACT;
     }
+    let staged_bytes = u64::from(d.top_k) * 4;
+    let shared = if d.compact && staged_bytes <= u64::from(REMAP_STAGE_MAX_BYTES) {
+        flags |= REMAP_STAGED;
+        staged_bytes as u32
+    } else {
+        0
+    };
+    let resident = t
+        .multiprocessors
+        .max(1)
+        .saturating_mul(REMAP_BLOCKS_PER_MULTIPROCESSOR);
     let mut args = Args::default();
     args.ptr(a.req_id)
         .ptr(a.block_table)
@@ -205,9 +227,9 @@ pub fn remap(_t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanErr
     Ok(Plan::one(Launch {
         variant: None,
         kernel: Kernel::Remap,
-        grid: [d.num_tokens, 1, 1],
+        grid: [d.num_tokens.min(resident), 1, 1],
         block: remap_threads(d.top_k),
-        shared: 0,
+        shared,
         args,
     }))
 }
@@ -338,8 +360,8 @@ pub fn resolve(
         .ptr(a.miss_src)
         .ptr(a.miss_dst);
     let workspace_bytes = if shape.workspace_entries > 0 {
-        args.workspace(16).workspace(0);
-        16 + 16 * shape.workspace_entries
+        args.workspace(0).counters();
+        16 * shape.workspace_entries
     } else {
         args.ptr(0).ptr(0);
         0
@@ -418,6 +440,61 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
             shared: 0,
             args,
         });
+    }
+    Ok(plan)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Resolve and gather in one launch
+// ------------------------------------------------------------------------------------------------
+
+/// A resolve followed by the gather of its miss plan (the swap-in critical path), in one
+/// `hs_resolve_gather` launch: [`resolve`]'s launch shape and workspace, each resolving block
+/// copying its request's missed rows for the first [`GATHER_MAX_LAYERS`] of `layers` as soon as
+/// its plan is known; further layers follow as [`gather`] launches over the plan. `host` and
+/// `device` are the device addresses of the mapped host pool and the device pool. Results equal
+/// [`resolve`] then [`gather`] with `plan_src`, `plan_dst` and `plan_counts` the resolve's
+/// `miss_src`, `miss_dst` and `miss_counts`; no layers is a plain resolve.
+pub fn resolve_gather(
+    t: &Target,
+    d: &ResolveDesc,
+    a: &ResolveAddrs,
+    layers: &[LayerPair],
+    host: u64,
+    device: u64,
+    force_global: bool,
+) -> Result<Plan, PlanError> {
+    let mut plan = resolve(t, d, a, force_global)?;
+    let Some(fused) = plan.launches.first_mut() else {
+        return Ok(plan);
+    };
+    if layers.is_empty() {
+        return Ok(plan);
+    }
+    let (first, rest) = layers.split_at(layers.len().min(GATHER_MAX_LAYERS));
+    fused.kernel = Kernel::ResolveGather;
+    fused
+        .args
+        .ptr(host)
+        .ptr(device)
+        .gather_layers(&GatherLayers::new(first));
+    if !rest.is_empty() {
+        let more = gather(
+            t,
+            &GatherDesc {
+                num_tokens: d.num_tokens,
+                top_k: d.top_k,
+                layers: rest,
+            },
+            &GatherAddrs {
+                plan_src: a.miss_src,
+                plan_dst: a.miss_dst,
+                plan_counts: a.miss_counts,
+                host,
+                device,
+            },
+        )?;
+        plan.launches.extend(more.launches);
     }
     Ok(plan)
 }
@@ -843,7 +920,7 @@ mod tests {
                 l.args.matches(&l.kernel.abi()).unwrap();
                 assert!(l.block <= l.kernel.abi().block_threads);
                 let staged: Vec<u64> = (0..p.staged.len() as u64).map(|i| 4096 * (i + 1)).collect();
-                l.args.resolve(&staged, 1 << 20).unwrap();
+                l.args.resolve(&staged, 1 << 20, 1 << 19).unwrap();
                 assert!(l.args.pointers().is_ok());
             }
         }

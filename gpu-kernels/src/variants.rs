@@ -23,27 +23,35 @@ pub enum RemapVariant {
     V2,
     /// `hs_remap_v2` with table entries read through the read-only cache instead of staged.
     V2Direct,
-    /// `hs_remap` (production): one 16-byte top-k vector per thread, direct table lookups,
-    /// single-barrier counts and compaction.
+    /// `hs_remap_v3`: one 16-byte top-k vector per thread, direct table lookups, single-barrier
+    /// counts and compaction in place, one block per row.
     V3,
+    /// `hs_remap` (production): as v3, plus the next row's inputs loaded one row ahead by a grid
+    /// the device holds at once, and compaction staged in shared memory (whole-vector stores).
+    V4,
 }
 
 impl RemapVariant {
     /// Every variant, production last.
-    pub const ALL: [RemapVariant; 4] = [
+    pub const ALL: [RemapVariant; 5] = [
         RemapVariant::V1,
         RemapVariant::V2,
         RemapVariant::V2Direct,
         RemapVariant::V3,
+        RemapVariant::V4,
     ];
 
-    /// The variant's name: `v1`, `v2`, `v2-direct` or `v3`.
+    /// The production kernel.
+    pub const PRODUCTION: RemapVariant = RemapVariant::V4;
+
+    /// The variant's name: `v1`, `v2`, `v2-direct`, `v3` or `v4`.
     pub const fn name(self) -> &'static str {
         match self {
             RemapVariant::V1 => "v1",
             RemapVariant::V2 => "v2",
             RemapVariant::V2Direct => "v2-direct",
             RemapVariant::V3 => "v3",
+            RemapVariant::V4 => "v4",
         }
     }
 
@@ -64,21 +72,29 @@ pub enum GatherVariant {
     V2Rows8,
     /// `hs_gather_rows_v2` with 4 plan entries per block (four times the blocks).
     V2Rows4,
-    /// `hs_gather_rows` (production): a persistent grid walking work items first chunks first.
+    /// `hs_gather_rows_v3`: a persistent grid walking work items first chunks first, each item's
+    /// rows spread over the whole block after a barrier, the count read before the plan.
     V3,
+    /// `hs_gather_rows` (production): the v3 grid; each group of 8 threads copies one row, its
+    /// count and plan entry loaded together, no barrier.
+    V4,
 }
 
 impl GatherVariant {
     /// Every variant, production last.
-    pub const ALL: [GatherVariant; 5] = [
+    pub const ALL: [GatherVariant; 6] = [
         GatherVariant::V1,
         GatherVariant::V2,
         GatherVariant::V2Rows8,
         GatherVariant::V2Rows4,
         GatherVariant::V3,
+        GatherVariant::V4,
     ];
 
-    /// The variant's name: `v1`, `v2`, `v2-r8`, `v2-r4` or `v3`.
+    /// The production kernel.
+    pub const PRODUCTION: GatherVariant = GatherVariant::V4;
+
+    /// The variant's name: `v1`, `v2`, `v2-r8`, `v2-r4`, `v3` or `v4`.
     pub const fn name(self) -> &'static str {
         match self {
             GatherVariant::V1 => "v1",
@@ -86,6 +102,7 @@ impl GatherVariant {
             GatherVariant::V2Rows8 => "v2-r8",
             GatherVariant::V2Rows4 => "v2-r4",
             GatherVariant::V3 => "v3",
+            GatherVariant::V4 => "v4",
         }
     }
 
@@ -101,20 +118,31 @@ pub enum ResolveVariant {
     /// `hs_resolve_v1`: 512 threads, every phase classifying entries again, one item in flight
     /// per thread.
     V1,
-    /// `hs_resolve` (production): 1024 threads, every pass's loads issued together, a one-row
-    /// request's entries classified once, one barrier per block scan.
+    /// `hs_resolve_v2`: 1024 threads, every pass's loads issued together, a one-row request's
+    /// entries classified once, one barrier per block scan, hits found in LRU order (a dependent
+    /// load of each position's dgi), the table cleared at its full shared capacity.
     V2,
+    /// `hs_resolve` (production): v2's passes with hits found in slot order (LRU and dgi read
+    /// coalesced at once with the page tables, the inverse permutation in shared memory), the
+    /// hot-table row staged, the table cleared at the request's size while the loads travel, two
+    /// sums per barrier.
+    V3,
 }
 
 impl ResolveVariant {
     /// Every variant, production last.
-    pub const ALL: [ResolveVariant; 2] = [ResolveVariant::V1, ResolveVariant::V2];
+    pub const ALL: [ResolveVariant; 3] =
+        [ResolveVariant::V1, ResolveVariant::V2, ResolveVariant::V3];
 
-    /// The variant's name: `v1` or `v2`.
+    /// The production kernel.
+    pub const PRODUCTION: ResolveVariant = ResolveVariant::V3;
+
+    /// The variant's name: `v1`, `v2` or `v3`.
     pub const fn name(self) -> &'static str {
         match self {
             ResolveVariant::V1 => "v1",
             ResolveVariant::V2 => "v2",
+            ResolveVariant::V3 => "v3",
         }
     }
 
@@ -127,16 +155,25 @@ impl ResolveVariant {
 /// An empty kernel without parameters (`hs_empty`): the floor of a launch, for benchmarks.
 pub const EMPTY_KERNEL: &str = "hs_empty";
 
+/// `hs_clock_probe(u64* out, u64 ns)`: every block spins until `ns` nanoseconds of the GPU's
+/// global timer have passed (sustained work that keeps the clocks up), and block 0 writes the SM
+/// clock cycles and timer nanoseconds of its spin to `out[0]` and `out[1]` (their ratio is the
+/// SM clock it ran at). CUDA only, for benchmarks.
+pub const CLOCK_PROBE_KERNEL: &str = "hs_clock_probe";
+
 /// Threads per block of `hs_resolve_v1`.
 pub const RESOLVE_V1_THREADS: u32 = 512;
 
-/// Every variant symbol of [`crate::VARIANTS_SOURCE`].
-pub const SYMBOLS: [&str; 5] = [
+/// Every variant symbol of [`crate::VARIANTS_SOURCE`] with a production kernel's parameters.
+pub const SYMBOLS: [&str; 8] = [
     "hs_remap_v1",
     "hs_remap_v2",
+    "hs_remap_v3",
     "hs_gather_rows_v1",
     "hs_gather_rows_v2",
+    "hs_gather_rows_v3",
     "hs_resolve_v1",
+    "hs_resolve_v2",
 ];
 
 /// The resolve of `d` with kernel `v` (same shared memory and workspace for both).
@@ -148,10 +185,14 @@ pub fn resolve(
     v: ResolveVariant,
 ) -> Result<Plan, PlanError> {
     let mut p = plan::resolve(t, d, a, force_global)?;
-    if v == ResolveVariant::V1 {
-        for l in &mut p.launches {
-            l.block = RESOLVE_V1_THREADS;
-            l.variant = Some("hs_resolve_v1");
+    for l in &mut p.launches {
+        match v {
+            ResolveVariant::V1 => {
+                l.block = RESOLVE_V1_THREADS;
+                l.variant = Some("hs_resolve_v1");
+            }
+            ResolveVariant::V2 => l.variant = Some("hs_resolve_v2"),
+            ResolveVariant::V3 => {}
         }
     }
     Ok(p)
@@ -165,10 +206,18 @@ pub fn remap(
     v: RemapVariant,
 ) -> Result<Plan, PlanError> {
     let mut p = plan::remap(t, d, a)?;
-    if v == RemapVariant::V3 {
+    if v == RemapVariant::V4 {
         return Ok(p);
     }
     for l in &mut p.launches {
+        // The earlier kernels take one block per row and no dynamic shared memory (they ignore
+        // the staging flag).
+        l.grid = [d.num_tokens, 1, 1];
+        l.shared = 0;
+        if v == RemapVariant::V3 {
+            l.variant = Some("hs_remap_v3");
+            continue;
+        }
         l.block = REMAP_V2_THREADS;
         l.variant = Some(if v == RemapVariant::V1 {
             "hs_remap_v1"
@@ -210,7 +259,14 @@ pub fn gather(
 ) -> Result<Plan, PlanError> {
     let mut p = plan::gather(t, d, a)?;
     let rows = match v {
-        GatherVariant::V3 => return Ok(p),
+        GatherVariant::V4 => return Ok(p),
+        GatherVariant::V3 => {
+            // The same persistent grid as production.
+            for l in &mut p.launches {
+                l.variant = Some("hs_gather_rows_v3");
+            }
+            return Ok(p);
+        }
         GatherVariant::V1 | GatherVariant::V2 => GATHER_ROWS,
         GatherVariant::V2Rows8 => 8,
         GatherVariant::V2Rows4 => 4,
@@ -231,4 +287,88 @@ pub fn gather(
         });
     }
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::ops::{LayerPair, PageLayout};
+
+    const H200: Target = Target {
+        multiprocessors: 132,
+        shared_per_block: 227 * 1024,
+        shared_per_multiprocessor: 228 * 1024,
+    };
+
+    /// What a backend's driver accepts from every variant's launches: whole warps, packed
+    /// arguments of the production kernel's ABI, and dynamic shared memory above the default
+    /// limit only for kernels the backend raises the limit of (`Kernel::large_dynamic_shared`).
+    fn accepted(p: &Plan) {
+        for l in &p.launches {
+            l.args.matches(&l.kernel.abi()).unwrap();
+            assert!(l.block % 32 == 0 && l.block <= 1024, "{l:?}");
+            assert!(l.grid.iter().all(|&g| g > 0), "{l:?}");
+            let limit = if l.kernel.large_dynamic_shared() {
+                H200.shared_per_block - crate::RESOLVE_STATIC_SHARED_BYTES
+            } else {
+                48 * 1024
+            };
+            assert!(
+                u64::from(l.shared) <= limit,
+                "{:?}: {} bytes",
+                l.variant,
+                l.shared
+            );
+        }
+    }
+
+    #[test]
+    fn every_variant_launch_is_one_the_device_accepts() {
+        for (t, k) in [(1u32, 2048u32), (64, 2048), (1024, 2048), (3, 2052)] {
+            for compact in [false, true] {
+                let d = RemapDesc {
+                    num_tokens: t,
+                    top_k: k,
+                    table_rows: t,
+                    max_blocks: 2048,
+                    block_size: 64,
+                    block_stride_rows: 64,
+                    idx_mapping_len: None,
+                    write_counts: true,
+                    compact,
+                };
+                for v in RemapVariant::ALL {
+                    let p = remap(&H200, &d, &RemapAddrs::default(), v).unwrap();
+                    accepted(&p);
+                    if v != RemapVariant::V4 {
+                        assert_eq!(p.launches[0].grid[0], t, "{v:?}: one block per row");
+                    }
+                }
+            }
+            let r = ResolveDesc {
+                num_tokens: t,
+                top_k: k,
+                num_requests: t,
+                max_pages: 512,
+                block_size: 64,
+                hot_slots: 4096,
+                attention_block_stride: 64,
+                host_num_blocks: 1 << 14,
+            };
+            for v in ResolveVariant::ALL {
+                accepted(&resolve(&H200, &r, &ResolveAddrs::default(), false, v).unwrap());
+                accepted(&resolve(&H200, &r, &ResolveAddrs::default(), true, v).unwrap());
+            }
+            let l = PageLayout::contiguous(0, 41984, 1024, 64, 656);
+            let layers = [LayerPair { host: l, device: l }; 4];
+            for v in GatherVariant::ALL {
+                let g = GatherDesc {
+                    num_tokens: t,
+                    top_k: k,
+                    layers: &layers,
+                };
+                accepted(&gather(&H200, &g, &GatherAddrs::default(), v).unwrap());
+            }
+        }
+    }
 }

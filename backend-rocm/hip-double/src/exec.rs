@@ -235,6 +235,11 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
         Kernel::CompressedSlotMapping => run_slot_mapping(st, l, &p),
         Kernel::WriteTable => run_write_table(st, &p),
         Kernel::ResetHotState => run_reset_hot_state(st, &p),
+        Kernel::ResolveGather => {
+            // The resolve, then the gather of its miss plan (the kernel's documented result).
+            run_resolve(st, l, &p)?;
+            run_gather_of(st, l, &p, ("miss_src", "miss_dst", "miss_counts"))
+        }
     }
 }
 
@@ -357,10 +362,12 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     }
     if from_workspace > 0 {
         let counter = p.ptr("workspace_counter");
-        let c = read_i32(st, "workspace_counter", counter, 1)?[0];
-        if c != 0 {
+        let words = read_i32(st, "workspace_counter", counter, 3)?;
+        if words[0] != 0 || words[1] != 0 {
             return Err(format!(
-                "workspace_counter is {c} at launch; the host must zero it before each launch"
+                "the workspace counters are {:?} at launch; the host zeroes them when it \
+                 allocates the workspace and every launch leaves them zero",
+                &words[..2]
             ));
         }
         let entries = u64::from(p.u32("workspace_entries"));
@@ -371,7 +378,10 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         }
         // The whole declared workspace must be device memory the kernel may use.
         range(st, "workspace", p.ptr("workspace"), entries as usize * 16)?;
-        write_i32(st, counter, &[from_workspace as i32]);
+        // As the kernel leaves them: allocator and finished blocks back to zero, the most
+        // entries one launch took in the third word.
+        let most = (words[gk::WORKSPACE_HIGH_WATER_WORD] as u32).max(from_workspace as u32);
+        write_i32(st, counter, &[0, 0, most as i32]);
     }
 
     let w = desc.hot_table_width() as usize;
@@ -444,6 +454,17 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
 }
 
 fn run_gather(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    run_gather_of(st, l, p, ("plan_src", "plan_dst", "plan_counts"))
+}
+
+/// The gather of `hs_gather_rows`, or the one `hs_resolve_gather` does after its resolve, with
+/// the plan in the parameters named `plan` (sources, destinations, counts).
+fn run_gather_of(
+    st: &mut State,
+    l: &Launch,
+    p: &Params<'_>,
+    plan: (&str, &str, &str),
+) -> Result<(), String> {
     let g = p.raw("layers");
     let count = u32_at(g, 0) as usize;
     if count == 0 || count > gk::GATHER_MAX_LAYERS {
@@ -456,12 +477,14 @@ fn run_gather(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> 
         .map(|i| layer_pair(&g[16 + 80 * i..16 + 80 * (i + 1)]))
         .collect();
     let (t, k) = (p.u32("num_tokens"), p.u32("top_k"));
-    // Blocks walk the work items grid-stride (any grid x); grid z covers the layers.
-    need_grid(l, [1, 1, count as u64])?;
+    if l.kernel == Kernel::GatherRows {
+        // Blocks walk the work items grid-stride (any grid x); grid z covers the layers.
+        need_grid(l, [1, 1, count as u64])?;
+    }
     let tk = t as usize * k as usize;
-    let src = read_i32(st, "plan_src", p.ptr("plan_src"), tk)?;
-    let dst = read_i32(st, "plan_dst", p.ptr("plan_dst"), tk)?;
-    let counts = read_i32(st, "plan_counts", p.ptr("plan_counts"), t as usize)?;
+    let src = read_i32(st, plan.0, p.ptr(plan.0), tk)?;
+    let dst = read_i32(st, plan.1, p.ptr(plan.1), tk)?;
+    let counts = read_i32(st, plan.2, p.ptr(plan.2), t as usize)?;
     let host = region(st, "host", p.ptr("host"))?;
     let mut device = region(st, "device", p.ptr("device"))?;
     gather_rows(

@@ -1,0 +1,234 @@
+//! The swap-in gather of random 656 B rows from a 687 MB pinned pool (2048 and 32768 rows, and
+//! 2048 rows × 4 layers in one call), every gather kernel, with and without PDL.
+
+use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer, GatherVariant};
+use hisparse_core::Device;
+use hisparse_core::ops::{BufferLen, GatherArgs, GatherDesc, LayerPair, PageLayout};
+
+use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Rng, Row, host_pool, upload};
+
+/// The plans of one configuration and where they land.
+struct Plans {
+    layers: Vec<LayerPair>,
+    pool: CudaBuffer,
+    /// `(sources, destinations)` per plan: distinct destinations, random sources.
+    bufs: Vec<(CudaBuffer, CudaBuffer)>,
+    counts: CudaBuffer,
+    rows: u32,
+}
+
+fn plans(b: &Bench, rng: &mut Rng, rows_n: u32, layers_n: u32) -> Res<Plans> {
+    let host_rows = u64::from(HOST_BLOCKS * BS);
+    // Device pool: every plan writes distinct rows of a pool of rows_n rows per layer.
+    let dev_blocks = rows_n.div_ceil(BS) + 1;
+    let dstride = PAGE * u64::from(layers_n);
+    // Each layer reads its own part of the host pool (no layer's rows come from another's L2
+    // lines).
+    let part = HOST_BLOCKS / layers_n;
+    let layers: Vec<LayerPair> = (0..layers_n)
+        .map(|l| LayerPair {
+            host: PageLayout::contiguous(u64::from(l * part) * PAGE, PAGE, part, BS, ROW),
+            device: PageLayout::contiguous(u64::from(l) * PAGE, dstride, dev_blocks, BS, ROW),
+        })
+        .collect();
+    let pool = b.dev.alloc((dstride * u64::from(dev_blocks)) as usize)?;
+    // Enough distinct plans that one pass reads far more than L2 holds.
+    let n = (((96u64 << 20) / (u64::from(rows_n) * u64::from(ROW))) as usize).clamp(2, 64);
+    let mut bufs = Vec::new();
+    for _ in 0..n {
+        let src: Vec<i32> = (0..rows_n)
+            .map(|_| rng.below(host_rows / u64::from(layers_n)) as i32)
+            .collect();
+        let mut dst: Vec<i32> = (0..rows_n as i32).collect();
+        for i in (1..dst.len()).rev() {
+            dst.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        bufs.push((upload(&b.dev, &src)?, upload(&b.dev, &dst)?));
+    }
+    Ok(Plans {
+        layers,
+        pool,
+        bufs,
+        counts: upload(&b.dev, &[rows_n as i32])?,
+        rows: rows_n,
+    })
+}
+
+/// One gather of plan `i` into the pool, then its bytes (to compare the kernels).
+fn run_once(b: &Bench, p: &mut Plans, host: &CudaHostBuffer) -> Res<Vec<u8>> {
+    let len = p.pool.byte_len() as usize;
+    let zero = b.dev.alloc(len)?;
+    b.dev.copy_on_device(&b.s, &zero, 0, &mut p.pool, 0, len)?;
+    let (src, dst) = &p.bufs[0];
+    b.dev.gather_rows(
+        &b.s,
+        &GatherDesc {
+            num_tokens: 1,
+            top_k: p.rows,
+            layers: &p.layers,
+        },
+        GatherArgs {
+            plan_src: src,
+            plan_dst: dst,
+            plan_counts: &p.counts,
+            host,
+            device: &mut p.pool,
+        },
+    )?;
+    let mut got = vec![0u8; len];
+    b.dev.download(&p.pool, 0, &mut got)?;
+    Ok(got)
+}
+
+/// Microseconds per gather of a graph cycling through every plan.
+fn graph_us(b: &mut Bench, p: &mut Plans, host: &CudaHostBuffer) -> Res<f64> {
+    let reps = if b.quick { 2 } else { 10 };
+    let Plans {
+        layers,
+        pool,
+        bufs,
+        counts,
+        rows,
+    } = p;
+    let desc = GatherDesc {
+        num_tokens: 1,
+        top_k: *rows,
+        layers,
+    };
+    b.graph_us(bufs.len(), reps, &mut |d, s| {
+        for (src, dst) in bufs.iter() {
+            d.gather_rows(
+                s,
+                &desc,
+                GatherArgs {
+                    plan_src: src,
+                    plan_dst: dst,
+                    plan_counts: counts,
+                    host,
+                    device: pool,
+                },
+            )?;
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn section(b: &mut Bench) -> Res<()> {
+    let host = host_pool(b)?;
+    let mut rng = Rng(0x6a7e);
+    for (rows_n, layers_n) in [(2048u32, 1u32), (32768, 1), (2048, 4)] {
+        let mut p = plans(b, &mut rng, rows_n, layers_n)?;
+        let mut first: Option<Vec<u8>> = None;
+        for v in GatherVariant::ALL {
+            b.dev.set_gather_variant(v);
+            for pdl in [false, true] {
+                if pdl && !b.dev.set_programmatic_launch(true) {
+                    continue;
+                }
+                let measured = (|| -> Res<f64> {
+                    let got = run_once(b, &mut p, &host)?;
+                    match &first {
+                        None => first = Some(got),
+                        Some(want) if *want != got => {
+                            return Err(format!(
+                                "gather {} (pdl {pdl}) differs from the first variant's",
+                                v.name()
+                            )
+                            .into());
+                        }
+                        Some(_) => {}
+                    }
+                    graph_us(b, &mut p, &host)
+                })();
+                b.dev.set_programmatic_launch(false);
+                let us = match measured {
+                    Ok(us) => us,
+                    Err(e) if pdl => {
+                        // PDL is optional: its failure is reported, the other figures stand.
+                        println!("gather {} with PDL FAILED: {e}", v.name());
+                        b.failures
+                            .push(format!("gather {} with PDL: {e}", v.name()));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let bytes = f64::from(rows_n * layers_n) * f64::from(ROW);
+                let gbs = bytes / us / 1e3;
+                let what = if layers_n == 1 {
+                    String::new()
+                } else {
+                    format!(" x {layers_n} layers (one call)")
+                };
+                b.push(Row {
+                    section: "gather",
+                    name: format!(
+                        "gather {rows_n} x 656 B random rows{what}{}",
+                        if pdl { ", PDL" } else { "" }
+                    ),
+                    variant: v.name().into(),
+                    value: gbs,
+                    unit: "GB/s",
+                    ceiling: b.h2d,
+                    ceiling_name: "bulk H2D",
+                    target: ">= 0.8x".into(),
+                    met: (v == GatherVariant::PRODUCTION).then_some(gbs / b.h2d >= 0.8),
+                    note: format!("{us:.1} us per call"),
+                    sm_mhz: 0.0,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The 2048-row gather as `hisparse bench` measures it: stream calls (no graph), a new plan of
+/// sources every call (rotating over half of a 2^20-row pool), one destination list.
+pub(crate) fn cli_gather(b: &mut Bench) -> Res<()> {
+    let host = host_pool(b)?;
+    let mut rng = Rng(3);
+    let rows_n = 2048u32;
+    let mut p = plans(b, &mut rng, rows_n, 1)?;
+    let iters = if b.quick { 10 } else { 100 };
+    let Plans {
+        layers,
+        pool,
+        bufs,
+        counts,
+        ..
+    } = &mut p;
+    let desc = GatherDesc {
+        num_tokens: 1,
+        top_k: rows_n,
+        layers,
+    };
+    let n = bufs.len();
+    let ms = b.stream_ms(4, iters, &mut |d, s, i| {
+        let (src, dst) = &bufs[i % n];
+        d.gather_rows(
+            s,
+            &desc,
+            GatherArgs {
+                plan_src: src,
+                plan_dst: dst,
+                plan_counts: counts,
+                host: &host,
+                device: pool,
+            },
+        )
+    })?;
+    let gbs = f64::from(rows_n) * f64::from(ROW) / ms / 1e6;
+    b.push(Row {
+        section: "cli",
+        name: "gather 2048 x 656 B random rows, stream calls (as hisparse bench)".into(),
+        variant: GatherVariant::PRODUCTION.name().into(),
+        value: gbs,
+        unit: "GB/s",
+        ceiling: b.h2d,
+        ceiling_name: "bulk H2D",
+        target: "-".into(),
+        met: None,
+        note: format!("{:.1} us per call", ms * 1e3),
+        sm_mhz: 0.0,
+    });
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! Remap, top-k 2048 over 128K-token block tables, at 1, 64, 256 and 1024 tokens, plain, with
+//! valid counts and with counts and compaction, every kernel, warm and cold.
+
+use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaStream, RemapVariant};
+use hisparse_core::Device;
+use hisparse_core::ops::remap::remap as ref_remap;
+use hisparse_core::ops::{RemapArgs, RemapDesc};
+
+use crate::{Bench, Res, Rng, Row, download, upload};
+
+/// A 64 MiB copy (64 MiB read, 64 MiB written) evicts the 60 MB L2 before each cold call.
+const FLUSH_BYTES: usize = 64 << 20;
+
+/// Microseconds per call of a graph of `calls` L2-evicting copies.
+fn flush_us(
+    b: &mut Bench,
+    calls: usize,
+    replays: usize,
+    src: &CudaBuffer,
+    dst: &mut CudaBuffer,
+) -> Res<f64> {
+    b.graph_us(calls, replays, &mut |d, s| {
+        for _ in 0..calls {
+            d.copy_on_device(s, src, 0, dst, 0, FLUSH_BYTES)?;
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn section(b: &mut Bench) -> Res<()> {
+    let (k, bs, m) = (2048u32, 64u32, 2048u32); // 128K-token tables
+    let mut rng = Rng(0x5eed);
+    let flush_src = b.dev.alloc(FLUSH_BYTES)?;
+    let mut flush_dst = b.dev.alloc(FLUSH_BYTES)?;
+    let calls = if b.quick { 4 } else { 20 };
+    let replays = if b.quick { 3 } else { 20 };
+    println!(
+        "L2 flush copy: {:.1} us per call (subtracted from cold figures)",
+        flush_us(b, calls, replays, &flush_src, &mut flush_dst)?
+    );
+    for t in [1u32, 64, 256, 1024] {
+        let table: Vec<i32> = (0..t * m).map(|_| rng.below(1 << 20) as i32).collect();
+        let req: Vec<i32> = (0..t as i32).collect();
+        let topk: Vec<i32> = (0..t * k)
+            .map(|_| {
+                if rng.below(20) == 0 {
+                    -1
+                } else {
+                    rng.below(u64::from(bs * m)) as i32
+                }
+            })
+            .collect();
+        let (table_b, req_b, topk_b) = (
+            upload(&b.dev, &table)?,
+            upload(&b.dev, &req)?,
+            upload(&b.dev, &topk)?,
+        );
+        let invalid_b = upload(&b.dev, &vec![-1; (t * k) as usize])?;
+        let mut out = b.dev.alloc((t * k * 4) as usize)?;
+        let mut counts = b.dev.alloc((t * 4) as usize)?;
+        let mut modes = vec![
+            ("plain", false, false, &topk_b),
+            ("counts", true, false, &topk_b),
+            ("counts+compaction", true, true, &topk_b),
+        ];
+        if t == 1 {
+            // Every entry -1: no block-table lookup, the launch and the top-k round trip alone.
+            modes.push((
+                "plain, every entry -1 (no table lookup)",
+                false,
+                false,
+                &invalid_b,
+            ));
+        }
+        for (mode, write_counts, compact, topk_in) in modes {
+            let desc = RemapDesc {
+                num_tokens: t,
+                top_k: k,
+                table_rows: t,
+                max_blocks: m,
+                block_size: bs,
+                block_stride_rows: bs,
+                idx_mapping_len: None,
+                write_counts,
+                compact,
+            };
+            let no_lookup = std::ptr::eq(topk_in, &invalid_b);
+            let host_topk = if no_lookup {
+                vec![-1; (t * k) as usize]
+            } else {
+                topk.clone()
+            };
+            let mut want = vec![0i32; (t * k) as usize];
+            let mut want_c = vec![0i32; t as usize];
+            ref_remap(
+                &desc,
+                RemapArgs {
+                    req_id: &req[..],
+                    block_table: &table[..],
+                    topk: &host_topk[..],
+                    idx_mapping: None,
+                    out: &mut want[..],
+                    counts: write_counts.then_some(&mut want_c[..]),
+                },
+            )?;
+            let variants: Vec<RemapVariant> = if no_lookup {
+                vec![RemapVariant::PRODUCTION]
+            } else {
+                RemapVariant::ALL.to_vec()
+            };
+            let mut warm_by_variant = Vec::new();
+            for v in variants {
+                b.dev.set_remap_variant(v);
+                let call = |d: &CudaDevice,
+                            s: &CudaStream,
+                            out: &mut CudaBuffer,
+                            counts: &mut CudaBuffer|
+                 -> Result<(), CudaError> {
+                    d.remap(
+                        s,
+                        &desc,
+                        RemapArgs {
+                            req_id: &req_b,
+                            block_table: &table_b,
+                            topk: topk_in,
+                            idx_mapping: None,
+                            out,
+                            counts: write_counts.then_some(counts),
+                        },
+                    )
+                };
+                call(&b.dev, &b.s, &mut out, &mut counts)?;
+                let got = download(&b.dev, &out, (t * k) as usize)?;
+                let got_c = download(&b.dev, &counts, t as usize)?;
+                if got != want || (write_counts && got_c != want_c) {
+                    return Err(format!(
+                        "remap {} {mode} at {t} tokens differs from the reference",
+                        v.name()
+                    )
+                    .into());
+                }
+                let warm = b.graph_us(calls, replays, &mut |d, s| {
+                    for _ in 0..calls {
+                        call(d, s, &mut out, &mut counts)?;
+                    }
+                    Ok(())
+                })?;
+                let warm_mhz = b.clock.get();
+                let flush_before = flush_us(b, calls, replays, &flush_src, &mut flush_dst)?;
+                let cold_total = {
+                    let (src, dst) = (&flush_src, &mut flush_dst);
+                    b.graph_us(calls, replays, &mut |d, s| {
+                        for _ in 0..calls {
+                            d.copy_on_device(s, src, 0, dst, 0, FLUSH_BYTES)?;
+                            call(d, s, &mut out, &mut counts)?;
+                        }
+                        Ok(())
+                    })?
+                };
+                let cold_mhz = b.clock.get();
+                let flush_after = flush_us(b, calls, replays, &flush_src, &mut flush_dst)?;
+                let flush = (flush_before + flush_after) / 2.0;
+                let cold = (cold_total - flush).max(0.0);
+                let flush_spread = (flush_before - flush_after).abs();
+                warm_by_variant.push((v, warm));
+                let target = match (t, no_lookup) {
+                    (_, true) => None,
+                    (1, _) => Some(1.2),
+                    (64, _) => Some(1.5),
+                    (1024, _) => Some(6.0),
+                    _ => None,
+                };
+                let production = v == RemapVariant::PRODUCTION;
+                let bytes = f64::from(t) * f64::from(k) * 8.0;
+                for (l2, us, mhz) in [("warm", warm, warm_mhz), ("cold", cold, cold_mhz)] {
+                    b.push(Row {
+                        section: "remap",
+                        name: format!("remap {t} tok x 2048, {mode}, L2 {l2}"),
+                        variant: v.name().into(),
+                        value: us,
+                        unit: "us",
+                        ceiling: bytes / b.d2d / 1e3 + b.empty_us,
+                        ceiling_name: "empty launch + top-k read and written at D2D",
+                        target: match (l2, target) {
+                            ("warm", Some(x)) => format!("<= {x} us"),
+                            _ => "-".into(),
+                        },
+                        met: match (l2, target) {
+                            ("warm", Some(x)) if production => Some(us <= x),
+                            _ => None,
+                        },
+                        note: if l2 == "cold" {
+                            format!(
+                                "{:.0} GB/s top-k in+out; flush {flush:.1} us subtracted \
+                                 (before/after differ by {flush_spread:.2} us)",
+                                bytes / us / 1e3
+                            )
+                        } else {
+                            format!("{:.0} GB/s top-k in+out", bytes / us / 1e3)
+                        },
+                        sm_mhz: mhz,
+                    });
+                }
+            }
+            b.dev.set_remap_variant(RemapVariant::PRODUCTION);
+            if compact {
+                // Compaction's cost over counts alone, per kernel (warm).
+                for (v, with) in &warm_by_variant {
+                    let counts_only = b
+                        .rows
+                        .iter()
+                        .rev()
+                        .find(|r| {
+                            r.name == format!("remap {t} tok x 2048, counts, L2 warm")
+                                && r.variant == v.name()
+                        })
+                        .map(|r| r.value);
+                    if let Some(c) = counts_only {
+                        b.push(Row {
+                            section: "remap",
+                            name: format!("remap {t} tok: compaction over counts alone"),
+                            variant: v.name().into(),
+                            value: with / c,
+                            unit: "x",
+                            ceiling: 1.0,
+                            ceiling_name: "counts alone",
+                            target: "<= 1.10x".into(),
+                            met: (*v == RemapVariant::PRODUCTION).then_some(with / c <= 1.10),
+                            note: String::new(),
+                            sm_mhz: 0.0,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
