@@ -40,6 +40,6 @@ echo "--- the HIP test double as the runtime"
 cargo build -p hisparse-hip-double
 backend-rocm/scripts/hip-double-root.sh "$target/hip-double"
 export ROCM_PATH="$target/hip-double" HISPARSE_REQUIRE_DEVICE=1
-cargo test -p hisparse-backend-rocm --test hip_double --test conformance
+cargo test -p hisparse-backend-rocm --test hip_double --test conformance --test fused
 HISPARSE_HIP_DOUBLE_ARCH=gfx908:sramecc+:xnack- \
     cargo test -p hisparse-backend-rocm --test conformance
