@@ -13,21 +13,23 @@ use std::path::Path;
 /// Windows per pool of the templated variants (keep in sync with `Windows` in `src/shaders.rs`).
 const WINDOWS: [usize; 4] = [1, 8, 12, 32];
 
-/// The template with its pool bindings (from binding `first`) and access functions filled in.
-fn pooled_source(template: &str, first: usize, windows: usize) -> String {
-    let mut decl = String::new();
+/// The template with its pool bindings (from binding `first`) and access functions filled in;
+/// the pools are arrays of `word` (`vec4<u32>`, or `u32` for the 4-byte-word variant), which the
+/// template names `Word`.
+fn pooled_source(template: &str, first: usize, windows: usize, word: &str) -> String {
+    let mut decl = format!("alias Word = {word};\n");
     let mut access = String::new();
     for c in 0..windows {
         let _ = writeln!(
             decl,
-            "@group(0) @binding({}) var<storage, read> a{c}: array<vec4<u32>>;",
+            "@group(0) @binding({}) var<storage, read> a{c}: array<Word>;",
             first + c
         );
     }
     for c in 0..windows {
         let _ = writeln!(
             decl,
-            "@group(0) @binding({}) var<storage, read_write> b{c}: array<vec4<u32>>;",
+            "@group(0) @binding({}) var<storage, read_write> b{c}: array<Word>;",
             first + windows + c
         );
     }
@@ -35,8 +37,8 @@ fn pooled_source(template: &str, first: usize, windows: usize) -> String {
         access.push_str(
             "fn in_a(u: u32) -> bool {\n    return true;\n}\n\
              fn in_b(u: u32) -> bool {\n    return true;\n}\n\
-             fn load_a(u: u32) -> vec4<u32> {\n    return a0[u];\n}\n\
-             fn store_b(u: u32, v: vec4<u32>) {\n    b0[u] = v;\n}\n",
+             fn load_a(u: u32) -> Word {\n    return a0[u];\n}\n\
+             fn store_b(u: u32, v: Word) {\n    b0[u] = v;\n}\n",
         );
     } else {
         let _ = write!(
@@ -46,15 +48,15 @@ fn pooled_source(template: &str, first: usize, windows: usize) -> String {
              fn in_b(u: u32) -> bool {{\n    return (u >> pc.chunk_shift) - pc.b_base < WINDOWS;\n}}\n"
         );
         access.push_str(
-            "fn load_a(u: u32) -> vec4<u32> {\n    let o = u & pc.chunk_mask;\n    \
+            "fn load_a(u: u32) -> Word {\n    let o = u & pc.chunk_mask;\n    \
              switch ((u >> pc.chunk_shift) - pc.a_base) {\n",
         );
         for c in 0..windows {
             let _ = writeln!(access, "        case {c}u: {{ return a{c}[o]; }}");
         }
-        access.push_str("        default: { return vec4<u32>(0u); }\n    }\n}\n");
+        access.push_str("        default: { return Word(0u); }\n    }\n}\n");
         access.push_str(
-            "fn store_b(u: u32, v: vec4<u32>) {\n    let o = u & pc.chunk_mask;\n    \
+            "fn store_b(u: u32, v: Word) {\n    let o = u & pc.chunk_mask;\n    \
              switch ((u >> pc.chunk_shift) - pc.b_base) {\n",
         );
         for c in 0..windows {
@@ -251,24 +253,44 @@ fn main() {
         .replace("//@SG_INIT", SUBGROUP_INIT);
     compile("resolve_sg", &format!("{common}\n{subgroup}"), out_dir);
     let wg = std::fs::read_to_string(dir.join("resolve_wg.wgsl")).expect("resolve_wg.wgsl");
-    let plain = wg
-        .replace("//@SCAN", WG_PLAIN_SCAN)
-        .replace("//@SG_PARAMS", "")
-        .replace("//@SG_INIT", "");
-    compile("resolve_wg", &format!("{common}\n{plain}"), out_dir);
-    let subgroup = wg
-        .replace("//@SCAN", WG_SUBGROUP_SCAN)
-        .replace("//@SG_PARAMS", SUBGROUP_PARAMS)
-        .replace("//@SG_INIT", WG_SUBGROUP_INIT);
-    compile("resolve_wg_sg", &format!("{common}\n{subgroup}"), out_dir);
-    // (template, first pool binding)
-    for (name, first) in [("gather", 4), ("gather_v1", 4), ("copy", 1)] {
+    // (module suffix, hash-table capacity): keep in sync with `Shader::ResolveWg*`.
+    for (suffix, capacity) in [("", 2560), ("_large", 4096)] {
+        let wg = wg.replace(
+            "const TC: u32 = 2560u;",
+            &format!("const TC: u32 = {capacity}u;"),
+        );
+        let plain = wg
+            .replace("//@SCAN", WG_PLAIN_SCAN)
+            .replace("//@SG_PARAMS", "")
+            .replace("//@SG_INIT", "");
+        compile(
+            &format!("resolve_wg{suffix}"),
+            &format!("{common}\n{plain}"),
+            out_dir,
+        );
+        let subgroup = wg
+            .replace("//@SCAN", WG_SUBGROUP_SCAN)
+            .replace("//@SG_PARAMS", SUBGROUP_PARAMS)
+            .replace("//@SG_INIT", WG_SUBGROUP_INIT);
+        compile(
+            &format!("resolve_wg{suffix}_sg"),
+            &format!("{common}\n{subgroup}"),
+            out_dir,
+        );
+    }
+    // (template, first pool binding, module stem, pool word)
+    for (name, first, stem, word) in [
+        ("gather", 4, "gather", "vec4<u32>"),
+        ("gather_v1", 4, "gather_v1", "vec4<u32>"),
+        ("gather_v1", 4, "gather_v1w", "u32"),
+        ("copy", 1, "copy", "vec4<u32>"),
+    ] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");
         let src = format!("{common}\n{src}");
         for w in WINDOWS {
             compile(
-                &format!("{name}_{w}"),
-                &pooled_source(&src, first, w),
+                &format!("{stem}_{w}"),
+                &pooled_source(&src, first, w, word),
                 out_dir,
             );
         }

@@ -11,7 +11,14 @@
 //!   at least 2 ms; the host's recording and submission included), so the two tools' figures can
 //!   be told apart;
 //! * page backup and restore of 61 layers × 64 pages (164 MB per call, one DeepSeek V3.2 block
-//!   set), with both copy engines, against the bulk copies.
+//!   set), with both copy engines, against the bulk copies;
+//! * where the time goes on the index paths, each resolver kernel: the remap of 256 rows × top-k
+//!   2048, the resolve of 64 requests × top-k 2048 (4096 hot slots, steps overlapping 90%, state
+//!   warmed up), and a whole **decode step** of `hisparse simulate`'s default workload (61 index
+//!   groups, 4 requests × top-k 2048 of an 8192-token context, each group's resolve and the
+//!   gather of its misses), each as device time (timestamps), wall time (enqueue, then one
+//!   synchronisation), host enqueue time (recording and submitting, before the synchronisation)
+//!   and queue submissions per call.
 //!
 //! Plans and page sets are cycled so one timed run touches ≥ 512 MiB of distinct rows: no figure
 //! is served from a GPU cache.
@@ -24,11 +31,13 @@
 use std::time::{Duration, Instant};
 
 use hisparse_backend_vulkan::{
-    CopyEngine, GatherKernel, VulkanBuffer, VulkanDevice, VulkanError, VulkanHostBuffer,
+    CopyEngine, GatherKernel, ResolveKernel, VulkanBuffer, VulkanDevice, VulkanError,
+    VulkanHostBuffer,
 };
 use hisparse_core::Device;
 use hisparse_core::ops::{
-    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout,
+    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs,
+    RemapDesc, ResolveArgs, ResolveDesc,
 };
 
 const ROW_BYTES: u32 = 656;
@@ -104,11 +113,35 @@ struct Figure {
     ceiling: &'static str,
 }
 
+/// Where the time of one call goes (see the module docs).
+struct Timing {
+    name: String,
+    device: Duration,
+    wall: Duration,
+    enqueue: Duration,
+    submissions: f64,
+}
+
+impl Timing {
+    fn print(&self) {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "  {:<52} device {:>8.1} us  wall {:>8.1} us  enqueue {:>8.1} us  {:>5.2} submissions",
+            self.name,
+            us(self.device),
+            us(self.wall),
+            us(self.enqueue),
+            self.submissions
+        );
+    }
+}
+
 /// Everything the run measured, printed and written as JSON.
 struct Report {
     device: String,
     ceilings: Vec<(&'static str, f64)>,
     figures: Vec<Figure>,
+    timings: Vec<Timing>,
 }
 
 impl Report {
@@ -154,11 +187,29 @@ impl Report {
                 )
             })
             .collect();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let timings: Vec<String> = self
+            .timings
+            .iter()
+            .map(|t| {
+                format!(
+                    "{{\"name\":\"{}\",\"device_us\":{:.3},\"wall_us\":{:.3},\"enqueue_us\":{:.3},\
+                     \"submissions\":{:.3}}}",
+                    esc(&t.name),
+                    us(t.device),
+                    us(t.wall),
+                    us(t.enqueue),
+                    t.submissions
+                )
+            })
+            .collect();
         format!(
-            "{{\"backend\":\"vulkan\",\"device\":\"{}\",\"ceilings\":[{}],\"figures\":[{}]}}\n",
+            "{{\"backend\":\"vulkan\",\"device\":\"{}\",\"ceilings\":[{}],\"figures\":[{}],\
+             \"timings\":[{}]}}\n",
             esc(&self.device),
             ceilings.join(","),
-            figures.join(",")
+            figures.join(","),
+            timings.join(",")
         )
     }
 }
@@ -183,33 +234,51 @@ fn device_time(
     Ok(t / iters as u32)
 }
 
-/// Wall time per call as `hisparse bench` measures it: the median of samples of `reps` calls
+/// Wall time, host enqueue time and queue submissions per call as `hisparse bench` measures the
+/// wall time: after a warm-up call and a calibration burst, the median of samples of `reps` calls
 /// enqueued on `stream` and one synchronisation, `reps` chosen so a sample lasts ≥ 2 ms.
 fn wall_time(
     dev: &VulkanDevice,
     stream: &<VulkanDevice as Device>::Stream,
     samples: usize,
     mut op: impl FnMut(usize) -> Result<()>,
-) -> Result<Duration> {
+) -> Result<(Duration, Duration, f64)> {
     let mut call = 0;
-    let t0 = Instant::now();
     op(call)?;
     call += 1;
     dev.synchronize(stream)?;
-    let once = t0.elapsed().as_secs_f64().max(1e-9);
-    let reps = ((2e-3 / once).ceil() as usize).clamp(1, 1000);
-    let mut v = Vec::with_capacity(samples);
+    let mut burst = 1usize;
+    let per_call = loop {
+        let t = Instant::now();
+        for _ in 0..burst {
+            op(call)?;
+            call += 1;
+        }
+        dev.synchronize(stream)?;
+        let took = t.elapsed().as_secs_f64().max(1e-9);
+        if took >= 1e-3 || burst >= 1000 {
+            break took / burst as f64;
+        }
+        burst *= 2;
+    };
+    let reps = ((2e-3 / per_call).ceil() as usize).clamp(1, 1000);
+    let mut wall = Vec::with_capacity(samples);
+    let mut enqueue = Vec::with_capacity(samples);
+    let subs0 = dev.submissions();
     for _ in 0..samples.max(1) {
         let t = Instant::now();
         for _ in 0..reps {
             op(call)?;
             call += 1;
         }
+        enqueue.push(t.elapsed() / reps as u32);
         dev.synchronize(stream)?;
-        v.push(t.elapsed() / reps as u32);
+        wall.push(t.elapsed() / reps as u32);
     }
-    v.sort();
-    Ok(v[v.len() / 2])
+    let subs = (dev.submissions() - subs0) as f64 / (samples.max(1) * reps) as f64;
+    wall.sort();
+    enqueue.sort();
+    Ok((wall[wall.len() / 2], enqueue[enqueue.len() / 2], subs))
 }
 
 fn upload_i32(dev: &VulkanDevice, v: &[i32]) -> Result<VulkanBuffer> {
@@ -351,7 +420,7 @@ fn gathers(
             }
             let iters = o.iters.max(plans);
             let dt = device_time(dev, iters, |d, i| gather(d, i, &mut pool))?;
-            let wt = wall_time(dev, &stream, 10, |i| gather(dev, i, &mut pool))?;
+            let (wt, _, _) = wall_time(dev, &stream, 10, |i| gather(dev, i, &mut pool))?;
             for (how, time) in [("device", dt), ("wall", wt)] {
                 let f = Figure {
                     name: format!("gather {rows} x {ROW_BYTES} B, {kernel:?}, {how}"),
@@ -365,6 +434,298 @@ fn gathers(
         }
     }
     dev.set_gather_kernel(GatherKernel::Auto);
+    Ok(())
+}
+
+/// Top-k sets of `r` requests over a `ctx`-token context (distinct positions per request), one
+/// per step: each step replaces a tenth of every request's entries. The steps then run back
+/// (0, 1, …, n-1, n-2, …, 1), so cycling through them keeps a 90% overlap between consecutive
+/// calls.
+fn topk_cycle(rng: &mut Rng, r: u32, k: u32, ctx: u32, n: usize) -> Vec<Vec<i32>> {
+    let mut cur: Vec<i32> = Vec::with_capacity((r * k) as usize);
+    for _ in 0..r {
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < k as usize {
+            seen.insert(rng.below(u64::from(ctx)) as i32);
+        }
+        cur.extend(seen);
+    }
+    let mut steps = vec![cur.clone()];
+    for _ in 1..n {
+        for row in cur.chunks_mut(k as usize) {
+            let mut present: std::collections::HashSet<i32> = row.iter().copied().collect();
+            for _ in 0..k / 10 {
+                let col = rng.below(u64::from(k)) as usize;
+                let mut p = rng.below(u64::from(ctx)) as i32;
+                while present.contains(&p) {
+                    p = rng.below(u64::from(ctx)) as i32;
+                }
+                present.remove(&row[col]);
+                present.insert(p);
+                row[col] = p;
+            }
+        }
+        steps.push(cur.clone());
+    }
+    let back: Vec<Vec<i32>> = steps[1..n.saturating_sub(1)]
+        .iter()
+        .rev()
+        .cloned()
+        .collect();
+    steps.extend(back);
+    steps
+}
+
+/// One index group's resolver inputs and state: `r` requests whose pages are all on host.
+struct Group {
+    desc: ResolveDesc,
+    steps: Vec<VulkanBuffer>,
+    req: VulkanBuffer,
+    resident: VulkanBuffer,
+    host_table: VulkanBuffer,
+    hot: VulkanBuffer,
+    dgi: VulkanBuffer,
+    lru: VulkanBuffer,
+    out: [VulkanBuffer; 6],
+}
+
+impl Group {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        dev: &VulkanDevice,
+        rng: &mut Rng,
+        r: u32,
+        k: u32,
+        n: u32,
+        ctx: u32,
+        host_blocks: u32,
+        first_host_block: u32,
+    ) -> Result<Group> {
+        let m = ctx / BLOCK;
+        let w = n.div_ceil(BLOCK);
+        let desc = ResolveDesc {
+            num_tokens: r,
+            top_k: k,
+            num_requests: r,
+            max_pages: m,
+            block_size: BLOCK,
+            hot_slots: n,
+            attention_block_stride: BLOCK,
+            host_num_blocks: host_blocks,
+        };
+        let steps = topk_cycle(rng, r, k, ctx, 8)
+            .iter()
+            .map(|s| upload_i32(dev, s))
+            .collect::<Result<Vec<_>>>()?;
+        let host: Vec<i32> = (0..r * m)
+            .map(|i| (1 + (first_host_block + i) % (host_blocks - 1)) as i32)
+            .collect();
+        let hot: Vec<i32> = (0..r * w).map(|i| 1 + i as i32).collect();
+        let lru: Vec<u8> = (0..r)
+            .flat_map(|_| (0..n as u16).flat_map(|s| s.to_ne_bytes()))
+            .collect();
+        let mut lru_b = dev.alloc(lru.len())?;
+        dev.upload(&mut lru_b, 0, &lru)?;
+        let (tk, t4) = ((r * k * 4) as usize, (r * 4) as usize);
+        Ok(Group {
+            desc,
+            steps,
+            req: upload_i32(dev, &(0..r as i32).collect::<Vec<_>>())?,
+            resident: upload_i32(dev, &vec![0; (r * m) as usize])?,
+            host_table: upload_i32(dev, &host)?,
+            hot: upload_i32(dev, &hot)?,
+            dgi: upload_i32(dev, &vec![-1; (r * n) as usize])?,
+            lru: lru_b,
+            out: [
+                dev.alloc(tk)?,
+                dev.alloc(t4)?,
+                dev.alloc(t4)?,
+                dev.alloc(t4)?,
+                dev.alloc(tk)?,
+                dev.alloc(tk)?,
+            ],
+        })
+    }
+
+    /// Step `i` of the cycle: the resolve, then (with `gather`) the gather of its misses.
+    fn step(
+        &mut self,
+        dev: &VulkanDevice,
+        stream: &<VulkanDevice as Device>::Stream,
+        i: usize,
+        gather: Option<(&[LayerPair], &VulkanHostBuffer, &mut VulkanBuffer)>,
+    ) -> Result<()> {
+        let [indices, valid, hits, misses, src, dst] = &mut self.out;
+        dev.resolve(
+            stream,
+            &self.desc,
+            ResolveArgs {
+                req_id: &self.req,
+                topk: &self.steps[i % self.steps.len()],
+                resident_table: &self.resident,
+                host_table: &self.host_table,
+                hot_table: &self.hot,
+                dgi: &mut self.dgi,
+                lru: &mut self.lru,
+                indices,
+                valid_counts: valid,
+                hit_counts: hits,
+                miss_counts: misses,
+                miss_src: src,
+                miss_dst: dst,
+            },
+        )?;
+        if let Some((layers, host, pool)) = gather {
+            dev.gather_rows(
+                stream,
+                &GatherDesc {
+                    num_tokens: self.desc.num_tokens,
+                    top_k: self.desc.top_k,
+                    layers,
+                },
+                GatherArgs {
+                    plan_src: src,
+                    plan_dst: dst,
+                    plan_counts: misses,
+                    host,
+                    device: pool,
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Device time (median of `runs` timestamped calls), wall and enqueue time and submissions per
+/// call of `op`.
+fn timing(
+    dev: &VulkanDevice,
+    stream: &<VulkanDevice as Device>::Stream,
+    name: String,
+    runs: usize,
+    mut op: impl FnMut(&VulkanDevice, usize) -> Result<()>,
+) -> Result<Timing> {
+    let mut call = 0usize;
+    let mut device = Vec::with_capacity(runs);
+    for _ in 0..runs.max(1) {
+        device.push(dev.timed(|d| op(d, call))?);
+        call += 1;
+    }
+    device.sort();
+    let (wall, enqueue, submissions) = wall_time(dev, stream, 10, |i| op(dev, call + i))?;
+    Ok(Timing {
+        name,
+        device: device[device.len() / 2],
+        wall,
+        enqueue,
+        submissions,
+    })
+}
+
+/// The index paths (remap, resolve, a whole decode step) with each resolver kernel the device
+/// runs.
+fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> Result<()> {
+    let stream = dev.create_stream()?;
+    let mut rng = Rng(0x1d3a);
+    println!(
+        "index paths (device: timestamps; wall: enqueue + synchronisation; enqueue: host only):"
+    );
+    // Remap of 256 rows × top-k 2048 over 32K-token block tables.
+    {
+        let (t, k, m) = (256u32, 2048u32, 512u32);
+        let table: Vec<i32> = (0..t * m).map(|_| 1 + rng.below(100_000) as i32).collect();
+        let topk: Vec<i32> = (0..t * k)
+            .map(|_| rng.below(u64::from(m * BLOCK)) as i32)
+            .collect();
+        let req = upload_i32(dev, &(0..t as i32).collect::<Vec<_>>())?;
+        let (table, topk) = (upload_i32(dev, &table)?, upload_i32(dev, &topk)?);
+        let mut out = dev.alloc((t * k * 4) as usize)?;
+        let mut counts = dev.alloc((t * 4) as usize)?;
+        let desc = RemapDesc {
+            num_tokens: t,
+            top_k: k,
+            table_rows: t,
+            max_blocks: m,
+            block_size: BLOCK,
+            block_stride_rows: 832,
+            idx_mapping_len: None,
+            write_counts: true,
+            compact: false,
+        };
+        let f = timing(
+            dev,
+            &stream,
+            format!("remap {t} rows x top-k {k}"),
+            20,
+            |d, _| {
+                d.remap(
+                    &stream,
+                    &desc,
+                    RemapArgs {
+                        req_id: &req,
+                        block_table: &table,
+                        topk: &topk,
+                        idx_mapping: None,
+                        out: &mut out,
+                        counts: Some(&mut counts),
+                    },
+                )
+            },
+        )?;
+        f.print();
+        r.timings.push(f);
+    }
+    let host_blocks = (host.len() as u64 / PAGE) as u32;
+    let (k, n) = (2048u32, 4096u32);
+    let hot_blocks = 4 * n / BLOCK + 1;
+    let mut pool = dev.alloc((u64::from(hot_blocks) * PAGE) as usize)?;
+    let layers = [LayerPair {
+        host: PageLayout::contiguous(0, PAGE, host_blocks, BLOCK, ROW_BYTES),
+        device: PageLayout::contiguous(0, PAGE, hot_blocks, BLOCK, ROW_BYTES),
+    }];
+    let mut resolve64 = Group::new(dev, &mut rng, 64, k, n, 32768, host_blocks, 0)?;
+    // The default simulation's decode step: 61 groups of 4 requests × 8192 tokens.
+    let mut groups = (0..61u32)
+        .map(|g| Group::new(dev, &mut rng, 4, k, n, 8192, host_blocks, g * 4 * 128))
+        .collect::<Result<Vec<_>>>()?;
+    for kernel in [ResolveKernel::Workgroup, ResolveKernel::Portable] {
+        if let Err(e) = dev.set_resolve_kernel(kernel) {
+            println!("  (resolver {kernel:?} skipped: {e})");
+            continue;
+        }
+        // Warm the states up: a full cycle fills the hot buffers.
+        for i in 0..16 {
+            resolve64.step(dev, &stream, i, None)?;
+            for g in &mut groups {
+                g.step(dev, &stream, i, Some((&layers, host, &mut pool)))?;
+            }
+        }
+        dev.synchronize(&stream)?;
+        let f = timing(
+            dev,
+            &stream,
+            format!("resolve 64 req x top-k {k}, {n} slots, {kernel:?}"),
+            20,
+            |d, i| resolve64.step(d, &stream, i, None),
+        )?;
+        f.print();
+        r.timings.push(f);
+        let f = timing(
+            dev,
+            &stream,
+            format!("decode step 61 x (resolve + gather) 4 req, {kernel:?}"),
+            8,
+            |d, i| {
+                for g in &mut groups {
+                    g.step(d, &stream, i, Some((&layers, host, &mut pool)))?;
+                }
+                Ok(())
+            },
+        )?;
+        f.print();
+        r.timings.push(f);
+    }
+    dev.set_resolve_kernel(ResolveKernel::Auto)?;
     Ok(())
 }
 
@@ -483,12 +844,14 @@ fn run(o: &Opts) -> Result<()> {
         device: dev.device_name().to_string(),
         ceilings: Vec::new(),
         figures: Vec::new(),
+        timings: Vec::new(),
     };
     ceilings(&dev, o.iters, &host, &mut report)?;
     for f in &report.figures {
         report.print_figure(f);
     }
     gathers(&dev, o, &host, host_rows, &mut report)?;
+    index_paths(&dev, &host, &mut report)?;
     drop(host);
     page_copies(&dev, o.iters, &mut report)?;
     if let Some(path) = &o.json

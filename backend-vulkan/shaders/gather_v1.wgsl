@@ -2,7 +2,9 @@
 // entry and layer, a workgroup of 128 lanes handling 4 entries; a 656-byte row (41 words) takes
 // two passes of 16-byte words. Fewer loads in flight than `gather.wgsl` (the default on GPUs),
 // but no per-word division: faster on CPU implementations (lavapipe), whose SIMD lanes
-// scalarise integer division. Same bindings and window scheme as `gather.wgsl`.
+// scalarise integer division. Same bindings and window scheme as `gather.wgsl`. Addresses and
+// layouts are in pool words (`Word`): 16 bytes, or 4 in the 4-byte-word variant (`gather_v1w`),
+// which split rows whose scale part is not a multiple of 16 bytes take.
 struct Params {
     num_tokens: u32,
     top_k: u32,
@@ -17,7 +19,7 @@ struct Params {
 }
 
 // Per layer, 16 words: host layout then device layout, each
-// [base16, stride16, num_blocks, block_size, row16, value16, index_stride, 0].
+// [base, stride, num_blocks, block_size, row, value, index_stride, 0], byte sizes in pool words.
 var<immediate> pc: Params;
 @group(0) @binding(0) var<storage, read> plan_src: array<i32>;
 @group(0) @binding(1) var<storage, read> plan_dst: array<i32>;
@@ -33,7 +35,7 @@ struct Row {
     scale: u32,
 }
 
-// Where flat row `row` of the layout at word `l` lies: value and scale parts in 16-byte units.
+// Where flat row `row` of the layout at word `l` lies: value and scale parts in pool words.
 fn locate(l: u32, row: i32) -> Row {
     var r = Row(false, 0u, 0u);
     if (row < 0) {
@@ -55,7 +57,7 @@ fn locate(l: u32, row: i32) -> Row {
 }
 
 // Per row slot of the workgroup, computed once by the slot's first lane:
-// (copy?, dst value, dst scale, src ok?) and (src value, src scale, row16, value16).
+// (copy?, dst value, dst scale, src ok?) and (src value, src scale, row words, value words).
 var<workgroup> slot_dst: array<vec4<u32>, 4>;
 var<workgroup> slot_src: array<vec4<u32>, 4>;
 
@@ -119,7 +121,7 @@ fn main(
                 store_b(dw, load_a(sw));
             }
         } else if (pc.a_base == 0u) {
-            store_b(dw, vec4<u32>(0u));
+            store_b(dw, Word(0u));
         }
     }
 }

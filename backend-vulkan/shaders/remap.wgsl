@@ -1,6 +1,8 @@
-// Index remap (hisparse_core::ops::remap): one workgroup per token row. Without compaction every
-// invocation maps its entries independently and the valid count is one workgroup atomic; with
-// compaction, chunks of 64 entries are placed by a workgroup scan.
+// Index remap (hisparse_core::ops::remap): one workgroup of 256 invocations per token row, eight
+// consecutive entries per invocation per chunk of 2048: an invocation issues its eight top-k loads,
+// then its eight (independent) block-table loads, then its stores, so a decode row of 2048 entries
+// costs two dependent memory round trips. Without compaction the valid count is one workgroup
+// atomic; with compaction each chunk's valid entries are placed by a workgroup scan.
 struct Params {
     num_tokens: u32,
     top_k: u32,
@@ -22,9 +24,14 @@ var<immediate> pc: Params;
 @group(0) @binding(4) var<storage, read_write> out_rows: array<i32>;
 @group(0) @binding(5) var<storage, read_write> counts: array<i32>;
 
-const W: u32 = 64u;
-var<workgroup> sc: array<u32, 64>;
+const W: u32 = 256u;
+const IK: u32 = 8u;
+const CHUNK: u32 = 2048u; // W * IK
+// The compaction scan: values in groups of 32 invocations, then the group totals.
+var<workgroup> sc: array<u32, 256>;
+var<workgroup> tot: array<u32, 8>;
 var<workgroup> valid: atomic<u32>;
+var<private> scan_total: u32;
 
 fn map_token(row: u32, tok: i32) -> i32 {
     if (tok < 0) {
@@ -38,7 +45,34 @@ fn map_token(row: u32, tok: i32) -> i32 {
     return phys_row(block, pc.block_stride, u32(tok) % pc.block_size);
 }
 
-@compute @workgroup_size(64)
+// Exclusive workgroup scan of f in invocation order (two barriers); the total to scan_total.
+fn scan(lid: u32, f: u32) -> u32 {
+    sc[lid] = f;
+    workgroupBarrier();
+    if (lid < W / 32u) {
+        var acc = 0u;
+        for (var i = 0u; i < 32u; i = i + 1u) {
+            let x = sc[lid * 32u + i];
+            sc[lid * 32u + i] = acc;
+            acc = acc + x;
+        }
+        tot[lid] = acc;
+    }
+    workgroupBarrier();
+    var before = 0u;
+    var sum = 0u;
+    for (var i = 0u; i < W / 32u; i = i + 1u) {
+        let x = tot[i];
+        if (i < lid / 32u) {
+            before = before + x;
+        }
+        sum = sum + x;
+    }
+    scan_total = sum;
+    return before + sc[lid];
+}
+
+@compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -64,64 +98,58 @@ fn main(
             row = req;
         }
     }
-    if (!compact) {
-        if (lid == 0u) {
-            atomicStore(&valid, 0u);
-        }
-        workgroupBarrier();
-        var n = 0u;
-        for (var j = lid; j < k; j = j + W) {
-            var v = -1;
-            if (row >= 0) {
-                v = map_token(u32(row), topk[t * k + j]);
+    if (lid == 0u) {
+        atomicStore(&valid, 0u);
+    }
+    workgroupBarrier();
+    var n_all = 0u;
+    var base = 0u;
+    for (var c0 = 0u; c0 < k; c0 = c0 + CHUNK) {
+        let j0 = c0 + lid * IK;
+        var tok: array<i32, 8>;
+        for (var i = 0u; i < IK; i = i + 1u) {
+            tok[i] = -1;
+            if (row >= 0 && j0 + i < k) {
+                tok[i] = topk[t * k + j0 + i];
             }
-            out_rows[t * k + j] = v;
-            n = n + select(0u, 1u, v != -1);
         }
-        atomicAdd(&valid, n);
+        var v: array<i32, 8>;
+        var n = 0u;
+        for (var i = 0u; i < IK; i = i + 1u) {
+            v[i] = -1;
+            if (row >= 0) {
+                v[i] = map_token(u32(row), tok[i]);
+            }
+            n = n + select(0u, 1u, v[i] != -1);
+        }
+        if (!compact) {
+            for (var i = 0u; i < IK; i = i + 1u) {
+                if (j0 + i < k) {
+                    out_rows[t * k + j0 + i] = v[i];
+                }
+            }
+            n_all = n_all + n;
+        } else {
+            var at = base + scan(lid, n);
+            for (var i = 0u; i < IK; i = i + 1u) {
+                if (v[i] != -1) {
+                    out_rows[t * k + at] = v[i];
+                    at = at + 1u;
+                }
+            }
+            base = base + scan_total;
+        }
+    }
+    if (!compact) {
+        atomicAdd(&valid, n_all);
         workgroupBarrier();
         if ((pc.flags & 1u) != 0u && lid == 0u) {
             counts[t] = i32(atomicLoad(&valid));
         }
         return;
     }
-    var base = 0u;
-    for (var j0 = 0u; j0 < k; j0 = j0 + W) {
-        let j = j0 + lid;
-        var v = -1;
-        if (j < k && row >= 0) {
-            v = map_token(u32(row), topk[t * k + j]);
-        }
-        let f = select(0u, 1u, j < k && v != -1);
-        sc[lid] = f;
-        workgroupBarrier();
-        for (var o = 1u; o < W; o = o * 2u) {
-            var x = 0u;
-            if (lid >= o) {
-                x = sc[lid - o];
-            }
-            workgroupBarrier();
-            sc[lid] = sc[lid] + x;
-            workgroupBarrier();
-        }
-        let incl = sc[lid];
-        let total = sc[W - 1u];
-        workgroupBarrier();
-        if (j < k) {
-            if (compact) {
-                if (v != -1) {
-                    out_rows[t * k + base + incl - 1u] = v;
-                }
-            } else {
-                out_rows[t * k + j] = v;
-            }
-        }
-        base = base + total;
-    }
-    if (compact) {
-        for (var j = base + lid; j < k; j = j + W) {
-            out_rows[t * k + j] = -1;
-        }
+    for (var j = base + lid; j < k; j = j + W) {
+        out_rows[t * k + j] = -1;
     }
     if ((pc.flags & 1u) != 0u && lid == 0u) {
         counts[t] = i32(base);

@@ -60,7 +60,9 @@ const IK: u32 = 2u;
 const IN: u32 = 4u;
 const EF: u32 = 2048u; // W * IK
 const NF: u32 = 4096u; // W * IN
-// Workgroup-mode limits: hash-table capacity (load factor at most 0.8), rows, hot-table columns.
+// Workgroup-mode limits: hash-table capacity (build.rs makes a 2560-entry variant for devices
+// with 32 KiB of workgroup memory, load factor up to 0.8, and a 4096-entry one, load factor up to
+// 0.5, for devices with 44 KiB), rows, hot-table columns.
 const TC: u32 = 2560u;
 const MAXR: u32 = 32u;
 const HOTC: u32 = 256u;

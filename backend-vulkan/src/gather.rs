@@ -5,7 +5,9 @@
 //! plan entries over a workgroup with eight loads in flight per invocation, as the CUDA kernel
 //! does; `v1` (`shaders/gather_v1.wgsl`) gives each entry 32 lanes. On GPUs `v2` keeps more bytes
 //! in flight across the bus; on CPU implementations (lavapipe) `v1` is several times faster,
-//! because `v2`'s per-word division is scalarised there.
+//! because `v2`'s per-word division is scalarised there. Split rows whose scale part is not a
+//! multiple of 16 bytes (DeepSeek V4's 576 + 8-byte rows, its indexer's 128 + 4) run `v1` over
+//! 4-byte pool words (`gather_v1w`), whatever the choice.
 
 use std::sync::atomic::Ordering;
 
@@ -60,23 +62,31 @@ impl GatherKernel {
 /// Plan entries one workgroup copies (keep in sync with `ROWS` in `shaders/gather.wgsl`).
 const ROWS_PER_GROUP: u32 = 16;
 
-/// Layout words for the gather shader (16-byte units).
-fn layout_words(l: &PageLayout) -> Result<[u32; 8]> {
+/// Layout words for the gather shader, sizes in pool words of `unit` bytes (16, or 4 for split
+/// rows whose scale part is not a multiple of 16).
+fn layout_words(l: &PageLayout, unit: u64) -> Result<[u32; 8]> {
     let stride = if l.num_blocks > 1 {
-        u32_of(l.block_stride / 16, "layout.block_stride / 16")?
+        u32_of(l.block_stride / unit, "layout.block_stride in pool words")?
     } else {
         0
     };
+    let unit32 = unit as u32;
     Ok([
-        u32_of(l.base / 16, "layout.base / 16")?,
+        u32_of(l.base / unit, "layout.base in pool words")?,
         stride,
         l.num_blocks,
         l.block_size,
-        l.row_bytes / 16,
-        l.value_bytes / 16,
+        l.row_bytes / unit32,
+        l.value_bytes / unit32,
         l.index_stride_rows,
         0,
     ])
+}
+
+/// Whether a layout's rows need 4-byte pool words: split rows whose scale part is not a multiple
+/// of 16 bytes (values are always a multiple of 16).
+fn needs_words(l: &PageLayout) -> bool {
+    !(l.row_bytes - l.value_bytes).is_multiple_of(16)
 }
 
 impl VulkanDevice {
@@ -102,10 +112,17 @@ impl VulkanDevice {
         if tk == 0 || desc.layers.is_empty() {
             return Ok(());
         }
-        let v2 = match self.gather_kernel() {
-            GatherKernel::Auto => self.ctx.limits.gpu,
-            k => k == GatherKernel::V2,
-        };
+        // 4-byte words for rows with 4-byte scale parts (on the v1 kernel), else 16-byte words.
+        let words = desc
+            .layers
+            .iter()
+            .any(|l| needs_words(&l.host) || needs_words(&l.device));
+        let unit: u64 = if words { 4 } else { 16 };
+        let v2 = !words
+            && match self.gather_kernel() {
+                GatherKernel::Auto => self.ctx.limits.gpu,
+                k => k == GatherKernel::V2,
+            };
         let row_chunks = desc.top_k.div_ceil(ROWS_PER_GROUP);
         // v2: one workgroup per (layer, token, 16 entries); v1: four entries per workgroup.
         let (work, groups) = if v2 {
@@ -123,13 +140,22 @@ impl VulkanDevice {
         };
         let mut layer_words = Vec::with_capacity(desc.layers.len() * 16);
         for l in desc.layers {
-            layer_words.extend(layout_words(&l.host)?);
-            layer_words.extend(layout_words(&l.device)?);
+            layer_words.extend(layout_words(&l.host, unit)?);
+            layer_words.extend(layout_words(&l.device, unit)?);
         }
         let host = args.host.raw();
         let dev = args.device.raw();
+        let largest = host.size.max(dev.size);
+        if words && largest > unit << 32 {
+            return Err(VulkanError::Unsupported(format!(
+                "gather_rows: rows with a scale part that is not a multiple of 16 bytes are \
+                 addressed in 32-bit counts of 4-byte words, so pools of at most 16 GiB; this \
+                 pool has {largest} bytes (for `hisparse simulate`: a smaller --gpu-mem or \
+                 --host-mem)"
+            )));
+        }
         let pools = PoolPlan::new(&self.ctx.limits, host.size, dev.size, 4, "gather_rows")?;
-        let (shift, mask) = pools.shift_mask();
+        let (shift, mask) = pools.shift_mask_words(unit);
         let index = [
             self.bind_index(args.plan_src.raw(), 4 * tk, "plan_src")?,
             self.bind_index(args.plan_dst.raw(), 4 * tk, "plan_dst")?,
@@ -151,7 +177,9 @@ impl VulkanDevice {
                     a,
                     b,
                 ];
-                let shader = if v2 {
+                let shader = if words {
+                    Shader::GatherV1Words(pools.windows)
+                } else if v2 {
                     Shader::Gather(pools.windows)
                 } else {
                     Shader::GatherV1(pools.windows)

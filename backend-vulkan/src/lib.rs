@@ -16,9 +16,10 @@
 //!   dedicated transfer queue where the device has one; an event is a timeline value, and
 //!   waiting for it adds a semaphore wait to the waiting stream's next submission. Work is
 //!   recorded into one open command buffer per stream and submitted when the device has caught
-//!   up with the stream, when 64 commands accumulated, or when something observes it, so a
-//!   decode step costs few submissions; inside a command buffer a command waits behind a barrier
-//!   only when it depends on an earlier one. Synchronous calls wait for every stream. The
+//!   up with the stream (once 16 commands accumulated, or 50 µs after the stream's last
+//!   submission), when 64 commands accumulated, or when something observes it, so a decode step
+//!   costs few submissions; inside a command buffer a command waits behind a barrier only when it
+//!   depends on an earlier one. Synchronous calls wait for every stream. The
 //!   execution model is described in full in the docs of the `vk` module.
 //! * **Copies** of many small regions (page backups and restores, row mirrors, host
 //!   copy-on-write) and device-to-device copies run as a copy shader on GPUs; large contiguous
@@ -29,7 +30,7 @@
 //!   device's storage buffers per stage are processed in several dispatches, each covering a
 //!   group of windows (module `windows`). Shaders address pools up to 64 GiB.
 //! * **Kernel choices**: the resolver is one dispatch with its per-request state in workgroup
-//!   memory where the device runs 1024-invocation workgroups, else a grouping pass and a
+//!   memory on GPUs that run 1024-invocation workgroups, else a grouping pass and a
 //!   256-invocation kernel ([`ResolveKernel`], [`RESOLVE_KERNEL_ENV`]); its workgroup scans use
 //!   subgroup arithmetic where the device has it ([`RESOLVE_SCAN_ENV`]); the gather runs kernel
 //!   `v2` on GPUs and `v1` on CPU devices ([`GatherKernel`], [`GATHER_KERNEL_ENV`]);
@@ -113,6 +114,9 @@ pub struct TestShape {
     pub lanes: Option<(usize, bool)>,
     /// Run the resolver's scans without subgroup arithmetic, as on devices that lack it.
     pub no_subgroups: bool,
+    /// Offer at most this many bytes of workgroup memory (the resolver then takes the variant
+    /// that fits, or the portable kernel).
+    pub workgroup_memory: Option<u32>,
     /// A deliberate bug: `wait_event` does nothing. Shows that the stream cases catch a backend
     /// that ignores event waits; never for real work.
     pub ignore_event_waits: bool,
@@ -338,6 +342,11 @@ impl VulkanDevice {
         if shape.no_subgroups {
             ctx.limits.subgroup_arithmetic = false;
         }
+        if let Some(bytes) = shape.workgroup_memory {
+            let l = &mut ctx.limits;
+            l.workgroup_resolver &= bytes >= vk::RESOLVE_WG_SHARED_BYTES;
+            l.workgroup_resolver_large &= bytes >= vk::RESOLVE_WG_LARGE_SHARED_BYTES;
+        }
         ctx.ignore_event_waits = shape.ignore_event_waits;
         Self::with_context(ctx)
     }
@@ -375,6 +384,14 @@ impl VulkanDevice {
     /// Compute queues streams are spread over.
     pub fn compute_queues(&self) -> usize {
         self.ctx.compute_lanes()
+    }
+
+    /// Queue submissions this device has made so far (batches of recorded work; a diagnostic:
+    /// benches divide it by the calls they made).
+    pub fn submissions(&self) -> u64 {
+        self.ctx
+            .submissions
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the device has a dedicated transfer queue (copy-only batches run there).

@@ -1,8 +1,9 @@
 //! The resolver (`resolve`): residency resolve with the per-request hot-state update, as one of
 //! two kernels ([`ResolveKernel`]).
 //!
-//! * **Workgroup** (`shaders/resolve_wg.wgsl`, the default where the device runs workgroups of
-//!   1024 invocations with 32 KiB of workgroup memory): one dispatch; per request one workgroup
+//! * **Workgroup** (`shaders/resolve_wg.wgsl`, the default on GPUs that run workgroups of 1024
+//!   invocations with 32 KiB of workgroup memory; with 44 KiB its hash table is larger, at most
+//!   half full): one dispatch; per request one workgroup
 //!   keeps the wanted-row hash table, the evictable list and the LRU bitmap in workgroup memory
 //!   and its entries and LRU positions in registers, as the CUDA kernel does, so a decode-sized
 //!   request (top-k up to 2048, up to 4096 hot slots) costs a handful of dependent device-memory
@@ -10,8 +11,10 @@
 //!   same phases with those arrays in a scratch buffer (global mode), decided per request on the
 //!   device.
 //! * **Portable** (`shaders/resolve_prep.wgsl` + `shaders/resolve.wgsl`, for devices with
-//!   smaller workgroups): a grouping pass, then one 256-invocation workgroup per request with
-//!   every array in the scratch buffer.
+//!   smaller workgroups, and the default on CPU devices: lavapipe runs a workgroup's invocations
+//!   on one thread, so a request's 1024 invocations there take longer than 256 of the portable
+//!   kernel): a grouping pass, then one 256-invocation workgroup per request with every array in
+//!   the scratch buffer.
 //!
 //! Both give results identical to the reference; [`RESOLVE_KERNEL_ENV`] chooses for comparisons,
 //! and `global` forces the workgroup kernel's global mode for every request (tests cover that
@@ -33,7 +36,7 @@ pub const RESOLVE_KERNEL_ENV: &str = "HISPARSE_VULKAN_RESOLVE";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ResolveKernel {
-    /// `Workgroup` where the device can run it, else `Portable`.
+    /// `Workgroup` on GPUs that can run it, else `Portable`.
     Auto = 0,
     /// One dispatch, per-request state in workgroup memory where the request fits.
     Workgroup = 1,
@@ -84,7 +87,9 @@ impl VulkanDevice {
     /// The resolver in use ([`ResolveKernel::Auto`] resolved for this device).
     pub fn resolve_kernel(&self) -> ResolveKernel {
         match ResolveKernel::from_u8(self.resolve_kernel.load(Ordering::Relaxed)) {
-            ResolveKernel::Auto if self.ctx.limits.workgroup_resolver => ResolveKernel::Workgroup,
+            ResolveKernel::Auto if self.ctx.limits.workgroup_resolver && self.ctx.limits.gpu => {
+                ResolveKernel::Workgroup
+            }
             ResolveKernel::Auto => ResolveKernel::Portable,
             k => k,
         }
@@ -190,10 +195,12 @@ impl VulkanDevice {
         let group_by_request = desc.num_requests <= desc.num_tokens;
         let flags = u32::from(group_by_request) | u32::from(fast) << 1;
         let push = Self::resolve_push(desc, flags);
-        let shader = if self.ctx.limits.subgroup_arithmetic {
-            Shader::ResolveWgSubgroup
-        } else {
-            Shader::ResolveWg
+        let l = &self.ctx.limits;
+        let shader = match (l.workgroup_resolver_large, l.subgroup_arithmetic) {
+            (true, true) => Shader::ResolveWgLargeSubgroup,
+            (true, false) => Shader::ResolveWgLarge,
+            (false, true) => Shader::ResolveWgSubgroup,
+            (false, false) => Shader::ResolveWg,
         };
         self.ctx.record(s, Engine::Compute, |rec| {
             b.push(Binding {

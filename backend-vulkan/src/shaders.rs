@@ -75,10 +75,15 @@ pub enum Shader {
     Resolve,
     /// Resolve pass 2 with its workgroup scans on subgroup arithmetic (devices that have it).
     ResolveSubgroup,
-    /// Resolve in one dispatch of 1024-invocation workgroups, state in workgroup memory.
+    /// Resolve in one dispatch of 1024-invocation workgroups, state in workgroup memory (a
+    /// 2560-entry hash table: 32 KiB of workgroup memory).
     ResolveWg,
     /// [`Shader::ResolveWg`] with its scans on subgroup arithmetic.
     ResolveWgSubgroup,
+    /// [`Shader::ResolveWg`] with a 4096-entry hash table (44 KiB of workgroup memory).
+    ResolveWgLarge,
+    /// [`Shader::ResolveWgLarge`] with its scans on subgroup arithmetic.
+    ResolveWgLargeSubgroup,
     /// Sparse `i32` table writes.
     TableWrite,
     /// Hot-state reset (`dgi` to -1, LRU to the identity).
@@ -88,13 +93,16 @@ pub enum Shader {
     Gather(Windows),
     /// Miss-plan gather, first design: 32 lanes per plan entry (the default on CPU devices).
     GatherV1(Windows),
+    /// [`Shader::GatherV1`] over 4-byte pool words, for split rows whose scale part is not a
+    /// multiple of 16 bytes (DeepSeek V4's 576 + 8).
+    GatherV1Words(Windows),
     /// Region copies between two pools (or within one).
     Copy(Windows),
 }
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 22] = [
+    pub const ALL: [Shader; 28] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
@@ -105,6 +113,8 @@ impl Shader {
         Shader::HotReset,
         Shader::ResolveWg,
         Shader::ResolveWgSubgroup,
+        Shader::ResolveWgLarge,
+        Shader::ResolveWgLargeSubgroup,
         Shader::Gather(Windows::One),
         Shader::Gather(Windows::Eight),
         Shader::Gather(Windows::Twelve),
@@ -113,6 +123,10 @@ impl Shader {
         Shader::GatherV1(Windows::Eight),
         Shader::GatherV1(Windows::Twelve),
         Shader::GatherV1(Windows::ThirtyTwo),
+        Shader::GatherV1Words(Windows::One),
+        Shader::GatherV1Words(Windows::Eight),
+        Shader::GatherV1Words(Windows::Twelve),
+        Shader::GatherV1Words(Windows::ThirtyTwo),
         Shader::Copy(Windows::One),
         Shader::Copy(Windows::Eight),
         Shader::Copy(Windows::Twelve),
@@ -132,9 +146,12 @@ impl Shader {
             Shader::HotReset => 7,
             Shader::ResolveWg => 8,
             Shader::ResolveWgSubgroup => 9,
-            Shader::Gather(w) => 10 + w.slot(),
-            Shader::GatherV1(w) => 14 + w.slot(),
-            Shader::Copy(w) => 18 + w.slot(),
+            Shader::ResolveWgLarge => 10,
+            Shader::ResolveWgLargeSubgroup => 11,
+            Shader::Gather(w) => 12 + w.slot(),
+            Shader::GatherV1(w) => 16 + w.slot(),
+            Shader::GatherV1Words(w) => 20 + w.slot(),
+            Shader::Copy(w) => 24 + w.slot(),
         }
     }
 
@@ -151,6 +168,8 @@ impl Shader {
             Shader::HotReset => "hot_reset",
             Shader::ResolveWg => "resolve_wg",
             Shader::ResolveWgSubgroup => "resolve_wg_sg",
+            Shader::ResolveWgLarge => "resolve_wg_large",
+            Shader::ResolveWgLargeSubgroup => "resolve_wg_large_sg",
             Shader::Gather(Windows::One) => "gather_1",
             Shader::Gather(Windows::Eight) => "gather_8",
             Shader::Gather(Windows::Twelve) => "gather_12",
@@ -159,6 +178,10 @@ impl Shader {
             Shader::GatherV1(Windows::Eight) => "gather_v1_8",
             Shader::GatherV1(Windows::Twelve) => "gather_v1_12",
             Shader::GatherV1(Windows::ThirtyTwo) => "gather_v1_32",
+            Shader::GatherV1Words(Windows::One) => "gather_v1w_1",
+            Shader::GatherV1Words(Windows::Eight) => "gather_v1w_8",
+            Shader::GatherV1Words(Windows::Twelve) => "gather_v1w_12",
+            Shader::GatherV1Words(Windows::ThirtyTwo) => "gather_v1w_32",
             Shader::Copy(Windows::One) => "copy_1",
             Shader::Copy(Windows::Eight) => "copy_8",
             Shader::Copy(Windows::Twelve) => "copy_12",
@@ -179,6 +202,8 @@ impl Shader {
             Shader::HotReset => spirv!("hot_reset"),
             Shader::ResolveWg => spirv!("resolve_wg"),
             Shader::ResolveWgSubgroup => spirv!("resolve_wg_sg"),
+            Shader::ResolveWgLarge => spirv!("resolve_wg_large"),
+            Shader::ResolveWgLargeSubgroup => spirv!("resolve_wg_large_sg"),
             Shader::Gather(Windows::One) => spirv!("gather_1"),
             Shader::Gather(Windows::Eight) => spirv!("gather_8"),
             Shader::Gather(Windows::Twelve) => spirv!("gather_12"),
@@ -187,6 +212,10 @@ impl Shader {
             Shader::GatherV1(Windows::Eight) => spirv!("gather_v1_8"),
             Shader::GatherV1(Windows::Twelve) => spirv!("gather_v1_12"),
             Shader::GatherV1(Windows::ThirtyTwo) => spirv!("gather_v1_32"),
+            Shader::GatherV1Words(Windows::One) => spirv!("gather_v1w_1"),
+            Shader::GatherV1Words(Windows::Eight) => spirv!("gather_v1w_8"),
+            Shader::GatherV1Words(Windows::Twelve) => spirv!("gather_v1w_12"),
+            Shader::GatherV1Words(Windows::ThirtyTwo) => spirv!("gather_v1w_32"),
             Shader::Copy(Windows::One) => spirv!("copy_1"),
             Shader::Copy(Windows::Eight) => spirv!("copy_8"),
             Shader::Copy(Windows::Twelve) => spirv!("copy_12"),
@@ -202,10 +231,13 @@ impl Shader {
             Shader::Invalidate => 2,
             Shader::ResolvePrep => 3,
             Shader::Resolve | Shader::ResolveSubgroup => 21,
-            Shader::ResolveWg | Shader::ResolveWgSubgroup => 14,
+            Shader::ResolveWg
+            | Shader::ResolveWgSubgroup
+            | Shader::ResolveWgLarge
+            | Shader::ResolveWgLargeSubgroup => 14,
             Shader::TableWrite => 2,
             Shader::HotReset => 3,
-            Shader::Gather(w) | Shader::GatherV1(w) => 4 + 2 * w.count(),
+            Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => 4 + 2 * w.count(),
             Shader::Copy(w) => 1 + 2 * w.count(),
         }
     }
@@ -219,8 +251,13 @@ impl Shader {
             Shader::Invalidate | Shader::TableWrite => b == 1,
             Shader::ResolvePrep | Shader::HotReset => b >= 1,
             Shader::Resolve | Shader::ResolveSubgroup => (5..=12).contains(&b) || b >= 15,
-            Shader::ResolveWg | Shader::ResolveWgSubgroup => b >= 5,
-            Shader::Gather(w) | Shader::GatherV1(w) => b >= 4 + w.count(),
+            Shader::ResolveWg
+            | Shader::ResolveWgSubgroup
+            | Shader::ResolveWgLarge
+            | Shader::ResolveWgLargeSubgroup => b >= 5,
+            Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => {
+                b >= 4 + w.count()
+            }
             // Binding 0 is the tile list, then `count` source windows.
             Shader::Copy(w) => b > w.count(),
         }
@@ -235,9 +272,11 @@ impl Shader {
             Shader::Resolve
             | Shader::ResolveSubgroup
             | Shader::ResolveWg
-            | Shader::ResolveWgSubgroup => 10,
+            | Shader::ResolveWgSubgroup
+            | Shader::ResolveWgLarge
+            | Shader::ResolveWgLargeSubgroup => 10,
             Shader::HotReset | Shader::Copy(_) => 6,
-            Shader::Gather(_) | Shader::GatherV1(_) => 8,
+            Shader::Gather(_) | Shader::GatherV1(_) | Shader::GatherV1Words(_) => 8,
         }
     }
 }

@@ -111,10 +111,15 @@ impl PoolPlan {
 
     /// `(chunk_shift, chunk_mask)` of a window in 16-byte words (unused by [`Windows::One`]).
     pub fn shift_mask(&self) -> (u32, u32) {
+        self.shift_mask_words(16)
+    }
+
+    /// `(chunk_shift, chunk_mask)` of a window in words of `word_bytes` bytes.
+    pub fn shift_mask_words(&self, word_bytes: u64) -> (u32, u32) {
         if self.windows == Windows::One {
             return (31, u32::MAX);
         }
-        let words = self.window / 16;
+        let words = self.window / word_bytes;
         (words.trailing_zeros(), (words - 1) as u32)
     }
 
@@ -163,6 +168,7 @@ mod tests {
             memory_budget: false,
             subgroup_arithmetic: false,
             workgroup_resolver: false,
+            workgroup_resolver_large: false,
         }
     }
 

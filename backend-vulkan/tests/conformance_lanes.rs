@@ -3,7 +3,8 @@
 //! share them): on a single-queue device such as lavapipe this runs the multi-queue routing —
 //! copy-only batches on the transfer lane, a batch moving to a compute lane when compute work
 //! follows, cross-lane semaphore waits — that a GPU with several queues takes. The resolver is the
-//! portable two-pass kernel (the one devices without 1024-invocation workgroups run).
+//! one-dispatch workgroup kernel, the default on GPUs (lavapipe's own default is the portable
+//! kernel).
 
 use hisparse_backend_vulkan::{ResolveKernel, TestShape, VulkanDevice};
 
@@ -15,6 +16,6 @@ hisparse_conformance::conformance_main!(|| {
             ..TestShape::default()
         },
     )?;
-    dev.set_resolve_kernel(ResolveKernel::Portable)?;
+    dev.set_resolve_kernel(ResolveKernel::Workgroup)?;
     Ok(dev)
 });

@@ -2,8 +2,8 @@
 //! neighbouring requests then share 32-bit words, which the shader updates with atomics. Checked
 //! bit-exactly against the core reference over several steps, with shuffled and padding rows, a
 //! corrupt LRU, duplicates, resident pages, host blocks beyond the pool and cached rows beyond it.
-//! Every resolver runs it: the one-dispatch kernel (workgroup mode, with subgroup and with plain
-//! scans, and global mode) and the portable two-pass kernel.
+//! Every resolver runs it: the one-dispatch kernel (workgroup mode with the device's hash table,
+//! with the 32 KiB one, with plain scans, and global mode) and the portable two-pass kernel.
 
 use hisparse_backend_vulkan::{ResolveKernel, TestShape, VulkanBuffer, VulkanDevice};
 use hisparse_core::ops::resolve::resolve;
@@ -64,8 +64,13 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
         no_subgroups: true,
         ..TestShape::default()
     };
+    let small = TestShape {
+        workgroup_memory: Some(32 << 10),
+        ..TestShape::default()
+    };
     let runs = [
         ("workgroup", TestShape::default(), ResolveKernel::Workgroup),
+        ("workgroup, 32 KiB", small, ResolveKernel::Workgroup),
         ("workgroup, plain scans", plain, ResolveKernel::Workgroup),
         ("global mode", TestShape::default(), ResolveKernel::Global),
         ("portable", TestShape::default(), ResolveKernel::Portable),

@@ -42,5 +42,5 @@ fn embedded_spirv_passes_spirv_val() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     // 8 shaders (two resolvers) plus 4 window variants each of the two gathers and of copy.
-    assert_eq!(checked, 22, "every shader is checked");
+    assert_eq!(checked, 28, "every shader is checked");
 }

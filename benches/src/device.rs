@@ -4,8 +4,9 @@
 //! usually do; the *device bandwidth* counts bytes read plus bytes written (SPEC §6: "≈ 4.2 TB/s
 //! read + write" on an H200), and the remap and resolver figures count the bytes they must read and
 //! write the same way, so they compare like with like. Each figure is the median of `iters`
-//! samples; a sample enqueues the operation `reps` times (chosen so a sample lasts ≥ ~2 ms) and
-//! then synchronises, so launch latency is amortised as it is on a real decode stream.
+//! samples; a sample enqueues the operation `reps` times (calibrated after a warm-up call so a
+//! sample lasts about 2 ms) and then synchronises, so launch latency is amortised as it is on a
+//! real decode stream.
 
 use std::time::{Duration, Instant};
 
@@ -137,20 +138,38 @@ impl Rng {
     }
 }
 
-/// Median seconds per call of `op`: warm-up, then `iters` samples of `reps` calls each.
+/// Median seconds per call of `op`: a warm-up call (which pays one-time costs: pipeline or module
+/// creation, scratch allocation), a calibration that doubles a burst of calls until it lasts half a
+/// sample, then `iters` samples of `reps` calls each, `reps` sized from the calibration so a sample
+/// lasts about `sample_time`. (Sizing `reps` from the warm-up call alone made samples of one or two
+/// calls whenever the first call was slow, so the per-sample synchronisation was not amortised.)
 fn time<D: Device>(
     dev: &D,
     stream: &D::Stream,
     cfg: &BenchConfig,
     mut op: impl FnMut(usize) -> Result<(), D::Error>,
 ) -> Result<f64, D::Error> {
+    const MAX_REPS: usize = 1000;
     let mut call = 0usize;
-    let t0 = Instant::now();
     op(call)?;
     call += 1;
     dev.synchronize(stream)?;
-    let once = t0.elapsed().as_secs_f64().max(1e-9);
-    let reps = ((cfg.sample_time.as_secs_f64() / once).ceil() as usize).clamp(1, 1000);
+    let target = cfg.sample_time.as_secs_f64();
+    let mut burst = 1usize;
+    let per_call = loop {
+        let t = Instant::now();
+        for _ in 0..burst {
+            op(call)?;
+            call += 1;
+        }
+        dev.synchronize(stream)?;
+        let took = t.elapsed().as_secs_f64().max(1e-9);
+        if took >= target / 2.0 || burst >= MAX_REPS {
+            break took / burst as f64;
+        }
+        burst *= 2;
+    };
+    let reps = ((target / per_call).ceil() as usize).clamp(1, MAX_REPS);
     let mut samples = Vec::with_capacity(cfg.iters);
     for _ in 0..cfg.iters.max(1) {
         let t = Instant::now();

@@ -391,6 +391,9 @@ impl Context {
         let max_range = u64::from(props.limits.max_storage_buffer_range);
         let window = 1u64 << (63 - max_range.min(1 << 31).leading_zeros());
         let ty = props.device_type;
+        let wide = props.limits.max_compute_work_group_invocations >= 1024
+            && props.limits.max_compute_work_group_size[0] >= 1024;
+        let shared = props.limits.max_compute_shared_memory_size;
         let limits = Limits {
             max_storage_range: max_range,
             window,
@@ -413,9 +416,8 @@ impl Context {
                 && subgroup.supported_operations.contains(
                     vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC,
                 ),
-            workgroup_resolver: props.limits.max_compute_work_group_invocations >= 1024
-                && props.limits.max_compute_work_group_size[0] >= 1024
-                && props.limits.max_compute_shared_memory_size >= RESOLVE_WG_SHARED_BYTES,
+            workgroup_resolver: wide && shared >= RESOLVE_WG_SHARED_BYTES,
+            workgroup_resolver_large: wide && shared >= RESOLVE_WG_LARGE_SHARED_BYTES,
         };
         let driver_name = c_name(&driver.driver_name);
         let full_name = if driver_name.is_empty() {
@@ -484,6 +486,7 @@ impl Context {
             strict: false,
             ignore_event_waits: false,
             checked: AtomicUsize::new(0),
+            submissions: AtomicU64::new(0),
         })
     }
 

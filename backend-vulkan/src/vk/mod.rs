@@ -13,9 +13,12 @@
 //!   of the stream waits for the stream's previous value and signals the next, so the stream's
 //!   work runs in order whichever lane each submission went to. A stream records into one open
 //!   command buffer (a *batch*) and submits it when the device has finished the stream's previous
-//!   submission (the device would otherwise idle), when the batch holds
-//!   [`FLUSH_COMMANDS`] commands, and whenever something must observe it (a synchronisation, an
-//!   event another stream waits for or the host polls). A batch of copy commands only may go to
+//!   submission (the device would otherwise idle) and the batch is worth a submission (it holds
+//!   [`IDLE_BATCH_COMMANDS`] commands, or the stream submitted nothing for [`IDLE_GAP`]: a
+//!   submission costs the host several microseconds, more than a small kernel runs, so commands
+//!   recorded in quick succession go together), when the batch holds [`FLUSH_COMMANDS`]
+//!   commands, and whenever something must observe it (a synchronisation, an event another
+//!   stream waits for or the host polls). A batch of copy commands only may go to
 //!   the transfer lane; a batch with compute work goes to the stream's compute lane (streams
 //!   take compute lanes round-robin).
 //! * **Inside a batch**, a command waits behind a pipeline barrier only when it touches bytes an
@@ -57,6 +60,13 @@ pub const MAX_COMPUTE_LANES: u32 = 4;
 
 /// Commands after which a stream's open batch is submitted even while the device is busy.
 pub const FLUSH_COMMANDS: u32 = 64;
+
+/// Commands from which a stream's open batch is submitted as soon as the device has caught up.
+pub const IDLE_BATCH_COMMANDS: u32 = 16;
+
+/// Time since a stream's last submission after which its open batch, however small, is submitted
+/// as soon as the device has caught up.
+pub const IDLE_GAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Validation warnings and errors reported by the debug messenger of any device (process-wide).
 static VALIDATION_MESSAGES: AtomicUsize = AtomicUsize::new(0);
@@ -178,11 +188,17 @@ pub struct Limits {
     /// Whether the one-dispatch resolver runs here: workgroups of 1024 invocations with
     /// [`RESOLVE_WG_SHARED_BYTES`] of workgroup memory.
     pub workgroup_resolver: bool,
+    /// Whether its variant with the larger hash table fits ([`RESOLVE_WG_LARGE_SHARED_BYTES`]).
+    pub workgroup_resolver_large: bool,
 }
 
-/// Workgroup memory the one-dispatch resolver (`shaders/resolve_wg.wgsl`) declares, rounded up
-/// (31 904 bytes; lavapipe offers 32 KiB, NVIDIA GPUs 48 KiB).
-pub const RESOLVE_WG_SHARED_BYTES: u32 = 32 << 10;
+/// Workgroup memory the one-dispatch resolver (`shaders/resolve_wg.wgsl`) declares with its
+/// 2560-entry hash table (lavapipe offers 32 KiB).
+pub const RESOLVE_WG_SHARED_BYTES: u32 = 31_904;
+
+/// Workgroup memory of its variant with a 4096-entry hash table (NVIDIA GPUs offer 48 KiB, AMD
+/// and Intel GPUs 64 KiB).
+pub const RESOLVE_WG_LARGE_SHARED_BYTES: u32 = 44_192;
 
 /// A queue the backend submits to.
 #[derive(Clone, Copy, Debug)]
@@ -238,6 +254,8 @@ struct StreamState {
     scratch: Option<RawBuffer>,
     /// Whether a `VulkanStream` owns the slot (stream 0 always does).
     live: bool,
+    /// When the stream last submitted.
+    last_submit: Option<std::time::Instant>,
 }
 
 struct State {
@@ -285,6 +303,8 @@ pub struct Context {
     pub ignore_event_waits: bool,
     /// Process-wide message count already reported.
     checked: AtomicUsize,
+    /// Queue submissions so far (a diagnostic for benches).
+    pub submissions: AtomicU64,
 }
 
 // SAFETY: `ash::Instance`/`ash::Device` are function tables plus handles; Vulkan objects that

@@ -14,6 +14,7 @@ impl StreamState {
             internal_seen: 0,
             scratch: None,
             live: true,
+            last_submit: None,
         }
     }
 
@@ -267,6 +268,8 @@ impl Context {
             s.internal_seen = s.internal_seen.max(v0);
         }
         s.submitted = value;
+        s.last_submit = Some(std::time::Instant::now());
+        self.submissions.fetch_add(1, Ordering::Relaxed);
         sub.signal = (s.sem, value);
         st.inflight.push(sub);
         Ok(())
@@ -301,7 +304,8 @@ impl Context {
 
     /// Records work with `f` into stream `stream`'s open batch (stream 0's while capturing),
     /// opening one on a lane that can run `engine` work, and submits the batch when the device
-    /// has finished the stream's previous submission or the batch is full.
+    /// has finished the stream's previous submission and the batch is worth a submission, or the
+    /// batch is full (see the module docs of `vk`).
     pub fn record<R>(
         &self,
         stream: usize,
@@ -344,9 +348,14 @@ impl Context {
         let mut flushed = Ok(());
         if !st.capture {
             let s = &st.streams[carrier];
+            let worth = |commands: u32| {
+                commands >= IDLE_BATCH_COMMANDS
+                    || s.last_submit.is_none_or(|t| t.elapsed() >= IDLE_GAP)
+            };
             if let Some(o) = &s.open
                 && o.commands > 0
-                && (o.commands >= FLUSH_COMMANDS || self.counter(s.sem) >= s.submitted)
+                && (o.commands >= FLUSH_COMMANDS
+                    || (worth(o.commands) && self.counter(s.sem) >= s.submitted))
             {
                 flushed = self.submit_stream(&mut st, carrier);
             }
@@ -407,7 +416,8 @@ impl Context {
     }
 
     /// An event at the current end of stream `i`: the timeline value that marks everything
-    /// recorded on it so far complete (stream 0's while capturing).
+    /// recorded on it so far complete (stream 0's while capturing). Whoever waits for or polls
+    /// the event submits the stream's open batch (`flush_for`).
     pub fn record_event(&self, i: usize) -> (vk::Semaphore, u64) {
         let st = self.lock();
         let s = &st.streams[if st.capture { 0 } else { i }];
