@@ -1,6 +1,6 @@
 //! `hisparse bench`: device-level figures beside the ceilings measured in the same run.
 
-use hisparse_benches::{BenchConfig, Report};
+use hisparse_device_bench::{BenchConfig, Report};
 use hisparse_core::Device;
 use serde_json::json;
 
@@ -29,7 +29,7 @@ pub fn bench_on<D: Device>(dev: &D, a: &BenchArgs) -> CliResult<()> {
     // The figures run one after another without a hook to report them; a ticker shows the run
     // is alive (on a terminal only).
     let ticker = crate::progress::Ticker::start("measuring", a.json);
-    let report = hisparse_benches::run(dev, &cfg)
+    let report = hisparse_device_bench::run(dev, &cfg)
         .map_err(|e| CliError::device(&format!("benchmark on {}", dev.backend()), e));
     drop(ticker);
     let report = report?;
@@ -71,8 +71,8 @@ pub fn to_text(r: &Report) -> String {
             })
             .unwrap_or_default();
         let memcpy = r
-            .ceiling(hisparse_benches::device::MEMCPY)
-            .filter(|_| f.ceiling != hisparse_benches::device::DEVICE)
+            .ceiling(hisparse_device_bench::MEMCPY)
+            .filter(|_| f.ceiling != hisparse_device_bench::DEVICE)
             .map(|c| {
                 format!(
                     ", {:.0}% of memcpy",
