@@ -20,6 +20,7 @@ cd "$root"
 out=h200-vulkan
 mkdir -p "$out/debs"
 export CARGO_PROFILE_RELEASE_DEBUG=0
+target=${CARGO_TARGET_DIR:-target}
 
 json=$(cargo test --release -p hisparse-backend-vulkan --test conformance_windowed \
     --test streams_fault --test resolve_packing --no-run --message-format=json 2>/dev/null)
@@ -41,11 +42,11 @@ fault=$(exe_of streams_fault)
 packing=$(exe_of resolve_packing)
 cargo build --release -p hisparse-backend-vulkan --example vulkan_bench
 cargo build --release -p hisparse-cli --features cuda,vulkan
-for f in "$windowed" "$fault" "$packing" target/release/examples/vulkan_bench target/release/hisparse; do
+for f in "$windowed" "$fault" "$packing" "$target"/release/examples/vulkan_bench "$target"/release/hisparse; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
-install -m 755 target/release/hisparse "$out/hisparse"
-install -m 755 target/release/examples/vulkan_bench "$out/vulkan-bench"
+install -m 755 "$target"/release/hisparse "$out/hisparse"
+install -m 755 "$target"/release/examples/vulkan_bench "$out/vulkan-bench"
 install -m 755 "$windowed" "$out/vulkan-windowed"
 install -m 755 "$fault" "$out/vulkan-streams-fault"
 install -m 755 "$packing" "$out/vulkan-resolve-packing"
