@@ -64,12 +64,19 @@ pub struct LayoutArgs {
     /// Longest request, in tokens.
     #[arg(long, allow_negative_numbers = true, default_value = "131072")]
     pub max_model_len: String,
-    /// Hot rows per request per hot group (default 2 × top_k × max_query_len).
+    /// Hot rows per request per hot group (default (max_query_len + 1) × top_k).
     #[arg(long, allow_negative_numbers = true)]
     pub device_buffer_size: Option<String>,
     /// Tokens per decode step per request (1 + speculative tokens).
     #[arg(long, allow_negative_numbers = true, default_value = "1")]
     pub max_query_len: String,
+    /// Tensor-parallel ranks of a node: the host memory they take, per rank and per node.
+    #[arg(long, allow_negative_numbers = true, default_value = "1")]
+    pub tp: String,
+    /// With --tp: one pinned host pool in shared memory for every rank of the node (host stride
+    /// and layer arrays aligned to 4096 B) instead of one per rank.
+    #[arg(long)]
+    pub shared_host_pool: bool,
     /// Emit JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -105,9 +112,17 @@ pub struct SimulateArgs {
     /// Pinned host memory budget (default: what the requests need, with headroom).
     #[arg(long, allow_hyphen_values = true)]
     pub host_mem: Option<String>,
-    /// Hot rows per request per hot group (default 2 × top_k).
+    /// Hot rows per request per hot group (default (1 + spec tokens + 1) × top_k).
     #[arg(long, allow_negative_numbers = true)]
     pub device_buffer_size: Option<String>,
+    /// Speculative tokens per decode step: each step computes the sampled token and this many
+    /// drafts; the drafts the verifier rejects are rolled back (0 = none).
+    #[arg(long, allow_negative_numbers = true, default_value = "0")]
+    pub spec_tokens: String,
+    /// With --spec-tokens: the chance that each draft is accepted (the first rejection rejects
+    /// the drafts after it too), 0..=1.
+    #[arg(long, allow_negative_numbers = true, default_value = "0.7")]
+    pub accept_rate: String,
     /// Seed of the synthetic workload.
     #[arg(long, allow_negative_numbers = true, default_value = "1")]
     pub seed: String,

@@ -5,7 +5,7 @@ use hisparse_core::layout::{
     CapacityLimit, CapacityReport, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError,
     LayoutInput, plan_layout,
 };
-use hisparse_core::model::{ModelSpec, OwnedModel};
+use hisparse_core::model::{ModelSpec, OwnedModel, RegularKind};
 use hisparse_core::presets;
 use serde_json::json;
 
@@ -54,6 +54,8 @@ pub struct PlanFlags<'a> {
     pub length: &'a str,
     /// What to lower for a shorter one: `--max-model-len`, or `--context or --decode-steps`.
     pub shorten: &'a str,
+    /// What sets the tokens per step: `--max-query-len`, or `--spec-tokens`.
+    pub query: &'a str,
 }
 
 /// `hisparse layout`'s flags.
@@ -62,6 +64,7 @@ pub const LAYOUT_FLAGS: PlanFlags<'static> = PlanFlags {
     host: "--host-mem",
     length: "--max-model-len",
     shorten: "--max-model-len",
+    query: "--max-query-len",
 };
 
 /// Turns a planning error into a one-line message naming the command-line flag to change.
@@ -71,6 +74,7 @@ pub fn layout_error(e: LayoutError, flags: &PlanFlags<'_>) -> CliError {
         host,
         length,
         shorten,
+        query,
     } = *flags;
     match e {
         LayoutError::HostBudgetTooSmall {
@@ -113,6 +117,22 @@ pub fn layout_error(e: LayoutError, flags: &PlanFlags<'_>) -> CliError {
         LayoutError::Config(ConfigError::DeviceBufferTooLarge { value, max }) => CliError::usage(
             format!("--device-buffer-size {value} exceeds {max} (LRU slots are 16-bit); lower it"),
         ),
+        LayoutError::Config(ConfigError::DefaultDeviceBufferTooLarge {
+            top_k,
+            max_query_len,
+            value,
+            max,
+        }) => CliError::usage(format!(
+            "the default hot buffer (1 + {max_query_len} tokens per step) × top-k {top_k} = {value} rows exceeds {max} (LRU slots are 16-bit); lower {query} or give --device-buffer-size from {} to {max}",
+            u64::from(top_k) * u64::from(max_query_len)
+        )),
+        LayoutError::Config(ConfigError::TopKTooLarge {
+            top_k,
+            max_query_len,
+            max,
+        }) => CliError::usage(format!(
+            "{max_query_len} tokens per step × top-k {top_k} exceed the largest hot buffer ({max} rows); lower {query}"
+        )),
         LayoutError::ZeroMaxModelLen => {
             CliError::usage(format!("{length} must be at least 1 token"))
         }
@@ -120,26 +140,39 @@ pub fn layout_error(e: LayoutError, flags: &PlanFlags<'_>) -> CliError {
     }
 }
 
+/// What a plan is asked for beyond the model and the budgets.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanOptions {
+    /// `--device-buffer-size`.
+    pub device_buffer_size: Option<u32>,
+    /// Tokens per decode step per request (1 + speculative tokens).
+    pub max_query_len: u32,
+    /// One host pool shared by the ranks of a node (`--shared-host-pool`).
+    pub shared_host_pool: bool,
+}
+
+impl Default for PlanOptions {
+    /// The default hot buffer, one token per step, one host pool per process.
+    fn default() -> Self {
+        PlanOptions {
+            device_buffer_size: None,
+            max_query_len: 1,
+            shared_host_pool: false,
+        }
+    }
+}
+
 /// Plans a layout from parsed arguments; errors name the flags in `flags`.
-#[allow(clippy::too_many_arguments)]
 pub fn plan(
     model: &ModelSpec<'_>,
     gpu_bytes: u64,
     host_bytes: u64,
     max_model_len: u32,
-    device_buffer_size: Option<u32>,
-    max_query_len: u32,
+    options: PlanOptions,
     flags: &PlanFlags<'_>,
 ) -> CliResult<KvCacheConfig> {
-    plan_unmapped(
-        model,
-        gpu_bytes,
-        host_bytes,
-        max_model_len,
-        device_buffer_size,
-        max_query_len,
-    )
-    .map_err(|e| layout_error(e, flags))
+    plan_unmapped(model, gpu_bytes, host_bytes, max_model_len, options)
+        .map_err(|e| layout_error(e, flags))
 }
 
 /// [`plan`] with the planner's own error, for callers that say more about it.
@@ -148,13 +181,44 @@ pub fn plan_unmapped(
     gpu_bytes: u64,
     host_bytes: u64,
     max_model_len: u32,
-    device_buffer_size: Option<u32>,
-    max_query_len: u32,
+    options: PlanOptions,
 ) -> Result<KvCacheConfig, LayoutError> {
     let mut cfg = HiSparseConfig::new(model.top_k, host_bytes);
-    cfg.device_buffer_size = device_buffer_size;
-    cfg.max_query_len = max_query_len;
-    plan_layout(&LayoutInput::new(model, &cfg, gpu_bytes, max_model_len))
+    cfg.device_buffer_size = options.device_buffer_size;
+    cfg.max_query_len = options.max_query_len;
+    let mut input = LayoutInput::new(model, &cfg, gpu_bytes, max_model_len);
+    input.shared_host_pool = options.shared_host_pool;
+    plan_layout(&input)
+}
+
+/// Host memory the tensor-parallel ranks of a node take: every rank addresses one pool; with a
+/// shared pool the node pins it once, otherwise once per rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeHostMemory {
+    /// Ranks of the node.
+    pub tp: u32,
+    /// Whether one pool serves every rank.
+    pub shared: bool,
+    /// Bytes of the pool one rank addresses.
+    pub per_rank: u64,
+    /// Bytes the node pins.
+    pub per_node: u64,
+    /// Pools the node pins.
+    pub pools: u32,
+}
+
+impl NodeHostMemory {
+    /// The host memory of `tp` ranks of `kv`.
+    pub fn of(kv: &KvCacheConfig, tp: u32) -> Self {
+        let pools = if kv.shared_host_pool { 1 } else { tp };
+        NodeHostMemory {
+            tp,
+            shared: kv.shared_host_pool,
+            per_rank: kv.host_pool_bytes(),
+            per_node: kv.host_pool_bytes().saturating_mul(u64::from(pools)),
+            pools,
+        }
+    }
 }
 
 /// Context lengths of the capacity table: 8K, 32K, 128K up to `max_model_len`, and
@@ -186,16 +250,28 @@ pub fn run(a: &LayoutArgs) -> CliResult<()> {
         .as_deref()
         .map(|s| args::positive::<u32>("device-buffer-size", s))
         .transpose()?;
-    let mql: u32 = args::positive("max-query-len", &a.max_query_len)?;
-    let kv = plan(&model, gpu, host, max_len, dbs, mql, &LAYOUT_FLAGS)?;
+    let mql: u32 = args::whole_in("max-query-len", &a.max_query_len, 1, 32768)?;
+    let tp: u32 = args::whole_in("tp", &a.tp, 1, 64)?;
+    if a.shared_host_pool && tp == 1 {
+        return Err(CliError::usage(
+            "--shared-host-pool shares one host pool between ranks; give --tp 2 or more",
+        ));
+    }
+    let options = PlanOptions {
+        device_buffer_size: dbs,
+        max_query_len: mql,
+        shared_host_pool: a.shared_host_pool,
+    };
+    let kv = plan(&model, gpu, host, max_len, options, &LAYOUT_FLAGS)?;
     let caps: Vec<CapacityReport> = capacity_contexts(max_len)
         .into_iter()
         .map(|c| kv.capacity(c))
         .collect();
+    let node = NodeHostMemory::of(&kv, tp);
     if a.json {
-        crate::emit(&to_json(&kv, &caps, gpu, host));
+        crate::emit(&to_json(&kv, &caps, gpu, host, node));
     } else {
-        crate::emit(&to_text(&model, &kv, &caps, gpu, host));
+        crate::emit(&to_text(&model, &kv, &caps, gpu, host, node));
     }
     Ok(())
 }
@@ -283,6 +359,16 @@ fn tokens(t: u32) -> String {
     }
 }
 
+/// The label of a group in the text report: its kind, or for a regular group what its caches
+/// hold.
+fn kind_label(g: &KvCacheGroup) -> &'static str {
+    match (g.kind, g.cache) {
+        (GroupKind::Regular, Some(RegularKind::SlidingWindow)) => "window",
+        (GroupKind::Regular, Some(RegularKind::CompressorState)) => "state",
+        (kind, _) => kind.as_str(),
+    }
+}
+
 /// The plan as text.
 pub fn to_text(
     model: &ModelSpec<'_>,
@@ -290,11 +376,14 @@ pub fn to_text(
     caps: &[CapacityReport],
     gpu: u64,
     host: u64,
+    node: NodeHostMemory,
 ) -> String {
     let mut s = String::new();
     let sparse = model.num_sparse_layers();
+    let source_page = kv.groups[0].layers.first().map_or(0, |l| l.page_bytes);
+    let raw_page = u64::from(kv.block_size) * u64::from(kv.row_bytes);
     s += &format!(
-        "model {}: {} layers ({} sparse, {} regular), block {} tokens = {} rows of {} B{}, top-k {}\n",
+        "model {}: {} KV-cache tensors ({} sparse, {} regular), block {} tokens = {} rows of {} B{}, page {} B{}, top-k {}\n",
         kv.model,
         model.layers.len(),
         sparse,
@@ -311,6 +400,12 @@ pub fn to_text(
         } else {
             String::new()
         },
+        source_page,
+        if source_page != raw_page {
+            format!(" (padded to a multiple of {} B)", kv.page_alignment)
+        } else {
+            String::new()
+        },
         kv.config.top_k,
     );
     s += &format!(
@@ -322,12 +417,33 @@ pub fn to_text(
         kv.attention_block_stride
     );
     s += &format!(
-        "host pool: {} → {} blocks × host_block_stride {} B = {} (layer-major, pinned)\n",
+        "host pool: {} → {} blocks × host_block_stride {} B = {} (layer-major, pinned{})\n",
         human(host),
         kv.host_num_blocks,
         kv.host_block_stride,
-        human(kv.host_pool_bytes())
+        human(kv.host_pool_bytes()),
+        if kv.shared_host_pool {
+            "; shared by the ranks of a node: stride and layer arrays aligned to 4096 B"
+        } else {
+            ""
+        }
     );
+    if node.tp > 1 {
+        s += &format!(
+            "host memory, tp {}: {} per rank, {} per node ({})\n",
+            node.tp,
+            human(node.per_rank),
+            human(node.per_node),
+            if node.shared {
+                "one shared pool that every rank maps".to_string()
+            } else {
+                format!(
+                    "{} pools, one per rank; --shared-host-pool pins one",
+                    node.pools
+                )
+            }
+        );
+    }
     s += &format!(
         "hot buffer: {} rows per request per hot group = {} blocks; {} hot groups → {} blocks = {} per request\n",
         kv.device_buffer_size,
@@ -338,19 +454,23 @@ pub fn to_text(
     );
     s += "\ngroups (offsets: GPU groups = byte offset inside a block; source = layer array in the host pool):\n";
     s += &format!(
-        "  {:>2}  {:<8} {:>6} {:>6}  {:>10}  {:<46}  layers\n",
-        "#", "kind", "bucket", "count", "page bytes", "offsets"
+        "  {:>2}  {:<8} {:>6} {:>6}  {:>10}  {:>5} {:>6}  {:<46}  layers\n",
+        "#", "kind", "bucket", "count", "page bytes", "block", "window", "offsets"
     );
     for (i, g) in kv.groups.iter().enumerate() {
         s += &format!(
-            "  {:>2}  {:<8} {:>6} {:>6}  {:>10}  {:<46}  {}\n",
+            "  {:>2}  {:<8} {:>6} {:>6}  {:>10}  {:>5} {:>6}  {:<46}  {}\n",
             i,
-            g.kind.as_str(),
+            kind_label(g),
             g.bucket
                 .map(|b| b.to_string())
                 .unwrap_or_else(|| "-".into()),
             g.layers.len(),
             g.page_bytes,
+            g.block_tokens,
+            g.sliding_window
+                .map(|w| w.to_string())
+                .unwrap_or_else(|| "-".into()),
             offsets(kv, g),
             ranges(g.layers.iter().map(|l| l.layer)),
         );
@@ -361,9 +481,10 @@ pub fn to_text(
         .filter(|g| g.layers.len() > 1)
         .count();
     s += &format!(
-        "index groups: {} ({} with followers)\n",
+        "index groups: {} ({} with followers); leaders {}\n",
         kv.index_groups.len(),
-        followers
+        followers,
+        ranges(kv.index_groups.iter().map(|g| g.leader)),
     );
     s += "\ncapacity (concurrent requests that fit):\n";
     s += &format!(
@@ -385,14 +506,31 @@ pub fn to_text(
     s
 }
 
-/// The plan as JSON: every field of the planned layout, plus pool sizes and the capacity table.
-pub fn to_json(kv: &KvCacheConfig, caps: &[CapacityReport], gpu: u64, host: u64) -> String {
+/// The plan as JSON: every field of the planned layout, plus pool sizes, the host memory of the
+/// node's ranks and the capacity table.
+pub fn to_json(
+    kv: &KvCacheConfig,
+    caps: &[CapacityReport],
+    gpu: u64,
+    host: u64,
+    node: NodeHostMemory,
+) -> String {
     let mut v = serde_json::to_value(kv).unwrap_or_else(|e| json!({ "error": e.to_string() }));
     if let Some(o) = v.as_object_mut() {
         o.insert("gpu_mem_bytes".into(), json!(gpu));
         o.insert("host_mem_bytes".into(), json!(host));
         o.insert("gpu_pool_bytes".into(), json!(kv.gpu_pool_bytes()));
         o.insert("host_pool_bytes".into(), json!(kv.host_pool_bytes()));
+        o.insert(
+            "host_memory".into(),
+            json!({
+                "tp": node.tp,
+                "shared_host_pool": node.shared,
+                "pools": node.pools,
+                "per_rank_bytes": node.per_rank,
+                "per_node_bytes": node.per_node,
+            }),
+        );
         o.insert(
             "hot_bytes_per_request".into(),
             json!(u64::from(kv.hot_blocks_per_request * kv.num_buckets) * kv.bytes_per_block),
@@ -426,10 +564,19 @@ mod tests {
     #[test]
     fn deepseek_v32_vector() {
         let m = preset("deepseek-v3.2").unwrap();
-        let kv = plan(&m, 80 << 30, 512 << 30, 131072, None, 1, &LAYOUT_FLAGS).unwrap();
+        let kv = plan(
+            &m,
+            80 << 30,
+            512 << 30,
+            131072,
+            PlanOptions::default(),
+            &LAYOUT_FLAGS,
+        )
+        .unwrap();
         assert_eq!(kv.bytes_per_block, 545792);
         assert_eq!(kv.host_block_stride, 2561024);
-        let j: serde_json::Value = serde_json::from_str(&to_json(&kv, &[], 0, 0)).unwrap();
+        let node = NodeHostMemory::of(&kv, 1);
+        let j: serde_json::Value = serde_json::from_str(&to_json(&kv, &[], 0, 0, node)).unwrap();
         for key in [
             "bytes_per_block",
             "host_block_stride",
@@ -445,9 +592,16 @@ mod tests {
     #[test]
     fn small_host_budget_names_the_flag() {
         let m = preset("deepseek-v3.2").unwrap();
-        let e = plan(&m, 80 << 30, 1 << 30, 131072, None, 1, &LAYOUT_FLAGS)
-            .unwrap_err()
-            .to_string();
+        let e = plan(
+            &m,
+            80 << 30,
+            1 << 30,
+            131072,
+            PlanOptions::default(),
+            &LAYOUT_FLAGS,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--host-mem") && !e.contains('\n'), "{e}");
         assert!(
             preset("llama")

@@ -482,3 +482,290 @@ fn conformance_with_a_filter_matching_nothing_fails() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("`zzz` matches no conformance case"), "{err}");
 }
+
+fn layout_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["layout"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let o = hisparse(&all);
+    assert!(o.status.success(), "{all:?}: {}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).expect("valid JSON")
+}
+
+/// DeepSeek V4's caches as vLLM declares them: 37,440-B C4A pages (584-B split rows padded to a
+/// multiple of 576 B), 8,640-B indexer pages, 1,728-B C128A pages, sliding-window (64-token
+/// blocks) and compressor-state (4- and 8-token blocks) groups beside the 256-token pages, and
+/// a host stride of 21 × 37,440 = 786,240.
+#[test]
+fn layout_json_reports_the_deepseek_v4_vectors() {
+    let j = layout_json(&[
+        "--preset",
+        "deepseek-v4",
+        "--gpu-mem",
+        "80GiB",
+        "--host-mem",
+        "512GiB",
+        "--max-model-len",
+        "131072",
+    ]);
+    assert_eq!(j["host_block_stride"], 786240);
+    assert_eq!(
+        (j["row_bytes"].clone(), j["value_bytes"].clone()),
+        (584.into(), 576.into())
+    );
+    let groups = j["groups"].as_array().expect("groups");
+    let pages = |g: &serde_json::Value| -> Vec<u64> {
+        g["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["page_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    let of_kind = |kind: &'static str| groups.iter().filter(move |g| g["kind"] == kind);
+    assert!(pages(&groups[0]).iter().all(|&p| p == 37440));
+    assert_eq!(pages(&groups[1]), vec![8640; 21]);
+    assert!(of_kind("resident").all(|g| pages(g).iter().all(|&p| p == 37440)));
+    let regular: Vec<&serde_json::Value> = of_kind("regular").collect();
+    let with = |cache: &str, block: u64| -> Vec<&&serde_json::Value> {
+        regular
+            .iter()
+            .filter(|g| g["cache"] == cache && g["block_tokens"] == block)
+            .collect()
+    };
+    let layers = |gs: &[&&serde_json::Value]| -> usize {
+        gs.iter()
+            .map(|g| g["layers"].as_array().unwrap().len())
+            .sum()
+    };
+    let swa = with("sliding_window", 64);
+    assert_eq!(layers(&swa), 43);
+    assert!(swa.iter().all(|g| g["sliding_window"] == 128));
+    let c128a = with("attention", 256);
+    assert_eq!(layers(&c128a), 20);
+    assert!(c128a.iter().all(|g| pages(g).iter().all(|&p| p == 1728)));
+    let c4_states = with("compressor_state", 4);
+    assert_eq!(layers(&c4_states), 42);
+    assert!(c4_states.iter().all(|g| g["sliding_window"] == 8));
+    let c128_states = with("compressor_state", 8);
+    assert_eq!(layers(&c128_states), 20);
+    assert!(
+        c128_states
+            .iter()
+            .all(|g| g["sliding_window"] == 128 && pages(g).iter().all(|&p| p == 32832))
+    );
+    // Each group fits the shared block.
+    let bpb = j["bytes_per_block"].as_u64().unwrap();
+    assert!(
+        groups[1..]
+            .iter()
+            .all(|g| g["page_bytes"].as_u64().unwrap() <= bpb)
+    );
+}
+
+/// GLM-5's index_topk_freq = 4 and index_skip_topk_offset = 3: 21 index groups, leaders at
+/// 0, 1, 2, 6, 10, …, 74; its model file states the rule instead of every layer's role.
+#[test]
+fn glm5_has_21_index_groups_and_its_model_file_states_the_rule() {
+    let j = layout_json(&["--preset", "glm-5"]);
+    let leaders: Vec<u64> = j["index_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["leader"].as_u64().unwrap())
+        .collect();
+    let mut want = vec![0, 1, 2];
+    want.extend((6..=74).step_by(4));
+    assert_eq!(leaders, want);
+    let o = hisparse(&["layout", "--preset", "glm-5", "--print-model"]);
+    let m: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (
+            m["index_topk_freq"].clone(),
+            m["index_skip_topk_offset"].clone()
+        ),
+        (4.into(), 3.into())
+    );
+    assert_eq!(m["layers"].as_array().unwrap().len(), 1);
+    assert_eq!(m["layers"][0]["repeat"], 78);
+}
+
+/// A model file with a misspelled field is refused with a message naming the field (it must not
+/// silently change the layout).
+#[test]
+fn a_model_file_with_an_unknown_field_is_refused_naming_it() {
+    let path = std::env::temp_dir().join(format!("hisparse-typo-{}.json", std::process::id()));
+    let o = hisparse(&["layout", "--preset", "deepseek-v4", "--print-model"]);
+    let text = stdout(&o).replacen("\"sliding_window\"", "\"sliding_windw\"", 1);
+    assert!(text.contains("sliding_windw"));
+    std::fs::write(&path, text).unwrap();
+    let e = hisparse(&["layout", "--model", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    assert!(!e.status.success());
+    let err = stderr(&e);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("unknown field `sliding_windw`"), "{err}");
+    assert!(err.contains("--model"), "{err}");
+}
+
+/// `--tp N --shared-host-pool`: one pool for the node (stride and layer arrays aligned to 4096 B)
+/// against one pool per rank without the flag.
+#[test]
+fn layout_tp_shows_host_memory_per_node_against_per_rank() {
+    let base = [
+        "--preset",
+        "deepseek-v4",
+        "--host-mem",
+        "64GiB",
+        "--tp",
+        "4",
+    ];
+    let per_rank = layout_json(&base);
+    let mut args = base.to_vec();
+    args.push("--shared-host-pool");
+    let shared = layout_json(&args);
+    let hm = |j: &serde_json::Value, k: &str| j["host_memory"][k].as_u64().unwrap();
+    assert_eq!(hm(&per_rank, "pools"), 4);
+    assert_eq!(
+        hm(&per_rank, "per_node_bytes"),
+        4 * hm(&per_rank, "per_rank_bytes")
+    );
+    assert_eq!(hm(&shared, "pools"), 1);
+    assert_eq!(hm(&shared, "per_node_bytes"), hm(&shared, "per_rank_bytes"));
+    assert_eq!(shared["shared_host_pool"], true);
+    assert_eq!(shared["host_block_stride"].as_u64().unwrap() % 4096, 0);
+    assert_eq!(shared["host_block_stride"], 786432);
+    assert!(
+        shared["groups"][0]["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["offset"].as_u64().unwrap() % 4096 == 0)
+    );
+    let o = hisparse(&[
+        "layout",
+        "--preset",
+        "deepseek-v4",
+        "--tp",
+        "4",
+        "--shared-host-pool",
+    ]);
+    let text = stdout(&o);
+    assert!(
+        text.contains("per rank") && text.contains("per node") && text.contains("one shared pool"),
+        "{text}"
+    );
+    let e = hisparse(&["layout", "--shared-host-pool"]);
+    assert!(!e.status.success() && stderr(&e).contains("--tp"));
+}
+
+/// DeepSeek V4 with a shared prompt prefix: later requests hit the prefix although every layer
+/// has a sliding-window cache (only the window's last blocks must still be on the GPU); every
+/// row read matches.
+///
+/// A whole shared prompt (the issue's `--shared-prefix 8192` with its 8192-token prompts, at
+/// half the size) is reused but for its last token, which is always recomputed. A prefix that
+/// ends mid-prompt needs the window blocks of its last page still cached when the next request
+/// starts; V4's 22 sliding-window and compressor-state groups (4-, 8- and 64-token blocks) turn
+/// over about 590 GPU blocks per 256-token page, so in the default pool (766 blocks here) those
+/// blocks are reused before the first request ends, and the run gets 1 GiB.
+#[test]
+fn simulate_deepseek_v4_shared_prefix_gets_prefix_hits() {
+    let run = |shared: &str, extra: &[&str]| {
+        let mut args = vec![
+            "simulate",
+            "--preset",
+            "deepseek-v4",
+            "--requests",
+            "3",
+            "--context",
+            "4096",
+            "--shared-prefix",
+            shared,
+            "--decode-steps",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let j = simulate_json(&args);
+        assert_eq!(j["mismatched_rows"], 0, "{}", j["first_mismatch"]);
+        assert!(j["verified_rows"].as_u64().unwrap() > 0);
+        j
+    };
+    let whole = run("4096", &[]);
+    assert_eq!(whole["prefix_hit_tokens"], 2 * 4095);
+    assert!(whole["host_cow_pages"].as_u64().unwrap() > 0);
+    // Two later requests reuse the 8 full pages of the shared prefix.
+    let half = run("2048", &["--gpu-mem", "1GiB"]);
+    assert_eq!(half["prefix_hit_tokens"], 2 * 2048);
+}
+
+/// Speculative decoding: each step computes the sampled token and a draft; rejected drafts are
+/// rolled back (their rows, written and read in that step, are rewritten by the tokens that
+/// replace them); every row read matches.
+#[test]
+fn simulate_spec_tokens_rolls_back_rejected_drafts() {
+    let j = simulate_json(&[
+        "simulate",
+        "--layers",
+        "4",
+        "--requests",
+        "2",
+        "--context",
+        "8192",
+        "--decode-steps",
+        "40",
+        "--spec-tokens",
+        "1",
+        "--accept-rate",
+        "0.7",
+        "--json",
+    ]);
+    check_run(&j);
+    let (drafted, accepted, rolled) = (
+        j["draft_tokens"].as_u64().unwrap(),
+        j["accepted_tokens"].as_u64().unwrap(),
+        j["rolled_back_tokens"].as_u64().unwrap(),
+    );
+    assert!(rolled > 0 && accepted > 0, "{drafted} {accepted} {rolled}");
+    assert_eq!(drafted, accepted + rolled);
+    // The default hot buffer for 2 tokens per step: (2 + 1) × 2048.
+    assert_eq!(j["device_buffer_size"], 6144);
+    let e = hisparse(&["simulate", "--spec-tokens", "15"]);
+    let err = stderr(&e);
+    assert!(
+        !e.status.success() && err.contains("--spec-tokens"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// Three drafts per step on DeepSeek V4 (compressed positions, split rows, sliding windows): a
+/// rejection rolls back up to three tokens, and the next step's rows start before the last
+/// row of the step before; every row read, from resident pages and from host, matches.
+#[test]
+fn simulate_deepseek_v4_rolls_back_several_drafts() {
+    let j = simulate_json(&[
+        "simulate",
+        "--preset",
+        "deepseek-v4",
+        "--layers",
+        "12",
+        "--requests",
+        "2",
+        "--context",
+        "32768",
+        "--decode-steps",
+        "24",
+        "--spec-tokens",
+        "3",
+        "--accept-rate",
+        "0.5",
+        "--json",
+    ]);
+    check_run(&j);
+    let rolled = j["rolled_back_tokens"].as_u64().unwrap();
+    assert!(rolled > j["draft_tokens"].as_u64().unwrap() / 2, "{rolled}");
+    // (3 + 1 + 1) × top-k 512.
+    assert_eq!(j["device_buffer_size"], 2560);
+}

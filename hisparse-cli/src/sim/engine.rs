@@ -64,8 +64,29 @@ pub struct SimSetup {
     pub tp: u32,
     /// With `tp > 1`: one host pool in shared memory for every rank (else one per rank).
     pub shared_host_pool: bool,
+    /// Speculative tokens per decode step (0 = none): drafts computed with each sampled token,
+    /// the rejected ones rolled back.
+    pub spec_tokens: u32,
+    /// Chance that a draft is accepted (the first rejected one rejects the rest).
+    pub accept_rate: f64,
     /// Suppress the progress bar.
     pub quiet: bool,
+}
+
+impl SimSetup {
+    /// Most token rows a step's decode reads: every request's sampled token and drafts.
+    pub fn max_decode_rows(&self) -> u32 {
+        self.requests.saturating_mul(1 + self.spec_tokens)
+    }
+}
+
+/// The drafts a request's last sampled token came with: the first draft's position, how many,
+/// and how many of them the (simulated) verifier accepts.
+#[derive(Clone, Copy, Debug)]
+struct Drafts {
+    first: u32,
+    count: u32,
+    accepted: u32,
 }
 
 /// The ranks that execute every command: this process's one ([`Local`]), or worker processes
@@ -182,6 +203,7 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
         host_pool_bytes: kv.host_pool_bytes(),
         host_memory_bytes: kv.host_pool_bytes() * host_pools,
         device_buffer_size: kv.device_buffer_size,
+        spec_tokens: s.spec_tokens,
         all_resident_gpu_bytes: (1 + u64::from(s.requests)
             * kv.gpu_blocks_per_request(final_len).all_on_gpu)
             * kv.bytes_per_block,
@@ -204,6 +226,9 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
     let mut rank_device_seconds = vec![0.0f64; nranks];
     let mut verify_seconds = 0.0;
 
+    // Speculative decoding: the drafts in flight per request, and what became of them.
+    let mut drafts: std::collections::HashMap<RequestId, Drafts> = Default::default();
+    let mut accept_rng = super::workload::Rng::new(s.seed, 0x5BEC_D0DE);
     let mut step_no = 0u64;
     while !coord.is_empty() || next_admit < uids.len() {
         step_no += 1;
@@ -245,20 +270,32 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
         let before = last.first().map(|r| r.counters).unwrap_or_default();
         // 2-4. Every rank: before the forward pass, the forward pass and the decode rows'
         //      reads, after the forward pass.
+        // Decode rows: one per token computed after the prompt (the sampled token and its
+        // drafts, each reading the rows that exist up to it). A longer chunk past the prompt
+        // (a preempted request recomputing its decoded tokens) is prefill and reads nothing.
+        let decoding = |sr: &&hisparse_core::coordinator::ScheduledRequest| {
+            sr.first_token >= s.context && sr.num_tokens <= 1 + s.spec_tokens
+        };
         let decode: Vec<DecodeRow> = cmd
             .scheduled
             .iter()
-            .filter(|sr| sr.first_token >= s.context && sr.num_tokens == 1)
-            .map(|sr| DecodeRow {
-                slot: sr.slot,
-                uid: sr.id,
-                seq_len: (sr.first_token + sr.num_tokens) / ratio,
+            .filter(decoding)
+            .flat_map(|sr| {
+                let rejected = drafts.get(&sr.id).map_or((0, 0), |d| {
+                    ((d.first + d.accepted) / ratio, (d.first + d.count) / ratio)
+                });
+                (0..sr.num_tokens).map(move |j| DecodeRow {
+                    slot: sr.slot,
+                    uid: sr.id,
+                    seq_len: (sr.first_token + j + 1) / ratio,
+                    rejected,
+                })
             })
             .collect();
         let decode_fully_resident = cmd
             .scheduled
             .iter()
-            .filter(|sr| sr.first_token >= s.context && sr.num_tokens == 1)
+            .filter(decoding)
             .all(|sr| sr.fully_resident);
         ranks.begin(&cmd)?;
         let steps = ranks.finish(&cmd, &decode)?;
@@ -303,11 +340,50 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
                 coord.num_computed(id).unwrap_or(0),
             );
             if n == c {
+                // The verifier's verdict on the drafts: the rejected ones go back.
+                let mut n = n;
+                if let Some(d) = drafts.remove(&id) {
+                    let rejected = d.count - d.accepted;
+                    if rejected > 0 {
+                        coord.rollback(id, rejected).map_err(coord_err)?;
+                        n -= rejected;
+                    }
+                    report.draft_tokens += u64::from(d.count);
+                    report.accepted_tokens += u64::from(d.accepted);
+                    report.rolled_back_tokens += u64::from(rejected);
+                }
                 if n >= final_len {
                     coord.finish(id).map_err(coord_err)?;
                     finished_tokens += u64::from(final_len);
                 } else {
-                    coord.append_tokens(id, &[n]).map_err(coord_err)?;
+                    // The sampled token, then drafts that fit the request; each is accepted
+                    // with the accept rate until the first rejection. Accepted drafts are the
+                    // tokens decoding would have produced; rejected ones differ.
+                    let count = s.spec_tokens.min(final_len - n - 1);
+                    let mut accepted = 0;
+                    while accepted < count && accept_rng.unit() < s.accept_rate {
+                        accepted += 1;
+                    }
+                    let tokens: Vec<u32> = (0..=count)
+                        .map(|i| {
+                            if i <= accepted {
+                                n + i
+                            } else {
+                                (n + i) | 1 << 30
+                            }
+                        })
+                        .collect();
+                    coord.append_tokens(id, &tokens).map_err(coord_err)?;
+                    if count > 0 {
+                        drafts.insert(
+                            id,
+                            Drafts {
+                                first: n + 1,
+                                count,
+                                accepted,
+                            },
+                        );
+                    }
                 }
             }
         }

@@ -52,13 +52,15 @@ impl Forward {
     }
 
     /// Writes rows `positions` of request `uid` into its resident pages
-    /// (`block_of(bucket, page)` = GPU block) in every sparse layer.
+    /// (`block_of(bucket, page)` = GPU block) in every sparse layer; rows in `rejected` are
+    /// written by rejected speculative tokens ([`kv::rejected_seed`]).
     pub fn write<D: Device>(
         &mut self,
         dev: &D,
         pool: &mut D::Buffer,
         uid: u64,
         positions: Range<u32>,
+        rejected: Range<u32>,
         block_of: impl Fn(u32, u32) -> Option<i32>,
     ) -> CliResult<()> {
         let bs = self.block_size;
@@ -79,11 +81,11 @@ impl Forward {
                         dev,
                         pool,
                         uid,
-                        layer,
-                        &l,
+                        (layer, &l),
                         block as u32,
                         page,
                         rows.clone(),
+                        &rejected,
                     )?;
                 }
             }
@@ -98,11 +100,11 @@ impl Forward {
         dev: &D,
         pool: &mut D::Buffer,
         uid: u64,
-        layer: u32,
-        l: &PageLayout,
+        (layer, l): (u32, &PageLayout),
         block: u32,
         page: u32,
         rows: Range<u32>,
+        rejected: &Range<u32>,
     ) -> CliResult<()> {
         let vb = l.value_bytes as usize;
         let sb = self.row_bytes - vb;
@@ -114,7 +116,13 @@ impl Forward {
         self.scales.clear();
         self.scales.resize(n * sb, 0);
         for (i, r) in rows.clone().enumerate() {
-            let seed = kv::row_seed(row_owner(uid, pos0 + r, self.shared_rows), layer, pos0 + r);
+            let pos = pos0 + r;
+            let seed = kv::row_seed(row_owner(uid, pos, self.shared_rows), layer, pos);
+            let seed = if rejected.contains(&pos) {
+                kv::rejected_seed(seed)
+            } else {
+                seed
+            };
             kv::fill(seed, 0, &mut self.values[i * vb..(i + 1) * vb]);
             if sb > 0 {
                 kv::fill(seed, vb, &mut self.scales[i * sb..(i + 1) * sb]);

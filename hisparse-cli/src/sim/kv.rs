@@ -15,6 +15,14 @@ pub fn row_seed(request: u64, layer: u32, pos: u32) -> u64 {
         .wrapping_add(u64::from(pos).wrapping_mul(0x1656_67B1_9E37_79F9)))
 }
 
+/// The seed of the row a *rejected* speculative token writes at the place of the row with seed
+/// `seed`: different bytes, so a row read after its rollback and before the token that replaces
+/// it is computed would not match.
+#[inline]
+pub fn rejected_seed(seed: u64) -> u64 {
+    mix(seed ^ 0xD6E8_FEB8_6659_FD93)
+}
+
 #[inline]
 fn mix(mut x: u64) -> u64 {
     x ^= x >> 30;

@@ -94,6 +94,15 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         .as_deref()
         .map(|s| args::positive::<u32>("device-buffer-size", s))
         .transpose()?;
+    let spec_tokens: u32 = args::whole_in("spec-tokens", &a.spec_tokens, 0, 15)?;
+    let accept_rate = args::decimal_in("accept-rate", &a.accept_rate, 0.0, 1.0)?;
+    // One step computes the sampled token and the drafts; a multi-process run plans its layout
+    // for the host pool its ranks share.
+    let options = crate::layout::PlanOptions {
+        device_buffer_size: dbs,
+        max_query_len: 1 + spec_tokens,
+        shared_host_pool: tp > 1 && a.shared_host_pool,
+    };
     let spec = m.as_spec();
     let too_long = || {
         CliError::usage(format!(
@@ -109,7 +118,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
     let (length, shorten) = ("--context + --decode-steps", "--context or --decode-steps");
     // Provisional plan with ample memory, to learn block sizes and per-request needs: when even
     // that cannot hold one request, its length is what to change.
-    let probe = crate::layout::plan_unmapped(&spec, 1 << 36, 1 << 40, max_len, dbs, 1).map_err(
+    let probe = crate::layout::plan_unmapped(&spec, 1 << 36, 1 << 40, max_len, options).map_err(
         |e| match e {
             hisparse_core::layout::LayoutError::HostBudgetTooSmall { .. }
             | hisparse_core::layout::LayoutError::GpuPoolTooSmall { .. }
@@ -126,6 +135,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
                     host: "--host-mem",
                     length,
                     shorten,
+                    query: "--spec-tokens",
                 },
             ),
         },
@@ -139,7 +149,18 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         None => {
             let pages = u64::from(probe.pages_for(final_len));
             let blocks = r.saturating_mul(pages + 1).saturating_add(2);
-            (blocks.saturating_mul(probe.host_block_stride), derived)
+            // A shared pool aligns every layer's array to 4096 B: room for that too.
+            let align = if options.shared_host_pool {
+                probe.groups[0].layers.len() as u64 * 4096
+            } else {
+                0
+            };
+            (
+                blocks
+                    .saturating_mul(probe.host_block_stride)
+                    .saturating_add(align),
+                derived,
+            )
         }
     };
     let (gpu, gpu_flag) = match &a.gpu_mem {
@@ -161,8 +182,9 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         host: host_flag,
         length,
         shorten,
+        query: "--spec-tokens",
     };
-    let mut kv: KvCacheConfig = crate::layout::plan(&spec, gpu, host, max_len, dbs, 1, &flags)?;
+    let mut kv: KvCacheConfig = crate::layout::plan(&spec, gpu, host, max_len, options, &flags)?;
     // Mirroring changes what the coordinator plans, not the layout.
     kv.config.eager_host_mirror = !a.no_eager_mirror;
     Ok(SimSetup {
@@ -178,6 +200,8 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         workers,
         tp,
         shared_host_pool: a.shared_host_pool,
+        spec_tokens,
+        accept_rate,
         quiet: a.json,
     })
 }

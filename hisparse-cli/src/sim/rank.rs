@@ -43,6 +43,9 @@ pub struct DecodeRow {
     pub uid: RequestId,
     /// Rows that exist after this step's writes.
     pub seq_len: u32,
+    /// Rows (`start..end`) its request's rejected speculative tokens write: they hold
+    /// [`super::kv::rejected_seed`] bytes until the tokens that replace them are computed.
+    pub rejected: (u32, u32),
 }
 
 /// What a rank reports after a step.
@@ -91,7 +94,7 @@ impl<D: Device> Rank<D> {
         let rt = Runtime::new(
             dev,
             s.kv.clone(),
-            RuntimeConfig::new(s.requests, s.requests),
+            RuntimeConfig::new(s.requests, s.max_decode_rows()),
         )
         .map_err(setup_err)?;
         Self::with_runtime(rt, s)
@@ -109,7 +112,7 @@ impl<D: Device> Rank<D> {
         let device = dev
             .alloc(s.kv.gpu_pool_bytes() as usize)
             .map_err(|e| CliError::device("allocating the device pool", e))?;
-        let mut cfg = RuntimeConfig::new(s.requests, s.requests);
+        let mut cfg = RuntimeConfig::new(s.requests, s.max_decode_rows());
         cfg.worker = worker;
         cfg.writes_host = writes_host;
         let rt = Runtime::with_pools(dev, s.kv.clone(), cfg, Pools { device, host }, None)
@@ -121,7 +124,7 @@ impl<D: Device> Rank<D> {
         let kv = &s.kv;
         let ratio = kv.sparse_compress_ratio.max(1);
         let shared_rows = s.shared_prefix.min(s.context) / ratio;
-        let (t, k) = (s.requests as usize, kv.config.top_k as usize);
+        let (t, k) = (s.max_decode_rows() as usize, kv.config.top_k as usize);
         let mut io = Vec::with_capacity(kv.index_groups.len());
         for _ in 0..kv.index_groups.len() {
             let a = || {
@@ -174,6 +177,10 @@ impl<D: Device> Rank<D> {
         let ratio = self.ratio;
         for sr in &cmd.scheduled {
             let end = sr.first_token + sr.num_tokens;
+            let rejected = decode
+                .iter()
+                .find(|r| r.slot == sr.slot)
+                .map_or(0..0, |r| r.rejected.0..r.rejected.1);
             let resident: Vec<Vec<i32>> = (0..nb)
                 .map(|b| {
                     self.rt
@@ -188,6 +195,7 @@ impl<D: Device> Rank<D> {
                 &mut pools.device,
                 sr.id,
                 sr.first_token / ratio..end / ratio,
+                rejected,
                 |b, p| {
                     resident
                         .get(b as usize)
@@ -248,10 +256,13 @@ impl<D: Device> Rank<D> {
             }
             self.device_seconds += t.elapsed().as_secs_f64();
             let rows: Vec<(u64, u32)> = decode.iter().map(|r| (r.uid, r.seq_len)).collect();
+            let rejected: Vec<std::ops::Range<u32>> =
+                decode.iter().map(|r| r.rejected.0..r.rejected.1).collect();
             for (g, sel) in topk.into_iter().enumerate() {
                 reads.push(ReadOut {
                     group: g,
                     rows: rows.clone(),
+                    rejected: rejected.clone(),
                     topk: sel,
                     indices: Vec::new(),
                 });

@@ -104,6 +104,14 @@ pub struct SimReport {
     pub waits: u64,
     /// Requests preempted.
     pub preemptions: u64,
+    /// Speculative tokens per decode step (0 = none).
+    pub spec_tokens: u32,
+    /// Draft tokens computed.
+    pub draft_tokens: u64,
+    /// Drafts the (simulated) verifier accepted.
+    pub accepted_tokens: u64,
+    /// Rejected drafts rolled back ([`hisparse_core::coordinator::Coordinator::rollback`]).
+    pub rolled_back_tokens: u64,
     /// Decode steps on the fully-resident (remap) path.
     pub fully_resident_steps: u32,
     /// Resolve calls.
@@ -190,6 +198,16 @@ impl SimReport {
                 self.host_cow_pages,
                 self.gpu_cow_blocks,
                 self.restored_pages
+            );
+        }
+        if self.spec_tokens > 0 {
+            s += &format!(
+                "speculative decoding    {} drafts per step: {} drafted, {} accepted ({}), {} rejected and rolled back\n",
+                self.spec_tokens,
+                self.draft_tokens,
+                self.accepted_tokens,
+                pct(self.accepted_tokens as f64 / self.draft_tokens.max(1) as f64),
+                self.rolled_back_tokens
             );
         }
         s += &format!(

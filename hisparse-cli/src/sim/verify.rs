@@ -20,6 +20,9 @@ pub struct ReadOut {
     pub group: usize,
     /// (request uid, rows that exist) per token row.
     pub rows: Vec<(u64, u32)>,
+    /// Per token row: the rows its request's rejected speculative tokens wrote this step
+    /// (empty ranges when none, or no entry at all).
+    pub rejected: Vec<std::ops::Range<u32>>,
     /// The top-k the read was asked for (`T × K`).
     pub topk: Vec<i32>,
     /// The row indices it returned (`T × K`).
@@ -210,6 +213,10 @@ fn check_read(
                 let ok = pair.device.locate(i64::from(idx)).is_some_and(|(b, o)| {
                     let owner = row_owner(uid, tok as u32, shared_rows);
                     let seed = kv::row_seed(owner, layer, tok as u32);
+                    let seed = match out.rejected.get(row) {
+                        Some(r) if r.contains(&(tok as u32)) => kv::rejected_seed(seed),
+                        _ => seed,
+                    };
                     let [(v0, vl), (s0, sl)] = pair.device.row_parts(b, o);
                     let vb = pair.device.value_bytes as usize;
                     let part = |a: u64, l: u64| pool.get(a as usize..(a + l) as usize);
@@ -259,7 +266,7 @@ mod tests {
     fn written(kv: &KvCacheConfig, dev: &CpuDevice) -> hisparse_backend_cpu::CpuBuffer {
         let mut pool = dev.alloc(kv.gpu_pool_bytes() as usize).unwrap();
         let mut fwd = Forward::new(kv, 0).unwrap();
-        fwd.write(dev, &mut pool, 7, 0..32, |_, p| Some(3 + p as i32))
+        fwd.write(dev, &mut pool, 7, 0..32, 30..32, |_, p| Some(3 + p as i32))
             .unwrap();
         pool
     }
@@ -268,6 +275,8 @@ mod tests {
         ReadOut {
             group: 0,
             rows: vec![(7, 32)],
+            // The one token row's rows 30 and 31 were written by rejected speculative tokens.
+            rejected: vec![std::ops::Range { start: 30, end: 32 }],
             topk,
             indices,
         }
@@ -311,5 +320,27 @@ mod tests {
             let first = v.verified.first_mismatch.clone().unwrap();
             assert!(first.contains(what), "{first}");
         }
+    }
+
+    /// A row written by a rejected speculative token matches only while the read expects it
+    /// (the step that wrote it); a later read of it — a rollback that failed to let the
+    /// replacing token rewrite it — is a mismatch.
+    #[test]
+    fn rows_of_rejected_tokens_are_told_apart() {
+        let kv = layout();
+        let dev = CpuDevice::new();
+        let pool = written(&kv, &dev);
+        let s = kv.attention_block_stride as i32;
+        let mut v = Verifier::new(&kv, 0).unwrap();
+        let r = read(
+            vec![30, 31, 29, -1],
+            vec![4 * s + 14, 4 * s + 15, 4 * s + 13, -1],
+        );
+        v.check(&dev, &pool, &[r]).unwrap();
+        assert_eq!(v.verified.mismatched, 0, "{:?}", v.verified.first_mismatch);
+        let mut later = read(vec![30, -1, -1, -1], vec![4 * s + 14, -1, -1, -1]);
+        later.rejected.clear();
+        v.check(&dev, &pool, &[later]).unwrap();
+        assert!(v.verified.mismatched > 0);
     }
 }

@@ -195,11 +195,48 @@ impl TopKStream {
         self.set_member(p, true);
     }
 
+    /// Rolls the context back to `len` positions: the entries at `len` or beyond leave the
+    /// selection and their columns take the positions of the new local window, then positions
+    /// drawn from the clusters (a context of at most `top_k` is reselected whole by
+    /// [`TopKStream::step`]).
+    fn shrink(&mut self, len: u32) {
+        self.len = len;
+        let k = self.pattern.top_k as usize;
+        if len as usize <= k {
+            return;
+        }
+        let mut holes = Vec::new();
+        for col in 0..k {
+            let p = self.selection[col];
+            if p >= 0 && p as u32 >= len {
+                self.set_member(p as u32, false);
+                self.selection[col] = -1;
+                holes.push(col);
+            }
+        }
+        let (_, hi) = self.free_range();
+        let mut window = (hi..len)
+            .filter(|&p| !self.is_member(p))
+            .collect::<Vec<_>>();
+        window.reverse();
+        for col in holes {
+            // More positions exist than columns, so a hole always finds one.
+            if let Some(p) = window.pop().or_else(|| self.draw()) {
+                self.put(col, p);
+            }
+        }
+    }
+
     /// Advances to a context of `len` positions (positions `0..len` exist) and returns the
-    /// selection for this step. `len` must not decrease.
+    /// selection for this step. `len` may decrease — rejected speculative tokens rolled back,
+    /// or the first of a step's several rows of one request after the last row of the step
+    /// before: no entry is ever at `len` or beyond.
     pub fn step(&mut self, len: u32) -> &[i32] {
+        if len < self.len {
+            self.shrink(len);
+        }
         let old_len = self.len;
-        self.len = len.max(old_len);
+        self.len = len;
         let k = self.pattern.top_k as usize;
         if self.len as usize <= k {
             // Short context: every position, then padding.
@@ -337,6 +374,25 @@ mod tests {
         assert!((0.45..=0.55).contains(&o), "overlap {o}");
         let mut c = TopKStream::new(pattern, 8, 3);
         assert_ne!(first, c.step(8192));
+    }
+
+    /// Speculative decoding steps one stream with several rows per step and rolls rejected
+    /// tokens back: a shorter context drops the entries beyond it and keeps a full selection.
+    #[test]
+    fn a_shorter_context_drops_the_positions_beyond_it() {
+        let pattern = Pattern::for_top_k(512, 0.9);
+        let mut s = TopKStream::new(pattern, 3, 9);
+        s.step(8192);
+        for len in [8196, 8193, 8194, 8195, 8199, 8192, 8200, 600, 601] {
+            let sel = s.step(len).to_vec();
+            check_selection(&sel, len, &pattern);
+            assert!(sel.iter().all(|&p| p >= 0), "a hole at length {len}");
+        }
+        // Into a context shorter than top-k and back.
+        let sel = s.step(100).to_vec();
+        assert_eq!(&sel[..100], &(0..100).collect::<Vec<_>>()[..]);
+        assert!(sel[100..].iter().all(|&p| p == -1));
+        check_selection(s.step(4096), 4096, &pattern);
     }
 
     #[test]
