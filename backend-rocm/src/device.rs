@@ -89,7 +89,7 @@ impl RocmDevice {
     }
 
     /// The most hot slots per request whose `resolve` state fits the shared memory of one block
-    /// (15,816 with the 64 KiB of current AMD GPUs); larger `hot_slots` resolve with the state in
+    /// (9,736 with the 64 KiB of current AMD GPUs); larger `hot_slots` resolve with the state in
     /// global memory.
     pub fn max_shared_hot_slots(&self) -> u32 {
         let limit = self.resolve_shared_limit();

@@ -10,8 +10,11 @@
 // parameter lists are mirrored by the ABI table in gpu-kernels/src/lib.rs: change both together.
 //
 // Conventions: indices and block ids are i32, LRU orders u16, -1 means "no row". Byte offsets are
-// u64. All pool rows, page bases and strides are multiples of 16 bytes (checked on the host), so
-// every copy moves 16-byte chunks.
+// u64. Page bases and strides and every row's value part are multiples of 16 bytes, and a split
+// row's scale part a multiple of 4 (checked by the host's planner, gpu-kernels/src/plan.rs):
+// copies move 16-byte chunks, except a scale part that is not a multiple of 16 (DeepSeek V4's
+// 8-byte and 4-byte scales), which moves in the 8- or 4-byte words the planner chose for the
+// layout (hs_layout::scale_word), and a page tail past its last 16-byte chunk, in 4-byte words.
 
 typedef int i32;
 typedef unsigned int u32;
@@ -36,10 +39,11 @@ struct hs_layout {
     u64 block_stride;      // bytes between pages of consecutive blocks
     u32 num_blocks;        // blocks in the pool
     u32 block_size;        // rows per page
-    u32 row_bytes;         // bytes per row (multiple of 16)
-    u32 value_bytes;       // value bytes per row (== row_bytes unless split)
+    u32 row_bytes;         // bytes per row (value part + scale part)
+    u32 value_bytes;       // value bytes per row (== row_bytes unless split; multiple of 16)
     u32 index_stride_rows; // flat row -> (row / stride, row % stride)
-    u32 pad;
+    u32 scale_word;        // bytes per access of the scale part: 16, 8 or 4 (plan::scale_word;
+                           // any other value reads as 16)
 };
 
 // A layer in the host pool and the device pool (hisparse_core::ops::LayerPair). 80 bytes.
@@ -126,6 +130,44 @@ HS_DEVICE void hs_row_parts(const hs_layout& l, u32 block, u32 offset, u64& valu
 // Byte offset of 16-byte chunk `c` of a row whose parts start at (values, scales).
 HS_DEVICE u64 hs_chunk(u64 values, u64 scales, u32 value_chunks, u32 c) {
     return c < value_chunks ? values + ((u64)c << 4) : scales + ((u64)(c - value_chunks) << 4);
+}
+
+// A row moves in units: its value part in 16-byte chunks, then its scale part in W-byte words
+// (W = hs_layout::scale_word: 16 for every contiguous row and every scale part that is a multiple
+// of 16, 8 or 4 for the others). The copy kernels pick W once per layer (a uniform branch to one
+// of three instantiations), so rows of 16-byte scale parts run exactly the 16-byte code.
+
+// Units of one row of layout `l` with scale words of W bytes.
+template <u32 W>
+HS_DEVICE u32 hs_row_units(const hs_layout& l) {
+    return W == 16 ? l.row_bytes >> 4 : (l.value_bytes >> 4) + (l.row_bytes - l.value_bytes) / W;
+}
+
+// Unit `c` of the row whose parts start at (values, scales) in `p` (a word sits in the low
+// lanes, the rest zero).
+template <u32 W>
+HS_DEVICE uint4 hs_load_unit(const u8* p, u64 values, u64 scales, u32 value_chunks, u32 c) {
+    if (W == 16 || c < value_chunks) return *(const uint4*)(p + hs_chunk(values, scales, value_chunks, c));
+    const u64 at = scales + (u64)(c - value_chunks) * W;
+    if (W == 8) {
+        const u64 x = *(const u64*)(p + at);
+        return make_uint4((u32)x, (u32)(x >> 32), 0u, 0u);
+    }
+    return make_uint4(*(const u32*)(p + at), 0u, 0u, 0u);
+}
+
+// Stores unit `c` (as hs_load_unit loaded it) of the row whose parts start at (values, scales).
+template <u32 W>
+HS_DEVICE void hs_store_unit(u8* p, u64 values, u64 scales, u32 value_chunks, u32 c, uint4 v) {
+    if (W == 16 || c < value_chunks) {
+        *(uint4*)(p + hs_chunk(values, scales, value_chunks, c)) = v;
+        return;
+    }
+    const u64 at = scales + (u64)(c - value_chunks) * W;
+    if (W == 8)
+        *(u64*)(p + at) = (u64)v.x | ((u64)v.y << 32);
+    else
+        *(u32*)(p + at) = v.x;
 }
 
 
@@ -1175,11 +1217,11 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 #endif
 
 // One row of a miss plan copied by a group of HS_GATHER_GROUP consecutive threads (`sub` is the
-// thread's index in its group): host row `ps` into device row `pd` of layer `L` with 16-byte
-// chunks, U loads in flight per thread before its stores. A device row outside
-// the pool is skipped; a host row outside the pool zero-fills the device row
-// (hisparse_core::ops::copy::gather_rows).
-template <u32 U>
+// thread's index in its group): host row `ps` into device row `pd` of layer `L` in units of
+// 16-byte value chunks and W-byte scale words (hs_row_units), U loads in flight per thread before
+// its stores. A device row outside the pool is skipped; a host row outside the pool zero-fills
+// the device row (hisparse_core::ops::copy::gather_rows).
+template <u32 U, u32 W>
 HS_DEVICE void hs_gather_row(const hs_layer_pair& L, i32 ps, i32 pd, const u8* host, u8* device,
                              u32 sub) {
     u32 db, doff, sb, soff;
@@ -1188,30 +1230,41 @@ HS_DEVICE void hs_gather_row(const hs_layer_pair& L, i32 ps, i32 pd, const u8* h
     hs_row_parts(L.device, db, doff, dv, ds);
     const bool copy = hs_locate(L.host, ps, sb, soff);
     if (copy) hs_row_parts(L.host, sb, soff, sv, ss);
-    const u32 cpr = L.host.row_bytes >> 4, vc = L.host.value_bytes >> 4;
+    const u32 cpr = hs_row_units<W>(L.host), vc = L.host.value_bytes >> 4;
     for (u32 cb = 0; cb < cpr; cb += HS_GATHER_GROUP * U) {
         uint4 v[U];
 #pragma unroll
         for (u32 u = 0; u < U; ++u) {
             const u32 c = cb + u * HS_GATHER_GROUP + sub;
             v[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (copy && c < cpr) v[u] = *(const uint4*)(host + hs_chunk(sv, ss, vc, c));
+            if (copy && c < cpr) v[u] = hs_load_unit<W>(host, sv, ss, vc, c);
         }
 #pragma unroll
         for (u32 u = 0; u < U; ++u) {
             const u32 c = cb + u * HS_GATHER_GROUP + sub;
-            if (c < cpr) *(uint4*)(device + hs_chunk(dv, ds, vc, c)) = v[u];
+            if (c < cpr) hs_store_unit<W>(device, dv, ds, vc, c, v[u]);
         }
     }
 }
 
-HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
-    const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
-    const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
-    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
-    HS_GRID_DEP_WAIT(); // before any global memory access
-    if (HS_BID_Z >= layers.count || num_tokens == 0) return;
-    const hs_layer_pair L = layers.layer[HS_BID_Z];
+// hs_gather_row with the layer's scale words (a branch uniform over the layer).
+template <u32 U>
+HS_DEVICE void hs_gather_row_any(const hs_layer_pair& L, i32 ps, i32 pd, const u8* host,
+                                 u8* device, u32 sub) {
+    if (L.host.scale_word == 8)
+        hs_gather_row<U, 8>(L, ps, pd, host, device, sub);
+    else if (L.host.scale_word == 4)
+        hs_gather_row<U, 4>(L, ps, pd, host, device, sub);
+    else
+        hs_gather_row<U, 16>(L, ps, pd, host, device, sub);
+}
+
+// The work items of hs_gather_rows for one layer, scale words of W bytes.
+template <u32 W>
+HS_DEVICE void hs_gather_items(const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
+                               const i32* __restrict__ plan_counts, const u8* __restrict__ host,
+                               u8* __restrict__ device, u32 num_tokens, u32 top_k,
+                               const hs_layer_pair& L) {
     const u32 group = HS_TID / HS_GATHER_GROUP, sub = HS_TID % HS_GATHER_GROUP;
     const u32 chunks = top_k / HS_GATHER_ROWS + (top_k % HS_GATHER_ROWS != 0 ? 1u : 0u);
     const u64 items = (u64)chunks * num_tokens;
@@ -1227,8 +1280,24 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
             pd = HS_LDG(plan_dst + (u64)t * top_k + e);
         }
         const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-        if (e < n) hs_gather_row<HS_GATHER_UNROLL>(L, ps, pd, host, device, sub);
+        if (e < n) hs_gather_row<HS_GATHER_UNROLL, W>(L, ps, pd, host, device, sub);
     }
+}
+
+HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
+    const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
+    const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
+    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    if (HS_BID_Z >= layers.count || num_tokens == 0) return;
+    const hs_layer_pair L = layers.layer[HS_BID_Z];
+    // One branch per block: the layer's scale words.
+    if (L.host.scale_word == 8)
+        hs_gather_items<8>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
+    else if (L.host.scale_word == 4)
+        hs_gather_items<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
+    else
+        hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1282,7 +1351,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
                 for (u32 e = group; e < n; e += groups) {
                     const i32 ps = miss_src[base + e], pd = miss_dst[base + e];
                     for (u32 z = 0; z < nl; ++z)
-                        hs_gather_row<HS_FUSED_GATHER_UNROLL>(layers.layer[z], ps, pd, host, device, sub);
+                        hs_gather_row_any<HS_FUSED_GATHER_UNROLL>(layers.layer[z], ps, pd, host, device, sub);
                 }
             }
         }
@@ -1295,7 +1364,10 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
 //
 // Launch: grid (min(num_layers * num_pairs, a few blocks per multiprocessor)), block
 // (HS_COPY_THREADS). Tiles (layer, pair), layer fastest, are spread over blocks grid-stride; a
-// block copies one page with 16-byte chunks, HS_COPY_UNROLL loads in flight per thread. `jobs` and
+// block copies one page with 16-byte chunks, HS_COPY_UNROLL loads in flight per thread, and the
+// page's last page_bytes % 16 bytes (pages of rows whose scale parts are not multiples of 16: 4, 8
+// or 12 bytes) as 4-byte words, one per thread (page bases and strides are multiples of 16 and
+// page_bytes a multiple of 4, checked by the planner). `jobs` and
 // `pairs` live in device memory. The host guarantees destination ranges do not overlap each other
 // or any source range of the same launch (it splits the call otherwise), so order does not matter.
 
@@ -1325,6 +1397,12 @@ HS_KERNEL HS_BOUNDS(HS_COPY_THREADS) void hs_copy_pages(
                 if (c < n) o[c] = v[u];
             }
         }
+        // The tail past the last 16-byte chunk (no thread for 16-byte multiples).
+        const u32 tail_words = (u32)(j.page_bytes & 15u) >> 2;
+        if (HS_TID < tail_words) {
+            const u64 at = ((u64)n << 4) + ((u64)HS_TID << 2);
+            *(u32*)((u8*)o + at) = *(const u32*)((const u8*)s + at);
+        }
     }
 }
 
@@ -1334,7 +1412,37 @@ HS_KERNEL HS_BOUNDS(HS_COPY_THREADS) void hs_copy_pages(
 //
 // Launch: grid (min(num_layers * num_spans, a few blocks per multiprocessor)), block
 // (HS_COPY_THREADS). direction 0 = device -> host, 1 = host -> device. Same overlap guarantee
-// as hs_copy_pages.
+// as hs_copy_pages. Rows move in units of 16-byte value chunks and scale words of the source
+// layout's scale_word bytes (one branch per tile).
+
+// One tile: the span's rows of one layer, scale words of W bytes.
+template <u32 W>
+HS_DEVICE void hs_copy_span(const hs_layout& sl, const hs_layout& dl, u32 sblock, u32 dblock,
+                            const hs_span& sp, const u8* s, u8* o) {
+    const u32 cpr = hs_row_units<W>(sl), vc = sl.value_bytes >> 4;
+    const u32 n = sp.num_rows * cpr;
+    for (u32 base = 0; base < n; base += HS_COPY_THREADS * HS_COPY_UNROLL) {
+        uint4 v[HS_COPY_UNROLL];
+#pragma unroll
+        for (u32 u = 0; u < HS_COPY_UNROLL; ++u) {
+            const u32 q = base + u * HS_COPY_THREADS + HS_TID;
+            if (q < n) {
+                u64 pv, ps;
+                hs_row_parts(sl, sblock, sp.first_row + q / cpr, pv, ps);
+                v[u] = hs_load_unit<W>(s, pv, ps, vc, q % cpr);
+            }
+        }
+#pragma unroll
+        for (u32 u = 0; u < HS_COPY_UNROLL; ++u) {
+            const u32 q = base + u * HS_COPY_THREADS + HS_TID;
+            if (q < n) {
+                u64 pv, ps;
+                hs_row_parts(dl, dblock, sp.first_row + q / cpr, pv, ps);
+                hs_store_unit<W>(o, pv, ps, vc, q % cpr, v[u]);
+            }
+        }
+    }
+}
 
 HS_KERNEL HS_BOUNDS(HS_COPY_THREADS) void hs_copy_rows(
     const hs_layer_pair* __restrict__ layers, u32 num_layers, const hs_span* __restrict__ spans,
@@ -1349,29 +1457,12 @@ HS_KERNEL HS_BOUNDS(HS_COPY_THREADS) void hs_copy_rows(
         const u32 dblock = direction == 0 ? sp.host_block : sp.device_block;
         const u8* s = direction == 0 ? device : host;
         u8* o = direction == 0 ? host : device;
-        const u32 cpr = sl.row_bytes >> 4, vc = sl.value_bytes >> 4;
-        const u32 n = sp.num_rows * cpr;
-        for (u32 base = 0; base < n; base += HS_COPY_THREADS * HS_COPY_UNROLL) {
-            uint4 v[HS_COPY_UNROLL];
-#pragma unroll
-            for (u32 u = 0; u < HS_COPY_UNROLL; ++u) {
-                const u32 q = base + u * HS_COPY_THREADS + HS_TID;
-                if (q < n) {
-                    u64 pv, ps;
-                    hs_row_parts(sl, sblock, sp.first_row + q / cpr, pv, ps);
-                    v[u] = *(const uint4*)(s + hs_chunk(pv, ps, vc, q % cpr));
-                }
-            }
-#pragma unroll
-            for (u32 u = 0; u < HS_COPY_UNROLL; ++u) {
-                const u32 q = base + u * HS_COPY_THREADS + HS_TID;
-                if (q < n) {
-                    u64 pv, ps;
-                    hs_row_parts(dl, dblock, sp.first_row + q / cpr, pv, ps);
-                    *(uint4*)(o + hs_chunk(pv, ps, vc, q % cpr)) = v[u];
-                }
-            }
-        }
+        if (sl.scale_word == 8)
+            hs_copy_span<8>(sl, dl, sblock, dblock, sp, s, o);
+        else if (sl.scale_word == 4)
+            hs_copy_span<4>(sl, dl, sblock, dblock, sp, s, o);
+        else
+            hs_copy_span<16>(sl, dl, sblock, dblock, sp, s, o);
     }
 }
 

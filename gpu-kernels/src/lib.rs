@@ -335,8 +335,26 @@ pub struct Layout {
     pub value_bytes: u32,
     /// Divisor turning a flat row into `(block, offset)`.
     pub index_stride_rows: u32,
-    /// Padding (0).
-    pub pad: u32,
+    /// Bytes per access of a row's scale part: 16, 8 or 4 ([`scale_word`]; the kernels read any
+    /// other value as 16).
+    pub scale_word: u32,
+}
+
+/// Bytes per access the kernels copy a row's scale part of `layout` with: 16 when it is a
+/// multiple of 16 (every contiguous row, and split rows such as 640 + 16), else 8 when a multiple
+/// of 8 (DeepSeek V4's 576 + 8), else 4 (its indexer's 128 + 4). A scale part starts at
+/// `page + block_size * value_bytes + offset * scale_bytes`, so with 16-byte aligned pages every
+/// word is aligned to its size. The one rule of the kernels' chunking: the planners put it in
+/// every [`Layout`] they pass, the kernels branch on it once per layer.
+pub const fn scale_word(layout: &PageLayout) -> u32 {
+    let scale = layout.row_bytes.wrapping_sub(layout.value_bytes);
+    if scale.is_multiple_of(16) {
+        16
+    } else if scale.is_multiple_of(8) {
+        8
+    } else {
+        4
+    }
 }
 
 impl From<&PageLayout> for Layout {
@@ -349,7 +367,7 @@ impl From<&PageLayout> for Layout {
             row_bytes: l.row_bytes,
             value_bytes: l.value_bytes,
             index_stride_rows: l.index_stride_rows,
-            pad: 0,
+            scale_word: scale_word(l),
         }
     }
 }
@@ -412,7 +430,7 @@ pub struct PageJob {
     pub dst_base: u64,
     /// Bytes between destination pages.
     pub dst_stride: u64,
-    /// Bytes per page (a multiple of 16).
+    /// Bytes per page (a multiple of 4: the last `page_bytes % 16` bytes move as 4-byte words).
     pub page_bytes: u64,
 }
 

@@ -101,24 +101,42 @@ impl Plan {
     }
 }
 
-/// An operation one launch of these kernels cannot express.
+/// An operation these kernels cannot express.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanError {
-    /// What is too large.
-    pub what: &'static str,
-    /// Its value.
-    pub value: u64,
-    /// The largest value the kernels handle.
-    pub limit: u64,
+pub enum PlanError {
+    /// A size beyond what one launch handles.
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The largest value the kernels handle.
+        limit: u64,
+    },
+    /// A row geometry, page placement or buffer address the copy kernels cannot address.
+    Geometry {
+        /// The field or address, named as the caller knows it.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// What the kernels need of it.
+        need: &'static str,
+    },
 }
 
 impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} = {} exceeds what one launch of these kernels handles ({}); split the call",
-            self.what, self.value, self.limit
-        )
+        match self {
+            PlanError::TooLarge { what, value, limit } => write!(
+                f,
+                "{what} = {value} exceeds what one launch of these kernels handles ({limit}); \
+                 split the call"
+            ),
+            PlanError::Geometry { what, value, need } => write!(
+                f,
+                "{what} = {value}: the copy kernels need {need}; lay the pool out accordingly"
+            ),
+        }
     }
 }
 
@@ -126,10 +144,75 @@ impl std::error::Error for PlanError {}
 
 fn limit(what: &'static str, value: u64, limit: u64) -> Result<(), PlanError> {
     if value > limit {
-        Err(PlanError { what, value, limit })
+        Err(PlanError::TooLarge { what, value, limit })
     } else {
         Ok(())
     }
+}
+
+fn geometry(ok: bool, what: &'static str, value: u64, need: &'static str) -> Result<(), PlanError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(PlanError::Geometry { what, value, need })
+    }
+}
+
+/// What the copy kernels (`hs_gather_rows`, `hs_resolve_gather`, `hs_copy_pages`,
+/// `hs_copy_rows`) rely on in a layout: pages at 16-byte aligned offsets (`base`,
+/// `block_stride`), value parts of whole 16-byte chunks, scale parts of whole 4-byte words
+/// (copied in [`crate::scale_word`]-byte words), and, for contiguous rows, whole 16-byte chunks.
+/// Every row part is then aligned to the width it is copied with (a page's tail past its last
+/// 16-byte chunk moves as 4-byte words). The core's `PageLayout::check` refuses the same
+/// layouts; the planners check again because they are what relies on it.
+pub fn check_layout(l: &PageLayout) -> Result<(), PlanError> {
+    const CHUNK: &str =
+        "a multiple of 16 (pages start 16-byte aligned; rows move in 16-byte chunks)";
+    geometry(l.base.is_multiple_of(16), "layout.base", l.base, CHUNK)?;
+    geometry(
+        l.block_stride.is_multiple_of(16),
+        "layout.block_stride",
+        l.block_stride,
+        CHUNK,
+    )?;
+    geometry(
+        l.value_bytes > 0 && l.value_bytes.is_multiple_of(16),
+        "layout.value_bytes",
+        l.value_bytes.into(),
+        "a positive multiple of 16 (value parts move in 16-byte chunks)",
+    )?;
+    geometry(
+        l.value_bytes <= l.row_bytes,
+        "layout.row_bytes",
+        l.row_bytes.into(),
+        "at least value_bytes",
+    )?;
+    let scale = l.row_bytes - l.value_bytes;
+    geometry(
+        scale.is_multiple_of(4),
+        "layout scale part (row_bytes - value_bytes)",
+        scale.into(),
+        "a multiple of 4 (scale parts move in 4-, 8- or 16-byte words)",
+    )
+}
+
+/// [`check_layout`] for both layouts of every layer.
+fn check_layers(layers: &[LayerPair]) -> Result<(), PlanError> {
+    for l in layers {
+        check_layout(&l.host)?;
+        check_layout(&l.device)?;
+    }
+    Ok(())
+}
+
+/// The device address of a pool the copy kernels access in 16-byte chunks.
+fn check_pool(what: &'static str, addr: u64) -> Result<(), PlanError> {
+    geometry(
+        addr.is_multiple_of(16),
+        what,
+        addr,
+        "a 16-byte aligned address (pages are read in 16-byte chunks)",
+    )
 }
 
 /// Blocks of a grid-stride kernel over `work` items of `per_block` each: enough for the work, at
@@ -418,6 +501,9 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
     }
     let items = u64::from(d.top_k.div_ceil(GATHER_ROWS)) * u64::from(d.num_tokens);
     limit("gather num_tokens * top_k / 16", items, u32::MAX.into())?;
+    check_layers(d.layers)?;
+    check_pool("gather host pool address", a.host)?;
+    check_pool("gather device pool address", a.device)?;
     let mut plan = Plan::empty();
     for chunk in d.layers.chunks(GATHER_MAX_LAYERS) {
         let resident = u64::from(t.multiprocessors.max(1)) * GATHER_BLOCKS_PER_MULTIPROCESSOR;
@@ -471,6 +557,9 @@ pub fn resolve_gather(
     if layers.is_empty() {
         return Ok(plan);
     }
+    check_layers(layers)?;
+    check_pool("resolve_gather host pool address", host)?;
+    check_pool("resolve_gather device pool address", device)?;
     let (first, rest) = layers.split_at(layers.len().min(GATHER_MAX_LAYERS));
     fused.kernel = Kernel::ResolveGather;
     fused
@@ -544,6 +633,18 @@ pub fn copy_pages(
     }
     limit("copy_pages layers", jobs.len() as u64, u32::MAX.into())?;
     limit("copy_pages pairs", pairs.len() as u64, u32::MAX.into())?;
+    for (s, d) in jobs {
+        check_layout(s)?;
+        check_layout(d)?;
+        geometry(
+            s.page_bytes() == d.page_bytes(),
+            "copy_pages destination page bytes",
+            d.page_bytes(),
+            "the source's page bytes",
+        )?;
+    }
+    check_pool("copy_pages source address", src)?;
+    check_pool("copy_pages destination address", dst)?;
     let mut tiles = Vec::with_capacity(jobs.len() * pairs.len());
     for (s, d) in jobs {
         for p in pairs {
@@ -615,6 +716,17 @@ pub fn copy_rows(
         u32::MAX.into(),
     )?;
     limit("copy_rows spans", spans.len() as u64, u32::MAX.into())?;
+    check_layers(desc.layers)?;
+    for l in desc.layers {
+        geometry(
+            (l.host.row_bytes, l.host.value_bytes) == (l.device.row_bytes, l.device.value_bytes),
+            "copy_rows device row_bytes",
+            l.device.row_bytes.into(),
+            "the host layout's row geometry (row_bytes and value_bytes)",
+        )?;
+    }
+    check_pool("copy_rows host pool address", host)?;
+    check_pool("copy_rows device pool address", device)?;
     let mut tiles = Vec::with_capacity(desc.layers.len() * spans.len());
     for l in desc.layers {
         let (sl, dl) = match desc.direction {
@@ -1005,6 +1117,132 @@ mod tests {
             rectangles(&[0..4, 4..9], 3),
             [(0..1, 0..3), (1..2, 0..1), (1..2, 1..3), (2..3, 0..3)]
         );
+    }
+
+    #[test]
+    fn copies_plan_scale_words_and_refuse_what_the_kernels_cannot_address() {
+        let split = |row: u32, value: u32| PageLayout {
+            value_bytes: value,
+            ..PageLayout::contiguous(0, 37_440, 8, 64, row)
+        };
+        // One rule for the scale words, in every layout a planner packs.
+        for (row, value, word) in [
+            (656, 656, 16),
+            (656, 640, 16),
+            (584, 576, 8),
+            (132, 128, 4),
+            (20, 16, 4),
+        ] {
+            let l = split(row, value);
+            assert_eq!(crate::scale_word(&l), word, "{row} = {value} + scale");
+            assert_eq!(crate::Layout::from(&l).scale_word, word);
+            check_layout(&l).unwrap();
+            let g = gather(
+                &H200,
+                &GatherDesc {
+                    num_tokens: 1,
+                    top_k: 8,
+                    layers: &[LayerPair { host: l, device: l }],
+                },
+                &GatherAddrs::default(),
+            )
+            .unwrap();
+            assert_eq!(g.launches.len(), 1);
+        }
+        let refused = |l: PageLayout| {
+            let e = copy_pages(
+                &H200,
+                &[(l, l)],
+                &[BlockPair { src: 0, dst: 1 }],
+                0,
+                0,
+                false,
+            )
+            .unwrap_err();
+            let PlanError::Geometry { what, .. } = e else {
+                panic!("{e:?}");
+            };
+            what
+        };
+        assert_eq!(
+            refused(PageLayout {
+                base: 8,
+                ..split(584, 576)
+            }),
+            "layout.base"
+        );
+        assert_eq!(
+            refused(PageLayout {
+                block_stride: 37_448,
+                ..split(584, 576)
+            }),
+            "layout.block_stride"
+        );
+        assert_eq!(
+            refused(split(22, 16)),
+            "layout scale part (row_bytes - value_bytes)"
+        );
+        // A contiguous row is all values: whole 16-byte chunks.
+        assert_eq!(refused(split(584, 584)), "layout.value_bytes");
+        assert_eq!(refused(split(584, 568)), "layout.value_bytes");
+        assert_eq!(refused(split(576, 592)), "layout.row_bytes");
+        // Pool addresses the 16-byte chunks cannot start at.
+        let l = split(584, 576);
+        let e = copy_pages(
+            &H200,
+            &[(l, l)],
+            &[BlockPair { src: 0, dst: 1 }],
+            4,
+            0,
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("copy_pages source address = 4"),
+            "{e}"
+        );
+        let e = gather(
+            &H200,
+            &GatherDesc {
+                num_tokens: 1,
+                top_k: 8,
+                layers: &[LayerPair { host: l, device: l }],
+            },
+            &GatherAddrs {
+                device: 8,
+                ..GatherAddrs::default()
+            },
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("gather device pool address = 8"),
+            "{e}"
+        );
+        let spans = [RowSpan {
+            device_block: 0,
+            host_block: 1,
+            first_row: 0,
+            num_rows: 3,
+        }];
+        let bad = PageLayout {
+            base: 4,
+            ..split(132, 128)
+        };
+        let desc = RowCopyDesc {
+            direction: Direction::HostToDevice,
+            layers: &[LayerPair {
+                host: split(132, 128),
+                device: bad,
+            }],
+        };
+        assert!(matches!(
+            copy_rows(&H200, &desc, &spans, 0, 0),
+            Err(PlanError::Geometry {
+                what: "layout.base",
+                value: 4,
+                ..
+            })
+        ));
     }
 
     #[test]

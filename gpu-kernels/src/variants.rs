@@ -258,6 +258,19 @@ pub fn gather(
     v: GatherVariant,
 ) -> Result<Plan, PlanError> {
     let mut p = plan::gather(t, d, a)?;
+    if v != GatherVariant::V4 {
+        // The earlier kernels copy whole 16-byte chunks only.
+        for l in d.layers {
+            let scale = l.host.row_bytes - l.host.value_bytes;
+            if crate::scale_word(&l.host) != 16 {
+                return Err(PlanError::Geometry {
+                    what: "layout scale part (row_bytes - value_bytes) for gather variants v1-v3",
+                    value: scale.into(),
+                    need: "a multiple of 16 (use the production gather, v4)",
+                });
+            }
+        }
+    }
     let rows = match v {
         GatherVariant::V4 => return Ok(p),
         GatherVariant::V3 => {
@@ -272,7 +285,7 @@ pub fn gather(
         GatherVariant::V2Rows4 => 4,
     };
     if d.num_tokens > 65_535 {
-        return Err(PlanError {
+        return Err(PlanError::TooLarge {
             what: "gather num_tokens (kernels v1 and v2)",
             value: d.num_tokens.into(),
             limit: 65_535,
@@ -368,6 +381,29 @@ mod tests {
                     layers: &layers,
                 };
                 accepted(&gather(&H200, &g, &GatherAddrs::default(), v).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn earlier_gathers_refuse_scale_words_below_16_bytes() {
+        let l = PageLayout {
+            value_bytes: 576,
+            ..PageLayout::contiguous(0, 37_440, 64, 64, 584)
+        };
+        let layers = [LayerPair { host: l, device: l }];
+        let g = GatherDesc {
+            num_tokens: 2,
+            top_k: 64,
+            layers: &layers,
+        };
+        for v in GatherVariant::ALL {
+            let r = gather(&H200, &g, &GatherAddrs::default(), v);
+            if v == GatherVariant::PRODUCTION {
+                accepted(&r.unwrap());
+            } else {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("gather variants v1-v3 = 8"), "{v:?}: {e}");
             }
         }
     }

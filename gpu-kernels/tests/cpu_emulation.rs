@@ -5,7 +5,11 @@
 //! wrappers are generated from the ABI table, so a table that disagrees with the source fails to
 //! compile here.
 //!
-//! Needs a C++20 compiler (`$CXX`, else `c++`, `g++` or `clang++`). Without one the check prints
+//! Accesses are alignment-checked (`-fsanitize=alignment`): a kernel access a GPU would fault on
+//! aborts the check. Rows include scale parts of 8 and 4 bytes (DeepSeek V4's 584 = 576 + 8 in
+//! padded pages, 132 = 128 + 4, 20 = 16 + 4 with odd row counts) for every copy kernel.
+//!
+//! Needs a C++20 compiler with UBSan (`$CXX`, else `c++`, `g++` or `clang++`). Without one the check prints
 //! `SKIPPED` and succeeds, unless `HISPARSE_REQUIRE_CXX=1`. `HISPARSE_EMU_CASES=n` runs `n` random
 //! seeds instead of 8 (each emulated block is one OS thread per GPU thread: a few seconds a seed).
 
@@ -211,6 +215,10 @@ fn build() -> Result<Emu, String> {
             "-fPIC",
             "-pthread",
             "-fno-strict-aliasing",
+            // A GPU faults on a misaligned access; so does the emulation (`uint4` is 16-byte
+            // aligned in the CPU prelude, as on the GPU): every load and store is checked.
+            "-fsanitize=alignment",
+            "-fno-sanitize-recover=alignment",
         ])
         .args(["-Wno-unknown-pragmas", "-o"])
         .arg(&so)
@@ -590,41 +598,45 @@ fn fused_step(
         rng.int(1, 3) as u32
     };
     let k = d.top_k;
-    // Host rows: every flat row the resolve may name; device rows: every hot row it may name.
-    let hrows = d.host_num_blocks * d.block_size;
-    let drows = 61 * d.attention_block_stride + d.attention_block_stride;
-    let row = 16 * rng.int(1, 3) as u32;
-    let split = row > 16 && rng.pct(30);
+    // 16-byte rows (contiguous or split), or rows with 8- and 4-byte scale words, pages padded.
+    // The host pool holds every flat row the resolve may name, the device pool (62 blocks) every
+    // hot row.
+    let (row, value, align) = if rng.pct(60) {
+        let row = 16 * rng.int(1, 3) as u32;
+        let split = row > 16 && rng.pct(30);
+        (row, if split { row - 16 } else { row }, 16)
+    } else {
+        WORD_GEOMETRIES[rng.below(WORD_GEOMETRIES.len() as u64) as usize]
+    };
+    let split = row != value;
+    let host_page = u64::from(d.block_size * row).next_multiple_of(align);
+    let device_block = u64::from(d.attention_block_stride * row).next_multiple_of(align);
+    let host_layer = u64::from(d.host_num_blocks) * host_page;
+    let device_layer = 62 * device_block;
     let layers: Vec<LayerPair> = (0..nl)
         .map(|l| LayerPair {
             host: PageLayout {
-                base: u64::from(l) * u64::from(hrows) * u64::from(row),
-                block_stride: u64::from(d.block_size * row),
+                base: u64::from(l) * host_layer,
+                block_stride: host_page,
                 num_blocks: d.host_num_blocks,
                 block_size: d.block_size,
                 row_bytes: row,
-                value_bytes: if split { row - 16 } else { row },
+                value_bytes: value,
                 index_stride_rows: d.block_size,
             },
             device: PageLayout {
-                base: u64::from(l) * u64::from(drows) * u64::from(row),
-                block_stride: u64::from(d.attention_block_stride * row),
+                base: u64::from(l) * device_layer,
+                block_stride: device_block,
                 num_blocks: 62,
                 block_size: d.block_size,
                 row_bytes: row,
-                value_bytes: if split { row - 16 } else { row },
+                value_bytes: value,
                 index_stride_rows: d.attention_block_stride,
             },
         })
         .collect();
-    let host_pool = fill(
-        rng,
-        (u64::from(nl) * u64::from(hrows) * u64::from(row)) as usize,
-    );
-    let dev0 = fill(
-        rng,
-        (u64::from(nl) * u64::from(drows) * u64::from(row)) as usize,
-    );
+    let host_pool = fill(rng, (u64::from(nl) * host_layer) as usize);
+    let dev0 = fill(rng, (u64::from(nl) * device_layer) as usize);
     let mut want_dev = dev0.clone();
     gather_rows(
         &GatherDesc {
@@ -745,25 +757,49 @@ fn check_counter(words: [u32; 4], sized: u64, what: &str) -> Result<(), String> 
     Ok(())
 }
 
-fn pair_layers(rng: &mut Rng, n: u32) -> (Vec<LayerPair>, usize, usize) {
-    let bs = rng.int(1, 6) as u32;
-    let split = rng.pct(50);
+/// A row geometry of the copy checks: `(row_bytes, value_bytes, page alignment)`.
+type RowGeometry = (u32, u32, u64);
+
+/// Rows whose scale parts are not multiples of 16 (scale words of 8 and 4 bytes), as the
+/// conformance suite has them: DeepSeek V4's 584-B rows (576 + 8) in pages padded to a multiple
+/// of 576 B, its indexer's 132-B rows (128 + 4), and 20-B rows (16 + 4) in pages padded to 16 B.
+const WORD_GEOMETRIES: [RowGeometry; 3] = [(584, 576, 576), (132, 128, 576), (20, 16, 16)];
+
+/// A random geometry: half the time 16-byte multiples (contiguous, or split with a 16-byte
+/// scale part), else one of [`WORD_GEOMETRIES`].
+fn row_geometry(rng: &mut Rng) -> RowGeometry {
+    if rng.pct(50) {
+        let row = 16 * rng.int(1, 4) as u32;
+        let split = rng.pct(50) && row > 16;
+        (row, if split { row - 16 } else { row }, 16)
+    } else {
+        WORD_GEOMETRIES[rng.below(WORD_GEOMETRIES.len() as u64) as usize]
+    }
+}
+
+/// `n` layers of geometry `g`: host pages layer-major, each padded to `g.2` bytes; device
+/// pages side by side in a block (each padded), blocks 32 bytes apart beyond them, flat device
+/// rows sometimes with a row of another layer's part per block. Rows per page are odd more often
+/// than not (page tails past the last 16-byte chunk).
+fn pair_layers(rng: &mut Rng, n: u32, g: RowGeometry) -> (Vec<LayerPair>, usize, usize) {
+    let (row, value, align) = g;
+    let bs = [1u32, 3, 5, 2, 4, 6][rng.below(6) as usize];
     let (hb, db) = (rng.int(2, 9) as u32, rng.int(2, 9) as u32);
-    let row = 16 * rng.int(1, 4) as u32;
-    let value = if split && row > 16 { row - 16 } else { row };
+    let page = u64::from(bs * row).next_multiple_of(align);
     let mut layers = Vec::new();
     let (mut hoff, mut doff) = (0u64, 0u64);
+    let dstride = page * u64::from(n) + 32;
+    let index_stride_rows = bs + rng.below(2) as u32;
     for _ in 0..n {
         let host = PageLayout {
             base: hoff,
-            block_stride: u64::from(bs * row),
+            block_stride: page,
             num_blocks: hb,
             block_size: bs,
             row_bytes: row,
             value_bytes: value,
             index_stride_rows: bs,
         };
-        let dstride = u64::from(bs * row) * u64::from(n) + 32;
         let device = PageLayout {
             base: doff,
             block_stride: dstride,
@@ -771,14 +807,14 @@ fn pair_layers(rng: &mut Rng, n: u32) -> (Vec<LayerPair>, usize, usize) {
             block_size: bs,
             row_bytes: row,
             value_bytes: value,
-            index_stride_rows: bs + rng.below(2) as u32,
+            index_stride_rows,
         };
-        hoff += u64::from(hb) * u64::from(bs * row);
-        doff += u64::from(bs * row);
+        hoff += u64::from(hb) * page;
+        doff += page;
         layers.push(LayerPair { host, device });
     }
     let host_len = hoff as usize;
-    let dev_len = (layers[0].device.block_stride * u64::from(db) + 64) as usize;
+    let dev_len = (dstride * u64::from(db) + 64) as usize;
     (layers, host_len, dev_len)
 }
 
@@ -786,9 +822,9 @@ fn fill(rng: &mut Rng, n: usize) -> Vec<u8> {
     (0..n).map(|_| rng.next() as u8).collect()
 }
 
-fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> {
     let nl = rng.int(1, 3) as u32;
-    let (layers, hl, dl) = pair_layers(rng, nl);
+    let (layers, hl, dl) = pair_layers(rng, nl, g);
     let l0 = layers[0];
     // A small device sometimes, so the persistent gather grid is smaller than its work.
     let tgt = target(if rng.pct(50) { 1 } else { 132 }, 48 * 1024);
@@ -846,7 +882,7 @@ fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     };
     emu.execute(plan::gather(&tgt, &desc, &addrs).map_err(|e| e.to_string())?);
     if got != want {
-        return Err("gather differs".into());
+        return Err(format!("gather differs ({g:?} rows, {nl} layers)"));
     }
     // Page copies both ways, destinations sometimes repeated (the later pair wins: the planner
     // must split the launch).
@@ -883,7 +919,9 @@ fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
             plan::copy_pages(&tgt, &jobs, &pairs, sp, dp, false).map_err(|e| e.to_string())?,
         );
         if gh != wh || gd != wd {
-            return Err(format!("copy_pages {dir:?} differs for {pairs:?}"));
+            return Err(format!(
+                "copy_pages {dir:?} differs for {pairs:?} ({g:?} rows, {nl} layers)"
+            ));
         }
         // Row spans, destination rows sometimes repeated.
         let spans: Vec<RowSpan> = (0..rng.int(1, i64::from(db) + 2))
@@ -916,7 +954,9 @@ fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         let (h, d) = (am(&mut gh), am(&mut gd));
         emu.execute(plan::copy_rows(&tgt, &rdesc, &spans, h, d).map_err(|e| e.to_string())?);
         if gh != wh || gd != wd {
-            return Err(format!("copy_rows {dir:?} differs for {spans:?}"));
+            return Err(format!(
+                "copy_rows {dir:?} differs for {spans:?} ({g:?} rows, {nl} layers)"
+            ));
         }
     }
     // Host copy-on-write in one buffer: chains (a destination read by a later pair) and repeats.
@@ -938,7 +978,9 @@ fn check_copies(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     let h = am(&mut gh);
     emu.execute(plan::copy_pages(&tgt, &jobs, &pairs, h, h, true).map_err(|e| e.to_string())?);
     if gh != wh {
-        return Err(format!("copy_host_pages differs for {pairs:?}"));
+        return Err(format!(
+            "copy_host_pages differs for {pairs:?} ({g:?} rows, {nl} layers)"
+        ));
     }
     Ok(())
 }
@@ -1138,7 +1180,23 @@ fn main() {
                 "resolve (global state, max hot slots)",
                 check_resolve(&emu, &mut rng, global_max),
             ),
-            ("copies", check_copies(&emu, &mut rng)),
+            ("copies", {
+                let g = row_geometry(&mut rng);
+                check_copies(&emu, &mut rng, g)
+            }),
+            // Every geometry with 8- and 4-byte scale words, every seed.
+            (
+                "copies (584 = 576 + 8)",
+                check_copies(&emu, &mut rng, WORD_GEOMETRIES[0]),
+            ),
+            (
+                "copies (132 = 128 + 4)",
+                check_copies(&emu, &mut rng, WORD_GEOMETRIES[1]),
+            ),
+            (
+                "copies (20 = 16 + 4)",
+                check_copies(&emu, &mut rng, WORD_GEOMETRIES[2]),
+            ),
             ("small ops", check_small_ops(&emu, &mut rng)),
             ("tables", check_tables(&emu, &mut rng)),
         ] {

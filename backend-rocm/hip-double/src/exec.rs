@@ -1,22 +1,21 @@
 //! Kernel launches: decoding the parameters with the ABI table of `hisparse-gpu-kernels`, checking
 //! the launch shape each kernel documents, and running each kernel as the core's reference
-//! operation (or, for the two copy kernels whose work items are lower-level than an op, a direct
-//! emulation of exactly what the kernel does).
+//! operation, except the copy kernels (gather, page and row copies), which are emulated access by
+//! access as the kernel source chunks them (module `copy`): their alignment faults and the bytes
+//! they copy are the kernels', not the reference's.
 //!
 //! A kernel reads and writes only through pointers it was given: every range is checked against
 //! the live allocations, and a range outside them is a fault (sticky `hipErrorIllegalAddress`).
 
 use std::ffi::c_void;
 
-use hisparse_core::ops::copy::{copy_rows, gather_rows};
 use hisparse_core::ops::invalidate::invalidate;
 use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc, LayerPair,
-    PageLayout, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices, RowCopyDesc, RowSpan,
+    HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices,
     SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels::{self as gk, Kernel, KernelAbi, Param};
@@ -108,13 +107,13 @@ pub unsafe fn decode(
 }
 
 /// Typed access to a launch's parameters by name.
-struct Params<'a> {
-    abi: KernelAbi,
-    args: &'a [Vec<u8>],
+pub(crate) struct Params<'a> {
+    pub(crate) abi: KernelAbi,
+    pub(crate) args: &'a [Vec<u8>],
 }
 
 impl Params<'_> {
-    fn raw(&self, name: &str) -> &[u8] {
+    pub(crate) fn raw(&self, name: &str) -> &[u8] {
         let i = self
             .abi
             .params
@@ -123,18 +122,18 @@ impl Params<'_> {
             .unwrap_or_else(|| panic!("double: {} has no parameter {name}", self.abi.name));
         &self.args[i]
     }
-    fn u32(&self, name: &str) -> u32 {
+    pub(crate) fn u32(&self, name: &str) -> u32 {
         u32::from_ne_bytes(self.raw(name)[..4].try_into().expect("4 bytes"))
     }
     fn u64(&self, name: &str) -> u64 {
         u64::from_ne_bytes(self.raw(name)[..8].try_into().expect("8 bytes"))
     }
-    fn ptr(&self, name: &str) -> usize {
+    pub(crate) fn ptr(&self, name: &str) -> usize {
         self.u64(name) as usize
     }
 }
 
-fn range(st: &State, what: &str, addr: usize, bytes: usize) -> Result<(), String> {
+pub(crate) fn range(st: &State, what: &str, addr: usize, bytes: usize) -> Result<(), String> {
     if bytes == 0 {
         return Ok(());
     }
@@ -148,7 +147,7 @@ fn range(st: &State, what: &str, addr: usize, bytes: usize) -> Result<(), String
     })
 }
 
-fn read_i32(st: &State, what: &str, addr: usize, n: usize) -> Result<Vec<i32>, String> {
+pub(crate) fn read_i32(st: &State, what: &str, addr: usize, n: usize) -> Result<Vec<i32>, String> {
     range(st, what, addr, n * 4)?;
     Ok(crate::mem::read(st, addr, n * 4)
         .chunks_exact(4)
@@ -169,41 +168,8 @@ fn read_u16(st: &State, what: &str, addr: usize, n: usize) -> Result<Vec<u16>, S
         .collect())
 }
 
-/// Every byte from `addr` to the end of its allocation.
-fn region(st: &State, what: &str, addr: usize) -> Result<Vec<u8>, String> {
-    let room = st
-        .room(addr)
-        .ok_or_else(|| format!("`{what}` at {addr:#x} is not inside an allocation"))?;
-    Ok(crate::mem::read(st, addr, room))
-}
-
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// `struct hs_layout` → `PageLayout`.
-fn layout(b: &[u8]) -> PageLayout {
-    PageLayout {
-        base: u64_at(b, 0),
-        block_stride: u64_at(b, 8),
-        num_blocks: u32_at(b, 16),
-        block_size: u32_at(b, 20),
-        row_bytes: u32_at(b, 24),
-        value_bytes: u32_at(b, 28),
-        index_stride_rows: u32_at(b, 32),
-    }
-}
-
-/// `struct hs_layer_pair` → `LayerPair`.
-fn layer_pair(b: &[u8]) -> LayerPair {
-    LayerPair {
-        host: layout(&b[..40]),
-        device: layout(&b[40..80]),
-    }
 }
 
 fn need_grid(l: &Launch, min: [u64; 3]) -> Result<(), String> {
@@ -229,8 +195,8 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
         Kernel::Remap => run_remap(st, l, &p),
         Kernel::Resolve => run_resolve(st, l, &p),
         Kernel::GatherRows => run_gather(st, l, &p),
-        Kernel::CopyPages => run_copy_pages(st, &p),
-        Kernel::CopyRows => run_copy_rows(st, &p),
+        Kernel::CopyPages => crate::copy::copy_pages(st, &p),
+        Kernel::CopyRows => crate::copy::copy_rows(st, &p),
         Kernel::Invalidate => run_invalidate(st, &p),
         Kernel::CompressedSlotMapping => run_slot_mapping(st, l, &p),
         Kernel::WriteTable => run_write_table(st, &p),
@@ -458,55 +424,23 @@ fn run_gather(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> 
 }
 
 /// The gather of `hs_gather_rows`, or the one `hs_resolve_gather` does after its resolve, with
-/// the plan in the parameters named `plan` (sources, destinations, counts).
+/// the plan in the parameters named `plan` (sources, destinations, counts): emulated access by
+/// access (module `copy`).
 fn run_gather_of(
     st: &mut State,
     l: &Launch,
     p: &Params<'_>,
     plan: (&str, &str, &str),
 ) -> Result<(), String> {
-    let g = p.raw("layers");
-    let count = u32_at(g, 0) as usize;
-    if count == 0 || count > gk::GATHER_MAX_LAYERS {
-        return Err(format!(
-            "layers.count = {count} is outside 1..={}",
-            gk::GATHER_MAX_LAYERS
-        ));
-    }
-    let layers: Vec<LayerPair> = (0..count)
-        .map(|i| layer_pair(&g[16 + 80 * i..16 + 80 * (i + 1)]))
-        .collect();
-    let (t, k) = (p.u32("num_tokens"), p.u32("top_k"));
     if l.kernel == Kernel::GatherRows {
         // Blocks walk the work items grid-stride (any grid x); grid z covers the layers.
-        need_grid(l, [1, 1, count as u64])?;
+        let count = u32_at(p.raw("layers"), 0);
+        need_grid(l, [1, 1, count.into()])?;
     }
-    let tk = t as usize * k as usize;
-    let src = read_i32(st, plan.0, p.ptr(plan.0), tk)?;
-    let dst = read_i32(st, plan.1, p.ptr(plan.1), tk)?;
-    let counts = read_i32(st, plan.2, p.ptr(plan.2), t as usize)?;
-    let host = region(st, "host", p.ptr("host"))?;
-    let mut device = region(st, "device", p.ptr("device"))?;
-    gather_rows(
-        &GatherDesc {
-            num_tokens: t,
-            top_k: k,
-            layers: &layers,
-        },
-        GatherArgs {
-            plan_src: &src[..],
-            plan_dst: &dst[..],
-            plan_counts: &counts[..],
-            host: &host[..],
-            device: &mut device[..],
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    crate::mem::write(st, p.ptr("device"), &device);
-    Ok(())
+    crate::copy::gather(st, p, plan)
 }
 
-fn overlap_error(what: &str) -> String {
+pub(crate) fn overlap_error(what: &str) -> String {
     format!(
         "{what} overlap within one launch: blocks run in any order on a GPU, so the result is \
          undefined (the host must split such copies)"
@@ -514,7 +448,7 @@ fn overlap_error(what: &str) -> String {
 }
 
 /// Whether two non-empty ranges `(start, len)` of `v` overlap.
-fn overlaps_within(v: &[(usize, usize)]) -> bool {
+pub(crate) fn overlaps_within(v: &[(usize, usize)]) -> bool {
     let mut v: Vec<(usize, usize)> = v.iter().copied().filter(|r| r.1 > 0).collect();
     v.sort_unstable();
     let mut end = 0usize;
@@ -528,7 +462,7 @@ fn overlaps_within(v: &[(usize, usize)]) -> bool {
 }
 
 /// Whether a non-empty range of `a` overlaps one of `b`.
-fn overlaps_between(a: &[(usize, usize)], b: &[(usize, usize)]) -> bool {
+pub(crate) fn overlaps_between(a: &[(usize, usize)], b: &[(usize, usize)]) -> bool {
     let mut all: Vec<(usize, usize, bool)> = a
         .iter()
         .map(|&(s, l)| (s, l, false))
@@ -549,114 +483,6 @@ fn overlaps_between(a: &[(usize, usize)], b: &[(usize, usize)]) -> bool {
         *mine = (*mine).max(s + l);
     }
     false
-}
-
-/// `hs_copy_pages`: for every (job, pair) tile, copy `page_bytes` from the source page to the
-/// destination page. The kernel's contract: destinations disjoint from each other and from every
-/// source of the launch.
-fn run_copy_pages(st: &mut State, p: &Params<'_>) -> Result<(), String> {
-    let (nl, np) = (p.u32("num_layers") as usize, p.u32("num_pairs") as usize);
-    range(st, "jobs", p.ptr("jobs"), nl * 40)?;
-    range(st, "pairs", p.ptr("pairs"), np * 8)?;
-    let jobs = crate::mem::read(st, p.ptr("jobs"), nl * 40);
-    let pairs = crate::mem::read(st, p.ptr("pairs"), np * 8);
-    let (src, dst) = (p.ptr("src"), p.ptr("dst"));
-    let mut tiles = Vec::with_capacity(nl * np);
-    for pi in 0..np {
-        for ji in 0..nl {
-            let j = &jobs[40 * ji..40 * (ji + 1)];
-            let (ps, pd) = (
-                u32_at(&pairs, 8 * pi) as u64,
-                u32_at(&pairs, 8 * pi + 4) as u64,
-            );
-            let len = u64_at(j, 32);
-            if !len.is_multiple_of(16) {
-                return Err(format!("page_bytes {len} is not a multiple of 16"));
-            }
-            let s = src + (u64_at(j, 0) + ps * u64_at(j, 8)) as usize;
-            let d = dst + (u64_at(j, 16) + pd * u64_at(j, 24)) as usize;
-            range(st, "src page", s, len as usize)?;
-            range(st, "dst page", d, len as usize)?;
-            tiles.push((s, d, len as usize));
-        }
-    }
-    let srcs: Vec<(usize, usize)> = tiles.iter().map(|t| (t.0, t.2)).collect();
-    let dsts: Vec<(usize, usize)> = tiles.iter().map(|t| (t.1, t.2)).collect();
-    if overlaps_within(&dsts) {
-        return Err(overlap_error("destination pages"));
-    }
-    if overlaps_between(&dsts, &srcs) {
-        return Err(overlap_error("destination and source pages"));
-    }
-    for (s, d, len) in tiles {
-        let bytes = crate::mem::read(st, s, len);
-        crate::mem::write(st, d, &bytes);
-    }
-    Ok(())
-}
-
-fn run_copy_rows(st: &mut State, p: &Params<'_>) -> Result<(), String> {
-    let (nl, ns) = (p.u32("num_layers") as usize, p.u32("num_spans") as usize);
-    range(st, "layers", p.ptr("layers"), nl * 80)?;
-    range(st, "spans", p.ptr("spans"), ns * 16)?;
-    let lb = crate::mem::read(st, p.ptr("layers"), nl * 80);
-    let sb = crate::mem::read(st, p.ptr("spans"), ns * 16);
-    let layers: Vec<LayerPair> = (0..nl)
-        .map(|i| layer_pair(&lb[80 * i..80 * (i + 1)]))
-        .collect();
-    let spans: Vec<RowSpan> = (0..ns)
-        .map(|i| RowSpan {
-            device_block: u32_at(&sb, 16 * i),
-            host_block: u32_at(&sb, 16 * i + 4),
-            first_row: u32_at(&sb, 16 * i + 8),
-            num_rows: u32_at(&sb, 16 * i + 12),
-        })
-        .collect();
-    let direction = match p.u32("direction") {
-        gk::DIRECTION_DEVICE_TO_HOST => Direction::DeviceToHost,
-        gk::DIRECTION_HOST_TO_DEVICE => Direction::HostToDevice,
-        d => return Err(format!("direction {d} is neither 0 nor 1")),
-    };
-    // The kernel's contract: destination rows of one launch are disjoint.
-    let mut dsts = Vec::new();
-    for lp in &layers {
-        let d = match direction {
-            Direction::DeviceToHost => &lp.host,
-            Direction::HostToDevice => &lp.device,
-        };
-        for s in &spans {
-            let block = match direction {
-                Direction::DeviceToHost => s.host_block,
-                Direction::HostToDevice => s.device_block,
-            };
-            for row in s.first_row..s.first_row + s.num_rows {
-                for (at, len) in d.row_parts(block, row) {
-                    dsts.push((at as usize, len as usize));
-                }
-            }
-        }
-    }
-    if overlaps_within(&dsts) {
-        return Err(overlap_error("destination rows"));
-    }
-    let (h, d) = (p.ptr("host"), p.ptr("device"));
-    let mut host = region(st, "host", h)?;
-    let mut device = region(st, "device", d)?;
-    copy_rows(
-        &RowCopyDesc {
-            direction,
-            layers: &layers,
-        },
-        &spans,
-        &mut host,
-        &mut device,
-    )
-    .map_err(|e| e.to_string())?;
-    match direction {
-        Direction::DeviceToHost => crate::mem::write(st, h, &host),
-        Direction::HostToDevice => crate::mem::write(st, d, &device),
-    }
-    Ok(())
 }
 
 fn run_invalidate(st: &mut State, p: &Params<'_>) -> Result<(), String> {

@@ -16,8 +16,10 @@
 //!   (else `hipErrorNoBinaryForGpu`) or the double's hiprtc output for that architecture;
 //!   `hipModuleGetFunction` finds a kernel only if the image defines it (`name` and `name.kd`);
 //! * `hipModuleLaunchKernel` decodes the parameters with the kernel ABI table of
-//!   `hisparse-gpu-kernels`, and at execution runs the reference op for that kernel; a failure is
-//!   a sticky `hipErrorIllegalAddress`, as a fault on a GPU would be.
+//!   `hisparse-gpu-kernels`, and at execution runs the reference op for that kernel, except the
+//!   copy kernels, which are emulated access by access with the kernel source's chunking and
+//!   alignment (`copy`); a failure is a sticky `hipErrorIllegalAddress`, as a fault on a GPU
+//!   would be.
 //!
 //! Environment: `HISPARSE_HIP_DOUBLE_DEVICES` (default 1; 0 makes `hipGetDeviceCount` report
 //! `hipErrorNoDevice`), `HISPARSE_HIP_DOUBLE_ARCH` (default `gfx942:sramecc+:xnack-`),
@@ -26,6 +28,7 @@
 
 #![allow(clippy::missing_safety_doc)] // C entry points: the contract is HIP's own documentation.
 
+mod copy;
 #[path = "../../src/elf.rs"]
 #[allow(dead_code)]
 mod elf;
