@@ -6,9 +6,13 @@
 #   h200-cuda/cuda-conformance           the shared conformance suite on CUDA device 0 (production
 #                                        build: only the production kernels exist)
 #   h200-cuda/cuda-wrap                  engine-owned memory and streams (tests/wrap.rs)
+#   h200-cuda/cuda-fused                 the fused resolve-and-gather against the reference
+#                                        (tests/fused.rs)
+#   h200-cuda/cuda-shared                one shared-memory host pool mapped twice (tests/shared.rs)
 #   h200-cuda/cuda-conformance-variants  the suite built with `bench-variants` (for the resolver's
 #                                        forced global-state mode, HISPARSE_CUDA_RESOLVE_GLOBAL=1)
-#   h200-cuda/cuda-bench                 examples/cuda_bench.rs (needs `bench-variants`)
+#   h200-cuda/cuda-bench                 examples/cuda_bench (needs `bench-variants`)
+#   h200-cuda/hisparse                   the CLI with --features cuda (simulate, bench, conformance)
 #   h200-cuda/MANIFEST                   commit, build date, sizes and sha256 of the binaries
 #
 # Release profile without debug info, stripped. The binaries load libcuda and NVRTC at run time
@@ -34,16 +38,20 @@ for line in sys.stdin:
         print(m["executable"])
 ' "$1" | tail -n 1
 }
-prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --no-run \
-    --message-format=json 2>/dev/null)
+prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --test fused \
+    --test shared --no-run --message-format=json 2>/dev/null)
 variants=$(cargo test --release -p hisparse-backend-cuda --features bench-variants \
     --test conformance --no-run --message-format=json 2>/dev/null)
 cargo build --release -p hisparse-backend-cuda --features bench-variants --example cuda_bench
+cargo build --release -p hisparse-cli --features cuda
 conformance=$(exe_of conformance <<<"$prod")
 wrap=$(exe_of wrap <<<"$prod")
+fused=$(exe_of fused <<<"$prod")
+shared=$(exe_of shared <<<"$prod")
 conformance_variants=$(exe_of conformance <<<"$variants")
 bench=target/release/examples/cuda_bench
-for f in "$conformance" "$wrap" "$conformance_variants" "$bench"; do
+cli=target/release/hisparse
+for f in "$conformance" "$wrap" "$fused" "$shared" "$conformance_variants" "$bench" "$cli"; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
 if [ "$conformance" = "$conformance_variants" ]; then
@@ -52,15 +60,20 @@ if [ "$conformance" = "$conformance_variants" ]; then
 fi
 install -m 755 "$conformance" "$out/cuda-conformance"
 install -m 755 "$wrap" "$out/cuda-wrap"
+install -m 755 "$fused" "$out/cuda-fused"
+install -m 755 "$shared" "$out/cuda-shared"
 install -m 755 "$conformance_variants" "$out/cuda-conformance-variants"
 install -m 755 "$bench" "$out/cuda-bench"
-strip "$out"/cuda-conformance "$out"/cuda-wrap "$out"/cuda-conformance-variants "$out"/cuda-bench
+install -m 755 "$cli" "$out/hisparse"
+bins=(cuda-conformance cuda-wrap cuda-fused cuda-shared cuda-conformance-variants cuda-bench hisparse)
+(cd "$out" && strip "${bins[@]}")
 {
-    echo "commit $(git rev-parse HEAD)$(git diff --quiet -- gpu-kernels backend-cuda hisparse-core || echo ' (with uncommitted changes in gpu-kernels/backend-cuda/hisparse-core)')"
+    crates=(gpu-kernels backend-cuda hisparse-core hisparse-runtime hisparse-cli conformance Cargo.lock)
+    echo "commit $(git rev-parse HEAD)$(git diff HEAD --quiet -- "${crates[@]}" || echo " (with uncommitted changes in ${crates[*]})")"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    (cd "$out" && sha256sum cuda-conformance cuda-wrap cuda-conformance-variants cuda-bench)
-    du -b "$out"/cuda-* | awk '{ printf "%s %d bytes\n", $2, $1 }'
+    (cd "$out" && sha256sum "${bins[@]}")
+    (cd "$out" && du -b "${bins[@]}" | awk '{ printf "%s %d bytes\n", $2, $1 }')
 } >"$out/MANIFEST"
 cat "$out/MANIFEST"
 total=$(du -sb "$out" | cut -f1)
-echo "h200-cuda/: $total bytes (carry limit 64 MiB)"
+echo "h200-cuda/: $total bytes (carry limit 64 MiB, shared with everything else carried)"

@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# Helpers sourced by scripts/h200/cuda-conformance.sh and cuda-perf.sh (not run on its own):
-# sections with their own time limit whose results are collected for a JSON summary.
+# Helpers sourced by the CUDA scripts of scripts/h200/ (not run on its own): sections with their
+# own time limit, inside one time budget for the whole script, whose results are collected for a
+# JSON summary.
 #
-#   section NAME LIMIT_SECONDS COMMAND...   run COMMAND, output to $out/NAME.log, record the result
-#   write_summary SCRIPT                     $out/summary.json; returns 0 when every section passed
+#   budget SECONDS                          the whole script's time budget, from now
+#   section NAME LIMIT_SECONDS COMMAND...   run COMMAND, output to $out/NAME.log, record the result;
+#                                           the limit shrinks to what is left of the budget (minus
+#                                           a reserve for the summary), and a section with less
+#                                           than 5 s left is recorded as SKIPPED (no time)
+#   write_summary SCRIPT                    $out/summary.json; returns 0 when every section passed
 #
 # The caller sets `out` (a directory) before using them.
 
 results=()
 overall=0
+budget_end=0
+# Seconds kept back from the budget for the summary and the stopping of a timed-out section.
+budget_reserve=15
+
+budget() {
+    budget_end=$(($(date +%s) + $1))
+}
 
 # limited SECONDS COMMAND...: runs COMMAND in its own process group and, past SECONDS, stops the
 # whole group (compute-sanitizer and the program it runs), so nothing is left holding the GPU.
@@ -23,7 +35,7 @@ limited() {
         [ -z "$state" ] || [ "$state" = Z ] && break
         if [ "$ticks" -ge $((limit * 10)) ]; then
             kill -TERM -- "-$pid" 2>/dev/null
-            sleep 5
+            sleep 3
             kill -KILL -- "-$pid" 2>/dev/null
             wait "$pid" 2>/dev/null
             return 124
@@ -35,12 +47,22 @@ limited() {
 }
 
 # section NAME LIMIT_SECONDS COMMAND...: runs COMMAND with a time limit, output to NAME.log;
-# records pass, FAIL (exit status) or TIMEOUT, with the last "N passed, M failed" line and the
-# sanitizer's summary line of the log.
+# records pass, FAIL (exit status), TIMEOUT or SKIPPED, with the last "N passed, M failed" line
+# and the sanitizer's summary line of the log.
 section() {
     local name=$1 limit=$2
     shift 2
     local log="$out/$name.log" t0 rc status
+    if [ "$budget_end" -gt 0 ]; then
+        local left=$((budget_end - $(date +%s) - budget_reserve))
+        if [ "$left" -lt 5 ]; then
+            printf '%-34s %-10s %6ss  %s\n' "$name" "SKIPPED" "0.0" "(no time left in the budget)"
+            results+=("{\"section\":\"$name\",\"status\":\"SKIPPED\",\"seconds\":0,\"counts\":\"no time left\",\"sanitizer\":\"\"}")
+            overall=1
+            return
+        fi
+        [ "$limit" -gt "$left" ] && limit=$left
+    fi
     t0=$(date +%s.%N)
     limited "$limit" "$@" >"$log" 2>&1
     rc=$?
@@ -74,4 +96,10 @@ write_summary() {
 # The compute-sanitizer of the machine, or nothing.
 find_sanitizer() {
     command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1
+}
+
+# The SM and memory clocks nvidia-smi reports now (current, and the maximum), on one line.
+clocks() {
+    nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,pstate,temperature.gpu,power.draw \
+        --format=csv,noheader 2>/dev/null | head -n 1
 }
