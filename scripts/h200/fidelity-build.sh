@@ -11,7 +11,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=h200-fidelity
 mkdir -p "$out"
-grep -qx '/h200-fidelity/' .git/info/exclude 2>/dev/null || echo '/h200-fidelity/' >>.git/info/exclude
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+grep -qx '/h200-fidelity/' "$exclude" 2>/dev/null || echo '/h200-fidelity/' >>"$exclude"
 export CARGO_PROFILE_RELEASE_DEBUG=0
 cargo build --release -p hisparse-cli --features cuda
 install -m 755 "${CARGO_TARGET_DIR:-target}/release/hisparse" "$out/hisparse"
