@@ -1,0 +1,362 @@
+//! Real transfers through NIXL (UCX), host memory to host memory, between two agents: every byte
+//! of every page written is checked in the decode pool, and every byte outside the assigned
+//! blocks is checked untouched.
+//!
+//! Without NIXL's libraries these tests say so and count as skipped; with
+//! `HISPARSE_REQUIRE_NIXL=1` (CI) they fail instead.
+#![cfg(feature = "nixl")]
+
+use std::time::{Duration, Instant};
+
+use hisparse_core::config::HiSparseConfig;
+use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
+use hisparse_core::presets;
+use hisparse_nixl::{
+    Arrival, DecodeSide, MemoryKind, PageManifest, PdError, PoolGeometry, PrefillSide, Region,
+};
+
+/// NIXL agents of one process are not used from several threads at once: one test at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether NIXL is here; a missing NIXL is a loud skip, or a failure when it is required.
+fn nixl_here(test: &str) -> bool {
+    match hisparse_nixl::ffi::probe() {
+        Ok(()) => true,
+        Err(e) if std::env::var("HISPARSE_REQUIRE_NIXL").as_deref() == Ok("1") => {
+            panic!("{test}: NIXL is required (HISPARSE_REQUIRE_NIXL=1) but: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e}");
+            false
+        }
+    }
+}
+
+/// DeepSeek V3.2's first 4 layers: 4 pages of 41,984 B per block.
+fn kv() -> KvCacheConfig {
+    let model = presets::DEEPSEEK_V32;
+    let four = hisparse_core::model::ModelSpec {
+        layers: &model.layers[..4],
+        ..model
+    };
+    let config = HiSparseConfig::new(model.top_k, 120 * 4 * 64 * 656);
+    let mut input = LayoutInput::new(&four, &config, 0, 4096);
+    input.num_gpu_blocks_override = Some(400);
+    plan_layout(&input).expect("layout")
+}
+
+/// A pool's memory, 4096-aligned, filled with `fill`.
+struct Memory(Vec<u64>);
+
+impl Memory {
+    fn new(bytes: u64, fill: u8) -> Self {
+        Memory(vec![
+            u64::from_ne_bytes([fill; 8]);
+            bytes.div_ceil(8) as usize
+        ])
+    }
+    fn bytes(&self) -> &[u8] {
+        // Reading u64s as bytes: any bit pattern is a valid u8.
+        let len = self.0.len() * 8;
+        // SAFETY: the Vec's buffer is `len` initialised bytes, borrowed for the slice's life.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast::<u8>(), len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.0.len() * 8;
+        // SAFETY: as in `bytes`, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), len) }
+    }
+    fn region(&self) -> Region {
+        Region {
+            address: self.0.as_ptr() as u64,
+            len: (self.0.len() * 8) as u64,
+            memory: MemoryKind::Host,
+        }
+    }
+}
+
+/// Byte `i` of page (request, layer, page): distinct for every page and offset.
+fn page_byte(request: u64, layer: u32, page: u32, i: u64) -> u8 {
+    let x = request
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(u64::from(layer) << 40)
+        .wrapping_add(u64::from(page) << 20)
+        .wrapping_add(i);
+    (x ^ (x >> 7) ^ (x >> 29)).wrapping_mul(0x2545_F491_4F6C_DD1D) as u8
+}
+
+/// Writes request `request`'s pages into `blocks` (one list per bucket) of the prefill pool.
+fn fill_source(pool: &mut Memory, g: &PoolGeometry, request: u64, blocks: &[&[u32]]) {
+    let mem = pool.bytes_mut();
+    for l in &g.layers {
+        for (p, &b) in blocks[l.bucket as usize].iter().enumerate() {
+            let at = (l.base + u64::from(b) * l.block_stride) as usize;
+            for i in 0..l.page_bytes {
+                mem[at + i as usize] = page_byte(request, l.layer, p as u32, i);
+            }
+        }
+    }
+}
+
+/// Polls both sides until the decode side saw `want` arrivals (never blocking either): the
+/// writer's polls are what make its transfers progress.
+fn pump(
+    decode: &mut DecodeSide,
+    prefill: &PrefillSide,
+    transfers: &mut [hisparse_nixl::Transfer],
+    want: usize,
+) -> Result<Vec<Arrival>, PdError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = Vec::new();
+    while got.len() < want {
+        for t in transfers.iter_mut() {
+            prefill.poll(t)?;
+        }
+        got.extend(decode.poll()?);
+        assert!(
+            Instant::now() < deadline,
+            "no notification within 30 s ({} of {want})",
+            got.len()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(got)
+}
+
+fn wait(prefill: &PrefillSide, t: &mut hisparse_nixl::Transfer) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !prefill.poll(t).expect("polling the write") {
+        assert!(
+            Instant::now() < deadline,
+            "the write did not complete in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn pages_land_in_the_assigned_host_blocks_and_nowhere_else() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !nixl_here("pages_land_in_the_assigned_host_blocks_and_nowhere_else") {
+        return;
+    }
+    let kv = kv();
+    let (host, dev) = (
+        PoolGeometry::host(&kv).unwrap(),
+        PoolGeometry::device(&kv).unwrap(),
+    );
+    let host_mem = Memory::new(host.pool_bytes, 0xEE);
+    let mut dev_mem = Memory::new(dev.pool_bytes, 0x11);
+    // Two requests: 3 pages (the last one partial) and 1 page; scattered blocks on both sides.
+    let requests = [
+        PageManifest {
+            request: 7,
+            tokens: 130,
+            host_blocks: vec![host.num_blocks - 1, 2, 40],
+        },
+        PageManifest {
+            request: 8,
+            tokens: 64,
+            host_blocks: vec![1],
+        },
+    ];
+    // Per request, per bucket: the GPU blocks of its pages (distinct across buckets too).
+    let sources: Vec<Vec<Vec<u32>>> = vec![
+        (0..dev.buckets)
+            .map(|k| vec![150 - k, 3 + 10 * k, 77 + k])
+            .collect(),
+        (0..dev.buckets)
+            .map(|k| vec![dev.num_blocks - 1 - k])
+            .collect(),
+    ];
+    let lists = |r: usize| -> Vec<&[u32]> { sources[r].iter().map(|v| &v[..]).collect() };
+    for (r, m) in requests.iter().enumerate() {
+        fill_source(&mut dev_mem, &dev, m.request, &lists(r));
+    }
+    let pid = std::process::id();
+    // SAFETY: both pools outlive the sides (dropped at the end of this test); only the issued
+    // manifests' blocks are written, and read after their notices arrived.
+    let mut decode =
+        unsafe { DecodeSide::new(&format!("decode-{pid}"), host_mem.region(), host.clone()) }
+            .unwrap();
+    let offer = decode.offer().unwrap();
+    // SAFETY: as above; the source pages are not changed while their writes run.
+    let prefill = unsafe {
+        PrefillSide::new(
+            &format!("prefill-{pid}"),
+            dev_mem.region(),
+            dev.clone(),
+            offer,
+        )
+    }
+    .unwrap();
+    decode.accept_from(prefill.name());
+    for m in &requests {
+        decode.issue(m.clone()).unwrap();
+    }
+    let mut transfers: Vec<_> = requests
+        .iter()
+        .enumerate()
+        .map(|(r, m)| prefill.send(m, &lists(r)).unwrap())
+        .collect();
+    assert_eq!(decode.outstanding(), 2);
+    let mut arrived = pump(&mut decode, &prefill, &mut transfers, 2).unwrap();
+    arrived.sort_by_key(|a| match a {
+        Arrival::Import(m) => m.request,
+        Arrival::Bulk { .. } => 0,
+    });
+    assert_eq!(
+        arrived,
+        requests
+            .iter()
+            .cloned()
+            .map(Arrival::Import)
+            .collect::<Vec<_>>()
+    );
+    for (t, m) in transfers.iter_mut().zip(&requests) {
+        wait(&prefill, t);
+        assert_eq!(t.bytes(), host.request_bytes(m.pages()));
+    }
+    assert_eq!(decode.outstanding(), 0);
+    // Every byte of the pool: the assigned pages hold the source pages, the rest is untouched.
+    let mem = host_mem.bytes();
+    let mut expected = vec![0xEEu8; host.pool_bytes as usize];
+    for m in &requests {
+        for l in &host.layers {
+            for (p, &b) in m.host_blocks.iter().enumerate() {
+                let at = (l.base + u64::from(b) * l.block_stride) as usize;
+                for i in 0..l.page_bytes {
+                    expected[at + i as usize] = page_byte(m.request, l.layer, p as u32, i);
+                }
+            }
+        }
+    }
+    let wrong = mem[..expected.len()]
+        .iter()
+        .zip(&expected)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(wrong, 0, "{wrong} bytes of the decode pool differ");
+    let written: u64 = requests.iter().map(|m| host.request_bytes(m.pages())).sum();
+    assert_eq!(written, (3 + 1) * 4 * 64 * 656);
+}
+
+#[test]
+fn a_bulk_write_is_announced_and_lands() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !nixl_here("a_bulk_write_is_announced_and_lands") {
+        return;
+    }
+    let kv = kv();
+    let (host, dev) = (
+        PoolGeometry::host(&kv).unwrap(),
+        PoolGeometry::device(&kv).unwrap(),
+    );
+    let host_mem = Memory::new(host.pool_bytes, 0);
+    let dev_mem = Memory::new(dev.pool_bytes, 0);
+    let mut staging = Memory::new(1 << 20, 0);
+    for (i, b) in staging.bytes_mut().iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let pid = std::process::id();
+    // SAFETY: the memories outlive the sides; nothing else touches them meanwhile.
+    let mut decode =
+        unsafe { DecodeSide::new(&format!("bulk-decode-{pid}"), host_mem.region(), host) }.unwrap();
+    // SAFETY: as above.
+    let mut prefill = unsafe {
+        PrefillSide::new(
+            &format!("bulk-prefill-{pid}"),
+            dev_mem.region(),
+            dev,
+            decode.offer().unwrap(),
+        )
+    }
+    .unwrap();
+    // SAFETY: as above.
+    unsafe { prefill.register(staging.region()).unwrap() };
+    decode.accept_from(prefill.name());
+    let mut t = prefill.bulk(&staging.region(), 1 << 20).unwrap();
+    assert_eq!(
+        pump(&mut decode, &prefill, std::slice::from_mut(&mut t), 1).unwrap(),
+        vec![Arrival::Bulk { bytes: 1 << 20 }]
+    );
+    wait(&prefill, &mut t);
+    assert!(t.elapsed().is_some());
+    assert_eq!(&host_mem.bytes()[..1 << 20], staging.bytes());
+}
+
+#[test]
+fn a_write_nobody_assigned_is_refused_on_arrival() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !nixl_here("a_write_nobody_assigned_is_refused_on_arrival") {
+        return;
+    }
+    let kv = kv();
+    let (host, dev) = (
+        PoolGeometry::host(&kv).unwrap(),
+        PoolGeometry::device(&kv).unwrap(),
+    );
+    let host_mem = Memory::new(host.pool_bytes, 0);
+    let dev_mem = Memory::new(dev.pool_bytes, 0);
+    let pid = std::process::id();
+    // SAFETY: the memories outlive the sides.
+    let mut decode = unsafe {
+        DecodeSide::new(
+            &format!("strict-decode-{pid}"),
+            host_mem.region(),
+            host.clone(),
+        )
+    }
+    .unwrap();
+    // SAFETY: as above.
+    let prefill = unsafe {
+        PrefillSide::new(
+            &format!("strict-prefill-{pid}"),
+            dev_mem.region(),
+            dev,
+            decode.offer().unwrap(),
+        )
+    }
+    .unwrap();
+    decode.accept_from(prefill.name());
+    let issued = PageManifest {
+        request: 1,
+        tokens: 10,
+        host_blocks: vec![5],
+    };
+    decode.issue(issued.clone()).unwrap();
+    // A manifest the pool cannot hold is refused before anything moves.
+    let outside = PageManifest {
+        host_blocks: vec![host.num_blocks],
+        ..issued.clone()
+    };
+    let three: Vec<&[u32]> = vec![&[3]; kv.num_buckets as usize];
+    let null: Vec<&[u32]> = vec![&[0]; kv.num_buckets as usize];
+    assert!(matches!(
+        prefill.send(&outside, &three),
+        Err(PdError::ManifestBlock { .. })
+    ));
+    assert!(matches!(
+        prefill.send(&issued, &null),
+        Err(PdError::Geometry { .. })
+    ));
+    // A request the decode side never assigned: its notice is an error there.
+    let stray = PageManifest {
+        request: 2,
+        ..issued
+    };
+    let mut t = prefill.send(&stray, &three).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        prefill.poll(&mut t).unwrap();
+        match decode.poll() {
+            Err(e) => break e,
+            Ok(a) => assert!(a.is_empty(), "{a:?}"),
+        }
+        assert!(Instant::now() < deadline, "no notification within 30 s");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(err, PdError::UnexpectedNotice { request: 2 });
+    wait(&prefill, &mut t);
+    assert_eq!(decode.outstanding(), 1);
+}
