@@ -100,7 +100,8 @@ fn drive(c: &mut Coordinator, final_len: &[(RequestId, u32)], max_steps: u32) ->
 }
 
 /// A layout that holds one request entirely on the GPU, prefix caching on: prompt P runs to the
-/// end and finishes; P again hits the host prefix cache, but the hit (its pinned blocks, a hot
+/// end and finishes; another request then takes the blocks of P's GPU copies, so P again hits
+/// the host prefix cache but would read the hit from host, and the hit (its pinned blocks, a hot
 /// region and the first page) needs more than the whole pool. It must start without the hit
 /// rather than wait forever — and so must the request queued behind it.
 #[test]
@@ -110,8 +111,12 @@ fn a_prefix_hit_that_cannot_start_within_the_pool_falls_back_to_recomputing() {
     let p: Vec<u32> = (0..5).collect();
     c.admit(1, &p).unwrap();
     drive(&mut c, &[(1, 8)], 20);
-    c.admit(2, &p).unwrap();
+    // P's resident blocks were freed first (a request frees in reverse order), so they are at
+    // the head of the free queue: this request takes them.
     c.admit(3, &[50, 51, 52]).unwrap();
+    drive(&mut c, &[(3, 3)], 20);
+    c.admit(2, &p).unwrap();
+    c.admit(4, &[60, 61, 62]).unwrap();
     let cmd = c.step().unwrap();
     assert_eq!(cmd.scheduled.len(), 1, "P starts again");
     assert_eq!(
@@ -122,7 +127,27 @@ fn a_prefix_hit_that_cannot_start_within_the_pool_falls_back_to_recomputing() {
     if let Some(id) = cmd.transfer_id {
         c.report(0, &[id], &[id]).unwrap();
     }
-    drive(&mut c, &[(2, 8), (3, 8)], 60);
+    drive(&mut c, &[(2, 8), (4, 8)], 60);
+}
+
+/// The same layout when P's GPU copies are still in the free queue: the hit adopts them (no hot
+/// region, nothing read from host), so it fits and only the last token is computed.
+#[test]
+fn a_prefix_hit_on_gpu_copies_fits_where_reading_from_host_would_not() {
+    let mut c = coordinator(layout(8, 5, true), 512, 1);
+    let p: Vec<u32> = (0..5).collect();
+    c.admit(1, &p).unwrap();
+    drive(&mut c, &[(1, 8)], 20);
+    c.admit(2, &p).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 1);
+    let s = cmd.scheduled[0];
+    assert_eq!((s.id, s.first_token, s.fully_resident), (2, 4, true));
+    assert!(cmd.hot_assign.is_empty());
+    if let Some(id) = cmd.transfer_id {
+        c.report(0, &[id], &[id]).unwrap();
+    }
+    drive(&mut c, &[(2, 8)], 60);
 }
 
 /// The same prompt with room for the hit: the hit is used (only the last token is computed),

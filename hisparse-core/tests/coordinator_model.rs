@@ -10,8 +10,16 @@
 //!   which transfer. A resident entry may turn null (page reclaimed) only when every row of the
 //!   page has reached host in transfers every worker completed, and never for the last two pages
 //!   of a request; a prefix hit reads only host blocks whose rows are all durable;
-//! * GPU blocks in resident and hot tables are never shared between requests, and no device →
-//!   host copy writes a host block another running request uses.
+//! * GPU blocks in resident and hot tables are never shared between requests (a prefix hit's
+//!   adopted GPU copies of full pages aside), and no device → host copy writes a host block
+//!   another running request uses;
+//! * a shadow of the *bytes*: every row the forward pass writes is tagged with the token prefix
+//!   it encodes, copies (row mirrors, spills, restores, copy-on-write) move tags, and every row
+//!   a scheduled request's attention reads is checked before its forward pass: a resident entry
+//!   must hold the right GPU row (an unpinned page that no allocation reused still reads its GPU
+//!   bytes), a null entry the right host row of a durable transfer (a page whose block was
+//!   reused reads host bytes); no copy-on-write source is written before the batch of the step
+//!   that copied it is complete.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -35,6 +43,9 @@ static SPILLS: AtomicU64 = AtomicU64::new(0);
 static WINDOW_FREES: AtomicU64 = AtomicU64::new(0);
 static DURABLE_ADVANCES: AtomicU64 = AtomicU64::new(0);
 static ROLLBACKS: AtomicU64 = AtomicU64::new(0);
+static UNPINNED_GPU_READS: AtomicU64 = AtomicU64::new(0);
+static CONTENT_READS: AtomicU64 = AtomicU64::new(0);
+static ADOPTED_READS: AtomicU64 = AtomicU64::new(0);
 const MAX_LEN: u32 = 48;
 
 #[derive(Clone, Debug)]
@@ -148,6 +159,28 @@ struct Shadow {
     comp: Vec<usize>,
     /// host block → bucket → rows written (bitmask) and the last transfer that wrote it.
     rows: HashMap<u32, (Vec<u64>, u64)>,
+    /// Request → its tokens (as the engine appended and rolled them back).
+    tokens: HashMap<RequestId, Vec<u32>>,
+    /// GPU block → row → tag of what the row holds (0 = never written).
+    gpu_data: HashMap<u32, Vec<u64>>,
+    /// Host block → bucket → row → tag.
+    host_data: HashMap<u32, Vec<Vec<u64>>>,
+    /// row → group → column → block (indexer and regular groups).
+    tables: Vec<HashMap<u32, Vec<u32>>>,
+    /// Copy-on-write sources not to be written before transfer `.2` is durable: (GPU pool?,
+    /// block, transfer).
+    cow_sources: Vec<(bool, u32, u64)>,
+}
+
+/// Tag of the row token `t` of `tokens` writes: the KV of a token depends on every token up
+/// to it.
+fn tag(tokens: &[u32], t: u32) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &x in &tokens[..=t as usize] {
+        h ^= u64::from(x) + 1;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    h | 1
 }
 
 impl Shadow {
@@ -163,7 +196,30 @@ impl Shadow {
             enq: vec![0; p.workers as usize],
             comp: vec![0; p.workers as usize],
             rows: HashMap::new(),
+            tokens: HashMap::new(),
+            gpu_data: HashMap::new(),
+            host_data: HashMap::new(),
+            tables: vec![HashMap::new(); rows],
+            cow_sources: Vec::new(),
         }
+    }
+
+    /// Fails if `block` (of the GPU pool when `gpu`) is a copy-on-write source whose copy may
+    /// not be complete yet.
+    fn check_write(&self, gpu: bool, block: u32, what: &str) -> Result<(), TestCaseError> {
+        let durable = self.durable();
+        for &(g, b, x) in &self.cow_sources {
+            prop_assert!(
+                !(g == gpu && b == block && x > durable),
+                "{} writes {} block {}, a copy-on-write source of transfer {} (durable: {})",
+                what,
+                if gpu { "GPU" } else { "host" },
+                block,
+                x,
+                durable
+            );
+        }
+        Ok(())
     }
 
     fn durable(&self) -> u64 {
@@ -223,6 +279,8 @@ fn setup(p: &Params) -> Coordinator {
     input.num_gpu_blocks_override = Some(p.gpu_blocks);
     let kv = plan_layout(&input).expect("layout");
     assert_eq!(kv.num_buckets, 2);
+    // One row per token and per page slot: the byte shadow tags rows by token.
+    assert_eq!((kv.sparse_compress_ratio, kv.block_size), (1, BT));
     Coordinator::new(
         kv,
         CoordinatorConfig {
@@ -249,10 +307,13 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
         prop_assert_eq!(Some(&(id - 1)), sh.issued.last().or(Some(&0)));
         sh.issued.push(id);
     }
+    let durable = sh.durable();
+    sh.cow_sources.retain(|&(_, _, x)| x > durable);
     for &row in &cmd.started {
         let row = row as usize;
         sh.computed[row] = 0;
         sh.host[row].clear();
+        sh.tables[row].clear();
         for b in 0..sh.nb {
             sh.resident[row][b].clear();
             sh.hot[row][b].clear();
@@ -270,17 +331,29 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
         }
         v[u.page as usize] = i64::from(u.block);
     }
+    for u in &cmd.block_tables {
+        let v = sh.tables[u.slot as usize].entry(u.group).or_default();
+        if v.len() <= u.page as usize {
+            v.resize(u.page as usize + 1, 0);
+        }
+        v[u.page as usize] = u.block;
+    }
     for &h in &cmd.new_host_blocks {
+        sh.check_write(false, h, "a new host block")?;
         sh.rows.remove(&h);
+        sh.host_data.remove(&h);
     }
     for pair in &cmd.host_cow {
         COW.fetch_add(1, Relaxed);
+        sh.check_write(false, pair.dst, "host copy-on-write")?;
         let src = sh.rows.get(&pair.src).cloned();
         prop_assert!(
             src.is_some(),
             "copy-on-write from a host block never written"
         );
         sh.rows.insert(pair.dst, src.unwrap_or_default());
+        let data = sh.host_data.get(&pair.src).cloned().unwrap_or_default();
+        sh.host_data.insert(pair.dst, data);
     }
     for u in &cmd.residency {
         let bucket = (u.group - resident_base) as usize;
@@ -333,11 +406,30 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
         prop_assert_eq!(a.blocks.len(), kv.hot_blocks_per_request as usize);
         sh.hot[a.slot as usize][b] = a.blocks.clone();
     }
+    // Before the forward: restores (host → device pages) and GPU copy-on-write.
+    let bs = kv.block_size as usize;
+    for t in &cmd.restores {
+        sh.check_write(true, t.device_block, "a restore")?;
+        let rows = sh
+            .host_data
+            .get(&t.host_block)
+            .map(|d| d[t.bucket as usize].clone())
+            .unwrap_or_else(|| vec![0; bs]);
+        sh.gpu_data.insert(t.device_block, rows);
+    }
+    for pair in &cmd.gpu_cow {
+        sh.check_write(true, pair.dst, "GPU copy-on-write")?;
+        let rows = sh
+            .gpu_data
+            .get(&pair.src)
+            .cloned()
+            .unwrap_or_else(|| vec![0; bs]);
+        sh.gpu_data.insert(pair.dst, rows);
+    }
     // Prefix hits: null resident entries of pages never resident must be durable on host.
     for s in &cmd.scheduled {
         let row = s.slot as usize;
         let gpu_pages = (s.first_token + s.num_tokens).div_ceil(kv.block_tokens) as usize;
-        let tail_from = gpu_pages.saturating_sub(2);
         for p in 0..gpu_pages {
             let null = sh.resident[row]
                 .iter()
@@ -355,7 +447,94 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
                     sh.hot[row].iter().all(|v| !v.is_empty()),
                     "null entry without a hot region"
                 );
-                let _ = tail_from;
+            }
+        }
+    }
+    // What attention reads before this step's tokens: every context row, from the GPU block
+    // the resident entry names or, for a null entry, from the host block of a durable transfer.
+    for s in &cmd.scheduled {
+        let row = s.slot as usize;
+        let toks = sh.tokens.get(&s.id).cloned().unwrap_or_default();
+        prop_assert!(toks.len() as u32 >= s.first_token + s.num_tokens);
+        for t in 0..s.first_token {
+            let (p, r) = (
+                (t / kv.block_tokens) as usize,
+                (t % kv.block_tokens) as usize,
+            );
+            let want = tag(&toks, t);
+            let unpinned = c.page_state(s.id, p as u32)
+                == Some(hisparse_core::coordinator::PageState::Unpinned);
+            for b in 0..sh.nb {
+                let e = sh.resident[row][b].get(p).copied().unwrap_or(0);
+                CONTENT_READS.fetch_add(1, Relaxed);
+                if e != 0 {
+                    if unpinned {
+                        UNPINNED_GPU_READS.fetch_add(1, Relaxed);
+                    }
+                    if cmd.started.contains(&s.slot) {
+                        ADOPTED_READS.fetch_add(1, Relaxed);
+                    }
+                    let got = sh.gpu_data.get(&e).map_or(0, |d| d[r]);
+                    prop_assert_eq!(
+                        got,
+                        want,
+                        "request {} token {} (page {}, bucket {}) reads GPU block {} holding the wrong row{}",
+                        s.id,
+                        t,
+                        p,
+                        b,
+                        e,
+                        if unpinned { " (unpinned page)" } else { "" }
+                    );
+                } else {
+                    let h = sh.host[row][p] as u32;
+                    let got = sh.host_data.get(&h).map_or(0, |d| d[b][r]);
+                    prop_assert_eq!(
+                        got,
+                        want,
+                        "request {} token {} (page {}, bucket {}) reads host block {} holding the wrong row",
+                        s.id,
+                        t,
+                        p,
+                        b,
+                        h
+                    );
+                    let last = sh.rows.get(&h).map_or(u64::MAX, |e| e.1);
+                    prop_assert!(
+                        last <= sh.durable(),
+                        "host row read before its transfer is durable"
+                    );
+                }
+            }
+        }
+    }
+    // The forward pass writes this step's tokens: resident rows (tagged), indexer and regular
+    // blocks (only checked against copy-on-write sources).
+    for s in &cmd.scheduled {
+        let row = s.slot as usize;
+        let toks = sh.tokens.get(&s.id).cloned().unwrap_or_default();
+        for t in s.first_token..s.first_token + s.num_tokens {
+            let (p, r) = (
+                (t / kv.block_tokens) as usize,
+                (t % kv.block_tokens) as usize,
+            );
+            for b in 0..sh.nb {
+                let e = sh.resident[row][b].get(p).copied().unwrap_or(0);
+                prop_assert!(
+                    e != 0,
+                    "the forward writes token {} into a null resident entry",
+                    t
+                );
+                sh.check_write(true, e, "the forward pass")?;
+                sh.gpu_data.entry(e).or_insert_with(|| vec![0; bs])[r] = tag(&toks, t);
+            }
+            for (&g, cols) in &sh.tables[row] {
+                let gt = kv.groups[g as usize].block_tokens.max(1);
+                if let Some(&blk) = cols.get((t / gt) as usize)
+                    && blk != 0
+                {
+                    sh.check_write(true, blk, "the forward pass (indexer/regular)")?;
+                }
             }
         }
     }
@@ -366,6 +545,22 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
     let id = cmd.transfer_id.unwrap_or(0);
     for m in &cmd.row_mirrors {
         prop_assert!(m.span.first_row + m.span.num_rows <= kv.block_size);
+        sh.check_write(false, m.span.host_block, "a row mirror")?;
+        let src = sh
+            .gpu_data
+            .get(&m.span.device_block)
+            .cloned()
+            .unwrap_or_else(|| vec![0; bs]);
+        let nb = sh.nb;
+        let dst = sh
+            .host_data
+            .entry(m.span.host_block)
+            .or_insert_with(|| vec![vec![0; bs]; nb]);
+        let (r0, r1) = (
+            m.span.first_row as usize,
+            (m.span.first_row + m.span.num_rows) as usize,
+        );
+        dst[m.bucket as usize][r0..r1].copy_from_slice(&src[r0..r1]);
         let e = sh
             .rows
             .entry(m.span.host_block)
@@ -379,9 +574,31 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
         e.1 = id;
     }
     for t in &cmd.page_transfers {
+        sh.check_write(false, t.host_block, "a page spill")?;
+        let src = sh
+            .gpu_data
+            .get(&t.device_block)
+            .cloned()
+            .unwrap_or_else(|| vec![0; bs]);
+        let nb = sh.nb;
+        sh.host_data
+            .entry(t.host_block)
+            .or_insert_with(|| vec![vec![0; bs]; nb])[t.bucket as usize] = src;
         let e = sh.rows.entry(t.host_block).or_insert((vec![0; sh.nb], 0));
         e.0[t.bucket as usize] = full;
         e.1 = id;
+    }
+    if !(cmd.host_cow.is_empty() && cmd.gpu_cow.is_empty()) {
+        prop_assert!(
+            cmd.transfer_id.is_some(),
+            "a step with copy-on-write has no transfer id to release its sources with"
+        );
+        for pair in &cmd.host_cow {
+            sh.cow_sources.push((false, pair.src, id));
+        }
+        for pair in &cmd.gpu_cow {
+            sh.cow_sources.push((true, pair.src, id));
+        }
     }
     Ok(())
 }
@@ -391,12 +608,24 @@ fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
     let nb = kv.num_buckets as usize;
     let mp = c.max_pages() as usize;
     let mut row_buf = vec![0i32; mp];
-    let mut owner: HashMap<u32, RequestId> = HashMap::new();
+    // GPU block → (request, whether it holds a full page: a prefix hit may adopt the GPU copy
+    // of another request's full page, so full pages may share blocks).
+    let mut owner: HashMap<u32, (RequestId, bool)> = HashMap::new();
+    let mut claim = |blk: u32, id: RequestId, full: bool| -> Result<(), TestCaseError> {
+        let prev = owner.insert(blk, (id, full));
+        prop_assert!(
+            prev.is_none_or(|(other, other_full)| other != id && full && other_full),
+            "GPU block {} shared",
+            blk
+        );
+        Ok(())
+    };
     let mut host_owner: HashMap<u32, RequestId> = HashMap::new();
     let ids: Vec<RequestId> = c.running_ids().collect();
     for id in ids {
         let row = c.slot_of(id).expect("running has a row") as usize;
         let pages = c.num_computed(id).unwrap().div_ceil(kv.block_tokens) as usize;
+        let full_pages = (c.num_computed(id).unwrap() / kv.block_tokens) as usize;
         for b in 0..nb {
             c.resident_row(id, b as u32, &mut row_buf).unwrap();
             for (p, &got) in row_buf.iter().enumerate().take(pages) {
@@ -410,11 +639,7 @@ fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
                     p
                 );
                 if want != 0 {
-                    prop_assert!(
-                        owner.insert(want, id).is_none(),
-                        "GPU block {} shared",
-                        want
-                    );
+                    claim(want, id, p < full_pages)?;
                 }
             }
             // A rollback leaves the pages it un-filled allocated for the tokens that follow.
@@ -430,11 +655,7 @@ fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
                     p
                 );
                 if want != 0 {
-                    prop_assert!(
-                        owner.insert(want, id).is_none(),
-                        "GPU block {} shared",
-                        want
-                    );
+                    claim(want, id, false)?;
                 }
             }
             prop_assert!(row_buf[held..].iter().all(|&v| v == 0));
@@ -446,7 +667,7 @@ fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
             } else {
                 for (i, &blk) in sh_hot.iter().enumerate() {
                     prop_assert_eq!(hot[i] as u32, blk);
-                    prop_assert!(owner.insert(blk, id).is_none(), "hot block {} shared", blk);
+                    claim(blk, id, false)?;
                 }
             }
         }
@@ -508,6 +729,7 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let t = tokens_for(family, u32::from(len));
                 c.admit(next_id, &t)
                     .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                sh.tokens.insert(next_id, t);
                 known.push(next_id);
                 next_id += 1;
             }
@@ -528,11 +750,16 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         if n >= u32::from(finish_len) || n >= MAX_LEN {
                             c.finish(id).unwrap();
                             known.retain(|&k| k != id);
+                            sh.tokens.remove(&id);
                         } else {
                             // Speculative decoding appends up to `max_query_len` tokens.
                             let k = (1 + (n as usize + usize::from(finish_len)) % p.mql as usize)
                                 .min((MAX_LEN - n) as usize);
-                            c.append_tokens(id, &vec![7; k]).unwrap();
+                            // Sampled tokens differ by position, so a rollback's replacements
+                            // write different rows.
+                            let new: Vec<u32> = (0..k as u32).map(|i| 7 + (n + i) % 5).collect();
+                            c.append_tokens(id, &new).unwrap();
+                            sh.tokens.get_mut(&id).unwrap().extend_from_slice(&new);
                         }
                     }
                 }
@@ -564,6 +791,7 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if !known.is_empty() {
                     let id = known.remove(usize::from(pick) % known.len());
                     c.finish(id).unwrap();
+                    sh.tokens.remove(&id);
                 }
             }
             Op::Preempt { pick } => {
@@ -584,6 +812,8 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let before = c.num_computed(id).unwrap();
                     match c.rollback(id, u32::from(n)) {
                         Ok(()) => {
+                            let len = c.num_tokens(id).unwrap() as usize;
+                            sh.tokens.get_mut(&id).unwrap().truncate(len);
                             let after = c.num_computed(id).unwrap();
                             prop_assert!(after + u32::from(n) >= before);
                             if after < before {
@@ -642,6 +872,15 @@ fn coordinator_model() {
         ("window/COW block frees", WINDOW_FREES.load(Relaxed)),
         ("durable advances", DURABLE_ADVANCES.load(Relaxed)),
         ("rollbacks of computed tokens", ROLLBACKS.load(Relaxed)),
+        ("context rows read and checked", CONTENT_READS.load(Relaxed)),
+        (
+            "reads of unpinned pages' GPU bytes",
+            UNPINNED_GPU_READS.load(Relaxed),
+        ),
+        (
+            "prefix-hit rows read on the GPU",
+            ADOPTED_READS.load(Relaxed),
+        ),
     ];
     println!("coverage over {cases} sequences: {counts:?}");
     if cases >= 1000 {
@@ -764,8 +1003,10 @@ fn run_liveness(p: Params, slack: u32, arrivals: Vec<Arrival>) -> Result<(), Tes
         for (i, a) in arrivals.iter().enumerate() {
             if a.at == step {
                 let id = i as RequestId + 1;
-                c.admit(id, &tokens_for(a.family, a.len))
+                let t = tokens_for(a.family, a.len);
+                c.admit(id, &t)
                     .map_err(|e| TestCaseError::fail(format!("admit: {e}")))?;
+                sh.tokens.insert(id, t);
                 open.insert(id, a.final_len);
             }
         }
@@ -818,9 +1059,14 @@ fn run_liveness(p: Params, slack: u32, arrivals: Vec<Arrival>) -> Result<(), Tes
             if n >= want {
                 c.finish(id).unwrap();
                 open.remove(&id);
+                sh.tokens.remove(&id);
             } else {
                 let k = (1 + (n + id as u32) % p.mql).min(want - n);
                 c.append_tokens(id, &vec![7; k as usize]).unwrap();
+                sh.tokens
+                    .get_mut(&id)
+                    .unwrap()
+                    .extend(std::iter::repeat_n(7, k as usize));
             }
         }
         c.check_invariants()

@@ -163,6 +163,7 @@ impl Coordinator {
         let res = self.start_inner(&mut r, max_tokens);
         let ok = matches!(res, Ok(Alloc::Scheduled));
         self.reqs[slot as usize] = Some(r);
+        self.process_reused();
         if ok {
             if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
                 self.waiting.remove(pos);
@@ -219,21 +220,49 @@ impl Coordinator {
     }
 
     /// GPU blocks a start with a prefix hit of `hit` pages (of a `len`-token prompt) holds at
-    /// the least: the pinned indexer and regular blocks of the hit, one new page (the first
-    /// chunk, or the copy-on-write tail) with a new block in every regular group, and the hot
-    /// region when some page reads from host.
-    fn hit_start_footprint(&self, hit: u32, len: u32) -> u64 {
+    /// the least: the pinned indexer and regular blocks of the hit, the adopted GPU copies of
+    /// `adopted` hit pages, one new page (the first chunk, or the copy-on-write tail) with a
+    /// new block in every regular group, and the hot region when some hit page reads from host.
+    fn hit_start_footprint(&self, hit: u32, len: u32, adopted: u32) -> u64 {
         let cow_tail = u64::from(hit) * u64::from(self.kv.block_tokens) >= u64::from(len);
         let shared = if cow_tail { hit - 1 } else { hit };
-        let hot = if shared > 0 {
+        let hot = if shared > adopted {
             u64::from(self.hot.cost())
         } else {
             0
         };
         self.paged.hit_pins(hit, self.resume_token(hit, len))
+            + u64::from(adopted) * u64::from(self.resident.num_buckets())
             + self.gpu_cost_per_page()
             + self.paged.num_groups()
             + hot
+    }
+
+    /// Which of the first `shared` hit pages still have a valid GPU copy of every bucket (its
+    /// resident blocks keep their prefix keys until the pool hands them out): `(page, blocks)`
+    /// into `out`, blocks flattened, `num_buckets` per page.
+    fn adoptable_pages(
+        &self,
+        r: &Req,
+        shared: u32,
+        out: &mut Vec<(u32, u32)>,
+        blocks: &mut Vec<u32>,
+    ) {
+        out.clear();
+        blocks.clear();
+        if !self.source.caching() {
+            return;
+        }
+        let mut page = Vec::new();
+        for p in 0..shared {
+            if self
+                .resident
+                .cached_page(&self.gpu, r.source.hashes[p as usize], &mut page)
+            {
+                out.push((p, blocks.len() as u32));
+                blocks.extend_from_slice(&page);
+            }
+        }
     }
 
     pub(super) fn start_inner(
@@ -247,15 +276,33 @@ impl Coordinator {
         // Prefix hashes of the full pages.
         self.source.hash_prompt(&mut r.source, &r.tokens);
         let mut hit = self.prefix_hit(r);
-        // A hit that could never start, even with the whole pool free, would wait forever:
-        // recompute the prefix instead.
-        if hit > 0 && self.hit_start_footprint(hit, len) > u64::from(self.gpu.num_blocks() - 1) {
-            hit = 0;
-        }
         // The last token is always computed: a hit on every page makes the last page a
         // copy-on-write tail.
+        let shared_of = |hit: u32| {
+            if hit > 0 && hit * bt >= len {
+                hit - 1
+            } else {
+                hit
+            }
+        };
+        // Hit pages whose GPU copies are still cached are read there (no hot rows for them).
+        let (mut adopt, mut adopt_blocks) = (Vec::new(), Vec::new());
+        self.adoptable_pages(r, shared_of(hit), &mut adopt, &mut adopt_blocks);
+        let pool = u64::from(self.gpu.num_blocks() - 1);
+        if hit > 0 && self.hit_start_footprint(hit, len, adopt.len() as u32) > pool {
+            // Adopting costs blocks a hot region might not: try without.
+            adopt.clear();
+            adopt_blocks.clear();
+        }
+        // A hit that could never start, even with the whole pool free, would wait forever:
+        // recompute the prefix instead.
+        if hit > 0 && self.hit_start_footprint(hit, len, adopt.len() as u32) > pool {
+            hit = 0;
+            adopt.clear();
+            adopt_blocks.clear();
+        }
         let cow_tail = hit > 0 && hit * bt >= len;
-        let shared = if cow_tail { hit - 1 } else { hit };
+        let shared = shared_of(hit);
         let computed0 = if cow_tail { len - 1 } else { hit * bt };
         let mut chunk = (len - computed0).min(max_tokens.max(1));
 
@@ -278,14 +325,30 @@ impl Coordinator {
                 computed0,
             );
         }
+        let mut adopted_pinned = 0;
+        if pinned.is_ok() {
+            for &b in &adopt_blocks {
+                pinned = self.gpu.touch(b);
+                if pinned.is_err() {
+                    break;
+                }
+                adopted_pinned += 1;
+            }
+        }
+        let unpin_adopted = |this: &mut Self, n: usize| {
+            for &b in adopt_blocks[..n].iter().rev() {
+                let _ = this.gpu.free(b);
+            }
+        };
         if let Err(e) = pinned {
+            unpin_adopted(self, adopted_pinned);
             self.source.unpin(&mut r.source, &mut self.host);
             self.paged.unpin(&mut r.paged, &mut self.gpu);
             return Err(e.into());
         }
         // Account for every tier before allocating anything.
         let host_need = u64::from(total_pages - shared);
-        let hot = if shared > 0 {
+        let hot = if shared > adopt.len() as u32 {
             u64::from(self.hot.cost())
         } else {
             0
@@ -328,6 +391,7 @@ impl Coordinator {
                 .and_then(|()| self.resident.try_reserve(&mut r.resident, pages))
                 .and_then(|()| self.paged.try_reserve(&mut r.paged, pages));
             if let Err(e) = reserved {
+                unpin_adopted(self, adopted_pinned);
                 self.source.unpin(&mut r.source, &mut self.host);
                 self.paged.unpin(&mut r.paged, &mut self.gpu);
                 return Err(e);
@@ -335,6 +399,7 @@ impl Coordinator {
         }
         if let Some(pool) = short {
             // Unpin (the blocks keep their hashes and go to the tail of the LRU queue).
+            unpin_adopted(self, adopted_pinned);
             self.source.unpin(&mut r.source, &mut self.host);
             self.paged.unpin(&mut r.paged, &mut self.gpu);
             return Ok(self.short_of(pool, awaits));
@@ -354,8 +419,17 @@ impl Coordinator {
         r.row = row;
         self.out.started.push(row);
         let slot = row;
-        for _ in 0..hit {
-            self.resident.push_hit_page(&mut r.resident);
+        let nb = self.resident.num_buckets() as usize;
+        let mut next_adopted = adopt.iter().peekable();
+        for p in 0..hit {
+            match next_adopted.next_if(|&&(q, _)| q == p) {
+                Some(&(_, at)) => {
+                    let at = at as usize;
+                    self.resident
+                        .push_adopted_page(&mut r.resident, &adopt_blocks[at..at + nb]);
+                }
+                None => self.resident.push_hit_page(&mut r.resident),
+            }
         }
         if cow_tail {
             // The shared last page gets private copies: host → host, GPU → GPU, and resident
@@ -386,8 +460,8 @@ impl Coordinator {
             .hit_tables(&r.resident, slot, hit, &mut self.out);
         r.pages = hit;
         r.hit_pages = shared;
-        r.resident.host_only = shared;
-        r.resident.reclaim_cursor = shared;
+        // Adopted pages are clean resident pages like any other: reclaim may unpin them.
+        r.resident.reclaim_cursor = adopt.first().map_or(shared, |&(p, _)| p);
         r.resident.spill_cursor = shared;
         r.source.ready_prefix = shared;
         r.num_computed = computed0;
@@ -399,7 +473,7 @@ impl Coordinator {
             slot,
             total_pages,
         );
-        if shared > 0 {
+        if r.resident.host_only > 0 {
             self.hot
                 .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
         }

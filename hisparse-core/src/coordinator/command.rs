@@ -3,8 +3,8 @@
 
 use alloc::vec::Vec;
 
-use super::managers::{DIRTY, PagedTable};
-use super::{Coordinator, PoolKind, RequestId};
+use super::managers::{PageState, PagedTable};
+use super::{Coordinator, RequestId};
 use crate::ops::{BlockPair, RowSpan};
 
 /// A request scheduled in a step.
@@ -79,7 +79,9 @@ pub struct RowMirror {
 /// `new_host_blocks`; (2) `host_cow` (host → host pages), then `restores` (host → device pages,
 /// which read the copied host blocks), then `gpu_cow` (whole GPU blocks); (3) the forward pass;
 /// (4) the after-forward copies `row_mirrors` and `page_transfers` (device → host), as the batch
-/// `transfer_id`.
+/// `transfer_id`. A step with copy-on-write has a transfer id even when it has no
+/// after-forward copies: the copy-on-write sources stay allocated until every worker has
+/// completed that batch (which it does after the step's forward pass, so after the copies).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct OffloadCommand {
@@ -196,6 +198,8 @@ impl Coordinator {
     /// Like [`Coordinator::build_offload_command`], reusing `cmd`'s buffers (no allocation in
     /// steady state).
     pub fn build_offload_command_into(&mut self, cmd: &mut OffloadCommand) {
+        // Free blocks ahead of need (unpinning costs nothing in the data plane).
+        self.keep_low_watermark();
         // Spills when eager mirroring is off.
         if !self.kv.config.eager_host_mirror {
             let mut budget = self.cfg.max_spill_pages_per_step;
@@ -206,7 +210,7 @@ impl Coordinator {
                     let sealed = r.num_computed / self.kv.block_tokens;
                     while r.resident.spill_cursor < sealed && budget > 0 {
                         let p = r.resident.spill_cursor;
-                        if r.resident.state[p as usize] == DIRTY {
+                        if self.resident.state(&r.resident, p) == PageState::Dirty {
                             self.plan_spill(&mut r, p);
                             budget -= 1;
                         }
@@ -217,6 +221,9 @@ impl Coordinator {
                 i += 1;
             }
         }
+        // Unpinned blocks this step's allocations reused: their pages read from host from this
+        // command on.
+        self.process_reused();
         self.step_no += 1;
         self.out.step = self.step_no;
         // Reclaim later in the step may have changed residency: decide now.
@@ -229,19 +236,19 @@ impl Coordinator {
             all &= s.fully_resident;
         }
         self.out.fully_resident = all;
-        if self.out.has_copies() {
-            self.out.transfer_id = Some(self.current_xfer);
+        // A step with copy-on-write gets a transfer id even without after-forward copies: its
+        // completion (after the forward, so after the copies before it) releases the sources.
+        if self.out.has_copies() || !self.after_build.is_empty() {
+            let id = self.current_xfer;
+            self.out.transfer_id = Some(id);
             self.current_xfer += 1;
+            for (pool, b) in self.after_build.drain(..) {
+                self.deferred.push_back((id, pool, b));
+            }
         } else {
             self.out.transfer_id = None;
         }
         core::mem::swap(cmd, &mut self.out);
         self.out.clear();
-        for (pool, b) in self.after_build.drain(..) {
-            let _ = match pool {
-                PoolKind::Gpu => self.gpu.free(b),
-                PoolKind::Host => self.host.free(b),
-            };
-        }
     }
 }

@@ -94,7 +94,7 @@ impl Coordinator {
             for b in r
                 .paged
                 .blocks()
-                .chain(r.resident.blocks.iter().copied())
+                .chain(self.resident.held_blocks(&r.resident))
                 .chain(r.hot.blocks.iter().copied())
             {
                 if b != 0 {
@@ -106,16 +106,18 @@ impl Coordinator {
             }
             let at = |(what, index)| violation(what, rid, index);
             self.hot
-                .check(&r.hot, self.resident.reads_from_host(&r.resident))
+                .check(&r.hot, self.resident.needs_hot_region(&r.resident))
                 .map_err(at)?;
             self.paged.check(&r.paged, r.num_computed).map_err(at)?;
             self.resident
                 .check(
                     &r.resident,
+                    (r.slot, r.generation),
                     r.pages,
                     r.hit_pages,
                     r.num_computed,
                     self.durable,
+                    &self.gpu,
                 )
                 .map_err(at)?;
             in_flight += r.resident.pending_release * self.resident.num_buckets();
@@ -144,6 +146,19 @@ impl Coordinator {
             match pool {
                 PoolKind::Gpu => gpu_refs[b as usize] += 1,
                 PoolKind::Host => host_refs[b as usize] += 1,
+            }
+        }
+        for &(x, b, _) in &self.detached {
+            let held = self
+                .deferred
+                .iter()
+                .any(|&(y, pool, d)| y == x && pool == PoolKind::Host && d == b);
+            if x <= self.durable || !held {
+                return Err(violation(
+                    "detached page not held until its publication",
+                    None,
+                    Some(b),
+                ));
             }
         }
         for &(x, pool, b) in &self.deferred {

@@ -27,7 +27,7 @@
 //! | `request.rs` | the per-request record: tokens, progress, one table per manager |
 //! | `admission.rs` | [`Coordinator::admit`], appending tokens, [`Coordinator::start`] (prefix hits, copy-on-write tail, accounting for every tier) |
 //! | `schedule.rs` | [`Coordinator::schedule`] and the built-in step policy [`Coordinator::schedule_step`] |
-//! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`] and wait-instead-of-preempt |
+//! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`], the low watermark, reused unpinned pages falling back, wait-instead-of-preempt |
 //! | `rollback.rs` | [`Coordinator::rollback`]: rejected speculative tokens given back |
 //! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`], durability |
 //! | `command.rs` | [`OffloadCommand`] and the types it carries; [`Coordinator::build_offload_command`] |
@@ -38,10 +38,25 @@
 //! # Page lifecycle
 //!
 //! `dirty` (GPU only) → `pending` (host transfer in flight) → `clean` (host copy durable) →
-//! `reclaimed` (GPU blocks back in the pool, resident entries null). A page is reclaimable only
-//! when clean, outside the active tail (the page the next token writes and the one before it,
-//! [`ACTIVE_TAIL_PAGES`] pages), and its request has (or is given)
-//! a hot region. Nothing is reclaimed before its host copy is durable.
+//! `unpinned` (GPU blocks back in the free queue, bytes still valid and read from the GPU) →
+//! `reclaimed` (the pool handed a block to someone else: resident entries null, read from
+//! host). A page is reclaimable only when clean, outside the active tail (the page the next
+//! token writes and the one before it, [`ACTIVE_TAIL_PAGES`] pages), and its request has (or is
+//! given) a hot region. Nothing is unpinned before its host copy is durable.
+//!
+//! Lazy reclaim: unpinning costs the data plane nothing — no table changes; the page falls
+//! back to host, once, in the command whose allocations reuse one of its blocks (before the
+//! forward pass that overwrites it). A low watermark (the larger of one request's hot region
+//! and a tenth of the GPU pool) is kept free ahead of need at the end of every step by
+//! unpinning clean pages of requests that hold hot regions; an allocation that finds the pool
+//! short still reclaims, converting requests to hot regions as needed.
+//!
+//! Prefix caching publishes a durable page's host block and, with it, its GPU copy: a later
+//! request hitting the page reads the GPU copy (shares its blocks) while the pool has not
+//! handed them out, and needs a hot region only for hit pages read from host. Pages whose host
+//! copies are still in flight when their request finishes or is preempted are published once
+//! durable (detached publication). Copy-on-write sources stay allocated until every worker has
+//! completed the batch of the step that copied them.
 //!
 //! # Transfers and workers
 //!
@@ -153,7 +168,7 @@ use error::out_of_memory;
 pub use error::{CoordError, PoolKind};
 pub use invariants::InvariantViolation;
 pub use managers::PageState;
-use managers::{HotManager, PagedManager, Release, ResidentManager, SourceManager, page_state};
+use managers::{HotManager, PagedManager, Release, ResidentManager, SourceManager, Unpinned};
 use request::{NO_ROW, Req, Status, empty_req};
 use transfers::{PendingPage, WorkerState};
 
@@ -266,9 +281,15 @@ pub struct Coordinator {
     workers: Vec<WorkerState>,
     pending_pages: VecDeque<PendingPage>,
     deferred: VecDeque<(u64, PoolKind, u32)>,
+    /// Host pages of released requests published once a transfer is durable: `(transfer id,
+    /// host block, prefix hash)`; a deferred free holds each block until then.
+    detached: VecDeque<(u64, u32, u64)>,
     in_flight_release: u32,
-    /// References released when the current command is built (copy-on-write sources).
+    /// Copy-on-write sources of the current step: released once the step's transfer batch,
+    /// which every worker completes after the step's before-forward copies, is durable.
     after_build: Vec<(PoolKind, u32)>,
+    /// Scratch: unpinned blocks found reused.
+    reused: Vec<Unpinned>,
     out: OffloadCommand,
     scratch: Vec<(u32, u32)>,
 }
@@ -339,8 +360,10 @@ impl Coordinator {
             workers,
             pending_pages: VecDeque::new(),
             deferred: VecDeque::new(),
+            detached: VecDeque::new(),
             in_flight_release: 0,
             after_build: Vec::new(),
+            reused: Vec::new(),
             out,
             scratch: Vec::new(),
             kv,
@@ -437,7 +460,7 @@ impl Coordinator {
     /// Lifecycle state of page `page` of a running request.
     pub fn page_state(&self, id: RequestId, page: u32) -> Option<PageState> {
         let r = self.req(id)?;
-        r.resident.state.get(page as usize).map(|&s| page_state(s))
+        r.resident.state.get(page as usize).copied()
     }
 
     /// Whether the request has a hot region.
@@ -457,14 +480,18 @@ impl Coordinator {
     }
 
     /// Gives back every block of `r` (deferring those an issued, unfinished transfer touches)
-    /// and purges its entries from the current step's command.
+    /// and purges its entries from the current step's command. Sealed pages whose host copies
+    /// are durable, or will be once the transfers in flight complete, are published in the host
+    /// prefix cache (at once, or when durable: detached publication), not dropped.
     fn release_blocks(&mut self, r: &mut Req) {
         let issued = self.current_xfer - 1;
-        let defer_until = if r.last_xfer > self.durable && r.last_xfer <= issued {
-            Some(r.last_xfer)
-        } else {
-            None
-        };
+        // The last issued batch that can still touch the request's blocks: its own last one,
+        // or, when that is the unbuilt batch (purged below), any issued before it.
+        let last_issued = r.last_xfer.min(issued);
+        let defer_until = (last_issued > self.durable).then_some(last_issued);
+        if r.status == Status::Running {
+            self.publish_detached(r, issued, defer_until);
+        }
         if r.row != NO_ROW {
             self.out.purge_slot(r.row);
         }
@@ -501,6 +528,30 @@ impl Coordinator {
         r.last_xfer = 0;
         self.generation = self.generation.wrapping_add(1);
         r.generation = self.generation;
+    }
+
+    /// Host pages of `r` (about to be released) that are sealed, past its durable prefix and
+    /// durable or in flight in a batch up to `issued`: their prefix hashes are published now if
+    /// durable, else queued until transfer `defer_until` (which holds their blocks) is.
+    fn publish_detached(&mut self, r: &Req, issued: u64, defer_until: Option<u64>) {
+        if !self.source.caching() {
+            return;
+        }
+        let sealed = (r.num_computed / self.kv.block_tokens)
+            .min(r.source.hashes.len() as u32)
+            .min(r.resident.state.len() as u32);
+        for p in r.source.ready_prefix..sealed {
+            let i = p as usize;
+            let (state, xfer) = (r.resident.state[i], r.resident.xfer[i]);
+            if state == PageState::Dirty || xfer > issued {
+                continue;
+            }
+            let (block, hash) = (r.source.blocks[i], r.source.hashes[i]);
+            match defer_until {
+                Some(x) if xfer > self.durable => self.detached.push_back((x, block, hash)),
+                _ => self.source.publish(&mut self.host, block, hash),
+            }
+        }
     }
 
     /// Preempts running request `id`: gives back its blocks and queues it at the front of the

@@ -1,14 +1,18 @@
-//! Reclaim: [`Coordinator::reclaim_resident_blocks`] frees GPU blocks by releasing clean
-//! resident pages, and tells allocation to wait instead of preempting while releases are in
-//! flight.
+//! Reclaim: [`Coordinator::reclaim_resident_blocks`] frees GPU blocks by unpinning clean
+//! resident pages (lazy reclaim: their bytes stay readable until the pool hands the blocks out
+//! again), the low watermark that keeps blocks free ahead of need, the fall-back of pages whose
+//! unpinned blocks were reused, and wait-instead-of-preempt.
 
-use super::managers::{CLEAN, DIRTY, PENDING, PENDING_RELEASE};
+use alloc::vec::Vec;
+
+use super::managers::{PageState, Unpinned};
+use super::request::Status;
 use super::{Alloc, Coordinator, PoolKind};
 
 impl Coordinator {
     /// Whether releases are in flight (pages marked release-after-transfer, or blocks of
-    /// finished requests waiting for a transfer): an allocation that finds the pools short
-    /// then answers [`super::Alloc::Wait`] rather than preempting.
+    /// finished requests and copy-on-write sources waiting for a transfer): an allocation that
+    /// finds the pools short then answers [`super::Alloc::Wait`] rather than preempting.
     #[inline]
     pub(super) fn io_in_flight(&self) -> bool {
         self.in_flight_release > 0 || !self.deferred.is_empty()
@@ -26,13 +30,40 @@ impl Coordinator {
         }
     }
 
+    /// Blocks the low watermark keeps free ahead of need: the hot region of one request (so a
+    /// request that must start reading from host can always be given one) or a tenth of the
+    /// pool, whichever is more. Free blocks include unpinned ones, whose bytes stay readable
+    /// until they are handed out, so keeping them costs no host reads.
+    #[inline]
+    pub(super) fn low_watermark(&self) -> u32 {
+        self.hot.cost().max(self.kv.num_gpu_blocks / 10)
+    }
+
+    /// Tops the free GPU pool up to the low watermark (plus `reclaim_min_blocks`, so one pass
+    /// serves several steps) by unpinning clean pages of requests that already hold a hot
+    /// region and marking their pending ones release-after-transfer. Nothing is spilled and no
+    /// request is converted to a hot region ahead of need.
+    pub(super) fn keep_low_watermark(&mut self) {
+        let free = self.gpu.num_free();
+        let mark = self.low_watermark();
+        if free >= mark {
+            return;
+        }
+        let want = (mark - free).saturating_add(self.cfg.reclaim_min_blocks);
+        self.reclaim_pass(want, false);
+        self.process_reused();
+    }
+
     /// Frees GPU blocks by reclaiming clean resident pages (SPEC §4): visits running requests
-    /// with the most candidates first, oldest pages first; releases clean pages at once, marks
-    /// pending ones release-after-transfer (and, without eager mirroring, plans the spill of
-    /// dirty full pages with release-after-transfer); converts a request without a hot region
-    /// only when the pages it frees exceed the region's cost. Returns the blocks freed now.
+    /// with the most candidates first, oldest pages first; unpins clean pages at once (their
+    /// blocks return to the free queue, their bytes stay readable until reused), marks pending
+    /// ones release-after-transfer (and, without eager mirroring, plans the spill of dirty full
+    /// pages with release-after-transfer); converts a request without a hot region only when the
+    /// pages it frees exceed the region's cost. Returns the blocks freed now.
     pub fn reclaim_resident_blocks(&mut self, shortfall: u32) -> u32 {
-        self.reclaim(shortfall).0
+        let freed = self.reclaim(shortfall).0;
+        self.process_reused();
+        freed
     }
 
     /// [`Coordinator::reclaim_resident_blocks`], also saying whether the pass *awaits
@@ -40,12 +71,23 @@ impl Coordinator {
     /// too few of them are clean yet (their host copies are in flight, or — without eager
     /// mirroring — about to be spilled). Its conversion becomes possible once those transfers
     /// complete, so an allocation still short should wait rather than preempt.
+    #[inline]
     pub(super) fn reclaim(&mut self, shortfall: u32) -> (u32, bool) {
+        self.reclaim_pass(shortfall, true)
+    }
+
+    /// One reclaim pass for `shortfall` blocks; `convert`: requests without a hot region may be
+    /// given one (an allocation is short), else only requests holding one give up pages (the
+    /// low watermark).
+    fn reclaim_pass(&mut self, shortfall: u32, convert: bool) -> (u32, bool) {
         let mut awaits = false;
         let mut scratch = core::mem::take(&mut self.scratch);
         scratch.clear();
         for &idx in &self.running {
             if let Some(r) = &self.reqs[idx as usize] {
+                if !convert && r.hot.blocks.is_empty() {
+                    continue;
+                }
                 let c = self
                     .resident
                     .candidates(&r.resident, r.pages, r.num_computed);
@@ -60,7 +102,7 @@ impl Coordinator {
         let hot_cost = self.hot.cost();
         let mut freed = 0u32;
         let mut progress = 0u32;
-        for &(c, idx) in &scratch {
+        for &(_, idx) in &scratch {
             if progress >= shortfall {
                 break;
             }
@@ -71,52 +113,56 @@ impl Coordinator {
             let converting = r.hot.blocks.is_empty();
             if converting {
                 // Worth it only when the pages it frees exceed the region's cost, and possible
-                // only when the region can be paid once its clean pages are released.
-                let clean = (r.resident.reclaim_cursor..limit)
-                    .filter(|&p| r.resident.state[p as usize] == CLEAN)
-                    .count() as u32;
-                let worth_it = c > self.hot.blocks_per_request();
-                if !worth_it
-                    || u64::from(self.gpu.num_free()) + u64::from(clean) * u64::from(nb)
-                        < u64::from(hot_cost)
-                {
-                    // Worth it but not payable yet: every candidate is sealed, so the rest
-                    // become clean as their transfers complete.
-                    awaits |= worth_it;
+                // only when the region can be paid once its clean pages are unpinned.
+                // Pages another request shares free nothing; only the others count.
+                let (clean, in_flight) = self.resident.freeable_between(
+                    &r.resident,
+                    r.resident.reclaim_cursor,
+                    limit,
+                    &self.gpu,
+                );
+                let worth_it = clean + in_flight > self.hot.blocks_per_request();
+                let free = u64::from(self.gpu.num_free());
+                let pays =
+                    |pages: u32| free + u64::from(pages) * u64::from(nb) >= u64::from(hot_cost);
+                if !worth_it || !pays(clean) {
+                    // Worth it but not payable yet: the candidates in flight become clean as
+                    // their transfers complete; wait for them if they will pay.
+                    awaits |= worth_it && pays(clean + in_flight);
                     self.reqs[idx as usize] = Some(r);
                     continue;
                 }
             }
+            let (owner, row) = ((r.slot, r.generation), r.row);
             let mut p = r.resident.reclaim_cursor;
             // A converted request gives up every candidate: the region is paid for once.
             while p < limit && (converting || progress < shortfall) {
-                match r.resident.state[p as usize] {
-                    CLEAN => {
-                        let row = r.row;
-                        self.resident.release_page(
+                match self.resident.state(&r.resident, p) {
+                    PageState::Clean => {
+                        let n = self.resident.unpin_page(
                             &mut r.resident,
                             p,
+                            owner,
+                            row,
                             &mut self.gpu,
                             &mut self.out,
-                            row,
                         );
-                        freed += nb;
-                        progress += nb;
+                        freed += n;
+                        progress += n;
                     }
-                    PENDING => {
-                        r.resident.state[p as usize] = PENDING_RELEASE;
-                        r.resident.pending_release += 1;
+                    PageState::Pending => {
+                        self.resident.mark_release(&mut r.resident, p);
                         self.in_flight_release += nb;
                         progress += nb;
                     }
-                    DIRTY => {
+                    PageState::Dirty if convert => {
                         // Full but not yet transferred (eager mirroring off): spill it now.
                         self.plan_spill(&mut r, p);
-                        r.resident.state[p as usize] = PENDING_RELEASE;
-                        r.resident.pending_release += 1;
+                        self.resident.mark_release(&mut r.resident, p);
                         self.in_flight_release += nb;
                         progress += nb;
                     }
+                    PageState::Dirty => break,
                     _ => {}
                 }
                 p += 1;
@@ -132,5 +178,30 @@ impl Coordinator {
         }
         self.scratch = scratch;
         (freed, awaits)
+    }
+
+    /// Pages whose unpinned blocks the pool handed out since the last look fall back to host:
+    /// their resident entries become null in the current command, so the data plane stops
+    /// reading them before the forward pass that overwrites the blocks. Every owner holds a hot
+    /// region (unpinning needs one), so this allocates nothing.
+    pub(super) fn process_reused(&mut self) {
+        let mut reused: Vec<Unpinned> = core::mem::take(&mut self.reused);
+        reused.clear();
+        self.resident.take_reused(&self.gpu, &mut reused);
+        for u in &reused {
+            let Some(r) = self.reqs.get_mut(u.slot as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            if r.generation != u.generation
+                || r.status != Status::Running
+                || !self.resident.owns(&r.resident, u)
+            {
+                continue;
+            }
+            let row = r.row;
+            self.resident
+                .fall_back(&mut r.resident, u.page, &mut self.gpu, &mut self.out, row);
+        }
+        self.reused = reused;
     }
 }

@@ -9,19 +9,19 @@
 //! * pages the rejected tokens had filled are no longer full: they return to `dirty` (a copy in
 //!   flight for them still completes, but no longer makes them clean: the rows it wrote are
 //!   rewritten and mirrored again when the tokens that replace them are computed), their prefix
-//!   hashes are withdrawn from the GPU and host prefix caches, and the durable prefix shrinks
+//!   hashes are withdrawn from the GPU (indexer, regular and resident groups) and host prefix caches, and the durable prefix shrinks
 //!   to the pages still full;
 //! * nothing else moves: the pages, host blocks and regular blocks stay allocated for the
 //!   tokens that replace the rejected ones, and the sliding windows were kept wide enough for
 //!   it ([`crate::layout::KvCacheConfig::window_tokens`]).
 //!
 //! Rejected rows are never read from host: a page holding one is at the request's tail, which
-//! is never reclaimed, so no hot slot can cache its rows. A rollback that would reach into a
-//! reclaimed page, give back more than `max_query_len - 1` computed tokens, or give back the
+//! is never reclaimed, so no hot slot can cache its rows. A rollback that would reach into an
+//! unpinned or reclaimed page, give back more than `max_query_len - 1` computed tokens, or give back the
 //! first token of the request's last step is refused ([`CoordError::RollbackTooFar`]), with
 //! nothing changed.
 
-use super::managers::{CLEAN, DIRTY, PENDING, PENDING_RELEASE};
+use super::managers::PageState;
 use super::request::Status;
 use super::{CoordError, Coordinator, RequestId};
 use crate::pool::BlockPool;
@@ -62,8 +62,8 @@ impl Coordinator {
             let c = r.num_computed - allowed;
             let from = limit_of(c).max(r.hit_pages);
             let blocked = (from..r.pages).any(|p| {
-                matches!(r.resident.state[p as usize], PENDING_RELEASE)
-                    || (p >= r.hit_pages && self.resident.is_reclaimed(&r.resident, p))
+                r.resident.state[p as usize] == PageState::PendingRelease
+                    || (p >= r.hit_pages && self.resident.is_released(&r.resident, p))
             });
             if !blocked {
                 break;
@@ -79,6 +79,9 @@ impl Coordinator {
         }
         let new_len = len - num_tokens;
         r.tokens.truncate(new_len as usize);
+        // The prompt's pages were hashed at start: a page whose tokens left is no longer full
+        // of them, and its hash must not be published for what replaces them.
+        r.source.hashes.truncate((new_len / bt) as usize);
         if computed_back == 0 {
             return Ok(());
         }
@@ -87,8 +90,8 @@ impl Coordinator {
         let sealed = r.num_computed / bt;
         for p in sealed..old_sealed {
             let i = p as usize;
-            if matches!(r.resident.state[i], PENDING | CLEAN) {
-                r.resident.state[i] = DIRTY;
+            if matches!(r.resident.state[i], PageState::Pending | PageState::Clean) {
+                r.resident.state[i] = PageState::Dirty;
                 r.resident.xfer[i] = 0;
             }
         }
@@ -96,6 +99,8 @@ impl Coordinator {
         if sealed < old_sealed {
             self.paged
                 .unpublish(&r.paged, &mut self.gpu, sealed.max(r.hit_pages)..old_sealed);
+            self.resident
+                .unpublish(&r.resident, &mut self.gpu, sealed..old_sealed);
             unpublish_host(
                 &mut self.host,
                 &r.source.blocks,

@@ -19,8 +19,11 @@ impl Coordinator {
     /// fits.
     pub fn schedule(&mut self, id: RequestId, num_tokens: u32) -> Result<Alloc, CoordError> {
         let slot = self.slot_of_id(id)?;
-        self.schedule_slot(slot, num_tokens, false)
-            .map(|(alloc, _)| alloc)
+        let res = self
+            .schedule_slot(slot, num_tokens, false)
+            .map(|(alloc, _)| alloc);
+        self.process_reused();
+        res
     }
 
     /// Schedules up to `num_tokens` tokens of the request in `reqs[slot]` — exactly that many
@@ -55,7 +58,7 @@ impl Coordinator {
     /// groups, and the hot region when it reads from host without one.
     #[inline]
     fn gpu_need(&self, r: &Req, new_pages: u32) -> u64 {
-        let hot = if self.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
+        let hot = if self.resident.needs_hot_region(&r.resident) && r.hot.blocks.is_empty() {
             u64::from(self.hot.cost())
         } else {
             0
@@ -138,7 +141,7 @@ impl Coordinator {
             }
         }
         let target = r.num_computed + n;
-        if self.resident.reads_from_host(&r.resident) && r.hot.blocks.is_empty() {
+        if self.resident.needs_hot_region(&r.resident) && r.hot.blocks.is_empty() {
             self.hot
                 .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
         }
@@ -178,7 +181,7 @@ impl Coordinator {
             slot,
             first_token: first,
             num_tokens: n,
-            fully_resident: !self.resident.reads_from_host(&r.resident),
+            fully_resident: r.resident.host_only == 0,
         });
         // Rows written and pages sealed by this step.
         if self.kv.config.eager_host_mirror {
@@ -286,6 +289,7 @@ impl Coordinator {
                 Alloc::NoSpace(_) => break,
             }
         }
+        self.process_reused();
         Ok(sum)
     }
 

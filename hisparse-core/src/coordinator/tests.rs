@@ -95,30 +95,84 @@ fn prefill_mirrors_then_reclaim_converts_oldest_first() {
     assert_eq!(c.ready_prefix_pages(1), Some(10));
     assert_eq!(c.page_state(1, 9), Some(PageState::Clean));
     // 9 candidates (every full page but the last: the next token writes page 10, and the
-    // active tail is that page and page 9) > 2 hot blocks: convert, releasing all 9 clean
-    // pages (9 blocks) and paying 2 for the hot region.
+    // active tail is that page and page 9) > 2 hot blocks: convert, unpinning all 9 clean
+    // pages (9 blocks back in the free queue) and paying 2 for the hot region.
     assert_eq!(c.reclaim_resident_blocks(3), 7);
-    assert_eq!(&row(&c, 1)[..10], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 20]);
-    assert_eq!(c.page_state(1, 8), Some(PageState::Reclaimed));
+    // Lazy reclaim: the unpinned pages keep their entries, their bytes are still valid.
+    assert_eq!(&row(&c, 1)[..10], &[2, 4, 6, 8, 10, 12, 14, 16, 18, 20]);
+    assert_eq!(c.page_state(1, 8), Some(PageState::Unpinned));
     assert_eq!(c.page_state(1, 9), Some(PageState::Clean));
+    assert_eq!(c.host_only_pages(1), Some(0));
     // Blocks 21..=39 were free; the hot region takes the head of the LRU queue.
     let mut hot = [0i32; 2];
     c.hot_row(1, 0, &mut hot).unwrap();
     assert_eq!(hot, [21, 22]);
     let cmd = c.build_offload_command();
-    assert_eq!(cmd.residency.len(), 9);
-    assert!(cmd.residency.iter().all(|u| u.block == 0 && u.group == 2));
+    assert!(cmd.residency.is_empty());
     assert_eq!(cmd.hot_assign.len(), 1);
     assert_eq!(cmd.hot_assign[0].blocks, [21, 22]);
     assert_eq!(cmd.hot_assign[0].group, 3);
     c.check_invariants().unwrap();
-    // Decode: the next token reads from host.
+    // Decode: the new page comes from the head of the queue (23, 24), the unpinned blocks are
+    // at its tail: the next token still reads every page on the GPU.
     c.append_tokens(1, &[9]).unwrap();
     let cmd = c.step().unwrap();
-    assert!(!cmd.fully_resident);
+    assert!(cmd.fully_resident);
     assert_eq!(cmd.scheduled[0].first_token, 40);
+    assert_eq!(&row(&c, 1)[..11], &[2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24]);
     c.finish(1).unwrap();
     c.check_invariants().unwrap();
+}
+
+/// Lazy reclaim: an unpinned page reads its GPU copy until the pool hands one of its blocks
+/// to someone else; from that command on it reads from host, once.
+#[test]
+fn unpinned_pages_fall_back_when_their_blocks_are_reused() {
+    // 22 usable blocks: request 1 takes 20 (10 pages), leaving 2.
+    let mut c = coord(23, true, 1);
+    c.admit(1, &toks(40)).unwrap();
+    c.step().unwrap();
+    c.report(0, &[1], &[1]).unwrap();
+    // Convert: 2 blocks for the hot region, the 9 clean pages unpinned.
+    assert_eq!(c.reclaim_resident_blocks(1), 7);
+    assert_eq!(c.gpu_pool().num_free(), 9);
+    let cmd = c.build_offload_command();
+    assert!(cmd.residency.is_empty());
+    // A 12-token request takes 3 pages (6 blocks): the 6 oldest unpinned blocks (pages 0..=5
+    // of request 1, unpinned in page order) are handed out, so those pages fall back to host
+    // in the same command that gives the blocks to request 2, before its forward writes them.
+    let other: Vec<u32> = (100..112).collect();
+    c.admit(2, &other).unwrap();
+    let cmd = c.step().unwrap();
+    let nulls: Vec<u32> = cmd
+        .residency
+        .iter()
+        .filter(|u| u.block == 0)
+        .map(|u| u.page)
+        .collect();
+    assert_eq!(nulls, [0, 1, 2, 3, 4, 5]);
+    assert_eq!(c.host_only_pages(1), Some(6));
+    assert_eq!(c.page_state(1, 5), Some(PageState::Reclaimed));
+    assert_eq!(c.page_state(1, 6), Some(PageState::Unpinned));
+    assert_eq!(&row(&c, 1)[..10], &[0, 0, 0, 0, 0, 0, 14, 16, 18, 20]);
+    let given: Vec<u32> = cmd
+        .residency
+        .iter()
+        .filter(|u| u.slot == c.slot_of(2).unwrap())
+        .map(|u| u.block)
+        .collect();
+    assert_eq!(given, [4, 8, 12]);
+    c.check_invariants().unwrap();
+    // Finishing request 1 drops the marks of its still-unpinned blocks.
+    c.finish(1).unwrap();
+    c.check_invariants().unwrap();
+    c.finish(2).unwrap();
+    c.check_invariants().unwrap();
+    // Request 2's blocks wait for its copies.
+    let id = cmd.transfer_id.unwrap();
+    c.report(0, &[id], &[id]).unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.gpu_pool().num_held(), 0);
 }
 
 #[test]
@@ -141,12 +195,13 @@ fn wait_while_reclaim_in_flight_then_admit() {
     assert!(cmd.residency.is_empty());
     c.check_invariants().unwrap();
     c.report(0, &[1], &[1]).unwrap();
-    assert_eq!(c.page_state(1, 0), Some(PageState::Reclaimed));
-    // 22 usable - 20 (request 1) - 2 (its hot region) + 9 released.
+    assert_eq!(c.page_state(1, 0), Some(PageState::Unpinned));
+    // 22 usable - 20 (request 1) - 2 (its hot region) + 9 unpinned.
     assert_eq!(c.gpu_pool().num_free(), 9);
     let cmd = c.step().unwrap();
-    // The releases travel in the next command, with request 2's start.
-    assert_eq!(cmd.residency.iter().filter(|u| u.block == 0).count(), 9);
+    // Request 2's 6 blocks are the oldest unpinned ones: those 6 pages fall back in the
+    // command that starts request 2.
+    assert_eq!(cmd.residency.iter().filter(|u| u.block == 0).count(), 6);
     assert_eq!(cmd.scheduled.len(), 1);
     assert_eq!(cmd.scheduled[0].id, 2);
     assert_eq!(cmd.scheduled[0].num_tokens, 12);
@@ -268,32 +323,45 @@ fn prefix_hits_and_copy_on_write_tail() {
     c.admit(2, &toks(12)).unwrap();
     let cmd = c.step().unwrap();
     assert_eq!(cmd.scheduled[0].first_token, 0);
+    let mut host_b = vec![0; c.max_pages() as usize];
+    c.host_row(2, &mut host_b).unwrap();
+    // Request 2 finishes while its copies are in flight: its pages are published once durable
+    // (detached publication), before request 1's reach its durable prefix, so they carry the
+    // prefix keys.
     c.finish(2).unwrap();
     c.report(0, &[1, 2], &[1, 2]).unwrap();
+    // Request 1's pages are durable now: their GPU copies are published with them.
+    let gpu_a = row(&c, 1);
     c.finish(1).unwrap();
+    let host_a = host_b;
     // Same 8-token prompt: both pages hit, the last one becomes a copy-on-write tail and
-    // only the last token is computed.
+    // only the last token is computed. Page 0's GPU copy (request 1's, freed but not reused)
+    // is adopted: the request reads every page on the GPU and needs no hot region.
     c.admit(3, &toks(8)).unwrap();
     let cmd = c.step().unwrap();
     let s = cmd.scheduled[0];
     assert_eq!(
         (s.first_token, s.num_tokens, s.fully_resident),
-        (7, 1, false)
+        (7, 1, true)
     );
     assert_eq!(cmd.host_cow.len(), 1);
     assert_eq!(cmd.host_cow[0].src, host_a[1] as u32);
     assert_eq!(cmd.gpu_cow.len(), 1);
     assert_eq!(cmd.restores.len(), 1);
-    assert_eq!(cmd.hot_assign.len(), 1);
+    assert!(cmd.hot_assign.is_empty());
+    // The sources stay allocated until the step's batch (it has one for them) is complete.
+    let cow_batch = cmd.transfer_id.unwrap();
+    assert!(!c.host_pool().is_free(cmd.host_cow[0].src));
+    assert!(!c.gpu_pool().is_free(cmd.gpu_cow[0].src));
     let mut host_c = vec![0; c.max_pages() as usize];
     c.host_row(3, &mut host_c).unwrap();
     assert_eq!(host_c[0], host_a[0]);
     assert_eq!(host_c[1], cmd.host_cow[0].dst as i32);
     let r = row(&c, 3);
-    assert_eq!(r[0], 0);
+    assert_eq!(r[0], gpu_a[0]);
     assert_eq!(r[1], cmd.restores[0].device_block as i32);
     assert_eq!(c.ready_prefix_pages(3), Some(1));
-    assert_eq!(c.page_state(3, 0), Some(PageState::Reclaimed));
+    assert_eq!(c.page_state(3, 0), Some(PageState::Clean));
     assert_eq!(c.page_state(3, 1), Some(PageState::Pending));
     // The tail's last row is mirrored into the private host copy.
     assert_eq!(cmd.row_mirrors.len(), 1);
@@ -306,7 +374,14 @@ fn prefix_hits_and_copy_on_write_tail() {
     let s = cmd.scheduled[0];
     assert_eq!((s.first_token, s.num_tokens), (8, 2));
     assert!(cmd.host_cow.is_empty());
-    assert_eq!(c.host_only_pages(4), Some(2));
+    // Both hit pages still have request 1's GPU copies (page 0 shared with request 3): the
+    // request reads them on the GPU.
+    assert_eq!(c.host_only_pages(4), Some(0));
+    assert_eq!(&row(&c, 4)[..2], &gpu_a[..2]);
+    assert!(cmd.scheduled[0].fully_resident);
+    c.check_invariants().unwrap();
+    // Once the copy-on-write step's batch is complete, its sources are free again.
+    c.report(0, &[cow_batch], &[cow_batch]).unwrap();
     c.check_invariants().unwrap();
 }
 
@@ -333,7 +408,7 @@ fn spills_under_a_budget_without_eager_mirroring() {
     assert_eq!(c.ready_prefix_pages(1), Some(4));
     // Reclaim forces the spill of dirty full pages with release-after-transfer.
     c.reclaim_resident_blocks(8);
-    assert_eq!(c.page_state(1, 0), Some(PageState::Reclaimed));
+    assert_eq!(c.page_state(1, 0), Some(PageState::Unpinned));
     assert_eq!(c.page_state(1, 4), Some(PageState::PendingRelease));
     assert_eq!(c.page_state(1, 8), Some(PageState::PendingRelease));
     // 5 forced spills (pages 4..=8) plus what is left of this step's budget for the sealed

@@ -3,7 +3,6 @@
 //! durable transfer makes happen (clean pages, releases after transfer, deferred frees, the
 //! durable prefix and its host prefix hashes).
 
-use super::managers::PENDING;
 use super::request::{Req, Status};
 use super::{CoordError, Coordinator, PageTransfer, PoolKind, RowMirror};
 use crate::ops::RowSpan;
@@ -88,8 +87,7 @@ impl Coordinator {
                 host_block: r.source.blocks[p as usize],
             });
         }
-        r.resident.state[p as usize] = PENDING;
-        r.resident.xfer[p as usize] = id_now;
+        self.resident.spill(&mut r.resident, p, id_now);
         r.last_xfer = id_now;
         self.pending_pages.push_back(PendingPage {
             xfer: id_now,
@@ -158,6 +156,15 @@ impl Coordinator {
         // Releases of finished requests wait for the last transfer that touched them; those
         // ids are not monotone across requests, so sweep the (short) queue.
         let durable = self.durable;
+        // Detached publication first: the deferred frees below hold the blocks until now.
+        let (source, host) = (&self.source, &mut self.host);
+        self.detached.retain(|&(x, b, hash)| {
+            if x > durable {
+                return true;
+            }
+            source.publish(host, b, hash);
+            false
+        });
         let (gpu, host) = (&mut self.gpu, &mut self.host);
         self.deferred.retain(|&(x, pool, b)| {
             if x > durable {
@@ -182,19 +189,32 @@ impl Coordinator {
                 && r.status == Status::Running
                 && r.resident.xfer.get(pp.page as usize) == Some(&pp.xfer)
             {
-                let row = r.row;
+                let (owner, row) = ((r.slot, r.generation), r.row);
                 if self.resident.on_durable(
                     &mut r.resident,
                     pp.page,
+                    owner,
+                    row,
                     &mut self.gpu,
                     &mut self.out,
-                    row,
                 ) {
                     self.in_flight_release -= nb;
                 }
                 let sealed = r.num_computed / self.kv.block_tokens;
+                let ready = r.source.ready_prefix;
                 self.source
                     .advance_ready(&mut r.source, &r.resident, sealed, &mut self.host);
+                if self.source.caching() {
+                    // With its host page, a durable page's GPU copy is published: a request
+                    // hitting the page reads it on the GPU while the blocks are not reused.
+                    // Durable means the forward that wrote it is complete.
+                    self.resident.publish(
+                        &r.resident,
+                        &mut self.gpu,
+                        &r.source.hashes,
+                        ready..r.source.ready_prefix,
+                    );
+                }
             }
             self.reqs[pp.slot as usize] = Some(r);
         }

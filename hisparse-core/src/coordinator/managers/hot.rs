@@ -115,16 +115,16 @@ impl HotManager {
     }
 
     /// The region's invariants: whole or absent, and present whenever the request reads from
-    /// host (`reads_from_host`).
+    /// host or may (`needs_region`: null entries, pages marked for release, unpinned pages).
     pub(in crate::coordinator) fn check(
         &self,
         t: &HotRegion,
-        reads_from_host: bool,
+        needs_region: bool,
     ) -> Result<(), (&'static str, Option<u32>)> {
         if !t.blocks.is_empty() && t.blocks.len() != self.cost() as usize {
             return Err(("partial hot region", None));
         }
-        if reads_from_host && t.blocks.is_empty() {
+        if needs_region && t.blocks.is_empty() {
             return Err(("reads from host without a hot region", None));
         }
         Ok(())

@@ -10,7 +10,7 @@
 //! |---|---|---|---|
 //! | [`SourceManager`] | source (0) | [`SourceTable`]: a host block for every page, chained prefix hashes, the durable prefix | host |
 //! | [`PagedManager`] | indexer (1), regular | [`PagedTable`]: ordinary paging, regular groups with their own block sizes, sliding windows | GPU |
-//! | [`ResidentManager`] | resident (one per bucket) | [`ResidentTable`]: the GPU copy of each page or null, the page lifecycle | GPU |
+//! | [`ResidentManager`] | resident (one per bucket) | [`ResidentTable`]: the GPU copy of each page or null, the page lifecycle, the unpinned blocks (lazy reclaim) | GPU |
 //! | [`HotManager`] | hot (one per bucket) | [`HotRegion`]: exactly `hot_blocks_per_request` blocks per bucket, or none | GPU |
 //!
 //! What crosses managers (admission accounting, reclaim policy, transfers, preemption) is the
@@ -31,9 +31,7 @@ mod source;
 pub(in crate::coordinator) use hot::{HotManager, HotRegion};
 pub(in crate::coordinator) use paged::{PagedManager, PagedTable};
 pub use resident::PageState;
-pub(in crate::coordinator) use resident::{
-    CLEAN, DIRTY, PENDING, PENDING_RELEASE, ResidentManager, ResidentTable, page_state,
-};
+pub(in crate::coordinator) use resident::{ResidentManager, ResidentTable, Unpinned};
 pub(in crate::coordinator) use source::{SourceManager, SourceTable};
 
 /// Frees released blocks that a finished or preempted request hands back: now, or — when an

@@ -2,13 +2,29 @@
 //! layers of resident group `2 + bucket`), and the page lifecycle.
 //!
 //! `dirty` (GPU only) → `pending` (host transfer in flight) → `clean` (host copy durable, GPU
-//! copy still readable) → `reclaimed` (GPU blocks back in the pool, entries null: "read from
-//! host"). A pending page may be marked release-after-transfer (`pending-release`): it is
-//! reclaimed as soon as its transfer is durable. A page is a reclaim candidate only when it is
-//! sealed (full), outside the active tail (the page the next token writes and the one before
-//! it, [`ACTIVE_TAIL_PAGES`] in all), and not below the request's reclaim cursor; nothing is
-//! reclaimed before its host copy is durable.
+//! copy still readable) → `unpinned` (GPU blocks back in the free queue, their bytes still
+//! valid: the request keeps reading them from the GPU) → `reclaimed` (the pool handed a block to
+//! someone else: entries null, "read from host"). A pending page may be marked
+//! release-after-transfer (`pending-release`): it is unpinned as soon as its transfer is
+//! durable. A page is a reclaim candidate only when it is sealed (full), outside the active tail
+//! (the page the next token writes and the one before it, [`ACTIVE_TAIL_PAGES`] in all), and not
+//! below the request's reclaim cursor; nothing is unpinned before its host copy is durable.
+//!
+//! # Lazy reclaim
+//!
+//! Unpinning gives the blocks back to the GPU pool's free queue without touching the data
+//! plane: the resident entries still name them. Each unpinned block carries a key of its own
+//! in the pool's prefix cache (group [`LAZY_KEY_GROUP`], a sequence number nobody else uses),
+//! which the pool drops the moment it hands the block out again. The manager keeps the unpinned
+//! blocks in the order they were freed; since the free queue hands out blocks in that order too
+//! and nothing else can re-pin them (nobody else knows their keys), the blocks reused since the
+//! last look are always at the front of that queue: [`ResidentManager::take_reused`] pops them
+//! in O(reused). The coordinator then makes their pages `reclaimed` (null entries, in the same
+//! command as the allocation that reused the block, so before the forward pass that overwrites
+//! it). A request with unpinned pages always holds a hot region, so the fall-back needs no
+//! memory.
 
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use super::{PoolKind, Release};
@@ -16,14 +32,11 @@ use crate::coordinator::CoordError;
 use crate::coordinator::command::{OffloadCommand, PageTransfer, TableUpdate};
 use crate::coordinator::error::out_of_memory;
 use crate::layout::ACTIVE_TAIL_PAGES;
-use crate::pool::BlockPool;
+use crate::pool::{BlockKey, BlockPool};
 
-// Page states.
-pub(in crate::coordinator) const DIRTY: u8 = 0;
-pub(in crate::coordinator) const PENDING: u8 = 1;
-pub(in crate::coordinator) const PENDING_RELEASE: u8 = 2;
-pub(in crate::coordinator) const CLEAN: u8 = 3;
-pub(in crate::coordinator) const RECLAIMED: u8 = 4;
+/// The prefix-cache group of the keys that mark unpinned resident blocks (no layout group has
+/// this index).
+pub(in crate::coordinator) const LAZY_KEY_GROUP: u32 = u32::MAX;
 
 /// Lifecycle state of one page of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,22 +45,25 @@ pub enum PageState {
     Dirty,
     /// Host transfer in flight.
     Pending,
-    /// Host transfer in flight; the GPU copy is released when it completes.
+    /// Host transfer in flight; the GPU copy is unpinned when it completes.
     PendingRelease,
-    /// Host copy durable, GPU copy still readable.
+    /// Host copy durable, GPU copy pinned and readable.
     Clean,
-    /// GPU copy released; read from host.
+    /// Host copy durable; the GPU blocks are back in the free queue but not yet reused, so the
+    /// request still reads them from the GPU.
+    Unpinned,
+    /// GPU copy gone; read from host.
     Reclaimed,
 }
 
-/// The public state of a stored page state.
-pub(in crate::coordinator) fn page_state(s: u8) -> PageState {
-    match s {
-        DIRTY => PageState::Dirty,
-        PENDING => PageState::Pending,
-        PENDING_RELEASE => PageState::PendingRelease,
-        CLEAN => PageState::Clean,
-        _ => PageState::Reclaimed,
+impl PageState {
+    /// Whether the page's host copy is durable (clean, unpinned or reclaimed).
+    #[inline]
+    pub(in crate::coordinator) fn is_durable(self) -> bool {
+        matches!(
+            self,
+            PageState::Clean | PageState::Unpinned | PageState::Reclaimed
+        )
     }
 }
 
@@ -56,11 +72,11 @@ pub(in crate::coordinator) fn page_state(s: u8) -> PageState {
 pub(in crate::coordinator) struct ResidentTable {
     /// `page * num_buckets + b` → GPU block (0 = reclaimed: read from host).
     pub(in crate::coordinator) blocks: Vec<u32>,
-    /// Page → lifecycle state (`DIRTY` ..= `RECLAIMED`).
-    pub(in crate::coordinator) state: Vec<u8>,
+    /// Page → lifecycle state.
+    pub(in crate::coordinator) state: Vec<PageState>,
     /// Transfer id that made the page durable (0 = durable from the start).
     pub(in crate::coordinator) xfer: Vec<u64>,
-    /// Pages below are reclaimed, marked for release, or prefix hits.
+    /// Pages below are unpinned, reclaimed, marked for release, or prefix hits.
     pub(in crate::coordinator) reclaim_cursor: u32,
     /// Non-eager: pages below have a transfer planned.
     pub(in crate::coordinator) spill_cursor: u32,
@@ -68,13 +84,35 @@ pub(in crate::coordinator) struct ResidentTable {
     pub(in crate::coordinator) host_only: u32,
     /// Pages marked release-after-transfer.
     pub(in crate::coordinator) pending_release: u32,
+    /// Pages unpinned (blocks in the free queue, bytes still valid).
+    pub(in crate::coordinator) unpinned: u32,
 }
 
-/// The resident groups (one per bucket) and the page lifecycle.
+/// Who an unpinned block belongs to: page `page` of the request in `Coordinator::reqs[slot]`
+/// at generation `generation`, marked with key hash `seq`.
 #[derive(Clone, Copy, Debug)]
+pub(in crate::coordinator) struct Unpinned {
+    /// The GPU block.
+    pub(in crate::coordinator) block: u32,
+    /// Its key's hash in [`LAZY_KEY_GROUP`].
+    pub(in crate::coordinator) seq: u64,
+    /// The owner's index in `Coordinator::reqs`.
+    pub(in crate::coordinator) slot: u32,
+    /// The owner's generation when it unpinned the block.
+    pub(in crate::coordinator) generation: u32,
+    /// The owner's page.
+    pub(in crate::coordinator) page: u32,
+}
+
+/// The resident groups (one per bucket), the page lifecycle and the unpinned blocks.
+#[derive(Clone, Debug)]
 pub(in crate::coordinator) struct ResidentManager {
     num_buckets: u32,
     block_tokens: u32,
+    /// Unpinned blocks in the order they were freed (stale entries are skipped when popped).
+    unpinned: VecDeque<Unpinned>,
+    /// Next key hash for an unpinned block.
+    next_seq: u64,
 }
 
 impl ResidentManager {
@@ -84,6 +122,8 @@ impl ResidentManager {
         ResidentManager {
             num_buckets,
             block_tokens,
+            unpinned: VecDeque::new(),
+            next_seq: 1,
         }
     }
 
@@ -104,7 +144,7 @@ impl ResidentManager {
         let blocks = pages.saturating_mul(self.num_buckets as usize);
         t.state
             .try_reserve(pages)
-            .map_err(|_| out_of_memory::<u8>("page states", pages))?;
+            .map_err(|_| out_of_memory::<PageState>("page states", pages))?;
         t.xfer
             .try_reserve(pages)
             .map_err(|_| out_of_memory::<u64>("page transfer ids", pages))?;
@@ -113,21 +153,123 @@ impl ResidentManager {
             .map_err(|_| out_of_memory::<u32>("resident page tables", blocks))
     }
 
-    /// Whether some page reads from host now or will once its transfer completes (the request
-    /// then needs a hot region).
+    /// Whether some page reads from host now, or may at any allocation (unpinned pages), or will
+    /// once its transfer completes: the request then needs a hot region.
     #[inline]
-    pub(in crate::coordinator) fn reads_from_host(&self, t: &ResidentTable) -> bool {
-        t.host_only > 0 || t.pending_release > 0
+    pub(in crate::coordinator) fn needs_hot_region(&self, t: &ResidentTable) -> bool {
+        t.host_only > 0 || t.pending_release > 0 || t.unpinned > 0
     }
 
-    /// Appends a prefix-hit page: durable on host from the start, never resident.
+    /// State of page `p`.
+    #[inline]
+    pub(in crate::coordinator) fn state(&self, t: &ResidentTable, p: u32) -> PageState {
+        t.state[p as usize]
+    }
+
+    /// Appends a prefix-hit page that reads from host: durable on host from the start, never
+    /// resident.
     #[inline]
     pub(in crate::coordinator) fn push_hit_page(&self, t: &mut ResidentTable) {
         for _ in 0..self.num_buckets {
             t.blocks.push(0);
         }
-        t.state.push(RECLAIMED);
+        t.state.push(PageState::Reclaimed);
         t.xfer.push(0);
+        t.host_only += 1;
+    }
+
+    /// Appends a prefix-hit page whose GPU copy is still valid: the request holds `blocks` (one
+    /// per bucket, already re-pinned) and reads them; the page is clean (its host copy is
+    /// durable: it was published).
+    #[inline]
+    pub(in crate::coordinator) fn push_adopted_page(&self, t: &mut ResidentTable, blocks: &[u32]) {
+        t.blocks.extend_from_slice(blocks);
+        t.state.push(PageState::Clean);
+        t.xfer.push(0);
+    }
+
+    /// The resident blocks of prefix hash `hash` cached in the GPU pool, one per bucket, into
+    /// `out` (cleared first); whether every bucket has one.
+    #[inline]
+    pub(in crate::coordinator) fn cached_page(
+        &self,
+        gpu: &BlockPool,
+        hash: u64,
+        out: &mut Vec<u32>,
+    ) -> bool {
+        out.clear();
+        for bk in 0..self.num_buckets {
+            match gpu.lookup(BlockKey {
+                group: 2 + bk,
+                hash,
+            }) {
+                Some(b) => out.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Publishes the GPU copies of sealed pages `pages` (prefix hashes `hashes`) in the GPU
+    /// pool's prefix cache, so that a later request hitting their host pages can read them on
+    /// the GPU while they last.
+    #[inline]
+    pub(in crate::coordinator) fn publish(
+        &self,
+        t: &ResidentTable,
+        gpu: &mut BlockPool,
+        hashes: &[u64],
+        pages: core::ops::Range<u32>,
+    ) {
+        let nb = self.num_buckets;
+        for p in pages {
+            let Some(&hash) = hashes.get(p as usize) else {
+                break;
+            };
+            if t.state
+                .get(p as usize)
+                .is_none_or(|s| matches!(s, PageState::Unpinned | PageState::Reclaimed))
+            {
+                continue;
+            }
+            for bk in 0..nb {
+                let b = t.blocks[(p * nb + bk) as usize];
+                if b != 0 {
+                    let _ = gpu.cache(
+                        b,
+                        BlockKey {
+                            group: 2 + bk,
+                            hash,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Withdraws the GPU prefix keys of pages `pages` (no longer full after a rollback).
+    #[inline]
+    pub(in crate::coordinator) fn unpublish(
+        &self,
+        t: &ResidentTable,
+        gpu: &mut BlockPool,
+        pages: core::ops::Range<u32>,
+    ) {
+        let nb = self.num_buckets;
+        for p in pages {
+            if t.state
+                .get(p as usize)
+                .is_none_or(|s| matches!(s, PageState::Unpinned | PageState::Reclaimed))
+            {
+                continue;
+            }
+            for bk in 0..nb {
+                let b = t.blocks[(p * nb + bk) as usize];
+                if b != 0 && gpu.key_of(b).is_some_and(|k| k.group == 2 + bk) {
+                    let _ = gpu.uncache(b);
+                }
+            }
+        }
     }
 
     /// Makes page `p` resident again from host block `host_block` (a copy-on-write tail): new
@@ -143,9 +285,15 @@ impl ResidentManager {
         out: &mut OffloadCommand,
     ) {
         let nb = self.num_buckets as usize;
+        if t.state[p] == PageState::Reclaimed {
+            t.host_only -= 1;
+        }
         for bk in 0..nb {
             let rb = gpu.allocate().unwrap_or(0);
-            t.blocks[p * nb + bk] = rb;
+            let old = core::mem::replace(&mut t.blocks[p * nb + bk], rb);
+            if old != 0 {
+                let _ = gpu.free(old);
+            }
             out.restores.push(PageTransfer {
                 bucket: bk as u32,
                 device_block: rb,
@@ -153,7 +301,7 @@ impl ResidentManager {
             });
         }
         // Rows 0..block_size-1 are restored; the last row is written by the forward.
-        t.state[p] = DIRTY;
+        t.state[p] = PageState::Dirty;
     }
 
     /// Records the resident-table entries of pages `0..pages` (prefix hits) for state row
@@ -201,20 +349,38 @@ impl ResidentManager {
                 block: b,
             });
         }
-        t.state.push(DIRTY);
+        t.state.push(PageState::Dirty);
         t.xfer.push(0);
     }
 
-    /// Whether page `p` is reclaimed (read from host).
+    /// Whether page `p` reads, or may at any allocation read, from host (reclaimed or
+    /// unpinned): a rollback must not reach it.
     #[inline]
-    pub(in crate::coordinator) fn is_reclaimed(&self, t: &ResidentTable, p: u32) -> bool {
-        t.state.get(p as usize) == Some(&RECLAIMED)
+    pub(in crate::coordinator) fn is_released(&self, t: &ResidentTable, p: u32) -> bool {
+        matches!(
+            t.state.get(p as usize),
+            Some(PageState::Reclaimed | PageState::Unpinned)
+        )
     }
 
     /// GPU block of page `p` in `bucket`.
     #[inline]
     pub(in crate::coordinator) fn block(&self, t: &ResidentTable, p: u32, bucket: u32) -> u32 {
         t.blocks[(p * self.num_buckets + bucket) as usize]
+    }
+
+    /// The GPU blocks the request holds references to (unpinned pages' blocks are in the free
+    /// queue; null entries are skipped).
+    pub(in crate::coordinator) fn held_blocks<'a>(
+        &self,
+        t: &'a ResidentTable,
+    ) -> impl Iterator<Item = u32> + 'a {
+        let nb = self.num_buckets as usize;
+        t.blocks
+            .iter()
+            .enumerate()
+            .filter(move |&(i, &b)| b != 0 && t.state[i / nb] != PageState::Unpinned)
+            .map(|(_, &b)| b)
     }
 
     /// Writes the table of `bucket` as an `i32` row: page → GPU block, `0` (the null block) for
@@ -240,12 +406,19 @@ impl ResidentManager {
     /// A dirty page `p` goes pending under transfer `xfer`. Returns whether it was dirty.
     #[inline]
     pub(in crate::coordinator) fn seal(&self, t: &mut ResidentTable, p: u32, xfer: u64) -> bool {
-        if t.state[p as usize] != DIRTY {
+        if t.state[p as usize] != PageState::Dirty {
             return false;
         }
-        t.state[p as usize] = PENDING;
+        t.state[p as usize] = PageState::Pending;
         t.xfer[p as usize] = xfer;
         true
+    }
+
+    /// Page `p` gets a whole-page spill under transfer `xfer`: it goes pending.
+    #[inline]
+    pub(in crate::coordinator) fn spill(&self, t: &mut ResidentTable, p: u32, xfer: u64) {
+        t.state[p as usize] = PageState::Pending;
+        t.xfer[p as usize] = xfer;
     }
 
     /// End (exclusive) of the pages that may be reclaimed: the sealed pages before the active
@@ -274,10 +447,146 @@ impl ResidentManager {
             .saturating_sub(t.reclaim_cursor)
     }
 
-    /// Releases the GPU blocks of page `p` (its host copy is durable): entries become null for
-    /// state row `row`, the page is reclaimed.
+    /// Among the candidates `from..limit`, the pages reclaim would free: clean ones no other
+    /// request shares, and those whose host copies are in flight or about to be spilled
+    /// (pending, dirty; never shared: nothing unsealed or not durable is adopted).
     #[inline]
-    pub(in crate::coordinator) fn release_page(
+    pub(in crate::coordinator) fn freeable_between(
+        &self,
+        t: &ResidentTable,
+        from: u32,
+        limit: u32,
+        gpu: &BlockPool,
+    ) -> (u32, u32) {
+        let (mut clean, mut in_flight) = (0, 0);
+        for p in from..limit {
+            match t.state[p as usize] {
+                PageState::Clean if !self.is_shared(t, p, gpu) => clean += 1,
+                PageState::Pending | PageState::Dirty => in_flight += 1,
+                _ => {}
+            }
+        }
+        (clean, in_flight)
+    }
+
+    /// Whether another request holds a block of page `p` too (an adopted prefix-hit page).
+    #[inline]
+    fn is_shared(&self, t: &ResidentTable, p: u32, gpu: &BlockPool) -> bool {
+        let nb = self.num_buckets as usize;
+        let base = p as usize * nb;
+        t.blocks[base..base + nb]
+            .iter()
+            .any(|&b| gpu.ref_count(b) > 1)
+    }
+
+    /// A pending page `p` is marked release-after-transfer. Returns whether it was pending.
+    #[inline]
+    pub(in crate::coordinator) fn mark_release(&self, t: &mut ResidentTable, p: u32) -> bool {
+        if t.state[p as usize] != PageState::Pending {
+            return false;
+        }
+        t.state[p as usize] = PageState::PendingRelease;
+        t.pending_release += 1;
+        true
+    }
+
+    /// Unpins clean page `p` of the request in `reqs[slot]` (`owner`: slot and generation;
+    /// state row `row`): its blocks go back to the free queue, marked so that their reuse is
+    /// seen ([`ResidentManager::take_reused`]); the resident entries stay. A page whose blocks
+    /// another request shares (a prefix hit adopted them) would not return to the queue: this
+    /// request lets go of it at once instead (entries null, recorded for `row`; the request
+    /// holds a hot region), and the last holder's release frees it. Returns the blocks freed.
+    pub(in crate::coordinator) fn unpin_page(
+        &mut self,
+        t: &mut ResidentTable,
+        p: u32,
+        owner: (u32, u32),
+        row: u32,
+        gpu: &mut BlockPool,
+        out: &mut OffloadCommand,
+    ) -> u32 {
+        let nb = self.num_buckets;
+        let base = (p * nb) as usize;
+        if self.is_shared(t, p, gpu) {
+            for bk in 0..nb {
+                let b = core::mem::replace(&mut t.blocks[base + bk as usize], 0);
+                let _ = gpu.free(b);
+                out.residency.push(TableUpdate {
+                    slot: row,
+                    group: 2 + bk,
+                    page: p,
+                    block: 0,
+                });
+            }
+            t.state[p as usize] = PageState::Reclaimed;
+            t.host_only += 1;
+            return 0;
+        }
+        for bk in 0..nb {
+            let b = t.blocks[base + bk as usize];
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            // Its own key marks the block until the pool hands it out (a GPU prefix key it
+            // carried goes: the page is no longer adoptable once unpinned).
+            let _ = gpu.uncache(b);
+            let _ = gpu.cache(
+                b,
+                BlockKey {
+                    group: LAZY_KEY_GROUP,
+                    hash: seq,
+                },
+            );
+            let _ = gpu.free(b);
+            self.unpinned.push_back(Unpinned {
+                block: b,
+                seq,
+                slot: owner.0,
+                generation: owner.1,
+                page: p,
+            });
+        }
+        t.state[p as usize] = PageState::Unpinned;
+        t.unpinned += 1;
+        nb
+    }
+
+    /// Whether unpinned block `u` is still in the free queue, untouched since it was unpinned.
+    #[inline]
+    fn intact(gpu: &BlockPool, u: &Unpinned) -> bool {
+        gpu.is_free(u.block)
+            && gpu.key_of(u.block)
+                == Some(BlockKey {
+                    group: LAZY_KEY_GROUP,
+                    hash: u.seq,
+                })
+    }
+
+    /// Pops the unpinned blocks the pool has handed out since the last call (they are at the
+    /// front: see the module docs) into `out`; stale entries (their page fell back already or
+    /// their request ended) are dropped on the way.
+    pub(in crate::coordinator) fn take_reused(&mut self, gpu: &BlockPool, out: &mut Vec<Unpinned>) {
+        while let Some(u) = self.unpinned.front() {
+            if Self::intact(gpu, u) {
+                break;
+            }
+            out.push(*u);
+            self.unpinned.pop_front();
+        }
+    }
+
+    /// Whether unpinned entry `u` still describes page `u.page` of `t` (the caller has matched
+    /// the request and its generation).
+    #[inline]
+    pub(in crate::coordinator) fn owns(&self, t: &ResidentTable, u: &Unpinned) -> bool {
+        let nb = self.num_buckets;
+        t.state.get(u.page as usize) == Some(&PageState::Unpinned)
+            && t.blocks[(u.page * nb) as usize..((u.page + 1) * nb) as usize].contains(&u.block)
+    }
+
+    /// An unpinned page `p` whose block the pool handed out falls back to host: every bucket's
+    /// entry becomes null for state row `row` (its other blocks stay in the free queue as plain
+    /// free blocks).
+    pub(in crate::coordinator) fn fall_back(
         &self,
         t: &mut ResidentTable,
         p: u32,
@@ -289,9 +598,7 @@ impl ResidentManager {
         for bk in 0..nb {
             let i = (p * nb + bk) as usize;
             let b = core::mem::replace(&mut t.blocks[i], 0);
-            if b != 0 {
-                let _ = gpu.free(b);
-            }
+            Self::forget(gpu, b);
             out.residency.push(TableUpdate {
                 slot: row,
                 group: 2 + bk,
@@ -299,37 +606,50 @@ impl ResidentManager {
                 block: 0,
             });
         }
-        t.state[p as usize] = RECLAIMED;
+        t.state[p as usize] = PageState::Reclaimed;
+        t.unpinned -= 1;
         t.host_only += 1;
     }
 
-    /// Page `p`'s transfer is durable: pending → clean; pending-release → reclaimed. Returns
-    /// whether blocks were released (the in-flight release is over).
+    /// Drops the mark of unpinned block `b` if the pool has not handed it out (it stays a plain
+    /// free block; its queue entry becomes stale).
+    #[inline]
+    fn forget(gpu: &mut BlockPool, b: u32) {
+        if gpu.is_free(b) && gpu.key_of(b).is_some_and(|k| k.group == LAZY_KEY_GROUP) {
+            let _ = gpu.uncache(b);
+        }
+    }
+
+    /// Page `p`'s transfer is durable: pending → clean; pending-release → unpinned. Returns
+    /// whether a release-after-transfer is over.
     #[inline]
     pub(in crate::coordinator) fn on_durable(
-        &self,
+        &mut self,
         t: &mut ResidentTable,
         p: u32,
+        owner: (u32, u32),
+        row: u32,
         gpu: &mut BlockPool,
         out: &mut OffloadCommand,
-        row: u32,
     ) -> bool {
         match t.state[p as usize] {
-            PENDING => {
-                t.state[p as usize] = CLEAN;
+            PageState::Pending => {
+                t.state[p as usize] = PageState::Clean;
                 false
             }
-            PENDING_RELEASE => {
-                self.release_page(t, p, gpu, out, row);
+            PageState::PendingRelease => {
+                t.state[p as usize] = PageState::Clean;
                 t.pending_release -= 1;
+                self.unpin_page(t, p, owner, row, gpu, out);
                 true
             }
             _ => false,
         }
     }
 
-    /// Gives back every resident block (reverse order) and empties the table. Returns the GPU
-    /// blocks whose release-after-transfer is no longer in flight.
+    /// Gives back every resident block (reverse order; unpinned pages' blocks are in the free
+    /// queue already and lose their marks) and empties the table. Returns the GPU blocks whose
+    /// release-after-transfer is no longer in flight.
     #[inline]
     pub(in crate::coordinator) fn release(
         &self,
@@ -337,8 +657,13 @@ impl ResidentManager {
         gpu: &mut BlockPool,
         release: &mut Release<'_>,
     ) -> u32 {
-        for &b in t.blocks.iter().rev() {
-            release.block(gpu, PoolKind::Gpu, b);
+        let nb = self.num_buckets as usize;
+        for (i, &b) in t.blocks.iter().enumerate().rev() {
+            if t.state[i / nb] == PageState::Unpinned {
+                Self::forget(gpu, b);
+            } else {
+                release.block(gpu, PoolKind::Gpu, b);
+            }
         }
         let in_flight = t.pending_release * self.num_buckets;
         t.pending_release = 0;
@@ -346,6 +671,7 @@ impl ResidentManager {
         t.state.clear();
         t.xfer.clear();
         t.host_only = 0;
+        t.unpinned = 0;
         t.reclaim_cursor = 0;
         t.spill_cursor = 0;
         in_flight
@@ -353,16 +679,22 @@ impl ResidentManager {
 
     /// The table's invariants for a running request with `pages` pages (`hit_pages` of them
     /// prefix hits) and `num_computed` tokens, when transfers up to `durable` are durable: table
-    /// lengths; null entries exactly on reclaimed pages; nothing reclaimed (or clean) before its
-    /// host copy is durable; the active tail (see [`ResidentManager::reclaim_limit`]) never
-    /// reclaimed (prefix hits aside) nor marked for release; only sealed pages leave the dirty state; the counters.
+    /// lengths; null entries exactly on reclaimed pages; nothing unpinned or reclaimed (or
+    /// clean) before its host copy is durable; the active tail (see
+    /// [`ResidentManager::reclaim_limit`]) never unpinned or reclaimed (prefix hits aside) nor
+    /// marked for release; only sealed pages leave the dirty state; an unpinned page's blocks
+    /// are free and still carry the marks of entries of this request (`owner`: its index and
+    /// generation) — a reused block's page has fallen back; the counters.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::coordinator) fn check(
         &self,
         t: &ResidentTable,
+        owner: (u32, u32),
         pages: u32,
         hit_pages: u32,
         num_computed: u32,
         durable: u64,
+        gpu: &BlockPool,
     ) -> Result<(), (&'static str, Option<u32>)> {
         let nb = self.num_buckets as usize;
         let bt = self.block_tokens;
@@ -370,39 +702,59 @@ impl ResidentManager {
         if t.state.len() != pages as usize || t.blocks.len() != pages as usize * nb {
             return Err(("table length", None));
         }
-        let (mut host_only, mut pend) = (0, 0);
+        let (mut host_only, mut pend, mut unpinned) = (0, 0, 0);
         for p in 0..pages {
             let s = t.state[p as usize];
-            let null = t.blocks[p as usize * nb..(p as usize + 1) * nb]
-                .iter()
-                .all(|&b| b == 0);
-            let any_null = t.blocks[p as usize * nb..(p as usize + 1) * nb].contains(&0);
-            if (s == RECLAIMED) != null || (s != RECLAIMED && any_null) {
+            let entries = &t.blocks[p as usize * nb..(p as usize + 1) * nb];
+            let null = entries.iter().all(|&b| b == 0);
+            let any_null = entries.contains(&0);
+            if (s == PageState::Reclaimed) != null || (s != PageState::Reclaimed && any_null) {
                 return Err(("resident entries disagree with page state", Some(p)));
             }
-            if s == RECLAIMED {
-                host_only += 1;
+            let released = matches!(s, PageState::Reclaimed | PageState::Unpinned);
+            if released {
                 if t.xfer[p as usize] > durable {
-                    return Err(("page reclaimed before its host copy is durable", Some(p)));
+                    return Err(("page released before its host copy is durable", Some(p)));
                 }
                 if p >= hit_pages && p >= limit {
-                    return Err(("active tail page reclaimed", Some(p)));
+                    return Err(("active tail page released", Some(p)));
                 }
             }
-            if s == PENDING_RELEASE {
-                pend += 1;
-                if p >= limit {
-                    return Err(("active tail page marked for release", Some(p)));
+            match s {
+                PageState::Reclaimed => host_only += 1,
+                PageState::Unpinned => {
+                    unpinned += 1;
+                    for &b in entries {
+                        let marked = self.unpinned.iter().any(|u| {
+                            u.block == b
+                                && u.page == p
+                                && (u.slot, u.generation) == owner
+                                && Self::intact(gpu, u)
+                        });
+                        if !marked {
+                            return Err((
+                                "unpinned page's block not in the free queue under its mark",
+                                Some(p),
+                            ));
+                        }
+                    }
                 }
+                PageState::PendingRelease => {
+                    pend += 1;
+                    if p >= limit {
+                        return Err(("active tail page marked for release", Some(p)));
+                    }
+                }
+                _ => {}
             }
-            if (s == CLEAN || s == RECLAIMED) && t.xfer[p as usize] > durable {
+            if s.is_durable() && t.xfer[p as usize] > durable {
                 return Err(("clean page not durable", Some(p)));
             }
-            if (s != DIRTY) && (p + 1) * bt > num_computed {
+            if (s != PageState::Dirty) && (p + 1) * bt > num_computed {
                 return Err(("unsealed page left the dirty state", Some(p)));
             }
         }
-        if host_only != t.host_only || pend != t.pending_release {
+        if host_only != t.host_only || pend != t.pending_release || unpinned != t.unpinned {
             return Err(("page counters", None));
         }
         Ok(())

@@ -9,7 +9,7 @@
 
 use alloc::vec::Vec;
 
-use super::resident::{CLEAN, RECLAIMED, ResidentTable};
+use super::resident::ResidentTable;
 use super::{PoolKind, Release};
 use crate::coordinator::CoordError;
 use crate::coordinator::command::{OffloadCommand, TableUpdate};
@@ -206,7 +206,7 @@ impl SourceManager {
     }
 
     /// Advances the durable prefix over the sealed pages (the first `sealed`) that are clean or
-    /// reclaimed, publishing their hashes in the host prefix cache: hashes are never published
+    /// unpinned or reclaimed, publishing their hashes in the host prefix cache: hashes are never published
     /// past the durable prefix.
     #[inline]
     pub(in crate::coordinator) fn advance_ready(
@@ -216,9 +216,7 @@ impl SourceManager {
         sealed: u32,
         host: &mut BlockPool,
     ) {
-        while t.ready_prefix < sealed
-            && matches!(resident.state[t.ready_prefix as usize], CLEAN | RECLAIMED)
-        {
+        while t.ready_prefix < sealed && resident.state[t.ready_prefix as usize].is_durable() {
             let p = t.ready_prefix as usize;
             if self.caching && p < t.hashes.len() {
                 let _ = host.cache(
@@ -230,6 +228,15 @@ impl SourceManager {
                 );
             }
             t.ready_prefix += 1;
+        }
+    }
+
+    /// Publishes durable host block `block` under prefix hash `hash` (a page of a released
+    /// request; the block is still held).
+    #[inline]
+    pub(in crate::coordinator) fn publish(&self, host: &mut BlockPool, block: u32, hash: u64) {
+        if self.caching {
+            let _ = host.cache(block, BlockKey { group: 0, hash });
         }
     }
 
@@ -257,7 +264,7 @@ impl SourceManager {
     }
 
     /// The table's invariants: no host prefix hash published past the durable prefix, and the
-    /// durable prefix covers only clean or reclaimed pages.
+    /// durable prefix covers only durable pages (clean, unpinned, reclaimed).
     pub(in crate::coordinator) fn check(
         &self,
         t: &SourceTable,
@@ -274,7 +281,7 @@ impl SourceManager {
             }
         }
         for p in 0..t.ready_prefix {
-            if !matches!(resident.state[p as usize], CLEAN | RECLAIMED) {
+            if !resident.state[p as usize].is_durable() {
                 return Err(("ready prefix covers a page that is not durable", Some(p)));
             }
         }
