@@ -2,7 +2,8 @@
 //! is needed on the machine that builds the crate). The SPIR-V lands in `OUT_DIR` and is embedded
 //! by `src/shaders.rs`; `tests/spirv_val.rs` checks it with `spirv-val`.
 //!
-//! `gather.wgsl`, `gather_v1.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B (written), each
+//! `gather.wgsl`, `gather_v1.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B
+//! (written), each
 //! bound as `WINDOWS` storage buffers of one window each, so pools larger than one binding work:
 //! the script generates one variant per entry of [`WINDOWS`]. The 1-window variant binds each
 //! pool whole and needs no window arithmetic.
@@ -284,6 +285,7 @@ fn main() {
         ("gather_v1", 4, "gather_v1", "vec4<u32>"),
         ("gather_v1", 4, "gather_v1w", "u32"),
         ("copy", 1, "copy", "vec4<u32>"),
+        ("copy", 1, "copyw", "u32"),
     ] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");
         let src = format!("{common}\n{src}");

@@ -1,5 +1,7 @@
 // Region copies on the device's compute units (page backups and restores, row mirrors, host
-// copy-on-write, device-to-device copies): one workgroup per tile of at most 4096 16-byte words,
+// copy-on-write, device-to-device copies): one workgroup per tile of at most 4096 pool words
+// (`Word`: 16 bytes, or 4 in the `copyw` variant for regions that are not 16-byte aligned, such as
+// the runtime's per-request counters),
 // four loads in flight per invocation before their stores. The host cuts every region into tiles
 // and guarantees that the tiles of one dispatch never write bytes another tile of the dispatch
 // reads or writes (conflicting copies go to successive dispatches), so tiles run in any order.
@@ -52,10 +54,10 @@ fn main(
         let k1 = take(tile, c1);
         let k2 = take(tile, c2);
         let k3 = take(tile, c3);
-        var v0 = vec4<u32>(0u);
-        var v1 = vec4<u32>(0u);
-        var v2 = vec4<u32>(0u);
-        var v3 = vec4<u32>(0u);
+        var v0 = Word(0u);
+        var v1 = Word(0u);
+        var v2 = Word(0u);
+        var v3 = Word(0u);
         if (k0) { v0 = load_a(tile.x + c0); }
         if (k1) { v1 = load_a(tile.x + c1); }
         if (k2) { v2 = load_a(tile.x + c2); }

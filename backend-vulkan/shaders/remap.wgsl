@@ -1,8 +1,11 @@
 // Index remap (hisparse_core::ops::remap): one workgroup of 256 invocations per token row, eight
-// consecutive entries per invocation per chunk of 2048: an invocation issues its eight top-k loads,
-// then its eight (independent) block-table loads, then its stores, so a decode row of 2048 entries
-// costs two dependent memory round trips. Without compaction the valid count is one workgroup
-// atomic; with compaction each chunk's valid entries are placed by a workgroup scan.
+// entries per invocation per chunk of 2048: an invocation issues its eight top-k loads, then its
+// eight (independent) block-table loads, then its stores, so a decode row of 2048 entries costs
+// two dependent memory round trips. Without compaction invocation `lid` takes entries
+// `lid, lid + 256, ...` of the chunk (every load and store of the workgroup is coalesced) and the
+// valid count is one workgroup atomic; with compaction it takes eight consecutive entries and each
+// chunk's valid entries are placed by a workgroup scan. A power-of-two block size divides by a
+// shift, and a block whose rows all fit an i32 skips the exact overflow check (same results).
 struct Params {
     num_tokens: u32,
     top_k: u32,
@@ -32,17 +35,34 @@ var<workgroup> sc: array<u32, 256>;
 var<workgroup> tot: array<u32, 8>;
 var<workgroup> valid: atomic<u32>;
 var<private> scan_total: u32;
+// Uniform per dispatch (set at the start of main): the block size's shift when it is a power of
+// two, and the largest block whose every row `block * stride + off` (off < block size) fits.
+var<private> bs_pow2: bool;
+var<private> bs_shift: u32;
+var<private> fast_lim: u32;
+var<private> has_fast: bool;
 
 fn map_token(row: u32, tok: i32) -> i32 {
     if (tok < 0) {
         return -1;
     }
-    let col = u32(tok) / pc.block_size;
+    var col = 0u;
+    var off = 0u;
+    if (bs_pow2) {
+        col = u32(tok) >> bs_shift;
+        off = u32(tok) & (pc.block_size - 1u);
+    } else {
+        col = u32(tok) / pc.block_size;
+        off = u32(tok) % pc.block_size;
+    }
     if (col >= pc.max_blocks) {
         return -1;
     }
     let block = block_table[row * pc.max_blocks + col];
-    return phys_row(block, pc.block_stride, u32(tok) % pc.block_size);
+    if (block >= 0 && has_fast && u32(block) <= fast_lim) {
+        return i32(u32(block) * pc.block_stride + off);
+    }
+    return phys_row(block, pc.block_stride, off);
 }
 
 // Exclusive workgroup scan of f in invocation order (two barriers); the total to scan_total.
@@ -84,6 +104,13 @@ fn main(
     }
     let k = pc.top_k;
     let compact = (pc.flags & 2u) != 0u;
+    bs_pow2 = (pc.block_size & (pc.block_size - 1u)) == 0u;
+    bs_shift = countTrailingZeros(pc.block_size);
+    has_fast = pc.block_size - 1u <= 0x7fffffffu;
+    fast_lim = 0u;
+    if (has_fast) {
+        fast_lim = (0x7fffffffu - (pc.block_size - 1u)) / pc.block_stride;
+    }
     var row = -1;
     let req = req_id[t];
     if (req >= 0) {
@@ -104,32 +131,50 @@ fn main(
     workgroupBarrier();
     var n_all = 0u;
     var base = 0u;
-    for (var c0 = 0u; c0 < k; c0 = c0 + CHUNK) {
-        let j0 = c0 + lid * IK;
-        var tok: array<i32, 8>;
-        for (var i = 0u; i < IK; i = i + 1u) {
-            tok[i] = -1;
-            if (row >= 0 && j0 + i < k) {
-                tok[i] = topk[t * k + j0 + i];
-            }
-        }
-        var v: array<i32, 8>;
-        var n = 0u;
-        for (var i = 0u; i < IK; i = i + 1u) {
-            v[i] = -1;
-            if (row >= 0) {
-                v[i] = map_token(u32(row), tok[i]);
-            }
-            n = n + select(0u, 1u, v[i] != -1);
-        }
-        if (!compact) {
+    if (!compact) {
+        for (var c0 = 0u; c0 < k; c0 = c0 + CHUNK) {
+            var tok: array<i32, 8>;
             for (var i = 0u; i < IK; i = i + 1u) {
-                if (j0 + i < k) {
-                    out_rows[t * k + j0 + i] = v[i];
+                let j = c0 + i * W + lid;
+                tok[i] = -1;
+                if (row >= 0 && j < k) {
+                    tok[i] = topk[t * k + j];
                 }
             }
-            n_all = n_all + n;
-        } else {
+            var v: array<i32, 8>;
+            for (var i = 0u; i < IK; i = i + 1u) {
+                v[i] = -1;
+                if (row >= 0) {
+                    v[i] = map_token(u32(row), tok[i]);
+                }
+                n_all = n_all + select(0u, 1u, v[i] != -1);
+            }
+            for (var i = 0u; i < IK; i = i + 1u) {
+                let j = c0 + i * W + lid;
+                if (j < k) {
+                    out_rows[t * k + j] = v[i];
+                }
+            }
+        }
+    } else {
+        for (var c0 = 0u; c0 < k; c0 = c0 + CHUNK) {
+            let j0 = c0 + lid * IK;
+            var tok: array<i32, 8>;
+            for (var i = 0u; i < IK; i = i + 1u) {
+                tok[i] = -1;
+                if (row >= 0 && j0 + i < k) {
+                    tok[i] = topk[t * k + j0 + i];
+                }
+            }
+            var v: array<i32, 8>;
+            var n = 0u;
+            for (var i = 0u; i < IK; i = i + 1u) {
+                v[i] = -1;
+                if (row >= 0) {
+                    v[i] = map_token(u32(row), tok[i]);
+                }
+                n = n + select(0u, 1u, v[i] != -1);
+            }
             var at = base + scan(lid, n);
             for (var i = 0u; i < IK; i = i + 1u) {
                 if (v[i] != -1) {

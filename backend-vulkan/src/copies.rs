@@ -15,9 +15,9 @@ use std::sync::atomic::Ordering;
 
 use hisparse_core::ops::{BlockPair, Direction, PageCopyDesc, PageLayout, RowCopyDesc, RowSpan};
 
-use crate::copy::{CopyPlan, tiles};
+use crate::copy::{CopyPlan, tile_spans, tiles};
 use crate::shaders::Shader;
-use crate::vk::{Engine, RawBuffer};
+use crate::vk::{Engine, RawBuffer, Span};
 use crate::windows::{PoolPlan, SHADER_ADDRESSABLE};
 use crate::{Result, VulkanDevice, VulkanError};
 
@@ -73,23 +73,33 @@ fn span_parts(l: &PageLayout, block: u32, first: u32, n: u32) -> [(u64, u64); 2]
     [(v, vb * u64::from(n)), (s, sb * u64::from(n))]
 }
 
-/// Whether a plan runs as the shader (`true`) or as `vkCmdCopyBuffer`.
-fn use_shader(
+/// The pool word (bytes) in which a plan runs as the copy shader, or `None` for
+/// `vkCmdCopyBuffer`: 16-byte words where the plan is 16-byte aligned, else 4-byte words where it
+/// is 4-byte aligned (small unaligned copies, such as the runtime's counters of a few requests,
+/// would otherwise each pay a DMA engine's fixed cost).
+fn shader_unit(
     engine: CopyEngine,
     gpu: bool,
     plan: &CopyPlan,
     largest_buffer: u64,
     across_bus: bool,
-) -> bool {
-    let possible = plan.aligned(16) && largest_buffer <= SHADER_ADDRESSABLE;
-    match engine {
+) -> Option<u64> {
+    let unit = if plan.aligned(16) && largest_buffer <= SHADER_ADDRESSABLE {
+        16
+    } else if plan.aligned(4) && largest_buffer <= SHADER_ADDRESSABLE / 4 {
+        4
+    } else {
+        return None;
+    };
+    let chosen = match engine {
         CopyEngine::Dma => false,
-        CopyEngine::Shader => possible,
+        CopyEngine::Shader => true,
         CopyEngine::Auto => {
             let average = plan.bytes() / plan.regions().max(1) as u64;
-            gpu && possible && !(across_bus && average >= DMA_MIN_REGION)
+            gpu && !(across_bus && average >= DMA_MIN_REGION)
         }
-    }
+    };
+    chosen.then_some(unit)
 }
 
 impl VulkanDevice {
@@ -104,10 +114,12 @@ impl VulkanDevice {
         self.copy_engine.store(engine as u8, Ordering::Relaxed);
     }
 
-    /// Runs `plan` from `src` to `dst` (the same buffer for copies within one) on stream `s`.
+    /// Runs `plan` of operation `op` (named in the profile) from `src` to `dst` (the same
+    /// buffer for copies within one) on stream `s`.
     pub(crate) fn run_plan(
         &self,
         s: usize,
+        op: &'static str,
         plan: &CopyPlan,
         src: &RawBuffer,
         dst: &RawBuffer,
@@ -117,44 +129,57 @@ impl VulkanDevice {
             return Ok(());
         }
         let limits = &self.ctx.limits;
-        let shader = use_shader(
+        let unit = shader_unit(
             self.copy_engine(),
             limits.gpu,
             plan,
             src.size.max(dst.size),
             across_bus,
         );
-        let pools = if shader {
-            PoolPlan::new(limits, src.size, dst.size, 1, "copy").ok()
-        } else {
-            None
-        };
-        let Some(pools) = pools else {
-            return self.ctx.record(s, Engine::Copy, |rec| {
+        let pools = unit.and_then(|u| {
+            PoolPlan::new(limits, src.size, dst.size, 1, "copy")
+                .ok()
+                .map(|p| (p, u))
+        });
+        let Some((pools, unit)) = pools else {
+            return self.ctx.record(s, Engine::Copy, op, |rec| {
                 for batch in plan.batches() {
                     rec.copy(src.buffer, dst.buffer, batch);
                 }
                 Ok(())
             });
         };
-        let (shift, mask) = pools.shift_mask();
+        let (shift, mask) = pools.shift_mask_words(unit);
         let groups = pools.groups();
+        let shader = if unit == 16 {
+            Shader::Copy(pools.windows)
+        } else {
+            Shader::CopyWords(pools.windows)
+        };
         // Tiles per dispatch: one binding of the list, one workgroup each.
         let per_dispatch = ((limits.window / 16) as usize).min(1 << 24);
-        let batches: Vec<Vec<[u32; 4]>> = plan.batches().into_iter().map(tiles).collect();
-        self.ctx.record(s, Engine::Compute, |rec| {
+        let batches: Vec<Vec<[u32; 4]>> =
+            plan.batches().into_iter().map(|b| tiles(b, unit)).collect();
+        self.ctx.record(s, Engine::Compute, op, |rec| {
             for batch in &batches {
                 for chunk in batch.chunks(per_dispatch) {
                     let list = rec.params(chunk)?;
+                    // The hazard tracker sees the bytes the tiles really read and write, not the
+                    // whole pool windows: copies into disjoint parts of one buffer (the counters
+                    // of every index group, row mirrors beside page backups) need no barrier
+                    // between them.
+                    let [read, written] = tile_spans(chunk, unit, src.buffer, dst.buffer);
+                    let access = [Span::of(&list), read];
                     for &(a, b) in &groups {
                         let mut bindings = vec![list];
                         bindings.extend(pools.bindings(src, dst, a, b));
                         let push = [chunk.len() as u32, shift, mask, a, b, 0];
-                        rec.dispatch(
-                            Shader::Copy(pools.windows),
+                        rec.dispatch_with_access(
+                            shader,
                             &bindings,
                             &push,
                             chunk.len() as u64,
+                            (&access, &[written]),
                         )?;
                     }
                 }
@@ -163,11 +188,12 @@ impl VulkanDevice {
         })
     }
 
-    /// One contiguous copy between two buffers (checked by the caller).
+    /// One contiguous copy of operation `op` between two buffers (checked by the caller).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn bulk_copy(
         &self,
         s: usize,
+        op: &'static str,
         src: &RawBuffer,
         src_offset: usize,
         dst: &RawBuffer,
@@ -177,7 +203,7 @@ impl VulkanDevice {
     ) -> Result<()> {
         let mut plan = CopyPlan::new(false);
         plan.push(src_offset as u64, dst_offset as u64, bytes as u64);
-        self.run_plan(s, &plan, src, dst, across_bus)
+        self.run_plan(s, op, &plan, src, dst, across_bus)
     }
 
     /// A copy between disjoint ranges of one buffer (checked by the caller).
@@ -191,7 +217,7 @@ impl VulkanDevice {
     ) -> Result<()> {
         let mut plan = CopyPlan::new(true);
         plan.push(src_offset, dst_offset, bytes);
-        self.run_plan(s, &plan, buf, buf, false)
+        self.run_plan(s, "copy_within_device", &plan, buf, buf, false)
     }
 
     /// Whole pages between the pools, every layer of `desc` (checked by the caller).
@@ -219,8 +245,12 @@ impl VulkanDevice {
             }
         }
         match desc.direction {
-            Direction::DeviceToHost => self.run_plan(s, &plan, device, host, true),
-            Direction::HostToDevice => self.run_plan(s, &plan, host, device, true),
+            Direction::DeviceToHost => {
+                self.run_plan(s, "copy_pages backup", &plan, device, host, true)
+            }
+            Direction::HostToDevice => {
+                self.run_plan(s, "copy_pages restore", &plan, host, device, true)
+            }
         }
     }
 
@@ -247,8 +277,12 @@ impl VulkanDevice {
             }
         }
         match desc.direction {
-            Direction::DeviceToHost => self.run_plan(s, &plan, device, host, true),
-            Direction::HostToDevice => self.run_plan(s, &plan, host, device, true),
+            Direction::DeviceToHost => {
+                self.run_plan(s, "copy_rows to host", &plan, device, host, true)
+            }
+            Direction::HostToDevice => {
+                self.run_plan(s, "copy_rows to device", &plan, host, device, true)
+            }
         }
     }
 
@@ -267,7 +301,7 @@ impl VulkanDevice {
             }
         }
         // Both sides are host memory: the bytes cross the bus twice on a GPU.
-        self.run_plan(s, &plan, host, host, true)
+        self.run_plan(s, "copy_host_pages", &plan, host, host, true)
     }
 }
 
@@ -288,21 +322,30 @@ mod tests {
         let pages = plan(&[(0, 0, 41984), (41984, 1 << 20, 41984)]);
         let bulk = plan(&[(0, 0, 256 << 20)]);
         let odd = plan(&[(4, 0, 64)]);
+        let bytes = plan(&[(1, 0, 64)]);
         let a = CopyEngine::Auto;
-        assert!(use_shader(a, true, &pages, 1 << 30, true));
-        assert!(!use_shader(a, true, &bulk, 1 << 30, true));
-        assert!(
-            use_shader(a, true, &bulk, 1 << 30, false),
+        let unit = |e, gpu, p: &CopyPlan, largest, bus| shader_unit(e, gpu, p, largest, bus);
+        assert_eq!(unit(a, true, &pages, 1 << 30, true), Some(16));
+        assert_eq!(unit(a, true, &bulk, 1 << 30, true), None);
+        assert_eq!(
+            unit(a, true, &bulk, 1 << 30, false),
+            Some(16),
             "device-to-device"
         );
-        assert!(!use_shader(a, false, &pages, 1 << 30, true), "CPU device");
-        assert!(!use_shader(a, true, &odd, 1 << 30, false), "unaligned");
-        assert!(
-            !use_shader(a, true, &pages, 80 << 30, true),
-            "beyond 64 GiB"
+        assert_eq!(unit(a, false, &pages, 1 << 30, true), None, "CPU device");
+        assert_eq!(
+            unit(a, true, &odd, 1 << 30, false),
+            Some(4),
+            "4-byte aligned"
         );
-        assert!(use_shader(CopyEngine::Shader, false, &bulk, 1 << 30, true));
-        assert!(!use_shader(CopyEngine::Shader, true, &odd, 1 << 30, true));
-        assert!(!use_shader(CopyEngine::Dma, true, &pages, 1 << 30, true));
+        assert_eq!(unit(a, true, &bytes, 1 << 30, false), None, "unaligned");
+        assert_eq!(unit(a, true, &pages, 80 << 30, true), None, "beyond 64 GiB");
+        assert_eq!(unit(a, true, &odd, 20 << 30, true), None, "beyond 16 GiB");
+        assert_eq!(
+            unit(CopyEngine::Shader, false, &bulk, 1 << 30, true),
+            Some(16)
+        );
+        assert_eq!(unit(CopyEngine::Shader, true, &odd, 1 << 30, true), Some(4));
+        assert_eq!(unit(CopyEngine::Dma, true, &pages, 1 << 30, true), None);
     }
 }

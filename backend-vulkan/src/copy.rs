@@ -6,6 +6,8 @@
 use ash::vk;
 use hisparse_core::ops::copy::{CopyFootprint, copy_batches};
 
+use crate::vk::Span;
+
 /// Batches of copy regions in execution order.
 #[derive(Debug)]
 pub struct CopyPlan {
@@ -72,16 +74,16 @@ impl CopyPlan {
     }
 }
 
-/// Words (16 bytes) of one tile of the copy shader: a workgroup copies one tile.
+/// Pool words of one tile of the copy shader: a workgroup copies one tile.
 pub const TILE_WORDS: u64 = 4096;
 
-/// The copy shader's tiles of a batch of 16-byte aligned regions: `[src word, dst word, words,
-/// 0]`, each at most [`TILE_WORDS`] words. Regions of one batch do not conflict, so neither do
-/// their tiles.
-pub fn tiles(batch: &[vk::BufferCopy]) -> Vec<[u32; 4]> {
+/// The copy shader's tiles of a batch of regions aligned to `unit`-byte pool words (16, or 4 for
+/// the 4-byte-word variant): `[src word, dst word, words, 0]`, each at most [`TILE_WORDS`]
+/// words. Regions of one batch do not conflict, so neither do their tiles.
+pub fn tiles(batch: &[vk::BufferCopy], unit: u64) -> Vec<[u32; 4]> {
     let mut v = Vec::new();
     for r in batch {
-        let (s, d, n) = (r.src_offset / 16, r.dst_offset / 16, r.size / 16);
+        let (s, d, n) = (r.src_offset / unit, r.dst_offset / unit, r.size / unit);
         let mut at = 0;
         while at < n {
             let len = (n - at).min(TILE_WORDS);
@@ -92,9 +94,39 @@ pub fn tiles(batch: &[vk::BufferCopy]) -> Vec<[u32; 4]> {
     v
 }
 
+/// The bytes a list of copy-shader tiles of `unit`-byte words reads from `src` and writes to
+/// `dst`: the hull of each side's tiles (for the hazard tracker, which only needs to know what
+/// may be touched).
+pub fn tile_spans(tiles: &[[u32; 4]], unit: u64, src: vk::Buffer, dst: vk::Buffer) -> [Span; 2] {
+    let hull = |buffer, side: usize| {
+        let start = tiles.iter().map(|t| u64::from(t[side])).min().unwrap_or(0);
+        let end = tiles
+            .iter()
+            .map(|t| u64::from(t[side]) + u64::from(t[2]))
+            .max()
+            .unwrap_or(0);
+        Span {
+            buffer,
+            start: start * unit,
+            end: end * unit,
+        }
+    };
+    [hull(src, 0), hull(dst, 1)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn word_tiles_count_four_byte_words() {
+        let regions = [vk::BufferCopy {
+            src_offset: 4,
+            dst_offset: 40,
+            size: 12,
+        }];
+        assert_eq!(tiles(&regions, 4), vec![[1, 10, 3, 0]]);
+    }
 
     #[test]
     fn tiles_cover_each_region_in_order() {
@@ -110,7 +142,7 @@ mod tests {
                 size: 16,
             },
         ];
-        let t = tiles(&regions);
+        let t = tiles(&regions, 16);
         let w = TILE_WORDS as u32;
         assert_eq!(
             t,
@@ -121,6 +153,17 @@ mod tests {
                 [2, 1, 1, 0]
             ]
         );
+    }
+
+    #[test]
+    fn tile_spans_are_the_hull_of_each_side() {
+        use ash::vk::Handle;
+        let (a, b) = (vk::Buffer::from_raw(1), vk::Buffer::from_raw(2));
+        let [r, w] = tile_spans(&[[10, 100, 2, 0], [4, 200, 1, 0]], 16, a, b);
+        assert_eq!((r.buffer, r.start, r.end), (a, 64, 192));
+        assert_eq!((w.buffer, w.start, w.end), (b, 1600, 3216));
+        let [r, _] = tile_spans(&[[10, 100, 2, 0]], 4, a, b);
+        assert_eq!((r.start, r.end), (40, 48));
     }
 
     #[test]

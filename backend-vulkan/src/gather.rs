@@ -161,7 +161,7 @@ impl VulkanDevice {
             self.bind_index(args.plan_dst.raw(), 4 * tk, "plan_dst")?,
             self.bind_index(args.plan_counts.raw(), 4 * t, "plan_counts")?,
         ];
-        self.ctx.record(s, Engine::Compute, |rec| {
+        self.ctx.record(s, Engine::Compute, "gather_rows", |rec| {
             let layers = rec.params(&layer_words)?;
             for (a, b) in pools.groups() {
                 let mut bindings = index.to_vec();

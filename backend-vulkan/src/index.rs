@@ -94,7 +94,7 @@ impl VulkanDevice {
             limits.storage_offset_alignment,
             max_len,
         );
-        self.ctx.record(s, Engine::Compute, |rec| {
+        self.ctx.record(s, Engine::Compute, "write_table", |rec| {
             for &(i, j, base) in &runs {
                 let list = rec.params(&writes[i..j])?;
                 let end = u64::from(writes[j - 1].index) * 4 + 4;
@@ -144,36 +144,37 @@ impl VulkanDevice {
             limits.window,
             limits.storage_offset_alignment,
         );
-        self.ctx.record(s, Engine::Compute, |rec| {
-            for &(i, j, dgi_base, lru_base) in &groups {
-                let mut list: Vec<u32> = sorted[i..j].to_vec();
-                list.extend_from_slice(&bitmap);
-                let list = rec.params(&list)?;
-                let last = u64::from(sorted[j - 1]);
-                let n64 = u64::from(n);
-                let dgi_end = (last + 1) * n64 * 4;
-                let lru_end = ((last * n64 + n64 - 1) / 2 + 1) * 4;
-                let push = [
-                    (j - i) as u32,
-                    n,
-                    r,
-                    (dgi_base / 4) as u32,
-                    (lru_base / 4) as u32,
-                    0,
-                ];
-                rec.dispatch(
-                    Shader::HotReset,
-                    &[
-                        list,
-                        Self::range(dgi, dgi_base, dgi_end),
-                        Self::range(lru, lru_base, lru_end),
-                    ],
-                    &push,
-                    ((j - i) as u64 * n64).div_ceil(256),
-                )?;
-            }
-            Ok(())
-        })
+        self.ctx
+            .record(s, Engine::Compute, "reset_hot_state", |rec| {
+                for &(i, j, dgi_base, lru_base) in &groups {
+                    let mut list: Vec<u32> = sorted[i..j].to_vec();
+                    list.extend_from_slice(&bitmap);
+                    let list = rec.params(&list)?;
+                    let last = u64::from(sorted[j - 1]);
+                    let n64 = u64::from(n);
+                    let dgi_end = (last + 1) * n64 * 4;
+                    let lru_end = ((last * n64 + n64 - 1) / 2 + 1) * 4;
+                    let push = [
+                        (j - i) as u32,
+                        n,
+                        r,
+                        (dgi_base / 4) as u32,
+                        (lru_base / 4) as u32,
+                        0,
+                    ];
+                    rec.dispatch(
+                        Shader::HotReset,
+                        &[
+                            list,
+                            Self::range(dgi, dgi_base, dgi_end),
+                            Self::range(lru, lru_base, lru_end),
+                        ],
+                        &push,
+                        ((j - i) as u64 * n64).div_ceil(256),
+                    )?;
+                }
+                Ok(())
+            })
     }
 
     /// A checked remap on stream `s`.
@@ -217,7 +218,7 @@ impl VulkanDevice {
             desc.idx_mapping_len.unwrap_or(0),
             flags,
         ];
-        self.ctx.record(s, Engine::Compute, |rec| {
+        self.ctx.record(s, Engine::Compute, "remap", |rec| {
             // Without counts the shader writes none; the binding must still be valid.
             let dummy = Binding {
                 buffer: rec.scratch(16)?,
@@ -247,7 +248,7 @@ impl VulkanDevice {
             self.bind_index(args.dgi.raw(), 4 * entries, "dgi")?,
         ];
         let push = [entries as u32, desc.num_ranges];
-        self.ctx.record(s, Engine::Compute, |rec| {
+        self.ctx.record(s, Engine::Compute, "invalidate", |rec| {
             rec.dispatch(Shader::Invalidate, &b, &push, entries.div_ceil(256))
         })
     }
@@ -278,9 +279,10 @@ impl VulkanDevice {
             desc.table_rows,
             desc.max_blocks,
         ];
-        self.ctx.record(s, Engine::Compute, |rec| {
-            rec.dispatch(Shader::SlotMapping, &b, &push, t.div_ceil(256))
-        })
+        self.ctx
+            .record(s, Engine::Compute, "compressed_slot_mapping", |rec| {
+                rec.dispatch(Shader::SlotMapping, &b, &push, t.div_ceil(256))
+            })
     }
 }
 

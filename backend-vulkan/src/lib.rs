@@ -36,7 +36,9 @@
 //!   `v2` on GPUs and `v1` on CPU devices ([`GatherKernel`], [`GATHER_KERNEL_ENV`]);
 //!   [`QUEUES_ENV`] puts every stream on one queue. All choices give identical results; they
 //!   exist for comparisons.
-//! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches).
+//! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches);
+//!   [`PROFILE_ENV`]`=1` profiles a whole run per operation (host and device time, printed to
+//!   stderr when the device is dropped).
 //!
 //! Not done here: buffer device addresses (the WGSL compiler used has no pointers to physical
 //! storage), which would remove the windows.
@@ -69,7 +71,7 @@ pub use copies::{COPY_ENGINE_ENV, CopyEngine};
 pub use error::VulkanError;
 pub use gather::{GATHER_KERNEL_ENV, GatherKernel};
 pub use resolve::{RESOLVE_KERNEL_ENV, ResolveKernel};
-pub use vk::validation_message_count;
+pub use vk::{PROFILE_ENV, validation_message_count};
 
 use shaders::Shader;
 use vk::{Binding, Context, Engine, MemKind, RawBuffer};
@@ -287,9 +289,12 @@ impl VulkanDevice {
         Self::with_context(Self::context(selector, true)?)
     }
 
-    /// Opens the context, applying [`QUEUES_ENV`] and [`RESOLVE_SCAN_ENV`].
+    /// Opens the context, applying [`QUEUES_ENV`], [`RESOLVE_SCAN_ENV`] and [`PROFILE_ENV`].
     fn context(selector: &str, strict: bool) -> Result<Context> {
         let mut ctx = Context::open(selector, strict)?;
+        if std::env::var(PROFILE_ENV).is_ok_and(|v| v.trim() == "1") {
+            ctx.enable_profile();
+        }
         match std::env::var(QUEUES_ENV).as_deref().map(str::trim) {
             Err(_) | Ok("" | "all") => {}
             Ok("single") => ctx.reshape_lanes(1, false),
@@ -384,6 +389,12 @@ impl VulkanDevice {
     /// Compute queues streams are spread over.
     pub fn compute_queues(&self) -> usize {
         self.ctx.compute_lanes()
+    }
+
+    /// The profile so far when [`PROFILE_ENV`] was `1` at open (it is also printed to stderr
+    /// when the device is dropped): per operation calls, commands, host and device time.
+    pub fn profile_report(&self) -> Option<String> {
+        self.ctx.profile_report()
     }
 
     /// Queue submissions this device has made so far (batches of recorded work; a diagnostic:
@@ -502,7 +513,7 @@ impl Device for VulkanDevice {
             ctx: self.ctx.clone(),
         };
         // On the internal stream, which every stream's next submission waits for.
-        self.ctx.record(0, Engine::Copy, |rec| {
+        self.ctx.record(0, Engine::Copy, "alloc", |rec| {
             rec.zero(handle, 0, size);
             Ok(())
         })?;
@@ -562,7 +573,7 @@ impl Device for VulkanDevice {
                     size: piece.len() as u64,
                 };
                 let sb = staging.buffer;
-                self.ctx.record(0, Engine::Copy, |rec| {
+                self.ctx.record(0, Engine::Copy, "upload", |rec| {
                     rec.copy(sb, dst_handle, &[region]);
                     Ok(())
                 })?;
@@ -589,7 +600,7 @@ impl Device for VulkanDevice {
                     dst_offset: 0,
                     size: piece.len() as u64,
                 };
-                self.ctx.record(0, Engine::Copy, |rec| {
+                self.ctx.record(0, Engine::Copy, "download", |rec| {
                     rec.copy(src_handle, sb, &[region]);
                     Ok(())
                 })?;
@@ -672,6 +683,7 @@ impl Device for VulkanDevice {
         bulk(src.len, src_offset, dst.len, dst_offset, bytes)?;
         self.bulk_copy(
             self.sid(stream)?,
+            "copy_to_device",
             src.raw(),
             src_offset,
             dst.raw(),
@@ -693,6 +705,7 @@ impl Device for VulkanDevice {
         bulk(src.len, src_offset, dst.len, dst_offset, bytes)?;
         self.bulk_copy(
             self.sid(stream)?,
+            "copy_to_host",
             src.raw(),
             src_offset,
             dst.raw(),
@@ -714,6 +727,7 @@ impl Device for VulkanDevice {
         bulk(src.len, src_offset, dst.len, dst_offset, bytes)?;
         self.bulk_copy(
             self.sid(stream)?,
+            "copy_on_device",
             src.raw(),
             src_offset,
             dst.raw(),

@@ -202,7 +202,7 @@ impl VulkanDevice {
             (false, true) => Shader::ResolveWgSubgroup,
             (false, false) => Shader::ResolveWg,
         };
-        self.ctx.record(s, Engine::Compute, |rec| {
+        self.ctx.record(s, Engine::Compute, "resolve", |rec| {
             b.push(Binding {
                 buffer: rec.scratch(bytes)?,
                 offset: 0,
@@ -251,7 +251,7 @@ impl VulkanDevice {
         };
         let push_prep = [desc.num_tokens, desc.num_requests];
         let push = Self::resolve_push(desc, u32::from(r <= t));
-        self.ctx.record(s, Engine::Compute, |rec| {
+        self.ctx.record(s, Engine::Compute, "resolve", |rec| {
             let scratch = rec.scratch(at)?;
             let sb: Vec<Binding> = regions
                 .iter()

@@ -96,13 +96,15 @@ pub enum Shader {
     /// [`Shader::GatherV1`] over 4-byte pool words, for split rows whose scale part is not a
     /// multiple of 16 bytes (DeepSeek V4's 576 + 8).
     GatherV1Words(Windows),
-    /// Region copies between two pools (or within one).
+    /// Region copies between two pools (or within one), in 16-byte words.
     Copy(Windows),
+    /// [`Shader::Copy`] in 4-byte words, for regions that are not 16-byte aligned.
+    CopyWords(Windows),
 }
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 28] = [
+    pub const ALL: [Shader; 32] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
@@ -131,6 +133,10 @@ impl Shader {
         Shader::Copy(Windows::Eight),
         Shader::Copy(Windows::Twelve),
         Shader::Copy(Windows::ThirtyTwo),
+        Shader::CopyWords(Windows::One),
+        Shader::CopyWords(Windows::Eight),
+        Shader::CopyWords(Windows::Twelve),
+        Shader::CopyWords(Windows::ThirtyTwo),
     ];
 
     /// Index in [`Shader::ALL`].
@@ -152,6 +158,7 @@ impl Shader {
             Shader::GatherV1(w) => 16 + w.slot(),
             Shader::GatherV1Words(w) => 20 + w.slot(),
             Shader::Copy(w) => 24 + w.slot(),
+            Shader::CopyWords(w) => 28 + w.slot(),
         }
     }
 
@@ -186,6 +193,10 @@ impl Shader {
             Shader::Copy(Windows::Eight) => "copy_8",
             Shader::Copy(Windows::Twelve) => "copy_12",
             Shader::Copy(Windows::ThirtyTwo) => "copy_32",
+            Shader::CopyWords(Windows::One) => "copyw_1",
+            Shader::CopyWords(Windows::Eight) => "copyw_8",
+            Shader::CopyWords(Windows::Twelve) => "copyw_12",
+            Shader::CopyWords(Windows::ThirtyTwo) => "copyw_32",
         }
     }
 
@@ -220,6 +231,10 @@ impl Shader {
             Shader::Copy(Windows::Eight) => spirv!("copy_8"),
             Shader::Copy(Windows::Twelve) => spirv!("copy_12"),
             Shader::Copy(Windows::ThirtyTwo) => spirv!("copy_32"),
+            Shader::CopyWords(Windows::One) => spirv!("copyw_1"),
+            Shader::CopyWords(Windows::Eight) => spirv!("copyw_8"),
+            Shader::CopyWords(Windows::Twelve) => spirv!("copyw_12"),
+            Shader::CopyWords(Windows::ThirtyTwo) => spirv!("copyw_32"),
         }
     }
 
@@ -238,7 +253,7 @@ impl Shader {
             Shader::TableWrite => 2,
             Shader::HotReset => 3,
             Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => 4 + 2 * w.count(),
-            Shader::Copy(w) => 1 + 2 * w.count(),
+            Shader::Copy(w) | Shader::CopyWords(w) => 1 + 2 * w.count(),
         }
     }
 
@@ -259,7 +274,7 @@ impl Shader {
                 b >= 4 + w.count()
             }
             // Binding 0 is the tile list, then `count` source windows.
-            Shader::Copy(w) => b > w.count(),
+            Shader::Copy(w) | Shader::CopyWords(w) => b > w.count(),
         }
     }
 
@@ -275,7 +290,7 @@ impl Shader {
             | Shader::ResolveWgSubgroup
             | Shader::ResolveWgLarge
             | Shader::ResolveWgLargeSubgroup => 10,
-            Shader::HotReset | Shader::Copy(_) => 6,
+            Shader::HotReset | Shader::Copy(_) | Shader::CopyWords(_) => 6,
             Shader::Gather(_) | Shader::GatherV1(_) | Shader::GatherV1Words(_) => 8,
         }
     }

@@ -110,6 +110,7 @@ impl PoolPlan {
     }
 
     /// `(chunk_shift, chunk_mask)` of a window in 16-byte words (unused by [`Windows::One`]).
+    #[cfg(test)]
     pub fn shift_mask(&self) -> (u32, u32) {
         self.shift_mask_words(16)
     }

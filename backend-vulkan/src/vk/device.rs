@@ -481,6 +481,7 @@ impl Context {
                 garbage: Vec::new(),
                 pipelines: (0..Shader::ALL.len()).map(|_| None).collect(),
                 capture: false,
+                profile: None,
             }),
             device_allocated: AtomicU64::new(0),
             strict: false,

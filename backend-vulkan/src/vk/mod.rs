@@ -47,11 +47,13 @@ use crate::shaders::Shader;
 
 mod device;
 mod memory;
+mod profile;
 mod record;
 mod submit;
 
 pub use memory::{read_host, write_host};
-pub use record::Rec;
+pub use profile::PROFILE_ENV;
+pub use record::{Rec, Span};
 
 type Result<T> = core::result::Result<T, VulkanError>;
 
@@ -228,6 +230,11 @@ struct Submission {
     retired: Vec<RawBuffer>,
     /// The timeline value whose signal marks this submission complete.
     signal: (vk::Semaphore, u64),
+    /// Profiling only: timestamp queries (null until the first profiled batch), how many this
+    /// batch wrote, and the operation each one after the first ended.
+    queries: vk::QueryPool,
+    queries_used: u32,
+    query_ops: Vec<(&'static str, &'static str)>,
 }
 
 /// A stream's command buffer being recorded.
@@ -236,6 +243,8 @@ struct Open {
     lane: usize,
     commands: u32,
     hazards: record::Hazards,
+    /// The first command the current recording call recorded (for the profile).
+    first: &'static str,
 }
 
 /// One stream: a timeline semaphore and the chain of submissions signalling it.
@@ -270,6 +279,8 @@ struct State {
     pipelines: Vec<Option<Pipeline>>,
     /// Capture mode (see the module docs).
     capture: bool,
+    /// The profile, when [`PROFILE_ENV`] turned it on.
+    profile: Option<profile::Profile>,
 }
 
 /// A Vulkan instance, device and queues with everything the backend submits through.
@@ -337,6 +348,9 @@ impl Drop for Context {
             bufs.append(&mut s.retired);
             bufs.extend(s.arena.take());
         }
+        if let Some(p) = &st.profile {
+            eprint!("{}", p.report(&self.name));
+        }
         for b in bufs {
             self.destroy_now(b);
         }
@@ -346,6 +360,9 @@ impl Drop for Context {
             for s in subs {
                 for p in s.desc_pools {
                     self.device.destroy_descriptor_pool(p, None);
+                }
+                if s.queries != vk::QueryPool::null() {
+                    self.device.destroy_query_pool(s.queries, None);
                 }
                 self.device.destroy_command_pool(s.pool, None);
             }
@@ -445,13 +462,13 @@ mod tests {
         };
         let b = ctx.create_buffer(64, MemKind::Device).expect("buffer");
         let h = b.buffer;
-        ctx.record(0, Engine::Copy, |rec| {
+        ctx.record(0, Engine::Copy, "test", |rec| {
             rec.zero(h, 0, 64);
             Ok(())
         })
         .expect("valid work passes");
         ctx.synchronize(0).expect("valid work completes");
-        ctx.record(0, Engine::Compute, |rec| {
+        ctx.record(0, Engine::Compute, "test", |rec| {
             let bad = vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::SHADER_WRITE)
                 .dst_access_mask(vk::AccessFlags::SHADER_READ);

@@ -128,6 +128,15 @@ pub struct Span {
 }
 
 impl Span {
+    /// The bytes a binding covers.
+    pub fn of(b: &Binding) -> Span {
+        Span {
+            buffer: b.buffer,
+            start: b.offset,
+            end: b.offset + b.range,
+        }
+    }
+
     fn overlaps(&self, o: &Span) -> bool {
         self.buffer == o.buffer && self.start < o.end && o.start < self.end
     }
@@ -226,11 +235,19 @@ impl Rec<'_> {
         }
     }
 
+    /// Names the recording call's first command for the profile.
+    fn first(&mut self, name: &'static str) {
+        if self.open.first.is_empty() {
+            self.open.first = name;
+        }
+    }
+
     /// Fills `size` bytes (a multiple of 4) of `buffer` from `offset` with zeros.
     pub fn zero(&mut self, buffer: vk::Buffer, offset: u64, size: u64) {
         if size == 0 {
             return;
         }
+        self.first("vkCmdFillBuffer");
         self.access(
             &[],
             &[Span {
@@ -253,6 +270,7 @@ impl Rec<'_> {
         if regions.is_empty() {
             return;
         }
+        self.first("vkCmdCopyBuffer");
         let span = |buffer, f: fn(&vk::BufferCopy) -> u64| Span {
             buffer,
             start: regions.iter().map(f).min().unwrap_or(0),
@@ -384,13 +402,38 @@ impl Rec<'_> {
     }
 
     /// Dispatches `shader` over `groups` workgroups (split over x and y), after a barrier when
-    /// it depends on earlier commands of the batch.
+    /// it depends on earlier commands of the batch (its accesses: every binding, read or
+    /// written as the shader declares).
     pub fn dispatch(
         &mut self,
         shader: Shader,
         bindings: &[Binding],
         push: &[u32],
         groups: u64,
+    ) -> Result<()> {
+        self.dispatch_inner(shader, bindings, push, groups, None)
+    }
+
+    /// [`Rec::dispatch`] for a dispatch that touches only `access = (reads, writes)` of its
+    /// bindings (the caller knows the bytes; every byte the shader may touch must be listed).
+    pub fn dispatch_with_access(
+        &mut self,
+        shader: Shader,
+        bindings: &[Binding],
+        push: &[u32],
+        groups: u64,
+        access: (&[Span], &[Span]),
+    ) -> Result<()> {
+        self.dispatch_inner(shader, bindings, push, groups, Some(access))
+    }
+
+    fn dispatch_inner(
+        &mut self,
+        shader: Shader,
+        bindings: &[Binding],
+        push: &[u32],
+        groups: u64,
+        access: Option<(&[Span], &[Span])>,
     ) -> Result<()> {
         if groups == 0 {
             return Ok(());
@@ -447,21 +490,22 @@ impl Rec<'_> {
                     .buffer_info(info)
             })
             .collect();
-        let mut reads = Vec::with_capacity(bindings.len());
-        let mut written = Vec::new();
-        for (i, b) in bindings.iter().enumerate() {
-            let span = Span {
-                buffer: b.buffer,
-                start: b.offset,
-                end: b.offset + b.range,
-            };
-            if shader.writes(i as u32) {
-                written.push(span);
-            } else {
-                reads.push(span);
+        match access {
+            Some((reads, written)) => self.access(reads, written),
+            None => {
+                let mut reads = Vec::with_capacity(bindings.len());
+                let mut written = Vec::new();
+                for (i, b) in bindings.iter().enumerate() {
+                    if shader.writes(i as u32) {
+                        written.push(Span::of(b));
+                    } else {
+                        reads.push(Span::of(b));
+                    }
+                }
+                self.access(&reads, &written);
             }
         }
-        self.access(&reads, &written);
+        self.first(shader.name());
         let push_bytes: Vec<u8> = push.iter().flat_map(|w| w.to_ne_bytes()).collect();
         // SAFETY: the set was allocated from this submission's pool and is not in use; the
         // command buffer is recording; bindings, push constants and group counts were checked

@@ -61,6 +61,9 @@ impl Context {
                 continue;
             }
             let mut s = st.inflight.swap_remove(i);
+            if let Some(p) = st.profile.as_mut() {
+                self.profile_done(p, &s);
+            }
             for b in s.retired.drain(..) {
                 self.destroy_now(b);
             }
@@ -122,6 +125,9 @@ impl Context {
             arena_used: 0,
             retired: Vec::new(),
             signal: (vk::Semaphore::null(), 0),
+            queries: vk::QueryPool::null(),
+            queries_used: 0,
+            query_ops: Vec::new(),
         })
     }
 
@@ -129,7 +135,7 @@ impl Context {
     fn open_batch(&self, st: &mut State, i: usize, lane: usize) -> Result<()> {
         self.reclaim(st);
         let slot = self.lanes[lane].family_slot;
-        let sub = match st.free[slot].pop() {
+        let mut sub = match st.free[slot].pop() {
             Some(s) => s,
             None => self.new_submission(slot)?,
         };
@@ -143,11 +149,18 @@ impl Context {
                 result: r,
             });
         }
+        if st.profile.is_some()
+            && let Err(e) = self.profile_open(&mut sub, lane)
+        {
+            self.abandon(st, sub, false);
+            return Err(e);
+        }
         st.streams[i].open = Some(Open {
             sub,
             lane,
             commands: 0,
             hazards: record::Hazards::default(),
+            first: "",
         });
         Ok(())
     }
@@ -175,6 +188,8 @@ impl Context {
         }
         sub.arena_used = 0;
         sub.desc_pool_at = 0;
+        sub.queries_used = 0;
+        sub.query_ops.clear();
         st.free[sub.family_slot].push(sub);
     }
 
@@ -271,6 +286,9 @@ impl Context {
         s.last_submit = Some(std::time::Instant::now());
         self.submissions.fetch_add(1, Ordering::Relaxed);
         sub.signal = (s.sem, value);
+        if let Some(p) = st.profile.as_mut() {
+            p.submitted();
+        }
         st.inflight.push(sub);
         Ok(())
     }
@@ -302,17 +320,20 @@ impl Context {
         s.live = false;
     }
 
-    /// Records work with `f` into stream `stream`'s open batch (stream 0's while capturing),
-    /// opening one on a lane that can run `engine` work, and submits the batch when the device
-    /// has finished the stream's previous submission and the batch is worth a submission, or the
-    /// batch is full (see the module docs of `vk`).
+    /// Records work of operation `op` (the `Device` method, for the profile) with `f` into
+    /// stream `stream`'s open batch (stream 0's while capturing), opening one on a lane that can
+    /// run `engine` work, and submits the batch when the device has finished the stream's
+    /// previous submission and the batch is worth a submission, or the batch is full (see the
+    /// module docs of `vk`).
     pub fn record<R>(
         &self,
         stream: usize,
         engine: Engine,
+        op: &'static str,
         f: impl FnOnce(&mut Rec<'_>) -> Result<R>,
     ) -> Result<R> {
         let mut st = self.lock();
+        let started = st.profile.is_some().then(std::time::Instant::now);
         let carrier = if st.capture { 0 } else { stream };
         let on_transfer = st.streams[carrier]
             .open
@@ -328,23 +349,34 @@ impl Context {
             };
             self.open_batch(&mut st, carrier, lane)?;
         }
+        let mut recorded = (0u32, "");
         let r = {
             let State {
                 pipelines, streams, ..
             } = &mut *st;
             let StreamState { open, scratch, .. } = &mut streams[carrier];
             match open.as_mut() {
-                Some(open) => f(&mut Rec {
-                    ctx: self,
-                    pipelines,
-                    open,
-                    scratch,
-                }),
+                Some(open) => {
+                    let before = open.commands;
+                    open.first = "";
+                    let r = f(&mut Rec {
+                        ctx: self,
+                        pipelines,
+                        open,
+                        scratch,
+                    });
+                    recorded = (open.commands - before, open.first);
+                    r
+                }
                 None => Err(VulkanError::Unsupported(
                     "no open batch (a backend bug)".into(),
                 )),
             }
         };
+        let profiled = started.is_some() && !st.capture && recorded.0 > 0;
+        if profiled && let Some(o) = st.streams[carrier].open.as_mut() {
+            self.profile_mark(&mut o.sub, (op, recorded.1));
+        }
         let mut flushed = Ok(());
         if !st.capture {
             let s = &st.streams[carrier];
@@ -355,10 +387,14 @@ impl Context {
             if let Some(o) = &s.open
                 && o.commands > 0
                 && (o.commands >= FLUSH_COMMANDS
+                    || o.sub.queries_used + 1 >= profile::PROFILE_QUERIES
                     || (worth(o.commands) && self.counter(s.sem) >= s.submitted))
             {
                 flushed = self.submit_stream(&mut st, carrier);
             }
+        }
+        if profiled && let (Some(t), Some(p)) = (started, st.profile.as_mut()) {
+            p.recorded(op, recorded.1, recorded.0, t.elapsed().as_nanos() as u64);
         }
         drop(st);
         let v = r?;
@@ -370,6 +406,7 @@ impl Context {
     /// Blocks until the timeline values `targets` are reached, then recycles what finished.
     fn wait_values(&self, targets: &[(vk::Semaphore, u64)]) -> Result<()> {
         let targets: Vec<_> = targets.iter().filter(|t| t.1 > 0).copied().collect();
+        let started = std::time::Instant::now();
         if !targets.is_empty() {
             let sems: Vec<vk::Semaphore> = targets.iter().map(|t| t.0).collect();
             let values: Vec<u64> = targets.iter().map(|t| t.1).collect();
@@ -382,6 +419,9 @@ impl Context {
                 .map_err(VulkanError::vk("vkWaitSemaphores"))?;
         }
         let mut st = self.lock();
+        if let Some(p) = st.profile.as_mut() {
+            p.waited(started.elapsed().as_nanos() as u64);
+        }
         self.reclaim(&mut st);
         drop(st);
         self.check_validation()
