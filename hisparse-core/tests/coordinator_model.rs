@@ -46,6 +46,8 @@ static ROLLBACKS: AtomicU64 = AtomicU64::new(0);
 static UNPINNED_GPU_READS: AtomicU64 = AtomicU64::new(0);
 static CONTENT_READS: AtomicU64 = AtomicU64::new(0);
 static ADOPTED_READS: AtomicU64 = AtomicU64::new(0);
+static IMPORTS: AtomicU64 = AtomicU64::new(0);
+static IMPORTED_STARTS: AtomicU64 = AtomicU64::new(0);
 const MAX_LEN: u32 = 48;
 
 #[derive(Clone, Debug)]
@@ -76,6 +78,12 @@ enum Op {
     Rollback {
         pick: u8,
         n: u8,
+    },
+    /// A request whose first `len` tokens' KV a prefill node writes into the host pool (the
+    /// test writes the rows, then completes the import); one sampled token follows.
+    Import {
+        len: u8,
+        family: u8,
     },
 }
 
@@ -138,6 +146,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(|pick| Op::Preempt { pick }),
         1 => (1u8..20).prop_map(|blocks| Op::Reclaim { blocks }),
         2 => (any::<u8>(), 1u8..4).prop_map(|(pick, n)| Op::Rollback { pick, n }),
+        1 => (1u8..=40, 0u8..3).prop_map(|(len, family)| Op::Import { len, family }),
     ]
 }
 
@@ -170,6 +179,8 @@ struct Shadow {
     /// Copy-on-write sources not to be written before transfer `.2` is durable: (GPU pool?,
     /// block, transfer).
     cow_sources: Vec<(bool, u32, u64)>,
+    /// Imported requests not started yet.
+    imported: std::collections::HashSet<RequestId>,
 }
 
 /// Tag of the row token `t` of `tokens` writes: the KV of a token depends on every token up
@@ -201,6 +212,27 @@ impl Shadow {
             host_data: HashMap::new(),
             tables: vec![HashMap::new(); rows],
             cow_sources: Vec::new(),
+            imported: std::collections::HashSet::new(),
+        }
+    }
+
+    /// The prefill node's writes: the rows of the first `n` tokens of `tokens` into `blocks`
+    /// (one per page), every bucket, durable from the start (transfer 0).
+    fn import(&mut self, blocks: &[u32], tokens: &[u32], n: u32, bt: u32) {
+        for (p, &h) in blocks.iter().enumerate() {
+            let mut data = vec![vec![0u64; bt as usize]; self.nb];
+            let mut mask = 0u64;
+            for r in 0..bt {
+                let t = p as u32 * bt + r;
+                if t < n {
+                    for d in &mut data {
+                        d[r as usize] = tag(tokens, t);
+                    }
+                    mask |= 1 << r;
+                }
+            }
+            self.host_data.insert(h, data);
+            self.rows.insert(h, (vec![mask; self.nb], 0));
         }
     }
 
@@ -540,6 +572,13 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
     }
     for s in &cmd.scheduled {
         sh.computed[s.slot as usize] = s.first_token + s.num_tokens;
+        if cmd.started.contains(&s.slot) && sh.imported.remove(&s.id) {
+            IMPORTED_STARTS.fetch_add(1, Relaxed);
+            prop_assert!(
+                s.first_token > 0,
+                "an imported request recomputes its prompt"
+            );
+        }
     }
     // After-forward copies.
     let id = cmd.transfer_id.unwrap_or(0);
@@ -733,6 +772,28 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 known.push(next_id);
                 next_id += 1;
             }
+            Op::Import { len, family } => {
+                let len = u32::from(len);
+                let mut t = tokens_for(family, len);
+                t.push(7);
+                match c.reserve_import(next_id, &t, len) {
+                    Ok(blocks) => {
+                        IMPORTS.fetch_add(1, Relaxed);
+                        prop_assert_eq!(c.import_blocks(next_id), Some(blocks.as_slice()));
+                        prop_assert!(c.start(next_id, 8).is_err(), "started before its writes");
+                        sh.import(&blocks, &t, len, c.layout().block_tokens);
+                        c.complete_import(next_id)
+                            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                        prop_assert!(c.complete_import(next_id).is_err());
+                        sh.tokens.insert(next_id, t);
+                        sh.imported.insert(next_id);
+                        known.push(next_id);
+                        next_id += 1;
+                    }
+                    Err(hisparse_core::coordinator::CoordError::Import { .. }) => {}
+                    Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                }
+            }
             Op::Step => {
                 let sum = c
                     .schedule_step()
@@ -792,6 +853,7 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let id = known.remove(usize::from(pick) % known.len());
                     c.finish(id).unwrap();
                     sh.tokens.remove(&id);
+                    sh.imported.remove(&id);
                 }
             }
             Op::Preempt { pick } => {
@@ -881,6 +943,8 @@ fn coordinator_model() {
             "prefix-hit rows read on the GPU",
             ADOPTED_READS.load(Relaxed),
         ),
+        ("imports", IMPORTS.load(Relaxed)),
+        ("imported requests started", IMPORTED_STARTS.load(Relaxed)),
     ];
     println!("coverage over {cases} sequences: {counts:?}");
     if cases >= 1000 {

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use super::error::out_of_memory;
 use super::managers::{HotRegion, ResidentTable, SourceTable};
-use super::request::{NO_ROW, Req, Status};
+use super::request::{Import, NO_ROW, Req, Status};
 use super::{Alloc, CoordError, Coordinator, PoolKind, RequestId};
 
 impl Coordinator {
@@ -59,6 +59,7 @@ impl Coordinator {
             pages: 0,
             hit_pages: 0,
             last_xfer: 0,
+            import: Import::None,
             source: SourceTable::default(),
             paged: self.paged.new_table(),
             resident: ResidentTable::default(),
@@ -145,8 +146,17 @@ impl Coordinator {
     /// GPU pool, even alone, is not used: the prefix is recomputed instead.
     pub fn start(&mut self, id: RequestId, max_tokens: u32) -> Result<Alloc, CoordError> {
         let slot = self.slot_of_id(id)?;
-        if self.reqs[slot as usize].as_ref().map(|r| r.status) != Some(Status::Waiting) {
+        let Some(r) = self.reqs[slot as usize].as_ref() else {
+            return Err(CoordError::UnknownRequest { id });
+        };
+        if r.status != Status::Waiting {
             return Err(CoordError::NotRunning { id });
+        }
+        if matches!(r.import, Import::Reserved(_)) {
+            return Err(CoordError::Import {
+                id,
+                what: "its KV is still being written; complete_import first",
+            });
         }
         if self.free_rows.is_empty() {
             if self.row_owner.len() >= self.cfg.max_running as usize {
@@ -160,7 +170,10 @@ impl Coordinator {
         let Some(mut r) = self.reqs[slot as usize].take() else {
             return Err(CoordError::UnknownRequest { id });
         };
-        let res = self.start_inner(&mut r, max_tokens);
+        let res = match r.import {
+            Import::Ready(imported) => self.start_imported(&mut r, imported, max_tokens),
+            _ => self.start_inner(&mut r, max_tokens),
+        };
         let ok = matches!(res, Ok(Alloc::Scheduled));
         self.reqs[slot as usize] = Some(r);
         self.process_reused();
@@ -263,6 +276,23 @@ impl Coordinator {
                 blocks.extend_from_slice(&page);
             }
         }
+    }
+
+    /// Makes `r` running in a data-plane row (a free one, or a fresh one `start` made room for)
+    /// and records the row's start; returns the row.
+    pub(super) fn take_row(&mut self, r: &mut Req) -> u32 {
+        r.status = Status::Running;
+        let row = match self.free_rows.pop() {
+            Some(row) => row,
+            None => {
+                self.row_owner.push(NO_ROW);
+                self.row_owner.len() as u32 - 1
+            }
+        };
+        self.row_owner[row as usize] = r.slot;
+        r.row = row;
+        self.out.started.push(row);
+        row
     }
 
     pub(super) fn start_inner(
@@ -406,19 +436,7 @@ impl Coordinator {
         }
 
         // Commit.
-        r.status = Status::Running;
-        let row = match self.free_rows.pop() {
-            Some(row) => row,
-            None => {
-                // Room was reserved by `start`.
-                self.row_owner.push(NO_ROW);
-                self.row_owner.len() as u32 - 1
-            }
-        };
-        self.row_owner[row as usize] = r.slot;
-        r.row = row;
-        self.out.started.push(row);
-        let slot = row;
+        let slot = self.take_row(r);
         let nb = self.resident.num_buckets() as usize;
         let mut next_adopted = adopt.iter().peekable();
         for p in 0..hit {

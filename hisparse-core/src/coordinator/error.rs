@@ -104,6 +104,14 @@ pub enum CoordError {
         /// Computed tokens it may give back.
         allowed: u32,
     },
+    /// An import call out of turn or with unusable arguments (see
+    /// [`Coordinator::reserve_import`]).
+    Import {
+        /// The id.
+        id: RequestId,
+        /// What is wrong and what to do instead.
+        what: &'static str,
+    },
     /// The request is not running (waiting requests are started by [`Coordinator::step`] or
     /// [`Coordinator::start`]).
     NotRunning {
@@ -219,6 +227,9 @@ impl fmt::Display for CoordError {
                 f,
                 "coordinator: request {id}: a rollback of {requested} computed tokens, but only {allowed} may go back (the rejected speculative tokens of its last step: at most max_query_len - 1, never its first token); roll back fewer"
             ),
+            CoordError::Import { id, what } => {
+                write!(f, "coordinator: imported request {id}: {what}")
+            }
             CoordError::NotRunning { id } => write!(f, "coordinator: request {id} is not running"),
             CoordError::NoFreeSlot => {
                 f.write_str("coordinator: every slot is taken; raise max_running")

@@ -4,7 +4,7 @@
 use alloc::vec;
 use core::fmt;
 
-use super::request::{NO_ROW, Status};
+use super::request::{Import, NO_ROW, Status};
 use super::{Coordinator, PoolKind, RequestId};
 
 /// A broken invariant found by [`Coordinator::check_invariants`].
@@ -71,7 +71,14 @@ impl Coordinator {
             }
             let running = self.running.contains(&(slot as u32));
             let waiting = self.waiting.contains(&(slot as u32));
-            if running == waiting || running != (r.status == Status::Running) {
+            let reserved = matches!(r.import, Import::Reserved(_));
+            // An import whose writes are not complete is in neither queue.
+            let queues_ok = if reserved {
+                !running && !waiting
+            } else {
+                running != waiting
+            };
+            if !queues_ok || running != (r.status == Status::Running) {
                 return Err(violation("request in exactly one queue", rid, None));
             }
             let row_ok = if r.status == Status::Running {
@@ -83,11 +90,18 @@ impl Coordinator {
                 return Err(violation("data-plane row bookkeeping", rid, Some(r.row)));
             }
             if r.status == Status::Waiting {
-                if !(r.source.blocks.is_empty()
-                    && r.resident.blocks.is_empty()
-                    && r.hot.blocks.is_empty())
-                {
+                // An imported request holds the host blocks of its imported pages, nothing else.
+                let host_ok = match r.import {
+                    Import::Reserved(n) | Import::Ready(n) => {
+                        r.source.blocks.len() as u32 == self.kv.pages_for(n)
+                    }
+                    Import::None => r.source.blocks.is_empty(),
+                };
+                if !(host_ok && r.resident.blocks.is_empty() && r.hot.blocks.is_empty()) {
                     return Err(violation("waiting request holds blocks", rid, None));
+                }
+                for &b in &r.source.blocks {
+                    host_refs[b as usize] += 1;
                 }
                 continue;
             }

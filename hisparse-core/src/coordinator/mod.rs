@@ -29,6 +29,7 @@
 //! | `schedule.rs` | [`Coordinator::schedule`] and the built-in step policy [`Coordinator::schedule_step`] |
 //! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`], the low watermark, reused unpinned pages falling back, wait-instead-of-preempt |
 //! | `rollback.rs` | [`Coordinator::rollback`]: rejected speculative tokens given back |
+//! | `import.rs` | imported requests: [`Coordinator::reserve_import`], [`Coordinator::complete_import`], their start |
 //! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`], durability |
 //! | `command.rs` | [`OffloadCommand`] and the types it carries; [`Coordinator::build_offload_command`] |
 //! | `rows.rs` | the `i32` table rows the data plane reads |
@@ -142,6 +143,7 @@
 mod admission;
 mod command;
 mod error;
+mod import;
 mod invariants;
 mod managers;
 mod reclaim;
@@ -526,6 +528,7 @@ impl Coordinator {
         r.rollback_floor = 0;
         r.hit_pages = 0;
         r.last_xfer = 0;
+        r.import = request::Import::None;
         self.generation = self.generation.wrapping_add(1);
         r.generation = self.generation;
     }

@@ -15,6 +15,18 @@ pub(super) enum Status {
     Running,
 }
 
+/// Where an imported request's KV is ([`super::Coordinator::reserve_import`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Import {
+    /// Not imported (or started already).
+    None,
+    /// Host blocks named for the KV of this many tokens; the writes are not complete (the
+    /// request is in no queue).
+    Reserved(u32),
+    /// The KV of this many tokens is durable in its host blocks; queued to start.
+    Ready(u32),
+}
+
 /// Everything the coordinator knows about one request.
 #[derive(Clone, Debug)]
 pub(super) struct Req {
@@ -37,6 +49,8 @@ pub(super) struct Req {
     pub(super) hit_pages: u32,
     /// Largest transfer id that touches this request's blocks.
     pub(super) last_xfer: u64,
+    /// Whether its first tokens' KV is imported, and how far that is.
+    pub(super) import: Import,
     /// Host blocks, prefix hashes, durable prefix ([`super::managers::SourceManager`]).
     pub(super) source: SourceTable,
     /// Indexer and regular blocks ([`super::managers::PagedManager`]).
@@ -64,6 +78,7 @@ pub(super) fn empty_req() -> Req {
         pages: 0,
         hit_pages: 0,
         last_xfer: 0,
+        import: Import::None,
         source: SourceTable::default(),
         paged: PagedTable::default(),
         resident: ResidentTable::default(),

@@ -815,3 +815,61 @@ fn errors_leave_no_trace() {
     assert_eq!(std::format!("{:?}", c), before);
     c.check_invariants().unwrap();
 }
+
+/// An imported request: host blocks named first, written by someone else, then the request
+/// starts with its full pages read from host and its partial page restored to the GPU.
+#[test]
+fn imported_request_starts_with_its_pages_durable_on_host() {
+    let mut c = coord(40, true, 1);
+    // 10 tokens imported (pages 0, 1 full, page 2 with 2 rows) and one sampled token after.
+    let mut t = toks(10);
+    t.push(99);
+    assert!(matches!(
+        c.reserve_import(7, &t, 11),
+        Err(CoordError::Import { id: 7, .. })
+    ));
+    let blocks = c.reserve_import(7, &t, 10).unwrap();
+    assert_eq!(blocks.len(), 3);
+    assert_eq!(c.import_blocks(7), Some(blocks.as_slice()));
+    assert!(c.start(7, 8).is_err(), "its KV is still being written");
+    // Not queued before the writes complete: a step starts nothing.
+    let cmd = c.step().unwrap();
+    assert!(cmd.scheduled.is_empty());
+    c.check_invariants().unwrap();
+    c.complete_import(7).unwrap();
+    assert!(c.complete_import(7).is_err());
+    assert_eq!(c.import_blocks(7), None);
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 1);
+    let s = cmd.scheduled[0];
+    assert_eq!((s.id, s.first_token, s.num_tokens), (7, 10, 1));
+    assert!(!s.fully_resident);
+    // The partial page comes back from its host block; the full ones are read from host.
+    assert_eq!(cmd.restores.len(), 1);
+    assert_eq!(cmd.restores[0].host_block, blocks[2]);
+    assert_eq!(c.host_only_pages(7), Some(2));
+    assert_eq!(c.ready_prefix_pages(7), Some(2));
+    assert_eq!(cmd.hot_assign.len(), 1);
+    let mut host = vec![0; c.max_pages() as usize];
+    c.host_row(7, &mut host).unwrap();
+    assert_eq!(
+        &host[..3],
+        &[blocks[0] as i32, blocks[1] as i32, blocks[2] as i32]
+    );
+    // Indexer blocks for the imported context (the engine fills them), one per page.
+    assert_eq!(cmd.block_tables.iter().filter(|u| u.group == 1).count(), 3);
+    assert_eq!(row(&c, 7)[..3], [0, 0, cmd.restores[0].device_block as i32]);
+    c.check_invariants().unwrap();
+    c.finish(7).unwrap();
+    if let Some(id) = cmd.transfer_id {
+        c.report(0, &[id], &[id]).unwrap();
+    }
+    c.check_invariants().unwrap();
+    assert_eq!(c.gpu_pool().num_held(), 0);
+    assert_eq!(c.host_pool().num_held(), 0);
+    // An import aborted before its writes complete gives its host blocks back.
+    c.reserve_import(8, &t, 10).unwrap();
+    c.finish(8).unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.host_pool().num_held(), 0);
+}
