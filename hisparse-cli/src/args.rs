@@ -30,6 +30,9 @@ pub enum Command {
     /// A rank of `simulate --tp N` (started by it; reads its instructions on stdin).
     #[command(name = "simulate-rank", hide = true)]
     SimulateRank,
+    /// The prefill side of `simulate --pd nixl` (started by it; reads its instructions on stdin).
+    #[command(name = "simulate-prefill", hide = true)]
+    SimulatePrefill,
 }
 
 /// Backend selection shared by the device commands.
@@ -152,6 +155,10 @@ pub struct SimulateArgs {
     /// writes it, every rank reads it) instead of one per rank.
     #[arg(long)]
     pub shared_host_pool: bool,
+    /// Disaggregated prefill -> decode over this transport (nixl): a prefill process writes each
+    /// request's pages into this process's host pool, every imported row verified.
+    #[arg(long)]
+    pub pd: Option<String>,
     /// Emit JSON instead of text.
     #[arg(long)]
     pub json: bool,

@@ -62,6 +62,9 @@ fn run(cli: Cli) -> CliResult<()> {
         Command::Simulate(a) => {
             let kind = args::backend(&a.backend.backend)?;
             let setup = sim::setup(&a)?;
+            if sim::pd::transport(&a, &setup)?.is_some() {
+                return sim::pd::simulate_pd(kind, &a, &setup);
+            }
             if setup.tp > 1 {
                 return sim::simulate_tp(kind, &a, &setup);
             }
@@ -70,6 +73,7 @@ fn run(cli: Cli) -> CliResult<()> {
             ))
         }
         Command::SimulateRank => sim::tp::rank_main(),
+        Command::SimulatePrefill => sim::pd::prefill_main(),
     }
 }
 

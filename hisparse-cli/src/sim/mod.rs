@@ -12,6 +12,7 @@
 pub mod engine;
 pub mod forward;
 pub mod kv;
+pub mod pd;
 pub mod plot;
 pub mod rank;
 pub mod report;

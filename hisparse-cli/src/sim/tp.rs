@@ -69,13 +69,15 @@ pub enum FromRank {
     Failed(String),
 }
 
-fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
+/// Writes `msg` as one line of JSON and flushes.
+pub(super) fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
     serde_json::to_writer(&mut *w, msg)?;
     w.write_all(b"\n")?;
     w.flush()
 }
 
-fn recv<T: for<'de> Deserialize<'de>>(
+/// Reads one line of JSON (waiting for it).
+pub(super) fn recv<T: for<'de> Deserialize<'de>>(
     r: &mut impl BufRead,
     line: &mut String,
 ) -> Result<T, String> {
