@@ -16,7 +16,8 @@
 //!   2048, the resolve of 64 requests × top-k 2048 (4096 hot slots, steps overlapping 90%, state
 //!   warmed up), and a whole **decode step** of `hisparse simulate`'s default workload (61 index
 //!   groups, 4 requests × top-k 2048 of an 8192-token context, each group's resolve and the
-//!   gather of its misses), each as device time (timestamps), wall time (enqueue, then one
+//!   gather of its misses), once with hot buffers that never fill and once with full ones (every
+//!   miss evicts, as in a long decode), each as device time (timestamps), wall time (enqueue, then one
 //!   synchronisation), host enqueue time (recording and submitting, before the synchronisation)
 //!   and queue submissions per call.
 //!
@@ -25,7 +26,7 @@
 //!
 //! ```text
 //! cargo run -p hisparse-backend-vulkan --release --example vulkan_bench -- \
-//!     [--device SELECTOR] [--iters N] [--host-mib M] [--json PATH]
+//!     [--device SELECTOR] [--iters N] [--host-mib M] [--json PATH] [--only index]
 //! ```
 
 use std::time::{Duration, Instant};
@@ -52,6 +53,8 @@ struct Opts {
     iters: usize,
     host_mib: u64,
     json: Option<String>,
+    /// `--only index`: the index paths only (quick on CPU devices).
+    only_index: bool,
 }
 
 fn parse() -> core::result::Result<Opts, String> {
@@ -60,6 +63,7 @@ fn parse() -> core::result::Result<Opts, String> {
         iters: 50,
         host_mib: 1024,
         json: None,
+        only_index: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -69,6 +73,10 @@ fn parse() -> core::result::Result<Opts, String> {
             "--iters" => o.iters = val()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--host-mib" => o.host_mib = val()?.parse().map_err(|e| format!("--host-mib: {e}"))?,
             "--json" => o.json = Some(val()?),
+            "--only" => match val()?.as_str() {
+                "index" => o.only_index = true,
+                other => return Err(format!("--only {other}: only `index` is known")),
+            },
             "--bench" => {}
             other => return Err(format!("unknown argument {other}")),
         }
@@ -500,6 +508,7 @@ impl Group {
         ctx: u32,
         host_blocks: u32,
         first_host_block: u32,
+        cycle: usize,
     ) -> Result<Group> {
         let m = ctx / BLOCK;
         let w = n.div_ceil(BLOCK);
@@ -513,7 +522,7 @@ impl Group {
             attention_block_stride: BLOCK,
             host_num_blocks: host_blocks,
         };
-        let steps = topk_cycle(rng, r, k, ctx, 8)
+        let steps = topk_cycle(rng, r, k, ctx, cycle)
             .iter()
             .map(|s| upload_i32(dev, s))
             .collect::<Result<Vec<_>>>()?;
@@ -683,10 +692,16 @@ fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> R
         host: PageLayout::contiguous(0, PAGE, host_blocks, BLOCK, ROW_BYTES),
         device: PageLayout::contiguous(0, PAGE, hot_blocks, BLOCK, ROW_BYTES),
     }];
-    let mut resolve64 = Group::new(dev, &mut rng, 64, k, n, 32768, host_blocks, 0)?;
-    // The default simulation's decode step: 61 groups of 4 requests × 8192 tokens.
+    let mut resolve64 = Group::new(dev, &mut rng, 64, k, n, 32768, host_blocks, 0, 8)?;
+    // The default simulation's decode step: 61 groups of 4 requests × 8192 tokens. A cycle of 8
+    // top-k sets touches about 3500 distinct rows per request, fewer than the 4096 hot slots; one
+    // of 40 sets (10 000 rows) keeps the hot buffers full, as a long decode does, so every miss
+    // evicts a cached row.
     let mut groups = (0..61u32)
-        .map(|g| Group::new(dev, &mut rng, 4, k, n, 8192, host_blocks, g * 4 * 128))
+        .map(|g| Group::new(dev, &mut rng, 4, k, n, 8192, host_blocks, g * 4 * 128, 8))
+        .collect::<Result<Vec<_>>>()?;
+    let mut full = (0..61u32)
+        .map(|g| Group::new(dev, &mut rng, 4, k, n, 8192, host_blocks, g * 4 * 128, 40))
         .collect::<Result<Vec<_>>>()?;
     for kernel in [ResolveKernel::Workgroup, ResolveKernel::Portable] {
         if let Err(e) = dev.set_resolve_kernel(kernel) {
@@ -718,6 +733,26 @@ fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> R
             |d, i| {
                 for g in &mut groups {
                     g.step(d, &stream, i, Some((&layers, host, &mut pool)))?;
+                }
+                Ok(())
+            },
+        )?;
+        f.print();
+        r.timings.push(f);
+        for i in 0..48 {
+            for g in &mut full {
+                g.step(dev, &stream, i, Some((&layers, host, &mut pool)))?;
+            }
+        }
+        dev.synchronize(&stream)?;
+        let f = timing(
+            dev,
+            &stream,
+            format!("decode step, hot buffers full, {kernel:?}"),
+            8,
+            |d, i| {
+                for g in &mut full {
+                    g.step(d, &stream, 48 + i, Some((&layers, host, &mut pool)))?;
                 }
                 Ok(())
             },
@@ -846,14 +881,18 @@ fn run(o: &Opts) -> Result<()> {
         figures: Vec::new(),
         timings: Vec::new(),
     };
-    ceilings(&dev, o.iters, &host, &mut report)?;
-    for f in &report.figures {
-        report.print_figure(f);
+    if !o.only_index {
+        ceilings(&dev, o.iters, &host, &mut report)?;
+        for f in &report.figures {
+            report.print_figure(f);
+        }
+        gathers(&dev, o, &host, host_rows, &mut report)?;
     }
-    gathers(&dev, o, &host, host_rows, &mut report)?;
     index_paths(&dev, &host, &mut report)?;
     drop(host);
-    page_copies(&dev, o.iters, &mut report)?;
+    if !o.only_index {
+        page_copies(&dev, o.iters, &mut report)?;
+    }
     if let Some(path) = &o.json
         && let Err(e) = std::fs::write(path, report.json())
     {

@@ -10,12 +10,15 @@
 #   3. performance, in the same session as CUDA: vulkan_bench (device time from timestamps and
 #      wall time per call, both gather kernels, both copy engines); `hisparse bench --json` on
 #      Vulkan and on CUDA; `hisparse simulate --json` on Vulkan (all queues, then one queue) and
-#      on CUDA, with the default workload (4 requests × 8192 tokens, 48 decode steps);
-#   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling).
+#      on CUDA, with the default workload (4 requests × 8192 tokens, 48 decode steps); the Vulkan
+#      simulation once more with HISPARSE_VULKAN_PROFILE=1 (per operation host and device time);
+#   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling), and the
+#      profile.
 #
-# Every section has its own time limit (they add up to 345 s) and the script goes on after a
-# failing or timed-out section. Logs and JSON go to $OUT/vulkan/, the summary to stdout and to
-# $OUT/vulkan/summary.txt. Exit status 0 only when every section passed.
+# Every section has its own time limit (they add up to 385 s; a whole run takes about two
+# minutes) and the script goes on after a failing or timed-out section. Logs and JSON go to
+# $OUT/vulkan/, the summary to stdout and to $OUT/vulkan/summary.txt. Exit status 0 only when
+# every section passed.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -113,6 +116,10 @@ section simulate-cuda 20 "$out/simulate_cuda.json" "$bin/hisparse" simulate --ba
 section simulate-vulkan 70 "$out/simulate_vulkan.json" "$bin/hisparse" simulate --backend vulkan --json
 section simulate-vulkan-1q 30 "$out/simulate_vulkan_single_queue.json" \
     env HISPARSE_VULKAN_QUEUES=single "$bin/hisparse" simulate --backend vulkan --json
+# Where the simulation's time goes: per operation calls, host and device time (a timestamp after
+# every operation, so operations do not overlap: its device_us is not the figure to compare).
+section simulate-vulkan-profile 40 "$out/simulate_vulkan_profile.json" \
+    env HISPARSE_VULKAN_PROFILE=1 "$bin/hisparse" simulate --backend vulkan --json
 
 # 4. Summary of the issue-16 targets.
 python3 - "$out" <<'EOF' | tee "$out/summary.txt"
@@ -168,6 +175,11 @@ if vb and bc:
                 r = f["gbps"] * GB / fc["bytes_per_s"]
                 row(f"{f['name']} (vulkan_bench)", f"{f['gbps']:.2f} GB/s = {r:.2f}x CUDA bench, {f['share']:.2f}x bulk",
                     ">= 0.8x CUDA", r >= 0.8)
+    for t in vb.get("timings", []):
+        if t["name"].startswith(("decode step", "remap")):
+            row(f"{t['name']} (vulkan_bench)",
+                f"device {t['device_us']:.1f} us, wall {t['wall_us']:.1f} us, enqueue {t['enqueue_us']:.1f} us, "
+                f"{t['submissions']:.2f} submissions", "", None)
     for f in vb["figures"]:
         if f["name"].startswith(("backup", "restore", "device copy")):
             row(f"{f['name']} (vulkan_bench)", f"{f['gbps']:.2f} GB/s = {f['share']:.2f}x {f['ceiling']}", "", None)
@@ -179,6 +191,10 @@ if sv and sc:
         row(f"simulate device time/step, Vulkan {label}",
             f"{s['device_us_per_step']:.0f} vs CUDA {sc['device_us_per_step']:.0f} us = {r:.2f}x",
             "<= 2x CUDA", r <= 2.0)
+    sp = load("simulate_vulkan_profile.json")
+    if sp:
+        row("simulate device time/step, Vulkan profiled (not comparable)",
+            f"{sp['device_us_per_step']:.0f} us, {sp['mismatched_rows']} mismatched", "", None)
     for label, s in [("vulkan", sv), ("vulkan 1q", s1), ("cuda", sc)]:
         if s:
             row(f"simulate {label}: rows verified / mismatched",
@@ -190,6 +206,8 @@ print("== issue 16 targets (H200, this session)")
 for what, value, target, ok in rows:
     print(f"  {what:<{w}}  {value:<70} {target:<14} {ok}")
 EOF
+echo "== where the simulation's time goes (HISPARSE_VULKAN_PROFILE=1, from simulate-vulkan-profile.err)"
+grep -A 40 '^vulkan profile of' "$out/simulate-vulkan-profile.err" | tee "$out/profile.txt"
 echo "== sections"
 printf '  %s\n' "${results[@]}"
 echo "logs and JSON: $out"

@@ -18,9 +18,10 @@
 //!   submission costs the host several microseconds, more than a small kernel runs, so commands
 //!   recorded in quick succession go together), when the batch holds [`FLUSH_COMMANDS`]
 //!   commands, and whenever something must observe it (a synchronisation, an event another
-//!   stream waits for or the host polls). A batch of copy commands only may go to
-//!   the transfer lane; a batch with compute work goes to the stream's compute lane (streams
-//!   take compute lanes round-robin).
+//!   stream waits for or the host polls): a synchronisation never waits for the batching rule.
+//!   On GPUs a host wait polls the timeline for [`WAIT_SPIN`] before it blocks. A batch of copy
+//!   commands only may go to the transfer lane; a batch with compute work goes to the stream's
+//!   compute lane (streams take compute lanes round-robin).
 //! * **Inside a batch**, a command waits behind a pipeline barrier only when it touches bytes an
 //!   earlier command of the batch wrote, or writes bytes one read ([`record::Hazards`]), so
 //!   independent commands overlap.
@@ -69,6 +70,9 @@ pub const IDLE_BATCH_COMMANDS: u32 = 16;
 /// Time since a stream's last submission after which its open batch, however small, is submitted
 /// as soon as the device has caught up.
 pub const IDLE_GAP: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// How long a host wait polls the timelines before it blocks in `vkWaitSemaphores` (GPUs only).
+pub const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Validation warnings and errors reported by the debug messenger of any device (process-wide).
 static VALIDATION_MESSAGES: AtomicUsize = AtomicUsize::new(0);

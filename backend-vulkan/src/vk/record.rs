@@ -331,7 +331,12 @@ impl Rec<'_> {
         let sub = &mut self.open.sub;
         let need = sub.arena_used + bytes;
         if sub.arena.as_ref().is_none_or(|a| a.size < need) {
-            let size = bytes.max(64 << 10).next_power_of_two();
+            // At least twice the arena it replaces: the submission keeps its arena when it is
+            // recycled, so a stream whose batches carry long tile lists (page copies, large
+            // device copies) stops allocating after a few batches instead of allocating memory
+            // for every call.
+            let grown = sub.arena.as_ref().map_or(0, |a| 2 * a.size);
+            let size = bytes.max(grown).max(64 << 10).next_power_of_two();
             let fresh = self.ctx.create_buffer(size, MemKind::Arena)?;
             if let Some(old) = sub.arena.replace(fresh) {
                 if sub.arena_used > 0 {

@@ -407,7 +407,16 @@ impl Context {
     fn wait_values(&self, targets: &[(vk::Semaphore, u64)]) -> Result<()> {
         let targets: Vec<_> = targets.iter().filter(|t| t.1 > 0).copied().collect();
         let started = std::time::Instant::now();
-        if !targets.is_empty() {
+        let reached = || targets.iter().all(|&(sem, v)| self.counter(sem) >= v);
+        if self.limits.gpu && !reached() {
+            // A blocking wait wakes the thread long after the GPU finished short work; poll for
+            // a while first, as CUDA's synchronisation spins (not on CPU devices, whose work
+            // runs on the cores a spinning thread would take).
+            while started.elapsed() < WAIT_SPIN && !reached() {
+                std::hint::spin_loop();
+            }
+        }
+        if !targets.is_empty() && !reached() {
             let sems: Vec<vk::Semaphore> = targets.iter().map(|t| t.0).collect();
             let values: Vec<u64> = targets.iter().map(|t| t.1).collect();
             let wi = vk::SemaphoreWaitInfo::default()
