@@ -155,6 +155,10 @@ pub struct SimulateArgs {
     /// writes it, every rank reads it) instead of one per rank.
     #[arg(long)]
     pub shared_host_pool: bool,
+    /// Requests arrive with their prompt's KV imported: written into the host pool (as a
+    /// prefill node would) before they start, then decoded, every row verified.
+    #[arg(long)]
+    pub import: bool,
     /// Disaggregated prefill -> decode over this transport (nixl): a prefill process writes each
     /// request's pages into this process's host pool, every imported row verified.
     #[arg(long)]

@@ -25,7 +25,9 @@
 use std::time::Instant;
 
 use hisparse_core::Device;
-use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand, RequestId};
+use hisparse_core::coordinator::{
+    CoordError, Coordinator, CoordinatorConfig, OffloadCommand, RequestId,
+};
 use hisparse_core::layout::KvCacheConfig;
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +66,10 @@ pub struct SimSetup {
     pub tp: u32,
     /// With `tp > 1`: one host pool in shared memory for every rank (else one per rank).
     pub shared_host_pool: bool,
+    /// Requests arrive with their prompt's KV imported into the host pool
+    /// ([`Coordinator::reserve_import`]) instead of prefilling it.
+    #[serde(default)]
+    pub import: bool,
     /// Speculative tokens per decode step (0 = none): drafts computed with each sampled token,
     /// the rejected ones rolled back.
     pub spec_tokens: u32,
@@ -103,6 +109,14 @@ pub trait Ranks {
     fn finish(&mut self, cmd: &OffloadCommand, decode: &[DecodeRow]) -> CliResult<Vec<RankStep>>;
     /// Everything in flight, completed; one result per rank.
     fn drain(&mut self) -> CliResult<Vec<RankStep>>;
+    /// A prefill node's writes: the KV rows of the first `rows` rows of request `uid` into
+    /// `host_blocks` (one per page) of the host pool every rank reads.
+    fn import(&mut self, uid: RequestId, host_blocks: &[u32], rows: u32) -> CliResult<()> {
+        let _ = (uid, host_blocks, rows);
+        Err(CliError::usage(
+            "--import runs in one process: leave out --tp",
+        ))
+    }
 }
 
 /// This process's one rank.
@@ -123,6 +137,9 @@ impl<D: Device> Ranks for Local<D> {
     }
     fn drain(&mut self) -> CliResult<Vec<RankStep>> {
         Ok(vec![self.0.drain()?])
+    }
+    fn import(&mut self, uid: RequestId, host_blocks: &[u32], rows: u32) -> CliResult<()> {
+        self.0.import_rows(uid, host_blocks, rows)
     }
 }
 
@@ -237,9 +254,25 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
             admit_at_step = Some(step_no);
         }
         while next_admit < uids.len() && admit_at_step.is_some_and(|a| a <= step_no) {
-            coord
-                .admit(uids[next_admit], &prompt(uids[next_admit]))
-                .map_err(coord_err)?;
+            let uid = uids[next_admit];
+            if s.import {
+                // The prefill node computed the prompt and sampled the first token: its KV
+                // is written into the host blocks the coordinator names, then the request
+                // queues with those pages durable.
+                let mut tokens = prompt(uid);
+                tokens.push(s.context);
+                let blocks = match coord.reserve_import(uid, &tokens, s.context) {
+                    Ok(b) => b,
+                    // No host blocks free now: retry next step.
+                    Err(CoordError::Import { .. }) => break,
+                    Err(e) => return Err(coord_err(e)),
+                };
+                ranks.import(uid, &blocks, s.context / ratio)?;
+                coord.complete_import(uid).map_err(coord_err)?;
+                report.imported_requests += 1;
+            } else {
+                coord.admit(uid, &prompt(uid)).map_err(coord_err)?;
+            }
             next_admit += 1;
             if staggered {
                 admit_at_step = None;
@@ -252,6 +285,8 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
         let mut planning = t.elapsed().as_secs_f64();
         report.waits += u64::from(sum.waiting_on_reclaim.min(1));
         report.preemptions += cmd.preempted.len() as u64;
+        report.hot_regions_allocated +=
+            cmd.hot_assign.len() as u64 / u64::from(kv.num_buckets.max(1));
         if cmd.scheduled.is_empty() {
             idle_steps += 1;
             if idle_steps > 1000 {

@@ -51,6 +51,11 @@ impl Forward {
         })
     }
 
+    /// Rows below this are the shared prefix's (synthetic request 0).
+    pub fn shared_rows(&self) -> u32 {
+        self.shared_rows
+    }
+
     /// Writes rows `positions` of request `uid` into its resident pages
     /// (`block_of(bucket, page)` = GPU block) in every sparse layer; rows in `rejected` are
     /// written by rejected speculative tokens ([`kv::rejected_seed`]).

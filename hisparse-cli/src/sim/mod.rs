@@ -201,6 +201,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         workers,
         tp,
         shared_host_pool: a.shared_host_pool,
+        import: a.import,
         spec_tokens,
         accept_rate,
         quiet: a.json,

@@ -10,11 +10,13 @@ use std::time::Instant;
 
 use hisparse_core::Device;
 use hisparse_core::coordinator::{OffloadCommand, RequestId};
+use hisparse_core::layout::KvCacheConfig;
 use hisparse_runtime::{Counters, Indices, Pools, Runtime, RuntimeConfig, TopK, WorkerReport};
 use serde::{Deserialize, Serialize};
 
 use super::engine::SimSetup;
-use super::forward::Forward;
+use super::forward::{Forward, row_owner};
+use super::kv;
 use super::verify::{ReadOut, Verified, Verifier};
 use super::workload::{Pattern, TopKStream, overlap};
 use crate::error::{CliError, CliResult};
@@ -148,6 +150,61 @@ impl<D: Device> Rank<D> {
             device_seconds: 0.0,
             rt,
         })
+    }
+
+    /// A prefill node's writes into this rank's host pool: rows `0..rows` of request `uid`
+    /// (the synthetic rows its forward pass would have written) into `host_blocks`, one per
+    /// page, in every layer of the source group — one write per (layer, page, row part).
+    pub fn import_rows(&mut self, uid: u64, host_blocks: &[u32], rows: u32) -> CliResult<()> {
+        let kv = self.rt.layout().clone();
+        let shared_rows = self.forward.shared_rows();
+        let bs = kv.block_size;
+        let layers: Vec<u32> = kv.groups[KvCacheConfig::SOURCE_GROUP]
+            .layers
+            .iter()
+            .map(|l| l.layer)
+            .collect();
+        let (dev, pools) = self.rt.device_and_pools_mut();
+        let mut values = Vec::new();
+        let mut scales = Vec::new();
+        for layer in layers {
+            let l = kv
+                .host_layout(layer)
+                .map_err(|e| CliError::failed(e.to_string()))?;
+            let vb = l.value_bytes as usize;
+            let sb = l.row_bytes as usize - vb;
+            for (page, &block) in host_blocks.iter().enumerate() {
+                let first = page as u32 * bs;
+                let n = rows.saturating_sub(first).min(bs);
+                if n == 0 {
+                    break;
+                }
+                values.clear();
+                values.resize(n as usize * vb, 0);
+                scales.clear();
+                scales.resize(n as usize * sb, 0);
+                for r in 0..n {
+                    let pos = first + r;
+                    let seed = kv::row_seed(row_owner(uid, pos, shared_rows), layer, pos);
+                    let i = r as usize;
+                    kv::fill(seed, 0, &mut values[i * vb..(i + 1) * vb]);
+                    if sb > 0 {
+                        kv::fill(seed, vb, &mut scales[i * sb..(i + 1) * sb]);
+                    }
+                }
+                let [(voff, _), (soff, _)] = l.row_parts(block, 0);
+                dev.write_pinned(&mut pools.host, voff as usize, &values)
+                    .and_then(|()| {
+                        if sb > 0 {
+                            dev.write_pinned(&mut pools.host, soff as usize, &scales)
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .map_err(|e| CliError::device("writing imported KV rows", e))?;
+            }
+        }
+        Ok(())
     }
 
     /// The backend's name and the device's.

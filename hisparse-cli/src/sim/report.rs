@@ -82,6 +82,11 @@ pub struct SimReport {
     pub hit_rate: f64,
     /// Mean host → device bytes per decode step.
     pub h2d_bytes_per_step: f64,
+    /// Hot regions given to requests over the run (a request reading some page from host, or
+    /// liable to, gets one).
+    pub hot_regions_allocated: u64,
+    /// Requests that arrived with their prompt's KV imported (`--import`).
+    pub imported_requests: u64,
     /// Total host → device bytes (decode steps).
     pub h2d_bytes: u64,
     /// Total device → host bytes (mirrors and backups, whole run).
@@ -188,6 +193,15 @@ impl SimReport {
             self.mirror_spans,
             self.waits,
             self.preemptions
+        );
+        s += &format!(
+            "hot regions allocated   {}{}\n",
+            self.hot_regions_allocated,
+            if self.imported_requests > 0 {
+                format!("   requests imported {}", self.imported_requests)
+            } else {
+                String::new()
+            }
         );
         if self.prefix_hit_tokens + self.host_cow_pages + self.restored_pages + self.gpu_cow_blocks
             > 0
