@@ -111,3 +111,22 @@ pub(crate) fn device_id(kind: MemoryKind) -> u64 {
         MemoryKind::Device { ordinal } => u64::from(ordinal),
     }
 }
+
+/// The variable that tells UCX where its log goes.
+pub const UCX_LOG_FILE: &str = "UCX_LOG_FILE";
+
+/// Sends UCX's log (warnings, and what `UCX_PROTO_INFO` prints) to standard error when the
+/// environment does not say where it goes: UCX writes it to standard output by default, where a
+/// program's report, or a protocol between processes, goes. Must run before the first agent is
+/// created (UCX reads the variable when it is loaded).
+///
+/// # Safety
+///
+/// No other thread may read or write the environment during the call: call it before the
+/// program starts threads (or before any that touches the environment).
+pub unsafe fn transport_log_to_stderr() {
+    if std::env::var_os(UCX_LOG_FILE).is_none() {
+        // SAFETY: the caller guarantees that no other thread uses the environment meanwhile.
+        unsafe { std::env::set_var(UCX_LOG_FILE, "stderr") };
+    }
+}

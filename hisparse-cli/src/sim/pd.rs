@@ -1,28 +1,27 @@
 //! `simulate --pd nixl`: disaggregated prefill → decode on this machine, over NIXL.
 //!
-//! This process is the decode side: its runtime owns the host pool, which it registers with a
-//! NIXL agent and publishes ([`hisparse_nixl::DecodeOffer`]). It starts the prefill side as a
-//! second process of this executable ([`PREFILL_SUBCOMMAND`]): a coordinator and runtime of its
-//! own that only prefill, writing each request's synthetic KV rows into its GPU pool (on the CPU
-//! backend, host memory standing in for it). Per request:
+//! This process is the decode side: its coordinator and runtime (a [`Rank`](super::rank::Rank))
+//! over a host pool it registers with a NIXL agent and publishes
+//! ([`hisparse_nixl::DecodeOffer`]). It starts the prefill side as a second process of this
+//! executable ([`PREFILL_SUBCOMMAND`]): a coordinator and runtime of its own that only prefill,
+//! writing each request's synthetic KV rows into its GPU pool (on the CPU backend, host memory
+//! standing in for it). Per request:
 //!
 //! 1. the prefill side prefills the prompt and says so;
-//! 2. the decode side assigns host blocks, one per page, and sends the manifest;
+//! 2. the decode coordinator reserves host blocks for the import, one per page
+//!    (`Coordinator::reserve_import`), and the decode side sends them as the manifest;
 //! 3. the prefill side writes every (layer, page) from its resident pages into those blocks, one
 //!    NIXL write with a notification, and finishes the request once the write completed;
-//! 4. the decode side, polling notifications between its steps (never waiting on them), matches
-//!    the notification to its manifest and verifies every row of every imported page in its
-//!    host pool against the synthetic rows, byte for byte.
+//! 4. the decode side, polling notifications between its decode steps (never waiting on them),
+//!    matches the notification to its manifest, verifies every row of every imported page in its
+//!    host pool against the synthetic rows, byte for byte, and completes the import
+//!    (`Coordinator::complete_import`): the request starts with its pages durable on host and its
+//!    tail page restored to the GPU, and decodes `--decode-steps` tokens, every row attention
+//!    reads verified, while later requests are still being prefilled and written.
 //!
 //! Before the requests, the prefill side measures the transport's own figure in the same run: a
 //! plain NIXL write of as many bytes, host memory to the decode host pool, one descriptor
 //! (best of three).
-//!
-//! The decode coordinator's import entry (a request admitted with its pages durable on host, its
-//! tail page restored to the GPU) is not in this tree yet: until it is, the host blocks come
-//! from a [`hisparse_core::pool::BlockPool`] over the decode host pool ([`HostBlocks`]), and the
-//! run ends with the verification of the imported pages, without decode steps on them. The
-//! report says so.
 
 use hisparse_core::layout::KvCacheConfig;
 use hisparse_nixl::PageManifest;
@@ -77,6 +76,8 @@ pub fn simulate_pd(
     }
     #[cfg(feature = "nixl")]
     {
+        // SAFETY: this process has started no thread yet.
+        unsafe { hisparse_nixl::ffi::transport_log_to_stderr() };
         let prefill_kv = prefill_layout(a, s)?;
         let report = nixl_sim::run(kind, &a.backend.device, s, prefill_kv)?;
         report.publish(a.json)
@@ -95,6 +96,8 @@ pub fn simulate_pd(
 pub fn prefill_main() -> CliResult<()> {
     #[cfg(feature = "nixl")]
     {
+        // SAFETY: this process has started no thread yet.
+        unsafe { hisparse_nixl::ffi::transport_log_to_stderr() };
         nixl_sim::prefill_main()
     }
     #[cfg(not(feature = "nixl"))]
@@ -223,59 +226,31 @@ impl ImportVerifier {
     }
 }
 
-/// Host blocks for imported requests, from a pool over the decode host pool: what the decode
-/// coordinator's import entry assigns once it exists.
-#[cfg(feature = "nixl")]
-struct HostBlocks(hisparse_core::pool::BlockPool);
-
-#[cfg(feature = "nixl")]
-impl HostBlocks {
-    fn new(num_blocks: u32) -> CliResult<Self> {
-        hisparse_core::pool::BlockPool::new(num_blocks)
-            .map(HostBlocks)
-            .map_err(|e| CliError::failed(format!("decode host blocks: {e}")))
-    }
-
-    fn take(&mut self, pages: u32) -> CliResult<Vec<u32>> {
-        let mut out = Vec::with_capacity(pages as usize);
-        self.0.allocate_n(pages, &mut out).map_err(|e| {
-            CliError::failed(format!(
-                "the decode host pool has no {pages} free blocks for an import ({e}); give \
-                 --host-mem more"
-            ))
-        })?;
-        Ok(out)
-    }
-
-    fn give_back(&mut self, blocks: &[u32]) -> CliResult<()> {
-        self.0
-            .free_reverse(blocks)
-            .map_err(|e| CliError::failed(format!("decode host blocks: {e}")))
-    }
-}
-
 #[cfg(feature = "nixl")]
 mod nixl_sim {
-    use std::collections::HashMap;
     use std::io::{BufRead, BufReader, BufWriter, Write};
     use std::process::{Child, ChildStdin, Command, Stdio};
     use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
     use std::time::{Duration, Instant};
 
+    use hisparse_backend_cpu::CpuDevice;
     use hisparse_core::Device;
-    use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand};
+    use hisparse_core::coordinator::{CoordError, Coordinator, CoordinatorConfig, OffloadCommand};
     use hisparse_core::layout::KvCacheConfig;
     use hisparse_core::ops::BufferLen;
     use hisparse_nixl::{
         Arrival, DecodeOffer, DecodeSide, MemoryKind, PoolGeometry, PrefillSide, Region,
     };
-    use hisparse_runtime::{AnyBuffer, AnyDevice, BackendKind, Runtime, RuntimeConfig};
+    use hisparse_runtime::{
+        AnyBuffer, AnyDevice, BackendKind, Runtime, RuntimeConfig, SharedHostPool, SharedSegment,
+    };
     use serde::{Deserialize, Serialize};
 
     use super::super::engine::SimSetup;
     use super::super::forward::Forward;
+    use super::super::rank::{DecodeRow, Rank, RankStep};
     use super::super::tp::{recv, send};
-    use super::{HostBlocks, ImportVerifier, PREFILL_SUBCOMMAND, PageManifest};
+    use super::{ImportVerifier, PREFILL_SUBCOMMAND, PageManifest};
     use crate::error::{CliError, CliResult};
 
     /// How long either side waits for the other before it calls the run stalled.
@@ -350,6 +325,8 @@ mod nixl_sim {
         pub requests: u32,
         /// Prompt tokens per request.
         pub context: u32,
+        /// Tokens each request decodes after its import.
+        pub decode_steps: u32,
         /// Pages written per request.
         pub pages_per_request: u32,
         /// NIXL writes (one per request).
@@ -368,14 +345,27 @@ mod nixl_sim {
         pub bulk_seconds: f64,
         /// NIXL's own figure: one plain host-to-host write of `bulk_bytes`.
         pub bulk_gb_per_s: f64,
-        /// Rows of imported pages verified in the decode host pool (one per layer per token).
+        /// Rows of imported pages verified in the decode host pool (one per layer per token),
+        /// before the import was completed.
+        pub imported_rows_verified: u64,
+        /// Rows attention read while the imported requests decoded, verified.
+        pub decode_rows_verified: u64,
+        /// Both.
         pub verified_rows: u64,
         /// Rows that differ from their source.
         pub mismatched_rows: u64,
         /// The first mismatch.
         pub first_mismatch: Option<String>,
-        /// Whether imported requests were decoded (needs the coordinator's import entry).
+        /// Whether every imported request decoded all its tokens.
         pub decoded: bool,
+        /// Decode rows computed (one per request per decode step).
+        pub decode_steps_run: u64,
+        /// Hot-buffer hit rate of the decode.
+        pub hit_rate: f64,
+        /// Host-to-device bytes of the decode (swap-ins and restores).
+        pub h2d_bytes: u64,
+        /// Pages restored to the GPU (the imported requests' tail pages among them).
+        pub restored_pages: u64,
         /// Wall time.
         pub wall_seconds: f64,
     }
@@ -392,8 +382,8 @@ mod nixl_sim {
                  completion, summed over writes)\n\
                  NIXL bulk (same run)    {bb:.3} GiB host → decode host pool, one descriptor: \
                  {bg:.2} GB/s (best of {rep})\n\
-                 verification            {v} rows verified byte for byte in the decode host \
-                 pool, {m} mismatched\n\
+                 verification            {iv} imported rows verified byte for byte in the \
+                 decode host pool; {dv} rows read by decode attention; {m} mismatched\n\
                  decode after import     {decode}\n\
                  wall time               {wall:.2} s",
                 preset = self.preset,
@@ -413,12 +403,21 @@ mod nixl_sim {
                 bb = gib(self.bulk_bytes),
                 bg = self.bulk_gb_per_s,
                 rep = BULK_REPEATS,
-                v = self.verified_rows,
+                iv = self.imported_rows_verified,
+                dv = self.decode_rows_verified,
                 m = self.mismatched_rows,
                 decode = if self.decoded {
-                    "every imported request decoded"
+                    format!(
+                        "{} tokens per request ({} decode rows), tail pages restored: {}, hot hit \
+                         rate {:.1}%, host→device {:.2} MiB",
+                        self.decode_steps,
+                        self.decode_steps_run,
+                        self.restored_pages,
+                        self.hit_rate * 100.0,
+                        self.h2d_bytes as f64 / f64::from(1u32 << 20)
+                    )
                 } else {
-                    "not run: the decode coordinator has no import entry yet"
+                    "not every request decoded".to_string()
                 },
                 wall = self.wall_seconds,
             )
@@ -460,8 +459,14 @@ mod nixl_sim {
                     "cannot find this executable to start the prefill side: {e}"
                 ))
             })?;
+            // UCX logs to standard output unless told otherwise: there it would break the
+            // protocol on the child's standard output.
+            let log = std::env::var_os(hisparse_nixl::ffi::UCX_LOG_FILE)
+                .filter(|v| v != "stdout")
+                .unwrap_or_else(|| "stderr".into());
             let mut child = Command::new(exe)
                 .arg(PREFILL_SUBCOMMAND)
+                .env(hisparse_nixl::ffi::UCX_LOG_FILE, log)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -555,7 +560,20 @@ mod nixl_sim {
         }
     }
 
-    /// The decode side: this process.
+    /// The prompt of request `uid` (both sides use the same tokens).
+    fn prompt(uid: u64, context: u32) -> Vec<u32> {
+        (0..context)
+            .map(|p| (uid as u32).wrapping_mul(1_000_003).wrapping_add(p))
+            .collect()
+    }
+
+    fn coord_err(e: impl std::fmt::Display) -> CliError {
+        CliError::failed(e.to_string())
+    }
+
+    /// The decode side: this process. Its host pool is a shared-memory segment mapped twice:
+    /// once as the runtime's pinned host pool (registered with NIXL), once as a host view the
+    /// import verifier reads.
     pub fn run(
         kind: BackendKind,
         device: &str,
@@ -564,26 +582,37 @@ mod nixl_sim {
     ) -> CliResult<PdReport> {
         let wall = Instant::now();
         let kv = &s.kv;
+        let ratio = kv.sparse_compress_ratio.max(1);
+        let final_len = s.context + s.decode_steps;
+        let pool_bytes = kv.host_pool_bytes() as usize;
+        let segment_name = SharedSegment::unique_name("hisparse-pd-pool");
+        let segment = SharedSegment::create(&segment_name, pool_bytes)
+            .map_err(|e| CliError::failed(format!("creating the decode host pool: {e}")))?;
+        let view = CpuDevice::new();
+        let view_pool = view
+            .host_pool_from_shared(
+                SharedSegment::open(&segment_name, pool_bytes)
+                    .map_err(|e| CliError::failed(format!("mapping the decode host pool: {e}")))?,
+            )
+            .map_err(|e| CliError::device("mapping the decode host pool", e))?;
         let dev = AnyDevice::open(kind, device)
             .map_err(|e| CliError::device("opening the decode device", e))?;
-        let rt = Runtime::new(
-            dev,
-            kv.clone(),
-            RuntimeConfig::new(s.requests, s.max_decode_rows()),
-        )
-        .map_err(|e| CliError::failed(format!("setting up the decode runtime: {e}")))?;
-        let host_geometry = PoolGeometry::host(kv).map_err(nixl_err)?;
-        let host = &rt.pools().host;
+        let (backend, device_name) = (dev.backend().to_string(), dev.device_name().to_string());
+        let host = dev
+            .host_pool_from_shared(segment)
+            .map_err(|e| CliError::device("using the decode host pool", e))?;
         let pool = region(
-            rt.device().pinned_address(host) as u64,
+            dev.pinned_address(&host) as u64,
             host.byte_len(),
             MemoryKind::Host,
         );
+        let mut rank = Rank::with_host_pool(dev, s, 0, host, true)?;
+        let host_geometry = PoolGeometry::host(kv).map_err(nixl_err)?;
         let name = format!("hisparse-decode-{}", std::process::id());
-        // SAFETY: the host pool belongs to `rt`, which outlives `decode` (declared after it, so
-        // dropped first); the prefill side writes only the blocks of manifests issued below,
-        // which `HostBlocks` hands out to no one else, and this side reads them only after
-        // their notification arrived.
+        // SAFETY: the host pool belongs to `rank`'s runtime, which outlives `decode` (declared
+        // after it, so dropped first); the prefill side writes only the blocks of manifests
+        // issued below, which the coordinator reserved for those imports alone, and this side
+        // reads them only after their notification arrived.
         let mut decode =
             unsafe { DecodeSide::new(&name, pool, host_geometry.clone()) }.map_err(nixl_err)?;
         let offer = decode.offer().map_err(nixl_err)?;
@@ -603,8 +632,8 @@ mod nixl_sim {
         let pages = host_geometry.pages_for(s.context);
         let per_request = host_geometry.request_bytes(pages);
         let mut report = PdReport {
-            backend: rt.device().backend().to_string(),
-            device: rt.device().device_name().to_string(),
+            backend,
+            device: device_name,
             prefill_device,
             source_memory: if kind == BackendKind::Cpu {
                 "host"
@@ -616,6 +645,7 @@ mod nixl_sim {
             sparse_layers: host_geometry.layers.len() as u32,
             requests: s.requests,
             context: s.context,
+            decode_steps: s.decode_steps,
             pages_per_request: pages,
             descriptors_per_write: u64::from(pages) * host_geometry.layers.len() as u64,
             ..PdReport::default()
@@ -656,40 +686,52 @@ mod nixl_sim {
         report.bulk_seconds = best;
         report.bulk_gb_per_s = bulk as f64 / best / 1e9;
 
-        // The imports. The loop never waits on a notification: it looks at what arrived, then
-        // at what the prefill side said, then (with the import entry) would run a decode step.
-        let mut blocks = HostBlocks::new(kv.host_num_blocks)?;
+        // The imports and the decode. The loop never waits on a notification: each turn it
+        // takes what arrived (verified, then handed to the coordinator), answers the prefill
+        // side (host blocks for a prefilled request), and runs a decode step when there is a
+        // request to decode.
+        let mut coord = Coordinator::new(
+            kv.clone(),
+            CoordinatorConfig {
+                max_running: s.requests,
+                max_batched_tokens: s.max_batched_tokens,
+                max_spill_pages_per_step: 64,
+                num_workers: 1,
+                ..CoordinatorConfig::default()
+            },
+        )
+        .map_err(coord_err)?;
         let mut verifier = ImportVerifier::new(kv)?;
-        let mut issued: HashMap<u64, Vec<u32>> = HashMap::new();
-        let (mut sent, mut imported) = (0u32, 0u32);
+        // Prefilled requests the host pool had no room for yet: (request, tokens).
+        let mut waiting: Vec<(u64, u32)> = Vec::new();
+        let (mut sent, mut imported, mut finished, mut live) = (0u32, 0u32, 0u32, 0u32);
+        let mut cmd = OffloadCommand::default();
         let mut last_news = Instant::now();
+        let mut idle_steps = 0u32;
+        let mut last = None;
         prefill.send(&ToPrefill::Start)?;
-        while sent < s.requests || imported < s.requests {
+        while finished < s.requests {
             let mut news = false;
             for a in decode.poll().map_err(nixl_err)? {
                 news = true;
                 let Arrival::Import(m) = a else {
                     return Err(CliError::failed("a bulk notification during the imports"));
                 };
-                verifier.check(rt.device(), &rt.pools().host, &m)?;
+                if coord.import_blocks(m.request) != Some(&m.host_blocks[..]) {
+                    return Err(CliError::failed(format!(
+                        "request {} arrived in blocks the coordinator did not reserve for it",
+                        m.request
+                    )));
+                }
+                verifier.check(&view, &view_pool, &m)?;
+                coord.complete_import(m.request).map_err(coord_err)?;
                 imported += 1;
-                let held = issued.remove(&m.request).unwrap_or_default();
-                blocks.give_back(&held)?;
+                live += 1;
             }
             if let Some(msg) = prefill.try_recv()? {
                 news = true;
                 match msg {
-                    FromPrefill::Prefilled(request, tokens) => {
-                        let host_blocks = blocks.take(host_geometry.pages_for(tokens))?;
-                        let manifest = PageManifest {
-                            request,
-                            tokens,
-                            host_blocks,
-                        };
-                        issued.insert(request, manifest.host_blocks.clone());
-                        decode.issue(manifest.clone()).map_err(nixl_err)?;
-                        prefill.send(&ToPrefill::Manifest(manifest))?;
-                    }
+                    FromPrefill::Prefilled(request, tokens) => waiting.push((request, tokens)),
                     FromPrefill::Sent(_, bytes, secs) => {
                         sent += 1;
                         report.writes += 1;
@@ -698,6 +740,56 @@ mod nixl_sim {
                     }
                     _ => return Err(CliError::failed("the prefill side answered out of turn")),
                 }
+            }
+            // Host blocks for prefilled requests, as the host pool has room.
+            while let Some(&(request, tokens)) = waiting.first() {
+                let mut all = prompt(request, tokens);
+                all.push(tokens); // the first sampled token: computed here, after the import
+                match coord.reserve_import(request, &all, tokens) {
+                    Ok(host_blocks) => {
+                        waiting.remove(0);
+                        let manifest = PageManifest {
+                            request,
+                            tokens,
+                            host_blocks,
+                        };
+                        decode.issue(manifest.clone()).map_err(nixl_err)?;
+                        prefill.send(&ToPrefill::Manifest(manifest))?;
+                        news = true;
+                    }
+                    Err(CoordError::Import { .. }) if live > 0 => break, // room comes back
+                    Err(e) => return Err(coord_err(e)),
+                }
+            }
+            if live > 0 {
+                news = true;
+                let st = decode_step(&mut coord, &mut rank, &mut cmd, s, ratio)?;
+                idle_steps = if st.1 { 0 } else { idle_steps + 1 };
+                if idle_steps > 1000 {
+                    return Err(CliError::failed(
+                        "the decode side stalled: 1000 steps scheduled nothing; give it more \
+                         --gpu-mem",
+                    ));
+                }
+                report.decode_steps_run += u64::from(st.2);
+                // Sample or finish.
+                let running: Vec<_> = coord.running_ids().collect();
+                for id in running {
+                    let (n, c) = (
+                        coord.num_tokens(id).unwrap_or(0),
+                        coord.num_computed(id).unwrap_or(0),
+                    );
+                    if n == c {
+                        if n >= final_len {
+                            coord.finish(id).map_err(coord_err)?;
+                            finished += 1;
+                            live -= 1;
+                        } else {
+                            coord.append_tokens(id, &[n]).map_err(coord_err)?;
+                        }
+                    }
+                }
+                last = Some(st.0);
             }
             if news {
                 last_news = Instant::now();
@@ -713,6 +805,7 @@ mod nixl_sim {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
+        let _ = last;
         prefill.send(&ToPrefill::Done)?;
         let status = prefill
             .child
@@ -723,14 +816,72 @@ mod nixl_sim {
                 "the prefill side exited with {status}"
             )));
         }
+        // Drain: every block back in its pool.
+        let drained = rank.drain()?;
+        coord
+            .report(0, &drained.report.enqueued, &drained.report.completed)
+            .map_err(coord_err)?;
+        coord
+            .check_invariants()
+            .map_err(|v| CliError::failed(format!("coordinator invariant violated: {v}")))?;
+        if coord.gpu_pool().num_held() != 0 || coord.host_pool().num_held() != 0 {
+            return Err(CliError::failed(format!(
+                "the decode side leaked blocks: {} GPU and {} host blocks still held after every \
+                 request finished",
+                coord.gpu_pool().num_held(),
+                coord.host_pool().num_held()
+            )));
+        }
+        let c = drained.counters;
+        report.decoded = finished == s.requests && s.decode_steps > 0;
+        report.hit_rate = c.hit_rate().unwrap_or(0.0);
+        report.h2d_bytes = c.h2d_bytes;
+        report.restored_pages = c.restored_pages;
         report.transfer_gb_per_s = report.transfer_bytes as f64 / report.transfer_seconds / 1e9;
-        report.verified_rows = verifier.verified.rows;
-        report.mismatched_rows = verifier.verified.mismatched;
-        report.first_mismatch = verifier.verified.first_mismatch.clone();
+        report.imported_rows_verified = verifier.verified.rows;
+        report.decode_rows_verified = drained.verified.rows;
+        report.verified_rows = verifier.verified.rows + drained.verified.rows;
+        report.mismatched_rows = verifier.verified.mismatched + drained.verified.mismatched;
+        report.first_mismatch = verifier
+            .verified
+            .first_mismatch
+            .clone()
+            .or(drained.verified.first_mismatch.clone());
         report.wall_seconds = wall.elapsed().as_secs_f64();
         drop(decode);
-        drop(rt);
+        drop(rank);
         Ok(report)
+    }
+
+    /// One decode step of the decode side: plan, execute on the rank (the forward pass's writes,
+    /// every decode row's reads through the runtime, verified), report the copies. Returns the
+    /// rank's step, whether anything was scheduled, and how many decode rows read.
+    fn decode_step(
+        coord: &mut Coordinator,
+        rank: &mut Rank<AnyDevice>,
+        cmd: &mut OffloadCommand,
+        s: &SimSetup,
+        ratio: u32,
+    ) -> CliResult<(RankStep, bool, u32)> {
+        coord.schedule_step().map_err(coord_err)?;
+        coord.build_offload_command_into(cmd);
+        let decode: Vec<DecodeRow> = cmd
+            .scheduled
+            .iter()
+            .filter(|sr| sr.first_token >= s.context && sr.num_tokens == 1)
+            .map(|sr| DecodeRow {
+                slot: sr.slot,
+                uid: sr.id,
+                seq_len: (sr.first_token + 1) / ratio,
+                rejected: (0, 0),
+            })
+            .collect();
+        rank.begin(cmd)?;
+        let st = rank.finish(cmd, &decode)?;
+        coord
+            .report(0, &st.report.enqueued, &st.report.completed)
+            .map_err(coord_err)?;
+        Ok((st, !cmd.scheduled.is_empty(), decode.len() as u32))
     }
 
     /// The prefill process.
@@ -863,11 +1014,8 @@ mod nixl_sim {
         let nb = kv.num_buckets;
         let mut cmd = OffloadCommand::default();
         for uid in 1..=u64::from(s.requests) {
-            let prompt: Vec<u32> = (0..s.context)
-                .map(|p| (uid as u32).wrapping_mul(1_000_003).wrapping_add(p))
-                .collect();
             coord
-                .admit(uid, &prompt)
+                .admit(uid, &prompt(uid, s.context))
                 .map_err(|e| CliError::failed(e.to_string()))?;
             // Prefill, step by step: the forward pass writes the rows into the resident pages.
             let mut slot = None;
