@@ -49,8 +49,9 @@ wrap=$(exe_of wrap <<<"$prod")
 fused=$(exe_of fused <<<"$prod")
 shared=$(exe_of shared <<<"$prod")
 conformance_variants=$(exe_of conformance <<<"$variants")
-bench=target/release/examples/cuda_bench
-cli=target/release/hisparse
+target=${CARGO_TARGET_DIR:-target}
+bench=$target/release/examples/cuda_bench
+cli=$target/release/hisparse
 for f in "$conformance" "$wrap" "$fused" "$shared" "$conformance_variants" "$bench" "$cli"; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
