@@ -20,7 +20,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 # shellcheck source=scripts/h200/cuda-common.sh
 . scripts/h200/cuda-common.sh
-budget 300
+budget "${HISPARSE_H200_BUDGET:-300}"
 bin=${HISPARSE_H200_BIN:-h200-cuda}
 out=${OUT:-/tmp/hisparse-h200}/cuda-tp
 mkdir -p "$out"
