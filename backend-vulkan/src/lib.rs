@@ -34,8 +34,8 @@
 //!   256-invocation kernel ([`ResolveKernel`], [`RESOLVE_KERNEL_ENV`]); its workgroup scans use
 //!   subgroup arithmetic where the device has it ([`RESOLVE_SCAN_ENV`]); the gather runs kernel
 //!   `v2` on GPUs and `v1` on CPU devices ([`GatherKernel`], [`GATHER_KERNEL_ENV`]);
-//!   [`QUEUES_ENV`] puts every stream on one queue. All choices give identical results; they
-//!   exist for comparisons.
+//!   [`QUEUES_ENV`] puts every stream on one queue and [`COMPUTE_FAMILY_ENV`] picks a compute
+//!   family without graphics. All choices give identical results; they exist for comparisons.
 //! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches);
 //!   [`PROFILE_ENV`]`=1` profiles a whole run per operation (host and device time, printed to
 //!   stderr when the device is dropped).
@@ -71,7 +71,7 @@ pub use copies::{COPY_ENGINE_ENV, CopyEngine};
 pub use error::VulkanError;
 pub use gather::{GATHER_KERNEL_ENV, GatherKernel};
 pub use resolve::{RESOLVE_KERNEL_ENV, ResolveKernel};
-pub use vk::{PROFILE_ENV, validation_message_count};
+pub use vk::{COMPUTE_FAMILY_ENV, PROFILE_ENV, validation_message_count};
 
 use shaders::Shader;
 use vk::{Binding, Context, Engine, MemKind, RawBuffer};
@@ -289,8 +289,17 @@ impl VulkanDevice {
         Self::with_context(Self::context(selector, true)?)
     }
 
-    /// Opens the context, applying [`QUEUES_ENV`], [`RESOLVE_SCAN_ENV`] and [`PROFILE_ENV`].
+    /// Opens the context, applying [`COMPUTE_FAMILY_ENV`], [`QUEUES_ENV`], [`RESOLVE_SCAN_ENV`]
+    /// and [`PROFILE_ENV`].
     fn context(selector: &str, strict: bool) -> Result<Context> {
+        match std::env::var(COMPUTE_FAMILY_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("" | "first" | "dedicated") => {}
+            Ok(other) => {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "{COMPUTE_FAMILY_ENV}={other}: use first or dedicated"
+                )));
+            }
+        }
         let mut ctx = Context::open(selector, strict)?;
         if std::env::var(PROFILE_ENV).is_ok_and(|v| v.trim() == "1") {
             ctx.enable_profile();

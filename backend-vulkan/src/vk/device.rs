@@ -40,12 +40,26 @@ pub(super) struct Parts {
     transfer: Option<u32>,
 }
 
-/// The queue families the backend uses: the first compute-capable family, and a family with
+/// Whether [`COMPUTE_FAMILY_ENV`] asks for a compute family without graphics (`dedicated`).
+fn prefer_dedicated_compute() -> bool {
+    std::env::var(COMPUTE_FAMILY_ENV).is_ok_and(|v| v.trim() == "dedicated")
+}
+
+/// The queue families the backend uses: the first compute-capable family (with
+/// `dedicated_compute`, the first without graphics where there is one), and a family with
 /// transfer but neither graphics nor compute (a DMA engine).
-fn pick_families(families: &[vk::QueueFamilyProperties]) -> Option<(u32, u32, Option<u32>)> {
-    let compute = families
+fn pick_families(
+    families: &[vk::QueueFamilyProperties],
+    dedicated_compute: bool,
+) -> Option<(u32, u32, Option<u32>)> {
+    let computes = |f: &vk::QueueFamilyProperties| {
+        f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0
+    };
+    let dedicated = families
         .iter()
-        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0)?;
+        .position(|f| computes(f) && !f.queue_flags.contains(vk::QueueFlags::GRAPHICS))
+        .filter(|_| dedicated_compute);
+    let compute = dedicated.or_else(|| families.iter().position(computes))?;
     let transfer = families.iter().position(|f| {
         f.queue_count > 0
             && f.queue_flags.contains(vk::QueueFlags::TRANSFER)
@@ -216,7 +230,8 @@ impl Context {
         }
         // SAFETY: as above.
         let families = unsafe { instance.get_physical_device_queue_family_properties(pdev) };
-        pick_families(&families).ok_or_else(|| "no compute queue".into())
+        pick_families(&families, prefer_dedicated_compute())
+            .ok_or_else(|| "no compute queue".into())
     }
 
     pub(super) fn create_device(
@@ -524,15 +539,28 @@ mod tests {
             family(Q::TRANSFER, 2),
             family(Q::COMPUTE | Q::TRANSFER, 8),
         ];
-        assert_eq!(pick_families(&nv), Some((0, MAX_COMPUTE_LANES, Some(1))));
+        assert_eq!(
+            pick_families(&nv, false),
+            Some((0, MAX_COMPUTE_LANES, Some(1)))
+        );
+        assert_eq!(
+            pick_families(&nv, true),
+            Some((2, MAX_COMPUTE_LANES, Some(1))),
+            "the compute-only family when asked"
+        );
         // lavapipe: one universal queue, no dedicated transfer family.
         let lvp = [family(Q::GRAPHICS | Q::COMPUTE | Q::TRANSFER, 1)];
-        assert_eq!(pick_families(&lvp), Some((0, 1, None)));
+        assert_eq!(pick_families(&lvp, false), Some((0, 1, None)));
+        assert_eq!(
+            pick_families(&lvp, true),
+            Some((0, 1, None)),
+            "no compute-only family: the universal one"
+        );
         // A transfer family that also computes is not dedicated; no compute: unusable.
         assert_eq!(
-            pick_families(&[family(Q::TRANSFER | Q::COMPUTE, 2)]),
+            pick_families(&[family(Q::TRANSFER | Q::COMPUTE, 2)], false),
             Some((0, 2, None))
         );
-        assert_eq!(pick_families(&[family(Q::GRAPHICS, 1)]), None);
+        assert_eq!(pick_families(&[family(Q::GRAPHICS, 1)], true), None);
     }
 }

@@ -71,6 +71,11 @@ pub const IDLE_BATCH_COMMANDS: u32 = 16;
 /// as soon as the device has caught up.
 pub const IDLE_GAP: std::time::Duration = std::time::Duration::from_micros(50);
 
+/// Environment variable choosing the compute queue family at open: `first` (default: the first
+/// family with compute, on NVIDIA the universal graphics family) or `dedicated` (a family with
+/// compute but no graphics where the device has one), for comparisons.
+pub const COMPUTE_FAMILY_ENV: &str = "HISPARSE_VULKAN_COMPUTE_FAMILY";
+
 /// How long a host wait polls the timelines before it blocks in `vkWaitSemaphores` (GPUs only).
 pub const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
