@@ -9,9 +9,9 @@ use hisparse_core::ops::copy::{
 };
 use hisparse_core::ops::{
     BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
-    InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
-    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
-    check_pinned_budget,
+    InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc,
+    ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite,
+    TableWriteDesc, check_pinned_budget,
 };
 use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels::plan::{self, Plan, PlanError, Target};
@@ -217,7 +217,11 @@ impl From<PlanError> for CudaError {
 const fn waits_for_grid_dependency(k: Kernel) -> bool {
     matches!(
         k,
-        Kernel::Remap | Kernel::Resolve | Kernel::GatherRows | Kernel::ResolveGather
+        Kernel::Remap
+            | Kernel::RemapModes
+            | Kernel::Resolve
+            | Kernel::GatherRows
+            | Kernel::ResolveGather
     )
 }
 
@@ -861,6 +865,35 @@ impl Device for CudaDevice {
         self.execute(stream, plan)
     }
 
+    /// Both modes (decode-context-parallel de-interleave, prefill workspace) run `hs_remap_modes`;
+    /// a call without modes is the plain remap (the same kernel as [`Device::remap`]).
+    fn remap_modes(
+        &self,
+        stream: &CudaStream,
+        desc: &RemapModesDesc,
+        args: RemapModesArgs<'_, CudaBuffer>,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        if !desc.has_modes() {
+            return self.remap(stream, &desc.remap, args.remap);
+        }
+        let r = &args.remap;
+        let addrs = plan::RemapModesAddrs {
+            remap: plan::RemapAddrs {
+                req_id: r.req_id.mem.ptr(),
+                block_table: r.block_table.mem.ptr(),
+                topk: r.topk.mem.ptr(),
+                idx_mapping: r.idx_mapping.map_or(0, |b| b.mem.ptr()),
+                out: r.out.mem.ptr(),
+                counts: r.counts.as_ref().map_or(0, |b| b.mem.ptr()),
+            },
+            prefill_req_id: args.prefill_req_id.map_or(0, |b| b.mem.ptr()),
+            workspace_starts: args.workspace_starts.map_or(0, |b| b.mem.ptr()),
+        };
+        let plan = plan::remap_modes(&self.target, desc, &addrs)?;
+        self.execute(stream, plan)
+    }
+
     fn resolve(
         &self,
         stream: &CudaStream,
@@ -1014,6 +1047,7 @@ mod tests {
     #[test]
     fn only_kernels_that_wait_for_their_grid_dependency_launch_programmatically() {
         assert!(waits_for_grid_dependency(Kernel::Remap));
+        assert!(waits_for_grid_dependency(Kernel::RemapModes));
         assert!(waits_for_grid_dependency(Kernel::Resolve));
         assert!(waits_for_grid_dependency(Kernel::GatherRows));
         assert!(waits_for_grid_dependency(Kernel::ResolveGather));

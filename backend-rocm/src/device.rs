@@ -8,9 +8,9 @@ use hisparse_core::ops::copy::{
 };
 use hisparse_core::ops::{
     BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
-    InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
-    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
-    check_pinned_budget,
+    InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc,
+    ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite,
+    TableWriteDesc, check_pinned_budget,
 };
 use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels as gk;
@@ -606,6 +606,35 @@ impl Device for RocmDevice {
             counts: args.counts.as_ref().map_or(0, |b| b.addr()),
         };
         let plan = plan::remap(&self.target(), desc, &addrs)?;
+        self.execute(stream, plan)
+    }
+
+    /// Both modes (decode-context-parallel de-interleave, prefill workspace) run `hs_remap_modes`;
+    /// a call without modes is the plain remap (the same kernel as [`Device::remap`]).
+    fn remap_modes(
+        &self,
+        stream: &RocmStream,
+        desc: &RemapModesDesc,
+        args: RemapModesArgs<'_, RocmBuffer>,
+    ) -> Result<(), RocmError> {
+        desc.check(&args)?;
+        if !desc.has_modes() {
+            return self.remap(stream, &desc.remap, args.remap);
+        }
+        let r = &args.remap;
+        let addrs = plan::RemapModesAddrs {
+            remap: plan::RemapAddrs {
+                req_id: r.req_id.addr(),
+                block_table: r.block_table.addr(),
+                topk: r.topk.addr(),
+                idx_mapping: r.idx_mapping.map_or(0, |b| b.addr()),
+                out: r.out.addr(),
+                counts: r.counts.as_ref().map_or(0, |b| b.addr()),
+            },
+            prefill_req_id: args.prefill_req_id.map_or(0, |b| b.addr()),
+            workspace_starts: args.workspace_starts.map_or(0, |b| b.addr()),
+        };
+        let plan = plan::remap_modes(&self.target(), desc, &addrs)?;
         self.execute(stream, plan)
     }
 

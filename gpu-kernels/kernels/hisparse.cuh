@@ -323,14 +323,53 @@ HS_DEVICE void hs_remap_load(const i32* req_id, const i32* topk, u32 t, u32 top_
     }
 }
 
-HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
+// The remap modes of hs_remap_modes (hisparse_core::ops::remap::remap_modes): a decode-context
+// parallel split (dcp_size 0: none) and a prefill workspace (prefill_req_id null: none).
+struct hs_remap_mode_set {
+    const i32* prefill_req_id;   // i32[num_tokens]: prefill request of each row, -1 = decode row
+    const i32* workspace_starts; // i32[prefill_requests]: first workspace row of each
+    u32 prefill_requests;
+    u32 dcp_size, dcp_rank, dcp_interleave;
+};
+
+// How the entries of one token row map with modes: through its block-table row (`bt`, null for
+// padding), decode entries de-interleaved first when a split is set; or, for a prefill row, to
+// `workspace_start + entry` (workspace_start -1: the row is padding).
+struct hs_remap_rule {
+    bool workspace;
+    i32 workspace_start;
+};
+
+// Output of top-k entry `tok` of a row with rule `r` (remap_modes' map_decode_token and
+// workspace_row).
+HS_DEVICE i32 hs_remap_lookup_modes(const hs_remap_geo& g, const hs_remap_mode_set& m,
+                                    const hs_remap_rule& r, const i32* bt, i32 tok) {
+    if (tok < 0) return -1;
+    if (r.workspace) {
+        if (r.workspace_start < 0) return -1;
+        const i64 row = (i64)r.workspace_start + (i64)tok;
+        return row > HS_I32_MAX ? -1 : (i32)row;
+    }
+    if (m.dcp_size != 0) {
+        // Token tok belongs to rank (tok / interleave) % size, at local index
+        // (tok / (size * interleave)) * interleave + tok % interleave (never above tok).
+        const u32 run = (u32)tok / m.dcp_interleave;
+        if (run % m.dcp_size != m.dcp_rank) return -1;
+        tok = (i32)((run / m.dcp_size) * m.dcp_interleave + (u32)tok % m.dcp_interleave);
+    }
+    return hs_remap_lookup(g, bt, tok);
+}
+
+// The rows of hs_remap (MODES false: exactly the plain remap) or hs_remap_modes (MODES true: each
+// row's rule first, then every entry through hs_remap_lookup_modes). `s_row` is the dynamic
+// shared memory, `s_scan` the block-scan scratch.
+template <bool MODES>
+HS_DEVICE void hs_remap_rows(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
     i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
-    HS_DYN_SHARED(hs_remap_smem);
-    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
-    HS_GRID_DEP_WAIT(); // before any global memory access
+    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags,
+    const hs_remap_mode_set& modes, i32* s_row, u32* s_scan) {
     hs_remap_geo g;
     g.block_size = block_size;
     g.max_blocks = max_blocks;
@@ -348,8 +387,8 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     const u32 per = vec ? 4u : 1u;
     const u32 span = HS_NTHREADS * per;
     const u32 j_first = HS_TID * per;
-    i32* s_row = (i32*)hs_remap_smem; // the compacted row (staged mode): top_k entries
-    u32 phase = 0;              // hs_block_scan1 calls so far (uniform over the block)
+    // s_row: the compacted row (staged mode), top_k entries.
+    u32 phase = 0; // hs_block_scan1 calls so far (uniform over the block)
 
     // Row t's first-pass inputs are loaded one row ahead: while row t is looked up, the request
     // id and top-k vector of the block's next row are already on their way.
@@ -362,8 +401,21 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
         i32 v[4] = {next_v[0], next_v[1], next_v[2], next_v[3]};
         const u32 tn = t + HS_NBLOCKS_X;
         if (tn < num_tokens) hs_remap_load(req_id, topk, tn, top_k, j_first, vec, next_req, next_v);
-        const i32* bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
-                                           idx_mapping_len, flags);
+        const i32* bt = 0;
+        hs_remap_rule rule;
+        rule.workspace = false;
+        rule.workspace_start = -1;
+        if (MODES && modes.prefill_req_id != 0) {
+            const i32 prefill = HS_LDG(modes.prefill_req_id + t);
+            if (prefill >= 0) {
+                rule.workspace = true;
+                if ((u32)prefill < modes.prefill_requests)
+                    rule.workspace_start = HS_LDG(modes.workspace_starts + prefill);
+            }
+        }
+        if (!rule.workspace)
+            bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
+                                    idx_mapping_len, flags);
         const i32* in = topk + (u64)t * top_k;
         i32* o = out + (u64)t * top_k;
         u32 written = 0; // compaction: valid entries written so far (uniform)
@@ -389,7 +441,9 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
             u32 n = 0;
 #pragma unroll
             for (u32 q = 0; q < 4; ++q) {
-                v[q] = (mine && q < per) ? hs_remap_lookup(g, bt, v[q]) : -1;
+                v[q] = !(mine && q < per) ? -1
+                       : MODES        ? hs_remap_lookup_modes(g, modes, rule, bt, v[q])
+                                      : hs_remap_lookup(g, bt, v[q]);
                 n += v[q] != -1 ? 1u : 0u;
             }
             if (!compact) {
@@ -448,6 +502,57 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
         }
     }
 }
+
+HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
+    const i32* __restrict__ req_id, const i32* __restrict__ block_table,
+    const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
+    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
+    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    HS_DYN_SHARED(hs_remap_smem);
+    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    const hs_remap_mode_set none = {0, 0, 0, 0, 0, 0};
+    hs_remap_rows<false>(req_id, block_table, topk, idx_mapping, out, counts, num_tokens, top_k,
+                         table_rows, max_blocks, block_size, block_stride_rows, idx_mapping_len,
+                         flags, none, (i32*)hs_remap_smem, s_scan);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Remap with modes (hisparse_core::ops::remap::remap_modes)
+// ---------------------------------------------------------------------------------------------
+//
+// Launch: as hs_remap (the same grid, block, dynamic shared memory and flags), plus the modes:
+// `prefill_req_id` and `workspace_starts` (null, with prefill_requests 0, without a prefill
+// workspace) and the decode-context-parallel split (dcp_size 0: none; else dcp_rank < dcp_size
+// and dcp_interleave > 0, checked on the host). A row whose prefill request is >= 0 maps entry
+// tok to workspace_starts[request] + tok (a request >= prefill_requests, or a negative start:
+// padding); other rows map through their block-table row, de-interleaved first with a split.
+// The plain remap stays hs_remap: this kernel is a separate instantiation of the same rows.
+
+HS_KERNEL HS_REMAP_BOUNDS void hs_remap_modes(
+    const i32* __restrict__ req_id, const i32* __restrict__ block_table,
+    const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
+    i32* __restrict__ counts, const i32* __restrict__ prefill_req_id,
+    const i32* __restrict__ workspace_starts, u32 num_tokens, u32 top_k, u32 table_rows,
+    u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags,
+    u32 prefill_requests, u32 dcp_size, u32 dcp_rank, u32 dcp_interleave) {
+    HS_DYN_SHARED(hs_remap_smem);
+    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    hs_remap_mode_set modes;
+    modes.prefill_req_id = prefill_requests != 0 ? prefill_req_id : 0;
+    modes.workspace_starts = workspace_starts;
+    modes.prefill_requests = prefill_requests;
+    // A split the host would refuse (no interleave, a rank beyond the size) maps nothing.
+    modes.dcp_size = dcp_size;
+    modes.dcp_rank = dcp_rank;
+    modes.dcp_interleave = dcp_interleave != 0 ? dcp_interleave : 1u;
+    if (dcp_size != 0 && (dcp_interleave == 0 || dcp_rank >= dcp_size)) modes.dcp_rank = HS_NONE;
+    hs_remap_rows<true>(req_id, block_table, topk, idx_mapping, out, counts, num_tokens, top_k,
+                        table_rows, max_blocks, block_size, block_stride_rows, idx_mapping_len,
+                        flags, modes, (i32*)hs_remap_smem, s_scan);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resolve (hisparse_core::ops::resolve::resolve)
 // ---------------------------------------------------------------------------------------------

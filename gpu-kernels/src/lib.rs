@@ -211,6 +211,12 @@ pub enum Kernel {
     /// [`Kernel::GatherRows`] would with the miss plan. `host` is the device address of the
     /// mapped pinned host pool.
     ResolveGather,
+    /// `hs_remap_modes`: [`Kernel::Remap`] (same grid, block, dynamic shared memory and flags)
+    /// with the modes of `hisparse_core::ops::remap::remap_modes`: a prefill workspace
+    /// (`prefill_req_id` and `workspace_starts`, null with `prefill_requests` 0 when off) and a
+    /// decode-context-parallel split (`dcp_size` 0 when off). A separate kernel, so the plain
+    /// remap's code is untouched.
+    RemapModes,
 }
 
 macro_rules! params {
@@ -255,6 +261,12 @@ const WRITE_TABLE_PARAMS: &[NamedParam] = params![
 const RESET_HOT_PARAMS: &[NamedParam] = params![
     rows: Ptr, num_rows: U32, dgi: Ptr, lru: Ptr, num_requests: U32, hot_slots: U32,
 ];
+const REMAP_MODES_PARAMS: &[NamedParam] = params![
+    req_id: Ptr, block_table: Ptr, topk: Ptr, idx_mapping: Ptr, out: Ptr, counts: Ptr,
+    prefill_req_id: Ptr, workspace_starts: Ptr, num_tokens: U32, top_k: U32, table_rows: U32,
+    max_blocks: U32, block_size: U32, block_stride_rows: U32, idx_mapping_len: U32, flags: U32,
+    prefill_requests: U32, dcp_size: U32, dcp_rank: U32, dcp_interleave: U32,
+];
 const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
     req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, dgi: Ptr,
     lru: Ptr, indices: Ptr, valid_counts: Ptr, hit_counts: Ptr, miss_counts: Ptr, miss_src: Ptr,
@@ -266,7 +278,7 @@ const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
 
 impl Kernel {
     /// Every kernel, in source order.
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::Remap,
         Kernel::Resolve,
         Kernel::GatherRows,
@@ -277,6 +289,7 @@ impl Kernel {
         Kernel::WriteTable,
         Kernel::ResetHotState,
         Kernel::ResolveGather,
+        Kernel::RemapModes,
     ];
 
     /// Symbol, parameters and block size.
@@ -294,12 +307,13 @@ impl Kernel {
             Kernel::WriteTable => ("hs_write_table", WRITE_TABLE_PARAMS, TABLE_THREADS),
             Kernel::ResetHotState => ("hs_reset_hot_state", RESET_HOT_PARAMS, TABLE_THREADS),
             Kernel::ResolveGather => ("hs_resolve_gather", RESOLVE_GATHER_PARAMS, RESOLVE_THREADS),
+            Kernel::RemapModes => ("hs_remap_modes", REMAP_MODES_PARAMS, REMAP_MAX_THREADS),
         };
         KernelAbi {
             name,
             params,
             block_threads,
-            variable_block: matches!(self, Kernel::Remap),
+            variable_block: matches!(self, Kernel::Remap | Kernel::RemapModes),
         }
     }
 

@@ -19,7 +19,8 @@ use core::ops::Range;
 use hisparse_core::ops::copy::{ByteRange, CopyFootprint, copy_batches};
 use hisparse_core::ops::{
     BlockPair, Direction, GatherDesc, HotResetDesc, InvalidateDesc, LayerPair, PageLayout,
-    RemapDesc, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingDesc, TableWrite, TableWriteDesc,
+    RemapDesc, RemapModesDesc, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingDesc, TableWrite,
+    TableWriteDesc,
 };
 
 use crate::args::Args;
@@ -262,14 +263,16 @@ pub const fn remap_threads(top_k: u32) -> u32 {
 /// blocks of 512 threads).
 pub const REMAP_BLOCKS_PER_MULTIPROCESSOR: u32 = 4;
 
-/// `hs_remap`: one block per token row while the device holds them all at once, else as many
-/// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead. A
-/// compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4 entries is staged in dynamic
-/// shared memory ([`REMAP_STAGED`]).
-pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
-    if d.num_tokens == 0 {
-        return Ok(Plan::empty());
-    }
+/// The launch shape `hs_remap` and `hs_remap_modes` share: flags, dynamic shared memory, grid and
+/// block.
+struct RemapShape {
+    flags: u32,
+    shared: u32,
+    grid: u32,
+    block: u32,
+}
+
+fn remap_shape(t: &Target, d: &RemapDesc) -> Result<RemapShape, PlanError> {
     limit("remap num_tokens", d.num_tokens.into(), i32::MAX as u64)?;
     let mut flags = 0;
     if d.idx_mapping_len.is_some() {
@@ -292,27 +295,104 @@ pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanErro
         .multiprocessors
         .max(1)
         .saturating_mul(REMAP_BLOCKS_PER_MULTIPROCESSOR);
-    let mut args = Args::default();
+    Ok(RemapShape {
+        flags,
+        shared,
+        grid: d.num_tokens.min(resident),
+        block: remap_threads(d.top_k),
+    })
+}
+
+/// The buffers and sizes both remap kernels take first, in their ABI order.
+fn remap_args(args: &mut Args, a: &RemapAddrs) {
     args.ptr(a.req_id)
         .ptr(a.block_table)
         .ptr(a.topk)
         .ptr(a.idx_mapping)
         .ptr(a.out)
-        .ptr(a.counts)
-        .u32(d.num_tokens)
+        .ptr(a.counts);
+}
+
+/// `hs_remap`: one block per token row while the device holds them all at once, else as many
+/// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead. A
+/// compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4 entries is staged in dynamic
+/// shared memory ([`REMAP_STAGED`]).
+pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
+    if d.num_tokens == 0 {
+        return Ok(Plan::empty());
+    }
+    let shape = remap_shape(t, d)?;
+    let mut args = Args::default();
+    remap_args(&mut args, a);
+    args.u32(d.num_tokens)
         .u32(d.top_k)
         .u32(d.table_rows)
         .u32(d.max_blocks)
         .u32(d.block_size)
         .u32(d.block_stride_rows)
         .u32(d.idx_mapping_len.unwrap_or(0))
-        .u32(flags);
+        .u32(shape.flags);
     Ok(Plan::one(Launch {
         variant: None,
         kernel: Kernel::Remap,
-        grid: [d.num_tokens.min(resident), 1, 1],
-        block: remap_threads(d.top_k),
-        shared,
+        grid: [shape.grid, 1, 1],
+        block: shape.block,
+        shared: shape.shared,
+        args,
+    }))
+}
+
+/// Device addresses of a remap with modes: the plain remap's buffers and the prefill
+/// workspace's (0 without a workspace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemapModesAddrs {
+    /// The plain remap's buffers.
+    pub remap: RemapAddrs,
+    /// `i32[num_tokens]` prefill request of each row.
+    pub prefill_req_id: u64,
+    /// `i32[prefill_requests]` first workspace row of each prefill request.
+    pub workspace_starts: u64,
+}
+
+/// A remap with modes: [`remap`] (the plain kernel) when no mode is on, else one
+/// `hs_remap_modes` launch with [`remap`]'s shape. The descriptor is checked by the core first
+/// (`RemapModesDesc::check`).
+pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Result<Plan, PlanError> {
+    if !d.has_modes() {
+        return remap(t, &d.remap, &a.remap);
+    }
+    let r = &d.remap;
+    if r.num_tokens == 0 {
+        return Ok(Plan::empty());
+    }
+    let shape = remap_shape(t, r)?;
+    let (prefill_requests, prefill, starts) = match d.prefill_requests {
+        Some(p) => (p, a.prefill_req_id, a.workspace_starts),
+        None => (0, 0, 0),
+    };
+    let dcp = d.dcp.map_or([0, 0, 0], |s| [s.size, s.rank, s.interleave]);
+    let mut args = Args::default();
+    remap_args(&mut args, &a.remap);
+    args.ptr(prefill)
+        .ptr(starts)
+        .u32(r.num_tokens)
+        .u32(r.top_k)
+        .u32(r.table_rows)
+        .u32(r.max_blocks)
+        .u32(r.block_size)
+        .u32(r.block_stride_rows)
+        .u32(r.idx_mapping_len.unwrap_or(0))
+        .u32(shape.flags)
+        .u32(prefill_requests)
+        .u32(dcp[0])
+        .u32(dcp[1])
+        .u32(dcp[2]);
+    Ok(Plan::one(Launch {
+        variant: None,
+        kernel: Kernel::RemapModes,
+        grid: [shape.grid, 1, 1],
+        block: shape.block,
+        shared: shape.shared,
         args,
     }))
 }
@@ -1035,6 +1115,65 @@ mod tests {
                 l.args.resolve(&staged, 1 << 20, 1 << 19).unwrap();
                 assert!(l.args.pointers().is_ok());
             }
+        }
+    }
+
+    #[test]
+    fn remap_modes_take_their_own_kernel_with_the_plain_shape() {
+        let plain = RemapDesc {
+            num_tokens: 700,
+            top_k: 2048,
+            table_rows: 4,
+            max_blocks: 64,
+            block_size: 64,
+            block_stride_rows: 64,
+            idx_mapping_len: None,
+            write_counts: true,
+            compact: true,
+        };
+        let a = RemapModesAddrs {
+            prefill_req_id: 32,
+            workspace_starts: 48,
+            ..RemapModesAddrs::default()
+        };
+        let p = remap_modes(&H200, &RemapModesDesc::plain(plain), &a).unwrap();
+        assert_eq!(
+            p.launches[0].kernel,
+            Kernel::Remap,
+            "no mode: the plain kernel"
+        );
+        let base = remap(&H200, &plain, &a.remap).unwrap().launches.remove(0);
+        for (dcp, prefill) in [
+            (
+                Some(hisparse_core::ops::DcpSplit {
+                    size: 4,
+                    rank: 1,
+                    interleave: 2,
+                }),
+                None,
+            ),
+            (None, Some(3)),
+        ] {
+            let d = RemapModesDesc {
+                remap: plain,
+                dcp,
+                prefill_requests: prefill,
+            };
+            let mut l = remap_modes(&H200, &d, &a).unwrap().launches.remove(0);
+            assert_eq!(l.kernel, Kernel::RemapModes);
+            assert_eq!(
+                (l.grid, l.block, l.shared),
+                (base.grid, base.block, base.shared)
+            );
+            l.args.matches(&Kernel::RemapModes.abi()).unwrap();
+            let ptrs = l.args.pointers().unwrap();
+            // The workspace buffers are passed only with a workspace.
+            assert_eq!(ptrs.len(), Kernel::RemapModes.abi().params.len());
+            let at = |i: usize| u64::from_ne_bytes(l.args.value(i).unwrap().try_into().unwrap());
+            assert_eq!(
+                (at(6), at(7)),
+                if prefill.is_some() { (32, 48) } else { (0, 0) }
+            );
         }
     }
 

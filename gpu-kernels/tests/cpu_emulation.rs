@@ -21,14 +21,15 @@ use gk::plan::{self, Plan, Target};
 use gk::{Kernel, Param};
 use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
 use hisparse_core::ops::invalidate::invalidate;
-use hisparse_core::ops::remap::remap;
+use hisparse_core::ops::remap::{remap, remap_modes};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    BlockPair, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
-    LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices,
-    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
+    BlockPair, DcpSplit, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
+    InvalidateDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RemapModesArgs,
+    RemapModesDesc, ResolveDesc, ResolveSlices, RowCopyDesc, RowSpan, SlotMappingArgs,
+    SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels as gk;
 
@@ -241,7 +242,11 @@ fn build() -> Result<Emu, String> {
     Ok(Emu { _lib: lib, launch })
 }
 
-fn check_remap(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+/// A random remap through `hs_remap`, or with `modes` through `hs_remap_modes`: a
+/// decode-context-parallel split (1 to 4 ranks, interleave 1 to 3), a prefill workspace (rows of
+/// prefill requests, decode rows, requests beyond the workspace, negative starts, starts near
+/// `i32::MAX`), or both.
+fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
     let t = rng.int(0, 5) as u32;
     let k = *[1u32, 3, 8, 64, 130, 2048, 2052]
         .get(rng.below(7) as usize)
@@ -268,6 +273,19 @@ fn check_remap(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         write_counts: rng.pct(60),
         compact: rng.pct(40),
     };
+    let (dcp, prefill_requests) = if modes {
+        let which = rng.below(3);
+        let size = rng.int(1, 4) as u32;
+        let dcp = (which != 1).then(|| DcpSplit {
+            size,
+            rank: rng.below(u64::from(size)) as u32,
+            interleave: rng.int(1, 3) as u32,
+        });
+        (dcp, (which != 0).then(|| rng.int(1, 3) as u32))
+    } else {
+        (None, None)
+    };
+    let spread = dcp.map_or(1, |d| d.size * d.interleave);
     let req: Vec<i32> = (0..t).map(|_| rng.int(-1, rows as i64) as i32).collect();
     let table: Vec<i32> = (0..rows * m)
         .map(|_| {
@@ -283,26 +301,55 @@ fn check_remap(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
             if rng.pct(10) {
                 -rng.int(1, 9) as i32
             } else {
-                rng.int(0, i64::from(m * bs) + 10) as i32
+                rng.int(0, i64::from(m * bs * spread) + 10) as i32
             }
         })
         .collect();
     let map: Vec<i32> = (0..map_len.unwrap_or(1))
         .map(|_| rng.int(-1, rows as i64) as i32)
         .collect();
+    let p = prefill_requests.unwrap_or(1);
+    let prefill: Vec<i32> = (0..t.max(1))
+        .map(|_| match rng.below(4) {
+            0 => -1,
+            1 => rng.int(0, i64::from(p) + 2) as i32,
+            _ => rng.below(u64::from(p)) as i32,
+        })
+        .collect();
+    let starts: Vec<i32> = (0..p)
+        .map(|_| match rng.below(5) {
+            0 => -rng.int(1, 3) as i32,
+            1 => i32::MAX - rng.int(0, 40) as i32,
+            _ => rng.int(0, 1 << 20) as i32,
+        })
+        .collect();
+    let mdesc = RemapModesDesc {
+        remap: desc,
+        dcp,
+        prefill_requests,
+    };
     let mut want = vec![7i32; (t * k) as usize];
     let mut want_c = vec![7i32; t as usize];
-    remap(
-        &desc,
-        RemapArgs {
-            req_id: &req,
-            block_table: &table,
-            topk: &topk,
-            idx_mapping: map_len.map(|_| &map[..]),
-            out: &mut want,
-            counts: desc.write_counts.then_some(&mut want_c[..]),
-        },
-    )
+    let remap_args = RemapArgs {
+        req_id: &req[..],
+        block_table: &table[..],
+        topk: &topk[..],
+        idx_mapping: map_len.map(|_| &map[..]),
+        out: &mut want[..],
+        counts: desc.write_counts.then_some(&mut want_c[..]),
+    };
+    if modes {
+        remap_modes(
+            &mdesc,
+            RemapModesArgs {
+                remap: remap_args,
+                prefill_req_id: prefill_requests.map(|_| &prefill[..t as usize]),
+                workspace_starts: prefill_requests.map(|_| &starts[..]),
+            },
+        )
+    } else {
+        remap(&desc, remap_args)
+    }
     .map_err(|e| e.to_string())?;
     if t == 0 {
         return Ok(());
@@ -324,9 +371,31 @@ fn check_remap(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     } else {
         BIG
     };
-    emu.execute(plan::remap(&tgt, &desc, &addrs).map_err(|e| e.to_string())?);
+    let planned = if modes {
+        let addrs = plan::RemapModesAddrs {
+            remap: addrs,
+            prefill_req_id: if prefill_requests.is_some() {
+                a(&prefill)
+            } else {
+                0
+            },
+            workspace_starts: if prefill_requests.is_some() {
+                a(&starts)
+            } else {
+                0
+            },
+        };
+        let p = plan::remap_modes(&tgt, &mdesc, &addrs).map_err(|e| e.to_string())?;
+        if p.launches[0].kernel != Kernel::RemapModes {
+            return Err("a remap with modes must launch hs_remap_modes".into());
+        }
+        p
+    } else {
+        plan::remap(&tgt, &desc, &addrs).map_err(|e| e.to_string())?
+    };
+    emu.execute(planned);
     if got != want || got_c != want_c {
-        return Err(format!("remap differs for {desc:?} on {tgt:?}"));
+        return Err(format!("remap differs for {mdesc:?} on {tgt:?}"));
     }
     Ok(())
 }
@@ -357,7 +426,8 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
     let n = if let Some(n) = mode.hot_slots {
         n
     } else if rng.pct(15) {
-        rng.int(2049, 2600) as u32
+        // At least top_k (the core refuses fewer slots than a row has entries).
+        (rng.int(2049, 2600) as u32).max(k)
     } else {
         k * rng.int(1, 3) as u32
     };
@@ -1170,7 +1240,8 @@ fn main() {
             ..shared
         };
         for (name, r) in [
-            ("remap", check_remap(&emu, &mut rng)),
+            ("remap", check_remap(&emu, &mut rng, false)),
+            ("remap with modes", check_remap(&emu, &mut rng, true)),
             ("resolve", check_resolve(&emu, &mut rng, shared)),
             (
                 "resolve (global state)",

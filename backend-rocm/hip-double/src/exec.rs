@@ -10,13 +10,14 @@
 use std::ffi::c_void;
 
 use hisparse_core::ops::invalidate::invalidate;
-use hisparse_core::ops::remap::remap;
+use hisparse_core::ops::remap::{remap, remap_modes};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, ResolveDesc, ResolveSlices,
-    SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
+    DcpSplit, HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, RemapModesArgs,
+    RemapModesDesc, ResolveDesc, ResolveSlices, SlotMappingArgs, SlotMappingDesc, TableWrite,
+    TableWriteDesc,
 };
 use hisparse_gpu_kernels::{self as gk, Kernel, KernelAbi, Param};
 
@@ -193,6 +194,7 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
     debug_assert!(l.block[0] <= p.abi.block_threads);
     match l.kernel {
         Kernel::Remap => run_remap(st, l, &p),
+        Kernel::RemapModes => run_remap_modes(st, l, &p),
         Kernel::Resolve => run_resolve(st, l, &p),
         Kernel::GatherRows => run_gather(st, l, &p),
         Kernel::CopyPages => crate::copy::copy_pages(st, &p),
@@ -258,6 +260,94 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
             idx_mapping: map.as_deref(),
             out: &mut out[..],
             counts: counts.as_deref_mut(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    write_i32(st, p.ptr("out"), &out);
+    if let Some(c) = counts {
+        write_i32(st, p.ptr("counts"), &c);
+    }
+    Ok(())
+}
+
+/// `hs_remap_modes`: the reference remap with modes (the host checked the descriptor; one it
+/// would refuse is a fault here).
+fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    let flags = p.u32("flags");
+    let remap_desc = RemapDesc {
+        num_tokens: p.u32("num_tokens"),
+        top_k: p.u32("top_k"),
+        table_rows: p.u32("table_rows"),
+        max_blocks: p.u32("max_blocks"),
+        block_size: p.u32("block_size"),
+        block_stride_rows: p.u32("block_stride_rows"),
+        idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
+        write_counts: flags & gk::REMAP_COUNTS != 0,
+        compact: flags & gk::REMAP_COMPACT != 0,
+    };
+    let dcp_size = p.u32("dcp_size");
+    let prefill = p.u32("prefill_requests");
+    let desc = RemapModesDesc {
+        remap: remap_desc,
+        dcp: (dcp_size != 0).then(|| DcpSplit {
+            size: dcp_size,
+            rank: p.u32("dcp_rank"),
+            interleave: p.u32("dcp_interleave"),
+        }),
+        prefill_requests: (prefill != 0).then_some(prefill),
+    };
+    need_grid(l, [1, 1, 1])?;
+    let t = remap_desc.num_tokens as usize;
+    let tk = t * remap_desc.top_k as usize;
+    let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
+    let table = read_i32(
+        st,
+        "block_table",
+        p.ptr("block_table"),
+        remap_desc.table_rows as usize * remap_desc.max_blocks as usize,
+    )?;
+    let topk = read_i32(st, "topk", p.ptr("topk"), tk)?;
+    let map = match remap_desc.idx_mapping_len {
+        Some(n) => Some(read_i32(
+            st,
+            "idx_mapping",
+            p.ptr("idx_mapping"),
+            n as usize,
+        )?),
+        None => None,
+    };
+    let (ids, starts) = if prefill != 0 {
+        (
+            Some(read_i32(st, "prefill_req_id", p.ptr("prefill_req_id"), t)?),
+            Some(read_i32(
+                st,
+                "workspace_starts",
+                p.ptr("workspace_starts"),
+                prefill as usize,
+            )?),
+        )
+    } else {
+        (None, None)
+    };
+    let mut out = read_i32(st, "out", p.ptr("out"), tk)?;
+    let mut counts = if remap_desc.write_counts {
+        Some(read_i32(st, "counts", p.ptr("counts"), t)?)
+    } else {
+        None
+    };
+    remap_modes(
+        &desc,
+        RemapModesArgs {
+            remap: RemapArgs {
+                req_id: &req[..],
+                block_table: &table[..],
+                topk: &topk[..],
+                idx_mapping: map.as_deref(),
+                out: &mut out[..],
+                counts: counts.as_deref_mut(),
+            },
+            prefill_req_id: ids.as_deref(),
+            workspace_starts: starts.as_deref(),
         },
     )
     .map_err(|e| e.to_string())?;
