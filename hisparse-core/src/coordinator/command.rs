@@ -3,7 +3,6 @@
 
 use alloc::vec::Vec;
 
-use super::managers::{PageState, PagedTable};
 use super::{Coordinator, RequestId};
 use crate::ops::{BlockPair, RowSpan};
 
@@ -166,7 +165,7 @@ impl OffloadCommand {
         &mut self,
         own_batch: bool,
         host: &[u32],
-        paged: &PagedTable,
+        paged_holds: impl Fn(u32) -> bool,
         resident: &[u32],
     ) {
         if own_batch {
@@ -180,7 +179,7 @@ impl OffloadCommand {
         // Copy-on-write and restores into its blocks must not run either.
         if !(self.host_cow.is_empty() && self.gpu_cow.is_empty() && self.restores.is_empty()) {
             self.host_cow.retain(|p| !host.contains(&p.dst));
-            self.gpu_cow.retain(|p| !paged.holds(p.dst));
+            self.gpu_cow.retain(|p| !paged_holds(p.dst));
             self.restores
                 .retain(|t| !resident.contains(&t.device_block));
         }
@@ -202,24 +201,7 @@ impl Coordinator {
         self.keep_low_watermark();
         // Spills when eager mirroring is off.
         if !self.kv.config.eager_host_mirror {
-            let mut budget = self.cfg.max_spill_pages_per_step;
-            let mut i = 0;
-            while i < self.running.len() && budget > 0 {
-                let slot = self.running[i];
-                if let Some(mut r) = self.reqs[slot as usize].take() {
-                    let sealed = r.num_computed / self.kv.block_tokens;
-                    while r.resident.spill_cursor < sealed && budget > 0 {
-                        let p = r.resident.spill_cursor;
-                        if self.resident.state(&r.resident, p) == PageState::Dirty {
-                            self.plan_spill(&mut r, p);
-                            budget -= 1;
-                        }
-                        r.resident.spill_cursor = r.resident.spill_cursor.max(p + 1);
-                    }
-                    self.reqs[slot as usize] = Some(r);
-                }
-                i += 1;
-            }
+            self.plan_step_spills();
         }
         // Unpinned blocks this step's allocations reused: their pages read from host from this
         // command on.

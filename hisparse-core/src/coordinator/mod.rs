@@ -292,6 +292,8 @@ pub struct Coordinator {
     after_build: Vec<(PoolKind, u32)>,
     /// Scratch: unpinned blocks found reused.
     reused: Vec<Unpinned>,
+    /// Scratch: pages to spill.
+    spill_scratch: Vec<u32>,
     out: OffloadCommand,
     scratch: Vec<(u32, u32)>,
 }
@@ -366,6 +368,7 @@ impl Coordinator {
             in_flight_release: 0,
             after_build: Vec::new(),
             reused: Vec::new(),
+            spill_scratch: Vec::new(),
             out,
             scratch: Vec::new(),
             kv,
@@ -500,7 +503,7 @@ impl Coordinator {
         self.out.purge_request_copies(
             r.last_xfer == self.current_xfer,
             &r.source.blocks,
-            &r.paged,
+            |b| r.paged.holds(b),
             &r.resident.blocks,
         );
         // GPU: resident pages, then regular and indexer, then the hot region (reverse order);

@@ -5,7 +5,7 @@
 
 use alloc::vec::Vec;
 
-use super::managers::{PageState, Unpinned};
+use super::managers::Unpinned;
 use super::request::Status;
 use super::{Alloc, Coordinator, PoolKind};
 
@@ -134,40 +134,33 @@ impl Coordinator {
                 }
             }
             let (owner, row) = ((r.slot, r.generation), r.row);
-            let mut p = r.resident.reclaim_cursor;
             // A converted request gives up every candidate: the region is paid for once.
-            while p < limit && (converting || progress < shortfall) {
-                match self.resident.state(&r.resident, p) {
-                    PageState::Clean => {
-                        let n = self.resident.unpin_page(
-                            &mut r.resident,
-                            p,
-                            owner,
-                            row,
-                            &mut self.gpu,
-                            &mut self.out,
-                        );
-                        freed += n;
-                        progress += n;
-                    }
-                    PageState::Pending => {
-                        self.resident.mark_release(&mut r.resident, p);
-                        self.in_flight_release += nb;
-                        progress += nb;
-                    }
-                    PageState::Dirty if convert => {
-                        // Full but not yet transferred (eager mirroring off): spill it now.
-                        self.plan_spill(&mut r, p);
-                        self.resident.mark_release(&mut r.resident, p);
-                        self.in_flight_release += nb;
-                        progress += nb;
-                    }
-                    PageState::Dirty => break,
-                    _ => {}
-                }
-                p += 1;
+            let budget = if converting {
+                u32::MAX
+            } else {
+                shortfall - progress
+            };
+            let mut spills = core::mem::take(&mut self.spill_scratch);
+            spills.clear();
+            let got = self.resident.reclaim_pages(
+                &mut r.resident,
+                limit,
+                budget,
+                convert,
+                (owner, row),
+                &mut self.gpu,
+                &mut self.out,
+                &mut spills,
+            );
+            // Full but not yet transferred (eager mirroring off): spilled now, released after.
+            for &p in &spills {
+                self.plan_spill(&mut r, p);
+                self.resident.mark_release(&mut r.resident, p);
             }
-            r.resident.reclaim_cursor = p;
+            self.spill_scratch = spills;
+            freed += got.freed;
+            progress = progress.saturating_add(got.progress);
+            self.in_flight_release += got.marked * nb;
             if converting {
                 self.hot
                     .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);

@@ -76,6 +76,30 @@ impl Coordinator {
         }
     }
 
+    /// Without eager mirroring: plans this step's whole-page spills of sealed dirty pages,
+    /// running requests in order, at most `max_spill_pages_per_step` of them (the resident
+    /// manager picks each request's pages and moves its spill cursor).
+    pub(super) fn plan_step_spills(&mut self) {
+        let mut budget = self.cfg.max_spill_pages_per_step;
+        let mut pages = core::mem::take(&mut self.spill_scratch);
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            if let Some(mut r) = self.reqs[slot as usize].take() {
+                let sealed = r.num_computed / self.kv.block_tokens;
+                pages.clear();
+                self.resident
+                    .next_spills(&mut r.resident, sealed, &mut budget, &mut pages);
+                for &p in &pages {
+                    self.plan_spill(&mut r, p);
+                }
+                self.reqs[slot as usize] = Some(r);
+            }
+            i += 1;
+        }
+        self.spill_scratch = pages;
+    }
+
     /// Plans the whole-page spill of page `p` (every bucket) under the current transfer id;
     /// the page goes pending.
     pub(super) fn plan_spill(&mut self, r: &mut Req, p: u32) {

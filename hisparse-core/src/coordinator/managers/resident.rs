@@ -104,6 +104,17 @@ pub(in crate::coordinator) struct Unpinned {
     pub(in crate::coordinator) page: u32,
 }
 
+/// What [`ResidentManager::reclaim_pages`] did for one request.
+#[derive(Clone, Copy, Debug, Default)]
+pub(in crate::coordinator) struct Reclaimed {
+    /// Blocks back in the free queue now.
+    pub(in crate::coordinator) freed: u32,
+    /// Blocks freed now or once transfers complete.
+    pub(in crate::coordinator) progress: u32,
+    /// Pages marked release-after-transfer (pending ones, and dirty ones to spill).
+    pub(in crate::coordinator) marked: u32,
+}
+
 /// The resident groups (one per bucket), the page lifecycle and the unpinned blocks.
 #[derive(Clone, Debug)]
 pub(in crate::coordinator) struct ResidentManager {
@@ -158,12 +169,6 @@ impl ResidentManager {
     #[inline]
     pub(in crate::coordinator) fn needs_hot_region(&self, t: &ResidentTable) -> bool {
         t.host_only > 0 || t.pending_release > 0 || t.unpinned > 0
-    }
-
-    /// State of page `p`.
-    #[inline]
-    pub(in crate::coordinator) fn state(&self, t: &ResidentTable, p: u32) -> PageState {
-        t.state[p as usize]
     }
 
     /// Appends a prefix-hit page that reads from host: durable on host from the start, never
@@ -477,6 +482,73 @@ impl ResidentManager {
         t.blocks[base..base + nb]
             .iter()
             .any(|&b| gpu.ref_count(b) > 1)
+    }
+
+    /// Without eager mirroring: the sealed dirty pages (of the first `sealed`) from the spill
+    /// cursor on, at most `budget` of them (counted down), into `out`; the cursor moves past
+    /// every page looked at.
+    pub(in crate::coordinator) fn next_spills(
+        &self,
+        t: &mut ResidentTable,
+        sealed: u32,
+        budget: &mut u32,
+        out: &mut Vec<u32>,
+    ) {
+        while t.spill_cursor < sealed && *budget > 0 {
+            let p = t.spill_cursor;
+            if t.state[p as usize] == PageState::Dirty {
+                out.push(p);
+                *budget -= 1;
+            }
+            t.spill_cursor = t.spill_cursor.max(p + 1);
+        }
+    }
+
+    /// Reclaims the candidates of one request from its reclaim cursor to `limit`, oldest
+    /// first, until `budget` blocks are freed or coming: clean pages are unpinned (see
+    /// [`ResidentManager::unpin_page`]), pending ones marked release-after-transfer, and —
+    /// when `spill_dirty` (an allocation is short) — sealed dirty pages are put in `spills`
+    /// for the caller to spill and mark; without it a dirty page ends the scan (the low
+    /// watermark waits for the step's own spills). Moves the cursor past the pages handled.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::coordinator) fn reclaim_pages(
+        &mut self,
+        t: &mut ResidentTable,
+        limit: u32,
+        budget: u32,
+        spill_dirty: bool,
+        (owner, row): ((u32, u32), u32),
+        gpu: &mut BlockPool,
+        out: &mut OffloadCommand,
+        spills: &mut Vec<u32>,
+    ) -> Reclaimed {
+        let nb = self.num_buckets;
+        let mut got = Reclaimed::default();
+        let mut p = t.reclaim_cursor;
+        while p < limit && got.progress < budget {
+            match t.state[p as usize] {
+                PageState::Clean => {
+                    let n = self.unpin_page(t, p, owner, row, gpu, out);
+                    got.freed += n;
+                    got.progress += n;
+                }
+                PageState::Pending => {
+                    self.mark_release(t, p);
+                    got.marked += 1;
+                    got.progress += nb;
+                }
+                PageState::Dirty if spill_dirty => {
+                    spills.push(p);
+                    got.marked += 1;
+                    got.progress += nb;
+                }
+                PageState::Dirty => break,
+                _ => {}
+            }
+            p += 1;
+        }
+        t.reclaim_cursor = p;
+        got
     }
 
     /// A pending page `p` is marked release-after-transfer. Returns whether it was pending.
