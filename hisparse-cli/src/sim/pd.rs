@@ -248,7 +248,7 @@ mod nixl_sim {
 
     use super::super::engine::SimSetup;
     use super::super::forward::Forward;
-    use super::super::rank::{DecodeRow, Rank, RankStep};
+    use super::super::rank::{DecodeRow, Rank};
     use super::super::tp::{recv, send};
     use super::{ImportVerifier, PREFILL_SUBCOMMAND, PageManifest};
     use crate::error::{CliError, CliResult};
@@ -358,8 +358,8 @@ mod nixl_sim {
         pub first_mismatch: Option<String>,
         /// Whether every imported request decoded all its tokens.
         pub decoded: bool,
-        /// Decode rows computed (one per request per decode step).
-        pub decode_steps_run: u64,
+        /// Tokens decoded (over all requests).
+        pub decode_tokens: u64,
         /// Hot-buffer hit rate of the decode.
         pub hit_rate: f64,
         /// Host-to-device bytes of the decode (swap-ins and restores).
@@ -408,10 +408,10 @@ mod nixl_sim {
                 m = self.mismatched_rows,
                 decode = if self.decoded {
                     format!(
-                        "{} tokens per request ({} decode rows), tail pages restored: {}, hot hit \
+                        "{} tokens per request ({} in all), pages restored: {}, hot hit \
                          rate {:.1}%, host→device {:.2} MiB",
                         self.decode_steps,
-                        self.decode_steps_run,
+                        self.decode_tokens,
                         self.restored_pages,
                         self.hit_rate * 100.0,
                         self.h2d_bytes as f64 / f64::from(1u32 << 20)
@@ -708,7 +708,6 @@ mod nixl_sim {
         let mut cmd = OffloadCommand::default();
         let mut last_news = Instant::now();
         let mut idle_steps = 0u32;
-        let mut last = None;
         prefill.send(&ToPrefill::Start)?;
         while finished < s.requests {
             let mut news = false;
@@ -764,14 +763,14 @@ mod nixl_sim {
             if live > 0 {
                 news = true;
                 let st = decode_step(&mut coord, &mut rank, &mut cmd, s, ratio)?;
-                idle_steps = if st.1 { 0 } else { idle_steps + 1 };
+                idle_steps = if st.0 { 0 } else { idle_steps + 1 };
                 if idle_steps > 1000 {
                     return Err(CliError::failed(
                         "the decode side stalled: 1000 steps scheduled nothing; give it more \
                          --gpu-mem",
                     ));
                 }
-                report.decode_steps_run += u64::from(st.2);
+                report.decode_tokens += u64::from(st.1);
                 // Sample or finish.
                 let running: Vec<_> = coord.running_ids().collect();
                 for id in running {
@@ -789,7 +788,6 @@ mod nixl_sim {
                         }
                     }
                 }
-                last = Some(st.0);
             }
             if news {
                 last_news = Instant::now();
@@ -805,7 +803,18 @@ mod nixl_sim {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        let _ = last;
+        // A write's completion may reach this side after its notification did.
+        while sent < s.requests {
+            match prefill.recv()? {
+                FromPrefill::Sent(_, bytes, secs) => {
+                    sent += 1;
+                    report.writes += 1;
+                    report.transfer_bytes += bytes;
+                    report.transfer_seconds += secs;
+                }
+                _ => return Err(CliError::failed("the prefill side answered out of turn")),
+            }
+        }
         prefill.send(&ToPrefill::Done)?;
         let status = prefill
             .child
@@ -854,15 +863,15 @@ mod nixl_sim {
     }
 
     /// One decode step of the decode side: plan, execute on the rank (the forward pass's writes,
-    /// every decode row's reads through the runtime, verified), report the copies. Returns the
-    /// rank's step, whether anything was scheduled, and how many decode rows read.
+    /// every decode row's reads through the runtime, verified), report the copies. Returns
+    /// whether anything was scheduled and how many decode rows read.
     fn decode_step(
         coord: &mut Coordinator,
         rank: &mut Rank<AnyDevice>,
         cmd: &mut OffloadCommand,
         s: &SimSetup,
         ratio: u32,
-    ) -> CliResult<(RankStep, bool, u32)> {
+    ) -> CliResult<(bool, u32)> {
         coord.schedule_step().map_err(coord_err)?;
         coord.build_offload_command_into(cmd);
         let decode: Vec<DecodeRow> = cmd
@@ -881,7 +890,7 @@ mod nixl_sim {
         coord
             .report(0, &st.report.enqueued, &st.report.completed)
             .map_err(coord_err)?;
-        Ok((st, !cmd.scheduled.is_empty(), decode.len() as u32))
+        Ok((!cmd.scheduled.is_empty(), decode.len() as u32))
     }
 
     /// The prefill process.
