@@ -50,18 +50,17 @@ export LD_LIBRARY_PATH="$libs/.nixl_cu13.mesonpy.libs:$libs/nixl_cu13.libs${cuda
 export NIXL_PLUGIN_DIR="$libs/.nixl_cu13.mesonpy.libs/plugins"
 export HISPARSE_REQUIRE_NIXL=1
 
-check_libs() {
-    local f missing=0
-    for f in "$libs/.nixl_cu13.mesonpy.libs/libnixl_capi.so" "$NIXL_PLUGIN_DIR/libplugin_UCX.so" \
-        "$libs"/nixl_cu13.libs/ucx/libuct_cuda.so.* "$libs"/nixl_cu13.libs/ucx/libucm_cuda.so.*; do
-        echo "$f:"
-        if ldd "$f" | grep 'not found'; then missing=1; fi
-    done
-    [ $missing = 0 ] && echo "every library resolves"
-    return $missing
-}
+# ldd of the C API, the UCX plugin and UCX's CUDA modules: prints what does not resolve.
+check_libs='missing=0
+for f in "$0"/.nixl_cu13.mesonpy.libs/libnixl_capi.so "$0"/.nixl_cu13.mesonpy.libs/plugins/libplugin_UCX.so \
+    "$0"/nixl_cu13.libs/ucx/libuct_cuda.so.* "$0"/nixl_cu13.libs/ucx/libucm_cuda.so.*; do
+    echo "$f:"
+    if ldd "$f" | grep "not found"; then missing=1; fi
+done
+[ $missing = 0 ] && echo "every library resolves"
+exit $missing'
 
-section libs 20 check_libs
+section libs 20 bash -c "$check_libs" "$libs"
 section transfer 90 "$bin/nixl-transfer" --test-threads=1
 section pd-host 120 sh -c "'$bin/hisparse' simulate --pd nixl --backend cpu --json > '$out/pd-host.json'"
 section pd-gpu 120 sh -c "HISPARSE_REQUIRE_DEVICE=1 '$bin/hisparse' simulate --pd nixl --backend cuda --context 8000 --json > '$out/pd-gpu.json'"
