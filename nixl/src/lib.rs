@@ -7,8 +7,8 @@
 //! * [`DecodeOffer`], [`ImportNotice`], [`ImportLedger`]: what the sides exchange, checked on
 //!   arrival;
 //! * [`plan_write`]: the byte ranges one request moves, source and destination;
-//! * with the `nixl` feature, [`Endpoint`] (a NIXL agent with the UCX backend),
-//!   [`DecodeSide`] and [`PrefillSide`]: registration, metadata, the write with its
+//! * with the `nixl` feature, `Endpoint` (a NIXL agent with the UCX backend),
+//!   `DecodeSide` and `PrefillSide`: registration, metadata, the write with its
 //!   notification, and notification polling that never blocks the decode loop.
 //!
 //! NIXL's C API is loaded at run time (`libnixl_capi.so`, from the `nixl-cu13` wheel); a machine
