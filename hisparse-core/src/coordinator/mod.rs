@@ -48,8 +48,9 @@
 //! Lazy reclaim: unpinning costs the data plane nothing — no table changes; the page falls
 //! back to host, once, in the command whose allocations reuse one of its blocks (before the
 //! forward pass that overwrites it). A low watermark (the larger of one request's hot region
-//! and a tenth of the GPU pool) is kept free ahead of need at the end of every step by
-//! unpinning clean pages of requests that hold hot regions; an allocation that finds the pool
+//! and a tenth of the GPU pool) is kept free ahead of need at the end of a step by unpinning
+//! clean pages of requests that hold hot regions (with hysteresis: a pass runs once the pool
+//! dropped by an eighth of the watermark since the last); an allocation that finds the pool
 //! short still reclaims, converting requests to hot regions as needed.
 //!
 //! Prefix caching publishes a durable page's host block and, with it, its GPU copy: a later
@@ -294,6 +295,8 @@ pub struct Coordinator {
     reused: Vec<Unpinned>,
     /// Scratch: pages to spill.
     spill_scratch: Vec<u32>,
+    /// Free GPU blocks after the last low-watermark pass (`u32::MAX`: none yet).
+    free_after_watermark: u32,
     out: OffloadCommand,
     scratch: Vec<(u32, u32)>,
 }
@@ -369,6 +372,7 @@ impl Coordinator {
             after_build: Vec::new(),
             reused: Vec::new(),
             spill_scratch: Vec::new(),
+            free_after_watermark: u32::MAX,
             out,
             scratch: Vec::new(),
             kv,

@@ -42,16 +42,26 @@ impl Coordinator {
     /// Tops the free GPU pool up to the low watermark (plus `reclaim_min_blocks`, so one pass
     /// serves several steps) by unpinning clean pages of requests that already hold a hot
     /// region and marking their pending ones release-after-transfer. Nothing is spilled and no
-    /// request is converted to a hot region ahead of need.
+    /// request is converted to a hot region ahead of need. A pass runs again only once the free
+    /// pool has dropped by `max(reclaim_min_blocks, watermark / 8)` since the last one (a pool
+    /// that cannot reach the watermark — most pages already on host — would otherwise rescan
+    /// every running request every step), or when less than a hot region is free.
     pub(super) fn keep_low_watermark(&mut self) {
         let free = self.gpu.num_free();
         let mark = self.low_watermark();
         if free >= mark {
+            self.free_after_watermark = free;
+            return;
+        }
+        let hysteresis = self.cfg.reclaim_min_blocks.max(mark / 8).max(1);
+        let urgent = free < self.hot.cost();
+        if !urgent && free.saturating_add(hysteresis) > self.free_after_watermark {
             return;
         }
         let want = (mark - free).saturating_add(self.cfg.reclaim_min_blocks);
         self.reclaim_pass(want, false);
         self.process_reused();
+        self.free_after_watermark = self.gpu.num_free();
     }
 
     /// Frees GPU blocks by reclaiming clean resident pages (SPEC §4): visits running requests
