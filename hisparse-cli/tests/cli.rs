@@ -323,7 +323,14 @@ fn simulate_shared_prefix_reuses_host_pages_with_copy_on_write() {
         "8192",
         "--json",
     ]);
-    check_run(&j);
+    // The hits read the shared pages' GPU copies (adopted, not reclaimed), so nothing need come
+    // from host here: only the verification checks of `check_run` apply.
+    assert!(
+        j["verified_rows"].as_u64().expect("verified_rows") > 0,
+        "{j}"
+    );
+    assert_eq!(j["mismatched_rows"], 0, "{}", j["first_mismatch"]);
+    assert_eq!(j["hot_regions_allocated"], 0);
     assert!(j["prefix_hit_tokens"].as_u64().expect("prefix_hit_tokens") > 8192);
     assert!(j["host_cow_pages"].as_u64().expect("host_cow_pages") > 0);
     assert!(j["restored_pages"].as_u64().expect("restored_pages") > 0);
