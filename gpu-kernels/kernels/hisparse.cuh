@@ -589,8 +589,11 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap_modes(
 // keeps the result and its hash slot in registers for the later phases; likewise the slots when
 // the hot buffer fits one pass. Block sums and scans take one barrier each (hs_block_scan2, two
 // sums at once). The loops over a request's rows stop at its last row (one iteration for a
-// one-row request, however many rows the launch has). The kernel body is hs_resolve_block, shared
-// with hs_resolve_gather.
+// one-row request, however many rows the launch has). That is hs_resolve_block, the body of the
+// fused hs_resolve_gather (and of bench variant hs_resolve_v3, the round-2 resolver). The
+// standalone hs_resolve runs hs_resolve_body instead (below hs_resolve_block): the earlier design,
+// measured faster on the H200 (21.3 us against 33.9 us for 64 requests x 2048, 4096 slots), with
+// the same launch, shared memory (it uses less of it) and workspace, and identical outputs.
 
 #define HS_RESOLVE_THREADS 1024
 #define HS_RESOLVE_IK 2
@@ -909,9 +912,14 @@ HS_DEVICE void hs_resolve_rest(
             if (s >= N) {
                 corrupt_local = 1;
             } else {
-                st.pos[s] = (u16)p;
+                // Only the thread that claims slot s writes its inverse: an LRU naming s twice
+                // (not a permutation, reset below) would otherwise have two threads, often of one
+                // warp, write pos[s] at once.
                 const u32 bit = 1u << (s & 31u);
-                if (atomicOr(&st.perm[s >> 5], bit) & bit) corrupt_local = 1;
+                if (atomicOr(&st.perm[s >> 5], bit) & bit)
+                    corrupt_local = 1;
+                else
+                    st.pos[s] = (u16)p;
             }
         }
     }
@@ -1270,6 +1278,416 @@ HS_DEVICE bool hs_resolve_block(
     return true;
 }
 
+// The body of hs_resolve (the design measured fastest on the H200; it was bench variant v2):
+// every entry classified in one pass of batched loads (a one-row request's class, value and hash
+// slot kept in registers), hits found in LRU order, the table cleared at its full shared capacity,
+// one barrier per block scan. hs_resolve_gather uses hs_resolve_block (the round-2 design, bench
+// variant hs_resolve_v3) instead: the two give identical outputs.
+HS_DEVICE void hs_resolve_body(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
+    u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
+    HS_DYN_SHARED(hs_smem);
+    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
+    HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
+    // The caller has waited for its grid dependency (HS_GRID_DEP_WAIT) before calling this.
+
+    hs_resolve_desc d;
+    d.num_tokens = num_tokens;
+    d.top_k = top_k;
+    d.num_requests = num_requests;
+    d.max_pages = max_pages;
+    d.block_size = block_size;
+    d.hot_slots = hot_slots;
+    d.attention_block_stride = attention_block_stride;
+    d.host_num_blocks = host_num_blocks;
+    d.shift = 32;
+    if ((block_size & (block_size - 1)) == 0) {
+        d.shift = 0;
+        while ((1u << d.shift) < block_size) ++d.shift;
+    }
+    d.hot_cols = hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
+
+    const u32 t = HS_BID_X;
+    if (t >= num_tokens) return;
+    const u32 K = top_k, N = hot_slots;
+    const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
+    const i32 req = HS_LDG(req_id + t);
+
+    // Step 1: padding rows.
+    if (req < 0 || (u32)req >= num_requests) {
+        const u64 base = (u64)t * K;
+        for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
+            indices[base + j] = -1;
+            miss_src[base + j] = -1;
+            miss_dst[base + j] = -1;
+        }
+        if (HS_TID == 0) {
+            valid_counts[t] = 0;
+            hit_counts[t] = 0;
+            miss_counts[t] = 0;
+        }
+        return;
+    }
+    const u32 r = (u32)req;
+
+    // Only the first row of a request resolves it; count the request's rows.
+    if (HS_TID == 0) {
+        s_flag = 0;
+        s_rows = 0;
+        s_any_host = 0;
+        s_corrupt = 0;
+    }
+    HS_SYNC();
+    for (u32 t2 = HS_TID; t2 < t; t2 += HS_NTHREADS)
+        if (HS_LDG(req_id + t2) == req) atomicOr(&s_flag, 1u);
+    for (u32 t2 = t + HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
+        if (HS_LDG(req_id + t2) == req) atomicAdd(&s_rows, 1u);
+    HS_SYNC();
+    if (s_flag) return;
+    const u32 rows = s_rows;
+    const u32 entries = rows * K;
+    // One row in one pass: keep each entry's class, value and hash slot in registers.
+    const bool cached = rows == 1 && K <= span_k;
+    // The hot buffer in one pass: keep each LRU position's hash slot in registers.
+    const bool cached_n = N <= span_n;
+
+    // Per-request state: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), each part
+    // 16-byte aligned, in shared memory followed by the shared table, or (global-state mode) in
+    // the workspace with the table alone in shared memory.
+    const bool global_state = (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u;
+    const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
+    const u32 state_bytes = 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32));
+
+    u32 cap = 16;
+    while (cap < 2 * entries) cap <<= 1;
+    const bool table_shared = cap <= smem_cap;
+    if (table_shared) cap = smem_cap;
+    unsigned char* state;
+    hs_wanted* table;
+    if (global_state) {
+        if (HS_TID == 0)
+            s_table_off = atomicAdd(workspace_counter, state_bytes / 16u + (table_shared ? 0u : cap));
+        HS_SYNC();
+        state = (unsigned char*)(workspace + s_table_off);
+        table = table_shared ? (hs_wanted*)hs_smem : workspace + s_table_off + state_bytes / 16u;
+    } else {
+        state = hs_smem;
+        if (table_shared) {
+            table = (hs_wanted*)(hs_smem + state_bytes);
+        } else {
+            if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap);
+            HS_SYNC();
+            table = workspace + s_table_off;
+        }
+    }
+    u16* s_lru = (u16*)state;
+    u16* s_part = (u16*)(state + hs_align16(2 * N));
+    u32* s_bits = (u32*)(state + 2 * hs_align16(2 * N));
+    const u32 mask = cap - 1;
+    for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
+        table[i].key = HS_EMPTY_KEY;
+        table[i].first_entry = HS_NONE;
+        table[i].first_lru = HS_NONE;
+        table[i].slot = HS_NONE;
+    }
+    for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
+    HS_SYNC();
+
+    u32 phase = 0; // hs_block_scan1 calls so far (uniform)
+    // The registers of the cached case: class, value and hash slot of this thread's entries.
+    u32 c_kind[HS_RESOLVE_IK];
+    i32 c_val[HS_RESOLVE_IK];
+    u32 c_h[HS_RESOLVE_IK];
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+        c_kind[q] = 0;
+        c_val[q] = -1;
+        c_h[q] = HS_NONE;
+    }
+
+    // Steps 2-3: classify every entry, insert host rows with their first appearance; reset the
+    // plan and counts of every row.
+    {
+        bool any = false;
+        u32 ord = 0;
+        for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+            if (HS_LDG(req_id + t2) != req) continue;
+            ++seen;
+            const u64 base = (u64)t2 * K;
+            for (u32 jb = 0; jb < K; jb += span_k) {
+                const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
+                i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+                    tok[q] = j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    i32 v = -1;
+                    const u32 kind = j0 + q < K ? hs_classify(d, resident_table, host_table, r, tok[q], v) : 0u;
+                    u32 h = HS_NONE;
+                    if (kind == 2) {
+                        h = hs_insert(table, mask, v, ord * K + j0 + q);
+                        any = true;
+                    }
+                    c_kind[q] = kind;
+                    c_val[q] = v;
+                    c_h[q] = h;
+                    if (j0 + q < K) {
+                        miss_src[base + j0 + q] = -1;
+                        miss_dst[base + j0 + q] = -1;
+                    }
+                }
+            }
+            if (HS_TID == 0) {
+                hit_counts[t2] = 0;
+                miss_counts[t2] = 0;
+            }
+            ++ord;
+        }
+        if (any) atomicOr(&s_any_host, 1u);
+    }
+    HS_SYNC();
+
+    // An entry's class, value and hash slot: from the registers in the cached case, else read
+    // and classified again (`tok` is the entry's top-k value, loaded by the caller).
+#define HS_RESOLVE_ENTRY(q, tokv, kind, v, h)                                                    \
+    do {                                                                                         \
+        if (cached) {                                                                            \
+            kind = c_kind[q];                                                                    \
+            v = c_val[q];                                                                        \
+            h = c_h[q];                                                                          \
+        } else {                                                                                 \
+            v = -1;                                                                              \
+            kind = j0 + (q) < K ? hs_classify(d, resident_table, host_table, r, tokv, v) : 0u;  \
+            h = kind == 2 ? hs_lookup(table, mask, v) : HS_NONE;                                 \
+        }                                                                                        \
+    } while (0)
+
+    const u64 sbase = (u64)r * N;
+    if (s_any_host) {
+        // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the dgi row.
+        for (u32 pb = 0; pb < N; pb += span_n) {
+            const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
+            u32 sv[HS_RESOLVE_IN];
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) sv[q] = p0 + q < N ? (u32)lru[sbase + p0 + q] : 0u;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                if (p0 + q >= N) continue;
+                const u32 s = sv[q];
+                s_lru[p0 + q] = (u16)s;
+                if (s >= N) {
+                    atomicOr(&s_corrupt, 1u);
+                } else {
+                    const u32 bit = 1u << (s & 31u);
+                    if (atomicOr(&s_bits[s >> 5], bit) & bit) atomicOr(&s_corrupt, 1u);
+                }
+            }
+        }
+        HS_SYNC();
+        const bool corrupt = s_corrupt != 0;
+        if (corrupt) {
+            for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
+                s_lru[p] = (u16)p;
+                dgi[sbase + p] = -1;
+            }
+        }
+        HS_SYNC();
+
+        const i64 host_rows = (i64)host_num_blocks * (i64)block_size;
+        // Step 5a: for each wanted g, the first LRU position caching it (only rows in the pool).
+        u32 c_hq[HS_RESOLVE_IN];
+#pragma unroll
+        for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c_hq[q] = HS_NONE;
+        if (!corrupt) {
+            for (u32 pb = 0; pb < N; pb += span_n) {
+                const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
+                i32 c[HS_RESOLVE_IN];
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                    u32 h = HS_NONE;
+                    if (c[q] >= 0 && (i64)c[q] < host_rows) {
+                        h = hs_lookup(table, mask, c[q]);
+                        if (h != HS_NONE) atomicMin(&table[h].first_lru, p0 + q);
+                    }
+                    c_hq[q] = h;
+                }
+            }
+        }
+        HS_SYNC();
+
+        // Step 5b: split LRU positions into hits (old order, stored from the end of s_part) and
+        // evictables (old order, stored from the front): evictable rank e at s_part[e], hit rank
+        // h at s_part[N - 1 - h].
+        u32 hits_before = 0;
+        for (u32 pb = 0; pb < N; pb += span_n) {
+            const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
+            u32 hq[HS_RESOLVE_IN];
+            if (cached_n || corrupt) {
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) hq[q] = c_hq[q];
+            } else {
+                i32 c[HS_RESOLVE_IN];
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q)
+                    hq[q] = c[q] >= 0 && (i64)c[q] < host_rows ? hs_lookup(table, mask, c[q]) : HS_NONE;
+            }
+            u32 hit_slot[HS_RESOLVE_IN];
+            u32 nh = 0;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                hit_slot[q] = HS_NONE;
+                if (p0 + q < N && hq[q] != HS_NONE && table[hq[q]].first_lru == p0 + q) {
+                    hit_slot[q] = hq[q];
+                    ++nh;
+                }
+            }
+            u32 total;
+            u32 hr = hits_before + hs_block_scan1(nh, s_scan, phase++, total);
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                const u32 p = p0 + q;
+                if (p >= N) continue;
+                const u32 s = s_lru[p];
+                if (hit_slot[q] != HS_NONE) {
+                    s_part[N - 1 - hr] = (u16)s;
+                    table[hit_slot[q]].slot = s;
+                    ++hr;
+                } else {
+                    s_part[p - hr] = (u16)s;
+                }
+            }
+            hits_before += total;
+        }
+        HS_SYNC();
+        const u32 V = N - hits_before; // evictable slots
+
+        // Steps 6 and 8 (plan): number misses in order of first appearance, give the m-th miss
+        // the m-th evictable slot, count hits and misses by the row of first appearance.
+        u32 misses = 0;
+        {
+            u32 ord = 0;
+            for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+                if (HS_LDG(req_id + t2) != req) continue;
+                ++seen;
+                const u64 base = (u64)t2 * K;
+                const u32 row_base = misses;
+                u32 row_hits = 0;
+                for (u32 jb = 0; jb < K; jb += span_k) {
+                    const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
+                    i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+                        tok[q] = !cached && j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
+                    u32 miss_h[HS_RESOLVE_IK];
+                    i32 miss_g[HS_RESOLVE_IK];
+                    u32 nm = 0;
+#pragma unroll
+                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                        u32 kind, h;
+                        i32 g;
+                        HS_RESOLVE_ENTRY(q, tok[q], kind, g, h);
+                        miss_h[q] = HS_NONE;
+                        miss_g[q] = -1;
+                        if (kind == 2 && table[h].first_entry == ord * K + j0 + q) {
+                            if (table[h].slot != HS_NONE) {
+                                ++row_hits;
+                            } else {
+                                miss_h[q] = h;
+                                miss_g[q] = g;
+                                ++nm;
+                            }
+                        }
+                    }
+                    u32 total;
+                    u32 m = misses + hs_block_scan1(nm, s_scan, phase++, total);
+#pragma unroll
+                    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                        if (miss_h[q] == HS_NONE) continue;
+                        if (m < V) {
+                            const u32 s = s_part[m];
+                            const i32 g = miss_g[q];
+                            const i32 src = (i64)g < host_rows ? g : -1;
+                            table[miss_h[q]].slot = s;
+                            dgi[sbase + s] = src;
+                            miss_src[base + (m - row_base)] = src;
+                            miss_dst[base + (m - row_base)] = hs_hot_row(d, hot_table, r, s);
+                        }
+                        ++m;
+                    }
+                    misses += total;
+                }
+                u32 hits_total;
+                hs_block_scan1(row_hits, s_scan, phase++, hits_total);
+                if (HS_TID == 0) {
+                    hit_counts[t2] = (i32)hits_total;
+                    u32 lo = row_base < V ? row_base : V, hi = misses < V ? misses : V;
+                    miss_counts[t2] = (i32)(hi - lo);
+                }
+                ++ord;
+            }
+        }
+        HS_SYNC();
+
+        // Step 7: new LRU order = unused evictables, miss slots (miss order), hits (old order).
+        const u32 used = misses < V ? misses : V;
+        for (u32 i = HS_TID; i < N; i += HS_NTHREADS) {
+            u32 s;
+            if (i < V - used) s = s_part[used + i];
+            else if (i < V) s = s_part[i - (V - used)];
+            else s = s_part[N - 1 - (i - V)];
+            lru[sbase + i] = (u16)s;
+        }
+    }
+    HS_SYNC();
+
+    // Step 8: output indices and valid counts.
+    for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+        if (HS_LDG(req_id + t2) != req) continue;
+        ++seen;
+        const u64 base = (u64)t2 * K;
+        u32 valid = 0;
+        for (u32 jb = 0; jb < K; jb += span_k) {
+            const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
+            i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+                tok[q] = !cached && j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                if (j0 + q >= K) continue;
+                u32 kind, h;
+                i32 v;
+                HS_RESOLVE_ENTRY(q, tok[q], kind, v, h);
+                i32 out = -1;
+                if (kind == 1) {
+                    out = v;
+                } else if (kind == 2) {
+                    const u32 s = table[h].slot;
+                    if (s != HS_NONE) out = hs_hot_row(d, hot_table, r, s);
+                }
+                indices[base + j0 + q] = out;
+                valid += out != -1 ? 1u : 0u;
+            }
+        }
+        u32 total;
+        hs_block_scan1(valid, s_scan, phase++, total);
+        if (HS_TID == 0) valid_counts[t2] = (i32)total;
+    }
+#undef HS_RESOLVE_ENTRY
+}
+
+
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
@@ -1280,16 +1698,11 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
     HS_GRID_DEP_WAIT(); // before any global memory access
-    (void)workspace_entries;
-    if (HS_BID_X < num_tokens) {
-        const hs_resolve_desc d = hs_resolve_desc_of(num_tokens, top_k, num_requests, max_pages,
-                                                     block_size, hot_slots,
-                                                     attention_block_stride, host_num_blocks);
-        u32 rows;
-        hs_resolve_block(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
-                         valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
-                         workspace_counter, smem_table_entries, d, rows);
-    }
+    hs_resolve_body(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
+                    valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
+                    workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
+                    num_requests, max_pages, block_size, hot_slots, attention_block_stride,
+                    host_num_blocks);
     hs_workspace_release(workspace_counter);
 }
 // ---------------------------------------------------------------------------------------------
@@ -1301,11 +1714,15 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 // x = w / num_tokens of token row t = w % num_tokens: plan entries [x * HS_GATHER_ROWS, ...) of
 // row t. Blocks take items grid-stride, so the first chunk of every row comes before any second
 // chunk: the work (a row's valid count of entries, typically a tenth of top_k) sits in the first
-// items and the blocks that start first do it. Each group of HS_GATHER_GROUP consecutive threads
-// copies one row of the item (hs_gather_row): it loads the row's count and plan entry together,
-// then the host row's chunks, up to HS_GATHER_UNROLL loads in flight per thread before its stores
-// (the host pool is mapped pinned memory read across the bus, so many loads must be in flight).
-// No barrier and no shared memory: an item beyond its row's count costs one round trip.
+// items and the blocks that start first do it. An item beyond its row's count costs one cached
+// load of the count. Otherwise the item's first threads locate its rows into a shared row table,
+// and after a barrier the item's units (hs_row_units) are spread over the whole block, consecutive
+// threads on consecutive units, up to HS_GATHER_UNROLL loads in flight per thread before its
+// stores (the host pool is mapped pinned memory read across the bus, so many loads must be in
+// flight; a warp's loads cover whole runs of a row's 128-byte lines). This is the design measured
+// fastest on the H200 (it was bench variant v3; the round-2 design, a group of HS_GATHER_GROUP
+// threads per row with no barrier, measured 10-13% slower and is bench variant
+// hs_gather_rows_v4). hs_gather_row, the per-group copy, serves the fused hs_resolve_gather.
 
 #define HS_GATHER_THREADS 128
 #define HS_GATHER_ROWS 16
@@ -1364,45 +1781,104 @@ HS_DEVICE void hs_gather_row_any(const hs_layer_pair& L, i32 ps, i32 pd, const u
         hs_gather_row<U, 16>(L, ps, pd, host, device, sub);
 }
 
-// The work items of hs_gather_rows for one layer, scale words of W bytes.
+// The work items of hs_gather_rows for one layer, scale words of W bytes. For W == 16 (every
+// contiguous row and every scale part of 16-byte multiples, the 656-byte decode row among them)
+// hs_row_units and hs_load_unit/hs_store_unit reduce to row_bytes / 16 chunks addressed by
+// hs_chunk: NVRTC gives that instantiation the instruction sequence of the kernel before scale
+// words existed (then bench variant hs_gather_rows_v3).
 template <u32 W>
 HS_DEVICE void hs_gather_items(const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
                                const i32* __restrict__ plan_counts, const u8* __restrict__ host,
                                u8* __restrict__ device, u32 num_tokens, u32 top_k,
-                               const hs_layer_pair& L) {
-    const u32 group = HS_TID / HS_GATHER_GROUP, sub = HS_TID % HS_GATHER_GROUP;
+                               const hs_layer_pair& L, u64* s_src_v, u64* s_src_s,
+                               u64* s_dst_v, u64* s_dst_s, u32* s_flags) {
+    const u32 cpr = hs_row_units<W>(L.host);
+    const u32 vc = L.host.value_bytes >> 4;
     const u32 chunks = top_k / HS_GATHER_ROWS + (top_k % HS_GATHER_ROWS != 0 ? 1u : 0u);
     const u64 items = (u64)chunks * num_tokens;
+    bool first = true;
     for (u64 w = HS_BID_X; w < items; w += HS_NBLOCKS_X) {
         const u32 t = (u32)(w % num_tokens);
-        const u32 e = (u32)(w / num_tokens) * HS_GATHER_ROWS + group;
-        // The count and the plan entry at once (the entry is inside the plan even beyond the
-        // count), so the host loads start one round trip after the launch.
+        const u32 lo = (u32)(w / num_tokens) * HS_GATHER_ROWS;
+        const u64 prow = (u64)t * top_k;
+        // Items beyond their row's count (most of them: a row misses a tenth of top_k) cost one
+        // cached load of the count, nothing more.
         const i32 cnt = HS_LDG(plan_counts + t);
-        i32 ps = -1, pd = -1;
-        if (e < top_k) {
-            ps = HS_LDG(plan_src + (u64)t * top_k + e);
-            pd = HS_LDG(plan_dst + (u64)t * top_k + e);
-        }
         const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-        if (e < n) hs_gather_row<HS_GATHER_UNROLL, W>(L, ps, pd, host, device, sub);
+        if (lo >= n) continue; // uniform over the block
+        const u32 rows = n - lo < HS_GATHER_ROWS ? n - lo : HS_GATHER_ROWS;
+        i32 ps = -1, pd = -1;
+        if (HS_TID < rows) {
+            ps = HS_LDG(plan_src + prow + lo + HS_TID);
+            pd = HS_LDG(plan_dst + prow + lo + HS_TID);
+        }
+        if (!first) HS_SYNC(); // the previous item's copies have read the row table
+        first = false;
+        if (HS_TID < rows) {
+            u32 db, doff, sb, soff;
+            u32 f = 0;
+            if (!hs_locate(L.device, pd, db, doff)) {
+                f = 2;
+            } else {
+                hs_row_parts(L.device, db, doff, s_dst_v[HS_TID], s_dst_s[HS_TID]);
+                if (hs_locate(L.host, ps, sb, soff)) {
+                    hs_row_parts(L.host, sb, soff, s_src_v[HS_TID], s_src_s[HS_TID]);
+                    f = 1;
+                }
+            }
+            s_flags[HS_TID] = f;
+        }
+        HS_SYNC();
+
+        // The item's units spread over the whole block: consecutive threads take consecutive
+        // units of a row, so a warp's loads cover whole runs of 128-byte lines.
+        const u32 total = rows * cpr;
+        for (u32 base = 0; base < total; base += HS_GATHER_THREADS * HS_GATHER_UNROLL) {
+            uint4 v[HS_GATHER_UNROLL];
+#pragma unroll
+            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
+                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
+                v[u] = make_uint4(0u, 0u, 0u, 0u);
+                if (q < total) {
+                    const u32 i = q / cpr, c = q % cpr;
+                    if (s_flags[i] == 1) v[u] = hs_load_unit<W>(host, s_src_v[i], s_src_s[i], vc, c);
+                }
+            }
+#pragma unroll
+            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
+                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
+                if (q < total) {
+                    const u32 i = q / cpr, c = q % cpr;
+                    if (s_flags[i] != 2) hs_store_unit<W>(device, s_dst_v[i], s_dst_s[i], vc, c, v[u]);
+                }
+            }
+        }
     }
 }
 
+// The shared row table: where the rows of the current work item sit (written by its first
+// HS_GATHER_ROWS threads before a barrier), host and device row parts (hs_row_parts), and a flag
+// per row: 1 copy, 0 zero-fill, 2 skip.
 HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
     const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
     const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
     u32 num_tokens, u32 top_k, hs_gather_layers layers) {
+    HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
+    HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
+    HS_SHARED u32 s_flags[HS_GATHER_ROWS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     if (HS_BID_Z >= layers.count || num_tokens == 0) return;
     const hs_layer_pair L = layers.layer[HS_BID_Z];
     // One branch per block: the layer's scale words.
     if (L.host.scale_word == 8)
-        hs_gather_items<8>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
+        hs_gather_items<8>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L,
+                           s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
     else if (L.host.scale_word == 4)
-        hs_gather_items<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
+        hs_gather_items<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L,
+                           s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
     else
-        hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
+        hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L,
+                            s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
 }
 
 // ---------------------------------------------------------------------------------------------

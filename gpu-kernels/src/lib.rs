@@ -59,8 +59,9 @@ pub const HIP_SOURCE: &str = concat!(
 /// File name to give the translation unit in compiler diagnostics.
 pub const SOURCE_NAME: &str = "hisparse.cuh";
 
-/// The earlier remap, gather and resolve kernels (`hs_remap_v1`, `hs_remap_v2`,
-/// `hs_gather_rows_v1`, `hs_gather_rows_v2`, `hs_resolve_v1`), kept for A/B measurements only:
+/// The earlier and round-2 remap, gather and resolve kernels (`hs_remap_v1`, `hs_remap_v2`,
+/// `hs_remap_v3`, `hs_gather_rows_v1`, `hs_gather_rows_v2`, `hs_gather_rows_v4`, `hs_resolve_v1`,
+/// `hs_resolve_v3`), kept for A/B measurements only:
 /// append after [`CUDA_SOURCE`]. Same parameters as [`Kernel::Remap`], [`Kernel::GatherRows`]
 /// and [`Kernel::Resolve`]; launched by [`variants`].
 #[cfg(feature = "variants")]

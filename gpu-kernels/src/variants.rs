@@ -72,11 +72,12 @@ pub enum GatherVariant {
     V2Rows8,
     /// `hs_gather_rows_v2` with 4 plan entries per block (four times the blocks).
     V2Rows4,
-    /// `hs_gather_rows_v3`: a persistent grid walking work items first chunks first, each item's
-    /// rows spread over the whole block after a barrier, the count read before the plan.
+    /// `hs_gather_rows` (production, measured fastest on the H200): a persistent grid walking
+    /// work items first chunks first, each item's rows spread over the whole block after a
+    /// barrier, the count read before the plan; scale parts in the layout's scale words.
     V3,
-    /// `hs_gather_rows` (production): the v3 grid; each group of 8 threads copies one row, its
-    /// count and plan entry loaded together, no barrier.
+    /// `hs_gather_rows_v4` (round 2, 10-13% slower on the H200): the v3 grid; each group of 8
+    /// threads copies one row, its count and plan entry loaded together, no barrier.
     V4,
 }
 
@@ -87,12 +88,12 @@ impl GatherVariant {
         GatherVariant::V2,
         GatherVariant::V2Rows8,
         GatherVariant::V2Rows4,
-        GatherVariant::V3,
         GatherVariant::V4,
+        GatherVariant::V3,
     ];
 
     /// The production kernel.
-    pub const PRODUCTION: GatherVariant = GatherVariant::V4;
+    pub const PRODUCTION: GatherVariant = GatherVariant::V3;
 
     /// The variant's name: `v1`, `v2`, `v2-r8`, `v2-r4`, `v3` or `v4`.
     pub const fn name(self) -> &'static str {
@@ -118,24 +119,25 @@ pub enum ResolveVariant {
     /// `hs_resolve_v1`: 512 threads, every phase classifying entries again, one item in flight
     /// per thread.
     V1,
-    /// `hs_resolve_v2`: 1024 threads, every pass's loads issued together, a one-row request's
-    /// entries classified once, one barrier per block scan, hits found in LRU order (a dependent
-    /// load of each position's dgi), the table cleared at its full shared capacity.
+    /// `hs_resolve` (production, measured fastest on the H200): 1024 threads, every pass's loads
+    /// issued together, a one-row request's entries classified once, one barrier per block scan,
+    /// hits found in LRU order (a dependent load of each position's dgi), the table cleared at its
+    /// full shared capacity.
     V2,
-    /// `hs_resolve` (production): v2's passes with hits found in slot order (LRU and dgi read
-    /// coalesced at once with the page tables, the inverse permutation in shared memory), the
-    /// hot-table row staged, the table cleared at the request's size while the loads travel, two
-    /// sums per barrier.
+    /// `hs_resolve_v3` (round 2, slower on the H200; the body of the fused `hs_resolve_gather`):
+    /// v2's passes with hits found in slot order (LRU and dgi read coalesced at once with the page
+    /// tables, the inverse permutation in shared memory), the hot-table row staged, the table
+    /// cleared at the request's size while the loads travel, two sums per barrier.
     V3,
 }
 
 impl ResolveVariant {
     /// Every variant, production last.
     pub const ALL: [ResolveVariant; 3] =
-        [ResolveVariant::V1, ResolveVariant::V2, ResolveVariant::V3];
+        [ResolveVariant::V1, ResolveVariant::V3, ResolveVariant::V2];
 
     /// The production kernel.
-    pub const PRODUCTION: ResolveVariant = ResolveVariant::V3;
+    pub const PRODUCTION: ResolveVariant = ResolveVariant::V2;
 
     /// The variant's name: `v1`, `v2` or `v3`.
     pub const fn name(self) -> &'static str {
@@ -171,9 +173,9 @@ pub const SYMBOLS: [&str; 8] = [
     "hs_remap_v3",
     "hs_gather_rows_v1",
     "hs_gather_rows_v2",
-    "hs_gather_rows_v3",
+    "hs_gather_rows_v4",
     "hs_resolve_v1",
-    "hs_resolve_v2",
+    "hs_resolve_v3",
 ];
 
 /// The resolve of `d` with kernel `v` (same shared memory and workspace for both).
@@ -191,8 +193,8 @@ pub fn resolve(
                 l.block = RESOLVE_V1_THREADS;
                 l.variant = Some("hs_resolve_v1");
             }
-            ResolveVariant::V2 => l.variant = Some("hs_resolve_v2"),
-            ResolveVariant::V3 => {}
+            ResolveVariant::V3 => l.variant = Some("hs_resolve_v3"),
+            ResolveVariant::V2 => {}
         }
     }
     Ok(p)
@@ -258,25 +260,25 @@ pub fn gather(
     v: GatherVariant,
 ) -> Result<Plan, PlanError> {
     let mut p = plan::gather(t, d, a)?;
-    if v != GatherVariant::V4 {
+    if !matches!(v, GatherVariant::V3 | GatherVariant::V4) {
         // The earlier kernels copy whole 16-byte chunks only.
         for l in d.layers {
             let scale = l.host.row_bytes - l.host.value_bytes;
             if crate::scale_word(&l.host) != 16 {
                 return Err(PlanError::Geometry {
-                    what: "layout scale part (row_bytes - value_bytes) for gather variants v1-v3",
+                    what: "layout scale part (row_bytes - value_bytes) for gather variants v1-v2",
                     value: scale.into(),
-                    need: "a multiple of 16 (use the production gather, v4)",
+                    need: "a multiple of 16 (use the production gather, v3, or v4)",
                 });
             }
         }
     }
     let rows = match v {
-        GatherVariant::V4 => return Ok(p),
-        GatherVariant::V3 => {
+        GatherVariant::V3 => return Ok(p),
+        GatherVariant::V4 => {
             // The same persistent grid as production.
             for l in &mut p.launches {
-                l.variant = Some("hs_gather_rows_v3");
+                l.variant = Some("hs_gather_rows_v4");
             }
             return Ok(p);
         }
@@ -399,11 +401,11 @@ mod tests {
         };
         for v in GatherVariant::ALL {
             let r = gather(&H200, &g, &GatherAddrs::default(), v);
-            if v == GatherVariant::PRODUCTION {
+            if matches!(v, GatherVariant::V3 | GatherVariant::V4) {
                 accepted(&r.unwrap());
             } else {
                 let e = r.unwrap_err().to_string();
-                assert!(e.contains("gather variants v1-v3 = 8"), "{v:?}: {e}");
+                assert!(e.contains("gather variants v1-v2 = 8"), "{v:?}: {e}");
             }
         }
     }

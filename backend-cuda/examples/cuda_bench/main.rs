@@ -30,8 +30,8 @@
 //!   sets that replaces about a tenth of each set per step (about 9% misses), 16 steps in one
 //!   graph replayed from the same starting state, every resolver kernel;
 //! * the swap-in critical path: the same walk with each step's resolve followed by the gather of
-//!   its misses as the runtime issues them (production kernels, and the previous production
-//!   pair), and the fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`), with and
+//!   its misses as the runtime issues them (production kernels, and the round-2 pair), and the
+//!   fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`), with and
 //!   without PDL, against 1.2 × (missed bytes ÷ bulk H2D) + 5 µs;
 //! * multi-layer page backup and restore (61 layers × 64 pages) against bulk D2H / H2D;
 //! * `cli`: the configurations `hisparse bench` measures, the same way (stream calls: the
