@@ -6,8 +6,13 @@
 use std::process::Command;
 
 /// Runs a 3-request simulation whose whole prompt is a shared prefix (prefix hits, host and GPU
-/// copy-on-write, restores, reclaim and swap-in) over `tp` ranks.
+/// copy-on-write, restores) over `tp` ranks.
 fn simulate(tp: &str, shared: bool) -> serde_json::Value {
+    simulate_with(tp, shared, "4096", "4096")
+}
+
+/// [`simulate`] with another prompt length and shared prefix.
+fn simulate_with(tp: &str, shared: bool, context: &str, prefix: &str) -> serde_json::Value {
     let mut args = vec![
         "simulate",
         "--backend",
@@ -17,11 +22,11 @@ fn simulate(tp: &str, shared: bool) -> serde_json::Value {
         "--requests",
         "3",
         "--context",
-        "4096",
+        context,
         "--decode-steps",
         "8",
         "--shared-prefix",
-        "4096",
+        prefix,
         "--tp",
         tp,
         "--json",
@@ -54,13 +59,20 @@ fn two_ranks_share_one_host_pool_and_verify_every_row_in_each() {
     // Rank 0 writes the pool; rank 1 only reads it.
     assert!(ranks[0]["d2h_bytes"].as_u64().unwrap() > 0);
     assert_eq!(ranks[1]["d2h_bytes"], 0);
-    // The run exercised what a shared pool must get right across processes.
-    for what in [
-        "host_cow_pages",
-        "restored_pages",
-        "reclaimed_pages",
-        "misses",
-    ] {
+    // The run exercised what a shared pool must get right across processes: copy-on-write by
+    // rank 0 read by every rank's restores (the hits read the shared pages' GPU copies, so they
+    // need no host reads)...
+    for what in ["host_cow_pages", "restored_pages"] {
+        assert!(j[what].as_u64().unwrap() > 0, "no {what}: {j}");
+    }
+    // ... and, with longer prompts and no shared prefix, pages rank 0 wrote to host that every
+    // rank reclaims and swaps back in.
+    let j = simulate_with("2", true, "8192", "0");
+    assert_eq!(j["mismatched_rows"], 0);
+    for r in j["ranks"].as_array().expect("per-rank figures") {
+        assert_eq!(r["mismatched_rows"], 0, "{r}");
+    }
+    for what in ["reclaimed_pages", "misses"] {
         assert!(j[what].as_u64().unwrap() > 0, "no {what}: {j}");
     }
 }
