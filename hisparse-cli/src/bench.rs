@@ -1,7 +1,7 @@
 //! `hisparse bench`: device-level figures beside the ceilings measured in the same run.
 
-use hisparse_device_bench::{BenchConfig, Report};
 use hisparse_core::Device;
+use hisparse_device_bench::{BenchConfig, Report};
 use serde_json::json;
 
 use crate::args::{self, BenchArgs};
