@@ -55,3 +55,43 @@ fn prefix_hits_read_the_shared_pages_on_the_gpu() {
     assert_eq!(j["hot_regions_allocated"], 0);
     assert_eq!(j["h2d_bytes_per_step"].as_f64(), Some(0.0));
 }
+
+/// Imported requests with prompts shorter than their hot region, on the default GPU budget (a
+/// pool the size of an all-resident cache): a hot region could never fit beside their pages, so
+/// every imported page is restored to the GPU and both requests finish (they once waited
+/// forever: "stalled: 1000 steps scheduled nothing").
+#[test]
+fn short_imported_requests_finish_on_the_default_gpu_budget() {
+    let o = Command::new(env!("CARGO_BIN_EXE_hisparse"))
+        .args([
+            "simulate",
+            "--import",
+            "--layers",
+            "4",
+            "--requests",
+            "2",
+            "--context",
+            "1000",
+            "--decode-steps",
+            "2",
+            "--backend",
+            "cpu",
+            "--json",
+        ])
+        .env_remove("HISPARSE_REQUIRE_DEVICE")
+        .output()
+        .expect("the hisparse binary runs");
+    assert!(
+        o.status.success(),
+        "simulate --import --context 1000: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    assert_eq!(j["mismatched_rows"], 0, "{}", j["first_mismatch"]);
+    assert!(j["verified_rows"].as_u64().unwrap() > 0);
+    assert_eq!(j["imported_requests"], 2);
+    assert_eq!(j["hot_regions_allocated"], 0);
+    // Every imported page (16 per request, the partial one among them) came back from host,
+    // one restore per bucket (4 index groups).
+    assert_eq!(j["restored_pages"], 2 * 16 * 4);
+}

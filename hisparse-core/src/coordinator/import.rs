@@ -9,8 +9,10 @@
 //!    a device → host page copy would) into those blocks, then the engine calls
 //!    [`Coordinator::complete_import`]: the pages are durable, the request is queued.
 //! 3. A later step starts it like any waiting request: the full pages are read from host (the
-//!    request gets a hot region), the partial last page, if any, is restored to the GPU (the
-//!    next token is written there), the indexer and regular groups get GPU blocks for the
+//!    request gets a hot region) — or, when a hot region could never fit the GPU pool beside
+//!    them (a short prompt on a pool sized for its pages), restored to the GPU, clean, with no
+//!    hot region —, the partial last page, if any, is restored to the GPU (the next token is
+//!    written there), the indexer and regular groups get GPU blocks for the
 //!    imported context — which the engine fills before the first forward pass that reads them:
 //!    they are GPU-only groups the transfer engine also carries — and the tokens after the
 //!    imported ones are scheduled. Full pages are published in the host prefix cache at once
@@ -123,23 +125,36 @@ impl Coordinator {
         let full = imported / bt;
         let partial = !imported.is_multiple_of(bt);
         let nb = u64::from(self.resident.num_buckets());
-        let hot = if full > 0 {
-            u64::from(self.hot.cost())
-        } else {
-            0
-        };
         let per_page = self.gpu_cost_per_page();
         let mut chunk = (len - imported).min(max_tokens.max(1));
-        // The imported context: indexer blocks and regular columns, the restored partial page;
-        // then the chunk's new pages and columns; the hot region.
-        let need = |this: &Self, r: &Req, chunk: u32| {
+        // The imported context: indexer blocks and regular columns, the restored pages (the
+        // partial one, or every page); then the chunk's new pages and columns; the hot region
+        // when full pages are read from host.
+        let footprint = |this: &Self, r: &Req, chunk: u32, restored: u32, hot: u64| {
             let target = imported + chunk;
             u64::from(pages) * this.paged.blocks_per_page()
-                + if partial { nb } else { 0 }
+                + u64::from(restored) * nb
                 + u64::from(this.kv.pages_for(target) - pages) * per_page
                 + this.paged.regular_need(&r.paged, imported, target)
                 + hot
         };
+        // Full pages are read from host through a hot region — unless that could never fit
+        // the GPU pool, even with the whole pool free (a hot region larger than the pages it
+        // spares: short prompts): then every imported page is restored to the GPU instead and
+        // the request starts fully resident, as `check_fits` (the cheaper of the two) admitted
+        // it. Waiting for the hot region would wait forever.
+        let pool = u64::from(self.gpu.num_blocks() - 1);
+        let partial_restore = u32::from(partial);
+        let restore_all =
+            full > 0 && footprint(self, r, 1, partial_restore, u64::from(self.hot.cost())) > pool;
+        let (restored, hot) = if restore_all {
+            (pages, 0)
+        } else if full > 0 {
+            (partial_restore, u64::from(self.hot.cost()))
+        } else {
+            (partial_restore, 0)
+        };
+        let need = |this: &Self, r: &Req, chunk: u32| footprint(this, r, chunk, restored, hot);
         let mut short = None;
         let mut awaits = false;
         // Host blocks for the pages the chunk starts (the imported ones are held).
@@ -193,6 +208,14 @@ impl Coordinator {
         for _ in 0..pages {
             self.resident.push_hit_page(&mut r.resident);
         }
+        if restore_all {
+            // Full pages come back clean (their host copies are durable and published).
+            for p in 0..full as usize {
+                let hb = r.source.blocks[p];
+                self.resident
+                    .restore_clean(&mut r.resident, p, hb, &mut self.gpu, &mut self.out);
+            }
+        }
         if partial {
             let hb = r.source.blocks[full as usize];
             self.resident.restore(
@@ -215,7 +238,8 @@ impl Coordinator {
         }
         r.pages = pages;
         r.hit_pages = full;
-        r.resident.reclaim_cursor = full;
+        // Restored full pages are clean resident pages like any other: reclaim may unpin them.
+        r.resident.reclaim_cursor = if restore_all { 0 } else { full };
         r.resident.spill_cursor = full;
         r.source.ready_prefix = full;
         r.num_computed = imported;

@@ -873,3 +873,68 @@ fn imported_request_starts_with_its_pages_durable_on_host() {
     c.check_invariants().unwrap();
     assert_eq!(c.host_pool().num_held(), 0);
 }
+
+/// An imported request whose hot region could never fit the GPU pool beside its pages (a short
+/// prompt, a pool sized for its pages all on the GPU, as admission allows) restores every
+/// imported page to the GPU instead of waiting forever for a hot region.
+#[test]
+fn imported_request_restores_its_pages_when_a_hot_region_never_fits() {
+    // Hot buffer of 32 rows: a hot region costs 8 blocks; a 12-token request all on the GPU
+    // costs 6 (3 pages of an indexer and a resident block). 9 usable blocks: enough for the
+    // pages, never for 3 indexer blocks + the partial page + the hot region (12).
+    let mut cfg = HiSparseConfig::new(4, 64 * 128);
+    cfg.device_buffer_size = Some(32);
+    let mut input = LayoutInput::new(&MODEL, &cfg, 0, 12);
+    input.num_gpu_blocks_override = Some(10);
+    let kv = plan_layout(&input).unwrap();
+    assert_eq!((kv.num_buckets, kv.hot_blocks_per_request), (1, 8));
+    let mut c = Coordinator::new(
+        kv,
+        CoordinatorConfig {
+            max_running: 4,
+            max_batched_tokens: 64,
+            max_spill_pages_per_step: 2,
+            num_workers: 1,
+            enable_prefix_caching: true,
+            reclaim_min_blocks: 0,
+        },
+    )
+    .unwrap();
+    let mut t = toks(10);
+    t.push(99);
+    let blocks = c.reserve_import(7, &t, 10).unwrap();
+    c.complete_import(7).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 1, "the imported request never started");
+    let s = cmd.scheduled[0];
+    assert_eq!((s.id, s.first_token, s.num_tokens), (7, 10, 1));
+    assert!(s.fully_resident);
+    assert!(cmd.hot_assign.is_empty());
+    // Every page comes back from its host block, in page order; nothing is read from host.
+    let restored: Vec<u32> = cmd.restores.iter().map(|r| r.host_block).collect();
+    assert_eq!(restored, blocks);
+    assert_eq!(c.host_only_pages(7), Some(0));
+    assert_eq!(c.ready_prefix_pages(7), Some(2));
+    assert_eq!(c.page_state(7, 0), Some(PageState::Clean));
+    assert_eq!(c.page_state(7, 1), Some(PageState::Clean));
+    assert_eq!(c.page_state(7, 2), Some(PageState::Dirty));
+    let devs: Vec<i32> = cmd.restores.iter().map(|r| r.device_block as i32).collect();
+    assert_eq!(row(&c, 7)[..3], devs[..]);
+    c.check_invariants().unwrap();
+    // It decodes to the end of its context and gives everything back.
+    let mut last = cmd.transfer_id;
+    c.append_tokens(7, &[5]).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 1);
+    assert!(cmd.scheduled[0].fully_resident);
+    last = cmd.transfer_id.or(last);
+    c.check_invariants().unwrap();
+    c.finish(7).unwrap();
+    if let Some(id) = last {
+        let ids: Vec<u64> = (1..=id).collect();
+        c.report(0, &ids, &ids).unwrap();
+    }
+    c.check_invariants().unwrap();
+    assert_eq!(c.gpu_pool().num_held(), 0);
+    assert_eq!(c.host_pool().num_held(), 0);
+}

@@ -309,6 +309,23 @@ impl ResidentManager {
         t.state[p] = PageState::Dirty;
     }
 
+    /// Makes full page `p`, durable on host in `host_block` (an imported page), resident again:
+    /// new blocks and the host → device restores, like [`ResidentManager::restore`], but the
+    /// page is clean: every row is restored and its host copy stays the durable one.
+    #[inline]
+    pub(in crate::coordinator) fn restore_clean(
+        &self,
+        t: &mut ResidentTable,
+        p: usize,
+        host_block: u32,
+        gpu: &mut BlockPool,
+        out: &mut OffloadCommand,
+    ) {
+        self.restore(t, p, host_block, gpu, out);
+        t.state[p] = PageState::Clean;
+        t.xfer[p] = 0;
+    }
+
     /// Records the resident-table entries of pages `0..pages` (prefix hits) for state row
     /// `slot`.
     #[inline]
