@@ -100,6 +100,9 @@ struct Params {
     max_batched: u32,
     spill: u32,
     reclaim_min: u32,
+    /// Hot buffer rows, in units of `8 * mql` (the default's): larger ones make a hot region
+    /// cost more than the pages it spares.
+    hot_scale: u32,
 }
 
 fn params() -> impl Strategy<Value = Params> {
@@ -131,6 +134,7 @@ fn params() -> impl Strategy<Value = Params> {
                     max_batched: mb,
                     spill,
                     reclaim_min,
+                    hot_scale: 1,
                 }
             },
         )
@@ -304,7 +308,7 @@ fn setup(p: &Params) -> Coordinator {
         layers,
     }));
     let mut cfg = HiSparseConfig::new(4, u64::from(p.host_blocks) * 3 * 64);
-    cfg.device_buffer_size = Some(8 * p.mql);
+    cfg.device_buffer_size = Some(8 * p.mql * p.hot_scale);
     cfg.max_query_len = p.mql;
     cfg.eager_host_mirror = p.eager;
     let mut input = LayoutInput::new(model, &cfg, 0, MAX_LEN);
@@ -966,12 +970,18 @@ struct Arrival {
     family: u8,
     final_len: u32,
     at: u32,
+    /// Its first `len - 1` tokens' KV is imported (written into the host blocks
+    /// `reserve_import` names; retried each step while the host pool lacks them), the last
+    /// one computed here.
+    import: bool,
 }
 
 /// Liveness workloads: pools within a few blocks of the smallest the layout allows (one
 /// `MAX_LEN` request's HiSparse needs), a host pool barely larger than one request, prompts
 /// drawn from two families so that many repeat (prefix hits on a pool too small for them,
-/// copy-on-write tails), arrivals spread over the first steps.
+/// copy-on-write tails), some of them imported (their KV written into the host pool by the
+/// test, as a prefill node would), hot buffers up to four times the default (a hot region can
+/// cost more than a whole request's pages), arrivals spread over the first steps.
 fn liveness_case() -> impl Strategy<Value = (Params, u32, Vec<Arrival>)> {
     let params = (
         (0u32..6, 14u32..24, any::<bool>(), 1u32..=3),
@@ -986,12 +996,14 @@ fn liveness_case() -> impl Strategy<Value = (Params, u32, Vec<Arrival>)> {
             1u32..=4,
             prop_oneof![Just(0u32), 1u32..24],
         ),
+        prop_oneof![3 => Just(1u32), 1 => 2u32..=4],
     )
         .prop_map(
             |(
                 (slack, host_blocks, eager, workers),
                 (prefix, window, mql),
                 (mr, mb, spill, reclaim_min),
+                hot_scale,
             )| {
                 (
                     Params {
@@ -1006,19 +1018,28 @@ fn liveness_case() -> impl Strategy<Value = (Params, u32, Vec<Arrival>)> {
                         max_batched: mb,
                         spill,
                         reclaim_min,
+                        // Larger hot buffers only without prefix caching: a prefix hit whose
+                        // hot region costs more than the pages it spares still livelocks
+                        // (docs/residency.md, "Not done yet").
+                        hot_scale: if prefix { 1 } else { hot_scale },
                     },
                     slack,
                 )
             },
         );
-    let arrival =
-        (1u32..=MAX_LEN, 0u8..2, 0u32..=MAX_LEN, 0u32..12).prop_map(|(len, family, extra, at)| {
-            Arrival {
-                len,
-                family,
-                final_len: (len + extra % (MAX_LEN - len + 1)).max(len),
-                at,
-            }
+    let arrival = (
+        1u32..=MAX_LEN,
+        0u8..2,
+        0u32..=MAX_LEN,
+        0u32..12,
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(len, family, extra, at, import)| Arrival {
+            len,
+            family,
+            final_len: (len + extra % (MAX_LEN - len + 1)).max(len),
+            at,
+            import: import && len > 1,
         });
     (params, prop::collection::vec(arrival, 1..=6)).prop_map(|((p, slack), a)| (p, slack, a))
 }
@@ -1045,6 +1066,7 @@ static LIVENESS_MAX_SHARE: AtomicU64 = AtomicU64::new(0);
 static LIVENESS_RECOMPUTED: AtomicU64 = AtomicU64::new(0);
 static LIVENESS_HITS: AtomicU64 = AtomicU64::new(0);
 static LIVENESS_SHRUNK: AtomicU64 = AtomicU64::new(0);
+static LIVENESS_IMPORTS: AtomicU64 = AtomicU64::new(0);
 
 /// Drives a workload as an engine does: arrivals are admitted at their step; every step's
 /// command goes through the shadow checks; worker `w` reports each batch `w` steps after it was
@@ -1063,9 +1085,15 @@ fn run_liveness(p: Params, slack: u32, arrivals: Vec<Arrival>) -> Result<(), Tes
     let mut open: HashMap<RequestId, u32> = HashMap::new();
     let mut backlog: Vec<Vec<(u64, u32)>> = vec![Vec::new(); p.workers as usize];
     let mut step = 0u32;
+    // Imports whose host blocks were short when they arrived: retried every step.
+    let mut to_import: Vec<usize> = Vec::new();
     while step < bound {
         for (i, a) in arrivals.iter().enumerate() {
             if a.at == step {
+                if a.import {
+                    to_import.push(i);
+                    continue;
+                }
                 let id = i as RequestId + 1;
                 let t = tokens_for(a.family, a.len);
                 c.admit(id, &t)
@@ -1074,13 +1102,32 @@ fn run_liveness(p: Params, slack: u32, arrivals: Vec<Arrival>) -> Result<(), Tes
                 open.insert(id, a.final_len);
             }
         }
+        let mut still = Vec::new();
+        for i in to_import.drain(..) {
+            let (a, id) = (&arrivals[i], i as RequestId + 1);
+            let t = tokens_for(a.family, a.len);
+            match c.reserve_import(id, &t, a.len - 1) {
+                Ok(blocks) => {
+                    LIVENESS_IMPORTS.fetch_add(1, Relaxed);
+                    sh.import(&blocks, &t, a.len - 1, BT);
+                    c.complete_import(id)
+                        .map_err(|e| TestCaseError::fail(format!("complete_import: {e}")))?;
+                    sh.tokens.insert(id, t);
+                    sh.imported.insert(id);
+                    open.insert(id, a.final_len);
+                }
+                Err(hisparse_core::coordinator::CoordError::Import { .. }) => still.push(i),
+                Err(e) => return Err(TestCaseError::fail(format!("reserve_import: {e}"))),
+            }
+        }
+        to_import = still;
         step += 1;
         c.schedule_step()
             .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
         let cmd = c.build_offload_command();
         for s in &cmd.scheduled {
             let row_started = cmd.started.contains(&s.slot);
-            if row_started && s.first_token > 0 {
+            if row_started && s.first_token > 0 && !arrivals[s.id as usize - 1].import {
                 LIVENESS_HITS.fetch_add(1, Relaxed);
             }
             if s.first_token == 0 {
@@ -1135,13 +1182,13 @@ fn run_liveness(p: Params, slack: u32, arrivals: Vec<Arrival>) -> Result<(), Tes
         }
         c.check_invariants()
             .map_err(|v| TestCaseError::fail(format!("{v} after {step} steps")))?;
-        let all_arrived = arrivals.iter().all(|a| a.at < step);
+        let all_arrived = arrivals.iter().all(|a| a.at < step) && to_import.is_empty();
         if all_arrived && open.is_empty() {
             break;
         }
     }
     prop_assert!(
-        open.is_empty() && arrivals.iter().all(|a| a.at < step),
+        open.is_empty() && arrivals.iter().all(|a| a.at < step) && to_import.is_empty(),
         "requests {:?} unfinished after {} steps ({} waiting, {} running)",
         open.keys().collect::<Vec<_>>(),
         step,
@@ -1184,6 +1231,7 @@ fn coordinator_liveness() {
             "repeated prompts recomputed from the start",
             LIVENESS_RECOMPUTED.load(Relaxed),
         ),
+        ("imported requests", LIVENESS_IMPORTS.load(Relaxed)),
     ];
     println!(
         "liveness over {cases} workloads: slowest used {}.{}% of its step bound; {counts:?}",

@@ -33,7 +33,8 @@ impl Coordinator {
     /// host block of every page of those tokens, in page order. At least one token must be
     /// left to compute (the first sampled one, usually): `0 < imported < tokens.len()`.
     /// Refuses, with nothing changed, what [`Coordinator::admit`] refuses, and a host pool
-    /// without the blocks free now ([`CoordError::Import`]: retry once requests finish).
+    /// without the blocks free now, those of its pages and of the page its next token writes
+    /// ([`CoordError::Import`]: retry once requests finish).
     pub fn reserve_import(
         &mut self,
         id: RequestId,
@@ -50,10 +51,12 @@ impl Coordinator {
             });
         }
         let pages = self.kv.pages_for(imported);
-        if pages > self.host.num_free() {
+        // Room for the page of its next token too (not taken): queued imports hold host blocks
+        // no preemption frees, so the newest of them can always start once nothing runs.
+        if self.kv.pages_for(imported + 1) > self.host.num_free() {
             return Err(CoordError::Import {
                 id,
-                what: "the host pool lacks free blocks for its pages now; retry once requests finish",
+                what: "the host pool lacks free blocks for its pages and its next token's now; retry once requests finish",
             });
         }
         let mut blocks = Vec::new();

@@ -5,7 +5,7 @@
 use alloc::boxed::Box;
 
 use super::admission::largest_fit;
-use super::request::{Req, Status, empty_req};
+use super::request::{Import, Req, Status, empty_req};
 use super::{
     Alloc, CoordError, Coordinator, OffloadCommand, PoolKind, RequestId, ScheduledRequest,
     StepSummary,
@@ -284,6 +284,33 @@ impl Coordinator {
                 }
                 Alloc::Wait => {
                     sum.waiting_on_reclaim += 1;
+                    break;
+                }
+                Alloc::NoSpace(PoolKind::Host) if self.running.is_empty() => {
+                    // Nothing runs to free host blocks: the only ones held are those of imports
+                    // (which need none for their imported pages). The head (a preempted request
+                    // that needs its blocks back, or an import that needs a new page) would wait
+                    // for the imports queued behind it forever, and they for the head: start
+                    // the first of them that fits.
+                    let mut k = 1;
+                    while k < self.waiting.len() {
+                        let s = self.waiting[k];
+                        k += 1;
+                        let Some(id) = self.reqs[s as usize]
+                            .as_ref()
+                            .filter(|r| matches!(r.import, Import::Ready(_)))
+                            .map(|r| r.id)
+                        else {
+                            continue;
+                        };
+                        if let Alloc::Scheduled = self.start(id, budget)? {
+                            let n = self.out.scheduled.last().map_or(0, |s| s.num_tokens);
+                            sum.scheduled += 1;
+                            sum.started += 1;
+                            sum.tokens += n;
+                            break;
+                        }
+                    }
                     break;
                 }
                 Alloc::NoSpace(_) => break,
