@@ -52,6 +52,17 @@ impl Layout {
             ("host_mem_bytes", serde_json::json!(self.host_mem)),
             ("gpu_pool_bytes", serde_json::json!(kv.gpu_pool_bytes())),
             ("host_pool_bytes", serde_json::json!(kv.host_pool_bytes())),
+            // One rank's view, as `hisparse layout` without `--tp` prints it.
+            (
+                "host_memory",
+                serde_json::json!({
+                    "tp": 1,
+                    "shared_host_pool": kv.shared_host_pool,
+                    "pools": 1,
+                    "per_rank_bytes": kv.host_pool_bytes(),
+                    "per_node_bytes": kv.host_pool_bytes(),
+                }),
+            ),
             (
                 "hot_bytes_per_request",
                 serde_json::json!(hot * kv.bytes_per_block),
