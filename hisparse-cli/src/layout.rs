@@ -3,7 +3,7 @@
 use hisparse_core::config::{ConfigError, HiSparseConfig};
 use hisparse_core::layout::{
     CapacityLimit, CapacityReport, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError,
-    LayoutInput, plan_layout,
+    LayoutInput, LayoutReport, NodeHostMemory, capacity_contexts, plan_layout,
 };
 use hisparse_core::model::{ModelSpec, OwnedModel, RegularKind};
 use hisparse_core::presets;
@@ -191,49 +191,6 @@ pub fn plan_unmapped(
     plan_layout(&input)
 }
 
-/// Host memory the tensor-parallel ranks of a node take: every rank addresses one pool; with a
-/// shared pool the node pins it once, otherwise once per rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NodeHostMemory {
-    /// Ranks of the node.
-    pub tp: u32,
-    /// Whether one pool serves every rank.
-    pub shared: bool,
-    /// Bytes of the pool one rank addresses.
-    pub per_rank: u64,
-    /// Bytes the node pins.
-    pub per_node: u64,
-    /// Pools the node pins.
-    pub pools: u32,
-}
-
-impl NodeHostMemory {
-    /// The host memory of `tp` ranks of `kv`.
-    pub fn of(kv: &KvCacheConfig, tp: u32) -> Self {
-        let pools = if kv.shared_host_pool { 1 } else { tp };
-        NodeHostMemory {
-            tp,
-            shared: kv.shared_host_pool,
-            per_rank: kv.host_pool_bytes(),
-            per_node: kv.host_pool_bytes().saturating_mul(u64::from(pools)),
-            pools,
-        }
-    }
-}
-
-/// Context lengths of the capacity table: 8K, 32K, 128K up to `max_model_len`, and
-/// `max_model_len` itself.
-pub fn capacity_contexts(max_model_len: u32) -> Vec<u32> {
-    let mut v: Vec<u32> = [8192, 32768, 131072]
-        .into_iter()
-        .filter(|&c| c <= max_model_len)
-        .collect();
-    if !v.contains(&max_model_len) {
-        v.push(max_model_len);
-    }
-    v
-}
-
 /// `hisparse layout`.
 pub fn run(a: &LayoutArgs) -> CliResult<()> {
     let owned = model(&a.preset, a.model.as_deref())?;
@@ -263,15 +220,18 @@ pub fn run(a: &LayoutArgs) -> CliResult<()> {
         shared_host_pool: a.shared_host_pool,
     };
     let kv = plan(&model, gpu, host, max_len, options, &LAYOUT_FLAGS)?;
-    let caps: Vec<CapacityReport> = capacity_contexts(max_len)
-        .into_iter()
-        .map(|c| kv.capacity(c))
-        .collect();
-    let node = NodeHostMemory::of(&kv, tp);
+    let report = LayoutReport::new(&kv, gpu, host, tp, &capacity_contexts(max_len));
     if a.json {
-        crate::emit(&to_json(&kv, &caps, gpu, host, node));
+        crate::emit(&to_json(&report));
     } else {
-        crate::emit(&to_text(&model, &kv, &caps, gpu, host, node));
+        crate::emit(&to_text(
+            &model,
+            &kv,
+            &report.capacity,
+            gpu,
+            host,
+            report.host_memory,
+        ));
     }
     Ok(())
 }
@@ -506,41 +466,12 @@ pub fn to_text(
     s
 }
 
-/// The plan as JSON: every field of the planned layout, plus pool sizes, the host memory of the
-/// node's ranks and the capacity table.
-pub fn to_json(
-    kv: &KvCacheConfig,
-    caps: &[CapacityReport],
-    gpu: u64,
-    host: u64,
-    node: NodeHostMemory,
-) -> String {
-    let mut v = serde_json::to_value(kv).unwrap_or_else(|e| json!({ "error": e.to_string() }));
-    if let Some(o) = v.as_object_mut() {
-        o.insert("gpu_mem_bytes".into(), json!(gpu));
-        o.insert("host_mem_bytes".into(), json!(host));
-        o.insert("gpu_pool_bytes".into(), json!(kv.gpu_pool_bytes()));
-        o.insert("host_pool_bytes".into(), json!(kv.host_pool_bytes()));
-        o.insert(
-            "host_memory".into(),
-            json!({
-                "tp": node.tp,
-                "shared_host_pool": node.shared,
-                "pools": node.pools,
-                "per_rank_bytes": node.per_rank,
-                "per_node_bytes": node.per_node,
-            }),
-        );
-        o.insert(
-            "hot_bytes_per_request".into(),
-            json!(u64::from(kv.hot_blocks_per_request * kv.num_buckets) * kv.bytes_per_block),
-        );
-        o.insert(
-            "capacity".into(),
-            serde_json::to_value(caps).unwrap_or_default(),
-        );
-    }
-    serde_json::to_string_pretty(&v).unwrap_or_default()
+/// The plan as JSON ([`LayoutReport`]: every field of the planned layout, plus the budgets, pool
+/// sizes, the host memory of the node's ranks and the capacity table), keys sorted.
+pub fn to_json(report: &LayoutReport<'_>) -> String {
+    serde_json::to_value(report)
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or_else(|e| json!({ "error": e.to_string() }).to_string())
 }
 
 #[cfg(test)]
@@ -552,13 +483,6 @@ mod tests {
         assert_eq!(ranges([0, 1, 2, 3, 5, 8, 9]), "0-3,5,8-9");
         assert_eq!(ranges([]), "");
         assert_eq!(ranges([7]), "7");
-    }
-
-    #[test]
-    fn contexts_stop_at_max_model_len() {
-        assert_eq!(capacity_contexts(131072), [8192, 32768, 131072]);
-        assert_eq!(capacity_contexts(40000), [8192, 32768, 40000]);
-        assert_eq!(capacity_contexts(4096), [4096]);
     }
 
     #[test]
@@ -575,8 +499,8 @@ mod tests {
         .unwrap();
         assert_eq!(kv.bytes_per_block, 545792);
         assert_eq!(kv.host_block_stride, 2561024);
-        let node = NodeHostMemory::of(&kv, 1);
-        let j: serde_json::Value = serde_json::from_str(&to_json(&kv, &[], 0, 0, node)).unwrap();
+        let report = LayoutReport::new(&kv, 0, 0, 1, &[]);
+        let j: serde_json::Value = serde_json::from_str(&to_json(&report)).unwrap();
         for key in [
             "bytes_per_block",
             "host_block_stride",

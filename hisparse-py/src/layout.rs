@@ -2,7 +2,9 @@
 //! --json` prints for the same inputs.
 
 use hisparse_core::config::HiSparseConfig;
-use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout as plan};
+use hisparse_core::layout::{
+    KvCacheConfig, LayoutInput, LayoutReport, capacity_contexts, plan_layout as plan,
+};
 use hisparse_core::model::{ModelSpec, OwnedModel};
 use hisparse_core::presets as model_presets;
 use pyo3::prelude::*;
@@ -20,61 +22,15 @@ pub struct Layout {
     host_mem: u64,
 }
 
-/// Context lengths of the capacity table of `hisparse layout`: 8K, 32K and 128K up to
-/// `max_model_len`, then `max_model_len` itself.
-// The CLI's `layout::capacity_contexts` states the same rule; the wheel's tests compare the two
-// outputs, so a change to one that the other misses fails CI.
-fn capacity_contexts(max_model_len: u32) -> Vec<u32> {
-    let mut v: Vec<u32> = [8192, 32768, 131072]
-        .into_iter()
-        .filter(|&c| c <= max_model_len)
-        .collect();
-    if !v.contains(&max_model_len) {
-        v.push(max_model_len);
-    }
-    v
-}
-
 impl Layout {
-    /// The layout as the CLI's JSON value: every field of the plan, the budgets, the pool
-    /// sizes, the hot-buffer cost per request and the capacity table.
+    /// The layout as the CLI's JSON value ([`LayoutReport`] of one rank, as `hisparse layout`
+    /// without `--tp` prints it): every field of the plan, the budgets, the pool sizes, the
+    /// hot-buffer cost per request and the capacity table.
     fn json_value(&self, contexts: Option<Vec<u32>>) -> PyResult<serde_json::Value> {
         let kv = &self.kv;
-        let mut v = serde_json::to_value(kv).map_err(|e| invalid(e.to_string()))?;
         let contexts = contexts.unwrap_or_else(|| capacity_contexts(kv.max_model_len));
-        let caps: Vec<_> = contexts.into_iter().map(|c| kv.capacity(c)).collect();
-        let o = v
-            .as_object_mut()
-            .ok_or_else(|| invalid("a layout serialises as an object"))?;
-        let hot = u64::from(kv.hot_blocks_per_request) * u64::from(kv.num_buckets);
-        for (key, value) in [
-            ("gpu_mem_bytes", serde_json::json!(self.gpu_mem)),
-            ("host_mem_bytes", serde_json::json!(self.host_mem)),
-            ("gpu_pool_bytes", serde_json::json!(kv.gpu_pool_bytes())),
-            ("host_pool_bytes", serde_json::json!(kv.host_pool_bytes())),
-            // One rank's view, as `hisparse layout` without `--tp` prints it.
-            (
-                "host_memory",
-                serde_json::json!({
-                    "tp": 1,
-                    "shared_host_pool": kv.shared_host_pool,
-                    "pools": 1,
-                    "per_rank_bytes": kv.host_pool_bytes(),
-                    "per_node_bytes": kv.host_pool_bytes(),
-                }),
-            ),
-            (
-                "hot_bytes_per_request",
-                serde_json::json!(hot * kv.bytes_per_block),
-            ),
-            (
-                "capacity",
-                serde_json::to_value(caps).map_err(|e| invalid(e.to_string()))?,
-            ),
-        ] {
-            o.insert(key.into(), value);
-        }
-        Ok(v)
+        let report = LayoutReport::new(kv, self.gpu_mem, self.host_mem, 1, &contexts);
+        serde_json::to_value(&report).map_err(|e| invalid(e.to_string()))
     }
 }
 
