@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+// Unsafe code lives only in `any::lend` (the engine-lending entries), which allows it.
+#![deny(unsafe_code)]
 
 #[cfg(any(
     feature = "cpu",
