@@ -179,6 +179,7 @@ impl Endpoint {
         Ok(Transfer {
             request,
             bytes,
+            descriptors: local_spans.len() as u64,
             started,
             finished: (!in_progress).then(Instant::now),
         })
@@ -233,6 +234,7 @@ impl Endpoint {
 pub struct Transfer {
     request: XferRequest,
     bytes: u64,
+    descriptors: u64,
     started: Instant,
     finished: Option<Instant>,
 }
@@ -241,6 +243,7 @@ impl std::fmt::Debug for Transfer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transfer")
             .field("bytes", &self.bytes)
+            .field("descriptors", &self.descriptors)
             .field("finished", &self.finished.is_some())
             .finish()
     }
@@ -250,6 +253,11 @@ impl Transfer {
     /// Bytes it writes.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Descriptors (contiguous ranges) it moves.
+    pub fn descriptors(&self) -> u64 {
+        self.descriptors
     }
 
     /// From preparing the write to the poll that saw it complete (`None` while in flight).

@@ -118,6 +118,13 @@ pub enum PdError {
         /// The manifest's value.
         manifest: u64,
     },
+    /// A packed write needs more staging memory than its budget allows.
+    StagingBudget {
+        /// Bytes of staging the request's pages need.
+        needed: u64,
+        /// Bytes the staging buffer may have.
+        budget: u64,
+    },
     /// A region that cannot hold what is asked of it.
     Region {
         /// What is wrong.
@@ -213,6 +220,12 @@ impl fmt::Display for PdError {
                 f,
                 "the notification of request {request} says {field} = {notice}, its manifest \
                  {manifest}: the prefill side wrote something else than it was assigned"
+            ),
+            PdError::StagingBudget { needed, budget } => write!(
+                f,
+                "a packed write of this request needs {needed} bytes of staging memory, more \
+                 than the staging budget of {budget} bytes: raise the budget, shorten the \
+                 prompts, or write page by page (one descriptor per layer and page, no staging)"
             ),
             PdError::Region { detail } => write!(f, "memory region: {detail}"),
         }

@@ -6,7 +6,10 @@
 //!   receives each page of a request;
 //! * [`DecodeOffer`], [`ImportNotice`], [`ImportLedger`]: what the sides exchange, checked on
 //!   arrival;
-//! * [`plan_write`]: the byte ranges one request moves, source and destination;
+//! * [`plan_write`]: the byte ranges one request moves, source and destination, one per
+//!   (layer, page); [`plan_packed_write`]: the same request gathered into a staging buffer in
+//!   the host pool's order first, then written as one range per layer and run of consecutive
+//!   host blocks (the fast path from GPU memory);
 //! * with the `nixl` feature, `Endpoint` (a NIXL agent with the UCX backend),
 //!   `DecodeSide` and `PrefillSide`: registration, metadata, the write with its
 //!   notification, and notification polling that never blocks the decode loop.
@@ -18,6 +21,7 @@
 
 mod error;
 mod manifest;
+mod pack;
 mod wire;
 
 #[cfg(feature = "nixl")]
@@ -29,6 +33,9 @@ mod sides;
 
 pub use error::PdError;
 pub use manifest::{LayerPages, PageManifest, PoolGeometry, Span};
+pub use pack::{
+    PackedWrite, PageCopy, bulk_spans, check_staging_budget, plan_packed_write, staging_bytes_for,
+};
 pub use wire::{
     Arrival, DecodeOffer, ImportLedger, ImportNotice, MemoryKind, Region, WIRE_VERSION, bulk_notice,
 };

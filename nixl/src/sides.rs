@@ -1,8 +1,9 @@
 //! The two sides of the disaggregated path over one [`Endpoint`] each.
 
 use crate::{
-    Arrival, DecodeOffer, Endpoint, ImportLedger, MemoryKind, PageManifest, PdError, PoolGeometry,
-    Region, Span, Transfer, WIRE_VERSION, bulk_notice, plan_write,
+    Arrival, DecodeOffer, Endpoint, ImportLedger, MemoryKind, PackedWrite, PageManifest, PdError,
+    PoolGeometry, Region, Transfer, WIRE_VERSION, bulk_notice, bulk_spans, plan_packed_write,
+    plan_write,
 };
 
 /// The decode side: its host pool registered, manifests issued, notifications matched.
@@ -182,18 +183,56 @@ impl PrefillSide {
         unsafe { self.endpoint.register(region) }
     }
 
-    /// The transport's own figure: one plain write of `source`'s first `bytes` bytes into the
-    /// first `bytes` bytes of the decode pool, one descriptor, announced by a bulk notice. Only
-    /// before the decode side issued any manifest: it overwrites whatever the pool holds there.
-    pub fn bulk(&self, source: &Region, bytes: u64) -> Result<Transfer, PdError> {
-        let span = [Span {
-            offset: 0,
-            len: bytes,
-        }];
+    /// Plans the packed write of a request (pages as for [`PrefillSide::send`]) through a
+    /// staging buffer of `staging_len` bytes: the copies that fill it, then the ranges written.
+    pub fn plan_packed(
+        &self,
+        manifest: &PageManifest,
+        source_blocks: &[&[u32]],
+        staging_len: u64,
+    ) -> Result<PackedWrite, PdError> {
+        plan_packed_write(
+            &self.geometry,
+            source_blocks,
+            &self.offer.geometry,
+            manifest,
+            staging_len,
+        )
+    }
+
+    /// Writes a packed request from `staging` (registered with [`PrefillSide::register`], its
+    /// copies done) into the decode host blocks of its plan, with its notice.
+    pub fn send_packed(&self, staging: &Region, plan: &PackedWrite) -> Result<Transfer, PdError> {
+        if staging.len < plan.staging_bytes {
+            return Err(PdError::StagingBudget {
+                needed: plan.staging_bytes,
+                budget: staging.len,
+            });
+        }
         self.endpoint.write(
             &self.remote,
-            (source, &span),
-            (&self.offer.pool, &span),
+            (staging, &plan.local),
+            (&self.offer.pool, &plan.remote),
+            &plan.notice.encode(),
+        )
+    }
+
+    /// The transport's own figure: one plain write of `source`'s first `bytes` bytes into the
+    /// first `bytes` bytes of the decode pool, in descriptors of `descriptor_bytes` bytes (the
+    /// last one shorter; one descriptor when `descriptor_bytes >= bytes`), announced by a bulk
+    /// notice. Only before the decode side issued any manifest: it overwrites whatever the pool
+    /// holds there.
+    pub fn bulk(
+        &self,
+        source: &Region,
+        bytes: u64,
+        descriptor_bytes: u64,
+    ) -> Result<Transfer, PdError> {
+        let spans = bulk_spans(bytes, descriptor_bytes)?;
+        self.endpoint.write(
+            &self.remote,
+            (source, &spans),
+            (&self.offer.pool, &spans),
             &bulk_notice(bytes),
         )
     }

@@ -252,7 +252,7 @@ fn a_bulk_write_is_announced_and_lands() {
         PoolGeometry::host(&kv).unwrap(),
         PoolGeometry::device(&kv).unwrap(),
     );
-    let host_mem = Memory::new(host.pool_bytes, 0);
+    let mut host_mem = Memory::new(host.pool_bytes, 0);
     let dev_mem = Memory::new(dev.pool_bytes, 0);
     let mut staging = Memory::new(1 << 20, 0);
     for (i, b) in staging.bytes_mut().iter_mut().enumerate() {
@@ -275,14 +275,108 @@ fn a_bulk_write_is_announced_and_lands() {
     // SAFETY: as above.
     unsafe { prefill.register(staging.region()).unwrap() };
     decode.accept_from(prefill.name());
-    let mut t = prefill.bulk(&staging.region(), 1 << 20).unwrap();
+    // One descriptor, then descriptors of 100,000 bytes (the last one shorter).
+    for (per, descriptors) in [(u64::MAX, 1), (100_000, 11)] {
+        let mut t = prefill.bulk(&staging.region(), 1 << 20, per).unwrap();
+        assert_eq!(t.descriptors(), descriptors);
+        assert_eq!(
+            pump(&mut decode, &prefill, std::slice::from_mut(&mut t), 1).unwrap(),
+            vec![Arrival::Bulk { bytes: 1 << 20 }]
+        );
+        wait(&prefill, &mut t);
+        assert!(t.elapsed().is_some());
+        assert_eq!(&host_mem.bytes()[..1 << 20], staging.bytes());
+        host_mem.bytes_mut().fill(0);
+        for (i, b) in staging.bytes_mut().iter_mut().enumerate() {
+            *b = (i % 241) as u8 ^ 0x5A;
+        }
+    }
+}
+
+#[test]
+fn a_packed_write_lands_as_the_page_by_page_write_does() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !nixl_here("a_packed_write_lands_as_the_page_by_page_write_does") {
+        return;
+    }
+    let kv = kv();
+    let (host, dev) = (
+        PoolGeometry::host(&kv).unwrap(),
+        PoolGeometry::device(&kv).unwrap(),
+    );
+    let host_mem = Memory::new(host.pool_bytes, 0xEE);
+    let mut dev_mem = Memory::new(dev.pool_bytes, 0x11);
+    // 5 pages, the last partial: host blocks 10..=12 one run per layer, then two single blocks.
+    let m = PageManifest {
+        request: 21,
+        tokens: 4 * 64 + 5,
+        host_blocks: vec![10, 11, 12, 3, host.num_blocks - 1],
+    };
+    let sources: Vec<Vec<u32>> = (0..dev.buckets)
+        .map(|k| vec![200 + k, 17, 18 + 5 * k, 399 - k, 1])
+        .collect();
+    let lists: Vec<&[u32]> = sources.iter().map(|v| &v[..]).collect();
+    fill_source(&mut dev_mem, &dev, m.request, &lists);
+    let staging_len = hisparse_nixl::staging_bytes_for(&host, m.tokens);
+    let mut staging = Memory::new(staging_len, 0);
+    let pid = std::process::id();
+    // SAFETY: the memories outlive the sides; only the issued manifest's blocks are written.
+    let mut decode = unsafe {
+        DecodeSide::new(
+            &format!("packed-decode-{pid}"),
+            host_mem.region(),
+            host.clone(),
+        )
+    }
+    .unwrap();
+    // SAFETY: as above; the staging buffer is not changed while the write runs.
+    let mut prefill = unsafe {
+        PrefillSide::new(
+            &format!("packed-prefill-{pid}"),
+            dev_mem.region(),
+            dev.clone(),
+            decode.offer().unwrap(),
+        )
+    }
+    .unwrap();
+    // SAFETY: as above.
+    unsafe { prefill.register(staging.region()).unwrap() };
+    decode.accept_from(prefill.name());
+    decode.issue(m.clone()).unwrap();
+    let plan = prefill.plan_packed(&m, &lists, staging_len).unwrap();
+    assert!(matches!(
+        prefill.plan_packed(&m, &lists, staging_len - 1),
+        Err(PdError::StagingBudget { .. })
+    ));
+    // The packing, as the prefill device's copies would do it.
+    let (src, dst) = (dev_mem.bytes(), staging.bytes_mut());
+    for c in &plan.copies {
+        let (s, d, n) = (c.src as usize, c.dst as usize, c.len as usize);
+        dst[d..d + n].copy_from_slice(&src[s..s + n]);
+    }
+    let mut t = prefill.send_packed(&staging.region(), &plan).unwrap();
+    assert_eq!(t.descriptors(), 3 * host.layers.len() as u64);
     assert_eq!(
         pump(&mut decode, &prefill, std::slice::from_mut(&mut t), 1).unwrap(),
-        vec![Arrival::Bulk { bytes: 1 << 20 }]
+        vec![Arrival::Import(m.clone())]
     );
     wait(&prefill, &mut t);
-    assert!(t.elapsed().is_some());
-    assert_eq!(&host_mem.bytes()[..1 << 20], staging.bytes());
+    assert_eq!(t.bytes(), host.request_bytes(m.pages()));
+    let mut expected = vec![0xEEu8; host.pool_bytes as usize];
+    for l in &host.layers {
+        for (p, &b) in m.host_blocks.iter().enumerate() {
+            let at = (l.base + u64::from(b) * l.block_stride) as usize;
+            for i in 0..l.page_bytes {
+                expected[at + i as usize] = page_byte(m.request, l.layer, p as u32, i);
+            }
+        }
+    }
+    let wrong = host_mem.bytes()[..expected.len()]
+        .iter()
+        .zip(&expected)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(wrong, 0, "{wrong} bytes of the decode pool differ");
 }
 
 #[test]

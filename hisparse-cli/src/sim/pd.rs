@@ -10,8 +10,13 @@
 //! 1. the prefill side prefills the prompt and says so;
 //! 2. the decode coordinator reserves host blocks for the import, one per page
 //!    (`Coordinator::reserve_import`), and the decode side sends them as the manifest;
-//! 3. the prefill side writes every (layer, page) from its resident pages into those blocks, one
-//!    NIXL write with a notification, and finishes the request once the write completed;
+//! 3. the prefill side writes the request's pages into those blocks, one NIXL write with a
+//!    notification, and finishes the request once the write completed. `--pd-write pages`
+//!    writes one descriptor per (layer, page) straight from its resident pages; `--pd-write
+//!    packed` first gathers the pages on the prefill device into a staging buffer in the host
+//!    pool's order (the backend's device copies) and writes one descriptor per layer and run of
+//!    consecutive host blocks ([`hisparse_nixl::plan_packed_write`]); `auto` packs from GPU
+//!    memory and writes page by page from host memory;
 //! 4. the decode side, polling notifications between its decode steps (never waiting on them),
 //!    matches the notification to its manifest, verifies every row of every imported page in its
 //!    host pool against the synthetic rows, byte for byte, and completes the import
@@ -19,9 +24,11 @@
 //!    tail page restored to the GPU, and decodes `--decode-steps` tokens, every row attention
 //!    reads verified, while later requests are still being prefilled and written.
 //!
-//! Before the requests, the prefill side measures the transport's own figure in the same run: a
-//! plain NIXL write of as many bytes, host memory to the decode host pool, one descriptor
-//! (best of three).
+//! Before the requests, the prefill side measures the transport's own figures in the same run:
+//! plain NIXL writes of as many bytes into the decode host pool, best of three each: from host
+//! memory, and, when the prefill pool is GPU memory, from a registered GPU buffer (the same
+//! transport as the imports); each as one descriptor and as descriptors of
+//! [`BULK_DESCRIPTOR_BYTES`].
 
 use hisparse_core::layout::KvCacheConfig;
 use hisparse_nixl::PageManifest;
@@ -39,6 +46,52 @@ pub const PREFILL_SUBCOMMAND: &str = "simulate-prefill";
 /// The one transport `--pd` takes.
 pub const TRANSPORT: &str = "nixl";
 
+/// Bytes of one descriptor of the chunked bulk figure (2.5 MiB: the order of one layer's run of
+/// a packed write).
+#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
+pub const BULK_DESCRIPTOR_BYTES: u64 = 5 << 19;
+
+/// The most staging memory a packed write may take (one request's pages), before the device's
+/// free memory is also checked.
+#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
+pub const STAGING_BUDGET_BYTES: u64 = 8 << 30;
+
+/// How the prefill side writes a request (`--pd-write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nixl", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "nixl", serde(rename_all = "lowercase"))]
+pub enum WriteLayout {
+    /// One descriptor per (layer, page), straight from the prefill pool.
+    Pages,
+    /// Gathered into a staging buffer in the host pool's order, then one descriptor per layer
+    /// and run of consecutive host blocks.
+    Packed,
+}
+
+impl WriteLayout {
+    /// The layout `--pd-write` names for a prefill pool in GPU memory (`gpu_source`) or not.
+    pub fn parse(flag: &str, gpu_source: bool) -> CliResult<Self> {
+        match flag {
+            "pages" => Ok(WriteLayout::Pages),
+            "packed" => Ok(WriteLayout::Packed),
+            "auto" if gpu_source => Ok(WriteLayout::Packed),
+            "auto" => Ok(WriteLayout::Pages),
+            other => Err(CliError::usage(format!(
+                "--pd-write {other}: give packed, pages or auto"
+            ))),
+        }
+    }
+
+    /// Its name in reports.
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteLayout::Pages => "pages",
+            WriteLayout::Packed => "packed",
+        }
+    }
+}
+
 /// Checks `--pd` and what it does not combine with; `Ok(None)` when `--pd` is not given.
 pub fn transport(a: &SimulateArgs, s: &SimSetup) -> CliResult<Option<&'static str>> {
     let Some(t) = a.pd.as_deref() else {
@@ -49,6 +102,7 @@ pub fn transport(a: &SimulateArgs, s: &SimSetup) -> CliResult<Option<&'static st
             "--pd {t}: the transport of the disaggregated path is nixl; give --pd nixl"
         )));
     }
+    WriteLayout::parse(&a.pd_write, false)?;
     for (set, flag) in [
         (s.tp > 1, "--tp"),
         (s.workers > 1, "--workers"),
@@ -79,7 +133,8 @@ pub fn simulate_pd(
         // SAFETY: this process has started no thread yet.
         unsafe { hisparse_nixl::ffi::transport_log_to_stderr() };
         let prefill_kv = prefill_layout(a, s)?;
-        let report = nixl_sim::run(kind, &a.backend.device, s, prefill_kv)?;
+        let write = WriteLayout::parse(&a.pd_write, kind != hisparse_runtime::BackendKind::Cpu)?;
+        let report = nixl_sim::run(kind, &a.backend.device, s, prefill_kv, write)?;
         report.publish(a.json)
     }
     #[cfg(not(feature = "nixl"))]
@@ -239,7 +294,7 @@ mod nixl_sim {
     use hisparse_core::layout::KvCacheConfig;
     use hisparse_core::ops::BufferLen;
     use hisparse_nixl::{
-        Arrival, DecodeOffer, DecodeSide, MemoryKind, PoolGeometry, PrefillSide, Region,
+        Arrival, DecodeOffer, DecodeSide, MemoryKind, PoolGeometry, PrefillSide, Region, Transfer,
     };
     use hisparse_runtime::{
         AnyBuffer, AnyDevice, BackendKind, Runtime, RuntimeConfig, SharedHostPool, SharedSegment,
@@ -250,7 +305,10 @@ mod nixl_sim {
     use super::super::forward::Forward;
     use super::super::rank::{DecodeRow, Rank};
     use super::super::tp::{recv, send};
-    use super::{ImportVerifier, PREFILL_SUBCOMMAND, PageManifest};
+    use super::{
+        BULK_DESCRIPTOR_BYTES, ImportVerifier, PREFILL_SUBCOMMAND, PageManifest,
+        STAGING_BUDGET_BYTES, WriteLayout,
+    };
     use crate::error::{CliError, CliResult};
 
     /// How long either side waits for the other before it calls the run stalled.
@@ -268,13 +326,46 @@ mod nixl_sim {
         /// The prefill side's own layout (the same pages, a larger GPU pool).
         prefill_kv: KvCacheConfig,
         offer: DecodeOffer,
+        /// How requests are written.
+        write: WriteLayout,
+    }
+
+    /// Where a bulk write reads from.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    enum BulkSource {
+        /// Host memory of the prefill process.
+        Host,
+        /// Memory of the prefill side's device (GPU memory on a GPU backend).
+        Device,
+    }
+
+    /// One bulk figure of the run.
+    #[derive(Clone, Debug, Serialize)]
+    pub struct BulkFigure {
+        /// Memory written from: `host`, or `gpu` (a registered GPU buffer).
+        pub source_memory: String,
+        /// Descriptors of the write.
+        pub descriptors: u64,
+        /// Bytes of each descriptor (the last one may be shorter).
+        pub descriptor_bytes: u64,
+        /// Bytes written.
+        pub bytes: u64,
+        /// Best write's seconds, preparing to completion.
+        pub seconds: f64,
+        /// Throughput of the best write.
+        pub gb_per_s: f64,
     }
 
     /// A message to the prefill process.
     #[derive(Serialize, Deserialize)]
     enum ToPrefill {
-        /// Write this many bytes in one plain write (the transport's own figure).
-        Bulk(u64),
+        /// A plain write of `bytes` from `source` in descriptors of `descriptor_bytes` (the
+        /// transport's own figure).
+        Bulk {
+            bytes: u64,
+            source: BulkSource,
+            descriptor_bytes: u64,
+        },
         /// Start prefilling the requests.
         Start,
         /// The host blocks of a prefilled request.
@@ -288,12 +379,21 @@ mod nixl_sim {
     enum FromPrefill {
         /// The agent is up: its name, the backend's and the device's.
         Ready(String, String, String),
-        /// A bulk write completed after this many seconds.
-        BulkSent(f64),
+        /// A bulk write completed: (seconds, descriptors).
+        BulkSent(f64, u64),
         /// A request's prompt is prefilled: (request, tokens).
         Prefilled(u64, u32),
-        /// A request's write completed: (request, bytes, seconds from posting to completion).
-        Sent(u64, u64, f64),
+        /// A request's write completed.
+        Sent {
+            /// Bytes written.
+            bytes: u64,
+            /// Seconds from preparing the write to its completion.
+            seconds: f64,
+            /// Descriptors of the write.
+            descriptors: u64,
+            /// Seconds of the packing copies before it (0 page by page).
+            pack_seconds: f64,
+        },
         /// The prefill side failed.
         Failed(String),
     }
@@ -329,22 +429,42 @@ mod nixl_sim {
         pub decode_steps: u32,
         /// Pages written per request.
         pub pages_per_request: u32,
+        /// How requests were written: `pages` (one descriptor per layer and page, from the
+        /// pool) or `packed` (gathered on the prefill device into a staging buffer first).
+        pub write_layout: String,
         /// NIXL writes (one per request).
         pub writes: u64,
-        /// Descriptors per write (one per layer and page).
+        /// Descriptors per write (the mean over writes).
         pub descriptors_per_write: u64,
+        /// Descriptors of all writes.
+        pub descriptors: u64,
         /// Bytes imported.
         pub transfer_bytes: u64,
         /// Seconds of the imports' writes, posting to completion, summed.
         pub transfer_seconds: f64,
-        /// Import throughput.
+        /// Import throughput (the writes alone).
         pub transfer_gb_per_s: f64,
-        /// Bytes of the bulk write.
+        /// Seconds of the packing copies on the prefill device, summed (0 page by page).
+        pub pack_seconds: f64,
+        /// Import throughput counting the packing: bytes over packing plus write seconds.
+        pub transfer_with_pack_gb_per_s: f64,
+        /// Bytes of the bulk writes.
         pub bulk_bytes: u64,
-        /// Best bulk write's seconds.
+        /// Best host → host pool bulk write's seconds (one descriptor).
         pub bulk_seconds: f64,
-        /// NIXL's own figure: one plain host-to-host write of `bulk_bytes`.
+        /// NIXL's own figure from host memory: one plain write of `bulk_bytes` from host memory
+        /// into the decode host pool, one descriptor.
         pub bulk_gb_per_s: f64,
+        /// Every bulk figure of the run (host memory; GPU memory when the prefill pool is on
+        /// the GPU), one descriptor and chunked.
+        pub bulk: Vec<BulkFigure>,
+        /// The ceiling of the imports' own transport: the best bulk figure from the memory the
+        /// imports are written from (`source_memory`).
+        pub same_transport_bulk_gb_per_s: f64,
+        /// Which bulk figure that is.
+        pub same_transport_bulk: String,
+        /// `transfer_gb_per_s` over `same_transport_bulk_gb_per_s`.
+        pub transfer_vs_same_transport: f64,
         /// Rows of imported pages verified in the decode host pool (one per layer per token),
         /// before the import was completed.
         pub imported_rows_verified: u64,
@@ -373,15 +493,31 @@ mod nixl_sim {
     impl PdReport {
         fn to_text(&self) -> String {
             let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+            let bulk: String = self
+                .bulk
+                .iter()
+                .map(|f| {
+                    format!(
+                        "\nNIXL bulk (same run)    {:.3} GiB {} → decode host pool, {} \
+                         descriptor{} of {} B: {:.2} GB/s (best of {BULK_REPEATS})",
+                        gib(f.bytes),
+                        f.source_memory,
+                        f.descriptors,
+                        if f.descriptors == 1 { "" } else { "s" },
+                        f.descriptor_bytes,
+                        f.gb_per_s
+                    )
+                })
+                .collect();
             format!(
                 "disaggregated {preset} on {backend}: prefill on {pdev} ({src} memory) → decode \
                  host pool on {dev}, over NIXL (UCX)\n\n\
                  imports                 {req} requests × {ctx} tokens = {pages} pages each, \
-                 {layers} sparse layers; {writes} writes of {desc} descriptors\n\
+                 {layers} sparse layers; {writes} {layout} writes of {desc} descriptors\n\
                  transfer                {tb:.3} GiB in {ts:.3} s = {tg:.2} GB/s (posting to \
-                 completion, summed over writes)\n\
-                 NIXL bulk (same run)    {bb:.3} GiB host → decode host pool, one descriptor: \
-                 {bg:.2} GB/s (best of {rep})\n\
+                 completion, summed over writes); with packing ({ps:.3} s) {tpg:.2} GB/s\
+                 {bulk}\n\
+                 same transport          {tr:.2} of the {same} figure ({sg:.2} GB/s)\n\
                  verification            {iv} imported rows verified byte for byte in the \
                  decode host pool; {dv} rows read by decode attention; {m} mismatched\n\
                  decode after import     {decode}\n\
@@ -396,13 +532,16 @@ mod nixl_sim {
                 pages = self.pages_per_request,
                 layers = self.sparse_layers,
                 writes = self.writes,
+                layout = self.write_layout,
                 desc = self.descriptors_per_write,
                 tb = gib(self.transfer_bytes),
                 ts = self.transfer_seconds,
                 tg = self.transfer_gb_per_s,
-                bb = gib(self.bulk_bytes),
-                bg = self.bulk_gb_per_s,
-                rep = BULK_REPEATS,
+                ps = self.pack_seconds,
+                tpg = self.transfer_with_pack_gb_per_s,
+                tr = self.transfer_vs_same_transport,
+                same = self.same_transport_bulk,
+                sg = self.same_transport_bulk_gb_per_s,
                 iv = self.imported_rows_verified,
                 dv = self.decode_rows_verified,
                 m = self.mismatched_rows,
@@ -421,6 +560,14 @@ mod nixl_sim {
                 },
                 wall = self.wall_seconds,
             )
+        }
+
+        fn add_write(&mut self, bytes: u64, seconds: f64, descriptors: u64, pack_seconds: f64) {
+            self.writes += 1;
+            self.transfer_bytes += bytes;
+            self.transfer_seconds += seconds;
+            self.descriptors += descriptors;
+            self.pack_seconds += pack_seconds;
         }
 
         /// Prints the report; fails when any row mismatched or none was verified.
@@ -579,6 +726,7 @@ mod nixl_sim {
         device: &str,
         s: &SimSetup,
         prefill_kv: KvCacheConfig,
+        write: WriteLayout,
     ) -> CliResult<PdReport> {
         let wall = Instant::now();
         let kv = &s.kv;
@@ -622,6 +770,7 @@ mod nixl_sim {
             setup: s.clone(),
             prefill_kv,
             offer,
+            write,
         })?;
         let (agent, _, prefill_device) = match prefill.recv()? {
             FromPrefill::Ready(a, b, d) => (a, b, d),
@@ -647,44 +796,49 @@ mod nixl_sim {
             context: s.context,
             decode_steps: s.decode_steps,
             pages_per_request: pages,
-            descriptors_per_write: u64::from(pages) * host_geometry.layers.len() as u64,
+            write_layout: write.name().into(),
             ..PdReport::default()
         };
 
-        // The transport's own figure, before any block is assigned (it overwrites the pool).
+        // The transport's own figures, before any block is assigned (they overwrite the pool):
+        // from host memory, and from the prefill device's memory when that is GPU memory (the
+        // imports' own transport); one descriptor, then descriptors of BULK_DESCRIPTOR_BYTES.
         let bulk = (per_request * u64::from(s.requests)).min(host_geometry.pool_bytes);
-        let mut best = f64::INFINITY;
-        for _ in 0..BULK_REPEATS {
-            prefill.send(&ToPrefill::Bulk(bulk))?;
-            let (mut sent, mut landed) = (None, false);
-            let since = Instant::now();
-            while sent.is_none() || !landed {
-                if let Some(m) = prefill.try_recv()? {
-                    match m {
-                        FromPrefill::BulkSent(secs) => sent = Some(secs),
-                        _ => return Err(CliError::failed("the prefill side answered out of turn")),
-                    }
-                }
-                for a in decode.poll().map_err(nixl_err)? {
-                    match a {
-                        Arrival::Bulk { bytes } if bytes == bulk => landed = true,
-                        other => {
-                            return Err(CliError::failed(format!(
-                                "an arrival out of turn during the bulk write: {other:?}"
-                            )));
-                        }
-                    }
-                }
-                if since.elapsed() > SILENCE {
-                    return Err(CliError::failed("the bulk write never arrived"));
-                }
-                std::thread::sleep(Duration::from_micros(200));
+        let mut sources = vec![(BulkSource::Host, "host")];
+        if report.source_memory == "gpu" {
+            sources.push((BulkSource::Device, "gpu"));
+        }
+        for (source, memory) in sources {
+            for descriptor_bytes in [bulk, BULK_DESCRIPTOR_BYTES.min(bulk)] {
+                let (secs, descriptors) =
+                    best_bulk(&mut prefill, &mut decode, bulk, source, descriptor_bytes)?;
+                report.bulk.push(BulkFigure {
+                    source_memory: memory.into(),
+                    descriptors,
+                    descriptor_bytes,
+                    bytes: bulk,
+                    seconds: secs,
+                    gb_per_s: bulk as f64 / secs / 1e9,
+                });
             }
-            best = best.min(sent.unwrap_or(f64::INFINITY));
         }
         report.bulk_bytes = bulk;
-        report.bulk_seconds = best;
-        report.bulk_gb_per_s = bulk as f64 / best / 1e9;
+        report.bulk_seconds = report.bulk[0].seconds;
+        report.bulk_gb_per_s = report.bulk[0].gb_per_s;
+        if let Some(best) = report
+            .bulk
+            .iter()
+            .filter(|f| f.source_memory == report.source_memory)
+            .max_by(|a, b| a.gb_per_s.total_cmp(&b.gb_per_s))
+        {
+            report.same_transport_bulk_gb_per_s = best.gb_per_s;
+            report.same_transport_bulk = format!(
+                "{} → host pool, {} descriptor{}",
+                best.source_memory,
+                best.descriptors,
+                if best.descriptors == 1 { "" } else { "s" }
+            );
+        }
 
         // The imports and the decode. The loop never waits on a notification: each turn it
         // takes what arrived (verified, then handed to the coordinator), answers the prefill
@@ -731,11 +885,14 @@ mod nixl_sim {
                 news = true;
                 match msg {
                     FromPrefill::Prefilled(request, tokens) => waiting.push((request, tokens)),
-                    FromPrefill::Sent(_, bytes, secs) => {
+                    FromPrefill::Sent {
+                        bytes,
+                        seconds,
+                        descriptors,
+                        pack_seconds,
+                    } => {
                         sent += 1;
-                        report.writes += 1;
-                        report.transfer_bytes += bytes;
-                        report.transfer_seconds += secs;
+                        report.add_write(bytes, seconds, descriptors, pack_seconds);
                     }
                     _ => return Err(CliError::failed("the prefill side answered out of turn")),
                 }
@@ -806,11 +963,14 @@ mod nixl_sim {
         // A write's completion may reach this side after its notification did.
         while sent < s.requests {
             match prefill.recv()? {
-                FromPrefill::Sent(_, bytes, secs) => {
+                FromPrefill::Sent {
+                    bytes,
+                    seconds,
+                    descriptors,
+                    pack_seconds,
+                } => {
                     sent += 1;
-                    report.writes += 1;
-                    report.transfer_bytes += bytes;
-                    report.transfer_seconds += secs;
+                    report.add_write(bytes, seconds, descriptors, pack_seconds);
                 }
                 _ => return Err(CliError::failed("the prefill side answered out of turn")),
             }
@@ -847,6 +1007,13 @@ mod nixl_sim {
         report.h2d_bytes = c.h2d_bytes;
         report.restored_pages = c.restored_pages;
         report.transfer_gb_per_s = report.transfer_bytes as f64 / report.transfer_seconds / 1e9;
+        report.transfer_with_pack_gb_per_s =
+            report.transfer_bytes as f64 / (report.transfer_seconds + report.pack_seconds) / 1e9;
+        report.descriptors_per_write = report.descriptors / report.writes.max(1);
+        if report.same_transport_bulk_gb_per_s > 0.0 {
+            report.transfer_vs_same_transport =
+                report.transfer_gb_per_s / report.same_transport_bulk_gb_per_s;
+        }
         report.imported_rows_verified = verifier.verified.rows;
         report.decode_rows_verified = drained.verified.rows;
         report.verified_rows = verifier.verified.rows + drained.verified.rows;
@@ -860,6 +1027,54 @@ mod nixl_sim {
         drop(decode);
         drop(rank);
         Ok(report)
+    }
+
+    /// The best of [`BULK_REPEATS`] bulk writes of `bytes` from `source` in descriptors of
+    /// `descriptor_bytes`, each announced to the decode side: (seconds, descriptors).
+    fn best_bulk(
+        prefill: &mut PrefillProcess,
+        decode: &mut DecodeSide,
+        bytes: u64,
+        source: BulkSource,
+        descriptor_bytes: u64,
+    ) -> CliResult<(f64, u64)> {
+        let (mut best, mut count) = (f64::INFINITY, 0);
+        for _ in 0..BULK_REPEATS {
+            prefill.send(&ToPrefill::Bulk {
+                bytes,
+                source,
+                descriptor_bytes,
+            })?;
+            let (mut sent, mut landed) = (None, false);
+            let since = Instant::now();
+            while sent.is_none() || !landed {
+                if let Some(m) = prefill.try_recv()? {
+                    match m {
+                        FromPrefill::BulkSent(secs, descriptors) => {
+                            sent = Some(secs);
+                            count = descriptors;
+                        }
+                        _ => return Err(CliError::failed("the prefill side answered out of turn")),
+                    }
+                }
+                for a in decode.poll().map_err(nixl_err)? {
+                    match a {
+                        Arrival::Bulk { bytes: b } if b == bytes => landed = true,
+                        other => {
+                            return Err(CliError::failed(format!(
+                                "an arrival out of turn during the bulk write: {other:?}"
+                            )));
+                        }
+                    }
+                }
+                if since.elapsed() > SILENCE {
+                    return Err(CliError::failed("the bulk write never arrived"));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            best = best.min(sent.unwrap_or(f64::INFINITY));
+        }
+        Ok((best, count))
     }
 
     /// One decode step of the decode side: plan, execute on the rank (the forward pass's writes,
@@ -932,6 +1147,21 @@ mod nixl_sim {
         }
     }
 
+    /// Polls `t` until it completed (its polls are what make it progress), at most [`SILENCE`].
+    fn wait_for(side: &PrefillSide, t: &mut Transfer, what: &str) -> CliResult<()> {
+        let since = Instant::now();
+        while !side.poll(t).map_err(nixl_err)? {
+            if since.elapsed() > SILENCE {
+                return Err(CliError::failed(format!(
+                    "{what} did not complete in {} s",
+                    SILENCE.as_secs()
+                )));
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
     fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write) -> CliResult<()> {
         let io = |e: std::io::Error| CliError::failed(format!("writing to the decode side: {e}"));
         let kind: BackendKind = h
@@ -949,14 +1179,52 @@ mod nixl_sim {
         let geometry = PoolGeometry::device(&kv).map_err(nixl_err)?;
         let local = pool_region(&rt.pools().device, ordinal)?;
         let name = format!("hisparse-prefill-{}", std::process::id());
-        // The bulk write's source; declared before `side`, so it is dropped after it.
-        let mut staging: Vec<u64> = Vec::new();
+        // Registered memory besides the pool, declared before `side` so that it is dropped
+        // (freed) only after the side (its registrations) is: the bulk writes' host and device
+        // sources, and the packed writes' staging buffer.
+        let mut host_bulk: Vec<u64> = Vec::new();
+        let mut device_bulk: Option<(AnyBuffer, Region)> = None;
+        let mut staging: Option<(AnyBuffer, Region)> = None;
+        let staging_needed = match h.write {
+            WriteLayout::Packed => {
+                // The budget is checked before any staging memory is taken.
+                let needed = hisparse_nixl::staging_bytes_for(&h.offer.geometry, s.context);
+                let free = rt.device().memory_info().map_or(u64::MAX, |m| {
+                    if m.unified {
+                        m.host_available
+                    } else {
+                        m.device_free
+                    }
+                });
+                hisparse_nixl::check_staging_budget(needed, STAGING_BUDGET_BYTES.min(free / 2))
+                    .map_err(|e| {
+                        CliError::usage(format!(
+                            "nixl: {e} (--pd-write pages writes without staging; a shorter \
+                             --context needs less)"
+                        ))
+                    })?;
+                needed
+            }
+            WriteLayout::Pages => 0,
+        };
         // SAFETY: the GPU pool belongs to `rt`, which outlives `side` (dropped explicitly
         // before it below); a request's pages are not written, and its blocks not handed to
         // another request, until its write completed (one request at a time, the coordinator
         // not stepped while a write is in flight).
         let mut side = unsafe { PrefillSide::new(&name, local, geometry, h.offer.clone()) }
             .map_err(nixl_err)?;
+        if staging_needed > 0 {
+            let buf = rt
+                .device()
+                .alloc(staging_needed as usize)
+                .map_err(|e| CliError::device("allocating the staging buffer", e))?;
+            let r = pool_region(&buf, ordinal)?;
+            // SAFETY: `staging` outlives `side` (declared before it); the buffer is written only
+            // by the packing copies of a request before its write is posted, and not again until
+            // that write completed.
+            unsafe { side.register(r) }.map_err(nixl_err)?;
+            staging = Some((buf, r));
+        }
         let (b, d) = (
             rt.device().backend().to_string(),
             rt.device().device_name().to_string(),
@@ -969,38 +1237,56 @@ mod nixl_sim {
             match recv::<ToPrefill>(input, &mut line)
                 .map_err(rt_err("reading from the decode side"))?
             {
-                ToPrefill::Bulk(bytes) => {
-                    if staging.is_empty() {
-                        staging = (0..bytes.div_ceil(8))
-                            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-                            .collect();
-                        let src = region(
-                            staging.as_ptr() as u64,
-                            staging.len() as u64 * 8,
-                            MemoryKind::Host,
-                        );
-                        // SAFETY: `staging` is dropped after `side` and never written again
-                        // (a later bulk write of more bytes is refused below).
-                        unsafe { side.register(src) }.map_err(nixl_err)?;
-                    }
-                    let src = region(
-                        staging.as_ptr() as u64,
-                        staging.len() as u64 * 8,
-                        MemoryKind::Host,
-                    );
+                ToPrefill::Bulk {
+                    bytes,
+                    source,
+                    descriptor_bytes,
+                } => {
+                    let src = match source {
+                        BulkSource::Host => {
+                            if host_bulk.is_empty() {
+                                host_bulk = (0..bytes.div_ceil(8))
+                                    .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                                    .collect();
+                                let r = region(
+                                    host_bulk.as_ptr() as u64,
+                                    host_bulk.len() as u64 * 8,
+                                    MemoryKind::Host,
+                                );
+                                // SAFETY: `host_bulk` is dropped after `side` and never written
+                                // again (a later bulk write of more bytes is refused below).
+                                unsafe { side.register(r) }.map_err(nixl_err)?;
+                            }
+                            region(
+                                host_bulk.as_ptr() as u64,
+                                host_bulk.len() as u64 * 8,
+                                MemoryKind::Host,
+                            )
+                        }
+                        BulkSource::Device => match &device_bulk {
+                            Some((_, r)) => *r,
+                            None => {
+                                // Its bytes are the allocation's zeros: the figure measures the
+                                // transport, nothing reads what it wrote.
+                                let buf = rt.device().alloc(bytes as usize).map_err(|e| {
+                                    CliError::device("allocating the bulk write's source", e)
+                                })?;
+                                let r = pool_region(&buf, ordinal)?;
+                                // SAFETY: `device_bulk` is dropped after `side`; nothing writes
+                                // the buffer while it is registered.
+                                unsafe { side.register(r) }.map_err(nixl_err)?;
+                                device_bulk = Some((buf, r));
+                                r
+                            }
+                        },
+                    };
                     if bytes > src.len {
                         return Err(CliError::failed("bulk writes of growing sizes"));
                     }
-                    let mut t = side.bulk(&src, bytes).map_err(nixl_err)?;
-                    let since = Instant::now();
-                    while !side.poll(&mut t).map_err(nixl_err)? {
-                        if since.elapsed() > SILENCE {
-                            return Err(CliError::failed("the bulk write did not complete"));
-                        }
-                        std::hint::spin_loop();
-                    }
+                    let mut t = side.bulk(&src, bytes, descriptor_bytes).map_err(nixl_err)?;
+                    wait_for(&side, &mut t, "the bulk write")?;
                     let secs = t.elapsed().map_or(f64::INFINITY, |e| e.as_secs_f64());
-                    send(output, &FromPrefill::BulkSent(secs)).map_err(io)?;
+                    send(output, &FromPrefill::BulkSent(secs, t.descriptors())).map_err(io)?;
                 }
                 ToPrefill::Start => break,
                 _ => return Err(CliError::failed("the decode side spoke out of turn")),
@@ -1110,19 +1396,45 @@ mod nixl_sim {
                 sources.push(list);
             }
             let lists: Vec<&[u32]> = sources.iter().map(|v| &v[..]).collect();
-            let mut t = side.send(&manifest, &lists).map_err(nixl_err)?;
-            let since = Instant::now();
-            while !side.poll(&mut t).map_err(nixl_err)? {
-                if since.elapsed() > SILENCE {
-                    return Err(CliError::failed(format!(
-                        "the write of request {uid} did not complete in {} s",
-                        SILENCE.as_secs()
-                    )));
+            let (mut t, pack_seconds) = match &mut staging {
+                None => (side.send(&manifest, &lists).map_err(nixl_err)?, 0.0),
+                Some((buf, r)) => {
+                    let plan = side
+                        .plan_packed(&manifest, &lists, r.len)
+                        .map_err(nixl_err)?;
+                    // Packing: whole-page device copies into the staging buffer, on the copy
+                    // stream, complete before the write is posted.
+                    let packing = Instant::now();
+                    let (dev, pool, stream) = (rt.device(), &rt.pools().device, rt.copy_stream());
+                    for c in &plan.copies {
+                        dev.copy_on_device(
+                            stream,
+                            pool,
+                            c.src as usize,
+                            buf,
+                            c.dst as usize,
+                            c.len as usize,
+                        )
+                        .map_err(|e| CliError::device("packing a request's pages", e))?;
+                    }
+                    dev.synchronize(stream)
+                        .map_err(|e| CliError::device("packing a request's pages", e))?;
+                    let pack_seconds = packing.elapsed().as_secs_f64();
+                    (side.send_packed(r, &plan).map_err(nixl_err)?, pack_seconds)
                 }
-                std::hint::spin_loop();
-            }
+            };
+            wait_for(&side, &mut t, &format!("the write of request {uid}"))?;
             let secs = t.elapsed().map_or(f64::INFINITY, |e| e.as_secs_f64());
-            send(output, &FromPrefill::Sent(uid, t.bytes(), secs)).map_err(io)?;
+            send(
+                output,
+                &FromPrefill::Sent {
+                    bytes: t.bytes(),
+                    seconds: secs,
+                    descriptors: t.descriptors(),
+                    pack_seconds,
+                },
+            )
+            .map_err(io)?;
             coord
                 .finish(uid)
                 .map_err(|e| CliError::failed(e.to_string()))?;
@@ -1132,7 +1444,7 @@ mod nixl_sim {
             _ => return Err(CliError::failed("the decode side spoke out of turn")),
         }
         drop(side);
-        drop(staging);
+        drop((host_bulk, device_bulk, staging));
         rt.drain()
             .map_err(|e| CliError::failed(format!("prefill runtime: {e}")))?;
         Ok(())
