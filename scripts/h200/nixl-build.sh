@@ -14,7 +14,8 @@
 #
 # The wheel is taken from $NIXL_SITE (a site-packages folder holding it), else from the venv
 # .ci/run installs (/opt/hisparse-nixl), else `pip download --no-deps nixl-cu13==1.5.1` into a
-# temporary folder. Release profile without debug info, stripped.
+# temporary folder. Release profile without debug info, stripped; CARGO_TARGET_DIR is honoured
+# (a clean build of a worktree in a private target folder).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -82,11 +83,12 @@ tests=$(cargo test --release -p hisparse-nixl --features nixl --test transfer --
     --message-format=json 2>/dev/null)
 transfer=$(exe_of transfer <<<"$tests")
 cargo build --release -p hisparse-cli --features cuda,nixl
-for f in "$transfer" target/release/hisparse; do
+cli="${CARGO_TARGET_DIR:-target}/release/hisparse"
+for f in "$transfer" "$cli"; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
 install -m 755 "$transfer" "$out/nixl-transfer"
-install -m 755 target/release/hisparse "$out/hisparse"
+install -m 755 "$cli" "$out/hisparse"
 bins=(hisparse nixl-transfer)
 (cd "$out" && strip "${bins[@]}")
 {
