@@ -1488,11 +1488,23 @@ mod tests {
 
     #[test]
     fn write_layouts_parse_and_auto_packs_only_from_gpu_memory() {
-        assert_eq!(WriteLayout::parse("auto", true).unwrap(), WriteLayout::Packed);
-        assert_eq!(WriteLayout::parse("auto", false).unwrap(), WriteLayout::Pages);
+        assert_eq!(
+            WriteLayout::parse("auto", true).unwrap(),
+            WriteLayout::Packed
+        );
+        assert_eq!(
+            WriteLayout::parse("auto", false).unwrap(),
+            WriteLayout::Pages
+        );
         for gpu in [false, true] {
-            assert_eq!(WriteLayout::parse("pages", gpu).unwrap(), WriteLayout::Pages);
-            assert_eq!(WriteLayout::parse("packed", gpu).unwrap(), WriteLayout::Packed);
+            assert_eq!(
+                WriteLayout::parse("pages", gpu).unwrap(),
+                WriteLayout::Pages
+            );
+            assert_eq!(
+                WriteLayout::parse("packed", gpu).unwrap(),
+                WriteLayout::Packed
+            );
         }
         let e = WriteLayout::parse("bulk", true).unwrap_err().to_string();
         assert!(e.contains("packed, pages or auto"), "{e}");
