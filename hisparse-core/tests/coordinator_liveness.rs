@@ -101,11 +101,12 @@ fn drive(c: &mut Coordinator, final_len: &[(RequestId, u32)], max_steps: u32) ->
 
 /// A layout that holds one request entirely on the GPU, prefix caching on: prompt P runs to the
 /// end and finishes; another request then takes the blocks of P's GPU copies, so P again hits
-/// the host prefix cache but would read the hit from host, and the hit (its pinned blocks, a hot
-/// region and the first page) needs more than the whole pool. It must start without the hit
-/// rather than wait forever — and so must the request queued behind it.
+/// the host prefix cache with its hit page only on host. Its first chunk is a prefill chunk,
+/// which reads its whole context on the GPU: the hit page is staged (restored host → device,
+/// no hot region), and the hit fits the pool that way where a hot region would not — so it is
+/// used; the request queued behind it finishes too.
 #[test]
-fn a_prefix_hit_that_cannot_start_within_the_pool_falls_back_to_recomputing() {
+fn a_prefix_hit_on_host_pages_is_staged_for_the_prefill_that_reads_it() {
     // 5 GPU blocks: 4 usable, exactly one 8-token request all on the GPU (2 pages × 2 blocks).
     let mut c = coordinator(layout(8, 5, true), 512, 1);
     let p: Vec<u32> = (0..5).collect();
@@ -121,9 +122,13 @@ fn a_prefix_hit_that_cannot_start_within_the_pool_falls_back_to_recomputing() {
     assert_eq!(cmd.scheduled.len(), 1, "P starts again");
     assert_eq!(
         (cmd.scheduled[0].id, cmd.scheduled[0].first_token),
-        (2, 0),
-        "without the prefix hit: every prompt token is recomputed"
+        (2, 4),
+        "the prefix hit is used: only the token after it is computed"
     );
+    assert_eq!(cmd.restores.len(), 1, "the hit page is restored to the GPU");
+    assert!(cmd.hot_assign.is_empty(), "nothing reads from host");
+    assert!(cmd.scheduled[0].fully_resident);
+    assert_eq!(c.pages_staged(), 1);
     if let Some(id) = cmd.transfer_id {
         c.report(0, &[id], &[id]).unwrap();
     }
@@ -176,26 +181,35 @@ fn a_prefix_hit_that_fits_the_pool_is_used() {
 }
 
 /// A 32-token prompt in a 13-block pool (12 usable: 8 indexer blocks + a 2-page resident tail +
-/// a 2-block hot region, exactly the HiSparse cost of 32 tokens). The first chunk (the whole
-/// prompt, 16 blocks) is larger than the pool: it must shrink to what fits, and the prefill
-/// must then go on chunk by chunk, reclaiming as it goes, instead of never computing a token
-/// (or churning between start and preempt with smaller chunks).
+/// a 2-block hot region, the HiSparse cost of 32 tokens) can never be prefilled exactly: its
+/// last chunk reads all 8 pages on the GPU (16 blocks). Admission refuses it with a typed error
+/// naming the context, the need and the pool, instead of admitting a request that would stall
+/// or read -1. In a pool that holds the prompt (17 blocks) the lone request finishes, whatever
+/// the chunk size, mirroring and workers, and is never preempted.
 #[test]
-fn the_first_prefill_chunk_shrinks_to_what_fits_the_free_pool() {
+fn a_prompt_whose_prefill_could_never_hold_its_context_is_refused() {
+    let mut c = coordinator(layout(32, 13, true), 512, 1);
+    let p: Vec<u32> = (0..32).collect();
+    let e = c.admit(1, &p).unwrap_err();
+    assert_eq!(
+        e,
+        hisparse_core::coordinator::CoordError::PrefillNeverFits {
+            id: 1,
+            context_tokens: 32,
+            needed: 16,
+            capacity: 12
+        }
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("--gpu-mem") && msg.contains("32 tokens"),
+        "{msg}"
+    );
     for max_batched_tokens in [512, 16, 5] {
         for eager in [true, false] {
             for workers in [1, 3] {
-                let mut c = coordinator(layout(32, 13, eager), max_batched_tokens, workers);
-                let p: Vec<u32> = (0..32).collect();
+                let mut c = coordinator(layout(32, 17, eager), max_batched_tokens, workers);
                 c.admit(1, &p).unwrap();
-                let cmd = c.step().unwrap();
-                assert_eq!(cmd.scheduled.len(), 1, "the request starts at once");
-                assert!(cmd.scheduled[0].num_tokens <= 24, "at most 6 pages fit");
-                if let Some(id) = cmd.transfer_id {
-                    for w in 0..workers {
-                        c.report(w, &[id], &[id]).unwrap();
-                    }
-                }
                 let (steps, preempted) = drive(&mut c, &[(1, 32)], 40);
                 assert!(steps < 40);
                 assert_eq!(preempted, 0, "a lone request that fits is never preempted");
@@ -209,8 +223,8 @@ fn the_first_prefill_chunk_shrinks_to_what_fits_the_free_pool() {
     }
 }
 
-/// Every prompt length up to `max_model_len`, in every pool from the smallest the layout
-/// allows upwards, with and without prefix caching and eager mirroring, whole-prompt and small
+/// Every prompt length up to `max_model_len`, in every pool from the smallest that holds one
+/// `max_model_len` request's context (a prefill reads its whole context on the GPU) upwards, with and without prefix caching and eager mirroring, whole-prompt and small
 /// chunks, workers reporting at once or lagging: one or two requests of the same prompt each
 /// finish within a bound of steps (no stall, no endless preemption), and a request alone is
 /// never preempted — while its pages' host copies are in flight it waits for them.
@@ -219,7 +233,7 @@ fn a_request_whose_context_fits_the_layout_always_finishes() {
     let max_len = 24;
     let min_blocks = {
         let kv = layout(max_len, 1 << 10, true);
-        1 + kv.gpu_blocks_per_request(max_len).min_needed() as u32
+        1 + kv.gpu_blocks_per_request(max_len).all_on_gpu as u32
     };
     let mut runs = 0;
     for gpu_blocks in min_blocks..min_blocks + 6 {

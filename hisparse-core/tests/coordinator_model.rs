@@ -19,7 +19,10 @@
 //!   must hold the right GPU row (an unpinned page that no allocation reused still reads its GPU
 //!   bytes), a null entry the right host row of a durable transfer (a page whose block was
 //!   reused reads host bytes); no copy-on-write source is written before the batch of the step
-//!   that copied it is complete.
+//!   that copied it is complete;
+//! * a prefill chunk (tokens below the request's prefill end) reads no null entry: every page
+//!   of its context is on the GPU, staged there from host when it was not, and a staged page
+//!   holds the host bytes it was restored from (checked like every GPU read).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -48,6 +51,8 @@ static CONTENT_READS: AtomicU64 = AtomicU64::new(0);
 static ADOPTED_READS: AtomicU64 = AtomicU64::new(0);
 static IMPORTS: AtomicU64 = AtomicU64::new(0);
 static IMPORTED_STARTS: AtomicU64 = AtomicU64::new(0);
+static STAGED_PAGES: AtomicU64 = AtomicU64::new(0);
+static STAGED_READS: AtomicU64 = AtomicU64::new(0);
 const MAX_LEN: u32 = 48;
 
 #[derive(Clone, Debug)]
@@ -312,7 +317,15 @@ fn setup(p: &Params) -> Coordinator {
     cfg.max_query_len = p.mql;
     cfg.eager_host_mirror = p.eager;
     let mut input = LayoutInput::new(model, &cfg, 0, MAX_LEN);
-    input.num_gpu_blocks_override = Some(p.gpu_blocks);
+    input.num_gpu_blocks_override = Some(4096);
+    // A prefill chunk reads its whole context on the GPU: the pool holds one MAX_LEN request's
+    // pages at the least (admission refuses longer prompts, see `staging.rs`).
+    let floor = plan_layout(&input)
+        .expect("layout")
+        .gpu_blocks_per_request(MAX_LEN)
+        .all_on_gpu as u32
+        + 1;
+    input.num_gpu_blocks_override = Some(p.gpu_blocks.max(floor));
     let kv = plan_layout(&input).expect("layout");
     assert_eq!(kv.num_buckets, 2);
     // One row per token and per page slot: the byte shadow tags rows by token.
@@ -462,14 +475,23 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
             .unwrap_or_else(|| vec![0; bs]);
         sh.gpu_data.insert(pair.dst, rows);
     }
-    // Prefix hits: null resident entries of pages never resident must be durable on host.
+    // Prefix hits: null resident entries of pages never resident must be durable on host. A
+    // prefill chunk has none: its context is on the GPU.
     for s in &cmd.scheduled {
         let row = s.slot as usize;
         let gpu_pages = (s.first_token + s.num_tokens).div_ceil(kv.block_tokens) as usize;
+        let prefill = c.prefill_end(s.id).is_some_and(|e| s.first_token < e);
         for p in 0..gpu_pages {
             let null = sh.resident[row]
                 .iter()
                 .any(|v| v.get(p).copied().unwrap_or(0) == 0);
+            prop_assert!(
+                !(prefill && null),
+                "request {} prefill chunk at token {} reads page {} from a null resident entry (-1)",
+                s.id,
+                s.first_token,
+                p
+            );
             if null {
                 HOST_READS.fetch_add(1, Relaxed);
                 let h = sh.host[row][p];
@@ -486,6 +508,16 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
             }
         }
     }
+    // Pages staged by this command: restored into a block that a residency update of the same
+    // command names for a page of a request scheduled with a prefill chunk.
+    let restored: std::collections::HashSet<u32> =
+        cmd.restores.iter().map(|t| t.device_block).collect();
+    let staged_now: std::collections::HashSet<(u32, u32)> = cmd
+        .residency
+        .iter()
+        .filter(|u| u.block != 0 && restored.contains(&u.block))
+        .map(|u| (u.slot, u.page))
+        .collect();
     // What attention reads before this step's tokens: every context row, from the GPU block
     // the resident entry names or, for a null entry, from the host block of a durable transfer.
     for s in &cmd.scheduled {
@@ -500,6 +532,7 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
             let want = tag(&toks, t);
             let unpinned = c.page_state(s.id, p as u32)
                 == Some(hisparse_core::coordinator::PageState::Unpinned);
+            let staged = staged_now.contains(&(row as u32, p as u32));
             for b in 0..sh.nb {
                 let e = sh.resident[row][b].get(p).copied().unwrap_or(0);
                 CONTENT_READS.fetch_add(1, Relaxed);
@@ -509,6 +542,9 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
                     }
                     if cmd.started.contains(&s.slot) {
                         ADOPTED_READS.fetch_add(1, Relaxed);
+                    }
+                    if staged {
+                        STAGED_READS.fetch_add(1, Relaxed);
                     }
                     let got = sh.gpu_data.get(&e).map_or(0, |d| d[r]);
                     prop_assert_eq!(
@@ -799,11 +835,13 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Step => {
+                let staged = c.pages_staged();
                 let sum = c
                     .schedule_step()
                     .map_err(|e| TestCaseError::fail(format!("{e}")))?;
                 WAITS.fetch_add(u64::from(sum.waiting_on_reclaim), Relaxed);
                 let cmd = c.build_offload_command();
+                STAGED_PAGES.fetch_add(c.pages_staged() - staged, Relaxed);
                 steps += 1;
                 check_step(&mut sh, &c, &cmd)?;
             }
@@ -949,6 +987,8 @@ fn coordinator_model() {
         ),
         ("imports", IMPORTS.load(Relaxed)),
         ("imported requests started", IMPORTED_STARTS.load(Relaxed)),
+        ("pages staged for prefill", STAGED_PAGES.load(Relaxed)),
+        ("staged rows read on the GPU", STAGED_READS.load(Relaxed)),
     ];
     println!("coverage over {cases} sequences: {counts:?}");
     if cases >= 1000 {
@@ -1051,7 +1091,8 @@ fn min_gpu_blocks(p: &Params) -> u32 {
         ..p.clone()
     };
     let kv = setup(&roomy).layout().clone();
-    1 + kv.gpu_blocks_per_request(MAX_LEN).min_needed() as u32
+    // Prefill reads its whole context on the GPU: one MAX_LEN request's pages at the least.
+    1 + kv.gpu_blocks_per_request(MAX_LEN).all_on_gpu as u32
 }
 
 /// Most steps a liveness workload may take: every token computed one step at a time, twice

@@ -27,6 +27,7 @@ impl Coordinator {
             });
         }
         self.check_fits(id, prompt.len() as u32)?;
+        self.check_prompt_prefill_fits(id, prompt.len() as u32)?;
         // Everything that can fail is allocated before anything changes.
         let mut tokens = Vec::new();
         tokens
@@ -59,6 +60,8 @@ impl Coordinator {
             pages: 0,
             hit_pages: 0,
             last_xfer: 0,
+            prefill_end: 0,
+            prefill_step: 0,
             import: Import::None,
             source: SourceTable::default(),
             paged: self.paged.new_table(),
@@ -138,12 +141,13 @@ impl Coordinator {
     }
 
     /// Starts the waiting request `id` (prefix-cache lookup, host blocks for the whole prompt,
-    /// hot region if it reads from host) and schedules its first chunk of at most `max_tokens`
+    /// hit pages without a GPU copy staged on the GPU for the first chunk, a prefill chunk) and
+    /// schedules its first chunk of at most `max_tokens`
     /// tokens — fewer when the free GPU pool holds less, so a prompt larger than the free pool
     /// still starts. Admission accounts for every tier it needs before touching anything: host
-    /// blocks for every page, GPU blocks for the chunk and re-pinned prefix blocks, and the hot
-    /// region. A prefix hit whose pinned blocks, hot region and first page could never fit the
-    /// GPU pool, even alone, is not used: the prefix is recomputed instead.
+    /// blocks for every page, GPU blocks for the chunk, re-pinned prefix blocks and staged hit
+    /// pages. A prefix hit whose pinned blocks, staged pages and first page could never fit
+    /// the GPU pool, even alone, is not used: the prefix is recomputed instead.
     pub fn start(&mut self, id: RequestId, max_tokens: u32) -> Result<Alloc, CoordError> {
         let slot = self.slot_of_id(id)?;
         let Some(r) = self.reqs[slot as usize].as_ref() else {
@@ -233,22 +237,18 @@ impl Coordinator {
     }
 
     /// GPU blocks a start with a prefix hit of `hit` pages (of a `len`-token prompt) holds at
-    /// the least: the pinned indexer and regular blocks of the hit, the adopted GPU copies of
-    /// `adopted` hit pages, one new page (the first chunk, or the copy-on-write tail) with a
-    /// new block in every regular group, and the hot region when some hit page reads from host.
-    fn hit_start_footprint(&self, hit: u32, len: u32, adopted: u32) -> u64 {
+    /// the least: the pinned indexer and regular blocks of the hit, every shared hit page on
+    /// the GPU (adopted GPU copies, or staged from host: the first chunk is a prefill chunk,
+    /// which reads its whole context there — see `staging.rs`), one new page (the first
+    /// chunk, or the copy-on-write tail) with a new block in every regular group. No hot
+    /// region: nothing reads from host once the context is staged.
+    fn hit_start_footprint(&self, hit: u32, len: u32) -> u64 {
         let cow_tail = u64::from(hit) * u64::from(self.kv.block_tokens) >= u64::from(len);
         let shared = if cow_tail { hit - 1 } else { hit };
-        let hot = if shared > adopted {
-            u64::from(self.hot.cost())
-        } else {
-            0
-        };
         self.paged.hit_pins(hit, self.resume_token(hit, len))
-            + u64::from(adopted) * u64::from(self.resident.num_buckets())
+            + u64::from(shared) * u64::from(self.resident.num_buckets())
             + self.gpu_cost_per_page()
             + self.paged.num_groups()
-            + hot
     }
 
     /// Which of the first `shared` hit pages still have a valid GPU copy of every bucket (its
@@ -319,14 +319,9 @@ impl Coordinator {
         let (mut adopt, mut adopt_blocks) = (Vec::new(), Vec::new());
         self.adoptable_pages(r, shared_of(hit), &mut adopt, &mut adopt_blocks);
         let pool = u64::from(self.gpu.num_blocks() - 1);
-        if hit > 0 && self.hit_start_footprint(hit, len, adopt.len() as u32) > pool {
-            // Adopting costs blocks a hot region might not: try without.
-            adopt.clear();
-            adopt_blocks.clear();
-        }
         // A hit that could never start, even with the whole pool free, would wait forever:
         // recompute the prefix instead.
-        if hit > 0 && self.hit_start_footprint(hit, len, adopt.len() as u32) > pool {
+        if hit > 0 && self.hit_start_footprint(hit, len) > pool {
             hit = 0;
             adopt.clear();
             adopt_blocks.clear();
@@ -378,18 +373,16 @@ impl Coordinator {
         }
         // Account for every tier before allocating anything.
         let host_need = u64::from(total_pages - shared);
-        let hot = if shared > adopt.len() as u32 {
-            u64::from(self.hot.cost())
-        } else {
-            0
-        };
+        // Hit pages without a GPU copy are staged by the first chunk (a prefill chunk).
+        let staged =
+            u64::from(shared - adopt.len() as u32) * u64::from(self.resident.num_buckets());
         let per_page = self.gpu_cost_per_page();
         // The copy-on-write tail also copies the column of its last token in every regular
         // group.
         let cow_regular = if cow_tail { self.paged.num_groups() } else { 0 };
         let gpu_need = |this: &Self, r: &Req, chunk: u32| {
             u64::from((computed0 + chunk).div_ceil(bt) - shared) * per_page
-                + hot
+                + staged
                 + cow_regular
                 + this
                     .paged
@@ -483,6 +476,7 @@ impl Coordinator {
         r.resident.spill_cursor = shared;
         r.source.ready_prefix = shared;
         r.num_computed = computed0;
+        r.prefill_end = len;
         // Host blocks for the rest of the prompt.
         self.source.grow(
             &mut r.source,
@@ -491,10 +485,7 @@ impl Coordinator {
             slot,
             total_pages,
         );
-        if r.resident.host_only > 0 {
-            self.hot
-                .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
-        }
+        // The hit pages read from host are staged by the chunk's scheduling.
         let res = self.schedule_inner(r, chunk, false).map(|(alloc, _)| alloc);
         if !matches!(res, Ok(Alloc::Scheduled)) {
             // Accounting said it fits; undo everything if it did not.

@@ -83,6 +83,20 @@ pub enum CoordError {
         /// Usable blocks in the pool.
         capacity: u64,
     },
+    /// A prefill chunk reads its whole earlier context on the GPU (pages that live only on
+    /// host are staged there first), and this request's context could never be held there
+    /// beside the chunk, even with the whole GPU pool free. Give the KV cache more GPU memory
+    /// (a larger `num_gpu_blocks`; `--gpu-mem` on the CLI) or use shorter prompts.
+    PrefillNeverFits {
+        /// The id.
+        id: RequestId,
+        /// Tokens of context before the chunk (or of the prompt, at admission).
+        context_tokens: u32,
+        /// GPU blocks that context and the chunk's first page need.
+        needed: u64,
+        /// Usable blocks in the GPU pool.
+        capacity: u64,
+    },
     /// `schedule` asked for more tokens than the request has uncomputed.
     NotEnoughTokens {
         /// The id.
@@ -197,6 +211,15 @@ impl fmt::Display for CoordError {
             } => write!(
                 f,
                 "coordinator: request {id} would have {tokens} tokens, above max_model_len {max_model_len}; finish it or plan a larger max_model_len"
+            ),
+            CoordError::PrefillNeverFits {
+                id,
+                context_tokens,
+                needed,
+                capacity,
+            } => write!(
+                f,
+                "coordinator: request {id}: prefill over its {context_tokens} tokens of context needs that context on the GPU ({needed} blocks with the chunk's first page) but the GPU pool has {capacity}; give the KV cache more GPU memory (num_gpu_blocks, --gpu-mem) or shorten the prompt"
             ),
             CoordError::NeverFits {
                 id,

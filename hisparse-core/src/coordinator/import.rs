@@ -194,6 +194,9 @@ impl Coordinator {
         let row = self.take_row(r);
         let slot = row;
         r.import = Import::None;
+        // The tokens after the imported ones (the first sampled one) are decode: they read the
+        // imported pages through the hot region, not staged.
+        r.prefill_end = imported;
         for p in 0..pages {
             self.paged
                 .allocate_page(&mut r.paged, &mut self.gpu, &mut self.out, slot, p);

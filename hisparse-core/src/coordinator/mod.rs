@@ -27,6 +27,7 @@
 //! | `request.rs` | the per-request record: tokens, progress, one table per manager |
 //! | `admission.rs` | [`Coordinator::admit`], appending tokens, [`Coordinator::start`] (prefix hits, copy-on-write tail, accounting for every tier) |
 //! | `schedule.rs` | [`Coordinator::schedule`] and the built-in step policy [`Coordinator::schedule_step`] |
+//! | `staging.rs` | prefill over host-only context: a prefill chunk's context staged on the GPU, the budget rule, dropping cached GPU copies |
 //! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`], the low watermark, reused unpinned pages falling back, wait-instead-of-preempt |
 //! | `rollback.rs` | [`Coordinator::rollback`]: rejected speculative tokens given back |
 //! | `import.rs` | imported requests: [`Coordinator::reserve_import`], [`Coordinator::complete_import`], their start |
@@ -84,11 +85,19 @@
 //! each sampled one, a step computes them together, and the engine gives back the drafts the
 //! verifier rejected with [`Coordinator::rollback`] before the next step.
 //!
-//! Liveness: with workers reporting, a request whose context fits the layout always finishes
+//! Prefill over host-only context (`staging.rs`): a prefill chunk reads every earlier page of
+//! its context on the GPU, so pages that live only on host are staged (restored host → device,
+//! in the chunk's command) and the request's pages stay put for the rest of the step. A prompt
+//! whose context could never be held on the GPU is refused at admission
+//! ([`CoordError::PrefillNeverFits`]; a restart whose recomputed context outgrew the pool gets
+//! the same error from scheduling).
+//!
+//! Liveness: with workers reporting, a request whose context fits the layout and whose
+//! prefill fits the GPU pool always finishes
 //! (the layout guarantees that one `max_model_len` request fits both pools, and
 //! [`KvCacheConfig::validate`] refuses one that does not). The step policy shrinks a prefill
 //! chunk (or a speculative decode) to the pages the free pool holds before it preempts anyone;
-//! a prefix hit whose pinned blocks, hot region and first page could never fit the pool is not
+//! a prefix hit whose pinned blocks, staged pages and first page could never fit the pool is not
 //! used (the prefix is recomputed); and an allocation waits instead of preempting while a
 //! release, or a conversion to a hot region that only in-flight transfers hold back, is
 //! pending — so a request alone in the pool is never preempted.
@@ -152,6 +161,7 @@ mod request;
 mod rollback;
 mod rows;
 mod schedule;
+mod staging;
 #[cfg(test)]
 mod tests;
 mod transfers;
@@ -297,6 +307,8 @@ pub struct Coordinator {
     spill_scratch: Vec<u32>,
     /// Free GPU blocks after the last low-watermark pass (`u32::MAX`: none yet).
     free_after_watermark: u32,
+    /// Pages restored host → device to stage prefill context, since the start.
+    staged_pages: u64,
     out: OffloadCommand,
     scratch: Vec<(u32, u32)>,
 }
@@ -373,6 +385,7 @@ impl Coordinator {
             reused: Vec::new(),
             spill_scratch: Vec::new(),
             free_after_watermark: u32::MAX,
+            staged_pages: 0,
             out,
             scratch: Vec::new(),
             kv,

@@ -98,6 +98,10 @@ impl Coordinator {
                 if !convert && r.hot.blocks.is_empty() {
                     continue;
                 }
+                // A prefill chunk of this step reads every page of its context on the GPU.
+                if r.prefill_step == self.step_no + 1 {
+                    continue;
+                }
                 let c = self
                     .resident
                     .candidates(&r.resident, r.pages, r.num_computed);

@@ -49,6 +49,13 @@ pub(super) struct Req {
     pub(super) hit_pages: u32,
     /// Largest transfer id that touches this request's blocks.
     pub(super) last_xfer: u64,
+    /// Tokens below this are prefill (the prompt, or everything a restart recomputes): a chunk
+    /// starting below it reads its whole earlier context on the GPU, staged there when some of
+    /// it lives only on host. Set when the request starts.
+    pub(super) prefill_end: u32,
+    /// The step (`Coordinator::step_no + 1` while it is planned) whose prefill chunk this
+    /// request was given: its pages stay on the GPU for that step (reclaim passes it over).
+    pub(super) prefill_step: u64,
     /// Whether its first tokens' KV is imported, and how far that is.
     pub(super) import: Import,
     /// Host blocks, prefix hashes, durable prefix ([`super::managers::SourceManager`]).
@@ -78,6 +85,8 @@ pub(super) fn empty_req() -> Req {
         pages: 0,
         hit_pages: 0,
         last_xfer: 0,
+        prefill_end: 0,
+        prefill_step: 0,
         import: Import::None,
         source: SourceTable::default(),
         paged: PagedTable::default(),

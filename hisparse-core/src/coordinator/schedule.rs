@@ -55,23 +55,37 @@ impl Coordinator {
     }
 
     /// GPU blocks `r` needs for `new_pages` more pages: theirs in the indexer and resident
-    /// groups, and the hot region when it reads from host without one.
+    /// groups, and the hot region when it reads from host without one. For a prefill chunk
+    /// (`prefill`), also the blocks that stage its context on the GPU (every page that is not
+    /// pinned there now); after staging, only pages marked release-after-transfer may still
+    /// fall back to host, so only they call for a hot region.
     #[inline]
-    fn gpu_need(&self, r: &Req, new_pages: u32) -> u64 {
-        let hot = if self.resident.needs_hot_region(&r.resident) && r.hot.blocks.is_empty() {
+    fn gpu_need(&self, r: &Req, new_pages: u32, prefill: bool) -> u64 {
+        let (reads_host, staged) = if prefill {
+            (
+                r.resident.pending_release > 0,
+                self.resident.pages_to_stage(&r.resident),
+            )
+        } else {
+            (self.resident.needs_hot_region(&r.resident), 0)
+        };
+        let hot = if reads_host && r.hot.blocks.is_empty() {
             u64::from(self.hot.cost())
         } else {
             0
         };
-        u64::from(new_pages) * self.gpu_cost_per_page() + hot
+        u64::from(new_pages) * self.gpu_cost_per_page()
+            + u64::from(staged) * u64::from(self.resident.num_buckets())
+            + hot
     }
 
-    /// GPU blocks scheduling `n` more tokens of `r` needs in every group.
+    /// GPU blocks scheduling `n` more tokens of `r` needs in every group (`prefill`: see
+    /// [`Coordinator::gpu_need`]).
     #[inline]
-    fn gpu_need_tokens(&self, r: &Req, n: u32) -> u64 {
+    fn gpu_need_tokens(&self, r: &Req, n: u32, prefill: bool) -> u64 {
         let target = r.num_computed + n;
         let pages = self.kv.pages_for(target).saturating_sub(r.pages);
-        let mut need = self.gpu_need(r, pages);
+        let mut need = self.gpu_need(r, pages, prefill);
         if self.paged.has_regular() {
             need += self.paged.regular_need(&r.paged, r.num_computed, target);
         }
@@ -105,7 +119,32 @@ impl Coordinator {
             n = fit;
             target_pages = self.kv.pages_for(r.num_computed + n);
         }
-        let need = self.gpu_need_tokens(r, n);
+        // A prefill chunk reads its whole earlier context on the GPU: its pages stay there for
+        // this step (reclaim passes the request over) and those that are not are staged.
+        let prefill = r.num_computed < r.prefill_end;
+        let marked_before = r.prefill_step;
+        if prefill {
+            r.prefill_step = self.step_no + 1;
+        }
+        let res = self.schedule_chunk(r, n, target_pages, shrink, prefill);
+        if !matches!(res, Ok((Alloc::Scheduled, _))) {
+            r.prefill_step = marked_before;
+        }
+        res
+    }
+
+    /// The rest of [`Coordinator::schedule_inner`] once the host pool holds the chunk's pages
+    /// (`n` tokens, `target_pages` pages; `prefill`: a prefill chunk, whose context is staged).
+    fn schedule_chunk(
+        &mut self,
+        r: &mut Box<Req>,
+        n: u32,
+        target_pages: u32,
+        shrink: bool,
+        prefill: bool,
+    ) -> Result<(Alloc, u32), CoordError> {
+        let (mut n, mut target_pages) = (n, target_pages);
+        let need = self.gpu_need_tokens(r, n, prefill);
         if need > u64::from(self.gpu.num_free()) {
             let short = need - u64::from(self.gpu.num_free());
             // The request itself is a reclaim candidate: put it back while reclaiming.
@@ -119,13 +158,16 @@ impl Coordinator {
                 .unwrap_or_else(|| Box::new(empty_req()));
             self.spare = Some(core::mem::replace(r, back));
             let free = u64::from(self.gpu.num_free());
-            if self.gpu_need_tokens(r, n) > free {
+            if self.gpu_need_tokens(r, n, prefill) > free {
+                if prefill {
+                    self.check_prefill_fits(r)?;
+                }
                 let fit = if !shrink {
                     0
                 } else if self.paged.has_regular() {
-                    largest_fit(n, |c| self.gpu_need_tokens(r, c) <= free).unwrap_or(0)
+                    largest_fit(n, |c| self.gpu_need_tokens(r, c, prefill) <= free).unwrap_or(0)
                 } else {
-                    let hot = self.gpu_need(r, 0);
+                    let hot = self.gpu_need(r, 0, prefill);
                     if free >= hot {
                         let pages = (free - hot) / self.gpu_cost_per_page();
                         self.tokens_within(r, n, u64::from(r.pages) + pages)
@@ -141,6 +183,9 @@ impl Coordinator {
             }
         }
         let target = r.num_computed + n;
+        if prefill && self.resident.pages_to_stage(&r.resident) > 0 {
+            self.stage_prefill_context(r);
+        }
         if self.resident.needs_hot_region(&r.resident) && r.hot.blocks.is_empty() {
             self.hot
                 .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);

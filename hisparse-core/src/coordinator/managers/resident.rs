@@ -326,6 +326,88 @@ impl ResidentManager {
         t.xfer[p] = 0;
     }
 
+    /// Pages a prefill chunk of this request cannot read on the GPU as things stand: reclaimed
+    /// ones (null entries) and unpinned ones (their blocks may be handed out by any
+    /// allocation). Staging costs one GPU block per bucket for each.
+    #[inline]
+    pub(in crate::coordinator) fn pages_to_stage(&self, t: &ResidentTable) -> u32 {
+        t.host_only + t.unpinned
+    }
+
+    /// Stages the context of a prefill chunk (SPEC: prefill over host-only context): every
+    /// unpinned page is pinned again (its blocks leave the free queue with their bytes intact;
+    /// the caller has let every reuse fall back first, so their blocks are all intact) and
+    /// every reclaimed page gets new blocks, host → device restores from its host block
+    /// `host_blocks[p]` and the resident entries for state row `row`. Both become clean
+    /// resident pages (the host copy stays the durable one). The caller has checked that the
+    /// pool holds [`ResidentManager::pages_to_stage`] pages' blocks. Returns the pages restored
+    /// and the first page staged (`u32::MAX` when none).
+    pub(in crate::coordinator) fn stage_context(
+        &self,
+        t: &mut ResidentTable,
+        host_blocks: &[u32],
+        gpu: &mut BlockPool,
+        out: &mut OffloadCommand,
+        row: u32,
+    ) -> (u32, u32) {
+        let nb = self.num_buckets;
+        let (mut restored, mut first) = (0u32, u32::MAX);
+        // Unpinned pages first: their blocks are in the free queue, and the allocations for
+        // the reclaimed pages below would otherwise be handed them.
+        if t.unpinned > 0 {
+            for p in 0..t.state.len() as u32 {
+                if t.state[p as usize] != PageState::Unpinned {
+                    continue;
+                }
+                let base = (p * nb) as usize;
+                for bk in 0..nb as usize {
+                    let b = t.blocks[base + bk];
+                    // Its lazy mark goes: the queue entry becomes stale (not intact).
+                    let _ = gpu.touch(b);
+                    if gpu.key_of(b).is_some_and(|k| k.group == LAZY_KEY_GROUP) {
+                        let _ = gpu.uncache(b);
+                    }
+                }
+                t.unpinned -= 1;
+                t.state[p as usize] = PageState::Clean;
+                first = first.min(p);
+            }
+        }
+        if t.host_only > 0 {
+            for p in 0..t.state.len() as u32 {
+                if t.state[p as usize] != PageState::Reclaimed {
+                    continue;
+                }
+                let base = (p * nb) as usize;
+                let host_block = host_blocks.get(p as usize).copied().unwrap_or(0);
+                for bk in 0..nb {
+                    let b = gpu.allocate().unwrap_or(0);
+                    t.blocks[base + bk as usize] = b;
+                    out.residency.push(TableUpdate {
+                        slot: row,
+                        group: 2 + bk,
+                        page: p,
+                        block: b,
+                    });
+                    out.restores.push(PageTransfer {
+                        bucket: bk,
+                        device_block: b,
+                        host_block,
+                    });
+                }
+                t.host_only -= 1;
+                t.state[p as usize] = PageState::Clean;
+                restored += 1;
+                first = first.min(p);
+            }
+        }
+        // Staged pages are ordinary clean pages from the next step on: reclaim may visit them.
+        if first != u32::MAX {
+            t.reclaim_cursor = t.reclaim_cursor.min(first);
+        }
+        (restored, first)
+    }
+
     /// Records the resident-table entries of pages `0..pages` (prefix hits) for state row
     /// `slot`.
     #[inline]
