@@ -759,8 +759,64 @@ fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> R
         )?;
         f.print();
         r.timings.push(f);
+        if kernel == ResolveKernel::Workgroup && dev.is_gpu() {
+            idle_series(dev, &mut full, &layers, host, &mut pool, r)?;
+        }
     }
     dev.set_resolve_kernel(ResolveKernel::Auto)?;
+    Ok(())
+}
+
+/// The full decode step as `hisparse simulate` issues it: one step after about 190 ms without
+/// GPU work (the simulation verifies every row between steps), 30 times in a row. A GPU that
+/// lowers its clocks while it idles runs the later steps slower than the first ones; the first
+/// and last five samples (device time from timestamps, wall time around the call) show it.
+fn idle_series(
+    dev: &VulkanDevice,
+    full: &mut [Group],
+    layers: &[LayerPair],
+    host: &VulkanHostBuffer,
+    pool: &mut VulkanBuffer,
+    r: &mut Report,
+) -> Result<()> {
+    const SAMPLES: usize = 30;
+    const IDLE: Duration = Duration::from_millis(190);
+    let stream = dev.create_stream()?;
+    let mut samples = Vec::with_capacity(SAMPLES);
+    for i in 0..SAMPLES {
+        std::thread::sleep(IDLE);
+        let t = Instant::now();
+        let device = dev.timed(|d| {
+            for g in full.iter_mut() {
+                g.step(d, &stream, 100 + i, Some((layers, host, &mut *pool)))?;
+            }
+            Ok(())
+        })?;
+        samples.push((device, t.elapsed()));
+    }
+    let us: Vec<String> = samples
+        .iter()
+        .map(|s| format!("{:.0}", s.0.as_secs_f64() * 1e6))
+        .collect();
+    println!(
+        "  decode step after {IDLE:?} idle, device us per sample: {}",
+        us.join(" ")
+    );
+    for (what, part) in [("first", &samples[..5]), ("last", &samples[SAMPLES - 5..])] {
+        let mut d: Vec<Duration> = part.iter().map(|s| s.0).collect();
+        let mut w: Vec<Duration> = part.iter().map(|s| s.1).collect();
+        d.sort();
+        w.sort();
+        let f = Timing {
+            name: format!("decode step after 190 ms idle, {what} 5 of {SAMPLES}"),
+            device: d[2],
+            wall: w[2],
+            enqueue: Duration::ZERO,
+            submissions: 0.0,
+        };
+        f.print();
+        r.timings.push(f);
+    }
     Ok(())
 }
 

@@ -93,6 +93,14 @@ pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
 /// compute queue for every stream, as a comparison or a fallback).
 pub const QUEUES_ENV: &str = "HISPARSE_VULKAN_QUEUES";
 
+/// Environment variable choosing how host waits (`synchronize`, downloads, event waits) wait on
+/// GPUs at [`VulkanDevice::open`]: `poll` (default: spin for 200 µs, then poll the timelines
+/// while yielding the thread for up to 50 ms before blocking in `vkWaitSemaphores`, as CUDA's default
+/// synchronisation spins) or `block` (block after the spin, the earlier behaviour, for
+/// comparisons: a blocked thread can wake hundreds of microseconds after the GPU finished).
+/// CPU devices always block after no spin (their work runs on the cores a polling thread takes).
+pub const WAIT_ENV: &str = "HISPARSE_VULKAN_WAIT";
+
 /// Environment variable choosing the resolver's workgroup scans at [`VulkanDevice::open`]: `auto`
 /// (default: subgroup arithmetic where the device has it) or `barriers` (workgroup memory only),
 /// for comparisons.
@@ -289,7 +297,7 @@ impl VulkanDevice {
         Self::with_context(Self::context(selector, true)?)
     }
 
-    /// Opens the context, applying [`COMPUTE_FAMILY_ENV`], [`QUEUES_ENV`], [`RESOLVE_SCAN_ENV`]
+    /// Opens the context, applying [`COMPUTE_FAMILY_ENV`], [`QUEUES_ENV`], [`WAIT_ENV`], [`RESOLVE_SCAN_ENV`]
     /// and [`PROFILE_ENV`].
     fn context(selector: &str, strict: bool) -> Result<Context> {
         match std::env::var(COMPUTE_FAMILY_ENV).as_deref().map(str::trim) {
@@ -310,6 +318,15 @@ impl VulkanDevice {
             Ok(other) => {
                 return Err(VulkanError::InvalidArgument(format!(
                     "{QUEUES_ENV}={other}: use all or single"
+                )));
+            }
+        }
+        match std::env::var(WAIT_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("" | "poll") => {}
+            Ok("block") => ctx.wait_poll = std::time::Duration::ZERO,
+            Ok(other) => {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "{WAIT_ENV}={other}: use poll or block"
                 )));
             }
         }
@@ -383,6 +400,12 @@ impl VulkanDevice {
     /// Whether timestamp queries work on this device ([`VulkanDevice::timed`]).
     pub fn has_timestamps(&self) -> bool {
         self.ctx.limits.timestamp_period.is_some()
+    }
+
+    /// Whether the device is a GPU (integrated, discrete or virtual), not a CPU implementation
+    /// such as lavapipe: kernel and wait choices differ.
+    pub fn is_gpu(&self) -> bool {
+        self.ctx.limits.gpu
     }
 
     /// Whether pinned buffers are imported host allocations (`VK_EXT_external_memory_host`).

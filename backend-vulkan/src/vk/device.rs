@@ -473,6 +473,12 @@ impl Context {
             ..limits
         };
         let slots = family_list.len();
+        // Host waits poll after the spin on GPUs only.
+        let wait_poll = if limits.gpu {
+            WAIT_POLL
+        } else {
+            std::time::Duration::ZERO
+        };
         Ok(Context {
             _entry: entry,
             instance,
@@ -503,6 +509,7 @@ impl Context {
             ignore_event_waits: false,
             checked: AtomicUsize::new(0),
             submissions: AtomicU64::new(0),
+            wait_poll,
         })
     }
 

@@ -19,7 +19,8 @@
 //!   recorded in quick succession go together), when the batch holds [`FLUSH_COMMANDS`]
 //!   commands, and whenever something must observe it (a synchronisation, an event another
 //!   stream waits for or the host polls): a synchronisation never waits for the batching rule.
-//!   On GPUs a host wait polls the timeline for [`WAIT_SPIN`] before it blocks. A batch of copy
+//!   On GPUs a host wait spins on the timeline for [`WAIT_SPIN`], then polls it while yielding
+//!   the thread for up to [`WAIT_POLL`] before it blocks. A batch of copy
 //!   commands only may go to the transfer lane; a batch with compute work goes to the stream's
 //!   compute lane (streams take compute lanes round-robin).
 //! * **Inside a batch**, a command waits behind a pipeline barrier only when it touches bytes an
@@ -78,6 +79,12 @@ pub const COMPUTE_FAMILY_ENV: &str = "HISPARSE_VULKAN_COMPUTE_FAMILY";
 
 /// How long a host wait polls the timelines before it blocks in `vkWaitSemaphores` (GPUs only).
 pub const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// How long a host wait on a GPU polls the timelines, yielding the thread between polls, after
+/// [`WAIT_SPIN`] and before it blocks (unless `HISPARSE_VULKAN_WAIT=block`): a thread blocked in
+/// `vkWaitSemaphores` wakes late, which cost each synchronisation of a benchmark sample or a
+/// simulated step hundreds of microseconds.
+pub const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Validation warnings and errors reported by the debug messenger of any device (process-wide).
 static VALIDATION_MESSAGES: AtomicUsize = AtomicUsize::new(0);
@@ -325,6 +332,9 @@ pub struct Context {
     checked: AtomicUsize,
     /// Queue submissions so far (a diagnostic for benches).
     pub submissions: AtomicU64,
+    /// How long a host wait polls (yielding) after [`WAIT_SPIN`] before it blocks: [`WAIT_POLL`]
+    /// on GPUs, zero on CPU devices or with `HISPARSE_VULKAN_WAIT=block`.
+    pub wait_poll: std::time::Duration,
 }
 
 // SAFETY: `ash::Instance`/`ash::Device` are function tables plus handles; Vulkan objects that

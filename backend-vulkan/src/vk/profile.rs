@@ -10,7 +10,9 @@
 //! schedule. Batches on the dedicated transfer lane are counted on the host only.
 //!
 //! Besides the operations: submissions, host waits (synchronisations, uploads and downloads,
-//! event waits on the host) and the time they blocked.
+//! event waits on the host) and the time they blocked. Each operation's median device time over
+//! its first and its last fifth of timed calls shows whether it slowed down during the run (a
+//! GPU lowering its clocks slows every operation; a kernel slowed by its state, one).
 
 use std::fmt::Write as _;
 
@@ -24,13 +26,35 @@ pub const PROFILE_ENV: &str = "HISPARSE_VULKAN_PROFILE";
 pub const PROFILE_QUERIES: u32 = 256;
 
 /// One operation's totals.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct OpStat {
     calls: u64,
     commands: u64,
     host_ns: u64,
     timed: u64,
     device_ns: f64,
+    /// Device nanoseconds of each timed call, in order.
+    each_ns: Vec<f32>,
+}
+
+impl OpStat {
+    /// Median device microseconds over the first and over the last fifth of the timed calls.
+    fn first_last_us(&self) -> (f64, f64) {
+        let n = self.each_ns.len();
+        if n == 0 {
+            return (0.0, 0.0);
+        }
+        let fifth = n.div_ceil(5);
+        let median = |part: &[f32]| {
+            let mut v = part.to_vec();
+            v.sort_by(f32::total_cmp);
+            f64::from(v[v.len() / 2]) / 1e3
+        };
+        (
+            median(&self.each_ns[..fifth]),
+            median(&self.each_ns[n - fifth..]),
+        )
+    }
 }
 
 /// Totals of one device (see the module docs).
@@ -84,8 +108,10 @@ impl Profile {
         self.batch_device_ns += ticks[ticks.len() - 1].wrapping_sub(ticks[0]) as f64 * period;
         for (i, &key) in ops.iter().enumerate().take(ticks.len() - 1) {
             let s = self.op(key);
+            let ns = ticks[i + 1].wrapping_sub(ticks[i]) as f64 * period;
             s.timed += 1;
-            s.device_ns += ticks[i + 1].wrapping_sub(ticks[i]) as f64 * period;
+            s.device_ns += ns;
+            s.each_ns.push(ns as f32);
         }
     }
 
@@ -101,7 +127,7 @@ impl Profile {
         );
         let _ = writeln!(
             out,
-            "  {:<22} {:<20} {:>8} {:>9} {:>10} {:>10} {:>11} {:>10}",
+            "  {:<22} {:<20} {:>8} {:>9} {:>10} {:>10} {:>11} {:>10} {:>12} {:>12}",
             "operation",
             "first command",
             "calls",
@@ -109,16 +135,19 @@ impl Profile {
             "host us/op",
             "host ms",
             "device us/op",
-            "device ms"
+            "device ms",
+            "first 1/5 us",
+            "last 1/5 us"
         );
         let (mut host, mut device) = (0u64, 0f64);
         for ((op, first), s) in &ops {
+            let (early, late) = s.first_last_us();
             host += s.host_ns;
             device += s.device_ns;
             let per = |ns: f64, n: u64| if n > 0 { ns / n as f64 / 1e3 } else { 0.0 };
             let _ = writeln!(
                 out,
-                "  {:<22} {:<20} {:>8} {:>9} {:>10.2} {:>10.2} {:>11.2} {:>10.2}",
+                "  {:<22} {:<20} {:>8} {:>9} {:>10.2} {:>10.2} {:>11.2} {:>10.2} {:>12.2} {:>12.2}",
                 op,
                 first,
                 s.calls,
@@ -126,7 +155,9 @@ impl Profile {
                 per(s.host_ns as f64, s.calls),
                 s.host_ns as f64 / 1e6,
                 per(s.device_ns, s.timed),
-                s.device_ns / 1e6
+                s.device_ns / 1e6,
+                early,
+                late
             );
         }
         let _ = writeln!(

@@ -415,6 +415,12 @@ impl Context {
             while started.elapsed() < WAIT_SPIN && !reached() {
                 std::hint::spin_loop();
             }
+            // Then poll while yielding the core: a thread blocked in vkWaitSemaphores wakes up
+            // late (hundreds of microseconds on NVIDIA's driver), which each synchronisation of
+            // a benchmark sample or simulated step paid.
+            while started.elapsed() < self.wait_poll && !reached() {
+                std::thread::yield_now();
+            }
         }
         if !targets.is_empty() && !reached() {
             let sems: Vec<vk::Semaphore> = targets.iter().map(|t| t.0).collect();
