@@ -19,7 +19,9 @@
 //!   gather of its misses), once with hot buffers that never fill and once with full ones (every
 //!   miss evicts, as in a long decode), each as device time (timestamps), wall time (enqueue, then one
 //!   synchronisation), host enqueue time (recording and submitting, before the synchronisation)
-//!   and queue submissions per call.
+//!   and queue submissions per call; on GPUs also the full decode step 30 times, each after
+//!   190 ms idle (the simulation's rhythm: it verifies every row between steps), first and last
+//!   five samples.
 //!
 //! Plans and page sets are cycled so one timed run touches ≥ 512 MiB of distinct rows: no figure
 //! is served from a GPU cache.

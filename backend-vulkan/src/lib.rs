@@ -34,8 +34,10 @@
 //!   256-invocation kernel ([`ResolveKernel`], [`RESOLVE_KERNEL_ENV`]); its workgroup scans use
 //!   subgroup arithmetic where the device has it ([`RESOLVE_SCAN_ENV`]); the gather runs kernel
 //!   `v2` on GPUs and `v1` on CPU devices ([`GatherKernel`], [`GATHER_KERNEL_ENV`]);
-//!   [`QUEUES_ENV`] puts every stream on one queue and [`COMPUTE_FAMILY_ENV`] picks a compute
+//!   [`QUEUES_ENV`] puts the streams on fewer queues and [`COMPUTE_FAMILY_ENV`] picks a compute
 //!   family without graphics. All choices give identical results; they exist for comparisons.
+//! * **Host waits** on GPUs spin for 200 µs, then poll while yielding the thread for up to 50 ms,
+//!   then block ([`WAIT_ENV`]`=block` blocks right after the spin, for comparisons).
 //! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches);
 //!   [`PROFILE_ENV`]`=1` profiles a whole run per operation (host and device time, printed to
 //!   stderr when the device is dropped).
@@ -45,6 +47,7 @@
 
 mod copies;
 mod copy;
+mod dump;
 mod error;
 mod gather;
 mod index;
@@ -68,6 +71,7 @@ use hisparse_core::ops::{
 };
 
 pub use copies::{COPY_ENGINE_ENV, CopyEngine};
+pub use dump::DUMP_RESOLVE_ENV;
 pub use error::VulkanError;
 pub use gather::{GATHER_KERNEL_ENV, GatherKernel};
 pub use resolve::{RESOLVE_KERNEL_ENV, ResolveKernel};
@@ -89,8 +93,10 @@ pub fn spirv_modules() -> impl Iterator<Item = (&'static str, &'static [u8])> {
 pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
 
 /// Environment variable choosing the queues at [`VulkanDevice::open`]: `all` (default: up to four
-/// compute queues and the dedicated transfer queue, where the device has them) or `single` (one
-/// compute queue for every stream, as a comparison or a fallback).
+/// compute queues and the dedicated transfer queue, where the device has them), `one-compute`
+/// (one compute queue for every stream's compute work, plus the dedicated transfer queue for
+/// copy-only batches) or `single` (one compute queue for everything), as comparisons or
+/// fallbacks.
 pub const QUEUES_ENV: &str = "HISPARSE_VULKAN_QUEUES";
 
 /// Environment variable choosing how host waits (`synchronize`, downloads, event waits) wait on
@@ -143,6 +149,8 @@ pub struct VulkanDevice {
     gather_kernel: AtomicU8,
     /// [`ResolveKernel`] as a number (see `resolve`).
     resolve_kernel: AtomicU8,
+    /// The resolve calls [`DUMP_RESOLVE_ENV`] asks to write out (a diagnostic).
+    resolve_dump: Option<dump::ResolveDump>,
 }
 
 /// Device memory of a [`VulkanDevice`]. Dropping it defers destruction until enqueued work that
@@ -315,15 +323,19 @@ impl VulkanDevice {
         match std::env::var(QUEUES_ENV).as_deref().map(str::trim) {
             Err(_) | Ok("" | "all") => {}
             Ok("single") => ctx.reshape_lanes(1, false),
+            Ok("one-compute") => {
+                let transfer = ctx.has_transfer_lane();
+                ctx.reshape_lanes(1, transfer)
+            }
             Ok(other) => {
                 return Err(VulkanError::InvalidArgument(format!(
-                    "{QUEUES_ENV}={other}: use all or single"
+                    "{QUEUES_ENV}={other}: use all, one-compute or single"
                 )));
             }
         }
         match std::env::var(WAIT_ENV).as_deref().map(str::trim) {
             Err(_) | Ok("" | "poll") => {}
-            Ok("block") => ctx.wait_poll = std::time::Duration::ZERO,
+            Ok("block") => ctx.wait_poll = Duration::ZERO,
             Ok(other) => {
                 return Err(VulkanError::InvalidArgument(format!(
                     "{WAIT_ENV}={other}: use poll or block"
@@ -392,6 +404,7 @@ impl VulkanDevice {
             copy_engine: AtomicU8::new(engine as u8),
             gather_kernel: AtomicU8::new(gather as u8),
             resolve_kernel: AtomicU8::new(ResolveKernel::Auto as u8),
+            resolve_dump: dump::ResolveDump::from_env()?,
         };
         dev.set_resolve_kernel(resolver)?;
         Ok(dev)
@@ -832,6 +845,9 @@ impl Device for VulkanDevice {
         args: ResolveArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
         desc.check(&args.sizes())?;
+        if let Some(d) = &self.resolve_dump {
+            d.on_resolve(self, stream, desc, &args)?;
+        }
         self.resolve_rows(self.sid(stream)?, desc, args)
     }
 

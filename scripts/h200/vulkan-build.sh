@@ -9,6 +9,8 @@
 #   h200-vulkan/vulkan-streams-fault     the cross-stream case fails with event waits ignored
 #                                        (tests/streams_fault.rs)
 #   h200-vulkan/vulkan-resolve-packing   odd hot-slot counts (tests/resolve_packing.rs)
+#   h200-vulkan/vulkan-resolve-replay    resolves of dumped states timed alone
+#                                        (examples/resolve_replay.rs)
 #   h200-vulkan/debs/                    the Vulkan loader, glvnd (the NVIDIA ICD needs
 #                                        libGLdispatch) and the validation layers, as .debs
 #   h200-vulkan/MANIFEST                 commit, build date, sizes and sha256 of the binaries
@@ -40,17 +42,20 @@ for line in sys.stdin:
 windowed=$(exe_of conformance_windowed)
 fault=$(exe_of streams_fault)
 packing=$(exe_of resolve_packing)
-cargo build --release -p hisparse-backend-vulkan --example vulkan_bench
+cargo build --release -p hisparse-backend-vulkan --example vulkan_bench --example resolve_replay
 cargo build --release -p hisparse-cli --features cuda,vulkan
-for f in "$windowed" "$fault" "$packing" "$target"/release/examples/vulkan_bench "$target"/release/hisparse; do
+for f in "$windowed" "$fault" "$packing" "$target"/release/examples/vulkan_bench \
+    "$target"/release/examples/resolve_replay "$target"/release/hisparse; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
 install -m 755 "$target"/release/hisparse "$out/hisparse"
 install -m 755 "$target"/release/examples/vulkan_bench "$out/vulkan-bench"
+install -m 755 "$target"/release/examples/resolve_replay "$out/vulkan-resolve-replay"
 install -m 755 "$windowed" "$out/vulkan-windowed"
 install -m 755 "$fault" "$out/vulkan-streams-fault"
 install -m 755 "$packing" "$out/vulkan-resolve-packing"
-bins=(hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing)
+bins=(hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing
+    vulkan-resolve-replay)
 (cd "$out" && strip "${bins[@]}")
 
 # The loader and what the NVIDIA ICD links (glvnd), and the validation layers.

@@ -11,13 +11,20 @@
 #      wall time per call, both gather kernels, both copy engines); `hisparse bench --json` on
 #      Vulkan and on CUDA; `hisparse simulate --json` on Vulkan (all queues, then one queue) and
 #      on CUDA, with the default workload (4 requests × 8192 tokens, 48 decode steps); the Vulkan
-#      simulation on the compute-only queue family, and once more with HISPARSE_VULKAN_PROFILE=1
-#      (per operation host and device time);
-#   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling), and the
-#      profile.
+#      simulation once more with HISPARSE_VULKAN_PROFILE=1
+#      (per operation host and device time, and each operation's first and last fifth of calls);
+#      the simulation on one compute queue plus the transfer queue (HISPARSE_VULKAN_QUEUES=
+#      one-compute); for comparison `hisparse bench` and the simulation with HISPARSE_VULKAN_WAIT=block (host
+#      waits block after the 200 us spin, the round-3 behaviour), and the simulation while another
+#      process holds an idle CUDA context; the GPU's clocks (nvidia-smi, every 100 ms) throughout
+#      the performance part; the resolver's inputs at three calls of the simulation
+#      (HISPARSE_VULKAN_DUMP_RESOLVE), each resolve then timed alone (vulkan-resolve-replay);
+#   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling), the
+#      median SM clock of each performance section, and the profile.
 #
-# Every section has its own time limit (they add up to 425 s; a whole run takes about two and a
-# half minutes) and the script goes on after a failing or timed-out section. Logs and JSON go to
+# Every section has its own time limit (they add up to 615 s; a whole run should take about three
+# and a half minutes: run 11's sections took 128 s, this round adds about 80 s) and the script goes on after a
+# failing or timed-out section. Logs and JSON go to
 # $OUT/vulkan/, the summary to stdout and to $OUT/vulkan/summary.txt. Exit status 0 only when
 # every section passed.
 set -u
@@ -26,7 +33,8 @@ cd "$root"
 bin=$(cd "${HISPARSE_H200_VULKAN_BIN:-h200-vulkan}" && pwd)
 out=${OUT:-/tmp/hisparse-h200}/vulkan
 mkdir -p "$out"
-for f in hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing; do
+for f in hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing \
+    vulkan-resolve-replay; do
     if [ ! -x "$bin/$f" ]; then
         echo "missing $bin/$f: run scripts/h200/vulkan-build.sh on the development machine and carry h200-vulkan" >&2
         exit 2
@@ -99,6 +107,7 @@ section() {
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     counts=$(cat "$file" "$out/$name.err" | grep -E '[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     msgs=$(grep -c 'vulkan validation' "$out/$name.err")
+    printf '%s\t%s\t%s\n' "$name" "$t0" "$(date +%s.%N)" >>"$out/sections.tsv"
     printf '%-28s %-10s %6ss  %s  (validation messages: %s)\n' "$name" "$status" "$secs" \
         "${counts:-}" "$msgs"
     results+=("$name $status ${secs}s ${counts:-} validation=$msgs")
@@ -109,21 +118,64 @@ section conformance 60 - "${validation[@]}" "$bin/hisparse" conformance --backen
 section windowed 40 - "${validation[@]}" "$bin/vulkan-windowed"
 section resolve-packing 10 - "${validation[@]}" "$bin/vulkan-resolve-packing" --nocapture
 section streams-fault 20 - "${validation[@]}" "$bin/vulkan-streams-fault" --nocapture
-# 3. Performance (no validation layer).
+# 3. Performance (no validation layer). The GPU's clocks every 100 ms while it runs.
+: >"$out/sections.tsv"
+clock_pid=
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi -q -d PERFORMANCE,CLOCK >"$out/clocks-before.txt" 2>&1
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,utilization.gpu \
+        --format=csv,noheader,nounits -lms 100 >"$out/clocks.csv" 2>"$out/clocks.err" &
+    clock_pid=$!
+fi
 section vulkan-bench 45 - "$bin/vulkan-bench" --iters 50 --json "$out/vulkan_bench.json"
 section bench-vulkan 30 "$out/bench_vulkan.json" "$bin/hisparse" bench --backend vulkan --json
 section bench-cuda 20 "$out/bench_cuda.json" "$bin/hisparse" bench --backend cuda --json
+# The same bench with host waits that block after the spin (the round-3 behaviour).
+section bench-vulkan-block 30 "$out/bench_vulkan_block.json" \
+    env HISPARSE_VULKAN_WAIT=block "$bin/hisparse" bench --backend vulkan --json
 section simulate-cuda 20 "$out/simulate_cuda.json" "$bin/hisparse" simulate --backend cuda --json
 section simulate-vulkan 70 "$out/simulate_vulkan.json" "$bin/hisparse" simulate --backend vulkan --json
 section simulate-vulkan-1q 30 "$out/simulate_vulkan_single_queue.json" \
     env HISPARSE_VULKAN_QUEUES=single "$bin/hisparse" simulate --backend vulkan --json
-# The compute queues from NVIDIA's compute-only family instead of the universal graphics family.
-section simulate-vulkan-cf 40 "$out/simulate_vulkan_compute_family.json" \
-    env HISPARSE_VULKAN_COMPUTE_FAMILY=dedicated "$bin/hisparse" simulate --backend vulkan --json
+# One compute queue for every stream's compute work, the transfer queue for copy-only batches.
+section simulate-vulkan-1c 30 "$out/simulate_vulkan_one_compute.json" \
+    env HISPARSE_VULKAN_QUEUES=one-compute "$bin/hisparse" simulate --backend vulkan --json
 # Where the simulation's time goes: per operation calls, host and device time (a timestamp after
 # every operation, so operations do not overlap: its device_us is not the figure to compare).
 section simulate-vulkan-profile 40 "$out/simulate_vulkan_profile.json" \
     env HISPARSE_VULKAN_PROFILE=1 "$bin/hisparse" simulate --backend vulkan --json
+section simulate-vulkan-block 40 "$out/simulate_vulkan_block.json" \
+    env HISPARSE_VULKAN_WAIT=block "$bin/hisparse" simulate --backend vulkan --json
+# The Vulkan simulation while another process holds an idle CUDA context (does the GPU keep its
+# clocks up for CUDA work only?).
+with_cuda_context() {
+    python3 -c 'import time, torch; x = torch.zeros(1, device="cuda"); torch.cuda.synchronize(); print("cuda context up", flush=True); time.sleep(60)' \
+        >"$out/cuda-context.log" 2>&1 &
+    local py=$! i
+    for i in $(seq 1 300); do
+        grep -q 'cuda context up' "$out/cuda-context.log" 2>/dev/null && break
+        kill -0 "$py" 2>/dev/null || break
+        sleep 0.1
+    done
+    "$@"
+    local rc=$?
+    kill "$py" 2>/dev/null
+    wait "$py" 2>/dev/null
+    return $rc
+}
+export out
+export -f with_cuda_context
+section simulate-vulkan-cudactx 60 "$out/simulate_vulkan_cuda_context.json" \
+    bash -c 'with_cuda_context "$@"' with_cuda_context "$bin/hisparse" simulate --backend vulkan --json
+# The resolver's inputs at three calls of the simulation (step 9: hot buffers filling; step 31;
+# step 46: full), then each state's resolve timed alone, 50 times, on an otherwise idle GPU:
+# whether the late state itself makes the resolver slow.
+mkdir -p "$out/dumps"
+section simulate-vulkan-dump 40 "$out/simulate_vulkan_dump.json" \
+    env HISPARSE_VULKAN_DUMP_RESOLVE=150,1500,2400:"$out/dumps" "$bin/hisparse" simulate --backend vulkan --json
+section resolve-replay 30 - "$bin/vulkan-resolve-replay" --calls 50 --json "$out/resolve_replay.json" \
+    "$out/dumps/resolve-150.bin" "$out/dumps/resolve-1500.bin" "$out/dumps/resolve-2400.bin"
+[ -n "$clock_pid" ] && kill "$clock_pid" 2>/dev/null
 
 # 4. Summary of the issue-16 targets.
 python3 - "$out" <<'EOF' | tee "$out/summary.txt"
@@ -188,7 +240,7 @@ if vb and bc:
         if f["name"].startswith(("backup", "restore", "device copy")):
             row(f"{f['name']} (vulkan_bench)", f"{f['gbps']:.2f} GB/s = {f['share']:.2f}x {f['ceiling']}", "", None)
 if sv and sc:
-    scf = load("simulate_vulkan_compute_family.json")
+    scf = None  # the compute-only family run (run 11: 2.67x, no better than all queues) is not repeated
     for label, s in [("all queues", sv), ("one queue", s1), ("compute-only family", scf)]:
         if not s:
             continue
@@ -209,12 +261,74 @@ if sv and sc:
     if sp:
         row("simulate device time/step, Vulkan profiled (not comparable)",
             f"{sp['device_us_per_step']:.0f} us, {sp['mismatched_rows']} mismatched", "", None)
-    for label, s in [("vulkan", sv), ("vulkan 1q", s1), ("vulkan compute family", scf), ("cuda", sc)]:
+    extra = [(lbl, load(n)) for lbl, n in [("vulkan one compute queue", "simulate_vulkan_one_compute.json"),
+                                          ("vulkan waits block", "simulate_vulkan_block.json"),
+                                          ("vulkan idle CUDA context", "simulate_vulkan_cuda_context.json"),
+                                          ("vulkan dumping resolves", "simulate_vulkan_dump.json")]]
+    for label, s in [("vulkan", sv), ("vulkan 1q", s1), ("cuda", sc)] + extra:
         if s:
             row(f"simulate {label}: rows verified / mismatched",
                 f"{s['verified_rows']} / {s['mismatched_rows']}, hit rate {s['hit_rate']:.4f}, "
                 f"reclaimed {s['reclaimed_pages']}, wall {s['wall_seconds']:.1f} s", "0 mismatched",
                 s["mismatched_rows"] == 0)
+if sv and sc:
+    # Steps 7-11: the first decode steps, right after the prefill kept the GPU busy.
+    def early(s):
+        steps = [x["device_us"] for x in s.get("steps", [])[7:12]]
+        return sum(steps) / len(steps) if steps else float("nan")
+    for label, s in [("all queues", sv), ("one queue", s1)]:
+        if s:
+            row(f"simulate steps 7-11 device time/step, Vulkan {label}",
+                f"{early(s):.0f} vs CUDA {early(sc):.0f} us = {early(s)/early(sc):.2f}x", "", None)
+    for label, name in [("one compute queue + transfer queue", "simulate_vulkan_one_compute.json"),
+                        ("host waits block (round 3)", "simulate_vulkan_block.json"),
+                        ("idle CUDA context held", "simulate_vulkan_cuda_context.json")]:
+        s = load(name)
+        if s:
+            r = s["device_us_per_step"] / sc["device_us_per_step"]
+            row(f"simulate device time/step, Vulkan {label}",
+                f"{s['device_us_per_step']:.0f} vs CUDA {sc['device_us_per_step']:.0f} us = {r:.2f}x, "
+                f"steps 20-47 {plateau(s):.0f} us, {s['mismatched_rows']} mismatched", "", None)
+rr = load("resolve_replay.json")
+for x in rr or []:
+    row(f"resolve replayed alone: {os.path.basename(x['file'])}",
+        f"device median {x['device_us_median']:.1f} us (min {x['device_us_min']:.1f}), "
+        f"{x['token_rows']} rows, {x['occupied']} slots occupied, {x['kernel']}", "", None)
+bb = load("bench_vulkan_block.json")
+if bv and bb:
+    for p in ["backup", "restore", "remap", "resolve", "gather 656 B rows × 2048 "]:
+        fp, fb = fig(bv, p), fig(bb, p)
+        if fp and fb:
+            row(f"{p.strip()} (bench), waits poll / block",
+                f"{fp['seconds_per_call']*1e6:.1f} / {fb['seconds_per_call']*1e6:.1f} us per call", "", None)
+    cp, cb = ceil(bv, "device copy (read+write)"), ceil(bb, "device copy (read+write)")
+    if cp and cb:
+        row("device copy (bench), waits poll / block",
+            f"{cp['bytes_per_s']/GB:.0f} / {cb['bytes_per_s']/GB:.0f} GB/s", "", None)
+# The GPU's clocks in each performance section (nvidia-smi every 100 ms).
+try:
+    import datetime
+    samples = []
+    with open(os.path.join(out, "clocks.csv")) as f:
+        for line in f:
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                samples.append((t, float(parts[1]), float(parts[2]), parts[3], float(parts[4])))
+            except (ValueError, IndexError):
+                pass
+    with open(os.path.join(out, "sections.tsv")) as f:
+        for line in f:
+            name, a, b = line.split("\t")
+            sm = sorted(x[1] for x in samples if float(a) <= x[0] <= float(b))
+            util = sorted(x[4] for x in samples if float(a) <= x[0] <= float(b))
+            states = sorted({x[3] for x in samples if float(a) <= x[0] <= float(b)})
+            if sm:
+                row(f"GPU clocks during {name}",
+                    f"SM median {sm[len(sm)//2]:.0f} MHz (min {sm[0]:.0f}, p90 {sm[len(sm)*9//10]:.0f}, max {sm[-1]:.0f}), "
+                    f"utilisation median {util[len(util)//2]:.0f}%, {'/'.join(states)}, {len(sm)} samples", "", None)
+except Exception as e:
+    print(f"  (clocks: {e})")
 w = max((len(r[0]) for r in rows), default=10)
 print("== issue 16 targets (H200, this session)")
 for what, value, target, ok in rows:
