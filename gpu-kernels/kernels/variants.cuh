@@ -1056,6 +1056,587 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap_v3(
 }
 
 
+// The round-2 resolver body (hs_resolve_block) and its helpers: bench variant hs_resolve_v3 only
+// (the production hs_resolve and hs_resolve_gather run hs_resolve_body).
+
+// Entries of the wanted-row table for `entries` top-k entries: max(16, next_pow2(2 * entries))
+// (resolve_table_entries in the Rust ABI table), a load factor of at most one half.
+HS_DEVICE u32 hs_table_capacity(u32 entries) {
+    u32 cap = 16;
+    while (cap < 2u * entries) cap <<= 1;
+    return cap;
+}
+
+HS_DEVICE hs_resolve_desc hs_resolve_desc_of(u32 num_tokens, u32 top_k, u32 num_requests,
+                                             u32 max_pages, u32 block_size, u32 hot_slots,
+                                             u32 attention_block_stride, u32 host_num_blocks) {
+    hs_resolve_desc d;
+    d.num_tokens = num_tokens;
+    d.top_k = top_k;
+    d.num_requests = num_requests;
+    d.max_pages = max_pages;
+    d.block_size = block_size;
+    d.hot_slots = hot_slots;
+    d.attention_block_stride = attention_block_stride;
+    d.host_num_blocks = host_num_blocks;
+    d.shift = 32;
+    if ((block_size & (block_size - 1)) == 0) {
+        d.shift = 0;
+        while ((1u << d.shift) < block_size) ++d.shift;
+    }
+    d.hot_cols = hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
+    return d;
+}
+
+// Two block-wide exclusive prefix sums at once (`a` and `b`, thread order) and their totals, with
+// ONE barrier; the same scheme as hs_block_scan1 over a scratch of 4 * HS_MAX_WARPS words
+// (`phase` must differ by one between consecutive calls of one kernel).
+HS_DEVICE void hs_block_scan2(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32& eb, u32& ta,
+                              u32& tb) {
+    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
+    u32* h = s + (phase & 1u) * 2u * HS_MAX_WARPS;
+    const u32 ia = hs_warp_inclusive(a), ib = hs_warp_inclusive(b);
+    if (lane == HS_WARP - 1) {
+        h[warp] = ia;
+        h[HS_MAX_WARPS + warp] = ib;
+    }
+    HS_SYNC();
+    u32 ba = 0, bb = 0, sa = 0, sb = 0;
+    for (u32 w = 0; w < nw; ++w) {
+        const u32 x = h[w], y = h[HS_MAX_WARPS + w];
+        ba += w < warp ? x : 0u;
+        bb += w < warp ? y : 0u;
+        sa += x;
+        sb += y;
+    }
+    ta = sa;
+    tb = sb;
+    ea = ba + ia - a;
+    eb = bb + ib - b;
+}
+
+// Bytes of one request's resolver state: the LRU copy, its inverse (slot -> LRU position) and the
+// partition (u16[N] each), the permutation bitmap and the hit bitmap (N bits each), every part
+// 16-byte aligned (resolve_state_entries in the Rust ABI table is this / 16).
+HS_DEVICE u32 hs_resolve_state_bytes(u32 n) {
+    return 3u * hs_align16(2u * n) + 2u * hs_align16(4u * ((n + 31u) / 32u));
+}
+
+
+// The per-request state parts at `p` (shared memory, or the workspace in global-state mode).
+struct hs_rstate {
+    u16* lru;  // the request's LRU order (identity once repaired)
+    u16* pos;  // slot -> its position in that order
+    u16* part; // evictables from the front, hits from the back (old order)
+    u32* perm; // slots seen in the LRU (permutation check)
+    u32* hit;  // LRU positions that hold a wanted row first (the hits)
+};
+
+HS_DEVICE hs_rstate hs_rstate_at(unsigned char* p, u32 n) {
+    const u32 a = hs_align16(2u * n), b = hs_align16(4u * ((n + 31u) / 32u));
+    hs_rstate s;
+    s.lru = (u16*)p;
+    s.pos = (u16*)(p + a);
+    s.part = (u16*)(p + 2u * a);
+    s.perm = (u32*)(p + 3u * a);
+    s.hit = (u32*)(p + 3u * a + b);
+    return s;
+}
+
+// A table entry nobody has claimed: key -1 and every field HS_NONE, all bits set.
+HS_DEVICE void hs_table_clear(hs_wanted* table, u32 from, u32 to) {
+    for (u32 i = from + HS_TID; i < to; i += HS_NTHREADS)
+        *(uint4*)(table + i) = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+}
+
+// Resolves the request of token row HS_BID_X (steps 1-8 of the reference) when this row is the
+// request's first; a padding row writes its outputs; a later row of a request returns (the first
+// row's block resolves all of them). Returns true when this block resolved a request, with
+// `rows_out` its rows; it has then passed a barrier after writing every output, so the block may
+// read the miss plan back. Uniform over the block.
+//
+// Memory round trips on the critical path: (1) the row's request id, its top-k entries and the
+// other rows' request ids, all at once; (2) both page tables for every entry, the request's whole
+// LRU order and dgi row (slot order, no indirection: the inverse permutation is built in shared
+// memory instead) and its hot-table row, all at once; then only shared-memory work and barriers
+// (eight for a one-row request: two 2-value scans, three plain barriers, a 2-value scan, a plain
+// barrier and the valid-count sum) and the output stores.
+// The registers hs_resolve_block loaded before its first barrier (round trip 2): page-table
+// entries of the thread's first top-k entries, its LRU values (two 16-bit values per word) and
+// dgi values of the first pass over the hot buffer, its hot-table entry.
+struct hs_resolve_regs {
+    u32 e_off[HS_RESOLVE_IK];
+    i32 e_res[HS_RESOLVE_IK], e_hb[HS_RESOLVE_IK];
+    u32 svp[HS_RESOLVE_IN / 2];
+    i32 dv[HS_RESOLVE_IN];
+    i32 hv;
+};
+
+// Steps 2-8 of hs_resolve_block once the request's state (`state_at`) and wanted-row table
+// (`table`, `cap` entries, cleared) are placed. Called with pointers derived from the dynamic
+// shared memory or from the workspace (one inlined copy per placement), so that the compiler
+// addresses shared memory as such.
+HS_DEVICE void hs_resolve_rest(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    const hs_resolve_desc& d, const hs_resolve_regs& R, u32 rows, u32 cap, u32 phase,
+    u32* s_scan, i32* s_hot, unsigned char* state_at, hs_wanted* table) {
+    const u32 t = HS_BID_X;
+    const i32 req = HS_LDG(req_id + t);
+    const u32 r = (u32)req;
+    const u32 K = d.top_k, N = d.hot_slots, T = d.num_tokens;
+    const u64 sbase = (u64)r * N;
+    const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
+    const u32 k0 = HS_TID * HS_RESOLVE_IK, p0 = HS_TID * HS_RESOLVE_IN;
+    const bool hot_staged = d.hot_cols <= HS_RESOLVE_HOT_STAGE;
+    // One row in one pass: each entry's class, value and hash slot stay in registers; one pass
+    // over the hot buffer: each slot's dgi value, LRU value and hash slot too.
+    const bool cached = rows == 1 && K <= span_k;
+    const bool cached_n = N <= span_n;
+#define HS_SV(q) ((R.svp[(q) / 2] >> (16u * ((q) & 1u))) & 0xffffu)
+    const hs_rstate st = hs_rstate_at(state_at, N);
+    const u32 mask = cap - 1;
+    const i64 host_rows = (i64)d.host_num_blocks * (i64)d.block_size;
+
+    // An entry's class: 0 invalid, 1 resident (v = physical row), 2 host (v = flat host row).
+    auto classify = [&](i32 res, i32 hb, u32 off, i32& v) -> u32 {
+        if (res > 0) {
+            v = hs_physical_row(res, d.attention_block_stride, off);
+            return v == -1 ? 0u : 1u;
+        }
+        v = hs_physical_row(hb, d.block_size, off);
+        return v == -1 ? 0u : 2u;
+    };
+    // Entry j of row t2 loaded and classified again (the uncached case).
+    auto reclassify = [&](u32 t2, u32 j, i32& v) -> u32 {
+        v = -1;
+        if (j >= K) return 0;
+        return hs_classify(d, resident_table, host_table, r, HS_LDG(topk + (u64)t2 * K + j), v);
+    };
+    auto hot_row = [&](u32 slot) -> i32 {
+        if (!hot_staged) return hs_hot_row(d, hot_table, r, slot);
+        u32 col, off;
+        if (d.shift < 32) {
+            col = slot >> d.shift;
+            off = slot & (d.block_size - 1);
+        } else {
+            col = slot / d.block_size;
+            off = slot % d.block_size;
+        }
+        return hs_physical_row(s_hot[col], d.attention_block_stride, off);
+    };
+
+    // ---- Steps 2-3: classify every entry, insert host rows with their first appearance; copy
+    // the LRU, build its inverse and check that it is a permutation; stage the hot-table row.
+    // The cached case's registers: each entry's value and hash slot (a host entry has a hash
+    // slot, a resident one a value, an invalid one neither).
+    i32 c_val[HS_RESOLVE_IK];
+    u32 c_h[HS_RESOLVE_IK];
+    u32 n_host = 0, corrupt_local = 0;
+    {
+        u32 ord = 0;
+        for (u32 t2 = t, seen = 0; t2 < T && seen < rows; ++t2) {
+            if (t2 != t && HS_LDG(req_id + t2) != req) continue;
+            ++seen;
+            for (u32 jb = 0; jb < K; jb += span_k) {
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    const u32 j = jb + k0 + q;
+                    i32 v;
+                    const u32 kind = (t2 == t && jb == 0)
+                                         ? classify(R.e_res[q], R.e_hb[q], R.e_off[q], v)
+                                         : reclassify(t2, j, v);
+                    u32 h = HS_NONE;
+                    if (kind == 2) {
+                        h = hs_insert(table, mask, v, ord * K + j);
+                        ++n_host;
+                    }
+                    c_val[q] = v;
+                    c_h[q] = h;
+                }
+            }
+            ++ord;
+        }
+    }
+    for (u32 pb = 0; pb < N; pb += span_n) {
+#pragma unroll
+        for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+            const u32 p = pb + p0 + q;
+            if (p >= N) continue;
+            const u32 s = pb == 0 ? HS_SV(q) : (u32)lru[sbase + p];
+            st.lru[p] = (u16)s;
+            if (s >= N) {
+                corrupt_local = 1;
+            } else {
+                // Only the thread that claims slot s writes its inverse: an LRU naming s twice
+                // (not a permutation, reset below) would otherwise have two threads, often of one
+                // warp, write pos[s] at once.
+                const u32 bit = 1u << (s & 31u);
+                if (atomicOr(&st.perm[s >> 5], bit) & bit)
+                    corrupt_local = 1;
+                else
+                    st.pos[s] = (u16)p;
+            }
+        }
+    }
+    if (hot_staged)
+        for (u32 i = HS_TID; i < d.hot_cols; i += HS_NTHREADS)
+            s_hot[i] = i == HS_TID ? R.hv : HS_LDG(hot_table + (u64)r * d.hot_cols + i);
+    u32 ignore_a, ignore_b, any_host, corrupt_n;
+    hs_block_scan2(n_host, corrupt_local, s_scan, phase++, ignore_a, ignore_b, any_host, corrupt_n);
+    const bool corrupt = corrupt_n != 0;
+
+    u32 V = N; // evictable slots
+    if (any_host != 0) {
+        // Step 4: an LRU that is not a permutation is reset, with its dgi row.
+        if (corrupt) {
+            for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
+                st.lru[p] = (u16)p;
+                st.pos[p] = (u16)p;
+                dgi[sbase + p] = -1;
+            }
+            HS_SYNC();
+        }
+        // Step 5a, slot order: for each slot caching a wanted row, its LRU position competes for
+        // the row's first (least recent) position.
+        u32 c_hs[HS_RESOLVE_IN];
+        for (u32 pb = 0; pb < N; pb += span_n) {
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                const u32 s = pb + p0 + q;
+                u32 h = HS_NONE;
+                if (s < N && !corrupt) {
+                    const i32 g = pb == 0 ? R.dv[q] : dgi[sbase + s];
+                    if (g >= 0 && (i64)g < host_rows) {
+                        h = hs_lookup(table, mask, g);
+                        if (h != HS_NONE) atomicMin(&table[h].first_lru, (u32)st.pos[s]);
+                    }
+                }
+                c_hs[q] = h;
+            }
+        }
+        HS_SYNC();
+        // The slot at a row's first position is the hit: the row keeps that slot.
+        for (u32 pb = 0; pb < N; pb += span_n) {
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                const u32 s = pb + p0 + q;
+                if (s >= N || corrupt) continue;
+                u32 h = c_hs[q];
+                if (!cached_n) {
+                    const i32 g = dgi[sbase + s];
+                    h = g >= 0 && (i64)g < host_rows ? hs_lookup(table, mask, g) : HS_NONE;
+                }
+                const u32 p = st.pos[s];
+                if (h != HS_NONE && table[h].first_lru == p) {
+                    table[h].slot = s;
+                    atomicOr(&st.hit[p >> 5], 1u << (p & 31u));
+                }
+            }
+        }
+        HS_SYNC();
+        // Step 5b, LRU order: hits (old order) to the back of the partition, evictables (old
+        // order) to the front: evictable rank e at part[e], hit rank h at part[N - 1 - h].
+        u32 hits_before = 0;
+        for (u32 pb = 0; pb < N; pb += span_n) {
+            const u32 pq = pb + p0; // HS_RESOLVE_IN divides 32: the four bits share one word
+            const u32 bits = pq < N ? (st.hit[pq >> 5] >> (pq & 31u)) & ((1u << HS_RESOLVE_IN) - 1u) : 0u;
+            u32 nh = 0;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) nh += (bits >> q) & 1u;
+            u32 hr, ignore, total, ignore_t;
+            hs_block_scan2(nh, 0, s_scan, phase++, hr, ignore, total, ignore_t);
+            hr += hits_before;
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+                const u32 p = pq + q;
+                if (p >= N) continue;
+                const u32 s = (pb == 0 && !corrupt) ? HS_SV(q) : (u32)st.lru[p];
+                if ((bits >> q) & 1u) {
+                    st.part[N - 1 - hr] = (u16)s;
+                    ++hr;
+                } else {
+                    st.part[p - hr] = (u16)s;
+                }
+            }
+            hits_before += total;
+        }
+        V = N - hits_before;
+    }
+
+    // Steps 6 and 8 (plan): number misses in order of first appearance, give the m-th miss the
+    // m-th evictable slot, count hits and misses by the row of first appearance; the plan rows
+    // are compact, -1 beyond each row's misses.
+    u32 misses = 0;
+    {
+        u32 ord = 0;
+        for (u32 t2 = t, seen = 0; t2 < T && seen < rows; ++t2) {
+            if (t2 != t && HS_LDG(req_id + t2) != req) continue;
+            ++seen;
+            const u64 base = (u64)t2 * K;
+            const u32 row_base = misses;
+            u32 row_hits = 0;
+            for (u32 jb = 0; jb < K; jb += span_k) {
+                u32 miss_h[HS_RESOLVE_IK];
+                i32 miss_g[HS_RESOLVE_IK];
+                u32 nm = 0, nh = 0;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    const u32 j = jb + k0 + q;
+                    u32 h = c_h[q];
+                    i32 g = c_val[q];
+                    u32 kind = h != HS_NONE ? 2u : (g != -1 ? 1u : 0u);
+                    if (!cached) {
+                        kind = reclassify(t2, j, g);
+                        h = kind == 2 ? hs_lookup(table, mask, g) : HS_NONE;
+                    }
+                    miss_h[q] = HS_NONE;
+                    miss_g[q] = -1;
+                    if (kind == 2 && table[h].first_entry == ord * K + j) {
+                        if (table[h].slot != HS_NONE) {
+                            ++nh;
+                        } else {
+                            miss_h[q] = h;
+                            miss_g[q] = g;
+                            ++nm;
+                        }
+                    }
+                }
+                u32 em, eh, tm, th;
+                hs_block_scan2(nm, nh, s_scan, phase++, em, eh, tm, th);
+                u32 m = misses + em;
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    if (miss_h[q] == HS_NONE) continue;
+                    if (m < V) {
+                        const u32 s = st.part[m];
+                        const i32 g = miss_g[q];
+                        const i32 src = (i64)g < host_rows ? g : -1;
+                        table[miss_h[q]].slot = s;
+                        dgi[sbase + s] = src;
+                        miss_src[base + (m - row_base)] = src;
+                        miss_dst[base + (m - row_base)] = hot_row(s);
+                    }
+                    ++m;
+                }
+                misses += tm;
+                row_hits += th;
+            }
+            const u32 lo = row_base < V ? row_base : V, hi = misses < V ? misses : V;
+            const u32 count = hi - lo;
+            // This thread's own plan columns beyond the row's misses.
+            for (u32 jb = 0; jb < K; jb += span_k)
+#pragma unroll
+                for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                    const u32 j = jb + k0 + q;
+                    if (j < K && j >= count) {
+                        miss_src[base + j] = -1;
+                        miss_dst[base + j] = -1;
+                    }
+                }
+            if (HS_TID == 0) {
+                hit_counts[t2] = (i32)row_hits;
+                miss_counts[t2] = (i32)count;
+            }
+            ++ord;
+        }
+    }
+    if (any_host != 0) {
+        // Step 7: new LRU order = unused evictables, miss slots (miss order), hits (old order).
+        const u32 used = misses < V ? misses : V;
+        for (u32 i = HS_TID; i < N; i += HS_NTHREADS) {
+            u32 s;
+            if (i < V - used) s = st.part[used + i];
+            else if (i < V) s = st.part[i - (V - used)];
+            else s = st.part[N - 1 - (i - V)];
+            lru[sbase + i] = (u16)s;
+        }
+    }
+    HS_SYNC();
+
+    // Step 8: output indices and valid counts.
+    for (u32 t2 = t, seen = 0; t2 < T && seen < rows; ++t2) {
+        if (t2 != t && HS_LDG(req_id + t2) != req) continue;
+        ++seen;
+        const u64 base = (u64)t2 * K;
+        u32 valid = 0;
+        for (u32 jb = 0; jb < K; jb += span_k) {
+#pragma unroll
+            for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+                const u32 j = jb + k0 + q;
+                if (j >= K) continue;
+                u32 h = c_h[q];
+                i32 v = c_val[q];
+                u32 kind = h != HS_NONE ? 2u : (v != -1 ? 1u : 0u);
+                if (!cached) {
+                    kind = reclassify(t2, j, v);
+                    h = kind == 2 ? hs_lookup(table, mask, v) : HS_NONE;
+                }
+                i32 o = -1;
+                if (kind == 1) {
+                    o = v;
+                } else if (kind == 2) {
+                    const u32 s = table[h].slot;
+                    if (s != HS_NONE) o = hot_row(s);
+                }
+                indices[base + j] = o;
+                valid += o != -1 ? 1u : 0u;
+            }
+        }
+        u32 ev, ignore, total, ignore_t;
+        hs_block_scan2(valid, 0, s_scan, phase++, ev, ignore, total, ignore_t);
+        if (HS_TID == 0) valid_counts[t2] = (i32)total;
+    }
+#undef HS_SV
+}
+
+HS_DEVICE bool hs_resolve_block(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter,
+    u32 smem_table_entries, const hs_resolve_desc& d, u32& rows_out) {
+    HS_DYN_SHARED(hs_smem);
+    HS_SHARED u32 s_scan[4 * HS_MAX_WARPS];
+    HS_SHARED u32 s_off;
+    hs_resolve_regs R;
+    const u32 t = HS_BID_X;
+    const u32 K = d.top_k, N = d.hot_slots, T = d.num_tokens;
+    const u32 k0 = HS_TID * HS_RESOLVE_IK, p0 = HS_TID * HS_RESOLVE_IN;
+    rows_out = 0;
+
+    // ---- Round trip 1: the row's request id, its first top-k pass, the other rows' request ids.
+    const i32 req = HS_LDG(req_id + t);
+    i32 tok[HS_RESOLVE_IK];
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
+        tok[q] = k0 + q < K ? HS_LDG(topk + (u64)t * K + k0 + q) : -1;
+    u32 dup = 0, later = 0; // rows of this request before t (then t is not first) and from t on
+    for (u32 t2 = HS_TID; t2 < T; t2 += HS_NTHREADS) {
+        const i32 x = HS_LDG(req_id + t2);
+        if (x == req) {
+            if (t2 < t) ++dup;
+            else ++later;
+        }
+    }
+
+    // Step 1: padding rows.
+    if (req < 0 || (u32)req >= d.num_requests) {
+        const u64 base = (u64)t * K;
+        for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
+            indices[base + j] = -1;
+            miss_src[base + j] = -1;
+            miss_dst[base + j] = -1;
+        }
+        if (HS_TID == 0) {
+            valid_counts[t] = 0;
+            hit_counts[t] = 0;
+            miss_counts[t] = 0;
+        }
+        return false;
+    }
+    const u32 r = (u32)req;
+    const u64 sbase = (u64)r * N;
+
+    // ---- Round trip 2, issued before anything waits: both page tables of this thread's first
+    // entries, its LRU positions and dgi slots of the first pass over the hot buffer (slot order),
+    // and the request's hot-table row.
+    // An entry outside the request's pages keeps res 0 and hb -1: it classifies as invalid.
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+        u32 page = 0, off = 0;
+        if (tok[q] >= 0) {
+            if (d.shift < 32) {
+                page = (u32)tok[q] >> d.shift;
+                off = (u32)tok[q] & (d.block_size - 1);
+            } else {
+                page = (u32)tok[q] / d.block_size;
+                off = (u32)tok[q] % d.block_size;
+            }
+        }
+        R.e_off[q] = off;
+        R.e_res[q] = 0;
+        R.e_hb[q] = -1;
+        if (tok[q] >= 0 && page < d.max_pages) {
+            const u64 at = (u64)r * d.max_pages + page;
+            R.e_res[q] = HS_LDG(resident_table + at);
+            R.e_hb[q] = HS_LDG(host_table + at);
+        }
+    }
+    // LRU values are 16-bit: two per register (sv(q) below).
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IN / 2; ++q) R.svp[q] = 0;
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+        if (p0 + q < N) R.svp[q / 2] |= (u32)lru[sbase + p0 + q] << (16u * (q & 1u));
+        R.dv[q] = p0 + q < N ? dgi[sbase + p0 + q] : -1;
+    }
+    const bool hot_staged = d.hot_cols <= HS_RESOLVE_HOT_STAGE;
+    R.hv = -1;
+    if (hot_staged && HS_TID < d.hot_cols) R.hv = HS_LDG(hot_table + (u64)r * d.hot_cols + HS_TID);
+
+    // Dynamic shared memory: [hot stage][state, unless global-state mode][shared table].
+    const bool global_state = (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u;
+    const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
+    const u32 state_bytes = hs_resolve_state_bytes(N);
+    i32* s_hot = (i32*)hs_smem;
+    unsigned char* after_hot = hs_smem + 4u * HS_RESOLVE_HOT_STAGE;
+    hs_wanted* s_table = (hs_wanted*)(after_hot + (global_state ? 0u : state_bytes));
+    // While the loads travel: the table a one-row request needs (the decode case), cleared in
+    // shared memory on speculation, and the bitmaps of the shared state.
+    const u32 cap1 = (u32)hs_table_capacity(K);
+    const u32 cleared = cap1 <= smem_cap ? cap1 : 0u;
+    hs_table_clear(s_table, 0, cleared);
+    if (!global_state) {
+        const hs_rstate st = hs_rstate_at(after_hot, N);
+        for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) {
+            st.perm[i] = 0;
+            st.hit[i] = 0;
+        }
+    }
+    u32 phase = 0; // scan calls so far (uniform)
+    u32 e_dup, e_later, n_dup, rows;
+    hs_block_scan2(dup, later, s_scan, phase++, e_dup, e_later, n_dup, rows);
+    if (n_dup != 0) return false; // an earlier row of this request resolves it
+    rows_out = rows;
+
+    const u32 entries = rows * K;
+    const u32 cap = (u32)hs_table_capacity(entries);
+    const bool table_shared = cap <= smem_cap;
+    const u32 state_entries = global_state ? state_bytes / 16u : 0u;
+    if (global_state || !table_shared || cap > cleared) {
+        // Not the common case: state or table from the workspace, or a larger table.
+        if (global_state || !table_shared) {
+            if (HS_TID == 0) s_off = atomicAdd(workspace_counter, state_entries + (table_shared ? 0u : cap));
+            HS_SYNC();
+        }
+        hs_table_clear(table_shared ? s_table : workspace + s_off + state_entries,
+                       table_shared ? cleared : 0u, cap);
+        if (global_state) {
+            const hs_rstate st = hs_rstate_at((unsigned char*)(workspace + s_off), N);
+            for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) {
+                st.perm[i] = 0;
+                st.hit[i] = 0;
+            }
+        }
+        HS_SYNC();
+    }
+    // The rest, with the state and the table addressed where they are (one copy per placement).
+#define HS_REST(state, table)                                                                   \
+    hs_resolve_rest(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,      \
+                    valid_counts, hit_counts, miss_counts, miss_src, miss_dst, d, R, rows, cap,  \
+                    phase, s_scan, s_hot, (state), (table))
+    HS_REST(global_state ? (unsigned char*)(workspace + s_off) : after_hot,
+            table_shared ? s_table : workspace + s_off + state_entries);
+#undef HS_REST
+    return true;
+}
+
 // hs_resolve_v3 (the round-2 production resolver, slower than hs_resolve on the H200: 33.9 us
 // against 21.3 us for 64 requests x 2048): hs_resolve_block, the body hs_resolve_gather shares
 // (hits found in slot order through the LRU inverse, the hot-table row staged, two sums per
@@ -1125,6 +1706,26 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows_v4(
         hs_gather_items_v4<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
     else
         hs_gather_items_v4<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L);
+}
+
+// hs_gather_rows_w16: hs_gather_rows with only its 16-byte instantiation (rows whose parts are
+// whole 16-byte chunks: the 656-byte decode row). One kernel holds the registers of its largest
+// path: with the 8- and 4-byte scale-word paths in it, hs_gather_rows spills 20 bytes at its
+// bound of 64 registers (NVRTC 13.0, sm_90), this kernel none. The planner refuses layers of
+// other scale words for it. Measured beside hs_gather_rows to see whether the spill costs the
+// 2048-row gather anything.
+HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows_w16(
+    const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
+    const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
+    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
+    HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
+    HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
+    HS_SHARED u32 s_flags[HS_GATHER_ROWS];
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    if (HS_BID_Z >= layers.count || num_tokens == 0) return;
+    const hs_layer_pair L = layers.layer[HS_BID_Z];
+    hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L,
+                        s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
 }
 
 

@@ -91,7 +91,7 @@ pub const RESOLVE_THREADS: u32 = 1024;
 pub const GATHER_THREADS: u32 = 128;
 /// Plan entries per work item of `hs_gather_rows`.
 pub const GATHER_ROWS: u32 = 16;
-/// Threads of `hs_gather_rows` and `hs_resolve_gather` that copy one row together.
+/// Threads of bench variant `hs_gather_rows_v4` that copy one row together.
 pub const GATHER_GROUP: u32 = 8;
 /// Most layers one `hs_gather_rows` launch carries (more are split over several launches).
 pub const GATHER_MAX_LAYERS: usize = 16;

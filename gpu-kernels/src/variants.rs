@@ -79,23 +79,28 @@ pub enum GatherVariant {
     /// `hs_gather_rows_v4` (round 2, 10-13% slower on the H200): the v3 grid; each group of 8
     /// threads copies one row, its count and plan entry loaded together, no barrier.
     V4,
+    /// `hs_gather_rows_w16`: v3 with only its 16-byte path (no scale words below 16 bytes, so
+    /// no spill at the 64-register bound; v3 spills 20 bytes), for layouts whose parts are whole
+    /// 16-byte chunks.
+    V3W16,
 }
 
 impl GatherVariant {
     /// Every variant, production last.
-    pub const ALL: [GatherVariant; 6] = [
+    pub const ALL: [GatherVariant; 7] = [
         GatherVariant::V1,
         GatherVariant::V2,
         GatherVariant::V2Rows8,
         GatherVariant::V2Rows4,
         GatherVariant::V4,
+        GatherVariant::V3W16,
         GatherVariant::V3,
     ];
 
     /// The production kernel.
     pub const PRODUCTION: GatherVariant = GatherVariant::V3;
 
-    /// The variant's name: `v1`, `v2`, `v2-r8`, `v2-r4`, `v3` or `v4`.
+    /// The variant's name: `v1`, `v2`, `v2-r8`, `v2-r4`, `v3`, `v4` or `v3-w16`.
     pub const fn name(self) -> &'static str {
         match self {
             GatherVariant::V1 => "v1",
@@ -104,6 +109,7 @@ impl GatherVariant {
             GatherVariant::V2Rows4 => "v2-r4",
             GatherVariant::V3 => "v3",
             GatherVariant::V4 => "v4",
+            GatherVariant::V3W16 => "v3-w16",
         }
     }
 
@@ -124,7 +130,7 @@ pub enum ResolveVariant {
     /// hits found in LRU order (a dependent load of each position's dgi), the table cleared at its
     /// full shared capacity.
     V2,
-    /// `hs_resolve_v3` (round 2, slower on the H200; the body of the fused `hs_resolve_gather`):
+    /// `hs_resolve_v3` (round 2, slower on the H200):
     /// v2's passes with hits found in slot order (LRU and dgi read coalesced at once with the page
     /// tables, the inverse permutation in shared memory), the hot-table row staged, the table
     /// cleared at the request's size while the loads travel, two sums per barrier.
@@ -167,13 +173,14 @@ pub const CLOCK_PROBE_KERNEL: &str = "hs_clock_probe";
 pub const RESOLVE_V1_THREADS: u32 = 512;
 
 /// Every variant symbol of [`crate::VARIANTS_SOURCE`] with a production kernel's parameters.
-pub const SYMBOLS: [&str; 8] = [
+pub const SYMBOLS: [&str; 9] = [
     "hs_remap_v1",
     "hs_remap_v2",
     "hs_remap_v3",
     "hs_gather_rows_v1",
     "hs_gather_rows_v2",
     "hs_gather_rows_v4",
+    "hs_gather_rows_w16",
     "hs_resolve_v1",
     "hs_resolve_v3",
 ];
@@ -266,7 +273,7 @@ pub fn gather(
             let scale = l.host.row_bytes - l.host.value_bytes;
             if crate::scale_word(&l.host) != 16 {
                 return Err(PlanError::Geometry {
-                    what: "layout scale part (row_bytes - value_bytes) for gather variants v1-v2",
+                    what: "layout scale part (row_bytes - value_bytes) for gather variants v1-v2 and v3-w16",
                     value: scale.into(),
                     need: "a multiple of 16 (use the production gather, v3, or v4)",
                 });
@@ -275,10 +282,14 @@ pub fn gather(
     }
     let rows = match v {
         GatherVariant::V3 => return Ok(p),
-        GatherVariant::V4 => {
+        GatherVariant::V4 | GatherVariant::V3W16 => {
             // The same persistent grid as production.
             for l in &mut p.launches {
-                l.variant = Some("hs_gather_rows_v4");
+                l.variant = Some(if v == GatherVariant::V4 {
+                    "hs_gather_rows_v4"
+                } else {
+                    "hs_gather_rows_w16"
+                });
             }
             return Ok(p);
         }
@@ -405,7 +416,7 @@ mod tests {
                 accepted(&r.unwrap());
             } else {
                 let e = r.unwrap_err().to_string();
-                assert!(e.contains("gather variants v1-v2 = 8"), "{v:?}: {e}");
+                assert!(e.contains("gather variants v1-v2 and v3-w16 = 8"), "{v:?}: {e}");
             }
         }
     }

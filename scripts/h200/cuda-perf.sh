@@ -9,18 +9,23 @@
 #   2. the conformance suite with a device required (production build), the fused
 #      resolve-and-gather against the reference, and compute-sanitizer racecheck of the fused
 #      launch's two small scenarios (speculative rows with a corrupt LRU; split rows);
-#   3. the resolve cases with the resolver's global-state mode forced (bench-variants build,
+#   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
+#      (remap at 1 and 64 tokens in every mode, the resolver and the fused launch at 64 requests):
+#      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
+#      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
+#   4. the resolve cases with the resolver's global-state mode forced (bench-variants build,
 #      HISPARSE_CUDA_RESOLVE_GLOBAL=1);
-#   4. compute-sanitizer memcheck over the decode-path cases (remap, resolve, gather, pipeline,
+#   5. compute-sanitizer memcheck over the decode-path cases (remap, resolve, gather, pipeline,
 #      tables) and the fused launch; racecheck over remap, gather and every resolve scenario, one
 #      process per scenario, the 32768-slot one last with whatever time is left.
 #
 # The whole script runs inside a 345 s budget (HISPARSE_H200_BUDGET overrides it; each section's
 # limit shrinks to what is left; a section with no time left is reported SKIPPED and listed as
 # dropped at the end), so it ends within 6 minutes. Sections run in priority order, so a smaller
-# budget drops from the end: with HISPARSE_H200_BUDGET=150 the bench (about 25 s, every variant,
-# the production rows judged), the conformance suite, the fused test and the fused racechecks
-# still run (about 35 s together), and the resolve racechecks are the first to go. Expected:
+# budget drops from the end: with HISPARSE_H200_BUDGET=240 the bench (about 30 s, every variant,
+# the production rows judged), the conformance suite, the fused test, the fused racechecks (about
+# 10 s together) and the ncu step (limit 75 s) run first, and the resolve racechecks are the
+# first to go. Expected:
 # every racecheck "0 hazards displayed (0 errors, 0 warnings)", the fused speculative scenario
 # included (an LRU naming a slot twice had two threads of one warp write that slot's inverse;
 # only the thread whose atomicOr claims the slot writes it now). Logs in
@@ -59,6 +64,74 @@ if [ -n "$sanitizer" ]; then
     race=("$sanitizer" --tool racecheck --racecheck-report hazard "${common[@]}")
     section racecheck-fused-speculative 30 "${race[@]}" "$bin/cuda-fused" fused/speculative
     section racecheck-fused-split 30 "${race[@]}" "$bin/cuda-fused" fused/split
+fi
+# Nsight Compute over the decode-size launches (cuda_bench --profile-targets: remap at 1 and 64
+# tokens, the resolver and the fused launch at 64 requests, three calls each, eager stream
+# launches; caches and clocks left as they are, so the third call of each is the L2-warm case):
+# duration, achieved occupancy, issue-slot use and the top stall reasons of each, into
+# ncu-summary.log (and on stdout), the raw metrics in ncu-raw.csv.
+ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
+if [ -n "$ncu_bin" ]; then
+    rm -f "$out/ncu.ncu-rep"
+    section ncu 75 "$ncu_bin" --target-processes all \
+        --kernel-name regex:'^hs_(remap|resolve|resolve_gather)$' \
+        --cache-control none --clock-control none \
+        --section SpeedOfLight --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section SchedulerStats \
+        --export "$out/ncu" --force-overwrite "$bin/cuda-bench" --profile-targets
+    if [ -f "$out/ncu.ncu-rep" ]; then
+        "$ncu_bin" --import "$out/ncu.ncu-rep" --page raw --csv >"$out/ncu-raw.csv" 2>"$out/ncu-import.log"
+        cat >"$out/ncu_summary.py" <<'PY'
+import csv, re, sys
+raw, log = sys.argv[1], sys.argv[2]
+labels = {}
+for line in open(log, errors="replace"):
+    m = re.match(r"profile-target (\d+): (.*)", line.strip())
+    if m:
+        labels[int(m.group(1))] = m.group(2)
+rows = list(csv.reader(open(raw, errors="replace")))
+start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if start is None:
+    print("no metrics in the Nsight Compute report (see ncu.log: counters may need admin rights)")
+    sys.exit(1)
+head, records = rows[start], [r for r in rows[start + 2:] if len(r) == len(rows[start])]
+col = {n: i for i, n in enumerate(head)}
+def num(r, name):
+    i = col.get(name)
+    if i is None:
+        return None
+    try:
+        return float(r[i].replace(",", ""))
+    except ValueError:
+        return None
+stall = [(m.group(1), n) for n in col
+         for m in [re.match(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$", n)] if m
+         and not m.group(1).startswith("not_issued")]
+if len(records) != len(labels):
+    print(f"WARNING: {len(records)} profiled launches, {len(labels)} labels: names below may be off")
+print(f"{len(records)} launches profiled; the third call of each target (caches warm):")
+for n, r in enumerate(records):
+    label = labels.get(n, f"launch {n}")
+    if len(records) == len(labels) and not label.endswith("call 3"):
+        continue
+    dur = num(r, "gpu__time_duration.sum")
+    occ = num(r, "sm__warps_active.avg.pct_of_peak_sustained_active")
+    issue = num(r, "sm__inst_issued.avg.pct_of_peak_sustained_active")
+    cpi = num(r, "smsp__average_warp_latency_per_inst_issued.ratio")
+    top = sorted(((num(r, column) or 0.0, reason) for reason, column in stall), reverse=True)[:4]
+    unit = r[col["gpu__time_duration.sum"]] if "gpu__time_duration.sum" in col else ""
+    print(f"{label} [{r[col.get('Kernel Name', 0)]}, grid {r[col['Grid Size']] if 'Grid Size' in col else '?'}, block {r[col['Block Size']] if 'Block Size' in col else '?'}]")
+    print(f"    duration {dur} (unit row: {rows[start + 1][col['gpu__time_duration.sum']] if 'gpu__time_duration.sum' in col else '?'}), "
+          f"achieved occupancy {occ} %, issue slots busy {issue} %, cycles per issued instruction per warp {cpi}")
+    print("    top stalls (warp cycles per issued instruction): " + ", ".join(f"{name} {v:.2f}" for v, name in top))
+PY
+        section ncu-summary 15 python3 "$out/ncu_summary.py" "$out/ncu-raw.csv" "$out/ncu.log"
+        cat "$out/ncu-summary.log"
+    fi
+else
+    echo "ncu not found: the Nsight Compute step NOT run" | tee "$out/ncu.log"
+    results+=("{\"section\":\"ncu\",\"status\":\"NOT RUN\"}")
+    overall=1
 fi
 section resolve-global-state 20 env HISPARSE_CUDA_RESOLVE_GLOBAL=1 \
     "$bin/cuda-conformance-variants" resolve/

@@ -6,6 +6,7 @@
 //! ```text
 //! cargo build --release -p hisparse-backend-cuda --features bench-variants --example cuda_bench
 //! cuda_bench [--json PATH] [--quick] [--only ceilings,remap,gather,resolve,path,backup,cli]
+//! cuda_bench --profile-targets
 //! ```
 //!
 //! Every time is GPU time per call inside a CUDA graph (a graph of many calls, replayed, timed
@@ -38,6 +39,11 @@
 //!   2048-row gather with its plan rotation, 12-layer backup and restore of 16 rotating page
 //!   sets), so the two tools' figures can be told apart by what they measure.
 //!
+//! `--profile-targets` measures nothing: it issues the decode-size launches a profiler should look
+//! at (remap at 1 and 64 tokens, the resolver and the fused launch at 64 requests), each three
+//! times, prints their labels in launch order and exits (`scripts/h200/cuda-perf.sh` runs it
+//! under Nsight Compute).
+//!
 //! Targets are judged on the production kernels (and the fused path); the earlier variants show
 //! the target for comparison only. A section that fails prints why and the bench goes on; the
 //! exit status is 1 when any section failed or any output differed.
@@ -45,6 +51,7 @@
 mod ceilings;
 mod copies;
 mod gather;
+mod profile;
 mod remap;
 mod walk;
 
@@ -309,6 +316,10 @@ fn run() -> Res<bool> {
         probe,
         clock: Cell::new(0.0),
     };
+    if args.iter().any(|a| a == "--profile-targets") {
+        profile::run(&mut b)?;
+        return Ok(true);
+    }
     // The clock of a GPU that may have idled (a probe of 50 us), then after 20 ms of work.
     let idle = b.read_clock()?;
     b.warm()?;

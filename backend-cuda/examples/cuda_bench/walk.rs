@@ -20,9 +20,9 @@ const CTX: u32 = 32768;
 
 /// One request set's walk: state, inputs of every step, and per-step outputs (kept apart so the
 /// gathers of every step's plan can be replayed alone).
-struct Walk {
+pub(crate) struct Walk {
     r: u32,
-    desc: ResolveDesc,
+    pub(crate) desc: ResolveDesc,
     req: CudaBuffer,
     resident: CudaBuffer,
     host_table: CudaBuffer,
@@ -37,7 +37,7 @@ struct Walk {
 }
 
 impl Walk {
-    fn new(b: &Bench, r: u32, steps: usize, rng: &mut Rng) -> Res<Walk> {
+    pub(crate) fn new(b: &Bench, r: u32, steps: usize, rng: &mut Rng) -> Res<Walk> {
         let pages = CTX / BS;
         let desc = ResolveDesc {
             num_tokens: r,
@@ -116,14 +116,14 @@ impl Walk {
     }
 
     /// Puts the hot state back to empty (all slots free), on the stream.
-    fn reset(&mut self, d: &CudaDevice, s: &CudaStream) -> Result<(), CudaError> {
+    pub(crate) fn reset(&mut self, d: &CudaDevice, s: &CudaStream) -> Result<(), CudaError> {
         let (dgi_len, lru_len) = (self.dgi.byte_len() as usize, self.lru.byte_len() as usize);
         d.copy_on_device(s, &self.dgi0, 0, &mut self.dgi, 0, dgi_len)?;
         d.copy_on_device(s, &self.lru0, 0, &mut self.lru, 0, lru_len)
     }
 
     /// Step `step`'s resolve, or with `gather` its fused resolve-and-gather into `pool`.
-    fn resolve(
+    pub(crate) fn resolve(
         &mut self,
         d: &CudaDevice,
         s: &CudaStream,
@@ -241,8 +241,8 @@ const PATHS: [(&str, ResolveVariant, Option<GatherVariant>); 3] = [
         Some(GatherVariant::V4),
     ),
     (
-        "fused resolve+gather (v3 body, one launch)",
-        ResolveVariant::V3,
+        "fused resolve+gather (v2 body, block-wide row loop, one launch)",
+        ResolveVariant::V2,
         None,
     ),
 ];

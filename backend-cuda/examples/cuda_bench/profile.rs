@@ -1,0 +1,108 @@
+//! `--profile-targets`: the decode-size launches a profiler should look at, each issued three
+//! times on the stream (no graphs, no timing), in a fixed order that the profiler's records
+//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 64
+//! requests (a first step that fills the hot buffers, then a step with about 9% misses), and
+//! the fused resolve-and-gather of that second step. Every launch's label is printed first
+//! (`profile-target N: label`), so `scripts/h200/cuda-perf.sh` can name Nsight Compute's records
+//! (the N-th record of `hs_remap`, `hs_resolve` and `hs_resolve_gather` together is launch N).
+
+use hisparse_backend_cuda::CudaBuffer;
+use hisparse_core::Device;
+use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs, RemapDesc};
+
+use crate::walk::Walk;
+use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Rng, host_pool, upload};
+
+/// Calls of each target (the first warms the caches the later ones find warm).
+const REPEATS: usize = 3;
+
+pub(crate) fn run(b: &mut Bench) -> Res<()> {
+    let mut labels = Vec::new();
+    let (k, bs, m) = (2048u32, 64u32, 2048u32);
+    let mut rng = Rng(0x5eed);
+    for t in [1u32, 64] {
+        let table: Vec<i32> = (0..t * m).map(|_| rng.below(1 << 20) as i32).collect();
+        let req: Vec<i32> = (0..t as i32).collect();
+        let topk: Vec<i32> = (0..t * k)
+            .map(|_| {
+                if rng.below(20) == 0 {
+                    -1
+                } else {
+                    rng.below(u64::from(bs * m)) as i32
+                }
+            })
+            .collect();
+        let (table_b, req_b, topk_b) = (
+            upload(&b.dev, &table)?,
+            upload(&b.dev, &req)?,
+            upload(&b.dev, &topk)?,
+        );
+        let mut out: CudaBuffer = b.dev.alloc((t * k * 4) as usize)?;
+        let mut counts: CudaBuffer = b.dev.alloc((t * 4) as usize)?;
+        for (mode, write_counts, compact) in [
+            ("plain", false, false),
+            ("counts", true, false),
+            ("counts+compaction", true, true),
+        ] {
+            let desc = RemapDesc {
+                num_tokens: t,
+                top_k: k,
+                table_rows: t,
+                max_blocks: m,
+                block_size: bs,
+                block_stride_rows: bs,
+                idx_mapping_len: None,
+                write_counts,
+                compact,
+            };
+            for i in 0..REPEATS {
+                b.dev.remap(
+                    &b.s,
+                    &desc,
+                    RemapArgs {
+                        req_id: &req_b,
+                        block_table: &table_b,
+                        topk: &topk_b,
+                        idx_mapping: None,
+                        out: &mut out,
+                        counts: write_counts.then_some(&mut counts),
+                    },
+                )?;
+                labels.push(format!("hs_remap {t} tok x 2048, {mode}, call {}", i + 1));
+            }
+        }
+    }
+    let host = host_pool(b)?;
+    let mut w = Walk::new(b, 64, 2, &mut rng)?;
+    let hot_blocks = 64 * w.desc.hot_table_width();
+    let layer = [LayerPair {
+        host: PageLayout::contiguous(0, PAGE, HOST_BLOCKS, BS, ROW),
+        device: PageLayout::contiguous(0, PAGE, hot_blocks, BS, ROW),
+    }];
+    let mut pool = b.dev.alloc((u64::from(hot_blocks) * PAGE) as usize)?;
+    for i in 0..REPEATS {
+        w.reset(&b.dev, &b.s)?;
+        w.resolve(&b.dev, &b.s, 0, None)?;
+        labels.push(format!("hs_resolve 64 req, filling step, call {}", i + 1));
+        w.resolve(&b.dev, &b.s, 1, None)?;
+        labels.push(format!("hs_resolve 64 req, ~9% misses, call {}", i + 1));
+    }
+    for i in 0..REPEATS {
+        w.reset(&b.dev, &b.s)?;
+        w.resolve(&b.dev, &b.s, 0, None)?;
+        labels.push(format!(
+            "hs_resolve 64 req, filling step (before fused), call {}",
+            i + 1
+        ));
+        w.resolve(&b.dev, &b.s, 1, Some((&layer, &host, &mut pool)))?;
+        labels.push(format!(
+            "hs_resolve_gather 64 req, ~9% misses, call {}",
+            i + 1
+        ));
+    }
+    b.dev.synchronize(&b.s)?;
+    for (n, l) in labels.iter().enumerate() {
+        println!("profile-target {n}: {l}");
+    }
+    Ok(())
+}
