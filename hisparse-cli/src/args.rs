@@ -159,6 +159,12 @@ pub struct SimulateArgs {
     /// prefill node would) before they start, then decoded, every row verified.
     #[arg(long)]
     pub import: bool,
+    /// A shared prefix (--shared-prefix N, or half the context when not given) whose pages are
+    /// on host only: a first request prefills it and finishes, the GPU copies of its pages are
+    /// dropped, then the other requests hit the prefix on host and their prefill chunks read it
+    /// staged on the GPU, every prefill row verified.
+    #[arg(long)]
+    pub prefix_on_host: bool,
     /// Disaggregated prefill -> decode over this transport (nixl): a prefill process writes each
     /// request's pages into this process's host pool, every imported row verified.
     #[arg(long)]

@@ -1,5 +1,6 @@
-//! `hisparse simulate` with the residency policy's paths: imported requests and prefix hits
-//! that read the shared prefix's GPU copies (CPU backend).
+//! `hisparse simulate` with the residency policy's paths: imported requests, prefix hits that
+//! read the shared prefix's GPU copies, and prefill over a prefix that lives only on host
+//! (CPU backend).
 #![cfg(feature = "cpu")]
 
 use std::process::Command;
@@ -94,4 +95,35 @@ fn short_imported_requests_finish_on_the_default_gpu_budget() {
     // Every imported page (16 per request, the partial one among them) came back from host,
     // one restore per bucket (4 index groups).
     assert_eq!(j["restored_pages"], 2 * 16 * 4);
+}
+
+/// `--prefix-on-host`: the first request prefills the shared prefix and finishes, the GPU
+/// copies of its pages are dropped, then the others hit the prefix on host: their first
+/// prefill chunks read it staged back on the GPU (restored host → device, no hot region), and
+/// every row the prefill chunks read — each chunk's last token's top-k over its whole earlier
+/// context — matches, as does every decode row.
+#[test]
+fn prefill_over_a_prefix_on_host_reads_it_staged_on_the_gpu() {
+    let j = simulate(&["--prefix-on-host", "--shared-prefix", "1024"]);
+    assert_eq!(j["mismatched_rows"], 0, "{}", j["first_mismatch"]);
+    assert_eq!(j["prefill_mismatched_rows"], 0);
+    assert!(j["prefill_rows_checked"].as_u64().unwrap() > 0);
+    assert!(j["gpu_copies_dropped"].as_u64().unwrap() > 0);
+    // Two requests hit the 1024-token prefix (16 pages of 64 tokens) on host.
+    assert!(j["prefix_hit_tokens"].as_u64().unwrap() >= 2 * 1024);
+    assert!(
+        j["pages_staged"].as_u64().unwrap() >= 2 * 16,
+        "{}",
+        j["pages_staged"]
+    );
+    assert_eq!(j["hot_regions_allocated"], 0);
+}
+
+/// Prefill reads are verified in the default simulation too (every prefill chunk's last token).
+#[test]
+fn prefill_reads_are_verified_by_default() {
+    let j = simulate(&[]);
+    assert_eq!(j["mismatched_rows"], 0, "{}", j["first_mismatch"]);
+    assert!(j["prefill_rows_checked"].as_u64().unwrap() > 0);
+    assert_eq!(j["prefill_mismatched_rows"], 0);
 }

@@ -1058,10 +1058,12 @@ fn liveness_case() -> impl Strategy<Value = (Params, u32, Vec<Arrival>)> {
                         max_batched: mb,
                         spill,
                         reclaim_min,
-                        // Larger hot buffers only without prefix caching: a prefix hit whose
-                        // hot region costs more than the pages it spares still livelocks
-                        // (docs/residency.md, "Not done yet").
-                        hot_scale: if prefix { 1 } else { hot_scale },
+                        // Hot buffers up to four times the default, with prefix caching on
+                        // too: a prefix hit whose hot region cost more than the pages it
+                        // spared once livelocked (a lone request started at its hit with the
+                        // whole pool taken, was preempted for its next page and started the
+                        // same way again).
+                        hot_scale,
                     },
                     slack,
                 )

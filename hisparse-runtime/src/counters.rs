@@ -23,6 +23,8 @@ pub struct Counters {
     pub d2h_bytes: u64,
     /// Index-group calls that took the fully-resident remap.
     pub remap_calls: u64,
+    /// Prefill reads remapped through the resident tables ([`crate::Runtime::remap_prefill`]).
+    pub prefill_remap_calls: u64,
     /// Index-group calls that resolved against the hot buffers.
     pub resolve_calls: u64,
     /// Follower layers that applied their leader's miss plan.
@@ -33,7 +35,8 @@ pub struct Counters {
     pub hot_resets: u64,
     /// Resident pages reclaimed (a page whose entries became null in every bucket).
     pub reclaimed_pages: u64,
-    /// Pages restored host → device (copy-on-write tails).
+    /// Pages restored host → device (copy-on-write tails, imported tails, prefill context
+    /// staged from host).
     pub restored_pages: u64,
     /// Host copy-on-write pages.
     pub host_cow_pages: u64,

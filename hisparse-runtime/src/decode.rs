@@ -127,6 +127,82 @@ impl<D: Device> Runtime<D> {
         self.resolve(group, topk, out, Layers::Leader)
     }
 
+    /// A prefill chunk's read of index group `group`: remaps the top-k positions of its token
+    /// rows through the resident tables whatever the step's residency — the coordinator has
+    /// staged every page of a prefill chunk's context on the GPU, so no entry of its context is
+    /// null and nothing is swapped in (the hot state is not touched). `topk.state_rows` names
+    /// each token row's state row (`None`: the batch given to [`Runtime::set_batch`]); outputs
+    /// as for [`Runtime::resolve_index_group`], counts only when asked for.
+    pub fn remap_prefill(
+        &mut self,
+        group: usize,
+        topk: &TopK<'_, D::Buffer>,
+        out: Indices<'_, D::Buffer>,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        if self.open.is_none() {
+            return Err(RuntimeError::Sequence("a per-layer call outside a step"));
+        }
+        if group >= self.groups.len() {
+            return Err(RuntimeError::NoSuchGroup {
+                what: "index group",
+                value: group as u32,
+            });
+        }
+        let t = topk.num_tokens;
+        if t > self.cfg.max_step_tokens {
+            return Err(RuntimeError::TooManyTokens {
+                tokens: t,
+                max: self.cfg.max_step_tokens,
+            });
+        }
+        let req_id = match topk.state_rows {
+            Some(b) => b,
+            None => match self.batch_len {
+                Some(n) if n >= t => &self.batch,
+                Some(_) => {
+                    return Err(RuntimeError::Sequence(
+                        "a per-layer call with more token rows than the batch set_batch gave",
+                    ));
+                }
+                None => {
+                    return Err(RuntimeError::Sequence(
+                        "a per-layer call without state rows before set_batch",
+                    ));
+                }
+            },
+        };
+        let kv = &self.kv;
+        let b = self.groups[group].bucket as usize;
+        let Indices { rows, counts } = out;
+        let desc = RemapDesc {
+            num_tokens: t,
+            top_k: kv.config.top_k,
+            table_rows: self.cfg.state_rows,
+            max_blocks: kv.max_pages_per_request,
+            block_size: kv.block_size,
+            block_stride_rows: kv.attention_block_stride,
+            idx_mapping_len: None,
+            write_counts: counts.is_some(),
+            compact: false,
+        };
+        self.dev
+            .remap(
+                &self.compute,
+                &desc,
+                RemapArgs {
+                    req_id,
+                    block_table: &self.tables.resident[b].buf,
+                    topk: topk.positions,
+                    idx_mapping: None,
+                    out: rows,
+                    counts,
+                },
+            )
+            .map_err(RuntimeError::device("remapping prefill top-k rows"))?;
+        self.counters.prefill_remap_calls += 1;
+        Ok(())
+    }
+
     /// Swaps in follower layer `layer` with its leader's plan of this step (the original
     /// system's `apply_plan`). A no-op on fully-resident steps (the remap needs no swap-in).
     pub fn apply_plan(&mut self, layer: u32) -> Result<(), RuntimeError<D::Error>> {

@@ -7,13 +7,17 @@
 #   2. the same with `--shared-prefix 8192` (prefix hits adopt the GPU copies of the shared
 #      pages: no hot region for them);
 #   3. the same with `--import` (every request's prompt KV written into the host blocks the
-#      coordinator names, as a prefill node would, then decoded from host).
+#      coordinator names, as a prefill node would, then decoded from host);
+#   4. `--prefix-on-host` (a 4096-token shared prefix whose GPU copies are dropped after the
+#      first request: the others' prefill chunks read it staged back on the GPU).
 #
+# Every run also verifies prefill reads (each prefill chunk's last token's top-k over its whole
+# context, remapped through the resident tables): prefill_rows_checked / prefill_mismatched.
 # Every row attention reads is verified in each run. The whole script runs inside a 170 s
-# budget (each simulation took about 13 s on the H200 before this work), so it ends within 3
-# minutes. Logs and JSON in $OUT/residency/, a summary in $OUT/residency/summary.json and on
+# budget (each simulation took about 13 s on the H200 in run 11), so it ends within 3 minutes. Logs and JSON in $OUT/residency/, a summary in $OUT/residency/summary.json and on
 # stdout: per run the rows verified and mismatched, hot_regions_allocated, h2d_bytes_per_step,
-# pages reclaimed, requests imported and device time per decode step. Exit status 0 only when
+# pages reclaimed, requests imported, pages staged for prefill, prefill rows checked and
+# device time per decode step. Exit status 0 only when
 # every run passed and no row mismatched.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,8 +40,9 @@ fi
 section sim-default 50 sh -c "'$bin/hisparse' simulate --backend cuda --json > '$out/sim-default.json'"
 section sim-shared-prefix 50 sh -c "'$bin/hisparse' simulate --backend cuda --shared-prefix 8192 --json > '$out/sim-shared-prefix.json'"
 section sim-import 50 sh -c "'$bin/hisparse' simulate --backend cuda --import --json > '$out/sim-import.json'"
+section sim-prefix-on-host 50 sh -c "'$bin/hisparse' simulate --backend cuda --prefix-on-host --json > '$out/sim-prefix-on-host.json'"
 
-for f in sim-default sim-shared-prefix sim-import; do
+for f in sim-default sim-shared-prefix sim-import sim-prefix-on-host; do
     if [ ! -s "$out/$f.json" ]; then
         echo "$f: no JSON (see $out/$f.log)"
         overall=1
@@ -51,10 +56,16 @@ print(f"{name}: verified={s.get('verified_rows')} mismatched={s.get('mismatched_
       f"hot_regions_allocated={s.get('hot_regions_allocated')} "
       f"h2d_bytes_per_step={s.get('h2d_bytes_per_step', 0):.0f} "
       f"reclaimed={s.get('reclaimed_pages')} imported={s.get('imported_requests')} "
+      f"staged={s.get('pages_staged')} prefill_rows={s.get('prefill_rows_checked')} "
+      f"prefill_mismatched={s.get('prefill_mismatched_rows')} "
       f"hit_rate={s.get('hit_rate')} device_us_per_step={s.get('device_us_per_step', 0):.0f}")
 if s.get("first_mismatch"):
     print(f"  first mismatch: {s['first_mismatch']}")
-sys.exit(0 if s.get("mismatched_rows", 1) == 0 and s.get("verified_rows", 0) > 0 else 1)
+ok = s.get("mismatched_rows", 1) == 0 and s.get("verified_rows", 0) > 0
+if name.startswith("sim-prefix-on-host") and not s.get("pages_staged"):
+    print("  no page was staged: the prefix-on-host run did not exercise staging")
+    ok = False
+sys.exit(0 if ok else 1)
 PY
 done
 write_summary residency.sh

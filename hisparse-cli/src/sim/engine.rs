@@ -70,6 +70,12 @@ pub struct SimSetup {
     /// ([`Coordinator::reserve_import`]) instead of prefilling it.
     #[serde(default)]
     pub import: bool,
+    /// The shared prefix lives on host only when the requests hitting it start: the first
+    /// request prefills it and finishes, every transfer completes, the GPU copies of its pages
+    /// are dropped ([`Coordinator::drop_cached_gpu_copies`]), then the others are admitted at
+    /// once; their prefill chunks read the prefix staged back on the GPU.
+    #[serde(default)]
+    pub prefix_on_host: bool,
     /// Speculative tokens per decode step (0 = none): drafts computed with each sampled token,
     /// the rejected ones rolled back.
     pub spec_tokens: u32,
@@ -191,6 +197,8 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
     let mut next_admit = 0usize;
     let mut admit_at_step: Option<u64> = Some(0);
     let staggered = s.shared_prefix > 0;
+    // With the prefix on host: after the first request, the others arrive together.
+    let mut all_at_once = false;
     let mut progress = Progress::new(
         "simulate",
         u64::from(s.requests) * u64::from(final_len),
@@ -251,7 +259,19 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
         step_no += 1;
         // 0. Admission.
         if coord.is_empty() && admit_at_step.is_none() {
-            admit_at_step = Some(step_no);
+            if s.prefix_on_host && next_admit == 1 {
+                // The first request finished: once every copy batch is durable (its pages
+                // published on host), its pages' GPU copies go, and the rest arrive at once.
+                let last = issued.last().map_or(0, |&(id, _)| id);
+                if coord.durable_transfer() >= last {
+                    report.gpu_copies_dropped +=
+                        u64::from(coord.drop_cached_gpu_copies(&prompt(uids[0])));
+                    admit_at_step = Some(step_no);
+                    all_at_once = true;
+                }
+            } else {
+                admit_at_step = Some(step_no);
+            }
         }
         while next_admit < uids.len() && admit_at_step.is_some_and(|a| a <= step_no) {
             let uid = uids[next_admit];
@@ -274,7 +294,7 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
                 coord.admit(uid, &prompt(uid)).map_err(coord_err)?;
             }
             next_admit += 1;
-            if staggered {
+            if staggered && !all_at_once {
                 admit_at_step = None;
             }
         }
@@ -423,7 +443,7 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
             }
         }
         planning += t.elapsed().as_secs_f64();
-        if staggered && admit_at_step.is_none() && next_admit < uids.len() {
+        if staggered && !s.prefix_on_host && admit_at_step.is_none() && next_admit < uids.len() {
             let last = uids[next_admit - 1];
             let prefilled = coord.num_computed(last).is_none_or(|c| c >= s.context);
             if prefilled {
@@ -521,6 +541,9 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
     report.planning_us_per_step = report.steps.iter().map(|s| s.planning_us).sum::<f64>() / decode;
     report.device_us_per_step = report.steps.iter().map(|s| s.device_us).sum::<f64>() / decode;
     report.verify_us_per_step = verify_seconds * 1e6 / decode;
+    report.pages_staged = coord.pages_staged();
+    report.prefill_rows_checked = drained.iter().map(|s| s.prefill_rows).sum();
+    report.prefill_mismatched_rows = drained.iter().map(|s| s.prefill_mismatched).sum();
     report.verified_rows = drained.iter().map(|s| s.verified.rows).sum();
     report.mismatched_rows = drained.iter().map(|s| s.verified.mismatched).sum();
     report.first_mismatch = drained.iter().enumerate().find_map(|(r, s)| {

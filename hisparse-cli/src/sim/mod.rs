@@ -67,7 +67,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
     let seed: u64 = args::number("seed", &a.seed)?;
     let overlap = args::decimal_in("overlap", &a.overlap, 0.0, 1.0)?;
     let chunk: u32 = args::positive("chunk", &a.chunk)?;
-    let shared_prefix: u32 = args::number("shared-prefix", &a.shared_prefix)?;
+    let mut shared_prefix: u32 = args::number("shared-prefix", &a.shared_prefix)?;
     let workers: u32 = args::whole_in(
         "workers",
         &a.workers,
@@ -78,6 +78,16 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         return Err(CliError::usage(format!(
             "--shared-prefix {shared_prefix} exceeds --context {context}; give at most the prompt length"
         )));
+    }
+    if a.prefix_on_host {
+        if a.import {
+            return Err(CliError::usage(
+                "--prefix-on-host and --import both set: imported requests do not prefill; drop one",
+            ));
+        }
+        if shared_prefix == 0 {
+            shared_prefix = context / 2;
+        }
     }
     let tp: u32 = args::whole_in("tp", &a.tp, 1, 64)?;
     if tp > 1 && workers > 1 {
@@ -171,9 +181,12 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
             // all-resident cache would hold: reclaim and swap-in must happen.
             let per = probe.gpu_blocks_per_request(final_len);
             let extra = per.all_on_gpu.saturating_sub(per.hisparse);
+            // At least one request's whole context: a prefill chunk reads its context on the
+            // GPU (pages on host are staged there), a restarted request's included.
             let blocks = r
                 .saturating_mul(per.hisparse.min(per.all_on_gpu))
                 .saturating_add(r.saturating_mul(extra) / 4)
+                .max(per.all_on_gpu)
                 .saturating_add(1);
             (blocks.saturating_mul(probe.bytes_per_block), derived)
         }
@@ -202,6 +215,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         tp,
         shared_host_pool: a.shared_host_pool,
         import: a.import,
+        prefix_on_host: a.prefix_on_host,
         spec_tokens,
         accept_rate,
         quiet: a.json,

@@ -64,6 +64,12 @@ pub struct RankStep {
     pub verify_seconds: f64,
     /// Verification totals so far.
     pub verified: Verified,
+    /// Prefill rows verified so far (part of `verified`).
+    #[serde(default)]
+    pub prefill_rows: u64,
+    /// Prefill rows that mismatched so far (part of `verified`).
+    #[serde(default)]
+    pub prefill_mismatched: u64,
     /// Adjacent-step top-k overlap measured this step: sum and count.
     pub overlap_sum: f64,
     /// See `overlap_sum`.
@@ -76,13 +82,27 @@ struct GroupIo<D: Device> {
     rows: D::Buffer,
 }
 
+/// The buffers of prefill reads: per index group its top-k and row indices, and the state
+/// row of each token row (one row per prefill chunk: its last token).
+struct PrefillIo<D: Device> {
+    groups: Vec<GroupIo<D>>,
+    state_rows: D::Buffer,
+    /// Token rows the buffers hold.
+    capacity: usize,
+}
+
 /// One rank's data plane.
 pub struct Rank<D: Device> {
     rt: Runtime<D>,
     forward: Forward,
     verifier: Verifier,
     io: Vec<GroupIo<D>>,
+    prefill_io: PrefillIo<D>,
     streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)>,
+    /// The top-k streams of prefill reads (apart from decode's, which measure overlap).
+    prefill_streams: HashMap<(RequestId, usize), TopKStream>,
+    prefill_rows: u64,
+    prefill_mismatched: u64,
     pattern: Pattern,
     seed: u64,
     ratio: u32,
@@ -139,10 +159,33 @@ impl<D: Device> Rank<D> {
                 rows: a()?,
             });
         }
+        // One prefill read per scheduled request at most.
+        let capacity = s.requests as usize;
+        let alloc = |n: usize| {
+            rt.device()
+                .alloc((n * 4).max(4))
+                .map_err(|e| CliError::device("allocating prefill top-k buffers", e))
+        };
+        let mut groups = Vec::with_capacity(kv.index_groups.len());
+        for _ in 0..kv.index_groups.len() {
+            groups.push(GroupIo {
+                topk: alloc(capacity * k)?,
+                rows: alloc(capacity * k)?,
+            });
+        }
+        let prefill_io = PrefillIo {
+            groups,
+            state_rows: alloc(capacity)?,
+            capacity,
+        };
         Ok(Rank {
             forward: Forward::new(kv, shared_rows)?,
             verifier: Verifier::new(kv, shared_rows)?,
             io,
+            prefill_io,
+            prefill_streams: HashMap::new(),
+            prefill_rows: 0,
+            prefill_mismatched: 0,
             streams: HashMap::new(),
             pattern: Pattern::for_top_k(kv.config.top_k, s.overlap),
             seed: s.seed,
@@ -325,6 +368,9 @@ impl<D: Device> Rank<D> {
                 });
             }
         }
+        // Prefill reads: each prefill chunk's last token reads a top-k of its whole earlier
+        // context through the resident tables (not timed: decode's device time stays apart).
+        let prefill_reads = self.read_prefill(cmd, decode)?;
         // After the forward pass; then wait for the step's work (the simulation checks it).
         let t = Instant::now();
         self.rt.end_step(cmd).map_err(rt_err)?;
@@ -347,11 +393,97 @@ impl<D: Device> Rank<D> {
         }
         self.verifier
             .check(self.rt.device(), &self.rt.pools().device, &reads)?;
+        let mut prefill_reads = prefill_reads;
+        for out in prefill_reads.iter_mut() {
+            out.indices.resize(out.topk.len(), 0);
+            self.rt
+                .device()
+                .download_i32(&self.prefill_io.groups[out.group].rows, 0, &mut out.indices)
+                .map_err(|e| CliError::device("downloading prefill row indices", e))?;
+        }
+        let bad_before = self.verifier.verified.mismatched;
+        self.prefill_rows +=
+            self.verifier
+                .check(self.rt.device(), &self.rt.pools().device, &prefill_reads)?;
+        self.prefill_mismatched += self.verifier.verified.mismatched - bad_before;
+        step.prefill_rows = self.prefill_rows;
+        step.prefill_mismatched = self.prefill_mismatched;
         step.verify_seconds = t.elapsed().as_secs_f64();
         step.device_seconds = self.device_seconds;
         step.counters = *self.rt.counters();
         step.verified = self.verifier.verified.clone();
         Ok(step)
+    }
+
+    /// Enqueues the prefill reads of `cmd`: for every scheduled request that is not decoding
+    /// (not among `decode`'s rows) and has rows, its chunk's last token reads a top-k of the
+    /// rows that exist up to it, from the same synthetic generator decode uses, remapped through
+    /// the resident tables ([`Runtime::remap_prefill`]). Returns the reads (indices downloaded
+    /// once the step's work completed).
+    fn read_prefill(
+        &mut self,
+        cmd: &OffloadCommand,
+        decode: &[DecodeRow],
+    ) -> CliResult<Vec<ReadOut>> {
+        let ratio = self.ratio;
+        let rows: Vec<(u32, RequestId, u32)> = cmd
+            .scheduled
+            .iter()
+            .filter(|sr| !decode.iter().any(|r| r.slot == sr.slot))
+            .map(|sr| (sr.slot, sr.id, (sr.first_token + sr.num_tokens) / ratio))
+            .filter(|&(_, _, seq_len)| seq_len > 0)
+            .take(self.prefill_io.capacity)
+            .collect();
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let state_rows: Vec<i32> = rows.iter().map(|&(slot, _, _)| slot as i32).collect();
+        self.rt
+            .device()
+            .upload_i32(&mut self.prefill_io.state_rows, 0, &state_rows)
+            .map_err(|e| CliError::device("uploading prefill state rows", e))?;
+        let mut reads = Vec::with_capacity(self.prefill_io.groups.len());
+        for g in 0..self.prefill_io.groups.len() {
+            let mut sel = Vec::new();
+            for &(_, uid, seq_len) in &rows {
+                let (pattern, seed) = (self.pattern, self.seed);
+                let stream = self.prefill_streams.entry((uid, g)).or_insert_with(|| {
+                    TopKStream::new(pattern, seed, uid * 1_000 + 500 + g as u64)
+                });
+                sel.extend_from_slice(stream.step(seq_len));
+            }
+            let gio = &mut self.prefill_io.groups[g];
+            self.rt
+                .device()
+                .upload_i32(&mut gio.topk, 0, &sel)
+                .map_err(|e| CliError::device("uploading prefill top-k", e))?;
+            let input = TopK {
+                positions: &gio.topk,
+                num_tokens: rows.len() as u32,
+                state_rows: Some(&self.prefill_io.state_rows),
+            };
+            self.rt
+                .remap_prefill(
+                    g,
+                    &input,
+                    Indices {
+                        rows: &mut gio.rows,
+                        counts: None,
+                    },
+                )
+                .map_err(rt_err)?;
+            reads.push(ReadOut {
+                group: g,
+                rows: rows
+                    .iter()
+                    .map(|&(_, uid, seq_len)| (uid, seq_len))
+                    .collect(),
+                rejected: Vec::new(),
+                topk: sel,
+                indices: Vec::new(),
+            });
+        }
+        Ok(reads)
     }
 
     /// Waits for everything in flight and reports what completed.
@@ -361,6 +493,8 @@ impl<D: Device> Rank<D> {
             report,
             counters: *self.rt.counters(),
             verified: self.verifier.verified.clone(),
+            prefill_rows: self.prefill_rows,
+            prefill_mismatched: self.prefill_mismatched,
             ..RankStep::default()
         })
     }

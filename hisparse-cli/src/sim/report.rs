@@ -101,8 +101,21 @@ pub struct SimReport {
     pub prefix_hit_tokens: u64,
     /// Host copy-on-write page copies executed.
     pub host_cow_pages: u64,
-    /// Host → device page restores executed.
+    /// Host → device page restores executed (per bucket: copy-on-write tails, imported tails,
+    /// staged prefill context).
     pub restored_pages: u64,
+    /// Pages the coordinator staged host → device for prefill chunks whose context lived only
+    /// on host ([`hisparse_core::coordinator::Coordinator::pages_staged`]).
+    pub pages_staged: u64,
+    /// With `--prefix-on-host`: GPU blocks of the shared prefix's cached copies dropped before
+    /// the requests hitting it arrived.
+    pub gpu_copies_dropped: u64,
+    /// Rows prefill chunks read (each chunk's last token's top-k over its whole earlier context,
+    /// remapped through the resident tables), verified byte for byte; part of `verified_rows`.
+    pub prefill_rows_checked: u64,
+    /// Prefill rows that did not match (or read -1 for a row that exists); part of
+    /// `mismatched_rows`.
+    pub prefill_mismatched_rows: u64,
     /// GPU copy-on-write block copies executed.
     pub gpu_cow_blocks: u64,
     /// Steps where allocation had to wait for in-flight reclamation.
@@ -261,9 +274,26 @@ impl SimReport {
             }
         }
         s += &format!(
-            "verification            {} rows verified byte for byte, {} mismatched\n",
-            self.verified_rows, self.mismatched_rows
+            "verification            {} rows verified byte for byte, {} mismatched ({} prefill rows, {} mismatched)\n",
+            self.verified_rows,
+            self.mismatched_rows,
+            self.prefill_rows_checked,
+            self.prefill_mismatched_rows
         );
+        if self.pages_staged > 0 {
+            s += &format!(
+                "prefill staging         {} pages restored host → device for prefill chunks{}\n",
+                self.pages_staged,
+                if self.gpu_copies_dropped > 0 {
+                    format!(
+                        " ({} GPU blocks of the shared prefix dropped first)",
+                        self.gpu_copies_dropped
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
         if let Some(m) = &self.first_mismatch {
             s += &format!("first mismatch          {m}\n");
         }

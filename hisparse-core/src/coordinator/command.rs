@@ -167,6 +167,7 @@ impl OffloadCommand {
         host: &[u32],
         paged_holds: impl Fn(u32) -> bool,
         resident: &[u32],
+        resident_holds: impl Fn(u32) -> bool,
     ) {
         if own_batch {
             // Its copies in the unbuilt batch must not run: drop them.
@@ -180,8 +181,9 @@ impl OffloadCommand {
         if !(self.host_cow.is_empty() && self.gpu_cow.is_empty() && self.restores.is_empty()) {
             self.host_cow.retain(|p| !host.contains(&p.dst));
             self.gpu_cow.retain(|p| !paged_holds(p.dst));
-            self.restores
-                .retain(|t| !resident.contains(&t.device_block));
+            // Only blocks it holds: an unpinned page's blocks are free, and another request of
+            // this step may have been given one (and restore into it).
+            self.restores.retain(|t| !resident_holds(t.device_block));
         }
     }
 }

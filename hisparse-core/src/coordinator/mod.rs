@@ -522,6 +522,7 @@ impl Coordinator {
             &r.source.blocks,
             |b| r.paged.holds(b),
             &r.resident.blocks,
+            |b| self.resident.held_blocks(&r.resident).any(|h| h == b),
         );
         // GPU: resident pages, then regular and indexer, then the hot region (reverse order);
         // then host.
