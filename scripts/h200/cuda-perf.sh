@@ -116,7 +116,7 @@ for n, r in enumerate(records):
         continue
     dur = num(r, "gpu__time_duration.sum")
     occ = num(r, "sm__warps_active.avg.pct_of_peak_sustained_active")
-    issue = num(r, "sm__inst_issued.avg.pct_of_peak_sustained_active")
+    issue = num(r, "smsp__issue_active.avg.pct_of_peak_sustained_active")
     cpi = num(r, "smsp__average_warp_latency_per_inst_issued.ratio")
     top = sorted(((num(r, column) or 0.0, reason) for reason, column in stall), reverse=True)[:4]
     unit = r[col["gpu__time_duration.sum"]] if "gpu__time_duration.sum" in col else ""
