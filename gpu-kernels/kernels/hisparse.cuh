@@ -1329,45 +1329,52 @@ HS_DEVICE void hs_fused_gather_rows(const hs_layer_pair& L, const i32* miss_src,
                                     const i32* miss_dst, u64 base, u32 n, const u8* host,
                                     u8* device) {
     const u32 cpr = hs_row_units<W>(L.host), vc = L.host.value_bytes >> 4;
-    const u32 total = n * cpr;
+    if (cpr == 0) return;
+    // Rows in slices of at most 2^31 units, so unit numbers stay far from u32's end (a row has
+    // at most 2^28 units).
+    const u32 slice = (1u << 31) / cpr;
     // Per unit in flight: its destination offset (HS_NO_UNIT: skipped), whether it is a scale
     // word (W < 16 only) and the loaded value; the source is not kept past its load.
     const u64 HS_NO_UNIT = ~(u64)0;
-    for (u32 q0 = 0; q0 < total; q0 += HS_NTHREADS * HS_FUSED_GATHER_UNROLL) {
-        u64 dat[HS_FUSED_GATHER_UNROLL];
-        bool word[HS_FUSED_GATHER_UNROLL];
-        uint4 v[HS_FUSED_GATHER_UNROLL];
+    for (u32 r0 = 0; r0 < n; r0 += slice) {
+        const u64 at = base + r0;
+        const u32 total = (n - r0 < slice ? n - r0 : slice) * cpr;
+        for (u32 q0 = 0; q0 < total; q0 += HS_NTHREADS * HS_FUSED_GATHER_UNROLL) {
+            u64 dat[HS_FUSED_GATHER_UNROLL];
+            bool word[HS_FUSED_GATHER_UNROLL];
+            uint4 v[HS_FUSED_GATHER_UNROLL];
 #pragma unroll
-        for (u32 u = 0; u < HS_FUSED_GATHER_UNROLL; ++u) {
-            const u32 q = q0 + u * HS_NTHREADS + HS_TID;
-            dat[u] = HS_NO_UNIT;
-            word[u] = false;
-            v[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (q >= total) continue;
-            const u32 i = q / cpr, c = q % cpr;
-            // Plain loads: this block wrote the plan in this launch (before a barrier).
-            const i32 ps = miss_src[base + i], pd = miss_dst[base + i];
-            u32 db, doff, sb, soff;
-            if (!hs_locate(L.device, pd, db, doff)) continue;
-            u64 dv, ds;
-            hs_row_parts(L.device, db, doff, dv, ds);
-            word[u] = W != 16 && c >= vc;
-            dat[u] = word[u] ? ds + (u64)(c - vc) * W : hs_chunk(dv, ds, vc, c);
-            if (hs_locate(L.host, ps, sb, soff)) {
-                u64 sv, ss;
-                hs_row_parts(L.host, sb, soff, sv, ss);
-                v[u] = hs_load_unit<W>(host, sv, ss, vc, c);
+            for (u32 u = 0; u < HS_FUSED_GATHER_UNROLL; ++u) {
+                const u32 q = q0 + u * HS_NTHREADS + HS_TID;
+                dat[u] = HS_NO_UNIT;
+                word[u] = false;
+                v[u] = make_uint4(0u, 0u, 0u, 0u);
+                if (q >= total) continue;
+                const u32 i = q / cpr, c = q % cpr;
+                // Plain loads: this block wrote the plan in this launch (before a barrier).
+                const i32 ps = miss_src[at + i], pd = miss_dst[at + i];
+                u32 db, doff, sb, soff;
+                if (!hs_locate(L.device, pd, db, doff)) continue;
+                u64 dv, ds;
+                hs_row_parts(L.device, db, doff, dv, ds);
+                word[u] = W != 16 && c >= vc;
+                dat[u] = word[u] ? ds + (u64)(c - vc) * W : hs_chunk(dv, ds, vc, c);
+                if (hs_locate(L.host, ps, sb, soff)) {
+                    u64 sv, ss;
+                    hs_row_parts(L.host, sb, soff, sv, ss);
+                    v[u] = hs_load_unit<W>(host, sv, ss, vc, c);
+                }
             }
-        }
 #pragma unroll
-        for (u32 u = 0; u < HS_FUSED_GATHER_UNROLL; ++u) {
-            if (dat[u] == HS_NO_UNIT) continue;
-            if (W == 16 || !word[u])
-                *(uint4*)(device + dat[u]) = v[u];
-            else if (W == 8)
-                *(u64*)(device + dat[u]) = (u64)v[u].x | ((u64)v[u].y << 32);
-            else
-                *(u32*)(device + dat[u]) = v[u].x;
+            for (u32 u = 0; u < HS_FUSED_GATHER_UNROLL; ++u) {
+                if (dat[u] == HS_NO_UNIT) continue;
+                if (W == 16 || !word[u])
+                    *(uint4*)(device + dat[u]) = v[u];
+                else if (W == 8)
+                    *(u64*)(device + dat[u]) = (u64)v[u].x | ((u64)v[u].y << 32);
+                else
+                    *(u32*)(device + dat[u]) = v[u].x;
+            }
         }
     }
 }
