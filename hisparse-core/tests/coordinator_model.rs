@@ -1290,3 +1290,43 @@ fn coordinator_liveness() {
         }
     }
 }
+
+/// A prefix hit with a hot buffer three times the default and prefix caching on (found by
+/// `coordinator_liveness`): request 2's 42-token prompt hits request 1's page; when a hit took a
+/// hot region for its host-only pages, the lone request started with the whole pool taken, was
+/// preempted for its next page and started the same way again, forever. The hit now stages its
+/// host-only pages for its first chunk instead.
+#[test]
+fn a_prefix_hit_with_a_large_hot_buffer_does_not_livelock() {
+    let p = Params {
+        gpu_blocks: 0,
+        host_blocks: 21,
+        eager: true,
+        workers: 1,
+        prefix: true,
+        window: true,
+        mql: 2,
+        max_running: 2,
+        max_batched: 4,
+        spill: 1,
+        reclaim_min: 0,
+        hot_scale: 3,
+    };
+    let arrivals = vec![
+        Arrival {
+            len: 4,
+            family: 0,
+            final_len: 25,
+            at: 3,
+            import: false,
+        },
+        Arrival {
+            len: 42,
+            family: 0,
+            final_len: 43,
+            at: 3,
+            import: false,
+        },
+    ];
+    run_liveness(p, 1, arrivals).unwrap();
+}
