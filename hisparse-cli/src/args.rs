@@ -169,10 +169,12 @@ pub struct SimulateArgs {
     /// request's pages into this process's host pool, every imported row verified.
     #[arg(long)]
     pub pd: Option<String>,
-    /// With --pd: how the prefill side writes a request: packed (its pages gathered on the
-    /// prefill device into a staging buffer in the host pool's order, then one descriptor per
-    /// layer and run of consecutive host blocks), pages (one descriptor per layer and page,
-    /// straight from its pool), or auto (packed from GPU memory, pages from host memory).
+    /// With --pd: how the prefill side writes a request: packed-host (its pages copied from
+    /// the prefill device into a pinned host staging buffer in the host pool's order, then
+    /// written from host memory, one descriptor per layer and run of consecutive host blocks),
+    /// packed (the same gathering into a staging buffer on the prefill device, written from
+    /// device memory), pages (one descriptor per layer and page, straight from its pool), or
+    /// auto (packed-host from GPU memory, pages from host memory).
     #[arg(long, default_value = "auto")]
     pub pd_write: String,
     /// Emit JSON instead of text.

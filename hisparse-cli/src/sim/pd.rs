@@ -15,8 +15,12 @@
 //!    writes one descriptor per (layer, page) straight from its resident pages; `--pd-write
 //!    packed` first gathers the pages on the prefill device into a staging buffer in the host
 //!    pool's order (the backend's device copies) and writes one descriptor per layer and run of
-//!    consecutive host blocks ([`hisparse_nixl::plan_packed_write`]); `auto` packs from GPU
-//!    memory and writes page by page from host memory;
+//!    consecutive host blocks ([`hisparse_nixl::plan_packed_write`]); `--pd-write packed-host`
+//!    copies them the same way into a pinned host staging buffer (the backend's device → host
+//!    copies, one event waited for before the write is posted) and writes from host memory,
+//!    with the same descriptors — GPU memory into another process's host memory has no
+//!    zero-copy transport, host memory has one; `auto` is packed-host from GPU memory and page
+//!    by page from host memory;
 //! 4. the decode side, polling notifications between its decode steps (never waiting on them),
 //!    matches the notification to its manifest, verifies every row of every imported page in its
 //!    host pool against the synthetic rows, byte for byte, and completes the import
@@ -26,9 +30,9 @@
 //!
 //! Before the requests, the prefill side measures the transport's own figures in the same run:
 //! plain NIXL writes of as many bytes into the decode host pool, best of three each: from host
-//! memory, and, when the prefill pool is GPU memory, from a registered GPU buffer (the same
-//! transport as the imports); each as one descriptor and as descriptors of
-//! [`BULK_DESCRIPTOR_BYTES`].
+//! memory, and, when the prefill pool is GPU memory, from a registered GPU buffer (the
+//! transport of page-by-page and packed writes from it; packed-host writes go host → host);
+//! each as one descriptor and as descriptors of [`BULK_DESCRIPTOR_BYTES`].
 
 use hisparse_core::layout::KvCacheConfig;
 use hisparse_nixl::PageManifest;
@@ -56,16 +60,50 @@ pub const BULK_DESCRIPTOR_BYTES: u64 = 5 << 19;
 #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
 pub const STAGING_BUDGET_BYTES: u64 = 8 << 30;
 
+/// Checks, before any staging memory is taken, that a packed write's `needed` bytes of
+/// staging fit: at most [`STAGING_BUDGET_BYTES`] and half the memory the staging buffer comes
+/// out of (`info`: the device's free memory for `packed`, the host's available memory for
+/// `packed-host` and on a device whose memory is host memory; no limit when the backend cannot
+/// tell). The error names the limit and what to change.
+#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
+pub fn check_staging(
+    write: WriteLayout,
+    needed: u64,
+    info: Option<hisparse_core::MemoryInfo>,
+) -> CliResult<()> {
+    let on_host = write == WriteLayout::PackedHost;
+    let free = info.map_or(u64::MAX, |m| {
+        if m.unified || on_host {
+            m.host_available
+        } else {
+            m.device_free
+        }
+    });
+    hisparse_nixl::check_staging_budget(needed, STAGING_BUDGET_BYTES.min(free / 2)).map_err(|e| {
+        CliError::usage(format!(
+            "nixl: {e} (the {} staging of --pd-write {}; --pd-write pages writes without \
+             staging; a shorter --context needs less)",
+            if on_host { "pinned host" } else { "device" },
+            write.name()
+        ))
+    })
+}
+
 /// How the prefill side writes a request (`--pd-write`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "nixl", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "nixl", serde(rename_all = "lowercase"))]
+#[cfg_attr(feature = "nixl", serde(rename_all = "kebab-case"))]
 pub enum WriteLayout {
     /// One descriptor per (layer, page), straight from the prefill pool.
     Pages,
-    /// Gathered into a staging buffer in the host pool's order, then one descriptor per layer
-    /// and run of consecutive host blocks.
+    /// Gathered on the prefill device into a device staging buffer in the host pool's order,
+    /// then one descriptor per layer and run of consecutive host blocks.
     Packed,
+    /// Gathered into a pinned host staging buffer laid out as [`WriteLayout::Packed`]'s (the
+    /// backend's device → host copies), then written host → decode host pool with the same
+    /// descriptors. GPU memory into another process's host memory has no zero-copy transport
+    /// (UCX emulates those puts over TCP loopback); host → host memory has one.
+    PackedHost,
 }
 
 impl WriteLayout {
@@ -74,10 +112,11 @@ impl WriteLayout {
         match flag {
             "pages" => Ok(WriteLayout::Pages),
             "packed" => Ok(WriteLayout::Packed),
-            "auto" if gpu_source => Ok(WriteLayout::Packed),
+            "packed-host" => Ok(WriteLayout::PackedHost),
+            "auto" if gpu_source => Ok(WriteLayout::PackedHost),
             "auto" => Ok(WriteLayout::Pages),
             other => Err(CliError::usage(format!(
-                "--pd-write {other}: give packed, pages or auto"
+                "--pd-write {other}: give packed-host, packed, pages or auto"
             ))),
         }
     }
@@ -88,6 +127,18 @@ impl WriteLayout {
         match self {
             WriteLayout::Pages => "pages",
             WriteLayout::Packed => "packed",
+            WriteLayout::PackedHost => "packed-host",
+        }
+    }
+
+    /// The memory the NIXL writes read from, for a prefill pool in `source_memory` (`host` or
+    /// `gpu`): the pool's, or its device staging buffer's (the same memory), or host memory
+    /// for the pinned host staging buffer.
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
+    pub fn write_memory(self, source_memory: &str) -> &str {
+        match self {
+            WriteLayout::Pages | WriteLayout::Packed => source_memory,
+            WriteLayout::PackedHost => "host",
         }
     }
 }
@@ -294,10 +345,12 @@ mod nixl_sim {
     use hisparse_core::layout::KvCacheConfig;
     use hisparse_core::ops::BufferLen;
     use hisparse_nixl::{
-        Arrival, DecodeOffer, DecodeSide, MemoryKind, PoolGeometry, PrefillSide, Region, Transfer,
+        Arrival, DecodeOffer, DecodeSide, MemoryKind, PackedWrite, PoolGeometry, PrefillSide,
+        Region, Transfer,
     };
     use hisparse_runtime::{
-        AnyBuffer, AnyDevice, BackendKind, Runtime, RuntimeConfig, SharedHostPool, SharedSegment,
+        AnyBuffer, AnyDevice, AnyHostBuffer, BackendKind, Runtime, RuntimeConfig, SharedHostPool,
+        SharedSegment,
     };
     use serde::{Deserialize, Serialize};
 
@@ -306,8 +359,8 @@ mod nixl_sim {
     use super::super::rank::{DecodeRow, Rank};
     use super::super::tp::{recv, send};
     use super::{
-        BULK_DESCRIPTOR_BYTES, ImportVerifier, PREFILL_SUBCOMMAND, PageManifest,
-        STAGING_BUDGET_BYTES, WriteLayout,
+        BULK_DESCRIPTOR_BYTES, ImportVerifier, PREFILL_SUBCOMMAND, PageManifest, WriteLayout,
+        check_staging,
     };
     use crate::error::{CliError, CliResult};
 
@@ -430,8 +483,13 @@ mod nixl_sim {
         /// Pages written per request.
         pub pages_per_request: u32,
         /// How requests were written: `pages` (one descriptor per layer and page, from the
-        /// pool) or `packed` (gathered on the prefill device into a staging buffer first).
+        /// pool), `packed` (gathered on the prefill device into a device staging buffer first)
+        /// or `packed-host` (copied from the prefill device into a pinned host staging buffer
+        /// first).
         pub write_layout: String,
+        /// Memory the NIXL writes of the imports read from: `source_memory` for `pages` and
+        /// `packed`, `host` for `packed-host` (its staging buffer).
+        pub write_memory: String,
         /// NIXL writes (one per request).
         pub writes: u64,
         /// Descriptors per write (the mean over writes).
@@ -444,7 +502,8 @@ mod nixl_sim {
         pub transfer_seconds: f64,
         /// Import throughput (the writes alone).
         pub transfer_gb_per_s: f64,
-        /// Seconds of the packing copies on the prefill device, summed (0 page by page).
+        /// Seconds of the packing copies, summed (0 page by page): device → device for
+        /// `packed`, device → host (into the pinned staging buffer) for `packed-host`.
         pub pack_seconds: f64,
         /// Import throughput counting the packing: bytes over packing plus write seconds.
         pub transfer_with_pack_gb_per_s: f64,
@@ -459,7 +518,7 @@ mod nixl_sim {
         /// the GPU), one descriptor and chunked.
         pub bulk: Vec<BulkFigure>,
         /// The ceiling of the imports' own transport: the best bulk figure from the memory the
-        /// imports are written from (`source_memory`).
+        /// imports' writes read from (`write_memory`: host → host pool for `packed-host`).
         pub same_transport_bulk_gb_per_s: f64,
         /// Which bulk figure that is.
         pub same_transport_bulk: String,
@@ -513,7 +572,8 @@ mod nixl_sim {
                 "disaggregated {preset} on {backend}: prefill on {pdev} ({src} memory) → decode \
                  host pool on {dev}, over NIXL (UCX)\n\n\
                  imports                 {req} requests × {ctx} tokens = {pages} pages each, \
-                 {layers} sparse layers; {writes} {layout} writes of {desc} descriptors\n\
+                 {layers} sparse layers; {writes} {layout} writes of {desc} descriptors from \
+                 {wmem} memory\n\
                  transfer                {tb:.3} GiB in {ts:.3} s = {tg:.2} GB/s (posting to \
                  completion, summed over writes); with packing ({ps:.3} s) {tpg:.2} GB/s\
                  {bulk}\n\
@@ -533,6 +593,7 @@ mod nixl_sim {
                 layers = self.sparse_layers,
                 writes = self.writes,
                 layout = self.write_layout,
+                wmem = self.write_memory,
                 desc = self.descriptors_per_write,
                 tb = gib(self.transfer_bytes),
                 ts = self.transfer_seconds,
@@ -799,10 +860,12 @@ mod nixl_sim {
             write_layout: write.name().into(),
             ..PdReport::default()
         };
+        report.write_memory = write.write_memory(&report.source_memory).into();
 
         // The transport's own figures, before any block is assigned (they overwrite the pool):
         // from host memory, and from the prefill device's memory when that is GPU memory (the
-        // imports' own transport); one descriptor, then descriptors of BULK_DESCRIPTOR_BYTES.
+        // transport of pages and packed writes; host staging writes from host memory); one
+        // descriptor, then descriptors of BULK_DESCRIPTOR_BYTES.
         let bulk = (per_request * u64::from(s.requests)).min(host_geometry.pool_bytes);
         let mut sources = vec![(BulkSource::Host, "host")];
         if report.source_memory == "gpu" {
@@ -828,7 +891,7 @@ mod nixl_sim {
         if let Some(best) = report
             .bulk
             .iter()
-            .filter(|f| f.source_memory == report.source_memory)
+            .filter(|f| f.source_memory == report.write_memory)
             .max_by(|a, b| a.gb_per_s.total_cmp(&b.gb_per_s))
         {
             report.same_transport_bulk_gb_per_s = best.gb_per_s;
@@ -1162,6 +1225,76 @@ mod nixl_sim {
         Ok(())
     }
 
+    /// A packed write's staging buffer: on the prefill device, or pinned host memory.
+    enum Staging {
+        /// Device memory (`--pd-write packed`).
+        Device(AnyBuffer),
+        /// Pinned host memory (`--pd-write packed-host`).
+        Host(AnyHostBuffer),
+    }
+
+    /// Fills `staging` with request `uid`'s pages as `plan` lays them out, on the runtime's
+    /// copy stream, and returns once the copies completed: the seconds they took. Device
+    /// staging waits for the stream; host staging records one event after the device → host
+    /// copies and polls it (at most [`SILENCE`]).
+    fn pack(
+        rt: &Runtime<AnyDevice>,
+        plan: &PackedWrite,
+        staging: &mut Staging,
+        uid: u64,
+    ) -> CliResult<f64> {
+        let what = "packing a request's pages";
+        let packing = Instant::now();
+        let (dev, pool, stream) = (rt.device(), &rt.pools().device, rt.copy_stream());
+        match staging {
+            Staging::Device(buf) => {
+                for c in &plan.copies {
+                    dev.copy_on_device(
+                        stream,
+                        pool,
+                        c.src as usize,
+                        buf,
+                        c.dst as usize,
+                        c.len as usize,
+                    )
+                    .map_err(|e| CliError::device(what, e))?;
+                }
+                dev.synchronize(stream)
+                    .map_err(|e| CliError::device(what, e))?;
+            }
+            Staging::Host(buf) => {
+                for c in &plan.copies {
+                    dev.copy_to_host(
+                        stream,
+                        pool,
+                        c.src as usize,
+                        buf,
+                        c.dst as usize,
+                        c.len as usize,
+                    )
+                    .map_err(|e| CliError::device(what, e))?;
+                }
+                let copied = dev
+                    .record_event(stream)
+                    .map_err(|e| CliError::device(what, e))?;
+                while !dev
+                    .query_event(&copied)
+                    .map_err(|e| CliError::device(what, e))?
+                {
+                    if packing.elapsed() > SILENCE {
+                        return Err(CliError::failed(format!(
+                            "the device → host staging copies of request {uid} did not complete \
+                             in {} s",
+                            SILENCE.as_secs()
+                        )));
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        Ok(packing.elapsed().as_secs_f64())
+    }
+
     fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write) -> CliResult<()> {
         let io = |e: std::io::Error| CliError::failed(format!("writing to the decode side: {e}"));
         let kind: BackendKind = h
@@ -1184,25 +1317,14 @@ mod nixl_sim {
         // sources, and the packed writes' staging buffer.
         let mut host_bulk: Vec<u64> = Vec::new();
         let mut device_bulk: Option<(AnyBuffer, Region)> = None;
-        let mut staging: Option<(AnyBuffer, Region)> = None;
+        let mut staging: Option<(Staging, Region)> = None;
         let staging_needed = match h.write {
-            WriteLayout::Packed => {
-                // The budget is checked before any staging memory is taken.
+            WriteLayout::Packed | WriteLayout::PackedHost => {
+                // The budget is checked before any staging memory is taken: the device's free
+                // memory for device staging, the host's available memory for pinned host
+                // staging (alloc_pinned then also checks the pinned share of RAM).
                 let needed = hisparse_nixl::staging_bytes_for(&h.offer.geometry, s.context);
-                let free = rt.device().memory_info().map_or(u64::MAX, |m| {
-                    if m.unified {
-                        m.host_available
-                    } else {
-                        m.device_free
-                    }
-                });
-                hisparse_nixl::check_staging_budget(needed, STAGING_BUDGET_BYTES.min(free / 2))
-                    .map_err(|e| {
-                        CliError::usage(format!(
-                            "nixl: {e} (--pd-write pages writes without staging; a shorter \
-                             --context needs less)"
-                        ))
-                    })?;
+                check_staging(h.write, needed, rt.device().memory_info())?;
                 needed
             }
             WriteLayout::Pages => 0,
@@ -1214,11 +1336,25 @@ mod nixl_sim {
         let mut side = unsafe { PrefillSide::new(&name, local, geometry, h.offer.clone()) }
             .map_err(nixl_err)?;
         if staging_needed > 0 {
-            let buf = rt
-                .device()
-                .alloc(staging_needed as usize)
-                .map_err(|e| CliError::device("allocating the staging buffer", e))?;
-            let r = pool_region(&buf, ordinal)?;
+            let (buf, r) = if h.write == WriteLayout::PackedHost {
+                let buf = rt
+                    .device()
+                    .alloc_pinned(staging_needed as usize)
+                    .map_err(|e| CliError::device("allocating the host staging buffer", e))?;
+                let r = region(
+                    rt.device().pinned_address(&buf) as u64,
+                    buf.byte_len(),
+                    MemoryKind::Host,
+                );
+                (Staging::Host(buf), r)
+            } else {
+                let buf = rt
+                    .device()
+                    .alloc(staging_needed as usize)
+                    .map_err(|e| CliError::device("allocating the staging buffer", e))?;
+                let r = pool_region(&buf, ordinal)?;
+                (Staging::Device(buf), r)
+            };
             // SAFETY: `staging` outlives `side` (declared before it); the buffer is written only
             // by the packing copies of a request before its write is posted, and not again until
             // that write completed.
@@ -1402,24 +1538,7 @@ mod nixl_sim {
                     let plan = side
                         .plan_packed(&manifest, &lists, r.len)
                         .map_err(nixl_err)?;
-                    // Packing: whole-page device copies into the staging buffer, on the copy
-                    // stream, complete before the write is posted.
-                    let packing = Instant::now();
-                    let (dev, pool, stream) = (rt.device(), &rt.pools().device, rt.copy_stream());
-                    for c in &plan.copies {
-                        dev.copy_on_device(
-                            stream,
-                            pool,
-                            c.src as usize,
-                            buf,
-                            c.dst as usize,
-                            c.len as usize,
-                        )
-                        .map_err(|e| CliError::device("packing a request's pages", e))?;
-                    }
-                    dev.synchronize(stream)
-                        .map_err(|e| CliError::device("packing a request's pages", e))?;
-                    let pack_seconds = packing.elapsed().as_secs_f64();
+                    let pack_seconds = pack(&rt, &plan, buf, uid)?;
                     (side.send_packed(r, &plan).map_err(nixl_err)?, pack_seconds)
                 }
             };
@@ -1487,10 +1606,10 @@ mod tests {
     }
 
     #[test]
-    fn write_layouts_parse_and_auto_packs_only_from_gpu_memory() {
+    fn write_layouts_parse_and_auto_stages_through_host_only_from_gpu_memory() {
         assert_eq!(
             WriteLayout::parse("auto", true).unwrap(),
-            WriteLayout::Packed
+            WriteLayout::PackedHost
         );
         assert_eq!(
             WriteLayout::parse("auto", false).unwrap(),
@@ -1505,10 +1624,54 @@ mod tests {
                 WriteLayout::parse("packed", gpu).unwrap(),
                 WriteLayout::Packed
             );
+            assert_eq!(
+                WriteLayout::parse("packed-host", gpu).unwrap(),
+                WriteLayout::PackedHost
+            );
         }
         let e = WriteLayout::parse("bulk", true).unwrap_err().to_string();
-        assert!(e.contains("packed, pages or auto"), "{e}");
+        assert!(e.contains("packed-host, packed, pages or auto"), "{e}");
         assert_eq!(WriteLayout::Packed.name(), "packed");
+        assert_eq!(WriteLayout::PackedHost.name(), "packed-host");
+        // Packed host staging writes from host memory whatever the pool's memory is.
+        assert_eq!(WriteLayout::PackedHost.write_memory("gpu"), "host");
+        assert_eq!(WriteLayout::Packed.write_memory("gpu"), "gpu");
+        assert_eq!(WriteLayout::Pages.write_memory("host"), "host");
+    }
+
+    #[test]
+    fn staging_is_checked_against_the_memory_it_comes_out_of() {
+        let info = |device_free: u64, host_available: u64, unified: bool| {
+            Some(hisparse_core::MemoryInfo {
+                device_free,
+                host_available,
+                unified,
+            })
+        };
+        let gib = 1u64 << 30;
+        // Plenty of host memory, little device memory: only host staging fits.
+        let lean_gpu = info(gib, 64 * gib, false);
+        check_staging(WriteLayout::PackedHost, gib, lean_gpu).unwrap();
+        let e = check_staging(WriteLayout::Packed, gib, lean_gpu)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("staging") && e.contains("device"), "{e}");
+        // And the other way round.
+        let lean_host = info(64 * gib, gib, false);
+        check_staging(WriteLayout::Packed, gib, lean_host).unwrap();
+        let e = check_staging(WriteLayout::PackedHost, gib, lean_host)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pinned host") && e.contains("packed-host"),
+            "{e}"
+        );
+        // Device memory that is host memory: both draw on the host's.
+        let unified = info(64 * gib, gib, true);
+        assert!(check_staging(WriteLayout::Packed, gib, unified).is_err());
+        // The fixed cap holds even when the backend cannot tell its free memory.
+        check_staging(WriteLayout::PackedHost, STAGING_BUDGET_BYTES, None).unwrap();
+        assert!(check_staging(WriteLayout::PackedHost, STAGING_BUDGET_BYTES + 1, None).is_err());
     }
 
     #[test]
