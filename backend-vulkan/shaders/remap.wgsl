@@ -6,6 +6,11 @@
 // valid count is one workgroup atomic; with compaction it takes eight consecutive entries and each
 // chunk's valid entries are placed by a workgroup scan. A power-of-two block size divides by a
 // shift, and a block whose rows all fit an i32 skips the exact overflow check (same results).
+// The top-k loads do not wait for the request id: they are issued together with it (a row's top-k
+// entries are bound whole; a padding row's are loaded and ignored), so a chunk pays one memory
+// round trip before its block-table loads instead of two, and no barrier stands before them (the
+// valid counter is cleared by invocation 0, and the barrier that orders the clear before the
+// additions comes after the stores).
 struct Params {
     num_tokens: u32,
     top_k: u32,
@@ -128,7 +133,6 @@ fn main(
     if (lid == 0u) {
         atomicStore(&valid, 0u);
     }
-    workgroupBarrier();
     var n_all = 0u;
     var base = 0u;
     if (!compact) {
@@ -137,7 +141,7 @@ fn main(
             for (var i = 0u; i < IK; i = i + 1u) {
                 let j = c0 + i * W + lid;
                 tok[i] = -1;
-                if (row >= 0 && j < k) {
+                if (j < k) {
                     tok[i] = topk[t * k + j];
                 }
             }
@@ -162,7 +166,7 @@ fn main(
             var tok: array<i32, 8>;
             for (var i = 0u; i < IK; i = i + 1u) {
                 tok[i] = -1;
-                if (row >= 0 && j0 + i < k) {
+                if (j0 + i < k) {
                     tok[i] = topk[t * k + j0 + i];
                 }
             }
@@ -186,6 +190,8 @@ fn main(
         }
     }
     if (!compact) {
+        // Orders invocation 0's clear of the counter before every addition.
+        workgroupBarrier();
         atomicAdd(&valid, n_all);
         workgroupBarrier();
         if ((pc.flags & 1u) != 0u && lid == 0u) {

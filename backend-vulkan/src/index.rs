@@ -220,14 +220,17 @@ impl VulkanDevice {
         ];
         self.ctx.record(s, Engine::Compute, "remap", |rec| {
             // Without counts the shader writes none; the binding must still be valid.
-            let dummy = Binding {
-                buffer: rec.scratch(16)?,
-                offset: 0,
-                range: 16,
+            let counts = match counts {
+                Some(c) => c,
+                None => Binding {
+                    buffer: rec.scratch(16)?,
+                    offset: 0,
+                    range: 16,
+                },
             };
             b.push(map.unwrap_or(b[0]));
             b.push(out);
-            b.push(counts.unwrap_or(dummy));
+            b.push(counts);
             rec.dispatch(Shader::Remap, &b, &push, t)
         })
     }

@@ -38,6 +38,9 @@
 //!   family without graphics. All choices give identical results; they exist for comparisons.
 //! * **Host waits** on GPUs spin for 200 µs, then poll while yielding the thread for up to 50 ms,
 //!   then block ([`WAIT_ENV`]`=block` blocks right after the spin, for comparisons).
+//! * **Barriers** are placed only where a command depends on an earlier one of its batch; between
+//!   two compute dispatches they cover only the compute stage ([`BARRIERS_ENV`]`=all` makes every
+//!   barrier cover all stages, for comparisons).
 //! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches);
 //!   [`PROFILE_ENV`]`=1` profiles a whole run per operation (host and device time, printed to
 //!   stderr when the device is dropped).
@@ -111,6 +114,12 @@ pub const WAIT_ENV: &str = "HISPARSE_VULKAN_WAIT";
 /// (default: subgroup arithmetic where the device has it) or `barriers` (workgroup memory only),
 /// for comparisons.
 pub const RESOLVE_SCAN_ENV: &str = "HISPARSE_VULKAN_RESOLVE_SCAN";
+
+/// Environment variable choosing the barriers between dependent compute dispatches at
+/// [`VulkanDevice::open`]: `compute` (default: the compute-shader stage and shader accesses where
+/// only dispatches ran since the previous barrier) or `all` (every stage and memory access, the
+/// earlier behaviour, for comparisons).
+pub const BARRIERS_ENV: &str = "HISPARSE_VULKAN_BARRIERS";
 
 /// Largest staging chunk of a synchronous upload or download.
 const STAGING_CHUNK: usize = 64 << 20;
@@ -305,8 +314,8 @@ impl VulkanDevice {
         Self::with_context(Self::context(selector, true)?)
     }
 
-    /// Opens the context, applying [`COMPUTE_FAMILY_ENV`], [`QUEUES_ENV`], [`WAIT_ENV`], [`RESOLVE_SCAN_ENV`]
-    /// and [`PROFILE_ENV`].
+    /// Opens the context, applying [`COMPUTE_FAMILY_ENV`], [`QUEUES_ENV`], [`WAIT_ENV`],
+    /// [`BARRIERS_ENV`], [`RESOLVE_SCAN_ENV`] and [`PROFILE_ENV`].
     fn context(selector: &str, strict: bool) -> Result<Context> {
         match std::env::var(COMPUTE_FAMILY_ENV).as_deref().map(str::trim) {
             Err(_) | Ok("" | "first" | "dedicated") => {}
@@ -339,6 +348,15 @@ impl VulkanDevice {
             Ok(other) => {
                 return Err(VulkanError::InvalidArgument(format!(
                     "{WAIT_ENV}={other}: use poll or block"
+                )));
+            }
+        }
+        match std::env::var(BARRIERS_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("" | "compute") => {}
+            Ok("all") => ctx.compute_barriers = false,
+            Ok(other) => {
+                return Err(VulkanError::InvalidArgument(format!(
+                    "{BARRIERS_ENV}={other}: use compute or all"
                 )));
             }
         }

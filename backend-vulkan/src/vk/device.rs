@@ -510,6 +510,7 @@ impl Context {
             checked: AtomicUsize::new(0),
             submissions: AtomicU64::new(0),
             wait_poll,
+            compute_barriers: true,
         })
     }
 

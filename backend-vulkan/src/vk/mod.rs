@@ -335,6 +335,10 @@ pub struct Context {
     /// How long a host wait polls (yielding) after [`WAIT_SPIN`] before it blocks: [`WAIT_POLL`]
     /// on GPUs, zero on CPU devices or with `HISPARSE_VULKAN_WAIT=block`.
     pub wait_poll: std::time::Duration,
+    /// Whether a barrier between two compute dispatches (with no copy or fill recorded since the
+    /// previous barrier) covers only the compute-shader stage and shader accesses instead of
+    /// every stage and access (`HISPARSE_VULKAN_BARRIERS=all` clears it, for comparisons).
+    pub compute_barriers: bool,
 }
 
 // SAFETY: `ash::Instance`/`ash::Device` are function tables plus handles; Vulkan objects that

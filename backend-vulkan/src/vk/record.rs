@@ -149,6 +149,9 @@ impl Span {
 pub struct Hazards {
     reads: Vec<Span>,
     writes: Vec<Span>,
+    /// A copy or fill was recorded since the last barrier (a barrier after it must cover the
+    /// transfer stage).
+    transfers: bool,
 }
 
 impl Hazards {
@@ -174,6 +177,7 @@ impl Hazards {
     pub fn clear(&mut self) {
         self.reads.clear();
         self.writes.clear();
+        self.transfers = false;
     }
 }
 
@@ -213,19 +217,39 @@ impl Rec<'_> {
     }
 
     /// Places a barrier before a command with these accesses when it depends on earlier ones.
-    fn access(&mut self, reads: &[Span], writes: &[Span]) {
+    /// `dispatch` says the command is a compute dispatch: when every command since the previous
+    /// barrier was one too, the barrier covers only the compute-shader stage and shader
+    /// accesses (the previous barrier already ordered everything before it, and execution
+    /// dependencies chain through the compute stage), which lets the driver skip the
+    /// all-stage drain and cache maintenance an `ALL_COMMANDS` barrier asks for.
+    fn access(&mut self, reads: &[Span], writes: &[Span], dispatch: bool) {
         self.open.commands += 1;
+        let only_dispatches_before = !self.open.hazards.transfers;
         if self.open.hazards.access(reads, writes) {
             // The tracker already restarted from this command; the barrier must not clear it.
+            let (stage, src, dst) =
+                if dispatch && only_dispatches_before && self.ctx.compute_barriers {
+                    (
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        vk::AccessFlags::SHADER_WRITE,
+                        vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                    )
+                } else {
+                    (
+                        vk::PipelineStageFlags::ALL_COMMANDS,
+                        vk::AccessFlags::MEMORY_WRITE,
+                        vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE,
+                    )
+                };
             let b = vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
-            // SAFETY: recording command buffer.
+                .src_access_mask(src)
+                .dst_access_mask(dst);
+            // SAFETY: recording command buffer; the access masks belong to the stages.
             unsafe {
                 self.ctx.device.cmd_pipeline_barrier(
                     self.cmd(),
-                    vk::PipelineStageFlags::ALL_COMMANDS,
-                    vk::PipelineStageFlags::ALL_COMMANDS,
+                    stage,
+                    stage,
                     vk::DependencyFlags::empty(),
                     &[b],
                     &[],
@@ -233,6 +257,7 @@ impl Rec<'_> {
                 )
             };
         }
+        self.open.hazards.transfers |= !dispatch;
     }
 
     /// Names the recording call's first command for the profile.
@@ -255,6 +280,7 @@ impl Rec<'_> {
                 start: offset,
                 end: offset + size,
             }],
+            false,
         );
         // SAFETY: recording command buffer; the range lies in the buffer (caller).
         unsafe {
@@ -278,7 +304,7 @@ impl Rec<'_> {
         };
         let reads = [span(src, |r| r.src_offset)];
         let writes = [span(dst, |r| r.dst_offset)];
-        self.access(&reads, &writes);
+        self.access(&reads, &writes, false);
         // SAFETY: recording command buffer; regions lie inside the buffers (checked by the ops)
         // and do not overlap (caller).
         unsafe {
@@ -496,7 +522,7 @@ impl Rec<'_> {
             })
             .collect();
         match access {
-            Some((reads, written)) => self.access(reads, written),
+            Some((reads, written)) => self.access(reads, written, true),
             None => {
                 let mut reads = Vec::with_capacity(bindings.len());
                 let mut written = Vec::new();
@@ -507,7 +533,7 @@ impl Rec<'_> {
                         reads.push(Span::of(b));
                     }
                 }
-                self.access(&reads, &written);
+                self.access(&reads, &written, true);
             }
         }
         self.first(shader.name());
