@@ -9,22 +9,18 @@
 #      (and passing with them) on truly concurrent queues;
 #   3. performance, in the same session as CUDA: vulkan_bench (device time from timestamps and
 #      wall time per call, both gather kernels, both copy engines); `hisparse bench --json` on
-#      Vulkan and on CUDA; `hisparse simulate --json` on Vulkan (all queues, then one queue) and
-#      on CUDA, with the default workload (4 requests × 8192 tokens, 48 decode steps); the Vulkan
-#      simulation once more with HISPARSE_VULKAN_PROFILE=1
-#      (per operation host and device time, and each operation's first and last fifth of calls);
-#      the simulation on one compute queue plus the transfer queue (HISPARSE_VULKAN_QUEUES=
-#      one-compute); for comparison `hisparse bench` and the simulation with HISPARSE_VULKAN_WAIT=block (host
-#      waits block after the 200 us spin, the round-3 behaviour), and the simulation while another
-#      process holds an idle CUDA context; the GPU's clocks (nvidia-smi, every 100 ms) throughout
-#      the performance part; the resolver's inputs at three calls of the simulation
-#      (HISPARSE_VULKAN_DUMP_RESOLVE), each resolve then timed alone (vulkan-resolve-replay);
-#   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling), the
-#      median SM clock of each performance section, and the profile.
+#      Vulkan and on CUDA, and on Vulkan once more with HISPARSE_VULKAN_BARRIERS=all (every
+#      barrier over all stages, the round-4 behaviour, for the remap's comparison);
+#      `hisparse simulate --json` on CUDA and on Vulkan (all queues, one queue, and all queues
+#      while another process holds an idle CUDA context), with the default workload (4 requests
+#      × 8192 tokens, 48 decode steps); the GPU's clocks (nvidia-smi, every 100 ms) throughout
+#      the performance part;
+#   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling) and the
+#      median SM clock of each performance section.
 #
-# Every section has its own time limit (they add up to 615 s; a whole run should take about three
-# and a half minutes: run 11's sections took 128 s, this round adds about 80 s) and the script goes on after a
-# failing or timed-out section. Logs and JSON go to
+# Every section has its own time limit (they add up to 435 s; a whole run should take about two
+# and a half minutes: run 12's sections kept here took 113 s, this round adds about 5 s) and the
+# script goes on after a failing or timed-out section. Logs and JSON go to
 # $OUT/vulkan/, the summary to stdout and to $OUT/vulkan/summary.txt. Exit status 0 only when
 # every section passed.
 set -u
@@ -33,8 +29,7 @@ cd "$root"
 bin=$(cd "${HISPARSE_H200_VULKAN_BIN:-h200-vulkan}" && pwd)
 out=${OUT:-/tmp/hisparse-h200}/vulkan
 mkdir -p "$out"
-for f in hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing \
-    vulkan-resolve-replay; do
+for f in hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing; do
     if [ ! -x "$bin/$f" ]; then
         echo "missing $bin/$f: run scripts/h200/vulkan-build.sh on the development machine and carry h200-vulkan" >&2
         exit 2
@@ -130,24 +125,15 @@ fi
 section vulkan-bench 45 - "$bin/vulkan-bench" --iters 50 --json "$out/vulkan_bench.json"
 section bench-vulkan 30 "$out/bench_vulkan.json" "$bin/hisparse" bench --backend vulkan --json
 section bench-cuda 20 "$out/bench_cuda.json" "$bin/hisparse" bench --backend cuda --json
-# The same bench with host waits that block after the spin (the round-3 behaviour).
-section bench-vulkan-block 30 "$out/bench_vulkan_block.json" \
-    env HISPARSE_VULKAN_WAIT=block "$bin/hisparse" bench --backend vulkan --json
+# The same bench with every barrier over all stages and accesses (the round-4 behaviour).
+section bench-vulkan-barriers-all 30 "$out/bench_vulkan_barriers_all.json" \
+    env HISPARSE_VULKAN_BARRIERS=all "$bin/hisparse" bench --backend vulkan --json
 section simulate-cuda 20 "$out/simulate_cuda.json" "$bin/hisparse" simulate --backend cuda --json
 section simulate-vulkan 70 "$out/simulate_vulkan.json" "$bin/hisparse" simulate --backend vulkan --json
 section simulate-vulkan-1q 30 "$out/simulate_vulkan_single_queue.json" \
     env HISPARSE_VULKAN_QUEUES=single "$bin/hisparse" simulate --backend vulkan --json
-# One compute queue for every stream's compute work, the transfer queue for copy-only batches.
-section simulate-vulkan-1c 30 "$out/simulate_vulkan_one_compute.json" \
-    env HISPARSE_VULKAN_QUEUES=one-compute "$bin/hisparse" simulate --backend vulkan --json
-# Where the simulation's time goes: per operation calls, host and device time (a timestamp after
-# every operation, so operations do not overlap: its device_us is not the figure to compare).
-section simulate-vulkan-profile 40 "$out/simulate_vulkan_profile.json" \
-    env HISPARSE_VULKAN_PROFILE=1 "$bin/hisparse" simulate --backend vulkan --json
-section simulate-vulkan-block 40 "$out/simulate_vulkan_block.json" \
-    env HISPARSE_VULKAN_WAIT=block "$bin/hisparse" simulate --backend vulkan --json
-# The Vulkan simulation while another process holds an idle CUDA context (does the GPU keep its
-# clocks up for CUDA work only?).
+# The Vulkan simulation while another process holds an idle CUDA context (run 12: the GPU then
+# keeps its clocks up through the simulator's host gaps, as it does for the CUDA simulation).
 with_cuda_context() {
     python3 -c 'import time, torch; x = torch.zeros(1, device="cuda"); torch.cuda.synchronize(); print("cuda context up", flush=True); time.sleep(60)' \
         >"$out/cuda-context.log" 2>&1 &
@@ -167,14 +153,6 @@ export out
 export -f with_cuda_context
 section simulate-vulkan-cudactx 60 "$out/simulate_vulkan_cuda_context.json" \
     bash -c 'with_cuda_context "$@"' with_cuda_context "$bin/hisparse" simulate --backend vulkan --json
-# The resolver's inputs at three calls of the simulation (step 9: hot buffers filling; step 31;
-# step 46: full), then each state's resolve timed alone, 50 times, on an otherwise idle GPU:
-# whether the late state itself makes the resolver slow.
-mkdir -p "$out/dumps"
-section simulate-vulkan-dump 40 "$out/simulate_vulkan_dump.json" \
-    env HISPARSE_VULKAN_DUMP_RESOLVE=150,1500,2400:"$out/dumps" "$bin/hisparse" simulate --backend vulkan --json
-section resolve-replay 30 - "$bin/vulkan-resolve-replay" --calls 50 --json "$out/resolve_replay.json" \
-    "$out/dumps/resolve-150.bin" "$out/dumps/resolve-1500.bin" "$out/dumps/resolve-2400.bin"
 [ -n "$clock_pid" ] && kill "$clock_pid" 2>/dev/null
 
 # 4. Summary of the issue-16 targets.
@@ -257,14 +235,7 @@ if sv and sc:
             r = plateau(s) / plateau(sc)
             row(f"simulate steps 20-47 device time/step, Vulkan {label}",
                 f"{plateau(s):.0f} vs CUDA {plateau(sc):.0f} us = {r:.2f}x", "", None)
-    sp = load("simulate_vulkan_profile.json")
-    if sp:
-        row("simulate device time/step, Vulkan profiled (not comparable)",
-            f"{sp['device_us_per_step']:.0f} us, {sp['mismatched_rows']} mismatched", "", None)
-    extra = [(lbl, load(n)) for lbl, n in [("vulkan one compute queue", "simulate_vulkan_one_compute.json"),
-                                          ("vulkan waits block", "simulate_vulkan_block.json"),
-                                          ("vulkan idle CUDA context", "simulate_vulkan_cuda_context.json"),
-                                          ("vulkan dumping resolves", "simulate_vulkan_dump.json")]]
+    extra = [(lbl, load(n)) for lbl, n in [("vulkan idle CUDA context", "simulate_vulkan_cuda_context.json")]]
     for label, s in [("vulkan", sv), ("vulkan 1q", s1), ("cuda", sc)] + extra:
         if s:
             row(f"simulate {label}: rows verified / mismatched",
@@ -280,31 +251,22 @@ if sv and sc:
         if s:
             row(f"simulate steps 7-11 device time/step, Vulkan {label}",
                 f"{early(s):.0f} vs CUDA {early(sc):.0f} us = {early(s)/early(sc):.2f}x", "", None)
-    for label, name in [("one compute queue + transfer queue", "simulate_vulkan_one_compute.json"),
-                        ("host waits block (round 3)", "simulate_vulkan_block.json"),
-                        ("idle CUDA context held", "simulate_vulkan_cuda_context.json")]:
+    for label, name in [("idle CUDA context held", "simulate_vulkan_cuda_context.json")]:
         s = load(name)
         if s:
             r = s["device_us_per_step"] / sc["device_us_per_step"]
             row(f"simulate device time/step, Vulkan {label}",
                 f"{s['device_us_per_step']:.0f} vs CUDA {sc['device_us_per_step']:.0f} us = {r:.2f}x, "
                 f"steps 20-47 {plateau(s):.0f} us, {s['mismatched_rows']} mismatched", "", None)
-rr = load("resolve_replay.json")
-for x in rr or []:
-    row(f"resolve replayed alone: {os.path.basename(x['file'])}",
-        f"device median {x['device_us_median']:.1f} us (min {x['device_us_min']:.1f}), "
-        f"{x['token_rows']} rows, {x['occupied']} slots occupied, {x['kernel']}", "", None)
-bb = load("bench_vulkan_block.json")
-if bv and bb:
-    for p in ["backup", "restore", "remap", "resolve", "gather 656 B rows × 2048 "]:
-        fp, fb = fig(bv, p), fig(bb, p)
-        if fp and fb:
-            row(f"{p.strip()} (bench), waits poll / block",
-                f"{fp['seconds_per_call']*1e6:.1f} / {fb['seconds_per_call']*1e6:.1f} us per call", "", None)
-    cp, cb = ceil(bv, "device copy (read+write)"), ceil(bb, "device copy (read+write)")
-    if cp and cb:
-        row("device copy (bench), waits poll / block",
-            f"{cp['bytes_per_s']/GB:.0f} / {cb['bytes_per_s']/GB:.0f} GB/s", "", None)
+ba = load("bench_vulkan_barriers_all.json")
+if bv and ba:
+    for p in ["remap", "resolve", "gather 656 B rows × 2048 ", "backup", "restore"]:
+        fp, fa = fig(bv, p), fig(ba, p)
+        fc = fig(bc, p)
+        if fp and fa:
+            vs = f", CUDA {fc['seconds_per_call']*1e6:.1f} us" if fc else ""
+            row(f"{p.strip()} (bench), barriers compute / all",
+                f"{fp['seconds_per_call']*1e6:.1f} / {fa['seconds_per_call']*1e6:.1f} us per call{vs}", "", None)
 # The GPU's clocks in each performance section (nvidia-smi every 100 ms).
 try:
     import datetime
@@ -334,8 +296,6 @@ print("== issue 16 targets (H200, this session)")
 for what, value, target, ok in rows:
     print(f"  {what:<{w}}  {value:<70} {target:<14} {ok}")
 EOF
-echo "== where the simulation's time goes (HISPARSE_VULKAN_PROFILE=1, from simulate-vulkan-profile.err)"
-grep -A 40 '^vulkan profile of' "$out/simulate-vulkan-profile.err" | tee "$out/profile.txt"
 echo "== sections"
 printf '  %s\n' "${results[@]}"
 echo "logs and JSON: $out"
