@@ -9,9 +9,11 @@
 //! and each layer's run of consecutive host blocks becomes one descriptor. A request whose host
 //! blocks are consecutive (what a fresh pool hands out) moves as one descriptor per layer.
 //!
-//! Packing itself is plain device-to-device copies of whole pages (one per (layer, page), or
-//! fewer where source pages are adjacent), which the caller enqueues with its backend's copy op
-//! and waits for before the write.
+//! Packing itself is plain copies of whole pages (one per (layer, page), or fewer where source
+//! pages are adjacent), which the caller enqueues with its backend's copy op and waits for before
+//! the write: device → device into a staging buffer on the prefill device, or device → host into
+//! a pinned host staging buffer (registered as host memory), whose write then takes the host →
+//! host path. The plan is the same for both; only the staging buffer's memory differs.
 
 use crate::{ImportNotice, PageManifest, PdError, PoolGeometry, Span, plan_write};
 
