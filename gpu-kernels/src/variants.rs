@@ -416,7 +416,10 @@ mod tests {
                 accepted(&r.unwrap());
             } else {
                 let e = r.unwrap_err().to_string();
-                assert!(e.contains("gather variants v1-v2 and v3-w16 = 8"), "{v:?}: {e}");
+                assert!(
+                    e.contains("gather variants v1-v2 and v3-w16 = 8"),
+                    "{v:?}: {e}"
+                );
             }
         }
     }
