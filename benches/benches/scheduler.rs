@@ -7,63 +7,13 @@
 //! blocks per request against 3584 for all-on-GPU), so most pages are reclaimed during the
 //! prefill and every new page in decode goes through reclaim.
 
+mod scheduler_setup;
+
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hisparse_core::config::HiSparseConfig;
-use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand};
-use hisparse_core::layout::{LayoutInput, plan_layout};
-use hisparse_core::presets::DEEPSEEK_V32;
-
-const REQUESTS: u32 = 256;
-const CONTEXT: u32 = 32768;
-
-fn prepared() -> Coordinator {
-    let model = DEEPSEEK_V32;
-    let host_blocks = u64::from(REQUESTS) * 600 + 64;
-    let cfg = HiSparseConfig::new(model.top_k, host_blocks * 2_561_024);
-    let mut input = LayoutInput::new(&model, &cfg, 0, CONTEXT + 8192);
-    input.num_gpu_blocks_override = Some(REQUESTS * 1300);
-    let kv = plan_layout(&input).expect("layout");
-    let mut c = Coordinator::new(
-        kv,
-        CoordinatorConfig {
-            max_running: REQUESTS,
-            max_batched_tokens: 1 << 20,
-            ..CoordinatorConfig::default()
-        },
-    )
-    .expect("coordinator");
-    let prompt: Vec<u32> = (0..CONTEXT - 1).collect();
-    for id in 0..u64::from(REQUESTS) {
-        let mut p = prompt.clone();
-        p[0] = id as u32; // distinct prompts: no prefix sharing
-        c.admit(id, &p).expect("admit");
-    }
-    let mut cmd = OffloadCommand::default();
-    while c.running_ids().count() < REQUESTS as usize
-        || c.running_ids()
-            .any(|id| c.num_computed(id) != c.num_tokens(id))
-    {
-        c.schedule_step().expect("step");
-        c.build_offload_command_into(&mut cmd);
-        if let Some(id) = cmd.transfer_id {
-            c.report(0, &[id], &[id]).expect("report");
-        }
-    }
-    c
-}
-
-fn step(c: &mut Coordinator, cmd: &mut OffloadCommand, token: u32) {
-    for slot in 0..REQUESTS {
-        let _ = c.append_token_by_slot(slot, token);
-    }
-    c.schedule_step().expect("step");
-    c.build_offload_command_into(cmd);
-    if let Some(id) = cmd.transfer_id {
-        c.report(0, &[id], &[id]).expect("report");
-    }
-}
+use hisparse_core::coordinator::OffloadCommand;
+use scheduler_setup::{CONTEXT, REQUESTS, prepared, step};
 
 fn bench(cr: &mut Criterion) {
     let base = prepared();

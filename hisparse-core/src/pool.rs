@@ -12,6 +12,12 @@
 //! * Prefix cache: a held block may be given a `(group, hash)` key ([`BlockPool::cache`]);
 //!   [`BlockPool::lookup`] finds it while the block is held or free-but-not-yet-reused. When a
 //!   free block is handed out again it is *evicted*: its key is dropped.
+//! * Reuse generation ([`BlockPool::generation`]): a per-block counter bumped whenever the block
+//!   leaves the free queue ([`BlockPool::allocate`], [`BlockPool::allocate_n`], a
+//!   [`BlockPool::touch`] of a free block) or on request ([`BlockPool::bump_generation`]). A
+//!   caller that frees a block whose bytes it may still read records the generation: while the
+//!   block is free with that generation, nobody has been handed it. Cheaper than a key of its
+//!   own in the prefix cache (no hash-table insert and eviction).
 //!
 //! Every operation is O(1) (hash-table operations expected O(1): open addressing with linear
 //! probing and backward-shift deletion, at most half full) and allocates nothing: all storage is
@@ -122,6 +128,9 @@ struct Node {
     /// Position + 1 of the block's key in `table`, or 0 when it has no key. Kept in sync on
     /// every table move.
     key_pos: u32,
+    /// Reuse generation (wrapping): bumped each time the block leaves the free queue, and by
+    /// [`BlockPool::bump_generation`].
+    generation: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -153,7 +162,7 @@ fn mix(key: BlockKey) -> usize {
 impl BlockPool {
     /// A pool of `num_blocks` blocks, block 0 being the null block.
     ///
-    /// The bookkeeping (a 16-byte node per block and a prefix-key table of two to four 24-byte
+    /// The bookkeeping (a 20-byte node per block and a prefix-key table of two to four 24-byte
     /// slots per block) is allocated
     /// fallibly: a size the allocator refuses is [`PoolError::OutOfMemory`], not an abort.
     pub fn new(num_blocks: u32) -> Result<Self, PoolError> {
@@ -181,6 +190,7 @@ impl BlockPool {
             },
             refs: 0,
             key_pos: 0,
+            generation: 0,
         }));
         table.resize(
             cap,
@@ -287,8 +297,10 @@ impl BlockPool {
             self.nodes[n as usize].prev = NIL;
         }
         self.num_free -= 1;
-        self.nodes[b as usize].refs = 1;
-        if self.nodes[b as usize].key_pos != 0 {
+        let node = &mut self.nodes[b as usize];
+        node.refs = 1;
+        node.generation = node.generation.wrapping_add(1);
+        if node.key_pos != 0 {
             self.remove_key_of(b);
         }
         Some(b)
@@ -310,8 +322,10 @@ impl BlockPool {
         let mut b = self.head;
         for _ in 0..count {
             out.push(b);
-            self.nodes[b as usize].refs = 1;
-            if self.nodes[b as usize].key_pos != 0 {
+            let node = &mut self.nodes[b as usize];
+            node.refs = 1;
+            node.generation = node.generation.wrapping_add(1);
+            if node.key_pos != 0 {
                 self.remove_key_of(b);
             }
             b = self.nodes[b as usize].next;
@@ -387,8 +401,27 @@ impl BlockPool {
         }
         if refs == 0 {
             self.unlink(block);
+            let node = &mut self.nodes[block as usize];
+            node.generation = node.generation.wrapping_add(1);
         }
         self.nodes[block as usize].refs = refs + 1;
+        Ok(())
+    }
+
+    /// The reuse generation of `block` (0 for ids out of range): see the module docs. It
+    /// wraps after 2^32 bumps.
+    #[inline]
+    pub fn generation(&self, block: u32) -> u32 {
+        self.nodes.get(block as usize).map_or(0, |n| n.generation)
+    }
+
+    /// Bumps `block`'s reuse generation without moving it (whoever recorded the old one sees
+    /// the block as changed). Ids out of range and the null block are refused.
+    #[inline]
+    pub fn bump_generation(&mut self, block: u32) -> Result<(), PoolError> {
+        self.check(block)?;
+        let node = &mut self.nodes[block as usize];
+        node.generation = node.generation.wrapping_add(1);
         Ok(())
     }
 
@@ -640,6 +673,40 @@ mod tests {
                 p.check_invariants().unwrap();
             }
         }
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn generation_changes_exactly_when_a_block_leaves_the_free_queue() {
+        let mut p = BlockPool::new(4).unwrap();
+        let b = p.allocate().unwrap();
+        let g = p.generation(b);
+        p.free(b).unwrap();
+        // Freeing keeps it: a reader of the freed bytes sees the block untouched.
+        assert_eq!(p.generation(b), g);
+        // Re-pinning a free block changes it.
+        p.touch(b).unwrap();
+        assert_ne!(p.generation(b), g);
+        // A second reference to a held block does not.
+        let g = p.generation(b);
+        p.touch(b).unwrap();
+        assert_eq!(p.generation(b), g);
+        p.free(b).unwrap();
+        p.free(b).unwrap();
+        assert_eq!(p.generation(b), g);
+        // Handing it out again changes it, one at a time or in a batch.
+        let mut out = Vec::new();
+        p.allocate_n(3, &mut out).unwrap();
+        assert!(out.contains(&b));
+        assert_ne!(p.generation(b), g);
+        let g = p.generation(b);
+        p.free(b).unwrap();
+        p.bump_generation(b).unwrap();
+        assert_ne!(p.generation(b), g);
+        assert!(p.is_free(b));
+        assert_eq!(p.bump_generation(0), Err(PoolError::NullBlock));
+        assert!(p.bump_generation(9).is_err());
+        assert_eq!(p.generation(9), 0);
         p.check_invariants().unwrap();
     }
 }

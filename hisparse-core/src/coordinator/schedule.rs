@@ -120,32 +120,16 @@ impl Coordinator {
             target_pages = self.kv.pages_for(r.num_computed + n);
         }
         // A prefill chunk reads its whole earlier context on the GPU: its pages stay there for
-        // this step (reclaim passes the request over) and those that are not are staged.
+        // this step (reclaim passes the request over: the mark is set before any reclaim, kept
+        // when the chunk is scheduled and taken back on every other outcome) and those that
+        // are not are staged.
         let prefill = r.num_computed < r.prefill_end;
         let marked_before = r.prefill_step;
-        if prefill {
-            r.prefill_step = self.step_no + 1;
-        }
-        let res = self.schedule_chunk(r, n, target_pages, shrink, prefill);
-        if !matches!(res, Ok((Alloc::Scheduled, _))) {
-            r.prefill_step = marked_before;
-        }
-        res
-    }
-
-    /// The rest of [`Coordinator::schedule_inner`] once the host pool holds the chunk's pages
-    /// (`n` tokens, `target_pages` pages; `prefill`: a prefill chunk, whose context is staged).
-    fn schedule_chunk(
-        &mut self,
-        r: &mut Box<Req>,
-        n: u32,
-        target_pages: u32,
-        shrink: bool,
-        prefill: bool,
-    ) -> Result<(Alloc, u32), CoordError> {
-        let (mut n, mut target_pages) = (n, target_pages);
         let need = self.gpu_need_tokens(r, n, prefill);
         if need > u64::from(self.gpu.num_free()) {
+            if prefill {
+                r.prefill_step = self.step_no + 1;
+            }
             let short = need - u64::from(self.gpu.num_free());
             // The request itself is a reclaim candidate: put it back while reclaiming.
             let slot = r.slot;
@@ -159,8 +143,9 @@ impl Coordinator {
             self.spare = Some(core::mem::replace(r, back));
             let free = u64::from(self.gpu.num_free());
             if self.gpu_need_tokens(r, n, prefill) > free {
-                if prefill {
-                    self.check_prefill_fits(r)?;
+                if prefill && let Err(e) = self.check_prefill_fits(r) {
+                    r.prefill_step = marked_before;
+                    return Err(e);
                 }
                 let fit = if !shrink {
                     0
@@ -176,6 +161,7 @@ impl Coordinator {
                     }
                 };
                 if fit == 0 {
+                    r.prefill_step = marked_before;
                     return Ok((self.short_of(PoolKind::Gpu, awaits), 0));
                 }
                 n = fit;
@@ -183,8 +169,11 @@ impl Coordinator {
             }
         }
         let target = r.num_computed + n;
-        if prefill && self.resident.pages_to_stage(&r.resident) > 0 {
-            self.stage_prefill_context(r);
+        if prefill {
+            r.prefill_step = self.step_no + 1;
+            if self.resident.pages_to_stage(&r.resident) > 0 {
+                self.stage_prefill_context(r);
+            }
         }
         if self.resident.needs_hot_region(&r.resident) && r.hot.blocks.is_empty() {
             self.hot
@@ -246,15 +235,18 @@ impl Coordinator {
             );
         }
         // Sliding windows: give back the blocks no later step (or rollback) reads.
-        if self.paged.has_window() {
-            self.paged.slide_windows(
+        if self.paged.has_window()
+            && let Err(e) = self.paged.slide_windows(
                 &mut r.paged,
                 &mut self.gpu,
                 &mut self.out,
                 slot,
                 first,
                 target,
-            )?;
+            )
+        {
+            r.prefill_step = marked_before;
+            return Err(e.into());
         }
         Ok((Alloc::Scheduled, n))
     }

@@ -13,11 +13,12 @@
 //! # Lazy reclaim
 //!
 //! Unpinning gives the blocks back to the GPU pool's free queue without touching the data
-//! plane: the resident entries still name them. Each unpinned block carries a key of its own
-//! in the pool's prefix cache (group [`LAZY_KEY_GROUP`], a sequence number nobody else uses),
-//! which the pool drops the moment it hands the block out again. The manager keeps the unpinned
+//! plane: the resident entries still name them. The manager records each unpinned block's reuse
+//! generation in the pool ([`BlockPool::generation`]), which the pool bumps the moment the
+//! block leaves its free queue (no prefix-cache key: an insert and an eviction in the pool's
+//! hash table per block cost more). The manager keeps the unpinned
 //! blocks in the order they were freed; since the free queue hands out blocks in that order too
-//! and nothing else can re-pin them (nobody else knows their keys), the blocks reused since the
+//! and nothing else can re-pin them (their prefix keys are dropped when unpinned), the blocks reused since the
 //! last look are always at the front of that queue: [`ResidentManager::take_reused`] pops them
 //! in O(reused). The coordinator then makes their pages `reclaimed` (null entries, in the same
 //! command as the allocation that reused the block, so before the forward pass that overwrites
@@ -33,10 +34,6 @@ use crate::coordinator::command::{OffloadCommand, PageTransfer, TableUpdate};
 use crate::coordinator::error::out_of_memory;
 use crate::layout::ACTIVE_TAIL_PAGES;
 use crate::pool::{BlockKey, BlockPool};
-
-/// The prefix-cache group of the keys that mark unpinned resident blocks (no layout group has
-/// this index).
-pub(in crate::coordinator) const LAZY_KEY_GROUP: u32 = u32::MAX;
 
 /// Lifecycle state of one page of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,13 +86,13 @@ pub(in crate::coordinator) struct ResidentTable {
 }
 
 /// Who an unpinned block belongs to: page `page` of the request in `Coordinator::reqs[slot]`
-/// at generation `generation`, marked with key hash `seq`.
+/// at generation `generation`, freed at the block's reuse generation `block_generation`.
 #[derive(Clone, Copy, Debug)]
 pub(in crate::coordinator) struct Unpinned {
     /// The GPU block.
     pub(in crate::coordinator) block: u32,
-    /// Its key's hash in [`LAZY_KEY_GROUP`].
-    pub(in crate::coordinator) seq: u64,
+    /// The block's reuse generation in the pool when it was unpinned.
+    pub(in crate::coordinator) block_generation: u32,
     /// The owner's index in `Coordinator::reqs`.
     pub(in crate::coordinator) slot: u32,
     /// The owner's generation when it unpinned the block.
@@ -122,8 +119,6 @@ pub(in crate::coordinator) struct ResidentManager {
     block_tokens: u32,
     /// Unpinned blocks in the order they were freed (stale entries are skipped when popped).
     unpinned: VecDeque<Unpinned>,
-    /// Next key hash for an unpinned block.
-    next_seq: u64,
 }
 
 impl ResidentManager {
@@ -134,7 +129,6 @@ impl ResidentManager {
             num_buckets,
             block_tokens,
             unpinned: VecDeque::new(),
-            next_seq: 1,
         }
     }
 
@@ -362,11 +356,9 @@ impl ResidentManager {
                 let base = (p * nb) as usize;
                 for bk in 0..nb as usize {
                     let b = t.blocks[base + bk];
-                    // Its lazy mark goes: the queue entry becomes stale (not intact).
+                    // Leaving the free queue bumps its reuse generation: the queue entry
+                    // becomes stale (not intact).
                     let _ = gpu.touch(b);
-                    if gpu.key_of(b).is_some_and(|k| k.group == LAZY_KEY_GROUP) {
-                        let _ = gpu.uncache(b);
-                    }
                 }
                 t.unpinned -= 1;
                 t.state[p as usize] = PageState::Clean;
@@ -695,22 +687,13 @@ impl ResidentManager {
         }
         for bk in 0..nb {
             let b = t.blocks[base + bk as usize];
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            // Its own key marks the block until the pool hands it out (a GPU prefix key it
-            // carried goes: the page is no longer adoptable once unpinned).
+            // A GPU prefix key it carried goes: the page is no longer adoptable once unpinned
+            // (and nobody can re-pin the block through a lookup).
             let _ = gpu.uncache(b);
-            let _ = gpu.cache(
-                b,
-                BlockKey {
-                    group: LAZY_KEY_GROUP,
-                    hash: seq,
-                },
-            );
             let _ = gpu.free(b);
             self.unpinned.push_back(Unpinned {
                 block: b,
-                seq,
+                block_generation: gpu.generation(b),
                 slot: owner.0,
                 generation: owner.1,
                 page: p,
@@ -724,12 +707,7 @@ impl ResidentManager {
     /// Whether unpinned block `u` is still in the free queue, untouched since it was unpinned.
     #[inline]
     fn intact(gpu: &BlockPool, u: &Unpinned) -> bool {
-        gpu.is_free(u.block)
-            && gpu.key_of(u.block)
-                == Some(BlockKey {
-                    group: LAZY_KEY_GROUP,
-                    hash: u.seq,
-                })
+        gpu.is_free(u.block) && gpu.generation(u.block) == u.block_generation
     }
 
     /// Pops the unpinned blocks the pool has handed out since the last call (they are at the
@@ -783,11 +761,11 @@ impl ResidentManager {
     }
 
     /// Drops the mark of unpinned block `b` if the pool has not handed it out (it stays a plain
-    /// free block; its queue entry becomes stale).
+    /// free block; bumping its reuse generation makes its queue entry stale).
     #[inline]
     fn forget(gpu: &mut BlockPool, b: u32) {
-        if gpu.is_free(b) && gpu.key_of(b).is_some_and(|k| k.group == LAZY_KEY_GROUP) {
-            let _ = gpu.uncache(b);
+        if gpu.is_free(b) {
+            let _ = gpu.bump_generation(b);
         }
     }
 
