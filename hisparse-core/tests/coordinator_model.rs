@@ -1330,3 +1330,39 @@ fn a_prefix_hit_with_a_large_hot_buffer_does_not_livelock() {
     ];
     run_liveness(p, 1, arrivals).unwrap();
 }
+
+/// Found by `coordinator_model`: a rollback after a prefix hit on a preempted request's pages.
+#[test]
+fn rollback_after_a_prefix_hit_keeps_gpu_blocks_single_owned() {
+    let p = Params {
+        gpu_blocks: 76,
+        host_blocks: 18,
+        eager: false,
+        workers: 1,
+        prefix: true,
+        window: false,
+        mql: 2,
+        max_running: 4,
+        max_batched: 8,
+        spill: 2,
+        reclaim_min: 0,
+        hot_scale: 1,
+    };
+    let ops = vec![
+        Op::Admit { len: 4, family: 0 },
+        Op::Step,
+        Op::Preempt { pick: 0 },
+        Op::Step,
+        Op::Reclaim { blocks: 1 },
+        Op::Report {
+            worker: 0,
+            enq: 2,
+            comp: 2,
+        },
+        Op::Admit { len: 5, family: 0 },
+        Op::Step,
+        Op::Rollback { pick: 12, n: 1 },
+        Op::Step,
+    ];
+    run(p, ops).unwrap();
+}

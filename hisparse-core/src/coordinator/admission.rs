@@ -57,6 +57,7 @@ impl Coordinator {
             tokens,
             num_computed: 0,
             rollback_floor: 0,
+            gpu_published: 0,
             pages: 0,
             hit_pages: 0,
             last_xfer: 0,

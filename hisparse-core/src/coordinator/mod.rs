@@ -513,6 +513,18 @@ impl Coordinator {
         let defer_until = (last_issued > self.durable).then_some(last_issued);
         if r.status == Status::Running {
             self.publish_detached(r, issued, defer_until);
+            // Pages its last step filled were held back from the GPU prefix cache while a
+            // rollback could reach them; leaving, it can roll nothing back.
+            if self.source.caching() {
+                let sealed = (r.num_computed / self.kv.block_tokens)
+                    .min(r.source.hashes.len() as u32)
+                    .min(r.pages);
+                let from = r.gpu_published.max(r.hit_pages);
+                if from < sealed {
+                    self.paged
+                        .publish(&r.paged, &mut self.gpu, &r.source.hashes, from..sealed);
+                }
+            }
         }
         if r.row != NO_ROW {
             self.out.purge_slot(r.row);
@@ -547,6 +559,7 @@ impl Coordinator {
         r.pages = 0;
         r.num_computed = 0;
         r.rollback_floor = 0;
+        r.gpu_published = 0;
         r.hit_pages = 0;
         r.last_xfer = 0;
         r.import = request::Import::None;

@@ -43,6 +43,11 @@ pub(super) struct Req {
     /// `first..target`, `max(first + 1, target - (max_query_len - 1))` (its first token and
     /// all but the last `max_query_len - 1` of its tokens stay).
     pub(super) rollback_floor: u32,
+    /// Full pages below this are published in the GPU prefix cache. A page is published once
+    /// every one of its tokens is below `rollback_floor`: a page filled by tokens a rollback may
+    /// still take back must not be adopted by another request (it would share a block the
+    /// rolled-back request writes again).
+    pub(super) gpu_published: u32,
     /// Pages with GPU blocks (indexer, regular, resident).
     pub(super) pages: u32,
     /// Prefix-hit pages (read from host from the start).
@@ -82,6 +87,7 @@ pub(super) fn empty_req() -> Req {
         tokens: Vec::new(),
         num_computed: 0,
         rollback_floor: 0,
+        gpu_published: 0,
         pages: 0,
         hit_pages: 0,
         last_xfer: 0,

@@ -224,15 +224,18 @@ impl Coordinator {
         // Hashes of newly full pages; publish GPU-only groups now (host pages publish when
         // durable).
         let bt = self.kv.block_tokens;
-        let (sealed0, sealed1) = (first / bt, target / bt);
+        let sealed1 = target / bt;
         self.source.hash_sealed(&mut r.source, &r.tokens, sealed1);
         if self.source.caching() {
-            self.paged.publish(
-                &r.paged,
-                &mut self.gpu,
-                &r.source.hashes,
-                sealed0.max(r.hit_pages)..sealed1,
-            );
+            // Only pages no rollback can reach (every token below the rollback floor); the
+            // rest are published by the request's next step, once its floor moved past them.
+            let publishable = (r.rollback_floor / bt).min(sealed1);
+            let from = r.gpu_published.max(r.hit_pages);
+            if from < publishable {
+                self.paged
+                    .publish(&r.paged, &mut self.gpu, &r.source.hashes, from..publishable);
+            }
+            r.gpu_published = r.gpu_published.max(publishable);
         }
         // Sliding windows: give back the blocks no later step (or rollback) reads.
         if self.paged.has_window()

@@ -224,7 +224,10 @@ impl Coordinator {
                 ) {
                     self.in_flight_release -= nb;
                 }
-                let sealed = r.num_computed / self.kv.block_tokens;
+                // Pages a rollback can still reach (filled by the request's last step past
+                // its rollback floor) are neither durable prefix nor published yet: another
+                // request must not adopt a page its writer may fill again.
+                let sealed = r.num_computed.min(r.rollback_floor) / self.kv.block_tokens;
                 let ready = r.source.ready_prefix;
                 self.source
                     .advance_ready(&mut r.source, &r.resident, sealed, &mut self.host);
