@@ -61,22 +61,20 @@ impl Coordinator {
     /// fall back to host, so only they call for a hot region.
     #[inline]
     fn gpu_need(&self, r: &Req, new_pages: u32, prefill: bool) -> u64 {
-        let (reads_host, staged) = if prefill {
-            (
-                r.resident.pending_release > 0,
-                self.resident.pages_to_stage(&r.resident),
-            )
+        let mut need = u64::from(new_pages) * self.gpu_cost_per_page();
+        // The staging term only on the prefill branch: decode (every request, every step)
+        // skips it.
+        let reads_host = if prefill {
+            need += u64::from(self.resident.pages_to_stage(&r.resident))
+                * u64::from(self.resident.num_buckets());
+            r.resident.pending_release > 0
         } else {
-            (self.resident.needs_hot_region(&r.resident), 0)
+            self.resident.needs_hot_region(&r.resident)
         };
-        let hot = if reads_host && r.hot.blocks.is_empty() {
-            u64::from(self.hot.cost())
-        } else {
-            0
-        };
-        u64::from(new_pages) * self.gpu_cost_per_page()
-            + u64::from(staged) * u64::from(self.resident.num_buckets())
-            + hot
+        if reads_host && r.hot.blocks.is_empty() {
+            need += u64::from(self.hot.cost());
+        }
+        need
     }
 
     /// GPU blocks scheduling `n` more tokens of `r` needs in every group (`prefill`: see
