@@ -1366,3 +1366,58 @@ fn rollback_after_a_prefix_hit_keeps_gpu_blocks_single_owned() {
     ];
     run(p, ops).unwrap();
 }
+
+/// Found by `coordinator_model`: a rollback after imports and a preemption, reclaim in the tail.
+#[test]
+fn rollback_after_imports_never_reclaims_the_active_tail() {
+    let p = Params {
+        gpu_blocks: 93,
+        host_blocks: 34,
+        eager: false,
+        workers: 1,
+        prefix: true,
+        window: false,
+        mql: 2,
+        max_running: 4,
+        max_batched: 4,
+        spill: 1,
+        reclaim_min: 0,
+        hot_scale: 1,
+    };
+    let ops = vec![
+        Op::Import { len: 8, family: 0 },
+        Op::Admit { len: 24, family: 0 },
+        Op::Step,
+        Op::Step,
+        Op::Step,
+        Op::Step,
+        Op::Sample { finish_len: 8 },
+        Op::Import { len: 4, family: 0 },
+        Op::Import { len: 36, family: 0 },
+        Op::Report {
+            worker: 0,
+            enq: 1,
+            comp: 1,
+        },
+        Op::Import { len: 32, family: 0 },
+        Op::Step,
+        Op::Report {
+            worker: 0,
+            enq: 3,
+            comp: 3,
+        },
+        Op::Step,
+        Op::Preempt { pick: 0 },
+        Op::Report {
+            worker: 0,
+            enq: 1,
+            comp: 1,
+        },
+        Op::Step,
+        Op::Step,
+        Op::Sample { finish_len: 26 },
+        Op::Rollback { pick: 62, n: 2 },
+        Op::Step,
+    ];
+    run(p, ops).unwrap();
+}

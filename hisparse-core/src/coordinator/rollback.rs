@@ -60,9 +60,13 @@ impl Coordinator {
         let limit_of = |c: u32| self.resident.reclaim_limit(r.pages, c);
         while allowed > 0 {
             let c = r.num_computed - allowed;
-            let from = limit_of(c).max(r.hit_pages);
-            let blocked = (from..r.pages).any(|p| {
-                r.resident.state[p as usize] == PageState::PendingRelease
+            // Prefix-hit pages that were never resident may sit in the active tail (they read
+            // from host from the start), but a hit page staged on the GPU and then unpinned
+            // would fall back to host inside the tail: a rollback stops before it.
+            let blocked = (limit_of(c)..r.pages).any(|p| {
+                let state = r.resident.state[p as usize];
+                state == PageState::PendingRelease
+                    || state == PageState::Unpinned
                     || (p >= r.hit_pages && self.resident.is_released(&r.resident, p))
             });
             if !blocked {
