@@ -134,19 +134,104 @@ fn wait(prefill: &PrefillSide, t: &mut hisparse_nixl::Transfer) {
     }
 }
 
+/// A decode side and a prefill side over their own pools, connected: the pools are filled with
+/// `host_fill` (decode) and `dev_fill` (prefill) and outlive both sides (fields drop in order).
+struct Pair {
+    decode: DecodeSide,
+    prefill: PrefillSide,
+    host: PoolGeometry,
+    host_mem: Memory,
+    dev_mem: Memory,
+}
+
+impl Pair {
+    /// Agents named `{tag}-decode-{pid}` and `{tag}-prefill-{pid}`; `fill` writes the prefill
+    /// pool's source pages before the prefill side registers it.
+    fn new(
+        tag: &str,
+        host_fill: u8,
+        dev_fill: u8,
+        fill: impl FnOnce(&mut Memory, &PoolGeometry),
+    ) -> Self {
+        let kv = kv();
+        let (host, dev) = (
+            PoolGeometry::host(&kv).unwrap(),
+            PoolGeometry::device(&kv).unwrap(),
+        );
+        let host_mem = Memory::new(host.pool_bytes, host_fill);
+        let mut dev_mem = Memory::new(dev.pool_bytes, dev_fill);
+        fill(&mut dev_mem, &dev);
+        let pid = std::process::id();
+        // SAFETY: both pools are fields of the returned `Pair`, declared after the sides, so they
+        // outlive them; a Vec's heap buffer does not move when the `Pair` does. Only the issued
+        // manifests' blocks are written, and read after their notices arrived; the source pages
+        // are not changed while their writes run.
+        let decode = unsafe {
+            DecodeSide::new(
+                &format!("{tag}-decode-{pid}"),
+                host_mem.region(),
+                host.clone(),
+            )
+        }
+        .unwrap();
+        // SAFETY: as above.
+        let prefill = unsafe {
+            PrefillSide::new(
+                &format!("{tag}-prefill-{pid}"),
+                dev_mem.region(),
+                dev,
+                decode.offer().unwrap(),
+            )
+        }
+        .unwrap();
+        let mut pair = Pair {
+            decode,
+            prefill,
+            host,
+            host_mem,
+            dev_mem,
+        };
+        let name = pair.prefill.name().to_owned();
+        pair.decode.accept_from(&name);
+        pair
+    }
+}
+
+/// The decode pool as it must be after `requests` landed in a pool filled with `fill`.
+fn expected_pool(host: &PoolGeometry, fill: u8, requests: &[PageManifest]) -> Vec<u8> {
+    let mut expected = vec![fill; host.pool_bytes as usize];
+    for m in requests {
+        for l in &host.layers {
+            for (p, &b) in m.host_blocks.iter().enumerate() {
+                let at = (l.base + u64::from(b) * l.block_stride) as usize;
+                for i in 0..l.page_bytes {
+                    expected[at + i as usize] = page_byte(m.request, l.layer, p as u32, i);
+                }
+            }
+        }
+    }
+    expected
+}
+
+/// How many bytes of `pool` differ from `expected`.
+fn bytes_differing(pool: &[u8], expected: &[u8]) -> usize {
+    pool[..expected.len()]
+        .iter()
+        .zip(expected)
+        .filter(|(a, b)| a != b)
+        .count()
+}
+
 #[test]
 fn pages_land_in_the_assigned_host_blocks_and_nowhere_else() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !nixl_here("pages_land_in_the_assigned_host_blocks_and_nowhere_else") {
         return;
     }
-    let kv = kv();
     let (host, dev) = (
-        PoolGeometry::host(&kv).unwrap(),
-        PoolGeometry::device(&kv).unwrap(),
+        PoolGeometry::host(&kv()).unwrap(),
+        PoolGeometry::device(&kv()).unwrap(),
     );
-    let host_mem = Memory::new(host.pool_bytes, 0xEE);
-    let mut dev_mem = Memory::new(dev.pool_bytes, 0x11);
     // Two requests: 3 pages (the last one partial) and 1 page; scattered blocks on both sides.
     let requests = [
         PageManifest {
@@ -170,27 +255,12 @@ fn pages_land_in_the_assigned_host_blocks_and_nowhere_else() {
             .collect(),
     ];
     let lists = |r: usize| -> Vec<&[u32]> { sources[r].iter().map(|v| &v[..]).collect() };
-    for (r, m) in requests.iter().enumerate() {
-        fill_source(&mut dev_mem, &dev, m.request, &lists(r));
-    }
-    let pid = std::process::id();
-    // SAFETY: both pools outlive the sides (dropped at the end of this test); only the issued
-    // manifests' blocks are written, and read after their notices arrived.
-    let mut decode =
-        unsafe { DecodeSide::new(&format!("decode-{pid}"), host_mem.region(), host.clone()) }
-            .unwrap();
-    let offer = decode.offer().unwrap();
-    // SAFETY: as above; the source pages are not changed while their writes run.
-    let prefill = unsafe {
-        PrefillSide::new(
-            &format!("prefill-{pid}"),
-            dev_mem.region(),
-            dev.clone(),
-            offer,
-        )
-    }
-    .unwrap();
-    decode.accept_from(prefill.name());
+    let mut pair = Pair::new("pages", 0xEE, 0x11, |mem, dev| {
+        for (r, m) in requests.iter().enumerate() {
+            fill_source(mem, dev, m.request, &lists(r));
+        }
+    });
+    let (decode, prefill) = (&mut pair.decode, &pair.prefill);
     for m in &requests {
         decode.issue(m.clone()).unwrap();
     }
@@ -200,7 +270,7 @@ fn pages_land_in_the_assigned_host_blocks_and_nowhere_else() {
         .map(|(r, m)| prefill.send(m, &lists(r)).unwrap())
         .collect();
     assert_eq!(decode.outstanding(), 2);
-    let mut arrived = pump(&mut decode, &prefill, &mut transfers, 2).unwrap();
+    let mut arrived = pump(decode, prefill, &mut transfers, 2).unwrap();
     arrived.sort_by_key(|a| match a {
         Arrival::Import(m) => m.request,
         Arrival::Bulk { .. } => 0,
@@ -214,28 +284,13 @@ fn pages_land_in_the_assigned_host_blocks_and_nowhere_else() {
             .collect::<Vec<_>>()
     );
     for (t, m) in transfers.iter_mut().zip(&requests) {
-        wait(&prefill, t);
+        wait(prefill, t);
         assert_eq!(t.bytes(), host.request_bytes(m.pages()));
     }
     assert_eq!(decode.outstanding(), 0);
     // Every byte of the pool: the assigned pages hold the source pages, the rest is untouched.
-    let mem = host_mem.bytes();
-    let mut expected = vec![0xEEu8; host.pool_bytes as usize];
-    for m in &requests {
-        for l in &host.layers {
-            for (p, &b) in m.host_blocks.iter().enumerate() {
-                let at = (l.base + u64::from(b) * l.block_stride) as usize;
-                for i in 0..l.page_bytes {
-                    expected[at + i as usize] = page_byte(m.request, l.layer, p as u32, i);
-                }
-            }
-        }
-    }
-    let wrong = mem[..expected.len()]
-        .iter()
-        .zip(&expected)
-        .filter(|(a, b)| a != b)
-        .count();
+    let expected = expected_pool(&host, 0xEE, &requests);
+    let wrong = bytes_differing(pair.host_mem.bytes(), &expected);
     assert_eq!(wrong, 0, "{wrong} bytes of the decode pool differ");
     let written: u64 = requests.iter().map(|m| host.request_bytes(m.pages())).sum();
     assert_eq!(written, (3 + 1) * 4 * 64 * 656);
@@ -247,43 +302,29 @@ fn a_bulk_write_is_announced_and_lands() {
     if !nixl_here("a_bulk_write_is_announced_and_lands") {
         return;
     }
-    let kv = kv();
-    let (host, dev) = (
-        PoolGeometry::host(&kv).unwrap(),
-        PoolGeometry::device(&kv).unwrap(),
-    );
-    let mut host_mem = Memory::new(host.pool_bytes, 0);
-    let dev_mem = Memory::new(dev.pool_bytes, 0);
     let mut staging = Memory::new(1 << 20, 0);
     for (i, b) in staging.bytes_mut().iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
-    let pid = std::process::id();
-    // SAFETY: the memories outlive the sides; nothing else touches them meanwhile.
-    let mut decode =
-        unsafe { DecodeSide::new(&format!("bulk-decode-{pid}"), host_mem.region(), host) }.unwrap();
-    // SAFETY: as above.
-    let mut prefill = unsafe {
-        PrefillSide::new(
-            &format!("bulk-prefill-{pid}"),
-            dev_mem.region(),
-            dev,
-            decode.offer().unwrap(),
-        )
-    }
-    .unwrap();
-    // SAFETY: as above.
-    unsafe { prefill.register(staging.region()).unwrap() };
-    decode.accept_from(prefill.name());
+    let mut pair = Pair::new("bulk", 0, 0, |_, _| {});
+    // SAFETY: the staging memory outlives the sides (dropped after `pair`, declared before it);
+    // it is not changed while a write from it runs.
+    unsafe { pair.prefill.register(staging.region()).unwrap() };
+    let Pair {
+        decode,
+        prefill,
+        host_mem,
+        ..
+    } = &mut pair;
     // One descriptor, then descriptors of 100,000 bytes (the last one shorter).
     for (per, descriptors) in [(u64::MAX, 1), (100_000, 11)] {
         let mut t = prefill.bulk(&staging.region(), 1 << 20, per).unwrap();
         assert_eq!(t.descriptors(), descriptors);
         assert_eq!(
-            pump(&mut decode, &prefill, std::slice::from_mut(&mut t), 1).unwrap(),
+            pump(decode, prefill, std::slice::from_mut(&mut t), 1).unwrap(),
             vec![Arrival::Bulk { bytes: 1 << 20 }]
         );
-        wait(&prefill, &mut t);
+        wait(prefill, &mut t);
         assert!(t.elapsed().is_some());
         assert_eq!(&host_mem.bytes()[..1 << 20], staging.bytes());
         host_mem.bytes_mut().fill(0);
@@ -299,13 +340,10 @@ fn a_packed_write_lands_as_the_page_by_page_write_does() {
     if !nixl_here("a_packed_write_lands_as_the_page_by_page_write_does") {
         return;
     }
-    let kv = kv();
     let (host, dev) = (
-        PoolGeometry::host(&kv).unwrap(),
-        PoolGeometry::device(&kv).unwrap(),
+        PoolGeometry::host(&kv()).unwrap(),
+        PoolGeometry::device(&kv()).unwrap(),
     );
-    let host_mem = Memory::new(host.pool_bytes, 0xEE);
-    let mut dev_mem = Memory::new(dev.pool_bytes, 0x11);
     // 5 pages, the last partial: host blocks 10..=12 one run per layer, then two single blocks.
     let m = PageManifest {
         request: 21,
@@ -316,32 +354,21 @@ fn a_packed_write_lands_as_the_page_by_page_write_does() {
         .map(|k| vec![200 + k, 17, 18 + 5 * k, 399 - k, 1])
         .collect();
     let lists: Vec<&[u32]> = sources.iter().map(|v| &v[..]).collect();
-    fill_source(&mut dev_mem, &dev, m.request, &lists);
     let staging_len = hisparse_nixl::staging_bytes_for(&host, m.tokens);
     let mut staging = Memory::new(staging_len, 0);
-    let pid = std::process::id();
-    // SAFETY: the memories outlive the sides; only the issued manifest's blocks are written.
-    let mut decode = unsafe {
-        DecodeSide::new(
-            &format!("packed-decode-{pid}"),
-            host_mem.region(),
-            host.clone(),
-        )
-    }
-    .unwrap();
-    // SAFETY: as above; the staging buffer is not changed while the write runs.
-    let mut prefill = unsafe {
-        PrefillSide::new(
-            &format!("packed-prefill-{pid}"),
-            dev_mem.region(),
-            dev.clone(),
-            decode.offer().unwrap(),
-        )
-    }
-    .unwrap();
-    // SAFETY: as above.
-    unsafe { prefill.register(staging.region()).unwrap() };
-    decode.accept_from(prefill.name());
+    let mut pair = Pair::new("packed", 0xEE, 0x11, |mem, dev| {
+        fill_source(mem, dev, m.request, &lists)
+    });
+    // SAFETY: the staging memory outlives the sides (dropped after `pair`, declared before it);
+    // it is not changed while the write from it runs.
+    unsafe { pair.prefill.register(staging.region()).unwrap() };
+    let Pair {
+        decode,
+        prefill,
+        host_mem,
+        dev_mem,
+        ..
+    } = &mut pair;
     decode.issue(m.clone()).unwrap();
     let plan = prefill.plan_packed(&m, &lists, staging_len).unwrap();
     assert!(matches!(
@@ -357,25 +384,13 @@ fn a_packed_write_lands_as_the_page_by_page_write_does() {
     let mut t = prefill.send_packed(&staging.region(), &plan).unwrap();
     assert_eq!(t.descriptors(), 3 * host.layers.len() as u64);
     assert_eq!(
-        pump(&mut decode, &prefill, std::slice::from_mut(&mut t), 1).unwrap(),
+        pump(decode, prefill, std::slice::from_mut(&mut t), 1).unwrap(),
         vec![Arrival::Import(m.clone())]
     );
-    wait(&prefill, &mut t);
+    wait(prefill, &mut t);
     assert_eq!(t.bytes(), host.request_bytes(m.pages()));
-    let mut expected = vec![0xEEu8; host.pool_bytes as usize];
-    for l in &host.layers {
-        for (p, &b) in m.host_blocks.iter().enumerate() {
-            let at = (l.base + u64::from(b) * l.block_stride) as usize;
-            for i in 0..l.page_bytes {
-                expected[at + i as usize] = page_byte(m.request, l.layer, p as u32, i);
-            }
-        }
-    }
-    let wrong = host_mem.bytes()[..expected.len()]
-        .iter()
-        .zip(&expected)
-        .filter(|(a, b)| a != b)
-        .count();
+    let expected = expected_pool(&host, 0xEE, std::slice::from_ref(&m));
+    let wrong = bytes_differing(host_mem.bytes(), &expected);
     assert_eq!(wrong, 0, "{wrong} bytes of the decode pool differ");
 }
 
@@ -385,34 +400,14 @@ fn a_write_nobody_assigned_is_refused_on_arrival() {
     if !nixl_here("a_write_nobody_assigned_is_refused_on_arrival") {
         return;
     }
+    let mut pair = Pair::new("strict", 0, 0, |_, _| {});
     let kv = kv();
-    let (host, dev) = (
-        PoolGeometry::host(&kv).unwrap(),
-        PoolGeometry::device(&kv).unwrap(),
-    );
-    let host_mem = Memory::new(host.pool_bytes, 0);
-    let dev_mem = Memory::new(dev.pool_bytes, 0);
-    let pid = std::process::id();
-    // SAFETY: the memories outlive the sides.
-    let mut decode = unsafe {
-        DecodeSide::new(
-            &format!("strict-decode-{pid}"),
-            host_mem.region(),
-            host.clone(),
-        )
-    }
-    .unwrap();
-    // SAFETY: as above.
-    let prefill = unsafe {
-        PrefillSide::new(
-            &format!("strict-prefill-{pid}"),
-            dev_mem.region(),
-            dev,
-            decode.offer().unwrap(),
-        )
-    }
-    .unwrap();
-    decode.accept_from(prefill.name());
+    let Pair {
+        decode,
+        prefill,
+        host,
+        ..
+    } = &mut pair;
     let issued = PageManifest {
         request: 1,
         tokens: 10,
@@ -451,6 +446,6 @@ fn a_write_nobody_assigned_is_refused_on_arrival() {
         std::thread::sleep(Duration::from_millis(1));
     };
     assert_eq!(err, PdError::UnexpectedNotice { request: 2 });
-    wait(&prefill, &mut t);
+    wait(prefill, &mut t);
     assert_eq!(decode.outstanding(), 1);
 }
