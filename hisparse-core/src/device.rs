@@ -36,9 +36,10 @@
 //! A backend whose work runs eagerly on the calling thread (the CPU backend) meets these rules
 //! trivially: every event has completed when it is recorded.
 //!
-//! The decode-path operations ([`Device::remap`], `Device::resolve` (with `alloc`), [`Device::gather_rows`],
-//! [`Device::invalidate`], [`Device::compressed_slot_mapping`]) take only device buffers and must
-//! not synchronise with the host, so a GPU backend can capture them in a graph.
+//! The decode-path operations ([`Device::remap`], `Device::resolve` and
+//! `Device::resolve_and_gather` (with `alloc`), [`Device::gather_rows`], [`Device::invalidate`],
+//! [`Device::compressed_slot_mapping`]) take only device buffers and must not synchronise with
+//! the host, so a GPU backend can capture them in a graph.
 //!
 //! Bulk copies take byte offsets checked by [`crate::ops::copy::check_bulk_copy`].
 
@@ -50,7 +51,7 @@ use crate::ops::{
     SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 #[cfg(feature = "alloc")]
-use crate::ops::{ResolveArgs, ResolveDesc};
+use crate::ops::{LayerPair, ResolveArgs, ResolveDesc};
 
 /// Free memory a device reports ([`Device::memory_info`]), so callers can check a budget before
 /// any memory is taken.
@@ -408,6 +409,93 @@ pub trait Device {
         desc: &ResolveDesc,
         args: ResolveArgs<'_, Self::Buffer>,
     ) -> Result<(), Self::Error>;
+
+    /// The swap-in critical path in one call ([`crate::ops::swap_in::resolve_and_gather`]):
+    /// [`Device::resolve`] of `desc` with `args`, then [`Device::gather_rows`] of the miss plan
+    /// it wrote (`args.miss_src`, `args.miss_dst`, `args.miss_counts`; the call's token rows and
+    /// top-k, [`crate::ops::swap_in::plan_gather`]) from `host` into `device` for every layer of
+    /// `layers`.
+    ///
+    /// * **Results.** Byte for byte those of that pair of calls enqueued one after the other on
+    ///   `stream`: every output (indices, valid, hit and miss counts, the miss plan — the plan
+    ///   buffers hold the plan afterwards, so a follower can still apply it with
+    ///   [`Device::gather_rows`]), the `dgi` and LRU rows, and every byte of `device` (rows the
+    ///   plan does not name are not touched).
+    /// * **`layers`.** The layer pairs the plan is applied to: the index group's leader alone,
+    ///   or the leader and its followers (every layer that reads the leader's hot slots). Not
+    ///   empty; each layer must lie inside `host` and `device`.
+    /// * **Checks.** Both halves are checked ([`crate::ops::swap_in::check`]) before anything is
+    ///   enqueued: a refused call leaves the hot state, the outputs and the pools as they were.
+    /// * **Ordering.** One decode-path operation on `stream` under the module's stream and event
+    ///   rules: it sees all work enqueued on `stream` before it, work enqueued after it sees all
+    ///   its writes (the resolve's and the gather's), an event recorded after it captures both;
+    ///   no host synchronisation, so it can be captured in a graph.
+    ///
+    /// The provided implementation is exactly that pair on `stream`. Backends override it to
+    /// overlap the two (a request's missed rows copied while others still resolve).
+    #[cfg(feature = "alloc")]
+    fn resolve_and_gather(
+        &self,
+        stream: &Self::Stream,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, Self::Buffer>,
+        layers: &[LayerPair],
+        host: &Self::HostBuffer,
+        device: &mut Self::Buffer,
+    ) -> Result<(), Self::Error> {
+        crate::ops::swap_in::check(
+            desc,
+            &args.sizes(),
+            layers,
+            host.byte_len(),
+            device.byte_len(),
+        )?;
+        let ResolveArgs {
+            req_id,
+            topk,
+            resident_table,
+            host_table,
+            hot_table,
+            dgi,
+            lru,
+            indices,
+            valid_counts,
+            hit_counts,
+            miss_counts,
+            miss_src,
+            miss_dst,
+        } = args;
+        self.resolve(
+            stream,
+            desc,
+            ResolveArgs {
+                req_id,
+                topk,
+                resident_table,
+                host_table,
+                hot_table,
+                dgi,
+                lru,
+                indices,
+                valid_counts,
+                hit_counts,
+                miss_counts: &mut *miss_counts,
+                miss_src: &mut *miss_src,
+                miss_dst: &mut *miss_dst,
+            },
+        )?;
+        self.gather_rows(
+            stream,
+            &crate::ops::swap_in::plan_gather(desc, layers),
+            GatherArgs {
+                plan_src: miss_src,
+                plan_dst: miss_dst,
+                plan_counts: miss_counts,
+                host,
+                device,
+            },
+        )
+    }
 
     /// Executes a miss plan: host rows → hot rows, for every layer of `desc`
     /// ([`crate::ops::copy::gather_rows`]).

@@ -17,6 +17,7 @@ mod remap_modes;
 mod resolve;
 mod slot_mapping;
 mod streams;
+mod swap_in;
 mod tables;
 
 /// Every case of the suite, in a stable order, for backend `D`.
@@ -25,6 +26,7 @@ pub fn cases<D: Device + 'static>() -> Vec<Case<D>> {
     remap::cases(&mut v);
     remap_modes::cases(&mut v);
     resolve::cases(&mut v);
+    swap_in::cases(&mut v);
     copies::cases(&mut v);
     invalidate::cases(&mut v);
     slot_mapping::cases(&mut v);

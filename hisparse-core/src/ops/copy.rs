@@ -268,26 +268,41 @@ impl GatherDesc<'_> {
         &self,
         args: &GatherArgs<'_, B, H, D>,
     ) -> Result<(), OpError> {
+        self.check_lens(
+            args.plan_src.byte_len(),
+            args.plan_dst.byte_len(),
+            args.plan_counts.byte_len(),
+            args.host.byte_len(),
+            args.device.byte_len(),
+        )
+    }
+
+    /// [`GatherDesc::check`] over the buffers' byte lengths: `plan_src`, `plan_dst`,
+    /// `plan_counts`, the host pool and the device pool, in that order (for callers that check
+    /// a gather before its plan buffers can be borrowed, as `swap_in::check` does).
+    pub fn check_lens(
+        &self,
+        plan_src: u64,
+        plan_dst: u64,
+        plan_counts: u64,
+        host: u64,
+        device: u64,
+    ) -> Result<(), OpError> {
         const OP: OpName = OpName::GatherRows;
         nonzero(OP, "top_k", self.top_k.into())?;
         // Plan counts are `i32`: a row cannot hold more entries than they count.
         in_range(OP, "top_k", self.top_k.into(), 1, i32::MAX as u64)?;
         let tk = mul(OP, "plan", self.num_tokens.into(), self.top_k.into())?;
-        need(OP, "plan_src", args.plan_src.byte_len(), tk, I32_BYTES)?;
-        need(OP, "plan_dst", args.plan_dst.byte_len(), tk, I32_BYTES)?;
+        need(OP, "plan_src", plan_src, tk, I32_BYTES)?;
+        need(OP, "plan_dst", plan_dst, tk, I32_BYTES)?;
         need(
             OP,
             "plan_counts",
-            args.plan_counts.byte_len(),
+            plan_counts,
             self.num_tokens.into(),
             I32_BYTES,
         )?;
-        check_layers(
-            OP,
-            self.layers,
-            args.host.byte_len(),
-            args.device.byte_len(),
-        )
+        check_layers(OP, self.layers, host, device)
     }
 }
 

@@ -20,6 +20,8 @@ pub mod remap;
 #[cfg(feature = "alloc")]
 pub mod resolve;
 pub mod slot_mapping;
+#[cfg(feature = "alloc")]
+pub mod swap_in;
 pub mod table;
 
 pub use copy::{
