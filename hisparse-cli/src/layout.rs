@@ -2,8 +2,8 @@
 
 use hisparse_core::config::{ConfigError, HiSparseConfig};
 use hisparse_core::layout::{
-    CapacityLimit, CapacityReport, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError,
-    LayoutInput, LayoutReport, NodeHostMemory, capacity_contexts, plan_layout,
+    CapacityLimit, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError, LayoutInput, LayoutReport,
+    LayoutWarning, capacity_contexts, plan_layout,
 };
 use hisparse_core::model::{ModelSpec, OwnedModel, RegularKind};
 use hisparse_core::presets;
@@ -224,14 +224,7 @@ pub fn run(a: &LayoutArgs) -> CliResult<()> {
     if a.json {
         crate::emit(&to_json(&report));
     } else {
-        crate::emit(&to_text(
-            &model,
-            &kv,
-            &report.capacity,
-            gpu,
-            host,
-            report.host_memory,
-        ));
+        crate::emit(&to_text(&model, &report, &LAYOUT_FLAGS));
     }
     Ok(())
 }
@@ -329,15 +322,38 @@ fn kind_label(g: &KvCacheGroup) -> &'static str {
     }
 }
 
-/// The plan as text.
-pub fn to_text(
-    model: &ModelSpec<'_>,
-    kv: &KvCacheConfig,
-    caps: &[CapacityReport],
-    gpu: u64,
-    host: u64,
-    node: NodeHostMemory,
-) -> String {
+/// A plan's warning as one line naming the command-line flags to change.
+pub fn warning_text(w: &LayoutWarning, flags: &PlanFlags<'_>) -> String {
+    match *w {
+        LayoutWarning::MaxModelLenPrefillNeverFits {
+            max_model_len,
+            needed_blocks,
+            gpu_blocks,
+            max_prefill_context,
+            bytes_per_block,
+        } => format!(
+            "warning: a {length} {max_model_len}-token prompt cannot be prefilled: exact prefill \
+             holds its whole context on the GPU ({needed_blocks} blocks) but the pool has \
+             {gpu_blocks}; prompts up to {max_prefill_context} tokens prefill, longer ones are \
+             refused (PrefillNeverFits); raise {gpu} to at least {} or lower {shorten} to \
+             {max_prefill_context}",
+            human((needed_blocks + 1).saturating_mul(bytes_per_block)),
+            length = flags.length,
+            gpu = flags.gpu,
+            shorten = flags.shorten,
+        ),
+        other => format!("warning: {other}"),
+    }
+}
+
+/// The plan as text; warnings name the flags in `flags`.
+pub fn to_text(model: &ModelSpec<'_>, report: &LayoutReport<'_>, flags: &PlanFlags<'_>) -> String {
+    let kv = report.layout;
+    let (gpu, host, node) = (
+        report.gpu_mem_bytes,
+        report.host_mem_bytes,
+        report.host_memory,
+    );
     let mut s = String::new();
     let sparse = model.num_sparse_layers();
     let source_page = kv.groups[0].layers.first().map_or(0, |l| l.page_bytes);
@@ -446,22 +462,37 @@ pub fn to_text(
         followers,
         ranges(kv.index_groups.iter().map(|g| g.leader)),
     );
-    s += "\ncapacity (concurrent requests that fit):\n";
+    s += "\ncapacity (concurrent requests that fit; prefill: whether one request's prefill, which holds its whole context on the GPU, fits the pool):\n";
     s += &format!(
-        "  {:>7}  {:>10}  {:>10}  {:>16}  {:>16}  {:>10}  limited by\n",
-        "context", "all-on-GPU", "HiSparse", "GPU blk/req all", "GPU blk/req HS", "host fits"
+        "  {:>7}  {:>10}  {:>10}  {:>16}  {:>16}  {:>10}  {:>7}  limited by\n",
+        "context",
+        "all-on-GPU",
+        "HiSparse",
+        "GPU blk/req all",
+        "GPU blk/req HS",
+        "host fits",
+        "prefill"
     );
-    for c in caps {
+    for c in &report.capacity {
         s += &format!(
-            "  {:>7}  {:>10}  {:>10}  {:>16}  {:>16}  {:>10}  {}\n",
+            "  {:>7}  {:>10}  {:>10}  {:>16}  {:>16}  {:>10}  {:>7}  {}\n",
             tokens(c.context_len),
             c.all_on_gpu_max,
             c.hisparse_max,
             c.gpu_blocks_per_request.all_on_gpu,
             c.gpu_blocks_per_request.hisparse,
             c.host_max,
+            if c.prefill_fits { "fits" } else { "NO" },
             limit_text(c.limit)
         );
+    }
+    s += &format!(
+        "longest prompt whose prefill fits: {} tokens (max_model_len {})\n",
+        report.max_prefill_context, kv.max_model_len
+    );
+    for w in &report.warnings {
+        s += &warning_text(w, flags);
+        s += "\n";
     }
     s
 }

@@ -68,6 +68,63 @@ fn layout_text_has_groups_and_a_capacity_table() {
     }
 }
 
+/// A GPU budget that holds a 128K request's HiSparse decode but not its prefill (which holds the
+/// whole context on the GPU): the capacity table says so per context, the report names the
+/// longest prompt that prefills, and the plan warns (a typed field in the JSON, a line naming
+/// the flags in the text), exiting 0.
+#[test]
+fn layout_warns_when_max_model_len_cannot_be_prefilled() {
+    let args = [
+        "--preset",
+        "deepseek-v3.2",
+        "--gpu-mem",
+        "4GiB",
+        "--max-model-len",
+        "131072",
+    ];
+    let j = layout_json(&args);
+    let caps = j["capacity"].as_array().expect("capacity is a list");
+    let fits: Vec<_> = caps
+        .iter()
+        .map(|c| (c["context_len"].clone(), c["prefill_fits"].clone()))
+        .collect();
+    assert_eq!(
+        fits,
+        [
+            (8192.into(), true.into()),
+            (32768.into(), true.into()),
+            (131072.into(), false.into())
+        ]
+    );
+    assert_eq!(caps[2]["prefill_gpu_blocks"], 7 * 2048);
+    assert!(caps[2]["host_max"].as_u64().unwrap() >= 1);
+    let longest = j["max_prefill_context"].as_u64().unwrap();
+    assert!((32768..131072).contains(&longest), "{longest}");
+    let w = &j["warnings"][0];
+    assert_eq!(w["kind"], "max_model_len_prefill_never_fits", "{j}");
+    assert_eq!(w["max_prefill_context"], longest);
+    let mut text = vec!["layout"];
+    text.extend(args);
+    let o = hisparse(&text);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_else(|| panic!("no warning line:\n{out}"));
+    assert!(
+        line.contains("--gpu-mem") && line.contains(&format!("--max-model-len to {longest}")),
+        "{line}"
+    );
+    assert!(out.contains(&format!(
+        "longest prompt whose prefill fits: {longest} tokens"
+    )));
+    // The default 80 GiB holds the 128K prefill: no warning.
+    let j = layout_json(&["--preset", "deepseek-v3.2"]);
+    assert_eq!(j["warnings"].as_array().map(Vec::len), Some(0));
+    assert_eq!(j["max_prefill_context"], 131072);
+}
+
 /// A preset written with `--print-model` and read back with `--model` plans the same layout; a
 /// malformed model file is one line naming the file.
 #[test]

@@ -84,3 +84,16 @@ def test_bad_inputs_are_typed_errors(kwargs, says):
     assert e.value.kind == "invalid argument"
     assert says in e.value.message, e.value.message
     assert isinstance(e.value, hisparse.HiSparseError)
+
+
+def test_capacity_says_whether_one_requests_prefill_fits():
+    # 4 GiB holds a 128K request's HiSparse decode but not its prefill (the whole context on the GPU).
+    layout = hisparse.plan_layout("deepseek-v3.2", gpu_mem=4 * hisparse.GiB)
+    d = layout.to_dict()
+    assert [c["prefill_fits"] for c in d["capacity"]] == [True, True, False]
+    assert d["capacity"][2]["prefill_gpu_blocks"] == 7 * 2048
+    assert d["max_prefill_context"] == 71936
+    assert d["warnings"][0]["kind"] == "max_model_len_prefill_never_fits"
+    assert d["warnings"][0]["max_prefill_context"] == 71936
+    assert layout.capacity(131072)["prefill_fits"] is False
+    assert hisparse.plan_layout("deepseek-v3.2").to_dict()["warnings"] == []

@@ -80,20 +80,20 @@ impl Coordinator {
     }
 
     /// Admission's form of [`Coordinator::check_prefill_fits`]: a prompt of `tokens` tokens
-    /// whose prefill could never hold its context on the GPU.
+    /// whose prefill could never hold its context on the GPU. The rule is the layout's
+    /// ([`KvCacheConfig::prefill_gpu_blocks`](crate::layout::KvCacheConfig::prefill_gpu_blocks)),
+    /// so the capacity table and the layout's warnings say what admission does.
     pub(super) fn check_prompt_prefill_fits(
         &self,
         id: RequestId,
         tokens: u32,
     ) -> Result<(), CoordError> {
-        let needed = self.kv.gpu_blocks_per_request(tokens).all_on_gpu;
-        let capacity = u64::from(self.kv.num_gpu_blocks) - 1;
-        if needed > capacity {
+        if !self.kv.prefill_fits(tokens) {
             return Err(CoordError::PrefillNeverFits {
                 id,
                 context_tokens: tokens,
-                needed,
-                capacity,
+                needed: self.kv.prefill_gpu_blocks(tokens),
+                capacity: u64::from(self.kv.num_gpu_blocks) - 1,
             });
         }
         Ok(())

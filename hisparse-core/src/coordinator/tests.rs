@@ -938,3 +938,42 @@ fn imported_request_restores_its_pages_when_a_hot_region_never_fits() {
     assert_eq!(c.gpu_pool().num_held(), 0);
     assert_eq!(c.host_pool().num_held(), 0);
 }
+
+/// Admission refuses exactly the prompts the layout's capacity table says cannot be prefilled
+/// (one rule: `KvCacheConfig::prefill_gpu_blocks`): on a DeepSeek V3.2 layout whose host pool
+/// holds 128K but whose GPU pool holds only its HiSparse decode, and on a DeepSeek V4 layout
+/// (regular and sliding-window groups).
+#[test]
+fn admission_refuses_the_prompts_the_layout_says_never_prefill() {
+    use crate::presets::{DEEPSEEK_V4, DEEPSEEK_V32};
+    for (model, len, blocks) in [(DEEPSEEK_V32, 131072, 7869), (DEEPSEEK_V4, 65536, 1500)] {
+        let cfg = HiSparseConfig::new(model.top_k, 512 << 30);
+        let mut input = LayoutInput::new(&model, &cfg, 0, len);
+        input.num_gpu_blocks_override = Some(blocks);
+        let kv = plan_layout(&input).unwrap();
+        assert!(!kv.prefill_fits(len) && kv.capacity(len).host_max >= 1);
+        let longest = kv.max_prefill_context();
+        assert!(longest > 0 && longest < len);
+        let mut c = Coordinator::new(kv, CoordinatorConfig::default()).unwrap();
+        let mut id = 0;
+        for tokens in [1, longest / 2, longest, longest + 1, len] {
+            id += 1;
+            let fits = c.layout().prefill_fits(tokens);
+            assert_eq!(fits, tokens <= longest);
+            match c.admit(id, &toks(tokens)) {
+                Ok(()) => {
+                    assert!(fits, "{} admitted {tokens} tokens", model.name);
+                    c.finish(id).unwrap();
+                }
+                Err(CoordError::PrefillNeverFits {
+                    needed, capacity, ..
+                }) => {
+                    assert!(!fits, "{} refused {tokens} tokens", model.name);
+                    assert_eq!(needed, c.layout().prefill_gpu_blocks(tokens));
+                    assert_eq!(capacity, u64::from(blocks) - 1);
+                }
+                Err(e) => panic!("{}: {tokens} tokens: {e}", model.name),
+            }
+        }
+    }
+}

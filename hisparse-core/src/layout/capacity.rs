@@ -1,5 +1,7 @@
-//! What a layout holds: GPU blocks per request and requests per context length.
+//! What a layout holds: GPU blocks per request, requests per context length, and whether one
+//! request's prefill fits the GPU pool.
 
+use alloc::vec::Vec;
 use core::fmt;
 
 use super::{ACTIVE_TAIL_PAGES, KvCacheConfig};
@@ -61,6 +63,12 @@ pub struct CapacityReport {
     pub hisparse_max: u64,
     /// The tier that limits `hisparse_max`.
     pub limit: CapacityLimit,
+    /// GPU blocks one request's exact prefill at this context holds at once
+    /// ([`KvCacheConfig::prefill_gpu_blocks`]).
+    pub prefill_gpu_blocks: u64,
+    /// Whether one request's prefill at this context fits the GPU pool (the coordinator admits
+    /// the prompt; otherwise it refuses it with `CoordError::PrefillNeverFits`).
+    pub prefill_fits: bool,
 }
 
 impl fmt::Display for CapacityReport {
@@ -89,6 +97,56 @@ impl fmt::Display for CapacityReport {
             CapacityLimit::AllOnGpu => f.write_str(
                 "nothing HiSparse can improve: at this context every page fits on the GPU, and hot regions would cost more than they free",
             ),
+        }?;
+        if !self.prefill_fits {
+            write!(
+                f,
+                "; its prefill never fits: it holds the whole context on the GPU ({} blocks of {})",
+                self.prefill_gpu_blocks, self.gpu_blocks
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Something a plan allows but a user should know: [`KvCacheConfig::warnings`] (in the layout
+/// report, `hisparse layout` and `Layout.to_dict()`). Messages say what to change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(tag = "kind", rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum LayoutWarning {
+    /// The GPU pool holds a `max_model_len` request under HiSparse (its decode fits) but not
+    /// its prefill, which reads the whole context on the GPU: the coordinator refuses prompts
+    /// longer than `max_prefill_context` (`CoordError::PrefillNeverFits`).
+    MaxModelLenPrefillNeverFits {
+        /// The layout's longest request, in tokens.
+        max_model_len: u32,
+        /// GPU blocks its prefill holds at once ([`KvCacheConfig::prefill_gpu_blocks`]).
+        needed_blocks: u64,
+        /// Usable GPU blocks (null block excluded).
+        gpu_blocks: u64,
+        /// The longest prompt whose prefill fits ([`KvCacheConfig::max_prefill_context`]).
+        max_prefill_context: u32,
+        /// Bytes per GPU block.
+        bytes_per_block: u64,
+    },
+}
+
+impl fmt::Display for LayoutWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            LayoutWarning::MaxModelLenPrefillNeverFits {
+                max_model_len,
+                needed_blocks,
+                gpu_blocks,
+                max_prefill_context,
+                bytes_per_block,
+            } => write!(
+                f,
+                "layout: a max_model_len ({max_model_len}-token) prompt cannot be prefilled: exact prefill holds its whole context on the GPU ({needed_blocks} blocks) but the GPU pool has {gpu_blocks}; prompts up to {max_prefill_context} tokens prefill, longer ones are refused (PrefillNeverFits); raise the GPU budget to at least {} B or lower max_model_len to {max_prefill_context}",
+                (needed_blocks + 1).saturating_mul(bytes_per_block)
+            ),
         }
     }
 }
@@ -111,6 +169,56 @@ impl KvCacheConfig {
                 .saturating_add(b.saturating_mul(pages.min(u64::from(ACTIVE_TAIL_PAGES))))
                 .saturating_add(b.saturating_mul(u64::from(self.hot_blocks_per_request))),
         }
+    }
+
+    /// GPU blocks exact prefill of a `context_len`-token prompt holds at once: its last chunk
+    /// reads every earlier page through the resident table (pages that are not on the GPU are
+    /// staged there) and writes its own, so the whole context sits in the indexer, resident and
+    /// regular groups together (sliding windows only their window) — the blocks of
+    /// [`GpuBlocksPerRequest::all_on_gpu`]. No hot region: once staged nothing it reads is on
+    /// host. This is the coordinator's admission rule (`CoordError::PrefillNeverFits` above the
+    /// usable pool); [`KvCacheConfig::capacity`] and [`KvCacheConfig::warnings`] report it.
+    pub fn prefill_gpu_blocks(&self, context_len: u32) -> u64 {
+        self.gpu_blocks_per_request(context_len).all_on_gpu
+    }
+
+    /// Whether one request's prefill of a `context_len`-token prompt fits the usable GPU pool
+    /// (null block excluded): [`KvCacheConfig::prefill_gpu_blocks`] against it.
+    pub fn prefill_fits(&self, context_len: u32) -> bool {
+        self.prefill_gpu_blocks(context_len) <= u64::from(self.num_gpu_blocks).saturating_sub(1)
+    }
+
+    /// The longest prompt, up to `max_model_len`, whose prefill fits the GPU pool
+    /// ([`KvCacheConfig::prefill_fits`]); 0 when not even one token's does.
+    pub fn max_prefill_context(&self) -> u32 {
+        // `prefill_gpu_blocks` grows with the context: bisect for the last length that fits.
+        let (mut lo, mut hi) = (0u32, self.max_model_len);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.prefill_fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// What the plan allows but a user should know (empty for most plans): a `max_model_len`
+    /// prompt whose prefill the GPU pool cannot hold
+    /// ([`LayoutWarning::MaxModelLenPrefillNeverFits`]).
+    pub fn warnings(&self) -> Vec<LayoutWarning> {
+        let mut w = Vec::new();
+        if !self.prefill_fits(self.max_model_len) {
+            w.push(LayoutWarning::MaxModelLenPrefillNeverFits {
+                max_model_len: self.max_model_len,
+                needed_blocks: self.prefill_gpu_blocks(self.max_model_len),
+                gpu_blocks: u64::from(self.num_gpu_blocks).saturating_sub(1),
+                max_prefill_context: self.max_prefill_context(),
+                bytes_per_block: self.bytes_per_block,
+            });
+        }
+        w
     }
 
     /// Max concurrent requests at `context_len` tokens, all-on-GPU vs HiSparse, and why.
@@ -141,6 +249,8 @@ impl KvCacheConfig {
             host_max,
             hisparse_max,
             limit,
+            prefill_gpu_blocks: self.prefill_gpu_blocks(context_len.max(1)),
+            prefill_fits: self.prefill_fits(context_len.max(1)),
         }
     }
 }

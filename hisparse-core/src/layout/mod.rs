@@ -448,7 +448,7 @@ mod plan;
 mod report;
 mod validate;
 
-pub use capacity::{CapacityLimit, CapacityReport, GpuBlocksPerRequest};
+pub use capacity::{CapacityLimit, CapacityReport, GpuBlocksPerRequest, LayoutWarning};
 pub use plan::plan_layout;
 pub use report::{LayoutReport, NodeHostMemory, capacity_contexts};
 

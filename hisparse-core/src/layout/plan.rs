@@ -6,6 +6,12 @@ use alloc::vec::Vec;
 use super::*;
 
 /// Plans the layout. See the module docs for the rules.
+///
+/// A plan whose GPU pool holds a `max_model_len` request under HiSparse but not its prefill
+/// (which reads the whole context on the GPU) is still returned — shorter prompts prefill, and
+/// the pool's decode capacity is what it is — with
+/// [`LayoutWarning::MaxModelLenPrefillNeverFits`] among [`KvCacheConfig::warnings`] (and in the
+/// [`LayoutReport`](super::LayoutReport)).
 pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError> {
     let model = input.model;
     model.validate()?;

@@ -4,7 +4,7 @@
 
 use alloc::vec::Vec;
 
-use super::{CapacityReport, KvCacheConfig};
+use super::{CapacityReport, KvCacheConfig, LayoutWarning};
 
 /// Host memory the tensor-parallel ranks of a node take: every rank addresses one pool; with a
 /// shared pool ([`KvCacheConfig::shared_host_pool`]) the node pins it once, otherwise once per
@@ -74,8 +74,13 @@ pub struct LayoutReport<'a> {
     pub host_memory: NodeHostMemory,
     /// GPU bytes of one request's hot regions (every bucket).
     pub hot_bytes_per_request: u64,
-    /// Requests that fit at each context length.
+    /// Requests that fit at each context length (and whether one request's prefill does).
     pub capacity: Vec<CapacityReport>,
+    /// The longest prompt, up to `max_model_len`, whose prefill fits the GPU pool
+    /// ([`KvCacheConfig::max_prefill_context`]).
+    pub max_prefill_context: u32,
+    /// What the plan allows but a user should know ([`KvCacheConfig::warnings`]).
+    pub warnings: Vec<LayoutWarning>,
 }
 
 impl<'a> LayoutReport<'a> {
@@ -100,6 +105,8 @@ impl<'a> LayoutReport<'a> {
             host_memory: NodeHostMemory::of(kv, tp),
             hot_bytes_per_request: hot_blocks.saturating_mul(kv.bytes_per_block),
             capacity: contexts.iter().map(|&c| kv.capacity(c)).collect(),
+            max_prefill_context: kv.max_prefill_context(),
+            warnings: kv.warnings(),
         }
     }
 }

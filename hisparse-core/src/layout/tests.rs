@@ -124,6 +124,50 @@ fn v32_capacity() {
     assert!(std::format!("{c}").contains("limited by"));
 }
 
+/// A layout whose host pool holds a 128K request and whose GPU pool holds its HiSparse decode
+/// but not its prefill (which holds the whole context on the GPU): the capacity table says so
+/// per context, the report names the longest prompt that prefills, and the plan warns.
+#[test]
+fn capacity_says_whether_one_requests_prefill_fits() {
+    let kv = plan(&DEEPSEEK_V32, 512 * GIB, 4 * GIB, 131072).unwrap();
+    let gpu = 4 * GIB / 545792 - 1;
+    let c128 = kv.capacity(131072);
+    assert!(c128.host_max >= 1 && c128.hisparse_max >= 1, "{c128}");
+    // 2048 pages: 2048 indexer + 6 * 2048 resident blocks at once.
+    assert_eq!(c128.prefill_gpu_blocks, 7 * 2048);
+    assert!(!c128.prefill_fits);
+    assert!(
+        std::format!("{c128}").contains("prefill never fits"),
+        "{c128}"
+    );
+    let c8 = kv.capacity(8192);
+    assert!(c8.prefill_fits && c8.prefill_gpu_blocks == 7 * 128);
+    // The longest prompt that prefills: 7 blocks per 64-token page.
+    let longest = kv.max_prefill_context();
+    assert_eq!(longest, (gpu / 7) as u32 * 64);
+    assert!(kv.prefill_fits(longest) && !kv.prefill_fits(longest + 1));
+    let w = kv.warnings();
+    assert_eq!(
+        w,
+        [LayoutWarning::MaxModelLenPrefillNeverFits {
+            max_model_len: 131072,
+            needed_blocks: 7 * 2048,
+            gpu_blocks: gpu,
+            max_prefill_context: longest,
+            bytes_per_block: 545792,
+        }]
+    );
+    let text = std::format!("{}", w[0]);
+    assert!(
+        text.contains("raise the GPU budget") && text.contains(&std::format!("{longest}")),
+        "{text}"
+    );
+    // A pool that holds the prefill: no warning, and the longest prompt is max_model_len.
+    let kv = plan(&DEEPSEEK_V32, 512 * GIB, 80 * GIB, 131072).unwrap();
+    assert!(kv.warnings().is_empty() && kv.capacity(131072).prefill_fits);
+    assert_eq!(kv.max_prefill_context(), 131072);
+}
+
 /// GLM-5's index schedule (`index_topk_freq` 4, `index_skip_topk_offset` 3): 21 index
 /// groups with leaders at 0, 1, 2, 6, 10, …, 74.
 #[test]
@@ -609,6 +653,22 @@ fn layout_report_puts_the_plan_beside_budgets_pools_and_capacity() {
     );
     assert_eq!(v["capacity"].as_array().unwrap().len(), contexts.len());
     assert_eq!(v["capacity"][1]["context_len"], 32768);
+    assert_eq!(v["capacity"][2]["prefill_fits"], true);
+    assert_eq!(v["max_prefill_context"], 131072);
+    assert_eq!(v["warnings"].as_array().map(Vec::len), Some(0));
+    let small = plan(&DEEPSEEK_V32, 512 * GIB, 4 * GIB, 131072).unwrap();
+    let v =
+        serde_json::to_value(LayoutReport::new(&small, 4 * GIB, 512 * GIB, 1, &contexts)).unwrap();
+    assert_eq!(v["capacity"][2]["prefill_fits"], false);
+    assert_eq!(v["capacity"][2]["prefill_gpu_blocks"], 7 * 2048);
+    assert_eq!(v["max_prefill_context"], small.max_prefill_context());
+    assert_eq!(
+        v["warnings"][0]["kind"], "max_model_len_prefill_never_fits",
+        "{}",
+        v["warnings"]
+    );
+    assert_eq!(v["warnings"][0]["needed_blocks"], 7 * 2048);
+    let v = serde_json::to_value(&report).unwrap();
     // The plan's own fields read back from the report (extra keys ignored).
     let back: KvCacheConfig = serde_json::from_value(v).unwrap();
     assert_eq!(back, kv);
