@@ -22,7 +22,14 @@
 //!   that copied it is complete;
 //! * a prefill chunk (tokens below the request's prefill end) reads no null entry: every page
 //!   of its context is on the GPU, staged there from host when it was not, and a staged page
-//!   holds the host bytes it was restored from (checked like every GPU read).
+//!   holds the host bytes it was restored from (checked like every GPU read);
+//! * [`no_write_overwrites_an_only_copy`]: no GPU block this step hands out or writes before or
+//!   during its forward pass (residency updates, restores, GPU copy-on-write, hot regions,
+//!   indexer and regular columns, the forward's own rows) held a page of a running request,
+//!   other than the one it is now for, whose live rows are not durable on host. A command has
+//!   no device → host copies before its forward pass (spills and mirrors run after it), so no
+//!   in-flight transfer could save such a page: this is what makes `after_forward = false`
+//!   spills unnecessary, proven on every generated step.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -53,6 +60,7 @@ static IMPORTS: AtomicU64 = AtomicU64::new(0);
 static IMPORTED_STARTS: AtomicU64 = AtomicU64::new(0);
 static STAGED_PAGES: AtomicU64 = AtomicU64::new(0);
 static STAGED_READS: AtomicU64 = AtomicU64::new(0);
+static BLOCKS_REUSED_FROM_LIVE_PAGES: AtomicU64 = AtomicU64::new(0);
 const MAX_LEN: u32 = 48;
 
 #[derive(Clone, Debug)]
@@ -344,7 +352,161 @@ fn setup(p: &Params) -> Coordinator {
     .expect("coordinator")
 }
 
+/// A page of a running request that a GPU block holds before a command: (state row,
+/// request, page, bucket).
+type Holder = (usize, RequestId, usize, usize);
+
+/// A resident page a block is written for: (state row, page, bucket).
+type PageKey = (usize, usize, usize);
+
+/// GPU block → the pages of running requests its resident entries name before `cmd` (rows the
+/// command starts afresh excluded: what they held belonged to a request that is gone).
+fn gpu_holders(sh: &Shadow, c: &Coordinator, cmd: &OffloadCommand) -> HashMap<u32, Vec<Holder>> {
+    let mut holders: HashMap<u32, Vec<Holder>> = HashMap::new();
+    for id in c.running_ids() {
+        let Some(row) = c.slot_of(id) else { continue };
+        if cmd.started.contains(&row) {
+            continue;
+        }
+        let row = row as usize;
+        for (b, pages) in sh.resident[row].iter().enumerate() {
+            for (p, &blk) in pages.iter().enumerate() {
+                if blk != 0 {
+                    holders.entry(blk).or_default().push((row, id, p, b));
+                }
+            }
+        }
+    }
+    holders
+}
+
+/// The invariant behind "no spills before the forward pass" (docs/residency.md): every GPU
+/// block `cmd` writes before or during its forward pass — handed to a resident entry, restored
+/// into, the destination of a GPU copy-on-write, part of a hot region assigned, an indexer or
+/// regular column, or a resident row the forward writes — that held a page of a running
+/// request (`holders`, taken before the command) other than the page it is written for, held
+/// no row of that page that is not already durable on host: every token of the page below the
+/// request's computed count has its row in the page's host block, from a transfer every
+/// worker completed. The command carries no device → host copy before the forward, so a page
+/// failing this would lose its only copy. Call with the shadow's tables updated by `cmd`
+/// (before its copies and forward pass).
+fn no_write_overwrites_an_only_copy(
+    sh: &Shadow,
+    c: &Coordinator,
+    cmd: &OffloadCommand,
+    holders: &HashMap<u32, Vec<Holder>>,
+) -> Result<(), TestCaseError> {
+    if holders.is_empty() {
+        return Ok(());
+    }
+    let kv = c.layout();
+    let bt = kv.block_tokens;
+    let resident_base = 2u32;
+    // (block, the page it is written for when it is a resident page, what writes it).
+    let mut writes: Vec<(u32, Option<PageKey>, &str)> = Vec::new();
+    let mut page_of_block: HashMap<u32, PageKey> = HashMap::new();
+    for u in &cmd.residency {
+        if u.block != 0 {
+            let key = (
+                u.slot as usize,
+                u.page as usize,
+                (u.group - resident_base) as usize,
+            );
+            page_of_block.insert(u.block, key);
+            writes.push((u.block, Some(key), "a residency update"));
+        }
+    }
+    for t in &cmd.restores {
+        let key = page_of_block.get(&t.device_block).copied();
+        writes.push((t.device_block, key, "a restore"));
+    }
+    for pair in &cmd.gpu_cow {
+        writes.push((pair.dst, None, "a GPU copy-on-write"));
+    }
+    for a in &cmd.hot_assign {
+        for &blk in &a.blocks {
+            writes.push((blk, None, "a hot region"));
+        }
+    }
+    for u in &cmd.block_tables {
+        if u.block != 0 {
+            writes.push((u.block, None, "an indexer or regular block"));
+        }
+    }
+    for s in &cmd.scheduled {
+        let row = s.slot as usize;
+        let (p0, p1) = (
+            s.first_token / bt,
+            (s.first_token + s.num_tokens).div_ceil(bt),
+        );
+        for p in p0 as usize..p1 as usize {
+            for b in 0..sh.nb {
+                let blk = sh.resident[row][b].get(p).copied().unwrap_or(0);
+                if blk != 0 {
+                    writes.push((blk, Some((row, p, b)), "the forward pass"));
+                }
+            }
+        }
+        for (&g, cols) in &sh.tables[row] {
+            let gt = kv.groups[g as usize].block_tokens.max(1);
+            let (c0, c1) = (
+                s.first_token / gt,
+                (s.first_token + s.num_tokens).div_ceil(gt),
+            );
+            for &blk in cols.iter().take(c1 as usize).skip(c0 as usize) {
+                if blk != 0 {
+                    writes.push((blk, None, "the forward pass (indexer/regular)"));
+                }
+            }
+        }
+    }
+    let durable = sh.durable();
+    for (blk, key, what) in writes {
+        let Some(hs) = holders.get(&blk) else {
+            continue;
+        };
+        for &(row, id, p, b) in hs {
+            if key == Some((row, p, b)) {
+                continue;
+            }
+            BLOCKS_REUSED_FROM_LIVE_PAGES.fetch_add(1, Relaxed);
+            let toks = sh.tokens.get(&id).map_or(&[][..], Vec::as_slice);
+            let live = sh.computed[row].min(toks.len() as u32);
+            let h = sh.host[row].get(p).copied().unwrap_or(-1);
+            let (masks, last) = match u32::try_from(h).ok().and_then(|h| sh.rows.get(&h)) {
+                Some((m, l)) => (m.get(b).copied().unwrap_or(0), *l),
+                None => (0, u64::MAX),
+            };
+            let data = u32::try_from(h)
+                .ok()
+                .and_then(|h| sh.host_data.get(&h))
+                .and_then(|d| d.get(b));
+            for t in p as u32 * bt..((p as u32 + 1) * bt).min(live) {
+                let r = (t % bt) as usize;
+                let on_host = masks & (1 << r) != 0
+                    && last <= durable
+                    && data.is_some_and(|d| d[r] == tag(toks, t));
+                prop_assert!(
+                    on_host,
+                    "{} writes GPU block {} while it holds the only copy of request {}'s page {} (bucket {}): token {}'s row is not durable on host (host block {}, last transfer {}, durable {})",
+                    what,
+                    blk,
+                    id,
+                    p,
+                    b,
+                    t,
+                    h,
+                    last,
+                    durable
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), TestCaseError> {
+    let holders = gpu_holders(sh, c, cmd);
     let kv = c.layout();
     let full = if kv.block_size == 64 {
         u64::MAX
@@ -455,6 +617,9 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
         prop_assert_eq!(a.blocks.len(), kv.hot_blocks_per_request as usize);
         sh.hot[a.slot as usize][b] = a.blocks.clone();
     }
+    // Nothing this command writes loses a page's only copy (its tables are applied, its
+    // copies and forward pass not yet).
+    no_write_overwrites_an_only_copy(sh, c, cmd, &holders)?;
     // Before the forward: restores (host → device pages) and GPU copy-on-write.
     let bs = kv.block_size as usize;
     for t in &cmd.restores {
@@ -989,6 +1154,10 @@ fn coordinator_model() {
         ("imported requests started", IMPORTED_STARTS.load(Relaxed)),
         ("pages staged for prefill", STAGED_PAGES.load(Relaxed)),
         ("staged rows read on the GPU", STAGED_READS.load(Relaxed)),
+        (
+            "blocks of running requests' pages written for others",
+            BLOCKS_REUSED_FROM_LIVE_PAGES.load(Relaxed),
+        ),
     ];
     println!("coverage over {cases} sequences: {counts:?}");
     if cases >= 1000 {
