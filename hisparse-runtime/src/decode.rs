@@ -3,14 +3,17 @@
 //! Per index group and step the runtime either remaps the top-k through the resident tables
 //! (every request of the call fully resident: every scheduled request
 //! ([`OffloadCommand::fully_resident`]), or every request of the batch given to
-//! [`Runtime::set_batch`]) or resolves it
-//! against the group's hot state and gathers the misses from the pinned host pool into the hot
-//! rows (leader), then applies the same plan to each follower layer. Everything is enqueued on
-//! the compute stream from device buffers only: no host synchronisation, so the calls can be
-//! captured in a CUDA graph (on the engine's stream, passed to [`Runtime::with_pools`]) and the
-//! graph replayed in later steps, as long as the batch keeps its size and the steps take the same
-//! path (remap or resolve, decided when the calls are made). Replayed calls are not seen by the
-//! runtime's host side, so [`crate::Counters`] do not count them.
+//! [`Runtime::set_batch`]) or resolves it against the group's hot state and gathers the misses
+//! from the pinned host pool into the hot rows, in one [`Device::resolve_and_gather`] call (a
+//! backend may overlap the two): over the leader and its followers
+//! ([`Runtime::resolve_index_group`]), or over the leader alone ([`Runtime::resolve_leader`]),
+//! each follower then applying the same plan with [`Runtime::apply_plan`]. Everything is
+//! enqueued on the compute stream from device buffers only: no host synchronisation, so the
+//! calls can be captured in a CUDA graph (on the engine's stream, passed to
+//! [`Runtime::with_pools`]) and the graph replayed in later steps, as long as the batch keeps its
+//! size and the steps take the same path (remap or resolve, decided when the calls are made).
+//! Replayed calls are not seen by the runtime's host side, so [`crate::Counters`] do not count
+//! them.
 //!
 //! [`OffloadCommand::fully_resident`]: hisparse_core::coordinator::OffloadCommand::fully_resident
 
@@ -365,8 +368,14 @@ impl<D: Device> Runtime<D> {
             Some((s, d)) => (s, d),
             None => (&mut self.plan_src, &mut self.plan_dst),
         };
+        let pairs = match layers {
+            Layers::All => &pairs[..],
+            Layers::Leader => &pairs[..1],
+        };
+        // One call: a backend that fuses the two starts copying a request's misses while others
+        // still resolve. The plan stays in `plan_src`/`plan_dst`/`misses` for `apply_plan`.
         self.dev
-            .resolve(
+            .resolve_and_gather(
                 &self.compute,
                 &desc,
                 ResolveArgs {
@@ -384,30 +393,14 @@ impl<D: Device> Runtime<D> {
                     miss_src: &mut *plan_src,
                     miss_dst: &mut *plan_dst,
                 },
+                pairs,
+                &self.pools.host,
+                &mut self.pools.device,
             )
-            .map_err(RuntimeError::device("resolving top-k rows"))?;
+            .map_err(RuntimeError::device(
+                "resolving top-k rows and gathering their misses",
+            ))?;
         copy_counts(&self.dev, valid, own_valid)?;
-        let pairs = match layers {
-            Layers::All => &pairs[..],
-            Layers::Leader => &pairs[..1],
-        };
-        self.dev
-            .gather_rows(
-                &self.compute,
-                &GatherDesc {
-                    num_tokens: t,
-                    top_k: k,
-                    layers: pairs,
-                },
-                GatherArgs {
-                    plan_src,
-                    plan_dst,
-                    plan_counts: &*misses,
-                    host: &self.pools.host,
-                    device: &mut self.pools.device,
-                },
-            )
-            .map_err(RuntimeError::device("gathering missed rows"))?;
         *call = Some(GroupCall {
             tokens: t,
             resolved: true,

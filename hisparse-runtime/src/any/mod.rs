@@ -29,8 +29,8 @@ use crate::kind::BackendKind;
 
 use hisparse_core::ops::{
     BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
-    PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
-    SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
+    LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
+    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_core::{Device, Error, ErrorKind, MemoryInfo, OpError};
 
@@ -395,6 +395,31 @@ impl AnyDevice {
     }
 }
 
+/// The resolve arguments' variants that belong to the device's backend.
+fn pick_resolve<'a, T>(
+    a: ResolveArgs<'a, AnyBuffer>,
+    b: &'static str,
+) -> Result<ResolveArgs<'a, T>, AnyError>
+where
+    AnyBuffer: Pick<T>,
+{
+    Ok(ResolveArgs {
+        req_id: a.req_id.pick(b)?,
+        topk: a.topk.pick(b)?,
+        resident_table: a.resident_table.pick(b)?,
+        host_table: a.host_table.pick(b)?,
+        hot_table: a.hot_table.pick(b)?,
+        dgi: a.dgi.pick_mut(b)?,
+        lru: a.lru.pick_mut(b)?,
+        indices: a.indices.pick_mut(b)?,
+        valid_counts: a.valid_counts.pick_mut(b)?,
+        hit_counts: a.hit_counts.pick_mut(b)?,
+        miss_counts: a.miss_counts.pick_mut(b)?,
+        miss_src: a.miss_src.pick_mut(b)?,
+        miss_dst: a.miss_dst.pick_mut(b)?,
+    })
+}
+
 /// `x.pick(backend)?` for an argument.
 macro_rules! p {
     ($x:expr, $b:expr) => {
@@ -639,22 +664,23 @@ impl Device for AnyDevice {
     ) -> Result<(), AnyError> {
         dispatch!(self, d => {
             let b = d.backend();
-            let args = ResolveArgs {
-                req_id: p!(a.req_id, b),
-                topk: p!(a.topk, b),
-                resident_table: p!(a.resident_table, b),
-                host_table: p!(a.host_table, b),
-                hot_table: p!(a.hot_table, b),
-                dgi: pm!(a.dgi, b),
-                lru: pm!(a.lru, b),
-                indices: pm!(a.indices, b),
-                valid_counts: pm!(a.valid_counts, b),
-                hit_counts: pm!(a.hit_counts, b),
-                miss_counts: pm!(a.miss_counts, b),
-                miss_src: pm!(a.miss_src, b),
-                miss_dst: pm!(a.miss_dst, b),
-            };
-            Ok(d.resolve(p!(stream, b), desc, args)?)
+            Ok(d.resolve(p!(stream, b), desc, pick_resolve(a, b)?)?)
+        })
+    }
+
+    fn resolve_and_gather(
+        &self,
+        stream: &AnyStream,
+        desc: &ResolveDesc,
+        a: ResolveArgs<'_, AnyBuffer>,
+        layers: &[LayerPair],
+        host: &AnyHostBuffer,
+        device: &mut AnyBuffer,
+    ) -> Result<(), AnyError> {
+        dispatch!(self, d => {
+            let b = d.backend();
+            let args = pick_resolve(a, b)?;
+            Ok(d.resolve_and_gather(p!(stream, b), desc, args, layers, p!(host, b), pm!(device, b))?)
         })
     }
 
