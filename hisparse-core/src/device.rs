@@ -450,47 +450,15 @@ pub trait Device {
             host.byte_len(),
             device.byte_len(),
         )?;
-        let ResolveArgs {
-            req_id,
-            topk,
-            resident_table,
-            host_table,
-            hot_table,
-            dgi,
-            lru,
-            indices,
-            valid_counts,
-            hit_counts,
-            miss_counts,
-            miss_src,
-            miss_dst,
-        } = args;
-        self.resolve(
-            stream,
-            desc,
-            ResolveArgs {
-                req_id,
-                topk,
-                resident_table,
-                host_table,
-                hot_table,
-                dgi,
-                lru,
-                indices,
-                valid_counts,
-                hit_counts,
-                miss_counts: &mut *miss_counts,
-                miss_src: &mut *miss_src,
-                miss_dst: &mut *miss_dst,
-            },
-        )?;
+        let mut args = args;
+        self.resolve(stream, desc, args.reborrow())?;
         self.gather_rows(
             stream,
             &crate::ops::swap_in::plan_gather(desc, layers),
             GatherArgs {
-                plan_src: miss_src,
-                plan_dst: miss_dst,
-                plan_counts: miss_counts,
+                plan_src: args.miss_src,
+                plan_dst: args.miss_dst,
+                plan_counts: args.miss_counts,
                 host,
                 device,
             },

@@ -18,12 +18,13 @@
 //! [`OffloadCommand::fully_resident`]: hisparse_core::coordinator::OffloadCommand::fully_resident
 
 use hisparse_core::Device;
+use hisparse_core::layout::KvCacheConfig;
 use hisparse_core::ops::{
     GatherArgs, GatherDesc, RemapArgs, RemapDesc, ResolveArgs, TableWrite, TableWriteDesc,
 };
 
 use crate::error::RuntimeError;
-use crate::runtime::{GroupCall, Runtime};
+use crate::runtime::{GroupCall, OpenStep, Runtime};
 
 /// One per-layer call's top-k input.
 #[derive(Debug)]
@@ -54,6 +55,41 @@ enum Layers {
     All,
     /// The leader only; followers call [`Runtime::apply_plan`] later.
     Leader,
+}
+
+/// What [`Runtime::layer_call`] found for one per-layer call.
+struct LayerCall<'a, B> {
+    /// The open step.
+    open: OpenStep,
+    /// The call's own state rows ([`TopK::state_rows`]), or `None` for the batch
+    /// [`Runtime::set_batch`] gave (`Runtime::batch`, which the caller borrows itself).
+    given: Option<&'a B>,
+    /// Whether every state row the call reads is fully resident: the step's
+    /// [`OffloadCommand::fully_resident`] for given rows, the batch's own residency otherwise.
+    ///
+    /// [`OffloadCommand::fully_resident`]: hisparse_core::coordinator::OffloadCommand::fully_resident
+    fully_resident: bool,
+}
+
+/// The remap of `num_tokens` token rows through the resident tables of `kv`'s layout, over
+/// `table_rows` state rows.
+fn resident_remap(
+    kv: &KvCacheConfig,
+    table_rows: u32,
+    num_tokens: u32,
+    write_counts: bool,
+) -> RemapDesc {
+    RemapDesc {
+        num_tokens,
+        top_k: kv.config.top_k,
+        table_rows,
+        max_blocks: kv.max_pages_per_request,
+        block_size: kv.block_size,
+        block_stride_rows: kv.attention_block_stride,
+        idx_mapping_len: None,
+        write_counts,
+        compact: false,
+    }
 }
 
 impl<D: Device> Runtime<D> {
@@ -142,52 +178,16 @@ impl<D: Device> Runtime<D> {
         topk: &TopK<'_, D::Buffer>,
         out: Indices<'_, D::Buffer>,
     ) -> Result<(), RuntimeError<D::Error>> {
-        if self.open.is_none() {
-            return Err(RuntimeError::Sequence("a per-layer call outside a step"));
-        }
-        if group >= self.groups.len() {
-            return Err(RuntimeError::NoSuchGroup {
-                what: "index group",
-                value: group as u32,
-            });
-        }
-        let t = topk.num_tokens;
-        if t > self.cfg.max_step_tokens {
-            return Err(RuntimeError::TooManyTokens {
-                tokens: t,
-                max: self.cfg.max_step_tokens,
-            });
-        }
-        let req_id = match topk.state_rows {
-            Some(b) => b,
-            None => match self.batch_len {
-                Some(n) if n >= t => &self.batch,
-                Some(_) => {
-                    return Err(RuntimeError::Sequence(
-                        "a per-layer call with more token rows than the batch set_batch gave",
-                    ));
-                }
-                None => {
-                    return Err(RuntimeError::Sequence(
-                        "a per-layer call without state rows before set_batch",
-                    ));
-                }
-            },
-        };
-        let kv = &self.kv;
+        let call = self.layer_call(group, topk)?;
+        let req_id = call.given.unwrap_or(&self.batch);
         let b = self.groups[group].bucket as usize;
         let Indices { rows, counts } = out;
-        let desc = RemapDesc {
-            num_tokens: t,
-            top_k: kv.config.top_k,
-            table_rows: self.cfg.state_rows,
-            max_blocks: kv.max_pages_per_request,
-            block_size: kv.block_size,
-            block_stride_rows: kv.attention_block_stride,
-            idx_mapping_len: None,
-            write_counts: counts.is_some(),
-            compact: false,
-        };
+        let desc = resident_remap(
+            &self.kv,
+            self.cfg.state_rows,
+            topk.num_tokens,
+            counts.is_some(),
+        );
         self.dev
             .remap(
                 &self.compute,
@@ -261,13 +261,15 @@ impl<D: Device> Runtime<D> {
         Ok(())
     }
 
-    fn resolve(
-        &mut self,
+    /// The checks every per-layer call starts with — a step is open, `group` exists, the token
+    /// rows fit the configuration, and the state rows are given or a batch of at least as many
+    /// rows was set — and what they found. The batch itself is not borrowed here, so the caller
+    /// can borrow it beside an index group's state.
+    fn layer_call<'a>(
+        &self,
         group: usize,
-        topk: &TopK<'_, D::Buffer>,
-        out: Indices<'_, D::Buffer>,
-        layers: Layers,
-    ) -> Result<(), RuntimeError<D::Error>> {
+        topk: &TopK<'a, D::Buffer>,
+    ) -> Result<LayerCall<'a, D::Buffer>, RuntimeError<D::Error>> {
         let open = self
             .open
             .ok_or(RuntimeError::Sequence("a per-layer call outside a step"))?;
@@ -284,24 +286,39 @@ impl<D: Device> Runtime<D> {
                 max: self.cfg.max_step_tokens,
             });
         }
-        let (req_id, fully_resident) = match topk.state_rows {
-            Some(b) => (b, open.fully_resident),
-            None => match self.batch_len {
-                Some(n) if n >= t => (&self.batch, self.batch_fully_resident),
-                Some(_) => {
-                    return Err(RuntimeError::Sequence(
-                        "a per-layer call with more token rows than the batch set_batch gave",
-                    ));
-                }
-                None => {
-                    return Err(RuntimeError::Sequence(
-                        "a per-layer call without state rows before set_batch",
-                    ));
-                }
-            },
+        let fully_resident = match (topk.state_rows, self.batch_len) {
+            (Some(_), _) => open.fully_resident,
+            (None, Some(n)) if n >= t => self.batch_fully_resident,
+            (None, Some(_)) => {
+                return Err(RuntimeError::Sequence(
+                    "a per-layer call with more token rows than the batch set_batch gave",
+                ));
+            }
+            (None, None) => {
+                return Err(RuntimeError::Sequence(
+                    "a per-layer call without state rows before set_batch",
+                ));
+            }
         };
+        Ok(LayerCall {
+            open,
+            given: topk.state_rows,
+            fully_resident,
+        })
+    }
+
+    fn resolve(
+        &mut self,
+        group: usize,
+        topk: &TopK<'_, D::Buffer>,
+        out: Indices<'_, D::Buffer>,
+        layers: Layers,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        let call = self.layer_call(group, topk)?;
+        let (open, fully_resident) = (call.open, call.fully_resident);
+        let req_id = call.given.unwrap_or(&self.batch);
+        let t = topk.num_tokens;
         let kv = &self.kv;
-        let k = kv.config.top_k;
         let crate::runtime::GroupState {
             dgi,
             lru,
@@ -330,17 +347,7 @@ impl<D: Device> Runtime<D> {
             _ => Ok(()),
         };
         if fully_resident {
-            let desc = RemapDesc {
-                num_tokens: t,
-                top_k: k,
-                table_rows: self.cfg.state_rows,
-                max_blocks: kv.max_pages_per_request,
-                block_size: kv.block_size,
-                block_stride_rows: kv.attention_block_stride,
-                idx_mapping_len: None,
-                write_counts: true,
-                compact: false,
-            };
+            let desc = resident_remap(kv, self.cfg.state_rows, t, true);
             self.dev
                 .remap(
                     &self.compute,

@@ -15,6 +15,7 @@ mod pipeline;
 mod remap;
 mod remap_modes;
 mod resolve;
+mod resolve_io;
 mod slot_mapping;
 mod streams;
 mod swap_in;

@@ -6,16 +6,14 @@
 use hisparse_core::Device;
 use hisparse_core::ops::copy::gather_rows as reference_gather;
 use hisparse_core::ops::invalidate::invalidate as reference_invalidate;
-use hisparse_core::ops::resolve::{Entry, resolve as reference};
+use hisparse_core::ops::resolve::resolve as reference;
 use hisparse_core::ops::{
-    GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageLayout, ResolveArgs,
-    ResolveDesc, ResolveSlices,
+    GatherArgs, GatherDesc, InvalidateArgs, InvalidateDesc, LayerPair, ResolveDesc,
 };
 
-use crate::util::{
-    Ctx, SENTINEL, at_step, dev_bytes, dev_i32, dev_u16, ensure, pinned_bytes, read_bytes,
-    read_i32, read_u16, same,
-};
+use super::copies::{Rows, layouts, pool_sizes};
+use super::resolve_io::{Asked, Coverage, DevOutputs, DevState, HostState, Outputs};
+use crate::util::{Ctx, at_step, dev_bytes, dev_i32, pinned_bytes, read_bytes, same};
 use crate::{Case, CaseError, CaseResult, SplitMix64};
 
 /// One random scenario.
@@ -260,69 +258,22 @@ pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
 /// The host copy of everything a resolve sequence carries, and its device twin.
 struct State<D: Device> {
     desc: ResolveDesc,
-    resident: Vec<i32>,
-    host: Vec<i32>,
-    hot: Vec<i32>,
-    dgi: Vec<i32>,
-    lru: Vec<u16>,
-    d_resident: D::Buffer,
-    d_host: D::Buffer,
-    d_hot: D::Buffer,
-    d_dgi: D::Buffer,
-    d_lru: D::Buffer,
+    h: HostState,
+    d: DevState<D>,
 }
-
-/// Outputs of one step.
-#[derive(Debug, PartialEq)]
-struct Outputs {
-    indices: Vec<i32>,
-    valid: Vec<i32>,
-    hits: Vec<i32>,
-    misses: Vec<i32>,
-    miss_src: Vec<i32>,
-    miss_dst: Vec<i32>,
-}
-
-/// Device output buffers of one step (kept for the gather).
-struct DevOutputs<D: Device> {
-    miss_src: D::Buffer,
-    miss_dst: D::Buffer,
-    miss_counts: D::Buffer,
-}
-
-const SLACK: usize = 3;
 
 impl<D: Device> State<D> {
-    fn new(
-        dev: &D,
-        desc: ResolveDesc,
-        resident: Vec<i32>,
-        host: Vec<i32>,
-        hot: Vec<i32>,
-        dgi: Vec<i32>,
-        lru: Vec<u16>,
-    ) -> Result<Self, CaseError> {
+    fn new(dev: &D, desc: ResolveDesc, h: HostState) -> Result<Self, CaseError> {
         Ok(State {
-            d_resident: dev_i32(dev, &resident)?,
-            d_host: dev_i32(dev, &host)?,
-            d_hot: dev_i32(dev, &hot)?,
-            d_dgi: dev_i32(dev, &dgi)?,
-            d_lru: dev_u16(dev, &lru)?,
+            d: DevState::upload(dev, &h)?,
             desc,
-            resident,
-            host,
-            hot,
-            dgi,
-            lru,
+            h,
         })
     }
 
     /// Re-uploads the page tables after the host copy changed.
     fn sync_tables(&mut self, dev: &D) -> CaseResult {
-        dev.upload_i32(&mut self.d_resident, 0, &self.resident)
-            .ctx("upload resident table")?;
-        dev.upload_i32(&mut self.d_host, 0, &self.host)
-            .ctx("upload host table")
+        self.d.sync_tables(dev, &self.h)
     }
 
     /// Runs one step on the reference and on the device, compares outputs and state.
@@ -337,103 +288,25 @@ impl<D: Device> State<D> {
             ..self.desc
         };
         let t = req_id.len();
-        let tk = topk.len();
-        let mut want = Outputs {
-            indices: vec![SENTINEL; tk + SLACK],
-            valid: vec![SENTINEL; t + SLACK],
-            hits: vec![SENTINEL; t + SLACK],
-            misses: vec![SENTINEL; t + SLACK],
-            miss_src: vec![SENTINEL; tk + SLACK],
-            miss_dst: vec![SENTINEL; tk + SLACK],
-        };
-        reference(
-            &desc,
-            ResolveSlices {
-                req_id,
-                topk,
-                resident_table: &self.resident,
-                host_table: &self.host,
-                hot_table: &self.hot,
-                dgi: &mut self.dgi,
-                lru: &mut self.lru,
-                indices: &mut want.indices,
-                valid_counts: &mut want.valid,
-                hit_counts: &mut want.hits,
-                miss_counts: &mut want.misses,
-                miss_src: &mut want.miss_src,
-                miss_dst: &mut want.miss_dst,
-            },
-        )
-        .ctx("reference resolve")?;
+        let k = desc.top_k as usize;
+        let mut want = Outputs::sentinels(t, k);
+        reference(&desc, self.h.slices(req_id, topk, &mut want)).ctx("reference resolve")?;
 
         let s = dev.create_stream().ctx("create_stream")?;
         let d_req = dev_i32(dev, req_id)?;
         let d_topk = dev_i32(dev, topk)?;
-        let sent_tk = vec![SENTINEL; tk + SLACK];
-        let sent_t = vec![SENTINEL; t + SLACK];
-        let mut indices = dev_i32(dev, &sent_tk)?;
-        let mut valid = dev_i32(dev, &sent_t)?;
-        let mut hits = dev_i32(dev, &sent_t)?;
-        let mut misses = dev_i32(dev, &sent_t)?;
-        let mut miss_src = dev_i32(dev, &sent_tk)?;
-        let mut miss_dst = dev_i32(dev, &sent_tk)?;
-        dev.resolve(
-            &s,
-            &desc,
-            ResolveArgs {
-                req_id: &d_req,
-                topk: &d_topk,
-                resident_table: &self.d_resident,
-                host_table: &self.d_host,
-                hot_table: &self.d_hot,
-                dgi: &mut self.d_dgi,
-                lru: &mut self.d_lru,
-                indices: &mut indices,
-                valid_counts: &mut valid,
-                hit_counts: &mut hits,
-                miss_counts: &mut misses,
-                miss_src: &mut miss_src,
-                miss_dst: &mut miss_dst,
-            },
-        )
-        .ctx("resolve")?;
+        let mut d_out = DevOutputs::upload(dev, &Outputs::sentinels(t, k))?;
+        dev.resolve(&s, &desc, self.d.args(&d_req, &d_topk, &mut d_out))
+            .ctx("resolve")?;
         dev.synchronize(&s).ctx("synchronize")?;
-        let got = Outputs {
-            indices: read_i32(dev, &indices, tk + SLACK)?,
-            valid: read_i32(dev, &valid, t + SLACK)?,
-            hits: read_i32(dev, &hits, t + SLACK)?,
-            misses: read_i32(dev, &misses, t + SLACK)?,
-            miss_src: read_i32(dev, &miss_src, tk + SLACK)?,
-            miss_dst: read_i32(dev, &miss_dst, tk + SLACK)?,
-        };
-        same("indices", &got.indices, &want.indices)?;
-        same("valid_counts", &got.valid, &want.valid)?;
-        same("hit_counts", &got.hits, &want.hits)?;
-        same("miss_counts", &got.misses, &want.misses)?;
-        same("miss_src", &got.miss_src, &want.miss_src)?;
-        same("miss_dst", &got.miss_dst, &want.miss_dst)?;
+        let got = d_out.read(dev, t, k)?;
+        got.expect("", &want)?;
         self.compare_state(dev)?;
-        Ok((
-            got,
-            DevOutputs {
-                miss_src,
-                miss_dst,
-                miss_counts: misses,
-            },
-        ))
+        Ok((got, d_out))
     }
 
     fn compare_state(&self, dev: &D) -> CaseResult {
-        same(
-            "lru",
-            &read_u16(dev, &self.d_lru, self.lru.len())?,
-            &self.lru,
-        )?;
-        same(
-            "dgi",
-            &read_i32(dev, &self.d_dgi, self.dgi.len())?,
-            &self.dgi,
-        )
+        self.d.expect_hot_state(dev, "", &self.h)
     }
 
     /// Invalidates `ranges` on both sides and compares `dgi`.
@@ -447,7 +320,7 @@ impl<D: Device> State<D> {
             &desc,
             InvalidateArgs {
                 ranges,
-                dgi: &mut self.dgi[..],
+                dgi: &mut self.h.dgi[..],
             },
         )
         .ctx("reference invalidate")?;
@@ -458,7 +331,7 @@ impl<D: Device> State<D> {
             &desc,
             InvalidateArgs {
                 ranges: &d_ranges,
-                dgi: &mut self.d_dgi,
+                dgi: &mut self.d.dgi,
             },
         )
         .ctx("invalidate")?;
@@ -482,37 +355,21 @@ impl<D: Device> Pools<D> {
         scn: &Scenario,
         host_blocks: u32,
         device_blocks: u32,
-        stride: u32,
     ) -> Result<Self, CaseError> {
         let (row_bytes, value_bytes) = if scn.split { (64u32, 48u32) } else { (48, 48) };
-        let bs = scn.block_size;
-        let page = u64::from(bs) * u64::from(row_bytes);
-        let n = u64::from(scn.layers);
-        let layers: Vec<LayerPair> = (0..n)
-            .map(|i| LayerPair {
-                host: PageLayout {
-                    base: i * u64::from(host_blocks) * page,
-                    block_stride: page,
-                    num_blocks: host_blocks,
-                    block_size: bs,
-                    row_bytes,
-                    value_bytes,
-                    index_stride_rows: bs,
-                },
-                device: PageLayout {
-                    base: i * page,
-                    block_stride: n * page,
-                    num_blocks: device_blocks,
-                    block_size: bs,
-                    row_bytes,
-                    value_bytes,
-                    index_stride_rows: stride,
-                },
-            })
-            .collect();
-        let mut host = vec![0u8; (n * u64::from(host_blocks) * page) as usize];
+        let rows = Rows {
+            row_bytes,
+            value_bytes,
+            block_size: scn.block_size,
+            layers: scn.layers,
+            extra_rows: 0,
+            page_alignment: 1,
+        };
+        let layers = layouts(rows, host_blocks, device_blocks);
+        let (host_len, device_len) = pool_sizes(rows, host_blocks, device_blocks);
+        let mut host = vec![0u8; host_len];
         rng.fill(&mut host);
-        let mut device = vec![0u8; (n * page * u64::from(device_blocks)) as usize];
+        let mut device = vec![0u8; device_len];
         rng.fill(&mut device);
         Ok(Pools {
             d_host: pinned_bytes(dev, &host)?,
@@ -566,7 +423,7 @@ impl<D: Device> Pools<D> {
                 GatherArgs {
                     plan_src: &d_plan.miss_src,
                     plan_dst: &d_plan.miss_dst,
-                    plan_counts: &d_plan.miss_counts,
+                    plan_counts: &d_plan.misses,
                     host: &self.d_host,
                     device: &mut self.d_device,
                 },
@@ -652,7 +509,17 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
             *d = rng.i32_in(-5, (host_num_blocks * bs) as i32 + 50);
         }
     }
-    let mut st = State::new(dev, desc, resident, host, hot, dgi, lru)?;
+    let mut st = State::new(
+        dev,
+        desc,
+        HostState {
+            resident,
+            host,
+            hot,
+            dgi,
+            lru,
+        },
+    )?;
     let mut pools = if scn.layers > 0 {
         Some(Pools::new(
             dev,
@@ -660,7 +527,6 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
             &scn,
             host_num_blocks + 4,
             device_blocks,
-            stride,
         )?)
     } else {
         None
@@ -726,18 +592,18 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
             .iter()
             .flat_map(|(_, row)| row.iter().copied())
             .collect();
-        let lru_before = st.lru.clone();
+        let lru_before = st.h.lru.clone();
         let (out, d_out) = at_step(step, st.step(dev, &req_id, &topk))?;
-        seen.add(&st, &req_id, &topk, &out);
+        seen.add(&st.desc, &st.h, (&req_id, &topk), &out);
         if scn.resident_pct == 100 {
-            same("lru of a fully resident step", &st.lru, &lru_before)?;
+            same("lru of a fully resident step", &st.h.lru, &lru_before)?;
         }
         if let Some(p) = pools.as_mut() {
             at_step(step, p.gather(dev, req_id.len(), k, &out, &d_out))?;
         }
         if scn.churn {
             // Reclaim a few resident pages (their host copies are durable) ...
-            for e in st.resident.iter_mut() {
+            for e in st.h.resident.iter_mut() {
                 if *e > 0 && rng.percent(15) {
                     *e = 0;
                 }
@@ -755,68 +621,17 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
             at_step(step, st.invalidate(dev, &ranges))?;
         }
     }
-    seen.expect(&scn)
+    seen.expect(&asked(&scn))
 }
 
-/// What a scenario exercised, so a scenario that silently stopped testing its feature fails.
-#[derive(Debug, Default)]
-struct Coverage {
-    hits: i64,
-    misses: i64,
-    resident: i64,
-    /// Host entries left without a slot (misses beyond the evictable slots).
-    unslotted: i64,
-    /// Plan entries with source -1 (host rows beyond the pool).
-    zero_fill: i64,
-}
-
-impl Coverage {
-    fn add<D: Device>(&mut self, st: &State<D>, req_id: &[i32], topk: &[i32], out: &Outputs) {
-        let k = st.desc.top_k as usize;
-        for (t, &id) in req_id.iter().enumerate() {
-            let Some(r) = st.desc.state_row(id) else {
-                continue;
-            };
-            self.hits += i64::from(out.hits[t]);
-            self.misses += i64::from(out.misses[t]);
-            for m in 0..out.misses[t].max(0) as usize {
-                self.zero_fill += i64::from(out.miss_src[t * k + m] == -1);
-            }
-            for j in 0..k {
-                match st.desc.classify(&st.resident, &st.host, r, topk[t * k + j]) {
-                    Entry::Resident(_) => self.resident += 1,
-                    Entry::Host(_) => self.unslotted += i64::from(out.indices[t * k + j] == -1),
-                    Entry::Invalid => {}
-                }
-            }
-        }
-    }
-
-    fn expect(&self, scn: &Scenario) -> CaseResult {
-        let c = self;
-        if scn.resident_pct == 100 {
-            ensure!(c.hits == 0 && c.misses == 0, "fully resident, yet {c:?}");
-            return Ok(());
-        }
-        ensure!(c.misses > 0, "no miss was exercised: {c:?}");
-        ensure!(
-            scn.overlap_pct == 0 || c.hits > 0,
-            "no hit was exercised: {c:?}"
-        );
-        ensure!(
-            scn.resident_pct == 0 || c.resident > 0,
-            "no resident entry: {c:?}"
-        );
-        ensure!(
-            scn.beyond_pct == 0 || c.zero_fill > 0,
-            "no host row beyond the pool: {c:?}"
-        );
-        let overflow = scn.rows_per_request * scn.k > scn.hot_slots;
-        ensure!(
-            !overflow || c.unslotted > 0,
-            "no miss beyond the evictable slots: {c:?}"
-        );
-        Ok(())
+/// What `scn` asks its sequence to exercise.
+fn asked(scn: &Scenario) -> Asked {
+    Asked {
+        fully_resident: scn.resident_pct == 100,
+        hits: scn.overlap_pct > 0,
+        resident: scn.resident_pct > 0,
+        beyond_pool: scn.beyond_pct > 0,
+        beyond_slots: scn.rows_per_request * scn.k > scn.hot_slots,
     }
 }
 
@@ -837,11 +652,13 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
     let mut st = State::new(
         dev,
         desc,
-        vec![0; 4],
-        vec![0, 1, 2, 3],
-        vec![5],
-        vec![-1; 4],
-        vec![0, 1, 2, 3],
+        HostState {
+            resident: vec![0; 4],
+            host: vec![0, 1, 2, 3],
+            hot: vec![5],
+            dgi: vec![-1; 4],
+            lru: vec![0, 1, 2, 3],
+        },
     )?;
     struct Expect {
         topk: [i32; 2],
@@ -916,31 +733,31 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             )?;
             same("miss_src", &out.miss_src[..2], &e.src)?;
             same("miss_dst", &out.miss_dst[..2], &e.dst)?;
-            same("dgi", &st.dgi, &e.dgi)?;
-            same("lru", &st.lru, &e.lru)
+            same("dgi", &st.h.dgi, &e.dgi)?;
+            same("lru", &st.h.lru, &e.lru)
         };
         at_step(step, check())?;
     }
     // Page 0 becomes resident on GPU block 7: entries resolve there, the LRU is untouched.
-    st.resident[0] = 7;
+    st.h.resident[0] = 7;
     st.sync_tables(dev)?;
     let (out, _) = at_step(4, st.step(dev, &[0], &[1, 2]))?;
     same("resident indices", &out.indices[..2], &[29, 30])?;
-    same("lru after a fully resident row", &st.lru, &[1, 2, 3, 0])?;
+    same("lru after a fully resident row", &st.h.lru, &[1, 2, 3, 0])?;
     // Page 3's host block lies beyond the 4-block pool: both rows miss, their plan sources are
     // -1 (zero-fill) and their slots cache nothing.
-    st.host[3] = 9;
+    st.h.host[3] = 9;
     st.sync_tables(dev)?;
     let (out, _) = at_step(5, st.step(dev, &[0], &[12, 13]))?;
     same("beyond-pool indices", &out.indices[..2], &[21, 22])?;
     same("beyond-pool miss_src", &out.miss_src[..2], &[-1, -1])?;
     same("beyond-pool miss_dst", &out.miss_dst[..2], &[21, 22])?;
-    same("beyond-pool dgi", &st.dgi, &[0, -1, -1, 9])?;
-    same("beyond-pool lru", &st.lru, &[3, 0, 1, 2])?;
+    same("beyond-pool dgi", &st.h.dgi, &[0, -1, -1, 9])?;
+    same("beyond-pool lru", &st.h.lru, &[3, 0, 1, 2])?;
     // A padding row touches nothing.
     let (out, _) = at_step(6, st.step(dev, &[-1], &[0, 1]))?;
     same("padding indices", &out.indices[..2], &[-1, -1])?;
-    same("padding lru", &st.lru, &[3, 0, 1, 2])
+    same("padding lru", &st.h.lru, &[3, 0, 1, 2])
 }
 
 fn empty_batch<D: Device>(dev: &D) -> CaseResult {
@@ -958,12 +775,14 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
     let mut st = State::new(
         dev,
         desc,
-        vec![0; 8],
-        (0..8).collect(),
-        vec![1, 2, 3, 4, 5, 6, 7, 8],
-        (0..32).collect(),
-        lru.clone(),
+        HostState {
+            resident: vec![0; 8],
+            host: (0..8).collect(),
+            hot: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            dgi: (0..32).collect(),
+            lru: lru.clone(),
+        },
     )?;
     st.step(dev, &[], &[])?;
-    same("lru after an empty batch", &st.lru, &lru)
+    same("lru after an empty batch", &st.h.lru, &lru)
 }

@@ -324,10 +324,37 @@ macro_rules! sizes_of {
     };
 }
 
+/// The same arguments, borrowed from `$a` for a shorter call.
+macro_rules! reborrow {
+    ($a:expr, $args:ident) => {
+        $args {
+            req_id: $a.req_id,
+            topk: $a.topk,
+            resident_table: $a.resident_table,
+            host_table: $a.host_table,
+            hot_table: $a.hot_table,
+            dgi: &mut *$a.dgi,
+            lru: &mut *$a.lru,
+            indices: &mut *$a.indices,
+            valid_counts: &mut *$a.valid_counts,
+            hit_counts: &mut *$a.hit_counts,
+            miss_counts: &mut *$a.miss_counts,
+            miss_src: &mut *$a.miss_src,
+            miss_dst: &mut *$a.miss_dst,
+        }
+    };
+}
+
 impl<B: BufferLen + ?Sized> ResolveArgs<'_, B> {
     /// Byte sizes of every argument.
     pub fn sizes(&self) -> ResolveSizes {
         sizes_of!(self)
+    }
+
+    /// The same buffers, borrowed for one call, so the caller keeps them for the next (the
+    /// gather of the miss plan the call writes).
+    pub fn reborrow(&mut self) -> ResolveArgs<'_, B> {
+        reborrow!(self, ResolveArgs)
     }
 }
 
@@ -335,6 +362,11 @@ impl ResolveSlices<'_> {
     /// Byte sizes of every argument.
     pub fn sizes(&self) -> ResolveSizes {
         sizes_of!(self)
+    }
+
+    /// The same slices, borrowed for one call (as [`ResolveArgs::reborrow`]).
+    pub fn reborrow(&mut self) -> ResolveSlices<'_> {
+        reborrow!(self, ResolveSlices)
     }
 }
 

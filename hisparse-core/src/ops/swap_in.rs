@@ -71,45 +71,14 @@ pub fn resolve_and_gather(
         host.len() as u64,
         device.len() as u64,
     )?;
-    let ResolveSlices {
-        req_id,
-        topk,
-        resident_table,
-        host_table,
-        hot_table,
-        dgi,
-        lru,
-        indices,
-        valid_counts,
-        hit_counts,
-        miss_counts,
-        miss_src,
-        miss_dst,
-    } = a;
-    resolve(
-        desc,
-        ResolveSlices {
-            req_id,
-            topk,
-            resident_table,
-            host_table,
-            hot_table,
-            dgi,
-            lru,
-            indices,
-            valid_counts,
-            hit_counts,
-            miss_counts: &mut *miss_counts,
-            miss_src: &mut *miss_src,
-            miss_dst: &mut *miss_dst,
-        },
-    )?;
+    let mut a = a;
+    resolve(desc, a.reborrow())?;
     gather_rows(
         &plan_gather(desc, layers),
         GatherArgs {
-            plan_src: miss_src,
-            plan_dst: miss_dst,
-            plan_counts: miss_counts,
+            plan_src: a.miss_src,
+            plan_dst: a.miss_dst,
+            plan_counts: a.miss_counts,
             host,
             device,
         },
@@ -123,9 +92,10 @@ mod tests {
     use alloc::vec;
     use alloc::vec::Vec;
 
-    /// One request, 4 hot slots in GPU block 1 (attention stride 4), pages of 4 rows of 16 bytes;
-    /// page `p` lives in host block `p`; host row `g` holds bytes `g` (layer 0) and `100 + g`
-    /// (layer 1).
+    /// One request, 4 hot slots in GPU block 1, pages of 4 rows of 16 bytes, 8 rows per block in
+    /// the flat attention view (another group owns rows 4..8 of a block), so slot `s` is device
+    /// row `8 + s`; page `p < 4` lives in host block `p` (page 4 has none); host row `g` holds bytes `g` (layer 0) and
+    /// `100 + g` (layer 1).
     struct World {
         desc: ResolveDesc,
         layers: [LayerPair; 2],
@@ -143,16 +113,19 @@ mod tests {
                 num_tokens: 1,
                 top_k: 2,
                 num_requests: 1,
-                max_pages: 4,
+                max_pages: 5,
                 block_size: 4,
                 hot_slots: 4,
-                attention_block_stride: 4,
+                attention_block_stride: 8,
                 host_num_blocks: 3,
             };
             let page = 4 * ROW as u64;
             let layer = |l: u64| LayerPair {
                 host: PageLayout::contiguous(l * 3 * page, page, 3, 4, ROW as u32),
-                device: PageLayout::contiguous(l * 2 * page, page, 2, 4, ROW as u32),
+                device: PageLayout {
+                    index_stride_rows: 8,
+                    ..PageLayout::contiguous(l * 2 * page, page, 2, 4, ROW as u32)
+                },
             };
             let host = (0..2 * 12)
                 .flat_map(|r: u8| [(r / 12) * 100 + r % 12; ROW])
@@ -181,8 +154,8 @@ mod tests {
                 ResolveSlices {
                     req_id: &[0],
                     topk,
-                    resident_table: &[0; 4],
-                    host_table: &[0, 1, 2, 3],
+                    resident_table: &[0; 5],
+                    host_table: &[0, 1, 2, 3, -1],
                     hot_table: &[1],
                     dgi: &mut self.dgi,
                     lru: &mut self.lru,
@@ -200,9 +173,10 @@ mod tests {
             Ok((ind, misses[0], src, dst))
         }
 
-        /// The bytes of flat device row `row` of layer `l`.
-        fn hot_row(&self, l: usize, row: usize) -> &[u8] {
-            let at = self.layers[l].device.base as usize + row * ROW;
+        /// The bytes of hot slot `slot` (in GPU block 1) of layer `l`.
+        fn hot_row(&self, l: usize, slot: usize) -> &[u8] {
+            let d = &self.layers[l].device;
+            let at = (d.base + d.block_stride) as usize + slot * ROW;
             &self.device[at..at + ROW]
         }
     }
@@ -210,25 +184,30 @@ mod tests {
     #[test]
     fn misses_land_in_their_hot_rows_in_every_layer() {
         let mut w = World::new();
-        // Host rows 1 and 6 miss into slots 0 and 1: device rows 4 and 5.
+        // Host rows 1 and 6 miss into slots 0 and 1: device rows 8 and 9.
         let (ind, misses, src, dst) = w.call(&[1, 6], 2).unwrap();
-        assert_eq!((ind, misses), (vec![4, 5], 2));
-        assert_eq!((src, dst), (vec![1, 6], vec![4, 5]));
-        assert_eq!(w.hot_row(0, 4), [1; ROW]);
-        assert_eq!(w.hot_row(0, 5), [6; ROW]);
-        assert_eq!(w.hot_row(1, 4), [101; ROW]);
-        assert_eq!(w.hot_row(1, 5), [106; ROW]);
-        assert_eq!(w.hot_row(0, 6), [0xEE; ROW], "an unused slot is untouched");
+        assert_eq!((ind, misses), (vec![8, 9], 2));
+        assert_eq!((src, dst), (vec![1, 6], vec![8, 9]));
+        assert_eq!(w.hot_row(0, 0), [1; ROW]);
+        assert_eq!(w.hot_row(0, 1), [6; ROW]);
+        assert_eq!(w.hot_row(1, 0), [101; ROW]);
+        assert_eq!(w.hot_row(1, 1), [106; ROW]);
+        assert_eq!(w.hot_row(0, 2), [0xEE; ROW], "an unused slot is untouched");
         // Host row 13 lies beyond the 3-block pool: its slot (2) is zero-filled; row 6 hits.
         let (ind, misses, src, _) = w.call(&[6, 13], 1).unwrap();
-        assert_eq!((ind, misses, src), (vec![5, 6], 1, vec![-1, -1]));
-        assert_eq!(w.hot_row(0, 6), [0; ROW]);
+        assert_eq!((ind, misses, src), (vec![9, 10], 1, vec![-1, -1]));
+        assert_eq!(w.hot_row(0, 2), [0; ROW]);
         assert_eq!(
-            w.hot_row(1, 6),
+            w.hot_row(1, 2),
             [0xEE; ROW],
             "the leader only: layer 1 untouched"
         );
         assert_eq!(w.dgi, [1, 6, -1, -1]);
+        // No miss (row 6 hits, token 17's page has no host block): the pool is left as it was.
+        let pool = w.device.clone();
+        let (ind, misses, _, _) = w.call(&[17, 6], 2).unwrap();
+        assert_eq!((ind, misses), (vec![-1, 9], 0));
+        assert_eq!(w.device, pool);
     }
 
     #[test]
