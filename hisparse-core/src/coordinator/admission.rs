@@ -122,6 +122,7 @@ impl Coordinator {
 
     /// Appends one token to the request in state row `slot` (the hot path for engines that key
     /// by slot). Returns the request's id.
+    #[inline]
     pub fn append_token_by_slot(&mut self, slot: u32, token: u32) -> Result<RequestId, CoordError> {
         let max = self.kv.max_model_len;
         let idx = self.row_owner.get(slot as usize).copied().unwrap_or(NO_ROW);
@@ -406,9 +407,10 @@ impl Coordinator {
                 }
             }
         }
-        // The request's tables, for the whole prompt (they grow with decode).
+        // The request's tables, for the whole prompt and as much decode again
+        // ([`Coordinator::table_pages`]).
         if short.is_none() {
-            let pages = total_pages as usize + 1;
+            let pages = self.table_pages(total_pages);
             let reserved = self
                 .source
                 .try_reserve(&mut r.source, pages)
@@ -494,6 +496,18 @@ impl Coordinator {
             r.status = Status::Waiting;
         }
         res
+    }
+}
+
+impl Coordinator {
+    /// Pages a starting request's tables are reserved for: its `prompt_pages` and as many
+    /// again (capped at `max_model_len`'s pages, plus one), so decode grows them without
+    /// reallocating (and copying) on the scheduling path for as long as the prompt was long —
+    /// the doubling a growing `Vec` would do anyway, done once, where nothing is copied.
+    pub(super) fn table_pages(&self, prompt_pages: u32) -> usize {
+        let cap = self.kv.max_pages_per_request as usize + 1;
+        let want = (prompt_pages as usize).saturating_mul(2).saturating_add(1);
+        want.min(cap).max(prompt_pages as usize + 1)
     }
 }
 

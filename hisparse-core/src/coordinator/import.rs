@@ -181,10 +181,11 @@ impl Coordinator {
             }
         }
         if short.is_none() {
+            let table = self.table_pages(pages);
             let reserved = self
                 .resident
-                .try_reserve(&mut r.resident, pages as usize + 1)
-                .and_then(|()| self.paged.try_reserve(&mut r.paged, pages as usize + 1));
+                .try_reserve(&mut r.resident, table)
+                .and_then(|()| self.paged.try_reserve(&mut r.paged, table));
             reserved?;
         }
         if let Some(pool) = short {

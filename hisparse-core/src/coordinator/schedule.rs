@@ -27,7 +27,10 @@ impl Coordinator {
     }
 
     /// Schedules up to `num_tokens` tokens of the request in `reqs[slot]` — exactly that many
-    /// unless `shrink` — and returns the outcome and the tokens scheduled.
+    /// unless `shrink` — and returns the outcome and the tokens scheduled. Inlined with
+    /// [`Coordinator::schedule_inner`]'s decode fast path into the step loop (every request,
+    /// every step).
+    #[inline(always)]
     pub(super) fn schedule_slot(
         &mut self,
         slot: u32,
@@ -90,6 +93,10 @@ impl Coordinator {
         need
     }
 
+    /// Schedules `n` tokens of `r` (fewer when `shrink` and the pools hold less): the decode
+    /// fast path here (inlined into the step loop), everything else in
+    /// [`Coordinator::schedule_allocating`].
+    #[inline(always)]
     pub(super) fn schedule_inner(
         &mut self,
         r: &mut Box<Req>,
@@ -104,8 +111,36 @@ impl Coordinator {
                 available,
             });
         }
-        // One division on the fast path (every request, every step): `target_pages` is
-        // recomputed only when the chunk shrinks.
+        // Decode within the pages the request has (every request, nearly every step): nothing
+        // to allocate, stage or reclaim — the need computations of `schedule_allocating` would
+        // all come to zero (no new page, GPU or host; a hot region held or not needed; no
+        // regular columns).
+        let held = r.pages.min(r.source.blocks.len() as u32);
+        if r.num_computed >= r.prefill_end
+            && u64::from(r.num_computed + n) <= u64::from(held) * u64::from(self.kv.block_tokens)
+            && !self.paged.has_regular()
+            && (!r.hot.blocks.is_empty() || !self.resident.needs_hot_region(&r.resident))
+        {
+            let pages = r.pages;
+            let marked = r.prefill_step;
+            return self
+                .commit_tokens(r, n, pages, marked)
+                .map(|()| (Alloc::Scheduled, n));
+        }
+        self.schedule_allocating(r, n, shrink)
+    }
+
+    /// [`Coordinator::schedule_inner`] for a chunk that may need blocks: host pages, GPU pages
+    /// (reclaiming when the pool is short), a hot region, staging of a prefill chunk's context,
+    /// regular columns. `n` is at least one and at most the tokens available.
+    #[inline(never)]
+    fn schedule_allocating(
+        &mut self,
+        r: &mut Box<Req>,
+        n: u32,
+        shrink: bool,
+    ) -> Result<(Alloc, u32), CoordError> {
+        // `target_pages` is recomputed only when the chunk shrinks.
         let (mut n, mut target_pages) = (n, self.kv.pages_for(r.num_computed + n));
         let held_host = r.source.blocks.len() as u32;
         if target_pages.saturating_sub(held_host) > self.host.num_free() {
@@ -204,6 +239,25 @@ impl Coordinator {
                 target,
             );
         }
+        self.commit_tokens(r, n, target_pages, marked_before)
+            .map(|()| (Alloc::Scheduled, n))
+    }
+
+    /// The tokens `num_computed..num_computed + n` of `r` are scheduled, every block they need
+    /// held (`target_pages` pages): the scheduled entry, the rollback floor, row mirrors and
+    /// sealed pages, prefix hashes and GPU publication, sliding windows. `marked_before` is the
+    /// prefill mark to restore if the windows refuse.
+    #[inline(always)]
+    fn commit_tokens(
+        &mut self,
+        r: &mut Box<Req>,
+        n: u32,
+        target_pages: u32,
+        marked_before: u64,
+    ) -> Result<(), CoordError> {
+        let slot = r.row;
+        let first = r.num_computed;
+        let target = first + n;
         r.pages = r.pages.max(target_pages);
         r.num_computed = target;
         let spec = self.kv.config.max_query_len.max(1) - 1;
@@ -216,13 +270,13 @@ impl Coordinator {
             fully_resident: r.resident.host_only == 0,
         });
         // Rows written and pages sealed by this step.
+        let bt = self.kv.block_tokens;
+        let sealed1 = target / bt;
         if self.kv.config.eager_host_mirror {
-            self.plan_row_mirrors(r, first, target);
+            self.plan_row_mirrors(r, first, target, sealed1);
         }
         // Hashes of newly full pages; publish GPU-only groups now (host pages publish when
         // durable).
-        let bt = self.kv.block_tokens;
-        let sealed1 = target / bt;
         self.source.hash_sealed(&mut r.source, &r.tokens, sealed1);
         if self.source.caching() {
             // Only pages no rollback can reach (every token below the rollback floor); the
@@ -249,7 +303,7 @@ impl Coordinator {
             r.prefill_step = marked_before;
             return Err(e.into());
         }
-        Ok((Alloc::Scheduled, n))
+        Ok(())
     }
 
     /// Runs the built-in policy for one step (see the module docs) without building the

@@ -31,34 +31,38 @@ pub(super) struct WorkerState {
 
 impl Coordinator {
     /// With eager mirroring: plans the row mirrors of the rows tokens `first..target` write
-    /// (one span per page and bucket, coalesced) and seals the pages they fill, which go
-    /// pending under the current transfer id.
-    #[inline]
-    pub(super) fn plan_row_mirrors(&mut self, r: &mut Req, first: u32, target: u32) {
-        let nb = self.resident.num_buckets();
+    /// (one span per page and bucket, coalesced) and seals the pages they fill (up to
+    /// `sealed1 = target / block_tokens`, which the caller has at hand), which go pending
+    /// under the current transfer id. Inlined into the step loop's decode path.
+    #[inline(always)]
+    pub(super) fn plan_row_mirrors(&mut self, r: &mut Req, first: u32, target: u32, sealed1: u32) {
         let ratio = self.kv.sparse_compress_ratio;
         let bs = self.kv.block_size;
         let bt = self.kv.block_tokens;
         let (row0, row1) = (first / ratio, target / ratio);
         let sealed0 = first / bt;
-        let sealed1 = target / bt;
         let id_now = self.current_xfer;
         if row1 > row0 {
             let mut row = row0;
             while row < row1 {
                 let page = row / bs;
                 let end = ((page + 1) * bs).min(row1);
-                for bk in 0..nb {
-                    self.out.row_mirrors.push(RowMirror {
-                        bucket: bk,
+                let (host_block, first_row, num_rows) =
+                    (r.source.blocks[page as usize], row % bs, end - row);
+                // One span per bucket, written with one capacity check (every request, every
+                // decode step).
+                let blocks = self.resident.page_blocks(&r.resident, page);
+                self.out.row_mirrors.extend(blocks.iter().zip(0u32..).map(
+                    |(&device_block, bucket)| RowMirror {
+                        bucket,
                         span: RowSpan {
-                            device_block: self.resident.block(&r.resident, page, bk),
-                            host_block: r.source.blocks[page as usize],
-                            first_row: row % bs,
-                            num_rows: end - row,
+                            device_block,
+                            host_block,
+                            first_row,
+                            num_rows,
                         },
-                    });
-                }
+                    },
+                ));
                 row = end;
             }
             r.last_xfer = id_now;

@@ -459,6 +459,18 @@ impl ResidentManager {
         )
     }
 
+    /// GPU blocks of page `p`, one per bucket in bucket order.
+    #[inline]
+    pub(in crate::coordinator) fn page_blocks<'a>(
+        &self,
+        t: &'a ResidentTable,
+        p: u32,
+    ) -> &'a [u32] {
+        let nb = self.num_buckets as usize;
+        let at = p as usize * nb;
+        &t.blocks[at..at + nb]
+    }
+
     /// GPU block of page `p` in `bucket`.
     #[inline]
     pub(in crate::coordinator) fn block(&self, t: &ResidentTable, p: u32, bucket: u32) -> u32 {

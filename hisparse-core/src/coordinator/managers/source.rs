@@ -75,7 +75,11 @@ impl SourceManager {
     ) -> Result<(), CoordError> {
         t.blocks
             .try_reserve(pages)
-            .map_err(|_| out_of_memory::<u32>("host page table", pages))
+            .map_err(|_| out_of_memory::<u32>("host page table", pages))?;
+        let more = pages.saturating_sub(t.hashes.len());
+        t.hashes
+            .try_reserve(more)
+            .map_err(|_| out_of_memory::<u64>("prefix hashes", more))
     }
 
     /// Recomputes the hashes of every full page of `tokens` (a request starting).
