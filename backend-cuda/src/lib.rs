@@ -11,7 +11,7 @@
 //!   device's architecture on first use and cached per process; building this crate needs no
 //!   CUDA toolkit.
 //! * The decode-path operations (remap, resolve, gather, invalidate, compressed slot mapping)
-//!   only enqueue kernels (and a 16-byte memset for the resolver's workspace counter): no host
+//!   only enqueue kernels (the resolver's counters are cleared once, when a stream is made): no host
 //!   synchronisation, so they can be captured in a CUDA graph ([`CudaDevice::capture`]).
 //!   Page and row copies stage their host-side lists through pinned memory and an asynchronous
 //!   copy, one launch for all layers and pairs.
@@ -23,8 +23,9 @@
 //!   [`CudaDevice::kernel_report`] says what the driver made of the kernels (registers, spills,
 //!   blocks per multiprocessor).
 //! * Feature `bench-variants`: the earlier remap and gather kernels, selectable at run time for
-//!   A/B measurements (`set_remap_variant`, `set_gather_variant`, `set_resolve_variant`;
-//!   identical results), an empty kernel (`launch_empty`, the floor of a launch), and
+//!   A/B measurements (`set_remap_variant`, `set_gather_variant`, `set_resolve_variant`, and
+//!   `set_fused_variant` for how the fused resolve-and-gather shares its copies; identical
+//!   results), an empty kernel (`launch_empty`, the floor of a launch), and
 //!   `HISPARSE_CUDA_RESOLVE_GLOBAL=1` forcing the resolver's global-state mode. `cuda_bench`
 //!   needs it; production builds do without.
 //! * Buffers free their memory after the context has finished all enqueued work, so dropping a
@@ -78,4 +79,4 @@ pub use device::{
 };
 pub use error::CudaError;
 #[cfg(feature = "bench-variants")]
-pub use variants::{GatherVariant, RESOLVE_GLOBAL_ENV, RemapVariant, ResolveVariant};
+pub use variants::{FusedVariant, GatherVariant, RESOLVE_GLOBAL_ENV, RemapVariant, ResolveVariant};

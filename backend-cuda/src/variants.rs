@@ -6,7 +6,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-pub use hisparse_gpu_kernels::variants::{GatherVariant, RemapVariant, ResolveVariant};
+pub use hisparse_gpu_kernels::variants::{
+    FusedVariant, GatherVariant, RemapVariant, ResolveVariant,
+};
 
 use crate::device::{CudaDevice, CudaStream};
 use crate::error::CudaError;
@@ -24,6 +26,7 @@ pub(crate) struct BenchSwitches {
     remap: AtomicU8,
     gather: AtomicU8,
     resolve: AtomicU8,
+    fused: AtomicU8,
     resolve_global: AtomicBool,
 }
 
@@ -48,6 +51,7 @@ impl BenchSwitches {
             remap: AtomicU8::new(index_of(&RemapVariant::ALL, &RemapVariant::PRODUCTION)),
             gather: AtomicU8::new(index_of(&GatherVariant::ALL, &GatherVariant::PRODUCTION)),
             resolve: AtomicU8::new(index_of(&ResolveVariant::ALL, &ResolveVariant::PRODUCTION)),
+            fused: AtomicU8::new(index_of(&FusedVariant::ALL, &FusedVariant::PRODUCTION)),
             resolve_global: AtomicBool::new(global),
         })
     }
@@ -62,6 +66,10 @@ impl BenchSwitches {
 
     pub(crate) fn resolve(&self) -> ResolveVariant {
         ResolveVariant::ALL[usize::from(self.resolve.load(Ordering::Relaxed))]
+    }
+
+    pub(crate) fn fused(&self) -> FusedVariant {
+        FusedVariant::ALL[usize::from(self.fused.load(Ordering::Relaxed))]
     }
 
     pub(crate) fn resolve_global(&self) -> bool {
@@ -104,6 +112,19 @@ impl CudaDevice {
         self.bench
             .resolve
             .store(index_of(&ResolveVariant::ALL, &v), Ordering::Relaxed);
+    }
+
+    /// How the fused resolve-and-gather shares its copies from now on.
+    pub fn fused_variant(&self) -> FusedVariant {
+        self.bench.fused()
+    }
+
+    /// Chooses how later fused resolve-and-gather launches share their copies (results are
+    /// identical).
+    pub fn set_fused_variant(&self, v: FusedVariant) {
+        self.bench
+            .fused
+            .store(index_of(&FusedVariant::ALL, &v), Ordering::Relaxed);
     }
 
     /// Enqueues one launch of an empty kernel (one block of one thread) on `stream`: the floor
@@ -200,6 +221,10 @@ mod tests {
             ResolveVariant::ALL.last(),
             Some(&ResolveVariant::PRODUCTION)
         );
+        assert_eq!(FusedVariant::ALL.last(), Some(&FusedVariant::PRODUCTION));
+        for v in FusedVariant::ALL {
+            assert_eq!(FusedVariant::from_name(v.name()), Some(v));
+        }
         for sym in hisparse_gpu_kernels::variants::SYMBOLS {
             assert!(
                 hisparse_gpu_kernels::VARIANTS_SOURCE.contains(&format!(" {sym}(")),

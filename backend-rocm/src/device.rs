@@ -147,14 +147,16 @@ impl RocmDevice {
             host,
             device: &mut *device,
         })?;
+        let target = self.target();
         let plan = plan::resolve_gather(
-            &self.target(),
+            &target,
             desc,
             &resolve_addrs(&args),
             layers,
             host.device_addr(),
             device.addr(),
             false,
+            plan::FusedCopy::production(&target, desc),
         )?;
         self.execute(stream, plan)
     }

@@ -253,6 +253,9 @@ HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
 #define HS_REMAP_COUNTS 2u
 #define HS_REMAP_COMPACT 4u
 #define HS_REMAP_STAGED 16u
+// The request's block-table row staged in shared memory before the lookups (kernels built with
+// the TABLE template flag only: bench variant hs_remap_v5).
+#define HS_REMAP_TABLE 32u
 
 #if defined(HS_VENDOR_CUDA)
 // Four blocks of 512 threads per multiprocessor (at most 32 registers each): a launch of up to
@@ -301,6 +304,22 @@ HS_DEVICE i32 hs_remap_lookup(const hs_remap_geo& g, const i32* bt, i32 tok) {
     }
     if (col >= g.max_blocks) return -1;
     return hs_physical_row(HS_LDG(bt + col), g.stride, off);
+}
+
+// Output of top-k entry `tok` against the table row staged in shared memory (`bt` null:
+// padding; `lut` the staged copy of the row).
+HS_DEVICE i32 hs_remap_lookup_staged(const hs_remap_geo& g, const i32* bt, const i32* lut, i32 tok) {
+    if (bt == 0 || tok < 0) return -1;
+    u32 col, off;
+    if (g.shift < 32) {
+        col = (u32)tok >> g.shift;
+        off = (u32)tok & (g.block_size - 1);
+    } else {
+        col = (u32)tok / g.block_size;
+        off = (u32)tok % g.block_size;
+    }
+    if (col >= g.max_blocks) return -1;
+    return hs_physical_row(lut[col], g.stride, off);
 }
 
 // The first pass of token row t: its request id and this thread's top-k vector (or entry), both
@@ -362,8 +381,11 @@ HS_DEVICE i32 hs_remap_lookup_modes(const hs_remap_geo& g, const hs_remap_mode_s
 
 // The rows of hs_remap (MODES false: exactly the plain remap) or hs_remap_modes (MODES true: each
 // row's rule first, then every entry through hs_remap_lookup_modes). `s_row` is the dynamic
-// shared memory, `s_scan` the block-scan scratch.
-template <bool MODES>
+// shared memory, `s_scan` the block-scan scratch. TABLE (bench variant hs_remap_v5, not with
+// MODES): with HS_REMAP_TABLE in `flags`, each row's block-table row is loaded into shared memory
+// first (16-byte loads, coalesced, right after the request id arrives; after the compaction stage
+// of 4 * top_k bytes, 16-byte aligned) and the lookups read it there.
+template <bool MODES, bool TABLE = false>
 HS_DEVICE void hs_remap_rows(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
@@ -389,6 +411,8 @@ HS_DEVICE void hs_remap_rows(
     const u32 j_first = HS_TID * per;
     // s_row: the compacted row (staged mode), top_k entries.
     u32 phase = 0; // hs_block_scan1 calls so far (uniform over the block)
+    const bool table_staged = TABLE && !MODES && (flags & HS_REMAP_TABLE) != 0;
+    i32* s_table = s_row + (staged ? (top_k + 3u) & ~3u : 0u);
 
     // Row t's first-pass inputs are loaded one row ahead: while row t is looked up, the request
     // id and top-k vector of the block's next row are already on their way.
@@ -416,6 +440,20 @@ HS_DEVICE void hs_remap_rows(
         if (!rule.workspace)
             bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
                                     idx_mapping_len, flags);
+        if (table_staged) {
+            // The previous row's lookups have read the staged row (uniform: every thread runs
+            // the same rows).
+            if (t != HS_BID_X) HS_SYNC();
+            if (bt != 0) {
+                if ((max_blocks & 3u) == 0 && ((u64)bt & 15u) == 0) {
+                    for (u32 j = HS_TID * 4; j < max_blocks; j += HS_NTHREADS * 4)
+                        *(uint4*)(s_table + j) = HS_LDG((const uint4*)(bt + j));
+                } else {
+                    for (u32 j = HS_TID; j < max_blocks; j += HS_NTHREADS) s_table[j] = HS_LDG(bt + j);
+                }
+            }
+            HS_SYNC();
+        }
         const i32* in = topk + (u64)t * top_k;
         i32* o = out + (u64)t * top_k;
         u32 written = 0; // compaction: valid entries written so far (uniform)
@@ -443,6 +481,7 @@ HS_DEVICE void hs_remap_rows(
             for (u32 q = 0; q < 4; ++q) {
                 v[q] = !(mine && q < per) ? -1
                        : MODES        ? hs_remap_lookup_modes(g, modes, rule, bt, v[q])
+                       : table_staged ? hs_remap_lookup_staged(g, bt, s_table, v[q])
                                       : hs_remap_lookup(g, bt, v[q]);
                 n += v[q] != -1 ? 1u : 0u;
             }
@@ -706,7 +745,8 @@ HS_DEVICE void hs_workspace_release(u32* counter) {
 // The body of hs_resolve (the design measured fastest on the H200; it was bench variant v2):
 // every entry classified in one pass of batched loads (a one-row request's class, value and hash
 // slot kept in registers), hits found in LRU order, the table cleared at its full shared capacity,
-// one barrier per block scan. hs_resolve_gather runs it too. Returns the rows of the request this
+// one barrier per block scan. hs_resolve_gather runs it too. `t` is the token row the block
+// resolves (its block index, or in hs_resolve_gather its ticket). Returns the rows of the request this
 // block resolved (0 when it resolved none: a padding row, or a later row of a request), after a
 // barrier that follows every write of the miss plan and its counts, so that the block may read
 // them back (the fused gather).
@@ -718,7 +758,7 @@ HS_DEVICE u32 hs_resolve_body(
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 t) {
     HS_DYN_SHARED(hs_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
@@ -740,7 +780,6 @@ HS_DEVICE u32 hs_resolve_body(
     }
     d.hot_cols = hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
 
-    const u32 t = HS_BID_X;
     if (t >= num_tokens) return 0;
     const u32 K = top_k, N = hot_slots;
     const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
@@ -1130,7 +1169,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
                     valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                     workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                     num_requests, max_pages, block_size, hot_slots, attention_block_stride,
-                    host_num_blocks);
+                    host_num_blocks, HS_BID_X);
     hs_workspace_release(workspace_counter);
 }
 // ---------------------------------------------------------------------------------------------
@@ -1302,21 +1341,49 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
 // hisparse_core::ops::copy::gather_rows of its miss plan)
 // ---------------------------------------------------------------------------------------------
 //
-// Launch: as hs_resolve (grid (num_tokens), block HS_RESOLVE_THREADS, the same dynamic shared
-// memory and workspace), plus the gather's pools and up to HS_GATHER_MAX_LAYERS layers by value
-// (the host launches hs_gather_rows for further layers). The resolve is hs_resolve's own body
-// (hs_resolve_body, the design measured fastest); a block that resolved a request then copies
-// that request's missed rows right away, every layer, with the row loop of hs_gather_rows (the
-// rows' 16-byte units spread over the whole block, consecutive threads on consecutive units):
-// the copies of the requests that finish first overlap the resolving of the others, and no
-// second launch waits for the slowest block. The plan is read back from global memory (this
-// block wrote it, before a barrier).
+// Launch: as hs_resolve (block HS_RESOLVE_THREADS, the same dynamic shared memory and
+// workspace), grid (num_tokens + copy blocks), plus the gather's pools and up to
+// HS_GATHER_MAX_LAYERS layers by value (the host launches hs_gather_rows for further layers). The
+// resolve is hs_resolve's own body (hs_resolve_body, the design measured fastest). With work
+// sharing (item_units > 0, see hs_resolve_gather), a resolved request's missed rows are split into
+// work items of about item_units 16-byte units and copied by its resolving block, by resolving
+// blocks that finished, and by copy blocks on the multiprocessors the resolve leaves idle, each
+// item with the row loop of hs_gather_rows (the rows' units spread over the whole block,
+// consecutive threads on consecutive units). Without it (item_units == 0), the resolving block
+// copies all of its request's missed rows. Either way the copies of the requests that finish
+// first overlap the resolving of the others, and no second launch waits for the slowest block.
+// The plan is read back from global memory through L2 (written in this launch, published behind
+// a fence and a barrier).
 
 // Loads in flight per thread of the fused gather: each of a block's HS_RESOLVE_THREADS threads
 // keeps HS_FUSED_GATHER_UNROLL 16-byte loads in flight (a decode request's ~190 missed 656-byte rows
 // are two passes of the block; 64 resolving blocks keep megabytes in flight, far above what the
 // bus needs to stay busy), few enough registers for the resolver's bound of 64.
 #define HS_FUSED_GATHER_UNROLL 4
+
+#if defined(HS_VENDOR_CPU)
+// Another block's flag (the emulation runs blocks one after another: a flag a block waits for
+// is always set already).
+#define HS_LOAD_FLAG(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define HS_PAUSE() ((void)0)
+// A plan another block wrote in this launch (after it published the row).
+#define HS_LDCG(p) (*(p))
+#else
+#define HS_LOAD_FLAG(p) (*(volatile const u32*)(p))
+#if defined(HS_VENDOR_CUDA)
+// L2, not the multiprocessor's incoherent L1: the plan was written by another block.
+#define HS_LDCG(p) __ldcg(p)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+#define HS_PAUSE() __nanosleep(256)
+#else
+#define HS_PAUSE() ((void)0)
+#endif
+#else
+// HIP: the acquiring fence after the flag invalidates the vector L1.
+#define HS_LDCG(p) (*(volatile const i32*)(p))
+#define HS_PAUSE() __builtin_amdgcn_s_sleep(2)
+#endif
+#endif
 
 // The missed rows of one plan row (`n` entries from `base`) of one layer, scale words of W bytes,
 // copied by the whole block: unit q of the row set is unit q % units of row q / units, consecutive
@@ -1351,8 +1418,9 @@ HS_DEVICE void hs_fused_gather_rows(const hs_layer_pair& L, const i32* miss_src,
                 v[u] = make_uint4(0u, 0u, 0u, 0u);
                 if (q >= total) continue;
                 const u32 i = q / cpr, c = q % cpr;
-                // Plain loads: this block wrote the plan in this launch (before a barrier).
-                const i32 ps = miss_src[at + i], pd = miss_dst[at + i];
+                // Through L2: this block or another wrote the plan in this launch (published
+                // before a barrier).
+                const i32 ps = HS_LDCG(miss_src + at + i), pd = HS_LDCG(miss_dst + at + i);
                 u32 db, doff, sb, soff;
                 if (!hs_locate(L.device, pd, db, doff)) continue;
                 u64 dv, ds;
@@ -1379,6 +1447,130 @@ HS_DEVICE void hs_fused_gather_rows(const hs_layer_pair& L, const i32* miss_src,
     }
 }
 
+// The fused launch's work sharing (item_units > 0): the stream's resolver counters carry, after
+// their first four words, a ready flag and a claim counter per token row (HS_FUSED_SHARED_ROWS
+// of each; the host shares work only for launches of at most that many rows), zero before the
+// launch and left zero by it (the last block to finish clears them). Word 3 hands out tickets.
+#define HS_FUSED_TICKET_WORD 3
+#define HS_FUSED_READY_WORD 4
+#define HS_FUSED_SHARED_ROWS 1024
+
+// One layer's copy, dispatched on its scale words: rows [r0, r0 + n) of plan row `base`.
+HS_DEVICE void hs_fused_copy_layer(const hs_layer_pair& L, const i32* miss_src, const i32* miss_dst,
+                                   u64 base, u32 n, const u8* host, u8* device) {
+    if (L.host.scale_word == 8)
+        hs_fused_gather_rows<8>(L, miss_src, miss_dst, base, n, host, device);
+    else if (L.host.scale_word == 4)
+        hs_fused_gather_rows<4>(L, miss_src, miss_dst, base, n, host, device);
+    else
+        hs_fused_gather_rows<16>(L, miss_src, miss_dst, base, n, host, device);
+}
+
+// Plan rows per work item of a layer: as many rows as fill `item_units` units (at least one).
+HS_DEVICE u32 hs_fused_item_rows(const hs_layer_pair& L, u32 item_units) {
+    u32 cpr;
+    if (L.host.scale_word == 8) cpr = hs_row_units<8>(L.host);
+    else if (L.host.scale_word == 4) cpr = hs_row_units<4>(L.host);
+    else cpr = hs_row_units<16>(L.host);
+    const u32 rows = cpr == 0 ? item_units : item_units / cpr;
+    return rows == 0 ? 1u : rows;
+}
+
+// Copies work items of token row t2's missed rows, claimed one at a time through claim[t2],
+// until none is left: item i is, layer after layer, the i-th run of hs_fused_item_rows rows of
+// the row's miss list. The row's plan is published (this block saw its ready flag, or wrote it).
+// Thread 0 claims and decodes each item into s_item (layer, first row, rows; 0 rows: none left),
+// so the other threads carry nothing but the copy through it.
+HS_DEVICE void hs_fused_take(u32 t2, u32* claim, const i32* miss_counts, const i32* miss_src,
+                             const i32* miss_dst, u32 top_k, const hs_gather_layers& layers,
+                             u32 nl, u32 item_units, const u8* host, u8* device, u32* s_item) {
+    for (;;) {
+        if (HS_TID == 0) {
+            const i32 cnt = HS_LDCG(miss_counts + t2);
+            const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+            u32 i = n == 0 ? 0u : atomicAdd(claim + t2, 1u);
+            s_item[0] = 0;
+            s_item[1] = 0;
+            s_item[2] = 0;
+            for (u32 z = 0; z < nl && n != 0; ++z) {
+                const u32 per = hs_fused_item_rows(layers.layer[z], item_units);
+                const u32 of_layer = n / per + (n % per != 0 ? 1u : 0u);
+                if (i < of_layer) {
+                    const u32 r0 = i * per;
+                    s_item[0] = z;
+                    s_item[1] = r0;
+                    s_item[2] = n - r0 < per ? n - r0 : per;
+                    break;
+                }
+                i -= of_layer;
+            }
+        }
+        HS_SYNC();
+        const u32 z = s_item[0], r0 = s_item[1], rows = s_item[2];
+        HS_SYNC(); // every thread has the item before thread 0 claims the next
+        if (rows == 0) return; // uniform
+        hs_fused_copy_layer(layers.layer[z], miss_src, miss_dst, (u64)t2 * top_k + r0, rows, host,
+                            device);
+    }
+}
+
+// Whether token row t2's plan is published (wait: spin until it is). Thread 0 reads the flag and
+// fences (acquire) before the barrier that hands the answer to the block.
+HS_DEVICE bool hs_fused_ready(const u32* ready, u32 t2, bool wait, u32* s_word) {
+    if (HS_TID == 0) {
+        u32 f = HS_LOAD_FLAG(ready + t2);
+        while (wait && f == 0) {
+            HS_PAUSE();
+            f = HS_LOAD_FLAG(ready + t2);
+        }
+        HS_FENCE();
+        *s_word = f;
+    }
+    HS_SYNC();
+    const bool r = *s_word != 0;
+    HS_SYNC();
+    return r;
+}
+
+// End of a work-sharing block: counts it finished; the last block of the launch clears the ready
+// flags and claim counters of the launch's rows, the bump allocator, the tickets and the count
+// (as hs_workspace_release), so the next launch on the stream finds them zero.
+HS_DEVICE void hs_fused_release(u32* counter, u32 num_tokens, u32* s_word) {
+    HS_SYNC(); // the block's claims are behind it
+    if (HS_TID == 0) {
+        HS_FENCE();
+        *s_word = atomicAdd(counter + 1, 1u) == HS_NBLOCKS_X - 1 ? 1u : 0u;
+    }
+    HS_SYNC();
+    if (*s_word == 0) return;
+    HS_FENCE();
+    u32* ready = counter + HS_FUSED_READY_WORD;
+    u32* claim = ready + HS_FUSED_SHARED_ROWS;
+    for (u32 i = HS_TID; i < num_tokens && i < HS_FUSED_SHARED_ROWS; i += HS_NTHREADS) {
+        atomicExch(ready + i, 0u);
+        atomicExch(claim + i, 0u);
+    }
+    HS_FENCE();
+    HS_SYNC();
+    if (HS_TID == 0) {
+        const u32 used = atomicExch(counter, 0u);
+        atomicMax(counter + 2, used);
+        atomicExch(counter + HS_FUSED_TICKET_WORD, 0u);
+        atomicExch(counter + 1, 0u);
+        HS_FENCE();
+    }
+}
+
+// item_units == 0 (or no counters): each resolving block copies its own request's misses, the
+// grid is one block per token row. item_units > 0: work sharing, the grid is num_tokens
+// resolving blocks and any number of copy blocks. Each block takes a ticket when it starts; the
+// first num_tokens tickets resolve token rows (ticket = row) and publish their rows' plans
+// (fence, barrier, ready flag), the others are copy blocks. A resolving block then copies work
+// items of its own rows (when resolvers_copy is set) and of every row already published, without
+// waiting; a copy block visits every row from its own starting row, waits for each row's flag
+// and copies its unclaimed items. A block only ever waits for a ticket below its own, taken by a
+// block that is already running and never waits itself, so the launch completes whichever
+// blocks are resident together (the first num_tokens tickets run whatever the copy blocks do).
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
@@ -1388,37 +1580,90 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
-    const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers) {
+    const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers, u32 item_units,
+    u32 resolvers_copy) {
+    HS_SHARED u32 s_word, s_item[3];
     HS_GRID_DEP_WAIT(); // before any global memory access
+    const bool share =
+        item_units != 0 && workspace_counter != 0 && num_tokens <= HS_FUSED_SHARED_ROWS;
+    // The token row this block resolves: its index, or with work sharing its ticket (kept in
+    // s_word, which nothing else writes until the resolve is done: read again after it rather
+    // than held in a register through it).
+    if (share) {
+        if (HS_TID == 0) s_word = atomicAdd(workspace_counter + HS_FUSED_TICKET_WORD, 1u);
+        HS_SYNC();
+    }
     const u32 rows = hs_resolve_body(
         req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices, valid_counts,
         hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
         workspace_entries, smem_table_entries, num_tokens, top_k, num_requests, max_pages,
-        block_size, hot_slots, attention_block_stride, host_num_blocks);
-    // The block's last workspace allocation is behind it: release before the copies, so the
-    // launch's counters are back to zero as soon as every block has resolved.
-    hs_workspace_release(workspace_counter);
-    if (rows == 0) return; // uniform over the block
-    const u32 t = HS_BID_X;
-    const i32 req = req_id[t];
+        block_size, hot_slots, attention_block_stride, host_num_blocks,
+        share ? s_word : HS_BID_X);
+    HS_SYNC(); // every thread read its ticket (the body may return without a barrier)
+    const u32 k = share ? s_word : HS_BID_X;
+    HS_SYNC(); // every thread has its ticket before s_word is reused
     const u32 nl = layers.count < HS_GATHER_MAX_LAYERS ? layers.count : HS_GATHER_MAX_LAYERS;
-    for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-        if (t2 != t && req_id[t2] != req) continue;
-        ++seen;
-        const i32 cnt = miss_counts[t2];
-        const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-        const u64 base = (u64)t2 * top_k;
-        for (u32 z = 0; z < nl; ++z) {
-            const hs_layer_pair& L = layers.layer[z];
-            // One branch per layer: the layer's scale words.
-            if (L.host.scale_word == 8)
-                hs_fused_gather_rows<8>(L, miss_src, miss_dst, base, n, host, device);
-            else if (L.host.scale_word == 4)
-                hs_fused_gather_rows<4>(L, miss_src, miss_dst, base, n, host, device);
-            else
-                hs_fused_gather_rows<16>(L, miss_src, miss_dst, base, n, host, device);
+    if (!share) {
+        // Each block copies its own request's misses. The block's last workspace allocation is
+        // behind it: release before the copies, so the launch's counters are back to zero as
+        // soon as every block has resolved.
+        hs_workspace_release(workspace_counter);
+        if (rows == 0) return; // uniform over the block
+        const i32 req = req_id[k];
+        for (u32 t2 = k, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+            if (t2 != k && req_id[t2] != req) continue;
+            ++seen;
+            const i32 cnt = miss_counts[t2];
+            const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+            const u64 base = (u64)t2 * top_k;
+            for (u32 z = 0; z < nl; ++z)
+                hs_fused_copy_layer(layers.layer[z], miss_src, miss_dst, base, n, host, device);
+        }
+        return;
+    }
+
+    u32* ready = workspace_counter + HS_FUSED_READY_WORD;
+    u32* claim = ready + HS_FUSED_SHARED_ROWS;
+    // Without copy blocks the resolving blocks copy, whatever resolvers_copy says.
+    const bool resolvers_do_copy = resolvers_copy != 0 || HS_NBLOCKS_X <= num_tokens;
+    if (k < num_tokens) {
+        // Publish: every thread's plan writes device-visible, then the flags of the rows this
+        // block wrote (its own padding row, or every row of the request it resolved).
+        HS_FENCE();
+        HS_SYNC();
+        const i32 req = HS_LDG(req_id + k);
+        const bool padding = req < 0 || (u32)req >= num_requests;
+        if (HS_TID == 0) {
+            if (padding) {
+                atomicExch(ready + k, 1u);
+            } else {
+                for (u32 t2 = k, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+                    if (HS_LDG(req_id + t2) != req) continue;
+                    ++seen;
+                    atomicExch(ready + t2, 1u);
+                }
+            }
         }
     }
+    // The rows this block visits, from `start` on: a resolving block (when it copies) every
+    // published row from its own on, none waited for (its own rows are published: it wrote
+    // them); a copy block every row, from a starting row spread over the copy blocks, waiting
+    // for each (the resolving blocks hold lower tickets: they run, and wait for nothing).
+    const bool copier = k >= num_tokens;
+    u32 visits = num_tokens, start = k;
+    if (copier) {
+        const u32 c = k - num_tokens, copies = HS_NBLOCKS_X - num_tokens;
+        start = (u32)((u64)c * num_tokens / copies);
+    } else if (!resolvers_do_copy) {
+        visits = 0;
+    }
+    for (u32 i = 0; i < visits; ++i) {
+        const u32 t2 = (start + i) % num_tokens;
+        if (hs_fused_ready(ready, t2, copier, &s_word))
+            hs_fused_take(t2, claim, miss_counts, miss_src, miss_dst, top_k, layers, nl,
+                          item_units, host, device, s_item);
+    }
+    hs_fused_release(workspace_counter, num_tokens, &s_word);
 }
 // ---------------------------------------------------------------------------------------------
 // Whole-page copies (hisparse_core::ops::copy::copy_pages and copy_host_pages)

@@ -965,6 +965,24 @@ HS_KERNEL void hs_empty() {}
 // one (hs_workspace_release), so the host clears it only once.
 // ---------------------------------------------------------------------------------------------
 
+// Bench variant hs_remap_v5: hs_remap (v4) with the request's block-table row staged in shared
+// memory (HS_REMAP_TABLE: one coalesced load of the row right after the request id, a barrier,
+// then every lookup from shared memory) instead of a dependent scattered load per entry.
+// Parameters, grid and block as hs_remap; dynamic shared memory hs_remap's plus the staged row.
+HS_KERNEL HS_REMAP_BOUNDS void hs_remap_v5(
+    const i32* __restrict__ req_id, const i32* __restrict__ block_table,
+    const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
+    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
+    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    HS_DYN_SHARED(hs_remap_v5_smem);
+    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    const hs_remap_mode_set none = {0, 0, 0, 0, 0, 0};
+    hs_remap_rows<false, true>(req_id, block_table, topk, idx_mapping, out, counts, num_tokens,
+                               top_k, table_rows, max_blocks, block_size, block_stride_rows,
+                               idx_mapping_len, flags, none, (i32*)hs_remap_v5_smem, s_scan);
+}
+
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap_v3(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,

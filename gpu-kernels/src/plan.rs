@@ -25,7 +25,8 @@ use hisparse_core::ops::{
 
 use crate::args::Args;
 use crate::{
-    COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE, GATHER_MAX_LAYERS,
+    COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE,
+    FUSED_BLOCKS_PER_MULTIPROCESSOR, FUSED_ITEM_UNITS, FUSED_SHARED_ROWS, GATHER_MAX_LAYERS,
     GATHER_ROWS, GATHER_THREADS, GatherLayers, INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob,
     Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES,
     REMAP_STAGED, RESOLVE_GLOBAL_STATE, RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS,
@@ -491,6 +492,18 @@ pub fn resolve(
     a: &ResolveAddrs,
     force_global: bool,
 ) -> Result<Plan, PlanError> {
+    resolve_with_counters(t, d, a, force_global, false)
+}
+
+/// [`resolve`], passing the stream's resolver counters even without a workspace when
+/// `counters` (the work-sharing fused launch needs them).
+fn resolve_with_counters(
+    t: &Target,
+    d: &ResolveDesc,
+    a: &ResolveAddrs,
+    force_global: bool,
+    counters: bool,
+) -> Result<Plan, PlanError> {
     if d.num_tokens == 0 {
         return Ok(Plan::empty());
     }
@@ -526,7 +539,12 @@ pub fn resolve(
         args.workspace(0).counters();
         16 * shape.workspace_entries
     } else {
-        args.ptr(0).ptr(0);
+        args.ptr(0);
+        if counters {
+            args.counters();
+        } else {
+            args.ptr(0);
+        }
         0
     };
     args.u32(shape.workspace_entries as u32)
@@ -614,13 +632,56 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
 // Resolve and gather in one launch
 // ------------------------------------------------------------------------------------------------
 
+/// How an `hs_resolve_gather` launch shares the copying of the misses between its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FusedCopy {
+    /// One block per token row; each resolving block copies its own request's misses (round 5).
+    OwnRequest,
+    /// Work sharing: the misses in work items of about `item_units` 16-byte units, claimed by
+    /// the resolving blocks (unless `resolvers_copy` is false and there are copy blocks) and by
+    /// `copy_blocks` more blocks, which copy only. Launches of more than
+    /// [`FUSED_SHARED_ROWS`] rows, or whose items could number 2^30 or more, fall back to
+    /// [`FusedCopy::OwnRequest`].
+    Shared {
+        /// 16-byte units per work item (at least 1; a row is never split across layers).
+        item_units: u32,
+        /// Blocks beyond the token rows, copying only.
+        copy_blocks: u32,
+        /// Whether the resolving blocks copy too (false only makes sense with copy blocks; a
+        /// test switch that sends every item through the copy blocks).
+        resolvers_copy: bool,
+    },
+}
+
+impl FusedCopy {
+    /// The production choice: work sharing in items of one pass of a block's loads
+    /// ([`FUSED_ITEM_UNITS`]), with copy blocks on the multiprocessors the resolving blocks
+    /// leave idle (one block per multiprocessor, [`FUSED_BLOCKS_PER_MULTIPROCESSOR`]).
+    ///
+    /// It cannot be slower than [`FusedCopy::OwnRequest`] by more than a claim per item: every
+    /// resolving block resolves exactly as before, then copies its own request's items first in
+    /// passes of the same size as the own-request loop (one atomic and two barriers per pass
+    /// added, against a pass of megabytes across the bus), and only then helps with items other
+    /// blocks have not claimed; copy blocks run only on multiprocessors no resolving block of the
+    /// launch would occupy, and take nothing a resolving block is copying.
+    pub fn production(t: &Target, d: &ResolveDesc) -> FusedCopy {
+        let resident = t.multiprocessors.max(1) * FUSED_BLOCKS_PER_MULTIPROCESSOR;
+        FusedCopy::Shared {
+            item_units: FUSED_ITEM_UNITS,
+            copy_blocks: resident.saturating_sub(d.num_tokens),
+            resolvers_copy: true,
+        }
+    }
+}
+
 /// A resolve followed by the gather of its miss plan (the swap-in critical path), in one
-/// `hs_resolve_gather` launch: [`resolve`]'s launch shape and workspace, each resolving block
-/// copying its request's missed rows for the first [`GATHER_MAX_LAYERS`] of `layers` as soon as
-/// its plan is known; further layers follow as [`gather`] launches over the plan. `host` and
-/// `device` are the device addresses of the mapped host pool and the device pool. Results equal
-/// [`resolve`] then [`gather`] with `plan_src`, `plan_dst` and `plan_counts` the resolve's
-/// `miss_src`, `miss_dst` and `miss_counts`; no layers is a plain resolve.
+/// `hs_resolve_gather` launch: [`resolve`]'s shape and workspace, the copies shared as `copy`
+/// says (a grid of `num_tokens` plus its copy blocks), for the first [`GATHER_MAX_LAYERS`] of
+/// `layers`; further layers follow as [`gather`] launches over the plan. `host` and `device` are
+/// the device addresses of the mapped host pool and the device pool. Results equal [`resolve`]
+/// then [`gather`] with `plan_src`, `plan_dst` and `plan_counts` the resolve's `miss_src`,
+/// `miss_dst` and `miss_counts`; no layers is a plain resolve.
+#[allow(clippy::too_many_arguments)]
 pub fn resolve_gather(
     t: &Target,
     d: &ResolveDesc,
@@ -629,24 +690,63 @@ pub fn resolve_gather(
     host: u64,
     device: u64,
     force_global: bool,
+    copy: FusedCopy,
 ) -> Result<Plan, PlanError> {
-    let mut plan = resolve(t, d, a, force_global)?;
+    let first_layers = layers.len().min(GATHER_MAX_LAYERS) as u64;
+    let copy = match copy {
+        FusedCopy::Shared { item_units, .. }
+            if d.num_tokens <= FUSED_SHARED_ROWS
+                && item_units > 0
+                // Items per row (at most top_k per layer) and the claims past them stay far
+                // below u32's end.
+                && u64::from(d.top_k) * first_layers < 1 << 30 =>
+        {
+            copy
+        }
+        _ => FusedCopy::OwnRequest,
+    };
+    let shared = matches!(copy, FusedCopy::Shared { .. });
+    if layers.is_empty() {
+        return resolve(t, d, a, force_global);
+    }
+    let mut plan = resolve_with_counters(t, d, a, force_global, shared)?;
     let Some(fused) = plan.launches.first_mut() else {
         return Ok(plan);
     };
-    if layers.is_empty() {
-        return Ok(plan);
-    }
     check_layers(layers)?;
     check_pool("resolve_gather host pool address", host)?;
     check_pool("resolve_gather device pool address", device)?;
     let (first, rest) = layers.split_at(layers.len().min(GATHER_MAX_LAYERS));
     fused.kernel = Kernel::ResolveGather;
+    let (item_units, resolvers_copy) = match copy {
+        FusedCopy::OwnRequest => (0, true),
+        FusedCopy::Shared {
+            item_units,
+            copy_blocks,
+            resolvers_copy,
+        } => {
+            // Without copy blocks the resolving blocks copy whatever the switch says.
+            let copy_blocks = if resolvers_copy {
+                copy_blocks
+            } else {
+                copy_blocks.max(1)
+            };
+            limit(
+                "resolve_gather grid",
+                u64::from(d.num_tokens) + u64::from(copy_blocks),
+                i32::MAX as u64,
+            )?;
+            fused.grid[0] = d.num_tokens + copy_blocks;
+            (item_units, resolvers_copy)
+        }
+    };
     fused
         .args
         .ptr(host)
         .ptr(device)
-        .gather_layers(&GatherLayers::new(first));
+        .gather_layers(&GatherLayers::new(first))
+        .u32(item_units)
+        .u32(u32::from(resolvers_copy));
     if !rest.is_empty() {
         let more = gather(
             t,

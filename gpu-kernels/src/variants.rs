@@ -10,6 +10,12 @@ use crate::{GATHER_ROWS, Kernel};
 
 /// `hs_remap_v2` flag (not in the production ABI): look table entries up in global memory.
 pub const REMAP_DIRECT: u32 = 8;
+/// `hs_remap_v5` flag (not set by the production planner): stage the request's block-table row
+/// in shared memory before the lookups.
+pub const REMAP_TABLE: u32 = 32;
+/// Most bytes of a block-table row `hs_remap_v5` stages (longer rows are looked up directly, as
+/// `hs_remap` does).
+pub const REMAP_TABLE_STAGE_MAX_BYTES: u32 = 16 * 1024;
 /// Threads per block of `hs_remap_v1` and `hs_remap_v2`.
 pub const REMAP_V2_THREADS: u32 = 256;
 
@@ -29,22 +35,28 @@ pub enum RemapVariant {
     /// `hs_remap` (production): as v3, plus the next row's inputs loaded one row ahead by a grid
     /// the device holds at once, and compaction staged in shared memory (whole-vector stores).
     V4,
+    /// `hs_remap_v5`: v4 with the request's block-table row staged in shared memory (one
+    /// coalesced 16-byte load per thread right after the request id, a barrier, lookups from
+    /// shared memory) instead of a scattered dependent load per entry; rows longer than
+    /// [`REMAP_TABLE_STAGE_MAX_BYTES`] are looked up as v4 does.
+    V5,
 }
 
 impl RemapVariant {
     /// Every variant, production last.
-    pub const ALL: [RemapVariant; 5] = [
+    pub const ALL: [RemapVariant; 6] = [
         RemapVariant::V1,
         RemapVariant::V2,
         RemapVariant::V2Direct,
         RemapVariant::V3,
+        RemapVariant::V5,
         RemapVariant::V4,
     ];
 
     /// The production kernel.
     pub const PRODUCTION: RemapVariant = RemapVariant::V4;
 
-    /// The variant's name: `v1`, `v2`, `v2-direct`, `v3` or `v4`.
+    /// The variant's name: `v1`, `v2`, `v2-direct`, `v3`, `v4` or `v5`.
     pub const fn name(self) -> &'static str {
         match self {
             RemapVariant::V1 => "v1",
@@ -52,6 +64,7 @@ impl RemapVariant {
             RemapVariant::V2Direct => "v2-direct",
             RemapVariant::V3 => "v3",
             RemapVariant::V4 => "v4",
+            RemapVariant::V5 => "v5",
         }
     }
 
@@ -160,6 +173,74 @@ impl ResolveVariant {
     }
 }
 
+/// How the fused `hs_resolve_gather` shares its copies (the same kernel; see
+/// [`plan::FusedCopy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FusedVariant {
+    /// Each resolving block copies its own request's misses (round 5).
+    OwnRequest,
+    /// Work items shared by the resolving blocks only (no copy blocks).
+    SharedNoCopyBlocks,
+    /// Every item copied by the copy blocks (the resolving blocks only resolve): a check of the
+    /// copy blocks' path, not a candidate.
+    CopyBlocksOnly,
+    /// Production ([`plan::FusedCopy::production`]): work items shared by the resolving blocks
+    /// and copy blocks on the multiprocessors the resolve leaves idle.
+    Shared,
+}
+
+impl FusedVariant {
+    /// Every variant, production last.
+    pub const ALL: [FusedVariant; 4] = [
+        FusedVariant::OwnRequest,
+        FusedVariant::SharedNoCopyBlocks,
+        FusedVariant::CopyBlocksOnly,
+        FusedVariant::Shared,
+    ];
+
+    /// The production choice.
+    pub const PRODUCTION: FusedVariant = FusedVariant::Shared;
+
+    /// The variant's name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FusedVariant::OwnRequest => "own-request",
+            FusedVariant::SharedNoCopyBlocks => "shared-no-copy-blocks",
+            FusedVariant::CopyBlocksOnly => "copy-blocks-only",
+            FusedVariant::Shared => "shared",
+        }
+    }
+
+    /// The variant named `name`, if any.
+    pub fn from_name(name: &str) -> Option<FusedVariant> {
+        Self::ALL.into_iter().find(|k| k.name() == name.trim())
+    }
+
+    /// The planner's choice for this variant.
+    pub fn copy(self, t: &Target, d: &ResolveDesc) -> plan::FusedCopy {
+        let production = plan::FusedCopy::production(t, d);
+        match (self, production) {
+            (FusedVariant::OwnRequest, _) => plan::FusedCopy::OwnRequest,
+            (FusedVariant::Shared, p) => p,
+            (FusedVariant::SharedNoCopyBlocks, plan::FusedCopy::Shared { item_units, .. }) => {
+                plan::FusedCopy::Shared {
+                    item_units,
+                    copy_blocks: 0,
+                    resolvers_copy: true,
+                }
+            }
+            (FusedVariant::CopyBlocksOnly, plan::FusedCopy::Shared { item_units, .. }) => {
+                plan::FusedCopy::Shared {
+                    item_units,
+                    copy_blocks: t.multiprocessors.max(1),
+                    resolvers_copy: false,
+                }
+            }
+            (_, p) => p,
+        }
+    }
+}
+
 /// An empty kernel without parameters (`hs_empty`): the floor of a launch, for benchmarks.
 pub const EMPTY_KERNEL: &str = "hs_empty";
 
@@ -173,10 +254,11 @@ pub const CLOCK_PROBE_KERNEL: &str = "hs_clock_probe";
 pub const RESOLVE_V1_THREADS: u32 = 512;
 
 /// Every variant symbol of [`crate::VARIANTS_SOURCE`] with a production kernel's parameters.
-pub const SYMBOLS: [&str; 9] = [
+pub const SYMBOLS: [&str; 10] = [
     "hs_remap_v1",
     "hs_remap_v2",
     "hs_remap_v3",
+    "hs_remap_v5",
     "hs_gather_rows_v1",
     "hs_gather_rows_v2",
     "hs_gather_rows_v4",
@@ -207,6 +289,28 @@ pub fn resolve(
     Ok(p)
 }
 
+/// `l` (a launch of `hs_remap`'s parameters) with `extra` set in its flags, the last parameter.
+fn with_flags(l: &mut crate::plan::Launch, extra: u32) {
+    let mut args = crate::args::Args::default();
+    let n = Kernel::Remap.abi().params.len();
+    for i in 0..n - 1 {
+        let b = l.args.value(i).expect("packed by plan::remap");
+        match b.len() {
+            8 => args.ptr(u64::from_ne_bytes(b.try_into().expect("8 bytes"))),
+            _ => args.u32(u32::from_ne_bytes(b.try_into().expect("4 bytes"))),
+        };
+    }
+    let flags = u32::from_ne_bytes(
+        l.args
+            .value(n - 1)
+            .expect("flags")
+            .try_into()
+            .expect("4 bytes"),
+    );
+    args.u32(flags | extra);
+    l.args = args;
+}
+
 /// The remap of `d` with kernel `v`.
 pub fn remap(
     t: &Target,
@@ -216,6 +320,19 @@ pub fn remap(
 ) -> Result<Plan, PlanError> {
     let mut p = plan::remap(t, d, a)?;
     if v == RemapVariant::V4 {
+        return Ok(p);
+    }
+    if v == RemapVariant::V5 {
+        // hs_remap's launch; the staged table row after its dynamic shared memory (16-byte
+        // aligned), when the row fits.
+        let row_bytes = 4 * u64::from(d.max_blocks);
+        for l in &mut p.launches {
+            l.variant = Some("hs_remap_v5");
+            if row_bytes <= u64::from(REMAP_TABLE_STAGE_MAX_BYTES) {
+                l.shared = l.shared.next_multiple_of(16) + row_bytes as u32;
+                with_flags(l, REMAP_TABLE);
+            }
+        }
         return Ok(p);
     }
     for l in &mut p.launches {
@@ -234,25 +351,7 @@ pub fn remap(
             "hs_remap_v2"
         });
         if v == RemapVariant::V2Direct {
-            // `flags` is the last parameter.
-            let mut args = crate::args::Args::default();
-            let n = Kernel::Remap.abi().params.len();
-            for i in 0..n - 1 {
-                let b = l.args.value(i).expect("packed by plan::remap");
-                match b.len() {
-                    8 => args.ptr(u64::from_ne_bytes(b.try_into().expect("8 bytes"))),
-                    _ => args.u32(u32::from_ne_bytes(b.try_into().expect("4 bytes"))),
-                };
-            }
-            let flags = u32::from_ne_bytes(
-                l.args
-                    .value(n - 1)
-                    .expect("flags")
-                    .try_into()
-                    .expect("4 bytes"),
-            );
-            args.u32(flags | REMAP_DIRECT);
-            l.args = args;
+            with_flags(l, REMAP_DIRECT);
         }
     }
     Ok(p)
@@ -366,7 +465,7 @@ mod tests {
                 for v in RemapVariant::ALL {
                     let p = remap(&H200, &d, &RemapAddrs::default(), v).unwrap();
                     accepted(&p);
-                    if v != RemapVariant::V4 {
+                    if !matches!(v, RemapVariant::V4 | RemapVariant::V5) {
                         assert_eq!(p.launches[0].grid[0], t, "{v:?}: one block per row");
                     }
                 }

@@ -91,10 +91,10 @@ impl Emu {
     /// Executes `plan` as a backend would: stages its lists (16-byte aligned copies), places a
     /// workspace whose counter area is zero and whose rest is garbage (kernels must initialise
     /// what they read), resolves the symbolic pointers and runs the launches in order.
-    /// Returns the workspace counter words after the launches (zeros without a workspace): the
-    /// launches must have left the first two zero (the next launch finds them so), the third is
-    /// the most entries one launch took.
-    fn execute(&self, mut plan: Plan) -> [u32; 4] {
+    /// Returns the stream's counter words after the launches: the launches must have left all
+    /// but the third zero (the next launch finds them so), the third is the most entries one
+    /// launch took.
+    fn execute(&self, mut plan: Plan) -> Vec<u32> {
         let staged: Vec<Vec<u128>> = plan
             .staged
             .iter()
@@ -115,7 +115,7 @@ impl Emu {
             0
         };
         // The stream's counters: zero before the launches (a stream made just now).
-        let mut counters = [0u32; 4];
+        let mut counters = vec![0u32; (gk::WORKSPACE_COUNTER_BYTES / 4) as usize];
         let ctr = am(&mut counters);
         for l in &mut plan.launches {
             assert!(
@@ -744,6 +744,20 @@ fn fused_step(
         miss_src: am(&mut gsrc),
         miss_dst: am(&mut gdst),
     };
+    // Every way of sharing the copies: each block its own request, or work items of 1 to
+    // thousands of units shared by the resolving blocks and 0 to 3 copy blocks (or by the copy
+    // blocks alone).
+    let copy = if rng.pct(20) {
+        plan::FusedCopy::OwnRequest
+    } else {
+        let item_units = [1, 3, 41, 100, gk::FUSED_ITEM_UNITS][rng.below(5) as usize];
+        let copy_blocks = rng.int(0, 3) as u32;
+        plan::FusedCopy::Shared {
+            item_units,
+            copy_blocks,
+            resolvers_copy: copy_blocks == 0 || rng.pct(50),
+        }
+    };
     let planned = plan::resolve_gather(
         tgt,
         d,
@@ -752,6 +766,7 @@ fn fused_step(
         a(&host_pool),
         am(&mut gdev),
         mode.global,
+        copy,
     )
     .map_err(|e| e.to_string())?;
     if planned.launches.first().map(|l| l.kernel) != Some(Kernel::ResolveGather) {
@@ -803,7 +818,7 @@ fn fused_step(
     }
     if gdev != want_dev {
         return Err(format!(
-            "resolve_gather's device pool differs from the reference gather ({nl} layers, {row} B rows, split {split}, {mode:?}) for {d:?}"
+            "resolve_gather's device pool differs from the reference gather ({nl} layers, {row} B rows, split {split}, {mode:?}, {copy:?}) for {d:?}"
         ));
     }
     Ok(())
@@ -811,11 +826,14 @@ fn fused_step(
 
 /// The workspace counters after a resolve: the allocator and the finished-blocks count back to
 /// zero, the most entries taken within what the host sized.
-fn check_counter(words: [u32; 4], sized: u64, what: &str) -> Result<(), String> {
-    if words[0] != 0 || words[1] != 0 {
+fn check_counter(words: Vec<u32>, sized: u64, what: &str) -> Result<(), String> {
+    if let Some((at, w)) = words
+        .iter()
+        .enumerate()
+        .find(|&(i, &w)| i != gk::WORKSPACE_HIGH_WATER_WORD && w != 0)
+    {
         return Err(format!(
-            "{what} left the workspace counters at {:?}: the next launch would not find them zero",
-            &words[..2]
+            "{what} left counter word {at} at {w}: the next launch would not find it zero"
         ));
     }
     if u64::from(words[gk::WORKSPACE_HIGH_WATER_WORD]) > sized {

@@ -3,12 +3,16 @@
 # with the binaries of scripts/h200/cuda-build.sh in h200-cuda/ (carry that folder):
 #
 #   1. cuda_bench: every figure beside the ceilings of the same run (bulk H2D/D2H, D2D, an empty
-#      kernel in a graph), every kernel variant, warm and cold, the swap-in path separate and
-#      fused, the configurations `hisparse bench` measures; 20 ms of sustained GPU work before
-#      every timed run and the SM clock of each run in its row; JSON in $OUT/cuda-perf/bench.json;
+#      kernel in a graph), every kernel variant (remap v5: the block-table row staged), warm and
+#      cold, the swap-in path separate and fused (each block its own request; work items shared
+#      by the resolving blocks; shared with copy blocks, the production choice; all checked byte
+#      for byte against the pair, the copy blocks alone too), the configurations `hisparse bench`
+#      measures; 20 ms of sustained GPU work before every timed run and the SM clock of each run
+#      in its row; JSON in $OUT/cuda-perf/bench.json;
 #   2. the conformance suite with a device required (production build), the fused
-#      resolve-and-gather against the reference, and compute-sanitizer racecheck of the fused
-#      launch's two small scenarios (speculative rows with a corrupt LRU; split rows);
+#      resolve-and-gather against the reference (production: copy blocks beside the resolving
+#      blocks), and compute-sanitizer racecheck of the fused launch's two small scenarios
+#      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
 #      (remap at 1 and 64 tokens in every mode, the resolver and the fused launch at 64 requests):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
@@ -22,10 +26,10 @@
 # The whole script runs inside a 345 s budget (HISPARSE_H200_BUDGET overrides it; each section's
 # limit shrinks to what is left; a section with no time left is reported SKIPPED and listed as
 # dropped at the end), so it ends within 6 minutes. Sections run in priority order, so a smaller
-# budget drops from the end: with HISPARSE_H200_BUDGET=240 the bench (about 30 s, every variant,
-# the production rows judged), the conformance suite, the fused test, the fused racechecks (about
-# 10 s together) and the ncu step (limit 75 s) run first, and the resolve racechecks are the
-# first to go. Expected:
+# budget drops from the end: with HISPARSE_H200_BUDGET=200 the bench (about 30-40 s, every
+# variant, the production rows judged), the conformance suite, the fused test, the fused
+# racechecks (about 10 s together) and the ncu step (limit 75 s) run first, and the resolve
+# racechecks are the first to go. Expected:
 # every racecheck "0 hazards displayed (0 errors, 0 warnings)", the fused speculative scenario
 # included (an LRU naming a slot twice had two threads of one warp write that slot's inverse;
 # only the thread whose atomicOr claims the slot writes it now). Logs in

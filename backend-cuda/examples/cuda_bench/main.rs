@@ -32,8 +32,11 @@
 //!   graph replayed from the same starting state, every resolver kernel;
 //! * the swap-in critical path: the same walk with each step's resolve followed by the gather of
 //!   its misses as the runtime issues them (production kernels, and the round-2 pair), and the
-//!   fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`), with and
-//!   without PDL, against 1.2 × (missed bytes ÷ bulk H2D) + 5 µs;
+//!   fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`) with each way of sharing
+//!   its copies (each block its own request; work items shared by the resolving blocks; shared
+//!   with copy blocks, the production choice), with and without PDL, against 1.2 × (missed
+//!   bytes ÷ bulk H2D) + 5 µs; every fused variant (and the copy blocks alone) is first checked
+//!   byte for byte against the pair over the walk;
 //! * multi-layer page backup and restore (61 layers × 64 pages) against bulk D2H / H2D;
 //! * `cli`: the configurations `hisparse bench` measures, the same way (stream calls: the
 //!   2048-row gather with its plan rotation, 12-layer backup and restore of 16 rotating page

@@ -8,61 +8,32 @@
 
 use hisparse_backend_cuda::CudaBuffer;
 use hisparse_core::Device;
-use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs, RemapDesc};
+use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs};
 
+use crate::remap::{K, MODES, RemapInputs};
 use crate::walk::Walk;
-use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Rng, host_pool, upload};
+use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Rng, host_pool};
 
 /// Calls of each target (the first warms the caches the later ones find warm).
 const REPEATS: usize = 3;
 
 pub(crate) fn run(b: &mut Bench) -> Res<()> {
     let mut labels = Vec::new();
-    let (k, bs, m) = (2048u32, 64u32, 2048u32);
     let mut rng = Rng(0x5eed);
     for t in [1u32, 64] {
-        let table: Vec<i32> = (0..t * m).map(|_| rng.below(1 << 20) as i32).collect();
-        let req: Vec<i32> = (0..t as i32).collect();
-        let topk: Vec<i32> = (0..t * k)
-            .map(|_| {
-                if rng.below(20) == 0 {
-                    -1
-                } else {
-                    rng.below(u64::from(bs * m)) as i32
-                }
-            })
-            .collect();
-        let (table_b, req_b, topk_b) = (
-            upload(&b.dev, &table)?,
-            upload(&b.dev, &req)?,
-            upload(&b.dev, &topk)?,
-        );
-        let mut out: CudaBuffer = b.dev.alloc((t * k * 4) as usize)?;
+        let inputs = RemapInputs::new(b, &mut rng, t)?;
+        let mut out: CudaBuffer = b.dev.alloc((t * K * 4) as usize)?;
         let mut counts: CudaBuffer = b.dev.alloc((t * 4) as usize)?;
-        for (mode, write_counts, compact) in [
-            ("plain", false, false),
-            ("counts", true, false),
-            ("counts+compaction", true, true),
-        ] {
-            let desc = RemapDesc {
-                num_tokens: t,
-                top_k: k,
-                table_rows: t,
-                max_blocks: m,
-                block_size: bs,
-                block_stride_rows: bs,
-                idx_mapping_len: None,
-                write_counts,
-                compact,
-            };
+        for (mode, write_counts, compact) in MODES {
+            let desc = inputs.desc(write_counts, compact);
             for i in 0..REPEATS {
                 b.dev.remap(
                     &b.s,
                     &desc,
                     RemapArgs {
-                        req_id: &req_b,
-                        block_table: &table_b,
-                        topk: &topk_b,
+                        req_id: &inputs.req_b,
+                        block_table: &inputs.table_b,
+                        topk: &inputs.topk_b,
                         idx_mapping: None,
                         out: &mut out,
                         counts: write_counts.then_some(&mut counts),

@@ -27,8 +27,74 @@ fn flush_us(
     })
 }
 
+/// Top-k entries per row of every remap measurement.
+pub(crate) const K: u32 = 2048;
+/// Rows per block of the block tables.
+const BLOCK: u32 = 64;
+/// Blocks per table row (128K-token tables).
+const BLOCKS: u32 = 2048;
+
+/// The remap modes measured: `(name, valid counts, compaction)`.
+pub(crate) const MODES: [(&str, bool, bool); 3] = [
+    ("plain", false, false),
+    ("counts", true, false),
+    ("counts+compaction", true, true),
+];
+
+/// One remap measurement's inputs at `t` tokens: random 128K-token block tables, one row per
+/// token, top-k sets with one entry in twenty -1, on the host and uploaded.
+pub(crate) struct RemapInputs {
+    pub(crate) t: u32,
+    pub(crate) table: Vec<i32>,
+    pub(crate) req: Vec<i32>,
+    pub(crate) topk: Vec<i32>,
+    pub(crate) table_b: CudaBuffer,
+    pub(crate) req_b: CudaBuffer,
+    pub(crate) topk_b: CudaBuffer,
+}
+
+impl RemapInputs {
+    pub(crate) fn new(b: &Bench, rng: &mut Rng, t: u32) -> Res<RemapInputs> {
+        let table: Vec<i32> = (0..t * BLOCKS).map(|_| rng.below(1 << 20) as i32).collect();
+        let req: Vec<i32> = (0..t as i32).collect();
+        let topk: Vec<i32> = (0..t * K)
+            .map(|_| {
+                if rng.below(20) == 0 {
+                    -1
+                } else {
+                    rng.below(u64::from(BLOCK * BLOCKS)) as i32
+                }
+            })
+            .collect();
+        Ok(RemapInputs {
+            t,
+            table_b: upload(&b.dev, &table)?,
+            req_b: upload(&b.dev, &req)?,
+            topk_b: upload(&b.dev, &topk)?,
+            table,
+            req,
+            topk,
+        })
+    }
+
+    /// The remap of these inputs with valid counts and compaction as given.
+    pub(crate) fn desc(&self, write_counts: bool, compact: bool) -> RemapDesc {
+        RemapDesc {
+            num_tokens: self.t,
+            top_k: K,
+            table_rows: self.t,
+            max_blocks: BLOCKS,
+            block_size: BLOCK,
+            block_stride_rows: BLOCK,
+            idx_mapping_len: None,
+            write_counts,
+            compact,
+        }
+    }
+}
+
 pub(crate) fn section(b: &mut Bench) -> Res<()> {
-    let (k, bs, m) = (2048u32, 64u32, 2048u32); // 128K-token tables
+    let k = K;
     let mut rng = Rng(0x5eed);
     let flush_src = b.dev.alloc(FLUSH_BYTES)?;
     let mut flush_dst = b.dev.alloc(FLUSH_BYTES)?;
@@ -39,30 +105,23 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
         flush_us(b, calls, replays, &flush_src, &mut flush_dst)?
     );
     for t in [1u32, 64, 256, 1024] {
-        let table: Vec<i32> = (0..t * m).map(|_| rng.below(1 << 20) as i32).collect();
-        let req: Vec<i32> = (0..t as i32).collect();
-        let topk: Vec<i32> = (0..t * k)
-            .map(|_| {
-                if rng.below(20) == 0 {
-                    -1
-                } else {
-                    rng.below(u64::from(bs * m)) as i32
-                }
-            })
-            .collect();
-        let (table_b, req_b, topk_b) = (
-            upload(&b.dev, &table)?,
-            upload(&b.dev, &req)?,
-            upload(&b.dev, &topk)?,
-        );
+        let inputs = RemapInputs::new(b, &mut rng, t)?;
+        let RemapInputs {
+            table,
+            req,
+            topk,
+            table_b,
+            req_b,
+            topk_b,
+            ..
+        } = &inputs;
         let invalid_b = upload(&b.dev, &vec![-1; (t * k) as usize])?;
         let mut out = b.dev.alloc((t * k * 4) as usize)?;
         let mut counts = b.dev.alloc((t * 4) as usize)?;
-        let mut modes = vec![
-            ("plain", false, false, &topk_b),
-            ("counts", true, false, &topk_b),
-            ("counts+compaction", true, true, &topk_b),
-        ];
+        let mut modes: Vec<(&str, bool, bool, &CudaBuffer)> = MODES
+            .iter()
+            .map(|&(name, counts, compact)| (name, counts, compact, topk_b))
+            .collect();
         if t == 1 {
             // Every entry -1: no block-table lookup, the launch and the top-k round trip alone.
             modes.push((
@@ -73,17 +132,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
             ));
         }
         for (mode, write_counts, compact, topk_in) in modes {
-            let desc = RemapDesc {
-                num_tokens: t,
-                top_k: k,
-                table_rows: t,
-                max_blocks: m,
-                block_size: bs,
-                block_stride_rows: bs,
-                idx_mapping_len: None,
-                write_counts,
-                compact,
-            };
+            let desc = inputs.desc(write_counts, compact);
             let no_lookup = std::ptr::eq(topk_in, &invalid_b);
             let host_topk = if no_lookup {
                 vec![-1; (t * k) as usize]
@@ -120,8 +169,8 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                         s,
                         &desc,
                         RemapArgs {
-                            req_id: &req_b,
-                            block_table: &table_b,
+                            req_id: req_b,
+                            block_table: table_b,
                             topk: topk_in,
                             idx_mapping: None,
                             out,

@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use hisparse_backend_cuda::{
-    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream, GatherVariant,
-    ResolveVariant,
+    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream, FusedVariant,
+    GatherVariant, ResolveVariant,
 };
 use hisparse_core::Device;
 use hisparse_core::ops::{
@@ -228,22 +228,41 @@ fn time_walk(
     Ok(total / (reps * steps) as f64)
 }
 
-/// The path variants measured: `(name, resolver, gather or None for the fused launch)`.
-const PATHS: [(&str, ResolveVariant, Option<GatherVariant>); 3] = [
+/// A swap-in path measured: a resolver kernel then a gather launch, or the fused launch with one
+/// way of sharing its copies.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Pair(ResolveVariant, GatherVariant),
+    Fused(FusedVariant),
+}
+
+/// The path variants measured, `(name, path, with PDL too)`. The copy-blocks-only fused variant
+/// is checked byte for byte, not timed (it is a check of the copy blocks' path).
+const PATHS: [(&str, Path, bool); 5] = [
     (
-        "resolve v2 + gather v3 (production)",
-        ResolveVariant::V2,
-        Some(GatherVariant::V3),
+        "resolve v2 + gather v3 (production pair)",
+        Path::Pair(ResolveVariant::V2, GatherVariant::V3),
+        true,
     ),
     (
         "resolve v3 + gather v4 (round 2)",
-        ResolveVariant::V3,
-        Some(GatherVariant::V4),
+        Path::Pair(ResolveVariant::V3, GatherVariant::V4),
+        false,
     ),
     (
-        "fused resolve+gather (v2 body, block-wide row loop, one launch)",
-        ResolveVariant::V2,
-        None,
+        "fused, each block its own request (round 5)",
+        Path::Fused(FusedVariant::OwnRequest),
+        true,
+    ),
+    (
+        "fused, work items shared by the resolving blocks",
+        Path::Fused(FusedVariant::SharedNoCopyBlocks),
+        false,
+    ),
+    (
+        "fused, work items shared with copy blocks (production)",
+        Path::Fused(FusedVariant::Shared),
+        true,
     ),
 ];
 
@@ -297,17 +316,22 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
         b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
         let reference = reference.expect("at least one resolver kernel");
         let zero = b.dev.alloc(pool_len)?;
-        let mut pools = Vec::new();
-        for fused in [false, true] {
+        // The pair's pool, then every way of sharing the fused launch's copies: identical.
+        let mut pair_pool: Option<Vec<u8>> = None;
+        for fused in std::iter::once(None).chain(FusedVariant::ALL.map(Some)) {
             w.reset(&b.dev, &b.s)?;
             b.dev
                 .copy_on_device(&b.s, &zero, 0, &mut pool, 0, pool_len)?;
+            if let Some(v) = fused {
+                b.dev.set_fused_variant(v);
+            }
             for (step, want) in reference.iter().enumerate() {
-                if fused {
+                if let Some(v) = fused {
                     w.resolve(&b.dev, &b.s, step, Some((&layer, &host, &mut pool)))?;
                     if w.outputs(&b.dev, step)? != *want {
                         return Err(format!(
-                            "the fused resolve differs from the resolve at step {step} of the walk of {r} requests"
+                            "the fused resolve ({}) differs from the resolve at step {step} of the walk of {r} requests",
+                            v.name()
                         )
                         .into());
                     }
@@ -318,14 +342,23 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
             }
             let mut bytes = vec![0u8; pool_len];
             b.dev.download(&pool, 0, &mut bytes)?;
-            pools.push(bytes);
+            match (&pair_pool, fused) {
+                (None, _) => pair_pool = Some(bytes),
+                (Some(want), Some(v)) if *want != bytes => {
+                    return Err(format!(
+                        "the fused launch's gather ({}) differs from resolve then gather over the walk of {r} requests",
+                        v.name()
+                    )
+                    .into());
+                }
+                _ => {}
+            }
         }
-        if pools[0] != pools[1] {
-            return Err(format!(
-                "the fused launch's gather differs from resolve then gather over the walk of {r} requests"
-            )
-            .into());
-        }
+        b.dev.set_fused_variant(FusedVariant::PRODUCTION);
+        println!(
+            "{r} requests: the fused launch ({}) leaves every output and the pool identical to the pair",
+            FusedVariant::ALL.map(|v| v.name()).join(", ")
+        );
         let misses_per_step = missed_rows as f64 / steps as f64;
         let miss_pct = 100.0 * missed_rows as f64 / looked_up.max(1) as f64;
         let bytes = misses_per_step * f64::from(ROW);
@@ -391,25 +424,31 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 sm_mhz: 0.0,
             });
         }
-        for (name, rv, gv) in PATHS {
-            b.dev.set_resolve_variant(rv);
-            if let Some(gv) = gv {
-                b.dev.set_gather_variant(gv);
+        for (name, path, with_pdl) in PATHS {
+            match path {
+                Path::Pair(rv, gv) => {
+                    b.dev.set_resolve_variant(rv);
+                    b.dev.set_gather_variant(gv);
+                }
+                Path::Fused(v) => {
+                    b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
+                    b.dev.set_fused_variant(v);
+                }
             }
             for pdl in [false, true] {
-                if pdl && !b.dev.set_programmatic_launch(true) {
+                if pdl && (!with_pdl || !b.dev.set_programmatic_launch(true)) {
                     continue;
                 }
                 let measured = (|| -> Res<f64> {
                     let (wr, pr) = (&mut w, &mut pool);
                     let graph = b.dev.capture(&b.s, |d| {
                         for step in 1..=steps {
-                            match gv {
-                                Some(_) => {
+                            match path {
+                                Path::Pair(..) => {
                                     wr.resolve(d, &b.s, step, None)?;
                                     gather_step(d, &b.s, wr, step, &layer, &host, pr)?;
                                 }
-                                None => {
+                                Path::Fused(_) => {
                                     wr.resolve(d, &b.s, step, Some((&layer, &host, &mut *pr)))?
                                 }
                             }
@@ -429,11 +468,11 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                     }
                     Err(e) => return Err(e),
                 };
-                // The production pair and the fused launch (whose body is its own) are judged.
+                // The production pair and the production fused launch are judged.
                 let judged = r == 64
-                    && (gv.is_none()
-                        || (rv == ResolveVariant::PRODUCTION
-                            && gv == Some(GatherVariant::PRODUCTION)));
+                    && (path == Path::Fused(FusedVariant::PRODUCTION)
+                        || path
+                            == Path::Pair(ResolveVariant::PRODUCTION, GatherVariant::PRODUCTION));
                 b.push(Row {
                     section: "path",
                     name: format!("swap-in path, {r} req x 2048, {miss_pct:.1}% misses"),
@@ -453,6 +492,7 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 });
             }
         }
+        b.dev.set_fused_variant(FusedVariant::PRODUCTION);
         b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
         b.dev.set_gather_variant(GatherVariant::PRODUCTION);
     }

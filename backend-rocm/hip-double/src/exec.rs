@@ -169,6 +169,11 @@ fn read_u16(st: &State, what: &str, addr: usize, n: usize) -> Result<Vec<u16>, S
         .collect())
 }
 
+fn write_u16(st: &State, addr: usize, v: &[u16]) {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    crate::mem::write(st, addr, &bytes);
+}
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
@@ -457,15 +462,19 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     let hot = read_i32(st, "hot_table", p.ptr("hot_table"), r * w)?;
     let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), r * n)?;
     let mut lru = read_u16(st, "lru", p.ptr("lru"), r * n)?;
+    // The six outputs `[indices, valid, hits, misses, src, dst]` (whether each holds top_k
+    // entries per token row, or one), read, resolved in place and written back.
+    const OUTPUTS: [(&str, bool); 6] = [
+        ("indices", true),
+        ("valid_counts", false),
+        ("hit_counts", false),
+        ("miss_counts", false),
+        ("miss_src", true),
+        ("miss_dst", true),
+    ];
     let mut outs: Vec<Vec<i32>> = Vec::new();
-    for (name, len) in [
-        ("indices", t * k),
-        ("valid_counts", t),
-        ("hit_counts", t),
-        ("miss_counts", t),
-        ("miss_src", t * k),
-        ("miss_dst", t * k),
-    ] {
+    for (name, per_entry) in OUTPUTS {
+        let len = if per_entry { t * k } else { t };
         outs.push(read_i32(st, name, p.ptr(name), len)?);
     }
     let [indices, valid, hits, misses, src, dst] = &mut outs[..] else {
@@ -491,19 +500,8 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     )
     .map_err(|e| e.to_string())?;
     write_i32(st, p.ptr("dgi"), &dgi);
-    let lru_bytes: Vec<u8> = lru.iter().flat_map(|x| x.to_ne_bytes()).collect();
-    crate::mem::write(st, p.ptr("lru"), &lru_bytes);
-    for (name, v) in [
-        "indices",
-        "valid_counts",
-        "hit_counts",
-        "miss_counts",
-        "miss_src",
-        "miss_dst",
-    ]
-    .iter()
-    .zip(&outs)
-    {
+    write_u16(st, p.ptr("lru"), &lru);
+    for ((name, _), v) in OUTPUTS.iter().zip(&outs) {
         write_i32(st, p.ptr(name), v);
     }
     Ok(())
@@ -670,7 +668,6 @@ fn run_reset_hot_state(st: &mut State, p: &Params<'_>) -> Result<(), String> {
     let mut lru = read_u16(st, "lru", p.ptr("lru"), slots)?;
     reset_hot_state(&desc, &rows, &mut dgi, &mut lru).map_err(|e| e.to_string())?;
     write_i32(st, p.ptr("dgi"), &dgi);
-    let lru_bytes: Vec<u8> = lru.iter().flat_map(|x| x.to_ne_bytes()).collect();
-    crate::mem::write(st, p.ptr("lru"), &lru_bytes);
+    write_u16(st, p.ptr("lru"), &lru);
     Ok(())
 }
