@@ -14,7 +14,8 @@
 #      blocks), and compute-sanitizer racecheck of the fused launch's two small scenarios
 #      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
-#      (remap at 1 and 64 tokens in every mode, the resolver and the fused launch at 64 requests):
+#      (remap at 1 and 64 tokens in every mode, production v4 and variant v5, the resolver at 64
+#      requests, and the fused launch at 64 requests in the round-5 mode and with copy blocks):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
 #   4. the resolve cases with the resolver's global-state mode forced (bench-variants build,
@@ -69,8 +70,9 @@ if [ -n "$sanitizer" ]; then
     section racecheck-fused-speculative 30 "${race[@]}" "$bin/cuda-fused" fused/speculative
     section racecheck-fused-split 30 "${race[@]}" "$bin/cuda-fused" fused/split
 fi
-# Nsight Compute over the decode-size launches (cuda_bench --profile-targets: remap at 1 and 64
-# tokens, the resolver and the fused launch at 64 requests, three calls each, eager stream
+# Nsight Compute over the decode-size launches (cuda_bench --profile-targets: remap v4 and v5 at 1
+# and 64 tokens, the resolver and the fused launch (own request; copy blocks) at 64 requests,
+# three calls each, eager stream
 # launches; caches and clocks left as they are, so the third call of each is the L2-warm case):
 # duration, achieved occupancy, issue-slot use and the top stall reasons of each, into
 # ncu-summary.log (and on stdout), the raw metrics in ncu-raw.csv.
@@ -78,7 +80,7 @@ ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 if [ -n "$ncu_bin" ]; then
     rm -f "$out/ncu.ncu-rep"
     section ncu 75 "$ncu_bin" --target-processes all \
-        --kernel-name regex:'^hs_(remap|resolve|resolve_gather)$' \
+        --kernel-name regex:'^hs_(remap|remap_v5|resolve|resolve_gather)$' \
         --cache-control none --clock-control none \
         --section SpeedOfLight --section LaunchStats --section Occupancy \
         --section WarpStateStats --section SchedulerStats \

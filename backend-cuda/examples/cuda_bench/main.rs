@@ -43,7 +43,8 @@
 //!   sets), so the two tools' figures can be told apart by what they measure.
 //!
 //! `--profile-targets` measures nothing: it issues the decode-size launches a profiler should look
-//! at (remap at 1 and 64 tokens, the resolver and the fused launch at 64 requests), each three
+//! at (remap at 1 and 64 tokens, v4 and v5, the resolver and the fused launch at 64 requests,
+//! the latter each block copying its own request and with copy blocks), each three
 //! times, prints their labels in launch order and exits (`scripts/h200/cuda-perf.sh` runs it
 //! under Nsight Compute).
 //!

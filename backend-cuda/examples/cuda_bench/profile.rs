@@ -1,12 +1,15 @@
 //! `--profile-targets`: the decode-size launches a profiler should look at, each issued three
 //! times on the stream (no graphs, no timing), in a fixed order that the profiler's records
-//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 64
-//! requests (a first step that fills the hot buffers, then a step with about 9% misses), and
-//! the fused resolve-and-gather of that second step. Every launch's label is printed first
+//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction) with the production
+//! kernel and with variant v5 (the block-table row staged), the resolver at 64 requests (a first
+//! step that fills the hot buffers, then a step with about 9% misses), and the fused
+//! resolve-and-gather of that second step, each block copying its own request (round 5) and
+//! with copy blocks (production). Every launch's label is printed after the launches
 //! (`profile-target N: label`), so `scripts/h200/cuda-perf.sh` can name Nsight Compute's records
-//! (the N-th record of `hs_remap`, `hs_resolve` and `hs_resolve_gather` together is launch N).
+//! (the N-th record of `hs_remap`, `hs_remap_v5`, `hs_resolve` and `hs_resolve_gather` together
+//! is launch N).
 
-use hisparse_backend_cuda::CudaBuffer;
+use hisparse_backend_cuda::{CudaBuffer, FusedVariant, RemapVariant};
 use hisparse_core::Device;
 use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs};
 
@@ -20,8 +23,61 @@ const REPEATS: usize = 3;
 pub(crate) fn run(b: &mut Bench) -> Res<()> {
     let mut labels = Vec::new();
     let mut rng = Rng(0x5eed);
+    for (kernel, variant) in [
+        ("hs_remap", RemapVariant::PRODUCTION),
+        ("hs_remap_v5", RemapVariant::V5),
+    ] {
+        b.dev.set_remap_variant(variant);
+        remaps(b, &mut rng, kernel, &mut labels)?;
+    }
+    b.dev.set_remap_variant(RemapVariant::PRODUCTION);
+    let host = host_pool(b)?;
+    let mut w = Walk::new(b, 64, 2, &mut rng)?;
+    let hot_blocks = 64 * w.desc.hot_table_width();
+    let layer = [LayerPair {
+        host: PageLayout::contiguous(0, PAGE, HOST_BLOCKS, BS, ROW),
+        device: PageLayout::contiguous(0, PAGE, hot_blocks, BS, ROW),
+    }];
+    let mut pool = b.dev.alloc((u64::from(hot_blocks) * PAGE) as usize)?;
+    for i in 0..REPEATS {
+        w.reset(&b.dev, &b.s)?;
+        w.resolve(&b.dev, &b.s, 0, None)?;
+        labels.push(format!("hs_resolve 64 req, filling step, call {}", i + 1));
+        w.resolve(&b.dev, &b.s, 1, None)?;
+        labels.push(format!("hs_resolve 64 req, ~9% misses, call {}", i + 1));
+    }
+    // The fused launch each block copying its own request (round 5), then with copy blocks
+    // (production).
+    for fused in [FusedVariant::OwnRequest, FusedVariant::PRODUCTION] {
+        b.dev.set_fused_variant(fused);
+        for i in 0..REPEATS {
+            w.reset(&b.dev, &b.s)?;
+            w.resolve(&b.dev, &b.s, 0, None)?;
+            labels.push(format!(
+                "hs_resolve 64 req, filling step (before fused), call {}",
+                i + 1
+            ));
+            w.resolve(&b.dev, &b.s, 1, Some((&layer, &host, &mut pool)))?;
+            labels.push(format!(
+                "hs_resolve_gather ({}) 64 req, ~9% misses, call {}",
+                fused.name(),
+                i + 1
+            ));
+        }
+    }
+    b.dev.set_fused_variant(FusedVariant::PRODUCTION);
+    b.dev.synchronize(&b.s)?;
+    for (n, l) in labels.iter().enumerate() {
+        println!("profile-target {n}: {l}");
+    }
+    Ok(())
+}
+
+/// Remap at 1 and 64 tokens in every mode with the selected kernel (`kernel`, its symbol),
+/// REPEATS calls each.
+fn remaps(b: &mut Bench, rng: &mut Rng, kernel: &str, labels: &mut Vec<String>) -> Res<()> {
     for t in [1u32, 64] {
-        let inputs = RemapInputs::new(b, &mut rng, t)?;
+        let inputs = RemapInputs::new(b, rng, t)?;
         let mut out: CudaBuffer = b.dev.alloc((t * K * 4) as usize)?;
         let mut counts: CudaBuffer = b.dev.alloc((t * 4) as usize)?;
         for (mode, write_counts, compact) in MODES {
@@ -39,41 +95,9 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
                         counts: write_counts.then_some(&mut counts),
                     },
                 )?;
-                labels.push(format!("hs_remap {t} tok x 2048, {mode}, call {}", i + 1));
+                labels.push(format!("{kernel} {t} tok x 2048, {mode}, call {}", i + 1));
             }
         }
-    }
-    let host = host_pool(b)?;
-    let mut w = Walk::new(b, 64, 2, &mut rng)?;
-    let hot_blocks = 64 * w.desc.hot_table_width();
-    let layer = [LayerPair {
-        host: PageLayout::contiguous(0, PAGE, HOST_BLOCKS, BS, ROW),
-        device: PageLayout::contiguous(0, PAGE, hot_blocks, BS, ROW),
-    }];
-    let mut pool = b.dev.alloc((u64::from(hot_blocks) * PAGE) as usize)?;
-    for i in 0..REPEATS {
-        w.reset(&b.dev, &b.s)?;
-        w.resolve(&b.dev, &b.s, 0, None)?;
-        labels.push(format!("hs_resolve 64 req, filling step, call {}", i + 1));
-        w.resolve(&b.dev, &b.s, 1, None)?;
-        labels.push(format!("hs_resolve 64 req, ~9% misses, call {}", i + 1));
-    }
-    for i in 0..REPEATS {
-        w.reset(&b.dev, &b.s)?;
-        w.resolve(&b.dev, &b.s, 0, None)?;
-        labels.push(format!(
-            "hs_resolve 64 req, filling step (before fused), call {}",
-            i + 1
-        ));
-        w.resolve(&b.dev, &b.s, 1, Some((&layer, &host, &mut pool)))?;
-        labels.push(format!(
-            "hs_resolve_gather 64 req, ~9% misses, call {}",
-            i + 1
-        ));
-    }
-    b.dev.synchronize(&b.s)?;
-    for (n, l) in labels.iter().enumerate() {
-        println!("profile-target {n}: {l}");
     }
     Ok(())
 }
