@@ -222,7 +222,11 @@ def plan(a):
     probe = hisparse.plan_layout(**common, num_gpu_blocks=1 << 20)
     per = probe.capacity(max_len)["gpu_blocks_per_request"]
     all_resident = 1 + a.requests * per["all_on_gpu"]
-    needed = 1 + a.requests * per["hisparse"]
+    # This loop prefills every prompt before any decode step, so requests that finished their
+    # prefill hold their HiSparse footprint while the next one prefills, and a prefill reads its
+    # whole earlier context on the GPU: the pool must hold one request all on the GPU beside the
+    # others' footprints, or the last prefill waits for memory that nothing will free.
+    needed = 1 + (a.requests - 1) * per["hisparse"] + per["all_on_gpu"]
     blocks = max(needed + a.requests * 4, int(a.gpu_share * all_resident))
     if blocks >= all_resident:
         raise SystemExit(f"--gpu-share {a.gpu_share} gives an all-resident pool; lower it")
