@@ -181,12 +181,13 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
             // all-resident cache would hold: reclaim and swap-in must happen.
             let per = probe.gpu_blocks_per_request(final_len);
             let extra = per.all_on_gpu.saturating_sub(per.hisparse);
-            // At least one request's whole context: a prefill chunk reads its context on the
-            // GPU (pages on host are staged there), a restarted request's included.
+            // At least one request's prefill (the layout's rule, the one admission applies): a
+            // prefill chunk reads its whole context on the GPU (pages on host are staged
+            // there), a restarted request's included.
             let blocks = r
                 .saturating_mul(per.hisparse.min(per.all_on_gpu))
                 .saturating_add(r.saturating_mul(extra) / 4)
-                .max(per.all_on_gpu)
+                .max(probe.prefill_gpu_blocks(final_len))
                 .saturating_add(1);
             (blocks.saturating_mul(probe.bytes_per_block), derived)
         }
