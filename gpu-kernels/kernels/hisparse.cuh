@@ -1454,6 +1454,10 @@ HS_DEVICE void hs_fused_gather_rows(const hs_layer_pair& L, const i32* miss_src,
 #define HS_FUSED_TICKET_WORD 3
 #define HS_FUSED_READY_WORD 4
 #define HS_FUSED_SHARED_ROWS 1024
+// copy_mode bits of a work-sharing hs_resolve_gather: the resolving blocks copy their own rows'
+// items; they then also copy items of every other published row (without waiting).
+#define HS_FUSED_RESOLVERS_COPY 1u
+#define HS_FUSED_RESOLVERS_HELP 2u
 
 // One layer's copy, dispatched on its scale words: rows [r0, r0 + n) of plan row `base`.
 HS_DEVICE void hs_fused_copy_layer(const hs_layer_pair& L, const i32* miss_src, const i32* miss_dst,
@@ -1566,9 +1570,11 @@ HS_DEVICE void hs_fused_release(u32* counter, u32 num_tokens, u32* s_word) {
 // resolving blocks and any number of copy blocks. Each block takes a ticket when it starts; the
 // first num_tokens tickets resolve token rows (ticket = row) and publish their rows' plans
 // (fence, barrier, ready flag), the others are copy blocks. A resolving block then copies work
-// items of its own rows (when resolvers_copy is set) and of every row already published, without
-// waiting; a copy block visits every row from its own starting row, waits for each row's flag
-// and copies its unclaimed items. A block only ever waits for a ticket below its own, taken by a
+// items of its own rows (copy_mode HS_FUSED_RESOLVERS_COPY) and, with HS_FUSED_RESOLVERS_HELP,
+// of every other row already published, without waiting (the host asks for help only when the
+// whole grid fits the device at once: a resolving block that helps must not keep a later
+// resolving block off its multiprocessor); a copy block visits every row from its own starting
+// row, waits for each row's flag and copies its unclaimed items. A block only ever waits for a ticket below its own, taken by a
 // block that is already running and never waits itself, so the launch completes whichever
 // blocks are resident together (the first num_tokens tickets run whatever the copy blocks do).
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
@@ -1581,7 +1587,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
     const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers, u32 item_units,
-    u32 resolvers_copy) {
+    u32 copy_mode) {
     HS_SHARED u32 s_word, s_item[3];
     HS_GRID_DEP_WAIT(); // before any global memory access
     const bool share =
@@ -1624,15 +1630,16 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
 
     u32* ready = workspace_counter + HS_FUSED_READY_WORD;
     u32* claim = ready + HS_FUSED_SHARED_ROWS;
-    // Without copy blocks the resolving blocks copy, whatever resolvers_copy says.
-    const bool resolvers_do_copy = resolvers_copy != 0 || HS_NBLOCKS_X <= num_tokens;
+    // Without copy blocks the resolving blocks copy their own rows, whatever copy_mode says.
+    const bool own_copy = (copy_mode & HS_FUSED_RESOLVERS_COPY) != 0 || HS_NBLOCKS_X <= num_tokens;
+    const bool help = own_copy && (copy_mode & HS_FUSED_RESOLVERS_HELP) != 0;
+    const i32 req = k < num_tokens ? HS_LDG(req_id + k) : -1;
+    const bool padding = req < 0 || (u32)req >= num_requests;
     if (k < num_tokens) {
         // Publish: every thread's plan writes device-visible, then the flags of the rows this
         // block wrote (its own padding row, or every row of the request it resolved).
         HS_FENCE();
         HS_SYNC();
-        const i32 req = HS_LDG(req_id + k);
-        const bool padding = req < 0 || (u32)req >= num_requests;
         if (HS_TID == 0) {
             if (padding) {
                 atomicExch(ready + k, 1u);
@@ -1645,20 +1652,22 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
             }
         }
     }
-    // The rows this block visits, from `start` on: a resolving block (when it copies) every
-    // published row from its own on, none waited for (its own rows are published: it wrote
-    // them); a copy block every row, from a starting row spread over the copy blocks, waiting
-    // for each (the resolving blocks hold lower tickets: they run, and wait for nothing).
+    // The rows this block visits, from `start` on: a resolving block its own rows (it published
+    // them) and, when it helps, every other published row, none waited for; a copy block every
+    // row, from a starting row spread over the copy blocks, waiting for each (the resolving
+    // blocks hold lower tickets: they run, and wait for nothing).
     const bool copier = k >= num_tokens;
     u32 visits = num_tokens, start = k;
     if (copier) {
         const u32 c = k - num_tokens, copies = HS_NBLOCKS_X - num_tokens;
         start = (u32)((u64)c * num_tokens / copies);
-    } else if (!resolvers_do_copy) {
-        visits = 0;
+    } else if (!own_copy || padding) {
+        visits = help ? num_tokens : 0u; // a padding row owns no misses
     }
     for (u32 i = 0; i < visits; ++i) {
         const u32 t2 = (start + i) % num_tokens;
+        // Uniform: req_id is read-only, every thread reads the same entry.
+        if (!copier && !help && HS_LDG(req_id + t2) != req) continue;
         if (hs_fused_ready(ready, t2, copier, &s_word))
             hs_fused_take(t2, claim, miss_counts, miss_src, miss_dst, top_k, layers, nl,
                           item_units, host, device, s_item);

@@ -101,6 +101,12 @@ pub const FUSED_SHARED_ROWS: u32 = 1024;
 /// 16-byte units per work item of a work-sharing `hs_resolve_gather`: one pass of the block's
 /// loads (each of [`RESOLVE_THREADS`] threads keeps 4 units in flight).
 pub const FUSED_ITEM_UNITS: u32 = RESOLVE_THREADS * 4;
+/// `copy_mode` bit of a work-sharing `hs_resolve_gather`: the resolving blocks copy their own
+/// rows' work items.
+pub const FUSED_RESOLVERS_COPY: u32 = 1;
+/// `copy_mode` bit of a work-sharing `hs_resolve_gather`: a resolving block, its own items
+/// claimed, copies items of every other published row too (without waiting).
+pub const FUSED_RESOLVERS_HELP: u32 = 2;
 /// Blocks of `hs_resolve_gather` one multiprocessor holds ([`RESOLVE_THREADS`] threads of at most
 /// 64 registers fill an SM's register file): the grid the copy blocks complete.
 pub const FUSED_BLOCKS_PER_MULTIPROCESSOR: u32 = 1;
@@ -223,8 +229,9 @@ pub enum Kernel {
     /// its request's misses. `item_units` > 0 (work sharing, at most [`FUSED_SHARED_ROWS`] rows,
     /// `workspace_counter` required): grid `(num_tokens + copy blocks)`, the misses copied in
     /// work items of about `item_units` 16-byte units by whichever block claims them: the
-    /// resolving blocks (unless `resolvers_copy` is 0 and there are copy blocks) and the copy
-    /// blocks ([`plan::FusedCopy`]).
+    /// resolving blocks (their own rows with [`FUSED_RESOLVERS_COPY`] in `copy_mode`, or when
+    /// there are no copy blocks; other published rows too with [`FUSED_RESOLVERS_HELP`]) and the
+    /// copy blocks ([`plan::FusedCopy`]).
     ResolveGather,
     /// `hs_remap_modes`: [`Kernel::Remap`] (same grid, block, dynamic shared memory and flags)
     /// with the modes of `hisparse_core::ops::remap::remap_modes`: a prefill workspace
@@ -288,7 +295,7 @@ const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
     block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
-    host: Ptr, device: Ptr, layers: GatherLayers, item_units: U32, resolvers_copy: U32,
+    host: Ptr, device: Ptr, layers: GatherLayers, item_units: U32, copy_mode: U32,
 ];
 
 impl Kernel {
@@ -700,6 +707,8 @@ mod tests {
             ("HS_FUSED_GATHER_UNROLL", FUSED_ITEM_UNITS / RESOLVE_THREADS),
             ("HS_FUSED_TICKET_WORD", 3),
             ("HS_FUSED_READY_WORD", 4),
+            ("HS_FUSED_RESOLVERS_COPY", FUSED_RESOLVERS_COPY),
+            ("HS_FUSED_RESOLVERS_HELP", FUSED_RESOLVERS_HELP),
         ] {
             let line = format!("#define {name} {value}");
             assert!(

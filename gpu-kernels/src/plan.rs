@@ -26,13 +26,13 @@ use hisparse_core::ops::{
 use crate::args::Args;
 use crate::{
     COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE,
-    FUSED_BLOCKS_PER_MULTIPROCESSOR, FUSED_ITEM_UNITS, FUSED_SHARED_ROWS, GATHER_MAX_LAYERS,
-    GATHER_ROWS, GATHER_THREADS, GatherLayers, INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob,
-    Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES,
-    REMAP_STAGED, RESOLVE_GLOBAL_STATE, RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS,
-    Span, TABLE_THREADS, TableWriteAbi, resolve_global_shared_bytes,
-    resolve_global_workspace_entries, resolve_shared_bytes, resolve_table_entries,
-    resolve_workspace_entries,
+    FUSED_BLOCKS_PER_MULTIPROCESSOR, FUSED_ITEM_UNITS, FUSED_RESOLVERS_COPY, FUSED_RESOLVERS_HELP,
+    FUSED_SHARED_ROWS, GATHER_MAX_LAYERS, GATHER_ROWS, GATHER_THREADS, GatherLayers,
+    INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob, Pair, REMAP_COMPACT, REMAP_COUNTS,
+    REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES, REMAP_STAGED, RESOLVE_GLOBAL_STATE,
+    RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS, Span, TABLE_THREADS, TableWriteAbi,
+    resolve_global_shared_bytes, resolve_global_workspace_entries, resolve_shared_bytes,
+    resolve_table_entries, resolve_workspace_entries,
 };
 
 /// What the planners need to know about the device.
@@ -638,8 +638,9 @@ pub enum FusedCopy {
     /// One block per token row; each resolving block copies its own request's misses (round 5).
     OwnRequest,
     /// Work sharing: the misses in work items of about `item_units` 16-byte units, claimed by
-    /// the resolving blocks (unless `resolvers_copy` is false and there are copy blocks) and by
-    /// `copy_blocks` more blocks, which copy only. Launches of more than
+    /// the resolving blocks (their own rows' items unless `resolvers_copy` is false and there
+    /// are copy blocks; every published row's with `resolvers_help`) and by `copy_blocks` more
+    /// blocks, which copy only. Launches of more than
     /// [`FUSED_SHARED_ROWS`] rows, or whose items could number 2^30 or more, fall back to
     /// [`FusedCopy::OwnRequest`].
     Shared {
@@ -647,29 +648,36 @@ pub enum FusedCopy {
         item_units: u32,
         /// Blocks beyond the token rows, copying only.
         copy_blocks: u32,
-        /// Whether the resolving blocks copy too (false only makes sense with copy blocks; a
-        /// test switch that sends every item through the copy blocks).
+        /// Whether the resolving blocks copy their own rows' items (false only makes sense with
+        /// copy blocks; a test switch that sends every item through the copy blocks).
         resolvers_copy: bool,
+        /// Whether a resolving block, its own items claimed, copies items of other published
+        /// rows too (only when the whole grid fits the device at once: otherwise a helping
+        /// block keeps a later resolving block off its multiprocessor).
+        resolvers_help: bool,
     },
 }
 
 impl FusedCopy {
     /// The production choice: work sharing in items of one pass of a block's loads
     /// ([`FUSED_ITEM_UNITS`]), with copy blocks on the multiprocessors the resolving blocks
-    /// leave idle (one block per multiprocessor, [`FUSED_BLOCKS_PER_MULTIPROCESSOR`]).
+    /// leave idle (one block per multiprocessor, [`FUSED_BLOCKS_PER_MULTIPROCESSOR`]); the
+    /// resolving blocks help with other rows only when the grid fits the device at once.
     ///
     /// It cannot be slower than [`FusedCopy::OwnRequest`] by more than a claim per item: every
     /// resolving block resolves exactly as before, then copies its own request's items first in
     /// passes of the same size as the own-request loop (one atomic and two barriers per pass
-    /// added, against a pass of megabytes across the bus), and only then helps with items other
-    /// blocks have not claimed; copy blocks run only on multiprocessors no resolving block of the
-    /// launch would occupy, and take nothing a resolving block is copying.
+    /// added, against a pass of megabytes across the bus), and only then, when no resolving
+    /// block waits for a multiprocessor, helps with items other blocks have not claimed; copy
+    /// blocks run only on multiprocessors no resolving block of the launch would occupy, and take
+    /// nothing a resolving block is copying.
     pub fn production(t: &Target, d: &ResolveDesc) -> FusedCopy {
         let resident = t.multiprocessors.max(1) * FUSED_BLOCKS_PER_MULTIPROCESSOR;
         FusedCopy::Shared {
             item_units: FUSED_ITEM_UNITS,
             copy_blocks: resident.saturating_sub(d.num_tokens),
             resolvers_copy: true,
+            resolvers_help: d.num_tokens <= resident,
         }
     }
 }
@@ -718,12 +726,13 @@ pub fn resolve_gather(
     check_pool("resolve_gather device pool address", device)?;
     let (first, rest) = layers.split_at(layers.len().min(GATHER_MAX_LAYERS));
     fused.kernel = Kernel::ResolveGather;
-    let (item_units, resolvers_copy) = match copy {
-        FusedCopy::OwnRequest => (0, true),
+    let (item_units, copy_mode) = match copy {
+        FusedCopy::OwnRequest => (0, 0),
         FusedCopy::Shared {
             item_units,
             copy_blocks,
             resolvers_copy,
+            resolvers_help,
         } => {
             // Without copy blocks the resolving blocks copy whatever the switch says.
             let copy_blocks = if resolvers_copy {
@@ -737,7 +746,12 @@ pub fn resolve_gather(
                 i32::MAX as u64,
             )?;
             fused.grid[0] = d.num_tokens + copy_blocks;
-            (item_units, resolvers_copy)
+            let mode = match (resolvers_copy, resolvers_help) {
+                (false, _) => 0,
+                (true, false) => FUSED_RESOLVERS_COPY,
+                (true, true) => FUSED_RESOLVERS_COPY | FUSED_RESOLVERS_HELP,
+            };
+            (item_units, mode)
         }
     };
     fused
@@ -746,7 +760,7 @@ pub fn resolve_gather(
         .ptr(device)
         .gather_layers(&GatherLayers::new(first))
         .u32(item_units)
-        .u32(u32::from(resolvers_copy));
+        .u32(copy_mode);
     if !rest.is_empty() {
         let more = gather(
             t,
@@ -1216,6 +1230,81 @@ mod tests {
                 assert!(l.args.pointers().is_ok());
             }
         }
+    }
+
+    /// The fused launch's grid, counters and copy mode for each way of sharing its copies.
+    #[test]
+    fn fused_copy_shapes_follow_the_device_and_the_launch() {
+        let l = PageLayout::contiguous(0, 1024, 8, 16, 64);
+        let layers = [LayerPair { host: l, device: l }; 2];
+        let fused = |t: u32, copy: FusedCopy| {
+            let d = resolve_desc(t, 2048, 4096);
+            let p = resolve_gather(
+                &H200,
+                &d,
+                &ResolveAddrs::default(),
+                &layers,
+                0,
+                0,
+                false,
+                copy,
+            )
+            .unwrap();
+            let mut l = p.launches[0].clone();
+            assert_eq!(l.kernel, Kernel::ResolveGather);
+            l.args.matches(&l.kernel.abi()).unwrap();
+            let n = l.kernel.abi().params.len();
+            let word = |i: usize| u32::from_ne_bytes(l.args.value(i).unwrap().try_into().unwrap());
+            let (units, mode) = (word(n - 2), word(n - 1));
+            // The counters are placed whenever the copies are shared, workspace or not.
+            let placed = l.args.has_pending();
+            l.args
+                .resolve(&[], 1 << 20, 1 << 19)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let counter = u64::from_ne_bytes(l.args.value(14).unwrap().try_into().unwrap());
+            (l.grid[0], units, mode, placed, counter)
+        };
+        let production = |t: u32| FusedCopy::production(&H200, &resolve_desc(t, 2048, 4096));
+        // 64 requests: 68 copy blocks fill the 132 SMs, resolvers copy and help.
+        assert_eq!(
+            fused(64, production(64)),
+            (
+                132,
+                FUSED_ITEM_UNITS,
+                FUSED_RESOLVERS_COPY | FUSED_RESOLVERS_HELP,
+                true,
+                1 << 19
+            )
+        );
+        // 256 requests: no copy blocks, no help (a second wave of resolvers waits for SMs).
+        assert_eq!(
+            fused(256, production(256)),
+            (256, FUSED_ITEM_UNITS, FUSED_RESOLVERS_COPY, true, 1 << 19)
+        );
+        // Beyond the shared rows, and the round-5 mode: one block per row, no counters needed.
+        assert_eq!(fused(1025, production(1025)).1, 0);
+        assert_eq!(fused(64, FusedCopy::OwnRequest).0, 64);
+        // One request: its table fits shared memory, so no workspace; the counters are still
+        // placed for the shared copies, not for the round-5 mode.
+        assert_eq!(
+            fused(1, production(1)),
+            (
+                132,
+                FUSED_ITEM_UNITS,
+                FUSED_RESOLVERS_COPY | FUSED_RESOLVERS_HELP,
+                true,
+                1 << 19
+            )
+        );
+        assert_eq!(fused(1, FusedCopy::OwnRequest), (1, 0, 0, false, 0));
+        // Copy blocks alone: at least one copy block.
+        let alone = FusedCopy::Shared {
+            item_units: 7,
+            copy_blocks: 0,
+            resolvers_copy: false,
+            resolvers_help: false,
+        };
+        assert_eq!(fused(3, alone), (4, 7, 0, true, 1 << 19));
     }
 
     #[test]

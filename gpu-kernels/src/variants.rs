@@ -222,18 +222,25 @@ impl FusedVariant {
         match (self, production) {
             (FusedVariant::OwnRequest, _) => plan::FusedCopy::OwnRequest,
             (FusedVariant::Shared, p) => p,
-            (FusedVariant::SharedNoCopyBlocks, plan::FusedCopy::Shared { item_units, .. }) => {
+            (
+                FusedVariant::SharedNoCopyBlocks,
                 plan::FusedCopy::Shared {
                     item_units,
-                    copy_blocks: 0,
-                    resolvers_copy: true,
-                }
-            }
+                    resolvers_help,
+                    ..
+                },
+            ) => plan::FusedCopy::Shared {
+                item_units,
+                copy_blocks: 0,
+                resolvers_copy: true,
+                resolvers_help,
+            },
             (FusedVariant::CopyBlocksOnly, plan::FusedCopy::Shared { item_units, .. }) => {
                 plan::FusedCopy::Shared {
                     item_units,
                     copy_blocks: t.multiprocessors.max(1),
                     resolvers_copy: false,
+                    resolvers_help: false,
                 }
             }
             (_, p) => p,

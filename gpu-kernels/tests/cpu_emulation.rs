@@ -756,6 +756,7 @@ fn fused_step(
             item_units,
             copy_blocks,
             resolvers_copy: copy_blocks == 0 || rng.pct(50),
+            resolvers_help: rng.pct(50),
         }
     };
     let planned = plan::resolve_gather(
