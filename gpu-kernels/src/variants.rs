@@ -184,6 +184,9 @@ pub enum FusedVariant {
     /// Every item copied by the copy blocks (the resolving blocks only resolve): a check of the
     /// copy blocks' path, not a candidate.
     CopyBlocksOnly,
+    /// As production, with work items of a quarter pass ([`SMALL_ITEM_UNITS`]): four times the
+    /// items, so more blocks share a few requests' misses (fewer loads in flight per block).
+    SharedSmallItems,
     /// Production ([`plan::FusedCopy::production`]): work items shared by the resolving blocks
     /// and copy blocks on the multiprocessors the resolve leaves idle.
     Shared,
@@ -191,10 +194,11 @@ pub enum FusedVariant {
 
 impl FusedVariant {
     /// Every variant, production last.
-    pub const ALL: [FusedVariant; 4] = [
+    pub const ALL: [FusedVariant; 5] = [
         FusedVariant::OwnRequest,
         FusedVariant::SharedNoCopyBlocks,
         FusedVariant::CopyBlocksOnly,
+        FusedVariant::SharedSmallItems,
         FusedVariant::Shared,
     ];
 
@@ -207,6 +211,7 @@ impl FusedVariant {
             FusedVariant::OwnRequest => "own-request",
             FusedVariant::SharedNoCopyBlocks => "shared-no-copy-blocks",
             FusedVariant::CopyBlocksOnly => "copy-blocks-only",
+            FusedVariant::SharedSmallItems => "shared-small-items",
             FusedVariant::Shared => "shared",
         }
     }
@@ -235,6 +240,20 @@ impl FusedVariant {
                 resolvers_copy: true,
                 resolvers_help,
             },
+            (
+                FusedVariant::SharedSmallItems,
+                plan::FusedCopy::Shared {
+                    copy_blocks,
+                    resolvers_copy,
+                    resolvers_help,
+                    ..
+                },
+            ) => plan::FusedCopy::Shared {
+                item_units: SMALL_ITEM_UNITS,
+                copy_blocks,
+                resolvers_copy,
+                resolvers_help,
+            },
             (FusedVariant::CopyBlocksOnly, plan::FusedCopy::Shared { item_units, .. }) => {
                 plan::FusedCopy::Shared {
                     item_units,
@@ -247,6 +266,10 @@ impl FusedVariant {
         }
     }
 }
+
+/// 16-byte units per work item of [`FusedVariant::SharedSmallItems`]: a quarter of
+/// [`crate::FUSED_ITEM_UNITS`] (one load in flight per thread).
+pub const SMALL_ITEM_UNITS: u32 = crate::FUSED_ITEM_UNITS / 4;
 
 /// An empty kernel without parameters (`hs_empty`): the floor of a launch, for benchmarks.
 pub const EMPTY_KERNEL: &str = "hs_empty";

@@ -238,7 +238,7 @@ enum Path {
 
 /// The path variants measured, `(name, path, with PDL too)`. The copy-blocks-only fused variant
 /// is checked byte for byte, not timed (it is a check of the copy blocks' path).
-const PATHS: [(&str, Path, bool); 5] = [
+const PATHS: [(&str, Path, bool); 6] = [
     (
         "resolve v2 + gather v3 (production pair)",
         Path::Pair(ResolveVariant::V2, GatherVariant::V3),
@@ -257,6 +257,11 @@ const PATHS: [(&str, Path, bool); 5] = [
     (
         "fused, work items shared by the resolving blocks",
         Path::Fused(FusedVariant::SharedNoCopyBlocks),
+        false,
+    ),
+    (
+        "fused, quarter-pass work items shared with copy blocks",
+        Path::Fused(FusedVariant::SharedSmallItems),
         false,
     ),
     (
