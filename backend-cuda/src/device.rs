@@ -599,19 +599,14 @@ impl CudaDevice {
         host: &CudaHostBuffer,
         device: &mut CudaBuffer,
     ) -> Result<()> {
-        desc.check(&args.sizes())?;
-        GatherDesc {
-            num_tokens: desc.num_tokens,
-            top_k: desc.top_k,
+        // The one rule for both halves (the trait's default and the reference use it too).
+        hisparse_core::ops::swap_in::check(
+            desc,
+            &args.sizes(),
             layers,
-        }
-        .check(&GatherArgs {
-            plan_src: &*args.miss_src,
-            plan_dst: &*args.miss_dst,
-            plan_counts: &*args.miss_counts,
-            host,
-            device: &mut *device,
-        })?;
+            host.byte_len(),
+            device.byte_len(),
+        )?;
         let addrs = self.resolve_addrs(&args);
         let plan = plan::resolve_gather(
             &self.target,
@@ -948,6 +943,21 @@ impl Device for CudaDevice {
         #[cfg(not(feature = "bench-variants"))]
         let plan = plan::gather(&self.target, desc, &addrs)?;
         self.execute(stream, plan)
+    }
+
+    /// One `hs_resolve_gather` launch (the inherent [`CudaDevice::resolve_and_gather`]): each
+    /// request's misses are copied while other requests still resolve.
+    fn resolve_and_gather(
+        &self,
+        stream: &CudaStream,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, CudaBuffer>,
+        layers: &[hisparse_core::ops::LayerPair],
+        host: &CudaHostBuffer,
+        device: &mut CudaBuffer,
+    ) -> Result<()> {
+        // The inherent method of the same name (inherent methods take precedence).
+        CudaDevice::resolve_and_gather(self, stream, desc, args, layers, host, device)
     }
 
     fn copy_pages(

@@ -134,19 +134,14 @@ impl RocmDevice {
         host: &RocmHostBuffer,
         device: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
-        desc.check(&args.sizes())?;
-        GatherDesc {
-            num_tokens: desc.num_tokens,
-            top_k: desc.top_k,
+        // The one rule for both halves (the trait's default and the reference use it too).
+        hisparse_core::ops::swap_in::check(
+            desc,
+            &args.sizes(),
             layers,
-        }
-        .check(&GatherArgs {
-            plan_src: &*args.miss_src,
-            plan_dst: &*args.miss_dst,
-            plan_counts: &*args.miss_counts,
-            host,
-            device: &mut *device,
-        })?;
+            host.byte_len(),
+            device.byte_len(),
+        )?;
         let target = self.target();
         let plan = plan::resolve_gather(
             &target,
@@ -667,6 +662,21 @@ impl Device for RocmDevice {
         };
         let plan = plan::gather(&self.target(), desc, &addrs)?;
         self.execute(stream, plan)
+    }
+
+    /// One `hs_resolve_gather` launch (the inherent [`RocmDevice::resolve_and_gather`]): each
+    /// request's misses are copied while other requests still resolve.
+    fn resolve_and_gather(
+        &self,
+        stream: &RocmStream,
+        desc: &ResolveDesc,
+        args: ResolveArgs<'_, RocmBuffer>,
+        layers: &[hisparse_core::ops::LayerPair],
+        host: &RocmHostBuffer,
+        device: &mut RocmBuffer,
+    ) -> Result<(), RocmError> {
+        // The inherent method of the same name (inherent methods take precedence).
+        RocmDevice::resolve_and_gather(self, stream, desc, args, layers, host, device)
     }
 
     fn copy_pages(
