@@ -242,17 +242,21 @@ fn main() {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("shader");
         compile(name, &format!("{common}\n{src}"), out_dir);
     }
+    // Both resolvers: the shared helpers, then their common parameters and bindings.
+    let resolve_common =
+        std::fs::read_to_string(dir.join("resolve_common.wgsl")).expect("resolve_common.wgsl");
+    let common_resolve = format!("{common}\n{resolve_common}");
     let resolve = std::fs::read_to_string(dir.join("resolve.wgsl")).expect("resolve.wgsl");
     let plain = resolve
         .replace("//@SCAN", PLAIN_SCAN)
         .replace("//@SG_PARAMS", "")
         .replace("//@SG_INIT", "");
-    compile("resolve", &format!("{common}\n{plain}"), out_dir);
+    compile("resolve", &format!("{common_resolve}\n{plain}"), out_dir);
     let subgroup = resolve
         .replace("//@SCAN", SUBGROUP_SCAN)
         .replace("//@SG_PARAMS", SUBGROUP_PARAMS)
         .replace("//@SG_INIT", SUBGROUP_INIT);
-    compile("resolve_sg", &format!("{common}\n{subgroup}"), out_dir);
+    compile("resolve_sg", &format!("{common_resolve}\n{subgroup}"), out_dir);
     let wg = std::fs::read_to_string(dir.join("resolve_wg.wgsl")).expect("resolve_wg.wgsl");
     // (module suffix, hash-table capacity): keep in sync with `Shader::ResolveWg*`.
     for (suffix, capacity) in [("", 2560), ("_large", 4096)] {
@@ -266,7 +270,7 @@ fn main() {
             .replace("//@SG_INIT", "");
         compile(
             &format!("resolve_wg{suffix}"),
-            &format!("{common}\n{plain}"),
+            &format!("{common_resolve}\n{plain}"),
             out_dir,
         );
         let subgroup = wg
@@ -275,7 +279,7 @@ fn main() {
             .replace("//@SG_INIT", WG_SUBGROUP_INIT);
         compile(
             &format!("resolve_wg{suffix}_sg"),
-            &format!("{common}\n{subgroup}"),
+            &format!("{common_resolve}\n{subgroup}"),
             out_dir,
         );
     }

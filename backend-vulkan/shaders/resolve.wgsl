@@ -7,35 +7,7 @@
 // private to the request: entries at [start * top_k, (start + count) * top_k), a hash table of
 // 2 * entries slots at twice that offset, per-row counters at [start, start + count), per-slot
 // arrays at group * hot_slots.
-struct Params {
-    num_tokens: u32,
-    top_k: u32,
-    num_requests: u32,
-    max_pages: u32,
-    block_size: u32,
-    hot_slots: u32,
-    attn_stride: u32,
-    host_rows: u32,
-    hot_width: u32,
-    // 1: per-slot scratch indexed by request id, 0: by start
-    group_by_request: u32,
-}
-
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> req_id: array<i32>;
-@group(0) @binding(1) var<storage, read> topk: array<i32>;
-@group(0) @binding(2) var<storage, read> resident_table: array<i32>;
-@group(0) @binding(3) var<storage, read> host_table: array<i32>;
-@group(0) @binding(4) var<storage, read> hot_table: array<i32>;
-@group(0) @binding(5) var<storage, read_write> dgi: array<i32>;
-// u16 LRU entries, two per word (little-endian: even index in the low half).
-@group(0) @binding(6) var<storage, read_write> lru: array<atomic<u32>>;
-@group(0) @binding(7) var<storage, read_write> indices: array<i32>;
-@group(0) @binding(8) var<storage, read_write> valid_counts: array<i32>;
-@group(0) @binding(9) var<storage, read_write> hit_counts: array<i32>;
-@group(0) @binding(10) var<storage, read_write> miss_counts: array<i32>;
-@group(0) @binding(11) var<storage, read_write> miss_src: array<i32>;
-@group(0) @binding(12) var<storage, read_write> miss_dst: array<i32>;
+// Parameters and bindings 0-12: resolve_common.wgsl.
 @group(0) @binding(13) var<storage, read> info: array<u32>;
 @group(0) @binding(14) var<storage, read> perm: array<u32>;
 // host row wanted by entry q, or -1
@@ -52,7 +24,6 @@ var<immediate> pc: Params;
 @group(0) @binding(20) var<storage, read_write> evl: array<u32>;
 
 const W: u32 = 256u;
-const NONE: u32 = 0xffffffffu;
 
 var<workgroup> sc: array<u32, 256>;
 var<workgroup> seen: array<atomic<u32>, 1024>;
@@ -171,7 +142,7 @@ fn main(
     let q0 = start * k;
     let hsize = 2u * e_count;
     let hb = 2u * q0;
-    let grp = select(start, r, pc.group_by_request == 1u) * n;
+    let grp = select(start, r, (pc.flags & 1u) != 0u) * n;
 
     // Phase 1: classify every entry, clear the outputs, the hash table and the counters.
     if (lid == 0u) {

@@ -18,35 +18,7 @@
 // row, column by column" order; invocation `vl` (its place in scan order) takes entries
 // [vl * 2, vl * 2 + 2) of each pass of 2048 and LRU positions [vl * 4, vl * 4 + 4) of each pass
 // of 4096, so one workgroup scan per pass numbers them in order.
-struct Params {
-    num_tokens: u32,
-    top_k: u32,
-    num_requests: u32,
-    max_pages: u32,
-    block_size: u32,
-    hot_slots: u32,
-    attn_stride: u32,
-    host_rows: u32,
-    hot_width: u32,
-    // bit 0: per-slot scratch indexed by request id (else by start); bit 1: workgroup mode allowed
-    flags: u32,
-}
-
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> req_id: array<i32>;
-@group(0) @binding(1) var<storage, read> topk: array<i32>;
-@group(0) @binding(2) var<storage, read> resident_table: array<i32>;
-@group(0) @binding(3) var<storage, read> host_table: array<i32>;
-@group(0) @binding(4) var<storage, read> hot_table: array<i32>;
-@group(0) @binding(5) var<storage, read_write> dgi: array<i32>;
-// u16 LRU entries, two per word (little-endian: even index in the low half).
-@group(0) @binding(6) var<storage, read_write> lru: array<atomic<u32>>;
-@group(0) @binding(7) var<storage, read_write> indices: array<i32>;
-@group(0) @binding(8) var<storage, read_write> valid_counts: array<i32>;
-@group(0) @binding(9) var<storage, read_write> hit_counts: array<i32>;
-@group(0) @binding(10) var<storage, read_write> miss_counts: array<i32>;
-@group(0) @binding(11) var<storage, read_write> miss_src: array<i32>;
-@group(0) @binding(12) var<storage, read_write> miss_dst: array<i32>;
+// Parameters and bindings 0-12: resolve_common.wgsl.
 // Global-mode regions (words), with TK = num_tokens * top_k, G = groups of per-slot arrays
 // (min(num_requests, num_tokens)), NB = ceil(hot_slots / 32):
 //   key [0, 2TK), first entry [2TK, 4TK), ref [4TK, 6TK), miss number [6TK, 7TK),
@@ -66,7 +38,6 @@ const NF: u32 = 4096u; // W * IN
 const TC: u32 = 2560u;
 const MAXR: u32 = 32u;
 const HOTC: u32 = 256u;
-const NONE: u32 = 0xffffffffu;
 const HOST: u32 = 2u;
 const RESIDENT: u32 = 1u;
 
