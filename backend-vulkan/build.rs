@@ -256,7 +256,11 @@ fn main() {
         .replace("//@SCAN", SUBGROUP_SCAN)
         .replace("//@SG_PARAMS", SUBGROUP_PARAMS)
         .replace("//@SG_INIT", SUBGROUP_INIT);
-    compile("resolve_sg", &format!("{common_resolve}\n{subgroup}"), out_dir);
+    compile(
+        "resolve_sg",
+        &format!("{common_resolve}\n{subgroup}"),
+        out_dir,
+    );
     let wg = std::fs::read_to_string(dir.join("resolve_wg.wgsl")).expect("resolve_wg.wgsl");
     // (module suffix, hash-table capacity): keep in sync with `Shader::ResolveWg*`.
     for (suffix, capacity) in [("", 2560), ("_large", 4096)] {
