@@ -746,7 +746,10 @@ HS_DEVICE void hs_workspace_release(u32* counter) {
 // every entry classified in one pass of batched loads (a one-row request's class, value and hash
 // slot kept in registers), hits found in LRU order, the table cleared at its full shared capacity,
 // one barrier per block scan. hs_resolve_gather runs it too. `t` is the token row the block
-// resolves (its block index, or in hs_resolve_gather its ticket). Returns the rows of the request this
+// resolves (its block index, or in hs_resolve_gather its ticket). With `publish` (the ready
+// flags of a work-sharing hs_resolve_gather; null otherwise) the block raises the flags of its
+// request's rows as soon as their miss plans and counts are final, before it writes the indices
+// and valid counts (every thread fences first). Returns the rows of the request this
 // block resolved (0 when it resolved none: a padding row, or a later row of a request), after a
 // barrier that follows every write of the miss plan and its counts, so that the block may read
 // them back (the fused gather).
@@ -758,7 +761,8 @@ HS_DEVICE u32 hs_resolve_body(
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 t) {
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 t,
+    u32* __restrict__ publish) {
     HS_DYN_SHARED(hs_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
@@ -1115,7 +1119,17 @@ HS_DEVICE u32 hs_resolve_body(
             lru[sbase + i] = (u16)s;
         }
     }
+    // The miss plan and its counts are final: publish the rows now (work sharing), so copy
+    // blocks start while this block still writes the indices.
+    if (publish != 0) HS_FENCE();
     HS_SYNC();
+    if (publish != 0 && HS_TID == 0) {
+        for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+            if (HS_LDG(req_id + t2) != req) continue;
+            ++seen;
+            atomicExch(publish + t2, 1u);
+        }
+    }
 
     // Step 8: output indices and valid counts.
     for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
@@ -1169,7 +1183,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
                     valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                     workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                     num_requests, max_pages, block_size, hot_slots, attention_block_stride,
-                    host_num_blocks, HS_BID_X);
+                    host_num_blocks, HS_BID_X, 0);
     hs_workspace_release(workspace_counter);
 }
 // ---------------------------------------------------------------------------------------------
@@ -1569,7 +1583,8 @@ HS_DEVICE void hs_fused_release(u32* counter, u32 num_tokens, u32* s_word) {
 // grid is one block per token row. item_units > 0: work sharing, the grid is num_tokens
 // resolving blocks and any number of copy blocks. Each block takes a ticket when it starts; the
 // first num_tokens tickets resolve token rows (ticket = row) and publish their rows' plans
-// (fence, barrier, ready flag), the others are copy blocks. A resolving block then copies work
+// (fence, barrier, ready flag: as soon as the plans are final, before the resolve writes its
+// indices), the others are copy blocks. A resolving block then copies work
 // items of its own rows (copy_mode HS_FUSED_RESOLVERS_COPY) and, with HS_FUSED_RESOLVERS_HELP,
 // of every other row already published, without waiting (the host asks for help only when the
 // whole grid fits the device at once: a resolving block that helps must not keep a later
@@ -1604,7 +1619,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
         hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
         workspace_entries, smem_table_entries, num_tokens, top_k, num_requests, max_pages,
         block_size, hot_slots, attention_block_stride, host_num_blocks,
-        share ? s_word : HS_BID_X);
+        share ? s_word : HS_BID_X, share ? workspace_counter + HS_FUSED_READY_WORD : 0);
     HS_SYNC(); // every thread read its ticket (the body may return without a barrier)
     const u32 k = share ? s_word : HS_BID_X;
     HS_SYNC(); // every thread has its ticket before s_word is reused
@@ -1635,22 +1650,13 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     const bool help = own_copy && (copy_mode & HS_FUSED_RESOLVERS_HELP) != 0;
     const i32 req = k < num_tokens ? HS_LDG(req_id + k) : -1;
     const bool padding = req < 0 || (u32)req >= num_requests;
-    if (k < num_tokens) {
-        // Publish: every thread's plan writes device-visible, then the flags of the rows this
-        // block wrote (its own padding row, or every row of the request it resolved).
+    if (k < num_tokens && padding) {
+        // A padding row's plan (all -1, count 0) is published here: every thread's writes
+        // device-visible, then its flag. The rows of a request were published by the resolve
+        // (hs_resolve_body, before its indices), a later row of a request by its first row.
         HS_FENCE();
         HS_SYNC();
-        if (HS_TID == 0) {
-            if (padding) {
-                atomicExch(ready + k, 1u);
-            } else {
-                for (u32 t2 = k, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-                    if (HS_LDG(req_id + t2) != req) continue;
-                    ++seen;
-                    atomicExch(ready + t2, 1u);
-                }
-            }
-        }
+        if (HS_TID == 0) atomicExch(ready + k, 1u);
     }
     // The rows this block visits, from `start` on: a resolving block its own rows (it published
     // them) and, when it helps, every other published row, none waited for; a copy block every
