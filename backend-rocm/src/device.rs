@@ -664,8 +664,9 @@ impl Device for RocmDevice {
         self.execute(stream, plan)
     }
 
-    /// One `hs_resolve_gather` launch (the inherent [`RocmDevice::resolve_and_gather`]): each
-    /// request's misses are copied while other requests still resolve.
+    /// From [`plan::FUSED_MIN_ROWS`] token rows one `hs_resolve_gather` launch (the inherent
+    /// [`RocmDevice::resolve_and_gather`]: each request's misses are copied while other requests
+    /// still resolve); below, `resolve` then `gather_rows`, which is faster there.
     fn resolve_and_gather(
         &self,
         stream: &RocmStream,
@@ -675,8 +676,31 @@ impl Device for RocmDevice {
         host: &RocmHostBuffer,
         device: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
-        // The inherent method of the same name (inherent methods take precedence).
-        RocmDevice::resolve_and_gather(self, stream, desc, args, layers, host, device)
+        if plan::swap_in_fused(desc) {
+            // The inherent method of the same name (inherent methods take precedence).
+            return RocmDevice::resolve_and_gather(self, stream, desc, args, layers, host, device);
+        }
+        // Few rows: the pair, as the trait's default does it.
+        hisparse_core::ops::swap_in::check(
+            desc,
+            &args.sizes(),
+            layers,
+            host.byte_len(),
+            device.byte_len(),
+        )?;
+        let mut args = args;
+        self.resolve(stream, desc, args.reborrow())?;
+        self.gather_rows(
+            stream,
+            &hisparse_core::ops::swap_in::plan_gather(desc, layers),
+            GatherArgs {
+                plan_src: args.miss_src,
+                plan_dst: args.miss_dst,
+                plan_counts: args.miss_counts,
+                host,
+                device,
+            },
+        )
     }
 
     fn copy_pages(

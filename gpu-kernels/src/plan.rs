@@ -659,19 +659,20 @@ pub enum FusedCopy {
 }
 
 impl FusedCopy {
-    /// The production choice: work sharing in items of one pass of a block's loads
-    /// ([`FUSED_ITEM_UNITS`]), with copy blocks on the multiprocessors the resolving blocks
-    /// leave idle (one block per multiprocessor, [`FUSED_BLOCKS_PER_MULTIPROCESSOR`]); the
-    /// resolving blocks help with other rows only when the grid fits the device at once.
-    ///
-    /// It cannot be slower than [`FusedCopy::OwnRequest`] by more than a claim per item: every
-    /// resolving block resolves exactly as before, then copies its own request's items first in
-    /// passes of the same size as the own-request loop (one atomic and two barriers per pass
-    /// added, against a pass of megabytes across the bus), and only then, when no resolving
-    /// block waits for a multiprocessor, helps with items other blocks have not claimed; copy
-    /// blocks run only on multiprocessors no resolving block of the launch would occupy, and take
-    /// nothing a resolving block is copying.
-    pub fn production(t: &Target, d: &ResolveDesc) -> FusedCopy {
+    /// The production choice: [`FusedCopy::OwnRequest`]. Measured on an H200 (`cuda_bench`,
+    /// 2048 × 9.1 % misses, 4096 slots), the work-sharing modes were slower at every size: at
+    /// 64 requests 303.5 µs with copy blocks and 297.4 µs without, against 191.3 µs for
+    /// own-request (the pair: 198.8 µs); at 256 requests 818.9 against 695.2 µs. The claims and
+    /// ready-flag waits cost more than the idle multiprocessors gave back.
+    pub fn production(_t: &Target, _d: &ResolveDesc) -> FusedCopy {
+        FusedCopy::OwnRequest
+    }
+
+    /// Work sharing in items of one pass of a block's loads ([`FUSED_ITEM_UNITS`]), with copy
+    /// blocks on the multiprocessors the resolving blocks leave idle (one block per
+    /// multiprocessor, [`FUSED_BLOCKS_PER_MULTIPROCESSOR`]); the resolving blocks help with
+    /// other rows only when the grid fits the device at once (measured beside production).
+    pub fn shared_with_copy_blocks(t: &Target, d: &ResolveDesc) -> FusedCopy {
         let resident = t.multiprocessors.max(1) * FUSED_BLOCKS_PER_MULTIPROCESSOR;
         FusedCopy::Shared {
             item_units: FUSED_ITEM_UNITS,
@@ -680,6 +681,18 @@ impl FusedCopy {
             resolvers_help: d.num_tokens <= resident,
         }
     }
+}
+
+/// Token rows from which the production swap-in is one [`resolve_gather`] launch; below, it is
+/// [`resolve`] then [`gather`] (the backends' `Device::resolve_and_gather`). A fused launch copies
+/// with one block per token row: with few rows too few blocks keep the bus busy. Measured on an
+/// H200 (`cuda_bench`, 2048 × 9.1 % misses): 1 request 40.3 µs fused against 29.0 µs for the
+/// pair; 64 requests 191.3 against 198.8 µs; 256 requests 695.2 against 726.7 µs.
+pub const FUSED_MIN_ROWS: u32 = 64;
+
+/// Whether the production swap-in of `d` is one fused launch ([`FUSED_MIN_ROWS`]).
+pub fn swap_in_fused(d: &ResolveDesc) -> bool {
+    d.num_tokens >= FUSED_MIN_ROWS
 }
 
 /// A resolve followed by the gather of its miss plan (the swap-in critical path), in one
@@ -1264,7 +1277,13 @@ mod tests {
             let counter = u64::from_ne_bytes(l.args.value(14).unwrap().try_into().unwrap());
             (l.grid[0], units, mode, placed, counter)
         };
-        let production = |t: u32| FusedCopy::production(&H200, &resolve_desc(t, 2048, 4096));
+        let production = |t: u32| FusedCopy::shared_with_copy_blocks(&H200, &resolve_desc(t, 2048, 4096));
+        assert_eq!(
+            FusedCopy::production(&H200, &resolve_desc(64, 2048, 4096)),
+            FusedCopy::OwnRequest
+        );
+        assert!(!swap_in_fused(&resolve_desc(1, 2048, 4096)));
+        assert!(swap_in_fused(&resolve_desc(64, 2048, 4096)));
         // 64 requests: 68 copy blocks fill the 132 SMs, resolvers copy and help.
         assert_eq!(
             fused(64, production(64)),

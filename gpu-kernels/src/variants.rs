@@ -43,7 +43,7 @@ pub enum RemapVariant {
 }
 
 impl RemapVariant {
-    /// Every variant, production last.
+    /// Every variant.
     pub const ALL: [RemapVariant; 6] = [
         RemapVariant::V1,
         RemapVariant::V2,
@@ -99,7 +99,7 @@ pub enum GatherVariant {
 }
 
 impl GatherVariant {
-    /// Every variant, production last.
+    /// Every variant.
     pub const ALL: [GatherVariant; 7] = [
         GatherVariant::V1,
         GatherVariant::V2,
@@ -151,7 +151,7 @@ pub enum ResolveVariant {
 }
 
 impl ResolveVariant {
-    /// Every variant, production last.
+    /// Every variant.
     pub const ALL: [ResolveVariant; 3] =
         [ResolveVariant::V1, ResolveVariant::V3, ResolveVariant::V2];
 
@@ -187,13 +187,13 @@ pub enum FusedVariant {
     /// As production, with work items of a quarter pass ([`SMALL_ITEM_UNITS`]): four times the
     /// items, so more blocks share a few requests' misses (fewer loads in flight per block).
     SharedSmallItems,
-    /// Production ([`plan::FusedCopy::production`]): work items shared by the resolving blocks
+    /// [`plan::FusedCopy::shared_with_copy_blocks`]: work items shared by the resolving blocks
     /// and copy blocks on the multiprocessors the resolve leaves idle.
     Shared,
 }
 
 impl FusedVariant {
-    /// Every variant, production last.
+    /// Every variant.
     pub const ALL: [FusedVariant; 5] = [
         FusedVariant::OwnRequest,
         FusedVariant::SharedNoCopyBlocks,
@@ -203,7 +203,7 @@ impl FusedVariant {
     ];
 
     /// The production choice.
-    pub const PRODUCTION: FusedVariant = FusedVariant::Shared;
+    pub const PRODUCTION: FusedVariant = FusedVariant::OwnRequest;
 
     /// The variant's name.
     pub const fn name(self) -> &'static str {
@@ -223,7 +223,7 @@ impl FusedVariant {
 
     /// The planner's choice for this variant.
     pub fn copy(self, t: &Target, d: &ResolveDesc) -> plan::FusedCopy {
-        let production = plan::FusedCopy::production(t, d);
+        let production = plan::FusedCopy::shared_with_copy_blocks(t, d);
         match (self, production) {
             (FusedVariant::OwnRequest, _) => plan::FusedCopy::OwnRequest,
             (FusedVariant::Shared, p) => p,

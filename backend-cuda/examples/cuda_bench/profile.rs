@@ -46,9 +46,9 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
         w.resolve(&b.dev, &b.s, 1, None)?;
         labels.push(format!("hs_resolve 64 req, ~9% misses, call {}", i + 1));
     }
-    // The fused launch each block copying its own request (round 5), then with copy blocks
-    // (production).
-    for fused in [FusedVariant::OwnRequest, FusedVariant::PRODUCTION] {
+    // The fused launch each block copying its own request (round 5, production), then with
+    // copy blocks.
+    for fused in [FusedVariant::OwnRequest, FusedVariant::Shared] {
         b.dev.set_fused_variant(fused);
         for i in 0..REPEATS {
             w.reset(&b.dev, &b.s)?;

@@ -250,7 +250,7 @@ const PATHS: [(&str, Path, bool); 6] = [
         false,
     ),
     (
-        "fused, each block its own request (round 5)",
+        "fused, each block its own request (production from 64 rows)",
         Path::Fused(FusedVariant::OwnRequest),
         true,
     ),
@@ -265,7 +265,7 @@ const PATHS: [(&str, Path, bool); 6] = [
         false,
     ),
     (
-        "fused, work items shared with copy blocks (production)",
+        "fused, work items shared with copy blocks",
         Path::Fused(FusedVariant::Shared),
         true,
     ),
