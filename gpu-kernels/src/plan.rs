@@ -1277,7 +1277,8 @@ mod tests {
             let counter = u64::from_ne_bytes(l.args.value(14).unwrap().try_into().unwrap());
             (l.grid[0], units, mode, placed, counter)
         };
-        let production = |t: u32| FusedCopy::shared_with_copy_blocks(&H200, &resolve_desc(t, 2048, 4096));
+        let production =
+            |t: u32| FusedCopy::shared_with_copy_blocks(&H200, &resolve_desc(t, 2048, 4096));
         assert_eq!(
             FusedCopy::production(&H200, &resolve_desc(64, 2048, 4096)),
             FusedCopy::OwnRequest
