@@ -681,26 +681,7 @@ impl Device for RocmDevice {
             return RocmDevice::resolve_and_gather(self, stream, desc, args, layers, host, device);
         }
         // Few rows: the pair, as the trait's default does it.
-        hisparse_core::ops::swap_in::check(
-            desc,
-            &args.sizes(),
-            layers,
-            host.byte_len(),
-            device.byte_len(),
-        )?;
-        let mut args = args;
-        self.resolve(stream, desc, args.reborrow())?;
-        self.gather_rows(
-            stream,
-            &hisparse_core::ops::swap_in::plan_gather(desc, layers),
-            GatherArgs {
-                plan_src: args.miss_src,
-                plan_dst: args.miss_dst,
-                plan_counts: args.miss_counts,
-                host,
-                device,
-            },
-        )
+        hisparse_core::device::resolve_then_gather(self, stream, desc, args, layers, host, device)
     }
 
     fn copy_pages(

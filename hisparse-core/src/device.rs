@@ -443,26 +443,7 @@ pub trait Device {
         host: &Self::HostBuffer,
         device: &mut Self::Buffer,
     ) -> Result<(), Self::Error> {
-        crate::ops::swap_in::check(
-            desc,
-            &args.sizes(),
-            layers,
-            host.byte_len(),
-            device.byte_len(),
-        )?;
-        let mut args = args;
-        self.resolve(stream, desc, args.reborrow())?;
-        self.gather_rows(
-            stream,
-            &crate::ops::swap_in::plan_gather(desc, layers),
-            GatherArgs {
-                plan_src: args.miss_src,
-                plan_dst: args.miss_dst,
-                plan_counts: args.miss_counts,
-                host,
-                device,
-            },
-        )
+        resolve_then_gather(self, stream, desc, args, layers, host, device)
     }
 
     /// Executes a miss plan: host rows → hot rows, for every layer of `desc`
@@ -615,4 +596,40 @@ fn download_typed<D: Device + ?Sized, T: Element>(
         }
         Ok(())
     }
+}
+
+/// [`Device::resolve_and_gather`] as two calls on `stream`: both halves checked
+/// ([`crate::ops::swap_in::check`]), then [`Device::resolve`] and [`Device::gather_rows`] of its
+/// miss plan. The trait's provided implementation, and what an overriding backend calls where
+/// its fused launch is not the faster one.
+#[cfg(feature = "alloc")]
+pub fn resolve_then_gather<D: Device + ?Sized>(
+    dev: &D,
+    stream: &D::Stream,
+    desc: &ResolveDesc,
+    args: ResolveArgs<'_, D::Buffer>,
+    layers: &[LayerPair],
+    host: &D::HostBuffer,
+    device: &mut D::Buffer,
+) -> Result<(), D::Error> {
+    crate::ops::swap_in::check(
+        desc,
+        &args.sizes(),
+        layers,
+        host.byte_len(),
+        device.byte_len(),
+    )?;
+    let mut args = args;
+    dev.resolve(stream, desc, args.reborrow())?;
+    dev.gather_rows(
+        stream,
+        &crate::ops::swap_in::plan_gather(desc, layers),
+        GatherArgs {
+            plan_src: args.miss_src,
+            plan_dst: args.miss_dst,
+            plan_counts: args.miss_counts,
+            host,
+            device,
+        },
+    )
 }
