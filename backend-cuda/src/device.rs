@@ -616,7 +616,6 @@ impl CudaDevice {
             host.mem.dev_ptr(),
             device.mem.ptr(),
             self.resolve_global(),
-            self.fused_copy(desc),
         )?;
         self.execute(stream, plan)
     }
@@ -636,19 +635,6 @@ impl CudaDevice {
             miss_counts: args.miss_counts.mem.ptr(),
             miss_src: args.miss_src.mem.ptr(),
             miss_dst: args.miss_dst.mem.ptr(),
-        }
-    }
-
-    /// How the fused resolve-and-gather of `desc` shares its copies: the production choice, or
-    /// the variant a `bench-variants` build selected.
-    fn fused_copy(&self, desc: &ResolveDesc) -> plan::FusedCopy {
-        #[cfg(feature = "bench-variants")]
-        {
-            self.bench.fused().copy(&self.target, desc)
-        }
-        #[cfg(not(feature = "bench-variants"))]
-        {
-            plan::FusedCopy::production(&self.target, desc)
         }
     }
 

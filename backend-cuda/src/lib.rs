@@ -79,4 +79,4 @@ pub use device::{
 };
 pub use error::CudaError;
 #[cfg(feature = "bench-variants")]
-pub use variants::{FusedVariant, GatherVariant, RESOLVE_GLOBAL_ENV, RemapVariant, ResolveVariant};
+pub use variants::{GatherVariant, RESOLVE_GLOBAL_ENV, RemapVariant, ResolveVariant};

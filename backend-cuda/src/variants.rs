@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 pub use hisparse_gpu_kernels::variants::{
-    FusedVariant, GatherVariant, RemapVariant, ResolveVariant,
+    GatherVariant, RemapVariant, ResolveVariant,
 };
 
 use crate::device::{CudaDevice, CudaStream};
@@ -26,7 +26,6 @@ pub(crate) struct BenchSwitches {
     remap: AtomicU8,
     gather: AtomicU8,
     resolve: AtomicU8,
-    fused: AtomicU8,
     resolve_global: AtomicBool,
 }
 
@@ -51,7 +50,6 @@ impl BenchSwitches {
             remap: AtomicU8::new(index_of(&RemapVariant::ALL, &RemapVariant::PRODUCTION)),
             gather: AtomicU8::new(index_of(&GatherVariant::ALL, &GatherVariant::PRODUCTION)),
             resolve: AtomicU8::new(index_of(&ResolveVariant::ALL, &ResolveVariant::PRODUCTION)),
-            fused: AtomicU8::new(index_of(&FusedVariant::ALL, &FusedVariant::PRODUCTION)),
             resolve_global: AtomicBool::new(global),
         })
     }
@@ -66,10 +64,6 @@ impl BenchSwitches {
 
     pub(crate) fn resolve(&self) -> ResolveVariant {
         ResolveVariant::ALL[usize::from(self.resolve.load(Ordering::Relaxed))]
-    }
-
-    pub(crate) fn fused(&self) -> FusedVariant {
-        FusedVariant::ALL[usize::from(self.fused.load(Ordering::Relaxed))]
     }
 
     pub(crate) fn resolve_global(&self) -> bool {
@@ -112,19 +106,6 @@ impl CudaDevice {
         self.bench
             .resolve
             .store(index_of(&ResolveVariant::ALL, &v), Ordering::Relaxed);
-    }
-
-    /// How the fused resolve-and-gather shares its copies from now on.
-    pub fn fused_variant(&self) -> FusedVariant {
-        self.bench.fused()
-    }
-
-    /// Chooses how later fused resolve-and-gather launches share their copies (results are
-    /// identical).
-    pub fn set_fused_variant(&self, v: FusedVariant) {
-        self.bench
-            .fused
-            .store(index_of(&FusedVariant::ALL, &v), Ordering::Relaxed);
     }
 
     /// Enqueues one launch of an empty kernel (one block of one thread) on `stream`: the floor
@@ -221,10 +202,6 @@ mod tests {
             ResolveVariant::ALL.last(),
             Some(&ResolveVariant::PRODUCTION)
         );
-        assert!(FusedVariant::ALL.contains(&FusedVariant::PRODUCTION));
-        for v in FusedVariant::ALL {
-            assert_eq!(FusedVariant::from_name(v.name()), Some(v));
-        }
         for sym in hisparse_gpu_kernels::variants::SYMBOLS {
             assert!(
                 hisparse_gpu_kernels::VARIANTS_SOURCE.contains(&format!(" {sym}(")),

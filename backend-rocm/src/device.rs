@@ -151,7 +151,6 @@ impl RocmDevice {
             host.device_addr(),
             device.addr(),
             false,
-            plan::FusedCopy::production(&target, desc),
         )?;
         self.execute(stream, plan)
     }

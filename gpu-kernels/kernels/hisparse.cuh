@@ -746,10 +746,7 @@ HS_DEVICE void hs_workspace_release(u32* counter) {
 // every entry classified in one pass of batched loads (a one-row request's class, value and hash
 // slot kept in registers), hits found in LRU order, the table cleared at its full shared capacity,
 // one barrier per block scan. hs_resolve_gather runs it too. `t` is the token row the block
-// resolves (its block index, or in hs_resolve_gather its ticket). With `publish` (the ready
-// flags of a work-sharing hs_resolve_gather; null otherwise) the block raises the flags of its
-// request's rows as soon as their miss plans and counts are final, before it writes the indices
-// and valid counts (every thread fences first). Returns the rows of the request this
+// resolves (its block index). Returns the rows of the request this
 // block resolved (0 when it resolved none: a padding row, or a later row of a request), after a
 // barrier that follows every write of the miss plan and its counts, so that the block may read
 // them back (the fused gather).
@@ -761,8 +758,7 @@ HS_DEVICE u32 hs_resolve_body(
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 t,
-    u32* __restrict__ publish) {
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 t) {
     HS_DYN_SHARED(hs_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
@@ -1119,17 +1115,7 @@ HS_DEVICE u32 hs_resolve_body(
             lru[sbase + i] = (u16)s;
         }
     }
-    // The miss plan and its counts are final: publish the rows now (work sharing), so copy
-    // blocks start while this block still writes the indices.
-    if (publish != 0) HS_FENCE();
     HS_SYNC();
-    if (publish != 0 && HS_TID == 0) {
-        for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-            if (HS_LDG(req_id + t2) != req) continue;
-            ++seen;
-            atomicExch(publish + t2, 1u);
-        }
-    }
 
     // Step 8: output indices and valid counts.
     for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
@@ -1183,7 +1169,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
                     valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                     workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                     num_requests, max_pages, block_size, hot_slots, attention_block_stride,
-                    host_num_blocks, HS_BID_X, 0);
+                    host_num_blocks, HS_BID_X);
     hs_workspace_release(workspace_counter);
 }
 // ---------------------------------------------------------------------------------------------
@@ -1356,18 +1342,14 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
 // ---------------------------------------------------------------------------------------------
 //
 // Launch: as hs_resolve (block HS_RESOLVE_THREADS, the same dynamic shared memory and
-// workspace), grid (num_tokens + copy blocks), plus the gather's pools and up to
-// HS_GATHER_MAX_LAYERS layers by value (the host launches hs_gather_rows for further layers). The
-// resolve is hs_resolve's own body (hs_resolve_body, the design measured fastest). With work
-// sharing (item_units > 0, see hs_resolve_gather), a resolved request's missed rows are split into
-// work items of about item_units 16-byte units and copied by its resolving block, by resolving
-// blocks that finished, and by copy blocks on the multiprocessors the resolve leaves idle, each
-// item with the row loop of hs_gather_rows (the rows' units spread over the whole block,
-// consecutive threads on consecutive units). Without it (item_units == 0), the resolving block
-// copies all of its request's missed rows. Either way the copies of the requests that finish
+// workspace), grid (num_tokens), plus the gather's pools and up to HS_GATHER_MAX_LAYERS layers by
+// value (the host launches hs_gather_rows for further layers). The resolve is hs_resolve's own
+// body (hs_resolve_body, the design measured fastest). The resolving block then copies all of its
+// request's missed rows with the row loop of hs_gather_rows (the rows' units spread over the whole
+// block, consecutive threads on consecutive units), so the copies of the requests that finish
 // first overlap the resolving of the others, and no second launch waits for the slowest block.
-// The plan is read back from global memory through L2 (written in this launch, published behind
-// a fence and a barrier).
+// The plan is read back from global memory through L2 (written by this block in this launch,
+// behind a barrier).
 
 // Loads in flight per thread of the fused gather: each of a block's HS_RESOLVE_THREADS threads
 // keeps HS_FUSED_GATHER_UNROLL 16-byte loads in flight (a decode request's ~190 missed 656-byte rows
@@ -1375,28 +1357,12 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
 // bus needs to stay busy), few enough registers for the resolver's bound of 64.
 #define HS_FUSED_GATHER_UNROLL 4
 
-#if defined(HS_VENDOR_CPU)
-// Another block's flag (the emulation runs blocks one after another: a flag a block waits for
-// is always set already).
-#define HS_LOAD_FLAG(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define HS_PAUSE() ((void)0)
-// A plan another block wrote in this launch (after it published the row).
-#define HS_LDCG(p) (*(p))
-#else
-#define HS_LOAD_FLAG(p) (*(volatile const u32*)(p))
+// A plan entry the block wrote in this launch, read through L2 (CUDA: not the multiprocessor's
+// L1, which global stores do not allocate in).
 #if defined(HS_VENDOR_CUDA)
-// L2, not the multiprocessor's incoherent L1: the plan was written by another block.
 #define HS_LDCG(p) __ldcg(p)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-#define HS_PAUSE() __nanosleep(256)
 #else
-#define HS_PAUSE() ((void)0)
-#endif
-#else
-// HIP: the acquiring fence after the flag invalidates the vector L1.
 #define HS_LDCG(p) (*(volatile const i32*)(p))
-#define HS_PAUSE() __builtin_amdgcn_s_sleep(2)
-#endif
 #endif
 
 // The missed rows of one plan row (`n` entries from `base`) of one layer, scale words of W bytes,
@@ -1432,8 +1398,7 @@ HS_DEVICE void hs_fused_gather_rows(const hs_layer_pair& L, const i32* miss_src,
                 v[u] = make_uint4(0u, 0u, 0u, 0u);
                 if (q >= total) continue;
                 const u32 i = q / cpr, c = q % cpr;
-                // Through L2: this block or another wrote the plan in this launch (published
-                // before a barrier).
+                // Through L2: this block wrote the plan in this launch (before a barrier).
                 const i32 ps = HS_LDCG(miss_src + at + i), pd = HS_LDCG(miss_dst + at + i);
                 u32 db, doff, sb, soff;
                 if (!hs_locate(L.device, pd, db, doff)) continue;
@@ -1461,18 +1426,6 @@ HS_DEVICE void hs_fused_gather_rows(const hs_layer_pair& L, const i32* miss_src,
     }
 }
 
-// The fused launch's work sharing (item_units > 0): the stream's resolver counters carry, after
-// their first four words, a ready flag and a claim counter per token row (HS_FUSED_SHARED_ROWS
-// of each; the host shares work only for launches of at most that many rows), zero before the
-// launch and left zero by it (the last block to finish clears them). Word 3 hands out tickets.
-#define HS_FUSED_TICKET_WORD 3
-#define HS_FUSED_READY_WORD 4
-#define HS_FUSED_SHARED_ROWS 1024
-// copy_mode bits of a work-sharing hs_resolve_gather: the resolving blocks copy their own rows'
-// items; they then also copy items of every other published row (without waiting).
-#define HS_FUSED_RESOLVERS_COPY 1u
-#define HS_FUSED_RESOLVERS_HELP 2u
-
 // One layer's copy, dispatched on its scale words: rows [r0, r0 + n) of plan row `base`.
 HS_DEVICE void hs_fused_copy_layer(const hs_layer_pair& L, const i32* miss_src, const i32* miss_dst,
                                    u64 base, u32 n, const u8* host, u8* device) {
@@ -1484,114 +1437,8 @@ HS_DEVICE void hs_fused_copy_layer(const hs_layer_pair& L, const i32* miss_src, 
         hs_fused_gather_rows<16>(L, miss_src, miss_dst, base, n, host, device);
 }
 
-// Plan rows per work item of a layer: as many rows as fill `item_units` units (at least one).
-HS_DEVICE u32 hs_fused_item_rows(const hs_layer_pair& L, u32 item_units) {
-    u32 cpr;
-    if (L.host.scale_word == 8) cpr = hs_row_units<8>(L.host);
-    else if (L.host.scale_word == 4) cpr = hs_row_units<4>(L.host);
-    else cpr = hs_row_units<16>(L.host);
-    const u32 rows = cpr == 0 ? item_units : item_units / cpr;
-    return rows == 0 ? 1u : rows;
-}
-
-// Copies work items of token row t2's missed rows, claimed one at a time through claim[t2],
-// until none is left: item i is, layer after layer, the i-th run of hs_fused_item_rows rows of
-// the row's miss list. The row's plan is published (this block saw its ready flag, or wrote it).
-// Thread 0 claims and decodes each item into s_item (layer, first row, rows; 0 rows: none left),
-// so the other threads carry nothing but the copy through it.
-HS_DEVICE void hs_fused_take(u32 t2, u32* claim, const i32* miss_counts, const i32* miss_src,
-                             const i32* miss_dst, u32 top_k, const hs_gather_layers& layers,
-                             u32 nl, u32 item_units, const u8* host, u8* device, u32* s_item) {
-    for (;;) {
-        if (HS_TID == 0) {
-            const i32 cnt = HS_LDCG(miss_counts + t2);
-            const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-            u32 i = n == 0 ? 0u : atomicAdd(claim + t2, 1u);
-            s_item[0] = 0;
-            s_item[1] = 0;
-            s_item[2] = 0;
-            for (u32 z = 0; z < nl && n != 0; ++z) {
-                const u32 per = hs_fused_item_rows(layers.layer[z], item_units);
-                const u32 of_layer = n / per + (n % per != 0 ? 1u : 0u);
-                if (i < of_layer) {
-                    const u32 r0 = i * per;
-                    s_item[0] = z;
-                    s_item[1] = r0;
-                    s_item[2] = n - r0 < per ? n - r0 : per;
-                    break;
-                }
-                i -= of_layer;
-            }
-        }
-        HS_SYNC();
-        const u32 z = s_item[0], r0 = s_item[1], rows = s_item[2];
-        HS_SYNC(); // every thread has the item before thread 0 claims the next
-        if (rows == 0) return; // uniform
-        hs_fused_copy_layer(layers.layer[z], miss_src, miss_dst, (u64)t2 * top_k + r0, rows, host,
-                            device);
-    }
-}
-
-// Whether token row t2's plan is published (wait: spin until it is). Thread 0 reads the flag and
-// fences (acquire) before the barrier that hands the answer to the block.
-HS_DEVICE bool hs_fused_ready(const u32* ready, u32 t2, bool wait, u32* s_word) {
-    if (HS_TID == 0) {
-        u32 f = HS_LOAD_FLAG(ready + t2);
-        while (wait && f == 0) {
-            HS_PAUSE();
-            f = HS_LOAD_FLAG(ready + t2);
-        }
-        HS_FENCE();
-        *s_word = f;
-    }
-    HS_SYNC();
-    const bool r = *s_word != 0;
-    HS_SYNC();
-    return r;
-}
-
-// End of a work-sharing block: counts it finished; the last block of the launch clears the ready
-// flags and claim counters of the launch's rows, the bump allocator, the tickets and the count
-// (as hs_workspace_release), so the next launch on the stream finds them zero.
-HS_DEVICE void hs_fused_release(u32* counter, u32 num_tokens, u32* s_word) {
-    HS_SYNC(); // the block's claims are behind it
-    if (HS_TID == 0) {
-        HS_FENCE();
-        *s_word = atomicAdd(counter + 1, 1u) == HS_NBLOCKS_X - 1 ? 1u : 0u;
-    }
-    HS_SYNC();
-    if (*s_word == 0) return;
-    HS_FENCE();
-    u32* ready = counter + HS_FUSED_READY_WORD;
-    u32* claim = ready + HS_FUSED_SHARED_ROWS;
-    for (u32 i = HS_TID; i < num_tokens && i < HS_FUSED_SHARED_ROWS; i += HS_NTHREADS) {
-        atomicExch(ready + i, 0u);
-        atomicExch(claim + i, 0u);
-    }
-    HS_FENCE();
-    HS_SYNC();
-    if (HS_TID == 0) {
-        const u32 used = atomicExch(counter, 0u);
-        atomicMax(counter + 2, used);
-        atomicExch(counter + HS_FUSED_TICKET_WORD, 0u);
-        atomicExch(counter + 1, 0u);
-        HS_FENCE();
-    }
-}
-
-// item_units == 0 (or no counters): each resolving block copies its own request's misses, the
-// grid is one block per token row. item_units > 0: work sharing, the grid is num_tokens
-// resolving blocks and any number of copy blocks. Each block takes a ticket when it starts; the
-// first num_tokens tickets resolve token rows (ticket = row) and publish their rows' plans
-// (fence, barrier, ready flag: as soon as the plans are final, before the resolve writes its
-// indices), the others are copy blocks. A resolving block then copies work
-// items of its own rows (copy_mode HS_FUSED_RESOLVERS_COPY) and, with HS_FUSED_RESOLVERS_HELP,
-// of every other row already published, without waiting (the host asks for help only when the
-// whole grid fits the device at once: a resolving block that helps must not keep a later
-// resolving block off its multiprocessor); a copy block visits every row from its own starting
-// row, waits for each row's flag and copies its unclaimed items. A block only ever waits for a ticket below its own, taken by a
-// block that is already running and never waits itself, so the launch completes whichever
-// blocks are resident together (the first num_tokens tickets run whatever the copy blocks do).
+// One block per token row: the block that resolves a request copies that request's misses, every
+// layer of `layers` in turn.
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
@@ -1601,85 +1448,31 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
-    const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers, u32 item_units,
-    u32 copy_mode) {
-    HS_SHARED u32 s_word, s_item[3];
+    const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers) {
     HS_GRID_DEP_WAIT(); // before any global memory access
-    const bool share =
-        item_units != 0 && workspace_counter != 0 && num_tokens <= HS_FUSED_SHARED_ROWS;
-    // The token row this block resolves: its index, or with work sharing its ticket (kept in
-    // s_word, which nothing else writes until the resolve is done: read again after it rather
-    // than held in a register through it).
-    if (share) {
-        if (HS_TID == 0) s_word = atomicAdd(workspace_counter + HS_FUSED_TICKET_WORD, 1u);
-        HS_SYNC();
-    }
     const u32 rows = hs_resolve_body(
         req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices, valid_counts,
         hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
         workspace_entries, smem_table_entries, num_tokens, top_k, num_requests, max_pages,
-        block_size, hot_slots, attention_block_stride, host_num_blocks,
-        share ? s_word : HS_BID_X, share ? workspace_counter + HS_FUSED_READY_WORD : 0);
-    HS_SYNC(); // every thread read its ticket (the body may return without a barrier)
-    const u32 k = share ? s_word : HS_BID_X;
-    HS_SYNC(); // every thread has its ticket before s_word is reused
+        block_size, hot_slots, attention_block_stride, host_num_blocks, HS_BID_X);
+    const u32 k = HS_BID_X;
     const u32 nl = layers.count < HS_GATHER_MAX_LAYERS ? layers.count : HS_GATHER_MAX_LAYERS;
-    if (!share) {
-        // Each block copies its own request's misses. The block's last workspace allocation is
-        // behind it: release before the copies, so the launch's counters are back to zero as
-        // soon as every block has resolved.
-        hs_workspace_release(workspace_counter);
-        if (rows == 0) return; // uniform over the block
-        const i32 req = req_id[k];
-        for (u32 t2 = k, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-            if (t2 != k && req_id[t2] != req) continue;
-            ++seen;
-            const i32 cnt = miss_counts[t2];
-            const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-            const u64 base = (u64)t2 * top_k;
-            for (u32 z = 0; z < nl; ++z)
-                hs_fused_copy_layer(layers.layer[z], miss_src, miss_dst, base, n, host, device);
-        }
-        return;
+    // The block's last workspace allocation is behind it: release before the copies, so the
+    // launch's counters are back to zero as soon as every block has resolved.
+    hs_workspace_release(workspace_counter);
+    if (rows == 0) return; // uniform over the block
+    const i32 req = req_id[k];
+    for (u32 t2 = k, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
+        if (t2 != k && req_id[t2] != req) continue;
+        ++seen;
+        const i32 cnt = miss_counts[t2];
+        const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+        const u64 base = (u64)t2 * top_k;
+        for (u32 z = 0; z < nl; ++z)
+            hs_fused_copy_layer(layers.layer[z], miss_src, miss_dst, base, n, host, device);
     }
-
-    u32* ready = workspace_counter + HS_FUSED_READY_WORD;
-    u32* claim = ready + HS_FUSED_SHARED_ROWS;
-    // Without copy blocks the resolving blocks copy their own rows, whatever copy_mode says.
-    const bool own_copy = (copy_mode & HS_FUSED_RESOLVERS_COPY) != 0 || HS_NBLOCKS_X <= num_tokens;
-    const bool help = own_copy && (copy_mode & HS_FUSED_RESOLVERS_HELP) != 0;
-    const i32 req = k < num_tokens ? HS_LDG(req_id + k) : -1;
-    const bool padding = req < 0 || (u32)req >= num_requests;
-    if (k < num_tokens && padding) {
-        // A padding row's plan (all -1, count 0) is published here: every thread's writes
-        // device-visible, then its flag. The rows of a request were published by the resolve
-        // (hs_resolve_body, before its indices), a later row of a request by its first row.
-        HS_FENCE();
-        HS_SYNC();
-        if (HS_TID == 0) atomicExch(ready + k, 1u);
-    }
-    // The rows this block visits, from `start` on: a resolving block its own rows (it published
-    // them) and, when it helps, every other published row, none waited for; a copy block every
-    // row, from a starting row spread over the copy blocks, waiting for each (the resolving
-    // blocks hold lower tickets: they run, and wait for nothing).
-    const bool copier = k >= num_tokens;
-    u32 visits = num_tokens, start = k;
-    if (copier) {
-        const u32 c = k - num_tokens, copies = HS_NBLOCKS_X - num_tokens;
-        start = (u32)((u64)c * num_tokens / copies);
-    } else if (!own_copy || padding) {
-        visits = help ? num_tokens : 0u; // a padding row owns no misses
-    }
-    for (u32 i = 0; i < visits; ++i) {
-        const u32 t2 = (start + i) % num_tokens;
-        // Uniform: req_id is read-only, every thread reads the same entry.
-        if (!copier && !help && HS_LDG(req_id + t2) != req) continue;
-        if (hs_fused_ready(ready, t2, copier, &s_word))
-            hs_fused_take(t2, claim, miss_counts, miss_src, miss_dst, top_k, layers, nl,
-                          item_units, host, device, s_item);
-    }
-    hs_fused_release(workspace_counter, num_tokens, &s_word);
 }
+
 // ---------------------------------------------------------------------------------------------
 // Whole-page copies (hisparse_core::ops::copy::copy_pages and copy_host_pages)
 // ---------------------------------------------------------------------------------------------

@@ -95,21 +95,9 @@ pub const GATHER_ROWS: u32 = 16;
 pub const GATHER_GROUP: u32 = 8;
 /// Most layers one `hs_gather_rows` launch carries (more are split over several launches).
 pub const GATHER_MAX_LAYERS: usize = 16;
-/// Most token rows of an `hs_resolve_gather` launch that shares its copies between blocks (the
-/// ready flags and claim counters in the stream's resolver counters, one of each per row).
-pub const FUSED_SHARED_ROWS: u32 = 1024;
-/// 16-byte units per work item of a work-sharing `hs_resolve_gather`: one pass of the block's
-/// loads (each of [`RESOLVE_THREADS`] threads keeps 4 units in flight).
-pub const FUSED_ITEM_UNITS: u32 = RESOLVE_THREADS * 4;
-/// `copy_mode` bit of a work-sharing `hs_resolve_gather`: the resolving blocks copy their own
-/// rows' work items.
-pub const FUSED_RESOLVERS_COPY: u32 = 1;
-/// `copy_mode` bit of a work-sharing `hs_resolve_gather`: a resolving block, its own items
-/// claimed, copies items of every other published row too (without waiting).
-pub const FUSED_RESOLVERS_HELP: u32 = 2;
-/// Blocks of `hs_resolve_gather` one multiprocessor holds ([`RESOLVE_THREADS`] threads of at most
-/// 64 registers fill an SM's register file): the grid the copy blocks complete.
-pub const FUSED_BLOCKS_PER_MULTIPROCESSOR: u32 = 1;
+/// 16-byte loads each thread of an `hs_resolve_gather` launch keeps in flight while it copies its
+/// request's misses (`HS_FUSED_GATHER_UNROLL`: few enough registers for the resolver's bound).
+pub const FUSED_GATHER_UNROLL: u32 = 4;
 /// Threads per block of `hs_copy_pages` and `hs_copy_rows`.
 pub const COPY_THREADS: u32 = 256;
 /// Threads per block of `hs_invalidate`.
@@ -225,13 +213,8 @@ pub enum Kernel {
     /// parameters), then, in the same launch, the gather of each resolved request's misses into
     /// `device` for the first `layers.count` layers (at most [`GATHER_MAX_LAYERS`]), as
     /// [`Kernel::GatherRows`] would with the miss plan. `host` is the device address of the
-    /// mapped pinned host pool. `item_units` 0: grid `(num_tokens)`, each resolving block copies
-    /// its request's misses. `item_units` > 0 (work sharing, at most [`FUSED_SHARED_ROWS`] rows,
-    /// `workspace_counter` required): grid `(num_tokens + copy blocks)`, the misses copied in
-    /// work items of about `item_units` 16-byte units by whichever block claims them: the
-    /// resolving blocks (their own rows with [`FUSED_RESOLVERS_COPY`] in `copy_mode`, or when
-    /// there are no copy blocks; other published rows too with [`FUSED_RESOLVERS_HELP`]) and the
-    /// copy blocks ([`plan::FusedCopy`]).
+    /// mapped pinned host pool. Grid `(num_tokens)`: each resolving block copies its request's
+    /// misses.
     ResolveGather,
     /// `hs_remap_modes`: [`Kernel::Remap`] (same grid, block, dynamic shared memory and flags)
     /// with the modes of `hisparse_core::ops::remap::remap_modes`: a prefill workspace
@@ -295,7 +278,7 @@ const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
     block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
-    host: Ptr, device: Ptr, layers: GatherLayers, item_units: U32, copy_mode: U32,
+    host: Ptr, device: Ptr, layers: GatherLayers,
 ];
 
 impl Kernel {
@@ -613,12 +596,11 @@ pub const RESOLVE_STATIC_SHARED_BYTES: u64 = 4 * 128 + 4 * 8;
 
 /// Bytes of a stream's resolver counters (`u32` words, the `workspace_counter` of the
 /// resolvers): the bump allocator of a launch, the blocks finished, the most entries one launch
-/// took (word [`WORKSPACE_HIGH_WATER_WORD`], a diagnostic), the tickets of a work-sharing
-/// `hs_resolve_gather`, then its [`FUSED_SHARED_ROWS`] ready flags and as many claim counters.
-/// They must be zero before the first launch that uses them; every launch leaves all but the
-/// diagnostic zero (its last block to finish resets them), so a backend clears them once, when it
-/// makes the stream.
-pub const WORKSPACE_COUNTER_BYTES: u64 = 16 + 8 * FUSED_SHARED_ROWS as u64;
+/// took (word [`WORKSPACE_HIGH_WATER_WORD`], a diagnostic) and one unused word. They must be
+/// zero before the first launch that uses them; every launch leaves all but the diagnostic zero
+/// (its last block to finish resets them), so a backend clears them once, when it makes the
+/// stream.
+pub const WORKSPACE_COUNTER_BYTES: u64 = 16;
 
 /// Index of the `u32` word of the workspace counters that holds the most entries one launch
 /// took.
@@ -703,12 +685,7 @@ mod tests {
             ("HS_REMAP_STAGED", REMAP_STAGED),
             ("HS_GATHER_GROUP", GATHER_GROUP),
             ("HS_RESOLVE_HOT_STAGE", RESOLVE_HOT_STAGE),
-            ("HS_FUSED_SHARED_ROWS", FUSED_SHARED_ROWS),
-            ("HS_FUSED_GATHER_UNROLL", FUSED_ITEM_UNITS / RESOLVE_THREADS),
-            ("HS_FUSED_TICKET_WORD", 3),
-            ("HS_FUSED_READY_WORD", 4),
-            ("HS_FUSED_RESOLVERS_COPY", FUSED_RESOLVERS_COPY),
-            ("HS_FUSED_RESOLVERS_HELP", FUSED_RESOLVERS_HELP),
+            ("HS_FUSED_GATHER_UNROLL", FUSED_GATHER_UNROLL),
         ] {
             let line = format!("#define {name} {value}");
             assert!(

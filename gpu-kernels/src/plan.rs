@@ -25,9 +25,7 @@ use hisparse_core::ops::{
 
 use crate::args::Args;
 use crate::{
-    COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE,
-    FUSED_BLOCKS_PER_MULTIPROCESSOR, FUSED_ITEM_UNITS, FUSED_RESOLVERS_COPY, FUSED_RESOLVERS_HELP,
-    FUSED_SHARED_ROWS, GATHER_MAX_LAYERS, GATHER_ROWS, GATHER_THREADS, GatherLayers,
+    COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE, GATHER_MAX_LAYERS, GATHER_ROWS, GATHER_THREADS, GatherLayers,
     INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob, Pair, REMAP_COMPACT, REMAP_COUNTS,
     REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES, REMAP_STAGED, RESOLVE_GLOBAL_STATE,
     RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS, Span, TABLE_THREADS, TableWriteAbi,
@@ -492,18 +490,6 @@ pub fn resolve(
     a: &ResolveAddrs,
     force_global: bool,
 ) -> Result<Plan, PlanError> {
-    resolve_with_counters(t, d, a, force_global, false)
-}
-
-/// [`resolve`], passing the stream's resolver counters even without a workspace when
-/// `counters` (the work-sharing fused launch needs them).
-fn resolve_with_counters(
-    t: &Target,
-    d: &ResolveDesc,
-    a: &ResolveAddrs,
-    force_global: bool,
-    counters: bool,
-) -> Result<Plan, PlanError> {
     if d.num_tokens == 0 {
         return Ok(Plan::empty());
     }
@@ -539,12 +525,7 @@ fn resolve_with_counters(
         args.workspace(0).counters();
         16 * shape.workspace_entries
     } else {
-        args.ptr(0);
-        if counters {
-            args.counters();
-        } else {
-            args.ptr(0);
-        }
+        args.ptr(0).ptr(0);
         0
     };
     args.u32(shape.workspace_entries as u32)
@@ -632,57 +613,6 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
 // Resolve and gather in one launch
 // ------------------------------------------------------------------------------------------------
 
-/// How an `hs_resolve_gather` launch shares the copying of the misses between its blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FusedCopy {
-    /// One block per token row; each resolving block copies its own request's misses (round 5).
-    OwnRequest,
-    /// Work sharing: the misses in work items of about `item_units` 16-byte units, claimed by
-    /// the resolving blocks (their own rows' items unless `resolvers_copy` is false and there
-    /// are copy blocks; every published row's with `resolvers_help`) and by `copy_blocks` more
-    /// blocks, which copy only. Launches of more than
-    /// [`FUSED_SHARED_ROWS`] rows, or whose items could number 2^30 or more, fall back to
-    /// [`FusedCopy::OwnRequest`].
-    Shared {
-        /// 16-byte units per work item (at least 1; a row is never split across layers).
-        item_units: u32,
-        /// Blocks beyond the token rows, copying only.
-        copy_blocks: u32,
-        /// Whether the resolving blocks copy their own rows' items (false only makes sense with
-        /// copy blocks; a test switch that sends every item through the copy blocks).
-        resolvers_copy: bool,
-        /// Whether a resolving block, its own items claimed, copies items of other published
-        /// rows too (only when the whole grid fits the device at once: otherwise a helping
-        /// block keeps a later resolving block off its multiprocessor).
-        resolvers_help: bool,
-    },
-}
-
-impl FusedCopy {
-    /// The production choice: [`FusedCopy::OwnRequest`]. Measured on an H200 (`cuda_bench`,
-    /// 2048 × 9.1 % misses, 4096 slots), the work-sharing modes were slower at every size: at
-    /// 64 requests 303.5 µs with copy blocks and 297.4 µs without, against 191.3 µs for
-    /// own-request (the pair: 198.8 µs); at 256 requests 818.9 against 695.2 µs. The claims and
-    /// ready-flag waits cost more than the idle multiprocessors gave back.
-    pub fn production(_t: &Target, _d: &ResolveDesc) -> FusedCopy {
-        FusedCopy::OwnRequest
-    }
-
-    /// Work sharing in items of one pass of a block's loads ([`FUSED_ITEM_UNITS`]), with copy
-    /// blocks on the multiprocessors the resolving blocks leave idle (one block per
-    /// multiprocessor, [`FUSED_BLOCKS_PER_MULTIPROCESSOR`]); the resolving blocks help with
-    /// other rows only when the grid fits the device at once (measured beside production).
-    pub fn shared_with_copy_blocks(t: &Target, d: &ResolveDesc) -> FusedCopy {
-        let resident = t.multiprocessors.max(1) * FUSED_BLOCKS_PER_MULTIPROCESSOR;
-        FusedCopy::Shared {
-            item_units: FUSED_ITEM_UNITS,
-            copy_blocks: resident.saturating_sub(d.num_tokens),
-            resolvers_copy: true,
-            resolvers_help: d.num_tokens <= resident,
-        }
-    }
-}
-
 /// Token rows from which the production swap-in is one [`resolve_gather`] launch; below, it is
 /// [`resolve`] then [`gather`] (the backends' `Device::resolve_and_gather`). A fused launch copies
 /// with one block per token row: with few rows too few blocks keep the bus busy. Measured on an
@@ -696,8 +626,8 @@ pub fn swap_in_fused(d: &ResolveDesc) -> bool {
 }
 
 /// A resolve followed by the gather of its miss plan (the swap-in critical path), in one
-/// `hs_resolve_gather` launch: [`resolve`]'s shape and workspace, the copies shared as `copy`
-/// says (a grid of `num_tokens` plus its copy blocks), for the first [`GATHER_MAX_LAYERS`] of
+/// `hs_resolve_gather` launch: [`resolve`]'s grid, shape and workspace, each resolving block
+/// copying its own request's misses, for the first [`GATHER_MAX_LAYERS`] of
 /// `layers`; further layers follow as [`gather`] launches over the plan. `host` and `device` are
 /// the device addresses of the mapped host pool and the device pool. Results equal [`resolve`]
 /// then [`gather`] with `plan_src`, `plan_dst` and `plan_counts` the resolve's `miss_src`,
@@ -711,26 +641,11 @@ pub fn resolve_gather(
     host: u64,
     device: u64,
     force_global: bool,
-    copy: FusedCopy,
 ) -> Result<Plan, PlanError> {
-    let first_layers = layers.len().min(GATHER_MAX_LAYERS) as u64;
-    let copy = match copy {
-        FusedCopy::Shared { item_units, .. }
-            if d.num_tokens <= FUSED_SHARED_ROWS
-                && item_units > 0
-                // Items per row (at most top_k per layer) and the claims past them stay far
-                // below u32's end.
-                && u64::from(d.top_k) * first_layers < 1 << 30 =>
-        {
-            copy
-        }
-        _ => FusedCopy::OwnRequest,
-    };
-    let shared = matches!(copy, FusedCopy::Shared { .. });
     if layers.is_empty() {
         return resolve(t, d, a, force_global);
     }
-    let mut plan = resolve_with_counters(t, d, a, force_global, shared)?;
+    let mut plan = resolve(t, d, a, force_global)?;
     let Some(fused) = plan.launches.first_mut() else {
         return Ok(plan);
     };
@@ -739,41 +654,11 @@ pub fn resolve_gather(
     check_pool("resolve_gather device pool address", device)?;
     let (first, rest) = layers.split_at(layers.len().min(GATHER_MAX_LAYERS));
     fused.kernel = Kernel::ResolveGather;
-    let (item_units, copy_mode) = match copy {
-        FusedCopy::OwnRequest => (0, 0),
-        FusedCopy::Shared {
-            item_units,
-            copy_blocks,
-            resolvers_copy,
-            resolvers_help,
-        } => {
-            // Without copy blocks the resolving blocks copy whatever the switch says.
-            let copy_blocks = if resolvers_copy {
-                copy_blocks
-            } else {
-                copy_blocks.max(1)
-            };
-            limit(
-                "resolve_gather grid",
-                u64::from(d.num_tokens) + u64::from(copy_blocks),
-                i32::MAX as u64,
-            )?;
-            fused.grid[0] = d.num_tokens + copy_blocks;
-            let mode = match (resolvers_copy, resolvers_help) {
-                (false, _) => 0,
-                (true, false) => FUSED_RESOLVERS_COPY,
-                (true, true) => FUSED_RESOLVERS_COPY | FUSED_RESOLVERS_HELP,
-            };
-            (item_units, mode)
-        }
-    };
     fused
         .args
         .ptr(host)
         .ptr(device)
-        .gather_layers(&GatherLayers::new(first))
-        .u32(item_units)
-        .u32(copy_mode);
+        .gather_layers(&GatherLayers::new(first));
     if !rest.is_empty() {
         let more = gather(
             t,
@@ -1245,86 +1130,28 @@ mod tests {
         }
     }
 
-    /// The fused launch's grid, counters and copy mode for each way of sharing its copies.
+    /// The fused launch: one block per token row, the gather's arguments after the resolve's,
+    /// the counters placed only with a workspace; the pair below FUSED_MIN_ROWS.
     #[test]
-    fn fused_copy_shapes_follow_the_device_and_the_launch() {
+    fn fused_launch_has_the_resolve_grid_and_the_gather_arguments() {
         let l = PageLayout::contiguous(0, 1024, 8, 16, 64);
         let layers = [LayerPair { host: l, device: l }; 2];
-        let fused = |t: u32, copy: FusedCopy| {
+        let fused = |t: u32| {
             let d = resolve_desc(t, 2048, 4096);
-            let p = resolve_gather(
-                &H200,
-                &d,
-                &ResolveAddrs::default(),
-                &layers,
-                0,
-                0,
-                false,
-                copy,
-            )
-            .unwrap();
-            let mut l = p.launches[0].clone();
+            let p = resolve_gather(&H200, &d, &ResolveAddrs::default(), &layers, 0, 0, false)
+                .unwrap();
+            let l = p.launches[0].clone();
             assert_eq!(l.kernel, Kernel::ResolveGather);
             l.args.matches(&l.kernel.abi()).unwrap();
-            let n = l.kernel.abi().params.len();
-            let word = |i: usize| u32::from_ne_bytes(l.args.value(i).unwrap().try_into().unwrap());
-            let (units, mode) = (word(n - 2), word(n - 1));
-            // The counters are placed whenever the copies are shared, workspace or not.
-            let placed = l.args.has_pending();
-            l.args
-                .resolve(&[], 1 << 20, 1 << 19)
-                .unwrap_or_else(|e| panic!("{e}"));
-            let counter = u64::from_ne_bytes(l.args.value(14).unwrap().try_into().unwrap());
-            (l.grid[0], units, mode, placed, counter)
+            (l.grid[0], l.args.has_pending())
         };
-        let production =
-            |t: u32| FusedCopy::shared_with_copy_blocks(&H200, &resolve_desc(t, 2048, 4096));
-        assert_eq!(
-            FusedCopy::production(&H200, &resolve_desc(64, 2048, 4096)),
-            FusedCopy::OwnRequest
-        );
         assert!(!swap_in_fused(&resolve_desc(1, 2048, 4096)));
         assert!(swap_in_fused(&resolve_desc(64, 2048, 4096)));
-        // 64 requests: 68 copy blocks fill the 132 SMs, resolvers copy and help.
-        assert_eq!(
-            fused(64, production(64)),
-            (
-                132,
-                FUSED_ITEM_UNITS,
-                FUSED_RESOLVERS_COPY | FUSED_RESOLVERS_HELP,
-                true,
-                1 << 19
-            )
-        );
-        // 256 requests: no copy blocks, no help (a second wave of resolvers waits for SMs).
-        assert_eq!(
-            fused(256, production(256)),
-            (256, FUSED_ITEM_UNITS, FUSED_RESOLVERS_COPY, true, 1 << 19)
-        );
-        // Beyond the shared rows, and the round-5 mode: one block per row, no counters needed.
-        assert_eq!(fused(1025, production(1025)).1, 0);
-        assert_eq!(fused(64, FusedCopy::OwnRequest).0, 64);
-        // One request: its table fits shared memory, so no workspace; the counters are still
-        // placed for the shared copies, not for the round-5 mode.
-        assert_eq!(
-            fused(1, production(1)),
-            (
-                132,
-                FUSED_ITEM_UNITS,
-                FUSED_RESOLVERS_COPY | FUSED_RESOLVERS_HELP,
-                true,
-                1 << 19
-            )
-        );
-        assert_eq!(fused(1, FusedCopy::OwnRequest), (1, 0, 0, false, 0));
-        // Copy blocks alone: at least one copy block.
-        let alone = FusedCopy::Shared {
-            item_units: 7,
-            copy_blocks: 0,
-            resolvers_copy: false,
-            resolvers_help: false,
-        };
-        assert_eq!(fused(3, alone), (4, 7, 0, true, 1 << 19));
+        // 64 requests: their tables need the global workspace and its counters.
+        assert_eq!(fused(64), (64, true));
+        assert_eq!(fused(256), (256, true));
+        // One request: its table fits shared memory, so no workspace and no counters.
+        assert_eq!(fused(1), (1, false));
     }
 
     #[test]

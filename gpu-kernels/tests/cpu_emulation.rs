@@ -744,21 +744,6 @@ fn fused_step(
         miss_src: am(&mut gsrc),
         miss_dst: am(&mut gdst),
     };
-    // Every way of sharing the copies: each block its own request, or work items of 1 to
-    // thousands of units shared by the resolving blocks and 0 to 3 copy blocks (or by the copy
-    // blocks alone).
-    let copy = if rng.pct(20) {
-        plan::FusedCopy::OwnRequest
-    } else {
-        let item_units = [1, 3, 41, 100, gk::FUSED_ITEM_UNITS][rng.below(5) as usize];
-        let copy_blocks = rng.int(0, 3) as u32;
-        plan::FusedCopy::Shared {
-            item_units,
-            copy_blocks,
-            resolvers_copy: copy_blocks == 0 || rng.pct(50),
-            resolvers_help: rng.pct(50),
-        }
-    };
     let planned = plan::resolve_gather(
         tgt,
         d,
@@ -767,7 +752,6 @@ fn fused_step(
         a(&host_pool),
         am(&mut gdev),
         mode.global,
-        copy,
     )
     .map_err(|e| e.to_string())?;
     if planned.launches.first().map(|l| l.kernel) != Some(Kernel::ResolveGather) {
@@ -819,7 +803,7 @@ fn fused_step(
     }
     if gdev != want_dev {
         return Err(format!(
-            "resolve_gather's device pool differs from the reference gather ({nl} layers, {row} B rows, split {split}, {mode:?}, {copy:?}) for {d:?}"
+            "resolve_gather's device pool differs from the reference gather ({nl} layers, {row} B rows, split {split}, {mode:?}) for {d:?}"
         ));
     }
     Ok(())

@@ -4,18 +4,16 @@
 #
 #   1. cuda_bench: every figure beside the ceilings of the same run (bulk H2D/D2H, D2D, an empty
 #      kernel in a graph), every kernel variant (remap v5: the block-table row staged), warm and
-#      cold, the swap-in path separate and fused (each block its own request; work items shared
-#      by the resolving blocks; shared with copy blocks, the production choice; all checked byte
-#      for byte against the pair, the copy blocks alone too), the configurations `hisparse bench`
+#      cold, the swap-in path separate and fused (each block its own request, checked byte for
+#      byte against the pair), the configurations `hisparse bench`
 #      measures; 20 ms of sustained GPU work before every timed run and the SM clock of each run
 #      in its row; JSON in $OUT/cuda-perf/bench.json;
 #   2. the conformance suite with a device required (production build), the fused
-#      resolve-and-gather against the reference (production: copy blocks beside the resolving
-#      blocks), and compute-sanitizer racecheck of the fused launch's two small scenarios
+#      resolve-and-gather against the reference, and compute-sanitizer racecheck of the fused launch's two small scenarios
 #      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
 #      (remap at 1 and 64 tokens in every mode, production v4 and variant v5, the resolver at 64
-#      requests, and the fused launch at 64 requests in the round-5 mode and with copy blocks):
+#      requests, and the fused launch at 64 requests):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
 #   4. the resolve cases with the resolver's global-state mode forced (bench-variants build,

@@ -9,7 +9,7 @@
 //! (the N-th record of `hs_remap`, `hs_remap_v5`, `hs_resolve` and `hs_resolve_gather` together
 //! is launch N).
 
-use hisparse_backend_cuda::{CudaBuffer, FusedVariant, RemapVariant};
+use hisparse_backend_cuda::{CudaBuffer, RemapVariant};
 use hisparse_core::Device;
 use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs};
 
@@ -46,10 +46,8 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
         w.resolve(&b.dev, &b.s, 1, None)?;
         labels.push(format!("hs_resolve 64 req, ~9% misses, call {}", i + 1));
     }
-    // The fused launch each block copying its own request (round 5, production), then with
-    // copy blocks.
-    for fused in [FusedVariant::OwnRequest, FusedVariant::Shared] {
-        b.dev.set_fused_variant(fused);
+    // The fused launch, each block copying its own request.
+    {
         for i in 0..REPEATS {
             w.reset(&b.dev, &b.s)?;
             w.resolve(&b.dev, &b.s, 0, None)?;
@@ -59,13 +57,11 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
             ));
             w.resolve(&b.dev, &b.s, 1, Some((&layer, &host, &mut pool)))?;
             labels.push(format!(
-                "hs_resolve_gather ({}) 64 req, ~9% misses, call {}",
-                fused.name(),
+                "hs_resolve_gather 64 req, ~9% misses, call {}",
                 i + 1
             ));
         }
     }
-    b.dev.set_fused_variant(FusedVariant::PRODUCTION);
     b.dev.synchronize(&b.s)?;
     for (n, l) in labels.iter().enumerate() {
         println!("profile-target {n}: {l}");

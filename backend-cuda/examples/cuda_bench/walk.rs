@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use hisparse_backend_cuda::{
-    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream, FusedVariant,
+    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream,
     GatherVariant, ResolveVariant,
 };
 use hisparse_core::Device;
@@ -228,17 +228,15 @@ fn time_walk(
     Ok(total / (reps * steps) as f64)
 }
 
-/// A swap-in path measured: a resolver kernel then a gather launch, or the fused launch with one
-/// way of sharing its copies.
+/// A swap-in path measured: a resolver kernel then a gather launch, or the fused launch.
 #[derive(Clone, Copy, PartialEq)]
 enum Path {
     Pair(ResolveVariant, GatherVariant),
-    Fused(FusedVariant),
+    Fused,
 }
 
-/// The path variants measured, `(name, path, with PDL too)`. The copy-blocks-only fused variant
-/// is checked byte for byte, not timed (it is a check of the copy blocks' path).
-const PATHS: [(&str, Path, bool); 6] = [
+/// The path variants measured, `(name, path, with PDL too)`.
+const PATHS: [(&str, Path, bool); 3] = [
     (
         "resolve v2 + gather v3 (production pair)",
         Path::Pair(ResolveVariant::V2, GatherVariant::V3),
@@ -251,22 +249,7 @@ const PATHS: [(&str, Path, bool); 6] = [
     ),
     (
         "fused, each block its own request (production from 64 rows)",
-        Path::Fused(FusedVariant::OwnRequest),
-        true,
-    ),
-    (
-        "fused, work items shared by the resolving blocks",
-        Path::Fused(FusedVariant::SharedNoCopyBlocks),
-        false,
-    ),
-    (
-        "fused, quarter-pass work items shared with copy blocks",
-        Path::Fused(FusedVariant::SharedSmallItems),
-        false,
-    ),
-    (
-        "fused, work items shared with copy blocks",
-        Path::Fused(FusedVariant::Shared),
+        Path::Fused,
         true,
     ),
 ];
@@ -321,22 +304,18 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
         b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
         let reference = reference.expect("at least one resolver kernel");
         let zero = b.dev.alloc(pool_len)?;
-        // The pair's pool, then every way of sharing the fused launch's copies: identical.
+        // The pair's pool, then the fused launch's: identical.
         let mut pair_pool: Option<Vec<u8>> = None;
-        for fused in std::iter::once(None).chain(FusedVariant::ALL.map(Some)) {
+        for fused in [false, true] {
             w.reset(&b.dev, &b.s)?;
             b.dev
                 .copy_on_device(&b.s, &zero, 0, &mut pool, 0, pool_len)?;
-            if let Some(v) = fused {
-                b.dev.set_fused_variant(v);
-            }
             for (step, want) in reference.iter().enumerate() {
-                if let Some(v) = fused {
+                if fused {
                     w.resolve(&b.dev, &b.s, step, Some((&layer, &host, &mut pool)))?;
                     if w.outputs(&b.dev, step)? != *want {
                         return Err(format!(
-                            "the fused resolve ({}) differs from the resolve at step {step} of the walk of {r} requests",
-                            v.name()
+                            "the fused resolve differs from the resolve at step {step} of the walk of {r} requests"
                         )
                         .into());
                     }
@@ -347,22 +326,19 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
             }
             let mut bytes = vec![0u8; pool_len];
             b.dev.download(&pool, 0, &mut bytes)?;
-            match (&pair_pool, fused) {
-                (None, _) => pair_pool = Some(bytes),
-                (Some(want), Some(v)) if *want != bytes => {
+            match &pair_pool {
+                None => pair_pool = Some(bytes),
+                Some(want) if *want != bytes => {
                     return Err(format!(
-                        "the fused launch's gather ({}) differs from resolve then gather over the walk of {r} requests",
-                        v.name()
+                        "the fused launch's gather differs from resolve then gather over the walk of {r} requests"
                     )
                     .into());
                 }
-                _ => {}
+                Some(_) => {}
             }
         }
-        b.dev.set_fused_variant(FusedVariant::PRODUCTION);
         println!(
-            "{r} requests: the fused launch ({}) leaves every output and the pool identical to the pair",
-            FusedVariant::ALL.map(|v| v.name()).join(", ")
+            "{r} requests: the fused launch leaves every output and the pool identical to the pair"
         );
         let misses_per_step = missed_rows as f64 / steps as f64;
         let miss_pct = 100.0 * missed_rows as f64 / looked_up.max(1) as f64;
@@ -435,10 +411,7 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                     b.dev.set_resolve_variant(rv);
                     b.dev.set_gather_variant(gv);
                 }
-                Path::Fused(v) => {
-                    b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
-                    b.dev.set_fused_variant(v);
-                }
+                Path::Fused => b.dev.set_resolve_variant(ResolveVariant::PRODUCTION),
             }
             for pdl in [false, true] {
                 if pdl && (!with_pdl || !b.dev.set_programmatic_launch(true)) {
@@ -453,7 +426,7 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                                     wr.resolve(d, &b.s, step, None)?;
                                     gather_step(d, &b.s, wr, step, &layer, &host, pr)?;
                                 }
-                                Path::Fused(_) => {
+                                Path::Fused => {
                                     wr.resolve(d, &b.s, step, Some((&layer, &host, &mut *pr)))?
                                 }
                             }
@@ -475,7 +448,7 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 };
                 // The production pair and the production fused launch are judged.
                 let judged = r == 64
-                    && (path == Path::Fused(FusedVariant::PRODUCTION)
+                    && (path == Path::Fused
                         || path
                             == Path::Pair(ResolveVariant::PRODUCTION, GatherVariant::PRODUCTION));
                 b.push(Row {
@@ -497,7 +470,6 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 });
             }
         }
-        b.dev.set_fused_variant(FusedVariant::PRODUCTION);
         b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
         b.dev.set_gather_variant(GatherVariant::PRODUCTION);
     }
