@@ -69,7 +69,7 @@ if [ -n "$sanitizer" ]; then
     section racecheck-fused-split 30 "${race[@]}" "$bin/cuda-fused" fused/split
 fi
 # Nsight Compute over the decode-size launches (cuda_bench --profile-targets: remap v4 and v5 at 1
-# and 64 tokens, the resolver and the fused launch (own request; copy blocks) at 64 requests,
+# and 64 tokens, the resolver and the fused launch at 64 requests,
 # three calls each, eager stream
 # launches; caches and clocks left as they are, so the third call of each is the L2-warm case):
 # duration, achieved occupancy, issue-slot use and the top stall reasons of each, into

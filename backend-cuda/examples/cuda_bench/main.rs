@@ -32,19 +32,17 @@
 //!   graph replayed from the same starting state, every resolver kernel;
 //! * the swap-in critical path: the same walk with each step's resolve followed by the gather of
 //!   its misses as the runtime issues them (production kernels, and the round-2 pair), and the
-//!   fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`) with each way of sharing
-//!   its copies (each block its own request; work items shared by the resolving blocks; shared
-//!   with copy blocks, the production choice), with and without PDL, against 1.2 × (missed
-//!   bytes ÷ bulk H2D) + 5 µs; every fused variant (and the copy blocks alone) is first checked
-//!   byte for byte against the pair over the walk;
+//!   fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`, each block copying its
+//!   own request's misses), with and without PDL, against 1.2 × (missed bytes ÷ bulk H2D) +
+//!   5 µs; the fused launch is first checked byte for byte against the pair over the walk;
 //! * multi-layer page backup and restore (61 layers × 64 pages) against bulk D2H / H2D;
 //! * `cli`: the configurations `hisparse bench` measures, the same way (stream calls: the
 //!   2048-row gather with its plan rotation, 12-layer backup and restore of 16 rotating page
 //!   sets), so the two tools' figures can be told apart by what they measure.
 //!
 //! `--profile-targets` measures nothing: it issues the decode-size launches a profiler should look
-//! at (remap at 1 and 64 tokens, v4 and v5, the resolver and the fused launch at 64 requests,
-//! the latter each block copying its own request and with copy blocks), each three
+//! at (remap at 1 and 64 tokens, v4 and v5, the resolver and the fused launch at 64 requests),
+//! each three
 //! times, prints their labels in launch order and exits (`scripts/h200/cuda-perf.sh` runs it
 //! under Nsight Compute).
 //!

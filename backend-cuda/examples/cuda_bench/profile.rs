@@ -3,8 +3,7 @@
 //! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction) with the production
 //! kernel and with variant v5 (the block-table row staged), the resolver at 64 requests (a first
 //! step that fills the hot buffers, then a step with about 9% misses), and the fused
-//! resolve-and-gather of that second step, each block copying its own request (round 5) and
-//! with copy blocks (production). Every launch's label is printed after the launches
+//! resolve-and-gather of that second step (each block copying its own request). Every launch's label is printed after the launches
 //! (`profile-target N: label`), so `scripts/h200/cuda-perf.sh` can name Nsight Compute's records
 //! (the N-th record of `hs_remap`, `hs_remap_v5`, `hs_resolve` and `hs_resolve_gather` together
 //! is launch N).
