@@ -6,9 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-pub use hisparse_gpu_kernels::variants::{
-    GatherVariant, RemapVariant, ResolveVariant,
-};
+pub use hisparse_gpu_kernels::variants::{GatherVariant, RemapVariant, ResolveVariant};
 
 use crate::device::{CudaDevice, CudaStream};
 use crate::error::CudaError;

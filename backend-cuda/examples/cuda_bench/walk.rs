@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use hisparse_backend_cuda::{
-    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream,
-    GatherVariant, ResolveVariant,
+    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream, GatherVariant,
+    ResolveVariant,
 };
 use hisparse_core::Device;
 use hisparse_core::ops::{
