@@ -25,12 +25,13 @@ use hisparse_core::ops::{
 
 use crate::args::Args;
 use crate::{
-    COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE, GATHER_MAX_LAYERS, GATHER_ROWS, GATHER_THREADS, GatherLayers,
-    INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob, Pair, REMAP_COMPACT, REMAP_COUNTS,
-    REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES, REMAP_STAGED, RESOLVE_GLOBAL_STATE,
-    RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS, Span, TABLE_THREADS, TableWriteAbi,
-    resolve_global_shared_bytes, resolve_global_workspace_entries, resolve_shared_bytes,
-    resolve_table_entries, resolve_workspace_entries,
+    COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE, GATHER_MAX_LAYERS,
+    GATHER_ROWS, GATHER_THREADS, GatherLayers, INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob,
+    Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES,
+    REMAP_STAGED, RESOLVE_GLOBAL_STATE, RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS,
+    Span, TABLE_THREADS, TableWriteAbi, resolve_global_shared_bytes,
+    resolve_global_workspace_entries, resolve_shared_bytes, resolve_table_entries,
+    resolve_workspace_entries,
 };
 
 /// What the planners need to know about the device.
@@ -1138,8 +1139,8 @@ mod tests {
         let layers = [LayerPair { host: l, device: l }; 2];
         let fused = |t: u32| {
             let d = resolve_desc(t, 2048, 4096);
-            let p = resolve_gather(&H200, &d, &ResolveAddrs::default(), &layers, 0, 0, false)
-                .unwrap();
+            let p =
+                resolve_gather(&H200, &d, &ResolveAddrs::default(), &layers, 0, 0, false).unwrap();
             let l = p.launches[0].clone();
             assert_eq!(l.kernel, Kernel::ResolveGather);
             l.args.matches(&l.kernel.abi()).unwrap();
