@@ -210,15 +210,23 @@ impl Coordinator {
         self.process_reused();
         self.step_no += 1;
         self.out.step = self.step_no;
-        // Reclaim later in the step may have changed residency: decide now.
-        let mut all = true;
-        for s in self.out.scheduled.iter_mut() {
-            let idx = self.row_owner[s.slot as usize];
-            s.fully_resident = self.reqs[idx as usize]
-                .as_ref()
-                .is_some_and(|r| r.resident.host_only == 0);
-            all &= s.fully_resident;
-        }
+        // Reclaim later in the step may have changed residency: decide now — unless no
+        // request's table started or stopped reading from host since the last command (the
+        // common case), which leaves every entry's answer, written when it was scheduled, as
+        // it is (no second visit of every scheduled request).
+        let all = if self.resident.host_only_flips() == self.host_only_flips_built {
+            self.out.scheduled.iter().all(|s| s.fully_resident)
+        } else {
+            let mut all = true;
+            for s in self.out.scheduled.iter_mut() {
+                let idx = self.row_owner[s.slot as usize];
+                s.fully_resident = self.reqs[idx as usize]
+                    .as_ref()
+                    .is_some_and(|r| r.resident.host_only == 0);
+                all &= s.fully_resident;
+            }
+            all
+        };
         self.out.fully_resident = all;
         // A step with copy-on-write gets a transfer id even without after-forward copies: its
         // completion (after the forward, so after the copies before it) releases the sources.
@@ -234,5 +242,6 @@ impl Coordinator {
         }
         core::mem::swap(cmd, &mut self.out);
         self.out.clear();
+        self.host_only_flips_built = self.resident.host_only_flips();
     }
 }

@@ -36,6 +36,7 @@
 //! | `rows.rs` | the `i32` table rows the data plane reads |
 //! | `invariants.rs` | [`Coordinator::check_invariants`] |
 //! | `error.rs` | [`CoordError`], [`PoolKind`] |
+//! | `divisor.rs` | division by the layout's page and row sizes on the decode path (shifts for powers of two) |
 //!
 //! # Page lifecycle
 //!
@@ -152,6 +153,7 @@
 
 mod admission;
 mod command;
+mod divisor;
 mod error;
 mod import;
 mod invariants;
@@ -177,6 +179,7 @@ use crate::pool::BlockPool;
 pub use command::{
     HotAssignment, OffloadCommand, PageTransfer, RowMirror, ScheduledRequest, TableUpdate,
 };
+use divisor::Divisor;
 use error::out_of_memory;
 pub use error::{CoordError, PoolKind};
 pub use invariants::InvariantViolation;
@@ -309,6 +312,16 @@ pub struct Coordinator {
     free_after_watermark: u32,
     /// Pages restored host → device to stage prefill context, since the start.
     staged_pages: u64,
+    /// `kv.block_tokens`, `kv.block_size` and `kv.sparse_compress_ratio` as divisors (the
+    /// decode path divides by each for every request and step).
+    page_tokens: Divisor,
+    page_rows: Divisor,
+    row_tokens: Divisor,
+    /// Whether all three are powers of two (shifts on the decode path).
+    pow2_layout: bool,
+    /// `ResidentManager::host_only_flips` when the last command was built: the "fully
+    /// resident" answers of this step's entries stand while it has not moved.
+    host_only_flips_built: u64,
     out: OffloadCommand,
     scratch: Vec<(u32, u32)>,
 }
@@ -386,6 +399,13 @@ impl Coordinator {
             spill_scratch: Vec::new(),
             free_after_watermark: u32::MAX,
             staged_pages: 0,
+            page_tokens: Divisor::new(kv.block_tokens),
+            page_rows: Divisor::new(kv.block_size),
+            row_tokens: Divisor::new(kv.sparse_compress_ratio),
+            pow2_layout: Divisor::new(kv.block_tokens).is_pow2()
+                && Divisor::new(kv.block_size).is_pow2()
+                && Divisor::new(kv.sparse_compress_ratio).is_pow2(),
+            host_only_flips_built: 0,
             out,
             scratch: Vec::new(),
             kv,

@@ -27,10 +27,7 @@ impl Coordinator {
     }
 
     /// Schedules up to `num_tokens` tokens of the request in `reqs[slot]` — exactly that many
-    /// unless `shrink` — and returns the outcome and the tokens scheduled. Inlined with
-    /// [`Coordinator::schedule_inner`]'s decode fast path into the step loop (every request,
-    /// every step).
-    #[inline(always)]
+    /// unless `shrink` — and returns the outcome and the tokens scheduled.
     pub(super) fn schedule_slot(
         &mut self,
         slot: u32,
@@ -47,6 +44,19 @@ impl Coordinator {
         };
         self.reqs[slot as usize] = Some(r);
         res
+    }
+
+    /// Whether `n` (at least one) more tokens of running request `r` are a decode within the
+    /// pages it holds (every request, nearly every step): nothing to allocate, stage or
+    /// reclaim — the need computations of [`Coordinator::schedule_allocating`] would all come
+    /// to zero (no new page, GPU or host; a hot region held or not needed; no regular columns).
+    #[inline(always)]
+    fn decodes_in_place(&self, r: &Req, n: u32) -> bool {
+        let held = r.pages.min(r.source.blocks.len() as u32);
+        r.num_computed >= r.prefill_end
+            && u64::from(r.num_computed + n) <= u64::from(held) * u64::from(self.kv.block_tokens)
+            && !self.paged.has_regular()
+            && (!r.hot.blocks.is_empty() || !self.resident.needs_hot_region(&r.resident))
     }
 
     /// Tokens of `n` (from `r.num_computed`) whose pages fit in `max_pages` pages.
@@ -93,10 +103,9 @@ impl Coordinator {
         need
     }
 
-    /// Schedules `n` tokens of `r` (fewer when `shrink` and the pools hold less): the decode
-    /// fast path here (inlined into the step loop), everything else in
-    /// [`Coordinator::schedule_allocating`].
-    #[inline(always)]
+    /// Schedules `n` tokens of `r` (fewer when `shrink` and the pools hold less): a decode
+    /// within the pages held commits at once, everything else goes through
+    /// [`Coordinator::schedule_allocating`]. The step loop takes the first branch itself.
     pub(super) fn schedule_inner(
         &mut self,
         r: &mut Box<Req>,
@@ -111,18 +120,8 @@ impl Coordinator {
                 available,
             });
         }
-        // Decode within the pages the request has (every request, nearly every step): nothing
-        // to allocate, stage or reclaim — the need computations of `schedule_allocating` would
-        // all come to zero (no new page, GPU or host; a hot region held or not needed; no
-        // regular columns).
-        let held = r.pages.min(r.source.blocks.len() as u32);
-        if r.num_computed >= r.prefill_end
-            && u64::from(r.num_computed + n) <= u64::from(held) * u64::from(self.kv.block_tokens)
-            && !self.paged.has_regular()
-            && (!r.hot.blocks.is_empty() || !self.resident.needs_hot_region(&r.resident))
-        {
-            let pages = r.pages;
-            let marked = r.prefill_step;
+        if self.decodes_in_place(r, n) {
+            let (pages, marked) = (r.pages, r.prefill_step);
             return self
                 .commit_tokens(r, n, pages, marked)
                 .map(|()| (Alloc::Scheduled, n));
@@ -250,7 +249,25 @@ impl Coordinator {
     #[inline(always)]
     fn commit_tokens(
         &mut self,
-        r: &mut Box<Req>,
+        r: &mut Req,
+        n: u32,
+        target_pages: u32,
+        marked_before: u64,
+    ) -> Result<(), CoordError> {
+        // One test of the layout for the whole commit, none per division.
+        if self.pow2_layout {
+            self.commit_tokens_in::<true>(r, n, target_pages, marked_before)
+        } else {
+            self.commit_tokens_in::<false>(r, n, target_pages, marked_before)
+        }
+    }
+
+    /// [`Coordinator::commit_tokens`] for a layout whose page and row sizes are all powers of
+    /// two (`POW2`) or not.
+    #[inline(always)]
+    fn commit_tokens_in<const POW2: bool>(
+        &mut self,
+        r: &mut Req,
         n: u32,
         target_pages: u32,
         marked_before: u64,
@@ -270,10 +287,9 @@ impl Coordinator {
             fully_resident: r.resident.host_only == 0,
         });
         // Rows written and pages sealed by this step.
-        let bt = self.kv.block_tokens;
-        let sealed1 = target / bt;
+        let sealed1 = self.page_tokens.div::<POW2>(target);
         if self.kv.config.eager_host_mirror {
-            self.plan_row_mirrors(r, first, target, sealed1);
+            self.plan_row_mirrors::<POW2>(r, first, target, sealed1);
         }
         // Hashes of newly full pages; publish GPU-only groups now (host pages publish when
         // durable).
@@ -281,7 +297,7 @@ impl Coordinator {
         if self.source.caching() {
             // Only pages no rollback can reach (every token below the rollback floor); the
             // rest are published by the request's next step, once its floor moved past them.
-            let publishable = (r.rollback_floor / bt).min(sealed1);
+            let publishable = self.page_tokens.div::<POW2>(r.rollback_floor).min(sealed1);
             let from = r.gpu_published.max(r.hit_pages);
             if from < publishable {
                 self.paged
@@ -315,21 +331,37 @@ impl Coordinator {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let slot = self.running[i];
-            let Some(r) = self.reqs[slot as usize].as_ref() else {
+            // Out of its slot while the step looks at it (`commit_tokens` borrows `self`).
+            let Some(mut r) = self.reqs[slot as usize].take() else {
                 i += 1;
                 continue;
             };
-            let left = r.tokens.len() as u32 - r.num_computed;
-            let prefilling = r.num_computed < r.tokens.len() as u32 - 1;
+            let len = r.tokens.len() as u32;
+            let left = len - r.num_computed;
             if left == 0 {
+                self.reqs[slot as usize] = Some(r);
                 i += 1;
                 continue;
             }
-            let n = if prefilling {
+            let n = if r.num_computed < len - 1 {
                 left.min(budget)
             } else {
                 left.min(mql).min(budget)
             };
+            // Decode within the pages held (every request, nearly every step): committed here,
+            // without `schedule_slot`'s second lookup and its outcome.
+            if r.status == Status::Running && self.decodes_in_place(&r, n) {
+                let (pages, marked) = (r.pages, r.prefill_step);
+                let res = self.commit_tokens(&mut r, n, pages, marked);
+                self.reqs[slot as usize] = Some(r);
+                res?;
+                sum.scheduled += 1;
+                sum.tokens += n;
+                budget -= n;
+                i += 1;
+                continue;
+            }
+            self.reqs[slot as usize] = Some(r);
             // A chunk (or a speculative decode) shrinks to what fits before anyone is preempted.
             match self.schedule_slot(slot, n, true)? {
                 (Alloc::Scheduled, n) => {

@@ -35,20 +35,30 @@ impl Coordinator {
     /// `sealed1 = target / block_tokens`, which the caller has at hand), which go pending
     /// under the current transfer id. Inlined into the step loop's decode path.
     #[inline(always)]
-    pub(super) fn plan_row_mirrors(&mut self, r: &mut Req, first: u32, target: u32, sealed1: u32) {
-        let ratio = self.kv.sparse_compress_ratio;
+    pub(super) fn plan_row_mirrors<const POW2: bool>(
+        &mut self,
+        r: &mut Req,
+        first: u32,
+        target: u32,
+        sealed1: u32,
+    ) {
+        let (row0, row1) = (
+            self.row_tokens.div::<POW2>(first),
+            self.row_tokens.div::<POW2>(target),
+        );
+        let sealed0 = self.page_tokens.div::<POW2>(first);
         let bs = self.kv.block_size;
-        let bt = self.kv.block_tokens;
-        let (row0, row1) = (first / ratio, target / ratio);
-        let sealed0 = first / bt;
         let id_now = self.current_xfer;
         if row1 > row0 {
             let mut row = row0;
             while row < row1 {
-                let page = row / bs;
+                let page = self.page_rows.div::<POW2>(row);
                 let end = ((page + 1) * bs).min(row1);
-                let (host_block, first_row, num_rows) =
-                    (r.source.blocks[page as usize], row % bs, end - row);
+                let (host_block, first_row, num_rows) = (
+                    r.source.blocks[page as usize],
+                    self.page_rows.rem::<POW2>(row),
+                    end - row,
+                );
                 // One span per bucket, written with one capacity check (every request, every
                 // decode step).
                 let blocks = self.resident.page_blocks(&r.resident, page);

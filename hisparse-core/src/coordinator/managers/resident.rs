@@ -119,6 +119,10 @@ pub(in crate::coordinator) struct ResidentManager {
     block_tokens: u32,
     /// Unpinned blocks in the order they were freed (stale entries are skipped when popped).
     unpinned: VecDeque<Unpinned>,
+    /// Times a request's table went from no page read from host to some, or back (its
+    /// `host_only` crossed zero): while this stands still, every request's "fully resident"
+    /// answer stands too, so a command's entries computed earlier in the step hold.
+    host_only_flips: u64,
 }
 
 impl ResidentManager {
@@ -129,6 +133,7 @@ impl ResidentManager {
             num_buckets,
             block_tokens,
             unpinned: VecDeque::new(),
+            host_only_flips: 0,
         }
     }
 
@@ -136,6 +141,30 @@ impl ResidentManager {
     #[inline]
     pub(in crate::coordinator) fn num_buckets(&self) -> u32 {
         self.num_buckets
+    }
+
+    /// How many times a table's `host_only` crossed zero so far (see the field).
+    #[inline]
+    pub(in crate::coordinator) fn host_only_flips(&self) -> u64 {
+        self.host_only_flips
+    }
+
+    /// One more page of `t` reads from host.
+    #[inline]
+    fn add_host_only(&mut self, t: &mut ResidentTable) {
+        if t.host_only == 0 {
+            self.host_only_flips += 1;
+        }
+        t.host_only += 1;
+    }
+
+    /// One page of `t` fewer reads from host.
+    #[inline]
+    fn remove_host_only(&mut self, t: &mut ResidentTable) {
+        t.host_only -= 1;
+        if t.host_only == 0 {
+            self.host_only_flips += 1;
+        }
     }
 
     /// Makes room for `pages` more pages without reallocating; a size the allocator refuses is
@@ -168,13 +197,13 @@ impl ResidentManager {
     /// Appends a prefix-hit page that reads from host: durable on host from the start, never
     /// resident.
     #[inline]
-    pub(in crate::coordinator) fn push_hit_page(&self, t: &mut ResidentTable) {
+    pub(in crate::coordinator) fn push_hit_page(&mut self, t: &mut ResidentTable) {
         for _ in 0..self.num_buckets {
             t.blocks.push(0);
         }
         t.state.push(PageState::Reclaimed);
         t.xfer.push(0);
-        t.host_only += 1;
+        self.add_host_only(t);
     }
 
     /// Appends a prefix-hit page whose GPU copy is still valid: the request holds `blocks` (one
@@ -276,7 +305,7 @@ impl ResidentManager {
     /// row).
     #[inline]
     pub(in crate::coordinator) fn restore(
-        &self,
+        &mut self,
         t: &mut ResidentTable,
         p: usize,
         host_block: u32,
@@ -285,7 +314,7 @@ impl ResidentManager {
     ) {
         let nb = self.num_buckets as usize;
         if t.state[p] == PageState::Reclaimed {
-            t.host_only -= 1;
+            self.remove_host_only(t);
         }
         for bk in 0..nb {
             let rb = gpu.allocate().unwrap_or(0);
@@ -308,7 +337,7 @@ impl ResidentManager {
     /// page is clean: every row is restored and its host copy stays the durable one.
     #[inline]
     pub(in crate::coordinator) fn restore_clean(
-        &self,
+        &mut self,
         t: &mut ResidentTable,
         p: usize,
         host_block: u32,
@@ -337,7 +366,7 @@ impl ResidentManager {
     /// pool holds [`ResidentManager::pages_to_stage`] pages' blocks. Returns the pages restored
     /// and the first page staged (`u32::MAX` when none).
     pub(in crate::coordinator) fn stage_context(
-        &self,
+        &mut self,
         t: &mut ResidentTable,
         host_blocks: &[u32],
         gpu: &mut BlockPool,
@@ -387,7 +416,7 @@ impl ResidentManager {
                         host_block,
                     });
                 }
-                t.host_only -= 1;
+                self.remove_host_only(t);
                 t.state[p as usize] = PageState::Clean;
                 restored += 1;
                 first = first.min(p);
@@ -694,7 +723,7 @@ impl ResidentManager {
                 });
             }
             t.state[p as usize] = PageState::Reclaimed;
-            t.host_only += 1;
+            self.add_host_only(t);
             return 0;
         }
         for bk in 0..nb {
@@ -748,7 +777,7 @@ impl ResidentManager {
     /// entry becomes null for state row `row` (its other blocks stay in the free queue as plain
     /// free blocks).
     pub(in crate::coordinator) fn fall_back(
-        &self,
+        &mut self,
         t: &mut ResidentTable,
         p: u32,
         gpu: &mut BlockPool,
@@ -769,7 +798,7 @@ impl ResidentManager {
         }
         t.state[p as usize] = PageState::Reclaimed;
         t.unpinned -= 1;
-        t.host_only += 1;
+        self.add_host_only(t);
     }
 
     /// Drops the mark of unpinned block `b` if the pool has not handed it out (it stays a plain
@@ -813,7 +842,7 @@ impl ResidentManager {
     /// release-after-transfer is no longer in flight.
     #[inline]
     pub(in crate::coordinator) fn release(
-        &self,
+        &mut self,
         t: &mut ResidentTable,
         gpu: &mut BlockPool,
         release: &mut Release<'_>,
@@ -831,6 +860,9 @@ impl ResidentManager {
         t.blocks.clear();
         t.state.clear();
         t.xfer.clear();
+        if t.host_only > 0 {
+            self.host_only_flips += 1;
+        }
         t.host_only = 0;
         t.unpinned = 0;
         t.reclaim_cursor = 0;
