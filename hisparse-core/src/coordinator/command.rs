@@ -215,6 +215,16 @@ impl Coordinator {
         // common case), which leaves every entry's answer, written when it was scheduled, as
         // it is (no second visit of every scheduled request).
         let all = if self.resident.host_only_flips() == self.host_only_flips_built {
+            // Debug builds (every test, the model proptest included) check the answers that
+            // were kept against a fresh look.
+            #[cfg(debug_assertions)]
+            for s in &self.out.scheduled {
+                let idx = self.row_owner[s.slot as usize];
+                let now = self.reqs[idx as usize]
+                    .as_ref()
+                    .is_some_and(|r| r.resident.host_only == 0);
+                debug_assert_eq!(s.fully_resident, now, "stale fully_resident of {s:?}");
+            }
             self.out.scheduled.iter().all(|s| s.fully_resident)
         } else {
             let mut all = true;
