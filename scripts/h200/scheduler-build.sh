@@ -6,7 +6,7 @@
 # (and too shared) for a before/after within a few percent. Puts into h200-scheduler/ (ignored by
 # git; carry it):
 #
-#   h200-scheduler/scheduler-new   the bench at HEAD
+#   h200-scheduler/scheduler-new   the bench at HEAD (committed files only)
 #   h200-scheduler/scheduler-base  the bench at the baseline commit
 #   h200-scheduler/MANIFEST        both commits, build date, sizes and sha256
 #
@@ -35,19 +35,26 @@ for line in sys.stdin:
 '
 }
 
-new=$(cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | bench_exe | tail -n 1)
+# Both benches from clean trees of their commits (`git archive`: the checkout may hold
+# uncommitted edits), each in its own target folder.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+head=$(git rev-parse HEAD)
+mkdir "$work/new" "$work/base"
+git archive "$head" | tar -x -C "$work/new"
+new=$(cd "$work/new" && CARGO_TARGET_DIR="$root/target/scheduler-new" \
+    cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | bench_exe | tail -n 1)
 cp "$new" "$out/scheduler-new"
 
-# The baseline: the whole tree at that commit, built in its own target folder.
-tree=$(mktemp -d)
-trap 'rm -rf "$tree"' EXIT
-git archive "$base" | tar -x -C "$tree"
+# The baseline: the whole tree at that commit.
+git archive "$base" | tar -x -C "$work/base"
+tree=$work/base
 old=$(cd "$tree" && CARGO_TARGET_DIR="$root/target/scheduler-base" \
     cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | bench_exe | tail -n 1)
 cp "$old" "$out/scheduler-base"
 strip "$out/scheduler-new" "$out/scheduler-base"
 {
-    echo "new:  $(git rev-parse HEAD) $(git log -1 --format=%s HEAD | cut -c1-80)"
+    echo "new:  $head $(git log -1 --format=%s "$head" | cut -c1-80)"
     echo "base: $base $(git log -1 --format=%s "$base" | cut -c1-80)"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
     for f in scheduler-new scheduler-base; do
