@@ -236,6 +236,7 @@ fn main() {
         "slot_mapping",
         "invalidate",
         "resolve_prep",
+        "resolve_order",
         "table_write",
         "hot_reset",
     ] {

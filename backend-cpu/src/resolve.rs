@@ -6,10 +6,12 @@
 //! one sort instead of a quadratic scan, wanted host rows are found through an open-addressing
 //! table instead of a `BTreeMap`, and the scratch vectors are allocated once per call, not per
 //! request. The entry classification and the hot-row arithmetic are the core's own
-//! ([`ResolveDesc::classify`], [`ResolveDesc::hot_row`]).
+//! ([`ResolveDesc::classify_rows`], [`ResolveDesc::hot_row`]). In batch-row order the owners of
+//! the state rows are found with one sort of `idx_mapping` ([`owned_state_rows`]) instead of the
+//! reference's scan of the batch rows before each one.
 
 use hisparse_core::ops::ResolveDesc;
-use hisparse_core::ops::resolve::Entry;
+use hisparse_core::ops::resolve::{Entry, RequestRows};
 
 /// The resolve arguments as typed slices (already checked against the descriptor).
 pub(crate) struct Slices<'a> {
@@ -26,6 +28,32 @@ pub(crate) struct Slices<'a> {
     pub miss_counts: &'a mut [i32],
     pub miss_src: &'a mut [i32],
     pub miss_dst: &'a mut [i32],
+    pub idx_mapping: Option<&'a [i32]>,
+}
+
+/// The state row each batch row owns in batch-row order
+/// ([`ResolveDesc::owned_state_row`]: in range, and the smallest batch row mapping to it), for
+/// every batch row at once.
+fn owned_state_rows(desc: &ResolveDesc, idx_mapping: &[i32]) -> Vec<Option<usize>> {
+    let rows = desc.num_requests as usize;
+    let bound = desc.state_table_rows() as usize;
+    let mut pairs: Vec<(usize, usize)> = idx_mapping[..rows]
+        .iter()
+        .enumerate()
+        .filter_map(|(b, &s)| {
+            usize::try_from(s)
+                .ok()
+                .filter(|&s| s < bound)
+                .map(|s| (s, b))
+        })
+        .collect();
+    pairs.sort_unstable();
+    let mut owned = vec![None; rows];
+    for same in pairs.chunk_by(|x, y| x.0 == y.0) {
+        let (s, b) = same[0];
+        owned[b] = Some(s);
+    }
+    owned
 }
 
 /// Host row → index in the wanted list: open addressing, linear probing, keys are `>= 0`.
@@ -100,9 +128,18 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
     a.hit_counts[..t_count].fill(0);
     a.miss_counts[..t_count].fill(0);
 
-    // Token rows grouped by state row, each group in row order (padding rows dropped).
-    let mut order: Vec<(usize, usize)> = (0..t_count)
-        .filter_map(|t| desc.state_row(a.req_id[t]).map(|r| (r, t)))
+    // Token rows grouped by request (batch row, then state row: one per request in either
+    // order), each group in row order (padding rows dropped).
+    let owned = a.idx_mapping.map(|m| owned_state_rows(desc, m));
+    let mut order: Vec<(RequestRows, usize)> = (0..t_count)
+        .filter_map(|t| {
+            let batch = desc.state_row(a.req_id[t])?;
+            let state = match &owned {
+                Some(owned) => owned[batch]?,
+                None => batch,
+            };
+            Some((RequestRows { batch, state }, t))
+        })
         .collect();
     order.sort_unstable();
 
@@ -122,13 +159,15 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
     const NO_SLOT: u32 = u32::MAX;
 
     for group in order.chunk_by(|x, y| x.0 == y.0) {
-        let r = group[0].0;
+        let rows = group[0].0;
+        // `h`: row of the host and hot tables; `r`: row of the resident table, dgi and LRU.
+        let (h, r) = (rows.batch, rows.state);
         entries.clear();
         wanted.clear();
         table.clear();
         for &(_, t) in group {
             for &tok in &a.topk[t * k..(t + 1) * k] {
-                let e = desc.classify(a.resident_table, a.host_table, r, tok);
+                let e = desc.classify_rows(a.resident_table, a.host_table, rows, tok);
                 if let Entry::Host(g) = e
                     && table.get_or_insert(g, wanted.len() as u32).is_none()
                 {
@@ -186,7 +225,7 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
                 slot_of[w] = u32::from(s);
                 let m = a.miss_counts[t] as usize;
                 a.miss_src[t * k + m] = src;
-                a.miss_dst[t * k + m] = desc.hot_row(a.hot_table, r, u32::from(s));
+                a.miss_dst[t * k + m] = desc.hot_row(a.hot_table, h, u32::from(s));
                 a.miss_counts[t] += 1;
             }
             // New order: unused evictables, then the miss slots (in miss order, which is the
@@ -206,7 +245,7 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
                     Entry::Invalid => -1,
                     Entry::Resident(row) => row,
                     Entry::Host(g) => match table.get(g).map(|w| slot_of[w as usize]) {
-                        Some(s) if s != NO_SLOT => desc.hot_row(a.hot_table, r, s),
+                        Some(s) if s != NO_SLOT => desc.hot_row(a.hot_table, h, s),
                         _ => -1,
                     },
                 };

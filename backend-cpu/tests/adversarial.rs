@@ -265,6 +265,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
             hot_slots: top_k * (1 + g.below(2) as u32) + g.below(4) as u32,
             attention_block_stride: bs + g.below(3) as u32,
             host_num_blocks: 1 + g.below(12) as u32,
+            num_state_rows: None,
         };
         if g.chance(25) {
             let v = g.size(12);
@@ -330,6 +331,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
                     miss_counts: misses,
                     miss_src: src,
                     miss_dst: dst,
+                    idx_mapping: None,
                 },
             )
         };
@@ -363,6 +365,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
                     miss_counts: misses,
                     miss_src: src,
                     miss_dst: dst,
+                    idx_mapping: None,
                 },
             )
         };

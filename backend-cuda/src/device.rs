@@ -635,6 +635,7 @@ impl CudaDevice {
             miss_counts: args.miss_counts.mem.ptr(),
             miss_src: args.miss_src.mem.ptr(),
             miss_dst: args.miss_dst.mem.ptr(),
+            idx_mapping: args.idx_mapping.map_or(0, |m| m.mem.ptr()),
         }
     }
 

@@ -792,5 +792,6 @@ fn resolve_addrs(args: &ResolveArgs<'_, RocmBuffer>) -> plan::ResolveAddrs {
         miss_counts: args.miss_counts.addr(),
         miss_src: args.miss_src.addr(),
         miss_dst: args.miss_dst.addr(),
+        idx_mapping: args.idx_mapping.map_or(0, |m| m.addr()),
     }
 }

@@ -321,6 +321,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
         hot_slots: n,
         attention_block_stride: bs,
         host_num_blocks: pages,
+        num_state_rows: None,
     };
     let mut req = zeroed(t as usize * 4)?;
     dev.upload(&mut req, 0, &bytes_of(&[0, 0])).map_err(e)?;
@@ -405,6 +406,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
                 miss_counts: misses,
                 miss_src: src,
                 miss_dst: dst,
+                idx_mapping: None,
             },
         )
         .map_err(e)?;

@@ -40,6 +40,7 @@ fn read(path: &str) -> core::result::Result<Dumped, String> {
         hot_slots: h[5],
         attention_block_stride: h[6],
         host_num_blocks: h[7],
+        num_state_rows: None,
     };
     let (t, k, r, m, n, w) = (
         h[0] as usize,
@@ -193,6 +194,7 @@ fn replay(dev: &VulkanDevice, path: &str, calls: usize) -> core::result::Result<
                         miss_counts: misses,
                         miss_src: src,
                         miss_dst: dst,
+                        idx_mapping: None,
                     },
                 )
             })?;

@@ -523,6 +523,7 @@ impl Group {
             hot_slots: n,
             attention_block_stride: BLOCK,
             host_num_blocks: host_blocks,
+            num_state_rows: None,
         };
         let steps = topk_cycle(rng, r, k, ctx, cycle)
             .iter()
@@ -584,6 +585,7 @@ impl Group {
                 miss_counts: misses,
                 miss_src: src,
                 miss_dst: dst,
+                idx_mapping: None,
             },
         )?;
         if let Some((layers, host, pool)) = gather {

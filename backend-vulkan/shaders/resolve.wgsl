@@ -22,6 +22,10 @@
 @group(0) @binding(19) var<storage, read_write> old: array<u32>;
 // evictable slots in LRU order
 @group(0) @binding(20) var<storage, read_write> evl: array<u32>;
+// Batch-row order (flags bit 2): batch row → state row of resident_table, dgi and lru. Binding
+// 0 (and the grouping pass's) then holds the rows' batch rows with the unowned ones already -1
+// (resolve_order.wgsl).
+@group(0) @binding(21) var<storage, read> idx_mapping: array<i32>;
 
 const W: u32 = 256u;
 
@@ -135,6 +139,11 @@ fn main(
         return;
     }
     let r = u32(req_id[t0]);
+    // `r`: row of host_table and hot_table; `sr`: row of resident_table, dgi and lru.
+    var sr = r;
+    if ((pc.flags & 4u) != 0u) {
+        sr = u32(idx_mapping[r]);
+    }
     let start = info[4u * t0 + 1u];
     let count = info[4u * t0 + 2u];
     let n = pc.hot_slots;
@@ -163,12 +172,11 @@ fn main(
             let page = u32(tok) / pc.block_size;
             if (page < pc.max_pages) {
                 let off = u32(tok) % pc.block_size;
-                let idx = r * pc.max_pages + page;
-                let res = resident_table[idx];
+                let res = resident_table[sr * pc.max_pages + page];
                 if (res > 0) {
                     v = phys_row(res, pc.attn_stride, off);
                 } else {
-                    g = phys_row(host_table[idx], pc.block_size, off);
+                    g = phys_row(host_table[r * pc.max_pages + page], pc.block_size, off);
                 }
             }
         }
@@ -208,7 +216,7 @@ fn main(
             }
         }
         // Phase 3: repair an LRU that is not a permutation of 0..n.
-        let lb = r * n;
+        let lb = sr * n;
         for (var p = lid; p < n; p = p + W) {
             let s = lru_get(lb + p);
             if (s >= n) {

@@ -12,7 +12,9 @@ struct Params {
     host_rows: u32,
     hot_width: u32,
     // bit 0: per-slot scratch indexed by request id (else by the request's first row);
-    // bit 1 (the one-dispatch resolver only): workgroup mode allowed
+    // bit 1 (the one-dispatch resolver only): workgroup mode allowed;
+    // bit 2: batch-row order — req_id holds owning batch rows (resolve_order.wgsl) and the
+    // state row of resident_table, dgi and lru is idx_mapping[req_id]
     flags: u32,
 }
 

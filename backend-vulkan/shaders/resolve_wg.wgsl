@@ -25,6 +25,10 @@
 //   perm [7TK, 7TK + T), row counters (3 per row) [.., + 3T), evictables G*N, positions G*N,
 //   bitmaps G*NB. `resolve_wg_scratch_words` in src/index.rs computes the same sizes.
 @group(0) @binding(13) var<storage, read_write> gs: array<atomic<u32>>;
+// Batch-row order (flags bit 2): batch row → state row of resident_table, dgi and lru. Binding
+// 0 then holds the rows' batch rows with the unowned ones already -1 (resolve_order.wgsl), so
+// every `req_id` read below sees owners only.
+@group(0) @binding(14) var<storage, read> idx_mapping: array<i32>;
 
 const W: u32 = 1024u;
 // Entries per invocation per pass, positions per invocation per pass.
@@ -66,6 +70,8 @@ var<private> cap: u32;
 var<private> g_start: u32;
 var<private> g_count: u32;
 var<private> g_r: u32;
+// The request's row of resident_table, dgi and lru (g_r itself in state-row order).
+var<private> g_s: u32;
 
 // Exclusive workgroup scan of f in `vl` order (workgroup memory only, two barriers); the total
 // goes to scan_total.
@@ -355,9 +361,8 @@ fn classify(q: u32) -> vec2<i32> {
         return vec2<i32>(0, -1);
     }
     let off = u32(tok) % pc.block_size;
-    let idx = g_r * pc.max_pages + page;
-    let res = resident_table[idx];
-    let hst = host_table[idx];
+    let res = resident_table[g_s * pc.max_pages + page];
+    let hst = host_table[g_r * pc.max_pages + page];
     if (res > 0) {
         let v = phys_row(res, pc.attn_stride, off);
         return vec2<i32>(select(1, 0, v == -1), v);
@@ -408,6 +413,10 @@ fn main(
     }
     let r = u32(req);
     g_r = r;
+    g_s = r;
+    if ((pc.flags & 4u) != 0u) {
+        g_s = u32(idx_mapping[r]);
+    }
 
     // Phase 0: the request's rows. start = valid rows of requests before r, count = rows of r;
     // a workgroup whose request has an earlier row exits.
@@ -491,7 +500,7 @@ fn main(
 
     // Phase 1: clear the table and the per-request arrays; cache the hot-table row; load and
     // classify this invocation's entries (one pass).
-    let lb = r * n;
+    let lb = g_s * n;
     if (gm) {
         for (var h = lid; h < cap; h = h + W) {
             atomicStore(&gs[hb + h], NONE);

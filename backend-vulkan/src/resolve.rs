@@ -16,6 +16,12 @@
 //!   kernel): a grouping pass, then one 256-invocation workgroup per request with every array in
 //!   the scratch buffer.
 //!
+//! In batch-row order (`ResolveDesc::num_state_rows`) a first pass (`shaders/resolve_order.wgsl`)
+//! writes each token row's batch row, or `-1` where the batch row owns no state row, into the
+//! scratch buffer; both kernels read that in place of `req_id` and read the state row of the
+//! resident table, `dgi` and LRU through `idx_mapping` (flags bit 2), the host and hot tables by
+//! batch row. State-row order records exactly what it did before the option existed.
+//!
 //! Both give results identical to the reference; [`RESOLVE_KERNEL_ENV`] chooses for comparisons,
 //! and `global` forces the workgroup kernel's global mode for every request (tests cover that
 //! mode with it).
@@ -113,22 +119,31 @@ impl VulkanDevice {
         Ok(())
     }
 
-    /// The bindings the resolve arguments share by both kernels (0..=12).
+    /// The bindings the resolve arguments share by both kernels (0..=12), then `idx_mapping`
+    /// (the kernels bind it after their scratch; `req_id` stands in for it in state-row order,
+    /// where the kernels do not read it).
     fn resolve_bindings(
         &self,
         desc: &ResolveDesc,
         args: &ResolveArgs<'_, VulkanBuffer>,
-    ) -> Result<Vec<Binding>> {
+    ) -> Result<(Vec<Binding>, Binding)> {
         let t = u64::from(desc.num_tokens);
         let tk = t * u64::from(desc.top_k);
         let r = u64::from(desc.num_requests);
+        let state = u64::from(desc.state_table_rows());
+        let resident = state * u64::from(desc.max_pages);
         let pages = r * u64::from(desc.max_pages);
-        let slots = r * u64::from(desc.hot_slots);
+        let slots = state * u64::from(desc.hot_slots);
         let hot = r * u64::from(desc.hot_table_width());
-        Ok(vec![
-            self.bind_index(args.req_id.raw(), 4 * t, "req_id")?,
+        let req_id = self.bind_index(args.req_id.raw(), 4 * t, "req_id")?;
+        let idx_mapping = match args.idx_mapping {
+            Some(m) => self.bind_index(m.raw(), 4 * r, "idx_mapping")?,
+            None => req_id,
+        };
+        let common = vec![
+            req_id,
             self.bind_index(args.topk.raw(), 4 * tk, "topk")?,
-            self.bind_index(args.resident_table.raw(), 4 * pages, "resident_table")?,
+            self.bind_index(args.resident_table.raw(), 4 * resident, "resident_table")?,
             self.bind_index(args.host_table.raw(), 4 * pages, "host_table")?,
             self.bind_index(args.hot_table.raw(), 4 * hot, "hot_table")?,
             self.bind_index(args.dgi.raw(), 4 * slots, "dgi")?,
@@ -139,7 +154,43 @@ impl VulkanDevice {
             self.bind_index(args.miss_counts.raw(), 4 * t, "miss_counts")?,
             self.bind_index(args.miss_src.raw(), 4 * tk, "miss_src")?,
             self.bind_index(args.miss_dst.raw(), 4 * tk, "miss_dst")?,
-        ])
+        ];
+        Ok((common, idx_mapping))
+    }
+
+    /// In batch-row order, records the pass writing each token row's owning batch row (or -1)
+    /// into `eff` and rebinds binding 0 to it; in state-row order does nothing. Returns the
+    /// flags bit the kernels read (bit 2).
+    fn bind_batch_order(
+        rec: &mut crate::vk::Rec<'_>,
+        desc: &ResolveDesc,
+        b: &mut [Binding],
+        idx_mapping: Binding,
+        eff: Binding,
+    ) -> Result<u32> {
+        let Some(state_rows) = desc.num_state_rows else {
+            return Ok(0);
+        };
+        let push = [desc.num_tokens, desc.num_requests, state_rows];
+        rec.dispatch(
+            Shader::ResolveOrder,
+            &[b[0], idx_mapping, eff],
+            &push,
+            u64::from(desc.num_tokens).div_ceil(256),
+        )?;
+        b[0] = eff;
+        Ok(4)
+    }
+
+    /// Bytes at which the batch-order pass's `eff` region starts after `bytes` of scratch, and
+    /// the scratch bytes with it (`bytes` alone in state-row order).
+    fn with_eff_region(&self, desc: &ResolveDesc, bytes: u64) -> (u64, u64) {
+        if desc.num_state_rows.is_none() {
+            return (bytes, bytes);
+        }
+        let align = self.ctx.limits.storage_offset_alignment.max(256);
+        let at = bytes.div_ceil(align) * align;
+        (at, at + (4 * u64::from(desc.num_tokens)).max(16))
     }
 
     /// The push constants both kernels take: the descriptor, then `flags`.
@@ -182,9 +233,10 @@ impl VulkanDevice {
         args: ResolveArgs<'_, VulkanBuffer>,
         fast: bool,
     ) -> Result<()> {
-        let mut b = self.resolve_bindings(desc, &args)?;
+        let (mut b, idx_mapping) = self.resolve_bindings(desc, &args)?;
         let words = resolve_wg_scratch_words(desc);
         let bytes = (4 * words).max(16);
+        let (eff_at, total) = self.with_eff_region(desc, bytes);
         let max = self.ctx.limits.max_storage_range;
         if bytes > max || words >= 1 << 32 {
             return Err(VulkanError::Unsupported(format!(
@@ -194,7 +246,6 @@ impl VulkanDevice {
         }
         let group_by_request = desc.num_requests <= desc.num_tokens;
         let flags = u32::from(group_by_request) | u32::from(fast) << 1;
-        let push = Self::resolve_push(desc, flags);
         let l = &self.ctx.limits;
         let shader = match (l.workgroup_resolver_large, l.subgroup_arithmetic) {
             (true, true) => Shader::ResolveWgLargeSubgroup,
@@ -203,11 +254,20 @@ impl VulkanDevice {
             (false, false) => Shader::ResolveWg,
         };
         self.ctx.record(s, Engine::Compute, "resolve", |rec| {
+            let scratch = rec.scratch(total)?;
+            let eff = Binding {
+                buffer: scratch,
+                offset: eff_at,
+                range: total - eff_at,
+            };
+            let order = Self::bind_batch_order(rec, desc, &mut b, idx_mapping, eff)?;
+            let push = Self::resolve_push(desc, flags | order);
             b.push(Binding {
-                buffer: rec.scratch(bytes)?,
+                buffer: scratch,
                 offset: 0,
                 range: bytes,
             });
+            b.push(idx_mapping);
             rec.dispatch(shader, &b, &push, u64::from(desc.num_tokens))
         })
     }
@@ -224,7 +284,7 @@ impl VulkanDevice {
         let r = u64::from(desc.num_requests);
         let n = u64::from(desc.hot_slots);
         let tk = t * k;
-        let mut b = self.resolve_bindings(desc, &args)?;
+        let (mut b, idx_mapping) = self.resolve_bindings(desc, &args)?;
         // Scratch regions (words): info 4T, perm T, gval TK, xmiss TK, hash 8TK, rowc 4T,
         // old G*N, evl G*N with G = min(R, T) groups.
         let groups = r.min(t);
@@ -250,9 +310,16 @@ impl VulkanDevice {
             Shader::Resolve
         };
         let push_prep = [desc.num_tokens, desc.num_requests];
-        let push = Self::resolve_push(desc, u32::from(r <= t));
+        let (eff_at, total) = self.with_eff_region(desc, at);
         self.ctx.record(s, Engine::Compute, "resolve", |rec| {
-            let scratch = rec.scratch(at)?;
+            let scratch = rec.scratch(total)?;
+            let eff = Binding {
+                buffer: scratch,
+                offset: eff_at,
+                range: total - eff_at,
+            };
+            let order = Self::bind_batch_order(rec, desc, &mut b, idx_mapping, eff)?;
+            let push = Self::resolve_push(desc, u32::from(r <= t) | order);
             let sb: Vec<Binding> = regions
                 .iter()
                 .map(|&(offset, range)| Binding {
@@ -268,6 +335,7 @@ impl VulkanDevice {
                 t.div_ceil(256),
             )?;
             b.extend_from_slice(&sb);
+            b.push(idx_mapping);
             rec.dispatch(resolver, &b, &push, t)
         })
     }
@@ -288,6 +356,7 @@ mod tests {
             hot_slots: 33,
             attention_block_stride: 1,
             host_num_blocks: 1,
+            num_state_rows: None,
         };
         // 7·15 + 4·3 + 2·(66 + 2)
         assert_eq!(resolve_wg_scratch_words(&desc), 105 + 12 + 136);

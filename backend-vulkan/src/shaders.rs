@@ -71,6 +71,8 @@ pub enum Shader {
     Invalidate,
     /// Resolve pass 1: group token rows by request.
     ResolvePrep,
+    /// Resolve in batch-row order, pass 0: the owning batch row of every token row.
+    ResolveOrder,
     /// Resolve pass 2: one workgroup per request.
     Resolve,
     /// Resolve pass 2 with its workgroup scans on subgroup arithmetic (devices that have it).
@@ -104,7 +106,7 @@ pub enum Shader {
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 32] = [
+    pub const ALL: [Shader; 33] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
@@ -137,6 +139,7 @@ impl Shader {
         Shader::CopyWords(Windows::Eight),
         Shader::CopyWords(Windows::Twelve),
         Shader::CopyWords(Windows::ThirtyTwo),
+        Shader::ResolveOrder,
     ];
 
     /// Index in [`Shader::ALL`].
@@ -159,6 +162,7 @@ impl Shader {
             Shader::GatherV1Words(w) => 20 + w.slot(),
             Shader::Copy(w) => 24 + w.slot(),
             Shader::CopyWords(w) => 28 + w.slot(),
+            Shader::ResolveOrder => 32,
         }
     }
 
@@ -169,6 +173,7 @@ impl Shader {
             Shader::SlotMapping => "slot_mapping",
             Shader::Invalidate => "invalidate",
             Shader::ResolvePrep => "resolve_prep",
+            Shader::ResolveOrder => "resolve_order",
             Shader::Resolve => "resolve",
             Shader::ResolveSubgroup => "resolve_sg",
             Shader::TableWrite => "table_write",
@@ -207,6 +212,7 @@ impl Shader {
             Shader::SlotMapping => spirv!("slot_mapping"),
             Shader::Invalidate => spirv!("invalidate"),
             Shader::ResolvePrep => spirv!("resolve_prep"),
+            Shader::ResolveOrder => spirv!("resolve_order"),
             Shader::Resolve => spirv!("resolve"),
             Shader::ResolveSubgroup => spirv!("resolve_sg"),
             Shader::TableWrite => spirv!("table_write"),
@@ -244,12 +250,12 @@ impl Shader {
             Shader::Remap => 6,
             Shader::SlotMapping => 5,
             Shader::Invalidate => 2,
-            Shader::ResolvePrep => 3,
-            Shader::Resolve | Shader::ResolveSubgroup => 21,
+            Shader::ResolvePrep | Shader::ResolveOrder => 3,
+            Shader::Resolve | Shader::ResolveSubgroup => 22,
             Shader::ResolveWg
             | Shader::ResolveWgSubgroup
             | Shader::ResolveWgLarge
-            | Shader::ResolveWgLargeSubgroup => 14,
+            | Shader::ResolveWgLargeSubgroup => 15,
             Shader::TableWrite => 2,
             Shader::HotReset => 3,
             Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => 4 + 2 * w.count(),
@@ -265,11 +271,16 @@ impl Shader {
             Shader::SlotMapping => b == 4,
             Shader::Invalidate | Shader::TableWrite => b == 1,
             Shader::ResolvePrep | Shader::HotReset => b >= 1,
-            Shader::Resolve | Shader::ResolveSubgroup => (5..=12).contains(&b) || b >= 15,
+            Shader::ResolveOrder => b == 2,
+            // Binding 21 (idx_mapping) is read only.
+            Shader::Resolve | Shader::ResolveSubgroup => {
+                (5..=12).contains(&b) || (15..=20).contains(&b)
+            }
+            // Binding 14 (idx_mapping) is read only.
             Shader::ResolveWg
             | Shader::ResolveWgSubgroup
             | Shader::ResolveWgLarge
-            | Shader::ResolveWgLargeSubgroup => b >= 5,
+            | Shader::ResolveWgLargeSubgroup => (5..=13).contains(&b),
             Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => {
                 b >= 4 + w.count()
             }
@@ -284,6 +295,7 @@ impl Shader {
             Shader::Remap => 8,
             Shader::SlotMapping => 5,
             Shader::Invalidate | Shader::ResolvePrep | Shader::TableWrite => 2,
+            Shader::ResolveOrder => 3,
             Shader::Resolve
             | Shader::ResolveSubgroup
             | Shader::ResolveWg

@@ -116,6 +116,7 @@ fn check(dev: &VulkanDevice, what: &str) {
             hot_slots,
             attention_block_stride: 5,
             host_num_blocks: 10,
+            num_state_rows: None,
         };
         let n = (r * hot_slots) as usize;
         let width = desc.hot_table_width() as usize;
@@ -194,6 +195,7 @@ fn check(dev: &VulkanDevice, what: &str) {
                     miss_counts: &mut misses,
                     miss_src: &mut src,
                     miss_dst: &mut dst,
+                    idx_mapping: None,
                 },
             )
             .expect("reference");
@@ -219,6 +221,7 @@ fn check(dev: &VulkanDevice, what: &str) {
                     miss_counts: o_misses,
                     miss_src: o_src,
                     miss_dst: o_dst,
+                    idx_mapping: None,
                 },
             )
             .expect("resolve");

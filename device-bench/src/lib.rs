@@ -381,6 +381,7 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
         hot_slots: n,
         attention_block_stride: 832,
         host_num_blocks: r * m + 1,
+        num_state_rows: None,
     };
     let s = time(dev, stream, cfg, |call| {
         dev.resolve(
@@ -400,6 +401,7 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
                 miss_counts: &mut misses,
                 miss_src: &mut miss_src,
                 miss_dst: &mut miss_dst,
+                idx_mapping: None,
             },
         )
     })?;

@@ -677,9 +677,11 @@ HS_DEVICE u32 hs_insert(hs_wanted* table, u32 mask, i32 g, u32 entry) {
 }
 
 // Step 2 for one entry: 0 = invalid, 1 = resident (value = physical row), 2 = host (value = flat
-// host row g). Both page-table entries are read, neither waiting for the other.
+// host row g). Both page-table entries are read, neither waiting for the other: the resident
+// table at state row `sr`, the host table at row `r` (the same row in state-row order; in
+// batch-row order `r` is the batch row and `sr` its state row).
 HS_DEVICE u32 hs_classify(const hs_resolve_desc& d, const i32* resident_table, const i32* host_table,
-                          u32 r, i32 tok, i32& value) {
+                          u32 r, u32 sr, i32 tok, i32& value) {
     if (tok < 0) return 0;
     u32 page, off;
     if (d.shift < 32) {
@@ -690,9 +692,8 @@ HS_DEVICE u32 hs_classify(const hs_resolve_desc& d, const i32* resident_table, c
         off = (u32)tok % d.block_size;
     }
     if (page >= d.max_pages) return 0;
-    const u64 at = (u64)r * d.max_pages + page;
-    const i32 res = HS_LDG(resident_table + at);
-    const i32 hb = HS_LDG(host_table + at);
+    const i32 res = HS_LDG(resident_table + ((u64)sr * d.max_pages + page));
+    const i32 hb = HS_LDG(host_table + ((u64)r * d.max_pages + page));
     if (res > 0) {
         value = hs_physical_row(res, d.attention_block_stride, off);
         return value == -1 ? 0u : 1u;
@@ -750,6 +751,12 @@ HS_DEVICE void hs_workspace_release(u32* counter) {
 // block resolved (0 when it resolved none: a padding row, or a later row of a request), after a
 // barrier that follows every write of the miss plan and its counts, so that the block may read
 // them back (the fused gather).
+//
+// Batch-row order (hisparse_core's resolve module, "Table row order"): with `idx_mapping`
+// non-null, `req_id` holds batch rows (< num_requests) of host_table and hot_table, and the state
+// row of resident_table, dgi and lru is idx_mapping[batch row] when it lies below num_state_rows
+// and no smaller batch row maps to it (a block-wide scan of idx_mapping[0..b)); otherwise the
+// row is padding. A null idx_mapping is state-row order: one branch, nothing else changes.
 HS_DEVICE u32 hs_resolve_body(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
@@ -758,7 +765,8 @@ HS_DEVICE u32 hs_resolve_body(
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 t) {
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
+    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32 t) {
     HS_DYN_SHARED(hs_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
@@ -785,8 +793,24 @@ HS_DEVICE u32 hs_resolve_body(
     const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
     const i32 req = HS_LDG(req_id + t);
 
-    // Step 1: padding rows.
-    if (req < 0 || (u32)req >= num_requests) {
+    // Step 1: padding rows (in batch-row order also a batch row that owns no state row).
+    bool padding = req < 0 || (u32)req >= num_requests;
+    u32 sr = (u32)req;
+    if (!padding && idx_mapping != 0) {
+        const i32 s = HS_LDG(idx_mapping + req);
+        padding = s < 0 || (u32)s >= num_state_rows;
+        if (!padding) { // uniform over the block
+            if (HS_TID == 0) s_flag = 0;
+            HS_SYNC();
+            for (u32 b = HS_TID; b < (u32)req; b += HS_NTHREADS)
+                if (HS_LDG(idx_mapping + b) == s) atomicOr(&s_flag, 1u);
+            HS_SYNC();
+            padding = s_flag != 0;
+            sr = (u32)s;
+            HS_SYNC(); // every thread has read s_flag before it is reused below
+        }
+    }
+    if (padding) {
         const u64 base = (u64)t * K;
         for (u32 j = HS_TID; j < K; j += HS_NTHREADS) {
             indices[base + j] = -1;
@@ -895,7 +919,7 @@ HS_DEVICE u32 hs_resolve_body(
 #pragma unroll
                 for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
                     i32 v = -1;
-                    const u32 kind = j0 + q < K ? hs_classify(d, resident_table, host_table, r, tok[q], v) : 0u;
+                    const u32 kind = j0 + q < K ? hs_classify(d, resident_table, host_table, r, sr, tok[q], v) : 0u;
                     u32 h = HS_NONE;
                     if (kind == 2) {
                         h = hs_insert(table, mask, v, ord * K + j0 + q);
@@ -930,12 +954,12 @@ HS_DEVICE u32 hs_resolve_body(
             h = c_h[q];                                                                          \
         } else {                                                                                 \
             v = -1;                                                                              \
-            kind = j0 + (q) < K ? hs_classify(d, resident_table, host_table, r, tokv, v) : 0u;  \
+            kind = j0 + (q) < K ? hs_classify(d, resident_table, host_table, r, sr, tokv, v) : 0u; \
             h = kind == 2 ? hs_lookup(table, mask, v) : HS_NONE;                                 \
         }                                                                                        \
     } while (0)
 
-    const u64 sbase = (u64)r * N;
+    const u64 sbase = (u64)sr * N;
     if (s_any_host) {
         // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the dgi row.
         for (u32 pb = 0; pb < N; pb += span_n) {
@@ -1163,13 +1187,14 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
+    const i32* __restrict__ idx_mapping, u32 num_state_rows) {
     HS_GRID_DEP_WAIT(); // before any global memory access
     hs_resolve_body(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
                     valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                     workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                     num_requests, max_pages, block_size, hot_slots, attention_block_stride,
-                    host_num_blocks, HS_BID_X);
+                    host_num_blocks, idx_mapping, num_state_rows, HS_BID_X);
     hs_workspace_release(workspace_counter);
 }
 // ---------------------------------------------------------------------------------------------
@@ -1448,13 +1473,15 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
+    const i32* __restrict__ idx_mapping, u32 num_state_rows,
     const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers) {
     HS_GRID_DEP_WAIT(); // before any global memory access
     const u32 rows = hs_resolve_body(
         req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices, valid_counts,
         hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
         workspace_entries, smem_table_entries, num_tokens, top_k, num_requests, max_pages,
-        block_size, hot_slots, attention_block_stride, host_num_blocks, HS_BID_X);
+        block_size, hot_slots, attention_block_stride, host_num_blocks, idx_mapping,
+        num_state_rows, HS_BID_X);
     const u32 k = HS_BID_X;
     const u32 nl = layers.count < HS_GATHER_MAX_LAYERS ? layers.count : HS_GATHER_MAX_LAYERS;
     // The block's last workspace allocation is behind it: release before the copies, so the

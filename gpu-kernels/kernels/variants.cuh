@@ -943,7 +943,10 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_V1_THREADS) void hs_resolve_v1(
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
+    // hs_resolve's batch-row order parameters: state-row order only (null; the planner refuses
+    // batch-row order for this bench variant).
+    const i32* __restrict__ idx_mapping, u32 num_state_rows) {
     hs_resolve_v1_body(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
                        valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                        workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
@@ -1232,7 +1235,7 @@ HS_DEVICE void hs_resolve_rest(
     auto reclassify = [&](u32 t2, u32 j, i32& v) -> u32 {
         v = -1;
         if (j >= K) return 0;
-        return hs_classify(d, resident_table, host_table, r, HS_LDG(topk + (u64)t2 * K + j), v);
+        return hs_classify(d, resident_table, host_table, r, r, HS_LDG(topk + (u64)t2 * K + j), v);
     };
     auto hot_row = [&](u32 slot) -> i32 {
         if (!hot_staged) return hs_hot_row(d, hot_table, r, slot);
@@ -1667,7 +1670,10 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_v3(
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
-    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks) {
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
+    // hs_resolve's batch-row order parameters: state-row order only (null; the planner refuses
+    // batch-row order for this bench variant).
+    const i32* __restrict__ idx_mapping, u32 num_state_rows) {
     HS_GRID_DEP_WAIT(); // before any global memory access
     (void)workspace_entries;
     if (HS_BID_X < num_tokens) {

@@ -241,6 +241,7 @@ const RESOLVE_PARAMS: &[NamedParam] = params![
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
     block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
+    idx_mapping: Ptr, num_state_rows: U32,
 ];
 const GATHER_PARAMS: &[NamedParam] = params![
     plan_src: Ptr, plan_dst: Ptr, plan_counts: Ptr, host: Ptr, device: Ptr, num_tokens: U32,
@@ -278,7 +279,7 @@ const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
     block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
-    host: Ptr, device: Ptr, layers: GatherLayers,
+    idx_mapping: Ptr, num_state_rows: U32, host: Ptr, device: Ptr, layers: GatherLayers,
 ];
 
 impl Kernel {

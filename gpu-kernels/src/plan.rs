@@ -418,6 +418,8 @@ pub struct ResolveAddrs {
     pub miss_counts: u64,
     pub miss_src: u64,
     pub miss_dst: u64,
+    /// `idx_mapping` in batch-row order (`ResolveDesc::num_state_rows` `Some`), else 0.
+    pub idx_mapping: u64,
 }
 
 /// How `hs_resolve` keeps a request's state, decided per launch by [`resolve_shape`].
@@ -539,6 +541,16 @@ pub fn resolve(
         .u32(d.hot_slots)
         .u32(d.attention_block_stride)
         .u32(d.host_num_blocks);
+    // Batch-row order: the kernel reads state rows through idx_mapping (null: state-row order).
+    // The backend checked the descriptor against its arguments (`ResolveDesc::check`), so an
+    // address is present exactly in batch-row order.
+    geometry(
+        d.num_state_rows.is_some() == (a.idx_mapping != 0),
+        "resolve idx_mapping address",
+        a.idx_mapping,
+        "non-null exactly when num_state_rows is given (batch-row order)",
+    )?;
+    args.ptr(a.idx_mapping).u32(d.num_state_rows.unwrap_or(0));
     Ok(Plan {
         staged: Vec::new(),
         workspace_bytes,
@@ -1031,6 +1043,7 @@ mod tests {
             hot_slots: n,
             attention_block_stride: 64,
             host_num_blocks: 1 << 16,
+            num_state_rows: None,
         }
     }
 

@@ -207,6 +207,14 @@ pub fn resolve(
     force_global: bool,
     v: ResolveVariant,
 ) -> Result<Plan, PlanError> {
+    if v != ResolveVariant::V2 && d.num_state_rows.is_some() {
+        return Err(PlanError::Geometry {
+            what: "resolve num_state_rows (batch-row order)",
+            value: d.num_state_rows.map_or(0, u64::from),
+            need: "state-row order for the bench variants hs_resolve_v1 and hs_resolve_v3; use \
+                   the production kernel",
+        });
+    }
     let mut p = plan::resolve(t, d, a, force_global)?;
     for l in &mut p.launches {
         match v {
@@ -411,6 +419,7 @@ mod tests {
                 hot_slots: 4096,
                 attention_block_stride: 64,
                 host_num_blocks: 1 << 14,
+                num_state_rows: None,
             };
             for v in ResolveVariant::ALL {
                 accepted(&resolve(&H200, &r, &ResolveAddrs::default(), false, v).unwrap());

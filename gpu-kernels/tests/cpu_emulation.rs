@@ -434,6 +434,14 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
     let pages = rng.int(1, 12) as u32;
     let host_blocks = rng.int(1, 40) as u32;
     let stride = bs + rng.below(3) as u32;
+    // Half the sequences in batch-row order: `r` batch rows (host and hot tables) over `sr`
+    // state rows (resident table, dgi, LRU), a fresh idx_mapping every step.
+    let batch_order = rng.pct(50);
+    let sr = if batch_order {
+        r + rng.int(0, 3) as u32
+    } else {
+        r
+    };
     let desc = ResolveDesc {
         num_tokens: 0,
         top_k: k,
@@ -443,8 +451,9 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         hot_slots: n,
         attention_block_stride: stride,
         host_num_blocks: host_blocks,
+        num_state_rows: batch_order.then_some(sr),
     };
-    let resident: Vec<i32> = (0..r * pages)
+    let resident: Vec<i32> = (0..sr * pages)
         .map(|_| {
             if rng.pct(20) {
                 rng.int(1, 50) as i32
@@ -472,8 +481,8 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
             }
         })
         .collect();
-    let mut dgi: Vec<i32> = vec![-1; (r * n) as usize];
-    let mut lru: Vec<u16> = (0..r).flat_map(|_| 0..n as u16).collect();
+    let mut dgi: Vec<i32> = vec![-1; (sr * n) as usize];
+    let mut lru: Vec<u16> = (0..sr).flat_map(|_| 0..n as u16).collect();
     if rng.pct(40) {
         for d in dgi.iter_mut() {
             *d = rng.int(-1, i64::from(host_blocks * bs) + 5) as i32;
@@ -491,8 +500,15 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         hot: hot.clone(),
         dgi: dgi.clone(),
         lru: lru.clone(),
+        idx_mapping: None,
     };
     for _step in 0..3 {
+        // State rows -1..=sr+1: negative, out of range and repeated ones included.
+        let map: Option<Vec<i32>> = batch_order.then(|| {
+            (0..r)
+                .map(|_| rng.int(-1, i64::from(sr) + 1) as i32)
+                .collect()
+        });
         let t = rng.int(0, 6) as u32;
         let d = ResolveDesc {
             num_tokens: t,
@@ -531,6 +547,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
                 miss_counts: &mut mc,
                 miss_src: &mut src,
                 miss_dst: &mut dst,
+                idx_mapping: map.as_deref(),
             },
         )
         .map_err(|e| e.to_string())?;
@@ -585,6 +602,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
             miss_counts: am(&mut gmc),
             miss_src: am(&mut gsrc),
             miss_dst: am(&mut gdst),
+            idx_mapping: map.as_deref().map_or(0, a),
         };
         let planned = plan::resolve(&tgt, &d, &addrs, mode.global).map_err(|e| e.to_string())?;
         let ws_entries = planned.workspace_bytes / 16;
@@ -601,13 +619,14 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         ] {
             if a != b {
                 return Err(format!(
-                    "resolve {name} differs ({shape:?}, {mode:?}) for {d:?} req {req:?}\n want {a:?}\n  got {b:?}"
+                    "resolve {name} differs ({shape:?}, {mode:?}) for {d:?} req {req:?} map {map:?}\n want {a:?}\n  got {b:?}"
                 ));
             }
         }
         if lru != glru {
             return Err(format!("resolve lru differs ({mode:?}) for {d:?}"));
         }
+        fused_in.idx_mapping.clone_from(&map);
         fused_step(
             emu,
             rng,
@@ -633,6 +652,8 @@ struct FusedInputs {
     hot: Vec<i32>,
     dgi: Vec<i32>,
     lru: Vec<u16>,
+    /// The step's idx_mapping in batch-row order.
+    idx_mapping: Option<Vec<i32>>,
 }
 
 type ResolveOuts<'a> = (
@@ -743,6 +764,7 @@ fn fused_step(
         miss_counts: am(&mut gmc),
         miss_src: am(&mut gsrc),
         miss_dst: am(&mut gdst),
+        idx_mapping: before.idx_mapping.as_deref().map_or(0, a),
     };
     let planned = plan::resolve_gather(
         tgt,

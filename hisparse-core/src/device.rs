@@ -401,7 +401,9 @@ pub trait Device {
         .into())
     }
 
-    /// Residency resolve and swap-in planning ([`crate::ops::resolve`]).
+    /// Residency resolve and swap-in planning ([`crate::ops::resolve`]), in either table row
+    /// order: state rows (`idx_mapping` `None`) or batch rows through `idx_mapping`
+    /// ([`ResolveDesc::num_state_rows`]); every backend implements both, bit for bit.
     #[cfg(feature = "alloc")]
     fn resolve(
         &self,

@@ -372,6 +372,7 @@ fn resolve_on_hostile_descriptors() {
             hot_slots: top_k + rng.below(6) as u32,
             attention_block_stride: block_size + rng.below(3) as u32,
             host_num_blocks: 1 + rng.below(12) as u32,
+            num_state_rows: None,
         };
         if rng.chance(30) {
             let v = rng.size(12);
@@ -437,6 +438,7 @@ fn resolve_on_hostile_descriptors() {
                 miss_counts,
                 miss_src,
                 miss_dst,
+                idx_mapping: None,
             },
         );
         if res.is_err() {
@@ -602,6 +604,7 @@ fn descriptor_helpers_never_panic() {
         hot_slots: 8,
         attention_block_stride: 8,
         host_num_blocks,
+        num_state_rows: None,
     };
     assert_eq!(resolve(0, 1).hot_table_width(), 0);
     assert_eq!(resolve(u32::MAX, u32::MAX).host_rows(), i64::MAX);

@@ -399,6 +399,7 @@ impl<D: Device> Runtime<D> {
                     miss_counts: &mut *misses,
                     miss_src: &mut *plan_src,
                     miss_dst: &mut *plan_dst,
+                    idx_mapping: None,
                 },
                 pairs,
                 &self.pools.host,

@@ -48,6 +48,7 @@ impl Walk {
             hot_slots: N,
             attention_block_stride: BS,
             host_num_blocks: HOST_BLOCKS,
+            num_state_rows: None,
         };
         let dev = &b.dev;
         let host_table: Vec<i32> = (0..r * pages).map(|i| (i % HOST_BLOCKS) as i32).collect();
@@ -145,6 +146,7 @@ impl Walk {
             miss_counts: misses,
             miss_src: src,
             miss_dst: dst,
+            idx_mapping: None,
         };
         match gather {
             None => d.resolve(s, &self.desc, args),

@@ -373,6 +373,8 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         hot_slots: p.u32("hot_slots"),
         attention_block_stride: p.u32("attention_block_stride"),
         host_num_blocks: p.u32("host_num_blocks"),
+        // Batch-row order exactly when the kernel gets an idx_mapping.
+        num_state_rows: (p.ptr("idx_mapping") != 0).then(|| p.u32("num_state_rows")),
     };
     desc.validate().map_err(|e| e.to_string())?;
     need_grid(l, [desc.num_tokens.into(), 1, 1])?;
@@ -400,13 +402,18 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     let (t, k) = (desc.num_tokens as usize, desc.top_k as usize);
     let (r, n) = (desc.num_requests as usize, desc.hot_slots as usize);
     let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
+    let map = match desc.num_state_rows {
+        Some(_) => Some(read_i32(st, "idx_mapping", p.ptr("idx_mapping"), r)?),
+        None => None,
+    };
+    let state_rows = desc.state_table_rows() as usize;
 
     // The wanted-row tables of requests too big for shared memory come from the workspace,
     // bump-allocated through the counter, which must be zero when the kernel starts.
     let mut from_workspace = 0u64;
     for first in 0..t {
         let q = req[first];
-        if q < 0 || q as u32 >= desc.num_requests || req[..first].contains(&q) {
+        if desc.request_rows(q, map.as_deref()).is_none() || req[..first].contains(&q) {
             continue;
         }
         let rows = req[first..].iter().filter(|&&x| x == q).count() as u64;
@@ -451,7 +458,7 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         st,
         "resident_table",
         p.ptr("resident_table"),
-        r * desc.max_pages as usize,
+        state_rows * desc.max_pages as usize,
     )?;
     let host = read_i32(
         st,
@@ -460,8 +467,8 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         r * desc.max_pages as usize,
     )?;
     let hot = read_i32(st, "hot_table", p.ptr("hot_table"), r * w)?;
-    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), r * n)?;
-    let mut lru = read_u16(st, "lru", p.ptr("lru"), r * n)?;
+    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), state_rows * n)?;
+    let mut lru = read_u16(st, "lru", p.ptr("lru"), state_rows * n)?;
     // The six outputs `[indices, valid, hits, misses, src, dst]` (whether each holds top_k
     // entries per token row, or one), read, resolved in place and written back.
     const OUTPUTS: [(&str, bool); 6] = [
@@ -496,6 +503,7 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
             miss_counts: misses,
             miss_src: src,
             miss_dst: dst,
+            idx_mapping: map.as_deref(),
         },
     )
     .map_err(|e| e.to_string())?;

@@ -160,6 +160,7 @@ fn resolve_valid() -> ResolveCall {
         hot_slots: 8,
         attention_block_stride: 4,
         host_num_blocks: 8,
+        num_state_rows: None,
     };
     ResolveCall {
         desc,
@@ -276,6 +277,7 @@ fn resolve_call<D: Device>(dev: &D, c: &ResolveCall, valid: bool) -> CaseResult 
             miss_counts,
             miss_src,
             miss_dst,
+            idx_mapping: None,
         },
     );
     if valid {

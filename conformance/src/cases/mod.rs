@@ -16,6 +16,7 @@ mod remap;
 mod remap_modes;
 mod resolve;
 mod resolve_io;
+mod resolve_order;
 mod slot_mapping;
 mod streams;
 mod swap_in;
@@ -28,6 +29,7 @@ pub fn cases<D: Device + 'static>() -> Vec<Case<D>> {
     remap_modes::cases(&mut v);
     resolve::cases(&mut v);
     swap_in::cases(&mut v);
+    resolve_order::cases(&mut v);
     copies::cases(&mut v);
     invalidate::cases(&mut v);
     slot_mapping::cases(&mut v);

@@ -223,6 +223,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
         hot_slots: p.hot_slots,
         attention_block_stride: stride,
         host_num_blocks: host_blocks,
+        num_state_rows: None,
     };
     let n = p.hot_slots as usize;
     let mut d_resident = dev_i32(dev, &resident)?;
@@ -295,6 +296,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
                 miss_counts: misses,
                 miss_src,
                 miss_dst,
+                idx_mapping: None,
             },
         )
         .ctx("resolve")?;

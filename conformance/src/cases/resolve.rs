@@ -495,6 +495,7 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
         hot_slots: n,
         attention_block_stride: stride,
         host_num_blocks,
+        num_state_rows: None,
     };
     let mut lru: Vec<u16> = (0..r_count * n).map(|s| (s % n) as u16).collect();
     let mut dgi = vec![-1i32; (r_count * n) as usize];
@@ -518,6 +519,7 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
             hot,
             dgi,
             lru,
+            idx_mapping: None,
         },
     )?;
     let mut pools = if scn.layers > 0 {
@@ -646,6 +648,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
         hot_slots: 4,
         attention_block_stride: 4,
         host_num_blocks: 4,
+        num_state_rows: None,
     };
     // Page p lives in host block p; nothing resident; the hot region is GPU block 5, so slot s
     // is physical row 20 + s.
@@ -658,6 +661,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             hot: vec![5],
             dgi: vec![-1; 4],
             lru: vec![0, 1, 2, 3],
+            idx_mapping: None,
         },
     )?;
     struct Expect {
@@ -770,6 +774,7 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
         hot_slots: 16,
         attention_block_stride: 8,
         host_num_blocks: 8,
+        num_state_rows: None,
     };
     let lru: Vec<u16> = (0..32).map(|i| (31 - i) as u16 % 16).collect();
     let mut st = State::new(
@@ -781,6 +786,7 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
             hot: vec![1, 2, 3, 4, 5, 6, 7, 8],
             dgi: (0..32).collect(),
             lru: lru.clone(),
+            idx_mapping: None,
         },
     )?;
     st.step(dev, &[], &[])?;

@@ -13,9 +13,10 @@ use crate::{CaseError, CaseResult};
 pub(crate) const SLACK: usize = 3;
 
 /// The arguments (`$args`: the reference's slices or the device's buffers) of a call over the
-/// tables and hot state `$s` with inputs `$req_id`, `$topk`, writing the outputs `$out`.
+/// tables and hot state `$s` with inputs `$req_id`, `$topk` and `idx_mapping` `$map`, writing
+/// the outputs `$out`.
 macro_rules! args_over {
-    ($args:ident, $s:expr, $req_id:expr, $topk:expr, $out:expr) => {
+    ($args:ident, $s:expr, $req_id:expr, $topk:expr, $out:expr, $map:expr) => {
         $args {
             req_id: $req_id,
             topk: $topk,
@@ -30,6 +31,7 @@ macro_rules! args_over {
             miss_counts: &mut $out.misses,
             miss_src: &mut $out.miss_src,
             miss_dst: &mut $out.miss_dst,
+            idx_mapping: $map,
         }
     };
 }
@@ -108,7 +110,8 @@ impl<D: Device> DevOutputs<D> {
     }
 }
 
-/// The page tables and hot state a resolve call reads and updates (host copies).
+/// The page tables and hot state a resolve call reads and updates (host copies), and in
+/// batch-row order the call's `idx_mapping`.
 #[derive(Clone, Debug)]
 pub(crate) struct HostState {
     pub(crate) resident: Vec<i32>,
@@ -116,6 +119,7 @@ pub(crate) struct HostState {
     pub(crate) hot: Vec<i32>,
     pub(crate) dgi: Vec<i32>,
     pub(crate) lru: Vec<u16>,
+    pub(crate) idx_mapping: Option<Vec<i32>>,
 }
 
 impl HostState {
@@ -126,7 +130,14 @@ impl HostState {
         topk: &'a [i32],
         out: &'a mut Outputs,
     ) -> ResolveSlices<'a> {
-        args_over!(ResolveSlices, self, req_id, topk, out)
+        args_over!(
+            ResolveSlices,
+            self,
+            req_id,
+            topk,
+            out,
+            self.idx_mapping.as_deref()
+        )
     }
 }
 
@@ -137,6 +148,7 @@ pub(crate) struct DevState<D: Device> {
     pub(crate) hot: D::Buffer,
     pub(crate) dgi: D::Buffer,
     pub(crate) lru: D::Buffer,
+    pub(crate) idx_mapping: Option<D::Buffer>,
 }
 
 impl<D: Device> DevState<D> {
@@ -148,6 +160,11 @@ impl<D: Device> DevState<D> {
             hot: dev_i32(dev, &h.hot)?,
             dgi: dev_i32(dev, &h.dgi)?,
             lru: dev_u16(dev, &h.lru)?,
+            idx_mapping: h
+                .idx_mapping
+                .as_ref()
+                .map(|m| dev_i32(dev, m))
+                .transpose()?,
         })
     }
 
@@ -159,6 +176,19 @@ impl<D: Device> DevState<D> {
             .ctx("upload host table")
     }
 
+    /// Re-uploads what a batch-row-order engine rebuilds every step: the host and hot tables
+    /// (by batch row) and `idx_mapping`, after `h`'s changed.
+    pub(crate) fn sync_batch_tables(&mut self, dev: &D, h: &HostState) -> CaseResult {
+        dev.upload_i32(&mut self.host, 0, &h.host)
+            .ctx("upload host table")?;
+        dev.upload_i32(&mut self.hot, 0, &h.hot)
+            .ctx("upload hot table")?;
+        if let (Some(d), Some(m)) = (self.idx_mapping.as_mut(), h.idx_mapping.as_ref()) {
+            dev.upload_i32(d, 0, m).ctx("upload idx_mapping")?;
+        }
+        Ok(())
+    }
+
     /// The device's arguments of a call over these tables writing `out`.
     pub(crate) fn args<'a>(
         &'a mut self,
@@ -166,7 +196,14 @@ impl<D: Device> DevState<D> {
         topk: &'a D::Buffer,
         out: &'a mut DevOutputs<D>,
     ) -> ResolveArgs<'a, D::Buffer> {
-        args_over!(ResolveArgs, self, req_id, topk, out)
+        args_over!(
+            ResolveArgs,
+            self,
+            req_id,
+            topk,
+            out,
+            self.idx_mapping.as_ref()
+        )
     }
 
     /// Compares the device's `dgi` and LRU rows with `want`'s, naming `path` on a difference.
@@ -247,7 +284,7 @@ impl Coverage {
         let k = desc.top_k as usize;
         let (mut hits, mut misses) = (0, 0);
         for (t, &id) in req_id.iter().enumerate() {
-            let Some(r) = desc.state_row(id) else {
+            let Some(rows) = desc.request_rows(id, h.idx_mapping.as_deref()) else {
                 continue;
             };
             hits += i64::from(out.hits[t]);
@@ -256,7 +293,7 @@ impl Coverage {
                 self.zero_fill += i64::from(out.miss_src[t * k + m] == -1);
             }
             for j in 0..k {
-                match desc.classify(&h.resident, &h.host, r, topk[t * k + j]) {
+                match desc.classify_rows(&h.resident, &h.host, rows, topk[t * k + j]) {
                     Entry::Resident(_) => self.resident += 1,
                     Entry::Host(_) => self.unslotted += i64::from(out.indices[t * k + j] == -1),
                     Entry::Invalid => {}

@@ -501,6 +501,7 @@ fn build(rng: &mut SplitMix64, sh: &Shape) -> World {
             hot_slots: sh.hot_slots,
             attention_block_stride: layers[0].device.index_stride_rows,
             host_num_blocks,
+            num_state_rows: None,
         },
         h: HostState {
             resident,
@@ -508,6 +509,7 @@ fn build(rng: &mut SplitMix64, sh: &Shape) -> World {
             hot,
             dgi,
             lru,
+            idx_mapping: None,
         },
         layers,
         host_pool,

@@ -150,6 +150,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
         hot_slots: n,
         attention_block_stride: bs,
         host_num_blocks: host_blocks,
+        num_state_rows: None,
     };
     let w = desc0.hot_table_width();
     // Page p of request q lives in host block q * pages + p (a tenth of them beyond the pool when
@@ -271,6 +272,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
                 miss_counts: &mut mc,
                 miss_src: &mut src,
                 miss_dst: &mut dst,
+                idx_mapping: None,
             },
         )
         .map_err(|x| x.to_string())?;
@@ -315,6 +317,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
                 miss_counts: o_mc,
                 miss_src: o_src,
                 miss_dst: o_dst,
+                idx_mapping: None,
             },
             &layers,
             &host_buf,

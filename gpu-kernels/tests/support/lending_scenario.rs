@@ -211,6 +211,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         hot_slots: N,
         attention_block_stride: BS,
         host_num_blocks: HOST_BLOCKS,
+        num_state_rows: None,
     };
     {
         let (inputs, outs) = b.split_at_mut(DGI);
@@ -234,6 +235,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
                 miss_counts: misses,
                 miss_src: msrc,
                 miss_dst: mdst,
+                idx_mapping: None,
             },
         )
         .map_err(e)?;

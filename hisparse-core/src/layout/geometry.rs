@@ -265,6 +265,7 @@ impl KvCacheConfig {
             hot_slots: self.device_buffer_size,
             attention_block_stride: self.attention_block_stride,
             host_num_blocks: self.host_num_blocks,
+            num_state_rows: None,
         }
     }
 

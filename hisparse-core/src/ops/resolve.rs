@@ -1,7 +1,9 @@
 //! Residency resolve + swap-in planning (SPEC §5.2), one call per index group per decode step.
 //!
-//! Inputs per call: `T` token rows of `K` top-k token positions, each row tagged with the request's
-//! *state row* `req_id[t]` (`-1` = padding). Per state row `r` the caller keeps:
+//! Inputs per call: `T` token rows of `K` top-k token positions, each row tagged with
+//! `req_id[t]` (`-1` = padding), which names the request's tables (see *Table row order* below
+//! for the two conventions; by default it is the request's *state row* `r` and every table is
+//! indexed by it). Per request the caller keeps:
 //! * `resident_table[r][page]`: the GPU block still holding the page, or `≤ 0` (the null block)
 //!   when the page must be read from host;
 //! * `host_table[r][page]`: the host block holding the page's durable copy;
@@ -9,10 +11,34 @@
 //! * `dgi[r][slot]`: the flat host row cached in hot slot `slot`, or `-1`;
 //! * `lru[r]`: a permutation of `0..hot_slots` (`u16`), index 0 least recently used.
 //!
+//! # Table row order
+//!
+//! * **State-row order** (the default, [`ResolveDesc::num_state_rows`] `None`, no
+//!   `idx_mapping`): `req_id[t]` is the request's state row `r`, `0 ≤ r < num_requests`, and all
+//!   five tables have `num_requests` rows indexed by `r`.
+//! * **Batch-row order** ([`ResolveDesc::num_state_rows`] `Some(S)`, with
+//!   [`ResolveArgs::idx_mapping`] `i32[num_requests]`) — the original engine's convention, so an
+//!   engine that builds its per-step tables in batch order needs no reordering: `req_id[t]` is the
+//!   token row's *batch row* `b`, `0 ≤ b < num_requests`; the tables the engine builds for this
+//!   step's batch, **`host_table` and `hot_table`, have `num_requests` rows indexed by `b`**; the
+//!   persistent per-request state, **`resident_table`, `dgi` and `lru`, has `S` rows indexed by
+//!   the state row `s = idx_mapping[b]`**. A batch row is padding (outputs `-1`, counts 0, no
+//!   state touched) when `s < 0` or `s ≥ S`, or when an earlier batch row maps to the same state
+//!   row: **the batch row with the smallest index owns a state row**, every other batch row
+//!   mapping to it is padding (whether or not that smaller row has token rows in this call — the
+//!   rule reads `idx_mapping[0..b)` only, so every backend decides it the same way without
+//!   ordering between requests). Everything else — the steps below — is the same, with `r`
+//!   standing for `b` where `host_table` and `hot_table` are read and for `s` where
+//!   `resident_table`, `dgi` and `lru` are.
+//!
+//! The two orders are the same function: a batch-order call equals the state-order call whose
+//! `req_id` names the owning batch rows' state rows and whose host and hot tables are permuted to
+//! state rows (the conformance suite checks exactly that).
+//!
 //! Per request (all token rows with the same `req_id`, in row order, are resolved together against
 //! the request's single state — speculative decoding):
-//! 1. a row whose `req_id` is negative or `≥ num_requests` is padding: outputs `-1`, counts 0, and
-//!    touches no state;
+//! 1. a row whose `req_id` is negative or `≥ num_requests` (or, in batch-row order, whose batch
+//!    row owns no state row) is padding: outputs `-1`, counts 0, and touches no state;
 //! 2. each entry is classified: `tok < 0` or page `tok / block_size ≥ max_pages` → invalid (`-1`);
 //!    a resident page → the resident physical row
 //!    `resident_table[r][page] * attention_block_stride + tok % block_size`; otherwise, when the
@@ -77,7 +103,8 @@ pub struct ResolveDesc {
     pub num_tokens: u32,
     /// Top-k width `K`.
     pub top_k: u32,
-    /// State rows `R` (requests) of every per-request table.
+    /// Requests `R`: the bound of `req_id`, and the rows of every per-request table in state-row
+    /// order (of `host_table` and `hot_table` in batch-row order, see `num_state_rows`).
     pub num_requests: u32,
     /// Columns `M` of the resident and host page tables.
     pub max_pages: u32,
@@ -89,25 +116,38 @@ pub struct ResolveDesc {
     pub attention_block_stride: u32,
     /// Blocks in the host pool (flat host rows beyond `host_num_blocks * block_size` are outside).
     pub host_num_blocks: u32,
+    /// Table row order (module docs): `None` — state-row order, `req_id` is the state row of
+    /// every table; `Some(S)` — batch-row order, `req_id` is the batch row of `host_table` and
+    /// `hot_table` (`num_requests` rows) and [`ResolveArgs::idx_mapping`] maps it to the state
+    /// row of `resident_table`, `dgi` and `lru` (`S` rows, `1..=i32::MAX`).
+    pub num_state_rows: Option<u32>,
 }
 
 /// Buffers of a resolve call.
 #[derive(Debug)]
 pub struct ResolveArgs<'a, B: ?Sized> {
-    /// `i32[T]` state row per token row (`-1` = padding).
+    /// `i32[T]` request per token row: its state row, or in batch-row order its batch row
+    /// (`-1` = padding).
     pub req_id: &'a B,
     /// `i32[T][K]` token positions.
     pub topk: &'a B,
-    /// `i32[R][M]` resident GPU block per page (`≤ 0` = read from host).
+    /// `i32[R][M]` resident GPU block per page (`≤ 0` = read from host); `i32[S][M]` by state
+    /// row in batch-row order.
     pub resident_table: &'a B,
-    /// `i32[R][M]` host block per page.
+    /// `i32[R][M]` host block per page (by batch row in batch-row order).
     pub host_table: &'a B,
-    /// `i32[R][hot_table_width]` GPU blocks of each hot region.
+    /// `i32[R][hot_table_width]` GPU blocks of each hot region (by batch row in batch-row
+    /// order).
     pub hot_table: &'a B,
-    /// `i32[R][N]` flat host row cached per hot slot (`-1` = empty). Updated.
+    /// `i32[R][N]` (`i32[S][N]` in batch-row order) flat host row cached per hot slot
+    /// (`-1` = empty). Updated.
     pub dgi: &'a mut B,
-    /// `u16[R][N]` LRU order of hot slots, least recent first. Updated.
+    /// `u16[R][N]` (`u16[S][N]` in batch-row order) LRU order of hot slots, least recent
+    /// first. Updated.
     pub lru: &'a mut B,
+    /// `i32[R]` batch row → state row, exactly when the descriptor's `num_state_rows` is
+    /// `Some` (batch-row order); `None` in state-row order.
+    pub idx_mapping: Option<&'a B>,
     /// `i32[T][K]` output physical rows.
     pub indices: &'a mut B,
     /// `i32[T]` output valid entries per row.
@@ -120,6 +160,16 @@ pub struct ResolveArgs<'a, B: ?Sized> {
     pub miss_src: &'a mut B,
     /// `i32[T][K]` output plan destinations (flat device rows; `-1` = unused).
     pub miss_dst: &'a mut B,
+}
+
+/// The table rows of one request: `batch` for `host_table` and `hot_table`, `state` for
+/// `resident_table`, `dgi` and `lru` (the same row in state-row order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestRows {
+    /// Row of `host_table` and `hot_table`.
+    pub batch: usize,
+    /// Row of `resident_table`, `dgi` and `lru`.
+    pub state: usize,
 }
 
 /// One classified top-k entry.
@@ -178,7 +228,19 @@ impl ResolveDesc {
             1,
             i32::MAX as u64,
         )?;
+        if let Some(s) = self.num_state_rows {
+            in_range(OP, "num_state_rows", s.into(), 1, i32::MAX as u64)?;
+        }
         Ok(())
+    }
+
+    /// Rows of `resident_table`, `dgi` and `lru`: `num_state_rows` in batch-row order, else
+    /// `num_requests`.
+    pub const fn state_table_rows(&self) -> u32 {
+        match self.num_state_rows {
+            Some(s) => s,
+            None => self.num_requests,
+        }
     }
 
     /// Checks the descriptor and every buffer's size. Call before touching memory.
@@ -187,12 +249,35 @@ impl ResolveDesc {
         let t = u64::from(self.num_tokens);
         let tk = mul(OP, "topk", t, self.top_k.into())?;
         let r = u64::from(self.num_requests);
-        let pages = mul(OP, "resident_table", r, self.max_pages.into())?;
-        let slots = mul(OP, "dgi", r, self.hot_slots.into())?;
+        let state = u64::from(self.state_table_rows());
+        let resident = mul(OP, "resident_table", state, self.max_pages.into())?;
+        let pages = mul(OP, "host_table", r, self.max_pages.into())?;
+        let slots = mul(OP, "dgi", state, self.hot_slots.into())?;
         let hot = mul(OP, "hot_table", r, self.hot_table_width().into())?;
+        match (self.num_state_rows, a.idx_mapping) {
+            (Some(_), Some(m)) => need(OP, "idx_mapping", m, r, I32_BYTES)?,
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(OpError::BufferTooSmall {
+                    op: OP,
+                    buffer: "idx_mapping",
+                    needed: r * I32_BYTES,
+                    actual: 0,
+                });
+            }
+            (None, Some(_)) => {
+                return Err(OpError::Mismatch {
+                    op: OP,
+                    field: "idx_mapping (given)",
+                    value: 1,
+                    expected_field: "num_state_rows (declared)",
+                    expected: 0,
+                });
+            }
+        }
         need(OP, "req_id", a.req_id, t, I32_BYTES)?;
         need(OP, "topk", a.topk, tk, I32_BYTES)?;
-        need(OP, "resident_table", a.resident_table, pages, I32_BYTES)?;
+        need(OP, "resident_table", a.resident_table, resident, I32_BYTES)?;
         need(OP, "host_table", a.host_table, pages, I32_BYTES)?;
         need(OP, "hot_table", a.hot_table, hot, I32_BYTES)?;
         need(OP, "dgi", a.dgi, slots, I32_BYTES)?;
@@ -206,7 +291,8 @@ impl ResolveDesc {
         Ok(())
     }
 
-    /// State row of token row `req`, or `None` for padding.
+    /// State row of token row `req` in state-row order, or `None` for padding (in batch-row
+    /// order, the batch row; see [`ResolveDesc::request_rows`]).
     #[inline]
     pub fn state_row(&self, req: i32) -> Option<usize> {
         usize::try_from(req)
@@ -214,12 +300,53 @@ impl ResolveDesc {
             .filter(|&r| r < self.num_requests as usize)
     }
 
-    /// Classifies token `tok` of state row `r` (step 2).
+    /// The state row batch row `b` owns in batch-row order (module docs): `idx_mapping[b]` when
+    /// it lies in `0..num_state_rows` and no batch row before `b` maps to it, else `None`
+    /// (padding). `b` must be below `num_requests` and `idx_mapping` hold `num_requests`
+    /// entries. Costs `b` reads; a backend may compute the same owners another way.
+    pub fn owned_state_row(&self, idx_mapping: &[i32], b: usize) -> Option<usize> {
+        let s = idx_mapping[b];
+        let in_range = usize::try_from(s)
+            .ok()
+            .filter(|&s| s < self.state_table_rows() as usize)?;
+        (!idx_mapping[..b].contains(&s)).then_some(in_range)
+    }
+
+    /// The table rows of token row `req` in either order, or `None` for padding. `idx_mapping`
+    /// is the call's (present exactly in batch-row order, checked by [`ResolveDesc::check`]).
+    #[inline]
+    pub fn request_rows(&self, req: i32, idx_mapping: Option<&[i32]>) -> Option<RequestRows> {
+        let b = self.state_row(req)?;
+        let state = match idx_mapping {
+            Some(map) => self.owned_state_row(map, b)?,
+            None => b,
+        };
+        Some(RequestRows { batch: b, state })
+    }
+
+    /// Classifies token `tok` of state row `r` in state-row order (step 2).
     pub fn classify(
         &self,
         resident_table: &[i32],
         host_table: &[i32],
         r: usize,
+        tok: i32,
+    ) -> Entry {
+        self.classify_rows(
+            resident_table,
+            host_table,
+            RequestRows { batch: r, state: r },
+            tok,
+        )
+    }
+
+    /// Classifies token `tok` of the request with table rows `rows` (step 2): the resident
+    /// table is read at `rows.state`, the host table at `rows.batch`.
+    pub fn classify_rows(
+        &self,
+        resident_table: &[i32],
+        host_table: &[i32],
+        rows: RequestRows,
         tok: i32,
     ) -> Entry {
         if tok < 0 {
@@ -231,21 +358,26 @@ impl ResolveDesc {
             return Entry::Invalid;
         }
         let off = (tok as i64 % bs) as u32;
-        let at = r * self.max_pages as usize + page as usize;
-        let resident = resident_table[at];
+        let m = self.max_pages as usize;
+        let resident = resident_table[rows.state * m + page as usize];
         if resident > 0 {
             return match physical_row(resident, self.attention_block_stride, off) {
                 -1 => Entry::Invalid,
                 row => Entry::Resident(row),
             };
         }
-        match physical_row(host_table[at], self.block_size, off) {
+        match physical_row(
+            host_table[rows.batch * m + page as usize],
+            self.block_size,
+            off,
+        ) {
             -1 => Entry::Invalid,
             g => Entry::Host(g),
         }
     }
 
-    /// Flat device row of hot slot `slot` of state row `r`.
+    /// Flat device row of hot slot `slot` of hot-table row `r` (the state row in state-row
+    /// order, the batch row in batch-row order).
     #[inline]
     pub fn hot_row(&self, hot_table: &[i32], r: usize, slot: u32) -> i32 {
         let w = self.hot_table_width() as usize;
@@ -283,6 +415,8 @@ pub struct ResolveSizes {
     pub miss_counts: u64,
     pub miss_src: u64,
     pub miss_dst: u64,
+    /// `None` when no `idx_mapping` is given.
+    pub idx_mapping: Option<u64>,
 }
 
 /// The resolve arguments as typed slices, for the reference implementation.
@@ -302,6 +436,7 @@ pub struct ResolveSlices<'a> {
     pub miss_counts: &'a mut [i32],
     pub miss_src: &'a mut [i32],
     pub miss_dst: &'a mut [i32],
+    pub idx_mapping: Option<&'a [i32]>,
 }
 
 macro_rules! sizes_of {
@@ -320,6 +455,7 @@ macro_rules! sizes_of {
             miss_counts: $a.miss_counts.byte_len(),
             miss_src: $a.miss_src.byte_len(),
             miss_dst: $a.miss_dst.byte_len(),
+            idx_mapping: $a.idx_mapping.map(|m| m.byte_len()),
         }
     };
 }
@@ -341,6 +477,7 @@ macro_rules! reborrow {
             miss_counts: &mut *$a.miss_counts,
             miss_src: &mut *$a.miss_src,
             miss_dst: &mut *$a.miss_dst,
+            idx_mapping: $a.idx_mapping,
         }
     };
 }
@@ -387,6 +524,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
         miss_counts,
         miss_src,
         miss_dst,
+        idx_mapping,
     } = a;
     let (t_count, k, n) = (
         desc.num_tokens as usize,
@@ -410,10 +548,12 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
         if done[first] {
             continue;
         }
-        let Some(r) = desc.state_row(req_id[first]) else {
+        let Some(rows_of) = desc.request_rows(req_id[first], idx_mapping) else {
             done[first] = true;
             continue;
         };
+        // `h`: row of the host and hot tables; `r`: row of the resident table, dgi and LRU.
+        let (h, r) = (rows_of.batch, rows_of.state);
         let rows: Vec<usize> = (first..t_count)
             .filter(|&t| req_id[t] == req_id[first])
             .collect();
@@ -427,7 +567,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
         let mut wanted_at: BTreeMap<i32, usize> = BTreeMap::new();
         for &t in &rows {
             for j in 0..k {
-                let e = desc.classify(resident_table, host_table, r, topk[t * k + j]);
+                let e = desc.classify_rows(resident_table, host_table, rows_of, topk[t * k + j]);
                 if let Entry::Host(g) = e {
                     wanted_at.entry(g).or_insert_with(|| {
                         wanted.push((g, t));
@@ -478,7 +618,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
                 miss_slots.push(s);
                 let m = miss_counts[t] as usize;
                 miss_src[t * k + m] = if in_pool { g } else { -1 };
-                miss_dst[t * k + m] = desc.hot_row(hot_table, r, s.into());
+                miss_dst[t * k + m] = desc.hot_row(hot_table, h, s.into());
                 miss_counts[t] += 1;
             }
             // Step 7: new LRU order.
@@ -499,7 +639,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
                     Entry::Invalid => -1,
                     Entry::Resident(row) => row,
                     Entry::Host(g) => match slot_of[wanted_at[&g]] {
-                        Some(s) => desc.hot_row(hot_table, r, s),
+                        Some(s) => desc.hot_row(hot_table, h, s),
                         None => -1,
                     },
                 };
@@ -551,6 +691,7 @@ mod tests {
                 hot_slots,
                 attention_block_stride: 4,
                 host_num_blocks: 4 * requests,
+                num_state_rows: None,
             };
             let w = desc.hot_table_width() as i32;
             let n = hot_slots as usize;
@@ -605,6 +746,7 @@ mod tests {
                     miss_counts: &mut o.misses,
                     miss_src: &mut o.src,
                     miss_dst: &mut o.dst,
+                    idx_mapping: None,
                 },
             )
             .unwrap();
@@ -869,6 +1011,7 @@ mod tests {
                 miss_counts: &mut [7],
                 miss_src: &mut [7, 7],
                 miss_dst: &mut short,
+                idx_mapping: None,
             },
         )
         .unwrap_err();
@@ -888,6 +1031,283 @@ mod tests {
             bad.validate(),
             Err(OpError::OutOfRange {
                 field: "hot_slots",
+                ..
+            })
+        ));
+    }
+
+    /// Tables of a batch-row-order call: `S` state rows (resident, dgi, LRU) and `R` batch
+    /// rows (host, hot), in the shapes of [`World`] (block size 4, 4 pages, 4 hot slots in one
+    /// GPU block per hot-table row).
+    struct BatchWorld {
+        desc: ResolveDesc,
+        resident: Vec<i32>,
+        host: Vec<i32>,
+        hot: Vec<i32>,
+        dgi: Vec<i32>,
+        lru: Vec<u16>,
+    }
+
+    impl BatchWorld {
+        fn new(batch_rows: u32, state_rows: u32) -> Self {
+            let desc = ResolveDesc {
+                num_tokens: 0,
+                top_k: 2,
+                num_requests: batch_rows,
+                max_pages: 4,
+                block_size: 4,
+                hot_slots: 4,
+                attention_block_stride: 4,
+                host_num_blocks: 4 * batch_rows,
+                num_state_rows: Some(state_rows),
+            };
+            BatchWorld {
+                desc,
+                resident: vec![0; 4 * state_rows as usize],
+                // Batch row b's page p: host block 4b + p (token tok → host row 16b + tok).
+                host: (0..4 * batch_rows as i32).collect(),
+                // Batch row b's hot region: GPU block 10 + b (slot s → row 40 + 4b + s).
+                hot: (0..batch_rows as i32).map(|b| 10 + b).collect(),
+                dgi: vec![-1; 4 * state_rows as usize],
+                lru: (0..4 * state_rows as usize)
+                    .map(|i| (i % 4) as u16)
+                    .collect(),
+            }
+        }
+
+        fn call(
+            &mut self,
+            map: Option<&[i32]>,
+            req_id: &[i32],
+            topk: &[i32],
+        ) -> Result<Out, OpError> {
+            let t = req_id.len();
+            let desc = ResolveDesc {
+                num_tokens: t as u32,
+                ..self.desc
+            };
+            let mut o = Out {
+                indices: vec![7; 2 * t],
+                valid: vec![7; t],
+                hits: vec![7; t],
+                misses: vec![7; t],
+                src: vec![7; 2 * t],
+                dst: vec![7; 2 * t],
+            };
+            resolve(
+                &desc,
+                ResolveSlices {
+                    req_id,
+                    topk,
+                    resident_table: &self.resident,
+                    host_table: &self.host,
+                    hot_table: &self.hot,
+                    dgi: &mut self.dgi,
+                    lru: &mut self.lru,
+                    indices: &mut o.indices,
+                    valid_counts: &mut o.valid,
+                    hit_counts: &mut o.hits,
+                    miss_counts: &mut o.misses,
+                    miss_src: &mut o.src,
+                    miss_dst: &mut o.dst,
+                    idx_mapping: map,
+                },
+            )?;
+            Ok(o)
+        }
+
+        fn dgi(&self, s: usize) -> &[i32] {
+            &self.dgi[4 * s..4 * s + 4]
+        }
+
+        fn lru(&self, s: usize) -> &[u16] {
+            &self.lru[4 * s..4 * s + 4]
+        }
+    }
+
+    #[test]
+    fn batch_row_order_reads_host_and_hot_by_batch_row_and_state_by_state_row() {
+        // Batch rows 0, 1 own state rows 2, 0; state row 1 is untouched.
+        let mut w = BatchWorld::new(2, 3);
+        let map = [2, 0];
+        // State row 0 (batch row 1) has page 0 resident on GPU block 7.
+        w.resident[0] = 7;
+        // Batch row 1 wants tokens 1 (resident: 7*4+1) and 5 (host row 16+5 → slot 0 of block 11).
+        // Batch row 0 wants tokens 2 and 3 (host rows 2, 3 → slots 0, 1 of block 10).
+        let o = w.call(Some(&map), &[1, 0], &[1, 5, 2, 3]).unwrap();
+        assert_eq!(o.indices, [29, 44, 40, 41]);
+        assert_eq!(
+            (o.valid, o.hits, o.misses),
+            (vec![2, 2], vec![0, 0], vec![1, 2])
+        );
+        assert_eq!((o.src, o.dst), (vec![21, -1, 2, 3], vec![44, -1, 40, 41]));
+        assert_eq!(w.dgi(0), [21, -1, -1, -1]);
+        assert_eq!(w.dgi(1), [-1; 4]);
+        assert_eq!(w.dgi(2), [2, 3, -1, -1]);
+        assert_eq!(w.lru(0), [1, 2, 3, 0]);
+        assert_eq!(w.lru(1), [0, 1, 2, 3]);
+        assert_eq!(w.lru(2), [2, 3, 0, 1]);
+        // Next step the batch is reordered: batch row 0 is now state row 0's request and batch
+        // row 1 state row 2's. Host rows follow the batch rows' host tables (token 5 of batch
+        // row 0 is host row 5, not the 21 state row 0 caches; tokens 3, 2 of batch row 1 are
+        // host rows 19, 18, not state row 2's cached 3, 2), hot rows the batch rows' hot tables.
+        let o = w.call(Some(&[0, 2]), &[0, 1], &[5, -1, 3, 2]).unwrap();
+        assert_eq!(o.indices, [41, -1, 46, 47]);
+        assert_eq!((o.hits, o.misses), (vec![0, 0], vec![1, 2]));
+        assert_eq!(w.dgi(0), [21, 5, -1, -1]);
+        assert_eq!(w.dgi(2), [2, 3, 19, 18]);
+        assert_eq!(w.lru(2), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn unowned_duplicate_negative_and_out_of_range_state_rows_are_padding() {
+        let mut w = BatchWorld::new(5, 3);
+        w.dgi[0] = 9;
+        let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+        // Batch row 0 → -1, 1 → 3 (≥ S), 2 → 1, 3 → 1 (owned by 2: padding), 4 → i32::MIN.
+        let map = [-1, 3, 1, 1, i32::MIN];
+        let o = w.call(Some(&map), &[0, 1, 3, 4, 5, -1], &[0; 12]).unwrap();
+        assert_eq!(o.indices, [-1; 12]);
+        assert_eq!(
+            (o.valid, o.hits, o.misses),
+            (vec![0; 6], vec![0; 6], vec![0; 6])
+        );
+        assert_eq!((o.src, o.dst), (vec![-1; 12], vec![-1; 12]));
+        assert_eq!((w.dgi.clone(), w.lru.clone()), (dgi, lru));
+        // The owner (batch row 2) resolves against state row 1; its rows interleave with the
+        // duplicate's, which stays padding.
+        let o = w.call(Some(&map), &[3, 2, 2], &[0, 1, 0, 1, 6, 1]).unwrap();
+        assert_eq!(o.indices[..2], [-1, -1]);
+        assert_eq!(o.indices[2..], [48, 49, 50, 49]);
+        assert_eq!(o.misses, [0, 2, 1]);
+        assert_eq!(w.dgi(1), [32, 33, 38, -1]);
+        // The owner does not need token rows of its own: batch row 3 stays padding.
+        let o = w.call(Some(&map), &[3], &[0, 1]).unwrap();
+        assert_eq!(o.indices, [-1, -1]);
+        let desc = w.desc;
+        assert_eq!(desc.owned_state_row(&map, 2), Some(1));
+        assert_eq!(desc.owned_state_row(&map, 3), None);
+        assert_eq!(
+            desc.request_rows(2, Some(&map)),
+            Some(RequestRows { batch: 2, state: 1 })
+        );
+        assert_eq!(desc.request_rows(5, Some(&map)), None);
+    }
+
+    #[test]
+    fn batch_row_order_equals_state_row_order_over_permuted_tables() {
+        // Four batch rows over six state rows; the same workload in state-row order: req_id
+        // names state rows, host and hot tables permuted to state rows.
+        let map = [4, 1, 5, 0];
+        let mut batch = BatchWorld::new(4, 6);
+        let mut state = World::new(6, 2, 4);
+        state.desc.host_num_blocks = batch.desc.host_num_blocks;
+        for (b, &s) in map.iter().enumerate() {
+            let s = s as usize;
+            state.host[4 * s..4 * s + 4].copy_from_slice(&batch.host[4 * b..4 * b + 4]);
+            state.hot[s] = batch.hot[b];
+            batch.resident[4 * s + 1] = 20 + s as i32;
+            state.resident[4 * s + 1] = 20 + s as i32;
+        }
+        let steps: [(&[i32], &[i32]); 4] = [
+            (&[0, 1, 2, 3], &[0, 1, 2, 3, 4, 5, 6, 7]),
+            (&[2, 2, 0, -1], &[5, 9, 9, 10, 0, 14, 3, 3]),
+            (&[3, 1, 3], &[7, 0, 7, 12, 13, 1]),
+            (&[], &[]),
+        ];
+        for (req, topk) in steps {
+            let o = batch.call(Some(&map), req, topk).unwrap();
+            let mapped: Vec<i32> = req
+                .iter()
+                .map(|&b| usize::try_from(b).map_or(-1, |b| map[b]))
+                .collect();
+            assert_eq!(o, state.step(&mapped, topk), "req {req:?}");
+            assert_eq!((&batch.dgi, &batch.lru), (&state.dgi, &state.lru));
+        }
+    }
+
+    #[test]
+    fn batch_row_order_is_checked_before_any_write() {
+        let mut w = BatchWorld::new(2, 3);
+        let before = (w.dgi.clone(), w.lru.clone());
+        let err = w.call(None, &[0], &[0, 1]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OpError::BufferTooSmall {
+                    buffer: "idx_mapping",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = w.call(Some(&[0]), &[0], &[0, 1]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OpError::BufferTooSmall {
+                    buffer: "idx_mapping",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Resident table, dgi and LRU are sized by the state rows.
+        w.resident.truncate(8);
+        let err = w.call(Some(&[0, 1]), &[0], &[0, 1]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OpError::BufferTooSmall {
+                    buffer: "resident_table",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!((w.dgi.clone(), w.lru.clone()), before);
+        // A mapping without the declared order, and an empty state-row count, are refused.
+        let mut s = World::new(1, 2, 4);
+        s.desc.num_tokens = 1;
+        let (mut dgi, mut lru) = (s.dgi.clone(), s.lru.clone());
+        let err = resolve(
+            &s.desc,
+            ResolveSlices {
+                req_id: &[0],
+                topk: &[0, 1],
+                resident_table: &s.resident,
+                host_table: &s.host,
+                hot_table: &s.hot,
+                dgi: &mut dgi,
+                lru: &mut lru,
+                indices: &mut [7; 2],
+                valid_counts: &mut [7],
+                hit_counts: &mut [7],
+                miss_counts: &mut [7],
+                miss_src: &mut [7; 2],
+                miss_dst: &mut [7; 2],
+                idx_mapping: Some(&[0]),
+            },
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OpError::Mismatch {
+                    field: "idx_mapping (given)",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let zero = ResolveDesc {
+            num_state_rows: Some(0),
+            ..s.desc
+        };
+        assert!(matches!(
+            zero.validate(),
+            Err(OpError::OutOfRange {
+                field: "num_state_rows",
                 ..
             })
         ));

@@ -118,6 +118,7 @@ mod tests {
                 hot_slots: 4,
                 attention_block_stride: 8,
                 host_num_blocks: 3,
+                num_state_rows: None,
             };
             let page = 4 * ROW as u64;
             let layer = |l: u64| LayerPair {
@@ -165,6 +166,7 @@ mod tests {
                     miss_counts: &mut misses,
                     miss_src: &mut src,
                     miss_dst: &mut dst,
+                    idx_mapping: None,
                 },
                 &self.layers[..layers],
                 &self.host,

@@ -417,6 +417,7 @@ where
         miss_counts: a.miss_counts.pick_mut(b)?,
         miss_src: a.miss_src.pick_mut(b)?,
         miss_dst: a.miss_dst.pick_mut(b)?,
+        idx_mapping: a.idx_mapping.map(|m| m.pick(b)).transpose()?,
     })
 }
 

@@ -453,6 +453,7 @@ impl Device for LagDevice {
                 miss_counts: &mut misses,
                 miss_src: &mut msrc,
                 miss_dst: &mut mdst,
+                idx_mapping: None,
             },
         )
     }
