@@ -599,7 +599,7 @@ impl Coordinator {
             .min(r.resident.state.len() as u32);
         for p in r.source.ready_prefix..sealed {
             let i = p as usize;
-            let (state, xfer) = (r.resident.state[i], r.resident.xfer[i]);
+            let (state, xfer) = self.resident.page_state(&r.resident, p);
             if state == PageState::Dirty || xfer > issued {
                 continue;
             }

@@ -21,7 +21,6 @@
 //! first token of the request's last step is refused ([`CoordError::RollbackTooFar`]), with
 //! nothing changed.
 
-use super::managers::PageState;
 use super::request::Status;
 use super::{CoordError, Coordinator, RequestId};
 use crate::pool::BlockPool;
@@ -64,9 +63,7 @@ impl Coordinator {
             // from host from the start), but a hit page staged on the GPU and then unpinned
             // would fall back to host inside the tail: a rollback stops before it.
             let blocked = (limit_of(c)..r.pages).any(|p| {
-                let state = r.resident.state[p as usize];
-                state == PageState::PendingRelease
-                    || state == PageState::Unpinned
+                self.resident.is_leaving(&r.resident, p)
                     || (p >= r.hit_pages && self.resident.is_released(&r.resident, p))
             });
             if !blocked {
@@ -93,11 +90,7 @@ impl Coordinator {
         r.num_computed -= computed_back;
         let sealed = r.num_computed / bt;
         for p in sealed..old_sealed {
-            let i = p as usize;
-            if matches!(r.resident.state[i], PageState::Pending | PageState::Clean) {
-                r.resident.state[i] = PageState::Dirty;
-                r.resident.xfer[i] = 0;
-            }
+            self.resident.unseal(&mut r.resident, p);
         }
         // Prefix hashes of pages no longer full.
         if sealed < old_sealed {

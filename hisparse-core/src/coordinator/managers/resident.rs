@@ -551,6 +551,32 @@ impl ResidentManager {
         true
     }
 
+    /// Page `p`'s state and the transfer that last wrote its host copy (0: none).
+    #[inline]
+    pub(in crate::coordinator) fn page_state(&self, t: &ResidentTable, p: u32) -> (PageState, u64) {
+        (t.state[p as usize], t.xfer[p as usize])
+    }
+
+    /// Whether page `p` is on its way off the GPU: marked for release after its transfer, or
+    /// unpinned (its block free, its bytes readable until the block is reused).
+    #[inline]
+    pub(in crate::coordinator) fn is_leaving(&self, t: &ResidentTable, p: u32) -> bool {
+        matches!(
+            t.state[p as usize],
+            PageState::PendingRelease | PageState::Unpinned
+        )
+    }
+
+    /// A rollback took tokens out of page `p`: a sealed (pending or clean) page is dirty again
+    /// and its host copy no longer counts. Other states are left as they are.
+    #[inline]
+    pub(in crate::coordinator) fn unseal(&self, t: &mut ResidentTable, p: u32) {
+        if matches!(t.state[p as usize], PageState::Pending | PageState::Clean) {
+            t.state[p as usize] = PageState::Dirty;
+            t.xfer[p as usize] = 0;
+        }
+    }
+
     /// Page `p` gets a whole-page spill under transfer `xfer`: it goes pending.
     #[inline]
     pub(in crate::coordinator) fn spill(&self, t: &mut ResidentTable, p: u32, xfer: u64) {
