@@ -41,6 +41,6 @@ fn embedded_spirv_passes_spirv_val() {
         checked += 1;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    // 12 single shaders plus 4 window variants each of the three gathers and the two copies.
-    assert_eq!(checked, 32, "every shader is checked");
+    // 13 single shaders plus 4 window variants each of the three gathers and the two copies.
+    assert_eq!(checked, 33, "every shader is checked");
 }
