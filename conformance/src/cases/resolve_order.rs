@@ -108,6 +108,20 @@ fn shapes() -> Vec<(&'static str, Shape)> {
             },
         ),
         (
+            // At least 64 token rows: the row count from which the CUDA and ROCm devices' swap-in
+            // is their one fused launch.
+            "decode-batch-80",
+            Shape {
+                batch_rows: 80,
+                state_rows: 120,
+                duplicates: 3,
+                out_of_range: 3,
+                padding_rows: 2,
+                steps: 4,
+                ..BASE
+            },
+        ),
+        (
             "speculative-padding",
             Shape {
                 batch_rows: 5,
