@@ -275,7 +275,8 @@ impl DevMem {
         self.len
     }
 
-    /// Copies `src` to byte `offset`, after all work of the context. Synchronous.
+    /// Copies `src` to byte `offset`, after all work of the context. Synchronous: the bytes are
+    /// in device memory when it returns.
     pub(crate) fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         assert!(offset.checked_add(src.len()).is_some_and(|e| e <= self.len));
         if src.is_empty() {
@@ -283,10 +284,18 @@ impl DevMem {
         }
         self.ctx.synchronize()?;
         // SAFETY: the destination range lies inside this allocation (asserted above) and `src`
-        // is a live slice of `src.len()` bytes; the call returns after the copy.
+        // is a live slice of `src.len()` bytes, which the driver has read when the call returns.
         check("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len())
-        })
+        })?;
+        // From pageable memory the call returns once `src` sits in the driver's staging buffer;
+        // the DMA into device memory may still be running on the legacy stream, which this
+        // backend's non-blocking streams do not wait for. Without this a kernel enqueued next
+        // could read the old bytes, or a later stream copy into the range be overwritten by
+        // the late DMA (the likely cause of an intermittent H200 conformance failure: a case's
+        // resolve found -1 entries as if its top-k were partly the sentinel fill uploaded just
+        // before the top-k's stream copy).
+        self.ctx.synchronize()
     }
 
     /// Copies `dst.len()` bytes from byte `offset` into `dst`, after all work. Synchronous.
