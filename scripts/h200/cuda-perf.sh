@@ -19,8 +19,8 @@
 #   4. the resolve cases with the resolver's global-state mode forced (bench-variants build,
 #      HISPARSE_CUDA_RESOLVE_GLOBAL=1);
 #   5. compute-sanitizer memcheck over the decode-path cases (remap, resolve, gather, pipeline,
-#      tables) and the fused launch; racecheck over remap, gather and every resolve scenario, one
-#      process per scenario, the 32768-slot one last with whatever time is left.
+#      tables) and the fused launch; racecheck over remap, every gather case and every resolve scenario, one
+#      process per case or scenario, the 32768-slot one last with whatever time is left.
 #
 # The whole script runs inside a 345 s budget (HISPARSE_H200_BUDGET overrides it; each section's
 # limit shrinks to what is left; a section with no time left is reported SKIPPED and listed as
@@ -148,7 +148,18 @@ if [ -n "$sanitizer" ]; then
     section memcheck-fused 40 "$sanitizer" --tool memcheck --leak-check no "${common[@]}" \
         "$bin/cuda-fused"
     section racecheck-remap 15 "${race[@]}" "$bin/cuda-conformance" remap/
-    section racecheck-gather 15 "${race[@]}" "$bin/cuda-conformance" gather/
+    # The gather cases one process each (all of them in one process outlast any share of the
+    # budget under racecheck).
+    mapfile -t gathers < <("$bin/cuda-conformance" --list 2>/dev/null | sed -n 's/: test$//p' \
+        | grep '^gather/')
+    if [ "${#gathers[@]}" -eq 0 ]; then
+        echo "no gather cases listed by $bin/cuda-conformance --list" | tee "$out/racecheck-gather.log"
+        results+=("{\"section\":\"racecheck-gather\",\"status\":\"NOT RUN\"}")
+        overall=1
+    fi
+    for g in "${gathers[@]}"; do
+        section "racecheck-${g//\//-}" 20 "${race[@]}" "$bin/cuda-conformance" "$g"
+    done
     # The resolver is shared-memory heavy and slow under racecheck: one process per scenario,
     # the 32768-slot scenario (the largest state) last, with the time that is left.
     mapfile -t groups < <("$bin/cuda-conformance" --list 2>/dev/null | sed -n 's/: test$//p' \
