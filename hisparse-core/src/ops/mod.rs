@@ -97,6 +97,39 @@ pub(crate) fn need(
     Ok(())
 }
 
+/// Checks an optional buffer against its descriptor's declaration of it (one rule for every op
+/// with an optional input). Declared (`entries` is `Some`) and given (`actual` is `Some`): it
+/// must hold `entries * elem_bytes` bytes. Declared but not given: too small (0 bytes). Given
+/// but not declared: a [`OpError::Mismatch`] of `given_field` against `declared_field`, so the
+/// caller learns which declaration to add. Neither: nothing to check.
+pub(crate) fn need_declared(
+    op: OpName,
+    buffer: &'static str,
+    actual: Option<u64>,
+    entries: Option<u64>,
+    elem_bytes: u64,
+    given_field: &'static str,
+    declared_field: &'static str,
+) -> Result<(), OpError> {
+    match (entries, actual) {
+        (Some(n), Some(len)) => need(op, buffer, len, n, elem_bytes),
+        (None, None) => Ok(()),
+        (Some(n), None) => Err(OpError::BufferTooSmall {
+            op,
+            buffer,
+            needed: mul(op, buffer, n, elem_bytes)?,
+            actual: 0,
+        }),
+        (None, Some(_)) => Err(OpError::Mismatch {
+            op,
+            field: given_field,
+            value: 1,
+            expected_field: declared_field,
+            expected: 0,
+        }),
+    }
+}
+
 /// Checks `value` is positive.
 pub(crate) fn nonzero(op: OpName, field: &'static str, value: u64) -> Result<(), OpError> {
     if value == 0 {

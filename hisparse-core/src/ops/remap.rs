@@ -29,7 +29,7 @@
 //!
 //! Counts and compaction apply to both modes as to the plain remap.
 
-use super::{BufferLen, I32_BYTES, in_range, mul, need, nonzero, physical_row};
+use super::{BufferLen, I32_BYTES, in_range, mul, need, need_declared, nonzero, physical_row};
 use crate::error::{OpError, OpName};
 
 const OP: OpName = OpName::Remap;
@@ -116,27 +116,15 @@ impl RemapDesc {
         )?;
         need(OP, "topk", args.topk.byte_len(), tk, I32_BYTES)?;
         need(OP, "out", args.out.byte_len(), tk, I32_BYTES)?;
-        match (self.idx_mapping_len, &args.idx_mapping) {
-            (Some(n), Some(m)) => need(OP, "idx_mapping", m.byte_len(), n.into(), I32_BYTES)?,
-            (None, None) => {}
-            (Some(_), None) => {
-                return Err(OpError::BufferTooSmall {
-                    op: OP,
-                    buffer: "idx_mapping",
-                    needed: u64::from(self.idx_mapping_len.unwrap_or(0)) * I32_BYTES,
-                    actual: 0,
-                });
-            }
-            (None, Some(_)) => {
-                return Err(OpError::Mismatch {
-                    op: OP,
-                    field: "idx_mapping (given)",
-                    value: 1,
-                    expected_field: "idx_mapping_len (declared)",
-                    expected: 0,
-                });
-            }
-        }
+        need_declared(
+            OP,
+            "idx_mapping",
+            args.idx_mapping.map(|m| m.byte_len()),
+            self.idx_mapping_len.map(u64::from),
+            I32_BYTES,
+            "idx_mapping (given)",
+            "idx_mapping_len (declared)",
+        )?;
         match (self.write_counts, &args.counts) {
             (true, Some(c)) => need(OP, "counts", c.byte_len(), t, I32_BYTES)?,
             (false, None) => {}

@@ -90,7 +90,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::{
-    BufferLen, I32_BYTES, MAX_HOT_SLOTS, U16_BYTES, in_range, mul, need, nonzero, physical_row,
+    BufferLen, I32_BYTES, MAX_HOT_SLOTS, U16_BYTES, in_range, mul, need, need_declared, nonzero,
+    physical_row,
 };
 use crate::error::{OpError, OpName};
 
@@ -254,27 +255,15 @@ impl ResolveDesc {
         let pages = mul(OP, "host_table", r, self.max_pages.into())?;
         let slots = mul(OP, "dgi", state, self.hot_slots.into())?;
         let hot = mul(OP, "hot_table", r, self.hot_table_width().into())?;
-        match (self.num_state_rows, a.idx_mapping) {
-            (Some(_), Some(m)) => need(OP, "idx_mapping", m, r, I32_BYTES)?,
-            (None, None) => {}
-            (Some(_), None) => {
-                return Err(OpError::BufferTooSmall {
-                    op: OP,
-                    buffer: "idx_mapping",
-                    needed: r * I32_BYTES,
-                    actual: 0,
-                });
-            }
-            (None, Some(_)) => {
-                return Err(OpError::Mismatch {
-                    op: OP,
-                    field: "idx_mapping (given)",
-                    value: 1,
-                    expected_field: "num_state_rows (declared)",
-                    expected: 0,
-                });
-            }
-        }
+        need_declared(
+            OP,
+            "idx_mapping",
+            a.idx_mapping,
+            self.num_state_rows.map(|_| r),
+            I32_BYTES,
+            "idx_mapping (given)",
+            "num_state_rows (declared)",
+        )?;
         need(OP, "req_id", a.req_id, t, I32_BYTES)?;
         need(OP, "topk", a.topk, tk, I32_BYTES)?;
         need(OP, "resident_table", a.resident_table, resident, I32_BYTES)?;
@@ -682,6 +671,24 @@ mod tests {
 
     impl World {
         fn new(requests: u32, top_k: u32, hot_slots: u32) -> Self {
+            Self::with_state_rows(requests, None, top_k, hot_slots)
+        }
+
+        /// The tables of a batch-row-order call: `state_rows` state rows (resident, dgi, LRU)
+        /// and `batch_rows` batch rows (host, hot), 2 top-k entries and 4 hot slots (one GPU
+        /// block per hot-table row: batch row b's slot s is physical row 40 + 4b + s).
+        fn batch(batch_rows: u32, state_rows: u32) -> Self {
+            Self::with_state_rows(batch_rows, Some(state_rows), 2, 4)
+        }
+
+        /// `requests` rows of host and hot tables; `state_rows` of resident, dgi and LRU when
+        /// given (batch-row order), else `requests` of them too (state-row order).
+        fn with_state_rows(
+            requests: u32,
+            state_rows: Option<u32>,
+            top_k: u32,
+            hot_slots: u32,
+        ) -> Self {
             let desc = ResolveDesc {
                 num_tokens: 0,
                 top_k,
@@ -691,17 +698,18 @@ mod tests {
                 hot_slots,
                 attention_block_stride: 4,
                 host_num_blocks: 4 * requests,
-                num_state_rows: None,
+                num_state_rows: state_rows,
             };
             let w = desc.hot_table_width() as i32;
             let n = hot_slots as usize;
+            let state = state_rows.unwrap_or(requests) as usize;
             World {
                 desc,
-                resident: vec![0; 4 * requests as usize],
+                resident: vec![0; 4 * state],
                 host: (0..4 * requests as i32).collect(),
                 hot: (0..requests as i32 * w).map(|i| 10 + i).collect(),
-                dgi: vec![-1; requests as usize * n],
-                lru: (0..requests as usize * n).map(|i| (i % n) as u16).collect(),
+                dgi: vec![-1; state * n],
+                lru: (0..state * n).map(|i| (i % n) as u16).collect(),
             }
         }
 
@@ -716,6 +724,16 @@ mod tests {
         }
 
         fn step(&mut self, req_id: &[i32], topk: &[i32]) -> Out {
+            self.call(None, req_id, topk).unwrap()
+        }
+
+        /// One resolve call, in batch-row order when `map` (the `idx_mapping`) is given.
+        fn call(
+            &mut self,
+            map: Option<&[i32]>,
+            req_id: &[i32],
+            topk: &[i32],
+        ) -> Result<Out, OpError> {
             let t = req_id.len();
             let tk = topk.len();
             let desc = ResolveDesc {
@@ -746,11 +764,10 @@ mod tests {
                     miss_counts: &mut o.misses,
                     miss_src: &mut o.src,
                     miss_dst: &mut o.dst,
-                    idx_mapping: None,
+                    idx_mapping: map,
                 },
-            )
-            .unwrap();
-            o
+            )?;
+            Ok(o)
         }
     }
 
@@ -1036,99 +1053,10 @@ mod tests {
         ));
     }
 
-    /// Tables of a batch-row-order call: `S` state rows (resident, dgi, LRU) and `R` batch
-    /// rows (host, hot), in the shapes of [`World`] (block size 4, 4 pages, 4 hot slots in one
-    /// GPU block per hot-table row).
-    struct BatchWorld {
-        desc: ResolveDesc,
-        resident: Vec<i32>,
-        host: Vec<i32>,
-        hot: Vec<i32>,
-        dgi: Vec<i32>,
-        lru: Vec<u16>,
-    }
-
-    impl BatchWorld {
-        fn new(batch_rows: u32, state_rows: u32) -> Self {
-            let desc = ResolveDesc {
-                num_tokens: 0,
-                top_k: 2,
-                num_requests: batch_rows,
-                max_pages: 4,
-                block_size: 4,
-                hot_slots: 4,
-                attention_block_stride: 4,
-                host_num_blocks: 4 * batch_rows,
-                num_state_rows: Some(state_rows),
-            };
-            BatchWorld {
-                desc,
-                resident: vec![0; 4 * state_rows as usize],
-                // Batch row b's page p: host block 4b + p (token tok → host row 16b + tok).
-                host: (0..4 * batch_rows as i32).collect(),
-                // Batch row b's hot region: GPU block 10 + b (slot s → row 40 + 4b + s).
-                hot: (0..batch_rows as i32).map(|b| 10 + b).collect(),
-                dgi: vec![-1; 4 * state_rows as usize],
-                lru: (0..4 * state_rows as usize)
-                    .map(|i| (i % 4) as u16)
-                    .collect(),
-            }
-        }
-
-        fn call(
-            &mut self,
-            map: Option<&[i32]>,
-            req_id: &[i32],
-            topk: &[i32],
-        ) -> Result<Out, OpError> {
-            let t = req_id.len();
-            let desc = ResolveDesc {
-                num_tokens: t as u32,
-                ..self.desc
-            };
-            let mut o = Out {
-                indices: vec![7; 2 * t],
-                valid: vec![7; t],
-                hits: vec![7; t],
-                misses: vec![7; t],
-                src: vec![7; 2 * t],
-                dst: vec![7; 2 * t],
-            };
-            resolve(
-                &desc,
-                ResolveSlices {
-                    req_id,
-                    topk,
-                    resident_table: &self.resident,
-                    host_table: &self.host,
-                    hot_table: &self.hot,
-                    dgi: &mut self.dgi,
-                    lru: &mut self.lru,
-                    indices: &mut o.indices,
-                    valid_counts: &mut o.valid,
-                    hit_counts: &mut o.hits,
-                    miss_counts: &mut o.misses,
-                    miss_src: &mut o.src,
-                    miss_dst: &mut o.dst,
-                    idx_mapping: map,
-                },
-            )?;
-            Ok(o)
-        }
-
-        fn dgi(&self, s: usize) -> &[i32] {
-            &self.dgi[4 * s..4 * s + 4]
-        }
-
-        fn lru(&self, s: usize) -> &[u16] {
-            &self.lru[4 * s..4 * s + 4]
-        }
-    }
-
     #[test]
     fn batch_row_order_reads_host_and_hot_by_batch_row_and_state_by_state_row() {
         // Batch rows 0, 1 own state rows 2, 0; state row 1 is untouched.
-        let mut w = BatchWorld::new(2, 3);
+        let mut w = World::batch(2, 3);
         let map = [2, 0];
         // State row 0 (batch row 1) has page 0 resident on GPU block 7.
         w.resident[0] = 7;
@@ -1161,7 +1089,7 @@ mod tests {
 
     #[test]
     fn unowned_duplicate_negative_and_out_of_range_state_rows_are_padding() {
-        let mut w = BatchWorld::new(5, 3);
+        let mut w = World::batch(5, 3);
         w.dgi[0] = 9;
         let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
         // Batch row 0 → -1, 1 → 3 (≥ S), 2 → 1, 3 → 1 (owned by 2: padding), 4 → i32::MIN.
@@ -1199,7 +1127,7 @@ mod tests {
         // Four batch rows over six state rows; the same workload in state-row order: req_id
         // names state rows, host and hot tables permuted to state rows.
         let map = [4, 1, 5, 0];
-        let mut batch = BatchWorld::new(4, 6);
+        let mut batch = World::batch(4, 6);
         let mut state = World::new(6, 2, 4);
         state.desc.host_num_blocks = batch.desc.host_num_blocks;
         for (b, &s) in map.iter().enumerate() {
@@ -1228,7 +1156,7 @@ mod tests {
 
     #[test]
     fn batch_row_order_is_checked_before_any_write() {
-        let mut w = BatchWorld::new(2, 3);
+        let mut w = World::batch(2, 3);
         let before = (w.dgi.clone(), w.lru.clone());
         let err = w.call(None, &[0], &[0, 1]).unwrap_err();
         assert!(
