@@ -718,9 +718,9 @@ HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, 
 // Dynamic shared memory layout of hs_resolve (byte offsets; every part 16-byte aligned).
 HS_DEVICE u32 hs_align16(u32 x) { return (x + 15u) & ~15u; }
 
-// Hot-table entries of the resolving request staged in shared memory by the round-2 resolver
-// (bench variant hs_resolve_v3: the first part of the dynamic shared memory, 4 *
-// HS_RESOLVE_HOT_STAGE bytes, which the planner reserves for every resolver launch); a request
+// Hot-table entries of the resolving request staged in shared memory by hs_resolve_body (and by
+// bench variant hs_resolve_v3): the first part of the dynamic shared memory, 4 *
+// HS_RESOLVE_HOT_STAGE bytes, which the planner reserves for every resolver launch; a request
 // with more hot blocks reads them from global memory.
 #define HS_RESOLVE_HOT_STAGE 1024
 
@@ -743,6 +743,51 @@ HS_DEVICE void hs_workspace_release(u32* counter) {
 }
 
 
+// hs_hot_row with the request's hot-table row staged in shared memory (`s_hot`), or read from
+// global memory when `s_hot` is null.
+HS_DEVICE i32 hs_hot_row_staged(const hs_resolve_desc& d, const i32* s_hot, const i32* hot_table,
+                                u32 r, u32 slot) {
+    if (s_hot == 0) return hs_hot_row(d, hot_table, r, slot);
+    u32 col, off;
+    if (d.shift < 32) {
+        col = slot >> d.shift;
+        off = slot & (d.block_size - 1);
+    } else {
+        col = slot / d.block_size;
+        off = slot % d.block_size;
+    }
+    return hs_physical_row(s_hot[col], d.attention_block_stride, off);
+}
+
+// Two exclusive prefix sums over the block in thread order, with their totals, in ONE barrier.
+// `s` holds 4 * HS_MAX_WARPS words; the first sum uses the half hs_block_scan1 of the same
+// `phase` uses, the second the matching half of s[2 * HS_MAX_WARPS..], so calls of either kind
+// may alternate (phase differing by one between consecutive calls of both).
+HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32& eb, u32& ta,
+                                  u32& tb) {
+    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
+    u32* ha = s + (phase & 1u) * HS_MAX_WARPS;
+    u32* hb = s + 2u * HS_MAX_WARPS + (phase & 1u) * HS_MAX_WARPS;
+    const u32 ia = hs_warp_inclusive(a), ib = hs_warp_inclusive(b);
+    if (lane == HS_WARP - 1) {
+        ha[warp] = ia;
+        hb[warp] = ib;
+    }
+    HS_SYNC();
+    u32 ba = 0, bb = 0, sa = 0, sb = 0;
+    for (u32 w = 0; w < nw; ++w) {
+        const u32 x = ha[w], y = hb[w];
+        ba += w < warp ? x : 0u;
+        bb += w < warp ? y : 0u;
+        sa += x;
+        sb += y;
+    }
+    ta = sa;
+    tb = sb;
+    ea = ba + ia - a;
+    eb = bb + ib - b;
+}
+
 // The body of hs_resolve (the design measured fastest on the H200; it was bench variant v2):
 // every entry classified in one pass of batched loads (a one-row request's class, value and hash
 // slot kept in registers), hits found in LRU order, the table cleared at its full shared capacity,
@@ -751,6 +796,17 @@ HS_DEVICE void hs_workspace_release(u32* counter) {
 // block resolved (0 when it resolved none: a padding row, or a later row of a request), after a
 // barrier that follows every write of the miss plan and its counts, so that the block may read
 // them back (the fused gather).
+//
+// Global round trips: the block's time is its chain of dependent steps, so every load that does
+// not depend on the top-k is issued beside it. Round trip 1: req_id[t] and the first pass of row
+// t's top-k (row t is the first row of the request whenever this block resolves one). Round trip
+// 2, issued before the request's rows are counted: the page-table entries of those top-k entries,
+// the request's LRU row (when the hot buffer fits one pass) and its hot-table row (staged in the
+// first 4 * HS_RESOLVE_HOT_STAGE bytes of the dynamic shared memory when it has at most
+// HS_RESOLVE_HOT_STAGE entries; otherwise read from global memory where needed); the shared
+// table is cleared meanwhile. Round trip 3: the dgi entry of each LRU position's slot (a load that
+// waits on the LRU load only), issued before the classification. Steps 4-8 then read global
+// memory only in the general case (several rows, or a top-k or hot buffer beyond one pass).
 //
 // Batch-row order (hisparse_core's resolve module, "Table row order"): with `idx_mapping`
 // non-null, `req_id` holds batch rows (< num_requests) of host_table and hot_table, and the state
@@ -768,8 +824,8 @@ HS_DEVICE u32 hs_resolve_body(
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
     const i32* __restrict__ idx_mapping, u32 num_state_rows, u32 t) {
     HS_DYN_SHARED(hs_smem);
-    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
-    HS_SHARED u32 s_flag, s_rows, s_any_host, s_corrupt, s_table_off;
+    HS_SHARED u32 s_scan[4 * HS_MAX_WARPS];
+    HS_SHARED u32 s_flag, s_any_host, s_corrupt, s_table_off;
     // The caller has waited for its grid dependency (HS_GRID_DEP_WAIT) before calling this.
 
     hs_resolve_desc d;
@@ -791,6 +847,12 @@ HS_DEVICE u32 hs_resolve_body(
     if (t >= num_tokens) return 0;
     const u32 K = top_k, N = hot_slots;
     const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
+    // Row t's entries in one pass (the decode case): its first pass is loaded up front.
+    const bool pre_k = K <= span_k;
+    // The hot buffer in one pass: its LRU row and dgi entries are loaded up front, and each LRU
+    // position's hash slot kept in registers.
+    const bool cached_n = N <= span_n;
+
     const i32 req = HS_LDG(req_id + t);
 
     // Step 1: padding rows (in batch-row order also a batch row that owns no state row).
@@ -825,34 +887,83 @@ HS_DEVICE u32 hs_resolve_body(
         return 0;
     }
     const u32 r = (u32)req;
+    const u64 sbase = (u64)sr * N;
 
-    // Only the first row of a request resolves it; count the request's rows.
-    if (HS_TID == 0) {
-        s_flag = 0;
-        s_rows = 0;
-        s_any_host = 0;
-        s_corrupt = 0;
+    // Round trip 2 (nothing here waits for the rows' count): row t's top-k (row t is the first
+    // row of the request whenever this block resolves one), the LRU row (two positions per
+    // register) and (below) the hot-table row.
+    i32 p_tok[HS_RESOLVE_IK];
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
+        const u32 j = HS_TID * HS_RESOLVE_IK + q;
+        p_tok[q] = pre_k && j < K ? HS_LDG(topk + (u64)t * K + j) : -1;
     }
-    HS_SYNC();
-    for (u32 t2 = HS_TID; t2 < t; t2 += HS_NTHREADS)
-        if (HS_LDG(req_id + t2) == req) atomicOr(&s_flag, 1u);
-    for (u32 t2 = t + HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
-        if (HS_LDG(req_id + t2) == req) atomicAdd(&s_rows, 1u);
-    HS_SYNC();
-    if (s_flag) return 0;
-    const u32 rows = s_rows;
-    const u32 entries = rows * K;
-    // One row in one pass: keep each entry's class, value and hash slot in registers.
-    const bool cached = rows == 1 && K <= span_k;
-    // The hot buffer in one pass: keep each LRU position's hash slot in registers.
-    const bool cached_n = N <= span_n;
+    u32 p_lru[HS_RESOLVE_IN / 2];
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IN; q += 2) {
+        const u32 p = HS_TID * HS_RESOLVE_IN + q;
+        const u32 lo = cached_n && p < N ? (u32)lru[sbase + p] : 0u;
+        const u32 hi = cached_n && p + 1 < N ? (u32)lru[sbase + p + 1] : 0u;
+        p_lru[q / 2] = lo | (hi << 16);
+    }
 
-    // Per-request state: lru copy (u16[N]), partition (u16[N]), bitmap (u32[N/32]), each part
-    // 16-byte aligned, in shared memory followed by the shared table, or (global-state mode) in
-    // the workspace with the table alone in shared memory.
+    // Only the first row of a request resolves it; count the request's rows (one block sum of
+    // the earlier rows naming the request and of the rows from t on).
+    u32 n_before = 0, n_rows = 0;
+    for (u32 t2 = HS_TID; t2 < t; t2 += HS_NTHREADS)
+        if (HS_LDG(req_id + t2) == req) ++n_before;
+    for (u32 t2 = t + HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
+        if (HS_LDG(req_id + t2) == req) ++n_rows;
+
+    // Shared memory: the hot stage, then (in shared-state mode) the per-request state: lru copy
+    // (u16[N]), partition (u16[N]), bitmap (u32[N/32]), each part 16-byte aligned, then the
+    // shared table; in global-state mode the state lives in the workspace and the shared table
+    // follows the hot stage.
     const bool global_state = (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u;
     const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
     const u32 state_bytes = 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32));
+    unsigned char* smem = hs_smem + 4u * HS_RESOLVE_HOT_STAGE;
+    hs_wanted* s_table = (hs_wanted*)(global_state ? smem : smem + state_bytes);
+    i32* s_hot = d.hot_cols <= HS_RESOLVE_HOT_STAGE ? (i32*)hs_smem : (i32*)0;
+    if (s_hot != 0)
+        for (u32 i = HS_TID; i < d.hot_cols; i += HS_NTHREADS)
+            s_hot[i] = HS_LDG(hot_table + (u64)r * d.hot_cols + i);
+    // The shared table at its full capacity (the capacity a request takes when its table fits
+    // shared memory), and the bitmap of shared-state mode, cleared while the loads are in flight.
+    for (u32 i = HS_TID; i < smem_cap; i += HS_NTHREADS) {
+        s_table[i].key = HS_EMPTY_KEY;
+        s_table[i].first_entry = HS_NONE;
+        s_table[i].first_lru = HS_NONE;
+        s_table[i].slot = HS_NONE;
+    }
+    if (!global_state) {
+        u32* bits = (u32*)(smem + 2 * hs_align16(2 * N));
+        for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) bits[i] = 0;
+    }
+    if (HS_TID == 0) {
+        s_any_host = 0;
+        s_corrupt = 0;
+    }
+    u32 phase = 0; // hs_block_scan1 / hs_block_scan_pair calls so far (uniform)
+    u32 before_total, rows;
+    {
+        u32 ea, eb;
+        hs_block_scan_pair(n_before, n_rows, s_scan, phase++, ea, eb, before_total, rows);
+    }
+    if (before_total != 0) return 0;
+    const u32 entries = rows * K;
+    // One row in one pass: keep each entry's class, value and hash slot in registers.
+    const bool cached = rows == 1 && pre_k;
+
+    // Round trip 3: the dgi entry of each LRU position's slot (a slot beyond the buffer, in a
+    // corrupt LRU, reads nothing: the reset below replaces the row).
+    i32 p_dgi[HS_RESOLVE_IN];
+#pragma unroll
+    for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
+        const u32 p = HS_TID * HS_RESOLVE_IN + q;
+        const u32 s = (p_lru[q / 2] >> (16u * (q & 1u))) & 0xffffu;
+        p_dgi[q] = cached_n && p < N && s < N ? dgi[sbase + s] : -1;
+    }
 
     u32 cap = 16;
     while (cap < 2 * entries) cap <<= 1;
@@ -865,11 +976,11 @@ HS_DEVICE u32 hs_resolve_body(
             s_table_off = atomicAdd(workspace_counter, state_bytes / 16u + (table_shared ? 0u : cap));
         HS_SYNC();
         state = (unsigned char*)(workspace + s_table_off);
-        table = table_shared ? (hs_wanted*)hs_smem : workspace + s_table_off + state_bytes / 16u;
+        table = table_shared ? s_table : workspace + s_table_off + state_bytes / 16u;
     } else {
-        state = hs_smem;
+        state = smem;
         if (table_shared) {
-            table = (hs_wanted*)(hs_smem + state_bytes);
+            table = s_table;
         } else {
             if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap);
             HS_SYNC();
@@ -880,52 +991,56 @@ HS_DEVICE u32 hs_resolve_body(
     u16* s_part = (u16*)(state + hs_align16(2 * N));
     u32* s_bits = (u32*)(state + 2 * hs_align16(2 * N));
     const u32 mask = cap - 1;
-    for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
-        table[i].key = HS_EMPTY_KEY;
-        table[i].first_entry = HS_NONE;
-        table[i].first_lru = HS_NONE;
-        table[i].slot = HS_NONE;
+    if (!table_shared || global_state) { // uniform: a table or bitmap outside shared memory
+        if (!table_shared) {
+            for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
+                table[i].key = HS_EMPTY_KEY;
+                table[i].first_entry = HS_NONE;
+                table[i].first_lru = HS_NONE;
+                table[i].slot = HS_NONE;
+            }
+        }
+        if (global_state)
+            for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
+        HS_SYNC();
     }
-    for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
-    HS_SYNC();
 
-    u32 phase = 0; // hs_block_scan1 calls so far (uniform)
-    // The registers of the cached case: class, value and hash slot of this thread's entries.
-    u32 c_kind[HS_RESOLVE_IK];
+    // The registers of the cached case: value and hash slot of this thread's entries (the class
+    // follows: a hash slot for a host row, else resident when the value is a row, else invalid).
     i32 c_val[HS_RESOLVE_IK];
     u32 c_h[HS_RESOLVE_IK];
 #pragma unroll
     for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
-        c_kind[q] = 0;
         c_val[q] = -1;
         c_h[q] = HS_NONE;
     }
 
     // Steps 2-3: classify every entry, insert host rows with their first appearance; reset the
-    // plan and counts of every row.
+    // plan and counts of every row. Row t's first pass uses the entries loaded up front.
     {
         bool any = false;
         u32 ord = 0;
         for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-            if (HS_LDG(req_id + t2) != req) continue;
+            if (t2 != t && HS_LDG(req_id + t2) != req) continue;
             ++seen;
             const u64 base = (u64)t2 * K;
             for (u32 jb = 0; jb < K; jb += span_k) {
                 const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
+                const bool pre = pre_k && t2 == t; // then jb == 0
                 i32 tok[HS_RESOLVE_IK];
 #pragma unroll
                 for (u32 q = 0; q < HS_RESOLVE_IK; ++q)
-                    tok[q] = j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
+                    tok[q] = pre ? p_tok[q] : (j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1);
 #pragma unroll
                 for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
                     i32 v = -1;
-                    const u32 kind = j0 + q < K ? hs_classify(d, resident_table, host_table, r, sr, tok[q], v) : 0u;
+                    const u32 kind =
+                        j0 + q < K ? hs_classify(d, resident_table, host_table, r, sr, tok[q], v) : 0u;
                     u32 h = HS_NONE;
                     if (kind == 2) {
                         h = hs_insert(table, mask, v, ord * K + j0 + q);
                         any = true;
                     }
-                    c_kind[q] = kind;
                     c_val[q] = v;
                     c_h[q] = h;
                     if (j0 + q < K) {
@@ -949,9 +1064,9 @@ HS_DEVICE u32 hs_resolve_body(
 #define HS_RESOLVE_ENTRY(q, tokv, kind, v, h)                                                    \
     do {                                                                                         \
         if (cached) {                                                                            \
-            kind = c_kind[q];                                                                    \
             v = c_val[q];                                                                        \
             h = c_h[q];                                                                          \
+            kind = h != HS_NONE ? 2u : (v != -1 ? 1u : 0u);                                      \
         } else {                                                                                 \
             v = -1;                                                                              \
             kind = j0 + (q) < K ? hs_classify(d, resident_table, host_table, r, sr, tokv, v) : 0u; \
@@ -959,14 +1074,15 @@ HS_DEVICE u32 hs_resolve_body(
         }                                                                                        \
     } while (0)
 
-    const u64 sbase = (u64)sr * N;
     if (s_any_host) {
         // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the dgi row.
         for (u32 pb = 0; pb < N; pb += span_n) {
             const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
             u32 sv[HS_RESOLVE_IN];
 #pragma unroll
-            for (u32 q = 0; q < HS_RESOLVE_IN; ++q) sv[q] = p0 + q < N ? (u32)lru[sbase + p0 + q] : 0u;
+            for (u32 q = 0; q < HS_RESOLVE_IN; ++q)
+                sv[q] = cached_n ? (p_lru[q / 2] >> (16u * (q & 1u))) & 0xffffu
+                                 : (p0 + q < N ? (u32)lru[sbase + p0 + q] : 0u);
 #pragma unroll
             for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
                 if (p0 + q >= N) continue;
@@ -982,13 +1098,13 @@ HS_DEVICE u32 hs_resolve_body(
         }
         HS_SYNC();
         const bool corrupt = s_corrupt != 0;
-        if (corrupt) {
+        if (corrupt) { // uniform
             for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
                 s_lru[p] = (u16)p;
                 dgi[sbase + p] = -1;
             }
+            HS_SYNC();
         }
-        HS_SYNC();
 
         const i64 host_rows = (i64)host_num_blocks * (i64)block_size;
         // Step 5a: for each wanted g, the first LRU position caching it (only rows in the pool).
@@ -1000,7 +1116,8 @@ HS_DEVICE u32 hs_resolve_body(
                 const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
                 i32 c[HS_RESOLVE_IN];
 #pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q)
+                    c[q] = cached_n ? p_dgi[q] : (p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1);
 #pragma unroll
                 for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
                     u32 h = HS_NONE;
@@ -1063,16 +1180,17 @@ HS_DEVICE u32 hs_resolve_body(
         const u32 V = N - hits_before; // evictable slots
 
         // Steps 6 and 8 (plan): number misses in order of first appearance, give the m-th miss
-        // the m-th evictable slot, count hits and misses by the row of first appearance.
+        // the m-th evictable slot, count hits and misses by the row of first appearance (the
+        // row's hits summed in the scan of its last pass).
         u32 misses = 0;
         {
             u32 ord = 0;
             for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-                if (HS_LDG(req_id + t2) != req) continue;
+                if (t2 != t && HS_LDG(req_id + t2) != req) continue;
                 ++seen;
                 const u64 base = (u64)t2 * K;
                 const u32 row_base = misses;
-                u32 row_hits = 0;
+                u32 row_hits = 0, hits_total = 0;
                 for (u32 jb = 0; jb < K; jb += span_k) {
                     const u32 j0 = jb + HS_TID * HS_RESOLVE_IK;
                     i32 tok[HS_RESOLVE_IK];
@@ -1099,8 +1217,15 @@ HS_DEVICE u32 hs_resolve_body(
                             }
                         }
                     }
-                    u32 total;
-                    u32 m = misses + hs_block_scan1(nm, s_scan, phase++, total);
+                    u32 total, m;
+                    if (jb + span_k >= K) { // the row's last pass (uniform)
+                        u32 ignore;
+                        hs_block_scan_pair(nm, row_hits, s_scan, phase++, m, ignore, total,
+                                           hits_total);
+                    } else {
+                        m = hs_block_scan1(nm, s_scan, phase++, total);
+                    }
+                    m += misses;
 #pragma unroll
                     for (u32 q = 0; q < HS_RESOLVE_IK; ++q) {
                         if (miss_h[q] == HS_NONE) continue;
@@ -1111,14 +1236,12 @@ HS_DEVICE u32 hs_resolve_body(
                             table[miss_h[q]].slot = s;
                             dgi[sbase + s] = src;
                             miss_src[base + (m - row_base)] = src;
-                            miss_dst[base + (m - row_base)] = hs_hot_row(d, hot_table, r, s);
+                            miss_dst[base + (m - row_base)] = hs_hot_row_staged(d, s_hot, hot_table, r, s);
                         }
                         ++m;
                     }
                     misses += total;
                 }
-                u32 hits_total;
-                hs_block_scan1(row_hits, s_scan, phase++, hits_total);
                 if (HS_TID == 0) {
                     hit_counts[t2] = (i32)hits_total;
                     u32 lo = row_base < V ? row_base : V, hi = misses < V ? misses : V;
@@ -1130,6 +1253,7 @@ HS_DEVICE u32 hs_resolve_body(
         HS_SYNC();
 
         // Step 7: new LRU order = unused evictables, miss slots (miss order), hits (old order).
+        // Step 8 reads nothing this writes: no barrier after it.
         const u32 used = misses < V ? misses : V;
         for (u32 i = HS_TID; i < N; i += HS_NTHREADS) {
             u32 s;
@@ -1139,11 +1263,10 @@ HS_DEVICE u32 hs_resolve_body(
             lru[sbase + i] = (u16)s;
         }
     }
-    HS_SYNC();
 
     // Step 8: output indices and valid counts.
     for (u32 t2 = t, seen = 0; t2 < num_tokens && seen < rows; ++t2) {
-        if (HS_LDG(req_id + t2) != req) continue;
+        if (t2 != t && HS_LDG(req_id + t2) != req) continue;
         ++seen;
         const u64 base = (u64)t2 * K;
         u32 valid = 0;
@@ -1164,7 +1287,7 @@ HS_DEVICE u32 hs_resolve_body(
                     out = v;
                 } else if (kind == 2) {
                     const u32 s = table[h].slot;
-                    if (s != HS_NONE) out = hs_hot_row(d, hot_table, r, s);
+                    if (s != HS_NONE) out = hs_hot_row_staged(d, s_hot, hot_table, r, s);
                 }
                 indices[base + j0 + q] = out;
                 valid += out != -1 ? 1u : 0u;
@@ -1177,7 +1300,6 @@ HS_DEVICE u32 hs_resolve_body(
 #undef HS_RESOLVE_ENTRY
     return rows;
 }
-
 
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
