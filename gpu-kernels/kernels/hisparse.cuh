@@ -608,7 +608,7 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap_modes(
 // entries (a power of two, or 0), else in `workspace`: `workspace_counter` bump-allocates
 // per-block tables of `workspace_entries` entries in total (the host sizes it at
 // 4 * num_tokens * top_k entries, which bounds the sum of every block's need). The counter area is
-// zero before the first launch and every launch leaves it zero (hs_workspace_release).
+// zero before the first launch and every launch leaves it zero (hs_workspace_release_after).
 //
 // Global-state mode: when bit 31 of `smem_table_entries` (HS_RESOLVE_GLOBAL_STATE) is set, the
 // per-request state (LRU copy, inverse, partition, bitmaps) does not live in shared memory but in
@@ -730,9 +730,10 @@ HS_DEVICE u32 hs_align16(u32 x) { return (x + 15u) & ~15u; }
 // so the next launch on the stream finds them zero without a memset before every launch. Every
 // block of the grid calls this once, after its last allocation (the allocations are made by
 // thread 0, which is the thread that counts the block as finished).
-HS_DEVICE void hs_workspace_release(u32* counter) {
+HS_DEVICE void hs_workspace_release_after(u32* counter, bool allocated) {
     if (counter == 0 || HS_TID != 0) return;
-    HS_FENCE();
+    if (allocated) HS_FENCE(); // a block that took nothing has no allocation to order
+
     if (atomicAdd(counter + 1, 1u) == HS_NBLOCKS_X - 1) {
         HS_FENCE();
         const u32 used = atomicExch(counter, 0u);
@@ -759,10 +760,45 @@ HS_DEVICE i32 hs_hot_row_staged(const hs_resolve_desc& d, const i32* s_hot, cons
     return hs_physical_row(s_hot[col], d.attention_block_stride, off);
 }
 
+// The sums of the first `warp` and of all `nw` warp totals in `t` (16-byte aligned): four totals
+// per shared load, the groups wholly before `warp` added in whole, the one group `warp` splits
+// added total by total.
+HS_DEVICE void hs_warp_totals(const u32* t, u32 nw, u32 warp, u32& before, u32& sum) {
+    u32 b = 0, a = 0, w = 0;
+    for (; w + 4u <= nw; w += 4u) {
+        const uint4 x = *(const uint4*)(t + w);
+        const u32 g = (x.x + x.y) + (x.z + x.w);
+        a += g;
+        b += w + 4u <= warp ? g : 0u;
+    }
+    for (u32 i = warp & ~3u; i < warp && i < w; ++i) b += t[i];
+    for (; w < nw; ++w) {
+        const u32 x = t[w];
+        a += x;
+        b += w < warp ? x : 0u;
+    }
+    before = b;
+    sum = a;
+}
+
+// hs_block_scan1 for the resolver: `s` (2 * HS_MAX_WARPS words, 16-byte aligned) read four
+// warp totals at a time (hs_warp_totals).
+HS_DEVICE u32 hs_block_scan1a(u32 v, u32* s, u32 phase, u32& total) {
+    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
+    u32* t = s + (phase & 1u) * HS_MAX_WARPS;
+    const u32 inc = hs_warp_inclusive(v);
+    if (lane == HS_WARP - 1) t[warp] = inc;
+    HS_SYNC();
+    u32 before;
+    hs_warp_totals(t, nw, warp, before, total);
+    return before + inc - v;
+}
+
 // Two exclusive prefix sums over the block in thread order, with their totals, in ONE barrier.
-// `s` holds 4 * HS_MAX_WARPS words; the first sum uses the half hs_block_scan1 of the same
-// `phase` uses, the second the matching half of s[2 * HS_MAX_WARPS..], so calls of either kind
-// may alternate (phase differing by one between consecutive calls of both).
+// `s` holds 4 * HS_MAX_WARPS words (16-byte aligned); the first sum uses the half
+// hs_block_scan1a of the same `phase` uses, the second the matching half of
+// s[2 * HS_MAX_WARPS..], so calls of either kind may alternate (phase differing by one between
+// consecutive calls of both).
 HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32& eb, u32& ta,
                                   u32& tb) {
     const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
@@ -774,16 +810,9 @@ HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32&
         hb[warp] = ib;
     }
     HS_SYNC();
-    u32 ba = 0, bb = 0, sa = 0, sb = 0;
-    for (u32 w = 0; w < nw; ++w) {
-        const u32 x = ha[w], y = hb[w];
-        ba += w < warp ? x : 0u;
-        bb += w < warp ? y : 0u;
-        sa += x;
-        sb += y;
-    }
-    ta = sa;
-    tb = sb;
+    u32 ba, bb;
+    hs_warp_totals(ha, nw, warp, ba, ta);
+    hs_warp_totals(hb, nw, warp, bb, tb);
     ea = ba + ia - a;
     eb = bb + ib - b;
 }
@@ -822,11 +851,13 @@ HS_DEVICE u32 hs_resolve_body(
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
-    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32 t) {
+    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32 t, bool& allocated) {
     HS_DYN_SHARED(hs_smem);
-    HS_SHARED u32 s_scan[4 * HS_MAX_WARPS];
+    HS_SHARED uint4 s_scan4[HS_MAX_WARPS]; // 4 * HS_MAX_WARPS words, 16-byte aligned
+    u32* s_scan = (u32*)s_scan4;
     HS_SHARED u32 s_flag, s_any_host, s_corrupt, s_table_off;
     // The caller has waited for its grid dependency (HS_GRID_DEP_WAIT) before calling this.
+    allocated = false; // thread 0: whether this block took workspace (hs_workspace_release_after)
 
     hs_resolve_desc d;
     d.num_tokens = num_tokens;
@@ -972,8 +1003,10 @@ HS_DEVICE u32 hs_resolve_body(
     unsigned char* state;
     hs_wanted* table;
     if (global_state) {
-        if (HS_TID == 0)
+        if (HS_TID == 0) {
             s_table_off = atomicAdd(workspace_counter, state_bytes / 16u + (table_shared ? 0u : cap));
+            allocated = true;
+        }
         HS_SYNC();
         state = (unsigned char*)(workspace + s_table_off);
         table = table_shared ? s_table : workspace + s_table_off + state_bytes / 16u;
@@ -982,7 +1015,10 @@ HS_DEVICE u32 hs_resolve_body(
         if (table_shared) {
             table = s_table;
         } else {
-            if (HS_TID == 0) s_table_off = atomicAdd(workspace_counter, cap);
+            if (HS_TID == 0) {
+                s_table_off = atomicAdd(workspace_counter, cap);
+                allocated = true;
+            }
             HS_SYNC();
             table = workspace + s_table_off;
         }
@@ -1160,7 +1196,7 @@ HS_DEVICE u32 hs_resolve_body(
                 }
             }
             u32 total;
-            u32 hr = hits_before + hs_block_scan1(nh, s_scan, phase++, total);
+            u32 hr = hits_before + hs_block_scan1a(nh, s_scan, phase++, total);
 #pragma unroll
             for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
                 const u32 p = p0 + q;
@@ -1223,7 +1259,7 @@ HS_DEVICE u32 hs_resolve_body(
                         hs_block_scan_pair(nm, row_hits, s_scan, phase++, m, ignore, total,
                                            hits_total);
                     } else {
-                        m = hs_block_scan1(nm, s_scan, phase++, total);
+                        m = hs_block_scan1a(nm, s_scan, phase++, total);
                     }
                     m += misses;
 #pragma unroll
@@ -1294,7 +1330,7 @@ HS_DEVICE u32 hs_resolve_body(
             }
         }
         u32 total;
-        hs_block_scan1(valid, s_scan, phase++, total);
+        hs_block_scan1a(valid, s_scan, phase++, total);
         if (HS_TID == 0) valid_counts[t2] = (i32)total;
     }
 #undef HS_RESOLVE_ENTRY
@@ -1312,12 +1348,13 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
     const i32* __restrict__ idx_mapping, u32 num_state_rows) {
     HS_GRID_DEP_WAIT(); // before any global memory access
+    bool allocated;
     hs_resolve_body(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
                     valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                     workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                     num_requests, max_pages, block_size, hot_slots, attention_block_stride,
-                    host_num_blocks, idx_mapping, num_state_rows, HS_BID_X);
-    hs_workspace_release(workspace_counter);
+                    host_num_blocks, idx_mapping, num_state_rows, HS_BID_X, allocated);
+    hs_workspace_release_after(workspace_counter, allocated);
 }
 // ---------------------------------------------------------------------------------------------
 // Gather of a miss plan (hisparse_core::ops::copy::gather_rows)
@@ -1598,17 +1635,18 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     const i32* __restrict__ idx_mapping, u32 num_state_rows,
     const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers) {
     HS_GRID_DEP_WAIT(); // before any global memory access
+    bool allocated;
     const u32 rows = hs_resolve_body(
         req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices, valid_counts,
         hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
         workspace_entries, smem_table_entries, num_tokens, top_k, num_requests, max_pages,
         block_size, hot_slots, attention_block_stride, host_num_blocks, idx_mapping,
-        num_state_rows, HS_BID_X);
+        num_state_rows, HS_BID_X, allocated);
     const u32 k = HS_BID_X;
     const u32 nl = layers.count < HS_GATHER_MAX_LAYERS ? layers.count : HS_GATHER_MAX_LAYERS;
     // The block's last workspace allocation is behind it: release before the copies, so the
     // launch's counters are back to zero as soon as every block has resolved.
-    hs_workspace_release(workspace_counter);
+    hs_workspace_release_after(workspace_counter, allocated);
     if (rows == 0) return; // uniform over the block
     const i32 req = req_id[k];
     for (u32 t2 = k, seen = 0; t2 < num_tokens && seen < rows; ++t2) {

@@ -952,7 +952,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_V1_THREADS) void hs_resolve_v1(
                        workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                        num_requests, max_pages, block_size, hot_slots, attention_block_stride,
                        host_num_blocks);
-    hs_workspace_release(workspace_counter);
+    hs_workspace_release_after(workspace_counter, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -965,7 +965,7 @@ HS_KERNEL void hs_empty() {}
 // The earlier and round-2 kernels: remap v3, resolve v3, gather v4 (same parameters, flags and
 // launch shapes as hs_remap, hs_resolve and hs_gather_rows; remap v3 ignores HS_REMAP_STAGED and
 // its dynamic shared memory). The resolvers release the workspace counter like the production
-// one (hs_workspace_release), so the host clears it only once.
+// one (hs_workspace_release_after), so the host clears it only once.
 // ---------------------------------------------------------------------------------------------
 
 // Bench variant hs_remap_v5: hs_remap (v4) with the request's block-table row staged in shared
@@ -1685,7 +1685,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_v3(
                          valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                          workspace_counter, smem_table_entries, d, rows);
     }
-    hs_workspace_release(workspace_counter);
+    hs_workspace_release_after(workspace_counter, true);
 }
 
 // hs_gather_rows_v4 (the round-2 production gather, 10-13% slower than hs_gather_rows on the
