@@ -158,18 +158,25 @@ impl VulkanDevice {
         Ok((common, idx_mapping))
     }
 
-    /// In batch-row order, records the pass writing each token row's owning batch row (or -1)
-    /// into `eff` and rebinds binding 0 to it; in state-row order does nothing. Returns the
-    /// flags bit the kernels read (bit 2).
-    fn bind_batch_order(
+    /// Takes the call's `total` bytes of scratch and, in batch-row order, records the pass
+    /// writing each token row's owning batch row (or -1) into the scratch's `eff` region (from
+    /// `eff_at`) and rebinds binding 0 to it; in state-row order records nothing. Returns the
+    /// scratch buffer and the flags bit the kernels read (bit 2).
+    fn scratch_with_batch_order(
         rec: &mut crate::vk::Rec<'_>,
         desc: &ResolveDesc,
         b: &mut [Binding],
         idx_mapping: Binding,
-        eff: Binding,
-    ) -> Result<u32> {
+        (eff_at, total): (u64, u64),
+    ) -> Result<(ash::vk::Buffer, u32)> {
+        let scratch = rec.scratch(total)?;
         let Some(state_rows) = desc.num_state_rows else {
-            return Ok(0);
+            return Ok((scratch, 0));
+        };
+        let eff = Binding {
+            buffer: scratch,
+            offset: eff_at,
+            range: total - eff_at,
         };
         let push = [desc.num_tokens, desc.num_requests, state_rows];
         rec.dispatch(
@@ -179,7 +186,7 @@ impl VulkanDevice {
             u64::from(desc.num_tokens).div_ceil(256),
         )?;
         b[0] = eff;
-        Ok(4)
+        Ok((scratch, 4))
     }
 
     /// Bytes at which the batch-order pass's `eff` region starts after `bytes` of scratch, and
@@ -236,7 +243,7 @@ impl VulkanDevice {
         let (mut b, idx_mapping) = self.resolve_bindings(desc, &args)?;
         let words = resolve_wg_scratch_words(desc);
         let bytes = (4 * words).max(16);
-        let (eff_at, total) = self.with_eff_region(desc, bytes);
+        let region = self.with_eff_region(desc, bytes);
         let max = self.ctx.limits.max_storage_range;
         if bytes > max || words >= 1 << 32 {
             return Err(VulkanError::Unsupported(format!(
@@ -254,13 +261,8 @@ impl VulkanDevice {
             (false, false) => Shader::ResolveWg,
         };
         self.ctx.record(s, Engine::Compute, "resolve", |rec| {
-            let scratch = rec.scratch(total)?;
-            let eff = Binding {
-                buffer: scratch,
-                offset: eff_at,
-                range: total - eff_at,
-            };
-            let order = Self::bind_batch_order(rec, desc, &mut b, idx_mapping, eff)?;
+            let (scratch, order) =
+                Self::scratch_with_batch_order(rec, desc, &mut b, idx_mapping, region)?;
             let push = Self::resolve_push(desc, flags | order);
             b.push(Binding {
                 buffer: scratch,
@@ -310,15 +312,10 @@ impl VulkanDevice {
             Shader::Resolve
         };
         let push_prep = [desc.num_tokens, desc.num_requests];
-        let (eff_at, total) = self.with_eff_region(desc, at);
+        let region = self.with_eff_region(desc, at);
         self.ctx.record(s, Engine::Compute, "resolve", |rec| {
-            let scratch = rec.scratch(total)?;
-            let eff = Binding {
-                buffer: scratch,
-                offset: eff_at,
-                range: total - eff_at,
-            };
-            let order = Self::bind_batch_order(rec, desc, &mut b, idx_mapping, eff)?;
+            let (scratch, order) =
+                Self::scratch_with_batch_order(rec, desc, &mut b, idx_mapping, region)?;
             let push = Self::resolve_push(desc, u32::from(r <= t) | order);
             let sb: Vec<Binding> = regions
                 .iter()
