@@ -475,8 +475,8 @@ impl Coordinator {
         r.pages = hit;
         r.hit_pages = shared;
         // Adopted pages are clean resident pages like any other: reclaim may unpin them.
-        r.resident.reclaim_cursor = adopt.first().map_or(shared, |&(p, _)| p);
-        r.resident.spill_cursor = shared;
+        r.resident
+            .set_cursors(adopt.first().map_or(shared, |&(p, _)| p), shared);
         r.source.ready_prefix = shared;
         r.num_computed = computed0;
         r.prefill_end = len;

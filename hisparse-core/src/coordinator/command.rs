@@ -222,7 +222,7 @@ impl Coordinator {
                 let idx = self.row_owner[s.slot as usize];
                 let now = self.reqs[idx as usize]
                     .as_ref()
-                    .is_some_and(|r| r.resident.host_only == 0);
+                    .is_some_and(|r| r.resident.host_only() == 0);
                 debug_assert_eq!(s.fully_resident, now, "stale fully_resident of {s:?}");
             }
             self.out.scheduled.iter().all(|s| s.fully_resident)
@@ -232,7 +232,7 @@ impl Coordinator {
                 let idx = self.row_owner[s.slot as usize];
                 s.fully_resident = self.reqs[idx as usize]
                     .as_ref()
-                    .is_some_and(|r| r.resident.host_only == 0);
+                    .is_some_and(|r| r.resident.host_only() == 0);
                 all &= s.fully_resident;
             }
             all

@@ -246,11 +246,11 @@ impl Coordinator {
         r.pages = pages;
         r.hit_pages = full;
         // Restored full pages are clean resident pages like any other: reclaim may unpin them.
-        r.resident.reclaim_cursor = if restore_all { 0 } else { full };
-        r.resident.spill_cursor = full;
+        r.resident
+            .set_cursors(if restore_all { 0 } else { full }, full);
         r.source.ready_prefix = full;
         r.num_computed = imported;
-        if r.resident.host_only > 0 {
+        if r.resident.host_only() > 0 {
             self.hot
                 .give(&mut r.hot, &mut self.gpu, &mut self.out, r.row);
         }

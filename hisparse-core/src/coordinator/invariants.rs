@@ -97,7 +97,7 @@ impl Coordinator {
                     }
                     Import::None => r.source.blocks.is_empty(),
                 };
-                if !(host_ok && r.resident.blocks.is_empty() && r.hot.blocks.is_empty()) {
+                if !(host_ok && r.resident.blocks().is_empty() && r.hot.blocks.is_empty()) {
                     return Err(violation("waiting request holds blocks", rid, None));
                 }
                 for &b in &r.source.blocks {
@@ -134,7 +134,7 @@ impl Coordinator {
                     &self.gpu,
                 )
                 .map_err(at)?;
-            in_flight += r.resident.pending_release * self.resident.num_buckets();
+            in_flight += r.resident.pending_release() * self.resident.num_buckets();
             self.source
                 .check(&r.source, &r.resident, &self.host)
                 .map_err(at)?;

@@ -502,7 +502,7 @@ impl Coordinator {
     /// Lifecycle state of page `page` of a running request.
     pub fn page_state(&self, id: RequestId, page: u32) -> Option<PageState> {
         let r = self.req(id)?;
-        r.resident.state.get(page as usize).copied()
+        r.resident.state_of(page)
     }
 
     /// Whether the request has a hot region.
@@ -512,7 +512,7 @@ impl Coordinator {
 
     /// Pages of the request whose resident entries are null (read from host).
     pub fn host_only_pages(&self, id: RequestId) -> Option<u32> {
-        self.req(id).map(|r| r.resident.host_only)
+        self.req(id).map(|r| r.resident.host_only())
     }
 
     /// GPU blocks one page costs across the paged and resident managers.
@@ -553,7 +553,7 @@ impl Coordinator {
             r.last_xfer == self.current_xfer,
             &r.source.blocks,
             |b| r.paged.holds(b),
-            &r.resident.blocks,
+            r.resident.blocks(),
             |b| self.resident.held_blocks(&r.resident).any(|h| h == b),
         );
         // GPU: resident pages, then regular and indexer, then the hot region (reverse order);
@@ -596,7 +596,7 @@ impl Coordinator {
         }
         let sealed = (r.num_computed / self.kv.block_tokens)
             .min(r.source.hashes.len() as u32)
-            .min(r.resident.state.len() as u32);
+            .min(r.resident.pages());
         for p in r.source.ready_prefix..sealed {
             let i = p as usize;
             let (state, xfer) = self.resident.page_state(&r.resident, p);

@@ -131,7 +131,7 @@ impl Coordinator {
                 // Pages another request shares free nothing; only the others count.
                 let (clean, in_flight) = self.resident.freeable_between(
                     &r.resident,
-                    r.resident.reclaim_cursor,
+                    r.resident.reclaim_cursor(),
                     limit,
                     &self.gpu,
                 );

@@ -106,7 +106,7 @@ impl Coordinator {
             );
             r.source.ready_prefix = r.source.ready_prefix.min(sealed);
             r.source.hashes.truncate(sealed as usize);
-            r.resident.spill_cursor = r.resident.spill_cursor.min(sealed);
+            r.resident.lower_spill_cursor(sealed);
         }
         Ok(())
     }

@@ -80,7 +80,7 @@ impl Coordinator {
         let reads_host = if prefill {
             need += u64::from(self.resident.pages_to_stage(&r.resident))
                 * u64::from(self.resident.num_buckets());
-            r.resident.pending_release > 0
+            r.resident.pending_release() > 0
         } else {
             self.resident.needs_hot_region(&r.resident)
         };
@@ -284,7 +284,7 @@ impl Coordinator {
             slot,
             first_token: first,
             num_tokens: n,
-            fully_resident: r.resident.host_only == 0,
+            fully_resident: r.resident.host_only() == 0,
         });
         // Rows written and pages sealed by this step.
         let sealed1 = self.page_tokens.div::<POW2>(target);

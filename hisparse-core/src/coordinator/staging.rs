@@ -38,7 +38,7 @@ impl Coordinator {
     /// Stages the context of `r`'s prefill chunk (see the module docs); the caller has checked
     /// that the free pool holds the blocks.
     pub(super) fn stage_prefill_context(&mut self, r: &mut Box<Req>) {
-        if r.resident.unpinned > 0 {
+        if r.resident.unpinned() > 0 {
             // A block some allocation reused must not be pinned again: its page falls back
             // first (and is then restored like any reclaimed page).
             self.with_in_place(r, |c| c.process_reused());

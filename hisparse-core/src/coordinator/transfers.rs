@@ -86,7 +86,7 @@ impl Coordinator {
                     });
                 }
             }
-            r.resident.spill_cursor = r.resident.spill_cursor.max(sealed1);
+            r.resident.raise_spill_cursor(sealed1);
         }
     }
 
@@ -133,9 +133,7 @@ impl Coordinator {
             generation: r.generation,
             page: p,
         });
-        if p >= r.resident.spill_cursor {
-            r.resident.spill_cursor = p + 1;
-        }
+        r.resident.raise_spill_cursor(p + 1);
     }
 
     /// Records a worker's progress: transfer ids it has `enqueued` and `completed`, each in FIFO
@@ -225,7 +223,7 @@ impl Coordinator {
             };
             if r.generation == pp.generation
                 && r.status == Status::Running
-                && r.resident.xfer.get(pp.page as usize) == Some(&pp.xfer)
+                && r.resident.xfer_of(pp.page) == Some(pp.xfer)
             {
                 let (owner, row) = ((r.slot, r.generation), r.row);
                 if self.resident.on_durable(

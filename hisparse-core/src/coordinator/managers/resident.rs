@@ -68,21 +68,83 @@ impl PageState {
 #[derive(Clone, Debug, Default)]
 pub(in crate::coordinator) struct ResidentTable {
     /// `page * num_buckets + b` → GPU block (0 = reclaimed: read from host).
-    pub(in crate::coordinator) blocks: Vec<u32>,
+    pub(super) blocks: Vec<u32>,
     /// Page → lifecycle state.
-    pub(in crate::coordinator) state: Vec<PageState>,
+    pub(super) state: Vec<PageState>,
     /// Transfer id that made the page durable (0 = durable from the start).
-    pub(in crate::coordinator) xfer: Vec<u64>,
+    pub(super) xfer: Vec<u64>,
     /// Pages below are unpinned, reclaimed, marked for release, or prefix hits.
-    pub(in crate::coordinator) reclaim_cursor: u32,
+    pub(super) reclaim_cursor: u32,
     /// Non-eager: pages below have a transfer planned.
-    pub(in crate::coordinator) spill_cursor: u32,
+    pub(super) spill_cursor: u32,
     /// Pages with null resident entries.
-    pub(in crate::coordinator) host_only: u32,
+    pub(super) host_only: u32,
     /// Pages marked release-after-transfer.
-    pub(in crate::coordinator) pending_release: u32,
+    pub(super) pending_release: u32,
     /// Pages unpinned (blocks in the free queue, bytes still valid).
-    pub(in crate::coordinator) unpinned: u32,
+    pub(super) unpinned: u32,
+}
+
+/// Read access and the cursor moves the rest of the coordinator needs; every other change of
+/// a table goes through [`ResidentManager`], which keeps the counters in step with the states.
+impl ResidentTable {
+    /// Pages the table covers.
+    pub(in crate::coordinator) fn pages(&self) -> u32 {
+        self.state.len() as u32
+    }
+
+    /// The lifecycle state of page `p`, `None` beyond the table.
+    pub(in crate::coordinator) fn state_of(&self, p: u32) -> Option<PageState> {
+        self.state.get(p as usize).copied()
+    }
+
+    /// The transfer that made page `p` durable (0: durable from the start), `None` beyond the
+    /// table.
+    pub(in crate::coordinator) fn xfer_of(&self, p: u32) -> Option<u64> {
+        self.xfer.get(p as usize).copied()
+    }
+
+    /// Every resident entry, `page * num_buckets + bucket` → GPU block (0: read from host).
+    pub(in crate::coordinator) fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    /// Pages whose resident entries are null (read from host).
+    pub(in crate::coordinator) fn host_only(&self) -> u32 {
+        self.host_only
+    }
+
+    /// Pages marked release-after-transfer.
+    pub(in crate::coordinator) fn pending_release(&self) -> u32 {
+        self.pending_release
+    }
+
+    /// Pages unpinned (blocks in the free queue, bytes still valid).
+    pub(in crate::coordinator) fn unpinned(&self) -> u32 {
+        self.unpinned
+    }
+
+    /// Pages below are unpinned, reclaimed, marked for release, or prefix hits.
+    pub(in crate::coordinator) fn reclaim_cursor(&self) -> u32 {
+        self.reclaim_cursor
+    }
+
+    /// Both cursors of a request that starts with pages it did not write itself (prefix hits,
+    /// adopted GPU copies, imports): reclaim scans from `reclaim`, spills plan from `spill`.
+    pub(in crate::coordinator) fn set_cursors(&mut self, reclaim: u32, spill: u32) {
+        self.reclaim_cursor = reclaim;
+        self.spill_cursor = spill;
+    }
+
+    /// Non-eager spills: pages below `p` have a transfer planned (the cursor only moves up).
+    pub(in crate::coordinator) fn raise_spill_cursor(&mut self, p: u32) {
+        self.spill_cursor = self.spill_cursor.max(p);
+    }
+
+    /// A rollback to `p` sealed pages: pages from `p` on have no transfer planned any more.
+    pub(in crate::coordinator) fn lower_spill_cursor(&mut self, p: u32) {
+        self.spill_cursor = self.spill_cursor.min(p);
+    }
 }
 
 /// Who an unpinned block belongs to: page `page` of the request in `Coordinator::reqs[slot]`
