@@ -148,30 +148,31 @@ if [ -n "$sanitizer" ]; then
     section memcheck-fused 40 "$sanitizer" --tool memcheck --leak-check no "${common[@]}" \
         "$bin/cuda-fused"
     section racecheck-remap 15 "${race[@]}" "$bin/cuda-conformance" remap/
+    # racecheck_each NAME SHARE FILTER...: one racecheck process per conformance filter, SHARE
+    # seconds each; with no filter at all the check is NOT RUN and the script fails.
+    racecheck_each() {
+        local name=$1 share=$2 f f2
+        shift 2
+        if [ "$#" -eq 0 ]; then
+            echo "no $name cases listed by $bin/cuda-conformance --list" | tee "$out/racecheck-$name.log"
+            results+=("{\"section\":\"racecheck-$name\",\"status\":\"NOT RUN\"}")
+            overall=1
+        fi
+        for f in "$@"; do
+            f2=${f%/}
+            section "racecheck-${f2//\//-}" "$share" "${race[@]}" "$bin/cuda-conformance" "$f"
+        done
+    }
+    listed() { "$bin/cuda-conformance" --list 2>/dev/null | sed -n 's/: test$//p'; }
     # The gather cases one process each (all of them in one process outlast any share of the
     # budget under racecheck).
-    mapfile -t gathers < <("$bin/cuda-conformance" --list 2>/dev/null | sed -n 's/: test$//p' \
-        | grep '^gather/')
-    if [ "${#gathers[@]}" -eq 0 ]; then
-        echo "no gather cases listed by $bin/cuda-conformance --list" | tee "$out/racecheck-gather.log"
-        results+=("{\"section\":\"racecheck-gather\",\"status\":\"NOT RUN\"}")
-        overall=1
-    fi
-    for g in "${gathers[@]}"; do
-        section "racecheck-${g//\//-}" 20 "${race[@]}" "$bin/cuda-conformance" "$g"
-    done
+    mapfile -t gathers < <(listed | grep '^gather/')
+    racecheck_each gather 20 "${gathers[@]}"
     # The resolver is shared-memory heavy and slow under racecheck: one process per scenario,
     # the 32768-slot scenario (the largest state) last, with the time that is left.
-    mapfile -t groups < <("$bin/cuda-conformance" --list 2>/dev/null | sed -n 's/: test$//p' \
-        | grep '^resolve/' | sed -E 's#^(resolve/[^/]+)/.*#\1#' | sort -u | grep -v max-hot-slots)
-    if [ "${#groups[@]}" -eq 0 ]; then
-        echo "no resolve scenarios listed by $bin/cuda-conformance --list" | tee "$out/racecheck-resolve.log"
-        results+=("{\"section\":\"racecheck-resolve\",\"status\":\"NOT RUN\"}")
-        overall=1
-    fi
-    for g in "${groups[@]}"; do
-        section "racecheck-${g//\//-}" 25 "${race[@]}" "$bin/cuda-conformance" "$g/"
-    done
+    mapfile -t groups < <(listed | grep '^resolve/' | sed -E 's#^(resolve/[^/]+)/.*#\1/#' \
+        | sort -u | grep -v max-hot-slots)
+    racecheck_each resolve 25 "${groups[@]}"
     section racecheck-resolve-max-hot-slots-32768 300 "${race[@]}" "$bin/cuda-conformance" \
         resolve/max-hot-slots-32768/
 else
