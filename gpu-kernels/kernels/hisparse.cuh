@@ -702,8 +702,9 @@ HS_DEVICE u32 hs_classify(const hs_resolve_desc& d, const i32* resident_table, c
     return value == -1 ? 0u : 2u;
 }
 
-HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, u32 slot) {
-    u32 col, off;
+// Hot slot `slot` as (hot-table column, row in that block): a shift and a mask when the block
+// size is a power of two (d.shift < 32), else a division.
+HS_DEVICE void hs_hot_slot(const hs_resolve_desc& d, u32 slot, u32& col, u32& off) {
     if (d.shift < 32) {
         col = slot >> d.shift;
         off = slot & (d.block_size - 1);
@@ -711,6 +712,11 @@ HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, 
         col = slot / d.block_size;
         off = slot % d.block_size;
     }
+}
+
+HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, u32 slot) {
+    u32 col, off;
+    hs_hot_slot(d, slot, col, off);
     const i32 block = HS_LDG(hot_table + (u64)r * d.hot_cols + col);
     return hs_physical_row(block, d.attention_block_stride, off);
 }
@@ -750,13 +756,7 @@ HS_DEVICE i32 hs_hot_row_staged(const hs_resolve_desc& d, const i32* s_hot, cons
                                 u32 r, u32 slot) {
     if (s_hot == 0) return hs_hot_row(d, hot_table, r, slot);
     u32 col, off;
-    if (d.shift < 32) {
-        col = slot >> d.shift;
-        off = slot & (d.block_size - 1);
-    } else {
-        col = slot / d.block_size;
-        off = slot % d.block_size;
-    }
+    hs_hot_slot(d, slot, col, off);
     return hs_physical_row(s_hot[col], d.attention_block_stride, off);
 }
 

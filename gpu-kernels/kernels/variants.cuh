@@ -1238,16 +1238,7 @@ HS_DEVICE void hs_resolve_rest(
         return hs_classify(d, resident_table, host_table, r, r, HS_LDG(topk + (u64)t2 * K + j), v);
     };
     auto hot_row = [&](u32 slot) -> i32 {
-        if (!hot_staged) return hs_hot_row(d, hot_table, r, slot);
-        u32 col, off;
-        if (d.shift < 32) {
-            col = slot >> d.shift;
-            off = slot & (d.block_size - 1);
-        } else {
-            col = slot / d.block_size;
-            off = slot % d.block_size;
-        }
-        return hs_physical_row(s_hot[col], d.attention_block_stride, off);
+        return hs_hot_row_staged(d, hot_staged ? s_hot : 0, hot_table, r, slot);
     };
 
     // ---- Steps 2-3: classify every entry, insert host rows with their first appearance; copy
