@@ -663,6 +663,17 @@ HS_DEVICE u32 hs_lookup(const hs_wanted* table, u32 mask, i32 g) {
     }
 }
 
+// Empties entries [0, n) of a wanted-row table, the block's threads striding over them (no
+// barrier: the caller syncs before the table is used).
+HS_DEVICE void hs_clear_table(hs_wanted* table, u32 n) {
+    for (u32 i = HS_TID; i < n; i += HS_NTHREADS) {
+        table[i].key = HS_EMPTY_KEY;
+        table[i].first_entry = HS_NONE;
+        table[i].first_lru = HS_NONE;
+        table[i].slot = HS_NONE;
+    }
+}
+
 // Inserts g with entry ordinal `entry` (the smallest ordinal wins); returns g's slot in the table.
 HS_DEVICE u32 hs_insert(hs_wanted* table, u32 mask, i32 g, u32 entry) {
     u32 h = hs_hash(g, mask);
@@ -961,12 +972,7 @@ HS_DEVICE u32 hs_resolve_body(
             s_hot[i] = HS_LDG(hot_table + (u64)r * d.hot_cols + i);
     // The shared table at its full capacity (the capacity a request takes when its table fits
     // shared memory), and the bitmap of shared-state mode, cleared while the loads are in flight.
-    for (u32 i = HS_TID; i < smem_cap; i += HS_NTHREADS) {
-        s_table[i].key = HS_EMPTY_KEY;
-        s_table[i].first_entry = HS_NONE;
-        s_table[i].first_lru = HS_NONE;
-        s_table[i].slot = HS_NONE;
-    }
+    hs_clear_table(s_table, smem_cap);
     if (!global_state) {
         u32* bits = (u32*)(smem + 2 * hs_align16(2 * N));
         for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) bits[i] = 0;
@@ -1028,14 +1034,7 @@ HS_DEVICE u32 hs_resolve_body(
     u32* s_bits = (u32*)(state + 2 * hs_align16(2 * N));
     const u32 mask = cap - 1;
     if (!table_shared || global_state) { // uniform: a table or bitmap outside shared memory
-        if (!table_shared) {
-            for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
-                table[i].key = HS_EMPTY_KEY;
-                table[i].first_entry = HS_NONE;
-                table[i].first_lru = HS_NONE;
-                table[i].slot = HS_NONE;
-            }
-        }
+        if (!table_shared) hs_clear_table(table, cap);
         if (global_state)
             for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
         HS_SYNC();

@@ -714,12 +714,7 @@ HS_DEVICE void hs_resolve_v1_body(
     u16* s_part = (u16*)(state + hs_align16(2 * N));
     u32* s_bits = (u32*)(state + 2 * hs_align16(2 * N));
     const u32 mask = cap - 1;
-    for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) {
-        table[i].key = HS_EMPTY_KEY;
-        table[i].first_entry = HS_NONE;
-        table[i].first_lru = HS_NONE;
-        table[i].slot = HS_NONE;
-    }
+    hs_clear_table(table, cap);
     HS_SYNC();
 
     // Steps 2-3: classify every entry, insert host rows with their first appearance; reset the
