@@ -145,6 +145,15 @@ pub trait Device {
     /// [`Device::synchronize`].
     fn query_event(&self, event: &Self::Event) -> Result<bool, Self::Error>;
 
+    /// Whether `stream` is being captured into a graph now (CUDA stream capture, HIP graph
+    /// capture): work enqueued on it then runs only when the graph is replayed.
+    ///
+    /// Provided: `Ok(false)` (backends without graphs); the CUDA and ROCm backends override it.
+    fn is_capturing(&self, stream: &Self::Stream) -> Result<bool, Self::Error> {
+        let _ = stream;
+        Ok(false)
+    }
+
     /// Reads bytes of a pinned buffer that `event`'s work wrote, waiting for that event only —
     /// not for the device's other work, so completion polling can read results (counters,
     /// copied rows) while later work runs. The caller must not read a range that work enqueued

@@ -10,6 +10,12 @@ pub struct RuntimeConfig {
     /// Token rows one per-layer call may carry (decode tokens per step, speculative tokens
     /// included). Sizes the miss-plan and counter buffers.
     pub max_step_tokens: u32,
+    /// Tokens one step may compute (prefill chunks and decode tokens: the coordinator's
+    /// [`max_batched_tokens`](hisparse_core::coordinator::CoordinatorConfig::max_batched_tokens)).
+    /// Sizes the device slot mapping ([`crate::Runtime::slot_mapping`]); a command scheduling more
+    /// is refused. [`RuntimeConfig::new`] sets it to the larger of `max_step_tokens` and
+    /// [`DEFAULT_MAX_BATCHED_TOKENS`].
+    pub max_batched_tokens: u32,
     /// Which worker (tensor-parallel rank) this runtime is, in the coordinator's reports.
     pub worker: u32,
     /// Copy the per-group hit, miss and valid counts of every `stats_every`-th step to host for
@@ -27,15 +33,39 @@ pub struct RuntimeConfig {
     pub writes_host: bool,
 }
 
+/// The coordinator's default
+/// [`max_batched_tokens`](hisparse_core::coordinator::CoordinatorConfig::max_batched_tokens),
+/// which [`RuntimeConfig::new`] sizes the slot mapping for.
+pub const DEFAULT_MAX_BATCHED_TOKENS: u32 = 512;
+
 impl RuntimeConfig {
-    /// `state_rows` rows, `max_step_tokens` token rows per call, worker 0, counters every step.
+    /// `state_rows` rows, `max_step_tokens` token rows per call, worker 0, counters every step,
+    /// a slot mapping for [`DEFAULT_MAX_BATCHED_TOKENS`] tokens (or `max_step_tokens`, if more).
     pub const fn new(state_rows: u32, max_step_tokens: u32) -> Self {
         RuntimeConfig {
             state_rows,
             max_step_tokens,
+            max_batched_tokens: if max_step_tokens > DEFAULT_MAX_BATCHED_TOKENS {
+                max_step_tokens
+            } else {
+                DEFAULT_MAX_BATCHED_TOKENS
+            },
             worker: 0,
             stats_every: 1,
             writes_host: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_slot_mapping_holds_the_coordinators_default_step() {
+        let coord = hisparse_core::coordinator::CoordinatorConfig::default();
+        assert_eq!(DEFAULT_MAX_BATCHED_TOKENS, coord.max_batched_tokens);
+        assert_eq!(RuntimeConfig::new(4, 8).max_batched_tokens, 512);
+        assert_eq!(RuntimeConfig::new(4, 1024).max_batched_tokens, 1024);
     }
 }

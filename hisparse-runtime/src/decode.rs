@@ -7,13 +7,24 @@
 //! from the pinned host pool into the hot rows, in one [`Device::resolve_and_gather`] call (a
 //! backend may overlap the two): over the leader and its followers
 //! ([`Runtime::resolve_index_group`]), or over the leader alone ([`Runtime::resolve_leader`]),
-//! each follower then applying the same plan with [`Runtime::apply_plan`]. Everything is
-//! enqueued on the compute stream from device buffers only: no host synchronisation, so the
-//! calls can be captured in a CUDA graph (on the engine's stream, passed to
-//! [`Runtime::with_pools`]) and the graph replayed in later steps, as long as the batch keeps its
-//! size and the steps take the same path (remap or resolve, decided when the calls are made).
-//! Replayed calls are not seen by the runtime's host side, so [`crate::Counters`] do not count
-//! them.
+//! each follower then applying the same plan with [`Runtime::apply_plan`]. [`Runtime::decode`]
+//! is the one entry all of these go through ([`LayerCall`]).
+//!
+//! Everything is enqueued from device buffers only, on the call's stream (the compute stream, or
+//! a stream the engine lent with [`Runtime::adopt_stream`]): no host synchronisation.
+//!
+//! # CUDA graphs
+//!
+//! A per-layer call on a stream that is being captured ([`hisparse_core::Device::is_capturing`],
+//! e.g. inside PyTorch's `with torch.cuda.graph(g):`) is recorded into the graph and runs at every
+//! replay. Such a call always takes the resolve path — correct whatever the step's residency
+//! at replay (a fully-resident request resolves every entry to its resident row and leaves its
+//! hot state alone) — and the runtime records its token-row count. Before each replay the
+//! engine runs, outside the capture, [`Runtime::begin_step_on`] and [`Runtime::set_batch_on`]
+//! (which writes the runtime's batch table in place, padded with `-1` to the graph's token rows)
+//! on the stream it replays on; after it, [`Runtime::end_step_on`]. The top-k and output
+//! tensors a graph reads and writes are the engine's and must keep their addresses; the
+//! runtime's own buffers (batch table, hot states, tables, slot mapping, pools) keep theirs.
 //!
 //! [`OffloadCommand::fully_resident`]: hisparse_core::coordinator::OffloadCommand::fully_resident
 
@@ -25,6 +36,7 @@ use hisparse_core::ops::{
 
 use crate::error::RuntimeError;
 use crate::runtime::{GroupCall, OpenStep, Runtime};
+use crate::streams::{StreamId, pick};
 
 /// One per-layer call's top-k input.
 #[derive(Debug)]
@@ -48,19 +60,38 @@ pub struct Indices<'a, B> {
     pub counts: Option<&'a mut B>,
 }
 
-/// Which layers of an index group a call swaps in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Layers {
-    /// The leader and every follower, in one gather.
-    All,
-    /// The leader only; followers call [`Runtime::apply_plan`] later.
+/// Which layers of an index group a resolve swaps in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Swap {
+    /// The leader and every follower, in one gather ([`Runtime::resolve_index_group`]).
+    #[default]
+    IndexGroup,
+    /// The leader only; each follower calls [`Runtime::apply_plan`] when its attention is due
+    /// ([`Runtime::resolve_leader`]).
     Leader,
 }
 
+/// One per-layer decode call ([`Runtime::decode`]).
+#[derive(Debug)]
+pub struct LayerCall<'a, B> {
+    /// The index group.
+    pub group: usize,
+    /// Which of its layers the resolve swaps in.
+    pub swap: Swap,
+    /// The indexer's top-k.
+    pub topk: TopK<'a, B>,
+    /// Where the attention rows (and counts) go.
+    pub out: Indices<'a, B>,
+    /// The stream to enqueue on (`None`: the compute stream).
+    pub on: Option<StreamId>,
+}
+
 /// What [`Runtime::layer_call`] found for one per-layer call.
-struct LayerCall<'a, B> {
+struct Checked<'a, B> {
     /// The open step.
     open: OpenStep,
+    /// Whether the call's stream is being captured into a graph.
+    capturing: bool,
     /// The call's own state rows ([`TopK::state_rows`]), or `None` for the batch
     /// [`Runtime::set_batch`] gave (`Runtime::batch`, which the caller borrows itself).
     given: Option<&'a B>,
@@ -93,48 +124,86 @@ fn resident_remap(
 }
 
 impl<D: Device> Runtime<D> {
-    /// Sets the current step's batch: `state_rows[t]` is the state row of token row `t` (`-1` =
-    /// padding). Per-layer calls whose [`TopK::state_rows`] is `None` use it. Written on the
-    /// compute stream (stream-ordered, no host synchronisation).
+    /// Sets the current step's batch on the compute stream: `state_rows[t]` is the state row of
+    /// token row `t` (`-1` = padding). See [`Runtime::set_batch_on`].
     pub fn set_batch(&mut self, state_rows: &[i32]) -> Result<(), RuntimeError<D::Error>> {
-        if self.open.is_none() {
-            return Err(RuntimeError::Sequence("set_batch outside a step"));
-        }
-        let n = state_rows.len() as u32;
-        if n > self.cfg.max_step_tokens {
+        self.set_batch_on(state_rows, None, None)
+    }
+
+    /// Sets the current step's batch: `state_rows[t]` is the state row of token row `t` (`-1` =
+    /// padding); every other row names a request scheduled in the open step
+    /// ([`RuntimeError::NotScheduled`] otherwise). Per-layer calls whose [`TopK::state_rows`] is
+    /// `None` read it from the runtime's batch table ([`Runtime::batch_buffer`]), written in
+    /// place on stream `on`, stream-ordered, without host synchronisation; entries beyond the
+    /// batch are `-1`.
+    ///
+    /// Before replaying a graph that captured per-layer calls of `T` token rows, pass
+    /// `pad_to = Some(T)`: the runtime checks that some capture had `T` rows and that the batch
+    /// fits ([`RuntimeError::GraphShape`]), so a replay never drops a request. This is
+    /// before-replay work: refused on a stream being captured.
+    pub fn set_batch_on(
+        &mut self,
+        state_rows: &[i32],
+        pad_to: Option<u32>,
+        on: Option<StreamId>,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        let open = self
+            .open
+            .ok_or(RuntimeError::Sequence("set_batch outside a step"))?;
+        let n = u32::try_from(state_rows.len()).unwrap_or(u32::MAX);
+        let rows = pad_to.unwrap_or(n);
+        let max = self.cfg.max_step_tokens;
+        if n > max || rows > max {
             return Err(RuntimeError::TooManyTokens {
-                tokens: n,
-                max: self.cfg.max_step_tokens,
+                tokens: n.max(rows),
+                max,
+            });
+        }
+        if let Some(p) = pad_to
+            && (p < n || !(self.captured_tokens.is_empty() || self.captured_tokens.contains(&p)))
+        {
+            return Err(RuntimeError::GraphShape {
+                rows: n,
+                pad_to: p,
+                captured: self.captured_tokens.clone(),
             });
         }
         for &r in state_rows {
-            if r >= self.cfg.state_rows as i32 {
+            if r < 0 {
+                continue;
+            }
+            if r as u32 >= self.cfg.state_rows {
                 return Err(RuntimeError::StateRow {
                     row: r as u32,
                     rows: self.cfg.state_rows,
                 });
             }
+            if !self.row_scheduled[r as usize] {
+                return Err(RuntimeError::NotScheduled {
+                    row: r as u32,
+                    step: open.step,
+                });
+            }
         }
-        let writes: Vec<TableWrite> = state_rows
-            .iter()
-            .enumerate()
-            .map(|(i, &value)| TableWrite {
-                index: i as u32,
-                value,
+        self.refuse_capture(on, "set_batch")?;
+        let stale = self.batch_written.max(n);
+        let writes: Vec<TableWrite> = (0..stale)
+            .map(|i| TableWrite {
+                index: i,
+                value: state_rows.get(i as usize).copied().unwrap_or(-1),
             })
             .collect();
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         self.dev
             .write_table(
-                &self.compute,
-                &TableWriteDesc {
-                    table_len: self.cfg.max_step_tokens,
-                },
+                stream,
+                &TableWriteDesc { table_len: max },
                 &writes,
                 &mut self.batch,
             )
             .map_err(RuntimeError::device("writing the batch"))?;
-        self.batch_len = Some(n);
-        let open = self.open.expect("checked above");
+        self.batch_written = n;
+        self.batch_len = Some(rows);
         self.batch_fully_resident = open.fully_resident
             || state_rows
                 .iter()
@@ -142,16 +211,31 @@ impl<D: Device> Runtime<D> {
         Ok(())
     }
 
+    /// Runs one per-layer decode call: resolves index group `call.group`'s top-k for this step
+    /// and swaps in `call.swap`'s layers (or, when every request of the call is fully resident
+    /// and the stream is not being captured, remaps it through the resident tables). The entry
+    /// [`Runtime::resolve_index_group`] and [`Runtime::resolve_leader`] go through.
+    pub fn decode(&mut self, call: LayerCall<'_, D::Buffer>) -> Result<(), RuntimeError<D::Error>> {
+        let LayerCall {
+            group,
+            swap,
+            topk,
+            out,
+            on,
+        } = call;
+        self.resolve(group, &topk, out, swap, on)
+    }
+
     /// Resolves index group `group`'s top-k for this step and swaps in every layer of the group
-    /// (leader and followers, one gather). The usual call when the engine resolves once per
-    /// index group before the group's attention layers.
+    /// (leader and followers, one gather), on the compute stream. The usual call when the engine
+    /// resolves once per index group before the group's attention layers.
     pub fn resolve_index_group(
         &mut self,
         group: usize,
         topk: &TopK<'_, D::Buffer>,
         out: Indices<'_, D::Buffer>,
     ) -> Result<(), RuntimeError<D::Error>> {
-        self.resolve(group, topk, out, Layers::All)
+        self.resolve(group, topk, out, Swap::IndexGroup, None)
     }
 
     /// Resolves index group `group`'s top-k and swaps in the leader layer only (the original
@@ -163,7 +247,7 @@ impl<D: Device> Runtime<D> {
         topk: &TopK<'_, D::Buffer>,
         out: Indices<'_, D::Buffer>,
     ) -> Result<(), RuntimeError<D::Error>> {
-        self.resolve(group, topk, out, Layers::Leader)
+        self.resolve(group, topk, out, Swap::Leader, None)
     }
 
     /// A prefill chunk's read of index group `group`: remaps the top-k positions of its token
@@ -171,14 +255,27 @@ impl<D: Device> Runtime<D> {
     /// staged every page of a prefill chunk's context on the GPU, so no entry of its context is
     /// null and nothing is swapped in (the hot state is not touched). `topk.state_rows` names
     /// each token row's state row (`None`: the batch given to [`Runtime::set_batch`]); outputs
-    /// as for [`Runtime::resolve_index_group`], counts only when asked for.
+    /// as for [`Runtime::resolve_index_group`], counts only when asked for. On the compute
+    /// stream; [`Runtime::remap_prefill_on`] names another.
     pub fn remap_prefill(
         &mut self,
         group: usize,
         topk: &TopK<'_, D::Buffer>,
         out: Indices<'_, D::Buffer>,
     ) -> Result<(), RuntimeError<D::Error>> {
-        let call = self.layer_call(group, topk)?;
+        self.remap_prefill_on(group, topk, out, None)
+    }
+
+    /// [`Runtime::remap_prefill`] on stream `on` (`None`: the compute stream).
+    pub fn remap_prefill_on(
+        &mut self,
+        group: usize,
+        topk: &TopK<'_, D::Buffer>,
+        out: Indices<'_, D::Buffer>,
+        on: Option<StreamId>,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        let call = self.layer_call(group, topk, on)?;
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         let req_id = call.given.unwrap_or(&self.batch);
         let b = self.groups[group].bucket as usize;
         let Indices { rows, counts } = out;
@@ -190,7 +287,7 @@ impl<D: Device> Runtime<D> {
         );
         self.dev
             .remap(
-                &self.compute,
+                stream,
                 &desc,
                 RemapArgs {
                     req_id,
@@ -207,8 +304,19 @@ impl<D: Device> Runtime<D> {
     }
 
     /// Swaps in follower layer `layer` with its leader's plan of this step (the original
-    /// system's `apply_plan`). A no-op on fully-resident steps (the remap needs no swap-in).
+    /// system's `apply_plan`), on the compute stream. A no-op on fully-resident steps (the remap
+    /// needs no swap-in). See [`Runtime::apply_plan_on`].
     pub fn apply_plan(&mut self, layer: u32) -> Result<(), RuntimeError<D::Error>> {
+        self.apply_plan_on(layer, None)
+    }
+
+    /// [`Runtime::apply_plan`] on stream `on` (`None`: the compute stream), which must be the
+    /// stream of its leader's call.
+    pub fn apply_plan_on(
+        &mut self,
+        layer: u32,
+        on: Option<StreamId>,
+    ) -> Result<(), RuntimeError<D::Error>> {
         if self.open.is_none() {
             return Err(RuntimeError::Sequence("apply_plan outside a step"));
         }
@@ -227,6 +335,7 @@ impl<D: Device> Runtime<D> {
                 what: "follower layer",
                 value: layer,
             })?;
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         let gs = &self.groups[g];
         let call = gs.call.ok_or(RuntimeError::Sequence(
             "apply_plan before its leader's resolve_leader in this step",
@@ -244,7 +353,7 @@ impl<D: Device> Runtime<D> {
         };
         self.dev
             .gather_rows(
-                &self.compute,
+                stream,
                 &desc,
                 GatherArgs {
                     plan_src: src,
@@ -263,13 +372,15 @@ impl<D: Device> Runtime<D> {
 
     /// The checks every per-layer call starts with — a step is open, `group` exists, the token
     /// rows fit the configuration, and the state rows are given or a batch of at least as many
-    /// rows was set — and what they found. The batch itself is not borrowed here, so the caller
-    /// can borrow it beside an index group's state.
+    /// rows was set — and what they found; orders the call's stream after the step's
+    /// before-forward work when they differ, and records a capture's shape. The batch itself is
+    /// not borrowed here, so the caller can borrow it beside an index group's state.
     fn layer_call<'a>(
-        &self,
+        &mut self,
         group: usize,
         topk: &TopK<'a, D::Buffer>,
-    ) -> Result<LayerCall<'a, D::Buffer>, RuntimeError<D::Error>> {
+        on: Option<StreamId>,
+    ) -> Result<Checked<'a, D::Buffer>, RuntimeError<D::Error>> {
         let open = self
             .open
             .ok_or(RuntimeError::Sequence("a per-layer call outside a step"))?;
@@ -300,8 +411,34 @@ impl<D: Device> Runtime<D> {
                 ));
             }
         };
-        Ok(LayerCall {
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
+        let capturing = self.dev.is_capturing(stream).map_err(RuntimeError::device(
+            "asking whether a stream is being captured",
+        ))?;
+        if capturing {
+            if let Err(i) = self.captured_tokens.binary_search(&t) {
+                self.captured_tokens.insert(i, t);
+            }
+        } else if on != open.stream {
+            // Another stream than begin_step's: it waits for the step's before-forward work.
+            if self.step_begun.is_none() {
+                let begun = pick(&self.compute, &self.lent_streams, open.stream)?;
+                self.step_begun = Some(
+                    self.dev
+                        .record_event(begun)
+                        .map_err(RuntimeError::device("recording the step's table updates"))?,
+                );
+            }
+            let event = self.step_begun.as_ref().expect("recorded above");
+            self.dev
+                .wait_event(stream, event)
+                .map_err(RuntimeError::device(
+                    "ordering a call after the step's updates",
+                ))?;
+        }
+        Ok(Checked {
             open,
+            capturing,
             given: topk.state_rows,
             fully_resident,
         })
@@ -312,10 +449,12 @@ impl<D: Device> Runtime<D> {
         group: usize,
         topk: &TopK<'_, D::Buffer>,
         out: Indices<'_, D::Buffer>,
-        layers: Layers,
+        swap: Swap,
+        on: Option<StreamId>,
     ) -> Result<(), RuntimeError<D::Error>> {
-        let call = self.layer_call(group, topk)?;
-        let (open, fully_resident) = (call.open, call.fully_resident);
+        let call = self.layer_call(group, topk, on)?;
+        let (open, fully_resident) = (call.open, call.fully_resident && !call.capturing);
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         let req_id = call.given.unwrap_or(&self.batch);
         let t = topk.num_tokens;
         let kv = &self.kv;
@@ -342,7 +481,7 @@ impl<D: Device> Runtime<D> {
         };
         let copy_counts = |dev: &D, valid: &D::Buffer, own: Option<&mut D::Buffer>| match own {
             Some(own) if open.sampled => dev
-                .copy_on_device(&self.compute, valid, 0, own, 0, t as usize * 4)
+                .copy_on_device(stream, valid, 0, own, 0, t as usize * 4)
                 .map_err(RuntimeError::device("copying valid counts")),
             _ => Ok(()),
         };
@@ -350,7 +489,7 @@ impl<D: Device> Runtime<D> {
             let desc = resident_remap(kv, self.cfg.state_rows, t, true);
             self.dev
                 .remap(
-                    &self.compute,
+                    stream,
                     &desc,
                     RemapArgs {
                         req_id,
@@ -375,15 +514,15 @@ impl<D: Device> Runtime<D> {
             Some((s, d)) => (s, d),
             None => (&mut self.plan_src, &mut self.plan_dst),
         };
-        let pairs = match layers {
-            Layers::All => &pairs[..],
-            Layers::Leader => &pairs[..1],
+        let pairs = match swap {
+            Swap::IndexGroup => &pairs[..],
+            Swap::Leader => &pairs[..1],
         };
         // One call: a backend that fuses the two starts copying a request's misses while others
         // still resolve. The plan stays in `plan_src`/`plan_dst`/`misses` for `apply_plan`.
         self.dev
             .resolve_and_gather(
-                &self.compute,
+                stream,
                 &desc,
                 ResolveArgs {
                     req_id,

@@ -70,6 +70,39 @@ pub enum RuntimeError<E> {
     },
     /// A call out of sequence (e.g. a per-layer resolve before [`crate::Runtime::begin_step`]).
     Sequence(&'static str),
+    /// A [`crate::StreamId`] that was not lent to this runtime.
+    NoSuchStream {
+        /// The id's index.
+        id: u32,
+    },
+    /// Before-replay work called on a stream that is being captured into a graph.
+    Capture {
+        /// The call.
+        call: &'static str,
+    },
+    /// A command out of order: run twice, older than the last, or after a skipped step.
+    StepOrder {
+        /// The step this runtime ran last.
+        last: u64,
+        /// The command's step.
+        got: u64,
+    },
+    /// A batch row names a state row no request scheduled in the open step holds.
+    NotScheduled {
+        /// The state row.
+        row: u32,
+        /// The open step.
+        step: u64,
+    },
+    /// A batch padded for a graph shape no capture recorded, or larger than the padding.
+    GraphShape {
+        /// Token rows of the batch.
+        rows: u32,
+        /// The padding asked for.
+        pad_to: u32,
+        /// Token-row counts of the per-layer calls captured so far.
+        captured: Vec<u32>,
+    },
     /// A command field that does not match the layout (a table update naming a source group as
     /// a resident group, a page beyond the table, …).
     Command(String),
@@ -119,6 +152,46 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
             }
             RuntimeError::Sequence(m) => write!(f, "out of sequence: {m}"),
             RuntimeError::Command(m) => write!(f, "command does not match the layout: {m}"),
+            RuntimeError::NoSuchStream { id } => write!(
+                f,
+                "stream id {id} was not lent to this runtime; pass an id adopt_stream returned"
+            ),
+            RuntimeError::Capture { call } => write!(
+                f,
+                "{call} is before-replay work but its stream is being captured into a graph; call it outside the capture (before replaying the graph, on the stream the graph is replayed on)"
+            ),
+            RuntimeError::StepOrder { last, got } => {
+                if got == last {
+                    write!(
+                        f,
+                        "the command of step {got} already ran: run each command once"
+                    )
+                } else if got < last {
+                    write!(
+                        f,
+                        "the command of step {got} is older than step {last}, which already ran: run commands in order"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "the command of step {got} follows step {last}: the commands of steps {}..={} never ran; run every command, in order",
+                        last + 1,
+                        got - 1
+                    )
+                }
+            }
+            RuntimeError::NotScheduled { row, step } => write!(
+                f,
+                "state row {row} is not held by a request scheduled in step {step}; give set_batch the slots of the step's scheduled requests (-1 for padding)"
+            ),
+            RuntimeError::GraphShape {
+                rows,
+                pad_to,
+                captured,
+            } => write!(
+                f,
+                "a batch of {rows} token rows padded to {pad_to}, but the per-layer calls captured in graphs carry {captured:?} token rows; pad to the token rows of the graph you replay (at least the batch's)"
+            ),
         }
     }
 }

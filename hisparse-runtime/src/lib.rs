@@ -17,7 +17,9 @@ mod error;
 mod kind;
 mod runtime;
 mod shared;
+mod slots;
 mod step;
+mod streams;
 mod tables;
 
 #[cfg(any(
@@ -30,11 +32,12 @@ pub use any::{
     AnyBuffer, AnyDevice, AnyError, AnyEvent, AnyHostBuffer, AnyStream, DeviceVisitor, OpenError,
     open_with,
 };
-pub use config::RuntimeConfig;
+pub use config::{DEFAULT_MAX_BATCHED_TOKENS, RuntimeConfig};
 pub use counters::{Counters, PoolUsage};
-pub use decode::{Indices, TopK};
+pub use decode::{Indices, LayerCall, Swap, TopK};
 pub use error::RuntimeError;
 pub use kind::{BackendKind, UnknownBackend};
 pub use runtime::{Pools, Runtime};
 pub use shared::{SharedHostPool, SharedSegment, ShmError};
 pub use step::{ReportError, WorkerReport};
+pub use streams::{MAX_LENT_STREAMS, StreamId};

@@ -9,6 +9,8 @@ use hisparse_core::ops::{LayerPair, PageLayout};
 use crate::config::RuntimeConfig;
 use crate::counters::Counters;
 use crate::error::RuntimeError;
+use crate::slots::SlotMapping;
+use crate::streams::StreamId;
 use crate::tables::Tables;
 
 /// The KV pools the runtime executes on: the GPU pool every GPU group's blocks live in, and the
@@ -53,6 +55,8 @@ pub(crate) struct GroupCall {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OpenStep {
     pub(crate) step: u64,
+    /// The stream `begin_step_on` ran on.
+    pub(crate) stream: Option<StreamId>,
     pub(crate) fully_resident: bool,
     pub(crate) sampled: bool,
 }
@@ -93,8 +97,23 @@ pub struct Runtime<D: Device> {
     /// resident (then the batch takes the remap even when other scheduled requests do not).
     pub(crate) batch_len: Option<u32>,
     pub(crate) batch_fully_resident: bool,
-    /// Per state row: scheduled in the open step and fully resident.
+    /// Per state row: whether a request scheduled in the open step holds it, and whether that
+    /// request is fully resident.
+    pub(crate) row_scheduled: Vec<bool>,
     pub(crate) row_fully_resident: Vec<bool>,
+    /// Entries of `batch` that may hold a state row (the rest are `-1`).
+    pub(crate) batch_written: u32,
+    /// Token-row counts of the per-layer calls captured into graphs (sorted, distinct).
+    pub(crate) captured_tokens: Vec<u32>,
+    /// The step's slot mapping.
+    pub(crate) slots: SlotMapping<D>,
+    /// Streams the engine lent ([`Runtime::adopt_stream`]).
+    pub(crate) lent_streams: Vec<D::Stream>,
+    /// The step of the last command begun, for the order check.
+    pub(crate) last_step: Option<u64>,
+    /// An event after the open step's before-forward work, recorded when a per-layer call runs
+    /// on another stream than `begin_step_on`'s.
+    pub(crate) step_begun: Option<D::Event>,
     /// `i32[2 * capacity]` invalidation ranges, grown on demand.
     pub(crate) ranges: D::Buffer,
     pub(crate) ranges_capacity: usize,
@@ -203,6 +222,15 @@ impl<D: Device> Runtime<D> {
                 reason: "must be at least 1 (token rows per per-layer call)".into(),
             });
         }
+        if cfg.max_batched_tokens < cfg.max_step_tokens {
+            return Err(RuntimeError::Config {
+                field: "max_batched_tokens",
+                reason: format!(
+                    "{} is below max_step_tokens ({}): a step computes at least the token rows of its per-layer calls; pass the coordinator's max_batched_tokens",
+                    cfg.max_batched_tokens, cfg.max_step_tokens
+                ),
+            });
+        }
         let hot_width = kv.resolve_desc(1, cfg.state_rows).hot_table_width();
         if hot_width != kv.hot_blocks_per_request {
             return Err(RuntimeError::Command(format!(
@@ -225,7 +253,8 @@ impl<D: Device> Runtime<D> {
             + groups * rows * slots * 6
             + groups * t * 12
             + (1 + with_followers) * t * k * 8
-            + t * 4;
+            + t * 4
+            + SlotMapping::<D>::bytes(kv, cfg.max_batched_tokens);
         Ok(bytes)
     }
 
@@ -333,9 +362,21 @@ impl<D: Device> Runtime<D> {
         Ok(Runtime {
             plan_src: alloc(t * k * 4, "allocating the miss plan")?,
             plan_dst: alloc(t * k * 4, "allocating the miss plan")?,
-            batch: alloc(t * 4, "allocating the batch table")?,
+            batch: {
+                let mut b = alloc(t * 4, "allocating the batch table")?;
+                dev.upload_i32(&mut b, 0, &vec![-1; t])
+                    .map_err(err("initialising the batch table"))?;
+                b
+            },
+            batch_written: 0,
+            captured_tokens: Vec::new(),
+            slots: SlotMapping::new(&dev, &kv, cfg.max_batched_tokens)?,
+            lent_streams: Vec::new(),
+            last_step: None,
+            step_begun: None,
             batch_len: None,
             batch_fully_resident: false,
+            row_scheduled: vec![false; rows],
             row_fully_resident: vec![false; rows],
             ranges: alloc(ranges_capacity * 8, "allocating invalidation ranges")?,
             ranges_capacity,
@@ -439,6 +480,40 @@ impl<D: Device> Runtime<D> {
             .checked_sub(start)
             .and_then(|i| self.tables.regular.get(i))
             .map(|t| &t.buf)
+    }
+
+    /// The device batch table [`Runtime::set_batch_on`] writes: `i32[max_step_tokens]`, token
+    /// row → state row, `-1` for padding. Per-layer calls without their own state rows read it;
+    /// it keeps its address for the runtime's life (graphs capture it).
+    pub fn batch_buffer(&self) -> &D::Buffer {
+        &self.batch
+    }
+
+    /// The device slot mapping of the open step: `i32[write groups][max_batched_tokens]`, for
+    /// each write group ([`Runtime::slot_mapping_groups`]) and each token the step computes (the
+    /// command's scheduled requests in order, each request's tokens in order) the row the token
+    /// writes in the group's view ([`KvCacheConfig::layer_view`]), `-1` for a token that writes
+    /// no row of the group (a compressed group between its rows) and beyond the step's tokens.
+    /// Rewritten on the compute stream by every `begin_step`; it keeps its address.
+    pub fn slot_mapping(&self) -> &D::Buffer {
+        &self.slots.buf
+    }
+
+    /// The layout group of each row of [`Runtime::slot_mapping`]: every resident bucket, the
+    /// indexer group, every regular group, in layout order.
+    pub fn slot_mapping_groups(&self) -> Vec<usize> {
+        self.slots.groups.iter().map(|&(g, _)| g).collect()
+    }
+
+    /// Tokens the open (or last) step computes: the valid prefix of each slot-mapping row.
+    pub fn step_tokens(&self) -> u32 {
+        self.slots.tokens
+    }
+
+    /// Token-row counts of the per-layer calls captured into graphs so far (what
+    /// [`Runtime::set_batch_on`]'s `pad_to` may name).
+    pub fn captured_token_rows(&self) -> &[u32] {
+        &self.captured_tokens
     }
 
     /// The host shadow of the resident table row of `state_row` in `bucket` (what the device

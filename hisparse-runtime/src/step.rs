@@ -9,6 +9,8 @@ use hisparse_core::ops::{
 
 use crate::error::RuntimeError;
 use crate::runtime::{OpenStep, Runtime, STATS_SLOTS, StatsInFlight};
+use crate::slots::SlotMapping;
+use crate::streams::{StreamId, pick};
 
 /// What [`Runtime::poll`] found since the last poll, in the shape of
 /// [`Coordinator::report`]'s arguments.
@@ -32,9 +34,15 @@ impl WorkerReport {
 
 impl<D: Device> Runtime<D> {
     /// Before the forward pass: applies `cmd` on the compute stream, in the command's documented
-    /// order — incremental table updates, hot-state resets (state rows started, hot regions given
-    /// out), invalidation of hot entries caching rows of newly assigned host blocks, host
-    /// copy-on-write, restores, GPU copy-on-write. Nothing here synchronises with the host.
+    /// order — incremental table updates, the step's slot mapping ([`Runtime::slot_mapping`]),
+    /// hot-state resets (state rows started, hot regions given out), invalidation of hot entries
+    /// caching rows of newly assigned host blocks, host copy-on-write, restores, GPU
+    /// copy-on-write. Nothing here synchronises with the host. [`Runtime::begin_step_on`] runs it
+    /// on a lent stream.
+    ///
+    /// Commands run once each, in order: a command already run, an older one, or one after a
+    /// skipped step is refused ([`RuntimeError::StepOrder`]) before anything is applied (the
+    /// first command a runtime sees may have any step number).
     ///
     /// With a host pool shared across processes (see [`crate::RuntimeConfig::writes_host`]),
     /// the writer's host copy-on-write must be complete before the other ranks enqueue this
@@ -42,6 +50,18 @@ impl<D: Device> Runtime<D> {
     /// synchronises the writer's compute stream after its `begin_step` and only then calls the
     /// others' (one barrier, in steps with copy-on-write only).
     pub fn begin_step(&mut self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
+        self.begin_step_on(cmd, None)
+    }
+
+    /// [`Runtime::begin_step`] on stream `on` (`None`: the compute stream), e.g. the engine's
+    /// current stream; the step's per-layer calls and [`Runtime::end_step_on`] then belong on the
+    /// same stream. Refused on a stream being captured into a graph ([`RuntimeError::Capture`]):
+    /// a step's command is applied before the graph's replay, outside it.
+    pub fn begin_step_on(
+        &mut self,
+        cmd: &OffloadCommand,
+        on: Option<StreamId>,
+    ) -> Result<(), RuntimeError<D::Error>> {
         if let Some(open) = self.open {
             return Err(RuntimeError::Sequence(if open.step == cmd.step {
                 "begin_step called twice for one step"
@@ -49,23 +69,35 @@ impl<D: Device> Runtime<D> {
                 "begin_step before the previous step's end_step"
             }));
         }
+        if let Some(last) = self.last_step
+            && cmd.step != last + 1
+        {
+            return Err(RuntimeError::StepOrder {
+                last,
+                got: cmd.step,
+            });
+        }
+        self.refuse_capture(on, "begin_step")?;
         self.check_command(cmd)?;
         let span = tracing::debug_span!("hisparse.begin_step", step = cmd.step);
         let _enter = span.enter();
-        // 1. Tables.
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
+        // 1. Tables, then the slot mapping (read from the updated tables).
         self.tables.apply_command(cmd);
-        let written = self.tables.flush(&self.dev, &self.compute)?;
+        let written = self.tables.flush(&self.dev, stream)?;
         self.counters.table_writes += written as u64;
+        self.slots.write(&self.dev, stream, &self.tables, cmd)?;
         // 2. Hot-state resets: started rows in every group, new hot regions in their bucket's.
-        let resets = self.reset_hot_states(cmd)?;
+        let resets = self.reset_hot_states(cmd, on)?;
         // 3. Invalidation of hot entries caching rows of recycled host blocks.
-        self.invalidate_host_blocks(&cmd.new_host_blocks)?;
+        self.invalidate_host_blocks(&cmd.new_host_blocks, on)?;
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         // 4. Host copy-on-write (by the rank that writes the host pool), restores, GPU
         //    copy-on-write.
         if self.cfg.writes_host && !cmd.host_cow.is_empty() {
             self.dev
                 .copy_host_pages(
-                    &self.compute,
+                    stream,
                     &self.host_layers,
                     &cmd.host_cow,
                     &mut self.pools.host,
@@ -91,7 +123,7 @@ impl<D: Device> Runtime<D> {
             self.counters.h2d_bytes += pairs.len() as u64 * page_bytes(layers);
             self.dev
                 .copy_pages(
-                    &self.compute,
+                    stream,
                     &PageCopyDesc {
                         direction: Direction::HostToDevice,
                         layers,
@@ -106,7 +138,7 @@ impl<D: Device> Runtime<D> {
         for p in &cmd.gpu_cow {
             self.dev
                 .copy_within_device(
-                    &self.compute,
+                    stream,
                     &mut self.pools.device,
                     p.src as usize * bpb,
                     p.dst as usize * bpb,
@@ -126,14 +158,19 @@ impl<D: Device> Runtime<D> {
         }
         let sampled = self.cfg.stats_every > 0
             && (c.steps - 1).is_multiple_of(u64::from(self.cfg.stats_every));
+        self.last_step = Some(cmd.step);
+        self.step_begun = None;
         self.open = Some(OpenStep {
             step: cmd.step,
+            stream: on,
             fully_resident: cmd.fully_resident,
             sampled,
         });
         self.batch_len = None;
         self.row_fully_resident.fill(false);
+        self.row_scheduled.fill(false);
         for s in &cmd.scheduled {
+            self.row_scheduled[s.slot as usize] = true;
             self.row_fully_resident[s.slot as usize] = s.fully_resident;
         }
         tracing::debug!(
@@ -154,6 +191,16 @@ impl<D: Device> Runtime<D> {
     /// is applied, so a malformed command is refused whole (nothing enqueued, the tables as they
     /// were) rather than half-executed.
     fn check_command(&self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
+        let tokens = SlotMapping::<D>::step_tokens(cmd);
+        if tokens > u64::from(self.cfg.max_batched_tokens) {
+            return Err(RuntimeError::Config {
+                field: "max_batched_tokens",
+                reason: format!(
+                    "the command of step {} schedules {tokens} tokens but the runtime's slot mapping holds {}; build the runtime with max_batched_tokens at least the coordinator's",
+                    cmd.step, self.cfg.max_batched_tokens
+                ),
+            });
+        }
         for s in &cmd.scheduled {
             if s.slot >= self.cfg.state_rows {
                 return Err(RuntimeError::StateRow {
@@ -208,7 +255,11 @@ impl<D: Device> Runtime<D> {
 
     /// Resets the hot state of started rows (every group) and of rows given a hot region (the
     /// groups of that region's bucket); returns the number of (row, group) resets.
-    fn reset_hot_states(&mut self, cmd: &OffloadCommand) -> Result<u64, RuntimeError<D::Error>> {
+    fn reset_hot_states(
+        &mut self,
+        cmd: &OffloadCommand,
+        on: Option<StreamId>,
+    ) -> Result<u64, RuntimeError<D::Error>> {
         let nb = self.kv.num_buckets as usize;
         for rows in &mut self.scratch_rows {
             rows.clear();
@@ -226,6 +277,7 @@ impl<D: Device> Runtime<D> {
             num_requests: self.cfg.state_rows,
             hot_slots: self.kv.device_buffer_size,
         };
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         let mut resets = 0;
         for (gs, rows) in self.groups.iter_mut().zip(&mut self.scratch_rows) {
             if rows.is_empty() {
@@ -235,7 +287,7 @@ impl<D: Device> Runtime<D> {
             rows.dedup();
             resets += rows.len() as u64;
             self.dev
-                .reset_hot_state(&self.compute, &desc, rows, &mut gs.dgi, &mut gs.lru)
+                .reset_hot_state(stream, &desc, rows, &mut gs.dgi, &mut gs.lru)
                 .map_err(RuntimeError::device("resetting hot state"))?;
         }
         self.counters.hot_resets += resets;
@@ -247,6 +299,7 @@ impl<D: Device> Runtime<D> {
     fn invalidate_host_blocks(
         &mut self,
         host_blocks: &[u32],
+        on: Option<StreamId>,
     ) -> Result<(), RuntimeError<D::Error>> {
         if host_blocks.is_empty() {
             return Ok(());
@@ -286,9 +339,10 @@ impl<D: Device> Runtime<D> {
                 value,
             })
             .collect();
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         self.dev
             .write_table(
-                &self.compute,
+                stream,
                 &TableWriteDesc {
                     table_len: (self.ranges_capacity * 2) as u32,
                 },
@@ -304,7 +358,7 @@ impl<D: Device> Runtime<D> {
         for gs in &mut self.groups {
             self.dev
                 .invalidate(
-                    &self.compute,
+                    stream,
                     &desc,
                     InvalidateArgs {
                         ranges: &self.ranges,
@@ -320,8 +374,19 @@ impl<D: Device> Runtime<D> {
     /// pass's KV writes), then runs `cmd`'s row mirrors and page spills as transfer batch
     /// `cmd.transfer_id`, and records an event that [`Runtime::poll`] watches. On sampled steps
     /// the per-group counts are copied to host on the compute stream. Nothing here blocks the
-    /// host.
+    /// host. [`Runtime::end_step_on`] names the stream the forward pass ran on.
     pub fn end_step(&mut self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
+        self.end_step_on(cmd, None)
+    }
+
+    /// [`Runtime::end_step`] after the forward pass enqueued on stream `on` (`None`: the compute
+    /// stream): the copies wait for everything enqueued on `on` so far. Refused on a stream being
+    /// captured into a graph ([`RuntimeError::Capture`]).
+    pub fn end_step_on(
+        &mut self,
+        cmd: &OffloadCommand,
+        on: Option<StreamId>,
+    ) -> Result<(), RuntimeError<D::Error>> {
         let open = self
             .open
             .ok_or(RuntimeError::Sequence("end_step without a begin_step"))?;
@@ -330,15 +395,16 @@ impl<D: Device> Runtime<D> {
                 "end_step with a different command than begin_step",
             ));
         }
+        self.refuse_capture(on, "end_step")?;
         let span = tracing::debug_span!("hisparse.end_step", step = cmd.step);
         let _enter = span.enter();
         if open.sampled {
-            self.copy_stats()?;
+            self.copy_stats(on)?;
         }
         if let Some(id) = cmd.transfer_id {
             let forward = self
                 .dev
-                .record_event(&self.compute)
+                .record_event(pick(&self.compute, &self.lent_streams, on)?)
                 .map_err(RuntimeError::device(
                     "recording the end of the forward pass",
                 ))?;
@@ -430,7 +496,7 @@ impl<D: Device> Runtime<D> {
 
     /// Copies this step's per-group counts into the next slot of the pinned ring, on the compute
     /// stream (the next step's calls overwrite the device buffers after it, in stream order).
-    fn copy_stats(&mut self) -> Result<(), RuntimeError<D::Error>> {
+    fn copy_stats(&mut self, on: Option<StreamId>) -> Result<(), RuntimeError<D::Error>> {
         if self.stats_in_flight.len() == STATS_SLOTS {
             // Every slot is in flight: wait for the oldest (rare: the device is far behind).
             let oldest = self.stats_in_flight.pop_front().expect("ring is full");
@@ -439,6 +505,7 @@ impl<D: Device> Runtime<D> {
         let slot = self.stats_next_slot;
         self.stats_next_slot = (slot + 1) % STATS_SLOTS;
         let t = self.cfg.max_step_tokens as usize;
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
         let mut groups = Vec::with_capacity(self.groups.len());
         for (g, gs) in self.groups.iter().enumerate() {
             let Some(call) = gs.call else {
@@ -454,14 +521,7 @@ impl<D: Device> Runtime<D> {
             };
             for (i, b) in bufs.iter().enumerate() {
                 self.dev
-                    .copy_to_host(
-                        &self.compute,
-                        b,
-                        0,
-                        &mut self.stats_host,
-                        base + i * t * 4,
-                        bytes,
-                    )
+                    .copy_to_host(stream, b, 0, &mut self.stats_host, base + i * t * 4, bytes)
                     .map_err(RuntimeError::device("copying counters to host"))?;
             }
             let miss_bytes = u64::from(self.kv.row_bytes) * gs.layers.len() as u64;
@@ -469,7 +529,7 @@ impl<D: Device> Runtime<D> {
         }
         let event = self
             .dev
-            .record_event(&self.compute)
+            .record_event(stream)
             .map_err(RuntimeError::device("recording counters"))?;
         self.stats_in_flight.push_back(StatsInFlight {
             slot,
@@ -571,8 +631,9 @@ impl<D: Device> Runtime<D> {
         Ok(r)
     }
 
-    /// Blocks until every transfer batch and counter copy in flight has completed, then polls
-    /// (shutdown, tests). Not for the decode path.
+    /// Blocks until every transfer batch and counter copy in flight, and everything enqueued on
+    /// the compute stream and the lent streams, has completed, then polls (shutdown, tests). Not
+    /// for the decode path.
     pub fn drain(&mut self) -> Result<WorkerReport, RuntimeError<D::Error>> {
         self.dev
             .synchronize(&self.compute)
@@ -580,6 +641,11 @@ impl<D: Device> Runtime<D> {
         self.dev
             .synchronize(&self.copy)
             .map_err(RuntimeError::device("synchronising the copy stream"))?;
+        for s in &self.lent_streams {
+            self.dev
+                .synchronize(s)
+                .map_err(RuntimeError::device("synchronising a lent stream"))?;
+        }
         self.poll()
     }
 }

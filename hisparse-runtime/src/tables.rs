@@ -179,6 +179,23 @@ impl<D: Device> Tables<D> {
         }
     }
 
+    /// The shadow row of state row `row` in layout group `group`'s table (what the device holds
+    /// once the tables are flushed), or `None` for a group without a table or a row outside.
+    pub(crate) fn group_row(&self, group: usize, row: u32) -> Option<&[i32]> {
+        let b = self.num_buckets as usize;
+        if row >= self.rows {
+            return None;
+        }
+        let table = match group {
+            0 => &self.host,
+            1 => &self.indexer,
+            _ if group < 2 + b => &self.resident[group - 2],
+            _ if group < 2 + 2 * b => &self.hot[group - 2 - b],
+            _ => self.regular.get(group.checked_sub(self.regular_start)?)?,
+        };
+        Some(table.row(row))
+    }
+
     /// The table of layout group `group` (one [`Tables::shape_of`] accepted).
     fn table_of(&mut self, group: u32) -> &mut Table<D> {
         let g = group as usize;

@@ -3,7 +3,7 @@
 //! anything is allocated, and counters can be turned off.
 
 use hisparse_backend_cpu::CpuDevice;
-use hisparse_core::coordinator::OffloadCommand;
+use hisparse_core::coordinator::{OffloadCommand, ScheduledRequest};
 use hisparse_core::{Device, Error, ErrorKind};
 use hisparse_runtime::{Indices, Pools, Runtime, RuntimeConfig, RuntimeError, TopK};
 
@@ -107,8 +107,16 @@ fn calls_out_of_sequence_or_beyond_the_configuration_are_typed_errors() {
     let dev = CpuDevice::new();
     let topk = dev.alloc(4 * 8 * 4).unwrap();
     let mut rows = dev.alloc(4 * 8 * 4).unwrap();
+    // One request, in state row 0, scheduled for one decode token.
     let cmd = OffloadCommand {
         step: 1,
+        scheduled: vec![ScheduledRequest {
+            id: 1,
+            slot: 0,
+            first_token: 0,
+            num_tokens: 1,
+            fully_resident: true,
+        }],
         ..OffloadCommand::default()
     };
     let input = |n| TopK {
@@ -146,6 +154,12 @@ fn calls_out_of_sequence_or_beyond_the_configuration_are_typed_errors() {
     assert!(matches!(
         rt.resolve_index_group(0, &input(1), out!()),
         Err(RuntimeError::Sequence(_))
+    ));
+    // A state row no request scheduled in this step holds: refused, never resolved into rows
+    // that read another request's (or nobody's) blocks.
+    assert!(matches!(
+        rt.set_batch(&[1]),
+        Err(RuntimeError::NotScheduled { row: 1, step: 1 })
     ));
     rt.set_batch(&[0, -1]).unwrap();
     assert!(matches!(

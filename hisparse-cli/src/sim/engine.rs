@@ -90,6 +90,14 @@ impl SimSetup {
     pub fn max_decode_rows(&self) -> u32 {
         self.requests.saturating_mul(1 + self.spec_tokens)
     }
+
+    /// A rank's runtime settings: a state row per request, the decode rows per call, a slot
+    /// mapping for the coordinator's token budget.
+    pub fn runtime_config(&self) -> hisparse_runtime::RuntimeConfig {
+        let mut cfg = hisparse_runtime::RuntimeConfig::new(self.requests, self.max_decode_rows());
+        cfg.max_batched_tokens = cfg.max_batched_tokens.max(self.max_batched_tokens);
+        cfg
+    }
 }
 
 /// The drafts a request's last sampled token came with: the first draft's position, how many,

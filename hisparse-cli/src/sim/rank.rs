@@ -11,7 +11,7 @@ use std::time::Instant;
 use hisparse_core::Device;
 use hisparse_core::coordinator::{OffloadCommand, RequestId};
 use hisparse_core::layout::KvCacheConfig;
-use hisparse_runtime::{Counters, Indices, Pools, Runtime, RuntimeConfig, TopK, WorkerReport};
+use hisparse_runtime::{Counters, Indices, Pools, Runtime, TopK, WorkerReport};
 use serde::{Deserialize, Serialize};
 
 use super::engine::SimSetup;
@@ -113,12 +113,7 @@ pub struct Rank<D: Device> {
 impl<D: Device> Rank<D> {
     /// A rank whose runtime owns its pools.
     pub fn new(dev: D, s: &SimSetup) -> CliResult<Self> {
-        let rt = Runtime::new(
-            dev,
-            s.kv.clone(),
-            RuntimeConfig::new(s.requests, s.max_decode_rows()),
-        )
-        .map_err(setup_err)?;
+        let rt = Runtime::new(dev, s.kv.clone(), s.runtime_config()).map_err(setup_err)?;
         Self::with_runtime(rt, s)
     }
 
@@ -134,7 +129,7 @@ impl<D: Device> Rank<D> {
         let device = dev
             .alloc(s.kv.gpu_pool_bytes() as usize)
             .map_err(|e| CliError::device("allocating the device pool", e))?;
-        let mut cfg = RuntimeConfig::new(s.requests, s.max_decode_rows());
+        let mut cfg = s.runtime_config();
         cfg.worker = worker;
         cfg.writes_host = writes_host;
         let rt = Runtime::with_pools(dev, s.kv.clone(), cfg, Pools { device, host }, None)

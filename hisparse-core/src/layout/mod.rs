@@ -447,10 +447,12 @@ mod geometry;
 mod plan;
 mod report;
 mod validate;
+mod views;
 
 pub use capacity::{CapacityLimit, CapacityReport, GpuBlocksPerRequest, LayoutWarning};
 pub use plan::plan_layout;
 pub use report::{LayoutReport, NodeHostMemory, capacity_contexts};
+pub use views::LayerView;
 
 #[cfg(test)]
 mod tests;

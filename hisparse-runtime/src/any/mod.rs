@@ -517,6 +517,10 @@ impl Device for AnyDevice {
         dispatch!(self, d => Ok(d.synchronize(p!(stream, d.backend()))?))
     }
 
+    fn is_capturing(&self, stream: &AnyStream) -> Result<bool, AnyError> {
+        dispatch!(self, d => Ok(d.is_capturing(p!(stream, d.backend()))?))
+    }
+
     fn query_event(&self, event: &AnyEvent) -> Result<bool, AnyError> {
         dispatch!(self, d => Ok(d.query_event(p!(event, d.backend()))?))
     }

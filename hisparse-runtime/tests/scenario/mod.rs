@@ -114,31 +114,63 @@ pub fn row(id: u64, pos: u32, len: usize) -> Vec<u8> {
 /// The forward pass: writes every computed token's row into its resident pages, one upload per
 /// (page, layer) run of rows.
 pub fn forward<D: Device>(rt: &mut Runtime<D>, kv: &KvCacheConfig, cmd: &OffloadCommand) {
+    // The engine's way: the device slot mapping gives each token's row in each write group's
+    // view; the row's bytes go where the layer's view puts that row. Checked against the
+    // resident tables' host shadows (the page's block, the token's offset).
     let rb = kv.row_bytes as usize;
-    let bs = kv.block_size;
+    let groups = rt.slot_mapping_groups();
+    let cap = rt.config().max_batched_tokens as usize;
+    let tokens = rt.step_tokens() as usize;
+    assert_eq!(
+        tokens,
+        cmd.scheduled
+            .iter()
+            .map(|s| s.num_tokens as usize)
+            .sum::<usize>()
+    );
+    let mut slots = vec![0i32; groups.len() * cap];
+    rt.device()
+        .download_i32(rt.slot_mapping(), 0, &mut slots)
+        .unwrap();
+    let mut t = 0;
     for s in &cmd.scheduled {
-        let (mut pos, end) = (s.first_token, s.first_token + s.num_tokens);
-        while pos < end {
-            let page = pos / bs;
-            let run_end = end.min((page + 1) * bs);
+        for pos in s.first_token..s.first_token + s.num_tokens {
             for b in 0..kv.num_buckets {
-                let blk = rt.resident_row(b, s.slot).unwrap()[page as usize] as u64;
+                let g = kv.resident_group(b);
+                let w = groups.iter().position(|&x| x == g).unwrap();
+                let slot = slots[w * cap + t];
+                let blk = rt.resident_row(b, s.slot).unwrap()[(pos / kv.block_size) as usize];
                 assert!(
                     blk > 0,
-                    "request {} page {page} has no resident block",
+                    "request {} position {pos} has no resident block",
                     s.id
                 );
-                for gl in &kv.groups[kv.resident_group(b)].layers {
-                    let at = blk * kv.bytes_per_block + gl.offset + u64::from(pos % bs) * rb as u64;
-                    let bytes: Vec<u8> = (pos..run_end)
-                        .flat_map(|p| row(s.id, p + gl.layer * 7, rb))
-                        .collect();
+                assert_eq!(
+                    i64::from(slot),
+                    i64::from(blk) * i64::from(kv.attention_block_stride)
+                        + i64::from(pos % kv.block_size),
+                    "slot mapping of request {} position {pos}, bucket {b}",
+                    s.id
+                );
+                for i in 0..kv.groups[g].layers.len() {
+                    let view = kv.layer_view(g, i).unwrap();
+                    let at = view.row_offset(slot as u64).unwrap();
+                    let layer = kv.groups[g].layers[i].layer;
+                    let bytes = row(s.id, pos + layer * 7, rb);
                     let (dev, pools) = rt.device_and_pools_mut();
                     dev.upload(&mut pools.device, at as usize, &bytes).unwrap();
                 }
             }
-            pos = run_end;
+            t += 1;
         }
+    }
+    for w in 0..groups.len() {
+        assert!(
+            slots[w * cap + tokens..(w + 1) * cap]
+                .iter()
+                .all(|&r| r == -1),
+            "slot mapping beyond the step's tokens"
+        );
     }
 }
 
