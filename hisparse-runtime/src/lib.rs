@@ -15,6 +15,7 @@ mod counters;
 mod decode;
 mod error;
 mod kind;
+pub mod plan;
 mod runtime;
 mod shared;
 mod slots;
