@@ -277,3 +277,81 @@ fn a_request_whose_context_fits_the_layout_always_finishes() {
     }
     assert_eq!(runs, 6 * 2 * 2 * 3 * 24 * 2);
 }
+
+/// One request the pool can no longer serve does not stop the others: request 1 decodes past
+/// the longest context a prefill can hold on the GPU (32 tokens in a 17-block pool), is
+/// preempted, and its restart — a prefill over its whole 40-token context — could never fit.
+/// The step that finds this refuses request 1 (reported in the command with the reason, its
+/// blocks given back, out of every queue), schedules request 2 as usual, and every later step
+/// runs; request 2 finishes and, once the engine finishes request 1, every block is back.
+#[test]
+fn a_request_refused_while_scheduling_does_not_stop_the_step() {
+    use hisparse_core::coordinator::{CoordError, RefusalReason};
+    let mut c = coordinator(layout(48, 17, true), 512, 1);
+    c.admit(1, &(0..8).collect::<Vec<u32>>()).unwrap();
+    let mut xfers = Vec::new();
+    while c.num_tokens(1) != Some(40) {
+        let cmd = c.step().expect("step");
+        xfers.extend(cmd.transfer_id);
+        c.report(0, &xfers, &xfers).unwrap();
+        xfers.clear();
+        if c.num_computed(1) == c.num_tokens(1) {
+            c.append_tokens(1, &[7]).unwrap();
+        }
+    }
+    assert!(!c.layout().prefill_fits(40) && c.layout().prefill_fits(32));
+    c.preempt(1).unwrap();
+    c.admit(2, &(100..104).collect::<Vec<u32>>()).unwrap();
+    let mut refused = None;
+    for _ in 0..20 {
+        let cmd = c
+            .step()
+            .expect("a request the pool cannot serve must not fail the step");
+        xfers.extend(cmd.transfer_id);
+        c.report(0, &xfers, &xfers).unwrap();
+        xfers.clear();
+        c.check_invariants().unwrap();
+        if let Some(r) = cmd.refused.first() {
+            assert_eq!(cmd.refused.len(), 1);
+            assert!(cmd.scheduled.iter().all(|s| s.id != 1));
+            refused = Some(*r);
+            break;
+        }
+        if c.num_computed(2) == c.num_tokens(2) {
+            c.append_tokens(2, &[7]).unwrap();
+        }
+    }
+    let r = refused.expect("request 1 was never refused");
+    assert_eq!(r.id, 1);
+    let RefusalReason::PrefillNeverFits {
+        context_tokens,
+        needed,
+        capacity,
+    } = r.reason
+    else {
+        panic!("refused for {:?}", r.reason);
+    };
+    assert!(
+        (32..40).contains(&context_tokens) && needed > capacity && capacity == 16,
+        "{:?}",
+        r.reason
+    );
+    assert_eq!(c.refusal(1), Some(r.reason));
+    assert_eq!(c.slot_of(1), None);
+    assert!(c.running_ids().all(|id| id != 1));
+    // Calls that need it running (or waiting) say it was refused, and why.
+    let e = c.schedule(1, 1).unwrap_err();
+    assert_eq!(
+        e,
+        CoordError::Refused {
+            id: 1,
+            reason: r.reason
+        }
+    );
+    assert!(e.to_string().contains("finish it"), "{e}");
+    assert_eq!(c.start(1, 8).unwrap_err(), e);
+    assert_eq!(c.preempt(1).unwrap_err(), e);
+    c.finish(1).unwrap();
+    assert_eq!(c.refusal(1), None);
+    drive(&mut c, &[(2, 12)], 40);
+}

@@ -311,6 +311,14 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
         let sum = coord.schedule_step().map_err(coord_err)?;
         coord.build_offload_command_into(&mut cmd);
         let mut planning = t.elapsed().as_secs_f64();
+        // The workload is sized to fit the layout: a request the coordinator refused could
+        // never finish, and the run would not mean what was asked.
+        if let Some(r) = cmd.refused.first() {
+            return Err(coord_err(CoordError::Refused {
+                id: r.id,
+                reason: r.reason,
+            }));
+        }
         report.waits += u64::from(sum.waiting_on_reclaim.min(1));
         report.preemptions += cmd.preempted.len() as u64;
         report.hot_regions_allocated +=

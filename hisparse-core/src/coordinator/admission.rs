@@ -156,7 +156,7 @@ impl Coordinator {
             return Err(CoordError::UnknownRequest { id });
         };
         if r.status != Status::Waiting {
-            return Err(CoordError::NotRunning { id });
+            return Err(r.status_error());
         }
         if matches!(r.import, Import::Reserved(_)) {
             return Err(CoordError::Import {

@@ -3,7 +3,7 @@
 
 use alloc::vec::Vec;
 
-use super::{Coordinator, RequestId};
+use super::{Coordinator, RefusalReason, RequestId};
 use crate::ops::{BlockPair, RowSpan};
 
 /// A request scheduled in a step.
@@ -20,6 +20,18 @@ pub struct ScheduledRequest {
     pub num_tokens: u32,
     /// Whether every page of the request is resident (no host reads).
     pub fully_resident: bool,
+}
+
+/// A request refused while a step was scheduled: its blocks are given back and it is in no
+/// queue; the engine fails it (or shortens it: finish it and admit a shorter one) and calls
+/// [`Coordinator::finish`]. The step goes on for every other request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RefusedRequest {
+    /// The request.
+    pub id: RequestId,
+    /// Why.
+    pub reason: RefusalReason,
 }
 
 /// A change of one per-request table entry (page → block; block 0 = null).
@@ -92,6 +104,9 @@ pub struct OffloadCommand {
     pub scheduled: Vec<ScheduledRequest>,
     /// Requests preempted in this step (their slots are free; their tokens will be recomputed).
     pub preempted: Vec<RequestId>,
+    /// Requests refused in this step (their slots are free, they will not run again): fail
+    /// them and [`Coordinator::finish`] them.
+    pub refused: Vec<RefusedRequest>,
     /// State rows given to a request in this step: reset them first (resident and block tables
     /// to 0, host table to -1, no hot region), then apply the updates.
     pub started: Vec<u32>,
@@ -127,6 +142,7 @@ impl OffloadCommand {
         self.transfer_id = None;
         self.scheduled.clear();
         self.preempted.clear();
+        self.refused.clear();
         self.started.clear();
         self.fully_resident = true;
         self.residency.clear();

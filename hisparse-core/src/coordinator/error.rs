@@ -4,7 +4,7 @@ use core::fmt;
 
 use super::RequestId;
 #[cfg(doc)]
-use super::{Coordinator, CoordinatorConfig};
+use super::{Coordinator, CoordinatorConfig, OffloadCommand};
 #[cfg(doc)]
 use crate::layout::KvCacheConfig;
 use crate::layout::LayoutError;
@@ -160,6 +160,116 @@ pub enum CoordError {
         /// The id expected next.
         expected: u64,
     },
+    /// The request was refused while a step was scheduled ([`OffloadCommand::refused`]): it
+    /// holds no block and is in no queue. [`Coordinator::finish`] it (or finish it and admit a
+    /// shorter one).
+    Refused {
+        /// The id.
+        id: RequestId,
+        /// Why it was refused.
+        reason: RefusalReason,
+    },
+}
+
+/// Why a request was refused while a step was scheduled ([`OffloadCommand::refused`]): plain,
+/// portable data (no borrowed text), the reason [`CoordError`] of the scheduling that refused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum RefusalReason {
+    /// Its prefill can never hold its context on the GPU ([`CoordError::PrefillNeverFits`]):
+    /// a restart whose recomputed context outgrew the pool. Finish it, or admit it again with a
+    /// shorter context.
+    PrefillNeverFits {
+        /// Tokens of context before the chunk.
+        context_tokens: u32,
+        /// GPU blocks that context and the chunk's first page need.
+        needed: u64,
+        /// Usable blocks in the GPU pool.
+        capacity: u64,
+    },
+    /// It can never fit a pool, even alone ([`CoordError::NeverFits`]).
+    NeverFits {
+        /// The pool that is too small.
+        pool: PoolKind,
+        /// Blocks it needs.
+        needed: u64,
+        /// Usable blocks in the pool.
+        capacity: u64,
+    },
+    /// The coordinator's bookkeeping for it could not be allocated
+    /// ([`CoordError::OutOfMemory`]).
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// Any other error scheduling it met (a pool refusing what the coordinator's accounting
+    /// allowed: a defect to report, with the request's history).
+    Internal,
+}
+
+impl RefusalReason {
+    /// The reason `e` (an error of scheduling or starting one request) gives.
+    pub fn of(e: &CoordError) -> Self {
+        match *e {
+            CoordError::PrefillNeverFits {
+                context_tokens,
+                needed,
+                capacity,
+                ..
+            } => RefusalReason::PrefillNeverFits {
+                context_tokens,
+                needed,
+                capacity,
+            },
+            CoordError::NeverFits {
+                pool,
+                needed,
+                capacity,
+                ..
+            } => RefusalReason::NeverFits {
+                pool,
+                needed,
+                capacity,
+            },
+            CoordError::OutOfMemory { bytes, .. } => RefusalReason::OutOfMemory { bytes },
+            CoordError::Refused { reason, .. } => reason,
+            _ => RefusalReason::Internal,
+        }
+    }
+}
+
+impl fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            RefusalReason::PrefillNeverFits {
+                context_tokens,
+                needed,
+                capacity,
+            } => write!(
+                f,
+                "prefill over its {context_tokens} tokens of context needs that context on the GPU ({needed} blocks with the chunk's first page) but the GPU pool has {capacity}; give the KV cache more GPU memory (num_gpu_blocks, --gpu-mem) or shorten the prompt"
+            ),
+            RefusalReason::NeverFits {
+                pool,
+                needed,
+                capacity,
+            } => write!(
+                f,
+                "needs {needed} {} blocks but the pool has {capacity}; plan larger pools",
+                match pool {
+                    PoolKind::Gpu => "GPU",
+                    PoolKind::Host => "host",
+                }
+            ),
+            RefusalReason::OutOfMemory { bytes } => write!(
+                f,
+                "{bytes} B of bookkeeping could not be allocated; shorten it or lower max_model_len"
+            ),
+            RefusalReason::Internal => f.write_str(
+                "a pool refused what the coordinator's accounting allowed (a defect: report it with the request's calls)",
+            ),
+        }
+    }
 }
 
 impl From<PoolError> for CoordError {
@@ -212,28 +322,9 @@ impl fmt::Display for CoordError {
                 f,
                 "coordinator: request {id} would have {tokens} tokens, above max_model_len {max_model_len}; finish it or plan a larger max_model_len"
             ),
-            CoordError::PrefillNeverFits {
-                id,
-                context_tokens,
-                needed,
-                capacity,
-            } => write!(
-                f,
-                "coordinator: request {id}: prefill over its {context_tokens} tokens of context needs that context on the GPU ({needed} blocks with the chunk's first page) but the GPU pool has {capacity}; give the KV cache more GPU memory (num_gpu_blocks, --gpu-mem) or shorten the prompt"
-            ),
-            CoordError::NeverFits {
-                id,
-                pool,
-                needed,
-                capacity,
-            } => write!(
-                f,
-                "coordinator: request {id} needs {needed} {} blocks but the pool has {capacity}; plan larger pools",
-                match pool {
-                    PoolKind::Gpu => "GPU",
-                    PoolKind::Host => "host",
-                }
-            ),
+            CoordError::PrefillNeverFits { id, .. } | CoordError::NeverFits { id, .. } => {
+                write!(f, "coordinator: request {id}: {}", RefusalReason::of(self))
+            }
             CoordError::NotEnoughTokens {
                 id,
                 requested,
@@ -276,6 +367,10 @@ impl fmt::Display for CoordError {
             } => write!(
                 f,
                 "coordinator: worker {worker} reported transfer {id} {what}, but {expected} is next (FIFO, issued ids only)"
+            ),
+            CoordError::Refused { id, reason } => write!(
+                f,
+                "coordinator: request {id} was refused while a step was scheduled ({reason}); finish it"
             ),
         }
     }

@@ -72,8 +72,10 @@ impl Coordinator {
             let running = self.running.contains(&(slot as u32));
             let waiting = self.waiting.contains(&(slot as u32));
             let reserved = matches!(r.import, Import::Reserved(_));
-            // An import whose writes are not complete is in neither queue.
-            let queues_ok = if reserved {
+            let refused = matches!(r.status, Status::Refused(_));
+            // An import whose writes are not complete, and a refused request, are in neither
+            // queue.
+            let queues_ok = if reserved || refused {
                 !running && !waiting
             } else {
                 running != waiting
@@ -89,8 +91,9 @@ impl Coordinator {
             if !row_ok {
                 return Err(violation("data-plane row bookkeeping", rid, Some(r.row)));
             }
-            if r.status == Status::Waiting {
-                // An imported request holds the host blocks of its imported pages, nothing else.
+            if r.status != Status::Running {
+                // An imported request holds the host blocks of its imported pages, nothing else
+                // (a refused one nothing at all).
                 let host_ok = match r.import {
                     Import::Reserved(n) | Import::Ready(n) => {
                         r.source.blocks.len() as u32 == self.kv.pages_for(n)

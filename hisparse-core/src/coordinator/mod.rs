@@ -82,6 +82,9 @@
 //! is in flight, and preempts the newest running request otherwise) and returns the command for
 //! the engine. The engine runs the forward pass and the copies, reports them, appends sampled
 //! tokens ([`Coordinator::append_tokens`]) and finally [`Coordinator::finish`]es the request.
+//! A request the step cannot serve at all (its context outgrew what a prefill can hold on the
+//! GPU) does not stop the others: the command reports it in [`OffloadCommand::refused`], with
+//! the reason, for the engine to fail (and finish) it.
 //! With speculative decoding (`max_query_len = 1 + s`) the engine appends `s` draft tokens with
 //! each sampled one, a step computes them together, and the engine gives back the drafts the
 //! verifier rejected with [`Coordinator::rollback`] before the next step.
@@ -91,7 +94,8 @@
 //! in the chunk's command) and the request's pages stay put for the rest of the step. A prompt
 //! whose context could never be held on the GPU is refused at admission
 //! ([`CoordError::PrefillNeverFits`]; a restart whose recomputed context outgrew the pool gets
-//! the same error from scheduling).
+//! the same error from [`Coordinator::schedule`], and is refused by [`Coordinator::step`]:
+//! [`OffloadCommand::refused`]).
 //!
 //! Liveness: with workers reporting, a request whose context fits the layout and whose
 //! prefill fits the GPU pool always finishes
@@ -177,11 +181,12 @@ use crate::layout::KvCacheConfig;
 use crate::pool::BlockPool;
 
 pub use command::{
-    HotAssignment, OffloadCommand, PageTransfer, RowMirror, ScheduledRequest, TableUpdate,
+    HotAssignment, OffloadCommand, PageTransfer, RefusedRequest, RowMirror, ScheduledRequest,
+    TableUpdate,
 };
 use divisor::Divisor;
 use error::out_of_memory;
-pub use error::{CoordError, PoolKind};
+pub use error::{CoordError, PoolKind, RefusalReason};
 pub use invariants::InvariantViolation;
 pub use managers::PageState;
 use managers::{HotManager, PagedManager, Release, ResidentManager, SourceManager, Unpinned};
@@ -258,6 +263,8 @@ pub struct StepSummary {
     pub waiting_on_reclaim: u32,
     /// Requests started from the waiting queue.
     pub started: u32,
+    /// Requests refused ([`OffloadCommand::refused`]).
+    pub refused: u32,
 }
 
 /// The scheduler side of HiSparse for one model instance. See the module docs.
@@ -505,6 +512,15 @@ impl Coordinator {
         r.resident.state_of(page)
     }
 
+    /// Why request `id` was refused while a step was scheduled ([`OffloadCommand::refused`]),
+    /// if it was; `None` for a request that was not (or is unknown).
+    pub fn refusal(&self, id: RequestId) -> Option<RefusalReason> {
+        match self.req(id)?.status {
+            Status::Refused(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
     /// Whether the request has a hot region.
     pub fn has_hot_region(&self, id: RequestId) -> Option<bool> {
         self.req(id).map(|r| !r.hot.blocks.is_empty())
@@ -616,8 +632,10 @@ impl Coordinator {
     /// again through the host prefix cache).
     pub fn preempt(&mut self, id: RequestId) -> Result<(), CoordError> {
         let slot = self.slot_of_id(id)?;
-        if self.reqs[slot as usize].as_ref().map(|r| r.status) != Some(Status::Running) {
-            return Err(CoordError::NotRunning { id });
+        match self.reqs[slot as usize].as_ref() {
+            Some(r) if r.status == Status::Running => {}
+            Some(r) => return Err(r.status_error()),
+            None => return Err(CoordError::UnknownRequest { id }),
         }
         self.preempt_slot(slot)
     }
@@ -635,6 +653,26 @@ impl Coordinator {
         }
         self.waiting.push_front(slot);
         Ok(())
+    }
+
+    /// Refuses the request in `reqs[slot]` (running or waiting) for the error its scheduling
+    /// met: gives back its blocks, takes it out of its queue and reports it in the step's
+    /// command; it stays known (refused) until the engine finishes it.
+    fn refuse_slot(&mut self, slot: u32, e: &CoordError) {
+        let Some(mut r) = self.reqs[slot as usize].take() else {
+            return;
+        };
+        self.release_blocks(&mut r);
+        let reason = RefusalReason::of(e);
+        r.status = Status::Refused(reason);
+        self.out.refused.push(RefusedRequest { id: r.id, reason });
+        self.reqs[slot as usize] = Some(r);
+        if let Some(pos) = self.running.iter().position(|&s| s == slot) {
+            self.running.remove(pos);
+        }
+        if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
+            self.waiting.remove(pos);
+        }
     }
 
     /// Finishes (or aborts) request `id`, waiting or running: gives back its blocks.

@@ -3,8 +3,8 @@
 
 use alloc::vec::Vec;
 
-use super::RequestId;
 use super::managers::{HotRegion, PagedTable, ResidentTable, SourceTable};
+use super::{CoordError, RefusalReason, RequestId};
 
 /// Where a request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,6 +13,8 @@ pub(super) enum Status {
     Waiting,
     /// Has a data-plane state row and blocks.
     Running,
+    /// Refused while a step was scheduled: holds no block, in no queue, until finished.
+    Refused(RefusalReason),
 }
 
 /// Where an imported request's KV is ([`super::Coordinator::reserve_import`]).
@@ -71,6 +73,20 @@ pub(super) struct Req {
     pub(super) resident: ResidentTable,
     /// Hot region ([`super::managers::HotManager`]).
     pub(super) hot: HotRegion,
+}
+
+impl Req {
+    /// The error of a call that needs this request running (or, to start it, waiting) and
+    /// found it elsewhere: a refused request says so and why.
+    pub(super) fn status_error(&self) -> CoordError {
+        match self.status {
+            Status::Refused(reason) => CoordError::Refused {
+                id: self.id,
+                reason,
+            },
+            _ => CoordError::NotRunning { id: self.id },
+        }
+    }
 }
 
 /// `Req::row` of a request that is not running.

@@ -47,7 +47,7 @@ impl Coordinator {
     ) -> Result<(), CoordError> {
         let id = r.id;
         if r.status != Status::Running {
-            return Err(CoordError::NotRunning { id });
+            return Err(r.status_error());
         }
         let len = r.tokens.len() as u32;
         let uncomputed = len - r.num_computed;

@@ -9,7 +9,7 @@ impl Coordinator {
     pub(super) fn running_req(&self, id: RequestId) -> Result<&Req, CoordError> {
         let r = self.req(id).ok_or(CoordError::UnknownRequest { id })?;
         if r.status != Status::Running {
-            return Err(CoordError::NotRunning { id });
+            return Err(r.status_error());
         }
         Ok(r)
     }

@@ -38,7 +38,7 @@ impl Coordinator {
             return Err(CoordError::UnknownSlot { slot });
         };
         let res = if r.status != Status::Running {
-            Err(CoordError::NotRunning { id: r.id })
+            Err(r.status_error())
         } else {
             self.schedule_inner(&mut r, num_tokens, shrink)
         };
@@ -324,6 +324,12 @@ impl Coordinator {
 
     /// Runs the built-in policy for one step (see the module docs) without building the
     /// command; [`Coordinator::build_offload_command`] ends the step.
+    ///
+    /// A request whose scheduling or start meets an error (a restart whose recomputed context
+    /// outgrew the GPU pool: [`CoordError::PrefillNeverFits`]) does not stop the step: it is
+    /// refused — its blocks given back, out of every queue, reported in the command's
+    /// [`OffloadCommand::refused`] and by [`Coordinator::refusal`] — and the step goes on for
+    /// the others. The engine fails it and [`Coordinator::finish`]es it.
     pub fn schedule_step(&mut self) -> Result<StepSummary, CoordError> {
         let mut sum = StepSummary::default();
         let mut budget = self.cfg.max_batched_tokens;
@@ -350,31 +356,35 @@ impl Coordinator {
             };
             // Decode within the pages held (every request, nearly every step): committed here,
             // without `schedule_slot`'s second lookup and its outcome.
-            if r.status == Status::Running && self.decodes_in_place(&r, n) {
+            let res = if r.status == Status::Running && self.decodes_in_place(&r, n) {
                 let (pages, marked) = (r.pages, r.prefill_step);
                 let res = self.commit_tokens(&mut r, n, pages, marked);
                 self.reqs[slot as usize] = Some(r);
-                res?;
-                sum.scheduled += 1;
-                sum.tokens += n;
-                budget -= n;
-                i += 1;
-                continue;
-            }
-            self.reqs[slot as usize] = Some(r);
-            // A chunk (or a speculative decode) shrinks to what fits before anyone is preempted.
-            match self.schedule_slot(slot, n, true)? {
-                (Alloc::Scheduled, n) => {
+                res.map(|()| (Alloc::Scheduled, n))
+            } else {
+                self.reqs[slot as usize] = Some(r);
+                // A chunk (or a speculative decode) shrinks to what fits before anyone is
+                // preempted.
+                self.schedule_slot(slot, n, true)
+            };
+            match res {
+                Err(e) => {
+                    // One request's refusal is not the step's: report it, go on with the rest
+                    // (`running[i]` is now the next request).
+                    self.refuse_slot(slot, &e);
+                    sum.refused += 1;
+                }
+                Ok((Alloc::Scheduled, n)) => {
                     sum.scheduled += 1;
                     sum.tokens += n;
                     budget -= n;
                     i += 1;
                 }
-                (Alloc::Wait, _) => {
+                Ok((Alloc::Wait, _)) => {
                     sum.waiting_on_reclaim += 1;
                     i += 1;
                 }
-                (Alloc::NoSpace(_), _) => {
+                Ok((Alloc::NoSpace(_), _)) => {
                     // Preempt the newest running request; possibly this one.
                     let victim = *self.running.last().unwrap_or(&slot);
                     self.preempt_slot(victim)?;
@@ -398,19 +408,25 @@ impl Coordinator {
                 self.waiting.pop_front();
                 continue;
             };
-            match self.start(id, budget)? {
-                Alloc::Scheduled => {
+            match self.start(id, budget) {
+                // Every running row is not taken (the loop's condition): nothing to refuse.
+                Err(CoordError::NoFreeSlot) => break,
+                Err(e) => {
+                    self.refuse_slot(slot, &e);
+                    sum.refused += 1;
+                }
+                Ok(Alloc::Scheduled) => {
                     let n = self.out.scheduled.last().map_or(0, |s| s.num_tokens);
                     sum.scheduled += 1;
                     sum.started += 1;
                     sum.tokens += n;
                     budget = budget.saturating_sub(n);
                 }
-                Alloc::Wait => {
+                Ok(Alloc::Wait) => {
                     sum.waiting_on_reclaim += 1;
                     break;
                 }
-                Alloc::NoSpace(PoolKind::Host) if self.running.is_empty() => {
+                Ok(Alloc::NoSpace(PoolKind::Host)) if self.running.is_empty() => {
                     // Nothing runs to free host blocks: the only ones held are those of imports
                     // (which need none for their imported pages). The head (a preempted request
                     // that needs its blocks back, or an import that needs a new page) would wait
@@ -427,17 +443,25 @@ impl Coordinator {
                         else {
                             continue;
                         };
-                        if let Alloc::Scheduled = self.start(id, budget)? {
-                            let n = self.out.scheduled.last().map_or(0, |s| s.num_tokens);
-                            sum.scheduled += 1;
-                            sum.started += 1;
-                            sum.tokens += n;
-                            break;
+                        match self.start(id, budget) {
+                            Ok(Alloc::Scheduled) => {
+                                let n = self.out.scheduled.last().map_or(0, |s| s.num_tokens);
+                                sum.scheduled += 1;
+                                sum.started += 1;
+                                sum.tokens += n;
+                                break;
+                            }
+                            Ok(_) | Err(CoordError::NoFreeSlot) => {}
+                            Err(e) => {
+                                self.refuse_slot(s, &e);
+                                sum.refused += 1;
+                                k -= 1;
+                            }
                         }
                     }
                     break;
                 }
-                Alloc::NoSpace(_) => break,
+                Ok(Alloc::NoSpace(_)) => break,
             }
         }
         self.process_reused();
