@@ -151,23 +151,8 @@ impl Coordinator {
     /// pages. A prefix hit whose pinned blocks, staged pages and first page could never fit
     /// the GPU pool, even alone, is not used: the prefix is recomputed instead.
     pub fn start(&mut self, id: RequestId, max_tokens: u32) -> Result<Alloc, CoordError> {
-        let slot = self.slot_of_id(id)?;
-        let Some(r) = self.reqs[slot as usize].as_ref() else {
-            return Err(CoordError::UnknownRequest { id });
-        };
-        if r.status != Status::Waiting {
-            return Err(r.status_error());
-        }
-        if matches!(r.import, Import::Reserved(_)) {
-            return Err(CoordError::Import {
-                id,
-                what: "its KV is still being written; complete_import first",
-            });
-        }
+        let slot = self.startable(id)?.slot;
         if self.free_rows.is_empty() {
-            if self.row_owner.len() >= self.cfg.max_running as usize {
-                return Err(CoordError::NoFreeSlot);
-            }
             // A fresh data-plane row is recorded at commit; make room for it first.
             self.row_owner
                 .try_reserve(1)
@@ -192,6 +177,25 @@ impl Coordinator {
         res
     }
 
+    /// Waiting request `id`, if [`Coordinator::start`] may start it: not refused or running,
+    /// not an import whose writes are incomplete, and a data-plane row free.
+    pub(super) fn startable(&self, id: RequestId) -> Result<&Req, CoordError> {
+        let r = self.req(id).ok_or(CoordError::UnknownRequest { id })?;
+        if r.status != Status::Waiting {
+            return Err(r.status_error());
+        }
+        if matches!(r.import, Import::Reserved(_)) {
+            return Err(CoordError::Import {
+                id,
+                what: "its KV is still being written; complete_import first",
+            });
+        }
+        if self.free_rows.is_empty() && self.row_owner.len() >= self.cfg.max_running as usize {
+            return Err(CoordError::NoFreeSlot);
+        }
+        Ok(r)
+    }
+
     /// The first token a start recomputes after a prefix hit of `hit` pages of a `len`-token
     /// prompt: the token after the hit, or — when the hit covers the whole prompt — its last
     /// token (the last token is always computed; its page becomes a copy-on-write tail).
@@ -208,29 +212,25 @@ impl Coordinator {
     /// Longest prefix of `r`'s full pages durable on host whose GPU blocks are still cached:
     /// every page's indexer and full-attention blocks, and in each sliding-window group the
     /// blocks the window of the first recomputed token needs.
-    fn prefix_hit(&self, r: &Req) -> u32 {
+    fn prefix_hit(&self, hashes: &[u64], len: u32) -> u32 {
         let mut hit = 0u32;
         if !self.source.caching() {
             return 0;
         }
-        while (hit as usize) < r.source.hashes.len() {
-            let hash = r.source.hashes[hit as usize];
+        while (hit as usize) < hashes.len() {
+            let hash = hashes[hit as usize];
             if !self.source.is_cached(&self.host, hash) || !self.paged.is_cached(&self.gpu, hash) {
                 break;
             }
             hit += 1;
         }
         if self.paged.has_window() {
-            let len = r.tokens.len() as u32;
             // Not monotone in the hit length: a window's blocks may be cached at one boundary
             // and evicted at an earlier one. Take the longest hit whose window is there.
             while hit > 0
-                && !self.paged.windows_cached(
-                    &self.gpu,
-                    &r.source.hashes,
-                    hit,
-                    self.resume_token(hit, len),
-                )
+                && !self
+                    .paged
+                    .windows_cached(&self.gpu, hashes, hit, self.resume_token(hit, len))
             {
                 hit -= 1;
             }
@@ -258,7 +258,7 @@ impl Coordinator {
     /// into `out`, blocks flattened, `num_buckets` per page.
     fn adoptable_pages(
         &self,
-        r: &Req,
+        hashes: &[u64],
         shared: u32,
         out: &mut Vec<(u32, u32)>,
         blocks: &mut Vec<u32>,
@@ -272,7 +272,7 @@ impl Coordinator {
         for p in 0..shared {
             if self
                 .resident
-                .cached_page(&self.gpu, r.source.hashes[p as usize], &mut page)
+                .cached_page(&self.gpu, hashes[p as usize], &mut page)
             {
                 out.push((p, blocks.len() as u32));
                 blocks.extend_from_slice(&page);
@@ -297,17 +297,13 @@ impl Coordinator {
         row
     }
 
-    pub(super) fn start_inner(
-        &mut self,
-        r: &mut Box<Req>,
-        max_tokens: u32,
-    ) -> Result<Alloc, CoordError> {
+    /// What a start of a waiting request with prompt (and recomputed) tokens `tokens`, whose
+    /// full pages have prefix hashes `hashes`, does with a budget of `max_tokens`: decided
+    /// before anything is pinned, by [`Coordinator::start`] and the admission queries alike.
+    pub(super) fn plan_start(&self, tokens: &[u32], hashes: &[u64], max_tokens: u32) -> StartPlan {
         let bt = self.kv.block_tokens;
-        let len = r.tokens.len() as u32;
-        let total_pages = self.kv.pages_for(len);
-        // Prefix hashes of the full pages.
-        self.source.hash_prompt(&mut r.source, &r.tokens);
-        let mut hit = self.prefix_hit(r);
+        let len = tokens.len() as u32;
+        let mut hit = self.prefix_hit(hashes, len);
         // The last token is always computed: a hit on every page makes the last page a
         // copy-on-write tail.
         let shared_of = |hit: u32| {
@@ -319,7 +315,7 @@ impl Coordinator {
         };
         // Hit pages whose GPU copies are still cached are read there (no hot rows for them).
         let (mut adopt, mut adopt_blocks) = (Vec::new(), Vec::new());
-        self.adoptable_pages(r, shared_of(hit), &mut adopt, &mut adopt_blocks);
+        self.adoptable_pages(hashes, shared_of(hit), &mut adopt, &mut adopt_blocks);
         let pool = u64::from(self.gpu.num_blocks() - 1);
         // A hit that could never start, even with the whole pool free, would wait forever:
         // recompute the prefix instead.
@@ -331,7 +327,57 @@ impl Coordinator {
         let cow_tail = hit > 0 && hit * bt >= len;
         let shared = shared_of(hit);
         let computed0 = if cow_tail { len - 1 } else { hit * bt };
-        let mut chunk = (len - computed0).min(max_tokens.max(1));
+        StartPlan {
+            hit,
+            shared,
+            cow_tail,
+            computed0,
+            chunk: (len - computed0).min(max_tokens.max(1)),
+            total_pages: self.kv.pages_for(len),
+            adopt,
+            adopt_blocks,
+        }
+    }
+
+    /// GPU blocks a start planned as `plan` allocates for a first chunk of `chunk` tokens, once
+    /// its hit blocks are pinned: the chunk's new pages and regular columns, the hit pages
+    /// without a GPU copy (staged by the first chunk, a prefill chunk) and, with a
+    /// copy-on-write tail, the column of its last token in every regular group.
+    pub(super) fn start_gpu_need(&self, plan: &StartPlan, chunk: u32) -> u64 {
+        let bt = self.kv.block_tokens;
+        let nb = u64::from(self.resident.num_buckets());
+        let staged = u64::from(plan.shared - plan.adopt.len() as u32) * nb;
+        let cow_regular = if plan.cow_tail {
+            self.paged.num_groups()
+        } else {
+            0
+        };
+        let c0 = plan.computed0;
+        u64::from((c0 + chunk).div_ceil(bt) - plan.shared) * self.gpu_cost_per_page()
+            + staged
+            + cow_regular
+            + self.paged.hit_regular_need(plan.hit, c0, c0, c0 + chunk)
+    }
+
+    pub(super) fn start_inner(
+        &mut self,
+        r: &mut Box<Req>,
+        max_tokens: u32,
+    ) -> Result<Alloc, CoordError> {
+        // Prefix hashes of the full pages.
+        self.source.hash_prompt(&mut r.source, &r.tokens);
+        let plan = self.plan_start(&r.tokens, &r.source.hashes, max_tokens);
+        let len = r.tokens.len() as u32;
+        let StartPlan {
+            hit,
+            shared,
+            cow_tail,
+            computed0,
+            mut chunk,
+            total_pages,
+            ref adopt,
+            ref adopt_blocks,
+        } = plan;
 
         // Pin every hit block first: re-pinning takes a free cached block out of the free
         // queue, and no later allocation (reclaim's hot regions included) may evict it.
@@ -354,7 +400,7 @@ impl Coordinator {
         }
         let mut adopted_pinned = 0;
         if pinned.is_ok() {
-            for &b in &adopt_blocks {
+            for &b in adopt_blocks {
                 pinned = self.gpu.touch(b);
                 if pinned.is_err() {
                     break;
@@ -374,34 +420,17 @@ impl Coordinator {
             return Err(e.into());
         }
         // Account for every tier before allocating anything.
-        let host_need = u64::from(total_pages - shared);
-        // Hit pages without a GPU copy are staged by the first chunk (a prefill chunk).
-        let staged =
-            u64::from(shared - adopt.len() as u32) * u64::from(self.resident.num_buckets());
-        let per_page = self.gpu_cost_per_page();
-        // The copy-on-write tail also copies the column of its last token in every regular
-        // group.
-        let cow_regular = if cow_tail { self.paged.num_groups() } else { 0 };
-        let gpu_need = |this: &Self, r: &Req, chunk: u32| {
-            u64::from((computed0 + chunk).div_ceil(bt) - shared) * per_page
-                + staged
-                + cow_regular
-                + this
-                    .paged
-                    .regular_need(&r.paged, computed0, computed0 + chunk)
-        };
         let mut short = None;
         let mut awaits = false;
-        if u64::from(self.host.num_free()) < host_need {
+        if u64::from(self.host.num_free()) < plan.host_need() {
             short = Some(PoolKind::Host);
-        } else if u64::from(self.gpu.num_free()) < gpu_need(self, r, chunk) {
-            let want = (gpu_need(self, r, chunk) - u64::from(self.gpu.num_free()))
-                .max(u64::from(self.cfg.reclaim_min_blocks));
-            awaits = self.reclaim(want.min(u64::from(u32::MAX)) as u32).1;
+        } else if u64::from(self.gpu.num_free()) < self.start_gpu_need(&plan, chunk) {
+            let want = self.reclaim_want(self.start_gpu_need(&plan, chunk), self.gpu.num_free());
+            awaits = self.reclaim(want).1;
             let free = u64::from(self.gpu.num_free());
-            if free < gpu_need(self, r, chunk) {
+            if free < self.start_gpu_need(&plan, chunk) {
                 // Shrink the first chunk to what the free pool holds (at least one token).
-                match largest_fit(chunk, |c| gpu_need(self, r, c) <= free) {
+                match largest_fit(chunk, |c| self.start_gpu_need(&plan, c) <= free) {
                     Some(c) => chunk = c,
                     None => short = Some(PoolKind::Gpu),
                 }
@@ -508,6 +537,34 @@ impl Coordinator {
         let cap = self.kv.max_pages_per_request as usize + 1;
         let want = (prompt_pages as usize).saturating_mul(2).saturating_add(1);
         want.min(cap).max(prompt_pages as usize + 1)
+    }
+}
+
+/// What a start of a waiting request does ([`Coordinator::plan_start`]).
+#[derive(Clone, Debug)]
+pub(super) struct StartPlan {
+    /// Prefix-hit pages (their host and GPU indexer/regular blocks are pinned).
+    pub(super) hit: u32,
+    /// Hit pages it shares (all but a copy-on-write tail).
+    pub(super) shared: u32,
+    /// Whether the hit covers the whole prompt: its last page is copied.
+    pub(super) cow_tail: bool,
+    /// Tokens computed when it starts (the first recomputed one is the next).
+    pub(super) computed0: u32,
+    /// Its first chunk, before the free pool shrinks it.
+    pub(super) chunk: u32,
+    /// Pages of its tokens.
+    pub(super) total_pages: u32,
+    /// Shared hit pages whose GPU copies it adopts: `(page, index in adopt_blocks)`.
+    pub(super) adopt: Vec<(u32, u32)>,
+    /// Their blocks, `num_buckets` per page.
+    pub(super) adopt_blocks: Vec<u32>,
+}
+
+impl StartPlan {
+    /// Host blocks it allocates: one per page it does not share.
+    pub(super) fn host_need(&self) -> u64 {
+        u64::from(self.total_pages - self.shared)
     }
 }
 

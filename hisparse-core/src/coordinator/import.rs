@@ -23,6 +23,7 @@
 
 use alloc::vec::Vec;
 
+use super::admission::largest_fit;
 use super::error::out_of_memory;
 use super::request::{Import, Req, Status};
 use super::{Alloc, CoordError, Coordinator, PoolKind, RequestId};
@@ -113,6 +114,57 @@ impl Coordinator {
         Ok(())
     }
 
+    /// What a start of imported request `r` (the KV of its first `imported` tokens durable in
+    /// its host blocks) does with a budget of `max_tokens`: decided before anything changes, by
+    /// [`Coordinator::start`] and the admission queries alike.
+    pub(super) fn plan_import_start(&self, r: &Req, imported: u32, max_tokens: u32) -> ImportPlan {
+        let bt = self.kv.block_tokens;
+        let len = r.tokens.len() as u32;
+        let full = imported / bt;
+        let partial_restore = u32::from(!imported.is_multiple_of(bt));
+        let mut plan = ImportPlan {
+            imported,
+            chunk: (len - imported).min(max_tokens.max(1)),
+            restored: partial_restore,
+            hot: 0,
+        };
+        // Full pages are read from host through a hot region — unless that could never fit
+        // the GPU pool, even with the whole pool free (a hot region larger than the pages it
+        // spares: short prompts): then every imported page is restored to the GPU instead and
+        // the request starts fully resident, as `check_fits` (the cheaper of the two) admitted
+        // it. Waiting for the hot region would wait forever.
+        if full > 0 {
+            plan.hot = u64::from(self.hot.cost());
+            let pool = u64::from(self.gpu.num_blocks() - 1);
+            if self.import_gpu_need(&plan, r, 1) > pool {
+                plan.restored = self.kv.pages_for(imported);
+                plan.hot = 0;
+            }
+        }
+        plan
+    }
+
+    /// GPU blocks a start planned as `plan` takes for a first chunk of `chunk` tokens: the
+    /// imported context's indexer blocks and regular columns, the restored pages (the partial
+    /// one, or every page), then the chunk's new pages and columns, and the hot region when
+    /// full pages are read from host.
+    pub(super) fn import_gpu_need(&self, plan: &ImportPlan, r: &Req, chunk: u32) -> u64 {
+        let nb = u64::from(self.resident.num_buckets());
+        let pages = self.kv.pages_for(plan.imported);
+        let target = plan.imported + chunk;
+        u64::from(pages) * self.paged.blocks_per_page()
+            + u64::from(plan.restored) * nb
+            + u64::from(self.kv.pages_for(target) - pages) * self.gpu_cost_per_page()
+            + self.paged.regular_need(&r.paged, plan.imported, target)
+            + plan.hot
+    }
+
+    /// Host blocks a start planned as `plan` allocates for a first chunk of `chunk` tokens: the
+    /// pages the chunk starts (the imported ones are held).
+    pub(super) fn import_host_need(&self, plan: &ImportPlan, chunk: u32) -> u32 {
+        self.kv.pages_for(plan.imported + chunk) - self.kv.pages_for(plan.imported)
+    }
+
     /// Starts an imported request whose writes are complete (see the module docs) and schedules
     /// up to `max_tokens` of the tokens after the imported ones. Accounts for every GPU block
     /// first; answers like [`Coordinator::start`] when they are short.
@@ -123,58 +175,29 @@ impl Coordinator {
         max_tokens: u32,
     ) -> Result<Alloc, CoordError> {
         let bt = self.kv.block_tokens;
-        let len = r.tokens.len() as u32;
         let pages = self.kv.pages_for(imported);
         let full = imported / bt;
         let partial = !imported.is_multiple_of(bt);
-        let nb = u64::from(self.resident.num_buckets());
-        let per_page = self.gpu_cost_per_page();
-        let mut chunk = (len - imported).min(max_tokens.max(1));
-        // The imported context: indexer blocks and regular columns, the restored pages (the
-        // partial one, or every page); then the chunk's new pages and columns; the hot region
-        // when full pages are read from host.
-        let footprint = |this: &Self, r: &Req, chunk: u32, restored: u32, hot: u64| {
-            let target = imported + chunk;
-            u64::from(pages) * this.paged.blocks_per_page()
-                + u64::from(restored) * nb
-                + u64::from(this.kv.pages_for(target) - pages) * per_page
-                + this.paged.regular_need(&r.paged, imported, target)
-                + hot
-        };
-        // Full pages are read from host through a hot region — unless that could never fit
-        // the GPU pool, even with the whole pool free (a hot region larger than the pages it
-        // spares: short prompts): then every imported page is restored to the GPU instead and
-        // the request starts fully resident, as `check_fits` (the cheaper of the two) admitted
-        // it. Waiting for the hot region would wait forever.
-        let pool = u64::from(self.gpu.num_blocks() - 1);
-        let partial_restore = u32::from(partial);
-        let restore_all =
-            full > 0 && footprint(self, r, 1, partial_restore, u64::from(self.hot.cost())) > pool;
-        let (restored, hot) = if restore_all {
-            (pages, 0)
-        } else if full > 0 {
-            (partial_restore, u64::from(self.hot.cost()))
-        } else {
-            (partial_restore, 0)
-        };
-        let need = |this: &Self, r: &Req, chunk: u32| footprint(this, r, chunk, restored, hot);
+        let plan = self.plan_import_start(r, imported, max_tokens);
+        let restore_all = full > 0 && plan.hot == 0;
+        let mut chunk = plan.chunk;
         let mut short = None;
         let mut awaits = false;
-        // Host blocks for the pages the chunk starts (the imported ones are held).
-        let host_need = |chunk: u32| self.kv.pages_for(imported + chunk) - pages;
-        if host_need(chunk) > self.host.num_free() {
-            match super::admission::largest_fit(chunk, |c| host_need(c) <= self.host.num_free()) {
+        let host_free = self.host.num_free();
+        if self.import_host_need(&plan, chunk) > host_free {
+            match largest_fit(chunk, |c| self.import_host_need(&plan, c) <= host_free) {
                 Some(c) => chunk = c,
                 None => short = Some(PoolKind::Host),
             }
         }
-        if short.is_none() && u64::from(self.gpu.num_free()) < need(self, r, chunk) {
-            let want = (need(self, r, chunk) - u64::from(self.gpu.num_free()))
-                .max(u64::from(self.cfg.reclaim_min_blocks));
-            awaits = self.reclaim(want.min(u64::from(u32::MAX)) as u32).1;
+        if short.is_none() && u64::from(self.gpu.num_free()) < self.import_gpu_need(&plan, r, chunk)
+        {
+            let want =
+                self.reclaim_want(self.import_gpu_need(&plan, r, chunk), self.gpu.num_free());
+            awaits = self.reclaim(want).1;
             let free = u64::from(self.gpu.num_free());
-            if free < need(self, r, chunk) {
-                match super::admission::largest_fit(chunk, |c| need(self, r, c) <= free) {
+            if free < self.import_gpu_need(&plan, r, chunk) {
+                match largest_fit(chunk, |c| self.import_gpu_need(&plan, r, c) <= free) {
                     Some(c) => chunk = c,
                     None => short = Some(PoolKind::Gpu),
                 }
@@ -263,4 +286,18 @@ impl Coordinator {
         }
         res
     }
+}
+
+/// What a start of an imported request does ([`Coordinator::plan_import_start`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ImportPlan {
+    /// Tokens whose KV is imported.
+    pub(super) imported: u32,
+    /// Its first chunk, before the free pools shrink it.
+    pub(super) chunk: u32,
+    /// Imported pages restored to the GPU: the partial last one, or every one when a hot region
+    /// could never fit beside them.
+    pub(super) restored: u32,
+    /// GPU blocks of the hot region it takes (0 when none: no full page read from host).
+    pub(super) hot: u64,
 }

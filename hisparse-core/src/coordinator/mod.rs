@@ -27,8 +27,9 @@
 //! | `request.rs` | the per-request record: tokens, progress, one table per manager |
 //! | `admission.rs` | [`Coordinator::admit`], appending tokens, [`Coordinator::start`] (prefix hits, copy-on-write tail, accounting for every tier) |
 //! | `schedule.rs` | [`Coordinator::schedule`] and the built-in step policy [`Coordinator::schedule_step`] |
+//! | `queries.rs` | admission queries for engines with their own scheduler: [`Coordinator::can_start`], [`Coordinator::can_schedule`], [`Coordinator::free`], [`Coordinator::needs`] |
 //! | `staging.rs` | prefill over host-only context: a prefill chunk's context staged on the GPU, the budget rule, dropping cached GPU copies |
-//! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`], the low watermark, reused unpinned pages falling back, wait-instead-of-preempt |
+//! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`] (each pass planned without side effects, then carried out), the low watermark, reused unpinned pages falling back, wait-instead-of-preempt |
 //! | `rollback.rs` | [`Coordinator::rollback`]: rejected speculative tokens given back |
 //! | `import.rs` | imported requests: [`Coordinator::reserve_import`], [`Coordinator::complete_import`], their start |
 //! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`], durability |
@@ -88,6 +89,15 @@
 //! With speculative decoding (`max_query_len = 1 + s`) the engine appends `s` draft tokens with
 //! each sampled one, a step computes them together, and the engine gives back the drafts the
 //! verifier rejected with [`Coordinator::rollback`] before the next step.
+//!
+//! An engine that keeps its own scheduler calls [`Coordinator::start`],
+//! [`Coordinator::schedule`], [`Coordinator::rollback`], [`Coordinator::preempt`] and
+//! [`Coordinator::finish`] itself and ends the step with
+//! [`Coordinator::build_offload_command`]; before it picks a batch it asks, without changing
+//! anything, what those calls would answer ([`Coordinator::can_start`],
+//! [`Coordinator::can_schedule`]: scheduled, wait or no space and which pool, or the error),
+//! what each tier has free ([`Coordinator::free`]) and what a request needs
+//! ([`Coordinator::needs`]).
 //!
 //! Prefill over host-only context (`staging.rs`): a prefill chunk reads every earlier page of
 //! its context on the GPU, so pages that live only on host are staged (restored host → device,
@@ -162,6 +172,7 @@ mod error;
 mod import;
 mod invariants;
 mod managers;
+mod queries;
 mod reclaim;
 mod request;
 mod rollback;
@@ -190,6 +201,7 @@ pub use error::{CoordError, PoolKind, RefusalReason};
 pub use invariants::InvariantViolation;
 pub use managers::PageState;
 use managers::{HotManager, PagedManager, Release, ResidentManager, SourceManager, Unpinned};
+pub use queries::{Admission, Needs, TierFree};
 use request::{NO_ROW, Req, Status, empty_req};
 use transfers::{PendingPage, WorkerState};
 
@@ -240,6 +252,7 @@ impl Default for CoordinatorConfig {
 
 /// Outcome of trying to give a request the blocks a step needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Alloc {
     /// The blocks are allocated; the tokens are scheduled in this step.
     Scheduled,
@@ -311,6 +324,8 @@ pub struct Coordinator {
     /// Copy-on-write sources of the current step: released once the step's transfer batch,
     /// which every worker completes after the step's before-forward copies, is durable.
     after_build: Vec<(PoolKind, u32)>,
+    /// Scratch: the requests' parts of a reclaim pass.
+    reclaim_steps: Vec<reclaim::ReclaimStep>,
     /// Scratch: unpinned blocks found reused.
     reused: Vec<Unpinned>,
     /// Scratch: pages to spill.
@@ -402,6 +417,7 @@ impl Coordinator {
             detached: VecDeque::new(),
             in_flight_release: 0,
             after_build: Vec::new(),
+            reclaim_steps: Vec::new(),
             reused: Vec::new(),
             spill_scratch: Vec::new(),
             free_after_watermark: u32::MAX,

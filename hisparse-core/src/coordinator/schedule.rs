@@ -11,6 +11,23 @@ use super::{
     StepSummary,
 };
 
+/// GPU blocks an allocation needs ([`Coordinator::gpu_need`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct GpuNeed {
+    /// New pages in every group, regular columns and staged context.
+    pub(super) blocks: u64,
+    /// The hot region it is given (0 when it holds one or reads nothing from host).
+    pub(super) hot: u64,
+}
+
+impl GpuNeed {
+    /// Every block.
+    #[inline]
+    pub(super) fn total(self) -> u64 {
+        self.blocks + self.hot
+    }
+}
+
 impl Coordinator {
     /// Schedules `num_tokens` more tokens of running request `id` in the current step:
     /// allocates pages in every group (reclaiming resident pages when the GPU pool is short),
@@ -51,7 +68,7 @@ impl Coordinator {
     /// reclaim — the need computations of [`Coordinator::schedule_allocating`] would all come
     /// to zero (no new page, GPU or host; a hot region held or not needed; no regular columns).
     #[inline(always)]
-    fn decodes_in_place(&self, r: &Req, n: u32) -> bool {
+    pub(super) fn decodes_in_place(&self, r: &Req, n: u32) -> bool {
         let held = r.pages.min(r.source.blocks.len() as u32);
         r.num_computed >= r.prefill_end
             && u64::from(r.num_computed + n) <= u64::from(held) * u64::from(self.kv.block_tokens)
@@ -73,19 +90,22 @@ impl Coordinator {
     /// pinned there now); after staging, only pages marked release-after-transfer may still
     /// fall back to host, so only they call for a hot region.
     #[inline]
-    fn gpu_need(&self, r: &Req, new_pages: u32, prefill: bool) -> u64 {
-        let mut need = u64::from(new_pages) * self.gpu_cost_per_page();
+    fn gpu_need(&self, r: &Req, new_pages: u32, prefill: bool) -> GpuNeed {
+        let mut need = GpuNeed {
+            blocks: u64::from(new_pages) * self.gpu_cost_per_page(),
+            hot: 0,
+        };
         // The staging term only on the prefill branch: decode (every request, every step)
         // skips it.
         let reads_host = if prefill {
-            need += u64::from(self.resident.pages_to_stage(&r.resident))
+            need.blocks += u64::from(self.resident.pages_to_stage(&r.resident))
                 * u64::from(self.resident.num_buckets());
             r.resident.pending_release() > 0
         } else {
             self.resident.needs_hot_region(&r.resident)
         };
         if reads_host && r.hot.blocks.is_empty() {
-            need += u64::from(self.hot.cost());
+            need.hot = u64::from(self.hot.cost());
         }
         need
     }
@@ -93,14 +113,20 @@ impl Coordinator {
     /// GPU blocks scheduling `n` more tokens of `r` needs in every group (`prefill`: see
     /// [`Coordinator::gpu_need`]).
     #[inline]
-    fn gpu_need_tokens(&self, r: &Req, n: u32, prefill: bool) -> u64 {
+    pub(super) fn gpu_need_tokens(&self, r: &Req, n: u32, prefill: bool) -> GpuNeed {
         let target = r.num_computed + n;
         let pages = self.kv.pages_for(target).saturating_sub(r.pages);
         let mut need = self.gpu_need(r, pages, prefill);
         if self.paged.has_regular() {
-            need += self.paged.regular_need(&r.paged, r.num_computed, target);
+            need.blocks += self.paged.regular_need(&r.paged, r.num_computed, target);
         }
         need
+    }
+
+    /// Host blocks scheduling tokens up to page `target_pages` of `r` allocates.
+    #[inline]
+    pub(super) fn host_need_pages(&self, r: &Req, target_pages: u32) -> u32 {
+        target_pages.saturating_sub(r.source.blocks.len() as u32)
     }
 
     /// Schedules `n` tokens of `r` (fewer when `shrink` and the pools hold less): a decode
@@ -142,7 +168,7 @@ impl Coordinator {
         // `target_pages` is recomputed only when the chunk shrinks.
         let (mut n, mut target_pages) = (n, self.kv.pages_for(r.num_computed + n));
         let held_host = r.source.blocks.len() as u32;
-        if target_pages.saturating_sub(held_host) > self.host.num_free() {
+        if self.host_need_pages(r, target_pages) > self.host.num_free() {
             let fit =
                 self.tokens_within(r, n, u64::from(held_host) + u64::from(self.host.num_free()));
             if !shrink || fit == 0 {
@@ -157,24 +183,23 @@ impl Coordinator {
         // are not are staged.
         let prefill = r.num_computed < r.prefill_end;
         let marked_before = r.prefill_step;
-        let need = self.gpu_need_tokens(r, n, prefill);
+        let need = self.gpu_need_tokens(r, n, prefill).total();
         if need > u64::from(self.gpu.num_free()) {
             if prefill {
                 r.prefill_step = self.step_no + 1;
             }
-            let short = need - u64::from(self.gpu.num_free());
+            let want = self.reclaim_want(need, self.gpu.num_free());
             // The request itself is a reclaim candidate: put it back while reclaiming.
             let slot = r.slot;
             let spare = self.spare.take().unwrap_or_else(|| Box::new(empty_req()));
             self.reqs[slot as usize] = Some(core::mem::replace(r, spare));
-            let want = short.max(u64::from(self.cfg.reclaim_min_blocks));
-            let (_, awaits) = self.reclaim(want.min(u64::from(u32::MAX)) as u32);
+            let (_, awaits) = self.reclaim(want);
             let back = self.reqs[slot as usize]
                 .take()
                 .unwrap_or_else(|| Box::new(empty_req()));
             self.spare = Some(core::mem::replace(r, back));
             let free = u64::from(self.gpu.num_free());
-            if self.gpu_need_tokens(r, n, prefill) > free {
+            if self.gpu_need_tokens(r, n, prefill).total() > free {
                 if prefill && let Err(e) = self.check_prefill_fits(r) {
                     r.prefill_step = marked_before;
                     return Err(e);
@@ -182,9 +207,10 @@ impl Coordinator {
                 let fit = if !shrink {
                     0
                 } else if self.paged.has_regular() {
-                    largest_fit(n, |c| self.gpu_need_tokens(r, c, prefill) <= free).unwrap_or(0)
+                    largest_fit(n, |c| self.gpu_need_tokens(r, c, prefill).total() <= free)
+                        .unwrap_or(0)
                 } else {
-                    let hot = self.gpu_need(r, 0, prefill);
+                    let hot = self.gpu_need(r, 0, prefill).total();
                     if free >= hot {
                         let pages = (free - hot) / self.gpu_cost_per_page();
                         self.tokens_within(r, n, u64::from(r.pages) + pages)

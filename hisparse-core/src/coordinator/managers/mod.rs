@@ -31,7 +31,7 @@ mod source;
 pub(in crate::coordinator) use hot::{HotManager, HotRegion};
 pub(in crate::coordinator) use paged::{PagedManager, PagedTable};
 pub use resident::PageState;
-pub(in crate::coordinator) use resident::{ResidentManager, ResidentTable, Unpinned};
+pub(in crate::coordinator) use resident::{PassRefs, ResidentManager, ResidentTable, Unpinned};
 pub(in crate::coordinator) use source::{SourceManager, SourceTable};
 
 /// Frees released blocks that a finished or preempted request hands back: now, or — when an

@@ -104,6 +104,19 @@ impl Group {
         t.div_ceil(self.block_tokens)
     }
 
+    /// Columns a request holding columns `first_col..end_col` (none when they are equal: then
+    /// `first_col` is where its columns start) newly needs to compute tokens `first..target`:
+    /// those from the window of `first` (or past what it holds) to `target`'s.
+    #[inline]
+    fn new_columns(&self, first_col: u32, end_col: u32, first: u32, target: u32) -> u64 {
+        let from = if end_col == first_col {
+            self.window_start(first).max(first_col)
+        } else {
+            end_col.max(self.window_start(first))
+        };
+        u64::from(self.columns(target).saturating_sub(from))
+    }
+
     /// First column token `t` attends to (0 for a full group).
     #[inline]
     fn window_start(&self, t: u32) -> u32 {
@@ -227,16 +240,31 @@ impl PagedManager {
         first: u32,
         target: u32,
     ) -> u64 {
-        let mut need = 0u64;
-        for (g, c) in self.groups.iter().zip(&t.regular) {
-            let from = if c.blocks.is_empty() {
-                g.window_start(first).max(c.first)
-            } else {
-                c.end().max(g.window_start(first))
-            };
-            need += u64::from(g.columns(target).saturating_sub(from));
-        }
-        need
+        self.groups
+            .iter()
+            .zip(&t.regular)
+            .map(|(g, c)| g.new_columns(c.first, c.end(), first, target))
+            .sum()
+    }
+
+    /// [`PagedManager::regular_need`] of a table holding just what a prefix hit of `hit` pages
+    /// with first recomputed token `resume` pins ([`PagedManager::pin_hit`]): a start's need,
+    /// decided before it pins anything.
+    #[inline]
+    pub(in crate::coordinator) fn hit_regular_need(
+        &self,
+        hit: u32,
+        resume: u32,
+        first: u32,
+        target: u32,
+    ) -> u64 {
+        self.groups
+            .iter()
+            .map(|g| {
+                let cols = self.hit_range(g, hit, resume);
+                g.new_columns(cols.start, cols.end.max(cols.start), first, target)
+            })
+            .sum()
     }
 
     /// Whether page `p` (prefix hash `hash`) is cached in the indexer group and in every full
@@ -252,12 +280,51 @@ impl PagedManager {
             .all(|g| (0..g.per_page).all(|k| gpu.lookup(column_key(g.group, hash, k)).is_some()))
     }
 
-    /// The columns a sliding-window group pins for a prefix hit of `hit` pages whose first
-    /// recomputed token is `resume`: from the one the window of `resume` starts in to the end
-    /// of the hit.
+    /// The columns a regular group pins for a prefix hit of `hit` pages whose first
+    /// recomputed token is `resume`: every column of the hit in a full group; in a
+    /// sliding-window group, from the one the window of `resume` starts in to the end of the
+    /// hit.
     #[inline]
-    fn hit_columns(&self, g: &Group, hit: u32, resume: u32) -> core::ops::Range<u32> {
-        g.window_start(resume)..hit * g.per_page
+    fn hit_range(&self, g: &Group, hit: u32, resume: u32) -> core::ops::Range<u32> {
+        match g.window {
+            Some(_) => g.window_start(resume)..hit * g.per_page,
+            None => 0..hit * g.per_page,
+        }
+    }
+
+    /// The prefix keys of every block a prefix hit of `hit` pages (`hashes`, first recomputed
+    /// token `resume`) pins, with where each goes: `None` for the indexer, `Some(i)` for
+    /// regular group `i` (its columns in order, from [`PagedManager::hit_range`]'s start).
+    fn hit_keys<'a>(
+        &'a self,
+        hashes: &'a [u64],
+        hit: u32,
+        resume: u32,
+    ) -> impl Iterator<Item = (Option<usize>, BlockKey)> + 'a {
+        let indexer = hashes[..hit as usize]
+            .iter()
+            .map(|&hash| (None, BlockKey { group: 1, hash }));
+        let regular = self.groups.iter().enumerate().flat_map(move |(i, g)| {
+            self.hit_range(g, hit, resume).map(move |col| {
+                let (p, k) = (col / g.per_page, col % g.per_page);
+                (Some(i), column_key(g.group, hashes[p as usize], k))
+            })
+        });
+        indexer.chain(regular)
+    }
+
+    /// Of the blocks a prefix hit pins ([`PagedManager::pin_hit`]), those now in the free
+    /// queue: pinning takes them out of it.
+    pub(in crate::coordinator) fn hit_blocks_free(
+        &self,
+        gpu: &BlockPool,
+        hashes: &[u64],
+        hit: u32,
+        resume: u32,
+    ) -> u32 {
+        self.hit_keys(hashes, hit, resume)
+            .filter(|&(_, key)| gpu.lookup(key).is_some_and(|b| gpu.is_free(b)))
+            .count() as u32
     }
 
     /// Whether every sliding-window group still caches the columns a prefix hit of `hit`
@@ -270,7 +337,7 @@ impl PagedManager {
         resume: u32,
     ) -> bool {
         self.groups.iter().filter(|g| g.window.is_some()).all(|g| {
-            self.hit_columns(g, hit, resume).all(|c| {
+            self.hit_range(g, hit, resume).all(|c| {
                 let (p, k) = (c / g.per_page, c % g.per_page);
                 hashes
                     .get(p as usize)
@@ -281,14 +348,12 @@ impl PagedManager {
 
     /// GPU blocks a prefix hit of `hit` pages with first recomputed token `resume` pins.
     pub(in crate::coordinator) fn hit_pins(&self, hit: u32, resume: u32) -> u64 {
-        let mut n = u64::from(hit);
-        for g in &self.groups {
-            n += match g.window {
-                Some(_) => self.hit_columns(g, hit, resume).len() as u64,
-                None => u64::from(hit) * u64::from(g.per_page),
-            };
-        }
-        n
+        let columns: u64 = self
+            .groups
+            .iter()
+            .map(|g| self.hit_range(g, hit, resume).len() as u64)
+            .sum();
+        u64::from(hit) + columns
     }
 
     /// Regular groups: one new column each for the first token after a prefix hit (its own, or
@@ -309,23 +374,15 @@ impl PagedManager {
         hit: u32,
         resume: u32,
     ) -> Result<(), PoolError> {
-        let lookup = |gpu: &BlockPool, key| gpu.lookup(key).unwrap_or(0);
-        for &hash in &hashes[..hit as usize] {
-            let ib = lookup(gpu, BlockKey { group: 1, hash });
-            gpu.touch(ib)?;
-            t.indexer.push(ib);
-        }
         for (g, c) in self.groups.iter().zip(t.regular.iter_mut()) {
-            let cols = match g.window {
-                Some(_) => self.hit_columns(g, hit, resume),
-                None => 0..hit * g.per_page,
-            };
-            c.first = cols.start;
-            for col in cols {
-                let (p, k) = (col / g.per_page, col % g.per_page);
-                let b = lookup(gpu, column_key(g.group, hashes[p as usize], k));
-                gpu.touch(b)?;
-                c.blocks.push_back(b);
+            c.first = self.hit_range(g, hit, resume).start;
+        }
+        for (at, key) in self.hit_keys(hashes, hit, resume) {
+            let b = gpu.lookup(key).unwrap_or(0);
+            gpu.touch(b)?;
+            match at {
+                None => t.indexer.push(b),
+                Some(i) => t.regular[i].blocks.push_back(b),
             }
         }
         Ok(())

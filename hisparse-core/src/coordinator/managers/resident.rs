@@ -172,6 +172,50 @@ pub(in crate::coordinator) struct Reclaimed {
     pub(in crate::coordinator) progress: u32,
     /// Pages marked release-after-transfer (pending ones, and dirty ones to spill).
     pub(in crate::coordinator) marked: u32,
+    /// The page the request's reclaim cursor moves to.
+    pub(in crate::coordinator) end: u32,
+    /// Blocks of pages it let go of (shared with another request) that no one else held:
+    /// they return to the free queue too, though not counted as freed.
+    pub(in crate::coordinator) unshared_blocks: u32,
+}
+
+/// GPU block references as a reclaim pass being planned sees them: the pool's, plus one for
+/// each block a start is about to pin (`pinned`, sorted), minus those the shared pages the
+/// pass let go of so far held.
+pub(in crate::coordinator) struct PassRefs<'a> {
+    gpu: &'a BlockPool,
+    pinned: &'a [u32],
+    released: Vec<u32>,
+}
+
+impl<'a> PassRefs<'a> {
+    /// The pool's references, and one more on each of `pinned` (sorted).
+    pub(in crate::coordinator) fn new(gpu: &'a BlockPool, pinned: &'a [u32]) -> Self {
+        PassRefs {
+            gpu,
+            pinned,
+            released: Vec::new(),
+        }
+    }
+
+    fn refs(&self, b: u32) -> u64 {
+        let pinned = self.pinned.binary_search(&b).is_ok();
+        let released = self.released.iter().filter(|&&r| r == b).count();
+        (u64::from(self.gpu.ref_count(b)) + u64::from(pinned)).saturating_sub(released as u64)
+    }
+
+    /// Whether another holder references one of `blocks` (a page's, one per bucket).
+    fn shared(&self, blocks: &[u32]) -> bool {
+        blocks.iter().any(|&b| self.refs(b) > 1)
+    }
+
+    /// A page holding `blocks` lets go of them; returns how many of them it alone held (they
+    /// go back to the free queue).
+    fn release(&mut self, blocks: &[u32]) -> u32 {
+        let alone = blocks.iter().filter(|&&b| self.refs(b) == 1).count() as u32;
+        self.released.extend_from_slice(blocks);
+        alone
+    }
 }
 
 /// The resident groups (one per bucket), the page lifecycle and the unpinned blocks.
@@ -673,20 +717,21 @@ impl ResidentManager {
     }
 
     /// Among the candidates `from..limit`, the pages reclaim would free: clean ones no other
-    /// request shares, and those whose host copies are in flight or about to be spilled
-    /// (pending, dirty; never shared: nothing unsealed or not durable is adopted).
+    /// request shares (`refs`: the references as the pass sees them), and those whose host
+    /// copies are in flight or about to be spilled (pending, dirty; never shared: nothing
+    /// unsealed or not durable is adopted).
     #[inline]
     pub(in crate::coordinator) fn freeable_between(
         &self,
         t: &ResidentTable,
         from: u32,
         limit: u32,
-        gpu: &BlockPool,
+        refs: &PassRefs<'_>,
     ) -> (u32, u32) {
         let (mut clean, mut in_flight) = (0, 0);
         for p in from..limit {
             match t.state[p as usize] {
-                PageState::Clean if !self.is_shared(t, p, gpu) => clean += 1,
+                PageState::Clean if !refs.shared(self.page_blocks(t, p)) => clean += 1,
                 PageState::Pending | PageState::Dirty => in_flight += 1,
                 _ => {}
             }
@@ -697,11 +742,7 @@ impl ResidentManager {
     /// Whether another request holds a block of page `p` too (an adopted prefix-hit page).
     #[inline]
     fn is_shared(&self, t: &ResidentTable, p: u32, gpu: &BlockPool) -> bool {
-        let nb = self.num_buckets as usize;
-        let base = p as usize * nb;
-        t.blocks[base..base + nb]
-            .iter()
-            .any(|&b| gpu.ref_count(b) > 1)
+        self.page_blocks(t, p).iter().any(|&b| gpu.ref_count(b) > 1)
     }
 
     /// Without eager mirroring: the sealed dirty pages (of the first `sealed`) from the spill
@@ -724,19 +765,62 @@ impl ResidentManager {
         }
     }
 
-    /// Reclaims the candidates of one request from its reclaim cursor to `limit`, oldest
-    /// first, until `budget` blocks are freed or coming: clean pages are unpinned (see
-    /// [`ResidentManager::unpin_page`]), pending ones marked release-after-transfer, and —
-    /// when `spill_dirty` (an allocation is short) — sealed dirty pages are put in `spills`
-    /// for the caller to spill and mark; without it a dirty page ends the scan (the low
-    /// watermark waits for the step's own spills). Moves the cursor past the pages handled.
+    /// Decides, without changing anything, what reclaiming the candidates of one request from
+    /// its reclaim cursor to `limit` does, oldest first, until `budget` blocks are freed or
+    /// coming: clean pages are unpinned (their blocks freed, or — shared with another request —
+    /// let go of, which `refs` records), pending ones marked release-after-transfer, and —
+    /// when `spill_dirty` (an allocation is short) — sealed dirty pages spilled and marked;
+    /// without it a dirty page ends the scan (the low watermark waits for the step's own
+    /// spills). [`ResidentManager::reclaim_pages`] carries it out.
+    pub(in crate::coordinator) fn plan_pages(
+        &self,
+        t: &ResidentTable,
+        limit: u32,
+        budget: u32,
+        spill_dirty: bool,
+        refs: &mut PassRefs<'_>,
+    ) -> Reclaimed {
+        let nb = self.num_buckets;
+        let mut got = Reclaimed::default();
+        let mut p = t.reclaim_cursor;
+        while p < limit && got.progress < budget {
+            match t.state[p as usize] {
+                PageState::Clean => {
+                    let blocks = self.page_blocks(t, p);
+                    if refs.shared(blocks) {
+                        // Its blocks no one else holds return to the free queue all the same.
+                        got.unshared_blocks += refs.release(blocks);
+                    } else {
+                        got.freed += nb;
+                        got.progress += nb;
+                    }
+                }
+                PageState::Pending => {
+                    got.marked += 1;
+                    got.progress += nb;
+                }
+                PageState::Dirty if spill_dirty => {
+                    got.marked += 1;
+                    got.progress += nb;
+                }
+                PageState::Dirty => break,
+                _ => {}
+            }
+            p += 1;
+        }
+        got.end = p;
+        got
+    }
+
+    /// Carries out [`ResidentManager::plan_pages`]'s decision for the pages from the reclaim
+    /// cursor to `end`: clean pages unpinned (see [`ResidentManager::unpin_page`]), pending
+    /// ones marked release-after-transfer, dirty ones (planned only when an allocation is
+    /// short) put in `spills` for the caller to spill and mark. Moves the cursor to `end`.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::coordinator) fn reclaim_pages(
         &mut self,
         t: &mut ResidentTable,
-        limit: u32,
-        budget: u32,
-        spill_dirty: bool,
+        end: u32,
         (owner, row): ((u32, u32), u32),
         gpu: &mut BlockPool,
         out: &mut OffloadCommand,
@@ -744,8 +828,7 @@ impl ResidentManager {
     ) -> Reclaimed {
         let nb = self.num_buckets;
         let mut got = Reclaimed::default();
-        let mut p = t.reclaim_cursor;
-        while p < limit && got.progress < budget {
+        for p in t.reclaim_cursor..end {
             match t.state[p as usize] {
                 PageState::Clean => {
                     let n = self.unpin_page(t, p, owner, row, gpu, out);
@@ -757,17 +840,16 @@ impl ResidentManager {
                     got.marked += 1;
                     got.progress += nb;
                 }
-                PageState::Dirty if spill_dirty => {
+                PageState::Dirty => {
                     spills.push(p);
                     got.marked += 1;
                     got.progress += nb;
                 }
-                PageState::Dirty => break,
                 _ => {}
             }
-            p += 1;
         }
-        t.reclaim_cursor = p;
+        t.reclaim_cursor = end;
+        got.end = end;
         got
     }
 
