@@ -63,6 +63,7 @@ impl Coordinator {
             last_xfer: 0,
             prefill_end: 0,
             prefill_step: 0,
+            scheduled_step: 0,
             import: Import::None,
             source: SourceTable::default(),
             paged: self.paged.new_table(),

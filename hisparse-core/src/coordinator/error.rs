@@ -169,6 +169,16 @@ pub enum CoordError {
         /// Why it was refused.
         reason: RefusalReason,
     },
+    /// A rollback of a request whose tokens the open step has scheduled (between
+    /// [`Coordinator::schedule`] or [`Coordinator::schedule_step`] and
+    /// [`Coordinator::build_offload_command`]): the step's command would still compute the
+    /// tokens given back. Roll back before scheduling the step, or after building its command.
+    RollbackInOpenStep {
+        /// The id.
+        id: RequestId,
+        /// The open step's number (the command it builds carries it).
+        step: u64,
+    },
 }
 
 /// Why a request was refused while a step was scheduled ([`OffloadCommand::refused`]): plain,
@@ -367,6 +377,10 @@ impl fmt::Display for CoordError {
             } => write!(
                 f,
                 "coordinator: worker {worker} reported transfer {id} {what}, but {expected} is next (FIFO, issued ids only)"
+            ),
+            CoordError::RollbackInOpenStep { id, step } => write!(
+                f,
+                "coordinator: request {id} has tokens scheduled in the open step {step}: its command would still compute the tokens a rollback gives back; roll back before scheduling the step or after build_offload_command"
             ),
             CoordError::Refused { id, reason } => write!(
                 f,

@@ -63,6 +63,9 @@ pub(super) struct Req {
     /// The step (`Coordinator::step_no + 1` while it is planned) whose prefill chunk this
     /// request was given: its pages stay on the GPU for that step (reclaim passes it over).
     pub(super) prefill_step: u64,
+    /// The step (`Coordinator::step_no + 1` while it is planned) that last scheduled tokens of
+    /// it: a rollback inside that step, before its command is built, is refused.
+    pub(super) scheduled_step: u64,
     /// Whether its first tokens' KV is imported, and how far that is.
     pub(super) import: Import,
     /// Host blocks, prefix hashes, durable prefix ([`super::managers::SourceManager`]).
@@ -109,6 +112,7 @@ pub(super) fn empty_req() -> Req {
         last_xfer: 0,
         prefill_end: 0,
         prefill_step: 0,
+        scheduled_step: 0,
         import: Import::None,
         source: SourceTable::default(),
         paged: PagedTable::default(),

@@ -19,7 +19,9 @@
 //! is never reclaimed, so no hot slot can cache its rows. A rollback that would reach into an
 //! unpinned or reclaimed page, give back more than `max_query_len - 1` computed tokens, or give back the
 //! first token of the request's last step is refused ([`CoordError::RollbackTooFar`]), with
-//! nothing changed.
+//! nothing changed; so is a rollback of computed tokens of a request the open step scheduled,
+//! before its command is built ([`CoordError::RollbackInOpenStep`]: the command would still
+//! compute them) — roll back after the step's forward pass, before scheduling the next.
 
 use super::request::Status;
 use super::{CoordError, Coordinator, RequestId};
@@ -29,7 +31,9 @@ impl Coordinator {
     /// Removes the last `num_tokens` tokens of running request `id` (rejected speculative
     /// tokens, and any appended but not yet computed): see the module docs. At most
     /// `max_query_len - 1` of them may be computed ones, all computed in the request's last
-    /// step after its first token.
+    /// step after its first token. Call it between steps (after the command of the step that
+    /// computed the drafts is built, before the next is scheduled):
+    /// [`CoordError::RollbackInOpenStep`] otherwise.
     pub fn rollback(&mut self, id: RequestId, num_tokens: u32) -> Result<(), CoordError> {
         let slot = self.slot_of_id(id)?;
         let Some(mut r) = self.reqs[slot as usize].take() else {
@@ -52,6 +56,12 @@ impl Coordinator {
         let len = r.tokens.len() as u32;
         let uncomputed = len - r.num_computed;
         let computed_back = num_tokens.saturating_sub(uncomputed);
+        // The open step's command, not built yet, computes its tokens: giving them back now
+        // would leave it computing tokens the request no longer has.
+        let open = self.step_no + 1;
+        if computed_back > 0 && r.scheduled_step == open {
+            return Err(CoordError::RollbackInOpenStep { id, step: open });
+        }
         let floor = r.rollback_floor.min(r.num_computed);
         let mut allowed = r.num_computed - floor;
         // Never into a page that is reclaimed or marked for release (outside prefix hits).

@@ -303,6 +303,7 @@ impl Coordinator {
         let target = first + n;
         r.pages = r.pages.max(target_pages);
         r.num_computed = target;
+        r.scheduled_step = self.step_no + 1;
         let spec = self.kv.config.max_query_len.max(1) - 1;
         r.rollback_floor = target.saturating_sub(spec).max(first + 1).min(target);
         self.out.scheduled.push(ScheduledRequest {

@@ -5,6 +5,8 @@ use crate::config::HiSparseConfig;
 use crate::layout::{LayoutInput, plan_layout};
 use crate::model::{LayerSpec, ModelSpec};
 use crate::ops::RowSpan;
+use alloc::format;
+use alloc::string::ToString;
 use alloc::vec;
 
 /// Two sparse leaders (16 B rows, 16 B indexer rows), 4-token blocks: one bucket of both
@@ -553,8 +555,9 @@ fn prefix_hits_with_sliding_window_groups() {
 /// Speculative decoding: a step computes the sampled token and its drafts together; the
 /// rejected drafts are rolled back, pages they filled become dirty again and lose their
 /// prefix hashes, and the window groups still hold what the next step reads.
-#[test]
-fn rollback_of_rejected_drafts() {
+/// Speculative decoding with two drafts (`max_query_len` 3) and a sliding-window group of
+/// its own block size.
+fn speculative_coord() -> Coordinator {
     let mut cfg = HiSparseConfig::new(4, 64 * 128);
     cfg.device_buffer_size = Some(12);
     cfg.max_query_len = 3;
@@ -573,7 +576,7 @@ fn rollback_of_rejected_drafts() {
     let mut input = LayoutInput::new(&model, &cfg, 0, 48);
     input.num_gpu_blocks_override = Some(200);
     let kv = plan_layout(&input).unwrap();
-    let mut c = Coordinator::new(
+    Coordinator::new(
         kv,
         CoordinatorConfig {
             max_running: 4,
@@ -581,7 +584,12 @@ fn rollback_of_rejected_drafts() {
             ..CoordinatorConfig::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn rollback_of_rejected_drafts() {
+    let mut c = speculative_coord();
     c.admit(1, &toks(6)).unwrap();
     let cmd = c.step().unwrap();
     c.report(0, &[1], &[cmd.transfer_id.unwrap()]).unwrap();
@@ -623,6 +631,53 @@ fn rollback_of_rejected_drafts() {
     c.finish(1).unwrap();
     c.check_invariants().unwrap();
     assert_eq!(c.gpu_pool().num_held(), 0);
+}
+
+/// A rollback between scheduling a step and building its command would leave the command
+/// computing the tokens given back (and the next step overlapping them): refused, with nothing
+/// changed, for a request the open step scheduled; other requests, tokens not computed yet, and
+/// the same rollback once the command is built, go through.
+#[test]
+fn a_rollback_inside_an_open_step_is_refused() {
+    let mut c = speculative_coord();
+    c.admit(1, &toks(6)).unwrap();
+    c.admit(2, &toks(5)).unwrap();
+    let cmd = c.step().unwrap();
+    c.report(0, &[1], &[cmd.transfer_id.unwrap()]).unwrap();
+    c.append_tokens(1, &[60, 70, 80]).unwrap();
+    c.append_tokens(2, &[61, 71, 81]).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled.len(), 2);
+    // The engine's own scheduler: request 1's next tokens, not request 2's.
+    c.append_tokens(1, &[90, 91, 92]).unwrap();
+    assert_eq!(c.schedule(1, 3), Ok(Alloc::Scheduled));
+    let open = cmd.step + 1;
+    let before = format!("{c:?}");
+    assert_eq!(
+        c.rollback(1, 2),
+        Err(CoordError::RollbackInOpenStep { id: 1, step: open })
+    );
+    assert_eq!(
+        format!("{c:?}"),
+        before,
+        "a refused rollback changed something"
+    );
+    assert!(
+        CoordError::RollbackInOpenStep { id: 1, step: open }
+            .to_string()
+            .contains("build_offload_command")
+    );
+    // Request 2 is not in the open step: its rejected drafts go back.
+    c.rollback(2, 2).unwrap();
+    assert_eq!(c.num_computed(2), Some(6));
+    let cmd = c.build_offload_command();
+    assert_eq!(cmd.step, open);
+    let s = cmd.scheduled.iter().find(|s| s.id == 1).unwrap();
+    assert_eq!((s.first_token, s.num_tokens), (9, 3));
+    // The command is built: the rollback is the ordinary one, after its forward pass.
+    c.rollback(1, 2).unwrap();
+    assert_eq!(c.num_computed(1), Some(10));
+    c.check_invariants().unwrap();
 }
 
 #[test]
