@@ -79,23 +79,92 @@ impl PageLayout {
         self.value_bytes != self.row_bytes
     }
 
-    /// Byte offset of `block`'s page (no bounds check).
+    /// Byte offset of `block`'s page, for a layout [`PageLayout::check`] accepted and a block
+    /// of it: no bounds check, and never a panic — beyond the address space the answer
+    /// saturates at `u64::MAX`. [`PageLayout::checked_page_offset`] says what is wrong instead.
     pub const fn page_offset(&self, block: u32) -> u64 {
-        self.base + block as u64 * self.block_stride
+        self.base
+            .saturating_add((block as u64).saturating_mul(self.block_stride))
     }
 
     /// The byte ranges `(offset, len)` of row `offset` of `block`: the value part, then the scale
-    /// part (length 0 for contiguous rows). No bounds check.
+    /// part (length 0 for contiguous rows). For a layout [`PageLayout::check`] accepted and a
+    /// row of it: no bounds check, and never a panic — on other layouts the answer saturates
+    /// (a scale part of negative size is empty). [`PageLayout::checked_row_parts`] says what is
+    /// wrong instead.
     pub const fn row_parts(&self, block: u32, offset: u32) -> [(u64, u64); 2] {
         let page = self.page_offset(block);
         let (vb, sb) = (
             self.value_bytes as u64,
-            (self.row_bytes - self.value_bytes) as u64,
+            self.row_bytes.saturating_sub(self.value_bytes) as u64,
         );
         [
-            (page + offset as u64 * vb, vb),
-            (page + self.block_size as u64 * vb + offset as u64 * sb, sb),
+            (page.saturating_add(offset as u64 * vb), vb),
+            (
+                page.saturating_add(self.block_size as u64 * vb)
+                    .saturating_add(offset as u64 * sb),
+                sb,
+            ),
         ]
+    }
+
+    /// [`PageLayout::page_offset`], or the error (for operation `op`) naming what is wrong: a
+    /// block beyond the pool, or a page beyond the address space.
+    pub fn checked_page_offset(&self, op: OpName, block: u32) -> Result<u64, OpError> {
+        if block >= self.num_blocks {
+            return Err(OpError::OutOfRange {
+                op,
+                field: "block",
+                value: block.into(),
+                min: 0,
+                max: u64::from(self.num_blocks).saturating_sub(1),
+            });
+        }
+        u64::from(block)
+            .checked_mul(self.block_stride)
+            .and_then(|o| o.checked_add(self.base))
+            .ok_or(OpError::Overflow {
+                op,
+                field: "layout",
+            })
+    }
+
+    /// [`PageLayout::row_parts`], or the error (for operation `op`) naming what is wrong: value
+    /// bytes above the row's, a block beyond the pool, an offset beyond the page, or a row
+    /// beyond the address space.
+    pub fn checked_row_parts(
+        &self,
+        op: OpName,
+        block: u32,
+        offset: u32,
+    ) -> Result<[(u64, u64); 2], OpError> {
+        if self.value_bytes > self.row_bytes {
+            return Err(OpError::OutOfRange {
+                op,
+                field: "layout.value_bytes",
+                value: self.value_bytes.into(),
+                min: 0,
+                max: self.row_bytes.into(),
+            });
+        }
+        if offset >= self.block_size {
+            return Err(OpError::OutOfRange {
+                op,
+                field: "offset",
+                value: offset.into(),
+                min: 0,
+                max: u64::from(self.block_size).saturating_sub(1),
+            });
+        }
+        let page = self.checked_page_offset(op, block)?;
+        // Every part lies inside the page: once it ends within the address space, the plain
+        // form's arithmetic cannot saturate.
+        page.checked_add(self.page_bytes())
+            .ok_or(OpError::Overflow {
+                op,
+                field: "layout",
+            })?;
+        Ok(self.row_parts(block, offset))
     }
 
     /// `(block, offset)` of flat row `row`, or `None` when it lies outside the pool or in the part
@@ -1025,6 +1094,95 @@ mod tests {
 
     mod alloc_free {
         pub struct Buf(pub [u8; 256]);
+    }
+
+    /// `row_parts` and `page_offset` are public: on a layout `check` refuses (scale part of
+    /// negative size, a base or stride at the end of the address space) they answer without
+    /// overflowing or panicking, and their checked forms say which field is wrong.
+    #[test]
+    fn page_layout_helpers_never_panic_on_invalid_layouts() {
+        let bad = [
+            PageLayout {
+                value_bytes: 32,
+                row_bytes: 16,
+                ..PageLayout::contiguous(0, 64, 4, 4, 16)
+            },
+            PageLayout::contiguous(u64::MAX - 8, u64::MAX, u32::MAX, u32::MAX, u32::MAX),
+            PageLayout::contiguous(0, u64::MAX / 2, 4, 4, 16),
+        ];
+        for l in bad {
+            for (block, offset) in [(0, 0), (3, 3), (u32::MAX, u32::MAX)] {
+                let _ = l.page_offset(block);
+                let _ = l.row_parts(block, offset);
+                let _ = l.checked_page_offset(OpName::CopyRows, block);
+                let _ = l.checked_row_parts(OpName::CopyRows, block, offset);
+                if block >= l.num_blocks {
+                    assert!(l.checked_page_offset(OpName::CopyRows, block).is_err());
+                }
+            }
+        }
+        let e = bad[1]
+            .checked_row_parts(OpName::CopyRows, 0, 0)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OpError::Overflow {
+                    field: "layout",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = bad[0]
+            .checked_row_parts(OpName::CopyRows, 0, 0)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OpError::OutOfRange {
+                    field: "layout.value_bytes",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = bad[2]
+            .checked_page_offset(OpName::CopyPages, 3)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OpError::Overflow {
+                    field: "layout",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = bad[2]
+            .checked_row_parts(OpName::CopyRows, 1, 4)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OpError::OutOfRange {
+                    field: "offset",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // On a valid layout the checked forms agree with the plain ones.
+        let l = split_layer().host;
+        assert_eq!(
+            l.checked_row_parts(OpName::CopyRows, 1, 1),
+            Ok(l.row_parts(1, 1))
+        );
+        assert_eq!(
+            l.checked_page_offset(OpName::CopyRows, 1),
+            Ok(l.page_offset(1))
+        );
     }
 
     #[test]
