@@ -19,6 +19,8 @@
 
 use core::fmt;
 
+use crate::ops::COPY_ALIGNMENT;
+
 #[cfg(feature = "serde")]
 const fn one() -> u32 {
     1
@@ -34,11 +36,31 @@ fn is_one(v: &u32) -> bool {
 /// (DeepSeek V4's fp8_ds_mla pages: 64 × 584 B = 37,376 B padded to a multiple of 576 B =
 /// 37,440 B).
 pub const fn padded_page_bytes(rows: u32, row_bytes: u32, alignment: u32) -> Option<u64> {
-    let raw = rows as u64 * row_bytes as u64;
+    pad(rows as u64 * row_bytes as u64, alignment as u64)
+}
+
+/// Bytes of a page the data plane copies (a sparse layer's, or its indexer's): padded like
+/// [`padded_page_bytes`] and, beyond that, to a multiple of the copies' unit
+/// ([`COPY_ALIGNMENT`]), so every page the planner places side by side starts on one — the
+/// least multiple of both (`page_alignment` 100 pads to 400; DeepSeek V4's 576 and every
+/// preset's pages are multiples of 16 already). `None` on overflow.
+pub const fn copied_page_bytes(rows: u32, row_bytes: u32, alignment: u32) -> Option<u64> {
+    let unit = COPY_ALIGNMENT as u64;
+    let alignment = if alignment <= 1 { 1 } else { alignment as u64 };
+    // lcm(alignment, unit): the unit is a power of two.
+    let common = alignment
+        << (unit
+            .trailing_zeros()
+            .saturating_sub(alignment.trailing_zeros()));
+    pad(rows as u64 * row_bytes as u64, common)
+}
+
+/// `raw` rounded up to a multiple of `alignment` (`0` or `1`: as it is); `None` on overflow.
+const fn pad(raw: u64, alignment: u64) -> Option<u64> {
     if alignment <= 1 {
         return Some(raw);
     }
-    raw.checked_next_multiple_of(alignment as u64)
+    raw.checked_next_multiple_of(alignment)
 }
 
 /// A sparse-attention layer served by HiSparse.
@@ -68,7 +90,8 @@ pub struct SparseLayer {
     )]
     pub indexer_value_bytes: Option<u32>,
     /// Pages of this layer and of its indexer are padded to a multiple of this many bytes (1 =
-    /// none; DeepSeek V4: 576, the FlashMLA packing).
+    /// none; DeepSeek V4: 576, the FlashMLA packing) — and always to a multiple of 16 bytes, where
+    /// the data plane's copies start ([`copied_page_bytes`]).
     #[cfg_attr(
         feature = "serde",
         serde(default = "one", skip_serializing_if = "is_one")

@@ -28,7 +28,12 @@
 //!
 //! A page holds `rows_per_block` rows and is padded up to the layer's `page_alignment`
 //! ([`crate::model::padded_page_bytes`]): DeepSeek V4's C4A page is 64 × 584 B = 37,376 B,
-//! padded to 37,440 B; its indexer page 64 × 132 B → 8,640 B.
+//! padded to 37,440 B; its indexer page 64 × 132 B → 8,640 B. Pages the data plane copies —
+//! sparse and indexer pages — are padded to a multiple of 16 B as well
+//! ([`crate::model::copied_page_bytes`], [`crate::ops::COPY_ALIGNMENT`]), so every page the
+//! planner places side by side starts where the copies can address it (one row of 584 B per
+//! block: a 592-B page); [`KvCacheConfig::validate`] checks every layer's pages with the copies'
+//! own rule ([`crate::ops::PageLayout::check_shape`]).
 //!
 //! # GPU pool
 //!
@@ -81,7 +86,9 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use crate::config::{ConfigError, HiSparseConfig};
-use crate::model::{LayerSpec, ModelError, ModelSpec, RegularKind, padded_page_bytes};
+use crate::model::{
+    LayerSpec, ModelError, ModelSpec, RegularKind, copied_page_bytes, padded_page_bytes,
+};
 use crate::ops::{LayerPair, PageLayout};
 
 /// Resident pages at the tail of a running request that are never reclaimed: the page its next
@@ -348,6 +355,18 @@ pub enum LayoutError {
         /// The rule it breaks.
         rule: &'static str,
     },
+    /// The data plane's copies would refuse a layer's pages as a (hand-edited or deserialised)
+    /// layout places them: the copies' own rule ([`crate::ops::PageLayout::check_shape`]) names
+    /// the field of the page layout, derived from the layout's row geometry, group offsets,
+    /// `bytes_per_block` or `host_block_stride`.
+    PagesRefused {
+        /// The model layer.
+        layer: u32,
+        /// Which of its pages: `"host"`, `"device"`, `"indexer host"` or `"indexer device"`.
+        pages: &'static str,
+        /// The copies' refusal.
+        error: crate::error::OpError,
+    },
 }
 
 impl From<ModelError> for LayoutError {
@@ -425,6 +444,14 @@ impl fmt::Display for LayoutError {
                     " {rule}; correct it or plan the layout with `plan_layout`"
                 )
             }
+            LayoutError::PagesRefused {
+                layer,
+                pages,
+                error,
+            } => write!(
+                f,
+                "layout: the copies refuse layer {layer}'s {pages} pages as placed ({error}); correct the layout's row geometry and offsets or plan it with `plan_layout`"
+            ),
         }
     }
 }

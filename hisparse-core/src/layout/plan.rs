@@ -24,7 +24,7 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
     let block_size = bt / first.compress_ratio;
     let align = first.page_alignment;
     let sparse_page =
-        padded_page_bytes(block_size, first.row_bytes, align).ok_or(ovf("sparse page bytes"))?;
+        copied_page_bytes(block_size, first.row_bytes, align).ok_or(ovf("sparse page bytes"))?;
     let device_buffer_size = input.config.resolved_device_buffer_size()?;
     let mut config = *input.config;
     config.device_buffer_size = Some(device_buffer_size);
@@ -47,7 +47,7 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
             value_bytes: s.value_bytes,
         });
         if let Some(irb) = s.indexer_row_bytes {
-            let page = padded_page_bytes(block_size, irb, align).ok_or(ovf("indexer page"))?;
+            let page = copied_page_bytes(block_size, irb, align).ok_or(ovf("indexer page"))?;
             indexer.push(GroupLayer {
                 layer,
                 index_in_group: indexer.len() as u32,

@@ -673,3 +673,112 @@ fn layout_report_puts_the_plan_beside_budgets_pools_and_capacity() {
     let back: KvCacheConfig = serde_json::from_value(v).unwrap();
     assert_eq!(back, kv);
 }
+
+/// Models `validate` accepts plan only into layouts every copy of the data plane accepts: the
+/// pages the planner places side by side are padded to the copies' 16-byte unit beside
+/// `page_alignment` — one 584-B split row per block (a 592-B page), `page_alignment` 100 (400),
+/// and 132-B split indexer rows one per block, whose page would put the next leader's indexer
+/// off the unit (144). A layout edited to place a page where no copy can reach it is refused by
+/// `validate`, with the copies' own error naming the field.
+#[test]
+fn valid_models_plan_only_layouts_the_copies_accept() {
+    use crate::error::{OpError, OpName};
+    use crate::ops::copy::check_layers;
+    let split = |indexer| {
+        LayerSpec::Sparse(SparseLayer {
+            row_bytes: 584,
+            value_bytes: 576,
+            compress_ratio: 4,
+            indexer_row_bytes: indexer,
+            indexer_value_bytes: indexer.map(|_| 128),
+            page_alignment: 1,
+        })
+    };
+    let odd = LayerSpec::Sparse(SparseLayer {
+        row_bytes: 16,
+        value_bytes: 16,
+        compress_ratio: 1,
+        indexer_row_bytes: Some(16),
+        indexer_value_bytes: None,
+        page_alignment: 100,
+    });
+    let leader = LayerSpec::Sparse(SparseLayer {
+        row_bytes: 16,
+        value_bytes: 16,
+        compress_ratio: 1,
+        indexer_row_bytes: Some(132),
+        indexer_value_bytes: Some(128),
+        page_alignment: 1,
+    });
+    let cases: [(&[LayerSpec], u32, u64); 3] = [
+        (&[split(Some(132)), split(None), split(Some(132))], 4, 592),
+        (&[odd, odd], 4, 400),
+        (&[leader, leader, leader], 1, 16),
+    ];
+    for (layers, block_tokens, page) in cases {
+        let model = ModelSpec {
+            name: "odd-pages",
+            block_tokens,
+            top_k: 4,
+            layers,
+        };
+        assert_eq!(model.validate(), Ok(()));
+        let kv = plan(&model, 1 << 20, 1 << 20, 64).unwrap();
+        assert_eq!(kv.groups[0].layers[0].page_bytes, page);
+        assert_eq!(kv.validate(), Ok(()));
+        let (host, device) = (kv.host_pool_bytes(), kv.gpu_pool_bytes());
+        check_layers(OpName::CopyPages, &kv.all_layer_pairs(), host, device).unwrap();
+        for l in &kv.groups[1].layers {
+            let pair = kv.indexer_layer_pair(l.layer).unwrap();
+            assert_eq!(
+                l.offset % 16,
+                0,
+                "layer {}'s indexer at {}",
+                l.layer,
+                l.offset
+            );
+            check_layers(
+                OpName::IndexerBackup,
+                &[pair],
+                kv.indexer_host_pool_bytes(),
+                device,
+            )
+            .unwrap();
+        }
+    }
+    // A hand edit that moves the second leader's indexer page off the unit.
+    let model = ModelSpec {
+        name: "odd-pages",
+        block_tokens: 1,
+        top_k: 4,
+        layers: &[leader, leader],
+    };
+    let mut kv = plan(&model, 1 << 20, 1 << 20, 64).unwrap();
+    kv.groups[1].layers[1].offset = 132;
+    let e = kv.validate().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LayoutError::PagesRefused {
+                layer: 1,
+                pages: "indexer device",
+                error: OpError::Misaligned {
+                    field: "layout.base",
+                    value: 132,
+                    ..
+                },
+            }
+        ),
+        "{e:?}"
+    );
+    let text = std::format!("{e}");
+    assert!(text.contains("layer 1's indexer device pages") && text.contains("plan_layout"));
+    // ... and one that breaks the sparse rows' copy unit.
+    let mut kv = plan(&model, 1 << 20, 1 << 20, 64).unwrap();
+    kv.row_bytes = 24;
+    kv.value_bytes = 24;
+    assert!(matches!(
+        kv.validate(),
+        Err(LayoutError::InvalidField { .. } | LayoutError::PagesRefused { .. })
+    ));
+}

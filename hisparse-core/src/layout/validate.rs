@@ -54,27 +54,16 @@ impl KvCacheConfig {
                 "must equal block_size * sparse_compress_ratio",
             )?;
         }
-        let split = self.value_bytes != self.row_bytes;
-        if self.row_bytes == 0
-            || (!split && !self.row_bytes.is_multiple_of(16))
-            || (split && !(self.row_bytes.wrapping_sub(self.value_bytes)).is_multiple_of(4))
-        {
-            bad(
-                "row_bytes",
-                None,
-                Some(self.row_bytes.into()),
-                "must be a positive multiple of 16 (contiguous rows) or value_bytes plus a multiple of 4 (split rows)",
-            )?;
+        // The row geometry's units are the copies' rule, checked with every layer's pages below.
+        if self.row_bytes == 0 {
+            bad("row_bytes", None, Some(0), "must be greater than 0")?;
         }
-        if self.value_bytes == 0
-            || self.value_bytes > self.row_bytes
-            || !self.value_bytes.is_multiple_of(16)
-        {
+        if self.value_bytes == 0 || self.value_bytes > self.row_bytes {
             bad(
                 "value_bytes",
                 None,
                 Some(self.value_bytes.into()),
-                "must be a positive multiple of 16 no larger than row_bytes",
+                "must be positive and no larger than row_bytes",
             )?;
         }
         if self.page_alignment == 0 {
@@ -108,7 +97,7 @@ impl KvCacheConfig {
                 "times hot_blocks_per_request overflows a u32 block count",
             )?;
         }
-        let Some(page) = padded_page_bytes(self.block_size, self.row_bytes, self.page_alignment)
+        let Some(page) = copied_page_bytes(self.block_size, self.row_bytes, self.page_alignment)
         else {
             return bad(
                 "row_bytes",
@@ -122,7 +111,7 @@ impl KvCacheConfig {
                 "bytes_per_block",
                 None,
                 Some(self.bytes_per_block),
-                "must be a positive multiple of the sparse page (block_size rows of row_bytes, padded to page_alignment)",
+                "must be a positive multiple of the sparse page (block_size rows of row_bytes, padded to page_alignment and 16 bytes)",
             )?;
         }
         if (self.bytes_per_block / page).checked_mul(u64::from(self.block_size))
@@ -136,6 +125,7 @@ impl KvCacheConfig {
             )?;
         }
         self.validate_groups(page)?;
+        self.validate_pages()?;
         let host_max = i32::MAX as u64 / u64::from(self.block_size);
         if u64::from(self.host_num_blocks) > host_max {
             return Err(LayoutError::PoolTooLarge {
@@ -178,6 +168,42 @@ impl KvCacheConfig {
                 needed,
                 bytes_per_block: self.bytes_per_block,
             });
+        }
+        Ok(())
+    }
+
+    /// Every layer's pages as the layout places them, checked with the copies' own rule
+    /// ([`PageLayout::check_shape`]): each sparse layer's host and device pages, and where each
+    /// leader's indexer pages sit ([`PageLayout::check_placement`]; what an indexer row may be
+    /// is [`crate::ops::indexer_backup`]'s to say).
+    fn validate_pages(&self) -> Result<(), LayoutError> {
+        use crate::error::OpName;
+        let refused = |layer, pages| {
+            move |error| LayoutError::PagesRefused {
+                layer,
+                pages,
+                error,
+            }
+        };
+        for l in &self.groups[Self::SOURCE_GROUP].layers {
+            let pair = self.layer_pair(l.layer)?;
+            let op = OpName::CopyPages;
+            pair.host
+                .check_shape(op)
+                .map_err(refused(l.layer, "host"))?;
+            pair.device
+                .check_shape(op)
+                .map_err(refused(l.layer, "device"))?;
+        }
+        for l in &self.groups[Self::INDEXER_GROUP].layers {
+            let pair = self.indexer_layer_pair(l.layer)?;
+            let op = OpName::IndexerBackup;
+            pair.host
+                .check_placement(op)
+                .map_err(refused(l.layer, "indexer host"))?;
+            pair.device
+                .check_placement(op)
+                .map_err(refused(l.layer, "indexer device"))?;
         }
         Ok(())
     }

@@ -25,6 +25,11 @@
 use super::{BufferLen, I32_BYTES, aligned, in_range, mul, need, nonzero};
 use crate::error::{OpError, OpName};
 
+/// The copies move 16-byte chunks: every page they address starts on a multiple of this many
+/// bytes (a layout's `base` and `block_stride`), and contiguous rows and split value parts are
+/// whole chunks. The layout planner pads the pages it places to it.
+pub const COPY_ALIGNMENT: u32 = 16;
+
 /// Where one layer's pages sit in a pool buffer, and how rows sit inside a page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -200,15 +205,34 @@ impl PageLayout {
             })
     }
 
-    /// Checks the layout on its own and against a buffer of `buffer_len` bytes.
+    /// Checks the layout on its own and against a buffer of `buffer_len` bytes:
+    /// [`PageLayout::check_shape`], and the last page inside the buffer.
     pub fn check(&self, op: OpName, buffer: &'static str, buffer_len: u64) -> Result<(), OpError> {
+        self.check_shape(op)?;
+        let end = self.end(op)?;
+        if end > buffer_len {
+            return Err(OpError::BufferTooSmall {
+                op,
+                buffer,
+                needed: end,
+                actual: buffer_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the layout on its own, whatever buffer it is for: sizes non-zero, rows of whole
+    /// copy units (contiguous rows and split value parts 16-byte chunks, split scale parts
+    /// 4-byte words: DeepSeek V4's 576 + 8, and its indexer's 128 + 4), and
+    /// [`PageLayout::check_placement`]. What every copy of the data plane requires of a layout
+    /// (and [`crate::layout::KvCacheConfig::validate`] of the layouts it describes).
+    pub fn check_shape(&self, op: OpName) -> Result<(), OpError> {
         nonzero(op, "layout.num_blocks", self.num_blocks.into())?;
         nonzero(op, "layout.block_size", self.block_size.into())?;
         nonzero(op, "layout.row_bytes", self.row_bytes.into())?;
         nonzero(op, "layout.value_bytes", self.value_bytes.into())?;
-        // Contiguous rows and split value parts are 16-byte chunks; split scale parts 4-byte
-        // words (DeepSeek V4: 576 + 8, and its indexer's 128 + 4).
-        aligned(op, "layout.value_bytes", self.value_bytes.into(), 16)?;
+        let chunk = u64::from(COPY_ALIGNMENT);
+        aligned(op, "layout.value_bytes", self.value_bytes.into(), chunk)?;
         if self.is_split() {
             aligned(
                 op,
@@ -217,10 +241,8 @@ impl PageLayout {
                 4,
             )?;
         } else {
-            aligned(op, "layout.row_bytes", self.row_bytes.into(), 16)?;
+            aligned(op, "layout.row_bytes", self.row_bytes.into(), chunk)?;
         }
-        aligned(op, "layout.base", self.base, 16)?;
-        aligned(op, "layout.block_stride", self.block_stride, 16)?;
         if self.value_bytes > self.row_bytes {
             return Err(OpError::OutOfRange {
                 op,
@@ -230,6 +252,16 @@ impl PageLayout {
                 max: self.row_bytes.into(),
             });
         }
+        self.check_placement(op)
+    }
+
+    /// Checks where the pages sit, whatever their rows: `base` and `block_stride` multiples of
+    /// [`COPY_ALIGNMENT`] (every page starts on a copy unit), pages that do not overlap
+    /// (`block_stride` at least a page), and `index_stride_rows` at least `block_size`.
+    pub fn check_placement(&self, op: OpName) -> Result<(), OpError> {
+        let chunk = u64::from(COPY_ALIGNMENT);
+        aligned(op, "layout.base", self.base, chunk)?;
+        aligned(op, "layout.block_stride", self.block_stride, chunk)?;
         if self.index_stride_rows < self.block_size {
             return Err(OpError::OutOfRange {
                 op,
@@ -246,15 +278,6 @@ impl PageLayout {
                 value: self.block_stride,
                 min: self.page_bytes(),
                 max: u64::MAX,
-            });
-        }
-        let end = self.end(op)?;
-        if end > buffer_len {
-            return Err(OpError::BufferTooSmall {
-                op,
-                buffer,
-                needed: end,
-                actual: buffer_len,
             });
         }
         Ok(())

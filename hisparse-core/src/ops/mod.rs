@@ -25,8 +25,8 @@ pub mod swap_in;
 pub mod table;
 
 pub use copy::{
-    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RowCopyDesc,
-    RowSpan,
+    BlockPair, COPY_ALIGNMENT, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc,
+    PageLayout, RowCopyDesc, RowSpan,
 };
 pub use indexer_backup::{IndexerBackupArgs, IndexerBackupDesc};
 pub use invalidate::{InvalidateArgs, InvalidateDesc};
