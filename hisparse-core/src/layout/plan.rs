@@ -199,20 +199,13 @@ pub fn plan_layout(input: &LayoutInput<'_>) -> Result<KvCacheConfig, LayoutError
     let hot_blocks_per_request = device_buffer_size.div_ceil(block_size);
     let max_pages_per_request = input.max_model_len.div_ceil(bt);
 
-    // Host pool: the largest block count whose (aligned) layer arrays fit the budget.
+    // Host pool: the largest block count whose layer arrays fit the budget. An array is
+    // rounded up to `host_align`, so each layer's share of the budget, rounded down to it, is
+    // what its pages may fill: `n` blocks fit exactly when `n * page` is at most that.
     let budget = config.host_budget_bytes;
-    let layers = groups[0].layers.len() as u64;
-    let pool_bytes = |n: u64| {
-        n.checked_mul(sparse_page)
-            .and_then(|a| a.checked_next_multiple_of(host_align))
-            .and_then(|a| a.checked_mul(layers))
-    };
-    let mut host_blocks = budget / host_block_stride;
-    while host_blocks > 0 && pool_bytes(host_blocks).is_none_or(|b| b > budget) {
-        // Each block less frees `layers * sparse_page` bytes; the alignment slack is at most
-        // `layers * host_align`, so this ends within `host_align / sparse_page + 1` rounds.
-        host_blocks -= 1;
-    }
+    let layers = (groups[0].layers.len() as u64).max(1);
+    let array_room = budget / layers / host_align * host_align;
+    let host_blocks = array_room / sparse_page;
     let host_needed = u64::from(max_pages_per_request) + 2;
     if host_blocks < host_needed {
         return Err(LayoutError::HostBudgetTooSmall {

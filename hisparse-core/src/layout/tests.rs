@@ -370,10 +370,7 @@ fn shared_host_pool_aligns_stride_and_arrays() {
             // The largest block count whose aligned arrays fit.
             let mut more = kv.clone();
             more.host_num_blocks += 1;
-            assert!(
-                more.host_pool_bytes() > budget
-                    || u64::from(more.host_num_blocks) * kv.host_block_stride > budget
-            );
+            assert!(more.host_pool_bytes() > budget);
             assert_eq!(kv.validate(), Ok(()));
             // validate keeps to the shared rules.
             let mut bad = kv.clone();
@@ -781,4 +778,58 @@ fn valid_models_plan_only_layouts_the_copies_accept() {
         kv.validate(),
         Err(LayoutError::InvalidField { .. } | LayoutError::PagesRefused { .. })
     ));
+}
+
+/// A shared host pool holds the largest block count whose (4096-B aligned) layer arrays fit the
+/// budget — not the budget over the aligned stride: 64 KiB of 64-B pages (one layer of 16-B
+/// rows) is 1,024 blocks with or without the shared pool, where the stride rounded to 4096 B
+/// would give 16. Over many budgets, page sizes and layer counts: the count fits and one more
+/// does not.
+#[test]
+fn a_shared_host_pool_holds_the_largest_block_count_that_fits() {
+    let sparse = |indexer| {
+        LayerSpec::Sparse(SparseLayer {
+            row_bytes: 16,
+            value_bytes: 16,
+            compress_ratio: 1,
+            indexer_row_bytes: indexer,
+            indexer_value_bytes: None,
+            page_alignment: 1,
+        })
+    };
+    let plan_host = |layers: &[LayerSpec], block_tokens, budget, shared| {
+        let model = ModelSpec {
+            name: "host-pool",
+            block_tokens,
+            top_k: 4,
+            layers,
+        };
+        let cfg = HiSparseConfig::new(4, budget);
+        let mut input = LayoutInput::new(&model, &cfg, 0, 16);
+        input.num_gpu_blocks_override = Some(64);
+        input.shared_host_pool = shared;
+        plan_layout(&input).unwrap()
+    };
+    let one = [sparse(Some(16))];
+    assert_eq!(plan_host(&one, 4, 64 << 10, false).host_num_blocks, 1024);
+    assert_eq!(plan_host(&one, 4, 64 << 10, true).host_num_blocks, 1024);
+    let three = [sparse(Some(16)), sparse(None), sparse(Some(16))];
+    for layers in [&one[..], &three[..]] {
+        for block_tokens in [1, 4, 16, 64] {
+            for budget in [40_000u64, 64 << 10, 100_003, 1 << 20, (3 << 20) + 777] {
+                let kv = plan_host(layers, block_tokens, budget, true);
+                assert!(kv.host_pool_bytes() <= budget);
+                let mut more = kv.clone();
+                more.host_num_blocks += 1;
+                assert!(
+                    more.host_pool_bytes() > budget,
+                    "{} blocks of {} layers × {block_tokens} rows fit {budget} B, {} planned",
+                    more.host_num_blocks,
+                    layers.len(),
+                    kv.host_num_blocks
+                );
+                assert_eq!(kv.validate(), Ok(()));
+            }
+        }
+    }
 }
