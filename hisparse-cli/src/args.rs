@@ -209,6 +209,82 @@ pub struct BenchArgs {
     pub iters: String,
 }
 
+/// Refuses a command line in which a flag would do nothing — a choice for a mode not asked for,
+/// a flag another replaces, a planning flag of a command that plans nothing — with one line
+/// naming it and what to change. Only flags given on the command line count (defaults do
+/// nothing by themselves); a value that does not parse is left to the command's own message.
+pub fn refuse_idle_flags(m: &clap::ArgMatches) -> crate::error::CliResult<()> {
+    use clap::parser::ValueSource;
+    let Some((command, sub)) = m.subcommand() else {
+        return Ok(());
+    };
+    let given = |id: &str| {
+        sub.try_get_raw(id).is_ok_and(|v| v.is_some())
+            && sub.value_source(id) == Some(ValueSource::CommandLine)
+    };
+    let value = |id: &str| {
+        sub.try_get_one::<String>(id)
+            .ok()
+            .flatten()
+            .map(|v| v.trim().to_string())
+    };
+    let flag = |id: &str| format!("--{}", id.replace('_', "-"));
+    let mut idle: Vec<String> = Vec::new();
+    if given("preset") && given("model") {
+        idle.push(
+            "--preset and --model both given: the model file replaces the preset; drop --preset"
+                .into(),
+        );
+    }
+    if given("device") && value("backend").as_deref() == Some("cpu") {
+        idle.push(
+            "--device chooses among a GPU backend's devices, and the cpu backend has one; drop --device or give --backend cuda, vulkan or rocm"
+                .into(),
+        );
+    }
+    match command {
+        "simulate" => {
+            if given("pd_write") && !given("pd") {
+                idle.push(
+                    "--pd-write says how the prefill side of --pd writes, and no --pd was given; give --pd nixl or drop --pd-write"
+                        .into(),
+                );
+            }
+            let drafts = value("spec_tokens").and_then(|v| v.parse::<u64>().ok());
+            if given("accept_rate") && drafts == Some(0) {
+                idle.push(
+                    "--accept-rate is the chance that a draft of --spec-tokens is accepted, and there are no drafts; give --spec-tokens 1 or more, or drop --accept-rate"
+                        .into(),
+                );
+            }
+        }
+        "layout" if given("print_model") => {
+            let planning = [
+                "gpu_mem",
+                "host_mem",
+                "max_model_len",
+                "device_buffer_size",
+                "max_query_len",
+                "tp",
+                "shared_host_pool",
+                "json",
+            ];
+            if let Some(id) = planning.into_iter().find(|id| given(id)) {
+                idle.push(format!(
+                    "--print-model prints the model (as JSON) and plans nothing, so {} does nothing; drop {}",
+                    flag(id),
+                    flag(id)
+                ));
+            }
+        }
+        _ => {}
+    }
+    match idle.into_iter().next() {
+        Some(line) => Err(crate::error::CliError::usage(line)),
+        None => Ok(()),
+    }
+}
+
 /// A whole-number type a flag takes, with its range for the messages.
 pub trait Whole: std::str::FromStr + Copy + TryFrom<i128> + std::fmt::Display {
     /// The largest value.

@@ -34,7 +34,7 @@ mod size;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::args::{Cli, Command};
 use crate::error::CliResult;
@@ -80,7 +80,6 @@ fn run(cli: Cli) -> CliResult<()> {
 /// The subcommands a user sees (hidden internal ones left out), for suggestions and for
 /// pointing at the right `--help`.
 fn visible_subcommands() -> Vec<String> {
-    use clap::CommandFactory;
     Cli::command()
         .get_subcommands()
         .filter(|c| !c.is_hide_set())
@@ -126,8 +125,12 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("internal error: {}", info.to_string().replace('\n', " "));
     }));
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command().try_get_matches().and_then(|m| {
+        let cli = Cli::from_arg_matches(&m)?;
+        Ok((cli, m))
+    });
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             use clap::error::ErrorKind as K;
             if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
@@ -145,6 +148,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = args::refuse_idle_flags(&matches) {
+        eprintln!("error: {e}");
+        return ExitCode::from(e.exit_code() as u8);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

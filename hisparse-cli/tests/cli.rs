@@ -833,3 +833,57 @@ fn simulate_deepseek_v4_rolls_back_several_drafts() {
     // (3 + 1 + 1) × top-k 512.
     assert_eq!(j["device_buffer_size"], 2560);
 }
+
+/// A flag that would do nothing with the rest of the command line is refused with one line
+/// saying what to change, before anything runs: `--pd-write` without `--pd` (which ran the
+/// default simulation), `--accept-rate` without drafts, `--preset` beside `--model` (the model
+/// silently won), `--print-model` beside the planning flags it ignores, and `--device` for the
+/// CPU backend, which has one.
+#[test]
+fn flags_that_would_do_nothing_are_refused() {
+    for (args, needles) in [
+        (
+            &["simulate", "--pd-write", "pages"][..],
+            &["--pd-write", "--pd nixl"][..],
+        ),
+        (
+            &["simulate", "--accept-rate", "0.5"],
+            &["--accept-rate", "--spec-tokens"],
+        ),
+        (
+            &["simulate", "--spec-tokens", "0", "--accept-rate", "0.5"],
+            &["--accept-rate", "--spec-tokens"],
+        ),
+        (
+            &["simulate", "--preset", "glm-5", "--model", "m.json"],
+            &["--preset", "--model"],
+        ),
+        (
+            &["layout", "--preset", "glm-5", "--model", "m.json"],
+            &["--preset", "--model"],
+        ),
+        (
+            &["layout", "--print-model", "--gpu-mem", "40GiB"],
+            &["--print-model", "--gpu-mem"],
+        ),
+        (
+            &["layout", "--print-model", "--json"],
+            &["--print-model", "--json"],
+        ),
+        (&["bench", "--device", "1"], &["--device", "cpu"]),
+        (&["conformance", "--device", "1"], &["--device", "cpu"]),
+        (
+            &["simulate", "--backend", "cpu", "--device", "0"],
+            &["--device", "cpu"],
+        ),
+    ] {
+        let e = usage_error(args);
+        for n in needles {
+            assert!(e.contains(n), "{args:?}: {e}");
+        }
+        assert!(e.contains("drop") || e.contains("give"), "{args:?}: {e}");
+    }
+    // The same flags where they mean something still run.
+    let o = hisparse(&["layout", "--preset", "glm-5", "--print-model"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
