@@ -11,6 +11,7 @@
 //! buckets, reclaim, spills (eager mirroring off) and row mirrors are all exercised.
 
 mod lag;
+mod rows;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -18,14 +19,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use hisparse_core::Device;
 use hisparse_core::config::HiSparseConfig;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, RequestId};
-use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
-use hisparse_core::model::{LayerSpec, ModelSpec, RegularLayer, SparseLayer};
+use hisparse_core::layout::{LayoutInput, plan_layout};
 use hisparse_runtime::{Indices, Runtime, RuntimeConfig, TopK};
-use lag::{LagBuffer, LagDevice};
+use lag::LagDevice;
 use proptest::prelude::*;
+use rows::{MODEL, Req, Rng, TOP_K, check_reads, fail, forward, i32s, set_i32s};
 
-const BT: u32 = 4;
-const TOP_K: u32 = 4;
 const HOT: u32 = 8;
 const MAX_LEN: u32 = 40;
 const ROWS: usize = 4;
@@ -36,205 +35,6 @@ static COW: AtomicU64 = AtomicU64::new(0);
 static RECLAIMS: AtomicU64 = AtomicU64::new(0);
 static LATE_COPIES: AtomicU64 = AtomicU64::new(0);
 static FOLLOWER_PLANS: AtomicU64 = AtomicU64::new(0);
-
-const fn sparse(indexer: Option<u32>) -> LayerSpec {
-    LayerSpec::Sparse(SparseLayer {
-        row_bytes: 32,
-        value_bytes: 16,
-        compress_ratio: 1,
-        indexer_row_bytes: indexer,
-        indexer_value_bytes: None,
-        page_alignment: 1,
-    })
-}
-
-static LAYERS: [LayerSpec; 4] = [
-    sparse(Some(16)),
-    sparse(None),
-    sparse(Some(16)),
-    LayerSpec::Regular(RegularLayer {
-        row_bytes: 16,
-        compress_ratio: 1,
-        sliding_window: None,
-        block_tokens: None,
-        page_alignment: 1,
-        kind: hisparse_core::model::RegularKind::Attention,
-    }),
-];
-
-static MODEL: ModelSpec<'static> = ModelSpec {
-    name: "e2e",
-    block_tokens: BT,
-    top_k: TOP_K,
-    layers: &LAYERS,
-};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z ^ (z >> 31)
-}
-
-/// The KV row the forward pass writes for `layer` at a token whose prefix hashes to `prefix`
-/// (a shared prefix therefore has the same rows in every request).
-fn row_bytes_for(layer: u32, prefix: u64, len: usize) -> Vec<u8> {
-    let mut h = mix(prefix, u64::from(layer) + 1);
-    (0..len)
-        .map(|i| {
-            if i % 8 == 0 {
-                h = mix(h, i as u64);
-            }
-            (h >> ((i % 8) * 8)) as u8
-        })
-        .collect()
-}
-
-struct Req {
-    tokens: Vec<u32>,
-    /// Prefix hash after each token.
-    prefix: Vec<u64>,
-}
-
-impl Req {
-    fn new(tokens: Vec<u32>) -> Self {
-        let mut r = Req {
-            tokens: Vec::new(),
-            prefix: Vec::new(),
-        };
-        for t in tokens {
-            r.push(t);
-        }
-        r
-    }
-    fn push(&mut self, t: u32) {
-        let p = self.prefix.last().copied().unwrap_or(1);
-        self.tokens.push(t);
-        self.prefix.push(mix(p, u64::from(t)));
-    }
-}
-
-fn i32s(b: &LagBuffer, n: usize) -> Vec<i32> {
-    let g = b.bytes();
-    g.as_slice()[..n * 4]
-        .chunks_exact(4)
-        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn set_i32s(b: &LagBuffer, v: &[i32]) {
-    let mut g = b.bytes();
-    for (c, x) in g.as_mut_slice().chunks_exact_mut(4).zip(v) {
-        c.copy_from_slice(&x.to_ne_bytes());
-    }
-}
-
-fn fail(e: impl std::fmt::Display) -> TestCaseError {
-    TestCaseError::fail(e.to_string())
-}
-
-/// The forward pass: writes the KV row of every token a scheduled request computes into its
-/// resident pages, straight into the device pool (the engine's kernels).
-fn forward(
-    rt: &mut Runtime<LagDevice>,
-    kv: &KvCacheConfig,
-    slot: u32,
-    id: RequestId,
-    positions: std::ops::Range<u32>,
-    req: &Req,
-) -> Result<(), TestCaseError> {
-    for pos in positions {
-        let page = (pos / kv.block_size) as usize;
-        for b in 0..kv.num_buckets {
-            let blk = rt.resident_row(b, slot).unwrap()[page];
-            prop_assert!(
-                blk > 0,
-                "token {} of request {} written to a null page",
-                pos,
-                id
-            );
-            for gl in &kv.groups[kv.resident_group(b)].layers {
-                let l = kv.device_layout(gl.layer).unwrap();
-                let bytes = row_bytes_for(gl.layer, req.prefix[pos as usize], 32);
-                let [(vo, vl), (so, sl)] = l.row_parts(blk as u32, pos % kv.block_size);
-                let (_, pools) = rt.device_and_pools_mut();
-                let mut d = pools.device.bytes();
-                let d = d.as_mut_slice();
-                d[vo as usize..(vo + vl) as usize].copy_from_slice(&bytes[..vl as usize]);
-                d[so as usize..(so + sl) as usize].copy_from_slice(&bytes[vl as usize..]);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Checks that every top-k entry of index group `g` reads the forward pass's bytes in every
-/// layer of the group; returns the rows checked.
-#[allow(clippy::too_many_arguments)]
-fn check_reads(
-    rt: &Runtime<LagDevice>,
-    kv: &KvCacheConfig,
-    g: usize,
-    sched: &[(u32, RequestId)],
-    topk: &[i32],
-    rows: &[i32],
-    counts: Option<&[i32]>,
-    reqs: &HashMap<RequestId, Req>,
-) -> Result<u64, TestCaseError> {
-    let k = TOP_K as usize;
-    let mut checked = 0;
-    let pool = rt.pools().device.bytes();
-    let pool = pool.as_slice();
-    for (i, &(slot, id)) in sched.iter().enumerate() {
-        let r = &reqs[&id];
-        if let Some(c) = counts {
-            prop_assert_eq!(c[i], TOP_K as i32, "valid count of request {}", id);
-        }
-        for j in 0..k {
-            let tok = topk[i * k + j] as usize;
-            let phys = rows[i * k + j];
-            prop_assert!(
-                phys >= 0,
-                "valid top-k entry {} of request {} resolved to -1",
-                tok,
-                id
-            );
-            for &layer in &kv.index_groups[g].layers {
-                let l = kv.device_layout(layer).unwrap();
-                let (blk, off) = l.locate(phys.into()).unwrap();
-                let [(vo, vl), (so, sl)] = l.row_parts(blk, off);
-                let mut got = pool[vo as usize..(vo + vl) as usize].to_vec();
-                got.extend_from_slice(&pool[so as usize..(so + sl) as usize]);
-                let want = row_bytes_for(layer, r.prefix[tok], 32);
-                prop_assert_eq!(
-                    got,
-                    want,
-                    "request {} (state row {}) token {} layer {} read wrong bytes from row {}",
-                    id,
-                    slot,
-                    tok,
-                    layer,
-                    phys
-                );
-                checked += 1;
-            }
-        }
-    }
-    Ok(checked)
-}
 
 fn run(
     seed: u64,
