@@ -294,16 +294,9 @@ fn soak(seed: u64, eager: bool, arrival_steps: u32, seen: &mut Seen) -> Result<(
     let rep = rt.drain().map_err(fail)?;
     c.report(rep.worker, &rep.enqueued, &rep.completed)
         .map_err(fail)?;
-    c.check_invariants().map_err(fail)?;
     prop_guard(rt.pending_transfers() == 0, || "transfers left".into())?;
-    prop_guard(c.is_empty(), || "requests left in the coordinator".into())?;
+    c.check_drained().map_err(fail)?;
     let free = c.free();
-    prop_guard(c.gpu_pool().num_held() == 0, || {
-        format!("{} GPU blocks leaked", c.gpu_pool().num_held())
-    })?;
-    prop_guard(c.host_pool().num_held() == 0, || {
-        format!("{} host blocks leaked", c.host_pool().num_held())
-    })?;
     prop_guard(free.hot_regions_held == 0, || "hot regions left".into())?;
     prop_guard(
         free.gpu_blocks == free.gpu_capacity && free.host_blocks == free.host_capacity,

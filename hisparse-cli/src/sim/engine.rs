@@ -526,16 +526,15 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
             .report(w as u32, &enqueued[rank_of(w)], &comp)
             .map_err(coord_err)?;
     }
-    coord
-        .check_invariants()
-        .map_err(|v| CliError::failed(format!("coordinator invariant violated: {v}")))?;
-    if coord.gpu_pool().num_held() != 0 || coord.host_pool().num_held() != 0 {
-        return Err(CliError::failed(format!(
-            "simulation leaked blocks: {} GPU and {} host blocks still held after every request finished",
+    // Every request finished and every copy batch completed: the coordinator must be empty
+    // again (blocks the prefix cache keeps are free).
+    coord.check_drained().map_err(|v| {
+        CliError::failed(format!(
+            "simulation did not end empty after every request finished and every copy batch completed ({} GPU and {} host blocks held): {v}",
             coord.gpu_pool().num_held(),
             coord.host_pool().num_held()
-        )));
-    }
+        ))
+    })?;
 
     let decode = report.steps.len().max(1) as f64;
     let c = drained[0].counters;

@@ -44,6 +44,44 @@ fn violation(
 }
 
 impl Coordinator {
+    /// Checks that the coordinator is back to empty once an engine finished every request and
+    /// every worker completed every transfer: no request known, every issued transfer durable,
+    /// no release or publication waiting for one, and no GPU or host block held (so no hot
+    /// region and no state row either) — then every invariant ([`Coordinator::check_invariants`]).
+    /// Free blocks that keep a prefix-cache key (pages of finished requests a later prompt could
+    /// hit, [`TierFree::gpu_cached`](super::TierFree::gpu_cached)) are free: they count as empty.
+    /// What a simulation or a soak checks at its end, and the first leak it names.
+    pub fn check_drained(&self) -> Result<(), InvariantViolation> {
+        if let Some((&id, _)) = self.ids.iter().next() {
+            return Err(violation("request not finished", Some(id), None));
+        }
+        let issued = self.current_xfer - 1;
+        if self.durable != issued {
+            return Err(violation(
+                "transfer issued but not completed by every worker",
+                None,
+                u32::try_from(self.durable + 1).ok(),
+            ));
+        }
+        if !self.deferred.is_empty() || !self.detached.is_empty() || !self.pending_pages.is_empty()
+        {
+            return Err(violation(
+                "release or publication still waiting for a transfer",
+                None,
+                None,
+            ));
+        }
+        for (what, held) in [
+            ("GPU blocks still held", self.gpu.num_held()),
+            ("host blocks still held", self.host.num_held()),
+        ] {
+            if held > 0 {
+                return Err(violation(what, None, Some(held)));
+            }
+        }
+        self.check_invariants()
+    }
+
     /// Checks every invariant (O(everything); for tests and debugging): pool accounting (every
     /// block's reference count equals the references requests, hot regions and deferred frees
     /// hold — no leak, no double free), no page reclaimed before its host copy is durable, the

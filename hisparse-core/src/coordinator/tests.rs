@@ -1032,3 +1032,30 @@ fn admission_refuses_the_prompts_the_layout_says_never_prefill() {
         }
     }
 }
+
+/// `check_drained` says what keeps a coordinator from being empty — a request not finished, a
+/// transfer no worker completed — and accepts one whose only blocks left are free ones the
+/// prefix cache keeps.
+#[test]
+fn check_drained_names_what_is_left() {
+    let mut c = coord(40, true, 1);
+    c.check_drained().unwrap();
+    c.admit(1, &toks(12)).unwrap();
+    let what = |c: &Coordinator| c.check_drained().unwrap_err().what;
+    assert_eq!(what(&c), "request not finished");
+    let cmd = c.step().unwrap();
+    c.finish(1).unwrap();
+    assert_eq!(
+        what(&c),
+        "transfer issued but not completed by every worker"
+    );
+    let id = cmd.transfer_id.unwrap();
+    c.report(0, &[id], &[id]).unwrap();
+    c.check_drained().unwrap();
+    let free = c.free();
+    assert!(free.gpu_cached > 0 && free.host_cached > 0, "{free:?}");
+    assert_eq!(
+        (free.gpu_blocks, free.host_blocks),
+        (free.gpu_capacity, free.host_capacity)
+    );
+}
