@@ -876,6 +876,18 @@ fn flags_that_would_do_nothing_are_refused() {
             &["simulate", "--backend", "cpu", "--device", "0"],
             &["--device", "cpu"],
         ),
+        (
+            &["simulate", "--import", "--tp", "2"],
+            &["--import", "--tp"],
+        ),
+        (
+            &["simulate", "--pd", "nixl", "--import"],
+            &["--pd", "--import"],
+        ),
+        (
+            &["simulate", "--pd", "nixl", "--prefix-on-host"],
+            &["--pd", "--prefix-on-host"],
+        ),
     ] {
         let e = usage_error(args);
         for n in needles {

@@ -95,6 +95,11 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
             "--tp and --workers both set: with --tp every rank is a worker; drop --workers",
         ));
     }
+    if a.import && tp > 1 {
+        return Err(CliError::usage(
+            "--import runs in one process (the prefill node writes one host pool); drop --tp or --import",
+        ));
+    }
     if a.shared_host_pool && tp == 1 {
         return Err(CliError::usage(
             "--shared-host-pool shares one host pool between ranks; give --tp 2 or more",

@@ -154,17 +154,18 @@ pub fn transport(a: &SimulateArgs, s: &SimSetup) -> CliResult<Option<&'static st
         )));
     }
     WriteLayout::parse(&a.pd_write, false)?;
-    for (set, flag) in [
-        (s.tp > 1, "--tp"),
-        (s.workers > 1, "--workers"),
-        (s.shared_prefix > 0, "--shared-prefix"),
-        (s.spec_tokens > 0, "--spec-tokens"),
-        (a.plot.is_some(), "--plot"),
+    let one_pair = "runs one prefill and one decode process";
+    for (set, flag, why) in [
+        (s.tp > 1, "--tp", one_pair),
+        (s.workers > 1, "--workers", one_pair),
+        (s.import, "--import", "imports every request already"),
+        (s.prefix_on_host, "--prefix-on-host", "shares no prefix"),
+        (s.shared_prefix > 0, "--shared-prefix", "shares no prefix"),
+        (s.spec_tokens > 0, "--spec-tokens", one_pair),
+        (a.plot.is_some(), "--plot", one_pair),
     ] {
         if set {
-            return Err(CliError::usage(format!(
-                "--pd nixl runs one prefill and one decode process; drop {flag}"
-            )));
+            return Err(CliError::usage(format!("--pd nixl {why}; drop {flag}")));
         }
     }
     Ok(Some(TRANSPORT))
