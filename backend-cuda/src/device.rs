@@ -607,6 +607,7 @@ impl CudaDevice {
             host.byte_len(),
             device.byte_len(),
         )?;
+        refuse_stats(hisparse_core::OpName::Resolve, args.stats.is_some())?;
         let addrs = self.resolve_addrs(&args);
         let plan = plan::resolve_gather(
             &self.target,
@@ -846,6 +847,7 @@ impl Device for CudaDevice {
         args: RemapArgs<'_, CudaBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
+        refuse_stats(hisparse_core::OpName::Remap, args.stats.is_some())?;
         let addrs = plan::RemapAddrs {
             req_id: args.req_id.mem.ptr(),
             block_table: args.block_table.mem.ptr(),
@@ -874,6 +876,7 @@ impl Device for CudaDevice {
             return self.remap(stream, &desc.remap, args.remap);
         }
         let r = &args.remap;
+        refuse_stats(hisparse_core::OpName::Remap, r.stats.is_some())?;
         let addrs = plan::RemapModesAddrs {
             remap: plan::RemapAddrs {
                 req_id: r.req_id.mem.ptr(),
@@ -897,6 +900,7 @@ impl Device for CudaDevice {
         args: ResolveArgs<'_, CudaBuffer>,
     ) -> Result<()> {
         desc.check(&args.sizes())?;
+        refuse_stats(hisparse_core::OpName::Resolve, args.stats.is_some())?;
         let addrs = self.resolve_addrs(&args);
         #[cfg(feature = "bench-variants")]
         let plan = gk::variants::resolve(
@@ -1042,6 +1046,20 @@ impl Device for CudaDevice {
         };
         self.execute(stream, plan::slot_mapping(desc, &addrs))
     }
+}
+
+/// Refuses a decode-path call given a stats buffer: the device-side counters are not in these
+/// kernels yet (a typed `Unsupported` error, never a call that silently counts nothing).
+fn refuse_stats(op: hisparse_core::OpName, given: bool) -> Result<()> {
+    if given {
+        return Err(hisparse_core::OpError::Unsupported {
+            op,
+            feature: "stats",
+            backend: "cuda",
+        }
+        .into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

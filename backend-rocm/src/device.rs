@@ -142,6 +142,7 @@ impl RocmDevice {
             host.byte_len(),
             device.byte_len(),
         )?;
+        refuse_stats(hisparse_core::OpName::Resolve, args.stats.is_some())?;
         let target = self.target();
         let plan = plan::resolve_gather(
             &target,
@@ -593,6 +594,7 @@ impl Device for RocmDevice {
         args: RemapArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args)?;
+        refuse_stats(hisparse_core::OpName::Remap, args.stats.is_some())?;
         let addrs = plan::RemapAddrs {
             req_id: args.req_id.addr(),
             block_table: args.block_table.addr(),
@@ -618,6 +620,7 @@ impl Device for RocmDevice {
             return self.remap(stream, &desc.remap, args.remap);
         }
         let r = &args.remap;
+        refuse_stats(hisparse_core::OpName::Remap, r.stats.is_some())?;
         let addrs = plan::RemapModesAddrs {
             remap: plan::RemapAddrs {
                 req_id: r.req_id.addr(),
@@ -641,6 +644,7 @@ impl Device for RocmDevice {
         args: ResolveArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args.sizes())?;
+        refuse_stats(hisparse_core::OpName::Resolve, args.stats.is_some())?;
         let plan = plan::resolve(&self.target(), desc, &resolve_addrs(&args), false)?;
         self.execute(stream, plan)
     }
@@ -794,4 +798,18 @@ fn resolve_addrs(args: &ResolveArgs<'_, RocmBuffer>) -> plan::ResolveAddrs {
         miss_dst: args.miss_dst.addr(),
         idx_mapping: args.idx_mapping.map_or(0, |m| m.addr()),
     }
+}
+
+/// Refuses a decode-path call given a stats buffer: the device-side counters are not in these
+/// kernels yet (a typed `Unsupported` error, never a call that silently counts nothing).
+fn refuse_stats(op: hisparse_core::OpName, given: bool) -> Result<(), RocmError> {
+    if given {
+        return Err(hisparse_core::OpError::Unsupported {
+            op,
+            feature: "stats",
+            backend: "rocm",
+        }
+        .into());
+    }
+    Ok(())
 }

@@ -354,6 +354,7 @@ mod tests {
             attention_block_stride: 1,
             host_num_blocks: 1,
             num_state_rows: None,
+            stats_slot: 0,
         };
         // 7·15 + 4·3 + 2·(66 + 2)
         assert_eq!(resolve_wg_scratch_words(&desc), 105 + 12 + 136);

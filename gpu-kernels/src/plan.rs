@@ -1044,6 +1044,7 @@ mod tests {
             attention_block_stride: 64,
             host_num_blocks: 1 << 16,
             num_state_rows: None,
+            stats_slot: 0,
         }
     }
 
@@ -1065,6 +1066,7 @@ mod tests {
                     idx_mapping_len: Some(3),
                     write_counts: true,
                     compact: true,
+                    stats_slot: 0,
                 },
                 &RemapAddrs::default(),
             )
@@ -1180,6 +1182,7 @@ mod tests {
             idx_mapping_len: None,
             write_counts: true,
             compact: true,
+            stats_slot: 0,
         };
         let a = RemapModesAddrs {
             prefill_req_id: 32,

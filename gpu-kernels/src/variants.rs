@@ -401,6 +401,7 @@ mod tests {
                     idx_mapping_len: None,
                     write_counts: true,
                     compact,
+                    stats_slot: 0,
                 };
                 for v in RemapVariant::ALL {
                     let p = remap(&H200, &d, &RemapAddrs::default(), v).unwrap();
@@ -420,6 +421,7 @@ mod tests {
                 attention_block_stride: 64,
                 host_num_blocks: 1 << 14,
                 num_state_rows: None,
+                stats_slot: 0,
             };
             for v in ResolveVariant::ALL {
                 accepted(&resolve(&H200, &r, &ResolveAddrs::default(), false, v).unwrap());

@@ -272,6 +272,7 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
         idx_mapping_len: map_len,
         write_counts: rng.pct(60),
         compact: rng.pct(40),
+        stats_slot: 0,
     };
     let (dcp, prefill_requests) = if modes {
         let which = rng.below(3);
@@ -337,6 +338,7 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
         idx_mapping: map_len.map(|_| &map[..]),
         out: &mut want[..],
         counts: desc.write_counts.then_some(&mut want_c[..]),
+        stats: None,
     };
     if modes {
         remap_modes(
@@ -452,6 +454,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         attention_block_stride: stride,
         host_num_blocks: host_blocks,
         num_state_rows: batch_order.then_some(sr),
+        stats_slot: 0,
     };
     let resident: Vec<i32> = (0..sr * pages)
         .map(|_| {
@@ -548,6 +551,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
                 miss_src: &mut src,
                 miss_dst: &mut dst,
                 idx_mapping: map.as_deref(),
+                stats: None,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -228,6 +228,7 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
         idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
         write_counts: flags & gk::REMAP_COUNTS != 0,
         compact: flags & gk::REMAP_COMPACT != 0,
+        stats_slot: 0,
     };
     // Blocks take token rows grid-stride: any grid covers every row.
     need_grid(l, [1, 1, 1])?;
@@ -265,6 +266,7 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
             idx_mapping: map.as_deref(),
             out: &mut out[..],
             counts: counts.as_deref_mut(),
+            stats: None,
         },
     )
     .map_err(|e| e.to_string())?;
@@ -289,6 +291,7 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
         idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
         write_counts: flags & gk::REMAP_COUNTS != 0,
         compact: flags & gk::REMAP_COMPACT != 0,
+        stats_slot: 0,
     };
     let dcp_size = p.u32("dcp_size");
     let prefill = p.u32("prefill_requests");
@@ -350,6 +353,7 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
                 idx_mapping: map.as_deref(),
                 out: &mut out[..],
                 counts: counts.as_deref_mut(),
+                stats: None,
             },
             prefill_req_id: ids.as_deref(),
             workspace_starts: starts.as_deref(),
@@ -375,6 +379,7 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         host_num_blocks: p.u32("host_num_blocks"),
         // Batch-row order exactly when the kernel gets an idx_mapping.
         num_state_rows: (p.ptr("idx_mapping") != 0).then(|| p.u32("num_state_rows")),
+        stats_slot: 0,
     };
     desc.validate().map_err(|e| e.to_string())?;
     need_grid(l, [desc.num_tokens.into(), 1, 1])?;
@@ -504,6 +509,7 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
             miss_src: src,
             miss_dst: dst,
             idx_mapping: map.as_deref(),
+            stats: None,
         },
     )
     .map_err(|e| e.to_string())?;
