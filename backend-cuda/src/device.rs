@@ -607,7 +607,6 @@ impl CudaDevice {
             host.byte_len(),
             device.byte_len(),
         )?;
-        refuse_stats(hisparse_core::OpName::Resolve, args.stats.is_some())?;
         let addrs = self.resolve_addrs(&args);
         let plan = plan::resolve_gather(
             &self.target,
@@ -637,6 +636,7 @@ impl CudaDevice {
             miss_src: args.miss_src.mem.ptr(),
             miss_dst: args.miss_dst.mem.ptr(),
             idx_mapping: args.idx_mapping.map_or(0, |m| m.mem.ptr()),
+            stats: args.stats.as_ref().map_or(0, |s| s.mem.ptr()),
         }
     }
 
@@ -847,15 +847,7 @@ impl Device for CudaDevice {
         args: RemapArgs<'_, CudaBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
-        refuse_stats(hisparse_core::OpName::Remap, args.stats.is_some())?;
-        let addrs = plan::RemapAddrs {
-            req_id: args.req_id.mem.ptr(),
-            block_table: args.block_table.mem.ptr(),
-            topk: args.topk.mem.ptr(),
-            idx_mapping: args.idx_mapping.map_or(0, |b| b.mem.ptr()),
-            out: args.out.mem.ptr(),
-            counts: args.counts.as_ref().map_or(0, |b| b.mem.ptr()),
-        };
+        let addrs = remap_addrs(&args);
         #[cfg(feature = "bench-variants")]
         let plan = gk::variants::remap(&self.target, desc, &addrs, self.bench.remap())?;
         #[cfg(not(feature = "bench-variants"))]
@@ -875,17 +867,8 @@ impl Device for CudaDevice {
         if !desc.has_modes() {
             return self.remap(stream, &desc.remap, args.remap);
         }
-        let r = &args.remap;
-        refuse_stats(hisparse_core::OpName::Remap, r.stats.is_some())?;
         let addrs = plan::RemapModesAddrs {
-            remap: plan::RemapAddrs {
-                req_id: r.req_id.mem.ptr(),
-                block_table: r.block_table.mem.ptr(),
-                topk: r.topk.mem.ptr(),
-                idx_mapping: r.idx_mapping.map_or(0, |b| b.mem.ptr()),
-                out: r.out.mem.ptr(),
-                counts: r.counts.as_ref().map_or(0, |b| b.mem.ptr()),
-            },
+            remap: remap_addrs(&args.remap),
             prefill_req_id: args.prefill_req_id.map_or(0, |b| b.mem.ptr()),
             workspace_starts: args.workspace_starts.map_or(0, |b| b.mem.ptr()),
         };
@@ -900,7 +883,6 @@ impl Device for CudaDevice {
         args: ResolveArgs<'_, CudaBuffer>,
     ) -> Result<()> {
         desc.check(&args.sizes())?;
-        refuse_stats(hisparse_core::OpName::Resolve, args.stats.is_some())?;
         let addrs = self.resolve_addrs(&args);
         #[cfg(feature = "bench-variants")]
         let plan = gk::variants::resolve(
@@ -1048,18 +1030,17 @@ impl Device for CudaDevice {
     }
 }
 
-/// Refuses a decode-path call given a stats buffer: the device-side counters are not in these
-/// kernels yet (a typed `Unsupported` error, never a call that silently counts nothing).
-fn refuse_stats(op: hisparse_core::OpName, given: bool) -> Result<()> {
-    if given {
-        return Err(hisparse_core::OpError::Unsupported {
-            op,
-            feature: "stats",
-            backend: "cuda",
-        }
-        .into());
+/// Device addresses of a remap's buffers (the plain remap's and the modes' alike).
+fn remap_addrs(args: &RemapArgs<'_, CudaBuffer>) -> plan::RemapAddrs {
+    plan::RemapAddrs {
+        req_id: args.req_id.mem.ptr(),
+        block_table: args.block_table.mem.ptr(),
+        topk: args.topk.mem.ptr(),
+        idx_mapping: args.idx_mapping.map_or(0, |b| b.mem.ptr()),
+        out: args.out.mem.ptr(),
+        counts: args.counts.as_ref().map_or(0, |b| b.mem.ptr()),
+        stats: args.stats.as_ref().map_or(0, |b| b.mem.ptr()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -853,7 +853,6 @@ impl Device for VulkanDevice {
         args: RemapArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
-        refuse_stats(hisparse_core::OpName::Remap, args.stats.is_some())?;
         self.remap_rows(self.sid(stream)?, desc, args)
     }
 
@@ -864,7 +863,6 @@ impl Device for VulkanDevice {
         args: ResolveArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
         desc.check(&args.sizes())?;
-        refuse_stats(hisparse_core::OpName::Resolve, args.stats.is_some())?;
         if let Some(d) = &self.resolve_dump {
             d.on_resolve(self, stream, desc, &args)?;
         }
@@ -935,18 +933,4 @@ impl Device for VulkanDevice {
         desc.check(&args)?;
         self.slot_mapping(self.sid(stream)?, desc, args)
     }
-}
-
-/// Refuses a decode-path call given a stats buffer: the device-side counters are not in these
-/// shaders yet (a typed `Unsupported` error, never a call that silently counts nothing).
-fn refuse_stats(op: hisparse_core::OpName, given: bool) -> Result<()> {
-    if given {
-        return Err(hisparse_core::OpError::Unsupported {
-            op,
-            feature: "stats",
-            backend: "vulkan",
-        }
-        .into());
-    }
-    Ok(())
 }

@@ -24,7 +24,6 @@ use super::copies::{Rows, V4, layouts, pool_sizes};
 use super::resolve_io::{
     Asked, Coverage, DevOutputs, DevState, HostState, Outputs, initial_stats, stats_slot,
 };
-use super::unsupported_is_skip;
 use crate::util::{
     Ctx, SENTINEL, at_step, dev_bytes, dev_i32, ensure, expect_invalid, pinned_bytes, read_bytes,
     read_i32, same,
@@ -440,7 +439,7 @@ impl<D: Device> Twin<D> {
         } else {
             None
         };
-        let counted = self.state.stats.is_some();
+
         let stream = dev.create_stream().ctx("create_stream")?;
         let d_req = dev_i32(dev, req_id)?;
         // The top-k reaches its buffer through a copy enqueued on the stream just before.
@@ -452,20 +451,12 @@ impl<D: Device> Twin<D> {
         }
         let mut out = DevOutputs::upload(dev, &Outputs::sentinels(t, k))?;
         let args = self.state.args(&d_req, &d_topk, &mut out);
-        let checked = |r, what: &str| {
-            if counted {
-                unsupported_is_skip(r, &format!("{what} with stats"))
-            } else {
-                r.ctx(what)
-            }
-        };
         match path {
-            Path::Fused => checked(
-                dev.resolve_and_gather(&stream, &desc, args, &w.layers, host_pool, &mut self.pool),
-                "resolve_and_gather",
-            )?,
+            Path::Fused => dev
+                .resolve_and_gather(&stream, &desc, args, &w.layers, host_pool, &mut self.pool)
+                .ctx("resolve_and_gather")?,
             Path::Pair => {
-                checked(dev.resolve(&stream, &desc, args), "resolve")?;
+                dev.resolve(&stream, &desc, args).ctx("resolve")?;
                 dev.gather_rows(
                     &stream,
                     &plan_gather(&desc, &w.layers),
