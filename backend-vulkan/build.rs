@@ -237,6 +237,7 @@ fn main() {
         "invalidate",
         "resolve_prep",
         "resolve_order",
+        "resolve_stats",
         "table_write",
         "hot_reset",
     ] {

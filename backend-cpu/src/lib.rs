@@ -12,7 +12,7 @@ mod resolve;
 use hisparse_core::Device;
 use hisparse_core::ops::copy::{self, bulk_copy};
 use hisparse_core::ops::{
-    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    BlockPair, BufferLen, CallStats, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
     IndexerBackupDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs,
     RemapDesc, RemapModesArgs, RemapModesDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
     SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc, check_pinned_budget, invalidate,
@@ -440,7 +440,7 @@ impl Device for CpuDevice {
         args: RemapArgs<'_, CpuBuffer>,
     ) -> Result<(), CpuError> {
         desc.check(&args)?;
-        remap::remap(
+        let valid = remap::remap(
             desc,
             args.req_id.i32s(),
             args.block_table.i32s(),
@@ -449,6 +449,9 @@ impl Device for CpuDevice {
             args.out.i32s_mut(),
             args.counts.map(CpuBuffer::i32s_mut),
         );
+        if let Some(stats) = args.stats {
+            CallStats::of_remap(valid).add_to(stats.i32s_mut(), desc.stats_slot);
+        }
         Ok(())
     }
 
@@ -478,6 +481,15 @@ impl Device for CpuDevice {
                 idx_mapping: args.idx_mapping.map(CpuBuffer::i32s),
             },
         );
+        if let Some(stats) = args.stats {
+            let t = desc.num_tokens as usize;
+            CallStats::of_resolve(
+                &args.hit_counts.i32s()[..t],
+                &args.miss_counts.i32s()[..t],
+                &args.valid_counts.i32s()[..t],
+            )
+            .add_to(stats.i32s_mut(), desc.stats_slot);
+        }
         Ok(())
     }
 
@@ -574,6 +586,7 @@ impl Device for CpuDevice {
                     idx_mapping: a.idx_mapping.map(CpuBuffer::i32s),
                     out: a.out.i32s_mut(),
                     counts: a.counts.map(CpuBuffer::i32s_mut),
+                    stats: a.stats.map(CpuBuffer::i32s_mut),
                 },
                 prefill_req_id: args.prefill_req_id.map(CpuBuffer::i32s),
                 workspace_starts: args.workspace_starts.map(CpuBuffer::i32s),

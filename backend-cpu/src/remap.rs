@@ -2,7 +2,8 @@
 
 use hisparse_core::ops::{RemapDesc, physical_row};
 
-/// Remaps every token row. `desc` must have been checked against these buffers.
+/// Remaps every token row; returns the valid entries of all rows (wrapping), what a stats
+/// buffer counts. `desc` must have been checked against these buffers.
 pub(crate) fn remap(
     desc: &RemapDesc,
     req_id: &[i32],
@@ -11,11 +12,12 @@ pub(crate) fn remap(
     idx_mapping: Option<&[i32]>,
     out: &mut [i32],
     mut counts: Option<&mut [i32]>,
-) {
+) -> u32 {
     let k = desc.top_k as usize;
     let bs = desc.block_size;
     let m = desc.max_blocks as usize;
     let stride = desc.block_stride_rows;
+    let mut valid_total = 0u32;
     for t in 0..desc.num_tokens as usize {
         let out_row = &mut out[t * k..(t + 1) * k];
         let toks = &topk[t * k..(t + 1) * k];
@@ -54,5 +56,7 @@ pub(crate) fn remap(
         if let Some(c) = counts.as_deref_mut() {
             c[t] = valid as i32;
         }
+        valid_total = valid_total.wrapping_add(valid as u32);
     }
+    valid_total
 }

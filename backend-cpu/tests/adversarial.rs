@@ -179,6 +179,7 @@ fn remap_matches_the_reference_on_hostile_inputs() {
             idx_mapping_len: g.chance(30).then(|| 1 + g.below(5) as u32),
             write_counts: g.chance(50),
             compact: g.chance(50),
+            stats_slot: 0,
         };
         if g.chance(25) {
             let v = g.size(8);
@@ -214,6 +215,7 @@ fn remap_matches_the_reference_on_hostile_inputs() {
                 idx_mapping: map.as_deref(),
                 out: &mut out[..],
                 counts: counts.as_deref_mut(),
+                stats: None,
             },
         );
         // Backend.
@@ -231,6 +233,7 @@ fn remap_matches_the_reference_on_hostile_inputs() {
                 idx_mapping: mb.as_ref(),
                 out: &mut ob,
                 counts: cb.as_mut(),
+                stats: None,
             },
         );
         ran += u32::from(reference.is_ok());
@@ -266,6 +269,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
             attention_block_stride: bs + g.below(3) as u32,
             host_num_blocks: 1 + g.below(12) as u32,
             num_state_rows: None,
+            stats_slot: 0,
         };
         if g.chance(25) {
             let v = g.size(12);
@@ -332,6 +336,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
                     miss_src: src,
                     miss_dst: dst,
                     idx_mapping: None,
+                    stats: None,
                 },
             )
         };
@@ -366,6 +371,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
                     miss_src: src,
                     miss_dst: dst,
                     idx_mapping: None,
+                    stats: None,
                 },
             )
         };

@@ -52,6 +52,7 @@ fn lent_buffers_run_operations_like_owned_ones() {
         idx_mapping_len: None,
         write_counts: true,
         compact: false,
+        stats_slot: 0,
     };
     let req = [1i32, -1];
     let table = [3i32, 4, 5, 6, 7, 8];
@@ -71,6 +72,7 @@ fn lent_buffers_run_operations_like_owned_ones() {
                 idx_mapping: None,
                 out,
                 counts: Some(counts),
+                stats: None,
             },
         )
         .unwrap();

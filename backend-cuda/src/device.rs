@@ -636,6 +636,7 @@ impl CudaDevice {
             miss_src: args.miss_src.mem.ptr(),
             miss_dst: args.miss_dst.mem.ptr(),
             idx_mapping: args.idx_mapping.map_or(0, |m| m.mem.ptr()),
+            stats: args.stats.as_ref().map_or(0, |s| s.mem.ptr()),
         }
     }
 
@@ -846,14 +847,7 @@ impl Device for CudaDevice {
         args: RemapArgs<'_, CudaBuffer>,
     ) -> Result<()> {
         desc.check(&args)?;
-        let addrs = plan::RemapAddrs {
-            req_id: args.req_id.mem.ptr(),
-            block_table: args.block_table.mem.ptr(),
-            topk: args.topk.mem.ptr(),
-            idx_mapping: args.idx_mapping.map_or(0, |b| b.mem.ptr()),
-            out: args.out.mem.ptr(),
-            counts: args.counts.as_ref().map_or(0, |b| b.mem.ptr()),
-        };
+        let addrs = remap_addrs(&args);
         #[cfg(feature = "bench-variants")]
         let plan = gk::variants::remap(&self.target, desc, &addrs, self.bench.remap())?;
         #[cfg(not(feature = "bench-variants"))]
@@ -873,16 +867,8 @@ impl Device for CudaDevice {
         if !desc.has_modes() {
             return self.remap(stream, &desc.remap, args.remap);
         }
-        let r = &args.remap;
         let addrs = plan::RemapModesAddrs {
-            remap: plan::RemapAddrs {
-                req_id: r.req_id.mem.ptr(),
-                block_table: r.block_table.mem.ptr(),
-                topk: r.topk.mem.ptr(),
-                idx_mapping: r.idx_mapping.map_or(0, |b| b.mem.ptr()),
-                out: r.out.mem.ptr(),
-                counts: r.counts.as_ref().map_or(0, |b| b.mem.ptr()),
-            },
+            remap: remap_addrs(&args.remap),
             prefill_req_id: args.prefill_req_id.map_or(0, |b| b.mem.ptr()),
             workspace_starts: args.workspace_starts.map_or(0, |b| b.mem.ptr()),
         };
@@ -1041,6 +1027,19 @@ impl Device for CudaDevice {
             out: args.out.mem.ptr(),
         };
         self.execute(stream, plan::slot_mapping(desc, &addrs))
+    }
+}
+
+/// Device addresses of a remap's buffers (the plain remap's and the modes' alike).
+fn remap_addrs(args: &RemapArgs<'_, CudaBuffer>) -> plan::RemapAddrs {
+    plan::RemapAddrs {
+        req_id: args.req_id.mem.ptr(),
+        block_table: args.block_table.mem.ptr(),
+        topk: args.topk.mem.ptr(),
+        idx_mapping: args.idx_mapping.map_or(0, |b| b.mem.ptr()),
+        out: args.out.mem.ptr(),
+        counts: args.counts.as_ref().map_or(0, |b| b.mem.ptr()),
+        stats: args.stats.as_ref().map_or(0, |b| b.mem.ptr()),
     }
 }
 

@@ -593,14 +593,7 @@ impl Device for RocmDevice {
         args: RemapArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args)?;
-        let addrs = plan::RemapAddrs {
-            req_id: args.req_id.addr(),
-            block_table: args.block_table.addr(),
-            topk: args.topk.addr(),
-            idx_mapping: args.idx_mapping.map_or(0, |b| b.addr()),
-            out: args.out.addr(),
-            counts: args.counts.as_ref().map_or(0, |b| b.addr()),
-        };
+        let addrs = remap_addrs(&args);
         let plan = plan::remap(&self.target(), desc, &addrs)?;
         self.execute(stream, plan)
     }
@@ -617,16 +610,8 @@ impl Device for RocmDevice {
         if !desc.has_modes() {
             return self.remap(stream, &desc.remap, args.remap);
         }
-        let r = &args.remap;
         let addrs = plan::RemapModesAddrs {
-            remap: plan::RemapAddrs {
-                req_id: r.req_id.addr(),
-                block_table: r.block_table.addr(),
-                topk: r.topk.addr(),
-                idx_mapping: r.idx_mapping.map_or(0, |b| b.addr()),
-                out: r.out.addr(),
-                counts: r.counts.as_ref().map_or(0, |b| b.addr()),
-            },
+            remap: remap_addrs(&args.remap),
             prefill_req_id: args.prefill_req_id.map_or(0, |b| b.addr()),
             workspace_starts: args.workspace_starts.map_or(0, |b| b.addr()),
         };
@@ -793,5 +778,19 @@ fn resolve_addrs(args: &ResolveArgs<'_, RocmBuffer>) -> plan::ResolveAddrs {
         miss_src: args.miss_src.addr(),
         miss_dst: args.miss_dst.addr(),
         idx_mapping: args.idx_mapping.map_or(0, |m| m.addr()),
+        stats: args.stats.as_ref().map_or(0, |s| s.addr()),
+    }
+}
+
+/// Device addresses of a remap's buffers (the plain remap's and the modes' alike).
+fn remap_addrs(args: &RemapArgs<'_, RocmBuffer>) -> plan::RemapAddrs {
+    plan::RemapAddrs {
+        req_id: args.req_id.addr(),
+        block_table: args.block_table.addr(),
+        topk: args.topk.addr(),
+        idx_mapping: args.idx_mapping.map_or(0, |b| b.addr()),
+        out: args.out.addr(),
+        counts: args.counts.as_ref().map_or(0, |b| b.addr()),
+        stats: args.stats.as_ref().map_or(0, |b| b.addr()),
     }
 }

@@ -216,6 +216,7 @@ fn kernels_from(expected: KernelSource) -> Result<(), String> {
         idx_mapping_len: None,
         write_counts: true,
         compact: true,
+        stats_slot: 0,
     };
     let (req, table, topk) = ([1, 0], [3, 5, 7, -1], [0, 5, -1, 8, 3, 1, 4, 2, 3, 9]);
     let mut want = [0i32; 10];
@@ -229,6 +230,7 @@ fn kernels_from(expected: KernelSource) -> Result<(), String> {
             idx_mapping: None,
             out: &mut want[..],
             counts: Some(&mut want_counts[..]),
+            stats: None,
         },
     )
     .map_err(|e| e.to_string())?;
@@ -252,6 +254,7 @@ fn kernels_from(expected: KernelSource) -> Result<(), String> {
             idx_mapping: None,
             out: &mut out,
             counts: Some(&mut counts),
+            stats: None,
         },
     )
     .map_err(e)?;
@@ -322,6 +325,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
         attention_block_stride: bs,
         host_num_blocks: pages,
         num_state_rows: None,
+        stats_slot: 0,
     };
     let mut req = zeroed(t as usize * 4)?;
     dev.upload(&mut req, 0, &bytes_of(&[0, 0])).map_err(e)?;
@@ -370,6 +374,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
         idx_mapping_len: None,
         write_counts: false,
         compact: true,
+        stats_slot: 0,
     };
     let stream = dev.create_stream().map_err(e)?;
     let mut round = || -> Result<(), String> {
@@ -383,6 +388,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
                 idx_mapping: None,
                 out: &mut remap_out,
                 counts: None,
+                stats: None,
             },
         )
         .map_err(e)?;
@@ -407,6 +413,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
                 miss_src: src,
                 miss_dst: dst,
                 idx_mapping: None,
+                stats: None,
             },
         )
         .map_err(e)?;

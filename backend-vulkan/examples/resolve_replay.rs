@@ -41,6 +41,7 @@ fn read(path: &str) -> core::result::Result<Dumped, String> {
         attention_block_stride: h[6],
         host_num_blocks: h[7],
         num_state_rows: None,
+        stats_slot: 0,
     };
     let (t, k, r, m, n, w) = (
         h[0] as usize,
@@ -195,6 +196,7 @@ fn replay(dev: &VulkanDevice, path: &str, calls: usize) -> core::result::Result<
                         miss_src: src,
                         miss_dst: dst,
                         idx_mapping: None,
+                        stats: None,
                     },
                 )
             })?;

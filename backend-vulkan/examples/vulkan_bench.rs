@@ -524,6 +524,7 @@ impl Group {
             attention_block_stride: BLOCK,
             host_num_blocks: host_blocks,
             num_state_rows: None,
+            stats_slot: 0,
         };
         let steps = topk_cycle(rng, r, k, ctx, cycle)
             .iter()
@@ -586,6 +587,7 @@ impl Group {
                 miss_src: src,
                 miss_dst: dst,
                 idx_mapping: None,
+                stats: None,
             },
         )?;
         if let Some((layers, host, pool)) = gather {
@@ -664,6 +666,7 @@ fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> R
             idx_mapping_len: None,
             write_counts: true,
             compact: false,
+            stats_slot: 0,
         };
         let f = timing(
             dev,
@@ -681,6 +684,7 @@ fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> R
                         idx_mapping: None,
                         out: &mut out,
                         counts: Some(&mut counts),
+                        stats: None,
                     },
                 )
             },

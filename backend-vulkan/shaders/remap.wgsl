@@ -10,7 +10,9 @@
 // entries are bound whole; a padding row's are loaded and ignored), so a chunk pays one memory
 // round trip before its block-table loads instead of two, and no barrier stands before them (the
 // valid counter is cleared by invocation 0, and the barrier that orders the clear before the
-// additions comes after the stores).
+// additions comes after the stores). With stats (hisparse_core::ops::stats; flags bit 3) each row's
+// valid entries are added to word 2 of the call's slot (whether or not counts are written) and
+// workgroup 0 adds the call to word 3 (an empty batch is one workgroup that adds the call only).
 struct Params {
     num_tokens: u32,
     top_k: u32,
@@ -20,8 +22,10 @@ struct Params {
     block_stride: u32,
     // entries of idx_mapping, 0 = no mapping
     idx_len: u32,
-    // bit 0: write counts, bit 1: compact, bit 2: has idx_mapping
+    // bit 0: write counts, bit 1: compact, bit 2: has idx_mapping, bit 3: stats
     flags: u32,
+    // index of the stats slot's first word in `stats`
+    stats_word: u32,
 }
 
 var<immediate> pc: Params;
@@ -31,6 +35,7 @@ var<immediate> pc: Params;
 @group(0) @binding(3) var<storage, read> idx_mapping: array<i32>;
 @group(0) @binding(4) var<storage, read_write> out_rows: array<i32>;
 @group(0) @binding(5) var<storage, read_write> counts: array<i32>;
+@group(0) @binding(6) var<storage, read_write> stats: array<atomic<u32>>;
 
 const W: u32 = 256u;
 const IK: u32 = 8u;
@@ -104,6 +109,10 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let t = group_index(wid, nwg);
+    let with_stats = (pc.flags & 8u) != 0u;
+    if (with_stats && t == 0u && lid == 0u) {
+        atomicAdd(&stats[pc.stats_word + 3u], 1u);
+    }
     if (t >= pc.num_tokens) {
         return;
     }
@@ -194,15 +203,25 @@ fn main(
         workgroupBarrier();
         atomicAdd(&valid, n_all);
         workgroupBarrier();
-        if ((pc.flags & 1u) != 0u && lid == 0u) {
-            counts[t] = i32(atomicLoad(&valid));
+        if (lid == 0u) {
+            row_done(t, atomicLoad(&valid), with_stats);
         }
         return;
     }
     for (var j = base + lid; j < k; j = j + W) {
         out_rows[t * k + j] = -1;
     }
-    if ((pc.flags & 1u) != 0u && lid == 0u) {
-        counts[t] = i32(base);
+    if (lid == 0u) {
+        row_done(t, base, with_stats);
+    }
+}
+
+// Row t's valid count: into counts (flags bit 0) and the stats slot's word 2.
+fn row_done(t: u32, valid_entries: u32, with_stats: bool) {
+    if ((pc.flags & 1u) != 0u) {
+        counts[t] = i32(valid_entries);
+    }
+    if (with_stats && valid_entries != 0u) {
+        atomicAdd(&stats[pc.stats_word + 2u], valid_entries);
     }
 }

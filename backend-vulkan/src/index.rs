@@ -3,8 +3,8 @@
 //! `resolve`).
 
 use hisparse_core::ops::{
-    HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, SlotMappingArgs,
-    SlotMappingDesc, TableWrite,
+    HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, STATS_SLOT_WORDS,
+    SlotMappingArgs, SlotMappingDesc, TableWrite,
 };
 
 use crate::shaders::Shader;
@@ -177,14 +177,15 @@ impl VulkanDevice {
             })
     }
 
-    /// A checked remap on stream `s`.
+    /// A checked remap on stream `s` (an empty batch with stats is one workgroup that counts the
+    /// call).
     pub(crate) fn remap_rows(
         &self,
         s: usize,
         desc: &RemapDesc,
         args: RemapArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
-        if desc.num_tokens == 0 {
+        if desc.num_tokens == 0 && args.stats.is_none() {
             return Ok(());
         }
         let t = u64::from(desc.num_tokens);
@@ -204,10 +205,15 @@ impl VulkanDevice {
             Some(c) => Some(self.bind_index(c.raw(), 4 * t, "counts")?),
             None => None,
         };
+        let stats = match &args.stats {
+            Some(st) => Some(self.bind_stats(st, desc.stats_slot)?),
+            None => None,
+        };
         let map = map.transpose()?;
         let flags = u32::from(desc.write_counts)
             | u32::from(desc.compact) << 1
-            | u32::from(desc.idx_mapping_len.is_some()) << 2;
+            | u32::from(desc.idx_mapping_len.is_some()) << 2
+            | u32::from(stats.is_some()) << 3;
         let push = [
             desc.num_tokens,
             desc.top_k,
@@ -217,22 +223,41 @@ impl VulkanDevice {
             desc.block_stride_rows,
             desc.idx_mapping_len.unwrap_or(0),
             flags,
+            stats.map_or(0, |(_, word)| word),
         ];
         self.ctx.record(s, Engine::Compute, "remap", |rec| {
-            // Without counts the shader writes none; the binding must still be valid.
-            let counts = match counts {
-                Some(c) => c,
-                None => Binding {
+            // Without counts or stats the shader writes none; the bindings must still be valid.
+            let mut unused = || -> Result<Binding> {
+                Ok(Binding {
                     buffer: rec.scratch(16)?,
                     offset: 0,
                     range: 16,
-                },
+                })
+            };
+            let counts = match counts {
+                Some(c) => c,
+                None => unused()?,
+            };
+            let stats = match stats {
+                Some((b, _)) => b,
+                None => unused()?,
             };
             b.push(map.unwrap_or(b[0]));
             b.push(out);
             b.push(counts);
-            rec.dispatch(Shader::Remap, &b, &push, t)
+            b.push(stats);
+            // One workgroup at least: an empty batch with stats counts the call.
+            rec.dispatch(Shader::Remap, &b, &push, t.max(1))
         })
+    }
+
+    /// The binding of a stats buffer (from its start) and the index of slot `slot`'s first word
+    /// in it (`hisparse_core::ops::stats`; the core checked that the buffer holds the slot).
+    pub(crate) fn bind_stats(&self, stats: &VulkanBuffer, slot: u32) -> Result<(Binding, u32)> {
+        let words = (u64::from(slot) + 1) * u64::from(STATS_SLOT_WORDS);
+        let binding = self.bind_index(stats.raw(), 4 * words, "stats")?;
+        // Inside one binding, so the word index fits the shaders' u32.
+        Ok((binding, slot * STATS_SLOT_WORDS))
     }
 
     /// A checked invalidation on stream `s`.

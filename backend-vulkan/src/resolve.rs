@@ -25,13 +25,17 @@
 //! Both give results identical to the reference; [`RESOLVE_KERNEL_ENV`] chooses for comparisons,
 //! and `global` forces the workgroup kernel's global mode for every request (tests cover that
 //! mode with it).
+//!
+//! With a stats buffer (`hisparse_core::ops::stats`) one more dispatch in the same recording
+//! (`shaders/resolve_stats.wgsl`) adds the call's row counts and the call to its slot; an empty
+//! batch records that dispatch alone.
 
 use std::sync::atomic::Ordering;
 
 use hisparse_core::ops::{ResolveArgs, ResolveDesc};
 
 use crate::shaders::Shader;
-use crate::vk::{Binding, Engine};
+use crate::vk::{Binding, Engine, Rec};
 use crate::{Result, VulkanBuffer, VulkanDevice, VulkanError};
 
 /// Environment variable choosing the resolver at [`VulkanDevice::open`]: `auto` (default),
@@ -223,21 +227,53 @@ impl VulkanDevice {
         desc: &ResolveDesc,
         args: ResolveArgs<'_, VulkanBuffer>,
     ) -> Result<()> {
+        let stats = match &args.stats {
+            Some(st) => Some(self.bind_stats(st, desc.stats_slot)?),
+            None => None,
+        };
         if desc.num_tokens == 0 {
-            return Ok(());
+            // Nothing to resolve; with stats the call still counts.
+            let Some(stats) = stats else {
+                return Ok(());
+            };
+            let (b, _) = self.resolve_bindings(desc, &args)?;
+            return self.ctx.record(s, Engine::Compute, "resolve", |rec| {
+                Self::record_stats(rec, desc, &b, stats)
+            });
         }
         match self.resolve_kernel() {
-            ResolveKernel::Portable | ResolveKernel::Auto => self.resolve_portable(s, desc, args),
-            k => self.resolve_workgroup(s, desc, args, k == ResolveKernel::Workgroup),
+            ResolveKernel::Portable | ResolveKernel::Auto => {
+                self.resolve_portable(s, desc, args, stats)
+            }
+            k => self.resolve_workgroup(s, desc, args, stats, k == ResolveKernel::Workgroup),
         }
     }
 
-    /// The one-dispatch kernel; `fast` allows workgroup mode.
+    /// Records the stats pass after a resolver dispatch over bindings `b` (its counts at
+    /// 8, 9, 10: valid, hits, misses): the call's sums and the call into slot word `stats.1` of
+    /// `stats.0`.
+    fn record_stats(
+        rec: &mut Rec<'_>,
+        desc: &ResolveDesc,
+        b: &[Binding],
+        stats: (Binding, u32),
+    ) -> Result<()> {
+        let push = [desc.num_tokens, stats.1];
+        rec.dispatch(
+            Shader::ResolveStats,
+            &[b[9], b[10], b[8], stats.0],
+            &push,
+            u64::from(desc.num_tokens).div_ceil(256).max(1),
+        )
+    }
+
+    /// The one-dispatch kernel (and the stats pass with `stats`); `fast` allows workgroup mode.
     fn resolve_workgroup(
         &self,
         s: usize,
         desc: &ResolveDesc,
         args: ResolveArgs<'_, VulkanBuffer>,
+        stats: Option<(Binding, u32)>,
         fast: bool,
     ) -> Result<()> {
         let (mut b, idx_mapping) = self.resolve_bindings(desc, &args)?;
@@ -270,16 +306,22 @@ impl VulkanDevice {
                 range: bytes,
             });
             b.push(idx_mapping);
-            rec.dispatch(shader, &b, &push, u64::from(desc.num_tokens))
+            rec.dispatch(shader, &b, &push, u64::from(desc.num_tokens))?;
+            match stats {
+                Some(st) => Self::record_stats(rec, desc, &b, st),
+                None => Ok(()),
+            }
         })
     }
 
-    /// The grouping pass, then one 256-invocation workgroup per request.
+    /// The grouping pass, then one 256-invocation workgroup per request (and the stats pass with
+    /// `stats`).
     fn resolve_portable(
         &self,
         s: usize,
         desc: &ResolveDesc,
         args: ResolveArgs<'_, VulkanBuffer>,
+        stats: Option<(Binding, u32)>,
     ) -> Result<()> {
         let t = u64::from(desc.num_tokens);
         let k = u64::from(desc.top_k);
@@ -333,7 +375,11 @@ impl VulkanDevice {
             )?;
             b.extend_from_slice(&sb);
             b.push(idx_mapping);
-            rec.dispatch(resolver, &b, &push, t)
+            rec.dispatch(resolver, &b, &push, t)?;
+            match stats {
+                Some(st) => Self::record_stats(rec, desc, &b, st),
+                None => Ok(()),
+            }
         })
     }
 }
@@ -354,6 +400,7 @@ mod tests {
             attention_block_stride: 1,
             host_num_blocks: 1,
             num_state_rows: None,
+            stats_slot: 0,
         };
         // 7·15 + 4·3 + 2·(66 + 2)
         assert_eq!(resolve_wg_scratch_words(&desc), 105 + 12 + 136);

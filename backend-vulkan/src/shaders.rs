@@ -73,6 +73,8 @@ pub enum Shader {
     ResolvePrep,
     /// Resolve in batch-row order, pass 0: the owning batch row of every token row.
     ResolveOrder,
+    /// A resolve call's stats: its row counts summed into the call's stats slot.
+    ResolveStats,
     /// Resolve pass 2: one workgroup per request.
     Resolve,
     /// Resolve pass 2 with its workgroup scans on subgroup arithmetic (devices that have it).
@@ -106,7 +108,7 @@ pub enum Shader {
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 33] = [
+    pub const ALL: [Shader; 34] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
@@ -140,6 +142,7 @@ impl Shader {
         Shader::CopyWords(Windows::Twelve),
         Shader::CopyWords(Windows::ThirtyTwo),
         Shader::ResolveOrder,
+        Shader::ResolveStats,
     ];
 
     /// Index in [`Shader::ALL`].
@@ -163,6 +166,7 @@ impl Shader {
             Shader::Copy(w) => 24 + w.slot(),
             Shader::CopyWords(w) => 28 + w.slot(),
             Shader::ResolveOrder => 32,
+            Shader::ResolveStats => 33,
         }
     }
 
@@ -174,6 +178,7 @@ impl Shader {
             Shader::Invalidate => "invalidate",
             Shader::ResolvePrep => "resolve_prep",
             Shader::ResolveOrder => "resolve_order",
+            Shader::ResolveStats => "resolve_stats",
             Shader::Resolve => "resolve",
             Shader::ResolveSubgroup => "resolve_sg",
             Shader::TableWrite => "table_write",
@@ -213,6 +218,7 @@ impl Shader {
             Shader::Invalidate => spirv!("invalidate"),
             Shader::ResolvePrep => spirv!("resolve_prep"),
             Shader::ResolveOrder => spirv!("resolve_order"),
+            Shader::ResolveStats => spirv!("resolve_stats"),
             Shader::Resolve => spirv!("resolve"),
             Shader::ResolveSubgroup => spirv!("resolve_sg"),
             Shader::TableWrite => spirv!("table_write"),
@@ -247,10 +253,11 @@ impl Shader {
     /// Storage-buffer bindings `0..n` of the shader's single descriptor set.
     pub fn bindings(self) -> u32 {
         match self {
-            Shader::Remap => 6,
+            Shader::Remap => 7,
             Shader::SlotMapping => 5,
             Shader::Invalidate => 2,
             Shader::ResolvePrep | Shader::ResolveOrder => 3,
+            Shader::ResolveStats => 4,
             Shader::Resolve | Shader::ResolveSubgroup => 22,
             Shader::ResolveWg
             | Shader::ResolveWgSubgroup
@@ -272,6 +279,7 @@ impl Shader {
             Shader::Invalidate | Shader::TableWrite => b == 1,
             Shader::ResolvePrep | Shader::HotReset => b >= 1,
             Shader::ResolveOrder => b == 2,
+            Shader::ResolveStats => b == 3,
             // Binding 21 (idx_mapping) is read only.
             Shader::Resolve | Shader::ResolveSubgroup => {
                 (5..=12).contains(&b) || (15..=20).contains(&b)
@@ -292,9 +300,12 @@ impl Shader {
     /// Bytes of push constants.
     pub fn push_bytes(self) -> u32 {
         4 * match self {
-            Shader::Remap => 8,
+            Shader::Remap => 9,
             Shader::SlotMapping => 5,
-            Shader::Invalidate | Shader::ResolvePrep | Shader::TableWrite => 2,
+            Shader::Invalidate
+            | Shader::ResolvePrep
+            | Shader::ResolveStats
+            | Shader::TableWrite => 2,
             Shader::ResolveOrder => 3,
             Shader::Resolve
             | Shader::ResolveSubgroup

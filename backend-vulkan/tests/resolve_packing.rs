@@ -117,6 +117,7 @@ fn check(dev: &VulkanDevice, what: &str) {
             attention_block_stride: 5,
             host_num_blocks: 10,
             num_state_rows: None,
+            stats_slot: 0,
         };
         let n = (r * hot_slots) as usize;
         let width = desc.hot_table_width() as usize;
@@ -196,6 +197,7 @@ fn check(dev: &VulkanDevice, what: &str) {
                     miss_src: &mut src,
                     miss_dst: &mut dst,
                     idx_mapping: None,
+                    stats: None,
                 },
             )
             .expect("reference");
@@ -222,6 +224,7 @@ fn check(dev: &VulkanDevice, what: &str) {
                     miss_src: o_src,
                     miss_dst: o_dst,
                     idx_mapping: None,
+                    stats: None,
                 },
             )
             .expect("resolve");

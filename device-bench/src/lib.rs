@@ -294,6 +294,7 @@ fn remap<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Fi
         idx_mapping_len: None,
         write_counts: true,
         compact: false,
+        stats_slot: 0,
     };
     let s = time(dev, stream, cfg, |_| {
         dev.remap(
@@ -306,6 +307,7 @@ fn remap<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Fi
                 idx_mapping: None,
                 out: &mut out,
                 counts: Some(&mut counts),
+                stats: None,
             },
         )
     })?;
@@ -382,6 +384,7 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
         attention_block_stride: 832,
         host_num_blocks: r * m + 1,
         num_state_rows: None,
+        stats_slot: 0,
     };
     let s = time(dev, stream, cfg, |call| {
         dev.resolve(
@@ -402,6 +405,7 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
                 miss_src: &mut miss_src,
                 miss_dst: &mut miss_dst,
                 idx_mapping: None,
+                stats: None,
             },
         )
     })?;

@@ -10,7 +10,10 @@
 // parameter lists are mirrored by the ABI table in gpu-kernels/src/lib.rs: change both together.
 //
 // Conventions: indices and block ids are i32, LRU orders u16, -1 means "no row". Byte offsets are
-// u64. Page bases and strides and every row's value part are multiples of 16 bytes, and a split
+// u64. A decode-path kernel's `stats` (hisparse_core::ops::stats), when not null, points at the
+// four u32 words of the call's slot: [0] hits, [1] misses, [2] valid entries, [3] calls; the kernel
+// adds to them with native 32-bit atomics (wrapping), one atomic per token row per word where the
+// row's counts are final, and one block adds the call. Page bases and strides and every row's value part are multiples of 16 bytes, and a split
 // row's scale part a multiple of 4 (checked by the host's planner, gpu-kernels/src/plan.rs):
 // copies move 16-byte chunks, except a scale part that is not a multiple of 16 (DeepSeek V4's
 // 8-byte and 4-byte scales), which moves in the 8- or 4-byte words the planner chose for the
@@ -231,11 +234,13 @@ HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
 // Remap (hisparse_core::ops::remap::remap)
 // ---------------------------------------------------------------------------------------------
 //
-// Launch: grid (any size; the host uses min(num_tokens, what the device holds at once)), block
-// (a multiple of 64 up to HS_REMAP_MAX_THREADS; the host uses top_k / 4 threads, one 16-byte
-// vector each, when top_k is a multiple of 4), dynamic shared memory 4 * top_k bytes with
-// HS_REMAP_STAGED, else none. Blocks take token rows grid-stride. `idx_mapping` and `counts` may
-// be null when the matching flag is clear.
+// Launch: grid (any size; the host uses min(num_tokens, what the device holds at once), and one
+// block for an empty batch with stats), block (a multiple of 64 up to HS_REMAP_MAX_THREADS; the
+// host uses top_k / 4 threads, one 16-byte vector each, when top_k is a multiple of 4), dynamic
+// shared memory 4 * top_k bytes with HS_REMAP_STAGED, else none. Blocks take token rows
+// grid-stride. `idx_mapping` and `counts` may be null when the matching flag is clear; `stats`
+// (null: none) receives each row's valid entries in word 2 (counted whether or not `counts` is
+// written) and block 0 adds the call to word 3.
 //
 // Per row the request id and the thread's top-k vector are loaded together (independent), one
 // row ahead: while a block looks up row t, the inputs of its next row are already in flight, so a
@@ -389,9 +394,10 @@ template <bool MODES, bool TABLE = false>
 HS_DEVICE void hs_remap_rows(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags,
-    const hs_remap_mode_set& modes, i32* s_row, u32* s_scan) {
+    i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
+    u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
+    u32 flags, const hs_remap_mode_set& modes, i32* s_row, u32* s_scan) {
+    if (stats != 0 && HS_BID_X == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
     hs_remap_geo g;
     g.block_size = block_size;
     g.max_blocks = max_blocks;
@@ -534,10 +540,12 @@ HS_DEVICE void hs_remap_rows(
                 for (u32 j = written + HS_TID; j < top_k; j += HS_NTHREADS) o[j] = -1;
             }
             if (want_counts && HS_TID == 0) counts[t] = (i32)written;
-        } else if (want_counts) {
+            if (stats != 0 && HS_TID == 0 && written != 0) atomicAdd(stats + 2, written);
+        } else if (want_counts || stats != 0) { // uniform
             u32 total;
             hs_block_scan1(valid, s_scan, phase++, total);
-            if (HS_TID == 0) counts[t] = (i32)total;
+            if (want_counts && HS_TID == 0) counts[t] = (i32)total;
+            if (stats != 0 && HS_TID == 0 && total != 0) atomicAdd(stats + 2, total);
         }
     }
 }
@@ -545,15 +553,16 @@ HS_DEVICE void hs_remap_rows(
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
+    u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
+    u32 flags) {
     HS_DYN_SHARED(hs_remap_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     const hs_remap_mode_set none = {0, 0, 0, 0, 0, 0};
-    hs_remap_rows<false>(req_id, block_table, topk, idx_mapping, out, counts, num_tokens, top_k,
-                         table_rows, max_blocks, block_size, block_stride_rows, idx_mapping_len,
-                         flags, none, (i32*)hs_remap_smem, s_scan);
+    hs_remap_rows<false>(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens,
+                         top_k, table_rows, max_blocks, block_size, block_stride_rows,
+                         idx_mapping_len, flags, none, (i32*)hs_remap_smem, s_scan);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,7 +580,7 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap_modes(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, const i32* __restrict__ prefill_req_id,
+    i32* __restrict__ counts, u32* __restrict__ stats, const i32* __restrict__ prefill_req_id,
     const i32* __restrict__ workspace_starts, u32 num_tokens, u32 top_k, u32 table_rows,
     u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags,
     u32 prefill_requests, u32 dcp_size, u32 dcp_rank, u32 dcp_interleave) {
@@ -587,19 +596,21 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap_modes(
     modes.dcp_rank = dcp_rank;
     modes.dcp_interleave = dcp_interleave != 0 ? dcp_interleave : 1u;
     if (dcp_size != 0 && (dcp_interleave == 0 || dcp_rank >= dcp_size)) modes.dcp_rank = HS_NONE;
-    hs_remap_rows<true>(req_id, block_table, topk, idx_mapping, out, counts, num_tokens, top_k,
-                        table_rows, max_blocks, block_size, block_stride_rows, idx_mapping_len,
-                        flags, modes, (i32*)hs_remap_smem, s_scan);
+    hs_remap_rows<true>(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens,
+                        top_k, table_rows, max_blocks, block_size, block_stride_rows,
+                        idx_mapping_len, flags, modes, (i32*)hs_remap_smem, s_scan);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Resolve (hisparse_core::ops::resolve::resolve)
 // ---------------------------------------------------------------------------------------------
 //
-// Launch: grid (num_tokens), block (HS_RESOLVE_THREADS), dynamic shared memory
-// resolve_shared_bytes(hot_slots, smem_table_entries) of the Rust ABI table: the staged hot-table
-// row (4 * HS_RESOLVE_HOT_STAGE bytes), the per-request state (hs_resolve_state_bytes) and the
-// shared wanted-row table (16 bytes per entry).
+// Launch: grid (num_tokens; one block for an empty batch with stats), block (HS_RESOLVE_THREADS),
+// dynamic shared memory resolve_shared_bytes(hot_slots, smem_table_entries) of the Rust ABI table:
+// the staged hot-table row (4 * HS_RESOLVE_HOT_STAGE bytes), the per-request state
+// (hs_resolve_state_bytes) and the shared wanted-row table (16 bytes per entry). `stats` (null:
+// none) receives each row's hits, misses and valid entries where the block writes that row's
+// counts (a padding row adds nothing), and block 0 adds the call.
 // Block t handles token row t: a padding row writes its outputs; a row whose request appeared in
 // an earlier row exits (that earlier row's block resolves all rows of the request); otherwise the
 // block resolves every row of the request, in row order, against the request's single state.
@@ -853,6 +864,11 @@ HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32&
 // row of resident_table, dgi and lru is idx_mapping[batch row] when it lies below num_state_rows
 // and no smaller batch row maps to it (a block-wide scan of idx_mapping[0..b)); otherwise the
 // row is padding. A null idx_mapping is state-row order: one branch, nothing else changes.
+//
+// Stats (`stats` non-null, the slot's four words): thread 0 of block 0 adds the call before
+// anything else (so an empty batch, launched as one block, counts too); thread 0 of a resolving
+// block adds each of its rows' hit and miss counts where it writes them (nothing when no entry
+// reads host: the counts are 0) and each row's valid count after the row's last scan.
 HS_DEVICE u32 hs_resolve_body(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
@@ -862,7 +878,8 @@ HS_DEVICE u32 hs_resolve_body(
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
-    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32 t, bool& allocated) {
+    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32* __restrict__ stats, u32 t,
+    bool& allocated) {
     HS_DYN_SHARED(hs_smem);
     HS_SHARED uint4 s_scan4[HS_MAX_WARPS]; // 4 * HS_MAX_WARPS words, 16-byte aligned
     u32* s_scan = (u32*)s_scan4;
@@ -886,6 +903,7 @@ HS_DEVICE u32 hs_resolve_body(
     }
     d.hot_cols = hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
 
+    if (stats != 0 && t == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
     if (t >= num_tokens) return 0;
     const u32 K = top_k, N = hot_slots;
     const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
@@ -1281,6 +1299,10 @@ HS_DEVICE u32 hs_resolve_body(
                     hit_counts[t2] = (i32)hits_total;
                     u32 lo = row_base < V ? row_base : V, hi = misses < V ? misses : V;
                     miss_counts[t2] = (i32)(hi - lo);
+                    if (stats != 0) {
+                        if (hits_total != 0) atomicAdd(stats + 0, hits_total);
+                        if (hi != lo) atomicAdd(stats + 1, hi - lo);
+                    }
                 }
                 ++ord;
             }
@@ -1330,7 +1352,10 @@ HS_DEVICE u32 hs_resolve_body(
         }
         u32 total;
         hs_block_scan1a(valid, s_scan, phase++, total);
-        if (HS_TID == 0) valid_counts[t2] = (i32)total;
+        if (HS_TID == 0) {
+            valid_counts[t2] = (i32)total;
+            if (stats != 0 && total != 0) atomicAdd(stats + 2, total);
+        }
     }
 #undef HS_RESOLVE_ENTRY
     return rows;
@@ -1345,14 +1370,14 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
-    const i32* __restrict__ idx_mapping, u32 num_state_rows) {
+    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32* __restrict__ stats) {
     HS_GRID_DEP_WAIT(); // before any global memory access
     bool allocated;
     hs_resolve_body(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
                     valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                     workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                     num_requests, max_pages, block_size, hot_slots, attention_block_stride,
-                    host_num_blocks, idx_mapping, num_state_rows, HS_BID_X, allocated);
+                    host_num_blocks, idx_mapping, num_state_rows, stats, HS_BID_X, allocated);
     hs_workspace_release_after(workspace_counter, allocated);
 }
 // ---------------------------------------------------------------------------------------------
@@ -1631,7 +1656,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
-    const i32* __restrict__ idx_mapping, u32 num_state_rows,
+    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32* __restrict__ stats,
     const u8* __restrict__ host, u8* __restrict__ device, hs_gather_layers layers) {
     HS_GRID_DEP_WAIT(); // before any global memory access
     bool allocated;
@@ -1640,7 +1665,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
         hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
         workspace_entries, smem_table_entries, num_tokens, top_k, num_requests, max_pages,
         block_size, hot_slots, attention_block_stride, host_num_blocks, idx_mapping,
-        num_state_rows, HS_BID_X, allocated);
+        num_state_rows, stats, HS_BID_X, allocated);
     const u32 k = HS_BID_X;
     const u32 nl = layers.count < HS_GATHER_MAX_LAYERS ? layers.count : HS_GATHER_MAX_LAYERS;
     // The block's last workspace allocation is behind it: release before the copies, so the

@@ -80,8 +80,10 @@ HS_DEVICE i32 hs_remap_one(const hs_remap_ctx& c, i32 tok) {
 HS_KERNEL HS_BOUNDS(HS_REMAP_V2_THREADS) void hs_remap_v1(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
+    u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
+    u32 flags) {
+    (void)stats; // bench variant: counts nothing (its planner refuses a stats buffer)
     HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
     HS_SHARED i32 s_bt[HS_REMAP_SMEM_BLOCKS];
     const u32 t = HS_BID_X;
@@ -336,8 +338,10 @@ HS_DEVICE void hs_remap_stage(const i32* bt, u32 m, i32* s) {
 HS_KERNEL HS_REMAP_V2_BOUNDS void hs_remap_v2(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
+    u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
+    u32 flags) {
+    (void)stats; // bench variant: counts nothing (its planner refuses a stats buffer)
     HS_SHARED u32 s_scan[HS_MAX_WARPS + 1];
     HS_SHARED uint4 s_bt4[HS_REMAP_SMEM_BLOCKS / 4];
     i32* const s_bt = (i32*)s_bt4;
@@ -940,8 +944,9 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_V1_THREADS) void hs_resolve_v1(
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
     // hs_resolve's batch-row order parameters: state-row order only (null; the planner refuses
-    // batch-row order for this bench variant).
-    const i32* __restrict__ idx_mapping, u32 num_state_rows) {
+    // batch-row order for this bench variant); no stats (null: refused likewise).
+    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32* __restrict__ stats) {
+    (void)stats; // bench variant: counts nothing (its planner refuses a stats buffer)
     hs_resolve_v1_body(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
                        valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                        workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
@@ -970,22 +975,26 @@ HS_KERNEL void hs_empty() {}
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap_v5(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
+    u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
+    u32 flags) {
     HS_DYN_SHARED(hs_remap_v5_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     const hs_remap_mode_set none = {0, 0, 0, 0, 0, 0};
-    hs_remap_rows<false, true>(req_id, block_table, topk, idx_mapping, out, counts, num_tokens,
-                               top_k, table_rows, max_blocks, block_size, block_stride_rows,
-                               idx_mapping_len, flags, none, (i32*)hs_remap_v5_smem, s_scan);
+    hs_remap_rows<false, true>(req_id, block_table, topk, idx_mapping, out, counts, stats,
+                               num_tokens, top_k, table_rows, max_blocks, block_size,
+                               block_stride_rows, idx_mapping_len, flags, none,
+                               (i32*)hs_remap_v5_smem, s_scan);
 }
 
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap_v3(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
-    i32* __restrict__ counts, u32 num_tokens, u32 top_k, u32 table_rows, u32 max_blocks,
-    u32 block_size, u32 block_stride_rows, u32 idx_mapping_len, u32 flags) {
+    i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
+    u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
+    u32 flags) {
+    (void)stats; // bench variant: counts nothing (its planner refuses a stats buffer)
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     hs_remap_geo g;
@@ -1658,8 +1667,9 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_v3(
     u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
     u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
     // hs_resolve's batch-row order parameters: state-row order only (null; the planner refuses
-    // batch-row order for this bench variant).
-    const i32* __restrict__ idx_mapping, u32 num_state_rows) {
+    // batch-row order for this bench variant); no stats (null: refused likewise).
+    const i32* __restrict__ idx_mapping, u32 num_state_rows, u32* __restrict__ stats) {
+    (void)stats; // bench variant: counts nothing (its planner refuses a stats buffer)
     HS_GRID_DEP_WAIT(); // before any global memory access
     (void)workspace_entries;
     if (HS_BID_X < num_tokens) {

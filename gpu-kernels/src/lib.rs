@@ -173,7 +173,8 @@ pub struct KernelAbi {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// `hs_remap`: grid `(num_tokens)`, block [`plan::remap_threads`] (at most
-    /// [`REMAP_MAX_THREADS`]). `flags` is a set of `REMAP_*`.
+    /// [`REMAP_MAX_THREADS`]). `flags` is a set of `REMAP_*`. `stats` is the address of the
+    /// call's stats slot (`hisparse_core::ops::stats`: four `u32` words) or null.
     Remap,
     /// `hs_resolve`: grid `(num_tokens)`, block [`RESOLVE_THREADS`], dynamic shared memory
     /// [`resolve_shared_bytes`]. `workspace` (`Wanted[workspace_entries]`) and
@@ -185,6 +186,8 @@ pub enum Kernel {
     /// ([`resolve_state_entries`] entries per resolving block, bump-allocated before that block's
     /// table), the low 31 bits are the shared table capacity, the dynamic shared memory is
     /// [`resolve_global_shared_bytes`] and the workspace [`resolve_global_workspace_entries`].
+    /// `stats` is the address of the call's stats slot (`hisparse_core::ops::stats`: four `u32`
+    /// words) or null; an empty batch with stats is a grid of one block.
     Resolve,
     /// `hs_gather_rows`: grid `(any, 1, layers.count)`, block [`GATHER_THREADS`]; blocks walk
     /// work items of [`GATHER_ROWS`] plan entries grid-stride ([`plan::gather`]). `host` is the
@@ -231,7 +234,7 @@ macro_rules! params {
 }
 
 const REMAP_PARAMS: &[NamedParam] = params![
-    req_id: Ptr, block_table: Ptr, topk: Ptr, idx_mapping: Ptr, out: Ptr, counts: Ptr,
+    req_id: Ptr, block_table: Ptr, topk: Ptr, idx_mapping: Ptr, out: Ptr, counts: Ptr, stats: Ptr,
     num_tokens: U32, top_k: U32, table_rows: U32, max_blocks: U32, block_size: U32,
     block_stride_rows: U32, idx_mapping_len: U32, flags: U32,
 ];
@@ -241,7 +244,7 @@ const RESOLVE_PARAMS: &[NamedParam] = params![
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
     block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
-    idx_mapping: Ptr, num_state_rows: U32,
+    idx_mapping: Ptr, num_state_rows: U32, stats: Ptr,
 ];
 const GATHER_PARAMS: &[NamedParam] = params![
     plan_src: Ptr, plan_dst: Ptr, plan_counts: Ptr, host: Ptr, device: Ptr, num_tokens: U32,
@@ -268,7 +271,7 @@ const RESET_HOT_PARAMS: &[NamedParam] = params![
     rows: Ptr, num_rows: U32, dgi: Ptr, lru: Ptr, num_requests: U32, hot_slots: U32,
 ];
 const REMAP_MODES_PARAMS: &[NamedParam] = params![
-    req_id: Ptr, block_table: Ptr, topk: Ptr, idx_mapping: Ptr, out: Ptr, counts: Ptr,
+    req_id: Ptr, block_table: Ptr, topk: Ptr, idx_mapping: Ptr, out: Ptr, counts: Ptr, stats: Ptr,
     prefill_req_id: Ptr, workspace_starts: Ptr, num_tokens: U32, top_k: U32, table_rows: U32,
     max_blocks: U32, block_size: U32, block_stride_rows: U32, idx_mapping_len: U32, flags: U32,
     prefill_requests: U32, dcp_size: U32, dcp_rank: U32, dcp_interleave: U32,
@@ -279,7 +282,8 @@ const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
     block_size: U32, hot_slots: U32, attention_block_stride: U32, host_num_blocks: U32,
-    idx_mapping: Ptr, num_state_rows: U32, host: Ptr, device: Ptr, layers: GatherLayers,
+    idx_mapping: Ptr, num_state_rows: U32, stats: Ptr, host: Ptr, device: Ptr,
+    layers: GatherLayers,
 ];
 
 impl Kernel {

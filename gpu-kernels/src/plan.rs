@@ -227,7 +227,7 @@ pub fn stride_grid(t: &Target, work: u64, per_block: u64) -> u32 {
 // Remap
 // ------------------------------------------------------------------------------------------------
 
-/// Device addresses of a remap's buffers (`idx_mapping` and `counts` 0 when absent).
+/// Device addresses of a remap's buffers (`idx_mapping`, `counts` and `stats` 0 when absent).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)] // one field per buffer of `RemapArgs`
 pub struct RemapAddrs {
@@ -237,6 +237,30 @@ pub struct RemapAddrs {
     pub idx_mapping: u64,
     pub out: u64,
     pub counts: u64,
+    /// The stats buffer's start (its slot's offset is added from the descriptor's
+    /// `stats_slot`).
+    pub stats: u64,
+}
+
+/// The address of the stats slot `slot` of the stats buffer at `buffer`, or 0 (null: no stats)
+/// when `buffer` is 0 — what the decode-path kernels take as `stats`.
+pub fn stats_slot_address(buffer: u64, slot: u32) -> Result<u64, PlanError> {
+    if buffer == 0 {
+        return Ok(0);
+    }
+    buffer
+        .checked_add(hisparse_core::ops::stats::slot_offset(slot))
+        .ok_or(PlanError::Geometry {
+            what: "stats buffer address + 16 * stats_slot",
+            value: buffer,
+            need: "a slot address inside the address space",
+        })
+}
+
+/// Whether a call of `num_tokens` rows launches nothing: an empty batch without stats (with
+/// stats, one block counts the call).
+fn nothing_to_launch(num_tokens: u32, stats: u64) -> bool {
+    num_tokens == 0 && stats == 0
 }
 
 /// Threads per block of `hs_remap` for rows of `top_k` entries: one 16-byte vector (4 entries)
@@ -298,32 +322,36 @@ fn remap_shape(t: &Target, d: &RemapDesc) -> Result<RemapShape, PlanError> {
     Ok(RemapShape {
         flags,
         shared,
-        grid: d.num_tokens.min(resident),
+        // At least one block: an empty batch with stats counts the call.
+        grid: d.num_tokens.min(resident).max(1),
         block: remap_threads(d.top_k),
     })
 }
 
-/// The buffers and sizes both remap kernels take first, in their ABI order.
-fn remap_args(args: &mut Args, a: &RemapAddrs) {
+/// The buffers both remap kernels take first, in their ABI order.
+fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), PlanError> {
     args.ptr(a.req_id)
         .ptr(a.block_table)
         .ptr(a.topk)
         .ptr(a.idx_mapping)
         .ptr(a.out)
-        .ptr(a.counts);
+        .ptr(a.counts)
+        .ptr(stats_slot_address(a.stats, d.stats_slot)?);
+    Ok(())
 }
 
 /// `hs_remap`: one block per token row while the device holds them all at once, else as many
 /// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead. A
 /// compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4 entries is staged in dynamic
-/// shared memory ([`REMAP_STAGED`]).
+/// shared memory ([`REMAP_STAGED`]). An empty batch launches nothing, or with stats one block
+/// that counts the call.
 pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
-    if d.num_tokens == 0 {
+    if nothing_to_launch(d.num_tokens, a.stats) {
         return Ok(Plan::empty());
     }
     let shape = remap_shape(t, d)?;
     let mut args = Args::default();
-    remap_args(&mut args, a);
+    remap_args(&mut args, d, a)?;
     args.u32(d.num_tokens)
         .u32(d.top_k)
         .u32(d.table_rows)
@@ -362,7 +390,7 @@ pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Resul
         return remap(t, &d.remap, &a.remap);
     }
     let r = &d.remap;
-    if r.num_tokens == 0 {
+    if nothing_to_launch(r.num_tokens, a.remap.stats) {
         return Ok(Plan::empty());
     }
     let shape = remap_shape(t, r)?;
@@ -372,7 +400,7 @@ pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Resul
     };
     let dcp = d.dcp.map_or([0, 0, 0], |s| [s.size, s.rank, s.interleave]);
     let mut args = Args::default();
-    remap_args(&mut args, &a.remap);
+    remap_args(&mut args, r, &a.remap)?;
     args.ptr(prefill)
         .ptr(starts)
         .u32(r.num_tokens)
@@ -420,6 +448,9 @@ pub struct ResolveAddrs {
     pub miss_dst: u64,
     /// `idx_mapping` in batch-row order (`ResolveDesc::num_state_rows` `Some`), else 0.
     pub idx_mapping: u64,
+    /// The stats buffer's start, or 0 (its slot's offset is added from the descriptor's
+    /// `stats_slot`).
+    pub stats: u64,
 }
 
 /// How `hs_resolve` keeps a request's state, decided per launch by [`resolve_shape`].
@@ -486,14 +517,15 @@ pub fn resolve_shape(t: &Target, d: &ResolveDesc, force_global: bool) -> Resolve
     }
 }
 
-/// `hs_resolve`: one block per token row (the first row of each request resolves it).
+/// `hs_resolve`: one block per token row (the first row of each request resolves it). An empty
+/// batch launches nothing, or with stats one block (no workspace) that counts the call.
 pub fn resolve(
     t: &Target,
     d: &ResolveDesc,
     a: &ResolveAddrs,
     force_global: bool,
 ) -> Result<Plan, PlanError> {
-    if d.num_tokens == 0 {
+    if nothing_to_launch(d.num_tokens, a.stats) {
         return Ok(Plan::empty());
     }
     let entries = u64::from(d.num_tokens) * u64::from(d.top_k);
@@ -550,14 +582,16 @@ pub fn resolve(
         a.idx_mapping,
         "non-null exactly when num_state_rows is given (batch-row order)",
     )?;
-    args.ptr(a.idx_mapping).u32(d.num_state_rows.unwrap_or(0));
+    args.ptr(a.idx_mapping)
+        .u32(d.num_state_rows.unwrap_or(0))
+        .ptr(stats_slot_address(a.stats, d.stats_slot)?);
     Ok(Plan {
         staged: Vec::new(),
         workspace_bytes,
         launches: vec![Launch {
             variant: None,
             kernel: Kernel::Resolve,
-            grid: [d.num_tokens, 1, 1],
+            grid: [d.num_tokens.max(1), 1, 1],
             block: RESOLVE_THREADS,
             shared: shape.shared_bytes as u32,
             args,
@@ -655,7 +689,8 @@ pub fn resolve_gather(
     device: u64,
     force_global: bool,
 ) -> Result<Plan, PlanError> {
-    if layers.is_empty() {
+    if layers.is_empty() || d.num_tokens == 0 {
+        // Nothing to gather: a plain resolve (an empty batch counts its call there).
         return resolve(t, d, a, force_global);
     }
     let mut plan = resolve(t, d, a, force_global)?;
@@ -1044,6 +1079,7 @@ mod tests {
             attention_block_stride: 64,
             host_num_blocks: 1 << 16,
             num_state_rows: None,
+            stats_slot: 0,
         }
     }
 
@@ -1065,6 +1101,7 @@ mod tests {
                     idx_mapping_len: Some(3),
                     write_counts: true,
                     compact: true,
+                    stats_slot: 0,
                 },
                 &RemapAddrs::default(),
             )
@@ -1180,6 +1217,7 @@ mod tests {
             idx_mapping_len: None,
             write_counts: true,
             compact: true,
+            stats_slot: 0,
         };
         let a = RemapModesAddrs {
             prefill_req_id: 32,
@@ -1219,12 +1257,102 @@ mod tests {
             let ptrs = l.args.pointers().unwrap();
             // The workspace buffers are passed only with a workspace.
             assert_eq!(ptrs.len(), Kernel::RemapModes.abi().params.len());
-            let at = |i: usize| u64::from_ne_bytes(l.args.value(i).unwrap().try_into().unwrap());
+            let at = |name: &str| {
+                let params = Kernel::RemapModes.abi().params;
+                let i = params.iter().position(|p| p.name == name).unwrap();
+                u64::from_ne_bytes(l.args.value(i).unwrap().try_into().unwrap())
+            };
             assert_eq!(
-                (at(6), at(7)),
+                (at("prefill_req_id"), at("workspace_starts")),
                 if prefill.is_some() { (32, 48) } else { (0, 0) }
             );
         }
+    }
+
+    /// The `stats` argument of a launch (its address).
+    fn stats_arg(l: &Launch) -> u64 {
+        let i = l.kernel.abi().params.iter().position(|p| p.name == "stats");
+        u64::from_ne_bytes(l.args.value(i.unwrap()).unwrap().try_into().unwrap())
+    }
+
+    #[test]
+    fn stats_take_their_slot_address_and_an_empty_batch_one_block() {
+        let remap_desc = |num_tokens, stats_slot| RemapDesc {
+            num_tokens,
+            top_k: 8,
+            table_rows: 1,
+            max_blocks: 2,
+            block_size: 4,
+            block_stride_rows: 4,
+            idx_mapping_len: None,
+            write_counts: false,
+            compact: false,
+            stats_slot,
+        };
+        let counted = RemapAddrs {
+            stats: 4096,
+            ..RemapAddrs::default()
+        };
+        let p = remap(&H200, &remap_desc(3, 2), &counted).unwrap();
+        assert_eq!(stats_arg(&p.launches[0]), 4096 + 32);
+        // Without stats the argument is null and an empty batch launches nothing.
+        let p = remap(&H200, &remap_desc(3, 2), &RemapAddrs::default()).unwrap();
+        assert_eq!(stats_arg(&p.launches[0]), 0);
+        assert!(
+            remap(&H200, &remap_desc(0, 0), &RemapAddrs::default())
+                .unwrap()
+                .launches
+                .is_empty()
+        );
+        // With stats an empty batch is one block that counts the call.
+        let p = remap(&H200, &remap_desc(0, 1), &counted).unwrap();
+        assert_eq!((p.launches.len(), p.launches[0].grid), (1, [1, 1, 1]));
+        assert_eq!(stats_arg(&p.launches[0]), 4096 + 16);
+
+        let d = ResolveDesc {
+            stats_slot: 5,
+            ..resolve_desc(0, 64, 128)
+        };
+        let counted = ResolveAddrs {
+            stats: 8192,
+            ..ResolveAddrs::default()
+        };
+        assert!(
+            resolve(&H200, &d, &ResolveAddrs::default(), false)
+                .unwrap()
+                .launches
+                .is_empty()
+        );
+        let l = PageLayout::contiguous(0, 1024, 8, 16, 64);
+        let layers = [LayerPair { host: l, device: l }];
+        for p in [
+            resolve(&H200, &d, &counted, false).unwrap(),
+            resolve_gather(&H200, &d, &counted, &layers, 64, 128, false).unwrap(),
+        ] {
+            assert_eq!(p.launches.len(), 1);
+            let l = &p.launches[0];
+            assert_eq!((l.kernel, l.grid), (Kernel::Resolve, [1, 1, 1]));
+            assert_eq!(stats_arg(l), 8192 + 80);
+            assert_eq!(p.workspace_bytes, 0, "an empty batch takes no workspace");
+        }
+        let p = resolve_gather(
+            &H200,
+            &resolve_desc(64, 64, 128),
+            &counted,
+            &layers,
+            64,
+            128,
+            false,
+        )
+        .unwrap();
+        assert_eq!(p.launches[0].kernel, Kernel::ResolveGather);
+        assert_eq!(stats_arg(&p.launches[0]), 8192);
+        // A slot address beyond the address space is refused, not wrapped.
+        let far = ResolveAddrs {
+            stats: u64::MAX - 8,
+            ..ResolveAddrs::default()
+        };
+        assert!(resolve(&H200, &d, &far, false).is_err());
     }
 
     #[test]

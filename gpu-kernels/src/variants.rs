@@ -199,6 +199,20 @@ pub const SYMBOLS: [&str; 10] = [
     "hs_resolve_v3",
 ];
 
+/// Refuses a stats buffer (`stats`, its address) for bench variant `symbol`, which counts
+/// nothing: the production kernel (and remap v5, which shares its rows) counts.
+fn no_stats(stats: u64, symbol: &'static str) -> Result<(), PlanError> {
+    if stats == 0 {
+        return Ok(());
+    }
+    Err(PlanError::Geometry {
+        what: symbol,
+        value: stats,
+        need: "no stats buffer (bench variants other than the production kernels and remap v5 \
+               count nothing); use the production kernel",
+    })
+}
+
 /// The resolve of `d` with kernel `v` (same shared memory and workspace for both).
 pub fn resolve(
     t: &Target,
@@ -214,6 +228,12 @@ pub fn resolve(
             need: "state-row order for the bench variants hs_resolve_v1 and hs_resolve_v3; use \
                    the production kernel",
         });
+    }
+    if v != ResolveVariant::V2 {
+        no_stats(
+            a.stats,
+            "resolve stats buffer (bench variants hs_resolve_v1 and hs_resolve_v3)",
+        )?;
     }
     let mut p = plan::resolve(t, d, a, force_global)?;
     for l in &mut p.launches {
@@ -258,6 +278,12 @@ pub fn remap(
     a: &RemapAddrs,
     v: RemapVariant,
 ) -> Result<Plan, PlanError> {
+    if !matches!(v, RemapVariant::V4 | RemapVariant::V5) {
+        no_stats(
+            a.stats,
+            "remap stats buffer (bench variants hs_remap_v1, hs_remap_v2 and hs_remap_v3)",
+        )?;
+    }
     let mut p = plan::remap(t, d, a)?;
     if v == RemapVariant::V4 {
         return Ok(p);
@@ -401,6 +427,7 @@ mod tests {
                     idx_mapping_len: None,
                     write_counts: true,
                     compact,
+                    stats_slot: 0,
                 };
                 for v in RemapVariant::ALL {
                     let p = remap(&H200, &d, &RemapAddrs::default(), v).unwrap();
@@ -420,6 +447,7 @@ mod tests {
                 attention_block_stride: 64,
                 host_num_blocks: 1 << 14,
                 num_state_rows: None,
+                stats_slot: 0,
             };
             for v in ResolveVariant::ALL {
                 accepted(&resolve(&H200, &r, &ResolveAddrs::default(), false, v).unwrap());

@@ -272,7 +272,11 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
         idx_mapping_len: map_len,
         write_counts: rng.pct(60),
         compact: rng.pct(40),
+        stats_slot: 0,
     };
+    let (mut want_stats, stats_slot) = maybe_stats(rng, 50);
+    let mut got_stats = want_stats.clone();
+    let desc = RemapDesc { stats_slot, ..desc };
     let (dcp, prefill_requests) = if modes {
         let which = rng.below(3);
         let size = rng.int(1, 4) as u32;
@@ -337,6 +341,7 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
         idx_mapping: map_len.map(|_| &map[..]),
         out: &mut want[..],
         counts: desc.write_counts.then_some(&mut want_c[..]),
+        stats: want_stats.as_deref_mut(),
     };
     if modes {
         remap_modes(
@@ -351,9 +356,6 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
         remap(&desc, remap_args)
     }
     .map_err(|e| e.to_string())?;
-    if t == 0 {
-        return Ok(());
-    }
     let mut got = vec![7i32; (t * k) as usize];
     let mut got_c = vec![7i32; t as usize];
     let addrs = plan::RemapAddrs {
@@ -363,6 +365,7 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
         idx_mapping: if map_len.is_some() { a(&map) } else { 0 },
         out: am(&mut got),
         counts: if desc.write_counts { am(&mut got_c) } else { 0 },
+        stats: am_opt(&mut got_stats),
     };
     // A small device now and then: fewer blocks than rows, each row's inputs loaded one row
     // ahead.
@@ -396,6 +399,11 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
     emu.execute(planned);
     if got != want || got_c != want_c {
         return Err(format!("remap differs for {mdesc:?} on {tgt:?}"));
+    }
+    if got_stats != want_stats {
+        return Err(format!(
+            "remap stats differ for {mdesc:?} on {tgt:?}\n want {want_stats:?}\n  got {got_stats:?}"
+        ));
     }
     Ok(())
 }
@@ -452,6 +460,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         attention_block_stride: stride,
         host_num_blocks: host_blocks,
         num_state_rows: batch_order.then_some(sr),
+        stats_slot: 0,
     };
     let resident: Vec<i32> = (0..sr * pages)
         .map(|_| {
@@ -494,6 +503,9 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         }
     }
     let (mut gdgi, mut glru) = (dgi.clone(), lru.clone());
+    // Half the sequences count into a stats buffer, at a random slot each step.
+    let (mut stats, _) = maybe_stats(rng, 50);
+    let mut gstats = stats.clone();
     let mut fused_in = FusedInputs {
         resident: resident.clone(),
         host: host.clone(),
@@ -501,6 +513,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         dgi: dgi.clone(),
         lru: lru.clone(),
         idx_mapping: None,
+        stats: stats.clone(),
     };
     for _step in 0..3 {
         // State rows -1..=sr+1: negative, out of range and repeated ones included.
@@ -512,6 +525,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         let t = rng.int(0, 6) as u32;
         let d = ResolveDesc {
             num_tokens: t,
+            stats_slot: rng.below(3) as u32,
             ..desc
         };
         let req: Vec<i32> = (0..t).map(|_| rng.int(-1, i64::from(r)) as i32).collect();
@@ -548,10 +562,11 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
                 miss_src: &mut src,
                 miss_dst: &mut dst,
                 idx_mapping: map.as_deref(),
+                stats: stats.as_deref_mut(),
             },
         )
         .map_err(|e| e.to_string())?;
-        if t == 0 {
+        if t == 0 && stats.is_none() {
             continue;
         }
         let (mut gind, mut gsrc, mut gdst) = (vec![9; tk], vec![9; tk], vec![9; tk]);
@@ -603,6 +618,7 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
             miss_src: am(&mut gsrc),
             miss_dst: am(&mut gdst),
             idx_mapping: map.as_deref().map_or(0, a),
+            stats: am_opt(&mut gstats),
         };
         let planned = plan::resolve(&tgt, &d, &addrs, mode.global).map_err(|e| e.to_string())?;
         let ws_entries = planned.workspace_bytes / 16;
@@ -626,6 +642,16 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         if lru != glru {
             return Err(format!("resolve lru differs ({mode:?}) for {d:?}"));
         }
+        if stats != gstats {
+            return Err(format!(
+                "resolve stats differ ({mode:?}) for {d:?} req {req:?}\n want {stats:?}\n  got {gstats:?}"
+            ));
+        }
+        if t == 0 {
+            // Nothing to gather (plan::resolve_gather plans the same launch).
+            fused_in.stats.clone_from(&stats);
+            continue;
+        }
         fused_in.idx_mapping.clone_from(&map);
         fused_step(
             emu,
@@ -637,10 +663,11 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
             &req,
             &topk,
             (&ind, &vc, &hc, &mc, &src, &dst),
-            (&dgi, &lru),
+            (&dgi, &lru, &stats),
         )?;
         fused_in.dgi.clone_from(&dgi);
         fused_in.lru.clone_from(&lru);
+        fused_in.stats.clone_from(&stats);
     }
     Ok(())
 }
@@ -654,6 +681,8 @@ struct FusedInputs {
     lru: Vec<u16>,
     /// The step's idx_mapping in batch-row order.
     idx_mapping: Option<Vec<i32>>,
+    /// The stats words before the step, when the sequence counts.
+    stats: Option<Vec<i32>>,
 }
 
 type ResolveOuts<'a> = (
@@ -680,7 +709,7 @@ fn fused_step(
     req: &[i32],
     topk: &[i32],
     want: ResolveOuts<'_>,
-    want_state: (&Vec<i32>, &Vec<u16>),
+    want_state: (&Vec<i32>, &Vec<u16>, &Option<Vec<i32>>),
 ) -> Result<(), String> {
     let (ind, vc, hc, mc, src, dst) = want;
     let nl = if rng.pct(10) {
@@ -749,6 +778,7 @@ fn fused_step(
     let (mut gdgi, mut glru) = (before.dgi.clone(), before.lru.clone());
     let (mut gind, mut gsrc, mut gdst) = (vec![9; tk], vec![9; tk], vec![9; tk]);
     let (mut gvc, mut ghc, mut gmc) = (vec![9; t], vec![9; t], vec![9; t]);
+    let mut gstats = before.stats.clone();
     let mut gdev = dev0;
     let addrs = plan::ResolveAddrs {
         req_id: a(req),
@@ -765,6 +795,7 @@ fn fused_step(
         miss_src: am(&mut gsrc),
         miss_dst: am(&mut gdst),
         idx_mapping: before.idx_mapping.as_deref().map_or(0, a),
+        stats: am_opt(&mut gstats),
     };
     let planned = plan::resolve_gather(
         tgt,
@@ -803,6 +834,9 @@ fn fused_step(
     }
     if *want_state.1 != glru {
         return Err(format!("resolve_gather lru differs ({mode:?}) for {d:?}"));
+    }
+    if *want_state.2 != gstats {
+        return Err(format!("resolve_gather stats differ ({mode:?}) for {d:?}"));
     }
     // Plan destinations of different requests may coincide here (random hot tables share
     // blocks; real ones never do): which source lands there is unspecified, so those rows are
@@ -911,6 +945,30 @@ fn pair_layers(rng: &mut Rng, n: u32, g: RowGeometry) -> (Vec<LayerPair>, usize,
     let host_len = hoff as usize;
     let dev_len = (dstride * u64::from(db) + 64) as usize;
     (layers, host_len, dev_len)
+}
+
+/// A stats buffer of three slots (`hisparse_core::ops::stats`) for a call that adds to one of
+/// them, or `None` for a call without stats (`pct` percent of calls have them): random words,
+/// half within a few thousand of `u32::MAX` so the kernels' sums wrap; and the slot.
+fn maybe_stats(rng: &mut Rng, pct: u64) -> (Option<Vec<i32>>, u32) {
+    if !rng.pct(pct) {
+        return (None, 0);
+    }
+    let words = (0..12)
+        .map(|_| {
+            if rng.pct(50) {
+                (u32::MAX - rng.below(5000) as u32) as i32
+            } else {
+                rng.next() as i32
+            }
+        })
+        .collect();
+    (Some(words), rng.below(3) as u32)
+}
+
+/// The device address of an optional buffer the kernel writes (0: none).
+fn am_opt(v: &mut Option<Vec<i32>>) -> u64 {
+    v.as_deref_mut().map_or(0, am)
 }
 
 fn fill(rng: &mut Rng, n: usize) -> Vec<u8> {

@@ -39,7 +39,10 @@
 //! The decode-path operations ([`Device::remap`], `Device::resolve` and
 //! `Device::resolve_and_gather` (with `alloc`), [`Device::gather_rows`], [`Device::invalidate`],
 //! [`Device::compressed_slot_mapping`]) take only device buffers and must not synchronise with
-//! the host, so a GPU backend can capture them in a graph.
+//! the host, so a GPU backend can capture them in a graph. [`Device::remap`], `Device::resolve`
+//! and `Device::resolve_and_gather` count what they did into an optional stats buffer on the
+//! device ([`crate::ops::stats`]), so an engine's metrics stay true when it replays them in a
+//! graph the host never sees.
 //!
 //! Bulk copies take byte offsets checked by [`crate::ops::copy::check_bulk_copy`].
 

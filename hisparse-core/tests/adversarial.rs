@@ -182,6 +182,7 @@ fn remap_on_hostile_descriptors() {
             idx_mapping_len: rng.chance(30).then(|| rng.size(5)),
             write_counts: rng.chance(50),
             compact: rng.chance(50),
+            stats_slot: 0,
         };
         let tk = u64::from(desc.num_tokens) * u64::from(desc.top_k);
         let req_id = rng.buf(desc.num_tokens.into(), 5);
@@ -202,6 +203,7 @@ fn remap_on_hostile_descriptors() {
                 idx_mapping: map.as_deref(),
                 out: &mut out[..],
                 counts: counts.as_deref_mut(),
+                stats: None,
             },
         );
         match res {
@@ -238,6 +240,7 @@ fn remap_modes_on_hostile_descriptors() {
             idx_mapping_len: None,
             write_counts: rng.chance(50),
             compact: rng.chance(50),
+            stats_slot: 0,
         };
         let desc = RemapModesDesc {
             remap: remap_desc,
@@ -272,6 +275,7 @@ fn remap_modes_on_hostile_descriptors() {
                     idx_mapping: None,
                     out: &mut out[..],
                     counts: counts.as_deref_mut(),
+                    stats: None,
                 },
                 prefill_req_id: prefill_ids.as_deref(),
                 workspace_starts: starts.as_deref(),
@@ -291,6 +295,7 @@ fn remap_modes_on_hostile_descriptors() {
                             idx_mapping: None,
                             out: &mut plain[..],
                             counts: None,
+                            stats: None,
                         },
                     )
                     .map(|()| assert_eq!(plain[..tk as usize], out[..tk as usize]))
@@ -373,6 +378,7 @@ fn resolve_on_hostile_descriptors() {
             attention_block_stride: block_size + rng.below(3) as u32,
             host_num_blocks: 1 + rng.below(12) as u32,
             num_state_rows: None,
+            stats_slot: 0,
         };
         if rng.chance(30) {
             let v = rng.size(12);
@@ -439,6 +445,7 @@ fn resolve_on_hostile_descriptors() {
                 miss_src,
                 miss_dst,
                 idx_mapping: None,
+                stats: None,
             },
         );
         if res.is_err() {
@@ -605,6 +612,7 @@ fn descriptor_helpers_never_panic() {
         attention_block_stride: 8,
         host_num_blocks,
         num_state_rows: None,
+        stats_slot: 0,
     };
     assert_eq!(resolve(0, 1).hot_table_width(), 0);
     assert_eq!(resolve(u32::MAX, u32::MAX).host_rows(), i64::MAX);
@@ -630,6 +638,7 @@ fn descriptor_helpers_never_panic() {
         idx_mapping_len: None,
         write_counts: false,
         compact: false,
+        stats_slot: 0,
     };
     // Row 5 of a 1-row table: no entry there.
     assert_eq!(remap.map_token(&[3, 4, 5, 6], 5, 2), -1);

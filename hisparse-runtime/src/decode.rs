@@ -120,6 +120,7 @@ fn resident_remap(
         idx_mapping_len: None,
         write_counts,
         compact: false,
+        stats_slot: 0,
     }
 }
 
@@ -296,6 +297,7 @@ impl<D: Device> Runtime<D> {
                     idx_mapping: None,
                     out: rows,
                     counts,
+                    stats: None,
                 },
             )
             .map_err(RuntimeError::device("remapping prefill top-k rows"))?;
@@ -498,6 +500,7 @@ impl<D: Device> Runtime<D> {
                         idx_mapping: None,
                         out: rows,
                         counts: Some(&mut *valid),
+                        stats: None,
                     },
                 )
                 .map_err(RuntimeError::device("remapping top-k rows"))?;
@@ -539,6 +542,7 @@ impl<D: Device> Runtime<D> {
                     miss_src: &mut *plan_src,
                     miss_dst: &mut *plan_dst,
                     idx_mapping: None,
+                    stats: None,
                 },
                 pairs,
                 &self.pools.host,

@@ -88,6 +88,7 @@ fn remaps(b: &mut Bench, rng: &mut Rng, kernel: &str, labels: &mut Vec<String>) 
                         idx_mapping: None,
                         out: &mut out,
                         counts: write_counts.then_some(&mut counts),
+                        stats: None,
                     },
                 )?;
                 labels.push(format!("{kernel} {t} tok x 2048, {mode}, call {}", i + 1));

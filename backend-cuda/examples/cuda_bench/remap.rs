@@ -89,6 +89,7 @@ impl RemapInputs {
             idx_mapping_len: None,
             write_counts,
             compact,
+            stats_slot: 0,
         }
     }
 }
@@ -150,6 +151,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                     idx_mapping: None,
                     out: &mut want[..],
                     counts: write_counts.then_some(&mut want_c[..]),
+                    stats: None,
                 },
             )?;
             let variants: Vec<RemapVariant> = if no_lookup {
@@ -175,6 +177,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                             idx_mapping: None,
                             out,
                             counts: write_counts.then_some(counts),
+                            stats: None,
                         },
                     )
                 };

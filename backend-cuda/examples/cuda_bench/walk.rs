@@ -49,6 +49,7 @@ impl Walk {
             attention_block_stride: BS,
             host_num_blocks: HOST_BLOCKS,
             num_state_rows: None,
+            stats_slot: 0,
         };
         let dev = &b.dev;
         let host_table: Vec<i32> = (0..r * pages).map(|i| (i % HOST_BLOCKS) as i32).collect();
@@ -147,6 +148,7 @@ impl Walk {
             miss_src: src,
             miss_dst: dst,
             idx_mapping: None,
+            stats: None,
         };
         match gather {
             None => d.resolve(s, &self.desc, args),

@@ -16,8 +16,8 @@ use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
     DcpSplit, HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, RemapModesArgs,
-    RemapModesDesc, ResolveDesc, ResolveSlices, SlotMappingArgs, SlotMappingDesc, TableWrite,
-    TableWriteDesc,
+    RemapModesDesc, ResolveDesc, ResolveSlices, STATS_SLOT_WORDS, SlotMappingArgs, SlotMappingDesc,
+    TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels::{self as gk, Kernel, KernelAbi, Param};
 
@@ -178,6 +178,22 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
+/// The four words of the call's stats slot (the `stats` parameter addresses them), or `None`
+/// for a null pointer (no stats).
+fn read_stats(st: &State, p: &Params<'_>) -> Result<Option<Vec<i32>>, String> {
+    match p.ptr("stats") {
+        0 => Ok(None),
+        at => read_i32(st, "stats", at, STATS_SLOT_WORDS as usize).map(Some),
+    }
+}
+
+/// Writes back the stats words [`read_stats`] read (and the reference added to).
+fn write_stats(st: &State, p: &Params<'_>, words: Option<Vec<i32>>) {
+    if let Some(w) = words {
+        write_i32(st, p.ptr("stats"), &w);
+    }
+}
+
 fn need_grid(l: &Launch, min: [u64; 3]) -> Result<(), String> {
     for (d, (&g, &m)) in l.grid.iter().zip(&min).enumerate() {
         if u64::from(g) < m {
@@ -228,6 +244,8 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
         idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
         write_counts: flags & gk::REMAP_COUNTS != 0,
         compact: flags & gk::REMAP_COMPACT != 0,
+        // The kernel gets the slot's own words.
+        stats_slot: 0,
     };
     // Blocks take token rows grid-stride: any grid covers every row.
     need_grid(l, [1, 1, 1])?;
@@ -256,6 +274,7 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
     } else {
         None
     };
+    let mut stats = read_stats(st, p)?;
     remap(
         &desc,
         RemapArgs {
@@ -265,6 +284,7 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
             idx_mapping: map.as_deref(),
             out: &mut out[..],
             counts: counts.as_deref_mut(),
+            stats: stats.as_deref_mut(),
         },
     )
     .map_err(|e| e.to_string())?;
@@ -272,6 +292,7 @@ fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
     if let Some(c) = counts {
         write_i32(st, p.ptr("counts"), &c);
     }
+    write_stats(st, p, stats);
     Ok(())
 }
 
@@ -289,6 +310,8 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
         idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
         write_counts: flags & gk::REMAP_COUNTS != 0,
         compact: flags & gk::REMAP_COMPACT != 0,
+        // The kernel gets the slot's own words.
+        stats_slot: 0,
     };
     let dcp_size = p.u32("dcp_size");
     let prefill = p.u32("prefill_requests");
@@ -340,6 +363,7 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
     } else {
         None
     };
+    let mut stats = read_stats(st, p)?;
     remap_modes(
         &desc,
         RemapModesArgs {
@@ -350,6 +374,7 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
                 idx_mapping: map.as_deref(),
                 out: &mut out[..],
                 counts: counts.as_deref_mut(),
+                stats: stats.as_deref_mut(),
             },
             prefill_req_id: ids.as_deref(),
             workspace_starts: starts.as_deref(),
@@ -360,6 +385,7 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
     if let Some(c) = counts {
         write_i32(st, p.ptr("counts"), &c);
     }
+    write_stats(st, p, stats);
     Ok(())
 }
 
@@ -375,6 +401,8 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         host_num_blocks: p.u32("host_num_blocks"),
         // Batch-row order exactly when the kernel gets an idx_mapping.
         num_state_rows: (p.ptr("idx_mapping") != 0).then(|| p.u32("num_state_rows")),
+        // The kernel gets the slot's own words.
+        stats_slot: 0,
     };
     desc.validate().map_err(|e| e.to_string())?;
     need_grid(l, [desc.num_tokens.into(), 1, 1])?;
@@ -487,6 +515,7 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     let [indices, valid, hits, misses, src, dst] = &mut outs[..] else {
         unreachable!("six outputs")
     };
+    let mut stats = read_stats(st, p)?;
     resolve(
         &desc,
         ResolveSlices {
@@ -504,9 +533,11 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
             miss_src: src,
             miss_dst: dst,
             idx_mapping: map.as_deref(),
+            stats: stats.as_deref_mut(),
         },
     )
     .map_err(|e| e.to_string())?;
+    write_stats(st, p, stats);
     write_i32(st, p.ptr("dgi"), &dgi);
     write_u16(st, p.ptr("lru"), &lru);
     for ((name, _), v) in OUTPUTS.iter().zip(&outs) {

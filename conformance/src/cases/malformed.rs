@@ -50,6 +50,7 @@ fn remap_valid() -> RemapCall {
             idx_mapping_len: Some(2),
             write_counts: true,
             compact: false,
+            stats_slot: 0,
         },
         lens: [3, 8, 24, 24, 3, 2],
         counts: true,
@@ -119,6 +120,7 @@ fn remap_call<D: Device>(dev: &D, c: &RemapCall) -> CaseResult {
             idx_mapping: c.mapping.then_some(&mapping),
             out: &mut out,
             counts: c.counts.then_some(&mut counts),
+            stats: None,
         },
     );
     let valid = remap_valid();
@@ -161,6 +163,7 @@ fn resolve_valid() -> ResolveCall {
         attention_block_stride: 4,
         host_num_blocks: 8,
         num_state_rows: None,
+        stats_slot: 0,
     };
     ResolveCall {
         desc,
@@ -278,6 +281,7 @@ fn resolve_call<D: Device>(dev: &D, c: &ResolveCall, valid: bool) -> CaseResult 
             miss_src,
             miss_dst,
             idx_mapping: None,
+            stats: None,
         },
     );
     if valid {

@@ -18,6 +18,7 @@ mod resolve;
 mod resolve_io;
 mod resolve_order;
 mod slot_mapping;
+mod stats;
 mod streams;
 mod swap_in;
 mod tables;
@@ -39,6 +40,7 @@ pub fn cases<D: Device + 'static>() -> Vec<Case<D>> {
     pipeline::cases(&mut v);
     tables::cases(&mut v);
     streams::cases(&mut v);
+    stats::cases(&mut v);
     v
 }
 

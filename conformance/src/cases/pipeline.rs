@@ -224,6 +224,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
         attention_block_stride: stride,
         host_num_blocks: host_blocks,
         num_state_rows: None,
+        stats_slot: 0,
     };
     let n = p.hot_slots as usize;
     let mut d_resident = dev_i32(dev, &resident)?;
@@ -297,6 +298,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
                 miss_src,
                 miss_dst,
                 idx_mapping: None,
+                stats: None,
             },
         )
         .ctx("resolve")?;

@@ -1,10 +1,12 @@
 //! Index remap (SPEC §5.1): random inputs over K = 512, 2048 and 2176, with and without counts,
-//! compaction, `idx_mapping` and a block stride above the block size; fixed adversarial inputs.
+//! compaction, `idx_mapping` and a block stride above the block size; with a stats buffer
+//! (`hisparse_core::ops::stats`) at K = 512 and 2176; fixed adversarial inputs.
 
 use hisparse_core::Device;
 use hisparse_core::ops::remap::remap as reference;
 use hisparse_core::ops::{RemapArgs, RemapDesc};
 
+use super::resolve_io::{STATS_SLOTS, initial_stats};
 use crate::util::{Ctx, SENTINEL, dev_i32, read_i32, same};
 use crate::{Case, CaseResult, SplitMix64};
 
@@ -15,6 +17,8 @@ struct Params {
     compact: bool,
     mapping: bool,
     wide_stride: bool,
+    /// The call adds to a stats buffer.
+    stats: bool,
 }
 
 pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
@@ -29,6 +33,7 @@ pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
                             compact,
                             mapping,
                             wide_stride,
+                            stats: false,
                         };
                         let name = format!(
                             "remap/k{k}{}{}{}{}",
@@ -40,6 +45,26 @@ pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
                         v.push(Case::seeded(name, move |d: &D, seed| random(d, seed, p)));
                     }
                 }
+            }
+        }
+    }
+    for k in [512u32, 2176] {
+        for counts in [false, true] {
+            for compact in [false, true] {
+                let p = Params {
+                    k,
+                    counts,
+                    compact,
+                    mapping: true,
+                    wide_stride: false,
+                    stats: true,
+                };
+                let name = format!(
+                    "remap/k{k}/stats{}{}",
+                    if counts { "/counts" } else { "" },
+                    if compact { "/compact" } else { "" },
+                );
+                v.push(Case::seeded(name, move |d: &D, seed| random(d, seed, p)));
             }
         }
     }
@@ -56,6 +81,9 @@ struct Inputs {
     table: Vec<i32>,
     topk: Vec<i32>,
     mapping: Option<Vec<i32>>,
+    /// The stats words before the call (`desc.stats_slot` names the slot it adds to), when it
+    /// is given a stats buffer.
+    stats: Option<Vec<i32>>,
 }
 
 /// Output slack: entries past the end of each output that must stay untouched.
@@ -68,6 +96,7 @@ fn check<D: Device>(dev: &D, inp: &Inputs) -> CaseResult {
     let t = d.num_tokens as usize;
     let mut want_out = vec![SENTINEL; tk + SLACK];
     let mut want_counts = vec![SENTINEL; t + SLACK];
+    let mut want_stats = inp.stats.clone();
     reference(
         d,
         RemapArgs {
@@ -77,6 +106,7 @@ fn check<D: Device>(dev: &D, inp: &Inputs) -> CaseResult {
             idx_mapping: inp.mapping.as_deref(),
             out: &mut want_out[..],
             counts: d.write_counts.then_some(&mut want_counts[..]),
+            stats: want_stats.as_deref_mut(),
         },
     )
     .ctx("reference remap")?;
@@ -91,6 +121,7 @@ fn check<D: Device>(dev: &D, inp: &Inputs) -> CaseResult {
     };
     let mut out = dev_i32(dev, &vec![SENTINEL; tk + SLACK])?;
     let mut counts = dev_i32(dev, &vec![SENTINEL; t + SLACK])?;
+    let mut stats = inp.stats.as_ref().map(|w| dev_i32(dev, w)).transpose()?;
     dev.remap(
         &s,
         d,
@@ -101,12 +132,17 @@ fn check<D: Device>(dev: &D, inp: &Inputs) -> CaseResult {
             idx_mapping: mapping.as_ref(),
             out: &mut out,
             counts: d.write_counts.then_some(&mut counts),
+            stats: stats.as_mut(),
         },
     )
     .ctx("remap")?;
     dev.synchronize(&s).ctx("synchronize")?;
     same("out", &read_i32(dev, &out, tk + SLACK)?, &want_out)?;
-    same("counts", &read_i32(dev, &counts, t + SLACK)?, &want_counts)
+    same("counts", &read_i32(dev, &counts, t + SLACK)?, &want_counts)?;
+    if let (Some(got), Some(want)) = (&stats, &want_stats) {
+        same("stats", &read_i32(dev, got, want.len())?, want)?;
+    }
+    Ok(())
 }
 
 /// A random token position: mostly valid, with `-1`, negatives, positions at and past the end
@@ -144,6 +180,7 @@ fn random<D: Device>(dev: &D, seed: u64, p: Params) -> CaseResult {
         idx_mapping_len: p.mapping.then_some(map_len),
         write_counts: p.counts,
         compact: p.compact,
+        stats_slot: 0,
     };
     let table: Vec<i32> = (0..table_rows * max_blocks)
         .map(|_| match rng.below(100) {
@@ -170,6 +207,17 @@ fn random<D: Device>(dev: &D, seed: u64, p: Params) -> CaseResult {
     let topk: Vec<i32> = (0..num_tokens * p.k)
         .map(|_| token(&mut rng, span))
         .collect();
+    // Drawn last, so the cases without stats keep their inputs.
+    let (desc, stats) = if p.stats {
+        let slot = rng.u32_in(0, STATS_SLOTS);
+        let desc = RemapDesc {
+            stats_slot: slot,
+            ..desc
+        };
+        (desc, Some(initial_stats(&mut rng)))
+    } else {
+        (desc, None)
+    };
     check(
         dev,
         &Inputs {
@@ -178,6 +226,7 @@ fn random<D: Device>(dev: &D, seed: u64, p: Params) -> CaseResult {
             table,
             topk,
             mapping: p.mapping.then_some(mapping),
+            stats,
         },
     )
 }
@@ -193,6 +242,7 @@ fn small_desc() -> RemapDesc {
         idx_mapping_len: None,
         write_counts: true,
         compact: false,
+        stats_slot: 0,
     }
 }
 
@@ -215,6 +265,7 @@ fn known_values<D: Device>(dev: &D) -> CaseResult {
             idx_mapping: None,
             out: &mut out,
             counts: Some(&mut counts),
+            stats: None,
         },
     )
     .ctx("remap")?;
@@ -247,6 +298,7 @@ fn known_values<D: Device>(dev: &D) -> CaseResult {
             idx_mapping: Some(&map),
             out: &mut out,
             counts: Some(&mut counts),
+            stats: None,
         },
     )
     .ctx("remap (compact)")?;
@@ -270,6 +322,7 @@ fn bounds<D: Device>(dev: &D) -> CaseResult {
         idx_mapping_len: None,
         write_counts: true,
         compact: false,
+        stats_slot: 0,
     };
     let span = 3 * 64;
     let row = [
@@ -299,6 +352,7 @@ fn bounds<D: Device>(dev: &D) -> CaseResult {
         table,
         topk,
         mapping: None,
+        stats: None,
     };
     check(dev, &inp)?;
     check(
@@ -325,6 +379,7 @@ fn padding_rows<D: Device>(dev: &D) -> CaseResult {
         idx_mapping_len: Some(4),
         write_counts: true,
         compact: false,
+        stats_slot: 0,
     };
     let inp = Inputs {
         desc,
@@ -334,6 +389,7 @@ fn padding_rows<D: Device>(dev: &D) -> CaseResult {
         table: vec![1, 2, 3, 4],
         topk: (0..32).map(|i| i % 8).collect(),
         mapping: Some(vec![1, 0, -1, 2]),
+        stats: None,
     };
     check(dev, &inp)?;
     check(
@@ -363,6 +419,7 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
                 table: vec![1, 2, 3, 4],
                 topk: vec![],
                 mapping: None,
+                stats: None,
             },
         )?;
     }

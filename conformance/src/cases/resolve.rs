@@ -12,7 +12,9 @@ use hisparse_core::ops::{
 };
 
 use super::copies::{Rows, layouts, pool_sizes};
-use super::resolve_io::{Asked, Coverage, DevOutputs, DevState, HostState, Outputs};
+use super::resolve_io::{
+    Asked, Coverage, DevOutputs, DevState, HostState, Outputs, initial_stats, stats_slot,
+};
 use crate::util::{Ctx, at_step, dev_bytes, dev_i32, pinned_bytes, read_bytes, same};
 use crate::{Case, CaseError, CaseResult, SplitMix64};
 
@@ -50,6 +52,8 @@ struct Scenario {
     min_ctx: u32,
     /// Split rows (values then scales) in the gathered pages.
     split: bool,
+    /// The steps add to a stats buffer (at the slots of `resolve_io::stats_slot`).
+    stats: bool,
 }
 
 const BASE: Scenario = Scenario {
@@ -71,6 +75,7 @@ const BASE: Scenario = Scenario {
     layers: 0,
     split: false,
     min_ctx: 0,
+    stats: false,
 };
 
 fn scenarios() -> Vec<(&'static str, Scenario)> {
@@ -203,6 +208,42 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             },
         ),
         (
+            "stats-speculative-padding",
+            Scenario {
+                k: 128,
+                hot_slots: 512,
+                requests: 3,
+                rows_per_request: 2,
+                padding_rows: 2,
+                shuffle: true,
+                resident_pct: 20,
+                stats: true,
+                ..BASE
+            },
+        ),
+        (
+            "stats-fully-resident",
+            Scenario {
+                resident_pct: 100,
+                steps: 5,
+                stats: true,
+                ..BASE
+            },
+        ),
+        (
+            "stats-v32-k2048",
+            Scenario {
+                k: 2048,
+                hot_slots: 4096,
+                requests: 3,
+                steps: 5,
+                block_size: 64,
+                padding_rows: 1,
+                stats: true,
+                ..BASE
+            },
+        ),
+        (
             "followers-gather",
             Scenario {
                 layers: 3,
@@ -260,6 +301,8 @@ struct State<D: Device> {
     desc: ResolveDesc,
     h: HostState,
     d: DevState<D>,
+    /// Calls made so far (which stats slot the next one adds to: `stats_slot`).
+    calls: usize,
 }
 
 impl<D: Device> State<D> {
@@ -268,6 +311,7 @@ impl<D: Device> State<D> {
             d: DevState::upload(dev, &h)?,
             desc,
             h,
+            calls: 0,
         })
     }
 
@@ -283,10 +327,17 @@ impl<D: Device> State<D> {
         req_id: &[i32],
         topk: &[i32],
     ) -> Result<(Outputs, DevOutputs<D>), CaseError> {
+        let slot = stats_slot(self.calls);
+        self.calls += 1;
         let desc = ResolveDesc {
             num_tokens: req_id.len() as u32,
+            stats_slot: slot.unwrap_or(0),
             ..self.desc
         };
+        // A call without stats: the buffer is parked (and compared below, unchanged).
+        let parked = slot
+            .is_none()
+            .then(|| (self.h.stats.take(), self.d.stats.take()));
         let t = req_id.len();
         let k = desc.top_k as usize;
         let mut want = Outputs::sentinels(t, k);
@@ -298,6 +349,9 @@ impl<D: Device> State<D> {
         let mut d_out = DevOutputs::upload(dev, &Outputs::sentinels(t, k))?;
         dev.resolve(&s, &desc, self.d.args(&d_req, &d_topk, &mut d_out))
             .ctx("resolve")?;
+        if let Some((h, d)) = parked {
+            (self.h.stats, self.d.stats) = (h, d);
+        }
         dev.synchronize(&s).ctx("synchronize")?;
         let got = d_out.read(dev, t, k)?;
         got.expect("", &want)?;
@@ -496,6 +550,7 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
         attention_block_stride: stride,
         host_num_blocks,
         num_state_rows: None,
+        stats_slot: 0,
     };
     let mut lru: Vec<u16> = (0..r_count * n).map(|s| (s % n) as u16).collect();
     let mut dgi = vec![-1i32; (r_count * n) as usize];
@@ -520,6 +575,7 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
             dgi,
             lru,
             idx_mapping: None,
+            stats: scn.stats.then(|| initial_stats(&mut rng)),
         },
     )?;
     let mut pools = if scn.layers > 0 {
@@ -649,6 +705,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
         attention_block_stride: 4,
         host_num_blocks: 4,
         num_state_rows: None,
+        stats_slot: 0,
     };
     // Page p lives in host block p; nothing resident; the hot region is GPU block 5, so slot s
     // is physical row 20 + s.
@@ -662,6 +719,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             dgi: vec![-1; 4],
             lru: vec![0, 1, 2, 3],
             idx_mapping: None,
+            stats: None,
         },
     )?;
     struct Expect {
@@ -775,6 +833,7 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
         attention_block_stride: 8,
         host_num_blocks: 8,
         num_state_rows: None,
+        stats_slot: 0,
     };
     let lru: Vec<u16> = (0..32).map(|i| (31 - i) as u16 % 16).collect();
     let mut st = State::new(
@@ -787,6 +846,7 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
             dgi: (0..32).collect(),
             lru: lru.clone(),
             idx_mapping: None,
+            stats: None,
         },
     )?;
     st.step(dev, &[], &[])?;

@@ -7,16 +7,44 @@ use hisparse_core::ops::resolve::Entry;
 use hisparse_core::ops::{ResolveArgs, ResolveDesc, ResolveSlices};
 
 use crate::util::{Ctx, SENTINEL, dev_i32, dev_u16, ensure, read_i32, read_u16, same};
-use crate::{CaseError, CaseResult};
+use crate::{CaseError, CaseResult, SplitMix64};
 
 /// Elements past every output that must keep their sentinel.
 pub(crate) const SLACK: usize = 3;
 
+/// Slots of a sequence's stats buffer (`hisparse_core::ops::stats`): its calls add to the first
+/// three ([`stats_slot`]); the last must never change.
+pub(crate) const STATS_SLOTS: u32 = 4;
+
+/// The stats slot call `call` of a sequence adds to, or `None` for a call given no stats
+/// buffer (every fourth: the buffer must then keep its words): one buffer takes calls at
+/// several slots, the same slot again, and calls that leave it alone.
+pub(crate) fn stats_slot(call: usize) -> Option<u32> {
+    match call % 4 {
+        3 => None,
+        c => Some(((call / 4 + c) % 3) as u32),
+    }
+}
+
+/// A sequence's first stats words: random, half of them within a few thousand of `u32::MAX` so
+/// that the sums wrap around.
+pub(crate) fn initial_stats(rng: &mut SplitMix64) -> Vec<i32> {
+    (0..4 * STATS_SLOTS)
+        .map(|_| {
+            if rng.percent(50) {
+                (u32::MAX - rng.u32_in(0, 5000)) as i32
+            } else {
+                rng.next_u64() as i32
+            }
+        })
+        .collect()
+}
+
 /// The arguments (`$args`: the reference's slices or the device's buffers) of a call over the
-/// tables and hot state `$s` with inputs `$req_id`, `$topk` and `idx_mapping` `$map`, writing
-/// the outputs `$out`.
+/// tables and hot state `$s` with inputs `$req_id`, `$topk`, `idx_mapping` `$map` and stats
+/// buffer `$stats`, writing the outputs `$out`.
 macro_rules! args_over {
-    ($args:ident, $s:expr, $req_id:expr, $topk:expr, $out:expr, $map:expr) => {
+    ($args:ident, $s:expr, $req_id:expr, $topk:expr, $out:expr, $map:expr, $stats:expr) => {
         $args {
             req_id: $req_id,
             topk: $topk,
@@ -32,6 +60,7 @@ macro_rules! args_over {
             miss_src: &mut $out.miss_src,
             miss_dst: &mut $out.miss_dst,
             idx_mapping: $map,
+            stats: $stats,
         }
     };
 }
@@ -120,6 +149,9 @@ pub(crate) struct HostState {
     pub(crate) dgi: Vec<i32>,
     pub(crate) lru: Vec<u16>,
     pub(crate) idx_mapping: Option<Vec<i32>>,
+    /// The stats words a sequence's calls add to (`hisparse_core::ops::stats`), kept across
+    /// calls; `None`: the calls count nothing.
+    pub(crate) stats: Option<Vec<i32>>,
 }
 
 impl HostState {
@@ -136,7 +168,8 @@ impl HostState {
             req_id,
             topk,
             out,
-            self.idx_mapping.as_deref()
+            self.idx_mapping.as_deref(),
+            self.stats.as_deref_mut()
         )
     }
 }
@@ -149,6 +182,7 @@ pub(crate) struct DevState<D: Device> {
     pub(crate) dgi: D::Buffer,
     pub(crate) lru: D::Buffer,
     pub(crate) idx_mapping: Option<D::Buffer>,
+    pub(crate) stats: Option<D::Buffer>,
 }
 
 impl<D: Device> DevState<D> {
@@ -165,6 +199,7 @@ impl<D: Device> DevState<D> {
                 .as_ref()
                 .map(|m| dev_i32(dev, m))
                 .transpose()?,
+            stats: h.stats.as_ref().map(|w| dev_i32(dev, w)).transpose()?,
         })
     }
 
@@ -202,11 +237,13 @@ impl<D: Device> DevState<D> {
             req_id,
             topk,
             out,
-            self.idx_mapping.as_ref()
+            self.idx_mapping.as_ref(),
+            self.stats.as_mut()
         )
     }
 
-    /// Compares the device's `dgi` and LRU rows with `want`'s, naming `path` on a difference.
+    /// Compares the device's `dgi` and LRU rows, and its stats words, with `want`'s, naming
+    /// `path` on a difference.
     pub(crate) fn expect_hot_state(&self, dev: &D, path: &str, want: &HostState) -> CaseResult {
         same(
             &format!("{path}lru"),
@@ -217,7 +254,19 @@ impl<D: Device> DevState<D> {
             &format!("{path}dgi"),
             &read_i32(dev, &self.dgi, want.dgi.len())?,
             &want.dgi,
-        )
+        )?;
+        match (&self.stats, &want.stats) {
+            (Some(got), Some(words)) => same(
+                &format!("{path}stats"),
+                &read_i32(dev, got, words.len())?,
+                words,
+            ),
+            (None, None) => Ok(()),
+            _ => Err(CaseError::Fail(format!(
+                "{path}the device and the reference disagree on whether the calls have a \
+                 stats buffer"
+            ))),
+        }
     }
 }
 

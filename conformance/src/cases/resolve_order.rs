@@ -239,6 +239,7 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
         attention_block_stride: stride,
         host_num_blocks,
         num_state_rows: Some(sh.state_rows),
+        stats_slot: 0,
     };
     let state_desc = ResolveDesc {
         num_requests: sh.state_rows,
@@ -259,6 +260,7 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
         dgi: vec![-1; sr * n as usize],
         lru: lru.clone(),
         idx_mapping: Some(vec![-1; rb]),
+        stats: None,
     };
     // State order: the persistent tables themselves.
     let mut state = HostState {
@@ -268,6 +270,7 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
         dgi: vec![-1; sr * n as usize],
         lru,
         idx_mapping: None,
+        stats: None,
     };
     let mut d_batch = DevState::upload(dev, &batch)?;
     let mut d_state = DevState::upload(dev, &state)?;
@@ -569,6 +572,7 @@ fn refused_before_any_write<D: Device>(dev: &D) -> CaseResult {
         attention_block_stride: 4,
         host_num_blocks: 4,
         num_state_rows: Some(3),
+        stats_slot: 0,
     };
     let h = HostState {
         resident: vec![0; 6],
@@ -577,6 +581,7 @@ fn refused_before_any_write<D: Device>(dev: &D) -> CaseResult {
         dgi: vec![-1; 12],
         lru: (0..12).map(|i| i % 4).collect(),
         idx_mapping: Some(vec![2, 2]),
+        stats: None,
     };
     let stream = dev.create_stream().ctx("create_stream")?;
     let mut d = DevState::upload(dev, &h)?;

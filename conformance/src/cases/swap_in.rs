@@ -21,7 +21,9 @@ use hisparse_core::ops::swap_in::{plan_gather, resolve_and_gather as reference};
 use hisparse_core::ops::{GatherArgs, LayerPair, ResolveDesc};
 
 use super::copies::{Rows, V4, layouts, pool_sizes};
-use super::resolve_io::{Asked, Coverage, DevOutputs, DevState, HostState, Outputs};
+use super::resolve_io::{
+    Asked, Coverage, DevOutputs, DevState, HostState, Outputs, initial_stats, stats_slot,
+};
 use crate::util::{
     Ctx, SENTINEL, at_step, dev_bytes, dev_i32, ensure, expect_invalid, pinned_bytes, read_bytes,
     read_i32, same,
@@ -66,6 +68,8 @@ struct Shape {
     steps: usize,
     /// Seeds (cases) of the shape.
     seeds: u32,
+    /// The steps add to a stats buffer (at the slots of `resolve_io::stats_slot`).
+    stats: bool,
 }
 
 const BASE: Shape = Shape {
@@ -95,30 +99,31 @@ const BASE: Shape = Shape {
     empty_step: false,
     steps: 5,
     seeds: 2,
+    stats: false,
+};
+
+/// The decode batch: 64 requests × 2048, 4096 hot slots.
+const DECODE_64X2048: Shape = Shape {
+    requests: 64,
+    top_k: 2048,
+    hot_slots: 4096,
+    pages: 128,
+    rows: Rows {
+        block_size: 64,
+        layers: 1,
+        ..BASE.rows
+    },
+    resident_pct: 10,
+    move_pct: 10,
+    invalid_pct: 2,
+    steps: 4,
+    seeds: 1,
+    ..BASE
 };
 
 fn shapes() -> Vec<(&'static str, Shape)> {
     vec![
-        (
-            "decode-64x2048",
-            Shape {
-                requests: 64,
-                top_k: 2048,
-                hot_slots: 4096,
-                pages: 128,
-                rows: Rows {
-                    block_size: 64,
-                    layers: 1,
-                    ..BASE.rows
-                },
-                resident_pct: 10,
-                move_pct: 10,
-                invalid_pct: 2,
-                steps: 4,
-                seeds: 1,
-                ..BASE
-            },
-        ),
+        ("decode-64x2048", DECODE_64X2048),
         (
             "speculative-padding-corrupt-lru",
             Shape {
@@ -247,6 +252,29 @@ fn shapes() -> Vec<(&'static str, Shape)> {
             },
         ),
         (
+            "stats-zero-tokens-and-speculative-rows",
+            Shape {
+                requests: 3,
+                rows_per_request: 2,
+                padding_rows: 2,
+                shuffle: true,
+                resident_pct: 20,
+                beyond_pct: 10,
+                empty_step: true,
+                steps: 8,
+                stats: true,
+                ..BASE
+            },
+        ),
+        (
+            "stats-decode-64x2048",
+            Shape {
+                steps: 5,
+                stats: true,
+                ..DECODE_64X2048
+            },
+        ),
+        (
             "leader-and-followers",
             Shape {
                 rows: Rows {
@@ -317,21 +345,42 @@ struct World {
 }
 
 impl World {
-    /// Runs one step on the reference; returns its outputs.
-    fn reference_step(&mut self, req_id: &[i32], topk: &[i32]) -> Result<Outputs, CaseError> {
-        let desc = ResolveDesc {
-            num_tokens: req_id.len() as u32,
+    /// The descriptor of a call over `t` token rows adding to stats slot `slot` (`None`: a call
+    /// without stats).
+    fn call_desc(&self, t: usize, slot: Option<u32>) -> ResolveDesc {
+        ResolveDesc {
+            num_tokens: t as u32,
+            stats_slot: slot.unwrap_or(0),
             ..self.desc
+        }
+    }
+
+    /// Runs one step on the reference, adding to stats slot `slot` (`None`: without the stats
+    /// buffer); returns its outputs.
+    fn reference_step(
+        &mut self,
+        req_id: &[i32],
+        topk: &[i32],
+        slot: Option<u32>,
+    ) -> Result<Outputs, CaseError> {
+        let desc = self.call_desc(req_id.len(), slot);
+        let parked = if slot.is_none() {
+            self.h.stats.take()
+        } else {
+            None
         };
         let mut out = Outputs::sentinels(req_id.len(), desc.top_k as usize);
-        reference(
+        let r = reference(
             &desc,
             self.h.slices(req_id, topk, &mut out),
             &self.layers,
             &self.host_pool,
             &mut self.device_pool,
-        )
-        .ctx("reference resolve_and_gather")?;
+        );
+        if parked.is_some() {
+            self.h.stats = parked;
+        }
+        r.ctx("reference resolve_and_gather")?;
         Ok(out)
     }
 }
@@ -378,15 +427,19 @@ impl<D: Device> Twin<D> {
         host_pool: &D::HostBuffer,
         w: &World,
         path: Path,
-        (req_id, topk): (&[i32], &[i32]),
+        (req_id, topk, slot): (&[i32], &[i32], Option<u32>),
         want: &Outputs,
     ) -> CaseResult {
         let (t, k) = (req_id.len(), w.desc.top_k as usize);
-        let desc = ResolveDesc {
-            num_tokens: t as u32,
-            ..w.desc
-        };
+        let desc = w.call_desc(t, slot);
         let label = path.label();
+        // A call without stats: the buffer is parked (and compared below, unchanged).
+        let parked = if slot.is_none() {
+            self.state.stats.take()
+        } else {
+            None
+        };
+
         let stream = dev.create_stream().ctx("create_stream")?;
         let d_req = dev_i32(dev, req_id)?;
         // The top-k reaches its buffer through a copy enqueued on the stream just before.
@@ -425,6 +478,9 @@ impl<D: Device> Twin<D> {
             .ctx("copying the device pool on the stream")?;
         let done = dev.record_event(&stream).ctx("record_event")?;
         dev.synchronize(&stream).ctx("synchronize")?;
+        if parked.is_some() {
+            self.state.stats = parked;
+        }
         ensure!(
             dev.query_event(&done).ctx("query_event")?,
             "{label}an event recorded after the call is not complete once its stream is \
@@ -502,6 +558,7 @@ fn build(rng: &mut SplitMix64, sh: &Shape) -> World {
             attention_block_stride: layers[0].device.index_stride_rows,
             host_num_blocks,
             num_state_rows: None,
+            stats_slot: 0,
         },
         h: HostState {
             resident,
@@ -510,6 +567,7 @@ fn build(rng: &mut SplitMix64, sh: &Shape) -> World {
             dgi,
             lru,
             idx_mapping: None,
+            stats: sh.stats.then(|| initial_stats(rng)),
         },
         layers,
         host_pool,
@@ -587,11 +645,12 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
         };
         let req_id: Vec<i32> = rows.iter().map(|(id, _)| *id).collect();
         let topk: Vec<i32> = rows.iter().flat_map(|(_, row)| row.clone()).collect();
-        let want = at_step(step, w.reference_step(&req_id, &topk))?;
+        let slot = stats_slot(step);
+        let want = at_step(step, w.reference_step(&req_id, &topk, slot))?;
         for (twin, path) in [(&mut fused, Path::Fused), (&mut pair, Path::Pair)] {
             at_step(
                 step,
-                twin.step(dev, &host_pool, &w, path, (&req_id, &topk), &want),
+                twin.step(dev, &host_pool, &w, path, (&req_id, &topk, slot), &want),
             )?;
         }
         let (hits, misses) = seen.add(&w.desc, &w.h, (&req_id, &topk), &want);

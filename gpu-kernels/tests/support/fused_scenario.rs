@@ -151,6 +151,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
         attention_block_stride: bs,
         host_num_blocks: host_blocks,
         num_state_rows: None,
+        stats_slot: 0,
     };
     let w = desc0.hot_table_width();
     // Page p of request q lives in host block q * pages + p (a tenth of them beyond the pool when
@@ -273,6 +274,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
                 miss_src: &mut src,
                 miss_dst: &mut dst,
                 idx_mapping: None,
+                stats: None,
             },
         )
         .map_err(|x| x.to_string())?;
@@ -318,6 +320,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
                 miss_src: o_src,
                 miss_dst: o_dst,
                 idx_mapping: None,
+                stats: None,
             },
             &layers,
             &host_buf,

@@ -182,6 +182,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         idx_mapping_len: None,
         write_counts: true,
         compact: true,
+        stats_slot: 0,
     };
     {
         let (inputs, outs) = b.split_at_mut(REMAP_OUT);
@@ -198,6 +199,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
                 idx_mapping: None,
                 out,
                 counts: Some(counts),
+                stats: None,
             },
         )
         .map_err(e)?;
@@ -212,6 +214,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         attention_block_stride: BS,
         host_num_blocks: HOST_BLOCKS,
         num_state_rows: None,
+        stats_slot: 0,
     };
     {
         let (inputs, outs) = b.split_at_mut(DGI);
@@ -236,6 +239,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
                 miss_src: msrc,
                 miss_dst: mdst,
                 idx_mapping: None,
+                stats: None,
             },
         )
         .map_err(e)?;
@@ -340,6 +344,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
             idx_mapping: None,
             out: &mut want[..],
             counts: Some(&mut want_counts[..]),
+            stats: None,
         },
     )
     .map_err(|e| e.to_string())?;

@@ -266,6 +266,7 @@ impl KvCacheConfig {
             attention_block_stride: self.attention_block_stride,
             host_num_blocks: self.host_num_blocks,
             num_state_rows: None,
+            stats_slot: 0,
         }
     }
 

@@ -20,6 +20,7 @@ pub mod remap;
 #[cfg(feature = "alloc")]
 pub mod resolve;
 pub mod slot_mapping;
+pub mod stats;
 #[cfg(feature = "alloc")]
 pub mod swap_in;
 pub mod table;
@@ -33,6 +34,10 @@ pub use invalidate::{InvalidateArgs, InvalidateDesc};
 pub use pinned::{PINNED_ALIGNMENT, PinnedBudgetError, check_pinned_budget};
 pub use remap::{DcpSplit, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc};
 pub use slot_mapping::{SlotMappingArgs, SlotMappingDesc};
+pub use stats::{
+    CallStats, STATS_CALLS, STATS_HITS, STATS_MISSES, STATS_SLOT_BYTES, STATS_SLOT_WORDS,
+    STATS_VALID,
+};
 pub use table::{HotResetDesc, TableWrite, TableWriteDesc};
 
 #[cfg(feature = "alloc")]

@@ -10,7 +10,9 @@
 //!   or `-1` if that does not fit an `i32` ([`super::physical_row`]).
 //!
 //! With `write_counts`, `counts[t]` = number of entries of row `t` that are not `-1`. With
-//! `compact`, each output row holds its valid entries first, in column order, then `-1`.
+//! `compact`, each output row holds its valid entries first, in column order, then `-1`. With a
+//! `stats` buffer, the call adds the valid entries of all its rows and one call to slot
+//! [`RemapDesc::stats_slot`] ([`super::stats`]), whether or not `write_counts` is set.
 //!
 //! # Modes ([`RemapModesDesc`], [`remap_modes`])
 //!
@@ -29,6 +31,7 @@
 //!
 //! Counts and compaction apply to both modes as to the plain remap.
 
+use super::stats::{CallStats, check_stats};
 use super::{BufferLen, I32_BYTES, in_range, mul, need, need_declared, nonzero, physical_row};
 use crate::error::{OpError, OpName};
 
@@ -55,6 +58,9 @@ pub struct RemapDesc {
     pub write_counts: bool,
     /// Move valid entries to the front of each row.
     pub compact: bool,
+    /// The slot of [`RemapArgs::stats`] the call adds to ([`super::stats`]); not read without
+    /// a stats buffer.
+    pub stats_slot: u32,
 }
 
 /// Buffers of a remap call. `B` is a device buffer type (or a slice for the reference).
@@ -72,6 +78,9 @@ pub struct RemapArgs<'a, B: ?Sized> {
     pub out: &'a mut B,
     /// `i32[T]` output valid counts, when `write_counts`.
     pub counts: Option<&'a mut B>,
+    /// `u32[4 * n]` decode-path counters (`n > stats_slot`): the call adds its valid entries
+    /// and one call to slot `stats_slot` ([`super::stats`]). `None`: nothing is counted.
+    pub stats: Option<&'a mut B>,
 }
 
 impl RemapDesc {
@@ -138,7 +147,11 @@ impl RemapDesc {
                 });
             }
         }
-        Ok(())
+        check_stats(
+            OP,
+            args.stats.as_ref().map(|s| s.byte_len()),
+            self.stats_slot,
+        )
     }
 
     /// Block-table row of token row `req`, or `None` for padding.
@@ -190,8 +203,10 @@ pub fn remap(desc: &RemapDesc, args: RemapArgs<'_, [i32]>) -> Result<(), OpError
         idx_mapping,
         out,
         mut counts,
+        stats,
     } = args;
     let k = desc.top_k as usize;
+    let mut valid_total = 0u32;
     for t in 0..desc.num_tokens as usize {
         let out_row = &mut out[t * k..(t + 1) * k];
         let row = desc.table_row(req_id[t], idx_mapping);
@@ -217,6 +232,10 @@ pub fn remap(desc: &RemapDesc, args: RemapArgs<'_, [i32]>) -> Result<(), OpError
         if let Some(c) = counts.as_deref_mut() {
             c[t] = valid as i32;
         }
+        valid_total = valid_total.wrapping_add(valid as u32);
+    }
+    if let Some(stats) = stats {
+        CallStats::of_remap(valid_total).add_to(stats, desc.stats_slot);
     }
     Ok(())
 }
@@ -394,12 +413,14 @@ pub fn remap_modes(desc: &RemapModesDesc, args: RemapModesArgs<'_, [i32]>) -> Re
                 idx_mapping,
                 out,
                 mut counts,
+                stats,
             },
         prefill_req_id,
         workspace_starts,
     } = args;
     let d = &desc.remap;
     let k = d.top_k as usize;
+    let mut valid_total = 0u32;
     for t in 0..d.num_tokens as usize {
         let out_row = &mut out[t * k..(t + 1) * k];
         // Which rule maps this row: a prefill workspace start, a block-table row, or padding.
@@ -446,6 +467,10 @@ pub fn remap_modes(desc: &RemapModesDesc, args: RemapModesArgs<'_, [i32]>) -> Re
         if let Some(c) = counts.as_deref_mut() {
             c[t] = valid as i32;
         }
+        valid_total = valid_total.wrapping_add(valid as u32);
+    }
+    if let Some(stats) = stats {
+        CallStats::of_remap(valid_total).add_to(stats, d.stats_slot);
     }
     Ok(())
 }
@@ -465,6 +490,7 @@ mod tests {
             idx_mapping_len: None,
             write_counts: true,
             compact: false,
+            stats_slot: 0,
         }
     }
 
@@ -484,6 +510,7 @@ mod tests {
                 idx_mapping: None,
                 out: &mut out,
                 counts: Some(&mut counts),
+                stats: None,
             },
         )
         .unwrap();
@@ -491,6 +518,64 @@ mod tests {
         // row 1: tok 1 -> 7*10+1, tok 4 -> block -1 -> -1, tok 2 -> 72, tok 3 -> 73
         assert_eq!(out, [30, 51, -1, -1, 71, -1, 72, 73]);
         assert_eq!(counts, [2, 3]);
+    }
+
+    #[test]
+    fn stats_count_valid_entries_with_or_without_counts() {
+        let topk = [0, 5, -1, 8, 1, 4, 2, 3];
+        let mut stats = [0, 0, 0, 0, 5, 6, -3, -1];
+        /// A remap of `desc` adding to `stats`, with per-row counts when it writes them.
+        fn call(d: &RemapDesc, topk: &[i32], stats: &mut [i32]) -> Result<(), OpError> {
+            let t = d.num_tokens as usize;
+            let mut counts = [0; 2];
+            remap(
+                d,
+                RemapArgs {
+                    req_id: &[0, 1][..t],
+                    block_table: &[3, 5, 7, -1],
+                    topk,
+                    idx_mapping: None,
+                    out: &mut [0; 8][..4 * t],
+                    counts: d.write_counts.then_some(&mut counts[..t]),
+                    stats: Some(stats),
+                },
+            )
+        }
+        for write_counts in [false, true] {
+            let d = RemapDesc {
+                write_counts,
+                stats_slot: 1,
+                ..desc()
+            };
+            call(&d, &topk, &mut stats).unwrap();
+        }
+        // 5 valid entries per call, twice: the valid word wraps at the first call.
+        assert_eq!(stats, [0, 0, 0, 0, 5, 6, 7, 1]);
+        // An empty batch counts the call; a buffer without the slot is refused.
+        let empty = RemapDesc {
+            num_tokens: 0,
+            stats_slot: 0,
+            ..desc()
+        };
+        call(&empty, &[], &mut stats).unwrap();
+        assert_eq!(stats[..4], [0, 0, 0, 1]);
+        let e = call(
+            &RemapDesc {
+                stats_slot: 2,
+                ..empty
+            },
+            &[],
+            &mut stats,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            e,
+            OpError::BufferTooSmall {
+                buffer: "stats",
+                needed: 48,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -513,6 +598,7 @@ mod tests {
                 idx_mapping: Some(&[1, 0, -1]),
                 out: &mut out,
                 counts: Some(&mut counts),
+                stats: None,
             },
         )
         .unwrap();
@@ -534,6 +620,7 @@ mod tests {
                 idx_mapping: None,
                 out: &mut out,
                 counts: Some(&mut [0; 2]),
+                stats: None,
             },
         )
         .unwrap_err();
@@ -577,6 +664,7 @@ mod tests {
                 idx_mapping: None,
                 out: &mut out,
                 counts: Some(&mut [0]),
+                stats: None,
             },
         )
         .unwrap();
@@ -668,6 +756,7 @@ mod tests {
                     idx_mapping: None,
                     out: &mut out,
                     counts: Some(&mut counts),
+                    stats: None,
                 },
                 // Row 0 decodes; row 1 is prefill request 0 (workspace from row 100); row 2
                 // names prefill request 5, beyond the 2 given: padding.
@@ -697,6 +786,7 @@ mod tests {
             idx_mapping: None,
             out,
             counts: None,
+            stats: None,
         };
         let plain_desc = RemapDesc {
             write_counts: false,
@@ -743,6 +833,7 @@ mod tests {
                     idx_mapping: None,
                     out: &mut out,
                     counts: Some(&mut [0; 3]),
+                    stats: None,
                 },
                 prefill_req_id: None,
                 workspace_starts: Some(&[0, 0]),

@@ -63,7 +63,10 @@
 //!    `valid_counts[t]` = entries of row `t` that are not `-1`; each miss is a plan entry
 //!    `(miss_src, miss_dst)` = (`g` or `-1` beyond the pool, hot row) stored in the row where `g`
 //!    first appears, at `[t][0..miss_counts[t]]` (the rest of the plan row is `-1`);
-//!    `hit_counts[t]` = hits first appearing in row `t`.
+//!    `hit_counts[t]` = hits first appearing in row `t`;
+//! 9. with a `stats` buffer ([`ResolveArgs::stats`]), the call adds `Σ hit_counts`,
+//!    `Σ miss_counts`, `Σ valid_counts` and one call to slot [`ResolveDesc::stats_slot`]
+//!    ([`super::stats`]; padding rows add 0, an empty batch adds the call).
 //!
 //! # Several rows of one request (speculative decoding)
 //!
@@ -89,6 +92,7 @@ use alloc::collections::BTreeMap;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::stats::{CallStats, check_stats};
 use super::{
     BufferLen, I32_BYTES, MAX_HOT_SLOTS, U16_BYTES, in_range, mul, need, need_declared, nonzero,
     physical_row,
@@ -122,6 +126,9 @@ pub struct ResolveDesc {
     /// `hot_table` (`num_requests` rows) and [`ResolveArgs::idx_mapping`] maps it to the state
     /// row of `resident_table`, `dgi` and `lru` (`S` rows, `1..=i32::MAX`).
     pub num_state_rows: Option<u32>,
+    /// The slot of [`ResolveArgs::stats`] the call adds to ([`super::stats`]); not read without
+    /// a stats buffer.
+    pub stats_slot: u32,
 }
 
 /// Buffers of a resolve call.
@@ -161,6 +168,10 @@ pub struct ResolveArgs<'a, B: ?Sized> {
     pub miss_src: &'a mut B,
     /// `i32[T][K]` output plan destinations (flat device rows; `-1` = unused).
     pub miss_dst: &'a mut B,
+    /// `u32[4 * n]` decode-path counters (`n > stats_slot`): the call adds its hits, misses,
+    /// valid entries and one call to slot `stats_slot` ([`super::stats`]). `None`: nothing is
+    /// counted.
+    pub stats: Option<&'a mut B>,
 }
 
 /// The table rows of one request: `batch` for `host_table` and `hot_table`, `state` for
@@ -277,7 +288,7 @@ impl ResolveDesc {
         need(OP, "miss_counts", a.miss_counts, t, I32_BYTES)?;
         need(OP, "miss_src", a.miss_src, tk, I32_BYTES)?;
         need(OP, "miss_dst", a.miss_dst, tk, I32_BYTES)?;
-        Ok(())
+        check_stats(OP, a.stats, self.stats_slot)
     }
 
     /// State row of token row `req` in state-row order, or `None` for padding (in batch-row
@@ -406,6 +417,8 @@ pub struct ResolveSizes {
     pub miss_dst: u64,
     /// `None` when no `idx_mapping` is given.
     pub idx_mapping: Option<u64>,
+    /// `None` when no `stats` buffer is given.
+    pub stats: Option<u64>,
 }
 
 /// The resolve arguments as typed slices, for the reference implementation.
@@ -426,6 +439,8 @@ pub struct ResolveSlices<'a> {
     pub miss_src: &'a mut [i32],
     pub miss_dst: &'a mut [i32],
     pub idx_mapping: Option<&'a [i32]>,
+    /// The stats words as `i32` (the bits of the `u32` counters, [`CallStats::add_to`]).
+    pub stats: Option<&'a mut [i32]>,
 }
 
 macro_rules! sizes_of {
@@ -445,6 +460,7 @@ macro_rules! sizes_of {
             miss_src: $a.miss_src.byte_len(),
             miss_dst: $a.miss_dst.byte_len(),
             idx_mapping: $a.idx_mapping.map(|m| m.byte_len()),
+            stats: $a.stats.as_ref().map(|s| s.byte_len()),
         }
     };
 }
@@ -467,6 +483,7 @@ macro_rules! reborrow {
             miss_src: &mut *$a.miss_src,
             miss_dst: &mut *$a.miss_dst,
             idx_mapping: $a.idx_mapping,
+            stats: $a.stats.as_deref_mut(),
         }
     };
 }
@@ -514,6 +531,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
         miss_src,
         miss_dst,
         idx_mapping,
+        stats,
     } = a;
     let (t_count, k, n) = (
         desc.num_tokens as usize,
@@ -638,6 +656,15 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
             valid_counts[t] = valid;
         }
     }
+    // Step 9: the call's counters.
+    if let Some(stats) = stats {
+        CallStats::of_resolve(
+            &hit_counts[..t_count],
+            &miss_counts[..t_count],
+            &valid_counts[..t_count],
+        )
+        .add_to(stats, desc.stats_slot);
+    }
     Ok(())
 }
 
@@ -657,6 +684,8 @@ mod tests {
         hot: Vec<i32>,
         dgi: Vec<i32>,
         lru: Vec<u16>,
+        /// The stats buffer the calls add to (slot `desc.stats_slot`), if any.
+        stats: Option<Vec<i32>>,
     }
 
     #[derive(Debug, PartialEq)]
@@ -699,6 +728,7 @@ mod tests {
                 attention_block_stride: 4,
                 host_num_blocks: 4 * requests,
                 num_state_rows: state_rows,
+                stats_slot: 0,
             };
             let w = desc.hot_table_width() as i32;
             let n = hot_slots as usize;
@@ -710,6 +740,7 @@ mod tests {
                 hot: (0..requests as i32 * w).map(|i| 10 + i).collect(),
                 dgi: vec![-1; state * n],
                 lru: (0..state * n).map(|i| (i % n) as u16).collect(),
+                stats: None,
             }
         }
 
@@ -765,6 +796,7 @@ mod tests {
                     miss_src: &mut o.src,
                     miss_dst: &mut o.dst,
                     idx_mapping: map,
+                    stats: self.stats.as_deref_mut(),
                 },
             )?;
             Ok(o)
@@ -994,6 +1026,42 @@ mod tests {
     }
 
     #[test]
+    fn stats_add_the_sums_of_the_row_counts_and_one_call() {
+        let mut w = World::new(2, 2, 4);
+        w.stats = Some(vec![1, 2, 3, 4, -1, -2, 0, -1]);
+        w.desc.stats_slot = 1;
+        // Request 0 misses 0 and 1 in row 0 and 2 in row 2 (row 2's 1 counts nothing); a
+        // padding row; request 1 misses 16 + 3.
+        let o = w.step(&[0, -1, 0, 1], &[0, 1, 0, 1, 1, 2, 3, -1]);
+        assert_eq!((o.hits, o.misses), (vec![0; 4], vec![2, 0, 1, 1]));
+        assert_eq!(o.valid, [2, 0, 2, 1]);
+        // Slot 0 untouched; slot 1: hits +0, misses +4 (wraps), valid +5, calls +1 (wraps).
+        assert_eq!(w.stats.as_deref(), Some(&[1, 2, 3, 4, -1, 2, 5, 0][..]));
+        // An empty batch counts the call; a hit counts in word 0.
+        w.step(&[], &[]);
+        let o = w.step(&[0], &[2, -1]);
+        assert_eq!((o.hits[0], o.misses[0], o.valid[0]), (1, 0, 1));
+        assert_eq!(w.stats.as_deref(), Some(&[1, 2, 3, 4, 0, 2, 6, 2][..]));
+        // A buffer without the slot is refused before anything is written.
+        w.stats = Some(vec![9; 7]);
+        let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+        let e = w.call(None, &[0], &[5, 6]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OpError::BufferTooSmall {
+                    buffer: "stats",
+                    needed: 32,
+                    actual: 28,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!((w.dgi, w.lru, w.stats), (dgi, lru, Some(vec![9; 7])));
+    }
+
+    #[test]
     fn empty_batch_changes_nothing() {
         let mut w = World::new(2, 2, 4);
         let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
@@ -1029,6 +1097,7 @@ mod tests {
                 miss_src: &mut [7, 7],
                 miss_dst: &mut short,
                 idx_mapping: None,
+                stats: None,
             },
         )
         .unwrap_err();
@@ -1215,6 +1284,7 @@ mod tests {
                 miss_src: &mut [7; 2],
                 miss_dst: &mut [7; 2],
                 idx_mapping: Some(&[0]),
+                stats: None,
             },
         )
         .unwrap_err();

@@ -119,6 +119,7 @@ mod tests {
                 attention_block_stride: 8,
                 host_num_blocks: 3,
                 num_state_rows: None,
+                stats_slot: 0,
             };
             let page = 4 * ROW as u64;
             let layer = |l: u64| LayerPair {
@@ -167,6 +168,7 @@ mod tests {
                     miss_src: &mut src,
                     miss_dst: &mut dst,
                     idx_mapping: None,
+                    stats: None,
                 },
                 &self.layers[..layers],
                 &self.host,

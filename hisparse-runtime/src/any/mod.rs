@@ -418,6 +418,7 @@ where
         miss_src: a.miss_src.pick_mut(b)?,
         miss_dst: a.miss_dst.pick_mut(b)?,
         idx_mapping: a.idx_mapping.map(|m| m.pick(b)).transpose()?,
+        stats: a.stats.map(|s| s.pick_mut(b)).transpose()?,
     })
 }
 
@@ -656,6 +657,7 @@ impl Device for AnyDevice {
                 idx_mapping: match a.idx_mapping { Some(m) => Some(p!(m, b)), None => None },
                 out: pm!(a.out, b),
                 counts: match a.counts { Some(c) => Some(pm!(c, b)), None => None },
+                stats: match a.stats { Some(s) => Some(pm!(s, b)), None => None },
             };
             Ok(d.remap(p!(stream, b), desc, args)?)
         })

@@ -406,6 +406,7 @@ impl Device for LagDevice {
                 idx_mapping: map.as_deref(),
                 out: &mut out,
                 counts: counts.as_deref_mut(),
+                stats: None,
             },
         )
     }
@@ -454,6 +455,7 @@ impl Device for LagDevice {
                 miss_src: &mut msrc,
                 miss_dst: &mut mdst,
                 idx_mapping: None,
+                stats: None,
             },
         )
     }
