@@ -18,10 +18,11 @@ pub struct RuntimeConfig {
     pub max_batched_tokens: u32,
     /// Which worker (tensor-parallel rank) this runtime is, in the coordinator's reports.
     pub worker: u32,
-    /// Copy the per-group hit, miss and valid counts of every `stats_every`-th step to host for
-    /// [`crate::Counters`] (`1` = every step; `0` = never, the hit and miss counters then stay
-    /// zero). Each sampled step costs three small device→host copies per index group on the
-    /// compute stream.
+    /// Bring the device's decode counters (hits, misses, rows read, calls: counted on the device,
+    /// so graph replays count too) to host every `stats_every`-th step (`1` = every step; `0` =
+    /// never, the decode counters of [`crate::Counters`] then stay zero). Each snapshot is one
+    /// small device→host copy on the step's stream; the counts are exact at every snapshot
+    /// whatever the interval ([`crate::Runtime::drain`] takes one more).
     pub stats_every: u32,
     /// Whether this runtime writes the host pool: row mirrors, page spills and host
     /// copy-on-write. `true` when a process has the pool to itself. When one host pool is shared

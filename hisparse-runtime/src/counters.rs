@@ -8,16 +8,19 @@ use hisparse_core::coordinator::Coordinator;
 pub struct Counters {
     /// Steps begun.
     pub steps: u64,
-    /// Steps whose hit, miss and valid counts were copied back (see
-    /// [`crate::RuntimeConfig::stats_every`]); the three counters below cover only these.
+    /// Snapshots of the device's decode counters folded in (see
+    /// [`crate::RuntimeConfig::stats_every`]). The decode counters — hits, misses, resident
+    /// reads, swap-in bytes, remap, prefill-remap and resolve calls — are counted on the device
+    /// (graph replays included) and cover every step up to the last snapshot folded.
     pub sampled_steps: u64,
-    /// Top-k entries served from a hot buffer (sampled steps; summed over index groups).
+    /// Top-k entries served from a hot buffer (summed over index groups).
     pub hot_hits: u64,
-    /// Top-k entries swapped in from host (sampled steps; summed over index groups).
+    /// Top-k entries swapped in from host (summed over index groups).
     pub hot_misses: u64,
-    /// Valid top-k entries read from resident pages (sampled steps; summed over index groups).
+    /// Valid top-k entries read from resident pages (summed over index groups).
     pub resident_reads: u64,
-    /// Bytes copied host → device: swap-in gathers (sampled steps) and page restores.
+    /// Bytes copied host → device: swap-in gathers (every layer of the index group that missed)
+    /// and page restores.
     pub h2d_bytes: u64,
     /// Bytes copied device → host: row mirrors and page spills.
     pub d2h_bytes: u64,
@@ -27,7 +30,9 @@ pub struct Counters {
     pub prefill_remap_calls: u64,
     /// Index-group calls that resolved against the hot buffers.
     pub resolve_calls: u64,
-    /// Follower layers that applied their leader's miss plan.
+    /// Follower layers that applied their leader's miss plan ([`crate::Runtime::apply_plan`]
+    /// calls made on the host; a graph replay of them is not counted here, its bytes are in
+    /// `h2d_bytes`).
     pub follower_gathers: u64,
     /// Table entries written (incremental table updates).
     pub table_writes: u64,
@@ -53,7 +58,7 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// Share of swapped-in-or-hit entries that hit the hot buffers, over sampled steps.
+    /// Share of swapped-in-or-hit entries that hit the hot buffers.
     pub fn hit_rate(&self) -> Option<f64> {
         let n = self.hot_hits + self.hot_misses;
         (n > 0).then(|| self.hot_hits as f64 / n as f64)

@@ -35,7 +35,8 @@ use hisparse_core::ops::{
 };
 
 use crate::error::RuntimeError;
-use crate::runtime::{GroupCall, OpenStep, Runtime};
+use crate::runtime::{GroupCall, Runtime};
+use crate::stats::StatsSlot;
 use crate::streams::{StreamId, pick};
 
 /// One per-layer call's top-k input.
@@ -88,8 +89,6 @@ pub struct LayerCall<'a, B> {
 
 /// What [`Runtime::layer_call`] found for one per-layer call.
 struct Checked<'a, B> {
-    /// The open step.
-    open: OpenStep,
     /// Whether the call's stream is being captured into a graph.
     capturing: bool,
     /// The call's own state rows ([`TopK::state_rows`]), or `None` for the batch
@@ -109,6 +108,7 @@ fn resident_remap(
     table_rows: u32,
     num_tokens: u32,
     write_counts: bool,
+    stats_slot: u32,
 ) -> RemapDesc {
     RemapDesc {
         num_tokens,
@@ -120,7 +120,7 @@ fn resident_remap(
         idx_mapping_len: None,
         write_counts,
         compact: false,
-        stats_slot: 0,
+        stats_slot,
     }
 }
 
@@ -285,6 +285,7 @@ impl<D: Device> Runtime<D> {
             self.cfg.state_rows,
             topk.num_tokens,
             counts.is_some(),
+            self.stats.slot(StatsSlot::Prefill),
         );
         self.dev
             .remap(
@@ -297,11 +298,10 @@ impl<D: Device> Runtime<D> {
                     idx_mapping: None,
                     out: rows,
                     counts,
-                    stats: None,
+                    stats: Some(&mut self.stats.buf),
                 },
             )
             .map_err(RuntimeError::device("remapping prefill top-k rows"))?;
-        self.counters.prefill_remap_calls += 1;
         Ok(())
     }
 
@@ -439,7 +439,6 @@ impl<D: Device> Runtime<D> {
                 ))?;
         }
         Ok(Checked {
-            open,
             capturing,
             given: topk.state_rows,
             fully_resident,
@@ -455,7 +454,7 @@ impl<D: Device> Runtime<D> {
         on: Option<StreamId>,
     ) -> Result<(), RuntimeError<D::Error>> {
         let call = self.layer_call(group, topk, on)?;
-        let (open, fully_resident) = (call.open, call.fully_resident && !call.capturing);
+        let fully_resident = call.fully_resident && !call.capturing;
         let stream = pick(&self.compute, &self.lent_streams, on)?;
         let req_id = call.given.unwrap_or(&self.batch);
         let t = topk.num_tokens;
@@ -474,21 +473,11 @@ impl<D: Device> Runtime<D> {
         } = &mut self.groups[group];
         let b = *bucket as usize;
         let Indices { rows, counts } = out;
-        // The counts go to the engine's buffer when it asks for them, else to the group's own;
-        // on sampled steps the counters read the group's own, so the engine's are copied over.
-        let mut own_valid = Some(own_valid);
-        let valid: &mut D::Buffer = match counts {
-            Some(c) => c,
-            None => own_valid.take().expect("not taken yet"),
-        };
-        let copy_counts = |dev: &D, valid: &D::Buffer, own: Option<&mut D::Buffer>| match own {
-            Some(own) if open.sampled => dev
-                .copy_on_device(stream, valid, 0, own, 0, t as usize * 4)
-                .map_err(RuntimeError::device("copying valid counts")),
-            _ => Ok(()),
-        };
+        // The counts go to the engine's buffer when it asks for them, else to the group's own.
+        let valid: &mut D::Buffer = counts.unwrap_or(own_valid);
         if fully_resident {
-            let desc = resident_remap(kv, self.cfg.state_rows, t, true);
+            let slot = self.stats.slot(StatsSlot::Remap(group));
+            let desc = resident_remap(kv, self.cfg.state_rows, t, true, slot);
             self.dev
                 .remap(
                     stream,
@@ -499,20 +488,19 @@ impl<D: Device> Runtime<D> {
                         topk: topk.positions,
                         idx_mapping: None,
                         out: rows,
-                        counts: Some(&mut *valid),
-                        stats: None,
+                        counts: Some(valid),
+                        stats: Some(&mut self.stats.buf),
                     },
                 )
                 .map_err(RuntimeError::device("remapping top-k rows"))?;
-            copy_counts(&self.dev, valid, own_valid)?;
             *call = Some(GroupCall {
                 tokens: t,
                 resolved: false,
             });
-            self.counters.remap_calls += 1;
             return Ok(());
         }
-        let desc = kv.resolve_desc(t, self.cfg.state_rows);
+        let mut desc = kv.resolve_desc(t, self.cfg.state_rows);
+        desc.stats_slot = self.stats.slot(StatsSlot::Resolve(group));
         let (plan_src, plan_dst) = match plan.as_mut() {
             Some((s, d)) => (s, d),
             None => (&mut self.plan_src, &mut self.plan_dst),
@@ -536,13 +524,13 @@ impl<D: Device> Runtime<D> {
                     dgi,
                     lru,
                     indices: rows,
-                    valid_counts: &mut *valid,
+                    valid_counts: valid,
                     hit_counts: &mut *hits,
                     miss_counts: &mut *misses,
                     miss_src: &mut *plan_src,
                     miss_dst: &mut *plan_dst,
                     idx_mapping: None,
-                    stats: None,
+                    stats: Some(&mut self.stats.buf),
                 },
                 pairs,
                 &self.pools.host,
@@ -551,12 +539,10 @@ impl<D: Device> Runtime<D> {
             .map_err(RuntimeError::device(
                 "resolving top-k rows and gathering their misses",
             ))?;
-        copy_counts(&self.dev, valid, own_valid)?;
         *call = Some(GroupCall {
             tokens: t,
             resolved: true,
         });
-        self.counters.resolve_calls += 1;
         Ok(())
     }
 }

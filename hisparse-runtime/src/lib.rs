@@ -19,6 +19,7 @@ pub mod plan;
 mod runtime;
 mod shared;
 mod slots;
+mod stats;
 mod step;
 mod streams;
 mod tables;

@@ -10,6 +10,7 @@ use crate::config::RuntimeConfig;
 use crate::counters::Counters;
 use crate::error::RuntimeError;
 use crate::slots::SlotMapping;
+use crate::stats::DeviceStats;
 use crate::streams::StreamId;
 use crate::tables::Tables;
 
@@ -59,14 +60,6 @@ pub(crate) struct OpenStep {
     pub(crate) stream: Option<StreamId>,
     pub(crate) fully_resident: bool,
     pub(crate) sampled: bool,
-}
-
-/// Counts of one sampled step on their way to the host.
-pub(crate) struct StatsInFlight<D: Device> {
-    pub(crate) slot: usize,
-    pub(crate) event: D::Event,
-    /// Per index group: `(token rows, resolved, gather bytes per miss)`.
-    pub(crate) groups: Vec<(u32, bool, u64)>,
 }
 
 /// The HiSparse engine runtime: executes each step's coordinator command on a [`Device`].
@@ -122,19 +115,13 @@ pub struct Runtime<D: Device> {
     pub(crate) in_flight: VecDeque<(u64, D::Event)>,
     /// Transfer ids enqueued but not yet reported to the coordinator.
     pub(crate) unreported: Vec<u64>,
-    /// Pinned ring of stats slots and the sampled steps in flight.
-    pub(crate) stats_host: D::HostBuffer,
-    pub(crate) stats_slot_bytes: usize,
-    pub(crate) stats_in_flight: VecDeque<StatsInFlight<D>>,
-    pub(crate) stats_next_slot: usize,
+    /// The decode path's counters on the device and their way to the host.
+    pub(crate) stats: DeviceStats<D>,
     pub(crate) counters: Counters,
     /// Scratch lists reused every step.
     pub(crate) scratch_rows: Vec<Vec<u32>>,
     pub(crate) scratch_i32: Vec<i32>,
 }
-
-/// Slots of the pinned stats ring: sampled steps whose counts may be in flight at once.
-pub(crate) const STATS_SLOTS: usize = 4;
 
 impl<D: Device> Runtime<D> {
     /// Allocates the layout's pools on `dev` and builds a runtime over them.
@@ -254,7 +241,8 @@ impl<D: Device> Runtime<D> {
             + groups * t * 12
             + (1 + with_followers) * t * k * 8
             + t * 4
-            + SlotMapping::<D>::bytes(kv, cfg.max_batched_tokens);
+            + SlotMapping::<D>::bytes(kv, cfg.max_batched_tokens)
+            + DeviceStats::<D>::bytes(kv);
         Ok(bytes)
     }
 
@@ -345,10 +333,6 @@ impl<D: Device> Runtime<D> {
             .iter()
             .map(|p| p.host)
             .collect::<Vec<_>>();
-        let stats_slot_bytes = kv.index_groups.len() * 3 * t * 4;
-        let stats_host = dev
-            .alloc_pinned((stats_slot_bytes * STATS_SLOTS).max(16))
-            .map_err(err("allocating the pinned counter ring"))?;
         let compute = match compute_stream {
             Some(s) => s,
             None => dev
@@ -383,10 +367,7 @@ impl<D: Device> Runtime<D> {
             open: None,
             in_flight: VecDeque::new(),
             unreported: Vec::new(),
-            stats_host,
-            stats_slot_bytes,
-            stats_in_flight: VecDeque::new(),
-            stats_next_slot: 0,
+            stats: DeviceStats::new(&dev, &kv)?,
             counters: Counters::default(),
             scratch_rows: vec![Vec::new(); kv.index_groups.len()],
             scratch_i32: Vec::new(),
@@ -440,7 +421,9 @@ impl<D: Device> Runtime<D> {
         &self.copy
     }
 
-    /// Totals since the runtime was built.
+    /// Totals since the runtime was built, as of the last [`Runtime::poll`] (exact after
+    /// [`Runtime::drain`]): the decode path's hits, misses, rows and calls are counted on the
+    /// device (graph replays included) and folded in as their snapshots reach the host.
     pub fn counters(&self) -> &Counters {
         &self.counters
     }

@@ -8,7 +8,7 @@ use hisparse_core::ops::{
 };
 
 use crate::error::RuntimeError;
-use crate::runtime::{OpenStep, Runtime, STATS_SLOTS, StatsInFlight};
+use crate::runtime::{OpenStep, Runtime};
 use crate::slots::SlotMapping;
 use crate::streams::{StreamId, pick};
 
@@ -372,9 +372,9 @@ impl<D: Device> Runtime<D> {
 
     /// After the forward pass: the copy stream waits for the compute stream's work (the forward
     /// pass's KV writes), then runs `cmd`'s row mirrors and page spills as transfer batch
-    /// `cmd.transfer_id`, and records an event that [`Runtime::poll`] watches. On sampled steps
-    /// the per-group counts are copied to host on the compute stream. Nothing here blocks the
-    /// host. [`Runtime::end_step_on`] names the stream the forward pass ran on.
+    /// `cmd.transfer_id`, and records an event that [`Runtime::poll`] watches. Every
+    /// [`crate::RuntimeConfig::stats_every`]-th step the device's decode counters are copied to
+    /// host on the step's stream (one small copy). Nothing here blocks the host. [`Runtime::end_step_on`] names the stream the forward pass ran on.
     pub fn end_step(&mut self, cmd: &OffloadCommand) -> Result<(), RuntimeError<D::Error>> {
         self.end_step_on(cmd, None)
     }
@@ -399,7 +399,8 @@ impl<D: Device> Runtime<D> {
         let span = tracing::debug_span!("hisparse.end_step", step = cmd.step);
         let _enter = span.enter();
         if open.sampled {
-            self.copy_stats(on)?;
+            let stream = pick(&self.compute, &self.lent_streams, on)?;
+            self.stats.snapshot(&self.dev, stream, &mut self.counters)?;
         }
         if let Some(id) = cmd.transfer_id {
             let forward = self
@@ -494,91 +495,6 @@ impl<D: Device> Runtime<D> {
         Ok(())
     }
 
-    /// Copies this step's per-group counts into the next slot of the pinned ring, on the compute
-    /// stream (the next step's calls overwrite the device buffers after it, in stream order).
-    fn copy_stats(&mut self, on: Option<StreamId>) -> Result<(), RuntimeError<D::Error>> {
-        if self.stats_in_flight.len() == STATS_SLOTS {
-            // Every slot is in flight: wait for the oldest (rare: the device is far behind).
-            let oldest = self.stats_in_flight.pop_front().expect("ring is full");
-            self.read_stats(oldest)?;
-        }
-        let slot = self.stats_next_slot;
-        self.stats_next_slot = (slot + 1) % STATS_SLOTS;
-        let t = self.cfg.max_step_tokens as usize;
-        let stream = pick(&self.compute, &self.lent_streams, on)?;
-        let mut groups = Vec::with_capacity(self.groups.len());
-        for (g, gs) in self.groups.iter().enumerate() {
-            let Some(call) = gs.call else {
-                groups.push((0, false, 0));
-                continue;
-            };
-            let bytes = call.tokens as usize * 4;
-            let base = slot * self.stats_slot_bytes + g * 3 * t * 4;
-            let bufs: &[&D::Buffer] = if call.resolved {
-                &[&gs.hits, &gs.misses, &gs.valid]
-            } else {
-                &[&gs.valid]
-            };
-            for (i, b) in bufs.iter().enumerate() {
-                self.dev
-                    .copy_to_host(stream, b, 0, &mut self.stats_host, base + i * t * 4, bytes)
-                    .map_err(RuntimeError::device("copying counters to host"))?;
-            }
-            let miss_bytes = u64::from(self.kv.row_bytes) * gs.layers.len() as u64;
-            groups.push((call.tokens, call.resolved, miss_bytes));
-        }
-        let event = self
-            .dev
-            .record_event(stream)
-            .map_err(RuntimeError::device("recording counters"))?;
-        self.stats_in_flight.push_back(StatsInFlight {
-            slot,
-            event,
-            groups,
-        });
-        Ok(())
-    }
-
-    /// Adds one sampled step's counts (waiting for them if they are not in yet).
-    fn read_stats(&mut self, s: StatsInFlight<D>) -> Result<(), RuntimeError<D::Error>> {
-        let t = self.cfg.max_step_tokens as usize;
-        let mut buf = vec![0u8; t * 4];
-        let mut sum = |dev: &D, off: usize, n: u32| -> Result<u64, RuntimeError<D::Error>> {
-            let bytes = &mut buf[..n as usize * 4];
-            dev.read_pinned_after(&s.event, &self.stats_host, off, bytes)
-                .map_err(RuntimeError::device("reading counters"))?;
-            Ok(bytes
-                .chunks_exact(4)
-                .map(|c| u64::from(i32::from_ne_bytes([c[0], c[1], c[2], c[3]]).max(0) as u32))
-                .sum())
-        };
-        let (mut hits, mut misses, mut resident, mut h2d) = (0, 0, 0, 0);
-        for (g, &(tokens, resolved, miss_bytes)) in s.groups.iter().enumerate() {
-            if tokens == 0 {
-                continue;
-            }
-            let base = s.slot * self.stats_slot_bytes + g * 3 * t * 4;
-            if resolved {
-                let h = sum(&self.dev, base, tokens)?;
-                let m = sum(&self.dev, base + t * 4, tokens)?;
-                let v = sum(&self.dev, base + 2 * t * 4, tokens)?;
-                hits += h;
-                misses += m;
-                resident += v.saturating_sub(h + m);
-                h2d += m * miss_bytes;
-            } else {
-                resident += sum(&self.dev, base, tokens)?;
-            }
-        }
-        let c = &mut self.counters;
-        c.hot_hits += hits;
-        c.hot_misses += misses;
-        c.resident_reads += resident;
-        c.h2d_bytes += h2d;
-        c.sampled_steps += 1;
-        Ok(())
-    }
-
     /// Polls, without blocking, the transfer batches and counters in flight: returns the batches
     /// enqueued and completed since the last call, for [`Coordinator::report`], and folds
     /// finished counters into [`Runtime::counters`].
@@ -600,17 +516,7 @@ impl<D: Device> Runtime<D> {
             self.in_flight.pop_front();
         }
         self.counters.transfers_completed += report.completed.len() as u64;
-        while let Some(s) = self.stats_in_flight.front() {
-            let done = self
-                .dev
-                .query_event(&s.event)
-                .map_err(RuntimeError::device("polling counters"))?;
-            if !done {
-                break;
-            }
-            let s = self.stats_in_flight.pop_front().expect("front exists");
-            self.read_stats(s)?;
-        }
+        self.stats.fold_ready(&self.dev, &mut self.counters)?;
         if !report.completed.is_empty() {
             tracing::debug!(completed = ?report.completed, "transfer batches complete");
         }
@@ -645,6 +551,14 @@ impl<D: Device> Runtime<D> {
             self.dev
                 .synchronize(s)
                 .map_err(RuntimeError::device("synchronising a lent stream"))?;
+        }
+        if self.cfg.stats_every > 0 {
+            // The steps since the last snapshot: counted exactly.
+            self.stats
+                .snapshot(&self.dev, &self.compute, &mut self.counters)?;
+            self.dev
+                .synchronize(&self.compute)
+                .map_err(RuntimeError::device("synchronising the compute stream"))?;
         }
         self.poll()
     }

@@ -220,15 +220,55 @@ fn counters_can_be_turned_off() {
         SMALL,
         Runtime::new(CpuDevice::new(), kv, RuntimeConfig::new(3, 3)).unwrap(),
     );
-    // Same work, so the same outputs; only the sampled counters differ.
+    // Same work, so the same outputs; only the decode counters (kept on the device and
+    // brought to host by snapshots) differ.
     assert_eq!(off.outputs, on.outputs);
     let (off, on) = (off.counters, on.counters);
     assert!(
-        on.sampled_steps > 0 && on.hot_hits + on.hot_misses > 0,
+        on.sampled_steps > 0 && on.hot_hits + on.hot_misses > 0 && on.resolve_calls > 0,
         "{on:?}"
     );
-    assert_eq!((off.sampled_steps, off.hot_hits, off.hot_misses), (0, 0, 0));
-    assert_eq!(off.resolve_calls, on.resolve_calls);
+    assert_eq!(
+        (
+            off.sampled_steps,
+            off.hot_hits,
+            off.hot_misses,
+            off.resolve_calls,
+            off.remap_calls
+        ),
+        (0, 0, 0, 0, 0)
+    );
+    assert_eq!(off.steps, on.steps);
+}
+
+#[test]
+fn decode_counters_are_exact_whatever_the_snapshot_interval() {
+    let kv = layout(&SMALL);
+    let every = drive(
+        SMALL,
+        Runtime::new(CpuDevice::new(), kv.clone(), RuntimeConfig::new(3, 3)).unwrap(),
+    );
+    let mut cfg = RuntimeConfig::new(3, 3);
+    cfg.stats_every = 7;
+    let sparse = drive(SMALL, Runtime::new(CpuDevice::new(), kv, cfg).unwrap());
+    let (a, b) = (every.counters, sparse.counters);
+    assert!(a.sampled_steps > b.sampled_steps, "{a:?} {b:?}");
+    let decode = |c: &hisparse_runtime::Counters| {
+        (
+            c.hot_hits,
+            c.hot_misses,
+            c.resident_reads,
+            c.h2d_bytes,
+            c.resolve_calls,
+            c.remap_calls,
+            c.prefill_remap_calls,
+        )
+    };
+    assert_eq!(decode(&a), decode(&b));
+    assert!(
+        a.hot_misses > 0 && a.remap_calls + a.resolve_calls > 0,
+        "{a:?}"
+    );
 }
 
 #[test]

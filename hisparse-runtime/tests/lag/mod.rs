@@ -396,6 +396,7 @@ impl Device for LagDevice {
         let map = a.idx_mapping.map(lock);
         let mut out = lock(a.out);
         let mut counts = a.counts.map(|c| lock(c));
+        let mut stats = a.stats.map(|s| lock(s));
         self.cpu.remap(
             &CpuStream,
             desc,
@@ -406,7 +407,7 @@ impl Device for LagDevice {
                 idx_mapping: map.as_deref(),
                 out: &mut out,
                 counts: counts.as_deref_mut(),
-                stats: None,
+                stats: stats.as_deref_mut(),
             },
         )
     }
@@ -437,6 +438,7 @@ impl Device for LagDevice {
             lock(a.miss_src),
             lock(a.miss_dst),
         );
+        let mut stats = a.stats.map(|s| lock(s));
         self.cpu.resolve(
             &CpuStream,
             desc,
@@ -455,7 +457,7 @@ impl Device for LagDevice {
                 miss_src: &mut msrc,
                 miss_dst: &mut mdst,
                 idx_mapping: None,
-                stats: None,
+                stats: stats.as_deref_mut(),
             },
         )
     }
