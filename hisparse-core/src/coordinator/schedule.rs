@@ -383,18 +383,28 @@ impl Coordinator {
             };
             // Decode within the pages held (every request, nearly every step): committed here,
             // without `schedule_slot`'s second lookup and its outcome.
-            let res = if r.status == Status::Running && self.decodes_in_place(&r, n) {
+            if r.status == Status::Running && self.decodes_in_place(&r, n) {
                 let (pages, marked) = (r.pages, r.prefill_step);
                 let res = self.commit_tokens(&mut r, n, pages, marked);
                 self.reqs[slot as usize] = Some(r);
-                res.map(|()| (Alloc::Scheduled, n))
-            } else {
-                self.reqs[slot as usize] = Some(r);
-                // A chunk (or a speculative decode) shrinks to what fits before anyone is
-                // preempted.
-                self.schedule_slot(slot, n, true)
-            };
-            match res {
+                match res {
+                    Ok(()) => {
+                        sum.scheduled += 1;
+                        sum.tokens += n;
+                        budget -= n;
+                        i += 1;
+                    }
+                    Err(e) => {
+                        self.refuse_slot(slot, &e);
+                        sum.refused += 1;
+                    }
+                }
+                continue;
+            }
+            self.reqs[slot as usize] = Some(r);
+            // A chunk (or a speculative decode) shrinks to what fits before anyone is
+            // preempted.
+            match self.schedule_slot(slot, n, true) {
                 Err(e) => {
                     // One request's refusal is not the step's: report it, go on with the rest
                     // (`running[i]` is now the next request).
