@@ -10,6 +10,7 @@ use hisparse_core::presets as model_presets;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::args::{Int, IntList, take_args};
 use crate::errors::{invalid, to_py};
 
 /// A planned KV-cache layout (immutable).
@@ -46,29 +47,42 @@ impl Layout {
     *,
     model_json = None,
     layers = None,
-    gpu_mem = 80 << 30,
-    host_mem = 512 << 30,
-    max_model_len = 131072,
+    gpu_mem = Int::new(80 << 30),
+    host_mem = Int::new(512 << 30),
+    max_model_len = Int::new(131072),
     device_buffer_size = None,
-    max_query_len = 1,
+    max_query_len = Int::new(1),
     top_k = None,
     eager_host_mirror = true,
     num_gpu_blocks = None,
-))]
+),
+// The defaults as Python shows them (`Int` defaults have no literal form for PyO3 to print).
+text_signature = "(preset='deepseek-v3.2', *, model_json=None, layers=None, gpu_mem=85899345920, host_mem=549755813888, max_model_len=131072, device_buffer_size=None, max_query_len=1, top_k=None, eager_host_mirror=True, num_gpu_blocks=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub fn plan_layout(
     preset: &str,
     model_json: Option<&str>,
-    layers: Option<usize>,
-    gpu_mem: u64,
-    host_mem: u64,
-    max_model_len: u32,
-    device_buffer_size: Option<u32>,
-    max_query_len: u32,
-    top_k: Option<u32>,
+    layers: Option<Int<usize>>,
+    gpu_mem: Int<u64>,
+    host_mem: Int<u64>,
+    max_model_len: Int<u32>,
+    device_buffer_size: Option<Int<u32>>,
+    max_query_len: Int<u32>,
+    top_k: Option<Int<u32>>,
     eager_host_mirror: bool,
-    num_gpu_blocks: Option<u32>,
+    num_gpu_blocks: Option<Int<u32>>,
 ) -> PyResult<Layout> {
+    take_args!(
+        layers,
+        gpu_mem,
+        host_mem,
+        max_model_len,
+        device_buffer_size,
+        max_query_len,
+        top_k,
+        num_gpu_blocks
+    );
     let owned: OwnedModel = match model_json {
         Some(text) => serde_json::from_str(text).map_err(|e| {
             invalid(format!(
@@ -146,21 +160,24 @@ impl Layout {
     fn to_dict<'py>(
         &self,
         py: Python<'py>,
-        capacity_contexts: Option<Vec<u32>>,
+        capacity_contexts: Option<IntList<u32>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        take_args!(capacity_contexts);
         let text = self.json_value(capacity_contexts)?.to_string();
         py.import("json")?.call_method1("loads", (text,))
     }
 
     /// The layout as JSON text (the `to_dict()` content, indented as the CLI prints it).
     #[pyo3(signature = (capacity_contexts = None))]
-    fn to_json(&self, capacity_contexts: Option<Vec<u32>>) -> PyResult<String> {
+    fn to_json(&self, capacity_contexts: Option<IntList<u32>>) -> PyResult<String> {
+        take_args!(capacity_contexts);
         serde_json::to_string_pretty(&self.json_value(capacity_contexts)?)
             .map_err(|e| invalid(e.to_string()))
     }
 
     /// Requests that fit at `context_len` tokens, all-on-GPU vs HiSparse, and the limiting tier.
-    fn capacity<'py>(&self, py: Python<'py>, context_len: u32) -> PyResult<Bound<'py, PyAny>> {
+    fn capacity<'py>(&self, py: Python<'py>, context_len: Int<u32>) -> PyResult<Bound<'py, PyAny>> {
+        take_args!(context_len);
         let text = serde_json::to_string(&self.kv.capacity(context_len))
             .map_err(|e| invalid(e.to_string()))?;
         py.import("json")?.call_method1("loads", (text,))
@@ -265,7 +282,8 @@ impl Layout {
     /// Where sparse layer `layer` lives in the device pool: `(bucket, offset)`, `offset` being
     /// the layer's byte offset inside every resident and hot block of its bucket. In the flat
     /// attention view, physical row `r` of the layer starts at byte `offset + r * row_bytes`.
-    fn layer_offset(&self, layer: u32) -> PyResult<(u32, u64)> {
+    fn layer_offset(&self, layer: Int<u32>) -> PyResult<(u32, u64)> {
+        take_args!(layer);
         let (bucket, gl) = self.kv.bucket_of(layer).map_err(to_py)?;
         Ok((bucket, gl.offset))
     }
@@ -273,7 +291,8 @@ impl Layout {
     /// Where sparse layer `layer`'s rows live in the host pool: the byte offset of its
     /// `[host_num_blocks, block_size, row]` array (flat host row `g` at `offset + g * row_bytes`
     /// for contiguous rows).
-    fn host_layer_offset(&self, layer: u32) -> PyResult<u64> {
+    fn host_layer_offset(&self, layer: Int<u32>) -> PyResult<u64> {
+        take_args!(layer);
         Ok(self.kv.host_layout(layer).map_err(to_py)?.base)
     }
 

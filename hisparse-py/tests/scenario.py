@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 
+import fcfs
 import hisparse
 
 
@@ -82,10 +83,20 @@ class Outcome:
     verified: int = 0
     steps: int = 0
     counters: dict = field(default_factory=dict)
+    preemptions: int = 0
 
 
-def run(s: Shape, lend_pools: bool) -> Outcome:
-    """Runs the scenario to the end; raises AssertionError on the first wrong row."""
+def run(
+    s: Shape,
+    lend_pools: bool,
+    runner=None,
+    prepared: bool = False,
+    own_scheduler: "int | None" = None,
+) -> Outcome:
+    """Runs the scenario to the end; raises AssertionError on the first wrong row. `runner(f)`
+    runs each step's body `f` (default: on the calling thread); `prepared` makes the per-layer
+    calls through `Runtime.layer_call` objects built once; `own_scheduler` (a token budget)
+    replaces the built-in `step()` with the engine's own scheduler (`fcfs.Fcfs`)."""
     lay = layout(s)
     coord = hisparse.Coordinator(
         lay, max_running=s.requests, max_batched_tokens=4096, reclaim_min_blocks=0
@@ -106,8 +117,13 @@ def run(s: Shape, lend_pools: bool) -> Outcome:
         rt = hisparse.Runtime(lay, "cpu", state_rows=s.requests, max_step_tokens=s.requests)
         pool = Pool(rt)
     assert rt.lends_pools == lend_pools
+    policy = fcfs.Fcfs(coord, own_scheduler) if own_scheduler else None
     for req in range(1, s.requests + 1):
-        coord.admit(req, [1000 * req + t for t in range(s.prompt)])
+        prompt = [1000 * req + t for t in range(s.prompt)]
+        if policy:
+            policy.admit(req, prompt)
+        else:
+            coord.admit(req, prompt)
     groups = lay.index_groups
     offsets = {layer: lay.layer_offset(layer) for g in groups for layer in g["layers"]}
     rb, bs, stride = lay.row_bytes, lay.block_size, lay.attention_block_stride
@@ -116,10 +132,11 @@ def run(s: Shape, lend_pools: bool) -> Outcome:
     topk = np.empty((s.requests, s.top_k), dtype=np.int32)
     rows = np.empty((s.requests, s.top_k), dtype=np.int32)
     counts = np.empty(s.requests, dtype=np.int32)
-    while not coord.is_empty():
+    calls = [rt.layer_call(g, topk, rows, counts) for g in range(len(groups))] if prepared else None
+
+    def one_step():
         out.steps += 1
-        assert out.steps < 10_000, "no progress in 10000 steps"
-        cmd = coord.step()
+        cmd = policy.step() if policy else coord.step()
         rt.begin_step(cmd)
         scheduled = cmd.scheduled
         # The forward pass: every computed token's row, into its resident page of each layer.
@@ -141,7 +158,10 @@ def run(s: Shape, lend_pools: bool) -> Outcome:
                 topk[i] = [(j * 7919 + salt * 31) % n for j in range(s.top_k)]
                 topk[i, 0] = -1
                 topk[i, 1] = topk[i, 2]
-            rt.resolve_index_group(g, topk[:t], rows[:t], counts[:t])
+            if prepared:
+                calls[g](t)
+            else:
+                rt.resolve_index_group(g, topk[:t], rows[:t], counts[:t])
             out.rows.append(rows[:t].copy())
             for i, sr in enumerate(scheduled):
                 valid = 0
@@ -168,11 +188,43 @@ def run(s: Shape, lend_pools: bool) -> Outcome:
         for req in coord.running_ids():
             if coord.num_computed(req) == coord.num_tokens(req):
                 if coord.num_tokens(req) >= final_len:
-                    coord.finish(req)
+                    (policy or coord).finish(req)
                 else:
                     coord.append_tokens(req, [7])
+
+    runner = runner or (lambda f: f())
+    while not coord.is_empty():
+        assert out.steps < 10_000, "no progress in 10000 steps"
+        runner(one_step)
     rep = rt.drain()
     if rep["enqueued"] or rep["completed"]:
         coord.report(rep["worker"], rep["enqueued"], rep["completed"])
     out.counters = rt.counters()
+    out.preemptions = policy.preemptions if policy else 0
+    usage = coord.pool_usage()
+    assert usage["gpu_used"] == 0 and usage["host_used"] == 0, f"blocks left held: {usage}"
     return out
+
+
+@dataclass
+class FirstStep:
+    """A runtime in its first step (a prefill of `requests` prompts), batch set."""
+
+    shape: Shape
+    layout: hisparse.Layout
+    coord: hisparse.Coordinator
+    rt: hisparse.Runtime
+    cmd: hisparse.Command
+
+
+def first_step(requests: int = 1, prompt: int = 40) -> FirstStep:
+    s = Shape(requests=requests, prompt=prompt)
+    lay = layout(s)
+    coord = hisparse.Coordinator(lay, max_running=requests)
+    rt = hisparse.Runtime(lay, "cpu", state_rows=requests, max_step_tokens=requests)
+    for req in range(1, requests + 1):
+        coord.admit(req, list(range(prompt - req + 1)))
+    cmd = coord.step()
+    rt.begin_step(cmd)
+    rt.set_batch(cmd.slots)
+    return FirstStep(s, lay, coord, rt, cmd)

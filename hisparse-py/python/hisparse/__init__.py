@@ -17,11 +17,15 @@ Errors are :class:`HiSparseError` subclasses with ``kind`` and ``message`` attri
 from typing import TYPE_CHECKING
 
 from ._hisparse import (
+    Alloc,
     Command,
+    ConcurrentUseError,
     Coordinator,
+    DeviceArray,
     DeviceError,
     HiSparseError,
     InvalidArgumentError,
+    LayerCall,
     Layout,
     NotFoundError,
     OutOfDeviceMemoryError,
@@ -61,14 +65,18 @@ def aligned_empty(nbytes: int, alignment: int = HOST_POOL_ALIGNMENT) -> "numpy.n
 
 
 __all__ = [
+    "Alloc",
     "Command",
+    "ConcurrentUseError",
     "Coordinator",
+    "DeviceArray",
     "DeviceError",
     "GiB",
     "HOST_POOL_ALIGNMENT",
     "HiSparseError",
     "InvalidArgumentError",
     "KiB",
+    "LayerCall",
     "Layout",
     "MiB",
     "NotFoundError",

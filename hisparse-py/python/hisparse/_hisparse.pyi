@@ -1,10 +1,11 @@
 """Type stubs of the compiled module ``hisparse._hisparse`` (re-exported by ``hisparse``)."""
 
-from typing import Any, Optional, Sequence, TypedDict, final
+from typing import Any, Literal, Optional, Sequence, TypedDict, final
 
 __all__ = [
     "HiSparseError",
     "InvalidArgumentError",
+    "ConcurrentUseError",
     "OutOfDeviceMemoryError",
     "OutOfPinnedMemoryError",
     "NotFoundError",
@@ -13,7 +14,10 @@ __all__ = [
     "Layout",
     "Coordinator",
     "Command",
+    "Alloc",
     "Runtime",
+    "LayerCall",
+    "DeviceArray",
     "plan_layout",
     "presets",
     "backends",
@@ -32,6 +36,11 @@ class HiSparseError(Exception):
     """What went wrong and what to change."""
 
 class InvalidArgumentError(HiSparseError): ...
+
+class ConcurrentUseError(InvalidArgumentError):
+    """A call into a ``Runtime`` (or a prepared call) while a call on another thread is still
+    running in it: use each from one thread at a time."""
+
 class OutOfDeviceMemoryError(HiSparseError): ...
 class OutOfPinnedMemoryError(HiSparseError): ...
 class NotFoundError(HiSparseError): ...
@@ -57,9 +66,18 @@ class _WorkerReport(TypedDict):
 
 class _PoolUsage(TypedDict):
     gpu_used: int
+    gpu_free: int
     gpu_total: int
     host_used: int
+    host_free: int
     host_total: int
+
+class _StepSummary(TypedDict):
+    scheduled: int
+    tokens: int
+    preempted: int
+    waiting_on_reclaim: int
+    started: int
 
 class _Counters(TypedDict):
     steps: int
@@ -182,6 +200,23 @@ class Command:
         """Every field of the command."""
 
 @final
+class Alloc:
+    """What giving a request the blocks of this step came to (``Coordinator.start``,
+    ``Coordinator.schedule``); true only when scheduled."""
+
+    @property
+    def outcome(self) -> Literal["scheduled", "wait", "no_space"]:
+        """``"scheduled"``: the tokens are part of this step; ``"wait"``: memory is short but a
+        release is in flight, try next step; ``"no_space"``: memory is short and nothing is in
+        flight, preempt someone or wait for a finish."""
+    @property
+    def pool(self) -> Optional[Literal["gpu", "host"]]:
+        """The pool that is short, for ``"no_space"``."""
+    @property
+    def scheduled(self) -> bool: ...
+    def __bool__(self) -> bool: ...
+
+@final
 class Coordinator:
     """The scheduler side of HiSparse for one model instance."""
 
@@ -198,13 +233,43 @@ class Coordinator:
     ) -> Coordinator: ...
     def admit(self, id: int, prompt: Sequence[int]) -> None: ...
     def append_tokens(self, id: int, tokens: Sequence[int]) -> None: ...
-    def step(self) -> Command: ...
+    def append_token_by_slot(self, slot: int, token: int) -> int:
+        """Appends one token to the request in state row ``slot``; returns its id."""
+    def step(self) -> Command:
+        """The built-in policy: plans the next step and returns its command."""
+    def schedule_step(self) -> _StepSummary:
+        """The built-in policy for one step, without ending it (``build_offload_command``)."""
+    def start(self, id: int, max_tokens: int) -> Alloc:
+        """Starts waiting request ``id`` with a first chunk of at most ``max_tokens`` tokens
+        (fewer when the free GPU pool holds less); nothing changes unless scheduled."""
+    def schedule(self, id: int, num_tokens: int) -> Alloc:
+        """Schedules ``num_tokens`` more tokens of running request ``id`` (all or none)."""
+    def build_offload_command(self) -> Command:
+        """Ends the step and returns its command."""
+    def rollback(self, id: int, num_tokens: int) -> None:
+        """Removes the last ``num_tokens`` tokens of running request ``id`` (rejected
+        speculative tokens, and any not yet computed)."""
+    def reclaim_resident_blocks(self, shortfall: int) -> int: ...
+    def reserve_import(self, id: int, tokens: Sequence[int], imported: int) -> list[int]:
+        """Admits ``id`` whose first ``imported`` tokens' KV another party writes into the
+        returned host blocks (one per page, in order)."""
+    def import_blocks(self, id: int) -> Optional[list[int]]: ...
+    def complete_import(self, id: int) -> None: ...
     def report(self, worker: int, enqueued: Sequence[int], completed: Sequence[int]) -> None: ...
     def finish(self, id: int) -> None: ...
     def preempt(self, id: int) -> None: ...
     def num_tokens(self, id: int) -> Optional[int]: ...
     def num_computed(self, id: int) -> Optional[int]: ...
     def slot_of(self, id: int) -> Optional[int]: ...
+    def ready_prefix_pages(self, id: int) -> Optional[int]: ...
+    def page_state(
+        self, id: int, page: int
+    ) -> Optional[Literal["dirty", "pending", "pending_release", "clean", "unpinned", "reclaimed"]]: ...
+    def has_hot_region(self, id: int) -> Optional[bool]: ...
+    def host_only_pages(self, id: int) -> Optional[int]: ...
+    def prefill_end(self, id: int) -> Optional[int]: ...
+    @property
+    def durable_transfer(self) -> int: ...
     def is_empty(self) -> bool: ...
     @property
     def num_waiting(self) -> int: ...
@@ -281,6 +346,18 @@ class Runtime:
         num_tokens: Optional[int] = None,
         state_rows: Any = None,
     ) -> None: ...
+    def layer_call(
+        self,
+        group: int,
+        topk: Any,
+        rows: Any,
+        counts: Any = None,
+        *,
+        state_rows: Any = None,
+        swap: Literal["index_group", "leader"] = "index_group",
+    ) -> LayerCall:
+        """A prepared per-layer call: the arrays are read, checked and lent once; each call of
+        the returned object does only the runtime's work."""
     def apply_plan(self, layer: int) -> None: ...
     def end_step(self, cmd: Command) -> None: ...
     def poll(self) -> _WorkerReport: ...
@@ -290,6 +367,56 @@ class Runtime:
     def counters(self) -> _Counters: ...
     def resident_row(self, bucket: int, state_row: int) -> list[int]: ...
     def host_row(self, state_row: int) -> list[int]: ...
+    def resident_table(self, bucket: int) -> DeviceArray:
+        """int32 ``[state_rows, max_pages_per_request]``: page → resident GPU block (0 = read
+        from host)."""
+    def hot_table(self, bucket: int) -> DeviceArray:
+        """int32 ``[state_rows, hot_blocks_per_request]``: each request's hot blocks (-1 =
+        none)."""
+    def host_table(self) -> DeviceArray:
+        """int32 ``[state_rows, max_pages_per_request]``: page → host block (-1 = none)."""
+    def indexer_table(self) -> DeviceArray:
+        """int32 ``[state_rows, max_pages_per_request]``: page → indexer GPU block (0 = none)."""
+    def regular_table(self, group: int) -> DeviceArray:
+        """int32 ``[state_rows, width]`` of regular layout group ``group`` (0 = none)."""
     def write_device_pool(self, offset: int, data: bytes) -> None: ...
     def read_device_pool(self, offset: int, nbytes: int) -> bytes: ...
     def read_host_pool(self, offset: int, nbytes: int) -> bytes: ...
+
+@final
+class LayerCall:
+    """A prepared per-layer call (``Runtime.layer_call``). Holds its arrays and its runtime
+    alive; usable from one thread at a time."""
+
+    def __call__(self, num_tokens: Optional[int] = None) -> None:
+        """Runs the call over the first ``num_tokens`` token rows (all by default)."""
+    @property
+    def group(self) -> int: ...
+    @property
+    def swap(self) -> Literal["index_group", "leader"]: ...
+    @property
+    def capacity(self) -> int:
+        """Token rows the arrays hold."""
+
+@final
+class DeviceArray:
+    """A read-only int32 view of one of the runtime's device buffers, holding the runtime alive.
+    ``numpy.asarray(a)`` (CPU backend) or ``torch.as_tensor(a, device="cuda")`` (CUDA) views it
+    without a copy; its address is fixed for the runtime's life."""
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """Host memory only (``AttributeError`` otherwise)."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA memory only (``AttributeError`` otherwise)."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> Literal["int32"]: ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def device(self) -> Literal["cpu", "cuda", "rocm"]: ...

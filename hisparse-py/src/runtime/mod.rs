@@ -1,0 +1,572 @@
+//! The engine runtime over a backend chosen by name (`Runtime`), with the engine's arrays and
+//! stream lent to it.
+//!
+//! # Threads
+//!
+//! A `Runtime` may be used from any thread, one call at a time: its state sits behind a lock
+//! that each call takes without waiting, and a call made while another thread's call is still
+//! running in the same runtime raises `ConcurrentUseError` (never blocks, never panics). The
+//! backends' device types are `Send` (the CUDA and ROCm backends make their context current on
+//! the calling thread at every call), which is what makes this sound. Blocking calls (`drain`,
+//! `synchronize`) let go of the GIL while they wait.
+
+mod lend;
+mod per_layer;
+mod reports;
+mod tables;
+
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use hisparse_core::Device;
+use hisparse_core::ops::BufferLen;
+use hisparse_runtime::{
+    AnyDevice, BackendKind, Pools, ReportError, Runtime as Core, RuntimeConfig,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::args::{Int, IntList, take_args};
+use crate::arrays::{Array, Memory, array, check_disjoint};
+use crate::coordinator::{Command, Coordinator};
+use crate::errors::{concurrent_use, invalid, poisoned, to_py};
+use crate::layout::Layout;
+
+pub use per_layer::LayerCall;
+pub use tables::DeviceArray;
+
+use lend::{TapMessage, lend_device};
+use per_layer::{LayerArrays, Swap};
+
+/// What a `Runtime` holds behind its lock.
+pub(crate) struct State {
+    /// Dropped before `lent`: the runtime's buffers over lent memory end first.
+    pub(crate) rt: Core<AnyDevice>,
+    /// The pools' Python objects (or their DLPack capsules), kept alive while the runtime
+    /// uses their memory.
+    pub(crate) lent: Vec<Array>,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // Lent memory must outlive the work enqueued on it: finish it before the objects go.
+        // A failure here has nowhere to go (the device is then lost anyway).
+        let _ = self.rt.drain();
+    }
+}
+
+/// The HiSparse engine runtime: executes each step's `Command` on a backend, on pools and a
+/// stream it owns or that the engine lends (PyTorch tensors, numpy arrays, PyTorch's stream).
+#[pyclass(module = "hisparse", name = "Runtime", frozen)]
+pub struct Runtime {
+    state: Mutex<State>,
+}
+
+impl Runtime {
+    /// The runtime's state, or `ConcurrentUseError` while another thread's call holds it.
+    pub(crate) fn lock(&self) -> PyResult<MutexGuard<'_, State>> {
+        self.lock_detached().map_err(Detached::into_py)
+    }
+}
+
+/// `nbytes` from byte `offset` of a pool of `len` bytes, refused before anything is allocated
+/// when the range leaves the pool.
+fn check_range(what: &str, offset: usize, nbytes: usize, len: u64) -> PyResult<()> {
+    let end = (offset as u64).checked_add(nbytes as u64);
+    match end {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(invalid(format!(
+            "offset {offset} + nbytes {nbytes} reaches past the {what}'s {len} bytes; read within it"
+        ))),
+    }
+}
+
+#[pymethods]
+impl Runtime {
+    /// A runtime for `layout` on backend `backend` (`"cpu"`, `"cuda"`, `"vulkan"`, `"rocm"`),
+    /// device `device` (an ordinal for CUDA and ROCm, an index or name for Vulkan).
+    ///
+    /// `state_rows` is the coordinator's `max_running`; `max_step_tokens` the most token rows
+    /// one per-layer call carries. Pools the engine owns are lent with `device_pool` (a CUDA
+    /// tensor for `cuda`, a numpy array for `cpu`; at least `layout.gpu_pool_bytes` bytes) and
+    /// `host_pool` (pinned or plain host memory, page-aligned, at least
+    /// `layout.host_pool_bytes`); a pool not given is allocated by the runtime. The two must
+    /// not share memory. `stream` is the engine's stream handle
+    /// (`torch.cuda.current_stream().cuda_stream`): the runtime's before-forward and
+    /// decode-path work is then ordered with the engine's on it.
+    ///
+    /// Lent memory must stay untouched by the engine while the runtime's work on it may be in
+    /// flight, except in stream order; the runtime keeps the objects alive and finishes its
+    /// work before it lets them go.
+    #[new]
+    #[pyo3(signature = (
+        layout,
+        backend = "cpu",
+        device = "",
+        *,
+        state_rows,
+        max_step_tokens,
+        worker = Int::new(0),
+        stats_every = Int::new(1),
+        device_pool = None,
+        host_pool = None,
+        stream = None,
+    ),
+    // The defaults as Python shows them (`Int` defaults have no literal form for PyO3 to print).
+    text_signature = "(layout, backend='cpu', device='', *, state_rows, max_step_tokens, worker=0, stats_every=1, device_pool=None, host_pool=None, stream=None)"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        layout: &Layout,
+        backend: &str,
+        device: &str,
+        state_rows: Int<u32>,
+        max_step_tokens: Int<u32>,
+        worker: Int<u32>,
+        stats_every: Int<u32>,
+        device_pool: Option<&Bound<'_, PyAny>>,
+        host_pool: Option<&Bound<'_, PyAny>>,
+        stream: Option<Int<u64>>,
+    ) -> PyResult<Self> {
+        take_args!(state_rows, max_step_tokens, worker, stats_every, stream);
+        let kind: BackendKind = backend.parse().map_err(|e| invalid(format!("{e}")))?;
+        let mut cfg = RuntimeConfig::new(state_rows, max_step_tokens);
+        cfg.worker = worker;
+        cfg.stats_every = stats_every;
+        // Lent arrays are read (and checked against each other) before the device opens.
+        let device_arr = device_pool
+            .map(|obj| -> PyResult<Array> {
+                let arr = array(obj, "device_pool")?;
+                arr.expect_writable("device_pool")?;
+                Ok(arr)
+            })
+            .transpose()?;
+        let host_arr = host_pool
+            .map(|obj| -> PyResult<Array> {
+                let arr = array(obj, "host_pool")?;
+                arr.expect_writable("host_pool")?;
+                arr.expect_memory(
+                    "host_pool",
+                    "host memory (pinned or not)",
+                    arr.memory == Memory::Host,
+                )?;
+                Ok(arr)
+            })
+            .transpose()?;
+        if let (Some(d), Some(h)) = (&device_arr, &host_arr) {
+            check_disjoint(&[("device_pool", d), ("host_pool", h)])?;
+        }
+        let dev = AnyDevice::open(kind, device).map_err(to_py)?;
+        let kv = layout.kv.clone();
+        if device_arr.is_none() && host_arr.is_none() && stream.is_none() {
+            let rt = Core::new(dev, kv, cfg).map_err(to_py)?;
+            return Ok(Runtime::from_state(State {
+                rt,
+                lent: Vec::new(),
+            }));
+        }
+        let mut lent = Vec::new();
+        let device_buf = match device_arr {
+            Some(arr) => {
+                let buf = lend_device(&dev, &arr, "device_pool")?;
+                lent.push(arr);
+                buf
+            }
+            None => {
+                let bytes = usize::try_from(kv.gpu_pool_bytes())
+                    .map_err(|_| invalid("the device pool exceeds the address space"))?;
+                dev.alloc(bytes).map_err(to_py)?
+            }
+        };
+        let host_buf = match host_arr {
+            Some(arr) => {
+                // SAFETY: as for `lend_device`: the object is kept in `lent` for the runtime's
+                // life and the runtime drains its work before dropping it; the backend checks
+                // alignment and, on GPUs, pins or checks the pinning with the driver.
+                let buf = unsafe { dev.wrap_host_memory(arr.ptr as usize as *mut u8, arr.bytes) }
+                    .map_err(|e| to_py(e).tap_message("host_pool"))?;
+                lent.push(arr);
+                buf
+            }
+            None => {
+                let bytes = usize::try_from(kv.host_pool_bytes())
+                    .map_err(|_| invalid("the host pool exceeds the address space"))?;
+                dev.alloc_pinned(bytes).map_err(to_py)?
+            }
+        };
+        let stream = match stream {
+            // SAFETY: the engine passes a live stream handle of this device and keeps it alive
+            // for the runtime's life (documented above); the backend checks its context.
+            Some(raw) => Some(
+                unsafe { dev.wrap_stream(raw as usize as *mut core::ffi::c_void) }
+                    .map_err(|e| to_py(e).tap_message("stream"))?,
+            ),
+            None => None,
+        };
+        let pools = Pools {
+            device: device_buf,
+            host: host_buf,
+        };
+        let rt = Core::with_pools(dev, kv, cfg, pools, stream).map_err(to_py)?;
+        Ok(Runtime::from_state(State { rt, lent }))
+    }
+
+    /// The backend's name.
+    #[getter]
+    fn backend(&self) -> PyResult<&'static str> {
+        Ok(self.lock()?.rt.device().backend())
+    }
+
+    /// The device's name.
+    #[getter]
+    fn device_name(&self) -> PyResult<String> {
+        Ok(self.lock()?.rt.device().device_name().to_string())
+    }
+
+    /// State rows of every table and hot state.
+    #[getter]
+    fn state_rows(&self) -> PyResult<u32> {
+        Ok(self.lock()?.rt.config().state_rows)
+    }
+
+    /// Token rows one per-layer call may carry.
+    #[getter]
+    fn max_step_tokens(&self) -> PyResult<u32> {
+        Ok(self.lock()?.rt.config().max_step_tokens)
+    }
+
+    /// Whether the device pool is lent by the engine.
+    #[getter]
+    fn lends_pools(&self) -> PyResult<bool> {
+        Ok(!self.lock()?.lent.is_empty())
+    }
+
+    /// Before the forward pass: table updates, hot-state resets, invalidation, copy-on-write,
+    /// restores — enqueued on the compute stream.
+    fn begin_step(&self, cmd: &Command) -> PyResult<()> {
+        self.lock()?.rt.begin_step(&cmd.inner).map_err(to_py)
+    }
+
+    /// Sets this step's batch: `state_rows[t]` is token row `t`'s state row (`-1` = padding).
+    fn set_batch(&self, state_rows: IntList<i32>) -> PyResult<()> {
+        take_args!(state_rows);
+        self.lock()?.rt.set_batch(&state_rows).map_err(to_py)
+    }
+
+    /// Resolves index group `group`'s top-k (`topk`, int32 `[num_tokens, top_k]` token
+    /// positions, -1 = none) into attention rows (`rows`, int32, same shape: physical rows of the
+    /// flat device-pool view, -1 = none) and swaps in every layer of the group; `counts`
+    /// (int32 `[num_tokens]`) receives the valid entries per row when given. `state_rows`
+    /// (int32 `[num_tokens]`) overrides the batch of `set_batch`.
+    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None))]
+    fn resolve_index_group(
+        &self,
+        group: Int<usize>,
+        topk: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+        counts: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<Int<u32>>,
+        state_rows: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let call = (group, topk, rows, counts, num_tokens, state_rows);
+        self.one_shot(call, Swap::IndexGroup)
+    }
+
+    /// As `resolve_index_group`, swapping in the leader layer only; each follower layer then
+    /// calls `apply_plan(layer)`.
+    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None))]
+    fn resolve_leader(
+        &self,
+        group: Int<usize>,
+        topk: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+        counts: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<Int<u32>>,
+        state_rows: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let call = (group, topk, rows, counts, num_tokens, state_rows);
+        self.one_shot(call, Swap::Leader)
+    }
+
+    /// A prepared per-layer call of index group `group`: the arrays are read, checked and lent
+    /// to the device once, and each call of the returned object does only the runtime's work
+    /// (`call()` or `call(num_tokens=t)` for the first `t` token rows). `swap` is
+    /// `"index_group"` (every layer of the group, as `resolve_index_group`) or `"leader"` (as
+    /// `resolve_leader`). The arrays stay lent (and alive) while the object lives.
+    #[pyo3(signature = (group, topk, rows, counts = None, *, state_rows = None, swap = "index_group"))]
+    fn layer_call(
+        slf: &Bound<'_, Self>,
+        group: Int<usize>,
+        topk: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+        counts: Option<&Bound<'_, PyAny>>,
+        state_rows: Option<&Bound<'_, PyAny>>,
+        swap: &str,
+    ) -> PyResult<LayerCall> {
+        take_args!(group);
+        let swap = Swap::parse(swap)?;
+        let arrays = {
+            let state = slf.get().lock()?;
+            let groups = state.rt.layout().index_groups.len();
+            if group >= groups {
+                return Err(invalid(format!(
+                    "group = {group}, but the layout has {groups} index groups; pass 0 to {}",
+                    groups.saturating_sub(1)
+                )));
+            }
+            LayerArrays::new(&state, topk, rows, counts, state_rows)?
+        };
+        Ok(LayerCall::new(slf.clone().unbind(), group, swap, arrays))
+    }
+
+    /// Swaps in follower layer `layer` with its leader's plan of this step.
+    fn apply_plan(&self, layer: Int<u32>) -> PyResult<()> {
+        take_args!(layer);
+        self.lock()?.rt.apply_plan(layer).map_err(to_py)
+    }
+
+    /// After the forward pass: row mirrors and spills on the copy stream, after an event.
+    fn end_step(&self, cmd: &Command) -> PyResult<()> {
+        self.lock()?.rt.end_step(&cmd.inner).map_err(to_py)
+    }
+
+    /// Transfer batches enqueued and completed since the last poll, without blocking:
+    /// `{"worker", "enqueued", "completed"}` (the arguments of `Coordinator.report`).
+    fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = self.lock()?.rt.poll().map_err(to_py)?;
+        reports::report_dict(py, &r)
+    }
+
+    /// `poll()`, then hands the result to `coordinator` as this runtime's worker report.
+    fn poll_and_report<'py>(
+        &self,
+        py: Python<'py>,
+        coordinator: &Bound<'py, Coordinator>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut c = coordinator.borrow_mut();
+        let r = self
+            .lock()?
+            .rt
+            .poll_and_report(&mut c.inner)
+            .map_err(|e| match e {
+                ReportError::Runtime(e) => to_py(e),
+                ReportError::Coordinator(e) => to_py(e),
+            })?;
+        reports::report_dict(py, &r)
+    }
+
+    /// Blocks until every transfer and counter copy in flight completed, then polls.
+    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = py
+            .detach(|| {
+                let mut state = self.lock_detached()?;
+                Ok(state.rt.drain())
+            })
+            .map_err(Detached::into_py)?
+            .map_err(to_py)?;
+        reports::report_dict(py, &r)
+    }
+
+    /// Blocks until the compute stream's work is done.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let state = self.lock_detached()?;
+            Ok(state.rt.device().synchronize(state.rt.compute_stream()))
+        })
+        .map_err(Detached::into_py)?
+        .map_err(to_py)
+    }
+
+    /// Totals since the runtime was built (hits, misses, bytes each way, …, `hit_rate`).
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        reports::counters_dict(py, self.lock()?.rt.counters())
+    }
+
+    /// Transfer batches enqueued and not yet seen complete.
+    #[getter]
+    fn pending_transfers(&self) -> PyResult<usize> {
+        Ok(self.lock()?.rt.pending_transfers())
+    }
+
+    /// The resident table row of `state_row` in `bucket` as the device holds it once this
+    /// step's updates are enqueued: page → GPU block, 0 for pages read from host. A debugging
+    /// aid: the device table itself is `resident_table(bucket)`.
+    fn resident_row(&self, bucket: Int<u32>, state_row: Int<u32>) -> PyResult<Vec<i32>> {
+        take_args!(bucket, state_row);
+        let state = self.lock()?;
+        state
+            .rt
+            .resident_row(bucket, state_row)
+            .map(<[i32]>::to_vec)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "bucket {bucket} or state row {state_row} is outside the runtime ({} buckets, {} state rows)",
+                    state.rt.layout().num_buckets,
+                    state.rt.config().state_rows
+                ))
+            })
+    }
+
+    /// The host table row of `state_row`: page → host block, -1 for none.
+    fn host_row(&self, state_row: Int<u32>) -> PyResult<Vec<i32>> {
+        take_args!(state_row);
+        let state = self.lock()?;
+        state
+            .rt
+            .host_row(state_row)
+            .map(<[i32]>::to_vec)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "state row {state_row} is outside the runtime's {} rows",
+                    state.rt.config().state_rows
+                ))
+            })
+    }
+
+    /// The device resident table of `bucket`: int32 `[state_rows, max_pages_per_request]`,
+    /// page → GPU block, 0 for pages read from host (see `DeviceArray`).
+    fn resident_table(slf: &Bound<'_, Self>, bucket: Int<u32>) -> PyResult<DeviceArray> {
+        take_args!(bucket);
+        tables::resident(slf, bucket)
+    }
+
+    /// The device hot table of `bucket`: int32 `[state_rows, hot_blocks_per_request]`, each
+    /// request's hot blocks, -1 for none.
+    fn hot_table(slf: &Bound<'_, Self>, bucket: Int<u32>) -> PyResult<DeviceArray> {
+        take_args!(bucket);
+        tables::hot(slf, bucket)
+    }
+
+    /// The device host table: int32 `[state_rows, max_pages_per_request]`, page → host block,
+    /// -1 for none.
+    fn host_table(slf: &Bound<'_, Self>) -> PyResult<DeviceArray> {
+        tables::host(slf)
+    }
+
+    /// The device block table of the indexer group: int32 `[state_rows,
+    /// max_pages_per_request]`, page → GPU block, 0 for none.
+    fn indexer_table(slf: &Bound<'_, Self>) -> PyResult<DeviceArray> {
+        tables::indexer(slf)
+    }
+
+    /// The device block table of regular layout group `group`: int32 `[state_rows, width]`
+    /// (a column per block of the group's own size), 0 for none.
+    fn regular_table(slf: &Bound<'_, Self>, group: Int<usize>) -> PyResult<DeviceArray> {
+        take_args!(group);
+        tables::regular(slf, group)
+    }
+
+    /// Writes `data` into the device pool at byte `offset` (synchronously): how an engine
+    /// without a lent pool writes its forward pass's KV rows.
+    fn write_device_pool(&self, offset: Int<usize>, data: &[u8]) -> PyResult<()> {
+        take_args!(offset);
+        let mut state = self.lock()?;
+        let (dev, pools) = state.rt.device_and_pools_mut();
+        check_range("device pool", offset, data.len(), pools.device.byte_len())?;
+        dev.upload(&mut pools.device, offset, data).map_err(to_py)
+    }
+
+    /// `nbytes` of the device pool from byte `offset` (synchronously). A range outside the pool
+    /// is refused before anything is allocated.
+    fn read_device_pool<'py>(
+        &self,
+        py: Python<'py>,
+        offset: Int<usize>,
+        nbytes: Int<usize>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        take_args!(offset, nbytes);
+        let state = self.lock()?;
+        let pool = &state.rt.pools().device;
+        check_range("device pool", offset, nbytes, pool.byte_len())?;
+        PyBytes::new_with(py, nbytes, |out| {
+            state.rt.device().download(pool, offset, out).map_err(to_py)
+        })
+    }
+
+    /// `nbytes` of the host pool from byte `offset` (synchronously; call `drain()` first for
+    /// rows still being copied). A range outside the pool is refused before anything is
+    /// allocated.
+    fn read_host_pool<'py>(
+        &self,
+        py: Python<'py>,
+        offset: Int<usize>,
+        nbytes: Int<usize>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        take_args!(offset, nbytes);
+        let state = self.lock()?;
+        let pool = &state.rt.pools().host;
+        check_range("host pool", offset, nbytes, pool.byte_len())?;
+        PyBytes::new_with(py, nbytes, |out| {
+            state
+                .rt
+                .device()
+                .read_pinned(pool, offset, out)
+                .map_err(to_py)
+        })
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let state = self.lock()?;
+        let rt = &state.rt;
+        Ok(format!(
+            "Runtime(backend={:?}, device={:?}, state_rows={}, max_step_tokens={}, lent_pools={})",
+            rt.device().backend(),
+            rt.device().device_name(),
+            rt.config().state_rows,
+            rt.config().max_step_tokens,
+            state.lent.len()
+        ))
+    }
+}
+
+/// Why a call that let go of the GIL could not take the runtime's lock (turned into a Python
+/// exception once the GIL is back).
+enum Detached {
+    Busy,
+    Poisoned,
+}
+
+impl Detached {
+    fn into_py(self) -> PyErr {
+        match self {
+            Detached::Busy => concurrent_use("Runtime"),
+            Detached::Poisoned => poisoned("Runtime"),
+        }
+    }
+}
+
+/// The arguments of a one-shot per-layer call: group, topk, rows, counts, num_tokens,
+/// state_rows.
+type OneShot<'a, 'py> = (
+    Int<usize>,
+    &'a Bound<'py, PyAny>,
+    &'a Bound<'py, PyAny>,
+    Option<&'a Bound<'py, PyAny>>,
+    Option<Int<u32>>,
+    Option<&'a Bound<'py, PyAny>>,
+);
+
+impl Runtime {
+    /// `resolve_index_group` and `resolve_leader`: the arrays lent for this call only.
+    fn one_shot(&self, call: OneShot<'_, '_>, swap: Swap) -> PyResult<()> {
+        let (group, topk, rows, counts, num_tokens, state_rows) = call;
+        take_args!(group, num_tokens);
+        let mut state = self.lock()?;
+        let mut arrays = LayerArrays::new(&state, topk, rows, counts, state_rows)?;
+        arrays.run(&mut state.rt, group, swap, num_tokens)
+    }
+
+    fn from_state(state: State) -> Self {
+        Runtime {
+            state: Mutex::new(state),
+        }
+    }
+
+    /// [`Runtime::lock`] for code running without the GIL (no Python exception made there).
+    fn lock_detached(&self) -> Result<MutexGuard<'_, State>, Detached> {
+        match self.state.try_lock() {
+            Ok(state) => Ok(state),
+            Err(TryLockError::WouldBlock) => Err(Detached::Busy),
+            Err(TryLockError::Poisoned(_)) => Err(Detached::Poisoned),
+        }
+    }
+}
