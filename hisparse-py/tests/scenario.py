@@ -52,10 +52,58 @@ def layout(s: Shape) -> hisparse.Layout:
     )
 
 
+def rows_of(req: np.ndarray, pos: np.ndarray, layer: int, nbytes: int) -> np.ndarray:
+    """The bytes the forward pass writes for each (request, token) of one layer: `[n, nbytes]`."""
+    i = np.arange(nbytes, dtype=np.int64)
+    req = np.asarray(req, dtype=np.int64)[:, None]
+    pos = np.asarray(pos, dtype=np.int64)[:, None]
+    return ((req * 131 + pos * 7 + layer * 31 + i[None, :] * 3) % 251).astype(np.uint8)
+
+
 def row(req: int, pos: int, layer: int, nbytes: int) -> np.ndarray:
     """The bytes the forward pass writes for (request, token, layer)."""
-    i = np.arange(nbytes, dtype=np.int64)
-    return ((req * 131 + pos * 7 + layer * 31 + i * 3) % 251).astype(np.uint8)
+    return rows_of(np.array([req]), np.array([pos]), layer, nbytes)[0]
+
+
+def step_tokens(cmd: hisparse.Command) -> "tuple[np.ndarray, np.ndarray]":
+    """The request and position of every token the step computes, in slot-mapping order (the
+    engine's own batch bookkeeping: its positions tensor)."""
+    sched = cmd.scheduled
+    req = np.repeat([s["id"] for s in sched], [s["num_tokens"] for s in sched]).astype(np.int64)
+    pos = np.concatenate(
+        [np.arange(s["first_token"], s["first_token"] + s["num_tokens"]) for s in sched]
+        or [np.zeros(0, dtype=np.int64)]
+    )
+    return req, pos
+
+
+class SlotForward:
+    """The forward pass's KV writes through the device slot mapping: per step and sparse layer,
+    one vectorised write of every computed token's row (no per-request loop, no table read on
+    the host)."""
+
+    def __init__(self, rt: hisparse.Runtime, lay: hisparse.Layout, pool: "Pool"):
+        self.rt, self.pool = rt, pool
+        self.slots = np.asarray(rt.slot_mapping())  # a view: begin_step rewrites it in place
+        kinds = [g["kind"] for g in lay.to_dict()["groups"]]
+        views = lay.gpu_views()
+        # Sparse layers write their rows into their resident bucket's view.
+        self.writes = [
+            (w, [v for v in views if v["group"] == g])
+            for w, g in enumerate(rt.slot_mapping_groups())
+            if kinds[g] == "resident"
+        ]
+
+    def __call__(self, cmd: hisparse.Command) -> None:
+        req, pos = step_tokens(cmd)
+        t = self.rt.step_tokens
+        assert t == len(pos), f"the slot mapping holds {t} tokens, the command {len(pos)}"
+        for w, views in self.writes:
+            slots = self.slots[w, :t]
+            valid = slots >= 0
+            assert valid.all(), f"a sparse token without a row: {slots}"
+            for v in views:
+                self.pool.write_rows(v, slots, rows_of(req, pos, v["layer"], v["row_bytes"]))
 
 
 @dataclass
@@ -65,11 +113,13 @@ class Pool:
     rt: hisparse.Runtime
     array: "np.ndarray | None" = None
 
-    def write(self, offset: int, data: np.ndarray) -> None:
+    def write_rows(self, view: dict, slots: np.ndarray, data: np.ndarray) -> None:
+        """Writes `data[i]` into row `slots[i]` of the layer's view."""
         if self.array is None:
-            self.rt.write_device_pool(offset, data.tobytes())
+            for r, d in zip(slots.tolist(), data):
+                self.rt.write_device_pool(view["offset"] + r * view["row_bytes"], d.tobytes())
         else:
-            self.array[offset : offset + data.size] = data
+            hisparse.pool_rows(self.array, view)[slots] = data
 
     def read(self, offset: int, nbytes: int) -> np.ndarray:
         if self.array is None:
@@ -126,27 +176,21 @@ def run(
             coord.admit(req, prompt)
     groups = lay.index_groups
     offsets = {layer: lay.layer_offset(layer) for g in groups for layer in g["layers"]}
-    rb, bs, stride = lay.row_bytes, lay.block_size, lay.attention_block_stride
+    rb = lay.row_bytes
     final_len = s.prompt + s.decode
     out = Outcome()
     topk = np.empty((s.requests, s.top_k), dtype=np.int32)
     rows = np.empty((s.requests, s.top_k), dtype=np.int32)
     counts = np.empty(s.requests, dtype=np.int32)
     calls = [rt.layer_call(g, topk, rows, counts) for g in range(len(groups))] if prepared else None
+    forward = SlotForward(rt, lay, pool)
 
     def one_step():
         out.steps += 1
         cmd = policy.step() if policy else coord.step()
         rt.begin_step(cmd)
         scheduled = cmd.scheduled
-        # The forward pass: every computed token's row, into its resident page of each layer.
-        for sr in scheduled:
-            for pos in range(sr["first_token"], sr["first_token"] + sr["num_tokens"]):
-                page, at = divmod(pos, bs)
-                for layer, (bucket, off) in offsets.items():
-                    block = rt.resident_row(bucket, sr["slot"])[page]
-                    assert block > 0, f"request {sr['id']} page {page} has no resident block"
-                    pool.write(off + (block * stride + at) * rb, row(sr["id"], pos, layer, rb))
+        forward(cmd)
         rt.set_batch(cmd.slots)
         t = len(scheduled)
         for g, group in enumerate(groups):

@@ -38,6 +38,9 @@ from ._hisparse import (
     presets,
 )
 
+from ._util import invalid
+from .views import pool_pages, pool_rows, pool_view
+
 if TYPE_CHECKING:
     import numpy
 
@@ -55,10 +58,7 @@ def aligned_empty(nbytes: int, alignment: int = HOST_POOL_ALIGNMENT) -> "numpy.n
     import numpy as np
 
     if nbytes <= 0:
-        message = f"nbytes = {nbytes}; pass a positive size"
-        error = InvalidArgumentError(message)
-        error.kind, error.message = "invalid argument", message
-        raise error
+        raise invalid(f"nbytes = {nbytes}; pass a positive size")
     raw = np.zeros(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start : start + nbytes]
@@ -88,5 +88,8 @@ __all__ = [
     "aligned_empty",
     "backends",
     "plan_layout",
+    "pool_pages",
+    "pool_rows",
+    "pool_view",
     "presets",
 ]

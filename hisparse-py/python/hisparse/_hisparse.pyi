@@ -47,6 +47,18 @@ class NotFoundError(HiSparseError): ...
 class UnsupportedError(HiSparseError): ...
 class DeviceError(HiSparseError): ...
 
+class _LayerView(TypedDict):
+    group: int
+    layer: int
+    offset: int
+    page_stride: int
+    num_pages: int
+    pages_per_block: int
+    rows_per_page: int
+    row_bytes: int
+    value_bytes: int
+    tokens_per_row: int
+
 class _IndexGroup(TypedDict):
     leader: int
     layers: list[int]
@@ -115,10 +127,12 @@ def plan_layout(
     top_k: Optional[int] = None,
     eager_host_mirror: bool = True,
     num_gpu_blocks: Optional[int] = None,
+    shared_host_pool: bool = False,
 ) -> Layout:
     """Plans a layout. The model is a preset or ``model_json`` (the format of ``hisparse layout
     --print-model``); ``layers`` keeps the first layers only; sizes are bytes;
-    ``num_gpu_blocks`` fixes the GPU pool's block count (null block included)."""
+    ``num_gpu_blocks`` fixes the GPU pool's block count (null block included);
+    ``shared_host_pool`` plans one host pool for every tensor-parallel rank of a node."""
 
 def presets() -> list[str]:
     """Names of the model presets."""
@@ -141,6 +155,11 @@ class Layout:
     def layer_offset(self, layer: int) -> tuple[int, int]:
         """``(bucket, offset)`` of sparse layer ``layer`` in the device pool: physical row ``r``
         of the flat attention view starts at byte ``offset + r * row_bytes``."""
+    def gpu_views(self) -> list[_LayerView]:
+        """How each layer of every GPU group reads the device pool: ``[num_pages,
+        rows_per_page, row_bytes]`` from byte ``offset``, page ``v`` at ``offset + v *
+        page_stride``; row ``r`` is page ``r // rows_per_page``, row ``r % rows_per_page``."""
+    def layer_view(self, group: int, index_in_group: int) -> Optional[_LayerView]: ...
     def host_layer_offset(self, layer: int) -> int:
         """Byte offset of the layer's row array in the host pool (flat host row ``g`` at
         ``offset + g * row_bytes``)."""
@@ -304,6 +323,7 @@ class Runtime:
         *,
         state_rows: int,
         max_step_tokens: int,
+        max_batched_tokens: Optional[int] = None,
         worker: int = 0,
         stats_every: int = 1,
         device_pool: Any = None,
@@ -322,8 +342,16 @@ class Runtime:
     def lends_pools(self) -> bool: ...
     @property
     def pending_transfers(self) -> int: ...
-    def begin_step(self, cmd: Command) -> None: ...
-    def set_batch(self, state_rows: Sequence[int]) -> None: ...
+    @property
+    def max_batched_tokens(self) -> int: ...
+    def begin_step(self, cmd: Command, *, stream: Optional[int] = None) -> None:
+        """Before the forward pass (tables, resets, copy-on-write, restores, the slot mapping),
+        on ``stream`` (default: the caller's current stream). Not inside a graph capture."""
+    def set_batch(
+        self, state_rows: Sequence[int], *, pad_to: Optional[int] = None, stream: Optional[int] = None
+    ) -> None:
+        """Writes the batch table (token row → state row, -1 = padding), padded with -1 to
+        ``pad_to`` (a captured graph's token rows). Not inside a graph capture."""
     def resolve_index_group(
         self,
         group: int,
@@ -333,9 +361,11 @@ class Runtime:
         *,
         num_tokens: Optional[int] = None,
         state_rows: Any = None,
+        stream: Optional[int] = None,
     ) -> None:
         """``topk`` int32 ``[num_tokens, top_k]`` positions (-1 = none) → ``rows`` int32 physical
-        rows of the flat device-pool view (-1 = none); every layer of the group swapped in."""
+        rows of the flat device-pool view (-1 = none); every layer of the group swapped in. On
+        ``stream`` (default: the caller's current stream); recorded by a graph capture."""
     def resolve_leader(
         self,
         group: int,
@@ -345,7 +375,20 @@ class Runtime:
         *,
         num_tokens: Optional[int] = None,
         state_rows: Any = None,
+        stream: Optional[int] = None,
     ) -> None: ...
+    def remap_prefill(
+        self,
+        group: int,
+        topk: Any,
+        rows: Any,
+        counts: Any = None,
+        *,
+        num_tokens: Optional[int] = None,
+        state_rows: Any = None,
+        stream: Optional[int] = None,
+    ) -> None:
+        """A prefill chunk's read: the top-k remapped through the resident tables."""
     def layer_call(
         self,
         group: int,
@@ -354,12 +397,15 @@ class Runtime:
         counts: Any = None,
         *,
         state_rows: Any = None,
-        swap: Literal["index_group", "leader"] = "index_group",
+        swap: Literal["index_group", "leader", "prefill"] = "index_group",
+        stream: Optional[int] = None,
     ) -> LayerCall:
         """A prepared per-layer call: the arrays are read, checked and lent once; each call of
         the returned object does only the runtime's work."""
-    def apply_plan(self, layer: int) -> None: ...
-    def end_step(self, cmd: Command) -> None: ...
+    def apply_plan(self, layer: int, *, stream: Optional[int] = None) -> None: ...
+    def end_step(self, cmd: Command, *, stream: Optional[int] = None) -> None:
+        """After the forward pass: mirrors and spills on the copy stream, ordered after
+        ``stream``. Not inside a graph capture."""
     def poll(self) -> _WorkerReport: ...
     def poll_and_report(self, coordinator: Coordinator) -> _WorkerReport: ...
     def drain(self) -> _WorkerReport: ...
@@ -379,6 +425,18 @@ class Runtime:
         """int32 ``[state_rows, max_pages_per_request]``: page → indexer GPU block (0 = none)."""
     def regular_table(self, group: int) -> DeviceArray:
         """int32 ``[state_rows, width]`` of regular layout group ``group`` (0 = none)."""
+    def slot_mapping(self) -> DeviceArray:
+        """int32 ``[write groups, max_batched_tokens]``: each token of the open step's row in
+        each write group's view (-1: none); rewritten by every ``begin_step``."""
+    def slot_mapping_groups(self) -> list[int]:
+        """The layout group of each slot-mapping row."""
+    @property
+    def step_tokens(self) -> int:
+        """Tokens of the open (or last) step: the valid prefix of each slot-mapping row."""
+    def batch_buffer(self) -> DeviceArray:
+        """int32 ``[max_step_tokens]``: the batch table ``set_batch`` writes."""
+    @property
+    def captured_token_rows(self) -> list[int]: ...
     def write_device_pool(self, offset: int, data: bytes) -> None: ...
     def read_device_pool(self, offset: int, nbytes: int) -> bytes: ...
     def read_host_pool(self, offset: int, nbytes: int) -> bytes: ...
@@ -393,7 +451,7 @@ class LayerCall:
     @property
     def group(self) -> int: ...
     @property
-    def swap(self) -> Literal["index_group", "leader"]: ...
+    def swap(self) -> Literal["index_group", "leader", "prefill"]: ...
     @property
     def capacity(self) -> int:
         """Token rows the arrays hold."""

@@ -10,23 +10,23 @@
 //! the calling thread at every call), which is what makes this sound. Blocking calls (`drain`,
 //! `synchronize`) let go of the GIL while they wait.
 
+mod build;
 mod lend;
 mod per_layer;
 mod reports;
+mod streams;
 mod tables;
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use hisparse_core::Device;
 use hisparse_core::ops::BufferLen;
-use hisparse_runtime::{
-    AnyDevice, BackendKind, Pools, ReportError, Runtime as Core, RuntimeConfig,
-};
+use hisparse_runtime::{AnyDevice, ReportError, Runtime as Core, RuntimeConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::args::{Int, IntList, take_args};
-use crate::arrays::{Array, Memory, array, check_disjoint};
+use crate::arrays::Array;
 use crate::coordinator::{Command, Coordinator};
 use crate::errors::{concurrent_use, invalid, poisoned, to_py};
 use crate::layout::Layout;
@@ -34,8 +34,9 @@ use crate::layout::Layout;
 pub use per_layer::LayerCall;
 pub use tables::DeviceArray;
 
-use lend::{TapMessage, lend_device};
-use per_layer::{LayerArrays, Swap};
+use hisparse_runtime::Swap;
+use per_layer::{LayerArrays, Op};
+use streams::Streams;
 
 /// What a `Runtime` holds behind its lock.
 pub(crate) struct State {
@@ -44,6 +45,21 @@ pub(crate) struct State {
     /// The pools' Python objects (or their DLPack capsules), kept alive while the runtime
     /// uses their memory.
     pub(crate) lent: Vec<Array>,
+    /// The engine's streams lent so far, and how to find the caller's current one.
+    pub(crate) streams: Streams,
+    /// The device ordinal (CUDA, ROCm).
+    pub(crate) device_index: i32,
+}
+
+impl State {
+    /// The stream a call enqueues on (see `streams`).
+    pub(crate) fn on(
+        &mut self,
+        py: Python<'_>,
+        stream: Option<u64>,
+    ) -> PyResult<Option<hisparse_runtime::StreamId>> {
+        self.streams.on(py, &mut self.rt, stream)
+    }
 }
 
 impl Drop for State {
@@ -86,17 +102,19 @@ impl Runtime {
     /// device `device` (an ordinal for CUDA and ROCm, an index or name for Vulkan).
     ///
     /// `state_rows` is the coordinator's `max_running`; `max_step_tokens` the most token rows
-    /// one per-layer call carries. Pools the engine owns are lent with `device_pool` (a CUDA
+    /// one per-layer call carries; `max_batched_tokens` the most tokens one step computes (the
+    /// coordinator's `max_batched_tokens`: the width of the slot mapping; default the larger of
+    /// 512 and `max_step_tokens`). Pools the engine owns are lent with `device_pool` (a CUDA
     /// tensor for `cuda`, a numpy array for `cpu`; at least `layout.gpu_pool_bytes` bytes) and
     /// `host_pool` (pinned or plain host memory, page-aligned, at least
     /// `layout.host_pool_bytes`); a pool not given is allocated by the runtime. The two must
-    /// not share memory. `stream` is the engine's stream handle
-    /// (`torch.cuda.current_stream().cuda_stream`): the runtime's before-forward and
-    /// decode-path work is then ordered with the engine's on it.
+    /// not share memory. `stream` is an engine stream handle to use as the runtime's compute
+    /// stream (where calls go that name no stream and find no current one).
     ///
     /// Lent memory must stay untouched by the engine while the runtime's work on it may be in
     /// flight, except in stream order; the runtime keeps the objects alive and finishes its
-    /// work before it lets them go.
+    /// work before it lets them go. A stream handle given to the runtime (here or as a call's
+    /// `stream=`) must outlive it.
     #[new]
     #[pyo3(signature = (
         layout,
@@ -105,6 +123,7 @@ impl Runtime {
         *,
         state_rows,
         max_step_tokens,
+        max_batched_tokens = None,
         worker = Int::new(0),
         stats_every = Int::new(1),
         device_pool = None,
@@ -112,7 +131,7 @@ impl Runtime {
         stream = None,
     ),
     // The defaults as Python shows them (`Int` defaults have no literal form for PyO3 to print).
-    text_signature = "(layout, backend='cpu', device='', *, state_rows, max_step_tokens, worker=0, stats_every=1, device_pool=None, host_pool=None, stream=None)"
+    text_signature = "(layout, backend='cpu', device='', *, state_rows, max_step_tokens, max_batched_tokens=None, worker=0, stats_every=1, device_pool=None, host_pool=None, stream=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -121,93 +140,39 @@ impl Runtime {
         device: &str,
         state_rows: Int<u32>,
         max_step_tokens: Int<u32>,
+        max_batched_tokens: Option<Int<u32>>,
         worker: Int<u32>,
         stats_every: Int<u32>,
         device_pool: Option<&Bound<'_, PyAny>>,
         host_pool: Option<&Bound<'_, PyAny>>,
         stream: Option<Int<u64>>,
     ) -> PyResult<Self> {
-        take_args!(state_rows, max_step_tokens, worker, stats_every, stream);
-        let kind: BackendKind = backend.parse().map_err(|e| invalid(format!("{e}")))?;
+        take_args!(
+            state_rows,
+            max_step_tokens,
+            max_batched_tokens,
+            worker,
+            stats_every,
+            stream
+        );
         let mut cfg = RuntimeConfig::new(state_rows, max_step_tokens);
+        if let Some(t) = max_batched_tokens {
+            cfg.max_batched_tokens = t;
+        }
         cfg.worker = worker;
         cfg.stats_every = stats_every;
-        // Lent arrays are read (and checked against each other) before the device opens.
-        let device_arr = device_pool
-            .map(|obj| -> PyResult<Array> {
-                let arr = array(obj, "device_pool")?;
-                arr.expect_writable("device_pool")?;
-                Ok(arr)
-            })
-            .transpose()?;
-        let host_arr = host_pool
-            .map(|obj| -> PyResult<Array> {
-                let arr = array(obj, "host_pool")?;
-                arr.expect_writable("host_pool")?;
-                arr.expect_memory(
-                    "host_pool",
-                    "host memory (pinned or not)",
-                    arr.memory == Memory::Host,
-                )?;
-                Ok(arr)
-            })
-            .transpose()?;
-        if let (Some(d), Some(h)) = (&device_arr, &host_arr) {
-            check_disjoint(&[("device_pool", d), ("host_pool", h)])?;
-        }
-        let dev = AnyDevice::open(kind, device).map_err(to_py)?;
-        let kv = layout.kv.clone();
-        if device_arr.is_none() && host_arr.is_none() && stream.is_none() {
-            let rt = Core::new(dev, kv, cfg).map_err(to_py)?;
-            return Ok(Runtime::from_state(State {
-                rt,
-                lent: Vec::new(),
-            }));
-        }
-        let mut lent = Vec::new();
-        let device_buf = match device_arr {
-            Some(arr) => {
-                let buf = lend_device(&dev, &arr, "device_pool")?;
-                lent.push(arr);
-                buf
-            }
-            None => {
-                let bytes = usize::try_from(kv.gpu_pool_bytes())
-                    .map_err(|_| invalid("the device pool exceeds the address space"))?;
-                dev.alloc(bytes).map_err(to_py)?
-            }
-        };
-        let host_buf = match host_arr {
-            Some(arr) => {
-                // SAFETY: as for `lend_device`: the object is kept in `lent` for the runtime's
-                // life and the runtime drains its work before dropping it; the backend checks
-                // alignment and, on GPUs, pins or checks the pinning with the driver.
-                let buf = unsafe { dev.wrap_host_memory(arr.ptr as usize as *mut u8, arr.bytes) }
-                    .map_err(|e| to_py(e).tap_message("host_pool"))?;
-                lent.push(arr);
-                buf
-            }
-            None => {
-                let bytes = usize::try_from(kv.host_pool_bytes())
-                    .map_err(|_| invalid("the host pool exceeds the address space"))?;
-                dev.alloc_pinned(bytes).map_err(to_py)?
-            }
-        };
-        let stream = match stream {
-            // SAFETY: the engine passes a live stream handle of this device and keeps it alive
-            // for the runtime's life (documented above); the backend checks its context.
-            Some(raw) => Some(
-                unsafe { dev.wrap_stream(raw as usize as *mut core::ffi::c_void) }
-                    .map_err(|e| to_py(e).tap_message("stream"))?,
-            ),
-            None => None,
-        };
-        let pools = Pools {
-            device: device_buf,
-            host: host_buf,
-        };
-        let rt = Core::with_pools(dev, kv, cfg, pools, stream).map_err(to_py)?;
-        Ok(Runtime::from_state(State { rt, lent }))
+        let state = build::build(build::Request {
+            layout,
+            backend,
+            device,
+            cfg,
+            device_pool,
+            host_pool,
+            stream,
+        })?;
+        Ok(Runtime {
+            state: Mutex::new(state),
+        })
     }
 
     /// The backend's name.
@@ -241,58 +206,112 @@ impl Runtime {
     }
 
     /// Before the forward pass: table updates, hot-state resets, invalidation, copy-on-write,
-    /// restores — enqueued on the compute stream.
-    fn begin_step(&self, cmd: &Command) -> PyResult<()> {
-        self.lock()?.rt.begin_step(&cmd.inner).map_err(to_py)
+    /// restores, the step's slot mapping — enqueued on `stream` (default: the caller's current
+    /// stream). Commands run once each, in order. Before-replay work: refused while `stream` is
+    /// being captured into a graph.
+    #[pyo3(signature = (cmd, *, stream = None))]
+    fn begin_step(&self, py: Python<'_>, cmd: &Command, stream: Option<Int<u64>>) -> PyResult<()> {
+        take_args!(stream);
+        let mut state = self.lock()?;
+        let on = state.on(py, stream)?;
+        state.rt.begin_step_on(&cmd.inner, on).map_err(to_py)
     }
 
-    /// Sets this step's batch: `state_rows[t]` is token row `t`'s state row (`-1` = padding).
-    fn set_batch(&self, state_rows: IntList<i32>) -> PyResult<()> {
-        take_args!(state_rows);
-        self.lock()?.rt.set_batch(&state_rows).map_err(to_py)
+    /// Sets this step's batch: `state_rows[t]` is token row `t`'s state row (`-1` = padding),
+    /// each a request scheduled in the open step. Written into the runtime's batch table
+    /// (`batch_buffer()`) on `stream`, stream-ordered. Before replaying a graph that captured
+    /// per-layer calls of `T` token rows, pass `pad_to=T` (refused for a `T` no capture had, or
+    /// one below `len(state_rows)`). Before-replay work: refused while `stream` is being
+    /// captured.
+    #[pyo3(signature = (state_rows, *, pad_to = None, stream = None))]
+    fn set_batch(
+        &self,
+        py: Python<'_>,
+        state_rows: IntList<i32>,
+        pad_to: Option<Int<u32>>,
+        stream: Option<Int<u64>>,
+    ) -> PyResult<()> {
+        take_args!(state_rows, pad_to, stream);
+        let mut state = self.lock()?;
+        let on = state.on(py, stream)?;
+        state
+            .rt
+            .set_batch_on(&state_rows, pad_to, on)
+            .map_err(to_py)
     }
 
     /// Resolves index group `group`'s top-k (`topk`, int32 `[num_tokens, top_k]` token
     /// positions, -1 = none) into attention rows (`rows`, int32, same shape: physical rows of the
     /// flat device-pool view, -1 = none) and swaps in every layer of the group; `counts`
     /// (int32 `[num_tokens]`) receives the valid entries per row when given. `state_rows`
-    /// (int32 `[num_tokens]`) overrides the batch of `set_batch`.
-    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None))]
+    /// (int32 `[num_tokens]`) overrides the batch of `set_batch`. On `stream` (default: the
+    /// caller's current stream); recorded into a graph when that stream is being captured.
+    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None, stream = None))]
+    #[allow(clippy::too_many_arguments)]
     fn resolve_index_group(
         &self,
+        py: Python<'_>,
         group: Int<usize>,
         topk: &Bound<'_, PyAny>,
         rows: &Bound<'_, PyAny>,
         counts: Option<&Bound<'_, PyAny>>,
         num_tokens: Option<Int<u32>>,
         state_rows: Option<&Bound<'_, PyAny>>,
+        stream: Option<Int<u64>>,
     ) -> PyResult<()> {
-        let call = (group, topk, rows, counts, num_tokens, state_rows);
-        self.one_shot(call, Swap::IndexGroup)
+        let call = (group, topk, rows, counts, num_tokens, state_rows, stream);
+        self.one_shot(py, call, Op::Decode(Swap::IndexGroup))
     }
 
     /// As `resolve_index_group`, swapping in the leader layer only; each follower layer then
     /// calls `apply_plan(layer)`.
-    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None))]
+    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None, stream = None))]
+    #[allow(clippy::too_many_arguments)]
     fn resolve_leader(
         &self,
+        py: Python<'_>,
         group: Int<usize>,
         topk: &Bound<'_, PyAny>,
         rows: &Bound<'_, PyAny>,
         counts: Option<&Bound<'_, PyAny>>,
         num_tokens: Option<Int<u32>>,
         state_rows: Option<&Bound<'_, PyAny>>,
+        stream: Option<Int<u64>>,
     ) -> PyResult<()> {
-        let call = (group, topk, rows, counts, num_tokens, state_rows);
-        self.one_shot(call, Swap::Leader)
+        let call = (group, topk, rows, counts, num_tokens, state_rows, stream);
+        self.one_shot(py, call, Op::Decode(Swap::Leader))
+    }
+
+    /// A prefill chunk's read of index group `group`: remaps the top-k of its token rows through
+    /// the resident tables (the chunk's whole context is on the GPU; nothing is swapped in).
+    /// Arguments as for `resolve_index_group`.
+    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn remap_prefill(
+        &self,
+        py: Python<'_>,
+        group: Int<usize>,
+        topk: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+        counts: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<Int<u32>>,
+        state_rows: Option<&Bound<'_, PyAny>>,
+        stream: Option<Int<u64>>,
+    ) -> PyResult<()> {
+        let call = (group, topk, rows, counts, num_tokens, state_rows, stream);
+        self.one_shot(py, call, Op::RemapPrefill)
     }
 
     /// A prepared per-layer call of index group `group`: the arrays are read, checked and lent
     /// to the device once, and each call of the returned object does only the runtime's work
     /// (`call()` or `call(num_tokens=t)` for the first `t` token rows). `swap` is
-    /// `"index_group"` (every layer of the group, as `resolve_index_group`) or `"leader"` (as
-    /// `resolve_leader`). The arrays stay lent (and alive) while the object lives.
-    #[pyo3(signature = (group, topk, rows, counts = None, *, state_rows = None, swap = "index_group"))]
+    /// `"index_group"` (every layer of the group, as `resolve_index_group`), `"leader"` (as
+    /// `resolve_leader`) or `"prefill"` (as `remap_prefill`). `stream` fixes the stream of every
+    /// call; by default each call enqueues on the caller's current stream. The arrays stay
+    /// lent (and alive) while the object lives: a graph that captured the call reads and
+    /// writes them at replay.
+    #[pyo3(signature = (group, topk, rows, counts = None, *, state_rows = None, swap = "index_group", stream = None))]
+    #[allow(clippy::too_many_arguments)]
     fn layer_call(
         slf: &Bound<'_, Self>,
         group: Int<usize>,
@@ -301,9 +320,10 @@ impl Runtime {
         counts: Option<&Bound<'_, PyAny>>,
         state_rows: Option<&Bound<'_, PyAny>>,
         swap: &str,
+        stream: Option<Int<u64>>,
     ) -> PyResult<LayerCall> {
-        take_args!(group);
-        let swap = Swap::parse(swap)?;
+        take_args!(group, stream);
+        let op = Op::parse(swap)?;
         let arrays = {
             let state = slf.get().lock()?;
             let groups = state.rt.layout().index_groups.len();
@@ -315,18 +335,39 @@ impl Runtime {
             }
             LayerArrays::new(&state, topk, rows, counts, state_rows)?
         };
-        Ok(LayerCall::new(slf.clone().unbind(), group, swap, arrays))
+        Ok(LayerCall::new(
+            slf.clone().unbind(),
+            group,
+            op,
+            stream,
+            arrays,
+        ))
     }
 
-    /// Swaps in follower layer `layer` with its leader's plan of this step.
-    fn apply_plan(&self, layer: Int<u32>) -> PyResult<()> {
-        take_args!(layer);
-        self.lock()?.rt.apply_plan(layer).map_err(to_py)
+    /// Swaps in follower layer `layer` with its leader's plan of this step, on `stream` (that
+    /// of the leader's call; default: the caller's current stream).
+    #[pyo3(signature = (layer, *, stream = None))]
+    fn apply_plan(
+        &self,
+        py: Python<'_>,
+        layer: Int<u32>,
+        stream: Option<Int<u64>>,
+    ) -> PyResult<()> {
+        take_args!(layer, stream);
+        let mut state = self.lock()?;
+        let on = state.on(py, stream)?;
+        state.rt.apply_plan_on(layer, on).map_err(to_py)
     }
 
-    /// After the forward pass: row mirrors and spills on the copy stream, after an event.
-    fn end_step(&self, cmd: &Command) -> PyResult<()> {
-        self.lock()?.rt.end_step(&cmd.inner).map_err(to_py)
+    /// After the forward pass: row mirrors and spills on the copy stream, after an event
+    /// recorded on `stream` (default: the caller's current stream). Before-replay work:
+    /// refused while `stream` is being captured.
+    #[pyo3(signature = (cmd, *, stream = None))]
+    fn end_step(&self, py: Python<'_>, cmd: &Command, stream: Option<Int<u64>>) -> PyResult<()> {
+        take_args!(stream);
+        let mut state = self.lock()?;
+        let on = state.on(py, stream)?;
+        state.rt.end_step_on(&cmd.inner, on).map_err(to_py)
     }
 
     /// Transfer batches enqueued and completed since the last poll, without blocking:
@@ -455,6 +496,49 @@ impl Runtime {
         tables::regular(slf, group)
     }
 
+    /// The device slot mapping of the open step: int32 `[write groups, max_batched_tokens]`.
+    /// For each write group (`slot_mapping_groups`: every resident bucket, the indexer group,
+    /// every regular group) and each token the step computes — the command's scheduled requests
+    /// in order, each request's tokens in order — the row the token writes in the view of each
+    /// of the group's layers (`Layout.gpu_views()`), -1 for a token that writes no row of the
+    /// group and beyond the step's `step_tokens`. Rewritten by every `begin_step`, in stream
+    /// order; its address is fixed. The forward pass writes its KV through it with one
+    /// `index_copy_` per layer (numpy: `view[slots[valid]] = rows[valid]`).
+    fn slot_mapping(slf: &Bound<'_, Self>) -> PyResult<DeviceArray> {
+        tables::slot_mapping(slf)
+    }
+
+    /// The layout group of each row of `slot_mapping()`.
+    fn slot_mapping_groups(&self) -> PyResult<Vec<usize>> {
+        Ok(self.lock()?.rt.slot_mapping_groups())
+    }
+
+    /// Tokens the open (or last) step computes: the valid prefix of each slot-mapping row.
+    #[getter]
+    fn step_tokens(&self) -> PyResult<u32> {
+        Ok(self.lock()?.rt.step_tokens())
+    }
+
+    /// The device batch table `set_batch` writes: int32 `[max_step_tokens]`, token row → state
+    /// row, -1 for padding. Per-layer calls without their own `state_rows` read it; its address
+    /// is fixed (graphs capture it).
+    fn batch_buffer(slf: &Bound<'_, Self>) -> PyResult<DeviceArray> {
+        tables::batch(slf)
+    }
+
+    /// Token-row counts of the per-layer calls captured into graphs so far (what `set_batch`'s
+    /// `pad_to` may name).
+    #[getter]
+    fn captured_token_rows(&self) -> PyResult<Vec<u32>> {
+        Ok(self.lock()?.rt.captured_token_rows().to_vec())
+    }
+
+    /// Tokens one step may compute (the slot mapping's width).
+    #[getter]
+    fn max_batched_tokens(&self) -> PyResult<u32> {
+        Ok(self.lock()?.rt.config().max_batched_tokens)
+    }
+
     /// Writes `data` into the device pool at byte `offset` (synchronously): how an engine
     /// without a lent pool writes its forward pass's KV rows.
     fn write_device_pool(&self, offset: Int<usize>, data: &[u8]) -> PyResult<()> {
@@ -535,7 +619,7 @@ impl Detached {
 }
 
 /// The arguments of a one-shot per-layer call: group, topk, rows, counts, num_tokens,
-/// state_rows.
+/// state_rows, stream.
 type OneShot<'a, 'py> = (
     Int<usize>,
     &'a Bound<'py, PyAny>,
@@ -543,22 +627,19 @@ type OneShot<'a, 'py> = (
     Option<&'a Bound<'py, PyAny>>,
     Option<Int<u32>>,
     Option<&'a Bound<'py, PyAny>>,
+    Option<Int<u64>>,
 );
 
 impl Runtime {
-    /// `resolve_index_group` and `resolve_leader`: the arrays lent for this call only.
-    fn one_shot(&self, call: OneShot<'_, '_>, swap: Swap) -> PyResult<()> {
-        let (group, topk, rows, counts, num_tokens, state_rows) = call;
-        take_args!(group, num_tokens);
+    /// `resolve_index_group`, `resolve_leader`, `remap_prefill`: the arrays lent for this call
+    /// only.
+    fn one_shot(&self, py: Python<'_>, call: OneShot<'_, '_>, op: Op) -> PyResult<()> {
+        let (group, topk, rows, counts, num_tokens, state_rows, stream) = call;
+        take_args!(group, num_tokens, stream);
         let mut state = self.lock()?;
+        let on = state.on(py, stream)?;
         let mut arrays = LayerArrays::new(&state, topk, rows, counts, state_rows)?;
-        arrays.run(&mut state.rt, group, swap, num_tokens)
-    }
-
-    fn from_state(state: State) -> Self {
-        Runtime {
-            state: Mutex::new(state),
-        }
+        arrays.run(&mut state.rt, group, op, num_tokens, on)
     }
 
     /// [`Runtime::lock`] for code running without the GIL (no Python exception made there).

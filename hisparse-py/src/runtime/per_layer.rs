@@ -5,7 +5,9 @@
 
 use std::sync::Mutex;
 
-use hisparse_runtime::{AnyBuffer, AnyDevice, Indices, Runtime as Core, TopK};
+use hisparse_runtime::{
+    AnyBuffer, AnyDevice, Indices, LayerCall as CoreCall, Runtime as Core, StreamId, Swap, TopK,
+};
 use pyo3::prelude::*;
 
 use super::lend::lend_device;
@@ -14,30 +16,34 @@ use crate::args::{Int, take_args};
 use crate::arrays::{Array, array, check_disjoint};
 use crate::errors::{concurrent_use, invalid, poisoned, to_py};
 
-/// Which layers a per-layer call swaps in.
+/// What a per-layer call does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Swap {
-    /// Every layer of the index group (`resolve_index_group`).
-    IndexGroup,
-    /// The leader only; followers call `apply_plan` (`resolve_leader`).
-    Leader,
+pub(crate) enum Op {
+    /// The decode path, swapping in the layers `Swap` names (`resolve_index_group`,
+    /// `resolve_leader`).
+    Decode(Swap),
+    /// A prefill chunk's remap through the resident tables (`remap_prefill`).
+    RemapPrefill,
 }
 
-impl Swap {
-    pub(crate) fn parse(s: &str) -> PyResult<Swap> {
+impl Op {
+    /// The `swap=` argument of `Runtime.layer_call`.
+    pub(crate) fn parse(s: &str) -> PyResult<Op> {
         match s {
-            "index_group" => Ok(Swap::IndexGroup),
-            "leader" => Ok(Swap::Leader),
+            "index_group" => Ok(Op::Decode(Swap::IndexGroup)),
+            "leader" => Ok(Op::Decode(Swap::Leader)),
+            "prefill" => Ok(Op::RemapPrefill),
             _ => Err(invalid(format!(
-                "swap = {s:?}; pass \"index_group\" (every layer of the group) or \"leader\" (the leader only)"
+                "swap = {s:?}; pass \"index_group\" (every layer of the group), \"leader\" (the leader only) or \"prefill\" (a prefill chunk's remap)"
             ))),
         }
     }
 
     fn name(self) -> &'static str {
         match self {
-            Swap::IndexGroup => "index_group",
-            Swap::Leader => "leader",
+            Op::Decode(Swap::IndexGroup) => "index_group",
+            Op::Decode(Swap::Leader) => "leader",
+            Op::RemapPrefill => "prefill",
         }
     }
 }
@@ -143,13 +149,15 @@ impl LayerArrays {
         })
     }
 
-    /// Runs the call over the first `num_tokens` token rows (all of them when `None`).
+    /// Runs the call over the first `num_tokens` token rows (all of them when `None`) on
+    /// stream `on`.
     pub(crate) fn run(
         &mut self,
         rt: &mut Core<AnyDevice>,
         group: usize,
-        swap: Swap,
+        op: Op,
         num_tokens: Option<u32>,
+        on: Option<StreamId>,
     ) -> PyResult<()> {
         let t = num_tokens.unwrap_or(self.capacity);
         if t > self.capacity {
@@ -158,7 +166,7 @@ impl LayerArrays {
                 self.capacity
             )));
         }
-        let input = TopK {
+        let topk = TopK {
             positions: &self.topk_buf,
             num_tokens: t,
             state_rows: self.state_buf.as_ref(),
@@ -167,9 +175,15 @@ impl LayerArrays {
             rows: &mut self.rows_buf,
             counts: self.counts_buf.as_mut(),
         };
-        match swap {
-            Swap::IndexGroup => rt.resolve_index_group(group, &input, out),
-            Swap::Leader => rt.resolve_leader(group, &input, out),
+        match op {
+            Op::Decode(swap) => rt.decode(CoreCall {
+                group,
+                swap,
+                topk,
+                out,
+                on,
+            }),
+            Op::RemapPrefill => rt.remap_prefill_on(group, &topk, out, on),
         }
         .map_err(to_py)
     }
@@ -181,17 +195,26 @@ impl LayerArrays {
 pub struct LayerCall {
     runtime: Py<Runtime>,
     group: usize,
-    swap: Swap,
+    op: Op,
+    /// The stream every call enqueues on, when fixed (else the caller's current stream).
+    stream: Option<u64>,
     capacity: u32,
     arrays: Mutex<LayerArrays>,
 }
 
 impl LayerCall {
-    pub(super) fn new(runtime: Py<Runtime>, group: usize, swap: Swap, arrays: LayerArrays) -> Self {
+    pub(super) fn new(
+        runtime: Py<Runtime>,
+        group: usize,
+        op: Op,
+        stream: Option<u64>,
+        arrays: LayerArrays,
+    ) -> Self {
         LayerCall {
             runtime,
             group,
-            swap,
+            op,
+            stream,
             capacity: arrays.capacity,
             arrays: Mutex::new(arrays),
         }
@@ -203,14 +226,15 @@ impl LayerCall {
     /// Runs the call over the first `num_tokens` token rows of its arrays (all of them by
     /// default).
     #[pyo3(signature = (num_tokens = None))]
-    fn __call__(&self, num_tokens: Option<Int<u32>>) -> PyResult<()> {
+    fn __call__(&self, py: Python<'_>, num_tokens: Option<Int<u32>>) -> PyResult<()> {
         take_args!(num_tokens);
         let mut state = self.runtime.get().lock()?;
+        let on = state.on(py, self.stream)?;
         let mut arrays = self.arrays.try_lock().map_err(|e| match e {
             std::sync::TryLockError::WouldBlock => concurrent_use("LayerCall"),
             std::sync::TryLockError::Poisoned(_) => poisoned("LayerCall"),
         })?;
-        arrays.run(&mut state.rt, self.group, self.swap, num_tokens)
+        arrays.run(&mut state.rt, self.group, self.op, num_tokens, on)
     }
 
     /// The index group.
@@ -219,10 +243,10 @@ impl LayerCall {
         self.group
     }
 
-    /// `"index_group"` or `"leader"`.
+    /// `"index_group"`, `"leader"` or `"prefill"`.
     #[getter]
     fn swap(&self) -> &'static str {
-        self.swap.name()
+        self.op.name()
     }
 
     /// Token rows the arrays hold (the default `num_tokens` of a call).
@@ -232,10 +256,6 @@ impl LayerCall {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "LayerCall(group={}, swap={:?})",
-            self.group,
-            self.swap.name()
-        )
+        format!("LayerCall(group={}, swap={:?})", self.group, self.op.name())
     }
 }

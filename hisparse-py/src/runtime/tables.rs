@@ -27,15 +27,16 @@ pub struct DeviceArray {
     memory: Memory,
 }
 
-/// Where `buf`'s memory is: its address and kind.
-fn locate(buf: &AnyBuffer) -> PyResult<(u64, Memory)> {
+/// Where `buf`'s memory is: its address and kind (`device`: the runtime's device ordinal).
+fn locate(buf: &AnyBuffer, device: i32) -> PyResult<(u64, Memory)> {
+    let _ = device;
     match buf {
         #[cfg(feature = "cpu")]
         AnyBuffer::Cpu(b) => Ok((b.address() as u64, Memory::Host)),
         #[cfg(feature = "cuda")]
-        AnyBuffer::Cuda(b) => Ok((b.device_address(), Memory::Cuda(0))),
+        AnyBuffer::Cuda(b) => Ok((b.device_address(), Memory::Cuda(device))),
         #[cfg(feature = "rocm")]
-        AnyBuffer::Rocm(b) => Ok((b.device_address(), Memory::Rocm(0))),
+        AnyBuffer::Rocm(b) => Ok((b.device_address(), Memory::Rocm(device))),
         #[allow(unreachable_patterns)]
         _ => Err(crate::errors::error(
             hisparse_core::ErrorKind::Unsupported,
@@ -53,7 +54,7 @@ pub(super) fn view(
     let runtime = slf.get();
     let state = runtime.lock()?;
     let (buf, shape) = pick(&state)?;
-    let (ptr, memory) = locate(buf)?;
+    let (ptr, memory) = locate(buf, state.device_index)?;
     let bytes = shape.iter().product::<usize>() as u64 * 4;
     if bytes > buf.byte_len() {
         return Err(crate::errors::error(
@@ -84,6 +85,23 @@ fn bucket_error(bucket: u32, state: &State) -> PyErr {
         "bucket = {bucket}, but the layout has {n} buckets; pass 0 to {}",
         n.saturating_sub(1)
     ))
+}
+
+/// `Runtime.slot_mapping()`.
+pub(super) fn slot_mapping(slf: &Bound<'_, Runtime>) -> PyResult<DeviceArray> {
+    view(slf, "slot_mapping()".into(), |s| {
+        let rows = s.rt.slot_mapping_groups().len();
+        let width = s.rt.config().max_batched_tokens as usize;
+        Ok((s.rt.slot_mapping(), vec![rows, width]))
+    })
+}
+
+/// `Runtime.batch_buffer()`.
+pub(super) fn batch(slf: &Bound<'_, Runtime>) -> PyResult<DeviceArray> {
+    view(slf, "batch_buffer()".into(), |s| {
+        let width = s.rt.config().max_step_tokens as usize;
+        Ok((s.rt.batch_buffer(), vec![width]))
+    })
 }
 
 /// `Runtime.resident_table(bucket)`.
