@@ -268,7 +268,7 @@ def main(argv=None):
     slot_groups = rt.slot_mapping_groups()
     views = {}
     for v in layout.gpu_views():
-        if v["group"] in slot_groups and v["layer"] not in views and v["row_bytes"] == rb:
+        if v["kind"] == "resident":
             views[v["layer"]] = (slot_groups.index(v["group"]),
                                  ops.fp16_rows(hisparse.pool_rows(device_pool, v)))
     slot_mapping = ops.device_array(rt.slot_mapping())  # a view: begin_step rewrites it

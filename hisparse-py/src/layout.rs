@@ -1,7 +1,7 @@
 //! Layout planning: `plan_layout(...)` → `Layout`, whose `to_dict()` is what `hisparse layout
 //! --json` prints for the same inputs.
 
-use hisparse_core::layout::{KvCacheConfig, LayerView, LayoutReport, capacity_contexts};
+use hisparse_core::layout::{GroupKind, KvCacheConfig, LayerView, LayoutReport, capacity_contexts};
 use hisparse_core::presets as model_presets;
 use hisparse_runtime::plan::{ArgNames, LayoutRequest, ModelSource, plan};
 use pyo3::prelude::*;
@@ -126,10 +126,22 @@ pub fn plan_layout(
     })
 }
 
-/// A layer view as a dict (see `Layout.gpu_views`).
-fn view_dict<'py>(py: Python<'py>, v: &LayerView) -> PyResult<Bound<'py, PyDict>> {
+/// A layer view of `kv` as a dict (see `Layout.gpu_views`), with its group's kind.
+fn view_dict<'py>(
+    py: Python<'py>,
+    kv: &KvCacheConfig,
+    v: &LayerView,
+) -> PyResult<Bound<'py, PyDict>> {
+    let kind = kv.groups.get(v.group as usize).map(|g| match g.kind {
+        GroupKind::Source => "source",
+        GroupKind::Indexer => "indexer",
+        GroupKind::Resident => "resident",
+        GroupKind::Hot => "hot",
+        GroupKind::Regular => "regular",
+    });
     let d = PyDict::new(py);
     d.set_item("group", v.group)?;
+    d.set_item("kind", kind)?;
     d.set_item("layer", v.layer)?;
     d.set_item("offset", v.offset)?;
     d.set_item("page_stride", v.page_stride)?;
@@ -312,8 +324,9 @@ impl Layout {
     }
 
     /// How each layer of every GPU group reads the device pool, in group order then layer
-    /// order: `{"group", "layer", "offset", "page_stride", "num_pages", "pages_per_block",
-    /// "rows_per_page", "row_bytes", "value_bytes", "tokens_per_row"}` each. The layer's view
+    /// order: `{"group", "kind", "layer", "offset", "page_stride", "num_pages",
+    /// "pages_per_block", "rows_per_page", "row_bytes", "value_bytes", "tokens_per_row"}` each
+    /// (`kind`: `"indexer"`, `"resident"`, `"hot"` or `"regular"`). The layer's view
     /// is `[num_pages, rows_per_page, row_bytes]` from byte `offset`, page `v` at `offset + v *
     /// page_stride`; a slot-mapping value or an attention row `r` is page `r // rows_per_page`,
     /// row `r % rows_per_page` (split rows: the page's values first, `value_bytes` each, then
@@ -324,7 +337,7 @@ impl Layout {
         self.kv
             .gpu_views()
             .iter()
-            .map(|v| view_dict(py, v))
+            .map(|v| view_dict(py, &self.kv, v))
             .collect()
     }
 
@@ -339,7 +352,7 @@ impl Layout {
         take_args!(group, index_in_group);
         self.kv
             .layer_view(group, index_in_group)
-            .map(|v| view_dict(py, &v))
+            .map(|v| view_dict(py, &self.kv, &v))
             .transpose()
     }
 

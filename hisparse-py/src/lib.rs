@@ -6,6 +6,7 @@ mod arrays;
 mod coordinator;
 mod errors;
 mod layout;
+mod report;
 mod runtime;
 
 use pyo3::prelude::*;
@@ -18,6 +19,7 @@ fn _hisparse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<coordinator::Coordinator>()?;
     m.add_class::<coordinator::Command>()?;
     m.add_class::<coordinator::Alloc>()?;
+    m.add_class::<report::WorkerReport>()?;
     m.add_class::<runtime::Runtime>()?;
     m.add_class::<runtime::LayerCall>()?;
     m.add_class::<runtime::DeviceArray>()?;

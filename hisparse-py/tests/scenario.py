@@ -85,13 +85,11 @@ class SlotForward:
     def __init__(self, rt: hisparse.Runtime, lay: hisparse.Layout, pool: "Pool"):
         self.rt, self.pool = rt, pool
         self.slots = np.asarray(rt.slot_mapping())  # a view: begin_step rewrites it in place
-        kinds = [g["kind"] for g in lay.to_dict()["groups"]]
         views = lay.gpu_views()
         # Sparse layers write their rows into their resident bucket's view.
         self.writes = [
-            (w, [v for v in views if v["group"] == g])
+            (w, [v for v in views if v["group"] == g and v["kind"] == "resident"])
             for w, g in enumerate(rt.slot_mapping_groups())
-            if kinds[g] == "resident"
         ]
 
     def __call__(self, cmd: hisparse.Command) -> None:

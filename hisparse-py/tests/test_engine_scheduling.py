@@ -137,3 +137,24 @@ def test_schedule_step_is_the_built_in_policy_without_the_command(coord):
     usage = coord.pool_usage()
     assert usage["gpu_used"] + usage["gpu_free"] == usage["gpu_total"]
     coord.finish(1)
+
+
+def test_worker_reports_are_objects_the_coordinator_takes():
+    f = scenario.first_step()
+    f.rt.end_step(f.cmd)
+    rep = f.rt.drain()
+    assert isinstance(rep, hisparse.WorkerReport)
+    assert rep.worker == rep["worker"] == 0
+    assert rep.enqueued == rep["enqueued"] == rep.completed == [f.cmd.transfer_id]
+    assert rep == hisparse.WorkerReport(0, [f.cmd.transfer_id], [f.cmd.transfer_id])
+    assert not rep.is_empty() and "WorkerReport(worker=0" in repr(rep)
+    with pytest.raises(KeyError, match="worker"):
+        rep["nothing"]
+    with pytest.raises(hisparse.InvalidArgumentError, match="alone"):
+        f.coord.report(rep, [], [])
+    with pytest.raises(hisparse.InvalidArgumentError, match="enqueued and completed"):
+        f.coord.report(0, [1])
+    f.coord.report(rep)
+    assert f.coord.durable_transfer == f.cmd.transfer_id
+    f.coord.report(0, [], [])
+    assert f.rt.poll().is_empty()

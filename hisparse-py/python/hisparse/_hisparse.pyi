@@ -1,6 +1,6 @@
 """Type stubs of the compiled module ``hisparse._hisparse`` (re-exported by ``hisparse``)."""
 
-from typing import Any, Literal, Optional, Sequence, TypedDict, final
+from typing import Any, Literal, Optional, Sequence, TypedDict, Union, final
 
 __all__ = [
     "HiSparseError",
@@ -15,6 +15,7 @@ __all__ = [
     "Coordinator",
     "Command",
     "Alloc",
+    "WorkerReport",
     "Runtime",
     "LayerCall",
     "DeviceArray",
@@ -49,6 +50,7 @@ class DeviceError(HiSparseError): ...
 
 class _LayerView(TypedDict):
     group: int
+    kind: Literal["indexer", "resident", "hot", "regular"]
     layer: int
     offset: int
     page_stride: int
@@ -70,11 +72,6 @@ class _ScheduledRequest(TypedDict):
     first_token: int
     num_tokens: int
     fully_resident: bool
-
-class _WorkerReport(TypedDict):
-    worker: int
-    enqueued: list[int]
-    completed: list[int]
 
 class _PoolUsage(TypedDict):
     gpu_used: int
@@ -236,6 +233,22 @@ class Alloc:
     def __bool__(self) -> bool: ...
 
 @final
+class WorkerReport:
+    """A worker's report: the transfer batches its runtime enqueued and completed since the last
+    one (``Runtime.poll()``), for ``Coordinator.report``. Also reads as a dict."""
+
+    def __new__(cls, worker: int, enqueued: Sequence[int], completed: Sequence[int]) -> WorkerReport: ...
+    @property
+    def worker(self) -> int: ...
+    @property
+    def enqueued(self) -> list[int]: ...
+    @property
+    def completed(self) -> list[int]: ...
+    def is_empty(self) -> bool: ...
+    def __getitem__(self, key: Literal["worker", "enqueued", "completed"], /) -> Any: ...
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
 class Coordinator:
     """The scheduler side of HiSparse for one model instance."""
 
@@ -274,7 +287,13 @@ class Coordinator:
         returned host blocks (one per page, in order)."""
     def import_blocks(self, id: int) -> Optional[list[int]]: ...
     def complete_import(self, id: int) -> None: ...
-    def report(self, worker: int, enqueued: Sequence[int], completed: Sequence[int]) -> None: ...
+    def report(
+        self,
+        worker: Union[WorkerReport, int],
+        enqueued: Optional[Sequence[int]] = None,
+        completed: Optional[Sequence[int]] = None,
+    ) -> None:
+        """Records a worker's progress: a ``WorkerReport``, or its three parts."""
     def finish(self, id: int) -> None: ...
     def preempt(self, id: int) -> None: ...
     def num_tokens(self, id: int) -> Optional[int]: ...
@@ -406,9 +425,9 @@ class Runtime:
     def end_step(self, cmd: Command, *, stream: Optional[int] = None) -> None:
         """After the forward pass: mirrors and spills on the copy stream, ordered after
         ``stream``. Not inside a graph capture."""
-    def poll(self) -> _WorkerReport: ...
-    def poll_and_report(self, coordinator: Coordinator) -> _WorkerReport: ...
-    def drain(self) -> _WorkerReport: ...
+    def poll(self) -> WorkerReport: ...
+    def poll_and_report(self, coordinator: Coordinator) -> WorkerReport: ...
+    def drain(self) -> WorkerReport: ...
     def synchronize(self) -> None: ...
     def counters(self) -> _Counters: ...
     def resident_row(self, bucket: int, state_row: int) -> list[int]: ...

@@ -21,6 +21,7 @@ pub use command::Command;
 use crate::args::{Int, IntList, take_args};
 use crate::errors::{invalid, to_py};
 use crate::layout::Layout;
+use crate::report::WorkerReport;
 
 /// The scheduler side of HiSparse for one model instance: admits requests, plans each step
 /// (`step()` → `Command`, or the engine's own `start`/`schedule` calls, then
@@ -251,15 +252,34 @@ impl Coordinator {
         self.inner.complete_import(id).map_err(to_py)
     }
 
-    /// Records worker `worker`'s progress: transfer ids it enqueued and completed, each in FIFO
-    /// order (what `Runtime.poll()` returns).
-    #[pyo3(signature = (worker, enqueued, completed))]
+    /// Records a worker's progress: a `WorkerReport` (what `Runtime.poll()` returns), or
+    /// `report(worker, enqueued, completed)` — the transfer ids it enqueued and completed, each
+    /// in FIFO order.
+    #[pyo3(signature = (worker, enqueued = None, completed = None))]
     fn report(
         &mut self,
-        worker: Int<u32>,
-        enqueued: IntList<u64>,
-        completed: IntList<u64>,
+        worker: &Bound<'_, PyAny>,
+        enqueued: Option<IntList<u64>>,
+        completed: Option<IntList<u64>>,
     ) -> PyResult<()> {
+        if let Ok(r) = worker.cast::<WorkerReport>() {
+            if enqueued.is_some() || completed.is_some() {
+                return Err(invalid(
+                    "pass a WorkerReport alone, or worker, enqueued and completed",
+                ));
+            }
+            let r = &r.get().inner;
+            return self
+                .inner
+                .report(r.worker, &r.enqueued, &r.completed)
+                .map_err(to_py);
+        }
+        let worker: Int<u32> = worker.extract()?;
+        let (Some(enqueued), Some(completed)) = (enqueued, completed) else {
+            return Err(invalid(
+                "pass a WorkerReport, or worker, enqueued and completed",
+            ));
+        };
         take_args!(worker, enqueued, completed);
         self.inner
             .report(worker, &enqueued, &completed)

@@ -30,6 +30,7 @@ use crate::arrays::Array;
 use crate::coordinator::{Command, Coordinator};
 use crate::errors::{concurrent_use, invalid, poisoned, to_py};
 use crate::layout::Layout;
+use crate::report::WorkerReport;
 
 pub use per_layer::LayerCall;
 pub use tables::DeviceArray;
@@ -372,17 +373,13 @@ impl Runtime {
 
     /// Transfer batches enqueued and completed since the last poll, without blocking:
     /// `{"worker", "enqueued", "completed"}` (the arguments of `Coordinator.report`).
-    fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn poll(&self) -> PyResult<WorkerReport> {
         let r = self.lock()?.rt.poll().map_err(to_py)?;
-        reports::report_dict(py, &r)
+        Ok(WorkerReport::new(r))
     }
 
     /// `poll()`, then hands the result to `coordinator` as this runtime's worker report.
-    fn poll_and_report<'py>(
-        &self,
-        py: Python<'py>,
-        coordinator: &Bound<'py, Coordinator>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    fn poll_and_report(&self, coordinator: &Bound<'_, Coordinator>) -> PyResult<WorkerReport> {
         let mut c = coordinator.borrow_mut();
         let r = self
             .lock()?
@@ -392,11 +389,11 @@ impl Runtime {
                 ReportError::Runtime(e) => to_py(e),
                 ReportError::Coordinator(e) => to_py(e),
             })?;
-        reports::report_dict(py, &r)
+        Ok(WorkerReport::new(r))
     }
 
     /// Blocks until every transfer and counter copy in flight completed, then polls.
-    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn drain(&self, py: Python<'_>) -> PyResult<WorkerReport> {
         let r = py
             .detach(|| {
                 let mut state = self.lock_detached()?;
@@ -404,7 +401,7 @@ impl Runtime {
             })
             .map_err(Detached::into_py)?
             .map_err(to_py)?;
-        reports::report_dict(py, &r)
+        Ok(WorkerReport::new(r))
     }
 
     /// Blocks until the compute stream's work is done.

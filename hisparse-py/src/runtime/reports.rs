@@ -1,16 +1,8 @@
-//! Worker reports and counters as Python dicts.
+//! Counters as a Python dict.
 
-use hisparse_runtime::{Counters, WorkerReport};
+use hisparse_runtime::Counters;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-
-pub(super) fn report_dict<'py>(py: Python<'py>, r: &WorkerReport) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("worker", r.worker)?;
-    d.set_item("enqueued", r.enqueued.clone())?;
-    d.set_item("completed", r.completed.clone())?;
-    Ok(d)
-}
 
 pub(super) fn counters_dict<'py>(py: Python<'py>, c: &Counters) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
