@@ -26,8 +26,18 @@ pub(crate) struct Streams {
     adopted: Vec<(u64, StreamId)>,
     /// `sys.modules`, to notice `torch` once it is imported (without importing it).
     modules: Option<Py<PyDict>>,
-    /// `torch._C._cuda_getCurrentRawStream` (or an equivalent), once `torch` is imported.
-    current: Option<Py<PyAny>>,
+    /// PyTorch's current-stream lookup, once `torch` is imported.
+    current: Current,
+}
+
+/// What is known of PyTorch's current-stream lookup.
+enum Current {
+    /// `torch` is not imported (yet).
+    NotImported,
+    /// `torch` is imported without CUDA: there is no current stream to follow.
+    NoCuda,
+    /// `torch._C._cuda_getCurrentRawStream` (or an equivalent).
+    Lookup(Py<PyAny>),
 }
 
 impl Streams {
@@ -40,7 +50,7 @@ impl Streams {
             compute_raw,
             adopted: Vec::new(),
             modules: None,
-            current: None,
+            current: Current::NotImported,
         }
     }
 
@@ -89,18 +99,20 @@ impl Streams {
 
     /// PyTorch's current stream of this device, if `torch` is imported and has CUDA.
     fn current_raw(&mut self, py: Python<'_>) -> PyResult<Option<u64>> {
-        if self.current.is_none() && !self.find_torch(py)? {
-            return Ok(None);
+        if let Current::NotImported = self.current {
+            self.current = self.find_torch(py)?;
         }
-        let Some(current) = &self.current else {
-            return Ok(None);
-        };
-        let raw = current.call1(py, (self.device_index,))?;
-        Ok(Some(raw.extract::<u64>(py)?))
+        match &self.current {
+            Current::Lookup(lookup) => {
+                let raw = lookup.call1(py, (self.device_index,))?;
+                Ok(Some(raw.extract::<u64>(py)?))
+            }
+            _ => Ok(None),
+        }
     }
 
-    /// Looks for an imported `torch` with CUDA (or ROCm) and keeps its current-stream lookup.
-    fn find_torch(&mut self, py: Python<'_>) -> PyResult<bool> {
+    /// Looks for an imported `torch` and, when it has CUDA (or ROCm), its current-stream lookup.
+    fn find_torch(&mut self, py: Python<'_>) -> PyResult<Current> {
         let modules = match &self.modules {
             Some(m) => m.bind(py).clone(),
             None => {
@@ -113,7 +125,7 @@ impl Streams {
             }
         };
         let Some(torch) = modules.get_item("torch")? else {
-            return Ok(false);
+            return Ok(Current::NotImported);
         };
         let has_cuda = torch
             .getattr("cuda")
@@ -121,7 +133,7 @@ impl Streams {
             .and_then(|a| a.extract::<bool>())
             .unwrap_or(false);
         if !has_cuda {
-            return Ok(false);
+            return Ok(Current::NoCuda);
         }
         // The raw lookup PyTorch's own compiled code uses (no Stream object per call); older
         // releases without it get the public spelling.
@@ -136,7 +148,6 @@ impl Streams {
                 None,
             )?,
         };
-        self.current = Some(lookup.unbind());
-        Ok(true)
+        Ok(Current::Lookup(lookup.unbind()))
     }
 }
