@@ -97,6 +97,7 @@ class _Counters(TypedDict):
     h2d_bytes: int
     d2h_bytes: int
     remap_calls: int
+    prefill_remap_calls: int
     resolve_calls: int
     follower_gathers: int
     table_writes: int
