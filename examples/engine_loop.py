@@ -283,8 +283,7 @@ def main(argv=None):
                     sched.finish(rid)
                 else:
                     coord.append_tokens(rid, [int(engine.rng.integers(50000))])
-    rep = rt.drain()
-    coord.report(rep["worker"], rep["enqueued"], rep["completed"])
+    coord.report(rt.drain())
     usage, c = coord.pool_usage(), rt.counters()
     print(f"{a.requests} requests on {a.backend}: {steps} steps, {sched.preemptions} preemptions, "
           f"{engine.replays} graph replays, {engine.verified} rows verified; {c['hot_hits']} hot "

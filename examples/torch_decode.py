@@ -376,9 +376,7 @@ def main(argv=None):
         print(f"decode step {step:3d}: {step_ms:8.3f} ms whole step; attention path "
               f"{with_ms:7.3f} ms with hisparse ({resolve_ms:6.3f} ms resolve + swap-in), "
               f"{without_ms:7.3f} ms without (the full KV resident)")
-    rep = rt.drain()
-    if rep["enqueued"] or rep["completed"]:
-        coord.report(rep["worker"], rep["enqueued"], rep["completed"])
+    coord.report(rt.drain())
     c = rt.counters()
     # Release the runtime (it finishes its work, then lets go of the lent tensors and stream)
     # while PyTorch's CUDA context is certainly alive, not at interpreter exit.

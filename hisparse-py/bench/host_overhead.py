@@ -98,8 +98,7 @@ def decode_step(backend, arrays, requests, top_k):
         rt.poll_and_report(coord)
         if not cmd.scheduled:
             time.sleep(0.0005)
-    rep = rt.drain()
-    coord.report(rep["worker"], rep["enqueued"], rep["completed"])
+    coord.report(rt.drain())
     for r in range(requests):
         coord.append_tokens(r, [1])
     cmd = coord.step()

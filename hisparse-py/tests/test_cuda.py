@@ -107,8 +107,7 @@ class CudaDecode:
         self.finish_step(cmd)
 
     def drain(self):
-        rep = self.rt.drain()
-        self.coord.report(rep["worker"], rep["enqueued"], rep["completed"])
+        self.coord.report(self.rt.drain())
         return self.rt.counters()
 
 
