@@ -16,11 +16,15 @@ A benchmark, not a test: it checks nothing but that the calls succeed.
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
-import numpy as np
+# numpy's BLAS threads spin between calls and take cores from the thread being timed.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 import hisparse
 
