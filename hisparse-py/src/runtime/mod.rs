@@ -404,14 +404,23 @@ impl Runtime {
         Ok(WorkerReport::new(r))
     }
 
-    /// Blocks until the compute stream's work is done.
-    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+    /// Blocks until the work enqueued on `stream` (default: the caller's current stream; the
+    /// runtime's compute stream when there is none) is done.
+    #[pyo3(signature = (*, stream = None))]
+    fn synchronize(&self, py: Python<'_>, stream: Option<Int<u64>>) -> PyResult<()> {
+        take_args!(stream);
+        let on = self.lock()?.on(py, stream)?;
+        // Errors leave the closure as (kind, message): Python exceptions need the GIL.
+        let failed = |e: &dyn hisparse_core::Error| (e.kind(), e.to_string());
         py.detach(|| {
             let state = self.lock_detached()?;
-            Ok(state.rt.device().synchronize(state.rt.compute_stream()))
+            Ok(match state.rt.stream(on) {
+                Ok(s) => state.rt.device().synchronize(s).map_err(|e| failed(&e)),
+                Err(e) => Err(failed(&e)),
+            })
         })
         .map_err(Detached::into_py)?
-        .map_err(to_py)
+        .map_err(|(kind, message)| crate::errors::error(kind, message))
     }
 
     /// Totals since the runtime was built (hits, misses, bytes each way, …, `hit_rate`).
