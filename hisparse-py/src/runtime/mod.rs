@@ -380,7 +380,9 @@ impl Runtime {
 
     /// `poll()`, then hands the result to `coordinator` as this runtime's worker report.
     fn poll_and_report(&self, coordinator: &Bound<'_, Coordinator>) -> PyResult<WorkerReport> {
-        let mut c = coordinator.borrow_mut();
+        let mut c = coordinator
+            .try_borrow_mut()
+            .map_err(|_| concurrent_use("Coordinator"))?;
         let r = self
             .lock()?
             .rt
