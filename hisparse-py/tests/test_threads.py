@@ -96,3 +96,13 @@ def test_threads_racing_for_one_runtime_get_typed_errors_or_results():
         t.join()
     assert len(outcomes) == 800 and "ok" in outcomes
     assert set(outcomes) <= {"ok", "busy"}
+
+
+def test_a_coordinator_built_on_one_thread_is_used_on_another():
+    layout = scenario.layout(scenario.Shape())
+    coord = hisparse.Coordinator(layout, max_running=2)
+    coord.admit(1, list(range(40)))
+    commands = []
+    on_a_new_thread(lambda: commands.append(coord.step()))
+    assert [s["id"] for s in commands[0].scheduled] == [1]
+    coord.finish(1)
