@@ -92,11 +92,12 @@ class Scheduler:
                 self.preempt_one()
         while self.waiting and budget > 0 and not pressed:
             rid = self.waiting[0]
-            if not coord.start(rid, budget):
+            admission = coord.can_start(rid, budget)  # would it fit now, and with how many tokens
+            if not admission or not coord.start(rid, budget):
                 break
             self.waiting.pop(0)
             self.running.append(rid)
-            budget -= coord.num_computed(rid)  # no prefix caching here: all of them computed
+            budget -= admission.tokens
         return coord.build_offload_command()
 
 

@@ -19,6 +19,7 @@ fn _hisparse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<coordinator::Coordinator>()?;
     m.add_class::<coordinator::Command>()?;
     m.add_class::<coordinator::Alloc>()?;
+    m.add_class::<coordinator::Admission>()?;
     m.add_class::<report::WorkerReport>()?;
     m.add_class::<runtime::Runtime>()?;
     m.add_class::<runtime::LayerCall>()?;

@@ -62,11 +62,11 @@ class Fcfs:
                     continue  # try this request again with the victim's blocks
         while not pressed and budget > 0 and self.waiting:
             rid = self.waiting[0]
-            outcome = coord.start(rid, budget)
-            if not outcome:
+            # Asked first: what the start would schedule (its first chunk, past any prefix hit).
+            admission = coord.can_start(rid, budget)
+            if not admission or not coord.start(rid, budget):
                 break
             self.waiting.popleft()
             self.running.append(rid)
-            # Tokens this start computes (no prefix hit here: every computed token counts).
-            budget -= coord.num_computed(rid)
+            budget -= admission.tokens
         return coord.build_offload_command()

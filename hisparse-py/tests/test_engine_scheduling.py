@@ -131,7 +131,8 @@ def test_an_import_is_reserved_written_and_started(coord):
 def test_schedule_step_is_the_built_in_policy_without_the_command(coord):
     coord.admit(1, list(range(30)))
     summary = coord.schedule_step()
-    assert summary == {"scheduled": 1, "tokens": 30, "preempted": 0, "waiting_on_reclaim": 0, "started": 1}
+    assert summary == {"scheduled": 1, "tokens": 30, "preempted": 0, "waiting_on_reclaim": 0, "started": 1,
+                       "refused": 0}
     cmd = coord.build_offload_command()
     assert cmd.scheduled[0]["num_tokens"] == 30
     usage = coord.pool_usage()

@@ -24,6 +24,7 @@ otherwise). The package README states the rules an engine keeps (steps, streams,
 from typing import TYPE_CHECKING
 
 from ._hisparse import (
+    Admission,
     Alloc,
     Command,
     ConcurrentUseError,
@@ -73,6 +74,7 @@ def aligned_empty(nbytes: int, alignment: int = HOST_POOL_ALIGNMENT) -> "numpy.n
 
 
 __all__ = [
+    "Admission",
     "Alloc",
     "Command",
     "ConcurrentUseError",

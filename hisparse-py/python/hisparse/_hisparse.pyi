@@ -15,6 +15,7 @@ __all__ = [
     "Coordinator",
     "Command",
     "Alloc",
+    "Admission",
     "WorkerReport",
     "Runtime",
     "LayerCall",
@@ -87,6 +88,29 @@ class _StepSummary(TypedDict):
     preempted: int
     waiting_on_reclaim: int
     started: int
+    refused: int
+
+class _TierFree(TypedDict):
+    gpu_blocks: int
+    gpu_capacity: int
+    gpu_cached: int
+    host_blocks: int
+    host_capacity: int
+    host_cached: int
+    hot_region_blocks: int
+    hot_regions_free: int
+    hot_regions_held: int
+    rows: int
+
+class _Needs(TypedDict):
+    tokens: int
+    gpu_blocks: int
+    hot_region_blocks: int
+    host_blocks: int
+    context_tokens: int
+    context_gpu_blocks: int
+    context_prefill_gpu_blocks: int
+    context_host_blocks: int
 
 class _Counters(TypedDict):
     steps: int
@@ -212,6 +236,10 @@ class Command:
     def slots(self) -> list[int]:
         """State rows of the scheduled requests (the batch for ``Runtime.set_batch``)."""
     @property
+    def refused(self) -> list[dict[str, Any]]:
+        """Requests refused in this step: ``{"id", "reason", "message", ...}`` each (fail and
+        finish them; the step went on for the others)."""
+    @property
     def preempted(self) -> list[int]: ...
     def to_dict(self) -> dict[str, Any]:
         """Every field of the command."""
@@ -250,6 +278,25 @@ class WorkerReport:
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
+class Admission:
+    """What ``Coordinator.can_start`` / ``can_schedule`` found: the operation's answer now,
+    changing nothing. True only when it would schedule."""
+
+    @property
+    def outcome(self) -> Literal["scheduled", "wait", "no_space"]: ...
+    @property
+    def pool(self) -> Optional[Literal["gpu", "host"]]: ...
+    @property
+    def scheduled(self) -> bool: ...
+    @property
+    def tokens(self) -> int:
+        """Tokens it would schedule (a start's first chunk; 0 unless scheduled)."""
+    @property
+    def reclaims(self) -> bool:
+        """Whether it would reclaim resident pages first."""
+    def __bool__(self) -> bool: ...
+
+@final
 class Coordinator:
     """The scheduler side of HiSparse for one model instance."""
 
@@ -275,6 +322,18 @@ class Coordinator:
     def start(self, id: int, max_tokens: int) -> Alloc:
         """Starts waiting request ``id`` with a first chunk of at most ``max_tokens`` tokens
         (fewer when the free GPU pool holds less); nothing changes unless scheduled."""
+    def can_start(self, id: int, max_tokens: int) -> Admission:
+        """What ``start(id, max_tokens)`` would answer now (the same error, or an
+        ``Admission``), changing nothing."""
+    def can_schedule(self, id: int, num_tokens: int) -> Admission:
+        """What ``schedule(id, num_tokens)`` would answer now, changing nothing."""
+    def free(self) -> _TierFree:
+        """What each tier has free now."""
+    def needs(self, id: int, num_tokens: int) -> _Needs:
+        """What request ``id`` needs for its next tokens and for its whole context."""
+    def refusal(self, id: int) -> Optional[dict[str, Any]]:
+        """Why ``id`` was refused while a step was scheduled (``{"reason", "message", ...}``),
+        or ``None``."""
     def schedule(self, id: int, num_tokens: int) -> Alloc:
         """Schedules ``num_tokens`` more tokens of running request ``id`` (all or none)."""
     def build_offload_command(self) -> Command:

@@ -59,6 +59,22 @@ impl Command {
     fn slots(&self) -> Vec<i32> {
         self.inner.scheduled.iter().map(|s| s.slot as i32).collect()
     }
+    /// Requests refused in this step (a restart whose context outgrew the GPU pool, …): `{"id",
+    /// "reason", "message", ...}` each. The step went on for the others; a refused request holds
+    /// no block and runs no more — fail it and `Coordinator.finish` it.
+    #[getter]
+    fn refused<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.inner
+            .refused
+            .iter()
+            .map(|r| {
+                let d = super::admission::refusal_dict(py, &r.reason)?;
+                d.set_item("id", r.id)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
     /// Requests preempted in this step.
     #[getter]
     fn preempted(&self) -> Vec<RequestId> {

@@ -8,6 +8,7 @@
 //!
 //! Calls hold the GIL for their (short) length, so a coordinator may be used from any thread.
 
+mod admission;
 mod command;
 
 use hisparse_core::coordinator::{
@@ -16,6 +17,7 @@ use hisparse_core::coordinator::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+pub use admission::Admission;
 pub use command::Command;
 
 use crate::args::{Int, IntList, take_args};
@@ -49,25 +51,35 @@ fn pool_name(p: PoolKind) -> &'static str {
     }
 }
 
+/// `"scheduled"`, `"wait"` or `"no_space"`.
+fn outcome_name(a: CoreAlloc) -> &'static str {
+    match a {
+        CoreAlloc::Scheduled => "scheduled",
+        CoreAlloc::Wait => "wait",
+        CoreAlloc::NoSpace(_) => "no_space",
+    }
+}
+
+/// The pool an outcome found short, if any.
+fn short_pool(a: CoreAlloc) -> Option<&'static str> {
+    match a {
+        CoreAlloc::NoSpace(p) => Some(pool_name(p)),
+        _ => None,
+    }
+}
+
 #[pymethods]
 impl Alloc {
     /// `"scheduled"`, `"wait"` or `"no_space"`.
     #[getter]
     fn outcome(&self) -> &'static str {
-        match self.inner {
-            CoreAlloc::Scheduled => "scheduled",
-            CoreAlloc::Wait => "wait",
-            CoreAlloc::NoSpace(_) => "no_space",
-        }
+        outcome_name(self.inner)
     }
 
     /// The pool that is short (`"gpu"` or `"host"`) for `"no_space"`, else `None`.
     #[getter]
     fn pool(&self) -> Option<&'static str> {
-        match self.inner {
-            CoreAlloc::NoSpace(p) => Some(pool_name(p)),
-            _ => None,
-        }
+        short_pool(self.inner)
     }
 
     /// Whether the tokens were scheduled.
@@ -181,6 +193,7 @@ impl Coordinator {
         d.set_item("preempted", s.preempted)?;
         d.set_item("waiting_on_reclaim", s.waiting_on_reclaim)?;
         d.set_item("started", s.started)?;
+        d.set_item("refused", s.refused)?;
         Ok(d)
     }
 
@@ -192,6 +205,60 @@ impl Coordinator {
         take_args!(id, max_tokens);
         let inner = self.inner.start(id, max_tokens).map_err(to_py)?;
         Ok(Alloc { inner })
+    }
+
+    /// What `start(id, max_tokens)` would answer now — the same error, or an `Admission`:
+    /// outcome, first chunk, whether it would reclaim first — without changing anything.
+    fn can_start(&self, id: Int<RequestId>, max_tokens: Int<u32>) -> PyResult<Admission> {
+        take_args!(id, max_tokens);
+        let inner = self.inner.can_start(id, max_tokens).map_err(to_py)?;
+        Ok(Admission { inner })
+    }
+
+    /// What `schedule(id, num_tokens)` would answer now — the same error, or an `Admission` —
+    /// without changing anything.
+    fn can_schedule(&self, id: Int<RequestId>, num_tokens: Int<u32>) -> PyResult<Admission> {
+        take_args!(id, num_tokens);
+        let inner = self.inner.can_schedule(id, num_tokens).map_err(to_py)?;
+        Ok(Admission { inner })
+    }
+
+    /// What each tier has free now: `{"gpu_blocks", "gpu_capacity", "gpu_cached",
+    /// "host_blocks", "host_capacity", "host_cached", "hot_region_blocks", "hot_regions_free",
+    /// "hot_regions_held", "rows"}` (free blocks count unpinned and prefix-cached ones; `rows`:
+    /// state rows free).
+    fn free<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        admission::free_dict(py, &self.inner.free())
+    }
+
+    /// What request `id` needs for its next `num_tokens` tokens (a start's first chunk for a
+    /// waiting one) and for its whole context: `{"tokens", "gpu_blocks",
+    /// "hot_region_blocks", "host_blocks", "context_tokens", "context_gpu_blocks",
+    /// "context_prefill_gpu_blocks", "context_host_blocks"}`.
+    fn needs<'py>(
+        &self,
+        py: Python<'py>,
+        id: Int<RequestId>,
+        num_tokens: Int<u32>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        take_args!(id, num_tokens);
+        let needs = self.inner.needs(id, num_tokens).map_err(to_py)?;
+        admission::needs_dict(py, &needs)
+    }
+
+    /// Why request `id` was refused while a step was scheduled (`Command.refused`):
+    /// `{"reason", "message", ...}`, or `None` when it was not. A refused request holds no
+    /// block and runs no more: fail it and `finish` it.
+    fn refusal<'py>(
+        &self,
+        py: Python<'py>,
+        id: Int<RequestId>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        take_args!(id);
+        self.inner
+            .refusal(id)
+            .map(|r| admission::refusal_dict(py, &r))
+            .transpose()
     }
 
     /// Schedules `num_tokens` more tokens of running request `id` in this step (all or none),
