@@ -285,12 +285,14 @@ def main(argv=None):
                 else:
                     coord.append_tokens(rid, [int(engine.rng.integers(50000))])
     coord.report(rt.drain())
-    usage, c = coord.pool_usage(), rt.counters()
+    c = rt.counters()
     print(f"{a.requests} requests on {a.backend}: {steps} steps, {sched.preemptions} preemptions, "
           f"{engine.replays} graph replays, {engine.verified} rows verified; {c['hot_hits']} hot "
           f"hits, {c['hot_misses']} misses, {c['reclaimed_pages']} pages reclaimed")
-    if usage["gpu_used"] or usage["host_used"]:
-        print(f"blocks still held after every request finished: {usage}", file=sys.stderr)
+    try:
+        coord.check_drained()  # every block back once every request finished and copies drained
+    except hisparse.HiSparseError as e:
+        print(e, file=sys.stderr)
         return 1
     return 0
 

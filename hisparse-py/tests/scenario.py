@@ -243,8 +243,7 @@ def run(
         coord.report(rep["worker"], rep["enqueued"], rep["completed"])
     out.counters = rt.counters()
     out.preemptions = policy.preemptions if policy else 0
-    usage = coord.pool_usage()
-    assert usage["gpu_used"] == 0 and usage["host_used"] == 0, f"blocks left held: {usage}"
+    coord.check_drained()
     return out
 
 

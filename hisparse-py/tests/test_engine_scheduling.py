@@ -159,3 +159,15 @@ def test_worker_reports_are_objects_the_coordinator_takes():
     assert f.coord.durable_transfer == f.cmd.transfer_id
     f.coord.report(0, [], [])
     assert f.rt.poll().is_empty()
+
+
+def test_check_drained_names_what_is_left():
+    f = scenario.first_step()
+    with pytest.raises(hisparse.InvalidArgumentError, match="request not finished"):
+        f.coord.check_drained()
+    f.rt.end_step(f.cmd)
+    f.coord.finish(1)
+    with pytest.raises(hisparse.InvalidArgumentError, match="not completed by every worker"):
+        f.coord.check_drained()
+    f.coord.report(f.rt.drain())
+    f.coord.check_drained()

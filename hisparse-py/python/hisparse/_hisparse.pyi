@@ -380,6 +380,9 @@ class Coordinator:
     def hot_row(self, id: int, bucket: int) -> list[int]: ...
     def block_table_row(self, id: int, group: int) -> list[int]: ...
     def check_invariants(self) -> None: ...
+    def check_drained(self) -> None:
+        """Raises unless every request finished and every transfer completed left nothing
+        held (what a run checks at its end)."""
 
 @final
 class Runtime:

@@ -507,6 +507,16 @@ impl Coordinator {
     fn check_invariants(&self) -> PyResult<()> {
         self.inner
             .check_invariants()
-            .map_err(|v| invalid(format!("coordinator invariant violated: {v:?}")))
+            .map_err(|v| invalid(format!("coordinator: {v}")))
+    }
+
+    /// Checks that the coordinator is back to empty once every request finished and every
+    /// worker reported every transfer complete: no request, no transfer or release in flight,
+    /// no GPU or host block held (prefix-cached free blocks count as empty), every invariant.
+    /// Raises `InvalidArgumentError` naming the first thing left.
+    fn check_drained(&self) -> PyResult<()> {
+        self.inner
+            .check_drained()
+            .map_err(|v| invalid(format!("coordinator not drained: {v}")))
     }
 }
