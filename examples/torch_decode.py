@@ -74,9 +74,11 @@ class TorchOps:
     def host_bytes(self, n):
         return self.torch.zeros(n, dtype=self.torch.uint8, pin_memory=True)
 
-    def rows_view(self, pool, offset, row_bytes, dim):
-        n = (pool.numel() - offset) // row_bytes
-        return pool[offset : offset + n * row_bytes].view(self.torch.float16).view(n, dim)
+    def fp16_rows(self, rows):
+        return rows.view(self.torch.float16)
+
+    def device_array(self, a):
+        return self.torch.as_tensor(a, device=self.dev)
 
     def randn(self, shape, seed, dtype="float32"):
         g = self.torch.Generator(device=self.dev)
@@ -91,7 +93,7 @@ class TorchOps:
         return self.torch.as_tensor(values, dtype=self.torch.int64).to(self.dev, non_blocking=True)
 
     def put_rows(self, view, rows, values):
-        view[rows] = values
+        view.index_copy_(0, rows.long(), values)
 
     def topk(self, scores, k, out):
         out.copy_(self.torch.topk(scores, k, dim=1).indices.to(self.torch.int32))
@@ -147,9 +149,11 @@ class NumpyOps:
 
     host_bytes = device_bytes
 
-    def rows_view(self, pool, offset, row_bytes, dim):
-        n = (pool.size - offset) // row_bytes
-        return pool[offset : offset + n * row_bytes].view(np.float16).reshape(n, dim)
+    def fp16_rows(self, rows):
+        return rows.view(np.float16)
+
+    def device_array(self, a):
+        return np.asarray(a)
 
     def randn(self, shape, seed, dtype="float32"):
         x = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
@@ -240,7 +244,7 @@ def main(argv=None):
     ops = TorchOps() if a.backend == "cuda" else NumpyOps()
     layout, all_resident_blocks = plan(a)
     R, L, D, K = a.requests, a.layers, a.dim, a.top_k
-    rb, stride = layout.row_bytes, layout.attention_block_stride
+    rb = layout.row_bytes
     T = a.context + a.decode_steps
     print(f"hisparse {hisparse.__version__} on {a.backend} ({ops.name}): {L} layers, {R} requests "
           f"x {a.context} tokens + {a.decode_steps} decode steps, top-k {K}, rows of {D} fp16")
@@ -253,14 +257,21 @@ def main(argv=None):
     # pool; HiSparse enqueues on PyTorch's current stream.
     device_pool = ops.device_bytes(layout.gpu_pool_bytes)
     host_pool = ops.host_bytes(layout.host_pool_bytes) if a.host_pool == "lent" else None
+    step_budget = max(a.context, R)
     rt = hisparse.Runtime(layout, a.backend, state_rows=R, max_step_tokens=R,
-                          device_pool=device_pool, host_pool=host_pool, stream=ops.stream())
-    coord = hisparse.Coordinator(layout, max_running=R, max_batched_tokens=max(a.context, R))
+                          max_batched_tokens=step_budget, device_pool=device_pool,
+                          host_pool=host_pool, stream=ops.stream())
+    coord = hisparse.Coordinator(layout, max_running=R, max_batched_tokens=step_budget)
+    # Each sparse layer's rows in its resident bucket's view of the pool (the flat attention
+    # view: row r of the view is the row the resolver returns as r), and the slot-mapping row
+    # of that bucket.
+    slot_groups = rt.slot_mapping_groups()
     views = {}
-    for g in layout.index_groups:
-        (layer,) = g["layers"]
-        bucket, offset = layout.layer_offset(layer)
-        views[layer] = (bucket, ops.rows_view(device_pool, offset, rb, D))
+    for v in layout.gpu_views():
+        if v["kind"] == "resident":
+            views[v["layer"]] = (slot_groups.index(v["group"]),
+                                 ops.fp16_rows(hisparse.pool_rows(device_pool, v)))
+    slot_mapping = ops.device_array(rt.slot_mapping())  # a view: begin_step rewrites it
 
     # The model's KV rows and indexer keys (the full KV is the reference only).
     ref_kv = [ops.randn((R, T, D), a.seed * 1000 + l, "float16") for l in range(L)]
@@ -269,15 +280,15 @@ def main(argv=None):
     attn_query = [ops.randn((R, D), a.seed * 1000 + 950 + l) for l in range(L)]
 
     def forward(cmd):
-        """Writes every scheduled token's KV rows into its resident pages (each layer)."""
-        for s in cmd.scheduled:
-            req, first, n = s["id"] - 1, s["first_token"], s["num_tokens"]
-            pos = np.arange(first, first + n)
-            for layer, (bucket, view) in views.items():
-                blocks = np.asarray(rt.resident_row(bucket, s["slot"]), dtype=np.int64)[pos // BLOCK]
-                assert (blocks > 0).all(), f"request {s['id']}: a page without a resident block"
-                ops.put_rows(view, ops.index(blocks * stride + pos % BLOCK),
-                             ref_kv[layer][req, first : first + n])
+        """Writes every scheduled token's KV row of every layer through the step's slot
+        mapping: one index_copy_ per layer, no per-request loop."""
+        sched = cmd.scheduled
+        req = ops.index(np.repeat([s["id"] - 1 for s in sched], [s["num_tokens"] for s in sched]))
+        pos = ops.index(np.concatenate([np.arange(s["first_token"], s["first_token"] + s["num_tokens"])
+                                        for s in sched] or [np.zeros(0, np.int64)]))
+        t = rt.step_tokens
+        for layer, (w, view) in views.items():
+            ops.put_rows(view, slot_mapping[w, :t], ref_kv[layer][req, pos])
 
     for req in range(1, R + 1):
         coord.admit(req, [(req * 7919 + t) % 50000 for t in range(a.context)])
@@ -365,9 +376,7 @@ def main(argv=None):
         print(f"decode step {step:3d}: {step_ms:8.3f} ms whole step; attention path "
               f"{with_ms:7.3f} ms with hisparse ({resolve_ms:6.3f} ms resolve + swap-in), "
               f"{without_ms:7.3f} ms without (the full KV resident)")
-    rep = rt.drain()
-    if rep["enqueued"] or rep["completed"]:
-        coord.report(rep["worker"], rep["enqueued"], rep["completed"])
+    coord.report(rt.drain())
     c = rt.counters()
     # Release the runtime (it finishes its work, then lets go of the lent tensors and stream)
     # while PyTorch's CUDA context is certainly alive, not at interpreter exit.

@@ -20,6 +20,12 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     hisparse,
+    ConcurrentUseError,
+    InvalidArgumentError,
+    "An object was called from one thread while a call on another thread was still running in it: use each `Runtime` (and its prepared calls) from one thread at a time."
+);
+pyo3::create_exception!(
+    hisparse,
     OutOfDeviceMemoryError,
     HiSparseError,
     "Device memory is exhausted: free memory or plan a smaller pool."
@@ -50,7 +56,7 @@ pyo3::create_exception!(
 );
 
 /// The exception for `kind` with `message`, its `kind` and `message` attributes set.
-pub fn error(py: Python<'_>, kind: ErrorKind, message: String) -> PyErr {
+pub fn error(kind: ErrorKind, message: String) -> PyErr {
     let err = match kind {
         ErrorKind::InvalidArgument => InvalidArgumentError::new_err(message.clone()),
         ErrorKind::OutOfDeviceMemory => OutOfDeviceMemoryError::new_err(message.clone()),
@@ -59,22 +65,53 @@ pub fn error(py: Python<'_>, kind: ErrorKind, message: String) -> PyErr {
         ErrorKind::Unsupported => UnsupportedError::new_err(message.clone()),
         _ => DeviceError::new_err(message.clone()),
     };
-    let value = err.value(py);
-    // Setting attributes on a fresh exception instance cannot fail short of memory exhaustion,
-    // in which case the exception still carries its message.
-    let _ = value.setattr("kind", kind.as_str());
-    let _ = value.setattr("message", message);
-    err
+    with_attributes(err, kind, message)
 }
 
 /// The exception for a HiSparse error of any crate.
 pub fn to_py<E: Error>(e: E) -> PyErr {
-    Python::attach(|py| error(py, e.kind(), e.to_string()))
+    error(e.kind(), e.to_string())
 }
 
 /// An invalid-argument exception with `message`.
 pub fn invalid(message: impl Into<String>) -> PyErr {
-    Python::attach(|py| error(py, ErrorKind::InvalidArgument, message.into()))
+    error(ErrorKind::InvalidArgument, message.into())
+}
+
+/// Sets `kind` and `message` on a fresh exception. Setting attributes on a fresh exception
+/// instance cannot fail short of memory exhaustion, in which case the exception still carries
+/// its message.
+fn with_attributes(err: PyErr, kind: ErrorKind, message: String) -> PyErr {
+    Python::attach(|py| {
+        let value = err.value(py);
+        let _ = value.setattr("kind", kind.as_str());
+        let _ = value.setattr("message", message);
+    });
+    err
+}
+
+/// The error for a call made while another thread's call is running in the same object.
+pub fn concurrent_use(what: &str) -> PyErr {
+    let message = format!(
+        "this {what} is in a call on another thread; use it from one thread at a time (hold a lock around its calls)"
+    );
+    with_attributes(
+        ConcurrentUseError::new_err(message.clone()),
+        ErrorKind::InvalidArgument,
+        message,
+    )
+}
+
+/// The error for an object whose state an earlier call left unknown (it panicked).
+pub fn poisoned(what: &str) -> PyErr {
+    let message = format!(
+        "an earlier call into this {what} failed midway (a bug; please report it), so its state is unknown; build a new one"
+    );
+    with_attributes(
+        DeviceError::new_err(message.clone()),
+        ErrorKind::Other,
+        message,
+    )
 }
 
 /// Registers the exception classes in the module.
@@ -85,6 +122,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "InvalidArgumentError",
         py.get_type::<InvalidArgumentError>(),
     )?;
+    m.add("ConcurrentUseError", py.get_type::<ConcurrentUseError>())?;
     m.add(
         "OutOfDeviceMemoryError",
         py.get_type::<OutOfDeviceMemoryError>(),

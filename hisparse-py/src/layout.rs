@@ -1,15 +1,13 @@
 //! Layout planning: `plan_layout(...)` → `Layout`, whose `to_dict()` is what `hisparse layout
 //! --json` prints for the same inputs.
 
-use hisparse_core::config::HiSparseConfig;
-use hisparse_core::layout::{
-    KvCacheConfig, LayoutInput, LayoutReport, capacity_contexts, plan_layout as plan,
-};
-use hisparse_core::model::{ModelSpec, OwnedModel};
+use hisparse_core::layout::{GroupKind, KvCacheConfig, LayerView, LayoutReport, capacity_contexts};
 use hisparse_core::presets as model_presets;
+use hisparse_runtime::plan::{ArgNames, LayoutRequest, ModelSource, plan};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::args::{Int, IntList, take_args};
 use crate::errors::{invalid, to_py};
 
 /// A planned KV-cache layout (immutable).
@@ -34,83 +32,126 @@ impl Layout {
     }
 }
 
-/// Plans a layout.
+/// How this module spells each argument of a layout request, for the planner's messages.
+const ARG_NAMES: ArgNames<'static> = ArgNames {
+    preset: "preset",
+    model: "model_json",
+    layers: "layers",
+    gpu_mem: "gpu_mem",
+    host_mem: "host_mem",
+    max_model_len: "max_model_len",
+    shorten: "max_model_len",
+    device_buffer_size: "device_buffer_size",
+    max_query_len: "max_query_len",
+    top_k: "top_k",
+    num_gpu_blocks: "num_gpu_blocks",
+};
+
+/// Plans a layout through the runtime's one door for every front end
+/// (`hisparse_runtime::plan`), whose defaults an argument left out takes.
 ///
 /// The model is a preset (`preset`, see `presets()`) or a model description as JSON
 /// (`model_json`, the format `hisparse layout --print-model` writes); `layers` keeps only the
 /// first `layers` layers. Sizes are bytes. `num_gpu_blocks` fixes the GPU pool's block count
-/// (null block included) instead of deriving it from `gpu_mem`.
+/// (null block included) instead of deriving it from `gpu_mem`; `shared_host_pool` plans one
+/// host pool for every tensor-parallel rank of a node.
 #[pyfunction]
 #[pyo3(signature = (
     preset = "deepseek-v3.2",
     *,
     model_json = None,
     layers = None,
-    gpu_mem = 80 << 30,
-    host_mem = 512 << 30,
-    max_model_len = 131072,
+    gpu_mem = None,
+    host_mem = None,
+    max_model_len = None,
     device_buffer_size = None,
-    max_query_len = 1,
+    max_query_len = None,
     top_k = None,
     eager_host_mirror = true,
     num_gpu_blocks = None,
-))]
+    shared_host_pool = false,
+),
+// The one door's defaults as Python shows them (a test checks they are what a call without
+// them gets).
+text_signature = "(preset='deepseek-v3.2', *, model_json=None, layers=None, gpu_mem=85899345920, host_mem=549755813888, max_model_len=131072, device_buffer_size=None, max_query_len=1, top_k=None, eager_host_mirror=True, num_gpu_blocks=None, shared_host_pool=False)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub fn plan_layout(
     preset: &str,
     model_json: Option<&str>,
-    layers: Option<usize>,
-    gpu_mem: u64,
-    host_mem: u64,
-    max_model_len: u32,
-    device_buffer_size: Option<u32>,
-    max_query_len: u32,
-    top_k: Option<u32>,
+    layers: Option<Int<usize>>,
+    gpu_mem: Option<Int<u64>>,
+    host_mem: Option<Int<u64>>,
+    max_model_len: Option<Int<u32>>,
+    device_buffer_size: Option<Int<u32>>,
+    max_query_len: Option<Int<u32>>,
+    top_k: Option<Int<u32>>,
     eager_host_mirror: bool,
-    num_gpu_blocks: Option<u32>,
+    num_gpu_blocks: Option<Int<u32>>,
+    shared_host_pool: bool,
 ) -> PyResult<Layout> {
-    let owned: OwnedModel = match model_json {
-        Some(text) => serde_json::from_str(text).map_err(|e| {
-            invalid(format!(
-                "model_json is not a model description ({e}); `hisparse layout --print-model` writes a template"
-            ))
-        })?,
-        None => model_presets::preset(preset)
-            .map_err(|e| {
-                invalid(format!(
-                    "unknown preset `{preset}`; use one of: {}",
-                    e.valid.join(", ")
-                ))
-            })?
-            .into(),
-    };
-    let full = owned.as_spec();
-    full.validate().map_err(to_py)?;
-    let model = match layers {
-        None | Some(0) => full,
-        Some(n) if n <= full.layers.len() => ModelSpec {
-            layers: &full.layers[..n],
-            ..full
-        },
-        Some(n) => {
-            return Err(invalid(format!(
-                "layers = {n}, but the model has {} layers; pass at most that many",
-                full.layers.len()
-            )));
-        }
-    };
-    let mut cfg = HiSparseConfig::new(top_k.unwrap_or(model.top_k), host_mem);
-    cfg.device_buffer_size = device_buffer_size;
-    cfg.max_query_len = max_query_len;
-    cfg.eager_host_mirror = eager_host_mirror;
-    let mut input = LayoutInput::new(&model, &cfg, gpu_mem, max_model_len);
-    input.num_gpu_blocks_override = num_gpu_blocks;
-    let kv = plan(&input).map_err(to_py)?;
-    Ok(Layout {
-        kv,
+    take_args!(
+        layers,
         gpu_mem,
         host_mem,
+        max_model_len,
+        device_buffer_size,
+        max_query_len,
+        top_k,
+        num_gpu_blocks
+    );
+    let source = match model_json {
+        Some(text) => ModelSource::Json(text),
+        None => ModelSource::Preset(preset),
+    };
+    let defaults = LayoutRequest::new(source);
+    let req = LayoutRequest {
+        layers,
+        gpu_mem: gpu_mem.unwrap_or(defaults.gpu_mem),
+        host_mem: host_mem.unwrap_or(defaults.host_mem),
+        max_model_len: max_model_len.unwrap_or(defaults.max_model_len),
+        device_buffer_size,
+        max_query_len: max_query_len.unwrap_or(defaults.max_query_len),
+        top_k,
+        eager_host_mirror,
+        num_gpu_blocks,
+        shared_host_pool,
+        ..defaults
+    };
+    let planned = plan(&req, &ARG_NAMES).map_err(to_py)?;
+    Ok(Layout {
+        kv: planned.kv,
+        gpu_mem: req.gpu_mem,
+        host_mem: req.host_mem,
     })
+}
+
+/// A layer view of `kv` as a dict (see `Layout.gpu_views`), with its group's kind.
+fn view_dict<'py>(
+    py: Python<'py>,
+    kv: &KvCacheConfig,
+    v: &LayerView,
+) -> PyResult<Bound<'py, PyDict>> {
+    let kind = kv.groups.get(v.group as usize).map(|g| match g.kind {
+        GroupKind::Source => "source",
+        GroupKind::Indexer => "indexer",
+        GroupKind::Resident => "resident",
+        GroupKind::Hot => "hot",
+        GroupKind::Regular => "regular",
+    });
+    let d = PyDict::new(py);
+    d.set_item("group", v.group)?;
+    d.set_item("kind", kind)?;
+    d.set_item("layer", v.layer)?;
+    d.set_item("offset", v.offset)?;
+    d.set_item("page_stride", v.page_stride)?;
+    d.set_item("num_pages", v.num_pages)?;
+    d.set_item("pages_per_block", v.pages_per_block)?;
+    d.set_item("rows_per_page", v.rows_per_page)?;
+    d.set_item("row_bytes", v.row_bytes)?;
+    d.set_item("value_bytes", v.value_bytes)?;
+    d.set_item("tokens_per_row", v.tokens_per_row)?;
+    Ok(d)
 }
 
 /// Names of the model presets.
@@ -146,21 +187,24 @@ impl Layout {
     fn to_dict<'py>(
         &self,
         py: Python<'py>,
-        capacity_contexts: Option<Vec<u32>>,
+        capacity_contexts: Option<IntList<u32>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        take_args!(capacity_contexts);
         let text = self.json_value(capacity_contexts)?.to_string();
         py.import("json")?.call_method1("loads", (text,))
     }
 
     /// The layout as JSON text (the `to_dict()` content, indented as the CLI prints it).
     #[pyo3(signature = (capacity_contexts = None))]
-    fn to_json(&self, capacity_contexts: Option<Vec<u32>>) -> PyResult<String> {
+    fn to_json(&self, capacity_contexts: Option<IntList<u32>>) -> PyResult<String> {
+        take_args!(capacity_contexts);
         serde_json::to_string_pretty(&self.json_value(capacity_contexts)?)
             .map_err(|e| invalid(e.to_string()))
     }
 
     /// Requests that fit at `context_len` tokens, all-on-GPU vs HiSparse, and the limiting tier.
-    fn capacity<'py>(&self, py: Python<'py>, context_len: u32) -> PyResult<Bound<'py, PyAny>> {
+    fn capacity<'py>(&self, py: Python<'py>, context_len: Int<u32>) -> PyResult<Bound<'py, PyAny>> {
+        take_args!(context_len);
         let text = serde_json::to_string(&self.kv.capacity(context_len))
             .map_err(|e| invalid(e.to_string()))?;
         py.import("json")?.call_method1("loads", (text,))
@@ -265,7 +309,8 @@ impl Layout {
     /// Where sparse layer `layer` lives in the device pool: `(bucket, offset)`, `offset` being
     /// the layer's byte offset inside every resident and hot block of its bucket. In the flat
     /// attention view, physical row `r` of the layer starts at byte `offset + r * row_bytes`.
-    fn layer_offset(&self, layer: u32) -> PyResult<(u32, u64)> {
+    fn layer_offset(&self, layer: Int<u32>) -> PyResult<(u32, u64)> {
+        take_args!(layer);
         let (bucket, gl) = self.kv.bucket_of(layer).map_err(to_py)?;
         Ok((bucket, gl.offset))
     }
@@ -273,8 +318,42 @@ impl Layout {
     /// Where sparse layer `layer`'s rows live in the host pool: the byte offset of its
     /// `[host_num_blocks, block_size, row]` array (flat host row `g` at `offset + g * row_bytes`
     /// for contiguous rows).
-    fn host_layer_offset(&self, layer: u32) -> PyResult<u64> {
+    fn host_layer_offset(&self, layer: Int<u32>) -> PyResult<u64> {
+        take_args!(layer);
         Ok(self.kv.host_layout(layer).map_err(to_py)?.base)
+    }
+
+    /// How each layer of every GPU group reads the device pool, in group order then layer
+    /// order: `{"group", "kind", "layer", "offset", "page_stride", "num_pages",
+    /// "pages_per_block", "rows_per_page", "row_bytes", "value_bytes", "tokens_per_row"}` each
+    /// (`kind`: `"indexer"`, `"resident"`, `"hot"` or `"regular"`). The layer's view
+    /// is `[num_pages, rows_per_page, row_bytes]` from byte `offset`, page `v` at `offset + v *
+    /// page_stride`; a slot-mapping value or an attention row `r` is page `r // rows_per_page`,
+    /// row `r % rows_per_page` (split rows: the page's values first, `value_bytes` each, then
+    /// their scales). For resident and hot groups this is the flat attention view
+    /// (`page_stride = rows_per_page * row_bytes`); for indexer and regular groups
+    /// `page_stride = bytes_per_block`. `hisparse.pool_view(pool, view)` builds the array.
+    fn gpu_views<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.kv
+            .gpu_views()
+            .iter()
+            .map(|v| view_dict(py, &self.kv, v))
+            .collect()
+    }
+
+    /// The view (as in `gpu_views()`) of the `index_in_group`-th layer of layout group
+    /// `group`, or `None` for the source group or a group or layer outside the layout.
+    fn layer_view<'py>(
+        &self,
+        py: Python<'py>,
+        group: Int<usize>,
+        index_in_group: Int<usize>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        take_args!(group, index_in_group);
+        self.kv
+            .layer_view(group, index_in_group)
+            .map(|v| view_dict(py, &self.kv, &v))
+            .transpose()
     }
 
     fn __repr__(&self) -> String {

@@ -1,10 +1,12 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod args;
 mod arrays;
 mod coordinator;
 mod errors;
 mod layout;
+mod report;
 mod runtime;
 
 use pyo3::prelude::*;
@@ -16,7 +18,12 @@ fn _hisparse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<layout::Layout>()?;
     m.add_class::<coordinator::Coordinator>()?;
     m.add_class::<coordinator::Command>()?;
+    m.add_class::<coordinator::Alloc>()?;
+    m.add_class::<coordinator::Admission>()?;
+    m.add_class::<report::WorkerReport>()?;
     m.add_class::<runtime::Runtime>()?;
+    m.add_class::<runtime::LayerCall>()?;
+    m.add_class::<runtime::DeviceArray>()?;
     m.add_function(wrap_pyfunction!(layout::plan_layout, m)?)?;
     m.add_function(wrap_pyfunction!(layout::presets, m)?)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 
+import fcfs
 import hisparse
 
 
@@ -51,10 +52,56 @@ def layout(s: Shape) -> hisparse.Layout:
     )
 
 
+def rows_of(req: np.ndarray, pos: np.ndarray, layer: int, nbytes: int) -> np.ndarray:
+    """The bytes the forward pass writes for each (request, token) of one layer: `[n, nbytes]`."""
+    i = np.arange(nbytes, dtype=np.int64)
+    req = np.asarray(req, dtype=np.int64)[:, None]
+    pos = np.asarray(pos, dtype=np.int64)[:, None]
+    return ((req * 131 + pos * 7 + layer * 31 + i[None, :] * 3) % 251).astype(np.uint8)
+
+
 def row(req: int, pos: int, layer: int, nbytes: int) -> np.ndarray:
     """The bytes the forward pass writes for (request, token, layer)."""
-    i = np.arange(nbytes, dtype=np.int64)
-    return ((req * 131 + pos * 7 + layer * 31 + i * 3) % 251).astype(np.uint8)
+    return rows_of(np.array([req]), np.array([pos]), layer, nbytes)[0]
+
+
+def step_tokens(cmd: hisparse.Command) -> "tuple[np.ndarray, np.ndarray]":
+    """The request and position of every token the step computes, in slot-mapping order (the
+    engine's own batch bookkeeping: its positions tensor)."""
+    sched = cmd.scheduled
+    req = np.repeat([s["id"] for s in sched], [s["num_tokens"] for s in sched]).astype(np.int64)
+    pos = np.concatenate(
+        [np.arange(s["first_token"], s["first_token"] + s["num_tokens"]) for s in sched]
+        or [np.zeros(0, dtype=np.int64)]
+    )
+    return req, pos
+
+
+class SlotForward:
+    """The forward pass's KV writes through the device slot mapping: per step and sparse layer,
+    one vectorised write of every computed token's row (no per-request loop, no table read on
+    the host)."""
+
+    def __init__(self, rt: hisparse.Runtime, lay: hisparse.Layout, pool: "Pool"):
+        self.rt, self.pool = rt, pool
+        self.slots = np.asarray(rt.slot_mapping())  # a view: begin_step rewrites it in place
+        views = lay.gpu_views()
+        # Sparse layers write their rows into their resident bucket's view.
+        self.writes = [
+            (w, [v for v in views if v["group"] == g and v["kind"] == "resident"])
+            for w, g in enumerate(rt.slot_mapping_groups())
+        ]
+
+    def __call__(self, cmd: hisparse.Command) -> None:
+        req, pos = step_tokens(cmd)
+        t = self.rt.step_tokens
+        assert t == len(pos), f"the slot mapping holds {t} tokens, the command {len(pos)}"
+        for w, views in self.writes:
+            slots = self.slots[w, :t]
+            valid = slots >= 0
+            assert valid.all(), f"a sparse token without a row: {slots}"
+            for v in views:
+                self.pool.write_rows(v, slots, rows_of(req, pos, v["layer"], v["row_bytes"]))
 
 
 @dataclass
@@ -64,11 +111,13 @@ class Pool:
     rt: hisparse.Runtime
     array: "np.ndarray | None" = None
 
-    def write(self, offset: int, data: np.ndarray) -> None:
+    def write_rows(self, view: dict, slots: np.ndarray, data: np.ndarray) -> None:
+        """Writes `data[i]` into row `slots[i]` of the layer's view."""
         if self.array is None:
-            self.rt.write_device_pool(offset, data.tobytes())
+            for r, d in zip(slots.tolist(), data):
+                self.rt.write_device_pool(view["offset"] + r * view["row_bytes"], d.tobytes())
         else:
-            self.array[offset : offset + data.size] = data
+            hisparse.pool_rows(self.array, view)[slots] = data
 
     def read(self, offset: int, nbytes: int) -> np.ndarray:
         if self.array is None:
@@ -82,10 +131,20 @@ class Outcome:
     verified: int = 0
     steps: int = 0
     counters: dict = field(default_factory=dict)
+    preemptions: int = 0
 
 
-def run(s: Shape, lend_pools: bool) -> Outcome:
-    """Runs the scenario to the end; raises AssertionError on the first wrong row."""
+def run(
+    s: Shape,
+    lend_pools: bool,
+    runner=None,
+    prepared: bool = False,
+    own_scheduler: "int | None" = None,
+) -> Outcome:
+    """Runs the scenario to the end; raises AssertionError on the first wrong row. `runner(f)`
+    runs each step's body `f` (default: on the calling thread); `prepared` makes the per-layer
+    calls through `Runtime.layer_call` objects built once; `own_scheduler` (a token budget)
+    replaces the built-in `step()` with the engine's own scheduler (`fcfs.Fcfs`)."""
     lay = layout(s)
     coord = hisparse.Coordinator(
         lay, max_running=s.requests, max_batched_tokens=4096, reclaim_min_blocks=0
@@ -106,30 +165,30 @@ def run(s: Shape, lend_pools: bool) -> Outcome:
         rt = hisparse.Runtime(lay, "cpu", state_rows=s.requests, max_step_tokens=s.requests)
         pool = Pool(rt)
     assert rt.lends_pools == lend_pools
+    policy = fcfs.Fcfs(coord, own_scheduler) if own_scheduler else None
     for req in range(1, s.requests + 1):
-        coord.admit(req, [1000 * req + t for t in range(s.prompt)])
+        prompt = [1000 * req + t for t in range(s.prompt)]
+        if policy:
+            policy.admit(req, prompt)
+        else:
+            coord.admit(req, prompt)
     groups = lay.index_groups
     offsets = {layer: lay.layer_offset(layer) for g in groups for layer in g["layers"]}
-    rb, bs, stride = lay.row_bytes, lay.block_size, lay.attention_block_stride
+    rb = lay.row_bytes
     final_len = s.prompt + s.decode
     out = Outcome()
     topk = np.empty((s.requests, s.top_k), dtype=np.int32)
     rows = np.empty((s.requests, s.top_k), dtype=np.int32)
     counts = np.empty(s.requests, dtype=np.int32)
-    while not coord.is_empty():
+    calls = [rt.layer_call(g, topk, rows, counts) for g in range(len(groups))] if prepared else None
+    forward = SlotForward(rt, lay, pool)
+
+    def one_step():
         out.steps += 1
-        assert out.steps < 10_000, "no progress in 10000 steps"
-        cmd = coord.step()
+        cmd = policy.step() if policy else coord.step()
         rt.begin_step(cmd)
         scheduled = cmd.scheduled
-        # The forward pass: every computed token's row, into its resident page of each layer.
-        for sr in scheduled:
-            for pos in range(sr["first_token"], sr["first_token"] + sr["num_tokens"]):
-                page, at = divmod(pos, bs)
-                for layer, (bucket, off) in offsets.items():
-                    block = rt.resident_row(bucket, sr["slot"])[page]
-                    assert block > 0, f"request {sr['id']} page {page} has no resident block"
-                    pool.write(off + (block * stride + at) * rb, row(sr["id"], pos, layer, rb))
+        forward(cmd)
         rt.set_batch(cmd.slots)
         t = len(scheduled)
         for g, group in enumerate(groups):
@@ -141,7 +200,10 @@ def run(s: Shape, lend_pools: bool) -> Outcome:
                 topk[i] = [(j * 7919 + salt * 31) % n for j in range(s.top_k)]
                 topk[i, 0] = -1
                 topk[i, 1] = topk[i, 2]
-            rt.resolve_index_group(g, topk[:t], rows[:t], counts[:t])
+            if prepared:
+                calls[g](t)
+            else:
+                rt.resolve_index_group(g, topk[:t], rows[:t], counts[:t])
             out.rows.append(rows[:t].copy())
             for i, sr in enumerate(scheduled):
                 valid = 0
@@ -168,11 +230,42 @@ def run(s: Shape, lend_pools: bool) -> Outcome:
         for req in coord.running_ids():
             if coord.num_computed(req) == coord.num_tokens(req):
                 if coord.num_tokens(req) >= final_len:
-                    coord.finish(req)
+                    (policy or coord).finish(req)
                 else:
                     coord.append_tokens(req, [7])
+
+    runner = runner or (lambda f: f())
+    while not coord.is_empty():
+        assert out.steps < 10_000, "no progress in 10000 steps"
+        runner(one_step)
     rep = rt.drain()
     if rep["enqueued"] or rep["completed"]:
         coord.report(rep["worker"], rep["enqueued"], rep["completed"])
     out.counters = rt.counters()
+    out.preemptions = policy.preemptions if policy else 0
+    coord.check_drained()
     return out
+
+
+@dataclass
+class FirstStep:
+    """A runtime in its first step (a prefill of `requests` prompts), batch set."""
+
+    shape: Shape
+    layout: hisparse.Layout
+    coord: hisparse.Coordinator
+    rt: hisparse.Runtime
+    cmd: hisparse.Command
+
+
+def first_step(requests: int = 1, prompt: int = 40) -> FirstStep:
+    s = Shape(requests=requests, prompt=prompt)
+    lay = layout(s)
+    coord = hisparse.Coordinator(lay, max_running=requests)
+    rt = hisparse.Runtime(lay, "cpu", state_rows=requests, max_step_tokens=requests)
+    for req in range(1, requests + 1):
+        coord.admit(req, list(range(prompt - req + 1)))
+    cmd = coord.step()
+    rt.begin_step(cmd)
+    rt.set_batch(cmd.slots)
+    return FirstStep(s, lay, coord, rt, cmd)

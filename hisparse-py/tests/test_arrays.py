@@ -36,17 +36,11 @@ class CudaLike:
 
 def first_decode_call(wrap_topk, wrap_rows):
     """Runs the prefill, then one resolve of group 0 with the arrays wrapped as given."""
-    s = scenario.Shape(requests=1, prompt=40)
-    layout = scenario.layout(s)
-    coord = hisparse.Coordinator(layout, max_running=1)
-    rt = hisparse.Runtime(layout, "cpu", state_rows=1, max_step_tokens=1)
-    coord.admit(1, list(range(40)))
-    cmd = coord.step()
-    rt.begin_step(cmd)
-    rt.set_batch(cmd.slots)
-    topk = np.arange(s.top_k, dtype=np.int32).reshape(1, s.top_k)
-    rows = np.full((1, s.top_k), -7, dtype=np.int32)
-    rt.resolve_index_group(0, wrap_topk(topk), wrap_rows(rows))
+    f = scenario.first_step()
+    k = f.shape.top_k
+    topk = np.arange(k, dtype=np.int32).reshape(1, k)
+    rows = np.full((1, k), -7, dtype=np.int32)
+    f.rt.resolve_index_group(0, wrap_topk(topk), wrap_rows(rows))
     return rows
 
 

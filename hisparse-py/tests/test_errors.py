@@ -123,3 +123,78 @@ def test_command_is_plain_data(setup):
     rt.end_step(cmd)
     with pytest.raises(hisparse.InvalidArgumentError, match="out of sequence"):
         rt.end_step(cmd)
+
+
+@pytest.mark.parametrize(
+    "call,says",
+    [
+        (lambda: hisparse.plan_layout(host_mem=1 << 50, gpu_mem=-1), "gpu_mem = -1 is out of range; pass an integer from 0 to"),
+        (lambda: hisparse.plan_layout(max_model_len=1 << 40), "max_model_len = 1099511627776 is out of range"),
+        (lambda: hisparse.plan_layout(layers="4"), "layers has type str, not int"),
+        (lambda: hisparse.plan_layout(top_k=2.5), "top_k has type float, not int"),
+        (lambda: hisparse.plan_layout().capacity(-8), "context_len = -8"),
+        (lambda: hisparse.plan_layout().to_dict([8192, -1]), r"capacity_contexts\[1\] = -1"),
+        (lambda: hisparse.plan_layout().layer_offset(1 << 33), "layer = 8589934592"),
+    ],
+)
+def test_bad_integers_name_the_argument(call, says):
+    """Issue 27 item 12: no builtin OverflowError/TypeError without the argument's name."""
+    with pytest.raises(hisparse.InvalidArgumentError, match=says) as e:
+        call()
+    assert e.value.kind == "invalid argument"
+
+
+def test_bad_integers_of_the_coordinator_and_runtime(setup):
+    s, layout, coord, rt = setup
+    for call, says in [
+        (lambda: hisparse.Coordinator(layout, max_running=-1), "max_running = -1"),
+        (lambda: coord.admit(-5, [1]), "id = -5"),
+        (lambda: coord.admit(5, [1, 2, -3]), r"prompt\[2\] = -3"),
+        (lambda: coord.admit(5, 7), "prompt has type int, not a sequence of integers"),
+        (lambda: coord.report(0, [-1], []), r"enqueued\[0\] = -1"),
+        (lambda: coord.schedule(1, 1 << 32), "num_tokens = 4294967296"),
+        (lambda: hisparse.Runtime(layout, "cpu", state_rows=-1, max_step_tokens=1), "state_rows = -1"),
+        (lambda: hisparse.Runtime(layout, "cpu", state_rows=1, max_step_tokens=None), "max_step_tokens has type NoneType"),
+        (lambda: rt.set_batch([0, 1 << 31]), r"state_rows\[1\] = 2147483648 is out of range; pass an integer from -2147483648 to 2147483647"),
+        (lambda: rt.resident_row(0, -1), "state_row = -1"),
+        (lambda: rt.resolve_index_group(-1, None, None), "group = -1"),
+    ]:
+        with pytest.raises(hisparse.InvalidArgumentError, match=says):
+            call()
+
+
+@pytest.mark.parametrize("read", ["read_host_pool", "read_device_pool"])
+def test_reads_are_checked_before_anything_is_allocated(setup, read):
+    """Issue 27 item 7: a terabyte read of a small pool is a typed error, not an abort."""
+    _, layout, _, rt = setup
+    f = getattr(rt, read)
+    with pytest.raises(hisparse.InvalidArgumentError, match="nbytes 1099511627776 reaches past the"):
+        f(0, 1 << 40)
+    size = layout.host_pool_bytes if read == "read_host_pool" else layout.gpu_pool_bytes
+    with pytest.raises(hisparse.InvalidArgumentError, match="reaches past"):
+        f(size - 8, 16)
+    with pytest.raises(hisparse.InvalidArgumentError, match="offset = -1"):
+        f(-1, 16)
+    assert len(f(size - 16, 16)) == 16
+    assert f(0, 0) == b""
+
+
+def test_a_write_past_the_device_pool_is_refused(setup):
+    _, layout, _, rt = setup
+    with pytest.raises(hisparse.InvalidArgumentError, match="reaches past"):
+        rt.write_device_pool(layout.gpu_pool_bytes - 4, b"12345678")
+
+
+def test_pools_that_share_memory_are_refused_at_construction():
+    """Issue 27 item 11: the same array as both pools (or overlapping slices of one) is refused
+    before the runtime is built, not at the first resolve."""
+    layout = scenario.layout(scenario.Shape())
+    size = max(layout.gpu_pool_bytes, layout.host_pool_bytes)
+    both = hisparse.aligned_empty(size + 8192)
+    for device_pool, host_pool in [
+        (both, both),
+        (both[4096 : 4096 + layout.gpu_pool_bytes], both[: layout.host_pool_bytes]),
+    ]:
+        with pytest.raises(hisparse.InvalidArgumentError, match="device_pool and host_pool share memory"):
+            hisparse.Runtime(layout, "cpu", state_rows=1, max_step_tokens=1,
+                             device_pool=device_pool, host_pool=host_pool)

@@ -1,5 +1,6 @@
 """Layout planning from Python is the CLI's plan, field for field."""
 
+import inspect
 import json
 import subprocess
 
@@ -97,3 +98,15 @@ def test_capacity_says_whether_one_requests_prefill_fits():
     assert d["warnings"][0]["max_prefill_context"] == 71936
     assert layout.capacity(131072)["prefill_fits"] is False
     assert hisparse.plan_layout("deepseek-v3.2").to_dict()["warnings"] == []
+
+
+def test_the_defaults_python_shows_are_the_defaults():
+    """The signature's defaults (written out for Python) are the ones a call without them gets."""
+    params = inspect.signature(hisparse.plan_layout).parameters
+    shown = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert shown["max_model_len"] == 131072 and shown["gpu_mem"] == 80 * hisparse.GiB
+    assert hisparse.plan_layout(**shown).to_dict() == hisparse.plan_layout().to_dict()
+    coord = inspect.signature(hisparse.Coordinator).parameters
+    assert coord["max_running"].default == 256 and coord["reclaim_min_blocks"].default == 64
+    rt = inspect.signature(hisparse.Runtime).parameters
+    assert rt["worker"].default == 0 and rt["stats_every"].default == 1

@@ -1,10 +1,11 @@
 """Type stubs of the compiled module ``hisparse._hisparse`` (re-exported by ``hisparse``)."""
 
-from typing import Any, Optional, Sequence, TypedDict, final
+from typing import Any, Literal, Optional, Sequence, TypedDict, Union, final
 
 __all__ = [
     "HiSparseError",
     "InvalidArgumentError",
+    "ConcurrentUseError",
     "OutOfDeviceMemoryError",
     "OutOfPinnedMemoryError",
     "NotFoundError",
@@ -13,7 +14,12 @@ __all__ = [
     "Layout",
     "Coordinator",
     "Command",
+    "Alloc",
+    "Admission",
+    "WorkerReport",
     "Runtime",
+    "LayerCall",
+    "DeviceArray",
     "plan_layout",
     "presets",
     "backends",
@@ -32,11 +38,29 @@ class HiSparseError(Exception):
     """What went wrong and what to change."""
 
 class InvalidArgumentError(HiSparseError): ...
+
+class ConcurrentUseError(InvalidArgumentError):
+    """A call into a ``Runtime`` (or a prepared call) while a call on another thread is still
+    running in it: use each from one thread at a time."""
+
 class OutOfDeviceMemoryError(HiSparseError): ...
 class OutOfPinnedMemoryError(HiSparseError): ...
 class NotFoundError(HiSparseError): ...
 class UnsupportedError(HiSparseError): ...
 class DeviceError(HiSparseError): ...
+
+class _LayerView(TypedDict):
+    group: int
+    kind: Literal["indexer", "resident", "hot", "regular"]
+    layer: int
+    offset: int
+    page_stride: int
+    num_pages: int
+    pages_per_block: int
+    rows_per_page: int
+    row_bytes: int
+    value_bytes: int
+    tokens_per_row: int
 
 class _IndexGroup(TypedDict):
     leader: int
@@ -50,16 +74,43 @@ class _ScheduledRequest(TypedDict):
     num_tokens: int
     fully_resident: bool
 
-class _WorkerReport(TypedDict):
-    worker: int
-    enqueued: list[int]
-    completed: list[int]
-
 class _PoolUsage(TypedDict):
     gpu_used: int
+    gpu_free: int
     gpu_total: int
     host_used: int
+    host_free: int
     host_total: int
+
+class _StepSummary(TypedDict):
+    scheduled: int
+    tokens: int
+    preempted: int
+    waiting_on_reclaim: int
+    started: int
+    refused: int
+
+class _TierFree(TypedDict):
+    gpu_blocks: int
+    gpu_capacity: int
+    gpu_cached: int
+    host_blocks: int
+    host_capacity: int
+    host_cached: int
+    hot_region_blocks: int
+    hot_regions_free: int
+    hot_regions_held: int
+    rows: int
+
+class _Needs(TypedDict):
+    tokens: int
+    gpu_blocks: int
+    hot_region_blocks: int
+    host_blocks: int
+    context_tokens: int
+    context_gpu_blocks: int
+    context_prefill_gpu_blocks: int
+    context_host_blocks: int
 
 class _Counters(TypedDict):
     steps: int
@@ -70,6 +121,7 @@ class _Counters(TypedDict):
     h2d_bytes: int
     d2h_bytes: int
     remap_calls: int
+    prefill_remap_calls: int
     resolve_calls: int
     follower_gathers: int
     table_writes: int
@@ -97,10 +149,12 @@ def plan_layout(
     top_k: Optional[int] = None,
     eager_host_mirror: bool = True,
     num_gpu_blocks: Optional[int] = None,
+    shared_host_pool: bool = False,
 ) -> Layout:
     """Plans a layout. The model is a preset or ``model_json`` (the format of ``hisparse layout
     --print-model``); ``layers`` keeps the first layers only; sizes are bytes;
-    ``num_gpu_blocks`` fixes the GPU pool's block count (null block included)."""
+    ``num_gpu_blocks`` fixes the GPU pool's block count (null block included);
+    ``shared_host_pool`` plans one host pool for every tensor-parallel rank of a node."""
 
 def presets() -> list[str]:
     """Names of the model presets."""
@@ -123,6 +177,11 @@ class Layout:
     def layer_offset(self, layer: int) -> tuple[int, int]:
         """``(bucket, offset)`` of sparse layer ``layer`` in the device pool: physical row ``r``
         of the flat attention view starts at byte ``offset + r * row_bytes``."""
+    def gpu_views(self) -> list[_LayerView]:
+        """How each layer of every GPU group reads the device pool: ``[num_pages,
+        rows_per_page, row_bytes]`` from byte ``offset``, page ``v`` at ``offset + v *
+        page_stride``; row ``r`` is page ``r // rows_per_page``, row ``r % rows_per_page``."""
+    def layer_view(self, group: int, index_in_group: int) -> Optional[_LayerView]: ...
     def host_layer_offset(self, layer: int) -> int:
         """Byte offset of the layer's row array in the host pool (flat host row ``g`` at
         ``offset + g * row_bytes``)."""
@@ -177,9 +236,65 @@ class Command:
     def slots(self) -> list[int]:
         """State rows of the scheduled requests (the batch for ``Runtime.set_batch``)."""
     @property
+    def refused(self) -> list[dict[str, Any]]:
+        """Requests refused in this step: ``{"id", "reason", "message", ...}`` each (fail and
+        finish them; the step went on for the others)."""
+    @property
     def preempted(self) -> list[int]: ...
     def to_dict(self) -> dict[str, Any]:
         """Every field of the command."""
+
+@final
+class Alloc:
+    """What giving a request the blocks of this step came to (``Coordinator.start``,
+    ``Coordinator.schedule``); true only when scheduled."""
+
+    @property
+    def outcome(self) -> Literal["scheduled", "wait", "no_space"]:
+        """``"scheduled"``: the tokens are part of this step; ``"wait"``: memory is short but a
+        release is in flight, try next step; ``"no_space"``: memory is short and nothing is in
+        flight, preempt someone or wait for a finish."""
+    @property
+    def pool(self) -> Optional[Literal["gpu", "host"]]:
+        """The pool that is short, for ``"no_space"``."""
+    @property
+    def scheduled(self) -> bool: ...
+    def __bool__(self) -> bool: ...
+
+@final
+class WorkerReport:
+    """A worker's report: the transfer batches its runtime enqueued and completed since the last
+    one (``Runtime.poll()``), for ``Coordinator.report``. Also reads as a dict."""
+
+    def __new__(cls, worker: int, enqueued: Sequence[int], completed: Sequence[int]) -> WorkerReport: ...
+    @property
+    def worker(self) -> int: ...
+    @property
+    def enqueued(self) -> list[int]: ...
+    @property
+    def completed(self) -> list[int]: ...
+    def is_empty(self) -> bool: ...
+    def __getitem__(self, key: Literal["worker", "enqueued", "completed"], /) -> Any: ...
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class Admission:
+    """What ``Coordinator.can_start`` / ``can_schedule`` found: the operation's answer now,
+    changing nothing. True only when it would schedule."""
+
+    @property
+    def outcome(self) -> Literal["scheduled", "wait", "no_space"]: ...
+    @property
+    def pool(self) -> Optional[Literal["gpu", "host"]]: ...
+    @property
+    def scheduled(self) -> bool: ...
+    @property
+    def tokens(self) -> int:
+        """Tokens it would schedule (a start's first chunk; 0 unless scheduled)."""
+    @property
+    def reclaims(self) -> bool:
+        """Whether it would reclaim resident pages first."""
+    def __bool__(self) -> bool: ...
 
 @final
 class Coordinator:
@@ -198,13 +313,61 @@ class Coordinator:
     ) -> Coordinator: ...
     def admit(self, id: int, prompt: Sequence[int]) -> None: ...
     def append_tokens(self, id: int, tokens: Sequence[int]) -> None: ...
-    def step(self) -> Command: ...
-    def report(self, worker: int, enqueued: Sequence[int], completed: Sequence[int]) -> None: ...
+    def append_token_by_slot(self, slot: int, token: int) -> int:
+        """Appends one token to the request in state row ``slot``; returns its id."""
+    def step(self) -> Command:
+        """The built-in policy: plans the next step and returns its command."""
+    def schedule_step(self) -> _StepSummary:
+        """The built-in policy for one step, without ending it (``build_offload_command``)."""
+    def start(self, id: int, max_tokens: int) -> Alloc:
+        """Starts waiting request ``id`` with a first chunk of at most ``max_tokens`` tokens
+        (fewer when the free GPU pool holds less); nothing changes unless scheduled."""
+    def can_start(self, id: int, max_tokens: int) -> Admission:
+        """What ``start(id, max_tokens)`` would answer now (the same error, or an
+        ``Admission``), changing nothing."""
+    def can_schedule(self, id: int, num_tokens: int) -> Admission:
+        """What ``schedule(id, num_tokens)`` would answer now, changing nothing."""
+    def free(self) -> _TierFree:
+        """What each tier has free now."""
+    def needs(self, id: int, num_tokens: int) -> _Needs:
+        """What request ``id`` needs for its next tokens and for its whole context."""
+    def refusal(self, id: int) -> Optional[dict[str, Any]]:
+        """Why ``id`` was refused while a step was scheduled (``{"reason", "message", ...}``),
+        or ``None``."""
+    def schedule(self, id: int, num_tokens: int) -> Alloc:
+        """Schedules ``num_tokens`` more tokens of running request ``id`` (all or none)."""
+    def build_offload_command(self) -> Command:
+        """Ends the step and returns its command."""
+    def rollback(self, id: int, num_tokens: int) -> None:
+        """Removes the last ``num_tokens`` tokens of running request ``id`` (rejected
+        speculative tokens, and any not yet computed)."""
+    def reclaim_resident_blocks(self, shortfall: int) -> int: ...
+    def reserve_import(self, id: int, tokens: Sequence[int], imported: int) -> list[int]:
+        """Admits ``id`` whose first ``imported`` tokens' KV another party writes into the
+        returned host blocks (one per page, in order)."""
+    def import_blocks(self, id: int) -> Optional[list[int]]: ...
+    def complete_import(self, id: int) -> None: ...
+    def report(
+        self,
+        worker: Union[WorkerReport, int],
+        enqueued: Optional[Sequence[int]] = None,
+        completed: Optional[Sequence[int]] = None,
+    ) -> None:
+        """Records a worker's progress: a ``WorkerReport``, or its three parts."""
     def finish(self, id: int) -> None: ...
     def preempt(self, id: int) -> None: ...
     def num_tokens(self, id: int) -> Optional[int]: ...
     def num_computed(self, id: int) -> Optional[int]: ...
     def slot_of(self, id: int) -> Optional[int]: ...
+    def ready_prefix_pages(self, id: int) -> Optional[int]: ...
+    def page_state(
+        self, id: int, page: int
+    ) -> Optional[Literal["dirty", "pending", "pending_release", "clean", "unpinned", "reclaimed"]]: ...
+    def has_hot_region(self, id: int) -> Optional[bool]: ...
+    def host_only_pages(self, id: int) -> Optional[int]: ...
+    def prefill_end(self, id: int) -> Optional[int]: ...
+    @property
+    def durable_transfer(self) -> int: ...
     def is_empty(self) -> bool: ...
     @property
     def num_waiting(self) -> int: ...
@@ -217,6 +380,9 @@ class Coordinator:
     def hot_row(self, id: int, bucket: int) -> list[int]: ...
     def block_table_row(self, id: int, group: int) -> list[int]: ...
     def check_invariants(self) -> None: ...
+    def check_drained(self) -> None:
+        """Raises unless every request finished and every transfer completed left nothing
+        held (what a run checks at its end)."""
 
 @final
 class Runtime:
@@ -239,6 +405,7 @@ class Runtime:
         *,
         state_rows: int,
         max_step_tokens: int,
+        max_batched_tokens: Optional[int] = None,
         worker: int = 0,
         stats_every: int = 1,
         device_pool: Any = None,
@@ -257,8 +424,16 @@ class Runtime:
     def lends_pools(self) -> bool: ...
     @property
     def pending_transfers(self) -> int: ...
-    def begin_step(self, cmd: Command) -> None: ...
-    def set_batch(self, state_rows: Sequence[int]) -> None: ...
+    @property
+    def max_batched_tokens(self) -> int: ...
+    def begin_step(self, cmd: Command, *, stream: Optional[int] = None) -> None:
+        """Before the forward pass (tables, resets, copy-on-write, restores, the slot mapping),
+        on ``stream`` (default: the caller's current stream). Not inside a graph capture."""
+    def set_batch(
+        self, state_rows: Sequence[int], *, pad_to: Optional[int] = None, stream: Optional[int] = None
+    ) -> None:
+        """Writes the batch table (token row → state row, -1 = padding), padded with -1 to
+        ``pad_to`` (a captured graph's token rows). Not inside a graph capture."""
     def resolve_index_group(
         self,
         group: int,
@@ -268,9 +443,11 @@ class Runtime:
         *,
         num_tokens: Optional[int] = None,
         state_rows: Any = None,
+        stream: Optional[int] = None,
     ) -> None:
         """``topk`` int32 ``[num_tokens, top_k]`` positions (-1 = none) → ``rows`` int32 physical
-        rows of the flat device-pool view (-1 = none); every layer of the group swapped in."""
+        rows of the flat device-pool view (-1 = none); every layer of the group swapped in. On
+        ``stream`` (default: the caller's current stream); recorded by a graph capture."""
     def resolve_leader(
         self,
         group: int,
@@ -280,16 +457,107 @@ class Runtime:
         *,
         num_tokens: Optional[int] = None,
         state_rows: Any = None,
+        stream: Optional[int] = None,
     ) -> None: ...
-    def apply_plan(self, layer: int) -> None: ...
-    def end_step(self, cmd: Command) -> None: ...
-    def poll(self) -> _WorkerReport: ...
-    def poll_and_report(self, coordinator: Coordinator) -> _WorkerReport: ...
-    def drain(self) -> _WorkerReport: ...
-    def synchronize(self) -> None: ...
+    def remap_prefill(
+        self,
+        group: int,
+        topk: Any,
+        rows: Any,
+        counts: Any = None,
+        *,
+        num_tokens: Optional[int] = None,
+        state_rows: Any = None,
+        stream: Optional[int] = None,
+    ) -> None:
+        """A prefill chunk's read: the top-k remapped through the resident tables."""
+    def layer_call(
+        self,
+        group: int,
+        topk: Any,
+        rows: Any,
+        counts: Any = None,
+        *,
+        state_rows: Any = None,
+        swap: Literal["index_group", "leader", "prefill"] = "index_group",
+        stream: Optional[int] = None,
+    ) -> LayerCall:
+        """A prepared per-layer call: the arrays are read, checked and lent once; each call of
+        the returned object does only the runtime's work."""
+    def apply_plan(self, layer: int, *, stream: Optional[int] = None) -> None: ...
+    def end_step(self, cmd: Command, *, stream: Optional[int] = None) -> None:
+        """After the forward pass: mirrors and spills on the copy stream, ordered after
+        ``stream``. Not inside a graph capture."""
+    def poll(self) -> WorkerReport: ...
+    def poll_and_report(self, coordinator: Coordinator) -> WorkerReport: ...
+    def drain(self) -> WorkerReport: ...
+    def synchronize(self, *, stream: Optional[int] = None) -> None:
+        """Blocks until the work on ``stream`` (default: the caller's current stream) is done."""
     def counters(self) -> _Counters: ...
     def resident_row(self, bucket: int, state_row: int) -> list[int]: ...
     def host_row(self, state_row: int) -> list[int]: ...
+    def resident_table(self, bucket: int) -> DeviceArray:
+        """int32 ``[state_rows, max_pages_per_request]``: page → resident GPU block (0 = read
+        from host)."""
+    def hot_table(self, bucket: int) -> DeviceArray:
+        """int32 ``[state_rows, hot_blocks_per_request]``: each request's hot blocks (-1 =
+        none)."""
+    def host_table(self) -> DeviceArray:
+        """int32 ``[state_rows, max_pages_per_request]``: page → host block (-1 = none)."""
+    def indexer_table(self) -> DeviceArray:
+        """int32 ``[state_rows, max_pages_per_request]``: page → indexer GPU block (0 = none)."""
+    def regular_table(self, group: int) -> DeviceArray:
+        """int32 ``[state_rows, width]`` of regular layout group ``group`` (0 = none)."""
+    def slot_mapping(self) -> DeviceArray:
+        """int32 ``[write groups, max_batched_tokens]``: each token of the open step's row in
+        each write group's view (-1: none); rewritten by every ``begin_step``."""
+    def slot_mapping_groups(self) -> list[int]:
+        """The layout group of each slot-mapping row."""
+    @property
+    def step_tokens(self) -> int:
+        """Tokens of the open (or last) step: the valid prefix of each slot-mapping row."""
+    def batch_buffer(self) -> DeviceArray:
+        """int32 ``[max_step_tokens]``: the batch table ``set_batch`` writes."""
+    @property
+    def captured_token_rows(self) -> list[int]: ...
     def write_device_pool(self, offset: int, data: bytes) -> None: ...
     def read_device_pool(self, offset: int, nbytes: int) -> bytes: ...
     def read_host_pool(self, offset: int, nbytes: int) -> bytes: ...
+
+@final
+class LayerCall:
+    """A prepared per-layer call (``Runtime.layer_call``). Holds its arrays and its runtime
+    alive; usable from one thread at a time."""
+
+    def __call__(self, num_tokens: Optional[int] = None) -> None:
+        """Runs the call over the first ``num_tokens`` token rows (all by default)."""
+    @property
+    def group(self) -> int: ...
+    @property
+    def swap(self) -> Literal["index_group", "leader", "prefill"]: ...
+    @property
+    def capacity(self) -> int:
+        """Token rows the arrays hold."""
+
+@final
+class DeviceArray:
+    """A read-only int32 view of one of the runtime's device buffers, holding the runtime alive.
+    ``numpy.asarray(a)`` (CPU backend) or ``torch.as_tensor(a, device="cuda")`` (CUDA) views it
+    without a copy; its address is fixed for the runtime's life."""
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """Host memory only (``AttributeError`` otherwise)."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA memory only (``AttributeError`` otherwise)."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> Literal["int32"]: ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def device(self) -> Literal["cpu", "cuda", "rocm"]: ...

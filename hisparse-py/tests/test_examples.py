@@ -1,0 +1,19 @@
+"""The examples run as documented on the CPU backend (their CUDA runs are in test_cuda.py)."""
+
+import pathlib
+import subprocess
+import sys
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+def run(name, *args):
+    out = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_engine_loop_on_the_cpu_backend():
+    out = run("engine_loop.py", "--backend", "cpu")
+    assert "rows verified" in out and " 0 rows verified" not in out
+    assert " 0 preemptions" not in out, "the example's pool no longer makes the engine preempt"
