@@ -37,7 +37,9 @@ pub(crate) fn check_lent(ptr: *mut u8, len: usize) -> Result<NonNull<u8>, String
 
 /// The mapping of a shared-memory segment as a lent range. The caller stores `segment` beside
 /// the result, so the mapping outlives every view of it.
-pub(crate) fn of_segment(segment: &hisparse_shm::SharedSegment) -> Result<BorrowedBytes, String> {
+pub(crate) fn of_segment(
+    segment: &hisparse_host_memory::SharedSegment,
+) -> Result<BorrowedBytes, String> {
     let start = check_lent(segment.addr().as_ptr(), segment.len())?;
     // SAFETY: the range passed `check_lent` and is the segment's live, zero-initialised,
     // read-write mapping, kept alive by the buffer that stores the segment beside these bytes.

@@ -5,7 +5,6 @@ mod aligned;
 mod borrowed;
 mod error;
 mod gather;
-mod meminfo;
 mod remap;
 mod resolve;
 
@@ -23,7 +22,7 @@ use hisparse_core::{MemoryInfo, OpError, OpName};
 use aligned::AlignedBytes;
 use borrowed::BorrowedBytes;
 pub use error::CpuError;
-pub use meminfo::available_ram;
+pub use hisparse_host_memory::available_ram;
 
 /// A block of host memory: the CPU backend's device buffer and its pinned host buffer alike.
 /// Either a zeroed, page-aligned allocation of the backend's own ([`Device::alloc`],
@@ -42,7 +41,7 @@ enum Storage {
     /// node); the buffer keeps the mapping alive.
     Shared {
         bytes: BorrowedBytes,
-        _segment: hisparse_shm::SharedSegment,
+        _segment: hisparse_host_memory::SharedSegment,
     },
 }
 
@@ -93,7 +92,7 @@ impl CpuBuffer {
     /// page's bytes, and another reads them only after the writer's completion was reported to
     /// it (through a pipe or socket, a synchronisation point). Every slice this buffer hands out
     /// is borrowed for one backend call or one engine read, never across such a point.
-    pub fn from_shared(segment: hisparse_shm::SharedSegment) -> Result<Self, CpuError> {
+    pub fn from_shared(segment: hisparse_host_memory::SharedSegment) -> Result<Self, CpuError> {
         let bytes = borrowed::of_segment(&segment).map_err(|problem| CpuError::Foreign {
             what: "shared host memory",
             problem,

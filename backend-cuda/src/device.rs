@@ -16,6 +16,7 @@ use hisparse_core::ops::{
 use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels::plan::{self, Plan, PlanError, Target};
 use hisparse_gpu_kernels::{self as gk, Kernel};
+use hisparse_host_memory::available_ram;
 
 use crate::error::CudaError;
 use crate::ffi::{self, Context, DevMem, Event, Function, LaunchShape, Module, PinnedMem, Stream};
@@ -51,7 +52,7 @@ pub struct CudaHostBuffer {
     pub(crate) mem: PinnedMem,
     /// The shared-memory segment `mem` registers, if any. Declared after `mem` so that it is
     /// unmapped only after `mem` has unregistered it (fields drop in declaration order).
-    pub(crate) shared: Option<hisparse_shm::SharedSegment>,
+    pub(crate) shared: Option<hisparse_host_memory::SharedSegment>,
 }
 
 impl CudaHostBuffer {
@@ -196,14 +197,6 @@ impl std::fmt::Debug for CudaDevice {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Bytes of RAM available for pinning (`MemAvailable`), if the system reports it.
-fn available_ram() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 impl From<PlanError> for CudaError {

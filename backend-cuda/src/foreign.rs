@@ -21,7 +21,7 @@
 
 use cudarc::driver::sys::{self, CUstream};
 use hisparse_gpu_kernels::lending;
-use hisparse_shm::SharedSegment;
+use hisparse_host_memory::SharedSegment;
 
 use crate::device::{CudaBuffer, CudaDevice, CudaHostBuffer, CudaStream};
 use crate::error::CudaError;

@@ -20,7 +20,8 @@ use crate::context::Context;
 use crate::error::RocmError;
 use crate::ffi::{self, HOST_MALLOC_MAPPED, HOST_MALLOC_PORTABLE, Handle, MemcpyKind};
 use crate::kernels::{self, KernelSource};
-use crate::memory::{Pinning, RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, available_ram};
+use crate::memory::{Pinning, RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream};
+use hisparse_host_memory::available_ram;
 
 /// A HIP device with the HiSparse kernels loaded.
 ///

@@ -22,7 +22,7 @@
 use std::ffi::c_void;
 
 use hisparse_gpu_kernels::lending;
-use hisparse_shm::SharedSegment;
+use hisparse_host_memory::SharedSegment;
 
 use crate::device::RocmDevice;
 use crate::error::RocmError;

@@ -88,7 +88,7 @@ pub struct RocmHostBuffer {
     /// The shared-memory segment the buffer registers, if any
     /// ([`crate::RocmDevice::host_buffer_from_shared`]). Fields drop after [`Drop::drop`], so the
     /// segment is unmapped only after the drop unregistered it.
-    pub(crate) shared: Option<hisparse_shm::SharedSegment>,
+    pub(crate) shared: Option<hisparse_host_memory::SharedSegment>,
 }
 
 // SAFETY: the buffer owns a pinned allocation usable from any thread; host-side access goes
@@ -274,20 +274,4 @@ impl Drop for RocmEvent {
         // already enqueued on it stay valid (HIP defers the release).
         let _ = unsafe { self.ctx.hip.event_destroy(self.raw) };
     }
-}
-
-/// Bytes of RAM the operating system reports as available (`MemAvailable`, else `MemFree`, from
-/// `/proc/meminfo`), or `None` where it cannot be read.
-pub(crate) fn available_ram() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    ["MemAvailable:", "MemFree:"].iter().find_map(|key| {
-        let line = text.lines().find(|l| l.starts_with(key))?;
-        let mut words = line[key.len()..].split_whitespace();
-        let value: u64 = words.next()?.parse().ok()?;
-        match words.next() {
-            Some("kB") => value.checked_mul(1024),
-            None => Some(value),
-            Some(_) => None,
-        }
-    })
 }

@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod config;
+mod ffi;
+mod limits;
+mod meminfo;
+mod numa;
+mod parallel;
+mod region;
+pub mod release;
+mod shared;
+
+pub use config::{HUGE_PAGE, HostPoolConfig, HugePages, PARALLEL_FROM, Placement, Registration};
+pub use limits::{locked_memory_limit, shared_memory_free};
+pub use meminfo::{available_ram, free_huge_pages};
+pub use numa::{node_cpus, node_of_pci_device};
+pub use region::{
+    HostMemoryError, HostRegion, Mlock, NoPin, Pages, Pinner, Setup, SetupError, is_mapped,
+};
+pub use release::{Release, releases_in_flight, wait_for_releases};
+pub use shared::{SharedSegment, ShmError};
+
+#[cfg(test)]
+mod tests;
