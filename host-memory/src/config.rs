@@ -61,7 +61,7 @@ pub struct HostPoolConfig {
     /// How a pinning driver registers it.
     pub registration: Registration,
     /// Bytes each thread touches (and registers) at a time (`None`: sized so every thread gets
-    /// several chunks, from 2 MiB to 1 GiB).
+    /// several chunks, from 64 MiB to 1 GiB; rounded up to a multiple of 2 MiB when given).
     pub chunk_bytes: Option<usize>,
 }
 
@@ -81,19 +81,26 @@ impl HostPoolConfig {
 /// every pool and the smallest chunk.
 pub const HUGE_PAGE: usize = 2 << 20;
 
-/// Largest chunk a thread touches or registers at once.
+/// Largest chunk a thread touches or registers at once (by default).
 const MAX_CHUNK: usize = 1 << 30;
+
+/// Smallest chunk by default: a driver registration per chunk should stay rare enough that a
+/// bulk copy seldom spans two.
+const MIN_CHUNK: usize = 64 << 20;
 
 /// Pools smaller than this are set up on the calling thread, and released there.
 pub const PARALLEL_FROM: usize = 64 << 20;
 
-/// The chunk size for `len` bytes over `threads` threads: about four chunks per thread, a
-/// multiple of [`HUGE_PAGE`], from [`HUGE_PAGE`] to 1 GiB; `requested` rounded up to a
-/// multiple of [`HUGE_PAGE`] when given.
+/// The chunk size for `len` bytes over `threads` threads: about four chunks per thread, from
+/// 64 MiB to 1 GiB, a multiple of [`HUGE_PAGE`]; `requested`, rounded up to a multiple of
+/// [`HUGE_PAGE`], when given.
 pub(crate) fn chunk_bytes(len: usize, threads: usize, requested: Option<usize>) -> usize {
-    let raw = requested.unwrap_or_else(|| len / (threads.max(1) * 4));
-    raw.clamp(HUGE_PAGE, MAX_CHUNK.max(requested.unwrap_or(0)))
-        .next_multiple_of(HUGE_PAGE)
+    match requested {
+        Some(r) => r.max(1).next_multiple_of(HUGE_PAGE),
+        None => (len / (threads.max(1) * 4))
+            .clamp(MIN_CHUNK, MAX_CHUNK)
+            .next_multiple_of(HUGE_PAGE),
+    }
 }
 
 #[cfg(test)]
@@ -103,11 +110,13 @@ mod tests {
     #[test]
     fn chunks_are_huge_page_multiples_within_bounds() {
         assert_eq!(chunk_bytes(64 << 30, 16, None), 1 << 30);
-        assert_eq!(chunk_bytes(1 << 30, 16, None), 16 << 20);
-        assert_eq!(chunk_bytes(4096, 16, None), HUGE_PAGE);
+        assert_eq!(chunk_bytes(16 << 30, 16, None), 256 << 20);
+        assert_eq!(chunk_bytes(1 << 30, 16, None), 64 << 20);
+        assert_eq!(chunk_bytes(4096, 16, None), 64 << 20);
         assert_eq!(chunk_bytes(64 << 30, 0, None), 1 << 30);
         assert_eq!(chunk_bytes(64 << 30, 16, Some(3 << 20)), 4 << 20);
         assert_eq!(chunk_bytes(64 << 30, 16, Some(4 << 30)), 4 << 30);
+        assert_eq!(chunk_bytes(64 << 30, 16, Some(0)), HUGE_PAGE);
     }
 
     #[test]

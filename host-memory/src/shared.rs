@@ -372,6 +372,7 @@ mod tests {
         let name = SharedSegment::unique_name("hisparse-host-memory-test");
         let cfg = HostPoolConfig {
             threads: Some(3),
+            chunk_bytes: Some(4 << 20),
             ..HostPoolConfig::default()
         };
         let a = SharedSegment::create_with(&name, len, &cfg).unwrap();

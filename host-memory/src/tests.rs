@@ -118,6 +118,7 @@ fn a_pool_is_zeroed_aligned_of_the_exact_size_and_pinned_chunk_by_chunk() {
     let _m = mappings();
     let cfg = HostPoolConfig {
         threads: Some(3),
+        chunk_bytes: Some(4 << 20),
         ..HostPoolConfig::default()
     };
     for len in [1, 4095, 4096, HUGE_PAGE + 1, PARALLEL_FROM + (5 << 20) + 3] {
@@ -168,6 +169,7 @@ fn whole_registration_pins_once_after_touching_in_parallel() {
         let cfg = HostPoolConfig {
             threads: Some(4),
             registration,
+            chunk_bytes: Some(8 << 20),
             ..HostPoolConfig::default()
         };
         let (pinner, record) = Recorder::new(chunked);
@@ -247,6 +249,7 @@ fn lent_memory_keeps_its_contents_and_stays_mapped() {
     let (pinner, record) = Recorder::new(true);
     let cfg = HostPoolConfig {
         threads: Some(3),
+        chunk_bytes: Some(4 << 20),
         ..HostPoolConfig::default()
     };
     // SAFETY: the allocation outlives the region (dropped below first) and nothing else uses
