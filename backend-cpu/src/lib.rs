@@ -39,7 +39,7 @@ enum Storage {
     /// thread of its own when dropped.
     Pool {
         bytes: BorrowedBytes,
-        _region: HostRegion,
+        region: HostRegion,
     },
     /// Lent by the engine; never freed here.
     Borrowed(BorrowedBytes),
@@ -122,9 +122,18 @@ impl CpuBuffer {
         Ok(CpuBuffer {
             bytes: Storage::Pool {
                 bytes: borrowed::of_region(&region),
-                _region: region,
+                region,
             },
         })
+    }
+
+    /// How the memory was set up (threads, NUMA node, pages), for a host pool
+    /// ([`Device::alloc_pinned`]); `None` for device buffers, lent memory and shared segments.
+    pub fn setup(&self) -> Option<&hisparse_host_memory::Setup> {
+        match &self.bytes {
+            Storage::Pool { region, .. } => Some(region.setup()),
+            _ => None,
+        }
     }
 
     /// Whether the memory is lent by someone else ([`CpuBuffer::from_raw_parts`]).

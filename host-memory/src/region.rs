@@ -231,6 +231,30 @@ pub struct Setup {
     pub chunk_bytes: usize,
 }
 
+impl fmt::Display for Setup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pages = match self.pages {
+            Pages::Base => "base pages",
+            Pages::TransparentHuge => "transparent huge pages",
+            Pages::ExplicitHuge => "explicit huge pages",
+            Pages::AsGiven => "the lender's pages",
+        };
+        let node = match self.node {
+            Some(n) => format!("NUMA node {n}"),
+            None => "no NUMA placement".to_string(),
+        };
+        write!(
+            f,
+            "{} thread{}, {node}, {pages}, {} pinning{} ({} MiB chunks)",
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            self.pinnings,
+            if self.pinnings == 1 { "" } else { "s" },
+            self.chunk_bytes >> 20
+        )
+    }
+}
+
 /// Where a region's memory comes from, and how it goes.
 enum Backing {
     /// An anonymous mapping of `len` bytes at `base`, reserved here and unmapped on release.
@@ -758,4 +782,47 @@ fn resident_bytes(addr: usize, len: usize) -> u64 {
 /// released pool's memory is gone.
 pub fn is_mapped(addr: usize, len: usize) -> bool {
     ffi::is_mapped(addr, len)
+}
+
+/// An anonymous private mapping of zeros whose pages are not touched yet — what `calloc` (or
+/// `numpy.zeros`) gives for a large array: an engine's ordinary, unpinned memory, for
+/// benchmarks and tests that lend such an array to a backend. Unmapped on drop.
+#[derive(Debug)]
+pub struct AnonymousMapping {
+    addr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; it hands out its address only.
+unsafe impl Send for AnonymousMapping {}
+
+impl AnonymousMapping {
+    /// Maps `len` bytes (page-aligned, zero, untouched).
+    pub fn new(len: usize) -> io::Result<AnonymousMapping> {
+        let addr = ffi::map_anonymous(len.max(1), false).map_err(|(_, e)| e)?;
+        Ok(AnonymousMapping { addr, len })
+    }
+
+    /// Address of the first byte (page-aligned).
+    pub fn addr(&self) -> NonNull<u8> {
+        self.addr
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes are mapped.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for AnonymousMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is this value's; whoever borrowed its address was required to be
+        // done with it before the drop (the lending contracts of the backends).
+        unsafe { ffi::unmap(self.addr.as_ptr(), self.len.max(1)) };
+    }
 }
