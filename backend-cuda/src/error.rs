@@ -200,6 +200,12 @@ impl From<PinnedBudgetError> for CudaError {
     }
 }
 
+impl From<hisparse_host_memory::NotOneDeviceRange> for CudaError {
+    fn from(e: hisparse_host_memory::NotOneDeviceRange) -> Self {
+        CudaError::Unsupported(e.to_string())
+    }
+}
+
 impl From<HostMemoryError> for CudaError {
     fn from(e: HostMemoryError) -> Self {
         match e {

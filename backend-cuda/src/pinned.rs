@@ -249,31 +249,12 @@ impl PinnedMem {
         Self::registered(region)
     }
 
-    /// The memory of `region` as the device sees it: its device address, checked to be one
-    /// linear range over every chunk registered separately.
+    /// The memory of `region` as the device sees it: its device address, one linear range over
+    /// every chunk registered separately (checked).
     fn registered(region: HostRegion<CudaPin>) -> Result<PinnedMem> {
-        let host = region.addr().as_ptr();
-        if !(host as usize).is_multiple_of(PINNED_ALIGNMENT) {
-            return Err(CudaError::Unsupported(
-                "the host pool does not start on a page boundary".into(),
-            ));
-        }
-        let dev = ffi::host_device_pointer(host.cast())?;
-        for r in region.pinned_ranges().iter().skip(1) {
-            let chunk = ffi::host_device_pointer(host.wrapping_add(r.start).cast())?;
-            if chunk != dev + r.start as u64 {
-                return Err(CudaError::Unsupported(format!(
-                    "the chunks of a {}-byte host pool registered separately are not one device \
-                     range (byte {} is at {chunk:#x}, not {:#x}): register it whole \
-                     (HostPoolConfig::registration = Registration::Whole)",
-                    region.len(),
-                    r.start,
-                    dev + r.start as u64
-                )));
-            }
-        }
+        let dev = region.device_base(|p| ffi::host_device_pointer(p.cast()))?;
         Ok(PinnedMem {
-            host,
+            host: region.addr().as_ptr(),
             dev,
             len: region.len(),
             pinning: Pinning::Registered(region),

@@ -9,7 +9,6 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use hisparse_core::ops::PINNED_ALIGNMENT;
 use hisparse_host_memory::{HostPoolConfig, HostRegion, Pinner, SetupError, SharedSegment};
 
 use crate::context::Context;
@@ -150,40 +149,27 @@ impl RocmDevice {
         self.registered(region)
     }
 
-    /// `region` as a buffer: its device address, checked to be one linear range over every
-    /// chunk registered separately.
+    /// `region` as a buffer: its device address, one linear range over every chunk registered
+    /// separately (checked).
     fn registered(&self, region: HostRegion<HipPin>) -> Result<RocmHostBuffer, RocmError> {
         let hip = &self.ctx.hip;
-        let host = region.addr().as_ptr();
-        if !(host as usize).is_multiple_of(PINNED_ALIGNMENT) {
-            return Err(RocmError::Unsupported(
-                "the host pool does not start on a page boundary".into(),
-            ));
-        }
-        let device_of = |p: *mut u8| {
+        let device = region.device_base(|p| {
             hip.host_device_pointer(p.cast())
+                .map(|d| d as u64)
                 .map_err(|s| RocmError::hip(hip, "hipHostGetDevicePointer", s))
-        };
-        let device: *mut c_void = device_of(host)?;
-        for r in region.pinned_ranges().iter().skip(1) {
-            let chunk = device_of(host.wrapping_add(r.start))? as usize;
-            let want = device as usize + r.start;
-            if chunk != want {
-                return Err(RocmError::Unsupported(format!(
-                    "the chunks of a {}-byte host pool registered separately are not one device \
-                     range (byte {} is at {chunk:#x}, not {want:#x}): register it whole \
-                     (HostPoolConfig::registration = Registration::Whole)",
-                    region.len(),
-                    r.start
-                )));
-            }
-        }
+        })?;
         Ok(RocmHostBuffer {
-            host,
-            device,
+            host: region.addr().as_ptr(),
+            device: device as usize as *mut c_void,
             len: region.len(),
             pinning: Pinning::Registered(region),
         })
+    }
+}
+
+impl From<hisparse_host_memory::NotOneDeviceRange> for RocmError {
+    fn from(e: hisparse_host_memory::NotOneDeviceRange) -> Self {
+        RocmError::Unsupported(e.to_string())
     }
 }
 

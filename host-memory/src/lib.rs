@@ -16,8 +16,8 @@ pub use limits::{locked_memory_limit, shared_memory_free};
 pub use meminfo::{available_ram, free_huge_pages};
 pub use numa::{node_cpus, node_of_pci_device};
 pub use region::{
-    AnonymousMapping, HostMemoryError, HostRegion, Mlock, NoPin, Pages, Pinner, Setup, SetupError,
-    is_mapped,
+    AnonymousMapping, HostMemoryError, HostRegion, Mlock, NoPin, NotOneDeviceRange, Pages, Pinner,
+    Setup, SetupError, is_mapped,
 };
 pub use release::{Release, releases_in_flight, wait_for_releases};
 pub use shared::{SharedSegment, ShmError};

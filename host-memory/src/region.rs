@@ -202,6 +202,34 @@ impl From<SetupError<Infallible>> for HostMemoryError {
     }
 }
 
+/// A pool whose chunks, pinned separately, are not one range in the device's address space (the
+/// device does not reach registered memory at its host address after all).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotOneDeviceRange {
+    /// Bytes of the pool.
+    pub bytes: usize,
+    /// Offset of the first chunk that breaks the range.
+    pub offset: usize,
+    /// Its device address.
+    pub found: u64,
+    /// The device address that would continue the range.
+    pub expected: u64,
+}
+
+impl fmt::Display for NotOneDeviceRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the chunks of a {}-byte host pool registered separately are not one device range \
+             (byte {} is at {:#x}, not {:#x}): register it whole (HostPoolConfig::registration = \
+             Registration::Whole)",
+            self.bytes, self.offset, self.found, self.expected
+        )
+    }
+}
+
+impl std::error::Error for NotOneDeviceRange {}
+
 /// The pages a pool was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pages {
@@ -629,7 +657,8 @@ impl<P: Pinner> HostRegion<P> {
         self.held.take()
     }
 
-    /// Address of the first byte.
+    /// Address of the first byte: a multiple of [`PINNED_ALIGNMENT`] (of 2 MiB for a pool of
+    /// 2 MiB or more that the region reserved).
     pub fn addr(&self) -> NonNull<u8> {
         self.addr
     }
@@ -652,6 +681,32 @@ impl<P: Pinner> HostRegion<P> {
     /// The byte ranges (offsets from [`HostRegion::addr`]) pinned separately, in order.
     pub fn pinned_ranges(&self) -> &[Range<usize>] {
         self.held.as_ref().map_or(&[], |h| &h.pinned)
+    }
+
+    /// The device address of byte 0, `device_address` being the driver's translation of a host
+    /// address of the pool (`cuMemHostGetDevicePointer`, `hipHostGetDevicePointer`). Every
+    /// chunk pinned separately must continue the range linearly, or the result is a
+    /// [`NotOneDeviceRange`] error.
+    pub fn device_base<E: From<NotOneDeviceRange>>(
+        &self,
+        device_address: impl Fn(*mut u8) -> Result<u64, E>,
+    ) -> Result<u64, E> {
+        let host = self.addr.as_ptr();
+        let base = device_address(host)?;
+        for r in self.pinned_ranges().iter().skip(1) {
+            let found = device_address(host.wrapping_add(r.start))?;
+            let expected = base.wrapping_add(r.start as u64);
+            if found != expected {
+                return Err(NotOneDeviceRange {
+                    bytes: self.len,
+                    offset: r.start,
+                    found,
+                    expected,
+                }
+                .into());
+            }
+        }
+        Ok(base)
     }
 
     /// The pinner.

@@ -12,8 +12,8 @@ use hisparse_core::ops::PinnedBudgetError;
 
 use crate::config::{HUGE_PAGE, PARALLEL_FROM};
 use crate::{
-    HostMemoryError, HostPoolConfig, HostRegion, HugePages, Mlock, NoPin, Pages, Pinner,
-    Registration, SetupError, ffi, is_mapped, wait_for_releases,
+    HostMemoryError, HostPoolConfig, HostRegion, HugePages, Mlock, NoPin, NotOneDeviceRange, Pages,
+    Pinner, Registration, SetupError, ffi, is_mapped, wait_for_releases,
 };
 
 /// Tests that look at whether an address is mapped run one at a time: another test's mapping
@@ -181,6 +181,35 @@ fn whole_registration_pins_once_after_touching_in_parallel() {
         region.release().wait();
         assert_eq!(record.lock().unwrap().unpins, vec![(addr, len)]);
     }
+}
+
+#[test]
+fn the_device_range_must_continue_over_every_chunk() {
+    let cfg = HostPoolConfig {
+        chunk_bytes: Some(HUGE_PAGE),
+        ..HostPoolConfig::default()
+    };
+    let region =
+        HostRegion::allocate(3 * HUGE_PAGE + 5, &cfg, None, Recorder::new(true).0).unwrap();
+    assert_eq!(region.pinned_ranges().len(), 4);
+    let host = region.addr().as_ptr() as u64;
+    let linear = region.device_base(|p| Ok::<u64, NotOneDeviceRange>(p as u64 + (1 << 40)));
+    assert_eq!(linear, Ok(host + (1 << 40)));
+    // A translation that jumps at the third chunk.
+    let broken = region.device_base(|p| {
+        let off = p as u64 - host;
+        Ok::<u64, NotOneDeviceRange>(off + if off >= 2 * HUGE_PAGE as u64 { 4096 } else { 0 })
+    });
+    let e = broken.unwrap_err();
+    assert_eq!(
+        (e.offset, e.expected, e.found),
+        (
+            2 * HUGE_PAGE,
+            2 * HUGE_PAGE as u64,
+            2 * HUGE_PAGE as u64 + 4096
+        )
+    );
+    assert!(e.to_string().contains("Registration::Whole"), "{e}");
 }
 
 #[test]

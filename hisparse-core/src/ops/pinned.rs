@@ -283,8 +283,7 @@ mod tests {
 
     #[test]
     fn every_refusal_names_its_limit_and_what_to_change() {
-        extern crate alloc;
-        use alloc::string::ToString;
+        use std::string::ToString;
         let cases = [
             (
                 PinnedBudgetError::ExceedsAvailable {
