@@ -1,5 +1,4 @@
-//! Every call into the operating system, and the only module of the crate with `unsafe` code:
-//! mappings (`mmap`, `munmap`, `madvise`, `mbind`, `mincore`), page locking (`mlock`), limits
+//! Every call into the operating system, each `unsafe` block with why it is sound: mappings (`mmap`, `munmap`, `madvise`, `mbind`, `mincore`), page locking (`mlock`), limits
 //! (`getrlimit`, `statvfs`), thread placement (`sched_getaffinity`, `sched_setaffinity`) and POSIX
 //! shared memory (`shm_open`, `ftruncate`, `fstat`, `shm_unlink`).
 

@@ -3,232 +3,21 @@
 
 use core::fmt;
 use std::convert::Infallible;
-use std::io;
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use hisparse_core::ops::{HostLimits, PINNED_ALIGNMENT, PinnedBudgetError, check_host_pool};
 
 use crate::config::{HUGE_PAGE, HostPoolConfig, HugePages, PARALLEL_FROM, Registration};
+use crate::error::{HostMemoryError, NotOneDeviceRange, SetupError};
+use crate::mapping::{populate, resident_bytes, unmap_in_chunks};
 use crate::numa::Workers;
 use crate::parallel::{chunks, for_each_chunk};
+use crate::pinner::{NoPin, Pinner};
 use crate::release::{self, Release};
 use crate::shared::SharedSegment;
 use crate::{config, ffi, limits, meminfo};
-
-/// A driver's (or the kernel's) pinning of host memory, applied to the ranges of a
-/// [`HostRegion`]: the CUDA and ROCm backends register memory with their driver; [`NoPin`]
-/// leaves it pageable; [`Mlock`] locks it with `mlock`.
-pub trait Pinner: Send + Sync + 'static {
-    /// What a refused pinning reports.
-    type Error: Send;
-
-    /// Whether the pinning counts against the locked-memory limit (`RLIMIT_MEMLOCK`), so that a
-    /// pool larger than the limit must be refused before it is reserved.
-    fn counts_against_memlock(&self) -> bool;
-
-    /// Whether adjacent ranges pinned separately form one range for the device (it reaches
-    /// registered memory at its host address), so a pool may be pinned in chunks, in parallel.
-    /// When `false` the whole pool is pinned with one call, after it was touched in parallel.
-    fn pins_in_chunks(&self) -> bool;
-
-    /// Pins `[addr, addr + len)`, memory that is mapped and touched. Called from the set-up's
-    /// worker threads, concurrently for disjoint ranges.
-    fn pin(&self, addr: *mut u8, len: usize) -> Result<(), Self::Error>;
-
-    /// Unpins a range [`Pinner::pin`] pinned (the same address and length), once, after
-    /// [`Pinner::quiesce`]. Called from release threads, concurrently for disjoint ranges.
-    fn unpin(&self, addr: *mut u8, len: usize);
-
-    /// Waits until no device work reads or writes the pool any more. Called once, before the
-    /// first [`Pinner::unpin`], on the thread that releases the pool.
-    fn quiesce(&self) {}
-}
-
-/// No pinning: the pool is ordinary pageable memory (the CPU backend's host pool).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoPin;
-
-impl Pinner for NoPin {
-    type Error = Infallible;
-    fn counts_against_memlock(&self) -> bool {
-        false
-    }
-    fn pins_in_chunks(&self) -> bool {
-        true
-    }
-    fn pin(&self, _addr: *mut u8, _len: usize) -> Result<(), Infallible> {
-        Ok(())
-    }
-    fn unpin(&self, _addr: *mut u8, _len: usize) {}
-}
-
-/// Pinning by `mlock`: the pool's pages stay in RAM. Counts against `RLIMIT_MEMLOCK` (unless
-/// the process has `CAP_IPC_LOCK`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Mlock;
-
-impl Pinner for Mlock {
-    type Error = io::Error;
-    fn counts_against_memlock(&self) -> bool {
-        true
-    }
-    fn pins_in_chunks(&self) -> bool {
-        true
-    }
-    fn pin(&self, addr: *mut u8, len: usize) -> Result<(), io::Error> {
-        ffi::lock(addr, len).map_err(|(_, e)| e)
-    }
-    fn unpin(&self, addr: *mut u8, len: usize) {
-        ffi::unlock(addr, len);
-    }
-}
-
-/// Why a host pool could not be set up (the pinning's own refusals are
-/// [`SetupError::Pin`]).
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum HostMemoryError {
-    /// Refused before anything was reserved: zero bytes, or a limit of the host (available
-    /// RAM, the locked-memory limit, `/dev/shm` space).
-    Budget(PinnedBudgetError),
-    /// Explicit huge pages were asked for ([`HugePages::Explicit`]) and too few are free.
-    HugePagesShort {
-        /// Bytes asked for (rounded up to the huge page size).
-        requested: u64,
-        /// Bytes of free explicit huge pages.
-        free: u64,
-    },
-    /// Lent memory that cannot be used as a pool.
-    Lent(String),
-    /// The operating system refused a call (`mmap`, `madvise`, …).
-    Os {
-        /// The call.
-        call: &'static str,
-        /// Bytes of the pool.
-        bytes: usize,
-        /// The error.
-        source: io::Error,
-    },
-}
-
-impl fmt::Display for HostMemoryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HostMemoryError::Budget(e) => write!(f, "{e}"),
-            HostMemoryError::HugePagesShort { requested, free } => write!(
-                f,
-                "a host pool of {requested} bytes on explicit huge pages, but only {free} bytes of \
-                 them are free: reserve more (`sysctl vm.nr_hugepages=<pages>`) or use transparent \
-                 huge pages (HugePages::Transparent)"
-            ),
-            HostMemoryError::Lent(problem) => write!(f, "lent host memory: {problem}"),
-            HostMemoryError::Os {
-                call,
-                bytes,
-                source,
-            } => write!(
-                f,
-                "{call} refused a host pool of {bytes} bytes: {source}; lower the host budget \
-                 (`--host-mem`, `host_mem=`, `HiSparseConfig::host_budget_bytes`) or free memory"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for HostMemoryError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            HostMemoryError::Budget(e) => Some(e),
-            HostMemoryError::Os { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
-
-impl hisparse_core::Error for HostMemoryError {
-    fn kind(&self) -> hisparse_core::ErrorKind {
-        use hisparse_core::ErrorKind as K;
-        match self {
-            HostMemoryError::Budget(e) => e.kind(),
-            HostMemoryError::Lent(_) => K::InvalidArgument,
-            HostMemoryError::HugePagesShort { .. } | HostMemoryError::Os { .. } => {
-                K::OutOfPinnedMemory
-            }
-        }
-    }
-}
-
-impl From<PinnedBudgetError> for HostMemoryError {
-    fn from(e: PinnedBudgetError) -> Self {
-        HostMemoryError::Budget(e)
-    }
-}
-
-/// A failed set-up: the host refused, or the pinning did. Nothing stays reserved or pinned.
-#[derive(Debug)]
-pub enum SetupError<E> {
-    /// The host refused (limits, mapping).
-    Host(HostMemoryError),
-    /// The pinner refused (the driver's error).
-    Pin(E),
-}
-
-impl<E> SetupError<E> {
-    /// The error as the pinner's own type, which can hold a [`HostMemoryError`].
-    pub fn into_error(self) -> E
-    where
-        E: From<HostMemoryError>,
-    {
-        match self {
-            SetupError::Host(e) => e.into(),
-            SetupError::Pin(e) => e,
-        }
-    }
-}
-
-impl<E> From<HostMemoryError> for SetupError<E> {
-    fn from(e: HostMemoryError) -> Self {
-        SetupError::Host(e)
-    }
-}
-
-impl From<SetupError<Infallible>> for HostMemoryError {
-    fn from(e: SetupError<Infallible>) -> Self {
-        match e {
-            SetupError::Host(e) => e,
-        }
-    }
-}
-
-/// A pool whose chunks, pinned separately, are not one range in the device's address space (the
-/// device does not reach registered memory at its host address after all).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NotOneDeviceRange {
-    /// Bytes of the pool.
-    pub bytes: usize,
-    /// Offset of the first chunk that breaks the range.
-    pub offset: usize,
-    /// Its device address.
-    pub found: u64,
-    /// The device address that would continue the range.
-    pub expected: u64,
-}
-
-impl fmt::Display for NotOneDeviceRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the chunks of a {}-byte host pool registered separately are not one device range \
-             (byte {} is at {:#x}, not {:#x}): register it whole (HostPoolConfig::registration = \
-             Registration::Whole)",
-            self.bytes, self.offset, self.found, self.expected
-        )
-    }
-}
-
-impl std::error::Error for NotOneDeviceRange {}
 
 /// The pages a pool was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,45 +128,6 @@ impl<P: Pinner> fmt::Debug for HostRegion<P> {
     }
 }
 
-/// Whether `MADV_POPULATE_WRITE` works here: 0 unknown, 1 yes, 2 no (kernels before 5.14).
-static POPULATE: AtomicU8 = AtomicU8::new(0);
-
-/// Faults `[addr, addr + len)` in writable without changing its contents: `MADV_POPULATE_WRITE`
-/// (the kernel zeroes fresh pages and keeps present ones), or where the kernel lacks it a write
-/// per page (`zeroed`: a zero into memory that holds only zeros; else each byte written back).
-///
-/// # Safety
-///
-/// The range is mapped, readable and writable, and nothing else reads or writes it meanwhile;
-/// with `zeroed` it holds only zeros.
-unsafe fn populate(
-    addr: *mut u8,
-    len: usize,
-    zeroed: bool,
-) -> Result<(), (&'static str, io::Error)> {
-    if POPULATE.load(Ordering::Relaxed) != 2 {
-        match ffi::advise(addr, len, libc::MADV_POPULATE_WRITE) {
-            Ok(()) => {
-                POPULATE.store(1, Ordering::Relaxed);
-                return Ok(());
-            }
-            Err((_, e)) if e.raw_os_error() == Some(libc::EINVAL) => {
-                POPULATE.store(2, Ordering::Relaxed);
-            }
-            Err((_, e)) => return Err(("madvise(MADV_POPULATE_WRITE)", e)),
-        }
-    }
-    let page = ffi::page_size();
-    if zeroed {
-        // SAFETY: forwarded contract (exclusive, writable, all zeros).
-        unsafe { ffi::touch_zeroed(addr, len, page) };
-    } else {
-        // SAFETY: forwarded contract (exclusive, readable and writable).
-        unsafe { ffi::touch_preserving(addr, len, page) };
-    }
-    Ok(())
-}
-
 /// How the touching threads treat the contents.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Contents {
@@ -385,6 +135,95 @@ enum Contents {
     Zeroed,
     /// Someone's data: kept as they are.
     Kept,
+}
+
+/// A fresh anonymous mapping for a pool, not touched yet.
+struct Reserved {
+    base: NonNull<u8>,
+    map_len: usize,
+    /// Byte 0 of the pool inside the mapping (2 MiB aligned from 2 MiB on).
+    addr: NonNull<u8>,
+    pages: Pages,
+}
+
+impl Reserved {
+    /// Checks `len` bytes against the host's limits and maps them as `cfg` says: explicit huge
+    /// pages (checked against the free ones instead of the available RAM; `ExplicitIfFree` falls
+    /// back to transparent huge pages when they are short, or taken meanwhile), or a mapping one
+    /// huge page larger than needed so the pool starts on a huge-page boundary, advised
+    /// `MADV_HUGEPAGE` unless base pages were asked for.
+    fn new(len: usize, cfg: &HostPoolConfig, memlock: bool) -> Result<Reserved, HostMemoryError> {
+        let rounded = len.next_multiple_of(HUGE_PAGE);
+        let os = |(call, source)| HostMemoryError::Os {
+            call,
+            bytes: len,
+            source,
+        };
+        let huge_free = meminfo::free_huge_pages()
+            .filter(|&(_, size)| size == HUGE_PAGE as u64)
+            .map_or(0, |(free, _)| free);
+        let enough = huge_free >= rounded as u64;
+        if cfg.huge_pages == HugePages::Explicit && !enough {
+            return Err(HostMemoryError::HugePagesShort {
+                requested: rounded as u64,
+                free: huge_free,
+            });
+        }
+        if enough
+            && matches!(
+                cfg.huge_pages,
+                HugePages::Explicit | HugePages::ExplicitIfFree
+            )
+        {
+            check_host_pool(len as u64, &limits::private_pool(memlock, true))?;
+            match ffi::map_anonymous(rounded, true) {
+                Ok(base) => {
+                    return Ok(Reserved {
+                        base,
+                        map_len: rounded,
+                        addr: base,
+                        pages: Pages::ExplicitHuge,
+                    });
+                }
+                Err(e) if cfg.huge_pages == HugePages::Explicit => return Err(os(e)),
+                Err(_) => {}
+            }
+        }
+        check_host_pool(len as u64, &limits::private_pool(memlock, false))?;
+        if len < HUGE_PAGE {
+            let map_len = len.next_multiple_of(ffi::page_size());
+            let base = ffi::map_anonymous(map_len, false).map_err(os)?;
+            return Ok(Reserved {
+                base,
+                map_len,
+                addr: base,
+                pages: Pages::Base,
+            });
+        }
+        let map_len = rounded + HUGE_PAGE;
+        let base = ffi::map_anonymous(map_len, false).map_err(os)?;
+        let pad = (HUGE_PAGE - base.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+        // `pad < HUGE_PAGE`, so `[base + pad, base + pad + rounded)` lies inside the mapping.
+        let addr = NonNull::new(base.as_ptr().wrapping_add(pad)).expect("inside a mapping");
+        let pages = if cfg.huge_pages == HugePages::Off {
+            Pages::Base
+        } else {
+            // Advice only: a kernel without THP backs the range with base pages, same contents.
+            let _ = ffi::advise(addr.as_ptr(), rounded, libc::MADV_HUGEPAGE);
+            Pages::TransparentHuge
+        };
+        Ok(Reserved {
+            base,
+            map_len,
+            addr,
+            pages,
+        })
+    }
+
+    /// Bytes of the mapping from the pool's first byte on.
+    fn usable(&self) -> usize {
+        self.map_len - (self.addr.as_ptr() as usize - self.base.as_ptr() as usize)
+    }
 }
 
 impl<P: Pinner> HostRegion<P> {
@@ -404,66 +243,19 @@ impl<P: Pinner> HostRegion<P> {
         if len == 0 {
             return Err(HostMemoryError::Budget(PinnedBudgetError::Empty).into());
         }
-        let rounded = len.next_multiple_of(HUGE_PAGE);
-        let huge_free = meminfo::free_huge_pages();
-        let huge_tlb = match cfg.huge_pages {
-            HugePages::Explicit => {
-                let free = huge_free.map_or(0, |(free, _)| free);
-                if huge_free.is_none_or(|(_, size)| size != HUGE_PAGE as u64)
-                    || free < rounded as u64
-                {
-                    return Err(HostMemoryError::HugePagesShort {
-                        requested: rounded as u64,
-                        free,
-                    }
-                    .into());
-                }
-                true
-            }
-            HugePages::ExplicitIfFree => huge_free
-                .is_some_and(|(free, size)| size == HUGE_PAGE as u64 && free >= rounded as u64),
-            HugePages::Transparent | HugePages::Off => false,
-        };
-        let limits = limits::private_pool(pinner.counts_against_memlock(), huge_tlb);
-        check_host_pool(len as u64, &limits).map_err(HostMemoryError::Budget)?;
-
-        let os = |(call, source)| HostMemoryError::Os {
-            call,
-            bytes: len,
-            source,
-        };
-        let (base, map_len, addr) = if huge_tlb {
-            let base = ffi::map_anonymous(rounded, true).map_err(os)?;
-            (base, rounded, base)
-        } else if len >= HUGE_PAGE {
-            // One huge page more than needed, so the pool can start on a huge-page boundary.
-            let map_len = rounded + HUGE_PAGE;
-            let base = ffi::map_anonymous(map_len, false).map_err(os)?;
-            let pad = (HUGE_PAGE - base.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
-            // `pad < HUGE_PAGE`, so `[base + pad, base + pad + rounded)` lies inside the mapping.
-            let addr = NonNull::new(base.as_ptr().wrapping_add(pad)).expect("inside a mapping");
-            (base, map_len, addr)
-        } else {
-            let map_len = len.next_multiple_of(ffi::page_size());
-            let base = ffi::map_anonymous(map_len, false).map_err(os)?;
-            (base, map_len, base)
-        };
-        let pages = if huge_tlb {
-            Pages::ExplicitHuge
-        } else if cfg.huge_pages == HugePages::Off || len < HUGE_PAGE {
-            Pages::Base
-        } else {
-            // Advice only: a kernel without THP backs the range with base pages, same contents.
-            let _ = ffi::advise(addr.as_ptr(), rounded, libc::MADV_HUGEPAGE);
-            Pages::TransparentHuge
-        };
+        let reserved = Reserved::new(len, cfg, pinner.counts_against_memlock())?;
         let node = cfg.node(device_node);
         if let Some(n) = node {
             // Placement is a speed-up: where mbind is refused (a container's seccomp policy,
             // a node that does not exist), the bound threads' first touch still places pages.
-            let usable = map_len - (addr.as_ptr() as usize - base.as_ptr() as usize);
-            let _ = ffi::prefer_node(addr.as_ptr(), usable, n);
+            let _ = ffi::prefer_node(reserved.addr.as_ptr(), reserved.usable(), n);
         }
+        let Reserved {
+            base,
+            map_len,
+            addr,
+            pages,
+        } = reserved;
         let held = Held {
             addr,
             len,
@@ -795,89 +587,5 @@ impl<P: Pinner> Held<P> {
             Backing::Lent => {}
             Backing::Shared(segment) => segment.release_here(&workers, chunk.max(HUGE_PAGE)),
         }
-    }
-}
-
-/// Unmaps `[base, base + len)` in chunks of `chunk` bytes on `workers`.
-///
-/// # Safety
-///
-/// The mapping is owned by the caller and nothing uses it any more.
-pub(crate) unsafe fn unmap_in_chunks(
-    base: NonNull<u8>,
-    len: usize,
-    chunk: usize,
-    workers: &Workers,
-) {
-    let p = base.as_ptr() as usize;
-    let _ = for_each_chunk(
-        len,
-        chunk.next_multiple_of(ffi::page_size()),
-        workers,
-        |_, r| {
-            // SAFETY: a page-aligned part of the caller's mapping, unmapped once.
-            unsafe { ffi::unmap((p + r.start) as *mut u8, r.len()) };
-            Ok::<(), Infallible>(())
-        },
-    );
-}
-
-/// Bytes of `[addr, addr + len)` resident in RAM, by pages (`mincore`), counted in chunks so the
-/// vector stays small; 0 for a range the kernel cannot report.
-fn resident_bytes(addr: usize, len: usize) -> u64 {
-    let page = ffi::page_size();
-    let mut resident = 0u64;
-    for r in chunks(len, 1 << 30) {
-        resident += ffi::resident_pages(addr + r.start, r.len()).unwrap_or(0) as u64 * page as u64;
-    }
-    resident.min(len as u64)
-}
-
-/// Whether every page of `[addr, addr + len)` is mapped in this process: a way to see that a
-/// released pool's memory is gone.
-pub fn is_mapped(addr: usize, len: usize) -> bool {
-    ffi::is_mapped(addr, len)
-}
-
-/// An anonymous private mapping of zeros whose pages are not touched yet — what `calloc` (or
-/// `numpy.zeros`) gives for a large array: an engine's ordinary, unpinned memory, for
-/// benchmarks and tests that lend such an array to a backend. Unmapped on drop.
-#[derive(Debug)]
-pub struct AnonymousMapping {
-    addr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain memory owned by this value; it hands out its address only.
-unsafe impl Send for AnonymousMapping {}
-
-impl AnonymousMapping {
-    /// Maps `len` bytes (page-aligned, zero, untouched).
-    pub fn new(len: usize) -> io::Result<AnonymousMapping> {
-        let addr = ffi::map_anonymous(len.max(1), false).map_err(|(_, e)| e)?;
-        Ok(AnonymousMapping { addr, len })
-    }
-
-    /// Address of the first byte (page-aligned).
-    pub fn addr(&self) -> NonNull<u8> {
-        self.addr
-    }
-
-    /// Bytes mapped.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no bytes are mapped.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for AnonymousMapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping is this value's; whoever borrowed its address was required to be
-        // done with it before the drop (the lending contracts of the backends).
-        unsafe { ffi::unmap(self.addr.as_ptr(), self.len.max(1)) };
     }
 }

@@ -8,9 +8,9 @@ use hisparse_core::ops::{HostLimits, PINNED_ALIGNMENT, PinnedBudgetError, check_
 
 use crate::config::{HUGE_PAGE, HostPoolConfig, HugePages, PARALLEL_FROM};
 use crate::ffi::{self, Opened};
+use crate::mapping::unmap_in_chunks;
 use crate::numa::Workers;
 use crate::parallel::for_each_chunk;
-use crate::region::unmap_in_chunks;
 use crate::{config, limits, meminfo, release};
 
 /// Why a segment could not be created or opened.
