@@ -14,7 +14,7 @@ pub enum HostMemoryError {
     /// Refused before anything was reserved: zero bytes, or a limit of the host (available
     /// RAM, the locked-memory limit, `/dev/shm` space).
     Budget(PinnedBudgetError),
-    /// Explicit huge pages were asked for ([`HugePages::Explicit`]) and too few are free.
+    /// Explicit huge pages were asked for ([`crate::HugePages::Explicit`]) and too few are free.
     HugePagesShort {
         /// Bytes asked for (rounded up to the huge page size).
         requested: u64,

@@ -7,7 +7,7 @@ use std::io;
 use crate::ffi;
 
 /// A driver's (or the kernel's) pinning of host memory, applied to the ranges of a
-/// [`HostRegion`]: the CUDA and ROCm backends register memory with their driver; [`NoPin`]
+/// [`crate::HostRegion`]: the CUDA and ROCm backends register memory with their driver; [`NoPin`]
 /// leaves it pageable; [`Mlock`] locks it with `mlock`.
 pub trait Pinner: Send + Sync + 'static {
     /// What a refused pinning reports.

@@ -256,16 +256,8 @@ impl<P: Pinner> HostRegion<P> {
             addr,
             pages,
         } = reserved;
-        let held = Held {
-            addr,
-            len,
-            backing: Backing::Mapped { base, len: map_len },
-            pinner,
-            pinned: Vec::new(),
-            workers: Workers::one(),
-            chunk: 0,
-        };
-        Self::set_up(held, len, cfg, node, pages, Contents::Zeroed)
+        let held = Held::new(addr, len, Backing::Mapped { base, len: map_len }, pinner);
+        Self::set_up(held, cfg, node, pages, Contents::Zeroed)
     }
 
     /// Pins `len` bytes of memory someone else allocated (an engine's array), touched (contents
@@ -320,17 +312,14 @@ impl<P: Pinner> HostRegion<P> {
             ..HostLimits::default()
         };
         check_host_pool(len as u64, &locked).map_err(HostMemoryError::Budget)?;
-        let held = Held {
-            addr,
-            len,
-            backing: Backing::Lent,
-            pinner,
-            pinned: Vec::new(),
-            workers: Workers::one(),
-            chunk: 0,
-        };
-        let node = cfg.node(device_node);
-        Self::set_up(held, len, cfg, node, Pages::AsGiven, Contents::Kept)
+        let held = Held::new(addr, len, Backing::Lent, pinner);
+        Self::set_up(
+            held,
+            cfg,
+            cfg.node(device_node),
+            Pages::AsGiven,
+            Contents::Kept,
+        )
     }
 
     /// Pins a shared-memory segment's mapping (the host pool every rank of a node maps), touched
@@ -351,29 +340,26 @@ impl<P: Pinner> HostRegion<P> {
             ..HostLimits::default()
         };
         check_host_pool(len as u64, &limits).map_err(HostMemoryError::Budget)?;
-        let held = Held {
-            addr: segment.addr(),
-            len,
-            backing: Backing::Shared(segment),
-            pinner,
-            pinned: Vec::new(),
-            workers: Workers::one(),
-            chunk: 0,
-        };
-        let node = cfg.node(device_node);
-        Self::set_up(held, len, cfg, node, Pages::AsGiven, Contents::Kept)
+        let held = Held::new(segment.addr(), len, Backing::Shared(segment), pinner);
+        Self::set_up(
+            held,
+            cfg,
+            cfg.node(device_node),
+            Pages::AsGiven,
+            Contents::Kept,
+        )
     }
 
-    /// Touches and pins `held`'s `len` bytes in parallel chunks; on failure releases what was
-    /// done (on this thread) and returns the error.
+    /// Touches and pins `held`'s bytes in parallel chunks; on failure releases what was done (on
+    /// this thread) and returns the error.
     fn set_up(
         mut held: Held<P>,
-        len: usize,
         cfg: &HostPoolConfig,
         node: Option<u32>,
         pages: Pages,
         contents: Contents,
     ) -> Result<Self, SetupError<P::Error>> {
+        let len = held.len;
         held.workers = if len < PARALLEL_FROM {
             Workers::one()
         } else {
@@ -545,6 +531,19 @@ impl<P: Pinner> Drop for HostRegion<P> {
 }
 
 impl<P: Pinner> Held<P> {
+    /// `len` bytes at `addr` from `backing`, nothing touched or pinned yet.
+    fn new(addr: NonNull<u8>, len: usize, backing: Backing, pinner: P) -> Self {
+        Held {
+            addr,
+            len,
+            backing,
+            pinner,
+            pinned: Vec::new(),
+            workers: Workers::one(),
+            chunk: 0,
+        }
+    }
+
     fn release(self) -> Release {
         let background = match &self.backing {
             Backing::Lent => false,
