@@ -33,7 +33,12 @@ pub(crate) unsafe fn populate(
                 return Ok(());
             }
             Err((_, e)) if e.raw_os_error() == Some(libc::EINVAL) => {
-                POPULATE.store(2, Ordering::Relaxed);
+                // On a fresh anonymous mapping EINVAL means the kernel lacks the advice; on
+                // someone else's memory it may only mean this mapping's kind (device or I/O
+                // memory), so only the former is remembered.
+                if zeroed && POPULATE.load(Ordering::Relaxed) == 0 {
+                    POPULATE.store(2, Ordering::Relaxed);
+                }
             }
             Err((_, e)) => return Err(("madvise(MADV_POPULATE_WRITE)", e)),
         }
