@@ -1,6 +1,6 @@
-//! Engine-owned host memory used as a [`crate::CpuBuffer`] without owning it (a numpy array's
-//! data, a tensor's storage, a shared-memory segment): the second and last module of this crate
-//! with `unsafe` code.
+//! Memory a [`crate::CpuBuffer`] views without allocating it — an engine's (a numpy array's data,
+//! a tensor's storage), a shared-memory segment, or the host pool's region — the second and last
+//! module of this crate with `unsafe` code.
 //!
 //! [`BorrowedBytes`] is a pointer and a length the caller vouches for (see
 //! [`crate::CpuBuffer::from_raw_parts`]). It never frees the memory. Its views follow the same
@@ -37,7 +37,9 @@ pub(crate) fn check_lent(ptr: *mut u8, len: usize) -> Result<NonNull<u8>, String
 
 /// The mapping of a shared-memory segment as a lent range. The caller stores `segment` beside
 /// the result, so the mapping outlives every view of it.
-pub(crate) fn of_segment(segment: &hisparse_shm::SharedSegment) -> Result<BorrowedBytes, String> {
+pub(crate) fn of_segment(
+    segment: &hisparse_host_memory::SharedSegment,
+) -> Result<BorrowedBytes, String> {
     let start = check_lent(segment.addr().as_ptr(), segment.len())?;
     // SAFETY: the range passed `check_lent` and is the segment's live, zero-initialised,
     // read-write mapping, kept alive by the buffer that stores the segment beside these bytes.
@@ -45,6 +47,16 @@ pub(crate) fn of_segment(segment: &hisparse_shm::SharedSegment) -> Result<Borrow
     // after the writer's completion reached them through a synchronisation point) keeps every
     // view this crate hands out, which lasts one call, free of concurrent writes to its bytes.
     Ok(unsafe { BorrowedBytes::new(start, segment.len()) })
+}
+
+/// The memory of a host pool region as a range. The caller stores `region` beside the result, so
+/// the mapping outlives every view of it.
+pub(crate) fn of_region(region: &hisparse_host_memory::HostRegion) -> BorrowedBytes {
+    // SAFETY: the region's memory is a private mapping of `len` bytes it reserved and zeroed
+    // (page-aligned, so 16-byte aligned; `len <= isize::MAX` as a mapping), that nothing else
+    // maps or references, and that lives until the region is dropped — after the buffer that
+    // stores it beside these bytes is done with them.
+    unsafe { BorrowedBytes::new(region.addr(), region.len()) }
 }
 
 /// `len` bytes at `ptr` that someone else allocated and will free.

@@ -4,6 +4,7 @@ use core::fmt;
 
 use hisparse_core::ops::PinnedBudgetError;
 use hisparse_core::{Error, ErrorKind, OpError};
+use hisparse_host_memory::HostMemoryError;
 
 /// Why a CPU backend call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +29,14 @@ pub enum CpuError {
         bytes: usize,
         /// Whether it was a pinned (host pool) allocation.
         pinned: bool,
+    },
+    /// The host pool could not be set up (the operating system refused a mapping, or explicit
+    /// huge pages were asked for and too few are free); nothing stayed reserved.
+    HostPool {
+        /// Bytes asked for.
+        bytes: usize,
+        /// What was refused, and what to change.
+        problem: String,
     },
     /// Memory lent by the engine ([`crate::CpuBuffer::from_raw_parts`]) cannot be used.
     Foreign {
@@ -54,6 +63,9 @@ impl fmt::Display for CpuError {
                  smaller pool",
                 if *pinned { "pinned host" } else { "device" }
             ),
+            CpuError::HostPool { bytes, problem } => {
+                write!(f, "cpu: a host pool of {bytes} bytes: {problem}")
+            }
             CpuError::Foreign { what, problem } => write!(f, "cpu: lent {what}: {problem}"),
         }
     }
@@ -64,9 +76,10 @@ impl std::error::Error for CpuError {
         match self {
             CpuError::Op(e) => Some(e),
             CpuError::PinnedBudget(e) => Some(e),
-            CpuError::Alloc { .. } | CpuError::RamExhausted { .. } | CpuError::Foreign { .. } => {
-                None
-            }
+            CpuError::Alloc { .. }
+            | CpuError::RamExhausted { .. }
+            | CpuError::HostPool { .. }
+            | CpuError::Foreign { .. } => None,
         }
     }
 }
@@ -76,7 +89,9 @@ impl Error for CpuError {
         match self {
             CpuError::Op(e) => e.kind(),
             CpuError::PinnedBudget(e) => e.kind(),
-            CpuError::Alloc { pinned: true, .. } => ErrorKind::OutOfPinnedMemory,
+            CpuError::Alloc { pinned: true, .. } | CpuError::HostPool { .. } => {
+                ErrorKind::OutOfPinnedMemory
+            }
             CpuError::Alloc { pinned: false, .. } | CpuError::RamExhausted { .. } => {
                 ErrorKind::OutOfDeviceMemory
             }
@@ -94,6 +109,19 @@ impl From<OpError> for CpuError {
 impl From<PinnedBudgetError> for CpuError {
     fn from(e: PinnedBudgetError) -> Self {
         CpuError::PinnedBudget(e)
+    }
+}
+
+impl CpuError {
+    /// A failed host-pool set-up of `bytes`: a budget refusal stays one.
+    pub(crate) fn host_pool(bytes: usize, e: HostMemoryError) -> Self {
+        match e {
+            HostMemoryError::Budget(b) => CpuError::PinnedBudget(b),
+            other => CpuError::HostPool {
+                bytes,
+                problem: other.to_string(),
+            },
+        }
     }
 }
 

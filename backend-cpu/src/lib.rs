@@ -5,7 +5,6 @@ mod aligned;
 mod borrowed;
 mod error;
 mod gather;
-mod meminfo;
 mod remap;
 mod resolve;
 
@@ -15,15 +14,15 @@ use hisparse_core::ops::{
     BlockPair, BufferLen, CallStats, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
     IndexerBackupDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs,
     RemapDesc, RemapModesArgs, RemapModesDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
-    SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc, check_pinned_budget, invalidate,
-    slot_mapping, table,
+    SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc, invalidate, slot_mapping, table,
 };
 use hisparse_core::{MemoryInfo, OpError, OpName};
 
 use aligned::AlignedBytes;
 use borrowed::BorrowedBytes;
 pub use error::CpuError;
-pub use meminfo::available_ram;
+pub use hisparse_host_memory::available_ram;
+use hisparse_host_memory::{HostPoolConfig, HostRegion, NoPin};
 
 /// A block of host memory: the CPU backend's device buffer and its pinned host buffer alike.
 /// Either a zeroed, page-aligned allocation of the backend's own ([`Device::alloc`],
@@ -36,23 +35,33 @@ pub struct CpuBuffer {
 enum Storage {
     /// Allocated, and freed on drop, by the backend.
     Owned(AlignedBytes),
+    /// A host pool ([`Device::alloc_pinned`]): touched in parallel when allocated, unmapped on a
+    /// thread of its own when dropped.
+    Pool {
+        bytes: BorrowedBytes,
+        region: HostRegion,
+    },
     /// Lent by the engine; never freed here.
     Borrowed(BorrowedBytes),
     /// A shared-memory segment other processes map too (a host pool shared by the ranks of a
     /// node); the buffer keeps the mapping alive.
     Shared {
         bytes: BorrowedBytes,
-        _segment: hisparse_shm::SharedSegment,
+        _segment: hisparse_host_memory::SharedSegment,
     },
 }
 
 impl CpuBuffer {
-    fn zeroed(bytes: usize, pinned: bool) -> Result<Self, CpuError> {
+    /// A device buffer of `bytes` zeroed bytes.
+    fn zeroed(bytes: usize) -> Result<Self, CpuError> {
         AlignedBytes::zeroed(bytes)
             .map(|bytes| CpuBuffer {
                 bytes: Storage::Owned(bytes),
             })
-            .ok_or(CpuError::Alloc { bytes, pinned })
+            .ok_or(CpuError::Alloc {
+                bytes,
+                pinned: false,
+            })
     }
 
     /// Uses `len` bytes of host memory at `ptr`, allocated by someone else (a numpy array's
@@ -93,7 +102,7 @@ impl CpuBuffer {
     /// page's bytes, and another reads them only after the writer's completion was reported to
     /// it (through a pipe or socket, a synchronisation point). Every slice this buffer hands out
     /// is borrowed for one backend call or one engine read, never across such a point.
-    pub fn from_shared(segment: hisparse_shm::SharedSegment) -> Result<Self, CpuError> {
+    pub fn from_shared(segment: hisparse_host_memory::SharedSegment) -> Result<Self, CpuError> {
         let bytes = borrowed::of_segment(&segment).map_err(|problem| CpuError::Foreign {
             what: "shared host memory",
             problem,
@@ -104,6 +113,27 @@ impl CpuBuffer {
                 _segment: segment,
             },
         })
+    }
+
+    /// A host pool of `bytes` zeroed bytes, set up as `cfg` says.
+    fn pool(bytes: usize, cfg: &HostPoolConfig) -> Result<Self, CpuError> {
+        let region = HostRegion::allocate(bytes, cfg, None, NoPin)
+            .map_err(|e| CpuError::host_pool(bytes, e.into()))?;
+        Ok(CpuBuffer {
+            bytes: Storage::Pool {
+                bytes: borrowed::of_region(&region),
+                region,
+            },
+        })
+    }
+
+    /// How the memory was set up (threads, NUMA node, pages), for a host pool
+    /// ([`Device::alloc_pinned`]); `None` for device buffers, lent memory and shared segments.
+    pub fn setup(&self) -> Option<&hisparse_host_memory::Setup> {
+        match &self.bytes {
+            Storage::Pool { region, .. } => Some(region.setup()),
+            _ => None,
+        }
     }
 
     /// Whether the memory is lent by someone else ([`CpuBuffer::from_raw_parts`]).
@@ -120,7 +150,9 @@ impl CpuBuffer {
     pub fn as_slice(&self) -> &[u8] {
         match &self.bytes {
             Storage::Owned(b) => b.as_slice(),
-            Storage::Borrowed(b) | Storage::Shared { bytes: b, .. } => b.as_slice(),
+            Storage::Borrowed(b)
+            | Storage::Shared { bytes: b, .. }
+            | Storage::Pool { bytes: b, .. } => b.as_slice(),
         }
     }
 
@@ -128,7 +160,9 @@ impl CpuBuffer {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.bytes {
             Storage::Owned(b) => b.as_mut_slice(),
-            Storage::Borrowed(b) | Storage::Shared { bytes: b, .. } => b.as_mut_slice(),
+            Storage::Borrowed(b)
+            | Storage::Shared { bytes: b, .. }
+            | Storage::Pool { bytes: b, .. } => b.as_mut_slice(),
         }
     }
 
@@ -147,7 +181,9 @@ impl CpuBuffer {
     pub fn address(&self) -> usize {
         match &self.bytes {
             Storage::Owned(b) => b.address(),
-            Storage::Borrowed(b) | Storage::Shared { bytes: b, .. } => b.address(),
+            Storage::Borrowed(b)
+            | Storage::Shared { bytes: b, .. }
+            | Storage::Pool { bytes: b, .. } => b.address(),
         }
     }
 
@@ -201,6 +237,7 @@ pub struct CpuEvent;
 #[derive(Debug, Clone)]
 pub struct CpuDevice {
     name: String,
+    host_pool: HostPoolConfig,
 }
 
 impl Default for CpuDevice {
@@ -224,7 +261,21 @@ impl CpuDevice {
             .unwrap_or_else(|| std::env::consts::ARCH.to_owned());
         CpuDevice {
             name: format!("{model} ({threads} threads, host memory)"),
+            host_pool: HostPoolConfig::default(),
         }
+    }
+
+    /// The same device, setting up host pools ([`Device::alloc_pinned`]) as `cfg` says (page
+    /// size, threads, NUMA node; the default spreads the pages over every CPU this process may
+    /// use, since this device has no PCI root to be near).
+    pub fn with_host_pool_config(mut self, cfg: HostPoolConfig) -> Self {
+        self.host_pool = cfg;
+        self
+    }
+
+    /// How host pools are set up.
+    pub fn host_pool_config(&self) -> &HostPoolConfig {
+        &self.host_pool
     }
 
     /// Same as [`CpuDevice::new`], in the `open` shape of the GPU backends (never fails).
@@ -296,14 +347,12 @@ impl Device for CpuDevice {
         {
             return Err(CpuError::RamExhausted { bytes, available });
         }
-        CpuBuffer::zeroed(bytes, false)
+        CpuBuffer::zeroed(bytes)
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<CpuBuffer, CpuError> {
-        // Without an "available" figure the allocator itself is the only limit.
-        let available = available_ram().unwrap_or(u64::MAX);
-        check_pinned_budget(bytes as u64, available)?;
-        CpuBuffer::zeroed(bytes, true)
+        // The region checks the host's limits (available RAM) before it reserves anything.
+        CpuBuffer::pool(bytes, &self.host_pool)
     }
 
     fn pinned_address(&self, buf: &CpuBuffer) -> usize {

@@ -3,7 +3,7 @@
 
 use hisparse_backend_cpu::{CpuBuffer, CpuDevice, CpuStream};
 use hisparse_core::Device;
-use hisparse_shm::SharedSegment;
+use hisparse_host_memory::SharedSegment;
 
 #[test]
 fn two_mappings_of_one_segment_see_each_others_writes_through_backend_calls() {

@@ -11,14 +11,16 @@ use hisparse_core::ops::{
     BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
     InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc,
     ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite,
-    TableWriteDesc, check_pinned_budget,
+    TableWriteDesc,
 };
 use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels::plan::{self, Plan, PlanError, Target};
 use hisparse_gpu_kernels::{self as gk, Kernel};
+use hisparse_host_memory::available_ram;
 
 use crate::error::CudaError;
-use crate::ffi::{self, Context, DevMem, Event, Function, LaunchShape, Module, PinnedMem, Stream};
+use crate::ffi::{self, Context, DevMem, Event, Function, LaunchShape, Module, Stream};
+use crate::pinned::{HostPoolSetup, PinnedMem};
 use crate::staging::Staging;
 
 type Result<T> = std::result::Result<T, CudaError>;
@@ -49,15 +51,18 @@ impl BufferLen for CudaBuffer {
 #[derive(Debug)]
 pub struct CudaHostBuffer {
     pub(crate) mem: PinnedMem,
-    /// The shared-memory segment `mem` registers, if any. Declared after `mem` so that it is
-    /// unmapped only after `mem` has unregistered it (fields drop in declaration order).
-    pub(crate) shared: Option<hisparse_shm::SharedSegment>,
 }
 
 impl CudaHostBuffer {
     /// Whether the memory is a shared-memory segment ([`CudaDevice::host_buffer_from_shared`]).
     pub fn is_shared(&self) -> bool {
-        self.shared.is_some()
+        self.mem.segment().is_some()
+    }
+
+    /// How the memory was set up (threads, NUMA node, pages, registrations), when this backend
+    /// registered it; `None` for memory that was pinned already.
+    pub fn setup(&self) -> Option<&hisparse_host_memory::Setup> {
+        self.mem.setup()
     }
 }
 
@@ -180,6 +185,8 @@ pub struct CudaDevice {
     kernels_init: Mutex<()>,
     staging: Mutex<Staging>,
     programmatic: AtomicBool,
+    /// How host pools are set up ([`CudaDevice::with_host_pool_config`]).
+    pub(crate) host_pool: HostPoolSetup,
     /// Kernel variants and test switches of the `bench-variants` build.
     #[cfg(feature = "bench-variants")]
     pub(crate) bench: crate::variants::BenchSwitches,
@@ -196,14 +203,6 @@ impl std::fmt::Debug for CudaDevice {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Bytes of RAM available for pinning (`MemAvailable`), if the system reports it.
-fn available_ram() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 impl From<PlanError> for CudaError {
@@ -278,6 +277,7 @@ impl CudaDevice {
             kernels: OnceLock::new(),
             kernels_init: Mutex::new(()),
             programmatic: AtomicBool::new(false),
+            host_pool: HostPoolSetup::probe(dev)?,
             #[cfg(feature = "bench-variants")]
             bench: crate::variants::BenchSwitches::from_env()?,
         })
@@ -675,15 +675,9 @@ impl Device for CudaDevice {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<CudaHostBuffer> {
-        let available = available_ram().unwrap_or(u64::MAX);
-        check_pinned_budget(bytes as u64, available)?;
-        let mem = PinnedMem::alloc_zeroed(&self.ctx, bytes)?;
-        if mem.host_addr() % hisparse_core::ops::PINNED_ALIGNMENT != 0 {
-            return Err(CudaError::Unsupported(
-                "the driver returned pinned memory that is not page-aligned".into(),
-            ));
-        }
-        Ok(CudaHostBuffer { mem, shared: None })
+        // The host's limits are checked before anything is reserved (crate::pinned).
+        let mem = PinnedMem::alloc_pool(&self.ctx, bytes, &self.host_pool)?;
+        Ok(CudaHostBuffer { mem })
     }
 
     fn pinned_address(&self, buf: &CudaHostBuffer) -> usize {

@@ -5,6 +5,7 @@ use std::fmt;
 use cudarc::driver::sys::CUresult;
 use hisparse_core::error::{Error, ErrorKind, OpError};
 use hisparse_core::ops::PinnedBudgetError;
+use hisparse_host_memory::HostMemoryError;
 
 /// Everything that can go wrong in the CUDA backend. Each variant says what is missing or what
 /// failed; [`Error::kind`] classifies it for generic callers.
@@ -51,8 +52,12 @@ pub enum CudaError {
         /// Driver result code.
         code: CUresult,
     },
-    /// A pinned request above the safe share of RAM, refused before pinning anything.
+    /// A host pool beyond a limit of the host (available RAM, the locked-memory limit,
+    /// `/dev/shm` space), refused before anything was reserved or pinned.
     PinnedBudget(PinnedBudgetError),
+    /// The host pool could not be set up (the operating system refused a mapping, too few
+    /// explicit huge pages); nothing stayed reserved or pinned.
+    HostPool(HostMemoryError),
     /// The device cannot give the resolver kernel the shared memory it needs.
     SharedMemory {
         /// Hot slots of the resolve call.
@@ -121,6 +126,7 @@ impl Error for CudaError {
             CudaError::OutOfDeviceMemory { .. } => ErrorKind::OutOfDeviceMemory,
             CudaError::OutOfPinnedMemory { .. } => ErrorKind::OutOfPinnedMemory,
             CudaError::PinnedBudget(e) => e.kind(),
+            CudaError::HostPool(e) => e.kind(),
             CudaError::SharedMemory { .. } | CudaError::Unsupported(_) => ErrorKind::Unsupported,
             CudaError::Op(e) => e.kind(),
             CudaError::Foreign { .. } => ErrorKind::InvalidArgument,
@@ -158,9 +164,11 @@ impl fmt::Display for CudaError {
             }
             CudaError::OutOfPinnedMemory { bytes, code } => write!(
                 f,
-                "could not pin {bytes} bytes of host memory ({code:?}); lower the host budget"
+                "could not pin {bytes} bytes of host memory ({code:?}); lower the host budget \
+                 (`--host-mem`, `host_mem=`, `HiSparseConfig::host_budget_bytes`)"
             ),
             CudaError::PinnedBudget(e) => write!(f, "{e}"),
+            CudaError::HostPool(e) => write!(f, "{e}"),
             CudaError::SharedMemory {
                 hot_slots,
                 needed,
@@ -189,5 +197,24 @@ impl From<OpError> for CudaError {
 impl From<PinnedBudgetError> for CudaError {
     fn from(e: PinnedBudgetError) -> Self {
         CudaError::PinnedBudget(e)
+    }
+}
+
+impl From<hisparse_host_memory::NotOneDeviceRange> for CudaError {
+    fn from(e: hisparse_host_memory::NotOneDeviceRange) -> Self {
+        CudaError::Unsupported(e.to_string())
+    }
+}
+
+impl From<HostMemoryError> for CudaError {
+    fn from(e: HostMemoryError) -> Self {
+        match e {
+            HostMemoryError::Budget(b) => CudaError::PinnedBudget(b),
+            HostMemoryError::Lent(problem) => CudaError::Foreign {
+                what: "host memory",
+                problem,
+            },
+            other => CudaError::HostPool(other),
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! The only module that calls into the CUDA driver and NVRTC (through cudarc's `sys` bindings,
 //! loaded at run time). Every `unsafe` block of the crate's FFI lives here and says why it is
-//! sound. Above the raw calls sit small RAII handle types ([`Context`], [`DevMem`], [`PinnedMem`],
-//! [`Stream`], [`Event`], [`Module`], [`Graph`]) and `Result`-returning wrappers; the rest of the
-//! crate uses only those.
+//! sound. Above the raw calls sit small RAII handle types ([`Context`], [`DevMem`], [`Stream`],
+//! [`Event`], [`Module`], [`Graph`]) and `Result`-returning wrappers; the rest of the crate uses
+//! only those (the host pool's pinned memory, `crate::pinned`, registers through
+//! [`host_register`] and [`host_unregister`]).
 //!
 //! Library loading: cudarc's `is_culib_present` probes without panicking, and no driver or NVRTC
 //! function is ever called before its probe succeeded (cudarc panics on a missing library).
@@ -15,6 +16,7 @@ use cudarc::driver::sys::{self, CUresult};
 use cudarc::nvrtc::sys as nvrtc;
 
 use crate::error::CudaError;
+use crate::pinned::PinnedMem;
 
 /// Result of this crate.
 pub(crate) type Result<T> = std::result::Result<T, CudaError>;
@@ -102,6 +104,18 @@ pub(crate) fn device_name(dev: sys::CUdevice) -> Result<String> {
     // worst because the length passed excludes nothing: the driver truncates with a NUL).
     let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
     Ok(name.to_string_lossy().into_owned())
+}
+
+/// The device's PCI address (`domain:bus:device.function`), to find its NUMA node.
+pub(crate) fn device_pci_bus_id(dev: sys::CUdevice) -> Result<String> {
+    let mut buf = [0 as std::ffi::c_char; 64];
+    // SAFETY: the buffer holds 64 chars and its length is passed; the driver NUL-terminates.
+    check("cuDeviceGetPCIBusId", unsafe {
+        sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev)
+    })?;
+    // SAFETY: the driver wrote a NUL-terminated string into `buf`.
+    let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Ok(id.to_string_lossy().into_owned())
 }
 
 /// A device attribute.
@@ -327,173 +341,33 @@ impl Drop for DevMem {
     }
 }
 
-/// Who releases a [`PinnedMem`]'s pinning.
-#[derive(Debug)]
-enum Pinning {
-    /// Allocated here with `cuMemHostAlloc`; `base` (what it returned) is freed on drop.
-    Allocated { base: *mut c_void },
-    /// Host memory someone else allocated, registered here with `cuMemHostRegister`;
-    /// unregistered on drop.
-    Registered,
-    /// Host memory someone else allocated and pinned; left alone on drop.
-    Borrowed,
+/// Page-locks `[host, host + len)` and maps it into the current context's device address space
+/// (`cuMemHostRegister`, DEVICEMAP | PORTABLE: every context may use it).
+///
+/// # Safety
+///
+/// The range is live host memory that stays mapped until [`host_unregister`]; `ctx` is current.
+pub(crate) unsafe fn host_register(host: *mut u8, len: usize) -> Result<()> {
+    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+    // SAFETY: the caller guarantees `[host, host + len)` is live host memory; the driver
+    // page-locks it and maps it into the current context's address space.
+    check("cuMemHostRegister", unsafe {
+        sys::cuMemHostRegister_v2(host.cast(), len, flags)
+    })
 }
 
-/// Pinned host memory, mapped into the device's address space (DEVICEMAP | PORTABLE, cacheable,
-/// not write-combined, so the host reads it at full speed too). Allocated or registered here, it
-/// is freed or unregistered on drop after all work; borrowed, it is left to its owner.
-#[derive(Debug)]
-pub(crate) struct PinnedMem {
-    /// Byte 0 of the buffer ([`PINNED_ALIGNMENT`]-aligned).
-    host: *mut u8,
-    dev: sys::CUdeviceptr,
-    len: usize,
-    ctx: Arc<Context>,
-    pinning: Pinning,
-}
-
-/// Alignment of every pinned buffer (the driver sub-allocates small requests without it).
-const PINNED_ALIGNMENT: usize = hisparse_core::ops::PINNED_ALIGNMENT;
-
-// SAFETY: the allocation is plain host memory owned (or, borrowed, exclusively lent) by this
-// value; access goes through `&self`/`&mut self`, so Rust's aliasing rules hold across threads.
-unsafe impl Send for PinnedMem {}
-// SAFETY: shared references only read (`as_slice`).
-unsafe impl Sync for PinnedMem {}
-
-impl PinnedMem {
-    /// Pins `len` zeroed bytes starting at a [`PINNED_ALIGNMENT`]-aligned address.
-    pub(crate) fn alloc_zeroed(ctx: &Arc<Context>, len: usize) -> Result<PinnedMem> {
-        ctx.bind()?;
-        let mut base = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        let total = len
-            .checked_add(PINNED_ALIGNMENT)
-            .ok_or(CudaError::OutOfPinnedMemory {
-                bytes: len,
-                code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-            })?;
-        // SAFETY: `base` is a valid out-pointer; the context is current.
-        let code = unsafe { sys::cuMemHostAlloc(&mut base, total, flags) };
-        if code != CUresult::CUDA_SUCCESS {
-            return Err(CudaError::OutOfPinnedMemory { bytes: len, code });
-        }
-        let pad = (PINNED_ALIGNMENT - base as usize % PINNED_ALIGNMENT) % PINNED_ALIGNMENT;
-        let mut mem = PinnedMem {
-            // SAFETY: `pad < PINNED_ALIGNMENT`, so `base + pad .. base + pad + len` lies inside
-            // the `len + PINNED_ALIGNMENT` bytes just allocated.
-            host: unsafe { base.cast::<u8>().add(pad) },
-            dev: 0,
-            len,
-            ctx: ctx.clone(),
-            pinning: Pinning::Allocated { base },
-        };
-        // The mapping is linear: byte `pad` of the allocation is at `dev + pad` on the device.
-        mem.dev = host_device_pointer(base)? + pad as u64;
-        mem.as_mut_slice().fill(0);
-        Ok(mem)
-    }
-
-    /// Host memory someone else allocated: registered here as pinned and device-mapped when
-    /// `register` (and unregistered on drop), else already pinned and mapped by its owner (left
-    /// alone on drop).
-    ///
-    /// # Safety
-    ///
-    /// `[host, host + len)` is host memory, readable and writable, that stays allocated for as
-    /// long as the value lives and until every operation enqueued on it has completed, and that
-    /// nothing else reads or writes while such work may touch it. When `register` is false it is
-    /// page-locked and mapped into `ctx`'s device address space (`cuMemHostAlloc`,
-    /// `cuMemHostRegister` with DEVICEMAP, or any pinned memory under unified addressing).
-    pub(crate) unsafe fn foreign(
-        ctx: &Arc<Context>,
-        host: *mut u8,
-        len: usize,
-        register: bool,
-    ) -> Result<PinnedMem> {
-        ctx.bind()?;
-        if register {
-            let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
-            // SAFETY: the caller guarantees `[host, host + len)` is live host memory; the driver
-            // page-locks it and maps it into the current context's address space.
-            let code = unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) };
-            if code != CUresult::CUDA_SUCCESS {
-                return Err(CudaError::driver("cuMemHostRegister", code));
-            }
-        }
-        let mut mem = PinnedMem {
-            host,
-            dev: 0,
-            len,
-            ctx: ctx.clone(),
-            pinning: if register {
-                Pinning::Registered
-            } else {
-                Pinning::Borrowed
-            },
-        };
-        // On failure `mem` drops here and unregisters what it registered.
-        mem.dev = host_device_pointer(host.cast())?;
-        Ok(mem)
-    }
-
-    /// Host address.
-    pub(crate) fn host_addr(&self) -> usize {
-        self.host as usize
-    }
-
-    /// Device address of byte 0 (the GPU reads and writes the host memory through it).
-    pub(crate) fn dev_ptr(&self) -> u64 {
-        self.dev
-    }
-
-    /// Length in bytes.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether drop unregisters the pinning (memory registered by this crate).
-    pub(crate) fn registered_here(&self) -> bool {
-        matches!(self.pinning, Pinning::Registered)
-    }
-
-    /// The bytes. Callers synchronise with the device before reading what it wrote.
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `host` points to `len` initialised bytes that live until drop: allocated (and
-        // zeroed) by cuMemHostAlloc and owned by `self`, or lent by the caller of `foreign`
-        // under its contract.
-        unsafe { std::slice::from_raw_parts(self.host, self.len) }
-    }
-
-    /// The bytes, mutably. Callers synchronise with the device first.
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` guarantees exclusive access on the host.
-        unsafe { std::slice::from_raw_parts_mut(self.host, self.len) }
-    }
-}
-
-impl Drop for PinnedMem {
-    fn drop(&mut self) {
-        match self.pinning {
-            Pinning::Allocated { base } => {
-                let _ = self.ctx.synchronize();
-                // SAFETY: `base` came from cuMemHostAlloc and is freed once, after all device
-                // work.
-                unsafe {
-                    sys::cuMemFreeHost(base);
-                }
-            }
-            Pinning::Registered => {
-                let _ = self.ctx.synchronize();
-                // SAFETY: `host` was registered in `foreign` and is unregistered once, after all
-                // device work (the memory itself belongs to the caller).
-                unsafe {
-                    sys::cuMemHostUnregister(self.host.cast());
-                }
-            }
-            Pinning::Borrowed => {}
-        }
-    }
+/// Unregisters memory [`host_register`] registered at `host` (the same start address).
+///
+/// # Safety
+///
+/// No device work that reads or writes the range is enqueued or running (synchronise first): the
+/// device loses access to it.
+pub(crate) unsafe fn host_unregister(host: *mut u8) -> Result<()> {
+    // SAFETY: the caller guarantees the device no longer uses the range; the driver only drops
+    // its registration (the memory itself stays mapped).
+    check("cuMemHostUnregister", unsafe {
+        sys::cuMemHostUnregister(host.cast())
+    })
 }
 
 /// Device address of page-locked, mapped host memory at `host`.
@@ -684,16 +558,16 @@ impl Stream {
         dst_off: usize,
         n: usize,
     ) -> Result<()> {
-        assert!(src_off + n <= src.len && dst_off + n <= dst.len);
+        assert!(src_off + n <= src.len() && dst_off + n <= dst.len);
         if n == 0 {
             return Ok(());
         }
         // SAFETY: both ranges lie inside live allocations (asserted); the source is pinned, and
-        // both allocations are freed only after the context synchronised.
+        // both allocations are freed (unpinned) only after the context synchronised.
         check("cuMemcpyHtoDAsync", unsafe {
             sys::cuMemcpyHtoDAsync_v2(
                 dst.ptr + dst_off as u64,
-                src.host.add(src_off).cast(),
+                src.host_ptr().add(src_off).cast(),
                 n,
                 self.raw,
             )
@@ -709,14 +583,14 @@ impl Stream {
         dst_off: usize,
         n: usize,
     ) -> Result<()> {
-        assert!(src_off + n <= src.len && dst_off + n <= dst.len);
+        assert!(src_off + n <= src.len && dst_off + n <= dst.len());
         if n == 0 {
             return Ok(());
         }
         // SAFETY: as in `copy_htod`; the destination is pinned memory owned by `dst`.
         check("cuMemcpyDtoHAsync", unsafe {
             sys::cuMemcpyDtoHAsync_v2(
-                dst.host.add(dst_off).cast(),
+                dst.host_ptr().add(dst_off).cast(),
                 src.ptr + src_off as u64,
                 n,
                 self.raw,

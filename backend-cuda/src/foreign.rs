@@ -21,11 +21,12 @@
 
 use cudarc::driver::sys::{self, CUstream};
 use hisparse_gpu_kernels::lending;
-use hisparse_shm::SharedSegment;
+use hisparse_host_memory::SharedSegment;
 
 use crate::device::{CudaBuffer, CudaDevice, CudaHostBuffer, CudaStream};
 use crate::error::CudaError;
-use crate::ffi::{self, DevMem, MEMORY_TYPE_DEVICE, MEMORY_TYPE_HOST, PinnedMem, PointerInfo};
+use crate::ffi::{self, DevMem, MEMORY_TYPE_DEVICE, MEMORY_TYPE_HOST, PointerInfo};
+use crate::pinned::PinnedMem;
 
 type Result<T> = std::result::Result<T, CudaError>;
 
@@ -122,8 +123,11 @@ impl CudaDevice {
     /// Uses `len` bytes of host memory at `ptr`, allocated by someone else (a pinned PyTorch
     /// tensor, or plain memory), as a pinned buffer of this device that kernels read and write
     /// directly. Memory the driver does not know yet is registered here (`cuMemHostRegister`,
-    /// page-locked and mapped into the device's address space) and unregistered when the buffer
-    /// drops; memory that is already pinned is used as it is and left pinned.
+    /// page-locked and mapped into the device's address space) — touched (contents kept) and
+    /// registered in parallel chunks by threads of the GPU's NUMA node, as the device's host-pool
+    /// configuration says ([`CudaDevice::with_host_pool_config`]) — and unregistered, in parallel
+    /// chunks, before the buffer's drop returns (so the engine may free the memory right after);
+    /// memory that is already pinned is used as it is and left pinned.
     ///
     /// Refused with [`CudaError::Foreign`] when the pointer is null, the length zero, the pointer
     /// not page-aligned ([`hisparse_core::ops::PINNED_ALIGNMENT`]), the address is device memory, already pinned
@@ -208,8 +212,8 @@ impl CudaDevice {
         // SAFETY: the arguments were checked above; the caller guarantees the range is live host
         // memory lent exclusively for the buffer's life; when `register` is false the driver
         // reported it page-locked in this context and covering the whole range.
-        let mem =
-            unsafe { PinnedMem::foreign(&self.ctx, ptr, len, register) }.map_err(|e| match e {
+        let mem = unsafe { PinnedMem::foreign(&self.ctx, ptr, len, register, &self.host_pool) }
+            .map_err(|e| match e {
                 CudaError::Driver { call, code } => CudaError::Foreign {
                     what: WHAT,
                     problem: format!(
@@ -220,14 +224,15 @@ impl CudaDevice {
                 },
                 other => other,
             })?;
-        Ok(CudaHostBuffer { mem, shared: None })
+        Ok(CudaHostBuffer { mem })
     }
 
     /// Uses a shared-memory segment — the host pool every tensor-parallel rank of a node maps —
     /// as a pinned host buffer of this device: the segment's mapping is registered with the
     /// driver (`cuMemHostRegister`, page-locked, mapped into the device's address space and
-    /// portable), the buffer keeps the segment alive, and on drop it unregisters the mapping
-    /// (after the context's outstanding work) before the segment unmaps it.
+    /// portable) in parallel chunks, the buffer keeps the segment alive, and on drop — on a
+    /// thread of its own for segments of 64 MiB and more — it unregisters the mapping (after the
+    /// context's outstanding work) before the segment unmaps it.
     ///
     /// Other processes (the other ranks) map the same memory. What keeps that sound is the host
     /// pool's protocol, as for any pinned buffer a GPU writes while the host runs: one rank
@@ -240,30 +245,24 @@ impl CudaDevice {
         const WHAT: &str = "shared host memory";
         let ptr = segment.addr().as_ptr();
         let len = segment.len();
+        let name = segment.name().to_string();
         lent(WHAT, lending::check_host_range(ptr as usize, len))?;
-        // SAFETY: `[ptr, ptr + len)` is the segment's mapping: readable and writable host memory
-        // that stays mapped while `segment` lives, and `segment` is moved into the returned
-        // buffer after the pinning (so it unmaps only after the pinning unregistered it, and
-        // only once every enqueued operation completed: `PinnedMem`'s drop synchronises the
+        // The region keeps the segment and unmaps it only after it unregistered the mapping,
+        // once every enqueued operation completed (its pinner's quiesce synchronises the
         // context first). Within this process nothing else can reach the mapping: the segment
         // hands out no slices and is owned by the buffer. Other processes' accesses are ordered
         // by the host pool's protocol (above).
-        let mem =
-            unsafe { PinnedMem::foreign(&self.ctx, ptr, len, true) }.map_err(|e| match e {
-                CudaError::Driver { call, code } => CudaError::Foreign {
-                    what: WHAT,
-                    problem: format!(
-                        "{call} refused the {len}-byte segment `{}` at {ptr:p} ({code:?}): map the \
-                     segment once per process and hand each mapping to one buffer",
-                        segment.name()
-                    ),
-                },
-                other => other,
-            })?;
-        Ok(CudaHostBuffer {
-            mem,
-            shared: Some(segment),
-        })
+        let mem = PinnedMem::shared(&self.ctx, segment, &self.host_pool).map_err(|e| match e {
+            CudaError::Driver { call, code } => CudaError::Foreign {
+                what: WHAT,
+                problem: format!(
+                    "{call} refused the {len}-byte segment `{name}` at {ptr:p} ({code:?}): map the \
+                     segment once per process and hand each mapping to one buffer"
+                ),
+            },
+            other => other,
+        })?;
+        Ok(CudaHostBuffer { mem })
     }
 
     /// Enqueues this backend's work on a stream someone else created (PyTorch's current stream)

@@ -4,7 +4,10 @@
 //! * [`CudaDevice::open`] loads the driver, retains the device's primary context and finds NVRTC
 //!   (also outside the library path: see [`nvrtc`]). A missing driver, device or NVRTC is an
 //!   error of kind `NotFound`; nothing panics.
-//! * The host pool ([`CudaHostBuffer`]) is pinned with `cuMemHostAlloc(DEVICEMAP | PORTABLE)`,
+//! * The host pool ([`CudaHostBuffer`]) is reserved with `mmap` on the NUMA node of the GPU's PCI
+//!   root, zeroed and registered (`cuMemHostRegister`, DEVICEMAP | PORTABLE) in parallel chunks
+//!   by one thread per CPU of that node, and released (unregistered and unmapped) on a thread of
+//!   its own when dropped ([`CudaDevice::with_host_pool_config`], `hisparse-host-memory`). It is
 //!   cacheable (not write-combined) and mapped into the device's address space: the swap-in
 //!   gather kernel reads host rows directly with 16-byte loads, many in flight.
 //! * Kernels come from the shared source in `hisparse-gpu-kernels`, compiled with NVRTC for the
@@ -69,6 +72,7 @@ mod error;
 mod ffi;
 mod foreign;
 pub mod nvrtc;
+mod pinned;
 mod staging;
 #[cfg(feature = "bench-variants")]
 mod variants;

@@ -11,7 +11,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::ffi::{Context, DevMem, Event, PinnedMem, Result, Stream};
+use crate::ffi::{Context, DevMem, Event, Result, Stream};
+use crate::pinned::PinnedMem;
 
 const ALIGN: usize = 256;
 const MIN_CAPACITY: usize = 1 << 20;

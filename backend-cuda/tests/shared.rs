@@ -14,7 +14,7 @@
 use hisparse_backend_cuda::{CudaDevice, CudaError};
 use hisparse_core::ops::{GatherArgs, GatherDesc, LayerPair, PageLayout};
 use hisparse_core::{Device, Error as _, ErrorKind};
-use hisparse_shm::SharedSegment;
+use hisparse_host_memory::SharedSegment;
 
 type Res<T> = Result<T, String>;
 

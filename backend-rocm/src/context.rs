@@ -21,6 +21,10 @@ pub(crate) struct Context {
     pub(crate) shared_mem_per_multiprocessor: usize,
     pub(crate) total_global_mem: usize,
     pub(crate) multiprocessors: u32,
+    /// PCI address of the device (`domain:bus:device.0`).
+    pub(crate) pci_bus_id: String,
+    /// Whether the device reaches registered host memory at its host address.
+    pub(crate) host_pointer_registration: bool,
     /// Pinned staging buffers for host-side lists read by kernels (page pairs, spans, layouts).
     staging: Mutex<Vec<Staging>>,
     module: Handle,
@@ -119,6 +123,8 @@ impl Context {
             },
             total_global_mem: props.total_global_mem,
             multiprocessors: props.multiprocessors,
+            pci_bus_id: props.pci_bus_id,
+            host_pointer_registration: props.host_pointer_registration,
             staging: Mutex::new(Vec::new()),
             module,
             functions: Vec::with_capacity(kernels::KERNELS.len()),

@@ -10,7 +10,7 @@ use hisparse_core::ops::{
     BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
     InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc,
     ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite,
-    TableWriteDesc, check_pinned_budget,
+    TableWriteDesc,
 };
 use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels as gk;
@@ -18,9 +18,10 @@ use hisparse_gpu_kernels::plan::{self, Launch, Plan, PlanError, Target};
 
 use crate::context::Context;
 use crate::error::RocmError;
-use crate::ffi::{self, HOST_MALLOC_MAPPED, HOST_MALLOC_PORTABLE, Handle, MemcpyKind};
+use crate::ffi::{self, Handle, MemcpyKind};
 use crate::kernels::{self, KernelSource};
-use crate::memory::{Pinning, RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, available_ram};
+use crate::memory::{RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream};
+use hisparse_host_memory::available_ram;
 
 /// A HIP device with the HiSparse kernels loaded.
 ///
@@ -31,6 +32,8 @@ use crate::memory::{Pinning, RocmBuffer, RocmEvent, RocmHostBuffer, RocmStream, 
 pub struct RocmDevice {
     pub(crate) ctx: Arc<Context>,
     display: String,
+    /// How host pools are set up ([`RocmDevice::with_host_pool_config`]).
+    pub(crate) host_pool: crate::pinned::HostPoolSetup,
 }
 
 impl RocmDevice {
@@ -51,6 +54,7 @@ impl RocmDevice {
         };
         let display = format!("{} ({}, {}{version})", ctx.name, ctx.arch, ctx.source);
         Ok(RocmDevice {
+            host_pool: crate::pinned::HostPoolSetup::probe(&ctx),
             ctx: Arc::new(ctx),
             display,
         })
@@ -305,35 +309,8 @@ impl Device for RocmDevice {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<RocmHostBuffer, RocmError> {
-        check_pinned_budget(bytes as u64, available_ram().unwrap_or(u64::MAX))?;
-        self.ctx.bind()?;
-        let host = self
-            .ctx
-            .hip
-            .host_malloc(bytes, HOST_MALLOC_MAPPED | HOST_MALLOC_PORTABLE)
-            .map_err(|s| RocmError::hip(&self.ctx.hip, "hipHostMalloc", s))?;
-        let mut buf = RocmHostBuffer {
-            host: host.cast(),
-            device: std::ptr::null_mut(),
-            len: bytes,
-            ctx: self.ctx.clone(),
-            pinning: Pinning::Allocated,
-            shared: None,
-        };
-        if !(host as usize).is_multiple_of(hisparse_core::ops::PINNED_ALIGNMENT) {
-            return Err(RocmError::Unsupported(format!(
-                "hipHostMalloc returned {host:p}, not aligned to {} bytes",
-                hisparse_core::ops::PINNED_ALIGNMENT
-            )));
-        }
-        buf.device = self
-            .ctx
-            .hip
-            .host_device_pointer(host)
-            .map_err(|s| RocmError::hip(&self.ctx.hip, "hipHostGetDevicePointer", s))?;
-        // SAFETY: `host` is a fresh pinned allocation of `bytes` bytes that no work uses yet.
-        unsafe { std::ptr::write_bytes(buf.host, 0, bytes) };
-        Ok(buf)
+        // The host's limits are checked before anything is reserved (crate::pinned).
+        self.alloc_pool(bytes)
     }
 
     fn pinned_address(&self, buf: &RocmHostBuffer) -> usize {

@@ -14,8 +14,12 @@ use crate::ffi::{Hip, HipStatus};
 pub enum RocmError {
     /// A malformed descriptor or argument, found before anything was enqueued.
     Op(OpError),
-    /// A pinned allocation the host cannot safely satisfy.
+    /// A host pool beyond a limit of the host (available RAM, the locked-memory limit,
+    /// `/dev/shm` space), refused before anything was reserved or pinned.
     PinnedBudget(PinnedBudgetError),
+    /// The host pool could not be set up (the operating system refused a mapping, too few
+    /// explicit huge pages); nothing stayed reserved or pinned. The message says what to change.
+    HostPool(String),
     /// The HIP runtime (or hiprtc) library could not be loaded, or lacks an entry point.
     RuntimeNotFound(String),
     /// The runtime loaded but reports no device with this ordinal.
@@ -101,6 +105,7 @@ impl fmt::Display for RocmError {
         match self {
             RocmError::Op(e) => write!(f, "{e}"),
             RocmError::PinnedBudget(e) => write!(f, "{e}"),
+            RocmError::HostPool(m) => write!(f, "{m}"),
             RocmError::RuntimeNotFound(m) => write!(f, "HIP runtime not found: {m}"),
             RocmError::NoDevice { ordinal, count } => write!(
                 f,
@@ -126,6 +131,7 @@ impl hisparse_core::Error for RocmError {
         match self {
             RocmError::Op(e) => hisparse_core::Error::kind(e),
             RocmError::PinnedBudget(e) => hisparse_core::Error::kind(e),
+            RocmError::HostPool(_) => ErrorKind::OutOfPinnedMemory,
             RocmError::RuntimeNotFound(_) | RocmError::NoDevice { .. } => ErrorKind::NotFound,
             RocmError::Hip { kind, .. } => *kind,
             RocmError::Compile { .. } | RocmError::Module { .. } => ErrorKind::Compilation,

@@ -262,6 +262,11 @@ pub struct Props {
     pub shared_mem_per_multiprocessor: usize,
     /// Compute units.
     pub multiprocessors: u32,
+    /// PCI address, `domain:bus:device.0` (to find the NUMA node).
+    pub pci_bus_id: String,
+    /// Whether the device reaches registered host memory at its host address
+    /// (`canUseHostPointerForRegisteredMem`).
+    pub host_pointer_registration: bool,
 }
 
 fn c_string_at(bytes: &[u8], offset: usize, max: usize) -> String {
@@ -356,6 +361,16 @@ impl Hip {
             )),
             multiprocessors: int_at(std::mem::offset_of!(DeviceProp, multiProcessorCount)).max(1)
                 as u32,
+            pci_bus_id: format!(
+                "{:04x}:{:02x}:{:02x}.0",
+                int_at(std::mem::offset_of!(DeviceProp, pciDomainID)),
+                int_at(std::mem::offset_of!(DeviceProp, pciBusID)),
+                int_at(std::mem::offset_of!(DeviceProp, pciDeviceID))
+            ),
+            host_pointer_registration: int_at(std::mem::offset_of!(
+                DeviceProp,
+                canUseHostPointerForRegisteredMem
+            )) != 0,
         })
     }
 

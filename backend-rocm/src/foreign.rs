@@ -22,13 +22,13 @@
 use std::ffi::c_void;
 
 use hisparse_gpu_kernels::lending;
-use hisparse_shm::SharedSegment;
+use hisparse_host_memory::SharedSegment;
 
 use crate::device::RocmDevice;
 use crate::error::RocmError;
 use crate::ffi::{
-    HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED, HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE,
-    MEMORY_TYPE_DEVICE, MEMORY_TYPE_HOST, MEMORY_TYPE_UNREGISTERED,
+    HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED, MEMORY_TYPE_DEVICE, MEMORY_TYPE_HOST,
+    MEMORY_TYPE_UNREGISTERED,
 };
 use crate::memory::{Pinning, RocmBuffer, RocmHostBuffer, RocmStream};
 
@@ -122,8 +122,10 @@ impl RocmDevice {
     /// Uses `len` bytes of host memory at `ptr`, allocated by someone else (a pinned tensor, or
     /// plain memory), as a pinned buffer of this device that kernels read and write directly.
     /// Memory the runtime does not know is registered here (`hipHostRegister`, mapped and
-    /// portable) and unregistered when the buffer drops; memory that is pinned already is used as
-    /// it is and left pinned.
+    /// portable) — touched (contents kept) and registered in parallel chunks as the device's
+    /// host-pool configuration says ([`RocmDevice::with_host_pool_config`]) — and unregistered,
+    /// in parallel chunks, before the buffer's drop returns; memory that is pinned already is used
+    /// as it is and left pinned.
     ///
     /// Refused with [`RocmError::Foreign`] when the pointer is null, the length zero, the pointer
     /// not page-aligned, the address is device memory, already pinned memory does not cover the
@@ -153,37 +155,34 @@ impl RocmDevice {
         let info = hip
             .pointer_info(ptr.cast())
             .map_err(|s| RocmError::hip(hip, "hipPointerGetAttributes", s))?;
-        let pinning = match info.memory_type {
+        match info.memory_type {
             MEMORY_TYPE_UNREGISTERED => {
                 // SAFETY: the caller guarantees `[ptr, ptr + len)` is live host memory that
-                // outlives the buffer, which unregisters it on drop.
-                let s = unsafe {
-                    hip.host_register(
-                        ptr.cast(),
-                        len,
-                        HOST_REGISTER_MAPPED | HOST_REGISTER_PORTABLE,
-                    )
-                };
-                if s == HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
-                    return refuse(
-                        WHAT,
-                        format!(
-                            "part of the {len} bytes at {ptr:p} is pinned already: pass the \
-                             whole pinned allocation, or memory not pinned at all"
+                // outlives the buffer and that nothing else touches meanwhile; the buffer
+                // unregisters it before its drop returns.
+                unsafe { self.lend_pool(ptr, len) }.map_err(|e| match e {
+                    RocmError::Hip { status, name, .. }
+                        if status == HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED =>
+                    {
+                        RocmError::Foreign {
+                            what: WHAT,
+                            problem: format!(
+                                "part of the {len} bytes at {ptr:p} is pinned already ({name}): \
+                                 pass the whole pinned allocation, or memory not pinned at all"
+                            ),
+                        }
+                    }
+                    RocmError::Hip {
+                        call, status, name, ..
+                    } => RocmError::Foreign {
+                        what: WHAT,
+                        problem: format!(
+                            "{call} refused {len} bytes at {ptr:p}: {name} ({status}); pass \
+                             ordinary, readable and writable host memory"
                         ),
-                    );
-                }
-                if s != crate::ffi::HIP_SUCCESS {
-                    return refuse(
-                        WHAT,
-                        format!(
-                            "hipHostRegister refused {len} bytes at {ptr:p}: {} ({s}); pass \
-                             ordinary, readable and writable host memory",
-                            hip.error_name(s)
-                        ),
-                    );
-                }
-                Pinning::Registered
+                    },
+                    other => other,
+                })
             }
             MEMORY_TYPE_HOST => {
                 let last = ptr.wrapping_add(len - 1);
@@ -205,35 +204,28 @@ impl RocmDevice {
                         ),
                     );
                 }
-                Pinning::Borrowed
+                let device = hip
+                    .host_device_pointer(ptr.cast())
+                    .map_err(|s| RocmError::hip(hip, "hipHostGetDevicePointer", s))?;
+                Ok(RocmHostBuffer {
+                    host: ptr,
+                    device,
+                    len,
+                    pinning: Pinning::Borrowed,
+                })
             }
-            _ => {
-                return refuse(
-                    WHAT,
-                    format!("{ptr:p} is device memory: use wrap_device_memory for it"),
-                );
-            }
-        };
-        let mut buf = RocmHostBuffer {
-            host: ptr,
-            device: std::ptr::null_mut(),
-            len,
-            ctx: self.ctx.clone(),
-            pinning,
-            shared: None,
-        };
-        // On failure `buf` drops here and unregisters what it registered.
-        buf.device = hip
-            .host_device_pointer(ptr.cast())
-            .map_err(|s| RocmError::hip(hip, "hipHostGetDevicePointer", s))?;
-        Ok(buf)
+            _ => refuse(
+                WHAT,
+                format!("{ptr:p} is device memory: use wrap_device_memory for it"),
+            ),
+        }
     }
 
     /// Uses a shared-memory segment — the host pool every tensor-parallel rank of a node maps —
     /// as a pinned host buffer of this device: the segment's mapping is registered with the
-    /// runtime (`hipHostRegister`, mapped and portable), the buffer keeps the segment alive, and
-    /// on drop it unregisters the mapping (after the device went idle) before the segment unmaps
-    /// it.
+    /// runtime (`hipHostRegister`, mapped and portable) in parallel chunks, the buffer keeps the
+    /// segment alive, and on drop — on a thread of its own for segments of 64 MiB and more — it
+    /// unregisters the mapping (after the device went idle) before the segment unmaps it.
     ///
     /// Other processes (the other ranks) map the same memory. What keeps that sound is the host
     /// pool's protocol: one rank writes a page's bytes, and another reads them only after the
@@ -249,42 +241,23 @@ impl RocmDevice {
         let ptr = segment.addr().as_ptr();
         let len = segment.len();
         lent(WHAT, lending::check_host_range(ptr as usize, len))?;
-        self.ctx.bind()?;
-        let hip = &self.ctx.hip;
-        // SAFETY: `[ptr, ptr + len)` is the segment's mapping, readable and writable host memory
-        // that stays mapped while `segment` lives; `segment` is moved into the buffer, which
-        // unregisters the range (after the device went idle) before the segment unmaps it.
-        let s = unsafe {
-            hip.host_register(
-                ptr.cast(),
-                len,
-                HOST_REGISTER_MAPPED | HOST_REGISTER_PORTABLE,
-            )
-        };
-        if s != crate::ffi::HIP_SUCCESS {
-            return refuse(
-                WHAT,
-                format!(
-                    "hipHostRegister refused the {len}-byte segment `{}` at {ptr:p}: {} ({s}); map \
-                     the segment once per process and hand each mapping to one buffer",
-                    segment.name(),
-                    hip.error_name(s)
+        let name = segment.name().to_string();
+        self.share_pool(segment).map_err(|e| match e {
+            RocmError::Hip {
+                call,
+                status,
+                name: error,
+                ..
+            } => RocmError::Foreign {
+                what: WHAT,
+                problem: format!(
+                    "{call} refused the {len}-byte segment `{name}` at {ptr:p}: {error} \
+                     ({status}); map the segment once per process and hand each mapping to one \
+                     buffer"
                 ),
-            );
-        }
-        let mut buf = RocmHostBuffer {
-            host: ptr,
-            device: std::ptr::null_mut(),
-            len,
-            ctx: self.ctx.clone(),
-            pinning: Pinning::Registered,
-            shared: Some(segment),
-        };
-        // On failure `buf` drops here, unregisters the range, then unmaps the segment.
-        buf.device = hip
-            .host_device_pointer(ptr.cast())
-            .map_err(|s| RocmError::hip(hip, "hipHostGetDevicePointer", s))?;
-        Ok(buf)
+            },
+            other => other,
+        })
     }
 
     /// Enqueues this backend's work on a stream someone else created (`hipStream_t`, e.g. the
@@ -325,7 +298,7 @@ impl RocmDevice {
     /// Whether `buf` is lent memory this backend registered as pinned itself (and will unregister
     /// when it drops), as opposed to memory it allocated or memory that was pinned already.
     pub fn registered_here(&self, buf: &RocmHostBuffer) -> bool {
-        buf.pinning == Pinning::Registered
+        matches!(buf.pinning, Pinning::Registered(_))
     }
 }
 

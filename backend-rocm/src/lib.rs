@@ -9,6 +9,7 @@ mod ffi;
 mod foreign;
 pub mod kernels;
 mod memory;
+mod pinned;
 
 pub use device::RocmDevice;
 pub use error::RocmError;

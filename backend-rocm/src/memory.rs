@@ -65,30 +65,26 @@ impl Drop for RocmBuffer {
 }
 
 /// Who releases a [`RocmHostBuffer`]'s pinning.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Pinning {
-    /// `hipHostMalloc` here; `hipHostFree` on drop.
-    Allocated,
-    /// An engine's memory registered here with `hipHostRegister`; `hipHostUnregister` on drop.
-    Registered,
+    /// Registered here, chunk by chunk or whole: a pool reserved here, an engine's lent memory
+    /// or a shared segment. The region unregisters (and unmaps what it mapped) when dropped,
+    /// after the device went idle (on a release thread for large pools).
+    Registered(hisparse_host_memory::HostRegion<crate::pinned::HipPin>),
     /// An engine's memory it had pinned itself; left alone on drop.
     Borrowed,
 }
 
-/// Pinned, mapped host memory: from `hipHostMalloc(hipHostMallocMapped |
-/// hipHostMallocPortable)`, page-aligned and zeroed on allocation, or an engine's host memory lent
-/// through [`crate::RocmDevice::wrap_host_memory`]. Kernels read it through its device address.
+/// Pinned, mapped host memory: a host pool reserved, zeroed and registered here
+/// ([`hisparse_core::Device::alloc_pinned`]; see `crate::pinned`), or an engine's host memory
+/// lent through [`crate::RocmDevice::wrap_host_memory`], or a shared segment
+/// ([`crate::RocmDevice::host_buffer_from_shared`]). Kernels read it through its device address.
 #[derive(Debug)]
 pub struct RocmHostBuffer {
     pub(crate) host: *mut u8,
     pub(crate) device: *mut c_void,
     pub(crate) len: usize,
-    pub(crate) ctx: Arc<Context>,
     pub(crate) pinning: Pinning,
-    /// The shared-memory segment the buffer registers, if any
-    /// ([`crate::RocmDevice::host_buffer_from_shared`]). Fields drop after [`Drop::drop`], so the
-    /// segment is unmapped only after the drop unregistered it.
-    pub(crate) shared: Option<hisparse_shm::SharedSegment>,
 }
 
 // SAFETY: the buffer owns a pinned allocation usable from any thread; host-side access goes
@@ -106,7 +102,16 @@ impl RocmHostBuffer {
     /// Whether the memory is a shared-memory segment
     /// ([`crate::RocmDevice::host_buffer_from_shared`]).
     pub fn is_shared(&self) -> bool {
-        self.shared.is_some()
+        matches!(&self.pinning, Pinning::Registered(r) if r.segment().is_some())
+    }
+
+    /// How the memory was set up (threads, NUMA node, pages, registrations), when this backend
+    /// registered it; `None` for memory that was pinned already.
+    pub fn setup(&self) -> Option<&hisparse_host_memory::Setup> {
+        match &self.pinning {
+            Pinning::Registered(r) => Some(r.setup()),
+            Pinning::Borrowed => None,
+        }
     }
 
     /// Device address of the mapping as a kernel parameter.
@@ -118,30 +123,6 @@ impl RocmHostBuffer {
 impl BufferLen for RocmHostBuffer {
     fn byte_len(&self) -> u64 {
         self.len as u64
-    }
-}
-
-impl Drop for RocmHostBuffer {
-    fn drop(&mut self) {
-        if self.host.is_null() {
-            return;
-        }
-        self.ctx.bind_quietly();
-        match self.pinning {
-            Pinning::Allocated => {
-                // SAFETY: `host` came from `hipHostMalloc` in `RocmDevice::alloc_pinned` and is
-                // freed exactly once, here; `hipHostFree` waits for outstanding work first.
-                let _ = unsafe { self.ctx.hip.host_free(self.host.cast()) };
-            }
-            Pinning::Registered => {
-                // Work still reading or writing the memory finishes before it is unpinned.
-                let _ = self.ctx.hip.device_synchronize();
-                // SAFETY: `host` was registered in `RocmDevice::wrap_host_memory` and is
-                // unregistered exactly once, here, after the device went idle.
-                let _ = unsafe { self.ctx.hip.host_unregister(self.host.cast()) };
-            }
-            Pinning::Borrowed => {}
-        }
     }
 }
 
@@ -274,20 +255,4 @@ impl Drop for RocmEvent {
         // already enqueued on it stay valid (HIP defers the release).
         let _ = unsafe { self.ctx.hip.event_destroy(self.raw) };
     }
-}
-
-/// Bytes of RAM the operating system reports as available (`MemAvailable`, else `MemFree`, from
-/// `/proc/meminfo`), or `None` where it cannot be read.
-pub(crate) fn available_ram() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    ["MemAvailable:", "MemFree:"].iter().find_map(|key| {
-        let line = text.lines().find(|l| l.starts_with(key))?;
-        let mut words = line[key.len()..].split_whitespace();
-        let value: u64 = words.next()?.parse().ok()?;
-        match words.next() {
-            Some("kB") => value.checked_mul(1024),
-            None => Some(value),
-            Some(_) => None,
-        }
-    })
 }

@@ -1032,7 +1032,7 @@ fn query_event_not_ready_then_complete() -> Result<(), String> {
 /// other; the opener's buffer drops first and the creator's still works; registering a mapping
 /// the runtime already knows is refused.
 fn shared_host_pool_two_mappings() -> Result<(), String> {
-    use hisparse_shm::SharedSegment;
+    use hisparse_host_memory::SharedSegment;
     let dev = open()?;
     let e = |e: RocmError| e.to_string();
     let n: usize = 1 << 16;

@@ -584,7 +584,10 @@ impl Device for VulkanDevice {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<VulkanHostBuffer> {
-        check_pinned_budget(bytes as u64, vk::available_ram().unwrap_or(u64::MAX))?;
+        check_pinned_budget(
+            bytes as u64,
+            hisparse_host_memory::available_ram().unwrap_or(u64::MAX),
+        )?;
         let raw = self.ctx.create_buffer(bytes as u64, MemKind::Pinned)?;
         let buf = VulkanHostBuffer {
             raw: Some(raw),
@@ -605,7 +608,7 @@ impl Device for VulkanDevice {
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {
-        let host_available = vk::available_ram()?;
+        let host_available = hisparse_host_memory::available_ram()?;
         let (free, _) = self.ctx.device_memory();
         let unified = self.ctx.limits.unified;
         Some(MemoryInfo {

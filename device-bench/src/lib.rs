@@ -17,6 +17,8 @@
 
 use std::time::{Duration, Instant};
 
+pub mod host_pool;
+
 use hisparse_core::Device;
 use hisparse_core::ops::{
     BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs,

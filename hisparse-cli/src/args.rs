@@ -207,6 +207,24 @@ pub struct BenchArgs {
     /// Measured repetitions per figure (the median is reported).
     #[arg(long, allow_negative_numbers = true, default_value = "10")]
     pub iters: String,
+    /// Measure host pools of these sizes instead (comma-separated, e.g. `8GiB,32GiB,64GiB`):
+    /// set-up and release of the backend's own pool, of an ordinary array lent to it and of a
+    /// shared segment, beside the same run's memset of as many bytes.
+    #[arg(long, value_name = "SIZES")]
+    pub host_pool: Option<String>,
+    /// With --host-pool: how a GPU driver registers a pool — `chunks` (in parallel, where the
+    /// device reaches registered memory at its host address) or `whole` (one registration after
+    /// a parallel touch).
+    #[arg(long, value_name = "HOW", default_value = "chunks")]
+    pub registration: String,
+    /// With --host-pool: the pools' pages — `transparent` (2 MiB transparent huge pages where
+    /// the kernel allows), `explicit` (the hugetlbfs pool), `explicit-if-free` or `off`.
+    #[arg(long, value_name = "PAGES", default_value = "transparent")]
+    pub huge_pages: String,
+    /// With --host-pool: threads that set a pool up (default: one per CPU of the GPU's NUMA
+    /// node, or of this process).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<String>,
 }
 
 /// Refuses a command line in which a flag would do nothing — a choice for a mode not asked for,

@@ -27,6 +27,7 @@ mod backend;
 mod bench;
 mod conformance;
 mod error;
+mod host_pool_bench;
 mod layout;
 mod progress;
 mod sim;
@@ -55,7 +56,16 @@ fn run(cli: Cli) -> CliResult<()> {
     match cli.command {
         Command::Bench(a) => {
             let kind = args::backend(&a.backend.backend)?;
-            with_device!(kind, &a.backend.device, |dev| bench::bench_on(&dev, &a))
+            match &a.host_pool {
+                Some(sizes) => {
+                    let plan = host_pool_bench::plan(sizes, &a)?;
+                    with_device!(kind, &a.backend.device, |dev| host_pool_bench::run_on(
+                        hisparse_runtime::AnyDevice::from(dev),
+                        &plan
+                    ))
+                }
+                None => with_device!(kind, &a.backend.device, |dev| bench::bench_on(&dev, &a)),
+            }
         }
         Command::Layout(a) => layout::run(&a),
         Command::Conformance(a) => conformance::run(&a),

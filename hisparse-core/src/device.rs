@@ -96,8 +96,10 @@ pub trait Device {
     fn alloc(&self, bytes: usize) -> Result<Self::Buffer, Self::Error>;
 
     /// Allocates `bytes` of zeroed pinned host memory, aligned to
-    /// [`crate::ops::PINNED_ALIGNMENT`]. Refuses budgets above the safe share of RAM
-    /// ([`crate::ops::check_pinned_budget`]) with an `OutOfPinnedMemory` error.
+    /// [`crate::ops::PINNED_ALIGNMENT`]. Refuses, before anything is reserved, a pool beyond a
+    /// limit of the host ([`crate::ops::check_host_pool`]: the safe share of the available RAM,
+    /// the locked-memory limit where the pinning counts against it) with an `OutOfPinnedMemory`
+    /// error.
     fn alloc_pinned(&self, bytes: usize) -> Result<Self::HostBuffer, Self::Error>;
 
     /// Host address of a pinned buffer (for alignment checks and diagnostics).

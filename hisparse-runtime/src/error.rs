@@ -137,7 +137,7 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
                 available,
             } => write!(
                 f,
-                "the runtime needs {needed} bytes of {what} memory but only {available} are free; plan a smaller pool (fewer GPU blocks or a smaller host budget) or fewer state rows"
+                "the runtime needs {needed} bytes of {what} memory but only {available} are free (host memory: MemAvailable); plan a smaller pool — fewer GPU blocks (`--gpu-mem`, `gpu_mem=`) or a smaller host budget (`--host-mem`, `host_mem=`, `HiSparseConfig::host_budget_bytes`) — or fewer state rows"
             ),
             RuntimeError::StateRow { row, rows } => write!(
                 f,

@@ -38,6 +38,9 @@ pub use config::{DEFAULT_MAX_BATCHED_TOKENS, RuntimeConfig};
 pub use counters::{Counters, PoolUsage};
 pub use decode::{Indices, LayerCall, Swap, TopK};
 pub use error::RuntimeError;
+/// Host pools: their configuration ([`host_memory::HostPoolConfig`]), set-up reports, releases
+/// and the host's limits.
+pub use hisparse_host_memory as host_memory;
 pub use kind::{BackendKind, UnknownBackend};
 pub use runtime::{Pools, Runtime};
 pub use shared::{SharedHostPool, SharedSegment, ShmError};

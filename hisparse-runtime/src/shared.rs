@@ -11,7 +11,7 @@
 //! every rank has reported it — the writer's report being the one that carries the copy.
 
 use hisparse_core::Device;
-pub use hisparse_shm::{SharedSegment, ShmError};
+pub use hisparse_host_memory::{SharedSegment, ShmError};
 
 /// A backend whose pinned host buffer can be a shared-memory segment.
 pub trait SharedHostPool: Device {

@@ -29,7 +29,7 @@ mkdir -p "$out/fallback"
 CARGO_PROFILE_RELEASE_DEBUG=0 "$venv/bin/maturin" build --release --strip \
     -m hisparse-py/Cargo.toml -i "$venv/bin/python" -o "$out"
 {
-    echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- hisparse-py hisparse-runtime hisparse-core backend-cpu backend-cuda gpu-kernels shared-host-memory || echo ' (with local changes)')"
+    echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- hisparse-py hisparse-runtime hisparse-core backend-cpu backend-cuda gpu-kernels host-memory || echo ' (with local changes)')"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m)"
     for f in "$out"/*.whl "$out"/fallback/*.whl; do
         echo "$(basename "$f") $(stat -c %s "$f") bytes sha256 $(sha256sum "$f" | cut -d' ' -f1)"

@@ -90,7 +90,7 @@ impl Context {
         if kind == MemKind::Device && size >= 1 << 20 {
             let (free, _) = self.device_memory();
             let free = if self.limits.unified {
-                free.min(available_ram().unwrap_or(u64::MAX))
+                free.min(hisparse_host_memory::available_ram().unwrap_or(u64::MAX))
             } else {
                 free
             };

@@ -449,14 +449,6 @@ impl Context {
     }
 }
 
-/// Bytes of RAM the OS reports available (`MemAvailable`), or `None` when unknown.
-pub fn available_ram() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,10 @@ pub use copy::{
 };
 pub use indexer_backup::{IndexerBackupArgs, IndexerBackupDesc};
 pub use invalidate::{InvalidateArgs, InvalidateDesc};
-pub use pinned::{PINNED_ALIGNMENT, PinnedBudgetError, check_pinned_budget};
+pub use pinned::{
+    HostLimits, LockedMemory, MAX_PINNED_PERCENT, PINNED_ALIGNMENT, PinnedBudgetError,
+    check_host_pool, check_pinned_budget,
+};
 pub use remap::{DcpSplit, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc};
 pub use slot_mapping::{SlotMappingArgs, SlotMappingDesc};
 pub use stats::{

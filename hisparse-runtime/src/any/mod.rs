@@ -784,6 +784,7 @@ impl Device for AnyDevice {
     }
 }
 
+mod host_pool;
 // The engine-lending entries: the only `unsafe` code of this crate.
 #[allow(unsafe_code)]
 mod lend;
