@@ -20,6 +20,8 @@ pub mod ops;
 #[cfg(feature = "alloc")]
 pub mod pool;
 pub mod presets;
+#[cfg(feature = "alloc")]
+pub mod wire;
 
 pub use device::{Device, MemoryInfo};
 pub use error::{Error, ErrorKind, OpError, OpName};

@@ -4,8 +4,10 @@
 //!
 //! * the coordinator's own invariant check (pool reference counts = references held: no leak,
 //!   no double free; page states; ready prefix; prefix hashes only on durable pages);
-//! * an independent shadow of the data plane, built only from the commands: the per-row resident,
-//!   host and hot tables the workers would hold equal the coordinator's exported `i32` rows;
+//! * an independent shadow of the data plane, built only from the commands (each received as
+//!   wire bytes, as a worker process receives it; reports travel as bytes too): the per-row
+//!   resident, host and hot tables the workers would hold equal the coordinator's exported `i32`
+//!   rows;
 //! * a shadow of the host pool's contents: which rows of which host block have been written by
 //!   which transfer. A resident entry may turn null (page reclaimed) only when every row of the
 //!   page has reached host in transfers every worker completed, and never for the last two pages
@@ -34,7 +36,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use hisparse_core::coordinator::{Coordinator, OffloadCommand, RequestId};
+use hisparse_core::coordinator::{Coordinator, OffloadCommand, RequestId, WorkerReport};
 use hisparse_core::layout::ACTIVE_TAIL_PAGES;
 use proptest::prelude::*;
 
@@ -808,7 +810,12 @@ fn compare(sh: &Shadow, c: &Coordinator) -> Result<(), TestCaseError> {
 /// view right after the step, and every copy targets a host block exactly one running request
 /// uses.
 fn check_step(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), TestCaseError> {
-    apply(sh, c, cmd)?;
+    // The shadow workers receive the command as bytes, as a worker process does.
+    let fingerprint = c.layout().fingerprint();
+    let received = OffloadCommand::from_bytes(&cmd.to_bytes(fingerprint), fingerprint)
+        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    prop_assert_eq!(&received, cmd);
+    apply(sh, c, &received)?;
     // Right after a step the workers' view is complete (changes made later, e.g. a release when
     // a report arrives, travel in the next command).
     compare(sh, c)?;
@@ -916,7 +923,17 @@ fn run(p: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let c0 = sh.comp[w];
                 let c1 = (c0 + usize::from(comp)).min(e1);
                 let before = c.durable_transfer();
-                c.report(w as u32, &sh.issued[e0..e1], &sh.issued[c0..c1])
+                // The report travels as bytes, as from a worker process.
+                let fingerprint = c.layout().fingerprint();
+                let report = WorkerReport {
+                    worker: w as u32,
+                    enqueued: sh.issued[e0..e1].to_vec(),
+                    completed: sh.issued[c0..c1].to_vec(),
+                };
+                let r = WorkerReport::from_bytes(&report.to_bytes(fingerprint), fingerprint)
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                prop_assert_eq!(&r, &report);
+                c.report(r.worker, &r.enqueued, &r.completed)
                     .map_err(|e| TestCaseError::fail(format!("{e}")))?;
                 sh.enq[w] = e1;
                 sh.comp[w] = c1;

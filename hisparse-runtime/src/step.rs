@@ -12,25 +12,9 @@ use crate::runtime::{OpenStep, Runtime};
 use crate::slots::SlotMapping;
 use crate::streams::{StreamId, pick};
 
-/// What [`Runtime::poll`] found since the last poll, in the shape of
-/// [`Coordinator::report`]'s arguments.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct WorkerReport {
-    /// The worker (tensor-parallel rank) this runtime is.
-    pub worker: u32,
-    /// Transfer batches enqueued since the last report, oldest first.
-    pub enqueued: Vec<u64>,
-    /// Transfer batches that completed since the last report, oldest first.
-    pub completed: Vec<u64>,
-}
-
-impl WorkerReport {
-    /// Whether there is nothing to report.
-    pub fn is_empty(&self) -> bool {
-        self.enqueued.is_empty() && self.completed.is_empty()
-    }
-}
+/// What [`Runtime::poll`] returns: the core's worker report (kept here so the runtime's users
+/// name it as before).
+pub use hisparse_core::coordinator::WorkerReport;
 
 impl<D: Device> Runtime<D> {
     /// Before the forward pass: applies `cmd` on the compute stream, in the command's documented

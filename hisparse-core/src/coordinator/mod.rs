@@ -32,7 +32,7 @@
 //! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`] (each pass planned without side effects, then carried out), the low watermark, reused unpinned pages falling back, wait-instead-of-preempt |
 //! | `rollback.rs` | [`Coordinator::rollback`]: rejected speculative tokens given back |
 //! | `import.rs` | imported requests: [`Coordinator::reserve_import`], [`Coordinator::complete_import`], their start |
-//! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`], durability |
+//! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`] and the [`WorkerReport`] it takes, durability |
 //! | `command.rs` | [`OffloadCommand`] and the types it carries; [`Coordinator::build_offload_command`] |
 //! | `rows.rs` | the `i32` table rows the data plane reads |
 //! | `invariants.rs` | [`Coordinator::check_invariants`] |
@@ -203,6 +203,7 @@ pub use managers::PageState;
 use managers::{HotManager, PagedManager, Release, ResidentManager, SourceManager, Unpinned};
 pub use queries::{Admission, Needs, TierFree};
 use request::{NO_ROW, Req, Status, empty_req};
+pub use transfers::WorkerReport;
 use transfers::{PendingPage, WorkerState};
 
 /// Caller-chosen request identifier.

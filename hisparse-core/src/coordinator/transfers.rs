@@ -3,6 +3,8 @@
 //! durable transfer makes happen (clean pages, releases after transfer, deferred frees, the
 //! durable prefix and its host prefix hashes).
 
+use alloc::vec::Vec;
+
 use super::request::{Req, Status};
 use super::{CoordError, Coordinator, PageTransfer, PoolKind, RowMirror};
 use crate::ops::RowSpan;
@@ -18,6 +20,27 @@ pub(super) struct PendingPage {
     pub(super) generation: u32,
     /// The page.
     pub(super) page: u32,
+}
+
+/// What one worker (tensor-parallel rank) has to tell the coordinator since its last report:
+/// the arguments of [`Coordinator::report`] as one value, which a worker process can send to
+/// the scheduler's (see [`crate::wire`] for its bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct WorkerReport {
+    /// The worker (tensor-parallel rank).
+    pub worker: u32,
+    /// Transfer batches enqueued since the last report, oldest first.
+    pub enqueued: Vec<u64>,
+    /// Transfer batches that completed since the last report, oldest first.
+    pub completed: Vec<u64>,
+}
+
+impl WorkerReport {
+    /// Whether there is nothing to report.
+    pub fn is_empty(&self) -> bool {
+        self.enqueued.is_empty() && self.completed.is_empty()
+    }
 }
 
 /// The last transfer ids one worker reported.

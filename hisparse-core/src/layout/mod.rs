@@ -470,6 +470,7 @@ fn ovf(field: &'static str) -> LayoutError {
 }
 
 mod capacity;
+mod fingerprint;
 mod geometry;
 mod plan;
 mod report;
@@ -477,6 +478,7 @@ mod validate;
 mod views;
 
 pub use capacity::{CapacityLimit, CapacityReport, GpuBlocksPerRequest, LayoutWarning};
+pub use fingerprint::LayoutFingerprint;
 pub use plan::plan_layout;
 pub use report::{LayoutReport, NodeHostMemory, capacity_contexts};
 pub use views::LayerView;
