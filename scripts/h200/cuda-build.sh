@@ -24,20 +24,8 @@ out=h200-cuda
 mkdir -p "$out"
 export CARGO_PROFILE_RELEASE_DEBUG=0
 
-# The executable of test target $1 in cargo's JSON messages on stdin.
-exe_of() {
-    python3 -c '
-import json, sys
-name = sys.argv[1]
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == name and m.get("executable"):
-        print(m["executable"])
-' "$1" | tail -n 1
-}
+# shellcheck source=scripts/h200/cargo-exe.sh
+. scripts/h200/cargo-exe.sh
 prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --test fused \
     --test shared --no-run --message-format=json 2>/dev/null)
 variants=$(cargo test --release -p hisparse-backend-cuda --features bench-variants \

@@ -16,17 +16,10 @@ cd "$root"
 out=h200-hostpool
 mkdir -p "$out"
 export CARGO_PROFILE_RELEASE_DEBUG=0
+# shellcheck source=scripts/h200/cargo-exe.sh
+. scripts/h200/cargo-exe.sh
 test_exe=$(cargo test --release -p hisparse-backend-cuda --test host_pool --no-run \
-    --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "host_pool" and m.get("executable"):
-        print(m["executable"])
-' | tail -n 1)
+    --message-format=json 2>/dev/null | exe_of host_pool)
 cargo build --release -p hisparse-cli --features cuda
 target=${CARGO_TARGET_DIR:-target}
 [ -x "$test_exe" ] || { echo "missing the host_pool test executable" >&2; exit 1; }

@@ -67,18 +67,8 @@ done
 echo "libraries: $(echo "$libs" | wc -l) files, $(du -sb "$stage" | cut -f1) bytes, $(du -b "$out/nixl-libs.tar.xz" | cut -f1) bytes compressed"
 
 # The binaries.
-exe_of() {
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])
-' "$1" | tail -n 1
-}
+# shellcheck source=scripts/h200/cargo-exe.sh
+. scripts/h200/cargo-exe.sh
 tests=$(cargo test --release -p hisparse-nixl --features nixl --test transfer --no-run \
     --message-format=json 2>/dev/null)
 transfer=$(exe_of transfer <<<"$tests")

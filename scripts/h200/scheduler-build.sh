@@ -20,20 +20,8 @@ out=h200-scheduler
 mkdir -p "$out"
 export CARGO_PROFILE_BENCH_DEBUG=0
 
-# The executable of bench target `scheduler` in cargo's JSON messages on stdin.
-bench_exe() {
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "scheduler" \
-            and m.get("executable"):
-        print(m["executable"])
-'
-}
+# shellcheck source=scripts/h200/cargo-exe.sh
+. scripts/h200/cargo-exe.sh
 
 # Both benches from clean trees of their commits (`git archive`: the checkout may hold
 # uncommitted edits), each in its own target folder.
@@ -43,14 +31,14 @@ head=$(git rev-parse HEAD)
 mkdir "$work/new" "$work/base"
 git archive "$head" | tar -x -C "$work/new"
 new=$(cd "$work/new" && CARGO_TARGET_DIR="$root/target/scheduler-new" \
-    cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | bench_exe | tail -n 1)
+    cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | exe_of scheduler)
 cp "$new" "$out/scheduler-new"
 
 # The baseline: the whole tree at that commit.
 git archive "$base" | tar -x -C "$work/base"
 tree=$work/base
 old=$(cd "$tree" && CARGO_TARGET_DIR="$root/target/scheduler-base" \
-    cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | bench_exe | tail -n 1)
+    cargo bench -p hisparse-benches --bench scheduler --no-run --message-format=json | exe_of scheduler)
 cp "$old" "$out/scheduler-base"
 strip "$out/scheduler-new" "$out/scheduler-base"
 {

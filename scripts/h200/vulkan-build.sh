@@ -24,24 +24,13 @@ mkdir -p "$out/debs"
 export CARGO_PROFILE_RELEASE_DEBUG=0
 target=${CARGO_TARGET_DIR:-target}
 
+# shellcheck source=scripts/h200/cargo-exe.sh
+. scripts/h200/cargo-exe.sh
 json=$(cargo test --release -p hisparse-backend-vulkan --test conformance_windowed \
     --test streams_fault --test resolve_packing --no-run --message-format=json 2>/dev/null)
-exe_of() {
-    python3 -c '
-import json, sys
-name = sys.argv[1]
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == name and m.get("executable"):
-        print(m["executable"])
-' "$1" <<<"$json" | tail -n 1
-}
-windowed=$(exe_of conformance_windowed)
-fault=$(exe_of streams_fault)
-packing=$(exe_of resolve_packing)
+windowed=$(exe_of conformance_windowed <<<"$json")
+fault=$(exe_of streams_fault <<<"$json")
+packing=$(exe_of resolve_packing <<<"$json")
 cargo build --release -p hisparse-backend-vulkan --example vulkan_bench --example resolve_replay
 cargo build --release -p hisparse-cli --features cuda,vulkan
 for f in "$windowed" "$fault" "$packing" "$target"/release/examples/vulkan_bench \
