@@ -81,7 +81,7 @@ pub fn invalid(message: impl Into<String>) -> PyErr {
 /// Sets `kind` and `message` on a fresh exception. Setting attributes on a fresh exception
 /// instance cannot fail short of memory exhaustion, in which case the exception still carries
 /// its message.
-fn with_attributes(err: PyErr, kind: ErrorKind, message: String) -> PyErr {
+pub fn with_attributes(err: PyErr, kind: ErrorKind, message: String) -> PyErr {
     Python::attach(|py| {
         let value = err.value(py);
         let _ = value.setattr("kind", kind.as_str());
@@ -123,6 +123,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<InvalidArgumentError>(),
     )?;
     m.add("ConcurrentUseError", py.get_type::<ConcurrentUseError>())?;
+    m.add("WireError", py.get_type::<crate::wire::WireError>())?;
     m.add(
         "OutOfDeviceMemoryError",
         py.get_type::<OutOfDeviceMemoryError>(),

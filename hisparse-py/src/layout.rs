@@ -1,7 +1,9 @@
 //! Layout planning: `plan_layout(...)` → `Layout`, whose `to_dict()` is what `hisparse layout
 //! --json` prints for the same inputs.
 
-use hisparse_core::layout::{GroupKind, KvCacheConfig, LayerView, LayoutReport, capacity_contexts};
+use hisparse_core::layout::{
+    GroupKind, KvCacheConfig, LayerView, LayoutFingerprint, LayoutReport, capacity_contexts,
+};
 use hisparse_core::presets as model_presets;
 use hisparse_runtime::plan::{ArgNames, LayoutRequest, ModelSource, plan};
 use pyo3::prelude::*;
@@ -14,6 +16,8 @@ use crate::errors::{invalid, to_py};
 #[pyclass(module = "hisparse", frozen, name = "Layout")]
 pub struct Layout {
     pub(crate) kv: KvCacheConfig,
+    /// `kv`'s fingerprint (what the wire bytes of its commands and reports carry).
+    pub(crate) fingerprint: LayoutFingerprint,
     /// The GPU and host budgets it was planned from (reported as `gpu_mem_bytes`,
     /// `host_mem_bytes`, as the CLI does).
     gpu_mem: u64,
@@ -21,6 +25,18 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// A layout of `kv`, remembered as planned in this process (see `wire`).
+    fn new(kv: KvCacheConfig, gpu_mem: u64, host_mem: u64) -> Self {
+        let fingerprint = kv.fingerprint();
+        crate::wire::remember(fingerprint);
+        Layout {
+            kv,
+            fingerprint,
+            gpu_mem,
+            host_mem,
+        }
+    }
+
     /// The layout as the CLI's JSON value ([`LayoutReport`] of one rank, as `hisparse layout`
     /// without `--tp` prints it): every field of the plan, the budgets, the pool sizes, the
     /// hot-buffer cost per request and the capacity table.
@@ -119,11 +135,7 @@ pub fn plan_layout(
         ..defaults
     };
     let planned = plan(&req, &ARG_NAMES).map_err(to_py)?;
-    Ok(Layout {
-        kv: planned.kv,
-        gpu_mem: req.gpu_mem,
-        host_mem: req.host_mem,
-    })
+    Ok(Layout::new(planned.kv, req.gpu_mem, req.host_mem))
 }
 
 /// A layer view of `kv` as a dict (see `Layout.gpu_views`), with its group's kind.
@@ -173,11 +185,7 @@ impl Layout {
         let kv: KvCacheConfig =
             serde_json::from_value(value).map_err(|e| invalid(format!("not a layout: {e}")))?;
         kv.validate().map_err(to_py)?;
-        Ok(Layout {
-            kv,
-            gpu_mem,
-            host_mem,
-        })
+        Ok(Layout::new(kv, gpu_mem, host_mem))
     }
 
     /// The layout as a dict: exactly what `hisparse layout --json` prints for the same inputs
@@ -208,6 +216,13 @@ impl Layout {
         let text = serde_json::to_string(&self.kv.capacity(context_len))
             .map_err(|e| invalid(e.to_string()))?;
         py.import("json")?.call_method1("loads", (text,))
+    }
+
+    /// The layout's fingerprint: a 64-bit hash of everything that gives a command its meaning,
+    /// carried by the wire bytes of its commands and reports.
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint.as_u64()
     }
 
     /// Model name.

@@ -8,6 +8,7 @@ mod errors;
 mod layout;
 mod report;
 mod runtime;
+mod wire;
 
 use pyo3::prelude::*;
 
@@ -27,6 +28,8 @@ fn _hisparse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(layout::plan_layout, m)?)?;
     m.add_function(wrap_pyfunction!(layout::presets, m)?)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
+    m.add_function(wrap_pyfunction!(coordinator::_command_from_pickle, m)?)?;
+    m.add_function(wrap_pyfunction!(report::_report_from_pickle, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

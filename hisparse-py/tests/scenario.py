@@ -134,6 +134,99 @@ class Outcome:
     preemptions: int = 0
 
 
+def coordinator(s: Shape, lay: hisparse.Layout, num_workers: int = 1) -> hisparse.Coordinator:
+    return hisparse.Coordinator(
+        lay, max_running=s.requests, max_batched_tokens=4096, reclaim_min_blocks=0,
+        num_workers=num_workers,
+    )
+
+
+class Worker:
+    """A worker's side of the scenario: a runtime on the CPU backend that executes each command
+    — the forward pass writing synthetic rows through the slot mapping, the indexer's top-k
+    (deterministic from the command), one per-layer call per index group — and checks every row
+    attention reads against what was written."""
+
+    def __init__(self, s: Shape, lay: hisparse.Layout, lend_pools: bool, prepared: bool = False,
+                 worker: int = 0):
+        self.s, self.lay, self.prepared = s, lay, prepared
+        kwargs = dict(state_rows=s.requests, max_step_tokens=s.requests, max_batched_tokens=4096,
+                      worker=worker)
+        if lend_pools:
+            device_pool = hisparse.aligned_empty(lay.gpu_pool_bytes)
+            host_pool = hisparse.aligned_empty(lay.host_pool_bytes)
+            self.rt = hisparse.Runtime(lay, "cpu", device_pool=device_pool, host_pool=host_pool, **kwargs)
+            self.pool = Pool(self.rt, device_pool)
+        else:
+            self.rt = hisparse.Runtime(lay, "cpu", **kwargs)
+            self.pool = Pool(self.rt)
+        assert self.rt.lends_pools == lend_pools
+        self.topk = np.empty((s.requests, s.top_k), dtype=np.int32)
+        self.rows = np.empty((s.requests, s.top_k), dtype=np.int32)
+        self.counts = np.empty(s.requests, dtype=np.int32)
+        groups = range(len(lay.index_groups))
+        self.calls = [self.rt.layer_call(g, self.topk, self.rows, self.counts) for g in groups]
+        self.forward = SlotForward(self.rt, lay, self.pool)
+        self.row_log: list = []
+        self.verified = 0
+
+    def topk_of(self, cmd: hisparse.Command, g: int) -> None:
+        """The indexer: top_k positions below each request's length, drifting with the step;
+        one entry -1 (no token) and one duplicate."""
+        for i, sr in enumerate(cmd.scheduled):
+            n = sr["first_token"] + sr["num_tokens"]
+            salt = cmd.step + 13 * g
+            self.topk[i] = [(j * 7919 + salt * 31) % n for j in range(self.s.top_k)]
+            self.topk[i, 0] = -1
+            self.topk[i, 1] = self.topk[i, 2]
+
+    def execute(self, cmd: hisparse.Command) -> None:
+        rt, rb = self.rt, self.lay.row_bytes
+        rt.begin_step(cmd)
+        self.forward(cmd)
+        rt.set_batch(cmd.slots)
+        scheduled = cmd.scheduled
+        t = len(scheduled)
+        for g, group in enumerate(self.lay.index_groups):
+            self.topk_of(cmd, g)
+            if self.prepared:
+                self.calls[g](t)
+            else:
+                rt.resolve_index_group(g, self.topk[:t], self.rows[:t], self.counts[:t])
+            self.row_log.append(self.rows[:t].copy())
+            for i, sr in enumerate(scheduled):
+                valid = 0
+                for j in range(self.s.top_k):
+                    pos, r = int(self.topk[i, j]), int(self.rows[i, j])
+                    if pos < 0:
+                        assert r == -1, f"entry {j} has no token but row {r}"
+                        continue
+                    assert r >= 0, f"request {sr['id']} token {pos}: no row"
+                    valid += 1
+                    for layer in group["layers"]:
+                        offset = self.lay.layer_offset(layer)[1]
+                        got = self.pool.read(offset + r * rb, rb)
+                        assert np.array_equal(got, row(sr["id"], pos, layer, rb)), (
+                            f"step {cmd.step} group {g} request {sr['id']} token {pos} layer "
+                            f"{layer}: row {r} holds other bytes"
+                        )
+                        self.verified += 1
+                assert self.counts[i] == valid, f"count {self.counts[i]} for {valid} valid entries"
+        rt.end_step(cmd)
+
+
+def after_step(coord: hisparse.Coordinator, finish, final_len: int) -> None:
+    """The engine's sampling: a request whose computed tokens caught up gets a token, or is
+    finished (`finish(id)`) once it is `final_len` long."""
+    coord.check_invariants()
+    for req in coord.running_ids():
+        if coord.num_computed(req) == coord.num_tokens(req):
+            if coord.num_tokens(req) >= final_len:
+                finish(req)
+            else:
+                coord.append_tokens(req, [7])
+
+
 def run(
     s: Shape,
     lend_pools: bool,
@@ -146,102 +239,28 @@ def run(
     calls through `Runtime.layer_call` objects built once; `own_scheduler` (a token budget)
     replaces the built-in `step()` with the engine's own scheduler (`fcfs.Fcfs`)."""
     lay = layout(s)
-    coord = hisparse.Coordinator(
-        lay, max_running=s.requests, max_batched_tokens=4096, reclaim_min_blocks=0
-    )
-    if lend_pools:
-        device_pool = hisparse.aligned_empty(lay.gpu_pool_bytes)
-        host_pool = hisparse.aligned_empty(lay.host_pool_bytes)
-        rt = hisparse.Runtime(
-            lay,
-            "cpu",
-            state_rows=s.requests,
-            max_step_tokens=s.requests,
-            device_pool=device_pool,
-            host_pool=host_pool,
-        )
-        pool = Pool(rt, device_pool)
-    else:
-        rt = hisparse.Runtime(lay, "cpu", state_rows=s.requests, max_step_tokens=s.requests)
-        pool = Pool(rt)
-    assert rt.lends_pools == lend_pools
+    coord = coordinator(s, lay)
+    worker = Worker(s, lay, lend_pools, prepared)
     policy = fcfs.Fcfs(coord, own_scheduler) if own_scheduler else None
     for req in range(1, s.requests + 1):
         prompt = [1000 * req + t for t in range(s.prompt)]
-        if policy:
-            policy.admit(req, prompt)
-        else:
-            coord.admit(req, prompt)
-    groups = lay.index_groups
-    offsets = {layer: lay.layer_offset(layer) for g in groups for layer in g["layers"]}
-    rb = lay.row_bytes
-    final_len = s.prompt + s.decode
+        (policy or coord).admit(req, prompt)
     out = Outcome()
-    topk = np.empty((s.requests, s.top_k), dtype=np.int32)
-    rows = np.empty((s.requests, s.top_k), dtype=np.int32)
-    counts = np.empty(s.requests, dtype=np.int32)
-    calls = [rt.layer_call(g, topk, rows, counts) for g in range(len(groups))] if prepared else None
-    forward = SlotForward(rt, lay, pool)
 
     def one_step():
         out.steps += 1
         cmd = policy.step() if policy else coord.step()
-        rt.begin_step(cmd)
-        scheduled = cmd.scheduled
-        forward(cmd)
-        rt.set_batch(cmd.slots)
-        t = len(scheduled)
-        for g, group in enumerate(groups):
-            # The indexer: top_k positions below each request's length, drifting with the
-            # step; one entry -1 (no token) and one duplicate.
-            for i, sr in enumerate(scheduled):
-                n = sr["first_token"] + sr["num_tokens"]
-                salt = out.steps + 13 * g
-                topk[i] = [(j * 7919 + salt * 31) % n for j in range(s.top_k)]
-                topk[i, 0] = -1
-                topk[i, 1] = topk[i, 2]
-            if prepared:
-                calls[g](t)
-            else:
-                rt.resolve_index_group(g, topk[:t], rows[:t], counts[:t])
-            out.rows.append(rows[:t].copy())
-            for i, sr in enumerate(scheduled):
-                valid = 0
-                for j in range(s.top_k):
-                    pos, r = int(topk[i, j]), int(rows[i, j])
-                    if pos < 0:
-                        assert r == -1, f"entry {j} has no token but row {r}"
-                        continue
-                    assert r >= 0, f"request {sr['id']} token {pos}: no row"
-                    valid += 1
-                    for layer in group["layers"]:
-                        _, off = offsets[layer]
-                        got = pool.read(off + r * rb, rb)
-                        want = row(sr["id"], pos, layer, rb)
-                        assert np.array_equal(got, want), (
-                            f"step {out.steps} group {g} request {sr['id']} token {pos} layer "
-                            f"{layer}: row {r} holds other bytes"
-                        )
-                        out.verified += 1
-                assert counts[i] == valid, f"count {counts[i]} for {valid} valid entries"
-        rt.end_step(cmd)
-        rt.poll_and_report(coord)
-        coord.check_invariants()
-        for req in coord.running_ids():
-            if coord.num_computed(req) == coord.num_tokens(req):
-                if coord.num_tokens(req) >= final_len:
-                    (policy or coord).finish(req)
-                else:
-                    coord.append_tokens(req, [7])
+        worker.execute(cmd)
+        worker.rt.poll_and_report(coord)
+        after_step(coord, (policy or coord).finish, s.prompt + s.decode)
 
     runner = runner or (lambda f: f())
     while not coord.is_empty():
         assert out.steps < 10_000, "no progress in 10000 steps"
         runner(one_step)
-    rep = rt.drain()
-    if rep["enqueued"] or rep["completed"]:
-        coord.report(rep["worker"], rep["enqueued"], rep["completed"])
-    out.counters = rt.counters()
+    coord.report(worker.rt.drain())
+    out.rows, out.verified = worker.row_log, worker.verified
+    out.counters = worker.rt.counters()
     out.preemptions = policy.preemptions if policy else 0
     coord.check_drained()
     return out

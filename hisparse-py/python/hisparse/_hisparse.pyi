@@ -6,6 +6,7 @@ __all__ = [
     "HiSparseError",
     "InvalidArgumentError",
     "ConcurrentUseError",
+    "WireError",
     "OutOfDeviceMemoryError",
     "OutOfPinnedMemoryError",
     "NotFoundError",
@@ -23,6 +24,8 @@ __all__ = [
     "plan_layout",
     "presets",
     "backends",
+    "_command_from_pickle",
+    "_report_from_pickle",
     "__version__",
 ]
 
@@ -38,6 +41,10 @@ class HiSparseError(Exception):
     """What went wrong and what to change."""
 
 class InvalidArgumentError(HiSparseError): ...
+
+class WireError(InvalidArgumentError):
+    """Bytes that are not a message this process can take: cut short, corrupted, not a
+    hisparse message, of another kind or format version, or planned for another layout."""
 
 class ConcurrentUseError(InvalidArgumentError):
     """A call into a ``Runtime`` (or a prepared call) while a call on another thread is still
@@ -162,6 +169,12 @@ def presets() -> list[str]:
 def backends() -> list[str]:
     """Names of the backends compiled into this build."""
 
+def _command_from_pickle(data: bytes) -> Command:
+    """Unpickles a ``Command``, checking it against the layouts this process planned."""
+
+def _report_from_pickle(data: bytes) -> WorkerReport:
+    """Unpickles a ``WorkerReport``, checking it against the layouts this process planned."""
+
 @final
 class Layout:
     """A planned KV-cache layout (immutable)."""
@@ -172,6 +185,10 @@ class Layout:
     def to_dict(self, capacity_contexts: Optional[Sequence[int]] = None) -> dict[str, Any]:
         """Exactly what ``hisparse layout --json`` prints for the same inputs."""
     def to_json(self, capacity_contexts: Optional[Sequence[int]] = None) -> str: ...
+    @property
+    def fingerprint(self) -> int:
+        """A 64-bit hash of everything that gives a command its meaning (the wire bytes of
+        its commands and reports carry it)."""
     def capacity(self, context_len: int) -> dict[str, Any]:
         """Requests that fit at ``context_len`` tokens, and the limiting tier."""
     def layer_offset(self, layer: int) -> tuple[int, int]:
@@ -222,7 +239,19 @@ class Layout:
 
 @final
 class Command:
-    """One step's command (plain data for ``Runtime.begin_step`` / ``end_step``)."""
+    """One step's command (plain data for ``Runtime.begin_step`` / ``end_step``). Crosses
+    processes as ``to_bytes()`` / ``Command.from_bytes(blob, layout)`` or pickled (unpickling
+    checks the blob against the layouts the receiving process planned)."""
+
+    def to_bytes(self) -> bytes: ...
+    @staticmethod
+    def from_bytes(data: bytes, layout: Layout) -> Command:
+        """Decodes and checks ``data``; a blob cut short, corrupted, foreign or of another
+        layout is a ``WireError``."""
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
+    @property
+    def fingerprint(self) -> int: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
     @property
     def step(self) -> int: ...
@@ -266,7 +295,13 @@ class WorkerReport:
     """A worker's report: the transfer batches its runtime enqueued and completed since the last
     one (``Runtime.poll()``), for ``Coordinator.report``. Also reads as a dict."""
 
-    def __new__(cls, worker: int, enqueued: Sequence[int], completed: Sequence[int]) -> WorkerReport: ...
+    def __new__(
+        cls, worker: int, enqueued: Sequence[int], completed: Sequence[int], *, layout: Optional[Layout] = None
+    ) -> WorkerReport: ...
+    def to_bytes(self) -> bytes: ...
+    @staticmethod
+    def from_bytes(data: bytes, layout: Layout) -> WorkerReport: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
     @property
     def worker(self) -> int: ...
     @property

@@ -1,26 +1,77 @@
-//! One step's command (`Command`): plain data the runtime executes.
+//! One step's command (`Command`): plain data the runtime executes, and its wire bytes.
 
 use hisparse_core::coordinator::{OffloadCommand, RequestId};
+use hisparse_core::wire::LayoutFingerprint;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::errors::invalid;
+use crate::layout::Layout;
+use crate::wire::{decode_planned, reduce, wire};
 
 /// One step's command: plain data the runtime executes (`Runtime.begin_step`/`end_step`).
-/// `to_dict()` gives every field; the most used ones are attributes.
+/// `to_dict()` gives every field; the most used ones are attributes. `to_bytes()` and
+/// `Command.from_bytes(blob, layout)` carry it to a worker in another process, and so does
+/// pickling.
 #[pyclass(module = "hisparse", frozen, name = "Command")]
 pub struct Command {
     pub(crate) inner: OffloadCommand,
+    /// The layout it was planned for.
+    pub(crate) fingerprint: LayoutFingerprint,
 }
 
 impl Command {
-    pub(crate) fn new(inner: OffloadCommand) -> Self {
-        Command { inner }
+    pub(crate) fn new(inner: OffloadCommand, fingerprint: LayoutFingerprint) -> Self {
+        Command { inner, fingerprint }
     }
+}
+
+/// Unpickles a command (`Command.__reduce__`): its bytes, checked against the layouts this
+/// process planned.
+#[pyfunction]
+pub fn _command_from_pickle(data: &[u8]) -> PyResult<Command> {
+    let (inner, fingerprint) = decode_planned(data, "Command", OffloadCommand::from_bytes)?;
+    Ok(Command::new(inner, fingerprint))
 }
 
 #[pymethods]
 impl Command {
+    /// The command's wire bytes (`hisparse_core::wire`: a versioned header with the layout's
+    /// fingerprint, the fields, a checksum).
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.inner.to_bytes(self.fingerprint))
+    }
+
+    /// The command `data` holds, checked against `layout` (the receiver's own plan of the
+    /// sender's layout): a blob cut short, corrupted, foreign, of another format version or
+    /// planned for another layout is a `WireError`, and nothing is built.
+    #[staticmethod]
+    fn from_bytes(data: &[u8], layout: &Layout) -> PyResult<Command> {
+        let inner = OffloadCommand::from_bytes(data, layout.fingerprint)
+            .map_err(|e| wire(e.to_string()))?;
+        Ok(Command::new(inner, layout.fingerprint))
+    }
+
+    /// Pickles as its wire bytes (see `_command_from_pickle`).
+    fn __reduce__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        reduce(self.to_bytes(py), "_command_from_pickle")
+    }
+
+    /// The fingerprint of the layout it was planned for.
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint.as_u64()
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<Command>()
+            .is_ok_and(|o| o.get().inner == self.inner && o.get().fingerprint == self.fingerprint)
+    }
+
     /// Step number (from 1).
     #[getter]
     fn step(&self) -> u64 {

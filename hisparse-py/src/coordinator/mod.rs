@@ -14,16 +14,18 @@ mod command;
 use hisparse_core::coordinator::{
     Alloc as CoreAlloc, Coordinator as Core, CoordinatorConfig, PageState, PoolKind, RequestId,
 };
+use hisparse_core::wire::LayoutFingerprint;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 pub use admission::Admission;
-pub use command::Command;
+pub use command::{_command_from_pickle, Command};
 
 use crate::args::{Int, IntList, take_args};
 use crate::errors::{invalid, to_py};
 use crate::layout::Layout;
 use crate::report::WorkerReport;
+use crate::wire::layout_mismatch;
 
 /// The scheduler side of HiSparse for one model instance: admits requests, plans each step
 /// (`step()` → `Command`, or the engine's own `start`/`schedule` calls, then
@@ -31,6 +33,8 @@ use crate::report::WorkerReport;
 #[pyclass(module = "hisparse", name = "Coordinator")]
 pub struct Coordinator {
     pub(crate) inner: Core,
+    /// Its layout's fingerprint (its commands carry it; reports must match it).
+    pub(crate) fingerprint: LayoutFingerprint,
 }
 
 /// What giving a request the blocks of this step came to (`Coordinator.start`,
@@ -155,6 +159,7 @@ impl Coordinator {
         };
         Ok(Coordinator {
             inner: Core::new(layout.kv.clone(), cfg).map_err(to_py)?,
+            fingerprint: layout.fingerprint,
         })
     }
 
@@ -179,7 +184,10 @@ impl Coordinator {
 
     /// Plans the next step with the built-in policy and returns its command.
     fn step(&mut self) -> PyResult<Command> {
-        Ok(Command::new(self.inner.step().map_err(to_py)?))
+        Ok(Command::new(
+            self.inner.step().map_err(to_py)?,
+            self.fingerprint,
+        ))
     }
 
     /// Runs the built-in policy for one step without ending it (an engine may add its own
@@ -272,7 +280,7 @@ impl Coordinator {
     /// Ends the current step (the built-in policy's or the engine's own `start`/`schedule`
     /// calls) and returns its command.
     fn build_offload_command(&mut self) -> Command {
-        Command::new(self.inner.build_offload_command())
+        Command::new(self.inner.build_offload_command(), self.fingerprint)
     }
 
     /// Removes the last `num_tokens` tokens of running request `id`: speculative tokens the
@@ -335,7 +343,13 @@ impl Coordinator {
                     "pass a WorkerReport alone, or worker, enqueued and completed",
                 ));
             }
-            let r = &r.get().inner;
+            let r = r.get();
+            if let Some(fp) = r.fingerprint
+                && fp != self.fingerprint
+            {
+                return Err(layout_mismatch("this WorkerReport", fp, self.fingerprint));
+            }
+            let r = &r.inner;
             return self
                 .inner
                 .report(r.worker, &r.enqueued, &r.completed)

@@ -64,6 +64,7 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
     let kv = req.layout.kv.clone();
     let device_index = device_index(kind, req.device);
     let streams = Streams::new(kind, device_index, req.stream);
+    let fingerprint = req.layout.fingerprint;
     if device_arr.is_none() && host_arr.is_none() && req.stream.is_none() {
         let rt = Core::new(dev, kv, req.cfg).map_err(to_py)?;
         return Ok(State {
@@ -71,6 +72,7 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
             lent: Vec::new(),
             streams,
             device_index,
+            fingerprint,
         });
     }
     let mut lent = Vec::new();
@@ -121,5 +123,6 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
         lent,
         streams,
         device_index,
+        fingerprint,
     })
 }

@@ -31,6 +31,8 @@ use crate::coordinator::{Command, Coordinator};
 use crate::errors::{concurrent_use, invalid, poisoned, to_py};
 use crate::layout::Layout;
 use crate::report::WorkerReport;
+use crate::wire::layout_mismatch;
+use hisparse_core::wire::LayoutFingerprint;
 
 pub use per_layer::LayerCall;
 pub use tables::DeviceArray;
@@ -50,9 +52,28 @@ pub(crate) struct State {
     pub(crate) streams: Streams,
     /// The device ordinal (CUDA, ROCm).
     pub(crate) device_index: i32,
+    /// The layout's fingerprint: commands must carry it, reports carry it.
+    pub(crate) fingerprint: LayoutFingerprint,
 }
 
 impl State {
+    /// Refuses a command planned for another layout.
+    fn check_command(&self, cmd: &Command) -> PyResult<()> {
+        if cmd.fingerprint != self.fingerprint {
+            return Err(layout_mismatch(
+                "this Command",
+                cmd.fingerprint,
+                self.fingerprint,
+            ));
+        }
+        Ok(())
+    }
+
+    /// A report of this runtime.
+    fn report(&self, r: hisparse_runtime::WorkerReport) -> WorkerReport {
+        WorkerReport::new(r, Some(self.fingerprint))
+    }
+
     /// The stream a call enqueues on (see `streams`).
     pub(crate) fn on(
         &mut self,
@@ -214,6 +235,7 @@ impl Runtime {
     fn begin_step(&self, py: Python<'_>, cmd: &Command, stream: Option<Int<u64>>) -> PyResult<()> {
         take_args!(stream);
         let mut state = self.lock()?;
+        state.check_command(cmd)?;
         let on = state.on(py, stream)?;
         state.rt.begin_step_on(&cmd.inner, on).map_err(to_py)
     }
@@ -367,6 +389,7 @@ impl Runtime {
     fn end_step(&self, py: Python<'_>, cmd: &Command, stream: Option<Int<u64>>) -> PyResult<()> {
         take_args!(stream);
         let mut state = self.lock()?;
+        state.check_command(cmd)?;
         let on = state.on(py, stream)?;
         state.rt.end_step_on(&cmd.inner, on).map_err(to_py)
     }
@@ -374,8 +397,9 @@ impl Runtime {
     /// Transfer batches enqueued and completed since the last poll, without blocking:
     /// `{"worker", "enqueued", "completed"}` (the arguments of `Coordinator.report`).
     fn poll(&self) -> PyResult<WorkerReport> {
-        let r = self.lock()?.rt.poll().map_err(to_py)?;
-        Ok(WorkerReport::new(r))
+        let mut state = self.lock()?;
+        let r = state.rt.poll().map_err(to_py)?;
+        Ok(state.report(r))
     }
 
     /// `poll()`, then hands the result to `coordinator` as this runtime's worker report.
@@ -383,27 +407,33 @@ impl Runtime {
         let mut c = coordinator
             .try_borrow_mut()
             .map_err(|_| concurrent_use("Coordinator"))?;
-        let r = self
-            .lock()?
+        let mut state = self.lock()?;
+        if c.fingerprint != state.fingerprint {
+            return Err(layout_mismatch(
+                "this runtime's report",
+                state.fingerprint,
+                c.fingerprint,
+            ));
+        }
+        let r = state
             .rt
             .poll_and_report(&mut c.inner)
             .map_err(|e| match e {
                 ReportError::Runtime(e) => to_py(e),
                 ReportError::Coordinator(e) => to_py(e),
             })?;
-        Ok(WorkerReport::new(r))
+        Ok(state.report(r))
     }
 
     /// Blocks until every transfer and counter copy in flight completed, then polls.
     fn drain(&self, py: Python<'_>) -> PyResult<WorkerReport> {
-        let r = py
+        let (r, fingerprint) = py
             .detach(|| {
                 let mut state = self.lock_detached()?;
-                Ok(state.rt.drain())
+                Ok((state.rt.drain(), state.fingerprint))
             })
-            .map_err(Detached::into_py)?
-            .map_err(to_py)?;
-        Ok(WorkerReport::new(r))
+            .map_err(Detached::into_py)?;
+        Ok(WorkerReport::new(r.map_err(to_py)?, Some(fingerprint)))
     }
 
     /// Blocks until the work enqueued on `stream` (default: the caller's current stream; the

@@ -1,0 +1,41 @@
+"""A worker process of the two-process test (`test_processes.py`), importable by the
+`multiprocessing` spawn start method: its own layout plan, its own `Runtime` on the CPU backend,
+commands in and reports out over a pipe — as wire bytes or as pickles."""
+
+import hashlib
+
+import hisparse
+import scenario
+
+
+def receive(conn, transport: str, layout: hisparse.Layout):
+    """The next command, or None when the scheduler says stop."""
+    if transport == "bytes":
+        blob = conn.recv_bytes()
+        return None if blob == b"stop" else hisparse.Command.from_bytes(blob, layout)
+    return conn.recv()  # a pickled Command (or None)
+
+
+def send(conn, transport: str, report: hisparse.WorkerReport) -> None:
+    if transport == "bytes":
+        conn.send_bytes(report.to_bytes())
+    else:
+        conn.send(report)
+
+
+def main(conn, rank: int, transport: str, shape: dict) -> None:
+    """Executes every command it receives, reports after each, and at the end sends its final
+    report and what it verified: `(rows verified, digest of every row it read, counters)`."""
+    try:
+        s = scenario.Shape(**shape)
+        layout = scenario.layout(s)  # planned here: what pickled commands are checked against
+        worker = scenario.Worker(s, layout, lend_pools=True, worker=rank)
+        while (cmd := receive(conn, transport, layout)) is not None:
+            worker.execute(cmd)
+            send(conn, transport, worker.rt.poll())
+        send(conn, transport, worker.rt.drain())
+        digest = hashlib.sha256(b"".join(r.tobytes() for r in worker.row_log)).hexdigest()
+        conn.send(("done", worker.verified, digest, worker.rt.counters()))
+    except BaseException as e:  # the test process reports it
+        conn.send(("failed", f"worker {rank}: {type(e).__name__}: {e}"))
+        raise
