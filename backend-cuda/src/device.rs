@@ -18,7 +18,9 @@ use hisparse_gpu_kernels::plan::{self, Plan, PlanError, Target};
 use hisparse_gpu_kernels::{self as gk, Kernel};
 use hisparse_host_memory::available_ram;
 
+use crate::capture::{Lasting, Scratch};
 use crate::error::CudaError;
+pub use crate::ffi::CaptureMode;
 use crate::ffi::{self, Context, DevMem, Event, Function, LaunchShape, Module, Stream};
 use crate::pinned::{HostPoolSetup, PinnedMem};
 use crate::staging::Staging;
@@ -77,24 +79,18 @@ impl BufferLen for CudaHostBuffer {
 #[derive(Debug)]
 pub struct CudaStream {
     pub(crate) inner: Stream,
-    workspace: Mutex<Workspace>,
-    /// The resolver's counters (`hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES`), cleared on the
-    /// stream when it is made and left zero by every launch, so no launch needs a memset first.
-    counters: DevMem,
+    /// The resolver's counters (`hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES`: zero before the
+    /// first launch, left zero by every launch, so no launch needs a memset first) and workspace;
+    /// kept by the device too once a captured launch used them.
+    pub(crate) scratch: Arc<Scratch>,
 }
 
 impl CudaStream {
-    /// A stream with empty scratch and cleared resolver counters (the clearing is the stream's
-    /// first operation: no host synchronisation).
-    pub(crate) fn from_inner(ctx: &Arc<Context>, inner: Stream) -> Result<CudaStream> {
-        let words = (gk::WORKSPACE_COUNTER_BYTES / 4) as usize;
-        let counters = DevMem::alloc_uninit(ctx, words * 4)?;
-        inner.fill_u32(&counters, 0, 0, words)?;
-        Ok(CudaStream {
-            inner,
-            workspace: Mutex::new(Workspace::default()),
-            counters,
-        })
+    /// `inner` with empty scratch and cleared resolver counters ([`Scratch::new`]: no host
+    /// synchronisation unless `inner` is being captured).
+    pub(crate) fn from_inner(dev: &CudaDevice, inner: Stream) -> Result<CudaStream> {
+        let scratch = Scratch::new(&dev.ctx, &inner, &dev.lasting.side)?;
+        Ok(CudaStream { inner, scratch })
     }
 
     /// The driver's handle of the stream, e.g. to order an engine's own work after this
@@ -102,14 +98,6 @@ impl CudaStream {
     pub fn raw_handle(&self) -> cudarc::driver::sys::CUstream {
         self.inner.raw()
     }
-}
-
-#[derive(Debug, Default)]
-struct Workspace {
-    current: Option<DevMem>,
-    /// Smaller workspaces replaced while launches using them may be in flight; freed with the
-    /// stream (after the context synchronised).
-    retired: Vec<DevMem>,
 }
 
 /// A CUDA event.
@@ -184,6 +172,8 @@ pub struct CudaDevice {
     kernels: OnceLock<Kernels>,
     kernels_init: Mutex<()>,
     staging: Mutex<Staging>,
+    /// The side stream, the list arena and the scratch of captured launches.
+    pub(crate) lasting: Lasting,
     programmatic: AtomicBool,
     /// How host pools are set up ([`CudaDevice::with_host_pool_config`]).
     pub(crate) host_pool: HostPoolSetup,
@@ -269,6 +259,7 @@ impl CudaDevice {
         );
         Ok(CudaDevice {
             staging: Mutex::new(Staging::new(ctx.clone())),
+            lasting: Lasting::new(&ctx)?,
             ctx,
             ordinal,
             name,
@@ -387,22 +378,43 @@ impl CudaDevice {
         end.inner.elapsed_ms_since(&start.inner)
     }
 
-    /// Captures the work `f` enqueues on `stream` into a graph instead of running it. Decode-path
-    /// operations ([`Device::remap`], [`Device::resolve`], [`Device::gather_rows`],
-    /// [`Device::invalidate`], [`Device::compressed_slot_mapping`]) can be captured; anything
-    /// that synchronises with the host cannot. A resolve whose shape needs a larger workspace than
-    /// the stream has allocates it during the capture (allowed: the allocation does not
-    /// synchronise).
+    /// Captures the work `f` enqueues on `stream` into a graph instead of running it, in relaxed
+    /// capture mode ([`CudaDevice::capture_in`]).
     pub fn capture(
         &self,
         stream: &CudaStream,
         f: impl FnOnce(&Self) -> Result<()>,
     ) -> Result<CudaGraph> {
-        stream.inner.begin_capture()?;
+        self.capture_in(stream, CaptureMode::Relaxed, f)
+    }
+
+    /// Captures the work `f` enqueues on `stream` into a graph instead of running it, in `mode`
+    /// (global is what `torch.cuda.graph` uses). Decode-path operations ([`Device::remap`],
+    /// [`Device::resolve`], `resolve_and_gather`, [`Device::gather_rows`],
+    /// [`Device::invalidate`], [`Device::compressed_slot_mapping`]) can be captured, and so can
+    /// the table maintenance and copies (their lists go to the device's list arena, kept for the
+    /// device's life: see the `capture` module); anything that synchronises with the host cannot.
+    /// `f` may wrap `stream`'s handle ([`CudaDevice::wrap_stream`]) and enqueue on the wrapper.
+    /// Allocations the calls need (a larger resolver workspace, arena memory) are made with the
+    /// thread in relaxed mode, as PyTorch's allocator does.
+    pub fn capture_in(
+        &self,
+        stream: &CudaStream,
+        mode: CaptureMode,
+        f: impl FnOnce(&Self) -> Result<()>,
+    ) -> Result<CudaGraph> {
+        self.prepare()?;
+        stream.inner.begin_capture(mode)?;
         let body = f(self);
         let graph = stream.inner.end_capture();
         body?;
         Ok(CudaGraph { inner: graph? })
+    }
+
+    /// `(lists, bytes)` the device's list arena holds: every distinct list of captured calls and
+    /// the constant lists (layer tables) kept instead of being staged on every call.
+    pub fn list_arena_use(&self) -> (usize, u64) {
+        self.lasting.arena_use()
     }
 
     /// Enqueues one replay of `graph` on `stream`.
@@ -420,7 +432,8 @@ impl CudaDevice {
             return Ok(k);
         }
         let ptx = crate::nvrtc::cached_ptx(self.cc.0, self.cc.1)?;
-        let module = Module::load_ptx(&self.ctx, &ptx)?;
+        // A first call may come while a stream is being captured: loading is no stream work.
+        let module = ffi::relaxed_capture(|| Module::load_ptx(&self.ctx, &ptx))?;
         let mut f = Vec::with_capacity(Kernel::ALL.len());
         for k in Kernel::ALL {
             f.push(module.function(k.name())?);
@@ -475,23 +488,32 @@ impl CudaDevice {
         })
     }
 
-    /// Enqueues `plan` on `stream`: stages its lists (one asynchronous copy into the device ring,
-    /// reserved until the launches completed), places the symbolic pointers (the stream's
-    /// workspace and resolver counters among them) and launches each kernel in order. An empty
-    /// plan enqueues nothing. A launch asking for more dynamic shared memory than its function
-    /// accepts is refused before anything of the plan is enqueued.
+    /// Enqueues `plan` on `stream`: places its lists (constant ones, and every list of work being
+    /// captured, in the device's list arena; the others through one asynchronous copy into the
+    /// staging ring, reserved until the launches completed), places the symbolic pointers (the
+    /// stream's workspace and resolver counters among them) and launches each kernel in order.
+    /// An empty plan enqueues nothing; a plan without lists or workspace (the decode path) costs
+    /// its launches and nothing else. A launch asking for more dynamic shared memory than its
+    /// function accepts is refused before anything of the plan is enqueued.
     pub(crate) fn execute(&self, stream: &CudaStream, mut plan: Plan) -> Result<()> {
         if plan.launches.is_empty() {
             return Ok(());
         }
         self.ctx.bind()?;
+        // Only lists and scratch depend on whether the stream is being captured.
+        let capturing = (!plan.staged.is_empty() || plan.workspace_bytes > 0)
+            && stream.inner.capture_status()? != ffi::CaptureStatus::None;
         let workspace = if plan.workspace_bytes > 0 {
             let bytes = usize::try_from(plan.workspace_bytes)
                 .map_err(|_| CudaError::Unsupported("resolve workspace exceeds memory".into()))?;
-            self.ensure_workspace(stream, bytes)?
+            stream.scratch.workspace(&self.ctx, bytes)?
         } else {
             0
         };
+        if capturing {
+            // Every replay of the graph uses this stream's counters and workspace.
+            self.lasting.retain(&stream.scratch);
+        }
         let kernels = self.kernels()?;
         for l in &plan.launches {
             let limit = kernels.dynamic_shared_limit(l.kernel);
@@ -503,18 +525,34 @@ impl CudaDevice {
                 )));
             }
         }
+        // Each part's address in the arena, or `None`: staged through the ring.
+        let kept = plan
+            .staged
+            .iter()
+            .map(|p| self.lasting.lasting_address(&p.bytes, p.kind, capturing))
+            .collect::<Result<Vec<Option<u64>>>>()?;
+        let ringed: Vec<&[u8]> = plan
+            .staged
+            .iter()
+            .zip(&kept)
+            .filter(|(_, k)| k.is_none())
+            .map(|(p, _)| p.bytes.as_slice())
+            .collect();
         let mut staging = lock(&self.staging);
-        let lease = if plan.staged.is_empty() {
+        let lease = if ringed.is_empty() {
             None
         } else {
-            let parts: Vec<&[u8]> = plan.staged.iter().map(Vec::as_slice).collect();
-            Some(staging.stage(&stream.inner, &parts)?)
+            Some(staging.stage(&stream.inner, &ringed)?)
         };
-        let placed: &[u64] = lease.as_ref().map_or(&[], |l| &l.ptrs);
+        let mut from_ring = lease.iter().flat_map(|l| l.ptrs.iter().copied());
+        let placed: Vec<u64> = kept
+            .iter()
+            .map(|k| k.or_else(|| from_ring.next()).unwrap_or(0))
+            .collect();
         let result = (|| {
             for l in &mut plan.launches {
                 l.args
-                    .resolve(placed, workspace, stream.counters.ptr())
+                    .resolve(&placed, workspace, stream.scratch.counters())
                     .map_err(|log| CudaError::Compile { log })?;
                 let abi = l.kernel.abi();
                 debug_assert!(l.args.matches(&abi).is_ok(), "{:?}", l.args.matches(&abi));
@@ -565,22 +603,6 @@ impl CudaDevice {
             staging.finish(lease, &stream.inner)?;
         }
         result
-    }
-
-    /// Device address of a workspace of at least `bytes` for `stream` (its contents need no
-    /// initialisation: the resolver initialises every entry it reads).
-    fn ensure_workspace(&self, stream: &CudaStream, bytes: usize) -> Result<u64> {
-        let mut ws = lock(&stream.workspace);
-        if ws.current.as_ref().is_none_or(|m| m.len() < bytes) {
-            // Uninitialised, and no host synchronisation: the kernel initialises every entry it
-            // reads, the counters live apart (cleared once with the stream), and a first resolve
-            // of a larger shape may then happen while the stream is being captured.
-            let mem = DevMem::alloc_uninit(&self.ctx, bytes.next_power_of_two())?;
-            if let Some(old) = ws.current.replace(mem) {
-                ws.retired.push(old);
-            }
-        }
-        Ok(ws.current.as_ref().expect("allocated above").ptr())
     }
 
     /// The swap-in critical path in one launch: [`Device::resolve`] of `desc` with `args`, and
@@ -709,7 +731,7 @@ impl Device for CudaDevice {
     }
 
     fn create_stream(&self) -> Result<CudaStream> {
-        CudaStream::from_inner(&self.ctx, Stream::new(&self.ctx)?)
+        CudaStream::from_inner(self, Stream::new(&self.ctx)?)
     }
 
     fn record_event(&self, stream: &CudaStream) -> Result<CudaEvent> {
@@ -730,6 +752,13 @@ impl Device for CudaDevice {
     fn query_event(&self, event: &CudaEvent) -> Result<bool> {
         self.ctx.bind()?;
         event.inner.is_complete()
+    }
+
+    /// `cuStreamIsCapturing`: true while a capture sequence is open on the stream (also one
+    /// the driver has invalidated, which then fails when it ends).
+    fn is_capturing(&self, stream: &CudaStream) -> Result<bool> {
+        self.ctx.bind()?;
+        Ok(stream.inner.capture_status()? != ffi::CaptureStatus::None)
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {

@@ -33,6 +33,56 @@ fn check(call: &'static str, code: CUresult) -> Result<()> {
 // Libraries
 // ------------------------------------------------------------------------------------------------
 
+// ------------------------------------------------------------------------------------------------
+// Stream capture
+// ------------------------------------------------------------------------------------------------
+
+/// Runs `f` with the calling thread in relaxed stream-capture mode, then restores the thread's
+/// mode. While another thread's stream (or this thread's) is being captured in global mode,
+/// "potentially unsafe" calls — `cuMemAlloc`, a synchronisation of an unrelated stream — are
+/// refused (and may invalidate the capture) unless the calling thread is relaxed: the PyTorch
+/// allocator allocates the same way. `f` must not touch a stream being captured.
+pub(crate) fn relaxed_capture<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is a valid in/out pointer to a mode value; the call only swaps the
+    // calling thread's mode.
+    check("cuThreadExchangeStreamCaptureMode", unsafe {
+        sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+    })?;
+    let result = f();
+    // `mode` now holds the thread's previous mode: put it back.
+    // SAFETY: as above.
+    let restored = check("cuThreadExchangeStreamCaptureMode", unsafe {
+        sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+    });
+    let value = result?;
+    restored.map(|()| value)
+}
+
+/// Whether a stream is being captured into a graph (`cuStreamIsCapturing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CaptureStatus {
+    /// Not capturing: work runs when enqueued.
+    None,
+    /// Capturing: work becomes nodes of the graph.
+    Active,
+    /// A capture whose sequence was invalidated (an operation it cannot record ran); ending it
+    /// fails.
+    Invalidated,
+}
+
+/// How a capture treats potentially unsafe calls of other threads (`CUstreamCaptureMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureMode {
+    /// Unsafe calls anywhere in the process are refused while the capture runs (what
+    /// `torch.cuda.graph` uses).
+    Global,
+    /// Unsafe calls are refused on the capturing thread only.
+    ThreadLocal,
+    /// Nothing is refused.
+    Relaxed,
+}
+
 /// Whether the CUDA driver library can be loaded.
 pub(crate) fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the driver library by its usual names; calls nothing in it.
@@ -665,16 +715,58 @@ impl Stream {
         })
     }
 
-    /// Starts capturing the stream's work into a graph (relaxed mode).
-    pub(crate) fn begin_capture(&self) -> Result<()> {
+    /// Starts capturing the stream's work into a graph in `mode`.
+    pub(crate) fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
         self.ctx.bind()?;
+        let mode = match mode {
+            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => {
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            }
+            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
         // SAFETY: `raw` is a live stream; the mode is a valid enum value.
         check("cuStreamBeginCapture", unsafe {
-            sys::cuStreamBeginCapture_v2(
-                self.raw,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            )
+            sys::cuStreamBeginCapture_v2(self.raw, mode)
         })
+    }
+
+    /// Whether the stream is being captured (`cuStreamIsCapturing`).
+    pub(crate) fn capture_status(&self) -> Result<CaptureStatus> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `raw` is a live stream; `status` is a valid out-pointer.
+        check("cuStreamIsCapturing", unsafe {
+            sys::cuStreamIsCapturing(self.raw, &mut status)
+        })?;
+        Ok(match status {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::None,
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active,
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => {
+                CaptureStatus::Invalidated
+            }
+        })
+    }
+
+    /// Copies `src` into `dst[offset..]` on this stream and waits for the copy: complete in
+    /// device memory when it returns. For the device's own side stream (never captured), under
+    /// [`relaxed_capture`] when another stream may be capturing.
+    pub(crate) fn upload_now(&self, dst: &DevMem, offset: usize, src: &[u8]) -> Result<()> {
+        assert!(offset.checked_add(src.len()).is_some_and(|e| e <= dst.len));
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        // SAFETY: the destination range lies inside a live allocation (asserted) and `src` is a
+        // live slice that stays borrowed until the synchronisation below returns.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.ptr + offset as u64,
+                src.as_ptr().cast(),
+                src.len(),
+                self.raw,
+            )
+        })?;
+        self.synchronize()
     }
 
     /// Ends a capture and instantiates the graph.

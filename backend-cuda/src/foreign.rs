@@ -268,7 +268,12 @@ impl CudaDevice {
     /// Enqueues this backend's work on a stream someone else created (PyTorch's current stream)
     /// instead of one of its own. The returned stream never destroys `raw`; it has its own
     /// scratch memory for the resolver, like every stream of this backend, whose counters it
-    /// clears with a first operation on `raw` (so wrap a stream that is not being captured).
+    /// clears with a first operation on `raw` — or, while `raw` is being captured into a graph
+    /// (in any mode, `torch.cuda.graph`'s global mode included), on the device's own side stream,
+    /// waiting for it, so the counters are zero for eager use and for every replay alike. A wrap
+    /// under capture allocates with the thread in relaxed capture mode (the `capture` module).
+    /// Wrapping costs two allocations and a driver call or two: keep the wrapper while the stream
+    /// is in use rather than wrapping per call.
     ///
     /// Refused with [`CudaError::Foreign`] when the stream belongs to another context than this
     /// device's primary context.
@@ -299,7 +304,7 @@ impl CudaDevice {
         }
         // SAFETY: the driver confirmed the stream belongs to this context; the caller guarantees
         // it outlives the value.
-        CudaStream::from_inner(&self.ctx, unsafe { ffi::Stream::borrowed(&self.ctx, raw) })
+        CudaStream::from_inner(self, unsafe { ffi::Stream::borrowed(&self.ctx, raw) })
     }
 
     /// Whether `buf` is lent memory this backend registered as pinned itself (and will

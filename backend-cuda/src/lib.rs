@@ -15,9 +15,12 @@
 //!   CUDA toolkit.
 //! * The decode-path operations (remap, resolve, gather, invalidate, compressed slot mapping)
 //!   only enqueue kernels (the resolver's counters are cleared once, when a stream is made): no host
-//!   synchronisation, so they can be captured in a CUDA graph ([`CudaDevice::capture`]).
-//!   Page and row copies stage their host-side lists through pinned memory and an asynchronous
-//!   copy, one launch for all layers and pairs.
+//!   synchronisation, so they can be captured in a CUDA graph ([`CudaDevice::capture`],
+//!   [`CudaDevice::capture_in`] in global mode as `torch.cuda.graph` does, or the engine's own
+//!   capture of a stream lent with [`CudaDevice::wrap_stream`]; [`hisparse_core::Device::is_capturing`]
+//!   tells). Page and row copies stage their per-call lists through pinned memory and an
+//!   asynchronous copy, one launch for all layers and pairs; their layer tables, and every list of
+//!   work being captured, live in a device-lifetime list arena instead (`capture` module).
 //! * What to launch comes from the shared planners of `hisparse_gpu_kernels::plan` (grids,
 //!   blocks, shared memory, staged lists, workspace, the splitting of conflicting copies); this
 //!   crate stages, places and enqueues. [`CudaDevice::set_programmatic_launch`] launches the
@@ -67,6 +70,7 @@
 
 #![deny(missing_docs)]
 
+mod capture;
 mod device;
 mod error;
 mod ffi;
@@ -79,7 +83,8 @@ mod variants;
 
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use device::{
-    CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream, KernelReport,
+    CaptureMode, CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream,
+    KernelReport,
 };
 pub use error::CudaError;
 #[cfg(feature = "bench-variants")]

@@ -59,6 +59,30 @@ impl Context {
         let _ = self.hip.set_device(self.ordinal);
     }
 
+    /// Runs `f` with the calling thread in relaxed stream-capture mode, then restores the
+    /// thread's mode: while a stream is being captured in global mode (`torch.cuda.graph` on
+    /// ROCm), allocations and synchronisations of other streams are refused unless the calling
+    /// thread is relaxed (PyTorch's allocator does the same). `f` must not touch a stream being
+    /// captured.
+    pub(crate) fn relaxed_capture<T>(
+        &self,
+        f: impl FnOnce() -> Result<T, RocmError>,
+    ) -> Result<T, RocmError> {
+        let mut mode = crate::ffi::CAPTURE_MODE_RELAXED;
+        self.check(
+            "hipThreadExchangeStreamCaptureMode",
+            self.hip.exchange_capture_mode(&mut mode),
+        )?;
+        let result = f();
+        // `mode` now holds the thread's previous mode: put it back.
+        let restored = self.check(
+            "hipThreadExchangeStreamCaptureMode",
+            self.hip.exchange_capture_mode(&mut mode),
+        );
+        let value = result?;
+        restored.map(|()| value)
+    }
+
     /// Turns a HIP status into a result.
     pub(crate) fn check(&self, call: &'static str, status: HipStatus) -> Result<(), RocmError> {
         if status == HIP_SUCCESS {

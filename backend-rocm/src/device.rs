@@ -16,6 +16,7 @@ use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels as gk;
 use hisparse_gpu_kernels::plan::{self, Launch, Plan, PlanError, Target};
 
+use crate::capture::Lasting;
 use crate::context::Context;
 use crate::error::RocmError;
 use crate::ffi::{self, Handle, MemcpyKind};
@@ -31,6 +32,8 @@ use hisparse_host_memory::available_ram;
 #[derive(Debug)]
 pub struct RocmDevice {
     pub(crate) ctx: Arc<Context>,
+    /// The side stream, the list arena and the scratch of captured launches.
+    pub(crate) lasting: Lasting,
     display: String,
     /// How host pools are set up ([`RocmDevice::with_host_pool_config`]).
     pub(crate) host_pool: crate::pinned::HostPoolSetup,
@@ -53,9 +56,11 @@ impl RocmDevice {
             String::new()
         };
         let display = format!("{} ({}, {}{version})", ctx.name, ctx.arch, ctx.source);
+        let ctx = Arc::new(ctx);
         Ok(RocmDevice {
             host_pool: crate::pinned::HostPoolSetup::probe(&ctx),
-            ctx: Arc::new(ctx),
+            lasting: Lasting::new(&ctx)?,
+            ctx,
             display,
         })
     }
@@ -177,38 +182,73 @@ impl RocmDevice {
             return Ok(());
         }
         self.ctx.bind()?;
+        // Only lists and scratch depend on whether the stream is being captured.
+        let capturing = (!plan.staged.is_empty() || plan.workspace_bytes > 0)
+            && self.capture_status(stream)? != ffi::CAPTURE_STATUS_NONE;
         let workspace = if plan.workspace_bytes > 0 {
             let bytes = usize::try_from(plan.workspace_bytes).map_err(|_| {
                 RocmError::Unsupported("the resolve workspace exceeds the address space".into())
             })?;
-            stream.scratch(bytes)?
+            stream.scratch.workspace(bytes)?
         } else {
             0
         };
-        let mut bytes = Vec::new();
-        let mut offsets = Vec::with_capacity(plan.staged.len());
-        for part in &plan.staged {
-            while !bytes.len().is_multiple_of(16) {
-                bytes.push(0);
-            }
-            offsets.push(bytes.len() as u64);
-            bytes.extend_from_slice(part);
+        if capturing {
+            // Every replay of the graph uses this stream's counters and workspace.
+            self.lasting.retain(&stream.scratch);
         }
+        // Constant lists and every list of captured work from the arena; the others packed into
+        // one staging buffer (`Some(offset)` in it).
+        let mut bytes = Vec::new();
+        let mut places = Vec::with_capacity(plan.staged.len());
+        for part in &plan.staged {
+            match self
+                .lasting
+                .lasting_address(&part.bytes, part.kind, capturing)?
+            {
+                Some(addr) => places.push((addr, false)),
+                None => {
+                    while !bytes.len().is_multiple_of(16) {
+                        bytes.push(0);
+                    }
+                    places.push((bytes.len() as u64, true));
+                    bytes.extend_from_slice(&part.bytes);
+                }
+            }
+        }
+        let counters = stream.scratch.counters();
         let mut run = |base: u64| -> Result<(), RocmError> {
-            let placed: Vec<u64> = offsets.iter().map(|o| base + o).collect();
+            let placed: Vec<u64> = places
+                .iter()
+                .map(|&(at, staged)| if staged { base + at } else { at })
+                .collect();
             for l in &mut plan.launches {
                 l.args
-                    .resolve(&placed, workspace, stream.counters as u64)
+                    .resolve(&placed, workspace, counters)
                     .map_err(|message| RocmError::Module { message })?;
                 self.launch(stream.raw, l)?;
             }
             Ok(())
         };
-        if offsets.is_empty() {
+        if bytes.is_empty() && !places.iter().any(|&(_, staged)| staged) {
             run(0)
         } else {
             self.ctx.with_staging(stream.raw, &bytes, run)
         }
+    }
+
+    /// `hipStreamIsCapturing` of `stream` (`hipStreamCaptureStatus`).
+    fn capture_status(&self, stream: &RocmStream) -> Result<std::ffi::c_int, RocmError> {
+        self.ctx
+            .hip
+            .stream_capture_status(stream.raw)
+            .map_err(|st| RocmError::hip(&self.ctx.hip, "hipStreamIsCapturing", st))
+    }
+
+    /// `(lists, bytes)` the device's list arena holds: every distinct list of captured calls and
+    /// the constant lists (layer tables) kept instead of being staged on every call.
+    pub fn list_arena_use(&self) -> (usize, u64) {
+        self.lasting.arena_use()
     }
 
     fn launch(&self, stream: Handle, l: &mut Launch) -> Result<(), RocmError> {
@@ -404,7 +444,14 @@ impl Device for RocmDevice {
             .hip
             .stream_create()
             .map_err(|s| RocmError::hip(&self.ctx.hip, "hipStreamCreateWithFlags", s))?;
-        RocmStream::new(&self.ctx, raw, true)
+        RocmStream::new(&self.ctx, raw, true, self.lasting.side)
+    }
+
+    /// `hipStreamIsCapturing`: true while a capture sequence is open on the stream (also one
+    /// the runtime has invalidated, which then fails when it ends).
+    fn is_capturing(&self, stream: &RocmStream) -> Result<bool, RocmError> {
+        self.ctx.bind()?;
+        Ok(self.capture_status(stream)? != ffi::CAPTURE_STATUS_NONE)
     }
 
     fn record_event(&self, stream: &RocmStream) -> Result<RocmEvent, RocmError> {

@@ -54,6 +54,10 @@ pub const MEMORY_TYPE_DEVICE: c_uint = 2;
 pub const HIP_ERROR_INVALID_VALUE: HipStatus = 1;
 /// `hipErrorHostMemoryAlreadyRegistered`.
 pub const HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED: HipStatus = 712;
+/// `hipStreamCaptureStatusNone`: the stream is not being captured.
+pub const CAPTURE_STATUS_NONE: c_int = 0;
+/// `hipStreamCaptureModeRelaxed`: no call is refused because of a capture.
+pub const CAPTURE_MODE_RELAXED: c_int = 2;
 
 /// `hipMemcpyKind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,6 +197,8 @@ fn_table! {
         hipMemGetAddressRange: fn(*mut *mut c_void, *mut usize, *mut c_void) -> HipStatus;
         hipPointerGetAttributes: fn(*mut c_void, *const c_void) -> HipStatus;
         hipStreamGetDevice: fn(Handle, *mut c_int) -> HipStatus;
+        hipStreamIsCapturing: fn(Handle, *mut c_int) -> HipStatus;
+        hipThreadExchangeStreamCaptureMode: fn(*mut c_int) -> HipStatus;
         hipMemset: fn(*mut c_void, c_int, usize) -> HipStatus;
         hipMemsetAsync: fn(*mut c_void, c_int, usize, Handle) -> HipStatus;
         hipMemcpy: fn(*mut c_void, *const c_void, usize, c_uint) -> HipStatus;
@@ -504,6 +510,23 @@ impl Hip {
         // SAFETY: `d` is a valid out-pointer; `stream` per the caller's contract.
         let s = unsafe { (self.fns.hipStreamGetDevice)(stream, &mut d) };
         if s == HIP_SUCCESS { Ok(d) } else { Err(s) }
+    }
+
+    /// `hipStreamIsCapturing`: the stream's capture status (`hipStreamCaptureStatus`;
+    /// [`CAPTURE_STATUS_NONE`] when it is not being captured).
+    pub fn stream_capture_status(&self, stream: Handle) -> Result<c_int, HipStatus> {
+        let mut status: c_int = CAPTURE_STATUS_NONE;
+        // SAFETY: `status` is a valid out-pointer; the runtime reports an invalid stream as a
+        // status.
+        let s = unsafe { (self.fns.hipStreamIsCapturing)(stream, &mut status) };
+        if s == HIP_SUCCESS { Ok(status) } else { Err(s) }
+    }
+
+    /// `hipThreadExchangeStreamCaptureMode`: sets the calling thread's capture mode to `*mode`
+    /// and leaves its previous mode there.
+    pub fn exchange_capture_mode(&self, mode: &mut c_int) -> HipStatus {
+        // SAFETY: `mode` is a valid in/out pointer to a mode value.
+        unsafe { (self.fns.hipThreadExchangeStreamCaptureMode)(mode) }
     }
 
     /// `hipMemset` (null stream).

@@ -262,7 +262,12 @@ impl RocmDevice {
 
     /// Enqueues this backend's work on a stream someone else created (`hipStream_t`, e.g. the
     /// engine's current stream) instead of one of its own. The returned stream never destroys
-    /// `raw`; it has its own resolver scratch, like every stream of this backend.
+    /// `raw`; it has its own resolver scratch, like every stream of this backend. `raw` may be
+    /// being captured into a graph (`torch.cuda.graph` on ROCm captures in global mode): the
+    /// wrap then allocates with the thread in relaxed capture mode and clears the resolver
+    /// counters on the device's own side stream, waiting for it, so they are zero for eager use
+    /// and for every replay alike (the `capture` module). Keep the wrapper while the stream is in
+    /// use rather than wrapping per call.
     ///
     /// Refused with [`RocmError::Foreign`] when the stream belongs to another device.
     ///
@@ -292,7 +297,7 @@ impl RocmDevice {
                 ),
             );
         }
-        RocmStream::new(&self.ctx, raw, false)
+        RocmStream::new(&self.ctx, raw, false, self.lasting.side)
     }
 
     /// Whether `buf` is lent memory this backend registered as pinned itself (and will unregister

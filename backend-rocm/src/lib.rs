@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod capture;
 mod context;
 mod device;
 pub mod elf;

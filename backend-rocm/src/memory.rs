@@ -1,10 +1,11 @@
 //! Device buffers, pinned host buffers, streams and events: owned HIP objects freed on drop.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hisparse_core::ops::BufferLen;
 
+use crate::capture::Scratch;
 use crate::context::Context;
 use crate::error::RocmError;
 use crate::ffi::Handle;
@@ -129,83 +130,52 @@ impl BufferLen for RocmHostBuffer {
 /// A HIP stream: a non-blocking one of this backend (it does not synchronise with the null
 /// stream), or an engine's lent through [`crate::RocmDevice::wrap_stream`].
 ///
-/// It owns the resolver's device scratch (a counter and the wanted-row workspace for requests
-/// whose table does not fit shared memory), so concurrent streams never share it. The scratch
-/// grows on the first resolve of a larger shape (the only time that call synchronises the stream).
+/// It owns the resolver's device scratch (the counters and the wanted-row workspace for requests
+/// whose table does not fit shared memory), so concurrent streams never share it; the
+/// device keeps it too once a launch captured into a graph used it. The workspace grows on the
+/// first resolve of a larger shape, without synchronising.
 #[derive(Debug)]
 pub struct RocmStream {
     pub(crate) raw: Handle,
     pub(crate) ctx: Arc<Context>,
-    /// `(address, bytes)` of the scratch allocation.
-    pub(crate) scratch: Mutex<Option<(usize, usize)>>,
-    /// The resolver's counters (`hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES`, device memory),
-    /// cleared on the stream when it is made and left zero by every launch.
-    pub(crate) counters: usize,
+    pub(crate) scratch: Arc<Scratch>,
     /// Whether drop destroys the stream (created here) or leaves it alone (lent by an engine).
     pub(crate) owned: bool,
 }
 
 impl RocmStream {
-    /// A stream of this backend over `raw` with no scratch yet and its resolver counters
-    /// allocated and cleared on the stream (its first operation: no host synchronisation).
-    /// `owned`: drop destroys `raw`. On failure an owned `raw` is destroyed.
+    /// A stream of this backend over `raw` with no workspace yet and its resolver counters
+    /// allocated and cleared ([`Scratch::new`]: on the stream, or on `side` while `raw` is being
+    /// captured). `owned`: drop destroys `raw`. On failure an owned `raw` is destroyed.
     pub(crate) fn new(
         ctx: &Arc<Context>,
         raw: Handle,
         owned: bool,
+        side: Handle,
     ) -> Result<RocmStream, RocmError> {
-        let mut stream = RocmStream {
+        let scratch = match Scratch::new(ctx, raw, side) {
+            Ok(s) => s,
+            Err(e) => {
+                if owned {
+                    // SAFETY: `raw` was created by the caller for this stream and is not used
+                    // after this.
+                    let _ = unsafe { ctx.hip.stream_destroy(raw) };
+                }
+                return Err(e);
+            }
+        };
+        Ok(RocmStream {
             raw,
             ctx: ctx.clone(),
-            scratch: Mutex::new(None),
-            counters: 0,
+            scratch,
             owned,
-        };
-        let bytes = hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES as usize;
-        let p = ctx
-            .hip
-            .malloc(bytes)
-            .map_err(|st| RocmError::hip(&ctx.hip, "hipMalloc", st))?;
-        stream.counters = p as usize;
-        // SAFETY: `p` is `bytes` of device memory just allocated, freed only with the stream;
-        // the memset is the first operation on the stream, so every later launch follows it.
-        let st = unsafe { ctx.hip.memset_async(p, 0, bytes, raw) };
-        ctx.check("hipMemsetAsync", st)?;
-        Ok(stream)
+        })
     }
 
     /// The runtime's handle (`hipStream_t`), e.g. to order an engine's own work after this
     /// backend's. It stays owned by this value (or by the engine that lent it).
     pub fn raw_handle(&self) -> *mut c_void {
         self.raw
-    }
-
-    /// Device address of a scratch of at least `bytes` bytes (the planner's workspace; its
-    /// contents need no initialisation).
-    pub(crate) fn scratch(&self, bytes: usize) -> Result<u64, RocmError> {
-        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((p, cap)) = *s {
-            if cap >= bytes {
-                return Ok(p as u64);
-            }
-            // Work already enqueued on this stream may still use the old scratch.
-            self.ctx.check(
-                "hipStreamSynchronize",
-                self.ctx.hip.stream_synchronize(self.raw),
-            )?;
-            *s = None;
-            // SAFETY: `p` came from `hipMalloc` below; the stream is idle and the slot is
-            // cleared, so nothing uses or frees it again.
-            let _ = unsafe { self.ctx.hip.free(p as *mut c_void) };
-        }
-        let cap = bytes.next_power_of_two();
-        let p = self
-            .ctx
-            .hip
-            .malloc(cap)
-            .map_err(|st| RocmError::hip(&self.ctx.hip, "hipMalloc", st))?;
-        *s = Some((p as usize, cap));
-        Ok(p as u64)
     }
 }
 
@@ -220,18 +190,9 @@ impl Drop for RocmStream {
         self.ctx.bind_quietly();
         if self.owned {
             // SAFETY: `raw` came from `hipStreamCreateWithFlags` and is destroyed exactly once;
-            // HIP lets pending work finish before releasing the stream.
+            // HIP lets pending work finish before releasing the stream. The scratch goes with its
+            // last holder (this stream, or the device after a capture used it).
             let _ = unsafe { self.ctx.hip.stream_destroy(self.raw) };
-        }
-        if let Some((p, _)) = *self.scratch.get_mut().unwrap_or_else(|e| e.into_inner()) {
-            // SAFETY: the scratch came from `hipMalloc` in `scratch` and is freed once, here;
-            // `hipFree` waits for the device, so the stream's last work has finished with it.
-            let _ = unsafe { self.ctx.hip.free(p as *mut c_void) };
-        }
-        if self.counters != 0 {
-            // SAFETY: the counters came from `hipMalloc` in `RocmStream::new` and are freed once,
-            // here, after the device finished with them (`hipFree` waits).
-            let _ = unsafe { self.ctx.hip.free(self.counters as *mut c_void) };
         }
     }
 }

@@ -11,7 +11,7 @@
 use std::ffi::c_void;
 use std::process::{Command, ExitCode};
 
-use hisparse_backend_rocm::{KernelSource, RocmDevice, RocmError};
+use hisparse_backend_rocm::{KernelSource, RocmDevice, RocmError, RocmStream};
 use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
 use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::{
@@ -23,6 +23,9 @@ use hisparse_core::{Device, Error, ErrorKind};
 
 #[path = "../../gpu-kernels/tests/support/lending_scenario.rs"]
 mod lending_scenario;
+
+#[path = "../../gpu-kernels/tests/support/capture_scenario.rs"]
+mod capture_scenario;
 
 type Env = &'static [(&'static str, &'static str)];
 
@@ -54,6 +57,8 @@ const CASES: &[(&str, Env)] = &[
     ("engine-owned-memory-and-streams", &[]),
     ("query-event-reports-not-ready-then-completes", &[]),
     ("shared-host-pool-seen-through-two-mappings", &[]),
+    ("decode-path-in-a-global-mode-graph", &[]),
+    ("constant-layer-tables-placed-once", &[]),
 ];
 
 fn required() -> bool {
@@ -170,6 +175,8 @@ fn child(name: &str) -> Result<(), String> {
         "engine-owned-memory-and-streams" => engine_owned_memory_and_streams(),
         "query-event-reports-not-ready-then-completes" => query_event_not_ready_then_complete(),
         "shared-host-pool-seen-through-two-mappings" => shared_host_pool_two_mappings(),
+        "decode-path-in-a-global-mode-graph" => decode_path_in_a_global_mode_graph(),
+        "constant-layer-tables-placed-once" => constant_layer_tables_placed_once(),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -1078,6 +1085,195 @@ fn shared_host_pool_two_mappings() -> Result<(), String> {
         && dev.registered_here(&buf)
     {
         return Err("a registered shared mapping was registered a second time".into());
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Graph capture
+// ------------------------------------------------------------------------------------------------
+
+/// The HIP graph API an engine (PyTorch on ROCm) calls itself, from the runtime the backend
+/// loaded (the double implements capture: `hip-double/src/graph.rs`).
+struct HipGraphs {
+    _lib: libloading::Library,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void, u32) -> HipStatus,
+    stream_destroy: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    stream_synchronize: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    begin_capture: unsafe extern "C" fn(*mut c_void, i32) -> HipStatus,
+    end_capture: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> HipStatus,
+    instantiate: unsafe extern "C" fn(
+        *mut *mut c_void,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut std::ffi::c_char,
+        usize,
+    ) -> HipStatus,
+    launch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> HipStatus,
+    exec_destroy: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    destroy: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+}
+
+impl HipGraphs {
+    fn load(path: &str) -> Result<HipGraphs, String> {
+        // SAFETY: the HIP runtime (here the test double) the backend already loaded.
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the runtime exports the symbol with the signature of the field it is
+                // stored in (HIP's C API); the library is kept loaded beside the pointers.
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| format!("{}: {e}", $name))?
+            };
+        }
+        Ok(HipGraphs {
+            stream_create: sym!("hipStreamCreateWithFlags"),
+            stream_destroy: sym!("hipStreamDestroy"),
+            stream_synchronize: sym!("hipStreamSynchronize"),
+            begin_capture: sym!("hipStreamBeginCapture"),
+            end_capture: sym!("hipStreamEndCapture"),
+            instantiate: sym!("hipGraphInstantiate"),
+            launch: sym!("hipGraphLaunch"),
+            exec_destroy: sym!("hipGraphExecDestroy"),
+            destroy: sym!("hipGraphDestroy"),
+            _lib: lib,
+        })
+    }
+}
+
+impl capture_scenario::Engine<RocmDevice> for HipGraphs {
+    type Stream = *mut c_void;
+    /// `(graph, executable graph)`.
+    type Graph = (*mut c_void, *mut c_void);
+
+    fn prepare(&mut self, _dev: &RocmDevice) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn stream(&mut self) -> Result<*mut c_void, String> {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: `s` is an out-pointer; flag 1 is hipStreamNonBlocking.
+        hip_ok("hipStreamCreateWithFlags", unsafe {
+            (self.stream_create)(&mut s, 1)
+        })?;
+        Ok(s)
+    }
+
+    fn begin_global(&mut self, s: *mut c_void) -> Result<(), String> {
+        // SAFETY: `s` is a live stream; mode 0 is hipStreamCaptureModeGlobal.
+        hip_ok("hipStreamBeginCapture(global)", unsafe {
+            (self.begin_capture)(s, 0)
+        })
+    }
+
+    fn end(&mut self, s: *mut c_void) -> Result<Self::Graph, String> {
+        let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `s` is capturing; `graph` is an out-pointer.
+        hip_ok("hipStreamEndCapture", unsafe {
+            (self.end_capture)(s, &mut graph)
+        })?;
+        // SAFETY: `graph` was just captured; `exec` is an out-pointer; no log is asked for.
+        hip_ok("hipGraphInstantiate", unsafe {
+            (self.instantiate)(
+                &mut exec,
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        })?;
+        Ok((graph, exec))
+    }
+
+    fn replay(&mut self, g: &Self::Graph, s: *mut c_void) -> Result<(), String> {
+        // SAFETY: both handles are live.
+        hip_ok("hipGraphLaunch", unsafe { (self.launch)(g.1, s) })?;
+        // SAFETY: `s` is a live stream.
+        hip_ok("hipStreamSynchronize", unsafe {
+            (self.stream_synchronize)(s)
+        })
+    }
+
+    fn wrap(&mut self, dev: &RocmDevice, s: *mut c_void) -> Result<RocmStream, String> {
+        // SAFETY: `s` is a live stream of this device that outlives the wrapper (destroyed in
+        // `release`, after the scenario dropped it).
+        unsafe { dev.wrap_stream(s) }.map_err(|e| format!("{e} [{}]", e.kind()))
+    }
+
+    fn arena_lists(&mut self, dev: &RocmDevice) -> usize {
+        dev.list_arena_use().0
+    }
+
+    fn release(&mut self, g: Self::Graph, s: *mut c_void) -> Result<(), String> {
+        // SAFETY: the graphs and the stream were created above and are destroyed once, after
+        // the replays completed (each replay waited for its stream).
+        unsafe {
+            hip_ok("hipGraphExecDestroy", (self.exec_destroy)(g.1))?;
+            hip_ok("hipGraphDestroy", (self.destroy)(g.0))?;
+            hip_ok("hipStreamDestroy", (self.stream_destroy)(s))
+        }
+    }
+}
+
+/// `capture_scenario` on the ROCm backend, the double as the runtime: a wrap, a staged list, a
+/// fused resolve-and-gather with a workspace and a remap captured in global mode (the double
+/// refuses every unsafe call of a thread not in relaxed mode, and invalidates the capture),
+/// then an eager step and six replays, bit-exact against the reference.
+fn decode_path_in_a_global_mode_graph() -> Result<(), String> {
+    let dev = open()?;
+    let mut engine = HipGraphs::load(dev.runtime_path())?;
+    capture_scenario::run(&dev, &mut engine)
+}
+
+/// A copy's layer table is the same on every call of its group: the backend places it in its
+/// list arena once and later calls pass its address (only their spans are staged); the copies
+/// still equal the reference.
+fn constant_layer_tables_placed_once() -> Result<(), String> {
+    let dev = open()?;
+    let e = |e: RocmError| e.to_string();
+    let (bs, row, blocks) = (4u32, 32u32, 8u32);
+    let page = u64::from(bs * row);
+    let layers: Vec<LayerPair> = (0..3u64)
+        .map(|l| {
+            let host = PageLayout::contiguous(l * u64::from(blocks) * page, page, blocks, bs, row);
+            LayerPair { host, device: host }
+        })
+        .collect();
+    let len = 3 * blocks as usize * page as usize;
+    let device_bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7)).collect();
+    let mut want_host = vec![0u8; len];
+    let mut want_device = device_bytes.clone();
+    let mut host = dev.alloc_pinned(len).map_err(e)?;
+    let mut device = dev.alloc(len).map_err(e)?;
+    dev.upload(&mut device, 0, &device_bytes).map_err(e)?;
+    let stream = dev.create_stream().map_err(e)?;
+    let desc = RowCopyDesc {
+        direction: Direction::DeviceToHost,
+        layers: &layers,
+    };
+    let before = dev.list_arena_use().0;
+    for call in 0..3u32 {
+        let spans = [RowSpan {
+            device_block: call + 1,
+            host_block: call + 2,
+            first_row: call % bs,
+            num_rows: bs - call % bs,
+        }];
+        copy_rows(&desc, &spans, &mut want_host, &mut want_device).map_err(|x| x.to_string())?;
+        dev.copy_rows(&stream, &desc, &spans, &mut host, &mut device)
+            .map_err(e)?;
+        let placed = dev.list_arena_use().0 - before;
+        if placed != 1 {
+            return Err(format!(
+                "after copy {call}: {placed} lists in the arena, expected the one layer table"
+            ));
+        }
+    }
+    dev.synchronize(&stream).map_err(e)?;
+    let mut got = vec![0u8; len];
+    dev.read_pinned(&host, 0, &mut got).map_err(e)?;
+    if got != want_host {
+        return Err("the host pool differs from the reference copies".into());
     }
     Ok(())
 }

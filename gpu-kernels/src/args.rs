@@ -43,10 +43,14 @@ pub struct Args {
 impl Args {
     fn push_bytes(&mut self, ty: Param, bytes: &[u8]) -> &mut Self {
         let at = self.words.len();
-        for chunk in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.words.push(u64::from_ne_bytes(w));
+        // One copy into zeroed words (a by-value struct is over a kilobyte): the bytes in native
+        // order, the last word's tail zero.
+        self.words.resize(at + bytes.len().div_ceil(8), 0);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut self.words[at..])[..bytes.len()]
+            .copy_from_slice(bytes);
+        if self.slots.capacity() == 0 {
+            // A kernel has up to about thirty parameters: grow once.
+            self.slots.reserve(32);
         }
         self.slots.push((at, ty));
         self

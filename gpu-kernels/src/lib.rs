@@ -33,6 +33,7 @@
 
 #![deny(missing_docs)]
 
+pub mod arena;
 pub mod args;
 pub mod lending;
 pub mod plan;

@@ -66,12 +66,32 @@ pub struct Launch {
     pub args: Args,
 }
 
+/// Whether a staged list changes from call to call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PartKind {
+    /// This call's own list (pairs, spans, writes, rows): staged for the call (or, for work
+    /// being captured into a graph, kept for the device's life: [`crate::arena`]).
+    PerCall,
+    /// A list fixed by the layout, the same on every call of its group (a copy's layer table):
+    /// a backend keeps it in device memory once ([`crate::arena`]) instead of staging it again.
+    Constant,
+}
+
+/// One host-side list the launches of a plan read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagedPart {
+    /// The list's bytes.
+    pub bytes: Vec<u8>,
+    /// Whether it changes from call to call.
+    pub kind: PartKind,
+}
+
 /// Everything one operation enqueues.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// Host-side lists the kernels read, to copy into device-readable memory before the launches
-    /// (each part placed at a 16-byte aligned address; arguments name them by index).
-    pub staged: Vec<Vec<u8>>,
+    /// Host-side lists the kernels read, to place in device-readable memory before the launches
+    /// (each part at a 16-byte aligned address; arguments name them by index).
+    pub staged: Vec<StagedPart>,
     /// Bytes of the stream's resolver workspace the launches use (0: none). Launches that use it
     /// also take the stream's resolver counters ([`crate::args::Place::Counters`]:
     /// [`crate::WORKSPACE_COUNTER_BYTES`] that must be zero before the first such launch on the
@@ -96,8 +116,8 @@ impl Plan {
         }
     }
 
-    fn stage(&mut self, bytes: Vec<u8>) -> usize {
-        self.staged.push(bytes);
+    fn stage(&mut self, bytes: Vec<u8>, kind: PartKind) -> usize {
+        self.staged.push(StagedPart { bytes, kind });
         self.staged.len() - 1
     }
 }
@@ -813,8 +833,8 @@ pub fn copy_pages(
         })
         .collect();
     let mut plan = Plan::empty();
-    let jp = plan.stage(bytemuck::cast_slice(&job_abi).to_vec());
-    let pp = plan.stage(bytemuck::cast_slice(&pair_abi).to_vec());
+    let jp = plan.stage(bytemuck::cast_slice(&job_abi).to_vec(), PartKind::Constant);
+    let pp = plan.stage(bytemuck::cast_slice(&pair_abi).to_vec(), PartKind::PerCall);
     for (layers, items) in rectangles(&copy_batches(&tiles, same_buffer), pairs.len()) {
         let (nl, np) = (layers.len() as u32, items.len() as u32);
         let mut args = Args::default();
@@ -904,8 +924,11 @@ pub fn copy_rows(
         Direction::HostToDevice => DIRECTION_HOST_TO_DEVICE,
     };
     let mut plan = Plan::empty();
-    let lp = plan.stage(bytemuck::cast_slice(&layer_abi).to_vec());
-    let sp = plan.stage(bytemuck::cast_slice(&span_abi).to_vec());
+    let lp = plan.stage(
+        bytemuck::cast_slice(&layer_abi).to_vec(),
+        PartKind::Constant,
+    );
+    let sp = plan.stage(bytemuck::cast_slice(&span_abi).to_vec(), PartKind::PerCall);
     // Different buffers: only destinations can conflict.
     for (layers, items) in rectangles(&copy_batches(&tiles, false), spans.len()) {
         let (nl, ns) = (layers.len() as u32, items.len() as u32);
@@ -1002,7 +1025,7 @@ pub fn write_table(
     limit("write_table writes", writes.len() as u64, u32::MAX.into())?;
     let list: Vec<TableWriteAbi> = writes.iter().map(TableWriteAbi::from).collect();
     let mut plan = Plan::empty();
-    let part = plan.stage(bytemuck::cast_slice(&list).to_vec());
+    let part = plan.stage(bytemuck::cast_slice(&list).to_vec(), PartKind::PerCall);
     let n = writes.len() as u32;
     let mut args = Args::default();
     args.staged(part, 0).u32(n).ptr(table).u32(d.table_len);
@@ -1031,7 +1054,7 @@ pub fn reset_hot_state(
     }
     limit("reset_hot_state rows", rows.len() as u64, u32::MAX.into())?;
     let mut plan = Plan::empty();
-    let part = plan.stage(bytemuck::cast_slice(rows).to_vec());
+    let part = plan.stage(bytemuck::cast_slice(rows).to_vec(), PartKind::PerCall);
     let n = rows.len() as u32;
     let work = u64::from(n) * u64::from(d.hot_slots);
     let mut args = Args::default();
@@ -1399,6 +1422,75 @@ mod tests {
         let s = resolve_shape(&tiny, &resolve_desc(2, 64, 4096), false);
         assert!(s.global_state);
         assert_eq!(s.shared_table, 0);
+    }
+
+    /// The host work of a call is its plan: the decode path stages nothing (one launch, its
+    /// arguments by value), and a copy's layer table is marked constant, so a backend keeps it
+    /// once instead of staging it on every call (`crate::arena`); only the call's own list is
+    /// staged.
+    #[test]
+    fn decode_plans_stage_nothing_and_copies_mark_their_layer_table_constant() {
+        let l = PageLayout::contiguous(0, 1024, 8, 16, 64);
+        let layers = [LayerPair { host: l, device: l }; 3];
+        let a = ResolveAddrs::default();
+        for p in [
+            resolve(&H200, &resolve_desc(64, 2048, 4096), &a, false).unwrap(),
+            resolve(&H200, &resolve_desc(4, 2048, 4096), &a, false).unwrap(),
+            resolve_gather(
+                &H200,
+                &resolve_desc(64, 2048, 4096),
+                &a,
+                &layers,
+                64,
+                128,
+                false,
+            )
+            .unwrap(),
+            gather(
+                &H200,
+                &GatherDesc {
+                    num_tokens: 4,
+                    top_k: 2048,
+                    layers: &layers,
+                },
+                &GatherAddrs {
+                    host: 64,
+                    device: 128,
+                    ..GatherAddrs::default()
+                },
+            )
+            .unwrap(),
+        ] {
+            assert!(p.staged.is_empty(), "{p:?}");
+            assert_eq!(p.launches.len(), 1);
+        }
+        let span = |device_block| RowSpan {
+            device_block,
+            host_block: 1,
+            first_row: 0,
+            num_rows: 3,
+        };
+        let desc = RowCopyDesc {
+            direction: Direction::DeviceToHost,
+            layers: &layers,
+        };
+        let a = copy_rows(&H200, &desc, &[span(1)], 64, 128).unwrap();
+        let b = copy_rows(&H200, &desc, &[span(2), span(3)], 64, 128).unwrap();
+        let kinds = |p: &Plan| p.staged.iter().map(|s| s.kind).collect::<Vec<_>>();
+        assert_eq!(kinds(&a), [PartKind::Constant, PartKind::PerCall]);
+        // The same layers give the same constant bytes whatever the spans: one arena entry.
+        assert_eq!(a.staged[0].bytes, b.staged[0].bytes);
+        assert_ne!(a.staged[1].bytes, b.staged[1].bytes);
+        let pages = copy_pages(
+            &H200,
+            &[(l, l)],
+            &[BlockPair { src: 1, dst: 2 }],
+            64,
+            128,
+            false,
+        )
+        .unwrap();
+        assert_eq!(kinds(&pages), [PartKind::Constant, PartKind::PerCall]);
     }
 
     #[test]

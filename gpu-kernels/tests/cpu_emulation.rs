@@ -98,7 +98,8 @@ impl Emu {
         let staged: Vec<Vec<u128>> = plan
             .staged
             .iter()
-            .map(|b| {
+            .map(|p| {
+                let b = &p.bytes;
                 let mut v = vec![0u128; b.len().div_ceil(16).max(1)];
                 bytemuck::cast_slice_mut::<u128, u8>(&mut v)[..b.len()].copy_from_slice(b);
                 v

@@ -369,9 +369,9 @@ mod tests {
         let staged: Vec<u64> = plan
             .staged
             .iter()
-            .map(|b| {
-                let at = crate::mem::alloc(st, b.len().max(16), Kind::Device).expect("alloc");
-                crate::mem::write(st, at, b);
+            .map(|p| {
+                let at = crate::mem::alloc(st, p.bytes.len().max(16), Kind::Device).expect("alloc");
+                crate::mem::write(st, at, &p.bytes);
                 at as u64
             })
             .collect();
@@ -423,7 +423,7 @@ mod tests {
         // A page at an 8-byte offset: the kernel's first 16-byte access faults.
         let mut p =
             plan::copy_pages(&TARGET, &[(l, l)], &pairs, src as u64, dst as u64, false).unwrap();
-        let job = &mut p.staged[0];
+        let job = &mut p.staged[0].bytes;
         job[..8].copy_from_slice(&8u64.to_ne_bytes());
         let e = execute(&mut st, p).unwrap_err();
         assert!(e.contains("misaligned 16-byte access"), "{e}");

@@ -25,7 +25,7 @@ use crate::state::State;
 use crate::status::*;
 
 /// A decoded launch, queued until its stream runs.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Launch {
     kernel: Kernel,
     grid: [u32; 3],

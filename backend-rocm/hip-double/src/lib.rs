@@ -15,6 +15,9 @@
 //! * `hipModuleLoadData` accepts an AMDGPU ELF code object whose architecture matches the device
 //!   (else `hipErrorNoBinaryForGpu`) or the double's hiprtc output for that architecture;
 //!   `hipModuleGetFunction` finds a kernel only if the image defines it (`name` and `name.kd`);
+//! * stream capture and graphs (`hipStreamBeginCapture` .. `hipGraphLaunch`, module [`graph`]):
+//!   captured work is recorded and replayed; in global mode the unsafe calls of threads not in
+//!   relaxed mode are refused and invalidate the capture, as HIP does;
 //! * `hipModuleLaunchKernel` decodes the parameters with the kernel ABI table of
 //!   `hisparse-gpu-kernels`, and at execution runs the reference op for that kernel, except the
 //!   copy kernels, which are emulated access by access with the kernel source's chunking and
@@ -33,6 +36,7 @@ mod copy;
 #[allow(dead_code)]
 mod elf;
 pub mod exec;
+pub mod graph;
 pub mod mem;
 mod rtc;
 pub mod state;
@@ -216,6 +220,9 @@ pub extern "C" fn hipGetErrorName(status: u32) -> *const c_char {
 pub extern "C" fn hipDeviceSynchronize() -> u32 {
     blocking();
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     st.drain_all();
     st.sticky_status()
 }
@@ -228,6 +235,9 @@ pub unsafe extern "C" fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> u32 {
         return HIP_ERROR_INVALID_VALUE;
     }
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     if bytes == 0 {
         // SAFETY: non-null out-pointer per the HIP contract.
         return unsafe { put(ptr, std::ptr::null_mut()) };
@@ -249,6 +259,9 @@ fn free_kind(addr: usize, want: Kind) -> u32 {
         return HIP_SUCCESS;
     }
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     st.drain_all();
     match st.allocs.get(&addr).map(|a| (a.kind, a.len)) {
         Some((kind, len)) if kind == want => {
@@ -278,6 +291,9 @@ pub unsafe extern "C" fn hipHostMalloc(ptr: *mut *mut c_void, bytes: usize, flag
         return HIP_ERROR_INVALID_VALUE;
     }
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     let Some(addr) = mem::alloc(&mut st, bytes, Kind::Pinned) else {
         return HIP_ERROR_OUT_OF_MEMORY;
     };
@@ -322,6 +338,9 @@ pub extern "C" fn hipHostRegister(host: *mut c_void, bytes: usize, flags: c_uint
         return HIP_ERROR_INVALID_VALUE;
     }
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     match mem::register(&mut st, host as usize, bytes) {
         Ok(()) => HIP_SUCCESS,
         Err(Kind::Device) => HIP_ERROR_INVALID_VALUE,
@@ -335,6 +354,9 @@ pub extern "C" fn hipHostRegister(host: *mut c_void, bytes: usize, flags: c_uint
 pub extern "C" fn hipHostUnregister(host: *mut c_void) -> u32 {
     blocking();
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     st.drain_all();
     match st.allocs.get(&(host as usize)).map(|a| a.kind) {
         Some(Kind::Registered) => {
@@ -436,6 +458,9 @@ pub unsafe extern "C" fn hipStreamGetDevice(stream: *mut c_void, device: *mut c_
 pub extern "C" fn hipMemset(dst: *mut c_void, value: c_int, bytes: usize) -> u32 {
     blocking();
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     st.drain_all();
     if let Err(s) = st.check_range(dst as usize, bytes, &[Kind::Device]) {
         return s;
@@ -500,6 +525,9 @@ pub unsafe extern "C" fn hipMemcpy(
         return HIP_ERROR_INVALID_VALUE;
     };
     let mut st = state();
+    if let Err(s) = graph::unsafe_call(&mut st) {
+        return s;
+    }
     st.drain_all();
     if bytes == 0 {
         return st.sticky_status();
@@ -595,7 +623,17 @@ pub extern "C" fn hipStreamSynchronize(stream: *mut c_void) -> u32 {
     blocking();
     let mut st = state();
     let h = stream as usize;
-    if let Err(s) = st.stream(h) {
+    match st.stream(h) {
+        Err(s) => return s,
+        Ok(s) => {
+            // A stream being captured cannot be waited for: its work runs only at replay.
+            if let Some(c) = s.capture.as_mut() {
+                c.invalidated = true;
+                return HIP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+            }
+        }
+    }
+    if let Err(s) = graph::unsafe_call(&mut st) {
         return s;
     }
     st.drain(h);
@@ -621,10 +659,19 @@ pub unsafe extern "C" fn hipEventCreateWithFlags(event: *mut *mut c_void, flags:
 #[unsafe(no_mangle)]
 pub extern "C" fn hipEventRecord(event: *mut c_void, stream: *mut c_void) -> u32 {
     let mut st = state();
-    let seq = match st.stream(stream as usize) {
-        Ok(s) => s.enqueued,
+    let (seq, captured) = match st.stream(stream as usize) {
+        Ok(s) => (s.enqueued, s.capture.is_some()),
         Err(e) => return e,
     };
+    if !st.events.contains_key(&(event as usize)) {
+        return HIP_ERROR_INVALID_HANDLE;
+    }
+    if captured {
+        // The event becomes part of the graph.
+        st.captured_events.insert(event as usize);
+        return HIP_SUCCESS;
+    }
+    st.captured_events.remove(&(event as usize));
     match st.events.get_mut(&(event as usize)) {
         Some(slot) => {
             *slot = Some((stream as usize, seq));
@@ -648,6 +695,9 @@ pub extern "C" fn hipStreamWaitEvent(
     let Some(&recorded) = st.events.get(&(event as usize)) else {
         return HIP_ERROR_INVALID_HANDLE;
     };
+    if st.captured_events.contains(&(event as usize)) {
+        return HIP_ERROR_CAPTURED_EVENT;
+    }
     // An event never recorded is complete: nothing to wait for.
     let Some((other, seq)) = recorded else {
         return st
@@ -667,6 +717,9 @@ pub extern "C" fn hipEventQuery(event: *mut c_void) -> u32 {
     let Some(&recorded) = st.events.get(&(event as usize)) else {
         return HIP_ERROR_INVALID_HANDLE;
     };
+    if st.captured_events.contains(&(event as usize)) {
+        return HIP_ERROR_CAPTURED_EVENT;
+    }
     let Some((stream, seq)) = recorded else {
         return HIP_SUCCESS;
     };

@@ -5,6 +5,11 @@
 //! the recorded point first. This is stricter than eager execution: a backend that reads results
 //! before synchronising, frees memory still in use, or passes memory that dies before the work
 //! runs gets wrong data or an error here, as it could on a GPU.
+//!
+//! A stream being captured (`hipStreamBeginCapture`) records its work into the capture instead
+//! of queueing it (see `crate::graph`); while a capture in global mode is open, the calls HIP
+//! deems unsafe are refused on threads that are not in relaxed mode, and the capture is
+//! invalidated, as on a GPU.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -39,7 +44,7 @@ pub struct Alloc {
 }
 
 /// Work queued on a stream.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Op {
     /// `memmove(dst, src, len)` between validated ranges.
     Copy {
@@ -77,6 +82,19 @@ pub struct Stream {
     pub queue: VecDeque<(u64, Op)>,
     /// Sequence number of the last enqueued op (0 = none yet).
     pub enqueued: u64,
+    /// The capture open on the stream, if any: its work goes there instead of the queue.
+    pub capture: Option<Capture>,
+}
+
+/// An open stream capture.
+#[derive(Debug, Default)]
+pub struct Capture {
+    /// `hipStreamCaptureMode` it was begun with (0 global, 1 thread-local, 2 relaxed).
+    pub mode: i32,
+    /// The work recorded so far, in stream order.
+    pub ops: Vec<Op>,
+    /// An operation the capture cannot record ran: ending it fails.
+    pub invalidated: bool,
 }
 
 /// A loaded module: the kernel names it defines.
@@ -107,6 +125,11 @@ pub struct State {
     next_handle: usize,
     /// Kernel launches executed, by kernel name (for tests of the double itself).
     pub launches: BTreeMap<String, u64>,
+    /// Graphs and their instantiations by handle: the recorded work each replay enqueues.
+    pub graphs: HashMap<usize, Vec<Op>>,
+    /// Events recorded on a stream being captured (they belong to the graph: querying or
+    /// waiting for them outside it is `hipErrorCapturedEvent`).
+    pub captured_events: std::collections::HashSet<usize>,
 }
 
 impl State {
@@ -153,9 +176,18 @@ impl State {
             .ok_or(HIP_ERROR_INVALID_HANDLE)
     }
 
-    /// Queues `op` on `stream`.
+    /// Queues `op` on `stream`, or records it in the stream's capture (a cross-stream wait
+    /// cannot be recorded: it invalidates the capture).
     pub fn enqueue(&mut self, stream: usize, op: Op) -> Result<(), u32> {
         let s = self.stream(stream)?;
+        if let Some(c) = s.capture.as_mut() {
+            if matches!(op, Op::Wait { .. }) {
+                c.invalidated = true;
+                return Err(HIP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            c.ops.push(op);
+            return Ok(());
+        }
         s.enqueued += 1;
         let seq = s.enqueued;
         s.queue.push_back((seq, op));
@@ -213,6 +245,22 @@ impl State {
                     eprintln!("hip-double: {name} faulted: {message}");
                     self.sticky = Some((HIP_ERROR_ILLEGAL_ADDRESS, format!("{name}: {message}")));
                 }
+            }
+        }
+    }
+
+    /// Whether a capture in global mode is open on some stream.
+    pub fn global_capture_open(&self) -> bool {
+        self.streams
+            .values()
+            .any(|s| s.capture.as_ref().is_some_and(|c| c.mode == 0))
+    }
+
+    /// Invalidates every open capture in global mode (an unsafe call ran while they were open).
+    pub fn invalidate_global_captures(&mut self) {
+        for c in self.streams.values_mut().filter_map(|s| s.capture.as_mut()) {
+            if c.mode == 0 {
+                c.invalidated = true;
             }
         }
     }

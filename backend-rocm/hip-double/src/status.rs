@@ -28,6 +28,14 @@ pub const HIP_ERROR_ILLEGAL_ADDRESS: u32 = 700;
 pub const HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
 /// `hipErrorHostMemoryNotRegistered`.
 pub const HIP_ERROR_HOST_MEMORY_NOT_REGISTERED: u32 = 713;
+/// `hipErrorStreamCaptureUnsupported`: an operation a capture in progress forbids.
+pub const HIP_ERROR_STREAM_CAPTURE_UNSUPPORTED: u32 = 900;
+/// `hipErrorStreamCaptureInvalidated`: the capture was invalidated by a forbidden operation.
+pub const HIP_ERROR_STREAM_CAPTURE_INVALIDATED: u32 = 901;
+/// `hipErrorIllegalState`: e.g. ending a capture that was never begun.
+pub const HIP_ERROR_ILLEGAL_STATE: u32 = 401;
+/// `hipErrorCapturedEvent`: an event recorded in a capture, used outside it.
+pub const HIP_ERROR_CAPTURED_EVENT: u32 = 907;
 
 /// `HIPRTC_SUCCESS`.
 pub const RTC_SUCCESS: u32 = 0;
@@ -57,6 +65,10 @@ pub fn hip_name(status: u32) -> &'static [u8] {
         HIP_ERROR_NOT_READY => b"hipErrorNotReady\0",
         HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED => b"hipErrorHostMemoryAlreadyRegistered\0",
         HIP_ERROR_HOST_MEMORY_NOT_REGISTERED => b"hipErrorHostMemoryNotRegistered\0",
+        HIP_ERROR_STREAM_CAPTURE_UNSUPPORTED => b"hipErrorStreamCaptureUnsupported\0",
+        HIP_ERROR_STREAM_CAPTURE_INVALIDATED => b"hipErrorStreamCaptureInvalidated\0",
+        HIP_ERROR_ILLEGAL_STATE => b"hipErrorIllegalState\0",
+        HIP_ERROR_CAPTURED_EVENT => b"hipErrorCapturedEvent\0",
         _ => b"hipErrorUnknown\0",
     }
 }

@@ -1,0 +1,140 @@
+//! The decode path captured into a CUDA graph as an engine captures it (`harness = false`): the
+//! scenario of `gpu-kernels/tests/support/capture_scenario.rs` with the engine side through the
+//! raw driver API — `cuStreamBeginCapture` in global mode on the engine's stream (what
+//! `torch.cuda.graph` does), `cuStreamEndCapture`, `cuGraphInstantiate`, `cuGraphLaunch` — and the
+//! backend wrapping that stream inside the capture ([`CudaDevice::wrap_stream`]).
+//!
+//! Without a GPU the test says `SKIPPED` and passes, unless `HISPARSE_REQUIRE_DEVICE=1`.
+
+use cudarc::driver::sys::{self, CUresult};
+use hisparse_backend_cuda::{CudaDevice, CudaStream};
+use hisparse_core::{Device, Error as _, ErrorKind};
+
+#[path = "../../gpu-kernels/tests/support/capture_scenario.rs"]
+mod capture_scenario;
+
+use capture_scenario::Res;
+
+fn ok(call: &str, code: CUresult) -> Res<()> {
+    if code == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call}: {code:?}"))
+    }
+}
+
+/// The engine's side through the raw driver API.
+struct Driver;
+
+/// An instantiated graph and the graph it came from.
+struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl capture_scenario::Engine<CudaDevice> for Driver {
+    type Stream = sys::CUstream;
+    type Graph = Graph;
+
+    fn prepare(&mut self, dev: &CudaDevice) -> Res<()> {
+        dev.prepare().map_err(|e| e.to_string())
+    }
+
+    fn stream(&mut self) -> Res<sys::CUstream> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is an out-pointer; the device's primary context is current (opened
+        // before).
+        ok("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(raw)
+    }
+
+    fn begin_global(&mut self, s: sys::CUstream) -> Res<()> {
+        // SAFETY: `s` is a live stream created by `stream`.
+        ok("cuStreamBeginCapture(global)", unsafe {
+            sys::cuStreamBeginCapture_v2(s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        })
+    }
+
+    fn end(&mut self, s: sys::CUstream) -> Res<Graph> {
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: `s` is capturing; `graph` is an out-pointer.
+        ok("cuStreamEndCapture", unsafe {
+            sys::cuStreamEndCapture(s, &mut graph)
+        })?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` was just captured; `exec` is an out-pointer.
+        ok("cuGraphInstantiate", unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+        })?;
+        Ok(Graph { graph, exec })
+    }
+
+    fn replay(&mut self, g: &Graph, s: sys::CUstream) -> Res<()> {
+        // SAFETY: `g.exec` and `s` are live objects of this context.
+        ok("cuGraphLaunch", unsafe { sys::cuGraphLaunch(g.exec, s) })?;
+        // SAFETY: as above.
+        ok("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(s)
+        })
+    }
+
+    fn wrap(&mut self, dev: &CudaDevice, s: sys::CUstream) -> Res<CudaStream> {
+        // SAFETY: `s` is a live stream of this device's primary context that outlives the
+        // wrapper (destroyed in `release`, after the scenario dropped it).
+        unsafe { dev.wrap_stream(s) }.map_err(|e| format!("{e} [{}]", e.kind()))
+    }
+
+    fn arena_lists(&mut self, dev: &CudaDevice) -> usize {
+        dev.list_arena_use().0
+    }
+
+    fn release(&mut self, g: Graph, s: sys::CUstream) -> Res<()> {
+        // SAFETY: the graph and the stream were created above and are destroyed once, after
+        // the context finished every replay.
+        unsafe {
+            ok("cuCtxSynchronize", sys::cuCtxSynchronize())?;
+            ok("cuGraphExecDestroy", sys::cuGraphExecDestroy(g.exec))?;
+            ok("cuGraphDestroy", sys::cuGraphDestroy(g.graph))?;
+            ok("cuStreamDestroy", sys::cuStreamDestroy_v2(s))
+        }
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("decode_path_in_a_global_mode_graph: test");
+        return;
+    }
+    let required = std::env::var("HISPARSE_REQUIRE_DEVICE")
+        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+    let dev = match CudaDevice::open(0) {
+        Ok(d) => d,
+        Err(err) if err.kind() == ErrorKind::NotFound && !required => {
+            println!("SKIPPED: decode_path_in_a_global_mode_graph: no CUDA device: {err}");
+            println!("0 passed, 0 failed, 1 skipped");
+            return;
+        }
+        Err(err) => {
+            println!(
+                "FAILED: decode_path_in_a_global_mode_graph: cannot open CUDA device 0: {err}"
+            );
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+    };
+    println!("device: {}", dev.device_name());
+    match capture_scenario::run(&dev, &mut Driver) {
+        Ok(()) => {
+            let (lists, bytes) = dev.list_arena_use();
+            println!("list arena: {lists} lists, {bytes} bytes");
+            println!("1 passed, 0 failed");
+        }
+        Err(msg) => {
+            println!("FAILED: decode_path_in_a_global_mode_graph: {msg}");
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+    }
+}
