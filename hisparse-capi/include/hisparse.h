@@ -36,7 +36,25 @@ typedef enum HsStatus {
   // A bug inside HiSparse (a Rust panic, caught at the boundary); the handle involved may be
   // left in an unknown state: free it.
   HS_STATUS_INTERNAL = 10,
+  // The caller's output array is smaller than the answer: the call wrote the size needed to
+  // its count argument and nothing else; call again with an array at least that large.
+  HS_STATUS_BUFFER_TOO_SMALL = 11,
 } HsStatus;
+
+// What `hs_coordinator_start` and `hs_coordinator_schedule` did.
+typedef enum HsAlloc {
+  // The blocks are allocated; the tokens are scheduled in this step.
+  HS_ALLOC_SCHEDULED = 0,
+  // Not enough memory now, but reclamation (or a release) is in flight: try again next step
+  // rather than preempt.
+  HS_ALLOC_WAIT = 1,
+  // The GPU pool is short and nothing is in flight: preempt a request (or wait for one to
+  // finish).
+  HS_ALLOC_NO_SPACE_GPU = 2,
+  // The host pool is short and nothing is in flight: preempt a request (or wait for one to
+  // finish).
+  HS_ALLOC_NO_SPACE_HOST = 3,
+} HsAlloc;
 
 // A device buffer of a runtime's device (opaque): top-k inputs, row-index outputs, counts.
 // Free with `hs_buffer_free`.
@@ -53,9 +71,42 @@ typedef struct HsCoordinator HsCoordinator;
 // A planned KV-cache layout (opaque). Free with `hs_layout_free`.
 typedef struct HsLayout HsLayout;
 
+// What a worker found since its last report (opaque). Free with `hs_report_free`.
+typedef struct HsReport HsReport;
+
 // The engine runtime (opaque): executes each step's command on a backend. Free with
 // `hs_runtime_free` (which first waits for the runtime's work in flight).
 typedef struct HsRuntime HsRuntime;
+
+// A command's summary.
+typedef struct HsCommandInfo {
+  // Step number (from 1).
+  uint64_t step;
+  // Whether the step has after-forward copies (then `transfer_id` is their batch).
+  bool has_transfer;
+  // Id of the after-forward copy batch.
+  uint64_t transfer_id;
+  // Every scheduled request is fully resident (the remap path).
+  bool fully_resident;
+  // Requests computed in this step (`hs_command_scheduled`).
+  uintptr_t num_scheduled;
+  // Requests preempted in this step (`hs_command_preempted`).
+  uintptr_t num_preempted;
+} HsCommandInfo;
+
+// A request scheduled in a step.
+typedef struct HsScheduledRequest {
+  // The request.
+  uint64_t id;
+  // Its state row in every per-request table.
+  uint32_t slot;
+  // First token computed in this step.
+  uint32_t first_token;
+  // Tokens computed in this step.
+  uint32_t num_tokens;
+  // Whether every page of the request is resident.
+  bool fully_resident;
+} HsScheduledRequest;
 
 // Scheduler settings. Start from `hs_coordinator_config_default`.
 typedef struct HsCoordinatorConfig {
@@ -73,35 +124,17 @@ typedef struct HsCoordinatorConfig {
   uint32_t reclaim_min_blocks;
 } HsCoordinatorConfig;
 
-// A command's summary.
-typedef struct HsCommandInfo {
-  // Step number (from 1).
-  uint64_t step;
-  // Whether the step has after-forward copies (then `transfer_id` is their batch).
-  bool has_transfer;
-  // Id of the after-forward copy batch.
-  uint64_t transfer_id;
-  // Every scheduled request is fully resident (the remap path).
-  bool fully_resident;
-  // Requests computed in this step (`hs_command_scheduled`).
-  uintptr_t num_scheduled;
-  // Requests preempted in this step.
-  uintptr_t num_preempted;
-} HsCommandInfo;
-
-// A request scheduled in a step.
-typedef struct HsScheduledRequest {
-  // The request.
-  uint64_t id;
-  // Its state row in every per-request table.
-  uint32_t slot;
-  // First token computed in this step.
-  uint32_t first_token;
-  // Tokens computed in this step.
-  uint32_t num_tokens;
-  // Whether every page of the request is resident.
-  bool fully_resident;
-} HsScheduledRequest;
+// Block-pool occupancy, for metrics: what the coordinator's requests hold of each pool.
+typedef struct HsPoolUsage {
+  // GPU blocks held by requests (the null block excluded).
+  uint32_t gpu_used;
+  // GPU blocks that can be handed out (the null block excluded).
+  uint32_t gpu_total;
+  // Host blocks held by requests (the null block excluded).
+  uint32_t host_used;
+  // Host blocks that can be handed out (the null block excluded).
+  uint32_t host_total;
+} HsPoolUsage;
 
 // What to plan. Start from `hs_layout_options_default` (the defaults of `hisparse layout`).
 typedef struct HsLayoutOptions {
@@ -176,6 +209,16 @@ typedef struct HsIndexGroupInfo {
   uint32_t bucket;
 } HsIndexGroupInfo;
 
+// A report's summary.
+typedef struct HsReportInfo {
+  // The worker (tensor-parallel rank) that made it.
+  uint32_t worker;
+  // Transfer batches enqueued since the last report (`hs_report_enqueued`).
+  uintptr_t num_enqueued;
+  // Transfer batches completed since the last report (`hs_report_completed`).
+  uintptr_t num_completed;
+} HsReportInfo;
+
 // Runtime settings. Start from `hs_runtime_config_default`.
 typedef struct HsRuntimeConfig {
   // State rows of every table and hot state: the coordinator's `max_running`.
@@ -239,9 +282,55 @@ typedef struct HsCounters {
   uint64_t transfers_completed;
 } HsCounters;
 
+// What one `hs_coordinator_schedule_step` did.
+typedef struct HsStepSummary {
+  // Requests scheduled.
+  uint32_t scheduled;
+  // Tokens scheduled.
+  uint32_t tokens;
+  // Requests preempted.
+  uint32_t preempted;
+  // Requests that wait for reclamation in flight.
+  uint32_t waiting_on_reclaim;
+  // Requests started from the waiting queue.
+  uint32_t started;
+} HsStepSummary;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// Frees a command (NULL is ignored).
+//
+// # Safety
+//
+// `command` is NULL or a handle from `hs_coordinator_step` or
+// `hs_coordinator_build_offload_command`, not freed yet.
+void hs_command_free(struct HsCommand *command);
+
+// The command's summary.
+//
+// # Safety
+//
+// `command` is a live handle; `out` points to writable memory for an `HsCommandInfo`.
+enum HsStatus hs_command_info(const struct HsCommand *command, struct HsCommandInfo *out);
+
+// Scheduled request `index` of the command (`0 .. num_scheduled`).
+//
+// # Safety
+//
+// `command` is a live handle; `out` points to writable memory for an `HsScheduledRequest`.
+enum HsStatus hs_command_scheduled(const struct HsCommand *command, uintptr_t index, struct HsScheduledRequest *out);
+
+// The ids of the requests preempted in this step, in order, into `out` (`capacity` elements;
+// `*count` receives how many there are). NULL `out` with `capacity` 0 asks only for the count;
+// a smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `command` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
+// points to writable memory.
+enum HsStatus hs_command_preempted(const struct HsCommand *command, uint64_t *out, uintptr_t capacity, uintptr_t *count);
 
 // Fills `config` with the coordinator's defaults.
 //
@@ -279,14 +368,6 @@ enum HsStatus hs_coordinator_admit(struct HsCoordinator *coordinator, uint64_t i
 //
 // As `hs_coordinator_admit`.
 enum HsStatus hs_coordinator_append_tokens(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, uintptr_t len);
-
-// Plans the next step; `*out` receives its command (free with `hs_command_free`).
-//
-// # Safety
-//
-// `coordinator` is a live handle used by no other thread meanwhile; `out` points to writable
-// memory for a pointer.
-enum HsStatus hs_coordinator_step(struct HsCoordinator *coordinator, struct HsCommand **out);
 
 // Records worker `worker`'s progress: transfer ids enqueued and completed, each in FIFO order.
 //
@@ -331,33 +412,87 @@ enum HsStatus hs_coordinator_num_computed(const struct HsCoordinator *coordinato
 // `coordinator` is a live handle; `out` points to writable memory.
 enum HsStatus hs_coordinator_is_empty(const struct HsCoordinator *coordinator, bool *out);
 
-// Frees a command (NULL is ignored).
+// Appends one token to the running request in state row `slot` (the hot path for engines that
+// key by state row); `*id` (if not NULL) receives the request's id.
 //
 // # Safety
 //
-// `command` is NULL or a handle from `hs_coordinator_step` not freed yet.
-void hs_command_free(struct HsCommand *command);
+// `coordinator` is a live handle used by no other thread meanwhile; `id` is NULL or writable.
+enum HsStatus hs_coordinator_append_token_by_slot(struct HsCoordinator *coordinator, uint32_t slot, uint32_t token, uint64_t *id);
 
-// The command's summary.
+// The state row (`0 .. max_running`) of running request `id`; an error for a request that is
+// unknown or not running (waiting, preempted, or an import not started yet).
 //
 // # Safety
 //
-// `command` is a live handle; `out` points to writable memory for an `HsCommandInfo`.
-enum HsStatus hs_command_info(const struct HsCommand *command, struct HsCommandInfo *out);
+// `coordinator` is a live handle; `out` points to writable memory.
+enum HsStatus hs_coordinator_slot_of(const struct HsCoordinator *coordinator, uint64_t id, uint32_t *out);
 
-// Scheduled request `index` of the command (`0 .. num_scheduled`).
+// The occupancy of the coordinator's pools.
 //
 // # Safety
 //
-// `command` is a live handle; `out` points to writable memory for an `HsScheduledRequest`.
-enum HsStatus hs_command_scheduled(const struct HsCommand *command, uintptr_t index, struct HsScheduledRequest *out);
+// `coordinator` is a live handle; `out` points to writable memory for an `HsPoolUsage`.
+enum HsStatus hs_coordinator_pool_usage(const struct HsCoordinator *coordinator, struct HsPoolUsage *out);
+
+// Requests waiting to start (queued, preempted, or imports whose writes are complete).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory.
+enum HsStatus hs_coordinator_num_waiting(const struct HsCoordinator *coordinator, uintptr_t *out);
+
+// Requests running (each holding a state row).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory.
+enum HsStatus hs_coordinator_num_running(const struct HsCoordinator *coordinator, uintptr_t *out);
+
+// The ids of the running requests, oldest first, into `out` (`capacity` elements; `*count`
+// receives how many there are). NULL `out` with `capacity` 0 asks only for the count; a
+// smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
+// points to writable memory.
+enum HsStatus hs_coordinator_running_ids(const struct HsCoordinator *coordinator, uint64_t *out, uintptr_t capacity, uintptr_t *count);
+
+// Running request `id`'s block table of layout group `group` (indexer, resident, regular, or
+// the source group's host blocks) as `len` `int32_t`s: column → block, 0 for null entries and
+// columns beyond the request. What the runtime's device tables hold, read on the host (a
+// debugging aid: engines read the device tables).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to `len` writable `int32_t`s (NULL allowed for
+// 0).
+enum HsStatus hs_coordinator_block_table_row(const struct HsCoordinator *coordinator, uint64_t id, uintptr_t group, int32_t *out, uintptr_t len);
+
+// Running request `id`'s hot region in `bucket` as `len` `int32_t`s: its
+// `hot_blocks_per_request` GPU blocks, or -1s when it has none.
+//
+// # Safety
+//
+// As `hs_coordinator_block_table_row`.
+enum HsStatus hs_coordinator_hot_row(const struct HsCoordinator *coordinator, uint64_t id, uint32_t bucket, int32_t *out, uintptr_t len);
+
+// Checks the coordinator's internal invariants (for tests and debugging); a violation is
+// `HS_STATUS_INTERNAL` naming it.
+//
+// # Safety
+//
+// `coordinator` is a live handle.
+enum HsStatus hs_coordinator_check_invariants(const struct HsCoordinator *coordinator);
 
 // The message of the last failed call on this thread (empty if none failed yet). The pointer
 // stays valid until the next failing call on this thread; copy the text to keep it.
 const char *hs_last_error(void);
 
-// A short, static name of `status` (e.g. "invalid argument").
-const char *hs_status_name(enum HsStatus status);
+// A short, static name of `status` (e.g. "invalid argument"); "unknown status" for a number
+// that is no `HsStatus` (the argument is an integer so that any value is safe to pass).
+const char *hs_status_name(int32_t status);
 
 // Fills `options` with the defaults of `hisparse layout`: DeepSeek V3.2, 80 GiB GPU, 512 GiB
 // host, 131072 tokens, max_query_len 1.
@@ -420,6 +555,65 @@ enum HsStatus hs_layout_host_layer_offset(const struct HsLayout *layout, uint32_
 //
 // `layout` is a live handle; `layer` points to writable memory.
 enum HsStatus hs_layout_index_group_layer(const struct HsLayout *layout, uintptr_t group, uintptr_t index, uint32_t *layer);
+
+// Polls the runtime's transfers in flight without blocking; `*out` receives what it found
+// (free with `hs_report_free`), for `hs_coordinator_apply_report`. Every report must reach the
+// coordinator, in order: a lost one stalls the pages it completes.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `out` points to writable
+// memory for a pointer.
+enum HsStatus hs_runtime_poll(struct HsRuntime *runtime, struct HsReport **out);
+
+// Blocks until every transfer and counter copy of the runtime completed; `*out` receives the
+// report (as `hs_runtime_poll`).
+//
+// # Safety
+//
+// As `hs_runtime_poll`.
+enum HsStatus hs_runtime_drain_report(struct HsRuntime *runtime, struct HsReport **out);
+
+// Records the report's worker progress in the coordinator (`hs_coordinator_report` with the
+// report's lists).
+//
+// # Safety
+//
+// `coordinator` and `report` are live handles; `coordinator` is used by no other thread
+// meanwhile.
+enum HsStatus hs_coordinator_apply_report(struct HsCoordinator *coordinator, const struct HsReport *report);
+
+// The report's summary.
+//
+// # Safety
+//
+// `report` is a live handle; `out` points to writable memory for an `HsReportInfo`.
+enum HsStatus hs_report_info(const struct HsReport *report, struct HsReportInfo *out);
+
+// The transfer ids the report says were enqueued, oldest first, into `out` (`capacity`
+// elements; `*count` receives how many there are). NULL `out` with `capacity` 0 asks only for
+// the count; a smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `report` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
+// points to writable memory.
+enum HsStatus hs_report_enqueued(const struct HsReport *report, uint64_t *out, uintptr_t capacity, uintptr_t *count);
+
+// The transfer ids the report says completed, oldest first (as `hs_report_enqueued`).
+//
+// # Safety
+//
+// As `hs_report_enqueued`.
+enum HsStatus hs_report_completed(const struct HsReport *report, uint64_t *out, uintptr_t capacity, uintptr_t *count);
+
+// Frees a report (NULL is ignored).
+//
+// # Safety
+//
+// `report` is NULL or a handle from `hs_runtime_poll` or `hs_runtime_drain_report`, not freed
+// yet.
+void hs_report_free(struct HsReport *report);
 
 // Fills `config` with defaults: 1 state row, 1 token row per call, worker 0, counters every
 // step. Set `state_rows` and `max_step_tokens` for the engine.
@@ -602,6 +796,102 @@ enum HsStatus hs_buffer_upload_i32(const struct HsRuntime *runtime, struct HsBuf
 //
 // `runtime` and `buffer` are live handles; `out` points to `len` writable values.
 enum HsStatus hs_buffer_download_i32(const struct HsRuntime *runtime, const struct HsBuffer *buffer, uintptr_t offset, int32_t *out, uintptr_t len);
+
+// Starts waiting request `id` (a prefix-cache lookup, host blocks for its whole prompt, a
+// state row) and schedules its first chunk of at most `max_tokens` tokens in the current step
+// — fewer when the free GPU pool holds less. `*outcome` receives what happened; on any outcome
+// but `HS_ALLOC_SCHEDULED` the request stays waiting (reclamation may have been set in motion
+// for a later step). The chunk's tokens (after a prefix hit, from the
+// first token not found in the cache) are in the step's command.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `outcome` points to
+// writable memory for an `HsAlloc`.
+enum HsStatus hs_coordinator_start(struct HsCoordinator *coordinator, uint64_t id, uint32_t max_tokens, enum HsAlloc *outcome);
+
+// Schedules the next `num_tokens` tokens of running request `id` in the current step (a
+// prefill chunk, a decode, or a decode with speculative tokens): all of them or none.
+// `*outcome` receives what happened; on any outcome but `HS_ALLOC_SCHEDULED` nothing is
+// scheduled (reclamation may have been set in motion for a later step). Allocates the pages in
+// every group, reclaiming resident pages when the GPU pool is short.
+//
+// # Safety
+//
+// As `hs_coordinator_start`.
+enum HsStatus hs_coordinator_schedule(struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens, enum HsAlloc *outcome);
+
+// Ends the current step and returns its command in `*out` (free with `hs_command_free`): what
+// `hs_coordinator_start`, `hs_coordinator_schedule`, `hs_coordinator_preempt` and
+// `hs_coordinator_finish` decided since the last command.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `out` points to writable
+// memory for a pointer.
+enum HsStatus hs_coordinator_build_offload_command(struct HsCoordinator *coordinator, struct HsCommand **out);
+
+// Runs the built-in policy for one step (running requests first — prefill chunks and decodes
+// — then waiting ones, first come first served, within `max_batched_tokens`, preempting the
+// newest running request when memory runs out) without ending the step;
+// `hs_coordinator_build_offload_command` ends it. `summary` may be NULL.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `summary` is NULL or
+// writable.
+enum HsStatus hs_coordinator_schedule_step(struct HsCoordinator *coordinator, struct HsStepSummary *summary);
+
+// Plans the next step with the built-in policy (`hs_coordinator_schedule_step`) and ends it;
+// `*out` receives its command (free with `hs_command_free`).
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `out` points to writable
+// memory for a pointer.
+enum HsStatus hs_coordinator_step(struct HsCoordinator *coordinator, struct HsCommand **out);
+
+// Removes the last `num_tokens` tokens of running request `id`: the speculative tokens the
+// verifier rejected (at most `max_query_len - 1` computed ones, all from the request's last
+// step after its first token) and any appended but not computed. Call it after the step that
+// computed them and before the next one is scheduled.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile.
+enum HsStatus hs_coordinator_rollback(struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens);
+
+// Admits request `id` (`tokens`: its prompt and the tokens sampled so far, `len` of them)
+// whose KV for the first `imported` tokens another party (a prefill node, through a transfer
+// engine) writes into the host pool: reserves a host block for every page of those tokens
+// (`hs_coordinator_import_blocks` names them). At least one token is left to compute:
+// `0 < imported < len`. Once every page is written, call `hs_coordinator_complete_import`.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `tokens` points to `len`
+// tokens.
+enum HsStatus hs_coordinator_reserve_import(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, uintptr_t len, uint32_t imported);
+
+// The host blocks reserved for request `id`'s import, one per page in page order, into `out`
+// (`capacity` elements; `*count` receives how many there are) while the import is not
+// complete. NULL `out` with `capacity` 0 asks only for the count; a smaller array gets
+// `HS_STATUS_BUFFER_TOO_SMALL`. The transfer engine writes page `p`'s rows of every sparse
+// layer at host block `out[p]` (see `hs_layout_host_layer_offset`).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` is NULL or points to `capacity` writable values;
+// `count` points to writable memory.
+enum HsStatus hs_coordinator_import_blocks(const struct HsCoordinator *coordinator, uint64_t id, uint32_t *out, uintptr_t capacity, uintptr_t *count);
+
+// Every page reserved for request `id`'s import is written: the request is queued behind the
+// waiting ones, its imported pages durable on host; a later step starts it.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile.
+enum HsStatus hs_coordinator_complete_import(struct HsCoordinator *coordinator, uint64_t id);
 
 #ifdef __cplusplus
 }  // extern "C"

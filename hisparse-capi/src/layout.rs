@@ -7,7 +7,7 @@ use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
 use hisparse_core::model::{ModelSpec, OwnedModel};
 use hisparse_core::presets;
 
-use crate::error::{Failure, HsStatus, deref, guard, invalid, put, string};
+use crate::error::{Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, string};
 
 /// A planned KV-cache layout (opaque). Free with `hs_layout_free`.
 pub struct HsLayout {
@@ -102,7 +102,9 @@ pub struct HsIndexGroupInfo {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_layout_options_default(options: *mut HsLayoutOptions) -> HsStatus {
     guard(|| {
-        let value = HsLayoutOptions {
+        // SAFETY: forwarded contract.
+        let options = unsafe { output(options, "options") }?;
+        options.set(HsLayoutOptions {
             preset: std::ptr::null(),
             model_json: std::ptr::null(),
             layers: 0,
@@ -113,9 +115,8 @@ pub unsafe extern "C" fn hs_layout_options_default(options: *mut HsLayoutOptions
             max_query_len: 1,
             top_k: 0,
             num_gpu_blocks: 0,
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(options, "options", value) }
+        });
+        Ok(())
     })
 }
 
@@ -132,7 +133,7 @@ pub unsafe extern "C" fn hs_layout_plan(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let o = unsafe { deref(options, "options") }?;
+        let (o, out) = unsafe { (deref(options, "options")?, output(out, "out")?) };
         // SAFETY: forwarded contract (the option strings).
         let (preset, model_json) = unsafe {
             (
@@ -143,12 +144,8 @@ pub unsafe extern "C" fn hs_layout_plan(
             )
         };
         let kv = plan(o, preset, model_json)?;
-        let handle = Box::into_raw(Box::new(HsLayout { kv }));
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", handle) }.inspect_err(|_| {
-            // SAFETY: `handle` came from `Box::into_raw` just above and was not handed out.
-            drop(unsafe { Box::from_raw(handle) });
-        })
+        out.set(handle(HsLayout { kv }));
+        Ok(())
     })
 }
 
@@ -205,10 +202,27 @@ fn plan(
 /// `layout` is NULL or a handle from `hs_layout_plan` not freed yet.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_layout_free(layout: *mut HsLayout) {
-    if !layout.is_null() {
-        // SAFETY: forwarded contract: the handle came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(layout) });
-    }
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(layout) }
+}
+
+/// Runs a query of the layout and stores its answer in `*out` (named `what`).
+///
+/// # Safety
+///
+/// `layout` is a live handle; `out` points to writable memory for a `T`.
+unsafe fn answer<T>(
+    layout: *const HsLayout,
+    out: *mut T,
+    what: &str,
+    query: impl FnOnce(&KvCacheConfig) -> Result<T, Failure>,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (layout, out) = unsafe { (deref(layout, "layout")?, output(out, what)?) };
+        out.set(query(&layout.kv)?);
+        Ok(())
+    })
 }
 
 /// The layout's figures.
@@ -221,31 +235,30 @@ pub unsafe extern "C" fn hs_layout_info(
     layout: *const HsLayout,
     out: *mut HsLayoutInfo,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let info = HsLayoutInfo {
-            top_k: kv.config.top_k,
-            block_size: kv.block_size,
-            row_bytes: kv.row_bytes,
-            num_sparse_layers: kv.groups[KvCacheConfig::SOURCE_GROUP].layers.len() as u32,
-            num_index_groups: kv.index_groups.len() as u32,
-            num_buckets: kv.num_buckets,
-            bytes_per_block: kv.bytes_per_block,
-            attention_block_stride: kv.attention_block_stride,
-            num_gpu_blocks: kv.num_gpu_blocks,
-            host_block_stride: kv.host_block_stride,
-            host_num_blocks: kv.host_num_blocks,
-            device_buffer_size: kv.device_buffer_size,
-            hot_blocks_per_request: kv.hot_blocks_per_request,
-            max_model_len: kv.max_model_len,
-            max_pages_per_request: kv.max_pages_per_request,
-            gpu_pool_bytes: kv.gpu_pool_bytes(),
-            host_pool_bytes: kv.host_pool_bytes(),
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", info) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, out, "out", |kv| {
+            Ok(HsLayoutInfo {
+                top_k: kv.config.top_k,
+                block_size: kv.block_size,
+                row_bytes: kv.row_bytes,
+                num_sparse_layers: kv.groups[KvCacheConfig::SOURCE_GROUP].layers.len() as u32,
+                num_index_groups: kv.index_groups.len() as u32,
+                num_buckets: kv.num_buckets,
+                bytes_per_block: kv.bytes_per_block,
+                attention_block_stride: kv.attention_block_stride,
+                num_gpu_blocks: kv.num_gpu_blocks,
+                host_block_stride: kv.host_block_stride,
+                host_num_blocks: kv.host_num_blocks,
+                device_buffer_size: kv.device_buffer_size,
+                hot_blocks_per_request: kv.hot_blocks_per_request,
+                max_model_len: kv.max_model_len,
+                max_pages_per_request: kv.max_pages_per_request,
+                gpu_pool_bytes: kv.gpu_pool_bytes(),
+                host_pool_bytes: kv.host_pool_bytes(),
+            })
+        })
+    }
 }
 
 /// Index group `group`'s leader, size and bucket.
@@ -259,23 +272,22 @@ pub unsafe extern "C" fn hs_layout_index_group(
     group: usize,
     out: *mut HsIndexGroupInfo,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let g = kv.index_groups.get(group).ok_or_else(|| {
-            invalid(format!(
-                "index group {group} is not part of the layout ({} groups)",
-                kv.index_groups.len()
-            ))
-        })?;
-        let info = HsIndexGroupInfo {
-            leader: g.leader,
-            num_layers: g.layers.len() as u32,
-            bucket: g.bucket,
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", info) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, out, "out", |kv| {
+            let g = kv.index_groups.get(group).ok_or_else(|| {
+                invalid(format!(
+                    "index group {group} is not part of the layout ({} groups)",
+                    kv.index_groups.len()
+                ))
+            })?;
+            Ok(HsIndexGroupInfo {
+                leader: g.leader,
+                num_layers: g.layers.len() as u32,
+                bucket: g.bucket,
+            })
+        })
+    }
 }
 
 /// Where sparse layer `layer` lives in the device pool: its bucket and its byte offset inside
@@ -294,13 +306,17 @@ pub unsafe extern "C" fn hs_layout_layer_offset(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
+        let (kv, bucket, offset) = unsafe {
+            (
+                &deref(layout, "layout")?.kv,
+                output(bucket, "bucket")?,
+                output(offset, "offset")?,
+            )
+        };
         let (b, gl) = kv.bucket_of(layer)?;
-        // SAFETY: forwarded contract.
-        unsafe {
-            put(bucket, "bucket", b)?;
-            put(offset, "offset", gl.offset)
-        }
+        bucket.set(b);
+        offset.set(gl.offset);
+        Ok(())
     })
 }
 
@@ -316,13 +332,12 @@ pub unsafe extern "C" fn hs_layout_host_layer_offset(
     layer: u32,
     offset: *mut u64,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let base = kv.host_layout(layer)?.base;
-        // SAFETY: forwarded contract.
-        unsafe { put(offset, "offset", base) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, offset, "offset", |kv| {
+            Ok(kv.host_layout(layer)?.base)
+        })
+    }
 }
 
 /// Layer `index` (`0 .. num_layers`, the leader first) of index group `group`.
@@ -337,19 +352,18 @@ pub unsafe extern "C" fn hs_layout_index_group_layer(
     index: usize,
     layer: *mut u32,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let l = kv
-            .index_groups
-            .get(group)
-            .and_then(|g| g.layers.get(index))
-            .ok_or_else(|| {
-                invalid(format!(
-                    "index group {group} has no layer {index} (see hs_layout_index_group)"
-                ))
-            })?;
-        // SAFETY: forwarded contract.
-        unsafe { put(layer, "layer", *l) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, layer, "layer", |kv| {
+            kv.index_groups
+                .get(group)
+                .and_then(|g| g.layers.get(index))
+                .copied()
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "index group {group} has no layer {index} (see hs_layout_index_group)"
+                    ))
+                })
+        })
+    }
 }

@@ -1,23 +1,37 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod command;
 mod coordinator;
 mod error;
 mod layout;
+mod report;
 mod runtime;
+mod scheduling;
 
+pub use command::{
+    HsCommand, HsCommandInfo, HsScheduledRequest, hs_command_free, hs_command_info,
+    hs_command_preempted, hs_command_scheduled,
+};
 pub use coordinator::{
-    HsCommand, HsCommandInfo, HsCoordinator, HsCoordinatorConfig, HsScheduledRequest,
-    hs_command_free, hs_command_info, hs_command_scheduled, hs_coordinator_admit,
-    hs_coordinator_append_tokens, hs_coordinator_config_default, hs_coordinator_finish,
-    hs_coordinator_free, hs_coordinator_is_empty, hs_coordinator_new, hs_coordinator_num_computed,
-    hs_coordinator_num_tokens, hs_coordinator_preempt, hs_coordinator_report, hs_coordinator_step,
+    HsCoordinator, HsCoordinatorConfig, HsPoolUsage, hs_coordinator_admit,
+    hs_coordinator_append_token_by_slot, hs_coordinator_append_tokens,
+    hs_coordinator_block_table_row, hs_coordinator_check_invariants, hs_coordinator_config_default,
+    hs_coordinator_finish, hs_coordinator_free, hs_coordinator_hot_row, hs_coordinator_is_empty,
+    hs_coordinator_new, hs_coordinator_num_computed, hs_coordinator_num_running,
+    hs_coordinator_num_tokens, hs_coordinator_num_waiting, hs_coordinator_pool_usage,
+    hs_coordinator_preempt, hs_coordinator_report, hs_coordinator_running_ids,
+    hs_coordinator_slot_of,
 };
 pub use error::{HsStatus, hs_last_error, hs_status_name};
 pub use layout::{
     HsIndexGroupInfo, HsLayout, HsLayoutInfo, HsLayoutOptions, hs_layout_free,
     hs_layout_host_layer_offset, hs_layout_index_group, hs_layout_index_group_layer,
     hs_layout_info, hs_layout_layer_offset, hs_layout_options_default, hs_layout_plan,
+};
+pub use report::{
+    HsReport, HsReportInfo, hs_coordinator_apply_report, hs_report_completed, hs_report_enqueued,
+    hs_report_free, hs_report_info, hs_runtime_drain_report, hs_runtime_poll,
 };
 pub use runtime::{
     HsBuffer, HsCounters, HsLentResources, HsRuntime, HsRuntimeConfig, hs_buffer_alloc,
@@ -27,4 +41,10 @@ pub use runtime::{
     hs_runtime_new_with_pools, hs_runtime_poll_and_report, hs_runtime_read_device_pool,
     hs_runtime_read_host_pool, hs_runtime_resident_row, hs_runtime_resolve_index_group,
     hs_runtime_resolve_leader, hs_runtime_set_batch, hs_runtime_write_device_pool,
+};
+pub use scheduling::{
+    HsAlloc, HsStepSummary, hs_coordinator_build_offload_command, hs_coordinator_complete_import,
+    hs_coordinator_import_blocks, hs_coordinator_reserve_import, hs_coordinator_rollback,
+    hs_coordinator_schedule, hs_coordinator_schedule_step, hs_coordinator_start,
+    hs_coordinator_step,
 };

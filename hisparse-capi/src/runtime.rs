@@ -8,16 +8,18 @@ use hisparse_runtime::{
     AnyBuffer, AnyDevice, BackendKind, Indices, Pools, ReportError, Runtime, RuntimeConfig, TopK,
 };
 
-use crate::coordinator::{HsCommand, HsCoordinator};
+use crate::command::HsCommand;
+use crate::coordinator::HsCoordinator;
 use crate::error::{
-    Failure, HsStatus, deref, deref_mut, guard, invalid, put, slice, slice_mut, string,
+    Failure, HsStatus, deref, deref_mut, free_handle, guard, handle, invalid, output, output_opt,
+    slice, slice_mut, string,
 };
 use crate::layout::HsLayout;
 
 /// The engine runtime (opaque): executes each step's command on a backend. Free with
 /// `hs_runtime_free` (which first waits for the runtime's work in flight).
 pub struct HsRuntime {
-    rt: Runtime<AnyDevice>,
+    pub(crate) rt: Runtime<AnyDevice>,
 }
 
 impl Drop for HsRuntime {
@@ -112,14 +114,15 @@ pub struct HsCounters {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_runtime_config_default(config: *mut HsRuntimeConfig) -> HsStatus {
     guard(|| {
-        let value = HsRuntimeConfig {
+        // SAFETY: forwarded contract.
+        let config = unsafe { output(config, "config") }?;
+        config.set(HsRuntimeConfig {
             state_rows: 1,
             max_step_tokens: 1,
             worker: 0,
             stats_every: 1,
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(config, "config", value) }
+        });
+        Ok(())
     })
 }
 
@@ -153,22 +156,19 @@ pub unsafe extern "C" fn hs_runtime_new(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (layout, backend, device, config) = unsafe {
+        let (layout, backend, device, config, out) = unsafe {
             (
                 deref(layout, "layout")?,
                 string(backend, "backend", "cpu")?,
                 string(device, "device", "")?,
                 deref(config, "config")?,
+                output(out, "out")?,
             )
         };
-        if out.is_null() {
-            return Err(crate::error::null("out"));
-        }
         let dev = open(backend, device)?;
         let rt = Runtime::new(dev, layout.kv.clone(), runtime_config(config))?;
-        let handle = Box::into_raw(Box::new(HsRuntime { rt }));
-        // SAFETY: forwarded contract; `out` is non-null.
-        unsafe { put(out, "out", handle) }
+        out.set(handle(HsRuntime { rt }));
+        Ok(())
     })
 }
 
@@ -192,18 +192,16 @@ pub unsafe extern "C" fn hs_runtime_new_with_pools(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (layout, backend, device, config, lent) = unsafe {
+        let (layout, backend, device, config, lent, out) = unsafe {
             (
                 deref(layout, "layout")?,
                 string(backend, "backend", "cpu")?,
                 string(device, "device", "")?,
                 deref(config, "config")?,
                 deref(lent, "lent")?,
+                output(out, "out")?,
             )
         };
-        if out.is_null() {
-            return Err(crate::error::null("out"));
-        }
         let kv = layout.kv.clone();
         let dev = open(backend, device)?;
         let device_buf = if lent.device_pool.is_null() {
@@ -231,9 +229,8 @@ pub unsafe extern "C" fn hs_runtime_new_with_pools(
             host: host_buf,
         };
         let rt = Runtime::with_pools(dev, kv, runtime_config(config), pools, stream)?;
-        let handle = Box::into_raw(Box::new(HsRuntime { rt }));
-        // SAFETY: forwarded contract; `out` is non-null.
-        unsafe { put(out, "out", handle) }
+        out.set(handle(HsRuntime { rt }));
+        Ok(())
     })
 }
 
@@ -248,10 +245,8 @@ fn to_usize(bytes: u64) -> Result<usize, Failure> {
 /// `runtime` is NULL or a handle from `hs_runtime_new*` not freed yet.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_runtime_free(runtime: *mut HsRuntime) {
-    if !runtime.is_null() {
-        // SAFETY: forwarded contract: the handle came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(runtime) });
-    }
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(runtime) }
 }
 
 /// Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
@@ -430,19 +425,19 @@ pub unsafe extern "C" fn hs_runtime_poll_and_report(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, c) = unsafe {
+        let (r, c, completed) = unsafe {
             (
                 deref_mut(runtime, "runtime")?,
                 deref_mut(coordinator, "coordinator")?,
+                output_opt(completed),
             )
         };
         let report = r.rt.poll_and_report(&mut c.inner).map_err(|e| match e {
             ReportError::Runtime(e) => Failure::from(e),
             ReportError::Coordinator(e) => Failure::from(e),
         })?;
-        if !completed.is_null() {
-            // SAFETY: forwarded contract; `completed` is non-null.
-            unsafe { put(completed, "completed", report.completed.len()) }?;
+        if let Some(completed) = completed {
+            completed.set(report.completed.len());
         }
         Ok(())
     })
@@ -486,8 +481,9 @@ pub unsafe extern "C" fn hs_runtime_counters(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref(runtime, "runtime") }?.rt.counters();
-        let value = HsCounters {
+        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
+        let c = r.rt.counters();
+        out.set(HsCounters {
             steps: c.steps,
             sampled_steps: c.sampled_steps,
             hot_hits: c.hot_hits,
@@ -502,9 +498,8 @@ pub unsafe extern "C" fn hs_runtime_counters(
             spilled_pages: c.spilled_pages,
             transfers_enqueued: c.transfers_enqueued,
             transfers_completed: c.transfers_completed,
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", value) }
+        });
+        Ok(())
     })
 }
 
@@ -611,14 +606,10 @@ pub unsafe extern "C" fn hs_buffer_alloc(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let r = unsafe { deref(runtime, "runtime") }?;
-        if out.is_null() {
-            return Err(crate::error::null("out"));
-        }
+        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
         let buf = r.rt.device().alloc(bytes)?;
-        let handle = Box::into_raw(Box::new(HsBuffer { buf }));
-        // SAFETY: forwarded contract; `out` is non-null.
-        unsafe { put(out, "out", handle) }
+        out.set(handle(HsBuffer { buf }));
+        Ok(())
     })
 }
 
@@ -639,15 +630,11 @@ pub unsafe extern "C" fn hs_buffer_wrap(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let r = unsafe { deref(runtime, "runtime") }?;
-        if out.is_null() {
-            return Err(crate::error::null("out"));
-        }
+        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
         // SAFETY: forwarded contract.
         let buf = unsafe { r.rt.device().wrap_device_memory(ptr as usize as u64, bytes) }?;
-        let handle = Box::into_raw(Box::new(HsBuffer { buf }));
-        // SAFETY: forwarded contract; `out` is non-null.
-        unsafe { put(out, "out", handle) }
+        out.set(handle(HsBuffer { buf }));
+        Ok(())
     })
 }
 
@@ -659,10 +646,8 @@ pub unsafe extern "C" fn hs_buffer_wrap(
 /// no work using it still in flight.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_buffer_free(buffer: *mut HsBuffer) {
-    if !buffer.is_null() {
-        // SAFETY: forwarded contract: the handle came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(buffer) });
-    }
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(buffer) }
 }
 
 /// Writes `len` int32 values into `buffer` from element `offset` on, synchronously.
