@@ -180,7 +180,7 @@ static HsCounters run_scenario(int lend, uint64_t *verified_out) {
         CHECK(hs_coordinator_step(coord, &cmd));
         HsCommandInfo ci;
         CHECK(hs_command_info(cmd, &ci));
-        CHECK(hs_runtime_begin_step(rt, cmd));
+        CHECK(hs_runtime_begin_step(rt, cmd, NULL));
 
         HsScheduledRequest sched[REQUESTS];
         int32_t slots[REQUESTS];
@@ -206,7 +206,7 @@ static HsCounters run_scenario(int lend, uint64_t *verified_out) {
                 }
             }
         }
-        CHECK(hs_runtime_set_batch(rt, slots, ci.num_scheduled));
+        CHECK(hs_runtime_set_batch(rt, slots, ci.num_scheduled, 0, NULL));
         for (uint32_t g = 0; g < info.num_index_groups; g++) {
             /* The indexer: top-k positions below each request's length, drifting with the
              * step; entry 0 is -1 (no token), entry 1 repeats entry 2. */
@@ -222,7 +222,7 @@ static HsCounters run_scenario(int lend, uint64_t *verified_out) {
             size_t entries = ci.num_scheduled * TOP_K;
             CHECK(hs_buffer_upload_i32(rt, topk_buf, 0, topk, entries));
             CHECK(hs_runtime_resolve_index_group(rt, g, topk_buf, (uint32_t)ci.num_scheduled,
-                                                 rows_buf, counts_buf));
+                                                 rows_buf, counts_buf, NULL));
             CHECK(hs_buffer_download_i32(rt, rows_buf, 0, rows, entries));
             CHECK(hs_buffer_download_i32(rt, counts_buf, 0, counts, ci.num_scheduled));
             HsIndexGroupInfo gi;
@@ -253,7 +253,7 @@ static HsCounters run_scenario(int lend, uint64_t *verified_out) {
                 EXPECT(counts[i] == valid, "count %d for %d valid entries", counts[i], valid);
             }
         }
-        CHECK(hs_runtime_end_step(rt, cmd));
+        CHECK(hs_runtime_end_step(rt, cmd, NULL));
         CHECK(hs_runtime_poll_and_report(rt, coord, NULL));
         hs_command_free(cmd);
         /* Sample a token for every request whose tokens are all computed; finish at length. */

@@ -39,6 +39,14 @@ typedef enum HsStatus {
   // The caller's output array is smaller than the answer: the call wrote the size needed to
   // its count argument and nothing else; call again with an array at least that large.
   HS_STATUS_BUFFER_TOO_SMALL = 11,
+  // Before-replay work (`hs_runtime_begin_step`, `hs_runtime_set_batch`,
+  // `hs_runtime_end_step`, polling, draining) on a stream that is being captured into a graph:
+  // call it outside the capture, before replaying the graph, on the stream the graph is
+  // replayed on.
+  HS_STATUS_CAPTURE = 12,
+  // `hs_runtime_set_batch`'s `pad_to` names no token-row count a captured graph has, or is
+  // smaller than the batch: pad to the token rows of the graph being replayed.
+  HS_STATUS_GRAPH_SHAPE = 13,
 } HsStatus;
 
 // What `hs_coordinator_start` and `hs_coordinator_schedule` did.
@@ -55,6 +63,30 @@ typedef enum HsAlloc {
   // finish).
   HS_ALLOC_NO_SPACE_HOST = 3,
 } HsAlloc;
+
+// What a layout group holds.
+typedef enum HsGroupKind {
+  // Host pool: the durable copy of every sparse layer (group 0).
+  HS_GROUP_KIND_SOURCE = 0,
+  // GPU: the indexer caches of every leader (group 1).
+  HS_GROUP_KIND_INDEXER = 1,
+  // GPU: the resident pages of one bucket of sparse layers.
+  HS_GROUP_KIND_RESIDENT = 2,
+  // GPU: the per-request hot buffers of one bucket of sparse layers.
+  HS_GROUP_KIND_HOT = 3,
+  // GPU: a non-sparse layer group with ordinary paging.
+  HS_GROUP_KIND_REGULAR = 4,
+} HsGroupKind;
+
+// Which layers of an index group a per-layer call swaps in (`HsLayerCall::swap`).
+typedef enum HsSwap {
+  // The leader and every follower, in one gather: the usual call, once per index group
+  // before the group's attention layers.
+  HS_SWAP_INDEX_GROUP = 0,
+  // The leader only; each follower layer then calls `hs_runtime_apply_plan` when its
+  // attention is due (the followers read the same rows).
+  HS_SWAP_LEADER = 1,
+} HsSwap;
 
 // A device buffer of a runtime's device (opaque): top-k inputs, row-index outputs, counts.
 // Free with `hs_buffer_free`.
@@ -197,6 +229,8 @@ typedef struct HsLayoutInfo {
   uint64_t gpu_pool_bytes;
   // Bytes of the pinned host pool.
   uint64_t host_pool_bytes;
+  // Layout groups (`hs_layout_group`): source, indexer, resident and hot buckets, regular.
+  uint32_t num_groups;
 } HsLayoutInfo;
 
 // One index group.
@@ -229,6 +263,10 @@ typedef struct HsRuntimeConfig {
   uint32_t worker;
   // Copy the hit/miss counts of every `stats_every`-th step to host (0 = never).
   uint32_t stats_every;
+  // Tokens one step may compute: the coordinator's `max_batched_tokens`, the capacity of the
+  // device slot mapping (`hs_runtime_slot_mapping`). 0 = the larger of `max_step_tokens`
+  // and the coordinator's default (512).
+  uint32_t max_batched_tokens;
 } HsRuntimeConfig;
 
 // Memory and a stream the engine lends the runtime instead of letting it allocate its own.
@@ -245,8 +283,8 @@ typedef struct HsLentResources {
   uintptr_t host_pool_bytes;
   // Whether `stream` is to be used.
   bool has_stream;
-  // The engine's stream (`CUstream`, `hipStream_t`): the runtime's before-forward and
-  // decode-path work is enqueued on it.
+  // The engine's stream (`CUstream`, `hipStream_t`): the runtime's compute stream, which
+  // every call given a NULL stream enqueues on.
   void *stream;
 } HsLentResources;
 
@@ -280,7 +318,55 @@ typedef struct HsCounters {
   uint64_t transfers_enqueued;
   // Transfer batches seen complete.
   uint64_t transfers_completed;
+  // Prefill-chunk remaps (`hs_runtime_remap_prefill`).
+  uint64_t prefill_remap_calls;
+  // Follower layers swapped in with their leader's plan.
+  uint64_t follower_gathers;
+  // Table entries written.
+  uint64_t table_writes;
+  // Hot states reset (state rows started, hot regions given out).
+  uint64_t hot_resets;
+  // Pages restored host → device.
+  uint64_t restored_pages;
+  // Host copy-on-write pages.
+  uint64_t host_cow_pages;
+  // GPU copy-on-write blocks.
+  uint64_t gpu_cow_blocks;
 } HsCounters;
+
+// One of the runtime's device arrays: int32 `[rows][cols]`, row-major and contiguous.
+typedef struct HsDeviceArray {
+  // The address of element `[0][0]`: a device pointer (`CUdeviceptr`, HIP device pointer),
+  // or host memory on the CPU backend. Fixed for the runtime's life.
+  uint64_t address;
+  // Rows.
+  uint32_t rows;
+  // Elements per row.
+  uint32_t cols;
+} HsDeviceArray;
+
+// One per-layer call (`hs_runtime_decode`, `hs_runtime_remap_prefill`).
+typedef struct HsLayerCall {
+  // The index group.
+  uintptr_t group;
+  // An `HsSwap` value (an integer, so that any value is checked rather than undefined);
+  // `hs_runtime_remap_prefill` swaps nothing in and ignores it.
+  uint32_t swap;
+  // int32 `[num_tokens][top_k]` token positions (-1 = none).
+  const struct HsBuffer *topk;
+  // Token rows of the call.
+  uint32_t num_tokens;
+  // int32 `[num_tokens]` state row of each token row (-1 = padding), or NULL for the batch
+  // set by `hs_runtime_set_batch` (what a captured graph reads).
+  const struct HsBuffer *state_rows;
+  // int32 `[num_tokens][top_k]`: the physical rows of the flat device-pool view (-1 = none).
+  struct HsBuffer *rows;
+  // int32 `[num_tokens]`: valid entries per token row, or NULL when not wanted.
+  struct HsBuffer *counts;
+  // The stream to enqueue on (a `CUstream` or `hipStream_t`, lent to the runtime on first
+  // use), or NULL for the runtime's compute stream.
+  void *stream;
+} HsLayerCall;
 
 // What one `hs_coordinator_schedule_step` did.
 typedef struct HsStepSummary {
@@ -295,6 +381,56 @@ typedef struct HsStepSummary {
   // Requests started from the waiting queue.
   uint32_t started;
 } HsStepSummary;
+
+// One layout group.
+typedef struct HsGroupInfo {
+  // What it holds.
+  enum HsGroupKind kind;
+  // Resident and hot groups: their bucket (resident group `b` and hot group `b` are twins);
+  // -1 for the others.
+  int32_t bucket;
+  // Tokens one block of the group covers.
+  uint32_t block_tokens;
+  // Regular groups: the sliding window in tokens; 0 for none.
+  uint32_t sliding_window;
+  // Layers in the group (`hs_layout_layer_view` of `0 .. num_layers`).
+  uint32_t num_layers;
+  // Summed page bytes of the group's layers (one block's worth of the group).
+  uint64_t page_bytes;
+} HsGroupInfo;
+
+// How one layer of a GPU group reads the device pool: as `[num_pages][rows_per_page]` rows of
+// `row_bytes` from byte `offset`, page `v` at `offset + v * page_stride`. A slot-mapping value
+// or an attention row `r` is row `r % rows_per_page` of page `r / rows_per_page`; its bytes
+// start at `offset + (r / rows_per_page) * page_stride + (r % rows_per_page) * value_bytes`
+// (split rows keep their scales after the page's values: at `rows_per_page * value_bytes + (r
+// % rows_per_page) * (row_bytes - value_bytes)` inside the page). For resident and hot groups
+// it is the flat attention view (`page_stride` = the layer's page bytes, `pages_per_block *
+// rows_per_page` = the layout's `attention_block_stride`); for indexer and regular groups one
+// view page is one GPU block (`page_stride` = `bytes_per_block`).
+typedef struct HsLayerView {
+  // The layout group.
+  uint32_t group;
+  // The model layer.
+  uint32_t layer;
+  // Byte offset of view page 0 in the device pool.
+  uint64_t offset;
+  // Bytes from one view page to the next.
+  uint64_t page_stride;
+  // View pages that lie inside the pool from `offset`.
+  uint64_t num_pages;
+  // View pages per GPU block: block `b` holds view page `b * pages_per_block`.
+  uint32_t pages_per_block;
+  // Rows per page.
+  uint32_t rows_per_page;
+  // Bytes per row.
+  uint32_t row_bytes;
+  // Value bytes per row (`row_bytes` for contiguous rows).
+  uint32_t value_bytes;
+  // Tokens per row: the token at position `p` writes row `p / tokens_per_row` when `p + 1`
+  // is a multiple of it (1 for uncompressed groups).
+  uint32_t tokens_per_row;
+} HsLayerView;
 
 #ifdef __cplusplus
 extern "C" {
@@ -616,7 +752,8 @@ enum HsStatus hs_report_completed(const struct HsReport *report, uint64_t *out, 
 void hs_report_free(struct HsReport *report);
 
 // Fills `config` with defaults: 1 state row, 1 token row per call, worker 0, counters every
-// step. Set `state_rows` and `max_step_tokens` for the engine.
+// step, the default slot-mapping capacity. Set `state_rows`, `max_step_tokens` and
+// `max_batched_tokens` for the engine.
 //
 // # Safety
 //
@@ -651,80 +788,135 @@ enum HsStatus hs_runtime_new_with_pools(const struct HsLayout *layout, const cha
 // `runtime` is NULL or a handle from `hs_runtime_new*` not freed yet.
 void hs_runtime_free(struct HsRuntime *runtime);
 
-// Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
-// copy-on-write and restores on the compute stream.
-//
-// # Safety
-//
-// `runtime` and `command` are live handles; `runtime` is used by no other thread meanwhile.
-enum HsStatus hs_runtime_begin_step(struct HsRuntime *runtime, const struct HsCommand *command);
-
-// Sets this step's batch: `state_rows[t]` is token row `t`'s state row (-1 = padding).
-//
-// # Safety
-//
-// `runtime` is a live handle used by no other thread meanwhile; `state_rows` holds `len`
-// values (NULL allowed for 0).
-enum HsStatus hs_runtime_set_batch(struct HsRuntime *runtime, const int32_t *state_rows, uintptr_t len);
-
-// Resolves index group `group`'s top-k (`topk`: int32 `[num_tokens][top_k]` token positions
-// of the batch set by `hs_runtime_set_batch`, -1 = none) into attention rows (`rows`: int32,
-// same shape, physical rows of the flat device-pool view, -1 = none), swapping in every layer
-// of the group; `counts` (int32 `[num_tokens]`, or NULL) receives valid entries per row.
-//
-// # Safety
-//
-// `runtime`, `topk` and `rows` are live handles (buffers of the runtime's device), `counts`
-// NULL or one; `rows` and `counts` are distinct from each other and from `topk`; `runtime`
-// is used by no other thread meanwhile.
-enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts);
-
-// As `hs_runtime_resolve_index_group`, swapping in the leader layer only; each follower layer
-// then calls `hs_runtime_apply_plan`.
-//
-// # Safety
-//
-// As `hs_runtime_resolve_index_group`.
-enum HsStatus hs_runtime_resolve_leader(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts);
-
-// Swaps in follower layer `layer` with its leader's plan of this step.
-//
-// # Safety
-//
-// `runtime` is a live handle used by no other thread meanwhile.
-enum HsStatus hs_runtime_apply_plan(struct HsRuntime *runtime, uint32_t layer);
-
-// After the forward pass: row mirrors and spills on the copy stream.
-//
-// # Safety
-//
-// As `hs_runtime_begin_step`.
-enum HsStatus hs_runtime_end_step(struct HsRuntime *runtime, const struct HsCommand *command);
-
-// Polls the transfers in flight without blocking and reports the finished ones to
-// `coordinator`; `*completed` (if not NULL) receives how many completed.
-//
-// # Safety
-//
-// `runtime` and `coordinator` are live handles used by no other thread meanwhile;
-// `completed` is NULL or writable.
-enum HsStatus hs_runtime_poll_and_report(struct HsRuntime *runtime, struct HsCoordinator *coordinator, uintptr_t *completed);
-
-// Blocks until every transfer and counter copy in flight completed; reports them to
-// `coordinator` when it is not NULL.
-//
-// # Safety
-//
-// `runtime` is a live handle, `coordinator` NULL or one, both used by no other thread
-// meanwhile.
-enum HsStatus hs_runtime_drain(struct HsRuntime *runtime, struct HsCoordinator *coordinator);
-
 // Totals since the runtime was built.
 //
 // # Safety
 //
 // `runtime` is a live handle; `out` points to writable memory for an `HsCounters`.
 enum HsStatus hs_runtime_counters(const struct HsRuntime *runtime, struct HsCounters *out);
+
+// Blocks until the work enqueued on `stream` (NULL: the runtime's compute stream) completed.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `stream` is NULL or a live
+// stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_synchronize(struct HsRuntime *runtime, void *stream);
+
+// The step's slot mapping on the device: int32 `[write groups][max_batched_tokens]`; for each
+// write group (`hs_runtime_slot_mapping_groups`, in layout order: the indexer group, every
+// resident bucket, every regular group) and each token the step computes — the command's
+// scheduled requests in order, each request's tokens in order — the row the token writes in the
+// group's view (`hs_layout_layer_view`), -1 for a token that writes no row of the group (a
+// compressed group between its rows) and beyond the step's tokens (`*step_tokens`, if not
+// NULL). Rewritten by every `hs_runtime_begin_step`, on its stream.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` points to writable memory for an `HsDeviceArray`;
+// `step_tokens` is NULL or writable.
+enum HsStatus hs_runtime_slot_mapping(const struct HsRuntime *runtime, struct HsDeviceArray *out, uint32_t *step_tokens);
+
+// The layout group of each row of the slot mapping, into `out` (`capacity` elements; `*count`
+// receives how many rows there are). NULL `out` with `capacity` 0 asks only for the count; a
+// smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` is NULL or points to `capacity` writable values; `count`
+// points to writable memory.
+enum HsStatus hs_runtime_slot_mapping_groups(const struct HsRuntime *runtime, uintptr_t *out, uintptr_t capacity, uintptr_t *count);
+
+// The per-request table of layout group `group` on the device: int32
+// `[state_rows][cols]`, state row → its blocks. For the source group, the host table (page →
+// host block, -1 for none); for the indexer, resident and regular groups, their block tables
+// (column → GPU block, 0 for none: for a resident group, "read from host"); for a hot group,
+// the `hot_blocks_per_request` GPU blocks of each request's hot region (-1 for none). Updated
+// by every `hs_runtime_begin_step`, on its stream.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` points to writable memory for an `HsDeviceArray`.
+enum HsStatus hs_runtime_block_table(const struct HsRuntime *runtime, uintptr_t group, struct HsDeviceArray *out);
+
+// The batch table `hs_runtime_set_batch` writes: int32 `[1][max_step_tokens]`, token row →
+// state row, -1 for padding; what per-layer calls without their own state rows (and the graphs
+// that captured them) read.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` points to writable memory for an `HsDeviceArray`.
+enum HsStatus hs_runtime_batch_table(const struct HsRuntime *runtime, struct HsDeviceArray *out);
+
+// Copies the first `len` elements of the slot mapping (row-major) to `out`, once the runtime's
+// compute stream finished what it enqueued: a host copy for debugging and for backends whose
+// device memory the caller cannot read.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `out` points to `len`
+// writable `int32_t`s.
+enum HsStatus hs_runtime_read_slot_mapping(const struct HsRuntime *runtime, int32_t *out, uintptr_t len);
+
+// Copies the first `len` elements of layout group `group`'s table (row-major) to `out`, as
+// `hs_runtime_read_slot_mapping`.
+//
+// # Safety
+//
+// As `hs_runtime_read_slot_mapping`.
+enum HsStatus hs_runtime_read_block_table(const struct HsRuntime *runtime, uintptr_t group, int32_t *out, uintptr_t len);
+
+// Resolves index group `call->group`'s top-k for this step into attention rows and swaps in
+// `call->swap`'s layers (or, when every request of the call is fully resident and the stream is
+// not being captured, remaps it through the resident tables), on `call->stream`. No host
+// synchronisation; on a stream being captured into a graph the call is recorded (and always
+// takes the resolve path, correct whatever the residency at replay).
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `call` points to a valid
+// `HsLayerCall` whose buffers are live handles of the runtime's device (NULL where allowed),
+// and whose stream is NULL or a live stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_decode(struct HsRuntime *runtime, const struct HsLayerCall *call);
+
+// `hs_runtime_decode` of index group `group` with `HS_SWAP_INDEX_GROUP`, over the batch set by
+// `hs_runtime_set_batch`: `topk` int32 `[num_tokens][top_k]` token positions in, `rows` int32
+// of the same shape out (physical rows of the flat device-pool view, -1 = none); `counts`
+// (int32 `[num_tokens]`, or NULL) receives valid entries per row.
+//
+// # Safety
+//
+// `runtime`, `topk` and `rows` are live handles (buffers of the runtime's device), `counts`
+// NULL or one; `runtime` is used by no other thread meanwhile; `stream` is NULL or a live
+// stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
+
+// As `hs_runtime_resolve_index_group` with `HS_SWAP_LEADER`: the leader layer only; each
+// follower layer then calls `hs_runtime_apply_plan`.
+//
+// # Safety
+//
+// As `hs_runtime_resolve_index_group`.
+enum HsStatus hs_runtime_resolve_leader(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
+
+// Swaps in follower layer `layer` with its leader's plan of this step, on `stream` (NULL: the
+// runtime's compute stream), which must be the stream of its leader's call.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `stream` is NULL or a live
+// stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_apply_plan(struct HsRuntime *runtime, uint32_t layer, void *stream);
+
+// A prefill chunk's read of index group `call->group`: remaps the top-k positions of its token
+// rows through the resident tables whatever the step's residency (a prefill chunk's context is
+// staged on the GPU) and swaps nothing in (`call->swap` is ignored); outputs as for
+// `hs_runtime_decode`.
+//
+// # Safety
+//
+// As `hs_runtime_decode`.
+enum HsStatus hs_runtime_remap_prefill(struct HsRuntime *runtime, const struct HsLayerCall *call);
 
 // Copies the resident table row of `state_row` in `bucket` (page → GPU block, 0 = read from
 // host) into `out`: the first `min(len, max_pages_per_request)` entries.
@@ -796,6 +988,61 @@ enum HsStatus hs_buffer_upload_i32(const struct HsRuntime *runtime, struct HsBuf
 //
 // `runtime` and `buffer` are live handles; `out` points to `len` writable values.
 enum HsStatus hs_buffer_download_i32(const struct HsRuntime *runtime, const struct HsBuffer *buffer, uintptr_t offset, int32_t *out, uintptr_t len);
+
+// Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
+// copy-on-write and restores, and writes the step's slot mapping (`hs_runtime_slot_mapping`),
+// on `stream` (NULL: the runtime's compute stream). Commands run once each, in step order:
+// one run twice, an older one or one after a skipped step is refused, naming both steps.
+// Before-replay work: on a stream being captured into a graph it is `HS_STATUS_CAPTURE`.
+//
+// # Safety
+//
+// `runtime` and `command` are live handles; `runtime` is used by no other thread meanwhile;
+// `stream` is NULL or a live stream of the runtime's device that outlives the runtime (it is
+// lent to the runtime on first use).
+enum HsStatus hs_runtime_begin_step(struct HsRuntime *runtime, const struct HsCommand *command, void *stream);
+
+// Sets this step's batch, which per-layer calls without their own state rows read:
+// `state_rows[t]` is token row `t`'s state row (-1 = padding), each held by a request scheduled
+// in the open step. Written into the runtime's batch table (`hs_runtime_batch_table`, a fixed
+// address) on `stream`, stream-ordered. Before replaying a graph whose per-layer calls were
+// captured with `T` token rows, pass `pad_to = T`: the batch is padded with -1 to `T` rows,
+// and a `T` no capture recorded, or smaller than the batch, is `HS_STATUS_GRAPH_SHAPE`;
+// `pad_to = 0` pads nothing. Before-replay work: on a stream being captured it is
+// `HS_STATUS_CAPTURE`.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `state_rows` holds `len`
+// values (NULL allowed for 0); `stream` as for `hs_runtime_begin_step`.
+enum HsStatus hs_runtime_set_batch(struct HsRuntime *runtime, const int32_t *state_rows, uintptr_t len, uint32_t pad_to, void *stream);
+
+// After the forward pass: row mirrors and spills on the runtime's copy stream, ordered after
+// `stream`'s work (NULL: the runtime's compute stream) — the stream the step's forward pass ran
+// on. Before-replay work: on a stream being captured it is `HS_STATUS_CAPTURE`.
+//
+// # Safety
+//
+// As `hs_runtime_begin_step`.
+enum HsStatus hs_runtime_end_step(struct HsRuntime *runtime, const struct HsCommand *command, void *stream);
+
+// Polls the transfers in flight without blocking and reports the finished ones to
+// `coordinator`; `*completed` (if not NULL) receives how many completed.
+//
+// # Safety
+//
+// `runtime` and `coordinator` are live handles used by no other thread meanwhile;
+// `completed` is NULL or writable.
+enum HsStatus hs_runtime_poll_and_report(struct HsRuntime *runtime, struct HsCoordinator *coordinator, uintptr_t *completed);
+
+// Blocks until every transfer and counter copy in flight completed; reports them to
+// `coordinator` when it is not NULL.
+//
+// # Safety
+//
+// `runtime` is a live handle, `coordinator` NULL or one, both used by no other thread
+// meanwhile.
+enum HsStatus hs_runtime_drain(struct HsRuntime *runtime, struct HsCoordinator *coordinator);
 
 // Starts waiting request `id` (a prefix-cache lookup, host blocks for its whole prompt, a
 // state row) and schedules its first chunk of at most `max_tokens` tokens in the current step
@@ -892,6 +1139,21 @@ enum HsStatus hs_coordinator_import_blocks(const struct HsCoordinator *coordinat
 //
 // `coordinator` is a live handle used by no other thread meanwhile.
 enum HsStatus hs_coordinator_complete_import(struct HsCoordinator *coordinator, uint64_t id);
+
+// Layout group `group` (`0 .. num_groups` of `hs_layout_info`; the order is source, indexer,
+// resident buckets, hot buckets, regular groups).
+//
+// # Safety
+//
+// `layout` is a live handle; `out` points to writable memory for an `HsGroupInfo`.
+enum HsStatus hs_layout_group(const struct HsLayout *layout, uintptr_t group, struct HsGroupInfo *out);
+
+// The view of layer `index` (`0 .. num_layers` of `hs_layout_group`) of GPU group `group`.
+//
+// # Safety
+//
+// `layout` is a live handle; `out` points to writable memory for an `HsLayerView`.
+enum HsStatus hs_layout_layer_view(const struct HsLayout *layout, uintptr_t group, uintptr_t index, struct HsLayerView *out);
 
 #ifdef __cplusplus
 }  // extern "C"

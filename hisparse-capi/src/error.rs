@@ -11,6 +11,10 @@ use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use hisparse_core::ErrorKind;
+use hisparse_core::coordinator::CoordError;
+use hisparse_core::layout::LayoutError;
+use hisparse_core::model::ModelError;
+use hisparse_runtime::{AnyError, OpenError, RuntimeError};
 
 /// What an entry point returns. `HS_STATUS_OK` is success; every other value comes with a
 /// message from `hs_last_error()`.
@@ -43,11 +47,19 @@ pub enum HsStatus {
     /// The caller's output array is smaller than the answer: the call wrote the size needed to
     /// its count argument and nothing else; call again with an array at least that large.
     BufferTooSmall = 11,
+    /// Before-replay work (`hs_runtime_begin_step`, `hs_runtime_set_batch`,
+    /// `hs_runtime_end_step`, polling, draining) on a stream that is being captured into a graph:
+    /// call it outside the capture, before replaying the graph, on the stream the graph is
+    /// replayed on.
+    Capture = 12,
+    /// `hs_runtime_set_batch`'s `pad_to` names no token-row count a captured graph has, or is
+    /// smaller than the batch: pad to the token rows of the graph being replayed.
+    GraphShape = 13,
 }
 
 impl HsStatus {
     /// Every status, for looking one up by its number.
-    const ALL: [HsStatus; 12] = [
+    const ALL: [HsStatus; 14] = [
         HsStatus::Ok,
         HsStatus::InvalidArgument,
         HsStatus::OutOfDeviceMemory,
@@ -60,6 +72,8 @@ impl HsStatus {
         HsStatus::NullArgument,
         HsStatus::Internal,
         HsStatus::BufferTooSmall,
+        HsStatus::Capture,
+        HsStatus::GraphShape,
     ];
 
     fn of(kind: ErrorKind) -> Self {
@@ -89,6 +103,8 @@ impl HsStatus {
             HsStatus::NullArgument => c"null argument",
             HsStatus::Internal => c"internal error",
             HsStatus::BufferTooSmall => c"buffer too small",
+            HsStatus::Capture => c"capture",
+            HsStatus::GraphShape => c"graph shape",
         }
     }
 }
@@ -99,10 +115,41 @@ pub(crate) struct Failure {
     message: String,
 }
 
-impl<E: hisparse_core::Error> From<E> for Failure {
-    fn from(e: E) -> Self {
+impl Failure {
+    /// A failure whose status follows the error's portable kind.
+    fn of_kind(e: &impl hisparse_core::Error) -> Self {
         Failure {
             status: HsStatus::of(e.kind()),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Errors whose status follows their portable kind, each converted explicitly (no blanket
+/// conversion: an error type with statuses of its own must not slip through as its kind).
+macro_rules! status_by_kind {
+    ($($error:ty),* $(,)?) => {
+        $(
+            impl From<$error> for Failure {
+                fn from(e: $error) -> Self {
+                    Failure::of_kind(&e)
+                }
+            }
+        )*
+    };
+}
+
+status_by_kind!(CoordError, LayoutError, ModelError, AnyError, OpenError);
+
+impl From<RuntimeError<AnyError>> for Failure {
+    fn from(e: RuntimeError<AnyError>) -> Self {
+        let status = match &e {
+            RuntimeError::Capture { .. } => HsStatus::Capture,
+            RuntimeError::GraphShape { .. } => HsStatus::GraphShape,
+            _ => return Failure::of_kind(&e),
+        };
+        Failure {
+            status,
             message: e.to_string(),
         }
     }
@@ -122,6 +169,14 @@ pub(crate) fn too_small(what: &str, needed: usize, capacity: usize) -> Failure {
 pub(crate) fn invalid(message: impl Into<String>) -> Failure {
     Failure {
         status: HsStatus::InvalidArgument,
+        message: message.into(),
+    }
+}
+
+/// A capability the backend or build lacks.
+pub(crate) fn unsupported(message: impl Into<String>) -> Failure {
+    Failure {
+        status: HsStatus::Unsupported,
         message: message.into(),
     }
 }

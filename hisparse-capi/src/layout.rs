@@ -79,6 +79,8 @@ pub struct HsLayoutInfo {
     pub gpu_pool_bytes: u64,
     /// Bytes of the pinned host pool.
     pub host_pool_bytes: u64,
+    /// Layout groups (`hs_layout_group`): source, indexer, resident and hot buckets, regular.
+    pub num_groups: u32,
 }
 
 /// One index group.
@@ -211,7 +213,7 @@ pub unsafe extern "C" fn hs_layout_free(layout: *mut HsLayout) {
 /// # Safety
 ///
 /// `layout` is a live handle; `out` points to writable memory for a `T`.
-unsafe fn answer<T>(
+pub(crate) unsafe fn answer<T>(
     layout: *const HsLayout,
     out: *mut T,
     what: &str,
@@ -256,6 +258,7 @@ pub unsafe extern "C" fn hs_layout_info(
                 max_pages_per_request: kv.max_pages_per_request,
                 gpu_pool_bytes: kv.gpu_pool_bytes(),
                 host_pool_bytes: kv.host_pool_bytes(),
+                num_groups: kv.groups.len() as u32,
             })
         })
     }

@@ -8,6 +8,7 @@ mod layout;
 mod report;
 mod runtime;
 mod scheduling;
+mod views;
 
 pub use command::{
     HsCommand, HsCommandInfo, HsScheduledRequest, hs_command_free, hs_command_info,
@@ -34,13 +35,16 @@ pub use report::{
     hs_report_free, hs_report_info, hs_runtime_drain_report, hs_runtime_poll,
 };
 pub use runtime::{
-    HsBuffer, HsCounters, HsLentResources, HsRuntime, HsRuntimeConfig, hs_buffer_alloc,
-    hs_buffer_download_i32, hs_buffer_free, hs_buffer_upload_i32, hs_buffer_wrap,
-    hs_runtime_apply_plan, hs_runtime_begin_step, hs_runtime_config_default, hs_runtime_counters,
+    HsBuffer, HsCounters, HsDeviceArray, HsLayerCall, HsLentResources, HsRuntime, HsRuntimeConfig,
+    HsSwap, hs_buffer_alloc, hs_buffer_download_i32, hs_buffer_free, hs_buffer_upload_i32,
+    hs_buffer_wrap, hs_runtime_apply_plan, hs_runtime_batch_table, hs_runtime_begin_step,
+    hs_runtime_block_table, hs_runtime_config_default, hs_runtime_counters, hs_runtime_decode,
     hs_runtime_drain, hs_runtime_end_step, hs_runtime_free, hs_runtime_new,
-    hs_runtime_new_with_pools, hs_runtime_poll_and_report, hs_runtime_read_device_pool,
-    hs_runtime_read_host_pool, hs_runtime_resident_row, hs_runtime_resolve_index_group,
-    hs_runtime_resolve_leader, hs_runtime_set_batch, hs_runtime_write_device_pool,
+    hs_runtime_new_with_pools, hs_runtime_poll_and_report, hs_runtime_read_block_table,
+    hs_runtime_read_device_pool, hs_runtime_read_host_pool, hs_runtime_read_slot_mapping,
+    hs_runtime_remap_prefill, hs_runtime_resident_row, hs_runtime_resolve_index_group,
+    hs_runtime_resolve_leader, hs_runtime_set_batch, hs_runtime_slot_mapping,
+    hs_runtime_slot_mapping_groups, hs_runtime_synchronize, hs_runtime_write_device_pool,
 };
 pub use scheduling::{
     HsAlloc, HsStepSummary, hs_coordinator_build_offload_command, hs_coordinator_complete_import,
@@ -48,3 +52,4 @@ pub use scheduling::{
     hs_coordinator_schedule, hs_coordinator_schedule_step, hs_coordinator_start,
     hs_coordinator_step,
 };
+pub use views::{HsGroupInfo, HsGroupKind, HsLayerView, hs_layout_group, hs_layout_layer_view};

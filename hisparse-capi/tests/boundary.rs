@@ -212,9 +212,18 @@ fn a_null_handle_or_output_is_a_typed_status_naming_the_argument() {
 
     // Runtimes and buffers.
     null_refused(c!(hs_runtime_config_default(ptr::null_mut())), "config");
-    null_refused(c!(hs_runtime_begin_step(rt, ptr::null())), "command");
-    null_refused(c!(hs_runtime_end_step(ptr::null_mut(), cmd)), "runtime");
-    null_refused(c!(hs_runtime_set_batch(rt, ptr::null(), 1)), "state_rows");
+    null_refused(
+        c!(hs_runtime_begin_step(rt, ptr::null(), ptr::null_mut())),
+        "command",
+    );
+    null_refused(
+        c!(hs_runtime_end_step(ptr::null_mut(), cmd, ptr::null_mut())),
+        "runtime",
+    );
+    null_refused(
+        c!(hs_runtime_set_batch(rt, ptr::null(), 1, 0, ptr::null_mut())),
+        "state_rows",
+    );
     null_refused(c!(hs_runtime_counters(rt, ptr::null_mut())), "out");
     null_refused(c!(hs_buffer_alloc(rt, 16, ptr::null_mut())), "out");
     null_refused(
@@ -362,14 +371,16 @@ fn every_status_has_a_name_and_other_numbers_are_unknown() {
             .unwrap()
             .to_owned()
     };
-    let names: Vec<String> = (0..=11).map(name).collect();
+    let last = HsStatus::GraphShape as i32;
+    let names: Vec<String> = (0..=last).map(name).collect();
     assert_eq!(names[0], "ok");
     assert_eq!(names[11], "buffer too small");
+    assert_eq!(names[12], "capture");
     for (i, n) in names.iter().enumerate() {
         assert_ne!(n, "unknown status", "status {i}");
         assert!(!names[..i].contains(n), "{n} twice");
     }
-    for s in [-1, 12, i32::MAX, i32::MIN] {
+    for s in [-1, last + 1, i32::MAX, i32::MIN] {
         assert_eq!(name(s), "unknown status");
     }
     assert_eq!(name(HsStatus::NullArgument as i32), "null argument");

@@ -142,11 +142,17 @@ fn drive(gpu_blocks: u32, requests: u64, prompt: u32, total: u32, budget: u32) -
         seen.steps += 1;
         assert!(seen.steps < 2000, "no progress: {seen:?}");
         let cmd = engine.step(&mut seen);
-        ok!(hs_runtime_begin_step(rt, cmd));
+        ok!(hs_runtime_begin_step(rt, cmd, ptr::null_mut()));
         // One token row per scheduled request (its last token): the decode query.
         let sched = scheduled(cmd);
         let slots: Vec<i32> = sched.iter().map(|s| s.slot as i32).collect();
-        ok!(hs_runtime_set_batch(rt, slots.as_ptr(), slots.len()));
+        ok!(hs_runtime_set_batch(
+            rt,
+            slots.as_ptr(),
+            slots.len(),
+            0,
+            ptr::null_mut()
+        ));
         let topk: Vec<i32> = sched
             .iter()
             .flat_map(|s| {
@@ -168,11 +174,12 @@ fn drive(gpu_blocks: u32, requests: u64, prompt: u32, total: u32, budget: u32) -
                 topk_buf,
                 sched.len() as u32,
                 rows_buf,
+                ptr::null_mut(),
                 ptr::null_mut()
             ));
             seen.resolve_calls += 1;
         }
-        ok!(hs_runtime_end_step(rt, cmd));
+        ok!(hs_runtime_end_step(rt, cmd, ptr::null_mut()));
         let mut report = ptr::null_mut();
         ok!(hs_runtime_poll(rt, &mut report));
         ok!(hs_coordinator_apply_report(coord, report));
@@ -521,8 +528,8 @@ fn a_workers_report_reaches_the_coordinator_whole() {
     ok!(hs_coordinator_step(coord, &mut cmd));
     let info = command_info(cmd);
     assert!(info.has_transfer, "a prefill mirrors its rows to host");
-    ok!(hs_runtime_begin_step(rt, cmd));
-    ok!(hs_runtime_end_step(rt, cmd));
+    ok!(hs_runtime_begin_step(rt, cmd, ptr::null_mut()));
+    ok!(hs_runtime_end_step(rt, cmd, ptr::null_mut()));
     let mut report = ptr::null_mut();
     ok!(hs_runtime_drain_report(rt, &mut report));
     let mut r = HsReportInfo::default();
