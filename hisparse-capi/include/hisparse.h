@@ -168,7 +168,7 @@ typedef struct HsPoolUsage {
   uint32_t host_total;
 } HsPoolUsage;
 
-// What to plan. Start from `hs_layout_options_default` (the defaults of `hisparse layout`).
+// What to plan. Start from `hs_layout_options_default` (the defaults every front end shares).
 typedef struct HsLayoutOptions {
   // A preset name (`deepseek-v3.2`, `glm-5`, `deepseek-v4`); ignored when `model_json` is
   // set. NULL = `deepseek-v3.2`.
@@ -191,6 +191,10 @@ typedef struct HsLayoutOptions {
   uint32_t top_k;
   // Use exactly this many GPU blocks, null block included (0 = derive from `gpu_mem`).
   uint32_t num_gpu_blocks;
+  // Mirror rows to host as they are written (else sealed pages are spilled whole).
+  bool eager_host_mirror;
+  // One host pool for every tensor-parallel rank of a node (its arrays aligned for sharing).
+  bool shared_host_pool;
 } HsLayoutOptions;
 
 // A layout's figures.
@@ -630,8 +634,8 @@ const char *hs_last_error(void);
 // that is no `HsStatus` (the argument is an integer so that any value is safe to pass).
 const char *hs_status_name(int32_t status);
 
-// Fills `options` with the defaults of `hisparse layout`: DeepSeek V3.2, 80 GiB GPU, 512 GiB
-// host, 131072 tokens, max_query_len 1.
+// Fills `options` with the defaults every front end shares: DeepSeek V3.2, 80 GiB GPU, 512 GiB
+// host, 131072 tokens, the default hot buffer, max_query_len 1, eager mirroring.
 //
 // # Safety
 //

@@ -13,7 +13,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use hisparse_core::ErrorKind;
 use hisparse_core::coordinator::CoordError;
 use hisparse_core::layout::LayoutError;
-use hisparse_core::model::ModelError;
+use hisparse_runtime::plan::PlanError;
 use hisparse_runtime::{AnyError, OpenError, RuntimeError};
 
 /// What an entry point returns. `HS_STATUS_OK` is success; every other value comes with a
@@ -139,7 +139,7 @@ macro_rules! status_by_kind {
     };
 }
 
-status_by_kind!(CoordError, LayoutError, ModelError, AnyError, OpenError);
+status_by_kind!(CoordError, LayoutError, AnyError, OpenError, PlanError);
 
 impl From<RuntimeError<AnyError>> for Failure {
     fn from(e: RuntimeError<AnyError>) -> Self {

@@ -2,10 +2,8 @@
 
 use std::ffi::c_char;
 
-use hisparse_core::config::HiSparseConfig;
-use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
-use hisparse_core::model::{ModelSpec, OwnedModel};
-use hisparse_core::presets;
+use hisparse_core::layout::KvCacheConfig;
+use hisparse_runtime::plan::{ArgNames, LayoutRequest, ModelSource, plan};
 
 use crate::error::{Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, string};
 
@@ -14,7 +12,7 @@ pub struct HsLayout {
     pub(crate) kv: KvCacheConfig,
 }
 
-/// What to plan. Start from `hs_layout_options_default` (the defaults of `hisparse layout`).
+/// What to plan. Start from `hs_layout_options_default` (the defaults every front end shares).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HsLayoutOptions {
@@ -39,7 +37,26 @@ pub struct HsLayoutOptions {
     pub top_k: u32,
     /// Use exactly this many GPU blocks, null block included (0 = derive from `gpu_mem`).
     pub num_gpu_blocks: u32,
+    /// Mirror rows to host as they are written (else sealed pages are spilled whole).
+    pub eager_host_mirror: bool,
+    /// One host pool for every tensor-parallel rank of a node (its arrays aligned for sharing).
+    pub shared_host_pool: bool,
 }
+
+/// How the C API spells each layout argument, for the planner's messages.
+const NAMES: ArgNames<'static> = ArgNames {
+    preset: "options.preset",
+    model: "options.model_json",
+    layers: "options.layers",
+    gpu_mem: "options.gpu_mem",
+    host_mem: "options.host_mem",
+    max_model_len: "options.max_model_len",
+    shorten: "options.max_model_len",
+    device_buffer_size: "options.device_buffer_size",
+    max_query_len: "options.max_query_len",
+    top_k: "options.top_k",
+    num_gpu_blocks: "options.num_gpu_blocks",
+};
 
 /// A layout's figures.
 #[repr(C)]
@@ -95,8 +112,8 @@ pub struct HsIndexGroupInfo {
     pub bucket: u32,
 }
 
-/// Fills `options` with the defaults of `hisparse layout`: DeepSeek V3.2, 80 GiB GPU, 512 GiB
-/// host, 131072 tokens, max_query_len 1.
+/// Fills `options` with the defaults every front end shares: DeepSeek V3.2, 80 GiB GPU, 512 GiB
+/// host, 131072 tokens, the default hot buffer, max_query_len 1, eager mirroring.
 ///
 /// # Safety
 ///
@@ -106,21 +123,27 @@ pub unsafe extern "C" fn hs_layout_options_default(options: *mut HsLayoutOptions
     guard(|| {
         // SAFETY: forwarded contract.
         let options = unsafe { output(options, "options") }?;
+        let d = LayoutRequest::new(ModelSource::Preset(DEFAULT_PRESET));
         options.set(HsLayoutOptions {
             preset: std::ptr::null(),
             model_json: std::ptr::null(),
-            layers: 0,
-            gpu_mem: 80 << 30,
-            host_mem: 512 << 30,
-            max_model_len: 131072,
-            device_buffer_size: 0,
-            max_query_len: 1,
-            top_k: 0,
-            num_gpu_blocks: 0,
+            layers: d.layers.map_or(0, |n| n as u32),
+            gpu_mem: d.gpu_mem,
+            host_mem: d.host_mem,
+            max_model_len: d.max_model_len,
+            device_buffer_size: d.device_buffer_size.unwrap_or(0),
+            max_query_len: d.max_query_len,
+            top_k: d.top_k.unwrap_or(0),
+            num_gpu_blocks: d.num_gpu_blocks.unwrap_or(0),
+            eager_host_mirror: d.eager_host_mirror,
+            shared_host_pool: d.shared_host_pool,
         });
         Ok(())
     })
 }
+
+/// The preset a NULL `HsLayoutOptions::preset` names.
+const DEFAULT_PRESET: &str = "deepseek-v3.2";
 
 /// Plans a layout; `*out` receives a handle to free with `hs_layout_free`.
 ///
@@ -137,63 +160,34 @@ pub unsafe extern "C" fn hs_layout_plan(
         // SAFETY: forwarded contract.
         let (o, out) = unsafe { (deref(options, "options")?, output(out, "out")?) };
         // SAFETY: forwarded contract (the option strings).
-        let (preset, model_json) = unsafe {
-            (
-                string(o.preset, "options.preset", "deepseek-v3.2")?,
-                (!o.model_json.is_null())
-                    .then(|| string(o.model_json, "options.model_json", ""))
-                    .transpose()?,
-            )
+        let model = unsafe {
+            match o.model_json.is_null() {
+                true => ModelSource::Preset(string(o.preset, "options.preset", DEFAULT_PRESET)?),
+                false => ModelSource::Json(string(o.model_json, "options.model_json", "")?),
+            }
         };
-        let kv = plan(o, preset, model_json)?;
+        let kv = plan(&request(o, model), &NAMES)?.kv;
         out.set(handle(HsLayout { kv }));
         Ok(())
     })
 }
 
-fn plan(
-    o: &HsLayoutOptions,
-    preset: &str,
-    model_json: Option<&str>,
-) -> Result<KvCacheConfig, Failure> {
-    let owned: OwnedModel = match model_json {
-        Some(text) => serde_json::from_str(text).map_err(|e| {
-            invalid(format!(
-                "options.model_json is not a model description ({e}); `hisparse layout --print-model` writes a template"
-            ))
-        })?,
-        None => presets::preset(preset)
-            .map_err(|e| {
-                invalid(format!(
-                    "unknown preset `{preset}`; use one of: {}",
-                    e.valid.join(", ")
-                ))
-            })?
-            .into(),
-    };
-    let full = owned.as_spec();
-    full.validate()?;
-    let n = o.layers as usize;
-    if n > full.layers.len() {
-        return Err(invalid(format!(
-            "options.layers = {n}, but the model has {} layers; pass at most that many (0 = all)",
-            full.layers.len()
-        )));
+/// The runtime's layout request of `o` (0 = the default for the optional numbers).
+fn request<'a>(o: &HsLayoutOptions, model: ModelSource<'a>) -> LayoutRequest<'a> {
+    let some = |v: u32| (v != 0).then_some(v);
+    LayoutRequest {
+        model,
+        layers: some(o.layers).map(|n| n as usize),
+        gpu_mem: o.gpu_mem,
+        host_mem: o.host_mem,
+        max_model_len: o.max_model_len,
+        device_buffer_size: some(o.device_buffer_size),
+        max_query_len: o.max_query_len,
+        top_k: some(o.top_k),
+        eager_host_mirror: o.eager_host_mirror,
+        num_gpu_blocks: some(o.num_gpu_blocks),
+        shared_host_pool: o.shared_host_pool,
     }
-    let model = match n {
-        0 => full,
-        n => ModelSpec {
-            layers: &full.layers[..n],
-            ..full
-        },
-    };
-    let top_k = if o.top_k == 0 { model.top_k } else { o.top_k };
-    let mut cfg = HiSparseConfig::new(top_k, o.host_mem);
-    cfg.device_buffer_size = (o.device_buffer_size != 0).then_some(o.device_buffer_size);
-    cfg.max_query_len = o.max_query_len;
-    let mut input = LayoutInput::new(&model, &cfg, o.gpu_mem, o.max_model_len);
-    input.num_gpu_blocks_override = (o.num_gpu_blocks != 0).then_some(o.num_gpu_blocks);
-    Ok(plan_layout(&input)?)
 }
 
 /// Frees a layout (NULL is ignored). Coordinators and runtimes built from it keep their own

@@ -385,3 +385,52 @@ fn every_status_has_a_name_and_other_numbers_are_unknown() {
     }
     assert_eq!(name(HsStatus::NullArgument as i32), "null argument");
 }
+
+#[test]
+fn a_layout_refusal_names_the_option_to_change() {
+    let mut o = std::mem::MaybeUninit::<HsLayoutOptions>::uninit();
+    ok!(hs_layout_options_default(o.as_mut_ptr()));
+    // SAFETY: written by the successful call.
+    let defaults = unsafe { o.assume_init() };
+    let mut layout = ptr::null_mut();
+    for (options, needle) in [
+        (
+            HsLayoutOptions {
+                host_mem: 1 << 20,
+                ..defaults
+            },
+            "options.host_mem 1.00 MiB",
+        ),
+        (
+            HsLayoutOptions {
+                preset: c"nope".as_ptr(),
+                ..defaults
+            },
+            "use options.preset with one of",
+        ),
+        (
+            HsLayoutOptions {
+                model_json: c"{".as_ptr(),
+                ..defaults
+            },
+            "options.model_json is not a model description",
+        ),
+        (
+            HsLayoutOptions {
+                layers: 99,
+                ..defaults
+            },
+            "options.layers = 99",
+        ),
+    ] {
+        expect_error(
+            c!(hs_layout_plan(&options, &mut layout)),
+            HsStatus::InvalidArgument,
+            needle,
+        );
+        assert!(layout.is_null());
+    }
+    ok!(hs_layout_plan(&defaults, &mut layout));
+    assert_eq!(layout_info(layout).num_sparse_layers, 61);
+    c!(hs_layout_free(layout));
+}
