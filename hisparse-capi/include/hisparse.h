@@ -121,9 +121,9 @@ typedef struct HsCommandInfo {
   // Every scheduled request is fully resident (the remap path).
   bool fully_resident;
   // Requests computed in this step (`hs_command_scheduled`).
-  uintptr_t num_scheduled;
+  size_t num_scheduled;
   // Requests preempted in this step (`hs_command_preempted`).
-  uintptr_t num_preempted;
+  size_t num_preempted;
 } HsCommandInfo;
 
 // A request scheduled in a step.
@@ -252,9 +252,9 @@ typedef struct HsReportInfo {
   // The worker (tensor-parallel rank) that made it.
   uint32_t worker;
   // Transfer batches enqueued since the last report (`hs_report_enqueued`).
-  uintptr_t num_enqueued;
+  size_t num_enqueued;
   // Transfer batches completed since the last report (`hs_report_completed`).
-  uintptr_t num_completed;
+  size_t num_completed;
 } HsReportInfo;
 
 // Runtime settings. Start from `hs_runtime_config_default`.
@@ -279,12 +279,12 @@ typedef struct HsLentResources {
   // runtime allocate it. At least the layout's `gpu_pool_bytes`.
   void *device_pool;
   // Bytes at `device_pool`.
-  uintptr_t device_pool_bytes;
+  size_t device_pool_bytes;
   // The host pool (page-aligned host memory, pinned or not), or NULL to let the runtime
   // allocate it. At least the layout's `host_pool_bytes`.
   void *host_pool;
   // Bytes at `host_pool`.
-  uintptr_t host_pool_bytes;
+  size_t host_pool_bytes;
   // Whether `stream` is to be used.
   bool has_stream;
   // The engine's stream (`CUstream`, `hipStream_t`): the runtime's compute stream, which
@@ -352,7 +352,7 @@ typedef struct HsDeviceArray {
 // One per-layer call (`hs_runtime_decode`, `hs_runtime_remap_prefill`).
 typedef struct HsLayerCall {
   // The index group.
-  uintptr_t group;
+  size_t group;
   // An `HsSwap` value (an integer, so that any value is checked rather than undefined);
   // `hs_runtime_remap_prefill` swaps nothing in and ignores it.
   uint32_t swap;
@@ -460,7 +460,7 @@ enum HsStatus hs_command_info(const struct HsCommand *command, struct HsCommandI
 // # Safety
 //
 // `command` is a live handle; `out` points to writable memory for an `HsScheduledRequest`.
-enum HsStatus hs_command_scheduled(const struct HsCommand *command, uintptr_t index, struct HsScheduledRequest *out);
+enum HsStatus hs_command_scheduled(const struct HsCommand *command, size_t index, struct HsScheduledRequest *out);
 
 // The ids of the requests preempted in this step, in order, into `out` (`capacity` elements;
 // `*count` receives how many there are). NULL `out` with `capacity` 0 asks only for the count;
@@ -470,7 +470,7 @@ enum HsStatus hs_command_scheduled(const struct HsCommand *command, uintptr_t in
 //
 // `command` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
 // points to writable memory.
-enum HsStatus hs_command_preempted(const struct HsCommand *command, uint64_t *out, uintptr_t capacity, uintptr_t *count);
+enum HsStatus hs_command_preempted(const struct HsCommand *command, uint64_t *out, size_t capacity, size_t *count);
 
 // Fills `config` with the coordinator's defaults.
 //
@@ -500,14 +500,14 @@ void hs_coordinator_free(struct HsCoordinator *coordinator);
 //
 // `coordinator` is a live handle used by no other thread meanwhile; `prompt` points to `len`
 // tokens (NULL allowed when `len` is 0).
-enum HsStatus hs_coordinator_admit(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *prompt, uintptr_t len);
+enum HsStatus hs_coordinator_admit(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *prompt, size_t len);
 
 // Appends `len` tokens (the sampled ones) to running request `id`.
 //
 // # Safety
 //
 // As `hs_coordinator_admit`.
-enum HsStatus hs_coordinator_append_tokens(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, uintptr_t len);
+enum HsStatus hs_coordinator_append_tokens(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, size_t len);
 
 // Records worker `worker`'s progress: transfer ids enqueued and completed, each in FIFO order.
 //
@@ -515,7 +515,7 @@ enum HsStatus hs_coordinator_append_tokens(struct HsCoordinator *coordinator, ui
 //
 // `coordinator` is a live handle used by no other thread meanwhile; the arrays hold their
 // lengths (NULL allowed for length 0).
-enum HsStatus hs_coordinator_report(struct HsCoordinator *coordinator, uint32_t worker, const uint64_t *enqueued, uintptr_t num_enqueued, const uint64_t *completed, uintptr_t num_completed);
+enum HsStatus hs_coordinator_report(struct HsCoordinator *coordinator, uint32_t worker, const uint64_t *enqueued, size_t num_enqueued, const uint64_t *completed, size_t num_completed);
 
 // Ends request `id` and frees its blocks.
 //
@@ -580,14 +580,14 @@ enum HsStatus hs_coordinator_pool_usage(const struct HsCoordinator *coordinator,
 // # Safety
 //
 // `coordinator` is a live handle; `out` points to writable memory.
-enum HsStatus hs_coordinator_num_waiting(const struct HsCoordinator *coordinator, uintptr_t *out);
+enum HsStatus hs_coordinator_num_waiting(const struct HsCoordinator *coordinator, size_t *out);
 
 // Requests running (each holding a state row).
 //
 // # Safety
 //
 // `coordinator` is a live handle; `out` points to writable memory.
-enum HsStatus hs_coordinator_num_running(const struct HsCoordinator *coordinator, uintptr_t *out);
+enum HsStatus hs_coordinator_num_running(const struct HsCoordinator *coordinator, size_t *out);
 
 // The ids of the running requests, oldest first, into `out` (`capacity` elements; `*count`
 // receives how many there are). NULL `out` with `capacity` 0 asks only for the count; a
@@ -597,7 +597,7 @@ enum HsStatus hs_coordinator_num_running(const struct HsCoordinator *coordinator
 //
 // `coordinator` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
 // points to writable memory.
-enum HsStatus hs_coordinator_running_ids(const struct HsCoordinator *coordinator, uint64_t *out, uintptr_t capacity, uintptr_t *count);
+enum HsStatus hs_coordinator_running_ids(const struct HsCoordinator *coordinator, uint64_t *out, size_t capacity, size_t *count);
 
 // Running request `id`'s block table of layout group `group` (indexer, resident, regular, or
 // the source group's host blocks) as `len` `int32_t`s: column → block, 0 for null entries and
@@ -608,7 +608,7 @@ enum HsStatus hs_coordinator_running_ids(const struct HsCoordinator *coordinator
 //
 // `coordinator` is a live handle; `out` points to `len` writable `int32_t`s (NULL allowed for
 // 0).
-enum HsStatus hs_coordinator_block_table_row(const struct HsCoordinator *coordinator, uint64_t id, uintptr_t group, int32_t *out, uintptr_t len);
+enum HsStatus hs_coordinator_block_table_row(const struct HsCoordinator *coordinator, uint64_t id, size_t group, int32_t *out, size_t len);
 
 // Running request `id`'s hot region in `bucket` as `len` `int32_t`s: its
 // `hot_blocks_per_request` GPU blocks, or -1s when it has none.
@@ -616,7 +616,7 @@ enum HsStatus hs_coordinator_block_table_row(const struct HsCoordinator *coordin
 // # Safety
 //
 // As `hs_coordinator_block_table_row`.
-enum HsStatus hs_coordinator_hot_row(const struct HsCoordinator *coordinator, uint64_t id, uint32_t bucket, int32_t *out, uintptr_t len);
+enum HsStatus hs_coordinator_hot_row(const struct HsCoordinator *coordinator, uint64_t id, uint32_t bucket, int32_t *out, size_t len);
 
 // Checks the coordinator's internal invariants (for tests and debugging); a violation is
 // `HS_STATUS_INTERNAL` naming it.
@@ -670,7 +670,7 @@ enum HsStatus hs_layout_info(const struct HsLayout *layout, struct HsLayoutInfo 
 // # Safety
 //
 // `layout` is a live handle; `out` points to writable memory for an `HsIndexGroupInfo`.
-enum HsStatus hs_layout_index_group(const struct HsLayout *layout, uintptr_t group, struct HsIndexGroupInfo *out);
+enum HsStatus hs_layout_index_group(const struct HsLayout *layout, size_t group, struct HsIndexGroupInfo *out);
 
 // Where sparse layer `layer` lives in the device pool: its bucket and its byte offset inside
 // every resident and hot block of that bucket. In the flat attention view, physical row `r`
@@ -694,7 +694,7 @@ enum HsStatus hs_layout_host_layer_offset(const struct HsLayout *layout, uint32_
 // # Safety
 //
 // `layout` is a live handle; `layer` points to writable memory.
-enum HsStatus hs_layout_index_group_layer(const struct HsLayout *layout, uintptr_t group, uintptr_t index, uint32_t *layer);
+enum HsStatus hs_layout_index_group_layer(const struct HsLayout *layout, size_t group, size_t index, uint32_t *layer);
 
 // Polls the runtime's transfers in flight without blocking; `*out` receives what it found
 // (free with `hs_report_free`), for `hs_coordinator_apply_report`. Every report must reach the
@@ -738,14 +738,14 @@ enum HsStatus hs_report_info(const struct HsReport *report, struct HsReportInfo 
 //
 // `report` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
 // points to writable memory.
-enum HsStatus hs_report_enqueued(const struct HsReport *report, uint64_t *out, uintptr_t capacity, uintptr_t *count);
+enum HsStatus hs_report_enqueued(const struct HsReport *report, uint64_t *out, size_t capacity, size_t *count);
 
 // The transfer ids the report says completed, oldest first (as `hs_report_enqueued`).
 //
 // # Safety
 //
 // As `hs_report_enqueued`.
-enum HsStatus hs_report_completed(const struct HsReport *report, uint64_t *out, uintptr_t capacity, uintptr_t *count);
+enum HsStatus hs_report_completed(const struct HsReport *report, uint64_t *out, size_t capacity, size_t *count);
 
 // Frees a report (NULL is ignored).
 //
@@ -829,7 +829,7 @@ enum HsStatus hs_runtime_slot_mapping(const struct HsRuntime *runtime, struct Hs
 //
 // `runtime` is a live handle; `out` is NULL or points to `capacity` writable values; `count`
 // points to writable memory.
-enum HsStatus hs_runtime_slot_mapping_groups(const struct HsRuntime *runtime, uintptr_t *out, uintptr_t capacity, uintptr_t *count);
+enum HsStatus hs_runtime_slot_mapping_groups(const struct HsRuntime *runtime, size_t *out, size_t capacity, size_t *count);
 
 // The per-request table of layout group `group` on the device: int32
 // `[state_rows][cols]`, state row → its blocks. For the source group, the host table (page →
@@ -841,7 +841,7 @@ enum HsStatus hs_runtime_slot_mapping_groups(const struct HsRuntime *runtime, ui
 // # Safety
 //
 // `runtime` is a live handle; `out` points to writable memory for an `HsDeviceArray`.
-enum HsStatus hs_runtime_block_table(const struct HsRuntime *runtime, uintptr_t group, struct HsDeviceArray *out);
+enum HsStatus hs_runtime_block_table(const struct HsRuntime *runtime, size_t group, struct HsDeviceArray *out);
 
 // The batch table `hs_runtime_set_batch` writes: int32 `[1][max_step_tokens]`, token row →
 // state row, -1 for padding; what per-layer calls without their own state rows (and the graphs
@@ -860,7 +860,7 @@ enum HsStatus hs_runtime_batch_table(const struct HsRuntime *runtime, struct HsD
 //
 // `runtime` is a live handle used by no other thread meanwhile; `out` points to `len`
 // writable `int32_t`s.
-enum HsStatus hs_runtime_read_slot_mapping(const struct HsRuntime *runtime, int32_t *out, uintptr_t len);
+enum HsStatus hs_runtime_read_slot_mapping(const struct HsRuntime *runtime, int32_t *out, size_t len);
 
 // Copies the first `len` elements of layout group `group`'s table (row-major) to `out`, as
 // `hs_runtime_read_slot_mapping`.
@@ -868,7 +868,7 @@ enum HsStatus hs_runtime_read_slot_mapping(const struct HsRuntime *runtime, int3
 // # Safety
 //
 // As `hs_runtime_read_slot_mapping`.
-enum HsStatus hs_runtime_read_block_table(const struct HsRuntime *runtime, uintptr_t group, int32_t *out, uintptr_t len);
+enum HsStatus hs_runtime_read_block_table(const struct HsRuntime *runtime, size_t group, int32_t *out, size_t len);
 
 // Resolves index group `call->group`'s top-k for this step into attention rows and swaps in
 // `call->swap`'s layers (or, when every request of the call is fully resident and the stream is
@@ -893,7 +893,7 @@ enum HsStatus hs_runtime_decode(struct HsRuntime *runtime, const struct HsLayerC
 // `runtime`, `topk` and `rows` are live handles (buffers of the runtime's device), `counts`
 // NULL or one; `runtime` is used by no other thread meanwhile; `stream` is NULL or a live
 // stream of the device that outlives the runtime.
-enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
+enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, size_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
 
 // As `hs_runtime_resolve_index_group` with `HS_SWAP_LEADER`: the leader layer only; each
 // follower layer then calls `hs_runtime_apply_plan`.
@@ -901,7 +901,7 @@ enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, uintptr_
 // # Safety
 //
 // As `hs_runtime_resolve_index_group`.
-enum HsStatus hs_runtime_resolve_leader(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
+enum HsStatus hs_runtime_resolve_leader(struct HsRuntime *runtime, size_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
 
 // Swaps in follower layer `layer` with its leader's plan of this step, on `stream` (NULL: the
 // runtime's compute stream), which must be the stream of its leader's call.
@@ -928,7 +928,7 @@ enum HsStatus hs_runtime_remap_prefill(struct HsRuntime *runtime, const struct H
 // # Safety
 //
 // `runtime` is a live handle; `out` points to `len` writable `int32_t`s.
-enum HsStatus hs_runtime_resident_row(const struct HsRuntime *runtime, uint32_t bucket, uint32_t state_row, int32_t *out, uintptr_t len);
+enum HsStatus hs_runtime_resident_row(const struct HsRuntime *runtime, uint32_t bucket, uint32_t state_row, int32_t *out, size_t len);
 
 // Writes `len` bytes into the device pool at byte `offset`, synchronously (an engine's
 // forward pass writing KV rows into a pool the runtime owns).
@@ -936,14 +936,14 @@ enum HsStatus hs_runtime_resident_row(const struct HsRuntime *runtime, uint32_t 
 // # Safety
 //
 // `runtime` is a live handle used by no other thread meanwhile; `data` holds `len` bytes.
-enum HsStatus hs_runtime_write_device_pool(struct HsRuntime *runtime, uintptr_t offset, const uint8_t *data, uintptr_t len);
+enum HsStatus hs_runtime_write_device_pool(struct HsRuntime *runtime, size_t offset, const uint8_t *data, size_t len);
 
 // Reads `len` bytes of the device pool from byte `offset` into `out`, synchronously.
 //
 // # Safety
 //
 // `runtime` is a live handle; `out` points to `len` writable bytes.
-enum HsStatus hs_runtime_read_device_pool(const struct HsRuntime *runtime, uintptr_t offset, uint8_t *out, uintptr_t len);
+enum HsStatus hs_runtime_read_device_pool(const struct HsRuntime *runtime, size_t offset, uint8_t *out, size_t len);
 
 // Reads `len` bytes of the host pool from byte `offset` into `out` (call `hs_runtime_drain`
 // first for rows still being copied).
@@ -951,14 +951,14 @@ enum HsStatus hs_runtime_read_device_pool(const struct HsRuntime *runtime, uintp
 // # Safety
 //
 // `runtime` is a live handle; `out` points to `len` writable bytes.
-enum HsStatus hs_runtime_read_host_pool(const struct HsRuntime *runtime, uintptr_t offset, uint8_t *out, uintptr_t len);
+enum HsStatus hs_runtime_read_host_pool(const struct HsRuntime *runtime, size_t offset, uint8_t *out, size_t len);
 
 // A zeroed device buffer of `bytes` bytes on the runtime's device; `*out` receives it.
 //
 // # Safety
 //
 // `runtime` is a live handle; `out` points to writable memory for a pointer.
-enum HsStatus hs_buffer_alloc(const struct HsRuntime *runtime, uintptr_t bytes, struct HsBuffer **out);
+enum HsStatus hs_buffer_alloc(const struct HsRuntime *runtime, size_t bytes, struct HsBuffer **out);
 
 // The engine's device memory (`bytes` at device pointer `ptr`; host memory on the CPU
 // backend) as a buffer of the runtime's device, without owning it; `*out` receives it.
@@ -968,7 +968,7 @@ enum HsStatus hs_buffer_alloc(const struct HsRuntime *runtime, uintptr_t bytes, 
 // `runtime` is a live handle; `out` points to writable memory for a pointer; the memory
 // meets the backend's lending contract: it stays allocated until the buffer is freed and the
 // work enqueued with it completed, and nothing else touches it unordered meanwhile.
-enum HsStatus hs_buffer_wrap(const struct HsRuntime *runtime, void *ptr, uintptr_t bytes, struct HsBuffer **out);
+enum HsStatus hs_buffer_wrap(const struct HsRuntime *runtime, void *ptr, size_t bytes, struct HsBuffer **out);
 
 // Frees a buffer (NULL is ignored); wrapped memory is left to its owner.
 //
@@ -984,14 +984,14 @@ void hs_buffer_free(struct HsBuffer *buffer);
 //
 // `runtime` and `buffer` are live handles (the buffer of the runtime's device); `values`
 // holds `len` values.
-enum HsStatus hs_buffer_upload_i32(const struct HsRuntime *runtime, struct HsBuffer *buffer, uintptr_t offset, const int32_t *values, uintptr_t len);
+enum HsStatus hs_buffer_upload_i32(const struct HsRuntime *runtime, struct HsBuffer *buffer, size_t offset, const int32_t *values, size_t len);
 
 // Reads `len` int32 values of `buffer` from element `offset` on into `out`, synchronously.
 //
 // # Safety
 //
 // `runtime` and `buffer` are live handles; `out` points to `len` writable values.
-enum HsStatus hs_buffer_download_i32(const struct HsRuntime *runtime, const struct HsBuffer *buffer, uintptr_t offset, int32_t *out, uintptr_t len);
+enum HsStatus hs_buffer_download_i32(const struct HsRuntime *runtime, const struct HsBuffer *buffer, size_t offset, int32_t *out, size_t len);
 
 // Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
 // copy-on-write and restores, and writes the step's slot mapping (`hs_runtime_slot_mapping`),
@@ -1019,7 +1019,7 @@ enum HsStatus hs_runtime_begin_step(struct HsRuntime *runtime, const struct HsCo
 //
 // `runtime` is a live handle used by no other thread meanwhile; `state_rows` holds `len`
 // values (NULL allowed for 0); `stream` as for `hs_runtime_begin_step`.
-enum HsStatus hs_runtime_set_batch(struct HsRuntime *runtime, const int32_t *state_rows, uintptr_t len, uint32_t pad_to, void *stream);
+enum HsStatus hs_runtime_set_batch(struct HsRuntime *runtime, const int32_t *state_rows, size_t len, uint32_t pad_to, void *stream);
 
 // After the forward pass: row mirrors and spills on the runtime's copy stream, ordered after
 // `stream`'s work (NULL: the runtime's compute stream) — the stream the step's forward pass ran
@@ -1037,7 +1037,7 @@ enum HsStatus hs_runtime_end_step(struct HsRuntime *runtime, const struct HsComm
 //
 // `runtime` and `coordinator` are live handles used by no other thread meanwhile;
 // `completed` is NULL or writable.
-enum HsStatus hs_runtime_poll_and_report(struct HsRuntime *runtime, struct HsCoordinator *coordinator, uintptr_t *completed);
+enum HsStatus hs_runtime_poll_and_report(struct HsRuntime *runtime, struct HsCoordinator *coordinator, size_t *completed);
 
 // Blocks until every transfer and counter copy in flight completed; reports them to
 // `coordinator` when it is not NULL.
@@ -1122,7 +1122,7 @@ enum HsStatus hs_coordinator_rollback(struct HsCoordinator *coordinator, uint64_
 //
 // `coordinator` is a live handle used by no other thread meanwhile; `tokens` points to `len`
 // tokens.
-enum HsStatus hs_coordinator_reserve_import(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, uintptr_t len, uint32_t imported);
+enum HsStatus hs_coordinator_reserve_import(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, size_t len, uint32_t imported);
 
 // The host blocks reserved for request `id`'s import, one per page in page order, into `out`
 // (`capacity` elements; `*count` receives how many there are) while the import is not
@@ -1134,7 +1134,7 @@ enum HsStatus hs_coordinator_reserve_import(struct HsCoordinator *coordinator, u
 //
 // `coordinator` is a live handle; `out` is NULL or points to `capacity` writable values;
 // `count` points to writable memory.
-enum HsStatus hs_coordinator_import_blocks(const struct HsCoordinator *coordinator, uint64_t id, uint32_t *out, uintptr_t capacity, uintptr_t *count);
+enum HsStatus hs_coordinator_import_blocks(const struct HsCoordinator *coordinator, uint64_t id, uint32_t *out, size_t capacity, size_t *count);
 
 // Every page reserved for request `id`'s import is written: the request is queued behind the
 // waiting ones, its imported pages durable on host; a later step starts it.
@@ -1150,14 +1150,14 @@ enum HsStatus hs_coordinator_complete_import(struct HsCoordinator *coordinator, 
 // # Safety
 //
 // `layout` is a live handle; `out` points to writable memory for an `HsGroupInfo`.
-enum HsStatus hs_layout_group(const struct HsLayout *layout, uintptr_t group, struct HsGroupInfo *out);
+enum HsStatus hs_layout_group(const struct HsLayout *layout, size_t group, struct HsGroupInfo *out);
 
 // The view of layer `index` (`0 .. num_layers` of `hs_layout_group`) of GPU group `group`.
 //
 // # Safety
 //
 // `layout` is a live handle; `out` points to writable memory for an `HsLayerView`.
-enum HsStatus hs_layout_layer_view(const struct HsLayout *layout, uintptr_t group, uintptr_t index, struct HsLayerView *out);
+enum HsStatus hs_layout_layer_view(const struct HsLayout *layout, size_t group, size_t index, struct HsLayerView *out);
 
 #ifdef __cplusplus
 }  // extern "C"
