@@ -47,6 +47,9 @@ typedef enum HsStatus {
   // `hs_runtime_set_batch`'s `pad_to` names no token-row count a captured graph has, or is
   // smaller than the batch: pad to the token rows of the graph being replayed.
   HS_STATUS_GRAPH_SHAPE = 13,
+  // Another thread's call on the same handle is still running: a handle takes one call at a
+  // time (from any thread); wait for that call, or give each thread a handle of its own.
+  HS_STATUS_CONCURRENT_USE = 14,
 } HsStatus;
 
 // What `hs_coordinator_start` and `hs_coordinator_schedule` did.

@@ -4,15 +4,24 @@
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, RequestId};
 
 use crate::error::{
-    Failure, HsStatus, deref, deref_mut, free_handle, guard, handle, internal, invalid, output,
-    output_array, output_opt, slice, slice_mut,
+    Failure, HsStatus, deref, free_handle, guard, handle, internal, invalid, output, output_array,
+    output_opt, slice, slice_mut,
 };
+use crate::exclusive::{Exclusive, Handle, enter};
 use crate::layout::HsLayout;
 
 /// The scheduler side of HiSparse for one model instance (opaque). Free with
 /// `hs_coordinator_free`.
 pub struct HsCoordinator {
-    pub(crate) inner: Coordinator,
+    state: Exclusive<Coordinator>,
+}
+
+impl Handle for HsCoordinator {
+    type State = Coordinator;
+
+    fn cell(&self) -> &Exclusive<Coordinator> {
+        &self.state
+    }
 }
 
 /// Runs a read-only query of the coordinator and stores its answer in `*out`.
@@ -27,8 +36,8 @@ unsafe fn answer<T>(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, out) = unsafe { (deref(coordinator, "coordinator")?, output(out, "out")?) };
-        out.set(query(&c.inner)?);
+        let (c, out) = unsafe { (enter(coordinator, "coordinator")?, output(out, "out")?) };
+        out.set(query(&c)?);
         Ok(())
     })
 }
@@ -120,7 +129,9 @@ pub unsafe extern "C" fn hs_coordinator_new(
             )
         };
         let inner = Coordinator::new(layout.kv.clone(), (*config).into())?;
-        out.set(handle(HsCoordinator { inner }));
+        out.set(handle(HsCoordinator {
+            state: Exclusive::new(inner),
+        }));
         Ok(())
     })
 }
@@ -151,13 +162,13 @@ pub unsafe extern "C" fn hs_coordinator_admit(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, prompt) = unsafe {
+        let (mut c, prompt) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice(prompt, len, "prompt")?,
             )
         };
-        Ok(c.inner.admit(id, prompt)?)
+        Ok(c.admit(id, prompt)?)
     })
 }
 
@@ -175,13 +186,13 @@ pub unsafe extern "C" fn hs_coordinator_append_tokens(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, tokens) = unsafe {
+        let (mut c, tokens) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice(tokens, len, "tokens")?,
             )
         };
-        Ok(c.inner.append_tokens(id, tokens)?)
+        Ok(c.append_tokens(id, tokens)?)
     })
 }
 
@@ -202,14 +213,14 @@ pub unsafe extern "C" fn hs_coordinator_report(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, e, d) = unsafe {
+        let (mut c, e, d) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice(enqueued, num_enqueued, "enqueued")?,
                 slice(completed, num_completed, "completed")?,
             )
         };
-        Ok(c.inner.report(worker, e, d)?)
+        Ok(c.report(worker, e, d)?)
     })
 }
 
@@ -225,8 +236,8 @@ pub unsafe extern "C" fn hs_coordinator_finish(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref_mut(coordinator, "coordinator") }?;
-        Ok(c.inner.finish(id)?)
+        let mut c = unsafe { enter(coordinator, "coordinator") }?;
+        Ok(c.finish(id)?)
     })
 }
 
@@ -242,8 +253,8 @@ pub unsafe extern "C" fn hs_coordinator_preempt(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref_mut(coordinator, "coordinator") }?;
-        Ok(c.inner.preempt(id)?)
+        let mut c = unsafe { enter(coordinator, "coordinator") }?;
+        Ok(c.preempt(id)?)
     })
 }
 
@@ -306,8 +317,8 @@ pub unsafe extern "C" fn hs_coordinator_append_token_by_slot(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, id) = unsafe { (deref_mut(coordinator, "coordinator")?, output_opt(id)) };
-        let owner = c.inner.append_token_by_slot(slot, token)?;
+        let (mut c, id) = unsafe { (enter(coordinator, "coordinator")?, output_opt(id)) };
+        let owner = c.append_token_by_slot(slot, token)?;
         if let Some(id) = id {
             id.set(owner);
         }
@@ -424,12 +435,12 @@ pub unsafe extern "C" fn hs_coordinator_running_ids(
         // SAFETY: forwarded contract.
         let (c, out) = unsafe {
             (
-                deref(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 output_array(out, capacity, count, "out")?,
             )
         };
         // At most `max_running` ids: sized by the coordinator, not by an argument.
-        let ids: Vec<RequestId> = c.inner.running_ids().collect();
+        let ids: Vec<RequestId> = c.running_ids().collect();
         out.fill(&ids)
     })
 }
@@ -450,11 +461,11 @@ unsafe fn table_row(
         // SAFETY: forwarded contract.
         let (c, out) = unsafe {
             (
-                deref(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice_mut(out, len, "out")?,
             )
         };
-        row(&c.inner, out)
+        row(&c, out)
     })
 }
 
@@ -529,9 +540,8 @@ pub unsafe extern "C" fn hs_coordinator_check_invariants(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref(coordinator, "coordinator") }?;
-        c.inner
-            .check_invariants()
+        let c = unsafe { enter(coordinator, "coordinator") }?;
+        c.check_invariants()
             .map_err(|v| internal(format!("coordinator invariant broken: {v}")))
     })
 }

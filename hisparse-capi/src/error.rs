@@ -55,11 +55,14 @@ pub enum HsStatus {
     /// `hs_runtime_set_batch`'s `pad_to` names no token-row count a captured graph has, or is
     /// smaller than the batch: pad to the token rows of the graph being replayed.
     GraphShape = 13,
+    /// Another thread's call on the same handle is still running: a handle takes one call at a
+    /// time (from any thread); wait for that call, or give each thread a handle of its own.
+    ConcurrentUse = 14,
 }
 
 impl HsStatus {
     /// Every status, for looking one up by its number.
-    const ALL: [HsStatus; 14] = [
+    const ALL: [HsStatus; 15] = [
         HsStatus::Ok,
         HsStatus::InvalidArgument,
         HsStatus::OutOfDeviceMemory,
@@ -74,6 +77,7 @@ impl HsStatus {
         HsStatus::BufferTooSmall,
         HsStatus::Capture,
         HsStatus::GraphShape,
+        HsStatus::ConcurrentUse,
     ];
 
     fn of(kind: ErrorKind) -> Self {
@@ -105,17 +109,25 @@ impl HsStatus {
             HsStatus::BufferTooSmall => c"buffer too small",
             HsStatus::Capture => c"capture",
             HsStatus::GraphShape => c"graph shape",
+            HsStatus::ConcurrentUse => c"concurrent use",
         }
     }
 }
 
 /// A failed call: its status and message.
+#[derive(Debug)]
 pub(crate) struct Failure {
     status: HsStatus,
     message: String,
 }
 
 impl Failure {
+    /// The status the failure returns.
+    #[cfg(test)]
+    pub(crate) fn status(&self) -> HsStatus {
+        self.status
+    }
+
     /// A failure whose status follows the error's portable kind.
     fn of_kind(e: &impl hisparse_core::Error) -> Self {
         Failure {
@@ -178,6 +190,16 @@ pub(crate) fn unsupported(message: impl Into<String>) -> Failure {
     Failure {
         status: HsStatus::Unsupported,
         message: message.into(),
+    }
+}
+
+/// A call on a handle another thread's call still holds.
+pub(crate) fn concurrent_use(what: &str) -> Failure {
+    Failure {
+        status: HsStatus::ConcurrentUse,
+        message: format!(
+            "`{what}` is in use by a call on another thread; a handle takes one call at a time: wait for that call to return, or give each thread a handle of its own"
+        ),
     }
 }
 

@@ -4,6 +4,7 @@
 mod command;
 mod coordinator;
 mod error;
+mod exclusive;
 mod layout;
 mod report;
 mod runtime;

@@ -6,7 +6,8 @@
 use hisparse_runtime::WorkerReport;
 
 use crate::coordinator::HsCoordinator;
-use crate::error::{HsStatus, deref, deref_mut, free_handle, guard, handle, output, output_array};
+use crate::error::{HsStatus, deref, free_handle, guard, handle, output, output_array};
+use crate::exclusive::enter;
 use crate::runtime::HsRuntime;
 
 /// What a worker found since its last report (opaque). Free with `hs_report_free`.
@@ -41,7 +42,7 @@ pub unsafe extern "C" fn hs_runtime_poll(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref_mut(runtime, "runtime")?, output(out, "out")?) };
+        let (mut r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         let inner = r.rt.poll()?;
         out.set(handle(HsReport { inner }));
         Ok(())
@@ -61,7 +62,7 @@ pub unsafe extern "C" fn hs_runtime_drain_report(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref_mut(runtime, "runtime")?, output(out, "out")?) };
+        let (mut r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         let inner = r.rt.drain()?;
         out.set(handle(HsReport { inner }));
         Ok(())
@@ -82,13 +83,13 @@ pub unsafe extern "C" fn hs_coordinator_apply_report(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, rep) = unsafe {
+        let (mut c, rep) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 &deref(report, "report")?.inner,
             )
         };
-        Ok(c.inner.report(rep.worker, &rep.enqueued, &rep.completed)?)
+        Ok(c.report(rep.worker, &rep.enqueued, &rep.completed)?)
     })
 }
 

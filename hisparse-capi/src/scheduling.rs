@@ -12,9 +12,8 @@ use hisparse_core::coordinator::{Alloc, CoordError, Coordinator, PoolKind};
 
 use crate::command::HsCommand;
 use crate::coordinator::HsCoordinator;
-use crate::error::{
-    HsStatus, deref, deref_mut, guard, handle, invalid, output, output_array, output_opt, slice,
-};
+use crate::error::{HsStatus, guard, handle, invalid, output, output_array, output_opt, slice};
+use crate::exclusive::enter;
 
 /// What `hs_coordinator_start` and `hs_coordinator_schedule` did.
 #[repr(C)]
@@ -57,13 +56,13 @@ unsafe fn allocate(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, outcome) = unsafe {
+        let (mut c, outcome) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 output(outcome, "outcome")?,
             )
         };
-        outcome.set(call(&mut c.inner)?.into());
+        outcome.set(call(&mut c)?.into());
         Ok(())
     })
 }
@@ -125,8 +124,8 @@ pub unsafe extern "C" fn hs_coordinator_build_offload_command(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, out) = unsafe { (deref_mut(coordinator, "coordinator")?, output(out, "out")?) };
-        let inner = c.inner.build_offload_command();
+        let (mut c, out) = unsafe { (enter(coordinator, "coordinator")?, output(out, "out")?) };
+        let inner = c.build_offload_command();
         out.set(handle(HsCommand { inner }));
         Ok(())
     })
@@ -164,8 +163,8 @@ pub unsafe extern "C" fn hs_coordinator_schedule_step(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, summary) = unsafe { (deref_mut(coordinator, "coordinator")?, output_opt(summary)) };
-        let s = c.inner.schedule_step()?;
+        let (mut c, summary) = unsafe { (enter(coordinator, "coordinator")?, output_opt(summary)) };
+        let s = c.schedule_step()?;
         if let Some(summary) = summary {
             summary.set(HsStepSummary {
                 scheduled: s.scheduled,
@@ -193,8 +192,8 @@ pub unsafe extern "C" fn hs_coordinator_step(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, out) = unsafe { (deref_mut(coordinator, "coordinator")?, output(out, "out")?) };
-        let inner = c.inner.step()?;
+        let (mut c, out) = unsafe { (enter(coordinator, "coordinator")?, output(out, "out")?) };
+        let inner = c.step()?;
         out.set(handle(HsCommand { inner }));
         Ok(())
     })
@@ -216,8 +215,8 @@ pub unsafe extern "C" fn hs_coordinator_rollback(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref_mut(coordinator, "coordinator") }?;
-        Ok(c.inner.rollback(id, num_tokens)?)
+        let mut c = unsafe { enter(coordinator, "coordinator") }?;
+        Ok(c.rollback(id, num_tokens)?)
     })
 }
 
@@ -241,13 +240,13 @@ pub unsafe extern "C" fn hs_coordinator_reserve_import(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, tokens) = unsafe {
+        let (mut c, tokens) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice(tokens, len, "tokens")?,
             )
         };
-        c.inner.reserve_import(id, tokens, imported)?;
+        c.reserve_import(id, tokens, imported)?;
         Ok(())
     })
 }
@@ -274,11 +273,11 @@ pub unsafe extern "C" fn hs_coordinator_import_blocks(
         // SAFETY: forwarded contract.
         let (c, out) = unsafe {
             (
-                deref(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 output_array(out, capacity, count, "out")?,
             )
         };
-        let blocks = c.inner.import_blocks(id).ok_or_else(|| {
+        let blocks = c.import_blocks(id).ok_or_else(|| {
             invalid(format!(
                 "request {id} has no import waiting for its writes (unknown, never reserved, or already completed)"
             ))
@@ -300,7 +299,7 @@ pub unsafe extern "C" fn hs_coordinator_complete_import(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref_mut(coordinator, "coordinator") }?;
-        Ok(c.inner.complete_import(id)?)
+        let mut c = unsafe { enter(coordinator, "coordinator") }?;
+        Ok(c.complete_import(id)?)
     })
 }

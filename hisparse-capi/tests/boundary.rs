@@ -371,7 +371,7 @@ fn every_status_has_a_name_and_other_numbers_are_unknown() {
             .unwrap()
             .to_owned()
     };
-    let last = HsStatus::GraphShape as i32;
+    let last = HsStatus::ConcurrentUse as i32;
     let names: Vec<String> = (0..=last).map(name).collect();
     assert_eq!(names[0], "ok");
     assert_eq!(names[11], "buffer too small");

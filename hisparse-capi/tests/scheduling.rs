@@ -564,3 +564,39 @@ fn a_workers_report_reaches_the_coordinator_whole() {
     c!(hs_coordinator_free(coord));
     c!(hs_layout_free(layout));
 }
+
+#[test]
+fn handles_move_between_threads_one_call_at_a_time() {
+    let layout = tiny_layout(200, 4 * 64, 256, 1);
+    let coord = coordinator(layout, 2);
+    let rt = cpu_runtime(layout, 2, 64);
+    let prompt: Vec<u32> = (0..40).collect();
+    ok!(hs_coordinator_admit(
+        coord,
+        1,
+        prompt.as_ptr(),
+        prompt.len()
+    ));
+    // Each step on a thread of its own: an engine's worker threads take turns.
+    let (coord_addr, rt_addr) = (coord as usize, rt as usize);
+    for _ in 0..4 {
+        std::thread::spawn(move || {
+            let (coord, rt) = (coord_addr as *mut HsCoordinator, rt_addr as *mut HsRuntime);
+            let mut cmd = ptr::null_mut();
+            ok!(hs_coordinator_step(coord, &mut cmd));
+            ok!(hs_runtime_begin_step(rt, cmd, ptr::null_mut()));
+            ok!(hs_runtime_end_step(rt, cmd, ptr::null_mut()));
+            ok!(hs_runtime_poll_and_report(rt, coord, ptr::null_mut()));
+            c!(hs_command_free(cmd));
+            ok!(hs_coordinator_append_tokens(coord, 1, &3, 1));
+        })
+        .join()
+        .unwrap();
+    }
+    let mut computed = 0;
+    ok!(hs_coordinator_num_computed(coord, 1, &mut computed));
+    assert_eq!(computed, 43);
+    c!(hs_runtime_free(rt));
+    c!(hs_coordinator_free(coord));
+    c!(hs_layout_free(layout));
+}

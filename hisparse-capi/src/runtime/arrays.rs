@@ -7,10 +7,11 @@ use hisparse_core::Device;
 use hisparse_core::layout::GroupKind;
 use hisparse_runtime::AnyBuffer;
 
-use super::HsRuntime;
+use super::{HsRuntime, RuntimeState};
 use crate::error::{
-    Failure, HsStatus, deref, guard, invalid, output, output_array, output_opt, slice_mut,
+    Failure, HsStatus, guard, invalid, output, output_array, output_opt, slice_mut,
 };
+use crate::exclusive::enter;
 
 /// One of the runtime's device arrays: int32 `[rows][cols]`, row-major and contiguous.
 #[repr(C)]
@@ -50,7 +51,7 @@ fn address(buf: &AnyBuffer) -> Result<u64, Failure> {
     }
 }
 
-impl HsRuntime {
+impl RuntimeState {
     /// The buffer of `array` and its shape.
     fn array(&self, array: Array) -> Result<(&AnyBuffer, u32, u32), Failure> {
         let rt = &self.rt;
@@ -138,7 +139,7 @@ pub unsafe extern "C" fn hs_runtime_slot_mapping(
         // SAFETY: forwarded contract.
         let (r, out, step_tokens) = unsafe {
             (
-                deref(runtime, "runtime")?,
+                enter(runtime, "runtime")?,
                 output(out, "out")?,
                 output_opt(step_tokens),
             )
@@ -170,7 +171,7 @@ pub unsafe extern "C" fn hs_runtime_slot_mapping_groups(
         // SAFETY: forwarded contract.
         let (r, out) = unsafe {
             (
-                deref(runtime, "runtime")?,
+                enter(runtime, "runtime")?,
                 output_array(out, capacity, count, "out")?,
             )
         };
@@ -196,7 +197,7 @@ pub unsafe extern "C" fn hs_runtime_block_table(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         out.set(r.describe(Array::BlockTable(group))?);
         Ok(())
     })
@@ -216,7 +217,7 @@ pub unsafe extern "C" fn hs_runtime_batch_table(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         out.set(r.describe(Array::Batch)?);
         Ok(())
     })
@@ -238,7 +239,7 @@ pub unsafe extern "C" fn hs_runtime_read_slot_mapping(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, slice_mut(out, len, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, slice_mut(out, len, "out")?) };
         r.read(Array::SlotMapping, out)
     })
 }
@@ -258,7 +259,7 @@ pub unsafe extern "C" fn hs_runtime_read_block_table(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, slice_mut(out, len, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, slice_mut(out, len, "out")?) };
         r.read(Array::BlockTable(group), out)
     })
 }

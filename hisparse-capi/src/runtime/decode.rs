@@ -8,6 +8,7 @@ use hisparse_runtime::{AnyBuffer, Indices, LayerCall, Swap, TopK};
 
 use super::{HsBuffer, HsRuntime};
 use crate::error::{Failure, HsStatus, deref, deref_mut, guard, invalid};
+use crate::exclusive::enter;
 
 /// Which layers of an index group a per-layer call swaps in (`HsLayerCall::swap`).
 #[repr(C)]
@@ -106,7 +107,7 @@ pub unsafe extern "C" fn hs_runtime_decode(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, call) = unsafe { (deref_mut(runtime, "runtime")?, deref(call, "call")?) };
+        let (mut r, call) = unsafe { (enter(runtime, "runtime")?, deref(call, "call")?) };
         let swap = match call.swap {
             0 => Swap::IndexGroup,
             1 => Swap::Leader,
@@ -209,7 +210,7 @@ pub unsafe extern "C" fn hs_runtime_apply_plan(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let r = unsafe { deref_mut(runtime, "runtime") }?;
+        let mut r = unsafe { enter(runtime, "runtime") }?;
         // SAFETY: forwarded contract.
         let on = unsafe { r.stream(stream) }?;
         Ok(r.rt.apply_plan_on(layer, on)?)
@@ -231,7 +232,7 @@ pub unsafe extern "C" fn hs_runtime_remap_prefill(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, call) = unsafe { (deref_mut(runtime, "runtime")?, deref(call, "call")?) };
+        let (mut r, call) = unsafe { (enter(runtime, "runtime")?, deref(call, "call")?) };
         // SAFETY: forwarded contract.
         let (topk, out) = unsafe { buffers(call) }?;
         // SAFETY: forwarded contract.

@@ -11,6 +11,7 @@ use super::HsRuntime;
 use crate::error::{
     HsStatus, deref, deref_mut, free_handle, guard, handle, invalid, output, slice, slice_mut,
 };
+use crate::exclusive::enter;
 
 /// A device buffer of a runtime's device (opaque): top-k inputs, row-index outputs, counts.
 /// Free with `hs_buffer_free`.
@@ -34,7 +35,7 @@ pub unsafe extern "C" fn hs_runtime_resident_row(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, slice_mut(out, len, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, slice_mut(out, len, "out")?) };
         let row = r.rt.resident_row(bucket, state_row).ok_or_else(|| {
             invalid(format!(
                 "bucket {bucket} or state row {state_row} is outside the runtime ({} buckets, {} state rows)",
@@ -63,7 +64,7 @@ pub unsafe extern "C" fn hs_runtime_write_device_pool(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, data) = unsafe { (deref_mut(runtime, "runtime")?, slice(data, len, "data")?) };
+        let (mut r, data) = unsafe { (enter(runtime, "runtime")?, slice(data, len, "data")?) };
         let (dev, pools) = r.rt.device_and_pools_mut();
         Ok(dev.upload(&mut pools.device, offset, data)?)
     })
@@ -83,7 +84,7 @@ pub unsafe extern "C" fn hs_runtime_read_device_pool(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, slice_mut(out, len, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, slice_mut(out, len, "out")?) };
         Ok(r.rt.device().download(&r.rt.pools().device, offset, out)?)
     })
 }
@@ -103,7 +104,7 @@ pub unsafe extern "C" fn hs_runtime_read_host_pool(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, slice_mut(out, len, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, slice_mut(out, len, "out")?) };
         Ok(r.rt.device().read_pinned(&r.rt.pools().host, offset, out)?)
     })
 }
@@ -121,7 +122,7 @@ pub unsafe extern "C" fn hs_buffer_alloc(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         let buf = r.rt.device().alloc(bytes)?;
         out.set(handle(HsBuffer { buf }));
         Ok(())
@@ -145,7 +146,7 @@ pub unsafe extern "C" fn hs_buffer_wrap(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         // SAFETY: forwarded contract.
         let buf = unsafe { r.rt.device().wrap_device_memory(ptr as usize as u64, bytes) }?;
         out.set(handle(HsBuffer { buf }));
@@ -183,7 +184,7 @@ pub unsafe extern "C" fn hs_buffer_upload_i32(
         // SAFETY: forwarded contract.
         let (r, b, v) = unsafe {
             (
-                deref(runtime, "runtime")?,
+                enter(runtime, "runtime")?,
                 deref_mut(buffer, "buffer")?,
                 slice(values, len, "values")?,
             )
@@ -212,7 +213,7 @@ pub unsafe extern "C" fn hs_buffer_download_i32(
         // SAFETY: forwarded contract.
         let (r, b, out) = unsafe {
             (
-                deref(runtime, "runtime")?,
+                enter(runtime, "runtime")?,
                 deref(buffer, "buffer")?,
                 slice_mut(out, len, "out")?,
             )

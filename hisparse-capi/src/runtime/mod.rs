@@ -18,14 +18,26 @@ pub use decode::*;
 pub use memory::*;
 pub use step::*;
 
-use crate::error::{
-    Failure, HsStatus, deref, deref_mut, free_handle, guard, handle, invalid, output, string,
-};
+use crate::error::{Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, string};
+use crate::exclusive::{Exclusive, Handle, enter};
 use crate::layout::HsLayout;
 
 /// The engine runtime (opaque): executes each step's command on a backend. Free with
 /// `hs_runtime_free` (which first waits for the runtime's work in flight).
 pub struct HsRuntime {
+    state: Exclusive<RuntimeState>,
+}
+
+impl Handle for HsRuntime {
+    type State = RuntimeState;
+
+    fn cell(&self) -> &Exclusive<RuntimeState> {
+        &self.state
+    }
+}
+
+/// What an `HsRuntime` holds.
+pub(crate) struct RuntimeState {
     pub(crate) rt: Runtime<AnyDevice>,
     /// The engine streams lent so far: the raw handle a call passed and the id the runtime gave
     /// it (each handle is wrapped once and kept for the runtime's life).
@@ -38,12 +50,16 @@ pub struct HsRuntime {
 impl HsRuntime {
     fn new(rt: Runtime<AnyDevice>, compute_raw: Option<usize>) -> Self {
         HsRuntime {
-            rt,
-            streams: Vec::new(),
-            compute_raw,
+            state: Exclusive::new(RuntimeState {
+                rt,
+                streams: Vec::new(),
+                compute_raw,
+            }),
         }
     }
+}
 
+impl RuntimeState {
     /// The stream a call passed as `raw`: NULL is the runtime's compute stream (`None`); any
     /// other handle is lent to the runtime the first time it is seen and named by its id after.
     ///
@@ -67,7 +83,7 @@ impl HsRuntime {
     }
 }
 
-impl Drop for HsRuntime {
+impl Drop for RuntimeState {
     fn drop(&mut self) {
         // Lent memory must outlive the work enqueued on it: finish that work first. A failure
         // has nowhere to go here (the device is then lost anyway).
@@ -339,7 +355,7 @@ pub unsafe extern "C" fn hs_runtime_counters(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, out) = unsafe { (deref(runtime, "runtime")?, output(out, "out")?) };
+        let (r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         let c = r.rt.counters();
         out.set(HsCounters {
             steps: c.steps,
@@ -381,7 +397,7 @@ pub unsafe extern "C" fn hs_runtime_synchronize(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let r = unsafe { deref_mut(runtime, "runtime") }?;
+        let mut r = unsafe { enter(runtime, "runtime") }?;
         // SAFETY: forwarded contract.
         let on = unsafe { r.stream(stream) }?;
         let s = r.rt.stream(on)?;

@@ -9,7 +9,8 @@ use hisparse_runtime::ReportError;
 use super::HsRuntime;
 use crate::command::HsCommand;
 use crate::coordinator::HsCoordinator;
-use crate::error::{Failure, HsStatus, deref, deref_mut, guard, output_opt, slice};
+use crate::error::{Failure, HsStatus, deref, guard, output_opt, slice};
+use crate::exclusive::{enter, enter_opt};
 
 /// Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
 /// copy-on-write and restores, and writes the step's slot mapping (`hs_runtime_slot_mapping`),
@@ -30,7 +31,7 @@ pub unsafe extern "C" fn hs_runtime_begin_step(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, c) = unsafe { (deref_mut(runtime, "runtime")?, deref(command, "command")?) };
+        let (mut r, c) = unsafe { (enter(runtime, "runtime")?, deref(command, "command")?) };
         // SAFETY: forwarded contract.
         let on = unsafe { r.stream(stream) }?;
         Ok(r.rt.begin_step_on(&c.inner, on)?)
@@ -60,9 +61,9 @@ pub unsafe extern "C" fn hs_runtime_set_batch(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, rows) = unsafe {
+        let (mut r, rows) = unsafe {
             (
-                deref_mut(runtime, "runtime")?,
+                enter(runtime, "runtime")?,
                 slice(state_rows, len, "state_rows")?,
             )
         };
@@ -88,7 +89,7 @@ pub unsafe extern "C" fn hs_runtime_end_step(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, c) = unsafe { (deref_mut(runtime, "runtime")?, deref(command, "command")?) };
+        let (mut r, c) = unsafe { (enter(runtime, "runtime")?, deref(command, "command")?) };
         // SAFETY: forwarded contract.
         let on = unsafe { r.stream(stream) }?;
         Ok(r.rt.end_step_on(&c.inner, on)?)
@@ -110,14 +111,14 @@ pub unsafe extern "C" fn hs_runtime_poll_and_report(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, c, completed) = unsafe {
+        let (mut r, mut c, completed) = unsafe {
             (
-                deref_mut(runtime, "runtime")?,
-                deref_mut(coordinator, "coordinator")?,
+                enter(runtime, "runtime")?,
+                enter(coordinator, "coordinator")?,
                 output_opt(completed),
             )
         };
-        let report = r.rt.poll_and_report(&mut c.inner).map_err(|e| match e {
+        let report = r.rt.poll_and_report(&mut c).map_err(|e| match e {
             ReportError::Runtime(e) => Failure::from(e),
             ReportError::Coordinator(e) => Failure::from(e),
         })?;
@@ -142,13 +143,17 @@ pub unsafe extern "C" fn hs_runtime_drain(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (r, c) = unsafe { (deref_mut(runtime, "runtime")?, coordinator.as_mut()) };
+        let (mut r, c) = unsafe {
+            (
+                enter(runtime, "runtime")?,
+                enter_opt(coordinator, "coordinator")?,
+            )
+        };
         let report = r.rt.drain()?;
-        if let Some(c) = c
+        if let Some(mut c) = c
             && !report.is_empty()
         {
-            c.inner
-                .report(report.worker, &report.enqueued, &report.completed)?;
+            c.report(report.worker, &report.enqueued, &report.completed)?;
         }
         Ok(())
     })
