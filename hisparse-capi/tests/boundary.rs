@@ -20,9 +20,8 @@ fn null_refused(status: HsStatus, arg: &str) {
 
 #[test]
 fn a_null_handle_or_output_is_a_typed_status_naming_the_argument() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 2);
-    let rt = cpu_runtime(layout, 2, 4);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 4);
+    let (layout, coord, rt) = (w.layout, w.coord, w.rt);
     let null_c: *mut HsCoordinator = ptr::null_mut();
     let mut outcome = HsAlloc::Wait;
     let (mut n32, mut nsize, mut id) = (0u32, 0usize, 0u64);
@@ -233,9 +232,6 @@ fn a_null_handle_or_output_is_a_typed_status_naming_the_argument() {
 
     c!(hs_report_free(report));
     c!(hs_command_free(cmd));
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
@@ -250,8 +246,8 @@ fn frees_accept_null() {
 
 #[test]
 fn an_output_array_gets_the_size_first_and_a_small_one_only_the_size() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 4);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 4, 1);
+    let coord = w.coord;
     let prompt = [1u32, 2, 3];
     for id in [10, 11, 12] {
         ok!(hs_coordinator_admit(
@@ -292,14 +288,12 @@ fn an_output_array_gets_the_size_first_and_a_small_one_only_the_size() {
         &mut count
     ));
     assert_eq!(ids, [10, 11, 12]);
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn a_length_no_array_can_have_is_refused_before_it_is_read() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 2);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 1);
+    let coord = w.coord;
     let prompt = [1u32];
     // The length claims more bytes than any array spans: refused before a slice is built over
     // the one token behind the pointer.
@@ -316,8 +310,6 @@ fn a_length_no_array_can_have_is_refused_before_it_is_read() {
     let mut empty = false;
     ok!(hs_coordinator_is_empty(coord, &mut empty));
     assert!(empty, "nothing was admitted");
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]

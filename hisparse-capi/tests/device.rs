@@ -111,10 +111,9 @@ fn the_views_are_the_layouts_offsets_and_the_flat_attention_view() {
 
 #[test]
 fn a_forward_pass_writes_through_the_slot_mapping_and_decode_reads_every_row_back() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 3, 3);
+    let (layout, coord, rt) = (w.layout, w.coord, w.rt);
     let info = layout_info(layout);
-    let coord = coordinator(layout, 3);
-    let rt = cpu_runtime(layout, 3, 3);
     let prompt: Vec<u32> = (0..37).collect();
     for id in 1..=3 {
         ok!(hs_coordinator_admit(
@@ -312,24 +311,14 @@ fn a_forward_pass_writes_through_the_slot_mapping_and_decode_reads_every_row_bac
     assert!(verified > 500, "{verified} rows verified");
     c!(hs_buffer_free(topk));
     c!(hs_buffer_free(rows));
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn the_device_tables_hold_what_the_coordinator_assigned() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 2);
+    let (layout, coord, rt) = (w.layout, w.coord, w.rt);
     let info = layout_info(layout);
-    let coord = coordinator(layout, 2);
-    let rt = cpu_runtime(layout, 2, 2);
-    let prompt: Vec<u32> = (0..40).collect();
-    ok!(hs_coordinator_admit(
-        coord,
-        5,
-        prompt.as_ptr(),
-        prompt.len()
-    ));
+    w.admit(5, 40);
     let mut cmd = ptr::null_mut();
     ok!(hs_coordinator_step(coord, &mut cmd));
     ok!(hs_runtime_begin_step(rt, cmd, ptr::null_mut()));
@@ -386,16 +375,12 @@ fn the_device_tables_hold_what_the_coordinator_assigned() {
         "100000",
     );
     c!(hs_command_free(cmd));
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn a_batch_is_padded_for_a_graph_and_a_bad_padding_is_a_graph_shape_status() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 4);
-    let rt = cpu_runtime(layout, 4, 4);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 4, 4);
+    let (coord, rt) = (w.coord, w.rt);
     let prompt: Vec<u32> = (0..20).collect();
     for id in [1, 2] {
         ok!(hs_coordinator_admit(
@@ -444,23 +429,13 @@ fn a_batch_is_padded_for_a_graph_and_a_bad_padding_is_a_graph_shape_status() {
         "state row 3",
     );
     c!(hs_command_free(cmd));
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn a_per_layer_call_refuses_outputs_that_alias_its_inputs_and_unknown_swaps() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 2);
-    let rt = cpu_runtime(layout, 2, 2);
-    let prompt: Vec<u32> = (0..20).collect();
-    ok!(hs_coordinator_admit(
-        coord,
-        1,
-        prompt.as_ptr(),
-        prompt.len()
-    ));
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 2);
+    let (coord, rt) = (w.coord, w.rt);
+    w.admit(1, 20);
     let mut cmd = ptr::null_mut();
     ok!(hs_coordinator_step(coord, &mut cmd));
     ok!(hs_runtime_begin_step(rt, cmd, ptr::null_mut()));
@@ -518,23 +493,13 @@ fn a_per_layer_call_refuses_outputs_that_alias_its_inputs_and_unknown_swaps() {
     c!(hs_buffer_free(a));
     c!(hs_buffer_free(b));
     c!(hs_command_free(cmd));
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn each_stream_a_call_passes_is_lent_once_and_the_runtime_holds_a_bounded_number() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 2);
-    let rt = cpu_runtime(layout, 2, 2);
-    let prompt: Vec<u32> = (0..20).collect();
-    ok!(hs_coordinator_admit(
-        coord,
-        1,
-        prompt.as_ptr(),
-        prompt.len()
-    ));
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 2);
+    let (coord, rt) = (w.coord, w.rt);
+    w.admit(1, 20);
     let mut cmd = ptr::null_mut();
     ok!(hs_coordinator_step(coord, &mut cmd));
     // The CPU backend runs every call to completion on the calling thread, whatever stream
@@ -556,9 +521,6 @@ fn each_stream_a_call_passes_is_lent_once_and_the_runtime_holds_a_bounded_number
     );
     ok!(hs_runtime_synchronize(rt, ptr::null_mut()));
     c!(hs_command_free(cmd));
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]

@@ -243,8 +243,8 @@ fn an_engine_preempts_a_request_of_its_choice_when_the_pool_is_short() {
 #[test]
 fn start_and_schedule_answer_what_they_did() {
     // 25 usable GPU blocks: a 96-token prompt (6 pages) takes 24 of them.
-    let layout = tiny_layout(26, 4 * 64, 128, 1);
-    let coord = coordinator(layout, 4);
+    let w = World::new(tiny_layout(26, 4 * 64, 128, 1), 4, 1);
+    let coord = w.coord;
     let prompt: Vec<u32> = (0..96).collect();
     for id in [1, 2] {
         ok!(hs_coordinator_admit(
@@ -333,14 +333,12 @@ fn start_and_schedule_answer_what_they_did() {
     assert_eq!(&ids[..count], &[2]);
     c!(hs_command_free(cmd));
     ok!(hs_coordinator_check_invariants(coord));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn the_built_in_step_is_kept_beside_the_engines_calls() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 4);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 4, 1);
+    let coord = w.coord;
     let prompt: Vec<u32> = (0..40).collect();
     ok!(hs_coordinator_admit(
         coord,
@@ -373,22 +371,14 @@ fn the_built_in_step_is_kept_beside_the_engines_calls() {
         (1, 40, 1)
     );
     c!(hs_command_free(cmd));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn rollback_gives_back_rejected_speculative_tokens() {
     // One draft token per step: max_query_len 2.
-    let layout = tiny_layout(200, 4 * 64, 256, 2);
-    let coord = coordinator(layout, 2);
-    let prompt: Vec<u32> = (0..40).collect();
-    ok!(hs_coordinator_admit(
-        coord,
-        1,
-        prompt.as_ptr(),
-        prompt.len()
-    ));
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 2), 2, 1);
+    let coord = w.coord;
+    w.admit(1, 40);
     let mut outcome = HsAlloc::Wait;
     ok!(hs_coordinator_start(coord, 1, 64, &mut outcome));
     assert_eq!(outcome, HsAlloc::Scheduled);
@@ -418,14 +408,12 @@ fn rollback_gives_back_rejected_speculative_tokens() {
     ok!(hs_coordinator_num_tokens(coord, 1, &mut n));
     assert_eq!(n, 41);
     ok!(hs_coordinator_check_invariants(coord));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn an_import_names_its_host_blocks_and_starts_once_complete() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 2);
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 1);
+    let coord = w.coord;
     let tokens: Vec<u32> = (0..41).collect();
     ok!(hs_coordinator_reserve_import(
         coord,
@@ -508,22 +496,13 @@ fn an_import_names_its_host_blocks_and_starts_once_complete() {
         (9, 40, 1)
     );
     c!(hs_command_free(cmd));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn a_workers_report_reaches_the_coordinator_whole() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 2);
-    let rt = cpu_runtime(layout, 2, 64);
-    let prompt: Vec<u32> = (0..40).collect();
-    ok!(hs_coordinator_admit(
-        coord,
-        1,
-        prompt.as_ptr(),
-        prompt.len()
-    ));
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 64);
+    let (coord, rt) = (w.coord, w.rt);
+    w.admit(1, 40);
     let mut cmd = ptr::null_mut();
     ok!(hs_coordinator_step(coord, &mut cmd));
     let info = command_info(cmd);
@@ -560,23 +539,13 @@ fn a_workers_report_reaches_the_coordinator_whole() {
     );
     c!(hs_report_free(report));
     c!(hs_command_free(cmd));
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 #[test]
 fn handles_move_between_threads_one_call_at_a_time() {
-    let layout = tiny_layout(200, 4 * 64, 256, 1);
-    let coord = coordinator(layout, 2);
-    let rt = cpu_runtime(layout, 2, 64);
-    let prompt: Vec<u32> = (0..40).collect();
-    ok!(hs_coordinator_admit(
-        coord,
-        1,
-        prompt.as_ptr(),
-        prompt.len()
-    ));
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 64);
+    let (coord, rt) = (w.coord, w.rt);
+    w.admit(1, 40);
     // Each step on a thread of its own: an engine's worker threads take turns.
     let (coord_addr, rt_addr) = (coord as usize, rt as usize);
     for _ in 0..4 {
@@ -596,7 +565,4 @@ fn handles_move_between_threads_one_call_at_a_time() {
     let mut computed = 0;
     ok!(hs_coordinator_num_computed(coord, 1, &mut computed));
     assert_eq!(computed, 43);
-    c!(hs_runtime_free(rt));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }

@@ -131,6 +131,28 @@ pub unsafe extern "C" fn hs_runtime_decode(
     })
 }
 
+/// The per-layer call over the batch set by `hs_runtime_set_batch`.
+fn batch_call(
+    group: usize,
+    swap: HsSwap,
+    topk: *const HsBuffer,
+    num_tokens: u32,
+    rows: *mut HsBuffer,
+    counts: *mut HsBuffer,
+    stream: *mut c_void,
+) -> HsLayerCall {
+    HsLayerCall {
+        group,
+        swap: swap as u32,
+        topk,
+        num_tokens,
+        state_rows: std::ptr::null(),
+        rows,
+        counts,
+        stream,
+    }
+}
+
 /// `hs_runtime_decode` of index group `group` with `HS_SWAP_INDEX_GROUP`, over the batch set by
 /// `hs_runtime_set_batch`: `topk` int32 `[num_tokens][top_k]` token positions in, `rows` int32
 /// of the same shape out (physical rows of the flat device-pool view, -1 = none); `counts`
@@ -151,16 +173,15 @@ pub unsafe extern "C" fn hs_runtime_resolve_index_group(
     counts: *mut HsBuffer,
     stream: *mut c_void,
 ) -> HsStatus {
-    let call = HsLayerCall {
+    let call = batch_call(
         group,
-        swap: HsSwap::IndexGroup as u32,
+        HsSwap::IndexGroup,
         topk,
         num_tokens,
-        state_rows: std::ptr::null(),
         rows,
         counts,
         stream,
-    };
+    );
     // SAFETY: forwarded contract.
     unsafe { hs_runtime_decode(runtime, &call) }
 }
@@ -181,16 +202,15 @@ pub unsafe extern "C" fn hs_runtime_resolve_leader(
     counts: *mut HsBuffer,
     stream: *mut c_void,
 ) -> HsStatus {
-    let call = HsLayerCall {
+    let call = batch_call(
         group,
-        swap: HsSwap::Leader as u32,
+        HsSwap::Leader,
         topk,
         num_tokens,
-        state_rows: std::ptr::null(),
         rows,
         counts,
         stream,
-    };
+    );
     // SAFETY: forwarded contract.
     unsafe { hs_runtime_decode(runtime, &call) }
 }

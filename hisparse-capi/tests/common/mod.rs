@@ -161,3 +161,44 @@ pub fn scheduled(cmd: *const HsCommand) -> Vec<HsScheduledRequest> {
 pub fn cstr(s: &CStr) -> *const c_char {
     s.as_ptr()
 }
+
+/// A layout, a coordinator and a CPU runtime for it, freed together when dropped.
+pub struct World {
+    /// The layout.
+    pub layout: *mut HsLayout,
+    /// A coordinator for it (no prefix caching).
+    pub coord: *mut HsCoordinator,
+    /// A CPU runtime for it.
+    pub rt: *mut HsRuntime,
+}
+
+impl World {
+    /// `layout` with a coordinator of `state_rows` state rows and a runtime of as many, taking
+    /// `max_step_tokens` token rows per call.
+    pub fn new(layout: *mut HsLayout, state_rows: u32, max_step_tokens: u32) -> Self {
+        World {
+            layout,
+            coord: coordinator(layout, state_rows),
+            rt: cpu_runtime(layout, state_rows, max_step_tokens),
+        }
+    }
+
+    /// Admits request `id` with the prompt `0 .. len`.
+    pub fn admit(&self, id: u64, len: u32) {
+        let prompt: Vec<u32> = (0..len).collect();
+        ok!(hs_coordinator_admit(
+            self.coord,
+            id,
+            prompt.as_ptr(),
+            prompt.len()
+        ));
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        c!(hs_runtime_free(self.rt));
+        c!(hs_coordinator_free(self.coord));
+        c!(hs_layout_free(self.layout));
+    }
+}
