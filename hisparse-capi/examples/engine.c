@@ -19,6 +19,8 @@
  *   cargo build -p hisparse-capi
  *   cc -std=c11 -Wall -Wextra -Werror -I hisparse-capi/include hisparse-capi/examples/engine.c \
  *      target/debug/libhisparse_capi.a -lpthread -ldl -lm -o engine && ./engine
+ *
+ * `./engine cuda` runs it on a GPU (build the library with `--features cuda`).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -211,7 +213,7 @@ typedef struct Outcome {
 
 /* Runs the scenario on runtime-owned pools (`lend` 0) or on pools this program allocates and
  * lends (`lend` 1), scheduled by the engine (`builtin` 0) or by the built-in policy (1). */
-static Outcome run_scenario(int lend, int builtin) {
+static Outcome run_scenario(const char *backend, int lend, int builtin) {
     /* A three-layer model with 64-byte rows, 16-token blocks, top-k 16, a 32-slot hot buffer. */
     static const char model[] =
         "{\"name\": \"tiny\", \"block_tokens\": 16, \"top_k\": 16, \"layers\": ["
@@ -270,10 +272,15 @@ static Outcome run_scenario(int lend, int builtin) {
             .has_stream = false,
             .stream = NULL,
         };
-        CHECK(hs_runtime_new_with_pools(layout, "cpu", "", &rc, &lent, &rt));
+        CHECK(hs_runtime_new_with_pools(layout, backend, "", &rc, &lent, &rt));
     } else {
-        CHECK(hs_runtime_new(layout, "cpu", "", &rc, &rt));
+        CHECK(hs_runtime_new(layout, backend, "", &rc, &rt));
     }
+    /* On the CPU backend the slot mapping's address is host memory this program reads in
+     * place; on a GPU an engine's kernels read it there, and this host-side forward pass reads
+     * a copy. */
+    const int on_host = strcmp(backend, "cpu") == 0;
+    int32_t *mapping_copy = NULL;
 
     /* The slot mapping's write groups and the views of their layers. */
     size_t num_write_groups = 0;
@@ -357,7 +364,14 @@ static Outcome run_scenario(int lend, int builtin) {
         HsDeviceArray sm;
         uint32_t step_tokens;
         CHECK(hs_runtime_slot_mapping(rt, &sm, &step_tokens));
-        const int32_t *mapping = (const int32_t *)(uintptr_t)sm.address; /* CPU backend */
+        const int32_t *mapping = (const int32_t *)(uintptr_t)sm.address;
+        if (!on_host) {
+            size_t n = (size_t)sm.rows * sm.cols;
+            if (mapping_copy == NULL) mapping_copy = malloc(n * sizeof(int32_t));
+            EXPECT(mapping_copy != NULL, "out of memory");
+            CHECK(hs_runtime_read_slot_mapping(rt, mapping_copy, n));
+            mapping = mapping_copy;
+        }
         uint32_t t = 0;
         for (size_t i = 0; i < ci.num_scheduled; i++) {
             for (uint32_t k = 0; k < sched[i].num_tokens; k++, t++) {
@@ -466,11 +480,12 @@ static Outcome run_scenario(int lend, int builtin) {
     CHECK(hs_runtime_counters(rt, &out.counters));
     out.preemptions = e.preemptions;
     const HsCounters *c = &out.counters;
-    printf("%s, %s pools, %" PRIu64 " steps: %" PRIu64
+    printf("%s: %s, %s pools, %" PRIu64 " steps: %" PRIu64
            " rows verified byte for byte, 0 mismatched; %" PRIu64 " preemptions, %" PRIu64
            " waits; %" PRIu64 " hot hits, %" PRIu64 " misses, %" PRIu64
            " pages reclaimed, %" PRIu64 " resolve and %" PRIu64 " remap calls\n",
-           builtin ? "built-in policy" : "engine's scheduler", lend ? "lent" : "runtime-owned",
+           backend, builtin ? "built-in policy" : "engine's scheduler",
+           lend ? "lent" : "runtime-owned",
            out.steps, out.verified, e.preemptions, e.waits, c->hot_hits, c->hot_misses,
            c->reclaimed_pages, c->resolve_calls, c->remap_calls);
     EXPECT(out.verified > 3000, "only %" PRIu64 " rows verified", out.verified);
@@ -485,16 +500,25 @@ static Outcome run_scenario(int lend, int builtin) {
     hs_runtime_free(rt); /* before the lent memory: the runtime finishes its work on it first */
     free(device_pool);
     free(host_pool);
+    free(mapping_copy);
     hs_coordinator_free(coord);
     hs_layout_free(layout);
     return out;
 }
 
-int main(void) {
+/* `engine [backend]`: the CPU backend by default; `cuda` or `rocm` with a library built with
+ * that feature (the lent-pools run is the CPU backend's: device memory lent on a GPU comes from
+ * the engine's own allocator, which this program does not link). */
+int main(int argc, char **argv) {
+    const char *backend = argc > 1 ? argv[1] : "cpu";
     check_errors();
-    Outcome owned = run_scenario(0, 0);
-    Outcome lent = run_scenario(1, 0);
-    run_scenario(0, 1);
+    Outcome owned = run_scenario(backend, 0, 0);
+    run_scenario(backend, 0, 1);
+    if (strcmp(backend, "cpu") != 0) {
+        printf("engine.c: ok on %s (the lent-pools run is the CPU backend's)\n", backend);
+        return 0;
+    }
+    Outcome lent = run_scenario(backend, 1, 0);
     EXPECT(owned.verified == lent.verified && owned.preemptions == lent.preemptions &&
                owned.counters.hot_hits == lent.counters.hot_hits &&
                owned.counters.hot_misses == lent.counters.hot_misses &&
