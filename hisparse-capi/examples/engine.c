@@ -135,6 +135,22 @@ static uint32_t tokens_left(const Engine *e, uint64_t id) {
     return n - computed;
 }
 
+/* Drops request `id` from the engine's queues. */
+static void forget(Engine *e, uint64_t id) {
+    for (size_t i = 0; i < e->num_running; i++) {
+        if (e->running[i] != id) continue;
+        memmove(&e->running[i], &e->running[i + 1], (e->num_running - i - 1) * sizeof(uint64_t));
+        e->num_running--;
+        return;
+    }
+    for (size_t i = 0; i < e->num_waiting; i++) {
+        if (e->waiting[i] != id) continue;
+        memmove(&e->waiting[i], &e->waiting[i + 1], (e->num_waiting - i - 1) * sizeof(uint64_t));
+        e->num_waiting--;
+        return;
+    }
+}
+
 /* Preempts the running request with the most tokens still to compute (the engine's choice),
  * queues it first among the waiting ones, and returns the index it had among the running. */
 static size_t preempt_one(Engine *e) {
@@ -144,9 +160,7 @@ static size_t preempt_one(Engine *e) {
     }
     uint64_t id = e->running[victim];
     CHECK(hs_coordinator_preempt(e->coord, id));
-    memmove(&e->running[victim], &e->running[victim + 1],
-            (e->num_running - victim - 1) * sizeof(uint64_t));
-    e->num_running--;
+    forget(e, id);
     memmove(&e->waiting[1], &e->waiting[0], e->num_waiting * sizeof(uint64_t));
     e->waiting[0] = id;
     e->num_waiting++;
@@ -185,20 +199,17 @@ static HsCommand *schedule_step(Engine *e) {
     /* Start waiting requests, never in a step where memory was short. */
     while (!pressed && budget > 0 && e->num_waiting > 0 && e->num_running < REQUESTS) {
         uint64_t id = e->waiting[0];
-        uint32_t computed_before;
-        CHECK(hs_coordinator_num_computed(e->coord, id, &computed_before));
+        /* Ask first: the answer, and the chunk's tokens, are what the start then does. */
+        HsAdmission ask;
+        CHECK(hs_coordinator_can_start(e->coord, id, budget, &ask));
+        if (ask.outcome != HS_ALLOC_SCHEDULED) break;
         HsAlloc outcome;
         CHECK(hs_coordinator_start(e->coord, id, budget, &outcome));
-        if (outcome != HS_ALLOC_SCHEDULED) break;
+        EXPECT(outcome == HS_ALLOC_SCHEDULED, "the start answered otherwise than its query");
         memmove(&e->waiting[0], &e->waiting[1], (e->num_waiting - 1) * sizeof(uint64_t));
         e->num_waiting--;
         e->running[e->num_running++] = id;
-        /* The chunk is in the command; what the request has computed now bounds it (it also
-         * counts tokens found in the prefix cache, so the budget is spent conservatively). */
-        uint32_t computed;
-        CHECK(hs_coordinator_num_computed(e->coord, id, &computed));
-        uint32_t chunk = computed - computed_before;
-        budget = chunk >= budget ? 0 : budget - chunk;
+        budget -= ask.tokens;
     }
     HsCommand *cmd = NULL;
     CHECK(hs_coordinator_build_offload_command(e->coord, &cmd));
@@ -208,7 +219,7 @@ static HsCommand *schedule_step(Engine *e) {
 /* What one run saw. */
 typedef struct Outcome {
     HsCounters counters;
-    uint64_t verified, steps, preemptions;
+    uint64_t verified, steps, preemptions, refused;
 } Outcome;
 
 /* Runs the scenario on runtime-owned pools (`lend` 0) or on pools this program allocates and
@@ -350,6 +361,18 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
         }
         HsCommandInfo ci;
         CHECK(hs_command_info(cmd, &ci));
+        /* A request the pools can never serve is refused, the step going on for the others:
+         * the engine fails it (none does here: every request fits the layout). */
+        for (size_t i = 0; i < ci.num_refused; i++) {
+            HsRefusedRequest r;
+            CHECK(hs_command_refused(cmd, i, &r));
+            fprintf(stderr, "request %" PRIu64 " refused (reason %d: needs %" PRIu64
+                    " blocks, the pool has %" PRIu64 ")\n",
+                    r.id, (int)r.reason, r.needed, r.capacity);
+            CHECK(hs_coordinator_finish(coord, r.id));
+            forget(&e, r.id);
+            out.refused++;
+        }
         CHECK(hs_runtime_begin_step(rt, cmd, NULL));
 
         HsScheduledRequest sched[REQUESTS];
@@ -458,9 +481,7 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
                 i++;
             } else if (n >= PROMPT + DECODE) {
                 CHECK(hs_coordinator_finish(coord, id));
-                memmove(&e.running[i], &e.running[i + 1],
-                        (e.num_running - i - 1) * sizeof(uint64_t));
-                e.num_running--;
+                forget(&e, id);
             } else {
                 uint32_t sampled = 7;
                 CHECK(hs_coordinator_append_tokens(coord, id, &sampled, 1));
@@ -489,6 +510,7 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
            out.steps, out.verified, e.preemptions, e.waits, c->hot_hits, c->hot_misses,
            c->reclaimed_pages, c->resolve_calls, c->remap_calls);
     EXPECT(out.verified > 3000, "only %" PRIu64 " rows verified", out.verified);
+    EXPECT(out.refused == 0, "%" PRIu64 " requests refused", out.refused);
     EXPECT(c->reclaimed_pages > 0 && c->hot_misses > 0 && c->hot_hits > 0,
            "the pool was not tight enough to swap rows in");
     EXPECT(builtin || e.preemptions > 0, "the pool was not tight enough to preempt");

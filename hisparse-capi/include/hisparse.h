@@ -67,6 +67,21 @@ typedef enum HsAlloc {
   HS_ALLOC_NO_SPACE_HOST = 3,
 } HsAlloc;
 
+// Why a request was refused while a step was scheduled.
+typedef enum HsRefusal {
+  // Its prefill can never hold its context on the GPU (a restart whose recomputed context
+  // outgrew the pool): give the KV cache more GPU memory or shorten the prompt.
+  HS_REFUSAL_PREFILL_NEVER_FITS = 0,
+  // It can never fit the GPU pool, even alone: plan larger pools.
+  HS_REFUSAL_NEVER_FITS_GPU = 1,
+  // It can never fit the host pool, even alone: plan larger pools.
+  HS_REFUSAL_NEVER_FITS_HOST = 2,
+  // The coordinator's bookkeeping for it could not be allocated.
+  HS_REFUSAL_OUT_OF_MEMORY = 3,
+  // Another error met while scheduling it (a defect to report, with the request's history).
+  HS_REFUSAL_INTERNAL = 4,
+} HsRefusal;
+
 // What a layout group holds.
 typedef enum HsGroupKind {
   // Host pool: the durable copy of every sparse layer (group 0).
@@ -113,6 +128,68 @@ typedef struct HsReport HsReport;
 // `hs_runtime_free` (which first waits for the runtime's work in flight).
 typedef struct HsRuntime HsRuntime;
 
+// What `hs_coordinator_can_start` or `hs_coordinator_can_schedule` finds: the answer the
+// operation would give now.
+typedef struct HsAdmission {
+  // The operation's answer.
+  enum HsAlloc outcome;
+  // Tokens it would schedule (0 unless scheduled): all of them for
+  // `hs_coordinator_schedule`; for `hs_coordinator_start`, its first chunk (fewer than the
+  // budget when the prompt has fewer left or the free GPU pool holds less).
+  uint32_t tokens;
+  // Whether it would reclaim resident pages first (the free GPU pool alone is short).
+  bool reclaims;
+} HsAdmission;
+
+// What each tier has free now.
+typedef struct HsTierFree {
+  // Free GPU blocks (blocks the prefix cache keeps and unpinned resident pages' blocks
+  // count as free).
+  uint32_t gpu_blocks;
+  // Usable GPU blocks (all but the null block).
+  uint32_t gpu_capacity;
+  // GPU blocks carrying a prefix-cache key (held, or free and still reusable).
+  uint32_t gpu_cached;
+  // Free host blocks (prefix-cached ones included).
+  uint32_t host_blocks;
+  // Usable host blocks.
+  uint32_t host_capacity;
+  // Host blocks carrying a prefix-cache key.
+  uint32_t host_cached;
+  // GPU blocks one hot region costs (every bucket).
+  uint32_t hot_region_blocks;
+  // Hot regions the free GPU pool could give now.
+  uint32_t hot_regions_free;
+  // Requests holding a hot region.
+  uint32_t hot_regions_held;
+  // State rows free (`max_running` minus the running requests).
+  uint32_t rows;
+} HsTierFree;
+
+// What a request needs: for its next tokens, the blocks they take out of the free pools; for
+// its whole context, what the layout says it holds.
+typedef struct HsNeeds {
+  // Tokens the next-step figures are for: the `num_tokens` asked for a running request; for
+  // a waiting one, the first chunk a start with that budget schedules before the free pools
+  // shrink it.
+  uint32_t tokens;
+  // GPU blocks those tokens take out of the free pool (new pages in every group, regular
+  // columns, prefill context staged from host, a hot region, prefix-hit blocks re-pinned).
+  uint64_t gpu_blocks;
+  // Of `gpu_blocks`, the hot region's (0 when it holds one or reads nothing from host).
+  uint64_t hot_region_blocks;
+  // Host blocks those tokens take out of the free pool.
+  uint64_t host_blocks;
+  // Tokens of the request (prompt and appended).
+  uint32_t context_tokens;
+  // GPU blocks its whole context holds at the least.
+  uint64_t context_gpu_blocks;
+  // GPU blocks a prefill over its whole context holds (a restart recomputes it all).
+  uint64_t context_prefill_gpu_blocks;
+  // Host blocks its whole context holds: one per page.
+  uint64_t context_host_blocks;
+} HsNeeds;
+
 // A command's summary.
 typedef struct HsCommandInfo {
   // Step number (from 1).
@@ -127,6 +204,8 @@ typedef struct HsCommandInfo {
   size_t num_scheduled;
   // Requests preempted in this step (`hs_command_preempted`).
   size_t num_preempted;
+  // Requests refused in this step (`hs_command_refused`).
+  size_t num_refused;
 } HsCommandInfo;
 
 // A request scheduled in a step.
@@ -142,6 +221,24 @@ typedef struct HsScheduledRequest {
   // Whether every page of the request is resident.
   bool fully_resident;
 } HsScheduledRequest;
+
+// A request refused while a step was scheduled: its blocks are given back and it is in no
+// queue; the engine fails it (or admits a shorter one) and calls `hs_coordinator_finish`. The
+// step goes on for every other request.
+typedef struct HsRefusedRequest {
+  // The request.
+  uint64_t id;
+  // Why.
+  enum HsRefusal reason;
+  // `HS_REFUSAL_PREFILL_NEVER_FITS`: tokens of context before the chunk; 0 otherwise.
+  uint32_t context_tokens;
+  // Blocks it needs (`HS_REFUSAL_PREFILL_NEVER_FITS`, `HS_REFUSAL_NEVER_FITS_*`), bytes
+  // asked for (`HS_REFUSAL_OUT_OF_MEMORY`); 0 otherwise.
+  uint64_t needed;
+  // Usable blocks in the pool (`HS_REFUSAL_PREFILL_NEVER_FITS`, `HS_REFUSAL_NEVER_FITS_*`);
+  // 0 otherwise.
+  uint64_t capacity;
+} HsRefusedRequest;
 
 // Scheduler settings. Start from `hs_coordinator_config_default`.
 typedef struct HsCoordinatorConfig {
@@ -443,6 +540,39 @@ typedef struct HsLayerView {
 extern "C" {
 #endif // __cplusplus
 
+// What `hs_coordinator_start(coordinator, id, max_tokens, …)` would answer now, and the tokens
+// of the chunk it would schedule; changes nothing.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsAdmission`.
+enum HsStatus hs_coordinator_can_start(const struct HsCoordinator *coordinator, uint64_t id, uint32_t max_tokens, struct HsAdmission *out);
+
+// What `hs_coordinator_schedule(coordinator, id, num_tokens, …)` would answer now; changes
+// nothing.
+//
+// # Safety
+//
+// As `hs_coordinator_can_start`.
+enum HsStatus hs_coordinator_can_schedule(const struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens, struct HsAdmission *out);
+
+// What each tier has free now.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsTierFree`.
+enum HsStatus hs_coordinator_tier_free(const struct HsCoordinator *coordinator, struct HsTierFree *out);
+
+// What request `id` needs for its next `num_tokens` tokens (a running request's; a start's
+// first chunk within that budget for a waiting one) and for its whole context; changes
+// nothing. Refused: an unknown or refused request, 0 tokens or more than `max_model_len`, an
+// import whose writes are not complete.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsNeeds`.
+enum HsStatus hs_coordinator_needs(const struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens, struct HsNeeds *out);
+
 // Frees a command (NULL is ignored).
 //
 // # Safety
@@ -474,6 +604,13 @@ enum HsStatus hs_command_scheduled(const struct HsCommand *command, size_t index
 // `command` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
 // points to writable memory.
 enum HsStatus hs_command_preempted(const struct HsCommand *command, uint64_t *out, size_t capacity, size_t *count);
+
+// Refused request `index` of the command (`0 .. num_refused`).
+//
+// # Safety
+//
+// `command` is a live handle; `out` points to writable memory for an `HsRefusedRequest`.
+enum HsStatus hs_command_refused(const struct HsCommand *command, size_t index, struct HsRefusedRequest *out);
 
 // Fills `config` with the coordinator's defaults.
 //
@@ -628,6 +765,17 @@ enum HsStatus hs_coordinator_hot_row(const struct HsCoordinator *coordinator, ui
 //
 // `coordinator` is a live handle.
 enum HsStatus hs_coordinator_check_invariants(const struct HsCoordinator *coordinator);
+
+// Why request `id` was refused while a step was scheduled, if it was: `*refused` receives
+// whether it was and, when it was, `*out` the reason (as `hs_command_refused` gives it). A
+// refused request is in no queue and holds nothing: fail it (or admit a shorter one) and
+// `hs_coordinator_finish` it.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsRefusedRequest`,
+// `refused` for a `bool`.
+enum HsStatus hs_coordinator_refusal(const struct HsCoordinator *coordinator, uint64_t id, struct HsRefusedRequest *out, bool *refused);
 
 // The message of the last failed call on this thread (empty if none failed yet). The pointer
 // stays valid until the next failing call on this thread; copy the text to keep it.

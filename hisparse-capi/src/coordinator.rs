@@ -3,6 +3,7 @@
 
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, RequestId};
 
+use crate::command::HsRefusedRequest;
 use crate::error::{
     Failure, HsStatus, deref, free_handle, guard, handle, internal, invalid, output, output_array,
     output_opt, slice, slice_mut,
@@ -29,7 +30,7 @@ impl Handle for HsCoordinator {
 /// # Safety
 ///
 /// `coordinator` is a live handle; `out` points to writable memory for a `T`.
-unsafe fn answer<T>(
+pub(crate) unsafe fn answer<T>(
     coordinator: *const HsCoordinator,
     out: *mut T,
     query: impl FnOnce(&Coordinator) -> Result<T, Failure>,
@@ -543,5 +544,39 @@ pub unsafe extern "C" fn hs_coordinator_check_invariants(
         let c = unsafe { enter(coordinator, "coordinator") }?;
         c.check_invariants()
             .map_err(|v| internal(format!("coordinator invariant broken: {v}")))
+    })
+}
+
+/// Why request `id` was refused while a step was scheduled, if it was: `*refused` receives
+/// whether it was and, when it was, `*out` the reason (as `hs_command_refused` gives it). A
+/// refused request is in no queue and holds nothing: fail it (or admit a shorter one) and
+/// `hs_coordinator_finish` it.
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` points to writable memory for an `HsRefusedRequest`,
+/// `refused` for a `bool`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_refusal(
+    coordinator: *const HsCoordinator,
+    id: u64,
+    out: *mut HsRefusedRequest,
+    refused: *mut bool,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (c, out, refused) = unsafe {
+            (
+                enter(coordinator, "coordinator")?,
+                output(out, "out")?,
+                output(refused, "refused")?,
+            )
+        };
+        let reason = c.refusal(id);
+        refused.set(reason.is_some());
+        if let Some(reason) = reason {
+            out.set(HsRefusedRequest::new(id, reason));
+        }
+        Ok(())
     })
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod admission;
 mod command;
 mod coordinator;
 mod error;
@@ -11,9 +12,13 @@ mod runtime;
 mod scheduling;
 mod views;
 
+pub use admission::{
+    HsAdmission, HsNeeds, HsTierFree, hs_coordinator_can_schedule, hs_coordinator_can_start,
+    hs_coordinator_needs, hs_coordinator_tier_free,
+};
 pub use command::{
-    HsCommand, HsCommandInfo, HsScheduledRequest, hs_command_free, hs_command_info,
-    hs_command_preempted, hs_command_scheduled,
+    HsCommand, HsCommandInfo, HsRefusal, HsRefusedRequest, HsScheduledRequest, hs_command_free,
+    hs_command_info, hs_command_preempted, hs_command_refused, hs_command_scheduled,
 };
 pub use coordinator::{
     HsCoordinator, HsCoordinatorConfig, HsPoolUsage, hs_coordinator_admit,
@@ -22,8 +27,8 @@ pub use coordinator::{
     hs_coordinator_finish, hs_coordinator_free, hs_coordinator_hot_row, hs_coordinator_is_empty,
     hs_coordinator_new, hs_coordinator_num_computed, hs_coordinator_num_running,
     hs_coordinator_num_tokens, hs_coordinator_num_waiting, hs_coordinator_pool_usage,
-    hs_coordinator_preempt, hs_coordinator_report, hs_coordinator_running_ids,
-    hs_coordinator_slot_of,
+    hs_coordinator_preempt, hs_coordinator_refusal, hs_coordinator_report,
+    hs_coordinator_running_ids, hs_coordinator_slot_of,
 };
 pub use error::{HsStatus, hs_last_error, hs_status_name};
 pub use layout::{
