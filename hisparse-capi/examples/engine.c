@@ -497,7 +497,7 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
     CHECK(hs_coordinator_pool_usage(coord, &usage));
     EXPECT(usage.gpu_used == 0 && usage.host_used == 0, "blocks left: %u GPU, %u host",
            usage.gpu_used, usage.host_used);
-    CHECK(hs_coordinator_check_invariants(coord));
+    CHECK(hs_coordinator_check_drained(coord));
     CHECK(hs_runtime_counters(rt, &out.counters));
     out.preemptions = e.preemptions;
     const HsCounters *c = &out.counters;

@@ -365,7 +365,8 @@ typedef struct HsRuntimeConfig {
   uint32_t max_step_tokens;
   // This runtime's worker index in the coordinator's reports.
   uint32_t worker;
-  // Copy the hit/miss counts of every `stats_every`-th step to host (0 = never).
+  // Bring the device's decode counters to host every `stats_every`-th step (1 = every step;
+  // 0 = never, the decode counters of `HsCounters` then stay zero): one small copy each.
   uint32_t stats_every;
   // Tokens one step may compute: the coordinator's `max_batched_tokens`, the capacity of the
   // device slot mapping (`hs_runtime_slot_mapping`). 0 = the larger of `max_step_tokens`
@@ -396,15 +397,18 @@ typedef struct HsLentResources {
 typedef struct HsCounters {
   // Steps begun.
   uint64_t steps;
-  // Steps whose hit and miss counts were copied back.
+  // Snapshots of the device's decode counters folded in (see `stats_every`). The decode
+  // counters — hits, misses, resident reads, swap-in bytes, remap, prefill-remap and resolve
+  // calls — are counted on the device (graph replays included) and cover every step up to
+  // the last snapshot (`hs_runtime_drain` takes one more: exact after it).
   uint64_t sampled_steps;
-  // Top-k entries served from a hot buffer.
+  // Top-k entries served from a hot buffer (summed over index groups).
   uint64_t hot_hits;
-  // Top-k entries swapped in from host.
+  // Top-k entries swapped in from host (summed over index groups).
   uint64_t hot_misses;
-  // Valid top-k entries read from resident pages.
+  // Valid top-k entries read from resident pages (summed over index groups).
   uint64_t resident_reads;
-  // Bytes copied host → device.
+  // Bytes copied host → device: swap-in gathers and page restores.
   uint64_t h2d_bytes;
   // Bytes copied device → host.
   uint64_t d2h_bytes;
@@ -424,7 +428,8 @@ typedef struct HsCounters {
   uint64_t transfers_completed;
   // Prefill-chunk remaps (`hs_runtime_remap_prefill`).
   uint64_t prefill_remap_calls;
-  // Follower layers swapped in with their leader's plan.
+  // Follower layers swapped in with their leader's plan (`hs_runtime_apply_plan` calls on
+  // the host; a graph replay of them is counted in `h2d_bytes` only).
   uint64_t follower_gathers;
   // Table entries written.
   uint64_t table_writes;
@@ -765,6 +770,17 @@ enum HsStatus hs_coordinator_hot_row(const struct HsCoordinator *coordinator, ui
 //
 // `coordinator` is a live handle.
 enum HsStatus hs_coordinator_check_invariants(const struct HsCoordinator *coordinator);
+
+// Checks that the coordinator is back to empty once the engine finished every request and
+// every worker's transfers completed (and were reported): no request known, every transfer
+// durable, no GPU or host block held — then every invariant. Free blocks that keep a
+// prefix-cache key count as empty. What an engine's test checks at its end; a leak is
+// `HS_STATUS_INTERNAL` naming the first one found.
+//
+// # Safety
+//
+// `coordinator` is a live handle.
+enum HsStatus hs_coordinator_check_drained(const struct HsCoordinator *coordinator);
 
 // Why request `id` was refused while a step was scheduled, if it was: `*refused` receives
 // whether it was and, when it was, `*out` the reason (as `hs_command_refused` gives it). A

@@ -547,6 +547,27 @@ pub unsafe extern "C" fn hs_coordinator_check_invariants(
     })
 }
 
+/// Checks that the coordinator is back to empty once the engine finished every request and
+/// every worker's transfers completed (and were reported): no request known, every transfer
+/// durable, no GPU or host block held — then every invariant. Free blocks that keep a
+/// prefix-cache key count as empty. What an engine's test checks at its end; a leak is
+/// `HS_STATUS_INTERNAL` naming the first one found.
+///
+/// # Safety
+///
+/// `coordinator` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_check_drained(
+    coordinator: *const HsCoordinator,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let c = unsafe { enter(coordinator, "coordinator") }?;
+        c.check_drained()
+            .map_err(|v| internal(format!("coordinator not drained: {v}")))
+    })
+}
+
 /// Why request `id` was refused while a step was scheduled, if it was: `*refused` receives
 /// whether it was and, when it was, `*out` the reason (as `hs_command_refused` gives it). A
 /// refused request is in no queue and holds nothing: fail it (or admit a shorter one) and

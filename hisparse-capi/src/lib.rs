@@ -23,12 +23,13 @@ pub use command::{
 pub use coordinator::{
     HsCoordinator, HsCoordinatorConfig, HsPoolUsage, hs_coordinator_admit,
     hs_coordinator_append_token_by_slot, hs_coordinator_append_tokens,
-    hs_coordinator_block_table_row, hs_coordinator_check_invariants, hs_coordinator_config_default,
-    hs_coordinator_finish, hs_coordinator_free, hs_coordinator_hot_row, hs_coordinator_is_empty,
-    hs_coordinator_new, hs_coordinator_num_computed, hs_coordinator_num_running,
-    hs_coordinator_num_tokens, hs_coordinator_num_waiting, hs_coordinator_pool_usage,
-    hs_coordinator_preempt, hs_coordinator_refusal, hs_coordinator_report,
-    hs_coordinator_running_ids, hs_coordinator_slot_of,
+    hs_coordinator_block_table_row, hs_coordinator_check_drained, hs_coordinator_check_invariants,
+    hs_coordinator_config_default, hs_coordinator_finish, hs_coordinator_free,
+    hs_coordinator_hot_row, hs_coordinator_is_empty, hs_coordinator_new,
+    hs_coordinator_num_computed, hs_coordinator_num_running, hs_coordinator_num_tokens,
+    hs_coordinator_num_waiting, hs_coordinator_pool_usage, hs_coordinator_preempt,
+    hs_coordinator_refusal, hs_coordinator_report, hs_coordinator_running_ids,
+    hs_coordinator_slot_of,
 };
 pub use error::{HsStatus, hs_last_error, hs_status_name};
 pub use layout::{

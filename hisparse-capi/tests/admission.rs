@@ -36,8 +36,8 @@ fn admission(
 #[test]
 fn the_queries_answer_what_start_and_schedule_then_do() {
     // 25 usable GPU blocks; 4 per page; prompts of 6 pages: the second start finds no space.
-    let layout = tiny_layout(26, 4 * 64, 128, 1);
-    let coord = coordinator(layout, 4);
+    let w = World::new(tiny_layout(26, 4 * 64, 128, 1), 4, 1);
+    let coord = w.coord;
     let prompt: Vec<u32> = (0..90).collect();
     for id in [1, 2] {
         ok!(hs_coordinator_admit(
@@ -107,8 +107,6 @@ fn the_queries_answer_what_start_and_schedule_then_do() {
         "99",
     );
     ok!(hs_coordinator_check_invariants(coord));
-    c!(hs_coordinator_free(coord));
-    c!(hs_layout_free(layout));
 }
 
 /// One sparse layer of 16-byte rows, 4-token blocks, top-k 4: a page costs 2 GPU blocks.

@@ -216,7 +216,7 @@ fn drive(gpu_blocks: u32, requests: u64, prompt: u32, total: u32, budget: u32) -
         (0, 0),
         "every block back once every request finished and the transfers drained: {usage:?}"
     );
-    ok!(hs_coordinator_check_invariants(coord));
+    ok!(hs_coordinator_check_drained(coord));
     c!(hs_buffer_free(topk_buf));
     c!(hs_buffer_free(rows_buf));
     c!(hs_runtime_free(rt));
@@ -333,6 +333,12 @@ fn start_and_schedule_answer_what_they_did() {
     assert_eq!(&ids[..count], &[2]);
     c!(hs_command_free(cmd));
     ok!(hs_coordinator_check_invariants(coord));
+    // Requests still known: not drained, and the check says what it found first.
+    expect_error(
+        c!(hs_coordinator_check_drained(coord)),
+        HsStatus::Internal,
+        "not finished",
+    );
 }
 
 #[test]

@@ -101,7 +101,8 @@ pub struct HsRuntimeConfig {
     pub max_step_tokens: u32,
     /// This runtime's worker index in the coordinator's reports.
     pub worker: u32,
-    /// Copy the hit/miss counts of every `stats_every`-th step to host (0 = never).
+    /// Bring the device's decode counters to host every `stats_every`-th step (1 = every step;
+    /// 0 = never, the decode counters of `HsCounters` then stay zero): one small copy each.
     pub stats_every: u32,
     /// Tokens one step may compute: the coordinator's `max_batched_tokens`, the capacity of the
     /// device slot mapping (`hs_runtime_slot_mapping`). 0 = the larger of `max_step_tokens`
@@ -136,15 +137,18 @@ pub struct HsLentResources {
 pub struct HsCounters {
     /// Steps begun.
     pub steps: u64,
-    /// Steps whose hit and miss counts were copied back.
+    /// Snapshots of the device's decode counters folded in (see `stats_every`). The decode
+    /// counters — hits, misses, resident reads, swap-in bytes, remap, prefill-remap and resolve
+    /// calls — are counted on the device (graph replays included) and cover every step up to
+    /// the last snapshot (`hs_runtime_drain` takes one more: exact after it).
     pub sampled_steps: u64,
-    /// Top-k entries served from a hot buffer.
+    /// Top-k entries served from a hot buffer (summed over index groups).
     pub hot_hits: u64,
-    /// Top-k entries swapped in from host.
+    /// Top-k entries swapped in from host (summed over index groups).
     pub hot_misses: u64,
-    /// Valid top-k entries read from resident pages.
+    /// Valid top-k entries read from resident pages (summed over index groups).
     pub resident_reads: u64,
-    /// Bytes copied host → device.
+    /// Bytes copied host → device: swap-in gathers and page restores.
     pub h2d_bytes: u64,
     /// Bytes copied device → host.
     pub d2h_bytes: u64,
@@ -164,7 +168,8 @@ pub struct HsCounters {
     pub transfers_completed: u64,
     /// Prefill-chunk remaps (`hs_runtime_remap_prefill`).
     pub prefill_remap_calls: u64,
-    /// Follower layers swapped in with their leader's plan.
+    /// Follower layers swapped in with their leader's plan (`hs_runtime_apply_plan` calls on
+    /// the host; a graph replay of them is counted in `h2d_bytes` only).
     pub follower_gathers: u64,
     /// Table entries written.
     pub table_writes: u64,
