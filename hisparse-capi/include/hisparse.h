@@ -36,7 +36,75 @@ typedef enum HsStatus {
   // A bug inside HiSparse (a Rust panic, caught at the boundary); the handle involved may be
   // left in an unknown state: free it.
   HS_STATUS_INTERNAL = 10,
+  // The caller's output array is smaller than the answer: the call wrote the size needed to
+  // its count argument and nothing else; call again with an array at least that large.
+  HS_STATUS_BUFFER_TOO_SMALL = 11,
+  // Before-replay work (`hs_runtime_begin_step`, `hs_runtime_set_batch`,
+  // `hs_runtime_end_step`, polling, draining) on a stream that is being captured into a graph:
+  // call it outside the capture, before replaying the graph, on the stream the graph is
+  // replayed on.
+  HS_STATUS_CAPTURE = 12,
+  // `hs_runtime_set_batch`'s `pad_to` names no token-row count a captured graph has, or is
+  // smaller than the batch: pad to the token rows of the graph being replayed.
+  HS_STATUS_GRAPH_SHAPE = 13,
+  // Another thread's call on the same handle is still running: a handle takes one call at a
+  // time (from any thread); wait for that call, or give each thread a handle of its own.
+  HS_STATUS_CONCURRENT_USE = 14,
 } HsStatus;
+
+// What `hs_coordinator_start` and `hs_coordinator_schedule` did.
+typedef enum HsAlloc {
+  // The blocks are allocated; the tokens are scheduled in this step.
+  HS_ALLOC_SCHEDULED = 0,
+  // Not enough memory now, but reclamation (or a release) is in flight: try again next step
+  // rather than preempt.
+  HS_ALLOC_WAIT = 1,
+  // The GPU pool is short and nothing is in flight: preempt a request (or wait for one to
+  // finish).
+  HS_ALLOC_NO_SPACE_GPU = 2,
+  // The host pool is short and nothing is in flight: preempt a request (or wait for one to
+  // finish).
+  HS_ALLOC_NO_SPACE_HOST = 3,
+} HsAlloc;
+
+// Why a request was refused while a step was scheduled.
+typedef enum HsRefusal {
+  // Its prefill can never hold its context on the GPU (a restart whose recomputed context
+  // outgrew the pool): give the KV cache more GPU memory or shorten the prompt.
+  HS_REFUSAL_PREFILL_NEVER_FITS = 0,
+  // It can never fit the GPU pool, even alone: plan larger pools.
+  HS_REFUSAL_NEVER_FITS_GPU = 1,
+  // It can never fit the host pool, even alone: plan larger pools.
+  HS_REFUSAL_NEVER_FITS_HOST = 2,
+  // The coordinator's bookkeeping for it could not be allocated.
+  HS_REFUSAL_OUT_OF_MEMORY = 3,
+  // Another error met while scheduling it (a defect to report, with the request's history).
+  HS_REFUSAL_INTERNAL = 4,
+} HsRefusal;
+
+// What a layout group holds.
+typedef enum HsGroupKind {
+  // Host pool: the durable copy of every sparse layer (group 0).
+  HS_GROUP_KIND_SOURCE = 0,
+  // GPU: the indexer caches of every leader (group 1).
+  HS_GROUP_KIND_INDEXER = 1,
+  // GPU: the resident pages of one bucket of sparse layers.
+  HS_GROUP_KIND_RESIDENT = 2,
+  // GPU: the per-request hot buffers of one bucket of sparse layers.
+  HS_GROUP_KIND_HOT = 3,
+  // GPU: a non-sparse layer group with ordinary paging.
+  HS_GROUP_KIND_REGULAR = 4,
+} HsGroupKind;
+
+// Which layers of an index group a per-layer call swaps in (`HsLayerCall::swap`).
+typedef enum HsSwap {
+  // The leader and every follower, in one gather: the usual call, once per index group
+  // before the group's attention layers.
+  HS_SWAP_INDEX_GROUP = 0,
+  // The leader only; each follower layer then calls `hs_runtime_apply_plan` when its
+  // attention is due (the followers read the same rows).
+  HS_SWAP_LEADER = 1,
+} HsSwap;
 
 // A device buffer of a runtime's device (opaque): top-k inputs, row-index outputs, counts.
 // Free with `hs_buffer_free`.
@@ -53,9 +121,124 @@ typedef struct HsCoordinator HsCoordinator;
 // A planned KV-cache layout (opaque). Free with `hs_layout_free`.
 typedef struct HsLayout HsLayout;
 
+// What a worker found since its last report (opaque). Free with `hs_report_free`.
+typedef struct HsReport HsReport;
+
 // The engine runtime (opaque): executes each step's command on a backend. Free with
 // `hs_runtime_free` (which first waits for the runtime's work in flight).
 typedef struct HsRuntime HsRuntime;
+
+// What `hs_coordinator_can_start` or `hs_coordinator_can_schedule` finds: the answer the
+// operation would give now.
+typedef struct HsAdmission {
+  // The operation's answer.
+  enum HsAlloc outcome;
+  // Tokens it would schedule (0 unless scheduled): all of them for
+  // `hs_coordinator_schedule`; for `hs_coordinator_start`, its first chunk (fewer than the
+  // budget when the prompt has fewer left or the free GPU pool holds less).
+  uint32_t tokens;
+  // Whether it would reclaim resident pages first (the free GPU pool alone is short).
+  bool reclaims;
+} HsAdmission;
+
+// What each tier has free now.
+typedef struct HsTierFree {
+  // Free GPU blocks (blocks the prefix cache keeps and unpinned resident pages' blocks
+  // count as free).
+  uint32_t gpu_blocks;
+  // Usable GPU blocks (all but the null block).
+  uint32_t gpu_capacity;
+  // GPU blocks carrying a prefix-cache key (held, or free and still reusable).
+  uint32_t gpu_cached;
+  // Free host blocks (prefix-cached ones included).
+  uint32_t host_blocks;
+  // Usable host blocks.
+  uint32_t host_capacity;
+  // Host blocks carrying a prefix-cache key.
+  uint32_t host_cached;
+  // GPU blocks one hot region costs (every bucket).
+  uint32_t hot_region_blocks;
+  // Hot regions the free GPU pool could give now.
+  uint32_t hot_regions_free;
+  // Requests holding a hot region.
+  uint32_t hot_regions_held;
+  // State rows free (`max_running` minus the running requests).
+  uint32_t rows;
+} HsTierFree;
+
+// What a request needs: for its next tokens, the blocks they take out of the free pools; for
+// its whole context, what the layout says it holds.
+typedef struct HsNeeds {
+  // Tokens the next-step figures are for: the `num_tokens` asked for a running request; for
+  // a waiting one, the first chunk a start with that budget schedules before the free pools
+  // shrink it.
+  uint32_t tokens;
+  // GPU blocks those tokens take out of the free pool (new pages in every group, regular
+  // columns, prefill context staged from host, a hot region, prefix-hit blocks re-pinned).
+  uint64_t gpu_blocks;
+  // Of `gpu_blocks`, the hot region's (0 when it holds one or reads nothing from host).
+  uint64_t hot_region_blocks;
+  // Host blocks those tokens take out of the free pool.
+  uint64_t host_blocks;
+  // Tokens of the request (prompt and appended).
+  uint32_t context_tokens;
+  // GPU blocks its whole context holds at the least.
+  uint64_t context_gpu_blocks;
+  // GPU blocks a prefill over its whole context holds (a restart recomputes it all).
+  uint64_t context_prefill_gpu_blocks;
+  // Host blocks its whole context holds: one per page.
+  uint64_t context_host_blocks;
+} HsNeeds;
+
+// A command's summary.
+typedef struct HsCommandInfo {
+  // Step number (from 1).
+  uint64_t step;
+  // Whether the step has after-forward copies (then `transfer_id` is their batch).
+  bool has_transfer;
+  // Id of the after-forward copy batch.
+  uint64_t transfer_id;
+  // Every scheduled request is fully resident (the remap path).
+  bool fully_resident;
+  // Requests computed in this step (`hs_command_scheduled`).
+  size_t num_scheduled;
+  // Requests preempted in this step (`hs_command_preempted`).
+  size_t num_preempted;
+  // Requests refused in this step (`hs_command_refused`).
+  size_t num_refused;
+} HsCommandInfo;
+
+// A request scheduled in a step.
+typedef struct HsScheduledRequest {
+  // The request.
+  uint64_t id;
+  // Its state row in every per-request table.
+  uint32_t slot;
+  // First token computed in this step.
+  uint32_t first_token;
+  // Tokens computed in this step.
+  uint32_t num_tokens;
+  // Whether every page of the request is resident.
+  bool fully_resident;
+} HsScheduledRequest;
+
+// A request refused while a step was scheduled: its blocks are given back and it is in no
+// queue; the engine fails it (or admits a shorter one) and calls `hs_coordinator_finish`. The
+// step goes on for every other request.
+typedef struct HsRefusedRequest {
+  // The request.
+  uint64_t id;
+  // Why.
+  enum HsRefusal reason;
+  // `HS_REFUSAL_PREFILL_NEVER_FITS`: tokens of context before the chunk; 0 otherwise.
+  uint32_t context_tokens;
+  // Blocks it needs (`HS_REFUSAL_PREFILL_NEVER_FITS`, `HS_REFUSAL_NEVER_FITS_*`), bytes
+  // asked for (`HS_REFUSAL_OUT_OF_MEMORY`); 0 otherwise.
+  uint64_t needed;
+  // Usable blocks in the pool (`HS_REFUSAL_PREFILL_NEVER_FITS`, `HS_REFUSAL_NEVER_FITS_*`);
+  // 0 otherwise.
+  uint64_t capacity;
+} HsRefusedRequest;
 
 // Scheduler settings. Start from `hs_coordinator_config_default`.
 typedef struct HsCoordinatorConfig {
@@ -73,37 +256,19 @@ typedef struct HsCoordinatorConfig {
   uint32_t reclaim_min_blocks;
 } HsCoordinatorConfig;
 
-// A command's summary.
-typedef struct HsCommandInfo {
-  // Step number (from 1).
-  uint64_t step;
-  // Whether the step has after-forward copies (then `transfer_id` is their batch).
-  bool has_transfer;
-  // Id of the after-forward copy batch.
-  uint64_t transfer_id;
-  // Every scheduled request is fully resident (the remap path).
-  bool fully_resident;
-  // Requests computed in this step (`hs_command_scheduled`).
-  uintptr_t num_scheduled;
-  // Requests preempted in this step.
-  uintptr_t num_preempted;
-} HsCommandInfo;
+// Block-pool occupancy, for metrics: what the coordinator's requests hold of each pool.
+typedef struct HsPoolUsage {
+  // GPU blocks held by requests (the null block excluded).
+  uint32_t gpu_used;
+  // GPU blocks that can be handed out (the null block excluded).
+  uint32_t gpu_total;
+  // Host blocks held by requests (the null block excluded).
+  uint32_t host_used;
+  // Host blocks that can be handed out (the null block excluded).
+  uint32_t host_total;
+} HsPoolUsage;
 
-// A request scheduled in a step.
-typedef struct HsScheduledRequest {
-  // The request.
-  uint64_t id;
-  // Its state row in every per-request table.
-  uint32_t slot;
-  // First token computed in this step.
-  uint32_t first_token;
-  // Tokens computed in this step.
-  uint32_t num_tokens;
-  // Whether every page of the request is resident.
-  bool fully_resident;
-} HsScheduledRequest;
-
-// What to plan. Start from `hs_layout_options_default` (the defaults of `hisparse layout`).
+// What to plan. Start from `hs_layout_options_default` (the defaults every front end shares).
 typedef struct HsLayoutOptions {
   // A preset name (`deepseek-v3.2`, `glm-5`, `deepseek-v4`); ignored when `model_json` is
   // set. NULL = `deepseek-v3.2`.
@@ -126,6 +291,10 @@ typedef struct HsLayoutOptions {
   uint32_t top_k;
   // Use exactly this many GPU blocks, null block included (0 = derive from `gpu_mem`).
   uint32_t num_gpu_blocks;
+  // Mirror rows to host as they are written (else sealed pages are spilled whole).
+  bool eager_host_mirror;
+  // One host pool for every tensor-parallel rank of a node (its arrays aligned for sharing).
+  bool shared_host_pool;
 } HsLayoutOptions;
 
 // A layout's figures.
@@ -164,6 +333,8 @@ typedef struct HsLayoutInfo {
   uint64_t gpu_pool_bytes;
   // Bytes of the pinned host pool.
   uint64_t host_pool_bytes;
+  // Layout groups (`hs_layout_group`): source, indexer, resident and hot buckets, regular.
+  uint32_t num_groups;
 } HsLayoutInfo;
 
 // One index group.
@@ -176,6 +347,16 @@ typedef struct HsIndexGroupInfo {
   uint32_t bucket;
 } HsIndexGroupInfo;
 
+// A report's summary.
+typedef struct HsReportInfo {
+  // The worker (tensor-parallel rank) that made it.
+  uint32_t worker;
+  // Transfer batches enqueued since the last report (`hs_report_enqueued`).
+  size_t num_enqueued;
+  // Transfer batches completed since the last report (`hs_report_completed`).
+  size_t num_completed;
+} HsReportInfo;
+
 // Runtime settings. Start from `hs_runtime_config_default`.
 typedef struct HsRuntimeConfig {
   // State rows of every table and hot state: the coordinator's `max_running`.
@@ -184,8 +365,13 @@ typedef struct HsRuntimeConfig {
   uint32_t max_step_tokens;
   // This runtime's worker index in the coordinator's reports.
   uint32_t worker;
-  // Copy the hit/miss counts of every `stats_every`-th step to host (0 = never).
+  // Bring the device's decode counters to host every `stats_every`-th step (1 = every step;
+  // 0 = never, the decode counters of `HsCounters` then stay zero): one small copy each.
   uint32_t stats_every;
+  // Tokens one step may compute: the coordinator's `max_batched_tokens`, the capacity of the
+  // device slot mapping (`hs_runtime_slot_mapping`). 0 = the larger of `max_step_tokens`
+  // and the coordinator's default (512).
+  uint32_t max_batched_tokens;
 } HsRuntimeConfig;
 
 // Memory and a stream the engine lends the runtime instead of letting it allocate its own.
@@ -194,16 +380,16 @@ typedef struct HsLentResources {
   // runtime allocate it. At least the layout's `gpu_pool_bytes`.
   void *device_pool;
   // Bytes at `device_pool`.
-  uintptr_t device_pool_bytes;
+  size_t device_pool_bytes;
   // The host pool (page-aligned host memory, pinned or not), or NULL to let the runtime
   // allocate it. At least the layout's `host_pool_bytes`.
   void *host_pool;
   // Bytes at `host_pool`.
-  uintptr_t host_pool_bytes;
+  size_t host_pool_bytes;
   // Whether `stream` is to be used.
   bool has_stream;
-  // The engine's stream (`CUstream`, `hipStream_t`): the runtime's before-forward and
-  // decode-path work is enqueued on it.
+  // The engine's stream (`CUstream`, `hipStream_t`): the runtime's compute stream, which
+  // every call given a NULL stream enqueues on.
   void *stream;
 } HsLentResources;
 
@@ -211,15 +397,18 @@ typedef struct HsLentResources {
 typedef struct HsCounters {
   // Steps begun.
   uint64_t steps;
-  // Steps whose hit and miss counts were copied back.
+  // Snapshots of the device's decode counters folded in (see `stats_every`). The decode
+  // counters — hits, misses, resident reads, swap-in bytes, remap, prefill-remap and resolve
+  // calls — are counted on the device (graph replays included) and cover every step up to
+  // the last snapshot (`hs_runtime_drain` takes one more: exact after it).
   uint64_t sampled_steps;
-  // Top-k entries served from a hot buffer.
+  // Top-k entries served from a hot buffer (summed over index groups).
   uint64_t hot_hits;
-  // Top-k entries swapped in from host.
+  // Top-k entries swapped in from host (summed over index groups).
   uint64_t hot_misses;
-  // Valid top-k entries read from resident pages.
+  // Valid top-k entries read from resident pages (summed over index groups).
   uint64_t resident_reads;
-  // Bytes copied host → device.
+  // Bytes copied host → device: swap-in gathers and page restores.
   uint64_t h2d_bytes;
   // Bytes copied device → host.
   uint64_t d2h_bytes;
@@ -237,11 +426,196 @@ typedef struct HsCounters {
   uint64_t transfers_enqueued;
   // Transfer batches seen complete.
   uint64_t transfers_completed;
+  // Prefill-chunk remaps (`hs_runtime_remap_prefill`).
+  uint64_t prefill_remap_calls;
+  // Follower layers swapped in with their leader's plan (`hs_runtime_apply_plan` calls on
+  // the host; a graph replay of them is counted in `h2d_bytes` only).
+  uint64_t follower_gathers;
+  // Table entries written.
+  uint64_t table_writes;
+  // Hot states reset (state rows started, hot regions given out).
+  uint64_t hot_resets;
+  // Pages restored host → device.
+  uint64_t restored_pages;
+  // Host copy-on-write pages.
+  uint64_t host_cow_pages;
+  // GPU copy-on-write blocks.
+  uint64_t gpu_cow_blocks;
 } HsCounters;
+
+// One of the runtime's device arrays: int32 `[rows][cols]`, row-major and contiguous.
+typedef struct HsDeviceArray {
+  // The address of element `[0][0]`: a device pointer (`CUdeviceptr`, HIP device pointer),
+  // or host memory on the CPU backend. Fixed for the runtime's life.
+  uint64_t address;
+  // Rows.
+  uint32_t rows;
+  // Elements per row.
+  uint32_t cols;
+} HsDeviceArray;
+
+// One per-layer call (`hs_runtime_decode`, `hs_runtime_remap_prefill`).
+typedef struct HsLayerCall {
+  // The index group.
+  size_t group;
+  // An `HsSwap` value (an integer, so that any value is checked rather than undefined);
+  // `hs_runtime_remap_prefill` swaps nothing in and ignores it.
+  uint32_t swap;
+  // int32 `[num_tokens][top_k]` token positions (-1 = none).
+  const struct HsBuffer *topk;
+  // Token rows of the call.
+  uint32_t num_tokens;
+  // int32 `[num_tokens]` state row of each token row (-1 = padding), or NULL for the batch
+  // set by `hs_runtime_set_batch` (what a captured graph reads).
+  const struct HsBuffer *state_rows;
+  // int32 `[num_tokens][top_k]`: the physical rows of the flat device-pool view (-1 = none).
+  struct HsBuffer *rows;
+  // int32 `[num_tokens]`: valid entries per token row, or NULL when not wanted.
+  struct HsBuffer *counts;
+  // The stream to enqueue on (a `CUstream` or `hipStream_t`, lent to the runtime on first
+  // use), or NULL for the runtime's compute stream.
+  void *stream;
+} HsLayerCall;
+
+// What one `hs_coordinator_schedule_step` did.
+typedef struct HsStepSummary {
+  // Requests scheduled.
+  uint32_t scheduled;
+  // Tokens scheduled.
+  uint32_t tokens;
+  // Requests preempted.
+  uint32_t preempted;
+  // Requests that wait for reclamation in flight.
+  uint32_t waiting_on_reclaim;
+  // Requests started from the waiting queue.
+  uint32_t started;
+} HsStepSummary;
+
+// One layout group.
+typedef struct HsGroupInfo {
+  // What it holds.
+  enum HsGroupKind kind;
+  // Resident and hot groups: their bucket (resident group `b` and hot group `b` are twins);
+  // -1 for the others.
+  int32_t bucket;
+  // Tokens one block of the group covers.
+  uint32_t block_tokens;
+  // Regular groups: the sliding window in tokens; 0 for none.
+  uint32_t sliding_window;
+  // Layers in the group (`hs_layout_layer_view` of `0 .. num_layers`).
+  uint32_t num_layers;
+  // Summed page bytes of the group's layers (one block's worth of the group).
+  uint64_t page_bytes;
+} HsGroupInfo;
+
+// How one layer of a GPU group reads the device pool: as `[num_pages][rows_per_page]` rows of
+// `row_bytes` from byte `offset`, page `v` at `offset + v * page_stride`. A slot-mapping value
+// or an attention row `r` is row `r % rows_per_page` of page `r / rows_per_page`; its bytes
+// start at `offset + (r / rows_per_page) * page_stride + (r % rows_per_page) * value_bytes`
+// (split rows keep their scales after the page's values: at `rows_per_page * value_bytes + (r
+// % rows_per_page) * (row_bytes - value_bytes)` inside the page). For resident and hot groups
+// it is the flat attention view (`page_stride` = the layer's page bytes, `pages_per_block *
+// rows_per_page` = the layout's `attention_block_stride`); for indexer and regular groups one
+// view page is one GPU block (`page_stride` = `bytes_per_block`).
+typedef struct HsLayerView {
+  // The layout group.
+  uint32_t group;
+  // The model layer.
+  uint32_t layer;
+  // Byte offset of view page 0 in the device pool.
+  uint64_t offset;
+  // Bytes from one view page to the next.
+  uint64_t page_stride;
+  // View pages that lie inside the pool from `offset`.
+  uint64_t num_pages;
+  // View pages per GPU block: block `b` holds view page `b * pages_per_block`.
+  uint32_t pages_per_block;
+  // Rows per page.
+  uint32_t rows_per_page;
+  // Bytes per row.
+  uint32_t row_bytes;
+  // Value bytes per row (`row_bytes` for contiguous rows).
+  uint32_t value_bytes;
+  // Tokens per row: the token at position `p` writes row `p / tokens_per_row` when `p + 1`
+  // is a multiple of it (1 for uncompressed groups).
+  uint32_t tokens_per_row;
+} HsLayerView;
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// What `hs_coordinator_start(coordinator, id, max_tokens, …)` would answer now, and the tokens
+// of the chunk it would schedule; changes nothing.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsAdmission`.
+enum HsStatus hs_coordinator_can_start(const struct HsCoordinator *coordinator, uint64_t id, uint32_t max_tokens, struct HsAdmission *out);
+
+// What `hs_coordinator_schedule(coordinator, id, num_tokens, …)` would answer now; changes
+// nothing.
+//
+// # Safety
+//
+// As `hs_coordinator_can_start`.
+enum HsStatus hs_coordinator_can_schedule(const struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens, struct HsAdmission *out);
+
+// What each tier has free now.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsTierFree`.
+enum HsStatus hs_coordinator_tier_free(const struct HsCoordinator *coordinator, struct HsTierFree *out);
+
+// What request `id` needs for its next `num_tokens` tokens (a running request's; a start's
+// first chunk within that budget for a waiting one) and for its whole context; changes
+// nothing. Refused: an unknown or refused request, 0 tokens or more than `max_model_len`, an
+// import whose writes are not complete.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsNeeds`.
+enum HsStatus hs_coordinator_needs(const struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens, struct HsNeeds *out);
+
+// Frees a command (NULL is ignored).
+//
+// # Safety
+//
+// `command` is NULL or a handle from `hs_coordinator_step` or
+// `hs_coordinator_build_offload_command`, not freed yet.
+void hs_command_free(struct HsCommand *command);
+
+// The command's summary.
+//
+// # Safety
+//
+// `command` is a live handle; `out` points to writable memory for an `HsCommandInfo`.
+enum HsStatus hs_command_info(const struct HsCommand *command, struct HsCommandInfo *out);
+
+// Scheduled request `index` of the command (`0 .. num_scheduled`).
+//
+// # Safety
+//
+// `command` is a live handle; `out` points to writable memory for an `HsScheduledRequest`.
+enum HsStatus hs_command_scheduled(const struct HsCommand *command, size_t index, struct HsScheduledRequest *out);
+
+// The ids of the requests preempted in this step, in order, into `out` (`capacity` elements;
+// `*count` receives how many there are). NULL `out` with `capacity` 0 asks only for the count;
+// a smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `command` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
+// points to writable memory.
+enum HsStatus hs_command_preempted(const struct HsCommand *command, uint64_t *out, size_t capacity, size_t *count);
+
+// Refused request `index` of the command (`0 .. num_refused`).
+//
+// # Safety
+//
+// `command` is a live handle; `out` points to writable memory for an `HsRefusedRequest`.
+enum HsStatus hs_command_refused(const struct HsCommand *command, size_t index, struct HsRefusedRequest *out);
 
 // Fills `config` with the coordinator's defaults.
 //
@@ -271,22 +645,14 @@ void hs_coordinator_free(struct HsCoordinator *coordinator);
 //
 // `coordinator` is a live handle used by no other thread meanwhile; `prompt` points to `len`
 // tokens (NULL allowed when `len` is 0).
-enum HsStatus hs_coordinator_admit(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *prompt, uintptr_t len);
+enum HsStatus hs_coordinator_admit(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *prompt, size_t len);
 
 // Appends `len` tokens (the sampled ones) to running request `id`.
 //
 // # Safety
 //
 // As `hs_coordinator_admit`.
-enum HsStatus hs_coordinator_append_tokens(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, uintptr_t len);
-
-// Plans the next step; `*out` receives its command (free with `hs_command_free`).
-//
-// # Safety
-//
-// `coordinator` is a live handle used by no other thread meanwhile; `out` points to writable
-// memory for a pointer.
-enum HsStatus hs_coordinator_step(struct HsCoordinator *coordinator, struct HsCommand **out);
+enum HsStatus hs_coordinator_append_tokens(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, size_t len);
 
 // Records worker `worker`'s progress: transfer ids enqueued and completed, each in FIFO order.
 //
@@ -294,7 +660,7 @@ enum HsStatus hs_coordinator_step(struct HsCoordinator *coordinator, struct HsCo
 //
 // `coordinator` is a live handle used by no other thread meanwhile; the arrays hold their
 // lengths (NULL allowed for length 0).
-enum HsStatus hs_coordinator_report(struct HsCoordinator *coordinator, uint32_t worker, const uint64_t *enqueued, uintptr_t num_enqueued, const uint64_t *completed, uintptr_t num_completed);
+enum HsStatus hs_coordinator_report(struct HsCoordinator *coordinator, uint32_t worker, const uint64_t *enqueued, size_t num_enqueued, const uint64_t *completed, size_t num_completed);
 
 // Ends request `id` and frees its blocks.
 //
@@ -331,36 +697,112 @@ enum HsStatus hs_coordinator_num_computed(const struct HsCoordinator *coordinato
 // `coordinator` is a live handle; `out` points to writable memory.
 enum HsStatus hs_coordinator_is_empty(const struct HsCoordinator *coordinator, bool *out);
 
-// Frees a command (NULL is ignored).
+// Appends one token to the running request in state row `slot` (the hot path for engines that
+// key by state row); `*id` (if not NULL) receives the request's id.
 //
 // # Safety
 //
-// `command` is NULL or a handle from `hs_coordinator_step` not freed yet.
-void hs_command_free(struct HsCommand *command);
+// `coordinator` is a live handle used by no other thread meanwhile; `id` is NULL or writable.
+enum HsStatus hs_coordinator_append_token_by_slot(struct HsCoordinator *coordinator, uint32_t slot, uint32_t token, uint64_t *id);
 
-// The command's summary.
+// The state row (`0 .. max_running`) of running request `id`; an error for a request that is
+// unknown or not running (waiting, preempted, or an import not started yet).
 //
 // # Safety
 //
-// `command` is a live handle; `out` points to writable memory for an `HsCommandInfo`.
-enum HsStatus hs_command_info(const struct HsCommand *command, struct HsCommandInfo *out);
+// `coordinator` is a live handle; `out` points to writable memory.
+enum HsStatus hs_coordinator_slot_of(const struct HsCoordinator *coordinator, uint64_t id, uint32_t *out);
 
-// Scheduled request `index` of the command (`0 .. num_scheduled`).
+// The occupancy of the coordinator's pools.
 //
 // # Safety
 //
-// `command` is a live handle; `out` points to writable memory for an `HsScheduledRequest`.
-enum HsStatus hs_command_scheduled(const struct HsCommand *command, uintptr_t index, struct HsScheduledRequest *out);
+// `coordinator` is a live handle; `out` points to writable memory for an `HsPoolUsage`.
+enum HsStatus hs_coordinator_pool_usage(const struct HsCoordinator *coordinator, struct HsPoolUsage *out);
+
+// Requests waiting to start (queued, preempted, or imports whose writes are complete).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory.
+enum HsStatus hs_coordinator_num_waiting(const struct HsCoordinator *coordinator, size_t *out);
+
+// Requests running (each holding a state row).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory.
+enum HsStatus hs_coordinator_num_running(const struct HsCoordinator *coordinator, size_t *out);
+
+// The ids of the running requests, oldest first, into `out` (`capacity` elements; `*count`
+// receives how many there are). NULL `out` with `capacity` 0 asks only for the count; a
+// smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
+// points to writable memory.
+enum HsStatus hs_coordinator_running_ids(const struct HsCoordinator *coordinator, uint64_t *out, size_t capacity, size_t *count);
+
+// Running request `id`'s block table of layout group `group` (indexer, resident, regular, or
+// the source group's host blocks) as `len` `int32_t`s: column → block, 0 for null entries and
+// columns beyond the request. What the runtime's device tables hold, read on the host (a
+// debugging aid: engines read the device tables).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to `len` writable `int32_t`s (NULL allowed for
+// 0).
+enum HsStatus hs_coordinator_block_table_row(const struct HsCoordinator *coordinator, uint64_t id, size_t group, int32_t *out, size_t len);
+
+// Running request `id`'s hot region in `bucket` as `len` `int32_t`s: its
+// `hot_blocks_per_request` GPU blocks, or -1s when it has none.
+//
+// # Safety
+//
+// As `hs_coordinator_block_table_row`.
+enum HsStatus hs_coordinator_hot_row(const struct HsCoordinator *coordinator, uint64_t id, uint32_t bucket, int32_t *out, size_t len);
+
+// Checks the coordinator's internal invariants (for tests and debugging); a violation is
+// `HS_STATUS_INTERNAL` naming it.
+//
+// # Safety
+//
+// `coordinator` is a live handle.
+enum HsStatus hs_coordinator_check_invariants(const struct HsCoordinator *coordinator);
+
+// Checks that the coordinator is back to empty once the engine finished every request and
+// every worker's transfers completed (and were reported): no request known, every transfer
+// durable, no GPU or host block held — then every invariant. Free blocks that keep a
+// prefix-cache key count as empty. What an engine's test checks at its end; a leak is
+// `HS_STATUS_INTERNAL` naming the first one found.
+//
+// # Safety
+//
+// `coordinator` is a live handle.
+enum HsStatus hs_coordinator_check_drained(const struct HsCoordinator *coordinator);
+
+// Why request `id` was refused while a step was scheduled, if it was: `*refused` receives
+// whether it was and, when it was, `*out` the reason (as `hs_command_refused` gives it). A
+// refused request is in no queue and holds nothing: fail it (or admit a shorter one) and
+// `hs_coordinator_finish` it.
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` points to writable memory for an `HsRefusedRequest`,
+// `refused` for a `bool`.
+enum HsStatus hs_coordinator_refusal(const struct HsCoordinator *coordinator, uint64_t id, struct HsRefusedRequest *out, bool *refused);
 
 // The message of the last failed call on this thread (empty if none failed yet). The pointer
 // stays valid until the next failing call on this thread; copy the text to keep it.
 const char *hs_last_error(void);
 
-// A short, static name of `status` (e.g. "invalid argument").
-const char *hs_status_name(enum HsStatus status);
+// A short, static name of `status` (e.g. "invalid argument"); "unknown status" for a number
+// that is no `HsStatus` (the argument is an integer so that any value is safe to pass).
+const char *hs_status_name(int32_t status);
 
-// Fills `options` with the defaults of `hisparse layout`: DeepSeek V3.2, 80 GiB GPU, 512 GiB
-// host, 131072 tokens, max_query_len 1.
+// Fills `options` with the defaults every front end shares: DeepSeek V3.2, 80 GiB GPU, 512 GiB
+// host, 131072 tokens, the default hot buffer, max_query_len 1, eager mirroring.
 //
 // # Safety
 //
@@ -395,7 +837,7 @@ enum HsStatus hs_layout_info(const struct HsLayout *layout, struct HsLayoutInfo 
 // # Safety
 //
 // `layout` is a live handle; `out` points to writable memory for an `HsIndexGroupInfo`.
-enum HsStatus hs_layout_index_group(const struct HsLayout *layout, uintptr_t group, struct HsIndexGroupInfo *out);
+enum HsStatus hs_layout_index_group(const struct HsLayout *layout, size_t group, struct HsIndexGroupInfo *out);
 
 // Where sparse layer `layer` lives in the device pool: its bucket and its byte offset inside
 // every resident and hot block of that bucket. In the flat attention view, physical row `r`
@@ -419,10 +861,70 @@ enum HsStatus hs_layout_host_layer_offset(const struct HsLayout *layout, uint32_
 // # Safety
 //
 // `layout` is a live handle; `layer` points to writable memory.
-enum HsStatus hs_layout_index_group_layer(const struct HsLayout *layout, uintptr_t group, uintptr_t index, uint32_t *layer);
+enum HsStatus hs_layout_index_group_layer(const struct HsLayout *layout, size_t group, size_t index, uint32_t *layer);
+
+// Polls the runtime's transfers in flight without blocking; `*out` receives what it found
+// (free with `hs_report_free`), for `hs_coordinator_apply_report`. Every report must reach the
+// coordinator, in order: a lost one stalls the pages it completes.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `out` points to writable
+// memory for a pointer.
+enum HsStatus hs_runtime_poll(struct HsRuntime *runtime, struct HsReport **out);
+
+// Blocks until every transfer and counter copy of the runtime completed; `*out` receives the
+// report (as `hs_runtime_poll`).
+//
+// # Safety
+//
+// As `hs_runtime_poll`.
+enum HsStatus hs_runtime_drain_report(struct HsRuntime *runtime, struct HsReport **out);
+
+// Records the report's worker progress in the coordinator (`hs_coordinator_report` with the
+// report's lists).
+//
+// # Safety
+//
+// `coordinator` and `report` are live handles; `coordinator` is used by no other thread
+// meanwhile.
+enum HsStatus hs_coordinator_apply_report(struct HsCoordinator *coordinator, const struct HsReport *report);
+
+// The report's summary.
+//
+// # Safety
+//
+// `report` is a live handle; `out` points to writable memory for an `HsReportInfo`.
+enum HsStatus hs_report_info(const struct HsReport *report, struct HsReportInfo *out);
+
+// The transfer ids the report says were enqueued, oldest first, into `out` (`capacity`
+// elements; `*count` receives how many there are). NULL `out` with `capacity` 0 asks only for
+// the count; a smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `report` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
+// points to writable memory.
+enum HsStatus hs_report_enqueued(const struct HsReport *report, uint64_t *out, size_t capacity, size_t *count);
+
+// The transfer ids the report says completed, oldest first (as `hs_report_enqueued`).
+//
+// # Safety
+//
+// As `hs_report_enqueued`.
+enum HsStatus hs_report_completed(const struct HsReport *report, uint64_t *out, size_t capacity, size_t *count);
+
+// Frees a report (NULL is ignored).
+//
+// # Safety
+//
+// `report` is NULL or a handle from `hs_runtime_poll` or `hs_runtime_drain_report`, not freed
+// yet.
+void hs_report_free(struct HsReport *report);
 
 // Fills `config` with defaults: 1 state row, 1 token row per call, worker 0, counters every
-// step. Set `state_rows` and `max_step_tokens` for the engine.
+// step, the default slot-mapping capacity. Set `state_rows`, `max_step_tokens` and
+// `max_batched_tokens` for the engine.
 //
 // # Safety
 //
@@ -457,74 +959,6 @@ enum HsStatus hs_runtime_new_with_pools(const struct HsLayout *layout, const cha
 // `runtime` is NULL or a handle from `hs_runtime_new*` not freed yet.
 void hs_runtime_free(struct HsRuntime *runtime);
 
-// Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
-// copy-on-write and restores on the compute stream.
-//
-// # Safety
-//
-// `runtime` and `command` are live handles; `runtime` is used by no other thread meanwhile.
-enum HsStatus hs_runtime_begin_step(struct HsRuntime *runtime, const struct HsCommand *command);
-
-// Sets this step's batch: `state_rows[t]` is token row `t`'s state row (-1 = padding).
-//
-// # Safety
-//
-// `runtime` is a live handle used by no other thread meanwhile; `state_rows` holds `len`
-// values (NULL allowed for 0).
-enum HsStatus hs_runtime_set_batch(struct HsRuntime *runtime, const int32_t *state_rows, uintptr_t len);
-
-// Resolves index group `group`'s top-k (`topk`: int32 `[num_tokens][top_k]` token positions
-// of the batch set by `hs_runtime_set_batch`, -1 = none) into attention rows (`rows`: int32,
-// same shape, physical rows of the flat device-pool view, -1 = none), swapping in every layer
-// of the group; `counts` (int32 `[num_tokens]`, or NULL) receives valid entries per row.
-//
-// # Safety
-//
-// `runtime`, `topk` and `rows` are live handles (buffers of the runtime's device), `counts`
-// NULL or one; `rows` and `counts` are distinct from each other and from `topk`; `runtime`
-// is used by no other thread meanwhile.
-enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts);
-
-// As `hs_runtime_resolve_index_group`, swapping in the leader layer only; each follower layer
-// then calls `hs_runtime_apply_plan`.
-//
-// # Safety
-//
-// As `hs_runtime_resolve_index_group`.
-enum HsStatus hs_runtime_resolve_leader(struct HsRuntime *runtime, uintptr_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts);
-
-// Swaps in follower layer `layer` with its leader's plan of this step.
-//
-// # Safety
-//
-// `runtime` is a live handle used by no other thread meanwhile.
-enum HsStatus hs_runtime_apply_plan(struct HsRuntime *runtime, uint32_t layer);
-
-// After the forward pass: row mirrors and spills on the copy stream.
-//
-// # Safety
-//
-// As `hs_runtime_begin_step`.
-enum HsStatus hs_runtime_end_step(struct HsRuntime *runtime, const struct HsCommand *command);
-
-// Polls the transfers in flight without blocking and reports the finished ones to
-// `coordinator`; `*completed` (if not NULL) receives how many completed.
-//
-// # Safety
-//
-// `runtime` and `coordinator` are live handles used by no other thread meanwhile;
-// `completed` is NULL or writable.
-enum HsStatus hs_runtime_poll_and_report(struct HsRuntime *runtime, struct HsCoordinator *coordinator, uintptr_t *completed);
-
-// Blocks until every transfer and counter copy in flight completed; reports them to
-// `coordinator` when it is not NULL.
-//
-// # Safety
-//
-// `runtime` is a live handle, `coordinator` NULL or one, both used by no other thread
-// meanwhile.
-enum HsStatus hs_runtime_drain(struct HsRuntime *runtime, struct HsCoordinator *coordinator);
-
 // Totals since the runtime was built.
 //
 // # Safety
@@ -532,13 +966,136 @@ enum HsStatus hs_runtime_drain(struct HsRuntime *runtime, struct HsCoordinator *
 // `runtime` is a live handle; `out` points to writable memory for an `HsCounters`.
 enum HsStatus hs_runtime_counters(const struct HsRuntime *runtime, struct HsCounters *out);
 
+// Blocks until the work enqueued on `stream` (NULL: the runtime's compute stream) completed.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `stream` is NULL or a live
+// stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_synchronize(struct HsRuntime *runtime, void *stream);
+
+// The step's slot mapping on the device: int32 `[write groups][max_batched_tokens]`; for each
+// write group (`hs_runtime_slot_mapping_groups`, in layout order: the indexer group, every
+// resident bucket, every regular group) and each token the step computes — the command's
+// scheduled requests in order, each request's tokens in order — the row the token writes in the
+// group's view (`hs_layout_layer_view`), -1 for a token that writes no row of the group (a
+// compressed group between its rows) and beyond the step's tokens (`*step_tokens`, if not
+// NULL). Rewritten by every `hs_runtime_begin_step`, on its stream.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` points to writable memory for an `HsDeviceArray`;
+// `step_tokens` is NULL or writable.
+enum HsStatus hs_runtime_slot_mapping(const struct HsRuntime *runtime, struct HsDeviceArray *out, uint32_t *step_tokens);
+
+// The layout group of each row of the slot mapping, into `out` (`capacity` elements; `*count`
+// receives how many rows there are). NULL `out` with `capacity` 0 asks only for the count; a
+// smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` is NULL or points to `capacity` writable values; `count`
+// points to writable memory.
+enum HsStatus hs_runtime_slot_mapping_groups(const struct HsRuntime *runtime, size_t *out, size_t capacity, size_t *count);
+
+// The per-request table of layout group `group` on the device: int32
+// `[state_rows][cols]`, state row → its blocks. For the source group, the host table (page →
+// host block, -1 for none); for the indexer, resident and regular groups, their block tables
+// (column → GPU block, 0 for none: for a resident group, "read from host"); for a hot group,
+// the `hot_blocks_per_request` GPU blocks of each request's hot region (-1 for none). Updated
+// by every `hs_runtime_begin_step`, on its stream.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` points to writable memory for an `HsDeviceArray`.
+enum HsStatus hs_runtime_block_table(const struct HsRuntime *runtime, size_t group, struct HsDeviceArray *out);
+
+// The batch table `hs_runtime_set_batch` writes: int32 `[1][max_step_tokens]`, token row →
+// state row, -1 for padding; what per-layer calls without their own state rows (and the graphs
+// that captured them) read.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` points to writable memory for an `HsDeviceArray`.
+enum HsStatus hs_runtime_batch_table(const struct HsRuntime *runtime, struct HsDeviceArray *out);
+
+// Copies the first `len` elements of the slot mapping (row-major) to `out`, once the runtime's
+// compute stream finished what it enqueued: a host copy for debugging and for backends whose
+// device memory the caller cannot read.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `out` points to `len`
+// writable `int32_t`s.
+enum HsStatus hs_runtime_read_slot_mapping(const struct HsRuntime *runtime, int32_t *out, size_t len);
+
+// Copies the first `len` elements of layout group `group`'s table (row-major) to `out`, as
+// `hs_runtime_read_slot_mapping`.
+//
+// # Safety
+//
+// As `hs_runtime_read_slot_mapping`.
+enum HsStatus hs_runtime_read_block_table(const struct HsRuntime *runtime, size_t group, int32_t *out, size_t len);
+
+// Resolves index group `call->group`'s top-k for this step into attention rows and swaps in
+// `call->swap`'s layers (or, when every request of the call is fully resident and the stream is
+// not being captured, remaps it through the resident tables), on `call->stream`. No host
+// synchronisation; on a stream being captured into a graph the call is recorded (and always
+// takes the resolve path, correct whatever the residency at replay).
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `call` points to a valid
+// `HsLayerCall` whose buffers are live handles of the runtime's device (NULL where allowed),
+// and whose stream is NULL or a live stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_decode(struct HsRuntime *runtime, const struct HsLayerCall *call);
+
+// `hs_runtime_decode` of index group `group` with `HS_SWAP_INDEX_GROUP`, over the batch set by
+// `hs_runtime_set_batch`: `topk` int32 `[num_tokens][top_k]` token positions in, `rows` int32
+// of the same shape out (physical rows of the flat device-pool view, -1 = none); `counts`
+// (int32 `[num_tokens]`, or NULL) receives valid entries per row.
+//
+// # Safety
+//
+// `runtime`, `topk` and `rows` are live handles (buffers of the runtime's device), `counts`
+// NULL or one; `runtime` is used by no other thread meanwhile; `stream` is NULL or a live
+// stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, size_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
+
+// As `hs_runtime_resolve_index_group` with `HS_SWAP_LEADER`: the leader layer only; each
+// follower layer then calls `hs_runtime_apply_plan`.
+//
+// # Safety
+//
+// As `hs_runtime_resolve_index_group`.
+enum HsStatus hs_runtime_resolve_leader(struct HsRuntime *runtime, size_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
+
+// Swaps in follower layer `layer` with its leader's plan of this step, on `stream` (NULL: the
+// runtime's compute stream), which must be the stream of its leader's call.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `stream` is NULL or a live
+// stream of the device that outlives the runtime.
+enum HsStatus hs_runtime_apply_plan(struct HsRuntime *runtime, uint32_t layer, void *stream);
+
+// A prefill chunk's read of index group `call->group`: remaps the top-k positions of its token
+// rows through the resident tables whatever the step's residency (a prefill chunk's context is
+// staged on the GPU) and swaps nothing in (`call->swap` is ignored); outputs as for
+// `hs_runtime_decode`.
+//
+// # Safety
+//
+// As `hs_runtime_decode`.
+enum HsStatus hs_runtime_remap_prefill(struct HsRuntime *runtime, const struct HsLayerCall *call);
+
 // Copies the resident table row of `state_row` in `bucket` (page → GPU block, 0 = read from
 // host) into `out`: the first `min(len, max_pages_per_request)` entries.
 //
 // # Safety
 //
 // `runtime` is a live handle; `out` points to `len` writable `int32_t`s.
-enum HsStatus hs_runtime_resident_row(const struct HsRuntime *runtime, uint32_t bucket, uint32_t state_row, int32_t *out, uintptr_t len);
+enum HsStatus hs_runtime_resident_row(const struct HsRuntime *runtime, uint32_t bucket, uint32_t state_row, int32_t *out, size_t len);
 
 // Writes `len` bytes into the device pool at byte `offset`, synchronously (an engine's
 // forward pass writing KV rows into a pool the runtime owns).
@@ -546,14 +1103,14 @@ enum HsStatus hs_runtime_resident_row(const struct HsRuntime *runtime, uint32_t 
 // # Safety
 //
 // `runtime` is a live handle used by no other thread meanwhile; `data` holds `len` bytes.
-enum HsStatus hs_runtime_write_device_pool(struct HsRuntime *runtime, uintptr_t offset, const uint8_t *data, uintptr_t len);
+enum HsStatus hs_runtime_write_device_pool(struct HsRuntime *runtime, size_t offset, const uint8_t *data, size_t len);
 
 // Reads `len` bytes of the device pool from byte `offset` into `out`, synchronously.
 //
 // # Safety
 //
 // `runtime` is a live handle; `out` points to `len` writable bytes.
-enum HsStatus hs_runtime_read_device_pool(const struct HsRuntime *runtime, uintptr_t offset, uint8_t *out, uintptr_t len);
+enum HsStatus hs_runtime_read_device_pool(const struct HsRuntime *runtime, size_t offset, uint8_t *out, size_t len);
 
 // Reads `len` bytes of the host pool from byte `offset` into `out` (call `hs_runtime_drain`
 // first for rows still being copied).
@@ -561,14 +1118,14 @@ enum HsStatus hs_runtime_read_device_pool(const struct HsRuntime *runtime, uintp
 // # Safety
 //
 // `runtime` is a live handle; `out` points to `len` writable bytes.
-enum HsStatus hs_runtime_read_host_pool(const struct HsRuntime *runtime, uintptr_t offset, uint8_t *out, uintptr_t len);
+enum HsStatus hs_runtime_read_host_pool(const struct HsRuntime *runtime, size_t offset, uint8_t *out, size_t len);
 
 // A zeroed device buffer of `bytes` bytes on the runtime's device; `*out` receives it.
 //
 // # Safety
 //
 // `runtime` is a live handle; `out` points to writable memory for a pointer.
-enum HsStatus hs_buffer_alloc(const struct HsRuntime *runtime, uintptr_t bytes, struct HsBuffer **out);
+enum HsStatus hs_buffer_alloc(const struct HsRuntime *runtime, size_t bytes, struct HsBuffer **out);
 
 // The engine's device memory (`bytes` at device pointer `ptr`; host memory on the CPU
 // backend) as a buffer of the runtime's device, without owning it; `*out` receives it.
@@ -578,7 +1135,7 @@ enum HsStatus hs_buffer_alloc(const struct HsRuntime *runtime, uintptr_t bytes, 
 // `runtime` is a live handle; `out` points to writable memory for a pointer; the memory
 // meets the backend's lending contract: it stays allocated until the buffer is freed and the
 // work enqueued with it completed, and nothing else touches it unordered meanwhile.
-enum HsStatus hs_buffer_wrap(const struct HsRuntime *runtime, void *ptr, uintptr_t bytes, struct HsBuffer **out);
+enum HsStatus hs_buffer_wrap(const struct HsRuntime *runtime, void *ptr, size_t bytes, struct HsBuffer **out);
 
 // Frees a buffer (NULL is ignored); wrapped memory is left to its owner.
 //
@@ -594,14 +1151,180 @@ void hs_buffer_free(struct HsBuffer *buffer);
 //
 // `runtime` and `buffer` are live handles (the buffer of the runtime's device); `values`
 // holds `len` values.
-enum HsStatus hs_buffer_upload_i32(const struct HsRuntime *runtime, struct HsBuffer *buffer, uintptr_t offset, const int32_t *values, uintptr_t len);
+enum HsStatus hs_buffer_upload_i32(const struct HsRuntime *runtime, struct HsBuffer *buffer, size_t offset, const int32_t *values, size_t len);
 
 // Reads `len` int32 values of `buffer` from element `offset` on into `out`, synchronously.
 //
 // # Safety
 //
 // `runtime` and `buffer` are live handles; `out` points to `len` writable values.
-enum HsStatus hs_buffer_download_i32(const struct HsRuntime *runtime, const struct HsBuffer *buffer, uintptr_t offset, int32_t *out, uintptr_t len);
+enum HsStatus hs_buffer_download_i32(const struct HsRuntime *runtime, const struct HsBuffer *buffer, size_t offset, int32_t *out, size_t len);
+
+// Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
+// copy-on-write and restores, and writes the step's slot mapping (`hs_runtime_slot_mapping`),
+// on `stream` (NULL: the runtime's compute stream). Commands run once each, in step order:
+// one run twice, an older one or one after a skipped step is refused, naming both steps.
+// Before-replay work: on a stream being captured into a graph it is `HS_STATUS_CAPTURE`.
+//
+// # Safety
+//
+// `runtime` and `command` are live handles; `runtime` is used by no other thread meanwhile;
+// `stream` is NULL or a live stream of the runtime's device that outlives the runtime (it is
+// lent to the runtime on first use).
+enum HsStatus hs_runtime_begin_step(struct HsRuntime *runtime, const struct HsCommand *command, void *stream);
+
+// Sets this step's batch, which per-layer calls without their own state rows read:
+// `state_rows[t]` is token row `t`'s state row (-1 = padding), each held by a request scheduled
+// in the open step. Written into the runtime's batch table (`hs_runtime_batch_table`, a fixed
+// address) on `stream`, stream-ordered. Before replaying a graph whose per-layer calls were
+// captured with `T` token rows, pass `pad_to = T`: the batch is padded with -1 to `T` rows,
+// and a `T` no capture recorded, or smaller than the batch, is `HS_STATUS_GRAPH_SHAPE`;
+// `pad_to = 0` pads nothing. Before-replay work: on a stream being captured it is
+// `HS_STATUS_CAPTURE`.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; `state_rows` holds `len`
+// values (NULL allowed for 0); `stream` as for `hs_runtime_begin_step`.
+enum HsStatus hs_runtime_set_batch(struct HsRuntime *runtime, const int32_t *state_rows, size_t len, uint32_t pad_to, void *stream);
+
+// After the forward pass: row mirrors and spills on the runtime's copy stream, ordered after
+// `stream`'s work (NULL: the runtime's compute stream) — the stream the step's forward pass ran
+// on. Before-replay work: on a stream being captured it is `HS_STATUS_CAPTURE`.
+//
+// # Safety
+//
+// As `hs_runtime_begin_step`.
+enum HsStatus hs_runtime_end_step(struct HsRuntime *runtime, const struct HsCommand *command, void *stream);
+
+// Polls the transfers in flight without blocking and reports the finished ones to
+// `coordinator`; `*completed` (if not NULL) receives how many completed.
+//
+// # Safety
+//
+// `runtime` and `coordinator` are live handles used by no other thread meanwhile;
+// `completed` is NULL or writable.
+enum HsStatus hs_runtime_poll_and_report(struct HsRuntime *runtime, struct HsCoordinator *coordinator, size_t *completed);
+
+// Blocks until every transfer and counter copy in flight completed; reports them to
+// `coordinator` when it is not NULL.
+//
+// # Safety
+//
+// `runtime` is a live handle, `coordinator` NULL or one, both used by no other thread
+// meanwhile.
+enum HsStatus hs_runtime_drain(struct HsRuntime *runtime, struct HsCoordinator *coordinator);
+
+// Starts waiting request `id` (a prefix-cache lookup, host blocks for its whole prompt, a
+// state row) and schedules its first chunk of at most `max_tokens` tokens in the current step
+// — fewer when the free GPU pool holds less. `*outcome` receives what happened; on any outcome
+// but `HS_ALLOC_SCHEDULED` the request stays waiting (reclamation may have been set in motion
+// for a later step). The chunk's tokens (after a prefix hit, from the
+// first token not found in the cache) are in the step's command.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `outcome` points to
+// writable memory for an `HsAlloc`.
+enum HsStatus hs_coordinator_start(struct HsCoordinator *coordinator, uint64_t id, uint32_t max_tokens, enum HsAlloc *outcome);
+
+// Schedules the next `num_tokens` tokens of running request `id` in the current step (a
+// prefill chunk, a decode, or a decode with speculative tokens): all of them or none.
+// `*outcome` receives what happened; on any outcome but `HS_ALLOC_SCHEDULED` nothing is
+// scheduled (reclamation may have been set in motion for a later step). Allocates the pages in
+// every group, reclaiming resident pages when the GPU pool is short.
+//
+// # Safety
+//
+// As `hs_coordinator_start`.
+enum HsStatus hs_coordinator_schedule(struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens, enum HsAlloc *outcome);
+
+// Ends the current step and returns its command in `*out` (free with `hs_command_free`): what
+// `hs_coordinator_start`, `hs_coordinator_schedule`, `hs_coordinator_preempt` and
+// `hs_coordinator_finish` decided since the last command.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `out` points to writable
+// memory for a pointer.
+enum HsStatus hs_coordinator_build_offload_command(struct HsCoordinator *coordinator, struct HsCommand **out);
+
+// Runs the built-in policy for one step (running requests first — prefill chunks and decodes
+// — then waiting ones, first come first served, within `max_batched_tokens`, preempting the
+// newest running request when memory runs out) without ending the step;
+// `hs_coordinator_build_offload_command` ends it. `summary` may be NULL.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `summary` is NULL or
+// writable.
+enum HsStatus hs_coordinator_schedule_step(struct HsCoordinator *coordinator, struct HsStepSummary *summary);
+
+// Plans the next step with the built-in policy (`hs_coordinator_schedule_step`) and ends it;
+// `*out` receives its command (free with `hs_command_free`).
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `out` points to writable
+// memory for a pointer.
+enum HsStatus hs_coordinator_step(struct HsCoordinator *coordinator, struct HsCommand **out);
+
+// Removes the last `num_tokens` tokens of running request `id`: the speculative tokens the
+// verifier rejected (at most `max_query_len - 1` computed ones, all from the request's last
+// step after its first token) and any appended but not computed. Call it after the step that
+// computed them and before the next one is scheduled.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile.
+enum HsStatus hs_coordinator_rollback(struct HsCoordinator *coordinator, uint64_t id, uint32_t num_tokens);
+
+// Admits request `id` (`tokens`: its prompt and the tokens sampled so far, `len` of them)
+// whose KV for the first `imported` tokens another party (a prefill node, through a transfer
+// engine) writes into the host pool: reserves a host block for every page of those tokens
+// (`hs_coordinator_import_blocks` names them). At least one token is left to compute:
+// `0 < imported < len`. Once every page is written, call `hs_coordinator_complete_import`.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile; `tokens` points to `len`
+// tokens.
+enum HsStatus hs_coordinator_reserve_import(struct HsCoordinator *coordinator, uint64_t id, const uint32_t *tokens, size_t len, uint32_t imported);
+
+// The host blocks reserved for request `id`'s import, one per page in page order, into `out`
+// (`capacity` elements; `*count` receives how many there are) while the import is not
+// complete. NULL `out` with `capacity` 0 asks only for the count; a smaller array gets
+// `HS_STATUS_BUFFER_TOO_SMALL`. The transfer engine writes page `p`'s rows of every sparse
+// layer at host block `out[p]` (see `hs_layout_host_layer_offset`).
+//
+// # Safety
+//
+// `coordinator` is a live handle; `out` is NULL or points to `capacity` writable values;
+// `count` points to writable memory.
+enum HsStatus hs_coordinator_import_blocks(const struct HsCoordinator *coordinator, uint64_t id, uint32_t *out, size_t capacity, size_t *count);
+
+// Every page reserved for request `id`'s import is written: the request is queued behind the
+// waiting ones, its imported pages durable on host; a later step starts it.
+//
+// # Safety
+//
+// `coordinator` is a live handle used by no other thread meanwhile.
+enum HsStatus hs_coordinator_complete_import(struct HsCoordinator *coordinator, uint64_t id);
+
+// Layout group `group` (`0 .. num_groups` of `hs_layout_info`; the order is source, indexer,
+// resident buckets, hot buckets, regular groups).
+//
+// # Safety
+//
+// `layout` is a live handle; `out` points to writable memory for an `HsGroupInfo`.
+enum HsStatus hs_layout_group(const struct HsLayout *layout, size_t group, struct HsGroupInfo *out);
+
+// The view of layer `index` (`0 .. num_layers` of `hs_layout_group`) of GPU group `group`.
+//
+// # Safety
+//
+// `layout` is a live handle; `out` points to writable memory for an `HsLayerView`.
+enum HsStatus hs_layout_layer_view(const struct HsLayout *layout, size_t group, size_t index, struct HsLayerView *out);
 
 #ifdef __cplusplus
 }  // extern "C"

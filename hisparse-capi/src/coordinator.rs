@@ -1,20 +1,55 @@
-//! The coordinator (`HsCoordinator`) and its per-step command (`HsCommand`).
+//! The coordinator (`HsCoordinator`): its settings, requests coming and going, worker reports,
+//! and what it answers about a request. Scheduling a step is in `scheduling.rs`.
 
-use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand};
+use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, RequestId};
 
-use crate::error::{HsStatus, deref, deref_mut, guard, invalid, put, slice};
+use crate::command::HsRefusedRequest;
+use crate::error::{
+    Failure, HsStatus, deref, free_handle, guard, handle, internal, invalid, output, output_array,
+    output_opt, slice, slice_mut,
+};
+use crate::exclusive::{Exclusive, Handle, enter};
 use crate::layout::HsLayout;
 
 /// The scheduler side of HiSparse for one model instance (opaque). Free with
 /// `hs_coordinator_free`.
 pub struct HsCoordinator {
-    pub(crate) inner: Coordinator,
+    state: Exclusive<Coordinator>,
 }
 
-/// One step's command (opaque): plain data for `hs_runtime_begin_step` / `hs_runtime_end_step`.
-/// Free with `hs_command_free`.
-pub struct HsCommand {
-    pub(crate) inner: OffloadCommand,
+impl Handle for HsCoordinator {
+    type State = Coordinator;
+
+    fn cell(&self) -> &Exclusive<Coordinator> {
+        &self.state
+    }
+}
+
+/// Runs a read-only query of the coordinator and stores its answer in `*out`.
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` points to writable memory for a `T`.
+pub(crate) unsafe fn answer<T>(
+    coordinator: *const HsCoordinator,
+    out: *mut T,
+    query: impl FnOnce(&Coordinator) -> Result<T, Failure>,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (c, out) = unsafe { (enter(coordinator, "coordinator")?, output(out, "out")?) };
+        out.set(query(&c)?);
+        Ok(())
+    })
+}
+
+/// The answer about request `id`, or an error saying the coordinator does not know it.
+fn known<T>(answer: Option<T>, id: RequestId) -> Result<T, Failure> {
+    answer.ok_or_else(|| {
+        invalid(format!(
+            "coordinator: no request {id} (never admitted, or finished)"
+        ))
+    })
 }
 
 /// Scheduler settings. Start from `hs_coordinator_config_default`.
@@ -48,40 +83,6 @@ impl From<HsCoordinatorConfig> for CoordinatorConfig {
     }
 }
 
-/// A command's summary.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct HsCommandInfo {
-    /// Step number (from 1).
-    pub step: u64,
-    /// Whether the step has after-forward copies (then `transfer_id` is their batch).
-    pub has_transfer: bool,
-    /// Id of the after-forward copy batch.
-    pub transfer_id: u64,
-    /// Every scheduled request is fully resident (the remap path).
-    pub fully_resident: bool,
-    /// Requests computed in this step (`hs_command_scheduled`).
-    pub num_scheduled: usize,
-    /// Requests preempted in this step.
-    pub num_preempted: usize,
-}
-
-/// A request scheduled in a step.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct HsScheduledRequest {
-    /// The request.
-    pub id: u64,
-    /// Its state row in every per-request table.
-    pub slot: u32,
-    /// First token computed in this step.
-    pub first_token: u32,
-    /// Tokens computed in this step.
-    pub num_tokens: u32,
-    /// Whether every page of the request is resident.
-    pub fully_resident: bool,
-}
-
 /// Fills `config` with the coordinator's defaults.
 ///
 /// # Safety
@@ -92,17 +93,18 @@ pub unsafe extern "C" fn hs_coordinator_config_default(
     config: *mut HsCoordinatorConfig,
 ) -> HsStatus {
     guard(|| {
+        // SAFETY: forwarded contract.
+        let config = unsafe { output(config, "config") }?;
         let d = CoordinatorConfig::default();
-        let value = HsCoordinatorConfig {
+        config.set(HsCoordinatorConfig {
             max_running: d.max_running,
             max_batched_tokens: d.max_batched_tokens,
             max_spill_pages_per_step: d.max_spill_pages_per_step,
             num_workers: d.num_workers,
             enable_prefix_caching: d.enable_prefix_caching,
             reclaim_min_blocks: d.reclaim_min_blocks,
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(config, "config", value) }
+        });
+        Ok(())
     })
 }
 
@@ -120,14 +122,18 @@ pub unsafe extern "C" fn hs_coordinator_new(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (layout, config) = unsafe { (deref(layout, "layout")?, deref(config, "config")?) };
+        let (layout, config, out) = unsafe {
+            (
+                deref(layout, "layout")?,
+                deref(config, "config")?,
+                output(out, "out")?,
+            )
+        };
         let inner = Coordinator::new(layout.kv.clone(), (*config).into())?;
-        let handle = Box::into_raw(Box::new(HsCoordinator { inner }));
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", handle) }.inspect_err(|_| {
-            // SAFETY: `handle` came from `Box::into_raw` just above and was not handed out.
-            drop(unsafe { Box::from_raw(handle) });
-        })
+        out.set(handle(HsCoordinator {
+            state: Exclusive::new(inner),
+        }));
+        Ok(())
     })
 }
 
@@ -138,10 +144,8 @@ pub unsafe extern "C" fn hs_coordinator_new(
 /// `coordinator` is NULL or a handle from `hs_coordinator_new` not freed yet.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_coordinator_free(coordinator: *mut HsCoordinator) {
-    if !coordinator.is_null() {
-        // SAFETY: forwarded contract: the handle came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(coordinator) });
-    }
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(coordinator) }
 }
 
 /// Queues request `id` with `len` prompt tokens.
@@ -159,13 +163,13 @@ pub unsafe extern "C" fn hs_coordinator_admit(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, prompt) = unsafe {
+        let (mut c, prompt) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice(prompt, len, "prompt")?,
             )
         };
-        Ok(c.inner.admit(id, prompt)?)
+        Ok(c.admit(id, prompt)?)
     })
 }
 
@@ -183,37 +187,13 @@ pub unsafe extern "C" fn hs_coordinator_append_tokens(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, tokens) = unsafe {
+        let (mut c, tokens) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice(tokens, len, "tokens")?,
             )
         };
-        Ok(c.inner.append_tokens(id, tokens)?)
-    })
-}
-
-/// Plans the next step; `*out` receives its command (free with `hs_command_free`).
-///
-/// # Safety
-///
-/// `coordinator` is a live handle used by no other thread meanwhile; `out` points to writable
-/// memory for a pointer.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hs_coordinator_step(
-    coordinator: *mut HsCoordinator,
-    out: *mut *mut HsCommand,
-) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let c = unsafe { deref_mut(coordinator, "coordinator") }?;
-        if out.is_null() {
-            return Err(crate::error::null("out"));
-        }
-        let inner = c.inner.step()?;
-        let handle = Box::into_raw(Box::new(HsCommand { inner }));
-        // SAFETY: forwarded contract; `out` is non-null.
-        unsafe { put(out, "out", handle) }
+        Ok(c.append_tokens(id, tokens)?)
     })
 }
 
@@ -234,14 +214,14 @@ pub unsafe extern "C" fn hs_coordinator_report(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let (c, e, d) = unsafe {
+        let (mut c, e, d) = unsafe {
             (
-                deref_mut(coordinator, "coordinator")?,
+                enter(coordinator, "coordinator")?,
                 slice(enqueued, num_enqueued, "enqueued")?,
                 slice(completed, num_completed, "completed")?,
             )
         };
-        Ok(c.inner.report(worker, e, d)?)
+        Ok(c.report(worker, e, d)?)
     })
 }
 
@@ -257,8 +237,8 @@ pub unsafe extern "C" fn hs_coordinator_finish(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref_mut(coordinator, "coordinator") }?;
-        Ok(c.inner.finish(id)?)
+        let mut c = unsafe { enter(coordinator, "coordinator") }?;
+        Ok(c.finish(id)?)
     })
 }
 
@@ -274,8 +254,8 @@ pub unsafe extern "C" fn hs_coordinator_preempt(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = unsafe { deref_mut(coordinator, "coordinator") }?;
-        Ok(c.inner.preempt(id)?)
+        let mut c = unsafe { enter(coordinator, "coordinator") }?;
+        Ok(c.preempt(id)?)
     })
 }
 
@@ -290,16 +270,8 @@ pub unsafe extern "C" fn hs_coordinator_num_tokens(
     id: u64,
     out: *mut u32,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let c = unsafe { deref(coordinator, "coordinator") }?;
-        let n = c
-            .inner
-            .num_tokens(id)
-            .ok_or_else(|| invalid(format!("coordinator: no request {id}")))?;
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", n) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe { answer(coordinator, out, |c| known(c.num_tokens(id), id)) }
 }
 
 /// Tokens of request `id` computed so far.
@@ -313,16 +285,8 @@ pub unsafe extern "C" fn hs_coordinator_num_computed(
     id: u64,
     out: *mut u32,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let c = unsafe { deref(coordinator, "coordinator") }?;
-        let n = c
-            .inner
-            .num_computed(id)
-            .ok_or_else(|| invalid(format!("coordinator: no request {id}")))?;
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", n) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe { answer(coordinator, out, |c| known(c.num_computed(id), id)) }
 }
 
 /// Whether no request is waiting or running (`*out`).
@@ -335,81 +299,305 @@ pub unsafe extern "C" fn hs_coordinator_is_empty(
     coordinator: *const HsCoordinator,
     out: *mut bool,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let c = unsafe { deref(coordinator, "coordinator") }?;
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", c.inner.is_empty()) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe { answer(coordinator, out, |c| Ok(c.is_empty())) }
 }
 
-/// Frees a command (NULL is ignored).
+/// Appends one token to the running request in state row `slot` (the hot path for engines that
+/// key by state row); `*id` (if not NULL) receives the request's id.
 ///
 /// # Safety
 ///
-/// `command` is NULL or a handle from `hs_coordinator_step` not freed yet.
+/// `coordinator` is a live handle used by no other thread meanwhile; `id` is NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn hs_command_free(command: *mut HsCommand) {
-    if !command.is_null() {
-        // SAFETY: forwarded contract: the handle came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(command) });
+pub unsafe extern "C" fn hs_coordinator_append_token_by_slot(
+    coordinator: *mut HsCoordinator,
+    slot: u32,
+    token: u32,
+    id: *mut u64,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (mut c, id) = unsafe { (enter(coordinator, "coordinator")?, output_opt(id)) };
+        let owner = c.append_token_by_slot(slot, token)?;
+        if let Some(id) = id {
+            id.set(owner);
+        }
+        Ok(())
+    })
+}
+
+/// The state row (`0 .. max_running`) of running request `id`; an error for a request that is
+/// unknown or not running (waiting, preempted, or an import not started yet).
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` points to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_slot_of(
+    coordinator: *const HsCoordinator,
+    id: u64,
+    out: *mut u32,
+) -> HsStatus {
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(coordinator, out, |c| {
+            c.slot_of(id).ok_or_else(|| {
+                invalid(format!(
+                    "request {id} holds no state row: it is unknown or not running (waiting, preempted, or an import not started)"
+                ))
+            })
+        })
     }
 }
 
-/// The command's summary.
+/// Block-pool occupancy, for metrics: what the coordinator's requests hold of each pool.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HsPoolUsage {
+    /// GPU blocks held by requests (the null block excluded).
+    pub gpu_used: u32,
+    /// GPU blocks that can be handed out (the null block excluded).
+    pub gpu_total: u32,
+    /// Host blocks held by requests (the null block excluded).
+    pub host_used: u32,
+    /// Host blocks that can be handed out (the null block excluded).
+    pub host_total: u32,
+}
+
+/// The occupancy of the coordinator's pools.
 ///
 /// # Safety
 ///
-/// `command` is a live handle; `out` points to writable memory for an `HsCommandInfo`.
+/// `coordinator` is a live handle; `out` points to writable memory for an `HsPoolUsage`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn hs_command_info(
-    command: *const HsCommand,
-    out: *mut HsCommandInfo,
+pub unsafe extern "C" fn hs_coordinator_pool_usage(
+    coordinator: *const HsCoordinator,
+    out: *mut HsPoolUsage,
+) -> HsStatus {
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(coordinator, out, |c| {
+            let u = hisparse_runtime::PoolUsage::of(c);
+            Ok(HsPoolUsage {
+                gpu_used: u.gpu_used,
+                gpu_total: u.gpu_total,
+                host_used: u.host_used,
+                host_total: u.host_total,
+            })
+        })
+    }
+}
+
+/// Requests waiting to start (queued, preempted, or imports whose writes are complete).
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` points to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_num_waiting(
+    coordinator: *const HsCoordinator,
+    out: *mut usize,
+) -> HsStatus {
+    // SAFETY: forwarded contract.
+    unsafe { answer(coordinator, out, |c| Ok(c.num_waiting())) }
+}
+
+/// Requests running (each holding a state row).
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` points to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_num_running(
+    coordinator: *const HsCoordinator,
+    out: *mut usize,
+) -> HsStatus {
+    // SAFETY: forwarded contract.
+    unsafe { answer(coordinator, out, |c| Ok(c.num_running())) }
+}
+
+/// The ids of the running requests, oldest first, into `out` (`capacity` elements; `*count`
+/// receives how many there are). NULL `out` with `capacity` 0 asks only for the count; a
+/// smaller array gets `HS_STATUS_BUFFER_TOO_SMALL`.
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
+/// points to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_running_ids(
+    coordinator: *const HsCoordinator,
+    out: *mut u64,
+    capacity: usize,
+    count: *mut usize,
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = &unsafe { deref(command, "command") }?.inner;
-        let info = HsCommandInfo {
-            step: c.step,
-            has_transfer: c.transfer_id.is_some(),
-            transfer_id: c.transfer_id.unwrap_or(0),
-            fully_resident: c.fully_resident,
-            num_scheduled: c.scheduled.len(),
-            num_preempted: c.preempted.len(),
+        let (c, out) = unsafe {
+            (
+                enter(coordinator, "coordinator")?,
+                output_array(out, capacity, count, "out")?,
+            )
         };
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", info) }
+        // At most `max_running` ids: sized by the coordinator, not by an argument.
+        let ids: Vec<RequestId> = c.running_ids().collect();
+        out.fill(&ids)
     })
 }
 
-/// Scheduled request `index` of the command (`0 .. num_scheduled`).
+/// Writes a table row of the coordinator into the caller's `len` `int32_t`s at `out`.
 ///
 /// # Safety
 ///
-/// `command` is a live handle; `out` points to writable memory for an `HsScheduledRequest`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hs_command_scheduled(
-    command: *const HsCommand,
-    index: usize,
-    out: *mut HsScheduledRequest,
+/// `coordinator` is a live handle; `out` points to `len` writable `int32_t`s (NULL allowed for
+/// 0).
+unsafe fn table_row(
+    coordinator: *const HsCoordinator,
+    out: *mut i32,
+    len: usize,
+    row: impl FnOnce(&Coordinator, &mut [i32]) -> Result<(), Failure>,
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let c = &unsafe { deref(command, "command") }?.inner;
-        let s = c.scheduled.get(index).ok_or_else(|| {
-            invalid(format!(
-                "scheduled request {index} does not exist (the command has {})",
-                c.scheduled.len()
-            ))
-        })?;
-        let value = HsScheduledRequest {
-            id: s.id,
-            slot: s.slot,
-            first_token: s.first_token,
-            num_tokens: s.num_tokens,
-            fully_resident: s.fully_resident,
+        let (c, out) = unsafe {
+            (
+                enter(coordinator, "coordinator")?,
+                slice_mut(out, len, "out")?,
+            )
         };
+        row(&c, out)
+    })
+}
+
+/// Running request `id`'s block table of layout group `group` (indexer, resident, regular, or
+/// the source group's host blocks) as `len` `int32_t`s: column → block, 0 for null entries and
+/// columns beyond the request. What the runtime's device tables hold, read on the host (a
+/// debugging aid: engines read the device tables).
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` points to `len` writable `int32_t`s (NULL allowed for
+/// 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_block_table_row(
+    coordinator: *const HsCoordinator,
+    id: u64,
+    group: usize,
+    out: *mut i32,
+    len: usize,
+) -> HsStatus {
+    // SAFETY: forwarded contract.
+    unsafe {
+        table_row(coordinator, out, len, |c, out| {
+            let groups = c.layout().groups.len();
+            if group >= groups {
+                return Err(invalid(format!(
+                    "group {group} is not part of the layout ({groups} groups)"
+                )));
+            }
+            Ok(c.block_table_row(id, group, out)?)
+        })
+    }
+}
+
+/// Running request `id`'s hot region in `bucket` as `len` `int32_t`s: its
+/// `hot_blocks_per_request` GPU blocks, or -1s when it has none.
+///
+/// # Safety
+///
+/// As `hs_coordinator_block_table_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_hot_row(
+    coordinator: *const HsCoordinator,
+    id: u64,
+    bucket: u32,
+    out: *mut i32,
+    len: usize,
+) -> HsStatus {
+    // SAFETY: forwarded contract.
+    unsafe {
+        table_row(coordinator, out, len, |c, out| {
+            let buckets = c.layout().num_buckets;
+            if bucket >= buckets {
+                return Err(invalid(format!(
+                    "bucket {bucket} is not part of the layout ({buckets} buckets)"
+                )));
+            }
+            Ok(c.hot_row(id, bucket, out)?)
+        })
+    }
+}
+
+/// Checks the coordinator's internal invariants (for tests and debugging); a violation is
+/// `HS_STATUS_INTERNAL` naming it.
+///
+/// # Safety
+///
+/// `coordinator` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_check_invariants(
+    coordinator: *const HsCoordinator,
+) -> HsStatus {
+    guard(|| {
         // SAFETY: forwarded contract.
-        unsafe { put(out, "out", value) }
+        let c = unsafe { enter(coordinator, "coordinator") }?;
+        c.check_invariants()
+            .map_err(|v| internal(format!("coordinator invariant broken: {v}")))
+    })
+}
+
+/// Checks that the coordinator is back to empty once the engine finished every request and
+/// every worker's transfers completed (and were reported): no request known, every transfer
+/// durable, no GPU or host block held — then every invariant. Free blocks that keep a
+/// prefix-cache key count as empty. What an engine's test checks at its end; a leak is
+/// `HS_STATUS_INTERNAL` naming the first one found.
+///
+/// # Safety
+///
+/// `coordinator` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_check_drained(
+    coordinator: *const HsCoordinator,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let c = unsafe { enter(coordinator, "coordinator") }?;
+        c.check_drained()
+            .map_err(|v| internal(format!("coordinator not drained: {v}")))
+    })
+}
+
+/// Why request `id` was refused while a step was scheduled, if it was: `*refused` receives
+/// whether it was and, when it was, `*out` the reason (as `hs_command_refused` gives it). A
+/// refused request is in no queue and holds nothing: fail it (or admit a shorter one) and
+/// `hs_coordinator_finish` it.
+///
+/// # Safety
+///
+/// `coordinator` is a live handle; `out` points to writable memory for an `HsRefusedRequest`,
+/// `refused` for a `bool`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_coordinator_refusal(
+    coordinator: *const HsCoordinator,
+    id: u64,
+    out: *mut HsRefusedRequest,
+    refused: *mut bool,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (c, out, refused) = unsafe {
+            (
+                enter(coordinator, "coordinator")?,
+                output(out, "out")?,
+                output(refused, "refused")?,
+            )
+        };
+        let reason = c.refusal(id);
+        refused.set(reason.is_some());
+        if let Some(reason) = reason {
+            out.set(HsRefusedRequest::new(id, reason));
+        }
+        Ok(())
     })
 }

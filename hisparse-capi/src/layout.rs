@@ -2,19 +2,17 @@
 
 use std::ffi::c_char;
 
-use hisparse_core::config::HiSparseConfig;
-use hisparse_core::layout::{KvCacheConfig, LayoutInput, plan_layout};
-use hisparse_core::model::{ModelSpec, OwnedModel};
-use hisparse_core::presets;
+use hisparse_core::layout::KvCacheConfig;
+use hisparse_runtime::plan::{ArgNames, LayoutRequest, ModelSource, plan};
 
-use crate::error::{Failure, HsStatus, deref, guard, invalid, put, string};
+use crate::error::{Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, string};
 
 /// A planned KV-cache layout (opaque). Free with `hs_layout_free`.
 pub struct HsLayout {
     pub(crate) kv: KvCacheConfig,
 }
 
-/// What to plan. Start from `hs_layout_options_default` (the defaults of `hisparse layout`).
+/// What to plan. Start from `hs_layout_options_default` (the defaults every front end shares).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HsLayoutOptions {
@@ -39,7 +37,26 @@ pub struct HsLayoutOptions {
     pub top_k: u32,
     /// Use exactly this many GPU blocks, null block included (0 = derive from `gpu_mem`).
     pub num_gpu_blocks: u32,
+    /// Mirror rows to host as they are written (else sealed pages are spilled whole).
+    pub eager_host_mirror: bool,
+    /// One host pool for every tensor-parallel rank of a node (its arrays aligned for sharing).
+    pub shared_host_pool: bool,
 }
+
+/// How the C API spells each layout argument, for the planner's messages.
+const NAMES: ArgNames<'static> = ArgNames {
+    preset: "options.preset",
+    model: "options.model_json",
+    layers: "options.layers",
+    gpu_mem: "options.gpu_mem",
+    host_mem: "options.host_mem",
+    max_model_len: "options.max_model_len",
+    shorten: "options.max_model_len",
+    device_buffer_size: "options.device_buffer_size",
+    max_query_len: "options.max_query_len",
+    top_k: "options.top_k",
+    num_gpu_blocks: "options.num_gpu_blocks",
+};
 
 /// A layout's figures.
 #[repr(C)]
@@ -79,6 +96,8 @@ pub struct HsLayoutInfo {
     pub gpu_pool_bytes: u64,
     /// Bytes of the pinned host pool.
     pub host_pool_bytes: u64,
+    /// Layout groups (`hs_layout_group`): source, indexer, resident and hot buckets, regular.
+    pub num_groups: u32,
 }
 
 /// One index group.
@@ -93,8 +112,8 @@ pub struct HsIndexGroupInfo {
     pub bucket: u32,
 }
 
-/// Fills `options` with the defaults of `hisparse layout`: DeepSeek V3.2, 80 GiB GPU, 512 GiB
-/// host, 131072 tokens, max_query_len 1.
+/// Fills `options` with the defaults every front end shares: DeepSeek V3.2, 80 GiB GPU, 512 GiB
+/// host, 131072 tokens, the default hot buffer, max_query_len 1, eager mirroring.
 ///
 /// # Safety
 ///
@@ -102,22 +121,29 @@ pub struct HsIndexGroupInfo {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_layout_options_default(options: *mut HsLayoutOptions) -> HsStatus {
     guard(|| {
-        let value = HsLayoutOptions {
+        // SAFETY: forwarded contract.
+        let options = unsafe { output(options, "options") }?;
+        let d = LayoutRequest::new(ModelSource::Preset(DEFAULT_PRESET));
+        options.set(HsLayoutOptions {
             preset: std::ptr::null(),
             model_json: std::ptr::null(),
-            layers: 0,
-            gpu_mem: 80 << 30,
-            host_mem: 512 << 30,
-            max_model_len: 131072,
-            device_buffer_size: 0,
-            max_query_len: 1,
-            top_k: 0,
-            num_gpu_blocks: 0,
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(options, "options", value) }
+            layers: d.layers.map_or(0, |n| n as u32),
+            gpu_mem: d.gpu_mem,
+            host_mem: d.host_mem,
+            max_model_len: d.max_model_len,
+            device_buffer_size: d.device_buffer_size.unwrap_or(0),
+            max_query_len: d.max_query_len,
+            top_k: d.top_k.unwrap_or(0),
+            num_gpu_blocks: d.num_gpu_blocks.unwrap_or(0),
+            eager_host_mirror: d.eager_host_mirror,
+            shared_host_pool: d.shared_host_pool,
+        });
+        Ok(())
     })
 }
+
+/// The preset a NULL `HsLayoutOptions::preset` names.
+const DEFAULT_PRESET: &str = "deepseek-v3.2";
 
 /// Plans a layout; `*out` receives a handle to free with `hs_layout_free`.
 ///
@@ -132,69 +158,36 @@ pub unsafe extern "C" fn hs_layout_plan(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let o = unsafe { deref(options, "options") }?;
+        let (o, out) = unsafe { (deref(options, "options")?, output(out, "out")?) };
         // SAFETY: forwarded contract (the option strings).
-        let (preset, model_json) = unsafe {
-            (
-                string(o.preset, "options.preset", "deepseek-v3.2")?,
-                (!o.model_json.is_null())
-                    .then(|| string(o.model_json, "options.model_json", ""))
-                    .transpose()?,
-            )
+        let model = unsafe {
+            match o.model_json.is_null() {
+                true => ModelSource::Preset(string(o.preset, "options.preset", DEFAULT_PRESET)?),
+                false => ModelSource::Json(string(o.model_json, "options.model_json", "")?),
+            }
         };
-        let kv = plan(o, preset, model_json)?;
-        let handle = Box::into_raw(Box::new(HsLayout { kv }));
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", handle) }.inspect_err(|_| {
-            // SAFETY: `handle` came from `Box::into_raw` just above and was not handed out.
-            drop(unsafe { Box::from_raw(handle) });
-        })
+        let kv = plan(&request(o, model), &NAMES)?.kv;
+        out.set(handle(HsLayout { kv }));
+        Ok(())
     })
 }
 
-fn plan(
-    o: &HsLayoutOptions,
-    preset: &str,
-    model_json: Option<&str>,
-) -> Result<KvCacheConfig, Failure> {
-    let owned: OwnedModel = match model_json {
-        Some(text) => serde_json::from_str(text).map_err(|e| {
-            invalid(format!(
-                "options.model_json is not a model description ({e}); `hisparse layout --print-model` writes a template"
-            ))
-        })?,
-        None => presets::preset(preset)
-            .map_err(|e| {
-                invalid(format!(
-                    "unknown preset `{preset}`; use one of: {}",
-                    e.valid.join(", ")
-                ))
-            })?
-            .into(),
-    };
-    let full = owned.as_spec();
-    full.validate()?;
-    let n = o.layers as usize;
-    if n > full.layers.len() {
-        return Err(invalid(format!(
-            "options.layers = {n}, but the model has {} layers; pass at most that many (0 = all)",
-            full.layers.len()
-        )));
+/// The runtime's layout request of `o` (0 = the default for the optional numbers).
+fn request<'a>(o: &HsLayoutOptions, model: ModelSource<'a>) -> LayoutRequest<'a> {
+    let some = |v: u32| (v != 0).then_some(v);
+    LayoutRequest {
+        model,
+        layers: some(o.layers).map(|n| n as usize),
+        gpu_mem: o.gpu_mem,
+        host_mem: o.host_mem,
+        max_model_len: o.max_model_len,
+        device_buffer_size: some(o.device_buffer_size),
+        max_query_len: o.max_query_len,
+        top_k: some(o.top_k),
+        eager_host_mirror: o.eager_host_mirror,
+        num_gpu_blocks: some(o.num_gpu_blocks),
+        shared_host_pool: o.shared_host_pool,
     }
-    let model = match n {
-        0 => full,
-        n => ModelSpec {
-            layers: &full.layers[..n],
-            ..full
-        },
-    };
-    let top_k = if o.top_k == 0 { model.top_k } else { o.top_k };
-    let mut cfg = HiSparseConfig::new(top_k, o.host_mem);
-    cfg.device_buffer_size = (o.device_buffer_size != 0).then_some(o.device_buffer_size);
-    cfg.max_query_len = o.max_query_len;
-    let mut input = LayoutInput::new(&model, &cfg, o.gpu_mem, o.max_model_len);
-    input.num_gpu_blocks_override = (o.num_gpu_blocks != 0).then_some(o.num_gpu_blocks);
-    Ok(plan_layout(&input)?)
 }
 
 /// Frees a layout (NULL is ignored). Coordinators and runtimes built from it keep their own
@@ -205,10 +198,27 @@ fn plan(
 /// `layout` is NULL or a handle from `hs_layout_plan` not freed yet.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_layout_free(layout: *mut HsLayout) {
-    if !layout.is_null() {
-        // SAFETY: forwarded contract: the handle came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(layout) });
-    }
+    // SAFETY: forwarded contract.
+    unsafe { free_handle(layout) }
+}
+
+/// Runs a query of the layout and stores its answer in `*out` (named `what`).
+///
+/// # Safety
+///
+/// `layout` is a live handle; `out` points to writable memory for a `T`.
+pub(crate) unsafe fn answer<T>(
+    layout: *const HsLayout,
+    out: *mut T,
+    what: &str,
+    query: impl FnOnce(&KvCacheConfig) -> Result<T, Failure>,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (layout, out) = unsafe { (deref(layout, "layout")?, output(out, what)?) };
+        out.set(query(&layout.kv)?);
+        Ok(())
+    })
 }
 
 /// The layout's figures.
@@ -221,31 +231,31 @@ pub unsafe extern "C" fn hs_layout_info(
     layout: *const HsLayout,
     out: *mut HsLayoutInfo,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let info = HsLayoutInfo {
-            top_k: kv.config.top_k,
-            block_size: kv.block_size,
-            row_bytes: kv.row_bytes,
-            num_sparse_layers: kv.groups[KvCacheConfig::SOURCE_GROUP].layers.len() as u32,
-            num_index_groups: kv.index_groups.len() as u32,
-            num_buckets: kv.num_buckets,
-            bytes_per_block: kv.bytes_per_block,
-            attention_block_stride: kv.attention_block_stride,
-            num_gpu_blocks: kv.num_gpu_blocks,
-            host_block_stride: kv.host_block_stride,
-            host_num_blocks: kv.host_num_blocks,
-            device_buffer_size: kv.device_buffer_size,
-            hot_blocks_per_request: kv.hot_blocks_per_request,
-            max_model_len: kv.max_model_len,
-            max_pages_per_request: kv.max_pages_per_request,
-            gpu_pool_bytes: kv.gpu_pool_bytes(),
-            host_pool_bytes: kv.host_pool_bytes(),
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", info) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, out, "out", |kv| {
+            Ok(HsLayoutInfo {
+                top_k: kv.config.top_k,
+                block_size: kv.block_size,
+                row_bytes: kv.row_bytes,
+                num_sparse_layers: kv.groups[KvCacheConfig::SOURCE_GROUP].layers.len() as u32,
+                num_index_groups: kv.index_groups.len() as u32,
+                num_buckets: kv.num_buckets,
+                bytes_per_block: kv.bytes_per_block,
+                attention_block_stride: kv.attention_block_stride,
+                num_gpu_blocks: kv.num_gpu_blocks,
+                host_block_stride: kv.host_block_stride,
+                host_num_blocks: kv.host_num_blocks,
+                device_buffer_size: kv.device_buffer_size,
+                hot_blocks_per_request: kv.hot_blocks_per_request,
+                max_model_len: kv.max_model_len,
+                max_pages_per_request: kv.max_pages_per_request,
+                gpu_pool_bytes: kv.gpu_pool_bytes(),
+                host_pool_bytes: kv.host_pool_bytes(),
+                num_groups: kv.groups.len() as u32,
+            })
+        })
+    }
 }
 
 /// Index group `group`'s leader, size and bucket.
@@ -259,23 +269,22 @@ pub unsafe extern "C" fn hs_layout_index_group(
     group: usize,
     out: *mut HsIndexGroupInfo,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let g = kv.index_groups.get(group).ok_or_else(|| {
-            invalid(format!(
-                "index group {group} is not part of the layout ({} groups)",
-                kv.index_groups.len()
-            ))
-        })?;
-        let info = HsIndexGroupInfo {
-            leader: g.leader,
-            num_layers: g.layers.len() as u32,
-            bucket: g.bucket,
-        };
-        // SAFETY: forwarded contract.
-        unsafe { put(out, "out", info) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, out, "out", |kv| {
+            let g = kv.index_groups.get(group).ok_or_else(|| {
+                invalid(format!(
+                    "index group {group} is not part of the layout ({} groups)",
+                    kv.index_groups.len()
+                ))
+            })?;
+            Ok(HsIndexGroupInfo {
+                leader: g.leader,
+                num_layers: g.layers.len() as u32,
+                bucket: g.bucket,
+            })
+        })
+    }
 }
 
 /// Where sparse layer `layer` lives in the device pool: its bucket and its byte offset inside
@@ -294,13 +303,17 @@ pub unsafe extern "C" fn hs_layout_layer_offset(
 ) -> HsStatus {
     guard(|| {
         // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
+        let (kv, bucket, offset) = unsafe {
+            (
+                &deref(layout, "layout")?.kv,
+                output(bucket, "bucket")?,
+                output(offset, "offset")?,
+            )
+        };
         let (b, gl) = kv.bucket_of(layer)?;
-        // SAFETY: forwarded contract.
-        unsafe {
-            put(bucket, "bucket", b)?;
-            put(offset, "offset", gl.offset)
-        }
+        bucket.set(b);
+        offset.set(gl.offset);
+        Ok(())
     })
 }
 
@@ -316,13 +329,12 @@ pub unsafe extern "C" fn hs_layout_host_layer_offset(
     layer: u32,
     offset: *mut u64,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let base = kv.host_layout(layer)?.base;
-        // SAFETY: forwarded contract.
-        unsafe { put(offset, "offset", base) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, offset, "offset", |kv| {
+            Ok(kv.host_layout(layer)?.base)
+        })
+    }
 }
 
 /// Layer `index` (`0 .. num_layers`, the leader first) of index group `group`.
@@ -337,19 +349,18 @@ pub unsafe extern "C" fn hs_layout_index_group_layer(
     index: usize,
     layer: *mut u32,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let kv = &unsafe { deref(layout, "layout") }?.kv;
-        let l = kv
-            .index_groups
-            .get(group)
-            .and_then(|g| g.layers.get(index))
-            .ok_or_else(|| {
-                invalid(format!(
-                    "index group {group} has no layer {index} (see hs_layout_index_group)"
-                ))
-            })?;
-        // SAFETY: forwarded contract.
-        unsafe { put(layer, "layer", *l) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer(layout, layer, "layer", |kv| {
+            kv.index_groups
+                .get(group)
+                .and_then(|g| g.layers.get(index))
+                .copied()
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "index group {group} has no layer {index} (see hs_layout_index_group)"
+                    ))
+                })
+        })
+    }
 }
