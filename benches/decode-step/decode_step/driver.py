@@ -167,6 +167,8 @@ class Engine:
         t = time.perf_counter()
         k.sync()
         wait = time.perf_counter() - t
+        # Device times are read once the step is done (CUDA events; host seconds on the CPU).
+        device = {name: (v() if callable(v) else v) for name, v in device.items()}
         t = time.perf_counter()
         for s in cmd.scheduled:
             self.coord.append_tokens(s["id"], [1 + s["id"] % 1000])
