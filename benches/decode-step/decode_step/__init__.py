@@ -1,0 +1,1 @@
+"""The decode-step benchmark (see ../README.md)."""

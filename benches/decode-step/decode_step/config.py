@@ -1,0 +1,56 @@
+"""What one benchmark run measures: the model geometry and the sweeps."""
+
+import dataclasses
+from typing import List, Optional
+
+GiB = 1 << 30
+
+#: DeepSeek V3.2's weights (671 B parameters, fp8: one byte each) split over 8 GPUs: the default
+#: weight bytes the stand-in for the rest of the model reads per decode step.
+V32_WEIGHT_BYTES_PER_GPU_TP8 = 671 * 10**9 // 8
+
+
+@dataclasses.dataclass
+class Config:
+    """A run's parameters. The defaults are the full sweep on the GPU."""
+
+    preset: str = "deepseek-v3.2"
+    #: The model's first layers only (None: all 61).
+    layers: Optional[int] = None
+    #: None: the model's (2048).
+    top_k: Optional[int] = None
+    #: FlashMLA's query heads (64 or 128; the kernel pads fewer).
+    heads: int = 64
+    #: The lightning indexer's query heads and their width.
+    indexer_heads: int = 64
+    contexts: List[int] = dataclasses.field(default_factory=lambda: [32768, 131072])
+    batches: List[int] = dataclasses.field(default_factory=lambda: [1, 8, 32, 64, 128])
+    #: Top-k overlap targets between adjacent steps; the first is the main one.
+    overlaps: List[float] = dataclasses.field(default_factory=lambda: [0.9, 0.8, 0.95])
+    #: KV budgets of GPU memory (bytes) each arm must fit in.
+    budgets: List[int] = dataclasses.field(default_factory=lambda: [16 * GiB, 32 * GiB, 64 * GiB])
+    #: Bytes of weights the stand-in reads per decode step (0: no stand-in).
+    standin_bytes: int = V32_WEIGHT_BYTES_PER_GPU_TP8
+    #: The stand-in's hidden width (its matrices are [width, width] bfloat16).
+    standin_width: int = 7168
+    warmup_steps: int = 3
+    timed_steps: int = 10
+    #: Prefill tokens per step (the coordinator's max_batched_tokens).
+    prefill_chunk: int = 16384
+    #: Tokens each request may grow by while it is measured.
+    decode_reserve: int = 512
+    #: Host memory the pools may take (bytes); None: 90% of MemAvailable less 8 GiB.
+    host_limit: Optional[int] = None
+    #: GPU memory kept free of the pool for activations, graphs and the stand-in (bytes).
+    gpu_headroom: int = 12 * GiB
+    #: GPU pool ceiling (bytes); None: free memory less the headroom.
+    gpu_pool_limit: Optional[int] = None
+    #: Rows of the tables the synthetic rows are drawn from.
+    kv_table_rows: int = 1 << 16
+    indexer_table_rows: int = 1 << 18
+    seed: int = 1
+    #: Stop starting new configurations after this many seconds (None: no limit).
+    time_budget: Optional[float] = None
+    #: Run the fully-resident HiSparse path (a pool that holds everything, nothing reclaimed)
+    #: at batches up to this.
+    resident_path_max_batch: int = 8
