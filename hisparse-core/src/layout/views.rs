@@ -119,7 +119,8 @@ impl KvCacheConfig {
             layer: l.layer,
             offset: l.offset,
             page_stride,
-            num_pages: (pool - l.offset) / page_stride,
+            // The last page of the view must end inside the pool: block `N - 1`'s.
+            num_pages: (pool - l.offset).checked_sub(l.page_bytes)? / page_stride + 1,
             pages_per_block,
             rows_per_page: l.rows_per_block,
             row_bytes: l.row_bytes,
