@@ -1,6 +1,7 @@
 """A worker process of the two-process test (`test_processes.py`), importable by the
-`multiprocessing` spawn start method: its own layout plan, its own `Runtime` on the CPU backend,
-commands in and reports out over a pipe — as wire bytes or as pickles."""
+`multiprocessing` spawn start method: its own layout plan, its own `Runtime` (on the CPU backend,
+or on CUDA with PyTorch tensors and the process's own current stream), commands in and reports
+out over a pipe — as wire bytes or as pickles."""
 
 import hashlib
 
@@ -23,13 +24,18 @@ def send(conn, transport: str, report: hisparse.WorkerReport) -> None:
         conn.send(report)
 
 
-def main(conn, rank: int, transport: str, shape: dict) -> None:
+def main(conn, rank: int, transport: str, shape: dict, backend: str = "cpu") -> None:
     """Executes every command it receives, reports after each, and at the end sends its final
     report and what it verified: `(rows verified, digest of every row it read, counters)`."""
     try:
         s = scenario.Shape(**shape)
         layout = scenario.layout(s)  # planned here: what pickled commands are checked against
-        worker = scenario.Worker(s, layout, lend_pools=True, worker=rank)
+        ops = scenario.NumpyOps()
+        if backend == "cuda":
+            import torch
+
+            ops = scenario.TorchOps(torch)
+        worker = scenario.Worker(s, layout, lend_pools=True, worker=rank, ops=ops)
         while (cmd := receive(conn, transport, layout)) is not None:
             worker.execute(cmd)
             send(conn, transport, worker.rt.poll())

@@ -84,7 +84,8 @@ class SlotForward:
 
     def __init__(self, rt: hisparse.Runtime, lay: hisparse.Layout, pool: "Pool"):
         self.rt, self.pool = rt, pool
-        self.slots = np.asarray(rt.slot_mapping())  # a view: begin_step rewrites it in place
+        # A view (numpy on the CPU backend, a CUDA tensor on CUDA): begin_step rewrites it.
+        self.slots = pool.ops.device(rt.slot_mapping())
         views = lay.gpu_views()
         # Sparse layers write their rows into their resident bucket's view.
         self.writes = [
@@ -98,31 +99,79 @@ class SlotForward:
         assert t == len(pos), f"the slot mapping holds {t} tokens, the command {len(pos)}"
         for w, views in self.writes:
             slots = self.slots[w, :t]
-            valid = slots >= 0
-            assert valid.all(), f"a sparse token without a row: {slots}"
+            assert bool((slots >= 0).all()), f"a sparse token without a row: {slots}"
             for v in views:
                 self.pool.write_rows(v, slots, rows_of(req, pos, v["layer"], v["row_bytes"]))
 
 
+class NumpyOps:
+    """Arrays of the CPU backend: numpy."""
+
+    backend = "cpu"
+
+    def device(self, a):
+        return np.asarray(a)
+
+    def empty(self, shape, dtype=np.int32):
+        return np.empty(shape, dtype=dtype)
+
+    def pool(self, nbytes):
+        return hisparse.aligned_empty(nbytes)
+
+    def host(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def put(self, dst, src: np.ndarray) -> None:
+        dst[...] = src
+
+
+class TorchOps:
+    """Arrays of the CUDA backend: PyTorch CUDA tensors (`torch` is the module)."""
+
+    backend = "cuda"
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def device(self, a):
+        return self.torch.as_tensor(a, device="cuda")
+
+    def empty(self, shape, dtype=np.int32):
+        return self.torch.empty(shape, dtype=self.torch.int32, device="cuda")
+
+    def pool(self, nbytes):
+        return self.torch.zeros(nbytes, dtype=self.torch.uint8, device="cuda")
+
+    def host(self, a) -> np.ndarray:
+        return a.cpu().numpy() if hasattr(a, "cpu") else np.asarray(a)
+
+    def put(self, dst, src: np.ndarray) -> None:
+        dst.copy_(self.torch.as_tensor(src))
+
+
 @dataclass
 class Pool:
-    """Write and read access to the device pool, owned by the runtime or lent as numpy."""
+    """Write and read access to the device pool, owned by the runtime or lent (numpy on the CPU
+    backend, a CUDA tensor on CUDA)."""
 
     rt: hisparse.Runtime
     array: "np.ndarray | None" = None
+    ops: object = field(default_factory=NumpyOps)
 
-    def write_rows(self, view: dict, slots: np.ndarray, data: np.ndarray) -> None:
+    def write_rows(self, view: dict, slots, data: np.ndarray) -> None:
         """Writes `data[i]` into row `slots[i]` of the layer's view."""
         if self.array is None:
-            for r, d in zip(slots.tolist(), data):
+            for r, d in zip(self.ops.host(slots).tolist(), data):
                 self.rt.write_device_pool(view["offset"] + r * view["row_bytes"], d.tobytes())
         else:
-            hisparse.pool_rows(self.array, view)[slots] = data
+            hisparse.pool_rows(self.array, view)[slots.long() if hasattr(slots, "long") else slots] = (
+                self.ops.device(data)
+            )
 
     def read(self, offset: int, nbytes: int) -> np.ndarray:
         if self.array is None:
             return np.frombuffer(self.rt.read_device_pool(offset, nbytes), dtype=np.uint8)
-        return self.array[offset : offset + nbytes]
+        return self.ops.host(self.array[offset : offset + nbytes])
 
 
 @dataclass
@@ -148,22 +197,25 @@ class Worker:
     attention reads against what was written."""
 
     def __init__(self, s: Shape, lay: hisparse.Layout, lend_pools: bool, prepared: bool = False,
-                 worker: int = 0):
+                 worker: int = 0, ops=None):
         self.s, self.lay, self.prepared = s, lay, prepared
+        self.ops = ops = ops or NumpyOps()
         kwargs = dict(state_rows=s.requests, max_step_tokens=s.requests, max_batched_tokens=4096,
                       worker=worker)
         if lend_pools:
-            device_pool = hisparse.aligned_empty(lay.gpu_pool_bytes)
+            device_pool = ops.pool(lay.gpu_pool_bytes)
             host_pool = hisparse.aligned_empty(lay.host_pool_bytes)
-            self.rt = hisparse.Runtime(lay, "cpu", device_pool=device_pool, host_pool=host_pool, **kwargs)
-            self.pool = Pool(self.rt, device_pool)
+            self.rt = hisparse.Runtime(lay, ops.backend, device_pool=device_pool,
+                                       host_pool=host_pool, **kwargs)
+            self.pool = Pool(self.rt, device_pool, ops)
         else:
-            self.rt = hisparse.Runtime(lay, "cpu", **kwargs)
-            self.pool = Pool(self.rt)
+            self.rt = hisparse.Runtime(lay, ops.backend, **kwargs)
+            self.pool = Pool(self.rt, None, ops)
         assert self.rt.lends_pools == lend_pools
-        self.topk = np.empty((s.requests, s.top_k), dtype=np.int32)
-        self.rows = np.empty((s.requests, s.top_k), dtype=np.int32)
-        self.counts = np.empty(s.requests, dtype=np.int32)
+        self.host_topk = np.empty((s.requests, s.top_k), dtype=np.int32)
+        self.topk = ops.empty((s.requests, s.top_k))
+        self.rows = ops.empty((s.requests, s.top_k))
+        self.counts = ops.empty(s.requests)
         groups = range(len(lay.index_groups))
         self.calls = [self.rt.layer_call(g, self.topk, self.rows, self.counts) for g in groups]
         self.forward = SlotForward(self.rt, lay, self.pool)
@@ -176,9 +228,10 @@ class Worker:
         for i, sr in enumerate(cmd.scheduled):
             n = sr["first_token"] + sr["num_tokens"]
             salt = cmd.step + 13 * g
-            self.topk[i] = [(j * 7919 + salt * 31) % n for j in range(self.s.top_k)]
-            self.topk[i, 0] = -1
-            self.topk[i, 1] = self.topk[i, 2]
+            self.host_topk[i] = [(j * 7919 + salt * 31) % n for j in range(self.s.top_k)]
+            self.host_topk[i, 0] = -1
+            self.host_topk[i, 1] = self.host_topk[i, 2]
+        self.ops.put(self.topk, self.host_topk)
 
     def execute(self, cmd: hisparse.Command) -> None:
         rt, rb = self.rt, self.lay.row_bytes
@@ -193,11 +246,13 @@ class Worker:
                 self.calls[g](t)
             else:
                 rt.resolve_index_group(g, self.topk[:t], self.rows[:t], self.counts[:t])
-            self.row_log.append(self.rows[:t].copy())
+            rows = self.ops.host(self.rows[:t]).copy()
+            counts = self.ops.host(self.counts[:t])
+            self.row_log.append(rows)
             for i, sr in enumerate(scheduled):
                 valid = 0
                 for j in range(self.s.top_k):
-                    pos, r = int(self.topk[i, j]), int(self.rows[i, j])
+                    pos, r = int(self.host_topk[i, j]), int(rows[i, j])
                     if pos < 0:
                         assert r == -1, f"entry {j} has no token but row {r}"
                         continue
@@ -211,7 +266,7 @@ class Worker:
                             f"{layer}: row {r} holds other bytes"
                         )
                         self.verified += 1
-                assert self.counts[i] == valid, f"count {self.counts[i]} for {valid} valid entries"
+                assert counts[i] == valid, f"count {counts[i]} for {valid} valid entries"
         rt.end_step(cmd)
 
 

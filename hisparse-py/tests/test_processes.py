@@ -28,6 +28,19 @@ def receive_report(conn, transport, layout):
 
 @pytest.mark.parametrize("transport", ["bytes", "pickle"])
 def test_a_scheduler_and_two_worker_processes(transport):
+    scheduler_and_two_workers(transport, "cpu")
+
+
+def test_a_scheduler_and_two_cuda_worker_processes():
+    """The same with each worker process on the GPU: its pools PyTorch CUDA tensors, its calls on
+    its own current stream."""
+    import device
+
+    device.torch_cuda()
+    scheduler_and_two_workers("bytes", "cuda")
+
+
+def scheduler_and_two_workers(transport, backend):
     s = scenario.Shape(**SHAPE)
     layout = scenario.layout(s)
     coord = scenario.coordinator(s, layout, num_workers=2)
@@ -37,7 +50,7 @@ def test_a_scheduler_and_two_worker_processes(transport):
     pipes, procs = [], []
     for rank in range(2):
         ours, theirs = ctx.Pipe()
-        p = ctx.Process(target=mp_worker.main, args=(theirs, rank, transport, SHAPE))
+        p = ctx.Process(target=mp_worker.main, args=(theirs, rank, transport, SHAPE, backend))
         p.start()
         pipes.append(ours)
         procs.append(p)
