@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds here what scripts/h200/engine.sh runs on the GPU machine (no Rust toolchain there):
+#
+#   h200-engine/cuda-conformance   the conformance suite on CUDA device 0
+#   h200-engine/cuda-graph-capture per-layer calls captured in a CUDA graph (global capture mode)
+#   h200-engine/cuda-host-pool     the host pool registered in chunks, whole, and lent
+#   h200-engine/runtime-cuda       the runtime over engine-owned CUDA memory and streams, graphs
+#   h200-engine/hisparse           the CLI with the cuda backend (bench --host-pool)
+#   h200-engine/_flashmla_C.abi3.so  vLLM 0.33's FlashMLA (scripts/fetch-vllm-kernels.sh)
+#   h200-python/                   the abi3 wheel with cpu and cuda (scripts/h200/python-build.sh)
+#
+# All are ignored by git; carry h200-engine and h200-python.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=h200-engine
+mkdir -p "$out"
+export CARGO_PROFILE_RELEASE_DEBUG=0
+# shellcheck source=scripts/h200/cargo-exe.sh
+. scripts/h200/cargo-exe.sh
+cuda=$(cargo test --release -p hisparse-backend-cuda --test conformance --test graph_capture \
+    --test host_pool --no-run --message-format=json 2>/dev/null)
+runtime=$(cargo test --release -p hisparse-runtime --features cuda --test cuda --no-run \
+    --message-format=json 2>/dev/null)
+cargo build --release -p hisparse-cli --features cuda
+install -m 755 "$(exe_of conformance <<<"$cuda")" "$out/cuda-conformance"
+install -m 755 "$(exe_of graph_capture <<<"$cuda")" "$out/cuda-graph-capture"
+install -m 755 "$(exe_of host_pool <<<"$cuda")" "$out/cuda-host-pool"
+install -m 755 "$(exe_of cuda <<<"$runtime")" "$out/runtime-cuda"
+install -m 755 "${CARGO_TARGET_DIR:-target}/release/hisparse" "$out/hisparse"
+(cd "$out" && strip cuda-conformance cuda-graph-capture cuda-host-pool runtime-cuda hisparse)
+if [[ ! -f "$out/_flashmla_C.abi3.so" ]]; then
+    scripts/fetch-vllm-kernels.sh --dest "$out" >/dev/null
+fi
+scripts/h200/python-build.sh
+echo "commit $(git rev-parse HEAD) built $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$out/MANIFEST"
+du -sh "$out" h200-python

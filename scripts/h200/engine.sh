@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with h200-engine/ and h200-python/ of
+# scripts/h200/engine-build.sh carried: the engine-integration checks in one run, each a section
+# with its own limit inside one budget (HISPARSE_H200_BUDGET, default 540 s):
+#
+#   conformance      the conformance suite, a device required
+#   graph-capture    per-layer calls captured in a CUDA graph, replayed, bit-exact
+#   runtime-cuda     the runtime over engine-owned memory and streams
+#   python           pytest with a device required: PyTorch's graph recipe over a whole decode step
+#                    replayed 20 steps against an eager run (rows and counters), capture refusals,
+#                    the current stream, the two-process test with each worker on the GPU
+#   engine-loop      examples/engine_loop.py --backend cuda --graph (its own scheduler)
+#   flashmla-v3.2    examples/flashmla_decode.py: FlashMLA over HiSparse's rows, bit-identical to
+#   flashmla-v4      an all-resident copy, the decode path in one CUDA graph (V3.2 and V4 rows)
+#   host-overhead    host µs per eager per-layer call, 1-256 requests, beside its GPU time
+#   host-pool        the pool registered on the GPU (test), then set-up/release at 8 and 64 GiB
+#                    beside the same run's memset, and PyTorch's pin_memory at 64 GiB
+#
+# Logs in $OUT/engine/, a summary on stdout and in summary.json.
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+# shellcheck source=scripts/h200/cuda-common.sh
+. scripts/h200/cuda-common.sh
+budget "${HISPARSE_H200_BUDGET:-540}"
+bin=h200-engine
+out=${OUT:-/tmp/hisparse-h200}/engine
+mkdir -p "$out"
+export HISPARSE_REQUIRE_DEVICE=1 PYTHONUNBUFFERED=1
+nvrtc=/usr/local/cuda-13.0/targets/x86_64-linux/lib
+[[ -d "$nvrtc" ]] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cat "$bin/MANIFEST" h200-python/MANIFEST 2>/dev/null | head -n 3
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+site=$(mktemp -d)
+python3 -m pip install --quiet --no-index --no-deps --target "$site" h200-python/hisparse-*.whl \
+    > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 2; }
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+export HISPARSE_FLASHMLA_LIB=$root/$bin/_flashmla_C.abi3.so
+
+section conformance 120 "$bin/cuda-conformance"
+section graph-capture 40 "$bin/cuda-graph-capture"
+section runtime-cuda 40 "$bin/runtime-cuda"
+section python 150 sh -c "cd hisparse-py/tests && python3 -m pytest -q -p no:cacheprovider --ignore=test_layout.py -x ."
+section engine-loop 40 python3 examples/engine_loop.py --backend cuda --graph
+section flashmla-v3.2 60 python3 examples/flashmla_decode.py --format v3.2 --json "$out/flashmla-v3.2.json"
+section flashmla-v4 60 python3 examples/flashmla_decode.py --format v4 --json "$out/flashmla-v4.json"
+section host-overhead 40 python3 hisparse-py/bench/host_overhead.py --backend cuda --json "$out/host_overhead.json"
+section host-pool-test 40 "$bin/cuda-host-pool"
+section host-pool-bench 90 sh -c "'$bin/hisparse' bench --backend cuda --host-pool 8GiB,64GiB --json > '$out/host-pool.json'"
+section host-pool-torch 60 python3 scripts/bench/host_pool.py --backend cuda --sizes 64GiB --json "$out/host-pool-python.json"
+write_summary engine
