@@ -16,7 +16,8 @@
 #   host-pool        the pool registered on the GPU (test), then set-up/release at 8 and 64 GiB
 #                    beside the same run's memset, and PyTorch's pin_memory at 64 GiB
 #
-# Logs in $OUT/engine/, a summary on stdout and in summary.json.
+# HISPARSE_SECTIONS="python flashmla-v4 ..." runs only the sections named. Logs in $OUT/engine/
+# (and every log's tail in $OUT/engine/tails.txt), a summary on stdout and in summary.json.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -37,15 +38,26 @@ python3 -m pip install --quiet --no-index --no-deps --target "$site" h200-python
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export HISPARSE_FLASHMLA_LIB=$root/$bin/_flashmla_C.abi3.so
 
-section conformance 120 "$bin/cuda-conformance"
-section graph-capture 40 "$bin/cuda-graph-capture"
-section runtime-cuda 40 "$bin/runtime-cuda"
-section python 150 sh -c "cd hisparse-py/tests && python3 -m pytest -q -p no:cacheprovider --ignore=test_layout.py -x ."
-section engine-loop 40 python3 examples/engine_loop.py --backend cuda --graph
-section flashmla-v3.2 60 python3 examples/flashmla_decode.py --format v3.2 --json "$out/flashmla-v3.2.json"
-section flashmla-v4 60 python3 examples/flashmla_decode.py --format v4 --json "$out/flashmla-v4.json"
-section host-overhead 40 python3 hisparse-py/bench/host_overhead.py --backend cuda --json "$out/host_overhead.json"
-section host-pool-test 40 "$bin/cuda-host-pool"
-section host-pool-bench 90 sh -c "'$bin/hisparse' bench --backend cuda --host-pool 8GiB,64GiB --json > '$out/host-pool.json'"
-section host-pool-torch 60 python3 scripts/bench/host_pool.py --backend cuda --sizes 64GiB --json "$out/host-pool-python.json"
+# Runs a section when HISPARSE_SECTIONS is unset or names it.
+run_section() {
+    if [[ -n "${HISPARSE_SECTIONS:-}" && " $HISPARSE_SECTIONS " != *" $1 "* ]]; then
+        return
+    fi
+    section "$@"
+}
+
+run_section conformance 120 "$bin/cuda-conformance"
+run_section graph-capture 40 "$bin/cuda-graph-capture"
+run_section runtime-cuda 40 "$bin/runtime-cuda"
+run_section python 150 sh -c "cd hisparse-py/tests && python3 -m pytest -q -p no:cacheprovider --ignore=test_layout.py ."
+run_section engine-loop 40 python3 examples/engine_loop.py --backend cuda --graph
+run_section flashmla-v3.2 60 python3 examples/flashmla_decode.py --format v3.2 --json "$out/flashmla-v3.2.json"
+run_section flashmla-v4 60 python3 examples/flashmla_decode.py --format v4 --json "$out/flashmla-v4.json"
+run_section host-overhead 40 python3 hisparse-py/bench/host_overhead.py --backend cuda --json "$out/host_overhead.json"
+run_section host-pool-test 40 "$bin/cuda-host-pool"
+run_section host-pool-bench 90 sh -c "'$bin/hisparse' bench --backend cuda --host-pool 8GiB,64GiB --json > '$out/host-pool.json'"
+run_section host-pool-torch 150 python3 scripts/bench/host_pool.py --backend cuda --sizes 64GiB --json "$out/host-pool-python.json"
+for f in "$out"/*.log; do
+    { echo "===== $(basename "$f")"; tail -n 40 "$f"; } >> "$out/tails.txt"
+done
 write_summary engine

@@ -173,7 +173,9 @@ impl DeviceArray {
         d.set_item("version", 3)?;
         d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
         d.set_item("typestr", "<i4")?;
-        d.set_item("data", (self.ptr, true))?;
+        // numpy honours the read-only flag; PyTorch refuses a CUDA array that sets it, so the
+        // CUDA view says writable (the class docs: the engine never writes it).
+        d.set_item("data", (self.ptr, !cuda))?;
         d.set_item("strides", py.None())?;
         if cuda {
             // Stream-ordered by the engine (see the class docs): no stream to wait for here.

@@ -93,12 +93,23 @@ pub fn tight(mut s: Shape) -> Shape {
 }
 
 /// The coordinator of `s`.
+/// Tokens a scenario step computes at most (the coordinator's budget, the slot mapping's size).
+pub const MAX_BATCHED_TOKENS: u32 = 4096;
+
+/// A runtime configuration for `rows` state rows and decode rows, its slot mapping sized for the
+/// scenario coordinator's steps.
+pub fn runtime_config(rows: u32) -> hisparse_runtime::RuntimeConfig {
+    let mut cfg = hisparse_runtime::RuntimeConfig::new(rows, rows);
+    cfg.max_batched_tokens = MAX_BATCHED_TOKENS;
+    cfg
+}
+
 pub fn coordinator(s: &Shape, kv: &KvCacheConfig) -> Coordinator {
     Coordinator::new(
         kv.clone(),
         CoordinatorConfig {
             max_running: s.requests,
-            max_batched_tokens: 4096,
+            max_batched_tokens: MAX_BATCHED_TOKENS,
             reclaim_min_blocks: 0,
             ..CoordinatorConfig::default()
         },
