@@ -8,10 +8,10 @@ use hisparse_core::ops::copy::{
     check_bulk, check_copy_within, check_host_page_copy, check_read, check_write,
 };
 use hisparse_core::ops::{
-    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
-    InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc,
-    ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite,
-    TableWriteDesc,
+    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, PageCopyDesc, PageLayout, RemapArgs,
+    RemapDesc, RemapModesArgs, RemapModesDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan,
+    SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels::plan::{self, Plan, PlanError, Target};
@@ -1032,6 +1032,26 @@ impl Device for CudaDevice {
             args.ranges.mem.ptr(),
             args.dgi.mem.ptr(),
         );
+        self.execute(stream, plan)
+    }
+
+    /// One `hs_indexer_backup` launch for every layer and token (the layer table kept in the
+    /// device's list arena); rows whose parts are all 16-byte multiples move in 16-byte chunks,
+    /// others (132-byte rows) in 4-byte words. No host synchronisation.
+    fn indexer_backup(
+        &self,
+        stream: &CudaStream,
+        desc: &IndexerBackupDesc<'_>,
+        args: IndexerBackupArgs<'_, CudaBuffer, CudaHostBuffer>,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        let addrs = plan::IndexerBackupAddrs {
+            device_slots: args.device_slots.mem.ptr(),
+            host_slots: args.host_slots.mem.ptr(),
+            device: args.device.mem.ptr(),
+            host: args.host.mem.dev_ptr(),
+        };
+        let plan = plan::indexer_backup(&self.target, desc, &addrs)?;
         self.execute(stream, plan)
     }
 

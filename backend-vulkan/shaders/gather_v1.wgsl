@@ -29,32 +29,7 @@ var<immediate> pc: Params;
 
 //@POOL_ACCESS
 
-struct Row {
-    ok: bool,
-    value: u32,
-    scale: u32,
-}
-
-// Where flat row `row` of the layout at word `l` lies: value and scale parts in pool words.
-fn locate(l: u32, row: i32) -> Row {
-    var r = Row(false, 0u, 0u);
-    if (row < 0) {
-        return r;
-    }
-    let istride = layers[l + 6u];
-    let block = u32(row) / istride;
-    let off = u32(row) % istride;
-    let bsize = layers[l + 3u];
-    if (block >= layers[l + 2u] || off >= bsize) {
-        return r;
-    }
-    let page = layers[l] + block * layers[l + 1u];
-    let v16 = layers[l + 5u];
-    r.ok = true;
-    r.value = page + off * v16;
-    r.scale = page + bsize * v16 + off * (layers[l + 4u] - v16);
-    return r;
-}
+// `locate` and `Row`: shaders/row_layout.wgsl (appended by build.rs).
 
 // Per row slot of the workgroup, computed once by the slot's first lane:
 // (copy?, dst value, dst scale, src ok?) and (src value, src scale, row words, value words).

@@ -11,7 +11,9 @@
 
 use std::sync::atomic::Ordering;
 
-use hisparse_core::ops::{GatherArgs, GatherDesc, PageLayout};
+use hisparse_core::ops::{
+    GatherArgs, GatherDesc, IndexerBackupArgs, IndexerBackupDesc, PageLayout,
+};
 
 use crate::shaders::Shader;
 use crate::vk::Engine;
@@ -188,5 +190,63 @@ impl VulkanDevice {
             }
             Ok(())
         })
+    }
+}
+
+impl VulkanDevice {
+    /// A checked indexer backup on stream `s` (`shaders/indexer_backup.wgsl`): every layer and
+    /// token in one dispatch per window group, rows in 4-byte pool words (indexer rows have no
+    /// 16-byte rule), 32 lanes per row.
+    pub(crate) fn indexer_rows(
+        &self,
+        s: usize,
+        desc: &IndexerBackupDesc<'_>,
+        args: IndexerBackupArgs<'_, VulkanBuffer, VulkanHostBuffer>,
+    ) -> Result<()> {
+        let t = u64::from(desc.num_tokens);
+        if t == 0 || desc.layers.is_empty() {
+            return Ok(());
+        }
+        let items = u32_of(
+            desc.layers.len() as u64 * t,
+            "indexer_backup work items (layers × tokens)",
+        )?;
+        let mut layer_words = Vec::with_capacity(desc.layers.len() * 16);
+        for l in desc.layers {
+            layer_words.extend(layout_words(&l.host, 4)?);
+            layer_words.extend(layout_words(&l.device, 4)?);
+        }
+        let (dev, host) = (args.device.raw(), args.host.raw());
+        let largest = host.size.max(dev.size);
+        if largest > 4 << 32 {
+            return Err(VulkanError::Unsupported(format!(
+                "indexer_backup: rows are addressed in 32-bit counts of 4-byte words, so pools of \
+                 at most 16 GiB; this pool has {largest} bytes (split the indexer host cache)"
+            )));
+        }
+        let pools = PoolPlan::new(&self.ctx.limits, dev.size, host.size, 3, "indexer_backup")?;
+        let (shift, mask) = pools.shift_mask_words(4);
+        let slots = [
+            self.bind_index(args.device_slots.raw(), 4 * t, "device_slots")?,
+            self.bind_index(args.host_slots.raw(), 4 * t, "host_slots")?,
+        ];
+        self.ctx
+            .record(s, Engine::Compute, "indexer_backup", |rec| {
+                let layers = rec.params(&layer_words)?;
+                for (a, b) in pools.groups() {
+                    let mut bindings = slots.to_vec();
+                    bindings.push(layers);
+                    // Pool A (read) is the device pool, pool B (written) the host cache.
+                    bindings.extend(pools.bindings(dev, host, a, b));
+                    let push = [desc.num_tokens, items, shift, mask, a, b];
+                    rec.dispatch(
+                        Shader::IndexerBackup(pools.windows),
+                        &bindings,
+                        &push,
+                        u64::from(items).div_ceil(4),
+                    )?;
+                }
+                Ok(())
+            })
     }
 }

@@ -67,10 +67,10 @@ use hisparse_core::Device;
 use hisparse_core::device::MemoryInfo;
 use hisparse_core::ops::copy::check_bulk_copy;
 use hisparse_core::ops::{
-    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
-    PINNED_ALIGNMENT, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
-    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
-    check_pinned_budget,
+    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, PINNED_ALIGNMENT, PageCopyDesc, PageLayout,
+    RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs,
+    SlotMappingDesc, TableWrite, TableWriteDesc, check_pinned_budget,
 };
 
 pub use copies::{COPY_ENGINE_ENV, CopyEngine};
@@ -870,6 +870,16 @@ impl Device for VulkanDevice {
             d.on_resolve(self, stream, desc, &args)?;
         }
         self.resolve_rows(self.sid(stream)?, desc, args)
+    }
+
+    fn indexer_backup(
+        &self,
+        stream: &VulkanStream,
+        desc: &IndexerBackupDesc<'_>,
+        args: IndexerBackupArgs<'_, VulkanBuffer, VulkanHostBuffer>,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        self.indexer_rows(self.sid(stream)?, desc, args)
     }
 
     fn gather_rows(

@@ -104,11 +104,13 @@ pub enum Shader {
     Copy(Windows),
     /// [`Shader::Copy`] in 4-byte words, for regions that are not 16-byte aligned.
     CopyWords(Windows),
+    /// Indexer backup, device pool → indexer host cache, in 4-byte words.
+    IndexerBackup(Windows),
 }
 
 impl Shader {
     /// Every shader, in pipeline-table order.
-    pub const ALL: [Shader; 34] = [
+    pub const ALL: [Shader; 38] = [
         Shader::Remap,
         Shader::SlotMapping,
         Shader::Invalidate,
@@ -143,6 +145,10 @@ impl Shader {
         Shader::CopyWords(Windows::ThirtyTwo),
         Shader::ResolveOrder,
         Shader::ResolveStats,
+        Shader::IndexerBackup(Windows::One),
+        Shader::IndexerBackup(Windows::Eight),
+        Shader::IndexerBackup(Windows::Twelve),
+        Shader::IndexerBackup(Windows::ThirtyTwo),
     ];
 
     /// Index in [`Shader::ALL`].
@@ -167,6 +173,7 @@ impl Shader {
             Shader::CopyWords(w) => 28 + w.slot(),
             Shader::ResolveOrder => 32,
             Shader::ResolveStats => 33,
+            Shader::IndexerBackup(w) => 34 + w.slot(),
         }
     }
 
@@ -207,6 +214,10 @@ impl Shader {
             Shader::CopyWords(Windows::Eight) => "copyw_8",
             Shader::CopyWords(Windows::Twelve) => "copyw_12",
             Shader::CopyWords(Windows::ThirtyTwo) => "copyw_32",
+            Shader::IndexerBackup(Windows::One) => "indexer_backup_1",
+            Shader::IndexerBackup(Windows::Eight) => "indexer_backup_8",
+            Shader::IndexerBackup(Windows::Twelve) => "indexer_backup_12",
+            Shader::IndexerBackup(Windows::ThirtyTwo) => "indexer_backup_32",
         }
     }
 
@@ -247,6 +258,10 @@ impl Shader {
             Shader::CopyWords(Windows::Eight) => spirv!("copyw_8"),
             Shader::CopyWords(Windows::Twelve) => spirv!("copyw_12"),
             Shader::CopyWords(Windows::ThirtyTwo) => spirv!("copyw_32"),
+            Shader::IndexerBackup(Windows::One) => spirv!("indexer_backup_1"),
+            Shader::IndexerBackup(Windows::Eight) => spirv!("indexer_backup_8"),
+            Shader::IndexerBackup(Windows::Twelve) => spirv!("indexer_backup_12"),
+            Shader::IndexerBackup(Windows::ThirtyTwo) => spirv!("indexer_backup_32"),
         }
     }
 
@@ -267,6 +282,7 @@ impl Shader {
             Shader::HotReset => 3,
             Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => 4 + 2 * w.count(),
             Shader::Copy(w) | Shader::CopyWords(w) => 1 + 2 * w.count(),
+            Shader::IndexerBackup(w) => 3 + 2 * w.count(),
         }
     }
 
@@ -294,6 +310,8 @@ impl Shader {
             }
             // Binding 0 is the tile list, then `count` source windows.
             Shader::Copy(w) | Shader::CopyWords(w) => b > w.count(),
+            // The slots and the layer table, then `count` device-pool windows (read).
+            Shader::IndexerBackup(w) => b >= 3 + w.count(),
         }
     }
 
@@ -313,7 +331,10 @@ impl Shader {
             | Shader::ResolveWgSubgroup
             | Shader::ResolveWgLarge
             | Shader::ResolveWgLargeSubgroup => 10,
-            Shader::HotReset | Shader::Copy(_) | Shader::CopyWords(_) => 6,
+            Shader::HotReset
+            | Shader::Copy(_)
+            | Shader::CopyWords(_)
+            | Shader::IndexerBackup(_) => 6,
             Shader::Gather(_) | Shader::GatherV1(_) | Shader::GatherV1Words(_) => 8,
         }
     }

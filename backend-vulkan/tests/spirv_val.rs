@@ -42,5 +42,5 @@ fn embedded_spirv_passes_spirv_val() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     // 13 single shaders plus 4 window variants each of the three gathers and the two copies.
-    assert_eq!(checked, 34, "every shader is checked");
+    assert_eq!(checked, 38, "every shader is checked");
 }

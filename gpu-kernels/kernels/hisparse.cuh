@@ -1793,6 +1793,63 @@ HS_KERNEL HS_BOUNDS(HS_COPY_THREADS) void hs_copy_rows(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Indexer backup (hisparse_core::ops::indexer_backup::indexer_backup)
+// ---------------------------------------------------------------------------------------------
+//
+// Launch: 1-D grid (any size), block (HS_INDEXER_THREADS). `layers` (hs_layer_pair[num_layers],
+// device memory) are the indexer layers; item (layer, t) copies device row device_slots[t] of the
+// layer to host row host_slots[t], skipped when either slot is -1, beyond its pool or in another
+// layer's part of a block. Groups of HS_INDEXER_GROUP threads take items grid-stride (layer-major,
+// the reference's order; host slots are distinct). Indexer rows have no 16-byte rule: a layer
+// whose row parts (and pages) are all multiples of 16 bytes in both pools moves in 16-byte
+// chunks, any other (DeepSeek V3.2's contiguous 132-byte rows) in 4-byte words (every part is a
+// multiple of 4, pages 16-byte aligned: checked on the host).
+
+#define HS_INDEXER_THREADS 256
+#define HS_INDEXER_GROUP 32
+
+// Whether layout `l`'s row parts and page placement are all multiples of 16 bytes.
+HS_DEVICE bool hs_rows_in_chunks(const hs_layout& l) {
+    return ((l.value_bytes | (l.row_bytes - l.value_bytes)) & 15u) == 0 &&
+           ((l.base | l.block_stride) & 15u) == 0;
+}
+
+HS_KERNEL HS_BOUNDS(HS_INDEXER_THREADS) void hs_indexer_backup(
+    const i32* __restrict__ device_slots, const i32* __restrict__ host_slots, u32 num_tokens,
+    const hs_layer_pair* __restrict__ layers, u32 num_layers, const u8* __restrict__ device,
+    u8* __restrict__ host) {
+    const u32 groups = HS_NTHREADS / HS_INDEXER_GROUP;
+    const u32 lane = HS_TID % HS_INDEXER_GROUP;
+    const u64 items = (u64)num_layers * num_tokens;
+    for (u64 item = (u64)HS_BID_X * groups + HS_TID / HS_INDEXER_GROUP; item < items;
+         item += (u64)HS_NBLOCKS_X * groups) {
+        const hs_layer_pair L = layers[item / num_tokens];
+        const u32 t = (u32)(item % num_tokens);
+        u32 db, doff, hb, hoff;
+        if (!hs_locate(L.device, device_slots[t], db, doff) ||
+            !hs_locate(L.host, host_slots[t], hb, hoff))
+            continue;
+        u64 sv, ss, dv, ds;
+        hs_row_parts(L.device, db, doff, sv, ss);
+        hs_row_parts(L.host, hb, hoff, dv, ds);
+        const u32 vb = L.device.value_bytes, rb = L.device.row_bytes;
+        if (hs_rows_in_chunks(L.device) && hs_rows_in_chunks(L.host)) {
+            const u32 vc = vb >> 4;
+            for (u32 c = lane; c < rb >> 4; c += HS_INDEXER_GROUP)
+                *(uint4*)(host + hs_chunk(dv, ds, vc, c)) =
+                    *(const uint4*)(device + hs_chunk(sv, ss, vc, c));
+        } else {
+            const u32 vw = vb >> 2;
+            for (u32 w = lane; w < rb >> 2; w += HS_INDEXER_GROUP) {
+                const u64 from = w < vw ? sv + ((u64)w << 2) : ss + ((u64)(w - vw) << 2);
+                const u64 to = w < vw ? dv + ((u64)w << 2) : ds + ((u64)(w - vw) << 2);
+                *(u32*)(host + to) = *(const u32*)(device + from);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Invalidate (hisparse_core::ops::invalidate::invalidate)
 // ---------------------------------------------------------------------------------------------
 //

@@ -103,6 +103,11 @@ pub const FUSED_GATHER_UNROLL: u32 = 4;
 pub const COPY_THREADS: u32 = 256;
 /// Threads per block of `hs_invalidate`.
 pub const INVALIDATE_THREADS: u32 = 256;
+/// Threads per block of `hs_indexer_backup`.
+pub const INDEXER_THREADS: u32 = 256;
+/// Threads of `hs_indexer_backup` that copy one row together (a block takes
+/// `INDEXER_THREADS / INDEXER_GROUP` rows at a time).
+pub const INDEXER_GROUP: u32 = 32;
 /// Threads per block of `hs_compressed_slot_mapping`.
 pub const SLOT_THREADS: u32 = 256;
 /// Threads per block of `hs_write_table` and `hs_reset_hot_state`.
@@ -226,6 +231,11 @@ pub enum Kernel {
     /// decode-context-parallel split (`dcp_size` 0 when off). A separate kernel, so the plain
     /// remap's code is untouched.
     RemapModes,
+    /// `hs_indexer_backup`: 1-D grid (any size), block [`INDEXER_THREADS`]. `layers`:
+    /// `LayerPairAbi[num_layers]` in device memory; `device` (read) and `host` (written, the
+    /// mapped indexer host cache) are the pools. Rows move in 16-byte chunks where every part
+    /// allows, else in 4-byte words (`hisparse_core::ops::indexer_backup`).
+    IndexerBackup,
 }
 
 macro_rules! params {
@@ -277,6 +287,10 @@ const REMAP_MODES_PARAMS: &[NamedParam] = params![
     max_blocks: U32, block_size: U32, block_stride_rows: U32, idx_mapping_len: U32, flags: U32,
     prefill_requests: U32, dcp_size: U32, dcp_rank: U32, dcp_interleave: U32,
 ];
+const INDEXER_BACKUP_PARAMS: &[NamedParam] = params![
+    device_slots: Ptr, host_slots: Ptr, num_tokens: U32, layers: Ptr, num_layers: U32, device: Ptr,
+    host: Ptr,
+];
 const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
     req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, dgi: Ptr,
     lru: Ptr, indices: Ptr, valid_counts: Ptr, hit_counts: Ptr, miss_counts: Ptr, miss_src: Ptr,
@@ -289,7 +303,7 @@ const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
 
 impl Kernel {
     /// Every kernel, in source order.
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::Remap,
         Kernel::Resolve,
         Kernel::GatherRows,
@@ -301,6 +315,7 @@ impl Kernel {
         Kernel::ResetHotState,
         Kernel::ResolveGather,
         Kernel::RemapModes,
+        Kernel::IndexerBackup,
     ];
 
     /// Symbol, parameters and block size.
@@ -319,6 +334,7 @@ impl Kernel {
             Kernel::ResetHotState => ("hs_reset_hot_state", RESET_HOT_PARAMS, TABLE_THREADS),
             Kernel::ResolveGather => ("hs_resolve_gather", RESOLVE_GATHER_PARAMS, RESOLVE_THREADS),
             Kernel::RemapModes => ("hs_remap_modes", REMAP_MODES_PARAMS, REMAP_MAX_THREADS),
+            Kernel::IndexerBackup => ("hs_indexer_backup", INDEXER_BACKUP_PARAMS, INDEXER_THREADS),
         };
         KernelAbi {
             name,
@@ -519,6 +535,7 @@ pub struct Wanted {
 
 const _: () = {
     assert!(GATHER_THREADS == GATHER_GROUP * GATHER_ROWS);
+    assert!(INDEXER_THREADS.is_multiple_of(INDEXER_GROUP));
     assert!(core::mem::size_of::<Layout>() == 40);
     assert!(core::mem::size_of::<LayerPairAbi>() == 80);
     assert!(core::mem::size_of::<GatherLayers>() == 1296);

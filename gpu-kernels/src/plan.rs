@@ -18,20 +18,20 @@ use core::ops::Range;
 
 use hisparse_core::ops::copy::{ByteRange, CopyFootprint, copy_batches};
 use hisparse_core::ops::{
-    BlockPair, Direction, GatherDesc, HotResetDesc, InvalidateDesc, LayerPair, PageLayout,
-    RemapDesc, RemapModesDesc, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingDesc, TableWrite,
-    TableWriteDesc,
+    BlockPair, Direction, GatherDesc, HotResetDesc, IndexerBackupDesc, InvalidateDesc, LayerPair,
+    PageLayout, RemapDesc, RemapModesDesc, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingDesc,
+    TableWrite, TableWriteDesc,
 };
 
 use crate::args::Args;
 use crate::{
     COPY_THREADS, DIRECTION_DEVICE_TO_HOST, DIRECTION_HOST_TO_DEVICE, GATHER_MAX_LAYERS,
-    GATHER_ROWS, GATHER_THREADS, GatherLayers, INVALIDATE_THREADS, Kernel, LayerPairAbi, PageJob,
-    Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES,
-    REMAP_STAGED, RESOLVE_GLOBAL_STATE, RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS,
-    Span, TABLE_THREADS, TableWriteAbi, resolve_global_shared_bytes,
-    resolve_global_workspace_entries, resolve_shared_bytes, resolve_table_entries,
-    resolve_workspace_entries,
+    GATHER_ROWS, GATHER_THREADS, GatherLayers, INDEXER_GROUP, INDEXER_THREADS, INVALIDATE_THREADS,
+    Kernel, LayerPairAbi, PageJob, Pair, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP,
+    REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES, REMAP_STAGED, RESOLVE_GLOBAL_STATE,
+    RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS, Span, TABLE_THREADS, TableWriteAbi,
+    resolve_global_shared_bytes, resolve_global_workspace_entries, resolve_shared_bytes,
+    resolve_table_entries, resolve_workspace_entries,
 };
 
 /// What the planners need to know about the device.
@@ -745,6 +745,67 @@ pub fn resolve_gather(
         )?;
         plan.launches.extend(more.launches);
     }
+    Ok(plan)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Indexer backup
+// ------------------------------------------------------------------------------------------------
+
+/// Device addresses of an indexer backup's buffers (`host`: the device address of the mapped
+/// indexer host cache).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per buffer of `IndexerBackupArgs`
+pub struct IndexerBackupAddrs {
+    pub device_slots: u64,
+    pub host_slots: u64,
+    pub device: u64,
+    pub host: u64,
+}
+
+/// `hs_indexer_backup`: one launch for every layer and token, groups of
+/// [`crate::INDEXER_GROUP`] threads per row, grid-stride; the layer table is a constant list
+/// (the same indexer layers on every call). The descriptor is checked by the core first
+/// (`IndexerBackupDesc::check`: rows of 4-byte words, pages on 16-byte boundaries).
+pub fn indexer_backup(
+    t: &Target,
+    d: &IndexerBackupDesc<'_>,
+    a: &IndexerBackupAddrs,
+) -> Result<Plan, PlanError> {
+    if d.num_tokens == 0 || d.layers.is_empty() {
+        return Ok(Plan::empty());
+    }
+    limit(
+        "indexer_backup layers",
+        d.layers.len() as u64,
+        u32::MAX.into(),
+    )?;
+    check_pool("indexer_backup device pool address", a.device)?;
+    check_pool("indexer_backup host cache address", a.host)?;
+    let layer_abi: Vec<LayerPairAbi> = d.layers.iter().map(LayerPairAbi::from).collect();
+    let mut plan = Plan::empty();
+    let lp = plan.stage(
+        bytemuck::cast_slice(&layer_abi).to_vec(),
+        PartKind::Constant,
+    );
+    let rows = d.layers.len() as u64 * u64::from(d.num_tokens);
+    let per_block = u64::from(INDEXER_THREADS / INDEXER_GROUP);
+    let mut args = Args::default();
+    args.ptr(a.device_slots)
+        .ptr(a.host_slots)
+        .u32(d.num_tokens)
+        .staged(lp, 0)
+        .u32(d.layers.len() as u32)
+        .ptr(a.device)
+        .ptr(a.host);
+    plan.launches.push(Launch {
+        variant: None,
+        kernel: Kernel::IndexerBackup,
+        grid: [stride_grid(t, rows, per_block), 1, 1],
+        block: INDEXER_THREADS,
+        shared: 0,
+        args,
+    });
     Ok(plan)
 }
 

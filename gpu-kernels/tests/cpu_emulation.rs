@@ -20,16 +20,17 @@ use std::process::Command;
 use gk::plan::{self, Plan, Target};
 use gk::{Kernel, Param};
 use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
+use hisparse_core::ops::indexer_backup::indexer_backup;
 use hisparse_core::ops::invalidate::invalidate;
 use hisparse_core::ops::remap::{remap, remap_modes};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    BlockPair, DcpSplit, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
-    InvalidateDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, RemapModesArgs,
-    RemapModesDesc, ResolveDesc, ResolveSlices, RowCopyDesc, RowSpan, SlotMappingArgs,
-    SlotMappingDesc, TableWrite, TableWriteDesc,
+    BlockPair, DcpSplit, Direction, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageCopyDesc, PageLayout,
+    RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, ResolveDesc, ResolveSlices, RowCopyDesc,
+    RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels as gk;
 
@@ -976,6 +977,103 @@ fn fill(rng: &mut Rng, n: usize) -> Vec<u8> {
     (0..n).map(|_| rng.next() as u8).collect()
 }
 
+/// Indexer rows of every kind `indexer_backup` takes: contiguous 132-byte rows (DeepSeek V3.2,
+/// 4-byte words), contiguous 16-byte multiples (16-byte chunks), split 128 + 4 (DeepSeek V4) and
+/// contiguous 20-byte rows, pages on 16-byte boundaries; slots that are -1, beyond a pool or in
+/// another layer's part of a block.
+fn check_indexer_backup(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+    let (row, value) = [(132u32, 132u32), (64, 64), (132, 128), (20, 20)][rng.below(4) as usize];
+    let nl = rng.int(1, 4) as u32;
+    let bs = [1u32, 3, 4, 64][rng.below(4) as usize];
+    let (hb, db) = (rng.int(2, 9) as u32, rng.int(2, 9) as u32);
+    let page = u64::from(bs * row).next_multiple_of(16);
+    // Device blocks hold every layer's page side by side and one more page of another group.
+    let dstride = page * u64::from(nl + 1);
+    let index_stride_rows = bs * (nl + 1);
+    let layers: Vec<LayerPair> = (0..u64::from(nl))
+        .map(|l| LayerPair {
+            host: PageLayout {
+                base: l * u64::from(hb) * page,
+                block_stride: page,
+                num_blocks: hb,
+                block_size: bs,
+                row_bytes: row,
+                value_bytes: value,
+                index_stride_rows: bs,
+            },
+            device: PageLayout {
+                base: l * page,
+                block_stride: dstride,
+                num_blocks: db,
+                block_size: bs,
+                row_bytes: row,
+                value_bytes: value,
+                index_stride_rows,
+            },
+        })
+        .collect();
+    let (hl, dl) = (
+        (u64::from(nl * hb) * page) as usize,
+        (dstride * u64::from(db)) as usize,
+    );
+    let t = rng.int(0, 40) as u32;
+    let host_rows = i64::from(hb * bs);
+    let mut free: Vec<i32> = (0..host_rows as i32).collect();
+    for i in (1..free.len()).rev() {
+        free.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut free = free.into_iter();
+    let device_slots: Vec<i32> = (0..t)
+        .map(|_| match rng.below(10) {
+            0 => -1,
+            1 => rng.int(
+                i64::from(db * index_stride_rows),
+                i64::from(db * index_stride_rows) + 9,
+            ) as i32,
+            _ => rng.int(0, i64::from(db * index_stride_rows) - 1) as i32,
+        })
+        .collect();
+    let host_slots: Vec<i32> = (0..t)
+        .map(|_| match rng.below(10) {
+            0 => -1,
+            1 => rng.int(host_rows, host_rows + 9) as i32,
+            _ => free.next().unwrap_or(-1),
+        })
+        .collect();
+    let device = fill(rng, dl);
+    let host0 = fill(rng, hl);
+    let mut want = host0.clone();
+    let desc = IndexerBackupDesc {
+        num_tokens: t,
+        layers: &layers,
+    };
+    indexer_backup(
+        &desc,
+        IndexerBackupArgs {
+            device_slots: &device_slots,
+            host_slots: &host_slots,
+            device: &device,
+            host: &mut want,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut got = host0;
+    let addrs = plan::IndexerBackupAddrs {
+        device_slots: a(&device_slots),
+        host_slots: a(&host_slots),
+        device: a(&device),
+        host: am(&mut got),
+    };
+    let tgt = target(if rng.pct(50) { 1 } else { 132 }, 48 * 1024);
+    emu.execute(plan::indexer_backup(&tgt, &desc, &addrs).map_err(|e| e.to_string())?);
+    if got != want {
+        return Err(format!(
+            "indexer_backup differs ({row}-byte rows, {value} value bytes, {nl} layers, {bs} rows per page)"
+        ));
+    }
+    Ok(())
+}
+
 fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> {
     let nl = rng.int(1, 3) as u32;
     let (layers, hl, dl) = pair_layers(rng, nl, g);
@@ -1353,6 +1451,7 @@ fn main() {
                 check_copies(&emu, &mut rng, WORD_GEOMETRIES[2]),
             ),
             ("small ops", check_small_ops(&emu, &mut rng)),
+            ("indexer backup", check_indexer_backup(&emu, &mut rng)),
             ("tables", check_tables(&emu, &mut rng)),
         ] {
             if let Err(e) = r {

@@ -9,15 +9,16 @@
 
 use std::ffi::c_void;
 
+use hisparse_core::ops::indexer_backup::indexer_backup;
 use hisparse_core::ops::invalidate::invalidate;
 use hisparse_core::ops::remap::{remap, remap_modes};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::table::{reset_hot_state, write_table};
 use hisparse_core::ops::{
-    DcpSplit, HotResetDesc, InvalidateArgs, InvalidateDesc, RemapArgs, RemapDesc, RemapModesArgs,
-    RemapModesDesc, ResolveDesc, ResolveSlices, STATS_SLOT_WORDS, SlotMappingArgs, SlotMappingDesc,
-    TableWrite, TableWriteDesc,
+    DcpSplit, HotResetDesc, IndexerBackupArgs, IndexerBackupDesc, InvalidateArgs, InvalidateDesc,
+    LayerPair, PageLayout, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, ResolveDesc,
+    ResolveSlices, STATS_SLOT_WORDS, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels::{self as gk, Kernel, KernelAbi, Param};
 
@@ -222,6 +223,7 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
         Kernel::CopyRows => crate::copy::copy_rows(st, &p),
         Kernel::Invalidate => run_invalidate(st, &p),
         Kernel::CompressedSlotMapping => run_slot_mapping(st, l, &p),
+        Kernel::IndexerBackup => run_indexer_backup(st, l, &p),
         Kernel::WriteTable => run_write_table(st, &p),
         Kernel::ResetHotState => run_reset_hot_state(st, &p),
         Kernel::ResolveGather => {
@@ -633,6 +635,68 @@ fn run_invalidate(st: &mut State, p: &Params<'_>) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     }
     write_i32(st, p.ptr("dgi"), &dgi);
+    Ok(())
+}
+
+/// One layout of a launch's layer table (`struct hs_layout`, 40 bytes) as the core's.
+fn layout_at(b: &[u8]) -> PageLayout {
+    let u64_at = |at: usize| u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    PageLayout {
+        base: u64_at(0),
+        block_stride: u64_at(8),
+        num_blocks: u32_at(b, 16),
+        block_size: u32_at(b, 20),
+        row_bytes: u32_at(b, 24),
+        value_bytes: u32_at(b, 28),
+        index_stride_rows: u32_at(b, 32),
+    }
+}
+
+/// `hs_indexer_backup`: the reference backup over the layer table the launch names and the
+/// pools' bytes its layers reach (each pool must hold them in one allocation).
+fn run_indexer_backup(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    need_grid(l, [1, 1, 1])?;
+    let t = p.u32("num_tokens") as usize;
+    let nl = p.u32("num_layers") as usize;
+    let pair = std::mem::size_of::<gk::LayerPairAbi>();
+    range(st, "layers", p.ptr("layers"), nl * pair)?;
+    let table = crate::mem::read(st, p.ptr("layers"), nl * pair);
+    let layers: Vec<LayerPair> = table
+        .chunks_exact(pair)
+        .map(|b| LayerPair {
+            host: layout_at(&b[..pair / 2]),
+            device: layout_at(&b[pair / 2..]),
+        })
+        .collect();
+    let op = hisparse_core::OpName::IndexerBackup;
+    let extent = |f: fn(&LayerPair) -> PageLayout| -> Result<usize, String> {
+        layers.iter().try_fold(0usize, |m, l| {
+            f(l).end(op)
+                .map(|e| m.max(e as usize))
+                .map_err(|e| e.to_string())
+        })
+    };
+    let (dev_len, host_len) = (extent(|l| l.device)?, extent(|l| l.host)?);
+    range(st, "device pool", p.ptr("device"), dev_len)?;
+    range(st, "host cache", p.ptr("host"), host_len)?;
+    let device_slots = read_i32(st, "device_slots", p.ptr("device_slots"), t)?;
+    let host_slots = read_i32(st, "host_slots", p.ptr("host_slots"), t)?;
+    let device = crate::mem::read(st, p.ptr("device"), dev_len);
+    let mut host = crate::mem::read(st, p.ptr("host"), host_len);
+    indexer_backup(
+        &IndexerBackupDesc {
+            num_tokens: t as u32,
+            layers: &layers,
+        },
+        IndexerBackupArgs {
+            device_slots: &device_slots[..],
+            host_slots: &host_slots[..],
+            device: &device[..],
+            host: &mut host[..],
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    crate::mem::write(st, p.ptr("host"), &host);
     Ok(())
 }
 

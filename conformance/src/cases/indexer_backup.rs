@@ -1,9 +1,10 @@
-//! Indexer backup (DeepSeek V4; `hisparse_core::ops::indexer_backup`): indexer rows copied
-//! device → host by the compressed slots of both caches — DeepSeek V4's split 132-B rows (128
-//! values + a 4-B scale) in 8,640-B pages, several layers, slots that are `-1`, beyond a pool or
-//! in another layer's part of a block; and the whole chain from token positions: compressed slot
-//! mapping of the device and the host block tables, then the backup. A backend without the copy
-//! answers `Unsupported`, which counts as skipped.
+//! Indexer backup (`hisparse_core::ops::indexer_backup`): indexer rows copied device → host by
+//! the compressed slots of both caches — DeepSeek V4's split 132-B rows (128 values + a 4-B
+//! scale) in 8,640-B pages, DeepSeek V3.2's contiguous 132-B rows (indexer rows have no 16-byte
+//! rule), contiguous 20-B rows in padded pages, 128-B rows (whole 16-byte chunks), several
+//! layers, slots that are `-1`, beyond a pool or in another layer's part of a block; rows that
+//! are not 4-byte words refused before anything is written; and the whole chain from token
+//! positions: compressed slot mapping of the device and the host block tables, then the backup.
 
 use hisparse_core::Device;
 use hisparse_core::ops::indexer_backup::indexer_backup as reference;
@@ -11,8 +12,9 @@ use hisparse_core::ops::slot_mapping::compressed_slot_mapping;
 use hisparse_core::ops::{IndexerBackupArgs, IndexerBackupDesc, SlotMappingArgs, SlotMappingDesc};
 
 use super::copies::{Rows, layouts, pool_sizes};
-use super::unsupported_is_skip;
-use crate::util::{Ctx, dev_bytes, dev_i32, pinned_bytes, read_bytes, read_pinned, same};
+use crate::util::{
+    Ctx, dev_bytes, dev_i32, expect_invalid, pinned_bytes, read_bytes, read_pinned, same,
+};
 use crate::{Case, CaseResult, SplitMix64};
 
 /// DeepSeek V4's indexer: 64 rows of 128 + 4 bytes per page, padded to 8,640 B.
@@ -25,10 +27,67 @@ const V4_INDEXER: Rows = Rows {
     page_alignment: 576,
 };
 
+/// DeepSeek V3.2's indexer: 64 contiguous rows of 132 bytes (128 fp8 values and a 4-B scale)
+/// per 8,448-B page.
+const V32_INDEXER: Rows = Rows {
+    row_bytes: 132,
+    value_bytes: 132,
+    block_size: 64,
+    layers: 3,
+    extra_rows: 64,
+    page_alignment: 16,
+};
+
 pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
     v.push(Case::seeded("indexer_backup/v4-split-rows", |d: &D, s| {
         random(d, s, V4_INDEXER)
     }));
+    v.push(Case::seeded(
+        "indexer_backup/v32-contiguous-132-byte-rows",
+        |d: &D, s| random(d, s, V32_INDEXER),
+    ));
+    v.push(Case::seeded(
+        "indexer_backup/v32-rows-in-multi-mib-pools",
+        |d: &D, s| random_in(d, s, V32_INDEXER, (520, 560), (30, 40)),
+    ));
+    v.push(Case::seeded(
+        "indexer_backup/contiguous-20-byte-rows-padded-pages",
+        |d: &D, s| {
+            random(
+                d,
+                s,
+                Rows {
+                    row_bytes: 20,
+                    value_bytes: 20,
+                    block_size: 3,
+                    layers: 2,
+                    extra_rows: 2,
+                    page_alignment: 16,
+                },
+            )
+        },
+    ));
+    v.push(Case::seeded(
+        "indexer_backup/contiguous-128-byte-rows",
+        |d: &D, s| {
+            random(
+                d,
+                s,
+                Rows {
+                    row_bytes: 128,
+                    value_bytes: 128,
+                    block_size: 16,
+                    layers: 2,
+                    extra_rows: 16,
+                    page_alignment: 1,
+                },
+            )
+        },
+    ));
+    v.push(Case::fixed(
+        "indexer_backup/rows-not-in-4-byte-words-refused",
+        refused::<D>,
+    ));
     v.push(Case::seeded("indexer_backup/small-pages", |d: &D, s| {
         random(
             d,
@@ -92,7 +151,7 @@ fn check<D: Device>(
             host: &mut d_host,
         },
     );
-    unsupported_is_skip(r, "indexer_backup")?;
+    r.ctx("indexer_backup")?;
     dev.synchronize(&s).ctx("synchronize")?;
     same("host cache", &read_pinned(dev, &d_host, host.len())?, &host)?;
     same(
@@ -103,8 +162,23 @@ fn check<D: Device>(
 }
 
 fn random<D: Device>(dev: &D, seed: u64, g: Rows) -> CaseResult {
+    random_in(dev, seed, g, (2, 12), (2, 10))
+}
+
+/// [`random`] with host and device block counts drawn from `host_blocks` and `device_blocks`
+/// (pools of several MiB: a backend binding pools in windows takes several).
+fn random_in<D: Device>(
+    dev: &D,
+    seed: u64,
+    g: Rows,
+    host_blocks: (u32, u32),
+    device_blocks: (u32, u32),
+) -> CaseResult {
     let mut rng = SplitMix64::new(seed);
-    let (hb, db) = (rng.u32_in(2, 12), rng.u32_in(2, 10));
+    let (hb, db) = (
+        rng.u32_in(host_blocks.0, host_blocks.1),
+        rng.u32_in(device_blocks.0, device_blocks.1),
+    );
     let block_rows = (g.layers * g.block_size + g.extra_rows) as i32;
     let host_rows = (hb * g.block_size) as i32;
     let t = rng.u32_in(0, 40) as usize;
@@ -124,13 +198,23 @@ fn random<D: Device>(dev: &D, seed: u64, g: Rows) -> CaseResult {
             _ => rng.i32_in(0, db as i32) * block_rows + rng.i32_in(0, g.block_size as i32),
         })
         .collect();
-    let host_slots: Vec<i32> = (0..t)
+    let mut host_slots: Vec<i32> = (0..t)
         .map(|_| match rng.below(100) {
             0..8 => -1,
             8..12 => host_rows + rng.i32_in(0, 40),
             _ => host_free.next().unwrap_or(-1),
         })
         .collect();
+    let mut device_slots = device_slots;
+    if t > 0 {
+        // The host cache's last row (the end of its last window), from a device row that is
+        // there; no other token names it (the other slots come from a shuffle of the rest, or
+        // lie beyond the cache).
+        host_slots.retain(|&h| h != host_rows - 1);
+        host_slots.resize(t, -1);
+        host_slots[t - 1] = host_rows - 1;
+        device_slots[t - 1] = rng.i32_in(0, g.block_size as i32);
+    }
     check(dev, g, hb, db, &mut rng, &device_slots, &host_slots)
 }
 
@@ -201,4 +285,42 @@ fn chain<D: Device>(dev: &D, seed: u64) -> CaseResult {
         .map(|h| if h >= 0 && !seen.insert(h) { -1 } else { h })
         .collect();
     check(dev, g, hb, db, &mut rng, &device_slots, &host_slots)
+}
+
+/// A layer whose rows are not whole 4-byte words (130 bytes) is refused with an
+/// invalid-argument error before anything is written.
+fn refused<D: Device>(dev: &D) -> CaseResult {
+    let g = Rows {
+        row_bytes: 130,
+        value_bytes: 130,
+        ..V32_INDEXER
+    };
+    let (hb, db) = (2, 2);
+    let layers = layouts(g, hb, db);
+    let (hl, dl) = pool_sizes(g, hb, db);
+    let host = vec![0x5Au8; hl];
+    let d_device = dev_bytes(dev, &vec![7u8; dl])?;
+    let mut d_host = pinned_bytes(dev, &host)?;
+    let slots = dev_i32(dev, &[0, 1])?;
+    let s = dev.create_stream().ctx("create_stream")?;
+    let r = dev.indexer_backup(
+        &s,
+        &IndexerBackupDesc {
+            num_tokens: 2,
+            layers: &layers,
+        },
+        IndexerBackupArgs {
+            device_slots: &slots,
+            host_slots: &slots,
+            device: &d_device,
+            host: &mut d_host,
+        },
+    );
+    expect_invalid("indexer_backup of 130-byte rows", r)?;
+    dev.synchronize(&s).ctx("synchronize")?;
+    same(
+        "host cache after the refused call",
+        &read_pinned(dev, &d_host, hl)?,
+        &host,
+    )
 }

@@ -208,7 +208,18 @@ impl PageLayout {
     /// Checks the layout on its own and against a buffer of `buffer_len` bytes:
     /// [`PageLayout::check_shape`], and the last page inside the buffer.
     pub fn check(&self, op: OpName, buffer: &'static str, buffer_len: u64) -> Result<(), OpError> {
-        self.check_shape(op)?;
+        self.check_rows(op, buffer, buffer_len, RowUnit::Chunks)
+    }
+
+    /// [`PageLayout::check`] for rows moved in `unit`s ([`PageLayout::check_shape_in`]).
+    pub fn check_rows(
+        &self,
+        op: OpName,
+        buffer: &'static str,
+        buffer_len: u64,
+        unit: RowUnit,
+    ) -> Result<(), OpError> {
+        self.check_shape_in(op, unit)?;
         let end = self.end(op)?;
         if end > buffer_len {
             return Err(OpError::BufferTooSmall {
@@ -227,11 +238,18 @@ impl PageLayout {
     /// [`PageLayout::check_placement`]. What every copy of the data plane requires of a layout
     /// (and [`crate::layout::KvCacheConfig::validate`] of the layouts it describes).
     pub fn check_shape(&self, op: OpName) -> Result<(), OpError> {
+        self.check_shape_in(op, RowUnit::Chunks)
+    }
+
+    /// [`PageLayout::check_shape`] for rows moved in `unit`s: with [`RowUnit::Words`] (indexer
+    /// rows) contiguous rows and value parts need only be multiples of 4 bytes; the pages sit
+    /// as [`PageLayout::check_placement`] says either way.
+    pub fn check_shape_in(&self, op: OpName, unit: RowUnit) -> Result<(), OpError> {
         nonzero(op, "layout.num_blocks", self.num_blocks.into())?;
         nonzero(op, "layout.block_size", self.block_size.into())?;
         nonzero(op, "layout.row_bytes", self.row_bytes.into())?;
         nonzero(op, "layout.value_bytes", self.value_bytes.into())?;
-        let chunk = u64::from(COPY_ALIGNMENT);
+        let chunk = unit.bytes();
         aligned(op, "layout.value_bytes", self.value_bytes.into(), chunk)?;
         if self.is_split() {
             aligned(
@@ -303,6 +321,28 @@ impl PageLayout {
     }
 }
 
+/// The units a copy moves a layout's rows in, which sets the alignment its check demands of
+/// rows (pages are placed on [`COPY_ALIGNMENT`] either way: [`PageLayout::check_placement`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowUnit {
+    /// 16-byte chunks (KV rows): contiguous rows and value parts multiples of 16 bytes, a split
+    /// row's scale part a multiple of 4.
+    Chunks,
+    /// 4-byte words (indexer rows, which have no 16-byte rule: DeepSeek V3.2's contiguous
+    /// 132-byte rows): every row part a multiple of 4 bytes.
+    Words,
+}
+
+impl RowUnit {
+    /// The alignment, in bytes, of contiguous rows and value parts.
+    pub const fn bytes(self) -> u64 {
+        match self {
+            RowUnit::Chunks => COPY_ALIGNMENT as u64,
+            RowUnit::Words => 4,
+        }
+    }
+}
+
 /// One layer's place in the host pool and in the device pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -319,10 +359,21 @@ pub(crate) fn check_layers(
     host_len: u64,
     device_len: u64,
 ) -> Result<(), OpError> {
+    check_layer_rows(op, layers, host_len, device_len, RowUnit::Chunks)
+}
+
+/// [`check_layers`] for rows moved in `unit`s.
+pub(crate) fn check_layer_rows(
+    op: OpName,
+    layers: &[LayerPair],
+    host_len: u64,
+    device_len: u64,
+    unit: RowUnit,
+) -> Result<(), OpError> {
     nonzero(op, "layers", layers.len() as u64)?;
     for l in layers {
-        l.host.check(op, "host", host_len)?;
-        l.device.check(op, "device", device_len)?;
+        l.host.check_rows(op, "host", host_len, unit)?;
+        l.device.check_rows(op, "device", device_len, unit)?;
         l.host.same_rows(&l.device, op)?;
     }
     Ok(())

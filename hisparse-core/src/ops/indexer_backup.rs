@@ -10,8 +10,14 @@
 //! pool, or in another layer's part of a block skips the token. Host slots must be distinct
 //! (the slot mapping gives each compressed row its own); when they are not, which row lands is
 //! unspecified. Everything lives in device buffers, so the call needs no host synchronisation.
+//!
+//! Indexer rows have no 16-byte rule ([`RowUnit::Words`]): every row part need only be a
+//! multiple of 4 bytes — DeepSeek V3.2's contiguous 132-byte rows (128 fp8 values and a 4-byte
+//! scale) as well as DeepSeek V4's split 128 + 4 — while pages sit on 16-byte boundaries like
+//! every page ([`super::PageLayout::check_placement`]). Backends move rows whose parts are all
+//! multiples of 16 in 16-byte chunks and the others in 4-byte words.
 
-use super::copy::{LayerPair, check_layers, copy_row};
+use super::copy::{LayerPair, RowUnit, check_layer_rows, copy_row};
 use super::{BufferLen, I32_BYTES, need};
 use crate::error::{OpError, OpName};
 
@@ -50,7 +56,13 @@ impl IndexerBackupDesc<'_> {
         let t = u64::from(self.num_tokens);
         need(OP, "device_slots", a.device_slots.byte_len(), t, I32_BYTES)?;
         need(OP, "host_slots", a.host_slots.byte_len(), t, I32_BYTES)?;
-        check_layers(OP, self.layers, a.host.byte_len(), a.device.byte_len())
+        check_layer_rows(
+            OP,
+            self.layers,
+            a.host.byte_len(),
+            a.device.byte_len(),
+            RowUnit::Words,
+        )
     }
 }
 
@@ -95,6 +107,84 @@ mod tests {
             host: rows(0, 576, 4),
             device: rows(576, 1152, 3),
         }
+    }
+
+    /// DeepSeek V3.2's indexer rows are contiguous 132-byte rows (128 fp8 values and a 4-byte
+    /// scale): not a multiple of 16, and copied like any other (a KV copy would refuse them).
+    #[test]
+    fn indexer_backup_copies_contiguous_132_byte_rows() {
+        // 3 rows per page (396 bytes, padded to 400); device blocks of 800 bytes with the
+        // indexer at offset 400.
+        let rows = |base, block_stride, num_blocks| PageLayout {
+            base,
+            block_stride,
+            num_blocks,
+            block_size: 3,
+            row_bytes: 132,
+            value_bytes: 132,
+            index_stride_rows: 3,
+        };
+        let l = LayerPair {
+            host: rows(0, 400, 4),
+            device: rows(400, 800, 3),
+        };
+        let device: std::vec::Vec<u8> = (0..3 * 800).map(|i| (i % 253) as u8 + 1).collect();
+        let mut host = std::vec![0u8; 4 * 400];
+        indexer_backup(
+            &IndexerBackupDesc {
+                num_tokens: 3,
+                layers: &[l],
+            },
+            IndexerBackupArgs {
+                device_slots: &[4, 8, -1],
+                host_slots: &[11, 0, 2],
+                device: &device,
+                host: &mut host,
+            },
+        )
+        .unwrap();
+        // Device row 4 (block 1, row 1) → host row 11 (block 3, row 2); device row 8 (block 2,
+        // row 2) → host row 0.
+        assert_eq!(host[1200 + 264..1200 + 396], device[1200 + 132..1200 + 264]);
+        assert_eq!(host[..132], device[2000 + 264..2000 + 396]);
+        assert_eq!(host.iter().filter(|&&b| b != 0).count(), 2 * 132);
+        // The same layout is a misaligned KV layout: the 16-byte rule is the KV copies' only.
+        assert!(matches!(
+            l.host.check(OP, "host", host.len() as u64),
+            Err(OpError::Misaligned {
+                field: "layout.value_bytes",
+                ..
+            })
+        ));
+        // Rows that are not 4-byte words are refused, naming the field.
+        let odd = |p: PageLayout| PageLayout {
+            row_bytes: 130,
+            value_bytes: 130,
+            ..p
+        };
+        let e = indexer_backup(
+            &IndexerBackupDesc {
+                num_tokens: 1,
+                layers: &[LayerPair {
+                    host: odd(l.host),
+                    device: odd(l.device),
+                }],
+            },
+            IndexerBackupArgs {
+                device_slots: &[0],
+                host_slots: &[0],
+                device: &device,
+                host: &mut host,
+            },
+        );
+        assert!(matches!(
+            e,
+            Err(OpError::Misaligned {
+                field: "layout.value_bytes",
+                alignment: 4,
+                ..
+            })
+        ));
     }
 
     #[test]

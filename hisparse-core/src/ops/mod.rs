@@ -27,7 +27,7 @@ pub mod table;
 
 pub use copy::{
     BlockPair, COPY_ALIGNMENT, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc,
-    PageLayout, RowCopyDesc, RowSpan,
+    PageLayout, RowCopyDesc, RowSpan, RowUnit,
 };
 pub use indexer_backup::{IndexerBackupArgs, IndexerBackupDesc};
 pub use invalidate::{InvalidateArgs, InvalidateDesc};
