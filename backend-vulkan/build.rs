@@ -291,8 +291,7 @@ fn main() {
     }
     // (template, first pool binding, module stem, pool word)
     // Where rows lie in a pool: appended to the templates that locate rows.
-    let row_layout =
-        std::fs::read_to_string(dir.join("row_layout.wgsl")).expect("row_layout.wgsl");
+    let row_layout = std::fs::read_to_string(dir.join("row_layout.wgsl")).expect("row_layout.wgsl");
     for (name, first, stem, word) in [
         ("gather", 4, "gather", "vec4<u32>"),
         ("gather_v1", 4, "gather_v1", "vec4<u32>"),
@@ -302,7 +301,11 @@ fn main() {
         ("indexer_backup", 3, "indexer_backup", "u32"),
     ] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");
-        let rows = if name == "copy" { "" } else { row_layout.as_str() };
+        let rows = if name == "copy" {
+            ""
+        } else {
+            row_layout.as_str()
+        };
         let src = format!("{common}\n{src}\n{rows}");
         for w in WINDOWS {
             compile(

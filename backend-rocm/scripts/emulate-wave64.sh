@@ -25,12 +25,10 @@ patch_file() { # FILE FROM TO: replace the literal text FROM, fail if it is abse
     from=$(printf '%s' "$2" | sed 's/[][\\.*^$|/]/\\&/g')
     sed -i "s|$from|$3|g" "$1"
 }
+# The driver's warps are HS_WARP lanes, as the kernels': the prelude's macro is the one place.
 patch_file gpu-kernels/emu/vendor_cpu.h '#define HS_WARP 32u' '#define HS_WARP 64u'
-patch_file gpu-kernels/emu/driver.cpp 'w = t / 32, lane = t % 32' 'w = t / 64, lane = t % 64'
-patch_file gpu-kernels/emu/driver.cpp '(bx + 31) / 32' '(bx + 63) / 64'
-patch_file gpu-kernels/emu/driver.cpp 'bx - 32 * w < 32 ? bx - 32 * w : 32' 'bx - 64 * w < 64 ? bx - 64 * w : 64'
 if grep -nE '\b32\b' gpu-kernels/emu/driver.cpp; then
-    echo "emulate-wave64: driver.cpp still names 32 lanes above; update this script" >&2
+    echo "emulate-wave64: driver.cpp names 32 lanes above instead of HS_WARP; update it" >&2
     exit 1
 fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}/wave64"

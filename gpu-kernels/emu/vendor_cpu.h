@@ -1,7 +1,8 @@
 // HiSparse kernels: CPU emulation prelude (C++20, g++ or clang++). Prepended to hisparse.cuh so
 // the one kernel source can be executed and checked against the reference on a machine without a
-// GPU. Every thread of a block is an OS thread; blocks run one after another; __syncthreads is a
-// std::barrier; warp shuffles rendezvous through a per-warp barrier. Correctness only, not speed.
+// GPU. Blocks run one after another on one OS thread; every thread of a block is a fiber;
+// __syncthreads and the warp shuffles park the fiber until every thread they bind has arrived
+// (driver.cpp). Correctness only, not speed.
 #include <cstdint>
 #define HS_VENDOR_CPU 1
 struct hs_dim3 {

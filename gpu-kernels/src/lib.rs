@@ -21,7 +21,8 @@
 //! the earlier remap, gather and resolve kernels (`VARIANTS_SOURCE`) for A/B benchmarks.
 //!
 //! Testing without a GPU: `emu/vendor_cpu.h` is a third prelude that turns the same source into
-//! C++20 for the CPU (one OS thread per GPU thread, barriers and warp shuffles emulated), and
+//! C++20 for the CPU (a block's threads as fibers on one OS thread, barriers and warp shuffles
+//! emulated, the threads of each barrier interval run in varying orders), and
 //! `tests/cpu_emulation.rs` compiles it with the system C++ compiler, executes the planners'
 //! launches through wrappers generated from this ABI table, and compares the results bit for bit
 //! with the core's reference on random inputs (`HISPARSE_REQUIRE_CXX=1` makes a missing compiler
