@@ -336,7 +336,7 @@ def main(argv=None):
                     coord.finish(rid)
                 else:
                     coord.append_tokens(rid, [1 + rid % 1000])
-    rt.drain()
+    coord.report(rt.drain())  # the last transfers: their blocks go back
     c = rt.counters()
     usage = coord.pool_usage()
     summary = {

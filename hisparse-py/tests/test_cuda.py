@@ -112,7 +112,9 @@ class CudaDecode:
 
 
 SHAPE = scenario.Shape(requests=4, prompt=200, gpu_blocks=70, top_k=16, hot=32)
-COMPARED = ["hot_hits", "hot_misses", "resident_reads", "h2d_bytes", "resolve_calls", "remap_calls"]
+# A captured call always resolves (right whatever the residency at replay); an eager one remaps
+# when every request is fully resident: the calls are compared as a total.
+COMPARED = ["hot_hits", "hot_misses", "resident_reads", "h2d_bytes", "decode_calls"]
 
 
 def run_decode(torch, graph: bool):
@@ -132,6 +134,8 @@ def test_a_captured_decode_step_replays_like_the_eager_one():
     for a, b in zip(replayed.row_log, eager.row_log):
         np.testing.assert_array_equal(a, b)
     assert eager_counters["hot_misses"] > 0, "the pool was large enough that nothing was swapped in"
+    for c in (eager_counters, replay_counters):
+        c["decode_calls"] = c["resolve_calls"] + c["remap_calls"]
     assert {k: replay_counters[k] for k in COMPARED} == {k: eager_counters[k] for k in COMPARED}
 
 

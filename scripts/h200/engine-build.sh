@@ -6,6 +6,7 @@
 #   h200-engine/cuda-host-pool     the host pool registered in chunks, whole, and lent
 #   h200-engine/runtime-cuda       the runtime over engine-owned CUDA memory and streams, graphs
 #   h200-engine/hisparse           the CLI with the cuda backend (bench --host-pool)
+#   h200-engine/libhisparse_capi.a the C library with the cuda backend (examples/engine.c)
 #   h200-engine/_flashmla_C.abi3.so  vLLM 0.33's FlashMLA (scripts/fetch-vllm-kernels.sh)
 #   h200-python/                   the abi3 wheel with cpu and cuda (scripts/h200/python-build.sh)
 #
@@ -23,15 +24,18 @@ cuda=$(cargo test --release -p hisparse-backend-cuda --test conformance --test g
 runtime=$(cargo test --release -p hisparse-runtime --features cuda --test cuda --no-run \
     --message-format=json 2>/dev/null)
 cargo build --release -p hisparse-cli --features cuda
+cargo build --release -p hisparse-capi --features cuda
 install -m 755 "$(exe_of conformance <<<"$cuda")" "$out/cuda-conformance"
 install -m 755 "$(exe_of graph_capture <<<"$cuda")" "$out/cuda-graph-capture"
 install -m 755 "$(exe_of host_pool <<<"$cuda")" "$out/cuda-host-pool"
 install -m 755 "$(exe_of cuda <<<"$runtime")" "$out/runtime-cuda"
 install -m 755 "${CARGO_TARGET_DIR:-target}/release/hisparse" "$out/hisparse"
+install -m 644 "${CARGO_TARGET_DIR:-target}/release/libhisparse_capi.a" "$out/libhisparse_capi.a"
 (cd "$out" && strip cuda-conformance cuda-graph-capture cuda-host-pool runtime-cuda hisparse)
 if [[ ! -f "$out/_flashmla_C.abi3.so" ]]; then
     scripts/fetch-vllm-kernels.sh --dest "$out" >/dev/null
 fi
 scripts/h200/python-build.sh
+rm -rf h200-python/fallback  # the GPU machine has numpy
 echo "commit $(git rev-parse HEAD) built $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$out/MANIFEST"
 du -sh "$out" h200-python

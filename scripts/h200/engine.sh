@@ -48,11 +48,12 @@ run_section() {
 
 run_section conformance 120 "$bin/cuda-conformance"
 run_section graph-capture 40 "$bin/cuda-graph-capture"
-run_section runtime-cuda 40 "$bin/runtime-cuda"
-run_section python 150 sh -c "cd hisparse-py/tests && python3 -m pytest -q -p no:cacheprovider --ignore=test_layout.py ."
+run_section runtime-cuda 120 "$bin/runtime-cuda"
+run_section python 200 sh -c "cd hisparse-py/tests && python3 -m pytest -v -p no:cacheprovider --timeout=90 --timeout-method=thread --ignore=test_layout.py ."
 run_section engine-loop 40 python3 examples/engine_loop.py --backend cuda --graph
 run_section flashmla-v3.2 60 python3 examples/flashmla_decode.py --format v3.2 --json "$out/flashmla-v3.2.json"
 run_section flashmla-v4 60 python3 examples/flashmla_decode.py --format v4 --json "$out/flashmla-v4.json"
+run_section capi-engine 60 sh -c "cc -std=c11 -Wall -Wextra -Werror -I hisparse-capi/include hisparse-capi/examples/engine.c $bin/libhisparse_capi.a -lpthread -ldl -lm -o /tmp/hs-engine && /tmp/hs-engine cuda"
 run_section host-overhead 40 python3 hisparse-py/bench/host_overhead.py --backend cuda --json "$out/host_overhead.json"
 run_section host-pool-test 40 "$bin/cuda-host-pool"
 run_section host-pool-bench 90 sh -c "'$bin/hisparse' bench --backend cuda --host-pool 8GiB,64GiB --json > '$out/host-pool.json'"

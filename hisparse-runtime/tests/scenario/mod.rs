@@ -128,7 +128,6 @@ pub fn forward<D: Device>(rt: &mut Runtime<D>, kv: &KvCacheConfig, cmd: &Offload
     // The engine's way: the device slot mapping gives each token's row in each write group's
     // view; the row's bytes go where the layer's view puts that row. Checked against the
     // resident tables' host shadows (the page's block, the token's offset).
-    let rb = kv.row_bytes as usize;
     let groups = rt.slot_mapping_groups();
     let cap = rt.config().max_batched_tokens as usize;
     let tokens = rt.step_tokens() as usize;
@@ -145,12 +144,15 @@ pub fn forward<D: Device>(rt: &mut Runtime<D>, kv: &KvCacheConfig, cmd: &Offload
         .unwrap();
     let mut t = 0;
     for s in &cmd.scheduled {
-        for pos in s.first_token..s.first_token + s.num_tokens {
-            for b in 0..kv.num_buckets {
-                let g = kv.resident_group(b);
-                let w = groups.iter().position(|&x| x == g).unwrap();
-                let slot = slots[w * cap + t];
-                let blk = rt.resident_row(b, s.slot).unwrap()[(pos / kv.block_size) as usize];
+        for b in 0..kv.num_buckets {
+            let g = kv.resident_group(b);
+            let w = groups.iter().position(|&x| x == g).unwrap();
+            let table = rt.resident_row(b, s.slot).unwrap().to_vec();
+            // Runs of consecutive rows (one page's worth at most) go up in one copy per layer.
+            let mut run: Vec<(u32, i32)> = Vec::new();
+            for (i, pos) in (s.first_token..s.first_token + s.num_tokens).enumerate() {
+                let slot = slots[w * cap + t + i];
+                let blk = table[(pos / kv.block_size) as usize];
                 assert!(
                     blk > 0,
                     "request {} position {pos} has no resident block",
@@ -163,17 +165,15 @@ pub fn forward<D: Device>(rt: &mut Runtime<D>, kv: &KvCacheConfig, cmd: &Offload
                     "slot mapping of request {} position {pos}, bucket {b}",
                     s.id
                 );
-                for i in 0..kv.groups[g].layers.len() {
-                    let view = kv.layer_view(g, i).unwrap();
-                    let at = view.row_offset(slot as u64).unwrap();
-                    let layer = kv.groups[g].layers[i].layer;
-                    let bytes = row(s.id, pos + layer * 7, rb);
-                    let (dev, pools) = rt.device_and_pools_mut();
-                    dev.upload(&mut pools.device, at as usize, &bytes).unwrap();
+                if run.last().is_some_and(|&(_, last)| last + 1 != slot) {
+                    write_run(rt, kv, g, s.id, &run);
+                    run.clear();
                 }
+                run.push((pos, slot));
             }
-            t += 1;
+            write_run(rt, kv, g, s.id, &run);
         }
+        t += s.num_tokens as usize;
     }
     for w in 0..groups.len() {
         assert!(
@@ -182,6 +182,32 @@ pub fn forward<D: Device>(rt: &mut Runtime<D>, kv: &KvCacheConfig, cmd: &Offload
                 .all(|&r| r == -1),
             "slot mapping beyond the step's tokens"
         );
+    }
+}
+
+/// Writes the rows of `run` — `(position, slot)` with consecutive slots — of request `id` into
+/// every layer of resident group `g`, one copy per layer.
+fn write_run<D: Device>(
+    rt: &mut Runtime<D>,
+    kv: &KvCacheConfig,
+    g: usize,
+    id: u64,
+    run: &[(u32, i32)],
+) {
+    let Some(&(_, first)) = run.first() else {
+        return;
+    };
+    let rb = kv.row_bytes as usize;
+    for i in 0..kv.groups[g].layers.len() {
+        let view = kv.layer_view(g, i).unwrap();
+        let at = view.row_offset(first as u64).unwrap();
+        let layer = kv.groups[g].layers[i].layer;
+        let bytes: Vec<u8> = run
+            .iter()
+            .flat_map(|&(pos, _)| row(id, pos + layer * 7, rb))
+            .collect();
+        let (dev, pools) = rt.device_and_pools_mut();
+        dev.upload(&mut pools.device, at as usize, &bytes).unwrap();
     }
 }
 
