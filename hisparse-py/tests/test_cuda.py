@@ -16,14 +16,17 @@ class CudaDecode:
     steps whose per-layer calls run eagerly or from one captured graph; every row read is
     checked against what the forward pass wrote."""
 
-    def __init__(self, torch, s: scenario.Shape):
+    def __init__(self, torch, s: scenario.Shape, host_pool: str = "torch-pinned"):
         self.torch, self.s = torch, s
         self.layout = lay = scenario.layout(s)
         self.coord = hisparse.Coordinator(
             lay, max_running=s.requests, max_batched_tokens=4096, reclaim_min_blocks=0
         )
         self.device_pool = torch.zeros(lay.gpu_pool_bytes, dtype=torch.uint8, device="cuda")
-        self.host_pool = torch.zeros(lay.host_pool_bytes, dtype=torch.uint8, pin_memory=True)
+        # The host pool: a pinned PyTorch tensor lent to the runtime, or the runtime's own.
+        self.host_pool = None
+        if host_pool == "torch-pinned":
+            self.host_pool = torch.zeros(lay.host_pool_bytes, dtype=torch.uint8, pin_memory=True)
         self.rt = hisparse.Runtime(
             lay, "cuda", state_rows=s.requests, max_step_tokens=s.requests,
             max_batched_tokens=4096, device_pool=self.device_pool, host_pool=self.host_pool,
@@ -117,18 +120,19 @@ SHAPE = scenario.Shape(requests=4, prompt=200, gpu_blocks=70, top_k=16, hot=32)
 COMPARED = ["hot_hits", "hot_misses", "resident_reads", "h2d_bytes", "decode_calls"]
 
 
-def run_decode(torch, graph: bool):
-    d = CudaDecode(torch, SHAPE)
+def run_decode(torch, graph: bool, host_pool: str = "torch-pinned"):
+    d = CudaDecode(torch, SHAPE, host_pool)
     d.prefill()
     for step in range(20):
         d.decode(step, graph)
     return d, d.drain()
 
 
-def test_a_captured_decode_step_replays_like_the_eager_one():
+@pytest.mark.parametrize("host_pool", ["runtime", "torch-pinned"])
+def test_a_captured_decode_step_replays_like_the_eager_one(host_pool):
     torch = device.torch_cuda()
-    eager, eager_counters = run_decode(torch, graph=False)
-    replayed, replay_counters = run_decode(torch, graph=True)
+    eager, eager_counters = run_decode(torch, graph=False, host_pool=host_pool)
+    replayed, replay_counters = run_decode(torch, graph=True, host_pool=host_pool)
     assert replayed.rt.captured_token_rows == [SHAPE.requests]
     assert replayed.verified == eager.verified > 0
     for a, b in zip(replayed.row_log, eager.row_log):
