@@ -316,6 +316,7 @@ class Engine:
         holder = {}
 
         def capture_all():
+            k.new_graph_pool()
             holder["step"] = k.capture(whole(True))
             holder["step_no_standin"] = k.capture(whole(False))
             holder["pieces"] = {name: k.capture(fn) for name, fn in pieces.items()}

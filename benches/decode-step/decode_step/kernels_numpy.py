@@ -187,6 +187,9 @@ class NumpyKernels:
 
     # ---- graphs and time --------------------------------------------------------------------
 
+    def new_graph_pool(self):
+        """No graphs on the CPU: nothing to pool."""
+
     def capture(self, fn):
         return _Eager(fn)
 

@@ -275,6 +275,11 @@ class TorchKernels:
 
     # ---- graphs and time --------------------------------------------------------------------
 
+    def new_graph_pool(self):
+        """A fresh memory pool for the next set of graphs (PyTorch refuses to capture into a
+        pool whose graphs were all destroyed)."""
+        self.graph_pool = torch.cuda.graph_pool_handle()
+
     def capture(self, fn):
         return _Graph(fn, self.graph_pool)
 
