@@ -404,8 +404,13 @@ class ContextBench:
         stored = None
         if B in self.resident_batches:
             if self.resident_engine is None:
+                # The pool the largest all-resident batch needs, not all the device has: the
+                # HiSparse engine of the same batch is built beside it.
+                all_on_gpu = self.per_request["gpu_blocks_per_request"]["all_on_gpu"]
+                blocks = min(self.full_blocks, max(self.resident_batches) * all_on_gpu
+                             + self.per_request["prefill_gpu_blocks"] + 16)
                 self.resident_engine = Engine(self.cfg, self.context, self.kernels_cls, self.backend,
-                                              self.full_blocks, max(self.resident_batches), self.log)
+                                              blocks, max(self.resident_batches), self.log)
             e = self.resident_engine
             res["all_resident_engine"] = e.start_batch(ids)
             res["all_resident_engine"]["gpu_pool_bytes"] = e.layout.gpu_pool_bytes
