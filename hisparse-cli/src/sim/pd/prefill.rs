@@ -155,7 +155,10 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
         .map_err(|e| CliError::device("opening the prefill device", e))?;
     let s = &h.setup;
     let kv = h.prefill_kv.clone();
-    let mut rt = Runtime::new(dev, kv.clone(), RuntimeConfig::new(1, 1))
+    // One request at a time, its prefill chunks as large as the coordinator's token budget.
+    let mut runtime_config = RuntimeConfig::new(1, 1);
+    runtime_config.max_batched_tokens = runtime_config.max_batched_tokens.max(s.max_batched_tokens);
+    let mut rt = Runtime::new(dev, kv.clone(), runtime_config)
         .map_err(|e| CliError::failed(format!("setting up the prefill runtime: {e}")))?;
     let geometry = PoolGeometry::device(&kv).map_err(nixl_err)?;
     let local = pool_region(&rt.pools().device, ordinal)?;
