@@ -1,7 +1,7 @@
 //! The swap-in gather of random 656 B rows from a 687 MB pinned pool (2048 and 32768 rows, and
-//! 2048 rows × 4 layers in one call), every gather kernel, with and without PDL.
+//! 2048 rows × 4 layers in one call), with and without PDL.
 
-use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer, GatherVariant};
+use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer};
 use hisparse_core::Device;
 use hisparse_core::ops::{BufferLen, GatherArgs, GatherDesc, LayerPair, PageLayout};
 
@@ -119,8 +119,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
     for (rows_n, layers_n) in [(2048u32, 1u32), (32768, 1), (2048, 4)] {
         let mut p = plans(b, &mut rng, rows_n, layers_n)?;
         let mut first: Option<Vec<u8>> = None;
-        for v in GatherVariant::ALL {
-            b.dev.set_gather_variant(v);
+        {
             for pdl in [false, true] {
                 if pdl && !b.dev.set_programmatic_launch(true) {
                     continue;
@@ -130,11 +129,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                     match &first {
                         None => first = Some(got),
                         Some(want) if *want != got => {
-                            return Err(format!(
-                                "gather {} (pdl {pdl}) differs from the first variant's",
-                                v.name()
-                            )
-                            .into());
+                            return Err("gather with PDL differs from the gather without".into());
                         }
                         Some(_) => {}
                     }
@@ -145,9 +140,8 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                     Ok(us) => us,
                     Err(e) if pdl => {
                         // PDL is optional: its failure is reported, the other figures stand.
-                        println!("gather {} with PDL FAILED: {e}", v.name());
-                        b.failures
-                            .push(format!("gather {} with PDL: {e}", v.name()));
+                        println!("gather with PDL FAILED: {e}");
+                        b.failures.push(format!("gather with PDL: {e}"));
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -165,13 +159,13 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                         "gather {rows_n} x 656 B random rows{what}{}",
                         if pdl { ", PDL" } else { "" }
                     ),
-                    variant: v.name().into(),
+                    path: if pdl { "pdl" } else { "-" }.into(),
                     value: gbs,
                     unit: "GB/s",
                     ceiling: b.h2d,
                     ceiling_name: "bulk H2D",
                     target: ">= 0.8x".into(),
-                    met: (v == GatherVariant::PRODUCTION).then_some(gbs / b.h2d >= 0.8),
+                    met: Some(gbs / b.h2d >= 0.8),
                     note: format!("{us:.1} us per call"),
                     sm_mhz: 0.0,
                 });
@@ -220,7 +214,7 @@ pub(crate) fn cli_gather(b: &mut Bench) -> Res<()> {
     b.push(Row {
         section: "cli",
         name: "gather 2048 x 656 B random rows, stream calls (as hisparse bench)".into(),
-        variant: GatherVariant::PRODUCTION.name().into(),
+        path: "-".into(),
         value: gbs,
         unit: "GB/s",
         ceiling: b.h2d,
