@@ -81,8 +81,6 @@ pub const RESOLVE_THREADS: u32 = 1024;
 pub const GATHER_THREADS: u32 = 128;
 /// Plan entries per work item of `hs_gather_rows`.
 pub const GATHER_ROWS: u32 = 16;
-/// Threads of bench variant `hs_gather_rows_v4` that copy one row together.
-pub const GATHER_GROUP: u32 = 8;
 /// Most layers one `hs_gather_rows` launch carries (more are split over several launches).
 pub const GATHER_MAX_LAYERS: usize = 16;
 /// 16-byte loads each thread of an `hs_resolve_gather` launch keeps in flight while it copies its
@@ -523,7 +521,6 @@ pub struct Wanted {
 }
 
 const _: () = {
-    assert!(GATHER_THREADS == GATHER_GROUP * GATHER_ROWS);
     assert!(INDEXER_THREADS.is_multiple_of(INDEXER_GROUP));
     assert!(core::mem::size_of::<Layout>() == 40);
     assert!(core::mem::size_of::<LayerPairAbi>() == 80);
@@ -695,7 +692,6 @@ mod tests {
             ("HS_REMAP_COUNTS", REMAP_COUNTS),
             ("HS_REMAP_COMPACT", REMAP_COMPACT),
             ("HS_REMAP_STAGED", REMAP_STAGED),
-            ("HS_GATHER_GROUP", GATHER_GROUP),
             ("HS_RESOLVE_HOT_STAGE", RESOLVE_HOT_STAGE),
             ("HS_FUSED_GATHER_UNROLL", FUSED_GATHER_UNROLL),
         ] {
