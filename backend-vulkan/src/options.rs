@@ -36,9 +36,8 @@ pub enum ComputeFamily {
 /// block without spinning: their work runs on the cores a polling thread would take.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HostWait {
-    /// Spin for [`WAIT_SPIN`](crate::vk::WAIT_SPIN), then poll the timelines while yielding the
-    /// thread for up to [`WAIT_POLL`](crate::vk::WAIT_POLL) before blocking in
-    /// `vkWaitSemaphores`, as CUDA's default synchronisation spins: a thread blocked there can
+    /// Spin for 200 µs, then poll the timelines while yielding the thread for up to 50 ms
+    /// before blocking in `vkWaitSemaphores`, as CUDA's default synchronisation spins: a thread blocked there can
     /// wake hundreds of microseconds after the GPU finished.
     #[default]
     Poll,

@@ -119,57 +119,55 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
     for (rows_n, layers_n) in [(2048u32, 1u32), (32768, 1), (2048, 4)] {
         let mut p = plans(b, &mut rng, rows_n, layers_n)?;
         let mut first: Option<Vec<u8>> = None;
-        {
-            for pdl in [false, true] {
-                if pdl && !b.dev.set_programmatic_launch(true) {
+        for pdl in [false, true] {
+            if pdl && !b.dev.set_programmatic_launch(true) {
+                continue;
+            }
+            let measured = (|| -> Res<f64> {
+                let got = run_once(b, &mut p, &host)?;
+                match &first {
+                    None => first = Some(got),
+                    Some(want) if *want != got => {
+                        return Err("gather with PDL differs from the gather without".into());
+                    }
+                    Some(_) => {}
+                }
+                graph_us(b, &mut p, &host)
+            })();
+            b.dev.set_programmatic_launch(false);
+            let us = match measured {
+                Ok(us) => us,
+                Err(e) if pdl => {
+                    // PDL is optional: its failure is reported, the other figures stand.
+                    println!("gather with PDL FAILED: {e}");
+                    b.failures.push(format!("gather with PDL: {e}"));
                     continue;
                 }
-                let measured = (|| -> Res<f64> {
-                    let got = run_once(b, &mut p, &host)?;
-                    match &first {
-                        None => first = Some(got),
-                        Some(want) if *want != got => {
-                            return Err("gather with PDL differs from the gather without".into());
-                        }
-                        Some(_) => {}
-                    }
-                    graph_us(b, &mut p, &host)
-                })();
-                b.dev.set_programmatic_launch(false);
-                let us = match measured {
-                    Ok(us) => us,
-                    Err(e) if pdl => {
-                        // PDL is optional: its failure is reported, the other figures stand.
-                        println!("gather with PDL FAILED: {e}");
-                        b.failures.push(format!("gather with PDL: {e}"));
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                let bytes = f64::from(rows_n * layers_n) * f64::from(ROW);
-                let gbs = bytes / us / 1e3;
-                let what = if layers_n == 1 {
-                    String::new()
-                } else {
-                    format!(" x {layers_n} layers (one call)")
-                };
-                b.push(Row {
-                    section: "gather",
-                    name: format!(
-                        "gather {rows_n} x 656 B random rows{what}{}",
-                        if pdl { ", PDL" } else { "" }
-                    ),
-                    path: if pdl { "pdl" } else { "-" }.into(),
-                    value: gbs,
-                    unit: "GB/s",
-                    ceiling: b.h2d,
-                    ceiling_name: "bulk H2D",
-                    target: ">= 0.8x".into(),
-                    met: Some(gbs / b.h2d >= 0.8),
-                    note: format!("{us:.1} us per call"),
-                    sm_mhz: 0.0,
-                });
-            }
+                Err(e) => return Err(e),
+            };
+            let bytes = f64::from(rows_n * layers_n) * f64::from(ROW);
+            let gbs = bytes / us / 1e3;
+            let what = if layers_n == 1 {
+                String::new()
+            } else {
+                format!(" x {layers_n} layers (one call)")
+            };
+            b.push(Row {
+                section: "gather",
+                name: format!(
+                    "gather {rows_n} x 656 B random rows{what}{}",
+                    if pdl { ", PDL" } else { "" }
+                ),
+                path: if pdl { "pdl" } else { "-" }.into(),
+                value: gbs,
+                unit: "GB/s",
+                ceiling: b.h2d,
+                ceiling_name: "bulk H2D",
+                target: ">= 0.8x".into(),
+                met: Some(gbs / b.h2d >= 0.8),
+                note: format!("{us:.1} us per call"),
+                sm_mhz: 0.0,
+            });
         }
     }
     Ok(())

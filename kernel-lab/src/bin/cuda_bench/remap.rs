@@ -246,29 +246,27 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
             };
             if compact {
                 // Compaction's cost over counts alone (warm).
-                {
-                    let with = warm_with;
-                    let counts_only = b
-                        .rows
-                        .iter()
-                        .rev()
-                        .find(|r| r.name == format!("remap {t} tok x 2048, counts, L2 warm"))
-                        .map(|r| r.value);
-                    if let Some(c) = counts_only {
-                        b.push(Row {
-                            section: "remap",
-                            name: format!("remap {t} tok: compaction over counts alone"),
-                            path: "-".into(),
-                            value: with / c,
-                            unit: "x",
-                            ceiling: 1.0,
-                            ceiling_name: "counts alone",
-                            target: "<= 1.10x".into(),
-                            met: Some(with / c <= 1.10),
-                            note: String::new(),
-                            sm_mhz: 0.0,
-                        });
-                    }
+                let with = warm_with;
+                let counts_only = b
+                    .rows
+                    .iter()
+                    .rev()
+                    .find(|r| r.name == format!("remap {t} tok x 2048, counts, L2 warm"))
+                    .map(|r| r.value);
+                if let Some(c) = counts_only {
+                    b.push(Row {
+                        section: "remap",
+                        name: format!("remap {t} tok: compaction over counts alone"),
+                        path: "-".into(),
+                        value: with / c,
+                        unit: "x",
+                        ceiling: 1.0,
+                        ceiling_name: "counts alone",
+                        target: "<= 1.10x".into(),
+                        met: Some(with / c <= 1.10),
+                        note: String::new(),
+                        sm_mhz: 0.0,
+                    });
                 }
             }
         }

@@ -327,57 +327,53 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
             bytes / 1e6
         );
         if resolve {
-            {
-                let wr = &mut w;
-                let graph = b.dev.capture(&b.s, |d| {
-                    for step in 1..=steps {
-                        wr.resolve(d, &b.s, step, None)?;
-                    }
-                    Ok(())
-                })?;
-                let us = time_walk(b, &mut w, reps, steps, &graph)?;
-                let target = (r == 64).then_some(10.0);
-                b.push(Row {
-                    section: "resolve",
-                    name: format!("resolve {r} req x 2048, 4096 slots, {miss_pct:.1}% misses"),
-                    path: "-".into(),
-                    value: us,
-                    unit: "us",
-                    ceiling: b.empty_us,
-                    ceiling_name: "empty launch",
-                    target: target.map_or("-".into(), |x| format!("<= {x} us")),
-                    met: target.map(|x| us <= x),
-                    note: format!("{steps} steps in one graph, from empty hot buffers"),
-                    sm_mhz: 0.0,
-                });
-            }
+            let wr = &mut w;
+            let graph = b.dev.capture(&b.s, |d| {
+                for step in 1..=steps {
+                    wr.resolve(d, &b.s, step, None)?;
+                }
+                Ok(())
+            })?;
+            let us = time_walk(b, &mut w, reps, steps, &graph)?;
+            let target = (r == 64).then_some(10.0);
+            b.push(Row {
+                section: "resolve",
+                name: format!("resolve {r} req x 2048, 4096 slots, {miss_pct:.1}% misses"),
+                path: "-".into(),
+                value: us,
+                unit: "us",
+                ceiling: b.empty_us,
+                ceiling_name: "empty launch",
+                target: target.map_or("-".into(), |x| format!("<= {x} us")),
+                met: target.map(|x| us <= x),
+                note: format!("{steps} steps in one graph, from empty hot buffers"),
+                sm_mhz: 0.0,
+            });
         }
         if !path {
             continue;
         }
         // The gathers alone (every step's plan from the eager walk).
-        {
-            let (wr, pr) = (&w, &mut pool);
-            let g_us = b.graph_us(steps, reps, &mut |d, s| {
-                for step in 1..=steps {
-                    gather_step(d, s, wr, step, &layer, &host, pr)?;
-                }
-                Ok(())
-            })?;
-            b.push(Row {
-                section: "path",
-                name: format!("gather of the misses alone, {r} req"),
-                path: "-".into(),
-                value: g_us,
-                unit: "us",
-                ceiling: bytes / b.h2d / 1e3,
-                ceiling_name: "missed bytes at bulk H2D",
-                target: "-".into(),
-                met: None,
-                note: format!("{:.1} GB/s", bytes / g_us / 1e3),
-                sm_mhz: 0.0,
-            });
-        }
+        let (wr, pr) = (&w, &mut pool);
+        let g_us = b.graph_us(steps, reps, &mut |d, s| {
+            for step in 1..=steps {
+                gather_step(d, s, wr, step, &layer, &host, pr)?;
+            }
+            Ok(())
+        })?;
+        b.push(Row {
+            section: "path",
+            name: format!("gather of the misses alone, {r} req"),
+            path: "-".into(),
+            value: g_us,
+            unit: "us",
+            ceiling: bytes / b.h2d / 1e3,
+            ceiling_name: "missed bytes at bulk H2D",
+            target: "-".into(),
+            met: None,
+            note: format!("{:.1} GB/s", bytes / g_us / 1e3),
+            sm_mhz: 0.0,
+        });
         for (name, path) in PATHS {
             for pdl in [false, true] {
                 if pdl && !b.dev.set_programmatic_launch(true) {
