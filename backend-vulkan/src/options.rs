@@ -37,8 +37,8 @@ pub enum ComputeFamily {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HostWait {
     /// Spin for 200 µs, then poll the timelines while yielding the thread for up to 50 ms
-    /// before blocking in `vkWaitSemaphores`, as CUDA's default synchronisation spins: a thread blocked there can
-    /// wake hundreds of microseconds after the GPU finished.
+    /// before blocking in `vkWaitSemaphores`, as CUDA's default synchronisation spins: a thread
+    /// blocked there can wake hundreds of microseconds after the GPU finished.
     #[default]
     Poll,
     /// Block right after the spin.

@@ -2,7 +2,8 @@
 //! the CPU gather) live in `benches/benches/`; the device benchmark routines behind
 //! `hisparse bench`, generic over `hisparse_core::Device` and so run on whichever backend the
 //! runtime's `AnyDevice` opens, are the published crate `hisparse-device-bench` in
-//! `benches/device/`; an engine's decode step with and without HiSparse is `benches/decode-step/`.
+//! `benches/device/`; an engine's decode step with and without HiSparse is
+//! `benches/decode-step/`.
 //! Per-backend kernel benches (CUDA graphs, Vulkan timestamps) are the unpublished
 //! `hisparse-kernel-lab`.
 //!

@@ -19,20 +19,22 @@
 //! * ceilings: bulk pinned host→device and device→host copies (256 MiB), a device-to-device copy
 //!   (1 GiB, bytes read plus written), and an empty kernel inside a graph (the launch floor);
 //! * remap, top-k 2048 over 128K-token block tables, at 1, 64, 256 and 1024 tokens, plain, with
-//!   valid counts, and with counts and compaction; warm (the same inputs
-//!   every call: L2 holds them) and cold (a 64 MiB device copy before every call evicts them;
-//!   the copy's own time, measured alone, is subtracted); at 1 token also a row of only invalid
+//!   valid counts, and with counts and compaction; warm (the same inputs every call: L2 holds
+//!   them) and cold (a 64 MiB device copy before every call evicts them; the copy's own time,
+//!   measured alone, is subtracted); at 1 token also a row of only invalid
 //!   entries (no block-table lookup: what the lookup's round trip costs);
 //! * swap-in gather of random 656 B rows (2048 and 32768 rows, 2048 rows × 4 layers) from a
-//!   687 MB pinned pool, plans rotated so the rows cannot come from L2, with and without programmatic dependent launch (PDL), against bulk host→device;
+//!   687 MB pinned pool, plans rotated so the rows cannot come from L2, with and without
+//!   programmatic dependent launch (PDL, its output checked against the run without), against
+//!   bulk host→device;
 //! * resolve, 1, 64 and 256 requests × 2048 top-k, 4096 hot slots, a random walk of the top-k
 //!   sets that replaces about a tenth of each set per step (about 9% misses), 16 steps in one
 //!   graph replayed from the same starting state;
 //! * the swap-in critical path: the same walk with each step's resolve followed by the gather of
-//!   its misses as the runtime issues them, and the
-//!   fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`, each block copying its
-//!   own request's misses), with and without PDL, against 1.2 × (missed bytes ÷ bulk H2D) +
-//!   5 µs; the fused launch is first checked byte for byte against the pair over the walk;
+//!   its misses as the runtime issues them, and the fused resolve-and-gather launch
+//!   (`CudaDevice::resolve_and_gather`, each block copying its own request's misses), with and
+//!   without PDL, against 1.2 × (missed bytes ÷ bulk H2D) + 5 µs; the fused launch is first
+//!   checked byte for byte against the pair over the walk;
 //! * multi-layer page backup and restore (61 layers × 64 pages) against bulk D2H / H2D;
 //! * `cli`: the configurations `hisparse bench` measures, the same way (stream calls: the
 //!   2048-row gather with its plan rotation, 12-layer backup and restore of 16 rotating page

@@ -1,11 +1,11 @@
 //! `--profile-targets`: the decode-size launches a profiler should look at, each issued three
 //! times on the stream (no graphs, no timing), in a fixed order that the profiler's records
-//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 64 requests (a first
-//! step that fills the hot buffers, then a step with about 9% misses), and the fused
-//! resolve-and-gather of that second step (each block copying its own request). Every launch's label is printed after the launches
-//! (`profile-target N: label`), so `scripts/h200/cuda-perf.sh` can name Nsight Compute's records
-//! (the N-th record of `hs_remap`, `hs_resolve` and `hs_resolve_gather` together
-//! is launch N).
+//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 64
+//! requests (a first step that fills the hot buffers, then a step with about 9% misses), and the
+//! fused resolve-and-gather of that second step (each block copying its own request). Every
+//! launch's label is printed after the launches (`profile-target N: label`), so
+//! `scripts/h200/cuda-perf.sh` can name Nsight Compute's records (the N-th record of `hs_remap`,
+//! `hs_resolve` and `hs_resolve_gather` together is launch N).
 
 use hisparse_backend_cuda::CudaBuffer;
 use hisparse_core::Device;
