@@ -2,7 +2,7 @@
 //! is needed on the machine that builds the crate). The SPIR-V lands in `OUT_DIR` and is embedded
 //! by `src/shaders.rs`; `tests/spirv_val.rs` checks it with `spirv-val`.
 //!
-//! `gather.wgsl`, `gather_v1.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B
+//! `gather.wgsl`, `gather_per_entry.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B
 //! (written), each
 //! bound as `WINDOWS` storage buffers of one window each, so pools larger than one binding work:
 //! the script generates one variant per entry of [`WINDOWS`]. The 1-window variant binds each
@@ -294,8 +294,8 @@ fn main() {
     let row_layout = std::fs::read_to_string(dir.join("row_layout.wgsl")).expect("row_layout.wgsl");
     for (name, first, stem, word) in [
         ("gather", 4, "gather", "vec4<u32>"),
-        ("gather_v1", 4, "gather_v1", "vec4<u32>"),
-        ("gather_v1", 4, "gather_v1w", "u32"),
+        ("gather_per_entry", 4, "gather_per_entry", "vec4<u32>"),
+        ("gather_per_entry", 4, "gather_per_entry_words", "u32"),
         ("copy", 1, "copy", "vec4<u32>"),
         ("copy", 1, "copyw", "u32"),
         ("indexer_backup", 3, "indexer_backup", "u32"),

@@ -134,9 +134,6 @@ pub(crate) struct Kernels {
     _module: Module,
     /// One function per entry of [`Kernel::ALL`], in that order.
     f: [Function; Kernel::ALL.len()],
-    /// The A/B variants (`gk::variants::SYMBOLS` and the benchmark helpers), by symbol.
-    #[cfg(feature = "bench-variants")]
-    pub(crate) variants: Vec<(&'static str, Function)>,
     /// Dynamic shared memory the resolver functions accept (their attribute is raised to it);
     /// every other function accepts [`DEFAULT_DYNAMIC_SHARED`].
     large_dynamic_shared: u32,
@@ -150,7 +147,7 @@ impl Kernels {
         self.f[Kernel::ALL.iter().position(|x| *x == k).unwrap_or(0)]
     }
 
-    /// Dynamic shared memory a launch of `k` (or of a variant with its parameters) may ask for.
+    /// Dynamic shared memory a launch of `k` may ask for.
     fn dynamic_shared_limit(&self, k: Kernel) -> u32 {
         if k.large_dynamic_shared() {
             self.large_dynamic_shared
@@ -158,6 +155,18 @@ impl Kernels {
             DEFAULT_DYNAMIC_SHARED
         }
     }
+}
+
+/// Configuration of a [`CudaDevice`], given at [`CudaDevice::open_with`]. The default is what
+/// production runs: [`CudaDevice::open`] uses it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Keep each resolving request's LRU copy, partition and bitmap in the global workspace even
+    /// when they fit shared memory. The resolver's planner takes this global-state mode by itself
+    /// only for hot-slot counts whose state exceeds the device's shared memory; forcing it lets
+    /// the conformance suite check that mode on a GPU large enough never to need it. Results are
+    /// identical; it is slower. Off by default.
+    pub resolve_global_state: bool,
 }
 
 /// One CUDA device: a retained primary context, kernels compiled with NVRTC on first use
@@ -177,9 +186,8 @@ pub struct CudaDevice {
     programmatic: AtomicBool,
     /// How host pools are set up ([`CudaDevice::with_host_pool_config`]).
     pub(crate) host_pool: HostPoolSetup,
-    /// Kernel variants and test switches of the `bench-variants` build.
-    #[cfg(feature = "bench-variants")]
-    pub(crate) bench: crate::variants::BenchSwitches,
+    /// What [`CudaDevice::open_with`] was given.
+    options: CudaOptions,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -219,6 +227,11 @@ impl CudaDevice {
     /// `NotFound`; so does a missing NVRTC ([`CudaError::NoNvrtc`]), since no kernel could run.
     /// Kernels are compiled on first use (or with [`CudaDevice::prepare`]).
     pub fn open(ordinal: usize) -> Result<CudaDevice> {
+        Self::open_with(ordinal, CudaOptions::default())
+    }
+
+    /// Opens CUDA device `ordinal` configured by `options` (otherwise as [`CudaDevice::open`]).
+    pub fn open_with(ordinal: usize, options: CudaOptions) -> Result<CudaDevice> {
         if !ffi::driver_present() {
             return Err(CudaError::NoDriver);
         }
@@ -269,9 +282,13 @@ impl CudaDevice {
             kernels_init: Mutex::new(()),
             programmatic: AtomicBool::new(false),
             host_pool: HostPoolSetup::probe(dev)?,
-            #[cfg(feature = "bench-variants")]
-            bench: crate::variants::BenchSwitches::from_env()?,
+            options,
         })
+    }
+
+    /// The configuration the device was opened with.
+    pub fn options(&self) -> CudaOptions {
+        self.options
     }
 
     /// Compiles and loads the kernels now (otherwise the first operation does).
@@ -303,8 +320,7 @@ impl CudaDevice {
     pub fn kernel_report(&self) -> Result<Vec<KernelReport>> {
         use cudarc::driver::sys::CUfunction_attribute as A;
         let k = self.kernels()?;
-        #[cfg_attr(not(feature = "bench-variants"), allow(unused_mut))]
-        let mut list: Vec<(&'static str, Function, u32)> = [
+        let list: Vec<(&'static str, Function, u32)> = [
             Kernel::Remap,
             Kernel::Resolve,
             Kernel::GatherRows,
@@ -313,23 +329,6 @@ impl CudaDevice {
         .into_iter()
         .map(|x| (x.name(), k.get(x), x.abi().block_threads))
         .collect();
-        #[cfg(feature = "bench-variants")]
-        for &(sym, f) in &k.variants {
-            let block = if sym == "hs_remap_v3" {
-                gk::REMAP_MAX_THREADS
-            } else if sym.starts_with("hs_remap") {
-                gk::variants::REMAP_V2_THREADS
-            } else if sym == "hs_resolve_v1" {
-                gk::variants::RESOLVE_V1_THREADS
-            } else if sym.starts_with("hs_resolve") {
-                gk::RESOLVE_THREADS
-            } else if sym.starts_with("hs_gather") {
-                gk::GATHER_THREADS
-            } else {
-                continue;
-            };
-            list.push((sym, f, block));
-        }
         let mut out = Vec::new();
         for (name, f, block) in list {
             out.push(KernelReport {
@@ -442,8 +441,7 @@ impl CudaDevice {
             log: "kernel table".into(),
         })?;
         // The resolvers' shared state and table are sized by the planner up to the device's
-        // per-block maximum: raise their limit (every function with their parameters, variants
-        // included, so no planned launch is refused by the driver).
+        // per-block maximum: raise their limit (so no planned launch is refused by the driver).
         let dynamic = self
             .target
             .shared_per_block
@@ -453,34 +451,9 @@ impl CudaDevice {
                 func.set_max_dynamic_shared(dynamic)?;
             }
         }
-        #[cfg(feature = "bench-variants")]
-        let variants = gk::variants::SYMBOLS
-            .iter()
-            .chain([
-                &gk::variants::EMPTY_KERNEL,
-                &gk::variants::CLOCK_PROBE_KERNEL,
-            ])
-            .map(|&sym| module.function(sym).map(|f| (sym, f)))
-            .collect::<Result<Vec<_>>>()?;
-        #[cfg(feature = "bench-variants")]
-        for (sym, func) in &variants {
-            if sym.starts_with("hs_resolve") {
-                func.set_max_dynamic_shared(dynamic)?;
-            }
-        }
-        // hs_remap_v2 stages table rows in 16.5 KB of static shared memory: prefer the largest
-        // carveout so 8 blocks fit. Only a hint (a device may refuse it; the kernel runs either way).
-        #[cfg(feature = "bench-variants")]
-        for (sym, f) in &variants {
-            if *sym == "hs_remap_v2" {
-                let _ = f.set_preferred_carveout(100);
-            }
-        }
         let _ = self.kernels.set(Kernels {
             _module: module,
             f,
-            #[cfg(feature = "bench-variants")]
-            variants,
             large_dynamic_shared: dynamic,
         });
         self.kernels.get().ok_or_else(|| CudaError::Compile {
@@ -520,7 +493,7 @@ impl CudaDevice {
             if l.shared > limit {
                 return Err(CudaError::Unsupported(format!(
                     "{} asks for {} bytes of dynamic shared memory; the function accepts {limit}",
-                    l.variant.unwrap_or(l.kernel.name()),
+                    l.kernel.name(),
                     l.shared
                 )));
             }
@@ -556,24 +529,7 @@ impl CudaDevice {
                     .map_err(|log| CudaError::Compile { log })?;
                 let abi = l.kernel.abi();
                 debug_assert!(l.args.matches(&abi).is_ok(), "{:?}", l.args.matches(&abi));
-                let f = match l.variant {
-                    None => kernels.get(l.kernel),
-                    #[cfg(feature = "bench-variants")]
-                    Some(sym) => kernels
-                        .variants
-                        .iter()
-                        .find(|(s, _)| *s == sym)
-                        .map(|&(_, f)| f)
-                        .ok_or_else(|| CudaError::Compile {
-                            log: format!("variant kernel {sym} is not loaded"),
-                        })?,
-                    #[cfg(not(feature = "bench-variants"))]
-                    Some(sym) => {
-                        return Err(CudaError::Compile {
-                            log: format!("variant kernel {sym} needs the bench-variants feature"),
-                        });
-                    }
-                };
+                let f = kernels.get(l.kernel);
                 let programmatic =
                     self.programmatic_launch() && waits_for_grid_dependency(l.kernel);
                 let shape = LaunchShape {
@@ -585,8 +541,7 @@ impl CudaDevice {
                     .args
                     .pointers()
                     .map_err(|log| CudaError::Compile { log })?;
-                // SAFETY: `params` holds one pointer per parameter of the kernel `f` (a variant
-                // has its production kernel's parameters), each to a value of the ABI type (packed
+                // SAFETY: `params` holds one pointer per parameter of the kernel `f`, each to a value of the ABI type (packed
                 // by the planner through `Args`, checked against the ABI table above in debug
                 // builds), alive until the call returns. Every device address among them belongs
                 // to a buffer the caller checked with the core's `check` and keeps alive until the
@@ -637,7 +592,7 @@ impl CudaDevice {
             layers,
             host.mem.dev_ptr(),
             device.mem.ptr(),
-            self.resolve_global(),
+            self.options.resolve_global_state,
         )?;
         self.execute(stream, plan)
     }
@@ -659,18 +614,6 @@ impl CudaDevice {
             miss_dst: args.miss_dst.mem.ptr(),
             idx_mapping: args.idx_mapping.map_or(0, |m| m.mem.ptr()),
             stats: args.stats.as_ref().map_or(0, |s| s.mem.ptr()),
-        }
-    }
-
-    /// Whether `resolve` forces global-state mode (a test switch of the `bench-variants` build).
-    fn resolve_global(&self) -> bool {
-        #[cfg(feature = "bench-variants")]
-        {
-            self.bench.resolve_global()
-        }
-        #[cfg(not(feature = "bench-variants"))]
-        {
-            false
         }
     }
 }
@@ -871,9 +814,6 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         desc.check(&args)?;
         let addrs = remap_addrs(&args);
-        #[cfg(feature = "bench-variants")]
-        let plan = gk::variants::remap(&self.target, desc, &addrs, self.bench.remap())?;
-        #[cfg(not(feature = "bench-variants"))]
         let plan = plan::remap(&self.target, desc, &addrs)?;
         self.execute(stream, plan)
     }
@@ -907,16 +847,12 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         desc.check(&args.sizes())?;
         let addrs = self.resolve_addrs(&args);
-        #[cfg(feature = "bench-variants")]
-        let plan = gk::variants::resolve(
+        let plan = plan::resolve(
             &self.target,
             desc,
             &addrs,
-            self.resolve_global(),
-            self.bench.resolve(),
+            self.options.resolve_global_state,
         )?;
-        #[cfg(not(feature = "bench-variants"))]
-        let plan = plan::resolve(&self.target, desc, &addrs, self.resolve_global())?;
         self.execute(stream, plan)
     }
 
@@ -934,9 +870,6 @@ impl Device for CudaDevice {
             host: args.host.mem.dev_ptr(),
             device: args.device.mem.ptr(),
         };
-        #[cfg(feature = "bench-variants")]
-        let plan = gk::variants::gather(&self.target, desc, &addrs, self.bench.gather())?;
-        #[cfg(not(feature = "bench-variants"))]
         let plan = plan::gather(&self.target, desc, &addrs)?;
         self.execute(stream, plan)
     }

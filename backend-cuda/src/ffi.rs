@@ -999,19 +999,6 @@ impl Function {
         })
     }
 
-    /// Prefers a shared-memory carveout of `percent` of the unified L1/shared storage.
-    #[cfg(feature = "bench-variants")]
-    pub(crate) fn set_preferred_carveout(&self, percent: i32) -> Result<()> {
-        // SAFETY: `self.0` is a live kernel handle; the attribute is a valid enum value.
-        check("cuFuncSetAttribute", unsafe {
-            sys::cuFuncSetAttribute(
-                self.0,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                percent,
-            )
-        })
-    }
-
     /// An attribute of the compiled kernel (registers, local memory, ...).
     pub(crate) fn attribute(&self, a: sys::CUfunction_attribute) -> Result<i32> {
         let mut v = 0i32;

@@ -28,12 +28,9 @@
 //!   default);
 //!   [`CudaDevice::kernel_report`] says what the driver made of the kernels (registers, spills,
 //!   blocks per multiprocessor).
-//! * Feature `bench-variants`: the earlier remap and gather kernels, selectable at run time for
-//!   A/B measurements (`set_remap_variant`, `set_gather_variant`, `set_resolve_variant`, and
-//!   `set_fused_variant` for how the fused resolve-and-gather shares its copies; identical
-//!   results), an empty kernel (`launch_empty`, the floor of a launch), and
-//!   `HISPARSE_CUDA_RESOLVE_GLOBAL=1` forcing the resolver's global-state mode. `cuda_bench`
-//!   needs it; production builds do without.
+//! * [`CudaOptions`], given at [`CudaDevice::open_with`], configures a device; its one value forces
+//!   the resolver's global-state mode, which the conformance suite checks
+//!   (`tests/conformance_resolve_global.rs`). Nothing is read from the environment.
 //! * Buffers free their memory after the context has finished all enqueued work, so dropping a
 //!   buffer that a kernel still uses is safe (it waits). Do not drop buffers while capturing.
 //! * Engine-owned memory and streams: [`CudaDevice::wrap_device_memory`],
@@ -60,8 +57,8 @@
 //! ```
 //!
 //! On a GPU machine: `HISPARSE_REQUIRE_DEVICE=1` makes the conformance target fail instead of
-//! skipping when no device opens; `examples/cuda_bench.rs` measures every kernel beside its
-//! ceiling.
+//! skipping when no device opens; the unpublished `hisparse-kernel-lab` crate's `cuda_bench`
+//! measures every kernel beside its ceiling.
 //!
 //! What this crate deliberately does not do: manage several devices at once, or use the CUDA
 //! runtime API.
@@ -78,14 +75,10 @@ mod foreign;
 pub mod nvrtc;
 mod pinned;
 mod staging;
-#[cfg(feature = "bench-variants")]
-mod variants;
 
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use device::{
-    CaptureMode, CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream,
-    KernelReport,
+    CaptureMode, CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaOptions,
+    CudaStream, KernelReport,
 };
 pub use error::CudaError;
-#[cfg(feature = "bench-variants")]
-pub use variants::{GatherVariant, RESOLVE_GLOBAL_ENV, RemapVariant, ResolveVariant};

@@ -113,21 +113,9 @@ pub fn options(arch: &str) -> Vec<String> {
     ]
 }
 
-/// The translation unit this build compiles: [`hisparse_gpu_kernels::CUDA_SOURCE`], followed by
-/// the A/B variants with the `bench-variants` feature.
-pub fn source() -> std::borrow::Cow<'static, str> {
-    #[cfg(feature = "bench-variants")]
-    {
-        std::borrow::Cow::Owned(format!(
-            "{}{}",
-            hisparse_gpu_kernels::CUDA_SOURCE,
-            hisparse_gpu_kernels::VARIANTS_SOURCE
-        ))
-    }
-    #[cfg(not(feature = "bench-variants"))]
-    {
-        std::borrow::Cow::Borrowed(hisparse_gpu_kernels::CUDA_SOURCE)
-    }
+/// The translation unit the backend compiles: [`hisparse_gpu_kernels::CUDA_SOURCE`].
+pub fn source() -> &'static str {
+    hisparse_gpu_kernels::CUDA_SOURCE
 }
 
 /// Compiles the CUDA kernel source ([`source`]) for the virtual architecture `arch` (e.g.
@@ -136,7 +124,7 @@ pub fn compile(arch: &str) -> Result<CString, CudaError> {
     ensure()?;
     let opts = options(arch);
     let refs: Vec<&str> = opts.iter().map(String::as_str).collect();
-    ffi::nvrtc_compile(&source(), hisparse_gpu_kernels::SOURCE_NAME, &refs).map_err(|log| {
+    ffi::nvrtc_compile(source(), hisparse_gpu_kernels::SOURCE_NAME, &refs).map_err(|log| {
         CudaError::Compile {
             log: format!("{arch}: {log}"),
         }

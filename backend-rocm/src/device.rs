@@ -253,11 +253,6 @@ impl RocmDevice {
 
     fn launch(&self, stream: Handle, l: &mut Launch) -> Result<(), RocmError> {
         let abi = l.kernel.abi();
-        if let Some(sym) = l.variant {
-            return Err(RocmError::Module {
-                message: format!("kernel variant {sym} is not part of the ROCm build"),
-            });
-        }
         l.args
             .matches(&abi)
             .map_err(|message| RocmError::Module { message })?;

@@ -1,4 +1,4 @@
-// Where a layer's rows lie in a pool, for the pooled row shaders (gather, gather_v1,
+// Where a layer's rows lie in a pool, for the pooled row shaders (gather, gather_per_entry,
 // indexer_backup): build.rs appends this to each of them. Each declares `layers: array<u32>`,
 // 16 words per layer — host layout then device layout, each [base, stride, num_blocks,
 // block_size, row, value, index_stride, 0], byte sizes in pool words.

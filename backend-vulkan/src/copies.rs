@@ -19,20 +19,17 @@ use crate::copy::{CopyPlan, tile_spans, tiles};
 use crate::shaders::Shader;
 use crate::vk::{Engine, RawBuffer, Span};
 use crate::windows::{PoolPlan, SHADER_ADDRESSABLE};
-use crate::{Result, VulkanDevice, VulkanError};
-
-/// Environment variable choosing the copy engine at [`VulkanDevice::open`]: `auto` (default),
-/// `dma` or `shader` (see [`CopyEngine`]).
-pub const COPY_ENGINE_ENV: &str = "HISPARSE_VULKAN_COPY_ENGINE";
+use crate::{Result, VulkanDevice};
 
 /// Average region size from which a copy across the bus uses `vkCmdCopyBuffer` on a GPU.
 pub const DMA_MIN_REGION: u64 = 1 << 20;
 
-/// Which engine runs the backend's copies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which engine runs the backend's copies ([`VulkanOptions::copy_engine`](crate::VulkanOptions)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(u8)]
 pub enum CopyEngine {
     /// Per plan, as the module docs describe.
+    #[default]
     Auto = 0,
     /// Always `vkCmdCopyBuffer`.
     Dma = 1,
@@ -46,21 +43,6 @@ impl CopyEngine {
             1 => CopyEngine::Dma,
             2 => CopyEngine::Shader,
             _ => CopyEngine::Auto,
-        }
-    }
-
-    /// The engine [`COPY_ENGINE_ENV`] names (`Auto` when unset).
-    pub fn from_env() -> Result<CopyEngine> {
-        match std::env::var(COPY_ENGINE_ENV) {
-            Err(_) => Ok(CopyEngine::Auto),
-            Ok(v) => match v.trim() {
-                "" | "auto" => Ok(CopyEngine::Auto),
-                "dma" => Ok(CopyEngine::Dma),
-                "shader" => Ok(CopyEngine::Shader),
-                other => Err(VulkanError::InvalidArgument(format!(
-                    "{COPY_ENGINE_ENV}={other}: use auto, dma or shader"
-                ))),
-            },
         }
     }
 }

@@ -1,6 +1,6 @@
 //! A diagnostic: the resolver's inputs at chosen calls, written to files
-//! ([`DUMP_RESOLVE_ENV`]), so a run's resolve can be timed again in isolation
-//! (`examples/resolve_replay.rs`) with exactly the state the run had.
+//! ([`VulkanOptions::dump_resolve`](crate::VulkanOptions)), so a run's resolve can be timed again
+//! in isolation (the kernel lab's `resolve_replay`) with exactly the state the run had.
 //!
 //! File format (little-endian): nine `u32` — `num_tokens`, `top_k`, `num_requests`,
 //! `max_pages`, `block_size`, `hot_slots`, `attention_block_stride`, `host_num_blocks`,
@@ -14,13 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hisparse_core::Device;
 use hisparse_core::ops::{ResolveArgs, ResolveDesc};
 
-use crate::{Result, VulkanBuffer, VulkanDevice, VulkanError};
-
-/// Environment variable read at [`VulkanDevice::open`]: `CALLS:DIR` writes the inputs of the
-/// device's resolve calls numbered `CALLS` (comma-separated, counted from 0) to
-/// `DIR/resolve-<call>.bin` before they run (each dump synchronises the stream first, so a
-/// dumped run's timings are not figures).
-pub const DUMP_RESOLVE_ENV: &str = "HISPARSE_VULKAN_DUMP_RESOLVE";
+use crate::{ResolveDumpSpec, Result, VulkanBuffer, VulkanDevice, VulkanError};
 
 /// Which resolve calls to dump, and where.
 #[derive(Debug, Default)]
@@ -31,29 +25,13 @@ pub(crate) struct ResolveDump {
 }
 
 impl ResolveDump {
-    /// The dump [`DUMP_RESOLVE_ENV`] asks for, if any.
-    pub(crate) fn from_env() -> Result<Option<ResolveDump>> {
-        let Ok(spec) = std::env::var(DUMP_RESOLVE_ENV) else {
-            return Ok(None);
-        };
-        let bad = || {
-            VulkanError::InvalidArgument(format!(
-                "{DUMP_RESOLVE_ENV}={spec}: use CALLS:DIR, e.g. 200,2000:/tmp/dumps"
-            ))
-        };
-        let (calls, dir) = spec.split_once(':').ok_or_else(bad)?;
-        let calls = calls
-            .split(',')
-            .map(|c| c.trim().parse::<u64>().map_err(|_| bad()))
-            .collect::<Result<Vec<_>>>()?;
-        if dir.is_empty() {
-            return Err(bad());
-        }
-        Ok(Some(ResolveDump {
-            calls,
-            dir: PathBuf::from(dir),
+    /// The dump `spec` asks for.
+    pub(crate) fn new(spec: &ResolveDumpSpec) -> ResolveDump {
+        ResolveDump {
+            calls: spec.calls.clone(),
+            dir: spec.dir.clone(),
             seen: AtomicU64::new(0),
-        }))
+        }
     }
 
     /// Counts one resolve call; writes its inputs when it is one of the chosen calls.
@@ -102,10 +80,7 @@ impl ResolveDump {
         }
         let path = self.dir.join(format!("resolve-{call}.bin"));
         std::fs::write(&path, out).map_err(|e| {
-            VulkanError::InvalidArgument(format!(
-                "{DUMP_RESOLVE_ENV}: writing {}: {e}",
-                path.display()
-            ))
+            VulkanError::InvalidArgument(format!("dump-resolve: writing {}: {e}", path.display()))
         })
     }
 }

@@ -1,13 +1,14 @@
 //! The swap-in gather (`gather_rows`): a resolver miss plan executed by a gather shader, host
 //! pool → device pool, every layer of the call in one dispatch (per window group).
 //!
-//! Two kernels ([`GatherKernel`]): `v2` (`shaders/gather.wgsl`) spreads the 16-byte words of 16
-//! plan entries over a workgroup with eight loads in flight per invocation, as the CUDA kernel
-//! does; `v1` (`shaders/gather_v1.wgsl`) gives each entry 32 lanes. On GPUs `v2` keeps more bytes
-//! in flight across the bus; on CPU implementations (lavapipe) `v1` is several times faster,
-//! because `v2`'s per-word division is scalarised there. Split rows whose scale part is not a
-//! multiple of 16 bytes (DeepSeek V4's 576 + 8-byte rows, its indexer's 128 + 4) run `v1` over
-//! 4-byte pool words (`gather_v1w`), whatever the choice.
+//! Two kernels ([`GatherKernel`]): the pipelined one (`shaders/gather.wgsl`) spreads the 16-byte
+//! words of 16 plan entries over a workgroup with eight loads in flight per invocation, as the
+//! CUDA kernel does; the per-entry one (`shaders/gather_per_entry.wgsl`) gives each entry 32
+//! lanes. On GPUs the pipelined kernel keeps more bytes in flight across the bus; on CPU
+//! implementations (lavapipe) the per-entry kernel is several times faster, because the
+//! pipelined kernel's per-word division is scalarised there. Split rows whose scale part is not a
+//! multiple of 16 bytes (DeepSeek V4's 576 + 8-byte rows, its indexer's 128 + 4) run the
+//! per-entry kernel over 4-byte pool words (`gather_per_entry_words`), whatever the choice.
 
 use std::sync::atomic::Ordering;
 
@@ -20,43 +21,27 @@ use crate::vk::Engine;
 use crate::windows::PoolPlan;
 use crate::{Result, VulkanBuffer, VulkanDevice, VulkanError, VulkanHostBuffer, u32_of};
 
-/// Environment variable choosing the gather kernel at [`VulkanDevice::open`]: `auto` (default),
-/// `v1` or `v2` (see [`GatherKernel`]).
-pub const GATHER_KERNEL_ENV: &str = "HISPARSE_VULKAN_GATHER";
-
-/// Which shader runs `gather_rows` (both give identical results).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which shader runs `gather_rows` (both give identical results;
+/// [`VulkanOptions::gather_kernel`](crate::VulkanOptions)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(u8)]
 pub enum GatherKernel {
-    /// `V2` on GPUs, `V1` on CPU devices.
+    /// `Pipelined` on GPUs, `PerEntry` on CPU devices.
+    #[default]
     Auto = 0,
-    /// 32 lanes per plan entry.
-    V1 = 1,
-    /// 16 plan entries per workgroup, eight loads in flight per invocation.
-    V2 = 2,
+    /// `shaders/gather_per_entry.wgsl`: 32 lanes copy one plan entry.
+    PerEntry = 1,
+    /// `shaders/gather.wgsl`: 16 plan entries per workgroup, eight loads in flight per
+    /// invocation.
+    Pipelined = 2,
 }
 
 impl GatherKernel {
     pub(crate) fn from_u8(v: u8) -> GatherKernel {
         match v {
-            1 => GatherKernel::V1,
-            2 => GatherKernel::V2,
+            1 => GatherKernel::PerEntry,
+            2 => GatherKernel::Pipelined,
             _ => GatherKernel::Auto,
-        }
-    }
-
-    /// The kernel [`GATHER_KERNEL_ENV`] names (`Auto` when unset).
-    pub fn from_env() -> Result<GatherKernel> {
-        match std::env::var(GATHER_KERNEL_ENV) {
-            Err(_) => Ok(GatherKernel::Auto),
-            Ok(v) => match v.trim() {
-                "" | "auto" => Ok(GatherKernel::Auto),
-                "v1" => Ok(GatherKernel::V1),
-                "v2" => Ok(GatherKernel::V2),
-                other => Err(VulkanError::InvalidArgument(format!(
-                    "{GATHER_KERNEL_ENV}={other}: use auto, v1 or v2"
-                ))),
-            },
         }
     }
 }
@@ -114,20 +99,21 @@ impl VulkanDevice {
         if tk == 0 || desc.layers.is_empty() {
             return Ok(());
         }
-        // 4-byte words for rows with 4-byte scale parts (on the v1 kernel), else 16-byte words.
+        // 4-byte words for rows with 4-byte scale parts (on the per-entry kernel), else 16-byte words.
         let words = desc
             .layers
             .iter()
             .any(|l| needs_words(&l.host) || needs_words(&l.device));
         let unit: u64 = if words { 4 } else { 16 };
-        let v2 = !words
+        let pipelined = !words
             && match self.gather_kernel() {
                 GatherKernel::Auto => self.ctx.limits.gpu,
-                k => k == GatherKernel::V2,
+                k => k == GatherKernel::Pipelined,
             };
         let row_chunks = desc.top_k.div_ceil(ROWS_PER_GROUP);
-        // v2: one workgroup per (layer, token, 16 entries); v1: four entries per workgroup.
-        let (work, groups) = if v2 {
+        // Pipelined: one workgroup per (layer, token, 16 entries); per entry: four entries per
+        // workgroup.
+        let (work, groups) = if pipelined {
             let g = u32_of(
                 desc.layers.len() as u64 * t * u64::from(row_chunks),
                 "gather workgroups (layers × tokens × top_k / 16)",
@@ -180,11 +166,11 @@ impl VulkanDevice {
                     b,
                 ];
                 let shader = if words {
-                    Shader::GatherV1Words(pools.windows)
-                } else if v2 {
+                    Shader::GatherPerEntryWords(pools.windows)
+                } else if pipelined {
                     Shader::Gather(pools.windows)
                 } else {
-                    Shader::GatherV1(pools.windows)
+                    Shader::GatherPerEntry(pools.windows)
                 };
                 rec.dispatch(shader, &bindings, &push, groups)?;
             }

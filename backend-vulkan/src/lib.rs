@@ -24,26 +24,29 @@
 //! * **Copies** of many small regions (page backups and restores, row mirrors, host
 //!   copy-on-write) and device-to-device copies run as a copy shader on GPUs; large contiguous
 //!   copies across the bus and every copy on CPU devices (lavapipe) use `vkCmdCopyBuffer`
-//!   ([`CopyEngine`], overridable with [`COPY_ENGINE_ENV`]).
+//!   ([`CopyEngine`]).
 //! * **Large pools** are bound as windows of `maxStorageBufferRange` (a power of two); a shader
 //!   variant binds 1, 8, 12 or 32 windows per pool, and pools with more windows than fit the
 //!   device's storage buffers per stage are processed in several dispatches, each covering a
 //!   group of windows (module `windows`). Shaders address pools up to 64 GiB.
 //! * **Kernel choices**: the resolver is one dispatch with its per-request state in workgroup
 //!   memory on GPUs that run 1024-invocation workgroups, else a grouping pass and a
-//!   256-invocation kernel ([`ResolveKernel`], [`RESOLVE_KERNEL_ENV`]); its workgroup scans use
-//!   subgroup arithmetic where the device has it ([`RESOLVE_SCAN_ENV`]); the gather runs kernel
-//!   `v2` on GPUs and `v1` on CPU devices ([`GatherKernel`], [`GATHER_KERNEL_ENV`]);
-//!   [`QUEUES_ENV`] puts the streams on fewer queues and [`COMPUTE_FAMILY_ENV`] picks a compute
-//!   family without graphics. All choices give identical results; they exist for comparisons.
+//!   256-invocation kernel ([`ResolveKernel`]); its workgroup scans use subgroup arithmetic where
+//!   the device has it ([`ResolveScans`]); the gather runs the pipelined kernel on GPUs and the
+//!   per-entry kernel on CPU devices ([`GatherKernel`]); [`Queues`] puts the streams on fewer
+//!   queues and [`ComputeFamily`] picks a compute family without graphics. All choices give
+//!   identical results; they exist for comparisons.
 //! * **Host waits** on GPUs spin for 200 µs, then poll while yielding the thread for up to 50 ms,
-//!   then block ([`WAIT_ENV`]`=block` blocks right after the spin, for comparisons).
+//!   then block ([`HostWait::Block`] blocks right after the spin, for comparisons).
 //! * **Barriers** are placed only where a command depends on an earlier one of its batch; between
-//!   two compute dispatches they cover only the compute stage ([`BARRIERS_ENV`]`=all` makes every
+//!   two compute dispatches they cover only the compute stage ([`Barriers::All`] makes every
 //!   barrier cover all stages, for comparisons).
+//! * **Configuration** is a [`VulkanOptions`] given at [`VulkanDevice::open_with`] (every choice
+//!   above, strict validation, a profile, resolve dumps); the library reads no environment
+//!   variable. Tools parse options from text with [`VulkanOptions::set`].
 //! * [`VulkanDevice::timed`] measures enqueued work with timestamp queries (for benches);
-//!   [`PROFILE_ENV`]`=1` profiles a whole run per operation (host and device time, printed to
-//!   stderr when the device is dropped).
+//!   [`VulkanOptions::profile`] profiles a whole run per operation (host and device time, printed
+//!   to stderr when the device is dropped).
 //!
 //! Not done here: buffer device addresses (the WGSL compiler used has no pointers to physical
 //! storage), which would remove the windows.
@@ -54,6 +57,7 @@ mod dump;
 mod error;
 mod gather;
 mod index;
+mod options;
 mod resolve;
 mod shaders;
 mod vk;
@@ -73,12 +77,15 @@ use hisparse_core::ops::{
     SlotMappingDesc, TableWrite, TableWriteDesc, check_pinned_budget,
 };
 
-pub use copies::{COPY_ENGINE_ENV, CopyEngine};
-pub use dump::DUMP_RESOLVE_ENV;
+pub use copies::CopyEngine;
 pub use error::VulkanError;
-pub use gather::{GATHER_KERNEL_ENV, GatherKernel};
-pub use resolve::{RESOLVE_KERNEL_ENV, ResolveKernel};
-pub use vk::{COMPUTE_FAMILY_ENV, PROFILE_ENV, validation_message_count};
+pub use gather::GatherKernel;
+pub use options::{
+    Barriers, ComputeFamily, HostWait, OPTION_NAMES, Queues, ResolveDumpSpec, ResolveScans,
+    VulkanOptions,
+};
+pub use resolve::ResolveKernel;
+pub use vk::validation_message_count;
 
 use shaders::Shader;
 use vk::{Binding, Context, Engine, MemKind, RawBuffer};
@@ -90,36 +97,6 @@ type Result<T> = core::result::Result<T, VulkanError>;
 pub fn spirv_modules() -> impl Iterator<Item = (&'static str, &'static [u8])> {
     Shader::ALL.into_iter().map(|s| (s.name(), s.spirv()))
 }
-
-/// Environment variable: `1` opens every device in strict validation mode
-/// ([`VulkanDevice::open_strict`]).
-pub const STRICT_VALIDATION_ENV: &str = "HISPARSE_VULKAN_STRICT_VALIDATION";
-
-/// Environment variable choosing the queues at [`VulkanDevice::open`]: `all` (default: up to four
-/// compute queues and the dedicated transfer queue, where the device has them), `one-compute`
-/// (one compute queue for every stream's compute work, plus the dedicated transfer queue for
-/// copy-only batches) or `single` (one compute queue for everything), as comparisons or
-/// fallbacks.
-pub const QUEUES_ENV: &str = "HISPARSE_VULKAN_QUEUES";
-
-/// Environment variable choosing how host waits (`synchronize`, downloads, event waits) wait on
-/// GPUs at [`VulkanDevice::open`]: `poll` (default: spin for 200 µs, then poll the timelines
-/// while yielding the thread for up to 50 ms before blocking in `vkWaitSemaphores`, as CUDA's default
-/// synchronisation spins) or `block` (block after the spin, the earlier behaviour, for
-/// comparisons: a blocked thread can wake hundreds of microseconds after the GPU finished).
-/// CPU devices always block after no spin (their work runs on the cores a polling thread takes).
-pub const WAIT_ENV: &str = "HISPARSE_VULKAN_WAIT";
-
-/// Environment variable choosing the resolver's workgroup scans at [`VulkanDevice::open`]: `auto`
-/// (default: subgroup arithmetic where the device has it) or `barriers` (workgroup memory only),
-/// for comparisons.
-pub const RESOLVE_SCAN_ENV: &str = "HISPARSE_VULKAN_RESOLVE_SCAN";
-
-/// Environment variable choosing the barriers between dependent compute dispatches at
-/// [`VulkanDevice::open`]: `compute` (default: the compute-shader stage and shader accesses where
-/// only dispatches ran since the previous barrier) or `all` (every stage and memory access, the
-/// earlier behaviour, for comparisons).
-pub const BARRIERS_ENV: &str = "HISPARSE_VULKAN_BARRIERS";
 
 /// Largest staging chunk of a synchronous upload or download.
 const STAGING_CHUNK: usize = 64 << 20;
@@ -158,7 +135,7 @@ pub struct VulkanDevice {
     gather_kernel: AtomicU8,
     /// [`ResolveKernel`] as a number (see `resolve`).
     resolve_kernel: AtomicU8,
-    /// The resolve calls [`DUMP_RESOLVE_ENV`] asks to write out (a diagnostic).
+    /// The resolve calls [`VulkanOptions::dump_resolve`] asks to write out (a diagnostic).
     resolve_dump: Option<dump::ResolveDump>,
 }
 
@@ -299,84 +276,71 @@ fn u32_of(v: u64, what: &str) -> Result<u32> {
 }
 
 impl VulkanDevice {
-    /// Opens a device: `""` = the first suitable device, a number = the device at that index of
-    /// the loader's list, anything else = the first device whose name contains it
-    /// (case-insensitive).
+    /// Opens a device with the default [`VulkanOptions`]: `""` = the first suitable device, a
+    /// number = the device at that index of the loader's list, anything else = the first device
+    /// whose name contains it (case-insensitive).
     pub fn open(selector: &str) -> Result<VulkanDevice> {
-        let strict = std::env::var(STRICT_VALIDATION_ENV).is_ok_and(|v| v.trim() == "1");
-        Self::with_context(Self::context(selector, strict)?)
+        Self::open_with(selector, &VulkanOptions::default())
     }
 
     /// Like [`VulkanDevice::open`], but any validation warning or error (reported through
     /// `VK_EXT_debug_utils`, e.g. with `VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation`) makes
-    /// the call during which it appeared fail with [`VulkanError::Validation`]. Tests use this.
+    /// the call during which it appeared fail with [`VulkanError::Validation`]
+    /// ([`VulkanOptions::strict_validation`]). Tests use this.
     pub fn open_strict(selector: &str) -> Result<VulkanDevice> {
-        Self::with_context(Self::context(selector, true)?)
+        let options = VulkanOptions {
+            strict_validation: true,
+            ..VulkanOptions::default()
+        };
+        Self::open_with(selector, &options)
     }
 
-    /// Opens the context, applying [`COMPUTE_FAMILY_ENV`], [`QUEUES_ENV`], [`WAIT_ENV`],
-    /// [`BARRIERS_ENV`], [`RESOLVE_SCAN_ENV`] and [`PROFILE_ENV`].
-    fn context(selector: &str, strict: bool) -> Result<Context> {
-        match std::env::var(COMPUTE_FAMILY_ENV).as_deref().map(str::trim) {
-            Err(_) | Ok("" | "first" | "dedicated") => {}
-            Ok(other) => {
-                return Err(VulkanError::InvalidArgument(format!(
-                    "{COMPUTE_FAMILY_ENV}={other}: use first or dedicated"
-                )));
-            }
-        }
-        let mut ctx = Context::open(selector, strict)?;
-        if std::env::var(PROFILE_ENV).is_ok_and(|v| v.trim() == "1") {
+    /// Opens the device `selector` chooses (see [`VulkanDevice::open`]) configured by `options`.
+    pub fn open_with(selector: &str, options: &VulkanOptions) -> Result<VulkanDevice> {
+        Self::with_context(Self::context(selector, options)?, options)
+    }
+
+    /// Opens the context and applies the options that shape it.
+    fn context(selector: &str, options: &VulkanOptions) -> Result<Context> {
+        let dedicated = options.compute_family == ComputeFamily::Dedicated;
+        let mut ctx = Context::open(selector, options.strict_validation, dedicated)?;
+        if options.profile {
             ctx.enable_profile();
         }
-        match std::env::var(QUEUES_ENV).as_deref().map(str::trim) {
-            Err(_) | Ok("" | "all") => {}
-            Ok("single") => ctx.reshape_lanes(1, false),
-            Ok("one-compute") => {
+        match options.queues {
+            Queues::All => {}
+            Queues::Single => ctx.reshape_lanes(1, false),
+            Queues::OneCompute => {
                 let transfer = ctx.has_transfer_lane();
                 ctx.reshape_lanes(1, transfer)
             }
-            Ok(other) => {
-                return Err(VulkanError::InvalidArgument(format!(
-                    "{QUEUES_ENV}={other}: use all, one-compute or single"
-                )));
-            }
         }
-        match std::env::var(WAIT_ENV).as_deref().map(str::trim) {
-            Err(_) | Ok("" | "poll") => {}
-            Ok("block") => ctx.wait_poll = Duration::ZERO,
-            Ok(other) => {
-                return Err(VulkanError::InvalidArgument(format!(
-                    "{WAIT_ENV}={other}: use poll or block"
-                )));
-            }
+        if options.host_wait == HostWait::Block {
+            ctx.wait_poll = Duration::ZERO;
         }
-        match std::env::var(BARRIERS_ENV).as_deref().map(str::trim) {
-            Err(_) | Ok("" | "compute") => {}
-            Ok("all") => ctx.compute_barriers = false,
-            Ok(other) => {
-                return Err(VulkanError::InvalidArgument(format!(
-                    "{BARRIERS_ENV}={other}: use compute or all"
-                )));
-            }
+        if options.barriers == Barriers::All {
+            ctx.compute_barriers = false;
         }
-        match std::env::var(RESOLVE_SCAN_ENV).as_deref().map(str::trim) {
-            Err(_) | Ok("" | "auto") => {}
-            Ok("barriers") => ctx.limits.subgroup_arithmetic = false,
-            Ok(other) => {
-                return Err(VulkanError::InvalidArgument(format!(
-                    "{RESOLVE_SCAN_ENV}={other}: use auto or barriers"
-                )));
-            }
+        if options.resolve_scans == ResolveScans::WorkgroupMemory {
+            ctx.limits.subgroup_arithmetic = false;
         }
         Ok(ctx)
     }
 
-    /// Opens like [`VulkanDevice::open_strict`], then reshapes the device as `shape` says, to
-    /// run code paths this device would not take otherwise. For tests.
+    /// Opens like [`VulkanDevice::open_with`] (strict validation forced on), then reshapes the
+    /// device as `shape` says, to run code paths this device would not take otherwise. For
+    /// tests.
     #[doc(hidden)]
-    pub fn open_shaped(selector: &str, shape: TestShape) -> Result<VulkanDevice> {
-        let mut ctx = Self::context(selector, true)?;
+    pub fn open_shaped(
+        selector: &str,
+        options: &VulkanOptions,
+        shape: TestShape,
+    ) -> Result<VulkanDevice> {
+        let options = VulkanOptions {
+            strict_validation: true,
+            ..options.clone()
+        };
+        let mut ctx = Self::context(selector, &options)?;
         let real = ctx.limits;
         if let Some(window) = shape.window {
             if !window.is_power_of_two() || window < 256 || window > real.window {
@@ -409,22 +373,19 @@ impl VulkanDevice {
             l.workgroup_resolver_large &= bytes >= vk::RESOLVE_WG_LARGE_SHARED_BYTES;
         }
         ctx.ignore_event_waits = shape.ignore_event_waits;
-        Self::with_context(ctx)
+        Self::with_context(ctx, &options)
     }
 
-    fn with_context(ctx: Context) -> Result<VulkanDevice> {
-        let engine = CopyEngine::from_env()?;
-        let gather = GatherKernel::from_env()?;
-        let resolver = ResolveKernel::from_env()?;
+    fn with_context(ctx: Context, options: &VulkanOptions) -> Result<VulkanDevice> {
         let dev = VulkanDevice {
             ctx: Arc::new(ctx),
             staging: Mutex::new(None),
-            copy_engine: AtomicU8::new(engine as u8),
-            gather_kernel: AtomicU8::new(gather as u8),
+            copy_engine: AtomicU8::new(options.copy_engine as u8),
+            gather_kernel: AtomicU8::new(options.gather_kernel as u8),
             resolve_kernel: AtomicU8::new(ResolveKernel::Auto as u8),
-            resolve_dump: dump::ResolveDump::from_env()?,
+            resolve_dump: options.dump_resolve.as_ref().map(dump::ResolveDump::new),
         };
-        dev.set_resolve_kernel(resolver)?;
+        dev.set_resolve_kernel(options.resolve_kernel)?;
         Ok(dev)
     }
 
@@ -454,7 +415,7 @@ impl VulkanDevice {
         self.ctx.compute_lanes()
     }
 
-    /// The profile so far when [`PROFILE_ENV`] was `1` at open (it is also printed to stderr
+    /// The profile so far when [`VulkanOptions::profile`] was set at open (it is also printed to stderr
     /// when the device is dropped): per operation calls, commands, host and device time.
     pub fn profile_report(&self) -> Option<String> {
         self.ctx.profile_report()

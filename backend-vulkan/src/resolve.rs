@@ -22,7 +22,8 @@
 //! resident table, `dgi` and LRU through `idx_mapping` (flags bit 2), the host and hot tables by
 //! batch row. State-row order records exactly what it did before the option existed.
 //!
-//! Both give results identical to the reference; [`RESOLVE_KERNEL_ENV`] chooses for comparisons,
+//! Both give results identical to the reference; [`VulkanOptions::resolve_kernel`] chooses for
+//! comparisons,
 //! and `global` forces the workgroup kernel's global mode for every request (tests cover that
 //! mode with it).
 //!
@@ -34,19 +35,18 @@ use std::sync::atomic::Ordering;
 
 use hisparse_core::ops::{ResolveArgs, ResolveDesc};
 
+#[cfg(doc)]
+use crate::VulkanOptions;
 use crate::shaders::Shader;
 use crate::vk::{Binding, Engine, Rec};
 use crate::{Result, VulkanBuffer, VulkanDevice, VulkanError};
 
-/// Environment variable choosing the resolver at [`VulkanDevice::open`]: `auto` (default),
-/// `workgroup`, `global` or `portable` (see [`ResolveKernel`]).
-pub const RESOLVE_KERNEL_ENV: &str = "HISPARSE_VULKAN_RESOLVE";
-
-/// Which kernel runs `resolve` (all give identical results).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which kernel runs `resolve` (all give identical results; [`VulkanOptions::resolve_kernel`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ResolveKernel {
     /// `Workgroup` on GPUs that can run it, else `Portable`.
+    #[default]
     Auto = 0,
     /// One dispatch, per-request state in workgroup memory where the request fits.
     Workgroup = 1,
@@ -63,22 +63,6 @@ impl ResolveKernel {
             2 => ResolveKernel::Global,
             3 => ResolveKernel::Portable,
             _ => ResolveKernel::Auto,
-        }
-    }
-
-    /// The kernel [`RESOLVE_KERNEL_ENV`] names (`Auto` when unset).
-    pub fn from_env() -> Result<ResolveKernel> {
-        match std::env::var(RESOLVE_KERNEL_ENV) {
-            Err(_) => Ok(ResolveKernel::Auto),
-            Ok(v) => match v.trim() {
-                "" | "auto" => Ok(ResolveKernel::Auto),
-                "workgroup" => Ok(ResolveKernel::Workgroup),
-                "global" => Ok(ResolveKernel::Global),
-                "portable" => Ok(ResolveKernel::Portable),
-                other => Err(VulkanError::InvalidArgument(format!(
-                    "{RESOLVE_KERNEL_ENV}={other}: use auto, workgroup, global or portable"
-                ))),
-            },
         }
     }
 }
@@ -114,8 +98,7 @@ impl VulkanDevice {
         {
             return Err(VulkanError::Unsupported(format!(
                 "resolve kernel {kernel:?} needs compute workgroups of 1024 invocations and {} \
-                 bytes of workgroup memory, which this device lacks; use {RESOLVE_KERNEL_ENV}=\
-                 portable (or auto)",
+                 bytes of workgroup memory, which this device lacks; use the portable kernel (or auto)",
                 crate::vk::RESOLVE_WG_SHARED_BYTES
             )));
         }

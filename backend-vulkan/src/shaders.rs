@@ -96,10 +96,10 @@ pub enum Shader {
     /// flight per invocation (the default on GPUs).
     Gather(Windows),
     /// Miss-plan gather, first design: 32 lanes per plan entry (the default on CPU devices).
-    GatherV1(Windows),
-    /// [`Shader::GatherV1`] over 4-byte pool words, for split rows whose scale part is not a
+    GatherPerEntry(Windows),
+    /// [`Shader::GatherPerEntry`] over 4-byte pool words, for split rows whose scale part is not a
     /// multiple of 16 bytes (DeepSeek V4's 576 + 8).
-    GatherV1Words(Windows),
+    GatherPerEntryWords(Windows),
     /// Region copies between two pools (or within one), in 16-byte words.
     Copy(Windows),
     /// [`Shader::Copy`] in 4-byte words, for regions that are not 16-byte aligned.
@@ -127,14 +127,14 @@ impl Shader {
         Shader::Gather(Windows::Eight),
         Shader::Gather(Windows::Twelve),
         Shader::Gather(Windows::ThirtyTwo),
-        Shader::GatherV1(Windows::One),
-        Shader::GatherV1(Windows::Eight),
-        Shader::GatherV1(Windows::Twelve),
-        Shader::GatherV1(Windows::ThirtyTwo),
-        Shader::GatherV1Words(Windows::One),
-        Shader::GatherV1Words(Windows::Eight),
-        Shader::GatherV1Words(Windows::Twelve),
-        Shader::GatherV1Words(Windows::ThirtyTwo),
+        Shader::GatherPerEntry(Windows::One),
+        Shader::GatherPerEntry(Windows::Eight),
+        Shader::GatherPerEntry(Windows::Twelve),
+        Shader::GatherPerEntry(Windows::ThirtyTwo),
+        Shader::GatherPerEntryWords(Windows::One),
+        Shader::GatherPerEntryWords(Windows::Eight),
+        Shader::GatherPerEntryWords(Windows::Twelve),
+        Shader::GatherPerEntryWords(Windows::ThirtyTwo),
         Shader::Copy(Windows::One),
         Shader::Copy(Windows::Eight),
         Shader::Copy(Windows::Twelve),
@@ -167,8 +167,8 @@ impl Shader {
             Shader::ResolveWgLarge => 10,
             Shader::ResolveWgLargeSubgroup => 11,
             Shader::Gather(w) => 12 + w.slot(),
-            Shader::GatherV1(w) => 16 + w.slot(),
-            Shader::GatherV1Words(w) => 20 + w.slot(),
+            Shader::GatherPerEntry(w) => 16 + w.slot(),
+            Shader::GatherPerEntryWords(w) => 20 + w.slot(),
             Shader::Copy(w) => 24 + w.slot(),
             Shader::CopyWords(w) => 28 + w.slot(),
             Shader::ResolveOrder => 32,
@@ -198,14 +198,14 @@ impl Shader {
             Shader::Gather(Windows::Eight) => "gather_8",
             Shader::Gather(Windows::Twelve) => "gather_12",
             Shader::Gather(Windows::ThirtyTwo) => "gather_32",
-            Shader::GatherV1(Windows::One) => "gather_v1_1",
-            Shader::GatherV1(Windows::Eight) => "gather_v1_8",
-            Shader::GatherV1(Windows::Twelve) => "gather_v1_12",
-            Shader::GatherV1(Windows::ThirtyTwo) => "gather_v1_32",
-            Shader::GatherV1Words(Windows::One) => "gather_v1w_1",
-            Shader::GatherV1Words(Windows::Eight) => "gather_v1w_8",
-            Shader::GatherV1Words(Windows::Twelve) => "gather_v1w_12",
-            Shader::GatherV1Words(Windows::ThirtyTwo) => "gather_v1w_32",
+            Shader::GatherPerEntry(Windows::One) => "gather_per_entry_1",
+            Shader::GatherPerEntry(Windows::Eight) => "gather_per_entry_8",
+            Shader::GatherPerEntry(Windows::Twelve) => "gather_per_entry_12",
+            Shader::GatherPerEntry(Windows::ThirtyTwo) => "gather_per_entry_32",
+            Shader::GatherPerEntryWords(Windows::One) => "gather_per_entry_words_1",
+            Shader::GatherPerEntryWords(Windows::Eight) => "gather_per_entry_words_8",
+            Shader::GatherPerEntryWords(Windows::Twelve) => "gather_per_entry_words_12",
+            Shader::GatherPerEntryWords(Windows::ThirtyTwo) => "gather_per_entry_words_32",
             Shader::Copy(Windows::One) => "copy_1",
             Shader::Copy(Windows::Eight) => "copy_8",
             Shader::Copy(Windows::Twelve) => "copy_12",
@@ -242,14 +242,14 @@ impl Shader {
             Shader::Gather(Windows::Eight) => spirv!("gather_8"),
             Shader::Gather(Windows::Twelve) => spirv!("gather_12"),
             Shader::Gather(Windows::ThirtyTwo) => spirv!("gather_32"),
-            Shader::GatherV1(Windows::One) => spirv!("gather_v1_1"),
-            Shader::GatherV1(Windows::Eight) => spirv!("gather_v1_8"),
-            Shader::GatherV1(Windows::Twelve) => spirv!("gather_v1_12"),
-            Shader::GatherV1(Windows::ThirtyTwo) => spirv!("gather_v1_32"),
-            Shader::GatherV1Words(Windows::One) => spirv!("gather_v1w_1"),
-            Shader::GatherV1Words(Windows::Eight) => spirv!("gather_v1w_8"),
-            Shader::GatherV1Words(Windows::Twelve) => spirv!("gather_v1w_12"),
-            Shader::GatherV1Words(Windows::ThirtyTwo) => spirv!("gather_v1w_32"),
+            Shader::GatherPerEntry(Windows::One) => spirv!("gather_per_entry_1"),
+            Shader::GatherPerEntry(Windows::Eight) => spirv!("gather_per_entry_8"),
+            Shader::GatherPerEntry(Windows::Twelve) => spirv!("gather_per_entry_12"),
+            Shader::GatherPerEntry(Windows::ThirtyTwo) => spirv!("gather_per_entry_32"),
+            Shader::GatherPerEntryWords(Windows::One) => spirv!("gather_per_entry_words_1"),
+            Shader::GatherPerEntryWords(Windows::Eight) => spirv!("gather_per_entry_words_8"),
+            Shader::GatherPerEntryWords(Windows::Twelve) => spirv!("gather_per_entry_words_12"),
+            Shader::GatherPerEntryWords(Windows::ThirtyTwo) => spirv!("gather_per_entry_words_32"),
             Shader::Copy(Windows::One) => spirv!("copy_1"),
             Shader::Copy(Windows::Eight) => spirv!("copy_8"),
             Shader::Copy(Windows::Twelve) => spirv!("copy_12"),
@@ -280,7 +280,9 @@ impl Shader {
             | Shader::ResolveWgLargeSubgroup => 15,
             Shader::TableWrite => 2,
             Shader::HotReset => 3,
-            Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => 4 + 2 * w.count(),
+            Shader::Gather(w) | Shader::GatherPerEntry(w) | Shader::GatherPerEntryWords(w) => {
+                4 + 2 * w.count()
+            }
             Shader::Copy(w) | Shader::CopyWords(w) => 1 + 2 * w.count(),
             Shader::IndexerBackup(w) => 3 + 2 * w.count(),
         }
@@ -305,7 +307,7 @@ impl Shader {
             | Shader::ResolveWgSubgroup
             | Shader::ResolveWgLarge
             | Shader::ResolveWgLargeSubgroup => (5..=13).contains(&b),
-            Shader::Gather(w) | Shader::GatherV1(w) | Shader::GatherV1Words(w) => {
+            Shader::Gather(w) | Shader::GatherPerEntry(w) | Shader::GatherPerEntryWords(w) => {
                 b >= 4 + w.count()
             }
             // Binding 0 is the tile list, then `count` source windows.
@@ -335,7 +337,7 @@ impl Shader {
             | Shader::Copy(_)
             | Shader::CopyWords(_)
             | Shader::IndexerBackup(_) => 6,
-            Shader::Gather(_) | Shader::GatherV1(_) | Shader::GatherV1Words(_) => 8,
+            Shader::Gather(_) | Shader::GatherPerEntry(_) | Shader::GatherPerEntryWords(_) => 8,
         }
     }
 }

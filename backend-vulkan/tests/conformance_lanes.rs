@@ -6,16 +6,18 @@
 //! one-dispatch workgroup kernel, the default on GPUs (lavapipe's own default is the portable
 //! kernel).
 
-use hisparse_backend_vulkan::{ResolveKernel, TestShape, VulkanDevice};
+use hisparse_backend_vulkan::{ResolveKernel, TestShape, VulkanDevice, VulkanOptions};
 
 hisparse_conformance::conformance_main!(|| {
-    let dev = VulkanDevice::open_shaped(
+    VulkanDevice::open_shaped(
         "",
+        &VulkanOptions {
+            resolve_kernel: ResolveKernel::Workgroup,
+            ..VulkanOptions::default()
+        },
         TestShape {
             lanes: Some((3, true)),
             ..TestShape::default()
         },
-    )?;
-    dev.set_resolve_kernel(ResolveKernel::Workgroup)?;
-    Ok(dev)
+    )
 });

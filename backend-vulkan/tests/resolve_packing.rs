@@ -5,7 +5,9 @@
 //! Every resolver runs it: the one-dispatch kernel (workgroup mode with the device's hash table,
 //! with the 32 KiB one, with plain scans, and global mode) and the portable two-pass kernel.
 
-use hisparse_backend_vulkan::{ResolveKernel, TestShape, VulkanBuffer, VulkanDevice};
+use hisparse_backend_vulkan::{
+    ResolveKernel, TestShape, VulkanBuffer, VulkanDevice, VulkanOptions,
+};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::{ResolveArgs, ResolveDesc, ResolveSlices};
 use hisparse_core::{Device, Error, ErrorKind};
@@ -76,7 +78,7 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
         ("portable", TestShape::default(), ResolveKernel::Portable),
     ];
     for (what, shape, kernel) in runs {
-        let dev = match VulkanDevice::open_shaped("", shape) {
+        let dev = match VulkanDevice::open_shaped("", &VulkanOptions::default(), shape) {
             Ok(d) => d,
             Err(e)
                 if e.kind() == ErrorKind::NotFound

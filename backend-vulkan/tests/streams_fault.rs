@@ -5,7 +5,7 @@
 //! bytes. The case is repeated a few times; it must fail at least once (it fails every time on
 //! lavapipe and on the H200 in practice), and pass every time on the real backend.
 
-use hisparse_backend_vulkan::{TestShape, VulkanDevice};
+use hisparse_backend_vulkan::{TestShape, VulkanDevice, VulkanOptions};
 use hisparse_conformance::{CaseError, cases};
 use hisparse_core::{Error, ErrorKind};
 
@@ -19,7 +19,7 @@ fn the_stream_case_fails_when_event_waits_are_ignored() {
         ignore_event_waits: true,
         ..TestShape::default()
     };
-    let faulty = match VulkanDevice::open_shaped("", shape) {
+    let faulty = match VulkanDevice::open_shaped("", &VulkanOptions::default(), shape) {
         Ok(d) => d,
         Err(e) if !required && e.kind() == ErrorKind::NotFound => {
             eprintln!("SKIPPED: no Vulkan device: {e}");

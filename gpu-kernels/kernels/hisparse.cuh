@@ -258,9 +258,6 @@ HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
 #define HS_REMAP_COUNTS 2u
 #define HS_REMAP_COMPACT 4u
 #define HS_REMAP_STAGED 16u
-// The request's block-table row staged in shared memory before the lookups (kernels built with
-// the TABLE template flag only: bench variant hs_remap_v5).
-#define HS_REMAP_TABLE 32u
 
 #if defined(HS_VENDOR_CUDA)
 // Four blocks of 512 threads per multiprocessor (at most 32 registers each): a launch of up to
@@ -309,22 +306,6 @@ HS_DEVICE i32 hs_remap_lookup(const hs_remap_geo& g, const i32* bt, i32 tok) {
     }
     if (col >= g.max_blocks) return -1;
     return hs_physical_row(HS_LDG(bt + col), g.stride, off);
-}
-
-// Output of top-k entry `tok` against the table row staged in shared memory (`bt` null:
-// padding; `lut` the staged copy of the row).
-HS_DEVICE i32 hs_remap_lookup_staged(const hs_remap_geo& g, const i32* bt, const i32* lut, i32 tok) {
-    if (bt == 0 || tok < 0) return -1;
-    u32 col, off;
-    if (g.shift < 32) {
-        col = (u32)tok >> g.shift;
-        off = (u32)tok & (g.block_size - 1);
-    } else {
-        col = (u32)tok / g.block_size;
-        off = (u32)tok % g.block_size;
-    }
-    if (col >= g.max_blocks) return -1;
-    return hs_physical_row(lut[col], g.stride, off);
 }
 
 // The first pass of token row t: its request id and this thread's top-k vector (or entry), both
@@ -386,11 +367,8 @@ HS_DEVICE i32 hs_remap_lookup_modes(const hs_remap_geo& g, const hs_remap_mode_s
 
 // The rows of hs_remap (MODES false: exactly the plain remap) or hs_remap_modes (MODES true: each
 // row's rule first, then every entry through hs_remap_lookup_modes). `s_row` is the dynamic
-// shared memory, `s_scan` the block-scan scratch. TABLE (bench variant hs_remap_v5, not with
-// MODES): with HS_REMAP_TABLE in `flags`, each row's block-table row is loaded into shared memory
-// first (16-byte loads, coalesced, right after the request id arrives; after the compaction stage
-// of 4 * top_k bytes, 16-byte aligned) and the lookups read it there.
-template <bool MODES, bool TABLE = false>
+// shared memory, `s_scan` the block-scan scratch.
+template <bool MODES>
 HS_DEVICE void hs_remap_rows(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
@@ -417,8 +395,6 @@ HS_DEVICE void hs_remap_rows(
     const u32 j_first = HS_TID * per;
     // s_row: the compacted row (staged mode), top_k entries.
     u32 phase = 0; // hs_block_scan1 calls so far (uniform over the block)
-    const bool table_staged = TABLE && !MODES && (flags & HS_REMAP_TABLE) != 0;
-    i32* s_table = s_row + (staged ? (top_k + 3u) & ~3u : 0u);
 
     // Row t's first-pass inputs are loaded one row ahead: while row t is looked up, the request
     // id and top-k vector of the block's next row are already on their way.
@@ -446,20 +422,6 @@ HS_DEVICE void hs_remap_rows(
         if (!rule.workspace)
             bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
                                     idx_mapping_len, flags);
-        if (table_staged) {
-            // The previous row's lookups have read the staged row (uniform: every thread runs
-            // the same rows).
-            if (t != HS_BID_X) HS_SYNC();
-            if (bt != 0) {
-                if ((max_blocks & 3u) == 0 && ((u64)bt & 15u) == 0) {
-                    for (u32 j = HS_TID * 4; j < max_blocks; j += HS_NTHREADS * 4)
-                        *(uint4*)(s_table + j) = HS_LDG((const uint4*)(bt + j));
-                } else {
-                    for (u32 j = HS_TID; j < max_blocks; j += HS_NTHREADS) s_table[j] = HS_LDG(bt + j);
-                }
-            }
-            HS_SYNC();
-        }
         const i32* in = topk + (u64)t * top_k;
         i32* o = out + (u64)t * top_k;
         u32 written = 0; // compaction: valid entries written so far (uniform)
@@ -486,9 +448,8 @@ HS_DEVICE void hs_remap_rows(
 #pragma unroll
             for (u32 q = 0; q < 4; ++q) {
                 v[q] = !(mine && q < per) ? -1
-                       : MODES        ? hs_remap_lookup_modes(g, modes, rule, bt, v[q])
-                       : table_staged ? hs_remap_lookup_staged(g, bt, s_table, v[q])
-                                      : hs_remap_lookup(g, bt, v[q]);
+                       : MODES ? hs_remap_lookup_modes(g, modes, rule, bt, v[q])
+                               : hs_remap_lookup(g, bt, v[q]);
                 n += v[q] != -1 ? 1u : 0u;
             }
             if (!compact) {
@@ -637,13 +598,11 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap_modes(
 // coalesced and without a dependent load. A request of one row whose entries fit one pass
 // (top_k <= HS_RESOLVE_THREADS * HS_RESOLVE_IK: the decode case) classifies each entry once and
 // keeps the result and its hash slot in registers for the later phases; likewise the slots when
-// the hot buffer fits one pass. Block sums and scans take one barrier each (hs_block_scan2, two
-// sums at once). The loops over a request's rows stop at its last row (one iteration for a
-// one-row request, however many rows the launch has). That is hs_resolve_block, the body of
-// bench variant hs_resolve_v3 (the round-2 resolver). hs_resolve and the fused hs_resolve_gather
-// run hs_resolve_body instead (below hs_resolve_block): the earlier design, measured faster on the
-// H200 (21.3 us against 33.9 us for 64 requests x 2048, 4096 slots), with the same launch, shared
-// memory (it uses less of it) and workspace, and identical outputs.
+// the hot buffer fits one pass. The loops over a request's rows stop at its last row (one
+// iteration for a one-row request, however many rows the launch has). hs_resolve and the fused
+// hs_resolve_gather run this design, hs_resolve_body (below); a later design that scanned two
+// sums per barrier measured slower on the H200 (33.9 us against 21.3 us for 64 requests x 2048,
+// 4096 slots) and was retired.
 
 #define HS_RESOLVE_THREADS 1024
 #define HS_RESOLVE_IK 2
@@ -746,8 +705,8 @@ HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, 
 // Dynamic shared memory layout of hs_resolve (byte offsets; every part 16-byte aligned).
 HS_DEVICE u32 hs_align16(u32 x) { return (x + 15u) & ~15u; }
 
-// Hot-table entries of the resolving request staged in shared memory by hs_resolve_body (and by
-// bench variant hs_resolve_v3): the first part of the dynamic shared memory, 4 *
+// Hot-table entries of the resolving request staged in shared memory by hs_resolve_body: the
+// first part of the dynamic shared memory, 4 *
 // HS_RESOLVE_HOT_STAGE bytes, which the planner reserves for every resolver launch; a request
 // with more hot blocks reads them from global memory.
 #define HS_RESOLVE_HOT_STAGE 1024
@@ -839,7 +798,7 @@ HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32&
     eb = bb + ib - b;
 }
 
-// The body of hs_resolve (the design measured fastest on the H200; it was bench variant v2):
+// The body of hs_resolve (the design measured fastest on the H200):
 // every entry classified in one pass of batched loads (a one-row request's class, value and hash
 // slot kept in registers), hits found in LRU order, the table cleared at its full shared capacity,
 // one barrier per block scan. hs_resolve_gather runs it too. `t` is the token row the block
@@ -1395,15 +1354,12 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 // threads on consecutive units, up to HS_GATHER_UNROLL loads in flight per thread before its
 // stores (the host pool is mapped pinned memory read across the bus, so many loads must be in
 // flight; a warp's loads cover whole runs of a row's 128-byte lines). This is the design measured
-// fastest on the H200 (it was bench variant v3; the round-2 design, a group of HS_GATHER_GROUP
-// threads per row with no barrier, measured 10-13% slower and is bench variant
-// hs_gather_rows_v4, whose per-group copy is hs_gather_row).
+// fastest on the H200 (a group of eight threads per row with no barrier measured 10-13% slower and
+// was retired).
 
 #define HS_GATHER_THREADS 128
 #define HS_GATHER_ROWS 16
 #define HS_GATHER_UNROLL 8
-// Threads copying one row together (HS_GATHER_THREADS / HS_GATHER_ROWS).
-#define HS_GATHER_GROUP 8
 
 #if defined(HS_VENDOR_CUDA)
 // Eight blocks per multiprocessor (at most 64 registers: the eight 16-byte values in flight per
@@ -1413,42 +1369,11 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
 #define HS_GATHER_BOUNDS HS_BOUNDS(HS_GATHER_THREADS)
 #endif
 
-// One row of a miss plan copied by a group of HS_GATHER_GROUP consecutive threads (`sub` is the
-// thread's index in its group): host row `ps` into device row `pd` of layer `L` in units of
-// 16-byte value chunks and W-byte scale words (hs_row_units), U loads in flight per thread before
-// its stores. A device row outside the pool is skipped; a host row outside the pool zero-fills
-// the device row (hisparse_core::ops::copy::gather_rows).
-template <u32 U, u32 W>
-HS_DEVICE void hs_gather_row(const hs_layer_pair& L, i32 ps, i32 pd, const u8* host, u8* device,
-                             u32 sub) {
-    u32 db, doff, sb, soff;
-    if (!hs_locate(L.device, pd, db, doff)) return;
-    u64 dv, ds, sv = 0, ss = 0;
-    hs_row_parts(L.device, db, doff, dv, ds);
-    const bool copy = hs_locate(L.host, ps, sb, soff);
-    if (copy) hs_row_parts(L.host, sb, soff, sv, ss);
-    const u32 cpr = hs_row_units<W>(L.host), vc = L.host.value_bytes >> 4;
-    for (u32 cb = 0; cb < cpr; cb += HS_GATHER_GROUP * U) {
-        uint4 v[U];
-#pragma unroll
-        for (u32 u = 0; u < U; ++u) {
-            const u32 c = cb + u * HS_GATHER_GROUP + sub;
-            v[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (copy && c < cpr) v[u] = hs_load_unit<W>(host, sv, ss, vc, c);
-        }
-#pragma unroll
-        for (u32 u = 0; u < U; ++u) {
-            const u32 c = cb + u * HS_GATHER_GROUP + sub;
-            if (c < cpr) hs_store_unit<W>(device, dv, ds, vc, c, v[u]);
-        }
-    }
-}
-
 // The work items of hs_gather_rows for one layer, scale words of W bytes. For W == 16 (every
 // contiguous row and every scale part of 16-byte multiples, the 656-byte decode row among them)
 // hs_row_units and hs_load_unit/hs_store_unit reduce to row_bytes / 16 chunks addressed by
 // hs_chunk: NVRTC gives that instantiation the instruction sequence of the kernel before scale
-// words existed (then bench variant hs_gather_rows_v3).
+// words existed.
 template <u32 W>
 HS_DEVICE void hs_gather_items(const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
                                const i32* __restrict__ plan_counts, const u8* __restrict__ host,

@@ -17,8 +17,7 @@
 //! This crate also owns *what to launch*: [`plan`] has one planner per operation, shared by the
 //! CUDA and ROCm backends, that turns a checked descriptor and buffer addresses into staged lists,
 //! a workspace size and launches with grid, block, dynamic shared memory and arguments packed by
-//! [`args::Args`] against the ABI table. With the `variants` feature, the `variants` module keeps
-//! the earlier remap, gather and resolve kernels (`VARIANTS_SOURCE`) for A/B benchmarks.
+//! [`args::Args`] against the ABI table.
 //!
 //! Testing without a GPU: `emu/vendor_cpu.h` is a third prelude that turns the same source into
 //! C++20 for the CPU (a block's threads as fibers on one OS thread, barriers and warp shuffles
@@ -61,17 +60,6 @@ pub const HIP_SOURCE: &str = concat!(
 /// File name to give the translation unit in compiler diagnostics.
 pub const SOURCE_NAME: &str = "hisparse.cuh";
 
-/// The earlier and round-2 remap, gather and resolve kernels (`hs_remap_v1`, `hs_remap_v2`,
-/// `hs_remap_v3`, `hs_gather_rows_v1`, `hs_gather_rows_v2`, `hs_gather_rows_v4`, `hs_resolve_v1`,
-/// `hs_resolve_v3`), kept for A/B measurements only:
-/// append after [`CUDA_SOURCE`]. Same parameters as [`Kernel::Remap`], [`Kernel::GatherRows`]
-/// and [`Kernel::Resolve`]; launched by [`variants`].
-#[cfg(feature = "variants")]
-pub const VARIANTS_SOURCE: &str = include_str!("../kernels/variants.cuh");
-
-#[cfg(feature = "variants")]
-pub mod variants;
-
 /// Most threads per block of `hs_remap` (the planner picks the block size per row length:
 /// [`plan::remap_threads`]).
 pub const REMAP_MAX_THREADS: u32 = 512;
@@ -93,8 +81,6 @@ pub const RESOLVE_THREADS: u32 = 1024;
 pub const GATHER_THREADS: u32 = 128;
 /// Plan entries per work item of `hs_gather_rows`.
 pub const GATHER_ROWS: u32 = 16;
-/// Threads of bench variant `hs_gather_rows_v4` that copy one row together.
-pub const GATHER_GROUP: u32 = 8;
 /// Most layers one `hs_gather_rows` launch carries (more are split over several launches).
 pub const GATHER_MAX_LAYERS: usize = 16;
 /// 16-byte loads each thread of an `hs_resolve_gather` launch keeps in flight while it copies its
@@ -353,7 +339,7 @@ impl Kernel {
     /// Whether launches of the kernel may ask for more dynamic shared memory than a device gives
     /// without opting in (48 KiB on CUDA): the resolvers, whose shared state and table the
     /// planner sizes up to the device's per-block maximum. A backend raises the limit of these
-    /// (and of their variants) when it loads them.
+    /// when it loads them.
     pub const fn large_dynamic_shared(self) -> bool {
         matches!(self, Kernel::Resolve | Kernel::ResolveGather)
     }
@@ -535,7 +521,6 @@ pub struct Wanted {
 }
 
 const _: () = {
-    assert!(GATHER_THREADS == GATHER_GROUP * GATHER_ROWS);
     assert!(INDEXER_THREADS.is_multiple_of(INDEXER_GROUP));
     assert!(core::mem::size_of::<Layout>() == 40);
     assert!(core::mem::size_of::<LayerPairAbi>() == 80);
@@ -707,7 +692,6 @@ mod tests {
             ("HS_REMAP_COUNTS", REMAP_COUNTS),
             ("HS_REMAP_COMPACT", REMAP_COMPACT),
             ("HS_REMAP_STAGED", REMAP_STAGED),
-            ("HS_GATHER_GROUP", GATHER_GROUP),
             ("HS_RESOLVE_HOT_STAGE", RESOLVE_HOT_STAGE),
             ("HS_FUSED_GATHER_UNROLL", FUSED_GATHER_UNROLL),
         ] {

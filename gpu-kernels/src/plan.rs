@@ -51,11 +51,8 @@ pub const STRIDE_BLOCKS_PER_MULTIPROCESSOR: u64 = 8;
 /// One kernel launch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
-    /// The kernel (its parameters, and its symbol unless [`Launch::variant`] names another).
+    /// The kernel (its symbol and parameters).
     pub kernel: Kernel,
-    /// The symbol of an A/B variant with `kernel`'s parameters (`crate::variants`), or `None`
-    /// for the production kernel.
-    pub variant: Option<&'static str>,
     /// Grid `(x, y, z)`.
     pub grid: [u32; 3],
     /// Threads per block (one dimension).
@@ -381,7 +378,6 @@ pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanErro
         .u32(d.idx_mapping_len.unwrap_or(0))
         .u32(shape.flags);
     Ok(Plan::one(Launch {
-        variant: None,
         kernel: Kernel::Remap,
         grid: [shape.grid, 1, 1],
         block: shape.block,
@@ -436,7 +432,6 @@ pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Resul
         .u32(dcp[1])
         .u32(dcp[2]);
     Ok(Plan::one(Launch {
-        variant: None,
         kernel: Kernel::RemapModes,
         grid: [shape.grid, 1, 1],
         block: shape.block,
@@ -609,7 +604,6 @@ pub fn resolve(
         staged: Vec::new(),
         workspace_bytes,
         launches: vec![Launch {
-            variant: None,
             kernel: Kernel::Resolve,
             grid: [d.num_tokens.max(1), 1, 1],
             block: RESOLVE_THREADS,
@@ -665,7 +659,6 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
             .u32(d.top_k)
             .gather_layers(&GatherLayers::new(chunk));
         plan.launches.push(Launch {
-            variant: None,
             kernel: Kernel::GatherRows,
             grid: [grid_x, 1, chunk.len() as u32],
             block: GATHER_THREADS,
@@ -799,7 +792,6 @@ pub fn indexer_backup(
         .ptr(a.device)
         .ptr(a.host);
     plan.launches.push(Launch {
-        variant: None,
         kernel: Kernel::IndexerBackup,
         grid: [stride_grid(t, rows, per_block), 1, 1],
         block: INDEXER_THREADS,
@@ -906,7 +898,6 @@ pub fn copy_pages(
             .ptr(src)
             .ptr(dst);
         plan.launches.push(Launch {
-            variant: None,
             kernel: Kernel::CopyPages,
             grid: [stride_grid(t, u64::from(nl) * u64::from(np), 1), 1, 1],
             block: COPY_THREADS,
@@ -1002,7 +993,6 @@ pub fn copy_rows(
             .ptr(host)
             .ptr(device);
         plan.launches.push(Launch {
-            variant: None,
             kernel: Kernel::CopyRows,
             grid: [stride_grid(t, u64::from(nl) * u64::from(ns), 1), 1, 1],
             block: COPY_THREADS,
@@ -1026,7 +1016,6 @@ pub fn invalidate(t: &Target, d: &InvalidateDesc, ranges: u64, dgi: u64) -> Plan
     let mut args = Args::default();
     args.ptr(ranges).u32(d.num_ranges).ptr(dgi).u64(total);
     Plan::one(Launch {
-        variant: None,
         kernel: Kernel::Invalidate,
         grid: [stride_grid(t, total, INVALIDATE_THREADS.into()), 1, 1],
         block: INVALIDATE_THREADS,
@@ -1063,7 +1052,6 @@ pub fn slot_mapping(d: &SlotMappingDesc, a: &SlotMappingAddrs) -> Plan {
         .u32(d.table_rows)
         .u32(d.max_blocks);
     Plan::one(Launch {
-        variant: None,
         kernel: Kernel::CompressedSlotMapping,
         grid: [d.num_tokens.div_ceil(SLOT_THREADS), 1, 1],
         block: SLOT_THREADS,
@@ -1091,7 +1079,6 @@ pub fn write_table(
     let mut args = Args::default();
     args.staged(part, 0).u32(n).ptr(table).u32(d.table_len);
     plan.launches.push(Launch {
-        variant: None,
         kernel: Kernel::WriteTable,
         grid: [stride_grid(t, n.into(), TABLE_THREADS.into()), 1, 1],
         block: TABLE_THREADS,
@@ -1126,7 +1113,6 @@ pub fn reset_hot_state(
         .u32(d.num_requests)
         .u32(d.hot_slots);
     plan.launches.push(Launch {
-        variant: None,
         kernel: Kernel::ResetHotState,
         grid: [stride_grid(t, work, TABLE_THREADS.into()), 1, 1],
         block: TABLE_THREADS,

@@ -3,15 +3,14 @@
 # GPU machine (which has no Rust toolchain), and puts them in h200-cuda/ (ignored by git; carry it
 # to the GPU machine):
 #
-#   h200-cuda/cuda-conformance           the shared conformance suite on CUDA device 0 (production
-#                                        build: only the production kernels exist)
+#   h200-cuda/cuda-conformance           the shared conformance suite on CUDA device 0
 #   h200-cuda/cuda-wrap                  engine-owned memory and streams (tests/wrap.rs)
 #   h200-cuda/cuda-fused                 the fused resolve-and-gather against the reference
 #                                        (tests/fused.rs)
 #   h200-cuda/cuda-shared                one shared-memory host pool mapped twice (tests/shared.rs)
-#   h200-cuda/cuda-conformance-variants  the suite built with `bench-variants` (for the resolver's
-#                                        forced global-state mode, HISPARSE_CUDA_RESOLVE_GLOBAL=1)
-#   h200-cuda/cuda-bench                 examples/cuda_bench (needs `bench-variants`)
+#   h200-cuda/cuda-conformance-resolve-global  the suite with the resolver's global-state mode
+#                                        forced (tests/conformance_resolve_global.rs)
+#   h200-cuda/cuda-bench                 the kernel lab's cuda_bench (kernel-lab/src/bin/cuda_bench)
 #   h200-cuda/hisparse                   the CLI with --features cuda (simulate, bench, conformance)
 #   h200-cuda/MANIFEST                   commit, build date, sizes and sha256 of the binaries
 #
@@ -27,37 +26,31 @@ export CARGO_PROFILE_RELEASE_DEBUG=0
 # shellcheck source=scripts/h200/cargo-exe.sh
 . scripts/h200/cargo-exe.sh
 prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --test fused \
-    --test shared --no-run --message-format=json 2>/dev/null)
-variants=$(cargo test --release -p hisparse-backend-cuda --features bench-variants \
-    --test conformance --no-run --message-format=json 2>/dev/null)
-cargo build --release -p hisparse-backend-cuda --features bench-variants --example cuda_bench
+    --test shared --test conformance_resolve_global --no-run --message-format=json 2>/dev/null)
+cargo build --release -p hisparse-kernel-lab --bin cuda_bench
 cargo build --release -p hisparse-cli --features cuda
 conformance=$(exe_of conformance <<<"$prod")
 wrap=$(exe_of wrap <<<"$prod")
 fused=$(exe_of fused <<<"$prod")
 shared=$(exe_of shared <<<"$prod")
-conformance_variants=$(exe_of conformance <<<"$variants")
+resolve_global=$(exe_of conformance_resolve_global <<<"$prod")
 target=${CARGO_TARGET_DIR:-target}
-bench=$target/release/examples/cuda_bench
+bench=$target/release/cuda_bench
 cli=$target/release/hisparse
-for f in "$conformance" "$wrap" "$fused" "$shared" "$conformance_variants" "$bench" "$cli"; do
+for f in "$conformance" "$wrap" "$fused" "$shared" "$resolve_global" "$bench" "$cli"; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
-if [ "$conformance" = "$conformance_variants" ]; then
-    echo "the production and bench-variants conformance binaries are the same file" >&2
-    exit 1
-fi
 install -m 755 "$conformance" "$out/cuda-conformance"
 install -m 755 "$wrap" "$out/cuda-wrap"
 install -m 755 "$fused" "$out/cuda-fused"
 install -m 755 "$shared" "$out/cuda-shared"
-install -m 755 "$conformance_variants" "$out/cuda-conformance-variants"
+install -m 755 "$resolve_global" "$out/cuda-conformance-resolve-global"
 install -m 755 "$bench" "$out/cuda-bench"
 install -m 755 "$cli" "$out/hisparse"
-bins=(cuda-conformance cuda-wrap cuda-fused cuda-shared cuda-conformance-variants cuda-bench hisparse)
+bins=(cuda-conformance cuda-wrap cuda-fused cuda-shared cuda-conformance-resolve-global cuda-bench hisparse)
 (cd "$out" && strip "${bins[@]}")
 {
-    crates=(gpu-kernels backend-cuda hisparse-core hisparse-runtime hisparse-cli conformance Cargo.lock)
+    crates=(gpu-kernels backend-cuda kernel-lab hisparse-core hisparse-runtime hisparse-cli conformance Cargo.lock)
     echo "commit $(git rev-parse HEAD)$(git diff HEAD --quiet -- "${crates[@]}" || echo " (with uncommitted changes in ${crates[*]})")"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     (cd "$out" && sha256sum "${bins[@]}")

@@ -3,8 +3,7 @@
 # with the binaries of scripts/h200/cuda-build.sh in h200-cuda/ (carry that folder):
 #
 #   1. cuda_bench: every figure beside the ceilings of the same run (bulk H2D/D2H, D2D, an empty
-#      kernel in a graph), every kernel variant (remap v5: the block-table row staged), warm and
-#      cold, the swap-in path separate and fused (each block its own request, checked byte for
+#      kernel in a graph), warm and cold, the swap-in path separate and fused (each block its own request, checked byte for
 #      byte against the pair), the configurations `hisparse bench`
 #      measures; 20 ms of sustained GPU work before every timed run and the SM clock of each run
 #      in its row; JSON in $OUT/cuda-perf/bench.json;
@@ -12,12 +11,12 @@
 #      resolve-and-gather against the reference, and compute-sanitizer racecheck of the fused launch's two small scenarios
 #      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
-#      (remap at 1 and 64 tokens in every mode, production v4 and variant v5, the resolver at 64
-#      requests, and the fused launch at 64 requests):
+#      (remap at 1 and 64 tokens in every mode, the resolver at 64 requests, and the fused launch
+#      at 64 requests):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
-#   4. the resolve cases with the resolver's global-state mode forced (bench-variants build,
-#      HISPARSE_CUDA_RESOLVE_GLOBAL=1);
+#   4. the resolve cases with the resolver's global-state mode forced
+#      (cuda-conformance-resolve-global, CudaOptions::resolve_global_state);
 #   5. compute-sanitizer memcheck over the decode-path cases (remap, resolve, gather, pipeline,
 #      tables) and the fused launch; racecheck over remap, every gather case and every resolve scenario, one
 #      process per case or scenario, the 32768-slot one last with whatever time is left.
@@ -25,17 +24,16 @@
 # The whole script runs inside a 345 s budget (HISPARSE_H200_BUDGET overrides it; each section's
 # limit shrinks to what is left; a section with no time left is reported SKIPPED and listed as
 # dropped at the end), so it ends within 6 minutes. Sections run in priority order, so a smaller
-# budget drops from the end: with HISPARSE_H200_BUDGET=200 the bench (about 30-40 s, every
-# variant, the production rows judged), the conformance suite, the fused test, the fused
+# budget drops from the end: with HISPARSE_H200_BUDGET=200 the bench (about 30-40 s), the
+# conformance suite, the fused test, the fused
 # racechecks (about 10 s together) and the ncu step (limit 75 s) run first, and the resolve
 # racechecks are the first to go. Expected:
 # every racecheck "0 hazards displayed (0 errors, 0 warnings)", the fused speculative scenario
 # included (an LRU naming a slot twice had two threads of one warp write that slot's inverse;
 # only the thread whose atomicOr claims the slot writes it now). Logs in
 # $OUT/cuda-perf/, a summary in $OUT/cuda-perf/summary.json and on stdout: the section results,
-# the ceilings and every judged figure of the bench (the whole table of every variant is in
-# bench.log and bench.json), then the targets missed (targets are judged on the production
-# kernels and the fused path). Exit status 0 only when every section passed.
+# the ceilings and every judged figure of the bench (the whole table is in bench.log and
+# bench.json), then the targets missed. Exit status 0 only when every section passed.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -50,7 +48,7 @@ sanitizer=$(find_sanitizer)
 
 echo "== CUDA decode path on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 echo "clocks before (sm, max sm, mem, pstate, temperature, power): $(clocks)"
-for f in cuda-bench cuda-conformance cuda-conformance-variants cuda-fused; do
+for f in cuda-bench cuda-conformance cuda-conformance-resolve-global cuda-fused; do
     if [ ! -x "$bin/$f" ]; then
         echo "missing $bin/$f: run scripts/h200/cuda-build.sh on the development machine and carry $bin" >&2
         exit 2
@@ -68,8 +66,8 @@ if [ -n "$sanitizer" ]; then
     section racecheck-fused-speculative 30 "${race[@]}" "$bin/cuda-fused" fused/speculative
     section racecheck-fused-split 30 "${race[@]}" "$bin/cuda-fused" fused/split
 fi
-# Nsight Compute over the decode-size launches (cuda_bench --profile-targets: remap v4 and v5 at 1
-# and 64 tokens, the resolver and the fused launch at 64 requests,
+# Nsight Compute over the decode-size launches (cuda_bench --profile-targets: remap at 1 and 64
+# tokens, the resolver and the fused launch at 64 requests,
 # three calls each, eager stream
 # launches; caches and clocks left as they are, so the third call of each is the L2-warm case):
 # duration, achieved occupancy, issue-slot use and the top stall reasons of each, into
@@ -78,7 +76,7 @@ ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 if [ -n "$ncu_bin" ]; then
     rm -f "$out/ncu.ncu-rep"
     section ncu 75 "$ncu_bin" --target-processes all \
-        --kernel-name regex:'^hs_(remap|remap_v5|resolve|resolve_gather)$' \
+        --kernel-name regex:'^hs_(remap|resolve|resolve_gather)$' \
         --cache-control none --clock-control none \
         --section SpeedOfLight --section LaunchStats --section Occupancy \
         --section WarpStateStats --section SchedulerStats \
@@ -137,8 +135,7 @@ else
     results+=("{\"section\":\"ncu\",\"status\":\"NOT RUN\"}")
     overall=1
 fi
-section resolve-global-state 20 env HISPARSE_CUDA_RESOLVE_GLOBAL=1 \
-    "$bin/cuda-conformance-variants" resolve/
+section resolve-global-state 20 "$bin/cuda-conformance-resolve-global" resolve/
 if [ -n "$sanitizer" ]; then
     for spec in remap:20 resolve:30 gather:15 pipeline:15 tables:10; do
         group=${spec%%:*}
@@ -182,7 +179,7 @@ else
 fi
 echo "clocks at the end: $(clocks)"
 
-# The ceilings and every judged figure of the bench (the whole table, every variant, is in
+# The ceilings and every judged figure of the bench (the whole table is in
 # $out/bench.log and bench.json), and every target it reports missed.
 if [ -f "$out/bench.log" ]; then
     echo

@@ -27,7 +27,7 @@ install -m 755 "$target/release/hisparse" "$out/hisparse"
 install -m 755 "$test_exe" "$out/cuda-host-pool"
 (cd "$out" && strip hisparse cuda-host-pool)
 {
-    echo "commit $(git rev-parse HEAD)$(git diff HEAD --quiet -- host-memory backend-cuda device-bench hisparse-cli hisparse-runtime hisparse-core || echo ' (with uncommitted changes)')"
+    echo "commit $(git rev-parse HEAD)$(git diff HEAD --quiet -- host-memory backend-cuda benches/device hisparse-cli hisparse-runtime hisparse-core || echo ' (with uncommitted changes)')"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     (cd "$out" && sha256sum hisparse cuda-host-pool)
 } >"$out/MANIFEST"

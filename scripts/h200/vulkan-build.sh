@@ -3,14 +3,15 @@
 # (which has no Rust toolchain and no network), into h200-vulkan/ (ignored by git; carry it):
 #
 #   h200-vulkan/hisparse                 the CLI with --features cuda,vulkan
-#   h200-vulkan/vulkan-bench             backend-vulkan/examples/vulkan_bench.rs
+#   h200-vulkan/vulkan-bench             the kernel lab's vulkan_bench (kernel-lab/src/bin)
 #   h200-vulkan/vulkan-windowed          the conformance suite with 1 MiB pool windows, the copy
-#                                        shader and the v2 gather (tests/conformance_windowed.rs)
+#                                        shader, the pipelined gather and barriers over all
+#                                        stages (tests/conformance_windowed.rs)
 #   h200-vulkan/vulkan-streams-fault     the cross-stream case fails with event waits ignored
 #                                        (tests/streams_fault.rs)
 #   h200-vulkan/vulkan-resolve-packing   odd hot-slot counts (tests/resolve_packing.rs)
 #   h200-vulkan/vulkan-resolve-replay    resolves of dumped states timed alone
-#                                        (examples/resolve_replay.rs)
+#                                        (the kernel lab's resolve_replay)
 #   h200-vulkan/debs/                    the Vulkan loader, glvnd (the NVIDIA ICD needs
 #                                        libGLdispatch) and the validation layers, as .debs
 #   h200-vulkan/MANIFEST                 commit, build date, sizes and sha256 of the binaries
@@ -31,15 +32,15 @@ json=$(cargo test --release -p hisparse-backend-vulkan --test conformance_window
 windowed=$(exe_of conformance_windowed <<<"$json")
 fault=$(exe_of streams_fault <<<"$json")
 packing=$(exe_of resolve_packing <<<"$json")
-cargo build --release -p hisparse-backend-vulkan --example vulkan_bench --example resolve_replay
+cargo build --release -p hisparse-kernel-lab --bin vulkan_bench --bin resolve_replay
 cargo build --release -p hisparse-cli --features cuda,vulkan
-for f in "$windowed" "$fault" "$packing" "$target"/release/examples/vulkan_bench \
-    "$target"/release/examples/resolve_replay "$target"/release/hisparse; do
+for f in "$windowed" "$fault" "$packing" "$target"/release/vulkan_bench \
+    "$target"/release/resolve_replay "$target"/release/hisparse; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
 install -m 755 "$target"/release/hisparse "$out/hisparse"
-install -m 755 "$target"/release/examples/vulkan_bench "$out/vulkan-bench"
-install -m 755 "$target"/release/examples/resolve_replay "$out/vulkan-resolve-replay"
+install -m 755 "$target"/release/vulkan_bench "$out/vulkan-bench"
+install -m 755 "$target"/release/resolve_replay "$out/vulkan-resolve-replay"
 install -m 755 "$windowed" "$out/vulkan-windowed"
 install -m 755 "$fault" "$out/vulkan-streams-fault"
 install -m 755 "$packing" "$out/vulkan-resolve-packing"
@@ -54,7 +55,7 @@ for d in "${debs[@]}"; do
 done
 
 {
-    echo "commit $(git rev-parse HEAD)$(git diff --quiet -- backend-vulkan hisparse-cli hisparse-runtime hisparse-core benches || echo ' (with uncommitted changes)')"
+    echo "commit $(git rev-parse HEAD)$(git diff --quiet -- backend-vulkan kernel-lab hisparse-cli hisparse-runtime hisparse-core benches || echo ' (with uncommitted changes)')"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     (cd "$out" && sha256sum "${bins[@]}")
     (cd "$out" && du -b "${bins[@]}" debs | awk '{ printf "%s %d bytes\n", $2, $1 }')

@@ -4,15 +4,15 @@
 #
 #   1. installs the carried loader, glvnd and validation-layer packages (dpkg -x into /);
 #   2. correctness, validation layer on, device required: the conformance suite through the CLI
-#      in strict validation mode; the suite again with 1 MiB pool windows, the copy shader and the
-#      v2 gather; odd hot-slot counts; the cross-stream case failing with event waits ignored
+#      (validation messages counted); the suite again in strict validation mode with 1 MiB pool
+#      windows, the copy shader, the pipelined gather and barriers over all stages; odd hot-slot counts; the cross-stream case failing with event waits ignored
 #      (and passing with them) on truly concurrent queues;
 #   3. performance, in the same session as CUDA: vulkan_bench (device time from timestamps and
-#      wall time per call, both gather kernels, both copy engines); `hisparse bench --json` on
-#      Vulkan and on CUDA, and on Vulkan once more with HISPARSE_VULKAN_BARRIERS=all (every
-#      barrier over all stages, the round-4 behaviour, for the remap's comparison);
-#      `hisparse simulate --json` on CUDA and on Vulkan (all queues, one queue, and all queues
-#      while another process holds an idle CUDA context), with the default workload (4 requests
+#      wall time per call, both gather kernels, both copy engines), and its index paths once more
+#      with `--option barriers=all` (every barrier over all stages, the round-4 behaviour, for
+#      the remap's comparison) and with `--option queues=single` (one queue for everything);
+#      `hisparse bench --json` on Vulkan and on CUDA; `hisparse simulate --json` on CUDA and on
+#      Vulkan (and while another process holds an idle CUDA context), with the default workload (4 requests
 #      × 8192 tokens, 48 decode steps); the GPU's clocks (nvidia-smi, every 100 ms) throughout
 #      the performance part;
 #   4. a summary of the issue-16 targets (each figure beside CUDA's or its own ceiling) and the
@@ -55,7 +55,8 @@ export HISPARSE_REQUIRE_DEVICE=1
 for d in /usr/local/cuda-13.0/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && break
 done
-validation=(env VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation HISPARSE_VULKAN_STRICT_VALIDATION=1)
+# The test binaries open their devices in strict validation mode; the CLI's suite counts messages.
+validation=(env VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation)
 
 results=()
 overall=0
@@ -125,13 +126,14 @@ fi
 section vulkan-bench 45 - "$bin/vulkan-bench" --iters 50 --json "$out/vulkan_bench.json"
 section bench-vulkan 30 "$out/bench_vulkan.json" "$bin/hisparse" bench --backend vulkan --json
 section bench-cuda 20 "$out/bench_cuda.json" "$bin/hisparse" bench --backend cuda --json
-# The same bench with every barrier over all stages and accesses (the round-4 behaviour).
-section bench-vulkan-barriers-all 30 "$out/bench_vulkan_barriers_all.json" \
-    env HISPARSE_VULKAN_BARRIERS=all "$bin/hisparse" bench --backend vulkan --json
+# The index paths with every barrier over all stages and accesses (the round-4 behaviour), and
+# with one queue for everything.
+section vulkan-bench-barriers-all 30 - "$bin/vulkan-bench" --iters 50 --only index \
+    --option barriers=all --json "$out/vulkan_bench_barriers_all.json"
+section vulkan-bench-1q 30 - "$bin/vulkan-bench" --iters 50 --only index \
+    --option queues=single --json "$out/vulkan_bench_single_queue.json"
 section simulate-cuda 20 "$out/simulate_cuda.json" "$bin/hisparse" simulate --backend cuda --json
 section simulate-vulkan 70 "$out/simulate_vulkan.json" "$bin/hisparse" simulate --backend vulkan --json
-section simulate-vulkan-1q 30 "$out/simulate_vulkan_single_queue.json" \
-    env HISPARSE_VULKAN_QUEUES=single "$bin/hisparse" simulate --backend vulkan --json
 # The Vulkan simulation while another process holds an idle CUDA context (run 12: the GPU then
 # keeps its clocks up through the simulator's host gaps, as it does for the CUDA simulation).
 with_cuda_context() {
@@ -173,7 +175,7 @@ def ceil(b, name):
 bv, bc = load("bench_vulkan.json"), load("bench_cuda.json")
 vb = load("vulkan_bench.json")
 sv, sc = load("simulate_vulkan.json"), load("simulate_cuda.json")
-s1 = load("simulate_vulkan_single_queue.json")
+s1 = None  # one queue: measured by vulkan_bench --option queues=single (below)
 rows = []
 def row(what, value, target, ok):
     rows.append((what, value, target, "-" if ok is None else "met" if ok else "MISSED"))
@@ -258,15 +260,17 @@ if sv and sc:
             row(f"simulate device time/step, Vulkan {label}",
                 f"{s['device_us_per_step']:.0f} vs CUDA {sc['device_us_per_step']:.0f} us = {r:.2f}x, "
                 f"steps 20-47 {plateau(s):.0f} us, {s['mismatched_rows']} mismatched", "", None)
-ba = load("bench_vulkan_barriers_all.json")
-if bv and ba:
-    for p in ["remap", "resolve", "gather 656 B rows × 2048 ", "backup", "restore"]:
-        fp, fa = fig(bv, p), fig(ba, p)
-        fc = fig(bc, p)
-        if fp and fa:
-            vs = f", CUDA {fc['seconds_per_call']*1e6:.1f} us" if fc else ""
-            row(f"{p.strip()} (bench), barriers compute / all",
-                f"{fp['seconds_per_call']*1e6:.1f} / {fa['seconds_per_call']*1e6:.1f} us per call{vs}", "", None)
+# The index paths with the default settings beside barriers over all stages, and one queue.
+for label, name in [("barriers all", "vulkan_bench_barriers_all.json"), ("one queue", "vulkan_bench_single_queue.json")]:
+    other = load(name)
+    if vb and other:
+        base = {t["name"]: t for t in vb.get("timings", [])}
+        for t in other.get("timings", []):
+            b0 = base.get(t["name"])
+            if b0 and t["name"].startswith(("decode step", "remap", "resolve")):
+                row(f"{t['name']} (vulkan_bench), default / {label}",
+                    f"device {b0['device_us']:.1f} / {t['device_us']:.1f} us, "
+                    f"wall {b0['wall_us']:.1f} / {t['wall_us']:.1f} us", "", None)
 # The GPU's clocks in each performance section (nvidia-smi every 100 ms).
 try:
     import datetime

@@ -40,11 +40,6 @@ pub(super) struct Parts {
     transfer: Option<u32>,
 }
 
-/// Whether [`COMPUTE_FAMILY_ENV`] asks for a compute family without graphics (`dedicated`).
-fn prefer_dedicated_compute() -> bool {
-    std::env::var(COMPUTE_FAMILY_ENV).is_ok_and(|v| v.trim() == "dedicated")
-}
-
 /// The queue families the backend uses: the first compute-capable family (with
 /// `dedicated_compute`, the first without graphics where there is one), and a family with
 /// transfer but neither graphics nor compute (a DMA engine).
@@ -76,15 +71,21 @@ fn pick_families(
 
 impl Context {
     /// Opens the device chosen by `selector` (see `VulkanDevice::open`); with `strict`, work
-    /// after which the validation layer reported warnings or errors fails.
-    pub fn open(selector: &str, strict: bool) -> Result<Context> {
-        Self::open_with(selector, strict, false)
+    /// after which the validation layer reported warnings or errors fails; with
+    /// `dedicated_compute`, compute work goes to a family without graphics where there is one.
+    pub fn open(selector: &str, strict: bool, dedicated_compute: bool) -> Result<Context> {
+        Self::open_with(selector, strict, false, dedicated_compute)
     }
 
     /// [`Context::open`], enabling the Khronos validation layer explicitly with `layer`.
-    pub fn open_with(selector: &str, strict: bool, layer: bool) -> Result<Context> {
+    pub fn open_with(
+        selector: &str,
+        strict: bool,
+        layer: bool,
+        dedicated_compute: bool,
+    ) -> Result<Context> {
         let before = validation_message_count();
-        let mut ctx = Self::open_inner(selector, layer)?;
+        let mut ctx = Self::open_inner(selector, layer, dedicated_compute)?;
         ctx.strict = strict;
         ctx.checked = AtomicUsize::new(before);
         ctx.check_validation()?;
@@ -103,7 +104,11 @@ impl Context {
         Ok(())
     }
 
-    pub(super) fn open_inner(selector: &str, layer: bool) -> Result<Context> {
+    pub(super) fn open_inner(
+        selector: &str,
+        layer: bool,
+        dedicated_compute: bool,
+    ) -> Result<Context> {
         // SAFETY: loading the system Vulkan loader runs its initialisers; this is the documented
         // way to use ash with run-time linking, and the library stays loaded inside `Entry`.
         let entry = unsafe { ash::Entry::load() }
@@ -183,7 +188,7 @@ impl Context {
                     instance.destroy_instance(None);
                 }
             };
-        match Self::create_device(&entry, &instance, selector) {
+        match Self::create_device(&entry, &instance, selector, dedicated_compute) {
             Ok(parts) => Self::finish(entry, instance, debug, parts),
             Err(e) => {
                 destroy_instance(&debug);
@@ -195,6 +200,7 @@ impl Context {
     pub(super) fn suitability(
         instance: &ash::Instance,
         pdev: vk::PhysicalDevice,
+        dedicated_compute: bool,
     ) -> core::result::Result<(u32, u32, Option<u32>), String> {
         // SAFETY: `pdev` was enumerated from `instance`.
         let props = unsafe { instance.get_physical_device_properties(pdev) };
@@ -230,14 +236,14 @@ impl Context {
         }
         // SAFETY: as above.
         let families = unsafe { instance.get_physical_device_queue_family_properties(pdev) };
-        pick_families(&families, prefer_dedicated_compute())
-            .ok_or_else(|| "no compute queue".into())
+        pick_families(&families, dedicated_compute).ok_or_else(|| "no compute queue".into())
     }
 
     pub(super) fn create_device(
         _entry: &ash::Entry,
         instance: &ash::Instance,
         selector: &str,
+        dedicated_compute: bool,
     ) -> Result<Parts> {
         // SAFETY: valid instance.
         let pdevs = unsafe { instance.enumerate_physical_devices() }
@@ -285,7 +291,7 @@ impl Context {
         let mut reasons = Vec::new();
         let mut chosen = None;
         for c in matching {
-            match Self::suitability(instance, c.pdev) {
+            match Self::suitability(instance, c.pdev, dedicated_compute) {
                 Ok(families) => {
                     chosen = Some((c, families));
                     break;

@@ -54,7 +54,6 @@ mod record;
 mod submit;
 
 pub use memory::{read_host, write_host};
-pub use profile::PROFILE_ENV;
 pub use record::{Rec, Span};
 
 type Result<T> = core::result::Result<T, VulkanError>;
@@ -72,16 +71,11 @@ pub const IDLE_BATCH_COMMANDS: u32 = 16;
 /// as soon as the device has caught up.
 pub const IDLE_GAP: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// Environment variable choosing the compute queue family at open: `first` (default: the first
-/// family with compute, on NVIDIA the universal graphics family) or `dedicated` (a family with
-/// compute but no graphics where the device has one), for comparisons.
-pub const COMPUTE_FAMILY_ENV: &str = "HISPARSE_VULKAN_COMPUTE_FAMILY";
-
 /// How long a host wait polls the timelines before it blocks in `vkWaitSemaphores` (GPUs only).
 pub const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// How long a host wait on a GPU polls the timelines, yielding the thread between polls, after
-/// [`WAIT_SPIN`] and before it blocks (unless `HISPARSE_VULKAN_WAIT=block`): a thread blocked in
+/// [`WAIT_SPIN`] and before it blocks (unless the device was opened with `HostWait::Block`): a thread blocked in
 /// `vkWaitSemaphores` wakes late, which cost each synchronisation of a benchmark sample or a
 /// simulated step hundreds of microseconds.
 pub const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
@@ -295,7 +289,7 @@ struct State {
     pipelines: Vec<Option<Pipeline>>,
     /// Capture mode (see the module docs).
     capture: bool,
-    /// The profile, when [`PROFILE_ENV`] turned it on.
+    /// The profile, when `VulkanOptions::profile` turned it on.
     profile: Option<profile::Profile>,
 }
 
@@ -333,11 +327,11 @@ pub struct Context {
     /// Queue submissions so far (a diagnostic for benches).
     pub submissions: AtomicU64,
     /// How long a host wait polls (yielding) after [`WAIT_SPIN`] before it blocks: [`WAIT_POLL`]
-    /// on GPUs, zero on CPU devices or with `HISPARSE_VULKAN_WAIT=block`.
+    /// on GPUs, zero on CPU devices or with `HostWait::Block`.
     pub wait_poll: std::time::Duration,
     /// Whether a barrier between two compute dispatches (with no copy or fill recorded since the
     /// previous barrier) covers only the compute-shader stage and shader accesses instead of
-    /// every stage and access (`HISPARSE_VULKAN_BARRIERS=all` clears it, for comparisons).
+    /// every stage and access (`Barriers::All` clears it, for comparisons).
     pub compute_barriers: bool,
 }
 
@@ -457,7 +451,7 @@ mod tests {
     #[test]
     fn strict_mode_fails_work_that_draws_validation_messages() {
         let required = std::env::var("HISPARSE_REQUIRE_DEVICE").is_ok_and(|v| v.trim() == "1");
-        let ctx = match Context::open_with("", true, true) {
+        let ctx = match Context::open_with("", true, true, false) {
             Ok(c) => c,
             Err(e)
                 if !required

@@ -1,4 +1,4 @@
-//! An optional profile of where the time goes ([`PROFILE_ENV`]`=1`), printed to stderr when the
+//! An optional profile of where the time goes (`VulkanOptions::profile`), printed to stderr when the
 //! device is dropped: per operation (the `Device` method that recorded it, and the first command
 //! it recorded: a shader, `vkCmdCopyBuffer` or `vkCmdFillBuffer`) the calls, the commands, the
 //! host time spent inside the backend's recording (lock, descriptor writes, parameter uploads,
@@ -17,9 +17,6 @@
 use std::fmt::Write as _;
 
 use super::*;
-
-/// Environment variable: `1` profiles every device opened afterwards (see the module docs).
-pub const PROFILE_ENV: &str = "HISPARSE_VULKAN_PROFILE";
 
 /// Timestamp queries per batch (one at the start, one per operation); a batch is submitted
 /// before it runs out.
@@ -122,7 +119,7 @@ impl Profile {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "vulkan profile of {device} ({PROFILE_ENV}=1; device time from a timestamp after \
+            "vulkan profile of {device} (device time from a timestamp after \
              every operation, so operations do not overlap while profiling):"
         );
         let _ = writeln!(

@@ -1,7 +1,7 @@
 //! Remap, top-k 2048 over 128K-token block tables, at 1, 64, 256 and 1024 tokens, plain, with
-//! valid counts and with counts and compaction, every kernel, warm and cold.
+//! valid counts and with counts and compaction, warm and cold.
 
-use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaStream, RemapVariant};
+use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaStream};
 use hisparse_core::Device;
 use hisparse_core::ops::remap::remap as ref_remap;
 use hisparse_core::ops::{RemapArgs, RemapDesc};
@@ -154,14 +154,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                     stats: None,
                 },
             )?;
-            let variants: Vec<RemapVariant> = if no_lookup {
-                vec![RemapVariant::PRODUCTION]
-            } else {
-                RemapVariant::ALL.to_vec()
-            };
-            let mut warm_by_variant = Vec::new();
-            for v in variants {
-                b.dev.set_remap_variant(v);
+            let warm_with = {
                 let call = |d: &CudaDevice,
                             s: &CudaStream,
                             out: &mut CudaBuffer,
@@ -185,11 +178,9 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                 let got = download(&b.dev, &out, (t * k) as usize)?;
                 let got_c = download(&b.dev, &counts, t as usize)?;
                 if got != want || (write_counts && got_c != want_c) {
-                    return Err(format!(
-                        "remap {} {mode} at {t} tokens differs from the reference",
-                        v.name()
-                    )
-                    .into());
+                    return Err(
+                        format!("remap {mode} at {t} tokens differs from the reference").into(),
+                    );
                 }
                 let warm = b.graph_us(calls, replays, &mut |d, s| {
                     for _ in 0..calls {
@@ -214,7 +205,6 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                 let flush = (flush_before + flush_after) / 2.0;
                 let cold = (cold_total - flush).max(0.0);
                 let flush_spread = (flush_before - flush_after).abs();
-                warm_by_variant.push((v, warm));
                 let target = match (t, no_lookup) {
                     (_, true) => None,
                     (1, _) => Some(1.2),
@@ -222,13 +212,12 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                     (1024, _) => Some(6.0),
                     _ => None,
                 };
-                let production = v == RemapVariant::PRODUCTION;
                 let bytes = f64::from(t) * f64::from(k) * 8.0;
                 for (l2, us, mhz) in [("warm", warm, warm_mhz), ("cold", cold, cold_mhz)] {
                     b.push(Row {
                         section: "remap",
                         name: format!("remap {t} tok x 2048, {mode}, L2 {l2}"),
-                        variant: v.name().into(),
+                        path: "-".into(),
                         value: us,
                         unit: "us",
                         ceiling: bytes / b.d2d / 1e3 + b.empty_us,
@@ -238,7 +227,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                             _ => "-".into(),
                         },
                         met: match (l2, target) {
-                            ("warm", Some(x)) if production => Some(us <= x),
+                            ("warm", Some(x)) => Some(us <= x),
                             _ => None,
                         },
                         note: if l2 == "cold" {
@@ -253,35 +242,31 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                         sm_mhz: mhz,
                     });
                 }
-            }
-            b.dev.set_remap_variant(RemapVariant::PRODUCTION);
+                warm
+            };
             if compact {
-                // Compaction's cost over counts alone, per kernel (warm).
-                for (v, with) in &warm_by_variant {
-                    let counts_only = b
-                        .rows
-                        .iter()
-                        .rev()
-                        .find(|r| {
-                            r.name == format!("remap {t} tok x 2048, counts, L2 warm")
-                                && r.variant == v.name()
-                        })
-                        .map(|r| r.value);
-                    if let Some(c) = counts_only {
-                        b.push(Row {
-                            section: "remap",
-                            name: format!("remap {t} tok: compaction over counts alone"),
-                            variant: v.name().into(),
-                            value: with / c,
-                            unit: "x",
-                            ceiling: 1.0,
-                            ceiling_name: "counts alone",
-                            target: "<= 1.10x".into(),
-                            met: (*v == RemapVariant::PRODUCTION).then_some(with / c <= 1.10),
-                            note: String::new(),
-                            sm_mhz: 0.0,
-                        });
-                    }
+                // Compaction's cost over counts alone (warm).
+                let with = warm_with;
+                let counts_only = b
+                    .rows
+                    .iter()
+                    .rev()
+                    .find(|r| r.name == format!("remap {t} tok x 2048, counts, L2 warm"))
+                    .map(|r| r.value);
+                if let Some(c) = counts_only {
+                    b.push(Row {
+                        section: "remap",
+                        name: format!("remap {t} tok: compaction over counts alone"),
+                        path: "-".into(),
+                        value: with / c,
+                        unit: "x",
+                        ceiling: 1.0,
+                        ceiling_name: "counts alone",
+                        target: "<= 1.10x".into(),
+                        met: Some(with / c <= 1.10),
+                        note: String::new(),
+                        sm_mhz: 0.0,
+                    });
                 }
             }
         }

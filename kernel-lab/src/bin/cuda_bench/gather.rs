@@ -1,7 +1,7 @@
 //! The swap-in gather of random 656 B rows from a 687 MB pinned pool (2048 and 32768 rows, and
-//! 2048 rows × 4 layers in one call), every gather kernel, with and without PDL.
+//! 2048 rows × 4 layers in one call), with and without PDL.
 
-use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer, GatherVariant};
+use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer};
 use hisparse_core::Device;
 use hisparse_core::ops::{BufferLen, GatherArgs, GatherDesc, LayerPair, PageLayout};
 
@@ -119,63 +119,55 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
     for (rows_n, layers_n) in [(2048u32, 1u32), (32768, 1), (2048, 4)] {
         let mut p = plans(b, &mut rng, rows_n, layers_n)?;
         let mut first: Option<Vec<u8>> = None;
-        for v in GatherVariant::ALL {
-            b.dev.set_gather_variant(v);
-            for pdl in [false, true] {
-                if pdl && !b.dev.set_programmatic_launch(true) {
+        for pdl in [false, true] {
+            if pdl && !b.dev.set_programmatic_launch(true) {
+                continue;
+            }
+            let measured = (|| -> Res<f64> {
+                let got = run_once(b, &mut p, &host)?;
+                match &first {
+                    None => first = Some(got),
+                    Some(want) if *want != got => {
+                        return Err("gather with PDL differs from the gather without".into());
+                    }
+                    Some(_) => {}
+                }
+                graph_us(b, &mut p, &host)
+            })();
+            b.dev.set_programmatic_launch(false);
+            let us = match measured {
+                Ok(us) => us,
+                Err(e) if pdl => {
+                    // PDL is optional: its failure is reported, the other figures stand.
+                    println!("gather with PDL FAILED: {e}");
+                    b.failures.push(format!("gather with PDL: {e}"));
                     continue;
                 }
-                let measured = (|| -> Res<f64> {
-                    let got = run_once(b, &mut p, &host)?;
-                    match &first {
-                        None => first = Some(got),
-                        Some(want) if *want != got => {
-                            return Err(format!(
-                                "gather {} (pdl {pdl}) differs from the first variant's",
-                                v.name()
-                            )
-                            .into());
-                        }
-                        Some(_) => {}
-                    }
-                    graph_us(b, &mut p, &host)
-                })();
-                b.dev.set_programmatic_launch(false);
-                let us = match measured {
-                    Ok(us) => us,
-                    Err(e) if pdl => {
-                        // PDL is optional: its failure is reported, the other figures stand.
-                        println!("gather {} with PDL FAILED: {e}", v.name());
-                        b.failures
-                            .push(format!("gather {} with PDL: {e}", v.name()));
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                let bytes = f64::from(rows_n * layers_n) * f64::from(ROW);
-                let gbs = bytes / us / 1e3;
-                let what = if layers_n == 1 {
-                    String::new()
-                } else {
-                    format!(" x {layers_n} layers (one call)")
-                };
-                b.push(Row {
-                    section: "gather",
-                    name: format!(
-                        "gather {rows_n} x 656 B random rows{what}{}",
-                        if pdl { ", PDL" } else { "" }
-                    ),
-                    variant: v.name().into(),
-                    value: gbs,
-                    unit: "GB/s",
-                    ceiling: b.h2d,
-                    ceiling_name: "bulk H2D",
-                    target: ">= 0.8x".into(),
-                    met: (v == GatherVariant::PRODUCTION).then_some(gbs / b.h2d >= 0.8),
-                    note: format!("{us:.1} us per call"),
-                    sm_mhz: 0.0,
-                });
-            }
+                Err(e) => return Err(e),
+            };
+            let bytes = f64::from(rows_n * layers_n) * f64::from(ROW);
+            let gbs = bytes / us / 1e3;
+            let what = if layers_n == 1 {
+                String::new()
+            } else {
+                format!(" x {layers_n} layers (one call)")
+            };
+            b.push(Row {
+                section: "gather",
+                name: format!(
+                    "gather {rows_n} x 656 B random rows{what}{}",
+                    if pdl { ", PDL" } else { "" }
+                ),
+                path: if pdl { "pdl" } else { "-" }.into(),
+                value: gbs,
+                unit: "GB/s",
+                ceiling: b.h2d,
+                ceiling_name: "bulk H2D",
+                target: ">= 0.8x".into(),
+                met: Some(gbs / b.h2d >= 0.8),
+                note: format!("{us:.1} us per call"),
+                sm_mhz: 0.0,
+            });
         }
     }
     Ok(())
@@ -220,7 +212,7 @@ pub(crate) fn cli_gather(b: &mut Bench) -> Res<()> {
     b.push(Row {
         section: "cli",
         name: "gather 2048 x 656 B random rows, stream calls (as hisparse bench)".into(),
-        variant: GatherVariant::PRODUCTION.name().into(),
+        path: "-".into(),
         value: gbs,
         unit: "GB/s",
         ceiling: b.h2d,

@@ -97,7 +97,7 @@ fn push(b: &mut Bench, section: &'static str, m: Measured, judged: bool) {
     b.push(Row {
         section,
         name: m.label,
-        variant: "-".into(),
+        path: "-".into(),
         value: m.gbs,
         unit: "GB/s",
         ceiling: ceil,

@@ -1,10 +1,9 @@
 //! CUDA benchmark of the HiSparse decode path, every figure beside the physical ceilings measured
-//! in the same run. Needs the `bench-variants` feature (the earlier kernels are measured beside
-//! the production ones, and every variant's output is checked byte for byte against the core's
-//! reference or against the production kernel).
+//! in the same run. Every output is checked byte for byte against the core's reference (or, for
+//! the fused path, against the resolve-then-gather pair) before it is timed.
 //!
 //! ```text
-//! cargo build --release -p hisparse-backend-cuda --features bench-variants --example cuda_bench
+//! cargo build --release -p hisparse-kernel-lab --bin cuda_bench
 //! cuda_bench [--json PATH] [--quick] [--only ceilings,remap,gather,resolve,path,backup,cli]
 //! cuda_bench --profile-targets
 //! ```
@@ -20,34 +19,34 @@
 //! * ceilings: bulk pinned host→device and device→host copies (256 MiB), a device-to-device copy
 //!   (1 GiB, bytes read plus written), and an empty kernel inside a graph (the launch floor);
 //! * remap, top-k 2048 over 128K-token block tables, at 1, 64, 256 and 1024 tokens, plain, with
-//!   valid counts, and with counts and compaction, for every remap kernel; warm (the same inputs
-//!   every call: L2 holds them) and cold (a 64 MiB device copy before every call evicts them;
-//!   the copy's own time, measured alone, is subtracted); at 1 token also a row of only invalid
+//!   valid counts, and with counts and compaction; warm (the same inputs every call: L2 holds
+//!   them) and cold (a 64 MiB device copy before every call evicts them; the copy's own time,
+//!   measured alone, is subtracted); at 1 token also a row of only invalid
 //!   entries (no block-table lookup: what the lookup's round trip costs);
 //! * swap-in gather of random 656 B rows (2048 and 32768 rows, 2048 rows × 4 layers) from a
-//!   687 MB pinned pool, plans rotated so the rows cannot come from L2, every gather kernel, with
-//!   and without programmatic dependent launch (PDL), against bulk host→device;
+//!   687 MB pinned pool, plans rotated so the rows cannot come from L2, with and without
+//!   programmatic dependent launch (PDL, its output checked against the run without), against
+//!   bulk host→device;
 //! * resolve, 1, 64 and 256 requests × 2048 top-k, 4096 hot slots, a random walk of the top-k
 //!   sets that replaces about a tenth of each set per step (about 9% misses), 16 steps in one
-//!   graph replayed from the same starting state, every resolver kernel;
+//!   graph replayed from the same starting state;
 //! * the swap-in critical path: the same walk with each step's resolve followed by the gather of
-//!   its misses as the runtime issues them (production kernels, and the round-2 pair), and the
-//!   fused resolve-and-gather launch (`CudaDevice::resolve_and_gather`, each block copying its
-//!   own request's misses), with and without PDL, against 1.2 × (missed bytes ÷ bulk H2D) +
-//!   5 µs; the fused launch is first checked byte for byte against the pair over the walk;
+//!   its misses as the runtime issues them, and the fused resolve-and-gather launch
+//!   (`CudaDevice::resolve_and_gather`, each block copying its own request's misses), with and
+//!   without PDL, against 1.2 × (missed bytes ÷ bulk H2D) + 5 µs; the fused launch is first
+//!   checked byte for byte against the pair over the walk;
 //! * multi-layer page backup and restore (61 layers × 64 pages) against bulk D2H / H2D;
 //! * `cli`: the configurations `hisparse bench` measures, the same way (stream calls: the
 //!   2048-row gather with its plan rotation, 12-layer backup and restore of 16 rotating page
 //!   sets), so the two tools' figures can be told apart by what they measure.
 //!
 //! `--profile-targets` measures nothing: it issues the decode-size launches a profiler should look
-//! at (remap at 1 and 64 tokens, v4 and v5, the resolver and the fused launch at 64 requests),
-//! each three
+//! at (remap at 1 and 64 tokens, the resolver and the fused launch at 64 requests), each three
 //! times, prints their labels in launch order and exits (`scripts/h200/cuda-perf.sh` runs it
 //! under Nsight Compute).
 //!
-//! Targets are judged on the production kernels (and the fused path); the earlier variants show
-//! the target for comparison only. A section that fails prints why and the bench goes on; the
+//! The empty kernel and the clock probe are the lab's own ([`hisparse_kernel_lab::probes`]),
+//! launched on the backend's stream. A section that fails prints why and the bench goes on; the
 //! exit status is 1 when any section failed or any output differed.
 
 mod ceilings;
@@ -61,12 +60,10 @@ use std::cell::Cell;
 use std::error::Error;
 use std::fmt::Write as _;
 
-use hisparse_backend_cuda::{
-    CudaBuffer, CudaDevice, CudaError, CudaHostBuffer, CudaStream, GatherVariant, RemapVariant,
-    ResolveVariant,
-};
+use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaHostBuffer, CudaStream};
 use hisparse_core::Device;
 use hisparse_core::ops::BufferLen;
+use hisparse_kernel_lab::probes::{self, Probes};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -124,7 +121,8 @@ fn host_pool(b: &Bench) -> Res<CudaHostBuffer> {
 struct Row {
     section: &'static str,
     name: String,
-    variant: String,
+    /// Which path of the operation (`-` where there is one), e.g. `pdl` or `fused`.
+    path: String,
     value: f64,
     unit: &'static str,
     ceiling: f64,
@@ -157,6 +155,8 @@ struct Bench {
     d2h: f64,
     d2d: f64,
     empty_us: f64,
+    /// The empty kernel and the clock probe (shared, so timed closures can launch them).
+    probes: std::rc::Rc<Probes>,
     /// Where the clock probe writes (two u64).
     probe: CudaBuffer,
     /// The SM clock the last timed run ran at, MHz.
@@ -175,19 +175,19 @@ impl Bench {
     /// Enqueues the warm-up spin (no host synchronisation: the timed work queues behind it).
     fn warm(&mut self) -> Res<()> {
         Ok(self
-            .dev
+            .probes
             .launch_clock_probe(&self.s, &mut self.probe, WARM_NS)?)
     }
 
     /// Enqueues the clock probe, waits for the stream, and records the clock it measured.
     fn read_clock(&mut self) -> Res<f64> {
-        self.dev
+        self.probes
             .launch_clock_probe(&self.s, &mut self.probe, PROBE_NS)?;
         self.dev.synchronize(&self.s)?;
         let mut raw = [0u8; 16];
         self.dev.download(&self.probe, 0, &mut raw)?;
         let w = |i: usize| u64::from_ne_bytes(raw[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-        let mhz = CudaDevice::clock_mhz([w(0), w(1)]).unwrap_or(0.0);
+        let mhz = probes::clock_mhz([w(0), w(1)]).unwrap_or(0.0);
         self.clock.set(mhz);
         Ok(mhz)
     }
@@ -239,7 +239,7 @@ impl Bench {
         println!(
             "{:<9} {:<72} {:>10.3} {:<5} SM {:>4.0} MHz {}",
             r.section,
-            format!("{} [{}]", r.name, r.variant),
+            format!("{} [{}]", r.name, r.path),
             r.value,
             r.unit,
             r.sm_mhz,
@@ -258,10 +258,7 @@ impl Bench {
             println!("section {name} FAILED: {e}");
             self.failures.push(format!("{name}: {e}"));
         }
-        // Whatever the section changed, the next one starts from the production kernels.
-        self.dev.set_remap_variant(RemapVariant::PRODUCTION);
-        self.dev.set_gather_variant(GatherVariant::PRODUCTION);
-        self.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
+        // Whatever the section changed, the next one starts without programmatic launch.
         self.dev.set_programmatic_launch(false);
     }
 }
@@ -304,6 +301,7 @@ fn run() -> Res<bool> {
             r.block_threads
         );
     }
+    let probes = std::rc::Rc::new(Probes::load(&dev, 0)?);
     let probe = dev.alloc(16)?;
     let mut b = Bench {
         dev,
@@ -315,6 +313,7 @@ fn run() -> Res<bool> {
         d2h: 0.0,
         d2d: 0.0,
         empty_us: 0.0,
+        probes,
         probe,
         clock: Cell::new(0.0),
     };
@@ -330,7 +329,7 @@ fn run() -> Res<bool> {
     b.push(Row {
         section: "ceiling",
         name: "SM clock after 20 ms of sustained work".into(),
-        variant: "-".into(),
+        path: "-".into(),
         value: busy,
         unit: "MHz",
         ceiling: busy,
@@ -397,13 +396,13 @@ fn report(b: &Bench, json: Option<&str>) -> Res<()> {
     println!();
     println!(
         "| {:<72} | {:<24} | {:>10} | {:<5} | {:>10} | {:>7} | {:<11} | {:<6} | {:>6} |",
-        "figure", "variant", "value", "unit", "ceiling", "ratio", "target", "met", "SM MHz"
+        "figure", "path", "value", "unit", "ceiling", "ratio", "target", "met", "SM MHz"
     );
     for r in &b.rows {
         println!(
             "| {:<72} | {:<24} | {:>10.3} | {:<5} | {:>10.3} | {:>7.3} | {:<11} | {:<6} | {:>6.0} |",
             r.name,
-            r.variant,
+            r.path,
             r.value,
             r.unit,
             r.ceiling,
@@ -436,11 +435,11 @@ fn report(b: &Bench, json: Option<&str>) -> Res<()> {
         for (i, r) in b.rows.iter().enumerate() {
             let _ = write!(
                 out,
-                "{}{{\"section\":{},\"name\":{},\"variant\":{},\"value\":{:.4},\"unit\":{},\"ceiling\":{:.4},\"ceiling_name\":{},\"ratio\":{:.4},\"target\":{},\"met\":{},\"note\":{},\"sm_mhz\":{:.0}}}",
+                "{}{{\"section\":{},\"name\":{},\"path\":{},\"value\":{:.4},\"unit\":{},\"ceiling\":{:.4},\"ceiling_name\":{},\"ratio\":{:.4},\"target\":{},\"met\":{},\"note\":{},\"sm_mhz\":{:.0}}}",
                 if i > 0 { "," } else { "" },
                 json_str(r.section),
                 json_str(&r.name),
-                json_str(&r.variant),
+                json_str(&r.path),
                 r.value,
                 json_str(r.unit),
                 r.ceiling,

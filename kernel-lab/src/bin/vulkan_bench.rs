@@ -27,15 +27,19 @@
 //! is served from a GPU cache.
 //!
 //! ```text
-//! cargo run -p hisparse-backend-vulkan --release --example vulkan_bench -- \
-//!     [--device SELECTOR] [--iters N] [--host-mib M] [--json PATH] [--only index]
+//! cargo run -p hisparse-kernel-lab --release --bin vulkan_bench -- \
+//!     [--device SELECTOR] [--iters N] [--host-mib M] [--json PATH] [--only index] \
+//!     [--option NAME=VALUE[,NAME=VALUE...]]...
 //! ```
+//!
+//! `--option` configures the device (`hisparse_backend_vulkan::VulkanOptions::set`, e.g.
+//! `--option barriers=all` or `--option queues=single`) for comparisons with the defaults.
 
 use std::time::{Duration, Instant};
 
 use hisparse_backend_vulkan::{
     CopyEngine, GatherKernel, ResolveKernel, VulkanBuffer, VulkanDevice, VulkanError,
-    VulkanHostBuffer,
+    VulkanHostBuffer, VulkanOptions,
 };
 use hisparse_core::Device;
 use hisparse_core::ops::{
@@ -57,6 +61,8 @@ struct Opts {
     json: Option<String>,
     /// `--only index`: the index paths only (quick on CPU devices).
     only_index: bool,
+    /// The device's configuration (`--option`).
+    options: VulkanOptions,
 }
 
 fn parse() -> core::result::Result<Opts, String> {
@@ -66,6 +72,7 @@ fn parse() -> core::result::Result<Opts, String> {
         host_mib: 1024,
         json: None,
         only_index: false,
+        options: VulkanOptions::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -79,6 +86,7 @@ fn parse() -> core::result::Result<Opts, String> {
                 "index" => o.only_index = true,
                 other => return Err(format!("--only {other}: only `index` is known")),
             },
+            "--option" => o.options.set_all(&val()?).map_err(|e| e.to_string())?,
             "--bench" => {}
             other => return Err(format!("unknown argument {other}")),
         }
@@ -397,7 +405,7 @@ fn gathers(
             top_k: k,
             layers: &layers,
         };
-        for kernel in [GatherKernel::V1, GatherKernel::V2] {
+        for kernel in [GatherKernel::PerEntry, GatherKernel::Pipelined] {
             dev.set_gather_kernel(kernel);
             let gather = |d: &VulkanDevice, i: usize, pool: &mut VulkanBuffer| {
                 let (_, _, (plan_src, plan_dst, plan_counts)) = &set[i % plans];
@@ -903,7 +911,7 @@ fn page_copies(dev: &VulkanDevice, iters: usize, r: &mut Report) -> Result<()> {
 }
 
 fn run(o: &Opts) -> Result<()> {
-    let dev = VulkanDevice::open(&o.device)?;
+    let dev = VulkanDevice::open_with(&o.device, &o.options)?;
     let host_bytes = ((o.host_mib << 20) / PAGE * PAGE) as usize;
     let host_rows = (host_bytes as u64 / u64::from(ROW_BYTES)) as u32;
     if host_rows < 4 * 32768 {

@@ -3,7 +3,7 @@
 // two passes of 16-byte words. Fewer loads in flight than `gather.wgsl` (the default on GPUs),
 // but no per-word division: faster on CPU implementations (lavapipe), whose SIMD lanes
 // scalarise integer division. Same bindings and window scheme as `gather.wgsl`. Addresses and
-// layouts are in pool words (`Word`): 16 bytes, or 4 in the 4-byte-word variant (`gather_v1w`),
+// layouts are in pool words (`Word`): 16 bytes, or 4 in the 4-byte-word form (`gather_per_entry_words`),
 // which split rows whose scale part is not a multiple of 16 bytes take.
 struct Params {
     num_tokens: u32,

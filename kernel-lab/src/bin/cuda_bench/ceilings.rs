@@ -1,6 +1,7 @@
 //! The ceilings every other section divides by: bulk pinned copies both ways, a device-to-device
 //! copy, and an empty kernel inside a graph.
 
+use hisparse_backend_cuda::CudaError;
 use hisparse_core::Device;
 
 use crate::{Bench, Res, Row};
@@ -33,9 +34,12 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
     b.d2h = bulk as f64 / d2h_ms / 1e6;
     b.d2d = 2.0 * dd as f64 / d2d_ms / 1e6;
     let n = 100;
-    b.empty_us = b.graph_us(n, if b.quick { 5 } else { 50 }, &mut |d, s| {
+    let probes = b.probes.clone();
+    b.empty_us = b.graph_us(n, if b.quick { 5 } else { 50 }, &mut |_, s| {
         for _ in 0..n {
-            d.launch_empty(s)?;
+            probes
+                .launch_empty(s)
+                .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         }
         Ok(())
     })?;
@@ -54,7 +58,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
         b.push(Row {
             section: "ceiling",
             name: name.into(),
-            variant: "-".into(),
+            path: "-".into(),
             value: v,
             unit,
             ceiling: v,

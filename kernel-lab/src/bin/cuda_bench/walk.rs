@@ -4,8 +4,7 @@
 use std::collections::HashSet;
 
 use hisparse_backend_cuda::{
-    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream, GatherVariant,
-    ResolveVariant,
+    CudaBuffer, CudaDevice, CudaError, CudaGraph, CudaHostBuffer, CudaStream,
 };
 use hisparse_core::Device;
 use hisparse_core::ops::{
@@ -232,29 +231,19 @@ fn time_walk(
     Ok(total / (reps * steps) as f64)
 }
 
-/// A swap-in path measured: a resolver kernel then a gather launch, or the fused launch.
+/// A swap-in path measured: the resolve then a gather launch, or the fused launch.
 #[derive(Clone, Copy, PartialEq)]
 enum Path {
-    Pair(ResolveVariant, GatherVariant),
+    Pair,
     Fused,
 }
 
-/// The path variants measured, `(name, path, with PDL too)`.
-const PATHS: [(&str, Path, bool); 3] = [
-    (
-        "resolve v2 + gather v3 (production pair)",
-        Path::Pair(ResolveVariant::V2, GatherVariant::V3),
-        true,
-    ),
-    (
-        "resolve v3 + gather v4 (round 2)",
-        Path::Pair(ResolveVariant::V3, GatherVariant::V4),
-        false,
-    ),
+/// The paths measured, `(name, path)`, each with and without PDL.
+const PATHS: [(&str, Path); 2] = [
+    ("resolve + gather", Path::Pair),
     (
         "fused, each block its own request (production from 64 rows)",
         Path::Fused,
-        true,
     ),
 ];
 
@@ -272,19 +261,17 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
         }];
         let pool_len = (PAGE * u64::from(hot_blocks)) as usize;
         let mut pool = b.dev.alloc(pool_len)?;
-        // Eager walks: every resolver kernel, and the fused launch, give every step's outputs
-        // identical; the separate and the fused path leave the pool identical.
-        let mut reference: Option<Vec<Vec<i32>>> = None;
+        // The eager walk: the fused launch gives every step's outputs identical to it, and the
+        // separate and the fused path leave the pool identical.
         let mut missed_rows = 0u64;
         let mut looked_up = 0u64;
-        for v in ResolveVariant::ALL {
-            b.dev.set_resolve_variant(v);
+        let reference = {
             w.reset(&b.dev, &b.s)?;
             let mut all = Vec::new();
             for step in 0..=steps {
                 w.resolve(&b.dev, &b.s, step, None)?;
                 all.push(w.outputs(&b.dev, step)?);
-                if v == ResolveVariant::PRODUCTION && step > 0 {
+                if step > 0 {
                     let [_, _, hits, misses, _, _] = &w.outs[step];
                     let m = download(&b.dev, misses, r as usize)?;
                     let h = download(&b.dev, hits, r as usize)?;
@@ -292,21 +279,8 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                     looked_up += m.iter().chain(&h).map(|&x| x as u64).sum::<u64>();
                 }
             }
-            match &reference {
-                None => reference = Some(all),
-                Some(want) if *want != all => {
-                    return Err(format!(
-                        "resolve {} differs from {} over the walk of {r} requests",
-                        v.name(),
-                        ResolveVariant::ALL[0].name()
-                    )
-                    .into());
-                }
-                Some(_) => {}
-            }
-        }
-        b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
-        let reference = reference.expect("at least one resolver kernel");
+            all
+        };
         let zero = b.dev.alloc(pool_len)?;
         // The pair's pool, then the fused launch's: identical.
         let mut pair_pool: Option<Vec<u8>> = None;
@@ -353,72 +327,56 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
             bytes / 1e6
         );
         if resolve {
-            for v in ResolveVariant::ALL {
-                b.dev.set_resolve_variant(v);
-                let wr = &mut w;
-                let graph = b.dev.capture(&b.s, |d| {
-                    for step in 1..=steps {
-                        wr.resolve(d, &b.s, step, None)?;
-                    }
-                    Ok(())
-                })?;
-                let us = time_walk(b, &mut w, reps, steps, &graph)?;
-                let target = (r == 64).then_some(10.0);
-                b.push(Row {
-                    section: "resolve",
-                    name: format!("resolve {r} req x 2048, 4096 slots, {miss_pct:.1}% misses"),
-                    variant: v.name().into(),
-                    value: us,
-                    unit: "us",
-                    ceiling: b.empty_us,
-                    ceiling_name: "empty launch",
-                    target: target.map_or("-".into(), |x| format!("<= {x} us")),
-                    met: target
-                        .filter(|_| v == ResolveVariant::PRODUCTION)
-                        .map(|x| us <= x),
-                    note: format!("{steps} steps in one graph, from empty hot buffers"),
-                    sm_mhz: 0.0,
-                });
-            }
-            b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
+            let wr = &mut w;
+            let graph = b.dev.capture(&b.s, |d| {
+                for step in 1..=steps {
+                    wr.resolve(d, &b.s, step, None)?;
+                }
+                Ok(())
+            })?;
+            let us = time_walk(b, &mut w, reps, steps, &graph)?;
+            let target = (r == 64).then_some(10.0);
+            b.push(Row {
+                section: "resolve",
+                name: format!("resolve {r} req x 2048, 4096 slots, {miss_pct:.1}% misses"),
+                path: "-".into(),
+                value: us,
+                unit: "us",
+                ceiling: b.empty_us,
+                ceiling_name: "empty launch",
+                target: target.map_or("-".into(), |x| format!("<= {x} us")),
+                met: target.map(|x| us <= x),
+                note: format!("{steps} steps in one graph, from empty hot buffers"),
+                sm_mhz: 0.0,
+            });
         }
         if !path {
             continue;
         }
         // The gathers alone (every step's plan from the eager walk).
-        for gv in [GatherVariant::V3, GatherVariant::V4] {
-            b.dev.set_gather_variant(gv);
-            let (wr, pr) = (&w, &mut pool);
-            let g_us = b.graph_us(steps, reps, &mut |d, s| {
-                for step in 1..=steps {
-                    gather_step(d, s, wr, step, &layer, &host, pr)?;
-                }
-                Ok(())
-            })?;
-            b.push(Row {
-                section: "path",
-                name: format!("gather of the misses alone, {r} req"),
-                variant: format!("gather {}", gv.name()),
-                value: g_us,
-                unit: "us",
-                ceiling: bytes / b.h2d / 1e3,
-                ceiling_name: "missed bytes at bulk H2D",
-                target: "-".into(),
-                met: None,
-                note: format!("{:.1} GB/s", bytes / g_us / 1e3),
-                sm_mhz: 0.0,
-            });
-        }
-        for (name, path, with_pdl) in PATHS {
-            match path {
-                Path::Pair(rv, gv) => {
-                    b.dev.set_resolve_variant(rv);
-                    b.dev.set_gather_variant(gv);
-                }
-                Path::Fused => b.dev.set_resolve_variant(ResolveVariant::PRODUCTION),
+        let (wr, pr) = (&w, &mut pool);
+        let g_us = b.graph_us(steps, reps, &mut |d, s| {
+            for step in 1..=steps {
+                gather_step(d, s, wr, step, &layer, &host, pr)?;
             }
+            Ok(())
+        })?;
+        b.push(Row {
+            section: "path",
+            name: format!("gather of the misses alone, {r} req"),
+            path: "-".into(),
+            value: g_us,
+            unit: "us",
+            ceiling: bytes / b.h2d / 1e3,
+            ceiling_name: "missed bytes at bulk H2D",
+            target: "-".into(),
+            met: None,
+            note: format!("{:.1} GB/s", bytes / g_us / 1e3),
+            sm_mhz: 0.0,
+        });
+        for (name, path) in PATHS {
             for pdl in [false, true] {
-                if pdl && (!with_pdl || !b.dev.set_programmatic_launch(true)) {
+                if pdl && !b.dev.set_programmatic_launch(true) {
                     continue;
                 }
                 let measured = (|| -> Res<f64> {
@@ -426,7 +384,7 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                     let graph = b.dev.capture(&b.s, |d| {
                         for step in 1..=steps {
                             match path {
-                                Path::Pair(..) => {
+                                Path::Pair => {
                                     wr.resolve(d, &b.s, step, None)?;
                                     gather_step(d, &b.s, wr, step, &layer, &host, pr)?;
                                 }
@@ -450,15 +408,11 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                     }
                     Err(e) => return Err(e),
                 };
-                // The production pair and the production fused launch are judged.
-                let judged = r == 64
-                    && (path == Path::Fused
-                        || path
-                            == Path::Pair(ResolveVariant::PRODUCTION, GatherVariant::PRODUCTION));
+                let judged = r == 64;
                 b.push(Row {
                     section: "path",
                     name: format!("swap-in path, {r} req x 2048, {miss_pct:.1}% misses"),
-                    variant: tag,
+                    path: tag,
                     value: us,
                     unit: "us",
                     ceiling: path_ceiling,
@@ -474,8 +428,6 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 });
             }
         }
-        b.dev.set_resolve_variant(ResolveVariant::PRODUCTION);
-        b.dev.set_gather_variant(GatherVariant::PRODUCTION);
     }
     Ok(())
 }

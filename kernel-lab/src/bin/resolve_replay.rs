@@ -1,11 +1,12 @@
-//! Times resolves on states a run wrote out with `HISPARSE_VULKAN_DUMP_RESOLVE` (the file
-//! format is in the backend's `dump` module): for each file, the dumped `dgi` and LRU are
-//! uploaded again before every call, so each call does the dumped call's work, on a GPU kept
-//! busy by nothing else. Device time from timestamps (median of the calls), and the first
-//! call's hit, miss and valid counts per token row (the same for every call).
+//! Times resolves on states a run wrote out with the Vulkan option `dump-resolve`
+//! (`VulkanOptions::dump_resolve`; the file format is in the backend's `dump` module): for each
+//! file, the dumped `dgi` and LRU are uploaded again before every call, so each call does the
+//! dumped call's work, on a GPU kept busy by nothing else. Device time from timestamps (median of
+//! the calls), and the first call's hit, miss and valid counts per token row (the same for every
+//! call).
 //!
 //! ```text
-//! cargo run -p hisparse-backend-vulkan --release --example resolve_replay -- \
+//! cargo run -p hisparse-kernel-lab --release --bin resolve_replay -- \
 //!     [--calls N] [--json PATH] FILE...
 //! ```
 

@@ -1,14 +1,13 @@
 //! `--profile-targets`: the decode-size launches a profiler should look at, each issued three
 //! times on the stream (no graphs, no timing), in a fixed order that the profiler's records
-//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction) with the production
-//! kernel and with variant v5 (the block-table row staged), the resolver at 64 requests (a first
-//! step that fills the hot buffers, then a step with about 9% misses), and the fused
-//! resolve-and-gather of that second step (each block copying its own request). Every launch's label is printed after the launches
-//! (`profile-target N: label`), so `scripts/h200/cuda-perf.sh` can name Nsight Compute's records
-//! (the N-th record of `hs_remap`, `hs_remap_v5`, `hs_resolve` and `hs_resolve_gather` together
-//! is launch N).
+//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 64
+//! requests (a first step that fills the hot buffers, then a step with about 9% misses), and the
+//! fused resolve-and-gather of that second step (each block copying its own request). Every
+//! launch's label is printed after the launches (`profile-target N: label`), so
+//! `scripts/h200/cuda-perf.sh` can name Nsight Compute's records (the N-th record of `hs_remap`,
+//! `hs_resolve` and `hs_resolve_gather` together is launch N).
 
-use hisparse_backend_cuda::{CudaBuffer, RemapVariant};
+use hisparse_backend_cuda::CudaBuffer;
 use hisparse_core::Device;
 use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs};
 
@@ -22,14 +21,7 @@ const REPEATS: usize = 3;
 pub(crate) fn run(b: &mut Bench) -> Res<()> {
     let mut labels = Vec::new();
     let mut rng = Rng(0x5eed);
-    for (kernel, variant) in [
-        ("hs_remap", RemapVariant::PRODUCTION),
-        ("hs_remap_v5", RemapVariant::V5),
-    ] {
-        b.dev.set_remap_variant(variant);
-        remaps(b, &mut rng, kernel, &mut labels)?;
-    }
-    b.dev.set_remap_variant(RemapVariant::PRODUCTION);
+    remaps(b, &mut rng, &mut labels)?;
     let host = host_pool(b)?;
     let mut w = Walk::new(b, 64, 2, &mut rng)?;
     let hot_blocks = 64 * w.desc.hot_table_width();
@@ -68,9 +60,8 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
     Ok(())
 }
 
-/// Remap at 1 and 64 tokens in every mode with the selected kernel (`kernel`, its symbol),
-/// REPEATS calls each.
-fn remaps(b: &mut Bench, rng: &mut Rng, kernel: &str, labels: &mut Vec<String>) -> Res<()> {
+/// Remap at 1 and 64 tokens in every mode, REPEATS calls each.
+fn remaps(b: &mut Bench, rng: &mut Rng, labels: &mut Vec<String>) -> Res<()> {
     for t in [1u32, 64] {
         let inputs = RemapInputs::new(b, rng, t)?;
         let mut out: CudaBuffer = b.dev.alloc((t * K * 4) as usize)?;
@@ -91,7 +82,7 @@ fn remaps(b: &mut Bench, rng: &mut Rng, kernel: &str, labels: &mut Vec<String>) 
                         stats: None,
                     },
                 )?;
-                labels.push(format!("{kernel} {t} tok x 2048, {mode}, call {}", i + 1));
+                labels.push(format!("hs_remap {t} tok x 2048, {mode}, call {}", i + 1));
             }
         }
     }
