@@ -4,7 +4,7 @@
 //! requests (a first step that fills the hot buffers, then a step with about 9% misses), and the
 //! fused resolve-and-gather of that second step (each block copying its own request). Every
 //! launch's label is printed after the launches (`profile-target N: label`), so
-//! `scripts/h200/cuda-perf.sh` can name Nsight Compute's records (the N-th record of `hs_remap`,
+//! `.ci/gpu/cuda-perf.sh` can name Nsight Compute's records (the N-th record of `hs_remap`,
 //! `hs_resolve` and `hs_resolve_gather` together is launch N).
 
 use hisparse_backend_cuda::CudaBuffer;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the H200 machine: installs the hisparse wheel carried in h200-python/ (built here by
-# scripts/h200/python-build.sh) with `pip install --no-index --target`, then runs
+# On the GPU machine: installs the hisparse wheel carried in gpu-python/ (built here by
+# .ci/gpu/python-build.sh) with `pip install --no-index --target`, then runs
 # examples/torch_decode.py — a PyTorch decode loop whose KV lives in hisparse's host pool, with
 # PyTorch's tensors and current stream lent to the runtime — in three configurations:
 #
@@ -21,9 +21,9 @@ mkdir -p "$OUT"
 nvrtc=/usr/local/cuda-13.0/targets/x86_64-linux/lib
 [[ -d "$nvrtc" ]] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-wheel=$(ls h200-python/hisparse-*.whl 2>/dev/null | head -n 1)
+wheel=$(ls gpu-python/hisparse-*.whl 2>/dev/null | head -n 1)
 if [[ -z "$wheel" ]]; then
-    echo "no wheel in h200-python/: build it with scripts/h200/python-build.sh and carry h200-python" >&2
+    echo "no wheel in gpu-python/: build it with .ci/gpu/python-build.sh and carry gpu-python" >&2
     exit 2
 fi
 site=$(mktemp -d)
@@ -35,10 +35,10 @@ fi
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 -c "import numpy" 2>/dev/null; then
     echo "no numpy in $(command -v python3): installing the carried one"
-    python3 -m pip install --quiet --no-index --no-deps --target "$site" h200-python/fallback/numpy-*.whl \
+    python3 -m pip install --quiet --no-index --no-deps --target "$site" gpu-python/fallback/numpy-*.whl \
         >> "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log" >&2; exit 2; }
 fi
-cp h200-python/MANIFEST "$OUT/wheel-MANIFEST" 2>/dev/null || true
+cp gpu-python/MANIFEST "$OUT/wheel-MANIFEST" 2>/dev/null || true
 python3 - <<'PY' 2>&1 | tee "$OUT/environment.txt"
 import hisparse, numpy, torch
 print(f"hisparse {hisparse.__version__} from {hisparse.__file__}, backends {hisparse.backends()}")

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Builds, on the development machine, what scripts/h200/nixl.sh runs on the GPU machine (which has
-# no Rust toolchain and no network), into h200-nixl/ (ignored by git; carry it):
+# Builds, on the development machine, what .ci/gpu/nixl.sh runs on the GPU machine (which has
+# no Rust toolchain and no network), into gpu-nixl/ (ignored by git; carry it):
 #
-#   h200-nixl/hisparse          the CLI with --features cuda,nixl (simulate --pd nixl)
-#   h200-nixl/nixl-transfer     hisparse-nixl's transfer tests (two agents, every byte checked)
-#   h200-nixl/nixl-libs.tar.xz  the libraries of the nixl-cu13 wheel those need, in the wheel's
+#   gpu-nixl/hisparse          the CLI with --features cuda,nixl (simulate --pd nixl)
+#   gpu-nixl/nixl-transfer     hisparse-nixl's transfer tests (two agents, every byte checked)
+#   gpu-nixl/nixl-libs.tar.xz  the libraries of the nixl-cu13 wheel those need, in the wheel's
 #                               own layout (.nixl_cu13.mesonpy.libs/ with plugins/libplugin_UCX.so,
 #                               nixl_cu13.libs/ with UCX and its modules in ucx/): libnixl_capi.so
 #                               and the UCX plugin with everything they load from the wheel; UCX's
 #                               InfiniBand modules and perftest left out (no RDMA between two
 #                               processes of one machine)
-#   h200-nixl/MANIFEST          commit, build date, sizes and sha256
+#   gpu-nixl/MANIFEST          commit, build date, sizes and sha256
 #
 # The wheel is taken from $NIXL_SITE (a site-packages folder holding it), else from the venv
 # .ci/run installs (/opt/hisparse-nixl), else `pip download --no-deps nixl-cu13==1.5.1` into a
@@ -19,7 +19,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-nixl
+out=gpu-nixl
 rm -rf "$out"
 mkdir -p "$out"
 export CARGO_PROFILE_RELEASE_DEBUG=0
@@ -67,8 +67,8 @@ done
 echo "libraries: $(echo "$libs" | wc -l) files, $(du -sb "$stage" | cut -f1) bytes, $(du -b "$out/nixl-libs.tar.xz" | cut -f1) bytes compressed"
 
 # The binaries.
-# shellcheck source=scripts/h200/cargo-exe.sh
-. scripts/h200/cargo-exe.sh
+# shellcheck source=.ci/gpu/cargo-exe.sh
+. .ci/gpu/cargo-exe.sh
 tests=$(cargo test --release -p hisparse-nixl --features nixl --test transfer --no-run \
     --message-format=json 2>/dev/null)
 transfer=$(exe_of transfer <<<"$tests")

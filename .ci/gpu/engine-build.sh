@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# Builds here what scripts/h200/engine.sh runs on the GPU machine (no Rust toolchain there):
+# Builds here what .ci/gpu/engine.sh runs on the GPU machine (no Rust toolchain there):
 #
-#   h200-engine/cuda-conformance   the conformance suite on CUDA device 0
-#   h200-engine/cuda-graph-capture per-layer calls captured in a CUDA graph (global capture mode)
-#   h200-engine/cuda-host-pool     the host pool registered in chunks, whole, and lent
-#   h200-engine/runtime-cuda       the runtime over engine-owned CUDA memory and streams, graphs
-#   h200-engine/hisparse           the CLI with the cuda backend (bench --host-pool)
-#   h200-engine/libhisparse_capi.a the C library with the cuda backend (examples/engine.c)
-#   h200-engine/_flashmla_C.abi3.so  vLLM 0.33's FlashMLA (scripts/fetch-vllm-kernels.sh)
-#   h200-python/                   the abi3 wheel with cpu and cuda (scripts/h200/python-build.sh)
+#   gpu-engine/cuda-conformance   the conformance suite on CUDA device 0
+#   gpu-engine/cuda-graph-capture per-layer calls captured in a CUDA graph (global capture mode)
+#   gpu-engine/cuda-host-pool     the host pool registered in chunks, whole, and lent
+#   gpu-engine/runtime-cuda       the runtime over engine-owned CUDA memory and streams, graphs
+#   gpu-engine/hisparse           the CLI with the cuda backend (bench --host-pool)
+#   gpu-engine/libhisparse_capi.a the C library with the cuda backend (examples/engine.c)
+#   gpu-engine/_flashmla_C.abi3.so  vLLM 0.33's FlashMLA (scripts/fetch-vllm-kernels.sh)
+#   gpu-python/                   the abi3 wheel with cpu and cuda (.ci/gpu/python-build.sh)
 #
-# All are ignored by git; carry h200-engine and h200-python.
+# All are ignored by git; carry gpu-engine and gpu-python.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-engine
+out=gpu-engine
 mkdir -p "$out"
 export CARGO_PROFILE_RELEASE_DEBUG=0
-# shellcheck source=scripts/h200/cargo-exe.sh
-. scripts/h200/cargo-exe.sh
+# shellcheck source=.ci/gpu/cargo-exe.sh
+. .ci/gpu/cargo-exe.sh
 cuda=$(cargo test --release -p hisparse-backend-cuda --test conformance --test graph_capture \
     --test host_pool --no-run --message-format=json 2>/dev/null)
 runtime=$(cargo test --release -p hisparse-runtime --features cuda --test cuda --no-run \
@@ -35,7 +35,7 @@ install -m 644 "${CARGO_TARGET_DIR:-target}/release/libhisparse_capi.a" "$out/li
 if [[ ! -f "$out/_flashmla_C.abi3.so" ]]; then
     scripts/fetch-vllm-kernels.sh --dest "$out" >/dev/null
 fi
-scripts/h200/python-build.sh
-rm -rf h200-python/fallback  # the GPU machine has numpy
+.ci/gpu/python-build.sh
+rm -rf gpu-python/fallback  # the GPU machine has numpy
 echo "commit $(git rev-parse HEAD) built $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$out/MANIFEST"
-du -sh "$out" h200-python
+du -sh "$out" gpu-python

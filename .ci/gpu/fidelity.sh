@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model fidelity on CUDA (issue 12's acceptance), from the repository root, with the CLI of
-# scripts/h200/fidelity-build.sh in h200-fidelity/ (carry that folder; HISPARSE_H200_BIN picks
-# another folder holding a `hisparse` built with --features cuda, e.g. h200-cuda):
+# .ci/gpu/fidelity-build.sh in gpu-fidelity/ (carry that folder; HISPARSE_GPU_BIN picks
+# another folder holding a `hisparse` built with --features cuda, e.g. gpu-cuda):
 #
 #   v4-prefix        hisparse simulate --preset deepseek-v4 --shared-prefix 8192   (prefix hits > 0)
 #   spec             hisparse simulate --spec-tokens 1 --accept-rate 0.7           (rollbacks > 0)
@@ -15,12 +15,12 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-bin=${HISPARSE_H200_BIN:-h200-fidelity}
-out=${OUT:-/tmp/hisparse-h200}/fidelity
+bin=${HISPARSE_GPU_BIN:-gpu-fidelity}
+out=${OUT:-/tmp/hisparse-gpu}/fidelity
 mkdir -p "$out"
 export HISPARSE_REQUIRE_DEVICE=1
 if [ ! -x "$bin/hisparse" ]; then
-    echo "missing $bin/hisparse: run scripts/h200/fidelity-build.sh on the development machine and carry $bin" >&2
+    echo "missing $bin/hisparse: run .ci/gpu/fidelity-build.sh on the development machine and carry $bin" >&2
     exit 2
 fi
 echo "== model fidelity on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"

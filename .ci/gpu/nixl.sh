@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Disaggregated prefill -> decode over NIXL on the GPU machine (issue 18), from the repository
-# root, with what scripts/h200/nixl-build.sh put in h200-nixl/ (carry that folder):
+# root, with what .ci/gpu/nixl-build.sh put in gpu-nixl/ (carry that folder):
 #
 #   1. libs: the wheel's libraries unpacked to a temporary folder; ldd of the C API, the UCX
 #      plugin and UCX's CUDA module (a library that does not load is named here);
@@ -36,17 +36,17 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-# shellcheck source=scripts/h200/cuda-common.sh
-. scripts/h200/cuda-common.sh
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
 budget 180
-bin=${HISPARSE_H200_NIXL:-h200-nixl}
-out=${OUT:-/tmp/hisparse-h200}/nixl
+bin=${HISPARSE_GPU_NIXL:-gpu-nixl}
+out=${OUT:-/tmp/hisparse-gpu}/nixl
 mkdir -p "$out"
 
 echo "== NIXL disaggregated prefill -> decode on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 for f in hisparse nixl-transfer nixl-libs.tar.xz; do
     if [ ! -e "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/nixl-build.sh on the development machine and carry $bin" >&2
+        echo "missing $bin/$f: run .ci/gpu/nixl-build.sh on the development machine and carry $bin" >&2
         exit 2
     fi
 done

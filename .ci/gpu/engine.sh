@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root, with h200-engine/ and h200-python/ of
-# scripts/h200/engine-build.sh carried: the engine-integration checks in one run, each a section
-# with its own limit inside one budget (HISPARSE_H200_BUDGET, default 540 s):
+# On the GPU machine, from the repository root, with gpu-engine/ and gpu-python/ of
+# .ci/gpu/engine-build.sh carried: the engine-integration checks in one run, each a section
+# with its own limit inside one budget (HISPARSE_GPU_BUDGET, default 540 s):
 #
 #   conformance      the conformance suite, a device required
 #   graph-capture    per-layer calls captured in a CUDA graph, replayed, bit-exact
@@ -21,19 +21,19 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-# shellcheck source=scripts/h200/cuda-common.sh
-. scripts/h200/cuda-common.sh
-budget "${HISPARSE_H200_BUDGET:-540}"
-bin=h200-engine
-out=${OUT:-/tmp/hisparse-h200}/engine
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
+budget "${HISPARSE_GPU_BUDGET:-540}"
+bin=gpu-engine
+out=${OUT:-/tmp/hisparse-gpu}/engine
 mkdir -p "$out"
 export HISPARSE_REQUIRE_DEVICE=1 PYTHONUNBUFFERED=1
 nvrtc=/usr/local/cuda-13.0/targets/x86_64-linux/lib
 [[ -d "$nvrtc" ]] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-cat "$bin/MANIFEST" h200-python/MANIFEST 2>/dev/null | head -n 3
+cat "$bin/MANIFEST" gpu-python/MANIFEST 2>/dev/null | head -n 3
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 site=$(mktemp -d)
-python3 -m pip install --quiet --no-index --no-deps --target "$site" h200-python/hisparse-*.whl \
+python3 -m pip install --quiet --no-index --no-deps --target "$site" gpu-python/hisparse-*.whl \
     > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 2; }
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export HISPARSE_FLASHMLA_LIB=$root/$bin/_flashmla_C.abi3.so

@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
-# Builds, on the development machine, every binary the CUDA scripts of scripts/h200/ run on the
-# GPU machine (which has no Rust toolchain), and puts them in h200-cuda/ (ignored by git; carry it
+# Builds, on the development machine, every binary the CUDA scripts of .ci/gpu/ run on the
+# GPU machine (which has no Rust toolchain), and puts them in gpu-cuda/ (ignored by git; carry it
 # to the GPU machine):
 #
-#   h200-cuda/cuda-conformance           the shared conformance suite on CUDA device 0
-#   h200-cuda/cuda-wrap                  engine-owned memory and streams (tests/wrap.rs)
-#   h200-cuda/cuda-fused                 the fused resolve-and-gather against the reference
+#   gpu-cuda/cuda-conformance           the shared conformance suite on CUDA device 0
+#   gpu-cuda/cuda-wrap                  engine-owned memory and streams (tests/wrap.rs)
+#   gpu-cuda/cuda-fused                 the fused resolve-and-gather against the reference
 #                                        (tests/fused.rs)
-#   h200-cuda/cuda-shared                one shared-memory host pool mapped twice (tests/shared.rs)
-#   h200-cuda/cuda-conformance-resolve-global  the suite with the resolver's global-state mode
+#   gpu-cuda/cuda-shared                one shared-memory host pool mapped twice (tests/shared.rs)
+#   gpu-cuda/cuda-conformance-resolve-global  the suite with the resolver's global-state mode
 #                                        forced (tests/conformance_resolve_global.rs)
-#   h200-cuda/cuda-bench                 the kernel lab's cuda_bench (kernel-lab/src/bin/cuda_bench)
-#   h200-cuda/hisparse                   the CLI with --features cuda (simulate, bench, conformance)
-#   h200-cuda/MANIFEST                   commit, build date, sizes and sha256 of the binaries
+#   gpu-cuda/cuda-bench                 the kernel lab's cuda_bench (kernel-lab/src/bin/cuda_bench)
+#   gpu-cuda/hisparse                   the CLI with --features cuda (simulate, bench, conformance)
+#   gpu-cuda/MANIFEST                   commit, build date, sizes and sha256 of the binaries
 #
 # Release profile without debug info, stripped. The binaries load libcuda and NVRTC at run time
 # (NVRTC from /usr/local/cuda-*/targets/x86_64-linux/lib, CUDA_PATH or LD_LIBRARY_PATH).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-cuda
+out=gpu-cuda
 mkdir -p "$out"
 export CARGO_PROFILE_RELEASE_DEBUG=0
 
-# shellcheck source=scripts/h200/cargo-exe.sh
-. scripts/h200/cargo-exe.sh
+# shellcheck source=.ci/gpu/cargo-exe.sh
+. .ci/gpu/cargo-exe.sh
 prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --test fused \
     --test shared --test conformance_resolve_global --no-run --message-format=json 2>/dev/null)
 cargo build --release -p hisparse-kernel-lab --bin cuda_bench
@@ -58,4 +58,4 @@ bins=(cuda-conformance cuda-wrap cuda-fused cuda-shared cuda-conformance-resolve
 } >"$out/MANIFEST"
 cat "$out/MANIFEST"
 total=$(du -sb "$out" | cut -f1)
-echo "h200-cuda/: $total bytes (carry limit 64 MiB, shared with everything else carried)"
+echo "gpu-cuda/: $total bytes (carry limit 64 MiB, shared with everything else carried)"

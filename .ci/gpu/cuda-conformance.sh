@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # CUDA correctness on the GPU machine, from the repository root, with the binaries
-# scripts/h200/cuda-build.sh put in h200-cuda/ (carry that folder):
+# .ci/gpu/cuda-build.sh put in gpu-cuda/ (carry that folder):
 #
 #   1. the whole conformance suite with a device required (HISPARSE_REQUIRE_DEVICE=1);
-#   2. engine-owned memory and streams (h200-cuda/cuda-wrap), the fused resolve-and-gather
-#      (h200-cuda/cuda-fused), one shared host pool mapped twice (h200-cuda/cuda-shared);
+#   2. engine-owned memory and streams (gpu-cuda/cuda-wrap), the fused resolve-and-gather
+#      (gpu-cuda/cuda-fused), one shared host pool mapped twice (gpu-cuda/cuda-shared);
 #   3. compute-sanitizer memcheck over the whole conformance suite and the fused launch;
 #   4. compute-sanitizer racecheck where it fits the budget: the remap, gather and table cases,
 #      and the resolver at small shapes: the fused launch's speculative scenario (128-entry
@@ -22,11 +22,11 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-# shellcheck source=scripts/h200/cuda-common.sh
-. scripts/h200/cuda-common.sh
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
 budget 240
-bin=${HISPARSE_H200_BIN:-h200-cuda}
-out=${OUT:-/tmp/hisparse-h200}/cuda-conformance
+bin=${HISPARSE_GPU_BIN:-gpu-cuda}
+out=${OUT:-/tmp/hisparse-gpu}/cuda-conformance
 mkdir -p "$out"
 export HISPARSE_REQUIRE_DEVICE=1
 sanitizer=$(find_sanitizer)
@@ -34,7 +34,7 @@ sanitizer=$(find_sanitizer)
 echo "== CUDA conformance on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 for f in cuda-conformance cuda-wrap cuda-fused cuda-shared; do
     if [ ! -x "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/cuda-build.sh on the development machine and carry $bin" >&2
+        echo "missing $bin/$f: run .ci/gpu/cuda-build.sh on the development machine and carry $bin" >&2
         exit 2
     fi
 done

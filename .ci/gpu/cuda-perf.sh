@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The decode path at the physical limit on the GPU machine (issue 15), from the repository root,
-# with the binaries of scripts/h200/cuda-build.sh in h200-cuda/ (carry that folder):
+# with the binaries of .ci/gpu/cuda-build.sh in gpu-cuda/ (carry that folder):
 #
 #   1. cuda_bench: every figure beside the ceilings of the same run (bulk H2D/D2H, D2D, an empty
 #      kernel in a graph), warm and cold, the swap-in path separate and fused (each block its own request, checked byte for
@@ -21,10 +21,10 @@
 #      tables) and the fused launch; racecheck over remap, every gather case and every resolve scenario, one
 #      process per case or scenario, the 32768-slot one last with whatever time is left.
 #
-# The whole script runs inside a 345 s budget (HISPARSE_H200_BUDGET overrides it; each section's
+# The whole script runs inside a 345 s budget (HISPARSE_GPU_BUDGET overrides it; each section's
 # limit shrinks to what is left; a section with no time left is reported SKIPPED and listed as
 # dropped at the end), so it ends within 6 minutes. Sections run in priority order, so a smaller
-# budget drops from the end: with HISPARSE_H200_BUDGET=200 the bench (about 30-40 s), the
+# budget drops from the end: with HISPARSE_GPU_BUDGET=200 the bench (about 30-40 s), the
 # conformance suite, the fused test, the fused
 # racechecks (about 10 s together) and the ncu step (limit 75 s) run first, and the resolve
 # racechecks are the first to go. Expected:
@@ -37,11 +37,11 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-# shellcheck source=scripts/h200/cuda-common.sh
-. scripts/h200/cuda-common.sh
-budget "${HISPARSE_H200_BUDGET:-345}"
-bin=${HISPARSE_H200_BIN:-h200-cuda}
-out=${OUT:-/tmp/hisparse-h200}/cuda-perf
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
+budget "${HISPARSE_GPU_BUDGET:-345}"
+bin=${HISPARSE_GPU_BIN:-gpu-cuda}
+out=${OUT:-/tmp/hisparse-gpu}/cuda-perf
 mkdir -p "$out"
 export HISPARSE_REQUIRE_DEVICE=1
 sanitizer=$(find_sanitizer)
@@ -50,7 +50,7 @@ echo "== CUDA decode path on $(nvidia-smi --query-gpu=name,driver_version --form
 echo "clocks before (sm, max sm, mem, pstate, temperature, power): $(clocks)"
 for f in cuda-bench cuda-conformance cuda-conformance-resolve-global cuda-fused; do
     if [ ! -x "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/cuda-build.sh on the development machine and carry $bin" >&2
+        echo "missing $bin/$f: run .ci/gpu/cuda-build.sh on the development machine and carry $bin" >&2
         exit 2
     fi
 done
@@ -192,5 +192,5 @@ if [ -f "$out/bench.log" ]; then
 fi
 dropped=$(printf '%s\n' "${results[@]}" | sed -n 's/.*"section":"\([^"]*\)","status":"SKIPPED".*/\1/p' | tr '\n' ' ')
 echo
-echo "dropped for the budget (${HISPARSE_H200_BUDGET:-345} s): ${dropped:-none}"
+echo "dropped for the budget (${HISPARSE_GPU_BUDGET:-345} s): ${dropped:-none}"
 write_summary cuda-perf

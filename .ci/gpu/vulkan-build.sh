@@ -1,32 +1,32 @@
 #!/usr/bin/env bash
-# Builds, on the development machine, everything scripts/h200/vulkan.sh runs on the GPU machine
-# (which has no Rust toolchain and no network), into h200-vulkan/ (ignored by git; carry it):
+# Builds, on the development machine, everything .ci/gpu/vulkan.sh runs on the GPU machine
+# (which has no Rust toolchain and no network), into gpu-vulkan/ (ignored by git; carry it):
 #
-#   h200-vulkan/hisparse                 the CLI with --features cuda,vulkan
-#   h200-vulkan/vulkan-bench             the kernel lab's vulkan_bench (kernel-lab/src/bin)
-#   h200-vulkan/vulkan-windowed          the conformance suite with 1 MiB pool windows, the copy
+#   gpu-vulkan/hisparse                 the CLI with --features cuda,vulkan
+#   gpu-vulkan/vulkan-bench             the kernel lab's vulkan_bench (kernel-lab/src/bin)
+#   gpu-vulkan/vulkan-windowed          the conformance suite with 1 MiB pool windows, the copy
 #                                        shader, the pipelined gather and barriers over all
 #                                        stages (tests/conformance_windowed.rs)
-#   h200-vulkan/vulkan-streams-fault     the cross-stream case fails with event waits ignored
+#   gpu-vulkan/vulkan-streams-fault     the cross-stream case fails with event waits ignored
 #                                        (tests/streams_fault.rs)
-#   h200-vulkan/vulkan-resolve-packing   odd hot-slot counts (tests/resolve_packing.rs)
-#   h200-vulkan/vulkan-resolve-replay    resolves of dumped states timed alone
+#   gpu-vulkan/vulkan-resolve-packing   odd hot-slot counts (tests/resolve_packing.rs)
+#   gpu-vulkan/vulkan-resolve-replay    resolves of dumped states timed alone
 #                                        (the kernel lab's resolve_replay)
-#   h200-vulkan/debs/                    the Vulkan loader, glvnd (the NVIDIA ICD needs
+#   gpu-vulkan/debs/                    the Vulkan loader, glvnd (the NVIDIA ICD needs
 #                                        libGLdispatch) and the validation layers, as .debs
-#   h200-vulkan/MANIFEST                 commit, build date, sizes and sha256 of the binaries
+#   gpu-vulkan/MANIFEST                 commit, build date, sizes and sha256 of the binaries
 #
 # Release profile without debug info, stripped. Everything loads its GPU runtime at run time.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-vulkan
+out=gpu-vulkan
 mkdir -p "$out/debs"
 export CARGO_PROFILE_RELEASE_DEBUG=0
 target=${CARGO_TARGET_DIR:-target}
 
-# shellcheck source=scripts/h200/cargo-exe.sh
-. scripts/h200/cargo-exe.sh
+# shellcheck source=.ci/gpu/cargo-exe.sh
+. .ci/gpu/cargo-exe.sh
 json=$(cargo test --release -p hisparse-backend-vulkan --test conformance_windowed \
     --test streams_fault --test resolve_packing --no-run --message-format=json 2>/dev/null)
 windowed=$(exe_of conformance_windowed <<<"$json")
@@ -62,4 +62,4 @@ done
 } >"$out/MANIFEST"
 cat "$out/MANIFEST"
 total=$(du -sb "$out" | cut -f1)
-echo "h200-vulkan/: $total bytes (carry limit 64 MiB, shared with everything else carried)"
+echo "gpu-vulkan/: $total bytes (carry limit 64 MiB, shared with everything else carried)"

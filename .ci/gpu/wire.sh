@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wire format's encode and decode time (a 256-request DeepSeek V3.2 decode step, 36,260
 # bytes) and the layout fingerprint's, on the GPU machine's idle host CPU, from the repository
-# root, with the binaries of scripts/h200/wire-build.sh in h200-wire/. No GPU is used.
+# root, with the binaries of .ci/gpu/wire-build.sh in gpu-wire/. No GPU is used.
 #
 # Runs the criterion bench three times (30 samples over 3 s per figure after a 3 s warm-up) and
 # the driver five times, and prints every run's figures, then the median of the three criterion
@@ -10,12 +10,12 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-bin=${HISPARSE_H200_BIN:-h200-wire}
-out=${OUT:-/tmp/hisparse-h200}/wire
+bin=${HISPARSE_GPU_BIN:-gpu-wire}
+out=${OUT:-/tmp/hisparse-gpu}/wire
 mkdir -p "$out"
 for f in wire wire_codec; do
     if [ ! -x "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/wire-build.sh on the development machine" >&2
+        echo "missing $bin/$f: run .ci/gpu/wire-build.sh on the development machine" >&2
         exit 2
     fi
 done

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Builds, on the development machine, the Python wheel scripts/h200/python-torch.sh installs on
-# the GPU machine (which has no Rust toolchain and no network), into h200-python/ (ignored by
+# Builds, on the development machine, the Python wheel .ci/gpu/python-torch.sh installs on
+# the GPU machine (which has no Rust toolchain and no network), into gpu-python/ (ignored by
 # git; carry it):
 #
-#   h200-python/hisparse-<version>-cp39-abi3-manylinux_*_x86_64.whl   abi3 (Python >= 3.9), with
+#   gpu-python/hisparse-<version>-cp39-abi3-manylinux_*_x86_64.whl   abi3 (Python >= 3.9), with
 #                                        the cpu and cuda backends (libcuda and NVRTC loaded at
 #                                        run time), release profile without debug info, stripped
-#   h200-python/fallback/numpy-*.whl     numpy for CPython 3.12 (PyPI), installed there only if
+#   gpu-python/fallback/numpy-*.whl     numpy for CPython 3.12 (PyPI), installed there only if
 #                                        that machine's Python has none (the example uses it)
-#   h200-python/MANIFEST                 commit, build date, size and sha256 of the wheels
+#   gpu-python/MANIFEST                 commit, build date, size and sha256 of the wheels
 #
 # maturin comes from PyPI into a virtual environment (HISPARSE_MATURIN_VENV, default
 # /tmp/hisparse-maturin).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-python
+out=gpu-python
 venv=${HISPARSE_MATURIN_VENV:-/tmp/hisparse-maturin}
 if [[ ! -x "$venv/bin/maturin" ]]; then
     python3 -m venv "$venv"

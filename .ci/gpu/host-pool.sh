@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The host pool on the GPU machine (issue 28), from the repository root, with the binaries of
-# scripts/h200/host-pool-build.sh in h200-hostpool/ and the wheel of scripts/h200/python-build.sh
-# in h200-python/ (carry both):
+# .ci/gpu/host-pool-build.sh in gpu-hostpool/ and the wheel of .ci/gpu/python-build.sh
+# in gpu-python/ (carry both):
 #
 #   1. cuda-host-pool: a ~200 MiB pool allocated, registered in 16 MiB chunks and whole, and an
 #      engine's array lent — zeroed, rows across every chunk read through the device mapping
@@ -16,16 +16,16 @@
 #   6. a process that drops a 64 GiB pool and exits at once: it must exit 0 without waiting for
 #      the release to finish (the time is printed).
 #
-# Budget 570 s (HISPARSE_H200_BUDGET overrides); sections run in this order, so a smaller budget
+# Budget 570 s (HISPARSE_GPU_BUDGET overrides); sections run in this order, so a smaller budget
 # drops from the end. Logs and JSON in $OUT/host-pool/, a summary in summary.json and on stdout.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-# shellcheck source=scripts/h200/cuda-common.sh
-. scripts/h200/cuda-common.sh
-budget "${HISPARSE_H200_BUDGET:-570}"
-bin=${HISPARSE_H200_BIN:-h200-hostpool}
-out=${OUT:-/tmp/hisparse-h200}/host-pool
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
+budget "${HISPARSE_GPU_BUDGET:-570}"
+bin=${HISPARSE_GPU_BIN:-gpu-hostpool}
+out=${OUT:-/tmp/hisparse-gpu}/host-pool
 mkdir -p "$out"
 export HISPARSE_REQUIRE_DEVICE=1
 nvrtc=/usr/local/cuda-13.0/targets/x86_64-linux/lib
@@ -36,7 +36,7 @@ echo "cpus $(nproc), $(grep -E 'MemTotal|MemAvailable|HugePages_Total' /proc/mem
 echo "THP $(cat /sys/kernel/mm/transparent_hugepage/enabled) defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag); /dev/shm $(df -h /dev/shm | awk 'NR==2 { print $2 " total, " $4 " free" }'); ulimit -l $(ulimit -l); NUMA nodes $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)"
 for f in hisparse cuda-host-pool; do
     if [ ! -x "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/host-pool-build.sh on the development machine and carry $bin" >&2
+        echo "missing $bin/$f: run .ci/gpu/host-pool-build.sh on the development machine and carry $bin" >&2
         exit 2
     fi
 done
@@ -48,10 +48,10 @@ section bench-whole 70 sh -c "'$bin/hisparse' bench --backend cuda --host-pool 6
 section bench-base-pages 70 sh -c "'$bin/hisparse' bench --backend cuda --host-pool 64GiB --huge-pages off --json > '$out/bench-base-pages.json'"
 
 site=$(mktemp -d)
-wheel=$(ls h200-python/hisparse-*.whl 2>/dev/null | head -n 1)
+wheel=$(ls gpu-python/hisparse-*.whl 2>/dev/null | head -n 1)
 if [ -n "$wheel" ] && python3 -m pip install --quiet --no-index --no-deps --target "$site" "$wheel" >"$out/pip.log" 2>&1; then
     python3 -c "import numpy" 2>/dev/null ||
-        python3 -m pip install --quiet --no-index --no-deps --target "$site" h200-python/fallback/numpy-*.whl >>"$out/pip.log" 2>&1
+        python3 -m pip install --quiet --no-index --no-deps --target "$site" gpu-python/fallback/numpy-*.whl >>"$out/pip.log" 2>&1
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     section python 240 python3 scripts/bench/host_pool.py --backend cuda --sizes 8GiB,32GiB,64GiB --json "$out/python.json"
     section exit-while-releasing 60 python3 -c '
@@ -64,7 +64,7 @@ del rt
 print(f"dropped a {layout.host_pool_bytes / 2**30:.1f} GiB pool in {time.perf_counter() - t:.3f} s; exiting")
 '
 else
-    echo "no wheel in h200-python/ (scripts/h200/python-build.sh): the Python sections are skipped"
+    echo "no wheel in gpu-python/ (.ci/gpu/python-build.sh): the Python sections are skipped"
     overall=1
 fi
 

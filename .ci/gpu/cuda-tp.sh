@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One host pool for every tensor-parallel rank of a node, on CUDA (issue 17), from the repository
-# root, with the binaries of scripts/h200/cuda-build.sh in h200-cuda/ (carry that folder):
+# root, with the binaries of .ci/gpu/cuda-build.sh in gpu-cuda/ (carry that folder):
 #
-#   1. h200-cuda/cuda-shared: one shared-memory segment mapped twice, a device→host copy through
+#   1. gpu-cuda/cuda-shared: one shared-memory segment mapped twice, a device→host copy through
 #      one mapping's buffer read back by a host→device copy and the gather kernel through the
 #      other's (on device 1 for the second mapping when the machine has two GPUs);
 #   2. `hisparse simulate --backend cuda --tp 2 --shared-host-pool` with the default workload: two
@@ -18,18 +18,18 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-# shellcheck source=scripts/h200/cuda-common.sh
-. scripts/h200/cuda-common.sh
-budget "${HISPARSE_H200_BUDGET:-300}"
-bin=${HISPARSE_H200_BIN:-h200-cuda}
-out=${OUT:-/tmp/hisparse-h200}/cuda-tp
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
+budget "${HISPARSE_GPU_BUDGET:-300}"
+bin=${HISPARSE_GPU_BIN:-gpu-cuda}
+out=${OUT:-/tmp/hisparse-gpu}/cuda-tp
 mkdir -p "$out"
 export HISPARSE_REQUIRE_DEVICE=1
 
 echo "== CUDA tensor-parallel ranks on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1) ($(nvidia-smi -L 2>/dev/null | wc -l) GPUs)"
 for f in cuda-shared hisparse; do
     if [ ! -x "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/cuda-build.sh on the development machine and carry $bin" >&2
+        echo "missing $bin/$f: run .ci/gpu/cuda-build.sh on the development machine and carry $bin" >&2
         exit 2
     fi
 done

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Builds, on the development machine, the CLI that scripts/h200/fidelity.sh runs on the GPU
-# machine (which has no Rust toolchain), and puts it in h200-fidelity/ (ignored by git; carry it):
+# Builds, on the development machine, the CLI that .ci/gpu/fidelity.sh runs on the GPU
+# machine (which has no Rust toolchain), and puts it in gpu-fidelity/ (ignored by git; carry it):
 #
-#   h200-fidelity/hisparse   the CLI with --features cuda (release, no debug info, stripped)
-#   h200-fidelity/MANIFEST   commit, build date, size and sha256
+#   gpu-fidelity/hisparse   the CLI with --features cuda (release, no debug info, stripped)
+#   gpu-fidelity/MANIFEST   commit, build date, size and sha256
 #
 # The binary loads libcuda and NVRTC at run time.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-fidelity
+out=gpu-fidelity
 mkdir -p "$out"
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
-grep -qx '/h200-fidelity/' "$exclude" 2>/dev/null || echo '/h200-fidelity/' >>"$exclude"
+grep -qx '/gpu-fidelity/' "$exclude" 2>/dev/null || echo '/gpu-fidelity/' >>"$exclude"
 export CARGO_PROFILE_RELEASE_DEBUG=0
 cargo build --release -p hisparse-cli --features cuda
 install -m 755 "${CARGO_TARGET_DIR:-target}/release/hisparse" "$out/hisparse"
@@ -25,4 +25,4 @@ strip "$out/hisparse"
 } >"$out/MANIFEST"
 cat "$out/MANIFEST"
 "$out/hisparse" --version >/dev/null
-echo "h200-fidelity/: $(du -sb "$out" | cut -f1) bytes (carry limit 64 MiB, shared with everything else carried)"
+echo "gpu-fidelity/: $(du -sb "$out" | cut -f1) bytes (carry limit 64 MiB, shared with everything else carried)"

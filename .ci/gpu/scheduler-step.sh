@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The coordinator's scheduler step before and after (issue 13: it must stay within 20 µs), on
 # the GPU machine's idle host CPU, from the repository root, with the binaries of
-# scripts/h200/scheduler-build.sh in h200-scheduler/ (carry that folder). No GPU is used.
+# .ci/gpu/scheduler-build.sh in gpu-scheduler/ (carry that folder). No GPU is used.
 #
 # Runs the baseline and the new bench alternately, three times each (criterion: 30 samples over
 # 6 s after a 3 s warm-up; each run also prefills 256 requests of 32K tokens first), and prints
@@ -11,12 +11,12 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-bin=${HISPARSE_H200_BIN:-h200-scheduler}
-out=${OUT:-/tmp/hisparse-h200}/scheduler
+bin=${HISPARSE_GPU_BIN:-gpu-scheduler}
+out=${OUT:-/tmp/hisparse-gpu}/scheduler
 mkdir -p "$out"
 for f in scheduler-new scheduler-base; do
     if [ ! -x "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/scheduler-build.sh on the development machine and carry $bin" >&2
+        echo "missing $bin/$f: run .ci/gpu/scheduler-build.sh on the development machine and carry $bin" >&2
         exit 2
     fi
 done

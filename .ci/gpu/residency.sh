@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The residency policy on CUDA (issue 14), from the repository root, with the CLI of
-# scripts/h200/cuda-build.sh in h200-cuda/ (carry that folder):
+# .ci/gpu/cuda-build.sh in gpu-cuda/ (carry that folder):
 #
 #   1. `hisparse simulate --backend cuda` with the default workload (lazy reclaim, the low
 #      watermark; DeepSeek V3.2, 4 requests x 8192 tokens, 48 decode steps);
@@ -14,7 +14,7 @@
 # Every run also verifies prefill reads (each prefill chunk's last token's top-k over its whole
 # context, remapped through the resident tables): prefill_rows_checked / prefill_mismatched.
 # Every row attention reads is verified in each run. The whole script runs inside a 170 s
-# budget (each simulation took about 13 s on the H200 in run 11), so it ends within 3 minutes. Logs and JSON in $OUT/residency/, a summary in $OUT/residency/summary.json and on
+# budget (each simulation took about 13 s on an H200), so it ends within 3 minutes. Logs and JSON in $OUT/residency/, a summary in $OUT/residency/summary.json and on
 # stdout: per run the rows verified and mismatched, hot_regions_allocated, h2d_bytes_per_step,
 # pages reclaimed, requests imported, pages staged for prefill, prefill rows checked and
 # device time per decode step. Exit status 0 only when
@@ -22,17 +22,17 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-# shellcheck source=scripts/h200/cuda-common.sh
-. scripts/h200/cuda-common.sh
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
 budget 170
-bin=${HISPARSE_H200_BIN:-h200-cuda}
-out=${OUT:-/tmp/hisparse-h200}/residency
+bin=${HISPARSE_GPU_BIN:-gpu-cuda}
+out=${OUT:-/tmp/hisparse-gpu}/residency
 mkdir -p "$out"
 export HISPARSE_REQUIRE_DEVICE=1
 
 echo "== residency policy on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 if [ ! -x "$bin/hisparse" ]; then
-    echo "missing $bin/hisparse: run scripts/h200/cuda-build.sh on the development machine and carry $bin" >&2
+    echo "missing $bin/hisparse: run .ci/gpu/cuda-build.sh on the development machine and carry $bin" >&2
     exit 2
 fi
 [ -f "$bin/MANIFEST" ] && head -n 2 "$bin/MANIFEST"

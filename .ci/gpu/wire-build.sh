@@ -3,31 +3,31 @@
 # decoding the scheduler bench's 256-request DeepSeek V3.2 decode step, and the layout's
 # fingerprint) and its instruction-count driver (benches/examples/wire_codec.rs), so the GPU
 # machine's idle host CPU can time them; the development machine is too shared for a stable
-# figure. Puts into h200-wire/ (untracked; it travels with the working tree):
+# figure. Puts into gpu-wire/ (untracked; it travels with the working tree):
 #
-#   h200-wire/wire        the criterion bench at HEAD (committed files only)
-#   h200-wire/wire_codec  the driver (prints wall-clock µs per message)
-#   h200-wire/MANIFEST    the commit, build date, sizes and sha256
+#   gpu-wire/wire        the criterion bench at HEAD (committed files only)
+#   gpu-wire/wire_codec  the driver (prints wall-clock µs per message)
+#   gpu-wire/MANIFEST    the commit, build date, sizes and sha256
 #
 # Release (bench) profile without debug info, stripped.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-wire
+out=gpu-wire
 mkdir -p "$out"
 export CARGO_PROFILE_BENCH_DEBUG=0 CARGO_PROFILE_RELEASE_DEBUG=0
 
-# shellcheck source=scripts/h200/cargo-exe.sh
-. scripts/h200/cargo-exe.sh
+# shellcheck source=.ci/gpu/cargo-exe.sh
+. .ci/gpu/cargo-exe.sh
 
 # From a clean tree of HEAD (`git archive`: the checkout may hold uncommitted edits).
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 head=$(git rev-parse HEAD)
 git archive "$head" | tar -x -C "$work"
-bench=$(cd "$work" && CARGO_TARGET_DIR="$root/target/h200-wire" \
+bench=$(cd "$work" && CARGO_TARGET_DIR="$root/target/gpu-wire" \
     cargo bench -p hisparse-benches --bench wire --no-run --message-format=json | exe_of wire)
-driver=$(cd "$work" && CARGO_TARGET_DIR="$root/target/h200-wire" \
+driver=$(cd "$work" && CARGO_TARGET_DIR="$root/target/gpu-wire" \
     cargo build --release -p hisparse-benches --example wire_codec --message-format=json \
     | exe_of wire_codec)
 cp "$bench" "$out/wire"

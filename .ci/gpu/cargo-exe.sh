@@ -1,4 +1,4 @@
-# Sourced by the *-build.sh scripts of scripts/h200/ (not run on its own), from the repository
+# Sourced by the *-build.sh scripts of .ci/gpu/ (not run on its own), from the repository
 # root.
 #
 # exe_of NAME: the executable of cargo target NAME (a test, bench or example) in cargo's JSON

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Helpers sourced by the CUDA scripts of scripts/h200/ (not run on its own): sections with their
-# own time limit, inside one time budget for the whole script, whose results are collected for a
-# JSON summary.
+# The one section/budget helper of the GPU scripts in .ci/gpu/ (sourced, not run on its own):
+# sections with their own time limit, inside one time budget for the whole script, whose results
+# are collected for a JSON summary.
 #
 #   budget SECONDS                          the whole script's time budget, from now
-#   section NAME LIMIT_SECONDS COMMAND...   run COMMAND, output to $out/NAME.log, record the result;
-#                                           the limit shrinks to what is left of the budget (minus
-#                                           a reserve for the summary), and a section with less
-#                                           than 5 s left is recorded as SKIPPED (no time)
+#   section NAME LIMIT_SECONDS [--stdout FILE] COMMAND...
+#                                           run COMMAND, output to $out/NAME.log (with --stdout,
+#                                           standard output to FILE and standard error to the
+#                                           log), record the result and its start and end in
+#                                           $out/sections.tsv; the limit shrinks to what is left
+#                                           of the budget (minus a reserve for the summary), and a
+#                                           section with less than 5 s left is recorded as SKIPPED
+#                                           (no time). A script may define `section_note NAME LOG`
+#                                           to add a note of its own to each section's line.
 #   write_summary SCRIPT                    $out/summary.json; returns 0 when every section passed
 #
 # The caller sets `out` (a directory) before using them.
@@ -52,7 +57,11 @@ limited() {
 section() {
     local name=$1 limit=$2
     shift 2
-    local log="$out/$name.log" t0 rc status
+    local log="$out/$name.log" stdout="" t0 rc status
+    if [ "${1:-}" = --stdout ]; then
+        stdout=$2
+        shift 2
+    fi
     if [ "$budget_end" -gt 0 ]; then
         local left=$((budget_end - $(date +%s) - budget_reserve))
         if [ "$left" -lt 5 ]; then
@@ -64,7 +73,11 @@ section() {
         [ "$limit" -gt "$left" ] && limit=$left
     fi
     t0=$(date +%s.%N)
-    limited "$limit" "$@" >"$log" 2>&1
+    if [ -n "$stdout" ]; then
+        limited "$limit" "$@" >"$stdout" 2>"$log"
+    else
+        limited "$limit" "$@" >"$log" 2>&1
+    fi
     rc=$?
     case $rc in
         0) status=pass ;;
@@ -72,12 +85,17 @@ section() {
         *) status="FAIL($rc)" ;;
     esac
     [ "$status" = pass ] || overall=1
-    local secs counts errors
-    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-    counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    local t1 secs counts errors note=""
+    t1=$(date +%s.%N)
+    printf '%s\t%s\t%s\n' "$name" "$t0" "$t1" >>"$out/sections.tsv"
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    counts=$(cat "$log" ${stdout:+"$stdout"} | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     errors=$(grep -E '(ERROR|RACECHECK) SUMMARY: ' "$log" | tail -n 1 | sed 's/^=* *//')
-    printf '%-34s %-10s %6ss  %s %s\n' "$name" "$status" "$secs" "${counts:-}" "${errors:-}"
-    results+=("{\"section\":\"$name\",\"status\":\"$status\",\"seconds\":$secs,\"counts\":\"${counts:-}\",\"sanitizer\":\"${errors:-}\"}")
+    if declare -F section_note >/dev/null; then
+        note=$(section_note "$name" "$log")
+    fi
+    printf '%-34s %-10s %6ss  %s %s %s\n' "$name" "$status" "$secs" "${counts:-}" "${errors:-}" "$note"
+    results+=("{\"section\":\"$name\",\"status\":\"$status\",\"seconds\":$secs,\"counts\":\"${counts:-}\",\"sanitizer\":\"${errors:-}\",\"note\":\"$note\"}")
 }
 
 # write_summary SCRIPT: $out/summary.json, and the first failing cases and sanitizer reports.

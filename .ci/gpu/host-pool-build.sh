@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Builds, on the development machine, what scripts/h200/host-pool.sh runs on the GPU machine
-# (which has no Rust toolchain), into h200-hostpool/ (carry it):
+# Builds, on the development machine, what .ci/gpu/host-pool.sh runs on the GPU machine
+# (which has no Rust toolchain), into gpu-hostpool/ (carry it):
 #
-#   h200-hostpool/hisparse           the CLI with --features cuda (`bench --host-pool`)
-#   h200-hostpool/cuda-host-pool     backend-cuda's tests/host_pool.rs (the pool on a GPU: zeroed,
+#   gpu-hostpool/hisparse           the CLI with --features cuda (`bench --host-pool`)
+#   gpu-hostpool/cuda-host-pool     backend-cuda's tests/host_pool.rs (the pool on a GPU: zeroed,
 #                                    rows across every registered chunk read through the device
 #                                    mapping, lent arrays, releases)
-#   h200-hostpool/MANIFEST           commit, build date, sha256 of the binaries
+#   gpu-hostpool/MANIFEST           commit, build date, sha256 of the binaries
 #
 # The Python figures (PyTorch's pinning beside hisparse's paths) need the wheel of
-# scripts/h200/python-build.sh in h200-python/ as well.
+# .ci/gpu/python-build.sh in gpu-python/ as well.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-out=h200-hostpool
+out=gpu-hostpool
 mkdir -p "$out"
 export CARGO_PROFILE_RELEASE_DEBUG=0
-# shellcheck source=scripts/h200/cargo-exe.sh
-. scripts/h200/cargo-exe.sh
+# shellcheck source=.ci/gpu/cargo-exe.sh
+. .ci/gpu/cargo-exe.sh
 test_exe=$(cargo test --release -p hisparse-backend-cuda --test host_pool --no-run \
     --message-format=json 2>/dev/null | exe_of host_pool)
 cargo build --release -p hisparse-cli --features cuda
@@ -32,4 +32,4 @@ install -m 755 "$test_exe" "$out/cuda-host-pool"
     (cd "$out" && sha256sum hisparse cuda-host-pool)
 } >"$out/MANIFEST"
 cat "$out/MANIFEST"
-echo "h200-hostpool/: $(du -sb "$out" | cut -f1) bytes"
+echo "gpu-hostpool/: $(du -sb "$out" | cut -f1) bytes"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Vulkan backend on the GPU machine (NVIDIA driver, no Vulkan loader installed), from the
-# repository root, with what scripts/h200/vulkan-build.sh put in h200-vulkan/ (carry that folder):
+# repository root, with what .ci/gpu/vulkan-build.sh put in gpu-vulkan/ (carry that folder):
 #
 #   1. installs the carried loader, glvnd and validation-layer packages (dpkg -x into /);
 #   2. correctness, validation layer on, device required: the conformance suite through the CLI
@@ -26,20 +26,20 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-bin=$(cd "${HISPARSE_H200_VULKAN_BIN:-h200-vulkan}" && pwd)
-out=${OUT:-/tmp/hisparse-h200}/vulkan
+bin=$(cd "${HISPARSE_GPU_VULKAN_BIN:-gpu-vulkan}" && pwd)
+out=${OUT:-/tmp/hisparse-gpu}/vulkan
 mkdir -p "$out"
 for f in hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing; do
     if [ ! -x "$bin/$f" ]; then
-        echo "missing $bin/$f: run scripts/h200/vulkan-build.sh on the development machine and carry h200-vulkan" >&2
+        echo "missing $bin/$f: run .ci/gpu/vulkan-build.sh on the development machine and carry gpu-vulkan" >&2
         exit 2
     fi
 done
 [ -f "$bin/MANIFEST" ] && head -n 2 "$bin/MANIFEST"
 
-# 1. The Vulkan loader and the NVIDIA ICD (HISPARSE_H200_SKIP_INSTALL=1: already installed, e.g.
+# 1. The Vulkan loader and the NVIDIA ICD (HISPARSE_GPU_SKIP_INSTALL=1: already installed, e.g.
 #    a dry run on the development machine).
-if [ "${HISPARSE_H200_SKIP_INSTALL:-0}" != 1 ]; then
+if [ "${HISPARSE_GPU_SKIP_INSTALL:-0}" != 1 ]; then
     for f in "$bin"/debs/*.deb; do dpkg -x "$f" / || echo "dpkg -x $f failed" >&2; done
     ldconfig
 fi
@@ -58,62 +58,18 @@ done
 # The test binaries open their devices in strict validation mode; the CLI's suite counts messages.
 validation=(env VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation)
 
-results=()
-overall=0
-# limited SECONDS COMMAND...: runs COMMAND in its own process group; past SECONDS the whole group
-# is stopped. Returns COMMAND's exit status, or 124 when it was stopped.
-limited() {
-    local limit=$1
-    shift
-    setsid "$@" &
-    local pid=$! ticks=0 state
-    while :; do
-        state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)
-        [ -z "$state" ] || [ "$state" = Z ] && break
-        if [ "$ticks" -ge $((limit * 10)) ]; then
-            kill -TERM -- "-$pid" 2>/dev/null
-            sleep 3
-            kill -KILL -- "-$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
-            return 124
-        fi
-        sleep 0.1
-        ticks=$((ticks + 1))
-    done
-    wait "$pid"
-}
-
-# section NAME LIMIT OUTFILE COMMAND...: runs COMMAND with a time limit, stdout to OUTFILE (or
-# NAME.log when OUTFILE is -), stderr to NAME.err; records pass, FAIL(status) or TIMEOUT.
-section() {
-    local name=$1 limit=$2 file=$3
-    shift 3
-    [ "$file" = - ] && file="$out/$name.log"
-    local t0 rc status
-    t0=$(date +%s.%N)
-    limited "$limit" "$@" >"$file" 2>"$out/$name.err"
-    rc=$?
-    case $rc in
-        0) status=pass ;;
-        124) status=TIMEOUT ;;
-        *) status="FAIL($rc)" ;;
-    esac
-    [ "$status" = pass ] || overall=1
-    local secs counts msgs
-    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-    counts=$(cat "$file" "$out/$name.err" | grep -E '[0-9]+ passed, [0-9]+ failed' | tail -n 1)
-    msgs=$(grep -c 'vulkan validation' "$out/$name.err")
-    printf '%s\t%s\t%s\n' "$name" "$t0" "$(date +%s.%N)" >>"$out/sections.tsv"
-    printf '%-28s %-10s %6ss  %s  (validation messages: %s)\n' "$name" "$status" "$secs" \
-        "${counts:-}" "$msgs"
-    results+=("$name $status ${secs}s ${counts:-} validation=$msgs")
+# shellcheck source=.ci/gpu/lib.sh
+. .ci/gpu/lib.sh
+# Each section's line counts the validation layer's messages in its log.
+section_note() {
+    echo "(validation messages: $(grep -c 'vulkan validation' "$2"))"
 }
 
 # 2. Correctness.
-section conformance 60 - "${validation[@]}" "$bin/hisparse" conformance --backend vulkan
-section windowed 40 - "${validation[@]}" "$bin/vulkan-windowed"
-section resolve-packing 10 - "${validation[@]}" "$bin/vulkan-resolve-packing" --nocapture
-section streams-fault 20 - "${validation[@]}" "$bin/vulkan-streams-fault" --nocapture
+section conformance 60 "${validation[@]}" "$bin/hisparse" conformance --backend vulkan
+section windowed 40 "${validation[@]}" "$bin/vulkan-windowed"
+section resolve-packing 10 "${validation[@]}" "$bin/vulkan-resolve-packing" --nocapture
+section streams-fault 20 "${validation[@]}" "$bin/vulkan-streams-fault" --nocapture
 # 3. Performance (no validation layer). The GPU's clocks every 100 ms while it runs.
 : >"$out/sections.tsv"
 clock_pid=
@@ -123,17 +79,17 @@ if command -v nvidia-smi >/dev/null; then
         --format=csv,noheader,nounits -lms 100 >"$out/clocks.csv" 2>"$out/clocks.err" &
     clock_pid=$!
 fi
-section vulkan-bench 45 - "$bin/vulkan-bench" --iters 50 --json "$out/vulkan_bench.json"
-section bench-vulkan 30 "$out/bench_vulkan.json" "$bin/hisparse" bench --backend vulkan --json
-section bench-cuda 20 "$out/bench_cuda.json" "$bin/hisparse" bench --backend cuda --json
+section vulkan-bench 45 "$bin/vulkan-bench" --iters 50 --json "$out/vulkan_bench.json"
+section bench-vulkan 30 --stdout "$out/bench_vulkan.json" "$bin/hisparse" bench --backend vulkan --json
+section bench-cuda 20 --stdout "$out/bench_cuda.json" "$bin/hisparse" bench --backend cuda --json
 # The index paths with every barrier over all stages and accesses (the round-4 behaviour), and
 # with one queue for everything.
-section vulkan-bench-barriers-all 30 - "$bin/vulkan-bench" --iters 50 --only index \
+section vulkan-bench-barriers-all 30 "$bin/vulkan-bench" --iters 50 --only index \
     --option barriers=all --json "$out/vulkan_bench_barriers_all.json"
-section vulkan-bench-1q 30 - "$bin/vulkan-bench" --iters 50 --only index \
+section vulkan-bench-1q 30 "$bin/vulkan-bench" --iters 50 --only index \
     --option queues=single --json "$out/vulkan_bench_single_queue.json"
-section simulate-cuda 20 "$out/simulate_cuda.json" "$bin/hisparse" simulate --backend cuda --json
-section simulate-vulkan 70 "$out/simulate_vulkan.json" "$bin/hisparse" simulate --backend vulkan --json
+section simulate-cuda 20 --stdout "$out/simulate_cuda.json" "$bin/hisparse" simulate --backend cuda --json
+section simulate-vulkan 70 --stdout "$out/simulate_vulkan.json" "$bin/hisparse" simulate --backend vulkan --json
 # The Vulkan simulation while another process holds an idle CUDA context (run 12: the GPU then
 # keeps its clocks up through the simulator's host gaps, as it does for the CUDA simulation).
 with_cuda_context() {
@@ -153,7 +109,7 @@ with_cuda_context() {
 }
 export out
 export -f with_cuda_context
-section simulate-vulkan-cudactx 60 "$out/simulate_vulkan_cuda_context.json" \
+section simulate-vulkan-cudactx 60 --stdout "$out/simulate_vulkan_cuda_context.json" \
     bash -c 'with_cuda_context "$@"' with_cuda_context "$bin/hisparse" simulate --backend vulkan --json
 [ -n "$clock_pid" ] && kill "$clock_pid" 2>/dev/null
 
@@ -301,6 +257,6 @@ for what, value, target, ok in rows:
     print(f"  {what:<{w}}  {value:<70} {target:<14} {ok}")
 EOF
 echo "== sections"
-printf '  %s\n' "${results[@]}"
+write_summary vulkan.sh >/dev/null
 echo "logs and JSON: $out"
 exit $overall

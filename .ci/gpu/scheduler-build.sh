@@ -3,12 +3,12 @@
 # decode step of 256 DeepSeek V3.2 requests at 32K context) twice — at the current commit and at
 # a baseline commit (default: the commit before the coordinator's liveness work, $1 overrides) —
 # so the GPU machine's idle host CPU can compare them; the development machine is too loaded
-# (and too shared) for a before/after within a few percent. Puts into h200-scheduler/ (ignored by
+# (and too shared) for a before/after within a few percent. Puts into gpu-scheduler/ (ignored by
 # git; carry it):
 #
-#   h200-scheduler/scheduler-new   the bench at HEAD (committed files only)
-#   h200-scheduler/scheduler-base  the bench at the baseline commit
-#   h200-scheduler/MANIFEST        both commits, build date, sizes and sha256
+#   gpu-scheduler/scheduler-new   the bench at HEAD (committed files only)
+#   gpu-scheduler/scheduler-base  the bench at the baseline commit
+#   gpu-scheduler/MANIFEST        both commits, build date, sizes and sha256
 #
 # Release (bench) profile without debug info, stripped; about 1 MB each.
 set -euo pipefail
@@ -16,12 +16,12 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 base=${1:-d6fa2c2^}
 base=$(git rev-parse "$base")
-out=h200-scheduler
+out=gpu-scheduler
 mkdir -p "$out"
 export CARGO_PROFILE_BENCH_DEBUG=0
 
-# shellcheck source=scripts/h200/cargo-exe.sh
-. scripts/h200/cargo-exe.sh
+# shellcheck source=.ci/gpu/cargo-exe.sh
+. .ci/gpu/cargo-exe.sh
 
 # Both benches from clean trees of their commits (`git archive`: the checkout may hold
 # uncommitted edits), each in its own target folder.

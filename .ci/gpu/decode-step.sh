@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the GPU machine: the decode-step benchmark (benches/decode-step) over the carried wheel.
+# Carry gpu-python/ (.ci/gpu/python-build.sh) and gpu-decode-step/_flashmla_C.abi3.so
+# (scripts/fetch-vllm-kernels.sh --dest gpu-decode-step). Arguments go to run.py; with none,
+# the full sweep under a 450 s budget. Results (JSON, tables, plot, log) in $OUT.
+#
+#   .ci/gpu/decode-step.sh --smoke          # a few configurations first
+#   .ci/gpu/decode-step.sh                  # the full sweep
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+OUT=${OUT:-$root/out}
+mkdir -p "$OUT"
+nvrtc=/usr/local/cuda-13.0/targets/x86_64-linux/lib
+[[ -d "$nvrtc" ]] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+wheel=$(ls gpu-python/hisparse-*.whl 2>/dev/null | head -n 1)
+lib=gpu-decode-step/_flashmla_C.abi3.so
+[[ -n "$wheel" ]] || { echo "no wheel in gpu-python/: .ci/gpu/python-build.sh, carry gpu-python" >&2; exit 2; }
+[[ -f "$lib" ]] || { echo "no $lib: scripts/fetch-vllm-kernels.sh --dest gpu-decode-step, carry it" >&2; exit 2; }
+site=$(mktemp -d)
+python3 -m pip install --quiet --no-index --no-deps --target "$site" "$wheel" > "$OUT/pip.log" 2>&1 \
+    || { cat "$OUT/pip.log" >&2; exit 2; }
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c "import numpy" 2>/dev/null || python3 -m pip install --quiet --no-index --no-deps \
+    --target "$site" gpu-python/fallback/numpy-*.whl >> "$OUT/pip.log" 2>&1
+args=("$@")
+[[ ${#args[@]} -eq 0 ]] && args=(--time-budget 450)
+HISPARSE_COMMIT=$(cut -d' ' -f2 gpu-python/MANIFEST 2>/dev/null | head -n 1) \
+    python3 benches/decode-step/run.py --flashmla-lib "$lib" --out "$OUT" "${args[@]}" 2>&1 | tee "$OUT/run.log"
+exit "${PIPESTATUS[0]}"
