@@ -17,7 +17,6 @@ pub mod error;
 pub mod layout;
 pub mod model;
 pub mod ops;
-#[cfg(feature = "alloc")]
 pub mod pool;
 pub mod presets;
 #[cfg(feature = "alloc")]
