@@ -13,7 +13,6 @@ pub mod config;
 pub mod coordinator;
 pub mod device;
 pub mod error;
-#[cfg(feature = "alloc")]
 pub mod layout;
 pub mod model;
 pub mod ops;

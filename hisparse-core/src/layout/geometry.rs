@@ -41,13 +41,7 @@ impl KvCacheConfig {
             .get(Self::SOURCE_GROUP)
             .and_then(|g| g.layers.first())
             .map_or(0, |l| l.page_bytes);
-        let raw = u64::from(self.host_num_blocks).saturating_mul(page);
-        if self.shared_host_pool {
-            raw.checked_next_multiple_of(SHARED_HOST_ALIGNMENT)
-                .unwrap_or(u64::MAX)
-        } else {
-            raw
-        }
+        rules::host_array_bytes(self.host_num_blocks, page, self.shared_host_pool)
     }
 
     /// Bytes of the host pool: every source layer's array (saturating). Without a shared host
@@ -84,24 +78,20 @@ impl KvCacheConfig {
     /// `max_query_len` tokens of a step, and the `max_query_len - 1` tokens a rollback of
     /// rejected speculative tokens may give back (their window must still be there).
     pub fn window_tokens(&self, window: u32) -> u64 {
-        let spec = u64::from(self.config.max_query_len.max(1)) - 1;
-        u64::from(window) + 2 * spec
+        rules::window_tokens(self.config.max_query_len, window)
     }
 
     /// Blocks a regular group keeps for a request of `tokens` tokens: a full group every block
     /// of them; a sliding-window group at most the blocks spanned by its window tokens
     /// ([`KvCacheConfig::window_tokens`]) plus one.
     pub fn regular_blocks_for(&self, group: &KvCacheGroup, tokens: u32) -> u64 {
-        let bt = u64::from(if group.block_tokens > 0 {
-            group.block_tokens
-        } else {
-            self.block_tokens.max(1)
-        });
-        let all = u64::from(tokens).div_ceil(bt);
-        match group.sliding_window {
-            Some(w) => all.min(self.window_tokens(w).div_ceil(bt) + 1),
-            None => all,
-        }
+        rules::regular_blocks(
+            group.block_tokens,
+            self.block_tokens,
+            group.sliding_window,
+            self.config.max_query_len,
+            tokens,
+        )
     }
 
     fn source_layer(&self, layer: u32) -> Result<&GroupLayer, LayoutError> {

@@ -1,0 +1,84 @@
+//! The sizing rules every form of a layout applies — the heap [`KvCacheConfig`](super::KvCacheConfig)
+//! and the fixed-capacity [`FixedLayout`](super::FixedLayout) — and the planner applies while
+//! it checks a plan: written once here, over plain numbers.
+
+use super::{ACTIVE_TAIL_PAGES, SHARED_HOST_ALIGNMENT};
+
+/// GPU blocks one request needs at a context length, per strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GpuBlocksPerRequest {
+    /// Everything on the GPU: indexer + resident + regular pages.
+    pub all_on_gpu: u64,
+    /// HiSparse: indexer + regular pages, the `ACTIVE_TAIL_PAGES` resident tail per bucket, and a
+    /// hot region per bucket.
+    pub hisparse: u64,
+}
+
+impl GpuBlocksPerRequest {
+    /// The cheaper of the two (a request whose pages all fit stays fully resident).
+    pub fn min_needed(&self) -> u64 {
+        self.all_on_gpu.min(self.hisparse)
+    }
+
+    /// The blocks of a request of `pages` pages whose regular groups keep `regular` blocks, in a
+    /// layout of `num_buckets` buckets and `hot_blocks_per_request` hot blocks per bucket
+    /// (saturating).
+    pub(super) fn of(
+        pages: u64,
+        regular: u64,
+        num_buckets: u32,
+        hot_blocks_per_request: u32,
+    ) -> Self {
+        let b = u64::from(num_buckets);
+        let base = pages.saturating_add(regular);
+        GpuBlocksPerRequest {
+            all_on_gpu: base.saturating_add(b.saturating_mul(pages)),
+            hisparse: base
+                .saturating_add(b.saturating_mul(pages.min(u64::from(ACTIVE_TAIL_PAGES))))
+                .saturating_add(b.saturating_mul(u64::from(hot_blocks_per_request))),
+        }
+    }
+}
+
+/// Tokens a sliding-window group of window `window` keeps per request: the window, the
+/// `max_query_len` tokens of a step, and the `max_query_len - 1` tokens a rollback of rejected
+/// speculative tokens may give back (their window must still be there).
+pub(super) fn window_tokens(max_query_len: u32, window: u32) -> u64 {
+    let spec = u64::from(max_query_len.max(1)) - 1;
+    u64::from(window) + 2 * spec
+}
+
+/// Blocks a regular group of `group_block_tokens`-token blocks (0: the layout's
+/// `layout_block_tokens`) and sliding window `sliding_window` keeps for a request of `tokens`
+/// tokens: every block of them; with a window at most the blocks its window tokens span plus one.
+pub(super) fn regular_blocks(
+    group_block_tokens: u32,
+    layout_block_tokens: u32,
+    sliding_window: Option<u32>,
+    max_query_len: u32,
+    tokens: u32,
+) -> u64 {
+    let bt = u64::from(if group_block_tokens > 0 {
+        group_block_tokens
+    } else {
+        layout_block_tokens.max(1)
+    });
+    let all = u64::from(tokens).div_ceil(bt);
+    match sliding_window {
+        Some(w) => all.min(window_tokens(max_query_len, w).div_ceil(bt) + 1),
+        None => all,
+    }
+}
+
+/// Bytes of one layer's host array of `host_num_blocks` pages of `page_bytes`, rounded up to
+/// [`SHARED_HOST_ALIGNMENT`] in a shared host pool (saturating).
+pub(super) fn host_array_bytes(host_num_blocks: u32, page_bytes: u64, shared: bool) -> u64 {
+    let raw = u64::from(host_num_blocks).saturating_mul(page_bytes);
+    if shared {
+        raw.checked_next_multiple_of(SHARED_HOST_ALIGNMENT)
+            .unwrap_or(u64::MAX)
+    } else {
+        raw
+    }
+}
