@@ -55,7 +55,10 @@ pub fn plan_and_admit(pages: &mut [u32]) -> Result<Admitted, Refused> {
     input.num_gpu_blocks_override = Some(GPU_BLOCKS as u32);
     let layout = plan_layout_fixed::<16, 256>(&input).map_err(Refused::Layout)?;
     let mut pool = GpuPool::new(layout.sizes.num_gpu_blocks).map_err(Refused::Pool)?;
-    let resident = layout.groups().iter().filter(|g| g.kind == GroupKind::Resident);
+    let resident = layout
+        .groups()
+        .iter()
+        .filter(|g| g.kind == GroupKind::Resident);
     let mut resident_groups = 0;
     for _ in resident {
         pool.allocate_into(pages).map_err(Refused::Pool)?;
