@@ -2,8 +2,8 @@
 //! cache of block hashes.
 //!
 //! * Block 0 is the **null block**: never handed out, never freed, never counted as free.
-//! * The free queue is LRU, an intrusive doubly-linked list kept in two `Vec<u32>`s (link `0`
-//!   means "none", which is free because block 0 is never queued). Initially blocks `1..n` in id
+//! * The free queue is LRU, an intrusive doubly-linked list threaded through the per-block nodes
+//!   (link `0` means "none", which is free because block 0 is never queued). Initially blocks `1..n` in id
 //!   order; allocation takes the head, a block whose reference count drops to 0 goes to the tail.
 //!   A request frees its blocks in reverse ([`Pool::free_reverse`]): its last block reaches
 //!   the tail first and is reused first, so its first block (the most shareable prefix) stays
@@ -13,8 +13,8 @@
 //!   [`Pool::lookup`] finds it while the block is held or free-but-not-yet-reused. When a
 //!   free block is handed out again it is *evicted*: its key is dropped.
 //! * Reuse generation ([`Pool::generation`]): a per-block counter bumped whenever the block
-//!   leaves the free queue ([`Pool::allocate`], [`Pool::allocate_n`], a
-//!   [`Pool::touch`] of a free block) or on request ([`Pool::bump_generation`]). A
+//!   leaves the free queue ([`Pool::allocate`], [`Pool::allocate_into`] and
+//!   `BlockPool::allocate_n`, a [`Pool::touch`] of a free block) or on request ([`Pool::bump_generation`]). A
 //!   caller that frees a block whose bytes it may still read records the generation: while the
 //!   block is free with that generation, nobody has been handed it. Cheaper than a key of its
 //!   own in the prefix cache (no hash-table insert and eviction).
