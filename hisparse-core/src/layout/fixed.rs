@@ -4,6 +4,7 @@
 
 use super::plan::{PlanSink, plan_into};
 use super::{GroupKind, GroupLayer, GroupShape, LayoutError, LayoutInput, LayoutSizes};
+use crate::ops::LayerPair;
 
 /// One index group of a [`FixedLayout`]: a leader and the followers that apply its resolver
 /// plan.
@@ -226,6 +227,21 @@ impl<const GROUPS: usize, const LAYERS: usize> FixedLayout<'_, GROUPS, LAYERS> {
             .get(index_group)
             .map_or((0, 0), |g| (g.first as usize, g.len as usize));
         self.layers(0).skip(first).take(len).map(|l| l.layer)
+    }
+
+    /// Host and device layouts of sparse model layer `layer`, as
+    /// [`KvCacheConfig::layer_pair`](super::KvCacheConfig::layer_pair) gives them;
+    /// [`LayoutError::NotSparse`] for a layer that is not sparse.
+    pub fn layer_pair(&self, layer: u32) -> Result<LayerPair, LayoutError> {
+        let placed = |kind: GroupKind| {
+            let groups = self.groups().iter().enumerate();
+            let mut of_kind = groups.filter(move |(_, g)| g.kind == kind);
+            of_kind.find_map(|(g, _)| self.layers(g).find(|l| l.layer == layer))
+        };
+        match (placed(GroupKind::Source), placed(GroupKind::Resident)) {
+            (Some(source), Some(resident)) => self.sizes.layer_pair(source, resident),
+            _ => Err(LayoutError::NotSparse { layer }),
+        }
     }
 }
 

@@ -36,6 +36,10 @@ fn deepseek_v32_plans_without_an_allocator() {
     assert_eq!(kv.index_groups().len(), 61);
     assert!(kv.index_group_layers(3).eq([3]));
     assert_eq!(kv.index_group_layers(99).count(), 0);
+    let pair = kv.layer_pair(60).unwrap();
+    assert_eq!(pair.host.base, 60 * array);
+    assert_eq!(pair.device.block_stride, 545792);
+    assert_eq!(kv.layer_pair(61), Err(LayoutError::NotSparse { layer: 61 }));
 }
 
 #[test]
@@ -169,6 +173,13 @@ fn fixed_and_heap_layouts_agree() {
             {
                 assert_eq!((h.leader, h.bucket), (f.leader, f.bucket));
                 assert!(h.layers.iter().copied().eq(fixed.index_group_layers(i)));
+            }
+            for layer in 0..model.layers.len() as u32 + 1 {
+                assert_eq!(
+                    heap.layer_pair(layer),
+                    fixed.layer_pair(layer),
+                    "layer {layer}"
+                );
             }
             compared += 1;
         }

@@ -6,6 +6,30 @@ use alloc::vec::Vec;
 use super::*;
 
 impl KvCacheConfig {
+    /// The layout's scalar sizes (what [`plan_layout`] computed beside the groups).
+    pub fn sizes(&self) -> LayoutSizes {
+        LayoutSizes {
+            config: self.config,
+            block_tokens: self.block_tokens,
+            block_size: self.block_size,
+            sparse_compress_ratio: self.sparse_compress_ratio,
+            row_bytes: self.row_bytes,
+            value_bytes: self.value_bytes,
+            page_alignment: self.page_alignment,
+            shared_host_pool: self.shared_host_pool,
+            num_buckets: self.num_buckets,
+            bytes_per_block: self.bytes_per_block,
+            attention_block_stride: self.attention_block_stride,
+            num_gpu_blocks: self.num_gpu_blocks,
+            host_block_stride: self.host_block_stride,
+            host_num_blocks: self.host_num_blocks,
+            device_buffer_size: self.device_buffer_size,
+            hot_blocks_per_request: self.hot_blocks_per_request,
+            max_model_len: self.max_model_len,
+            max_pages_per_request: self.max_pages_per_request,
+        }
+    }
+
     /// Index of the source group (always 0).
     pub const SOURCE_GROUP: usize = 0;
     /// Index of the indexer group (always 1).
@@ -104,28 +128,7 @@ impl KvCacheConfig {
     /// Host-pool layout of sparse model layer `layer`: `[host_num_blocks, page]` at `index *
     /// host_array_bytes`, `index_stride_rows = block_size`.
     pub fn host_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
-        let l = self.source_layer(layer)?;
-        let array = u64::from(self.host_num_blocks)
-            .checked_mul(l.page_bytes)
-            .and_then(|a| {
-                a.checked_next_multiple_of(if self.shared_host_pool {
-                    SHARED_HOST_ALIGNMENT
-                } else {
-                    1
-                })
-            });
-        let base = array
-            .and_then(|a| u64::from(l.index_in_group).checked_mul(a))
-            .ok_or(ovf("host layout base"))?;
-        Ok(PageLayout {
-            base,
-            block_stride: l.page_bytes,
-            num_blocks: self.host_num_blocks,
-            block_size: self.block_size,
-            row_bytes: self.row_bytes,
-            value_bytes: self.value_bytes,
-            index_stride_rows: self.block_size,
-        })
+        self.sizes().host_layout(self.source_layer(layer)?)
     }
 
     /// Bucket of sparse model layer `layer` and its place in the bucket's resident/hot groups.
@@ -146,15 +149,7 @@ impl KvCacheConfig {
     /// attention_block_stride`.
     pub fn device_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
         let (_, l) = self.bucket_of(layer)?;
-        Ok(PageLayout {
-            base: l.offset,
-            block_stride: self.bytes_per_block,
-            num_blocks: self.num_gpu_blocks,
-            block_size: self.block_size,
-            row_bytes: self.row_bytes,
-            value_bytes: self.value_bytes,
-            index_stride_rows: self.attention_block_stride,
-        })
+        Ok(self.sizes().device_layout(l))
     }
 
     /// Host and device layouts of sparse model layer `layer`.

@@ -2,7 +2,8 @@
 //! and the fixed-capacity [`FixedLayout`](super::FixedLayout) — and the planner applies while
 //! it checks a plan: written once here, over plain numbers.
 
-use super::{ACTIVE_TAIL_PAGES, SHARED_HOST_ALIGNMENT};
+use super::{ACTIVE_TAIL_PAGES, GroupLayer, LayoutError, LayoutSizes, SHARED_HOST_ALIGNMENT, ovf};
+use crate::ops::{LayerPair, PageLayout};
 
 /// GPU blocks one request needs at a context length, per strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -80,5 +81,61 @@ pub(super) fn host_array_bytes(host_num_blocks: u32, page_bytes: u64, shared: bo
             .unwrap_or(u64::MAX)
     } else {
         raw
+    }
+}
+
+impl LayoutSizes {
+    /// Host-pool layout of the sparse layer `source` places (a layer of the source group):
+    /// `[host_num_blocks, page]` at `index * host array bytes`, `index_stride_rows = block_size`.
+    pub fn host_layout(&self, source: &GroupLayer) -> Result<PageLayout, LayoutError> {
+        let array = u64::from(self.host_num_blocks)
+            .checked_mul(source.page_bytes)
+            .and_then(|a| {
+                a.checked_next_multiple_of(if self.shared_host_pool {
+                    SHARED_HOST_ALIGNMENT
+                } else {
+                    1
+                })
+            });
+        let base = array
+            .and_then(|a| u64::from(source.index_in_group).checked_mul(a))
+            .ok_or(ovf("host layout base"))?;
+        Ok(PageLayout {
+            base,
+            block_stride: source.page_bytes,
+            num_blocks: self.host_num_blocks,
+            block_size: self.block_size,
+            row_bytes: self.row_bytes,
+            value_bytes: self.value_bytes,
+            index_stride_rows: self.block_size,
+        })
+    }
+
+    /// Device-pool layout of the sparse layer `resident` places (a layer of a resident group;
+    /// its hot twin places it alike): block `b`'s page at `b * bytes_per_block + offset`,
+    /// `index_stride_rows = attention_block_stride`.
+    pub fn device_layout(&self, resident: &GroupLayer) -> PageLayout {
+        PageLayout {
+            base: resident.offset,
+            block_stride: self.bytes_per_block,
+            num_blocks: self.num_gpu_blocks,
+            block_size: self.block_size,
+            row_bytes: self.row_bytes,
+            value_bytes: self.value_bytes,
+            index_stride_rows: self.attention_block_stride,
+        }
+    }
+
+    /// Host and device layouts of a sparse layer from its places in the source and resident
+    /// groups.
+    pub fn layer_pair(
+        &self,
+        source: &GroupLayer,
+        resident: &GroupLayer,
+    ) -> Result<LayerPair, LayoutError> {
+        Ok(LayerPair {
+            host: self.host_layout(source)?,
+            device: self.device_layout(resident),
+        })
     }
 }
