@@ -8,16 +8,16 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+// The data plane: what a backend executes (see the module docs for the contract).
+pub mod data_plane;
+pub use data_plane::{device, error, ops};
+
+// The planning side: what lives where, decided on the scheduler.
 pub mod config;
 #[cfg(feature = "alloc")]
 pub mod coordinator;
-pub mod device;
-pub mod error;
-#[cfg(feature = "alloc")]
 pub mod layout;
 pub mod model;
-pub mod ops;
-#[cfg(feature = "alloc")]
 pub mod pool;
 pub mod presets;
 #[cfg(feature = "alloc")]

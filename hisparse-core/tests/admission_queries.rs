@@ -11,6 +11,8 @@
 //!   GPU and host blocks the operation takes out of the free pools ([`Coordinator::free`]);
 //! * a query changes nothing: the coordinator's state (its `Debug` form, every table, queue,
 //!   pool and scratch) is the same before and after, and its invariants hold.
+// These tests drive the planning side (layouts, the coordinator), which needs `alloc`.
+#![cfg(feature = "alloc")]
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

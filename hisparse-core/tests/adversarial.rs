@@ -8,6 +8,8 @@
 //! Deterministic: `HISPARSE_ADVERSARIAL_SEED=<n>` explores other inputs (a failure prints its
 //! seed and round); `HISPARSE_ADVERSARIAL_ROUNDS=<n>` scales the rounds (the default keeps each
 //! test to a few seconds in a debug build).
+// These tests drive the planning side (layouts, the coordinator), which needs `alloc`.
+#![cfg(feature = "alloc")]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

@@ -1,6 +1,8 @@
 //! Liveness of the coordinator on the smallest pools a layout allows: a request whose context
 //! fits the layout always finishes, whatever the pool is doing. Each test is named after what it
 //! guards; the first two are the stalls found on valid input (no error, no progress, ever).
+// These tests drive the planning side (layouts, the coordinator), which needs `alloc`.
+#![cfg(feature = "alloc")]
 
 use hisparse_core::config::HiSparseConfig;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, RequestId};

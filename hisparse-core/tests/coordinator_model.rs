@@ -32,6 +32,8 @@
 //!   no device → host copies before its forward pass (spills and mirrors run after it), so no
 //!   in-flight transfer could save such a page: this is what makes `after_forward = false`
 //!   spills unnecessary, proven on every generated step.
+// These tests drive the planning side (layouts, the coordinator), which needs `alloc`.
+#![cfg(feature = "alloc")]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -4,25 +4,7 @@
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::{ACTIVE_TAIL_PAGES, KvCacheConfig};
-
-/// GPU blocks one request needs at a context length, per strategy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct GpuBlocksPerRequest {
-    /// Everything on the GPU: indexer + resident + regular pages.
-    pub all_on_gpu: u64,
-    /// HiSparse: indexer + regular pages, the `ACTIVE_TAIL_PAGES` resident tail per bucket, and a
-    /// hot region per bucket.
-    pub hisparse: u64,
-}
-
-impl GpuBlocksPerRequest {
-    /// The cheaper of the two (a request whose pages all fit stays fully resident).
-    pub fn min_needed(&self) -> u64 {
-        self.all_on_gpu.min(self.hisparse)
-    }
-}
+use super::{GpuBlocksPerRequest, KvCacheConfig};
 
 /// Which tier limits concurrency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -161,14 +143,12 @@ impl KvCacheConfig {
             .fold(0u64, |acc, g| {
                 acc.saturating_add(self.regular_blocks_for(g, context_len))
             });
-        let b = u64::from(self.num_buckets);
-        let base = pages.saturating_add(regular);
-        GpuBlocksPerRequest {
-            all_on_gpu: base.saturating_add(b.saturating_mul(pages)),
-            hisparse: base
-                .saturating_add(b.saturating_mul(pages.min(u64::from(ACTIVE_TAIL_PAGES))))
-                .saturating_add(b.saturating_mul(u64::from(self.hot_blocks_per_request))),
-        }
+        GpuBlocksPerRequest::of(
+            pages,
+            regular,
+            self.num_buckets,
+            self.hot_blocks_per_request,
+        )
     }
 
     /// GPU blocks exact prefill of a `context_len`-token prompt holds at once: its last chunk

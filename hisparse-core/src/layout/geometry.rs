@@ -6,6 +6,30 @@ use alloc::vec::Vec;
 use super::*;
 
 impl KvCacheConfig {
+    /// The layout's scalar sizes (what [`plan_layout`] computed beside the groups).
+    pub fn sizes(&self) -> LayoutSizes {
+        LayoutSizes {
+            config: self.config,
+            block_tokens: self.block_tokens,
+            block_size: self.block_size,
+            sparse_compress_ratio: self.sparse_compress_ratio,
+            row_bytes: self.row_bytes,
+            value_bytes: self.value_bytes,
+            page_alignment: self.page_alignment,
+            shared_host_pool: self.shared_host_pool,
+            num_buckets: self.num_buckets,
+            bytes_per_block: self.bytes_per_block,
+            attention_block_stride: self.attention_block_stride,
+            num_gpu_blocks: self.num_gpu_blocks,
+            host_block_stride: self.host_block_stride,
+            host_num_blocks: self.host_num_blocks,
+            device_buffer_size: self.device_buffer_size,
+            hot_blocks_per_request: self.hot_blocks_per_request,
+            max_model_len: self.max_model_len,
+            max_pages_per_request: self.max_pages_per_request,
+        }
+    }
+
     /// Index of the source group (always 0).
     pub const SOURCE_GROUP: usize = 0;
     /// Index of the indexer group (always 1).
@@ -41,13 +65,7 @@ impl KvCacheConfig {
             .get(Self::SOURCE_GROUP)
             .and_then(|g| g.layers.first())
             .map_or(0, |l| l.page_bytes);
-        let raw = u64::from(self.host_num_blocks).saturating_mul(page);
-        if self.shared_host_pool {
-            raw.checked_next_multiple_of(SHARED_HOST_ALIGNMENT)
-                .unwrap_or(u64::MAX)
-        } else {
-            raw
-        }
+        rules::host_array_bytes(self.host_num_blocks, page, self.shared_host_pool)
     }
 
     /// Bytes of the host pool: every source layer's array (saturating). Without a shared host
@@ -84,24 +102,20 @@ impl KvCacheConfig {
     /// `max_query_len` tokens of a step, and the `max_query_len - 1` tokens a rollback of
     /// rejected speculative tokens may give back (their window must still be there).
     pub fn window_tokens(&self, window: u32) -> u64 {
-        let spec = u64::from(self.config.max_query_len.max(1)) - 1;
-        u64::from(window) + 2 * spec
+        rules::window_tokens(self.config.max_query_len, window)
     }
 
     /// Blocks a regular group keeps for a request of `tokens` tokens: a full group every block
     /// of them; a sliding-window group at most the blocks spanned by its window tokens
     /// ([`KvCacheConfig::window_tokens`]) plus one.
     pub fn regular_blocks_for(&self, group: &KvCacheGroup, tokens: u32) -> u64 {
-        let bt = u64::from(if group.block_tokens > 0 {
-            group.block_tokens
-        } else {
-            self.block_tokens.max(1)
-        });
-        let all = u64::from(tokens).div_ceil(bt);
-        match group.sliding_window {
-            Some(w) => all.min(self.window_tokens(w).div_ceil(bt) + 1),
-            None => all,
-        }
+        rules::regular_blocks(
+            group.block_tokens,
+            self.block_tokens,
+            group.sliding_window,
+            self.config.max_query_len,
+            tokens,
+        )
     }
 
     fn source_layer(&self, layer: u32) -> Result<&GroupLayer, LayoutError> {
@@ -114,28 +128,7 @@ impl KvCacheConfig {
     /// Host-pool layout of sparse model layer `layer`: `[host_num_blocks, page]` at `index *
     /// host_array_bytes`, `index_stride_rows = block_size`.
     pub fn host_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
-        let l = self.source_layer(layer)?;
-        let array = u64::from(self.host_num_blocks)
-            .checked_mul(l.page_bytes)
-            .and_then(|a| {
-                a.checked_next_multiple_of(if self.shared_host_pool {
-                    SHARED_HOST_ALIGNMENT
-                } else {
-                    1
-                })
-            });
-        let base = array
-            .and_then(|a| u64::from(l.index_in_group).checked_mul(a))
-            .ok_or(ovf("host layout base"))?;
-        Ok(PageLayout {
-            base,
-            block_stride: l.page_bytes,
-            num_blocks: self.host_num_blocks,
-            block_size: self.block_size,
-            row_bytes: self.row_bytes,
-            value_bytes: self.value_bytes,
-            index_stride_rows: self.block_size,
-        })
+        self.sizes().host_layout(self.source_layer(layer)?)
     }
 
     /// Bucket of sparse model layer `layer` and its place in the bucket's resident/hot groups.
@@ -156,15 +149,7 @@ impl KvCacheConfig {
     /// attention_block_stride`.
     pub fn device_layout(&self, layer: u32) -> Result<PageLayout, LayoutError> {
         let (_, l) = self.bucket_of(layer)?;
-        Ok(PageLayout {
-            base: l.offset,
-            block_stride: self.bytes_per_block,
-            num_blocks: self.num_gpu_blocks,
-            block_size: self.block_size,
-            row_bytes: self.row_bytes,
-            value_bytes: self.value_bytes,
-            index_stride_rows: self.attention_block_stride,
-        })
+        Ok(self.sizes().device_layout(l))
     }
 
     /// Host and device layouts of sparse model layer `layer`.

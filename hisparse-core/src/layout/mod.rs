@@ -81,15 +81,20 @@
 //! assert_eq!(kv.attention_block_stride, 832);
 //! ```
 
+#[cfg(feature = "alloc")]
 use alloc::string::String;
+#[cfg(feature = "alloc")]
 use alloc::vec::Vec;
 use core::fmt;
 
 use crate::config::{ConfigError, HiSparseConfig};
-use crate::model::{
-    LayerSpec, ModelError, ModelSpec, RegularKind, copied_page_bytes, padded_page_bytes,
+use crate::model::{ModelError, ModelSpec, RegularKind};
+// For the heap layout's submodules (`use super::*`).
+#[cfg(feature = "alloc")]
+use crate::{
+    model::copied_page_bytes,
+    ops::{LayerPair, PageLayout},
 };
-use crate::ops::{LayerPair, PageLayout};
 
 /// Resident pages at the tail of a running request that are never reclaimed: the page its next
 /// token writes and the one before it. (When the last allocated page is full, the next token's
@@ -155,6 +160,7 @@ pub struct GroupLayer {
 }
 
 /// One KV-cache group.
+#[cfg(feature = "alloc")]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct KvCacheGroup {
@@ -179,7 +185,44 @@ pub struct KvCacheGroup {
     pub layers: Vec<GroupLayer>,
 }
 
+/// A KV-cache group without its layer list: what it holds, where, and one block's worth of its
+/// pages. The groups of a [`FixedLayout`]; [`KvCacheGroup::shape`] gives a heap group's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupShape {
+    /// What the group holds.
+    pub kind: GroupKind,
+    /// Resident and hot groups: the bucket index.
+    pub bucket: Option<u32>,
+    /// Regular groups: the sliding window in tokens, if any.
+    pub sliding_window: Option<u32>,
+    /// Tokens one block of this group covers.
+    pub block_tokens: u32,
+    /// Regular groups: what their caches hold.
+    pub cache: Option<RegularKind>,
+    /// Summed page bytes of the group's layers.
+    pub page_bytes: u64,
+    /// Layers in the group.
+    pub num_layers: u32,
+}
+
+#[cfg(feature = "alloc")]
+impl KvCacheGroup {
+    /// The group without its layer list.
+    pub fn shape(&self) -> GroupShape {
+        GroupShape {
+            kind: self.kind,
+            bucket: self.bucket,
+            sliding_window: self.sliding_window,
+            block_tokens: self.block_tokens,
+            cache: self.cache,
+            page_bytes: self.page_bytes,
+            num_layers: self.layers.len() as u32,
+        }
+    }
+}
+
 /// An index group: a leader and the followers that apply its resolver plan.
+#[cfg(feature = "alloc")]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct IndexGroup {
@@ -234,6 +277,7 @@ impl<'a> LayoutInput<'a> {
 }
 
 /// The planned KV-cache layout.
+#[cfg(feature = "alloc")]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct KvCacheConfig {
@@ -283,6 +327,48 @@ pub struct KvCacheConfig {
     /// Longest request in tokens.
     pub max_model_len: u32,
     /// Pages (blocks) of a `max_model_len` request: `ceil(max_model_len / block_tokens)`.
+    pub max_pages_per_request: u32,
+}
+
+/// The sizes of a planned layout: every scalar of a [`KvCacheConfig`] (whose fields document
+/// them), and of a [`FixedLayout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LayoutSizes {
+    /// The configuration with `device_buffer_size` resolved (`Some`).
+    pub config: HiSparseConfig,
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// Rows per page of the source, resident and hot groups.
+    pub block_size: u32,
+    /// Tokens per sparse row.
+    pub sparse_compress_ratio: u32,
+    /// Bytes per sparse row.
+    pub row_bytes: u32,
+    /// Value bytes per sparse row.
+    pub value_bytes: u32,
+    /// Sparse and indexer pages are padded to a multiple of this.
+    pub page_alignment: u32,
+    /// The host pool is shared by the ranks of a node.
+    pub shared_host_pool: bool,
+    /// Number of resident/hot bucket pairs.
+    pub num_buckets: u32,
+    /// Bytes of one GPU block.
+    pub bytes_per_block: u64,
+    /// Rows between consecutive GPU blocks in the flat attention view.
+    pub attention_block_stride: u32,
+    /// GPU blocks, null block 0 included.
+    pub num_gpu_blocks: u32,
+    /// Host bytes one host block id costs.
+    pub host_block_stride: u64,
+    /// Host blocks, null block 0 included.
+    pub host_num_blocks: u32,
+    /// Hot rows per request per hot group.
+    pub device_buffer_size: u32,
+    /// Hot blocks per request per hot group.
+    pub hot_blocks_per_request: u32,
+    /// Longest request in tokens.
+    pub max_model_len: u32,
+    /// Pages (blocks) of a `max_model_len` request.
     pub max_pages_per_request: u32,
 }
 
@@ -354,6 +440,16 @@ pub enum LayoutError {
         value: Option<u64>,
         /// The rule it breaks.
         rule: &'static str,
+    },
+    /// A [`FixedLayout`] has no room for the plan: the model needs more groups, layer entries
+    /// or index groups than its const parameters give.
+    FixedCapacity {
+        /// What ran out: `"groups"`, `"layer entries"` or `"index groups"`.
+        what: &'static str,
+        /// The const parameter that sets it (`GROUPS` or `LAYERS`).
+        parameter: &'static str,
+        /// Its value.
+        capacity: usize,
     },
     /// The data plane's copies would refuse a layer's pages as a (hand-edited or deserialised)
     /// layout places them: the copies' own rule ([`crate::ops::PageLayout::check_shape`]) names
@@ -444,6 +540,14 @@ impl fmt::Display for LayoutError {
                     " {rule}; correct it or plan the layout with `plan_layout`"
                 )
             }
+            LayoutError::FixedCapacity {
+                what,
+                parameter,
+                capacity,
+            } => write!(
+                f,
+                "layout: the model needs more than {capacity} {what}, all a fixed layout of `{parameter}` = {capacity} holds; raise `{parameter}`"
+            ),
             LayoutError::PagesRefused {
                 layer,
                 pages,
@@ -469,19 +573,34 @@ fn ovf(field: &'static str) -> LayoutError {
     LayoutError::Overflow { field }
 }
 
+#[cfg(feature = "alloc")]
 mod capacity;
+#[cfg(feature = "alloc")]
 mod fingerprint;
+mod fixed;
+#[cfg(feature = "alloc")]
 mod geometry;
 mod plan;
+#[cfg(feature = "alloc")]
 mod report;
+mod rules;
+#[cfg(feature = "alloc")]
 mod validate;
+#[cfg(feature = "alloc")]
 mod views;
 
-pub use capacity::{CapacityLimit, CapacityReport, GpuBlocksPerRequest, LayoutWarning};
+#[cfg(feature = "alloc")]
+pub use capacity::{CapacityLimit, CapacityReport, LayoutWarning};
+#[cfg(feature = "alloc")]
 pub use fingerprint::LayoutFingerprint;
+pub use fixed::{FixedIndexGroup, FixedLayout, plan_layout_fixed};
+#[cfg(feature = "alloc")]
 pub use plan::plan_layout;
+#[cfg(feature = "alloc")]
 pub use report::{LayoutReport, NodeHostMemory, capacity_contexts};
+pub use rules::GpuBlocksPerRequest;
+#[cfg(feature = "alloc")]
 pub use views::LayerView;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "alloc"))]
 mod tests;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::{RegularKind, RegularLayer, SparseLayer};
+use crate::model::{LayerSpec, RegularKind, RegularLayer, SparseLayer};
 use crate::presets::{DEEPSEEK_V4, DEEPSEEK_V32, GLM5};
 
 const GIB: u64 = 1 << 30;
