@@ -20,9 +20,9 @@ pub struct Counters {
     /// Valid top-k entries read from resident pages (summed over index groups).
     pub resident_reads: u64,
     /// Bytes copied host → device: swap-in gathers (every layer of the index group that missed)
-    /// and page restores.
+    /// and page restores (indexer pages included).
     pub h2d_bytes: u64,
-    /// Bytes copied device → host: row mirrors and page spills.
+    /// Bytes copied device → host: row mirrors, page spills and indexer backups.
     pub d2h_bytes: u64,
     /// Index-group calls that took the fully-resident remap.
     pub remap_calls: u64,
@@ -55,6 +55,11 @@ pub struct Counters {
     pub transfers_enqueued: u64,
     /// Transfer batches seen complete by polling.
     pub transfers_completed: u64,
+    /// Indexer rows backed up device → host (each in every indexer layer), in the transfer
+    /// batches.
+    pub indexer_rows_backed_up: u64,
+    /// Indexer pages restored host → device (imported requests' keys).
+    pub indexer_pages_restored: u64,
 }
 
 impl Counters {

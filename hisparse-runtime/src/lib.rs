@@ -14,6 +14,7 @@ mod config;
 mod counters;
 mod decode;
 mod error;
+mod indexer;
 mod kind;
 pub mod plan;
 mod runtime;

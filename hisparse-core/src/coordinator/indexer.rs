@@ -84,7 +84,13 @@ impl IndexerRows {
     }
 
     /// Appends the backup of every indexer row of page `page` (a full page spilled whole).
-    pub(super) fn plan_page(&self, page: u32, indexer: &[u32], host: &[u32], out: &mut Vec<RowSpan>) {
+    pub(super) fn plan_page(
+        &self,
+        page: u32,
+        indexer: &[u32],
+        host: &[u32],
+        out: &mut Vec<RowSpan>,
+    ) {
         let first = page * self.rows_per_page * self.tokens_per_row;
         let target = first + self.rows_per_page * self.tokens_per_row;
         self.plan_tokens(first, target, indexer, host, out);

@@ -1,0 +1,230 @@
+//! The indexer host cache and the copies that keep indexer keys as durable as the KV rows
+//! (`hisparse_core::coordinator`'s `indexer.rs` plans them): after the forward, the step's
+//! [`OffloadCommand::indexer_backups`] through [`Device::indexer_backup`] on the copy stream,
+//! in the step's transfer batch; before the forward, [`OffloadCommand::indexer_restores`] and
+//! the indexer half of host copy-on-write.
+//!
+//! The cache is the runtime's own pinned buffer (`KvCacheConfig::indexer_host_pool_bytes`):
+//! the page of host block `h` of every indexer layer holds the keys of the page whose KV is in
+//! host block `h` (`KvCacheConfig::indexer_layer_pair`). Every rank keeps its own.
+//!
+//! [`OffloadCommand::indexer_backups`]: hisparse_core::coordinator::OffloadCommand::indexer_backups
+//! [`OffloadCommand::indexer_restores`]: hisparse_core::coordinator::OffloadCommand::indexer_restores
+
+use hisparse_core::Device;
+use hisparse_core::layout::KvCacheConfig;
+use hisparse_core::ops::{
+    BlockPair, Direction, IndexerBackupArgs, IndexerBackupDesc, LayerPair, PageCopyDesc,
+    PageLayout, RowSpan, TableWrite, TableWriteDesc,
+};
+
+use crate::error::RuntimeError;
+
+/// The indexer host cache, its layouts and the slot buffers of the backup.
+pub(crate) struct IndexerCache<D: Device> {
+    /// The cache (pinned host memory).
+    pub(crate) host: D::HostBuffer,
+    /// Row layouts of every indexer layer (device pool, host cache): what a backup copies.
+    rows: Vec<LayerPair>,
+    /// The same pages as one row each (a whole page, padding included): what restores and
+    /// host copy-on-write copy. Pages sit on 16-byte boundaries and are multiples of 16 bytes,
+    /// so the page copies take them whatever the indexer rows' size.
+    pages: Vec<LayerPair>,
+    /// The host side of `pages` (host copy-on-write).
+    host_pages: Vec<PageLayout>,
+    /// `i32[capacity]` device and host slots of the backup, grown on demand.
+    device_slots: D::Buffer,
+    host_slots: D::Buffer,
+    capacity: usize,
+    device_writes: Vec<TableWrite>,
+    host_writes: Vec<TableWrite>,
+}
+
+impl<D: Device> IndexerCache<D> {
+    /// Host bytes of `kv`'s indexer host cache (0 without an indexer layer).
+    pub(crate) fn bytes(kv: &KvCacheConfig) -> u64 {
+        if Self::layers(kv).is_empty() {
+            0
+        } else {
+            kv.indexer_host_pool_bytes()
+        }
+    }
+
+    /// The indexer layers' layer pairs, leader order.
+    fn layers(kv: &KvCacheConfig) -> Vec<LayerPair> {
+        kv.groups
+            .get(KvCacheConfig::INDEXER_GROUP)
+            .map_or(&[][..], |g| &g.layers[..])
+            .iter()
+            .filter_map(|l| kv.indexer_layer_pair(l.layer).ok())
+            .collect()
+    }
+
+    /// The cache of `kv`, or `None` when it has no indexer layer.
+    pub(crate) fn new(dev: &D, kv: &KvCacheConfig) -> Result<Option<Self>, RuntimeError<D::Error>> {
+        let rows = Self::layers(kv);
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let whole = |l: &PageLayout, page_bytes: u64| {
+            PageLayout::contiguous(l.base, l.block_stride, l.num_blocks, 1, page_bytes as u32)
+        };
+        let pages: Vec<LayerPair> = rows
+            .iter()
+            .map(|p| {
+                // The host page's stride is the page (padding included).
+                let page = p.host.block_stride;
+                LayerPair {
+                    host: whole(&p.host, page),
+                    device: whole(&p.device, page),
+                }
+            })
+            .collect();
+        let bytes = usize::try_from(kv.indexer_host_pool_bytes()).map_err(|_| {
+            RuntimeError::Command(
+                "the indexer host cache does not fit this machine's address space".into(),
+            )
+        })?;
+        let err = RuntimeError::device;
+        let capacity = 256;
+        Ok(Some(IndexerCache {
+            host: dev
+                .alloc_pinned(bytes.max(4))
+                .map_err(err("allocating the indexer host cache"))?,
+            host_pages: pages.iter().map(|p| p.host).collect(),
+            rows,
+            pages,
+            device_slots: dev
+                .alloc(capacity * 4)
+                .map_err(err("allocating indexer backup slots"))?,
+            host_slots: dev
+                .alloc(capacity * 4)
+                .map_err(err("allocating indexer backup slots"))?,
+            capacity,
+            device_writes: Vec::new(),
+            host_writes: Vec::new(),
+        }))
+    }
+
+    /// Indexer rows per page.
+    pub(crate) fn rows_per_page(&self) -> u32 {
+        self.rows[0].device.block_size
+    }
+
+    /// Bytes of one page of every indexer layer.
+    pub(crate) fn page_bytes(&self) -> u64 {
+        self.pages.iter().map(|p| p.host.page_bytes()).sum()
+    }
+
+    /// Host → device page copies `pairs` (`src` host block, `dst` indexer GPU block) on
+    /// `stream`.
+    pub(crate) fn restore(
+        &mut self,
+        dev: &D,
+        stream: &D::Stream,
+        pairs: &[BlockPair],
+        device: &mut D::Buffer,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        dev.copy_pages(
+            stream,
+            &PageCopyDesc {
+                direction: Direction::HostToDevice,
+                layers: &self.pages,
+            },
+            pairs,
+            &mut self.host,
+            device,
+        )
+        .map_err(RuntimeError::device("restoring indexer pages"))
+    }
+
+    /// Host copy-on-write of the indexer pages `pairs` (host block → host block) on `stream`.
+    pub(crate) fn host_cow(
+        &mut self,
+        dev: &D,
+        stream: &D::Stream,
+        pairs: &[BlockPair],
+    ) -> Result<(), RuntimeError<D::Error>> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        dev.copy_host_pages(stream, &self.host_pages, pairs, &mut self.host)
+            .map_err(RuntimeError::device("indexer host copy-on-write"))
+    }
+
+    /// Backs up the indexer rows of `spans` (`device_block`: indexer GPU block, `host_block`:
+    /// the page's host block) device → host on `stream` (the copy stream, after the forward);
+    /// returns the rows copied per layer. The slots are staged on the same stream, so a later
+    /// step's staging waits for this step's backup.
+    pub(crate) fn backup(
+        &mut self,
+        dev: &D,
+        stream: &D::Stream,
+        spans: &[RowSpan],
+        device: &D::Buffer,
+    ) -> Result<u64, RuntimeError<D::Error>> {
+        let rows_per_page = u64::from(self.rows_per_page());
+        self.device_writes.clear();
+        self.host_writes.clear();
+        for s in spans {
+            for r in s.first_row..s.first_row.saturating_add(s.num_rows) {
+                let slot = |block: u32| {
+                    i32::try_from(u64::from(block) * rows_per_page + u64::from(r)).unwrap_or(-1)
+                };
+                let index = self.device_writes.len() as u32;
+                self.device_writes.push(TableWrite {
+                    index,
+                    value: slot(s.device_block),
+                });
+                self.host_writes.push(TableWrite {
+                    index,
+                    value: slot(s.host_block),
+                });
+            }
+        }
+        let n = self.device_writes.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        let err = RuntimeError::device;
+        if n > self.capacity {
+            let cap = n.next_power_of_two();
+            self.device_slots = dev
+                .alloc(cap * 4)
+                .map_err(err("growing indexer backup slots"))?;
+            self.host_slots = dev
+                .alloc(cap * 4)
+                .map_err(err("growing indexer backup slots"))?;
+            self.capacity = cap;
+        }
+        let desc = TableWriteDesc {
+            table_len: self.capacity as u32,
+        };
+        dev.write_table(stream, &desc, &self.device_writes, &mut self.device_slots)
+            .and_then(|()| dev.write_table(stream, &desc, &self.host_writes, &mut self.host_slots))
+            .map_err(err("staging indexer backup slots"))?;
+        dev.indexer_backup(
+            stream,
+            &IndexerBackupDesc {
+                num_tokens: n as u32,
+                layers: &self.rows,
+            },
+            IndexerBackupArgs {
+                device_slots: &self.device_slots,
+                host_slots: &self.host_slots,
+                device,
+                host: &mut self.host,
+            },
+        )
+        .map_err(err("backing up indexer rows"))?;
+        Ok(n as u64)
+    }
+
+    /// Bytes of one indexer row of every layer.
+    pub(crate) fn row_bytes(&self) -> u64 {
+        self.rows.iter().map(|p| u64::from(p.host.row_bytes)).sum()
+    }
+}
