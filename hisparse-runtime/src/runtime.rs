@@ -537,6 +537,12 @@ impl<D: Device> Runtime<D> {
     pub fn host_row(&self, state_row: u32) -> Option<&[i32]> {
         (state_row < self.cfg.state_rows).then(|| self.tables.host.row(state_row))
     }
+
+    /// The host shadow of the indexer block table row of `state_row` (page → GPU block, `0`
+    /// for none).
+    pub fn indexer_row(&self, state_row: u32) -> Option<&[i32]> {
+        (state_row < self.cfg.state_rows).then(|| self.tables.indexer.row(state_row))
+    }
 }
 
 fn to_usize<E>(bytes: u64) -> Result<usize, RuntimeError<E>> {

@@ -288,6 +288,14 @@ fn publish(a: &SimulateArgs, report: SimReport) -> CliResult<()> {
             report.first_mismatch.as_deref().unwrap_or("?")
         )));
     }
+    if report.indexer_mismatched_rows > 0 {
+        return Err(CliError::failed(format!(
+            "{} of {} indexer rows read back did not match their source (first: {})",
+            report.indexer_mismatched_rows,
+            report.indexer_rows_verified,
+            report.first_mismatch.as_deref().unwrap_or("?")
+        )));
+    }
     if report.verified_rows == 0 {
         return Err(CliError::failed(
             "no row was verified: the run decoded nothing; give it --decode-steps 1 or more",

@@ -116,6 +116,21 @@ pub struct SimReport {
     /// Prefill rows that did not match (or read -1 for a row that exists); part of
     /// `mismatched_rows`.
     pub prefill_mismatched_rows: u64,
+    /// Indexer rows backed up device → host (each in every indexer layer) into the indexer
+    /// host cache, in the steps' transfer batches (0 for a model without an indexer).
+    #[serde(default)]
+    pub indexer_rows_backed_up: u64,
+    /// Indexer pages restored host → device (imported requests' keys).
+    #[serde(default)]
+    pub indexer_pages_restored: u64,
+    /// Indexer rows (one per layer per row) checked byte for byte: every backed-up row in the
+    /// indexer host cache once its batch completed, and the keys of every context a request
+    /// did not compute (a prefix hit, an import) on the GPU before its first forward.
+    #[serde(default)]
+    pub indexer_rows_verified: u64,
+    /// Indexer rows that did not match.
+    #[serde(default)]
+    pub indexer_mismatched_rows: u64,
     /// GPU copy-on-write block copies executed.
     pub gpu_cow_blocks: u64,
     /// Steps where allocation had to wait for in-flight reclamation.
@@ -280,6 +295,15 @@ impl SimReport {
             self.prefill_rows_checked,
             self.prefill_mismatched_rows
         );
+        if self.indexer_rows_verified + self.indexer_rows_backed_up > 0 {
+            s += &format!(
+                "indexer keys            {} rows backed up, {} pages restored; {} rows verified byte for byte, {} mismatched\n",
+                self.indexer_rows_backed_up,
+                self.indexer_pages_restored,
+                self.indexer_rows_verified,
+                self.indexer_mismatched_rows
+            );
+        }
         if self.pages_staged > 0 {
             s += &format!(
                 "prefill staging         {} pages restored host → device for prefill chunks{}\n",
