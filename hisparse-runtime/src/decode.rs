@@ -88,12 +88,12 @@ pub struct LayerCall<'a, B> {
 }
 
 /// What [`Runtime::layer_call`] found for one per-layer call.
-struct Checked<'a, B> {
+pub(crate) struct Checked<'a, B> {
     /// Whether the call's stream is being captured into a graph.
     capturing: bool,
     /// The call's own state rows ([`TopK::state_rows`]), or `None` for the batch
     /// [`Runtime::set_batch`] gave (`Runtime::batch`, which the caller borrows itself).
-    given: Option<&'a B>,
+    pub(crate) given: Option<&'a B>,
     /// Whether every state row the call reads is fully resident: the step's
     /// [`OffloadCommand::fully_resident`] for given rows, the batch's own residency otherwise.
     ///
@@ -103,7 +103,7 @@ struct Checked<'a, B> {
 
 /// The remap of `num_tokens` token rows through the resident tables of `kv`'s layout, over
 /// `table_rows` state rows.
-fn resident_remap(
+pub(crate) fn resident_remap(
     kv: &KvCacheConfig,
     table_rows: u32,
     num_tokens: u32,
@@ -377,7 +377,7 @@ impl<D: Device> Runtime<D> {
     /// rows was set — and what they found; orders the call's stream after the step's
     /// before-forward work when they differ, and records a capture's shape. The batch itself is
     /// not borrowed here, so the caller can borrow it beside an index group's state.
-    fn layer_call<'a>(
+    pub(crate) fn layer_call<'a>(
         &mut self,
         group: usize,
         topk: &TopK<'a, D::Buffer>,
