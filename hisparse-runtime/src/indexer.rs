@@ -1,7 +1,8 @@
 //! The indexer host cache and the copies that keep indexer keys as durable as the KV rows
 //! (`hisparse_core::coordinator`'s `indexer.rs` plans them): after the forward, the step's
 //! [`OffloadCommand::indexer_backups`] through [`Device::indexer_backup`] on the copy stream,
-//! in the step's transfer batch; before the forward, [`OffloadCommand::indexer_restores`] and
+//! in the step's transfer batch (its slots staged on the compute stream, like every table the
+//! runtime writes, in buffers reserved until the batch completes); before the forward, [`OffloadCommand::indexer_restores`] and
 //! the indexer half of host copy-on-write.
 //!
 //! The cache is the runtime's own pinned buffer (`KvCacheConfig::indexer_host_pool_bytes`):
@@ -10,6 +11,8 @@
 //!
 //! [`OffloadCommand::indexer_backups`]: hisparse_core::coordinator::OffloadCommand::indexer_backups
 //! [`OffloadCommand::indexer_restores`]: hisparse_core::coordinator::OffloadCommand::indexer_restores
+
+use std::collections::VecDeque;
 
 use hisparse_core::Device;
 use hisparse_core::layout::KvCacheConfig;
@@ -20,7 +23,14 @@ use hisparse_core::ops::{
 
 use crate::error::RuntimeError;
 
-/// The indexer host cache, its layouts and the slot buffers of the backup.
+/// `i32[capacity]` device and host slots of one backup.
+struct SlotBuffers<D: Device> {
+    device: D::Buffer,
+    host: D::Buffer,
+    capacity: usize,
+}
+
+/// The indexer host cache, its layouts and the slot buffers of the backups.
 pub(crate) struct IndexerCache<D: Device> {
     /// The cache (pinned host memory).
     pub(crate) host: D::HostBuffer,
@@ -32,10 +42,12 @@ pub(crate) struct IndexerCache<D: Device> {
     pages: Vec<LayerPair>,
     /// The host side of `pages` (host copy-on-write).
     host_pages: Vec<PageLayout>,
-    /// `i32[capacity]` device and host slots of the backup, grown on demand.
-    device_slots: D::Buffer,
-    host_slots: D::Buffer,
-    capacity: usize,
+    /// Slot buffers no batch uses, the ones staged for the open step's backup (and its rows),
+    /// and those of batches in flight (by transfer id, oldest first): a batch's slots are
+    /// read by its copy, which may run long after the next step staged its own.
+    free: Vec<SlotBuffers<D>>,
+    staged: Option<(SlotBuffers<D>, u32)>,
+    in_flight: VecDeque<(u64, SlotBuffers<D>)>,
     device_writes: Vec<TableWrite>,
     host_writes: Vec<TableWrite>,
 }
@@ -85,22 +97,16 @@ impl<D: Device> IndexerCache<D> {
                 "the indexer host cache does not fit this machine's address space".into(),
             )
         })?;
-        let err = RuntimeError::device;
-        let capacity = 256;
         Ok(Some(IndexerCache {
             host: dev
                 .alloc_pinned(bytes.max(4))
-                .map_err(err("allocating the indexer host cache"))?,
+                .map_err(RuntimeError::device("allocating the indexer host cache"))?,
             host_pages: pages.iter().map(|p| p.host).collect(),
             rows,
             pages,
-            device_slots: dev
-                .alloc(capacity * 4)
-                .map_err(err("allocating indexer backup slots"))?,
-            host_slots: dev
-                .alloc(capacity * 4)
-                .map_err(err("allocating indexer backup slots"))?,
-            capacity,
+            free: Vec::new(),
+            staged: None,
+            in_flight: VecDeque::new(),
             device_writes: Vec::new(),
             host_writes: Vec::new(),
         }))
@@ -155,16 +161,15 @@ impl<D: Device> IndexerCache<D> {
             .map_err(RuntimeError::device("indexer host copy-on-write"))
     }
 
-    /// Backs up the indexer rows of `spans` (`device_block`: indexer GPU block, `host_block`:
-    /// the page's host block) device → host on `stream` (the copy stream, after the forward);
-    /// returns the rows copied per layer. The slots are staged on the same stream, so a later
-    /// step's staging waits for this step's backup.
-    pub(crate) fn backup(
+    /// Stages the slots of the backups `spans` (`device_block`: indexer GPU block,
+    /// `host_block`: the page's host block) on `stream` — the compute stream, before the
+    /// forward's end is recorded, like every table the runtime writes — into a pair of slot
+    /// buffers no batch in flight reads; returns the rows staged (per layer).
+    pub(crate) fn stage(
         &mut self,
         dev: &D,
         stream: &D::Stream,
         spans: &[RowSpan],
-        device: &D::Buffer,
     ) -> Result<u64, RuntimeError<D::Error>> {
         let rows_per_page = u64::from(self.rows_per_page());
         self.device_writes.clear();
@@ -190,37 +195,68 @@ impl<D: Device> IndexerCache<D> {
             return Ok(0);
         }
         let err = RuntimeError::device;
-        if n > self.capacity {
-            let cap = n.next_power_of_two();
-            self.device_slots = dev
-                .alloc(cap * 4)
-                .map_err(err("growing indexer backup slots"))?;
-            self.host_slots = dev
-                .alloc(cap * 4)
-                .map_err(err("growing indexer backup slots"))?;
-            self.capacity = cap;
-        }
-        let desc = TableWriteDesc {
-            table_len: self.capacity as u32,
+        let mut bufs = match self.free.iter().position(|b| b.capacity >= n) {
+            Some(i) => self.free.swap_remove(i),
+            None => {
+                let cap = n.next_power_of_two().max(256);
+                SlotBuffers {
+                    device: dev
+                        .alloc(cap * 4)
+                        .map_err(err("allocating indexer backup slots"))?,
+                    host: dev
+                        .alloc(cap * 4)
+                        .map_err(err("allocating indexer backup slots"))?,
+                    capacity: cap,
+                }
+            }
         };
-        dev.write_table(stream, &desc, &self.device_writes, &mut self.device_slots)
-            .and_then(|()| dev.write_table(stream, &desc, &self.host_writes, &mut self.host_slots))
+        let desc = TableWriteDesc {
+            table_len: bufs.capacity as u32,
+        };
+        dev.write_table(stream, &desc, &self.device_writes, &mut bufs.device)
+            .and_then(|()| dev.write_table(stream, &desc, &self.host_writes, &mut bufs.host))
             .map_err(err("staging indexer backup slots"))?;
-        dev.indexer_backup(
+        self.staged = Some((bufs, n as u32));
+        Ok(n as u64)
+    }
+
+    /// Enqueues the staged backup on `stream` (the copy stream, after the forward) as part of
+    /// transfer batch `id`; its slot buffers stay reserved until [`IndexerCache::completed`]
+    /// says the batch is done.
+    pub(crate) fn backup(
+        &mut self,
+        dev: &D,
+        stream: &D::Stream,
+        id: u64,
+        device: &D::Buffer,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        let Some((bufs, n)) = self.staged.take() else {
+            return Ok(());
+        };
+        let r = dev.indexer_backup(
             stream,
             &IndexerBackupDesc {
-                num_tokens: n as u32,
+                num_tokens: n,
                 layers: &self.rows,
             },
             IndexerBackupArgs {
-                device_slots: &self.device_slots,
-                host_slots: &self.host_slots,
+                device_slots: &bufs.device,
+                host_slots: &bufs.host,
                 device,
                 host: &mut self.host,
             },
-        )
-        .map_err(err("backing up indexer rows"))?;
-        Ok(n as u64)
+        );
+        self.in_flight.push_back((id, bufs));
+        r.map_err(RuntimeError::device("backing up indexer rows"))
+    }
+
+    /// Transfer batches up to `id` completed: their slot buffers are free again.
+    pub(crate) fn completed(&mut self, id: u64) {
+        while self.in_flight.front().is_some_and(|&(b, _)| b <= id) {
+            if let Some((_, bufs)) = self.in_flight.pop_front() {
+                self.free.push(bufs);
+            }
+        }
     }
 
     /// Bytes of one indexer row of every layer.

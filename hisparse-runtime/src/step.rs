@@ -425,6 +425,13 @@ impl<D: Device> Runtime<D> {
             self.stats.snapshot(&self.dev, stream, &mut self.counters)?;
         }
         if let Some(id) = cmd.transfer_id {
+            // The indexer backup's slots, staged where tables are written, before the end of
+            // the forward is recorded.
+            let mut indexer_rows = 0;
+            if let Some(ix) = &mut self.indexer {
+                let stream = pick(&self.compute, &self.lent_streams, on)?;
+                indexer_rows = ix.stage(&self.dev, stream, &cmd.indexer_backups)?;
+            }
             let forward = self
                 .dev
                 .record_event(pick(&self.compute, &self.lent_streams, on)?)
@@ -502,14 +509,9 @@ impl<D: Device> Runtime<D> {
             // The indexer rows of the step, in the same batch: a page is durable only with its
             // keys. Every rank backs up into its own indexer host cache.
             if let Some(ix) = &mut self.indexer {
-                let rows = ix.backup(
-                    &self.dev,
-                    &self.copy,
-                    &cmd.indexer_backups,
-                    &self.pools.device,
-                )?;
-                self.counters.indexer_rows_backed_up += rows;
-                self.counters.d2h_bytes += rows * ix.row_bytes();
+                ix.backup(&self.dev, &self.copy, id, &self.pools.device)?;
+                self.counters.indexer_rows_backed_up += indexer_rows;
+                self.counters.d2h_bytes += indexer_rows * ix.row_bytes();
             }
             let done = self
                 .dev
@@ -547,6 +549,9 @@ impl<D: Device> Runtime<D> {
                 break;
             }
             report.completed.push(*id);
+            if let Some(ix) = &mut self.indexer {
+                ix.completed(*id);
+            }
             self.in_flight.pop_front();
         }
         self.counters.transfers_completed += report.completed.len() as u64;
