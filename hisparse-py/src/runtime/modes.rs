@@ -66,11 +66,13 @@ pub(crate) fn remap_modes(
         .transpose()?;
     let modes = RemapModes {
         dcp,
-        workspace: ws.as_ref().map(|((ids, starts), requests, _)| PrefillWorkspace {
-            requests: *requests,
-            request_of_row: ids,
-            starts,
-        }),
+        workspace: ws
+            .as_ref()
+            .map(|((ids, starts), requests, _)| PrefillWorkspace {
+                requests: *requests,
+                request_of_row: ids,
+                starts,
+            }),
     };
     arrays.run_modes(&mut state.rt, group, modes, num_tokens, on)
 }
@@ -98,8 +100,8 @@ pub(crate) fn compressed_slot_mapping(
         named.push(("a pool of this runtime", pool));
     }
     check_disjoint(&named)?;
-    let num_tokens =
-        u32::try_from(t).map_err(|_| invalid("positions holds 2^32 or more elements; pass fewer"))?;
+    let num_tokens = u32::try_from(t)
+        .map_err(|_| invalid("positions holds 2^32 or more elements; pass fewer"))?;
     let dev = state.rt.device();
     let bufs = [
         lend_device(dev, &positions, "positions")?,
