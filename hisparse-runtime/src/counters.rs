@@ -58,7 +58,8 @@ pub struct Counters {
     /// Indexer rows backed up device → host (each in every indexer layer), in the transfer
     /// batches.
     pub indexer_rows_backed_up: u64,
-    /// Indexer pages restored host → device (imported requests' keys).
+    /// Indexer pages restored host → device (imported requests, prefix hits whose indexer
+    /// blocks were no longer cached).
     pub indexer_pages_restored: u64,
 }
 

@@ -120,7 +120,8 @@ pub struct SimReport {
     /// host cache, in the steps' transfer batches (0 for a model without an indexer).
     #[serde(default)]
     pub indexer_rows_backed_up: u64,
-    /// Indexer pages restored host → device (imported requests' keys).
+    /// Indexer pages restored host → device (imported requests, prefix hits whose indexer
+    /// blocks were no longer cached).
     #[serde(default)]
     pub indexer_pages_restored: u64,
     /// Indexer rows (one per layer per row) checked byte for byte: every backed-up row in the
