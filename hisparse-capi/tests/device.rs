@@ -722,7 +722,7 @@ fn the_remap_with_modes_and_the_compressed_slot_mapping_follow_their_rules() {
             n as u32,
             pos,
             own,
-            out.cast_const() as *const HsBuffer,
+            out.cast_const(),
             out,
             ptr::null_mut()
         )),
