@@ -55,26 +55,20 @@ pub(crate) struct IndexerCache<D: Device> {
 impl<D: Device> IndexerCache<D> {
     /// Host bytes of `kv`'s indexer host cache (0 without an indexer layer).
     pub(crate) fn bytes(kv: &KvCacheConfig) -> u64 {
-        if Self::layers(kv).is_empty() {
+        if kv.indexer_layer_pairs().is_empty() {
             0
         } else {
             kv.indexer_host_pool_bytes()
         }
     }
 
-    /// The indexer layers' layer pairs, leader order.
-    fn layers(kv: &KvCacheConfig) -> Vec<LayerPair> {
-        kv.groups
-            .get(KvCacheConfig::INDEXER_GROUP)
-            .map_or(&[][..], |g| &g.layers[..])
-            .iter()
-            .filter_map(|l| kv.indexer_layer_pair(l.layer).ok())
-            .collect()
-    }
-
     /// The cache of `kv`, or `None` when it has no indexer layer.
     pub(crate) fn new(dev: &D, kv: &KvCacheConfig) -> Result<Option<Self>, RuntimeError<D::Error>> {
-        let rows = Self::layers(kv);
+        let rows: Vec<LayerPair> = kv
+            .indexer_layer_pairs()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
         if rows.is_empty() {
             return Ok(None);
         }

@@ -4,14 +4,11 @@
 //! indexer caches ([`Runtime::compressed_slot_mapping`]).
 
 use hisparse_core::Device;
-use hisparse_core::ops::{
-    DcpSplit, RemapArgs, RemapModesArgs, RemapModesDesc, SlotMappingArgs, SlotMappingDesc,
-};
+use hisparse_core::ops::{DcpSplit, SlotMappingArgs, SlotMappingDesc};
 
-use crate::decode::{Indices, TopK, resident_remap};
+use crate::decode::{Indices, TopK};
 use crate::error::RuntimeError;
 use crate::runtime::Runtime;
-use crate::stats::StatsSlot;
 use crate::streams::{StreamId, pick};
 
 /// The modes of a [`Runtime::remap_modes`] call (`hisparse_core::ops::remap`'s module docs
@@ -93,42 +90,7 @@ impl<D: Device> Runtime<D> {
         out: Indices<'_, D::Buffer>,
         on: Option<StreamId>,
     ) -> Result<(), RuntimeError<D::Error>> {
-        let call = self.layer_call(group, topk, on)?;
-        let stream = pick(&self.compute, &self.lent_streams, on)?;
-        let req_id = call.given.unwrap_or(&self.batch);
-        let b = self.groups[group].bucket as usize;
-        let Indices { rows, counts } = out;
-        let desc = RemapModesDesc {
-            remap: resident_remap(
-                &self.kv,
-                self.cfg.state_rows,
-                topk.num_tokens,
-                counts.is_some(),
-                self.stats.slot(StatsSlot::Prefill),
-            ),
-            dcp: modes.dcp,
-            prefill_requests: modes.workspace.as_ref().map(|w| w.requests),
-        };
-        self.dev
-            .remap_modes(
-                stream,
-                &desc,
-                RemapModesArgs {
-                    remap: RemapArgs {
-                        req_id,
-                        block_table: &self.tables.resident[b].buf,
-                        topk: topk.positions,
-                        idx_mapping: None,
-                        out: rows,
-                        counts,
-                        // The runtime's counters count its own paths only.
-                        stats: None,
-                    },
-                    prefill_req_id: modes.workspace.as_ref().map(|w| w.request_of_row),
-                    workspace_starts: modes.workspace.as_ref().map(|w| w.starts),
-                },
-            )
-            .map_err(RuntimeError::device("remapping top-k rows with modes"))
+        self.remap_resident(group, topk, Some(modes), out, on)
     }
 
     /// The compressed slot mapping of the indexer caches

@@ -12,7 +12,7 @@ use hisparse_core::layout::KvCacheConfig;
 use hisparse_core::model::ModelSpec;
 use hisparse_core::ops::remap::remap_modes as reference_remap_modes;
 use hisparse_core::ops::{
-    DcpSplit, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, SlotMappingArgs,
+    DcpSplit, LayerPair, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, SlotMappingArgs,
     SlotMappingDesc, slot_mapping::compressed_slot_mapping,
 };
 use hisparse_core::presets::DEEPSEEK_V4;
@@ -38,6 +38,32 @@ fn v4() -> KvCacheConfig {
         ..DEEPSEEK_V4
     };
     plan_model(&model, &req).unwrap()
+}
+
+/// [`v4`] with a coordinator scheduling up to `max_batched_tokens` tokens a step, a runtime, and
+/// request 1 of `PROMPT` tokens admitted.
+fn engine(max_batched_tokens: u32) -> (KvCacheConfig, Coordinator, Runtime<CpuDevice>) {
+    let kv = v4();
+    let mut coord = Coordinator::new(
+        kv.clone(),
+        CoordinatorConfig {
+            max_running: ROWS,
+            max_batched_tokens,
+            ..CoordinatorConfig::default()
+        },
+    )
+    .unwrap();
+    let rt = Runtime::new(CpuDevice::new(), kv.clone(), RuntimeConfig::new(ROWS, 4)).unwrap();
+    coord.admit(1, &(0..PROMPT).collect::<Vec<_>>()).unwrap();
+    (kv, coord, rt)
+}
+
+/// The indexer layer pairs of `kv`.
+fn indexer_layers(kv: &KvCacheConfig) -> Vec<LayerPair> {
+    kv.indexer_layer_pairs()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
 }
 
 /// The key byte `i` of indexer row `pos` (a token position) of layer `layer`.
@@ -110,11 +136,7 @@ fn slots(
 /// row (if it writes one) at the slot the device-side mapping gives, in every indexer layer.
 fn write_keys(rt: &mut Runtime<CpuDevice>, cmd: &OffloadCommand) -> u32 {
     let kv = rt.layout().clone();
-    let layers: Vec<_> = kv.groups[KvCacheConfig::INDEXER_GROUP]
-        .layers
-        .iter()
-        .map(|l| kv.indexer_layer_pair(l.layer).unwrap())
-        .collect();
+    let layers = indexer_layers(&kv);
     let mut written = 0;
     for s in &cmd.scheduled {
         let positions: Vec<i32> = (s.first_token..s.first_token + s.num_tokens)
@@ -142,19 +164,8 @@ fn write_keys(rt: &mut Runtime<CpuDevice>, cmd: &OffloadCommand) -> u32 {
 
 #[test]
 fn indexer_keys_written_where_the_slot_mapping_says_are_backed_up_where_it_says_on_host() {
-    let kv = v4();
+    let (kv, mut coord, mut rt) = engine(256);
     assert!(kv.indexer_host_pool_bytes() > 0);
-    let mut coord = Coordinator::new(
-        kv.clone(),
-        CoordinatorConfig {
-            max_running: ROWS,
-            max_batched_tokens: 256,
-            ..CoordinatorConfig::default()
-        },
-    )
-    .unwrap();
-    let mut rt = Runtime::new(CpuDevice::new(), kv.clone(), RuntimeConfig::new(ROWS, 4)).unwrap();
-    coord.admit(1, &(0..PROMPT).collect::<Vec<_>>()).unwrap();
     let mut written = 0;
     for _ in 0..8 {
         let cmd = coord.step().unwrap();
@@ -174,11 +185,7 @@ fn indexer_keys_written_where_the_slot_mapping_says_are_backed_up_where_it_says_
     let row = 0; // the request's state row: the first given out
     let host = slots(&mut rt, IndexerCacheSide::Host, row, &positions);
     let cache = rt.indexer_host_cache().unwrap();
-    let layers: Vec<_> = kv.groups[KvCacheConfig::INDEXER_GROUP]
-        .layers
-        .iter()
-        .map(|l| kv.indexer_layer_pair(l.layer).unwrap())
-        .collect();
+    let layers = indexer_layers(&kv);
     let mut checked = 0;
     for (&pos, &slot) in positions.iter().zip(&host) {
         let Some((b, o)) = layers[0].host.locate(slot.into()) else {
@@ -208,18 +215,7 @@ fn indexer_keys_written_where_the_slot_mapping_says_are_backed_up_where_it_says_
 
 #[test]
 fn remap_modes_through_the_runtime_match_the_reference_over_its_tables() {
-    let kv = v4();
-    let mut coord = Coordinator::new(
-        kv.clone(),
-        CoordinatorConfig {
-            max_running: ROWS,
-            max_batched_tokens: 512,
-            ..CoordinatorConfig::default()
-        },
-    )
-    .unwrap();
-    let mut rt = Runtime::new(CpuDevice::new(), kv.clone(), RuntimeConfig::new(ROWS, 4)).unwrap();
-    coord.admit(1, &(0..PROMPT).collect::<Vec<_>>()).unwrap();
+    let (kv, mut coord, mut rt) = engine(512);
     let cmd = coord.step().unwrap();
     rt.begin_step(&cmd).unwrap();
     let dev = CpuDevice::new();

@@ -168,22 +168,15 @@ impl IndexerKeys {
     /// The keys of `kv`'s indexer layers (`None` without one); the first `shared_tokens` tokens
     /// are the shared prefix.
     pub fn new(kv: &KvCacheConfig, shared_tokens: u32) -> CliResult<Option<Self>> {
-        let Some(g) = kv.groups.get(KvCacheConfig::INDEXER_GROUP) else {
+        let layers = kv.indexer_layer_pairs();
+        let Some(&(_, first)) = layers.first() else {
             return Ok(None);
         };
-        let Some(first) = g.layers.first() else {
-            return Ok(None);
-        };
-        let layers = g
-            .layers
-            .iter()
-            .map(|l| kv.indexer_layer_pair(l.layer).map(|p| (l.layer, p)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| CliError::failed(e.to_string()))?;
-        let tokens_per_row = (kv.block_tokens / first.rows_per_block.max(1)).max(1);
+        let rows_per_page = first.device.block_size;
+        let tokens_per_row = (kv.block_tokens / rows_per_page.max(1)).max(1);
         Ok(Some(IndexerKeys {
             layers,
-            rows_per_page: first.rows_per_block,
+            rows_per_page,
             tokens_per_row,
             shared_rows: shared_tokens / tokens_per_row,
         }))
@@ -213,6 +206,38 @@ impl IndexerKeys {
         out.truncate(row_bytes);
     }
 
+    /// Calls `write(offset, bytes)` for each part (values, then scales) of indexer rows `rows`
+    /// of request `uid` in every indexer layer, laid out by `side` (a layer pair's device or
+    /// host layout), page `p` in block `block_of(p)` (`None`: the row has nowhere to go).
+    fn for_each_part(
+        &self,
+        side: fn(&hisparse_core::ops::LayerPair) -> hisparse_core::ops::PageLayout,
+        uid: u64,
+        rows: Range<u32>,
+        block_of: impl Fn(u32) -> Option<u32>,
+        mut write: impl FnMut(u64, &[u8]) -> CliResult<()>,
+    ) -> CliResult<()> {
+        let mut buf = Vec::new();
+        for (layer, pair) in &self.layers {
+            let l = side(pair);
+            for row in rows.clone() {
+                let Some(block) = block_of(row / self.rows_per_page) else {
+                    return Err(CliError::failed(format!(
+                        "simulation: request {uid} indexer row {row} has no block to write into"
+                    )));
+                };
+                self.row_bytes(uid, *layer, row, l.row_bytes as usize, &mut buf);
+                let [(v, vl), (s, sl)] = l.row_parts(block, row % self.rows_per_page);
+                let (values, scales) = buf.split_at(vl as usize);
+                write(v, values)?;
+                if sl > 0 {
+                    write(s, scales)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes indexer rows `rows` of request `uid` into the device pool through its indexer
     /// block table `table` (page → GPU block), in every indexer layer: the forward pass's
     /// indexer writes.
@@ -224,34 +249,20 @@ impl IndexerKeys {
         rows: Range<u32>,
         table: &[i32],
     ) -> CliResult<()> {
-        let mut buf = Vec::new();
-        for &(layer, pair) in &self.layers {
-            let l = pair.device;
-            for row in rows.clone() {
-                let Some(block) = table
-                    .get((row / self.rows_per_page) as usize)
-                    .copied()
-                    .filter(|&b| b > 0)
-                else {
-                    return Err(CliError::failed(format!(
-                        "simulation: request {uid} indexer row {row} has no indexer block to write into"
-                    )));
-                };
-                self.row_bytes(uid, layer, row, l.row_bytes as usize, &mut buf);
-                let [(v, vl), (s, sl)] = l.row_parts(block as u32, row % self.rows_per_page);
-                let (values, scales) = buf.split_at(vl as usize);
-                dev.upload(pool, v as usize, values)
-                    .and_then(|()| {
-                        if sl > 0 {
-                            dev.upload(pool, s as usize, scales)
-                        } else {
-                            Ok(())
-                        }
-                    })
-                    .map_err(|e| CliError::device("writing indexer keys", e))?;
-            }
-        }
-        Ok(())
+        let block_of = |p: u32| {
+            let b = table.get(p as usize).copied().filter(|&b| b > 0)?;
+            u32::try_from(b).ok()
+        };
+        self.for_each_part(
+            |p| p.device,
+            uid,
+            rows,
+            block_of,
+            |at, bytes| {
+                dev.upload(pool, at as usize, bytes)
+                    .map_err(|e| CliError::device("writing indexer keys", e))
+            },
+        )
     }
 
     /// Writes indexer rows `rows` of request `uid` into the indexer host cache `cache`, page
@@ -265,27 +276,16 @@ impl IndexerKeys {
         rows: Range<u32>,
         host_blocks: &[u32],
     ) -> CliResult<()> {
-        let mut buf = Vec::new();
-        for &(layer, pair) in &self.layers {
-            let l = pair.host;
-            for row in rows.clone() {
-                let Some(&block) = host_blocks.get((row / self.rows_per_page) as usize) else {
-                    break;
-                };
-                self.row_bytes(uid, layer, row, l.row_bytes as usize, &mut buf);
-                let [(v, vl), (s, sl)] = l.row_parts(block, row % self.rows_per_page);
-                let (values, scales) = buf.split_at(vl as usize);
-                dev.write_pinned(cache, v as usize, values)
-                    .and_then(|()| {
-                        if sl > 0 {
-                            dev.write_pinned(cache, s as usize, scales)
-                        } else {
-                            Ok(())
-                        }
-                    })
-                    .map_err(|e| CliError::device("writing imported indexer keys", e))?;
-            }
-        }
-        Ok(())
+        let block_of = |p: u32| host_blocks.get(p as usize).copied();
+        self.for_each_part(
+            |p| p.host,
+            uid,
+            rows,
+            block_of,
+            |at, bytes| {
+                dev.write_pinned(cache, at as usize, bytes)
+                    .map_err(|e| CliError::device("writing imported indexer keys", e))
+            },
+        )
     }
 }
