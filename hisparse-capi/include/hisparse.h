@@ -447,6 +447,10 @@ typedef struct HsCounters {
   // Indexer pages restored host → device (imported requests, prefix hits whose indexer
   // blocks were no longer cached).
   uint64_t indexer_pages_restored;
+  // Bytes copied device → host into the runtime's indexer host cache.
+  uint64_t indexer_d2h_bytes;
+  // Bytes copied host → device from the runtime's indexer host cache.
+  uint64_t indexer_h2d_bytes;
 } HsCounters;
 
 // One of the runtime's device arrays: int32 `[rows][cols]`, row-major and contiguous.

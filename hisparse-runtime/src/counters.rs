@@ -20,9 +20,9 @@ pub struct Counters {
     /// Valid top-k entries read from resident pages (summed over index groups).
     pub resident_reads: u64,
     /// Bytes copied host → device: swap-in gathers (every layer of the index group that missed)
-    /// and page restores (indexer pages included).
+    /// and page restores.
     pub h2d_bytes: u64,
-    /// Bytes copied device → host: row mirrors, page spills and indexer backups.
+    /// Bytes copied device → host into the host pool: row mirrors and page spills.
     pub d2h_bytes: u64,
     /// Index-group calls that took the fully-resident remap.
     pub remap_calls: u64,
@@ -61,6 +61,12 @@ pub struct Counters {
     /// Indexer pages restored host → device (imported requests, prefix hits whose indexer
     /// blocks were no longer cached).
     pub indexer_pages_restored: u64,
+    /// Bytes copied between the device pool and the indexer host cache, which every rank
+    /// keeps for itself (apart from the host pool's traffic, which a shared pool's reading
+    /// ranks do not write): backups device → host and restores host → device.
+    pub indexer_d2h_bytes: u64,
+    /// See `indexer_d2h_bytes`.
+    pub indexer_h2d_bytes: u64,
 }
 
 impl Counters {

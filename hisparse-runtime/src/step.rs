@@ -97,7 +97,7 @@ impl<D: Device> Runtime<D> {
                 &cmd.indexer_restores,
                 &mut self.pools.device,
             )?;
-            self.counters.h2d_bytes += cmd.indexer_restores.len() as u64 * ix.page_bytes();
+            self.counters.indexer_h2d_bytes += cmd.indexer_restores.len() as u64 * ix.page_bytes();
             self.counters.indexer_pages_restored += cmd.indexer_restores.len() as u64;
         }
         let mut pairs: Vec<BlockPair> = Vec::new();
@@ -511,7 +511,7 @@ impl<D: Device> Runtime<D> {
             if let Some(ix) = &mut self.indexer {
                 ix.backup(&self.dev, &self.copy, id, &self.pools.device)?;
                 self.counters.indexer_rows_backed_up += indexer_rows;
-                self.counters.d2h_bytes += indexer_rows * ix.row_bytes();
+                self.counters.indexer_d2h_bytes += indexer_rows * ix.row_bytes();
             }
             let done = self
                 .dev

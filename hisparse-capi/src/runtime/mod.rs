@@ -189,6 +189,10 @@ pub struct HsCounters {
     /// Indexer pages restored host → device (imported requests, prefix hits whose indexer
     /// blocks were no longer cached).
     pub indexer_pages_restored: u64,
+    /// Bytes copied device → host into the runtime's indexer host cache.
+    pub indexer_d2h_bytes: u64,
+    /// Bytes copied host → device from the runtime's indexer host cache.
+    pub indexer_h2d_bytes: u64,
 }
 
 /// Fills `config` with defaults: 1 state row, 1 token row per call, worker 0, counters every
@@ -394,6 +398,8 @@ pub unsafe extern "C" fn hs_runtime_counters(
             gpu_cow_blocks: c.gpu_cow_blocks,
             indexer_rows_backed_up: c.indexer_rows_backed_up,
             indexer_pages_restored: c.indexer_pages_restored,
+            indexer_d2h_bytes: c.indexer_d2h_bytes,
+            indexer_h2d_bytes: c.indexer_h2d_bytes,
         });
         Ok(())
     })

@@ -566,6 +566,8 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
         .map(|s| s.counters.indexer_rows_backed_up)
         .sum();
     report.indexer_pages_restored = c.indexer_pages_restored;
+    report.indexer_d2h_bytes = drained.iter().map(|s| s.counters.indexer_d2h_bytes).sum();
+    report.indexer_h2d_bytes = drained.iter().map(|s| s.counters.indexer_h2d_bytes).sum();
     report.indexer_rows_verified = drained.iter().map(|s| s.indexer.rows).sum();
     report.indexer_mismatched_rows = drained.iter().map(|s| s.indexer.mismatched).sum();
     report.first_mismatch = drained.iter().enumerate().find_map(|(r, s)| {

@@ -124,6 +124,13 @@ pub struct SimReport {
     /// blocks were no longer cached).
     #[serde(default)]
     pub indexer_pages_restored: u64,
+    /// Bytes copied into (device → host) and out of (host → device) the indexer host caches,
+    /// summed over ranks (each keeps its own).
+    #[serde(default)]
+    pub indexer_d2h_bytes: u64,
+    /// See `indexer_d2h_bytes`.
+    #[serde(default)]
+    pub indexer_h2d_bytes: u64,
     /// Indexer rows (one per layer per row) checked byte for byte: every backed-up row in the
     /// indexer host cache once its batch completed, and the keys of every context a request
     /// did not compute (a prefix hit, an import) on the GPU before its first forward.
@@ -298,9 +305,11 @@ impl SimReport {
         );
         if self.indexer_rows_verified + self.indexer_rows_backed_up > 0 {
             s += &format!(
-                "indexer keys            {} rows backed up, {} pages restored; {} rows verified byte for byte, {} mismatched\n",
+                "indexer keys            {} rows backed up ({}), {} pages restored ({}); {} rows verified byte for byte, {} mismatched\n",
                 self.indexer_rows_backed_up,
+                human(self.indexer_d2h_bytes),
                 self.indexer_pages_restored,
+                human(self.indexer_h2d_bytes),
                 self.indexer_rows_verified,
                 self.indexer_mismatched_rows
             );

@@ -141,6 +141,10 @@ class _Counters(TypedDict):
     spilled_pages: int
     transfers_enqueued: int
     transfers_completed: int
+    indexer_rows_backed_up: int
+    indexer_pages_restored: int
+    indexer_d2h_bytes: int
+    indexer_h2d_bytes: int
     hit_rate: Optional[float]
 
 def plan_layout(
