@@ -2,8 +2,8 @@
 //! (`hisparse_core::coordinator`'s `indexer.rs` plans them): after the forward, the step's
 //! [`OffloadCommand::indexer_backups`] through [`Device::indexer_backup`] on the copy stream,
 //! in the step's transfer batch (its slots staged on the compute stream, like every table the
-//! runtime writes, in buffers reserved until the batch completes); before the forward, [`OffloadCommand::indexer_restores`] and
-//! the indexer half of host copy-on-write.
+//! runtime writes, in buffers reserved until the batch completes); before the forward,
+//! [`OffloadCommand::indexer_restores`] and the indexer half of host copy-on-write.
 //!
 //! The cache is the runtime's own pinned buffer (`KvCacheConfig::indexer_host_pool_bytes`):
 //! the page of host block `h` of every indexer layer holds the keys of the page whose KV is in
@@ -72,20 +72,25 @@ impl<D: Device> IndexerCache<D> {
         if rows.is_empty() {
             return Ok(None);
         }
-        let whole = |l: &PageLayout, page_bytes: u64| {
-            PageLayout::contiguous(l.base, l.block_stride, l.num_blocks, 1, page_bytes as u32)
+        let whole = |l: &PageLayout, page_bytes: u32| {
+            PageLayout::contiguous(l.base, l.block_stride, l.num_blocks, 1, page_bytes)
         };
-        let pages: Vec<LayerPair> = rows
+        let pages = rows
             .iter()
             .map(|p| {
                 // The host page's stride is the page (padding included).
-                let page = p.host.block_stride;
-                LayerPair {
+                let page = u32::try_from(p.host.block_stride).map_err(|_| {
+                    RuntimeError::Command(format!(
+                        "an indexer page of {} bytes is beyond what one page copy moves (4 GiB); re-plan the layout",
+                        p.host.block_stride
+                    ))
+                })?;
+                Ok(LayerPair {
                     host: whole(&p.host, page),
                     device: whole(&p.device, page),
-                }
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>, RuntimeError<D::Error>>>()?;
         let bytes = usize::try_from(kv.indexer_host_pool_bytes()).map_err(|_| {
             RuntimeError::Command(
                 "the indexer host cache does not fit this machine's address space".into(),

@@ -97,7 +97,8 @@ impl IndexerRows {
     }
 }
 
-/// Appends the restores of pages `pages` of an imported request: host block → indexer block.
+/// Appends the restores of pages `pages` of an imported request: host block → indexer block
+/// (never into the null block 0).
 pub(super) fn plan_restores(
     pages: core::ops::Range<u32>,
     indexer: &[u32],
@@ -105,7 +106,9 @@ pub(super) fn plan_restores(
     out: &mut Vec<BlockPair>,
 ) {
     for p in pages {
-        if let (Some(&dst), Some(&src)) = (indexer.get(p as usize), host.get(p as usize)) {
+        if let (Some(&dst), Some(&src)) = (indexer.get(p as usize), host.get(p as usize))
+            && dst != 0
+        {
             out.push(BlockPair { src, dst });
         }
     }

@@ -54,9 +54,9 @@ pub(super) struct WorkerState {
 
 impl Coordinator {
     /// With eager mirroring: plans the row mirrors of the rows tokens `first..target` write
-    /// (one span per page and bucket, coalesced) and the backups of their indexer rows and seals the pages they fill (up to
-    /// `sealed1 = target / block_tokens`, which the caller has at hand), which go pending
-    /// under the current transfer id. Inlined into the step loop's decode path.
+    /// (one span per page and bucket, coalesced) and the backups of their indexer rows, and
+    /// seals the pages they fill (up to `sealed1 = target / block_tokens`, which the caller has
+    /// at hand), which go pending under the current transfer id. Inlined into the step loop's decode path.
     #[inline(always)]
     pub(super) fn plan_row_mirrors<const POW2: bool>(
         &mut self,

@@ -295,26 +295,24 @@ impl PagedManager {
     /// After [`PagedManager::pin_hit`] and the start's accounting: gives every hit page whose
     /// indexer block was not cached (pinned as `0`) a new block, and plans its restore from
     /// the page's host block (`host[p]`) in the indexer host cache. The caller has checked
-    /// that the GPU pool has the blocks. Returns the pages restored.
+    /// that the GPU pool has the blocks (a page it could not give one stays null, and nothing
+    /// is restored into the null block).
     pub(in crate::coordinator) fn restore_uncached_indexer(
         &self,
         t: &mut PagedTable,
         gpu: &mut BlockPool,
         host: &[u32],
         out: &mut OffloadCommand,
-    ) -> u32 {
-        let mut restored = 0;
+    ) {
         for (p, b) in t.indexer.iter_mut().enumerate() {
             if *b != 0 {
                 continue;
             }
             *b = gpu.allocate().unwrap_or(0);
-            if let Some(&src) = host.get(p) {
+            if let (Some(&src), true) = (host.get(p), *b != 0) {
                 out.indexer_restores.push(BlockPair { src, dst: *b });
-                restored += 1;
             }
         }
-        restored
     }
 
     /// The columns a regular group pins for a prefix hit of `hit` pages whose first
