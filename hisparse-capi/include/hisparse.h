@@ -441,6 +441,16 @@ typedef struct HsCounters {
   uint64_t host_cow_pages;
   // GPU copy-on-write blocks.
   uint64_t gpu_cow_blocks;
+  // Indexer rows backed up device → host into the indexer host cache (each in every indexer
+  // layer).
+  uint64_t indexer_rows_backed_up;
+  // Indexer pages restored host → device (imported requests, prefix hits whose indexer
+  // blocks were no longer cached).
+  uint64_t indexer_pages_restored;
+  // Bytes copied device → host into the runtime's indexer host cache.
+  uint64_t indexer_d2h_bytes;
+  // Bytes copied host → device from the runtime's indexer host cache.
+  uint64_t indexer_h2d_bytes;
 } HsCounters;
 
 // One of the runtime's device arrays: int32 `[rows][cols]`, row-major and contiguous.
@@ -476,6 +486,27 @@ typedef struct HsLayerCall {
   // use), or NULL for the runtime's compute stream.
   void *stream;
 } HsLayerCall;
+
+// The modes of `hs_runtime_remap_modes` (all zero: the plain resident remap).
+typedef struct HsRemapModes {
+  // Decode context parallelism: the ranks each request's context is spread over, in runs
+  // of `dcp_interleave` tokens (0 = off). Tokens another rank stores map to -1; this
+  // rank's (`dcp_rank`) map through the resident tables by their local index.
+  uint32_t dcp_size;
+  // This rank (`< dcp_size`).
+  uint32_t dcp_rank;
+  // Consecutive tokens one rank stores before the next rank's (≥ 1 with `dcp_size`).
+  uint32_t dcp_interleave;
+  // Prefill workspace: the prefill requests `P` whose context was gathered into a
+  // contiguous workspace (0 = off).
+  uint32_t workspace_requests;
+  // int32 `[num_tokens]`: the prefill request of each token row (-1 = a decode row, which
+  // remaps through the resident tables); NULL without a workspace.
+  const struct HsBuffer *request_of_row;
+  // int32 `[P]`: the workspace row of each prefill request's token 0 (entry `tok` maps to
+  // `starts[p] + tok`); NULL without a workspace.
+  const struct HsBuffer *workspace_starts;
+} HsRemapModes;
 
 // What one `hs_coordinator_schedule_step` did.
 typedef struct HsStepSummary {
@@ -1159,6 +1190,33 @@ enum HsStatus hs_buffer_upload_i32(const struct HsRuntime *runtime, struct HsBuf
 //
 // `runtime` and `buffer` are live handles; `out` points to `len` writable values.
 enum HsStatus hs_buffer_download_i32(const struct HsRuntime *runtime, const struct HsBuffer *buffer, size_t offset, int32_t *out, size_t len);
+
+// The resident remap of index group `call->group` with `modes` (the fully-resident path:
+// top-k positions → physical rows through the resident tables, nothing swapped in; the hot
+// state untouched), inside a step, on `call->stream`; outputs as for `hs_runtime_decode`
+// (`call->swap` is ignored).
+//
+// # Safety
+//
+// As `hs_runtime_decode`; `modes` points to a valid `HsRemapModes` whose buffers are live
+// handles of the runtime's device (NULL without a workspace).
+enum HsStatus hs_runtime_remap_modes(struct HsRuntime *runtime, const struct HsLayerCall *call, const struct HsRemapModes *modes);
+
+// The compressed slot mapping of the indexer caches: for each of `num_tokens` tokens
+// (`positions`, `slot_mapping` — only its sign is read, negative = padding — and
+// `state_rows`, int32 `[num_tokens]`) the indexer row it writes, into `out` (int32
+// `[num_tokens]`): in the device pool's indexer blocks (`host` = 0, through the indexer block
+// table) or in the runtime's indexer host cache (`host` ≠ 0, through the host table), as
+// `block * rows_per_page + row`; -1 for a token that writes no indexer row (a compressed
+// indexer writes one per `R` tokens). On `stream` (NULL: the compute stream). Refused for a
+// layout without an indexer layer.
+//
+// # Safety
+//
+// `runtime` is a live handle used by no other thread meanwhile; the buffers are live handles
+// of its device, `out` distinct from the others; `stream` is NULL or a live stream of the
+// device that outlives the runtime.
+enum HsStatus hs_runtime_compressed_slot_mapping(struct HsRuntime *runtime, uint32_t host, uint32_t num_tokens, const struct HsBuffer *positions, const struct HsBuffer *slot_mapping, const struct HsBuffer *state_rows, struct HsBuffer *out, void *stream);
 
 // Before the forward pass: applies `command`'s table updates, hot-state resets, invalidation,
 // copy-on-write and restores, and writes the step's slot mapping (`hs_runtime_slot_mapping`),

@@ -560,3 +560,178 @@ fn lent_pools_that_overlap_are_refused_before_the_runtime_is_built() {
     assert!(rt.is_null());
     c!(hs_layout_free(layout));
 }
+
+/// An int32 buffer of the runtime's device holding `values`.
+fn int_buffer(rt: *mut HsRuntime, values: &[i32]) -> *mut HsBuffer {
+    let mut b = ptr::null_mut();
+    ok!(hs_buffer_alloc(rt, values.len().max(1) * 4, &mut b));
+    ok!(hs_buffer_upload_i32(
+        rt,
+        b,
+        0,
+        values.as_ptr(),
+        values.len()
+    ));
+    b
+}
+
+/// The int32 contents of `b`.
+fn ints(rt: *mut HsRuntime, b: *mut HsBuffer, len: usize) -> Vec<i32> {
+    let mut out = vec![0; len];
+    ok!(hs_buffer_download_i32(rt, b, 0, out.as_mut_ptr(), len));
+    out
+}
+
+#[test]
+fn the_remap_with_modes_and_the_compressed_slot_mapping_follow_their_rules() {
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 2);
+    let (coord, rt) = (w.coord, w.rt);
+    w.admit(1, 40);
+    let mut cmd = ptr::null_mut();
+    ok!(hs_coordinator_step(coord, &mut cmd));
+    ok!(hs_runtime_begin_step(rt, cmd, ptr::null_mut()));
+    let s = scheduled(cmd)[0];
+    let slot = s.slot as i32;
+    let info = layout_info(w.layout);
+    let k = TOP_K as usize;
+    // Resident row of the request, group 2 (bucket 0).
+    let mut table = vec![0; info.max_pages_per_request as usize];
+    ok!(hs_coordinator_block_table_row(
+        coord,
+        1,
+        2,
+        table.as_mut_ptr(),
+        table.len()
+    ));
+    let topk_host: Vec<i32> = (0..2 * k as i32).map(|i| (i * 5) % 43 - 2).collect();
+    let topk = int_buffer(rt, &topk_host);
+    let states = int_buffer(rt, &[slot, slot]);
+    let rows = int_buffer(rt, &vec![0; 2 * k]);
+    let call = HsLayerCall {
+        group: 0,
+        swap: HsSwap::IndexGroup as u32,
+        topk,
+        num_tokens: 2,
+        state_rows: states,
+        rows,
+        counts: ptr::null_mut(),
+        stream: ptr::null_mut(),
+    };
+    let resident = |tok: i32| -> i32 {
+        match table.get((tok / BLOCK as i32) as usize) {
+            Some(&block) if tok >= 0 && block >= 0 => {
+                block * info.attention_block_stride as i32 + tok % BLOCK as i32
+            }
+            _ => -1,
+        }
+    };
+    // Context parallelism over 2 ranks in runs of 4 tokens; this is rank 1.
+    let dcp = HsRemapModes {
+        dcp_size: 2,
+        dcp_rank: 1,
+        dcp_interleave: 4,
+        workspace_requests: 0,
+        request_of_row: ptr::null(),
+        workspace_starts: ptr::null(),
+    };
+    ok!(hs_runtime_remap_modes(rt, &call, &dcp));
+    let want: Vec<i32> = topk_host
+        .iter()
+        .map(|&t| {
+            if t < 0 || (t / 4) % 2 != 1 {
+                -1
+            } else {
+                resident((t / 8) * 4 + t % 4)
+            }
+        })
+        .collect();
+    assert_eq!(ints(rt, rows, 2 * k), want);
+    assert!(want.iter().any(|&r| r >= 0) && want.iter().any(|&r| r < 0));
+    // Row 1 reads workspace request 0, which starts at workspace row 500.
+    let ids = int_buffer(rt, &[-1, 0]);
+    let starts = int_buffer(rt, &[500]);
+    let ws = HsRemapModes {
+        dcp_size: 0,
+        workspace_requests: 1,
+        request_of_row: ids,
+        workspace_starts: starts,
+        ..dcp
+    };
+    ok!(hs_runtime_remap_modes(rt, &call, &ws));
+    let want: Vec<i32> = topk_host
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| match (i / k, t) {
+            (_, t) if t < 0 => -1,
+            (0, t) => resident(t),
+            (_, t) => 500 + t,
+        })
+        .collect();
+    assert_eq!(ints(rt, rows, 2 * k), want);
+    expect_error(
+        c!(hs_runtime_remap_modes(
+            rt,
+            &call,
+            &HsRemapModes {
+                workspace_starts: rows,
+                ..ws
+            }
+        )),
+        HsStatus::InvalidArgument,
+        "modes.workspace_starts",
+    );
+    // The compressed slot mapping: this model's indexer writes a row per token, a page of rows
+    // per block, in the indexer block (group 1) or the host block (group 0) of its page.
+    let positions: Vec<i32> = (s.first_token..s.first_token + s.num_tokens)
+        .map(|p| p as i32)
+        .collect();
+    let n = positions.len();
+    let pos = int_buffer(rt, &positions);
+    let own = int_buffer(rt, &vec![0; n]);
+    let st = int_buffer(rt, &vec![slot; n]);
+    let out = int_buffer(rt, &vec![7; n]);
+    for (host, group) in [(0, 1), (1, 0)] {
+        ok!(hs_runtime_compressed_slot_mapping(
+            rt,
+            host,
+            n as u32,
+            pos,
+            own,
+            st,
+            out,
+            ptr::null_mut()
+        ));
+        let mut blocks = vec![0; info.max_pages_per_request as usize];
+        ok!(hs_coordinator_block_table_row(
+            coord,
+            1,
+            group,
+            blocks.as_mut_ptr(),
+            blocks.len()
+        ));
+        let want: Vec<i32> = positions
+            .iter()
+            .map(|&p| blocks[(p / BLOCK as i32) as usize] * BLOCK as i32 + p % BLOCK as i32)
+            .collect();
+        assert_eq!(ints(rt, out, n), want, "host {host}");
+    }
+    expect_error(
+        c!(hs_runtime_compressed_slot_mapping(
+            rt,
+            0,
+            n as u32,
+            pos,
+            own,
+            out.cast_const(),
+            out,
+            ptr::null_mut()
+        )),
+        HsStatus::InvalidArgument,
+        "`out`",
+    );
+    for b in [topk, states, rows, ids, starts, pos, own, st, out] {
+        c!(hs_buffer_free(b));
+    }
+    ok!(hs_runtime_end_step(rt, cmd, ptr::null_mut()));
+    c!(hs_command_free(cmd));
+}

@@ -22,7 +22,7 @@ pub struct Counters {
     /// Bytes copied host → device: swap-in gathers (every layer of the index group that missed)
     /// and page restores.
     pub h2d_bytes: u64,
-    /// Bytes copied device → host: row mirrors and page spills.
+    /// Bytes copied device → host into the host pool: row mirrors and page spills.
     pub d2h_bytes: u64,
     /// Index-group calls that took the fully-resident remap.
     pub remap_calls: u64,
@@ -55,6 +55,18 @@ pub struct Counters {
     pub transfers_enqueued: u64,
     /// Transfer batches seen complete by polling.
     pub transfers_completed: u64,
+    /// Indexer rows backed up device → host (each in every indexer layer), in the transfer
+    /// batches.
+    pub indexer_rows_backed_up: u64,
+    /// Indexer pages restored host → device (imported requests, prefix hits whose indexer
+    /// blocks were no longer cached).
+    pub indexer_pages_restored: u64,
+    /// Bytes copied between the device pool and the indexer host cache, which every rank
+    /// keeps for itself (apart from the host pool's traffic, which a shared pool's reading
+    /// ranks do not write): backups device → host and restores host → device.
+    pub indexer_d2h_bytes: u64,
+    /// See `indexer_d2h_bytes`.
+    pub indexer_h2d_bytes: u64,
 }
 
 impl Counters {

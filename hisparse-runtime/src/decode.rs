@@ -31,10 +31,12 @@
 use hisparse_core::Device;
 use hisparse_core::layout::KvCacheConfig;
 use hisparse_core::ops::{
-    GatherArgs, GatherDesc, RemapArgs, RemapDesc, ResolveArgs, TableWrite, TableWriteDesc,
+    GatherArgs, GatherDesc, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, ResolveArgs,
+    TableWrite, TableWriteDesc,
 };
 
 use crate::error::RuntimeError;
+use crate::modes::RemapModes;
 use crate::runtime::{GroupCall, Runtime};
 use crate::stats::StatsSlot;
 use crate::streams::{StreamId, pick};
@@ -275,6 +277,20 @@ impl<D: Device> Runtime<D> {
         out: Indices<'_, D::Buffer>,
         on: Option<StreamId>,
     ) -> Result<(), RuntimeError<D::Error>> {
+        self.remap_resident(group, topk, None, out, on)
+    }
+
+    /// The remap of index group `group`'s top-k through its bucket's resident tables: plain
+    /// (a prefill read, counted in the prefill stats slot) or with `modes`
+    /// ([`Runtime::remap_modes`], which the runtime's counters leave out).
+    pub(crate) fn remap_resident(
+        &mut self,
+        group: usize,
+        topk: &TopK<'_, D::Buffer>,
+        modes: Option<RemapModes<'_, D::Buffer>>,
+        out: Indices<'_, D::Buffer>,
+        on: Option<StreamId>,
+    ) -> Result<(), RuntimeError<D::Error>> {
         let call = self.layer_call(group, topk, on)?;
         let stream = pick(&self.compute, &self.lent_streams, on)?;
         let req_id = call.given.unwrap_or(&self.batch);
@@ -287,22 +303,37 @@ impl<D: Device> Runtime<D> {
             counts.is_some(),
             self.stats.slot(StatsSlot::Prefill),
         );
-        self.dev
-            .remap(
-                stream,
-                &desc,
-                RemapArgs {
-                    req_id,
-                    block_table: &self.tables.resident[b].buf,
-                    topk: topk.positions,
-                    idx_mapping: None,
-                    out: rows,
-                    counts,
-                    stats: Some(&mut self.stats.buf),
-                },
-            )
-            .map_err(RuntimeError::device("remapping prefill top-k rows"))?;
-        Ok(())
+        let remap = |stats| RemapArgs {
+            req_id,
+            block_table: &self.tables.resident[b].buf,
+            topk: topk.positions,
+            idx_mapping: None,
+            out: rows,
+            counts,
+            stats,
+        };
+        match modes {
+            None => self
+                .dev
+                .remap(stream, &desc, remap(Some(&mut self.stats.buf)))
+                .map_err(RuntimeError::device("remapping prefill top-k rows")),
+            Some(m) => self
+                .dev
+                .remap_modes(
+                    stream,
+                    &RemapModesDesc {
+                        remap: desc,
+                        dcp: m.dcp,
+                        prefill_requests: m.workspace.as_ref().map(|w| w.requests),
+                    },
+                    RemapModesArgs {
+                        remap: remap(None),
+                        prefill_req_id: m.workspace.as_ref().map(|w| w.request_of_row),
+                        workspace_starts: m.workspace.as_ref().map(|w| w.starts),
+                    },
+                )
+                .map_err(RuntimeError::device("remapping top-k rows with modes")),
+        }
     }
 
     /// Swaps in follower layer `layer` with its leader's plan of this step (the original

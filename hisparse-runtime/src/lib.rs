@@ -14,7 +14,9 @@ mod config;
 mod counters;
 mod decode;
 mod error;
+mod indexer;
 mod kind;
+mod modes;
 pub mod plan;
 mod runtime;
 mod shared;
@@ -42,6 +44,7 @@ pub use error::RuntimeError;
 /// and the host's limits.
 pub use hisparse_host_memory as host_memory;
 pub use kind::{BackendKind, UnknownBackend};
+pub use modes::{CompressedSlots, IndexerCacheSide, PrefillWorkspace, RemapModes};
 pub use runtime::{Pools, Runtime};
 pub use shared::{SharedHostPool, SharedSegment, ShmError};
 pub use step::{ReportError, WorkerReport};

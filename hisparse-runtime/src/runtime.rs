@@ -9,6 +9,7 @@ use hisparse_core::ops::{LayerPair, PageLayout};
 use crate::config::RuntimeConfig;
 use crate::counters::Counters;
 use crate::error::RuntimeError;
+use crate::indexer::IndexerCache;
 use crate::slots::SlotMapping;
 use crate::stats::DeviceStats;
 use crate::streams::StreamId;
@@ -81,6 +82,9 @@ pub struct Runtime<D: Device> {
     pub(crate) bucket_pairs: Vec<Vec<LayerPair>>,
     /// Host layouts of every sparse layer (host copy-on-write).
     pub(crate) host_layers: Vec<PageLayout>,
+    /// The indexer host cache (`None` without an indexer layer): indexer keys kept as durable
+    /// as the KV rows.
+    pub(crate) indexer: Option<IndexerCache<D>>,
     /// Shared miss plan of groups without followers.
     pub(crate) plan_src: D::Buffer,
     pub(crate) plan_dst: D::Buffer,
@@ -137,7 +141,11 @@ impl<D: Device> Runtime<D> {
         let state = Self::check_config(&kv, &cfg)?;
         let device_pool = kv.gpu_pool_bytes();
         let host_pool = kv.host_pool_bytes();
-        Self::check_memory(&dev, device_pool + state, host_pool)?;
+        Self::check_memory(
+            &dev,
+            device_pool + state,
+            host_pool + IndexerCache::<D>::bytes(&kv),
+        )?;
         let pools = Pools {
             device: dev
                 .alloc(to_usize(device_pool)?)
@@ -155,7 +163,8 @@ impl<D: Device> Runtime<D> {
     /// order with the engine's forward pass.
     ///
     /// The pools must be at least the layout's sizes ([`KvCacheConfig::gpu_pool_bytes`],
-    /// [`KvCacheConfig::host_pool_bytes`]); their contents are used as they are.
+    /// [`KvCacheConfig::host_pool_bytes`]); their contents are used as they are. The indexer
+    /// host cache ([`Runtime::indexer_host_cache`]) is the runtime's own either way.
     pub fn with_pools(
         dev: D,
         kv: KvCacheConfig,
@@ -187,7 +196,7 @@ impl<D: Device> Runtime<D> {
                 ),
             });
         }
-        Self::check_memory(&dev, state, 0)?;
+        Self::check_memory(&dev, state, IndexerCache::<D>::bytes(&kv))?;
         Self::build(dev, kv, cfg, pools, compute_stream)
     }
 
@@ -343,7 +352,9 @@ impl<D: Device> Runtime<D> {
             .create_stream()
             .map_err(err("creating the copy stream"))?;
         let ranges_capacity = 256;
+        let indexer = IndexerCache::new(&dev, &kv)?;
         Ok(Runtime {
+            indexer,
             plan_src: alloc(t * k * 4, "allocating the miss plan")?,
             plan_dst: alloc(t * k * 4, "allocating the miss plan")?,
             batch: {
@@ -506,9 +517,31 @@ impl<D: Device> Runtime<D> {
         (state_row < self.cfg.state_rows).then(|| t.row(state_row))
     }
 
+    /// The indexer host cache: the keys of every indexer layer, the page of host block `h` for
+    /// the page whose KV is in host block `h`, laid out as
+    /// [`KvCacheConfig::indexer_layer_pair`]'s host side says (`None` when the layout has no
+    /// indexer layer). Backups write it after the forward; an engine importing a request's KV
+    /// writes the request's keys here, in the host blocks
+    /// `Coordinator::reserve_import` named, before `complete_import` (the runtime restores
+    /// them to the GPU when the request starts).
+    pub fn indexer_host_cache(&self) -> Option<&D::HostBuffer> {
+        self.indexer.as_ref().map(|c| &c.host)
+    }
+
+    /// [`Runtime::indexer_host_cache`], writable (an importer fills it), with the device.
+    pub fn device_and_indexer_host_cache_mut(&mut self) -> (&D, Option<&mut D::HostBuffer>) {
+        (&self.dev, self.indexer.as_mut().map(|c| &mut c.host))
+    }
+
     /// The host shadow of the host table row of `state_row`.
     pub fn host_row(&self, state_row: u32) -> Option<&[i32]> {
         (state_row < self.cfg.state_rows).then(|| self.tables.host.row(state_row))
+    }
+
+    /// The host shadow of the indexer block table row of `state_row` (page → GPU block, `0`
+    /// for none).
+    pub fn indexer_row(&self, state_row: u32) -> Option<&[i32]> {
+        (state_row < self.cfg.state_rows).then(|| self.tables.indexer.row(state_row))
     }
 }
 

@@ -20,8 +20,8 @@ impl<D: Device> Runtime<D> {
     /// Before the forward pass: applies `cmd` on the compute stream, in the command's documented
     /// order — incremental table updates, the step's slot mapping ([`Runtime::slot_mapping`]),
     /// hot-state resets (state rows started, hot regions given out), invalidation of hot entries
-    /// caching rows of newly assigned host blocks, host copy-on-write, restores, GPU
-    /// copy-on-write. Nothing here synchronises with the host. [`Runtime::begin_step_on`] runs it
+    /// caching rows of newly assigned host blocks, host copy-on-write (host pool and indexer
+    /// host cache), restores (indexer restores included), GPU copy-on-write. Nothing here synchronises with the host. [`Runtime::begin_step_on`] runs it
     /// on a lent stream.
     ///
     /// Commands run once each, in order: a command already run, an older one, or one after a
@@ -87,6 +87,18 @@ impl<D: Device> Runtime<D> {
                     &mut self.pools.host,
                 )
                 .map_err(RuntimeError::device("host copy-on-write"))?;
+        }
+        if let Some(ix) = &mut self.indexer {
+            // Every rank keeps its own indexer host cache: each copies its indexer pages.
+            ix.host_cow(&self.dev, stream, &cmd.host_cow)?;
+            ix.restore(
+                &self.dev,
+                stream,
+                &cmd.indexer_restores,
+                &mut self.pools.device,
+            )?;
+            self.counters.indexer_h2d_bytes += cmd.indexer_restores.len() as u64 * ix.page_bytes();
+            self.counters.indexer_pages_restored += cmd.indexer_restores.len() as u64;
         }
         let mut pairs: Vec<BlockPair> = Vec::new();
         for b in 0..self.kv.num_buckets {
@@ -219,6 +231,31 @@ impl<D: Device> Runtime<D> {
                     t.device_block, t.host_block, t.bucket
                 ));
             }
+        }
+        let indexer_rows = self.indexer.as_ref().map_or(0, |ix| ix.rows_per_page());
+        if let Some(p) = cmd
+            .indexer_restores
+            .iter()
+            .find(|p| indexer_rows == 0 || p.src >= host || p.dst >= gpu)
+        {
+            return bad(format!(
+                "an indexer restore of host block {} to GPU block {} (the layout has {} indexer rows per page)",
+                p.src, p.dst, indexer_rows
+            ));
+        }
+        if let Some(s) = cmd.indexer_backups.iter().find(|s| {
+            s.device_block >= gpu
+                || s.host_block >= host
+                || u64::from(s.first_row) + u64::from(s.num_rows) > u64::from(indexer_rows)
+        }) {
+            return bad(format!(
+                "an indexer backup of rows {}..{} between GPU block {} and host block {} (the layout has {} indexer rows per page)",
+                s.first_row,
+                u64::from(s.first_row) + u64::from(s.num_rows),
+                s.device_block,
+                s.host_block,
+                indexer_rows
+            ));
         }
         for m in &cmd.row_mirrors {
             let s = m.span;
@@ -355,7 +392,8 @@ impl<D: Device> Runtime<D> {
     }
 
     /// After the forward pass: the copy stream waits for the compute stream's work (the forward
-    /// pass's KV writes), then runs `cmd`'s row mirrors and page spills as transfer batch
+    /// pass's KV writes), then runs `cmd`'s row mirrors, page spills and indexer backups as
+    /// transfer batch
     /// `cmd.transfer_id`, and records an event that [`Runtime::poll`] watches. Every
     /// [`crate::RuntimeConfig::stats_every`]-th step the device's decode counters are copied to
     /// host on the step's stream (one small copy). Nothing here blocks the host. [`Runtime::end_step_on`] names the stream the forward pass ran on.
@@ -387,6 +425,13 @@ impl<D: Device> Runtime<D> {
             self.stats.snapshot(&self.dev, stream, &mut self.counters)?;
         }
         if let Some(id) = cmd.transfer_id {
+            // The indexer backup's slots, staged where tables are written, before the end of
+            // the forward is recorded.
+            let mut indexer_rows = 0;
+            if let Some(ix) = &mut self.indexer {
+                let stream = pick(&self.compute, &self.lent_streams, on)?;
+                indexer_rows = ix.stage(&self.dev, stream, &cmd.indexer_backups)?;
+            }
             let forward = self
                 .dev
                 .record_event(pick(&self.compute, &self.lent_streams, on)?)
@@ -461,6 +506,13 @@ impl<D: Device> Runtime<D> {
                         .map_err(RuntimeError::device("spilling pages to host"))?;
                 }
             }
+            // The indexer rows of the step, in the same batch: a page is durable only with its
+            // keys. Every rank backs up into its own indexer host cache.
+            if let Some(ix) = &mut self.indexer {
+                ix.backup(&self.dev, &self.copy, id, &self.pools.device)?;
+                self.counters.indexer_rows_backed_up += indexer_rows;
+                self.counters.indexer_d2h_bytes += indexer_rows * ix.row_bytes();
+            }
             let done = self
                 .dev
                 .record_event(&self.copy)
@@ -497,6 +549,9 @@ impl<D: Device> Runtime<D> {
                 break;
             }
             report.completed.push(*id);
+            if let Some(ix) = &mut self.indexer {
+                ix.completed(*id);
+            }
             self.in_flight.pop_front();
         }
         self.counters.transfers_completed += report.completed.len() as u64;

@@ -53,7 +53,7 @@ pub struct HsLayerCall {
 /// # Safety
 ///
 /// `call`'s buffers are live handles (NULL where allowed) that no other thread uses meanwhile.
-unsafe fn buffers<'a>(
+pub(super) unsafe fn buffers<'a>(
     call: &HsLayerCall,
 ) -> Result<(TopK<'a, AnyBuffer>, Indices<'a, AnyBuffer>), Failure> {
     let reads = [call.topk, call.state_rows];

@@ -1,11 +1,12 @@
 //! The engine runtime over a backend chosen by name (`HsRuntime`): building it, its settings and
 //! counters, and the engine streams it enqueues on. The step (`step.rs`), the per-layer calls
-//! (`decode.rs`), its device arrays (`arrays.rs`) and device buffers and pools (`memory.rs`)
-//! have files of their own.
+//! (`decode.rs`), the remap with modes and the compressed slot mapping (`modes.rs`), its device
+//! arrays (`arrays.rs`) and device buffers and pools (`memory.rs`) have files of their own.
 
 mod arrays;
 mod decode;
 mod memory;
+mod modes;
 mod step;
 
 use std::ffi::{c_char, c_void};
@@ -16,6 +17,7 @@ use hisparse_runtime::{AnyDevice, BackendKind, Pools, Runtime, RuntimeConfig, St
 pub use arrays::*;
 pub use decode::*;
 pub use memory::*;
+pub use modes::*;
 pub use step::*;
 
 use crate::error::{Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, string};
@@ -181,6 +183,16 @@ pub struct HsCounters {
     pub host_cow_pages: u64,
     /// GPU copy-on-write blocks.
     pub gpu_cow_blocks: u64,
+    /// Indexer rows backed up device → host into the indexer host cache (each in every indexer
+    /// layer).
+    pub indexer_rows_backed_up: u64,
+    /// Indexer pages restored host → device (imported requests, prefix hits whose indexer
+    /// blocks were no longer cached).
+    pub indexer_pages_restored: u64,
+    /// Bytes copied device → host into the runtime's indexer host cache.
+    pub indexer_d2h_bytes: u64,
+    /// Bytes copied host → device from the runtime's indexer host cache.
+    pub indexer_h2d_bytes: u64,
 }
 
 /// Fills `config` with defaults: 1 state row, 1 token row per call, worker 0, counters every
@@ -384,6 +396,10 @@ pub unsafe extern "C" fn hs_runtime_counters(
             restored_pages: c.restored_pages,
             host_cow_pages: c.host_cow_pages,
             gpu_cow_blocks: c.gpu_cow_blocks,
+            indexer_rows_backed_up: c.indexer_rows_backed_up,
+            indexer_pages_restored: c.indexer_pages_restored,
+            indexer_d2h_bytes: c.indexer_d2h_bytes,
+            indexer_h2d_bytes: c.indexer_h2d_bytes,
         });
         Ok(())
     })

@@ -561,8 +561,18 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
     report.prefill_mismatched_rows = drained.iter().map(|s| s.prefill_mismatched).sum();
     report.verified_rows = drained.iter().map(|s| s.verified.rows).sum();
     report.mismatched_rows = drained.iter().map(|s| s.verified.mismatched).sum();
+    report.indexer_rows_backed_up = drained
+        .iter()
+        .map(|s| s.counters.indexer_rows_backed_up)
+        .sum();
+    report.indexer_pages_restored = c.indexer_pages_restored;
+    report.indexer_d2h_bytes = drained.iter().map(|s| s.counters.indexer_d2h_bytes).sum();
+    report.indexer_h2d_bytes = drained.iter().map(|s| s.counters.indexer_h2d_bytes).sum();
+    report.indexer_rows_verified = drained.iter().map(|s| s.indexer.rows).sum();
+    report.indexer_mismatched_rows = drained.iter().map(|s| s.indexer.mismatched).sum();
     report.first_mismatch = drained.iter().enumerate().find_map(|(r, s)| {
-        s.verified.first_mismatch.as_ref().map(|m| {
+        let first = s.verified.first_mismatch.as_ref();
+        first.or(s.indexer.first_mismatch.as_ref()).map(|m| {
             if nranks > 1 {
                 format!("rank {r}: {m}")
             } else {

@@ -280,13 +280,24 @@ fn publish(a: &SimulateArgs, report: SimReport) -> CliResult<()> {
     } else {
         crate::emit(&report.to_text());
     }
-    if report.mismatched_rows > 0 {
-        return Err(CliError::failed(format!(
-            "{} of {} rows read by attention did not match their source (first: {})",
+    for (bad, of, what) in [
+        (
             report.mismatched_rows,
             report.verified_rows,
-            report.first_mismatch.as_deref().unwrap_or("?")
-        )));
+            "rows read by attention",
+        ),
+        (
+            report.indexer_mismatched_rows,
+            report.indexer_rows_verified,
+            "indexer rows read back",
+        ),
+    ] {
+        if bad > 0 {
+            return Err(CliError::failed(format!(
+                "{bad} of {of} {what} did not match their source (first: {})",
+                report.first_mismatch.as_deref().unwrap_or("?")
+            )));
+        }
     }
     if report.verified_rows == 0 {
         return Err(CliError::failed(

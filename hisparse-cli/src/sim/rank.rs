@@ -15,9 +15,9 @@ use hisparse_runtime::{Counters, Indices, Pools, Runtime, TopK, WorkerReport};
 use serde::{Deserialize, Serialize};
 
 use super::engine::SimSetup;
-use super::forward::{Forward, row_owner};
+use super::forward::{Forward, IndexerKeys, row_owner};
 use super::kv;
-use super::verify::{ReadOut, Verified, Verifier};
+use super::verify::{IndexerVerifier, ReadOut, Verified, Verifier};
 use super::workload::{Pattern, TopKStream, overlap};
 use crate::error::{CliError, CliResult};
 
@@ -70,6 +70,10 @@ pub struct RankStep {
     /// Prefill rows that mismatched so far (part of `verified`).
     #[serde(default)]
     pub prefill_mismatched: u64,
+    /// Indexer keys checked so far (read back on the GPU after a prefix hit or an import, and
+    /// in the host cache after each backup).
+    #[serde(default)]
+    pub indexer: Verified,
     /// Adjacent-step top-k overlap measured this step: sum and count.
     pub overlap_sum: f64,
     /// See `overlap_sum`.
@@ -96,6 +100,8 @@ pub struct Rank<D: Device> {
     rt: Runtime<D>,
     forward: Forward,
     verifier: Verifier,
+    /// Indexer keys written, imported and checked (`None` without an indexer layer).
+    indexer: Option<IndexerVerifier>,
     io: Vec<GroupIo<D>>,
     prefill_io: PrefillIo<D>,
     streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)>,
@@ -176,6 +182,7 @@ impl<D: Device> Rank<D> {
         Ok(Rank {
             forward: Forward::new(kv, shared_rows)?,
             verifier: Verifier::new(kv, shared_rows)?,
+            indexer: IndexerKeys::new(kv, shared_rows * ratio)?.map(IndexerVerifier::new),
             io,
             prefill_io,
             prefill_streams: HashMap::new(),
@@ -242,6 +249,14 @@ impl<D: Device> Rank<D> {
                     .map_err(|e| CliError::device("writing imported KV rows", e))?;
             }
         }
+        // And its keys, into the indexer host cache's pages of the same host blocks.
+        if let Some(ix) = &self.indexer {
+            let (dev, cache) = self.rt.device_and_indexer_host_cache_mut();
+            if let Some(cache) = cache {
+                let keys = ix.keys.rows_of(0..rows * kv.sparse_compress_ratio.max(1));
+                ix.keys.write_host(dev, cache, uid, keys, host_blocks)?;
+            }
+        }
         Ok(())
     }
 
@@ -297,6 +312,9 @@ impl<D: Device> Rank<D> {
                         .and_then(|r| r.get(p as usize).copied())
                 },
             )?;
+        }
+        if let Some(ix) = &mut self.indexer {
+            ix.forward(&mut self.rt, cmd)?;
         }
         let mut step = RankStep::default();
         let mut reads: Vec<ReadOut> = Vec::new();
@@ -401,6 +419,10 @@ impl<D: Device> Rank<D> {
             self.verifier
                 .check(self.rt.device(), &self.rt.pools().device, &prefill_reads)?;
         self.prefill_mismatched += self.verifier.verified.mismatched - bad_before;
+        if let Some(ix) = &mut self.indexer {
+            ix.check_backups(&self.rt, cmd)?;
+            step.indexer = ix.verified.clone();
+        }
         step.prefill_rows = self.prefill_rows;
         step.prefill_mismatched = self.prefill_mismatched;
         step.verify_seconds = t.elapsed().as_secs_f64();
@@ -488,6 +510,11 @@ impl<D: Device> Rank<D> {
             report,
             counters: *self.rt.counters(),
             verified: self.verifier.verified.clone(),
+            indexer: self
+                .indexer
+                .as_ref()
+                .map(|ix| ix.verified.clone())
+                .unwrap_or_default(),
             prefill_rows: self.prefill_rows,
             prefill_mismatched: self.prefill_mismatched,
             ..RankStep::default()

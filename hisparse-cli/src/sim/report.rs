@@ -116,6 +116,29 @@ pub struct SimReport {
     /// Prefill rows that did not match (or read -1 for a row that exists); part of
     /// `mismatched_rows`.
     pub prefill_mismatched_rows: u64,
+    /// Indexer rows backed up device → host (each in every indexer layer) into the indexer
+    /// host cache, in the steps' transfer batches (0 for a model without an indexer).
+    #[serde(default)]
+    pub indexer_rows_backed_up: u64,
+    /// Indexer pages restored host → device (imported requests, prefix hits whose indexer
+    /// blocks were no longer cached).
+    #[serde(default)]
+    pub indexer_pages_restored: u64,
+    /// Bytes copied into (device → host) and out of (host → device) the indexer host caches,
+    /// summed over ranks (each keeps its own).
+    #[serde(default)]
+    pub indexer_d2h_bytes: u64,
+    /// See `indexer_d2h_bytes`.
+    #[serde(default)]
+    pub indexer_h2d_bytes: u64,
+    /// Indexer rows (one per layer per row) checked byte for byte: every backed-up row in the
+    /// indexer host cache once its batch completed, and the keys of every context a request
+    /// did not compute (a prefix hit, an import) on the GPU before its first forward.
+    #[serde(default)]
+    pub indexer_rows_verified: u64,
+    /// Indexer rows that did not match.
+    #[serde(default)]
+    pub indexer_mismatched_rows: u64,
     /// GPU copy-on-write block copies executed.
     pub gpu_cow_blocks: u64,
     /// Steps where allocation had to wait for in-flight reclamation.
@@ -280,6 +303,17 @@ impl SimReport {
             self.prefill_rows_checked,
             self.prefill_mismatched_rows
         );
+        if self.indexer_rows_verified + self.indexer_rows_backed_up > 0 {
+            s += &format!(
+                "indexer keys            {} rows backed up ({}), {} pages restored ({}); {} rows verified byte for byte, {} mismatched\n",
+                self.indexer_rows_backed_up,
+                human(self.indexer_d2h_bytes),
+                self.indexer_pages_restored,
+                human(self.indexer_h2d_bytes),
+                self.indexer_rows_verified,
+                self.indexer_mismatched_rows
+            );
+        }
         if self.pages_staged > 0 {
             s += &format!(
                 "prefill staging         {} pages restored host → device for prefill chunks{}\n",

@@ -10,7 +10,7 @@ use hisparse_core::Device;
 use hisparse_core::layout::KvCacheConfig;
 use hisparse_core::ops::LayerPair;
 
-use super::forward::row_owner;
+use super::forward::{IndexerKeys, row_owner};
 use super::kv;
 use crate::error::{CliError, CliResult};
 
@@ -231,6 +231,172 @@ fn check_read(
                         )
                     });
                 }
+            }
+        }
+    }
+}
+
+/// Checks indexer keys where a request reads them back: on the GPU in the indexer blocks of a
+/// context it did not compute (a prefix hit, an import), and in the indexer host cache after a
+/// backup. Keys are checked byte for byte, value and scale part of every indexer layer.
+pub struct IndexerVerifier {
+    /// The synthetic keys.
+    pub keys: IndexerKeys,
+    /// Indexer rows checked (one per layer per row) and mismatched.
+    pub verified: Verified,
+    want: Vec<u8>,
+    got: Vec<u8>,
+}
+
+impl IndexerVerifier {
+    /// A verifier of `keys`.
+    pub fn new(keys: IndexerKeys) -> Self {
+        IndexerVerifier {
+            keys,
+            verified: Verified::default(),
+            want: Vec::new(),
+            got: Vec::new(),
+        }
+    }
+
+    /// Checks indexer rows `rows` of request `uid` in the device pool through its indexer
+    /// block table `table` (page → GPU block).
+    pub fn check_device<D: Device>(
+        &mut self,
+        dev: &D,
+        pool: &D::Buffer,
+        uid: u64,
+        rows: std::ops::Range<u32>,
+        table: &[i32],
+    ) -> CliResult<()> {
+        let rpp = self.keys.rows_per_page;
+        for li in 0..self.keys.layers.len() {
+            let (layer, pair) = self.keys.layers[li];
+            for row in rows.clone() {
+                let block = table.get((row / rpp) as usize).copied().unwrap_or(0);
+                let ok = block > 0 && {
+                    let parts = pair.device.row_parts(block as u32, row % rpp);
+                    self.got.clear();
+                    for (at, len) in parts {
+                        let end = self.got.len();
+                        self.got.resize(end + len as usize, 0);
+                        dev.download(pool, at as usize, &mut self.got[end..])
+                            .map_err(|e| CliError::device("downloading indexer keys", e))?;
+                    }
+                    self.same(uid, layer, row, pair.device.row_bytes)
+                };
+                self.tally(ok, || {
+                    format!(
+                        "layer {layer} request {uid}: indexer row {row} on the GPU (block {block}) holds other bytes"
+                    )
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the indexer rows of backup `span` of request `uid`'s page `page` in the indexer
+    /// host cache `cache` (after the backup completed).
+    pub fn check_host<D: Device>(
+        &mut self,
+        dev: &D,
+        cache: &D::HostBuffer,
+        uid: u64,
+        page: u32,
+        span: hisparse_core::ops::RowSpan,
+    ) -> CliResult<()> {
+        let rpp = self.keys.rows_per_page;
+        for li in 0..self.keys.layers.len() {
+            let (layer, pair) = self.keys.layers[li];
+            for r in span.first_row..span.first_row + span.num_rows {
+                let row = page * rpp + r;
+                self.got.clear();
+                for (at, len) in pair.host.row_parts(span.host_block, r) {
+                    let end = self.got.len();
+                    self.got.resize(end + len as usize, 0);
+                    dev.read_pinned(cache, at as usize, &mut self.got[end..])
+                        .map_err(|e| CliError::device("reading the indexer host cache", e))?;
+                }
+                let ok = self.same(uid, layer, row, pair.host.row_bytes);
+                self.tally(ok, || {
+                    format!(
+                        "layer {layer} request {uid}: indexer row {row} backed up to host block {} holds other bytes",
+                        span.host_block
+                    )
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The step's indexer work before its reads, on `rt` (its before-forward work done):
+    /// checks the keys of the context every started request did not compute (a prefix hit's,
+    /// an import's: `0..first_token`) where it reads them, on the GPU, then writes the keys its
+    /// tokens compute (the forward pass's indexer writes).
+    pub fn forward<D: Device>(
+        &mut self,
+        rt: &mut hisparse_runtime::Runtime<D>,
+        cmd: &hisparse_core::coordinator::OffloadCommand,
+    ) -> CliResult<()> {
+        for sr in &cmd.scheduled {
+            let table = rt.indexer_row(sr.slot).unwrap_or(&[]).to_vec();
+            if cmd.started.contains(&sr.slot) && sr.first_token > 0 {
+                let rows = self.keys.rows_of(0..sr.first_token);
+                self.check_device(rt.device(), &rt.pools().device, sr.id, rows, &table)?;
+            }
+            let rows = self
+                .keys
+                .rows_of(sr.first_token..sr.first_token + sr.num_tokens);
+            let (dev, pools) = rt.device_and_pools_mut();
+            self.keys
+                .write_device(dev, &mut pools.device, sr.id, rows, &table)?;
+        }
+        Ok(())
+    }
+
+    /// After the step's copies completed: checks every indexer row `cmd` backed up, in the
+    /// indexer host cache, against the keys of the request whose page it is (found through
+    /// the scheduled requests' host and indexer tables).
+    pub fn check_backups<D: Device>(
+        &mut self,
+        rt: &hisparse_runtime::Runtime<D>,
+        cmd: &hisparse_core::coordinator::OffloadCommand,
+    ) -> CliResult<()> {
+        let Some(cache) = rt.indexer_host_cache() else {
+            return Ok(());
+        };
+        for span in &cmd.indexer_backups {
+            let owner = cmd.scheduled.iter().find_map(|sr| {
+                let (host, ix) = (rt.host_row(sr.slot)?, rt.indexer_row(sr.slot)?);
+                let page = host.iter().position(|&h| h == span.host_block as i32)?;
+                (ix.get(page) == Some(&(span.device_block as i32))).then_some((sr.id, page))
+            });
+            match owner {
+                Some((uid, page)) => self.check_host(rt.device(), cache, uid, page as u32, *span)?,
+                None => self.tally(false, || {
+                    format!(
+                        "an indexer backup of GPU block {} to host block {} belongs to no scheduled request",
+                        span.device_block, span.host_block
+                    )
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the bytes read (`got`) are indexer row `row` of `uid` in `layer`.
+    fn same(&mut self, uid: u64, layer: u32, row: u32, row_bytes: u32) -> bool {
+        self.keys
+            .row_bytes(uid, layer, row, row_bytes as usize, &mut self.want);
+        self.got == self.want
+    }
+
+    fn tally(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        self.verified.rows += 1;
+        if !ok {
+            self.verified.mismatched += 1;
+            if self.verified.first_mismatch.is_none() {
+                self.verified.first_mismatch = Some(what());
             }
         }
     }

@@ -5,7 +5,7 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 
 use super::error::out_of_memory;
-use super::managers::{HotRegion, ResidentTable, SourceTable};
+use super::managers::{HotRegion, PagedManager, ResidentTable, SourceTable};
 use super::request::{Import, NO_ROW, Req, Status};
 use super::{Alloc, CoordError, Coordinator, PoolKind, RequestId};
 
@@ -212,7 +212,9 @@ impl Coordinator {
 
     /// Longest prefix of `r`'s full pages durable on host whose GPU blocks are still cached:
     /// every page's indexer and full-attention blocks, and in each sliding-window group the
-    /// blocks the window of the first recomputed token needs.
+    /// blocks the window of the first recomputed token needs. Indexer blocks need not be
+    /// cached when the layout backs indexer rows up (`indexer.rs`): a durable host page has
+    /// its keys in the indexer host cache, and the start restores them.
     fn prefix_hit(&self, hashes: &[u64], len: u32) -> u32 {
         let mut hit = 0u32;
         if !self.source.caching() {
@@ -220,7 +222,10 @@ impl Coordinator {
         }
         while (hit as usize) < hashes.len() {
             let hash = hashes[hit as usize];
-            if !self.source.is_cached(&self.host, hash) || !self.paged.is_cached(&self.gpu, hash) {
+            let indexer_on_host = self.indexer_rows.is_some();
+            if !self.source.is_cached(&self.host, hash)
+                || !self.paged.is_cached(&self.gpu, hash, indexer_on_host)
+            {
                 break;
             }
             hit += 1;
@@ -328,7 +333,12 @@ impl Coordinator {
         let cow_tail = hit > 0 && hit * bt >= len;
         let shared = shared_of(hit);
         let computed0 = if cow_tail { len - 1 } else { hit * bt };
+        let indexer_restores = hashes[..hit as usize]
+            .iter()
+            .filter(|&&hash| !PagedManager::indexer_cached(&self.gpu, hash))
+            .count() as u32;
         StartPlan {
+            indexer_restores,
             hit,
             shared,
             cow_tail,
@@ -342,8 +352,9 @@ impl Coordinator {
 
     /// GPU blocks a start planned as `plan` allocates for a first chunk of `chunk` tokens, once
     /// its hit blocks are pinned: the chunk's new pages and regular columns, the hit pages
-    /// without a GPU copy (staged by the first chunk, a prefill chunk) and, with a
-    /// copy-on-write tail, the column of its last token in every regular group.
+    /// without a GPU copy (staged by the first chunk, a prefill chunk), the hit pages' indexer
+    /// blocks restored from host and, with a copy-on-write tail, the column of its last token
+    /// in every regular group.
     pub(super) fn start_gpu_need(&self, plan: &StartPlan, chunk: u32) -> u64 {
         let bt = self.kv.block_tokens;
         let nb = u64::from(self.resident.num_buckets());
@@ -356,6 +367,7 @@ impl Coordinator {
         let c0 = plan.computed0;
         u64::from((c0 + chunk).div_ceil(bt) - plan.shared) * self.gpu_cost_per_page()
             + staged
+            + u64::from(plan.indexer_restores)
             + cow_regular
             + self.paged.hit_regular_need(plan.hit, c0, c0, c0 + chunk)
     }
@@ -378,6 +390,7 @@ impl Coordinator {
             total_pages,
             ref adopt,
             ref adopt_blocks,
+            indexer_restores: _,
         } = plan;
 
         // Pin every hit block first: re-pinning takes a free cached block out of the free
@@ -475,6 +488,13 @@ impl Coordinator {
                 None => self.resident.push_hit_page(&mut r.resident),
             }
         }
+        // Hit pages whose indexer blocks were not cached: their keys come back from host.
+        self.paged.restore_uncached_indexer(
+            &mut r.paged,
+            &mut self.gpu,
+            &r.source.blocks,
+            &mut self.out,
+        );
         if cow_tail {
             // The shared last page gets private copies: host → host, GPU → GPU, and resident
             // blocks restored from the private host copy. The copy-on-write sources are
@@ -560,6 +580,9 @@ pub(super) struct StartPlan {
     pub(super) adopt: Vec<(u32, u32)>,
     /// Their blocks, `num_buckets` per page.
     pub(super) adopt_blocks: Vec<u32>,
+    /// Hit pages whose indexer blocks are no longer cached: new blocks, restored from the
+    /// indexer host cache.
+    pub(super) indexer_restores: u32,
 }
 
 impl StartPlan {

@@ -87,10 +87,11 @@ pub struct RowMirror {
 /// Order of execution: (1) reset the `started` rows, release `hot_release` regions, apply
 /// `host_blocks`, `residency`, `block_tables`, `hot_assign`,
 /// to the tables and hot states; invalidate hot entries caching rows of
-/// `new_host_blocks`; (2) `host_cow` (host → host pages), then `restores` (host → device pages,
-/// which read the copied host blocks), then `gpu_cow` (whole GPU blocks); (3) the forward pass;
-/// (4) the after-forward copies `row_mirrors` and `page_transfers` (device → host), as the batch
-/// `transfer_id`. A step with copy-on-write has a transfer id even when it has no
+/// `new_host_blocks`; (2) `host_cow` (host → host pages, in the host pool and in the indexer
+/// host cache), then `restores` and `indexer_restores` (host → device pages, which read the
+/// copied host blocks), then `gpu_cow` (whole GPU blocks); (3) the forward pass; (4) the
+/// after-forward copies `row_mirrors`, `page_transfers` and `indexer_backups` (device → host),
+/// as the batch `transfer_id`. A step with copy-on-write has a transfer id even when it has no
 /// after-forward copies: the copy-on-write sources stay allocated until every worker has
 /// completed that batch (which it does after the step's forward pass, so after the copies).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -134,6 +135,17 @@ pub struct OffloadCommand {
     pub row_mirrors: Vec<RowMirror>,
     /// After-forward whole-page spills (device → host).
     pub page_transfers: Vec<PageTransfer>,
+    /// Indexer pages restored host → device before the forward (`src` = host block of the
+    /// page in the indexer host cache, `dst` = the request's indexer GPU block): an imported
+    /// request's keys, which its transfer wrote into the indexer host cache.
+    pub indexer_restores: Vec<BlockPair>,
+    /// After-forward indexer backups (device → host, in the batch `transfer_id`): per page, the
+    /// indexer rows the step wrote (or, with a whole-page spill, every row of the page), from
+    /// the request's indexer GPU block (`device_block`) to the page's host block
+    /// (`host_block`) in the indexer host cache. Rows count indexer rows (a compressed indexer
+    /// writes one row per `tokens_per_row` tokens), in every indexer layer. A page's host copy
+    /// is durable, and published, only with its indexer rows (see `indexer.rs`).
+    pub indexer_backups: Vec<RowSpan>,
 }
 
 impl OffloadCommand {
@@ -156,11 +168,15 @@ impl OffloadCommand {
         self.hot_release.clear();
         self.row_mirrors.clear();
         self.page_transfers.clear();
+        self.indexer_restores.clear();
+        self.indexer_backups.clear();
     }
 
     /// Whether the step has after-forward copies (and so a transfer id).
     pub(super) fn has_copies(&self) -> bool {
-        !self.row_mirrors.is_empty() || !self.page_transfers.is_empty()
+        !self.row_mirrors.is_empty()
+            || !self.page_transfers.is_empty()
+            || !self.indexer_backups.is_empty()
     }
 
     /// Drops every table change, start and schedule entry of state row `slot` (its request was
@@ -176,7 +192,8 @@ impl OffloadCommand {
 
     /// Drops the copies that would write into the blocks of a request released before the
     /// command was built: its after-forward copies when `own_batch` (they were planned in this
-    /// batch), and copy-on-write and restores into its blocks.
+    /// batch), and copy-on-write and restores into its blocks. `indexer` is its indexer
+    /// blocks.
     pub(super) fn purge_request_copies(
         &mut self,
         own_batch: bool,
@@ -184,6 +201,7 @@ impl OffloadCommand {
         paged_holds: impl Fn(u32) -> bool,
         resident: &[u32],
         resident_holds: impl Fn(u32) -> bool,
+        indexer: &[u32],
     ) {
         if own_batch {
             // Its copies in the unbuilt batch must not run: drop them.
@@ -192,7 +210,11 @@ impl OffloadCommand {
             });
             self.page_transfers
                 .retain(|m| !(host.contains(&m.host_block) && resident.contains(&m.device_block)));
+            self.indexer_backups
+                .retain(|s| !(host.contains(&s.host_block) && indexer.contains(&s.device_block)));
         }
+        // Indexer restores into its blocks (it holds every one) must not run either.
+        self.indexer_restores.retain(|p| !indexer.contains(&p.dst));
         // Copy-on-write and restores into its blocks must not run either.
         if !(self.host_cow.is_empty() && self.gpu_cow.is_empty() && self.restores.is_empty()) {
             self.host_cow.retain(|p| !host.contains(&p.dst));

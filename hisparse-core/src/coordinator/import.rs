@@ -235,6 +235,15 @@ impl Coordinator {
                 imported,
             );
         }
+        // Its keys: the transfer wrote them into the indexer host cache with the KV rows.
+        if self.indexer_rows.is_some() {
+            super::indexer::plan_restores(
+                0..pages,
+                &r.paged.indexer,
+                &r.source.blocks,
+                &mut self.out.indexer_restores,
+            );
+        }
         for _ in 0..pages {
             self.resident.push_hit_page(&mut r.resident);
         }

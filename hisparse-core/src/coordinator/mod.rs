@@ -32,6 +32,7 @@
 //! | `reclaim.rs` | [`Coordinator::reclaim_resident_blocks`] (each pass planned without side effects, then carried out), the low watermark, reused unpinned pages falling back, wait-instead-of-preempt |
 //! | `rollback.rs` | [`Coordinator::rollback`]: rejected speculative tokens given back |
 //! | `import.rs` | imported requests: [`Coordinator::reserve_import`], [`Coordinator::complete_import`], their start |
+//! | `indexer.rs` | indexer keys as durable as the KV rows: backups beside the mirrors and spills, restores of imported keys |
 //! | `transfers.rs` | row mirrors and spills under transfer ids, [`Coordinator::report`] and the [`WorkerReport`] it takes, durability |
 //! | `command.rs` | [`OffloadCommand`] and the types it carries; [`Coordinator::build_offload_command`] |
 //! | `rows.rs` | the `i32` table rows the data plane reads |
@@ -170,6 +171,7 @@ mod command;
 mod divisor;
 mod error;
 mod import;
+mod indexer;
 mod invariants;
 mod managers;
 mod queries;
@@ -342,6 +344,8 @@ pub struct Coordinator {
     row_tokens: Divisor,
     /// Whether all three are powers of two (shifts on the decode path).
     pow2_layout: bool,
+    /// The layout's indexer rows, backed up with the KV rows (`None`: no indexer layer).
+    indexer_rows: Option<indexer::IndexerRows>,
     /// `ResidentManager::host_only_flips` when the last command was built: the "fully
     /// resident" answers of this step's entries stand while it has not moved.
     host_only_flips_built: u64,
@@ -429,6 +433,7 @@ impl Coordinator {
             pow2_layout: Divisor::new(kv.block_tokens).is_pow2()
                 && Divisor::new(kv.block_size).is_pow2()
                 && Divisor::new(kv.sparse_compress_ratio).is_pow2(),
+            indexer_rows: indexer::IndexerRows::of(&kv),
             host_only_flips_built: 0,
             out,
             scratch: Vec::new(),
@@ -588,6 +593,7 @@ impl Coordinator {
             |b| r.paged.holds(b),
             r.resident.blocks(),
             |b| self.resident.held_blocks(&r.resident).any(|h| h == b),
+            &r.paged.indexer,
         );
         // GPU: resident pages, then regular and indexer, then the hot region (reverse order);
         // then host.

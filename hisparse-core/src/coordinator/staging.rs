@@ -15,6 +15,7 @@
 //! even with the whole GPU pool free, is refused with [`CoordError::PrefillNeverFits`]
 //! instead of waiting forever; admission refuses such prompts up front.
 
+use crate::layout::KvCacheConfig;
 use alloc::boxed::Box;
 
 use super::request::{Req, empty_req};
@@ -115,18 +116,20 @@ impl Coordinator {
     /// Drops the GPU copies of the resident pages of `prompt`'s full pages from the GPU prefix
     /// cache where no request holds them (blocks of finished requests still in the free queue):
     /// a later request hitting those pages reads them from host (and a prefill chunk stages
-    /// them). Host pages and the indexer and regular groups' cached blocks stay. The effect of
-    /// memory pressure, made deterministic (tests, simulations). Returns the blocks dropped.
+    /// them). When the layout backs indexer rows up (`indexer.rs`), the pages' indexer blocks
+    /// are dropped as well: the hit restores the keys from the indexer host cache. Host pages
+    /// and the regular groups' cached blocks stay. The effect of memory pressure, made
+    /// deterministic (tests, simulations). Returns the blocks dropped.
     pub fn drop_cached_gpu_copies(&mut self, prompt: &[u32]) -> u32 {
         let mut t = super::managers::SourceTable::default();
         self.source.hash_prompt(&mut t, prompt);
         let mut dropped = 0;
+        let indexer = self.indexer_rows.is_some();
         for &hash in &t.hashes {
-            for bk in 0..self.resident.num_buckets() {
-                let key = BlockKey {
-                    group: 2 + bk,
-                    hash,
-                };
+            let resident = (0..self.resident.num_buckets()).map(|bk| 2 + bk);
+            let groups = indexer.then_some(KvCacheConfig::INDEXER_GROUP as u32);
+            for group in resident.chain(groups) {
+                let key = BlockKey { group, hash };
                 if let Some(b) = self.gpu.lookup(key)
                     && self.gpu.is_free(b)
                     && self.gpu.uncache(b).is_ok()

@@ -2,9 +2,9 @@
 
 use super::*;
 use crate::config::HiSparseConfig;
-use crate::layout::{LayoutInput, plan_layout};
+use crate::layout::{KvCacheConfig, LayoutInput, plan_layout};
 use crate::model::{LayerSpec, ModelSpec};
-use crate::ops::RowSpan;
+use crate::ops::{BlockPair, RowSpan};
 use alloc::format;
 use alloc::string::ToString;
 use alloc::vec;
@@ -419,6 +419,72 @@ fn spills_under_a_budget_without_eager_mirroring() {
     assert_eq!(cmd.page_transfers.len(), 6);
     assert_eq!(c.page_state(1, 9), Some(PageState::Pending));
     c.check_invariants().unwrap();
+}
+
+/// The indexer block and host block of each of `id`'s first `pages` pages.
+fn indexer_and_host(c: &Coordinator, id: RequestId, pages: usize) -> Vec<(u32, u32)> {
+    let (mut ix, mut host) = (
+        vec![0; c.max_pages() as usize],
+        vec![0; c.max_pages() as usize],
+    );
+    c.block_table_row(id, KvCacheConfig::INDEXER_GROUP, &mut ix)
+        .unwrap();
+    c.host_row(id, &mut host).unwrap();
+    (0..pages).map(|p| (ix[p] as u32, host[p] as u32)).collect()
+}
+
+#[test]
+fn indexer_rows_are_backed_up_with_the_kv_and_restored_for_a_hit_from_host() {
+    let mut c = coord(40, true, 1);
+    c.admit(1, &toks(8)).unwrap();
+    let cmd = c.step().unwrap();
+    // One row per token, 4 per page: the rows the prompt wrote, page by page, from the
+    // request's indexer blocks to its host blocks, in the batch of its row mirrors.
+    let blocks = indexer_and_host(&c, 1, 2);
+    let span = |(device_block, host_block): (u32, u32)| RowSpan {
+        device_block,
+        host_block,
+        first_row: 0,
+        num_rows: 4,
+    };
+    assert_eq!(cmd.indexer_backups, [span(blocks[0]), span(blocks[1])]);
+    assert!(cmd.transfer_id.is_some() && !cmd.row_mirrors.is_empty());
+    // Until the batch is durable nothing is published: a hit needs the keys on host.
+    c.report(0, &[1], &[1]).unwrap();
+    c.finish(1).unwrap();
+    // Memory pressure took the pages' GPU copies, indexer blocks included.
+    assert!(c.drop_cached_gpu_copies(&toks(8)) >= 4);
+    c.admit(2, &toks(12)).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.scheduled[0].first_token, 8, "both pages hit from host");
+    // The hit pages' keys come back from host into the new request's indexer blocks.
+    let now = indexer_and_host(&c, 2, 2);
+    assert_eq!(now[0].1, blocks[0].1);
+    assert_eq!(now[1].1, blocks[1].1);
+    assert_eq!(
+        cmd.indexer_restores,
+        [
+            BlockPair {
+                src: blocks[0].1,
+                dst: now[0].0
+            },
+            BlockPair {
+                src: blocks[1].1,
+                dst: now[1].0
+            }
+        ]
+    );
+    // Its own tokens' rows are backed up as they are written.
+    assert_eq!(cmd.indexer_backups.len(), 1);
+    assert_eq!(cmd.indexer_backups[0].first_row, 0);
+    c.check_invariants().unwrap();
+    // Without eager mirroring a page's keys go with its spill, the whole page.
+    let mut c = coord(40, false, 1);
+    c.admit(1, &toks(8)).unwrap();
+    let cmd = c.step().unwrap();
+    assert_eq!(cmd.page_transfers.len(), 2);
+    let blocks = indexer_and_host(&c, 1, 2);
+    assert_eq!(cmd.indexer_backups, [span(blocks[0]), span(blocks[1])]);
 }
 
 #[test]

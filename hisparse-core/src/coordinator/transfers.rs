@@ -54,9 +54,9 @@ pub(super) struct WorkerState {
 
 impl Coordinator {
     /// With eager mirroring: plans the row mirrors of the rows tokens `first..target` write
-    /// (one span per page and bucket, coalesced) and seals the pages they fill (up to
-    /// `sealed1 = target / block_tokens`, which the caller has at hand), which go pending
-    /// under the current transfer id. Inlined into the step loop's decode path.
+    /// (one span per page and bucket, coalesced) and the backups of their indexer rows, and
+    /// seals the pages they fill (up to `sealed1 = target / block_tokens`, which the caller has
+    /// at hand), which go pending under the current transfer id. Inlined into the step loop's decode path.
     #[inline(always)]
     pub(super) fn plan_row_mirrors<const POW2: bool>(
         &mut self,
@@ -72,6 +72,20 @@ impl Coordinator {
         let sealed0 = self.page_tokens.div::<POW2>(first);
         let bs = self.kv.block_size;
         let id_now = self.current_xfer;
+        // The indexer rows these tokens write, in the same batch (see `indexer.rs`).
+        if let Some(ix) = self.indexer_rows {
+            let before = self.out.indexer_backups.len();
+            ix.plan_tokens(
+                first,
+                target,
+                &r.paged.indexer,
+                &r.source.blocks,
+                &mut self.out.indexer_backups,
+            );
+            if self.out.indexer_backups.len() > before {
+                r.last_xfer = id_now;
+            }
+        }
         if row1 > row0 {
             let mut row = row0;
             while row < row1 {
@@ -147,6 +161,14 @@ impl Coordinator {
                 device_block: self.resident.block(&r.resident, p, bk),
                 host_block: r.source.blocks[p as usize],
             });
+        }
+        if let Some(ix) = self.indexer_rows {
+            ix.plan_page(
+                p,
+                &r.paged.indexer,
+                &r.source.blocks,
+                &mut self.out.indexer_backups,
+            );
         }
         self.resident.spill(&mut r.resident, p, id_now);
         r.last_xfer = id_now;

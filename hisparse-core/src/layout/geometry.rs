@@ -199,6 +199,17 @@ impl KvCacheConfig {
             .saturating_mul(u64::from(self.host_num_blocks))
     }
 
+    /// `(model layer, indexer layer pair)` of every indexer layer, in group order: what one
+    /// [`crate::ops::indexer_backup`] call copies (empty without an indexer).
+    pub fn indexer_layer_pairs(&self) -> Vec<(u32, LayerPair)> {
+        self.groups
+            .get(Self::INDEXER_GROUP)
+            .map_or(&[][..], |g| &g.layers[..])
+            .iter()
+            .filter_map(|l| self.indexer_layer_pair(l.layer).ok().map(|p| (l.layer, p)))
+            .collect()
+    }
+
     /// Layer pairs of every sparse layer, in model order (backups and restores of all layers in
     /// one call).
     pub fn all_layer_pairs(&self) -> Vec<LayerPair> {

@@ -166,6 +166,28 @@ impl WireValue for PageTransfer {
     }
 }
 
+impl WireValue for RowSpan {
+    const MIN_BYTES: u64 = 16;
+    fn put(&self, e: &mut Encoder<'_>) {
+        let RowSpan {
+            device_block,
+            host_block,
+            first_row,
+            num_rows,
+        } = *self;
+        e.put_u32s([device_block, host_block, first_row, num_rows]);
+    }
+    fn take(d: &mut Decoder<'_>, field: &'static str) -> Result<Self, WireError> {
+        let [device_block, host_block, first_row, num_rows] = d.u32s(field)?;
+        Ok(RowSpan {
+            device_block,
+            host_block,
+            first_row,
+            num_rows,
+        })
+    }
+}
+
 impl WireValue for HotAssignment {
     // Slot, group and an empty block list.
     const MIN_BYTES: u64 = 16;
@@ -247,6 +269,8 @@ impl OffloadCommand {
             hot_release,
             row_mirrors,
             page_transfers,
+            indexer_restores,
+            indexer_backups,
         } = self;
         let reserve = [
             list_bytes(scheduled),
@@ -264,6 +288,8 @@ impl OffloadCommand {
             list_bytes(hot_release),
             list_bytes(row_mirrors),
             list_bytes(page_transfers),
+            list_bytes(indexer_restores),
+            list_bytes(indexer_backups),
         ]
         .into_iter()
         // Plus step, transfer id and fully_resident.
@@ -290,6 +316,8 @@ impl OffloadCommand {
         e.put_list(hot_release);
         e.put_list(row_mirrors);
         e.put_list(page_transfers);
+        e.put_list(indexer_restores);
+        e.put_list(indexer_backups);
         e.finish();
     }
 
@@ -326,6 +354,8 @@ impl OffloadCommand {
             hot_release: d.list("hot_release")?,
             row_mirrors: d.list("row_mirrors")?,
             page_transfers: d.list("page_transfers")?,
+            indexer_restores: d.list("indexer_restores")?,
+            indexer_backups: d.list("indexer_backups")?,
         };
         d.finish()?;
         Ok(cmd)

@@ -48,7 +48,7 @@
 //! assert!(err.to_string().contains("cut short"));
 //! ```
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! A message is a header, a payload and a checksum. Every integer is fixed-width
 //! little-endian: 2.3 times the bytes of LEB128 varints, but encoded and decoded with about a
@@ -72,13 +72,13 @@
 //!
 //! | message | payload |
 //! |---|---|
-//! | [`OffloadCommand`] | `step` u64 · `transfer_id` option\<u64\> · `scheduled` list\<(`id` u64, `slot`, `first_token`, `num_tokens` u32, `fully_resident` flag)\> (21 B each) · `preempted` list\<u64\> · `refused` list\<(`id` u64, `reason`: a `u8` tag, then its fields: 0 `PrefillNeverFits` (`context_tokens` u32, `needed`, `capacity` u64), 1 `NeverFits` (`pool` u8: 0 GPU, 1 host; `needed`, `capacity` u64), 2 `OutOfMemory` (`bytes` u64), 3 `Internal` (none))\> · `started` list\<u32\> · `fully_resident` flag · `residency`, `host_blocks`, `block_tables` list\<(`slot`, `group`, `page`, `block` u32)\> (16 B each) · `new_host_blocks` list\<u32\> · `host_cow`, `gpu_cow` list\<(`src`, `dst` u32)\> · `restores` list\<(`bucket`, `device_block`, `host_block` u32)\> · `hot_assign` list\<(`slot`, `group` u32, `blocks` list\<u32\>)\> · `hot_release` list\<u32\> · `row_mirrors` list\<(`bucket`, `device_block`, `host_block`, `first_row`, `num_rows` u32)\> (20 B each) · `page_transfers` list\<(`bucket`, `device_block`, `host_block` u32)\> |
+//! | [`OffloadCommand`] | `step` u64 · `transfer_id` option\<u64\> · `scheduled` list\<(`id` u64, `slot`, `first_token`, `num_tokens` u32, `fully_resident` flag)\> (21 B each) · `preempted` list\<u64\> · `refused` list\<(`id` u64, `reason`: a `u8` tag, then its fields: 0 `PrefillNeverFits` (`context_tokens` u32, `needed`, `capacity` u64), 1 `NeverFits` (`pool` u8: 0 GPU, 1 host; `needed`, `capacity` u64), 2 `OutOfMemory` (`bytes` u64), 3 `Internal` (none))\> · `started` list\<u32\> · `fully_resident` flag · `residency`, `host_blocks`, `block_tables` list\<(`slot`, `group`, `page`, `block` u32)\> (16 B each) · `new_host_blocks` list\<u32\> · `host_cow`, `gpu_cow` list\<(`src`, `dst` u32)\> · `restores` list\<(`bucket`, `device_block`, `host_block` u32)\> · `hot_assign` list\<(`slot`, `group` u32, `blocks` list\<u32\>)\> · `hot_release` list\<u32\> · `row_mirrors` list\<(`bucket`, `device_block`, `host_block`, `first_row`, `num_rows` u32)\> (20 B each) · `page_transfers` list\<(`bucket`, `device_block`, `host_block` u32)\> · `indexer_restores` list\<(`src`, `dst` u32)\> · `indexer_backups` list\<(`device_block`, `host_block`, `first_row`, `num_rows` u32)\> (16 B each) |
 //! | [`WorkerReport`] | `worker` u32 · `enqueued` list\<u64\> · `completed` list\<u64\> |
 //!
-//! An empty command is 156 bytes. A DeepSeek V3.2 decode step of 256 requests at 32K context
-//! under memory pressure (the scheduler bench's step: 256 scheduled requests and 1,536 row
-//! mirrors, one per request and bucket) is 36,260 bytes; `benches/benches/wire.rs` measures
-//! encoding and decoding it.
+//! An empty command is 172 bytes. A DeepSeek V3.2 decode step of 256 requests at 32K context
+//! under memory pressure (the scheduler bench's step: 256 scheduled requests, 1,536 row
+//! mirrors, one per request and bucket, and 256 indexer backups) is 40,372 bytes;
+//! `benches/benches/wire.rs` measures encoding and decoding it.
 //!
 //! # Decoding
 //!
@@ -111,7 +111,7 @@ pub use crate::layout::LayoutFingerprint;
 pub use error::WireError;
 
 /// The format version this build writes and reads.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 
 /// Bytes of a message header (magic, version, fingerprint, payload length).
 pub const HEADER_BYTES: usize = 22;

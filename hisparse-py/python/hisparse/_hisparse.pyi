@@ -1,6 +1,6 @@
 """Type stubs of the compiled module ``hisparse._hisparse`` (re-exported by ``hisparse``)."""
 
-from typing import Any, Literal, Optional, Sequence, TypedDict, Union, final
+from typing import Any, Literal, Optional, Sequence, Tuple, TypedDict, Union, final
 
 __all__ = [
     "HiSparseError",
@@ -141,6 +141,10 @@ class _Counters(TypedDict):
     spilled_pages: int
     transfers_enqueued: int
     transfers_completed: int
+    indexer_rows_backed_up: int
+    indexer_pages_restored: int
+    indexer_d2h_bytes: int
+    indexer_h2d_bytes: int
     hit_rate: Optional[float]
 
 def plan_layout(
@@ -506,6 +510,35 @@ class Runtime:
         stream: Optional[int] = None,
     ) -> None:
         """A prefill chunk's read: the top-k remapped through the resident tables."""
+    def remap_modes(
+        self,
+        group: int,
+        topk: Any,
+        rows: Any,
+        counts: Any = None,
+        *,
+        num_tokens: Optional[int] = None,
+        state_rows: Any = None,
+        dcp: Optional[Tuple[int, int, int]] = None,
+        workspace: Optional[Tuple[Any, Any]] = None,
+        stream: Optional[int] = None,
+    ) -> None:
+        """The resident remap with modes: ``dcp=(size, rank, interleave)`` (decode context
+        parallelism: tokens of other ranks map to -1), ``workspace=(request_of_row, starts)``
+        (prefill rows read from a gathered workspace: entry ``tok`` of prefill request ``p``
+        maps to ``starts[p] + tok``)."""
+    def compressed_slot_mapping(
+        self,
+        positions: Any,
+        slot_mapping: Any,
+        state_rows: Any,
+        out: Any,
+        *,
+        host: bool = False,
+        stream: Optional[int] = None,
+    ) -> None:
+        """Each token's indexer row (``block * rows_per_page + row``, -1 for none) in the
+        device pool's indexer blocks, or with ``host=True`` in the indexer host cache."""
     def layer_call(
         self,
         group: int,
@@ -521,8 +554,8 @@ class Runtime:
         the returned object does only the runtime's work."""
     def apply_plan(self, layer: int, *, stream: Optional[int] = None) -> None: ...
     def end_step(self, cmd: Command, *, stream: Optional[int] = None) -> None:
-        """After the forward pass: mirrors and spills on the copy stream, ordered after
-        ``stream``. Not inside a graph capture."""
+        """After the forward pass: mirrors, spills and indexer backups on the copy stream,
+        ordered after ``stream``. Not inside a graph capture."""
     def poll(self) -> WorkerReport: ...
     def poll_and_report(self, coordinator: Coordinator) -> WorkerReport: ...
     def drain(self) -> WorkerReport: ...

@@ -12,6 +12,7 @@
 
 mod build;
 mod lend;
+mod modes;
 mod per_layer;
 mod reports;
 mod streams;
@@ -323,6 +324,82 @@ impl Runtime {
     ) -> PyResult<()> {
         let call = (group, topk, rows, counts, num_tokens, state_rows, stream);
         self.one_shot(py, call, Op::RemapPrefill)
+    }
+
+    /// The resident remap of index group `group` with modes (the fully-resident path: top-k
+    /// positions → rows through the resident tables; nothing swapped in): `dcp=(size, rank,
+    /// interleave)` spreads each request's context over `size` decode-context-parallel ranks in
+    /// runs of `interleave` tokens (this runtime is rank `rank`: tokens of other ranks map to
+    /// -1, its own by their local index); `workspace=(request_of_row, starts)` reads prefill
+    /// rows from a gathered workspace (`request_of_row` int32 `[T]`: each token row's prefill
+    /// request, -1 for a decode row; `starts` int32 `[P]`: the workspace row of each prefill
+    /// request's token 0, so entry `tok` maps to `starts[p] + tok`). Other arguments as for
+    /// `resolve_index_group`; inside a step.
+    #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None, dcp = None, workspace = None, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn remap_modes(
+        &self,
+        py: Python<'_>,
+        group: Int<usize>,
+        topk: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+        counts: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<Int<u32>>,
+        state_rows: Option<&Bound<'_, PyAny>>,
+        dcp: Option<(Int<u32>, Int<u32>, Int<u32>)>,
+        workspace: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+        stream: Option<Int<u64>>,
+    ) -> PyResult<()> {
+        take_args!(group, num_tokens, stream);
+        let dcp = match dcp {
+            Some((size, rank, interleave)) => {
+                take_args!(size, rank, interleave);
+                Some((size, rank, interleave))
+            }
+            None => None,
+        };
+        let mut state = self.lock()?;
+        let on = state.on(py, stream)?;
+        let mut arrays = LayerArrays::new(&state, topk, rows, counts, state_rows)?;
+        modes::remap_modes(
+            &mut state,
+            &mut arrays,
+            group,
+            modes::dcp_split(dcp),
+            workspace.as_ref().map(|(a, b)| (a, b)),
+            num_tokens,
+            on,
+        )
+    }
+
+    /// The compressed slot mapping of the indexer caches: for each token (`positions`,
+    /// `slot_mapping` — only its sign is read, negative = padding — and `state_rows`, int32
+    /// `[T]`) the indexer row it writes, into `out` (int32 `[T]`): in the device pool's
+    /// indexer blocks (through `indexer_table()`), or with `host=True` in the indexer host
+    /// cache (through `host_table()`); -1 for a token that writes no indexer row (a compressed
+    /// indexer writes one row per `R` tokens). The rows are `block * rows_per_page + row`, as
+    /// the indexer backup addresses them. Raises for a layout without an indexer layer.
+    #[pyo3(signature = (positions, slot_mapping, state_rows, out, *, host = false, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn compressed_slot_mapping(
+        &self,
+        py: Python<'_>,
+        positions: &Bound<'_, PyAny>,
+        slot_mapping: &Bound<'_, PyAny>,
+        state_rows: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        host: bool,
+        stream: Option<Int<u64>>,
+    ) -> PyResult<()> {
+        take_args!(stream);
+        let mut state = self.lock()?;
+        let on = state.on(py, stream)?;
+        modes::compressed_slot_mapping(
+            &mut state,
+            [positions, slot_mapping, state_rows, out],
+            host,
+            on,
+        )
     }
 
     /// A prepared per-layer call of index group `group`: the arrays are read, checked and lent

@@ -6,7 +6,8 @@
 use std::sync::Mutex;
 
 use hisparse_runtime::{
-    AnyBuffer, AnyDevice, Indices, LayerCall as CoreCall, Runtime as Core, StreamId, Swap, TopK,
+    AnyBuffer, AnyDevice, Indices, LayerCall as CoreCall, RemapModes, Runtime as Core, StreamId,
+    Swap, TopK,
 };
 use pyo3::prelude::*;
 
@@ -149,16 +150,17 @@ impl LayerArrays {
         })
     }
 
-    /// Runs the call over the first `num_tokens` token rows (all of them when `None`) on
-    /// stream `on`.
-    pub(crate) fn run(
+    /// Token rows every array holds room for.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The call's input and outputs over the first `num_tokens` token rows (all of them when
+    /// `None`).
+    fn io(
         &mut self,
-        rt: &mut Core<AnyDevice>,
-        group: usize,
-        op: Op,
         num_tokens: Option<u32>,
-        on: Option<StreamId>,
-    ) -> PyResult<()> {
+    ) -> PyResult<(TopK<'_, AnyBuffer>, Indices<'_, AnyBuffer>)> {
         let t = num_tokens.unwrap_or(self.capacity);
         if t > self.capacity {
             return Err(invalid(format!(
@@ -175,6 +177,35 @@ impl LayerArrays {
             rows: &mut self.rows_buf,
             counts: self.counts_buf.as_mut(),
         };
+        Ok((topk, out))
+    }
+
+    /// The resident remap of index group `group` with `modes` over the arrays
+    /// (`Runtime.remap_modes`).
+    pub(crate) fn run_modes(
+        &mut self,
+        rt: &mut Core<AnyDevice>,
+        group: usize,
+        modes: RemapModes<'_, AnyBuffer>,
+        num_tokens: Option<u32>,
+        on: Option<StreamId>,
+    ) -> PyResult<()> {
+        let (topk, out) = self.io(num_tokens)?;
+        rt.remap_modes_on(group, &topk, modes, out, on)
+            .map_err(to_py)
+    }
+
+    /// Runs the call over the first `num_tokens` token rows (all of them when `None`) on
+    /// stream `on`.
+    pub(crate) fn run(
+        &mut self,
+        rt: &mut Core<AnyDevice>,
+        group: usize,
+        op: Op,
+        num_tokens: Option<u32>,
+        on: Option<StreamId>,
+    ) -> PyResult<()> {
+        let (topk, out) = self.io(num_tokens)?;
         match op {
             Op::Decode(swap) => rt.decode(CoreCall {
                 group,

@@ -21,10 +21,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hisparse_backend_cpu::{CpuBuffer, CpuDevice, CpuError, CpuStream};
 use hisparse_core::Device;
 use hisparse_core::ops::{
-    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs,
-    InvalidateDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs,
-    ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite,
-    TableWriteDesc,
+    BlockPair, BufferLen, Direction, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageCopyDesc, PageLayout,
+    RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, SlotMappingArgs,
+    SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 
 /// A shared CPU buffer.
@@ -535,6 +535,43 @@ impl Device for LagDevice {
                     layers: &layers,
                 };
                 cpu.copy_rows(&CpuStream, &desc, &spans, &mut lock(&h), &mut lock(&d))
+            }),
+        )
+    }
+
+    fn indexer_backup(
+        &self,
+        stream: &LagStream,
+        desc: &IndexerBackupDesc<'_>,
+        a: IndexerBackupArgs<'_, LagBuffer, LagBuffer>,
+    ) -> Result<(), CpuError> {
+        desc.check(&a)?;
+        let (num_tokens, layers) = (desc.num_tokens, desc.layers.to_vec());
+        let (ds, hs, d, h) = (
+            a.device_slots.clone(),
+            a.host_slots.clone(),
+            a.device.clone(),
+            a.host.clone(),
+        );
+        // Queued like the other after-forward copies: it reads the slots and the pool when it
+        // runs.
+        self.submit(
+            stream,
+            Box::new(move |cpu| {
+                let desc = IndexerBackupDesc {
+                    num_tokens,
+                    layers: &layers,
+                };
+                cpu.indexer_backup(
+                    &CpuStream,
+                    &desc,
+                    IndexerBackupArgs {
+                        device_slots: &lock(&ds),
+                        host_slots: &lock(&hs),
+                        device: &lock(&d),
+                        host: &mut lock(&h),
+                    },
+                )
             }),
         )
     }

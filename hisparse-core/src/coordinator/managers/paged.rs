@@ -268,16 +268,51 @@ impl PagedManager {
     }
 
     /// Whether page `p` (prefix hash `hash`) is cached in the indexer group and in every full
-    /// regular group.
+    /// regular group. With `indexer_on_host` (the page's indexer rows are backed up with its
+    /// host copy) the indexer block need not be cached: a hit restores it from host.
     #[inline]
-    pub(in crate::coordinator) fn is_cached(&self, gpu: &BlockPool, hash: u64) -> bool {
-        if gpu.lookup(BlockKey { group: 1, hash }).is_none() {
+    pub(in crate::coordinator) fn is_cached(
+        &self,
+        gpu: &BlockPool,
+        hash: u64,
+        indexer_on_host: bool,
+    ) -> bool {
+        if !indexer_on_host && !Self::indexer_cached(gpu, hash) {
             return false;
         }
         self.groups
             .iter()
             .filter(|g| g.window.is_none())
             .all(|g| (0..g.per_page).all(|k| gpu.lookup(column_key(g.group, hash, k)).is_some()))
+    }
+
+    /// Whether the indexer block of the page with prefix hash `hash` is cached on the GPU.
+    #[inline]
+    pub(in crate::coordinator) fn indexer_cached(gpu: &BlockPool, hash: u64) -> bool {
+        gpu.lookup(BlockKey { group: 1, hash }).is_some()
+    }
+
+    /// After [`PagedManager::pin_hit`] and the start's accounting: gives every hit page whose
+    /// indexer block was not cached (pinned as `0`) a new block, and plans its restore from
+    /// the page's host block (`host[p]`) in the indexer host cache. The caller has checked
+    /// that the GPU pool has the blocks (a page it could not give one stays null, and nothing
+    /// is restored into the null block).
+    pub(in crate::coordinator) fn restore_uncached_indexer(
+        &self,
+        t: &mut PagedTable,
+        gpu: &mut BlockPool,
+        host: &[u32],
+        out: &mut OffloadCommand,
+    ) {
+        for (p, b) in t.indexer.iter_mut().enumerate() {
+            if *b != 0 {
+                continue;
+            }
+            *b = gpu.allocate().unwrap_or(0);
+            if let (Some(&src), true) = (host.get(p), *b != 0) {
+                out.indexer_restores.push(BlockPair { src, dst: *b });
+            }
+        }
     }
 
     /// The columns a regular group pins for a prefix hit of `hit` pages whose first
@@ -364,7 +399,9 @@ impl PagedManager {
     }
 
     /// Re-pins the cached blocks of a prefix hit of `hit` pages (`hashes`, first recomputed
-    /// token `resume`); the caller has checked that they are cached. On an error the table
+    /// token `resume`); the caller has checked that they are cached — but for indexer blocks
+    /// restored from host, which are pinned as `0` until
+    /// [`PagedManager::restore_uncached_indexer`] gives them blocks. On an error the table
     /// holds what was pinned so far (undo with [`PagedManager::unpin`]).
     pub(in crate::coordinator) fn pin_hit(
         &self,
@@ -379,6 +416,11 @@ impl PagedManager {
         }
         for (at, key) in self.hit_keys(hashes, hit, resume) {
             let b = gpu.lookup(key).unwrap_or(0);
+            if at.is_none() && b == 0 {
+                // Not cached: restored from host once the start is accounted for.
+                t.indexer.push(0);
+                continue;
+            }
             gpu.touch(b)?;
             match at {
                 None => t.indexer.push(b),

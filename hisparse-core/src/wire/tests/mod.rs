@@ -172,6 +172,13 @@ fn rich_command() -> OffloadCommand {
             device_block: 2,
             host_block: 3,
         }],
+        indexer_restores: vec![BlockPair { src: 5, dst: 6 }],
+        indexer_backups: vec![RowSpan {
+            device_block: 6,
+            host_block: 5,
+            first_row: 2,
+            num_rows: 3,
+        }],
     }
 }
 

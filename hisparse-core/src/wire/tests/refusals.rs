@@ -224,9 +224,10 @@ fn a_count_of_2_pow_40_with_a_few_bytes_behind_it_allocates_nothing() {
         blocks: vec![3],
     });
     let mut body = payload(&cmd.to_bytes(fp)).to_vec();
-    // The hot region's block count sits before its one block (4 bytes) and the 3 empty lists
-    // after it (`hot_release`, `row_mirrors`, `page_transfers`, 8 bytes each).
-    let at = body.len() - 4 - 3 * 8 - 8;
+    // The hot region's block count sits before its one block (4 bytes) and the 5 empty lists
+    // after it (`hot_release`, `row_mirrors`, `page_transfers`, `indexer_restores`,
+    // `indexer_backups`, 8 bytes each).
+    let at = body.len() - 4 - 5 * 8 - 8;
     assert_eq!(body[at..at + 8], 1u64.to_le_bytes());
     body[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
     let blob = frame(MessageKind::Command, WIRE_VERSION, fp.as_u64(), &body);
@@ -235,7 +236,7 @@ fn a_count_of_2_pow_40_with_a_few_bytes_behind_it_allocates_nothing() {
         Err(WireError::CountTooLarge {
             field: "hot_assign",
             count: u64::MAX,
-            bytes_left: 28,
+            bytes_left: 44,
             ..
         })
     ));
@@ -270,8 +271,8 @@ fn fields_not_in_the_encoders_form_are_malformed() {
     let fp = tiny_layout(40, true).fingerprint();
     let empty = payload(&OffloadCommand::default().to_bytes(fp)).to_vec();
     // The default command: step 0 (8 bytes), no transfer id (1), `scheduled`, `preempted`,
-    // `refused`, `started` empty (8 each), fully_resident (1 at byte 41), 11 more empty lists.
-    assert_eq!(empty.len(), 8 + 1 + 4 * 8 + 1 + 11 * 8);
+    // `refused`, `started` empty (8 each), fully_resident (1 at byte 41), 13 more empty lists.
+    assert_eq!(empty.len(), 8 + 1 + 4 * 8 + 1 + 13 * 8);
     let one_request = {
         let mut cmd = OffloadCommand::default();
         cmd.scheduled.push(ScheduledRequest {
@@ -332,10 +333,10 @@ fn fields_not_in_the_encoders_form_are_malformed() {
         ),
         // A byte after the last field.
         ([&empty[..], &[0][..]].concat(), "payload", "left after"),
-        // The payload ends inside a field: half of page_transfers' count.
+        // The payload ends inside a field: half of indexer_backups' count.
         (
             empty[..empty.len() - 4].to_vec(),
-            "page_transfers",
+            "indexer_backups",
             "ends inside",
         ),
         // The payload ends inside the first field.

@@ -110,6 +110,17 @@ fn commands() -> impl Strategy<Value = OffloadCommand> {
         ),
         0..6,
     );
+    let indexer_backups = list_of(
+        (u32s(), u32s(), u32s(), u32s()).prop_map(
+            |(device_block, host_block, first_row, num_rows)| RowSpan {
+                device_block,
+                host_block,
+                first_row,
+                num_rows,
+            },
+        ),
+        0..4,
+    );
     (
         (
             u64s(),
@@ -135,12 +146,14 @@ fn commands() -> impl Strategy<Value = OffloadCommand> {
             row_mirrors,
             page_transfers(),
         ),
+        (pairs(), indexer_backups),
     )
         .prop_map(
             |(
                 (step, transfer_id, scheduled, preempted, refused, started, fully_resident),
                 (residency, host_blocks, block_tables, new_host_blocks),
                 (host_cow, gpu_cow, restores, hot_assign, hot_release, row_mirrors, page_transfers),
+                (indexer_restores, indexer_backups),
             )| OffloadCommand {
                 step,
                 transfer_id,
@@ -160,6 +173,8 @@ fn commands() -> impl Strategy<Value = OffloadCommand> {
                 hot_release,
                 row_mirrors,
                 page_transfers,
+                indexer_restores,
+                indexer_backups,
             },
         )
 }
@@ -252,6 +267,11 @@ fn coordinator_run(eager: bool) -> (KvCacheConfig, Vec<OffloadCommand>, Vec<Work
     let (mut commands, mut reports) = (Vec::new(), Vec::new());
     let mut lagging: Vec<u64> = Vec::new();
     let mut admitted = 0;
+    // An imported request (its first 17 tokens written by another party): its start restores
+    // their indexer pages.
+    let imported: Vec<u32> = (0..20).map(|t| 50_000 + t).collect();
+    c.reserve_import(100, &imported, 17).unwrap();
+    c.complete_import(100).unwrap();
     for step in 0..200u32 {
         if admitted < 8 && step % 6 == 0 {
             admitted += 1;
@@ -359,7 +379,7 @@ fn refusal_run() -> (KvCacheConfig, Vec<OffloadCommand>, Vec<WorkerReport>) {
 
 #[test]
 fn commands_and_reports_of_coordinator_runs_round_trip() {
-    let mut seen = [false; 19];
+    let mut seen = [false; 21];
     for (kv, commands, reports) in [coordinator_run(true), coordinator_run(false), refusal_run()] {
         let fp = kv.fingerprint();
         let mut buf = Vec::new();
@@ -386,6 +406,8 @@ fn commands_and_reports_of_coordinator_runs_round_trip() {
                 hot_release,
                 row_mirrors,
                 page_transfers,
+                indexer_restores,
+                indexer_backups,
             } = cmd;
             for (i, present) in [
                 transfer_id.is_some(),
@@ -407,6 +429,8 @@ fn commands_and_reports_of_coordinator_runs_round_trip() {
                 !hot_release.is_empty(),
                 !row_mirrors.is_empty(),
                 !page_transfers.is_empty(),
+                !indexer_restores.is_empty(),
+                !indexer_backups.is_empty(),
             ]
             .into_iter()
             .enumerate()
@@ -423,7 +447,7 @@ fn commands_and_reports_of_coordinator_runs_round_trip() {
     }
     // The run exercised every part of a command (else this test proves less than it claims).
     assert_eq!(
-        seen, [true; 19],
+        seen, [true; 21],
         "parts of a command the runs never produced"
     );
 }
@@ -450,6 +474,7 @@ fn elements_write_their_declared_sizes() {
     assert_eq!(written(c.host_cow[0]), BlockPair::MIN_BYTES);
     assert_eq!(written(c.restores[0]), PageTransfer::MIN_BYTES);
     assert_eq!(written(c.row_mirrors[0]), RowMirror::MIN_BYTES);
+    assert_eq!(written(c.indexer_backups[0]), RowSpan::MIN_BYTES);
     assert_eq!(written(c.hot_assign[1].clone()), HotAssignment::MIN_BYTES);
     assert_eq!(
         written(c.hot_assign[0].clone()),
@@ -551,10 +576,14 @@ fn the_payload_is_the_documented_layout() {
     list(&mut p, &c.page_transfers, |o, t| {
         u32s(o, &[t.bucket, t.device_block, t.host_block])
     });
+    list(&mut p, &c.indexer_restores, |o, b| u32s(o, &[b.src, b.dst]));
+    list(&mut p, &c.indexer_backups, |o, s| {
+        u32s(o, &[s.device_block, s.host_block, s.first_row, s.num_rows])
+    });
     assert_eq!(payload(&c.to_bytes(fp)), &p[..]);
-    // The docs' figures: header, 15 empty lists, step, transfer flag, fully_resident and
+    // The docs' figures: header, 17 empty lists, step, transfer flag, fully_resident and
     // checksum; a report of one batch.
-    assert_eq!(OffloadCommand::default().to_bytes(fp).len(), 156);
+    assert_eq!(OffloadCommand::default().to_bytes(fp).len(), 172);
     let one_batch = WorkerReport {
         worker: 0,
         enqueued: vec![1],
