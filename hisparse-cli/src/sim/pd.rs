@@ -236,19 +236,16 @@ fn prefill_layout(
         .saturating_add(per.hisparse)
         .saturating_mul(2)
         .saturating_add(2);
-    let options = crate::layout::PlanOptions {
+    let req = hisparse_runtime::plan::LayoutRequest {
         device_buffer_size: Some(kv.device_buffer_size),
         max_query_len: kv.config.max_query_len,
-        shared_host_pool: false,
+        ..crate::layout::request(
+            blocks.saturating_mul(kv.bytes_per_block),
+            kv.host_pool_bytes(),
+            kv.max_model_len,
+        )
     };
-    let mut out = crate::layout::plan_unmapped(
-        &m.as_spec(),
-        blocks.saturating_mul(kv.bytes_per_block),
-        kv.host_pool_bytes(),
-        kv.max_model_len,
-        options,
-    )
-    .map_err(|e| {
+    let mut out = hisparse_runtime::plan::plan_model(&m.as_spec(), &req).map_err(|e| {
         CliError::usage(format!(
             "planning the prefill side's pool: {e}; lower --context or --requests"
         ))
@@ -345,16 +342,16 @@ mod report;
 #[cfg(all(test, feature = "cpu"))]
 mod tests {
     use super::*;
-    use hisparse_backend_cpu::CpuDevice;
     use hisparse_core::Device;
     use hisparse_core::config::HiSparseConfig;
     use hisparse_core::layout::{LayoutInput, plan_layout};
     use hisparse_core::presets;
+    use hisparse_runtime::{AnyDevice, BackendKind};
 
     /// Writes the synthetic rows of `m`'s tokens into its host blocks, as a prefill side would.
     fn import(
-        dev: &CpuDevice,
-        host: &mut <CpuDevice as Device>::HostBuffer,
+        dev: &AnyDevice,
+        host: &mut <AnyDevice as Device>::HostBuffer,
         kv: &KvCacheConfig,
         m: &PageManifest,
     ) {
@@ -457,7 +454,7 @@ mod tests {
         let mut input = LayoutInput::new(&two, &config, 0, 1024);
         input.num_gpu_blocks_override = Some(200);
         let kv = plan_layout(&input).unwrap();
-        let dev = CpuDevice::new();
+        let dev = AnyDevice::open(BackendKind::Cpu, "").unwrap();
         let mut host = dev.alloc_pinned(kv.host_pool_bytes() as usize).unwrap();
         let m = PageManifest {
             request: 3,

@@ -7,7 +7,6 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use hisparse_backend_cpu::CpuDevice;
 use hisparse_core::Device;
 use hisparse_core::coordinator::{CoordError, Coordinator, CoordinatorConfig, OffloadCommand};
 use hisparse_core::layout::KvCacheConfig;
@@ -150,7 +149,8 @@ pub(super) fn run(
     let segment_name = SharedSegment::unique_name("hisparse-pd-pool");
     let segment = SharedSegment::create(&segment_name, pool_bytes)
         .map_err(|e| CliError::failed(format!("creating the decode host pool: {e}")))?;
-    let view = CpuDevice::new();
+    let view = AnyDevice::open(BackendKind::Cpu, "")
+        .map_err(|e| CliError::device("opening a host view of the decode host pool", e))?;
     let view_pool = view
         .host_pool_from_shared(
             SharedSegment::open(&segment_name, pool_bytes)
