@@ -28,9 +28,10 @@ use core::fmt;
 use crate::kind::BackendKind;
 
 use hisparse_core::ops::{
-    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, InvalidateArgs, InvalidateDesc,
-    LayerPair, PageCopyDesc, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc,
-    RowCopyDesc, RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
+    BlockPair, BufferLen, GatherArgs, GatherDesc, HotResetDesc, IndexerBackupArgs,
+    IndexerBackupDesc, InvalidateArgs, InvalidateDesc, LayerPair, PageCopyDesc, PageLayout,
+    RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, ResolveArgs, ResolveDesc, RowCopyDesc,
+    RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_core::{Device, Error, ErrorKind, MemoryInfo, OpError};
 
@@ -663,6 +664,53 @@ impl Device for AnyDevice {
         })
     }
 
+    fn remap_modes(
+        &self,
+        stream: &AnyStream,
+        desc: &RemapModesDesc,
+        a: RemapModesArgs<'_, AnyBuffer>,
+    ) -> Result<(), AnyError> {
+        dispatch!(self, d => {
+            let b = d.backend();
+            let r = a.remap;
+            let args = RemapModesArgs {
+                remap: RemapArgs {
+                    req_id: p!(r.req_id, b),
+                    block_table: p!(r.block_table, b),
+                    topk: p!(r.topk, b),
+                    idx_mapping: match r.idx_mapping { Some(m) => Some(p!(m, b)), None => None },
+                    out: pm!(r.out, b),
+                    counts: match r.counts { Some(c) => Some(pm!(c, b)), None => None },
+                    stats: match r.stats { Some(s) => Some(pm!(s, b)), None => None },
+                },
+                prefill_req_id: match a.prefill_req_id { Some(x) => Some(p!(x, b)), None => None },
+                workspace_starts: match a.workspace_starts {
+                    Some(x) => Some(p!(x, b)),
+                    None => None,
+                },
+            };
+            Ok(d.remap_modes(p!(stream, b), desc, args)?)
+        })
+    }
+
+    fn indexer_backup(
+        &self,
+        stream: &AnyStream,
+        desc: &IndexerBackupDesc<'_>,
+        a: IndexerBackupArgs<'_, AnyBuffer, AnyHostBuffer>,
+    ) -> Result<(), AnyError> {
+        dispatch!(self, d => {
+            let b = d.backend();
+            let args = IndexerBackupArgs {
+                device_slots: p!(a.device_slots, b),
+                host_slots: p!(a.host_slots, b),
+                device: p!(a.device, b),
+                host: pm!(a.host, b),
+            };
+            Ok(d.indexer_backup(p!(stream, b), desc, args)?)
+        })
+    }
+
     fn resolve(
         &self,
         stream: &AnyStream,
@@ -784,6 +832,7 @@ impl Device for AnyDevice {
     }
 }
 
+mod address;
 mod host_pool;
 // The engine-lending entries: the only `unsafe` code of this crate.
 #[allow(unsafe_code)]
