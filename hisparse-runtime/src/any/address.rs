@@ -30,6 +30,8 @@ mod tests {
         let dev = AnyDevice::open(BackendKind::Cpu, "").unwrap();
         let mut buf = dev.alloc(64).unwrap();
         dev.upload_i32(&mut buf, 0, &[7; 16]).unwrap();
+        // Irrefutable in a build with the CPU backend only.
+        #[allow(irrefutable_let_patterns)]
         let AnyBuffer::Cpu(inner) = &buf else {
             unreachable!("a CPU device allocates CPU buffers")
         };
