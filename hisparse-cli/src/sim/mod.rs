@@ -276,8 +276,7 @@ pub fn simulate_tp(
 /// Prints the report (and writes the SVG), failing when any row mismatched.
 fn publish(a: &SimulateArgs, report: SimReport) -> CliResult<()> {
     if let Some(path) = &a.plot {
-        let hit: Vec<Option<f64>> = report.steps.iter().map(|s| s.hit_rate).collect();
-        let bytes: Vec<f64> = report.steps.iter().map(|s| s.h2d_bytes as f64).collect();
+        let (hit, bytes) = plot::by_decode_step(&report.steps);
         let title = format!(
             "hisparse simulate — {} on {}, {} requests × {} tokens",
             report.preset, report.backend, report.requests, report.context
