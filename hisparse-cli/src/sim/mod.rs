@@ -18,6 +18,7 @@ pub mod rank;
 pub mod report;
 pub mod tp;
 pub mod verify;
+pub mod worker;
 pub mod workload;
 
 use hisparse_core::Device;

@@ -2,9 +2,6 @@
 //! the bulk figures, assigns host blocks to prefilled requests, verifies and imports what arrives
 //! and decodes the imported requests.
 
-use std::io::{BufReader, BufWriter};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use hisparse_core::Device;
@@ -13,11 +10,10 @@ use hisparse_core::layout::KvCacheConfig;
 use hisparse_core::ops::BufferLen;
 use hisparse_nixl::{Arrival, DecodeSide, MemoryKind, PoolGeometry};
 use hisparse_runtime::{AnyDevice, BackendKind, SharedHostPool, SharedSegment};
-use serde::Serialize;
 
 use super::super::engine::SimSetup;
 use super::super::rank::{DecodeRow, Rank};
-use super::super::tp::{recv, send};
+use super::super::worker::{Answer, WorkerProcess};
 use super::protocol::{
     BULK_REPEATS, BulkSource, FromPrefill, Hello, SILENCE, ToPrefill, nixl_err, prompt, region,
 };
@@ -26,105 +22,30 @@ use super::{BULK_DESCRIPTOR_BYTES, ImportVerifier, PREFILL_SUBCOMMAND, PageManif
 use crate::error::{CliError, CliResult};
 
 /// The prefill process, seen from the decode side.
-pub(super) struct PrefillProcess {
-    child: Child,
-    to: BufWriter<ChildStdin>,
-    from: Receiver<Result<FromPrefill, String>>,
-}
+pub(super) type PrefillProcess = WorkerProcess<FromPrefill>;
 
-impl PrefillProcess {
-    fn start(hello: &Hello) -> CliResult<Self> {
-        let exe = std::env::current_exe().map_err(|e| {
-            CliError::failed(format!(
-                "cannot find this executable to start the prefill side: {e}"
-            ))
-        })?;
-        // UCX logs to standard output unless told otherwise: there it would break the
-        // protocol on the child's standard output.
-        let log = std::env::var_os(hisparse_nixl::ffi::UCX_LOG_FILE)
-            .filter(|v| v != "stdout")
-            .unwrap_or_else(|| "stderr".into());
-        let mut child = Command::new(exe)
-            .arg(PREFILL_SUBCOMMAND)
-            .env(hisparse_nixl::ffi::UCX_LOG_FILE, log)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| CliError::failed(format!("cannot start the prefill side: {e}")))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err(CliError::failed("no pipes to the prefill side"));
-        };
-        // A reader thread, so the decode loop only ever looks at what already arrived.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            loop {
-                let msg = recv::<FromPrefill>(&mut r, &mut line);
-                let last = msg.is_err();
-                if tx.send(msg).is_err() || last {
-                    return;
-                }
-            }
-        });
-        let mut p = PrefillProcess {
-            child,
-            to: BufWriter::new(stdin),
-            from: rx,
-        };
-        p.send(hello)?;
-        Ok(p)
-    }
-
-    fn send<T: Serialize>(&mut self, msg: &T) -> CliResult<()> {
-        send(&mut self.to, msg)
-            .map_err(|e| CliError::failed(format!("cannot send to the prefill side: {e}")))
-    }
-
-    fn failed(&mut self, e: String) -> CliError {
-        let status = self.child.try_wait().ok().flatten();
-        CliError::failed(format!(
-            "the prefill side stopped answering ({e}{})",
-            status
-                .map(|s| format!("; it exited with {s}"))
-                .unwrap_or_default()
-        ))
-    }
-
-    /// A message if one arrived (never waits).
-    fn try_recv(&mut self) -> CliResult<Option<FromPrefill>> {
-        match self.from.try_recv() {
-            Ok(Ok(FromPrefill::Failed(m))) => Err(CliError::failed(format!("prefill side: {m}"))),
-            Ok(Ok(m)) => Ok(Some(m)),
-            Ok(Err(e)) => Err(self.failed(e)),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.failed("the pipe closed".into())),
-        }
-    }
-
-    /// The next message, waiting at most [`SILENCE`].
-    fn recv(&mut self) -> CliResult<FromPrefill> {
-        match self.from.recv_timeout(SILENCE) {
-            Ok(Ok(FromPrefill::Failed(m))) => Err(CliError::failed(format!("prefill side: {m}"))),
-            Ok(Ok(m)) => Ok(m),
-            Ok(Err(e)) => Err(self.failed(e)),
-            Err(RecvTimeoutError::Timeout) => {
-                Err(self.failed(format!("nothing for {} s", SILENCE.as_secs())))
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(self.failed("the pipe closed".into())),
+impl Answer for FromPrefill {
+    fn failure(&self) -> Option<&str> {
+        match self {
+            FromPrefill::Failed(m) => Some(m),
+            _ => None,
         }
     }
 }
 
-impl Drop for PrefillProcess {
-    fn drop(&mut self) {
-        // A run that failed leaves no process behind.
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// Starts the prefill process with `hello`.
+fn start_prefill(hello: &Hello) -> CliResult<PrefillProcess> {
+    // UCX logs to standard output unless told otherwise: there it would break the protocol on
+    // the child's standard output.
+    let log = std::env::var_os(hisparse_nixl::ffi::UCX_LOG_FILE)
+        .filter(|v| v != "stdout")
+        .unwrap_or_else(|| "stderr".into());
+    WorkerProcess::start(
+        PREFILL_SUBCOMMAND,
+        "the prefill side".into(),
+        &[(hisparse_nixl::ffi::UCX_LOG_FILE, log)],
+        hello,
+    )
 }
 
 pub(super) fn coord_err(e: impl std::fmt::Display) -> CliError {
@@ -178,7 +99,7 @@ pub(super) fn run(
     let mut decode =
         unsafe { DecodeSide::new(&name, pool, host_geometry.clone()) }.map_err(nixl_err)?;
     let offer = decode.offer().map_err(nixl_err)?;
-    let mut prefill = PrefillProcess::start(&Hello {
+    let mut prefill = start_prefill(&Hello {
         backend: kind.name().to_string(),
         device: (!device.trim().is_empty()).then(|| device.to_string()),
         setup: s.clone(),
@@ -186,7 +107,7 @@ pub(super) fn run(
         offer,
         write,
     })?;
-    let (agent, _, prefill_device) = match prefill.recv()? {
+    let (agent, _, prefill_device) = match prefill.recv_within(SILENCE)? {
         FromPrefill::Ready(a, b, d) => (a, b, d),
         _ => return Err(CliError::failed("the prefill side answered out of turn")),
     };
@@ -378,7 +299,7 @@ pub(super) fn run(
     }
     // A write's completion may reach this side after its notification did.
     while sent < s.requests {
-        match prefill.recv()? {
+        match prefill.recv_within(SILENCE)? {
             FromPrefill::Sent {
                 bytes,
                 seconds,
@@ -392,15 +313,7 @@ pub(super) fn run(
         }
     }
     prefill.send(&ToPrefill::Done)?;
-    let status = prefill
-        .child
-        .wait()
-        .map_err(|e| CliError::failed(format!("the prefill side: {e}")))?;
-    if !status.success() {
-        return Err(CliError::failed(format!(
-            "the prefill side exited with {status}"
-        )));
-    }
+    prefill.wait()?;
     // Drain: every block back in its pool.
     let drained = rank.drain()?;
     coord

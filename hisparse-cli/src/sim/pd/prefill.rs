@@ -2,7 +2,7 @@
 //! each request on its own runtime and writes its pages into the host blocks the decode side
 //! assigned (page by page, packed on the device, or packed into pinned host memory).
 
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufRead, Write};
 
 use hisparse_core::Device;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand};
@@ -10,7 +10,7 @@ use hisparse_nixl::{MemoryKind, PdError, PrefillWriter, Region};
 use hisparse_runtime::{AnyBuffer, AnyDevice, BackendKind, Runtime, RuntimeConfig};
 
 use super::super::forward::Forward;
-use super::super::tp::{recv, send};
+use super::super::worker::{recv, send, serve_worker};
 use super::protocol::{
     BulkSource, FromPrefill, Hello, SILENCE, ToPrefill, nixl_err, prompt, region, rt_err,
 };
@@ -19,21 +19,11 @@ use crate::error::{CliError, CliResult};
 
 /// The prefill process.
 pub(super) fn prefill_main() -> CliResult<()> {
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
-    let stdout = std::io::stdout();
-    let mut output = BufWriter::new(stdout.lock());
-    let mut line = String::new();
-    let hello: Hello = recv(&mut input, &mut line).map_err(|e| {
-        CliError::failed(format!(
-            "{PREFILL_SUBCOMMAND} is started by `hisparse simulate --pd nixl`, not by hand ({e})"
-        ))
-    })?;
-    let result = serve(&hello, &mut input, &mut output);
-    if let Err(e) = &result {
-        let _ = send(&mut output, &FromPrefill::Failed(e.to_string()));
-    }
-    result
+    serve_worker(
+        &format!("{PREFILL_SUBCOMMAND} is started by `hisparse simulate --pd nixl`"),
+        FromPrefill::Failed,
+        |hello: Hello, input, output| serve(&hello, input, output),
+    )
 }
 
 /// A refused staging buffer, with the flags that change it.
