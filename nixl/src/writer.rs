@@ -271,33 +271,17 @@ fn pack(
     let op = "packing a request's pages";
     let packing = Instant::now();
     let (dev, pool, stream) = (rt.device(), &rt.pools().device, rt.copy_stream());
-    match staging {
-        Staging::Device(buf) => {
-            for c in &plan.copies {
-                dev.copy_on_device(
-                    stream,
-                    pool,
-                    c.src as usize,
-                    buf,
-                    c.dst as usize,
-                    c.len as usize,
-                )
-                .map_err(device_err(op))?;
-            }
-            dev.synchronize(stream).map_err(device_err(op))?;
+    for c in &plan.copies {
+        let (src, dst, len) = (c.src as usize, c.dst as usize, c.len as usize);
+        match staging {
+            Staging::Device(buf) => dev.copy_on_device(stream, pool, src, buf, dst, len),
+            Staging::Host(buf) => dev.copy_to_host(stream, pool, src, buf, dst, len),
         }
-        Staging::Host(buf) => {
-            for c in &plan.copies {
-                dev.copy_to_host(
-                    stream,
-                    pool,
-                    c.src as usize,
-                    buf,
-                    c.dst as usize,
-                    c.len as usize,
-                )
-                .map_err(device_err(op))?;
-            }
+        .map_err(device_err(op))?;
+    }
+    match staging {
+        Staging::Device(_) => dev.synchronize(stream).map_err(device_err(op))?,
+        Staging::Host(_) => {
             let copied = dev.record_event(stream).map_err(device_err(op))?;
             while !dev.query_event(&copied).map_err(device_err(op))? {
                 if packing.elapsed() > timeout {

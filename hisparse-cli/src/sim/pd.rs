@@ -262,6 +262,8 @@ impl ImportVerifier {
 #[cfg(feature = "nixl")]
 mod decode;
 #[cfg(feature = "nixl")]
+mod imports;
+#[cfg(feature = "nixl")]
 mod prefill;
 #[cfg(feature = "nixl")]
 mod protocol;
