@@ -19,6 +19,9 @@
 //! 6. the reads are verified against the synthetic rows (off the timed path); decoded requests
 //!    get their next token or finish.
 //!
+//! Step 0 is [`admission`]'s, step 5 [`reports`]', the decode rows and step 6 [`decoding`]'s; the
+//! totals come from [`totals`] once every transfer drained.
+//!
 //! Device time per step is the time of steps 2–4 up to a synchronisation of both streams; the
 //! forward pass's writes, the top-k uploads and verification are not counted.
 
@@ -218,37 +221,7 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
             &mut report,
         )?;
         // 1. Plan.
-        let t = Instant::now();
-        let sum = coord.schedule_step().map_err(coord_err)?;
-        coord.build_offload_command_into(&mut cmd);
-        let mut planning = t.elapsed().as_secs_f64();
-        // The workload is sized to fit the layout: a request the coordinator refused could
-        // never finish, and the run would not mean what was asked.
-        if let Some(r) = cmd.refused.first() {
-            return Err(coord_err(CoordError::Refused {
-                id: r.id,
-                reason: r.reason,
-            }));
-        }
-        report.waits += u64::from(sum.waiting_on_reclaim.min(1));
-        report.preemptions += cmd.preempted.len() as u64;
-        report.hot_regions_allocated +=
-            cmd.hot_assign.len() as u64 / u64::from(kv.num_buckets.max(1));
-        idle_steps = if cmd.scheduled.is_empty() {
-            idle_steps + 1
-        } else {
-            0
-        };
-        if idle_steps > 1000 {
-            return Err(CliError::failed(
-                "simulation stalled: 1000 steps scheduled nothing; give it more --gpu-mem",
-            ));
-        }
-        for sr in &cmd.scheduled {
-            if cmd.started.contains(&sr.slot) {
-                report.prefix_hit_tokens += u64::from(sr.first_token);
-            }
-        }
+        let mut planning = plan_step(&mut coord, &mut cmd, &mut report, &mut idle_steps)?;
         let before = last.first().map(|r| r.counters).unwrap_or_default();
         // 2-4. Every rank: before the forward pass, the forward pass and the decode rows'
         //      reads, after the forward pass.
@@ -279,22 +252,9 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
         measured.overlap.1 += r0.overlap_n;
         measured.verify_seconds += steps.iter().map(|s| s.verify_seconds).sum::<f64>();
         if decoded {
-            let c = r0.counters;
-            let (hits, misses) = (
-                c.hot_hits - before.hot_hits,
-                c.hot_misses - before.hot_misses,
-            );
-            let device = steps.iter().map(|s| s.device_seconds).fold(0.0, f64::max);
-            report.steps.push(StepStats {
-                hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
-                h2d_bytes: c.h2d_bytes - before.h2d_bytes,
-                hot_hits: hits,
-                misses,
-                fully_resident: decode.fully_resident,
-                planning_us: planning * 1e6,
-                device_us: device * 1e6,
-                decode_steps: decode.decode_steps,
-            });
+            report
+                .steps
+                .push(step_stats(&steps, &before, decode, planning));
         }
         last = steps;
         // Progress: tokens of finished requests plus those computed by running ones (a preempted
@@ -330,6 +290,74 @@ pub fn run_on(ranks: &mut dyn Ranks, s: &SimSetup) -> CliResult<SimReport> {
     totals::fill(&mut report, &drained, &coord, &measured);
     report.wall_seconds = wall.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// A step that decoded, for the report: rank 0's counters since `before` (every rank reads
+/// alike), the slowest rank's device time.
+fn step_stats(
+    steps: &[RankStep],
+    before: &hisparse_runtime::Counters,
+    decode: decoding::StepDecode,
+    planning_seconds: f64,
+) -> StepStats {
+    let c = steps[0].counters;
+    let (hits, misses) = (
+        c.hot_hits - before.hot_hits,
+        c.hot_misses - before.hot_misses,
+    );
+    let device = steps.iter().map(|s| s.device_seconds).fold(0.0, f64::max);
+    StepStats {
+        hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
+        h2d_bytes: c.h2d_bytes - before.h2d_bytes,
+        hot_hits: hits,
+        misses,
+        fully_resident: decode.fully_resident,
+        planning_us: planning_seconds * 1e6,
+        device_us: device * 1e6,
+        decode_steps: decode.decode_steps,
+    }
+}
+
+/// Step 1: the coordinator's plan of the step into `cmd`, and what the report counts of it.
+/// A request the coordinator refused fails the run: the workload is sized to fit the layout, so
+/// such a request could never finish and the run would not mean what was asked. So does a run
+/// that scheduled nothing for 1000 steps. Returns the seconds the coordinator planned.
+fn plan_step(
+    coord: &mut Coordinator,
+    cmd: &mut OffloadCommand,
+    report: &mut SimReport,
+    idle_steps: &mut u32,
+) -> CliResult<f64> {
+    let t = Instant::now();
+    let sum = coord.schedule_step().map_err(coord_err)?;
+    coord.build_offload_command_into(cmd);
+    let planning = t.elapsed().as_secs_f64();
+    if let Some(r) = cmd.refused.first() {
+        return Err(coord_err(CoordError::Refused {
+            id: r.id,
+            reason: r.reason,
+        }));
+    }
+    report.waits += u64::from(sum.waiting_on_reclaim.min(1));
+    report.preemptions += cmd.preempted.len() as u64;
+    report.hot_regions_allocated +=
+        cmd.hot_assign.len() as u64 / u64::from(coord.layout().num_buckets.max(1));
+    *idle_steps = if cmd.scheduled.is_empty() {
+        *idle_steps + 1
+    } else {
+        0
+    };
+    if *idle_steps > 1000 {
+        return Err(CliError::failed(
+            "simulation stalled: 1000 steps scheduled nothing; give it more --gpu-mem",
+        ));
+    }
+    for sr in &cmd.scheduled {
+        if cmd.started.contains(&sr.slot) {
+            report.prefix_hit_tokens += u64::from(sr.first_token);
+        }
+    }
+    Ok(planning)
 }
 
 /// The report's description of the run, before any step.
