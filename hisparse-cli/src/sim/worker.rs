@@ -197,3 +197,43 @@ pub fn serve_worker<H: DeserializeOwned, A: Serialize>(
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    enum Reply {
+        Value(u32),
+        Failed(String),
+    }
+
+    impl Answer for Reply {
+        fn failure(&self) -> Option<&str> {
+            match self {
+                Reply::Failed(m) => Some(m),
+                Reply::Value(_) => None,
+            }
+        }
+    }
+
+    #[test]
+    fn messages_are_one_json_line_each_and_a_closed_or_garbled_pipe_says_so() {
+        let mut pipe = Vec::new();
+        send(&mut pipe, &Reply::Value(7)).unwrap();
+        send(&mut pipe, &Reply::Failed("no device".into())).unwrap();
+        pipe.extend_from_slice(b"{not json\n");
+        assert_eq!(pipe.iter().filter(|&&b| b == b'\n').count(), 3);
+        let mut r = std::io::Cursor::new(pipe);
+        let mut line = String::new();
+        assert_eq!(recv::<Reply>(&mut r, &mut line), Ok(Reply::Value(7)));
+        let failed = recv::<Reply>(&mut r, &mut line).unwrap();
+        assert_eq!(failed.failure(), Some("no device"));
+        let e = recv::<Reply>(&mut r, &mut line).unwrap_err();
+        assert!(e.starts_with("a malformed message"), "{e}");
+        assert_eq!(
+            recv::<Reply>(&mut r, &mut line).unwrap_err(),
+            "the pipe closed"
+        );
+    }
+}
