@@ -17,7 +17,14 @@ use std::io::{BufRead, Write};
 
 use hisparse_core::Device;
 use hisparse_core::coordinator::OffloadCommand;
-use hisparse_runtime::{AnyDevice, BackendKind, SharedHostPool, SharedSegment};
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+use hisparse_runtime::AnyDevice;
+use hisparse_runtime::{BackendKind, SharedHostPool, SharedSegment};
 use serde::{Deserialize, Serialize};
 
 use super::engine::{Ranks, SimSetup};
@@ -203,10 +210,42 @@ pub fn rank_main() -> CliResult<()> {
     serve_worker(
         &format!("{RANK_SUBCOMMAND} is started by `hisparse simulate --tp N`"),
         FromRank::Failed,
-        |hello: Hello, input, output| open_rank(&hello).and_then(|rank| serve(rank, input, output)),
+        |hello: Hello, input, output| serve_rank(&hello, input, output),
     )
 }
 
+/// Opens the rank's device and serves the coordinator's messages.
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+fn serve_rank(h: &Hello, input: &mut impl BufRead, output: &mut impl Write) -> CliResult<()> {
+    open_rank(h).and_then(|rank| serve(rank, input, output))
+}
+
+/// Without a backend compiled in there is no device to open.
+#[cfg(not(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+)))]
+fn serve_rank(h: &Hello, _: &mut impl BufRead, _: &mut impl Write) -> CliResult<()> {
+    let kind: BackendKind = h
+        .backend
+        .parse()
+        .map_err(|e: hisparse_runtime::UnknownBackend| CliError::usage(e.to_string()))?;
+    Err(CliError::NotCompiled(kind.name()))
+}
+
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
 /// Opens the rank's device and builds its runtime over its host pool.
 fn open_rank(h: &Hello) -> CliResult<Rank<AnyDevice>> {
     let kind: BackendKind = h
