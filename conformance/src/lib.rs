@@ -261,7 +261,25 @@ pub fn run_opened<D: Device + 'static>(
     filter: Option<&str>,
     out: &mut dyn Write,
 ) -> Report {
-    run_opened_selected(result, &|n| matches(n, filter), out)
+    run_opened_named(&backend_name_of::<D>(), result, filter, out)
+}
+
+/// [`run_opened`] for a device type whose name does not say which backend it is (one chosen at
+/// run time, such as the runtime's `AnyDevice`): `backend` names it in what is written when the
+/// device did not open.
+pub fn run_opened_named<D: Device + 'static>(
+    backend: &str,
+    result: Result<D, D::Error>,
+    filter: Option<&str>,
+    out: &mut dyn Write,
+) -> Report {
+    run_opened_as(
+        backend,
+        result,
+        &|n| matches(n, filter),
+        device_required(),
+        out,
+    )
 }
 
 fn run_opened_selected<D: Device + 'static>(
@@ -273,6 +291,16 @@ fn run_opened_selected<D: Device + 'static>(
 }
 
 fn run_opened_with<D: Device + 'static>(
+    result: Result<D, D::Error>,
+    select: &dyn Fn(&str) -> bool,
+    require_device: bool,
+    out: &mut dyn Write,
+) -> Report {
+    run_opened_as(&backend_name_of::<D>(), result, select, require_device, out)
+}
+
+fn run_opened_as<D: Device + 'static>(
+    backend: &str,
     result: Result<D, D::Error>,
     select: &dyn Fn(&str) -> bool,
     require_device: bool,
@@ -290,7 +318,6 @@ fn run_opened_with<D: Device + 'static>(
         }
         Err(e) => e,
     };
-    let backend = backend_name_of::<D>();
     let mut report = Report::default();
     if e.kind() == ErrorKind::NotFound && !require_device {
         let _ = writeln!(out, "SKIPPED: no {backend} device: {e}");

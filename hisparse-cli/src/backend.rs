@@ -9,19 +9,13 @@
 use crate::error::CliError;
 
 pub use hisparse_runtime::BackendKind;
-
-/// Parses a CUDA/ROCm device ordinal from `--device` (empty = 0).
-#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
-pub fn ordinal(selector: &str, backend: BackendKind) -> Result<usize, CliError> {
-    if selector.trim().is_empty() {
-        return Ok(0);
-    }
-    selector.trim().parse().map_err(|_| {
-        CliError::usage(format!(
-            "--device `{selector}` is not a device number; {backend} devices are chosen by ordinal (0, 1, ...)"
-        ))
-    })
-}
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+use hisparse_runtime::{AnyDevice, OpenError};
 
 /// Whether this binary was built with backend `kind`'s feature.
 pub const fn compiled(kind: BackendKind) -> bool {
@@ -33,9 +27,35 @@ pub const fn compiled(kind: BackendKind) -> bool {
     }
 }
 
-/// Opens the backend `$kind` (a [`BackendKind`]) with device selector `$sel` (`&str`), binds it to
-/// `$dev` and evaluates `$body` (a `Result<_, CliError>`) with it. A backend that is not compiled
-/// in gives [`CliError::NotCompiled`]; a backend that cannot open its device gives a one-line
+/// Opens backend `kind` with device selector `selector` through the runtime. The outer error is
+/// the command line's to fix: a backend this binary was not built with, a selector that is no
+/// device ([`CliError::usage`]). The inner one is the device's ([`OpenError::Device`]: no driver,
+/// no such device), for the caller to report, or to count as skipped cases.
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+pub fn open(kind: BackendKind, selector: &str) -> Result<Result<AnyDevice, OpenError>, CliError> {
+    // This binary's features decide, not the runtime's (a workspace build may compile more
+    // backends into the runtime than the CLI asked for).
+    if !compiled(kind) {
+        return Err(CliError::NotCompiled(kind.name()));
+    }
+    match AnyDevice::open(kind, selector) {
+        Ok(dev) => Ok(Ok(dev)),
+        Err(OpenError::NotCompiled(k)) => Err(CliError::NotCompiled(k.name())),
+        Err(e @ OpenError::BadSelector { .. }) => Err(CliError::usage(format!("--{e}"))),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
+/// Opens the backend `$kind` (a [`BackendKind`]) with device selector `$sel` (`&str`) through
+/// [`open`], binds the concrete device inside the runtime's [`AnyDevice`] to `$dev` and
+/// evaluates `$body` (a `Result<_, CliError>`) with it, so the commands' generic code gets one
+/// static instantiation per compiled-in backend. A backend that is not compiled in gives
+/// [`CliError::NotCompiled`]; a backend that cannot open its device gives a one-line
 /// [`CliError::Failed`] naming the backend and the portable error kind.
 #[cfg(any(
     feature = "cpu",
@@ -46,31 +66,20 @@ pub const fn compiled(kind: BackendKind) -> bool {
 #[macro_export]
 macro_rules! with_device {
     ($kind:expr, $sel:expr, |$dev:ident| $body:expr) => {{
-        use hisparse_runtime::{AnyDevice, OpenError};
-        let kind: $crate::backend::BackendKind = $kind;
-        // This binary's features decide, not the runtime's (a workspace build may compile more
-        // backends into the runtime than the CLI asked for).
-        let opened = if $crate::backend::compiled(kind) {
-            AnyDevice::open(kind, $sel)
-        } else {
-            Err(OpenError::NotCompiled(kind))
-        };
-        match opened {
-            Err(OpenError::NotCompiled(k)) => Err($crate::error::CliError::NotCompiled(k.name())),
-            Err(e @ OpenError::BadSelector { .. }) => {
-                Err($crate::error::CliError::usage(format!("--{e}")))
-            }
-            Err(e) => Err($crate::error::CliError::device("cannot open the device", e)),
+        use hisparse_runtime::AnyDevice;
+        match $crate::backend::open($kind, $sel) {
+            Err(e) => Err(e),
+            Ok(Err(e)) => Err($crate::error::CliError::device("cannot open the device", e)),
             #[cfg(feature = "cpu")]
-            Ok(AnyDevice::Cpu($dev)) => $body,
+            Ok(Ok(AnyDevice::Cpu($dev))) => $body,
             #[cfg(feature = "cuda")]
-            Ok(AnyDevice::Cuda($dev)) => $body,
+            Ok(Ok(AnyDevice::Cuda($dev))) => $body,
             #[cfg(feature = "vulkan")]
-            Ok(AnyDevice::Vulkan($dev)) => $body,
+            Ok(Ok(AnyDevice::Vulkan($dev))) => $body,
             #[cfg(feature = "rocm")]
-            Ok(AnyDevice::Rocm($dev)) => $body,
+            Ok(Ok(AnyDevice::Rocm($dev))) => $body,
             #[allow(unreachable_patterns)]
-            Ok(other) => Err($crate::error::CliError::NotCompiled(other.kind().name())),
+            Ok(Ok(other)) => Err($crate::error::CliError::NotCompiled(other.kind().name())),
         }
     }};
 }

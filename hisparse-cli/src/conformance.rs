@@ -1,59 +1,61 @@
-//! `hisparse conformance`: the shared conformance suite on one backend, through the conformance
-//! crate's runner (one line per case, then `N passed, M failed`).
+//! `hisparse conformance`: the shared conformance suite on one backend, opened through the
+//! runtime ([`hisparse_runtime::AnyDevice`]) and run by the conformance crate's runner (one line
+//! per case, then `N passed, M failed`).
 //!
 //! A GPU backend whose driver or device is missing reports every case as skipped, unless
 //! `HISPARSE_REQUIRE_DEVICE=1` (then it is a failure), exactly as the per-backend test targets do.
 //! The command itself exits non-zero when no case ran — every case skipped, or a filter that
 //! matches nothing — because nothing was verified.
 
-use std::io::Write;
-
-use hisparse_conformance::{Report, run_opened};
+use hisparse_conformance::Report;
 
 use crate::args::{self, ConformanceArgs};
-use crate::backend::BackendKind;
 use crate::error::{CliError, CliResult};
 
-/// Runs the suite and turns failures into a non-zero exit.
+/// Runs the suite over the runtime's [`hisparse_runtime::AnyDevice`] and turns failures into a
+/// non-zero exit.
 pub fn run(a: &ConformanceArgs) -> CliResult<()> {
     let kind = args::backend(&a.backend.backend)?;
-    #[allow(unused_variables)]
-    let sel = a.backend.device.as_str();
     let filter = a.filter.as_deref();
+    let report = suite(kind, &a.backend.device, filter)?;
+    verdict(kind.name(), filter, &report)
+}
+
+/// The suite's cases on backend `kind`: a device that does not open is the suite's to judge
+/// (every case skipped when there is none, unless a device is required).
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+fn suite(
+    kind: crate::backend::BackendKind,
+    selector: &str,
+    filter: Option<&str>,
+) -> CliResult<Report> {
+    use hisparse_runtime::OpenError;
+    let opened = match crate::backend::open(kind, selector)? {
+        Ok(dev) => Ok(dev),
+        Err(OpenError::Device { source, .. }) => Err(source),
+        Err(e) => return Err(CliError::device("cannot open the device", e)),
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let report: Report = match kind {
-        #[cfg(feature = "cpu")]
-        BackendKind::Cpu => run_opened(hisparse_backend_cpu::CpuDevice::open(), filter, &mut out),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            let ord = crate::backend::ordinal(sel, kind)?;
-            run_opened(
-                hisparse_backend_cuda::CudaDevice::open(ord),
-                filter,
-                &mut out,
-            )
-        }
-        #[cfg(feature = "vulkan")]
-        BackendKind::Vulkan => run_opened(
-            hisparse_backend_vulkan::VulkanDevice::open(sel),
-            filter,
-            &mut out,
-        ),
-        #[cfg(feature = "rocm")]
-        BackendKind::Rocm => {
-            let ord = crate::backend::ordinal(sel, kind)?;
-            run_opened(
-                hisparse_backend_rocm::RocmDevice::open(ord),
-                filter,
-                &mut out,
-            )
-        }
-        #[allow(unreachable_patterns)]
-        other => return Err(CliError::NotCompiled(other.name())),
-    };
-    let _ = out.flush();
-    verdict(kind.name(), filter, &report)
+    let report = hisparse_conformance::run_opened_named(kind.name(), opened, filter, &mut out);
+    let _ = std::io::Write::flush(&mut out);
+    Ok(report)
+}
+
+/// Without any backend compiled in there is nothing to run the suite on.
+#[cfg(not(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+)))]
+fn suite(kind: crate::backend::BackendKind, _: &str, _: Option<&str>) -> CliResult<Report> {
+    Err(CliError::NotCompiled(kind.name()))
 }
 
 /// A run succeeds only when nothing failed and at least one case ran: a filter that selects

@@ -5,6 +5,13 @@ use hisparse_device_bench::host_pool::{
     self, HostPoolPaths, HostPoolReport, MEMSET, PathOutcome, SizeReport,
 };
 use hisparse_runtime::host_memory::{AnonymousMapping, HostPoolConfig, HugePages, Registration};
+// A build without a backend has no device to set a pool up on (`with_device!` says so).
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
 use hisparse_runtime::{AnyDevice, AnyHostBuffer, SharedHostPool, SharedSegment};
 use serde_json::json;
 
@@ -74,6 +81,12 @@ pub fn plan(sizes: &str, a: &BenchArgs) -> CliResult<Plan> {
     })
 }
 
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
 /// Runs the host-pool benchmark on `dev` and prints the report.
 pub fn run_on(dev: AnyDevice, plan: &Plan) -> CliResult<()> {
     let dev = dev.with_host_pool_config(plan.config);

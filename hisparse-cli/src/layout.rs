@@ -1,45 +1,33 @@
 //! `hisparse layout`: the KV-cache plan a user would otherwise discover at engine start-up.
 
-use hisparse_core::config::{ConfigError, HiSparseConfig};
 use hisparse_core::layout::{
-    CapacityLimit, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError, LayoutInput, LayoutReport,
-    LayoutWarning, capacity_contexts, plan_layout,
+    CapacityLimit, GroupKind, KvCacheConfig, KvCacheGroup, LayoutError, LayoutReport,
+    LayoutWarning, capacity_contexts,
 };
 use hisparse_core::model::{ModelSpec, OwnedModel, RegularKind};
-use hisparse_core::presets;
+use hisparse_runtime::plan::{self as door, ArgNames, LayoutRequest, ModelSource};
 use serde_json::json;
 
 use crate::args::{self, LayoutArgs};
 use crate::error::{CliError, CliResult};
 use crate::size::human;
 
-/// Looks a preset up, with a one-line error listing the valid names.
-pub fn preset(name: &str) -> CliResult<ModelSpec<'static>> {
-    presets::preset(name).map_err(|e| {
-        CliError::usage(format!(
-            "unknown preset `{name}`; use --preset with one of: {}",
-            e.valid.join(", ")
-        ))
-    })
-}
-
-/// The model of `--model <file>` (JSON, see `--print-model`) or else of `--preset`.
+/// The model of `--model <file>` (JSON, see `--print-model`) or else of `--preset`, through the
+/// runtime's planning door ([`hisparse_runtime::plan::model`]): validated, a refusal naming the
+/// flag.
 pub fn model(preset_name: &str, file: Option<&std::path::Path>) -> CliResult<OwnedModel> {
     let Some(path) = file else {
-        return Ok(preset(preset_name)?.into());
+        return door::model(ModelSource::Preset(preset_name), None, &FLAG_NAMES)
+            .map_err(|e| CliError::usage(e.message));
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::usage(format!("--model {}: cannot read it: {e}", path.display())))?;
-    let m: OwnedModel = serde_json::from_str(&text).map_err(|e| {
-        CliError::usage(format!(
-            "--model {}: not a model description ({e}); `hisparse layout --print-model` writes a template",
-            path.display()
-        ))
-    })?;
-    m.as_spec()
-        .validate()
-        .map_err(|e| CliError::usage(format!("--model {}: {e}", path.display())))?;
-    Ok(m)
+    let flag = format!("--model {}", path.display());
+    let names = ArgNames {
+        model: &flag,
+        ..FLAG_NAMES
+    };
+    door::model(ModelSource::Json(&text), None, &names).map_err(|e| CliError::usage(e.message))
 }
 
 /// The command-line flags behind a plan's inputs, so that a planning error names only flags the
@@ -58,6 +46,35 @@ pub struct PlanFlags<'a> {
     pub query: &'a str,
 }
 
+/// The flags every planning command spells the same way.
+const FLAG_NAMES: ArgNames<'static> = ArgNames {
+    preset: "--preset",
+    model: "--model",
+    layers: "--layers",
+    gpu_mem: "--gpu-mem",
+    host_mem: "--host-mem",
+    max_model_len: "--max-model-len",
+    shorten: "--max-model-len",
+    device_buffer_size: "--device-buffer-size",
+    max_query_len: "--max-query-len",
+    top_k: "--top-k",
+    num_gpu_blocks: "--num-gpu-blocks",
+};
+
+impl<'a> PlanFlags<'a> {
+    /// The runtime's argument names with these flags.
+    fn names(&self) -> ArgNames<'a> {
+        ArgNames {
+            gpu_mem: self.gpu,
+            host_mem: self.host,
+            max_model_len: self.length,
+            shorten: self.shorten,
+            max_query_len: self.query,
+            ..FLAG_NAMES
+        }
+    }
+}
+
 /// `hisparse layout`'s flags.
 pub const LAYOUT_FLAGS: PlanFlags<'static> = PlanFlags {
     gpu: "--gpu-mem",
@@ -67,128 +84,31 @@ pub const LAYOUT_FLAGS: PlanFlags<'static> = PlanFlags {
     query: "--max-query-len",
 };
 
-/// Turns a planning error into a one-line message naming the command-line flag to change.
+/// Turns a planning error into a one-line message naming the command-line flag to change
+/// ([`hisparse_runtime::plan::layout_message`]).
 pub fn layout_error(e: LayoutError, flags: &PlanFlags<'_>) -> CliError {
-    let PlanFlags {
-        gpu,
-        host,
-        length,
-        shorten,
-        query,
-    } = *flags;
-    match e {
-        LayoutError::HostBudgetTooSmall {
-            budget,
-            host_block_stride,
-            blocks,
-            needed,
-        } => CliError::usage(format!(
-            "{host} {} holds {blocks} host blocks of {host_block_stride} B, but the longest \
-             request ({length}) needs {needed} (its pages + null block + copy-on-write tail); \
-             raise {host} to at least {} or lower {shorten}",
-            human(budget),
-            human(needed.saturating_mul(host_block_stride)),
-        )),
-        LayoutError::GpuPoolTooSmall {
-            blocks,
-            needed,
-            bytes_per_block,
-        } => CliError::usage(format!(
-            "{gpu} gives {blocks} GPU blocks of {bytes_per_block} B, but the longest request \
-             ({length}) needs {needed} even with HiSparse; raise {gpu} to at least {} or lower \
-             {shorten}",
-            human(needed.saturating_mul(bytes_per_block)),
-        )),
-        LayoutError::PoolTooLarge { pool, blocks, max } => {
-            let flag = if pool == "host" { host } else { gpu };
-            CliError::usage(format!(
-                "the {pool} pool would have {blocks} blocks, more than the {max} that i32 block \
-                 ids and rows address; lower {flag}"
-            ))
-        }
-        LayoutError::Overflow { field } => CliError::usage(format!(
-            "the plan's `{field}` overflows; lower {gpu}, {host} or {shorten}"
-        )),
-        LayoutError::Config(ConfigError::DeviceBufferTooSmall { value, min }) => {
-            CliError::usage(format!(
-                "--device-buffer-size {value} is below top_k × max_query_len = {min}; raise it to at least {min}"
-            ))
-        }
-        LayoutError::Config(ConfigError::DeviceBufferTooLarge { value, max }) => CliError::usage(
-            format!("--device-buffer-size {value} exceeds {max} (LRU slots are 16-bit); lower it"),
-        ),
-        LayoutError::Config(ConfigError::DefaultDeviceBufferTooLarge {
-            top_k,
-            max_query_len,
-            value,
-            max,
-        }) => CliError::usage(format!(
-            "the default hot buffer (1 + {max_query_len} tokens per step) × top-k {top_k} = {value} rows exceeds {max} (LRU slots are 16-bit); lower {query} or give --device-buffer-size from {} to {max}",
-            u64::from(top_k) * u64::from(max_query_len)
-        )),
-        LayoutError::Config(ConfigError::TopKTooLarge {
-            top_k,
-            max_query_len,
-            max,
-        }) => CliError::usage(format!(
-            "{max_query_len} tokens per step × top-k {top_k} exceed the largest hot buffer ({max} rows); lower {query}"
-        )),
-        LayoutError::ZeroMaxModelLen => {
-            CliError::usage(format!("{length} must be at least 1 token"))
-        }
-        other => CliError::usage(other.to_string()),
+    CliError::usage(door::layout_message(&e, &flags.names()))
+}
+
+/// A layout request for `model`'s own settings with these budgets and the longest request
+/// (the rest as every front end defaults it: [`LayoutRequest::new`]).
+pub fn request(gpu_bytes: u64, host_bytes: u64, max_model_len: u32) -> LayoutRequest<'static> {
+    LayoutRequest {
+        gpu_mem: gpu_bytes,
+        host_mem: host_bytes,
+        max_model_len,
+        // The model is given to `plan` directly, not by name.
+        ..LayoutRequest::new(ModelSource::Preset(""))
     }
 }
 
-/// What a plan is asked for beyond the model and the budgets.
-#[derive(Clone, Copy, Debug)]
-pub struct PlanOptions {
-    /// `--device-buffer-size`.
-    pub device_buffer_size: Option<u32>,
-    /// Tokens per decode step per request (1 + speculative tokens).
-    pub max_query_len: u32,
-    /// One host pool shared by the ranks of a node (`--shared-host-pool`).
-    pub shared_host_pool: bool,
-}
-
-impl Default for PlanOptions {
-    /// The default hot buffer, one token per step, one host pool per process.
-    fn default() -> Self {
-        PlanOptions {
-            device_buffer_size: None,
-            max_query_len: 1,
-            shared_host_pool: false,
-        }
-    }
-}
-
-/// Plans a layout from parsed arguments; errors name the flags in `flags`.
+/// Plans `req`'s budgets and settings for `model`; errors name the flags in `flags`.
 pub fn plan(
     model: &ModelSpec<'_>,
-    gpu_bytes: u64,
-    host_bytes: u64,
-    max_model_len: u32,
-    options: PlanOptions,
+    req: &LayoutRequest<'_>,
     flags: &PlanFlags<'_>,
 ) -> CliResult<KvCacheConfig> {
-    plan_unmapped(model, gpu_bytes, host_bytes, max_model_len, options)
-        .map_err(|e| layout_error(e, flags))
-}
-
-/// [`plan`] with the planner's own error, for callers that say more about it.
-pub fn plan_unmapped(
-    model: &ModelSpec<'_>,
-    gpu_bytes: u64,
-    host_bytes: u64,
-    max_model_len: u32,
-    options: PlanOptions,
-) -> Result<KvCacheConfig, LayoutError> {
-    let mut cfg = HiSparseConfig::new(model.top_k, host_bytes);
-    cfg.device_buffer_size = options.device_buffer_size;
-    cfg.max_query_len = options.max_query_len;
-    let mut input = LayoutInput::new(model, &cfg, gpu_bytes, max_model_len);
-    input.shared_host_pool = options.shared_host_pool;
-    plan_layout(&input)
+    door::plan_model(model, req).map_err(|e| layout_error(e, flags))
 }
 
 /// `hisparse layout`.
@@ -214,12 +134,13 @@ pub fn run(a: &LayoutArgs) -> CliResult<()> {
             "--shared-host-pool shares one host pool between ranks; give --tp 2 or more",
         ));
     }
-    let options = PlanOptions {
+    let req = LayoutRequest {
         device_buffer_size: dbs,
         max_query_len: mql,
         shared_host_pool: a.shared_host_pool,
+        ..request(gpu, host, max_len)
     };
-    let kv = plan(&model, gpu, host, max_len, options, &LAYOUT_FLAGS)?;
+    let kv = plan(&model, &req, &LAYOUT_FLAGS)?;
     let report = LayoutReport::new(&kv, gpu, host, tp, &capacity_contexts(max_len));
     if a.json {
         crate::emit(&to_json(&report));
@@ -518,13 +439,10 @@ mod tests {
 
     #[test]
     fn deepseek_v32_vector() {
-        let m = preset("deepseek-v3.2").unwrap();
+        let m = model("deepseek-v3.2", None).unwrap();
         let kv = plan(
-            &m,
-            80 << 30,
-            512 << 30,
-            131072,
-            PlanOptions::default(),
+            &m.as_spec(),
+            &request(80 << 30, 512 << 30, 131072),
             &LAYOUT_FLAGS,
         )
         .unwrap();
@@ -546,23 +464,16 @@ mod tests {
 
     #[test]
     fn small_host_budget_names_the_flag() {
-        let m = preset("deepseek-v3.2").unwrap();
+        let m = model("deepseek-v3.2", None).unwrap();
         let e = plan(
-            &m,
-            80 << 30,
-            1 << 30,
-            131072,
-            PlanOptions::default(),
+            &m.as_spec(),
+            &request(80 << 30, 1 << 30, 131072),
             &LAYOUT_FLAGS,
         )
         .unwrap_err()
         .to_string();
         assert!(e.contains("--host-mem") && !e.contains('\n'), "{e}");
-        assert!(
-            preset("llama")
-                .unwrap_err()
-                .to_string()
-                .contains("deepseek-v3.2")
-        );
+        let e = model("llama", None).unwrap_err().to_string();
+        assert!(e.contains("deepseek-v3.2") && e.contains("--preset"), "{e}");
     }
 }

@@ -57,20 +57,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     u64::try_from(bytes).map_err(|_| too_big())
 }
 
-/// Formats bytes for people: `80.00 GiB`, `512.0 KiB`, `656 B`.
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.2} {}", UNITS[u])
-}
+/// Formats bytes for people: `80.00 GiB`, `512.00 KiB`, `656 B` (the runtime's one rule).
+pub use hisparse_runtime::plan::human_bytes as human;
 
 #[cfg(test)]
 mod tests {

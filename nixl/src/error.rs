@@ -130,6 +130,30 @@ pub enum PdError {
         /// What is wrong.
         detail: String,
     },
+    /// A device operation of the prefill side's runtime failed (allocating or filling a
+    /// staging buffer).
+    Device {
+        /// What was being done.
+        op: &'static str,
+        /// The device's error.
+        detail: String,
+    },
+    /// Something did not complete in the time it was given.
+    Timeout {
+        /// What did not complete.
+        what: String,
+        /// Seconds it was given.
+        seconds: u64,
+    },
+    /// The prefill side's pool has no page the manifest needs on its device.
+    PageNotResident {
+        /// The request.
+        request: u64,
+        /// Its page.
+        page: u32,
+        /// The bucket of layers whose resident table lacks it.
+        bucket: u32,
+    },
 }
 
 impl fmt::Display for PdError {
@@ -228,6 +252,20 @@ impl fmt::Display for PdError {
                  prompts, or write page by page (one descriptor per layer and page, no staging)"
             ),
             PdError::Region { detail } => write!(f, "memory region: {detail}"),
+            PdError::Device { op, detail } => write!(f, "{op}: {detail}"),
+            PdError::Timeout { what, seconds } => {
+                write!(f, "{what} did not complete in {seconds} s")
+            }
+            PdError::PageNotResident {
+                request,
+                page,
+                bucket,
+            } => write!(
+                f,
+                "page {page} of request {request} (bucket {bucket}) is not in the prefill \
+                 side's GPU pool: give the prefill pool room for a whole request and write a \
+                 request once its prefill is done, before its pages are reclaimed"
+            ),
         }
     }
 }

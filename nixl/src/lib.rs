@@ -12,7 +12,11 @@
 //!   host blocks (the fast path from GPU memory);
 //! * with the `nixl` feature, `Endpoint` (a NIXL agent with the UCX backend),
 //!   `DecodeSide` and `PrefillSide`: registration, metadata, the write with its
-//!   notification, and notification polling that never blocks the decode loop.
+//!   notification, and notification polling that never blocks the decode loop;
+//! * with the `nixl` feature, `PrefillWriter`: the prefill node's executor over a
+//!   `hisparse-runtime` runtime: a prefilled request's resident pages written into the decode
+//!   host blocks of its manifest, page by page or packed into a staging buffer first
+//!   ([`WriteLayout`]).
 //!
 //! NIXL's C API is loaded at run time (`libnixl_capi.so`, from the `nixl-cu13` wheel); a machine
 //! without it gets [`PdError::LibraryNotFound`], which says what to install.
@@ -30,11 +34,14 @@ mod endpoint;
 pub mod ffi;
 #[cfg(feature = "nixl")]
 mod sides;
+#[cfg(feature = "nixl")]
+mod writer;
 
 pub use error::PdError;
 pub use manifest::{LayerPages, PageManifest, PoolGeometry, Span};
 pub use pack::{
-    PackedWrite, PageCopy, bulk_spans, check_staging_budget, plan_packed_write, staging_bytes_for,
+    PackedWrite, PageCopy, STAGING_BUDGET_BYTES, WriteLayout, bulk_spans, check_staging_budget,
+    plan_packed_write, staging_bytes_for,
 };
 pub use wire::{
     Arrival, DecodeOffer, ImportLedger, ImportNotice, MemoryKind, Region, WIRE_VERSION, bulk_notice,
@@ -44,6 +51,8 @@ pub use wire::{
 pub use endpoint::{Endpoint, PLUGIN, Transfer};
 #[cfg(feature = "nixl")]
 pub use sides::{DecodeSide, PrefillSide};
+#[cfg(feature = "nixl")]
+pub use writer::{PostedWrite, PrefillWriter, device_region, wait_for};
 
 /// The byte ranges one request's write moves: `local[i]` of the prefill pool into `remote[i]`
 /// of the decode host pool, and the notice that goes with them.

@@ -15,6 +15,9 @@
 //! a pinned host staging buffer (registered as host memory), whose write then takes the host →
 //! host path. The plan is the same for both; only the staging buffer's memory differs.
 
+use hisparse_core::MemoryInfo;
+use serde::{Deserialize, Serialize};
+
 use crate::{ImportNotice, PageManifest, PdError, PoolGeometry, Span, plan_write};
 
 /// One contiguous copy of the packing: `len` bytes at `src` of the prefill pool to `dst` of the
@@ -44,6 +47,82 @@ pub struct PackedWrite {
     /// Bytes of the staging buffer the request fills (from offset 0).
     pub staging_bytes: u64,
 }
+
+/// How a prefill node writes a request into the decode host pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteLayout {
+    /// One descriptor per (layer, page), straight from the prefill pool ([`plan_write`]).
+    Pages,
+    /// Gathered on the prefill device into a device staging buffer in the host pool's order,
+    /// then one descriptor per layer and run of consecutive host blocks ([`plan_packed_write`]).
+    Packed,
+    /// Gathered into a pinned host staging buffer laid out as [`WriteLayout::Packed`]'s (the
+    /// backend's device → host copies), then written host → decode host pool with the same
+    /// descriptors. GPU memory into another process's host memory has no zero-copy transport
+    /// (UCX emulates those puts over TCP loopback); host → host memory has one.
+    PackedHost,
+}
+
+impl WriteLayout {
+    /// The layout that writes fastest from a prefill pool in GPU memory (`gpu_source`) or in
+    /// host memory: packed into host staging from GPU memory, page by page from host memory.
+    pub fn fastest_for(gpu_source: bool) -> Self {
+        if gpu_source {
+            WriteLayout::PackedHost
+        } else {
+            WriteLayout::Pages
+        }
+    }
+
+    /// Its name (as serialised).
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteLayout::Pages => "pages",
+            WriteLayout::Packed => "packed",
+            WriteLayout::PackedHost => "packed-host",
+        }
+    }
+
+    /// Whether it writes through a staging buffer.
+    pub fn stages(self) -> bool {
+        self != WriteLayout::Pages
+    }
+
+    /// The memory the writes read from, for a prefill pool in `source_memory` (`host` or
+    /// `gpu`): the pool's, or its device staging buffer's (the same memory), or host memory
+    /// for the pinned host staging buffer.
+    pub fn write_memory(self, source_memory: &str) -> &str {
+        match self {
+            WriteLayout::Pages | WriteLayout::Packed => source_memory,
+            WriteLayout::PackedHost => "host",
+        }
+    }
+
+    /// The most staging memory this layout may take, given what the device reports (`info`):
+    /// at most [`STAGING_BUDGET_BYTES`] and half the memory the staging buffer comes out of
+    /// (the device's free memory for [`WriteLayout::Packed`], the host's available memory for
+    /// [`WriteLayout::PackedHost`] and on a device whose memory is host memory; no limit but
+    /// the fixed one when the backend cannot tell). 0 for [`WriteLayout::Pages`].
+    pub fn staging_limit(self, info: Option<MemoryInfo>) -> u64 {
+        if !self.stages() {
+            return 0;
+        }
+        let on_host = self == WriteLayout::PackedHost;
+        let free = info.map_or(u64::MAX, |m| {
+            if m.unified || on_host {
+                m.host_available
+            } else {
+                m.device_free
+            }
+        });
+        STAGING_BUDGET_BYTES.min(free / 2)
+    }
+}
+
+/// The most staging memory a packed write may take (one request's pages), before the memory it
+/// comes out of is also checked ([`WriteLayout::staging_limit`]).
+pub const STAGING_BUDGET_BYTES: u64 = 8 << 30;
 
 /// Bytes of staging a packed write of a request of `tokens` tokens needs on a decode host pool
 /// of geometry `host`: every page of every sparse layer.
@@ -289,6 +368,39 @@ mod tests {
             plan_packed_write(&dev, &src, &host, &bad, u64::MAX),
             Err(PdError::ManifestDuplicate { block: 1, .. })
         ));
+    }
+
+    #[test]
+    fn staging_is_limited_by_the_memory_it_comes_out_of() {
+        let info = |device_free: u64, host_available: u64, unified: bool| {
+            Some(MemoryInfo {
+                device_free,
+                host_available,
+                unified,
+            })
+        };
+        let gib = 1u64 << 30;
+        // Plenty of host memory, little device memory: only host staging has room.
+        let lean_gpu = info(gib, 64 * gib, false);
+        assert_eq!(WriteLayout::PackedHost.staging_limit(lean_gpu), 8 * gib);
+        assert_eq!(WriteLayout::Packed.staging_limit(lean_gpu), gib / 2);
+        // Device memory that is host memory: both draw on the host's.
+        let unified = info(64 * gib, gib, true);
+        assert_eq!(WriteLayout::Packed.staging_limit(unified), gib / 2);
+        // The fixed cap holds when the backend cannot tell; page by page stages nothing.
+        assert_eq!(
+            WriteLayout::PackedHost.staging_limit(None),
+            STAGING_BUDGET_BYTES
+        );
+        assert_eq!(WriteLayout::Pages.staging_limit(None), 0);
+        assert_eq!(WriteLayout::fastest_for(true), WriteLayout::PackedHost);
+        assert_eq!(WriteLayout::fastest_for(false), WriteLayout::Pages);
+        assert_eq!(WriteLayout::PackedHost.write_memory("gpu"), "host");
+        assert_eq!(WriteLayout::Packed.write_memory("gpu"), "gpu");
+        assert_eq!(
+            serde_json::to_string(&WriteLayout::PackedHost).unwrap(),
+            "\"packed-host\""
+        );
     }
 
     #[test]

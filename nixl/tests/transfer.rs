@@ -449,3 +449,153 @@ fn a_write_nobody_assigned_is_refused_on_arrival() {
     wait(prefill, &mut t);
     assert_eq!(decode.outstanding(), 1);
 }
+
+/// A request prefilled on a CPU runtime (its pages resident, filled with its page bytes), as an
+/// engine's prefill node has it: the runtime and the request's state row.
+fn prefilled_runtime(
+    request: u64,
+    tokens: u32,
+) -> (
+    hisparse_runtime::Runtime<hisparse_runtime::AnyDevice>,
+    hisparse_core::coordinator::Coordinator,
+    u32,
+) {
+    use hisparse_core::Device;
+    use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand};
+    use hisparse_runtime::{AnyDevice, BackendKind, Runtime, RuntimeConfig};
+    let kv = kv();
+    let dev = AnyDevice::open(BackendKind::Cpu, "").unwrap();
+    let mut cfg = RuntimeConfig::new(1, 1);
+    cfg.max_batched_tokens = cfg.max_batched_tokens.max(tokens);
+    let mut rt = Runtime::new(dev, kv.clone(), cfg).unwrap();
+    let mut coord = Coordinator::new(
+        kv,
+        CoordinatorConfig {
+            max_running: 1,
+            max_batched_tokens: tokens,
+            ..CoordinatorConfig::default()
+        },
+    )
+    .unwrap();
+    coord.admit(request, &vec![1; tokens as usize]).unwrap();
+    let mut cmd = OffloadCommand::default();
+    let mut slot = None;
+    while coord.num_computed(request).unwrap_or(0) < tokens {
+        coord.schedule_step().unwrap();
+        coord.build_offload_command_into(&mut cmd);
+        rt.begin_step(&cmd).unwrap();
+        slot = slot.or(cmd.scheduled.first().map(|sr| sr.slot));
+        rt.end_step(&cmd).unwrap();
+        rt.poll_and_report(&mut coord).unwrap();
+    }
+    let slot = slot.expect("the request was scheduled");
+    // The forward pass's rows: each page's bytes, in the block the resident table names.
+    let geometry = PoolGeometry::device(rt.layout()).unwrap();
+    let pages = geometry.pages_for(tokens);
+    let blocks: Vec<Vec<u32>> = (0..geometry.buckets)
+        .map(|k| {
+            let row = rt.resident_row(k, slot).unwrap();
+            row[..pages as usize].iter().map(|&b| b as u32).collect()
+        })
+        .collect();
+    let mut image = Memory::new(geometry.pool_bytes, 0);
+    let lists: Vec<&[u32]> = blocks.iter().map(|v| &v[..]).collect();
+    fill_source(&mut image, &geometry, request, &lists);
+    let (dev, pools) = rt.device_and_pools_mut();
+    dev.upload(
+        &mut pools.device,
+        0,
+        &image.bytes()[..geometry.pool_bytes as usize],
+    )
+    .unwrap();
+    (rt, coord, slot)
+}
+
+#[test]
+fn the_prefill_writer_writes_a_runtime_request_in_every_layout() {
+    use hisparse_nixl::{PrefillWriter, WriteLayout};
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !nixl_here("the_prefill_writer_writes_a_runtime_request_in_every_layout") {
+        return;
+    }
+    let host = PoolGeometry::host(&kv()).unwrap();
+    // 3 pages, the last one partial, into scattered host blocks (two runs).
+    let m = PageManifest {
+        request: 5,
+        tokens: 2 * 64 + 9,
+        host_blocks: vec![4, 5, host.num_blocks - 1],
+    };
+    let (rt, _coord, slot) = prefilled_runtime(m.request, m.tokens);
+    let pid = std::process::id();
+    for layout in [
+        WriteLayout::Pages,
+        WriteLayout::Packed,
+        WriteLayout::PackedHost,
+    ] {
+        let host_mem = Memory::new(host.pool_bytes, 0xAB);
+        // SAFETY: `host_mem` outlives `decode` (dropped at the end of the iteration, after
+        // it); only the issued manifest's blocks are written, read after its notice arrived.
+        let mut decode = unsafe {
+            DecodeSide::new(
+                &format!("writer-{}-decode-{pid}", layout.name()),
+                host_mem.region(),
+                host.clone(),
+            )
+        }
+        .unwrap();
+        // SAFETY: `rt` outlives the writer; the request's pages do not change while it runs.
+        let mut writer = unsafe {
+            PrefillWriter::new(
+                &format!("writer-{}-prefill-{pid}", layout.name()),
+                &rt,
+                0,
+                decode.offer().unwrap(),
+                layout,
+                m.tokens,
+                Duration::from_secs(30),
+            )
+        }
+        .unwrap();
+        decode.accept_from(writer.name());
+        decode.issue(m.clone()).unwrap();
+        let mut posted = writer.write(&rt, slot, &m).unwrap();
+        assert_eq!(posted.pack_seconds > 0.0, layout.stages(), "{layout:?}");
+        let per_page = m.pages() as u64 * host.layers.len() as u64;
+        let runs = 2 * host.layers.len() as u64;
+        assert_eq!(
+            posted.transfer.descriptors(),
+            if layout.stages() { runs } else { per_page },
+            "{layout:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut arrived = Vec::new();
+        while arrived.is_empty() {
+            writer.poll(&mut posted.transfer).unwrap();
+            arrived.extend(decode.poll().unwrap());
+            assert!(
+                Instant::now() < deadline,
+                "{layout:?}: no notification in 30 s"
+            );
+        }
+        assert_eq!(arrived, vec![Arrival::Import(m.clone())], "{layout:?}");
+        writer.wait(&mut posted.transfer, "the write").unwrap();
+        let expected = expected_pool(&host, 0xAB, std::slice::from_ref(&m));
+        let wrong = bytes_differing(host_mem.bytes(), &expected);
+        assert_eq!(
+            wrong, 0,
+            "{layout:?}: {wrong} bytes of the decode pool differ"
+        );
+        drop(writer);
+        drop(decode);
+    }
+    // A page the runtime does not hold is refused before anything moves.
+    let beyond = PageManifest {
+        tokens: 5 * 64,
+        host_blocks: vec![6, 7, 8, 9, 10],
+        ..m
+    };
+    assert!(matches!(
+        PrefillWriter::source_blocks(&rt, beyond.request, slot, beyond.pages()),
+        Err(PdError::PageNotResident { page: 3, .. })
+    ));
+}

@@ -18,6 +18,7 @@ pub mod rank;
 pub mod report;
 pub mod tp;
 pub mod verify;
+pub mod worker;
 pub mod workload;
 
 use hisparse_core::Device;
@@ -114,10 +115,11 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
     let accept_rate = args::decimal_in("accept-rate", &a.accept_rate, 0.0, 1.0)?;
     // One step computes the sampled token and the drafts; a multi-process run plans its layout
     // for the host pool its ranks share.
-    let options = crate::layout::PlanOptions {
+    let options = hisparse_runtime::plan::LayoutRequest {
         device_buffer_size: dbs,
         max_query_len: 1 + spec_tokens,
         shared_host_pool: tp > 1 && a.shared_host_pool,
+        ..crate::layout::request(0, 0, 0)
     };
     let spec = m.as_spec();
     let too_long = || {
@@ -134,28 +136,32 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
     let (length, shorten) = ("--context + --decode-steps", "--context or --decode-steps");
     // Provisional plan with ample memory, to learn block sizes and per-request needs: when even
     // that cannot hold one request, its length is what to change.
-    let probe = crate::layout::plan_unmapped(&spec, 1 << 36, 1 << 40, max_len, options).map_err(
-        |e| match e {
-            hisparse_core::layout::LayoutError::HostBudgetTooSmall { .. }
-            | hisparse_core::layout::LayoutError::GpuPoolTooSmall { .. }
-            | hisparse_core::layout::LayoutError::PoolTooLarge { .. }
-            | hisparse_core::layout::LayoutError::Overflow { .. } => CliError::usage(format!(
-                "--context {context} + --decode-steps {decode_steps} = {final_len} tokens per \
+    let probe_request = hisparse_runtime::plan::LayoutRequest {
+        gpu_mem: 1 << 36,
+        host_mem: 1 << 40,
+        max_model_len: max_len,
+        ..options
+    };
+    let probe = hisparse_runtime::plan::plan_model(&spec, &probe_request).map_err(|e| match e {
+        hisparse_core::layout::LayoutError::HostBudgetTooSmall { .. }
+        | hisparse_core::layout::LayoutError::GpuPoolTooSmall { .. }
+        | hisparse_core::layout::LayoutError::PoolTooLarge { .. }
+        | hisparse_core::layout::LayoutError::Overflow { .. } => CliError::usage(format!(
+            "--context {context} + --decode-steps {decode_steps} = {final_len} tokens per \
                  request are more than the simulation plans for (one request in 64 GiB of GPU \
                  memory and 1 TiB of host memory, block ids and rows within i32); lower {shorten}"
-            )),
-            other => crate::layout::layout_error(
-                other,
-                &crate::layout::PlanFlags {
-                    gpu: "--gpu-mem",
-                    host: "--host-mem",
-                    length,
-                    shorten,
-                    query: "--spec-tokens",
-                },
-            ),
-        },
-    )?;
+        )),
+        other => crate::layout::layout_error(
+            other,
+            &crate::layout::PlanFlags {
+                gpu: "--gpu-mem",
+                host: "--host-mem",
+                length,
+                shorten,
+                query: "--spec-tokens",
+            },
+        ),
+    })?;
     // Budgets given on the command line are the flags to change; derived ones grow with
     // --requests and the request length.
     let derived = "--requests, --context or --decode-steps (the default budget grows with them)";
@@ -204,7 +210,13 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         shorten,
         query: "--spec-tokens",
     };
-    let mut kv: KvCacheConfig = crate::layout::plan(&spec, gpu, host, max_len, options, &flags)?;
+    let req = hisparse_runtime::plan::LayoutRequest {
+        gpu_mem: gpu,
+        host_mem: host,
+        max_model_len: max_len,
+        ..options
+    };
+    let mut kv: KvCacheConfig = crate::layout::plan(&spec, &req, &flags)?;
     // Mirroring changes what the coordinator plans, not the layout.
     kv.config.eager_host_mirror = !a.no_eager_mirror;
     Ok(SimSetup {
@@ -265,8 +277,7 @@ pub fn simulate_tp(
 /// Prints the report (and writes the SVG), failing when any row mismatched.
 fn publish(a: &SimulateArgs, report: SimReport) -> CliResult<()> {
     if let Some(path) = &a.plot {
-        let hit: Vec<Option<f64>> = report.steps.iter().map(|s| s.hit_rate).collect();
-        let bytes: Vec<f64> = report.steps.iter().map(|s| s.h2d_bytes as f64).collect();
+        let (hit, bytes) = plot::by_decode_step(&report.steps);
         let title = format!(
             "hisparse simulate — {} on {}, {} requests × {} tokens",
             report.preset, report.backend, report.requests, report.context

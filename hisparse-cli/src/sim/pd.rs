@@ -55,91 +55,20 @@ pub const TRANSPORT: &str = "nixl";
 #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
 pub const BULK_DESCRIPTOR_BYTES: u64 = 5 << 19;
 
-/// The most staging memory a packed write may take (one request's pages), before the device's
-/// free memory is also checked.
-#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
-pub const STAGING_BUDGET_BYTES: u64 = 8 << 30;
+/// How the prefill side writes a request (`--pd-write`): the library's layouts.
+pub use hisparse_nixl::WriteLayout;
 
-/// Checks, before any staging memory is taken, that a packed write's `needed` bytes of
-/// staging fit: at most [`STAGING_BUDGET_BYTES`] and half the memory the staging buffer comes
-/// out of (`info`: the device's free memory for `packed`, the host's available memory for
-/// `packed-host` and on a device whose memory is host memory; no limit when the backend cannot
-/// tell). The error names the limit and what to change.
-#[cfg_attr(not(feature = "nixl"), allow(dead_code))]
-pub fn check_staging(
-    write: WriteLayout,
-    needed: u64,
-    info: Option<hisparse_core::MemoryInfo>,
-) -> CliResult<()> {
-    let on_host = write == WriteLayout::PackedHost;
-    let free = info.map_or(u64::MAX, |m| {
-        if m.unified || on_host {
-            m.host_available
-        } else {
-            m.device_free
-        }
-    });
-    hisparse_nixl::check_staging_budget(needed, STAGING_BUDGET_BYTES.min(free / 2)).map_err(|e| {
-        CliError::usage(format!(
-            "nixl: {e} (the {} staging of --pd-write {}; --pd-write pages writes without \
-             staging; a shorter --context needs less)",
-            if on_host { "pinned host" } else { "device" },
-            write.name()
-        ))
-    })
-}
-
-/// How the prefill side writes a request (`--pd-write`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "nixl", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "nixl", serde(rename_all = "kebab-case"))]
-pub enum WriteLayout {
-    /// One descriptor per (layer, page), straight from the prefill pool.
-    Pages,
-    /// Gathered on the prefill device into a device staging buffer in the host pool's order,
-    /// then one descriptor per layer and run of consecutive host blocks.
-    Packed,
-    /// Gathered into a pinned host staging buffer laid out as [`WriteLayout::Packed`]'s (the
-    /// backend's device → host copies), then written host → decode host pool with the same
-    /// descriptors. GPU memory into another process's host memory has no zero-copy transport
-    /// (UCX emulates those puts over TCP loopback); host → host memory has one.
-    PackedHost,
-}
-
-impl WriteLayout {
-    /// The layout `--pd-write` names for a prefill pool in GPU memory (`gpu_source`) or not.
-    pub fn parse(flag: &str, gpu_source: bool) -> CliResult<Self> {
-        match flag {
-            "pages" => Ok(WriteLayout::Pages),
-            "packed" => Ok(WriteLayout::Packed),
-            "packed-host" => Ok(WriteLayout::PackedHost),
-            "auto" if gpu_source => Ok(WriteLayout::PackedHost),
-            "auto" => Ok(WriteLayout::Pages),
-            other => Err(CliError::usage(format!(
-                "--pd-write {other}: give packed-host, packed, pages or auto"
-            ))),
-        }
-    }
-
-    /// Its name in reports.
-    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
-    pub fn name(self) -> &'static str {
-        match self {
-            WriteLayout::Pages => "pages",
-            WriteLayout::Packed => "packed",
-            WriteLayout::PackedHost => "packed-host",
-        }
-    }
-
-    /// The memory the NIXL writes read from, for a prefill pool in `source_memory` (`host` or
-    /// `gpu`): the pool's, or its device staging buffer's (the same memory), or host memory
-    /// for the pinned host staging buffer.
-    #[cfg_attr(not(feature = "nixl"), allow(dead_code))]
-    pub fn write_memory(self, source_memory: &str) -> &str {
-        match self {
-            WriteLayout::Pages | WriteLayout::Packed => source_memory,
-            WriteLayout::PackedHost => "host",
-        }
+/// The layout `--pd-write` names for a prefill pool in GPU memory (`gpu_source`) or not
+/// (`auto`: the fastest from that memory, [`WriteLayout::fastest_for`]).
+pub fn write_layout(flag: &str, gpu_source: bool) -> CliResult<WriteLayout> {
+    match flag {
+        "pages" => Ok(WriteLayout::Pages),
+        "packed" => Ok(WriteLayout::Packed),
+        "packed-host" => Ok(WriteLayout::PackedHost),
+        "auto" => Ok(WriteLayout::fastest_for(gpu_source)),
+        other => Err(CliError::usage(format!(
+            "--pd-write {other}: give packed-host, packed, pages or auto"
+        ))),
     }
 }
 
@@ -153,7 +82,7 @@ pub fn transport(a: &SimulateArgs, s: &SimSetup) -> CliResult<Option<&'static st
             "--pd {t}: the transport of the disaggregated path is nixl; give --pd nixl"
         )));
     }
-    WriteLayout::parse(&a.pd_write, false)?;
+    write_layout(&a.pd_write, false)?;
     let one_pair = "runs one prefill and one decode process";
     for (set, flag, why) in [
         (s.tp > 1, "--tp", one_pair),
@@ -185,7 +114,7 @@ pub fn simulate_pd(
         // SAFETY: this process has started no thread yet.
         unsafe { hisparse_nixl::ffi::transport_log_to_stderr() };
         let prefill_kv = prefill_layout(a, s)?;
-        let write = WriteLayout::parse(&a.pd_write, kind != hisparse_runtime::BackendKind::Cpu)?;
+        let write = write_layout(&a.pd_write, kind != hisparse_runtime::BackendKind::Cpu)?;
         let report = decode::run(kind, &a.backend.device, s, prefill_kv, write)?;
         report.publish(a.json)
     }
@@ -236,19 +165,16 @@ fn prefill_layout(
         .saturating_add(per.hisparse)
         .saturating_mul(2)
         .saturating_add(2);
-    let options = crate::layout::PlanOptions {
+    let req = hisparse_runtime::plan::LayoutRequest {
         device_buffer_size: Some(kv.device_buffer_size),
         max_query_len: kv.config.max_query_len,
-        shared_host_pool: false,
+        ..crate::layout::request(
+            blocks.saturating_mul(kv.bytes_per_block),
+            kv.host_pool_bytes(),
+            kv.max_model_len,
+        )
     };
-    let mut out = crate::layout::plan_unmapped(
-        &m.as_spec(),
-        blocks.saturating_mul(kv.bytes_per_block),
-        kv.host_pool_bytes(),
-        kv.max_model_len,
-        options,
-    )
-    .map_err(|e| {
+    let mut out = hisparse_runtime::plan::plan_model(&m.as_spec(), &req).map_err(|e| {
         CliError::usage(format!(
             "planning the prefill side's pool: {e}; lower --context or --requests"
         ))
@@ -336,6 +262,8 @@ impl ImportVerifier {
 #[cfg(feature = "nixl")]
 mod decode;
 #[cfg(feature = "nixl")]
+mod imports;
+#[cfg(feature = "nixl")]
 mod prefill;
 #[cfg(feature = "nixl")]
 mod protocol;
@@ -345,16 +273,16 @@ mod report;
 #[cfg(all(test, feature = "cpu"))]
 mod tests {
     use super::*;
-    use hisparse_backend_cpu::CpuDevice;
     use hisparse_core::Device;
     use hisparse_core::config::HiSparseConfig;
     use hisparse_core::layout::{LayoutInput, plan_layout};
     use hisparse_core::presets;
+    use hisparse_runtime::{AnyDevice, BackendKind};
 
     /// Writes the synthetic rows of `m`'s tokens into its host blocks, as a prefill side would.
     fn import(
-        dev: &CpuDevice,
-        host: &mut <CpuDevice as Device>::HostBuffer,
+        dev: &AnyDevice,
+        host: &mut <AnyDevice as Device>::HostBuffer,
         kv: &KvCacheConfig,
         m: &PageManifest,
     ) {
@@ -379,29 +307,17 @@ mod tests {
 
     #[test]
     fn write_layouts_parse_and_auto_stages_through_host_only_from_gpu_memory() {
-        assert_eq!(
-            WriteLayout::parse("auto", true).unwrap(),
-            WriteLayout::PackedHost
-        );
-        assert_eq!(
-            WriteLayout::parse("auto", false).unwrap(),
-            WriteLayout::Pages
-        );
+        assert_eq!(write_layout("auto", true).unwrap(), WriteLayout::PackedHost);
+        assert_eq!(write_layout("auto", false).unwrap(), WriteLayout::Pages);
         for gpu in [false, true] {
+            assert_eq!(write_layout("pages", gpu).unwrap(), WriteLayout::Pages);
+            assert_eq!(write_layout("packed", gpu).unwrap(), WriteLayout::Packed);
             assert_eq!(
-                WriteLayout::parse("pages", gpu).unwrap(),
-                WriteLayout::Pages
-            );
-            assert_eq!(
-                WriteLayout::parse("packed", gpu).unwrap(),
-                WriteLayout::Packed
-            );
-            assert_eq!(
-                WriteLayout::parse("packed-host", gpu).unwrap(),
+                write_layout("packed-host", gpu).unwrap(),
                 WriteLayout::PackedHost
             );
         }
-        let e = WriteLayout::parse("bulk", true).unwrap_err().to_string();
+        let e = write_layout("bulk", true).unwrap_err().to_string();
         assert!(e.contains("packed-host, packed, pages or auto"), "{e}");
         assert_eq!(WriteLayout::Packed.name(), "packed");
         assert_eq!(WriteLayout::PackedHost.name(), "packed-host");
@@ -409,41 +325,6 @@ mod tests {
         assert_eq!(WriteLayout::PackedHost.write_memory("gpu"), "host");
         assert_eq!(WriteLayout::Packed.write_memory("gpu"), "gpu");
         assert_eq!(WriteLayout::Pages.write_memory("host"), "host");
-    }
-
-    #[test]
-    fn staging_is_checked_against_the_memory_it_comes_out_of() {
-        let info = |device_free: u64, host_available: u64, unified: bool| {
-            Some(hisparse_core::MemoryInfo {
-                device_free,
-                host_available,
-                unified,
-            })
-        };
-        let gib = 1u64 << 30;
-        // Plenty of host memory, little device memory: only host staging fits.
-        let lean_gpu = info(gib, 64 * gib, false);
-        check_staging(WriteLayout::PackedHost, gib, lean_gpu).unwrap();
-        let e = check_staging(WriteLayout::Packed, gib, lean_gpu)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("staging") && e.contains("device"), "{e}");
-        // And the other way round.
-        let lean_host = info(64 * gib, gib, false);
-        check_staging(WriteLayout::Packed, gib, lean_host).unwrap();
-        let e = check_staging(WriteLayout::PackedHost, gib, lean_host)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("pinned host") && e.contains("packed-host"),
-            "{e}"
-        );
-        // Device memory that is host memory: both draw on the host's.
-        let unified = info(64 * gib, gib, true);
-        assert!(check_staging(WriteLayout::Packed, gib, unified).is_err());
-        // The fixed cap holds even when the backend cannot tell its free memory.
-        check_staging(WriteLayout::PackedHost, STAGING_BUDGET_BYTES, None).unwrap();
-        assert!(check_staging(WriteLayout::PackedHost, STAGING_BUDGET_BYTES + 1, None).is_err());
     }
 
     #[test]
@@ -457,7 +338,7 @@ mod tests {
         let mut input = LayoutInput::new(&two, &config, 0, 1024);
         input.num_gpu_blocks_override = Some(200);
         let kv = plan_layout(&input).unwrap();
-        let dev = CpuDevice::new();
+        let dev = AnyDevice::open(BackendKind::Cpu, "").unwrap();
         let mut host = dev.alloc_pinned(kv.host_pool_bytes() as usize).unwrap();
         let m = PageManifest {
             request: 3,

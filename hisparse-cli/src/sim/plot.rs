@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use super::report::StepStats;
 use crate::size::human;
 
 const W: f64 = 900.0;
@@ -10,7 +11,7 @@ const PANEL_H: f64 = 220.0;
 const LEFT: f64 = 90.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
-const GAP: f64 = 70.0;
+const GAP: f64 = 80.0;
 
 /// One panel's series (`None` = no value at that step: the line breaks).
 struct Panel<'a> {
@@ -69,13 +70,72 @@ fn panel(svg: &mut String, y0: f64, p: &Panel<'_>) {
         }
     }
     flush(&mut run, svg);
+    // Ticks at step 1 and every multiple of a round spacing, numbered.
+    let spacing = tick_spacing(p.values.len());
+    let ticks = std::iter::once(1).chain(
+        (spacing..=p.values.len())
+            .step_by(spacing)
+            .filter(|&k| k > 1),
+    );
+    for k in ticks.take_while(|_| !p.values.is_empty()) {
+        let xx = x(k - 1);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#888"/><text x="{xx:.1}" y="{:.1}" font-size="11" text-anchor="middle">{k}</text>"##,
+            y0 + PANEL_H,
+            y0 + PANEL_H + 4.0,
+            y0 + PANEL_H + 16.0,
+        );
+    }
     let _ = writeln!(
         svg,
-        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">decode step (1..{})</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">decode step of each request (1..{})</text>"#,
         LEFT + plot_w / 2.0,
-        y0 + PANEL_H + 18.0,
+        y0 + PANEL_H + 32.0,
         p.values.len()
     );
+}
+
+/// A round distance between numbered ticks (1, 2, 5, 10, 20, 50, ...) that numbers at most ten
+/// of `n` steps.
+fn tick_spacing(n: usize) -> usize {
+    let mut unit = 1;
+    loop {
+        for m in [1, 2, 5] {
+            if n <= 10 * m * unit {
+                return m * unit;
+            }
+        }
+        unit *= 10;
+    }
+}
+
+/// The run's per-step figures by decode step: point `k - 1` is every request's `k`-th decode
+/// step together (hit rate, host→device bytes), as if the requests decoded in lockstep. A step
+/// of the run in which several requests decode is shared among them in equal parts; steps that
+/// read nothing from host give no hit rate.
+pub fn by_decode_step(steps: &[StepStats]) -> (Vec<Option<f64>>, Vec<f64>) {
+    let n = steps
+        .iter()
+        .flat_map(|s| s.decode_steps.iter().copied())
+        .max()
+        .unwrap_or(0) as usize;
+    let (mut hits, mut misses, mut bytes) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    for s in steps {
+        let share = 1.0 / s.decode_steps.len().max(1) as f64;
+        for &k in &s.decode_steps {
+            let i = k as usize - 1;
+            hits[i] += s.hot_hits as f64 * share;
+            misses[i] += s.misses as f64 * share;
+            bytes[i] += s.h2d_bytes as f64 * share;
+        }
+    }
+    let hit_rate = hits
+        .iter()
+        .zip(&misses)
+        .map(|(&h, &m)| (h + m > 0.0).then(|| h / (h + m)))
+        .collect();
+    (hit_rate, bytes)
 }
 
 fn esc(s: &str) -> String {
@@ -87,7 +147,7 @@ fn esc(s: &str) -> String {
 /// Renders the SVG for per-step hit rates (0..=1; `None` where a step read nothing from host)
 /// and host→device bytes.
 pub fn render(title: &str, hit_rate: &[Option<f64>], h2d_bytes: &[f64]) -> String {
-    let h = TOP + 2.0 * PANEL_H + GAP + 40.0;
+    let h = TOP + 2.0 * PANEL_H + GAP + 50.0;
     let mut svg = String::new();
     let _ = writeln!(
         svg,
@@ -149,6 +209,46 @@ mod tests {
         // A step without host reads breaks the hit-rate line in two.
         let gap = render("gap", &[Some(0.5), None, Some(0.9)], &[1.0, 2.0, 3.0]);
         assert_eq!(gap.matches("<polyline").count(), 3);
+    }
+
+    #[test]
+    fn the_x_axis_counts_each_requests_decode_steps_and_is_numbered() {
+        let step = |hits: u64, misses: u64, bytes: u64, at: &[u32]| StepStats {
+            hot_hits: hits,
+            misses,
+            h2d_bytes: bytes,
+            decode_steps: at.to_vec(),
+            ..StepStats::default()
+        };
+        // Two requests of 3 decode steps, the second starting one step of the run later: 4
+        // steps of the run, 3 decode steps.
+        let steps = [
+            step(0, 0, 0, &[1]),
+            step(6, 2, 400, &[2, 1]),
+            step(8, 0, 200, &[3, 2]),
+            step(3, 1, 100, &[3]),
+        ];
+        let (hit, bytes) = by_decode_step(&steps);
+        assert_eq!(hit.len(), 3);
+        assert_eq!(hit[0], Some(3.0 / 4.0));
+        assert_eq!(hit[1], Some(7.0 / 8.0));
+        assert_eq!(hit[2], Some(7.0 / 8.0));
+        assert_eq!(bytes, vec![200.0, 300.0, 200.0]);
+        let svg = render("t", &hit, &bytes);
+        assert!(svg.contains("decode step of each request (1..3)"), "{svg}");
+        assert!(
+            svg.contains(">2</text>") && svg.contains(">3</text>"),
+            "{svg}"
+        );
+        // 48 steps: numbered every 5 (1, 5, 10, ... 45).
+        assert_eq!(tick_spacing(48), 5);
+        assert_eq!(tick_spacing(3), 1);
+        assert_eq!(tick_spacing(200), 20);
+        let svg = render("t", &[Some(0.5); 48], &[1.0; 48]);
+        assert!(
+            svg.contains("(1..48)") && svg.contains(">45</text>"),
+            "{svg}"
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@ use serde::Serialize;
 
 use crate::size::human;
 
-/// Per decode step.
+/// Per step of the run that decoded something (requests whose prompt is done, beside others'
+/// prefill chunks).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StepStats {
     /// Hot hits / (hits + misses) this step; `None` when nothing was read from host (every read
@@ -22,6 +23,10 @@ pub struct StepStats {
     pub planning_us: f64,
     /// Device-operation time in µs.
     pub device_us: f64,
+    /// The decode step each request decoding in this step is at (1 = its first after the
+    /// prompt), one entry per request: what the plot's x axis counts.
+    #[serde(skip)]
+    pub decode_steps: Vec<u32>,
 }
 
 /// One rank of a `--tp` run.

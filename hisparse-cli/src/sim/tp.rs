@@ -10,19 +10,26 @@
 //! copy-on-write begins on rank 0 first, and the other ranks begin once rank 0's copies are done
 //! (their restores read the copied pages). Every rank verifies every row it reads.
 //!
-//! The protocol is one JSON message per line over each worker's stdin and stdout: a
-//! [`Hello`], then [`ToRank`] messages answered by [`FromRank`] ones.
+//! The protocol is one JSON message per line over each worker's stdin and stdout
+//! ([`super::worker`]): a [`Hello`], then [`ToRank`] messages answered by [`FromRank`] ones.
 
-use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::{BufRead, Write};
 
 use hisparse_core::Device;
 use hisparse_core::coordinator::OffloadCommand;
-use hisparse_runtime::{AnyDevice, BackendKind, SharedHostPool, SharedSegment};
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+use hisparse_runtime::AnyDevice;
+use hisparse_runtime::{BackendKind, SharedHostPool, SharedSegment};
 use serde::{Deserialize, Serialize};
 
 use super::engine::{Ranks, SimSetup};
 use super::rank::{DecodeRow, Rank, RankStep};
+use super::worker::{Answer, WorkerProcess, recv, send, serve_worker};
 use crate::error::{CliError, CliResult};
 
 /// The hidden subcommand a worker process runs.
@@ -69,60 +76,18 @@ pub enum FromRank {
     Failed(String),
 }
 
-/// Writes `msg` as one line of JSON and flushes.
-pub(super) fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
-    serde_json::to_writer(&mut *w, msg)?;
-    w.write_all(b"\n")?;
-    w.flush()
-}
-
-/// Reads one line of JSON (waiting for it).
-pub(super) fn recv<T: for<'de> Deserialize<'de>>(
-    r: &mut impl BufRead,
-    line: &mut String,
-) -> Result<T, String> {
-    line.clear();
-    match r.read_line(line) {
-        Ok(0) => Err("the pipe closed".into()),
-        Ok(_) => serde_json::from_str(line).map_err(|e| format!("a malformed message ({e})")),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// One worker process.
-struct Worker {
-    child: Child,
-    to: BufWriter<ChildStdin>,
-    from: BufReader<ChildStdout>,
-    line: String,
-}
-
-impl Worker {
-    fn send(&mut self, rank: usize, msg: &ToRank) -> CliResult<()> {
-        send(&mut self.to, msg)
-            .map_err(|e| CliError::failed(format!("rank {rank}: cannot send to the worker: {e}")))
-    }
-
-    fn recv(&mut self, rank: usize) -> CliResult<FromRank> {
-        match recv(&mut self.from, &mut self.line) {
-            Ok(FromRank::Failed(m)) => Err(CliError::failed(format!("rank {rank}: {m}"))),
-            Ok(m) => Ok(m),
-            Err(e) => {
-                let status = self.child.try_wait().ok().flatten();
-                Err(CliError::failed(format!(
-                    "rank {rank}: the worker process stopped answering ({e}{})",
-                    status
-                        .map(|s| format!("; it exited with {s}"))
-                        .unwrap_or_default()
-                )))
-            }
+impl Answer for FromRank {
+    fn failure(&self) -> Option<&str> {
+        match self {
+            FromRank::Failed(m) => Some(m),
+            _ => None,
         }
     }
 }
 
 /// The worker processes of a `--tp` run.
 pub struct Processes {
-    workers: Vec<Worker>,
+    workers: Vec<WorkerProcess<FromRank>>,
     names: (String, String),
     /// The shared host pool: this process keeps the segment's name alive while the ranks run.
     _pool: Option<SharedSegment>,
@@ -132,9 +97,6 @@ impl Processes {
     /// Starts `s.tp` workers of this executable on backend `backend` (device `device`, or one
     /// per rank when empty) and waits until each has its runtime.
     pub fn start(backend: BackendKind, device: &str, s: &SimSetup) -> CliResult<Self> {
-        let exe = std::env::current_exe().map_err(|e| {
-            CliError::failed(format!("cannot find this executable to start ranks: {e}"))
-        })?;
         let pool = if s.shared_host_pool {
             let name = SharedSegment::unique_name("hisparse-pool");
             Some(
@@ -146,24 +108,6 @@ impl Processes {
         };
         let mut workers = Vec::with_capacity(s.tp as usize);
         for rank in 0..s.tp {
-            let mut child = Command::new(&exe)
-                .arg(RANK_SUBCOMMAND)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| CliError::failed(format!("cannot start rank {rank}: {e}")))?;
-            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                return Err(CliError::failed(format!(
-                    "rank {rank}: no pipes to the worker"
-                )));
-            };
-            let mut w = Worker {
-                child,
-                to: BufWriter::new(stdin),
-                from: BufReader::new(stdout),
-                line: String::new(),
-            };
             let hello = Hello {
                 rank,
                 backend: backend.name().to_string(),
@@ -172,14 +116,16 @@ impl Processes {
                 writes_host: pool.is_none() || rank == 0,
                 setup: s.clone(),
             };
-            send(&mut w.to, &hello).map_err(|e| {
-                CliError::failed(format!("rank {rank}: cannot send to the worker: {e}"))
-            })?;
-            workers.push(w);
+            workers.push(WorkerProcess::start(
+                RANK_SUBCOMMAND,
+                format!("rank {rank}"),
+                &[],
+                &hello,
+            )?);
         }
         let mut names = (String::new(), String::new());
         for (rank, w) in workers.iter_mut().enumerate() {
-            match w.recv(rank)? {
+            match w.recv()? {
                 FromRank::Ready(b, d) if rank == 0 => names = (b, d),
                 FromRank::Ready(..) => {}
                 _ => return Err(CliError::failed(format!("rank {rank}: unexpected answer"))),
@@ -195,7 +141,7 @@ impl Processes {
     fn collect(&mut self) -> CliResult<Vec<RankStep>> {
         let mut out = Vec::with_capacity(self.workers.len());
         for (rank, w) in self.workers.iter_mut().enumerate() {
-            match w.recv(rank)? {
+            match w.recv()? {
                 FromRank::Step(s) => out.push(*s),
                 _ => return Err(CliError::failed(format!("rank {rank}: unexpected answer"))),
             }
@@ -219,7 +165,7 @@ impl Ranks for Processes {
         // restores read the pages it wrote.
         let barrier = self._pool.is_some() && !cmd.host_cow.is_empty();
         for rank in 0..self.workers.len() {
-            self.workers[rank].send(rank, &msg)?;
+            self.workers[rank].send(&msg)?;
             if barrier && rank == 0 {
                 self.expect_begun(0)?;
             }
@@ -233,26 +179,18 @@ impl Ranks for Processes {
     fn finish(&mut self, _cmd: &OffloadCommand, decode: &[DecodeRow]) -> CliResult<Vec<RankStep>> {
         let msg = ToRank::Finish(decode.to_vec());
         for rank in 0..self.workers.len() {
-            self.workers[rank].send(rank, &msg)?;
+            self.workers[rank].send(&msg)?;
         }
         self.collect()
     }
 
     fn drain(&mut self) -> CliResult<Vec<RankStep>> {
         for rank in 0..self.workers.len() {
-            self.workers[rank].send(rank, &ToRank::Drain)?;
+            self.workers[rank].send(&ToRank::Drain)?;
         }
         let out = self.collect()?;
-        for (rank, w) in self.workers.iter_mut().enumerate() {
-            let status = w
-                .child
-                .wait()
-                .map_err(|e| CliError::failed(format!("rank {rank}: {e}")))?;
-            if !status.success() {
-                return Err(CliError::failed(format!(
-                    "rank {rank} exited with {status}"
-                )));
-            }
+        for w in &mut self.workers {
+            w.wait()?;
         }
         Ok(out)
     }
@@ -260,44 +198,54 @@ impl Ranks for Processes {
 
 impl Processes {
     fn expect_begun(&mut self, rank: usize) -> CliResult<()> {
-        match self.workers[rank].recv(rank)? {
+        match self.workers[rank].recv()? {
             FromRank::Begun => Ok(()),
             _ => Err(CliError::failed(format!("rank {rank}: unexpected answer"))),
         }
     }
 }
 
-impl Drop for Processes {
-    fn drop(&mut self) {
-        // A run that failed leaves no worker behind.
-        for w in &mut self.workers {
-            if w.child.try_wait().ok().flatten().is_none() {
-                let _ = w.child.kill();
-                let _ = w.child.wait();
-            }
-        }
-    }
-}
-
 /// The worker process: reads its [`Hello`] and then serves [`ToRank`] messages until `Drain`.
 pub fn rank_main() -> CliResult<()> {
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
-    let stdout = std::io::stdout();
-    let mut output = BufWriter::new(stdout.lock());
-    let mut line = String::new();
-    let hello: Hello = recv(&mut input, &mut line).map_err(|e| {
-        CliError::failed(format!(
-            "{RANK_SUBCOMMAND} is started by `hisparse simulate --tp N`, not by hand ({e})"
-        ))
-    })?;
-    let result = open_rank(&hello).and_then(|rank| serve(rank, &mut input, &mut output));
-    if let Err(e) = &result {
-        let _ = send(&mut output, &FromRank::Failed(e.to_string()));
-    }
-    result
+    serve_worker(
+        &format!("{RANK_SUBCOMMAND} is started by `hisparse simulate --tp N`"),
+        FromRank::Failed,
+        |hello: Hello, input, output| serve_rank(&hello, input, output),
+    )
 }
 
+/// Opens the rank's device and serves the coordinator's messages.
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
+fn serve_rank(h: &Hello, input: &mut impl BufRead, output: &mut impl Write) -> CliResult<()> {
+    open_rank(h).and_then(|rank| serve(rank, input, output))
+}
+
+/// Without a backend compiled in there is no device to open.
+#[cfg(not(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+)))]
+fn serve_rank(h: &Hello, _: &mut impl BufRead, _: &mut impl Write) -> CliResult<()> {
+    let kind: BackendKind = h
+        .backend
+        .parse()
+        .map_err(|e: hisparse_runtime::UnknownBackend| CliError::usage(e.to_string()))?;
+    Err(CliError::NotCompiled(kind.name()))
+}
+
+#[cfg(any(
+    feature = "cpu",
+    feature = "cuda",
+    feature = "vulkan",
+    feature = "rocm"
+))]
 /// Opens the rank's device and builds its runtime over its host pool.
 fn open_rank(h: &Hello) -> CliResult<Rank<AnyDevice>> {
     let kind: BackendKind = h

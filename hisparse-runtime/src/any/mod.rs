@@ -436,6 +436,35 @@ macro_rules! pm {
     };
 }
 
+/// A remap's buffers, each as backend `b`'s own (for [`Device::remap`] and
+/// [`Device::remap_modes`]).
+fn remap_args<'a, B>(
+    a: RemapArgs<'a, AnyBuffer>,
+    b: &'static str,
+) -> Result<RemapArgs<'a, B>, AnyError>
+where
+    AnyBuffer: Pick<B>,
+{
+    Ok(RemapArgs {
+        req_id: p!(a.req_id, b),
+        block_table: p!(a.block_table, b),
+        topk: p!(a.topk, b),
+        idx_mapping: match a.idx_mapping {
+            Some(m) => Some(p!(m, b)),
+            None => None,
+        },
+        out: pm!(a.out, b),
+        counts: match a.counts {
+            Some(c) => Some(pm!(c, b)),
+            None => None,
+        },
+        stats: match a.stats {
+            Some(s) => Some(pm!(s, b)),
+            None => None,
+        },
+    })
+}
+
 impl Device for AnyDevice {
     type Error = AnyError;
     type Buffer = AnyBuffer;
@@ -651,16 +680,45 @@ impl Device for AnyDevice {
     ) -> Result<(), AnyError> {
         dispatch!(self, d => {
             let b = d.backend();
-            let args = RemapArgs {
-                req_id: p!(a.req_id, b),
-                block_table: p!(a.block_table, b),
-                topk: p!(a.topk, b),
-                idx_mapping: match a.idx_mapping { Some(m) => Some(p!(m, b)), None => None },
-                out: pm!(a.out, b),
-                counts: match a.counts { Some(c) => Some(pm!(c, b)), None => None },
-                stats: match a.stats { Some(s) => Some(pm!(s, b)), None => None },
+            Ok(d.remap(p!(stream, b), desc, remap_args(a, b)?)?)
+        })
+    }
+
+    fn remap_modes(
+        &self,
+        stream: &AnyStream,
+        desc: &RemapModesDesc,
+        a: RemapModesArgs<'_, AnyBuffer>,
+    ) -> Result<(), AnyError> {
+        dispatch!(self, d => {
+            let b = d.backend();
+            let args = RemapModesArgs {
+                remap: remap_args(a.remap, b)?,
+                prefill_req_id: match a.prefill_req_id { Some(x) => Some(p!(x, b)), None => None },
+                workspace_starts: match a.workspace_starts {
+                    Some(x) => Some(p!(x, b)),
+                    None => None,
+                },
             };
-            Ok(d.remap(p!(stream, b), desc, args)?)
+            Ok(d.remap_modes(p!(stream, b), desc, args)?)
+        })
+    }
+
+    fn indexer_backup(
+        &self,
+        stream: &AnyStream,
+        desc: &IndexerBackupDesc<'_>,
+        a: IndexerBackupArgs<'_, AnyBuffer, AnyHostBuffer>,
+    ) -> Result<(), AnyError> {
+        dispatch!(self, d => {
+            let b = d.backend();
+            let args = IndexerBackupArgs {
+                device_slots: p!(a.device_slots, b),
+                host_slots: p!(a.host_slots, b),
+                device: p!(a.device, b),
+                host: pm!(a.host, b),
+            };
+            Ok(d.indexer_backup(p!(stream, b), desc, args)?)
         })
     }
 
@@ -765,50 +823,6 @@ impl Device for AnyDevice {
         })
     }
 
-    fn remap_modes(
-        &self,
-        stream: &AnyStream,
-        desc: &RemapModesDesc,
-        a: RemapModesArgs<'_, AnyBuffer>,
-    ) -> Result<(), AnyError> {
-        dispatch!(self, d => {
-            let b = d.backend();
-            let r = a.remap;
-            let args = RemapModesArgs {
-                remap: RemapArgs {
-                    req_id: p!(r.req_id, b),
-                    block_table: p!(r.block_table, b),
-                    topk: p!(r.topk, b),
-                    idx_mapping: match r.idx_mapping { Some(m) => Some(p!(m, b)), None => None },
-                    out: pm!(r.out, b),
-                    counts: match r.counts { Some(c) => Some(pm!(c, b)), None => None },
-                    stats: match r.stats { Some(s) => Some(pm!(s, b)), None => None },
-                },
-                prefill_req_id: match a.prefill_req_id { Some(x) => Some(p!(x, b)), None => None },
-                workspace_starts: match a.workspace_starts { Some(x) => Some(p!(x, b)), None => None },
-            };
-            Ok(d.remap_modes(p!(stream, b), desc, args)?)
-        })
-    }
-
-    fn indexer_backup(
-        &self,
-        stream: &AnyStream,
-        desc: &IndexerBackupDesc<'_>,
-        a: IndexerBackupArgs<'_, AnyBuffer, AnyHostBuffer>,
-    ) -> Result<(), AnyError> {
-        dispatch!(self, d => {
-            let b = d.backend();
-            let args = IndexerBackupArgs {
-                device_slots: p!(a.device_slots, b),
-                host_slots: p!(a.host_slots, b),
-                device: p!(a.device, b),
-                host: pm!(a.host, b),
-            };
-            Ok(d.indexer_backup(p!(stream, b), desc, args)?)
-        })
-    }
-
     fn compressed_slot_mapping(
         &self,
         stream: &AnyStream,
@@ -829,6 +843,7 @@ impl Device for AnyDevice {
     }
 }
 
+mod address;
 mod host_pool;
 // The engine-lending entries: the only `unsafe` code of this crate.
 #[allow(unsafe_code)]

@@ -2,145 +2,45 @@
 //! each request on its own runtime and writes its pages into the host blocks the decode side
 //! assigned (page by page, packed on the device, or packed into pinned host memory).
 
-use std::io::{BufRead, BufWriter, Write};
-use std::time::Instant;
+use std::io::{BufRead, Write};
 
 use hisparse_core::Device;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand};
-use hisparse_core::ops::BufferLen;
-use hisparse_nixl::{MemoryKind, PackedWrite, PoolGeometry, PrefillSide, Region, Transfer};
-use hisparse_runtime::{AnyBuffer, AnyDevice, AnyHostBuffer, BackendKind, Runtime, RuntimeConfig};
+use hisparse_nixl::{MemoryKind, PdError, PrefillWriter, Region};
+use hisparse_runtime::{AnyBuffer, AnyDevice, BackendKind, Runtime, RuntimeConfig};
 
 use super::super::forward::Forward;
-use super::super::tp::{recv, send};
+use super::super::worker::{recv, send, serve_worker};
 use super::protocol::{
     BulkSource, FromPrefill, Hello, SILENCE, ToPrefill, nixl_err, prompt, region, rt_err,
 };
-use super::{PREFILL_SUBCOMMAND, WriteLayout, check_staging};
+use super::{PREFILL_SUBCOMMAND, WriteLayout};
 use crate::error::{CliError, CliResult};
 
 /// The prefill process.
 pub(super) fn prefill_main() -> CliResult<()> {
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
-    let stdout = std::io::stdout();
-    let mut output = BufWriter::new(stdout.lock());
-    let mut line = String::new();
-    let hello: Hello = recv(&mut input, &mut line).map_err(|e| {
-        CliError::failed(format!(
-            "{PREFILL_SUBCOMMAND} is started by `hisparse simulate --pd nixl`, not by hand ({e})"
-        ))
-    })?;
-    let result = serve(&hello, &mut input, &mut output);
-    if let Err(e) = &result {
-        let _ = send(&mut output, &FromPrefill::Failed(e.to_string()));
-    }
-    result
+    serve_worker(
+        &format!("{PREFILL_SUBCOMMAND} is started by `hisparse simulate --pd nixl`"),
+        FromPrefill::Failed,
+        |hello: Hello, input, output| serve(&hello, input, output),
+    )
 }
 
-/// The prefill pool as a NIXL region: GPU memory on CUDA, host memory on the CPU backend.
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-pub(super) fn pool_region(pool: &AnyBuffer, ordinal: u32) -> CliResult<Region> {
-    match pool {
-        #[cfg(feature = "cpu")]
-        AnyBuffer::Cpu(b) => Ok(region(b.address() as u64, b.byte_len(), MemoryKind::Host)),
-        #[cfg(feature = "cuda")]
-        AnyBuffer::Cuda(b) => Ok(region(
-            b.device_address(),
-            b.byte_len(),
-            MemoryKind::Device { ordinal },
+/// A refused staging buffer, with the flags that change it.
+pub(super) fn staging_refusal(write: WriteLayout, e: PdError) -> CliError {
+    match e {
+        PdError::StagingBudget { .. } => CliError::usage(format!(
+            "nixl: {e} (the {} staging of --pd-write {}; --pd-write pages writes without \
+             staging; a shorter --context needs less)",
+            if write == WriteLayout::PackedHost {
+                "pinned host"
+            } else {
+                "device"
+            },
+            write.name()
         )),
-        #[allow(unreachable_patterns)]
-        _ => Err(CliError::usage(
-            "--pd nixl writes from the prefill pool through NIXL, which reaches host memory \
-             (--backend cpu) and CUDA memory (--backend cuda); give one of those",
-        )),
+        other => nixl_err(other),
     }
-}
-
-/// Polls `t` until it completed (its polls are what make it progress), at most [`SILENCE`].
-pub(super) fn wait_for(side: &PrefillSide, t: &mut Transfer, what: &str) -> CliResult<()> {
-    let since = Instant::now();
-    while !side.poll(t).map_err(nixl_err)? {
-        if since.elapsed() > SILENCE {
-            return Err(CliError::failed(format!(
-                "{what} did not complete in {} s",
-                SILENCE.as_secs()
-            )));
-        }
-        std::hint::spin_loop();
-    }
-    Ok(())
-}
-
-/// A packed write's staging buffer: on the prefill device, or pinned host memory.
-pub(super) enum Staging {
-    /// Device memory (`--pd-write packed`).
-    Device(AnyBuffer),
-    /// Pinned host memory (`--pd-write packed-host`).
-    Host(AnyHostBuffer),
-}
-
-/// Fills `staging` with request `uid`'s pages as `plan` lays them out, on the runtime's
-/// copy stream, and returns once the copies completed: the seconds they took. Device
-/// staging waits for the stream; host staging records one event after the device → host
-/// copies and polls it (at most [`SILENCE`]).
-pub(super) fn pack(
-    rt: &Runtime<AnyDevice>,
-    plan: &PackedWrite,
-    staging: &mut Staging,
-    uid: u64,
-) -> CliResult<f64> {
-    let what = "packing a request's pages";
-    let packing = Instant::now();
-    let (dev, pool, stream) = (rt.device(), &rt.pools().device, rt.copy_stream());
-    match staging {
-        Staging::Device(buf) => {
-            for c in &plan.copies {
-                dev.copy_on_device(
-                    stream,
-                    pool,
-                    c.src as usize,
-                    buf,
-                    c.dst as usize,
-                    c.len as usize,
-                )
-                .map_err(|e| CliError::device(what, e))?;
-            }
-            dev.synchronize(stream)
-                .map_err(|e| CliError::device(what, e))?;
-        }
-        Staging::Host(buf) => {
-            for c in &plan.copies {
-                dev.copy_to_host(
-                    stream,
-                    pool,
-                    c.src as usize,
-                    buf,
-                    c.dst as usize,
-                    c.len as usize,
-                )
-                .map_err(|e| CliError::device(what, e))?;
-            }
-            let copied = dev
-                .record_event(stream)
-                .map_err(|e| CliError::device(what, e))?;
-            while !dev
-                .query_event(&copied)
-                .map_err(|e| CliError::device(what, e))?
-            {
-                if packing.elapsed() > SILENCE {
-                    return Err(CliError::failed(format!(
-                        "the device → host staging copies of request {uid} did not complete \
-                         in {} s",
-                        SILENCE.as_secs()
-                    )));
-                }
-                std::hint::spin_loop();
-            }
-        }
-    }
-    Ok(packing.elapsed().as_secs_f64())
 }
 
 pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write) -> CliResult<()> {
@@ -160,63 +60,32 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
     runtime_config.max_batched_tokens = runtime_config.max_batched_tokens.max(s.max_batched_tokens);
     let mut rt = Runtime::new(dev, kv.clone(), runtime_config)
         .map_err(|e| CliError::failed(format!("setting up the prefill runtime: {e}")))?;
-    let geometry = PoolGeometry::device(&kv).map_err(nixl_err)?;
-    let local = pool_region(&rt.pools().device, ordinal)?;
     let name = format!("hisparse-prefill-{}", std::process::id());
-    // Registered memory besides the pool, declared before `side` so that it is dropped
-    // (freed) only after the side (its registrations) is: the bulk writes' host and device
-    // sources, and the packed writes' staging buffer.
+    // The bulk writes' host and device sources: registered memory declared before `writer`,
+    // so that it is dropped (freed) only after the writer (its registrations) is.
     let mut host_bulk: Vec<u64> = Vec::new();
     let mut device_bulk: Option<(AnyBuffer, Region)> = None;
-    let mut staging: Option<(Staging, Region)> = None;
-    let staging_needed = match h.write {
-        WriteLayout::Packed | WriteLayout::PackedHost => {
-            // The budget is checked before any staging memory is taken: the device's free
-            // memory for device staging, the host's available memory for pinned host
-            // staging (alloc_pinned then also checks the pinned share of RAM).
-            let needed = hisparse_nixl::staging_bytes_for(&h.offer.geometry, s.context);
-            check_staging(h.write, needed, rt.device().memory_info())?;
-            needed
-        }
-        WriteLayout::Pages => 0,
-    };
-    // SAFETY: the GPU pool belongs to `rt`, which outlives `side` (dropped explicitly
+    // SAFETY: the GPU pool belongs to `rt`, which outlives `writer` (dropped explicitly
     // before it below); a request's pages are not written, and its blocks not handed to
     // another request, until its write completed (one request at a time, the coordinator
     // not stepped while a write is in flight).
-    let mut side =
-        unsafe { PrefillSide::new(&name, local, geometry, h.offer.clone()) }.map_err(nixl_err)?;
-    if staging_needed > 0 {
-        let (buf, r) = if h.write == WriteLayout::PackedHost {
-            let buf = rt
-                .device()
-                .alloc_pinned(staging_needed as usize)
-                .map_err(|e| CliError::device("allocating the host staging buffer", e))?;
-            let r = region(
-                rt.device().pinned_address(&buf) as u64,
-                buf.byte_len(),
-                MemoryKind::Host,
-            );
-            (Staging::Host(buf), r)
-        } else {
-            let buf = rt
-                .device()
-                .alloc(staging_needed as usize)
-                .map_err(|e| CliError::device("allocating the staging buffer", e))?;
-            let r = pool_region(&buf, ordinal)?;
-            (Staging::Device(buf), r)
-        };
-        // SAFETY: `staging` outlives `side` (declared before it); the buffer is written only
-        // by the packing copies of a request before its write is posted, and not again until
-        // that write completed.
-        unsafe { side.register(r) }.map_err(nixl_err)?;
-        staging = Some((buf, r));
+    let mut writer = unsafe {
+        PrefillWriter::new(
+            &name,
+            &rt,
+            ordinal,
+            h.offer.clone(),
+            h.write,
+            s.context,
+            SILENCE,
+        )
     }
+    .map_err(|e| staging_refusal(h.write, e))?;
     let (b, d) = (
         rt.device().backend().to_string(),
         rt.device().device_name().to_string(),
     );
-    send(output, &FromPrefill::Ready(side.name().to_string(), b, d)).map_err(io)?;
+    send(output, &FromPrefill::Ready(writer.name().to_string(), b, d)).map_err(io)?;
 
     let mut line = String::new();
     // Bulk writes until the decode side starts the imports.
@@ -238,9 +107,9 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
                                 host_bulk.len() as u64 * 8,
                                 MemoryKind::Host,
                             );
-                            // SAFETY: `host_bulk` is dropped after `side` and never written
+                            // SAFETY: `host_bulk` is dropped after `writer` and never written
                             // again (a later bulk write of more bytes is refused below).
-                            unsafe { side.register(r) }.map_err(nixl_err)?;
+                            unsafe { writer.side_mut().register(r) }.map_err(nixl_err)?;
                         }
                         region(
                             host_bulk.as_ptr() as u64,
@@ -256,10 +125,11 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
                             let buf = rt.device().alloc(bytes as usize).map_err(|e| {
                                 CliError::device("allocating the bulk write's source", e)
                             })?;
-                            let r = pool_region(&buf, ordinal)?;
-                            // SAFETY: `device_bulk` is dropped after `side`; nothing writes
+                            let r = hisparse_nixl::device_region(rt.device(), &buf, ordinal)
+                                .map_err(nixl_err)?;
+                            // SAFETY: `device_bulk` is dropped after `writer`; nothing writes
                             // the buffer while it is registered.
-                            unsafe { side.register(r) }.map_err(nixl_err)?;
+                            unsafe { writer.side_mut().register(r) }.map_err(nixl_err)?;
                             device_bulk = Some((buf, r));
                             r
                         }
@@ -268,8 +138,11 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
                 if bytes > src.len {
                     return Err(CliError::failed("bulk writes of growing sizes"));
                 }
-                let mut t = side.bulk(&src, bytes, descriptor_bytes).map_err(nixl_err)?;
-                wait_for(&side, &mut t, "the bulk write")?;
+                let mut t = writer
+                    .side_mut()
+                    .bulk(&src, bytes, descriptor_bytes)
+                    .map_err(nixl_err)?;
+                writer.wait(&mut t, "the bulk write").map_err(nixl_err)?;
                 let secs = t.elapsed().map_or(f64::INFINITY, |e| e.as_secs_f64());
                 send(output, &FromPrefill::BulkSent(secs, t.descriptors())).map_err(io)?;
             }
@@ -360,38 +233,17 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
             ToPrefill::Manifest(m) if m.request == uid => m,
             _ => return Err(CliError::failed("the decode side spoke out of turn")),
         };
-        // The GPU block of every page, per bucket; all must be resident.
-        let pages = manifest.pages() as usize;
-        let mut sources: Vec<Vec<u32>> = Vec::with_capacity(nb as usize);
-        for b in 0..nb {
-            let row = rt.resident_row(b, slot).unwrap_or_default();
-            let mut list = Vec::with_capacity(pages);
-            for p in 0..pages {
-                match row.get(p).copied() {
-                    Some(block) if block > 0 => list.push(block as u32),
-                    _ => {
-                        return Err(CliError::failed(format!(
-                            "page {p} of request {uid} (bucket {b}) is not on the prefill \
-                             side's GPU: its pool is too small for a request; lower \
-                             --context"
-                        )));
-                    }
-                }
-            }
-            sources.push(list);
-        }
-        let lists: Vec<&[u32]> = sources.iter().map(|v| &v[..]).collect();
-        let (mut t, pack_seconds) = match &mut staging {
-            None => (side.send(&manifest, &lists).map_err(nixl_err)?, 0.0),
-            Some((buf, r)) => {
-                let plan = side
-                    .plan_packed(&manifest, &lists, r.len)
-                    .map_err(nixl_err)?;
-                let pack_seconds = pack(&rt, &plan, buf, uid)?;
-                (side.send_packed(r, &plan).map_err(nixl_err)?, pack_seconds)
-            }
-        };
-        wait_for(&side, &mut t, &format!("the write of request {uid}"))?;
+        let posted = writer.write(&rt, slot, &manifest).map_err(|e| match e {
+            PdError::PageNotResident { .. } => CliError::failed(format!(
+                "nixl: {e} (the prefill side's pool is too small for a request; lower \
+                     --context)"
+            )),
+            e => nixl_err(e),
+        })?;
+        let (mut t, pack_seconds) = (posted.transfer, posted.pack_seconds);
+        writer
+            .wait(&mut t, &format!("the write of request {uid}"))
+            .map_err(nixl_err)?;
         let secs = t.elapsed().map_or(f64::INFINITY, |e| e.as_secs_f64());
         send(
             output,
@@ -411,9 +263,48 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
         ToPrefill::Done => {}
         _ => return Err(CliError::failed("the decode side spoke out of turn")),
     }
-    drop(side);
-    drop((host_bulk, device_bulk, staging));
+    drop(writer);
+    drop((host_bulk, device_bulk));
     rt.drain()
         .map_err(|e| CliError::failed(format!("prefill runtime: {e}")))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hisparse_core::MemoryInfo;
+
+    #[test]
+    fn a_refused_staging_buffer_names_the_memory_and_the_flags() {
+        let gib = 1u64 << 30;
+        let info = |device_free: u64, host_available: u64| {
+            Some(MemoryInfo {
+                device_free,
+                host_available,
+                unified: false,
+            })
+        };
+        let check = |write: WriteLayout, info: Option<MemoryInfo>| {
+            hisparse_nixl::check_staging_budget(gib, write.staging_limit(info))
+                .map_err(|e| staging_refusal(write, e))
+        };
+        // Plenty of host memory, little device memory: only host staging fits.
+        let lean_gpu = info(gib, 64 * gib);
+        check(WriteLayout::PackedHost, lean_gpu).unwrap();
+        let e = check(WriteLayout::Packed, lean_gpu).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let e = e.to_string();
+        assert!(e.contains("staging") && e.contains("device"), "{e}");
+        // And the other way round.
+        let lean_host = info(64 * gib, gib);
+        check(WriteLayout::Packed, lean_host).unwrap();
+        let e = check(WriteLayout::PackedHost, lean_host)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pinned host") && e.contains("packed-host"),
+            "{e}"
+        );
+    }
 }
