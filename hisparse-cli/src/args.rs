@@ -177,6 +177,10 @@ pub struct SimulateArgs {
     /// auto (packed-host from GPU memory, pages from host memory).
     #[arg(long, default_value = "auto")]
     pub pd_write: String,
+    /// With --pd: the prefill side's device (the same selector as --device; default: the decode
+    /// side's --device), so prefill and decode run on two GPUs of one machine.
+    #[arg(long)]
+    pub pd_prefill_device: Option<String>,
     /// Emit JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -265,6 +269,12 @@ pub fn refuse_idle_flags(m: &clap::ArgMatches) -> crate::error::CliResult<()> {
             if given("pd_write") && !given("pd") {
                 idle.push(
                     "--pd-write says how the prefill side of --pd writes, and no --pd was given; give --pd nixl or drop --pd-write"
+                        .into(),
+                );
+            }
+            if given("pd_prefill_device") && !given("pd") {
+                idle.push(
+                    "--pd-prefill-device chooses the prefill side's device of --pd, and no --pd was given; give --pd nixl or drop --pd-prefill-device"
                         .into(),
                 );
             }

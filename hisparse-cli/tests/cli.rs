@@ -835,7 +835,8 @@ fn simulate_deepseek_v4_rolls_back_several_drafts() {
 }
 
 /// A flag that would do nothing with the rest of the command line is refused with one line
-/// saying what to change, before anything runs: `--pd-write` without `--pd` (which ran the
+/// saying what to change, before anything runs: `--pd-write` or `--pd-prefill-device` without
+/// `--pd` (which ran the
 /// default simulation), `--accept-rate` without drafts, `--preset` beside `--model` (the model
 /// silently won), `--print-model` beside the planning flags it ignores, and `--device` for the
 /// CPU backend, which has one.
@@ -845,6 +846,10 @@ fn flags_that_would_do_nothing_are_refused() {
         (
             &["simulate", "--pd-write", "pages"][..],
             &["--pd-write", "--pd nixl"][..],
+        ),
+        (
+            &["simulate", "--pd-prefill-device", "0"],
+            &["--pd-prefill-device", "--pd nixl"],
         ),
         (
             &["simulate", "--accept-rate", "0.5"],

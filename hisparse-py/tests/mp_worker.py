@@ -4,6 +4,7 @@ or on CUDA with PyTorch tensors and the process's own current stream), commands 
 out over a pipe — as wire bytes or as pickles."""
 
 import hashlib
+import os
 
 import hisparse
 import scenario
@@ -35,6 +36,14 @@ def main(conn, rank: int, transport: str, shape: dict, backend: str = "cpu") -> 
             import torch
 
             ops = scenario.TorchOps(torch)
+            # HISPARSE_WORKER_GPUS=N (N > 1): worker r on GPU r % N, its pools and its current
+            # stream there and its runtime opened on that device (a machine with N GPUs).
+            gpus = int(os.environ.get("HISPARSE_WORKER_GPUS", "1"))
+            if gpus > 1:
+                if torch.cuda.device_count() < gpus:
+                    raise RuntimeError(f"HISPARSE_WORKER_GPUS={gpus} but {torch.cuda.device_count()} GPUs")
+                torch.cuda.set_device(rank % gpus)
+                ops.device = str(rank % gpus)
         worker = scenario.Worker(s, layout, lend_pools=True, worker=rank, ops=ops)
         while (cmd := receive(conn, transport, layout)) is not None:
             worker.execute(cmd)

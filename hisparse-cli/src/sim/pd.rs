@@ -115,7 +115,14 @@ pub fn simulate_pd(
         unsafe { hisparse_nixl::ffi::transport_log_to_stderr() };
         let prefill_kv = prefill_layout(a, s)?;
         let write = write_layout(&a.pd_write, kind != hisparse_runtime::BackendKind::Cpu)?;
-        let report = decode::run(kind, &a.backend.device, s, prefill_kv, write)?;
+        let report = decode::run(
+            kind,
+            &a.backend.device,
+            a.pd_prefill_device.as_deref(),
+            s,
+            prefill_kv,
+            write,
+        )?;
         report.publish(a.json)
     }
     #[cfg(not(feature = "nixl"))]

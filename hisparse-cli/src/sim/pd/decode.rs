@@ -54,6 +54,7 @@ fn start_prefill(hello: &Hello) -> CliResult<PrefillProcess> {
 pub(super) fn run(
     kind: BackendKind,
     device: &str,
+    prefill_device: Option<&str>,
     s: &SimSetup,
     prefill_kv: KvCacheConfig,
     write: WriteLayout,
@@ -95,7 +96,9 @@ pub(super) fn run(
     let offer = decode.offer().map_err(nixl_err)?;
     let mut prefill = start_prefill(&Hello {
         backend: kind.name().to_string(),
-        device: (!device.trim().is_empty()).then(|| device.to_string()),
+        device: Some(prefill_device.unwrap_or(device))
+            .filter(|d| !d.trim().is_empty())
+            .map(str::to_string),
         setup: s.clone(),
         prefill_kv,
         offer,
