@@ -1,5 +1,5 @@
 //! The decode path captured into a CUDA graph as an engine captures it (`harness = false`): the
-//! scenario of `gpu-kernels/tests/support/capture_scenario.rs` with the engine side through the
+//! scenario of `hisparse_conformance::scenarios::capture` with the engine side through the
 //! raw driver API — `cuStreamBeginCapture` in global mode on the engine's stream (what
 //! `torch.cuda.graph` does), `cuStreamEndCapture`, `cuGraphInstantiate`, `cuGraphLaunch` — and the
 //! backend wrapping that stream inside the capture ([`CudaDevice::wrap_stream`]).
@@ -10,10 +10,7 @@ use cudarc::driver::sys::{self, CUresult};
 use hisparse_backend_cuda::{CudaDevice, CudaStream};
 use hisparse_core::{Device, Error as _, ErrorKind};
 
-#[path = "../../gpu-kernels/tests/support/capture_scenario.rs"]
-mod capture_scenario;
-
-use capture_scenario::Res;
+use hisparse_conformance::scenarios::{Res, capture};
 
 fn ok(call: &str, code: CUresult) -> Res<()> {
     if code == CUresult::CUDA_SUCCESS {
@@ -32,7 +29,7 @@ struct Graph {
     exec: sys::CUgraphExec,
 }
 
-impl capture_scenario::Engine<CudaDevice> for Driver {
+impl capture::Engine<CudaDevice> for Driver {
     type Stream = sys::CUstream;
     type Graph = Graph;
 
@@ -125,7 +122,7 @@ fn main() {
         }
     };
     println!("device: {}", dev.device_name());
-    match capture_scenario::run(&dev, &mut Driver) {
+    match capture::run(&dev, &mut Driver) {
         Ok(()) => {
             let (lists, bytes) = dev.list_arena_use();
             println!("list arena: {lists} lists, {bytes} bytes");

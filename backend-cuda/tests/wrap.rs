@@ -17,10 +17,8 @@ use cudarc::driver::sys::{self, CUresult};
 use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaHostBuffer, CudaStream};
 use hisparse_core::{Device, Error as _, ErrorKind};
 
-#[path = "../../gpu-kernels/tests/support/lending_scenario.rs"]
-mod lending_scenario;
-
-use lending_scenario::{Lender, Owned, Res, compare, scenario};
+use hisparse_conformance::scenarios::Res;
+use hisparse_conformance::scenarios::lending::{Lender, Owned, compare, scenario};
 
 fn e(err: CudaError) -> String {
     format!("{err} [{}]", err.kind())

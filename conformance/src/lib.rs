@@ -3,6 +3,7 @@
 
 mod cases;
 mod rng;
+pub mod scenarios;
 mod util;
 
 use std::fmt;
