@@ -7,15 +7,16 @@
 //! rows over 20 layers (a fused launch of 16 layers and a gather launch of the other 4), resident
 //! pages, host rows beyond the pool, duplicate entries and a corrupt LRU.
 
+use hisparse_core::Device;
 use hisparse_core::ops::copy::gather_rows;
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::{
     GatherArgs, GatherDesc, LayerPair, PageLayout, ResolveArgs, ResolveDesc, ResolveSlices,
 };
-use hisparse_core::{Device, Error as _, ErrorKind};
 
 use super::{Res, device_err, download_i32, upload_i32};
-use crate::{SplitMix64, backend_name_of, device_required};
+use crate::SplitMix64;
+use crate::check::Check;
 
 /// How a backend's test reaches its fused launch on `D`. The [`Device`] trait's
 /// `resolve_and_gather` may choose the resolve and the gather as two launches for small batches;
@@ -384,42 +385,25 @@ pub fn run_all<D: Device>(
 }
 
 /// The `main` of a backend's `harness = false` fused test: `--list` names the scenarios, the first
-/// free argument filters them, and a device that is not found (`ErrorKind::NotFound`) reports
-/// every scenario skipped unless `HISPARSE_REQUIRE_DEVICE=1` (then, like any other open error, a
-/// failure). Exits non-zero on any failure, or when the filter selected nothing.
+/// free argument filters them, and a device that is not found reports every scenario skipped
+/// unless `HISPARSE_REQUIRE_DEVICE=1` ([`Check::device`]). Exits non-zero on any failure, or when
+/// the filter selected nothing.
 pub fn main_with<D, F>(open: F, hook: impl Fused<D>) -> !
 where
     D: Device,
     F: FnOnce() -> Result<D, D::Error>,
 {
+    let cases: Vec<String> = SCENARIOS
+        .iter()
+        .map(|sc| format!("fused/{}", sc.name))
+        .collect();
+    let check = Check::of("fused resolve-and-gather", &cases);
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        for sc in SCENARIOS {
-            println!("fused/{}: test", sc.name);
-        }
-        std::process::exit(0);
-    }
     let filter = args
         .iter()
         .find(|a| !a.starts_with('-'))
         .map(String::as_str);
-    let backend = backend_name_of::<D>();
-    let dev = match open() {
-        Ok(d) => d,
-        Err(err) if err.kind() == ErrorKind::NotFound && !device_required() => {
-            println!("SKIPPED: fused resolve-and-gather: no {backend} device: {err}");
-            println!("0 passed, 0 failed, {} skipped", SCENARIOS.len());
-            std::process::exit(0);
-        }
-        Err(err) => {
-            println!(
-                "FAILED: fused resolve-and-gather: cannot open a {backend} device: {}",
-                device_err(err)
-            );
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
+    let dev = check.device(open());
     println!("device: {}", dev.device_name());
     let passed = matches!(run_all(&dev, &hook, filter), Ok(n) if n > 0);
     std::process::exit(if passed { 0 } else { 1 })
