@@ -1,8 +1,8 @@
-//! Scenarios that need a backend hook beyond [`Device`](hisparse_core::Device): engine-lent buffers
-//! and streams ([`lending`]), a graph captured through the driver's own API ([`capture`]), a
-//! backend's fused swap-in launch ([`fused`]). Each is generic over the device and a small trait
-//! the backend's test implements; the CUDA backend runs them on a GPU, the ROCm backend against
-//! the HIP test double (and on a GPU).
+//! Scenarios that need a backend hook beyond [`Device`]: engine-lent buffers and streams
+//! ([`lending`]), a graph captured through the driver's own API ([`capture`]), a backend's fused
+//! swap-in launch ([`fused`]). Each is generic over the device and a small trait the backend's
+//! test implements; the CUDA backend runs them on a GPU, the ROCm backend against the HIP test
+//! double (and on a GPU).
 
 pub mod capture;
 pub mod fused;
