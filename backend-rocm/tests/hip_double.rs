@@ -57,11 +57,6 @@ const CASES: &[(&str, Env)] = &[
     ("constant-layer-tables-placed-once", &[]),
 ];
 
-fn required() -> bool {
-    std::env::var("HISPARSE_REQUIRE_DEVICE")
-        .is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"))
-}
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--child") {
@@ -105,7 +100,7 @@ fn main() -> ExitCode {
         for (name, _) in &selected {
             println!("skip {name}");
         }
-        if missing && required() {
+        if missing && hisparse_conformance::device_required() {
             println!("0 passed, 1 failed (HISPARSE_REQUIRE_DEVICE=1 demands a HIP runtime)");
             return ExitCode::FAILURE;
         }

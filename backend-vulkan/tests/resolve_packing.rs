@@ -9,6 +9,7 @@ use hisparse_backend_vulkan::{
     ResolveKernel, TestShape, VulkanBuffer, VulkanDevice, VulkanOptions,
 };
 use hisparse_conformance::SplitMix64;
+use hisparse_conformance::check::device_or_skip;
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::{ResolveArgs, ResolveDesc, ResolveSlices};
 use hisparse_core::{Device, Error, ErrorKind};
@@ -63,16 +64,9 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
         ("portable", TestShape::default(), ResolveKernel::Portable),
     ];
     for (what, shape, kernel) in runs {
-        let dev = match VulkanDevice::open_shaped("", &VulkanOptions::default(), shape) {
-            Ok(d) => d,
-            Err(e)
-                if e.kind() == ErrorKind::NotFound
-                    && std::env::var("HISPARSE_REQUIRE_DEVICE").is_err() =>
-            {
-                eprintln!("SKIPPED: no Vulkan device: {e}");
-                return;
-            }
-            Err(e) => panic!("open: {e}"),
+        let opened = VulkanDevice::open_shaped("", &VulkanOptions::default(), shape);
+        let Some(dev) = device_or_skip(opened).expect("open") else {
+            return;
         };
         match dev.set_resolve_kernel(kernel) {
             Ok(()) => {}

@@ -4,6 +4,7 @@
 //! as the suite's: `SKIPPED: …` or `FAILED: …` lines, then `N passed, M failed[, K skipped]`.
 
 use std::fmt::Display;
+use std::io::Write;
 
 use hisparse_core::{Device, Error as _, ErrorKind};
 
@@ -17,6 +18,25 @@ pub const REQUIRE_NVRTC_ENV: &str = "HISPARSE_REQUIRE_NVRTC";
 pub fn flag_set(name: &str) -> bool {
     std::env::var(name)
         .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
+}
+
+/// For a libtest test, which should not end the process: `Ok(None)` when `open` found no device
+/// (`ErrorKind::NotFound`) and [`REQUIRE_DEVICE_ENV`] is unset, after a `SKIPPED` line on stderr
+/// (written directly, past libtest's capture of a passing test's output); the device, or any
+/// other error, as they came.
+pub fn device_or_skip<D: Device>(open: Result<D, D::Error>) -> Result<Option<D>, D::Error> {
+    match open {
+        Ok(dev) => Ok(Some(dev)),
+        Err(e) if e.kind() == ErrorKind::NotFound && !crate::device_required() => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: no {} device: {e}",
+                backend_name_of::<D>()
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// One test binary's check: its name, and how many cases a skip reports.
