@@ -8,7 +8,6 @@
 use hisparse_backend_vulkan::{TestShape, VulkanDevice, VulkanOptions};
 use hisparse_conformance::check::device_or_skip;
 use hisparse_conformance::{CaseError, cases};
-use hisparse_core::{Error, ErrorKind};
 
 const CASE: &str = "streams/event-orders-streams";
 const TRIES: usize = 5;
