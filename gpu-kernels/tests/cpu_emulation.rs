@@ -23,6 +23,7 @@ use std::process::Command;
 use gk::plan::{self, Plan, Target};
 use gk::{Kernel, Param};
 use hisparse_conformance::SplitMix64;
+use hisparse_conformance::check::Check;
 use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
 use hisparse_core::ops::indexer_backup::indexer_backup;
 use hisparse_core::ops::invalidate::invalidate;
@@ -1381,23 +1382,11 @@ fn check_tables(emu: &Emu, rng: &mut SplitMix64) -> Result<(), String> {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        println!("kernels_match_reference_on_cpu: test");
-        return;
-    }
-    let required = std::env::var("HISPARSE_REQUIRE_CXX")
-        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+    let check = Check::one("kernels_match_reference_on_cpu");
     let emu = match build() {
         Ok(e) => e,
-        Err(e) if !required && e.starts_with("no C++ compiler") => {
-            println!("SKIPPED: kernels_match_reference_on_cpu: {e}");
-            println!("0 passed, 0 failed, 1 skipped");
-            return;
-        }
-        Err(e) => {
-            println!("FAILED: {e}");
-            std::process::exit(1);
-        }
+        Err(e) if e.starts_with("no C++ compiler") => check.missing("HISPARSE_REQUIRE_CXX", e),
+        Err(e) => check.finish(Err(e)),
     };
     let cases: u64 = std::env::var("HISPARSE_EMU_CASES")
         .ok()
@@ -1469,11 +1458,11 @@ fn main() {
     for f in &failures {
         println!("FAILED: {f}");
     }
-    if failures.is_empty() {
+    let result = if failures.is_empty() {
         println!("ok: {cases} random seeds of every kernel match the reference on the CPU");
-        println!("1 passed, 0 failed");
+        Ok(())
     } else {
-        println!("0 passed, {} failed", failures.len());
-        std::process::exit(1);
-    }
+        Err(format!("{} failures", failures.len()))
+    };
+    check.finish(result)
 }
