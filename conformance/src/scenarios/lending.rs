@@ -11,14 +11,14 @@
 
 use hisparse_core::Device;
 use hisparse_core::ops::remap::remap;
-
-use super::{Res, device_err};
-use crate::SplitMix64;
 use hisparse_core::ops::{
     BlockPair, Direction, GatherArgs, GatherDesc, HotResetDesc, LayerPair, PageCopyDesc,
     PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, TableWrite,
     TableWriteDesc,
 };
+
+use super::{Res, device_err};
+use crate::SplitMix64;
 
 /// Where a scenario's buffers and stream come from.
 pub trait Lender<D: Device> {
