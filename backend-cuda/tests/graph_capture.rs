@@ -1,5 +1,5 @@
 //! The decode path captured into a CUDA graph as an engine captures it (`harness = false`): the
-//! scenario of `gpu-kernels/tests/support/capture_scenario.rs` with the engine side through the
+//! scenario of `hisparse_conformance::scenarios::capture` with the engine side through the
 //! raw driver API — `cuStreamBeginCapture` in global mode on the engine's stream (what
 //! `torch.cuda.graph` does), `cuStreamEndCapture`, `cuGraphInstantiate`, `cuGraphLaunch` — and the
 //! backend wrapping that stream inside the capture ([`CudaDevice::wrap_stream`]).
@@ -8,12 +8,10 @@
 
 use cudarc::driver::sys::{self, CUresult};
 use hisparse_backend_cuda::{CudaDevice, CudaStream};
-use hisparse_core::{Device, Error as _, ErrorKind};
+use hisparse_conformance::check::Check;
+use hisparse_core::{Device, Error as _};
 
-#[path = "../../gpu-kernels/tests/support/capture_scenario.rs"]
-mod capture_scenario;
-
-use capture_scenario::Res;
+use hisparse_conformance::scenarios::{Res, capture};
 
 fn ok(call: &str, code: CUresult) -> Res<()> {
     if code == CUresult::CUDA_SUCCESS {
@@ -32,7 +30,7 @@ struct Graph {
     exec: sys::CUgraphExec,
 }
 
-impl capture_scenario::Engine<CudaDevice> for Driver {
+impl capture::Engine<CudaDevice> for Driver {
     type Stream = sys::CUstream;
     type Graph = Graph;
 
@@ -103,38 +101,12 @@ impl capture_scenario::Engine<CudaDevice> for Driver {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        println!("decode_path_in_a_global_mode_graph: test");
-        return;
-    }
-    let required = std::env::var("HISPARSE_REQUIRE_DEVICE")
-        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
-    let dev = match CudaDevice::open(0) {
-        Ok(d) => d,
-        Err(err) if err.kind() == ErrorKind::NotFound && !required => {
-            println!("SKIPPED: decode_path_in_a_global_mode_graph: no CUDA device: {err}");
-            println!("0 passed, 0 failed, 1 skipped");
-            return;
-        }
-        Err(err) => {
-            println!(
-                "FAILED: decode_path_in_a_global_mode_graph: cannot open CUDA device 0: {err}"
-            );
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
+    let check = Check::one("decode_path_in_a_global_mode_graph");
+    let dev = check.device(CudaDevice::open(0));
     println!("device: {}", dev.device_name());
-    match capture_scenario::run(&dev, &mut Driver) {
-        Ok(()) => {
-            let (lists, bytes) = dev.list_arena_use();
-            println!("list arena: {lists} lists, {bytes} bytes");
-            println!("1 passed, 0 failed");
-        }
-        Err(msg) => {
-            println!("FAILED: decode_path_in_a_global_mode_graph: {msg}");
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    }
+    let result = capture::run(&dev, &mut Driver).map(|()| {
+        let (lists, bytes) = dev.list_arena_use();
+        println!("list arena: {lists} lists, {bytes} bytes");
+    });
+    check.finish(result)
 }

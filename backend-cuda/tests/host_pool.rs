@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUresult};
 use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaHostBuffer};
+use hisparse_conformance::check::Check;
 use hisparse_core::ops::{GatherArgs, GatherDesc, LayerPair, PageLayout};
-use hisparse_core::{Device, Error as _, ErrorKind};
+use hisparse_core::{Device, Error as _};
 use hisparse_host_memory::{HostPoolConfig, Registration, is_mapped, wait_for_releases};
 
 type Res<T> = Result<T, String>;
@@ -207,42 +208,18 @@ fn run(dev: &CudaDevice) -> Res<Vec<String>> {
 
 fn main() {
     const NAME: &str = "host_pool_registered_in_chunks_read_through_the_device_mapping";
-    if std::env::args().any(|a| a == "--list") {
-        println!("{NAME}: test");
-        return;
-    }
-    let required = std::env::var("HISPARSE_REQUIRE_DEVICE")
-        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
-    let dev = match CudaDevice::open(0) {
-        Ok(d) => d,
-        Err(err) if err.kind() == ErrorKind::NotFound && !required => {
-            println!("SKIPPED: {NAME}: no CUDA device: {err}");
-            println!("0 passed, 0 failed, 1 skipped");
-            return;
-        }
-        Err(err) => {
-            println!("FAILED: {NAME}: cannot open CUDA device 0: {err}");
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
+    let check = Check::one(NAME);
+    let dev = check.device(CudaDevice::open(0));
     println!(
         "device {} (NUMA node {:?})",
         dev.device_name(),
         dev.numa_node()
     );
-    match run(&dev) {
-        Ok(lines) => {
-            for l in lines {
-                println!("  {l}");
-            }
-            println!("ok: {NAME}");
-            println!("1 passed, 0 failed");
+    let result = run(&dev).map(|lines| {
+        for l in lines {
+            println!("  {l}");
         }
-        Err(msg) => {
-            println!("FAILED: {NAME}: {msg}");
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    }
+        println!("ok: {NAME}");
+    });
+    check.finish(result)
 }

@@ -6,28 +6,15 @@
 //! turns the skip into a failure (CI sets it).
 
 use hisparse_backend_cuda::nvrtc;
+use hisparse_conformance::check::{Check, REQUIRE_NVRTC_ENV};
 use hisparse_gpu_kernels::Kernel;
 
 const ARCHES: &[&str] = &["compute_80", "compute_90"];
 
-fn required() -> bool {
-    std::env::var("HISPARSE_REQUIRE_NVRTC")
-        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
-}
-
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        println!("kernels_compile_with_nvrtc: test");
-        return;
-    }
+    let check = Check::one("kernels_compile_with_nvrtc");
     if let Err(e) = nvrtc::ensure() {
-        if required() {
-            eprintln!("FAILED: HISPARSE_REQUIRE_NVRTC=1 but {e}");
-            std::process::exit(1);
-        }
-        println!("SKIPPED: kernels_compile_with_nvrtc: {e}");
-        println!("0 passed, 0 failed, 1 skipped");
-        return;
+        check.missing(REQUIRE_NVRTC_ENV, e);
     }
     let (major, minor) = nvrtc::version().expect("NVRTC version");
     let mut failed = 0;
@@ -57,9 +44,9 @@ fn main() {
             }
         }
     }
-    if failed > 0 {
-        println!("0 passed, {failed} failed");
-        std::process::exit(1);
-    }
-    println!("1 passed, 0 failed");
+    check.finish(if failed == 0 {
+        Ok(())
+    } else {
+        Err(format!("{failed} failures"))
+    })
 }

@@ -12,8 +12,9 @@
 //! Without a GPU the test says `SKIPPED` and passes, unless `HISPARSE_REQUIRE_DEVICE=1`.
 
 use hisparse_backend_cuda::{CudaDevice, CudaError};
+use hisparse_conformance::check::Check;
 use hisparse_core::ops::{GatherArgs, GatherDesc, LayerPair, PageLayout};
-use hisparse_core::{Device, Error as _, ErrorKind};
+use hisparse_core::{Device, Error as _};
 use hisparse_host_memory::SharedSegment;
 
 type Res<T> = Result<T, String>;
@@ -143,27 +144,8 @@ fn run(first: &CudaDevice, second: &CudaDevice) -> Res<()> {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        println!("shared_host_pool_seen_through_two_mappings: test");
-        return;
-    }
-    let required = std::env::var("HISPARSE_REQUIRE_DEVICE")
-        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
-    let first = match CudaDevice::open(0) {
-        Ok(d) => d,
-        Err(err) if err.kind() == ErrorKind::NotFound && !required => {
-            println!("SKIPPED: shared_host_pool_seen_through_two_mappings: no CUDA device: {err}");
-            println!("0 passed, 0 failed, 1 skipped");
-            return;
-        }
-        Err(err) => {
-            println!(
-                "FAILED: shared_host_pool_seen_through_two_mappings: cannot open CUDA device 0: {err}"
-            );
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
+    let check = Check::one("shared_host_pool_seen_through_two_mappings");
+    let first = check.device(CudaDevice::open(0));
     // Two ranks on two GPUs where the machine has them, else both on device 0.
     let second = CudaDevice::open(1).ok();
     let second_ref = second.as_ref().unwrap_or(&first);
@@ -172,12 +154,5 @@ fn main() {
         first.device_name(),
         second_ref.device_name()
     );
-    match run(&first, second_ref) {
-        Ok(()) => println!("1 passed, 0 failed"),
-        Err(msg) => {
-            println!("FAILED: shared_host_pool_seen_through_two_mappings: {msg}");
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    }
+    check.finish(run(&first, second_ref))
 }

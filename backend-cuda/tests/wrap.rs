@@ -15,12 +15,11 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys::{self, CUresult};
 use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaHostBuffer, CudaStream};
+use hisparse_conformance::check::Check;
 use hisparse_core::{Device, Error as _, ErrorKind};
 
-#[path = "../../gpu-kernels/tests/support/lending_scenario.rs"]
-mod lending_scenario;
-
-use lending_scenario::{Lender, Owned, Res, compare, scenario};
+use hisparse_conformance::scenarios::Res;
+use hisparse_conformance::scenarios::lending::{Lender, Owned, compare, scenario};
 
 fn e(err: CudaError) -> String {
     format!("{err} [{}]", err.kind())
@@ -296,32 +295,8 @@ fn run(dev: &CudaDevice) -> Res<()> {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        println!("engine_owned_memory_and_streams: test");
-        return;
-    }
-    let required = std::env::var("HISPARSE_REQUIRE_DEVICE")
-        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
-    let dev = match CudaDevice::open(0) {
-        Ok(d) => d,
-        Err(err) if err.kind() == ErrorKind::NotFound && !required => {
-            println!("SKIPPED: engine_owned_memory_and_streams: no CUDA device: {err}");
-            println!("0 passed, 0 failed, 1 skipped");
-            return;
-        }
-        Err(err) => {
-            println!("FAILED: engine_owned_memory_and_streams: cannot open CUDA device 0: {err}");
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
+    let check = Check::one("engine_owned_memory_and_streams");
+    let dev = check.device(CudaDevice::open(0));
     println!("device: {}", dev.device_name());
-    match run(&dev) {
-        Ok(()) => println!("1 passed, 0 failed"),
-        Err(msg) => {
-            println!("FAILED: engine_owned_memory_and_streams: {msg}");
-            println!("0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    }
+    check.finish(run(&dev))
 }

@@ -10,11 +10,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-git -C "$root" archive HEAD hisparse-core gpu-kernels Cargo.toml Cargo.lock | tar -x -C "$work"
+git -C "$root" archive HEAD hisparse-core conformance gpu-kernels Cargo.toml Cargo.lock | tar -x -C "$work"
 cd "$work"
-# A workspace of the two crates the check needs.
+# A workspace of the crates the check needs (the test draws its inputs from the conformance crate).
 awk 'BEGIN { skip = 0 }
-    /^members = \[/ { print "members = [\"hisparse-core\", \"gpu-kernels\"]"; skip = 1; next }
+    /^members = \[/ { print "members = [\"hisparse-core\", \"conformance\", \"gpu-kernels\"]"; skip = 1; next }
     skip && /^\]/ { skip = 0; next }
     !skip { print }' Cargo.toml > Cargo.toml.new
 mv Cargo.toml.new Cargo.toml

@@ -21,11 +21,7 @@ use hisparse_core::ops::{
 };
 use hisparse_core::{Device, Error, ErrorKind};
 
-#[path = "../../gpu-kernels/tests/support/lending_scenario.rs"]
-mod lending_scenario;
-
-#[path = "../../gpu-kernels/tests/support/capture_scenario.rs"]
-mod capture_scenario;
+use hisparse_conformance::scenarios::{capture, lending};
 
 type Env = &'static [(&'static str, &'static str)];
 
@@ -60,11 +56,6 @@ const CASES: &[(&str, Env)] = &[
     ("decode-path-in-a-global-mode-graph", &[]),
     ("constant-layer-tables-placed-once", &[]),
 ];
-
-fn required() -> bool {
-    std::env::var("HISPARSE_REQUIRE_DEVICE")
-        .is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"))
-}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -109,7 +100,7 @@ fn main() -> ExitCode {
         for (name, _) in &selected {
             println!("skip {name}");
         }
-        if missing && required() {
+        if missing && hisparse_conformance::device_required() {
             println!("0 passed, 1 failed (HISPARSE_REQUIRE_DEVICE=1 demands a HIP runtime)");
             return ExitCode::FAILURE;
         }
@@ -847,7 +838,7 @@ impl Engine {
     }
 }
 
-impl lending_scenario::Lender<RocmDevice> for Engine {
+impl lending::Lender<RocmDevice> for Engine {
     fn buffer(
         &mut self,
         dev: &RocmDevice,
@@ -916,7 +907,7 @@ impl lending_scenario::Lender<RocmDevice> for Engine {
 /// registered memory is unregistered, and bad arguments are refused.
 fn engine_owned_memory_and_streams() -> Result<(), String> {
     let dev = open()?;
-    let owned = lending_scenario::scenario(&dev, &mut lending_scenario::Owned)?;
+    let owned = lending::scenario(&dev, &mut lending::Owned)?;
     let mut engine = Engine {
         hip: EngineHip::load(dev.runtime_path())?,
         device: Vec::new(),
@@ -924,8 +915,8 @@ fn engine_owned_memory_and_streams() -> Result<(), String> {
         plain: Vec::new(),
         streams: Vec::new(),
     };
-    let lent = lending_scenario::scenario(&dev, &mut engine)?;
-    lending_scenario::compare(&owned, &lent)?;
+    let lent = lending::scenario(&dev, &mut engine)?;
+    lending::compare(&owned, &lent)?;
     for &(p, _) in &engine.plain {
         if engine.hip.memory_type(p.cast()) != 0 {
             return Err("memory the backend registered is still pinned after drop".into());
@@ -1141,7 +1132,7 @@ impl HipGraphs {
     }
 }
 
-impl capture_scenario::Engine<RocmDevice> for HipGraphs {
+impl capture::Engine<RocmDevice> for HipGraphs {
     type Stream = *mut c_void;
     /// `(graph, executable graph)`.
     type Graph = (*mut c_void, *mut c_void);
@@ -1215,14 +1206,14 @@ impl capture_scenario::Engine<RocmDevice> for HipGraphs {
     }
 }
 
-/// `capture_scenario` on the ROCm backend, the double as the runtime: a wrap, a staged list, a
+/// `capture::run` on the ROCm backend, the double as the runtime: a wrap, a staged list, a
 /// fused resolve-and-gather with a workspace and a remap captured in global mode (the double
 /// refuses every unsafe call of a thread not in relaxed mode, and invalidates the capture),
 /// then an eager step and six replays, bit-exact against the reference.
 fn decode_path_in_a_global_mode_graph() -> Result<(), String> {
     let dev = open()?;
     let mut engine = HipGraphs::load(dev.runtime_path())?;
-    capture_scenario::run(&dev, &mut engine)
+    capture::run(&dev, &mut engine)
 }
 
 /// A copy's layer table is the same on every call of its group: the backend places it in its

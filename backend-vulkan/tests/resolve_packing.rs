@@ -8,25 +8,11 @@
 use hisparse_backend_vulkan::{
     ResolveKernel, TestShape, VulkanBuffer, VulkanDevice, VulkanOptions,
 };
+use hisparse_conformance::SplitMix64;
+use hisparse_conformance::check::device_or_skip;
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::{ResolveArgs, ResolveDesc, ResolveSlices};
 use hisparse_core::{Device, Error, ErrorKind};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn bytes_i32(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
@@ -78,16 +64,9 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
         ("portable", TestShape::default(), ResolveKernel::Portable),
     ];
     for (what, shape, kernel) in runs {
-        let dev = match VulkanDevice::open_shaped("", &VulkanOptions::default(), shape) {
-            Ok(d) => d,
-            Err(e)
-                if e.kind() == ErrorKind::NotFound
-                    && std::env::var("HISPARSE_REQUIRE_DEVICE").is_err() =>
-            {
-                eprintln!("SKIPPED: no Vulkan device: {e}");
-                return;
-            }
-            Err(e) => panic!("open: {e}"),
+        let opened = VulkanDevice::open_shaped("", &VulkanOptions::default(), shape);
+        let Some(dev) = device_or_skip(opened).expect("open") else {
+            return;
         };
         match dev.set_resolve_kernel(kernel) {
             Ok(()) => {}
@@ -105,7 +84,7 @@ fn odd_hot_slots_with_neighbouring_requests_match_the_reference() {
 fn check(dev: &VulkanDevice, what: &str) {
     let stream = dev.create_stream().expect("stream");
     for (seed, hot_slots) in [(1u64, 67u32), (2, 33), (3, 17)] {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64::new(seed);
         let (k, r, m, bs) = (16u32, 5u32, 8u32, 4u32);
         let rows_per_req = 2u32;
         let t = r * rows_per_req + 2;
@@ -163,9 +142,7 @@ fn check(dev: &VulkanDevice, what: &str) {
                 .flat_map(|q| std::iter::repeat_n(q, rows_per_req as usize))
                 .chain([-1, r as i32 + 3])
                 .collect();
-            for i in (1..req.len()).rev() {
-                req.swap(i, rng.below(i as u64 + 1) as usize);
-            }
+            rng.shuffle(&mut req);
             let topk: Vec<i32> = (0..tk)
                 .map(|i| match rng.below(10) {
                     0 => -1,

@@ -2,20 +2,13 @@
 //! for selectors that match nothing.
 
 use hisparse_backend_vulkan::VulkanDevice;
+use hisparse_conformance::check::device_or_skip;
 use hisparse_core::{Device, Error, ErrorKind};
 
 #[test]
 fn selectors_pick_devices_or_report_not_found() {
-    let first = match VulkanDevice::open("") {
-        Ok(d) => d,
-        Err(e)
-            if e.kind() == ErrorKind::NotFound
-                && std::env::var("HISPARSE_REQUIRE_DEVICE").is_err() =>
-        {
-            eprintln!("SKIPPED: no Vulkan device: {e}");
-            return;
-        }
-        Err(e) => panic!("open(\"\"): {e}"),
+    let Some(first) = device_or_skip(VulkanDevice::open("")).expect("open(\"\")") else {
+        return;
     };
     let name = first.device_name().to_owned();
     // The model name before any " (driver, version)" suffix, in another case.

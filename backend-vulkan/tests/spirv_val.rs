@@ -6,7 +6,7 @@ use std::process::Command;
 
 #[test]
 fn embedded_spirv_passes_spirv_val() {
-    let required = std::env::var("HISPARSE_REQUIRE_SPIRV_VAL").is_ok_and(|v| v.trim() == "1");
+    let required = hisparse_conformance::check::flag_set("HISPARSE_REQUIRE_SPIRV_VAL");
     if Command::new("spirv-val").arg("--version").output().is_err() {
         assert!(
             !required,

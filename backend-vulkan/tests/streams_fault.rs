@@ -6,26 +6,21 @@
 //! lavapipe and on the H200 in practice), and pass every time on the real backend.
 
 use hisparse_backend_vulkan::{TestShape, VulkanDevice, VulkanOptions};
+use hisparse_conformance::check::device_or_skip;
 use hisparse_conformance::{CaseError, cases};
-use hisparse_core::{Error, ErrorKind};
 
 const CASE: &str = "streams/event-orders-streams";
 const TRIES: usize = 5;
 
 #[test]
 fn the_stream_case_fails_when_event_waits_are_ignored() {
-    let required = std::env::var("HISPARSE_REQUIRE_DEVICE").is_ok_and(|v| v.trim() == "1");
     let shape = TestShape {
         ignore_event_waits: true,
         ..TestShape::default()
     };
-    let faulty = match VulkanDevice::open_shaped("", &VulkanOptions::default(), shape) {
-        Ok(d) => d,
-        Err(e) if !required && e.kind() == ErrorKind::NotFound => {
-            eprintln!("SKIPPED: no Vulkan device: {e}");
-            return;
-        }
-        Err(e) => panic!("open: {e}"),
+    let opened = VulkanDevice::open_shaped("", &VulkanOptions::default(), shape);
+    let Some(faulty) = device_or_skip(opened).expect("open") else {
+        return;
     };
     let all = cases::<VulkanDevice>();
     let case = all

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use hisparse_backend_cpu::{CpuBuffer, CpuDevice};
+use hisparse_conformance::SplitMix64;
 use hisparse_core::Device;
 use hisparse_core::ops::{GatherArgs, GatherDesc, LayerPair, PageLayout};
 
@@ -25,24 +26,6 @@ const BLOCK: u32 = 64;
 const HOST_ROWS: usize = 131_072;
 const HOT_ROWS: usize = 32_768;
 const MEMCPY_BYTES: usize = 256 << 20;
-
-/// A tiny deterministic generator (xorshift64*), so the bench needs no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, (self.next() % (i as u64 + 1)) as usize);
-        }
-    }
-}
 
 /// Plans of `rows` entries each: random distinct host rows, random distinct hot rows. Enough
 /// plans to touch the whole host pool once per cycle.
@@ -58,7 +41,7 @@ fn i32_buffer(dev: &CpuDevice, v: &[i32]) -> CpuBuffer {
     b
 }
 
-fn plans(dev: &CpuDevice, rng: &mut Rng, rows: usize) -> Plans {
+fn plans(dev: &CpuDevice, rng: &mut SplitMix64, rows: usize) -> Plans {
     let mut host: Vec<i32> = (0..HOST_ROWS as i32).collect();
     rng.shuffle(&mut host);
     let bufs = host
@@ -94,11 +77,8 @@ fn setup() -> Setup {
     let host_layout = PageLayout::contiguous(0, page, HOST_ROWS as u32 / BLOCK, BLOCK, ROW as u32);
     let hot_layout = PageLayout::contiguous(0, page, HOT_ROWS as u32 / BLOCK, BLOCK, ROW as u32);
     let mut host = dev.alloc_pinned(HOST_ROWS * ROW).expect("host pool");
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for chunk in host.as_mut_slice().chunks_mut(8) {
-        let v = rng.next().to_ne_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
+    let mut rng = SplitMix64::new(0x9e37_79b9_7f4a_7c15);
+    rng.fill(host.as_mut_slice());
     let mut hot = dev.alloc(HOT_ROWS * ROW).expect("hot pool");
     hot.as_mut_slice().fill(1);
     let mut src = dev.alloc(MEMCPY_BYTES).expect("memcpy source");
@@ -151,7 +131,7 @@ fn gather(s: &mut Setup, p: &Plans, i: usize) {
 
 fn main() {
     let mut s = setup();
-    let mut rng = Rng(42);
+    let mut rng = SplitMix64::new(42);
     let small = plans(&s.dev, &mut rng, 2048);
     let large = plans(&s.dev, &mut rng, 32768);
 

@@ -2,7 +2,9 @@
 #![deny(missing_docs)]
 
 mod cases;
+pub mod check;
 mod rng;
+pub mod scenarios;
 mod util;
 
 use std::fmt;
@@ -232,8 +234,7 @@ fn run_selected<D: Device + 'static>(
 
 /// Whether [`REQUIRE_DEVICE_ENV`] is set to a true value (`1`, `true`, `yes`).
 pub fn device_required() -> bool {
-    std::env::var(REQUIRE_DEVICE_ENV)
-        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
+    check::flag_set(REQUIRE_DEVICE_ENV)
 }
 
 /// A short backend name derived from the device type, for messages written before a device

@@ -38,6 +38,11 @@ impl SplitMix64 {
         }
     }
 
+    /// A value in `lo..=hi` (`lo` when the range is empty).
+    pub fn range_inclusive(&mut self, lo: i64, hi: i64) -> i64 {
+        self.range(lo, hi.saturating_add(1))
+    }
+
     /// An `i32` in `lo..hi`.
     pub fn i32_in(&mut self, lo: i32, hi: i32) -> i32 {
         self.range(lo.into(), hi.into()) as i32
@@ -66,6 +71,13 @@ impl SplitMix64 {
         }
     }
 
+    /// `0..n` in a random order.
+    pub fn permutation(&mut self, n: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..n).collect();
+        self.shuffle(&mut v);
+        v
+    }
+
     /// Fills `bytes` with random bytes.
     pub fn fill(&mut self, bytes: &mut [u8]) {
         for chunk in bytes.chunks_mut(8) {
@@ -87,7 +99,13 @@ mod tests {
             let v = a.range(-3, 5);
             b.range(-3, 5);
             assert!((-3..5).contains(&v));
+            let w = a.range_inclusive(-3, 5);
+            b.range_inclusive(-3, 5);
+            assert!((-3..=5).contains(&w));
         }
+        let mut p = a.permutation(100);
+        p.sort_unstable();
+        assert!(p.iter().copied().eq(0..100));
         // Reference value of SplitMix64 seeded with 0.
         assert_eq!(SplitMix64::new(0).next_u64(), 0xe220_a839_7b1d_cdaf);
     }

@@ -22,6 +22,8 @@ use std::process::Command;
 
 use gk::plan::{self, Plan, Target};
 use gk::{Kernel, Param};
+use hisparse_conformance::SplitMix64;
+use hisparse_conformance::check::Check;
 use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
 use hisparse_core::ops::indexer_backup::indexer_backup;
 use hisparse_core::ops::invalidate::invalidate;
@@ -36,27 +38,6 @@ use hisparse_core::ops::{
     RowSpan, SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_gpu_kernels as gk;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-    fn int(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-    fn pct(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-}
 
 type LaunchFn = unsafe extern "C" fn(u32, u32, u32, u32, u32, u32, *mut *mut c_void) -> i32;
 
@@ -247,22 +228,22 @@ fn build() -> Result<Emu, String> {
 /// decode-context-parallel split (1 to 4 ranks, interleave 1 to 3), a prefill workspace (rows of
 /// prefill requests, decode rows, requests beyond the workspace, negative starts, starts near
 /// `i32::MAX`), or both.
-fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
-    let t = rng.int(0, 5) as u32;
+fn check_remap(emu: &Emu, rng: &mut SplitMix64, modes: bool) -> Result<(), String> {
+    let t = rng.range_inclusive(0, 5) as u32;
     let k = *[1u32, 3, 8, 64, 130, 2048, 2052]
         .get(rng.below(7) as usize)
         .unwrap_or(&8);
     let bs = *[1u32, 4, 5, 16, 64]
         .get(rng.below(5) as usize)
         .unwrap_or(&4);
-    let m = if rng.pct(20) {
+    let m = if rng.percent(20) {
         4100
     } else {
-        rng.int(1, 40) as u32
+        rng.range_inclusive(1, 40) as u32
     };
-    let rows = rng.int(1, 6) as u32;
-    let stride = bs + rng.below(3) as u32 * if rng.pct(10) { 1 << 20 } else { 1 };
-    let map_len = rng.pct(40).then(|| rng.int(1, 8) as u32);
+    let rows = rng.range_inclusive(1, 6) as u32;
+    let stride = bs + rng.below(3) as u32 * if rng.percent(10) { 1 << 20 } else { 1 };
+    let map_len = rng.percent(40).then(|| rng.range_inclusive(1, 8) as u32);
     let desc = RemapDesc {
         num_tokens: t,
         top_k: k,
@@ -271,8 +252,8 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
         block_size: bs,
         block_stride_rows: stride,
         idx_mapping_len: map_len,
-        write_counts: rng.pct(60),
-        compact: rng.pct(40),
+        write_counts: rng.percent(60),
+        compact: rng.percent(40),
         stats_slot: 0,
     };
     let (mut want_stats, stats_slot) = maybe_stats(rng, 50);
@@ -280,52 +261,54 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
     let desc = RemapDesc { stats_slot, ..desc };
     let (dcp, prefill_requests) = if modes {
         let which = rng.below(3);
-        let size = rng.int(1, 4) as u32;
+        let size = rng.range_inclusive(1, 4) as u32;
         let dcp = (which != 1).then(|| DcpSplit {
             size,
             rank: rng.below(u64::from(size)) as u32,
-            interleave: rng.int(1, 3) as u32,
+            interleave: rng.range_inclusive(1, 3) as u32,
         });
-        (dcp, (which != 0).then(|| rng.int(1, 3) as u32))
+        (dcp, (which != 0).then(|| rng.range_inclusive(1, 3) as u32))
     } else {
         (None, None)
     };
     let spread = dcp.map_or(1, |d| d.size * d.interleave);
-    let req: Vec<i32> = (0..t).map(|_| rng.int(-1, rows as i64) as i32).collect();
+    let req: Vec<i32> = (0..t)
+        .map(|_| rng.range_inclusive(-1, rows as i64) as i32)
+        .collect();
     let table: Vec<i32> = (0..rows * m)
         .map(|_| {
-            if rng.pct(10) {
+            if rng.percent(10) {
                 -1
             } else {
-                rng.int(0, 5000) as i32
+                rng.range_inclusive(0, 5000) as i32
             }
         })
         .collect();
     let topk: Vec<i32> = (0..t * k)
         .map(|_| {
-            if rng.pct(10) {
-                -rng.int(1, 9) as i32
+            if rng.percent(10) {
+                -rng.range_inclusive(1, 9) as i32
             } else {
-                rng.int(0, i64::from(m * bs * spread) + 10) as i32
+                rng.range_inclusive(0, i64::from(m * bs * spread) + 10) as i32
             }
         })
         .collect();
     let map: Vec<i32> = (0..map_len.unwrap_or(1))
-        .map(|_| rng.int(-1, rows as i64) as i32)
+        .map(|_| rng.range_inclusive(-1, rows as i64) as i32)
         .collect();
     let p = prefill_requests.unwrap_or(1);
     let prefill: Vec<i32> = (0..t.max(1))
         .map(|_| match rng.below(4) {
             0 => -1,
-            1 => rng.int(0, i64::from(p) + 2) as i32,
+            1 => rng.range_inclusive(0, i64::from(p) + 2) as i32,
             _ => rng.below(u64::from(p)) as i32,
         })
         .collect();
     let starts: Vec<i32> = (0..p)
         .map(|_| match rng.below(5) {
-            0 => -rng.int(1, 3) as i32,
-            1 => i32::MAX - rng.int(0, 40) as i32,
-            _ => rng.int(0, 1 << 20) as i32,
+            0 => -rng.range_inclusive(1, 3) as i32,
+            1 => i32::MAX - rng.range_inclusive(0, 40) as i32,
+            _ => rng.range_inclusive(0, 1 << 20) as i32,
         })
         .collect();
     let mdesc = RemapModesDesc {
@@ -370,7 +353,7 @@ fn check_remap(emu: &Emu, rng: &mut Rng, modes: bool) -> Result<(), String> {
     };
     // A small device now and then: fewer blocks than rows, each row's inputs loaded one row
     // ahead.
-    let tgt = if rng.pct(50) {
+    let tgt = if rng.percent(50) {
         target(1, 48 * 1024)
     } else {
         BIG
@@ -426,32 +409,32 @@ struct ResolveMode {
     multiprocessors: u32,
 }
 
-fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), String> {
+fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(), String> {
     let smem_table = mode.smem_table;
     // Mostly short rows (one pass of the kernel's block); sometimes rows longer than one pass.
-    let k = if rng.pct(10) {
-        rng.int(2049, 2200) as u32
+    let k = if rng.percent(10) {
+        rng.range_inclusive(2049, 2200) as u32
     } else {
-        rng.int(1, 40) as u32
+        rng.range_inclusive(1, 40) as u32
     };
-    let bs = rng.int(1, 8) as u32;
-    let r = rng.int(1, 3) as u32;
+    let bs = rng.range_inclusive(1, 8) as u32;
+    let r = rng.range_inclusive(1, 3) as u32;
     let n = if let Some(n) = mode.hot_slots {
         n
-    } else if rng.pct(15) {
+    } else if rng.percent(15) {
         // At least top_k (the core refuses fewer slots than a row has entries).
-        (rng.int(2049, 2600) as u32).max(k)
+        (rng.range_inclusive(2049, 2600) as u32).max(k)
     } else {
-        k * rng.int(1, 3) as u32
+        k * rng.range_inclusive(1, 3) as u32
     };
-    let pages = rng.int(1, 12) as u32;
-    let host_blocks = rng.int(1, 40) as u32;
+    let pages = rng.range_inclusive(1, 12) as u32;
+    let host_blocks = rng.range_inclusive(1, 40) as u32;
     let stride = bs + rng.below(3) as u32;
     // Half the sequences in batch-row order: `r` batch rows (host and hot tables) over `sr`
     // state rows (resident table, dgi, LRU), a fresh idx_mapping every step.
-    let batch_order = rng.pct(50);
+    let batch_order = rng.percent(50);
     let sr = if batch_order {
-        r + rng.int(0, 3) as u32
+        r + rng.range_inclusive(0, 3) as u32
     } else {
         r
     };
@@ -469,8 +452,8 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
     };
     let resident: Vec<i32> = (0..sr * pages)
         .map(|_| {
-            if rng.pct(20) {
-                rng.int(1, 50) as i32
+            if rng.percent(20) {
+                rng.range_inclusive(1, 50) as i32
             } else {
                 0
             }
@@ -478,32 +461,32 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         .collect();
     let host: Vec<i32> = (0..r * pages)
         .map(|_| {
-            if rng.pct(8) {
+            if rng.percent(8) {
                 -1
             } else {
-                rng.int(0, i64::from(host_blocks) + 3) as i32
+                rng.range_inclusive(0, i64::from(host_blocks) + 3) as i32
             }
         })
         .collect();
     let w = desc.hot_table_width();
     let hot: Vec<i32> = (0..r * w)
         .map(|_| {
-            if rng.pct(5) {
+            if rng.percent(5) {
                 -1
             } else {
-                rng.int(0, 60) as i32
+                rng.range_inclusive(0, 60) as i32
             }
         })
         .collect();
     let mut dgi: Vec<i32> = vec![-1; (sr * n) as usize];
     let mut lru: Vec<u16> = (0..sr).flat_map(|_| 0..n as u16).collect();
-    if rng.pct(40) {
+    if rng.percent(40) {
         for d in dgi.iter_mut() {
-            *d = rng.int(-1, i64::from(host_blocks * bs) + 5) as i32;
+            *d = rng.range_inclusive(-1, i64::from(host_blocks * bs) + 5) as i32;
         }
         for s in lru.iter_mut() {
-            if rng.pct(5) {
-                *s = rng.int(0, i64::from(n) + 2) as u16;
+            if rng.percent(5) {
+                *s = rng.range_inclusive(0, i64::from(n) + 2) as u16;
             }
         }
     }
@@ -524,22 +507,24 @@ fn check_resolve(emu: &Emu, rng: &mut Rng, mode: ResolveMode) -> Result<(), Stri
         // State rows -1..=sr+1: negative, out of range and repeated ones included.
         let map: Option<Vec<i32>> = batch_order.then(|| {
             (0..r)
-                .map(|_| rng.int(-1, i64::from(sr) + 1) as i32)
+                .map(|_| rng.range_inclusive(-1, i64::from(sr) + 1) as i32)
                 .collect()
         });
-        let t = rng.int(0, 6) as u32;
+        let t = rng.range_inclusive(0, 6) as u32;
         let d = ResolveDesc {
             num_tokens: t,
             stats_slot: rng.below(3) as u32,
             ..desc
         };
-        let req: Vec<i32> = (0..t).map(|_| rng.int(-1, i64::from(r)) as i32).collect();
+        let req: Vec<i32> = (0..t)
+            .map(|_| rng.range_inclusive(-1, i64::from(r)) as i32)
+            .collect();
         let topk: Vec<i32> = (0..t * k)
             .map(|_| {
-                if rng.pct(5) {
+                if rng.percent(5) {
                     -1
                 } else {
-                    rng.int(0, i64::from(pages * bs) + 2) as i32
+                    rng.range_inclusive(0, i64::from(pages * bs) + 2) as i32
                 }
             })
             .collect();
@@ -706,7 +691,7 @@ type ResolveOuts<'a> = (
 #[allow(clippy::too_many_arguments)]
 fn fused_step(
     emu: &Emu,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     tgt: &Target,
     mode: ResolveMode,
     d: &ResolveDesc,
@@ -717,18 +702,18 @@ fn fused_step(
     want_state: (&Vec<i32>, &Vec<u16>, &Option<Vec<i32>>),
 ) -> Result<(), String> {
     let (ind, vc, hc, mc, src, dst) = want;
-    let nl = if rng.pct(10) {
+    let nl = if rng.percent(10) {
         17
     } else {
-        rng.int(1, 3) as u32
+        rng.range_inclusive(1, 3) as u32
     };
     let k = d.top_k;
     // 16-byte rows (contiguous or split), or rows with 8- and 4-byte scale words, pages padded.
     // The host pool holds every flat row the resolve may name, the device pool (62 blocks) every
     // hot row.
-    let (row, value, align) = if rng.pct(60) {
-        let row = 16 * rng.int(1, 3) as u32;
-        let split = row > 16 && rng.pct(30);
+    let (row, value, align) = if rng.percent(60) {
+        let row = 16 * rng.range_inclusive(1, 3) as u32;
+        let split = row > 16 && rng.percent(30);
         (row, if split { row - 16 } else { row }, 16)
     } else {
         WORD_GEOMETRIES[rng.below(WORD_GEOMETRIES.len() as u64) as usize]
@@ -901,10 +886,10 @@ const WORD_GEOMETRIES: [RowGeometry; 3] = [(584, 576, 576), (132, 128, 576), (20
 
 /// A random geometry: half the time 16-byte multiples (contiguous, or split with a 16-byte
 /// scale part), else one of [`WORD_GEOMETRIES`].
-fn row_geometry(rng: &mut Rng) -> RowGeometry {
-    if rng.pct(50) {
-        let row = 16 * rng.int(1, 4) as u32;
-        let split = rng.pct(50) && row > 16;
+fn row_geometry(rng: &mut SplitMix64) -> RowGeometry {
+    if rng.percent(50) {
+        let row = 16 * rng.range_inclusive(1, 4) as u32;
+        let split = rng.percent(50) && row > 16;
         (row, if split { row - 16 } else { row }, 16)
     } else {
         WORD_GEOMETRIES[rng.below(WORD_GEOMETRIES.len() as u64) as usize]
@@ -915,10 +900,13 @@ fn row_geometry(rng: &mut Rng) -> RowGeometry {
 /// pages side by side in a block (each padded), blocks 32 bytes apart beyond them, flat device
 /// rows sometimes with a row of another layer's part per block. Rows per page are odd more often
 /// than not (page tails past the last 16-byte chunk).
-fn pair_layers(rng: &mut Rng, n: u32, g: RowGeometry) -> (Vec<LayerPair>, usize, usize) {
+fn pair_layers(rng: &mut SplitMix64, n: u32, g: RowGeometry) -> (Vec<LayerPair>, usize, usize) {
     let (row, value, align) = g;
     let bs = [1u32, 3, 5, 2, 4, 6][rng.below(6) as usize];
-    let (hb, db) = (rng.int(2, 9) as u32, rng.int(2, 9) as u32);
+    let (hb, db) = (
+        rng.range_inclusive(2, 9) as u32,
+        rng.range_inclusive(2, 9) as u32,
+    );
     let page = u64::from(bs * row).next_multiple_of(align);
     let mut layers = Vec::new();
     let (mut hoff, mut doff) = (0u64, 0u64);
@@ -955,16 +943,16 @@ fn pair_layers(rng: &mut Rng, n: u32, g: RowGeometry) -> (Vec<LayerPair>, usize,
 /// A stats buffer of three slots (`hisparse_core::ops::stats`) for a call that adds to one of
 /// them, or `None` for a call without stats (`pct` percent of calls have them): random words,
 /// half within a few thousand of `u32::MAX` so the kernels' sums wrap; and the slot.
-fn maybe_stats(rng: &mut Rng, pct: u64) -> (Option<Vec<i32>>, u32) {
-    if !rng.pct(pct) {
+fn maybe_stats(rng: &mut SplitMix64, pct: u64) -> (Option<Vec<i32>>, u32) {
+    if !rng.percent(pct) {
         return (None, 0);
     }
     let words = (0..12)
         .map(|_| {
-            if rng.pct(50) {
+            if rng.percent(50) {
                 (u32::MAX - rng.below(5000) as u32) as i32
             } else {
-                rng.next() as i32
+                rng.next_u64() as i32
             }
         })
         .collect();
@@ -976,19 +964,22 @@ fn am_opt(v: &mut Option<Vec<i32>>) -> u64 {
     v.as_deref_mut().map_or(0, am)
 }
 
-fn fill(rng: &mut Rng, n: usize) -> Vec<u8> {
-    (0..n).map(|_| rng.next() as u8).collect()
+fn fill(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next_u64() as u8).collect()
 }
 
 /// Indexer rows of every kind `indexer_backup` takes: contiguous 132-byte rows (DeepSeek V3.2,
 /// 4-byte words), contiguous 16-byte multiples (16-byte chunks), split 128 + 4 (DeepSeek V4) and
 /// contiguous 20-byte rows, pages on 16-byte boundaries; slots that are -1, beyond a pool or in
 /// another layer's part of a block.
-fn check_indexer_backup(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+fn check_indexer_backup(emu: &Emu, rng: &mut SplitMix64) -> Result<(), String> {
     let (row, value) = [(132u32, 132u32), (64, 64), (132, 128), (20, 20)][rng.below(4) as usize];
-    let nl = rng.int(1, 4) as u32;
+    let nl = rng.range_inclusive(1, 4) as u32;
     let bs = [1u32, 3, 4, 64][rng.below(4) as usize];
-    let (hb, db) = (rng.int(2, 9) as u32, rng.int(2, 9) as u32);
+    let (hb, db) = (
+        rng.range_inclusive(2, 9) as u32,
+        rng.range_inclusive(2, 9) as u32,
+    );
     let page = u64::from(bs * row).next_multiple_of(16);
     // Device blocks hold every layer's page side by side and one more page of another group.
     let dstride = page * u64::from(nl + 1);
@@ -1019,27 +1010,25 @@ fn check_indexer_backup(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         (u64::from(nl * hb) * page) as usize,
         (dstride * u64::from(db)) as usize,
     );
-    let t = rng.int(0, 40) as u32;
+    let t = rng.range_inclusive(0, 40) as u32;
     let host_rows = i64::from(hb * bs);
     let mut free: Vec<i32> = (0..host_rows as i32).collect();
-    for i in (1..free.len()).rev() {
-        free.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    rng.shuffle(&mut free);
     let mut free = free.into_iter();
     let device_slots: Vec<i32> = (0..t)
         .map(|_| match rng.below(10) {
             0 => -1,
-            1 => rng.int(
+            1 => rng.range_inclusive(
                 i64::from(db * index_stride_rows),
                 i64::from(db * index_stride_rows) + 9,
             ) as i32,
-            _ => rng.int(0, i64::from(db * index_stride_rows) - 1) as i32,
+            _ => rng.range_inclusive(0, i64::from(db * index_stride_rows) - 1) as i32,
         })
         .collect();
     let host_slots: Vec<i32> = (0..t)
         .map(|_| match rng.below(10) {
             0 => -1,
-            1 => rng.int(host_rows, host_rows + 9) as i32,
+            1 => rng.range_inclusive(host_rows, host_rows + 9) as i32,
             _ => free.next().unwrap_or(-1),
         })
         .collect();
@@ -1067,7 +1056,7 @@ fn check_indexer_backup(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         device: a(&device),
         host: am(&mut got),
     };
-    let tgt = target(if rng.pct(50) { 1 } else { 132 }, 48 * 1024);
+    let tgt = target(if rng.percent(50) { 1 } else { 132 }, 48 * 1024);
     emu.execute(plan::indexer_backup(&tgt, &desc, &addrs).map_err(|e| e.to_string())?);
     if got != want {
         return Err(format!(
@@ -1077,25 +1066,25 @@ fn check_indexer_backup(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
     Ok(())
 }
 
-fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> {
-    let nl = rng.int(1, 3) as u32;
+fn check_copies(emu: &Emu, rng: &mut SplitMix64, g: RowGeometry) -> Result<(), String> {
+    let nl = rng.range_inclusive(1, 3) as u32;
     let (layers, hl, dl) = pair_layers(rng, nl, g);
     let l0 = layers[0];
     // A small device sometimes, so the persistent gather grid is smaller than its work.
-    let tgt = target(if rng.pct(50) { 1 } else { 132 }, 48 * 1024);
+    let tgt = target(if rng.percent(50) { 1 } else { 132 }, 48 * 1024);
     // gather
-    let t = rng.int(1, 3) as u32;
-    let k = rng.int(1, 40) as u32;
+    let t = rng.range_inclusive(1, 3) as u32;
+    let k = rng.range_inclusive(1, 40) as u32;
     let host_rows = i64::from(l0.host.num_blocks * l0.host.block_size);
     let dev_rows = i64::from(l0.device.num_blocks * l0.device.index_stride_rows);
     let mut used = std::collections::HashSet::new();
     let src: Vec<i32> = (0..t * k)
-        .map(|_| rng.int(-1, host_rows + 2) as i32)
+        .map(|_| rng.range_inclusive(-1, host_rows + 2) as i32)
         .collect();
     let dst: Vec<i32> = (0..t * k)
         .map(|_| {
             loop {
-                let v = rng.int(-1, dev_rows + 2) as i32;
+                let v = rng.range_inclusive(-1, dev_rows + 2) as i32;
                 if v < 0 || used.insert(v) {
                     break v;
                 }
@@ -1106,7 +1095,7 @@ fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> 
         })
         .collect();
     let counts: Vec<i32> = (0..t)
-        .map(|_| rng.int(-1, i64::from(k) + 2) as i32)
+        .map(|_| rng.range_inclusive(-1, i64::from(k) + 2) as i32)
         .collect();
     let host = fill(rng, hl);
     let dev0 = fill(rng, dl);
@@ -1146,7 +1135,7 @@ fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> 
             Direction::DeviceToHost => (l0.device.num_blocks, l0.host.num_blocks),
             Direction::HostToDevice => (l0.host.num_blocks, l0.device.num_blocks),
         };
-        let pairs: Vec<BlockPair> = (0..rng.int(1, i64::from(db) + 2))
+        let pairs: Vec<BlockPair> = (0..rng.range_inclusive(1, i64::from(db) + 2))
             .map(|_| BlockPair {
                 src: rng.below(u64::from(sb)) as u32,
                 dst: rng.below(u64::from(db)) as u32,
@@ -1179,10 +1168,10 @@ fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> 
             ));
         }
         // Row spans, destination rows sometimes repeated.
-        let spans: Vec<RowSpan> = (0..rng.int(1, i64::from(db) + 2))
+        let spans: Vec<RowSpan> = (0..rng.range_inclusive(1, i64::from(db) + 2))
             .map(|_| {
                 let first = rng.below(u64::from(l0.host.block_size)) as u32;
-                let num = rng.int(0, i64::from(l0.host.block_size - first)) as u32;
+                let num = rng.range_inclusive(0, i64::from(l0.host.block_size - first)) as u32;
                 let (d, o) = (
                     rng.below(u64::from(db)) as u32,
                     rng.below(u64::from(sb)) as u32,
@@ -1217,7 +1206,7 @@ fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> 
     // Host copy-on-write in one buffer: chains (a destination read by a later pair) and repeats.
     let host_layers: Vec<PageLayout> = layers.iter().map(|l| l.host).collect();
     let hb = l0.host.num_blocks;
-    let pairs: Vec<BlockPair> = (0..rng.int(1, 6))
+    let pairs: Vec<BlockPair> = (0..rng.range_inclusive(1, 6))
         .filter_map(|_| {
             let (s, d) = (
                 rng.below(u64::from(hb)) as u32,
@@ -1240,16 +1229,20 @@ fn check_copies(emu: &Emu, rng: &mut Rng, g: RowGeometry) -> Result<(), String> 
     Ok(())
 }
 
-fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
-    let tgt = target(if rng.pct(50) { 1 } else { 132 }, 48 * 1024);
+fn check_small_ops(emu: &Emu, rng: &mut SplitMix64) -> Result<(), String> {
+    let tgt = target(if rng.percent(50) { 1 } else { 132 }, 48 * 1024);
     // invalidate
     let (r, n, nr) = (
-        rng.int(1, 3) as u32,
-        rng.int(1, 300) as u32,
-        rng.int(1, 600) as u32,
+        rng.range_inclusive(1, 3) as u32,
+        rng.range_inclusive(1, 300) as u32,
+        rng.range_inclusive(1, 600) as u32,
     );
-    let ranges: Vec<i32> = (0..2 * nr).map(|_| rng.int(-2, 100) as i32).collect();
-    let mut want: Vec<i32> = (0..r * n).map(|_| rng.int(-1, 100) as i32).collect();
+    let ranges: Vec<i32> = (0..2 * nr)
+        .map(|_| rng.range_inclusive(-2, 100) as i32)
+        .collect();
+    let mut want: Vec<i32> = (0..r * n)
+        .map(|_| rng.range_inclusive(-1, 100) as i32)
+        .collect();
     let mut got = want.clone();
     let desc = InvalidateDesc {
         num_requests: r,
@@ -1269,18 +1262,23 @@ fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         return Err("invalidate differs".into());
     }
     // compressed slot mapping
-    let t = rng.int(1, 600) as u32;
-    let ratio = rng.int(1, 4) as u32;
-    let bs = ratio * rng.int(1, 8) as u32;
-    let (rows, m) = (rng.int(1, 3) as u32, rng.int(1, 6) as u32);
+    let t = rng.range_inclusive(1, 600) as u32;
+    let ratio = rng.range_inclusive(1, 4) as u32;
+    let bs = ratio * rng.range_inclusive(1, 8) as u32;
+    let (rows, m) = (
+        rng.range_inclusive(1, 3) as u32,
+        rng.range_inclusive(1, 6) as u32,
+    );
     let pos: Vec<i32> = (0..t)
-        .map(|_| rng.int(-2, i64::from(bs * m) + 8) as i32)
+        .map(|_| rng.range_inclusive(-2, i64::from(bs * m) + 8) as i32)
         .collect();
-    let slots: Vec<i32> = (0..t).map(|_| rng.int(-1, 50) as i32).collect();
+    let slots: Vec<i32> = (0..t).map(|_| rng.range_inclusive(-1, 50) as i32).collect();
     let trow: Vec<i32> = (0..t)
-        .map(|_| rng.int(-1, i64::from(rows)) as i32)
+        .map(|_| rng.range_inclusive(-1, i64::from(rows)) as i32)
         .collect();
-    let table: Vec<i32> = (0..rows * m).map(|_| rng.int(-1, 1 << 28) as i32).collect();
+    let table: Vec<i32> = (0..rows * m)
+        .map(|_| rng.range_inclusive(-1, 1 << 28) as i32)
+        .collect();
     let mut want = vec![5i32; t as usize];
     let mut got = want.clone();
     let d = SlotMappingDesc {
@@ -1317,24 +1315,26 @@ fn check_small_ops(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
 
 /// Sparse table writes (random sorted unique indices, extreme values) and hot-state resets
 /// (rows listed more than once), with grids smaller than the work on a small device.
-fn check_tables(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
+fn check_tables(emu: &Emu, rng: &mut SplitMix64) -> Result<(), String> {
     let tgt = target(1, 48 * 1024);
-    let len = rng.int(1, 3000) as u32;
+    let len = rng.range_inclusive(1, 3000) as u32;
     let density = *[1u64, 30, 100].get(rng.below(3) as usize).unwrap_or(&30);
     let mut writes = Vec::new();
     for index in 0..len {
-        if rng.pct(density) {
+        if rng.percent(density) {
             let value = match rng.below(4) {
                 0 => -1,
                 1 => i32::MIN,
                 2 => i32::MAX,
-                _ => rng.int(-1000, 1000) as i32,
+                _ => rng.range_inclusive(-1000, 1000) as i32,
             };
             writes.push(TableWrite { index, value });
         }
     }
     // Slack beyond the table: the kernel must not touch it.
-    let table: Vec<i32> = (0..len + 8).map(|_| rng.int(-5, 5) as i32).collect();
+    let table: Vec<i32> = (0..len + 8)
+        .map(|_| rng.range_inclusive(-5, 5) as i32)
+        .collect();
     let desc = TableWriteDesc { table_len: len };
     let mut want = table.clone();
     write_table(&desc, &writes, &mut want[..len as usize]).map_err(|e| e.to_string())?;
@@ -1352,15 +1352,20 @@ fn check_tables(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
         ));
     }
 
-    let (r, n) = (rng.int(1, 5) as u32, rng.int(1, 700) as u32);
-    let rows: Vec<u32> = (0..rng.int(1, 8))
+    let (r, n) = (
+        rng.range_inclusive(1, 5) as u32,
+        rng.range_inclusive(1, 700) as u32,
+    );
+    let rows: Vec<u32> = (0..rng.range_inclusive(1, 8))
         .map(|_| rng.below(u64::from(r)) as u32)
         .collect();
     let desc = HotResetDesc {
         num_requests: r,
         hot_slots: n,
     };
-    let dgi: Vec<i32> = (0..r * n).map(|_| rng.int(-1, 99) as i32).collect();
+    let dgi: Vec<i32> = (0..r * n)
+        .map(|_| rng.range_inclusive(-1, 99) as i32)
+        .collect();
     let lru: Vec<u16> = (0..r * n).map(|_| rng.below(u64::from(n)) as u16).collect();
     let (mut want_dgi, mut want_lru) = (dgi.clone(), lru.clone());
     reset_hot_state(&desc, &rows, &mut want_dgi, &mut want_lru).map_err(|e| e.to_string())?;
@@ -1377,23 +1382,11 @@ fn check_tables(emu: &Emu, rng: &mut Rng) -> Result<(), String> {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        println!("kernels_match_reference_on_cpu: test");
-        return;
-    }
-    let required = std::env::var("HISPARSE_REQUIRE_CXX")
-        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+    let check = Check::one("kernels_match_reference_on_cpu");
     let emu = match build() {
         Ok(e) => e,
-        Err(e) if !required && e.starts_with("no C++ compiler") => {
-            println!("SKIPPED: kernels_match_reference_on_cpu: {e}");
-            println!("0 passed, 0 failed, 1 skipped");
-            return;
-        }
-        Err(e) => {
-            println!("FAILED: {e}");
-            std::process::exit(1);
-        }
+        Err(e) if e.starts_with("no C++ compiler") => check.missing("HISPARSE_REQUIRE_CXX", e),
+        Err(e) => check.finish(Err(e)),
     };
     let cases: u64 = std::env::var("HISPARSE_EMU_CASES")
         .ok()
@@ -1401,7 +1394,7 @@ fn main() {
         .unwrap_or(8);
     let mut failures = Vec::new();
     for seed in 0..cases {
-        let mut rng = Rng(0xC0FFEE ^ seed.wrapping_mul(0x9E37_79B9));
+        let mut rng = SplitMix64::new(0xC0FFEE ^ seed.wrapping_mul(0x9E37_79B9));
         let smem = match seed % 3 {
             0 => None,
             1 => Some(0),
@@ -1465,11 +1458,11 @@ fn main() {
     for f in &failures {
         println!("FAILED: {f}");
     }
-    if failures.is_empty() {
+    let result = if failures.is_empty() {
         println!("ok: {cases} random seeds of every kernel match the reference on the CPU");
-        println!("1 passed, 0 failed");
+        Ok(())
     } else {
-        println!("0 passed, {} failed", failures.len());
-        std::process::exit(1);
-    }
+        Err(format!("{} failures", failures.len()))
+    };
+    check.finish(result)
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 pub mod host_pool;
 
+use hisparse_conformance::SplitMix64;
 use hisparse_core::Device;
 use hisparse_core::ops::{
     BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs,
@@ -134,23 +135,6 @@ fn upload_u16s<D: Device>(dev: &D, v: &[u16]) -> Result<D::Buffer, D::Error> {
     let mut b = dev.alloc(size_of_val(v))?;
     dev.upload_u16(&mut b, 0, v)?;
     Ok(b)
-}
-
-/// A deterministic generator for benchmark inputs (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
 }
 
 /// Median seconds per call of `op`: a warm-up call (which pays one-time costs: pipeline or module
@@ -276,7 +260,7 @@ fn bulk_ceilings<D: Device>(
 /// Remap of a decode batch: 256 requests × top-k 2048 over 32K-token block tables.
 fn remap<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Figure, D::Error> {
     let (t, k, m) = (256u32, 2048u32, 512u32);
-    let mut rng = Rng(1);
+    let mut rng = SplitMix64::new(1);
     let req: Vec<i32> = (0..t as i32).collect();
     let table: Vec<i32> = (0..t * m).map(|_| 1 + rng.below(100_000) as i32).collect();
     let topk: Vec<i32> = (0..t * k)
@@ -330,7 +314,7 @@ fn remap<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Fi
 fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Figure, D::Error> {
     let (r, k, n, m) = (64u32, 2048u32, 4096u32, 512u32);
     const STEPS: usize = 8;
-    let mut rng = Rng(2);
+    let mut rng = SplitMix64::new(2);
     let ctx = u64::from(m * BLOCK);
     let mut sets: Vec<Vec<i32>> = Vec::new();
     let mut cur: Vec<i32> = Vec::with_capacity((r * k) as usize);
@@ -440,7 +424,7 @@ fn gather<D: Device>(
         device: PageLayout::contiguous(0, page, dev_blocks, BLOCK, ROW_BYTES),
     };
     let mut host = dev.alloc_pinned((u64::from(host_blocks) * page) as usize)?;
-    let mut rng = Rng(3);
+    let mut rng = SplitMix64::new(3);
     let pattern: Vec<u8> = (0..host_blocks as usize * page as usize)
         .map(|i| (i ^ (i >> 9)) as u8)
         .collect();
@@ -451,9 +435,7 @@ fn gather<D: Device>(
     // they cover about half the host pool.
     let plans = ((host_blocks * BLOCK) / rows / 2).max(1) as usize;
     let mut dst: Vec<i32> = (0..rows as i32).collect();
-    for i in (1..dst.len()).rev() {
-        dst.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    rng.shuffle(&mut dst);
     let up = |v: &[i32]| upload_i32s(dev, v);
     let src_b: Vec<D::Buffer> = (0..plans)
         .map(|_| {
@@ -530,15 +512,8 @@ fn page_copy<D: Device>(
         .collect();
     let mut host = dev.alloc_pinned((page * u64::from(host_blocks * layers_n)) as usize)?;
     let mut device = dev.alloc((dev_stride * u64::from(dev_blocks)) as usize)?;
-    let mut rng = Rng(4);
-    let mut shuffled = |n: u32| {
-        let mut v: Vec<u32> = (0..n).collect();
-        for i in (1..v.len()).rev() {
-            v.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        v
-    };
-    let (srcs, dsts) = (shuffled(dev_blocks), shuffled(host_blocks));
+    let mut rng = SplitMix64::new(4);
+    let (srcs, dsts) = (rng.permutation(dev_blocks), rng.permutation(host_blocks));
     let sets: Vec<Vec<BlockPair>> = (0..SETS)
         .map(|s| {
             (0..pages as usize)

@@ -41,6 +41,7 @@ use hisparse_backend_vulkan::{
     CopyEngine, GatherKernel, ResolveKernel, VulkanBuffer, VulkanDevice, VulkanError,
     VulkanHostBuffer, VulkanOptions,
 };
+use hisparse_conformance::SplitMix64;
 use hisparse_core::Device;
 use hisparse_core::ops::{
     BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs,
@@ -92,31 +93,6 @@ fn parse() -> core::result::Result<Opts, String> {
         }
     }
     Ok(o)
-}
-
-/// SplitMix64, for reproducible random rows.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn shuffled(&mut self, n: u32) -> Vec<u32> {
-        let mut v: Vec<u32> = (0..n).collect();
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i as u64 + 1) as usize);
-        }
-        v
-    }
 }
 
 fn gbps(bytes: u64, t: Duration) -> f64 {
@@ -368,7 +344,7 @@ fn gathers(
     }];
     let mut pool = dev.alloc((u64::from(max_rows / BLOCK) * PAGE) as usize)?;
     let stream = dev.create_stream()?;
-    let mut rng = Rng(0x0656_2048);
+    let mut rng = SplitMix64::new(0x0656_2048);
     println!("gather (device: timestamps around back-to-back calls; wall: as `hisparse bench`):");
     for rows in [2048u32, 32768] {
         let k = 2048u32;
@@ -387,7 +363,7 @@ fn gathers(
                 }
             }
             let mut dst: Vec<i32> = rng
-                .shuffled(max_rows)
+                .permutation(max_rows)
                 .into_iter()
                 .map(|x| x as i32)
                 .collect();
@@ -459,7 +435,7 @@ fn gathers(
 /// per step: each step replaces a tenth of every request's entries. The steps then run back
 /// (0, 1, …, n-1, n-2, …, 1), so cycling through them keeps a 90% overlap between consecutive
 /// calls.
-fn topk_cycle(rng: &mut Rng, r: u32, k: u32, ctx: u32, n: usize) -> Vec<Vec<i32>> {
+fn topk_cycle(rng: &mut SplitMix64, r: u32, k: u32, ctx: u32, n: usize) -> Vec<Vec<i32>> {
     let mut cur: Vec<i32> = Vec::with_capacity((r * k) as usize);
     for _ in 0..r {
         let mut seen = std::collections::HashSet::new();
@@ -511,7 +487,7 @@ impl Group {
     #[allow(clippy::too_many_arguments)]
     fn new(
         dev: &VulkanDevice,
-        rng: &mut Rng,
+        rng: &mut SplitMix64,
         r: u32,
         k: u32,
         n: u32,
@@ -649,7 +625,7 @@ fn timing(
 /// runs.
 fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> Result<()> {
     let stream = dev.create_stream()?;
-    let mut rng = Rng(0x1d3a);
+    let mut rng = SplitMix64::new(0x1d3a);
     println!(
         "index paths (device: timestamps; wall: enqueue + synchronisation; enqueue: host only):"
     );
@@ -861,8 +837,8 @@ fn page_copies(dev: &VulkanDevice, iters: usize, r: &mut Report) -> Result<()> {
         .collect();
     let mut host = dev.alloc_pinned((PAGE * u64::from(LAYERS * BLOCKS)) as usize)?;
     let mut pool = dev.alloc((dev_stride * u64::from(BLOCKS)) as usize)?;
-    let mut rng = Rng(4);
-    let (a, b) = (rng.shuffled(BLOCKS), rng.shuffled(BLOCKS));
+    let mut rng = SplitMix64::new(4);
+    let (a, b) = (rng.permutation(BLOCKS), rng.permutation(BLOCKS));
     let sets: Vec<Vec<BlockPair>> = (0..SETS)
         .map(|s| {
             (0..PAGES)

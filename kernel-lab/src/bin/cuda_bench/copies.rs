@@ -4,7 +4,9 @@
 use hisparse_core::Device;
 use hisparse_core::ops::{BlockPair, Direction, LayerPair, PageCopyDesc, PageLayout};
 
-use crate::{BS, Bench, PAGE, ROW, Res, Rng, Row};
+use hisparse_conformance::SplitMix64;
+
+use crate::{BS, Bench, PAGE, ROW, Res, Row};
 
 /// A page-copy configuration.
 struct Pages {
@@ -19,7 +21,7 @@ struct Pages {
 }
 
 /// GB/s of one direction of `cfg` over stream calls, and the microseconds per call.
-fn measure(b: &mut Bench, cfg: &Pages, dir: Direction, rng: &mut Rng) -> Res<(f64, f64)> {
+fn measure(b: &mut Bench, cfg: &Pages, dir: Direction, rng: &mut SplitMix64) -> Res<(f64, f64)> {
     let dstride = PAGE * u64::from(cfg.layers) + cfg.dev_pad;
     let layers: Vec<LayerPair> = (0..cfg.layers)
         .map(|l| LayerPair {
@@ -42,14 +44,10 @@ fn measure(b: &mut Bench, cfg: &Pages, dir: Direction, rng: &mut Rng) -> Res<(f6
     let mut pool = b
         .dev
         .alloc((dstride * u64::from(cfg.dev_blocks)) as usize)?;
-    let mut shuffled = |n: u32| {
-        let mut v: Vec<u32> = (0..n).collect();
-        for i in (1..v.len()).rev() {
-            v.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        v
-    };
-    let (devs, hosts) = (shuffled(cfg.dev_blocks), shuffled(cfg.host_blocks));
+    let (devs, hosts) = (
+        rng.permutation(cfg.dev_blocks),
+        rng.permutation(cfg.host_blocks),
+    );
     let p = cfg.pages as usize;
     let sets: Vec<Vec<BlockPair>> = (0..cfg.sets)
         .map(|s| {
@@ -114,7 +112,7 @@ fn push(b: &mut Bench, section: &'static str, m: Measured, judged: bool) {
 }
 
 pub(crate) fn backup_section(b: &mut Bench) -> Res<()> {
-    let mut rng = Rng(0xbac0);
+    let mut rng = SplitMix64::new(0xbac0);
     let cfg = Pages {
         layers: 61,
         pages: 64,
@@ -157,7 +155,7 @@ pub(crate) fn backup_section(b: &mut Bench) -> Res<()> {
 /// a 1024-block pool.
 pub(crate) fn cli_section(b: &mut Bench) -> Res<()> {
     crate::gather::cli_gather(b)?;
-    let mut rng = Rng(4);
+    let mut rng = SplitMix64::new(4);
     let cfg = Pages {
         layers: 12,
         pages: 64,

@@ -5,7 +5,9 @@ use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer};
 use hisparse_core::Device;
 use hisparse_core::ops::{BufferLen, GatherArgs, GatherDesc, LayerPair, PageLayout};
 
-use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Rng, Row, host_pool, upload};
+use hisparse_conformance::SplitMix64;
+
+use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Row, host_pool, upload};
 
 /// The plans of one configuration and where they land.
 struct Plans {
@@ -17,7 +19,7 @@ struct Plans {
     rows: u32,
 }
 
-fn plans(b: &Bench, rng: &mut Rng, rows_n: u32, layers_n: u32) -> Res<Plans> {
+fn plans(b: &Bench, rng: &mut SplitMix64, rows_n: u32, layers_n: u32) -> Res<Plans> {
     let host_rows = u64::from(HOST_BLOCKS * BS);
     // Device pool: every plan writes distinct rows of a pool of rows_n rows per layer.
     let dev_blocks = rows_n.div_ceil(BS) + 1;
@@ -40,9 +42,7 @@ fn plans(b: &Bench, rng: &mut Rng, rows_n: u32, layers_n: u32) -> Res<Plans> {
             .map(|_| rng.below(host_rows / u64::from(layers_n)) as i32)
             .collect();
         let mut dst: Vec<i32> = (0..rows_n as i32).collect();
-        for i in (1..dst.len()).rev() {
-            dst.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        rng.shuffle(&mut dst);
         bufs.push((upload(&b.dev, &src)?, upload(&b.dev, &dst)?));
     }
     Ok(Plans {
@@ -115,7 +115,7 @@ fn graph_us(b: &mut Bench, p: &mut Plans, host: &CudaHostBuffer) -> Res<f64> {
 
 pub(crate) fn section(b: &mut Bench) -> Res<()> {
     let host = host_pool(b)?;
-    let mut rng = Rng(0x6a7e);
+    let mut rng = SplitMix64::new(0x6a7e);
     for (rows_n, layers_n) in [(2048u32, 1u32), (32768, 1), (2048, 4)] {
         let mut p = plans(b, &mut rng, rows_n, layers_n)?;
         let mut first: Option<Vec<u8>> = None;
@@ -177,7 +177,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
 /// sources every call (rotating over half of a 2^20-row pool), one destination list.
 pub(crate) fn cli_gather(b: &mut Bench) -> Res<()> {
     let host = host_pool(b)?;
-    let mut rng = Rng(3);
+    let mut rng = SplitMix64::new(3);
     let rows_n = 2048u32;
     let mut p = plans(b, &mut rng, rows_n, 1)?;
     let iters = if b.quick { 10 } else { 100 };

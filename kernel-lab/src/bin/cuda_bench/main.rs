@@ -67,22 +67,6 @@ use hisparse_kernel_lab::probes::{self, Probes};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
-/// SplitMix64, for reproducible inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn upload(dev: &CudaDevice, v: &[i32]) -> Res<CudaBuffer> {
     let mut b = dev.alloc(v.len().max(1) * 4)?;
     dev.upload_i32(&mut b, 0, v)?;

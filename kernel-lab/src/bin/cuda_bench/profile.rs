@@ -13,14 +13,16 @@ use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs};
 
 use crate::remap::{K, MODES, RemapInputs};
 use crate::walk::Walk;
-use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Rng, host_pool};
+use hisparse_conformance::SplitMix64;
+
+use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, host_pool};
 
 /// Calls of each target (the first warms the caches the later ones find warm).
 const REPEATS: usize = 3;
 
 pub(crate) fn run(b: &mut Bench) -> Res<()> {
     let mut labels = Vec::new();
-    let mut rng = Rng(0x5eed);
+    let mut rng = SplitMix64::new(0x5eed);
     remaps(b, &mut rng, &mut labels)?;
     let host = host_pool(b)?;
     let mut w = Walk::new(b, 64, 2, &mut rng)?;
@@ -61,7 +63,7 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
 }
 
 /// Remap at 1 and 64 tokens in every mode, REPEATS calls each.
-fn remaps(b: &mut Bench, rng: &mut Rng, labels: &mut Vec<String>) -> Res<()> {
+fn remaps(b: &mut Bench, rng: &mut SplitMix64, labels: &mut Vec<String>) -> Res<()> {
     for t in [1u32, 64] {
         let inputs = RemapInputs::new(b, rng, t)?;
         let mut out: CudaBuffer = b.dev.alloc((t * K * 4) as usize)?;

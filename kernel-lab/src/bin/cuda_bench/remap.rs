@@ -6,7 +6,9 @@ use hisparse_core::Device;
 use hisparse_core::ops::remap::remap as ref_remap;
 use hisparse_core::ops::{RemapArgs, RemapDesc};
 
-use crate::{Bench, Res, Rng, Row, download, upload};
+use hisparse_conformance::SplitMix64;
+
+use crate::{Bench, Res, Row, download, upload};
 
 /// A 64 MiB copy (64 MiB read, 64 MiB written) evicts the 60 MB L2 before each cold call.
 const FLUSH_BYTES: usize = 64 << 20;
@@ -54,7 +56,7 @@ pub(crate) struct RemapInputs {
 }
 
 impl RemapInputs {
-    pub(crate) fn new(b: &Bench, rng: &mut Rng, t: u32) -> Res<RemapInputs> {
+    pub(crate) fn new(b: &Bench, rng: &mut SplitMix64, t: u32) -> Res<RemapInputs> {
         let table: Vec<i32> = (0..t * BLOCKS).map(|_| rng.below(1 << 20) as i32).collect();
         let req: Vec<i32> = (0..t as i32).collect();
         let topk: Vec<i32> = (0..t * K)
@@ -96,7 +98,7 @@ impl RemapInputs {
 
 pub(crate) fn section(b: &mut Bench) -> Res<()> {
     let k = K;
-    let mut rng = Rng(0x5eed);
+    let mut rng = SplitMix64::new(0x5eed);
     let flush_src = b.dev.alloc(FLUSH_BYTES)?;
     let mut flush_dst = b.dev.alloc(FLUSH_BYTES)?;
     let calls = if b.quick { 4 } else { 20 };

@@ -11,7 +11,9 @@ use hisparse_core::ops::{
     BufferLen, GatherArgs, GatherDesc, LayerPair, PageLayout, ResolveArgs, ResolveDesc,
 };
 
-use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Rng, Row, download, host_pool, upload};
+use hisparse_conformance::SplitMix64;
+
+use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Row, download, host_pool, upload};
 
 const K: u32 = 2048;
 const N: u32 = 4096;
@@ -36,7 +38,7 @@ pub(crate) struct Walk {
 }
 
 impl Walk {
-    pub(crate) fn new(b: &Bench, r: u32, steps: usize, rng: &mut Rng) -> Res<Walk> {
+    pub(crate) fn new(b: &Bench, r: u32, steps: usize, rng: &mut SplitMix64) -> Res<Walk> {
         let pages = CTX / BS;
         let desc = ResolveDesc {
             num_tokens: r,
@@ -249,7 +251,7 @@ const PATHS: [(&str, Path); 2] = [
 
 pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
     let host = host_pool(b)?;
-    let mut rng = Rng(0x12e5);
+    let mut rng = SplitMix64::new(0x12e5);
     let steps = if b.quick { 4 } else { 16 };
     let reps = if b.quick { 2 } else { 5 };
     for r in [1u32, 64, 256] {

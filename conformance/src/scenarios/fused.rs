@@ -1,5 +1,6 @@
-//! The fused swap-in launch (`resolve_and_gather` of the CUDA and ROCm backends), shared by both
-//! backends' tests: it must give exactly what the core's reference gives for a resolve followed by
+//! The fused swap-in launch (the inherent `resolve_and_gather` of the CUDA and ROCm backends,
+//! reached through a [`Fused`] hook), run by both backends' `tests/fused.rs` through
+//! [`main_with`]: it must give exactly what the core's reference gives for a resolve followed by
 //! the gather of its miss plan — every output, the hot state (dgi, LRU) and every byte of the
 //! device pool — over several steps of random top-k walks: the decode shape (64 requests × 2048,
 //! 4096 slots), speculative rows of one request spread over the batch with padding rows, split
@@ -13,47 +14,34 @@ use hisparse_core::ops::{
     GatherArgs, GatherDesc, LayerPair, PageLayout, ResolveArgs, ResolveDesc, ResolveSlices,
 };
 
-/// A backend with the fused launch.
-pub trait Fused: Device {
-    /// The backend's `resolve_and_gather`.
-    fn fused(
+use super::{Res, device_err, download_i32, upload_i32};
+use crate::SplitMix64;
+use crate::check::Check;
+
+/// How a backend's test reaches its fused launch on `D`. The [`Device`] trait's
+/// `resolve_and_gather` may choose the resolve and the gather as two launches for small batches;
+/// the hook calls the backend's inherent method, which always fuses, so every scenario tests the
+/// fused kernel. A hook is a local type of the test (the backend's device type is foreign there).
+pub trait Fused<D: Device> {
+    /// The backend's fused `resolve_and_gather` on `dev`.
+    #[allow(clippy::too_many_arguments)]
+    fn resolve_and_gather(
         &self,
-        stream: &Self::Stream,
+        dev: &D,
+        stream: &D::Stream,
         desc: &ResolveDesc,
-        args: ResolveArgs<'_, Self::Buffer>,
+        args: ResolveArgs<'_, D::Buffer>,
         layers: &[LayerPair],
-        host: &Self::HostBuffer,
-        device: &mut Self::Buffer,
-    ) -> Result<(), Self::Error>;
+        host: &D::HostBuffer,
+        device: &mut D::Buffer,
+    ) -> Result<(), D::Error>;
 }
 
-type Res<T> = Result<T, String>;
-
-fn e<E: hisparse_core::Error>(err: E) -> String {
-    format!("{err} [{}]", err.kind())
-}
-
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-    fn pct(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-}
-
+/// One shape of the swap-in walked over several steps: batch, hot state, pool layout, and how
+/// often pages are resident, beyond the pool or duplicated.
 #[derive(Clone, Copy, Debug)]
 pub struct Scenario {
+    /// The scenario's name (`fused/<name>` in the test output).
     pub name: &'static str,
     requests: u32,
     rows_per_request: u32,
@@ -71,6 +59,7 @@ pub struct Scenario {
     steps: u32,
 }
 
+/// The scenarios [`run_all`] runs.
 pub const SCENARIOS: [Scenario; 3] = [
     Scenario {
         name: "decode-64x2048",
@@ -125,20 +114,8 @@ pub const SCENARIOS: [Scenario; 3] = [
     },
 ];
 
-fn up<D: Fused>(dev: &D, v: &[i32]) -> Res<D::Buffer> {
-    let mut b = dev.alloc(v.len().max(1) * 4).map_err(e)?;
-    dev.upload_i32(&mut b, 0, v).map_err(e)?;
-    Ok(b)
-}
-
-fn down<D: Fused>(dev: &D, b: &D::Buffer, n: usize) -> Res<Vec<i32>> {
-    let mut v = vec![0; n];
-    dev.download_i32(b, 0, &mut v).map_err(e)?;
-    Ok(v)
-}
-
-fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
-    let mut rng = Rng(seed);
+fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Res<()> {
+    let mut rng = SplitMix64::new(seed);
     let (r, k, n, bs) = (sc.requests, sc.top_k, sc.hot_slots, sc.block_size);
     let host_blocks = r * sc.pages;
     let desc0 = ResolveDesc {
@@ -159,7 +136,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
     // is GPU blocks 1 + q * w .. (distinct per request, as the layout gives them).
     let host: Vec<i32> = (0..r * sc.pages)
         .map(|i| {
-            if rng.pct(sc.beyond_pct) {
+            if rng.percent(sc.beyond_pct) {
                 (host_blocks + 5) as i32
             } else {
                 i as i32
@@ -169,7 +146,7 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
     let resident_base = 1 + r * w;
     let resident: Vec<i32> = (0..r * sc.pages)
         .map(|_| {
-            if rng.pct(sc.resident_pct) {
+            if rng.percent(sc.resident_pct) {
                 (resident_base + rng.below(8) as u32) as i32
             } else {
                 0
@@ -205,8 +182,10 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
         .collect();
     let host_bytes = (hpage * u64::from(host_blocks) * u64::from(sc.layers)) as usize;
     let dev_bytes = (hpage * u64::from(sc.layers) * u64::from(dev_blocks)) as usize;
-    let host_pool_bytes: Vec<u8> = (0..host_bytes).map(|_| rng.next() as u8).collect();
-    let mut want_pool: Vec<u8> = (0..dev_bytes).map(|_| rng.next() as u8).collect();
+    let mut host_pool_bytes = vec![0u8; host_bytes];
+    rng.fill(&mut host_pool_bytes);
+    let mut want_pool = vec![0u8; dev_bytes];
+    rng.fill(&mut want_pool);
     let mut dgi = vec![-1i32; (r * n) as usize];
     let mut lru: Vec<u16> = (0..r).flat_map(|_| 0..n as u16).collect();
     if sc.corrupt {
@@ -214,25 +193,27 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
         dgi[5] = 7;
     }
 
-    let mut host_buf = dev.alloc_pinned(host_bytes).map_err(e)?;
+    let mut host_buf = dev.alloc_pinned(host_bytes).map_err(device_err)?;
     dev.write_pinned(&mut host_buf, 0, &host_pool_bytes)
-        .map_err(e)?;
-    let mut pool = dev.alloc(dev_bytes).map_err(e)?;
-    dev.upload(&mut pool, 0, &want_pool).map_err(e)?;
-    let (d_res, d_host, d_hot) = (up(dev, &resident)?, up(dev, &host)?, up(dev, &hot)?);
-    let mut d_dgi = up(dev, &dgi)?;
-    let mut d_lru = dev.alloc(lru.len() * 2).map_err(e)?;
-    dev.upload_u16(&mut d_lru, 0, &lru).map_err(e)?;
-    let stream = dev.create_stream().map_err(e)?;
+        .map_err(device_err)?;
+    let mut pool = dev.alloc(dev_bytes).map_err(device_err)?;
+    dev.upload(&mut pool, 0, &want_pool).map_err(device_err)?;
+    let (d_res, d_host, d_hot) = (
+        upload_i32(dev, &resident)?,
+        upload_i32(dev, &host)?,
+        upload_i32(dev, &hot)?,
+    );
+    let mut d_dgi = upload_i32(dev, &dgi)?;
+    let mut d_lru = dev.alloc(lru.len() * 2).map_err(device_err)?;
+    dev.upload_u16(&mut d_lru, 0, &lru).map_err(device_err)?;
+    let stream = dev.create_stream().map_err(device_err)?;
 
     // Token rows: each request's rows and padding rows, shuffled.
     let mut req: Vec<i32> = (0..r)
         .flat_map(|q| std::iter::repeat_n(q as i32, sc.rows_per_request as usize))
         .chain(std::iter::repeat_n(-1, sc.padding_rows as usize))
         .collect();
-    for i in (1..req.len()).rev() {
-        req.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    rng.shuffle(&mut req);
     let t = req.len() as u32;
     let desc = ResolveDesc {
         num_tokens: t,
@@ -243,13 +224,13 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
     for step in 0..sc.steps {
         // A tenth of the entries move on; some duplicate their neighbour; a few are invalid.
         for j in 0..topk.len() {
-            if step > 0 && rng.pct(10) {
+            if step > 0 && rng.percent(10) {
                 topk[j] = rng.below(span) as i32;
             }
-            if j > 0 && rng.pct(sc.dup_pct) {
+            if j > 0 && rng.percent(sc.dup_pct) {
                 topk[j] = topk[j - 1];
             }
-            if rng.pct(2) {
+            if rng.percent(2) {
                 topk[j] = -1;
             }
         }
@@ -294,15 +275,16 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
         )
         .map_err(|x| x.to_string())?;
 
-        let (d_req, d_topk) = (up(dev, &req)?, up(dev, &topk)?);
+        let (d_req, d_topk) = (upload_i32(dev, &req)?, upload_i32(dev, &topk)?);
         let mut outs: Vec<D::Buffer> = [tk, tu, tu, tu, tk, tk]
             .iter()
-            .map(|&len| up(dev, &vec![9; len]))
+            .map(|&len| upload_i32(dev, &vec![9; len]))
             .collect::<Res<_>>()?;
         let [o_ind, o_vc, o_hc, o_mc, o_src, o_dst] = &mut outs[..] else {
             unreachable!("six outputs")
         };
-        dev.fused(
+        hook.resolve_and_gather(
+            dev,
             &stream,
             &desc,
             ResolveArgs {
@@ -326,16 +308,16 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
             &host_buf,
             &mut pool,
         )
-        .map_err(e)?;
-        dev.synchronize(&stream).map_err(e)?;
+        .map_err(device_err)?;
+        dev.synchronize(&stream).map_err(device_err)?;
         for (name, want, got) in [
-            ("indices", &ind, down(dev, o_ind, tk)?),
-            ("valid_counts", &vc, down(dev, o_vc, tu)?),
-            ("hit_counts", &hc, down(dev, o_hc, tu)?),
-            ("miss_counts", &mc, down(dev, o_mc, tu)?),
-            ("miss_src", &src, down(dev, o_src, tk)?),
-            ("miss_dst", &dst, down(dev, o_dst, tk)?),
-            ("dgi", &dgi, down(dev, &d_dgi, dgi.len())?),
+            ("indices", &ind, download_i32(dev, o_ind, tk)?),
+            ("valid_counts", &vc, download_i32(dev, o_vc, tu)?),
+            ("hit_counts", &hc, download_i32(dev, o_hc, tu)?),
+            ("miss_counts", &mc, download_i32(dev, o_mc, tu)?),
+            ("miss_src", &src, download_i32(dev, o_src, tk)?),
+            ("miss_dst", &dst, download_i32(dev, o_dst, tk)?),
+            ("dgi", &dgi, download_i32(dev, &d_dgi, dgi.len())?),
         ] {
             if *want != got {
                 let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
@@ -346,12 +328,13 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
             }
         }
         let mut got_lru = vec![0u16; lru.len()];
-        dev.download_u16(&d_lru, 0, &mut got_lru).map_err(e)?;
+        dev.download_u16(&d_lru, 0, &mut got_lru)
+            .map_err(device_err)?;
         if got_lru != lru {
             return Err(format!("{}: step {step}: the LRU differs", sc.name));
         }
         let mut got_pool = vec![0u8; dev_bytes];
-        dev.download(&pool, 0, &mut got_pool).map_err(e)?;
+        dev.download(&pool, 0, &mut got_pool).map_err(device_err)?;
         if got_pool != want_pool {
             let at = want_pool
                 .iter()
@@ -373,16 +356,20 @@ fn run<D: Fused>(dev: &D, sc: &Scenario, seed: u64) -> Res<()> {
     Ok(())
 }
 
-/// Runs every scenario (whose name contains `filter`) on `dev`: one line per scenario, then the
+/// Runs every scenario (whose name contains `filter`) on `dev` through `hook`: one line per scenario, then the
 /// summary; `Err` when any failed.
-pub fn run_all<D: Fused>(dev: &D, filter: Option<&str>) -> Result<usize, usize> {
+pub fn run_all<D: Device>(
+    dev: &D,
+    hook: &impl Fused<D>,
+    filter: Option<&str>,
+) -> Result<usize, usize> {
     let (mut passed, mut failed) = (0, 0);
     for (i, sc) in SCENARIOS.iter().enumerate() {
         let name = format!("fused/{}", sc.name);
         if filter.is_some_and(|f| !name.contains(f)) {
             continue;
         }
-        match run(dev, sc, 0xF05E_D000 + i as u64) {
+        match run(dev, hook, sc, 0xF05E_D000 + i as u64) {
             Ok(()) => {
                 passed += 1;
                 println!("ok   {name}");
@@ -395,4 +382,29 @@ pub fn run_all<D: Fused>(dev: &D, filter: Option<&str>) -> Result<usize, usize> 
     }
     println!("{passed} passed, {failed} failed");
     if failed > 0 { Err(failed) } else { Ok(passed) }
+}
+
+/// The `main` of a backend's `harness = false` fused test: `--list` names the scenarios, the first
+/// free argument filters them, and a device that is not found reports every scenario skipped
+/// unless `HISPARSE_REQUIRE_DEVICE=1` ([`Check::device`]). Exits non-zero on any failure, or when
+/// the filter selected nothing.
+pub fn main_with<D, F>(open: F, hook: impl Fused<D>) -> !
+where
+    D: Device,
+    F: FnOnce() -> Result<D, D::Error>,
+{
+    let cases: Vec<String> = SCENARIOS
+        .iter()
+        .map(|sc| format!("fused/{}", sc.name))
+        .collect();
+    let check = Check::of("fused resolve-and-gather", &cases);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filter = args
+        .iter()
+        .find(|a| !a.starts_with('-'))
+        .map(String::as_str);
+    let dev = check.device(open());
+    println!("device: {}", dev.device_name());
+    let passed = matches!(run_all(&dev, &hook, filter), Ok(n) if n > 0);
+    std::process::exit(if passed { 0 } else { 1 })
 }

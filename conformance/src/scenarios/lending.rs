@@ -1,6 +1,7 @@
 //! One scenario of every kind of data-plane work, generic over the backend and over where its
-//! buffers and stream come from, shared by the CUDA and ROCm tests of engine-owned memory and
-//! streams (`backend-cuda/tests/wrap.rs`, `backend-rocm/tests/hip_double.rs` include this file).
+//! buffers and stream come from, for the tests of engine-owned memory and streams (the CUDA
+//! backend's `tests/wrap.rs`, the ROCm backend's `tests/hip_double.rs`): the backend's own
+//! resources ([`Owned`]) and the engine's (a [`Lender`] the test writes) must give the same bytes.
 //!
 //! [`scenario`] runs remap (valid counts and compaction), resolve (a speculative request with
 //! two rows), the gather of its misses, page copies both ways, a row copy, a copy inside the pool,
@@ -16,8 +17,8 @@ use hisparse_core::ops::{
     TableWriteDesc,
 };
 
-/// Result of this module's helpers: a message on failure.
-pub type Res<T> = Result<T, String>;
+use super::{Res, device_err};
+use crate::SplitMix64;
 
 /// Where a scenario's buffers and stream come from.
 pub trait Lender<D: Device> {
@@ -39,7 +40,7 @@ pub trait Lender<D: Device> {
         bytes: usize,
     ) -> Res<()> {
         dev.copy_to_device(stream, src, 0, dst, 0, bytes)
-            .map_err(|e| e.to_string())
+            .map_err(device_err)
     }
 }
 
@@ -48,28 +49,13 @@ pub struct Owned;
 
 impl<D: Device> Lender<D> for Owned {
     fn buffer(&mut self, dev: &D, len: usize) -> Res<D::Buffer> {
-        dev.alloc(len).map_err(|e| e.to_string())
+        dev.alloc(len).map_err(device_err)
     }
     fn host(&mut self, dev: &D, len: usize, _second: bool) -> Res<D::HostBuffer> {
-        dev.alloc_pinned(len).map_err(|e| e.to_string())
+        dev.alloc_pinned(len).map_err(device_err)
     }
     fn stream(&mut self, dev: &D) -> Res<D::Stream> {
-        dev.create_stream().map_err(|e| e.to_string())
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn int(&mut self, lo: i64, hi: i64) -> i32 {
-        (lo + (self.next() % (hi - lo + 1) as u64) as i64) as i32
+        dev.create_stream().map_err(device_err)
     }
 }
 
@@ -96,8 +82,7 @@ const N: u32 = 64;
 /// buffer's bytes (named), after checking the remap against the reference and that the resolve
 /// had misses (so the gather moved rows).
 pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(String, Vec<u8>)>> {
-    let e = |err: D::Error| err.to_string();
-    let mut rng = Rng(0x77a9);
+    let mut rng = SplitMix64::new(0x77a9);
     let tk = (T * K) as usize;
     let hot_w = N.div_ceil(BS);
     // Buffers by index.
@@ -143,8 +128,9 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
 
     // Inputs: request 0 has two rows (speculative decoding), request 1 one.
     let req = [0, 1, 0];
+    // Positions from -1 (no entry) to a few past the pages the tables map.
     let topk: Vec<i32> = (0..tk)
-        .map(|_| rng.int(-1, i64::from(PAGES * BS) + 4))
+        .map(|_| rng.i32_in(-1, (PAGES * BS) as i32 + 5))
         .collect();
     let host_table: Vec<i32> = (0..(R * PAGES) as i32).collect();
     let resident: Vec<i32> = (0..R * PAGES)
@@ -152,8 +138,10 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         .collect();
     let hot: Vec<i32> = (0..(R * hot_w) as i32).map(|i| 20 + i).collect();
     let lru: Vec<u16> = (0..R).flat_map(|_| 0..N as u16).collect();
-    let host_bytes: Vec<u8> = (0..HOST_LEN).map(|_| rng.next() as u8).collect();
-    let pool_bytes: Vec<u8> = (0..DEV_LEN).map(|_| rng.next() as u8).collect();
+    let mut host_bytes = vec![0u8; HOST_LEN];
+    rng.fill(&mut host_bytes);
+    let mut pool_bytes = vec![0u8; DEV_LEN];
+    rng.fill(&mut pool_bytes);
     for (i, v) in [
         (REQ, &req[..]),
         (HOST_TABLE, &host_table[..]),
@@ -161,15 +149,18 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         (HOT, &hot[..]),
         (DGI, &vec![-1; (R * N) as usize][..]),
     ] {
-        dev.upload_i32(&mut b[i], 0, v).map_err(e)?;
+        dev.upload_i32(&mut b[i], 0, v).map_err(device_err)?;
     }
-    dev.upload_u16(&mut b[LRU], 0, &lru).map_err(e)?;
-    dev.upload(&mut b[POOL], 0, &pool_bytes).map_err(e)?;
-    dev.write_pinned(&mut host, 0, &host_bytes).map_err(e)?;
+    dev.upload_u16(&mut b[LRU], 0, &lru).map_err(device_err)?;
+    dev.upload(&mut b[POOL], 0, &pool_bytes)
+        .map_err(device_err)?;
+    dev.write_pinned(&mut host, 0, &host_bytes)
+        .map_err(device_err)?;
     // The top-k arrives by an asynchronous copy the engine enqueues on the stream; the backend's
     // work after it must see it (one stream, one order).
     let topk_bytes: Vec<u8> = topk.iter().flat_map(|x| x.to_ne_bytes()).collect();
-    dev.write_pinned(&mut staging, 0, &topk_bytes).map_err(e)?;
+    dev.write_pinned(&mut staging, 0, &topk_bytes)
+        .map_err(device_err)?;
     lender.engine_copy(dev, &s, &staging, &mut b[TOPK], topk_bytes.len())?;
 
     let remap_desc = RemapDesc {
@@ -202,7 +193,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
                 stats: None,
             },
         )
-        .map_err(e)?;
+        .map_err(device_err)?;
     }
     let resolve_desc = ResolveDesc {
         num_tokens: T,
@@ -242,7 +233,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
                 stats: None,
             },
         )
-        .map_err(e)?;
+        .map_err(device_err)?;
     }
     let layer = [LayerPair {
         host: PageLayout::contiguous(0, PAGE, HOST_BLOCKS, BS, ROW),
@@ -265,7 +256,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
                 device: &mut pool[0],
             },
         )
-        .map_err(e)?;
+        .map_err(device_err)?;
     }
     let out_desc = PageCopyDesc {
         direction: Direction::DeviceToHost,
@@ -277,10 +268,10 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
     };
     let pairs_out = [BlockPair { src: 1, dst: 40 }, BlockPair { src: 2, dst: 41 }];
     dev.copy_pages(&s, &out_desc, &pairs_out, &mut host, &mut b[POOL])
-        .map_err(e)?;
+        .map_err(device_err)?;
     let pairs_in = [BlockPair { src: 5, dst: 10 }];
     dev.copy_pages(&s, &in_desc, &pairs_in, &mut host, &mut b[POOL])
-        .map_err(e)?;
+        .map_err(device_err)?;
     let span = RowSpan {
         device_block: 7,
         host_block: 50,
@@ -292,18 +283,18 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         layers: &layer,
     };
     dev.copy_rows(&s, &rows_desc, &[span], &mut host, &mut b[POOL])
-        .map_err(e)?;
+        .map_err(device_err)?;
     let page = PAGE as usize;
     dev.copy_within_device(&s, &mut b[POOL], 3 * page, 12 * page, page)
-        .map_err(e)?;
+        .map_err(device_err)?;
     {
         let (lo, hi) = b.split_at_mut(BULK);
         dev.copy_to_device(&s, &host, 0, &mut hi[0], 0, HOST_LEN)
-            .map_err(e)?;
+            .map_err(device_err)?;
         dev.copy_on_device(&s, &lo[POOL], 0, &mut hi[0], 512, DEV_LEN)
-            .map_err(e)?;
+            .map_err(device_err)?;
         dev.copy_to_host(&s, &lo[POOL], 0, &mut staging, 0, DEV_LEN)
-            .map_err(e)?;
+            .map_err(device_err)?;
     }
     let writes = [
         TableWrite { index: 0, value: 9 },
@@ -320,7 +311,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         table_len: R * PAGES,
     };
     dev.write_table(&s, &table_desc, &writes, &mut b[RESIDENT])
-        .map_err(e)?;
+        .map_err(device_err)?;
     {
         let (dgi, lru) = b[DGI..].split_at_mut(1);
         let reset = HotResetDesc {
@@ -328,9 +319,9 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
             hot_slots: N,
         };
         dev.reset_hot_state(&s, &reset, &[1], &mut dgi[0], &mut lru[0])
-            .map_err(e)?;
+            .map_err(device_err)?;
     }
-    dev.synchronize(&s).map_err(e)?;
+    dev.synchronize(&s).map_err(device_err)?;
 
     // Sanity against the reference where it is cheap: the remap; and the gather moved rows.
     let mut want = vec![0i32; tk];
@@ -347,14 +338,16 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
             stats: None,
         },
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(device_err)?;
     let mut got = vec![0i32; tk];
-    dev.download_i32(&b[REMAP_OUT], 0, &mut got).map_err(e)?;
+    dev.download_i32(&b[REMAP_OUT], 0, &mut got)
+        .map_err(device_err)?;
     if got != want {
         return Err("remap differs from the reference".into());
     }
     let mut misses = vec![0i32; T as usize];
-    dev.download_i32(&b[MISSES], 0, &mut misses).map_err(e)?;
+    dev.download_i32(&b[MISSES], 0, &mut misses)
+        .map_err(device_err)?;
     if misses.iter().sum::<i32>() == 0 {
         return Err("the scenario's resolve had no misses: the gather moved nothing".into());
     }
@@ -362,12 +355,12 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
     let mut out = Vec::new();
     for (i, buf) in b.iter().enumerate() {
         let mut v = vec![0u8; lens[i]];
-        dev.download(buf, 0, &mut v).map_err(e)?;
+        dev.download(buf, 0, &mut v).map_err(device_err)?;
         out.push((format!("device buffer {i}"), v));
     }
     for (name, h) in [("host pool", &host), ("staging", &staging)] {
         let mut v = vec![0u8; HOST_LEN];
-        dev.read_pinned(h, 0, &mut v).map_err(e)?;
+        dev.read_pinned(h, 0, &mut v).map_err(device_err)?;
         out.push((name.to_owned(), v));
     }
     Ok(out)

@@ -1,7 +1,7 @@
 //! The decode path captured into a graph as an engine captures it, generic over the backend and
-//! its driver, shared by the CUDA test (`backend-cuda/tests/graph_capture.rs`, on a GPU) and the
-//! ROCm test against the HIP test double (`backend-rocm/tests/hip_double.rs`), which include
-//! this file.
+//! its driver (an [`Engine`] the test writes over the raw graph API): run by the CUDA backend's
+//! `tests/graph_capture.rs` on a GPU and by the ROCm backend's `tests/hip_double.rs` against the
+//! HIP test double.
 //!
 //! [`run`]: the "engine" creates a stream and begins a capture on it in **global** mode through
 //! the raw driver API (what `torch.cuda.graph` does); inside the capture the backend wraps that
@@ -26,12 +26,8 @@ use hisparse_core::ops::{
     TableWrite, TableWriteDesc,
 };
 
-/// Result of this module's helpers: a message on failure.
-pub type Res<T> = Result<T, String>;
-
-fn e<E: std::fmt::Display>(err: E) -> String {
-    err.to_string()
-}
+use super::{Res, device_err, download_i32, upload_i32};
+use crate::SplitMix64;
 
 /// The engine's side of a capture: its own stream and graph, through the raw driver API.
 pub trait Engine<D: Device> {
@@ -74,21 +70,6 @@ const STEPS: usize = 6;
 /// Stats slots: the swap-in adds to slot 1, the remap to slot 2, slot 0 is never named.
 const SWAP_SLOT: u32 = 1;
 const REMAP_SLOT: u32 = 2;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Everything one step reads and writes, on the host (the reference's copy).
 #[derive(Clone)]
@@ -175,7 +156,7 @@ fn layers() -> [LayerPair; 1] {
     }]
 }
 
-fn build(rng: &mut Rng) -> Host {
+fn build(rng: &mut SplitMix64) -> Host {
     let mut req_id: Vec<i32> = (0..SINGLE as i32).collect();
     req_id.extend(std::iter::repeat_n(SINGLE as i32, SPEC_ROWS as usize));
     req_id.insert(10, -1);
@@ -189,12 +170,11 @@ fn build(rng: &mut Rng) -> Host {
     let width = SLOTS.div_ceil(BLOCK);
     let hot: Vec<i32> = (0..REQUESTS * width).map(|i| 1 + i as i32).collect();
     let n = SLOTS as usize;
-    let host_pool: Vec<u8> = (0..pages * (BLOCK * ROW) as usize)
-        .map(|_| rng.next() as u8)
-        .collect();
+    let mut host_pool = vec![0u8; pages * (BLOCK * ROW) as usize];
+    rng.fill(&mut host_pool);
     let device_pool = vec![0u8; (1 + hot_blocks() as usize) * (BLOCK * ROW) as usize];
     let block_table: Vec<i32> = (0..pages).map(|_| rng.below(4000) as i32 - 8).collect();
-    let mut stats: Vec<i32> = (0..12).map(|_| rng.next() as i32).collect();
+    let mut stats: Vec<i32> = (0..12).map(|_| rng.next_u64() as i32).collect();
     // The counted slots start a few thousand below wrapping.
     for w in &mut stats[4..] {
         *w = (u32::MAX - rng.below(3000) as u32) as i32;
@@ -215,7 +195,7 @@ fn build(rng: &mut Rng) -> Host {
 
 /// The next step's top-k: each row keeps 90% of its entries (rows of the speculative request
 /// differ a little from each other), the rest new positions or `-1`.
-fn next_topk(rng: &mut Rng, prev: Option<&[i32]>) -> Vec<i32> {
+fn next_topk(rng: &mut SplitMix64, prev: Option<&[i32]>) -> Vec<i32> {
     let span = u64::from(PAGES * BLOCK);
     (0..(ROWS * TOP_K) as usize)
         .map(|i| match prev {
@@ -291,44 +271,33 @@ struct Bufs<D: Device> {
     device_pool: D::Buffer,
 }
 
-fn dev_i32<D: Device>(dev: &D, v: &[i32]) -> Res<D::Buffer> {
-    let mut b = dev.alloc(v.len().max(1) * 4).map_err(e)?;
-    dev.upload_i32(&mut b, 0, v).map_err(e)?;
-    Ok(b)
-}
-
-fn read_i32<D: Device>(dev: &D, b: &D::Buffer, n: usize) -> Res<Vec<i32>> {
-    let mut v = vec![0; n];
-    dev.download_i32(b, 0, &mut v).map_err(e)?;
-    Ok(v)
-}
-
 fn upload<D: Device>(dev: &D, h: &Host) -> Res<Bufs<D>> {
     let o = Outputs::sized();
-    let mut lru = dev.alloc(h.lru.len() * 2).map_err(e)?;
-    dev.upload_u16(&mut lru, 0, &h.lru).map_err(e)?;
-    let mut host_pool = dev.alloc_pinned(h.host_pool.len()).map_err(e)?;
+    let mut lru = dev.alloc(h.lru.len() * 2).map_err(device_err)?;
+    dev.upload_u16(&mut lru, 0, &h.lru).map_err(device_err)?;
+    let mut host_pool = dev.alloc_pinned(h.host_pool.len()).map_err(device_err)?;
     dev.write_pinned(&mut host_pool, 0, &h.host_pool)
-        .map_err(e)?;
-    let mut device_pool = dev.alloc(h.device_pool.len()).map_err(e)?;
-    dev.upload(&mut device_pool, 0, &h.device_pool).map_err(e)?;
+        .map_err(device_err)?;
+    let mut device_pool = dev.alloc(h.device_pool.len()).map_err(device_err)?;
+    dev.upload(&mut device_pool, 0, &h.device_pool)
+        .map_err(device_err)?;
     Ok(Bufs::<D> {
-        req_id: dev_i32(dev, &h.req_id)?,
-        topk: dev.alloc((ROWS * TOP_K) as usize * 4).map_err(e)?,
-        resident: dev_i32(dev, &h.resident)?,
-        host_table: dev_i32(dev, &h.host_table)?,
-        hot: dev_i32(dev, &h.hot)?,
-        dgi: dev_i32(dev, &h.dgi)?,
+        req_id: upload_i32(dev, &h.req_id)?,
+        topk: dev.alloc((ROWS * TOP_K) as usize * 4).map_err(device_err)?,
+        resident: upload_i32(dev, &h.resident)?,
+        host_table: upload_i32(dev, &h.host_table)?,
+        hot: upload_i32(dev, &h.hot)?,
+        dgi: upload_i32(dev, &h.dgi)?,
         lru,
-        indices: dev_i32(dev, &o.indices)?,
-        valid: dev_i32(dev, &o.valid)?,
-        hits: dev_i32(dev, &o.hits)?,
-        misses: dev_i32(dev, &o.misses)?,
-        miss_src: dev_i32(dev, &o.miss_src)?,
-        miss_dst: dev_i32(dev, &o.miss_dst)?,
-        remapped: dev_i32(dev, &o.remapped)?,
-        block_table: dev_i32(dev, &h.block_table)?,
-        stats: dev_i32(dev, &h.stats)?,
+        indices: upload_i32(dev, &o.indices)?,
+        valid: upload_i32(dev, &o.valid)?,
+        hits: upload_i32(dev, &o.hits)?,
+        misses: upload_i32(dev, &o.misses)?,
+        miss_src: upload_i32(dev, &o.miss_src)?,
+        miss_dst: upload_i32(dev, &o.miss_dst)?,
+        remapped: upload_i32(dev, &o.remapped)?,
+        block_table: upload_i32(dev, &h.block_table)?,
+        stats: upload_i32(dev, &h.stats)?,
         host_pool,
         device_pool,
     })
@@ -354,7 +323,7 @@ fn enqueue_step<D: Device>(dev: &D, s: &D::Stream, b: &mut Bufs<D>, h: &Host) ->
         &writes,
         &mut b.hot,
     )
-    .map_err(e)?;
+    .map_err(device_err)?;
     dev.resolve_and_gather(
         s,
         &resolve_desc(),
@@ -379,7 +348,7 @@ fn enqueue_step<D: Device>(dev: &D, s: &D::Stream, b: &mut Bufs<D>, h: &Host) ->
         &b.host_pool,
         &mut b.device_pool,
     )
-    .map_err(e)?;
+    .map_err(device_err)?;
     dev.remap(
         s,
         &remap_desc(),
@@ -393,20 +362,20 @@ fn enqueue_step<D: Device>(dev: &D, s: &D::Stream, b: &mut Bufs<D>, h: &Host) ->
             stats: Some(&mut b.stats),
         },
     )
-    .map_err(e)
+    .map_err(device_err)
 }
 
 /// Compares everything a step left on the device with the reference.
 fn compare<D: Device>(dev: &D, b: &Bufs<D>, h: &Host, want: &Outputs, step: usize) -> Res<()> {
     let (t, tk) = (ROWS as usize, (ROWS * TOP_K) as usize);
     let got = Outputs {
-        indices: read_i32(dev, &b.indices, tk)?,
-        valid: read_i32(dev, &b.valid, t)?,
-        hits: read_i32(dev, &b.hits, t)?,
-        misses: read_i32(dev, &b.misses, t)?,
-        miss_src: read_i32(dev, &b.miss_src, tk)?,
-        miss_dst: read_i32(dev, &b.miss_dst, tk)?,
-        remapped: read_i32(dev, &b.remapped, tk)?,
+        indices: download_i32(dev, &b.indices, tk)?,
+        valid: download_i32(dev, &b.valid, t)?,
+        hits: download_i32(dev, &b.hits, t)?,
+        misses: download_i32(dev, &b.misses, t)?,
+        miss_src: download_i32(dev, &b.miss_src, tk)?,
+        miss_dst: download_i32(dev, &b.miss_dst, tk)?,
+        remapped: download_i32(dev, &b.remapped, tk)?,
     };
     for (name, g, w) in [
         ("indices", &got.indices, &want.indices),
@@ -416,8 +385,8 @@ fn compare<D: Device>(dev: &D, b: &Bufs<D>, h: &Host, want: &Outputs, step: usiz
         ("miss_src", &got.miss_src, &want.miss_src),
         ("miss_dst", &got.miss_dst, &want.miss_dst),
         ("remap out", &got.remapped, &want.remapped),
-        ("dgi", &read_i32(dev, &b.dgi, h.dgi.len())?, &h.dgi),
-        ("stats", &read_i32(dev, &b.stats, 12)?, &h.stats),
+        ("dgi", &download_i32(dev, &b.dgi, h.dgi.len())?, &h.dgi),
+        ("stats", &download_i32(dev, &b.stats, 12)?, &h.stats),
     ] {
         if g != w {
             let at = g.iter().zip(w.iter()).position(|(a, b)| a != b);
@@ -427,12 +396,13 @@ fn compare<D: Device>(dev: &D, b: &Bufs<D>, h: &Host, want: &Outputs, step: usiz
         }
     }
     let mut lru = vec![0u16; h.lru.len()];
-    dev.download_u16(&b.lru, 0, &mut lru).map_err(e)?;
+    dev.download_u16(&b.lru, 0, &mut lru).map_err(device_err)?;
     if lru != h.lru {
         return Err(format!("step {step}: lru differs from the reference"));
     }
     let mut pool = vec![0u8; h.device_pool.len()];
-    dev.download(&b.device_pool, 0, &mut pool).map_err(e)?;
+    dev.download(&b.device_pool, 0, &mut pool)
+        .map_err(device_err)?;
     if pool != h.device_pool {
         return Err(format!(
             "step {step}: the device pool differs from the reference"
@@ -446,16 +416,21 @@ fn compare<D: Device>(dev: &D, b: &Bufs<D>, h: &Host, want: &Outputs, step: usiz
 }
 
 /// Staging work on another stream that reuses the staging ring: large random table writes.
-fn unrelated<D: Device>(dev: &D, s: &D::Stream, junk: &mut D::Buffer, rng: &mut Rng) -> Res<()> {
+fn unrelated<D: Device>(
+    dev: &D,
+    s: &D::Stream,
+    junk: &mut D::Buffer,
+    rng: &mut SplitMix64,
+) -> Res<()> {
     for _ in 0..3 {
         let writes: Vec<TableWrite> = (0..65_536u32)
             .map(|index| TableWrite {
                 index,
-                value: rng.next() as i32,
+                value: rng.next_u64() as i32,
             })
             .collect();
         dev.write_table(s, &TableWriteDesc { table_len: 65_536 }, &writes, junk)
-            .map_err(e)?;
+            .map_err(device_err)?;
     }
     Ok(())
 }
@@ -463,20 +438,20 @@ fn unrelated<D: Device>(dev: &D, s: &D::Stream, junk: &mut D::Buffer, rng: &mut 
 /// The scenario of the module docs on `dev`, the engine side through `eng`.
 pub fn run<D: Device, G: Engine<D>>(dev: &D, eng: &mut G) -> Res<()> {
     eng.prepare(dev)?;
-    let mut rng = Rng(0x6A09_E667_F3BC_C908);
+    let mut rng = SplitMix64::new(0x6A09_E667_F3BC_C908);
     let mut h = build(&mut rng);
     let mut b = upload(dev, &h)?;
-    let other = dev.create_stream().map_err(e)?;
-    let mut junk = dev.alloc(65_536 * 4).map_err(e)?;
+    let other = dev.create_stream().map_err(device_err)?;
+    let mut junk = dev.alloc(65_536 * 4).map_err(device_err)?;
     let raw = eng.stream()?;
     let topk = next_topk(&mut rng, None);
-    dev.upload_i32(&mut b.topk, 0, &topk).map_err(e)?;
+    dev.upload_i32(&mut b.topk, 0, &topk).map_err(device_err)?;
 
     // Capture, global mode, the wrap inside it.
     eng.begin_global(raw)?;
     let captured = (|| -> Res<D::Stream> {
         let wrapped = eng.wrap(dev, raw)?;
-        if !dev.is_capturing(&wrapped).map_err(e)? {
+        if !dev.is_capturing(&wrapped).map_err(device_err)? {
             return Err("is_capturing is false on a stream being captured".into());
         }
         enqueue_step(dev, &wrapped, &mut b, &h)?;
@@ -485,7 +460,7 @@ pub fn run<D: Device, G: Engine<D>>(dev: &D, eng: &mut G) -> Res<()> {
     let graph = eng.end(raw);
     let wrapped = captured?;
     let graph = graph?;
-    if dev.is_capturing(&wrapped).map_err(e)? {
+    if dev.is_capturing(&wrapped).map_err(device_err)? {
         return Err("is_capturing is still true after the capture ended".into());
     }
     if eng.arena_lists(dev) == 0 {
@@ -494,22 +469,23 @@ pub fn run<D: Device, G: Engine<D>>(dev: &D, eng: &mut G) -> Res<()> {
 
     // Step 0: the same calls eagerly on the wrapper made under capture.
     enqueue_step(dev, &wrapped, &mut b, &h)?;
-    dev.synchronize(&wrapped).map_err(e)?;
+    dev.synchronize(&wrapped).map_err(device_err)?;
     let want = reference_step(&mut h, &topk)?;
     compare(dev, &b, &h, &want, 0)?;
     // The wrapper goes; memory it could have freed is reused with garbage.
     drop(wrapped);
     let mut reuse = Vec::new();
     for bytes in [16usize, 1 << 20, 4 << 20] {
-        let mut m = dev.alloc(bytes).map_err(e)?;
-        dev.upload(&mut m, 0, &vec![0xFF; bytes]).map_err(e)?;
+        let mut m = dev.alloc(bytes).map_err(device_err)?;
+        dev.upload(&mut m, 0, &vec![0xFF; bytes])
+            .map_err(device_err)?;
         reuse.push(m);
     }
 
     let mut prev = topk;
     for step in 1..=STEPS {
         let topk = next_topk(&mut rng, Some(&prev));
-        dev.upload_i32(&mut b.topk, 0, &topk).map_err(e)?;
+        dev.upload_i32(&mut b.topk, 0, &topk).map_err(device_err)?;
         unrelated(dev, &other, &mut junk, &mut rng)?;
         eng.replay(&graph, raw)?;
         let want = reference_step(&mut h, &topk)?;
