@@ -11,6 +11,19 @@ impl SplitMix64 {
         SplitMix64(seed)
     }
 
+    /// A generator for stream `stream` of `seed`: different streams of one seed are
+    /// independent sequences (the seed mixed with the stream id, one value drawn).
+    pub fn with_stream(seed: u64, stream: u64) -> Self {
+        let mut r = SplitMix64(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03));
+        r.next_u64();
+        r
+    }
+
+    /// Uniform in `[0, 1)` (53 random bits).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);

@@ -43,7 +43,7 @@ fn run(
     prefix: bool,
     steps: u32,
 ) -> Result<(), TestCaseError> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut cfg = HiSparseConfig::new(TOP_K, 48 * 3 * 128);
     cfg.device_buffer_size = Some(HOT);
     cfg.eager_host_mirror = eager;

@@ -80,7 +80,7 @@ struct Plan {
 }
 
 fn soak(seed: u64, eager: bool, arrival_steps: u32, seen: &mut Seen) -> Result<(), TestCaseError> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut kv = layout();
     kv.config.eager_host_mirror = eager;
     assert!(kv.prefill_fits(96) && !kv.prefill_fits(LONG_LEN));

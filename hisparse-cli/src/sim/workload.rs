@@ -13,37 +13,8 @@
 //! Surviving entries keep their column, new ones take the freed columns. Positions are distinct
 //! within a selection; a context shorter than `top_k` selects every position and pads with `-1`.
 
-/// A small deterministic generator (SplitMix64).
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a seed and a stream id (different streams are independent).
-    pub fn new(seed: u64, stream: u64) -> Self {
-        let mut r = Rng(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03));
-        r.next_u64();
-        r
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+/// The workload's generator: the conformance suite's SplitMix64, one stream per purpose.
+pub use hisparse_conformance::SplitMix64 as Rng;
 
 /// Shape of the generated selections.
 #[derive(Clone, Copy, Debug)]
@@ -96,7 +67,7 @@ impl TopKStream {
     pub fn new(pattern: Pattern, seed: u64, stream: u64) -> Self {
         TopKStream {
             pattern,
-            rng: Rng::new(seed, stream),
+            rng: Rng::with_stream(seed, stream),
             centres: Vec::new(),
             selection: vec![-1; pattern.top_k as usize],
             member: Vec::new(),

@@ -60,23 +60,8 @@ pub static MODEL: ModelSpec<'static> = ModelSpec {
     layers: &LAYERS,
 };
 
-/// A small xorshift generator.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in `0..n` (0 when `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The tests' generator: the conformance suite's SplitMix64.
+pub use hisparse_conformance::SplitMix64 as Rng;
 
 /// Mixes two words (SplitMix64's finaliser).
 pub fn mix(a: u64, b: u64) -> u64 {

@@ -42,7 +42,7 @@ impl Decoding {
     pub(super) fn new(s: &SimSetup) -> Self {
         Decoding {
             drafts: HashMap::new(),
-            accept_rng: Rng::new(s.seed, 0x5BEC_D0DE),
+            accept_rng: Rng::with_stream(s.seed, 0x5BEC_D0DE),
             decoded: HashMap::new(),
         }
     }
