@@ -1,4 +1,4 @@
-//! Index remap (SPEC §5.1) over checked slices.
+//! Index remap (contract §5.1) over checked slices.
 
 use hisparse_core::ops::{RemapDesc, physical_row};
 

@@ -1,4 +1,4 @@
-//! Residency resolve (SPEC §5.2), a faster equivalent of
+//! Residency resolve (contract §5.2), a faster equivalent of
 //! [`hisparse_core::ops::resolve::resolve`].
 //!
 //! Same rules, same outputs bit for bit (the conformance suite compares them after every step of

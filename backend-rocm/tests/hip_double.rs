@@ -263,7 +263,7 @@ fn kernels_from(expected: KernelSource) -> Result<(), String> {
     dev.download(&counts, 0, &mut got_counts).map_err(e)?;
     // 64 KiB of shared memory per block (the double, like current AMD GPUs): the staged hot-table
     // row and the resolve state of up to 9736 hot slots fit it (4096 + 3 x 19472 + 2 x 1232 bytes
-    // of 64992), larger ones (up to SPEC's 32768) live in global memory.
+    // of 64992), larger ones (up to the contract's 32768) live in global memory.
     if dev.max_shared_hot_slots() != 9_736 {
         return Err(format!(
             "max_shared_hot_slots() = {}, expected 9736",
@@ -306,7 +306,7 @@ fn double_blocking_calls(library: &str) -> Result<u64, String> {
 
 /// Every decode-path operation (remap, resolve — with the wanted-row table in the workspace —,
 /// gather, invalidate, compressed slot mapping), once the stream is warm, makes no call that
-/// blocks the host or allocates: SPEC §5 requires them to be capturable.
+/// blocks the host or allocates: contract §5 requires them to be capturable.
 fn decode_path_never_blocks() -> Result<(), String> {
     let dev = open()?;
     let e = |e: RocmError| e.to_string();

@@ -1,5 +1,5 @@
 //! Block pool throughput: single-block allocate + free pairs, and batched allocate / free of
-//! 1024 blocks (SPEC §4; targets ≥ 50 M pairs/s and ≥ 200 M blocks/s on the 2-core development
+//! 1024 blocks (contract §4; targets ≥ 50 M pairs/s and ≥ 200 M blocks/s on the 2-core development
 //! machine), for a pool that fits the L2 cache (65 536 blocks, 1 MiB of block state) and one the
 //! size of a DeepSeek V3.2 GPU pool on an H200 (262 144 blocks, 4 MiB). The LRU queue hands out
 //! the least recently freed block, so these loops stream through every block of the pool.

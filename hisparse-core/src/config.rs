@@ -1,4 +1,4 @@
-//! HiSparse configuration and its validation (SPEC §2).
+//! HiSparse configuration and its validation (contract §2).
 
 use core::fmt;
 

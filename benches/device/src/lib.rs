@@ -8,7 +8,7 @@
 //! without what it could have been.
 //!
 //! Conventions: a *copy bandwidth* counts each byte moved once (bytes / time), as memcpy figures
-//! usually do; the *device bandwidth* counts bytes read plus bytes written (SPEC §6: "≈ 4.2 TB/s
+//! usually do; the *device bandwidth* counts bytes read plus bytes written (contract §6: "about 4.2 TB/s
 //! read + write" on an H200), and the remap and resolver figures count the bytes they must read and
 //! write the same way, so they compare like with like. Each figure is the median of `iters`
 //! samples; a sample enqueues the operation `reps` times (calibrated after a warm-up call so a

@@ -1,4 +1,4 @@
-//! Row and page copies (SPEC §5.3 and step 7 of §5.2): the miss-plan gather, multi-layer page
+//! Row and page copies (contract §5.3 and step 7 of §5.2): the miss-plan gather, multi-layer page
 //! backup and restore, row spans, host copy-on-write, bulk copies, and a host pool larger than
 //! one 128 MiB binding.
 

@@ -1,4 +1,4 @@
-//! Hot-entry invalidation (SPEC §5.4).
+//! Hot-entry invalidation (contract §5.4).
 
 use hisparse_core::Device;
 use hisparse_core::ops::invalidate::invalidate as reference;

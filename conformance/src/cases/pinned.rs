@@ -1,4 +1,4 @@
-//! Pinned allocation (SPEC §5.6) and the synchronous buffer transfers every other case relies on.
+//! Pinned allocation (contract §5.6) and the synchronous buffer transfers every other case relies on.
 
 use hisparse_core::ops::PINNED_ALIGNMENT;
 use hisparse_core::{Device, Error, ErrorKind};

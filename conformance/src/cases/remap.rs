@@ -1,4 +1,4 @@
-//! Index remap (SPEC §5.1): random inputs over K = 512, 2048 and 2176, with and without counts,
+//! Index remap (contract §5.1): random inputs over K = 512, 2048 and 2176, with and without counts,
 //! compaction, `idx_mapping` and a block stride above the block size; with a stats buffer
 //! (`hisparse_core::ops::stats`) at K = 512 and 2176; fixed adversarial inputs.
 

@@ -1,4 +1,4 @@
-//! Index remap with its modes (SPEC §5.1; `hisparse_core::ops::remap` module docs): decode
+//! Index remap with its modes (contract §5.1; `hisparse_core::ops::remap` module docs): decode
 //! context parallelism (`dcp_size`, `dcp_rank`, `dcp_interleave`) and prefill rows mapped into a
 //! gathered prefill workspace — random inputs with and without counts and compaction, every rank
 //! of a split, and hand-computed values. A backend without a mode answers `Unsupported`, which

@@ -1,4 +1,4 @@
-//! Residency resolve + swap-in (SPEC §5.2) over multi-step sequences: the per-request state
+//! Residency resolve + swap-in (contract §5.2) over multi-step sequences: the per-request state
 //! (`dgi`, `lru`) lives on the device across steps and is compared with the reference after every
 //! step, together with every output. Some scenarios also apply each step's miss plan with
 //! `gather_rows` to several layers (a leader and its followers) and compare the device pool.

@@ -1,4 +1,4 @@
-//! Compressed slot mapping (SPEC §5.5) at block boundaries, for several ratios.
+//! Compressed slot mapping (contract §5.5) at block boundaries, for several ratios.
 
 use hisparse_core::Device;
 use hisparse_core::ops::slot_mapping::compressed_slot_mapping as reference;

@@ -1,4 +1,4 @@
-//! Stream-ordered table maintenance (SPEC §7.1): sparse `i32` table writes, hot-state resets,
+//! Stream-ordered table maintenance (contract §7, item 1): sparse `i32` table writes, hot-state resets,
 //! and copies inside one device buffer (GPU copy-on-write of whole blocks).
 
 use hisparse_core::Device;

@@ -9,7 +9,7 @@
 //!
 //! Adjacent steps overlap: each step keeps all but about `(1 - overlap) * top_k` entries of the
 //! previous selection (the new token entering the window counts as one replacement), so the
-//! default overlap of 0.9 gives the ~90% adjacent-step overlap reported for DeepSeek V3.2 (SPEC §6).
+//! default overlap of 0.9 gives the ~90% adjacent-step overlap reported for DeepSeek V3.2 (contract §6).
 //! Surviving entries keep their column, new ones take the freed columns. Positions are distinct
 //! within a selection; a context shorter than `top_k` selects every position and pads with `-1`.
 

@@ -1,6 +1,6 @@
 //! The coordinator: managers for every KV-cache group, admission, the page lifecycle, reclaim,
 //! spill and row-mirror planning, worker reports, prefix caching and the per-step
-//! [`OffloadCommand`] (SPEC §4). Pure and deterministic: no I/O, no clocks.
+//! [`OffloadCommand`] (contract §4). Pure and deterministic: no I/O, no clocks.
 //!
 //! # Managers
 //!

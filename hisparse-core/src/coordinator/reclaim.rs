@@ -128,7 +128,7 @@ impl Coordinator {
         self.free_after_watermark = self.gpu.num_free();
     }
 
-    /// Frees GPU blocks by reclaiming clean resident pages (SPEC §4): visits running requests
+    /// Frees GPU blocks by reclaiming clean resident pages (contract §4): visits running requests
     /// with the most candidates first, oldest pages first; unpins clean pages at once (their
     /// blocks return to the free queue, their bytes stay readable until reused), marks pending
     /// ones release-after-transfer (and, without eager mirroring, plans the spill of dirty full

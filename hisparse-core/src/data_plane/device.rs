@@ -1,4 +1,4 @@
-//! The [`Device`] trait: the executable contract every backend implements (SPEC §5).
+//! The [`Device`] trait: the executable contract every backend implements (contract §5).
 //!
 //! The core plans; a backend executes. A backend owns device memory ([`Device::Buffer`]), pinned
 //! host memory the device reads directly ([`Device::HostBuffer`]) and an ordering primitive

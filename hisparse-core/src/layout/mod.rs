@@ -1,4 +1,4 @@
-//! Layout planning (SPEC §3): from a model, a [`HiSparseConfig`] and memory budgets to a
+//! Layout planning (contract §3): from a model, a [`HiSparseConfig`] and memory budgets to a
 //! [`KvCacheConfig`] — the KV-cache groups, the GPU and host pools and where every layer's pages
 //! sit in them. Pure: no I/O, deterministic.
 //!
@@ -287,7 +287,7 @@ pub struct KvCacheConfig {
     pub config: HiSparseConfig,
     /// Tokens per block.
     pub block_tokens: u32,
-    /// Rows per page of the source, resident and hot groups (SPEC's block size).
+    /// Rows per page of the source, resident and hot groups (the contract's block size).
     pub block_size: u32,
     /// Tokens per sparse row (compress ratio of the sparse layers).
     pub sparse_compress_ratio: u32,

@@ -1,4 +1,4 @@
-//! Model geometry: which KV-cache tensors a model has and how big their rows are (SPEC §2).
+//! Model geometry: which KV-cache tensors a model has and how big their rows are (contract §2).
 //!
 //! A model is an ordered list of [`LayerSpec`]s, one per KV-cache tensor:
 //! * [`LayerSpec::Sparse`] — a sparse-attention layer whose KV rows go through HiSparse (host
@@ -10,7 +10,7 @@
 //!
 //! All GPU groups share one *block* of `block_tokens` tokens. A layer with compress ratio `R`
 //! stores `block_tokens / R` rows per block. The HiSparse groups (source, resident, hot) all use
-//! the sparse layers' rows per block, the *block size* of SPEC §2 (64 for DeepSeek V3.2; for a
+//! the sparse layers' rows per block, the *block size* of contract §2 (64 for DeepSeek V3.2; for a
 //! DeepSeek-V4-style model, 256 tokens / ratio 4 = 64 compressed rows).
 //!
 //! Models are plain data. [`ModelSpec`] borrows its layer list (works without `alloc`; the
@@ -202,7 +202,7 @@ impl ModelSpec<'_> {
             .count()
     }
 
-    /// Rows per block of the sparse layers (SPEC's *block size*), once validated.
+    /// Rows per block of the sparse layers (the contract's *block size*), once validated.
     pub fn sparse_block_size(&self) -> Option<u32> {
         self.first_sparse()
             .map(|s| self.block_tokens / s.compress_ratio.max(1))

@@ -1,4 +1,4 @@
-//! Block pool (SPEC §4): reference-counted blocks with an LRU free queue and an optional prefix
+//! Block pool (contract §4): reference-counted blocks with an LRU free queue and an optional prefix
 //! cache of block hashes.
 //!
 //! * Block 0 is the **null block**: never handed out, never freed, never counted as free.

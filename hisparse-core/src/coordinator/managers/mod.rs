@@ -1,4 +1,4 @@
-//! The managers of the KV-cache groups (SPEC §4).
+//! The managers of the KV-cache groups (contract §4).
 //!
 //! Each manager owns the per-request table of its groups (one table per request, kept in the
 //! request's record) and the rules that keep that table consistent. The pools are shared and

@@ -1,4 +1,4 @@
-//! Hot-entry invalidation (SPEC §5.4).
+//! Hot-entry invalidation (contract §5.4).
 //!
 //! After host rows are rewritten, or host blocks are recycled to another owner, any hot slot that
 //! caches one of those rows holds stale bytes. `invalidate` sets every `dgi[r][slot]` whose value

@@ -5,9 +5,10 @@
 //! reads and writes; they are generic over the buffer type so the same struct serves every backend
 //! and the reference (which uses plain slices).
 //!
-//! The reference functions in each submodule *are* the specification (SPEC §5): every backend must
-//! produce bit-identical outputs, including every `-1`, every LRU order and every copied byte.
-//! They are written for clarity, not speed.
+//! The reference functions in each submodule *are* the specification (§5 of `docs/contract.md`,
+//! which the crates cite as "contract §N"): every backend must produce bit-identical outputs,
+//! including every `-1`, every LRU order and every copied byte. They are written for clarity,
+//! not speed.
 //!
 //! Element types in device buffers: indices and block ids are `i32`, LRU orders are `u16`, all
 //! in native byte order. `-1` means "no row".

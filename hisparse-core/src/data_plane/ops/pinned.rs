@@ -1,4 +1,4 @@
-//! Pinned host allocation rules (SPEC §5.6).
+//! Pinned host allocation rules (contract §5.6).
 //!
 //! The host pool is page-aligned, device-visible host memory that the GPU reads directly. Before
 //! anything is reserved, a pool is checked against every limit of the host that could refuse it

@@ -1,4 +1,4 @@
-//! Compressed slot mapping (SPEC §5.5), for compress-ratio-`R` layers (DeepSeek V4 C4A: `R = 4`).
+//! Compressed slot mapping (contract §5.5), for compress-ratio-`R` layers (DeepSeek V4 C4A: `R = 4`).
 //!
 //! A token at position `p` writes a compressed row only when `(p + 1) % R == 0` and its own slot
 //! (`slot_mapping[t]`) is not negative. Its compressed index is `c = p / R`; with

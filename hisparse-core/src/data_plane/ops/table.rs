@@ -1,5 +1,5 @@
 //! Stream-ordered table maintenance: sparse writes into `i32` tables and hot-state resets
-//! (SPEC §7.1, "table updates (incremental), hot-state resets").
+//! (contract §7, item 1, "table updates (incremental), hot-state resets").
 //!
 //! An engine keeps the per-request tables the decode path reads (resident, host and hot tables,
 //! the indexer's and regular groups' block tables) in device memory. Each step changes only a few

@@ -172,7 +172,7 @@ impl ResidentManager {
         t.host_only + t.unpinned
     }
 
-    /// Stages the context of a prefill chunk (SPEC: prefill over host-only context): every
+    /// Stages the context of a prefill chunk (`docs/residency.md`, "Prefill over host-only context"): every
     /// unpinned page is pinned again (its blocks leave the free queue with their bytes intact;
     /// the caller has let every reuse fall back first, so their blocks are all intact) and
     /// every reclaimed page gets new blocks, host → device restores from its host block

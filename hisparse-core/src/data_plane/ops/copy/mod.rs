@@ -1,4 +1,4 @@
-//! Row and page copies between the pinned host pool and the device pool (SPEC §5.3 and step 7 of
+//! Row and page copies between the pinned host pool and the device pool (contract §5.3 and step 7 of
 //! §5.2).
 //!
 //! Both pools are described per layer by a [`PageLayout`]: where block 0's page of the layer sits,

@@ -1,4 +1,4 @@
-//! Index remap for the fully-resident path (SPEC §5.1): top-k token positions → physical rows.
+//! Index remap for the fully-resident path (contract §5.1): top-k token positions → physical rows.
 //!
 //! Per token row `t` and column `j`, with `tok = topk[t][j]`:
 //! * the request is `req_id[t]`; with `idx_mapping`, the block-table row is

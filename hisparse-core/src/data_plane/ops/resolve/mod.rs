@@ -1,4 +1,4 @@
-//! Residency resolve + swap-in planning (SPEC §5.2), one call per index group per decode step.
+//! Residency resolve + swap-in planning (contract §5.2), one call per index group per decode step.
 //!
 //! Inputs per call: `T` token rows of `K` top-k token positions, each row tagged with
 //! `req_id[t]` (`-1` = padding), which names the request's tables (see *Table row order* below
