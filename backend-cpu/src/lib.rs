@@ -438,11 +438,11 @@ impl Device for CpuDevice {
         _stream: &CpuStream,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &mut CpuBuffer,
+        slot_host_rows: &mut CpuBuffer,
         lru: &mut CpuBuffer,
     ) -> Result<(), CpuError> {
-        desc.check(rows, &*dgi, &*lru)?;
-        table::reset_hot_state(desc, rows, dgi.i32s_mut(), lru.u16s_mut())?;
+        desc.check(rows, &*slot_host_rows, &*lru)?;
+        table::reset_hot_state(desc, rows, slot_host_rows.i32s_mut(), lru.u16s_mut())?;
         Ok(())
     }
 
@@ -519,7 +519,7 @@ impl Device for CpuDevice {
                 resident_table: args.resident_table.i32s(),
                 host_table: args.host_table.i32s(),
                 hot_table: args.hot_table.i32s(),
-                dgi: args.dgi.i32s_mut(),
+                slot_host_rows: args.slot_host_rows.i32s_mut(),
                 lru: args.lru.u16s_mut(),
                 indices: args.indices.i32s_mut(),
                 valid_counts: args.valid_counts.i32s_mut(),
@@ -606,7 +606,7 @@ impl Device for CpuDevice {
             desc,
             InvalidateArgs {
                 ranges: args.ranges.i32s(),
-                dgi: args.dgi.i32s_mut(),
+                slot_host_rows: args.slot_host_rows.i32s_mut(),
             },
         )?;
         Ok(())

@@ -20,7 +20,7 @@ pub(crate) struct Slices<'a> {
     pub resident_table: &'a [i32],
     pub host_table: &'a [i32],
     pub hot_table: &'a [i32],
-    pub dgi: &'a mut [i32],
+    pub slot_host_rows: &'a mut [i32],
     pub lru: &'a mut [u16],
     pub indices: &'a mut [i32],
     pub valid_counts: &'a mut [i32],
@@ -160,7 +160,7 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
 
     for group in order.chunk_by(|x, y| x.0 == y.0) {
         let rows = group[0].0;
-        // `h`: row of the host and hot tables; `r`: row of the resident table, dgi and LRU.
+        // `h`: row of the host and hot tables; `r`: row of the resident table, slot_host_rows and LRU.
         let (h, r) = (rows.batch, rows.state);
         entries.clear();
         wanted.clear();
@@ -179,7 +179,7 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
         slot_of.clear();
         slot_of.resize(wanted.len(), NO_SLOT);
         if !wanted.is_empty() {
-            let dgi = &mut a.dgi[r * n..(r + 1) * n];
+            let slot_host_rows = &mut a.slot_host_rows[r * n..(r + 1) * n];
             let lru = &mut a.lru[r * n..(r + 1) * n];
             // Repair a corrupt LRU (not a permutation of 0..n).
             seen.fill(false);
@@ -194,14 +194,14 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
                 for (i, s) in lru.iter_mut().enumerate() {
                     *s = i as u16;
                 }
-                dgi.fill(-1);
+                slot_host_rows.fill(-1);
             }
             // Hits and evictable slots, in LRU order.
             let host_rows = desc.host_rows();
             evictable.clear();
             hits.clear();
             for &s in lru.iter() {
-                let cached = dgi[s as usize];
+                let cached = slot_host_rows[s as usize];
                 let in_pool = cached >= 0 && i64::from(cached) < host_rows;
                 match table.get(cached) {
                     Some(w) if in_pool && slot_of[w as usize] == NO_SLOT => {
@@ -221,7 +221,7 @@ pub(crate) fn resolve(desc: &ResolveDesc, a: Slices<'_>) {
                 let s = evictable[used];
                 used += 1;
                 let src = if i64::from(g) < host_rows { g } else { -1 };
-                dgi[s as usize] = src;
+                slot_host_rows[s as usize] = src;
                 slot_of[w] = u32::from(s);
                 let m = a.miss_counts[t] as usize;
                 a.miss_src[t * k + m] = src;

@@ -297,7 +297,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
         let hot_table = g.buf(width, 10);
         // Hot state from earlier calls: usually a valid permutation with cached rows, sometimes
         // corrupt (duplicate or out-of-range LRU entries).
-        let dgi0 = g.buf(slots, 50);
+        let slot_host_rows0 = g.buf(slots, 50);
         let lru_len = g.len_for(slots);
         let per = desc.hot_slots.clamp(1, 1 << 15) as usize;
         let lru0: Vec<u16> = (0..lru_len)
@@ -314,7 +314,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
             .map(|&n| g.len_for(n))
             .collect();
         let mut outs: Vec<Vec<i32>> = lens.iter().map(|&n| vec![-7; n]).collect();
-        let (mut dgi, mut lru) = (dgi0.clone(), lru0.clone());
+        let (mut slot_host_rows, mut lru) = (slot_host_rows0.clone(), lru0.clone());
         let reference = {
             let [indices, valid, hits, misses, src, dst] = &mut outs[..] else {
                 unreachable!()
@@ -327,7 +327,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
                     resident_table: &resident,
                     host_table: &host,
                     hot_table: &hot_table,
-                    dgi: &mut dgi,
+                    slot_host_rows: &mut slot_host_rows,
                     lru: &mut lru,
                     indices,
                     valid_counts: valid,
@@ -347,7 +347,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
             d.i32s(&host),
             d.i32s(&hot_table),
         );
-        let (mut gb, mut lb) = (d.i32s(&dgi0), d.u16s(&lru0));
+        let (mut gb, mut lb) = (d.i32s(&slot_host_rows0), d.u16s(&lru0));
         let mut ob: Vec<CpuBuffer> = lens.iter().map(|&n| d.i32s(&vec![-7; n])).collect();
         let backend = {
             let [indices, valid, hits, misses, src, dst] = &mut ob[..] else {
@@ -362,7 +362,7 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
                     resident_table: &resb,
                     host_table: &hb,
                     hot_table: &htb,
-                    dgi: &mut gb,
+                    slot_host_rows: &mut gb,
                     lru: &mut lb,
                     indices,
                     valid_counts: valid,
@@ -385,9 +385,9 @@ fn resolve_matches_the_reference_on_hostile_inputs() {
             );
         }
         assert_eq!(
-            d.read_i32(&gb, dgi.len()),
-            dgi,
-            "resolve dgi, round {round}"
+            d.read_i32(&gb, slot_host_rows.len()),
+            slot_host_rows,
+            "resolve slot_host_rows, round {round}"
         );
         assert_eq!(
             d.read_u16(&lb, lru.len()),
@@ -712,17 +712,21 @@ fn tables_invalidation_and_slot_mapping_match_the_reference() {
             hot_slots: g.size(8),
         };
         let slots = u64::from(desc.num_requests) * u64::from(desc.hot_slots);
-        let dgi0 = g.buf(slots, 9);
+        let slot_host_rows0 = g.buf(slots, 9);
         let lru0: Vec<u16> = (0..g.len_for(slots)).map(|_| g.below(9) as u16).collect();
         let rows: Vec<u32> = (0..g.below(3)).map(|_| g.size(3)).collect();
-        let (mut dgi, mut lru) = (dgi0.clone(), lru0.clone());
-        let reference = reset_hot_state(&desc, &rows, &mut dgi, &mut lru);
-        let (mut gb, mut lb) = (d.i32s(&dgi0), d.u16s(&lru0));
+        let (mut slot_host_rows, mut lru) = (slot_host_rows0.clone(), lru0.clone());
+        let reference = reset_hot_state(&desc, &rows, &mut slot_host_rows, &mut lru);
+        let (mut gb, mut lb) = (d.i32s(&slot_host_rows0), d.u16s(&lru0));
         let backend = d
             .dev
             .reset_hot_state(&d.stream, &desc, &rows, &mut gb, &mut lb);
         same_outcome("reset_hot_state", round, backend, reference);
-        assert_eq!(d.read_i32(&gb, dgi.len()), dgi, "reset dgi, round {round}");
+        assert_eq!(
+            d.read_i32(&gb, slot_host_rows.len()),
+            slot_host_rows,
+            "reset slot_host_rows, round {round}"
+        );
         assert_eq!(d.read_u16(&lb, lru.len()), lru, "reset lru, round {round}");
         // invalidate
         let desc = InvalidateDesc {
@@ -731,27 +735,31 @@ fn tables_invalidation_and_slot_mapping_match_the_reference() {
             num_ranges: g.size(3),
         };
         let ranges = g.buf(u64::from(desc.num_ranges) * 2, 12);
-        let dgi0 = g.buf(u64::from(desc.num_requests) * u64::from(desc.hot_slots), 12);
-        let mut dgi = dgi0.clone();
+        let slot_host_rows0 = g.buf(u64::from(desc.num_requests) * u64::from(desc.hot_slots), 12);
+        let mut slot_host_rows = slot_host_rows0.clone();
         let reference = invalidate(
             &desc,
             InvalidateArgs {
                 ranges: &ranges[..],
-                dgi: &mut dgi[..],
+                slot_host_rows: &mut slot_host_rows[..],
             },
         );
         let rb = d.i32s(&ranges);
-        let mut gb = d.i32s(&dgi0);
+        let mut gb = d.i32s(&slot_host_rows0);
         let backend = d.dev.invalidate(
             &d.stream,
             &desc,
             InvalidateArgs {
                 ranges: &rb,
-                dgi: &mut gb,
+                slot_host_rows: &mut gb,
             },
         );
         same_outcome("invalidate", round, backend, reference);
-        assert_eq!(d.read_i32(&gb, dgi.len()), dgi, "invalidate, round {round}");
+        assert_eq!(
+            d.read_i32(&gb, slot_host_rows.len()),
+            slot_host_rows,
+            "invalidate, round {round}"
+        );
         // compressed slot mapping
         let ratio = 1 + g.below(4) as u32;
         let mut desc = SlotMappingDesc {

@@ -604,7 +604,7 @@ impl CudaDevice {
             resident_table: args.resident_table.mem.ptr(),
             host_table: args.host_table.mem.ptr(),
             hot_table: args.hot_table.mem.ptr(),
-            dgi: args.dgi.mem.ptr(),
+            slot_host_rows: args.slot_host_rows.mem.ptr(),
             lru: args.lru.mem.ptr(),
             indices: args.indices.mem.ptr(),
             valid_counts: args.valid_counts.mem.ptr(),
@@ -750,11 +750,17 @@ impl Device for CudaDevice {
         stream: &CudaStream,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &mut CudaBuffer,
+        slot_host_rows: &mut CudaBuffer,
         lru: &mut CudaBuffer,
     ) -> Result<()> {
-        desc.check(rows, dgi, lru)?;
-        let plan = plan::reset_hot_state(&self.target, desc, rows, dgi.mem.ptr(), lru.mem.ptr())?;
+        desc.check(rows, slot_host_rows, lru)?;
+        let plan = plan::reset_hot_state(
+            &self.target,
+            desc,
+            rows,
+            slot_host_rows.mem.ptr(),
+            lru.mem.ptr(),
+        )?;
         self.execute(stream, plan)
     }
 
@@ -963,7 +969,7 @@ impl Device for CudaDevice {
             &self.target,
             desc,
             args.ranges.mem.ptr(),
-            args.dgi.mem.ptr(),
+            args.slot_host_rows.mem.ptr(),
         );
         self.execute(stream, plan)
     }

@@ -532,11 +532,17 @@ impl Device for RocmDevice {
         stream: &RocmStream,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &mut RocmBuffer,
+        slot_host_rows: &mut RocmBuffer,
         lru: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
-        desc.check(rows, dgi, lru)?;
-        let plan = plan::reset_hot_state(&self.target(), desc, rows, dgi.addr(), lru.addr())?;
+        desc.check(rows, slot_host_rows, lru)?;
+        let plan = plan::reset_hot_state(
+            &self.target(),
+            desc,
+            rows,
+            slot_host_rows.addr(),
+            lru.addr(),
+        )?;
         self.execute(stream, plan)
     }
 
@@ -752,7 +758,12 @@ impl Device for RocmDevice {
         args: InvalidateArgs<'_, RocmBuffer>,
     ) -> Result<(), RocmError> {
         desc.check(&args)?;
-        let plan = plan::invalidate(&self.target(), desc, args.ranges.addr(), args.dgi.addr());
+        let plan = plan::invalidate(
+            &self.target(),
+            desc,
+            args.ranges.addr(),
+            args.slot_host_rows.addr(),
+        );
         self.execute(stream, plan)
     }
 
@@ -808,7 +819,7 @@ fn resolve_addrs(args: &ResolveArgs<'_, RocmBuffer>) -> plan::ResolveAddrs {
         resident_table: args.resident_table.addr(),
         host_table: args.host_table.addr(),
         hot_table: args.hot_table.addr(),
-        dgi: args.dgi.addr(),
+        slot_host_rows: args.slot_host_rows.addr(),
         lru: args.lru.addr(),
         indices: args.indices.addr(),
         valid_counts: args.valid_counts.addr(),

@@ -343,7 +343,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
     let mut hot_table = zeroed(resolve_desc.hot_table_width() as usize * 4)?;
     let hot: Vec<i32> = (0..resolve_desc.hot_table_width() as i32).collect();
     dev.upload(&mut hot_table, 0, &bytes_of(&hot)).map_err(e)?;
-    let mut dgi = zeroed(n as usize * 4)?;
+    let mut slot_host_rows = zeroed(n as usize * 4)?;
     let mut lru = zeroed(n as usize * 2)?;
     let mut outs = Vec::new();
     for len in [tk, t as usize, t as usize, t as usize, tk, tk] {
@@ -402,7 +402,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
                 resident_table: &resident,
                 host_table: &host_table,
                 hot_table: &hot_table,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
                 lru: &mut lru,
                 indices,
                 valid_counts: valid,
@@ -440,7 +440,7 @@ fn decode_path_never_blocks() -> Result<(), String> {
             },
             InvalidateArgs {
                 ranges: &ranges,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
             },
         )
         .map_err(e)?;

@@ -1,5 +1,5 @@
 // Hot-state reset (hisparse_core::ops::table::reset_hot_state): for every listed state row r,
-// dgi[r][..] = -1 and lru[r][s] = s. One invocation per (listed row, slot).
+// slot_host_rows[r][..] = -1 and lru[r][s] = s. One invocation per (listed row, slot).
 //
 // The u16 LRU entries are written as 32-bit words (two entries per word, the even index in the
 // low half). With an odd number of slots, neighbouring rows share a word; every word is written by
@@ -14,8 +14,8 @@ struct Params {
     slots: u32,
     // state rows (R)
     num_requests: u32,
-    // first dgi element and first LRU word of the bindings
-    dgi_base: u32,
+    // first slot_host_rows element and first LRU word of the bindings
+    slot_host_rows_base: u32,
     lru_base: u32,
     // unused: keeps the block a multiple of 8 bytes
     pad: u32,
@@ -24,7 +24,7 @@ struct Params {
 var<immediate> pc: Params;
 // The rows of this dispatch, then (from word `pc.rows`) the bitmap of all listed rows.
 @group(0) @binding(0) var<storage, read> list: array<u32>;
-@group(0) @binding(1) var<storage, read_write> dgi: array<i32>;
+@group(0) @binding(1) var<storage, read_write> slot_host_rows: array<i32>;
 @group(0) @binding(2) var<storage, read_write> lru: array<u32>;
 
 fn listed(row: u32) -> bool {
@@ -57,7 +57,7 @@ fn main(
     let r = list[i / pc.slots];
     let e = i % pc.slots;
     let first = r * pc.slots;
-    dgi[first + e - pc.dgi_base] = -1;
+    slot_host_rows[first + e - pc.slot_host_rows_base] = -1;
     // Words holding this row's entries: first / 2 ..= (first + N - 1) / 2.
     let w = (first >> 1u) + e;
     if (w > ((first + pc.slots - 1u) >> 1u)) {

@@ -1,4 +1,4 @@
-// Hot-entry invalidation (hisparse_core::ops::invalidate): one invocation per dgi entry.
+// Hot-entry invalidation (hisparse_core::ops::invalidate): one invocation per slot_host_rows entry.
 struct Params {
     entries: u32,
     num_ranges: u32,
@@ -6,7 +6,7 @@ struct Params {
 
 var<immediate> pc: Params;
 @group(0) @binding(0) var<storage, read> ranges: array<i32>;
-@group(0) @binding(1) var<storage, read_write> dgi: array<i32>;
+@group(0) @binding(1) var<storage, read_write> slot_host_rows: array<i32>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -18,10 +18,10 @@ fn main(
     if (i >= pc.entries) {
         return;
     }
-    let d = dgi[i];
+    let d = slot_host_rows[i];
     for (var r = 0u; r < pc.num_ranges; r = r + 1u) {
         if (ranges[2u * r] <= d && d < ranges[2u * r + 1u]) {
-            dgi[i] = -1;
+            slot_host_rows[i] = -1;
             return;
         }
     }

@@ -22,7 +22,7 @@
 @group(0) @binding(19) var<storage, read_write> old: array<u32>;
 // evictable slots in LRU order
 @group(0) @binding(20) var<storage, read_write> evl: array<u32>;
-// Batch-row order (flags bit 2): batch row → state row of resident_table, dgi and lru. Binding
+// Batch-row order (flags bit 2): batch row → state row of resident_table, slot_host_rows and lru. Binding
 // 0 (and the grouping pass's) then holds the rows' batch rows with the unowned ones already -1
 // (resolve_order.wgsl).
 @group(0) @binding(21) var<storage, read> idx_mapping: array<i32>;
@@ -139,7 +139,7 @@ fn main(
         return;
     }
     let r = u32(req_id[t0]);
-    // `r`: row of host_table and hot_table; `sr`: row of resident_table, dgi and lru.
+    // `r`: row of host_table and hot_table; `sr`: row of resident_table, slot_host_rows and lru.
     var sr = r;
     if ((pc.flags & 4u) != 0u) {
         sr = u32(idx_mapping[r]);
@@ -234,7 +234,7 @@ fn main(
         let bad = atomicLoad(&bad_lru) != 0u;
         if (bad) {
             for (var p = lid; p < n; p = p + W) {
-                dgi[lb + p] = -1;
+                slot_host_rows[lb + p] = -1;
             }
             storageBarrier();
         }
@@ -245,8 +245,8 @@ fn main(
                 s = lru_get(lb + p);
             }
             old[grp + p] = s;
-            let c = dgi[lb + s];
-            // A row beyond the host pool is never a hit, even if a corrupt dgi names it.
+            let c = slot_host_rows[lb + s];
+            // A row beyond the host pool is never a hit, even if a corrupt slot_host_rows names it.
             if (c >= 0 && u32(c) < pc.host_rows) {
                 let h = find(hb, hsize, u32(c));
                 if (h != NONE) {
@@ -263,7 +263,7 @@ fn main(
             var s = 0u;
             if (p < n) {
                 s = old[grp + p];
-                let c = dgi[lb + s];
+                let c = slot_host_rows[lb + s];
                 if (c >= 0 && u32(c) < pc.host_rows) {
                     let h = find(hb, hsize, u32(c));
                     if (h != NONE && atomicLoad(&hash[(hb + h) * 4u + 2u]) == p) {
@@ -330,7 +330,7 @@ fn main(
                 atomicStore(&hash[(hb + h) * 4u + 3u], s);
                 let in_pool = u32(g) < pc.host_rows;
                 let src = select(-1, g, in_pool);
-                dgi[lb + s] = src;
+                slot_host_rows[lb + s] = src;
                 let row = q / k;
                 let t = perm[start + row];
                 let slot_in_row = m - atomicLoad(&rowc[(start + row) * 4u + 2u]);

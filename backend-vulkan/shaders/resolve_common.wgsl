@@ -14,7 +14,7 @@ struct Params {
     // bit 0: per-slot scratch indexed by request id (else by the request's first row);
     // bit 1 (the one-dispatch resolver only): workgroup mode allowed;
     // bit 2: batch-row order — req_id holds owning batch rows (resolve_order.wgsl) and the
-    // state row of resident_table, dgi and lru is idx_mapping[req_id]
+    // state row of resident_table, slot_host_rows and lru is idx_mapping[req_id]
     flags: u32,
 }
 
@@ -24,7 +24,7 @@ var<immediate> pc: Params;
 @group(0) @binding(2) var<storage, read> resident_table: array<i32>;
 @group(0) @binding(3) var<storage, read> host_table: array<i32>;
 @group(0) @binding(4) var<storage, read> hot_table: array<i32>;
-@group(0) @binding(5) var<storage, read_write> dgi: array<i32>;
+@group(0) @binding(5) var<storage, read_write> slot_host_rows: array<i32>;
 // u16 LRU entries, two per word (little-endian: even index in the low half).
 @group(0) @binding(6) var<storage, read_write> lru: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read_write> indices: array<i32>;

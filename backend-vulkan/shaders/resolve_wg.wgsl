@@ -25,7 +25,7 @@
 //   perm [7TK, 7TK + T), row counters (3 per row) [.., + 3T), evictables G*N, positions G*N,
 //   bitmaps G*NB. `resolve_wg_scratch_words` in src/index.rs computes the same sizes.
 @group(0) @binding(13) var<storage, read_write> gs: array<atomic<u32>>;
-// Batch-row order (flags bit 2): batch row → state row of resident_table, dgi and lru. Binding
+// Batch-row order (flags bit 2): batch row → state row of resident_table, slot_host_rows and lru. Binding
 // 0 then holds the rows' batch rows with the unowned ones already -1 (resolve_order.wgsl), so
 // every `req_id` read below sees owners only.
 @group(0) @binding(14) var<storage, read> idx_mapping: array<i32>;
@@ -70,7 +70,7 @@ var<private> cap: u32;
 var<private> g_start: u32;
 var<private> g_count: u32;
 var<private> g_r: u32;
-// The request's row of resident_table, dgi and lru (g_r itself in state-row order).
+// The request's row of resident_table, slot_host_rows and lru (g_r itself in state-row order).
 var<private> g_s: u32;
 
 // Exclusive workgroup scan of f in `vl` order (workgroup memory only, two barriers); the total
@@ -581,7 +581,7 @@ fn main(
     var row0_hits = 0u;
     if (any_host) {
         // Phase 3: the LRU must be a permutation of 0..n; otherwise it is reset to the identity
-        // and every dgi entry to -1 (no hits; the reset is written in phase 6).
+        // and every slot_host_rows entry to -1 (no hits; the reset is written in phase 6).
         var sv = vec4<u32>(0u, 0u, 0u, 0u);
         for (var pb = 0u; pb < n; pb = pb + NF) {
             for (var i = 0u; i < IN; i = i + 1u) {
@@ -611,9 +611,9 @@ fn main(
                         if (!nsingle) {
                             s = lru_get(lb + p);
                         }
-                        let c = dgi[lb + s];
+                        let c = slot_host_rows[lb + s];
                         var h = NONE;
-                        // A row beyond the host pool is never a hit, even if a corrupt dgi names it.
+                        // A row beyond the host pool is never a hit, even if a corrupt slot_host_rows names it.
                         if (c >= 0 && u32(c) < pc.host_rows) {
                             h = find(u32(c));
                             if (h != NONE) {
@@ -640,7 +640,7 @@ fn main(
                     var h = hq[i];
                     if (!nsingle) {
                         h = NONE;
-                        let c = dgi[lb + lru_get(lb + p)];
+                        let c = slot_host_rows[lb + lru_get(lb + p)];
                         if (c >= 0 && u32(c) < pc.host_rows) {
                             h = find(u32(c));
                         }
@@ -701,7 +701,7 @@ fn main(
                             let info = atomicLoad(&gs[pos_at() + p]);
                             if (((info >> 15u) & 1u) == 1u) {
                                 let s = info & 0x7fffu;
-                                ref_set(find(u32(dgi[lb + s])), s);
+                                ref_set(find(u32(slot_host_rows[lb + s])), s);
                             }
                         }
                     }
@@ -771,9 +771,9 @@ fn main(
         let used = min(misses, ev);
         bar();
 
-        // Phase 6b: misses take the first evictable slots (dgi, plan); the new LRU order:
+        // Phase 6b: misses take the first evictable slots (slot_host_rows, plan); the new LRU order:
         // unused evictables, miss slots, hits (each in old order); a corrupt state's other slots
-        // get dgi -1.
+        // get slot_host_rows -1.
         for (var pb = 0u; pb < e_count; pb = pb + EF) {
             for (var i = 0u; i < IK; i = i + 1u) {
                 let q = pb + vl * IK + i;
@@ -792,7 +792,7 @@ fn main(
                         let s = evl_get(m);
                         ref_set(h, s);
                         let src = select(-1, g, u32(g) < pc.host_rows);
-                        dgi[lb + s] = src;
+                        slot_host_rows[lb + s] = src;
                         let rank = q / k;
                         let at = row_t(rank) * k + (m - rowc_get(rank, 2u));
                         miss_src[at] = src;
@@ -819,7 +819,7 @@ fn main(
                         if (rank >= used) {
                             at = rank - used;
                             if (corrupt) {
-                                dgi[lb + s] = -1;
+                                slot_host_rows[lb + s] = -1;
                             }
                         } else {
                             at = ev - used + rank;

@@ -5,7 +5,7 @@
 //! File format (little-endian): nine `u32` — `num_tokens`, `top_k`, `num_requests`,
 //! `max_pages`, `block_size`, `hot_slots`, `attention_block_stride`, `host_num_blocks`,
 //! `hot_table_width` — then the bytes of `req_id` (`i32[T]`), `topk` (`i32[T·K]`),
-//! `resident_table` and `host_table` (`i32[R·M]` each), `dgi` (`i32[R·N]`), `lru` (`u16[R·N]`)
+//! `resident_table` and `host_table` (`i32[R·M]` each), `slot_host_rows` (`i32[R·N]`), `lru` (`u16[R·N]`)
 //! and `hot_table` (`i32[R·W]`), in that order.
 
 use std::path::PathBuf;
@@ -69,7 +69,7 @@ impl ResolveDump {
             (args.topk, 4 * t * k),
             (args.resident_table, 4 * r * m),
             (args.host_table, 4 * r * m),
-            (&*args.dgi, 4 * r * n),
+            (&*args.slot_host_rows, 4 * r * n),
             (&*args.lru, 2 * r * n),
             (args.hot_table, 4 * r * w),
         ];

@@ -41,25 +41,25 @@ fn table_runs(
     runs
 }
 
-/// Splits sorted, distinct state rows into groups whose `dgi` rows (`4n` bytes each) and LRU
-/// words fit one binding each: `(first, end, dgi base byte, lru base byte)`.
+/// Splits sorted, distinct state rows into groups whose `slot_host_rows` rows (`4n` bytes each) and LRU
+/// words fit one binding each: `(first, end, slot_host_rows base byte, lru base byte)`.
 fn reset_groups(rows: &[u32], n: u64, window: u64, align: u64) -> Vec<(usize, usize, u64, u64)> {
-    let dgi_end = |r: u32| (u64::from(r) + 1) * n * 4;
+    let slot_host_rows_end = |r: u32| (u64::from(r) + 1) * n * 4;
     let lru_end = |r: u32| ((u64::from(r) * n + n - 1) / 2 + 1) * 4;
     let mut groups = Vec::new();
     let mut i = 0;
     while i < rows.len() {
         let r0 = u64::from(rows[i]);
-        let dgi_base = align_down(r0 * n * 4, align);
+        let slot_host_rows_base = align_down(r0 * n * 4, align);
         let lru_base = align_down(r0 * n / 2 * 4, align);
         let mut j = i + 1;
         while j < rows.len()
-            && dgi_end(rows[j]) - dgi_base <= window
+            && slot_host_rows_end(rows[j]) - slot_host_rows_base <= window
             && lru_end(rows[j]) - lru_base <= window
         {
             j += 1;
         }
-        groups.push((i, j, dgi_base, lru_base));
+        groups.push((i, j, slot_host_rows_base, lru_base));
         i = j;
     }
     groups
@@ -117,7 +117,7 @@ impl VulkanDevice {
         s: usize,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &RawBuffer,
+        slot_host_rows: &RawBuffer,
         lru: &RawBuffer,
     ) -> Result<()> {
         if rows.is_empty() {
@@ -146,19 +146,19 @@ impl VulkanDevice {
         );
         self.ctx
             .record(s, Engine::Compute, "reset_hot_state", |rec| {
-                for &(i, j, dgi_base, lru_base) in &groups {
+                for &(i, j, slot_host_rows_base, lru_base) in &groups {
                     let mut list: Vec<u32> = sorted[i..j].to_vec();
                     list.extend_from_slice(&bitmap);
                     let list = rec.params(&list)?;
                     let last = u64::from(sorted[j - 1]);
                     let n64 = u64::from(n);
-                    let dgi_end = (last + 1) * n64 * 4;
+                    let slot_host_rows_end = (last + 1) * n64 * 4;
                     let lru_end = ((last * n64 + n64 - 1) / 2 + 1) * 4;
                     let push = [
                         (j - i) as u32,
                         n,
                         r,
-                        (dgi_base / 4) as u32,
+                        (slot_host_rows_base / 4) as u32,
                         (lru_base / 4) as u32,
                         0,
                     ];
@@ -166,7 +166,7 @@ impl VulkanDevice {
                         Shader::HotReset,
                         &[
                             list,
-                            Self::range(dgi, dgi_base, dgi_end),
+                            Self::range(slot_host_rows, slot_host_rows_base, slot_host_rows_end),
                             Self::range(lru, lru_base, lru_end),
                         ],
                         &push,
@@ -273,7 +273,7 @@ impl VulkanDevice {
         }
         let b = [
             self.bind_index(args.ranges.raw(), 8 * u64::from(desc.num_ranges), "ranges")?,
-            self.bind_index(args.dgi.raw(), 4 * entries, "dgi")?,
+            self.bind_index(args.slot_host_rows.raw(), 4 * entries, "slot_host_rows")?,
         ];
         let push = [entries as u32, desc.num_ranges];
         self.ctx.record(s, Engine::Compute, "invalidate", |rec| {
@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn reset_groups_keep_each_group_inside_one_binding() {
-        // 4 slots per row: 16 dgi bytes and 8 LRU bytes per row; a 32-byte window.
+        // 4 slots per row: 16 slot_host_rows bytes and 8 LRU bytes per row; a 32-byte window.
         let g = reset_groups(&[0, 1, 2, 7], 4, 32, 16);
         assert_eq!(g, vec![(0, 2, 0, 0), (2, 3, 32, 16), (3, 4, 112, 48)]);
         // Odd slot counts: row 1's LRU words start inside row 0's last word.

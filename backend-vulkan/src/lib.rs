@@ -803,11 +803,17 @@ impl Device for VulkanDevice {
         stream: &VulkanStream,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &mut VulkanBuffer,
+        slot_host_rows: &mut VulkanBuffer,
         lru: &mut VulkanBuffer,
     ) -> Result<()> {
-        desc.check(rows, dgi, lru)?;
-        self.hot_reset(self.sid(stream)?, desc, rows, dgi.raw(), lru.raw())
+        desc.check(rows, slot_host_rows, lru)?;
+        self.hot_reset(
+            self.sid(stream)?,
+            desc,
+            rows,
+            slot_host_rows.raw(),
+            lru.raw(),
+        )
     }
 
     fn remap(

@@ -19,7 +19,7 @@
 //! In batch-row order (`ResolveDesc::num_state_rows`) a first pass (`shaders/resolve_order.wgsl`)
 //! writes each token row's batch row, or `-1` where the batch row owns no state row, into the
 //! scratch buffer; both kernels read that in place of `req_id` and read the state row of the
-//! resident table, `dgi` and LRU through `idx_mapping` (flags bit 2), the host and hot tables by
+//! resident table, `slot_host_rows` and LRU through `idx_mapping` (flags bit 2), the host and hot tables by
 //! batch row. State-row order records exactly what it did before the option existed.
 //!
 //! Both give results identical to the reference; [`VulkanOptions::resolve_kernel`] chooses for
@@ -133,7 +133,7 @@ impl VulkanDevice {
             self.bind_index(args.resident_table.raw(), 4 * resident, "resident_table")?,
             self.bind_index(args.host_table.raw(), 4 * pages, "host_table")?,
             self.bind_index(args.hot_table.raw(), 4 * hot, "hot_table")?,
-            self.bind_index(args.dgi.raw(), 4 * slots, "dgi")?,
+            self.bind_index(args.slot_host_rows.raw(), 4 * slots, "slot_host_rows")?,
             self.bind_index(args.lru.raw(), 2 * slots, "lru")?,
             self.bind_index(args.indices.raw(), 4 * tk, "indices")?,
             self.bind_index(args.valid_counts.raw(), 4 * t, "valid_counts")?,

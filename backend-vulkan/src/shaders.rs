@@ -90,7 +90,7 @@ pub enum Shader {
     ResolveWgLargeSubgroup,
     /// Sparse `i32` table writes.
     TableWrite,
-    /// Hot-state reset (`dgi` to -1, LRU to the identity).
+    /// Hot-state reset (`slot_host_rows` to -1, LRU to the identity).
     HotReset,
     /// Miss-plan gather, host pool → device pool: 16 plan entries per workgroup, 8 loads in
     /// flight per invocation (the default on GPUs).

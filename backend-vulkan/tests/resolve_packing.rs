@@ -113,24 +113,24 @@ fn check(dev: &VulkanDevice, what: &str) {
             .collect();
         let host: Vec<i32> = (0..r * m).map(|_| rng.below(13) as i32).collect();
         let hot: Vec<i32> = (0..r as usize * width).map(|i| 40 + i as i32).collect();
-        let mut dgi = vec![-1i32; n];
+        let mut slot_host_rows = vec![-1i32; n];
         let mut lru: Vec<u16> = (0..r).flat_map(|_| 0..hot_slots as u16).collect();
         // Request 3 starts corrupt: a duplicate slot and garbage contents.
         let base = 3 * hot_slots as usize;
         lru[base + 1] = lru[base];
-        for d in &mut dgi[base..base + hot_slots as usize] {
+        for d in &mut slot_host_rows[base..base + hot_slots as usize] {
             *d = rng.below(50) as i32;
         }
-        // Request 1 has a valid LRU but its dgi names rows, some beyond the pool (40..50),
+        // Request 1 has a valid LRU but its slot_host_rows names rows, some beyond the pool (40..50),
         // and some twice: only in-pool rows may hit, the first in LRU order.
         let base = hot_slots as usize;
-        for d in &mut dgi[base..base + hot_slots as usize] {
+        for d in &mut slot_host_rows[base..base + hot_slots as usize] {
             *d = rng.below(50) as i32;
         }
         let b_res = upload(dev, &bytes_i32(&resident));
         let b_host = upload(dev, &bytes_i32(&host));
         let b_hot = upload(dev, &bytes_i32(&hot));
-        let mut b_dgi = upload(dev, &bytes_i32(&dgi));
+        let mut b_slot_host_rows = upload(dev, &bytes_i32(&slot_host_rows));
         let mut b_lru = upload(dev, &bytes_u16(&lru));
         let tk = (t * k) as usize;
         let mut outs: Vec<VulkanBuffer> = [tk, t as usize, t as usize, t as usize, tk, tk]
@@ -167,7 +167,7 @@ fn check(dev: &VulkanDevice, what: &str) {
                     resident_table: &resident,
                     host_table: &host,
                     hot_table: &hot,
-                    dgi: &mut dgi,
+                    slot_host_rows: &mut slot_host_rows,
                     lru: &mut lru,
                     indices: &mut idx,
                     valid_counts: &mut valid,
@@ -194,7 +194,7 @@ fn check(dev: &VulkanDevice, what: &str) {
                     resident_table: &b_res,
                     host_table: &b_host,
                     hot_table: &b_hot,
-                    dgi: &mut b_dgi,
+                    slot_host_rows: &mut b_slot_host_rows,
                     lru: &mut b_lru,
                     indices: o_idx,
                     valid_counts: o_valid,
@@ -214,7 +214,11 @@ fn check(dev: &VulkanDevice, what: &str) {
             assert_eq!(i32s(&download(dev, &outs[3])), misses, "misses, {ctx}");
             assert_eq!(i32s(&download(dev, &outs[4])), src, "miss_src, {ctx}");
             assert_eq!(i32s(&download(dev, &outs[5])), dst, "miss_dst, {ctx}");
-            assert_eq!(i32s(&download(dev, &b_dgi)), dgi, "dgi, {ctx}");
+            assert_eq!(
+                i32s(&download(dev, &b_slot_host_rows)),
+                slot_host_rows,
+                "slot_host_rows, {ctx}"
+            );
             assert_eq!(u16s(&download(dev, &b_lru)), lru, "lru, {ctx}");
         }
     }

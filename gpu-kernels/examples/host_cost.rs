@@ -47,7 +47,7 @@ fn main() {
             resident_table: u64::from(requests) * 2048 * 4,
             host_table: u64::from(requests) * 2048 * 4,
             hot_table: u64::from(requests) * 64 * 4,
-            dgi: u64::from(requests) * 4096 * 4,
+            slot_host_rows: u64::from(requests) * 4096 * 4,
             lru: u64::from(requests) * 4096 * 2,
             indices: tk,
             valid_counts: t,

@@ -593,8 +593,8 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap_modes(
 //
 // Work per thread: every pass over a row takes HS_RESOLVE_IK consecutive top-k entries per
 // thread, every pass over the hot buffer HS_RESOLVE_IN consecutive LRU positions and slots. The
-// hits are found in slot order (each slot's cached row dgi[s] and, through the inverse of the
-// LRU built in shared memory, its LRU position), so the LRU and the dgi row are read once,
+// hits are found in slot order (each slot's cached row slot_host_rows[s] and, through the inverse of the
+// LRU built in shared memory, its LRU position), so the LRU and the slot_host_rows row are read once,
 // coalesced and without a dependent load. A request of one row whose entries fit one pass
 // (top_k <= HS_RESOLVE_THREADS * HS_RESOLVE_IK: the decode case) classifies each entry once and
 // keeps the result and its hash slot in registers for the later phases; likewise the slots when
@@ -814,13 +814,13 @@ HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32&
 // the request's LRU row (when the hot buffer fits one pass) and its hot-table row (staged in the
 // first 4 * HS_RESOLVE_HOT_STAGE bytes of the dynamic shared memory when it has at most
 // HS_RESOLVE_HOT_STAGE entries; otherwise read from global memory where needed); the shared
-// table is cleared meanwhile. Round trip 3: the dgi entry of each LRU position's slot (a load that
+// table is cleared meanwhile. Round trip 3: the slot_host_rows entry of each LRU position's slot (a load that
 // waits on the LRU load only), issued before the classification. Steps 4-8 then read global
 // memory only in the general case (several rows, or a top-k or hot buffer beyond one pass).
 //
 // Batch-row order (hisparse_core's resolve module, "Table row order"): with `idx_mapping`
 // non-null, `req_id` holds batch rows (< num_requests) of host_table and hot_table, and the state
-// row of resident_table, dgi and lru is idx_mapping[batch row] when it lies below num_state_rows
+// row of resident_table, slot_host_rows and lru is idx_mapping[batch row] when it lies below num_state_rows
 // and no smaller batch row maps to it (a block-wide scan of idx_mapping[0..b)); otherwise the
 // row is padding. A null idx_mapping is state-row order: one branch, nothing else changes.
 //
@@ -831,7 +831,7 @@ HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32&
 HS_DEVICE u32 hs_resolve_body(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
-    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    const i32* __restrict__ hot_table, i32* __restrict__ slot_host_rows, u16* __restrict__ lru,
     i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
@@ -868,7 +868,7 @@ HS_DEVICE u32 hs_resolve_body(
     const u32 span_k = HS_NTHREADS * HS_RESOLVE_IK, span_n = HS_NTHREADS * HS_RESOLVE_IN;
     // Row t's entries in one pass (the decode case): its first pass is loaded up front.
     const bool pre_k = K <= span_k;
-    // The hot buffer in one pass: its LRU row and dgi entries are loaded up front, and each LRU
+    // The hot buffer in one pass: its LRU row and slot_host_rows entries are loaded up front, and each LRU
     // position's hash slot kept in registers.
     const bool cached_n = N <= span_n;
 
@@ -969,14 +969,14 @@ HS_DEVICE u32 hs_resolve_body(
     // One row in one pass: keep each entry's class, value and hash slot in registers.
     const bool cached = rows == 1 && pre_k;
 
-    // Round trip 3: the dgi entry of each LRU position's slot (a slot beyond the buffer, in a
+    // Round trip 3: the slot_host_rows entry of each LRU position's slot (a slot beyond the buffer, in a
     // corrupt LRU, reads nothing: the reset below replaces the row).
-    i32 p_dgi[HS_RESOLVE_IN];
+    i32 p_slot_host_rows[HS_RESOLVE_IN];
 #pragma unroll
     for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
         const u32 p = HS_TID * HS_RESOLVE_IN + q;
         const u32 s = (p_lru[q / 2] >> (16u * (q & 1u))) & 0xffffu;
-        p_dgi[q] = cached_n && p < N && s < N ? dgi[sbase + s] : -1;
+        p_slot_host_rows[q] = cached_n && p < N && s < N ? slot_host_rows[sbase + s] : -1;
     }
 
     u32 cap = 16;
@@ -1087,7 +1087,7 @@ HS_DEVICE u32 hs_resolve_body(
     } while (0)
 
     if (s_any_host) {
-        // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the dgi row.
+        // Step 4: the LRU must be a permutation of 0..N; otherwise reset it and the slot_host_rows row.
         for (u32 pb = 0; pb < N; pb += span_n) {
             const u32 p0 = pb + HS_TID * HS_RESOLVE_IN;
             u32 sv[HS_RESOLVE_IN];
@@ -1113,7 +1113,7 @@ HS_DEVICE u32 hs_resolve_body(
         if (corrupt) { // uniform
             for (u32 p = HS_TID; p < N; p += HS_NTHREADS) {
                 s_lru[p] = (u16)p;
-                dgi[sbase + p] = -1;
+                slot_host_rows[sbase + p] = -1;
             }
             HS_SYNC();
         }
@@ -1129,7 +1129,7 @@ HS_DEVICE u32 hs_resolve_body(
                 i32 c[HS_RESOLVE_IN];
 #pragma unroll
                 for (u32 q = 0; q < HS_RESOLVE_IN; ++q)
-                    c[q] = cached_n ? p_dgi[q] : (p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1);
+                    c[q] = cached_n ? p_slot_host_rows[q] : (p0 + q < N ? slot_host_rows[sbase + s_lru[p0 + q]] : -1);
 #pragma unroll
                 for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
                     u32 h = HS_NONE;
@@ -1156,7 +1156,7 @@ HS_DEVICE u32 hs_resolve_body(
             } else {
                 i32 c[HS_RESOLVE_IN];
 #pragma unroll
-                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? dgi[sbase + s_lru[p0 + q]] : -1;
+                for (u32 q = 0; q < HS_RESOLVE_IN; ++q) c[q] = p0 + q < N ? slot_host_rows[sbase + s_lru[p0 + q]] : -1;
 #pragma unroll
                 for (u32 q = 0; q < HS_RESOLVE_IN; ++q)
                     hq[q] = c[q] >= 0 && (i64)c[q] < host_rows ? hs_lookup(table, mask, c[q]) : HS_NONE;
@@ -1246,7 +1246,7 @@ HS_DEVICE u32 hs_resolve_body(
                             const i32 g = miss_g[q];
                             const i32 src = (i64)g < host_rows ? g : -1;
                             table[miss_h[q]].slot = s;
-                            dgi[sbase + s] = src;
+                            slot_host_rows[sbase + s] = src;
                             miss_src[base + (m - row_base)] = src;
                             miss_dst[base + (m - row_base)] = hs_hot_row_staged(d, s_hot, hot_table, r, s);
                         }
@@ -1323,7 +1323,7 @@ HS_DEVICE u32 hs_resolve_body(
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
-    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    const i32* __restrict__ hot_table, i32* __restrict__ slot_host_rows, u16* __restrict__ lru,
     i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
@@ -1332,7 +1332,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve(
     const i32* __restrict__ idx_mapping, u32 num_state_rows, u32* __restrict__ stats) {
     HS_GRID_DEP_WAIT(); // before any global memory access
     bool allocated;
-    hs_resolve_body(req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices,
+    hs_resolve_body(req_id, topk, resident_table, host_table, hot_table, slot_host_rows, lru, indices,
                     valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
                     workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
                     num_requests, max_pages, block_size, hot_slots, attention_block_stride,
@@ -1575,7 +1575,7 @@ HS_DEVICE void hs_fused_copy_layer(const hs_layer_pair& L, const i32* miss_src, 
 HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
-    const i32* __restrict__ hot_table, i32* __restrict__ dgi, u16* __restrict__ lru,
+    const i32* __restrict__ hot_table, i32* __restrict__ slot_host_rows, u16* __restrict__ lru,
     i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
     hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
@@ -1586,7 +1586,7 @@ HS_KERNEL HS_BOUNDS(HS_RESOLVE_THREADS) void hs_resolve_gather(
     HS_GRID_DEP_WAIT(); // before any global memory access
     bool allocated;
     const u32 rows = hs_resolve_body(
-        req_id, topk, resident_table, host_table, hot_table, dgi, lru, indices, valid_counts,
+        req_id, topk, resident_table, host_table, hot_table, slot_host_rows, lru, indices, valid_counts,
         hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
         workspace_entries, smem_table_entries, num_tokens, top_k, num_requests, max_pages,
         block_size, hot_slots, attention_block_stride, host_num_blocks, idx_mapping,
@@ -1786,17 +1786,17 @@ HS_KERNEL HS_BOUNDS(HS_INDEXER_THREADS) void hs_indexer_backup(
 #define HS_INVALIDATE_SHARED 512
 
 HS_KERNEL HS_BOUNDS(HS_INVALIDATE_THREADS) void hs_invalidate(
-    const i32* __restrict__ ranges, u32 num_ranges, i32* __restrict__ dgi, u64 total) {
+    const i32* __restrict__ ranges, u32 num_ranges, i32* __restrict__ slot_host_rows, u64 total) {
     HS_SHARED i32 s_ranges[2 * HS_INVALIDATE_SHARED];
     const u32 staged = num_ranges < HS_INVALIDATE_SHARED ? num_ranges : HS_INVALIDATE_SHARED;
     for (u32 i = HS_TID; i < 2 * staged; i += HS_NTHREADS) s_ranges[i] = ranges[i];
     HS_SYNC();
     for (u64 i = (u64)HS_BID_X * HS_NTHREADS + HS_TID; i < total; i += (u64)HS_NBLOCKS_X * HS_NTHREADS) {
-        const i32 v = dgi[i];
+        const i32 v = slot_host_rows[i];
         bool hit = false;
         for (u32 k = 0; k < staged && !hit; ++k) hit = s_ranges[2 * k] <= v && v < s_ranges[2 * k + 1];
         for (u32 k = staged; k < num_ranges && !hit; ++k) hit = ranges[2 * k] <= v && v < ranges[2 * k + 1];
-        if (hit) dgi[i] = -1;
+        if (hit) slot_host_rows[i] = -1;
     }
 }
 
@@ -1847,10 +1847,10 @@ HS_KERNEL HS_BOUNDS(HS_TABLE_THREADS) void hs_write_table(
     }
 }
 
-// For every listed state row r: dgi[r][s] = -1 and lru[r][s] = s for s in 0..hot_slots. Rows at
+// For every listed state row r: slot_host_rows[r][s] = -1 and lru[r][s] = s for s in 0..hot_slots. Rows at
 // or beyond num_requests are skipped (refused on the host, as above).
 HS_KERNEL HS_BOUNDS(HS_TABLE_THREADS) void hs_reset_hot_state(
-    const u32* __restrict__ rows, u32 num_rows, i32* __restrict__ dgi, u16* __restrict__ lru,
+    const u32* __restrict__ rows, u32 num_rows, i32* __restrict__ slot_host_rows, u16* __restrict__ lru,
     u32 num_requests, u32 hot_slots) {
     const u64 total = (u64)num_rows * hot_slots;
     for (u64 i = (u64)HS_BID_X * HS_NTHREADS + HS_TID; i < total; i += (u64)HS_NBLOCKS_X * HS_NTHREADS) {
@@ -1858,7 +1858,7 @@ HS_KERNEL HS_BOUNDS(HS_TABLE_THREADS) void hs_reset_hot_state(
         const u32 s = (u32)(i % hot_slots);
         if (r < num_requests) {
             const u64 at = (u64)r * hot_slots + s;
-            dgi[at] = -1;
+            slot_host_rows[at] = -1;
             lru[at] = (u16)s;
         }
     }

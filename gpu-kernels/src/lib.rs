@@ -237,7 +237,7 @@ const REMAP_PARAMS: &[NamedParam] = params![
     block_stride_rows: U32, idx_mapping_len: U32, flags: U32,
 ];
 const RESOLVE_PARAMS: &[NamedParam] = params![
-    req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, dgi: Ptr,
+    req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, slot_host_rows: Ptr,
     lru: Ptr, indices: Ptr, valid_counts: Ptr, hit_counts: Ptr, miss_counts: Ptr, miss_src: Ptr,
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,
@@ -256,7 +256,7 @@ const COPY_ROWS_PARAMS: &[NamedParam] = params![
     device: Ptr,
 ];
 const INVALIDATE_PARAMS: &[NamedParam] = params![
-    ranges: Ptr, num_ranges: U32, dgi: Ptr, total: U64,
+    ranges: Ptr, num_ranges: U32, slot_host_rows: Ptr, total: U64,
 ];
 const SLOT_PARAMS: &[NamedParam] = params![
     positions: Ptr, slot_mapping: Ptr, table_row: Ptr, block_table: Ptr, out: Ptr,
@@ -266,7 +266,7 @@ const WRITE_TABLE_PARAMS: &[NamedParam] = params![
     writes: Ptr, num_writes: U32, table: Ptr, table_len: U32,
 ];
 const RESET_HOT_PARAMS: &[NamedParam] = params![
-    rows: Ptr, num_rows: U32, dgi: Ptr, lru: Ptr, num_requests: U32, hot_slots: U32,
+    rows: Ptr, num_rows: U32, slot_host_rows: Ptr, lru: Ptr, num_requests: U32, hot_slots: U32,
 ];
 const REMAP_MODES_PARAMS: &[NamedParam] = params![
     req_id: Ptr, block_table: Ptr, topk: Ptr, idx_mapping: Ptr, out: Ptr, counts: Ptr, stats: Ptr,
@@ -279,7 +279,7 @@ const INDEXER_BACKUP_PARAMS: &[NamedParam] = params![
     host: Ptr,
 ];
 const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
-    req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, dgi: Ptr,
+    req_id: Ptr, topk: Ptr, resident_table: Ptr, host_table: Ptr, hot_table: Ptr, slot_host_rows: Ptr,
     lru: Ptr, indices: Ptr, valid_counts: Ptr, hit_counts: Ptr, miss_counts: Ptr, miss_src: Ptr,
     miss_dst: Ptr, workspace: Ptr, workspace_counter: Ptr, workspace_entries: U32,
     smem_table_entries: U32, num_tokens: U32, top_k: U32, num_requests: U32, max_pages: U32,

@@ -453,7 +453,7 @@ pub struct ResolveAddrs {
     pub resident_table: u64,
     pub host_table: u64,
     pub hot_table: u64,
-    pub dgi: u64,
+    pub slot_host_rows: u64,
     pub lru: u64,
     pub indices: u64,
     pub valid_counts: u64,
@@ -563,7 +563,7 @@ pub fn resolve(
         .ptr(a.resident_table)
         .ptr(a.host_table)
         .ptr(a.hot_table)
-        .ptr(a.dgi)
+        .ptr(a.slot_host_rows)
         .ptr(a.lru)
         .ptr(a.indices)
         .ptr(a.valid_counts)
@@ -1007,14 +1007,17 @@ pub fn copy_rows(
 // Small operations
 // ------------------------------------------------------------------------------------------------
 
-/// `hs_invalidate` over every hot slot (`ranges`, `dgi`: device addresses).
-pub fn invalidate(t: &Target, d: &InvalidateDesc, ranges: u64, dgi: u64) -> Plan {
+/// `hs_invalidate` over every hot slot (`ranges`, `slot_host_rows`: device addresses).
+pub fn invalidate(t: &Target, d: &InvalidateDesc, ranges: u64, slot_host_rows: u64) -> Plan {
     let total = u64::from(d.num_requests) * u64::from(d.hot_slots);
     if total == 0 || d.num_ranges == 0 {
         return Plan::empty();
     }
     let mut args = Args::default();
-    args.ptr(ranges).u32(d.num_ranges).ptr(dgi).u64(total);
+    args.ptr(ranges)
+        .u32(d.num_ranges)
+        .ptr(slot_host_rows)
+        .u64(total);
     Plan::one(Launch {
         kernel: Kernel::Invalidate,
         grid: [stride_grid(t, total, INVALIDATE_THREADS.into()), 1, 1],
@@ -1088,13 +1091,13 @@ pub fn write_table(
     Ok(plan)
 }
 
-/// `hs_reset_hot_state` with the row list staged (`dgi`, `lru`: device addresses). An empty list
+/// `hs_reset_hot_state` with the row list staged (`slot_host_rows`, `lru`: device addresses). An empty list
 /// enqueues nothing.
 pub fn reset_hot_state(
     t: &Target,
     d: &HotResetDesc,
     rows: &[u32],
-    dgi: u64,
+    slot_host_rows: u64,
     lru: u64,
 ) -> Result<Plan, PlanError> {
     if rows.is_empty() {
@@ -1108,7 +1111,7 @@ pub fn reset_hot_state(
     let mut args = Args::default();
     args.staged(part, 0)
         .u32(n)
-        .ptr(dgi)
+        .ptr(slot_host_rows)
         .ptr(lru)
         .u32(d.num_requests)
         .u32(d.hot_slots);

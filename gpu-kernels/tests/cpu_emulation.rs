@@ -431,7 +431,7 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
     let host_blocks = rng.range_inclusive(1, 40) as u32;
     let stride = bs + rng.below(3) as u32;
     // Half the sequences in batch-row order: `r` batch rows (host and hot tables) over `sr`
-    // state rows (resident table, dgi, LRU), a fresh idx_mapping every step.
+    // state rows (resident table, slot_host_rows, LRU), a fresh idx_mapping every step.
     let batch_order = rng.percent(50);
     let sr = if batch_order {
         r + rng.range_inclusive(0, 3) as u32
@@ -478,10 +478,10 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
             }
         })
         .collect();
-    let mut dgi: Vec<i32> = vec![-1; (sr * n) as usize];
+    let mut slot_host_rows: Vec<i32> = vec![-1; (sr * n) as usize];
     let mut lru: Vec<u16> = (0..sr).flat_map(|_| 0..n as u16).collect();
     if rng.percent(40) {
-        for d in dgi.iter_mut() {
+        for d in slot_host_rows.iter_mut() {
             *d = rng.range_inclusive(-1, i64::from(host_blocks * bs) + 5) as i32;
         }
         for s in lru.iter_mut() {
@@ -490,7 +490,7 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
             }
         }
     }
-    let (mut gdgi, mut glru) = (dgi.clone(), lru.clone());
+    let (mut gpu_slot_host_rows, mut glru) = (slot_host_rows.clone(), lru.clone());
     // Half the sequences count into a stats buffer, at a random slot each step.
     let (mut stats, _) = maybe_stats(rng, 50);
     let mut gstats = stats.clone();
@@ -498,7 +498,7 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
         resident: resident.clone(),
         host: host.clone(),
         hot: hot.clone(),
-        dgi: dgi.clone(),
+        slot_host_rows: slot_host_rows.clone(),
         lru: lru.clone(),
         idx_mapping: None,
         stats: stats.clone(),
@@ -543,7 +543,7 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
                 resident_table: &resident,
                 host_table: &host,
                 hot_table: &hot,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
                 lru: &mut lru,
                 indices: &mut ind,
                 valid_counts: &mut vc,
@@ -599,7 +599,7 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
             resident_table: a(&resident),
             host_table: a(&host),
             hot_table: a(&hot),
-            dgi: am(&mut gdgi),
+            slot_host_rows: am(&mut gpu_slot_host_rows),
             lru: am(&mut glru),
             indices: am(&mut gind),
             valid_counts: am(&mut gvc),
@@ -621,7 +621,7 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
             ("valid_counts", &vc, &gvc),
             ("hit_counts", &hc, &ghc),
             ("miss_counts", &mc, &gmc),
-            ("dgi", &dgi, &gdgi),
+            ("slot_host_rows", &slot_host_rows, &gpu_slot_host_rows),
         ] {
             if a != b {
                 return Err(format!(
@@ -653,9 +653,9 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
             &req,
             &topk,
             (&ind, &vc, &hc, &mc, &src, &dst),
-            (&dgi, &lru, &stats),
+            (&slot_host_rows, &lru, &stats),
         )?;
-        fused_in.dgi.clone_from(&dgi);
+        fused_in.slot_host_rows.clone_from(&slot_host_rows);
         fused_in.lru.clone_from(&lru);
         fused_in.stats.clone_from(&stats);
     }
@@ -667,7 +667,7 @@ struct FusedInputs {
     resident: Vec<i32>,
     host: Vec<i32>,
     hot: Vec<i32>,
-    dgi: Vec<i32>,
+    slot_host_rows: Vec<i32>,
     lru: Vec<u16>,
     /// The step's idx_mapping in batch-row order.
     idx_mapping: Option<Vec<i32>>,
@@ -765,7 +765,7 @@ fn fused_step(
     .map_err(|e| e.to_string())?;
     let tk = (d.num_tokens * k) as usize;
     let t = d.num_tokens as usize;
-    let (mut gdgi, mut glru) = (before.dgi.clone(), before.lru.clone());
+    let (mut gpu_slot_host_rows, mut glru) = (before.slot_host_rows.clone(), before.lru.clone());
     let (mut gind, mut gsrc, mut gdst) = (vec![9; tk], vec![9; tk], vec![9; tk]);
     let (mut gvc, mut ghc, mut gmc) = (vec![9; t], vec![9; t], vec![9; t]);
     let mut gstats = before.stats.clone();
@@ -776,7 +776,7 @@ fn fused_step(
         resident_table: a(&before.resident),
         host_table: a(&before.host),
         hot_table: a(&before.hot),
-        dgi: am(&mut gdgi),
+        slot_host_rows: am(&mut gpu_slot_host_rows),
         lru: am(&mut glru),
         indices: am(&mut gind),
         valid_counts: am(&mut gvc),
@@ -814,7 +814,7 @@ fn fused_step(
         ("valid_counts", vc, &gvc),
         ("hit_counts", hc, &ghc),
         ("miss_counts", mc, &gmc),
-        ("dgi", want_state.0, &gdgi),
+        ("slot_host_rows", want_state.0, &gpu_slot_host_rows),
     ] {
         if w != g {
             return Err(format!(
@@ -1253,7 +1253,7 @@ fn check_small_ops(emu: &Emu, rng: &mut SplitMix64) -> Result<(), String> {
         &desc,
         InvalidateArgs {
             ranges: &ranges,
-            dgi: &mut want,
+            slot_host_rows: &mut want,
         },
     )
     .map_err(|e| e.to_string())?;
@@ -1363,17 +1363,24 @@ fn check_tables(emu: &Emu, rng: &mut SplitMix64) -> Result<(), String> {
         num_requests: r,
         hot_slots: n,
     };
-    let dgi: Vec<i32> = (0..r * n)
+    let slot_host_rows: Vec<i32> = (0..r * n)
         .map(|_| rng.range_inclusive(-1, 99) as i32)
         .collect();
     let lru: Vec<u16> = (0..r * n).map(|_| rng.below(u64::from(n)) as u16).collect();
-    let (mut want_dgi, mut want_lru) = (dgi.clone(), lru.clone());
-    reset_hot_state(&desc, &rows, &mut want_dgi, &mut want_lru).map_err(|e| e.to_string())?;
-    let (mut got_dgi, mut got_lru) = (dgi, lru);
-    let planned = plan::reset_hot_state(&tgt, &desc, &rows, am(&mut got_dgi), am(&mut got_lru))
+    let (mut want_slot_host_rows, mut want_lru) = (slot_host_rows.clone(), lru.clone());
+    reset_hot_state(&desc, &rows, &mut want_slot_host_rows, &mut want_lru)
         .map_err(|e| e.to_string())?;
+    let (mut got_slot_host_rows, mut got_lru) = (slot_host_rows, lru);
+    let planned = plan::reset_hot_state(
+        &tgt,
+        &desc,
+        &rows,
+        am(&mut got_slot_host_rows),
+        am(&mut got_lru),
+    )
+    .map_err(|e| e.to_string())?;
     emu.execute(planned);
-    if got_dgi != want_dgi || got_lru != want_lru {
+    if got_slot_host_rows != want_slot_host_rows || got_lru != want_lru {
         return Err(format!(
             "reset_hot_state differs (rows {rows:?}, {n} slots)"
         ));

@@ -407,7 +407,7 @@ fn resolve_on_hostile_descriptors() {
         let resident = rng.buf(pages, 10);
         let host = rng.buf(pages, 14);
         let hot_table = rng.buf(hot, 10);
-        let mut dgi = rng.buf(slots, 60);
+        let mut slot_host_rows = rng.buf(slots, 60);
         let mut lru: Vec<u16> = {
             let n = rng.len_for(slots);
             let per = desc.hot_slots.max(1) as usize;
@@ -426,7 +426,7 @@ fn resolve_on_hostile_descriptors() {
             .map(|n| rng.len_for(n))
             .collect();
         let mut o: Vec<Vec<i32>> = outs.iter().map(|&n| vec![123; n]).collect();
-        let (dgi0, lru0) = (dgi.clone(), lru.clone());
+        let (slot_host_rows0, lru0) = (slot_host_rows.clone(), lru.clone());
         let [indices, valid, hits, miss_counts, miss_src, miss_dst] = &mut o[..] else {
             unreachable!()
         };
@@ -438,7 +438,7 @@ fn resolve_on_hostile_descriptors() {
                 resident_table: &resident,
                 host_table: &host,
                 hot_table: &hot_table,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
                 lru: &mut lru,
                 indices,
                 valid_counts: valid,
@@ -455,7 +455,11 @@ fn resolve_on_hostile_descriptors() {
                 o.iter().flatten().all(|&v| v == 123),
                 "resolve wrote on error"
             );
-            assert_eq!((dgi, lru), (dgi0, lru0), "resolve changed state on error");
+            assert_eq!(
+                (slot_host_rows, lru),
+                (slot_host_rows0, lru0),
+                "resolve changed state on error"
+            );
         } else {
             ok += 1;
             // A request whose rows wanted nothing keeps its (possibly corrupt) state as it was;
@@ -682,12 +686,16 @@ fn table_and_state_ops_on_hostile_descriptors() {
             hot_slots: rng.size(8),
         };
         let slots = u64::from(d.num_requests) * u64::from(d.hot_slots);
-        let mut dgi = rng.buf(slots, 9);
+        let mut slot_host_rows = rng.buf(slots, 9);
         let mut lru: Vec<u16> = (0..rng.len_for(slots)).map(|_| rng.next() as u16).collect();
         let rows: Vec<u32> = (0..rng.below(3)).map(|_| rng.size(3)).collect();
-        let (g0, l0) = (dgi.clone(), lru.clone());
-        if reset_hot_state(&d, &rows, &mut dgi, &mut lru).is_err() {
-            assert_eq!((&dgi, &lru), (&g0, &l0), "reset_hot_state wrote on error");
+        let (g0, l0) = (slot_host_rows.clone(), lru.clone());
+        if reset_hot_state(&d, &rows, &mut slot_host_rows, &mut lru).is_err() {
+            assert_eq!(
+                (&slot_host_rows, &lru),
+                (&g0, &l0),
+                "reset_hot_state wrote on error"
+            );
         }
         let inv = InvalidateDesc {
             num_requests: rng.size(3),
@@ -695,17 +703,17 @@ fn table_and_state_ops_on_hostile_descriptors() {
             num_ranges: rng.size(3),
         };
         let ranges = rng.buf(u64::from(inv.num_ranges) * 2, 12);
-        let g0 = dgi.clone();
+        let g0 = slot_host_rows.clone();
         if invalidate(
             &inv,
             InvalidateArgs {
                 ranges: &ranges[..],
-                dgi: &mut dgi[..],
+                slot_host_rows: &mut slot_host_rows[..],
             },
         )
         .is_err()
         {
-            assert_eq!(dgi, g0, "invalidate wrote on error");
+            assert_eq!(slot_host_rows, g0, "invalidate wrote on error");
         }
         let sm = SlotMappingDesc {
             num_tokens: rng.size(6),

@@ -491,7 +491,7 @@ impl<D: Device> Runtime<D> {
         let t = topk.num_tokens;
         let kv = &self.kv;
         let crate::runtime::GroupState {
-            dgi,
+            slot_host_rows,
             lru,
             pairs,
             bucket,
@@ -552,7 +552,7 @@ impl<D: Device> Runtime<D> {
                     resident_table: &self.tables.resident[b].buf,
                     host_table: &self.tables.host.buf,
                     hot_table: &self.tables.hot[b].buf,
-                    dgi,
+                    slot_host_rows,
                     lru,
                     indices: rows,
                     valid_counts: valid,

@@ -27,7 +27,7 @@ pub struct Pools<D: Device> {
 /// The hot state and per-call buffers of one index group.
 pub(crate) struct GroupState<D: Device> {
     /// `i32[state_rows][hot_slots]`: flat host row cached per hot slot.
-    pub(crate) dgi: D::Buffer,
+    pub(crate) slot_host_rows: D::Buffer,
     /// `u16[state_rows][hot_slots]`: LRU order of the hot slots.
     pub(crate) lru: D::Buffer,
     /// Layer pairs of the group, leader first.
@@ -304,11 +304,11 @@ impl<D: Device> Runtime<D> {
         let tables = Tables::new(&dev, &kv, cfg.state_rows, hot_width)?;
         let alloc = |bytes: usize, what: &'static str| dev.alloc(bytes.max(4)).map_err(err(what));
         let mut groups = Vec::with_capacity(kv.index_groups.len());
-        let empty_dgi = vec![-1i32; rows * n];
+        let empty_slot_host_rows = vec![-1i32; rows * n];
         let identity: Vec<u16> = (0..rows).flat_map(|_| 0..n as u16).collect();
         for (g, ig) in kv.index_groups.iter().enumerate() {
-            let mut dgi = alloc(rows * n * 4, "allocating hot state")?;
-            dev.upload_i32(&mut dgi, 0, &empty_dgi)
+            let mut slot_host_rows = alloc(rows * n * 4, "allocating hot state")?;
+            dev.upload_i32(&mut slot_host_rows, 0, &empty_slot_host_rows)
                 .map_err(err("initialising hot state"))?;
             let mut lru = alloc(rows * n * 2, "allocating hot state")?;
             dev.upload_u16(&mut lru, 0, &identity)
@@ -322,7 +322,7 @@ impl<D: Device> Runtime<D> {
                 None
             };
             groups.push(GroupState {
-                dgi,
+                slot_host_rows,
                 lru,
                 pairs: kv.index_group_pairs(g)?,
                 layers: ig.layers.clone(),

@@ -308,7 +308,7 @@ impl<D: Device> Runtime<D> {
             rows.dedup();
             resets += rows.len() as u64;
             self.dev
-                .reset_hot_state(stream, &desc, rows, &mut gs.dgi, &mut gs.lru)
+                .reset_hot_state(stream, &desc, rows, &mut gs.slot_host_rows, &mut gs.lru)
                 .map_err(RuntimeError::device("resetting hot state"))?;
         }
         self.counters.hot_resets += resets;
@@ -383,7 +383,7 @@ impl<D: Device> Runtime<D> {
                     &desc,
                     InvalidateArgs {
                         ranges: &self.ranges,
-                        dgi: &mut gs.dgi,
+                        slot_host_rows: &mut gs.slot_host_rows,
                     },
                 )
                 .map_err(RuntimeError::device("invalidating hot entries"))?;

@@ -497,7 +497,12 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
         r * desc.max_pages as usize,
     )?;
     let hot = read_i32(st, "hot_table", p.ptr("hot_table"), r * w)?;
-    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), state_rows * n)?;
+    let mut slot_host_rows = read_i32(
+        st,
+        "slot_host_rows",
+        p.ptr("slot_host_rows"),
+        state_rows * n,
+    )?;
     let mut lru = read_u16(st, "lru", p.ptr("lru"), state_rows * n)?;
     // The six outputs `[indices, valid, hits, misses, src, dst]` (whether each holds top_k
     // entries per token row, or one), read, resolved in place and written back.
@@ -526,7 +531,7 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
             resident_table: &resident,
             host_table: &host,
             hot_table: &hot,
-            dgi: &mut dgi,
+            slot_host_rows: &mut slot_host_rows,
             lru: &mut lru,
             indices,
             valid_counts: valid,
@@ -540,7 +545,7 @@ fn run_resolve(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String>
     )
     .map_err(|e| e.to_string())?;
     write_stats(st, p, stats);
-    write_i32(st, p.ptr("dgi"), &dgi);
+    write_i32(st, p.ptr("slot_host_rows"), &slot_host_rows);
     write_u16(st, p.ptr("lru"), &lru);
     for ((name, _), v) in OUTPUTS.iter().zip(&outs) {
         write_i32(st, p.ptr(name), v);
@@ -618,9 +623,9 @@ fn run_invalidate(st: &mut State, p: &Params<'_>) -> Result<(), String> {
     let nr = p.u32("num_ranges");
     let total = usize::try_from(p.u64("total")).map_err(|_| "total overflows".to_string())?;
     let ranges = read_i32(st, "ranges", p.ptr("ranges"), nr as usize * 2)?;
-    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), total)?;
+    let mut slot_host_rows = read_i32(st, "slot_host_rows", p.ptr("slot_host_rows"), total)?;
     // The reference takes at most MAX_HOT_SLOTS slots per request: apply it chunk by chunk.
-    for chunk in dgi.chunks_mut(hisparse_core::ops::MAX_HOT_SLOTS as usize) {
+    for chunk in slot_host_rows.chunks_mut(hisparse_core::ops::MAX_HOT_SLOTS as usize) {
         invalidate(
             &InvalidateDesc {
                 num_requests: 1,
@@ -629,12 +634,12 @@ fn run_invalidate(st: &mut State, p: &Params<'_>) -> Result<(), String> {
             },
             InvalidateArgs {
                 ranges: &ranges[..],
-                dgi: chunk,
+                slot_host_rows: chunk,
             },
         )
         .map_err(|e| e.to_string())?;
     }
-    write_i32(st, p.ptr("dgi"), &dgi);
+    write_i32(st, p.ptr("slot_host_rows"), &slot_host_rows);
     Ok(())
 }
 
@@ -767,10 +772,10 @@ fn run_reset_hot_state(st: &mut State, p: &Params<'_>) -> Result<(), String> {
         .map(|r| r as u32)
         .collect();
     let slots = desc.num_requests as usize * desc.hot_slots as usize;
-    let mut dgi = read_i32(st, "dgi", p.ptr("dgi"), slots)?;
+    let mut slot_host_rows = read_i32(st, "slot_host_rows", p.ptr("slot_host_rows"), slots)?;
     let mut lru = read_u16(st, "lru", p.ptr("lru"), slots)?;
-    reset_hot_state(&desc, &rows, &mut dgi, &mut lru).map_err(|e| e.to_string())?;
-    write_i32(st, p.ptr("dgi"), &dgi);
+    reset_hot_state(&desc, &rows, &mut slot_host_rows, &mut lru).map_err(|e| e.to_string())?;
+    write_i32(st, p.ptr("slot_host_rows"), &slot_host_rows);
     write_u16(st, p.ptr("lru"), &lru);
     Ok(())
 }

@@ -349,7 +349,7 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
     let host_b = up(&(0..(r * m) as i32).map(|i| i + 1).collect::<Vec<_>>())?;
     let w = n.div_ceil(BLOCK);
     let hot_b = up(&(0..(r * w) as i32).map(|i| i + 1).collect::<Vec<_>>())?;
-    let mut dgi = up(&vec![-1; (r * n) as usize])?;
+    let mut slot_host_rows = up(&vec![-1; (r * n) as usize])?;
     let lru: Vec<u16> = (0..r).flat_map(|_| 0..n as u16).collect();
     let mut lru_b = upload_u16s(dev, &lru)?;
     let tk = (r * k * 4) as usize;
@@ -382,7 +382,7 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
                 resident_table: &resident_b,
                 host_table: &host_b,
                 hot_table: &hot_b,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
                 lru: &mut lru_b,
                 indices: &mut indices,
                 valid_counts: &mut valid,
@@ -396,7 +396,7 @@ fn resolver<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result
         )
     })?;
     let entries = u64::from(r * k);
-    // Must read: topk, dgi and lru; must write: indices, lru, the plan (~10% of entries, 2 × i32).
+    // Must read: topk, slot_host_rows and lru; must write: indices, lru, the plan (~10% of entries, 2 × i32).
     let bytes = entries * 8 + u64::from(r * n) * (4 + 2 * 2) + entries / 10 * 8;
     Ok(Figure {
         name: format!("resolve {r} requests × top-k {k}, {n} hot slots, ~90% overlap"),

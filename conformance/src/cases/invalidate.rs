@@ -23,30 +23,39 @@ pub(crate) fn cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
     v.push(Case::fixed("invalidate/fixed/no-ranges", no_ranges::<D>));
 }
 
-fn check<D: Device>(dev: &D, desc: &InvalidateDesc, ranges: &[i32], dgi: &[i32]) -> CaseResult {
-    let mut want = dgi.to_vec();
+fn check<D: Device>(
+    dev: &D,
+    desc: &InvalidateDesc,
+    ranges: &[i32],
+    slot_host_rows: &[i32],
+) -> CaseResult {
+    let mut want = slot_host_rows.to_vec();
     reference(
         desc,
         InvalidateArgs {
             ranges,
-            dgi: &mut want[..],
+            slot_host_rows: &mut want[..],
         },
     )
     .ctx("reference invalidate")?;
     let s = dev.create_stream().ctx("create_stream")?;
     let d_ranges = dev_i32(dev, ranges)?;
-    let mut d_dgi = dev_i32(dev, dgi)?;
+    let mut d_slot_host_rows = dev_i32(dev, slot_host_rows)?;
     dev.invalidate(
         &s,
         desc,
         InvalidateArgs {
             ranges: &d_ranges,
-            dgi: &mut d_dgi,
+            slot_host_rows: &mut d_slot_host_rows,
         },
     )
     .ctx("invalidate")?;
     dev.synchronize(&s).ctx("synchronize")?;
-    same("dgi", &read_i32(dev, &d_dgi, dgi.len())?, &want)
+    same(
+        "slot_host_rows",
+        &read_i32(dev, &d_slot_host_rows, slot_host_rows.len())?,
+        &want,
+    )
 }
 
 fn random<D: Device>(dev: &D, seed: u64, requests: u32, slots: u32, num_ranges: u32) -> CaseResult {
@@ -73,7 +82,7 @@ fn random<D: Device>(dev: &D, seed: u64, requests: u32, slots: u32, num_ranges: 
     ranges.extend_from_slice(&[i32::MIN, i32::MAX]);
     // A few entries past the declared state must stay untouched too.
     let n = (requests * slots) as usize + 4;
-    let dgi: Vec<i32> = (0..n)
+    let slot_host_rows: Vec<i32> = (0..n)
         .map(|_| match rng.below(20) {
             0 => -1,
             1 => i32::MAX,
@@ -81,7 +90,7 @@ fn random<D: Device>(dev: &D, seed: u64, requests: u32, slots: u32, num_ranges: 
             _ => rng.i32_in(0, rows),
         })
         .collect();
-    check(dev, &desc, &ranges, &dgi)
+    check(dev, &desc, &ranges, &slot_host_rows)
 }
 
 /// Hand-computed values, independent of the reference.
@@ -93,17 +102,21 @@ fn known<D: Device>(dev: &D) -> CaseResult {
     };
     let s = dev.create_stream().ctx("create_stream")?;
     let ranges = dev_i32(dev, &[64, 128, 10, 10])?;
-    let mut dgi = dev_i32(dev, &[5, 10, -1, 64, 127, 128])?;
+    let mut slot_host_rows = dev_i32(dev, &[5, 10, -1, 64, 127, 128])?;
     dev.invalidate(
         &s,
         &desc,
         InvalidateArgs {
             ranges: &ranges,
-            dgi: &mut dgi,
+            slot_host_rows: &mut slot_host_rows,
         },
     )
     .ctx("invalidate")?;
-    same("dgi", &read_i32(dev, &dgi, 6)?, &[5, 10, -1, -1, -1, 128])
+    same(
+        "slot_host_rows",
+        &read_i32(dev, &slot_host_rows, 6)?,
+        &[5, 10, -1, -1, -1, 128],
+    )
 }
 
 fn no_ranges<D: Device>(dev: &D) -> CaseResult {

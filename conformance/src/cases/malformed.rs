@@ -177,7 +177,7 @@ const RESOLVE_ARGS: [&str; 13] = [
     "resident_table",
     "host_table",
     "hot_table",
-    "dgi",
+    "slot_host_rows",
     "lru",
     "indices",
     "valid_counts",
@@ -244,7 +244,7 @@ fn resolve_call<D: Device>(dev: &D, c: &ResolveCall, valid: bool) -> CaseResult 
     let resident = buf(l[2], 0)?;
     let host = buf(l[3], 1)?;
     let hot = buf(l[4], 2)?;
-    let mut dgi = buf(l[5], SENTINEL)?;
+    let mut slot_host_rows = buf(l[5], SENTINEL)?;
     // LRU as u16: sentinel values are a (corrupt) non-permutation, which a valid call repairs.
     let mut lru = dev_u16(dev, &vec![LRU_SENTINEL; l[6]])?;
     let mut outs: Vec<D::Buffer> = l[7..]
@@ -272,7 +272,7 @@ fn resolve_call<D: Device>(dev: &D, c: &ResolveCall, valid: bool) -> CaseResult 
             resident_table: &resident,
             host_table: &host,
             hot_table: &hot,
-            dgi: &mut dgi,
+            slot_host_rows: &mut slot_host_rows,
             lru: &mut lru,
             indices,
             valid_counts,
@@ -290,7 +290,11 @@ fn resolve_call<D: Device>(dev: &D, c: &ResolveCall, valid: bool) -> CaseResult 
         return same("baseline indices", &read_i32(dev, &outs[0], 1)?, &[8]);
     }
     expect_invalid("resolve", r)?;
-    same("dgi", &read_i32(dev, &dgi, l[5])?, &vec![SENTINEL; l[5]])?;
+    same(
+        "slot_host_rows",
+        &read_i32(dev, &slot_host_rows, l[5])?,
+        &vec![SENTINEL; l[5]],
+    )?;
     same(
         "lru",
         &read_u16(dev, &lru, l[6])?,
@@ -641,9 +645,9 @@ fn invalidate_cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
             2 * 32769,
         ),
         ("short-ranges", valid, 3, 8),
-        ("short-dgi", valid, 4, 7),
+        ("short-slot_host_rows", valid, 4, 7),
     ];
-    for (name, desc, ranges, dgi) in list {
+    for (name, desc, ranges, slot_host_rows) in list {
         v.push(Case::fixed(
             format!("malformed/invalidate/{name}"),
             move |d: &D| {
@@ -651,18 +655,22 @@ fn invalidate_cases<D: Device + 'static>(v: &mut Vec<Case<D>>) {
                     .map(|i| if i % 2 == 0 { i32::MIN } else { i32::MAX })
                     .collect();
                 let r = dev_i32(d, &all)?;
-                let mut g = dev_i32(d, &vec![7; dgi])?;
+                let mut g = dev_i32(d, &vec![7; slot_host_rows])?;
                 let s = d.create_stream().ctx("create_stream")?;
                 let res = d.invalidate(
                     &s,
                     &desc,
                     InvalidateArgs {
                         ranges: &r,
-                        dgi: &mut g,
+                        slot_host_rows: &mut g,
                     },
                 );
                 expect_invalid("invalidate", res)?;
-                same("dgi", &read_i32(d, &g, dgi)?, &vec![7; dgi])
+                same(
+                    "slot_host_rows",
+                    &read_i32(d, &g, slot_host_rows)?,
+                    &vec![7; slot_host_rows],
+                )
             },
         ));
     }

@@ -2,7 +2,7 @@
 //! use the reference: per step, resolve the top-k of every request (state carried on the device
 //! only), gather the miss plan into the hot rows of a leader and its followers, then check that
 //! every output index reads exactly the bytes of the token's host row in every layer, that every
-//! hot slot holds the bytes of the row its `dgi` names, and that invalidation after a host rewrite
+//! hot slot holds the bytes of the row its `slot_host_rows` names, and that invalidation after a host rewrite
 //! makes the new bytes visible.
 
 use std::collections::HashMap;
@@ -230,7 +230,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
     let mut d_resident = dev_i32(dev, &resident)?;
     let d_host_table = dev_i32(dev, &host_table)?;
     let d_hot = dev_i32(dev, &hot)?;
-    let mut d_dgi = dev_i32(dev, &vec![-1; p.requests as usize * n])?;
+    let mut d_slot_host_rows = dev_i32(dev, &vec![-1; p.requests as usize * n])?;
     let lru: Vec<u16> = (0..p.requests as usize * n)
         .map(|i| (i % n) as u16)
         .collect();
@@ -289,7 +289,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
                 resident_table: &d_resident,
                 host_table: &d_host_table,
                 hot_table: &d_hot,
-                dgi: &mut d_dgi,
+                slot_host_rows: &mut d_slot_host_rows,
                 lru: &mut d_lru,
                 indices,
                 valid_counts: valid,
@@ -341,8 +341,8 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
             step,
             model.check_outputs(&req_id, &topk, &got_idx, &got_valid),
         )?;
-        let dgi = read_i32(dev, &d_dgi, p.requests as usize * n)?;
-        at_step(step, model.check_slots(&dgi))?;
+        let slot_host_rows = read_i32(dev, &d_slot_host_rows, p.requests as usize * n)?;
+        at_step(step, model.check_slots(&slot_host_rows))?;
 
         // Between steps: rewrite some host rows the requests are reading (non-resident pages),
         // invalidate them, and reclaim a resident page.
@@ -373,7 +373,7 @@ fn run<D: Device>(dev: &D, seed: u64, p: Pipe) -> CaseResult {
             },
             InvalidateArgs {
                 ranges: &d_ranges,
-                dgi: &mut d_dgi,
+                slot_host_rows: &mut d_slot_host_rows,
             },
         )
         .ctx("invalidate")?;
@@ -490,12 +490,12 @@ impl Model<'_> {
         Ok(())
     }
 
-    /// Every hot slot whose `dgi` names a host row holds exactly that row's current bytes.
-    fn check_slots(&self, dgi: &[i32]) -> CaseResult {
+    /// Every hot slot whose `slot_host_rows` names a host row holds exactly that row's current bytes.
+    fn check_slots(&self, slot_host_rows: &[i32]) -> CaseResult {
         let n = self.p.hot_slots as usize;
         let bs = self.p.block_size as usize;
         let width = self.p.hot_slots.div_ceil(self.p.block_size) as usize;
-        for (i, &g) in dgi.iter().enumerate() {
+        for (i, &g) in slot_host_rows.iter().enumerate() {
             if g < 0 {
                 continue;
             }

@@ -1,5 +1,5 @@
 //! Residency resolve + swap-in (contract §5.2) over multi-step sequences: the per-request state
-//! (`dgi`, `lru`) lives on the device across steps and is compared with the reference after every
+//! (`slot_host_rows`, `lru`) lives on the device across steps and is compared with the reference after every
 //! step, together with every output. Some scenarios also apply each step's miss plan with
 //! `gather_rows` to several layers (a leader and its followers) and compare the device pool.
 
@@ -42,7 +42,7 @@ struct Scenario {
     overlap_pct: u64,
     /// Shuffle the token rows of a step (rows of one request are then not adjacent).
     shuffle: bool,
-    /// Start request 0 with a corrupt LRU and garbage `dgi`.
+    /// Start request 0 with a corrupt LRU and garbage `slot_host_rows`.
     corrupt: bool,
     /// Reclaim resident pages and invalidate host rows between steps.
     churn: bool,
@@ -363,7 +363,7 @@ impl<D: Device> State<D> {
         self.d.expect_hot_state(dev, "", &self.h)
     }
 
-    /// Invalidates `ranges` on both sides and compares `dgi`.
+    /// Invalidates `ranges` on both sides and compares `slot_host_rows`.
     fn invalidate(&mut self, dev: &D, ranges: &[i32]) -> CaseResult {
         let desc = InvalidateDesc {
             num_requests: self.desc.num_requests,
@@ -374,7 +374,7 @@ impl<D: Device> State<D> {
             &desc,
             InvalidateArgs {
                 ranges,
-                dgi: &mut self.h.dgi[..],
+                slot_host_rows: &mut self.h.slot_host_rows[..],
             },
         )
         .ctx("reference invalidate")?;
@@ -385,7 +385,7 @@ impl<D: Device> State<D> {
             &desc,
             InvalidateArgs {
                 ranges: &d_ranges,
-                dgi: &mut self.d.dgi,
+                slot_host_rows: &mut self.d.slot_host_rows,
             },
         )
         .ctx("invalidate")?;
@@ -553,7 +553,7 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
         stats_slot: 0,
     };
     let mut lru: Vec<u16> = (0..r_count * n).map(|s| (s % n) as u16).collect();
-    let mut dgi = vec![-1i32; (r_count * n) as usize];
+    let mut slot_host_rows = vec![-1i32; (r_count * n) as usize];
     for r in 0..r_count as usize {
         let l = &mut lru[r * n as usize..(r + 1) * n as usize];
         rng.shuffle(l);
@@ -561,7 +561,7 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
     if scn.corrupt {
         // Request 0: a repeated slot (not a permutation) and garbage cached rows.
         lru[1] = lru[0];
-        for d in &mut dgi[..n as usize] {
+        for d in &mut slot_host_rows[..n as usize] {
             *d = rng.i32_in(-5, (host_num_blocks * bs) as i32 + 50);
         }
     }
@@ -572,7 +572,7 @@ fn random<D: Device>(dev: &D, seed: u64, scn: Scenario) -> CaseResult {
             resident,
             host,
             hot,
-            dgi,
+            slot_host_rows,
             lru,
             idx_mapping: None,
             stats: scn.stats.then(|| initial_stats(&mut rng)),
@@ -716,7 +716,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             resident: vec![0; 4],
             host: vec![0, 1, 2, 3],
             hot: vec![5],
-            dgi: vec![-1; 4],
+            slot_host_rows: vec![-1; 4],
             lru: vec![0, 1, 2, 3],
             idx_mapping: None,
             stats: None,
@@ -730,7 +730,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
         misses: i32,
         src: [i32; 2],
         dst: [i32; 2],
-        dgi: [i32; 4],
+        slot_host_rows: [i32; 4],
         lru: [u16; 4],
     }
     let trace = [
@@ -743,7 +743,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             misses: 2,
             src: [0, 1],
             dst: [20, 21],
-            dgi: [0, 1, -1, -1],
+            slot_host_rows: [0, 1, -1, -1],
             lru: [2, 3, 0, 1],
         },
         // One hit (slot 1), one miss (host row 5) into the least recent evictable slot 2;
@@ -756,7 +756,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             misses: 1,
             src: [5, -1],
             dst: [22, -1],
-            dgi: [0, 1, 5, -1],
+            slot_host_rows: [0, 1, 5, -1],
             lru: [3, 0, 2, 1],
         },
         // A hit and an invalid entry: no miss, but the hit moves to the most recent end.
@@ -768,7 +768,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             misses: 0,
             src: [-1, -1],
             dst: [-1, -1],
-            dgi: [0, 1, 5, -1],
+            slot_host_rows: [0, 1, 5, -1],
             lru: [3, 0, 1, 2],
         },
         // Host row 0 hits slot 0; host row 9 misses into slot 3.
@@ -780,7 +780,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             misses: 1,
             src: [9, -1],
             dst: [23, -1],
-            dgi: [0, 1, 5, 9],
+            slot_host_rows: [0, 1, 5, 9],
             lru: [1, 2, 3, 0],
         },
     ];
@@ -795,7 +795,7 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
             )?;
             same("miss_src", &out.miss_src[..2], &e.src)?;
             same("miss_dst", &out.miss_dst[..2], &e.dst)?;
-            same("dgi", &st.h.dgi, &e.dgi)?;
+            same("slot_host_rows", &st.h.slot_host_rows, &e.slot_host_rows)?;
             same("lru", &st.h.lru, &e.lru)
         };
         at_step(step, check())?;
@@ -814,7 +814,11 @@ fn known_trace<D: Device>(dev: &D) -> CaseResult {
     same("beyond-pool indices", &out.indices[..2], &[21, 22])?;
     same("beyond-pool miss_src", &out.miss_src[..2], &[-1, -1])?;
     same("beyond-pool miss_dst", &out.miss_dst[..2], &[21, 22])?;
-    same("beyond-pool dgi", &st.h.dgi, &[0, -1, -1, 9])?;
+    same(
+        "beyond-pool slot_host_rows",
+        &st.h.slot_host_rows,
+        &[0, -1, -1, 9],
+    )?;
     same("beyond-pool lru", &st.h.lru, &[3, 0, 1, 2])?;
     // A padding row touches nothing.
     let (out, _) = at_step(6, st.step(dev, &[-1], &[0, 1]))?;
@@ -843,7 +847,7 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
             resident: vec![0; 8],
             host: (0..8).collect(),
             hot: vec![1, 2, 3, 4, 5, 6, 7, 8],
-            dgi: (0..32).collect(),
+            slot_host_rows: (0..32).collect(),
             lru: lru.clone(),
             idx_mapping: None,
             stats: None,

@@ -51,7 +51,7 @@ macro_rules! args_over {
             resident_table: &$s.resident,
             host_table: &$s.host,
             hot_table: &$s.hot,
-            dgi: &mut $s.dgi,
+            slot_host_rows: &mut $s.slot_host_rows,
             lru: &mut $s.lru,
             indices: &mut $out.indices,
             valid_counts: &mut $out.valid,
@@ -146,7 +146,7 @@ pub(crate) struct HostState {
     pub(crate) resident: Vec<i32>,
     pub(crate) host: Vec<i32>,
     pub(crate) hot: Vec<i32>,
-    pub(crate) dgi: Vec<i32>,
+    pub(crate) slot_host_rows: Vec<i32>,
     pub(crate) lru: Vec<u16>,
     pub(crate) idx_mapping: Option<Vec<i32>>,
     /// The stats words a sequence's calls add to (`hisparse_core::ops::stats`), kept across
@@ -179,7 +179,7 @@ pub(crate) struct DevState<D: Device> {
     pub(crate) resident: D::Buffer,
     pub(crate) host: D::Buffer,
     pub(crate) hot: D::Buffer,
-    pub(crate) dgi: D::Buffer,
+    pub(crate) slot_host_rows: D::Buffer,
     pub(crate) lru: D::Buffer,
     pub(crate) idx_mapping: Option<D::Buffer>,
     pub(crate) stats: Option<D::Buffer>,
@@ -192,7 +192,7 @@ impl<D: Device> DevState<D> {
             resident: dev_i32(dev, &h.resident)?,
             host: dev_i32(dev, &h.host)?,
             hot: dev_i32(dev, &h.hot)?,
-            dgi: dev_i32(dev, &h.dgi)?,
+            slot_host_rows: dev_i32(dev, &h.slot_host_rows)?,
             lru: dev_u16(dev, &h.lru)?,
             idx_mapping: h
                 .idx_mapping
@@ -242,7 +242,7 @@ impl<D: Device> DevState<D> {
         )
     }
 
-    /// Compares the device's `dgi` and LRU rows, and its stats words, with `want`'s, naming
+    /// Compares the device's `slot_host_rows` and LRU rows, and its stats words, with `want`'s, naming
     /// `path` on a difference.
     pub(crate) fn expect_hot_state(&self, dev: &D, path: &str, want: &HostState) -> CaseResult {
         same(
@@ -251,9 +251,9 @@ impl<D: Device> DevState<D> {
             &want.lru,
         )?;
         same(
-            &format!("{path}dgi"),
-            &read_i32(dev, &self.dgi, want.dgi.len())?,
-            &want.dgi,
+            &format!("{path}slot_host_rows"),
+            &read_i32(dev, &self.slot_host_rows, want.slot_host_rows.len())?,
+            &want.slot_host_rows,
         )?;
         match (&self.stats, &want.stats) {
             (Some(got), Some(words)) => same(

@@ -1,12 +1,12 @@
 //! Batch-row order (the resolve module's *Table row order*): `req_id` names batch rows, the host
 //! and hot tables are rebuilt by batch row every step, `idx_mapping` maps each batch row to its
-//! persistent state row (resident table, `dgi`, LRU), over multi-step sequences in which the
+//! persistent state row (resident table, `slot_host_rows`, LRU), over multi-step sequences in which the
 //! batch changes its order and membership every step.
 //!
 //! Every step runs three calls and compares them:
 //! * the reference in batch-row order, and the device in batch-row order (its `resolve`, or its
 //!   `resolve_and_gather` for the gathering shapes, with the device pool compared too): every
-//!   output, with the sentinels past them, and the `dgi` and LRU rows;
+//!   output, with the sentinels past them, and the `slot_host_rows` and LRU rows;
 //! * the *reordering equivalence*: the same workload in state-row order — `req_id` naming each
 //!   owning batch row's state row (`-1` for the rows the rule makes padding, decided here by
 //!   first occurrence in `idx_mapping`, independently of the core), the host and hot tables kept
@@ -257,7 +257,7 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
         resident: resident.clone(),
         host: vec![-1; rb * m as usize],
         hot: vec![0; rb * width],
-        dgi: vec![-1; sr * n as usize],
+        slot_host_rows: vec![-1; sr * n as usize],
         lru: lru.clone(),
         idx_mapping: Some(vec![-1; rb]),
         stats: None,
@@ -267,7 +267,7 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
         resident,
         host: p.host.clone(),
         hot: p.hot.clone(),
-        dgi: vec![-1; sr * n as usize],
+        slot_host_rows: vec![-1; sr * n as usize],
         lru,
         idx_mapping: None,
         stats: None,
@@ -502,9 +502,9 @@ fn order_step<D: Device>(
     }
     want_state.expect("reordering equivalence (reference): ", &want)?;
     same(
-        "reordering equivalence (reference): dgi",
-        &state.dgi,
-        &batch.dgi,
+        "reordering equivalence (reference): slot_host_rows",
+        &state.slot_host_rows,
+        &batch.slot_host_rows,
     )?;
     same(
         "reordering equivalence (reference): lru",
@@ -578,7 +578,7 @@ fn refused_before_any_write<D: Device>(dev: &D) -> CaseResult {
         resident: vec![0; 6],
         host: vec![0, 1, 2, 3],
         hot: vec![5, 6],
-        dgi: vec![-1; 12],
+        slot_host_rows: vec![-1; 12],
         lru: (0..12).map(|i| i % 4).collect(),
         idx_mapping: Some(vec![2, 2]),
         stats: None,
@@ -637,7 +637,7 @@ fn refused_before_any_write<D: Device>(dev: &D) -> CaseResult {
     want.miss_dst[..4].copy_from_slice(&[-1, -1, 20, 21]);
     got.expect("the valid call: ", &want)?;
     let mut after = h.clone();
-    after.dgi[8..12].copy_from_slice(&[1, 6, -1, -1]);
+    after.slot_host_rows[8..12].copy_from_slice(&[1, 6, -1, -1]);
     after.lru[8..12].copy_from_slice(&[2, 3, 0, 1]);
     d.expect_hot_state(dev, "the valid call: ", &after)?;
     // Batch row 1 alone: still padding although its owner has no token row in this call.

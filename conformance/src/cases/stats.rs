@@ -53,7 +53,7 @@ struct Resolver<D: Device> {
     resident: D::Buffer,
     host: D::Buffer,
     hot: D::Buffer,
-    dgi: D::Buffer,
+    slot_host_rows: D::Buffer,
     lru: D::Buffer,
     /// For `resolve_and_gather`: the one layer, the host pool and the device pool.
     layer: [LayerPair; 1],
@@ -90,7 +90,7 @@ impl<D: Device> Resolver<D> {
             resident: dev_i32(dev, &[0, 0, 0, 0, 0, 0, 0, 9])?,
             host: dev_i32(dev, &[0, 1, 2, 3, 4, 5, 6, 7])?,
             hot: dev_i32(dev, &[10, 11])?,
-            dgi: dev_i32(dev, &[-1; 8])?,
+            slot_host_rows: dev_i32(dev, &[-1; 8])?,
             lru: dev_u16(dev, &[0, 1, 2, 3, 0, 1, 2, 3])?,
             layer: [LayerPair {
                 host: rows,
@@ -150,7 +150,7 @@ impl<D: Device> Resolver<D> {
             resident_table: &self.resident,
             host_table: &self.host,
             hot_table: &self.hot,
-            dgi: &mut self.dgi,
+            slot_host_rows: &mut self.slot_host_rows,
             lru: &mut self.lru,
             idx_mapping: None,
             indices: &mut indices,
@@ -456,7 +456,11 @@ fn too_small_refused<D: Device>(dev: &D) -> CaseResult {
             ] {
                 same(&format!("{kept}{name}"), got, &[SENTINEL; 2])?;
             }
-            same(&format!("{kept}dgi"), &read_i32(dev, &w.dgi, 8)?, &[-1; 8])?;
+            same(
+                &format!("{kept}slot_host_rows"),
+                &read_i32(dev, &w.slot_host_rows, 8)?,
+                &[-1; 8],
+            )?;
             same(
                 &format!("{kept}lru"),
                 &read_u16(dev, &w.lru, 8)?,

@@ -3,7 +3,7 @@
 //! resolve and the gather of its miss plan) on host copies, the device's `resolve_and_gather` on
 //! one device copy of the hot state and pools, and the device's own `resolve` + `gather_rows`
 //! pair on another; both device paths must give the reference's every output (with the sentinels
-//! past them intact), `dgi` and LRU rows and every byte of the device pool.
+//! past them intact), `slot_host_rows` and LRU rows and every byte of the device pool.
 //!
 //! Each call is bracketed on its stream by a copy that stages its top-k input before it and
 //! one that copies the device pool after it (rule 1 of the stream rules: in order on one stream), and an event recorded after it must report completion once the stream is
@@ -59,7 +59,7 @@ struct Shape {
     move_pct: u64,
     /// Shuffle the token rows of a step (one request's rows are then not adjacent).
     shuffle: bool,
-    /// Start request 0 with a corrupt LRU (not a permutation) and garbage `dgi`.
+    /// Start request 0 with a corrupt LRU (not a permutation) and garbage `slot_host_rows`.
     corrupt: bool,
     /// Step 1 repeats step 0's rows exactly: every entry hits, no miss.
     repeat: bool,
@@ -539,11 +539,11 @@ fn build(rng: &mut SplitMix64, sh: &Shape) -> World {
     for region in lru.chunks_mut(n) {
         rng.shuffle(region);
     }
-    let mut dgi = vec![-1i32; r_count as usize * n];
+    let mut slot_host_rows = vec![-1i32; r_count as usize * n];
     if sh.corrupt {
         lru[1] = lru[0];
         let rows = (host_num_blocks * bs) as i32;
-        for d in &mut dgi[..n] {
+        for d in &mut slot_host_rows[..n] {
             *d = rng.i32_in(-5, rows + 50);
         }
     }
@@ -564,7 +564,7 @@ fn build(rng: &mut SplitMix64, sh: &Shape) -> World {
             resident,
             host,
             hot,
-            dgi,
+            slot_host_rows,
             lru,
             idx_mapping: None,
             stats: sh.stats.then(|| initial_stats(rng)),
@@ -654,7 +654,7 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
             )?;
         }
         let (hits, misses) = seen.add(&w.desc, &w.h, (&req_id, &topk), &want);
-        // A cold hot state (every dgi -1, or request 0's corrupt one reset) hits nothing.
+        // A cold hot state (every slot_host_rows -1, or request 0's corrupt one reset) hits nothing.
         ensure!(
             step > 0 || hits == 0,
             "the first step hit a cold hot state: {seen:?}"

@@ -132,7 +132,7 @@ fn reset_random<D: Device>(dev: &D, seed: u64, requests: u32, slots: u32) -> Cas
     let mut rng = SplitMix64::new(seed);
     let n = (requests * slots) as usize;
     // Slack beyond the declared state must stay untouched.
-    let dgi: Vec<i32> = (0..n + 4).map(|_| rng.i32_in(-1, 1 << 20)).collect();
+    let slot_host_rows: Vec<i32> = (0..n + 4).map(|_| rng.i32_in(-1, 1 << 20)).collect();
     let lru: Vec<u16> = (0..n + 4)
         .map(|_| rng.below(u64::from(slots)) as u16)
         .collect();
@@ -145,21 +145,26 @@ fn reset_random<D: Device>(dev: &D, seed: u64, requests: u32, slots: u32) -> Cas
         num_requests: requests,
         hot_slots: slots,
     };
-    let (mut want_dgi, mut want_lru) = (dgi.clone(), lru.clone());
-    ref_reset(&desc, &rows, &mut want_dgi, &mut want_lru).ctx("reference reset_hot_state")?;
+    let (mut want_slot_host_rows, mut want_lru) = (slot_host_rows.clone(), lru.clone());
+    ref_reset(&desc, &rows, &mut want_slot_host_rows, &mut want_lru)
+        .ctx("reference reset_hot_state")?;
     let s = dev.create_stream().ctx("create_stream")?;
-    let mut d_dgi = dev_i32(dev, &dgi)?;
+    let mut d_slot_host_rows = dev_i32(dev, &slot_host_rows)?;
     let mut d_lru = dev_u16(dev, &lru)?;
-    dev.reset_hot_state(&s, &desc, &rows, &mut d_dgi, &mut d_lru)
+    dev.reset_hot_state(&s, &desc, &rows, &mut d_slot_host_rows, &mut d_lru)
         .ctx("reset_hot_state")?;
     dev.synchronize(&s).ctx("synchronize")?;
-    same("dgi", &read_i32(dev, &d_dgi, dgi.len())?, &want_dgi)?;
+    same(
+        "slot_host_rows",
+        &read_i32(dev, &d_slot_host_rows, slot_host_rows.len())?,
+        &want_slot_host_rows,
+    )?;
     same("lru", &read_u16(dev, &d_lru, lru.len())?, &want_lru)
 }
 
 fn reset_refused<D: Device>(dev: &D) -> CaseResult {
     let s = dev.create_stream().ctx("create_stream")?;
-    let mut dgi = dev_i32(dev, &[7; 8])?;
+    let mut slot_host_rows = dev_i32(dev, &[7; 8])?;
     let mut lru = dev_u16(dev, &[3; 8])?;
     let desc = HotResetDesc {
         num_requests: 2,
@@ -167,7 +172,7 @@ fn reset_refused<D: Device>(dev: &D) -> CaseResult {
     };
     expect_invalid(
         "row beyond num_requests",
-        dev.reset_hot_state(&s, &desc, &[0, 2], &mut dgi, &mut lru),
+        dev.reset_hot_state(&s, &desc, &[0, 2], &mut slot_host_rows, &mut lru),
     )?;
     expect_invalid(
         "hot_slots 0",
@@ -178,7 +183,7 @@ fn reset_refused<D: Device>(dev: &D) -> CaseResult {
                 ..desc
             },
             &[0],
-            &mut dgi,
+            &mut slot_host_rows,
             &mut lru,
         ),
     )?;
@@ -191,12 +196,16 @@ fn reset_refused<D: Device>(dev: &D) -> CaseResult {
                 ..desc
             },
             &[0],
-            &mut dgi,
+            &mut slot_host_rows,
             &mut lru,
         ),
     )?;
     dev.synchronize(&s).ctx("synchronize")?;
-    same("dgi", &read_i32(dev, &dgi, 8)?, &[7; 8])?;
+    same(
+        "slot_host_rows",
+        &read_i32(dev, &slot_host_rows, 8)?,
+        &[7; 8],
+    )?;
     same("lru", &read_u16(dev, &lru, 8)?, &[3; 8])
 }
 

@@ -1,7 +1,7 @@
 //! The fused swap-in launch (the inherent `resolve_and_gather` of the CUDA and ROCm backends,
 //! reached through a [`Fused`] hook), run by both backends' `tests/fused.rs` through
 //! [`main_with`]: it must give exactly what the core's reference gives for a resolve followed by
-//! the gather of its miss plan — every output, the hot state (dgi, LRU) and every byte of the
+//! the gather of its miss plan — every output, the hot state (slot_host_rows, LRU) and every byte of the
 //! device pool — over several steps of random top-k walks: the decode shape (64 requests × 2048,
 //! 4096 slots), speculative rows of one request spread over the batch with padding rows, split
 //! rows over 20 layers (a fused launch of 16 layers and a gather launch of the other 4), resident
@@ -186,11 +186,11 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
     rng.fill(&mut host_pool_bytes);
     let mut want_pool = vec![0u8; dev_bytes];
     rng.fill(&mut want_pool);
-    let mut dgi = vec![-1i32; (r * n) as usize];
+    let mut slot_host_rows = vec![-1i32; (r * n) as usize];
     let mut lru: Vec<u16> = (0..r).flat_map(|_| 0..n as u16).collect();
     if sc.corrupt {
         lru[3] = lru[4]; // request 0's LRU is not a permutation
-        dgi[5] = 7;
+        slot_host_rows[5] = 7;
     }
 
     let mut host_buf = dev.alloc_pinned(host_bytes).map_err(device_err)?;
@@ -203,7 +203,7 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
         upload_i32(dev, &host)?,
         upload_i32(dev, &hot)?,
     );
-    let mut d_dgi = upload_i32(dev, &dgi)?;
+    let mut d_slot_host_rows = upload_i32(dev, &slot_host_rows)?;
     let mut d_lru = dev.alloc(lru.len() * 2).map_err(device_err)?;
     dev.upload_u16(&mut d_lru, 0, &lru).map_err(device_err)?;
     let stream = dev.create_stream().map_err(device_err)?;
@@ -246,7 +246,7 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
                 resident_table: &resident,
                 host_table: &host,
                 hot_table: &hot,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
                 lru: &mut lru,
                 indices: &mut ind,
                 valid_counts: &mut vc,
@@ -293,7 +293,7 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
                 resident_table: &d_res,
                 host_table: &d_host,
                 hot_table: &d_hot,
-                dgi: &mut d_dgi,
+                slot_host_rows: &mut d_slot_host_rows,
                 lru: &mut d_lru,
                 indices: o_ind,
                 valid_counts: o_vc,
@@ -317,7 +317,11 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
             ("miss_counts", &mc, download_i32(dev, o_mc, tu)?),
             ("miss_src", &src, download_i32(dev, o_src, tk)?),
             ("miss_dst", &dst, download_i32(dev, o_dst, tk)?),
-            ("dgi", &dgi, download_i32(dev, &d_dgi, dgi.len())?),
+            (
+                "slot_host_rows",
+                &slot_host_rows,
+                download_i32(dev, &d_slot_host_rows, slot_host_rows.len())?,
+            ),
         ] {
             if *want != got {
                 let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);

@@ -209,7 +209,18 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
     };
     {
         let (inputs, outs) = b.split_at_mut(DGI);
-        let [dgi, lru, ind, valid, hits, misses, msrc, mdst, ..] = outs else {
+        let [
+            slot_host_rows,
+            lru,
+            ind,
+            valid,
+            hits,
+            misses,
+            msrc,
+            mdst,
+            ..,
+        ] = outs
+        else {
             unreachable!("resolve outputs")
         };
         dev.resolve(
@@ -221,7 +232,7 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
                 resident_table: &inputs[RESIDENT],
                 host_table: &inputs[HOST_TABLE],
                 hot_table: &inputs[HOT],
-                dgi,
+                slot_host_rows,
                 lru,
                 indices: ind,
                 valid_counts: valid,
@@ -313,12 +324,12 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
     dev.write_table(&s, &table_desc, &writes, &mut b[RESIDENT])
         .map_err(device_err)?;
     {
-        let (dgi, lru) = b[DGI..].split_at_mut(1);
+        let (slot_host_rows, lru) = b[DGI..].split_at_mut(1);
         let reset = HotResetDesc {
             num_requests: R,
             hot_slots: N,
         };
-        dev.reset_hot_state(&s, &reset, &[1], &mut dgi[0], &mut lru[0])
+        dev.reset_hot_state(&s, &reset, &[1], &mut slot_host_rows[0], &mut lru[0])
             .map_err(device_err)?;
     }
     dev.synchronize(&s).map_err(device_err)?;

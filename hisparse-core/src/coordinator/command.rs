@@ -48,7 +48,7 @@ pub struct TableUpdate {
     pub block: u32,
 }
 
-/// A hot region given to a request: reset the slot's LRU to the identity and its `dgi` to `-1`.
+/// A hot region given to a request: reset the slot's LRU to the identity and its `slot_host_rows` to `-1`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct HotAssignment {

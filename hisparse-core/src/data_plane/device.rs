@@ -322,7 +322,7 @@ pub trait Device {
     }
 
     /// Resets the hot state of the listed state rows ([`crate::ops::table::reset_hot_state`]):
-    /// `dgi` rows to `-1`, LRU rows to the identity, ordered on `stream`.
+    /// `slot_host_rows` rows to `-1`, LRU rows to the identity, ordered on `stream`.
     ///
     /// The provided implementation uploads each row (synchronous, like [`Device::write_table`]'s);
     /// backends override it with a kernel.
@@ -331,11 +331,11 @@ pub trait Device {
         stream: &Self::Stream,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &mut Self::Buffer,
+        slot_host_rows: &mut Self::Buffer,
         lru: &mut Self::Buffer,
     ) -> Result<(), Self::Error> {
         let _ = stream;
-        desc.check(rows, dgi, lru)?;
+        desc.check(rows, slot_host_rows, lru)?;
         let n = desc.hot_slots as usize;
         let empty = [-1i32; TYPED_CHUNK_BYTES / 4];
         let mut order = [0u16; TYPED_CHUNK_BYTES / 2];
@@ -344,7 +344,7 @@ pub trait Device {
             let mut s = 0;
             while s < n {
                 let m = (n - s).min(empty.len());
-                self.upload_i32(dgi, (r * n + s) * 4, &empty[..m])?;
+                self.upload_i32(slot_host_rows, (r * n + s) * 4, &empty[..m])?;
                 s += m;
             }
             let mut s = 0;
@@ -435,7 +435,7 @@ pub trait Device {
     /// * **Results.** Byte for byte those of that pair of calls enqueued one after the other on
     ///   `stream`: every output (indices, valid, hit and miss counts, the miss plan — the plan
     ///   buffers hold the plan afterwards, so a follower can still apply it with
-    ///   [`Device::gather_rows`]), the `dgi` and LRU rows, and every byte of `device` (rows the
+    ///   [`Device::gather_rows`]), the `slot_host_rows` and LRU rows, and every byte of `device` (rows the
     ///   plan does not name are not touched).
     /// * **`layers`.** The layer pairs the plan is applied to: the index group's leader alone,
     ///   or the leader and its followers (every layer that reads the leader's hot slots). Not

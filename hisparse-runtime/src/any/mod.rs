@@ -410,7 +410,7 @@ where
         resident_table: a.resident_table.pick(b)?,
         host_table: a.host_table.pick(b)?,
         hot_table: a.hot_table.pick(b)?,
-        dgi: a.dgi.pick_mut(b)?,
+        slot_host_rows: a.slot_host_rows.pick_mut(b)?,
         lru: a.lru.pick_mut(b)?,
         indices: a.indices.pick_mut(b)?,
         valid_counts: a.valid_counts.pick_mut(b)?,
@@ -663,12 +663,12 @@ impl Device for AnyDevice {
         stream: &AnyStream,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &mut AnyBuffer,
+        slot_host_rows: &mut AnyBuffer,
         lru: &mut AnyBuffer,
     ) -> Result<(), AnyError> {
         dispatch!(self, d => {
             let b = d.backend();
-            Ok(d.reset_hot_state(p!(stream, b), desc, rows, pm!(dgi, b), pm!(lru, b))?)
+            Ok(d.reset_hot_state(p!(stream, b), desc, rows, pm!(slot_host_rows, b), pm!(lru, b))?)
         })
     }
 
@@ -818,7 +818,7 @@ impl Device for AnyDevice {
     ) -> Result<(), AnyError> {
         dispatch!(self, d => {
             let b = d.backend();
-            let args = InvalidateArgs { ranges: p!(a.ranges, b), dgi: pm!(a.dgi, b) };
+            let args = InvalidateArgs { ranges: p!(a.ranges, b), slot_host_rows: pm!(a.slot_host_rows, b) };
             Ok(d.invalidate(p!(stream, b), desc, args)?)
         })
     }

@@ -374,15 +374,20 @@ impl Device for LagDevice {
         stream: &LagStream,
         desc: &HotResetDesc,
         rows: &[u32],
-        dgi: &mut LagBuffer,
+        slot_host_rows: &mut LagBuffer,
         lru: &mut LagBuffer,
     ) -> Result<(), CpuError> {
         assert_eq!(
             stream.0, 0,
             "the runtime resets hot state on its compute stream"
         );
-        self.cpu
-            .reset_hot_state(&CpuStream, desc, rows, &mut lock(dgi), &mut lock(lru))
+        self.cpu.reset_hot_state(
+            &CpuStream,
+            desc,
+            rows,
+            &mut lock(slot_host_rows),
+            &mut lock(lru),
+        )
     }
 
     fn remap(
@@ -426,8 +431,8 @@ impl Device for LagDevice {
             lock(a.host_table),
             lock(a.hot_table),
         );
-        let (mut dgi, mut lru, mut idx, mut valid) = (
-            lock(a.dgi),
+        let (mut slot_host_rows, mut lru, mut idx, mut valid) = (
+            lock(a.slot_host_rows),
             lock(a.lru),
             lock(a.indices),
             lock(a.valid_counts),
@@ -448,7 +453,7 @@ impl Device for LagDevice {
                 resident_table: &res,
                 host_table: &host,
                 hot_table: &hot,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
                 lru: &mut lru,
                 indices: &mut idx,
                 valid_counts: &mut valid,
@@ -596,13 +601,13 @@ impl Device for LagDevice {
     ) -> Result<(), CpuError> {
         assert_eq!(stream.0, 0, "invalidation runs on the compute stream");
         let ranges = lock(a.ranges);
-        let mut dgi = lock(a.dgi);
+        let mut slot_host_rows = lock(a.slot_host_rows);
         self.cpu.invalidate(
             &CpuStream,
             desc,
             InvalidateArgs {
                 ranges: &ranges,
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
             },
         )
     }

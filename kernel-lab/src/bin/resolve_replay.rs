@@ -1,6 +1,6 @@
 //! Times resolves on states a run wrote out with the Vulkan option `dump-resolve`
 //! (`VulkanOptions::dump_resolve`; the file format is in the backend's `dump` module): for each
-//! file, the dumped `dgi` and LRU are uploaded again before every call, so each call does the
+//! file, the dumped `slot_host_rows` and LRU are uploaded again before every call, so each call does the
 //! dumped call's work, on a GPU kept busy by nothing else. Device time from timestamps (median of
 //! the calls), and the first call's hit, miss and valid counts per token row (the same for every
 //! call).
@@ -19,7 +19,7 @@ type Result<T> = core::result::Result<T, VulkanError>;
 /// One dumped resolve: its descriptor and the bytes of each input.
 struct Dumped {
     desc: ResolveDesc,
-    /// req_id, topk, resident_table, host_table, dgi, lru, hot_table.
+    /// req_id, topk, resident_table, host_table, slot_host_rows, lru, hot_table.
     parts: Vec<Vec<u8>>,
 }
 
@@ -163,7 +163,7 @@ fn replay(dev: &VulkanDevice, path: &str, calls: usize) -> core::result::Result<
             upload(dev, &p[3])?,
             upload(dev, &p[6])?,
         );
-        let (mut dgi, mut lru) = (upload(dev, &p[4])?, upload(dev, &p[5])?);
+        let (mut slot_host_rows, mut lru) = (upload(dev, &p[4])?, upload(dev, &p[5])?);
         let (t, k) = (d.desc.num_tokens as usize, d.desc.top_k as usize);
         let mut outs = [4 * t * k, 4 * t, 4 * t, 4 * t, 4 * t * k, 4 * t * k]
             .iter()
@@ -173,7 +173,7 @@ fn replay(dev: &VulkanDevice, path: &str, calls: usize) -> core::result::Result<
         let mut times = Vec::with_capacity(calls);
         let mut counts = String::new();
         for i in 0..calls {
-            dev.upload(&mut dgi, 0, &p[4])?;
+            dev.upload(&mut slot_host_rows, 0, &p[4])?;
             dev.upload(&mut lru, 0, &p[5])?;
             let [indices, valid, hits, misses, src, dst] = &mut outs[..] else {
                 unreachable!("six outputs")
@@ -188,7 +188,7 @@ fn replay(dev: &VulkanDevice, path: &str, calls: usize) -> core::result::Result<
                         resident_table: &res,
                         host_table: &host,
                         hot_table: &hot,
-                        dgi: &mut dgi,
+                        slot_host_rows: &mut slot_host_rows,
                         lru: &mut lru,
                         indices,
                         valid_counts: valid,

@@ -478,7 +478,7 @@ struct Group {
     resident: VulkanBuffer,
     host_table: VulkanBuffer,
     hot: VulkanBuffer,
-    dgi: VulkanBuffer,
+    slot_host_rows: VulkanBuffer,
     lru: VulkanBuffer,
     out: [VulkanBuffer; 6],
 }
@@ -531,7 +531,7 @@ impl Group {
             resident: upload_i32(dev, &vec![0; (r * m) as usize])?,
             host_table: upload_i32(dev, &host)?,
             hot: upload_i32(dev, &hot)?,
-            dgi: upload_i32(dev, &vec![-1; (r * n) as usize])?,
+            slot_host_rows: upload_i32(dev, &vec![-1; (r * n) as usize])?,
             lru: lru_b,
             out: [
                 dev.alloc(tk)?,
@@ -562,7 +562,7 @@ impl Group {
                 resident_table: &self.resident,
                 host_table: &self.host_table,
                 hot_table: &self.hot,
-                dgi: &mut self.dgi,
+                slot_host_rows: &mut self.slot_host_rows,
                 lru: &mut self.lru,
                 indices,
                 valid_counts: valid,

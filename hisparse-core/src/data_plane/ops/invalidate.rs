@@ -1,7 +1,7 @@
 //! Hot-entry invalidation (contract §5.4).
 //!
 //! After host rows are rewritten, or host blocks are recycled to another owner, any hot slot that
-//! caches one of those rows holds stale bytes. `invalidate` sets every `dgi[r][slot]` whose value
+//! caches one of those rows holds stale bytes. `invalidate` sets every `slot_host_rows[r][slot]` whose value
 //! lies in one of the half-open ranges `[start, end)` to `-1`, for every state row `r`. Ranges with
 //! `start >= end` match nothing. LRU orders are left unchanged: an invalidated slot simply stops
 //! being a hit and becomes evictable in its current position.
@@ -28,7 +28,7 @@ pub struct InvalidateArgs<'a, B: ?Sized> {
     /// `i32[num_ranges][2]` half-open flat host row ranges `[start, end)`.
     pub ranges: &'a B,
     /// `i32[R][N]` hot-slot contents. Updated.
-    pub dgi: &'a mut B,
+    pub slot_host_rows: &'a mut B,
 }
 
 impl InvalidateDesc {
@@ -44,8 +44,19 @@ impl InvalidateDesc {
         )?;
         let ranges = mul(OP, "ranges", self.num_ranges.into(), 2)?;
         need(OP, "ranges", a.ranges.byte_len(), ranges, I32_BYTES)?;
-        let slots = mul(OP, "dgi", self.num_requests.into(), self.hot_slots.into())?;
-        need(OP, "dgi", a.dgi.byte_len(), slots, I32_BYTES)
+        let slots = mul(
+            OP,
+            "slot_host_rows",
+            self.num_requests.into(),
+            self.hot_slots.into(),
+        )?;
+        need(
+            OP,
+            "slot_host_rows",
+            a.slot_host_rows.byte_len(),
+            slots,
+            I32_BYTES,
+        )
     }
 }
 
@@ -54,7 +65,7 @@ pub fn invalidate(desc: &InvalidateDesc, a: InvalidateArgs<'_, [i32]>) -> Result
     desc.check(&a)?;
     let n = desc.num_requests as usize * desc.hot_slots as usize;
     let ranges = &a.ranges[..desc.num_ranges as usize * 2];
-    for d in &mut a.dgi[..n] {
+    for d in &mut a.slot_host_rows[..n] {
         if ranges.chunks_exact(2).any(|r| r[0] <= *d && *d < r[1]) {
             *d = -1;
         }
@@ -73,16 +84,16 @@ mod tests {
             hot_slots: 3,
             num_ranges: 2,
         };
-        let mut dgi = [5, 10, -1, 64, 127, 128];
+        let mut slot_host_rows = [5, 10, -1, 64, 127, 128];
         invalidate(
             &d,
             InvalidateArgs {
                 ranges: &[64, 128, 10, 10],
-                dgi: &mut dgi,
+                slot_host_rows: &mut slot_host_rows,
             },
         )
         .unwrap();
-        assert_eq!(dgi, [5, 10, -1, -1, -1, 128]);
+        assert_eq!(slot_host_rows, [5, 10, -1, -1, -1, 128]);
     }
 
     #[test]
@@ -96,7 +107,7 @@ mod tests {
             &d,
             InvalidateArgs {
                 ranges: &[0, 1, 2],
-                dgi: &mut [0],
+                slot_host_rows: &mut [0],
             },
         );
         assert!(matches!(

@@ -2,7 +2,7 @@
 //! the [`super::copy::gather_rows`] of the miss plan it wrote, over one or more layers.
 //!
 //! [`resolve_and_gather`] is, by definition, exactly that pair run back to back: every output of
-//! the resolve (indices, valid, hit and miss counts, the miss plan), the updated `dgi` and LRU
+//! the resolve (indices, valid, hit and miss counts, the miss plan), the updated `slot_host_rows` and LRU
 //! rows, and every byte of the device pool are what the two references give when called one
 //! after the other with the same arguments. It exists so a backend can *overlap* the two — copy a
 //! request's missed rows while other requests still resolve — behind one call
@@ -101,7 +101,7 @@ mod tests {
         layers: [LayerPair; 2],
         host: Vec<u8>,
         device: Vec<u8>,
-        dgi: Vec<i32>,
+        slot_host_rows: Vec<i32>,
         lru: Vec<u16>,
     }
 
@@ -137,7 +137,7 @@ mod tests {
                 layers: [layer(0), layer(1)],
                 host,
                 device: vec![0xEE; 4 * page as usize],
-                dgi: vec![-1; 4],
+                slot_host_rows: vec![-1; 4],
                 lru: vec![0, 1, 2, 3],
             }
         }
@@ -159,7 +159,7 @@ mod tests {
                     resident_table: &[0; 5],
                     host_table: &[0, 1, 2, 3, -1],
                     hot_table: &[1],
-                    dgi: &mut self.dgi,
+                    slot_host_rows: &mut self.slot_host_rows,
                     lru: &mut self.lru,
                     indices: &mut ind,
                     valid_counts: &mut valid,
@@ -206,7 +206,7 @@ mod tests {
             [0xEE; ROW],
             "the leader only: layer 1 untouched"
         );
-        assert_eq!(w.dgi, [1, 6, -1, -1]);
+        assert_eq!(w.slot_host_rows, [1, 6, -1, -1]);
         // No miss (row 6 hits, token 17's page has no host block): the pool is left as it was.
         let pool = w.device.clone();
         let (ind, misses, _, _) = w.call(&[17, 6], 2).unwrap();
@@ -217,7 +217,7 @@ mod tests {
     #[test]
     fn a_refused_gather_writes_nothing_not_even_the_resolve() {
         let mut w = World::new();
-        let before = (w.dgi.clone(), w.lru.clone(), w.device.clone());
+        let before = (w.slot_host_rows.clone(), w.lru.clone(), w.device.clone());
         let err = w.call(&[1, 6], 0).unwrap_err();
         assert!(
             matches!(
@@ -241,7 +241,10 @@ mod tests {
             ),
             "{err}"
         );
-        assert_eq!((w.dgi.clone(), w.lru.clone()), (before.0, before.1));
+        assert_eq!(
+            (w.slot_host_rows.clone(), w.lru.clone()),
+            (before.0, before.1)
+        );
         assert_eq!(w.device, before.2[..ROW]);
     }
 }

@@ -9,7 +9,7 @@
 //! operation (no synchronous upload of whole tables, no host synchronisation).
 //!
 //! [`reset_hot_state`] puts the hot state of chosen state rows back to "nothing cached": every
-//! `dgi` entry `-1` and the LRU order the identity `0, 1, …, N-1`. It runs when a hot region is
+//! `slot_host_rows` entry `-1` and the LRU order the identity `0, 1, …, N-1`. It runs when a hot region is
 //! given to a request or released, and when a state row is handed to a new request.
 //!
 //! Both take their lists from the host; a backend copies them before the call returns.
@@ -99,7 +99,7 @@ pub fn write_table(
 /// Shape of one [`reset_hot_state`] call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HotResetDesc {
-    /// State rows `R` of the `dgi` and `lru` buffers.
+    /// State rows `R` of the `slot_host_rows` and `lru` buffers.
     pub num_requests: u32,
     /// Hot slots per state row `N` (`1..=32768`).
     pub hot_slots: u32,
@@ -111,7 +111,7 @@ impl HotResetDesc {
     pub fn check<G: BufferLen + ?Sized, L: BufferLen + ?Sized>(
         &self,
         rows: &[u32],
-        dgi: &G,
+        slot_host_rows: &G,
         lru: &L,
     ) -> Result<(), OpError> {
         const OP: OpName = OpName::HotReset;
@@ -123,8 +123,19 @@ impl HotResetDesc {
             1,
             MAX_HOT_SLOTS.into(),
         )?;
-        let slots = mul(OP, "dgi", self.num_requests.into(), self.hot_slots.into())?;
-        need(OP, "dgi", dgi.byte_len(), slots, I32_BYTES)?;
+        let slots = mul(
+            OP,
+            "slot_host_rows",
+            self.num_requests.into(),
+            self.hot_slots.into(),
+        )?;
+        need(
+            OP,
+            "slot_host_rows",
+            slot_host_rows.byte_len(),
+            slots,
+            I32_BYTES,
+        )?;
         need(OP, "lru", lru.byte_len(), slots, U16_BYTES)?;
         for (i, &r) in rows.iter().enumerate() {
             if r >= self.num_requests {
@@ -142,19 +153,19 @@ impl HotResetDesc {
     }
 }
 
-/// Reference hot-state reset: for every listed state row `r`, `dgi[r][..] = -1` and
+/// Reference hot-state reset: for every listed state row `r`, `slot_host_rows[r][..] = -1` and
 /// `lru[r][s] = s`.
 pub fn reset_hot_state(
     desc: &HotResetDesc,
     rows: &[u32],
-    dgi: &mut [i32],
+    slot_host_rows: &mut [i32],
     lru: &mut [u16],
 ) -> Result<(), OpError> {
-    desc.check(rows, dgi, lru)?;
+    desc.check(rows, slot_host_rows, lru)?;
     let n = desc.hot_slots as usize;
     for &r in rows {
         let r = r as usize;
-        dgi[r * n..(r + 1) * n].fill(-1);
+        slot_host_rows[r * n..(r + 1) * n].fill(-1);
         for (s, v) in lru[r * n..(r + 1) * n].iter_mut().enumerate() {
             *v = s as u16;
         }
@@ -232,13 +243,13 @@ mod tests {
             num_requests: 3,
             hot_slots: 3,
         };
-        let mut dgi = [5i32; 9];
+        let mut slot_host_rows = [5i32; 9];
         let mut lru = [2u16, 0, 1, 2, 1, 0, 1, 2, 0];
-        reset_hot_state(&d, &[2, 0, 2], &mut dgi, &mut lru).unwrap();
-        assert_eq!(dgi, [-1, -1, -1, 5, 5, 5, -1, -1, -1]);
+        reset_hot_state(&d, &[2, 0, 2], &mut slot_host_rows, &mut lru).unwrap();
+        assert_eq!(slot_host_rows, [-1, -1, -1, 5, 5, 5, -1, -1, -1]);
         assert_eq!(lru, [0, 1, 2, 2, 1, 0, 0, 1, 2]);
         assert!(matches!(
-            reset_hot_state(&d, &[3], &mut dgi, &mut lru),
+            reset_hot_state(&d, &[3], &mut slot_host_rows, &mut lru),
             Err(OpError::ElementOutOfRange { list: "rows", .. })
         ));
     }

@@ -28,9 +28,9 @@ pub(crate) struct Walk {
     resident: CudaBuffer,
     host_table: CudaBuffer,
     hot: CudaBuffer,
-    dgi: CudaBuffer,
+    slot_host_rows: CudaBuffer,
     lru: CudaBuffer,
-    dgi0: CudaBuffer,
+    slot_host_rows0: CudaBuffer,
     lru0: CudaBuffer,
     topk: Vec<CudaBuffer>,
     /// Per step: indices, valid, hits, misses, src, dst.
@@ -109,9 +109,9 @@ impl Walk {
             resident: upload(dev, &vec![0; (r * pages) as usize])?,
             host_table: upload(dev, &host_table)?,
             hot: upload(dev, &hot)?,
-            dgi: upload(dev, &vec![-1; (r * N) as usize])?,
+            slot_host_rows: upload(dev, &vec![-1; (r * N) as usize])?,
             lru: dev.alloc(lru.len() * 2)?,
-            dgi0: upload(dev, &vec![-1; (r * N) as usize])?,
+            slot_host_rows0: upload(dev, &vec![-1; (r * N) as usize])?,
             lru0,
             topk,
             outs,
@@ -120,8 +120,18 @@ impl Walk {
 
     /// Puts the hot state back to empty (all slots free), on the stream.
     pub(crate) fn reset(&mut self, d: &CudaDevice, s: &CudaStream) -> Result<(), CudaError> {
-        let (dgi_len, lru_len) = (self.dgi.byte_len() as usize, self.lru.byte_len() as usize);
-        d.copy_on_device(s, &self.dgi0, 0, &mut self.dgi, 0, dgi_len)?;
+        let (slot_host_rows_len, lru_len) = (
+            self.slot_host_rows.byte_len() as usize,
+            self.lru.byte_len() as usize,
+        );
+        d.copy_on_device(
+            s,
+            &self.slot_host_rows0,
+            0,
+            &mut self.slot_host_rows,
+            0,
+            slot_host_rows_len,
+        )?;
         d.copy_on_device(s, &self.lru0, 0, &mut self.lru, 0, lru_len)
     }
 
@@ -140,7 +150,7 @@ impl Walk {
             resident_table: &self.resident,
             host_table: &self.host_table,
             hot_table: &self.hot,
-            dgi: &mut self.dgi,
+            slot_host_rows: &mut self.slot_host_rows,
             lru: &mut self.lru,
             indices: ind,
             valid_counts: valid,

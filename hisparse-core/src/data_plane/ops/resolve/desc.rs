@@ -33,7 +33,7 @@ pub struct ResolveDesc {
     /// Table row order (module docs): `None` — state-row order, `req_id` is the state row of
     /// every table; `Some(S)` — batch-row order, `req_id` is the batch row of `host_table` and
     /// `hot_table` (`num_requests` rows) and [`ResolveArgs::idx_mapping`] maps it to the state
-    /// row of `resident_table`, `dgi` and `lru` (`S` rows, `1..=i32::MAX`).
+    /// row of `resident_table`, `slot_host_rows` and `lru` (`S` rows, `1..=i32::MAX`).
     pub num_state_rows: Option<u32>,
     /// The slot of [`ResolveArgs::stats`] the call adds to ([`crate::ops::stats`]); not read without
     /// a stats buffer.
@@ -58,7 +58,7 @@ pub struct ResolveArgs<'a, B: ?Sized> {
     pub hot_table: &'a B,
     /// `i32[R][N]` (`i32[S][N]` in batch-row order) flat host row cached per hot slot
     /// (`-1` = empty). Updated.
-    pub dgi: &'a mut B,
+    pub slot_host_rows: &'a mut B,
     /// `u16[R][N]` (`u16[S][N]` in batch-row order) LRU order of hot slots, least recent
     /// first. Updated.
     pub lru: &'a mut B,
@@ -134,7 +134,7 @@ impl ResolveDesc {
         Ok(())
     }
 
-    /// Rows of `resident_table`, `dgi` and `lru`: `num_state_rows` in batch-row order, else
+    /// Rows of `resident_table`, `slot_host_rows` and `lru`: `num_state_rows` in batch-row order, else
     /// `num_requests`.
     pub const fn state_table_rows(&self) -> u32 {
         match self.num_state_rows {
@@ -152,7 +152,7 @@ impl ResolveDesc {
         let state = u64::from(self.state_table_rows());
         let resident = mul(OP, "resident_table", state, self.max_pages.into())?;
         let pages = mul(OP, "host_table", r, self.max_pages.into())?;
-        let slots = mul(OP, "dgi", state, self.hot_slots.into())?;
+        let slots = mul(OP, "slot_host_rows", state, self.hot_slots.into())?;
         let hot = mul(OP, "hot_table", r, self.hot_table_width().into())?;
         need_declared(
             OP,
@@ -168,7 +168,7 @@ impl ResolveDesc {
         need(OP, "resident_table", a.resident_table, resident, I32_BYTES)?;
         need(OP, "host_table", a.host_table, pages, I32_BYTES)?;
         need(OP, "hot_table", a.hot_table, hot, I32_BYTES)?;
-        need(OP, "dgi", a.dgi, slots, I32_BYTES)?;
+        need(OP, "slot_host_rows", a.slot_host_rows, slots, I32_BYTES)?;
         need(OP, "lru", a.lru, slots, U16_BYTES)?;
         need(OP, "indices", a.indices, tk, I32_BYTES)?;
         need(OP, "valid_counts", a.valid_counts, t, I32_BYTES)?;

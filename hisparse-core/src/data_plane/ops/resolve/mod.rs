@@ -8,7 +8,7 @@
 //!   when the page must be read from host;
 //! * `host_table[r][page]`: the host block holding the page's durable copy;
 //! * `hot_table[r][slot / block_size]`: the GPU blocks of the request's hot region;
-//! * `dgi[r][slot]`: the flat host row cached in hot slot `slot`, or `-1`;
+//! * `slot_host_rows[r][slot]`: the flat host row cached in hot slot `slot`, or `-1`;
 //! * `lru[r]`: a permutation of `0..hot_slots` (`u16`), index 0 least recently used.
 //!
 //! # Table row order
@@ -21,7 +21,7 @@
 //!   engine that builds its per-step tables in batch order needs no reordering: `req_id[t]` is the
 //!   token row's *batch row* `b`, `0 ≤ b < num_requests`; the tables the engine builds for this
 //!   step's batch, **`host_table` and `hot_table`, have `num_requests` rows indexed by `b`**; the
-//!   persistent per-request state, **`resident_table`, `dgi` and `lru`, has `S` rows indexed by
+//!   persistent per-request state, **`resident_table`, `slot_host_rows` and `lru`, has `S` rows indexed by
 //!   the state row `s = idx_mapping[b]`**. A batch row is padding (outputs `-1`, counts 0, no
 //!   state touched) when `s < 0` or `s ≥ S`, or when an earlier batch row maps to the same state
 //!   row: **the batch row with the smallest index owns a state row**, every other batch row
@@ -29,7 +29,7 @@
 //!   rule reads `idx_mapping[0..b)` only, so every backend decides it the same way without
 //!   ordering between requests). Everything else — the steps below — is the same, with `r`
 //!   standing for `b` where `host_table` and `hot_table` are read and for `s` where
-//!   `resident_table`, `dgi` and `lru` are.
+//!   `resident_table`, `slot_host_rows` and `lru` are.
 //!
 //! The two orders are the same function: a batch-order call equals the state-order call whose
 //! `req_id` names the owning batch rows' state rows and whose host and hot tables are permuted to
@@ -47,12 +47,12 @@
 //! 3. the *wanted* list is the distinct `g` in order of first appearance (row by row, column by
 //!    column); if it is empty the request's state is left exactly as it was;
 //! 4. if `lru[r]` is not a permutation of `0..hot_slots` it is reset to the identity and every
-//!    `dgi[r][..]` to `-1` first (a corrupt state is repaired deterministically, never read out of
+//!    `slot_host_rows[r][..]` to `-1` first (a corrupt state is repaired deterministically, never read out of
 //!    bounds);
-//! 5. slots are scanned in LRU order: a slot whose `dgi` is a wanted `g` inside the host pool and
-//!    not matched yet is a *hit* (so a row beyond the pool is never a hit, even if a corrupt `dgi`
+//! 5. slots are scanned in LRU order: a slot whose `slot_host_rows` is a wanted `g` inside the host pool and
+//!    not matched yet is a *hit* (so a row beyond the pool is never a hit, even if a corrupt `slot_host_rows`
 //!    names it); every other slot is *evictable*;
-//! 6. the m-th unmatched wanted row (a *miss*) takes the m-th evictable slot and its `dgi` becomes
+//! 6. the m-th unmatched wanted row (a *miss*) takes the m-th evictable slot and its `slot_host_rows` becomes
 //!    `g` — or `-1` when `g` lies beyond the host pool (`≥ host_num_blocks * block_size`), whose hot
 //!    row is then zero-filled by the gather. Misses beyond the evictable slots get no slot and
 //!    resolve to `-1`;
@@ -106,12 +106,12 @@ use crate::error::{OpError, OpName};
 const OP: OpName = OpName::Resolve;
 
 /// The table rows of one request: `batch` for `host_table` and `hot_table`, `state` for
-/// `resident_table`, `dgi` and `lru` (the same row in state-row order).
+/// `resident_table`, `slot_host_rows` and `lru` (the same row in state-row order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestRows {
     /// Row of `host_table` and `hot_table`.
     pub batch: usize,
-    /// Row of `resident_table`, `dgi` and `lru`.
+    /// Row of `resident_table`, `slot_host_rows` and `lru`.
     pub state: usize,
 }
 
@@ -135,7 +135,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
         resident_table,
         host_table,
         hot_table,
-        dgi,
+        slot_host_rows,
         lru,
         indices,
         valid_counts,
@@ -172,7 +172,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
             done[first] = true;
             continue;
         };
-        // `h`: row of the host and hot tables; `r`: row of the resident table, dgi and LRU.
+        // `h`: row of the host and hot tables; `r`: row of the resident table, slot_host_rows and LRU.
         let (h, r) = (rows_of.batch, rows_of.state);
         let rows: Vec<usize> = (first..t_count)
             .filter(|&t| req_id[t] == req_id[first])
@@ -199,20 +199,20 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
         }
         let mut slot_of: Vec<Option<u32>> = vec![None; wanted.len()];
         if !wanted.is_empty() {
-            let dgi_r = &mut dgi[r * n..(r + 1) * n];
+            let slot_host_rows_r = &mut slot_host_rows[r * n..(r + 1) * n];
             let lru_r = &mut lru[r * n..(r + 1) * n];
             // Step 4: repair a corrupt LRU.
             if !desc.lru_is_permutation(lru_r) {
                 for (i, s) in lru_r.iter_mut().enumerate() {
                     *s = i as u16;
                 }
-                dgi_r.fill(-1);
+                slot_host_rows_r.fill(-1);
             }
             // Step 5: hits and evictables in LRU order.
             let mut hits = Vec::new();
             let mut evictable = Vec::new();
             for &s in lru_r.iter() {
-                let cached = dgi_r[s as usize];
+                let cached = slot_host_rows_r[s as usize];
                 let in_pool = cached >= 0 && i64::from(cached) < desc.host_rows();
                 match wanted_at.get(&cached) {
                     Some(&w) if in_pool && slot_of[w].is_none() => {
@@ -233,7 +233,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
                 let s = evictable[used];
                 used += 1;
                 let in_pool = i64::from(g) < desc.host_rows();
-                dgi_r[s as usize] = if in_pool { g } else { -1 };
+                slot_host_rows_r[s as usize] = if in_pool { g } else { -1 };
                 slot_of[w] = Some(s.into());
                 miss_slots.push(s);
                 let m = miss_counts[t] as usize;

@@ -12,7 +12,7 @@ struct World {
     resident: Vec<i32>,
     host: Vec<i32>,
     hot: Vec<i32>,
-    dgi: Vec<i32>,
+    slot_host_rows: Vec<i32>,
     lru: Vec<u16>,
     /// The stats buffer the calls add to (slot `desc.stats_slot`), if any.
     stats: Option<Vec<i32>>,
@@ -33,14 +33,14 @@ impl World {
         Self::with_state_rows(requests, None, top_k, hot_slots)
     }
 
-    /// The tables of a batch-row-order call: `state_rows` state rows (resident, dgi, LRU)
+    /// The tables of a batch-row-order call: `state_rows` state rows (resident, slot_host_rows, LRU)
     /// and `batch_rows` batch rows (host, hot), 2 top-k entries and 4 hot slots (one GPU
     /// block per hot-table row: batch row b's slot s is physical row 40 + 4b + s).
     fn batch(batch_rows: u32, state_rows: u32) -> Self {
         Self::with_state_rows(batch_rows, Some(state_rows), 2, 4)
     }
 
-    /// `requests` rows of host and hot tables; `state_rows` of resident, dgi and LRU when
+    /// `requests` rows of host and hot tables; `state_rows` of resident, slot_host_rows and LRU when
     /// given (batch-row order), else `requests` of them too (state-row order).
     fn with_state_rows(requests: u32, state_rows: Option<u32>, top_k: u32, hot_slots: u32) -> Self {
         let desc = ResolveDesc {
@@ -63,7 +63,7 @@ impl World {
             resident: vec![0; 4 * state],
             host: (0..4 * requests as i32).collect(),
             hot: (0..requests as i32 * w).map(|i| 10 + i).collect(),
-            dgi: vec![-1; state * n],
+            slot_host_rows: vec![-1; state * n],
             lru: (0..state * n).map(|i| (i % n) as u16).collect(),
             stats: None,
         }
@@ -74,9 +74,9 @@ impl World {
         &self.lru[r * n..(r + 1) * n]
     }
 
-    fn dgi(&self, r: usize) -> &[i32] {
+    fn slot_host_rows(&self, r: usize) -> &[i32] {
         let n = self.desc.hot_slots as usize;
-        &self.dgi[r * n..(r + 1) * n]
+        &self.slot_host_rows[r * n..(r + 1) * n]
     }
 
     fn step(&mut self, req_id: &[i32], topk: &[i32]) -> Out {
@@ -107,7 +107,7 @@ impl World {
                 resident_table: &self.resident,
                 host_table: &self.host,
                 hot_table: &self.hot,
-                dgi: &mut self.dgi,
+                slot_host_rows: &mut self.slot_host_rows,
                 lru: &mut self.lru,
                 indices: &mut o.indices,
                 valid_counts: &mut o.valid,
@@ -131,7 +131,7 @@ fn exact_hits_misses_slot_choice_and_lru_order() {
     assert_eq!(o.indices, [40, 41]);
     assert_eq!((o.valid[0], o.hits[0], o.misses[0]), (2, 0, 2));
     assert_eq!((o.src, o.dst), (vec![0, 1], vec![40, 41]));
-    assert_eq!(w.dgi(0), [0, 1, -1, -1]);
+    assert_eq!(w.slot_host_rows(0), [0, 1, -1, -1]);
     assert_eq!(w.lru(0), [2, 3, 0, 1]);
     // Host row 1 hits slot 1; host row 5 misses into the least recent evictable slot (2).
     // New order: unused evictables (3, 0), the miss (2), the hit (1).
@@ -139,7 +139,7 @@ fn exact_hits_misses_slot_choice_and_lru_order() {
     assert_eq!(o.indices, [41, 42]);
     assert_eq!((o.valid[0], o.hits[0], o.misses[0]), (2, 1, 1));
     assert_eq!((o.src, o.dst), (vec![5, -1], vec![42, -1]));
-    assert_eq!(w.dgi(0), [0, 1, 5, -1]);
+    assert_eq!(w.slot_host_rows(0), [0, 1, 5, -1]);
     assert_eq!(w.lru(0), [3, 0, 2, 1]);
     // A hit and no miss: the hit still moves to the most recent end.
     let o = w.step(&[0], &[5, -1]);
@@ -149,7 +149,7 @@ fn exact_hits_misses_slot_choice_and_lru_order() {
     // Row 0 hits slot 0, row 9 misses into slot 3.
     let o = w.step(&[0], &[0, 9]);
     assert_eq!(o.indices, [40, 43]);
-    assert_eq!(w.dgi(0), [0, 1, 5, 9]);
+    assert_eq!(w.slot_host_rows(0), [0, 1, 5, 9]);
     assert_eq!(w.lru(0), [1, 2, 3, 0]);
 }
 
@@ -161,15 +161,15 @@ fn misses_follow_a_non_identity_lru() {
     // First miss (row 6) takes slot 3, the second (row 2) slot 1.
     assert_eq!(o.indices, [43, 41]);
     assert_eq!(o.dst[..2], [43, 41]);
-    assert_eq!(w.dgi(0), [-1, 2, -1, 6]);
+    assert_eq!(w.slot_host_rows(0), [-1, 2, -1, 6]);
     assert_eq!(w.lru(0), [0, 2, 3, 1]);
 }
 
 #[test]
 fn padding_rows_output_minus_one_and_touch_nothing() {
     let mut w = World::new(2, 2, 4);
-    w.dgi[0] = 3;
-    let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+    w.slot_host_rows[0] = 3;
+    let (slot_host_rows, lru) = (w.slot_host_rows.clone(), w.lru.clone());
     let o = w.step(&[-1, 2, i32::MIN], &[0, 1, 2, 3, 4, 5]);
     assert_eq!(o.indices, [-1; 6]);
     assert_eq!(
@@ -177,7 +177,7 @@ fn padding_rows_output_minus_one_and_touch_nothing() {
         (vec![0; 3], vec![0; 3], vec![0; 3])
     );
     assert_eq!((o.src, o.dst), (vec![-1; 6], vec![-1; 6]));
-    assert_eq!((w.dgi, w.lru), (dgi, lru));
+    assert_eq!((w.slot_host_rows, w.lru), (slot_host_rows, lru));
 }
 
 #[test]
@@ -236,9 +236,9 @@ fn host_row_beyond_the_pool_zero_fills_and_never_hits() {
     let o = w.step(&[0], &[12, 1]);
     assert_eq!(o.indices, [40, 41]);
     assert_eq!((o.src, o.dst), (vec![-1, 1], vec![40, 41]));
-    assert_eq!(w.dgi(0), [-1, 1, -1, -1]);
-    // Even a (corrupt) dgi naming the beyond-pool row is not a hit: it misses again.
-    w.dgi[0] = 36;
+    assert_eq!(w.slot_host_rows(0), [-1, 1, -1, -1]);
+    // Even a (corrupt) slot_host_rows naming the beyond-pool row is not a hit: it misses again.
+    w.slot_host_rows[0] = 36;
     let o = w.step(&[0], &[12, 13]);
     assert_eq!(o.hits[0], 0);
     assert_eq!(o.misses[0], 2);
@@ -256,8 +256,8 @@ fn several_requests_keep_separate_state() {
     assert_eq!(o.misses, [2, 2, 1]);
     assert_eq!(o.src, [16, 17, 0, 1, 18, -1]);
     assert_eq!(o.dst, [44, 45, 40, 41, 46, -1]);
-    assert_eq!(w.dgi(0), [0, 1, -1, -1]);
-    assert_eq!(w.dgi(1), [16, 17, 18, -1]);
+    assert_eq!(w.slot_host_rows(0), [0, 1, -1, -1]);
+    assert_eq!(w.slot_host_rows(1), [16, 17, 18, -1]);
     assert_eq!(w.lru(1), [3, 0, 1, 2]);
 }
 
@@ -304,7 +304,7 @@ fn several_rows_of_one_request_give_the_documented_lru_order() {
     // Unused evictables (5, 6, 7), the misses (3, 4), the hits in old order (0, 1, 2) —
     // not in the order the rows asked for them (2, 0, 1).
     assert_eq!(w.lru(0), [5, 6, 7, 3, 4, 0, 1, 2]);
-    assert_eq!(w.dgi(0), [0, 1, 2, 6, 7, -1, -1, -1]);
+    assert_eq!(w.slot_host_rows(0), [0, 1, 2, 6, 7, -1, -1, -1]);
     // Request 1's row missed rows 4, 5 and 6 (host rows 20, 21, 22 of its own table) in its
     // own state only.
     assert_eq!(&w.lru(1)[5..], &[other[0], other[1], other[2]]);
@@ -322,7 +322,7 @@ fn misses_beyond_the_evictable_slots_get_minus_one() {
     // Hits are kept before misses take slots: row 1 hits, 2 takes the only evictable slot.
     let o = w.step(&[0, 0], &[1, 2, 3, 1]);
     assert_eq!(o.indices, [41, 40, -1, 41]);
-    assert_eq!(w.dgi(0), [2, 1]);
+    assert_eq!(w.slot_host_rows(0), [2, 1]);
 }
 
 #[test]
@@ -330,12 +330,12 @@ fn a_corrupt_lru_is_repaired_first() {
     for bad in [vec![0u16, 0, 1, 2], vec![0, 1, 2, 4], vec![3, 2, 1, 9]] {
         let mut w = World::new(1, 2, 4);
         w.lru = bad;
-        w.dgi = vec![5, 6, 7, 8];
+        w.slot_host_rows = vec![5, 6, 7, 8];
         let o = w.step(&[0], &[5, 6]);
-        // Reset to identity, dgi cleared: both miss into slots 0 and 1.
+        // Reset to identity, slot_host_rows cleared: both miss into slots 0 and 1.
         assert_eq!(o.indices, [40, 41]);
         assert_eq!(o.hits[0], 0);
-        assert_eq!(w.dgi(0), [5, 6, -1, -1]);
+        assert_eq!(w.slot_host_rows(0), [5, 6, -1, -1]);
         assert_eq!(w.lru(0), [2, 3, 0, 1]);
     }
     // A corrupt LRU with nothing wanted is left as it is.
@@ -364,7 +364,7 @@ fn stats_add_the_sums_of_the_row_counts_and_one_call() {
     assert_eq!(w.stats.as_deref(), Some(&[1, 2, 3, 4, 0, 2, 6, 2][..]));
     // A buffer without the slot is refused before anything is written.
     w.stats = Some(vec![9; 7]);
-    let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+    let (slot_host_rows, lru) = (w.slot_host_rows.clone(), w.lru.clone());
     let e = w.call(None, &[0], &[5, 6]).unwrap_err();
     assert!(
         matches!(
@@ -378,16 +378,19 @@ fn stats_add_the_sums_of_the_row_counts_and_one_call() {
         ),
         "{e}"
     );
-    assert_eq!((w.dgi, w.lru, w.stats), (dgi, lru, Some(vec![9; 7])));
+    assert_eq!(
+        (w.slot_host_rows, w.lru, w.stats),
+        (slot_host_rows, lru, Some(vec![9; 7]))
+    );
 }
 
 #[test]
 fn empty_batch_changes_nothing() {
     let mut w = World::new(2, 2, 4);
-    let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+    let (slot_host_rows, lru) = (w.slot_host_rows.clone(), w.lru.clone());
     let o = w.step(&[], &[]);
     assert!(o.indices.is_empty());
-    assert_eq!((w.dgi, w.lru), (dgi, lru));
+    assert_eq!((w.slot_host_rows, w.lru), (slot_host_rows, lru));
 }
 
 #[test]
@@ -397,7 +400,7 @@ fn short_buffers_are_rejected_before_any_write() {
         num_tokens: 1,
         ..w.desc
     };
-    let (mut dgi, mut lru) = (w.dgi.clone(), w.lru.clone());
+    let (mut slot_host_rows, mut lru) = (w.slot_host_rows.clone(), w.lru.clone());
     let mut indices = vec![7; 2];
     let mut short = vec![7; 1];
     let err = resolve(
@@ -408,7 +411,7 @@ fn short_buffers_are_rejected_before_any_write() {
             resident_table: &w.resident,
             host_table: &w.host,
             hot_table: &w.hot,
-            dgi: &mut dgi,
+            slot_host_rows: &mut slot_host_rows,
             lru: &mut lru,
             indices: &mut indices,
             valid_counts: &mut [7],
@@ -428,7 +431,10 @@ fn short_buffers_are_rejected_before_any_write() {
             ..
         }
     ));
-    assert_eq!((dgi, lru, indices), (w.dgi, w.lru, vec![7, 7]));
+    assert_eq!(
+        (slot_host_rows, lru, indices),
+        (w.slot_host_rows, w.lru, vec![7, 7])
+    );
     let bad = ResolveDesc {
         hot_slots: 1,
         ..desc
@@ -458,9 +464,9 @@ fn batch_row_order_reads_host_and_hot_by_batch_row_and_state_by_state_row() {
         (vec![2, 2], vec![0, 0], vec![1, 2])
     );
     assert_eq!((o.src, o.dst), (vec![21, -1, 2, 3], vec![44, -1, 40, 41]));
-    assert_eq!(w.dgi(0), [21, -1, -1, -1]);
-    assert_eq!(w.dgi(1), [-1; 4]);
-    assert_eq!(w.dgi(2), [2, 3, -1, -1]);
+    assert_eq!(w.slot_host_rows(0), [21, -1, -1, -1]);
+    assert_eq!(w.slot_host_rows(1), [-1; 4]);
+    assert_eq!(w.slot_host_rows(2), [2, 3, -1, -1]);
     assert_eq!(w.lru(0), [1, 2, 3, 0]);
     assert_eq!(w.lru(1), [0, 1, 2, 3]);
     assert_eq!(w.lru(2), [2, 3, 0, 1]);
@@ -471,16 +477,16 @@ fn batch_row_order_reads_host_and_hot_by_batch_row_and_state_by_state_row() {
     let o = w.call(Some(&[0, 2]), &[0, 1], &[5, -1, 3, 2]).unwrap();
     assert_eq!(o.indices, [41, -1, 46, 47]);
     assert_eq!((o.hits, o.misses), (vec![0, 0], vec![1, 2]));
-    assert_eq!(w.dgi(0), [21, 5, -1, -1]);
-    assert_eq!(w.dgi(2), [2, 3, 19, 18]);
+    assert_eq!(w.slot_host_rows(0), [21, 5, -1, -1]);
+    assert_eq!(w.slot_host_rows(2), [2, 3, 19, 18]);
     assert_eq!(w.lru(2), [0, 1, 2, 3]);
 }
 
 #[test]
 fn unowned_duplicate_negative_and_out_of_range_state_rows_are_padding() {
     let mut w = World::batch(5, 3);
-    w.dgi[0] = 9;
-    let (dgi, lru) = (w.dgi.clone(), w.lru.clone());
+    w.slot_host_rows[0] = 9;
+    let (slot_host_rows, lru) = (w.slot_host_rows.clone(), w.lru.clone());
     // Batch row 0 → -1, 1 → 3 (≥ S), 2 → 1, 3 → 1 (owned by 2: padding), 4 → i32::MIN.
     let map = [-1, 3, 1, 1, i32::MIN];
     let o = w.call(Some(&map), &[0, 1, 3, 4, 5, -1], &[0; 12]).unwrap();
@@ -490,14 +496,17 @@ fn unowned_duplicate_negative_and_out_of_range_state_rows_are_padding() {
         (vec![0; 6], vec![0; 6], vec![0; 6])
     );
     assert_eq!((o.src, o.dst), (vec![-1; 12], vec![-1; 12]));
-    assert_eq!((w.dgi.clone(), w.lru.clone()), (dgi, lru));
+    assert_eq!(
+        (w.slot_host_rows.clone(), w.lru.clone()),
+        (slot_host_rows, lru)
+    );
     // The owner (batch row 2) resolves against state row 1; its rows interleave with the
     // duplicate's, which stays padding.
     let o = w.call(Some(&map), &[3, 2, 2], &[0, 1, 0, 1, 6, 1]).unwrap();
     assert_eq!(o.indices[..2], [-1, -1]);
     assert_eq!(o.indices[2..], [48, 49, 50, 49]);
     assert_eq!(o.misses, [0, 2, 1]);
-    assert_eq!(w.dgi(1), [32, 33, 38, -1]);
+    assert_eq!(w.slot_host_rows(1), [32, 33, 38, -1]);
     // The owner does not need token rows of its own: batch row 3 stays padding.
     let o = w.call(Some(&map), &[3], &[0, 1]).unwrap();
     assert_eq!(o.indices, [-1, -1]);
@@ -539,14 +548,17 @@ fn batch_row_order_equals_state_row_order_over_permuted_tables() {
             .map(|&b| usize::try_from(b).map_or(-1, |b| map[b]))
             .collect();
         assert_eq!(o, state.step(&mapped, topk), "req {req:?}");
-        assert_eq!((&batch.dgi, &batch.lru), (&state.dgi, &state.lru));
+        assert_eq!(
+            (&batch.slot_host_rows, &batch.lru),
+            (&state.slot_host_rows, &state.lru)
+        );
     }
 }
 
 #[test]
 fn batch_row_order_is_checked_before_any_write() {
     let mut w = World::batch(2, 3);
-    let before = (w.dgi.clone(), w.lru.clone());
+    let before = (w.slot_host_rows.clone(), w.lru.clone());
     let err = w.call(None, &[0], &[0, 1]).unwrap_err();
     assert!(
         matches!(
@@ -569,7 +581,7 @@ fn batch_row_order_is_checked_before_any_write() {
         ),
         "{err}"
     );
-    // Resident table, dgi and LRU are sized by the state rows.
+    // Resident table, slot_host_rows and LRU are sized by the state rows.
     w.resident.truncate(8);
     let err = w.call(Some(&[0, 1]), &[0], &[0, 1]).unwrap_err();
     assert!(
@@ -582,11 +594,11 @@ fn batch_row_order_is_checked_before_any_write() {
         ),
         "{err}"
     );
-    assert_eq!((w.dgi.clone(), w.lru.clone()), before);
+    assert_eq!((w.slot_host_rows.clone(), w.lru.clone()), before);
     // A mapping without the declared order, and an empty state-row count, are refused.
     let mut s = World::new(1, 2, 4);
     s.desc.num_tokens = 1;
-    let (mut dgi, mut lru) = (s.dgi.clone(), s.lru.clone());
+    let (mut slot_host_rows, mut lru) = (s.slot_host_rows.clone(), s.lru.clone());
     let err = resolve(
         &s.desc,
         ResolveSlices {
@@ -595,7 +607,7 @@ fn batch_row_order_is_checked_before_any_write() {
             resident_table: &s.resident,
             host_table: &s.host,
             hot_table: &s.hot,
-            dgi: &mut dgi,
+            slot_host_rows: &mut slot_host_rows,
             lru: &mut lru,
             indices: &mut [7; 2],
             valid_counts: &mut [7],
