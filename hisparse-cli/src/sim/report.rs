@@ -310,7 +310,7 @@ impl SimReport {
         );
         if self.indexer_rows_verified + self.indexer_rows_backed_up > 0 {
             s += &format!(
-                "indexer keys            {} rows backed up ({}), {} pages restored ({}); {} rows verified byte for byte, {} mismatched\n",
+                "indexer keys            {} tokens' rows backed up in every indexer layer ({}), {} pages restored ({}); {} layer rows verified byte for byte, {} mismatched\n",
                 self.indexer_rows_backed_up,
                 human(self.indexer_d2h_bytes),
                 self.indexer_pages_restored,
