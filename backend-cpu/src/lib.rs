@@ -528,6 +528,7 @@ impl Device for CpuDevice {
                 miss_src: args.miss_src.i32s_mut(),
                 miss_dst: args.miss_dst.i32s_mut(),
                 idx_mapping: args.idx_mapping.map(CpuBuffer::i32s),
+                stats: None,
             },
         );
         if let Some(stats) = args.stats {

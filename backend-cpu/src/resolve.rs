@@ -13,23 +13,9 @@
 use hisparse_core::ops::ResolveDesc;
 use hisparse_core::ops::resolve::{Entry, RequestRows};
 
-/// The resolve arguments as typed slices (already checked against the descriptor).
-pub(crate) struct Slices<'a> {
-    pub req_id: &'a [i32],
-    pub topk: &'a [i32],
-    pub resident_table: &'a [i32],
-    pub host_table: &'a [i32],
-    pub hot_table: &'a [i32],
-    pub slot_host_rows: &'a mut [i32],
-    pub lru: &'a mut [u16],
-    pub indices: &'a mut [i32],
-    pub valid_counts: &'a mut [i32],
-    pub hit_counts: &'a mut [i32],
-    pub miss_counts: &'a mut [i32],
-    pub miss_src: &'a mut [i32],
-    pub miss_dst: &'a mut [i32],
-    pub idx_mapping: Option<&'a [i32]>,
-}
+/// The resolve arguments as typed slices (already checked against the descriptor): the
+/// reference's own form; the stats words are added by the caller after the resolve.
+pub(crate) use hisparse_core::ops::ResolveSlices as Slices;
 
 /// The state row each batch row owns in batch-row order
 /// ([`ResolveDesc::owned_state_row`]: in range, and the smallest batch row mapping to it), for
