@@ -4,6 +4,8 @@
 #
 #   gpu-vulkan/hisparse                 the CLI with --features cuda,vulkan
 #   gpu-vulkan/vulkan-bench             the kernel lab's vulkan_bench (kernel-lab/src/bin)
+#   gpu-vulkan/vulkan-conformance       the conformance suite in strict validation mode (a
+#                                        validation message fails its case; tests/conformance.rs)
 #   gpu-vulkan/vulkan-windowed          the conformance suite with 1 MiB pool windows, the copy
 #                                        shader, the pipelined gather and barriers over all
 #                                        stages (tests/conformance_windowed.rs)
@@ -27,24 +29,26 @@ target=${CARGO_TARGET_DIR:-target}
 
 # shellcheck source=.ci/gpu/cargo-exe.sh
 . .ci/gpu/cargo-exe.sh
-json=$(cargo test --release -p hisparse-backend-vulkan --test conformance_windowed \
+json=$(cargo test --release -p hisparse-backend-vulkan --test conformance --test conformance_windowed \
     --test streams_fault --test resolve_packing --no-run --message-format=json 2>/dev/null)
+strict=$(exe_of conformance <<<"$json")
 windowed=$(exe_of conformance_windowed <<<"$json")
 fault=$(exe_of streams_fault <<<"$json")
 packing=$(exe_of resolve_packing <<<"$json")
 cargo build --release -p hisparse-kernel-lab --bin vulkan_bench --bin resolve_replay
 cargo build --release -p hisparse-cli --features cuda,vulkan
-for f in "$windowed" "$fault" "$packing" "$target"/release/vulkan_bench \
+for f in "$strict" "$windowed" "$fault" "$packing" "$target"/release/vulkan_bench \
     "$target"/release/resolve_replay "$target"/release/hisparse; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
 install -m 755 "$target"/release/hisparse "$out/hisparse"
 install -m 755 "$target"/release/vulkan_bench "$out/vulkan-bench"
 install -m 755 "$target"/release/resolve_replay "$out/vulkan-resolve-replay"
+install -m 755 "$strict" "$out/vulkan-conformance"
 install -m 755 "$windowed" "$out/vulkan-windowed"
 install -m 755 "$fault" "$out/vulkan-streams-fault"
 install -m 755 "$packing" "$out/vulkan-resolve-packing"
-bins=(hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing
+bins=(hisparse vulkan-bench vulkan-conformance vulkan-windowed vulkan-streams-fault vulkan-resolve-packing
     vulkan-resolve-replay)
 (cd "$out" && strip "${bins[@]}")
 

@@ -4,7 +4,8 @@
 #
 #   1. installs the carried loader, glvnd and validation-layer packages (dpkg -x into /);
 #   2. correctness, validation layer on, device required: the conformance suite through the CLI
-#      (validation messages counted); the suite again in strict validation mode with 1 MiB pool
+#      (validation messages counted) and the suite in strict validation mode (a message fails its
+#      case); the suite again in strict validation mode with 1 MiB pool
 #      windows, the copy shader, the pipelined gather and barriers over all stages; odd hot-slot counts; the cross-stream case failing with event waits ignored
 #      (and passing with them) on truly concurrent queues;
 #   3. performance, in the same session as CUDA: vulkan_bench (device time from timestamps and
@@ -29,7 +30,7 @@ cd "$root"
 bin=$(cd "${HISPARSE_GPU_VULKAN_BIN:-gpu-vulkan}" && pwd)
 out=${OUT:-/tmp/hisparse-gpu}/vulkan
 mkdir -p "$out"
-for f in hisparse vulkan-bench vulkan-windowed vulkan-streams-fault vulkan-resolve-packing; do
+for f in hisparse vulkan-bench vulkan-conformance vulkan-windowed vulkan-streams-fault vulkan-resolve-packing; do
     if [ ! -x "$bin/$f" ]; then
         echo "missing $bin/$f: run .ci/gpu/vulkan-build.sh on the development machine and carry gpu-vulkan" >&2
         exit 2
@@ -67,6 +68,7 @@ section_note() {
 
 # 2. Correctness.
 section conformance 60 "${validation[@]}" "$bin/hisparse" conformance --backend vulkan
+section conformance-strict 60 "${validation[@]}" "$bin/vulkan-conformance"
 section windowed 40 "${validation[@]}" "$bin/vulkan-windowed"
 section resolve-packing 10 "${validation[@]}" "$bin/vulkan-resolve-packing" --nocapture
 section streams-fault 20 "${validation[@]}" "$bin/vulkan-streams-fault" --nocapture
