@@ -43,7 +43,7 @@ def main(conn, rank: int, transport: str, shape: dict, backend: str = "cpu") -> 
                 if torch.cuda.device_count() < gpus:
                     raise RuntimeError(f"HISPARSE_WORKER_GPUS={gpus} but {torch.cuda.device_count()} GPUs")
                 torch.cuda.set_device(rank % gpus)
-                ops.device = str(rank % gpus)
+                ops.selector = str(rank % gpus)
         worker = scenario.Worker(s, layout, lend_pools=True, worker=rank, ops=ops)
         while (cmd := receive(conn, transport, layout)) is not None:
             worker.execute(cmd)

@@ -108,7 +108,7 @@ class NumpyOps:
     """Arrays of the CPU backend: numpy."""
 
     backend = "cpu"
-    device = ""  # the CPU backend has one device
+    selector = ""  # the runtime's device selector: the CPU backend has one device
 
     def device(self, a):
         return np.asarray(a)
@@ -130,7 +130,7 @@ class TorchOps:
     """Arrays of the CUDA backend: PyTorch CUDA tensors (`torch` is the module)."""
 
     backend = "cuda"
-    device = ""  # the runtime's CUDA device selector ("" = device 0; "1" = cuda:1)
+    selector = ""  # the runtime's CUDA device selector ("" = device 0; "1" = cuda:1)
 
     def __init__(self, torch):
         self.torch = torch
@@ -203,7 +203,7 @@ class Worker:
         self.s, self.lay, self.prepared = s, lay, prepared
         self.ops = ops = ops or NumpyOps()
         kwargs = dict(state_rows=s.requests, max_step_tokens=s.requests, max_batched_tokens=4096,
-                      worker=worker, device=ops.device)
+                      worker=worker, device=ops.selector)
         if lend_pools:
             device_pool = ops.pool(lay.gpu_pool_bytes)
             host_pool = hisparse.aligned_empty(lay.host_pool_bytes)
