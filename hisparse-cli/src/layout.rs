@@ -325,6 +325,17 @@ pub fn to_text(model: &ModelSpec<'_>, report: &LayoutReport<'_>, flags: &PlanFla
             ""
         }
     );
+    let indexer_cache = kv.indexer_host_pool_bytes();
+    if indexer_cache > 0 {
+        // The runtime pins it beside the host pool (each rank its own): said here because the
+        // host budget does not count it yet.
+        s += &format!(
+            "indexer host cache: {} ({} blocks × {} B of indexer pages: the indexer keys' backups, pinned by each runtime beside the host pool, not counted in the host budget)\n",
+            human(indexer_cache),
+            kv.host_num_blocks,
+            indexer_cache / u64::from(kv.host_num_blocks.max(1)),
+        );
+    }
     if node.tp > 1 {
         s += &format!(
             "host memory, tp {}: {} per rank, {} per node ({})\n",

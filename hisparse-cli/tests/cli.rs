@@ -63,6 +63,7 @@ fn layout_text_has_groups_and_a_capacity_table() {
         "hot",
         "capacity",
         "128K",
+        "indexer host cache",
     ] {
         assert!(out.contains(needle), "missing {needle}:\n{out}");
     }
