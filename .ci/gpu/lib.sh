@@ -14,6 +14,9 @@
 #                                           (no time). A script may define `section_note NAME LOG`
 #                                           to add a note of its own to each section's line.
 #   write_summary SCRIPT                    $out/summary.json; returns 0 when every section passed
+#   use_nixl_libs ARCHIVE                   unpacks the carried NIXL/UCX libraries (nixl-build.sh)
+#                                           into $libs, removed at exit, puts them and CUDA's on
+#                                           the loader path and requires NIXL
 #
 # The caller sets `out` (a directory) before using them.
 
@@ -120,4 +123,18 @@ find_sanitizer() {
 clocks() {
     nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,pstate,temperature.gpu,power.draw \
         --format=csv,noheader 2>/dev/null | head -n 1
+}
+
+# use_nixl_libs ARCHIVE: the NIXL and UCX libraries of the nixl-cu13 wheel that nixl-build.sh
+# carried, unpacked into a temporary folder ($libs, removed when the script exits), on the
+# loader path with CUDA's runtime libraries; NIXL_PLUGIN_DIR set; NIXL required by the tests.
+use_nixl_libs() {
+    libs=$(mktemp -d)
+    trap 'rm -rf "$libs"' EXIT
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$libs"
+    local cuda_lib
+    cuda_lib=$(ls -d /usr/local/cuda-13.0/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -n 1)
+    export LD_LIBRARY_PATH="$libs/.nixl_cu13.mesonpy.libs:$libs/nixl_cu13.libs${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export NIXL_PLUGIN_DIR="$libs/.nixl_cu13.mesonpy.libs/plugins"
+    export HISPARSE_REQUIRE_NIXL=1
 }

@@ -52,14 +52,7 @@ for f in hisparse nixl-transfer nixl-libs.tar.xz; do
 done
 [ -f "$bin/MANIFEST" ] && head -n 2 "$bin/MANIFEST"
 
-libs=$(mktemp -d)
-trap 'rm -rf "$libs"' EXIT
-python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-    "$bin/nixl-libs.tar.xz" "$libs"
-cuda_lib=$(ls -d /usr/local/cuda-13.0/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -n 1)
-export LD_LIBRARY_PATH="$libs/.nixl_cu13.mesonpy.libs:$libs/nixl_cu13.libs${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NIXL_PLUGIN_DIR="$libs/.nixl_cu13.mesonpy.libs/plugins"
-export HISPARSE_REQUIRE_NIXL=1
+use_nixl_libs "$bin/nixl-libs.tar.xz"
 
 # ldd of the C API, the UCX plugin and UCX's CUDA modules: prints what does not resolve.
 check_libs='missing=0

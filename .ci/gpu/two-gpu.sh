@@ -39,14 +39,7 @@ done
 [ -f "$bin/MANIFEST" ] && head -n 2 "$bin/MANIFEST"
 nvidia-smi -L 2>/dev/null | tee "$out/gpus.txt"
 
-libs=$(mktemp -d)
-trap 'rm -rf "$libs"' EXIT
-python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-    "$bin/nixl-libs.tar.xz" "$libs"
-cuda_lib=$(ls -d /usr/local/cuda-13.0/targets/x86_64-linux/lib /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -n 1)
-export LD_LIBRARY_PATH="$libs/.nixl_cu13.mesonpy.libs:$libs/nixl_cu13.libs${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NIXL_PLUGIN_DIR="$libs/.nixl_cu13.mesonpy.libs/plugins"
-export HISPARSE_REQUIRE_NIXL=1
+use_nixl_libs "$bin/nixl-libs.tar.xz"
 
 section gpus 10 sh -c '[ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "fewer than two GPUs: this job needs a two-GPU machine"; exit 1; }'
 section tp1 120 --stdout "$out/tp1.json" "$bin/hisparse" simulate --backend cuda --device 0 --json
