@@ -106,7 +106,23 @@ impl SimSetup {
     /// A rank's runtime settings: a state row per request, the decode rows per call, a slot
     /// mapping for the coordinator's token budget.
     pub fn runtime_config(&self) -> hisparse_runtime::RuntimeConfig {
-        let mut cfg = hisparse_runtime::RuntimeConfig::new(self.requests, self.max_decode_rows());
+        self.runtime_config_with(self.requests, self.max_decode_rows())
+    }
+
+    /// The prefill side's runtime settings (`--pd`): one request at a time, its prefill chunks
+    /// as large as the coordinator's token budget.
+    pub fn prefill_runtime_config(&self) -> hisparse_runtime::RuntimeConfig {
+        self.runtime_config_with(1, 1)
+    }
+
+    /// `state_rows` and `step_rows` as given, and a slot mapping that holds every token the
+    /// coordinator may schedule in one step.
+    fn runtime_config_with(
+        &self,
+        state_rows: u32,
+        step_rows: u32,
+    ) -> hisparse_runtime::RuntimeConfig {
+        let mut cfg = hisparse_runtime::RuntimeConfig::new(state_rows, step_rows);
         cfg.max_batched_tokens = cfg.max_batched_tokens.max(self.max_batched_tokens);
         cfg
     }

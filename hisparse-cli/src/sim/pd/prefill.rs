@@ -7,7 +7,7 @@ use std::io::{BufRead, Write};
 use hisparse_core::Device;
 use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, OffloadCommand};
 use hisparse_nixl::{MemoryKind, PdError, PrefillWriter, Region};
-use hisparse_runtime::{AnyBuffer, AnyDevice, BackendKind, Runtime, RuntimeConfig};
+use hisparse_runtime::{AnyBuffer, AnyDevice, BackendKind, Runtime};
 
 use super::super::forward::Forward;
 use super::super::worker::{recv, send, serve_worker};
@@ -55,10 +55,7 @@ pub(super) fn serve(h: &Hello, input: &mut impl BufRead, output: &mut impl Write
         .map_err(|e| CliError::device("opening the prefill device", e))?;
     let s = &h.setup;
     let kv = h.prefill_kv.clone();
-    // One request at a time, its prefill chunks as large as the coordinator's token budget.
-    let mut runtime_config = RuntimeConfig::new(1, 1);
-    runtime_config.max_batched_tokens = runtime_config.max_batched_tokens.max(s.max_batched_tokens);
-    let mut rt = Runtime::new(dev, kv.clone(), runtime_config)
+    let mut rt = Runtime::new(dev, kv.clone(), s.prefill_runtime_config())
         .map_err(|e| CliError::failed(format!("setting up the prefill runtime: {e}")))?;
     let name = format!("hisparse-prefill-{}", std::process::id());
     // The bulk writes' host and device sources: registered memory declared before `writer`,
