@@ -326,6 +326,10 @@ pub fn to_text(model: &ModelSpec<'_>, report: &LayoutReport<'_>, flags: &PlanFla
         }
     );
     let indexer_cache = kv.indexer_host_pool_bytes();
+    let indexer_pages = kv
+        .groups
+        .get(KvCacheConfig::INDEXER_GROUP)
+        .map_or(0, |g| g.page_bytes);
     if indexer_cache > 0 {
         // The runtime pins it beside the host pool (each rank its own): said here because the
         // host budget does not count it yet.
@@ -333,7 +337,7 @@ pub fn to_text(model: &ModelSpec<'_>, report: &LayoutReport<'_>, flags: &PlanFla
             "indexer host cache: {} ({} blocks × {} B of indexer pages: the indexer keys' backups, pinned by each runtime beside the host pool, not counted in the host budget)\n",
             human(indexer_cache),
             kv.host_num_blocks,
-            indexer_cache / u64::from(kv.host_num_blocks.max(1)),
+            indexer_pages,
         );
     }
     if node.tp > 1 {

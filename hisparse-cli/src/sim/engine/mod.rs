@@ -111,6 +111,7 @@ impl SimSetup {
 
     /// The prefill side's runtime settings (`--pd`): one request at a time, its prefill chunks
     /// as large as the coordinator's token budget.
+    #[cfg(feature = "nixl")]
     pub fn prefill_runtime_config(&self) -> hisparse_runtime::RuntimeConfig {
         self.runtime_config_with(1, 1)
     }
