@@ -62,15 +62,18 @@ fi
 # transfer figures; the transports UCX chose for puts.
 python3 - "$out" <<'PY' || overall=1
 import json, os, sys
-out, bad = sys.argv[1], False
+out, unreadable = sys.argv[1], []
 def load(name):
     try:
         with open(os.path.join(out, name)) as f:
             return json.load(f)
     except Exception as e:
         print(f"{name}: not readable ({e})")
+        unreadable.append(name)
         return None
 tp1, tp2, pd = load("tp1.json"), load("tp2-shared.json"), load("pd-two-gpus.json")
+# A run whose report is missing verified nothing: the job fails.
+bad = bool(unreadable)
 if tp1:
     print(f"one GPU: verified {tp1.get('verified_rows')} mismatched {tp1.get('mismatched_rows')} "
           f"device_us_per_step {tp1.get('device_us_per_step')}")
