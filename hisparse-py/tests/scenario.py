@@ -238,10 +238,15 @@ class Worker:
     def execute(self, cmd: hisparse.Command) -> None:
         rt, rb = self.rt, self.lay.row_bytes
         rt.begin_step(cmd)
-        self.forward(cmd)
-        rt.set_batch(cmd.slots)
         scheduled = cmd.scheduled
         t = len(scheduled)
+        if t == 0:
+            # A step that computes nothing (a reclaim waiting for a backup still in flight on a
+            # GPU): no forward, no attention; the step still opens and closes.
+            rt.end_step(cmd)
+            return
+        self.forward(cmd)
+        rt.set_batch(cmd.slots)
         for g, group in enumerate(self.lay.index_groups):
             self.topk_of(cmd, g)
             if self.prepared:

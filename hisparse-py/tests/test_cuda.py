@@ -60,9 +60,17 @@ class CudaDecode:
         self.rt.poll_and_report(self.coord)
 
     def prefill(self):
+        idle = 0
         while any(self.coord.num_computed(r) < self.coord.num_tokens(r) for r in self.coord.running_ids()) \
                 or self.coord.num_waiting:
             cmd = self.coord.step()
+            # A step may schedule nothing while a reclaim waits for a backup in flight; steps that
+            # keep scheduling nothing would repeat forever (every request must be running at once
+            # for the decode steps, so the shape must hold them).
+            idle = 0 if cmd.scheduled else idle + 1
+            assert idle < 100, f"prefill stalled: {self.coord.pool_usage()}; raise gpu_blocks"
+            if idle:
+                self.torch.cuda.synchronize()
             self.rt.begin_step(cmd)
             self.forward(cmd)
             self.finish_step(cmd)
@@ -114,7 +122,10 @@ class CudaDecode:
         return self.rt.counters()
 
 
-SHAPE = scenario.Shape(requests=4, prompt=200, gpu_blocks=70, top_k=16, hot=32)
+# 140 GPU blocks: the four requests decode together (each keeps its 13 indexer pages, its hot
+# region and its unreclaimed pages: 25 blocks) while the last one prefills (52), yet the pool is
+# well below all-resident (4 x 52 pages and the hot regions), so pages are reclaimed and swapped in.
+SHAPE = scenario.Shape(requests=4, prompt=200, gpu_blocks=140, top_k=16, hot=32)
 # A captured call always resolves (right whatever the residency at replay); an eager one remaps
 # when every request is fully resident: the calls are compared as a total.
 COMPARED = ["hot_hits", "hot_misses", "resident_reads", "h2d_bytes", "decode_calls"]

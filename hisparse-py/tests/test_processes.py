@@ -177,7 +177,8 @@ def test_unpickling_checks_the_layouts_this_process_planned(blobs, tmp_path):
     said = {}
     for case in ("none", "other", "same"):
         out = subprocess.run([sys.executable, "-c", probe, str(blob), case], capture_output=True,
-                             text=True, cwd=here, env={**os.environ, "PYTHONPATH": here})
+                             text=True, cwd=here, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [here, *filter(None, [os.environ.get("PYTHONPATH")])])})
         assert out.returncode == 0, out.stderr
         said[case] = out.stdout
     assert "no layout has been planned in this process" in said["none"]

@@ -89,6 +89,14 @@ class Engine:
         """Schedules a step and opens it on the runtime; returns (command, host seconds)."""
         t = time.perf_counter()
         cmd = self.coord.step()
+        self.check_decode(cmd, expect_decode)
+        self.rt.begin_step(cmd)
+        return cmd, time.perf_counter() - t
+
+    @staticmethod
+    def check_decode(cmd, expect_decode: Optional[int]) -> None:
+        """Refuses a step that preempted or refused requests, or (``expect_decode``) that is not
+        one decode token of each of the batch's requests."""
         if cmd.preempted or cmd.refused:
             raise BenchError(f"step {cmd.step}: preempted {cmd.preempted}, refused {cmd.refused}: "
                              "the pool does not hold the batch; lower the batch or raise the pool")
@@ -97,8 +105,6 @@ class Engine:
                 and all(s["num_tokens"] == 1 for s in cmd.scheduled)):
             raise BenchError(f"step {cmd.step} scheduled {len(cmd.scheduled)} requests, not the "
                              f"{expect_decode} decode tokens of the batch")
-        self.rt.begin_step(cmd)
-        return cmd, time.perf_counter() - t
 
     def close_step(self, cmd, *, sample: bool) -> float:
         """``end_step``, reports, and (for decode steps) the sampled tokens; host seconds."""
@@ -152,30 +158,49 @@ class Engine:
 
     def decode_step(self, B: int, arm: str, replay, overlap: float, *, pad: bool = True):
         """One decode step of the batch with ``replay`` (a graph or the eager pieces) as its
-        device work; returns the step's record."""
+        device work; returns the step's record, with the host seconds of each part of the
+        engine's host side (``host_parts``)."""
         k = self.kernels
-        t0 = time.perf_counter()
-        cmd, host_pre = self.host_step(expect_decode=B)
-        t = time.perf_counter()
+        parts = {}
+        clock = [time.perf_counter()]
+
+        def lap(name):
+            now = time.perf_counter()
+            parts[name] = parts.get(name, 0.0) + now - clock[0]
+            clock[0] = now
+
+        t0 = clock[0]
+        # The previous step's completed transfers reach the coordinator before it schedules (as
+        # an engine polls before it plans): the GPU is idle here, so the poll is host work only.
+        # Polled after the launch instead, its first driver call waits while the driver still
+        # submits the graph's work, which would count GPU time as host time.
+        self.rt.poll_and_report(self.coord)
+        lap("report")
+        cmd = self.coord.step()
+        lap("schedule")
+        self.check_decode(cmd, B)
+        self.rt.begin_step(cmd)
+        lap("begin_step")
         k.set_inputs(cmd.scheduled, self.rho.get(overlap, 0.0))
+        lap("inputs")
         self.rt.set_batch([s["slot"] for s in cmd.scheduled], pad_to=B if pad else None)
-        host_pre += time.perf_counter() - t
-        t = time.perf_counter()
+        lap("set_batch")
         device = replay()
-        launch = time.perf_counter() - t
-        host_post = self.close_step(cmd, sample=False)
-        t = time.perf_counter()
+        lap("launch")
+        self.rt.end_step(cmd)
+        lap("end_step")
         k.sync()
-        wait = time.perf_counter() - t
+        lap("wait")
         # Device times are read once the step is done (CUDA events; host seconds on the CPU).
         device = {name: (v() if callable(v) else v) for name, v in device.items()}
-        t = time.perf_counter()
+        lap("read_times")
         for s in cmd.scheduled:
             self.coord.append_tokens(s["id"], [1 + s["id"] % 1000])
-        host_post += time.perf_counter() - t
-        wall = time.perf_counter() - t0
-        return {"cmd": cmd, "wall": wall, "host": host_pre + host_post, "launch": launch,
-                "wait": wait, "device": device}
+        lap("sample")
+        wall = clock[0] - t0
+        host = sum(v for name, v in parts.items() if name not in ("launch", "wait"))
+        return {"cmd": cmd, "wall": wall, "host": host, "launch": parts["launch"],
+                "wait": parts["wait"], "host_parts": parts, "device": device}
 
     def run_mode(self, B: int, arm: str, mode: str, overlap: float, graphs) -> Dict:
         """Warm-up and timed steps of one (arm, mode, overlap): ``mode`` is ``step`` (the whole
@@ -200,6 +225,8 @@ class Engine:
             "step_ms": 1e3 * float(np.mean(wall)),
             "step_ms_min": 1e3 * float(np.min(wall)),
             "host_ms": 1e3 * float(np.mean([r["host"] for r in recs])),
+            "host_parts_ms": {name: 1e3 * float(np.mean([r["host_parts"][name] for r in recs]))
+                              for name in recs[0]["host_parts"]},
             "launch_ms": 1e3 * float(np.mean([r["launch"] for r in recs])),
             "tokens_per_s": B / float(np.mean(wall)),
             "overlap_measured": float(np.mean([overlap_of(a, b) for a, b in zip(tops, tops[1:])]))
@@ -403,15 +430,12 @@ class ContextBench:
         res = {"batch": B, "context": self.context, "runs": []}
         stored = None
         if B in self.resident_batches:
-            if self.resident_engine is None:
-                # The pool the largest all-resident batch needs, not all the device has: the
-                # HiSparse engine of the same batch is built beside it.
-                all_on_gpu = self.per_request["gpu_blocks_per_request"]["all_on_gpu"]
-                blocks = min(self.full_blocks, max(self.resident_batches) * all_on_gpu
-                             + self.per_request["prefill_gpu_blocks"] + 16)
-                self.resident_engine = Engine(self.cfg, self.context, self.kernels_cls, self.backend,
-                                              blocks, max(self.resident_batches), self.log)
-            e = self.resident_engine
+            # The pool this batch needs on the GPU whole, not all the device has: the HiSparse
+            # engine of the same batch is built after it.
+            all_on_gpu = self.per_request["gpu_blocks_per_request"]["all_on_gpu"]
+            blocks = min(self.full_blocks, B * all_on_gpu + self.per_request["prefill_gpu_blocks"] + 16)
+            e = self.resident_engine = Engine(self.cfg, self.context, self.kernels_cls, self.backend,
+                                              blocks, B, self.log)
             res["all_resident_engine"] = e.start_batch(ids)
             res["all_resident_engine"]["gpu_pool_bytes"] = e.layout.gpu_pool_bytes
             if not res["all_resident_engine"]["all_pages_on_gpu"]:
@@ -421,18 +445,21 @@ class ContextBench:
             res["check_all_resident"] = stored["summary"]
             res["memory_all_resident"] = e.kernels.memory()
             e.end_batch(ids)
+            rho = e.rho
+            # Closed before the HiSparse engine is built: both engines' host pools at once need
+            # more host memory than the machine has at the larger batches.
+            e.close()
+            self.resident_engine = None
         else:
             res["all_resident_engine"] = "does not fit: the batch's whole KV exceeds the GPU pool"
-            if self.resident_engine is not None:
-                self.resident_engine.close()
-                self.resident_engine = None
+            rho = None
         e = Engine(self.cfg, self.context, self.kernels_cls, self.backend, self.hisparse_blocks(B),
                    B, self.log)
         try:
             res["hisparse_engine"] = e.start_batch(ids)
             res["hisparse_engine"]["gpu_pool_bytes"] = e.layout.gpu_pool_bytes
             res["hisparse_engine"]["setup_seconds"] = e.setup_seconds
-            e.rho = (self.resident_engine.rho if self.resident_engine is not None else None) or e.calibrate(B)
+            e.rho = rho or e.calibrate(B)
             res["query_drift"] = {str(t): r for t, r in e.rho.items()}
             check = e.hisparse_arm(B, res["runs"], stored["snapshot"] if stored else None)
             res["check_hisparse"] = check["summary"]
@@ -457,14 +484,20 @@ class ContextBench:
         t = time.perf_counter()
         r = self.run_batch(B)
         r["seconds"] = time.perf_counter() - t
-        self.last_cost = (B, r["seconds"])
+        prefill = sum(r[k]["prefill"]["seconds"] for k in ("all_resident_engine", "hisparse_engine")
+                      if isinstance(r.get(k), dict))
+        self.last_cost = (B, r["seconds"], prefill)
         self.log(summary_line(r))
         return r
 
     def estimate_seconds(self, B: int) -> float:
-        """A batch's time from the last one's, scaled by the batch."""
+        """A batch's time from the last one's: its prefill scales with the batch; the rest (pools,
+        graphs, the timed steps) is taken as the last batch's, twice over for a margin."""
         last = getattr(self, "last_cost", None)
-        return 0.0 if last is None else last[1] * B / last[0]
+        if last is None:
+            return 0.0
+        b, seconds, prefill = last
+        return 2 * (seconds - prefill) + prefill * B / b
 
     def close(self):
         if self.resident_engine is not None:
