@@ -302,31 +302,45 @@ fn c_name(name: &str) -> CString {
     CString::new(format!("/{name}")).expect("a checked name has no NUL byte")
 }
 
-/// Maps `len` bytes of `fd` shared, read-write; closes `fd`.
-fn map_shared(fd: libc::c_int, len: usize) -> OsResult<NonNull<u8>> {
-    // SAFETY: a fresh mapping chosen by the kernel (no fixed address), of a descriptor this
-    // function owns; the result is checked against MAP_FAILED.
+/// Reserves `len` bytes of address space (no access, no memory), starting at a multiple of
+/// `align` (a power of two, a multiple of the page size), for files to be mapped over.
+pub(crate) fn reserve(len: usize, align: usize) -> OsResult<NonNull<u8>> {
+    let span = len
+        .checked_add(align)
+        .ok_or(("mmap", io::Error::from(io::ErrorKind::InvalidInput)))?;
+    // SAFETY: a fresh, inaccessible mapping chosen by the kernel (no fixed address, no
+    // descriptor); the result is checked against MAP_FAILED.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
             0,
         )
     };
-    let err = (p == libc::MAP_FAILED).then(|| last_error("mmap"));
-    // SAFETY: `fd` is open and owned here; the mapping keeps the segment alive without it.
-    unsafe { libc::close(fd) };
-    match err {
-        Some(e) => Err(e),
-        None => Ok(NonNull::new(p.cast()).expect("mmap does not return null on success")),
+    if p == libc::MAP_FAILED {
+        return Err(last_error("mmap"));
     }
+    let raw = p as usize;
+    let start = raw.next_multiple_of(align);
+    let end = start + len.next_multiple_of(page_size());
+    // SAFETY: the head and tail trimmed off lie inside the reservation just made, unused.
+    unsafe {
+        if start > raw {
+            libc::munmap(p, start - raw);
+        }
+        if raw + span > end {
+            libc::munmap(end as *mut libc::c_void, raw + span - end);
+        }
+    }
+    Ok(NonNull::new(start as *mut u8).expect("a mapping does not start at 0"))
 }
 
-/// Creates `/name` (exclusively), sizes it to `len` zeroed bytes and maps it.
-pub(crate) fn shm_create_and_map(name: &str, len: usize) -> OsResult<NonNull<u8>> {
+/// Creates `/name` (exclusively) of `len` zeroed bytes; its descriptor. The name is removed
+/// again when sizing it fails.
+pub(crate) fn shm_create(name: &str, len: usize) -> OsResult<libc::c_int> {
     let c = c_name(name);
     let size = libc::off_t::try_from(len)
         .map_err(|_| ("ftruncate", io::Error::from(io::ErrorKind::InvalidInput)))?;
@@ -351,19 +365,11 @@ pub(crate) fn shm_create_and_map(name: &str, len: usize) -> OsResult<NonNull<u8>
         }
         return Err(e);
     }
-    map_shared(fd, len).inspect_err(|_| shm_unlink(name))
+    Ok(fd)
 }
 
-/// What opening an existing segment found.
-pub(crate) enum Opened {
-    /// Mapped.
-    Mapped(NonNull<u8>),
-    /// The segment holds fewer bytes than asked for.
-    TooSmall(u64),
-}
-
-/// Opens existing `/name`, checks it holds at least `len` bytes and maps them.
-pub(crate) fn shm_open_and_map(name: &str, len: usize) -> OsResult<Opened> {
+/// Opens existing `/name`; its descriptor and size in bytes.
+pub(crate) fn shm_open_sized(name: &str) -> OsResult<(libc::c_int, u64)> {
     let c = c_name(name);
     // SAFETY: `c` is a NUL-terminated name; flags are valid.
     let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
@@ -375,17 +381,41 @@ pub(crate) fn shm_open_and_map(name: &str, len: usize) -> OsResult<Opened> {
     // SAFETY: as above.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         let e = last_error("fstat");
-        // SAFETY: `fd` is open and owned here.
-        unsafe { libc::close(fd) };
+        close(fd);
         return Err(e);
     }
-    let actual = st.st_size.max(0) as u64;
-    if actual < len as u64 {
-        // SAFETY: `fd` is open and owned here.
-        unsafe { libc::close(fd) };
-        return Ok(Opened::TooSmall(actual));
-    }
-    map_shared(fd, len).map(Opened::Mapped)
+    Ok((fd, st.st_size.max(0) as u64))
+}
+
+/// Closes descriptor `fd`.
+pub(crate) fn close(fd: libc::c_int) {
+    // SAFETY: the caller owns `fd` and does not use it again.
+    unsafe { libc::close(fd) };
+}
+
+/// Maps the first `len` bytes of `fd` shared and read-write at `addr`, over the caller's
+/// reservation; closes `fd` (the mapping keeps the file alive).
+///
+/// # Safety
+///
+/// `[addr, addr + len)` lies inside a reservation of [`reserve`] the caller owns, that nothing
+/// else maps or uses.
+pub(crate) unsafe fn map_shared_at(fd: libc::c_int, addr: NonNull<u8>, len: usize) -> OsResult<()> {
+    // SAFETY: MAP_FIXED replaces only the caller's own unused reservation (the contract); the
+    // result is checked against MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            addr.as_ptr().cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd,
+            0,
+        )
+    };
+    let err = (p == libc::MAP_FAILED).then(|| last_error("mmap"));
+    close(fd);
+    err.map_or(Ok(()), Err)
 }
 
 /// Removes `/name` (mappings stay valid).

@@ -1,9 +1,33 @@
 //! The host's limits a pool must fit, measured (the rule that judges them is
 //! [`hisparse_core::ops::check_host_pool`]).
 
-use hisparse_core::ops::{HostLimits, LockedMemory};
+use std::time::Duration;
 
-use crate::{ffi, meminfo};
+use hisparse_core::ops::{HostLimits, LockedMemory, PinnedBudgetError, check_host_pool};
+
+use crate::{ffi, meminfo, release};
+
+/// How long a refused pool waits for this process's releases still running before the refusal
+/// stands: a pool dropped a moment ago is still being unmapped on its release thread, and its
+/// memory comes back when that finishes (seconds for hundreds of GiB).
+const RELEASE_WAIT: Duration = Duration::from_secs(60);
+
+/// Checks `bytes` against the limits `measure` reads (the one rule,
+/// [`check_host_pool`]); refused while pools this process dropped are still being released,
+/// waits for those releases and measures again, so that an engine that drops a pool and
+/// allocates the next one at once is not refused for memory that is on its way back.
+pub(crate) fn check_after_releases(
+    bytes: u64,
+    measure: impl Fn() -> HostLimits,
+) -> Result<(), PinnedBudgetError> {
+    match check_host_pool(bytes, &measure()) {
+        Err(_) if release::releases_in_flight() > 0 => {
+            release::wait_for_releases(RELEASE_WAIT);
+            check_host_pool(bytes, &measure())
+        }
+        checked => checked,
+    }
+}
 
 /// The locked-memory limit (`RLIMIT_MEMLOCK`) and what this process has locked already, when a
 /// pinning that counts against it would be bounded by it: `None` when the limit is unlimited or
@@ -40,5 +64,40 @@ pub(crate) fn private_pool(counts_against_memlock: bool, huge_tlb: bool) -> Host
         },
         locked: counts_against_memlock.then(locked_memory_limit).flatten(),
         shared_free: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn a_refusal_waits_for_releases_in_flight_and_measures_again() {
+        let available = Arc::new(AtomicU64::new(10));
+        let measure = {
+            let available = available.clone();
+            move || HostLimits {
+                available: Some(available.load(Ordering::SeqCst)),
+                ..HostLimits::default()
+            }
+        };
+        // A pool being released: its memory comes back when the release finishes.
+        let freed = available.clone();
+        let release = release::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            freed.store(1 << 40, Ordering::SeqCst);
+        });
+        check_after_releases(1 << 30, &measure).expect("fits once the release finished");
+        assert!(release.is_finished());
+        // Nothing in flight: the refusal stands at once, naming what is available.
+        available.store(10, Ordering::SeqCst);
+        release::wait_for_releases(RELEASE_WAIT);
+        let e = check_after_releases(1 << 30, &measure).unwrap_err();
+        assert!(
+            matches!(e, PinnedBudgetError::ExceedsAvailable { .. }),
+            "{e:?}"
+        );
     }
 }

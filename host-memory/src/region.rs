@@ -175,7 +175,7 @@ impl Reserved {
                 HugePages::Explicit | HugePages::ExplicitIfFree
             )
         {
-            check_host_pool(len as u64, &limits::private_pool(memlock, true))?;
+            limits::check_after_releases(len as u64, || limits::private_pool(memlock, true))?;
             match ffi::map_anonymous(rounded, true) {
                 Ok(base) => {
                     return Ok(Reserved {
@@ -189,7 +189,7 @@ impl Reserved {
                 Err(_) => {}
             }
         }
-        check_host_pool(len as u64, &limits::private_pool(memlock, false))?;
+        limits::check_after_releases(len as u64, || limits::private_pool(memlock, false))?;
         if len < HUGE_PAGE {
             let map_len = len.next_multiple_of(ffi::page_size());
             let base = ffi::map_anonymous(map_len, false).map_err(os)?;
@@ -297,18 +297,17 @@ impl<P: Pinner> HostRegion<P> {
             ))
             .into());
         }
-        let limits = limits::private_pool(pinner.counts_against_memlock(), false);
         // The RAM the pool still needs is its pages not in RAM yet; the whole of it is pinned.
         let missing = len as u64 - resident_bytes(a, len);
         if missing > 0 {
-            let ram = HostLimits {
-                available: limits.available,
+            limits::check_after_releases(missing, || HostLimits {
+                available: meminfo::available_ram(),
                 ..HostLimits::default()
-            };
-            check_host_pool(missing, &ram).map_err(HostMemoryError::Budget)?;
+            })
+            .map_err(HostMemoryError::Budget)?;
         }
         let locked = HostLimits {
-            locked: limits.locked,
+            locked: limits::private_pool(pinner.counts_against_memlock(), false).locked,
             ..HostLimits::default()
         };
         check_host_pool(len as u64, &locked).map_err(HostMemoryError::Budget)?;
@@ -584,7 +583,7 @@ impl<P: Pinner> Held<P> {
                 unsafe { unmap_in_chunks(base, len, chunk.max(HUGE_PAGE), &workers) }
             }
             Backing::Lent => {}
-            Backing::Shared(segment) => segment.release_here(&workers, chunk.max(HUGE_PAGE)),
+            Backing::Shared(segment) => segment.release_here(&workers),
         }
     }
 }

@@ -4,10 +4,10 @@
 use core::fmt;
 use std::ptr::NonNull;
 
-use hisparse_core::ops::{HostLimits, PINNED_ALIGNMENT, PinnedBudgetError, check_host_pool};
+use hisparse_core::ops::{HostLimits, PINNED_ALIGNMENT, PinnedBudgetError};
 
 use crate::config::{HUGE_PAGE, HostPoolConfig, HugePages, PARALLEL_FROM};
-use crate::ffi::{self, Opened};
+use crate::ffi;
 use crate::mapping::unmap_in_chunks;
 use crate::numa::Workers;
 use crate::parallel::for_each_chunk;
@@ -95,13 +95,21 @@ impl hisparse_core::Error for ShmError {
 /// so which bytes may be read when is the host pool's protocol, enforced by whoever builds a
 /// buffer on top of it (a backend).
 ///
-/// Dropping it removes the name (when this process created it) at once, and unmaps the mapping
-/// — on a thread of its own for segments of 64 MiB and more ([`crate::release`]).
+/// A segment of more than 1 GiB is made of several files of 1 GiB (`name`, `name.1`,
+/// `name.2`, …), mapped side by side into one range: the kernel allocates and frees a file's
+/// pages under that file's lock, so the files are populated and freed in parallel where one file
+/// would go at one thread's pace. An opener learns the file size from the first file.
+///
+/// Dropping it removes the names (when this process created it) at once, and unmaps the mapping
+/// — on a thread of its own for segments of 64 MiB and more ([`crate::release`]), a file per
+/// worker.
 #[derive(Debug)]
 pub struct SharedSegment {
     addr: NonNull<u8>,
     len: usize,
     name: String,
+    /// Bytes of each file the segment is made of (the last may hold fewer).
+    part_bytes: usize,
     creator: bool,
     /// Whether the mapping is still to be unmapped (false once released).
     mapped: bool,
@@ -141,23 +149,38 @@ impl SharedSegment {
     /// `len` is checked against the RAM available and the free space of `/dev/shm` first: a
     /// segment that cannot fit is refused with [`ShmError::Budget`] before it is created.
     pub fn create_with(name: &str, len: usize, cfg: &HostPoolConfig) -> Result<Self, ShmError> {
+        Self::create_in_parts(name, len, cfg, PART_BYTES)
+    }
+
+    /// [`SharedSegment::create_with`], made of files of `part_bytes` (a multiple of
+    /// [`HUGE_PAGE`]).
+    fn create_in_parts(
+        name: &str,
+        len: usize,
+        cfg: &HostPoolConfig,
+        part_bytes: usize,
+    ) -> Result<Self, ShmError> {
         check_name(name)?;
-        let limits = HostLimits {
+        limits::check_after_releases(len as u64, || HostLimits {
             available: meminfo::available_ram(),
             locked: None,
             shared_free: limits::shared_memory_free(),
-        };
-        check_host_pool(len as u64, &limits).map_err(ShmError::Budget)?;
+        })
+        .map_err(ShmError::Budget)?;
         let os = |(call, source)| ShmError::Os {
             call,
             name: name.to_string(),
             source,
         };
-        let addr = ffi::shm_create_and_map(name, len).map_err(os)?;
+        let addr = map_parts(name, len, part_bytes, true).map_err(|e| match e {
+            Mapped::Os(e) => os(e),
+            Mapped::TooSmall(_) => unreachable!("a created segment has the size asked for"),
+        })?;
         let segment = SharedSegment {
             addr,
             len,
             name: name.to_string(),
+            part_bytes: part_bytes.min(len),
             creator: true,
             mapped: true,
         };
@@ -209,15 +232,22 @@ impl SharedSegment {
             name: name.to_string(),
             source,
         };
-        match ffi::shm_open_and_map(name, len).map_err(os)? {
-            Opened::Mapped(addr) => Ok(SharedSegment {
+        // The creator's part size is the size of its first file (all of the segment when it is
+        // one file).
+        let (fd, first) = ffi::shm_open_sized(name).map_err(os)?;
+        ffi::close(fd);
+        let part_bytes = usize::try_from(first).unwrap_or(usize::MAX).min(len);
+        match map_parts(name, len, part_bytes.max(1), false) {
+            Ok(addr) => Ok(SharedSegment {
                 addr,
                 len,
                 name: name.to_string(),
+                part_bytes,
                 creator: false,
                 mapped: true,
             }),
-            Opened::TooSmall(actual) => Err(ShmError::TooSmall {
+            Err(Mapped::Os(e)) => Err(os(e)),
+            Err(Mapped::TooSmall(actual)) => Err(ShmError::TooSmall {
                 name: name.to_string(),
                 actual,
                 needed: len as u64,
@@ -258,23 +288,109 @@ impl SharedSegment {
         self.creator
     }
 
-    /// Removes the name (creator) and unmaps the mapping on this thread, in chunks of `chunk`
-    /// bytes on `workers`.
-    pub(crate) fn release_here(mut self, workers: &Workers, chunk: usize) {
-        self.unlink_and_unmap(workers, chunk);
+    /// Removes the names (creator) and unmaps the mapping on this thread, a file at a time on
+    /// `workers`: unmapping a file's last mapping frees its pages, under that file's own lock,
+    /// so the files are freed in parallel.
+    pub(crate) fn release_here(mut self, workers: &Workers) {
+        self.unlink_and_unmap(workers);
     }
 
-    fn unlink_and_unmap(&mut self, workers: &Workers, chunk: usize) {
+    fn unlink_and_unmap(&mut self, workers: &Workers) {
         if !self.mapped {
             return;
         }
         self.mapped = false;
         if self.creator {
-            ffi::shm_unlink(&self.name);
+            unlink_parts(&self.name, self.len, self.part_bytes);
         }
         // SAFETY: the mapping is this value's and, as it is being released, used by nothing
         // in this process any more (buffers built on it hold the segment and drop it last).
-        unsafe { unmap_in_chunks(self.addr, self.len, chunk, workers) };
+        unsafe { unmap_in_chunks(self.addr, self.len, self.part_bytes, workers) };
+    }
+}
+
+/// Bytes of each file a segment of this process's making is made of (the last may hold fewer).
+/// The kernel allocates and frees the pages of one shared-memory file under that file's lock: a
+/// segment of one file is populated and freed at one thread's pace whatever the threads, one of
+/// many files in parallel.
+const PART_BYTES: usize = 1 << 30;
+
+/// The name of file `i` of segment `name`: the name itself, then `name.1`, `name.2`, …
+fn part_name(name: &str, i: usize) -> String {
+    if i == 0 {
+        name.to_string()
+    } else {
+        format!("{name}.{i}")
+    }
+}
+
+/// Why mapping a segment's files failed.
+enum Mapped {
+    Os((&'static str, std::io::Error)),
+    /// The files hold fewer bytes than asked for: how many they hold.
+    TooSmall(u64),
+}
+
+/// Maps the files of segment `name` (`part_bytes` each) side by side into one reserved range of
+/// `len` bytes: created (zeroed) when `create`, else opened. On failure nothing stays mapped,
+/// and nothing created stays named.
+fn map_parts(
+    name: &str,
+    len: usize,
+    part_bytes: usize,
+    create: bool,
+) -> Result<NonNull<u8>, Mapped> {
+    let base = ffi::reserve(len, HUGE_PAGE).map_err(Mapped::Os)?;
+    let mut found = 0u64;
+    // Files this call created: the only ones a failure may unname.
+    let mut made = 0;
+    let mut result = Ok(());
+    for (i, at) in (0..len).step_by(part_bytes).enumerate() {
+        let part = part_bytes.min(len - at);
+        let name_i = part_name(name, i);
+        let fd = if create {
+            let fd = ffi::shm_create(&name_i, part).map_err(Mapped::Os);
+            made += usize::from(fd.is_ok());
+            fd
+        } else {
+            match ffi::shm_open_sized(&name_i) {
+                Ok((fd, size)) if size < part as u64 => {
+                    ffi::close(fd);
+                    Err(Mapped::TooSmall(found + size))
+                }
+                Ok((fd, _)) => Ok(fd),
+                Err((_, e)) if i > 0 && e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(Mapped::TooSmall(found))
+                }
+                Err(e) => Err(Mapped::Os(e)),
+            }
+        };
+        let at_ptr = NonNull::new(base.as_ptr().wrapping_add(at)).expect("inside the reservation");
+        // SAFETY: `[at, at + part)` lies inside the reservation made above, used by nothing else.
+        result =
+            fd.and_then(|fd| unsafe { ffi::map_shared_at(fd, at_ptr, part) }.map_err(Mapped::Os));
+        if result.is_err() {
+            for j in 0..made {
+                ffi::shm_unlink(&part_name(name, j));
+            }
+            break;
+        }
+        found += part as u64;
+    }
+    match result {
+        Ok(()) => Ok(base),
+        Err(e) => {
+            // SAFETY: the reservation (and what was mapped over it) is this function's, unused.
+            unsafe { ffi::unmap(base.as_ptr(), len) };
+            Err(e)
+        }
+    }
+}
+
+/// Removes the names of the files of a segment of `len` bytes made of `part_bytes` files.
+fn unlink_parts(name: &str, len: usize, part_bytes: usize) {
+    for i in 0..len.div_ceil(part_bytes.max(1)) {
+        ffi::shm_unlink(&part_name(name, i));
     }
 }
 
@@ -284,27 +400,24 @@ impl Drop for SharedSegment {
             return;
         }
         if self.len < PARALLEL_FROM {
-            self.unlink_and_unmap(&Workers::one(), self.len.max(1));
+            self.unlink_and_unmap(&Workers::one());
             return;
         }
         if self.creator {
-            // The name goes now: a new segment of the same name may be created at once.
-            ffi::shm_unlink(&self.name);
+            // The names go now: a new segment of the same name may be created at once.
+            unlink_parts(&self.name, self.len, self.part_bytes);
             self.creator = false;
         }
         let moved = SharedSegment {
             addr: self.addr,
             len: self.len,
             name: std::mem::take(&mut self.name),
+            part_bytes: self.part_bytes,
             creator: false,
             mapped: true,
         };
         self.mapped = false;
-        let _ = release::spawn(move || {
-            let workers = Workers::plan(None, None);
-            let chunk = config::chunk_bytes(moved.len, workers.threads, None);
-            moved.release_here(&workers, chunk);
-        });
+        let _ = release::spawn(move || moved.release_here(&Workers::plan(None, None)));
     }
 }
 
@@ -359,11 +472,65 @@ mod tests {
             SharedSegment::create(&name, 8192),
             Err(ShmError::Os { .. })
         ));
+        let r = SharedSegment::open(&name, 8193);
+        assert!(
+            matches!(r, Err(ShmError::TooSmall { actual: 8192, .. })),
+            "{r:?}"
+        );
+        drop(a);
+    }
+
+    #[test]
+    fn a_segment_of_several_files_maps_as_one_range_and_goes_whole() {
+        let part = 2 * HUGE_PAGE;
+        let len = 2 * part + 12288;
+        let name = SharedSegment::unique_name("hisparse-host-memory-test");
+        let cfg = HostPoolConfig::default();
+        let a = SharedSegment::create_in_parts(&name, len, &cfg, part).unwrap();
+        assert_eq!(a.addr().as_ptr() as usize % HUGE_PAGE, 0);
+        // The opener learns the part size from the first file.
+        let b = SharedSegment::open(&name, len).unwrap();
+        for at in [0, part - 1, part, 2 * part, len - 1] {
+            ffi::write_byte(a.addr(), at, (at % 251) as u8 + 1);
+            assert_eq!(
+                ffi::read_byte(b.addr(), at),
+                (at % 251) as u8 + 1,
+                "byte {at}"
+            );
+        }
+        // Fewer bytes than the files hold map; more are refused with what the files hold.
+        drop(SharedSegment::open(&name, part + 1).unwrap());
         assert!(matches!(
-            SharedSegment::open(&name, 8193),
-            Err(ShmError::TooSmall { actual: 8192, .. })
+            SharedSegment::open(&name, len + 1),
+            Err(ShmError::TooSmall { actual, .. }) if actual == len as u64
+        ));
+        assert!(matches!(
+            SharedSegment::open(&name, 3 * part + 1),
+            Err(ShmError::TooSmall { actual, .. }) if actual == len as u64
         ));
         drop(a);
+        for i in 0..3 {
+            assert!(
+                ffi::shm_open_sized(&part_name(&name, i)).is_err(),
+                "file {i} is unnamed with the creator's drop"
+            );
+        }
+        assert_eq!(
+            ffi::read_byte(b.addr(), len - 1),
+            ((len - 1) % 251) as u8 + 1
+        );
+        drop(b);
+        // A failed create removes the files it made: the name can be taken again.
+        let c = SharedSegment::create_in_parts(&name, len, &cfg, part).unwrap();
+        assert!(matches!(
+            SharedSegment::create_in_parts(&name, len, &cfg, part),
+            Err(ShmError::Os { .. })
+        ));
+        assert!(
+            SharedSegment::open(&name, len).is_ok(),
+            "the first creator's files stay"
+        );
+        drop(c);
     }
 
     #[test]
