@@ -44,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--overlaps", type=float, nargs="+")
     p.add_argument("--layers", type=int)
     p.add_argument("--top-k", type=int)
+    p.add_argument("--indexer", choices=["triton", "torch"],
+                   help="the indexer's logits: one Triton kernel (default) or PyTorch ops")
     p.add_argument("--standin-bytes", type=int, help="weight bytes per step (0: no stand-in)")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--timed-steps", type=int)
@@ -70,7 +72,8 @@ def make_config(a) -> config.Config:
     for field, value in (("contexts", a.contexts), ("batches", a.batches),
                          ("overlaps", a.overlaps), ("layers", a.layers), ("top_k", a.top_k),
                          ("standin_bytes", a.standin_bytes), ("warmup_steps", a.warmup_steps),
-                         ("timed_steps", a.timed_steps), ("time_budget", a.time_budget)):
+                         ("timed_steps", a.timed_steps), ("time_budget", a.time_budget),
+                         ("indexer", a.indexer)):
         if value is not None:
             setattr(cfg, field, value)
     if a.budgets_gib:

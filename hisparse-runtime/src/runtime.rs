@@ -255,8 +255,14 @@ impl<D: Device> Runtime<D> {
         Ok(bytes)
     }
 
-    /// Refuses allocations the device cannot hold, before any is made.
+    /// Refuses allocations the device cannot hold, before any is made — after waiting for the
+    /// pools this process dropped a moment ago and is still releasing
+    /// ([`hisparse_host_memory::check_after_releases`]).
     fn check_memory(dev: &D, device: u64, host: u64) -> Result<(), RuntimeError<D::Error>> {
+        hisparse_host_memory::check_after_releases(|| Self::check_memory_now(dev, device, host))
+    }
+
+    fn check_memory_now(dev: &D, device: u64, host: u64) -> Result<(), RuntimeError<D::Error>> {
         let Some(info) = dev.memory_info() else {
             return Ok(());
         };

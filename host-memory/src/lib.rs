@@ -16,7 +16,7 @@ mod shared;
 
 pub use config::{HUGE_PAGE, HostPoolConfig, HugePages, PARALLEL_FROM, Placement, Registration};
 pub use error::{HostMemoryError, NotOneDeviceRange, SetupError};
-pub use limits::{locked_memory_limit, shared_memory_free};
+pub use limits::{check_after_releases, locked_memory_limit, shared_memory_free};
 pub use mapping::{AnonymousMapping, is_mapped};
 pub use meminfo::{available_ram, free_huge_pages};
 pub use numa::{node_cpus, node_of_pci_device};

@@ -12,21 +12,28 @@ use crate::{ffi, meminfo, release};
 /// memory comes back when that finishes (seconds for hundreds of GiB).
 const RELEASE_WAIT: Duration = Duration::from_secs(60);
 
-/// Checks `bytes` against the limits `measure` reads (the one rule,
-/// [`check_host_pool`]); refused while pools this process dropped are still being released,
-/// waits for those releases and measures again, so that an engine that drops a pool and
-/// allocates the next one at once is not refused for memory that is on its way back.
-pub(crate) fn check_after_releases(
-    bytes: u64,
-    measure: impl Fn() -> HostLimits,
-) -> Result<(), PinnedBudgetError> {
-    match check_host_pool(bytes, &measure()) {
+/// Runs `check`; when it refuses while pools this process dropped are still being released,
+/// waits for those releases (at most a minute) and runs it again — so that an engine that drops
+/// a pool and allocates the next one at once is not refused for memory on its way back. Every
+/// budget check of a host pool goes through it (this crate's, and the runtime's before it
+/// allocates).
+pub fn check_after_releases<T, E>(check: impl Fn() -> Result<T, E>) -> Result<T, E> {
+    match check() {
         Err(_) if release::releases_in_flight() > 0 => {
             release::wait_for_releases(RELEASE_WAIT);
-            check_host_pool(bytes, &measure())
+            check()
         }
         checked => checked,
     }
+}
+
+/// [`check_after_releases`] of `bytes` against the limits `measure` reads (the one rule,
+/// [`check_host_pool`]).
+pub(crate) fn check_pool_after_releases(
+    bytes: u64,
+    measure: impl Fn() -> HostLimits,
+) -> Result<(), PinnedBudgetError> {
+    check_after_releases(|| check_host_pool(bytes, &measure()))
 }
 
 /// The locked-memory limit (`RLIMIT_MEMLOCK`) and what this process has locked already, when a
@@ -89,12 +96,12 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             freed.store(1 << 40, Ordering::SeqCst);
         });
-        check_after_releases(1 << 30, &measure).expect("fits once the release finished");
+        check_pool_after_releases(1 << 30, &measure).expect("fits once the release finished");
         assert!(release.is_finished());
         // Nothing in flight: the refusal stands at once, naming what is available.
         available.store(10, Ordering::SeqCst);
         release::wait_for_releases(RELEASE_WAIT);
-        let e = check_after_releases(1 << 30, &measure).unwrap_err();
+        let e = check_pool_after_releases(1 << 30, &measure).unwrap_err();
         assert!(
             matches!(e, PinnedBudgetError::ExceedsAvailable { .. }),
             "{e:?}"

@@ -175,7 +175,7 @@ impl Reserved {
                 HugePages::Explicit | HugePages::ExplicitIfFree
             )
         {
-            limits::check_after_releases(len as u64, || limits::private_pool(memlock, true))?;
+            limits::check_pool_after_releases(len as u64, || limits::private_pool(memlock, true))?;
             match ffi::map_anonymous(rounded, true) {
                 Ok(base) => {
                     return Ok(Reserved {
@@ -189,7 +189,7 @@ impl Reserved {
                 Err(_) => {}
             }
         }
-        limits::check_after_releases(len as u64, || limits::private_pool(memlock, false))?;
+        limits::check_pool_after_releases(len as u64, || limits::private_pool(memlock, false))?;
         if len < HUGE_PAGE {
             let map_len = len.next_multiple_of(ffi::page_size());
             let base = ffi::map_anonymous(map_len, false).map_err(os)?;
@@ -300,7 +300,7 @@ impl<P: Pinner> HostRegion<P> {
         // The RAM the pool still needs is its pages not in RAM yet; the whole of it is pinned.
         let missing = len as u64 - resident_bytes(a, len);
         if missing > 0 {
-            limits::check_after_releases(missing, || HostLimits {
+            limits::check_pool_after_releases(missing, || HostLimits {
                 available: meminfo::available_ram(),
                 ..HostLimits::default()
             })

@@ -161,7 +161,7 @@ impl SharedSegment {
         part_bytes: usize,
     ) -> Result<Self, ShmError> {
         check_name(name)?;
-        limits::check_after_releases(len as u64, || HostLimits {
+        limits::check_pool_after_releases(len as u64, || HostLimits {
             available: meminfo::available_ram(),
             locked: None,
             shared_free: limits::shared_memory_free(),

@@ -23,6 +23,9 @@ class Config:
     heads: int = 64
     #: The lightning indexer's query heads and their width.
     indexer_heads: int = 64
+    #: How the indexer's logits are computed on the GPU: ``triton`` (one kernel reading each key
+    #: once) or ``torch`` (PyTorch ops).
+    indexer: str = "triton"
     contexts: List[int] = dataclasses.field(default_factory=lambda: [32768, 131072])
     batches: List[int] = dataclasses.field(default_factory=lambda: [1, 8, 32, 64, 128])
     #: Top-k overlap targets between adjacent steps; the first is the main one.

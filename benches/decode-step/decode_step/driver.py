@@ -464,6 +464,8 @@ class ContextBench:
             check = e.hisparse_arm(B, res["runs"], stored["snapshot"] if stored else None)
             res["check_hisparse"] = check["summary"]
             res["memory_hisparse"] = e.kernels.memory()
+            res["indexer"] = {"kind": self.cfg.indexer,
+                              "check": getattr(e.kernels, "indexer_check", None)}
             hs = [r for r in res["runs"] if r["arm"] == "hisparse"]
             res["hisparse_swapped"] = any(r["per_step"]["hot_misses"] for r in hs)
             if B > 1 and not res["hisparse_swapped"]:

@@ -3,11 +3,12 @@
 * writes: per layer one ``index_copy_`` of the step's KV rows and one ``index_put_`` of its
   indexer keys through the runtime's device slot mapping (the rows drawn from the row tables by
   ``rows.row_hash``, computed on the device from the step's request ids and positions);
-* the lightning indexer with PyTorch ops: each request's indexer keys gathered through the
-  runtime's indexer table (``pool_view[pages]``), fp8 → bfloat16, ``bmm`` with the 64 query
-  heads, ReLU, the head weights (``bmm``), times each key's scale, positions past the request's
-  length masked; then ``torch.topk`` (2048) — not a fused kernel of an engine (DeepGEMM's
-  paged MQA logits), so the indexer's figures are an upper bound of an engine's;
+* the lightning indexer: by default one Triton kernel (``indexer_triton``) that reads each
+  request's fp8 keys once through the runtime's indexer table, or (``--indexer torch``) PyTorch
+  ops: the keys gathered (``pool_view[pages]``), fp8 → bfloat16, ``bmm`` with the 64 query heads,
+  ReLU, the head weights (``bmm``), times each key's scale; positions past the request's length
+  masked; then ``torch.topk`` (2048). The first step's inputs check the Triton logits against
+  the PyTorch ops' (``check_indexer``);
 * HiSparse's per-layer calls (``layer_call``), recorded by ``torch.cuda.graph``;
 * FlashMLA's sparse fp8 decode (vLLM 0.33's ``_flashmla_C``) over the flat device-pool view;
 * the stand-in: ``torch.mm`` of the batch's hidden states by bfloat16 matrices cycled from a
@@ -140,6 +141,11 @@ class TorchKernels:
                 self.standin_plan.append((mats, (k % n, cols) if cols else None))
                 k += 1 if cols else 0
         self.bound = False
+        self.indexer_kind = cfg.indexer
+        self.indexer_checked = False
+        if self.indexer_kind == "triton":
+            from . import indexer_triton
+            self._triton = indexer_triton
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -217,6 +223,9 @@ class TorchKernels:
         self.q_idx.copy_(self.q_state.index_select(0, order))
         self.w_idx.copy_(self.head_w.index_select(0, order)[:, None, :])
         self.q_attn.copy_(torch.randn(self.q_attn.shape, generator=self.gen, device="cuda"))
+        if self.indexer_kind == "triton" and not self.indexer_checked:
+            # Eager, before the first capture: compiles the kernel and checks it once.
+            self.check_indexer(self.layout.index_groups[0]["leader"])
 
     # ---- the pieces of a step ---------------------------------------------------------------
 
@@ -233,8 +242,33 @@ class TorchKernels:
         logits = torch.bmm(self.w_idx, s.transpose(1, 2))[:, 0, :].float() * scale
         return logits.masked_fill(self.positions[None, :] > self.pos[:, None], float("-inf"))
 
+    def _triton_logits(self, layer, out):
+        _, pages = self.key_pages[layer]
+        self._triton.logits(pages, self.indexer_table, self.state, self.pos, self.q_idx,
+                            self.w_idx[:, 0, :], out, R.INDEXER_DIM)
+
     def indexer(self, layer):
-        self.scores[layer].copy_(self._logits(layer, self.q_idx))
+        if self.indexer_kind == "torch":
+            self.scores[layer].copy_(self._logits(layer, self.q_idx))
+            return
+        self._triton_logits(layer, self.scores[layer])
+
+    def check_indexer(self, layer):
+        """The Triton logits of ``layer`` against the PyTorch ops' (equal up to bfloat16
+        rounding of the intermediates); raises when they differ by more."""
+        want = self._logits(layer, self.q_idx)
+        got = torch.empty_like(self.scores[layer])
+        self._triton_logits(layer, got)
+        live = torch.isfinite(want)
+        if not torch.equal(live, torch.isfinite(got)):
+            raise RuntimeError("the Triton indexer masks other positions than the PyTorch ops")
+        err = (got[live] - want[live]).abs().max().item() if live.any() else 0.0
+        scale = want[live].abs().max().item() if live.any() else 0.0
+        if err > 0.02 * max(scale, 1e-6):
+            raise RuntimeError(f"the Triton indexer's logits differ from the PyTorch ops' by {err:.3g} "
+                               f"(largest logit {scale:.3g})")
+        self.indexer_checked = True
+        self.indexer_check = {"layer": layer, "max_abs_error": err, "max_abs_logit": scale}
 
     def topk(self, g, layer):
         self.topk_buf[g].copy_(torch.topk(self.scores[layer], self.K, dim=-1, sorted=False).indices)
