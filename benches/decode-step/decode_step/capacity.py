@@ -68,8 +68,13 @@ def host_bytes(cfg, context: int, requests: int, probe: "hisparse.Layout") -> in
 
 
 def host_max_requests(cfg, context: int, probe: "hisparse.Layout", limit: int) -> int:
-    per = host_blocks_per_request(cfg, context, probe.block_size) * probe.host_block_stride
-    return max((limit - 8 * probe.host_block_stride) // per, 0)
+    """Requests whose host pages fit ``limit`` bytes, counting beside the host pool the indexer
+    host cache the runtime pins (one 132-byte key per token and layer, where the pool holds one
+    656-byte row: the host budget of a layout does not count it)."""
+    stride = probe.host_block_stride
+    indexer = stride // rows.KV_ROW_BYTES * rows.INDEXER_ROW_BYTES
+    per = host_blocks_per_request(cfg, context, probe.block_size) * (stride + indexer)
+    return max((limit - 8 * (stride + indexer)) // per, 0)
 
 
 def dense_bytes_per_request(cfg, context: int, layers: int) -> int:
