@@ -173,7 +173,8 @@ def plan(a):
     max_len = a.prompt + a.generate + BLOCK
     pages = -(-max_len // BLOCK)
     return hisparse.plan_layout(model_json=model, gpu_mem=0, max_model_len=max_len,
-                                host_mem=(a.requests * (pages + 1) + 4) * 64 * BLOCK * a.layers,
+                                # each layer's 64-B row and 16-B indexer key per token
+                                host_mem=(a.requests * (pages + 1) + 4) * (64 + 16) * BLOCK * a.layers,
                                 device_buffer_size=2 * a.top_k, num_gpu_blocks=a.gpu_blocks)
 
 

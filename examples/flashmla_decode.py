@@ -180,7 +180,7 @@ def main(argv=None):
                  per_req["hisparse"] * a.requests + cap["prefill_gpu_blocks"]) + 8
     host_blocks = a.requests * (-(-max_len // probe.to_dict()["block_tokens"]) + 1) + 8
     layout = hisparse.plan_layout(preset, layers=model_layers, max_model_len=max_len,
-                                  host_mem=host_blocks * probe.host_block_stride,
+                                  host_mem=host_blocks * probe.host_bytes_per_block,
                                   gpu_mem=0, num_gpu_blocks=blocks, top_k=a.top_k)
     K = layout.top_k
     R = a.requests

@@ -134,7 +134,7 @@ enum Pinning {
     /// or a shared segment. The region unregisters (and unmaps what it mapped) when dropped,
     /// after its pinner's quiesce synchronised the context (on a release thread for large
     /// pools).
-    Registered(HostRegion<CudaPin>),
+    Registered(Box<HostRegion<CudaPin>>),
     /// Host memory someone else allocated and pinned; left alone on drop.
     Borrowed,
 }
@@ -257,7 +257,7 @@ impl PinnedMem {
             host: region.addr().as_ptr(),
             dev,
             len: region.len(),
-            pinning: Pinning::Registered(region),
+            pinning: Pinning::Registered(Box::new(region)),
         })
     }
 

@@ -71,7 +71,7 @@ pub(crate) enum Pinning {
     /// Registered here, chunk by chunk or whole: a pool reserved here, an engine's lent memory
     /// or a shared segment. The region unregisters (and unmaps what it mapped) when dropped,
     /// after the device went idle (on a release thread for large pools).
-    Registered(hisparse_host_memory::HostRegion<crate::pinned::HipPin>),
+    Registered(Box<hisparse_host_memory::HostRegion<crate::pinned::HipPin>>),
     /// An engine's memory it had pinned itself; left alone on drop.
     Borrowed,
 }

@@ -162,7 +162,7 @@ impl RocmDevice {
             host: region.addr().as_ptr(),
             device: device as usize as *mut c_void,
             len: region.len(),
-            pinning: Pinning::Registered(region),
+            pinning: Pinning::Registered(Box::new(region)),
         })
     }
 }

@@ -240,7 +240,9 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
     CHECK(hs_layout_options_default(&opts));
     opts.model_json = model;
     opts.gpu_mem = 0;
-    opts.host_mem = (REQUESTS * (pages + 1) + 4) * ROW_BYTES * BLOCK * LAYERS;
+    /* Per host block: each layer's row in the pool and its 16-B indexer key in the indexer
+     * host cache; the host budget holds both. */
+    opts.host_mem = (REQUESTS * (pages + 1) + 4) * (ROW_BYTES + 16) * BLOCK * LAYERS;
     opts.max_model_len = max_len;
     opts.device_buffer_size = 32;
     opts.num_gpu_blocks = 48; /* fewer than the requests' pages: pages get reclaimed */

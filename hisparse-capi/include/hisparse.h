@@ -333,6 +333,12 @@ typedef struct HsLayoutInfo {
   uint64_t gpu_pool_bytes;
   // Bytes of the pinned host pool.
   uint64_t host_pool_bytes;
+  // Bytes of the indexer host cache the runtime pins beside the host pool (0 without an
+  // indexer); the host budget holds both.
+  uint64_t indexer_host_cache_bytes;
+  // Host bytes of one host block: its stride and its indexer host cache pages (what a
+  // host budget needs per block).
+  uint64_t host_bytes_per_block;
   // Layout groups (`hs_layout_group`): source, indexer, resident and hot buckets, regular.
   uint32_t num_groups;
 } HsLayoutInfo;

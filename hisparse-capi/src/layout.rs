@@ -96,6 +96,12 @@ pub struct HsLayoutInfo {
     pub gpu_pool_bytes: u64,
     /// Bytes of the pinned host pool.
     pub host_pool_bytes: u64,
+    /// Bytes of the indexer host cache the runtime pins beside the host pool (0 without an
+    /// indexer); the host budget holds both.
+    pub indexer_host_cache_bytes: u64,
+    /// Host bytes of one host block: its stride and its indexer host cache pages (what a
+    /// host budget needs per block).
+    pub host_bytes_per_block: u64,
     /// Layout groups (`hs_layout_group`): source, indexer, resident and hot buckets, regular.
     pub num_groups: u32,
 }
@@ -252,6 +258,8 @@ pub unsafe extern "C" fn hs_layout_info(
                 max_pages_per_request: kv.max_pages_per_request,
                 gpu_pool_bytes: kv.gpu_pool_bytes(),
                 host_pool_bytes: kv.host_pool_bytes(),
+                indexer_host_cache_bytes: kv.indexer_host_pool_bytes(),
+                host_bytes_per_block: kv.host_bytes_per_block(),
                 num_groups: kv.groups.len() as u32,
             })
         })

@@ -314,7 +314,7 @@ pub fn to_text(model: &ModelSpec<'_>, report: &LayoutReport<'_>, flags: &PlanFla
         kv.attention_block_stride
     );
     s += &format!(
-        "host pool: {} → {} blocks × host_block_stride {} B = {} (layer-major, pinned{})\n",
+        "host pool: {} budget → {} blocks × host_block_stride {} B = {} (layer-major, pinned{})\n",
         human(host),
         kv.host_num_blocks,
         kv.host_block_stride,
@@ -331,10 +331,9 @@ pub fn to_text(model: &ModelSpec<'_>, report: &LayoutReport<'_>, flags: &PlanFla
         .get(KvCacheConfig::INDEXER_GROUP)
         .map_or(0, |g| g.page_bytes);
     if indexer_cache > 0 {
-        // The runtime pins it beside the host pool (each rank its own): said here because the
-        // host budget does not count it yet.
+        // The runtime pins it beside the host pool (each rank its own), inside the host budget.
         s += &format!(
-            "indexer host cache: {} ({} blocks × {} B of indexer pages: the indexer keys' backups, pinned by each runtime beside the host pool, not counted in the host budget)\n",
+            "indexer host cache: {} ({} blocks × {} B of indexer pages: the indexer keys' backups, pinned by each runtime beside the host pool; the host budget holds both)\n",
             human(indexer_cache),
             kv.host_num_blocks,
             indexer_pages,

@@ -39,7 +39,12 @@ fn layout_json_reports_the_deepseek_v32_vector() {
     assert_eq!(j["host_block_stride"], 2561024);
     assert_eq!(j["hot_blocks_per_request"], 64);
     assert_eq!(j["num_gpu_blocks"], (80u64 << 30) / 545792);
-    assert_eq!(j["host_num_blocks"], (512u64 << 30) / 2561024);
+    // The host budget holds the pool and the indexer host cache (515,328 B per block).
+    assert_eq!(j["host_num_blocks"], (512u64 << 30) / (2561024 + 515328));
+    assert_eq!(
+        j["indexer_host_cache_bytes"],
+        j["host_num_blocks"].as_u64().unwrap() * 515328
+    );
     let groups = j["groups"].as_array().expect("groups is a list");
     // source, indexer, 6 resident, 6 hot.
     assert_eq!(groups.len(), 14);
@@ -696,7 +701,12 @@ fn layout_tp_shows_host_memory_per_node_against_per_rank() {
         4 * hm(&per_rank, "per_rank_bytes")
     );
     assert_eq!(hm(&shared, "pools"), 1);
-    assert_eq!(hm(&shared, "per_node_bytes"), hm(&shared, "per_rank_bytes"));
+    // One pool for the node; each rank pins its own indexer host cache beside it.
+    let pool = shared["host_pool_bytes"].as_u64().unwrap();
+    let cache = shared["indexer_host_cache_bytes"].as_u64().unwrap();
+    assert!(cache > 0, "V4 has an indexer");
+    assert_eq!(hm(&shared, "per_rank_bytes"), pool + cache);
+    assert_eq!(hm(&shared, "per_node_bytes"), pool + 4 * cache);
     assert_eq!(shared["shared_host_pool"], true);
     assert_eq!(shared["host_block_stride"].as_u64().unwrap() % 4096, 0);
     assert_eq!(shared["host_block_stride"], 786432);

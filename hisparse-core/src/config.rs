@@ -20,7 +20,9 @@ pub struct HiSparseConfig {
     /// Mirror rows to host as they are written (row-mirror spans), so sealing a page moves no
     /// data. Default `true`.
     pub eager_host_mirror: bool,
-    /// Bytes of pinned host memory for the source pool.
+    /// Bytes of pinned host memory a runtime of the layout takes: the source pool and the
+    /// indexer host cache pinned beside it (the planner gives the pool the most host blocks
+    /// whose pages and indexer pages fit together).
     pub host_budget_bytes: u64,
     /// Token rows one request contributes per decode step: 1 + speculative tokens. Default 1.
     pub max_query_len: u32,

@@ -767,7 +767,8 @@ fn small_layout(gpu_blocks: u32, host_blocks: u32, max_len: u32) -> KvCacheConfi
         top_k: 4,
         layers: &LAYERS,
     };
-    let cfg = HiSparseConfig::new(4, u64::from(host_blocks) * 3 * 64);
+    // Per host block: 3 sparse layers' 64-B pages and 2 leaders' 64-B indexer pages.
+    let cfg = HiSparseConfig::new(4, u64::from(host_blocks) * 5 * 64);
     let mut input = LayoutInput::new(&model, &cfg, 0, max_len);
     input.num_gpu_blocks_override = Some(gpu_blocks);
     plan_layout(&input).expect("layout")

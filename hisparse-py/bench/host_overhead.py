@@ -81,7 +81,7 @@ def decode_step(backend, arrays, requests, top_k):
     max_len = context + 2 * BLOCK
     pages = -(-max_len // BLOCK)
     text = model_json(top_k)
-    host = (requests * (pages + 1) + 8) * 656 * BLOCK
+    host = (requests * (pages + 1) + 8) * (656 + 132) * BLOCK  # pool rows and indexer keys
     probe = hisparse.plan_layout(model_json=text, gpu_mem=0, host_mem=host, max_model_len=max_len,
                                  num_gpu_blocks=1 << 20)
     per = probe.capacity(max_len)["gpu_blocks_per_request"]

@@ -305,6 +305,18 @@ impl Layout {
     fn host_pool_bytes(&self) -> u64 {
         self.kv.host_pool_bytes()
     }
+    /// Bytes of the indexer host cache the runtime pins beside the host pool (0 without an
+    /// indexer); `host_mem` holds both.
+    #[getter]
+    fn indexer_host_cache_bytes(&self) -> u64 {
+        self.kv.indexer_host_pool_bytes()
+    }
+    /// Host bytes of one host block: its stride and its indexer host cache pages (what
+    /// `host_mem` needs per block).
+    #[getter]
+    fn host_bytes_per_block(&self) -> u64 {
+        self.kv.host_bytes_per_block()
+    }
     /// Index groups in model order: `{"leader", "layers", "bucket"}` each.
     #[getter]
     fn index_groups<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {

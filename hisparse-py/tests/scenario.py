@@ -41,7 +41,9 @@ def model_json(s: Shape) -> str:
 def layout(s: Shape) -> hisparse.Layout:
     max_len = s.prompt + s.decode + s.block
     pages = -(-max_len // s.block)
-    stride = s.row_bytes * s.block * s.layers
+    # Per host block: every layer's page in the pool and its indexer keys (16 B a token) in the
+    # indexer host cache; the host budget holds both.
+    stride = (s.row_bytes + 16) * s.block * s.layers
     return hisparse.plan_layout(
         model_json=model_json(s),
         gpu_mem=0,

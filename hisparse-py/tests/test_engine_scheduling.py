@@ -93,7 +93,7 @@ def test_a_pool_too_small_for_both_says_so(coord):
 def test_rollback_gives_back_uncomputed_and_speculative_tokens():
     s = scenario.Shape()
     layout = hisparse.plan_layout(
-        model_json=scenario.model_json(s), gpu_mem=0, host_mem=64 * s.layers * s.row_bytes * s.block,
+        model_json=scenario.model_json(s), gpu_mem=0, host_mem=64 * s.layers * (s.row_bytes + 16) * s.block,
         max_model_len=256, device_buffer_size=64, num_gpu_blocks=64, max_query_len=3,
     )
     coord = hisparse.Coordinator(layout, max_running=1)

@@ -40,7 +40,11 @@ def test_layout_equals_the_cli_json(cli, kwargs, flags):
 def test_deepseek_v32_reference_numbers():
     layout = hisparse.plan_layout("deepseek-v3.2", gpu_mem=80 * hisparse.GiB, host_mem=512 * hisparse.GiB)
     assert (layout.bytes_per_block, layout.host_block_stride) == (545792, 2561024)
-    assert (layout.num_gpu_blocks, layout.host_num_blocks) == (157384, 214662)
+    # 512 GiB holds the host pool and the indexer host cache: 2,561,024 + 515,328 B a block.
+    assert (layout.num_gpu_blocks, layout.host_num_blocks) == (157384, 178703)
+    assert layout.host_bytes_per_block == 2561024 + 515328
+    assert layout.indexer_host_cache_bytes == 178703 * 515328
+    assert layout.host_pool_bytes + layout.indexer_host_cache_bytes <= 512 * hisparse.GiB
     assert layout.device_buffer_size == 4096 and layout.hot_blocks_per_request == 64
     assert len(layout.index_groups) == 61
     assert layout.index_groups[60] == {"leader": 60, "layers": [60], "bucket": 5}

@@ -217,14 +217,21 @@ pub fn layout_message(e: &LayoutError, names: &ArgNames<'_>) -> String {
         LayoutError::HostBudgetTooSmall {
             budget,
             host_block_stride,
+            indexer_page_bytes,
             blocks,
             needed,
+            needed_bytes,
         } => format!(
-            "{host} {} holds {blocks} host blocks of {host_block_stride} B, but the longest \
+            "{host} {} holds {blocks} host blocks of {host_block_stride} B{}, but the longest \
              request ({length}) needs {needed} (its pages + null block + copy-on-write tail); \
              raise {host} to at least {} or lower {shorten}",
             human_bytes(budget),
-            human_bytes(needed.saturating_mul(host_block_stride)),
+            if indexer_page_bytes > 0 {
+                format!(" (and {indexer_page_bytes} B of indexer keys each)")
+            } else {
+                String::new()
+            },
+            human_bytes(needed_bytes),
         ),
         LayoutError::GpuPoolTooSmall {
             blocks,

@@ -64,17 +64,15 @@ def host_blocks_per_request(cfg, context: int, block_tokens: int) -> int:
 def host_bytes(cfg, context: int, requests: int, probe: "hisparse.Layout") -> int:
     """A host pool for ``requests`` requests (null and copy-on-write blocks, and a few spare)."""
     per = host_blocks_per_request(cfg, context, probe.block_size)
-    return (requests * per + 8) * probe.host_block_stride
+    return (requests * per + 8) * probe.host_bytes_per_block
 
 
 def host_max_requests(cfg, context: int, probe: "hisparse.Layout", limit: int) -> int:
-    """Requests whose host pages fit ``limit`` bytes, counting beside the host pool the indexer
-    host cache the runtime pins (one 132-byte key per token and layer, where the pool holds one
-    656-byte row: the host budget of a layout does not count it)."""
-    stride = probe.host_block_stride
-    indexer = stride // rows.KV_ROW_BYTES * rows.INDEXER_ROW_BYTES
-    per = host_blocks_per_request(cfg, context, probe.block_size) * (stride + indexer)
-    return max((limit - 8 * (stride + indexer)) // per, 0)
+    """Requests whose host pages fit ``limit`` bytes: each block's pool stride and its pages of
+    the indexer host cache the runtime pins beside the pool."""
+    block = probe.host_bytes_per_block
+    per = host_blocks_per_request(cfg, context, probe.block_size) * block
+    return max((limit - 8 * block) // per, 0)
 
 
 def dense_bytes_per_request(cfg, context: int, layers: int) -> int:

@@ -179,7 +179,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
             };
             (
                 blocks
-                    .saturating_mul(probe.host_block_stride)
+                    .saturating_mul(probe.host_bytes_per_block())
                     .saturating_add(align),
                 derived,
             )

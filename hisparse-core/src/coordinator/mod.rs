@@ -133,7 +133,7 @@
 //! use hisparse_core::presets::DEEPSEEK_V32;
 //!
 //! // Plan a small pool: 2000 GPU blocks, host room for 64 K tokens.
-//! let cfg = HiSparseConfig::new(DEEPSEEK_V32.top_k, 1100 * 2561024);
+//! let cfg = HiSparseConfig::new(DEEPSEEK_V32.top_k, 1100 * (2561024 + 515328));
 //! let mut input = LayoutInput::new(&DEEPSEEK_V32, &cfg, 0, 65536);
 //! input.num_gpu_blocks_override = Some(2000);
 //! let kv = plan_layout(&input).unwrap();

@@ -27,7 +27,9 @@ fn coord(gpu_blocks: u32, eager: bool, workers: u32) -> Coordinator {
 }
 
 fn coord_len(gpu_blocks: u32, eager: bool, workers: u32, max_len: u32) -> Coordinator {
-    let mut cfg = HiSparseConfig::new(4, 64 * 128);
+    // 64 host blocks: 128 B of pool (2 layers x 4 tokens x 16 B) and 128 B of indexer host
+    // cache each.
+    let mut cfg = HiSparseConfig::new(4, 64 * 256);
     cfg.device_buffer_size = Some(8);
     cfg.eager_host_mirror = eager;
     let mut input = LayoutInput::new(&MODEL, &cfg, 0, max_len);
@@ -624,7 +626,9 @@ fn prefix_hits_with_sliding_window_groups() {
 /// Speculative decoding with two drafts (`max_query_len` 3) and a sliding-window group of
 /// its own block size.
 fn speculative_coord() -> Coordinator {
-    let mut cfg = HiSparseConfig::new(4, 64 * 128);
+    // 64 host blocks: 128 B of pool (2 layers x 4 tokens x 16 B) and 128 B of indexer host
+    // cache each.
+    let mut cfg = HiSparseConfig::new(4, 64 * 256);
     cfg.device_buffer_size = Some(12);
     cfg.max_query_len = 3;
     let mut layers = [
@@ -900,7 +904,8 @@ fn max_model_len_of_u32_max_starts_small_requests() {
         top_k: 4,
         layers: &WIDE,
     };
-    let cfg = HiSparseConfig::new(4, (1 << 20) * 1100);
+    // About 1.1 M host blocks of 1 KiB of pool and 1 KiB of indexer host cache each.
+    let cfg = HiSparseConfig::new(4, (1 << 20) * 1100 * 2);
     let mut input = LayoutInput::new(&model, &cfg, 0, u32::MAX);
     input.num_gpu_blocks_override = Some(1_048_600);
     let kv = plan_layout(&input).unwrap();
@@ -1003,7 +1008,9 @@ fn imported_request_restores_its_pages_when_a_hot_region_never_fits() {
     // Hot buffer of 32 rows: a hot region costs 8 blocks; a 12-token request all on the GPU
     // costs 6 (3 pages of an indexer and a resident block). 9 usable blocks: enough for the
     // pages, never for 3 indexer blocks + the partial page + the hot region (12).
-    let mut cfg = HiSparseConfig::new(4, 64 * 128);
+    // 64 host blocks: 128 B of pool (2 layers x 4 tokens x 16 B) and 128 B of indexer host
+    // cache each.
+    let mut cfg = HiSparseConfig::new(4, 64 * 256);
     cfg.device_buffer_size = Some(32);
     let mut input = LayoutInput::new(&MODEL, &cfg, 0, 12);
     input.num_gpu_blocks_override = Some(10);

@@ -221,9 +221,11 @@ mod tests {
     #[test]
     fn the_fingerprint_is_stable() {
         // Pinned: the same on every platform and build. It changes only with a deliberate change
-        // to what the fingerprint covers, which bumps WIRE_VERSION.
+        // to what the fingerprint covers, which bumps WIRE_VERSION, or to the planner's rules,
+        // which give this layout other numbers (the host budget holding the indexer host cache
+        // too gave it fewer host blocks).
         let kv = v32_layout();
-        assert_eq!(kv.fingerprint().to_string(), "d173a8b1e041ab1e");
+        assert_eq!(kv.fingerprint().to_string(), "e1fa60f944355b6b");
         assert_eq!(kv.fingerprint(), v32_layout().fingerprint());
     }
 

@@ -78,6 +78,26 @@ impl KvCacheConfig {
         layers.saturating_mul(self.host_array_bytes())
     }
 
+    /// Bytes of host memory the layout takes: the host pool ([`KvCacheConfig::host_pool_bytes`])
+    /// and the indexer host cache the runtime pins beside it
+    /// ([`KvCacheConfig::indexer_host_pool_bytes`]); what `host_budget_bytes` holds
+    /// (saturating).
+    pub fn host_bytes(&self) -> u64 {
+        self.host_pool_bytes()
+            .saturating_add(self.indexer_host_pool_bytes())
+    }
+
+    /// Host bytes one host block takes: its pool stride and its pages in the indexer host
+    /// cache. A budget of `n` times this (and, in a shared pool, room for each array's
+    /// alignment) holds `n` blocks.
+    pub fn host_bytes_per_block(&self) -> u64 {
+        let indexer = self
+            .groups
+            .get(Self::INDEXER_GROUP)
+            .map_or(0, |g| g.page_bytes);
+        self.host_block_stride.saturating_add(indexer)
+    }
+
     /// Pages (blocks) a request of `tokens` tokens occupies in every group.
     pub fn pages_for(&self, tokens: u32) -> u32 {
         tokens.div_ceil(self.block_tokens.max(1))

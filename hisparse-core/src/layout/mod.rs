@@ -400,10 +400,15 @@ pub enum LayoutError {
         budget: u64,
         /// Bytes per host block.
         host_block_stride: u64,
+        /// Bytes per host block of the indexer host cache the runtime pins beside the pool (0
+        /// without an indexer); the budget holds both.
+        indexer_page_bytes: u64,
         /// Host blocks it gives.
         blocks: u64,
         /// Host blocks needed.
         needed: u64,
+        /// The budget those blocks need (pool and indexer host cache).
+        needed_bytes: u64,
     },
     /// A pool has more blocks than `i32` block ids (or flat rows) can address.
     PoolTooLarge {
@@ -500,13 +505,23 @@ impl fmt::Display for LayoutError {
             LayoutError::HostBudgetTooSmall {
                 budget,
                 host_block_stride,
+                indexer_page_bytes,
                 blocks,
                 needed,
-            } => write!(
-                f,
-                "layout: host budget {budget} B gives {blocks} host blocks of {host_block_stride} B but one max_model_len request needs {needed} (pages + null block + copy-on-write tail); raise host_budget_bytes to at least {} B or lower max_model_len",
-                needed.saturating_mul(host_block_stride)
-            ),
+                needed_bytes,
+            } => {
+                write!(
+                    f,
+                    "layout: host budget {budget} B gives {blocks} host blocks of {host_block_stride} B"
+                )?;
+                if indexer_page_bytes > 0 {
+                    write!(f, " (and {indexer_page_bytes} B of indexer keys each)")?;
+                }
+                write!(
+                    f,
+                    " but one max_model_len request needs {needed} (pages + null block + copy-on-write tail); raise host_budget_bytes to at least {needed_bytes} B or lower max_model_len"
+                )
+            }
             LayoutError::PoolTooLarge { pool, blocks, max } => write!(
                 f,
                 "layout: the {pool} pool would have {blocks} blocks, more than {max} that i32 ids address; lower its budget"

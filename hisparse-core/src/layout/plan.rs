@@ -287,20 +287,32 @@ pub(super) fn plan_into<S: PlanSink>(
     let hot_blocks_per_request = device_buffer_size.div_ceil(block_size);
     let max_pages_per_request = input.max_model_len.div_ceil(bt);
 
-    // Host pool: the largest block count whose layer arrays fit the budget. An array is
-    // rounded up to `host_align`, so each layer's share of the budget, rounded down to it, is
-    // what its pages may fill: `n` blocks fit exactly when `n * page` is at most that.
+    // Host pool: the largest block count whose layer arrays and indexer host cache fit the
+    // budget together.
     let budget = config.host_budget_bytes;
     let layers = u64::from(num_sparse).max(1);
-    let array_room = budget / layers / host_align * host_align;
-    let host_blocks = array_room / sparse_page;
+    let host_blocks = rules::host_blocks_in_budget(
+        budget,
+        layers,
+        sparse_page,
+        indexer_sum,
+        input.shared_host_pool,
+    );
     let host_needed = u64::from(max_pages_per_request) + 2;
     if host_blocks < host_needed {
         return Err(LayoutError::HostBudgetTooSmall {
             budget,
             host_block_stride,
+            indexer_page_bytes: indexer_sum,
             blocks: host_blocks,
             needed: host_needed,
+            needed_bytes: rules::host_bytes(
+                host_needed,
+                layers,
+                sparse_page,
+                indexer_sum,
+                input.shared_host_pool,
+            ),
         });
     }
     let host_max = (i32::MAX as u64 / u64::from(block_size)).min(i32::MAX as u64);

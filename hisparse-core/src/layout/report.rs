@@ -6,9 +6,9 @@ use alloc::vec::Vec;
 
 use super::{CapacityReport, KvCacheConfig, LayoutWarning};
 
-/// Host memory the tensor-parallel ranks of a node take: every rank addresses one pool; with a
-/// shared pool ([`KvCacheConfig::shared_host_pool`]) the node pins it once, otherwise once per
-/// rank.
+/// Host memory the tensor-parallel ranks of a node take: every rank addresses one pool and pins
+/// its own indexer host cache beside it; with a shared pool ([`KvCacheConfig::shared_host_pool`])
+/// the node pins the pool once, otherwise once per rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct NodeHostMemory {
@@ -19,7 +19,8 @@ pub struct NodeHostMemory {
     pub shared: bool,
     /// Pools the node pins.
     pub pools: u32,
-    /// Bytes of the pool one rank addresses.
+    /// Bytes one rank addresses: the pool and its indexer host cache
+    /// ([`KvCacheConfig::host_bytes`]).
     #[cfg_attr(feature = "serde", serde(rename = "per_rank_bytes"))]
     pub per_rank: u64,
     /// Bytes the node pins.
@@ -35,8 +36,11 @@ impl NodeHostMemory {
             tp,
             shared: kv.shared_host_pool,
             pools,
-            per_rank: kv.host_pool_bytes(),
-            per_node: kv.host_pool_bytes().saturating_mul(u64::from(pools)),
+            per_rank: kv.host_bytes(),
+            per_node: kv
+                .host_pool_bytes()
+                .saturating_mul(u64::from(pools))
+                .saturating_add(kv.indexer_host_pool_bytes().saturating_mul(u64::from(tp))),
         }
     }
 }
@@ -70,6 +74,9 @@ pub struct LayoutReport<'a> {
     pub gpu_pool_bytes: u64,
     /// Bytes of one rank's pinned host pool.
     pub host_pool_bytes: u64,
+    /// Bytes of one rank's indexer host cache, pinned beside the pool; the host budget holds
+    /// both.
+    pub indexer_host_cache_bytes: u64,
     /// Host memory of the node's ranks.
     pub host_memory: NodeHostMemory,
     /// GPU bytes of one request's hot regions (every bucket).
@@ -102,6 +109,7 @@ impl<'a> LayoutReport<'a> {
             host_mem_bytes,
             gpu_pool_bytes: kv.gpu_pool_bytes(),
             host_pool_bytes: kv.host_pool_bytes(),
+            indexer_host_cache_bytes: kv.indexer_host_pool_bytes(),
             host_memory: NodeHostMemory::of(kv, tp),
             hot_bytes_per_request: hot_blocks.saturating_mul(kv.bytes_per_block),
             capacity: contexts.iter().map(|&c| kv.capacity(c)).collect(),

@@ -75,13 +75,58 @@ pub(super) fn regular_blocks(
 /// Bytes of one layer's host array of `host_num_blocks` pages of `page_bytes`, rounded up to
 /// [`SHARED_HOST_ALIGNMENT`] in a shared host pool (saturating).
 pub(super) fn host_array_bytes(host_num_blocks: u32, page_bytes: u64, shared: bool) -> u64 {
-    let raw = u64::from(host_num_blocks).saturating_mul(page_bytes);
+    array_bytes(u64::from(host_num_blocks), page_bytes, shared)
+}
+
+fn array_bytes(blocks: u64, page_bytes: u64, shared: bool) -> u64 {
+    let raw = blocks.saturating_mul(page_bytes);
     if shared {
         raw.checked_next_multiple_of(SHARED_HOST_ALIGNMENT)
             .unwrap_or(u64::MAX)
     } else {
         raw
     }
+}
+
+/// Host bytes of `blocks` host blocks: `layers` source-layer arrays of `page_bytes` pages
+/// ([`host_array_bytes`]) and the indexer host cache the runtime pins beside them,
+/// `indexer_page_bytes` per block (saturating). The host budget holds both.
+pub(super) fn host_bytes(
+    blocks: u64,
+    layers: u64,
+    page_bytes: u64,
+    indexer_page_bytes: u64,
+    shared: bool,
+) -> u64 {
+    layers
+        .saturating_mul(array_bytes(blocks, page_bytes, shared))
+        .saturating_add(blocks.saturating_mul(indexer_page_bytes))
+}
+
+/// The most host blocks whose [`host_bytes`] fit `budget`.
+pub(super) fn host_blocks_in_budget(
+    budget: u64,
+    layers: u64,
+    page_bytes: u64,
+    indexer_page_bytes: u64,
+    shared: bool,
+) -> u64 {
+    let fits = |n| host_bytes(n, layers, page_bytes, indexer_page_bytes, shared) <= budget;
+    // Bytes grow with the block count: the largest count that fits lies in `[lo, hi)`.
+    let per_block = layers
+        .saturating_mul(page_bytes)
+        .saturating_add(indexer_page_bytes)
+        .max(1);
+    let (mut lo, mut hi) = (0u64, budget / per_block + 1);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 impl LayoutSizes {

@@ -41,7 +41,12 @@ fn deepseek_v32_vectors() {
     assert_eq!(kv.hot_blocks_per_request, 64);
     assert_eq!(kv.device_buffer_size, 4096);
     assert_eq!(kv.num_gpu_blocks as u64, 40 * GIB / 545792);
-    assert_eq!(kv.host_num_blocks as u64, 64 * GIB / 2561024);
+    // The host budget holds the pool (2,561,024 B per block) and the indexer host cache
+    // (61 x 64 x 132 B per block).
+    assert_eq!(
+        kv.host_num_blocks as u64,
+        64 * GIB / (2561024 + 61 * 64 * 132)
+    );
     assert_eq!(kv.max_pages_per_request, 2048);
     assert_eq!(kv.index_groups.len(), 61);
     assert_eq!(kv.index_groups[13].bucket, 1);
@@ -116,7 +121,7 @@ fn v32_capacity() {
     let kv = plan(&DEEPSEEK_V32, 64 * GIB, 40 * GIB, 131072).unwrap();
     let c = kv.capacity(32768);
     assert_eq!(c.limit, CapacityLimit::Host);
-    assert_eq!(c.host_max, (64 * GIB / 2561024 - 2) / 512);
+    assert_eq!(c.host_max, (64 * GIB / (2561024 + 61 * 64 * 132) - 2) / 512);
     assert_eq!(c.hisparse_max, c.host_max);
     // Short contexts: all-on-GPU is better.
     let c = kv.capacity(128);
@@ -365,12 +370,12 @@ fn shared_host_pool_aligns_stride_and_arrays() {
                 .unwrap();
             }
             assert_eq!(kv.host_pool_bytes() % 4096, 0);
-            assert!(kv.host_pool_bytes() <= budget);
+            assert!(kv.host_bytes() <= budget);
             assert!(kv.host_num_blocks <= plain.host_num_blocks);
             // The largest block count whose aligned arrays fit.
             let mut more = kv.clone();
             more.host_num_blocks += 1;
-            assert!(more.host_pool_bytes() > budget);
+            assert!(more.host_bytes() > budget);
             assert_eq!(kv.validate(), Ok(()));
             // validate keeps to the shared rules.
             let mut bad = kv.clone();
@@ -399,8 +404,12 @@ fn errors_say_what_to_change() {
         LayoutError::HostBudgetTooSmall {
             budget: 2561024 * 100,
             host_block_stride: 2561024,
-            blocks: 100,
-            needed: 2050
+            indexer_page_bytes: 515328,
+            // The budget holds the host pool and the indexer host cache: 100 blocks of pool
+            // alone, 83 of both.
+            blocks: 83,
+            needed: 2050,
+            needed_bytes: 2050 * (2561024 + 515328),
         }
     );
     assert!(std::format!("{e}").contains("raise host_budget_bytes"));
@@ -620,12 +629,20 @@ fn node_host_memory_counts_one_pool_per_rank_unless_shared() {
     let mut input = LayoutInput::new(&model, &cfg, 40 * GIB, 131072);
     let own = plan_layout(&input).unwrap();
     let n = NodeHostMemory::of(&own, 4);
-    assert_eq!((n.pools, n.per_rank), (4, own.host_pool_bytes()));
-    assert_eq!(n.per_node, 4 * own.host_pool_bytes());
+    assert_eq!((n.pools, n.per_rank), (4, own.host_bytes()));
+    assert_eq!(n.per_node, 4 * own.host_bytes());
     input.shared_host_pool = true;
     let shared = plan_layout(&input).unwrap();
     let n = NodeHostMemory::of(&shared, 4);
-    assert_eq!((n.pools, n.per_node), (1, shared.host_pool_bytes()));
+    // One pool for the node; each rank pins its own indexer host cache.
+    assert!(shared.indexer_host_pool_bytes() > 0);
+    assert_eq!(
+        (n.pools, n.per_node),
+        (
+            1,
+            shared.host_pool_bytes() + 4 * shared.indexer_host_pool_bytes()
+        )
+    );
 }
 
 #[cfg(feature = "serde")]
@@ -643,7 +660,9 @@ fn layout_report_puts_the_plan_beside_budgets_pools_and_capacity() {
     assert_eq!(v["host_memory"]["tp"], 2);
     assert_eq!(v["host_memory"]["pools"], 2);
     assert_eq!(v["host_memory"]["shared_host_pool"], false);
-    assert_eq!(v["host_memory"]["per_node_bytes"], 2 * kv.host_pool_bytes());
+    assert_eq!(v["indexer_host_cache_bytes"], kv.indexer_host_pool_bytes());
+    assert!(kv.host_bytes() <= 64 * GIB);
+    assert_eq!(v["host_memory"]["per_node_bytes"], 2 * kv.host_bytes());
     assert_eq!(
         v["hot_bytes_per_request"],
         u64::from(kv.hot_blocks_per_request * kv.num_buckets) * kv.bytes_per_block
@@ -780,11 +799,11 @@ fn valid_models_plan_only_layouts_the_copies_accept() {
     ));
 }
 
-/// A shared host pool holds the largest block count whose (4096-B aligned) layer arrays fit the
-/// budget — not the budget over the aligned stride: 64 KiB of 64-B pages (one layer of 16-B
-/// rows) is 1,024 blocks with or without the shared pool, where the stride rounded to 4096 B
-/// would give 16. Over many budgets, page sizes and layer counts: the count fits and one more
-/// does not.
+/// A shared host pool holds the largest block count whose (4096-B aligned) layer arrays and
+/// indexer host cache fit the budget — not the budget over the aligned stride: 64 KiB for 64-B
+/// pages and 64 B of indexer keys per block (one layer of 16-B rows and 16-B keys) is 512
+/// blocks with or without the shared pool, where the stride rounded to 4096 B would give 15.
+/// Over many budgets, page sizes and layer counts: the count fits and one more does not.
 #[test]
 fn a_shared_host_pool_holds_the_largest_block_count_that_fits() {
     let sparse = |indexer| {
@@ -811,18 +830,18 @@ fn a_shared_host_pool_holds_the_largest_block_count_that_fits() {
         plan_layout(&input).unwrap()
     };
     let one = [sparse(Some(16))];
-    assert_eq!(plan_host(&one, 4, 64 << 10, false).host_num_blocks, 1024);
-    assert_eq!(plan_host(&one, 4, 64 << 10, true).host_num_blocks, 1024);
+    assert_eq!(plan_host(&one, 4, 64 << 10, false).host_num_blocks, 512);
+    assert_eq!(plan_host(&one, 4, 64 << 10, true).host_num_blocks, 512);
     let three = [sparse(Some(16)), sparse(None), sparse(Some(16))];
     for layers in [&one[..], &three[..]] {
         for block_tokens in [1, 4, 16, 64] {
             for budget in [40_000u64, 64 << 10, 100_003, 1 << 20, (3 << 20) + 777] {
                 let kv = plan_host(layers, block_tokens, budget, true);
-                assert!(kv.host_pool_bytes() <= budget);
+                assert!(kv.host_bytes() <= budget);
                 let mut more = kv.clone();
                 more.host_num_blocks += 1;
                 assert!(
-                    more.host_pool_bytes() > budget,
+                    more.host_bytes() > budget,
                     "{} blocks of {} layers × {block_tokens} rows fit {budget} B, {} planned",
                     more.host_num_blocks,
                     layers.len(),

@@ -142,12 +142,12 @@ impl KvCacheConfig {
                 max: gpu_max,
             });
         }
-        if self.host_pool_bytes() > self.config.host_budget_bytes {
+        if self.host_bytes() > self.config.host_budget_bytes {
             bad(
                 "host_num_blocks",
                 None,
                 Some(self.host_num_blocks.into()),
-                "gives a host pool (every source layer's array) beyond host_budget_bytes",
+                "gives a host pool (every source layer's array) and indexer host cache beyond host_budget_bytes",
             )?;
         }
         if u64::from(self.host_num_blocks) < u64::from(self.max_pages_per_request) + 2 {

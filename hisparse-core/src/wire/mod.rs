@@ -10,7 +10,7 @@
 //!
 //! // Every process plans the same layout from the same inputs.
 //! fn plan(gpu_blocks: u32) -> KvCacheConfig {
-//!     let cfg = HiSparseConfig::new(DEEPSEEK_V32.top_k, 1100 * 2561024);
+//!     let cfg = HiSparseConfig::new(DEEPSEEK_V32.top_k, 1100 * (2561024 + 515328));
 //!     let mut input = LayoutInput::new(&DEEPSEEK_V32, &cfg, 0, 65536);
 //!     input.num_gpu_blocks_override = Some(gpu_blocks);
 //!     plan_layout(&input).unwrap()

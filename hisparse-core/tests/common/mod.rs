@@ -109,7 +109,9 @@ pub fn setup(p: &Params) -> Coordinator {
         top_k: 4,
         layers,
     }));
-    let mut cfg = HiSparseConfig::new(4, u64::from(p.host_blocks) * 3 * 64);
+    // Per host block: 3 sparse layers' 64-B pages in the pool and 2 leaders' 64-B indexer pages
+    // in the indexer host cache.
+    let mut cfg = HiSparseConfig::new(4, u64::from(p.host_blocks) * 5 * 64);
     cfg.device_buffer_size = Some(8 * p.mql * p.hot_scale);
     cfg.max_query_len = p.mql;
     cfg.eager_host_mirror = p.eager;
