@@ -215,3 +215,26 @@ def test_the_engine_loop_example_with_a_graph():
     for args in (["--backend", "cuda"], ["--backend", "cuda", "--graph"]):
         out = subprocess.run([sys.executable, str(example), *args], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_runtime_over_a_lent_host_pool_is_released_off_the_callers_thread():
+    """The engine lends a large unpinned array as the host pool: the runtime registers it, and
+    dropping the runtime hands the unregistration, then the array's reference, to a release
+    thread — the drop returns at once, and the array is let go only after it is unregistered."""
+    import sys
+
+    device.torch_cuda()
+    lay = hisparse.plan_layout("deepseek-v3.2", layers=1, gpu_mem=1 << 30, host_mem=96 << 20,
+                               max_model_len=4096, num_gpu_blocks=256)
+    host = hisparse.aligned_empty(lay.host_pool_bytes)
+    before = sys.getrefcount(host)
+    rt = hisparse.Runtime(lay, "cuda", state_rows=1, max_step_tokens=1, host_pool=host)
+    assert sys.getrefcount(host) > before, "the runtime keeps the array alive"
+    del rt
+    assert hisparse.wait_for_releases(60)
+    hisparse.releases_in_flight()  # a call into the module lets Python drop deferred references
+    assert sys.getrefcount(host) == before, "the array is let go once unregistered"
+    # Registered again at once: the first registration is gone.
+    rt = hisparse.Runtime(lay, "cuda", state_rows=1, max_step_tokens=1, host_pool=host)
+    del rt
+    assert hisparse.wait_for_releases(60)

@@ -106,3 +106,19 @@ def test_a_coordinator_built_on_one_thread_is_used_on_another():
     on_a_new_thread(lambda: commands.append(coord.step()))
     assert [s["id"] for s in commands[0].scheduled] == [1]
     coord.finish(1)
+
+
+def test_a_large_pool_is_released_on_a_thread_of_its_own():
+    """Dropping a runtime whose own host pool is 64 MiB or more returns before the pool is
+    unmapped; `wait_for_releases` waits for it (without the GIL) and says whether it finished."""
+    lay = hisparse.plan_layout("deepseek-v3.2", layers=1, gpu_mem=1 << 30, host_mem=96 << 20,
+                               max_model_len=4096, num_gpu_blocks=256)
+    assert lay.host_pool_bytes >= 64 << 20
+    rt = hisparse.Runtime(lay, "cpu", state_rows=1, max_step_tokens=1)
+    del rt
+    assert hisparse.wait_for_releases(60)
+    assert hisparse.releases_in_flight() == 0
+    assert hisparse.wait_for_releases(0) and hisparse.wait_for_releases()
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(hisparse.InvalidArgumentError, match="timeout"):
+            hisparse.wait_for_releases(bad)

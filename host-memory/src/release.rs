@@ -59,7 +59,10 @@ impl Release {
 
     /// Waits at most `timeout`; whether the release finished.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        let end = Instant::now() + timeout;
+        let Some(end) = Instant::now().checked_add(timeout) else {
+            self.wait();
+            return true;
+        };
         let mut f = lock(&self.done.finished);
         while !*f {
             let left = end.saturating_duration_since(Instant::now());
@@ -114,6 +117,14 @@ pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> Release {
     Release { done }
 }
 
+/// Runs `job` — dropping what holds pinned memory: a runtime over an engine's lent pool and the
+/// engine's object that owns the memory, in that order — on a release thread of its own, counted
+/// with this process's releases ([`releases_in_flight`], [`wait_for_releases`], and the budget
+/// checks that wait for them). Returns at once.
+pub fn in_background(job: impl FnOnce() + Send + 'static) -> Release {
+    spawn(job)
+}
+
 /// Releases of this process started and not finished yet.
 pub fn releases_in_flight() -> usize {
     *lock(&IN_FLIGHT.0)
@@ -121,9 +132,14 @@ pub fn releases_in_flight() -> usize {
 
 /// Waits at most `timeout` for every release of the process to finish; whether they all did.
 pub fn wait_for_releases(timeout: Duration) -> bool {
-    let end = Instant::now() + timeout;
+    // A timeout past what an instant can hold (`Duration::MAX`) waits for as long as it takes.
+    let end = Instant::now().checked_add(timeout);
     let mut n = lock(&IN_FLIGHT.0);
     while *n > 0 {
+        let Some(end) = end else {
+            n = IN_FLIGHT.1.wait(n).unwrap_or_else(|p| p.into_inner());
+            continue;
+        };
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;
@@ -155,6 +171,11 @@ mod tests {
         r.wait();
         assert!(r.is_finished());
         assert!(r.wait_timeout(Duration::ZERO));
+        assert!(
+            r.wait_timeout(Duration::MAX),
+            "no deadline: waits as long as it takes"
+        );
+        assert!(wait_for_releases(Duration::MAX));
         assert!(Release::finished().is_finished());
     }
 }

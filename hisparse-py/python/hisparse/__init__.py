@@ -46,6 +46,8 @@ from ._hisparse import (
     backends,
     plan_layout,
     presets,
+    releases_in_flight,
+    wait_for_releases,
 )
 
 from ._util import invalid
@@ -105,4 +107,6 @@ __all__ = [
     "pool_rows",
     "pool_view",
     "presets",
+    "releases_in_flight",
+    "wait_for_releases",
 ]

@@ -173,6 +173,12 @@ def presets() -> list[str]:
 def backends() -> list[str]:
     """Names of the backends compiled into this build."""
 
+def releases_in_flight() -> int:
+    """Host pools of this process still being released on a thread of their own."""
+
+def wait_for_releases(timeout: float | None = None) -> bool:
+    """Waits (without the GIL) until every release has finished; whether they all did."""
+
 def _command_from_pickle(data: bytes) -> Command:
     """Unpickles a ``Command``, checking it against the layouts this process planned."""
 

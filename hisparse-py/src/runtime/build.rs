@@ -2,12 +2,13 @@
 //! the runtime's own allocated), everything checked before anything is taken.
 
 use hisparse_core::Device;
+use hisparse_core::ops::BufferLen;
 use hisparse_runtime::{AnyDevice, BackendKind, Pools, Runtime as Core, RuntimeConfig};
 use pyo3::prelude::*;
 
-use super::State;
 use super::lend::{TapMessage, lend_device};
 use super::streams::Streams;
+use super::{Owned, State};
 use crate::arrays::{Array, Memory, array, check_disjoint};
 use crate::errors::{invalid, to_py};
 use crate::layout::Layout;
@@ -68,11 +69,12 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
     if device_arr.is_none() && host_arr.is_none() && req.stream.is_none() {
         let rt = Core::new(dev, kv, req.cfg).map_err(to_py)?;
         return Ok(State {
-            rt,
+            rt: Owned::new(rt),
             lent: Vec::new(),
             streams,
             device_index,
             fingerprint,
+            release_in_background: false,
         });
     }
     let mut lent = Vec::new();
@@ -88,6 +90,7 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
             dev.alloc(bytes).map_err(to_py)?
         }
     };
+    let host_lent = host_arr.is_some();
     let host_buf = match host_arr {
         Some(arr) => {
             // SAFETY: as for `lend_device`: the object is kept in `lent` for the runtime's life
@@ -113,16 +116,22 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
         ),
         None => None,
     };
+    // A lent pool this process registered (not one pinned already by its owner), large enough
+    // that unregistering it is worth a thread of its own.
+    let release_in_background = host_lent
+        && host_buf.setup().is_some()
+        && host_buf.byte_len() >= hisparse_runtime::host_memory::PARALLEL_FROM as u64;
     let pools = Pools {
         device: device_buf,
         host: host_buf,
     };
     let rt = Core::with_pools(dev, kv, req.cfg, pools, stream).map_err(to_py)?;
     Ok(State {
-        rt,
+        rt: Owned::new(rt),
         lent,
         streams,
         device_index,
         fingerprint,
+        release_in_background,
     })
 }

@@ -42,10 +42,37 @@ use hisparse_runtime::Swap;
 use per_layer::{LayerArrays, Op};
 use streams::Streams;
 
+/// The runtime of a `State`: there from construction until `State`'s drop hands it on.
+pub(crate) struct Owned(Option<Core<AnyDevice>>);
+
+impl Owned {
+    pub(crate) fn new(rt: Core<AnyDevice>) -> Self {
+        Owned(Some(rt))
+    }
+}
+
+impl std::ops::Deref for Owned {
+    type Target = Core<AnyDevice>;
+    fn deref(&self) -> &Core<AnyDevice> {
+        // Taken only by `State::drop`, after which nothing reaches the state.
+        self.0
+            .as_ref()
+            .expect("a runtime is taken only when its state drops")
+    }
+}
+
+impl std::ops::DerefMut for Owned {
+    fn deref_mut(&mut self) -> &mut Core<AnyDevice> {
+        self.0
+            .as_mut()
+            .expect("a runtime is taken only when its state drops")
+    }
+}
+
 /// What a `Runtime` holds behind its lock.
 pub(crate) struct State {
     /// Dropped before `lent`: the runtime's buffers over lent memory end first.
-    pub(crate) rt: Core<AnyDevice>,
+    pub(crate) rt: Owned,
     /// The pools' Python objects (or their DLPack capsules), kept alive while the runtime
     /// uses their memory.
     pub(crate) lent: Vec<Array>,
@@ -55,6 +82,10 @@ pub(crate) struct State {
     pub(crate) device_index: i32,
     /// The layout's fingerprint: commands must carry it, reports carry it.
     pub(crate) fingerprint: LayoutFingerprint,
+    /// Whether the host pool is the engine's memory, registered here and large enough that
+    /// unregistering it takes a while: the drop then hands the runtime and the lent objects to
+    /// a release thread instead of unregistering on the engine's thread.
+    pub(crate) release_in_background: bool,
 }
 
 impl State {
@@ -90,6 +121,17 @@ impl Drop for State {
         // Lent memory must outlive the work enqueued on it: finish it before the objects go.
         // A failure here has nowhere to go (the device is then lost anyway).
         let _ = self.rt.drain();
+        if self.release_in_background {
+            // The runtime unregisters the lent pool when dropped (a second or more for tens of
+            // GiB); the engine's objects, which own the memory, go after it. Their references
+            // are let go without the GIL there: Python drops them when it next runs.
+            let rt = self.rt.0.take();
+            let lent = std::mem::take(&mut self.lent);
+            let _ = hisparse_runtime::host_memory::release::in_background(move || {
+                drop(rt);
+                drop(lent);
+            });
+        }
     }
 }
 
