@@ -58,11 +58,11 @@ static SMALL_LEADERS: [LayerSpec; 64] = [LayerSpec::sparse_leader(32, 16); 64];
 
 /// The layout of `s`.
 pub fn layout(s: &Shape) -> KvCacheConfig {
-    let layers = if s.row_bytes == 656 {
-        &LEADERS[..s.layers]
+    let (layers, indexer_row_bytes) = if s.row_bytes == 656 {
+        (&LEADERS[..s.layers], 132)
     } else {
         assert_eq!(s.row_bytes, 32, "scenario rows are 32 or 656 bytes");
-        &SMALL_LEADERS[..s.layers]
+        (&SMALL_LEADERS[..s.layers], 16)
     };
     let model = ModelSpec {
         name: "scenario",
@@ -72,7 +72,10 @@ pub fn layout(s: &Shape) -> KvCacheConfig {
     };
     let len = s.prompt + s.decode + s.block;
     let pages = u64::from(len.div_ceil(s.block));
-    let stride = u64::from(s.row_bytes) * u64::from(s.block) * s.layers as u64;
+    // A host block: every layer's page in the pool and its indexer keys in the indexer host
+    // cache (the host budget holds both).
+    let stride =
+        u64::from(s.row_bytes + indexer_row_bytes) * u64::from(s.block) * s.layers as u64;
     let mut cfg = HiSparseConfig::new(s.top_k, (u64::from(s.requests) * (pages + 1) + 4) * stride);
     cfg.device_buffer_size = Some(s.hot);
     let mut input = LayoutInput::new(&model, &cfg, 0, len);
