@@ -378,6 +378,11 @@ typedef struct HsRuntimeConfig {
   // device slot mapping (`hs_runtime_slot_mapping`). 0 = the larger of `max_step_tokens`
   // and the coordinator's default (512).
   uint32_t max_batched_tokens;
+  // Whether this runtime writes the host pool (row mirrors, spills, host copy-on-write).
+  // Workers that share one host pool (a layout planned with `shared_host_pool`, the pool lent
+  // to each over the same memory) leave it to exactly one of them: 1 there, 0 in the others.
+  // 1 by default.
+  bool writes_host;
 } HsRuntimeConfig;
 
 // Memory and a stream the engine lends the runtime instead of letting it allocate its own.

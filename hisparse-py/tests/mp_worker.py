@@ -25,12 +25,25 @@ def send(conn, transport: str, report: hisparse.WorkerReport) -> None:
         conn.send(report)
 
 
-def main(conn, rank: int, transport: str, shape: dict, backend: str = "cpu") -> None:
+def main(conn, rank: int, transport: str, shape: dict, backend: str = "cpu",
+         shared_pool: "str | None" = None) -> None:
     """Executes every command it receives, reports after each, and at the end sends its final
-    report and what it verified: `(rows verified, digest of every row it read, counters)`."""
+    report and what it verified: `(rows verified, digest of every row it read, counters)`.
+    With `shared_pool` (a `multiprocessing.shared_memory` name) its host pool is that memory,
+    shared with the other worker; rank 0 writes it, the other only reads it."""
+    segment = None
     try:
         s = scenario.Shape(**shape)
-        layout = scenario.layout(s)  # planned here: what pickled commands are checked against
+        # Planned here: what pickled commands are checked against.
+        layout = scenario.layout(s, shared_host_pool=shared_pool is not None)
+        host_pool = None
+        if shared_pool is not None:
+            from multiprocessing import shared_memory
+
+            import numpy as np
+
+            segment = shared_memory.SharedMemory(name=shared_pool)
+            host_pool = np.ndarray((layout.host_pool_bytes,), dtype=np.uint8, buffer=segment.buf)
         ops = scenario.NumpyOps()
         if backend == "cuda":
             import torch
@@ -44,13 +57,23 @@ def main(conn, rank: int, transport: str, shape: dict, backend: str = "cpu") -> 
                     raise RuntimeError(f"HISPARSE_WORKER_GPUS={gpus} but {torch.cuda.device_count()} GPUs")
                 torch.cuda.set_device(rank % gpus)
                 ops.selector = str(rank % gpus)
-        worker = scenario.Worker(s, layout, lend_pools=True, worker=rank, ops=ops)
+        worker = scenario.Worker(s, layout, lend_pools=True, worker=rank, ops=ops,
+                                 host_pool=host_pool, writes_host=shared_pool is None or rank == 0)
         while (cmd := receive(conn, transport, layout)) is not None:
             worker.execute(cmd)
             send(conn, transport, worker.rt.poll())
         send(conn, transport, worker.rt.drain())
         digest = hashlib.sha256(b"".join(r.tobytes() for r in worker.row_log)).hexdigest()
         conn.send(("done", worker.verified, digest, worker.rt.counters()))
+        # The runtime lets go of the shared memory before the mapping closes.
+        del worker, host_pool
+        hisparse.wait_for_releases(60)
     except BaseException as e:  # the test process reports it
         conn.send(("failed", f"worker {rank}: {type(e).__name__}: {e}"))
         raise
+    finally:
+        if segment is not None:
+            try:
+                segment.close()
+            except BufferError:  # a view still alive: the process exit unmaps it
+                pass

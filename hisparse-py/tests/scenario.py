@@ -38,7 +38,7 @@ def model_json(s: Shape) -> str:
     )
 
 
-def layout(s: Shape) -> hisparse.Layout:
+def layout(s: Shape, shared_host_pool: bool = False) -> hisparse.Layout:
     max_len = s.prompt + s.decode + s.block
     pages = -(-max_len // s.block)
     # Per host block: every layer's page in the pool and its indexer keys (16 B a token) in the
@@ -47,10 +47,12 @@ def layout(s: Shape) -> hisparse.Layout:
     return hisparse.plan_layout(
         model_json=model_json(s),
         gpu_mem=0,
-        host_mem=(s.requests * (pages + 1) + 4) * stride,
+        # A shared pool aligns every layer's array to 4096 B: room for that too.
+        host_mem=(s.requests * (pages + 1) + 4) * stride + (s.layers * 4096 if shared_host_pool else 0),
         max_model_len=max_len,
         device_buffer_size=s.hot,
         num_gpu_blocks=s.gpu_blocks,
+        shared_host_pool=shared_host_pool,
     )
 
 
@@ -201,14 +203,15 @@ class Worker:
     attention reads against what was written."""
 
     def __init__(self, s: Shape, lay: hisparse.Layout, lend_pools: bool, prepared: bool = False,
-                 worker: int = 0, ops=None):
+                 worker: int = 0, ops=None, host_pool=None, writes_host: bool = True):
         self.s, self.lay, self.prepared = s, lay, prepared
         self.ops = ops = ops or NumpyOps()
         kwargs = dict(state_rows=s.requests, max_step_tokens=s.requests, max_batched_tokens=4096,
-                      worker=worker, device=ops.selector)
+                      worker=worker, device=ops.selector, writes_host=writes_host)
         if lend_pools:
             device_pool = ops.pool(lay.gpu_pool_bytes)
-            host_pool = hisparse.aligned_empty(lay.host_pool_bytes)
+            if host_pool is None:
+                host_pool = hisparse.aligned_empty(lay.host_pool_bytes)
             self.rt = hisparse.Runtime(lay, ops.backend, device_pool=device_pool,
                                        host_pool=host_pool, **kwargs)
             self.pool = Pool(self.rt, device_pool, ops)

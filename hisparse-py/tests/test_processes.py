@@ -40,17 +40,38 @@ def test_a_scheduler_and_two_cuda_worker_processes():
     scheduler_and_two_workers("bytes", "cuda")
 
 
-def scheduler_and_two_workers(transport, backend):
+def test_two_worker_processes_share_one_host_pool():
+    """The node's one host pool: a shared-memory segment both workers lend as `host_pool`
+    (layout planned with `shared_host_pool`); worker 0 writes it, worker 1 only reads it, and
+    both read every row right."""
+    scheduler_and_two_workers("bytes", "cpu", shared_pool=True)
+
+
+def test_two_cuda_worker_processes_share_one_host_pool():
+    """The same with each worker on the GPU: each registers the one segment with the driver."""
+    import device
+
+    device.torch_cuda()
+    scheduler_and_two_workers("bytes", "cuda", shared_pool=True)
+
+
+def scheduler_and_two_workers(transport, backend, shared_pool: bool = False):
     s = scenario.Shape(**SHAPE)
-    layout = scenario.layout(s)
+    layout = scenario.layout(s, shared_host_pool=shared_pool)
     coord = scenario.coordinator(s, layout, num_workers=2)
     for req in range(1, s.requests + 1):
         coord.admit(req, [1000 * req + t for t in range(s.prompt)])
+    segment = None
+    if shared_pool:
+        from multiprocessing import shared_memory
+
+        segment = shared_memory.SharedMemory(create=True, size=layout.host_pool_bytes)
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
     for rank in range(2):
         ours, theirs = ctx.Pipe()
-        p = ctx.Process(target=mp_worker.main, args=(theirs, rank, transport, SHAPE, backend))
+        name = segment.name if segment is not None else None
+        p = ctx.Process(target=mp_worker.main, args=(theirs, rank, transport, SHAPE, backend, name))
         p.start()
         pipes.append(ours)
         procs.append(p)
@@ -83,11 +104,21 @@ def scheduler_and_two_workers(transport, backend):
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
+        if segment is not None:
+            segment.close()
+            segment.unlink()
     for r in results:
         assert r[0] == "done", r[1]
     (_, verified_0, digest_0, counters_0), (_, verified_1, digest_1, counters_1) = results
     assert verified_0 == verified_1 > 1000
     assert digest_0 == digest_1, "the two workers read different rows"
+    if shared_pool:
+        # Only worker 0 writes the shared pool: its row mirrors are the node's host copies.
+        writes = ("d2h_bytes", "mirror_spans")
+        assert counters_0["mirror_spans"] > 0 and counters_1["mirror_spans"] == 0
+        assert counters_1["d2h_bytes"] == 0
+        counters_0 = {k: v for k, v in counters_0.items() if k not in writes}
+        counters_1 = {k: v for k, v in counters_1.items() if k not in writes}
     assert counters_0 == counters_1
     assert counters_0["hot_misses"] > 0 and counters_0["reclaimed_pages"] > 0
     assert all(p.exitcode == 0 for p in procs)

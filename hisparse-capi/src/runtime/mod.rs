@@ -110,6 +110,11 @@ pub struct HsRuntimeConfig {
     /// device slot mapping (`hs_runtime_slot_mapping`). 0 = the larger of `max_step_tokens`
     /// and the coordinator's default (512).
     pub max_batched_tokens: u32,
+    /// Whether this runtime writes the host pool (row mirrors, spills, host copy-on-write).
+    /// Workers that share one host pool (a layout planned with `shared_host_pool`, the pool lent
+    /// to each over the same memory) leave it to exactly one of them: 1 there, 0 in the others.
+    /// 1 by default.
+    pub writes_host: bool,
 }
 
 /// Memory and a stream the engine lends the runtime instead of letting it allocate its own.
@@ -213,6 +218,7 @@ pub unsafe extern "C" fn hs_runtime_config_default(config: *mut HsRuntimeConfig)
             worker: 0,
             stats_every: 1,
             max_batched_tokens: 0,
+            writes_host: true,
         });
         Ok(())
     })
@@ -227,6 +233,7 @@ fn runtime_config(c: &HsRuntimeConfig) -> RuntimeConfig {
     let mut cfg = RuntimeConfig::new(c.state_rows, c.max_step_tokens);
     cfg.worker = c.worker;
     cfg.stats_every = c.stats_every;
+    cfg.writes_host = c.writes_host;
     if c.max_batched_tokens != 0 {
         cfg.max_batched_tokens = c.max_batched_tokens;
     }

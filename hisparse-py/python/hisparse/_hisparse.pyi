@@ -176,7 +176,7 @@ def backends() -> list[str]:
 def releases_in_flight() -> int:
     """Host pools of this process still being released on a thread of their own."""
 
-def wait_for_releases(timeout: float | None = None) -> bool:
+def wait_for_releases(timeout: Optional[float] = None) -> bool:
     """Waits (without the GIL) until every release has finished; whether they all did."""
 
 def _command_from_pickle(data: bytes) -> Command:
@@ -460,6 +460,7 @@ class Runtime:
         device_pool: Any = None,
         host_pool: Any = None,
         stream: Optional[int] = None,
+        writes_host: bool = True,
     ) -> Runtime: ...
     @property
     def backend(self) -> str: ...

@@ -180,6 +180,13 @@ impl Runtime {
     /// flight, except in stream order; the runtime keeps the objects alive and finishes its
     /// work before it lets them go. A stream handle given to the runtime (here or as a call's
     /// `stream=`) must outlive it.
+    ///
+    /// Workers of one node may share one host pool: a layout planned with
+    /// `shared_host_pool=True`, and each worker's `host_pool` an array over the same shared
+    /// memory (`multiprocessing.shared_memory`). Exactly one of them writes it (row mirrors,
+    /// spills, host copy-on-write: `writes_host=True`, the default); the others pass
+    /// `writes_host=False` and only read it. Each reports as its own `worker`, so a page is
+    /// durable once every worker has reported it.
     #[new]
     #[pyo3(signature = (
         layout,
@@ -194,9 +201,10 @@ impl Runtime {
         device_pool = None,
         host_pool = None,
         stream = None,
+        writes_host = true,
     ),
     // The defaults as Python shows them (`Int` defaults have no literal form for PyO3 to print).
-    text_signature = "(layout, backend='cpu', device='', *, state_rows, max_step_tokens, max_batched_tokens=None, worker=0, stats_every=1, device_pool=None, host_pool=None, stream=None)"
+    text_signature = "(layout, backend='cpu', device='', *, state_rows, max_step_tokens, max_batched_tokens=None, worker=0, stats_every=1, device_pool=None, host_pool=None, stream=None, writes_host=True)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -211,6 +219,7 @@ impl Runtime {
         device_pool: Option<&Bound<'_, PyAny>>,
         host_pool: Option<&Bound<'_, PyAny>>,
         stream: Option<Int<u64>>,
+        writes_host: bool,
     ) -> PyResult<Self> {
         take_args!(
             state_rows,
@@ -226,6 +235,7 @@ impl Runtime {
         }
         cfg.worker = worker;
         cfg.stats_every = stats_every;
+        cfg.writes_host = writes_host;
         let state = build::build(build::Request {
             layout,
             backend,

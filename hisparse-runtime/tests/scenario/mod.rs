@@ -74,8 +74,7 @@ pub fn layout(s: &Shape) -> KvCacheConfig {
     let pages = u64::from(len.div_ceil(s.block));
     // A host block: every layer's page in the pool and its indexer keys in the indexer host
     // cache (the host budget holds both).
-    let stride =
-        u64::from(s.row_bytes + indexer_row_bytes) * u64::from(s.block) * s.layers as u64;
+    let stride = u64::from(s.row_bytes + indexer_row_bytes) * u64::from(s.block) * s.layers as u64;
     let mut cfg = HiSparseConfig::new(s.top_k, (u64::from(s.requests) * (pages + 1) + 4) * stride);
     cfg.device_buffer_size = Some(s.hot);
     let mut input = LayoutInput::new(&model, &cfg, 0, len);
