@@ -48,8 +48,13 @@ fn two_ranks_share_one_host_pool_and_verify_every_row_in_each() {
     assert_eq!(j["tp"], 2);
     assert_eq!(j["shared_host_pool"], true);
     assert_eq!(j["mismatched_rows"], 0);
-    // Host memory is counted once: the node pins one pool.
-    assert_eq!(j["host_memory_bytes"], j["host_pool_bytes"]);
+    // The pool is counted once: the node pins one pool, and each rank its indexer host cache.
+    let cache = j["indexer_host_cache_bytes"].as_u64().unwrap();
+    assert!(cache > 0, "V3.2 has an indexer");
+    assert_eq!(
+        j["host_memory_bytes"].as_u64().unwrap(),
+        j["host_pool_bytes"].as_u64().unwrap() + 2 * cache
+    );
     let ranks = j["ranks"].as_array().expect("per-rank figures");
     assert_eq!(ranks.len(), 2);
     for r in ranks {
@@ -84,7 +89,8 @@ fn ranks_without_a_shared_pool_pin_one_pool_each_and_each_writes_its_own() {
     assert_eq!(j["mismatched_rows"], 0);
     assert_eq!(
         j["host_memory_bytes"].as_u64().unwrap(),
-        2 * j["host_pool_bytes"].as_u64().unwrap()
+        2 * (j["host_pool_bytes"].as_u64().unwrap()
+            + j["indexer_host_cache_bytes"].as_u64().unwrap())
     );
     for r in j["ranks"].as_array().unwrap() {
         assert!(r["d2h_bytes"].as_u64().unwrap() > 0, "{r}");

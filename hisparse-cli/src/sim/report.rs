@@ -79,7 +79,10 @@ pub struct SimReport {
     pub all_resident_gpu_bytes: u64,
     /// Pinned host pool bytes (one pool).
     pub host_pool_bytes: u64,
-    /// Pinned host memory of the node: one pool, or one per rank without a shared pool.
+    /// Pinned bytes of one rank's indexer host cache (every rank pins its own).
+    pub indexer_host_cache_bytes: u64,
+    /// Pinned host memory of the node: one pool, or one per rank without a shared pool, and
+    /// every rank's indexer host cache.
     pub host_memory_bytes: u64,
     /// Hot rows per request per hot group.
     pub device_buffer_size: u32,

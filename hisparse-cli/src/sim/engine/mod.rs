@@ -404,7 +404,11 @@ fn initial_report(ranks: &dyn Ranks, s: &SimSetup, workers: u32) -> SimReport {
         overlap_target: s.overlap,
         gpu_pool_bytes: kv.gpu_pool_bytes(),
         host_pool_bytes: kv.host_pool_bytes(),
-        host_memory_bytes: kv.host_pool_bytes() * host_pools,
+        indexer_host_cache_bytes: kv.indexer_host_pool_bytes(),
+        host_memory_bytes: kv
+            .host_pool_bytes()
+            .saturating_mul(host_pools)
+            .saturating_add(kv.indexer_host_pool_bytes().saturating_mul(nranks as u64)),
         device_buffer_size: kv.device_buffer_size,
         spec_tokens: s.spec_tokens,
         all_resident_gpu_bytes: (1 + u64::from(s.requests)
