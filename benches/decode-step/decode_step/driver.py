@@ -172,8 +172,8 @@ class Engine:
         t0 = clock[0]
         # The previous step's completed transfers reach the coordinator before it schedules (as
         # an engine polls before it plans): the GPU is idle here, so the poll is host work only.
-        # Polled after the launch instead, its first driver call waits while the driver still
-        # submits the graph's work, which would count GPU time as host time.
+        # Polled right after the launch instead, it took about half the graph's time (its driver
+        # queries waited on the graph), which counted GPU time as host time.
         self.rt.poll_and_report(self.coord)
         lap("report")
         cmd = self.coord.step()
