@@ -598,23 +598,7 @@ impl CudaDevice {
     }
 
     fn resolve_addrs(&self, args: &ResolveArgs<'_, CudaBuffer>) -> plan::ResolveAddrs {
-        plan::ResolveAddrs {
-            req_id: args.req_id.mem.ptr(),
-            topk: args.topk.mem.ptr(),
-            resident_table: args.resident_table.mem.ptr(),
-            host_table: args.host_table.mem.ptr(),
-            hot_table: args.hot_table.mem.ptr(),
-            slot_host_rows: args.slot_host_rows.mem.ptr(),
-            lru: args.lru.mem.ptr(),
-            indices: args.indices.mem.ptr(),
-            valid_counts: args.valid_counts.mem.ptr(),
-            hit_counts: args.hit_counts.mem.ptr(),
-            miss_counts: args.miss_counts.mem.ptr(),
-            miss_src: args.miss_src.mem.ptr(),
-            miss_dst: args.miss_dst.mem.ptr(),
-            idx_mapping: args.idx_mapping.map_or(0, |m| m.mem.ptr()),
-            stats: args.stats.as_ref().map_or(0, |s| s.mem.ptr()),
-        }
+        args.map(|b| b.mem.ptr())
     }
 }
 

@@ -813,23 +813,7 @@ impl From<PlanError> for RocmError {
 
 /// The device addresses of a resolve's buffers, for the planners.
 fn resolve_addrs(args: &ResolveArgs<'_, RocmBuffer>) -> plan::ResolveAddrs {
-    plan::ResolveAddrs {
-        req_id: args.req_id.addr(),
-        topk: args.topk.addr(),
-        resident_table: args.resident_table.addr(),
-        host_table: args.host_table.addr(),
-        hot_table: args.hot_table.addr(),
-        slot_host_rows: args.slot_host_rows.addr(),
-        lru: args.lru.addr(),
-        indices: args.indices.addr(),
-        valid_counts: args.valid_counts.addr(),
-        hit_counts: args.hit_counts.addr(),
-        miss_counts: args.miss_counts.addr(),
-        miss_src: args.miss_src.addr(),
-        miss_dst: args.miss_dst.addr(),
-        idx_mapping: args.idx_mapping.map_or(0, |m| m.addr()),
-        stats: args.stats.as_ref().map_or(0, |s| s.addr()),
-    }
+    args.map(RocmBuffer::addr)
 }
 
 /// Device addresses of a remap's buffers (the plain remap's and the modes' alike).

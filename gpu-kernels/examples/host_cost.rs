@@ -60,7 +60,7 @@ fn main() {
         };
         let addrs = ResolveAddrs {
             req_id: 1 << 20,
-            stats: 2 << 20,
+            stats: Some(2 << 20),
             ..ResolveAddrs::default()
         };
         let pool = (1u64 << 16) * page;

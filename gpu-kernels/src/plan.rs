@@ -444,29 +444,10 @@ pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Resul
 // Resolve
 // ------------------------------------------------------------------------------------------------
 
-/// Device addresses of a resolve's buffers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[allow(missing_docs)] // one field per buffer of `ResolveArgs`
-pub struct ResolveAddrs {
-    pub req_id: u64,
-    pub topk: u64,
-    pub resident_table: u64,
-    pub host_table: u64,
-    pub hot_table: u64,
-    pub slot_host_rows: u64,
-    pub lru: u64,
-    pub indices: u64,
-    pub valid_counts: u64,
-    pub hit_counts: u64,
-    pub miss_counts: u64,
-    pub miss_src: u64,
-    pub miss_dst: u64,
-    /// `idx_mapping` in batch-row order (`ResolveDesc::num_state_rows` `Some`), else 0.
-    pub idx_mapping: u64,
-    /// The stats buffer's start, or 0 (its slot's offset is added from the descriptor's
-    /// `stats_slot`).
-    pub stats: u64,
-}
+/// Device addresses of a resolve's buffers (`ResolveArgs::map` of the buffers' addresses; an
+/// absent `idx_mapping` or `stats` is `None`). The stats slot's offset is added from the
+/// descriptor's `stats_slot`.
+pub type ResolveAddrs = hisparse_core::ops::ResolveBuffers<u64>;
 
 /// How `hs_resolve` keeps a request's state, decided per launch by [`resolve_shape`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -540,7 +521,8 @@ pub fn resolve(
     a: &ResolveAddrs,
     force_global: bool,
 ) -> Result<Plan, PlanError> {
-    if nothing_to_launch(d.num_tokens, a.stats) {
+    let (idx_mapping, stats) = (a.idx_mapping.unwrap_or(0), a.stats.unwrap_or(0));
+    if nothing_to_launch(d.num_tokens, stats) {
         return Ok(Plan::empty());
     }
     let entries = u64::from(d.num_tokens) * u64::from(d.top_k);
@@ -592,14 +574,14 @@ pub fn resolve(
     // The backend checked the descriptor against its arguments (`ResolveDesc::check`), so an
     // address is present exactly in batch-row order.
     geometry(
-        d.num_state_rows.is_some() == (a.idx_mapping != 0),
+        d.num_state_rows.is_some() == (idx_mapping != 0),
         "resolve idx_mapping address",
-        a.idx_mapping,
+        idx_mapping,
         "non-null exactly when num_state_rows is given (batch-row order)",
     )?;
-    args.ptr(a.idx_mapping)
+    args.ptr(idx_mapping)
         .u32(d.num_state_rows.unwrap_or(0))
-        .ptr(stats_slot_address(a.stats, d.stats_slot)?);
+        .ptr(stats_slot_address(stats, d.stats_slot)?);
     Ok(Plan {
         staged: Vec::new(),
         workspace_bytes,
@@ -1387,7 +1369,7 @@ mod tests {
             ..resolve_desc(0, 64, 128)
         };
         let counted = ResolveAddrs {
-            stats: 8192,
+            stats: Some(8192),
             ..ResolveAddrs::default()
         };
         assert!(
@@ -1422,7 +1404,7 @@ mod tests {
         assert_eq!(stats_arg(&p.launches[0]), 8192);
         // A slot address beyond the address space is refused, not wrapped.
         let far = ResolveAddrs {
-            stats: u64::MAX - 8,
+            stats: Some(u64::MAX - 8),
             ..ResolveAddrs::default()
         };
         assert!(resolve(&H200, &d, &far, false).is_err());

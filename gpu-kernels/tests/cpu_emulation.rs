@@ -607,8 +607,8 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
             miss_counts: am(&mut gmc),
             miss_src: am(&mut gsrc),
             miss_dst: am(&mut gdst),
-            idx_mapping: map.as_deref().map_or(0, a),
-            stats: am_opt(&mut gstats),
+            idx_mapping: map.as_deref().map(a),
+            stats: gstats.as_deref_mut().map(am),
         };
         let planned = plan::resolve(&tgt, &d, &addrs, mode.global).map_err(|e| e.to_string())?;
         let ws_entries = planned.workspace_bytes / 16;
@@ -784,8 +784,8 @@ fn fused_step(
         miss_counts: am(&mut gmc),
         miss_src: am(&mut gsrc),
         miss_dst: am(&mut gdst),
-        idx_mapping: before.idx_mapping.as_deref().map_or(0, a),
-        stats: am_opt(&mut gstats),
+        idx_mapping: before.idx_mapping.as_deref().map(a),
+        stats: gstats.as_deref_mut().map(am),
     };
     let planned = plan::resolve_gather(
         tgt,

@@ -45,7 +45,7 @@ pub use stats::{
 pub use table::{HotResetDesc, TableWrite, TableWriteDesc};
 
 #[cfg(feature = "alloc")]
-pub use resolve::{ResolveArgs, ResolveDesc, ResolveSizes, ResolveSlices};
+pub use resolve::{ResolveArgs, ResolveBuffers, ResolveDesc, ResolveSizes, ResolveSlices};
 
 use crate::error::{OpError, OpName};
 

@@ -1,31 +1,37 @@
-//! The sizes of a resolve call's buffers ([`ResolveSizes`]) and the call as plain slices
-//! ([`ResolveSlices`]), so a backend checks a call without knowing the buffer type.
+//! One value per buffer of a resolve call ([`ResolveBuffers`]: their sizes, [`ResolveSizes`], or
+//! a backend's device addresses) and the call as plain slices ([`ResolveSlices`]), so a backend
+//! checks a call without knowing the buffer type.
 
 use super::ResolveArgs;
 use crate::ops::BufferLen;
 
-/// Byte sizes of every resolve argument: what [`ResolveDesc::check`](super::ResolveDesc::check) compares against.
+/// One value per buffer of a resolve call, named as the arguments of [`ResolveArgs`]: their byte
+/// sizes ([`ResolveSizes`]), a backend's device addresses ([`ResolveArgs::map`]), …
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)] // one field per argument of the same name
-pub struct ResolveSizes {
-    pub req_id: u64,
-    pub topk: u64,
-    pub resident_table: u64,
-    pub host_table: u64,
-    pub hot_table: u64,
-    pub slot_host_rows: u64,
-    pub lru: u64,
-    pub indices: u64,
-    pub valid_counts: u64,
-    pub hit_counts: u64,
-    pub miss_counts: u64,
-    pub miss_src: u64,
-    pub miss_dst: u64,
+pub struct ResolveBuffers<T> {
+    pub req_id: T,
+    pub topk: T,
+    pub resident_table: T,
+    pub host_table: T,
+    pub hot_table: T,
+    pub slot_host_rows: T,
+    pub lru: T,
+    pub indices: T,
+    pub valid_counts: T,
+    pub hit_counts: T,
+    pub miss_counts: T,
+    pub miss_src: T,
+    pub miss_dst: T,
     /// `None` when no `idx_mapping` is given.
-    pub idx_mapping: Option<u64>,
+    pub idx_mapping: Option<T>,
     /// `None` when no `stats` buffer is given.
-    pub stats: Option<u64>,
+    pub stats: Option<T>,
 }
+
+/// Byte sizes of every resolve argument: what [`ResolveDesc::check`](super::ResolveDesc::check)
+/// compares against.
+pub type ResolveSizes = ResolveBuffers<u64>;
 
 /// The resolve arguments as typed slices, for the reference implementation.
 #[derive(Debug)]
@@ -49,24 +55,25 @@ pub struct ResolveSlices<'a> {
     pub stats: Option<&'a mut [i32]>,
 }
 
-macro_rules! sizes_of {
-    ($a:expr) => {
-        ResolveSizes {
-            req_id: $a.req_id.byte_len(),
-            topk: $a.topk.byte_len(),
-            resident_table: $a.resident_table.byte_len(),
-            host_table: $a.host_table.byte_len(),
-            hot_table: $a.hot_table.byte_len(),
-            slot_host_rows: $a.slot_host_rows.byte_len(),
-            lru: $a.lru.byte_len(),
-            indices: $a.indices.byte_len(),
-            valid_counts: $a.valid_counts.byte_len(),
-            hit_counts: $a.hit_counts.byte_len(),
-            miss_counts: $a.miss_counts.byte_len(),
-            miss_src: $a.miss_src.byte_len(),
-            miss_dst: $a.miss_dst.byte_len(),
-            idx_mapping: $a.idx_mapping.map(|m| m.byte_len()),
-            stats: $a.stats.as_ref().map(|s| s.byte_len()),
+/// `$f` of every buffer of `$a` (a [`ResolveArgs`] or [`ResolveSlices`]).
+macro_rules! map_buffers {
+    ($a:expr, $f:expr) => {
+        ResolveBuffers {
+            req_id: $f(&*$a.req_id),
+            topk: $f(&*$a.topk),
+            resident_table: $f(&*$a.resident_table),
+            host_table: $f(&*$a.host_table),
+            hot_table: $f(&*$a.hot_table),
+            slot_host_rows: $f(&*$a.slot_host_rows),
+            lru: $f(&*$a.lru),
+            indices: $f(&*$a.indices),
+            valid_counts: $f(&*$a.valid_counts),
+            hit_counts: $f(&*$a.hit_counts),
+            miss_counts: $f(&*$a.miss_counts),
+            miss_src: $f(&*$a.miss_src),
+            miss_dst: $f(&*$a.miss_dst),
+            idx_mapping: $a.idx_mapping.as_deref().map(|m| $f(m)),
+            stats: $a.stats.as_deref().map(|s| $f(s)),
         }
     };
 }
@@ -94,10 +101,17 @@ macro_rules! reborrow {
     };
 }
 
+impl<B: ?Sized> ResolveArgs<'_, B> {
+    /// `f` of every buffer: a backend's device addresses, say.
+    pub fn map<T>(&self, f: impl Fn(&B) -> T) -> ResolveBuffers<T> {
+        map_buffers!(self, f)
+    }
+}
+
 impl<B: BufferLen + ?Sized> ResolveArgs<'_, B> {
     /// Byte sizes of every argument.
     pub fn sizes(&self) -> ResolveSizes {
-        sizes_of!(self)
+        self.map(B::byte_len)
     }
 
     /// The same buffers, borrowed for one call, so the caller keeps them for the next (the
@@ -110,7 +124,7 @@ impl<B: BufferLen + ?Sized> ResolveArgs<'_, B> {
 impl ResolveSlices<'_> {
     /// Byte sizes of every argument.
     pub fn sizes(&self) -> ResolveSizes {
-        sizes_of!(self)
+        map_buffers!(self, BufferLen::byte_len)
     }
 
     /// The same slices, borrowed for one call (as [`ResolveArgs::reborrow`]).

@@ -284,7 +284,7 @@ pub fn resolve(desc: &ResolveDesc, a: ResolveSlices<'_>) -> Result<(), OpError> 
 mod buffers;
 mod desc;
 
-pub use buffers::{ResolveSizes, ResolveSlices};
+pub use buffers::{ResolveBuffers, ResolveSizes, ResolveSlices};
 pub use desc::{ResolveArgs, ResolveDesc};
 
 #[cfg(test)]
