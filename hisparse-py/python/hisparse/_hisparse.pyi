@@ -24,6 +24,8 @@ __all__ = [
     "plan_layout",
     "presets",
     "backends",
+    "releases_in_flight",
+    "wait_for_releases",
     "_command_from_pickle",
     "_report_from_pickle",
     "__version__",
