@@ -326,17 +326,13 @@ pub fn to_text(model: &ModelSpec<'_>, report: &LayoutReport<'_>, flags: &PlanFla
         }
     );
     let indexer_cache = kv.indexer_host_pool_bytes();
-    let indexer_pages = kv
-        .groups
-        .get(KvCacheConfig::INDEXER_GROUP)
-        .map_or(0, |g| g.page_bytes);
     if indexer_cache > 0 {
         // The runtime pins it beside the host pool (each rank its own), inside the host budget.
         s += &format!(
             "indexer host cache: {} ({} blocks × {} B of indexer pages: the indexer keys' backups, pinned by each runtime beside the host pool; the host budget holds both)\n",
             human(indexer_cache),
             kv.host_num_blocks,
-            indexer_pages,
+            kv.indexer_page_bytes(),
         );
     }
     if node.tp > 1 {

@@ -91,11 +91,8 @@ impl KvCacheConfig {
     /// cache. A budget of `n` times this (and, in a shared pool, room for each array's
     /// alignment) holds `n` blocks.
     pub fn host_bytes_per_block(&self) -> u64 {
-        let indexer = self
-            .groups
-            .get(Self::INDEXER_GROUP)
-            .map_or(0, |g| g.page_bytes);
-        self.host_block_stride.saturating_add(indexer)
+        self.host_block_stride
+            .saturating_add(self.indexer_page_bytes())
     }
 
     /// Pages (blocks) a request of `tokens` tokens occupies in every group.
@@ -213,10 +210,16 @@ impl KvCacheConfig {
     /// Bytes of an indexer host cache holding `host_num_blocks` pages of every leader's indexer
     /// (the host side of [`KvCacheConfig::indexer_layer_pair`]; saturating).
     pub fn indexer_host_pool_bytes(&self) -> u64 {
+        self.indexer_page_bytes()
+            .saturating_mul(u64::from(self.host_num_blocks))
+    }
+
+    /// Bytes one host block takes in the indexer host cache: a page of every leader's indexer
+    /// (0 without an indexer).
+    pub fn indexer_page_bytes(&self) -> u64 {
         self.groups
             .get(Self::INDEXER_GROUP)
             .map_or(0, |g| g.page_bytes)
-            .saturating_mul(u64::from(self.host_num_blocks))
     }
 
     /// `(model layer, indexer layer pair)` of every indexer layer, in group order: what one

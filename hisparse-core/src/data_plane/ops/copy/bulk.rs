@@ -14,19 +14,28 @@ pub fn check_bulk_copy(
     bytes: u64,
 ) -> Result<(), OpError> {
     const OP: OpName = OpName::BulkCopy;
-    for (buffer, len, offset) in [("src", src_len, src_offset), ("dst", dst_len, dst_offset)] {
-        let needed = offset.checked_add(bytes).ok_or(OpError::Overflow {
-            op: OP,
-            field: buffer,
-        })?;
-        if needed > len {
-            return Err(OpError::BufferTooSmall {
-                op: OP,
-                buffer,
-                needed,
-                actual: len,
-            });
-        }
+    range_fits(OP, "src", src_len, src_offset, bytes)?;
+    range_fits(OP, "dst", dst_len, dst_offset, bytes)
+}
+
+/// `bytes` from `offset` of `buffer` (of `len` bytes) lie inside it.
+fn range_fits(
+    op: OpName,
+    buffer: &'static str,
+    len: u64,
+    offset: u64,
+    bytes: u64,
+) -> Result<(), OpError> {
+    let needed = offset
+        .checked_add(bytes)
+        .ok_or(OpError::Overflow { op, field: buffer })?;
+    if needed > len {
+        return Err(OpError::BufferTooSmall {
+            op,
+            buffer,
+            needed,
+            actual: len,
+        });
     }
     Ok(())
 }
@@ -76,20 +85,8 @@ pub fn check_copy_within(
     bytes: u64,
 ) -> Result<(), OpError> {
     const OP: OpName = OpName::CopyWithin;
-    for (buffer, offset) in [("src", src_offset), ("dst", dst_offset)] {
-        let needed = offset.checked_add(bytes).ok_or(OpError::Overflow {
-            op: OP,
-            field: buffer,
-        })?;
-        if needed > len {
-            return Err(OpError::BufferTooSmall {
-                op: OP,
-                buffer,
-                needed,
-                actual: len,
-            });
-        }
-    }
+    range_fits(OP, "src", len, src_offset, bytes)?;
+    range_fits(OP, "dst", len, dst_offset, bytes)?;
     if bytes > 0 && src_offset < dst_offset + bytes && dst_offset < src_offset + bytes {
         return Err(OpError::Overlap {
             op: OP,

@@ -199,6 +199,28 @@ impl RemapDesc {
     }
 }
 
+/// Writes one token row's rows (`-1` = none) into `out_row`: in place, or moved to the front
+/// with `-1` after them (`compact`); returns how many are not `-1`. The one rule every remap
+/// mode writes its rows by.
+fn fill_row(out_row: &mut [i32], compact: bool, rows: impl Iterator<Item = i32>) -> usize {
+    let mut valid = 0usize;
+    for (j, v) in rows.enumerate() {
+        if compact {
+            if v != -1 {
+                out_row[valid] = v;
+                valid += 1;
+            }
+        } else {
+            out_row[j] = v;
+            valid += usize::from(v != -1);
+        }
+    }
+    if compact {
+        out_row[valid..].fill(-1);
+    }
+    valid
+}
+
 /// Reference remap over plain slices. Checks shapes first; writes nothing on error.
 pub fn remap(desc: &RemapDesc, args: RemapArgs<'_, [i32]>) -> Result<(), OpError> {
     desc.check(&args)?;
@@ -216,25 +238,14 @@ pub fn remap(desc: &RemapDesc, args: RemapArgs<'_, [i32]>) -> Result<(), OpError
     for t in 0..desc.num_tokens as usize {
         let out_row = &mut out[t * k..(t + 1) * k];
         let row = desc.table_row(req_id[t], idx_mapping);
-        let mut valid = 0usize;
-        for j in 0..k {
-            let v = match row {
-                Some(row) => desc.map_token(block_table, row, topk[t * k + j]),
+        let valid = fill_row(
+            out_row,
+            desc.compact,
+            topk[t * k..(t + 1) * k].iter().map(|&tok| match row {
+                Some(row) => desc.map_token(block_table, row, tok),
                 None => -1,
-            };
-            if desc.compact {
-                if v != -1 {
-                    out_row[valid] = v;
-                    valid += 1;
-                }
-            } else {
-                out_row[j] = v;
-                valid += usize::from(v != -1);
-            }
-        }
-        if desc.compact {
-            out_row[valid..].fill(-1);
-        }
+            }),
+        );
         if let Some(c) = counts.as_deref_mut() {
             c[t] = valid as i32;
         }

@@ -1,7 +1,7 @@
 //! The remap's two other modes: a decode-context-parallel de-interleave ([`DcpSplit`]) and
 //! prefill rows into a gathered workspace ([`RemapModesDesc`], [`remap_modes`]).
 
-use super::{OP, RemapArgs, RemapDesc};
+use super::{OP, RemapArgs, RemapDesc, fill_row};
 use crate::error::OpError;
 use crate::ops::stats::CallStats;
 use crate::ops::{BufferLen, I32_BYTES, in_range, need, nonzero};
@@ -209,27 +209,15 @@ pub fn remap_modes(desc: &RemapModesDesc, args: RemapModesArgs<'_, [i32]>) -> Re
                 None => Rule::Padding,
             }
         };
-        let mut valid = 0usize;
-        for j in 0..k {
-            let tok = topk[t * k + j];
-            let v = match rule {
+        let valid = fill_row(
+            out_row,
+            d.compact,
+            topk[t * k..(t + 1) * k].iter().map(|&tok| match rule {
                 Rule::Workspace(start) => workspace_row(start, tok),
                 Rule::Table(row) => map_decode_token(desc, block_table, row, tok),
                 Rule::Padding => -1,
-            };
-            if d.compact {
-                if v != -1 {
-                    out_row[valid] = v;
-                    valid += 1;
-                }
-            } else {
-                out_row[j] = v;
-                valid += usize::from(v != -1);
-            }
-        }
-        if d.compact {
-            out_row[valid..].fill(-1);
-        }
+            }),
+        );
         if let Some(c) = counts.as_deref_mut() {
             c[t] = valid as i32;
         }
