@@ -92,7 +92,7 @@ mod tests {
         };
         // A pool being released: its memory comes back when the release finishes.
         let freed = available.clone();
-        let release = release::spawn(move || {
+        let release = release::in_background(move || {
             std::thread::sleep(Duration::from_millis(50));
             freed.store(1 << 40, Ordering::SeqCst);
         });

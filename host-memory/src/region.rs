@@ -549,7 +549,7 @@ impl<P: Pinner> Held<P> {
             Backing::Mapped { .. } | Backing::Shared(_) => self.len >= PARALLEL_FROM,
         };
         if background {
-            release::spawn(move || self.release_here())
+            release::in_background(move || self.release_here())
         } else {
             self.release_here();
             Release::finished()

@@ -80,9 +80,13 @@ impl Release {
     }
 }
 
-/// Runs `job` on a release thread of its own and returns at once. Where no thread can be
-/// started (the process is out of threads), `job` runs here: slower for the caller, never lost.
-pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> Release {
+/// Runs `job` — a pool's unpinning and unmapping, or dropping what holds pinned memory (a
+/// runtime over an engine's lent pool, then the engine's object that owns the memory) — on a
+/// release thread of its own, counted with this process's releases ([`releases_in_flight`],
+/// [`wait_for_releases`], and the budget checks that wait for them), and returns at once.
+/// Where no thread can be started (the process is out of threads), `job` runs here: slower for
+/// the caller, never lost.
+pub fn in_background(job: impl FnOnce() + Send + 'static) -> Release {
     let done = Arc::new(Done::default());
     *lock(&IN_FLIGHT.0) += 1;
     let finish = {
@@ -115,14 +119,6 @@ pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> Release {
         finish();
     }
     Release { done }
-}
-
-/// Runs `job` — dropping what holds pinned memory: a runtime over an engine's lent pool and the
-/// engine's object that owns the memory, in that order — on a release thread of its own, counted
-/// with this process's releases ([`releases_in_flight`], [`wait_for_releases`], and the budget
-/// checks that wait for them). Returns at once.
-pub fn in_background(job: impl FnOnce() + Send + 'static) -> Release {
-    spawn(job)
 }
 
 /// Releases of this process started and not finished yet.
@@ -161,7 +157,7 @@ mod tests {
     #[test]
     fn a_release_runs_off_the_caller_and_reports_when_done() {
         let (go, wait_for_go) = mpsc::channel::<()>();
-        let r = spawn(move || {
+        let r = in_background(move || {
             wait_for_go.recv().unwrap();
         });
         assert!(!r.is_finished(), "the job waits for the test");

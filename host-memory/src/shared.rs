@@ -417,7 +417,7 @@ impl Drop for SharedSegment {
             mapped: true,
         };
         self.mapped = false;
-        let _ = release::spawn(move || moved.release_here(&Workers::plan(None, None)));
+        let _ = release::in_background(move || moved.release_here(&Workers::plan(None, None)));
     }
 }
 

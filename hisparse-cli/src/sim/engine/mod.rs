@@ -36,7 +36,7 @@ use hisparse_core::Device;
 use hisparse_core::coordinator::{
     CoordError, Coordinator, CoordinatorConfig, OffloadCommand, RequestId,
 };
-use hisparse_core::layout::KvCacheConfig;
+use hisparse_core::layout::{KvCacheConfig, NodeHostMemory};
 use serde::{Deserialize, Serialize};
 
 use super::rank::{DecodeRow, Rank, RankStep};
@@ -382,11 +382,6 @@ fn initial_report(ranks: &dyn Ranks, s: &SimSetup, workers: u32) -> SimReport {
     let kv = &s.kv;
     let nranks = ranks.count();
     let (backend, device) = ranks.names();
-    let host_pools = if nranks > 1 && !s.shared_host_pool {
-        nranks as u64
-    } else {
-        1
-    };
     let final_len = s.context + s.decode_steps;
     SimReport {
         backend,
@@ -405,10 +400,8 @@ fn initial_report(ranks: &dyn Ranks, s: &SimSetup, workers: u32) -> SimReport {
         gpu_pool_bytes: kv.gpu_pool_bytes(),
         host_pool_bytes: kv.host_pool_bytes(),
         indexer_host_cache_bytes: kv.indexer_host_pool_bytes(),
-        host_memory_bytes: kv
-            .host_pool_bytes()
-            .saturating_mul(host_pools)
-            .saturating_add(kv.indexer_host_pool_bytes().saturating_mul(nranks as u64)),
+        // The ranks' pools (one when shared: the layout is planned for it) and caches.
+        host_memory_bytes: NodeHostMemory::of(kv, nranks as u32).per_node,
         device_buffer_size: kv.device_buffer_size,
         spec_tokens: s.spec_tokens,
         all_resident_gpu_bytes: (1 + u64::from(s.requests)
