@@ -612,16 +612,23 @@ impl Stream {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: both ranges lie inside live allocations (asserted); the source is pinned, and
-        // both allocations are freed (unpinned) only after the context synchronised.
-        check("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                dst.ptr + dst_off as u64,
-                src.host_ptr().add(src_off).cast(),
-                n,
-                self.raw,
-            )
-        })
+        // One driver copy per separately registered chunk the range crosses (the driver refuses
+        // a pinned range spanning two registrations).
+        for piece in src.copy_pieces(src_off, n) {
+            let at = piece.start - src_off;
+            // SAFETY: both ranges lie inside live allocations (asserted; the piece lies inside
+            // the source range); the source is pinned, and both allocations are freed (unpinned)
+            // only after the context synchronised.
+            check("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst.ptr + (dst_off + at) as u64,
+                    src.host_ptr().add(piece.start).cast(),
+                    piece.len(),
+                    self.raw,
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Enqueues a copy of `n` bytes from device `src[src_off..]` to pinned `dst[dst_off..]`.
@@ -637,15 +644,20 @@ impl Stream {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: as in `copy_htod`; the destination is pinned memory owned by `dst`.
-        check("cuMemcpyDtoHAsync", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                dst.host_ptr().add(dst_off).cast(),
-                src.ptr + src_off as u64,
-                n,
-                self.raw,
-            )
-        })
+        // As in `copy_htod`: one driver copy per registered chunk of the destination range.
+        for piece in dst.copy_pieces(dst_off, n) {
+            let at = piece.start - dst_off;
+            // SAFETY: as in `copy_htod`; the destination is pinned memory owned by `dst`.
+            check("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    dst.host_ptr().add(piece.start).cast(),
+                    src.ptr + (src_off + at) as u64,
+                    piece.len(),
+                    self.raw,
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Enqueues a copy of `n` bytes between device allocations.

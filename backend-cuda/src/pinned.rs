@@ -261,6 +261,21 @@ impl PinnedMem {
         })
     }
 
+    /// `[off, off + n)` in the pieces a driver copy must be issued as: cut at the boundaries of
+    /// the chunks registered separately (hisparse_host_memory::HostRegion::pinned_pieces); one
+    /// piece for memory pinned by its owner.
+    pub(crate) fn copy_pieces(
+        &self,
+        off: usize,
+        n: usize,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let (registered, borrowed) = match &self.pinning {
+            Pinning::Registered(r) => (Some(r.pinned_pieces(off..off + n)), None),
+            Pinning::Borrowed => (None, (n != 0).then_some(off..off + n)),
+        };
+        registered.into_iter().flatten().chain(borrowed)
+    }
+
     /// Host address.
     pub(crate) fn host_addr(&self) -> usize {
         self.host as usize

@@ -1,7 +1,9 @@
 //! The host pool on a GPU (`harness = false`): a pool of about 200 MiB — allocated by the
 //! backend, registered in 16 MiB chunks and whole, and an engine's plain array lent and
 //! registered — is zeroed where the backend allocated it, and the swap-in gather kernel reads
-//! rows that straddle every chunk boundary through the device mapping byte for byte; after the
+//! rows that straddle every chunk boundary through the device mapping byte for byte, and the
+//! driver's bulk copies of the whole pool (split at the chunk boundaries) move every byte both
+//! ways; after the
 //! drop the release (on its own thread) unregisters and unmaps the backend's pool, and the
 //! lent array is unregistered before the drop returns and still holds its bytes.
 //!
@@ -12,7 +14,7 @@ use std::time::Duration;
 use cudarc::driver::sys::{self, CUresult};
 use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaHostBuffer};
 use hisparse_conformance::check::Check;
-use hisparse_core::ops::{GatherArgs, GatherDesc, LayerPair, PageLayout};
+use hisparse_core::ops::{BufferLen, GatherArgs, GatherDesc, LayerPair, PageLayout};
 use hisparse_core::{Device, Error as _};
 use hisparse_host_memory::{HostPoolConfig, Registration, is_mapped, wait_for_releases};
 
@@ -115,6 +117,35 @@ fn gather_check(
     Ok(())
 }
 
+/// Copies the whole pool to the device and back with the driver's bulk copies, which span every
+/// chunk registered separately, and checks both directions byte for byte (`want(i)`: byte `i`
+/// of the pool before; the pool holds `!want(i)` after).
+fn bulk_copy_check(
+    dev: &CudaDevice,
+    host: &mut CudaHostBuffer,
+    want: impl Fn(usize) -> u8,
+) -> Res<()> {
+    let s = dev.create_stream().map_err(e)?;
+    let len = host.byte_len() as usize;
+    let mut d = dev.alloc(len).map_err(e)?;
+    dev.copy_to_device(&s, host, 0, &mut d, 0, len).map_err(e)?;
+    dev.synchronize(&s).map_err(e)?;
+    let mut got = vec![0u8; len];
+    dev.download(&d, 0, &mut got).map_err(e)?;
+    if let Some(i) = (0..len).find(|&i| got[i] != want(i)) {
+        return Err(format!("byte {i} of a bulk copy host → device differs"));
+    }
+    let flipped: Vec<u8> = got.iter().map(|b| !b).collect();
+    dev.upload(&mut d, 0, &flipped).map_err(e)?;
+    dev.copy_to_host(&s, &d, 0, host, 0, len).map_err(e)?;
+    dev.synchronize(&s).map_err(e)?;
+    dev.read_pinned(host, 0, &mut got).map_err(e)?;
+    if let Some(i) = (0..len).find(|&i| got[i] != !want(i)) {
+        return Err(format!("byte {i} of a bulk copy device → host differs"));
+    }
+    Ok(())
+}
+
 /// A pool the backend allocates, registered as `registration` says.
 fn owned(base: &CudaDevice, registration: Registration) -> Res<String> {
     let dev = CudaDevice::open(0)
@@ -141,6 +172,7 @@ fn owned(base: &CudaDevice, registration: Registration) -> Res<String> {
     }
     dev.write_pinned(&mut pool, 0, &bytes).map_err(e)?;
     gather_check(&dev, &pool, &straddling_rows(len), pattern)?;
+    bulk_copy_check(&dev, &mut pool, pattern)?;
     drop(pool);
     if !wait_for_releases(Duration::from_secs(60)) {
         return Err("the pool's release did not finish within 60 s".into());
@@ -173,19 +205,20 @@ fn lent(dev: &CudaDevice) -> Res<String> {
         });
     // SAFETY: the array outlives the buffer (dropped below, before the array is freed) and the
     // test touches it only through the backend meanwhile.
-    let buf = unsafe { dev.wrap_host_memory(p, len) }.map_err(e)?;
+    let mut buf = unsafe { dev.wrap_host_memory(p, len) }.map_err(e)?;
     let setup = buf
         .setup()
         .cloned()
         .ok_or("the lent array was not registered here")?;
-    let result = gather_check(&dev, &buf, &straddling_rows(len), |i| pattern(i) ^ 0x5A);
+    let result = gather_check(&dev, &buf, &straddling_rows(len), |i| pattern(i) ^ 0x5A)
+        .and_then(|()| bulk_copy_check(&dev, &mut buf, |i| pattern(i) ^ 0x5A));
     drop(buf);
     let still_known = driver_knows(p as usize);
     // SAFETY: the array as written above: the lend must have kept every byte.
     let intact = unsafe { std::slice::from_raw_parts(p, len) }
         .iter()
         .enumerate()
-        .all(|(i, &b)| b == pattern(i) ^ 0x5A);
+        .all(|(i, &b)| b == !(pattern(i) ^ 0x5A));
     // SAFETY: allocated above with this layout, freed once, unregistered already.
     unsafe { std::alloc::dealloc(p, layout) };
     result?;
@@ -193,7 +226,7 @@ fn lent(dev: &CudaDevice) -> Res<String> {
         return Err("the lent array is still registered after its buffer dropped".into());
     }
     if !intact {
-        return Err("lending changed the array's bytes".into());
+        return Err("the lent array does not hold what the device wrote last".into());
     }
     Ok(format!("lent: {setup:?}"))
 }

@@ -564,13 +564,17 @@ impl Device for RocmDevice {
         bytes: usize,
     ) -> Result<(), RocmError> {
         check_bulk(src, src_offset, dst, dst_offset, bytes)?;
-        self.memcpy_async(
-            stream,
-            dst.at(dst_offset),
-            src.host_at(src_offset),
-            bytes,
-            MemcpyKind::HostToDevice,
-        )
+        // One copy per separately registered chunk the source range crosses.
+        for piece in src.copy_pieces(src_offset, bytes) {
+            self.memcpy_async(
+                stream,
+                dst.at(dst_offset + (piece.start - src_offset)),
+                src.host_at(piece.start),
+                piece.len(),
+                MemcpyKind::HostToDevice,
+            )?;
+        }
+        Ok(())
     }
 
     fn copy_to_host(
@@ -583,13 +587,17 @@ impl Device for RocmDevice {
         bytes: usize,
     ) -> Result<(), RocmError> {
         check_bulk(src, src_offset, dst, dst_offset, bytes)?;
-        self.memcpy_async(
-            stream,
-            dst.host_at(dst_offset),
-            src.at(src_offset),
-            bytes,
-            MemcpyKind::DeviceToHost,
-        )
+        // One copy per separately registered chunk the destination range crosses.
+        for piece in dst.copy_pieces(dst_offset, bytes) {
+            self.memcpy_async(
+                stream,
+                dst.host_at(piece.start),
+                src.at(src_offset + (piece.start - dst_offset)),
+                piece.len(),
+                MemcpyKind::DeviceToHost,
+            )?;
+        }
+        Ok(())
     }
 
     fn copy_on_device(

@@ -184,6 +184,34 @@ fn whole_registration_pins_once_after_touching_in_parallel() {
 }
 
 #[test]
+fn driver_copies_are_cut_at_every_chunk_boundary() {
+    let cfg = HostPoolConfig {
+        chunk_bytes: Some(HUGE_PAGE),
+        ..HostPoolConfig::default()
+    };
+    let len = 3 * HUGE_PAGE + 5;
+    let region = HostRegion::allocate(len, &cfg, None, Recorder::new(true).0).unwrap();
+    let pieces = |r: Range<usize>| region.pinned_pieces(r).collect::<Vec<_>>();
+    let h = HUGE_PAGE;
+    assert_eq!(
+        pieces(0..len),
+        vec![0..h, h..2 * h, 2 * h..3 * h, 3 * h..len]
+    );
+    assert_eq!(pieces(h - 1..h + 1), vec![h - 1..h, h..h + 1]);
+    assert_eq!(pieces(h..2 * h), vec![h..2 * h]);
+    assert_eq!(pieces(3 * h + 1..len), vec![3 * h + 1..len]);
+    assert_eq!(pieces(7..7), Vec::<Range<usize>>::new());
+    // Pinned whole: one piece.
+    let whole = HostPoolConfig {
+        registration: Registration::Whole,
+        ..cfg
+    };
+    let one = HostRegion::allocate(len, &whole, None, Recorder::new(true).0).unwrap();
+    assert_eq!(one.pinned_pieces(5..len).collect::<Vec<_>>(), vec![5..len]);
+    assert!(one.pinned_pieces(9..9).next().is_none());
+}
+
+#[test]
 fn the_device_range_must_continue_over_every_chunk() {
     let cfg = HostPoolConfig {
         chunk_bytes: Some(HUGE_PAGE),

@@ -1,7 +1,7 @@
 //! `--profile-targets`: the decode-size launches a profiler should look at, each issued three
 //! times on the stream (no graphs, no timing), in a fixed order that the profiler's records
-//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 64
-//! requests (a first step that fills the hot buffers, then a step with about 9% misses), and the
+//! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 1 and
+//! 64 requests (a first step that fills the hot buffers, then a step with about 9% misses), and the
 //! fused resolve-and-gather of that second step (each block copying its own request). Every
 //! launch's label is printed after the launches (`profile-target N: label`), so
 //! `.ci/gpu/cuda-perf.sh` can name Nsight Compute's records (the N-th record of `hs_remap`,
@@ -25,6 +25,17 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
     let mut rng = SplitMix64::new(0x5eed);
     remaps(b, &mut rng, &mut labels)?;
     let host = host_pool(b)?;
+    // One request: the fixed cost of a decode-size resolve, alone.
+    {
+        let mut w = Walk::new(b, 1, 2, &mut rng)?;
+        for i in 0..REPEATS {
+            w.reset(&b.dev, &b.s)?;
+            w.resolve(&b.dev, &b.s, 0, None)?;
+            labels.push(format!("hs_resolve 1 req, filling step, call {}", i + 1));
+            w.resolve(&b.dev, &b.s, 1, None)?;
+            labels.push(format!("hs_resolve 1 req, ~9% misses, call {}", i + 1));
+        }
+    }
     let mut w = Walk::new(b, 64, 2, &mut rng)?;
     let hot_blocks = 64 * w.desc.hot_table_width();
     let layer = [LayerPair {
