@@ -5,7 +5,7 @@
 //
 // Definitions follow the HIP headers (amd_hip_runtime.h, amd_device_functions.h,
 // amd_hip_atomic.h): barrier = release fence, s_barrier, acquire fence; atomics at agent scope
-// (workgroup scope for shared memory is implied by the address space); __shfl_up through
+// (workgroup scope for shared memory is implied by the address space); __shfl_up and __shfl through
 // ds_bpermute.
 
 #define __global__ __attribute__((global))
@@ -70,6 +70,19 @@ static __device__ __forceinline__ unsigned __shfl_up(unsigned var, unsigned delt
     int index = self - (int)delta;
     index = (index < (self & ~(width - 1))) ? self : index;
     return (unsigned)__builtin_amdgcn_ds_bpermute(index << 2, (int)var);
+}
+
+// HIP's __shfl(var, src_lane, width = warpSize) for unsigned values.
+static __device__ __forceinline__ unsigned __shfl(unsigned var, int src_lane) {
+    const int width = __AMDGCN_WAVEFRONT_SIZE__;
+    const int self = (int)hs_hip_lane_id();
+    const int index = (self & ~(width - 1)) + (src_lane & (width - 1));
+    return (unsigned)__builtin_amdgcn_ds_bpermute(index << 2, (int)var);
+}
+
+// HIP's __clz: leading zero bits of a 32-bit value (32 for zero).
+static __device__ __forceinline__ int __clz(int x) {
+    return x == 0 ? 32 : __builtin_clz((unsigned)x);
 }
 
 static __device__ __forceinline__ unsigned atomicAdd(unsigned* p, unsigned v) {

@@ -193,6 +193,16 @@ unsigned hs_cpu_shfl_up(unsigned v, unsigned d) {
     return r;
 }
 
+unsigned hs_cpu_shfl(unsigned v, unsigned src) {
+    const unsigned t = hs_cpu_tid.x, lane = t % HS_WARP;
+    g_lanes[t] = v;
+    park(At::Warp);
+    const unsigned r = g_lanes[t - lane + src % HS_WARP];
+    // Every lane has read before any lane writes its next value.
+    park(At::Warp);
+    return r;
+}
+
 // Runs `body` once per thread of every block of the grid, the threads of a block as fibers.
 template <class F>
 static void hs_cpu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem, F body) {

@@ -19,6 +19,7 @@ extern hs_dim3 hs_cpu_bid, hs_cpu_bdim, hs_cpu_gdim;
 extern unsigned char* hs_cpu_dyn_smem;
 void hs_cpu_sync();
 unsigned hs_cpu_shfl_up(unsigned v, unsigned d);
+unsigned hs_cpu_shfl(unsigned v, unsigned src);
 #define HS_KERNEL extern "C"
 #define HS_BOUNDS(n)
 #define HS_DEVICE static inline
@@ -31,6 +32,8 @@ unsigned hs_cpu_shfl_up(unsigned v, unsigned d);
 #define HS_NBLOCKS_X (hs_cpu_gdim.x)
 #define HS_WARP 32u
 #define HS_SHFL_UP_U32(v, d) hs_cpu_shfl_up((v), (d))
+#define HS_SHFL_U32(v, src) hs_cpu_shfl((v), (src))
+#define HS_CLZ(x) ((unsigned)(x) == 0 ? 32 : __builtin_clz((unsigned)(x)))
 // One block runs at a time, so function-local statics are exactly per-block shared memory.
 #define HS_SHARED static
 #define HS_DYN_SHARED(name) unsigned char* name = hs_cpu_dyn_smem

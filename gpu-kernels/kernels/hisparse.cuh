@@ -208,26 +208,38 @@ HS_DEVICE u32 hs_warp_inclusive(u32 v) {
     return v;
 }
 
+// The sum of the warp totals `t[0..warp)` (the warps before the calling thread's) and of all
+// `nw` of them: lane l reads t[l], one warp scan, two shuffles, so every thread's cost is the
+// same however many warps the block has (nw <= HS_WARP: a block of at most 1024 threads).
+HS_DEVICE void hs_warp_totals(const u32* t, u32 nw, u32 warp, u32& before, u32& sum) {
+    const u32 lane = HS_TID % HS_WARP;
+    const u32 inc = hs_warp_inclusive(lane < nw ? t[lane] : 0u);
+    sum = HS_SHFL_U32(inc, HS_WARP - 1u);
+    const u32 b = HS_SHFL_U32(inc, warp == 0 ? 0u : warp - 1u);
+    before = warp == 0 ? 0u : b;
+}
+
 // Exclusive prefix sum of `v` over the block in thread order, and the block's total, with ONE
-// barrier: each warp publishes its total, then every thread adds up the totals of the warps
-// before its own. `s` holds 2 * HS_MAX_WARPS words; `phase` must differ by one between
-// consecutive calls (callers pass a counter), so a call never overwrites the half that readers of
-// the previous call may still read (they all passed this call's barrier before anyone writes the
-// same half again). Every thread of the block calls it; blockDim.x is a multiple of HS_WARP.
+// barrier: each warp publishes its total, then every warp scans the totals (hs_warp_totals).
+// `s` holds 2 * HS_MAX_WARPS words; `phase` must differ by one between consecutive calls
+// (callers pass a counter), so a call never overwrites the half that readers of the previous
+// call may still read (they all passed this call's barrier before anyone writes the same half
+// again). Every thread of the block calls it; blockDim.x is a multiple of HS_WARP.
 HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
     const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
     u32* t = s + (phase & 1u) * HS_MAX_WARPS;
     const u32 inc = hs_warp_inclusive(v);
     if (lane == HS_WARP - 1) t[warp] = inc;
     HS_SYNC();
-    u32 before = 0, sum = 0;
-    for (u32 w = 0; w < nw; ++w) {
-        const u32 x = t[w];
-        before += w < warp ? x : 0u;
-        sum += x;
-    }
-    total = sum;
+    u32 before;
+    hs_warp_totals(t, nw, warp, before, total);
     return before + inc - v;
+}
+
+// log2(x) when x is a power of two, else 32 (the "no shift" marker of the kernels' geometry:
+// a shift and a mask instead of a division).
+HS_DEVICE u32 hs_pow2_shift(u32 x) {
+    return x != 0 && (x & (x - 1)) == 0 ? 31u - (u32)HS_CLZ(x) : 32u;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -380,11 +392,7 @@ HS_DEVICE void hs_remap_rows(
     g.block_size = block_size;
     g.max_blocks = max_blocks;
     g.stride = block_stride_rows;
-    g.shift = 32;
-    if ((block_size & (block_size - 1)) == 0) {
-        g.shift = 0;
-        while ((1u << g.shift) < block_size) ++g.shift;
-    }
+    g.shift = hs_pow2_shift(block_size);
     const bool compact = (flags & HS_REMAP_COMPACT) != 0;
     const bool staged = compact && (flags & HS_REMAP_STAGED) != 0;
     const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
@@ -636,12 +644,9 @@ HS_DEVICE u32 hs_lookup(const hs_wanted* table, u32 mask, i32 g) {
 // Empties entries [0, n) of a wanted-row table, the block's threads striding over them (no
 // barrier: the caller syncs before the table is used).
 HS_DEVICE void hs_clear_table(hs_wanted* table, u32 n) {
-    for (u32 i = HS_TID; i < n; i += HS_NTHREADS) {
-        table[i].key = HS_EMPTY_KEY;
-        table[i].first_entry = HS_NONE;
-        table[i].first_lru = HS_NONE;
-        table[i].slot = HS_NONE;
-    }
+    // One 16-byte store per entry (the table is 16-byte aligned in shared and global memory).
+    const uint4 empty = make_uint4((u32)HS_EMPTY_KEY, HS_NONE, HS_NONE, HS_NONE);
+    for (u32 i = HS_TID; i < n; i += HS_NTHREADS) ((uint4*)table)[i] = empty;
 }
 
 // Inserts g with entry ordinal `entry` (the smallest ordinal wins); returns g's slot in the table.
@@ -741,43 +746,9 @@ HS_DEVICE i32 hs_hot_row_staged(const hs_resolve_desc& d, const i32* s_hot, cons
     return hs_physical_row(s_hot[col], d.attention_block_stride, off);
 }
 
-// The sums of the first `warp` and of all `nw` warp totals in `t` (16-byte aligned): four totals
-// per shared load, the groups wholly before `warp` added in whole, the one group `warp` splits
-// added total by total.
-HS_DEVICE void hs_warp_totals(const u32* t, u32 nw, u32 warp, u32& before, u32& sum) {
-    u32 b = 0, a = 0, w = 0;
-    for (; w + 4u <= nw; w += 4u) {
-        const uint4 x = *(const uint4*)(t + w);
-        const u32 g = (x.x + x.y) + (x.z + x.w);
-        a += g;
-        b += w + 4u <= warp ? g : 0u;
-    }
-    for (u32 i = warp & ~3u; i < warp && i < w; ++i) b += t[i];
-    for (; w < nw; ++w) {
-        const u32 x = t[w];
-        a += x;
-        b += w < warp ? x : 0u;
-    }
-    before = b;
-    sum = a;
-}
-
-// hs_block_scan1 for the resolver: `s` (2 * HS_MAX_WARPS words, 16-byte aligned) read four
-// warp totals at a time (hs_warp_totals).
-HS_DEVICE u32 hs_block_scan1a(u32 v, u32* s, u32 phase, u32& total) {
-    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
-    u32* t = s + (phase & 1u) * HS_MAX_WARPS;
-    const u32 inc = hs_warp_inclusive(v);
-    if (lane == HS_WARP - 1) t[warp] = inc;
-    HS_SYNC();
-    u32 before;
-    hs_warp_totals(t, nw, warp, before, total);
-    return before + inc - v;
-}
-
 // Two exclusive prefix sums over the block in thread order, with their totals, in ONE barrier.
-// `s` holds 4 * HS_MAX_WARPS words (16-byte aligned); the first sum uses the half
-// hs_block_scan1a of the same `phase` uses, the second the matching half of
+// `s` holds 4 * HS_MAX_WARPS words; the first sum uses the half hs_block_scan1 of the same
+// `phase` uses, the second the matching half of
 // s[2 * HS_MAX_WARPS..], so calls of either kind may alternate (phase differing by one between
 // consecutive calls of both).
 HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32& eb, u32& ta,
@@ -855,12 +826,9 @@ HS_DEVICE u32 hs_resolve_body(
     d.hot_slots = hot_slots;
     d.attention_block_stride = attention_block_stride;
     d.host_num_blocks = host_num_blocks;
-    d.shift = 32;
-    if ((block_size & (block_size - 1)) == 0) {
-        d.shift = 0;
-        while ((1u << d.shift) < block_size) ++d.shift;
-    }
-    d.hot_cols = hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
+    d.shift = hs_pow2_shift(block_size);
+    d.hot_cols = d.shift < 32 ? (hot_slots + block_size - 1) >> d.shift
+                              : hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
 
     if (stats != 0 && t == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
     if (t >= num_tokens) return 0;
@@ -979,8 +947,8 @@ HS_DEVICE u32 hs_resolve_body(
         p_slot_host_rows[q] = cached_n && p < N && s < N ? slot_host_rows[sbase + s] : -1;
     }
 
-    u32 cap = 16;
-    while (cap < 2 * entries) cap <<= 1;
+    // The smallest power of two >= 2 * entries, at least 16.
+    u32 cap = 2 * entries <= 16 ? 16u : 1u << (32u - (u32)HS_CLZ(2 * entries - 1));
     const bool table_shared = cap <= smem_cap;
     if (table_shared) cap = smem_cap;
     unsigned char* state;
@@ -1172,7 +1140,7 @@ HS_DEVICE u32 hs_resolve_body(
                 }
             }
             u32 total;
-            u32 hr = hits_before + hs_block_scan1a(nh, s_scan, phase++, total);
+            u32 hr = hits_before + hs_block_scan1(nh, s_scan, phase++, total);
 #pragma unroll
             for (u32 q = 0; q < HS_RESOLVE_IN; ++q) {
                 const u32 p = p0 + q;
@@ -1235,7 +1203,7 @@ HS_DEVICE u32 hs_resolve_body(
                         hs_block_scan_pair(nm, row_hits, s_scan, phase++, m, ignore, total,
                                            hits_total);
                     } else {
-                        m = hs_block_scan1a(nm, s_scan, phase++, total);
+                        m = hs_block_scan1(nm, s_scan, phase++, total);
                     }
                     m += misses;
 #pragma unroll
@@ -1310,7 +1278,7 @@ HS_DEVICE u32 hs_resolve_body(
             }
         }
         u32 total;
-        hs_block_scan1a(valid, s_scan, phase++, total);
+        hs_block_scan1(valid, s_scan, phase++, total);
         if (HS_TID == 0) {
             valid_counts[t2] = (i32)total;
             if (stats != 0 && total != 0) atomicAdd(stats + 2, total);

@@ -15,5 +15,9 @@
 #define HS_WARP 32u
 // Inclusive-scan step inside a warp: the value of the lane `d` below, every lane participating.
 #define HS_SHFL_UP_U32(v, d) __shfl_up_sync(0xffffffffu, (v), (d))
+// The value of lane `src` of the calling warp, every lane participating.
+#define HS_SHFL_U32(v, src) __shfl_sync(0xffffffffu, (v), (src))
+// Leading zero bits of a 32-bit value (32 for zero).
+#define HS_CLZ(x) __clz((int)(x))
 #define HS_SHARED __shared__
 #define HS_DYN_SHARED(name) extern __shared__ __align__(16) unsigned char name[]

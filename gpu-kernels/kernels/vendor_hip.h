@@ -21,5 +21,7 @@
 #define HS_WARP 64u
 #endif
 #define HS_SHFL_UP_U32(v, d) __shfl_up((unsigned)(v), (unsigned)(d))
+#define HS_SHFL_U32(v, src) __shfl((unsigned)(v), (int)(src))
+#define HS_CLZ(x) __clz((int)(x))
 #define HS_SHARED __shared__
 #define HS_DYN_SHARED(name) extern __shared__ __attribute__((aligned(16))) unsigned char name[]
