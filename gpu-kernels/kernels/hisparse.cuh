@@ -246,17 +246,13 @@ HS_DEVICE u32 hs_pow2_shift(u32 x) {
 // Remap (hisparse_core::ops::remap::remap)
 // ---------------------------------------------------------------------------------------------
 //
-// Launch: grid (x: any size; the host uses min(num_tokens, what the device holds at once), and
-// one block for an empty batch with stats; y: column tiles, 1 with HS_REMAP_COUNTS or
-// HS_REMAP_COMPACT), block (a multiple of 64 up to HS_REMAP_MAX_THREADS; with counts or
-// compaction the host uses top_k / 4 threads, one 16-byte vector each, when top_k is a multiple
-// of 4; a plain remap takes smaller blocks and splits each row over y tiles, so a few rows still
-// spread over many multiprocessors), dynamic shared memory 4 * top_k bytes with HS_REMAP_STAGED,
-// else none. Blocks take token rows grid-stride; block (x, y) covers columns [y * span, (y + 1)
-// * span) of its rows, then every (gridDim.y * span)-th column on (span: its threads times the
-// entries each takes per pass). `idx_mapping` and `counts` may be null when the matching flag is
-// clear; `stats` (null: none) receives each row's valid entries in word 2 (each tile adds its
-// own; counted whether or not `counts` is written) and block (0, 0) adds the call to word 3.
+// Launch: grid (any size; the host uses min(num_tokens, what the device holds at once), and one
+// block for an empty batch with stats), block (a multiple of 64 up to HS_REMAP_MAX_THREADS; the
+// host uses top_k / 4 threads, one 16-byte vector each, when top_k is a multiple of 4), dynamic
+// shared memory 4 * top_k bytes with HS_REMAP_STAGED, else none. Blocks take token rows
+// grid-stride. `idx_mapping` and `counts` may be null when the matching flag is clear; `stats`
+// (null: none) receives each row's valid entries in word 2 (counted whether or not `counts` is
+// written) and block 0 adds the call to word 3.
 //
 // Per row the request id and the thread's top-k vector are loaded together (independent), one
 // row ahead: while a block looks up row t, the inputs of its next row are already in flight, so a
@@ -391,7 +387,7 @@ HS_DEVICE void hs_remap_rows(
     i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
     u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
     u32 flags, const hs_remap_mode_set& modes, i32* s_row, u32* s_scan) {
-    if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
+    if (stats != 0 && HS_BID_X == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
     hs_remap_geo g;
     g.block_size = block_size;
     g.max_blocks = max_blocks;
@@ -400,15 +396,11 @@ HS_DEVICE void hs_remap_rows(
     const bool compact = (flags & HS_REMAP_COMPACT) != 0;
     const bool staged = compact && (flags & HS_REMAP_STAGED) != 0;
     const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
-    // Four entries (one 16-byte vector) per thread per pass when rows are 16-byte aligned. A
-    // block covers `span` columns per pass; the grid's y blocks split each row's columns into
-    // interleaved tiles (plain rows only: counts and compaction need the whole row in a block).
+    // Four entries (one 16-byte vector) per thread per pass when rows are 16-byte aligned.
     const bool vec = (top_k & 3u) == 0;
     const u32 per = vec ? 4u : 1u;
     const u32 span = HS_NTHREADS * per;
-    const u32 stride = span * HS_NBLOCKS_Y;
-    const u32 tile_first = HS_BID_Y * span;
-    const u32 j_first = tile_first + HS_TID * per;
+    const u32 j_first = HS_TID * per;
     // s_row: the compacted row (staged mode), top_k entries.
     u32 phase = 0; // hs_block_scan1 calls so far (uniform over the block)
 
@@ -442,7 +434,7 @@ HS_DEVICE void hs_remap_rows(
         i32* o = out + (u64)t * top_k;
         u32 written = 0; // compaction: valid entries written so far (uniform)
         u32 valid = 0;   // this thread's valid entries (counts without compaction)
-        for (u32 base = 0; base + tile_first < top_k; base += stride) {
+        for (u32 base = 0; base < top_k; base += span) {
             const u32 j0 = base + j_first;
             const bool mine = j0 < top_k; // in vector mode j0 + 3 < top_k then too
             if (base > 0) {

@@ -304,35 +304,13 @@ pub const fn remap_threads(top_k: u32) -> u32 {
 /// blocks of 512 threads).
 pub const REMAP_BLOCKS_PER_MULTIPROCESSOR: u32 = 4;
 
-/// Threads of a plain remap's block (no counts, no compaction): each row's columns are split
-/// into tiles of this many threads' vectors, one block each, so that a decode step's few rows
-/// spread over many multiprocessors instead of queueing a row's 2,048 scattered block-table loads
-/// on one (a row of 2,048 entries: 8 tiles).
-pub const REMAP_TILE_THREADS: u32 = 64;
-
-/// The launch shape `hs_remap` and `hs_remap_modes` share: flags, dynamic shared memory, grid
-/// (rows, column tiles) and block.
+/// The launch shape `hs_remap` and `hs_remap_modes` share: flags, dynamic shared memory, grid and
+/// block.
 struct RemapShape {
     flags: u32,
     shared: u32,
-    grid: [u32; 2],
+    grid: u32,
     block: u32,
-}
-
-/// Column tiles and threads per block of a remap of rows of `top_k` entries: a plain remap's
-/// rows split into tiles of [`REMAP_TILE_THREADS`] threads; with counts or compaction one block
-/// of [`remap_threads`] per row (the row's count is a block sum, its compaction a block scan).
-const fn remap_tiles(top_k: u32, whole_rows: bool) -> (u32, u32) {
-    let threads = remap_threads(top_k);
-    if whole_rows || threads <= REMAP_TILE_THREADS {
-        return (1, threads);
-    }
-    let units = if top_k.is_multiple_of(4) {
-        top_k / 4
-    } else {
-        top_k
-    };
-    (units.div_ceil(REMAP_TILE_THREADS), REMAP_TILE_THREADS)
 }
 
 fn remap_shape(t: &Target, d: &RemapDesc) -> Result<RemapShape, PlanError> {
@@ -354,20 +332,16 @@ fn remap_shape(t: &Target, d: &RemapDesc) -> Result<RemapShape, PlanError> {
     } else {
         0
     };
-    let (tiles, block) = remap_tiles(d.top_k, d.write_counts || d.compact);
-    // Blocks the device holds at once (as many threads per multiprocessor as the launch bounds
-    // allow), in rows of `tiles` blocks.
-    let resident_blocks = t
+    let resident = t
         .multiprocessors
         .max(1)
-        .saturating_mul(REMAP_BLOCKS_PER_MULTIPROCESSOR * REMAP_MAX_THREADS / block);
-    let resident_rows = (resident_blocks / tiles).max(1);
+        .saturating_mul(REMAP_BLOCKS_PER_MULTIPROCESSOR);
     Ok(RemapShape {
         flags,
         shared,
         // At least one block: an empty batch with stats counts the call.
-        grid: [d.num_tokens.min(resident_rows).max(1), tiles],
-        block,
+        grid: d.num_tokens.min(resident).max(1),
+        block: remap_threads(d.top_k),
     })
 }
 
@@ -405,7 +379,7 @@ pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanErro
         .u32(shape.flags);
     Ok(Plan::one(Launch {
         kernel: Kernel::Remap,
-        grid: [shape.grid[0], shape.grid[1], 1],
+        grid: [shape.grid, 1, 1],
         block: shape.block,
         shared: shape.shared,
         args,
@@ -459,7 +433,7 @@ pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Resul
         .u32(dcp[2]);
     Ok(Plan::one(Launch {
         kernel: Kernel::RemapModes,
-        grid: [shape.grid[0], shape.grid[1], 1],
+        grid: [shape.grid, 1, 1],
         block: shape.block,
         shared: shape.shared,
         args,
@@ -1445,41 +1419,6 @@ mod tests {
         assert_eq!(remap_threads(130), 192);
         assert_eq!(remap_threads(100), 64);
         assert_eq!(remap_threads(1 << 20), REMAP_MAX_THREADS);
-    }
-
-    #[test]
-    fn plain_remap_rows_split_into_column_tiles() {
-        // A plain row of 2,048 entries: 8 tiles of 64 threads' vectors; counts or compaction
-        // keep one block of 512 threads per row.
-        assert_eq!(remap_tiles(2048, false), (8, REMAP_TILE_THREADS));
-        assert_eq!(remap_tiles(2048, true), (1, 512));
-        // GLM's 2,176 entries: 9 tiles, the last one partly used; a short row: one block.
-        assert_eq!(remap_tiles(2176, false), (9, REMAP_TILE_THREADS));
-        assert_eq!(remap_tiles(256, false), (1, 64));
-        // Rows not of whole vectors: one entry per thread.
-        assert_eq!(remap_tiles(2050, false), (33, REMAP_TILE_THREADS));
-        // The grid: one row per x block while the device holds every tile at once.
-        let a = RemapAddrs::default();
-        let plan = |n, counts| {
-            let d = RemapDesc {
-                num_tokens: n,
-                top_k: 2048,
-                table_rows: 1,
-                max_blocks: 1,
-                block_size: 64,
-                block_stride_rows: 64,
-                idx_mapping_len: None,
-                write_counts: counts,
-                compact: false,
-                stats_slot: 0,
-            };
-            let l = &remap(&H200, &d, &a).unwrap().launches[0];
-            (l.grid, l.block)
-        };
-        assert_eq!(plan(1, false), ([1, 8, 1], 64));
-        assert_eq!(plan(1, true), ([1, 1, 1], 512));
-        // 132 multiprocessors × 32 blocks of 64 threads hold 528 rows of 8 tiles.
-        assert_eq!(plan(1024, false), ([528, 8, 1], 64));
     }
 
     #[test]

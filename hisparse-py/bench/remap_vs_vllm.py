@@ -45,8 +45,11 @@ def vllm_remap(path):
     found = {}
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.FunctionDef) and node.name in wanted:
-            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-            found[node.name] = textwrap.dedent("\n".join(lines[first - 1:node.end_lineno]))
+            # The function and its Triton decorator (not the class's @staticmethod).
+            decorators = ["@" + ast.get_source_segment(text, d) for d in node.decorator_list
+                          if not (isinstance(d, ast.Name) and d.id == "staticmethod")]
+            body = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno]))
+            found[node.name] = "\n".join(decorators + [body])
     missing = wanted - found.keys()
     if missing:
         raise SystemExit(f"{path} has no {', '.join(sorted(missing))}: pass vLLM 0.33's "
