@@ -24,9 +24,12 @@ Needs a CUDA GPU, PyTorch, Triton and the hisparse wheel built with CUDA.
 
 import argparse
 import ast
+import importlib.util
+import os
 import json
 import statistics
 import sys
+import tempfile
 import textwrap
 
 BLOCK = 64
@@ -36,9 +39,6 @@ TOP_K = 2048
 
 def vllm_remap(path):
     """vLLM's remap kernel and its tiling rule, compiled from `path` without importing vLLM."""
-    import triton
-    import triton.language as tl
-
     text = open(path).read()
     lines = text.splitlines()
     wanted = {"sparse_mla_index_remap_kernel", "_remap_tiling"}
@@ -54,10 +54,18 @@ def vllm_remap(path):
     if missing:
         raise SystemExit(f"{path} has no {', '.join(sorted(missing))}: pass vLLM 0.33's "
                          "vllm/v1/attention/backends/mla/sparse_utils.py")
-    space = {"triton": triton, "tl": tl}
-    for name in ("_remap_tiling", "sparse_mla_index_remap_kernel"):
-        exec(compile(found[name], path, "exec"), space)  # vLLM's own source, run as written
-    return space["sparse_mla_index_remap_kernel"], space["_remap_tiling"]
+    # Triton reads a kernel's source back from its file, so the two functions become a module
+    # of their own in a temporary directory (vLLM's source, run as written).
+    folder = tempfile.mkdtemp(prefix="vllm-remap-")
+    module_path = os.path.join(folder, "vllm_remap_kernel.py")
+    with open(module_path, "w") as f:
+        f.write("import triton\nimport triton.language as tl\n\n\n")
+        f.write("\n\n\n".join(found[n] for n in ("_remap_tiling", "sparse_mla_index_remap_kernel")))
+        f.write("\n")
+    spec = importlib.util.spec_from_file_location("vllm_remap_kernel", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.sparse_mla_index_remap_kernel, module._remap_tiling
 
 
 def layout(requests):
