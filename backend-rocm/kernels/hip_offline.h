@@ -91,6 +91,9 @@ static __device__ __forceinline__ unsigned atomicAdd(unsigned* p, unsigned v) {
 static __device__ __forceinline__ unsigned atomicOr(unsigned* p, unsigned v) {
     return __hip_atomic_fetch_or(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+static __device__ __forceinline__ unsigned atomicAnd(unsigned* p, unsigned v) {
+    return __hip_atomic_fetch_and(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 static __device__ __forceinline__ unsigned atomicMin(unsigned* p, unsigned v) {
     return __hip_atomic_fetch_min(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
