@@ -1431,7 +1431,10 @@ HS_DEVICE u32 hs_resolve_decode(
     if (any) atomicOr(&s_any_host, 1u);
     if (shared_row) atomicOr(&s_shared_row, 1u);
     HS_SYNC(); // (2)
-    if (s_other_row != 0) return HS_NONE; // several rows: the body resolves them together
+    if (s_other_row != 0) { // uniform: several rows, which the body resolves together
+        HS_SYNC(); // every thread has read the flags before the body clears them
+        return HS_NONE;
+    }
     const bool any_host = s_any_host != 0;
     const bool corrupt = s_corrupt != 0;
     const bool dups = s_shared_row != 0;
@@ -1590,7 +1593,8 @@ HS_DEVICE u32 hs_resolve_rows(
     bool& allocated) {
     // Static shared scratch of both paths (RESOLVE_STATIC_SHARED_BYTES on the host): the scans'
     // words and four flags. The decode path hands the block to the body only after a barrier
-    // that every thread passed after its last use of them.
+    // that every thread passed after its last use of them (racecheck flags the body's first
+    // writes otherwise).
     HS_SHARED u32 s_scan[4 * HS_MAX_WARPS];
     HS_SHARED u32 s_words[4];
     allocated = false;
