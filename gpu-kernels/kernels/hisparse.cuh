@@ -1328,12 +1328,14 @@ HS_DEVICE u32 hs_resolve_decode(
     u32& s_corrupt = s_words[2];
     u32& s_shared_row = s_words[3];
     const u32 K = top_k, N = hot_slots;
-    // Static eligibility (uniform): one pass of entries and of slots, shared state and a shared
-    // table of at least twice the entries, state-row order.
+    // Static eligibility (uniform): one pass of entries (an even count: a thread's two entries
+    // are one 8-byte load) and of slots (a multiple of 4: a thread's four LRU positions and
+    // cached rows are one 8- and one 16-byte load), shared state and a shared table of at least
+    // twice the entries, state-row order.
     const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
     if (t >= num_tokens || idx_mapping != 0 || HS_NTHREADS != HS_RESOLVE_THREADS ||
-        (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u || K == 0 ||
-        K > HS_RESOLVE_THREADS * 2u || N == 0 || N > HS_RESOLVE_THREADS * 4u ||
+        (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u || K == 0 || (K & 1u) != 0 ||
+        K > HS_RESOLVE_THREADS * 2u || N == 0 || (N & 3u) != 0 || N > HS_RESOLVE_THREADS * 4u ||
         smem_cap < 2u * K || (smem_cap & (smem_cap - 1u)) != 0u)
         return HS_NONE;
     const i32 req = HS_LDG(req_id + t);
@@ -1359,15 +1361,24 @@ HS_DEVICE u32 hs_resolve_decode(
     // positions and its four slots' cached rows, the request's hot-table row (staged), and
     // the other token rows' requests.
     const u32 j0 = HS_TID * 2u, p0 = HS_TID * 4u;
-    i32 tok[2];
+    const bool my_entries = j0 < K, my_slots = p0 < N; // both entries, all four slots, or none
+    i32 tok[2] = {-1, -1};
+    if (my_entries) {
+        const u64 pair = HS_LDG((const u64*)(topk + base + j0));
+        tok[0] = (i32)(u32)pair;
+        tok[1] = (i32)(u32)(pair >> 32);
+    }
+    u32 pos_slot[4] = {0, 0, 0, 0};
+    i32 cached_row[4] = {-1, -1, -1, -1};
+    if (my_slots) {
+        const u64 four = *(const u64*)(lru + sbase + p0);
+        const uint4 rows = *(const uint4*)(slot_host_rows + sbase + p0);
 #pragma unroll
-    for (u32 q = 0; q < 2; ++q) tok[q] = j0 + q < K ? HS_LDG(topk + base + j0 + q) : -1;
-    u32 pos_slot[4];
-    i32 cached_row[4];
-#pragma unroll
-    for (u32 q = 0; q < 4; ++q) {
-        pos_slot[q] = p0 + q < N ? (u32)lru[sbase + p0 + q] : 0u;
-        cached_row[q] = p0 + q < N ? slot_host_rows[sbase + p0 + q] : -1;
+        for (u32 q = 0; q < 4; ++q) pos_slot[q] = (u32)(four >> (16u * q)) & 0xffffu;
+        cached_row[0] = (i32)rows.x;
+        cached_row[1] = (i32)rows.y;
+        cached_row[2] = (i32)rows.z;
+        cached_row[3] = (i32)rows.w;
     }
     bool other_row = false;
     for (u32 t2 = HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
@@ -1378,12 +1389,14 @@ HS_DEVICE u32 hs_resolve_decode(
     u16* s_part = (u16*)(smem + hs_align16(2 * N));      // evictables, then hits from the end
     u32* s_bits = (u32*)(smem + 2 * hs_align16(2 * N));  // slots claimed, then positions not hit
     hs_wanted* table = (hs_wanted*)(smem + state_bytes);
-    const u32 mask = smem_cap - 1u;
+    // The table at twice the entries rounded up to a power of two (at most half full).
+    const u32 cap = 1u << (32u - (u32)HS_CLZ(2u * K - 1u));
+    const u32 mask = cap - 1u;
     i32* s_hot = d.hot_cols <= HS_RESOLVE_HOT_STAGE ? (i32*)hs_smem : (i32*)0;
     if (s_hot != 0)
         for (u32 i = HS_TID; i < d.hot_cols; i += HS_NTHREADS)
             s_hot[i] = HS_LDG(hot_table + (u64)r * d.hot_cols + i);
-    hs_clear_table(table, smem_cap);
+    hs_clear_table(table, cap);
     for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
     if (HS_TID == 0) {
         s_other_row = 0;
@@ -1397,7 +1410,7 @@ HS_DEVICE u32 hs_resolve_decode(
 #pragma unroll
     for (u32 q = 0; q < 2; ++q) {
         val[q] = -1;
-        kind[q] = j0 + q < K ? hs_classify(d, resident_table, host_table, r, r, tok[q], val[q]) : 0u;
+        kind[q] = my_entries ? hs_classify(d, resident_table, host_table, r, r, tok[q], val[q]) : 0u;
     }
     HS_SYNC(); // (1)
 
@@ -1417,7 +1430,7 @@ HS_DEVICE u32 hs_resolve_decode(
     }
 #pragma unroll
     for (u32 q = 0; q < 4; ++q) {
-        if (p0 + q >= N) continue;
+        if (!my_slots) continue;
         const u32 sl = pos_slot[q];
         if (sl >= N) {
             atomicOr(&s_corrupt, 1u);
@@ -1445,7 +1458,7 @@ HS_DEVICE u32 hs_resolve_decode(
         if (corrupt) { // uniform: the LRU and slot_host_rows rows start over, nothing hits
 #pragma unroll
             for (u32 q = 0; q < 4; ++q) {
-                if (p0 + q >= N) continue;
+                if (!my_slots) continue;
                 pos_slot[q] = p0 + q;
                 cached_row[q] = -1;
                 slot_host_rows[sbase + p0 + q] = -1;
@@ -1457,7 +1470,7 @@ HS_DEVICE u32 hs_resolve_decode(
         for (u32 q = 0; q < 4; ++q) {
             h_slot[q] = HS_NONE;
             const i32 c = cached_row[q];
-            if (!corrupt && p0 + q < N && c >= 0 && (i64)c < host_rows) {
+            if (!corrupt && my_slots && c >= 0 && (i64)c < host_rows) {
                 h_slot[q] = hs_lookup(table, mask, c);
                 if (h_slot[q] != HS_NONE) atomicMin(&table[h_slot[q]].first_lru, (u32)s_inv[p0 + q]);
             }
@@ -1482,7 +1495,7 @@ HS_DEVICE u32 hs_resolve_decode(
 #pragma unroll
         for (u32 q = 0; q < 4; ++q) {
             const u32 p = p0 + q;
-            pos_hit[q] = !corrupt && p < N && ((s_bits[p >> 5] >> (p & 31u)) & 1u) == 0;
+            pos_hit[q] = !corrupt && my_slots && ((s_bits[p >> 5] >> (p & 31u)) & 1u) == 0;
             nh += pos_hit[q] ? 1u : 0u;
         }
         bool first_miss[2];
@@ -1498,7 +1511,7 @@ HS_DEVICE u32 hs_resolve_decode(
 #pragma unroll
         for (u32 q = 0; q < 4; ++q) {
             const u32 p = p0 + q;
-            if (p >= N) continue;
+            if (!my_slots) continue;
             if (pos_hit[q]) s_part[N - 1 - hr++] = (u16)pos_slot[q];
             else s_part[p - hr] = (u16)pos_slot[q];
         }
@@ -1519,7 +1532,7 @@ HS_DEVICE u32 hs_resolve_decode(
                 }
                 ++m;
             }
-            if (j0 + q < K && j0 + q >= used) {
+            if (my_entries && j0 + q >= used) {
                 miss_src[base + j0 + q] = -1;
                 miss_dst[base + j0 + q] = -1;
             }
@@ -1528,7 +1541,7 @@ HS_DEVICE u32 hs_resolve_decode(
 #pragma unroll
         for (u32 q = 0; q < 4; ++q) {
             const u32 i = p0 + q;
-            if (i >= N) continue;
+            if (!my_slots) continue;
             u32 sl;
             if (i < V - used) sl = s_part[used + i];
             else if (i < V) sl = s_part[i - (V - used)];
@@ -1539,7 +1552,7 @@ HS_DEVICE u32 hs_resolve_decode(
     } else {
 #pragma unroll
         for (u32 q = 0; q < 2; ++q) {
-            if (j0 + q < K) {
+            if (my_entries) {
                 miss_src[base + j0 + q] = -1;
                 miss_dst[base + j0 + q] = -1;
             }
@@ -1557,7 +1570,7 @@ HS_DEVICE u32 hs_resolve_decode(
     u32 valid = 0;
 #pragma unroll
     for (u32 q = 0; q < 2; ++q) {
-        if (j0 + q >= K) continue;
+        if (!my_entries) continue;
         i32 out = -1;
         if (kind[q] == 1) {
             out = val[q];
