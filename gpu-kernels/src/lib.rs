@@ -621,6 +621,15 @@ pub const fn resolve_workspace_entries(num_tokens: u32, top_k: u32) -> u64 {
     4 * num_tokens as u64 * top_k as u64 + 16 * num_tokens as u64
 }
 
+/// Shared table entries the planner reserves for a launch of `num_tokens` rows of `top_k`
+/// entries, when they fit: the table the whole launch could need, and at least a quarter-full
+/// table for one row (the resolver's decode path probes less the emptier its table is).
+pub const fn resolve_table_goal(num_tokens: u32, top_k: u32) -> u64 {
+    let needed = resolve_table_entries(num_tokens as u64 * top_k as u64);
+    let one_row = resolve_table_entries(2 * top_k as u64);
+    if needed > one_row { needed } else { one_row }
+}
+
 /// Table entries a request of `entries` top-k entries needs (`max(16, next_pow2(2 * entries))`).
 pub const fn resolve_table_entries(entries: u64) -> u64 {
     let need = 2 * entries;

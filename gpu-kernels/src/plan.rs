@@ -31,7 +31,7 @@ use crate::{
     REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES, REMAP_STAGED, RESOLVE_GLOBAL_STATE,
     RESOLVE_STATIC_SHARED_BYTES, RESOLVE_THREADS, SLOT_THREADS, Span, TABLE_THREADS, TableWriteAbi,
     resolve_global_shared_bytes, resolve_global_workspace_entries, resolve_shared_bytes,
-    resolve_table_entries, resolve_workspace_entries,
+    resolve_table_entries, resolve_table_goal, resolve_workspace_entries,
 };
 
 /// What the planners need to know about the device.
@@ -489,15 +489,16 @@ pub fn resolve_shape(t: &Target, d: &ResolveDesc, force_global: bool) -> Resolve
             resolve_shared_bytes(n, table as u32)
         }
     };
-    let biggest = resolve_table_entries(u64::from(d.num_tokens) * u64::from(k));
-    let mut table = biggest.min(1 << 30);
+    // The table the planner aims for (resolve_table_goal), halved until it fits.
+    let needed = resolve_table_entries(u64::from(d.num_tokens) * u64::from(k));
+    let mut table = resolve_table_goal(d.num_tokens, k).min(1 << 30);
     while table >= 16 && bytes(table) > share {
         table /= 2;
     }
     if table < 16 {
         table = 0;
     }
-    let tables_in_workspace = biggest > table;
+    let tables_in_workspace = needed > table;
     let workspace_entries = if global_state {
         resolve_global_workspace_entries(d.num_tokens, k, d.num_requests, n, tables_in_workspace)
     } else if tables_in_workspace {
@@ -1430,9 +1431,9 @@ mod tests {
         assert_eq!(s.shared_table, 8192);
         assert_eq!(s.shared_bytes, resolve_shared_bytes(4096, 8192));
         assert_eq!(s.workspace_entries, resolve_workspace_entries(64, 2048));
-        // One row: its table exactly, nothing in the workspace.
+        // One row: a quarter-full table (twice what it needs), nothing in the workspace.
         let s = resolve_shape(&H200, &resolve_desc(1, 2048, 4096), false);
-        assert_eq!((s.shared_table, s.workspace_entries), (4096, 0));
+        assert_eq!((s.shared_table, s.workspace_entries), (8192, 0));
         // More rows than multiprocessors: two blocks share one.
         let s = resolve_shape(&H200, &resolve_desc(200, 2048, 4096), false);
         assert!(s.shared_bytes <= 114 * 1024 - RESOLVE_STATIC_SHARED_BYTES);

@@ -584,7 +584,7 @@ fn check_resolve(emu: &Emu, rng: &mut SplitMix64, mode: ResolveMode) -> Result<(
         let shape = plan::resolve_shape(&tgt, &d, mode.global);
         // (With more rows than multiprocessors a block gets half as much: smaller tables.)
         if let Some(x) = smem_table.filter(|_| t <= tgt.multiprocessors) {
-            let biggest = gk::resolve_table_entries(u64::from(t) * u64::from(k)) as u32;
+            let biggest = gk::resolve_table_goal(t, k) as u32;
             let want = if x >= 16 { x.min(biggest) } else { 0 };
             if shape.shared_table != want {
                 return Err(format!(
