@@ -11,8 +11,8 @@
 #      resolve-and-gather against the reference, and compute-sanitizer racecheck of the fused launch's two small scenarios
 #      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
-#      (remap at 1 and 64 tokens in every mode, the resolver at 64 requests, and the fused launch
-#      at 64 requests):
+#      (remap at 1 and 64 tokens in every mode, the resolver at 1 and 64 requests, and the fused
+#      launch at 64 requests):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
 #   4. the resolve cases with the resolver's global-state mode forced
@@ -67,7 +67,7 @@ if [ -n "$sanitizer" ]; then
     section racecheck-fused-split 30 "${race[@]}" "$bin/cuda-fused" fused/split
 fi
 # Nsight Compute over the decode-size launches (cuda_bench --profile-targets: remap at 1 and 64
-# tokens, the resolver and the fused launch at 64 requests,
+# tokens, the resolver at 1 and 64 requests, the fused launch at 64 requests,
 # three calls each, eager stream
 # launches; caches and clocks left as they are, so the third call of each is the L2-warm case):
 # duration, achieved occupancy, issue-slot use and the top stall reasons of each, into

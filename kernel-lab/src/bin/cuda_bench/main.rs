@@ -41,8 +41,8 @@
 //!   sets), so the two tools' figures can be told apart by what they measure.
 //!
 //! `--profile-targets` measures nothing: it issues the decode-size launches a profiler should look
-//! at (remap at 1 and 64 tokens, the resolver and the fused launch at 64 requests), each three
-//! times, prints their labels in launch order and exits (`.ci/gpu/cuda-perf.sh` runs it
+//! at (remap at 1 and 64 tokens, the resolver at 1 and 64 requests, the fused launch at 64),
+//! each three times, prints their labels in launch order and exits (`.ci/gpu/cuda-perf.sh` runs it
 //! under Nsight Compute).
 //!
 //! The empty kernel and the clock probe are the lab's own ([`hisparse_kernel_lab::probes`]),
