@@ -311,6 +311,17 @@ impl<P: Pinner> HostRegion<P> {
             ..HostLimits::default()
         };
         check_host_pool(len as u64, &locked).map_err(HostMemoryError::Budget)?;
+        if missing > 0 && cfg.huge_pages != HugePages::Off {
+            // The lender's pages not in RAM yet may come as transparent huge pages when the
+            // touch below faults them in: the 2 MiB-aligned interior is advised so (advice only:
+            // contents unchanged; a mapping that cannot take huge pages keeps base pages, and the
+            // lender's mapping keeps the advice after the pool is released).
+            let first = a.next_multiple_of(HUGE_PAGE);
+            let last = (a + len) / HUGE_PAGE * HUGE_PAGE;
+            if last > first {
+                let _ = ffi::advise(first as *mut u8, last - first, libc::MADV_HUGEPAGE);
+            }
+        }
         let held = Held::new(addr, len, Backing::Lent, pinner);
         Self::set_up(
             held,

@@ -354,6 +354,79 @@ fn lent_memory_keeps_its_contents_and_stays_mapped() {
     ));
 }
 
+/// Bytes of `[addr, addr + len)` backed by transparent huge pages (`AnonHugePages` of every
+/// mapping of /proc/self/smaps that lies inside the range).
+fn anon_huge_bytes(addr: usize, len: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut inside = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        {
+            inside = lo >= addr && hi <= addr + len;
+        } else if inside && let Some(kb) = line.strip_prefix("AnonHugePages:") {
+            total += kb
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0)
+                << 10;
+        }
+    }
+    total
+}
+
+#[test]
+fn lent_memory_not_in_ram_yet_is_advised_onto_huge_pages() {
+    let _m = mappings();
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if thp.is_empty() || thp.contains("[never]") {
+        println!("SKIPPED: transparent huge pages are off here ({thp:?})");
+        return;
+    }
+    let len = 16 << 20;
+    // The lender's memory: a fresh anonymous mapping, never touched, 2 MiB aligned inside.
+    let map = ffi::map_anonymous(len + HUGE_PAGE, false).unwrap();
+    let pad = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+    let lent = std::ptr::NonNull::new(map.as_ptr().wrapping_add(pad)).unwrap();
+    // A control of the same size the test advises itself: whether the kernel hands out huge
+    // pages at all right now (memory may be too fragmented).
+    let control = ffi::map_anonymous(len + HUGE_PAGE, false).unwrap();
+    let cpad = (HUGE_PAGE - control.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+    let c = control.as_ptr().wrapping_add(cpad);
+    ffi::advise(c, len, libc::MADV_HUGEPAGE).unwrap();
+    for at in (0..len).step_by(4096) {
+        // SAFETY: inside the control mapping, which only this test uses.
+        unsafe { c.add(at).write(1) };
+    }
+    let cfg = HostPoolConfig {
+        threads: Some(2),
+        ..HostPoolConfig::default()
+    };
+    // SAFETY: the mapping outlives the region (dropped below first) and nothing else uses it.
+    let region = unsafe { HostRegion::lend(lent, len, &cfg, None, NoPin) }.unwrap();
+    let lent_huge = anon_huge_bytes(lent.as_ptr() as usize, len);
+    let control_huge = anon_huge_bytes(c as usize, len);
+    drop(region);
+    // SAFETY: both mappings were made above, each unmapped once, the region gone.
+    unsafe {
+        ffi::unmap(map.as_ptr(), len + HUGE_PAGE);
+        ffi::unmap(control.as_ptr(), len + HUGE_PAGE);
+    }
+    if control_huge == 0 {
+        println!("SKIPPED: the kernel gave no huge page to an advised mapping either");
+        return;
+    }
+    assert!(
+        lent_huge > 0,
+        "the lent range got no huge page (an advised control got {control_huge} bytes of them)"
+    );
+}
+
 #[test]
 fn explicit_huge_pages_beyond_the_free_ones_are_refused() {
     let cfg = HostPoolConfig {
