@@ -712,6 +712,48 @@ HS_DEVICE i32 hs_hot_row(const hs_resolve_desc& d, const i32* hot_table, u32 r, 
 // Dynamic shared memory layout of hs_resolve (byte offsets; every part 16-byte aligned).
 HS_DEVICE u32 hs_align16(u32 x) { return (x + 15u) & ~15u; }
 
+// The per-request state of a resolving block, for a hot buffer of N slots, at `at` (shared
+// memory, or the workspace in global-state mode): two u16[N] arrays (the body's LRU copy, the
+// decode path's LRU inverse; the partition) and a bitmap u32[ceil(N / 32)], each part 16-byte
+// aligned; hs_resolve_state_bytes(N) bytes in all.
+struct hs_resolve_state {
+    u16* order;
+    u16* part;
+    u32* bits;
+};
+
+HS_DEVICE u32 hs_resolve_state_bytes(u32 N) {
+    return 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32));
+}
+
+HS_DEVICE hs_resolve_state hs_resolve_state_at(unsigned char* at, u32 N) {
+    hs_resolve_state st;
+    st.order = (u16*)at;
+    st.part = (u16*)(at + hs_align16(2 * N));
+    st.bits = (u32*)(at + 2 * hs_align16(2 * N));
+    return st;
+}
+
+// The resolver's geometry (both paths): the launch's sizes, the block size's shift (32: none)
+// and the hot table's columns.
+HS_DEVICE hs_resolve_desc hs_resolve_desc_make(u32 num_tokens, u32 top_k, u32 num_requests,
+                                               u32 max_pages, u32 block_size, u32 hot_slots,
+                                               u32 attention_block_stride, u32 host_num_blocks) {
+    hs_resolve_desc d;
+    d.num_tokens = num_tokens;
+    d.top_k = top_k;
+    d.num_requests = num_requests;
+    d.max_pages = max_pages;
+    d.block_size = block_size;
+    d.hot_slots = hot_slots;
+    d.attention_block_stride = attention_block_stride;
+    d.host_num_blocks = host_num_blocks;
+    d.shift = hs_pow2_shift(block_size);
+    d.hot_cols = d.shift < 32 ? (hot_slots + block_size - 1) >> d.shift
+                              : hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
+    return d;
+}
+
 // Hot-table entries of the resolving request staged in shared memory by hs_resolve_body: the
 // first part of the dynamic shared memory, 4 *
 // HS_RESOLVE_HOT_STAGE bytes, which the planner reserves for every resolver launch; a request
@@ -798,9 +840,9 @@ HS_DEVICE void hs_block_scan_pair(u32 a, u32 b, u32* s, u32 phase, u32& ea, u32&
 // row is padding. A null idx_mapping is state-row order: one branch, nothing else changes.
 //
 // Stats (`stats` non-null, the slot's four words): hs_resolve_rows adds the call (block 0,
-// before anything else, so an empty batch, launched as one block, counts too); thread 0 of a resolving
-// block adds each of its rows' hit and miss counts where it writes them (nothing when no entry
-// reads host: the counts are 0) and each row's valid count after the row's last scan.
+// before anything else, so an empty batch, launched as one block, counts too); thread 0 of a
+// resolving block adds each of its rows' hit and miss counts where it writes them (nothing when
+// no entry reads host: the counts are 0) and each row's valid count after the row's last scan.
 HS_DEVICE u32 hs_resolve_body(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
@@ -822,18 +864,9 @@ HS_DEVICE u32 hs_resolve_body(
     // The caller has waited for its grid dependency (HS_GRID_DEP_WAIT) before calling this.
     allocated = false; // thread 0: whether this block took workspace (hs_workspace_release_after)
 
-    hs_resolve_desc d;
-    d.num_tokens = num_tokens;
-    d.top_k = top_k;
-    d.num_requests = num_requests;
-    d.max_pages = max_pages;
-    d.block_size = block_size;
-    d.hot_slots = hot_slots;
-    d.attention_block_stride = attention_block_stride;
-    d.host_num_blocks = host_num_blocks;
-    d.shift = hs_pow2_shift(block_size);
-    d.hot_cols = d.shift < 32 ? (hot_slots + block_size - 1) >> d.shift
-                              : hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
+    const hs_resolve_desc d =
+        hs_resolve_desc_make(num_tokens, top_k, num_requests, max_pages, block_size, hot_slots,
+                             attention_block_stride, host_num_blocks);
 
     if (t >= num_tokens) return 0;
     const u32 K = top_k, N = hot_slots;
@@ -912,7 +945,7 @@ HS_DEVICE u32 hs_resolve_body(
     // follows the hot stage.
     const bool global_state = (smem_table_entries & HS_RESOLVE_GLOBAL_STATE) != 0u;
     const u32 smem_cap = smem_table_entries & ~HS_RESOLVE_GLOBAL_STATE;
-    const u32 state_bytes = 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32));
+    const u32 state_bytes = hs_resolve_state_bytes(N);
     unsigned char* smem = hs_smem + 4u * HS_RESOLVE_HOT_STAGE;
     hs_wanted* s_table = (hs_wanted*)(global_state ? smem : smem + state_bytes);
     i32* s_hot = d.hot_cols <= HS_RESOLVE_HOT_STAGE ? (i32*)hs_smem : (i32*)0;
@@ -923,7 +956,7 @@ HS_DEVICE u32 hs_resolve_body(
     // shared memory), and the bitmap of shared-state mode, cleared while the loads are in flight.
     hs_clear_table(s_table, smem_cap);
     if (!global_state) {
-        u32* bits = (u32*)(smem + 2 * hs_align16(2 * N));
+        u32* bits = hs_resolve_state_at(smem, N).bits;
         for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) bits[i] = 0;
     }
     if (HS_TID == 0) {
@@ -978,9 +1011,10 @@ HS_DEVICE u32 hs_resolve_body(
             table = workspace + s_table_off;
         }
     }
-    u16* s_lru = (u16*)state;
-    u16* s_part = (u16*)(state + hs_align16(2 * N));
-    u32* s_bits = (u32*)(state + 2 * hs_align16(2 * N));
+    const hs_resolve_state st = hs_resolve_state_at(state, N);
+    u16* s_lru = st.order;
+    u16* s_part = st.part;
+    u32* s_bits = st.bits;
     const u32 mask = cap - 1;
     if (!table_shared || global_state) { // uniform: a table or bitmap outside shared memory
         if (!table_shared) hs_clear_table(table, cap);
@@ -1341,18 +1375,9 @@ HS_DEVICE u32 hs_resolve_decode(
     const i32 req = HS_LDG(req_id + t);
     if (req < 0 || (u32)req >= num_requests) return HS_NONE; // padding: the body writes it
 
-    hs_resolve_desc d;
-    d.num_tokens = num_tokens;
-    d.top_k = top_k;
-    d.num_requests = num_requests;
-    d.max_pages = max_pages;
-    d.block_size = block_size;
-    d.hot_slots = hot_slots;
-    d.attention_block_stride = attention_block_stride;
-    d.host_num_blocks = host_num_blocks;
-    d.shift = hs_pow2_shift(block_size);
-    d.hot_cols = d.shift < 32 ? (hot_slots + block_size - 1) >> d.shift
-                              : hot_slots / block_size + (hot_slots % block_size != 0 ? 1u : 0u);
+    const hs_resolve_desc d =
+        hs_resolve_desc_make(num_tokens, top_k, num_requests, max_pages, block_size, hot_slots,
+                             attention_block_stride, host_num_blocks);
     const u32 r = (u32)req;
     const u64 sbase = (u64)r * N;
     const u64 base = (u64)t * K;
@@ -1384,11 +1409,11 @@ HS_DEVICE u32 hs_resolve_decode(
     for (u32 t2 = HS_TID; t2 < num_tokens; t2 += HS_NTHREADS)
         if (t2 != t && HS_LDG(req_id + t2) == req) other_row = true;
     unsigned char* smem = hs_smem + 4u * HS_RESOLVE_HOT_STAGE;
-    const u32 state_bytes = 2 * hs_align16(2 * N) + hs_align16(4 * ((N + 31) / 32));
-    u16* s_inv = (u16*)smem;                             // slot -> its LRU position
-    u16* s_part = (u16*)(smem + hs_align16(2 * N));      // evictables, then hits from the end
-    u32* s_bits = (u32*)(smem + 2 * hs_align16(2 * N));  // slots claimed, then positions not hit
-    hs_wanted* table = (hs_wanted*)(smem + state_bytes);
+    const hs_resolve_state st = hs_resolve_state_at(smem, N);
+    u16* s_inv = st.order; // slot -> its LRU position
+    u16* s_part = st.part; // evictables, then hits from the end
+    u32* s_bits = st.bits; // slots claimed, then positions not hit
+    hs_wanted* table = (hs_wanted*)(smem + hs_resolve_state_bytes(N));
     // The table at all the shared capacity the launch reserved: the fewer entries per bucket,
     // the shorter the probes (on the H200 a table of 4096 entries for 2048 keys took 34% longer
     // than one of 8192; the planner reserves a quarter-full table where it fits).
