@@ -1372,6 +1372,9 @@ HS_DEVICE u32 hs_resolve_decode(
         K > HS_RESOLVE_THREADS * 2u || N == 0 || (N & 3u) != 0 || N > HS_RESOLVE_THREADS * 4u ||
         smem_cap < 2u * K || (smem_cap & (smem_cap - 1u)) != 0u)
         return HS_NONE;
+    // The vector loads need aligned rows: buffers an engine lent at an odd offset take the body.
+    if (((u64)topk & 7u) != 0 || ((u64)lru & 7u) != 0 || ((u64)slot_host_rows & 15u) != 0)
+        return HS_NONE;
     const i32 req = HS_LDG(req_id + t);
     if (req < 0 || (u32)req >= num_requests) return HS_NONE; // padding: the body writes it
 
