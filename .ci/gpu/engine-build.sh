@@ -8,6 +8,7 @@
 #   gpu-engine/hisparse           the CLI with the cuda backend (bench --host-pool)
 #   gpu-engine/libhisparse_capi.a the C library with the cuda backend (examples/engine.c)
 #   gpu-engine/_flashmla_C.abi3.so  vLLM 0.33's FlashMLA (scripts/fetch-vllm-kernels.sh)
+#   gpu-engine/sparse_utils.py      vLLM 0.33's Triton remap, for the remap comparison
 #   gpu-python/                   the abi3 wheel with cpu and cuda (.ci/gpu/python-build.sh)
 #
 # All are ignored by git; carry gpu-engine and gpu-python.
@@ -32,9 +33,10 @@ install -m 755 "$(exe_of cuda <<<"$runtime")" "$out/runtime-cuda"
 install -m 755 "${CARGO_TARGET_DIR:-target}/release/hisparse" "$out/hisparse"
 install -m 644 "${CARGO_TARGET_DIR:-target}/release/libhisparse_capi.a" "$out/libhisparse_capi.a"
 (cd "$out" && strip cuda-conformance cuda-graph-capture cuda-host-pool runtime-cuda hisparse)
-if [[ ! -f "$out/_flashmla_C.abi3.so" ]]; then
+if [[ ! -f "$out/_flashmla_C.abi3.so" || ! -f "$out/sparse_utils.py" ]]; then
     scripts/fetch-vllm-kernels.sh --dest "$out" >/dev/null
 fi
+rm -rf "$out/wheel"  # the downloaded vLLM wheel (over 300 MB): only what was extracted travels
 .ci/gpu/python-build.sh
 rm -rf gpu-python/fallback  # the GPU machine has numpy
 echo "commit $(git rev-parse HEAD) built $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$out/MANIFEST"
