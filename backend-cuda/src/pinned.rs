@@ -261,19 +261,22 @@ impl PinnedMem {
         })
     }
 
-    /// `[off, off + n)` in the pieces a driver copy must be issued as: cut at the boundaries of
-    /// the chunks registered separately (hisparse_host_memory::HostRegion::pinned_pieces); one
-    /// piece for memory pinned by its owner.
+    /// The region this crate registered, if it did (not memory its owner pinned).
+    fn region(&self) -> Option<&HostRegion<CudaPin>> {
+        match &self.pinning {
+            Pinning::Registered(r) => Some(r),
+            Pinning::Borrowed => None,
+        }
+    }
+
+    /// `[off, off + n)` in the pieces a driver copy must be issued as
+    /// (hisparse_host_memory::copy_pieces: cut at the chunks registered separately).
     pub(crate) fn copy_pieces(
         &self,
         off: usize,
         n: usize,
     ) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
-        let (registered, borrowed) = match &self.pinning {
-            Pinning::Registered(r) => (Some(r.pinned_pieces(off..off + n)), None),
-            Pinning::Borrowed => (None, (n != 0).then_some(off..off + n)),
-        };
-        registered.into_iter().flatten().chain(borrowed)
+        hisparse_host_memory::copy_pieces(self.region(), off..off + n)
     }
 
     /// Host address.
@@ -303,18 +306,12 @@ impl PinnedMem {
 
     /// The shared segment the memory is, if any.
     pub(crate) fn segment(&self) -> Option<&SharedSegment> {
-        match &self.pinning {
-            Pinning::Registered(r) => r.segment(),
-            Pinning::Borrowed => None,
-        }
+        self.region().and_then(HostRegion::segment)
     }
 
     /// How the memory was set up, when it was registered here.
     pub(crate) fn setup(&self) -> Option<&hisparse_host_memory::Setup> {
-        match &self.pinning {
-            Pinning::Registered(r) => Some(r.setup()),
-            Pinning::Borrowed => None,
-        }
+        self.region().map(HostRegion::setup)
     }
 
     /// The bytes. Callers synchronise with the device before reading what it wrote.

@@ -4,6 +4,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use hisparse_core::ops::BufferLen;
+use hisparse_host_memory::HostRegion;
 
 use crate::capture::Scratch;
 use crate::context::Context;
@@ -71,7 +72,7 @@ pub(crate) enum Pinning {
     /// Registered here, chunk by chunk or whole: a pool reserved here, an engine's lent memory
     /// or a shared segment. The region unregisters (and unmaps what it mapped) when dropped,
     /// after the device went idle (on a release thread for large pools).
-    Registered(Box<hisparse_host_memory::HostRegion<crate::pinned::HipPin>>),
+    Registered(Box<HostRegion<crate::pinned::HipPin>>),
     /// An engine's memory it had pinned itself; left alone on drop.
     Borrowed,
 }
@@ -95,20 +96,22 @@ unsafe impl Send for RocmHostBuffer {}
 unsafe impl Sync for RocmHostBuffer {}
 
 impl RocmHostBuffer {
-    /// `[off, off + n)` in the pieces a driver copy must be issued as: cut at the boundaries of
-    /// the chunks registered separately (hisparse_host_memory::HostRegion::pinned_pieces; the
-    /// driver refuses a pinned range spanning two registrations); one piece for memory pinned
-    /// by its owner.
+    /// The region this backend registered, if it did (not memory its owner pinned).
+    fn region(&self) -> Option<&HostRegion<crate::pinned::HipPin>> {
+        match &self.pinning {
+            Pinning::Registered(r) => Some(r),
+            Pinning::Borrowed => None,
+        }
+    }
+
+    /// `[off, off + n)` in the pieces a driver copy must be issued as
+    /// (hisparse_host_memory::copy_pieces: cut at the chunks registered separately).
     pub(crate) fn copy_pieces(
         &self,
         off: usize,
         n: usize,
     ) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
-        let (registered, borrowed) = match &self.pinning {
-            Pinning::Registered(r) => (Some(r.pinned_pieces(off..off + n)), None),
-            Pinning::Borrowed => (None, (n != 0).then_some(off..off + n)),
-        };
-        registered.into_iter().flatten().chain(borrowed)
+        hisparse_host_memory::copy_pieces(self.region(), off..off + n)
     }
 
     /// Host address of byte `offset` (bounds-checked by the caller).
@@ -119,16 +122,13 @@ impl RocmHostBuffer {
     /// Whether the memory is a shared-memory segment
     /// ([`crate::RocmDevice::host_buffer_from_shared`]).
     pub fn is_shared(&self) -> bool {
-        matches!(&self.pinning, Pinning::Registered(r) if r.segment().is_some())
+        self.region().is_some_and(|r| r.segment().is_some())
     }
 
     /// How the memory was set up (threads, NUMA node, pages, registrations), when this backend
     /// registered it; `None` for memory that was pinned already.
     pub fn setup(&self) -> Option<&hisparse_host_memory::Setup> {
-        match &self.pinning {
-            Pinning::Registered(r) => Some(r.setup()),
-            Pinning::Borrowed => None,
-        }
+        self.region().map(HostRegion::setup)
     }
 
     /// Device address of the mapping as a kernel parameter.

@@ -21,7 +21,7 @@ pub use mapping::{AnonymousMapping, is_mapped};
 pub use meminfo::{available_ram, free_huge_pages};
 pub use numa::{node_cpus, node_of_pci_device};
 pub use pinner::{Mlock, NoPin, Pinner};
-pub use region::{HostRegion, Pages, Setup};
+pub use region::{HostRegion, Pages, Setup, copy_pieces};
 pub use release::{Release, releases_in_flight, wait_for_releases};
 pub use shared::{SharedSegment, ShmError};
 

@@ -471,32 +471,6 @@ impl<P: Pinner> HostRegion<P> {
         self.held.as_ref().map_or(&[], |h| &h.pinned)
     }
 
-    /// `range` (offsets from [`HostRegion::addr`]) cut where one separately pinned chunk ends
-    /// and the next begins: the pieces a driver copy must be issued as, since a driver's copy
-    /// (`cuMemcpyHtoDAsync`, `hipMemcpyAsync`) treats host memory as pinned only within one
-    /// registration and refuses a range spanning two. A kernel reading the pool through its
-    /// device address is not affected. One piece when the pool was pinned whole (or not
-    /// pinned here); none for an empty range.
-    pub fn pinned_pieces(&self, range: Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
-        let (start, end) = (range.start, range.end);
-        let ranges = self.pinned_ranges();
-        // Chunks are in order and contiguous: skip those that end before the range starts.
-        let first = ranges.partition_point(|r| r.end <= start);
-        let chunked = if ranges.len() > 1 {
-            &ranges[first..]
-        } else {
-            &[]
-        };
-        let whole = (ranges.len() <= 1 && start < end).then_some(start..end);
-        whole.into_iter().chain(
-            chunked
-                .iter()
-                .take_while(move |r| r.start < end)
-                .map(move |r| r.start.max(start)..r.end.min(end))
-                .filter(|piece| !piece.is_empty()),
-        )
-    }
-
     /// The device address of byte 0, `device_address` being the driver's translation of a host
     /// address of the pool (`cuMemHostGetDevicePointer`, `hipHostGetDevicePointer`). Every
     /// chunk pinned separately must continue the range linearly, or the result is a
@@ -623,4 +597,33 @@ impl<P: Pinner> Held<P> {
             Backing::Shared(segment) => segment.release_here(&workers),
         }
     }
+}
+
+/// `range` of a host buffer (offsets from its first byte) in the pieces a driver copy must be
+/// issued as: cut where one chunk of a pool pinned here (`region`) ends and the next begins,
+/// since a driver's copy (`cuMemcpyHtoDAsync`, `hipMemcpyAsync`) treats host memory as pinned
+/// only within one registration and refuses a range spanning two. One piece for a pool pinned
+/// whole, or for memory its owner pinned (`None`); none for an empty range. A kernel reading the
+/// pool through its device address is not affected.
+pub fn copy_pieces<'a, P: Pinner>(
+    region: Option<&'a HostRegion<P>>,
+    range: Range<usize>,
+) -> impl Iterator<Item = Range<usize>> + 'a {
+    let (start, end) = (range.start, range.end);
+    let ranges = region.map_or(&[][..], HostRegion::pinned_ranges);
+    // Chunks are in order and contiguous: skip those that end before the range starts.
+    let first = ranges.partition_point(|r| r.end <= start);
+    let chunked = if ranges.len() > 1 {
+        &ranges[first..]
+    } else {
+        &[]
+    };
+    let whole = (ranges.len() <= 1 && start < end).then_some(start..end);
+    whole.into_iter().chain(
+        chunked
+            .iter()
+            .take_while(move |r| r.start < end)
+            .map(move |r| r.start.max(start)..r.end.min(end))
+            .filter(|piece| !piece.is_empty()),
+    )
 }

@@ -13,7 +13,7 @@ use hisparse_core::ops::PinnedBudgetError;
 use crate::config::{HUGE_PAGE, PARALLEL_FROM};
 use crate::{
     HostMemoryError, HostPoolConfig, HostRegion, HugePages, Mlock, NoPin, NotOneDeviceRange, Pages,
-    Pinner, Registration, SetupError, ffi, is_mapped, wait_for_releases,
+    Pinner, Registration, SetupError, copy_pieces, ffi, is_mapped, wait_for_releases,
 };
 
 /// Tests that look at whether an address is mapped run one at a time: another test's mapping
@@ -191,7 +191,7 @@ fn driver_copies_are_cut_at_every_chunk_boundary() {
     };
     let len = 3 * HUGE_PAGE + 5;
     let region = HostRegion::allocate(len, &cfg, None, Recorder::new(true).0).unwrap();
-    let pieces = |r: Range<usize>| region.pinned_pieces(r).collect::<Vec<_>>();
+    let pieces = |r: Range<usize>| copy_pieces(Some(&region), r).collect::<Vec<_>>();
     let h = HUGE_PAGE;
     assert_eq!(
         pieces(0..len),
@@ -207,8 +207,19 @@ fn driver_copies_are_cut_at_every_chunk_boundary() {
         ..cfg
     };
     let one = HostRegion::allocate(len, &whole, None, Recorder::new(true).0).unwrap();
-    assert_eq!(one.pinned_pieces(5..len).collect::<Vec<_>>(), vec![5..len]);
-    assert!(one.pinned_pieces(9..9).next().is_none());
+    assert_eq!(
+        copy_pieces(Some(&one), 5..len).collect::<Vec<_>>(),
+        vec![5..len]
+    );
+    assert!(copy_pieces(Some(&one), 9..9).next().is_none());
+    // Memory its owner pinned: one piece, none when empty.
+    let owners = copy_pieces(None::<&HostRegion<NoPin>>, 3..len).collect::<Vec<_>>();
+    assert_eq!(owners, vec![3..len]);
+    assert!(
+        copy_pieces(None::<&HostRegion<NoPin>>, 4..4)
+            .next()
+            .is_none()
+    );
 }
 
 #[test]
