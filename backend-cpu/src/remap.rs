@@ -1,6 +1,6 @@
 //! Index remap (contract §5.1) over checked slices.
 
-use hisparse_core::ops::{RemapDesc, physical_row};
+use hisparse_core::ops::{RemapDesc, fill_remap_row, physical_row};
 
 /// Remaps every token row; returns the valid entries of all rows (wrapping), what a stats
 /// buffer counts. `desc` must have been checked against these buffers.
@@ -28,29 +28,14 @@ pub(crate) fn remap(
             }
             Some(row) => {
                 let table = &block_table[row * m..(row + 1) * m];
-                let mut valid = 0usize;
-                for (j, &tok) in toks.iter().enumerate() {
-                    let v = match u32::try_from(tok) {
-                        Ok(tok) => match table.get((tok / bs) as usize) {
-                            Some(&block) => physical_row(block, stride, tok % bs),
-                            None => -1,
-                        },
-                        Err(_) => -1,
-                    };
-                    if desc.compact {
-                        if v != -1 {
-                            out_row[valid] = v;
-                            valid += 1;
-                        }
-                    } else {
-                        out_row[j] = v;
-                        valid += usize::from(v != -1);
-                    }
-                }
-                if desc.compact {
-                    out_row[valid..].fill(-1);
-                }
-                valid
+                let rows = toks.iter().map(|&tok| match u32::try_from(tok) {
+                    Ok(tok) => match table.get((tok / bs) as usize) {
+                        Some(&block) => physical_row(block, stride, tok % bs),
+                        None => -1,
+                    },
+                    Err(_) => -1,
+                });
+                fill_remap_row(out_row, desc.compact, rows)
             }
         };
         if let Some(c) = counts.as_deref_mut() {

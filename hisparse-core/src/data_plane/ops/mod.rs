@@ -36,7 +36,7 @@ pub use pinned::{
     HostLimits, LockedMemory, MAX_PINNED_PERCENT, PINNED_ALIGNMENT, PinnedBudgetError,
     check_host_pool, check_pinned_budget,
 };
-pub use remap::{DcpSplit, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc};
+pub use remap::{DcpSplit, RemapArgs, RemapDesc, RemapModesArgs, RemapModesDesc, fill_remap_row};
 pub use slot_mapping::{SlotMappingArgs, SlotMappingDesc};
 pub use stats::{
     CallStats, STATS_CALLS, STATS_HITS, STATS_MISSES, STATS_SLOT_BYTES, STATS_SLOT_WORDS,

@@ -201,8 +201,12 @@ impl RemapDesc {
 
 /// Writes one token row's rows (`-1` = none) into `out_row`: in place, or moved to the front
 /// with `-1` after them (`compact`); returns how many are not `-1`. The one rule every remap
-/// mode writes its rows by.
-fn fill_row(out_row: &mut [i32], compact: bool, rows: impl Iterator<Item = i32>) -> usize {
+/// mode writes its rows by (the reference's and a backend's own loop alike).
+pub fn fill_remap_row(
+    out_row: &mut [i32],
+    compact: bool,
+    rows: impl Iterator<Item = i32>,
+) -> usize {
     let mut valid = 0usize;
     for (j, v) in rows.enumerate() {
         if compact {
@@ -238,7 +242,7 @@ pub fn remap(desc: &RemapDesc, args: RemapArgs<'_, [i32]>) -> Result<(), OpError
     for t in 0..desc.num_tokens as usize {
         let out_row = &mut out[t * k..(t + 1) * k];
         let row = desc.table_row(req_id[t], idx_mapping);
-        let valid = fill_row(
+        let valid = fill_remap_row(
             out_row,
             desc.compact,
             topk[t * k..(t + 1) * k].iter().map(|&tok| match row {

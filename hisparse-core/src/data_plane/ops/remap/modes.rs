@@ -1,7 +1,7 @@
 //! The remap's two other modes: a decode-context-parallel de-interleave ([`DcpSplit`]) and
 //! prefill rows into a gathered workspace ([`RemapModesDesc`], [`remap_modes`]).
 
-use super::{OP, RemapArgs, RemapDesc, fill_row};
+use super::{OP, RemapArgs, RemapDesc, fill_remap_row};
 use crate::error::OpError;
 use crate::ops::stats::CallStats;
 use crate::ops::{BufferLen, I32_BYTES, in_range, need, nonzero};
@@ -209,7 +209,7 @@ pub fn remap_modes(desc: &RemapModesDesc, args: RemapModesArgs<'_, [i32]>) -> Re
                 None => Rule::Padding,
             }
         };
-        let valid = fill_row(
+        let valid = fill_remap_row(
             out_row,
             d.compact,
             topk[t * k..(t + 1) * k].iter().map(|&tok| match rule {
