@@ -138,7 +138,6 @@ def main(argv=None):
     a = p.parse_args(argv)
 
     import torch
-    import hisparse
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: nothing measured")
