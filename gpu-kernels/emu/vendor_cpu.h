@@ -30,6 +30,7 @@ unsigned hs_cpu_shfl(unsigned v, unsigned src);
 #define HS_BID_Y (hs_cpu_bid.y)
 #define HS_BID_Z (hs_cpu_bid.z)
 #define HS_NBLOCKS_X (hs_cpu_gdim.x)
+#define HS_NBLOCKS_Y (hs_cpu_gdim.y)
 #define HS_WARP 32u
 #define HS_SHFL_UP_U32(v, d) hs_cpu_shfl_up((v), (d))
 #define HS_SHFL_U32(v, src) hs_cpu_shfl((v), (src))

@@ -246,24 +246,27 @@ HS_DEVICE u32 hs_pow2_shift(u32 x) {
 // Remap (hisparse_core::ops::remap::remap)
 // ---------------------------------------------------------------------------------------------
 //
-// Launch: grid (any size; the host uses min(num_tokens, what the device holds at once), and one
-// block for an empty batch with stats), block (a multiple of 64 up to HS_REMAP_MAX_THREADS; the
-// host uses top_k / 4 threads, one 16-byte vector each, when top_k is a multiple of 4), dynamic
-// shared memory 4 * top_k bytes with HS_REMAP_STAGED, else none. Blocks take token rows
-// grid-stride. `idx_mapping` and `counts` may be null when the matching flag is clear; `stats`
-// (null: none) receives each row's valid entries in word 2 (counted whether or not `counts` is
-// written) and block 0 adds the call to word 3.
+// Launch: grid.x (any size; the host uses min(num_tokens, what the device holds at once), and one
+// block for an empty batch with stats), grid.y (column tiles of each row; more than one only
+// without counts and compaction: the host spreads a few plain rows over the multiprocessors this
+// way), block (a multiple of 64 up to HS_REMAP_MAX_THREADS; the host uses top_k / 4 threads per
+// tile, one 16-byte vector each, when top_k is a multiple of 4), dynamic shared memory 4 * top_k
+// bytes with HS_REMAP_STAGED, else none. Blocks take token rows grid-stride. `idx_mapping` and
+// `counts` may be null when the matching flag is clear; `stats` (null: none) receives each row's
+// valid entries in word 2 (counted whether or not `counts` is written) and block (0, 0) adds the
+// call to word 3.
 //
 // Per row the request id and the thread's top-k vector are loaded together (independent), one
 // row ahead: while a block looks up row t, the inputs of its next row are already in flight, so a
 // block with several rows pays the first round trip once. Each entry's block-table entry is read
-// directly through the read-only path (one dependent round trip; no staging, no barrier), and the
-// outputs are stored as 16-byte vectors. Valid counts are a block sum and compaction a block scan,
-// each with a single barrier (hs_block_scan1). With HS_REMAP_STAGED the compacted row is built in
-// shared memory and leaves it as whole 16-byte vectors with its -1 tail (one more barrier, no
-// scattered 4-byte stores); without it, valid entries are stored where they land and the -1 tail
-// is written by the threads whose own entries lie beyond the valid ones. Rows longer than one
-// pass of the block loop over passes.
+// directly through the read-only path, a thread's four loads issued together (one dependent round
+// trip for all of them; no staging, no barrier), and the outputs are stored as 16-byte vectors.
+// Valid counts are a block sum and compaction a block scan, each with a single barrier
+// (hs_block_scan1). With HS_REMAP_STAGED the compacted row is built in shared memory and leaves it
+// as whole 16-byte vectors with its -1 tail (one more barrier, no scattered 4-byte stores);
+// without it, valid entries are stored where they land and the -1 tail is written by the threads
+// whose own entries lie beyond the valid ones. Rows longer than one pass of the block loop over
+// passes.
 
 #define HS_REMAP_MAX_THREADS 512
 #define HS_REMAP_HAS_MAP 1u
@@ -304,11 +307,12 @@ HS_DEVICE const i32* hs_remap_table_row(i32 req, const i32* block_table, const i
     return row >= 0 ? block_table + (u64)row * max_blocks : 0;
 }
 
-// Output of top-k entry `tok` against the table row `bt` (null: padding), read from global memory
-// through the read-only path.
-HS_DEVICE i32 hs_remap_lookup(const hs_remap_geo& g, const i32* bt, i32 tok) {
-    if (bt == 0 || tok < 0) return -1;
-    u32 col, off;
+// Where top-k entry `tok` is found against the table row `bt` (null: padding): its block-table
+// column and offset in the block, or false when the output is -1 without a table load. The load
+// itself is the caller's, so that a thread's four entries issue their loads back to back (one
+// round trip, not four).
+HS_DEVICE bool hs_remap_where(const hs_remap_geo& g, const i32* bt, i32 tok, u32& col, u32& off) {
+    if (bt == 0 || tok < 0) return false;
     if (g.shift < 32) {
         col = (u32)tok >> g.shift;
         off = (u32)tok & (g.block_size - 1);
@@ -316,8 +320,7 @@ HS_DEVICE i32 hs_remap_lookup(const hs_remap_geo& g, const i32* bt, i32 tok) {
         col = (u32)tok / g.block_size;
         off = (u32)tok % g.block_size;
     }
-    if (col >= g.max_blocks) return -1;
-    return hs_physical_row(HS_LDG(bt + col), g.stride, off);
+    return col < g.max_blocks;
 }
 
 // The first pass of token row t: its request id and this thread's top-k vector (or entry), both
@@ -357,28 +360,34 @@ struct hs_remap_rule {
     i32 workspace_start;
 };
 
-// Output of top-k entry `tok` of a row with rule `r` (remap_modes' map_decode_token and
-// workspace_row).
-HS_DEVICE i32 hs_remap_lookup_modes(const hs_remap_geo& g, const hs_remap_mode_set& m,
-                                    const hs_remap_rule& r, const i32* bt, i32 tok) {
+// Top-k entry `tok` of a row with rule `r` (remap_modes' map_decode_token and workspace_row):
+// either its output, found without a table load (`done`, the return value), or the entry the
+// table lookup takes (decode entries de-interleaved first when a split is set).
+HS_DEVICE i32 hs_remap_rule_apply(const hs_remap_mode_set& m, const hs_remap_rule& r, i32 tok,
+                                  bool& done) {
+    done = true;
     if (tok < 0) return -1;
     if (r.workspace) {
         if (r.workspace_start < 0) return -1;
         const i64 row = (i64)r.workspace_start + (i64)tok;
         return row > HS_I32_MAX ? -1 : (i32)row;
     }
+    done = false;
     if (m.dcp_size != 0) {
         // Token tok belongs to rank (tok / interleave) % size, at local index
         // (tok / (size * interleave)) * interleave + tok % interleave (never above tok).
         const u32 run = (u32)tok / m.dcp_interleave;
-        if (run % m.dcp_size != m.dcp_rank) return -1;
+        if (run % m.dcp_size != m.dcp_rank) {
+            done = true;
+            return -1;
+        }
         tok = (i32)((run / m.dcp_size) * m.dcp_interleave + (u32)tok % m.dcp_interleave);
     }
-    return hs_remap_lookup(g, bt, tok);
+    return tok;
 }
 
 // The rows of hs_remap (MODES false: exactly the plain remap) or hs_remap_modes (MODES true: each
-// row's rule first, then every entry through hs_remap_lookup_modes). `s_row` is the dynamic
+// row's rule first, then every entry through hs_remap_rule_apply). `s_row` is the dynamic
 // shared memory, `s_scan` the block-scan scratch.
 template <bool MODES>
 HS_DEVICE void hs_remap_rows(
@@ -387,7 +396,8 @@ HS_DEVICE void hs_remap_rows(
     i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
     u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
     u32 flags, const hs_remap_mode_set& modes, i32* s_row, u32* s_scan) {
-    if (stats != 0 && HS_BID_X == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
+    if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0)
+        atomicAdd(stats + 3, 1u); // the call
     hs_remap_geo g;
     g.block_size = block_size;
     g.max_blocks = max_blocks;
@@ -400,7 +410,14 @@ HS_DEVICE void hs_remap_rows(
     const bool vec = (top_k & 3u) == 0;
     const u32 per = vec ? 4u : 1u;
     const u32 span = HS_NTHREADS * per;
-    const u32 j_first = HS_TID * per;
+    // Column tiles (grid.y > 1; plain rows only, as counts and compaction need the whole row in
+    // one block): block y takes the columns of every tiles-th span of the row, so a few rows are
+    // spread over several multiprocessors. A launch that breaks the rule leaves the other tiles
+    // idle rather than writing a row twice.
+    if ((compact || want_counts) && HS_BID_Y != 0) return;
+    const u32 tiles = (compact || want_counts) ? 1u : HS_NBLOCKS_Y;
+    const u32 step = span * tiles;
+    const u32 j_first = (HS_BID_Y * HS_NTHREADS + HS_TID) * per;
     // s_row: the compacted row (staged mode), top_k entries.
     u32 phase = 0; // hs_block_scan1 calls so far (uniform over the block)
 
@@ -434,7 +451,7 @@ HS_DEVICE void hs_remap_rows(
         i32* o = out + (u64)t * top_k;
         u32 written = 0; // compaction: valid entries written so far (uniform)
         u32 valid = 0;   // this thread's valid entries (counts without compaction)
-        for (u32 base = 0; base < top_k; base += span) {
+        for (u32 base = 0; base < top_k; base += step) {
             const u32 j0 = base + j_first;
             const bool mine = j0 < top_k; // in vector mode j0 + 3 < top_k then too
             if (base > 0) {
@@ -452,12 +469,34 @@ HS_DEVICE void hs_remap_rows(
                     }
                 }
             }
+            // Each entry's table column first, then every table load at once, then the rows: the
+            // four loads of a thread are in flight together.
+            u32 col[4], off[4];
+            bool look[4];
+#pragma unroll
+            for (u32 q = 0; q < 4; ++q) {
+                i32 tok = v[q];
+                v[q] = -1;
+                look[q] = false;
+                col[q] = off[q] = 0;
+                if (!(mine && q < per)) continue;
+                if (MODES) {
+                    bool done;
+                    tok = hs_remap_rule_apply(modes, rule, tok, done);
+                    if (done) {
+                        v[q] = tok;
+                        continue;
+                    }
+                }
+                look[q] = hs_remap_where(g, bt, tok, col[q], off[q]);
+            }
+            i32 blk[4];
+#pragma unroll
+            for (u32 q = 0; q < 4; ++q) blk[q] = look[q] ? HS_LDG(bt + col[q]) : -1;
             u32 n = 0;
 #pragma unroll
             for (u32 q = 0; q < 4; ++q) {
-                v[q] = !(mine && q < per) ? -1
-                       : MODES ? hs_remap_lookup_modes(g, modes, rule, bt, v[q])
-                               : hs_remap_lookup(g, bt, v[q]);
+                if (look[q]) v[q] = hs_physical_row(blk[q], g.stride, off[q]);
                 n += v[q] != -1 ? 1u : 0u;
             }
             if (!compact) {

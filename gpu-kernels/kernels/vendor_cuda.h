@@ -11,6 +11,7 @@
 #define HS_BID_Y ((unsigned)blockIdx.y)
 #define HS_BID_Z ((unsigned)blockIdx.z)
 #define HS_NBLOCKS_X ((unsigned)gridDim.x)
+#define HS_NBLOCKS_Y ((unsigned)gridDim.y)
 // Lanes of one warp (a compile-time constant).
 #define HS_WARP 32u
 // Inclusive-scan step inside a warp: the value of the lane `d` below, every lane participating.

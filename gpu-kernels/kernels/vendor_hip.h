@@ -12,6 +12,7 @@
 #define HS_BID_Y ((unsigned)blockIdx.y)
 #define HS_BID_Z ((unsigned)blockIdx.z)
 #define HS_NBLOCKS_X ((unsigned)gridDim.x)
+#define HS_NBLOCKS_Y ((unsigned)gridDim.y)
 // Lanes of one wavefront (64 on CDNA, 32 on RDNA), a compile-time constant.
 #if defined(__AMDGCN_WAVEFRONT_SIZE__)
 #define HS_WARP ((unsigned)__AMDGCN_WAVEFRONT_SIZE__)

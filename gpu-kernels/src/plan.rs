@@ -309,7 +309,7 @@ pub const REMAP_BLOCKS_PER_MULTIPROCESSOR: u32 = 4;
 struct RemapShape {
     flags: u32,
     shared: u32,
-    grid: u32,
+    grid: [u32; 3],
     block: u32,
 }
 
@@ -336,13 +336,50 @@ fn remap_shape(t: &Target, d: &RemapDesc) -> Result<RemapShape, PlanError> {
         .multiprocessors
         .max(1)
         .saturating_mul(REMAP_BLOCKS_PER_MULTIPROCESSOR);
+    // At least one block: an empty batch with stats counts the call.
+    let rows = d.num_tokens.min(resident).max(1);
+    let (tiles, block) = if d.write_counts || d.compact {
+        (1, remap_threads(d.top_k))
+    } else {
+        remap_tiles(t, d.num_tokens, d.top_k)
+    };
     Ok(RemapShape {
         flags,
         shared,
-        // At least one block: an empty batch with stats counts the call.
-        grid: d.num_tokens.min(resident).max(1),
-        block: remap_threads(d.top_k),
+        grid: [rows, tiles, 1],
+        block,
     })
+}
+
+/// Blocks a plain remap of few rows aims for per multiprocessor: its rows are cut into column
+/// tiles until the launch has about this many blocks per multiprocessor (or tiles of one
+/// 64-thread block each), so that a decode-size batch's table loads are spread over the whole
+/// device instead of queueing on a few multiprocessors.
+pub const REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR: u32 = 2;
+
+/// Column tiles per row and threads per block of a plain remap (no counts, no compaction: each
+/// tile is independent) of `num_tokens` rows of `top_k` entries: as many tiles as
+/// [`REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR`] asks for, each at least 64 threads (one 16-byte vector
+/// each when `top_k` is a multiple of 4); `(1, remap_threads(top_k))` for a batch that fills the
+/// device already.
+pub fn remap_tiles(t: &Target, num_tokens: u32, top_k: u32) -> (u32, u32) {
+    let per_thread = if top_k.is_multiple_of(4) {
+        top_k / 4
+    } else {
+        top_k
+    };
+    let row_threads = per_thread.div_ceil(64).max(1) * 64;
+    let wanted = t
+        .multiprocessors
+        .max(1)
+        .saturating_mul(REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR)
+        / num_tokens.max(1);
+    let tiles = wanted.clamp(1, row_threads / 64);
+    if tiles == 1 {
+        return (1, remap_threads(top_k));
+    }
+    let threads = (row_threads.div_ceil(tiles).div_ceil(64) * 64).min(REMAP_MAX_THREADS);
+    (row_threads.div_ceil(threads), threads)
 }
 
 /// The buffers both remap kernels take first, in their ABI order.
@@ -358,7 +395,9 @@ fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), Plan
 }
 
 /// `hs_remap`: one block per token row while the device holds them all at once, else as many
-/// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead. A
+/// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead; a
+/// plain remap of fewer rows than the device has room for cuts each row into column tiles
+/// ([`remap_tiles`]). A
 /// compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4 entries is staged in dynamic
 /// shared memory ([`REMAP_STAGED`]). An empty batch launches nothing, or with stats one block
 /// that counts the call.
@@ -379,7 +418,7 @@ pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanErro
         .u32(shape.flags);
     Ok(Plan::one(Launch {
         kernel: Kernel::Remap,
-        grid: [shape.grid, 1, 1],
+        grid: shape.grid,
         block: shape.block,
         shared: shape.shared,
         args,
@@ -433,7 +472,7 @@ pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Resul
         .u32(dcp[2]);
     Ok(Plan::one(Launch {
         kernel: Kernel::RemapModes,
-        grid: [shape.grid, 1, 1],
+        grid: shape.grid,
         block: shape.block,
         shared: shape.shared,
         args,
@@ -1259,6 +1298,52 @@ mod tests {
         assert_eq!(fused(256), (256, true));
         // One request: its table fits shared memory, so no workspace and no counters.
         assert_eq!(fused(1), (1, false));
+    }
+
+    /// A plain remap of few rows is cut into column tiles until the launch has about two blocks
+    /// per multiprocessor; counts and compaction keep one block per row.
+    #[test]
+    fn few_plain_remap_rows_are_cut_into_column_tiles() {
+        assert_eq!(remap_tiles(&H200, 1, 2048), (8, 64));
+        assert_eq!(remap_tiles(&H200, 16, 2048), (8, 64));
+        assert_eq!(remap_tiles(&H200, 64, 2048), (4, 128));
+        assert_eq!(remap_tiles(&H200, 128, 2048), (2, 256));
+        assert_eq!(remap_tiles(&H200, 256, 2048), (1, 512));
+        assert_eq!(remap_tiles(&H200, 1, 4096), (16, 64));
+        assert_eq!(remap_tiles(&H200, 1, 100), (1, 64));
+        assert_eq!(remap_tiles(&H200, 1, 2047), (32, 64));
+        let shape = |write_counts: bool, compact: bool| {
+            let d = RemapDesc {
+                num_tokens: 1,
+                top_k: 2048,
+                table_rows: 4,
+                max_blocks: 64,
+                block_size: 64,
+                block_stride_rows: 64,
+                idx_mapping_len: None,
+                write_counts,
+                compact,
+                stats_slot: 0,
+            };
+            let l = remap(&H200, &d, &RemapAddrs::default()).unwrap().launches[0].clone();
+            (l.grid, l.block)
+        };
+        assert_eq!(shape(false, false), ([1, 8, 1], 64));
+        assert_eq!(shape(true, false), ([1, 1, 1], 512));
+        assert_eq!(shape(false, true), ([1, 1, 1], 512));
+        // Every tile count covers the row exactly once.
+        for tokens in [1, 3, 17, 64, 200, 300] {
+            for k in [1, 4, 64, 100, 2047, 2048, 4096, 8192] {
+                let (tiles, threads) = remap_tiles(&H200, tokens, k);
+                let per = if k % 4 == 0 { 4 } else { 1 };
+                assert!(threads % 64 == 0 && threads <= REMAP_MAX_THREADS);
+                assert!(
+                    u64::from(tiles) * u64::from(threads) * per
+                        >= u64::from(k).min(u64::from(REMAP_MAX_THREADS) * per)
+                );
+                assert!((tiles - 1) * threads * (per as u32) < k.max(64 * per as u32));
+            }
+        }
     }
 
     #[test]

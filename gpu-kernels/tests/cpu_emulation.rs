@@ -224,6 +224,9 @@ fn build() -> Result<Emu, String> {
     Ok(Emu { _lib: lib, launch })
 }
 
+/// Remaps drawn per seed and mode.
+const REMAPS_PER_SEED: usize = 8;
+
 /// A random remap through `hs_remap`, or with `modes` through `hs_remap_modes`: a
 /// decode-context-parallel split (1 to 4 ranks, interleave 1 to 3), a prefill workspace (rows of
 /// prefill requests, decode rows, requests beyond the workspace, negative starts, starts near
@@ -1425,8 +1428,16 @@ fn main() {
             ..shared
         };
         for (name, r) in [
-            ("remap", check_remap(&emu, &mut rng, false)),
-            ("remap with modes", check_remap(&emu, &mut rng, true)),
+            // Several remaps a seed: one call draws one mode, one batch and one device, and the
+            // column tiles of a few plain rows (with or without stats) are one draw of many.
+            (
+                "remap",
+                (0..REMAPS_PER_SEED).try_for_each(|_| check_remap(&emu, &mut rng, false)),
+            ),
+            (
+                "remap with modes",
+                (0..REMAPS_PER_SEED).try_for_each(|_| check_remap(&emu, &mut rng, true)),
+            ),
             ("resolve", check_resolve(&emu, &mut rng, shared)),
             (
                 "resolve (global state)",
