@@ -234,91 +234,103 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
     }
 }
 
-fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
-    let flags = p.u32("flags");
-    let desc = RemapDesc {
-        num_tokens: p.u32("num_tokens"),
-        top_k: p.u32("top_k"),
-        table_rows: p.u32("table_rows"),
-        max_blocks: p.u32("max_blocks"),
-        block_size: p.u32("block_size"),
-        block_stride_rows: p.u32("block_stride_rows"),
-        idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
-        write_counts: flags & gk::REMAP_COUNTS != 0,
-        compact: flags & gk::REMAP_COMPACT != 0,
-        // The kernel gets the slot's own words.
-        stats_slot: 0,
-    };
-    // Blocks take token rows grid-stride: any grid covers every row.
-    need_grid(l, [1, 1, 1])?;
-    let t = desc.num_tokens as usize;
-    let tk = t * desc.top_k as usize;
-    let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
-    let table = read_i32(
-        st,
-        "block_table",
-        p.ptr("block_table"),
-        desc.table_rows as usize * desc.max_blocks as usize,
-    )?;
-    let topk = read_i32(st, "topk", p.ptr("topk"), tk)?;
-    let map = match desc.idx_mapping_len {
-        Some(n) => Some(read_i32(
-            st,
-            "idx_mapping",
-            p.ptr("idx_mapping"),
-            n as usize,
-        )?),
-        None => None,
-    };
-    let mut out = read_i32(st, "out", p.ptr("out"), tk)?;
-    let mut counts = if desc.write_counts {
-        Some(read_i32(st, "counts", p.ptr("counts"), t)?)
-    } else {
-        None
-    };
-    let mut stats = read_stats(st, p)?;
-    remap(
-        &desc,
-        RemapArgs {
-            req_id: &req[..],
-            block_table: &table[..],
-            topk: &topk[..],
-            idx_mapping: map.as_deref(),
-            out: &mut out[..],
-            counts: counts.as_deref_mut(),
-            stats: stats.as_deref_mut(),
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    write_i32(st, p.ptr("out"), &out);
-    if let Some(c) = counts {
-        write_i32(st, p.ptr("counts"), &c);
+/// A remap launch's descriptor and buffers, read from the double's memory: what `hs_remap` and
+/// `hs_remap_modes` share (the modes kernel takes the same parameters, and more).
+struct RemapIo {
+    desc: RemapDesc,
+    req: Vec<i32>,
+    table: Vec<i32>,
+    topk: Vec<i32>,
+    map: Option<Vec<i32>>,
+    out: Vec<i32>,
+    counts: Option<Vec<i32>>,
+    stats: Option<Vec<i32>>,
+}
+
+impl RemapIo {
+    fn read(st: &State, l: &Launch, p: &Params<'_>) -> Result<Self, String> {
+        let flags = p.u32("flags");
+        let desc = RemapDesc {
+            num_tokens: p.u32("num_tokens"),
+            top_k: p.u32("top_k"),
+            table_rows: p.u32("table_rows"),
+            max_blocks: p.u32("max_blocks"),
+            block_size: p.u32("block_size"),
+            block_stride_rows: p.u32("block_stride_rows"),
+            idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
+            write_counts: flags & gk::REMAP_COUNTS != 0,
+            compact: flags & gk::REMAP_COMPACT != 0,
+            // The kernel gets the slot's own words.
+            stats_slot: 0,
+        };
+        // Blocks take token rows grid-stride: any grid covers every row.
+        need_grid(l, [1, 1, 1])?;
+        let t = desc.num_tokens as usize;
+        let tk = t * desc.top_k as usize;
+        let rows = desc.table_rows as usize * desc.max_blocks as usize;
+        // Read in parameter order, so the first bad buffer is the one a fault names.
+        Ok(RemapIo {
+            req: read_i32(st, "req_id", p.ptr("req_id"), t)?,
+            table: read_i32(st, "block_table", p.ptr("block_table"), rows)?,
+            topk: read_i32(st, "topk", p.ptr("topk"), tk)?,
+            map: match desc.idx_mapping_len {
+                Some(n) => Some(read_i32(
+                    st,
+                    "idx_mapping",
+                    p.ptr("idx_mapping"),
+                    n as usize,
+                )?),
+                None => None,
+            },
+            out: read_i32(st, "out", p.ptr("out"), tk)?,
+            counts: match desc.write_counts {
+                true => Some(read_i32(st, "counts", p.ptr("counts"), t)?),
+                false => None,
+            },
+            stats: read_stats(st, p)?,
+            desc,
+        })
     }
-    write_stats(st, p, stats);
+
+    /// The reference's arguments over these buffers.
+    fn args(&mut self) -> RemapArgs<'_, [i32]> {
+        RemapArgs {
+            req_id: &self.req[..],
+            block_table: &self.table[..],
+            topk: &self.topk[..],
+            idx_mapping: self.map.as_deref(),
+            out: &mut self.out[..],
+            counts: self.counts.as_deref_mut(),
+            stats: self.stats.as_deref_mut(),
+        }
+    }
+
+    /// Writes back what the reference wrote.
+    fn write(self, st: &State, p: &Params<'_>) {
+        write_i32(st, p.ptr("out"), &self.out);
+        if let Some(c) = self.counts {
+            write_i32(st, p.ptr("counts"), &c);
+        }
+        write_stats(st, p, self.stats);
+    }
+}
+
+fn run_remap(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
+    let mut io = RemapIo::read(st, l, p)?;
+    let desc = io.desc;
+    remap(&desc, io.args()).map_err(|e| e.to_string())?;
+    io.write(st, p);
     Ok(())
 }
 
 /// `hs_remap_modes`: the reference remap with modes (the host checked the descriptor; one it
 /// would refuse is a fault here).
 fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), String> {
-    let flags = p.u32("flags");
-    let remap_desc = RemapDesc {
-        num_tokens: p.u32("num_tokens"),
-        top_k: p.u32("top_k"),
-        table_rows: p.u32("table_rows"),
-        max_blocks: p.u32("max_blocks"),
-        block_size: p.u32("block_size"),
-        block_stride_rows: p.u32("block_stride_rows"),
-        idx_mapping_len: (flags & gk::REMAP_HAS_MAP != 0).then(|| p.u32("idx_mapping_len")),
-        write_counts: flags & gk::REMAP_COUNTS != 0,
-        compact: flags & gk::REMAP_COMPACT != 0,
-        // The kernel gets the slot's own words.
-        stats_slot: 0,
-    };
+    let mut io = RemapIo::read(st, l, p)?;
     let dcp_size = p.u32("dcp_size");
     let prefill = p.u32("prefill_requests");
     let desc = RemapModesDesc {
-        remap: remap_desc,
+        remap: io.desc,
         dcp: (dcp_size != 0).then(|| DcpSplit {
             size: dcp_size,
             rank: p.u32("dcp_rank"),
@@ -326,26 +338,7 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
         }),
         prefill_requests: (prefill != 0).then_some(prefill),
     };
-    need_grid(l, [1, 1, 1])?;
-    let t = remap_desc.num_tokens as usize;
-    let tk = t * remap_desc.top_k as usize;
-    let req = read_i32(st, "req_id", p.ptr("req_id"), t)?;
-    let table = read_i32(
-        st,
-        "block_table",
-        p.ptr("block_table"),
-        remap_desc.table_rows as usize * remap_desc.max_blocks as usize,
-    )?;
-    let topk = read_i32(st, "topk", p.ptr("topk"), tk)?;
-    let map = match remap_desc.idx_mapping_len {
-        Some(n) => Some(read_i32(
-            st,
-            "idx_mapping",
-            p.ptr("idx_mapping"),
-            n as usize,
-        )?),
-        None => None,
-    };
+    let t = io.desc.num_tokens as usize;
     let (ids, starts) = if prefill != 0 {
         (
             Some(read_i32(st, "prefill_req_id", p.ptr("prefill_req_id"), t)?),
@@ -359,35 +352,16 @@ fn run_remap_modes(st: &mut State, l: &Launch, p: &Params<'_>) -> Result<(), Str
     } else {
         (None, None)
     };
-    let mut out = read_i32(st, "out", p.ptr("out"), tk)?;
-    let mut counts = if remap_desc.write_counts {
-        Some(read_i32(st, "counts", p.ptr("counts"), t)?)
-    } else {
-        None
-    };
-    let mut stats = read_stats(st, p)?;
     remap_modes(
         &desc,
         RemapModesArgs {
-            remap: RemapArgs {
-                req_id: &req[..],
-                block_table: &table[..],
-                topk: &topk[..],
-                idx_mapping: map.as_deref(),
-                out: &mut out[..],
-                counts: counts.as_deref_mut(),
-                stats: stats.as_deref_mut(),
-            },
+            remap: io.args(),
             prefill_req_id: ids.as_deref(),
             workspace_starts: starts.as_deref(),
         },
     )
     .map_err(|e| e.to_string())?;
-    write_i32(st, p.ptr("out"), &out);
-    if let Some(c) = counts {
-        write_i32(st, p.ptr("counts"), &c);
-    }
-    write_stats(st, p, stats);
+    io.write(st, p);
     Ok(())
 }
 

@@ -481,16 +481,22 @@ pub extern "C" fn hipMemsetAsync(
     if let Err(s) = st.check_range(dst as usize, bytes, &[Kind::Device]) {
         return s;
     }
-    if bytes == 0 {
-        return st
-            .stream(stream as usize)
-            .map_or_else(|e| e, |_| HIP_SUCCESS);
-    }
     let op = Op::Fill {
         dst: dst as usize,
         value: value as u8,
         len: bytes,
     };
+    enqueue_bytes(&mut st, stream, bytes, op)
+}
+
+/// Enqueues an asynchronous memset or copy of `bytes` bytes on `stream`, its ranges checked; an
+/// empty one enqueues nothing and only checks the stream.
+fn enqueue_bytes(st: &mut State, stream: *mut c_void, bytes: usize, op: Op) -> u32 {
+    if bytes == 0 {
+        return st
+            .stream(stream as usize)
+            .map_or_else(|e| e, |_| HIP_SUCCESS);
+    }
     match st.enqueue(stream as usize, op) {
         Ok(()) => HIP_SUCCESS,
         Err(e) => e,
@@ -573,20 +579,12 @@ pub extern "C" fn hipMemcpyAsync(
     {
         return s;
     }
-    if bytes == 0 {
-        return st
-            .stream(stream as usize)
-            .map_or_else(|e| e, |_| HIP_SUCCESS);
-    }
     let op = Op::Copy {
         dst: dst as usize,
         src: src as usize,
         len: bytes,
     };
-    match st.enqueue(stream as usize, op) {
-        Ok(()) => HIP_SUCCESS,
-        Err(s) => s,
-    }
+    enqueue_bytes(&mut st, stream, bytes, op)
 }
 
 /// `hipStreamCreateWithFlags`, as HIP documents it, on the double's host-memory device (crate docs).
