@@ -257,46 +257,72 @@ fn bulk_ceilings<D: Device>(
     Ok(vec![c(H2D, h2d, n), c(D2H, d2h, n), c(DEVICE, d2d, 2 * n)])
 }
 
-/// Remap of a decode batch: 256 requests × top-k 2048 over 32K-token block tables.
-fn remap<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Figure, D::Error> {
-    let (t, k, m) = (256u32, 2048u32, 512u32);
-    let mut rng = SplitMix64::new(1);
-    let req: Vec<i32> = (0..t as i32).collect();
-    let table: Vec<i32> = (0..t * m).map(|_| 1 + rng.below(100_000) as i32).collect();
-    let topk: Vec<i32> = (0..t * k)
-        .map(|_| rng.below(u64::from(m * BLOCK)) as i32)
-        .collect();
-    let up = |v: &[i32]| upload_i32s(dev, v);
-    let (req_b, table_b, topk_b) = (up(&req)?, up(&table)?, up(&topk)?);
-    let mut out = dev.alloc((t * k * 4) as usize)?;
-    let mut counts = dev.alloc((t * 4) as usize)?;
-    let desc = RemapDesc {
-        num_tokens: t,
-        top_k: k,
-        table_rows: t,
-        max_blocks: m,
-        block_size: BLOCK,
-        block_stride_rows: 832,
-        idx_mapping_len: None,
-        write_counts: true,
-        compact: false,
-        stats_slot: 0,
-    };
-    let s = time(dev, stream, cfg, |_| {
+/// A decode batch's remap on a device: 256 requests × top-k 2048 over 32K-token block tables
+/// (512 pages of [`BLOCK`] rows) of random blocks, with counts: the figure [`run`] reports and
+/// the kernel lab's Vulkan harness times (one workload, so their figures compare).
+pub struct DecodeRemap<D: Device> {
+    /// The call's shape.
+    pub desc: RemapDesc,
+    req_id: D::Buffer,
+    block_table: D::Buffer,
+    topk: D::Buffer,
+    out: D::Buffer,
+    counts: D::Buffer,
+}
+
+impl<D: Device> DecodeRemap<D> {
+    /// The inputs drawn from `rng` (block table, then top-k) and uploaded, the outputs allocated.
+    pub fn new(dev: &D, rng: &mut SplitMix64) -> Result<Self, D::Error> {
+        let (t, k, m) = (256u32, 2048u32, 512u32);
+        let req: Vec<i32> = (0..t as i32).collect();
+        let table: Vec<i32> = (0..t * m).map(|_| 1 + rng.below(100_000) as i32).collect();
+        let topk: Vec<i32> = (0..t * k)
+            .map(|_| rng.below(u64::from(m * BLOCK)) as i32)
+            .collect();
+        Ok(DecodeRemap {
+            desc: RemapDesc {
+                num_tokens: t,
+                top_k: k,
+                table_rows: t,
+                max_blocks: m,
+                block_size: BLOCK,
+                block_stride_rows: 832,
+                idx_mapping_len: None,
+                write_counts: true,
+                compact: false,
+                stats_slot: 0,
+            },
+            req_id: upload_i32s(dev, &req)?,
+            block_table: upload_i32s(dev, &table)?,
+            topk: upload_i32s(dev, &topk)?,
+            out: dev.alloc((t * k * 4) as usize)?,
+            counts: dev.alloc((t * 4) as usize)?,
+        })
+    }
+
+    /// Enqueues the remap on `stream`.
+    pub fn enqueue(&mut self, dev: &D, stream: &D::Stream) -> Result<(), D::Error> {
         dev.remap(
             stream,
-            &desc,
+            &self.desc,
             RemapArgs {
-                req_id: &req_b,
-                block_table: &table_b,
-                topk: &topk_b,
+                req_id: &self.req_id,
+                block_table: &self.block_table,
+                topk: &self.topk,
                 idx_mapping: None,
-                out: &mut out,
-                counts: Some(&mut counts),
+                out: &mut self.out,
+                counts: Some(&mut self.counts),
                 stats: None,
             },
         )
-    })?;
+    }
+}
+
+/// Remap of a decode batch ([`DecodeRemap`]).
+fn remap<D: Device>(dev: &D, stream: &D::Stream, cfg: &BenchConfig) -> Result<Figure, D::Error> {
+    let mut call = DecodeRemap::new(dev, &mut SplitMix64::new(1))?;
+    let (t, k) = (call.desc.num_tokens, call.desc.top_k);
+    let s = time(dev, stream, cfg, |_| call.enqueue(dev, stream))?;
     let entries = u64::from(t * k);
     Ok(Figure {
         name: format!("remap {t} rows × top-k {k}"),

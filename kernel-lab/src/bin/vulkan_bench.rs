@@ -44,9 +44,10 @@ use hisparse_backend_vulkan::{
 use hisparse_conformance::SplitMix64;
 use hisparse_core::Device;
 use hisparse_core::ops::{
-    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, RemapArgs,
-    RemapDesc, ResolveArgs, ResolveDesc,
+    BlockPair, Direction, GatherArgs, GatherDesc, LayerPair, PageCopyDesc, PageLayout, ResolveArgs,
+    ResolveDesc,
 };
+use hisparse_device_bench::DecodeRemap;
 
 const ROW_BYTES: u32 = 656;
 const BLOCK: u32 = 64;
@@ -629,49 +630,16 @@ fn index_paths(dev: &VulkanDevice, host: &VulkanHostBuffer, r: &mut Report) -> R
     println!(
         "index paths (device: timestamps; wall: enqueue + synchronisation; enqueue: host only):"
     );
-    // Remap of 256 rows × top-k 2048 over 32K-token block tables.
+    // Remap of 256 rows × top-k 2048 over 32K-token block tables (`hisparse bench`'s workload).
     {
-        let (t, k, m) = (256u32, 2048u32, 512u32);
-        let table: Vec<i32> = (0..t * m).map(|_| 1 + rng.below(100_000) as i32).collect();
-        let topk: Vec<i32> = (0..t * k)
-            .map(|_| rng.below(u64::from(m * BLOCK)) as i32)
-            .collect();
-        let req = upload_i32(dev, &(0..t as i32).collect::<Vec<_>>())?;
-        let (table, topk) = (upload_i32(dev, &table)?, upload_i32(dev, &topk)?);
-        let mut out = dev.alloc((t * k * 4) as usize)?;
-        let mut counts = dev.alloc((t * 4) as usize)?;
-        let desc = RemapDesc {
-            num_tokens: t,
-            top_k: k,
-            table_rows: t,
-            max_blocks: m,
-            block_size: BLOCK,
-            block_stride_rows: 832,
-            idx_mapping_len: None,
-            write_counts: true,
-            compact: false,
-            stats_slot: 0,
-        };
+        let mut call = DecodeRemap::new(dev, &mut rng)?;
+        let (t, k) = (call.desc.num_tokens, call.desc.top_k);
         let f = timing(
             dev,
             &stream,
             format!("remap {t} rows x top-k {k}"),
             20,
-            |d, _| {
-                d.remap(
-                    &stream,
-                    &desc,
-                    RemapArgs {
-                        req_id: &req,
-                        block_table: &table,
-                        topk: &topk,
-                        idx_mapping: None,
-                        out: &mut out,
-                        counts: Some(&mut counts),
-                        stats: None,
-                    },
-                )
-            },
+            |d, _| call.enqueue(d, &stream),
         )?;
         f.print();
         r.timings.push(f);
