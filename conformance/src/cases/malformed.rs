@@ -10,6 +10,7 @@ use hisparse_core::ops::{
 };
 
 use super::copies::{MLA, Rows, layouts, pool_sizes};
+use super::resolve_io::SMALL;
 use crate::util::{
     Ctx, SENTINEL, dev_bytes, dev_i32, dev_u16, expect_invalid, pinned_bytes, read_bytes, read_i32,
     read_pinned, read_u16, same,
@@ -158,12 +159,9 @@ fn resolve_valid() -> ResolveCall {
         top_k: 4,
         num_requests: 2,
         max_pages: 3,
-        block_size: 4,
         hot_slots: 8,
-        attention_block_stride: 4,
         host_num_blocks: 8,
-        num_state_rows: None,
-        stats_slot: 0,
+        ..SMALL
     };
     ResolveCall {
         desc,

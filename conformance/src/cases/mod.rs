@@ -15,7 +15,7 @@ mod pipeline;
 mod remap;
 mod remap_modes;
 mod resolve;
-mod resolve_io;
+pub(crate) mod resolve_io;
 mod resolve_order;
 mod slot_mapping;
 mod stats;

@@ -13,7 +13,7 @@ use hisparse_core::ops::{
 
 use super::copies::{Rows, layouts, pool_sizes};
 use super::resolve_io::{
-    Asked, Coverage, DevOutputs, DevState, HostState, Outputs, initial_stats, stats_slot,
+    Asked, Coverage, DevOutputs, DevState, HostState, Outputs, SMALL, initial_stats, stats_slot,
 };
 use crate::util::{Ctx, at_step, dev_bytes, dev_i32, pinned_bytes, read_bytes, same};
 use crate::{Case, CaseError, CaseResult, SplitMix64};
@@ -695,18 +695,7 @@ fn asked(scn: &Scenario) -> Asked {
 
 /// A hand-computed trace (independent of the reference): 4 slots, top-k 2, block size 4.
 fn known_trace<D: Device>(dev: &D) -> CaseResult {
-    let desc = ResolveDesc {
-        num_tokens: 1,
-        top_k: 2,
-        num_requests: 1,
-        max_pages: 4,
-        block_size: 4,
-        hot_slots: 4,
-        attention_block_stride: 4,
-        host_num_blocks: 4,
-        num_state_rows: None,
-        stats_slot: 0,
-    };
+    let desc = SMALL;
     // Page p lives in host block p; nothing resident; the hot region is GPU block 5, so slot s
     // is physical row 20 + s.
     let mut st = State::new(
@@ -831,13 +820,10 @@ fn empty_batch<D: Device>(dev: &D) -> CaseResult {
         num_tokens: 0,
         top_k: 8,
         num_requests: 2,
-        max_pages: 4,
-        block_size: 4,
         hot_slots: 16,
         attention_block_stride: 8,
         host_num_blocks: 8,
-        num_state_rows: None,
-        stats_slot: 0,
+        ..SMALL
     };
     let lru: Vec<u16> = (0..32).map(|i| (31 - i) as u16 % 16).collect();
     let mut st = State::new(

@@ -4,7 +4,7 @@
 
 use hisparse_core::Device;
 use hisparse_core::ops::resolve::Entry;
-use hisparse_core::ops::{ResolveArgs, ResolveDesc, ResolveSlices};
+use hisparse_core::ops::{RemapDesc, ResolveArgs, ResolveDesc, ResolveSlices};
 
 use crate::util::{Ctx, SENTINEL, dev_i32, dev_u16, ensure, read_i32, read_u16, same};
 use crate::{CaseError, CaseResult, SplitMix64};
@@ -12,9 +12,48 @@ use crate::{CaseError, CaseResult, SplitMix64};
 /// Elements past every output that must keep their sentinel.
 pub(crate) const SLACK: usize = 3;
 
+/// The small world of the hand-computed cases: one token row of top-k 2 over 4 pages of 4 rows,
+/// 4 hot slots, an attention stride of 4 rows and 4 host blocks, in state-row order, stats slot
+/// 0. A case states what it changes (`ResolveDesc { top_k: 8, ..SMALL }`).
+pub(crate) const SMALL: ResolveDesc = ResolveDesc {
+    num_tokens: 1,
+    top_k: 2,
+    num_requests: 1,
+    max_pages: 4,
+    block_size: 4,
+    hot_slots: 4,
+    attention_block_stride: 4,
+    host_num_blocks: 4,
+    num_state_rows: None,
+    stats_slot: 0,
+};
+
 /// Slots of a sequence's stats buffer (`hisparse_core::ops::stats`): its calls add to the first
 /// three ([`stats_slot`]); the last must never change.
 pub(crate) const STATS_SLOTS: u32 = 4;
+
+/// The remap of `resolve`'s batch through page tables of its shape (its token rows, top-k,
+/// requests as table rows, pages, block size and attention stride), without an `idx_mapping`:
+/// what a scenario that runs both index paths over one batch gives the remap.
+pub(crate) fn remap_of(
+    resolve: &ResolveDesc,
+    write_counts: bool,
+    compact: bool,
+    stats_slot: u32,
+) -> RemapDesc {
+    RemapDesc {
+        num_tokens: resolve.num_tokens,
+        top_k: resolve.top_k,
+        table_rows: resolve.num_requests,
+        max_blocks: resolve.max_pages,
+        block_size: resolve.block_size,
+        block_stride_rows: resolve.attention_block_stride,
+        idx_mapping_len: None,
+        write_counts,
+        compact,
+        stats_slot,
+    }
+}
 
 /// The stats slot call `call` of a sequence adds to, or `None` for a call given no stats
 /// buffer (every fourth: the buffer must then keep its words): one buffer takes calls at

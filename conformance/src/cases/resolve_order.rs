@@ -26,7 +26,7 @@ use hisparse_core::ops::swap_in::resolve_and_gather as reference_swap_in;
 use hisparse_core::ops::{LayerPair, ResolveDesc};
 
 use super::copies::{Rows, layouts, pool_sizes};
-use super::resolve_io::{Coverage, DevOutputs, DevState, HostState, Outputs};
+use super::resolve_io::{Coverage, DevOutputs, DevState, HostState, Outputs, SMALL};
 use crate::util::{
     Ctx, at_step, dev_bytes, dev_i32, ensure, expect_invalid, pinned_bytes, read_bytes, same,
 };
@@ -564,15 +564,10 @@ fn refused_before_any_write<D: Device>(dev: &D) -> CaseResult {
     // Two batch rows over three state rows, top-k 2, block size 4, 4 hot slots (one block).
     let desc = ResolveDesc {
         num_tokens: 2,
-        top_k: 2,
         num_requests: 2,
         max_pages: 2,
-        block_size: 4,
-        hot_slots: 4,
-        attention_block_stride: 4,
-        host_num_blocks: 4,
         num_state_rows: Some(3),
-        stats_slot: 0,
+        ..SMALL
     };
     let h = HostState {
         resident: vec![0; 6],

@@ -10,6 +10,7 @@ use hisparse_core::ops::{
     LayerPair, PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, STATS_SLOT_WORDS,
 };
 
+use super::resolve_io::SMALL;
 use crate::util::{
     Ctx, SENTINEL, dev_bytes, dev_i32, dev_u16, ensure, expect_invalid, pinned_bytes, read_i32,
     read_u16, same,
@@ -73,15 +74,9 @@ impl<D: Device> Resolver<D> {
     fn new(dev: &D) -> Result<Self, CaseError> {
         let desc = ResolveDesc {
             num_tokens: 0,
-            top_k: 2,
             num_requests: 2,
-            max_pages: 4,
-            block_size: 4,
-            hot_slots: 4,
-            attention_block_stride: 4,
             host_num_blocks: 8,
-            num_state_rows: None,
-            stats_slot: 0,
+            ..SMALL
         };
         let rows = PageLayout::contiguous(0, 64, 8, 4, 16);
         let device_rows = PageLayout::contiguous(0, 64, 12, 4, 16);

@@ -28,6 +28,7 @@ use hisparse_core::ops::{
 
 use super::{Res, device_err, download_i32, upload_i32};
 use crate::SplitMix64;
+use crate::cases::resolve_io::remap_of;
 
 /// The engine's side of a capture: its own stream and graph, through the raw driver API.
 pub trait Engine<D: Device> {
@@ -129,18 +130,7 @@ fn resolve_desc() -> ResolveDesc {
 }
 
 fn remap_desc() -> RemapDesc {
-    RemapDesc {
-        num_tokens: ROWS,
-        top_k: TOP_K,
-        table_rows: REQUESTS,
-        max_blocks: PAGES,
-        block_size: BLOCK,
-        block_stride_rows: BLOCK,
-        idx_mapping_len: None,
-        write_counts: false,
-        compact: true,
-        stats_slot: REMAP_SLOT,
-    }
+    remap_of(&resolve_desc(), false, true, REMAP_SLOT)
 }
 
 /// Device blocks of the hot regions (`SLOTS / BLOCK` per request), after the null block.

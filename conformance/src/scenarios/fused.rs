@@ -10,13 +10,17 @@
 use hisparse_core::Device;
 use hisparse_core::ops::copy::gather_rows;
 use hisparse_core::ops::resolve::resolve;
-use hisparse_core::ops::{
-    GatherArgs, GatherDesc, LayerPair, PageLayout, ResolveArgs, ResolveDesc, ResolveSlices,
-};
+use hisparse_core::ops::{GatherArgs, GatherDesc, LayerPair, PageLayout, ResolveArgs, ResolveDesc};
 
-use super::{Res, device_err, download_i32, upload_i32};
-use crate::SplitMix64;
+use super::{Res, device_err, upload_i32};
+use crate::cases::resolve_io::{DevOutputs, DevState, HostState, Outputs};
 use crate::check::Check;
+use crate::{CaseError, SplitMix64};
+
+/// A case error as a scenario's message.
+fn case_err(e: CaseError) -> String {
+    e.to_string()
+}
 
 /// How a backend's test reaches its fused launch on `D`. The [`Device`] trait's
 /// `resolve_and_gather` may choose the resolve and the gather as two launches for small batches;
@@ -192,20 +196,22 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
         lru[3] = lru[4]; // request 0's LRU is not a permutation
         slot_host_rows[5] = 7;
     }
+    let mut h = HostState {
+        resident,
+        host,
+        hot,
+        slot_host_rows,
+        lru,
+        idx_mapping: None,
+        stats: None,
+    };
 
     let mut host_buf = dev.alloc_pinned(host_bytes).map_err(device_err)?;
     dev.write_pinned(&mut host_buf, 0, &host_pool_bytes)
         .map_err(device_err)?;
     let mut pool = dev.alloc(dev_bytes).map_err(device_err)?;
     dev.upload(&mut pool, 0, &want_pool).map_err(device_err)?;
-    let (d_res, d_host, d_hot) = (
-        upload_i32(dev, &resident)?,
-        upload_i32(dev, &host)?,
-        upload_i32(dev, &hot)?,
-    );
-    let mut d_slot_host_rows = upload_i32(dev, &slot_host_rows)?;
-    let mut d_lru = dev.alloc(lru.len() * 2).map_err(device_err)?;
-    dev.upload_u16(&mut d_lru, 0, &lru).map_err(device_err)?;
+    let mut d = DevState::upload(dev, &h).map_err(case_err)?;
     let stream = dev.create_stream().map_err(device_err)?;
 
     // Token rows: each request's rows and padding rows, shuffled.
@@ -234,31 +240,9 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
                 topk[j] = -1;
             }
         }
-        let tk = (t * k) as usize;
-        let tu = t as usize;
-        let (mut ind, mut src, mut dst) = (vec![0; tk], vec![0; tk], vec![0; tk]);
-        let (mut vc, mut hc, mut mc) = (vec![0; tu], vec![0; tu], vec![0; tu]);
-        resolve(
-            &desc,
-            ResolveSlices {
-                req_id: &req,
-                topk: &topk,
-                resident_table: &resident,
-                host_table: &host,
-                hot_table: &hot,
-                slot_host_rows: &mut slot_host_rows,
-                lru: &mut lru,
-                indices: &mut ind,
-                valid_counts: &mut vc,
-                hit_counts: &mut hc,
-                miss_counts: &mut mc,
-                miss_src: &mut src,
-                miss_dst: &mut dst,
-                idx_mapping: None,
-                stats: None,
-            },
-        )
-        .map_err(|x| x.to_string())?;
+        let (tu, ku) = (t as usize, k as usize);
+        let mut want = Outputs::sentinels(tu, ku);
+        resolve(&desc, h.slices(&req, &topk, &mut want)).map_err(|x| x.to_string())?;
         gather_rows(
             &GatherDesc {
                 num_tokens: t,
@@ -266,9 +250,9 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
                 layers: &layers,
             },
             GatherArgs {
-                plan_src: &src,
-                plan_dst: &dst,
-                plan_counts: &mc,
+                plan_src: &want.miss_src,
+                plan_dst: &want.miss_dst,
+                plan_counts: &want.misses,
                 host: &host_pool_bytes,
                 device: &mut want_pool,
             },
@@ -276,67 +260,23 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
         .map_err(|x| x.to_string())?;
 
         let (d_req, d_topk) = (upload_i32(dev, &req)?, upload_i32(dev, &topk)?);
-        let mut outs: Vec<D::Buffer> = [tk, tu, tu, tu, tk, tk]
-            .iter()
-            .map(|&len| upload_i32(dev, &vec![9; len]))
-            .collect::<Res<_>>()?;
-        let [o_ind, o_vc, o_hc, o_mc, o_src, o_dst] = &mut outs[..] else {
-            unreachable!("six outputs")
-        };
+        let mut out = DevOutputs::upload(dev, &Outputs::sentinels(tu, ku)).map_err(case_err)?;
         hook.resolve_and_gather(
             dev,
             &stream,
             &desc,
-            ResolveArgs {
-                req_id: &d_req,
-                topk: &d_topk,
-                resident_table: &d_res,
-                host_table: &d_host,
-                hot_table: &d_hot,
-                slot_host_rows: &mut d_slot_host_rows,
-                lru: &mut d_lru,
-                indices: o_ind,
-                valid_counts: o_vc,
-                hit_counts: o_hc,
-                miss_counts: o_mc,
-                miss_src: o_src,
-                miss_dst: o_dst,
-                idx_mapping: None,
-                stats: None,
-            },
+            d.args(&d_req, &d_topk, &mut out),
             &layers,
             &host_buf,
             &mut pool,
         )
         .map_err(device_err)?;
         dev.synchronize(&stream).map_err(device_err)?;
-        for (name, want, got) in [
-            ("indices", &ind, download_i32(dev, o_ind, tk)?),
-            ("valid_counts", &vc, download_i32(dev, o_vc, tu)?),
-            ("hit_counts", &hc, download_i32(dev, o_hc, tu)?),
-            ("miss_counts", &mc, download_i32(dev, o_mc, tu)?),
-            ("miss_src", &src, download_i32(dev, o_src, tk)?),
-            ("miss_dst", &dst, download_i32(dev, o_dst, tk)?),
-            (
-                "slot_host_rows",
-                &slot_host_rows,
-                download_i32(dev, &d_slot_host_rows, slot_host_rows.len())?,
-            ),
-        ] {
-            if *want != got {
-                let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
-                return Err(format!(
-                    "{}: step {step}: {name} differs at {at}: want {}, got {}",
-                    sc.name, want[at], got[at]
-                ));
-            }
-        }
-        let mut got_lru = vec![0u16; lru.len()];
-        dev.download_u16(&d_lru, 0, &mut got_lru)
-            .map_err(device_err)?;
-        if got_lru != lru {
-            return Err(format!("{}: step {step}: the LRU differs", sc.name));
-        }
+        let at = format!("{}: step {step}: ", sc.name);
+        out.read(dev, tu, ku)
+            .and_then(|got| got.expect(&at, &want))
+            .and_then(|()| d.expect_hot_state(dev, &at, &h))
+            .map_err(case_err)?;
         let mut got_pool = vec![0u8; dev_bytes];
         dev.download(&pool, 0, &mut got_pool).map_err(device_err)?;
         if got_pool != want_pool {
@@ -353,7 +293,7 @@ fn run<D: Device>(dev: &D, hook: &impl Fused<D>, sc: &Scenario, seed: u64) -> Re
         println!(
             "  {} step {step}: {} misses gathered over {} layers, identical",
             sc.name,
-            mc.iter().sum::<i32>(),
+            want.misses[..tu].iter().sum::<i32>(),
             sc.layers
         );
     }

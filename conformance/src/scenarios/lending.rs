@@ -13,12 +13,13 @@ use hisparse_core::Device;
 use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::{
     BlockPair, Direction, GatherArgs, GatherDesc, HotResetDesc, LayerPair, PageCopyDesc,
-    PageLayout, RemapArgs, RemapDesc, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, TableWrite,
+    PageLayout, RemapArgs, ResolveArgs, ResolveDesc, RowCopyDesc, RowSpan, TableWrite,
     TableWriteDesc,
 };
 
 use super::{Res, device_err};
 use crate::SplitMix64;
+use crate::cases::resolve_io::remap_of;
 
 /// Where a scenario's buffers and stream come from.
 pub trait Lender<D: Device> {
@@ -163,18 +164,20 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         .map_err(device_err)?;
     lender.engine_copy(dev, &s, &staging, &mut b[TOPK], topk_bytes.len())?;
 
-    let remap_desc = RemapDesc {
+    let resolve_desc = ResolveDesc {
         num_tokens: T,
         top_k: K,
-        table_rows: R,
-        max_blocks: PAGES,
+        num_requests: R,
+        max_pages: PAGES,
         block_size: BS,
-        block_stride_rows: BS,
-        idx_mapping_len: None,
-        write_counts: true,
-        compact: true,
+        hot_slots: N,
+        attention_block_stride: BS,
+        host_num_blocks: HOST_BLOCKS,
+        num_state_rows: None,
         stats_slot: 0,
     };
+    // The remap reads the same batch through the host table (counts written, compacted).
+    let remap_desc = remap_of(&resolve_desc, true, true, 0);
     {
         let (inputs, outs) = b.split_at_mut(REMAP_OUT);
         let [out, counts, ..] = outs else {
@@ -195,18 +198,6 @@ pub fn scenario<D: Device>(dev: &D, lender: &mut impl Lender<D>) -> Res<Vec<(Str
         )
         .map_err(device_err)?;
     }
-    let resolve_desc = ResolveDesc {
-        num_tokens: T,
-        top_k: K,
-        num_requests: R,
-        max_pages: PAGES,
-        block_size: BS,
-        hot_slots: N,
-        attention_block_stride: BS,
-        host_num_blocks: HOST_BLOCKS,
-        num_state_rows: None,
-        stats_slot: 0,
-    };
     {
         let (inputs, outs) = b.split_at_mut(DGI);
         let [
