@@ -2,11 +2,17 @@
 //! is needed on the machine that builds the crate). The SPIR-V lands in `OUT_DIR` and is embedded
 //! by `src/shaders.rs`; `tests/spirv_val.rs` checks it with `spirv-val`.
 //!
-//! `gather.wgsl`, `gather_per_entry.wgsl` and `copy.wgsl` are templates over two pools, A (read) and B
-//! (written), each
-//! bound as `WINDOWS` storage buffers of one window each, so pools larger than one binding work:
-//! the script generates one variant per entry of [`WINDOWS`]. The 1-window variant binds each
-//! pool whole and needs no window arithmetic.
+//! A shader declares its storage buffers as `//@read NAME: TYPE` and `//@read_write NAME: TYPE`
+//! lines, in the order the backend binds them (`src/shaders.rs`); the script writes the
+//! declarations ([`expand_bindings`]): group 0, bindings numbered from 0 in that order through
+//! the whole assembled source (the resolvers' own bindings follow `resolve_common.wgsl`'s), the
+//! push constants `pc: Params` before the first.
+//!
+//! `gather.wgsl`, `gather_per_entry.wgsl`, `copy.wgsl` and `indexer_backup.wgsl` are templates
+//! over two pools, A (read) and B (written), each bound after the shader's own buffers as
+//! `WINDOWS` storage buffers of one window each, so pools larger than one binding work: the
+//! script generates one variant per entry of [`WINDOWS`]. The 1-window variant binds each pool
+//! whole and needs no window arithmetic.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -14,10 +20,52 @@ use std::path::Path;
 /// Windows per pool of the templated variants (keep in sync with `Windows` in `src/shaders.rs`).
 const WINDOWS: [usize; 4] = [1, 8, 12, 32];
 
-/// The template with its pool bindings (from binding `first`) and access functions filled in;
-/// the pools are arrays of `word` (`vec4<u32>`, or `u32` for the 4-byte-word variant), which the
-/// template names `Word`.
-fn pooled_source(template: &str, first: usize, windows: usize, word: &str) -> String {
+/// A binding directive of a shader source: the declaration it stands for (`NAME: TYPE`) and its
+/// access mode, or `None` for any other line.
+fn directive(line: &str) -> Option<(&'static str, &str)> {
+    let line = line.trim_start();
+    if let Some(decl) = line.strip_prefix("//@read_write ") {
+        Some(("read_write", decl))
+    } else {
+        line.strip_prefix("//@read ").map(|decl| ("read", decl))
+    }
+}
+
+/// The storage buffers `source` declares by directive (module docs).
+fn binding_count(source: &str) -> usize {
+    source.lines().filter_map(directive).count()
+}
+
+/// `source` with its binding directives written out as declarations (module docs).
+fn expand_bindings(source: &str) -> String {
+    let mut out = String::with_capacity(source.len() + 1024);
+    let mut binding = 0;
+    for line in source.lines() {
+        match directive(line) {
+            Some((access, decl)) => {
+                if binding == 0 {
+                    out.push_str("var<immediate> pc: Params;\n");
+                }
+                let _ = writeln!(
+                    out,
+                    "@group(0) @binding({binding}) var<storage, {access}> {decl};"
+                );
+                binding += 1;
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// The template with its pool bindings (after the template's own) and access functions filled
+/// in; the pools are arrays of `word` (`vec4<u32>`, or `u32` for the 4-byte-word variant), which
+/// the template names `Word`.
+fn pooled_source(template: &str, windows: usize, word: &str) -> String {
+    let first = binding_count(template);
     let mut decl = format!("alias Word = {word};\n");
     let mut access = String::new();
     for c in 0..windows {
@@ -185,6 +233,7 @@ const SUBGROUP_INIT: &str = "sg_inv = sg_inv_in;
     workgroupBarrier();";
 
 fn compile(name: &str, source: &str, out_dir: &Path) {
+    let source = &expand_bindings(source);
     let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| {
         panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(source));
     });
@@ -289,16 +338,16 @@ fn main() {
             out_dir,
         );
     }
-    // (template, first pool binding, module stem, pool word)
+    // (template, module stem, pool word)
     // Where rows lie in a pool: appended to the templates that locate rows.
     let row_layout = std::fs::read_to_string(dir.join("row_layout.wgsl")).expect("row_layout.wgsl");
-    for (name, first, stem, word) in [
-        ("gather", 4, "gather", "vec4<u32>"),
-        ("gather_per_entry", 4, "gather_per_entry", "vec4<u32>"),
-        ("gather_per_entry", 4, "gather_per_entry_words", "u32"),
-        ("copy", 1, "copy", "vec4<u32>"),
-        ("copy", 1, "copyw", "u32"),
-        ("indexer_backup", 3, "indexer_backup", "u32"),
+    for (name, stem, word) in [
+        ("gather", "gather", "vec4<u32>"),
+        ("gather_per_entry", "gather_per_entry", "vec4<u32>"),
+        ("gather_per_entry", "gather_per_entry_words", "u32"),
+        ("copy", "copy", "vec4<u32>"),
+        ("copy", "copyw", "u32"),
+        ("indexer_backup", "indexer_backup", "u32"),
     ] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("template");
         let rows = if name == "copy" {
@@ -310,7 +359,7 @@ fn main() {
         for w in WINDOWS {
             compile(
                 &format!("{stem}_{w}"),
-                &pooled_source(&src, first, w, word),
+                &pooled_source(&src, w, word),
                 out_dir,
             );
         }

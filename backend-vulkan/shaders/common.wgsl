@@ -1,4 +1,6 @@
-// Helpers shared by the index shaders (prepended to each source by build.rs).
+// Helpers shared by the index shaders (prepended to each source by build.rs). A shader declares
+// its storage buffers as `//@read name: type` / `//@read_write name: type` lines, in binding order;
+// build.rs writes the declarations (group 0, numbered from 0) and the push constants `pc: Params`.
 
 // `block * stride + off` as an i32 physical row, or -1 when `block` is negative or the row does not
 // fit an i32: exactly `hisparse_core::ops::physical_row`. `stride` is at least 1.

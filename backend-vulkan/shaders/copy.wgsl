@@ -20,9 +20,8 @@ struct Params {
     pad: u32,
 }
 
-var<immediate> pc: Params;
 // Per tile: first source word, first destination word, words, unused.
-@group(0) @binding(0) var<storage, read> tiles: array<vec4<u32>>;
+//@read tiles: array<vec4<u32>>
 //@POOL_BINDINGS
 
 //@POOL_ACCESS

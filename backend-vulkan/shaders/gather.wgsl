@@ -25,11 +25,10 @@ struct Params {
 
 // Per layer, 16 words: host layout then device layout, each
 // [base16, stride16, num_blocks, block_size, row16, value16, index_stride, 0].
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> plan_src: array<i32>;
-@group(0) @binding(1) var<storage, read> plan_dst: array<i32>;
-@group(0) @binding(2) var<storage, read> plan_counts: array<i32>;
-@group(0) @binding(3) var<storage, read> layers: array<u32>;
+//@read plan_src: array<i32>
+//@read plan_dst: array<i32>
+//@read plan_counts: array<i32>
+//@read layers: array<u32>
 //@POOL_BINDINGS
 
 //@POOL_ACCESS

@@ -21,11 +21,10 @@ struct Params {
     pad: u32,
 }
 
-var<immediate> pc: Params;
 // The rows of this dispatch, then (from word `pc.rows`) the bitmap of all listed rows.
-@group(0) @binding(0) var<storage, read> list: array<u32>;
-@group(0) @binding(1) var<storage, read_write> slot_host_rows: array<i32>;
-@group(0) @binding(2) var<storage, read_write> lru: array<u32>;
+//@read list: array<u32>
+//@read_write slot_host_rows: array<i32>
+//@read_write lru: array<u32>
 
 fn listed(row: u32) -> bool {
     return ((list[pc.rows + (row >> 5u)] >> (row & 31u)) & 1u) == 1u;

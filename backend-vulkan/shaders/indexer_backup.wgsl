@@ -17,10 +17,9 @@ struct Params {
 
 // Per layer, 16 words: host layout then device layout, each
 // [base, stride, num_blocks, block_size, row, value, index_stride, 0], byte sizes in pool words.
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> device_slots: array<i32>;
-@group(0) @binding(1) var<storage, read> host_slots: array<i32>;
-@group(0) @binding(2) var<storage, read> layers: array<u32>;
+//@read device_slots: array<i32>
+//@read host_slots: array<i32>
+//@read layers: array<u32>
 //@POOL_BINDINGS
 
 //@POOL_ACCESS

@@ -4,9 +4,8 @@ struct Params {
     num_ranges: u32,
 }
 
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> ranges: array<i32>;
-@group(0) @binding(1) var<storage, read_write> slot_host_rows: array<i32>;
+//@read ranges: array<i32>
+//@read_write slot_host_rows: array<i32>
 
 @compute @workgroup_size(256)
 fn main(

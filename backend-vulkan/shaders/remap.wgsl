@@ -28,14 +28,13 @@ struct Params {
     stats_word: u32,
 }
 
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> req_id: array<i32>;
-@group(0) @binding(1) var<storage, read> block_table: array<i32>;
-@group(0) @binding(2) var<storage, read> topk: array<i32>;
-@group(0) @binding(3) var<storage, read> idx_mapping: array<i32>;
-@group(0) @binding(4) var<storage, read_write> out_rows: array<i32>;
-@group(0) @binding(5) var<storage, read_write> counts: array<i32>;
-@group(0) @binding(6) var<storage, read_write> stats: array<atomic<u32>>;
+//@read req_id: array<i32>
+//@read block_table: array<i32>
+//@read topk: array<i32>
+//@read idx_mapping: array<i32>
+//@read_write out_rows: array<i32>
+//@read_write counts: array<i32>
+//@read_write stats: array<atomic<u32>>
 
 const W: u32 = 256u;
 const IK: u32 = 8u;

@@ -8,24 +8,24 @@
 // 2 * entries slots at twice that offset, per-row counters at [start, start + count), per-slot
 // arrays at group * hot_slots.
 // Parameters and bindings 0-12: resolve_common.wgsl.
-@group(0) @binding(13) var<storage, read> info: array<u32>;
-@group(0) @binding(14) var<storage, read> perm: array<u32>;
+//@read info: array<u32>
+//@read perm: array<u32>
 // host row wanted by entry q, or -1
-@group(0) @binding(15) var<storage, read_write> gval: array<i32>;
+//@read_write gval: array<i32>
 // miss number of entry q (first appearance, not a hit), or NONE
-@group(0) @binding(16) var<storage, read_write> xmiss: array<u32>;
+//@read_write xmiss: array<u32>
 // 4 words per slot: key (host row), first entry q, first LRU position, hot slot
-@group(0) @binding(17) var<storage, read_write> hash: array<atomic<u32>>;
+//@read_write hash: array<atomic<u32>>
 // 4 words per row position: hits, valid entries, misses before the row, unused
-@group(0) @binding(18) var<storage, read_write> rowc: array<atomic<u32>>;
+//@read_write rowc: array<atomic<u32>>
 // per LRU position p: slot | hit << 15 | evictable rank << 16
-@group(0) @binding(19) var<storage, read_write> old: array<u32>;
+//@read_write old: array<u32>
 // evictable slots in LRU order
-@group(0) @binding(20) var<storage, read_write> evl: array<u32>;
+//@read_write evl: array<u32>
 // Batch-row order (flags bit 2): batch row → state row of resident_table, slot_host_rows and lru. Binding
 // 0 (and the grouping pass's) then holds the rows' batch rows with the unowned ones already -1
 // (resolve_order.wgsl).
-@group(0) @binding(21) var<storage, read> idx_mapping: array<i32>;
+//@read idx_mapping: array<i32>
 
 const W: u32 = 256u;
 

@@ -18,20 +18,19 @@ struct Params {
     flags: u32,
 }
 
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> req_id: array<i32>;
-@group(0) @binding(1) var<storage, read> topk: array<i32>;
-@group(0) @binding(2) var<storage, read> resident_table: array<i32>;
-@group(0) @binding(3) var<storage, read> host_table: array<i32>;
-@group(0) @binding(4) var<storage, read> hot_table: array<i32>;
-@group(0) @binding(5) var<storage, read_write> slot_host_rows: array<i32>;
+//@read req_id: array<i32>
+//@read topk: array<i32>
+//@read resident_table: array<i32>
+//@read host_table: array<i32>
+//@read hot_table: array<i32>
+//@read_write slot_host_rows: array<i32>
 // u16 LRU entries, two per word (little-endian: even index in the low half).
-@group(0) @binding(6) var<storage, read_write> lru: array<atomic<u32>>;
-@group(0) @binding(7) var<storage, read_write> indices: array<i32>;
-@group(0) @binding(8) var<storage, read_write> valid_counts: array<i32>;
-@group(0) @binding(9) var<storage, read_write> hit_counts: array<i32>;
-@group(0) @binding(10) var<storage, read_write> miss_counts: array<i32>;
-@group(0) @binding(11) var<storage, read_write> miss_src: array<i32>;
-@group(0) @binding(12) var<storage, read_write> miss_dst: array<i32>;
+//@read_write lru: array<atomic<u32>>
+//@read_write indices: array<i32>
+//@read_write valid_counts: array<i32>
+//@read_write hit_counts: array<i32>
+//@read_write miss_counts: array<i32>
+//@read_write miss_src: array<i32>
+//@read_write miss_dst: array<i32>
 
 const NONE: u32 = 0xffffffffu;

@@ -9,10 +9,9 @@ struct Params {
     num_state_rows: u32,
 }
 
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> req_id: array<i32>;
-@group(0) @binding(1) var<storage, read> idx_mapping: array<i32>;
-@group(0) @binding(2) var<storage, read_write> eff: array<i32>;
+//@read req_id: array<i32>
+//@read idx_mapping: array<i32>
+//@read_write eff: array<i32>
 
 @compute @workgroup_size(256)
 fn main(

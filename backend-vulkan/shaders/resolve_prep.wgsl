@@ -7,10 +7,9 @@ struct Params {
     num_requests: u32,
 }
 
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> req_id: array<i32>;
-@group(0) @binding(1) var<storage, read_write> info: array<u32>;
-@group(0) @binding(2) var<storage, read_write> perm: array<u32>;
+//@read req_id: array<i32>
+//@read_write info: array<u32>
+//@read_write perm: array<u32>
 
 @compute @workgroup_size(256)
 fn main(

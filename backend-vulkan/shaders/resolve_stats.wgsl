@@ -9,11 +9,10 @@ struct Params {
     stats_word: u32,
 }
 
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> hit_counts: array<i32>;
-@group(0) @binding(1) var<storage, read> miss_counts: array<i32>;
-@group(0) @binding(2) var<storage, read> valid_counts: array<i32>;
-@group(0) @binding(3) var<storage, read_write> stats: array<atomic<u32>>;
+//@read hit_counts: array<i32>
+//@read miss_counts: array<i32>
+//@read valid_counts: array<i32>
+//@read_write stats: array<atomic<u32>>
 
 var<workgroup> sums: array<atomic<u32>, 3>;
 

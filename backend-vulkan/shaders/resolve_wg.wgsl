@@ -24,11 +24,11 @@
 //   key [0, 2TK), first entry [2TK, 4TK), ref [4TK, 6TK), miss number [6TK, 7TK),
 //   perm [7TK, 7TK + T), row counters (3 per row) [.., + 3T), evictables G*N, positions G*N,
 //   bitmaps G*NB. `resolve_wg_scratch_words` in src/index.rs computes the same sizes.
-@group(0) @binding(13) var<storage, read_write> gs: array<atomic<u32>>;
+//@read_write gs: array<atomic<u32>>
 // Batch-row order (flags bit 2): batch row → state row of resident_table, slot_host_rows and lru. Binding
 // 0 then holds the rows' batch rows with the unowned ones already -1 (resolve_order.wgsl), so
 // every `req_id` read below sees owners only.
-@group(0) @binding(14) var<storage, read> idx_mapping: array<i32>;
+//@read idx_mapping: array<i32>
 
 const W: u32 = 1024u;
 // Entries per invocation per pass, positions per invocation per pass.

@@ -7,12 +7,11 @@ struct Params {
     max_blocks: u32,
 }
 
-var<immediate> pc: Params;
-@group(0) @binding(0) var<storage, read> positions: array<i32>;
-@group(0) @binding(1) var<storage, read> slot_mapping: array<i32>;
-@group(0) @binding(2) var<storage, read> table_row: array<i32>;
-@group(0) @binding(3) var<storage, read> block_table: array<i32>;
-@group(0) @binding(4) var<storage, read_write> out_slots: array<i32>;
+//@read positions: array<i32>
+//@read slot_mapping: array<i32>
+//@read table_row: array<i32>
+//@read block_table: array<i32>
+//@read_write out_slots: array<i32>
 
 fn map_slot(position: i32, slot: i32, row: i32) -> i32 {
     if (slot < 0 || position < 0 || ((u32(position) + 1u) % pc.ratio) != 0u) {

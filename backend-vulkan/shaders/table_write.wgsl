@@ -7,10 +7,9 @@ struct Params {
     base: u32,
 }
 
-var<immediate> pc: Params;
 // Per write: element index (as i32 bits), value.
-@group(0) @binding(0) var<storage, read> writes: array<vec2<i32>>;
-@group(0) @binding(1) var<storage, read_write> table: array<i32>;
+//@read writes: array<vec2<i32>>
+//@read_write table: array<i32>
 
 @compute @workgroup_size(256)
 fn main(
