@@ -4,7 +4,7 @@
 # to the GPU machine):
 #
 #   gpu-cuda/cuda-conformance           the shared conformance suite on CUDA device 0
-#   gpu-cuda/cuda-wrap                  engine-owned memory and streams (tests/wrap.rs)
+#   gpu-cuda/cuda-lent                  engine-owned memory and streams (tests/lent.rs)
 #   gpu-cuda/cuda-fused                 the fused resolve-and-gather against the reference
 #                                        (tests/fused.rs)
 #   gpu-cuda/cuda-shared                one shared-memory host pool mapped twice (tests/shared.rs)
@@ -25,29 +25,29 @@ export CARGO_PROFILE_RELEASE_DEBUG=0
 
 # shellcheck source=.ci/gpu/cargo-exe.sh
 . .ci/gpu/cargo-exe.sh
-prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test wrap --test fused \
+prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test lent --test fused \
     --test shared --test conformance_resolve_global --no-run --message-format=json 2>/dev/null)
 cargo build --release -p hisparse-kernel-lab --bin cuda_bench
 cargo build --release -p hisparse-cli --features cuda
 conformance=$(exe_of conformance <<<"$prod")
-wrap=$(exe_of wrap <<<"$prod")
+lent=$(exe_of lent <<<"$prod")
 fused=$(exe_of fused <<<"$prod")
 shared=$(exe_of shared <<<"$prod")
 resolve_global=$(exe_of conformance_resolve_global <<<"$prod")
 target=${CARGO_TARGET_DIR:-target}
 bench=$target/release/cuda_bench
 cli=$target/release/hisparse
-for f in "$conformance" "$wrap" "$fused" "$shared" "$resolve_global" "$bench" "$cli"; do
+for f in "$conformance" "$lent" "$fused" "$shared" "$resolve_global" "$bench" "$cli"; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
 install -m 755 "$conformance" "$out/cuda-conformance"
-install -m 755 "$wrap" "$out/cuda-wrap"
+install -m 755 "$lent" "$out/cuda-lent"
 install -m 755 "$fused" "$out/cuda-fused"
 install -m 755 "$shared" "$out/cuda-shared"
 install -m 755 "$resolve_global" "$out/cuda-conformance-resolve-global"
 install -m 755 "$bench" "$out/cuda-bench"
 install -m 755 "$cli" "$out/hisparse"
-bins=(cuda-conformance cuda-wrap cuda-fused cuda-shared cuda-conformance-resolve-global cuda-bench hisparse)
+bins=(cuda-conformance cuda-lent cuda-fused cuda-shared cuda-conformance-resolve-global cuda-bench hisparse)
 (cd "$out" && strip "${bins[@]}")
 {
     crates=(gpu-kernels backend-cuda kernel-lab hisparse-core hisparse-runtime hisparse-cli conformance Cargo.lock)

@@ -3,7 +3,7 @@
 # .ci/gpu/cuda-build.sh put in gpu-cuda/ (carry that folder):
 #
 #   1. the whole conformance suite with a device required (HISPARSE_REQUIRE_DEVICE=1);
-#   2. engine-owned memory and streams (gpu-cuda/cuda-wrap), the fused resolve-and-gather
+#   2. engine-owned memory and streams (gpu-cuda/cuda-lent), the fused resolve-and-gather
 #      (gpu-cuda/cuda-fused), one shared host pool mapped twice (gpu-cuda/cuda-shared);
 #   3. compute-sanitizer memcheck over the whole conformance suite and the fused launch;
 #   4. compute-sanitizer racecheck where it fits the budget: the remap, gather and table cases,
@@ -32,7 +32,7 @@ export HISPARSE_REQUIRE_DEVICE=1
 sanitizer=$(find_sanitizer)
 
 echo "== CUDA conformance on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
-for f in cuda-conformance cuda-wrap cuda-fused cuda-shared; do
+for f in cuda-conformance cuda-lent cuda-fused cuda-shared; do
     if [ ! -x "$bin/$f" ]; then
         echo "missing $bin/$f: run .ci/gpu/cuda-build.sh on the development machine and carry $bin" >&2
         exit 2
@@ -41,7 +41,7 @@ done
 [ -f "$bin/MANIFEST" ] && head -n 2 "$bin/MANIFEST"
 
 section conformance 45 "$bin/cuda-conformance"
-section wrap 20 "$bin/cuda-wrap"
+section lent 20 "$bin/cuda-lent"
 section fused 20 "$bin/cuda-fused"
 section shared 20 "$bin/cuda-shared"
 if [ -n "$sanitizer" ]; then

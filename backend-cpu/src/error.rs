@@ -39,7 +39,7 @@ pub enum CpuError {
         problem: String,
     },
     /// Memory lent by the engine ([`crate::CpuBuffer::from_raw_parts`]) cannot be used.
-    Foreign {
+    Lent {
         /// What was lent ("host memory").
         what: &'static str,
         /// The problem and what to pass instead.
@@ -66,7 +66,7 @@ impl fmt::Display for CpuError {
             CpuError::HostPool { bytes, problem } => {
                 write!(f, "cpu: a host pool of {bytes} bytes: {problem}")
             }
-            CpuError::Foreign { what, problem } => write!(f, "cpu: lent {what}: {problem}"),
+            CpuError::Lent { what, problem } => write!(f, "cpu: lent {what}: {problem}"),
         }
     }
 }
@@ -79,7 +79,7 @@ impl std::error::Error for CpuError {
             CpuError::Alloc { .. }
             | CpuError::RamExhausted { .. }
             | CpuError::HostPool { .. }
-            | CpuError::Foreign { .. } => None,
+            | CpuError::Lent { .. } => None,
         }
     }
 }
@@ -95,7 +95,7 @@ impl Error for CpuError {
             CpuError::Alloc { pinned: false, .. } | CpuError::RamExhausted { .. } => {
                 ErrorKind::OutOfDeviceMemory
             }
-            CpuError::Foreign { .. } => ErrorKind::InvalidArgument,
+            CpuError::Lent { .. } => ErrorKind::InvalidArgument,
         }
     }
 }

@@ -2,9 +2,9 @@
 #![deny(missing_docs)]
 
 mod aligned;
-mod borrowed;
 mod error;
 mod gather;
+mod lent;
 mod remap;
 mod resolve;
 
@@ -19,10 +19,10 @@ use hisparse_core::ops::{
 use hisparse_core::{MemoryInfo, OpError, OpName};
 
 use aligned::AlignedBytes;
-use borrowed::BorrowedBytes;
 pub use error::CpuError;
 pub use hisparse_host_memory::available_ram;
 use hisparse_host_memory::{HostPoolConfig, HostRegion, NoPin};
+use lent::LentBytes;
 
 /// A block of host memory: the CPU backend's device buffer and its pinned host buffer alike.
 /// Either a zeroed, page-aligned allocation of the backend's own ([`Device::alloc`],
@@ -38,15 +38,15 @@ enum Storage {
     /// A host pool ([`Device::alloc_pinned`]): touched in parallel when allocated, unmapped on a
     /// thread of its own when dropped.
     Pool {
-        bytes: BorrowedBytes,
+        bytes: LentBytes,
         region: HostRegion,
     },
     /// Lent by the engine; never freed here.
-    Borrowed(BorrowedBytes),
+    Lent(LentBytes),
     /// A shared-memory segment other processes map too (a host pool shared by the ranks of a
     /// node); the buffer keeps the mapping alive.
     Shared {
-        bytes: BorrowedBytes,
+        bytes: LentBytes,
         _segment: hisparse_host_memory::SharedSegment,
     },
 }
@@ -68,7 +68,7 @@ impl CpuBuffer {
     /// data, a tensor's storage), as a buffer of this backend — device or pinned alike. The
     /// buffer never frees the memory; dropping it only ends the loan.
     ///
-    /// Refused with [`CpuError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// Refused with [`CpuError::Lent`] when the pointer is null, the length zero, the pointer
     /// not 16-byte aligned or the range runs past the end of the address space. A buffer used
     /// as a runtime's host pool must also be page-aligned
     /// ([`hisparse_core::ops::PINNED_ALIGNMENT`]); the runtime checks that.
@@ -83,14 +83,14 @@ impl CpuBuffer {
     ///   thread (the CPU backend's work is complete when its call returns, so the engine may
     ///   read and write the memory between calls).
     pub unsafe fn from_raw_parts(ptr: *mut u8, len: usize) -> Result<Self, CpuError> {
-        let start = borrowed::check_lent(ptr, len).map_err(|problem| CpuError::Foreign {
+        let start = lent::check_lent(ptr, len).map_err(|problem| CpuError::Lent {
             what: "host memory",
             problem,
         })?;
         // SAFETY: the range passed `check_lent`; the caller guarantees the rest of the contract.
-        let bytes = unsafe { BorrowedBytes::new(start, len) };
+        let bytes = unsafe { LentBytes::new(start, len) };
         Ok(CpuBuffer {
-            bytes: Storage::Borrowed(bytes),
+            bytes: Storage::Lent(bytes),
         })
     }
 
@@ -103,7 +103,7 @@ impl CpuBuffer {
     /// it (through a pipe or socket, a synchronisation point). Every slice this buffer hands out
     /// is borrowed for one backend call or one engine read, never across such a point.
     pub fn from_shared(segment: hisparse_host_memory::SharedSegment) -> Result<Self, CpuError> {
-        let bytes = borrowed::of_segment(&segment).map_err(|problem| CpuError::Foreign {
+        let bytes = lent::of_segment(&segment).map_err(|problem| CpuError::Lent {
             what: "shared host memory",
             problem,
         })?;
@@ -121,7 +121,7 @@ impl CpuBuffer {
             .map_err(|e| CpuError::host_pool(bytes, e.into()))?;
         Ok(CpuBuffer {
             bytes: Storage::Pool {
-                bytes: borrowed::of_region(&region),
+                bytes: lent::of_region(&region),
                 region,
             },
         })
@@ -137,8 +137,8 @@ impl CpuBuffer {
     }
 
     /// Whether the memory is lent by someone else ([`CpuBuffer::from_raw_parts`]).
-    pub fn is_borrowed(&self) -> bool {
-        matches!(self.bytes, Storage::Borrowed(_))
+    pub fn is_lent(&self) -> bool {
+        matches!(self.bytes, Storage::Lent(_))
     }
 
     /// Whether the memory is a shared-memory segment ([`CpuBuffer::from_shared`]).
@@ -150,7 +150,7 @@ impl CpuBuffer {
     pub fn as_slice(&self) -> &[u8] {
         match &self.bytes {
             Storage::Owned(b) => b.as_slice(),
-            Storage::Borrowed(b)
+            Storage::Lent(b)
             | Storage::Shared { bytes: b, .. }
             | Storage::Pool { bytes: b, .. } => b.as_slice(),
         }
@@ -160,7 +160,7 @@ impl CpuBuffer {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.bytes {
             Storage::Owned(b) => b.as_mut_slice(),
-            Storage::Borrowed(b)
+            Storage::Lent(b)
             | Storage::Shared { bytes: b, .. }
             | Storage::Pool { bytes: b, .. } => b.as_mut_slice(),
         }
@@ -181,7 +181,7 @@ impl CpuBuffer {
     pub fn address(&self) -> usize {
         match &self.bytes {
             Storage::Owned(b) => b.address(),
-            Storage::Borrowed(b)
+            Storage::Lent(b)
             | Storage::Shared { bytes: b, .. }
             | Storage::Pool { bytes: b, .. } => b.address(),
         }
@@ -211,7 +211,7 @@ impl core::fmt::Debug for CpuBuffer {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CpuBuffer")
             .field("len", &self.len())
-            .field("borrowed", &self.is_borrowed())
+            .field("lent", &self.is_lent())
             .field("address", &format_args!("{:#x}", self.address()))
             .finish()
     }

@@ -3,22 +3,22 @@
 //!
 //! An engine captures its decode step with PyTorch's usual recipe (`with torch.cuda.graph(g):`):
 //! on a private stream, in *global* capture mode, and this backend's per-layer calls are enqueued
-//! on that stream (lent through [`crate::CudaDevice::wrap_stream`]). Three things then differ from
+//! on that stream (lent through [`crate::CudaDevice::lend_stream`]). Three things then differ from
 //! eager work, and this module handles them:
 //!
 //! * **Allocations.** In global mode the driver refuses `cuMemAlloc` (a potentially unsafe call)
-//!   anywhere in the process, and may invalidate the capture. Every allocation a wrap or a launch
-//!   can make under capture — a stream's resolver counters and workspace, a chunk of the list
+//!   anywhere in the process, and may invalidate the capture. Every allocation lending a stream or a
+//!   launch can make under capture — a stream's resolver counters and workspace, a chunk of the list
 //!   arena — runs with the thread in relaxed capture mode ([`ffi::relaxed_capture`]), as the
 //!   PyTorch allocator does.
 //! * **Clearing.** A stream's resolver counters must be zero before its first resolver launch.
 //!   Cleared on the stream itself, under capture the clearing would become a node of the graph and
 //!   run only at replay — leaving them garbage for eager use of the same stream. On a stream being
 //!   captured they are therefore cleared on the device's own side stream (never captured), and
-//!   the wrap waits for it; otherwise on the stream, as its first operation, without waiting.
+//!   lending the stream waits for it; otherwise on the stream, as its first operation, without waiting.
 //! * **Lifetimes.** A graph's kernels read their scratch and their host-side lists at every
 //!   replay, long after the call returned: the stream's [`Scratch`] used by a captured launch is
-//!   retained by the device ([`Lasting::retain`]) even if the stream's wrapper is dropped, and
+//!   retained by the device ([`Lasting::retain`]) even if the lent stream is dropped, and
 //!   the lists of a captured call are placed in the device's list arena
 //!   (`hisparse_gpu_kernels::arena`: content-addressed, append-only, kept for the device's life)
 //!   instead of the staging ring, whose regions are reused. Graphs captured on one stream share

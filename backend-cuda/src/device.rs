@@ -48,7 +48,7 @@ impl BufferLen for CudaBuffer {
 
 /// Pinned, page-aligned host memory mapped into the device's address space: kernels read and
 /// write it directly over the bus (cacheable, not write-combined). Allocated here
-/// ([`Device::alloc_pinned`]), lent by an engine ([`CudaDevice::wrap_host_memory`]) or a
+/// ([`Device::alloc_pinned`]), lent by an engine ([`CudaDevice::lend_host_memory`]) or a
 /// shared-memory segment every rank of a node maps ([`CudaDevice::host_buffer_from_shared`]).
 #[derive(Debug)]
 pub struct CudaHostBuffer {
@@ -75,7 +75,7 @@ impl BufferLen for CudaHostBuffer {
 }
 
 /// A CUDA stream (a non-blocking one of this backend, or an engine's lent through
-/// [`CudaDevice::wrap_stream`]), with the scratch memory its resolver launches use.
+/// [`CudaDevice::lend_stream`]), with the scratch memory its resolver launches use.
 #[derive(Debug)]
 pub struct CudaStream {
     pub(crate) inner: Stream,
@@ -393,7 +393,7 @@ impl CudaDevice {
     /// [`Device::invalidate`], [`Device::compressed_slot_mapping`]) can be captured, and so can
     /// the table maintenance and copies (their lists go to the device's list arena, kept for the
     /// device's life: see the `capture` module); anything that synchronises with the host cannot.
-    /// `f` may wrap `stream`'s handle ([`CudaDevice::wrap_stream`]) and enqueue on the wrapper.
+    /// `f` may lend `stream`'s handle ([`CudaDevice::lend_stream`]) and enqueue on the lent stream.
     /// Allocations the calls need (a larger resolver workspace, arena memory) are made with the
     /// thread in relaxed mode, as PyTorch's allocator does.
     pub fn capture_in(

@@ -72,9 +72,9 @@ pub enum CudaError {
     Unsupported(String),
     /// A malformed descriptor or argument, found before anything was enqueued.
     Op(OpError),
-    /// Memory or a stream an engine lends (`CudaDevice::wrap_device_memory`,
-    /// `wrap_host_memory`, `wrap_stream`) cannot be used; nothing was registered or kept.
-    Foreign {
+    /// Memory or a stream an engine lends (`CudaDevice::lend_device_memory`,
+    /// `lend_host_memory`, `lend_stream`) cannot be used; nothing was registered or kept.
+    Lent {
         /// What was lent: `"device memory"`, `"host memory"` or `"stream"`.
         what: &'static str,
         /// What is wrong with it and what to pass instead.
@@ -129,7 +129,7 @@ impl Error for CudaError {
             CudaError::HostPool(e) => e.kind(),
             CudaError::SharedMemory { .. } | CudaError::Unsupported(_) => ErrorKind::Unsupported,
             CudaError::Op(e) => e.kind(),
-            CudaError::Foreign { .. } => ErrorKind::InvalidArgument,
+            CudaError::Lent { .. } => ErrorKind::InvalidArgument,
         }
     }
 }
@@ -181,7 +181,7 @@ impl fmt::Display for CudaError {
             ),
             CudaError::Unsupported(what) => write!(f, "unsupported: {what}"),
             CudaError::Op(e) => write!(f, "{e}"),
-            CudaError::Foreign { what, problem } => write!(f, "cannot use the {what}: {problem}"),
+            CudaError::Lent { what, problem } => write!(f, "cannot use the {what}: {problem}"),
         }
     }
 }
@@ -210,7 +210,7 @@ impl From<HostMemoryError> for CudaError {
     fn from(e: HostMemoryError) -> Self {
         match e {
             HostMemoryError::Budget(b) => CudaError::PinnedBudget(b),
-            HostMemoryError::Lent(problem) => CudaError::Foreign {
+            HostMemoryError::Lent(problem) => CudaError::Lent {
                 what: "host memory",
                 problem,
             },

@@ -214,7 +214,7 @@ impl Context {
         Ok(ctx)
     }
 
-    /// The driver's handle (to compare with the context a foreign pointer or stream reports).
+    /// The driver's handle (to compare with the context a lent pointer or stream reports).
     pub(crate) fn raw(&self) -> sys::CUcontext {
         self.raw
     }
@@ -248,14 +248,14 @@ impl Drop for Context {
 // ------------------------------------------------------------------------------------------------
 
 /// Device memory. Memory this crate allocated is freed on drop, after all work of the context
-/// completed (so no enqueued kernel can still use it); borrowed memory ([`DevMem::borrowed`]) is
+/// completed (so no enqueued kernel can still use it); lent memory ([`DevMem::lent`]) is
 /// left to its owner.
 #[derive(Debug)]
 pub(crate) struct DevMem {
     ptr: sys::CUdeviceptr,
     len: usize,
     ctx: Arc<Context>,
-    /// Whether drop frees the memory (allocated here) or leaves it alone (borrowed).
+    /// Whether drop frees the memory (allocated here) or leaves it alone (lent).
     owned: bool,
 }
 
@@ -291,7 +291,7 @@ impl DevMem {
     /// `[ptr, ptr + len)` is device memory of `ctx`'s device that stays allocated, and is used by
     /// nobody else while work of this crate may touch it, for as long as the value lives and until
     /// every operation enqueued on it has completed.
-    pub(crate) unsafe fn borrowed(ctx: &Arc<Context>, ptr: sys::CUdeviceptr, len: usize) -> DevMem {
+    pub(crate) unsafe fn lent(ctx: &Arc<Context>, ptr: sys::CUdeviceptr, len: usize) -> DevMem {
         DevMem {
             ptr,
             len,
@@ -533,7 +533,7 @@ pub(crate) unsafe fn stream_context(raw: sys::CUstream) -> Result<sys::CUcontext
 // ------------------------------------------------------------------------------------------------
 
 /// A stream: created here (non-blocking, destroyed on drop; pending work still completes), or
-/// borrowed from an engine ([`Stream::borrowed`], never destroyed here).
+/// lent by an engine ([`Stream::lent`], never destroyed here).
 #[derive(Debug)]
 pub(crate) struct Stream {
     raw: sys::CUstream,
@@ -569,7 +569,7 @@ impl Stream {
     ///
     /// `raw` is a stream of `ctx` (checked by the caller with [`stream_context`]) that stays
     /// valid for as long as the value lives.
-    pub(crate) unsafe fn borrowed(ctx: &Arc<Context>, raw: sys::CUstream) -> Stream {
+    pub(crate) unsafe fn lent(ctx: &Arc<Context>, raw: sys::CUstream) -> Stream {
         Stream {
             raw,
             ctx: ctx.clone(),

@@ -17,7 +17,7 @@
 //!   only enqueue kernels (the resolver's counters are cleared once, when a stream is made): no host
 //!   synchronisation, so they can be captured in a CUDA graph ([`CudaDevice::capture`],
 //!   [`CudaDevice::capture_in`] in global mode as `torch.cuda.graph` does, or the engine's own
-//!   capture of a stream lent with [`CudaDevice::wrap_stream`]; [`hisparse_core::Device::is_capturing`]
+//!   capture of a stream lent with [`CudaDevice::lend_stream`]; [`hisparse_core::Device::is_capturing`]
 //!   tells). Page and row copies stage their per-call lists through pinned memory and an
 //!   asynchronous copy, one launch for all layers and pairs; their layer tables, and every list of
 //!   work being captured, live in a device-lifetime list arena instead (`capture` module).
@@ -33,8 +33,8 @@
 //!   (`tests/conformance_resolve_global.rs`). Nothing is read from the environment.
 //! * Buffers free their memory after the context has finished all enqueued work, so dropping a
 //!   buffer that a kernel still uses is safe (it waits). Do not drop buffers while capturing.
-//! * Engine-owned memory and streams: [`CudaDevice::wrap_device_memory`],
-//!   [`CudaDevice::wrap_host_memory`] and [`CudaDevice::wrap_stream`] use an engine's device
+//! * Engine-owned memory and streams: [`CudaDevice::lend_device_memory`],
+//!   [`CudaDevice::lend_host_memory`] and [`CudaDevice::lend_stream`] use an engine's device
 //!   allocation, host memory (registered as pinned when it is not yet) and stream (PyTorch's
 //!   current stream) as this backend's, checked with the driver and never freed or destroyed
 //!   here.
@@ -71,7 +71,7 @@ mod capture;
 mod device;
 mod error;
 mod ffi;
-mod foreign;
+mod lent;
 pub mod nvrtc;
 mod pinned;
 mod staging;

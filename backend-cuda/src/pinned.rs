@@ -136,13 +136,13 @@ enum Pinning {
     /// pools).
     Registered(Box<HostRegion<CudaPin>>),
     /// Host memory someone else allocated and pinned; left alone on drop.
-    Borrowed,
+    Lent,
 }
 
 /// Pinned host memory, mapped into the device's address space (DEVICEMAP | PORTABLE, cacheable,
 /// not write-combined, so the host reads it at full speed too). Registered here, it is
 /// unregistered (and unmapped, when mapped here) after all work of the context when dropped;
-/// borrowed, it is left to its owner.
+/// lent, it is left to its owner.
 #[derive(Debug)]
 pub(crate) struct PinnedMem {
     /// Byte 0 of the buffer ([`PINNED_ALIGNMENT`]-aligned).
@@ -152,7 +152,7 @@ pub(crate) struct PinnedMem {
     pinning: Pinning,
 }
 
-// SAFETY: the memory is plain host memory owned (or, borrowed, exclusively lent) by this value;
+// SAFETY: the memory is plain host memory owned (or, lent, held exclusively) by this value;
 // access goes through `&self`/`&mut self`, so Rust's aliasing rules hold across threads.
 unsafe impl Send for PinnedMem {}
 // SAFETY: shared references only read (`as_slice`).
@@ -206,7 +206,7 @@ impl PinnedMem {
     /// here). When `register` is false it is page-locked and mapped into `ctx`'s device address
     /// space (`cuMemHostAlloc`, `cuMemHostRegister` with DEVICEMAP, or any pinned memory under
     /// unified addressing).
-    pub(crate) unsafe fn foreign(
+    pub(crate) unsafe fn lent(
         ctx: &Arc<Context>,
         host: *mut u8,
         len: usize,
@@ -215,7 +215,7 @@ impl PinnedMem {
     ) -> Result<PinnedMem> {
         ctx.bind()?;
         let Some(start) = std::ptr::NonNull::new(host) else {
-            return Err(CudaError::Foreign {
+            return Err(CudaError::Lent {
                 what: "host memory",
                 problem: "the pointer is null: pass the address of live memory".into(),
             });
@@ -225,7 +225,7 @@ impl PinnedMem {
                 host,
                 dev: ffi::host_device_pointer(host.cast())?,
                 len,
-                pinning: Pinning::Borrowed,
+                pinning: Pinning::Lent,
             });
         }
         // SAFETY: forwarded contract: live, readable and writable memory that nothing else
@@ -265,7 +265,7 @@ impl PinnedMem {
     fn region(&self) -> Option<&HostRegion<CudaPin>> {
         match &self.pinning {
             Pinning::Registered(r) => Some(r),
-            Pinning::Borrowed => None,
+            Pinning::Lent => None,
         }
     }
 
@@ -318,7 +318,7 @@ impl PinnedMem {
     pub(crate) fn as_slice(&self) -> &[u8] {
         // SAFETY: `host` points to `len` initialised bytes that live until drop: a region
         // mapped (and zeroed) here and owned by `self`, a shared segment it holds, or memory
-        // lent under the contract of `foreign`.
+        // lent under the contract of `lent`.
         unsafe { std::slice::from_raw_parts(self.host, self.len) }
     }
 

@@ -2,7 +2,7 @@
 //! scenario of `hisparse_conformance::scenarios::capture` with the engine side through the
 //! raw driver API — `cuStreamBeginCapture` in global mode on the engine's stream (what
 //! `torch.cuda.graph` does), `cuStreamEndCapture`, `cuGraphInstantiate`, `cuGraphLaunch` — and the
-//! backend wrapping that stream inside the capture ([`CudaDevice::wrap_stream`]).
+//! stream lent to the backend inside the capture ([`CudaDevice::lend_stream`]).
 //!
 //! Without a GPU the test says `SKIPPED` and passes, unless `HISPARSE_REQUIRE_DEVICE=1`.
 
@@ -78,10 +78,10 @@ impl capture::Engine<CudaDevice> for Driver {
         })
     }
 
-    fn wrap(&mut self, dev: &CudaDevice, s: sys::CUstream) -> Res<CudaStream> {
+    fn lend(&mut self, dev: &CudaDevice, s: sys::CUstream) -> Res<CudaStream> {
         // SAFETY: `s` is a live stream of this device's primary context that outlives the
-        // wrapper (destroyed in `release`, after the scenario dropped it).
-        unsafe { dev.wrap_stream(s) }.map_err(|e| format!("{e} [{}]", e.kind()))
+        // lent stream (destroyed in `release`, after the scenario dropped it).
+        unsafe { dev.lend_stream(s) }.map_err(|e| format!("{e} [{}]", e.kind()))
     }
 
     fn arena_lists(&mut self, dev: &CudaDevice) -> usize {

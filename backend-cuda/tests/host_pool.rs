@@ -205,7 +205,7 @@ fn lent(dev: &CudaDevice) -> Res<String> {
         });
     // SAFETY: the array outlives the buffer (dropped below, before the array is freed) and the
     // test touches it only through the backend meanwhile.
-    let mut buf = unsafe { dev.wrap_host_memory(p, len) }.map_err(e)?;
+    let mut buf = unsafe { dev.lend_host_memory(p, len) }.map_err(e)?;
     let setup = buf
         .setup()
         .cloned()

@@ -132,9 +132,9 @@ fn run(first: &CudaDevice, second: &CudaDevice) -> Res<()> {
     let seg_c = SharedSegment::open(&name, len).map_err(|e| e.to_string())?;
     let c = first.host_buffer_from_shared(seg_c).map_err(e)?;
     let at = first.pinned_address(&c) as *mut u8;
-    // SAFETY: `c` (which owns the mapping) outlives the wrapper, which is dropped at once; the
-    // wrapper is checked against the driver's records of memory `c` pinned.
-    if let Ok(w) = unsafe { first.wrap_host_memory(at, len) }
+    // SAFETY: `c` (which owns the mapping) outlives the lent buffer, which is dropped at once;
+    // the lent buffer is checked against the driver's records of memory `c` pinned.
+    if let Ok(w) = unsafe { first.lend_host_memory(at, len) }
         && first.registered_here(&w)
     {
         return Err("a registered segment mapping was registered a second time".into());

@@ -3,9 +3,9 @@
 //!
 //! An engine (PyTorch on ROCm) captures its decode step on a private stream in *global* capture
 //! mode and this backend enqueues its per-layer calls on that stream, lent through
-//! [`crate::RocmDevice::wrap_stream`]:
+//! [`crate::RocmDevice::lend_stream`]:
 //!
-//! * **Allocations** a wrap or a launch can make under capture (a stream's resolver counters and
+//! * **Allocations** lending a stream or a launch can make under capture (a stream's resolver counters and
 //!   workspace, a chunk of the list arena) run with the thread in relaxed capture mode
 //!   ([`Context::relaxed_capture`]); a workspace that grows retires the old one instead of
 //!   synchronising the stream and freeing it (a stream being captured cannot be synchronised).

@@ -56,9 +56,9 @@ pub enum RocmError {
         /// Where the code came from (an embedded code object or hiprtc) and what failed.
         message: String,
     },
-    /// Memory or a stream an engine lends (`RocmDevice::wrap_device_memory`,
-    /// `wrap_host_memory`, `wrap_stream`) cannot be used; nothing was registered or kept.
-    Foreign {
+    /// Memory or a stream an engine lends (`RocmDevice::lend_device_memory`,
+    /// `lend_host_memory`, `lend_stream`) cannot be used; nothing was registered or kept.
+    Lent {
         /// What was lent: `"device memory"`, `"host memory"` or `"stream"`.
         what: &'static str,
         /// What is wrong with it and what to pass instead.
@@ -119,7 +119,7 @@ impl fmt::Display for RocmError {
             }
             RocmError::Module { message } => write!(f, "loading the HIP kernels failed: {message}"),
             RocmError::Unsupported(m) => write!(f, "unsupported on this HIP device: {m}"),
-            RocmError::Foreign { what, problem } => write!(f, "cannot use the {what}: {problem}"),
+            RocmError::Lent { what, problem } => write!(f, "cannot use the {what}: {problem}"),
         }
     }
 }
@@ -136,7 +136,7 @@ impl hisparse_core::Error for RocmError {
             RocmError::Hip { kind, .. } => *kind,
             RocmError::Compile { .. } | RocmError::Module { .. } => ErrorKind::Compilation,
             RocmError::Unsupported(_) => ErrorKind::Unsupported,
-            RocmError::Foreign { .. } => ErrorKind::InvalidArgument,
+            RocmError::Lent { .. } => ErrorKind::InvalidArgument,
         }
     }
 }

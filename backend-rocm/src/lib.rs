@@ -7,8 +7,8 @@ mod device;
 pub mod elf;
 mod error;
 mod ffi;
-mod foreign;
 pub mod kernels;
+mod lent;
 mod memory;
 mod pinned;
 

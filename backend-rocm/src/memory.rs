@@ -12,7 +12,7 @@ use crate::error::RocmError;
 use crate::ffi::Handle;
 
 /// Device memory from `hipMalloc` (zeroed on allocation), or an engine's device memory lent
-/// through [`crate::RocmDevice::wrap_device_memory`].
+/// through [`crate::RocmDevice::lend_device_memory`].
 ///
 /// Dropping memory this backend allocated calls `hipFree`, which synchronises the device first,
 /// so work still using the buffer completes before the memory is released; lent memory is left
@@ -74,12 +74,12 @@ pub(crate) enum Pinning {
     /// after the device went idle (on a release thread for large pools).
     Registered(Box<HostRegion<crate::pinned::HipPin>>),
     /// An engine's memory it had pinned itself; left alone on drop.
-    Borrowed,
+    Lent,
 }
 
 /// Pinned, mapped host memory: a host pool reserved, zeroed and registered here
 /// ([`hisparse_core::Device::alloc_pinned`]; see `crate::pinned`), or an engine's host memory
-/// lent through [`crate::RocmDevice::wrap_host_memory`], or a shared segment
+/// lent through [`crate::RocmDevice::lend_host_memory`], or a shared segment
 /// ([`crate::RocmDevice::host_buffer_from_shared`]). Kernels read it through its device address.
 #[derive(Debug)]
 pub struct RocmHostBuffer {
@@ -100,7 +100,7 @@ impl RocmHostBuffer {
     fn region(&self) -> Option<&HostRegion<crate::pinned::HipPin>> {
         match &self.pinning {
             Pinning::Registered(r) => Some(r),
-            Pinning::Borrowed => None,
+            Pinning::Lent => None,
         }
     }
 
@@ -144,7 +144,7 @@ impl BufferLen for RocmHostBuffer {
 }
 
 /// A HIP stream: a non-blocking one of this backend (it does not synchronise with the null
-/// stream), or an engine's lent through [`crate::RocmDevice::wrap_stream`].
+/// stream), or an engine's lent through [`crate::RocmDevice::lend_stream`].
 ///
 /// It owns the resolver's device scratch (the counters and the wanted-row workspace for requests
 /// whose table does not fit shared memory), so concurrent streams never share it; the

@@ -130,7 +130,7 @@ impl RocmDevice {
     ) -> Result<RocmHostBuffer, RocmError> {
         let s = &self.host_pool;
         let Some(start) = std::ptr::NonNull::new(host) else {
-            return Err(RocmError::Foreign {
+            return Err(RocmError::Lent {
                 what: "host memory",
                 problem: "the pointer is null: pass the address of live memory".into(),
             });
@@ -178,7 +178,7 @@ impl From<hisparse_host_memory::HostMemoryError> for RocmError {
         use hisparse_host_memory::HostMemoryError as H;
         match e {
             H::Budget(b) => RocmError::PinnedBudget(b),
-            H::Lent(problem) => RocmError::Foreign {
+            H::Lent(problem) => RocmError::Lent {
                 what: "host memory",
                 problem,
             },

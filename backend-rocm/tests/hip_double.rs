@@ -811,22 +811,21 @@ impl Engine {
 
     fn release(self) -> Result<(), String> {
         for s in &self.streams {
+            let what = "hipStreamSynchronize after the lent stream dropped";
             // SAFETY: the engine's stream; a stream the backend destroyed would be refused.
-            hip_ok("hipStreamSynchronize after the wrapper dropped", unsafe {
-                (self.hip.stream_synchronize)(*s)
-            })?;
+            hip_ok(what, unsafe { (self.hip.stream_synchronize)(*s) })?;
             // SAFETY: destroyed once, here.
             hip_ok("hipStreamDestroy", unsafe { (self.hip.stream_destroy)(*s) })?;
         }
         for p in &self.device {
             // SAFETY: from hipMalloc above, freed once; memory the backend freed would be refused.
-            hip_ok("hipFree after the wrapper dropped", unsafe {
+            hip_ok("hipFree after the lent buffers dropped", unsafe {
                 (self.hip.free)(*p)
             })?;
         }
         for p in &self.pinned {
             // SAFETY: from hipHostMalloc above, freed once.
-            hip_ok("hipHostFree after the wrapper dropped", unsafe {
+            hip_ok("hipHostFree after the lent buffers dropped", unsafe {
                 (self.hip.host_free)(*p)
             })?;
         }
@@ -845,8 +844,8 @@ impl lending::Lender<RocmDevice> for Engine {
         len: usize,
     ) -> Result<hisparse_backend_rocm::RocmBuffer, String> {
         let base = self.device(len + 512)?;
-        // SAFETY: the engine frees the allocation only in `release`, after the wrappers dropped.
-        unsafe { dev.wrap_device_memory(base.wrapping_byte_add(256), len) }
+        // SAFETY: the engine frees the allocation only in `release`, after the lent buffers dropped.
+        unsafe { dev.lend_device_memory(base.wrapping_byte_add(256), len) }
             .map_err(|e| e.to_string())
     }
 
@@ -861,8 +860,8 @@ impl lending::Lender<RocmDevice> for Engine {
         } else {
             self.pinned(len)?
         };
-        // SAFETY: freed only in `release`, after the wrappers dropped.
-        let buf = unsafe { dev.wrap_host_memory(p, len) }.map_err(|e| e.to_string())?;
+        // SAFETY: freed only in `release`, after the lent buffers dropped.
+        let buf = unsafe { dev.lend_host_memory(p, len) }.map_err(|e| e.to_string())?;
         if dev.registered_here(&buf) != second {
             return Err("registration does not match the memory's origin".into());
         }
@@ -876,8 +875,8 @@ impl lending::Lender<RocmDevice> for Engine {
             (self.hip.stream_create)(&mut raw, 1)
         })?;
         self.streams.push(raw);
-        // SAFETY: destroyed only in `release`, after the wrapper dropped.
-        unsafe { dev.wrap_stream(raw) }.map_err(|e| e.to_string())
+        // SAFETY: destroyed only in `release`, after the lent stream dropped.
+        unsafe { dev.lend_stream(raw) }.map_err(|e| e.to_string())
     }
 
     fn engine_copy(
@@ -890,7 +889,7 @@ impl lending::Lender<RocmDevice> for Engine {
     ) -> Result<(), String> {
         let raw = stream.raw_handle();
         if !self.streams.contains(&raw) {
-            return Err("the wrapped stream's handle is not the engine's".into());
+            return Err("the lent stream's handle is not the engine's".into());
         }
         let src = dev.pinned_address(src) as *const c_void;
         // SAFETY: pinned source and device destination of at least `bytes`, alive until the
@@ -902,9 +901,9 @@ impl lending::Lender<RocmDevice> for Engine {
 }
 
 /// The engine allocates device memory, pinned and plain host memory and a stream through the
-/// runtime; the backend wraps them, runs the shared scenario on them and on its own buffers, and
-/// the results must be identical; afterwards the engine's memory and stream are still alive,
-/// registered memory is unregistered, and bad arguments are refused.
+/// runtime and lends them to the backend, which runs the shared scenario on them and on its own
+/// buffers, and the results must be identical; afterwards the engine's memory and stream are
+/// still alive, registered memory is unregistered, and bad arguments are refused.
 fn engine_owned_memory_and_streams() -> Result<(), String> {
     let dev = open()?;
     let owned = lending::scenario(&dev, &mut lending::Owned)?;
@@ -943,38 +942,38 @@ fn engine_owned_memory_and_streams() -> Result<(), String> {
     unsafe {
         refused(
             "device range past its allocation",
-            dev.wrap_device_memory(d, 4097).map(drop),
+            dev.lend_device_memory(d, 4097).map(drop),
         )?;
         refused(
             "misaligned device pointer",
-            dev.wrap_device_memory(d.wrapping_byte_add(8), 64).map(drop),
+            dev.lend_device_memory(d.wrapping_byte_add(8), 64).map(drop),
         )?;
         refused(
             "host memory as device memory",
-            dev.wrap_device_memory(pinned.cast(), 64).map(drop),
+            dev.lend_device_memory(pinned.cast(), 64).map(drop),
         )?;
         refused(
             "plain memory as device memory",
-            dev.wrap_device_memory(plain.cast(), 64).map(drop),
+            dev.lend_device_memory(plain.cast(), 64).map(drop),
         )?;
         refused(
             "device memory as host memory",
-            dev.wrap_host_memory(d.cast(), 4096).map(drop),
+            dev.lend_host_memory(d.cast(), 4096).map(drop),
         )?;
         // Far past its allocation, into memory nobody mapped (an adjacent pinned allocation
         // would look like one pinned, linearly mapped range).
         refused(
             "pinned range far past its allocation",
-            dev.wrap_host_memory(pinned, 8192 + (1 << 40)).map(drop),
+            dev.lend_host_memory(pinned, 8192 + (1 << 40)).map(drop),
         )?;
         refused(
             "misaligned host memory",
-            dev.wrap_host_memory(plain.add(16), 4096).map(drop),
+            dev.lend_host_memory(plain.add(16), 4096).map(drop),
         )?;
-        refused("empty host range", dev.wrap_host_memory(plain, 0).map(drop))?;
+        refused("empty host range", dev.lend_host_memory(plain, 0).map(drop))?;
         refused(
             "a destroyed-looking stream handle",
-            dev.wrap_stream(0x12345 as *mut c_void).map(drop),
+            dev.lend_stream(0x12345 as *mut c_void).map(drop),
         )?;
     }
     if engine.hip.memory_type(plain.cast()) != 0 {
@@ -1071,7 +1070,7 @@ fn shared_host_pool_two_mappings() -> Result<(), String> {
     let seg_c = SharedSegment::open(&name, n).map_err(|e| e.to_string())?;
     let c = dev.host_buffer_from_shared(seg_c).map_err(e)?;
     // SAFETY: refused before anything is kept (an acceptance is dropped at once, before `c`).
-    let again = unsafe { dev.wrap_host_memory(dev.pinned_address(&c) as *mut u8, n) };
+    let again = unsafe { dev.lend_host_memory(dev.pinned_address(&c) as *mut u8, n) };
     if let Ok(buf) = again
         && dev.registered_here(&buf)
     {
@@ -1185,10 +1184,10 @@ impl capture::Engine<RocmDevice> for HipGraphs {
         })
     }
 
-    fn wrap(&mut self, dev: &RocmDevice, s: *mut c_void) -> Result<RocmStream, String> {
-        // SAFETY: `s` is a live stream of this device that outlives the wrapper (destroyed in
+    fn lend(&mut self, dev: &RocmDevice, s: *mut c_void) -> Result<RocmStream, String> {
+        // SAFETY: `s` is a live stream of this device that outlives the lent stream (destroyed in
         // `release`, after the scenario dropped it).
-        unsafe { dev.wrap_stream(s) }.map_err(|e| format!("{e} [{}]", e.kind()))
+        unsafe { dev.lend_stream(s) }.map_err(|e| format!("{e} [{}]", e.kind()))
     }
 
     fn arena_lists(&mut self, dev: &RocmDevice) -> usize {
@@ -1206,7 +1205,7 @@ impl capture::Engine<RocmDevice> for HipGraphs {
     }
 }
 
-/// `capture::run` on the ROCm backend, the double as the runtime: a wrap, a staged list, a
+/// `capture::run` on the ROCm backend, the double as the runtime: a lent stream, a staged list, a
 /// fused resolve-and-gather with a workspace and a remap captured in global mode (the double
 /// refuses every unsafe call of a thread not in relaxed mode, and invalidates the capture),
 /// then an eager step and six replays, bit-exact against the reference.

@@ -1177,13 +1177,13 @@ enum HsStatus hs_buffer_alloc(const struct HsRuntime *runtime, size_t bytes, str
 // `runtime` is a live handle; `out` points to writable memory for a pointer; the memory
 // meets the backend's lending contract: it stays allocated until the buffer is freed and the
 // work enqueued with it completed, and nothing else touches it unordered meanwhile.
-enum HsStatus hs_buffer_wrap(const struct HsRuntime *runtime, void *ptr, size_t bytes, struct HsBuffer **out);
+enum HsStatus hs_buffer_lend(const struct HsRuntime *runtime, void *ptr, size_t bytes, struct HsBuffer **out);
 
-// Frees a buffer (NULL is ignored); wrapped memory is left to its owner.
+// Frees a buffer (NULL is ignored); lent memory is left to its owner.
 //
 // # Safety
 //
-// `buffer` is NULL or a handle from `hs_buffer_alloc` / `hs_buffer_wrap` not freed yet, with
+// `buffer` is NULL or a handle from `hs_buffer_alloc` / `hs_buffer_lend` not freed yet, with
 // no work using it still in flight.
 void hs_buffer_free(struct HsBuffer *buffer);
 

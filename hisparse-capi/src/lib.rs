@@ -44,7 +44,7 @@ pub use report::{
 pub use runtime::{
     HsBuffer, HsCounters, HsDeviceArray, HsLayerCall, HsLentResources, HsRemapModes, HsRuntime,
     HsRuntimeConfig, HsSwap, hs_buffer_alloc, hs_buffer_download_i32, hs_buffer_free,
-    hs_buffer_upload_i32, hs_buffer_wrap, hs_runtime_apply_plan, hs_runtime_batch_table,
+    hs_buffer_lend, hs_buffer_upload_i32, hs_runtime_apply_plan, hs_runtime_batch_table,
     hs_runtime_begin_step, hs_runtime_block_table, hs_runtime_compressed_slot_mapping,
     hs_runtime_config_default, hs_runtime_counters, hs_runtime_decode, hs_runtime_drain,
     hs_runtime_end_step, hs_runtime_free, hs_runtime_new, hs_runtime_new_with_pools,

@@ -94,7 +94,7 @@ pub fn run_on(dev: AnyDevice, plan: &Plan) -> CliResult<()> {
         // SAFETY: the benchmark drops the buffer before the array and touches the array only
         // through the buffer meanwhile (`HostPoolPaths::lend`); the array is a live, readable
         // and writable, page-aligned mapping of `len` bytes.
-        unsafe { dev.wrap_host_memory(array.addr().as_ptr(), array.len()) }
+        unsafe { dev.lend_host_memory(array.addr().as_ptr(), array.len()) }
     };
     let share = |segment: SharedSegment| dev.host_pool_from_shared(segment);
     let describe = |b: &AnyHostBuffer| b.setup().map(|s| s.to_string());

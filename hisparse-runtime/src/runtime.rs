@@ -157,9 +157,9 @@ impl<D: Device> Runtime<D> {
         Self::build(dev, kv, cfg, pools, None)
     }
 
-    /// Builds a runtime over pools the engine already owns (e.g. wrapped PyTorch tensors), and
-    /// optionally the engine's own compute stream (e.g. PyTorch's current stream, wrapped by the
-    /// backend); the runtime then enqueues its before-forward and decode-path work on it, in
+    /// Builds a runtime over pools the engine already owns and lends it (e.g. PyTorch tensors'
+    /// memory), and optionally the engine's own compute stream (e.g. PyTorch's current stream,
+    /// lent to the backend); the runtime then enqueues its before-forward and decode-path work on it, in
     /// order with the engine's forward pass.
     ///
     /// The pools must be at least the layout's sizes ([`KvCacheConfig::gpu_pool_bytes`],

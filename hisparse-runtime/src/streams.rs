@@ -8,7 +8,7 @@ use crate::error::RuntimeError;
 use crate::runtime::Runtime;
 
 /// Streams an engine may lend one runtime ([`Runtime::adopt_stream`]). An engine uses a handful
-/// (its main stream, a few capture streams); the bound keeps a binding that wraps every stream
+/// (its main stream, a few capture streams); the bound keeps a binding that lends every stream
 /// it sees from growing without end.
 pub const MAX_LENT_STREAMS: usize = 64;
 
@@ -48,10 +48,10 @@ impl<E> From<StreamError> for RuntimeError<E> {
 }
 
 impl<D: Device> Runtime<D> {
-    /// Keeps `stream` (an engine's stream wrapped by the backend, e.g. `AnyDevice::wrap_stream`
-    /// of `torch.cuda.current_stream().cuda_stream`) for the runtime's life and returns its id,
+    /// Keeps `stream` (an engine's stream lent to the backend, e.g. `AnyDevice::lend_stream` of
+    /// `torch.cuda.current_stream().cuda_stream`) for the runtime's life and returns its id,
     /// which step and per-layer calls take to enqueue on it. At most [`MAX_LENT_STREAMS`]; a
-    /// binding wraps each handle once and keeps the id.
+    /// binding lends each handle once and keeps the id.
     ///
     /// One step's calls — [`Runtime::begin_step_on`], the per-layer calls (or the replay of a
     /// graph that captured them) and [`Runtime::end_step_on`] — should run on one stream: the

@@ -47,7 +47,7 @@ fn engine_owned_pools_give_the_same_results_as_owned_ones() {
         device: dev.alloc(kv.gpu_pool_bytes() as usize).unwrap(),
         host: dev.alloc_pinned(kv.host_pool_bytes() as usize).unwrap(),
     };
-    let borrowed = drive(
+    let lent = drive(
         SMALL,
         Runtime::with_pools(dev, kv.clone(), RuntimeConfig::new(3, 3), pools, None).unwrap(),
     );
@@ -55,7 +55,7 @@ fn engine_owned_pools_give_the_same_results_as_owned_ones() {
     // The pool is tight: pages were reclaimed and rows swapped in from host.
     let c = owned.counters;
     assert!(c.reclaimed_pages > 0 && c.hot_misses > 0, "{c:?}");
-    same(&owned, &borrowed).unwrap();
+    same(&owned, &lent).unwrap();
 }
 
 fn kind<E: Error>(r: Result<impl Sized, RuntimeError<E>>) -> (ErrorKind, String) {

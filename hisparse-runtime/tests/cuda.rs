@@ -40,7 +40,7 @@ fn ok(call: &str, code: CUresult) {
 }
 
 /// Four 656-byte layers, 16 requests of 1K tokens (pool: [`scenario::tight`]).
-const WRAP: Shape = Shape {
+const LENT: Shape = Shape {
     layers: 4,
     row_bytes: 656,
     block: 64,
@@ -126,8 +126,8 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // SAFETY: the runtime and its wrappers are gone (dropped before the engine); these are
-        // the engine's own allocations.
+        // SAFETY: the runtime and the buffers and stream lent to it are gone (dropped before the
+        // engine); these are the engine's own allocations.
         unsafe {
             sys::cuStreamSynchronize(self.stream);
             sys::cuStreamDestroy_v2(self.stream);
@@ -142,9 +142,9 @@ fn engine_allocated_pools_and_stream_give_the_owning_path_s_results() -> bool {
     let Some(dev) = open(name) else {
         return false;
     };
-    let shape = tight(WRAP);
+    let shape = tight(LENT);
     let kv = layout(&shape);
-    let cfg = scenario::runtime_config(WRAP.requests);
+    let cfg = scenario::runtime_config(LENT.requests);
     let owned = drive(shape, Runtime::new(dev, kv.clone(), cfg).unwrap());
     eprintln!("  the owning runtime finished");
     let c = owned.counters;
@@ -159,21 +159,21 @@ fn engine_allocated_pools_and_stream_give_the_owning_path_s_results() -> bool {
         (
             Pools {
                 device: dev
-                    .wrap_device_memory(engine.device, kv.gpu_pool_bytes() as usize)
+                    .lend_device_memory(engine.device, kv.gpu_pool_bytes() as usize)
                     .unwrap(),
                 host: dev
-                    .wrap_host_memory(engine.host, kv.host_pool_bytes() as usize)
+                    .lend_host_memory(engine.host, kv.host_pool_bytes() as usize)
                     .unwrap(),
             },
-            dev.wrap_stream(engine.stream).unwrap(),
+            dev.lend_stream(engine.stream).unwrap(),
         )
     };
-    eprintln!("  engine pools and stream wrapped");
-    let borrowed = drive(
+    eprintln!("  engine pools and stream lent");
+    let lent = drive(
         shape,
         Runtime::with_pools(dev, kv, cfg, pools, Some(stream)).unwrap(),
     );
-    same(&owned, &borrowed).unwrap();
+    same(&owned, &lent).unwrap();
     drop(engine);
     drop(context);
     true
@@ -325,7 +325,7 @@ fn a_decode_step_captured_in_one_cuda_graph_replays_identically() -> bool {
         sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
     });
     // SAFETY: `raw` outlives the runtime (destroyed at the end of the test).
-    let stream = unsafe { dev.wrap_stream(raw) }.unwrap();
+    let stream = unsafe { dev.lend_stream(raw) }.unwrap();
     let mut io = group_io(&dev, groups);
     let pools = Pools {
         device: dev.alloc(kv.gpu_pool_bytes() as usize).unwrap(),

@@ -132,7 +132,7 @@ impl AnonymousMapping {
 
 impl Drop for AnonymousMapping {
     fn drop(&mut self) {
-        // SAFETY: the mapping is this value's; whoever borrowed its address was required to be
+        // SAFETY: the mapping is this value's; whoever was lent its address was required to be
         // done with it before the drop (the lending contracts of the backends).
         unsafe { ffi::unmap(self.addr.as_ptr(), self.len.max(1)) };
     }

@@ -32,7 +32,7 @@ const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 /// The backend's entries beyond [`Device::alloc_pinned`] that make a host pool, for the paths
 /// that need them (a path whose entry is `None` is reported as not available).
 pub struct HostPoolPaths<'a, D: Device> {
-    /// The backend's lending of an engine's host memory (`wrap_host_memory`,
+    /// The backend's lending of an engine's host memory (`lend_host_memory`,
     /// `CpuBuffer::from_raw_parts`) applied to the whole of `array`. The benchmark drops the
     /// returned buffer before it drops the array, and touches the array meanwhile only through
     /// the buffer.

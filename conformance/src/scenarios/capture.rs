@@ -4,15 +4,15 @@
 //! HIP test double.
 //!
 //! [`run`]: the "engine" creates a stream and begins a capture on it in **global** mode through
-//! the raw driver API (what `torch.cuda.graph` does); inside the capture the backend wraps that
-//! stream (its allocation and counter clearing must work under global capture) and enqueues a
+//! the raw driver API (what `torch.cuda.graph` does); inside the capture the engine lends that
+//! stream to the backend (its allocation and counter clearing must work under global capture) and enqueues a
 //! table write (a staged list: it must outlive the staging memory), a `resolve_and_gather` of 64
 //! one-row requests and a four-row speculative request (the fused launch, with a resolver
 //! workspace) and a remap, both counting into a stats buffer (`hisparse_core::ops::stats`). The
 //! engine ends and instantiates the capture.
 //!
-//! Step 0 runs the same calls eagerly on the wrapper (its counters must be zero for eager use
-//! too); the wrapper is then dropped and memory it could have freed is reused with garbage (the
+//! Step 0 runs the same calls eagerly on the lent stream (its counters must be zero for eager use
+//! too); the lent stream is then dropped and memory it could have freed is reused with garbage (the
 //! graph must not depend on it); steps 1.. write a new top-k (90% kept, so rows hit) and replay
 //! the graph, with unrelated staging work on another stream between replays (it reuses the
 //! staging memory). After every step every output, the hot state, the device pool and the stats
@@ -46,8 +46,8 @@ pub trait Engine<D: Device> {
     fn end(&mut self, s: Self::Stream) -> Res<Self::Graph>;
     /// Enqueues one replay of `g` on `s` and waits for it.
     fn replay(&mut self, g: &Self::Graph, s: Self::Stream) -> Res<()>;
-    /// The backend's wrapper of the engine's stream `s`.
-    fn wrap(&mut self, dev: &D, s: Self::Stream) -> Res<D::Stream>;
+    /// The engine's stream `s`, lent to the backend.
+    fn lend(&mut self, dev: &D, s: Self::Stream) -> Res<D::Stream>;
     /// Distinct lists in the backend's list arena.
     fn arena_lists(&mut self, dev: &D) -> usize;
     /// Destroys `g` and the stream `s` (after the replays).
@@ -441,33 +441,33 @@ pub fn run<D: Device, G: Engine<D>>(dev: &D, eng: &mut G) -> Res<()> {
     let topk = next_topk(&mut rng, None);
     dev.upload_i32(&mut b.topk, 0, &topk).map_err(device_err)?;
 
-    // Capture, global mode, the wrap inside it.
+    // Capture, global mode, the lending inside it.
     eng.begin_global(raw)?;
     let captured = (|| -> Res<D::Stream> {
-        let wrapped = eng.wrap(dev, raw)?;
-        if !dev.is_capturing(&wrapped).map_err(device_err)? {
+        let lent = eng.lend(dev, raw)?;
+        if !dev.is_capturing(&lent).map_err(device_err)? {
             return Err("is_capturing is false on a stream being captured".into());
         }
-        enqueue_step(dev, &wrapped, &mut b, &h)?;
-        Ok(wrapped)
+        enqueue_step(dev, &lent, &mut b, &h)?;
+        Ok(lent)
     })();
     let graph = eng.end(raw);
-    let wrapped = captured?;
+    let lent = captured?;
     let graph = graph?;
-    if dev.is_capturing(&wrapped).map_err(device_err)? {
+    if dev.is_capturing(&lent).map_err(device_err)? {
         return Err("is_capturing is still true after the capture ended".into());
     }
     if eng.arena_lists(dev) == 0 {
         return Err("the captured table write placed no list in the list arena".into());
     }
 
-    // Step 0: the same calls eagerly on the wrapper made under capture.
-    enqueue_step(dev, &wrapped, &mut b, &h)?;
-    dev.synchronize(&wrapped).map_err(device_err)?;
+    // Step 0: the same calls eagerly on the stream lent under capture.
+    enqueue_step(dev, &lent, &mut b, &h)?;
+    dev.synchronize(&lent).map_err(device_err)?;
     let want = reference_step(&mut h, &topk)?;
     compare(dev, &b, &h, &want, 0)?;
-    // The wrapper goes; memory it could have freed is reused with garbage.
-    drop(wrapped);
+    // The lent stream goes; memory it could have freed is reused with garbage.
+    drop(lent);
     let mut reuse = Vec::new();
     for bytes in [16usize, 1 << 20, 4 << 20] {
         let mut m = dev.alloc(bytes).map_err(device_err)?;

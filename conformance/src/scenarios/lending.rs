@@ -1,6 +1,6 @@
 //! One scenario of every kind of data-plane work, generic over the backend and over where its
 //! buffers and stream come from, for the tests of engine-owned memory and streams (the CUDA
-//! backend's `tests/wrap.rs`, the ROCm backend's `tests/hip_double.rs`): the backend's own
+//! backend's `tests/lent.rs`, the ROCm backend's `tests/hip_double.rs`): the backend's own
 //! resources ([`Owned`]) and the engine's (a [`Lender`] the test writes) must give the same bytes.
 //!
 //! [`scenario`] runs remap (valid counts and compaction), resolve (a speculative request with

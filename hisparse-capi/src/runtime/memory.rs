@@ -1,5 +1,5 @@
 //! Device buffers for the per-layer calls (`HsBuffer`: allocated, or the engine's memory
-//! wrapped) and synchronous access to the runtime's pools and tables (a forward pass writing KV
+//! lent) and synchronous access to the runtime's pools and tables (a forward pass writing KV
 //! rows into pools the runtime owns; debugging).
 
 use std::ffi::c_void;
@@ -138,7 +138,7 @@ pub unsafe extern "C" fn hs_buffer_alloc(
 /// meets the backend's lending contract: it stays allocated until the buffer is freed and the
 /// work enqueued with it completed, and nothing else touches it unordered meanwhile.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn hs_buffer_wrap(
+pub unsafe extern "C" fn hs_buffer_lend(
     runtime: *const HsRuntime,
     ptr: *mut c_void,
     bytes: usize,
@@ -148,17 +148,17 @@ pub unsafe extern "C" fn hs_buffer_wrap(
         // SAFETY: forwarded contract.
         let (r, out) = unsafe { (enter(runtime, "runtime")?, output(out, "out")?) };
         // SAFETY: forwarded contract.
-        let buf = unsafe { r.rt.device().wrap_device_memory(ptr as usize as u64, bytes) }?;
+        let buf = unsafe { r.rt.device().lend_device_memory(ptr as usize as u64, bytes) }?;
         out.set(handle(HsBuffer { buf }));
         Ok(())
     })
 }
 
-/// Frees a buffer (NULL is ignored); wrapped memory is left to its owner.
+/// Frees a buffer (NULL is ignored); lent memory is left to its owner.
 ///
 /// # Safety
 ///
-/// `buffer` is NULL or a handle from `hs_buffer_alloc` / `hs_buffer_wrap` not freed yet, with
+/// `buffer` is NULL or a handle from `hs_buffer_alloc` / `hs_buffer_lend` not freed yet, with
 /// no work using it still in flight.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_buffer_free(buffer: *mut HsBuffer) {

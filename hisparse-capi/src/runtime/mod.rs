@@ -42,7 +42,7 @@ impl Handle for HsRuntime {
 pub(crate) struct RuntimeState {
     pub(crate) rt: Runtime<AnyDevice>,
     /// The engine streams lent so far: the raw handle a call passed and the id the runtime gave
-    /// it (each handle is wrapped once and kept for the runtime's life).
+    /// it (each handle is lent once and kept for the runtime's life).
     streams: Vec<(usize, StreamId)>,
     /// The raw handle of the stream lent at construction (`HsLentResources::stream`), which is
     /// the compute stream itself: a call passing it means the compute stream.
@@ -78,7 +78,7 @@ impl RuntimeState {
             return Ok(Some(id));
         }
         // SAFETY: forwarded contract.
-        let stream = unsafe { self.rt.device().wrap_stream(raw) }?;
+        let stream = unsafe { self.rt.device().lend_stream(raw) }?;
         let id = self.rt.adopt_stream(stream)?;
         self.streams.push((key, id));
         Ok(Some(id))
@@ -312,18 +312,18 @@ pub unsafe extern "C" fn hs_runtime_new_with_pools(
         } else {
             // SAFETY: forwarded contract (the lending contract of the backend).
             unsafe {
-                dev.wrap_device_memory(lent.device_pool as usize as u64, lent.device_pool_bytes)
+                dev.lend_device_memory(lent.device_pool as usize as u64, lent.device_pool_bytes)
             }?
         };
         let host_buf = if lent.host_pool.is_null() {
             dev.alloc_pinned(to_usize(kv.host_pool_bytes())?)?
         } else {
             // SAFETY: forwarded contract.
-            unsafe { dev.wrap_host_memory(lent.host_pool.cast(), lent.host_pool_bytes) }?
+            unsafe { dev.lend_host_memory(lent.host_pool.cast(), lent.host_pool_bytes) }?
         };
         let stream = if lent.has_stream {
             // SAFETY: forwarded contract.
-            Some(unsafe { dev.wrap_stream(lent.stream) }?)
+            Some(unsafe { dev.lend_stream(lent.stream) }?)
         } else {
             None
         };

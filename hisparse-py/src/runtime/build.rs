@@ -96,7 +96,7 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
             // SAFETY: as for `lend_device`: the object is kept in `lent` for the runtime's life
             // and the runtime drains its work before dropping it; the backend checks alignment
             // and, on GPUs, pins or checks the pinning with the driver.
-            let buf = unsafe { dev.wrap_host_memory(arr.ptr as usize as *mut u8, arr.bytes) }
+            let buf = unsafe { dev.lend_host_memory(arr.ptr as usize as *mut u8, arr.bytes) }
                 .map_err(|e| to_py(e).tap_message("host_pool"))?;
             lent.push(arr);
             buf
@@ -111,7 +111,7 @@ pub(super) fn build(req: Request<'_, '_>) -> PyResult<State> {
         // SAFETY: the engine passes a live stream handle of this device and keeps it alive for
         // the runtime's life (documented on `Runtime`); the backend checks its context.
         Some(raw) => Some(
-            unsafe { dev.wrap_stream(raw as usize as *mut core::ffi::c_void) }
+            unsafe { dev.lend_stream(raw as usize as *mut core::ffi::c_void) }
                 .map_err(|e| to_py(e).tap_message("stream"))?,
         ),
         None => None,

@@ -45,7 +45,7 @@ pub(super) fn lend_device(dev: &AnyDevice, arr: &Array, what: &str) -> PyResult<
     // backend checks what its driver can tell (device, extent), and the engine's duty not to
     // touch the memory unordered while work is in flight is stated in the Python API's
     // documentation.
-    unsafe { dev.wrap_device_memory(arr.ptr, arr.bytes) }.map_err(|e| to_py(e).tap_message(what))
+    unsafe { dev.lend_device_memory(arr.ptr, arr.bytes) }.map_err(|e| to_py(e).tap_message(what))
 }
 
 /// Adds the array's name to a lending error.

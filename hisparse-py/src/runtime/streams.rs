@@ -89,7 +89,7 @@ impl Streams {
         // the process's life). The backend checks the stream's context.
         let stream = unsafe {
             rt.device()
-                .wrap_stream(raw as usize as *mut core::ffi::c_void)
+                .lend_stream(raw as usize as *mut core::ffi::c_void)
         }
         .map_err(|e| to_py(e).tap_message("stream"))?;
         let id = rt.adopt_stream(stream).map_err(to_py)?;

@@ -491,7 +491,7 @@ impl Device for AnyDevice {
     fn pinned_address(&self, buf: &AnyHostBuffer) -> usize {
         dispatch!(self, d => match Pick::pick(buf, d.backend()) {
             Ok(b) => d.pinned_address(b),
-            // A foreign buffer has no address on this device: report one no pool can start at.
+            // Another backend's buffer has no address on this device: report one no pool can start at.
             Err(_) => 1,
         })
     }

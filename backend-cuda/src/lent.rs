@@ -4,7 +4,7 @@
 //!
 //! Every entry is `unsafe`: the backend cannot know how long the engine keeps the memory or the
 //! stream alive. What it can check, it checks with the driver before anything is kept, and a
-//! failed check is a [`CudaError::Foreign`] naming the problem:
+//! failed check is a [`CudaError::Lent`] naming the problem:
 //!
 //! * the argument itself (null, zero length, alignment, address overflow), without a driver call
 //!   (`hisparse_gpu_kernels::lending`, shared with the ROCm backend);
@@ -31,11 +31,11 @@ use crate::pinned::PinnedMem;
 type Result<T> = std::result::Result<T, CudaError>;
 
 fn refuse<T>(what: &'static str, problem: String) -> Result<T> {
-    Err(CudaError::Foreign { what, problem })
+    Err(CudaError::Lent { what, problem })
 }
 
-fn lent(what: &'static str, checked: std::result::Result<(), String>) -> Result<()> {
-    checked.map_err(|problem| CudaError::Foreign { what, problem })
+fn check(what: &'static str, checked: std::result::Result<(), String>) -> Result<()> {
+    checked.map_err(|problem| CudaError::Lent { what, problem })
 }
 
 impl CudaDevice {
@@ -51,7 +51,7 @@ impl CudaDevice {
     /// Uses `len` bytes of device memory at `ptr`, allocated by someone else (an engine's tensor),
     /// as a buffer of this device. The buffer never frees the memory.
     ///
-    /// Refused with [`CudaError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// Refused with [`CudaError::Lent`] when the pointer is null, the length zero, the pointer
     /// not 16-byte aligned, the driver does not know it as device memory of this device's
     /// context, or `[ptr, ptr + len)` does not lie inside one allocation.
     ///
@@ -66,13 +66,13 @@ impl CudaDevice {
     /// * **Size and context:** `[ptr, ptr + len)` is memory the engine may lend; it belongs to
     ///   this device (the backend checks what the driver can tell: the context or device of
     ///   the allocation and its extent).
-    pub unsafe fn wrap_device_memory(
+    pub unsafe fn lend_device_memory(
         &self,
         ptr: sys::CUdeviceptr,
         len: usize,
     ) -> Result<CudaBuffer> {
         const WHAT: &str = "device memory";
-        lent(WHAT, lending::check_device_range(ptr, len))?;
+        check(WHAT, lending::check_device_range(ptr, len))?;
         self.ctx.bind()?;
         let info = ffi::pointer_info(ptr)?;
         match info.memory_type {
@@ -80,7 +80,7 @@ impl CudaDevice {
             Some(MEMORY_TYPE_HOST) => {
                 return refuse(
                     WHAT,
-                    format!("{ptr:#x} is pinned host memory: use wrap_host_memory for it"),
+                    format!("{ptr:#x} is pinned host memory: use lend_host_memory for it"),
                 );
             }
             Some(other) => {
@@ -113,10 +113,10 @@ impl CudaDevice {
             Some(r) => r,
             None => ffi::address_range(ptr)?,
         };
-        lent(WHAT, lending::check_inside(ptr, len, range.0, range.1))?;
+        check(WHAT, lending::check_inside(ptr, len, range.0, range.1))?;
         // SAFETY: the driver confirmed `[ptr, ptr + len)` is device memory of this context inside
         // one allocation; the caller guarantees its lifetime and exclusive use.
-        let mem = unsafe { DevMem::borrowed(&self.ctx, ptr, len) };
+        let mem = unsafe { DevMem::lent(&self.ctx, ptr, len) };
         Ok(CudaBuffer { mem })
     }
 
@@ -129,7 +129,7 @@ impl CudaDevice {
     /// chunks, before the buffer's drop returns (so the engine may free the memory right after);
     /// memory that is already pinned is used as it is and left pinned.
     ///
-    /// Refused with [`CudaError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// Refused with [`CudaError::Lent`] when the pointer is null, the length zero, the pointer
     /// not page-aligned ([`hisparse_core::ops::PINNED_ALIGNMENT`]), the address is device memory, already pinned
     /// memory belongs to another context, is not mapped into the device's address space or does
     /// not cover `[ptr, ptr + len)`, or the driver refuses to register it (for instance because
@@ -149,9 +149,9 @@ impl CudaDevice {
     ///   length must be the caller's own allocation's.
     /// * **Alignment and size:** the pointer is page-aligned (checked) and the range is one
     ///   allocation of the caller's (checked against the driver's records when already pinned).
-    pub unsafe fn wrap_host_memory(&self, ptr: *mut u8, len: usize) -> Result<CudaHostBuffer> {
+    pub unsafe fn lend_host_memory(&self, ptr: *mut u8, len: usize) -> Result<CudaHostBuffer> {
         const WHAT: &str = "host memory";
-        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        check(WHAT, lending::check_host_range(ptr as usize, len))?;
         self.ctx.bind()?;
         let addr = ptr as u64;
         let info = ffi::pointer_info(addr)?;
@@ -174,7 +174,7 @@ impl CudaDevice {
                 }
                 match info.range {
                     Some((start, size)) => {
-                        lent(WHAT, lending::check_inside(addr, len, start, size))?
+                        check(WHAT, lending::check_inside(addr, len, start, size))?
                     }
                     None => {
                         // The driver gives no extent for this pinned memory: the last byte must be
@@ -205,16 +205,16 @@ impl CudaDevice {
             Some(_) => {
                 return refuse(
                     WHAT,
-                    format!("{ptr:p} is device memory: use wrap_device_memory for it"),
+                    format!("{ptr:p} is device memory: use lend_device_memory for it"),
                 );
             }
         };
         // SAFETY: the arguments were checked above; the caller guarantees the range is live host
         // memory lent exclusively for the buffer's life; when `register` is false the driver
         // reported it page-locked in this context and covering the whole range.
-        let mem = unsafe { PinnedMem::foreign(&self.ctx, ptr, len, register, &self.host_pool) }
+        let mem = unsafe { PinnedMem::lent(&self.ctx, ptr, len, register, &self.host_pool) }
             .map_err(|e| match e {
-                CudaError::Driver { call, code } => CudaError::Foreign {
+                CudaError::Driver { call, code } => CudaError::Lent {
                     what: WHAT,
                     problem: format!(
                         "{call} refused {len} bytes at {ptr:p} ({code:?}): pass memory that is \
@@ -239,21 +239,21 @@ impl CudaDevice {
     /// writes a page's bytes, and another reads them only after the writer's completion was
     /// reported to it (a synchronisation point between the processes).
     ///
-    /// Refused with [`CudaError::Foreign`] when the driver refuses to register the mapping (for
+    /// Refused with [`CudaError::Lent`] when the driver refuses to register the mapping (for
     /// instance because this process registered the same address range already).
     pub fn host_buffer_from_shared(&self, segment: SharedSegment) -> Result<CudaHostBuffer> {
         const WHAT: &str = "shared host memory";
         let ptr = segment.addr().as_ptr();
         let len = segment.len();
         let name = segment.name().to_string();
-        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        check(WHAT, lending::check_host_range(ptr as usize, len))?;
         // The region keeps the segment and unmaps it only after it unregistered the mapping,
         // once every enqueued operation completed (its pinner's quiesce synchronises the
         // context first). Within this process nothing else can reach the mapping: the segment
         // hands out no slices and is owned by the buffer. Other processes' accesses are ordered
         // by the host pool's protocol (above).
         let mem = PinnedMem::shared(&self.ctx, segment, &self.host_pool).map_err(|e| match e {
-            CudaError::Driver { call, code } => CudaError::Foreign {
+            CudaError::Driver { call, code } => CudaError::Lent {
                 what: WHAT,
                 problem: format!(
                     "{call} refused the {len}-byte segment `{name}` at {ptr:p} ({code:?}): map the \
@@ -270,12 +270,12 @@ impl CudaDevice {
     /// scratch memory for the resolver, like every stream of this backend, whose counters it
     /// clears with a first operation on `raw` — or, while `raw` is being captured into a graph
     /// (in any mode, `torch.cuda.graph`'s global mode included), on the device's own side stream,
-    /// waiting for it, so the counters are zero for eager use and for every replay alike. A wrap
+    /// waiting for it, so the counters are zero for eager use and for every replay alike. Lending
     /// under capture allocates with the thread in relaxed capture mode (the `capture` module).
-    /// Wrapping costs two allocations and a driver call or two: keep the wrapper while the stream
-    /// is in use rather than wrapping per call.
+    /// Lending costs two allocations and a driver call or two: keep the lent stream while the
+    /// stream is in use rather than lending it per call.
     ///
-    /// Refused with [`CudaError::Foreign`] when the stream belongs to another context than this
+    /// Refused with [`CudaError::Lent`] when the stream belongs to another context than this
     /// device's primary context.
     ///
     /// # Safety
@@ -285,10 +285,10 @@ impl CudaDevice {
     /// * It stays valid for as long as the returned stream lives and until the work enqueued on
     ///   it has completed; the engine may keep enqueuing its own work on it (that is the point:
     ///   both are ordered by the stream).
-    pub unsafe fn wrap_stream(&self, raw: CUstream) -> Result<CudaStream> {
+    pub unsafe fn lend_stream(&self, raw: CUstream) -> Result<CudaStream> {
         self.ctx.bind()?;
         // SAFETY: the caller guarantees `raw` is a handle the driver accepts.
-        let ctx = unsafe { ffi::stream_context(raw) }.map_err(|e| CudaError::Foreign {
+        let ctx = unsafe { ffi::stream_context(raw) }.map_err(|e| CudaError::Lent {
             what: "stream",
             problem: format!("the driver does not accept the stream handle {raw:p}: {e}"),
         })?;
@@ -304,7 +304,7 @@ impl CudaDevice {
         }
         // SAFETY: the driver confirmed the stream belongs to this context; the caller guarantees
         // it outlives the value.
-        CudaStream::from_inner(self, unsafe { ffi::Stream::borrowed(&self.ctx, raw) })
+        CudaStream::from_inner(self, unsafe { ffi::Stream::lent(&self.ctx, raw) })
     }
 
     /// Whether `buf` is lent memory this backend registered as pinned itself (and will
@@ -332,7 +332,7 @@ mod tests {
                 lending::check_inside(0x2000, 4097, 0x2000, 4096),
             ),
         ] {
-            let e = lent(what, r).expect_err("refused");
+            let e = check(what, r).expect_err("refused");
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
             let msg = e.to_string();
             assert!(
@@ -340,6 +340,6 @@ mod tests {
                 "{msg}"
             );
         }
-        assert!(lent("stream", Ok(())).is_ok());
+        assert!(check("stream", Ok(())).is_ok());
     }
 }

@@ -1,7 +1,7 @@
 //! Engine-owned memory and streams: device allocations, host memory and streams an inference
 //! engine already has (a PyTorch tensor's storage, PyTorch's current `hipStream_t`), used as this
 //! backend's buffers and streams without taking ownership. The same contract as the CUDA
-//! backend's `wrap_*` entry points:
+//! backend's `lend_*` entry points:
 //!
 //! * the arguments are checked first without a runtime call (`hisparse_gpu_kernels::lending`);
 //! * device memory must be known to the runtime as device memory of this device
@@ -16,7 +16,7 @@
 //! shared-memory segment (the host pool the ranks of a node share), registered here and kept
 //! alive by the buffer.
 //!
-//! A failed check is a [`RocmError::Foreign`] naming the problem. Verified against the HIP test
+//! A failed check is a [`RocmError::Lent`] naming the problem. Verified against the HIP test
 //! double (`hisparse-hip-double`), not yet on AMD hardware.
 
 use std::ffi::c_void;
@@ -33,18 +33,18 @@ use crate::ffi::{
 use crate::memory::{Pinning, RocmBuffer, RocmHostBuffer, RocmStream};
 
 fn refuse<T>(what: &'static str, problem: String) -> Result<T, RocmError> {
-    Err(RocmError::Foreign { what, problem })
+    Err(RocmError::Lent { what, problem })
 }
 
-fn lent(what: &'static str, checked: Result<(), String>) -> Result<(), RocmError> {
-    checked.map_err(|problem| RocmError::Foreign { what, problem })
+fn check(what: &'static str, checked: Result<(), String>) -> Result<(), RocmError> {
+    checked.map_err(|problem| RocmError::Lent { what, problem })
 }
 
 impl RocmDevice {
     /// Uses `len` bytes of device memory at `ptr`, allocated by someone else (an engine's
     /// tensor), as a buffer of this device. The buffer never frees the memory.
     ///
-    /// Refused with [`RocmError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// Refused with [`RocmError::Lent`] when the pointer is null, the length zero, the pointer
     /// not 16-byte aligned, the runtime does not know it as device memory of this device, or
     /// `[ptr, ptr + len)` does not lie inside one allocation.
     ///
@@ -56,13 +56,13 @@ impl RocmDevice {
     ///   it (or reads what this backend writes) without ordering through a stream or an event.
     /// * **Size and device:** `[ptr, ptr + len)` is memory the engine may lend, on this device
     ///   (checked as far as the runtime can tell).
-    pub unsafe fn wrap_device_memory(
+    pub unsafe fn lend_device_memory(
         &self,
         ptr: *mut c_void,
         len: usize,
     ) -> Result<RocmBuffer, RocmError> {
         const WHAT: &str = "device memory";
-        lent(WHAT, lending::check_device_range(ptr as u64, len))?;
+        check(WHAT, lending::check_device_range(ptr as u64, len))?;
         self.ctx.bind()?;
         let info = self
             .ctx
@@ -74,7 +74,7 @@ impl RocmDevice {
             MEMORY_TYPE_HOST => {
                 return refuse(
                     WHAT,
-                    format!("{ptr:p} is pinned host memory: use wrap_host_memory for it"),
+                    format!("{ptr:p} is pinned host memory: use lend_host_memory for it"),
                 );
             }
             MEMORY_TYPE_UNREGISTERED => {
@@ -107,7 +107,7 @@ impl RocmDevice {
             .hip
             .address_range(ptr)
             .map_err(|s| RocmError::hip(&self.ctx.hip, "hipMemGetAddressRange", s))?;
-        lent(
+        check(
             WHAT,
             lending::check_inside(ptr as u64, len, start as u64, size as u64),
         )?;
@@ -127,7 +127,7 @@ impl RocmDevice {
     /// in parallel chunks, before the buffer's drop returns; memory that is pinned already is used
     /// as it is and left pinned.
     ///
-    /// Refused with [`RocmError::Foreign`] when the pointer is null, the length zero, the pointer
+    /// Refused with [`RocmError::Lent`] when the pointer is null, the length zero, the pointer
     /// not page-aligned, the address is device memory, already pinned memory does not cover the
     /// range (or is not mapped linearly), or the runtime refuses to register it.
     ///
@@ -143,13 +143,13 @@ impl RocmDevice {
     ///   first; a range that runs on into an adjacent pinned allocation passes that check, so the
     ///   length must be the caller's own allocation's.
     /// * **Alignment and size:** page-aligned (checked); one allocation of the caller's.
-    pub unsafe fn wrap_host_memory(
+    pub unsafe fn lend_host_memory(
         &self,
         ptr: *mut u8,
         len: usize,
     ) -> Result<RocmHostBuffer, RocmError> {
         const WHAT: &str = "host memory";
-        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        check(WHAT, lending::check_host_range(ptr as usize, len))?;
         self.ctx.bind()?;
         let hip = &self.ctx.hip;
         let info = hip
@@ -164,7 +164,7 @@ impl RocmDevice {
                     RocmError::Hip { status, name, .. }
                         if status == HIP_ERROR_HOST_MEMORY_ALREADY_REGISTERED =>
                     {
-                        RocmError::Foreign {
+                        RocmError::Lent {
                             what: WHAT,
                             problem: format!(
                                 "part of the {len} bytes at {ptr:p} is pinned already ({name}): \
@@ -174,7 +174,7 @@ impl RocmDevice {
                     }
                     RocmError::Hip {
                         call, status, name, ..
-                    } => RocmError::Foreign {
+                    } => RocmError::Lent {
                         what: WHAT,
                         problem: format!(
                             "{call} refused {len} bytes at {ptr:p}: {name} ({status}); pass \
@@ -211,12 +211,12 @@ impl RocmDevice {
                     host: ptr,
                     device,
                     len,
-                    pinning: Pinning::Borrowed,
+                    pinning: Pinning::Lent,
                 })
             }
             _ => refuse(
                 WHAT,
-                format!("{ptr:p} is device memory: use wrap_device_memory for it"),
+                format!("{ptr:p} is device memory: use lend_device_memory for it"),
             ),
         }
     }
@@ -231,7 +231,7 @@ impl RocmDevice {
     /// pool's protocol: one rank writes a page's bytes, and another reads them only after the
     /// writer's completion was reported to it (a synchronisation point between the processes).
     ///
-    /// Refused with [`RocmError::Foreign`] when the runtime refuses to register the mapping (for
+    /// Refused with [`RocmError::Lent`] when the runtime refuses to register the mapping (for
     /// instance because this process registered the same address range already).
     pub fn host_buffer_from_shared(
         &self,
@@ -240,7 +240,7 @@ impl RocmDevice {
         const WHAT: &str = "shared host memory";
         let ptr = segment.addr().as_ptr();
         let len = segment.len();
-        lent(WHAT, lending::check_host_range(ptr as usize, len))?;
+        check(WHAT, lending::check_host_range(ptr as usize, len))?;
         let name = segment.name().to_string();
         self.share_pool(segment).map_err(|e| match e {
             RocmError::Hip {
@@ -248,7 +248,7 @@ impl RocmDevice {
                 status,
                 name: error,
                 ..
-            } => RocmError::Foreign {
+            } => RocmError::Lent {
                 what: WHAT,
                 problem: format!(
                     "{call} refused the {len}-byte segment `{name}` at {ptr:p}: {error} \
@@ -264,29 +264,28 @@ impl RocmDevice {
     /// engine's current stream) instead of one of its own. The returned stream never destroys
     /// `raw`; it has its own resolver scratch, like every stream of this backend. `raw` may be
     /// being captured into a graph (`torch.cuda.graph` on ROCm captures in global mode): the
-    /// wrap then allocates with the thread in relaxed capture mode and clears the resolver
+    /// lending then allocates with the thread in relaxed capture mode and clears the resolver
     /// counters on the device's own side stream, waiting for it, so they are zero for eager use
-    /// and for every replay alike (the `capture` module). Keep the wrapper while the stream is in
-    /// use rather than wrapping per call.
+    /// and for every replay alike (the `capture` module). Keep the lent stream while the stream
+    /// is in use rather than lending it per call.
     ///
-    /// Refused with [`RocmError::Foreign`] when the stream belongs to another device.
+    /// Refused with [`RocmError::Lent`] when the stream belongs to another device.
     ///
     /// # Safety
     ///
     /// * `raw` is a live stream handle or the null stream (the runtime dereferences it).
     /// * It stays valid for as long as the returned stream lives and until the work enqueued on
     ///   it has completed; the engine may keep enqueuing its own work on it.
-    pub unsafe fn wrap_stream(&self, raw: *mut c_void) -> Result<RocmStream, RocmError> {
+    pub unsafe fn lend_stream(&self, raw: *mut c_void) -> Result<RocmStream, RocmError> {
         self.ctx.bind()?;
         // SAFETY: the caller guarantees `raw` is a handle the runtime accepts.
-        let device =
-            unsafe { self.ctx.hip.stream_device(raw) }.map_err(|s| RocmError::Foreign {
-                what: "stream",
-                problem: format!(
-                    "the HIP runtime does not accept the stream handle {raw:p}: {} ({s})",
-                    self.ctx.hip.error_name(s)
-                ),
-            })?;
+        let device = unsafe { self.ctx.hip.stream_device(raw) }.map_err(|s| RocmError::Lent {
+            what: "stream",
+            problem: format!(
+                "the HIP runtime does not accept the stream handle {raw:p}: {} ({s})",
+                self.ctx.hip.error_name(s)
+            ),
+        })?;
         if device != self.ctx.ordinal {
             return refuse(
                 "stream",
@@ -320,7 +319,7 @@ mod tests {
             ("host memory", lending::check_host_range(0x1000, 0)),
             ("host memory", lending::check_host_range(0x1010, 64)),
         ] {
-            let e = lent(what, r).expect_err("refused");
+            let e = check(what, r).expect_err("refused");
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
             assert!(
                 e.to_string()

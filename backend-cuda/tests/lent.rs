@@ -1,11 +1,11 @@
 //! Engine-owned memory and streams on a GPU (`harness = false`): the "engine" side allocates
 //! device memory, pinned host memory, plain host memory and a stream through the raw driver API
-//! (as PyTorch would), the backend wraps them ([`CudaDevice::wrap_device_memory`],
-//! [`CudaDevice::wrap_host_memory`], [`CudaDevice::wrap_stream`]), runs remap, resolve, gather,
+//! (as PyTorch would) and lends them to the backend ([`CudaDevice::lend_device_memory`],
+//! [`CudaDevice::lend_host_memory`], [`CudaDevice::lend_stream`]), runs remap, resolve, gather,
 //! page and row copies, bulk copies, a copy inside one buffer and the table operations on them,
 //! and every output must equal, byte for byte, the same work on buffers and a stream the backend
-//! owns. Then: the engine's memory is still allocated and its stream alive after the wrappers
-//! drop, memory the backend registered is unregistered, memory pinned by the engine stays pinned,
+//! owns. Then: the engine's memory is still allocated and its stream alive after the lent buffers
+//! and stream drop, memory the backend registered is unregistered, memory pinned by the engine stays pinned,
 //! and bad pointers are refused with typed errors.
 //!
 //! Without a GPU the test says `SKIPPED` and passes, unless `HISPARSE_REQUIRE_DEVICE=1`.
@@ -105,7 +105,7 @@ impl Engine {
         for s in self.streams {
             // SAFETY: `s` was created above; a stream the backend destroyed would be an invalid
             // handle here, which the query reports.
-            ok("cuStreamQuery after the wrapper dropped", unsafe {
+            ok("cuStreamQuery after the lent stream dropped", unsafe {
                 sys::cuStreamQuery(s)
             })?;
             // SAFETY: destroys the engine's own stream once.
@@ -114,13 +114,13 @@ impl Engine {
         for p in self.device {
             // SAFETY: `p` came from cuMemAlloc above and is freed once; freeing memory the backend
             // had freed already would fail here.
-            ok("cuMemFree after the wrapper dropped", unsafe {
+            ok("cuMemFree after the lent buffers dropped", unsafe {
                 sys::cuMemFree_v2(p)
             })?;
         }
         for p in self.pinned {
             // SAFETY: `p` came from cuMemHostAlloc above and is freed once.
-            ok("cuMemFreeHost after the wrapper dropped", unsafe {
+            ok("cuMemFreeHost after the lent buffers dropped", unsafe {
                 sys::cuMemFreeHost(p)
             })?;
         }
@@ -156,8 +156,8 @@ impl Lender<CudaDevice> for Engine {
     fn buffer(&mut self, dev: &CudaDevice, len: usize) -> Res<CudaBuffer> {
         let base = self.device(len + 512)?;
         // SAFETY: `[base + 256, base + 256 + len)` lies in an allocation the engine frees only in
-        // `release`, after every wrapper dropped and the context synchronised.
-        unsafe { dev.wrap_device_memory(base + 256, len) }.map_err(e)
+        // `release`, after every lent buffer and stream dropped and the context synchronised.
+        unsafe { dev.lend_device_memory(base + 256, len) }.map_err(e)
     }
 
     /// The first host buffer is pinned by the engine (used as it is), the second plain memory
@@ -168,9 +168,9 @@ impl Lender<CudaDevice> for Engine {
         } else {
             self.pinned(len)?
         };
-        // SAFETY: the engine frees the memory only in `release`, after the wrappers dropped; the
-        // test touches it only through the backend meanwhile.
-        let buf = unsafe { dev.wrap_host_memory(p, len) }.map_err(e)?;
+        // SAFETY: the engine frees the memory only in `release`, after the lent buffers dropped;
+        // the test touches it only through the backend meanwhile.
+        let buf = unsafe { dev.lend_host_memory(p, len) }.map_err(e)?;
         if dev.registered_here(&buf) != second {
             return Err(format!(
                 "{} host memory was {}registered by the backend",
@@ -187,8 +187,8 @@ impl Lender<CudaDevice> for Engine {
 
     fn stream(&mut self, dev: &CudaDevice) -> Res<CudaStream> {
         let raw = self.stream()?;
-        // SAFETY: the engine destroys the stream only in `release`, after the wrapper dropped.
-        unsafe { dev.wrap_stream(raw) }.map_err(e)
+        // SAFETY: the engine destroys the stream only in `release`, after the lent stream dropped.
+        unsafe { dev.lend_stream(raw) }.map_err(e)
     }
 
     /// `cuMemcpyHtoDAsync` on the engine's own stream handle.
@@ -202,7 +202,7 @@ impl Lender<CudaDevice> for Engine {
     ) -> Res<()> {
         let raw = stream.raw_handle();
         if !self.streams.contains(&raw) {
-            return Err("the wrapped stream's handle is not the engine's".into());
+            return Err("the lent stream's handle is not the engine's".into());
         }
         let src = dev.pinned_address(src) as *const c_void;
         // SAFETY: `src` is a pinned buffer of at least `bytes` bytes (written by the scenario)
@@ -228,40 +228,40 @@ fn refusals(dev: &CudaDevice, engine: &mut Engine) -> Res<()> {
     let d = engine.device(4096)?;
     let pinned = engine.pinned(8192)?;
     let plain = engine.plain(8192)?;
-    // SAFETY: every call below is refused before anything is kept (and a wrapper accepted by
+    // SAFETY: every call below is refused before anything is kept (and a lent buffer accepted by
     // mistake is dropped at once, before the engine frees its memory).
     unsafe {
         expect(
             "device range past its allocation",
-            dev.wrap_device_memory(d, 4097).map(drop),
+            dev.lend_device_memory(d, 4097).map(drop),
         )?;
         expect(
             "misaligned device pointer",
-            dev.wrap_device_memory(d + 8, 64).map(drop),
+            dev.lend_device_memory(d + 8, 64).map(drop),
         )?;
         expect(
             "host memory passed as device memory",
-            dev.wrap_device_memory(pinned as u64, 64).map(drop),
+            dev.lend_device_memory(pinned as u64, 64).map(drop),
         )?;
         expect(
             "pageable memory passed as device memory",
-            dev.wrap_device_memory(plain as u64, 64).map(drop),
+            dev.lend_device_memory(plain as u64, 64).map(drop),
         )?;
         expect(
             "device memory passed as host memory",
-            dev.wrap_host_memory(d as *mut u8, 4096).map(drop),
+            dev.lend_host_memory(d as *mut u8, 4096).map(drop),
         )?;
         // Far past its allocation: whether or not the driver reports the extent of pinned memory,
         // the range ends in memory nobody mapped.
         expect(
             "pinned range far longer than its allocation",
-            dev.wrap_host_memory(pinned, 8192 + (1 << 40)).map(drop),
+            dev.lend_host_memory(pinned, 8192 + (1 << 40)).map(drop),
         )?;
         expect(
             "misaligned host memory",
-            dev.wrap_host_memory(plain.add(16), 4096).map(drop),
+            dev.lend_host_memory(plain.add(16), 4096).map(drop),
         )?;
-        expect("empty host range", dev.wrap_host_memory(plain, 0).map(drop))?;
+        expect("empty host range", dev.lend_host_memory(plain, 0).map(drop))?;
     }
     if memory_type(plain as u64).is_some() {
         return Err("a refused registration left the memory pinned".into());
@@ -278,8 +278,8 @@ fn run(dev: &CudaDevice) -> Res<()> {
         "ok: {} outputs identical on owned and on engine-owned memory and stream",
         owned.len()
     );
-    // The wrappers are gone: memory the backend registered is unregistered, the engine's own
-    // pinned memory is still pinned.
+    // The lent buffers and stream are gone: memory the backend registered is unregistered, the
+    // engine's own pinned memory is still pinned.
     for &(p, _) in &engine.plain {
         if memory_type(p as u64).is_some() {
             return Err("host memory registered by the backend is still pinned after drop".into());

@@ -17,7 +17,7 @@ fn lent_memory_is_read_and_written_in_place() {
     // SAFETY: `mem` outlives `buf` (dropped at the end of the block) and is only touched
     // through `buf` meanwhile.
     let mut buf = unsafe { CpuBuffer::from_raw_parts(mem.as_mut_ptr().cast(), 64) }.unwrap();
-    assert!(buf.is_borrowed());
+    assert!(buf.is_lent());
     assert_eq!(buf.address(), mem.as_ptr() as usize);
     dev.upload_i32(&mut buf, 4, &[7, -1, 9]).unwrap();
     let mut back = [0i32; 4];
@@ -110,7 +110,7 @@ fn unusable_ranges_are_typed_errors() {
     for (ptr, len, says) in cases {
         // SAFETY: every case is refused before the memory is used; `mem` is live meanwhile.
         let e = unsafe { CpuBuffer::from_raw_parts(ptr, len) }.unwrap_err();
-        assert!(matches!(e, CpuError::Foreign { .. }), "{e:?}");
+        assert!(matches!(e, CpuError::Lent { .. }), "{e:?}");
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         assert!(e.to_string().contains(says), "{e} should say {says}");
     }

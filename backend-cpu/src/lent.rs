@@ -2,7 +2,7 @@
 //! a tensor's storage), a shared-memory segment, or the host pool's region — the second and last
 //! module of this crate with `unsafe` code.
 //!
-//! [`BorrowedBytes`] is a pointer and a length the caller vouches for (see
+//! [`LentBytes`] is a pointer and a length the caller vouches for (see
 //! [`crate::CpuBuffer::from_raw_parts`]). It never frees the memory. Its views follow the same
 //! borrowing rules as [`crate::CpuBuffer`]'s own memory: shared views through `&self`, one
 //! mutable view through `&mut self`.
@@ -39,28 +39,28 @@ pub(crate) fn check_lent(ptr: *mut u8, len: usize) -> Result<NonNull<u8>, String
 /// the result, so the mapping outlives every view of it.
 pub(crate) fn of_segment(
     segment: &hisparse_host_memory::SharedSegment,
-) -> Result<BorrowedBytes, String> {
+) -> Result<LentBytes, String> {
     let start = check_lent(segment.addr().as_ptr(), segment.len())?;
     // SAFETY: the range passed `check_lent` and is the segment's live, zero-initialised,
     // read-write mapping, kept alive by the buffer that stores the segment beside these bytes.
     // Other processes write it too; the host pool's protocol (one writer per page, readers only
     // after the writer's completion reached them through a synchronisation point) keeps every
     // view this crate hands out, which lasts one call, free of concurrent writes to its bytes.
-    Ok(unsafe { BorrowedBytes::new(start, segment.len()) })
+    Ok(unsafe { LentBytes::new(start, segment.len()) })
 }
 
 /// The memory of a host pool region as a range. The caller stores `region` beside the result, so
 /// the mapping outlives every view of it.
-pub(crate) fn of_region(region: &hisparse_host_memory::HostRegion) -> BorrowedBytes {
+pub(crate) fn of_region(region: &hisparse_host_memory::HostRegion) -> LentBytes {
     // SAFETY: the region's memory is a private mapping of `len` bytes it reserved and zeroed
     // (page-aligned, so 16-byte aligned; `len <= isize::MAX` as a mapping), that nothing else
     // maps or references, and that lives until the region is dropped — after the buffer that
     // stores it beside these bytes is done with them.
-    unsafe { BorrowedBytes::new(region.addr(), region.len()) }
+    unsafe { LentBytes::new(region.addr(), region.len()) }
 }
 
 /// `len` bytes at `ptr` that someone else allocated and will free.
-pub(crate) struct BorrowedBytes {
+pub(crate) struct LentBytes {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -68,16 +68,16 @@ pub(crate) struct BorrowedBytes {
 // SAFETY: the lender guarantees (`CpuBuffer::from_raw_parts`) that nothing else reads or writes
 // the range while the buffer may be used, so it behaves like uniquely owned memory: moving it to
 // another thread is sound.
-unsafe impl Send for BorrowedBytes {}
+unsafe impl Send for LentBytes {}
 // SAFETY: shared access only yields `&[u8]`; mutation needs `&mut self`, as for `AlignedBytes`.
-unsafe impl Sync for BorrowedBytes {}
+unsafe impl Sync for LentBytes {}
 
-impl BorrowedBytes {
+impl LentBytes {
     /// # Safety
     ///
     /// The contract of [`crate::CpuBuffer::from_raw_parts`]; `ptr` passed [`check_lent`].
     pub(crate) unsafe fn new(ptr: NonNull<u8>, len: usize) -> Self {
-        BorrowedBytes { ptr, len }
+        LentBytes { ptr, len }
     }
 
     /// The bytes.
