@@ -323,6 +323,30 @@ HS_DEVICE bool hs_remap_where(const hs_remap_geo& g, const i32* bt, i32 tok, u32
     return col < g.max_blocks;
 }
 
+// Entries `v[q]` with `take[q]` set are looked up against the table row `bt` (the four table
+// loads in flight at once); the others keep their value. Returns how many of the four are not -1.
+HS_DEVICE u32 hs_remap_lookup4(const hs_remap_geo& g, const i32* bt, i32 (&v)[4],
+                               const bool (&take)[4]) {
+    u32 col[4], off[4];
+    bool look[4];
+#pragma unroll
+    for (u32 q = 0; q < 4; ++q) {
+        col[q] = off[q] = 0;
+        look[q] = take[q] && hs_remap_where(g, bt, v[q], col[q], off[q]);
+        if (take[q] && !look[q]) v[q] = -1;
+    }
+    i32 blk[4];
+#pragma unroll
+    for (u32 q = 0; q < 4; ++q) blk[q] = look[q] ? HS_LDG(bt + col[q]) : -1;
+    u32 n = 0;
+#pragma unroll
+    for (u32 q = 0; q < 4; ++q) {
+        if (look[q]) v[q] = hs_physical_row(blk[q], g.stride, off[q]);
+        n += v[q] != -1 ? 1u : 0u;
+    }
+    return n;
+}
+
 // The first pass of token row t: its request id and this thread's top-k vector (or entry), both
 // loads issued at once.
 HS_DEVICE void hs_remap_load(const i32* req_id, const i32* topk, u32 t, u32 top_k, u32 j0,
@@ -469,36 +493,23 @@ HS_DEVICE void hs_remap_rows(
                     }
                 }
             }
-            // Each entry's table column first, then every table load at once, then the rows: the
-            // four loads of a thread are in flight together.
-            u32 col[4], off[4];
-            bool look[4];
+            // Each entry's rule first (with modes), then every table load at once.
+            bool take[4];
 #pragma unroll
             for (u32 q = 0; q < 4; ++q) {
-                i32 tok = v[q];
-                v[q] = -1;
-                look[q] = false;
-                col[q] = off[q] = 0;
-                if (!(mine && q < per)) continue;
+                take[q] = false;
+                if (!(mine && q < per)) {
+                    v[q] = -1;
+                    continue;
+                }
                 if (MODES) {
                     bool done;
-                    tok = hs_remap_rule_apply(modes, rule, tok, done);
-                    if (done) {
-                        v[q] = tok;
-                        continue;
-                    }
+                    v[q] = hs_remap_rule_apply(modes, rule, v[q], done);
+                    if (done) continue;
                 }
-                look[q] = hs_remap_where(g, bt, tok, col[q], off[q]);
+                take[q] = true;
             }
-            i32 blk[4];
-#pragma unroll
-            for (u32 q = 0; q < 4; ++q) blk[q] = look[q] ? HS_LDG(bt + col[q]) : -1;
-            u32 n = 0;
-#pragma unroll
-            for (u32 q = 0; q < 4; ++q) {
-                if (look[q]) v[q] = hs_physical_row(blk[q], g.stride, off[q]);
-                n += v[q] != -1 ? 1u : 0u;
-            }
+            const u32 n = hs_remap_lookup4(g, bt, v, take);
             if (!compact) {
                 if (mine) {
                     if (vec) *(uint4*)(o + j0) = make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
@@ -558,6 +569,67 @@ HS_DEVICE void hs_remap_rows(
     }
 }
 
+// Whether a plain remap launch takes hs_remap_lean: no compaction, rows of whole 16-byte vectors
+// that one pass of the launch's tiles covers, and counts only with one tile per row (a row's
+// count is a block sum). Uniform over the launch.
+HS_DEVICE bool hs_remap_lean_fits(u32 flags, u32 top_k) {
+    if ((flags & HS_REMAP_COMPACT) != 0 || (top_k & 3u) != 0) return false;
+    if ((u64)HS_NTHREADS * 4u * HS_NBLOCKS_Y < (u64)top_k) return false;
+    return (flags & HS_REMAP_COUNTS) == 0 || HS_NBLOCKS_Y == 1;
+}
+
+// The decode-size remap (hs_remap_lean_fits): each thread one 16-byte vector of one row, its
+// request id and vector loaded together, its four table loads together, one vector store; the
+// row's count a block sum, the stats a warp sum and one atomic per warp. The same outputs as
+// hs_remap_rows<false>, in a fraction of its instructions: at decode sizes the kernel's time is
+// its dependent chain, so every instruction before the store counts.
+HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restrict__ block_table,
+                             const i32* __restrict__ topk, const i32* __restrict__ idx_mapping,
+                             i32* __restrict__ out, i32* __restrict__ counts,
+                             u32* __restrict__ stats, u32 num_tokens, u32 top_k, u32 table_rows,
+                             u32 max_blocks, u32 block_size, u32 block_stride_rows,
+                             u32 idx_mapping_len, u32 flags, u32* s_scan) {
+    if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);
+    hs_remap_geo g;
+    g.block_size = block_size;
+    g.max_blocks = max_blocks;
+    g.stride = block_stride_rows;
+    g.shift = hs_pow2_shift(block_size);
+    const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
+    const u32 j = (HS_BID_Y * HS_NTHREADS + HS_TID) * 4u;
+    const bool mine = j < top_k;
+    const bool take[4] = {mine, mine, mine, mine};
+    u32 phase = 0;
+    for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
+        const i32 req = HS_LDG(req_id + t);
+        i32 v[4] = {-1, -1, -1, -1};
+        if (mine) {
+            const uint4 a = HS_LDG((const uint4*)(topk + (u64)t * top_k + j));
+            v[0] = (i32)a.x;
+            v[1] = (i32)a.y;
+            v[2] = (i32)a.z;
+            v[3] = (i32)a.w;
+        }
+        const i32* bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
+                                           idx_mapping_len, flags);
+        const u32 n = hs_remap_lookup4(g, bt, v, take);
+        if (mine)
+            *(uint4*)(out + (u64)t * top_k + j) =
+                make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
+        if (want_counts) { // uniform; one tile per row
+            u32 total;
+            hs_block_scan1(n, s_scan, phase++, total);
+            if (HS_TID == 0) {
+                counts[t] = (i32)total;
+                if (stats != 0 && total != 0) atomicAdd(stats + 2, total);
+            }
+        } else if (stats != 0) { // uniform
+            const u32 w = hs_warp_inclusive(n);
+            if (HS_TID % HS_WARP == HS_WARP - 1u && w != 0) atomicAdd(stats + 2, w);
+        }
+    }
+}
+
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
@@ -567,6 +639,12 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     HS_DYN_SHARED(hs_remap_smem);
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
+    if (hs_remap_lean_fits(flags, top_k)) {
+        hs_remap_lean(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens, top_k,
+                      table_rows, max_blocks, block_size, block_stride_rows, idx_mapping_len, flags,
+                      s_scan);
+        return;
+    }
     const hs_remap_mode_set none = {0, 0, 0, 0, 0, 0};
     hs_remap_rows<false>(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens,
                          top_k, table_rows, max_blocks, block_size, block_stride_rows,
