@@ -6,7 +6,8 @@
 //! lines, in the order the backend binds them (`src/shaders.rs`); the script writes the
 //! declarations ([`expand_bindings`]): group 0, bindings numbered from 0 in that order through
 //! the whole assembled source (the resolvers' own bindings follow `resolve_common.wgsl`'s), the
-//! push constants `pc: Params` before the first.
+//! push constants `pc: Params` before the first. The shaders that run one invocation per item
+//! define `items()` and `item(i)` and get their entry point from `per_item.wgsl`.
 //!
 //! `gather.wgsl`, `gather_per_entry.wgsl`, `copy.wgsl` and `indexer_backup.wgsl` are templates
 //! over two pools, A (read) and B (written), each bound after the shader's own buffers as
@@ -280,18 +281,20 @@ fn main() {
     let dir = Path::new("shaders");
     println!("cargo:rerun-if-changed=shaders");
     let common = std::fs::read_to_string(dir.join("common.wgsl")).expect("common.wgsl");
-    for name in [
-        "remap",
-        "slot_mapping",
-        "invalidate",
-        "resolve_prep",
-        "resolve_order",
-        "resolve_stats",
-        "table_write",
-        "hot_reset",
+    // The entry point of the shaders that define `items` and `item` (one invocation per item).
+    let per_item = std::fs::read_to_string(dir.join("per_item.wgsl")).expect("per_item.wgsl");
+    for (name, entry) in [
+        ("remap", ""),
+        ("slot_mapping", per_item.as_str()),
+        ("invalidate", per_item.as_str()),
+        ("resolve_prep", per_item.as_str()),
+        ("resolve_order", per_item.as_str()),
+        ("resolve_stats", ""),
+        ("table_write", per_item.as_str()),
+        ("hot_reset", per_item.as_str()),
     ] {
         let src = std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).expect("shader");
-        compile(name, &format!("{common}\n{src}"), out_dir);
+        compile(name, &format!("{common}\n{src}\n{entry}"), out_dir);
     }
     // Both resolvers: the shared helpers, then their common parameters and bindings.
     let resolve_common =

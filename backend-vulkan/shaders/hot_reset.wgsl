@@ -43,16 +43,12 @@ fn entry(idx: u32, old: u32) -> u32 {
     return idx - owner * pc.slots;
 }
 
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let i = group_index(wid, nwg) * 256u + lid;
-    if (i >= pc.rows * pc.slots) {
-        return;
-    }
+// Items: one per (listed row, slot) (the entry point: per_item.wgsl).
+fn items() -> u32 {
+    return pc.rows * pc.slots;
+}
+
+fn item(i: u32) {
     let r = list[i / pc.slots];
     let e = i % pc.slots;
     let first = r * pc.slots;

@@ -13,16 +13,12 @@ struct Params {
 //@read idx_mapping: array<i32>
 //@read_write eff: array<i32>
 
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let t = group_index(wid, nwg) * 256u + lid;
-    if (t >= pc.num_tokens) {
-        return;
-    }
+// Items: one per token row (the entry point: per_item.wgsl).
+fn items() -> u32 {
+    return pc.num_tokens;
+}
+
+fn item(t: u32) {
     let b = req_id[t];
     var owner = b;
     if (b < 0 || u32(b) >= pc.num_requests) {

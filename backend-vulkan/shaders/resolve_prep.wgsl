@@ -11,16 +11,12 @@ struct Params {
 //@read_write info: array<u32>
 //@read_write perm: array<u32>
 
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let t = group_index(wid, nwg) * 256u + lid;
-    if (t >= pc.num_tokens) {
-        return;
-    }
+// Items: one per token row (the entry point: per_item.wgsl).
+fn items() -> u32 {
+    return pc.num_tokens;
+}
+
+fn item(t: u32) {
     let req = req_id[t];
     if (req < 0 || u32(req) >= pc.num_requests) {
         info[4u * t] = 0xffffffffu;

@@ -30,15 +30,11 @@ fn map_slot(position: i32, slot: i32, row: i32) -> i32 {
     return phys_row(block, bc, c % bc);
 }
 
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let t = group_index(wid, nwg) * 256u + lid;
-    if (t >= pc.num_tokens) {
-        return;
-    }
+// Items: one per token row (the entry point: per_item.wgsl).
+fn items() -> u32 {
+    return pc.num_tokens;
+}
+
+fn item(t: u32) {
     out_slots[t] = map_slot(positions[t], slot_mapping[t], table_row[t]);
 }

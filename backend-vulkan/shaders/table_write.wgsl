@@ -11,16 +11,12 @@ struct Params {
 //@read writes: array<vec2<i32>>
 //@read_write table: array<i32>
 
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let i = group_index(wid, nwg) * 256u + lid;
-    if (i >= pc.count) {
-        return;
-    }
+// Items: one per write (the entry point: per_item.wgsl).
+fn items() -> u32 {
+    return pc.count;
+}
+
+fn item(i: u32) {
     let w = writes[i];
     table[u32(w.x) - pc.base] = w.y;
 }
