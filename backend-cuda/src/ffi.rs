@@ -660,7 +660,9 @@ impl Stream {
         Ok(())
     }
 
-    /// Enqueues a copy of `n` bytes between device allocations.
+    /// Enqueues a copy of `n` bytes between device allocations, or within one (`src` and `dst`
+    /// the same allocation) between ranges that do not overlap (the caller checks that, as the
+    /// core's `check_copy_within` does).
     pub(crate) fn copy_dtod(
         &self,
         src: &DevMem,
@@ -673,36 +675,12 @@ impl Stream {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: both ranges lie inside live device allocations (asserted).
+        // SAFETY: both ranges lie inside live device allocations (asserted) and, within one
+        // allocation, do not overlap (the caller's check).
         check("cuMemcpyDtoDAsync", unsafe {
             sys::cuMemcpyDtoDAsync_v2(
                 dst.ptr + dst_off as u64,
                 src.ptr + src_off as u64,
-                n,
-                self.raw,
-            )
-        })
-    }
-
-    /// Enqueues a copy of `n` bytes from `mem[src_off..]` to `mem[dst_off..]` (disjoint ranges,
-    /// checked by the caller).
-    pub(crate) fn copy_within(
-        &self,
-        mem: &DevMem,
-        src_off: usize,
-        dst_off: usize,
-        n: usize,
-    ) -> Result<()> {
-        assert!(src_off + n <= mem.len && dst_off + n <= mem.len);
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: both ranges lie inside one live device allocation (asserted) and do not
-        // overlap (the caller ran the core's check_copy_within).
-        check("cuMemcpyDtoDAsync", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
-                mem.ptr + dst_off as u64,
-                mem.ptr + src_off as u64,
                 n,
                 self.raw,
             )
