@@ -112,80 +112,29 @@ impl WireValue for RefusedRequest {
     }
 }
 
-impl WireValue for TableUpdate {
-    const MIN_BYTES: u64 = 16;
-    fn put(&self, e: &mut Encoder<'_>) {
-        let TableUpdate {
-            slot,
-            group,
-            page,
-            block,
-        } = *self;
-        e.put_u32s([slot, group, page, block]);
-    }
-    fn take(d: &mut Decoder<'_>, field: &'static str) -> Result<Self, WireError> {
-        let [slot, group, page, block] = d.u32s(field)?;
-        Ok(TableUpdate {
-            slot,
-            group,
-            page,
-            block,
-        })
-    }
+/// [`WireValue`] for records of `u32` fields, written in field order (4 bytes each): the
+/// encoding of every such record, stated once.
+macro_rules! u32_records {
+    ($($ty:ident { $($field:ident),+ $(,)? })+) => {$(
+        impl WireValue for $ty {
+            const MIN_BYTES: u64 = 4 * [$(stringify!($field)),+].len() as u64;
+            fn put(&self, e: &mut Encoder<'_>) {
+                let $ty { $($field),+ } = *self;
+                e.put_u32s([$($field),+]);
+            }
+            fn take(d: &mut Decoder<'_>, field: &'static str) -> Result<Self, WireError> {
+                let [$($field),+] = d.u32s(field)?;
+                Ok($ty { $($field),+ })
+            }
+        }
+    )+};
 }
 
-impl WireValue for BlockPair {
-    const MIN_BYTES: u64 = 8;
-    fn put(&self, e: &mut Encoder<'_>) {
-        let BlockPair { src, dst } = *self;
-        e.put_u32s([src, dst]);
-    }
-    fn take(d: &mut Decoder<'_>, field: &'static str) -> Result<Self, WireError> {
-        let [src, dst] = d.u32s(field)?;
-        Ok(BlockPair { src, dst })
-    }
-}
-
-impl WireValue for PageTransfer {
-    const MIN_BYTES: u64 = 12;
-    fn put(&self, e: &mut Encoder<'_>) {
-        let PageTransfer {
-            bucket,
-            device_block,
-            host_block,
-        } = *self;
-        e.put_u32s([bucket, device_block, host_block]);
-    }
-    fn take(d: &mut Decoder<'_>, field: &'static str) -> Result<Self, WireError> {
-        let [bucket, device_block, host_block] = d.u32s(field)?;
-        Ok(PageTransfer {
-            bucket,
-            device_block,
-            host_block,
-        })
-    }
-}
-
-impl WireValue for RowSpan {
-    const MIN_BYTES: u64 = 16;
-    fn put(&self, e: &mut Encoder<'_>) {
-        let RowSpan {
-            device_block,
-            host_block,
-            first_row,
-            num_rows,
-        } = *self;
-        e.put_u32s([device_block, host_block, first_row, num_rows]);
-    }
-    fn take(d: &mut Decoder<'_>, field: &'static str) -> Result<Self, WireError> {
-        let [device_block, host_block, first_row, num_rows] = d.u32s(field)?;
-        Ok(RowSpan {
-            device_block,
-            host_block,
-            first_row,
-            num_rows,
-        })
-    }
+u32_records! {
+    TableUpdate { slot, group, page, block }
+    BlockPair { src, dst }
+    PageTransfer { bucket, device_block, host_block }
+    RowSpan { device_block, host_block, first_row, num_rows }
 }
 
 impl WireValue for HotAssignment {
