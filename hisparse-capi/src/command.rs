@@ -3,7 +3,7 @@
 
 use hisparse_core::coordinator::{OffloadCommand, PoolKind, RefusalReason};
 
-use crate::error::{HsStatus, deref, free_handle, guard, invalid, output, output_array};
+use crate::error::{HsStatus, answer_array, deref, free_handle, guard, invalid, output};
 
 /// One step's command (opaque): plain data for `hs_runtime_begin_step` / `hs_runtime_end_step`.
 /// Free with `hs_command_free`.
@@ -205,16 +205,12 @@ pub unsafe extern "C" fn hs_command_preempted(
     capacity: usize,
     count: *mut usize,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let (c, out) = unsafe {
-            (
-                &deref(command, "command")?.inner,
-                output_array(out, capacity, count, "out")?,
-            )
-        };
-        out.fill(&c.preempted)
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer_array(command, "command", out, capacity, count, |c| {
+            &c.inner.preempted
+        })
+    }
 }
 
 /// Refused request `index` of the command (`0 .. num_refused`).

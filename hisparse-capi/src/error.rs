@@ -368,6 +368,33 @@ pub(crate) unsafe fn output_array<'a, T>(
     })
 }
 
+/// The body of an entry point that answers an array of a handle's value: `array` of the value
+/// behind `handle` (named `what`), copied into `out` as [`OutArray::fill`] does.
+///
+/// # Safety
+///
+/// `handle` is NULL or points to a live `H` that nothing mutates during the call; `out`,
+/// `capacity` and `count` as [`output_array`] takes them.
+pub(crate) unsafe fn answer_array<H, T: Copy>(
+    handle: *const H,
+    what: &str,
+    out: *mut T,
+    capacity: usize,
+    count: *mut usize,
+    array: impl FnOnce(&H) -> &[T],
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (h, out) = unsafe {
+            (
+                deref(handle, what)?,
+                output_array(out, capacity, count, "out")?,
+            )
+        };
+        out.fill(array(h))
+    })
+}
+
 /// Refuses an element count whose bytes exceed what one Rust slice may span (`isize::MAX`):
 /// such a length cannot describe caller memory, and building a slice of it would be undefined.
 fn check_len<T>(len: usize, what: &str) -> Result<(), Failure> {

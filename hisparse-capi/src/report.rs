@@ -6,7 +6,7 @@
 use hisparse_runtime::WorkerReport;
 
 use crate::coordinator::HsCoordinator;
-use crate::error::{HsStatus, deref, free_handle, guard, handle, output, output_array};
+use crate::error::{HsStatus, answer_array, deref, free_handle, guard, handle, output};
 use crate::exclusive::enter;
 use crate::runtime::HsRuntime;
 
@@ -130,16 +130,12 @@ pub unsafe extern "C" fn hs_report_enqueued(
     capacity: usize,
     count: *mut usize,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let (r, out) = unsafe {
-            (
-                &deref(report, "report")?.inner,
-                output_array(out, capacity, count, "out")?,
-            )
-        };
-        out.fill(&r.enqueued)
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer_array(report, "report", out, capacity, count, |r| {
+            &r.inner.enqueued
+        })
+    }
 }
 
 /// The transfer ids the report says completed, oldest first (as `hs_report_enqueued`).
@@ -154,16 +150,12 @@ pub unsafe extern "C" fn hs_report_completed(
     capacity: usize,
     count: *mut usize,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let (r, out) = unsafe {
-            (
-                &deref(report, "report")?.inner,
-                output_array(out, capacity, count, "out")?,
-            )
-        };
-        out.fill(&r.completed)
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer_array(report, "report", out, capacity, count, |r| {
+            &r.inner.completed
+        })
+    }
 }
 
 /// Frees a report (NULL is ignored).

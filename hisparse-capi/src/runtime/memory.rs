@@ -9,7 +9,8 @@ use hisparse_runtime::AnyBuffer;
 
 use super::HsRuntime;
 use crate::error::{
-    HsStatus, deref, deref_mut, free_handle, guard, handle, invalid, output, slice, slice_mut,
+    Failure, HsStatus, deref, deref_mut, free_handle, guard, handle, invalid, output, slice,
+    slice_mut,
 };
 use crate::exclusive::enter;
 
@@ -166,6 +167,13 @@ pub unsafe extern "C" fn hs_buffer_free(buffer: *mut HsBuffer) {
     unsafe { free_handle(buffer) }
 }
 
+/// The byte offset of int32 element `offset`.
+fn i32_offset(offset: usize) -> Result<usize, Failure> {
+    offset
+        .checked_mul(4)
+        .ok_or_else(|| invalid("offset overflows"))
+}
+
 /// Writes `len` int32 values into `buffer` from element `offset` on, synchronously.
 ///
 /// # Safety
@@ -189,10 +197,9 @@ pub unsafe extern "C" fn hs_buffer_upload_i32(
                 slice(values, len, "values")?,
             )
         };
-        let at = offset
-            .checked_mul(4)
-            .ok_or_else(|| invalid("offset overflows"))?;
-        Ok(r.rt.device().upload_i32(&mut b.buf, at, v)?)
+        Ok(r.rt
+            .device()
+            .upload_i32(&mut b.buf, i32_offset(offset)?, v)?)
     })
 }
 
@@ -218,9 +225,8 @@ pub unsafe extern "C" fn hs_buffer_download_i32(
                 slice_mut(out, len, "out")?,
             )
         };
-        let at = offset
-            .checked_mul(4)
-            .ok_or_else(|| invalid("offset overflows"))?;
-        Ok(r.rt.device().download_i32(&b.buf, at, out)?)
+        Ok(r.rt
+            .device()
+            .download_i32(&b.buf, i32_offset(offset)?, out)?)
     })
 }
