@@ -107,9 +107,9 @@ struct hs_wanted {
 
 // hisparse_core::ops::physical_row.
 HS_DEVICE i32 hs_physical_row(i32 block, u32 stride_rows, u32 offset) {
-    if (block < 0) return -1;
-    i64 row = (i64)block * (i64)stride_rows + (i64)offset;
-    return row > HS_I32_MAX ? -1 : (i32)row;
+    // A select, not a branch: the remap's lookups run this on their dependent chain.
+    const i64 row = (i64)block * (i64)stride_rows + (i64)offset;
+    return block >= 0 && row <= HS_I32_MAX ? (i32)row : -1;
 }
 
 // PageLayout::locate: flat row -> (block, offset); false outside the pool or another layer's part.
@@ -288,51 +288,59 @@ struct hs_remap_geo {
     u32 shift; // log2(block_size) when it is a power of two, else 32
 };
 
-// The block-table row of request `req` (through idx_mapping when HS_REMAP_HAS_MAP), or null for
-// a padding row.
+// The block-table row of request `req` (through idx_mapping when MAP), or -1 for a padding row.
+// Selects, not branches: at decode sizes the remap's time is its dependent chain.
+template <bool MAP>
+HS_DEVICE i32 hs_remap_row_of(i32 req, const i32* idx_mapping, u32 table_rows,
+                              u32 idx_mapping_len) {
+    if (MAP) {
+        const bool mapped = req >= 0 && (u32)req < idx_mapping_len;
+        const i32 m = mapped ? HS_LDG(idx_mapping + req) : -1;
+        return m >= 0 && (u32)m < table_rows ? m : -1;
+    }
+    return req >= 0 && (u32)req < table_rows ? req : -1;
+}
+
+// The block-table row of request `req` as a pointer (null: padding), HS_REMAP_HAS_MAP read from
+// `flags`.
 HS_DEVICE const i32* hs_remap_table_row(i32 req, const i32* block_table, const i32* idx_mapping,
                                         u32 table_rows, u32 max_blocks, u32 idx_mapping_len,
                                         u32 flags) {
-    i64 row = -1;
-    if (req >= 0) {
-        if (flags & HS_REMAP_HAS_MAP) {
-            if ((u32)req < idx_mapping_len) {
-                const i32 m = HS_LDG(idx_mapping + req);
-                if (m >= 0 && (u32)m < table_rows) row = m;
-            }
-        } else if ((u32)req < table_rows) {
-            row = req;
-        }
-    }
+    const i32 row = (flags & HS_REMAP_HAS_MAP)
+                        ? hs_remap_row_of<true>(req, idx_mapping, table_rows, idx_mapping_len)
+                        : hs_remap_row_of<false>(req, idx_mapping, table_rows, idx_mapping_len);
     return row >= 0 ? block_table + (u64)row * max_blocks : 0;
 }
 
 // Where top-k entry `tok` is found against the table row `bt` (null: padding): its block-table
-// column and offset in the block, or false when the output is -1 without a table load. The load
-// itself is the caller's, so that a thread's four entries issue their loads back to back (one
-// round trip, not four).
+// column and offset in the block, or false when the output is -1 without a table load. POW2: the
+// block size is a power of two (g.shift < 32), so a shift and a mask split the entry. No branch:
+// at decode sizes the kernels' time is their dependent chain, and a branch costs a convergence
+// barrier on it. The load itself is the caller's, so that a thread's four entries issue their
+// loads back to back (one round trip, not four).
+template <bool POW2>
 HS_DEVICE bool hs_remap_where(const hs_remap_geo& g, const i32* bt, i32 tok, u32& col, u32& off) {
-    if (bt == 0 || tok < 0) return false;
-    if (g.shift < 32) {
-        col = (u32)tok >> g.shift;
-        off = (u32)tok & (g.block_size - 1);
+    const u32 u = (u32)tok;
+    if (POW2) {
+        col = u >> g.shift;
+        off = u & (g.block_size - 1);
     } else {
-        col = (u32)tok / g.block_size;
-        off = (u32)tok % g.block_size;
+        col = u / g.block_size;
+        off = u % g.block_size;
     }
-    return col < g.max_blocks;
+    return bt != 0 && tok >= 0 && col < g.max_blocks;
 }
 
 // Entries `v[q]` with `take[q]` set are looked up against the table row `bt` (the four table
 // loads in flight at once); the others keep their value. Returns how many of the four are not -1.
+template <bool POW2>
 HS_DEVICE u32 hs_remap_lookup4(const hs_remap_geo& g, const i32* bt, i32 (&v)[4],
                                const bool (&take)[4]) {
     u32 col[4], off[4];
     bool look[4];
 #pragma unroll
     for (u32 q = 0; q < 4; ++q) {
-        col[q] = off[q] = 0;
-        look[q] = take[q] && hs_remap_where(g, bt, v[q], col[q], off[q]);
+        look[q] = take[q] && hs_remap_where<POW2>(g, bt, v[q], col[q], off[q]);
         if (take[q] && !look[q]) v[q] = -1;
     }
     i32 blk[4];
@@ -341,7 +349,8 @@ HS_DEVICE u32 hs_remap_lookup4(const hs_remap_geo& g, const i32* bt, i32 (&v)[4]
     u32 n = 0;
 #pragma unroll
     for (u32 q = 0; q < 4; ++q) {
-        if (look[q]) v[q] = hs_physical_row(blk[q], g.stride, off[q]);
+        const i32 row = hs_physical_row(blk[q], g.stride, off[q]);
+        v[q] = look[q] ? row : v[q];
         n += v[q] != -1 ? 1u : 0u;
     }
     return n;
@@ -509,7 +518,8 @@ HS_DEVICE void hs_remap_rows(
                 }
                 take[q] = true;
             }
-            const u32 n = hs_remap_lookup4(g, bt, v, take);
+            const u32 n = g.shift < 32 ? hs_remap_lookup4<true>(g, bt, v, take)
+                                       : hs_remap_lookup4<false>(g, bt, v, take);
             if (!compact) {
                 if (mine) {
                     if (vec) *(uint4*)(o + j0) = make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
@@ -583,13 +593,13 @@ HS_DEVICE bool hs_remap_lean_fits(u32 flags, u32 top_k) {
 // row's count a block sum, the stats a warp sum and one atomic per warp. The same outputs as
 // hs_remap_rows<false>, in a fraction of its instructions: at decode sizes the kernel's time is
 // its dependent chain, so every instruction before the store counts.
+template <bool POW2, bool MAP>
 HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restrict__ block_table,
                              const i32* __restrict__ topk, const i32* __restrict__ idx_mapping,
                              i32* __restrict__ out, i32* __restrict__ counts,
                              u32* __restrict__ stats, u32 num_tokens, u32 top_k, u32 table_rows,
                              u32 max_blocks, u32 block_size, u32 block_stride_rows,
                              u32 idx_mapping_len, u32 flags, u32* s_scan) {
-    if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);
     hs_remap_geo g;
     g.block_size = block_size;
     g.max_blocks = max_blocks;
@@ -610,9 +620,9 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
             v[2] = (i32)a.z;
             v[3] = (i32)a.w;
         }
-        const i32* bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
-                                           idx_mapping_len, flags);
-        const u32 n = hs_remap_lookup4(g, bt, v, take);
+        const i32 row = hs_remap_row_of<MAP>(req, idx_mapping, table_rows, idx_mapping_len);
+        const i32* bt = row >= 0 ? block_table + (u64)row * max_blocks : 0;
+        const u32 n = hs_remap_lookup4<POW2>(g, bt, v, take);
         if (mine)
             *(uint4*)(out + (u64)t * top_k + j) =
                 make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
@@ -628,6 +638,8 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
             if (HS_TID % HS_WARP == HS_WARP - 1u && w != 0) atomicAdd(stats + 2, w);
         }
     }
+    // The call, counted last: nothing waits for it, so it stays off the rows' dependent chain.
+    if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);
 }
 
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
@@ -640,9 +652,18 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     if (hs_remap_lean_fits(flags, top_k)) {
-        hs_remap_lean(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens, top_k,
-                      table_rows, max_blocks, block_size, block_stride_rows, idx_mapping_len, flags,
-                      s_scan);
+        // Four instantiations, one taken per launch (uniform): a power-of-two block size splits
+        // entries with a shift, and a row without idx_mapping takes no mapping load.
+        const bool pow2 = hs_pow2_shift(block_size) < 32, map = (flags & HS_REMAP_HAS_MAP) != 0;
+#define HS_REMAP_LEAN(P, M)                                                                    \
+    hs_remap_lean<P, M>(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens, \
+                        top_k, table_rows, max_blocks, block_size, block_stride_rows,          \
+                        idx_mapping_len, flags, s_scan)
+        if (pow2 && !map) HS_REMAP_LEAN(true, false);
+        else if (pow2) HS_REMAP_LEAN(true, true);
+        else if (!map) HS_REMAP_LEAN(false, false);
+        else HS_REMAP_LEAN(false, true);
+#undef HS_REMAP_LEAN
         return;
     }
     const hs_remap_mode_set none = {0, 0, 0, 0, 0, 0};
