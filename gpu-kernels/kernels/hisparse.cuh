@@ -288,6 +288,16 @@ struct hs_remap_geo {
     u32 shift; // log2(block_size) when it is a power of two, else 32
 };
 
+// The geometry of a remap's block table (one rule for every remap path).
+HS_DEVICE hs_remap_geo hs_remap_geo_make(u32 block_size, u32 max_blocks, u32 block_stride_rows) {
+    hs_remap_geo g;
+    g.block_size = block_size;
+    g.max_blocks = max_blocks;
+    g.stride = block_stride_rows;
+    g.shift = hs_pow2_shift(block_size);
+    return g;
+}
+
 // The block-table row of request `req` (through idx_mapping when MAP), or -1 for a padding row.
 // Selects, not branches: at decode sizes the remap's time is its dependent chain.
 template <bool MAP>
@@ -431,11 +441,7 @@ HS_DEVICE void hs_remap_rows(
     u32 flags, const hs_remap_mode_set& modes, i32* s_row, u32* s_scan) {
     if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0)
         atomicAdd(stats + 3, 1u); // the call
-    hs_remap_geo g;
-    g.block_size = block_size;
-    g.max_blocks = max_blocks;
-    g.stride = block_stride_rows;
-    g.shift = hs_pow2_shift(block_size);
+    const hs_remap_geo g = hs_remap_geo_make(block_size, max_blocks, block_stride_rows);
     const bool compact = (flags & HS_REMAP_COMPACT) != 0;
     const bool staged = compact && (flags & HS_REMAP_STAGED) != 0;
     const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
@@ -600,11 +606,7 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
                              u32* __restrict__ stats, u32 num_tokens, u32 top_k, u32 table_rows,
                              u32 max_blocks, u32 block_size, u32 block_stride_rows,
                              u32 idx_mapping_len, u32 flags, u32* s_scan) {
-    hs_remap_geo g;
-    g.block_size = block_size;
-    g.max_blocks = max_blocks;
-    g.stride = block_stride_rows;
-    g.shift = hs_pow2_shift(block_size);
+    const hs_remap_geo g = hs_remap_geo_make(block_size, max_blocks, block_stride_rows);
     const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
     const u32 j = (HS_BID_Y * HS_NTHREADS + HS_TID) * 4u;
     const bool mine = j < top_k;
