@@ -596,7 +596,7 @@ HS_DEVICE bool hs_remap_lean_fits(u32 flags, u32 top_k) {
 
 // The decode-size remap (hs_remap_lean_fits): each thread one 16-byte vector of one row, its
 // request id and vector loaded together, its four table loads together, one vector store; the
-// row's count a block sum, the stats a warp sum and one atomic per warp. The same outputs as
+// row's count a block sum, the stats one block sum and one atomic per block. The same outputs as
 // hs_remap_rows<false>, in a fraction of its instructions: at decode sizes the kernel's time is
 // its dependent chain, so every instruction before the store counts.
 template <bool POW2, bool MAP>
@@ -612,6 +612,7 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
     const bool mine = j < top_k;
     const bool take[4] = {mine, mine, mine, mine};
     u32 phase = 0;
+    u32 counted = 0; // this thread's valid entries, for the stats without counts
     for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
         const i32 req = HS_LDG(req_id + t);
         i32 v[4] = {-1, -1, -1, -1};
@@ -635,13 +636,20 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
                 counts[t] = (i32)total;
                 if (stats != 0 && total != 0) atomicAdd(stats + 2, total);
             }
-        } else if (stats != 0) { // uniform
-            const u32 w = hs_warp_inclusive(n);
-            if (HS_TID % HS_WARP == HS_WARP - 1u && w != 0) atomicAdd(stats + 2, w);
+        } else {
+            counted += n;
         }
     }
-    // The call, counted last: nothing waits for it, so it stays off the rows' dependent chain.
-    if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);
+    // The stats last, off the rows' dependent chain: the block's valid entries in one atomic
+    // (one per warp would queue thousands of atomics on one word at large batches), then the call.
+    if (stats != 0) { // uniform
+        if (!want_counts) {
+            u32 total;
+            hs_block_scan1(counted, s_scan, phase, total);
+            if (HS_TID == 0 && total != 0) atomicAdd(stats + 2, total);
+        }
+        if (HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);
+    }
 }
 
 HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
