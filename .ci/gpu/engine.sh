@@ -15,6 +15,9 @@
 #   host-overhead    host µs per eager per-layer call, 1-256 requests, beside its GPU time
 #   remap-vs-vllm    the all-resident remap beside vLLM's Triton remap, same inputs, CUDA graphs
 #                    (hisparse-py/bench/remap_vs_vllm.py), outputs bit-compared
+#   split-attention  FlashMLA split at the misses (hits while the misses are gathered, then the
+#                    misses, merged by LSE) beside the swap-in-then-attend path
+#                    (hisparse-py/bench/split_attention.py)
 #   host-pool        the pool registered on the GPU (test), then set-up/release at 8 and 64 GiB
 #                    beside the same run's memset, and PyTorch's pin_memory at 64 GiB
 #
@@ -58,6 +61,7 @@ run_section flashmla-v4 60 python3 examples/flashmla_decode.py --format v4 --jso
 run_section capi-engine 60 sh -c "cc -std=c11 -Wall -Wextra -Werror -I hisparse-capi/include hisparse-capi/examples/engine.c $bin/libhisparse_capi.a -lpthread -ldl -lm -o /tmp/hs-engine && /tmp/hs-engine cuda"
 run_section host-overhead 40 python3 hisparse-py/bench/host_overhead.py --backend cuda --json "$out/host_overhead.json"
 run_section remap-vs-vllm 90 python3 hisparse-py/bench/remap_vs_vllm.py --sparse-utils "$bin/sparse_utils.py" --json "$out/remap-vs-vllm.json"
+run_section split-attention 90 python3 hisparse-py/bench/split_attention.py --flashmla-lib "$HISPARSE_FLASHMLA_LIB" --json "$out/split-attention.json"
 run_section host-pool-test 40 "$bin/cuda-host-pool"
 run_section host-pool-bench 90 sh -c "'$bin/hisparse' bench --backend cuda --host-pool 8GiB,64GiB --json > '$out/host-pool.json'"
 run_section host-pool-torch 150 python3 scripts/bench/host_pool.py --backend cuda --sizes 64GiB --json "$out/host-pool-python.json"
