@@ -446,6 +446,8 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    // Accepted twins (CONTRIBUTING.md, "One rule, one place"): the three bulk copies share the
+    // Device trait's signature shape; each moves bytes in its own direction.
     fn copy_to_device(
         &self,
         _stream: &CpuStream,

@@ -749,6 +749,8 @@ impl Device for CudaDevice {
         self.execute(stream, plan)
     }
 
+    // Accepted twins (CONTRIBUTING.md, "One rule, one place"): the three bulk copies share the
+    // Device trait's signature shape; each moves bytes in its own direction.
     fn copy_to_device(
         &self,
         stream: &CudaStream,

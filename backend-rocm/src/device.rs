@@ -554,6 +554,8 @@ impl Device for RocmDevice {
         )
     }
 
+    // Accepted twins (CONTRIBUTING.md, "One rule, one place"): the three bulk copies share the
+    // Device trait's signature shape; each moves bytes in its own direction.
     fn copy_to_device(
         &self,
         stream: &RocmStream,

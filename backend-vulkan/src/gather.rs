@@ -23,6 +23,8 @@ use crate::{Result, VulkanBuffer, VulkanDevice, VulkanError, VulkanHostBuffer, u
 
 /// Which shader runs `gather_rows` (both give identical results;
 /// [`VulkanOptions::gather_kernel`](crate::VulkanOptions)).
+// Accepted twin of copies.rs's CopyEngine (CONTRIBUTING.md, "One rule, one place"):
+// an option enum and its stored byte, named values of its own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(u8)]
 pub enum GatherKernel {

@@ -698,6 +698,8 @@ impl Device for VulkanDevice {
         self.ctx.query_event(e)
     }
 
+    // Accepted twins (CONTRIBUTING.md, "One rule, one place"): the three bulk copies share the
+    // Device trait's signature shape; each moves bytes in its own direction.
     fn copy_to_device(
         &self,
         stream: &VulkanStream,

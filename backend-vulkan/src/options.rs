@@ -150,6 +150,8 @@ impl VulkanOptions {
             _ => Err(bad()),
         };
         match name {
+            // Accepted twins (CONTRIBUTING.md, "One rule, one place"): parsers of named options,
+            // each option's value names mapped to its own enum.
             "strict-validation" => self.strict_validation = flag()?,
             "profile" => self.profile = flag()?,
             "queues" => {

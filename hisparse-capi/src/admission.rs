@@ -94,6 +94,8 @@ pub struct HsNeeds {
 /// # Safety
 ///
 /// `coordinator` is a live handle; `out` points to writable memory for an `HsAdmission`.
+// Accepted twin of scheduling.rs's hs_coordinator_start and hs_coordinator_schedule (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_coordinator_can_start(
     coordinator: *const HsCoordinator,

@@ -164,6 +164,8 @@ pub unsafe extern "C" fn hs_command_info(
 /// # Safety
 ///
 /// `command` is a live handle; `out` points to writable memory for an `HsScheduledRequest`.
+// Accepted twin of hs_command_refused and report.rs's array answers (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_command_scheduled(
     command: *const HsCommand,

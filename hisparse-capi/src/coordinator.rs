@@ -9,7 +9,7 @@ use crate::error::{
     output_opt, slice, slice_mut,
 };
 use crate::exclusive::{Exclusive, Handle, enter};
-use crate::layout::HsLayout;
+use crate::layout::{HsLayout, in_layout};
 
 /// The scheduler side of HiSparse for one model instance (opaque). Free with
 /// `hs_coordinator_free`.
@@ -154,6 +154,8 @@ pub unsafe extern "C" fn hs_coordinator_free(coordinator: *mut HsCoordinator) {
 ///
 /// `coordinator` is a live handle used by no other thread meanwhile; `prompt` points to `len`
 /// tokens (NULL allowed when `len` is 0).
+// Accepted twin of the entry points beside it (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_coordinator_admit(
     coordinator: *mut HsCoordinator,
@@ -490,12 +492,7 @@ pub unsafe extern "C" fn hs_coordinator_block_table_row(
     // SAFETY: forwarded contract.
     unsafe {
         table_row(coordinator, out, len, |c, out| {
-            let groups = c.layout().groups.len();
-            if group >= groups {
-                return Err(invalid(format!(
-                    "group {group} is not part of the layout ({groups} groups)"
-                )));
-            }
+            in_layout(group, c.layout().groups.len(), "group")?;
             Ok(c.block_table_row(id, group, out)?)
         })
     }
@@ -518,12 +515,7 @@ pub unsafe extern "C" fn hs_coordinator_hot_row(
     // SAFETY: forwarded contract.
     unsafe {
         table_row(coordinator, out, len, |c, out| {
-            let buckets = c.layout().num_buckets;
-            if bucket >= buckets {
-                return Err(invalid(format!(
-                    "bucket {bucket} is not part of the layout ({buckets} buckets)"
-                )));
-            }
+            in_layout(bucket as usize, c.layout().num_buckets as usize, "bucket")?;
             Ok(c.hot_row(id, bucket, out)?)
         })
     }

@@ -17,7 +17,8 @@ use hisparse_runtime::plan::PlanError;
 use hisparse_runtime::{AnyError, OpenError, RuntimeError};
 
 // The header's `HsStatus` (include/hisparse.h) is generated from this enum by cbindgen: a
-// generated twin, not a second list (tests/header.rs fails when the header is stale).
+// generated twin (CONTRIBUTING.md, "One rule, one place"), not a second list (tests/header.rs
+// fails when the header is stale).
 /// What an entry point returns. `HS_STATUS_OK` is success; every other value comes with a
 /// message from `hs_last_error()`.
 #[repr(C)]

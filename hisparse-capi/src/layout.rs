@@ -266,6 +266,18 @@ pub unsafe extern "C" fn hs_layout_info(
     }
 }
 
+/// Refuses `index` unless it is one of the layout's `count` `what`s (groups, buckets, …),
+/// naming how many there are.
+pub(crate) fn in_layout(index: usize, count: usize, what: &str) -> Result<(), Failure> {
+    if index < count {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{what} {index} is not part of the layout ({count} {what}s)"
+        )))
+    }
+}
+
 /// Index group `group`'s leader, size and bucket.
 ///
 /// # Safety
@@ -280,12 +292,8 @@ pub unsafe extern "C" fn hs_layout_index_group(
     // SAFETY: forwarded contract.
     unsafe {
         answer(layout, out, "out", |kv| {
-            let g = kv.index_groups.get(group).ok_or_else(|| {
-                invalid(format!(
-                    "index group {group} is not part of the layout ({} groups)",
-                    kv.index_groups.len()
-                ))
-            })?;
+            in_layout(group, kv.index_groups.len(), "index group")?;
+            let g = &kv.index_groups[group];
             Ok(HsIndexGroupInfo {
                 leader: g.leader,
                 num_layers: g.layers.len() as u32,

@@ -123,6 +123,8 @@ pub unsafe extern "C" fn hs_report_info(
 ///
 /// `report` is a live handle; `out` is NULL or points to `capacity` writable ids; `count`
 /// points to writable memory.
+// Accepted twin of command.rs's hs_command_preempted (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_report_enqueued(
     report: *const HsReport,

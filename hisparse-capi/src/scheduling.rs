@@ -78,6 +78,8 @@ unsafe fn allocate(
 ///
 /// `coordinator` is a live handle used by no other thread meanwhile; `outcome` points to
 /// writable memory for an `HsAlloc`.
+// Accepted twin of admission.rs's hs_coordinator_can_start and hs_coordinator_can_schedule (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_coordinator_start(
     coordinator: *mut HsCoordinator,

@@ -5,7 +5,7 @@
 use hisparse_core::layout::GroupKind;
 
 use crate::error::{HsStatus, invalid};
-use crate::layout::{HsLayout, answer};
+use crate::layout::{HsLayout, answer, in_layout};
 
 /// What a layout group holds.
 #[repr(C)]
@@ -104,12 +104,8 @@ pub unsafe extern "C" fn hs_layout_group(
     // SAFETY: forwarded contract.
     unsafe {
         answer(layout, out, "out", |kv| {
-            let g = kv.groups.get(group).ok_or_else(|| {
-                invalid(format!(
-                    "group {group} is not part of the layout ({} groups)",
-                    kv.groups.len()
-                ))
-            })?;
+            in_layout(group, kv.groups.len(), "group")?;
+            let g = &kv.groups[group];
             Ok(HsGroupInfo {
                 kind: g.kind.into(),
                 bucket: g.bucket.map_or(-1, |b| b as i32),

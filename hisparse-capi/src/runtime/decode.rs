@@ -163,6 +163,8 @@ fn batch_call(
 /// `runtime`, `topk` and `rows` are live handles (buffers of the runtime's device), `counts`
 /// NULL or one; `runtime` is used by no other thread meanwhile; `stream` is NULL or a live
 /// stream of the device that outlives the runtime.
+// Accepted twin of the resolve entry points below (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_runtime_resolve_index_group(
     runtime: *mut HsRuntime,

@@ -180,6 +180,8 @@ fn i32_offset(offset: usize) -> Result<usize, Failure> {
 ///
 /// `runtime` and `buffer` are live handles (the buffer of the runtime's device); `values`
 /// holds `len` values.
+// Accepted twin of the typed uploads and downloads below (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_buffer_upload_i32(
     runtime: *const HsRuntime,

@@ -23,6 +23,8 @@ use crate::exclusive::{enter, enter_opt};
 /// `runtime` and `command` are live handles; `runtime` is used by no other thread meanwhile;
 /// `stream` is NULL or a live stream of the runtime's device that outlives the runtime (it is
 /// lent to the runtime on first use).
+// Accepted twin of the step entry points below (CONTRIBUTING.md, "One rule, one place"): C entry points
+// of one signature shape, each body one call into a shared helper.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hs_runtime_begin_step(
     runtime: *mut HsRuntime,

@@ -185,6 +185,8 @@ pub trait Device {
 
     /// Writes `src` as native-endian `i32`s into `dst` at byte `offset`. Synchronous, like
     /// [`Device::upload`].
+    // Accepted twins (CONTRIBUTING.md, "One rule, one place"): the typed uploads and downloads
+    // share one signature shape; each is one call into upload_typed or download_typed.
     fn upload_i32(
         &self,
         dst: &mut Self::Buffer,
@@ -229,6 +231,8 @@ pub trait Device {
 
     /// Enqueues a contiguous copy of `bytes` from pinned `src` to device `dst`. This is the bulk
     /// host→device path (and the bandwidth ceiling the benches compare against).
+    // Accepted twins (CONTRIBUTING.md, "One rule, one place"): the three bulk copies share the
+    // Device trait's signature shape; each moves bytes in its own direction.
     fn copy_to_device(
         &self,
         stream: &Self::Stream,

@@ -322,6 +322,9 @@ impl Runtime {
     /// (int32 `[num_tokens]`) receives the valid entries per row when given. `state_rows`
     /// (int32 `[num_tokens]`) overrides the batch of `set_batch`. On `stream` (default: the
     /// caller's current stream); recorded into a graph when that stream is being captured.
+    // Accepted twins (CONTRIBUTING.md, "One rule, one place"): the three top-k entry points
+    // (resolve_index_group, resolve_leader, remap_prefill) share their Python signature; each
+    // body is one call into one_shot with its own operation.
     #[pyo3(signature = (group, topk, rows, counts = None, *, num_tokens = None, state_rows = None, stream = None))]
     #[allow(clippy::too_many_arguments)]
     fn resolve_index_group(

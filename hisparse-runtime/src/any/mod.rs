@@ -466,8 +466,8 @@ where
 }
 
 // Dispatch arms: every method forwards to the same method of the variant's backend through
-// `dispatch!` (accepted twins, see the duplicates policy: methods of one signature shape, such as
-// the three bulk copies, read alike).
+// `dispatch!` (accepted twins, CONTRIBUTING.md, "One rule, one place": methods of one signature
+// shape, such as the three bulk copies, read alike).
 impl Device for AnyDevice {
     type Error = AnyError;
     type Buffer = AnyBuffer;
