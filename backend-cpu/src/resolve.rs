@@ -8,7 +8,9 @@
 //! request. The entry classification and the hot-row arithmetic are the core's own
 //! ([`ResolveDesc::classify_rows`], [`ResolveDesc::hot_row`]). In batch-row order the owners of
 //! the state rows are found with one sort of `idx_mapping` ([`owned_state_rows`]) instead of the
-//! reference's scan of the batch rows before each one.
+//! reference's scan of the batch rows before each one. It does not call the reference's
+//! request loop, which it is checked against: where the two read alike they are accepted twins
+//! (CONTRIBUTING.md, "One rule, one place").
 
 use hisparse_core::ops::ResolveDesc;
 use hisparse_core::ops::resolve::{Entry, RequestRows};
