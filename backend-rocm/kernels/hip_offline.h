@@ -1,6 +1,6 @@
 // HiSparse kernels: the HIP device environment for an offline build with clang and no ROCm
 // headers (`clang -x hip -nogpuinc -nogpulib`). hiprtc provides all of this itself; this header
-// provides exactly what vendor_hip.h and hisparse.cuh use, with clang builtins, so the code objects
+// provides exactly what vendor_hip.h and the kernel source use, with clang builtins, so the code objects
 // embedded in the ROCm backend build anywhere clang has the AMDGPU target.
 //
 // Definitions follow the HIP headers (amd_hip_runtime.h, amd_device_functions.h,

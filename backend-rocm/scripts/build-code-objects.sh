@@ -23,9 +23,24 @@ out=backend-rocm/kernels
 mode=${1:-build}
 case "$mode" in
     build) dest=$out ;;
-    --check) dest=$(mktemp -d); trap 'rm -rf "$dest"' EXIT ;;
+    --check) dest=$(mktemp -d); scratch=$dest ;;
     *) echo "usage: $0 [--check]" >&2; exit 2 ;;
 esac
+
+# The kernel source's parts in order, from the one list of them (gpu-kernels/src/lib.rs,
+# `common_source!`), concatenated into one translation unit as the Rust crates embed it.
+mapfile -t parts < <(grep -oE 'include_str!\("\.\./kernels/[a-z_]+\.cuh"\)' gpu-kernels/src/lib.rs |
+    grep -oE '[a-z_]+\.cuh' | sed 's|^|gpu-kernels/kernels/|')
+if [ "${#parts[@]}" -eq 0 ]; then
+    echo "no kernel source parts found in gpu-kernels/src/lib.rs" >&2
+    exit 1
+fi
+# At a fixed relative path (under the ignored target/), like every other input, so that the
+# code objects do not depend on where the unit was written.
+unit=target/rocm-code-objects/hisparse.cu
+mkdir -p "$(dirname "$unit")"
+trap 'rm -f "$unit"${scratch:+; rm -rf "$scratch"}' EXIT
+cat "${parts[@]}" >"$unit"
 
 # Kernel symbols from the ABI table (gpu-kernels/src/lib.rs: `Kernel::X => ("hs_...", ...)`).
 mapfile -t kernels < <(grep -oE '"hs_[a-z_]+", [A-Z_]+_PARAMS' gpu-kernels/src/lib.rs | grep -oE 'hs_[a-z_]+' | sort -u)
@@ -41,7 +56,7 @@ for arch in "${TARGETS[@]}"; do
     "$CLANG" -x hip --offload-arch="$arch" --cuda-device-only --no-gpu-bundle-output \
         -nogpulib -nogpuinc -O3 -cuid=hisparse -Wall -Werror \
         -include backend-rocm/kernels/hip_offline.h -include gpu-kernels/kernels/vendor_hip.h \
-        gpu-kernels/kernels/hisparse.cuh -o "$co"
+        "$unit" -o "$co"
     chmod 644 "$co"
     symbols=$("$READELF" -s --wide "$co")
     for k in "${kernels[@]}"; do
@@ -83,7 +98,7 @@ done
 # FNV-1a (64-bit) of the exact sources compiled; the crate's tests compare it with the sources
 # they embed, so a kernel change without rebuilt code objects fails `cargo test`.
 fnv=$(cat backend-rocm/kernels/hip_offline.h gpu-kernels/kernels/vendor_hip.h \
-    gpu-kernels/kernels/hisparse.cuh | od -An -v -tu1 | tr -s ' \n' '\n\n' | {
+    "$unit" | od -An -v -tu1 | tr -s ' \n' '\n\n' | {
     h=-3750763034362895579 # 0xcbf29ce484222325
     while read -r b; do
         [ -n "$b" ] || continue

@@ -1,5 +1,6 @@
-// HiSparse kernels: CPU emulation prelude (C++20, g++ or clang++). Prepended to hisparse.cuh so
-// the one kernel source can be executed and checked against the reference on a machine without a
+// HiSparse kernels: CPU emulation prelude (C++20, g++ or clang++). Prepended to the kernel source
+// (the parts gpu-kernels/kernels/*.cuh, in the order gpu-kernels/src/lib.rs gives) so the one kernel
+// source can be executed and checked against the reference on a machine without a
 // GPU. Blocks run one after another on one OS thread; every thread of a block is a fiber;
 // __syncthreads and the warp shuffles park the fiber until every thread they bind has arrived
 // (driver.cpp). Correctness only, not speed.

@@ -1,4 +1,5 @@
-// HiSparse kernels: CUDA vendor prelude (NVRTC or nvcc). Prepended to hisparse.cuh.
+// HiSparse kernels: CUDA vendor prelude (NVRTC or nvcc). Prepended to the kernel source (the
+// parts gpu-kernels/kernels/*.cuh, in the order gpu-kernels/src/lib.rs gives).
 // Every vendor-specific spelling the common source uses is defined here and nowhere else.
 #define HS_VENDOR_CUDA 1
 #define HS_KERNEL extern "C" __global__

@@ -1,4 +1,5 @@
-// HiSparse kernels: HIP vendor prelude (hiprtc, or clang -x hip). Prepended to hisparse.cuh.
+// HiSparse kernels: HIP vendor prelude (hiprtc, or clang -x hip). Prepended to the kernel source
+// (the parts gpu-kernels/kernels/*.cuh, in the order gpu-kernels/src/lib.rs gives).
 // hiprtc includes the HIP runtime header implicitly; offline clang builds that pass -nogpuinc
 // must provide threadIdx/blockIdx/__syncthreads/atomics themselves before this prelude.
 #define HS_VENDOR_HIP 1

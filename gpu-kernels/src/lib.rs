@@ -1,7 +1,21 @@
 //! Kernel sources shared by the HiSparse CUDA and ROCm backends, and the ABI they are launched with.
 //!
-//! There is **one** kernel source, [`COMMON_SOURCE`] (`kernels/hisparse.cuh`), written against a
-//! tiny set of `HS_*` macros. Each vendor has a prelude that defines them:
+//! There is **one** kernel source, [`COMMON_SOURCE`], written against a tiny set of `HS_*`
+//! macros: the files of `kernels/` below, one per operation family, concatenated in this order
+//! into one translation unit (each part uses what the parts before it define):
+//!
+//! | part | holds |
+//! |---|---|
+//! | `common.cuh` | types, the structs mirrored here, row and page arithmetic, memory hints, block scans |
+//! | `remap.cuh` | `hs_remap` (with its decode-size lean path) and `hs_remap_modes` |
+//! | `resolve.cuh` | the resolver's launch contract, hash table, classification, state layout |
+//! | `resolve_general.cuh` | the resolver's general body (several rows, batch-row order, tables in global memory) |
+//! | `resolve_decode.cuh` | the resolver's decode path and the `hs_resolve` kernel |
+//! | `gather.cuh` | `hs_gather_rows` and the fused `hs_resolve_gather` |
+//! | `copy.cuh` | page copies, row-span copies, the indexer backup |
+//! | `tables.cuh` | invalidation, the compressed slot mapping, table writes and hot-state resets |
+//!
+//! Each vendor has a prelude that defines the macros:
 //! [`CUDA_PRELUDE`] (`kernels/vendor_cuda.h`, for NVRTC or nvcc) and [`HIP_PRELUDE`]
 //! (`kernels/vendor_hip.h`, for hiprtc or `clang -x hip`). [`CUDA_SOURCE`] and [`HIP_SOURCE`] are
 //! the ready-to-compile concatenations. Backends compile them at run time (NVRTC / hiprtc), so
@@ -41,24 +55,37 @@ pub mod plan;
 use bytemuck::{Pod, Zeroable};
 use hisparse_core::ops::{LayerPair, PageLayout, TableWrite};
 
+/// The kernel source's parts in order (the table of the crate docs), as one string literal:
+/// the one list every user of the source reads (`backend-rocm/scripts/build-code-objects.sh`
+/// takes the same order from these lines).
+macro_rules! common_source {
+    () => {
+        concat!(
+            include_str!("../kernels/common.cuh"),
+            include_str!("../kernels/remap.cuh"),
+            include_str!("../kernels/resolve.cuh"),
+            include_str!("../kernels/resolve_general.cuh"),
+            include_str!("../kernels/resolve_decode.cuh"),
+            include_str!("../kernels/gather.cuh"),
+            include_str!("../kernels/copy.cuh"),
+            include_str!("../kernels/tables.cuh"),
+        )
+    };
+}
+
 /// The vendor-neutral kernel source (needs a prelude first).
-pub const COMMON_SOURCE: &str = include_str!("../kernels/hisparse.cuh");
+pub const COMMON_SOURCE: &str = common_source!();
 /// The CUDA prelude: defines the `HS_*` macros for NVRTC/nvcc.
 pub const CUDA_PRELUDE: &str = include_str!("../kernels/vendor_cuda.h");
 /// The HIP prelude: defines the `HS_*` macros for hiprtc/clang.
 pub const HIP_PRELUDE: &str = include_str!("../kernels/vendor_hip.h");
 /// Complete CUDA translation unit: [`CUDA_PRELUDE`] followed by [`COMMON_SOURCE`].
-pub const CUDA_SOURCE: &str = concat!(
-    include_str!("../kernels/vendor_cuda.h"),
-    include_str!("../kernels/hisparse.cuh")
-);
+pub const CUDA_SOURCE: &str = concat!(include_str!("../kernels/vendor_cuda.h"), common_source!());
 /// Complete HIP translation unit: [`HIP_PRELUDE`] followed by [`COMMON_SOURCE`].
-pub const HIP_SOURCE: &str = concat!(
-    include_str!("../kernels/vendor_hip.h"),
-    include_str!("../kernels/hisparse.cuh")
-);
-/// File name to give the translation unit in compiler diagnostics.
-pub const SOURCE_NAME: &str = "hisparse.cuh";
+pub const HIP_SOURCE: &str = concat!(include_str!("../kernels/vendor_hip.h"), common_source!());
+/// File name to give the translation unit in compiler diagnostics (the concatenation of the
+/// parts; a line number there counts from the first line of `common.cuh`).
+pub const SOURCE_NAME: &str = "hisparse.cu";
 
 /// Most threads per block of `hs_remap` (the planner picks the block size per row length:
 /// [`plan::remap_threads`]).
