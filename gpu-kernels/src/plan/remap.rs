@@ -1,0 +1,225 @@
+//! Planners of the remap (`hs_remap`, with its decode-size column tiles) and of the remap with
+//! modes (`hs_remap_modes`).
+
+use hisparse_core::ops::{RemapDesc, RemapModesDesc};
+
+use super::{Launch, Plan, PlanError, Target, limit, nothing_to_launch, stats_slot_address};
+use crate::args::Args;
+use crate::{
+    Kernel, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_STAGE_MAX_BYTES,
+    REMAP_STAGED,
+};
+
+/// Device addresses of a remap's buffers (`idx_mapping`, `counts` and `stats` 0 when absent).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per buffer of `RemapArgs`
+pub struct RemapAddrs {
+    pub req_id: u64,
+    pub block_table: u64,
+    pub topk: u64,
+    pub idx_mapping: u64,
+    pub out: u64,
+    pub counts: u64,
+    /// The stats buffer's start (its slot's offset is added from the descriptor's
+    /// `stats_slot`).
+    pub stats: u64,
+}
+
+/// Threads per block of `hs_remap` for rows of `top_k` entries: one 16-byte vector (4 entries)
+/// per thread when `top_k` is a multiple of 4, else one entry, rounded up to a multiple of 64
+/// (whole warps of 32 and whole wavefronts of 64), between 64 and [`REMAP_MAX_THREADS`] (longer
+/// rows take several passes).
+pub const fn remap_threads(top_k: u32) -> u32 {
+    let per_thread = if top_k.is_multiple_of(4) {
+        top_k / 4
+    } else {
+        top_k
+    };
+    let t = per_thread.div_ceil(64) * 64;
+    if t < 64 {
+        64
+    } else if t > REMAP_MAX_THREADS {
+        REMAP_MAX_THREADS
+    } else {
+        t
+    }
+}
+
+/// Blocks of `hs_remap` one multiprocessor holds at once (its launch bounds on CUDA: four
+/// blocks of 512 threads).
+pub const REMAP_BLOCKS_PER_MULTIPROCESSOR: u32 = 4;
+
+/// The launch shape `hs_remap` and `hs_remap_modes` share: flags, dynamic shared memory, grid and
+/// block.
+struct RemapShape {
+    flags: u32,
+    shared: u32,
+    grid: [u32; 3],
+    block: u32,
+}
+
+fn remap_shape(t: &Target, d: &RemapDesc) -> Result<RemapShape, PlanError> {
+    limit("remap num_tokens", d.num_tokens.into(), i32::MAX as u64)?;
+    let mut flags = 0;
+    if d.idx_mapping_len.is_some() {
+        flags |= REMAP_HAS_MAP;
+    }
+    if d.write_counts {
+        flags |= REMAP_COUNTS;
+    }
+    if d.compact {
+        flags |= REMAP_COMPACT;
+    }
+    let staged_bytes = u64::from(d.top_k) * 4;
+    let shared = if d.compact && staged_bytes <= u64::from(REMAP_STAGE_MAX_BYTES) {
+        flags |= REMAP_STAGED;
+        staged_bytes as u32
+    } else {
+        0
+    };
+    let resident = t
+        .multiprocessors
+        .max(1)
+        .saturating_mul(REMAP_BLOCKS_PER_MULTIPROCESSOR);
+    // At least one block: an empty batch with stats counts the call.
+    let rows = d.num_tokens.min(resident).max(1);
+    let (tiles, block) = if d.write_counts || d.compact {
+        (1, remap_threads(d.top_k))
+    } else {
+        remap_tiles(t, d.num_tokens, d.top_k)
+    };
+    Ok(RemapShape {
+        flags,
+        shared,
+        grid: [rows, tiles, 1],
+        block,
+    })
+}
+
+/// Blocks a plain remap of few rows aims for per multiprocessor: its rows are cut into column
+/// tiles until the launch has about this many blocks per multiprocessor (or tiles of one
+/// 64-thread block each), so that a decode-size batch's table loads are spread over the whole
+/// device instead of queueing on a few multiprocessors.
+pub const REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR: u32 = 2;
+
+/// Column tiles per row and threads per block of a plain remap (no counts, no compaction: each
+/// tile is independent) of `num_tokens` rows of `top_k` entries: as many tiles as
+/// [`REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR`] asks for, each at least 64 threads (one 16-byte vector
+/// each when `top_k` is a multiple of 4); `(1, remap_threads(top_k))` for a batch that fills the
+/// device already.
+pub fn remap_tiles(t: &Target, num_tokens: u32, top_k: u32) -> (u32, u32) {
+    let per_thread = if top_k.is_multiple_of(4) {
+        top_k / 4
+    } else {
+        top_k
+    };
+    let row_threads = per_thread.div_ceil(64).max(1) * 64;
+    let wanted = t
+        .multiprocessors
+        .max(1)
+        .saturating_mul(REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR)
+        / num_tokens.max(1);
+    let tiles = wanted.clamp(1, row_threads / 64);
+    if tiles == 1 {
+        return (1, remap_threads(top_k));
+    }
+    let threads = (row_threads.div_ceil(tiles).div_ceil(64) * 64).min(REMAP_MAX_THREADS);
+    (row_threads.div_ceil(threads), threads)
+}
+
+/// The buffers both remap kernels take first, in their ABI order.
+fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), PlanError> {
+    args.ptr(a.req_id)
+        .ptr(a.block_table)
+        .ptr(a.topk)
+        .ptr(a.idx_mapping)
+        .ptr(a.out)
+        .ptr(a.counts)
+        .ptr(stats_slot_address(a.stats, d.stats_slot)?);
+    Ok(())
+}
+
+/// `hs_remap`: one block per token row while the device holds them all at once, else as many
+/// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead; a
+/// plain remap of fewer rows than the device has room for cuts each row into column tiles
+/// ([`remap_tiles`]). A
+/// compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4 entries is staged in dynamic
+/// shared memory ([`REMAP_STAGED`]). An empty batch launches nothing, or with stats one block
+/// that counts the call.
+pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
+    if nothing_to_launch(d.num_tokens, a.stats) {
+        return Ok(Plan::empty());
+    }
+    let shape = remap_shape(t, d)?;
+    let mut args = Args::default();
+    remap_args(&mut args, d, a)?;
+    args.u32(d.num_tokens)
+        .u32(d.top_k)
+        .u32(d.table_rows)
+        .u32(d.max_blocks)
+        .u32(d.block_size)
+        .u32(d.block_stride_rows)
+        .u32(d.idx_mapping_len.unwrap_or(0))
+        .u32(shape.flags);
+    Ok(Plan::one(Launch {
+        kernel: Kernel::Remap,
+        grid: shape.grid,
+        block: shape.block,
+        shared: shape.shared,
+        args,
+    }))
+}
+
+/// Device addresses of a remap with modes: the plain remap's buffers and the prefill
+/// workspace's (0 without a workspace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemapModesAddrs {
+    /// The plain remap's buffers.
+    pub remap: RemapAddrs,
+    /// `i32[num_tokens]` prefill request of each row.
+    pub prefill_req_id: u64,
+    /// `i32[prefill_requests]` first workspace row of each prefill request.
+    pub workspace_starts: u64,
+}
+
+/// A remap with modes: [`remap`] (the plain kernel) when no mode is on, else one
+/// `hs_remap_modes` launch with [`remap`]'s shape. The descriptor is checked by the core first
+/// (`RemapModesDesc::check`).
+pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Result<Plan, PlanError> {
+    if !d.has_modes() {
+        return remap(t, &d.remap, &a.remap);
+    }
+    let r = &d.remap;
+    if nothing_to_launch(r.num_tokens, a.remap.stats) {
+        return Ok(Plan::empty());
+    }
+    let shape = remap_shape(t, r)?;
+    let (prefill_requests, prefill, starts) = match d.prefill_requests {
+        Some(p) => (p, a.prefill_req_id, a.workspace_starts),
+        None => (0, 0, 0),
+    };
+    let dcp = d.dcp.map_or([0, 0, 0], |s| [s.size, s.rank, s.interleave]);
+    let mut args = Args::default();
+    remap_args(&mut args, r, &a.remap)?;
+    args.ptr(prefill)
+        .ptr(starts)
+        .u32(r.num_tokens)
+        .u32(r.top_k)
+        .u32(r.table_rows)
+        .u32(r.max_blocks)
+        .u32(r.block_size)
+        .u32(r.block_stride_rows)
+        .u32(r.idx_mapping_len.unwrap_or(0))
+        .u32(shape.flags)
+        .u32(prefill_requests)
+        .u32(dcp[0])
+        .u32(dcp[1])
+        .u32(dcp[2]);
+    Ok(Plan::one(Launch {
+        kernel: Kernel::RemapModes,
+        grid: shape.grid,
+        block: shape.block,
+        shared: shape.shared,
+        args,
+    }))
+}
