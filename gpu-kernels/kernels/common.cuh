@@ -15,8 +15,9 @@
 // u64. A decode-path kernel's `stats` (hisparse_core::ops::stats), when not null, points at the
 // four u32 words of the call's slot: [0] hits, [1] misses, [2] valid entries, [3] calls; the kernel
 // adds to them with native 32-bit atomics (wrapping), one atomic per token row per word where the
-// row's counts are final, and one block adds the call. Page bases and strides and every row's value part are multiples of 16 bytes, and a split
-// row's scale part a multiple of 4 (checked by the host's planner, gpu-kernels/src/plan.rs):
+// row's counts are final, and one block adds the call. Page bases and strides and every row's
+// value part are multiples of 16 bytes, and a split row's scale part a multiple of 4 (checked by
+// the host's planner, gpu-kernels/src/plan/):
 // copies move 16-byte chunks, except a scale part that is not a multiple of 16 (DeepSeek V4's
 // 8-byte and 4-byte scales), which moves in the 8- or 4-byte words the planner chose for the
 // layout (hs_layout::scale_word), and a page tail past its last 16-byte chunk, in 4-byte words.
