@@ -14,148 +14,20 @@ use hisparse_core::ops::{
     SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_core::{Device, MemoryInfo};
-use hisparse_gpu_kernels::plan::{self, Plan, PlanError, Target};
-use hisparse_gpu_kernels::{self as gk, Kernel};
+use hisparse_gpu_kernels::plan::{self, PlanError, Target};
 use hisparse_host_memory::available_ram;
 
-use crate::capture::{Lasting, Scratch};
+use crate::capture::Lasting;
 use crate::error::CudaError;
 pub use crate::ffi::CaptureMode;
-use crate::ffi::{self, Context, DevMem, Event, Function, LaunchShape, Module, Stream};
+use crate::ffi::{self, Context, DevMem, Event, Stream};
+pub use crate::handles::{CudaBuffer, CudaEvent, CudaGraph, CudaHostBuffer, CudaStream};
+pub use crate::launch::KernelReport;
+use crate::launch::Kernels;
 use crate::pinned::{HostPoolSetup, PinnedMem};
 use crate::staging::Staging;
 
-type Result<T> = std::result::Result<T, CudaError>;
-
-/// Device memory of a [`CudaDevice`] (zeroed at allocation; freed after outstanding work).
-#[derive(Debug)]
-pub struct CudaBuffer {
-    pub(crate) mem: DevMem,
-}
-
-impl CudaBuffer {
-    /// Device address (for diagnostics).
-    pub fn device_address(&self) -> u64 {
-        self.mem.ptr()
-    }
-}
-
-impl BufferLen for CudaBuffer {
-    fn byte_len(&self) -> u64 {
-        self.mem.len() as u64
-    }
-}
-
-/// Pinned, page-aligned host memory mapped into the device's address space: kernels read and
-/// write it directly over the bus (cacheable, not write-combined). Allocated here
-/// ([`Device::alloc_pinned`]), lent by an engine ([`CudaDevice::lend_host_memory`]) or a
-/// shared-memory segment every rank of a node maps ([`CudaDevice::host_buffer_from_shared`]).
-#[derive(Debug)]
-pub struct CudaHostBuffer {
-    pub(crate) mem: PinnedMem,
-}
-
-impl CudaHostBuffer {
-    /// Whether the memory is a shared-memory segment ([`CudaDevice::host_buffer_from_shared`]).
-    pub fn is_shared(&self) -> bool {
-        self.mem.segment().is_some()
-    }
-
-    /// How the memory was set up (threads, NUMA node, pages, registrations), when this backend
-    /// registered it; `None` for memory that was pinned already.
-    pub fn setup(&self) -> Option<&hisparse_host_memory::Setup> {
-        self.mem.setup()
-    }
-}
-
-impl BufferLen for CudaHostBuffer {
-    fn byte_len(&self) -> u64 {
-        self.mem.len() as u64
-    }
-}
-
-/// A CUDA stream (a non-blocking one of this backend, or an engine's lent through
-/// [`CudaDevice::lend_stream`]), with the scratch memory its resolver launches use.
-#[derive(Debug)]
-pub struct CudaStream {
-    pub(crate) inner: Stream,
-    /// The resolver's counters (`hisparse_gpu_kernels::WORKSPACE_COUNTER_BYTES`: zero before the
-    /// first launch, left zero by every launch, so no launch needs a memset first) and workspace;
-    /// kept by the device too once a captured launch used them.
-    pub(crate) scratch: Arc<Scratch>,
-}
-
-impl CudaStream {
-    /// `inner` with empty scratch and cleared resolver counters ([`Scratch::new`]: no host
-    /// synchronisation unless `inner` is being captured).
-    pub(crate) fn from_inner(dev: &CudaDevice, inner: Stream) -> Result<CudaStream> {
-        let scratch = Scratch::new(&dev.ctx, &inner, &dev.lasting.side)?;
-        Ok(CudaStream { inner, scratch })
-    }
-
-    /// The driver's handle of the stream, e.g. to order an engine's own work after this
-    /// backend's (`torch.cuda.ExternalStream`). It stays owned by this value.
-    pub fn raw_handle(&self) -> cudarc::driver::sys::CUstream {
-        self.inner.raw()
-    }
-}
-
-/// A CUDA event.
-#[derive(Debug)]
-pub struct CudaEvent {
-    inner: Event,
-}
-
-/// An instantiated CUDA graph captured with [`CudaDevice::capture`].
-#[derive(Debug)]
-pub struct CudaGraph {
-    inner: ffi::Graph,
-}
-
-/// Resource use of one compiled kernel ([`CudaDevice::kernel_report`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelReport {
-    /// The kernel's symbol.
-    pub name: &'static str,
-    /// Registers per thread.
-    pub registers: i32,
-    /// Local memory (register spills, stack) per thread, in bytes.
-    pub local_bytes: i32,
-    /// Static shared memory per block, in bytes.
-    pub shared_bytes: i32,
-    /// Threads per block the report assumes (the largest the backend launches it with).
-    pub block_threads: u32,
-    /// Blocks one multiprocessor holds at once at that block size.
-    pub blocks_per_multiprocessor: i32,
-}
-
-/// The loaded module and its kernels.
-pub(crate) struct Kernels {
-    _module: Module,
-    /// One function per entry of [`Kernel::ALL`], in that order.
-    f: [Function; Kernel::ALL.len()],
-    /// Dynamic shared memory the resolver functions accept (their attribute is raised to it);
-    /// every other function accepts [`DEFAULT_DYNAMIC_SHARED`].
-    large_dynamic_shared: u32,
-}
-
-/// Dynamic shared memory a CUDA function accepts without opting in.
-const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
-
-impl Kernels {
-    pub(crate) fn get(&self, k: Kernel) -> Function {
-        self.f[Kernel::ALL.iter().position(|x| *x == k).unwrap_or(0)]
-    }
-
-    /// Dynamic shared memory a launch of `k` may ask for.
-    fn dynamic_shared_limit(&self, k: Kernel) -> u32 {
-        if k.large_dynamic_shared() {
-            self.large_dynamic_shared
-        } else {
-            DEFAULT_DYNAMIC_SHARED
-        }
-    }
-}
+pub(crate) type Result<T> = std::result::Result<T, CudaError>;
 
 /// Configuration of a [`CudaDevice`], given at [`CudaDevice::open_with`]. The default is what
 /// production runs: [`CudaDevice::open`] uses it.
@@ -175,12 +47,12 @@ pub struct CudaDevice {
     pub(crate) ctx: Arc<Context>,
     pub(crate) ordinal: usize,
     name: String,
-    cc: (i32, i32),
+    pub(crate) cc: (i32, i32),
     /// What the launch planners know about the device.
     pub(crate) target: Target,
-    kernels: OnceLock<Kernels>,
-    kernels_init: Mutex<()>,
-    staging: Mutex<Staging>,
+    pub(crate) kernels: OnceLock<Kernels>,
+    pub(crate) kernels_init: Mutex<()>,
+    pub(crate) staging: Mutex<Staging>,
     /// The side stream, the list arena and the scratch of captured launches.
     pub(crate) lasting: Lasting,
     programmatic: AtomicBool,
@@ -199,7 +71,7 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -207,19 +79,6 @@ impl From<PlanError> for CudaError {
     fn from(e: PlanError) -> Self {
         CudaError::Unsupported(e.to_string())
     }
-}
-
-/// Kernels that run `HS_GRID_DEP_WAIT` before touching memory, so they may be launched with
-/// programmatic stream serialisation: the decode path (remap, resolve, gather).
-const fn waits_for_grid_dependency(k: Kernel) -> bool {
-    matches!(
-        k,
-        Kernel::Remap
-            | Kernel::RemapModes
-            | Kernel::Resolve
-            | Kernel::GatherRows
-            | Kernel::ResolveGather
-    )
 }
 
 impl CudaDevice {
@@ -314,35 +173,6 @@ impl CudaDevice {
         on
     }
 
-    /// What the driver made of the decode-path kernels: registers per thread, local (spill)
-    /// bytes per thread, static shared bytes per block, and blocks one multiprocessor holds at
-    /// the largest block size the backend launches.
-    pub fn kernel_report(&self) -> Result<Vec<KernelReport>> {
-        use cudarc::driver::sys::CUfunction_attribute as A;
-        let k = self.kernels()?;
-        let list: Vec<(&'static str, Function, u32)> = [
-            Kernel::Remap,
-            Kernel::Resolve,
-            Kernel::GatherRows,
-            Kernel::ResolveGather,
-        ]
-        .into_iter()
-        .map(|x| (x.name(), k.get(x), x.abi().block_threads))
-        .collect();
-        let mut out = Vec::new();
-        for (name, f, block) in list {
-            out.push(KernelReport {
-                name,
-                registers: f.attribute(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-                local_bytes: f.attribute(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-                shared_bytes: f.attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-                block_threads: block,
-                blocks_per_multiprocessor: f.max_active_blocks(block, 0)?,
-            });
-        }
-        Ok(out)
-    }
-
     /// Compute capability `(major, minor)`.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.cc
@@ -420,144 +250,6 @@ impl CudaDevice {
     pub fn launch_graph(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
         self.ctx.bind()?;
         stream.inner.launch_graph(&graph.inner)
-    }
-
-    pub(crate) fn kernels(&self) -> Result<&Kernels> {
-        if let Some(k) = self.kernels.get() {
-            return Ok(k);
-        }
-        let _guard = lock(&self.kernels_init);
-        if let Some(k) = self.kernels.get() {
-            return Ok(k);
-        }
-        let ptx = crate::nvrtc::cached_ptx(self.cc.0, self.cc.1)?;
-        // A first call may come while a stream is being captured: loading is no stream work.
-        let module = ffi::relaxed_capture(|| Module::load_ptx(&self.ctx, &ptx))?;
-        let mut f = Vec::with_capacity(Kernel::ALL.len());
-        for k in Kernel::ALL {
-            f.push(module.function(k.name())?);
-        }
-        let f: [Function; Kernel::ALL.len()] = f.try_into().map_err(|_| CudaError::Compile {
-            log: "kernel table".into(),
-        })?;
-        // The resolvers' shared state and table are sized by the planner up to the device's
-        // per-block maximum: raise their limit (so no planned launch is refused by the driver).
-        let dynamic = self
-            .target
-            .shared_per_block
-            .saturating_sub(gk::RESOLVE_STATIC_SHARED_BYTES) as u32;
-        for (k, func) in Kernel::ALL.iter().zip(&f) {
-            if k.large_dynamic_shared() {
-                func.set_max_dynamic_shared(dynamic)?;
-            }
-        }
-        let _ = self.kernels.set(Kernels {
-            _module: module,
-            f,
-            large_dynamic_shared: dynamic,
-        });
-        self.kernels.get().ok_or_else(|| CudaError::Compile {
-            log: "kernel table".into(),
-        })
-    }
-
-    /// Enqueues `plan` on `stream`: places its lists (constant ones, and every list of work being
-    /// captured, in the device's list arena; the others through one asynchronous copy into the
-    /// staging ring, reserved until the launches completed), places the symbolic pointers (the
-    /// stream's workspace and resolver counters among them) and launches each kernel in order.
-    /// An empty plan enqueues nothing; a plan without lists or workspace (the decode path) costs
-    /// its launches and nothing else. A launch asking for more dynamic shared memory than its
-    /// function accepts is refused before anything of the plan is enqueued.
-    pub(crate) fn execute(&self, stream: &CudaStream, mut plan: Plan) -> Result<()> {
-        if plan.launches.is_empty() {
-            return Ok(());
-        }
-        self.ctx.bind()?;
-        // Only lists and scratch depend on whether the stream is being captured.
-        let capturing = (!plan.staged.is_empty() || plan.workspace_bytes > 0)
-            && stream.inner.capture_status()? != ffi::CaptureStatus::None;
-        let workspace = if plan.workspace_bytes > 0 {
-            let bytes = usize::try_from(plan.workspace_bytes)
-                .map_err(|_| CudaError::Unsupported("resolve workspace exceeds memory".into()))?;
-            stream.scratch.workspace(&self.ctx, bytes)?
-        } else {
-            0
-        };
-        if capturing {
-            // Every replay of the graph uses this stream's counters and workspace.
-            self.lasting.retain(&stream.scratch);
-        }
-        let kernels = self.kernels()?;
-        for l in &plan.launches {
-            let limit = kernels.dynamic_shared_limit(l.kernel);
-            if l.shared > limit {
-                return Err(CudaError::Unsupported(format!(
-                    "{} asks for {} bytes of dynamic shared memory; the function accepts {limit}",
-                    l.kernel.name(),
-                    l.shared
-                )));
-            }
-        }
-        // Each part's address in the arena, or `None`: staged through the ring.
-        let kept = plan
-            .staged
-            .iter()
-            .map(|p| self.lasting.lasting_address(&p.bytes, p.kind, capturing))
-            .collect::<Result<Vec<Option<u64>>>>()?;
-        let ringed: Vec<&[u8]> = plan
-            .staged
-            .iter()
-            .zip(&kept)
-            .filter(|(_, k)| k.is_none())
-            .map(|(p, _)| p.bytes.as_slice())
-            .collect();
-        let mut staging = lock(&self.staging);
-        let lease = if ringed.is_empty() {
-            None
-        } else {
-            Some(staging.stage(&stream.inner, &ringed)?)
-        };
-        let mut from_ring = lease.iter().flat_map(|l| l.ptrs.iter().copied());
-        let placed: Vec<u64> = kept
-            .iter()
-            .map(|k| k.or_else(|| from_ring.next()).unwrap_or(0))
-            .collect();
-        let result = (|| {
-            for l in &mut plan.launches {
-                l.args
-                    .resolve(&placed, workspace, stream.scratch.counters())
-                    .map_err(|log| CudaError::Compile { log })?;
-                let abi = l.kernel.abi();
-                debug_assert!(l.args.matches(&abi).is_ok(), "{:?}", l.args.matches(&abi));
-                let f = kernels.get(l.kernel);
-                let programmatic =
-                    self.programmatic_launch() && waits_for_grid_dependency(l.kernel);
-                let shape = LaunchShape {
-                    grid: (l.grid[0], l.grid[1], l.grid[2]),
-                    block: l.block,
-                    shared: l.shared,
-                };
-                let mut params = l
-                    .args
-                    .pointers()
-                    .map_err(|log| CudaError::Compile { log })?;
-                // SAFETY: `params` holds one pointer per parameter of the kernel `f`, each to a value of the ABI type (packed
-                // by the planner through `Args`, checked against the ABI table above in debug
-                // builds), alive until the call returns. Every device address among them belongs
-                // to a buffer the caller checked with the core's `check` and keeps alive until the
-                // work completes (the `Device` contract), to the staging region reserved until
-                // then, or to the stream's workspace (freed only with the stream, after the
-                // context synchronised). With `programmatic`, the kernel waits for the previous
-                // grid (`griddepcontrol.wait`) before touching memory (`waits_for_grid_dependency`,
-                // compute capability 9.0+).
-                unsafe { ffi::launch(f, shape, &stream.inner, &mut params, programmatic) }?;
-            }
-            Ok(())
-        })();
-        if let Some(lease) = lease {
-            staging.finish(lease, &stream.inner)?;
-        }
-        result
     }
 
     /// The swap-in critical path in one launch: [`Device::resolve`] of `desc` with `args`, and
@@ -1025,38 +717,6 @@ mod tests {
         }
         if let Err(e) = CudaDevice::open(usize::MAX / 2) {
             assert_eq!(e.kind(), hisparse_core::ErrorKind::NotFound, "{e}");
-        }
-    }
-
-    #[test]
-    fn only_kernels_that_wait_for_their_grid_dependency_launch_programmatically() {
-        assert!(waits_for_grid_dependency(Kernel::Remap));
-        assert!(waits_for_grid_dependency(Kernel::RemapModes));
-        assert!(waits_for_grid_dependency(Kernel::Resolve));
-        assert!(waits_for_grid_dependency(Kernel::GatherRows));
-        assert!(waits_for_grid_dependency(Kernel::ResolveGather));
-        for k in Kernel::ALL {
-            if waits_for_grid_dependency(k) {
-                // The kernel body starts with the wait (HS_GRID_DEP_WAIT) before any access.
-                let at = gk::COMMON_SOURCE
-                    .find(&format!(" {}(", k.name()))
-                    .expect("kernel in source");
-                let body = &gk::COMMON_SOURCE[at..];
-                let open = body.find('{').expect("body");
-                let first = body[open + 1..].trim_start();
-                let first = first
-                    .lines()
-                    .find(|l| {
-                        let l = l.trim();
-                        !l.starts_with("HS_SHARED") && !l.starts_with("HS_DYN_SHARED")
-                    })
-                    .unwrap_or_default();
-                assert!(
-                    first.trim().starts_with("HS_GRID_DEP_WAIT()"),
-                    "{}: {first}",
-                    k.name()
-                );
-            }
         }
     }
 }

@@ -71,6 +71,8 @@ mod capture;
 mod device;
 mod error;
 mod ffi;
+mod handles;
+mod launch;
 mod lent;
 pub mod nvrtc;
 mod pinned;
