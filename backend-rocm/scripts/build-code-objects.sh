@@ -21,6 +21,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=backend-rocm/kernels
 mode=${1:-build}
+scratch= # the temporary destination of --check
 case "$mode" in
     build) dest=$out ;;
     --check) dest=$(mktemp -d); scratch=$dest ;;
@@ -39,7 +40,11 @@ fi
 # code objects do not depend on where the unit was written.
 unit=target/rocm-code-objects/hisparse.cu
 mkdir -p "$(dirname "$unit")"
-trap 'rm -f "$unit"${scratch:+; rm -rf "$scratch"}' EXIT
+cleanup() {
+    rm -f "$unit"
+    if [ -n "$scratch" ]; then rm -rf "$scratch"; fi
+}
+trap cleanup EXIT
 cat "${parts[@]}" >"$unit"
 
 # Kernel symbols from the ABI table (gpu-kernels/src/lib.rs: `Kernel::X => ("hs_...", ...)`).
