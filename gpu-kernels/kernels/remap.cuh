@@ -122,12 +122,9 @@ HS_DEVICE u32 hs_remap_lookup4(const hs_remap_geo& g, const i32* bt, i32 (&v)[4]
     return n;
 }
 
-// The first pass of token row t: its request id and this thread's top-k vector (or entry), both
-// loads issued at once.
-HS_DEVICE void hs_remap_load(const i32* req_id, const i32* topk, u32 t, u32 top_k, u32 j0,
-                             bool vec, i32& req, i32 (&v)[4]) {
-    const i32* in = topk + (u64)t * top_k;
-    req = HS_LDG(req_id + t);
+// This thread's entries of a row `in` from entry j0: a 16-byte vector (`vec`) or one entry, -1
+// for the rest and past the row's end.
+HS_DEVICE void hs_remap_entries(const i32* in, u32 top_k, u32 j0, bool vec, i32 (&v)[4]) {
     v[0] = v[1] = v[2] = v[3] = -1;
     if (j0 < top_k) {
         if (vec) {
@@ -140,6 +137,14 @@ HS_DEVICE void hs_remap_load(const i32* req_id, const i32* topk, u32 t, u32 top_
             v[0] = HS_LDG(in + j0);
         }
     }
+}
+
+// The first pass of token row t: its request id and this thread's top-k vector (or entry), both
+// loads issued at once.
+HS_DEVICE void hs_remap_load(const i32* req_id, const i32* topk, u32 t, u32 top_k, u32 j0,
+                             bool vec, i32& req, i32 (&v)[4]) {
+    req = HS_LDG(req_id + t);
+    hs_remap_entries(topk + (u64)t * top_k, top_k, j0, vec, v);
 }
 
 // The remap modes of hs_remap_modes (hisparse_core::ops::remap::remap_modes): a decode-context
@@ -251,18 +256,7 @@ HS_DEVICE void hs_remap_rows(
             const bool mine = j0 < top_k; // in vector mode j0 + 3 < top_k then too
             if (base > 0) {
                 // Later passes of a long row (top_k above 4 entries per thread).
-                v[0] = v[1] = v[2] = v[3] = -1;
-                if (mine) {
-                    if (vec) {
-                        const uint4 a = HS_LDG((const uint4*)(in + j0));
-                        v[0] = (i32)a.x;
-                        v[1] = (i32)a.y;
-                        v[2] = (i32)a.z;
-                        v[3] = (i32)a.w;
-                    } else {
-                        v[0] = HS_LDG(in + j0);
-                    }
-                }
+                hs_remap_entries(in, top_k, j0, vec, v);
             }
             // Each entry's rule first (with modes), then every table load at once.
             bool take[4];
