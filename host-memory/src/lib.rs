@@ -13,6 +13,7 @@ mod pinner;
 mod region;
 pub mod release;
 mod shared;
+mod shm_pages;
 
 pub use config::{HUGE_PAGE, HostPoolConfig, HugePages, PARALLEL_FROM, Placement, Registration};
 pub use error::{HostMemoryError, NotOneDeviceRange, SetupError};
@@ -24,6 +25,7 @@ pub use pinner::{Mlock, NoPin, Pinner};
 pub use region::{HostRegion, Pages, Setup, copy_pieces};
 pub use release::{Release, releases_in_flight, wait_for_releases};
 pub use shared::{SharedSegment, ShmError};
+pub use shm_pages::{ShmHuge, ShmPages};
 
 #[cfg(test)]
 mod tests;

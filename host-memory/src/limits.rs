@@ -56,7 +56,7 @@ pub fn locked_memory_limit() -> Option<LockedMemory> {
 
 /// Free bytes of the shared-memory file system POSIX shared memory lives in (`/dev/shm`).
 pub fn shared_memory_free() -> Option<u64> {
-    ffi::free_space("/dev/shm")
+    ffi::free_space(crate::shm_pages::SHM_DIR)
 }
 
 /// The limits a private pool must fit: the available RAM (unless `huge_tlb`: explicit huge pages

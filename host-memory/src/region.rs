@@ -17,6 +17,7 @@ use crate::parallel::{chunks, for_each_chunk};
 use crate::pinner::{NoPin, Pinner};
 use crate::release::{self, Release};
 use crate::shared::SharedSegment;
+use crate::shm_pages::ShmPages;
 use crate::{config, ffi, limits, meminfo};
 
 /// The pages a pool was asked for.
@@ -28,8 +29,10 @@ pub enum Pages {
     TransparentHuge,
     /// Explicit huge pages (`MAP_HUGETLB`).
     ExplicitHuge,
-    /// The lender's or the segment's pages, as they are.
+    /// The lender's pages, as they are.
     AsGiven,
+    /// A shared-memory segment's pages, as the host's shared-memory settings give them.
+    Shared(ShmPages),
 }
 
 /// How a pool was set up.
@@ -50,11 +53,12 @@ pub struct Setup {
 
 impl fmt::Display for Setup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pages = match self.pages {
-            Pages::Base => "base pages",
-            Pages::TransparentHuge => "transparent huge pages",
-            Pages::ExplicitHuge => "explicit huge pages",
-            Pages::AsGiven => "the lender's pages",
+        let pages: std::borrow::Cow<'_, str> = match self.pages {
+            Pages::Base => "base pages".into(),
+            Pages::TransparentHuge => "transparent huge pages".into(),
+            Pages::ExplicitHuge => "explicit huge pages".into(),
+            Pages::AsGiven => "the lender's pages".into(),
+            Pages::Shared(p) => p.to_string().into(),
         };
         let node = match self.node {
             Some(n) => format!("NUMA node {n}"),
@@ -350,14 +354,9 @@ impl<P: Pinner> HostRegion<P> {
             ..HostLimits::default()
         };
         check_host_pool(len as u64, &limits).map_err(HostMemoryError::Budget)?;
+        let pages = Pages::Shared(segment.pages());
         let held = Held::new(segment.addr(), len, Backing::Shared(segment), pinner);
-        Self::set_up(
-            held,
-            cfg,
-            cfg.node(device_node),
-            Pages::AsGiven,
-            Contents::Kept,
-        )
+        Self::set_up(held, cfg, cfg.node(device_node), pages, Contents::Kept)
     }
 
     /// Touches and pins `held`'s bytes in parallel chunks; on failure releases what was done (on

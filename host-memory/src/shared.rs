@@ -11,6 +11,7 @@ use crate::ffi;
 use crate::mapping::unmap_in_chunks;
 use crate::numa::Workers;
 use crate::parallel::for_each_chunk;
+use crate::shm_pages::ShmPages;
 use crate::{config, limits, meminfo, release};
 
 /// Why a segment could not be created or opened.
@@ -113,6 +114,8 @@ pub struct SharedSegment {
     creator: bool,
     /// Whether the mapping is still to be unmapped (false once released).
     mapped: bool,
+    /// The pages the host's shared-memory settings give its files.
+    pages: ShmPages,
 }
 
 // SAFETY: the segment is plain memory mapped shared and readable/writable from any thread; the
@@ -183,6 +186,7 @@ impl SharedSegment {
             part_bytes: part_bytes.min(len),
             creator: true,
             mapped: true,
+            pages: ShmPages::of_host(),
         };
         if len >= HUGE_PAGE && cfg.huge_pages != HugePages::Off {
             // Advice only: honoured where `shmem_enabled` allows huge pages, same contents.
@@ -245,6 +249,7 @@ impl SharedSegment {
                 part_bytes,
                 creator: false,
                 mapped: true,
+                pages: ShmPages::of_host(),
             }),
             Err(Mapped::Os(e)) => Err(os(e)),
             Err(Mapped::TooSmall(actual)) => Err(ShmError::TooSmall {
@@ -281,6 +286,12 @@ impl SharedSegment {
     /// The segment's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The pages the host's shared-memory settings give the segment's files (read when it was
+    /// created or opened): 4 KiB pages unless the mount holding `/dev/shm` allows huge pages.
+    pub fn pages(&self) -> ShmPages {
+        self.pages
     }
 
     /// Whether this process created the segment (and removes its name on drop).
@@ -415,6 +426,7 @@ impl Drop for SharedSegment {
             part_bytes: self.part_bytes,
             creator: false,
             mapped: true,
+            pages: self.pages,
         };
         self.mapped = false;
         let _ = release::in_background(move || moved.release_here(&Workers::plan(None, None)));
@@ -544,6 +556,13 @@ mod tests {
         };
         let a = SharedSegment::create_with(&name, len, &cfg).unwrap();
         let b = SharedSegment::open(&name, len).unwrap();
+        let huge_mapped = pmd_mapped_kib(a.addr());
+        if a.pages().huge() {
+            // Huge pages are allowed, not promised (memory may be too fragmented): report only.
+            eprintln!("{}: {huge_mapped:?} KiB mapped by huge pages", a.pages());
+        } else if a.pages() != ShmPages::Unknown {
+            assert_eq!(huge_mapped, Some(0), "{} yet huge pages mapped", a.pages());
+        }
         assert_eq!(ffi::read_byte(b.addr(), len - 1), 0);
         ffi::write_byte(a.addr(), len - 1, 7);
         assert_eq!(ffi::read_byte(b.addr(), len - 1), 7);
@@ -561,5 +580,15 @@ mod tests {
         assert!(release::wait_for_releases(std::time::Duration::from_secs(
             60
         )));
+    }
+
+    /// KiB of the mapping starting at `addr` that huge pages map (`ShmemPmdMapped` in
+    /// `/proc/self/smaps`), `None` where that cannot be read.
+    fn pmd_mapped_kib(addr: NonNull<u8>) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let start = format!("{:x}-", addr.as_ptr() as usize);
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start)).skip(1);
+        let line = lines.find(|l| l.starts_with("ShmemPmdMapped:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
     }
 }
