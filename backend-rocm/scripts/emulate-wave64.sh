@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the shared kernel source on the CPU with 64-lane wavefronts, as CDNA GPUs (gfx90a, gfx942)
-# execute it, and compares every kernel with the core's reference: gpu-kernels' CPU emulation
+# execute it (and without a counting barrier, as HIP builds it), and compares every kernel with the core's reference: gpu-kernels' CPU emulation
 # (emu/, tests/cpu_emulation.rs) models 32-lane warps; this copies the committed sources to a
 # temporary workspace, switches the emulated warp to 64 lanes, and runs the same check there.
 # RDNA (gfx1100, gfx1201) runs 32-lane wavefronts, which the unmodified check covers.
@@ -27,6 +27,9 @@ patch_file() { # FILE FROM TO: replace the literal text FROM, fail if it is abse
 }
 # The driver's warps are HS_WARP lanes, as the kernels': the prelude's macro is the one place.
 patch_file gpu-kernels/emu/vendor_cpu.h '#define HS_WARP 32u' '#define HS_WARP 64u'
+# HIP has no counting barrier (vendor_hip.h defines no HS_SYNC_COUNT): the kernels' block sums
+# take their scan there, and so here.
+patch_file gpu-kernels/emu/vendor_cpu.h '#define HS_SYNC_COUNT(p) hs_cpu_sync_count((p))' '// no HS_SYNC_COUNT, as on HIP'
 if grep -nE '\b32\b' gpu-kernels/emu/driver.cpp; then
     echo "emulate-wave64: driver.cpp names 32 lanes above instead of HS_WARP; update it" >&2
     exit 1

@@ -95,6 +95,14 @@ unsigned char* stack_of(size_t i) {
     return g_stacks + i * (STACK_BYTES + page) + page;
 }
 
+// __syncthreads_count: each thread adds its predicate to its barrier's count before it parks and
+// reads the count once the barrier opens. Counting barriers alternate between two counts; the
+// last thread to arrive at one clears the other (every thread read that one before it arrived
+// here, and none can reach the next counting barrier before this one opens). `g_counted[t]`:
+// the counting barriers thread t reached in this block.
+std::vector<unsigned> g_counted;
+unsigned g_count[2], g_count_arrived[2];
+
 // xorshift64: each interval's order.
 unsigned long long g_rng;
 unsigned next_random(unsigned n) {
@@ -183,6 +191,14 @@ void run_block(unsigned bx) {
 
 void hs_cpu_sync() { park(At::Block); }
 
+unsigned hs_cpu_sync_count(bool p) {
+    const unsigned k = g_counted[hs_cpu_tid.x]++ & 1u;
+    g_count[k] += p ? 1u : 0u;
+    if (++g_count_arrived[k] == hs_cpu_bdim.x) g_count[k ^ 1u] = g_count_arrived[k ^ 1u] = 0;
+    park(At::Block);
+    return g_count[k];
+}
+
 unsigned hs_cpu_shfl_up(unsigned v, unsigned d) {
     const unsigned t = hs_cpu_tid.x, lane = t % HS_WARP;
     g_lanes[t] = v;
@@ -221,6 +237,8 @@ static void hs_cpu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsig
                 // Different (fixed) orders in every block.
                 g_rng = 0x9E3779B97F4A7C15ull ^ (x + 1ull) * 0xBF58476D1CE4E5B9ull ^
                         (y + 1ull) * 0x94D049BB133111EBull ^ z;
+                g_counted.assign(bx, 0);
+                g_count[0] = g_count[1] = g_count_arrived[0] = g_count_arrived[1] = 0;
                 // Poison shared memory: kernels must write before they read.
                 std::memset(dyn.data(), 0xA5, dyn.size());
                 hs_cpu_dyn_smem = dyn.data() + (16 - reinterpret_cast<uintptr_t>(dyn.data()) % 16) % 16;

@@ -19,12 +19,14 @@ extern thread_local hs_dim3 hs_cpu_tid;
 extern hs_dim3 hs_cpu_bid, hs_cpu_bdim, hs_cpu_gdim;
 extern unsigned char* hs_cpu_dyn_smem;
 void hs_cpu_sync();
+unsigned hs_cpu_sync_count(bool p);
 unsigned hs_cpu_shfl_up(unsigned v, unsigned d);
 unsigned hs_cpu_shfl(unsigned v, unsigned src);
 #define HS_KERNEL extern "C"
 #define HS_BOUNDS(n)
 #define HS_DEVICE static inline
 #define HS_SYNC() hs_cpu_sync()
+#define HS_SYNC_COUNT(p) hs_cpu_sync_count((p))
 #define HS_TID (hs_cpu_tid.x)
 #define HS_NTHREADS (hs_cpu_bdim.x)
 #define HS_BID_X (hs_cpu_bid.x)

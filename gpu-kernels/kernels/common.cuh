@@ -239,6 +239,26 @@ HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
     return before + inc - v;
 }
 
+// The block's sum of every thread's `n` (each below 2^BITS), known to every thread. With a
+// counting barrier (HS_SYNC_COUNT: one instruction on CUDA) it is BITS of them, one per bit of n,
+// with no shared memory, shuffle or atomic; elsewhere (HIP) hs_block_scan1's total (`s_scan` and
+// `phase` as there).
+template <u32 BITS>
+HS_DEVICE u32 hs_block_sum_small(u32 n, u32* s_scan, u32 phase) {
+#if defined(HS_SYNC_COUNT)
+    (void)s_scan;
+    (void)phase;
+    u32 total = 0;
+#pragma unroll
+    for (u32 b = 0; b < BITS; ++b) total += HS_SYNC_COUNT(((n >> b) & 1u) != 0) << b;
+    return total;
+#else
+    u32 total;
+    hs_block_scan1(n, s_scan, phase, total);
+    return total;
+#endif
+}
+
 // log2(x) when x is a power of two, else 32 (the "no shift" marker of the kernels' geometry:
 // a shift and a mask instead of a division).
 HS_DEVICE u32 hs_pow2_shift(u32 x) {

@@ -6,8 +6,8 @@
 // block for an empty batch with stats), grid.y (column tiles of each row; more than one only
 // without counts and compaction: the host spreads a few plain rows over the multiprocessors this
 // way), block (a multiple of 64 up to HS_REMAP_MAX_THREADS; the host uses top_k / 4 threads per
-// tile, one 16-byte vector each, when top_k is a multiple of 4), dynamic shared memory 4 * top_k
-// bytes with HS_REMAP_STAGED, else none. Blocks take token rows grid-stride. `idx_mapping` and
+// tile, one 16-byte vector each, when top_k is a multiple of 4; top_k / 8, two vectors each, with
+// HS_REMAP_PAIR), dynamic shared memory 4 * top_k bytes with HS_REMAP_STAGED, else none. Blocks take token rows grid-stride. `idx_mapping` and
 // `counts` may be null when the matching flag is clear; `stats` (null: none) receives each row's
 // valid entries in word 2 (counted whether or not `counts` is written) and block (0, 0) adds the
 // call to word 3.
@@ -29,6 +29,7 @@
 #define HS_REMAP_COUNTS 2u
 #define HS_REMAP_COMPACT 4u
 #define HS_REMAP_STAGED 16u
+#define HS_REMAP_PAIR 32u
 
 #if defined(HS_VENDOR_CUDA)
 // Four blocks of 512 threads per multiprocessor (at most 32 registers each): a launch of up to
@@ -336,20 +337,24 @@ HS_DEVICE void hs_remap_rows(
 }
 
 // Whether a plain remap launch takes hs_remap_lean: no compaction, rows of whole 16-byte vectors
-// that one pass of the launch's tiles covers, and counts only with one tile per row (a row's
-// count is a block sum). Uniform over the launch.
+// (pairs of them with HS_REMAP_PAIR) that one pass of the launch's tiles covers, and counts only
+// with one tile per row (a row's count is a block sum). Uniform over the launch.
 HS_DEVICE bool hs_remap_lean_fits(u32 flags, u32 top_k) {
-    if ((flags & HS_REMAP_COMPACT) != 0 || (top_k & 3u) != 0) return false;
-    if ((u64)HS_NTHREADS * 4u * HS_NBLOCKS_Y < (u64)top_k) return false;
+    const bool pair = (flags & HS_REMAP_PAIR) != 0;
+    if ((flags & HS_REMAP_COMPACT) != 0 || (top_k & (pair ? 7u : 3u)) != 0) return false;
+    if ((u64)HS_NTHREADS * (pair ? 8u : 4u) * HS_NBLOCKS_Y < (u64)top_k) return false;
     return (flags & HS_REMAP_COUNTS) == 0 || HS_NBLOCKS_Y == 1;
 }
 
-// The decode-size remap (hs_remap_lean_fits): each thread one 16-byte vector of one row, its
-// request id and vector loaded together, its four table loads together, one vector store; the
-// row's count a block sum, the stats one block sum and one atomic per block. The same outputs as
-// hs_remap_rows<false>, in a fraction of its instructions: at decode sizes the kernel's time is
-// its dependent chain, so every instruction before the store counts.
-template <bool POW2, bool MAP>
+// The decode-size remap (hs_remap_lean_fits): each thread one 16-byte vector of one row (PAIR:
+// two, the vectors at j and j + top_k / 2, their loads in flight together: for launches with more
+// rows than the device holds at once), its request id and vectors loaded together, its table
+// loads together, one store per vector; a row's valid count a counting-barrier sum
+// (hs_block_sum_small: no scan, no shared memory on CUDA), added to the stats by one atomic per
+// block at the end. The same outputs as hs_remap_rows<false>, in a fraction of its
+// instructions: at decode sizes the kernel's time is its dependent chain, so every instruction
+// before the store counts.
+template <bool POW2, bool MAP, bool PAIR>
 HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restrict__ block_table,
                              const i32* __restrict__ topk, const i32* __restrict__ idx_mapping,
                              i32* __restrict__ out, i32* __restrict__ counts,
@@ -358,47 +363,40 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
                              u32 idx_mapping_len, u32 flags, u32* s_scan) {
     const hs_remap_geo g = hs_remap_geo_make(block_size, max_blocks, block_stride_rows);
     const bool want_counts = (flags & HS_REMAP_COUNTS) != 0;
+    const u32 half = PAIR ? top_k / 2u : top_k; // the second vector's offset
     const u32 j = (HS_BID_Y * HS_NTHREADS + HS_TID) * 4u;
-    const bool mine = j < top_k;
+    const bool mine = j < half;
     const bool take[4] = {mine, mine, mine, mine};
     u32 phase = 0;
-    u32 counted = 0; // this thread's valid entries, for the stats without counts
+    u32 counted = 0; // thread 0: the block's valid entries, for the stats
     for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
         const i32 req = HS_LDG(req_id + t);
-        i32 v[4] = {-1, -1, -1, -1};
-        if (mine) {
-            const uint4 a = HS_LDG((const uint4*)(topk + (u64)t * top_k + j));
-            v[0] = (i32)a.x;
-            v[1] = (i32)a.y;
-            v[2] = (i32)a.z;
-            v[3] = (i32)a.w;
-        }
+        const i32* in = topk + (u64)t * top_k;
+        i32 v[4], w[4];
+        hs_remap_entries(in, half, j, true, v);
+        if (PAIR) hs_remap_entries(in + half, half, j, true, w);
         const i32 row = hs_remap_row_of<MAP>(req, idx_mapping, table_rows, idx_mapping_len);
         const i32* bt = row >= 0 ? block_table + (u64)row * max_blocks : 0;
-        const u32 n = hs_remap_lookup4<POW2>(g, bt, v, take);
-        if (mine)
-            *(uint4*)(out + (u64)t * top_k + j) =
-                make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
-        if (want_counts) { // uniform; one tile per row
-            u32 total;
-            hs_block_scan1(n, s_scan, phase++, total);
+        u32 n = hs_remap_lookup4<POW2>(g, bt, v, take);
+        if (PAIR) n += hs_remap_lookup4<POW2>(g, bt, w, take);
+        if (mine) {
+            i32* o = out + (u64)t * top_k + j;
+            *(uint4*)o = make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
+            if (PAIR) *(uint4*)(o + half) = make_uint4((u32)w[0], (u32)w[1], (u32)w[2], (u32)w[3]);
+        }
+        if (want_counts || stats != 0) { // uniform
+            const u32 total = hs_block_sum_small<(PAIR ? 4u : 3u)>(n, s_scan, phase++);
             if (HS_TID == 0) {
-                counts[t] = (i32)total;
-                if (stats != 0 && total != 0) atomicAdd(stats + 2, total);
+                if (want_counts) counts[t] = (i32)total;
+                counted += total;
             }
-        } else {
-            counted += n;
         }
     }
     // The stats last, off the rows' dependent chain: the block's valid entries in one atomic
     // (one per warp would queue thousands of atomics on one word at large batches), then the call.
-    if (stats != 0) { // uniform
-        if (!want_counts) {
-            u32 total;
-            hs_block_scan1(counted, s_scan, phase, total);
-            if (HS_TID == 0 && total != 0) atomicAdd(stats + 2, total);
-        }
-        if (HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);
+    if (stats != 0 && HS_TID == 0) {
+        if (counted != 0) atomicAdd(stats + 2, counted);
+        if (HS_BID_X == 0 && HS_BID_Y == 0) atomicAdd(stats + 3, 1u);
     }
 }
 
@@ -412,17 +410,24 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS];
     HS_GRID_DEP_WAIT(); // before any global memory access
     if (hs_remap_lean_fits(flags, top_k)) {
-        // Four instantiations, one taken per launch (uniform): a power-of-two block size splits
-        // entries with a shift, and a row without idx_mapping takes no mapping load.
+        // Eight instantiations, one taken per launch (uniform): a power-of-two block size splits
+        // entries with a shift, a row without idx_mapping takes no mapping load, and the
+        // planner's HS_REMAP_PAIR gives each thread two vectors.
         const bool pow2 = hs_pow2_shift(block_size) < 32, map = (flags & HS_REMAP_HAS_MAP) != 0;
-#define HS_REMAP_LEAN(P, M)                                                                    \
-    hs_remap_lean<P, M>(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens, \
-                        top_k, table_rows, max_blocks, block_size, block_stride_rows,          \
-                        idx_mapping_len, flags, s_scan)
-        if (pow2 && !map) HS_REMAP_LEAN(true, false);
-        else if (pow2) HS_REMAP_LEAN(true, true);
-        else if (!map) HS_REMAP_LEAN(false, false);
-        else HS_REMAP_LEAN(false, true);
+        const bool pair = (flags & HS_REMAP_PAIR) != 0;
+#define HS_REMAP_LEAN(P, M, W)                                                                     \
+    hs_remap_lean<P, M, W>(req_id, block_table, topk, idx_mapping, out, counts, stats, num_tokens, \
+                           top_k, table_rows, max_blocks, block_size, block_stride_rows,          \
+                           idx_mapping_len, flags, s_scan)
+        if (pair) {
+            if (pow2 && !map) HS_REMAP_LEAN(true, false, true);
+            else if (pow2) HS_REMAP_LEAN(true, true, true);
+            else if (!map) HS_REMAP_LEAN(false, false, true);
+            else HS_REMAP_LEAN(false, true, true);
+        } else if (pow2 && !map) HS_REMAP_LEAN(true, false, false);
+        else if (pow2) HS_REMAP_LEAN(true, true, false);
+        else if (!map) HS_REMAP_LEAN(false, false, false);
+        else HS_REMAP_LEAN(false, true, false);
 #undef HS_REMAP_LEAN
         return;
     }

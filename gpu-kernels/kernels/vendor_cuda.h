@@ -6,6 +6,8 @@
 #define HS_BOUNDS(n) __launch_bounds__(n)
 #define HS_DEVICE static __device__ __forceinline__
 #define HS_SYNC() __syncthreads()
+// A block barrier that returns how many threads of the block passed `p` true (one instruction).
+#define HS_SYNC_COUNT(p) ((unsigned)__syncthreads_count((p) ? 1 : 0))
 #define HS_TID ((unsigned)threadIdx.x)
 #define HS_NTHREADS ((unsigned)blockDim.x)
 #define HS_BID_X ((unsigned)blockIdx.x)

@@ -7,6 +7,7 @@
 #define HS_BOUNDS(n) __launch_bounds__(n)
 #define HS_DEVICE static __device__ __forceinline__
 #define HS_SYNC() __syncthreads()
+// No HS_SYNC_COUNT: an offline build has no counting barrier (hs_block_sum_small scans instead).
 #define HS_TID ((unsigned)threadIdx.x)
 #define HS_NTHREADS ((unsigned)blockDim.x)
 #define HS_BID_X ((unsigned)blockIdx.x)

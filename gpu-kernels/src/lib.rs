@@ -99,6 +99,10 @@ pub const REMAP_COMPACT: u32 = 4;
 /// `hs_remap` flag (with [`REMAP_COMPACT`]): build each compacted row in the launch's dynamic
 /// shared memory (`4 * top_k` bytes) and store it as whole 16-byte vectors.
 pub const REMAP_STAGED: u32 = 16;
+/// `hs_remap` flag (plain rows, no compaction, `top_k` a multiple of 8): each thread takes two
+/// 16-byte vectors of its row, the launch `top_k / 8` threads per row ([`plan::remap`] sets it
+/// when the rows outnumber what the device holds at once).
+pub const REMAP_PAIR: u32 = 32;
 /// Largest dynamic shared memory the planner gives `hs_remap` for a staged compaction (rows of
 /// more than a quarter of this many entries compact in place).
 pub const REMAP_STAGE_MAX_BYTES: u32 = 16 * 1024;
@@ -728,6 +732,7 @@ mod tests {
             ("HS_REMAP_COUNTS", REMAP_COUNTS),
             ("HS_REMAP_COMPACT", REMAP_COMPACT),
             ("HS_REMAP_STAGED", REMAP_STAGED),
+            ("HS_REMAP_PAIR", REMAP_PAIR),
             ("HS_RESOLVE_HOT_STAGE", RESOLVE_HOT_STAGE),
             ("HS_FUSED_GATHER_UNROLL", FUSED_GATHER_UNROLL),
         ] {

@@ -35,7 +35,7 @@ pub use gather::{
 };
 pub use remap::{
     REMAP_BLOCKS_PER_MULTIPROCESSOR, REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR, RemapAddrs,
-    RemapModesAddrs, remap, remap_modes, remap_threads, remap_tiles,
+    RemapModesAddrs, remap, remap_modes, remap_pairs, remap_threads, remap_tiles,
 };
 pub use resolve::{ResolveAddrs, ResolveShape, resolve, resolve_shape};
 pub use tables::{SlotMappingAddrs, invalidate, reset_hot_state, slot_mapping, write_table};

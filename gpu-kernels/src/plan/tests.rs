@@ -8,7 +8,8 @@ use hisparse_core::ops::{
 use super::copy::rectangles;
 use super::*;
 use crate::{
-    REMAP_MAX_THREADS, RESOLVE_STATIC_SHARED_BYTES, resolve_shared_bytes, resolve_workspace_entries,
+    REMAP_COUNTS, REMAP_MAX_THREADS, REMAP_PAIR, RESOLVE_STATIC_SHARED_BYTES, resolve_shared_bytes,
+    resolve_workspace_entries,
 };
 
 const H200: Target = Target {
@@ -202,6 +203,51 @@ fn few_plain_remap_rows_are_cut_into_column_tiles() {
             assert!((tiles - 1) * threads * (per as u32) < k.max(64 * per as u32));
         }
     }
+}
+
+/// A plain remap of more rows than the device holds at once (at one vector per thread) gives
+/// each thread two vectors: half the threads per block, twice the blocks at once.
+#[test]
+fn many_plain_remap_rows_give_each_thread_two_vectors() {
+    let launch = |num_tokens: u32, top_k: u32, write_counts: bool, compact: bool| {
+        let d = RemapDesc {
+            num_tokens,
+            top_k,
+            table_rows: 4,
+            max_blocks: 64,
+            block_size: 64,
+            block_stride_rows: 64,
+            idx_mapping_len: None,
+            write_counts,
+            compact,
+            stats_slot: 0,
+        };
+        remap(&H200, &d, &RemapAddrs::default()).unwrap().launches[0].clone()
+    };
+    let flags = |l: &Launch| {
+        let params = Kernel::Remap.abi().params;
+        let i = params.iter().position(|p| p.name == "flags").unwrap();
+        u32::from_ne_bytes(l.args.value(i).unwrap().try_into().unwrap())
+    };
+    // 132 multiprocessors hold 528 blocks of 512 threads: 1,024 rows of 2,048 do not fit.
+    for counts in [false, true] {
+        let l = launch(1024, 2048, counts, false);
+        assert_eq!((l.grid, l.block), ([1024, 1, 1], 256));
+        assert_ne!(flags(&l) & REMAP_PAIR, 0);
+        assert_eq!(flags(&l) & REMAP_COUNTS != 0, counts);
+    }
+    // 1,100 rows: as many blocks of 256 as the device holds at once, rows grid-stride.
+    assert_eq!(launch(1100, 2048, true, false).grid, [1056, 1, 1]);
+    // Rows that fit, compaction, and rows not of whole pairs of vectors keep one vector each.
+    for (t, k, compact) in [(528, 2048, false), (256, 2048, false), (1024, 2048, true)] {
+        let l = launch(t, k, true, compact);
+        assert_eq!(flags(&l) & REMAP_PAIR, 0, "{t} x {k}, compact {compact}");
+        assert_eq!(l.block, 512);
+    }
+    assert_eq!(flags(&launch(4096, 2052, false, false)) & REMAP_PAIR, 0);
+    assert!(remap_pairs(&H200, 529, 2048, false) && !remap_pairs(&H200, 528, 2048, false));
+    // Rows of 8,192 entries: two vectors per thread would need 1,024 threads.
+    assert!(!remap_pairs(&H200, 10_000, 8192, false));
 }
 
 #[test]
