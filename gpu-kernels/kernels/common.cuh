@@ -110,9 +110,11 @@ struct hs_wanted {
 
 // hisparse_core::ops::physical_row.
 HS_DEVICE i32 hs_physical_row(i32 block, u32 stride_rows, u32 offset) {
-    // A select, not a branch: the remap's lookups run this on their dependent chain.
-    const i64 row = (i64)block * (i64)stride_rows + (i64)offset;
-    return block >= 0 && row <= HS_I32_MAX ? (i32)row : -1;
+    // A select, not a branch: the remap's lookups run this on their dependent chain. Unsigned
+    // (a block >= 0 is its u32 value; below 2^31 * 2^32 + 2^32 nothing wraps): one wide
+    // multiply-add and a test of the high word, no sign extension.
+    const u64 row = (u64)(u32)block * stride_rows + offset;
+    return block >= 0 && row <= (u64)HS_I32_MAX ? (i32)row : -1;
 }
 
 // PageLayout::locate: flat row -> (block, offset); false outside the pool or another layer's part.
