@@ -1,3 +1,58 @@
+// The decode path's wanted-row table: hs_wanted's fields as four arrays of `cap` entries (keys,
+// first entries, first LRU positions, slots), in the same bytes. A warp's probes land on random
+// entries; at a 4-byte stride they spread over all 32 shared-memory banks, where the 16-byte
+// entries of hs_wanted put a field of every entry on the same 8.
+struct hs_wanted_cols {
+    i32* key;
+    u32* first_entry;
+    u32* first_lru;
+    u32* slot;
+};
+
+HS_DEVICE hs_wanted_cols hs_wanted_cols_at(unsigned char* base, u32 cap) {
+    hs_wanted_cols c;
+    c.key = (i32*)base;
+    c.first_entry = (u32*)(base + 4u * cap);
+    c.first_lru = (u32*)(base + 8u * cap);
+    c.slot = (u32*)(base + 12u * cap);
+    return c;
+}
+
+// Empties a table of `cap` entries: every key HS_EMPTY_KEY and every other field HS_NONE, both
+// all ones, as `cap` 16-byte stores over the four arrays (no barrier: the caller syncs before
+// the table is used).
+static_assert((u32)HS_EMPTY_KEY == HS_NONE && HS_NONE == 0xffffffffu, "an empty entry is all ones");
+HS_DEVICE void hs_wanted_cols_clear(const hs_wanted_cols& c, u32 cap) {
+    const uint4 ones = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
+    for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) ((uint4*)c.key)[i] = ones;
+}
+
+// hs_insert over the columns: g's entry (the smallest ordinal wins) and whether g was there.
+HS_DEVICE u32 hs_wanted_cols_insert(const hs_wanted_cols& c, u32 mask, i32 g, u32 entry,
+                                    bool& existed) {
+    u32 h = hs_hash(g, mask);
+    for (;;) {
+        const i32 prev = atomicCAS(&c.key[h], HS_EMPTY_KEY, g);
+        if (prev == HS_EMPTY_KEY || prev == g) {
+            atomicMin(&c.first_entry[h], entry);
+            existed = prev == g;
+            return h;
+        }
+        h = (h + 1) & mask;
+    }
+}
+
+// hs_lookup over the columns.
+HS_DEVICE u32 hs_wanted_cols_lookup(const hs_wanted_cols& c, u32 mask, i32 g) {
+    u32 h = hs_hash(g, mask);
+    for (;;) {
+        const i32 k = c.key[h];
+        if (k == g) return h;
+        if (k == HS_EMPTY_KEY) return HS_NONE;
+        h = (h + 1) & mask;
+    }
+}
+
 // The decode path of the resolver (hs_resolve_rows): a request of exactly one token row whose
 // top-k fits one pass (top_k <= 2 * HS_RESOLVE_THREADS) and whose hot buffer fits one pass
 // (hot_slots <= 4 * HS_RESOLVE_THREADS), in state-row order (idx_mapping null), with its
@@ -87,7 +142,7 @@ HS_DEVICE u32 hs_resolve_decode(
     u16* s_inv = st.order; // slot -> its LRU position
     u16* s_part = st.part; // evictables, then hits from the end
     u32* s_bits = st.bits; // slots claimed, then positions not hit
-    hs_wanted* table = (hs_wanted*)(smem + hs_resolve_state_bytes(N));
+    const hs_wanted_cols table = hs_wanted_cols_at(smem + hs_resolve_state_bytes(N), smem_cap);
     // The table at all the shared capacity the launch reserved: the fewer entries per bucket,
     // the shorter the probes (on the H200 a table of 4096 entries for 2048 keys took 34% longer
     // than one of 8192; the planner reserves a quarter-full table where it fits).
@@ -97,7 +152,7 @@ HS_DEVICE u32 hs_resolve_decode(
     if (s_hot != 0)
         for (u32 i = HS_TID; i < d.hot_cols; i += HS_NTHREADS)
             s_hot[i] = HS_LDG(hot_table + (u64)r * d.hot_cols + i);
-    hs_clear_table(table, cap);
+    hs_wanted_cols_clear(table, cap);
     for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
     if (HS_TID == 0) {
         s_other_row = 0;
@@ -124,7 +179,7 @@ HS_DEVICE u32 hs_resolve_decode(
         h_entry[q] = HS_NONE;
         if (kind[q] == 2) {
             bool existed;
-            h_entry[q] = hs_insert(table, mask, val[q], j0 + q, existed);
+            h_entry[q] = hs_wanted_cols_insert(table, mask, val[q], j0 + q, existed);
             shared_row |= existed;
             any = true;
         }
@@ -172,8 +227,8 @@ HS_DEVICE u32 hs_resolve_decode(
             h_slot[q] = HS_NONE;
             const i32 c = cached_row[q];
             if (!corrupt && my_slots && c >= 0 && (i64)c < host_rows) {
-                h_slot[q] = hs_lookup(table, mask, c);
-                if (h_slot[q] != HS_NONE) atomicMin(&table[h_slot[q]].first_lru, (u32)s_inv[p0 + q]);
+                h_slot[q] = hs_wanted_cols_lookup(table, mask, c);
+                if (h_slot[q] != HS_NONE) atomicMin(&table.first_lru[h_slot[q]], (u32)s_inv[p0 + q]);
             }
         }
         HS_SYNC(); // (3)
@@ -184,8 +239,8 @@ HS_DEVICE u32 hs_resolve_decode(
             const u32 h = h_slot[q];
             if (h == HS_NONE) continue;
             const u32 at = s_inv[p0 + q];
-            if (table[h].first_lru == at) {
-                table[h].slot = p0 + q;
+            if (table.first_lru[h] == at) {
+                table.slot[h] = p0 + q;
                 atomicAnd(&s_bits[at >> 5], ~(1u << (at & 31u)));
             }
         }
@@ -203,7 +258,7 @@ HS_DEVICE u32 hs_resolve_decode(
 #pragma unroll
         for (u32 q = 0; q < 2; ++q) {
             const u32 h = h_entry[q];
-            first_miss[q] = h != HS_NONE && table[h].first_entry == j0 + q && table[h].slot == HS_NONE;
+            first_miss[q] = h != HS_NONE && table.first_entry[h] == j0 + q && table.slot[h] == HS_NONE;
             nm += first_miss[q] ? 1u : 0u;
         }
         u32 hr, m, misses;
@@ -226,7 +281,7 @@ HS_DEVICE u32 hs_resolve_decode(
                     const u32 sl = s_part[m];
                     const i32 g = val[q];
                     const i32 src = (i64)g < host_rows ? g : -1;
-                    table[h_entry[q]].slot = sl;
+                    table.slot[h_entry[q]] = sl;
                     slot_host_rows[sbase + sl] = src;
                     miss_src[base + m] = src;
                     miss_dst[base + m] = hs_hot_row_staged(d, s_hot, hot_table, r, sl);
@@ -276,7 +331,7 @@ HS_DEVICE u32 hs_resolve_decode(
         if (kind[q] == 1) {
             out = val[q];
         } else if (kind[q] == 2) {
-            const u32 sl = table[h_entry[q]].slot;
+            const u32 sl = table.slot[h_entry[q]];
             if (sl != HS_NONE) out = hs_hot_row_staged(d, s_hot, hot_table, r, sl);
         }
         indices[base + j0 + q] = out;
