@@ -159,6 +159,26 @@ fn fused_launch_has_the_resolve_grid_and_the_gather_arguments() {
     assert_eq!(fused(1), (1, false));
 }
 
+/// The H200's launch of a remap of `num_tokens` rows of `top_k` entries (64-row blocks).
+fn remap_launch(num_tokens: u32, top_k: u32, write_counts: bool, compact: bool) -> Launch {
+    let d = RemapDesc {
+        num_tokens,
+        top_k,
+        table_rows: 4,
+        max_blocks: 64,
+        block_size: 64,
+        block_stride_rows: 64,
+        idx_mapping_len: None,
+        write_counts,
+        compact,
+        stats_slot: 0,
+    };
+    remap(&H200, &d, &RemapAddrs::default())
+        .unwrap()
+        .launches
+        .remove(0)
+}
+
 /// A plain remap of few rows is cut into column tiles until the launch has about two blocks
 /// per multiprocessor; counts and compaction keep one block per row.
 #[test]
@@ -172,19 +192,7 @@ fn few_plain_remap_rows_are_cut_into_column_tiles() {
     assert_eq!(remap_tiles(&H200, 1, 100), (1, 64));
     assert_eq!(remap_tiles(&H200, 1, 2047), (32, 64));
     let shape = |write_counts: bool, compact: bool| {
-        let d = RemapDesc {
-            num_tokens: 1,
-            top_k: 2048,
-            table_rows: 4,
-            max_blocks: 64,
-            block_size: 64,
-            block_stride_rows: 64,
-            idx_mapping_len: None,
-            write_counts,
-            compact,
-            stats_slot: 0,
-        };
-        let l = remap(&H200, &d, &RemapAddrs::default()).unwrap().launches[0].clone();
+        let l = remap_launch(1, 2048, write_counts, compact);
         (l.grid, l.block)
     };
     assert_eq!(shape(false, false), ([1, 8, 1], 64));
@@ -209,21 +217,7 @@ fn few_plain_remap_rows_are_cut_into_column_tiles() {
 /// each thread two vectors: half the threads per block, twice the blocks at once.
 #[test]
 fn many_plain_remap_rows_give_each_thread_two_vectors() {
-    let launch = |num_tokens: u32, top_k: u32, write_counts: bool, compact: bool| {
-        let d = RemapDesc {
-            num_tokens,
-            top_k,
-            table_rows: 4,
-            max_blocks: 64,
-            block_size: 64,
-            block_stride_rows: 64,
-            idx_mapping_len: None,
-            write_counts,
-            compact,
-            stats_slot: 0,
-        };
-        remap(&H200, &d, &RemapAddrs::default()).unwrap().launches[0].clone()
-    };
+    let launch = remap_launch;
     let flags = |l: &Launch| {
         let params = Kernel::Remap.abi().params;
         let i = params.iter().position(|p| p.name == "flags").unwrap();
