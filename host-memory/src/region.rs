@@ -31,7 +31,8 @@ pub enum Pages {
     ExplicitHuge,
     /// The lender's pages, as they are.
     AsGiven,
-    /// A shared-memory segment's pages, as the host's shared-memory settings give them.
+    /// A shared-memory segment's pages (or a lent array's that maps a file of `/dev/shm`), as
+    /// the host's shared-memory settings give them.
     Shared(ShmPages),
 }
 
@@ -326,14 +327,15 @@ impl<P: Pinner> HostRegion<P> {
                 let _ = ffi::advise(first as *mut u8, last - first, libc::MADV_HUGEPAGE);
             }
         }
+        // An engine's shared-memory array (a node's pool lent by each rank) has the shared-memory
+        // file system's pages: the report says which, and the remedy for 4 KiB ones.
+        let pages = if crate::shm_pages::maps_shared_memory_file(a) {
+            Pages::Shared(ShmPages::of_host())
+        } else {
+            Pages::AsGiven
+        };
         let held = Held::new(addr, len, Backing::Lent, pinner);
-        Self::set_up(
-            held,
-            cfg,
-            cfg.node(device_node),
-            Pages::AsGiven,
-            Contents::Kept,
-        )
+        Self::set_up(held, cfg, cfg.node(device_node), pages, Contents::Kept)
     }
 
     /// Pins a shared-memory segment's mapping (the host pool every rank of a node maps), touched

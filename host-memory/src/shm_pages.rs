@@ -104,6 +104,40 @@ impl fmt::Display for ShmPages {
     }
 }
 
+/// Whether `addr` lies in a mapping of a file of [`SHM_DIR`] in this process (an engine's
+/// `multiprocessing.shared_memory` array lent as a host pool, say): its pages are then the
+/// shared-memory file system's, as [`ShmPages::of_host`] says.
+pub(crate) fn maps_shared_memory_file(addr: usize) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| mapped_file(&maps, addr).map(is_in_shm_dir))
+        .unwrap_or(false)
+}
+
+fn is_in_shm_dir(path: &str) -> bool {
+    path.strip_prefix(SHM_DIR)
+        .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The path of the file mapped at `addr` in `/proc/self/maps` text, `None` where nothing, or
+/// anonymous memory, is mapped there.
+fn mapped_file(maps: &str, addr: usize) -> Option<&str> {
+    maps.lines().find_map(|line| {
+        let mut fields = line.splitn(6, ' ');
+        let (start, end) = fields.next()?.split_once('-')?;
+        let (start, end) = (
+            usize::from_str_radix(start, 16).ok()?,
+            usize::from_str_radix(end, 16).ok()?,
+        );
+        if !(start..end).contains(&addr) {
+            return None;
+        }
+        // perms, offset, device, inode, then the path (absent for anonymous memory).
+        let path = fields.nth(4)?.trim_start();
+        (!path.is_empty()).then_some(path)
+    })
+}
+
 /// The bracketed choice of a sysfs selector (`always [never] deny` → `never`).
 fn selected(text: &str) -> Option<&str> {
     let start = text.find('[')? + 1;
@@ -208,6 +242,26 @@ mod tests {
             ShmPages::from_settings(Some("garbage\n\n"), Some("no brackets")),
             ShmPages::Unknown
         );
+    }
+
+    #[test]
+    fn a_mapping_of_a_dev_shm_file_is_found_by_its_address() {
+        let maps = "\
+7f0000000000-7f0000200000 rw-s 00000000 00:1a 1234                       /dev/shm/psm_3f2a\n\
+7f0000200000-7f0000400000 rw-p 00000000 00:00 0 \n\
+7f0000400000-7f0000600000 rw-s 00000000 00:1a 99                         /dev/shmem/x\n\
+7f0000600000-7f0000800000 rw-s 00000000 00:05 77                         /memfd:pool (deleted)\n";
+        assert_eq!(
+            mapped_file(maps, 0x7f00_0000_1000),
+            Some("/dev/shm/psm_3f2a")
+        );
+        assert!(is_in_shm_dir(mapped_file(maps, 0x7f00_001f_ffff).unwrap()));
+        // Anonymous memory, another directory, a memfd, and nothing mapped.
+        assert_eq!(mapped_file(maps, 0x7f00_0020_0000), None);
+        assert!(!is_in_shm_dir(mapped_file(maps, 0x7f00_0040_0000).unwrap()));
+        assert!(!is_in_shm_dir(mapped_file(maps, 0x7f00_0060_0000).unwrap()));
+        assert_eq!(mapped_file(maps, 0x7f00_0080_0000), None);
+        assert_eq!(mapped_file("garbage\n\n", 0x1000), None);
     }
 
     #[test]

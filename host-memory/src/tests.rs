@@ -13,7 +13,8 @@ use hisparse_core::ops::PinnedBudgetError;
 use crate::config::{HUGE_PAGE, PARALLEL_FROM};
 use crate::{
     HostMemoryError, HostPoolConfig, HostRegion, HugePages, Mlock, NoPin, NotOneDeviceRange, Pages,
-    Pinner, Registration, SetupError, copy_pieces, ffi, is_mapped, wait_for_releases,
+    Pinner, Registration, SetupError, SharedSegment, copy_pieces, ffi, is_mapped,
+    wait_for_releases,
 };
 
 /// Tests that look at whether an address is mapped run one at a time: another test's mapping
@@ -299,6 +300,32 @@ fn a_dropped_pool_is_released_off_the_dropping_thread() {
     );
     let r = record.lock().unwrap();
     assert_eq!(sorted(r.unpins.clone()), sorted(r.pins.clone()));
+}
+
+/// A lent array that maps a file of `/dev/shm` (what Python's `multiprocessing.shared_memory`
+/// gives) reports the shared-memory file system's pages, as a segment does; other lent memory
+/// reports the lender's.
+#[test]
+fn lent_shared_memory_reports_the_shared_memory_pages() {
+    let _m = mappings();
+    let len = 4 << 20;
+    let name = SharedSegment::unique_name("hisparse-host-memory-lent");
+    let segment = SharedSegment::create(&name, len).unwrap();
+    // SAFETY: the segment outlives the region (dropped below first) and nothing else uses it.
+    let region = unsafe {
+        HostRegion::lend(
+            segment.addr(),
+            len,
+            &HostPoolConfig::default(),
+            None,
+            Recorder::new(true).0,
+        )
+    }
+    .unwrap();
+    assert_eq!(region.setup().pages, Pages::Shared(segment.pages()));
+    assert!(region.setup().to_string().contains("shared-memory"));
+    drop(region);
+    drop(segment);
 }
 
 #[test]
