@@ -219,6 +219,10 @@ class Worker:
             self.rt = hisparse.Runtime(lay, ops.backend, **kwargs)
             self.pool = Pool(self.rt, None, ops)
         assert self.rt.lends_pools == lend_pools
+        if not lend_pools:
+            # The runtime's own host pool: set up by the backend, and reported.
+            setup = self.rt.host_pool_setup
+            assert setup is not None and "thread" in setup and "pages" in setup, setup
         self.host_topk = np.empty((s.requests, s.top_k), dtype=np.int32)
         self.topk = ops.empty((s.requests, s.top_k))
         self.rows = ops.empty((s.requests, s.top_k))

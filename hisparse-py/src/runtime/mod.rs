@@ -280,6 +280,22 @@ impl Runtime {
         Ok(!self.lock()?.lent.is_empty())
     }
 
+    /// How the host pool was set up, in words (threads, NUMA node, pages, pinnings), or `None`
+    /// where the backend did not set it up (an array lent already pinned, a CPU-backend array
+    /// lent, the Vulkan backend). For an array over `/dev/shm` (`multiprocessing.shared_memory`)
+    /// it names the mount's huge-page setting, and for 4 KiB pages the remount that speeds up
+    /// the set-up (`docs/host-pool.md`).
+    #[getter]
+    fn host_pool_setup(&self) -> PyResult<Option<String>> {
+        Ok(self
+            .lock()?
+            .rt
+            .pools()
+            .host
+            .setup()
+            .map(ToString::to_string))
+    }
+
     /// Before the forward pass: table updates, hot-state resets, invalidation, copy-on-write,
     /// restores, the step's slot mapping — enqueued on `stream` (default: the caller's current
     /// stream). Commands run once each, in order. Before-replay work: refused while `stream` is
