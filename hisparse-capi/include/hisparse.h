@@ -1008,6 +1008,20 @@ void hs_runtime_free(struct HsRuntime *runtime);
 // `runtime` is a live handle; `out` points to writable memory for an `HsCounters`.
 enum HsStatus hs_runtime_counters(const struct HsRuntime *runtime, struct HsCounters *out);
 
+// How the host pool was set up, in words (threads, NUMA node, pages, pinnings; for a pool over
+// `/dev/shm`, the mount's huge-page setting and, with 4 KiB pages, the remount that speeds up
+// the set-up), as a NUL-terminated string into `out` (`capacity` bytes; `*count` receives the
+// bytes the string takes, its NUL included). An empty string where the backend did not set the
+// pool up (memory lent already pinned, a CPU-backend pool lent, the Vulkan backend). NULL `out`
+// with `capacity` 0 asks only for the count; a smaller array gets
+// `HS_STATUS_BUFFER_TOO_SMALL`.
+//
+// # Safety
+//
+// `runtime` is a live handle; `out` is NULL or points to `capacity` writable bytes; `count`
+// points to writable memory.
+enum HsStatus hs_runtime_host_pool_setup(const struct HsRuntime *runtime, char *out, size_t capacity, size_t *count);
+
 // Blocks until the work enqueued on `stream` (NULL: the runtime's compute stream) completed.
 //
 // # Safety

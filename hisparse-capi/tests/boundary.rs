@@ -290,6 +290,52 @@ fn an_output_array_gets_the_size_first_and_a_small_one_only_the_size() {
     assert_eq!(ids, [10, 11, 12]);
 }
 
+/// The host pool's set-up report is a NUL-terminated string under the same output-array rules:
+/// the size first, a smaller array only the size.
+#[test]
+fn the_host_pool_setup_is_a_string_sized_first() {
+    let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 1);
+    let mut count = 0;
+    ok!(hs_runtime_host_pool_setup(
+        w.rt,
+        ptr::null_mut(),
+        0,
+        &mut count
+    ));
+    assert!(count > 1, "the runtime's own pool is set up and reported");
+    let mut small = vec![0 as std::ffi::c_char; count - 1];
+    expect_error(
+        c!(hs_runtime_host_pool_setup(
+            w.rt,
+            small.as_mut_ptr(),
+            small.len(),
+            &mut count
+        )),
+        HsStatus::BufferTooSmall,
+        &format!("at least {count}"),
+    );
+    let mut text = vec![0 as std::ffi::c_char; count];
+    ok!(hs_runtime_host_pool_setup(
+        w.rt,
+        text.as_mut_ptr(),
+        text.len(),
+        &mut count
+    ));
+    // SAFETY: the call wrote a NUL-terminated string into `text`.
+    let text = unsafe { CStr::from_ptr(text.as_ptr()) }.to_str().unwrap();
+    assert_eq!(text.len() + 1, count);
+    assert!(text.contains("thread") && text.contains("pages"), "{text}");
+    null_refused(
+        c!(hs_runtime_host_pool_setup(
+            w.rt,
+            ptr::null_mut(),
+            0,
+            ptr::null_mut()
+        )),
+        "count",
+    );
+}
+
 #[test]
 fn a_length_no_array_can_have_is_refused_before_it_is_read() {
     let w = World::new(tiny_layout(200, 4 * 64, 256, 1), 2, 1);

@@ -20,7 +20,9 @@ pub use memory::*;
 pub use modes::*;
 pub use step::*;
 
-use crate::error::{Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, string};
+use crate::error::{
+    Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, output_array, string,
+};
 use crate::exclusive::{Exclusive, Handle, enter};
 use crate::layout::HsLayout;
 
@@ -409,6 +411,45 @@ pub unsafe extern "C" fn hs_runtime_counters(
             indexer_h2d_bytes: c.indexer_h2d_bytes,
         });
         Ok(())
+    })
+}
+
+/// How the host pool was set up, in words (threads, NUMA node, pages, pinnings; for a pool over
+/// `/dev/shm`, the mount's huge-page setting and, with 4 KiB pages, the remount that speeds up
+/// the set-up), as a NUL-terminated string into `out` (`capacity` bytes; `*count` receives the
+/// bytes the string takes, its NUL included). An empty string where the backend did not set the
+/// pool up (memory lent already pinned, a CPU-backend pool lent, the Vulkan backend). NULL `out`
+/// with `capacity` 0 asks only for the count; a smaller array gets
+/// `HS_STATUS_BUFFER_TOO_SMALL`.
+///
+/// # Safety
+///
+/// `runtime` is a live handle; `out` is NULL or points to `capacity` writable bytes; `count`
+/// points to writable memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hs_runtime_host_pool_setup(
+    runtime: *const HsRuntime,
+    out: *mut c_char,
+    capacity: usize,
+    count: *mut usize,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (r, out) = unsafe {
+            (
+                enter(runtime, "runtime")?,
+                output_array(out, capacity, count, "out")?,
+            )
+        };
+        let text =
+            r.rt.pools()
+                .host
+                .setup()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+        // The report is plain text: no byte of it is NUL.
+        let bytes: Vec<c_char> = text.bytes().chain([0]).map(|b| b as c_char).collect();
+        out.fill(&bytes)
     })
 }
 
