@@ -5,10 +5,10 @@ use hisparse_core::coordinator::{Coordinator, CoordinatorConfig, RequestId};
 
 use crate::command::HsRefusedRequest;
 use crate::error::{
-    Failure, HsStatus, deref, free_handle, guard, handle, internal, invalid, output, output_array,
-    output_opt, slice, slice_mut,
+    Failure, HsStatus, deref, free_handle, guard, handle, internal, invalid, output, output_opt,
+    slice, slice_mut,
 };
-use crate::exclusive::{Exclusive, Handle, enter};
+use crate::exclusive::{Exclusive, Handle, answer_entered_array, enter};
 use crate::layout::{HsLayout, in_layout};
 
 /// The scheduler side of HiSparse for one model instance (opaque). Free with
@@ -434,18 +434,13 @@ pub unsafe extern "C" fn hs_coordinator_running_ids(
     capacity: usize,
     count: *mut usize,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let (c, out) = unsafe {
-            (
-                enter(coordinator, "coordinator")?,
-                output_array(out, capacity, count, "out")?,
-            )
-        };
-        // At most `max_running` ids: sized by the coordinator, not by an argument.
-        let ids: Vec<RequestId> = c.running_ids().collect();
-        out.fill(&ids)
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer_entered_array(coordinator, "coordinator", out, capacity, count, |c| {
+            // At most `max_running` ids: sized by the coordinator, not by an argument.
+            c.running_ids().collect::<Vec<RequestId>>()
+        })
+    }
 }
 
 /// Writes a table row of the coordinator into the caller's `len` `int32_t`s at `out`.

@@ -8,7 +8,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::error::{Failure, concurrent_use, deref, internal};
+use crate::error::{Failure, HsStatus, concurrent_use, deref, guard, internal, output_array};
 
 const FREE: u8 = 0;
 const BUSY: u8 = 1;
@@ -79,6 +79,34 @@ pub(crate) unsafe fn enter<'a, H: Handle + 'a>(
 ) -> Result<Entered<'a, H::State>, Failure> {
     // SAFETY: forwarded contract; only shared references to the handle are ever made.
     unsafe { deref(p, what) }?.cell().enter(what)
+}
+
+/// The body of an entry point that answers an array computed from a handle's state: the handle
+/// entered (as [`enter`], named `what`) and the output array checked (as
+/// [`output_array`](crate::error::output_array)) first, then `array` of the state copied into
+/// `out` as `OutArray::fill` does.
+///
+/// # Safety
+///
+/// `handle` as [`enter`] takes it; `out`, `capacity` and `count` as `output_array` takes them.
+pub(crate) unsafe fn answer_entered_array<H: Handle, T: Copy>(
+    handle: *const H,
+    what: &str,
+    out: *mut T,
+    capacity: usize,
+    count: *mut usize,
+    array: impl FnOnce(&H::State) -> Vec<T>,
+) -> HsStatus {
+    guard(|| {
+        // SAFETY: forwarded contract.
+        let (state, out) = unsafe {
+            (
+                enter(handle, what)?,
+                output_array(out, capacity, count, "out")?,
+            )
+        };
+        out.fill(&array(&state))
+    })
 }
 
 /// As [`enter`], with NULL meaning no handle (`None`).

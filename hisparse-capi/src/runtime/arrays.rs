@@ -8,10 +8,8 @@ use hisparse_core::layout::GroupKind;
 use hisparse_runtime::AnyBuffer;
 
 use super::{HsRuntime, RuntimeState};
-use crate::error::{
-    Failure, HsStatus, guard, invalid, output, output_array, output_opt, slice_mut,
-};
-use crate::exclusive::enter;
+use crate::error::{Failure, HsStatus, guard, invalid, output, output_opt, slice_mut};
+use crate::exclusive::{answer_entered_array, enter};
 
 /// One of the runtime's device arrays: int32 `[rows][cols]`, row-major and contiguous.
 #[repr(C)]
@@ -167,16 +165,12 @@ pub unsafe extern "C" fn hs_runtime_slot_mapping_groups(
     capacity: usize,
     count: *mut usize,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let (r, out) = unsafe {
-            (
-                enter(runtime, "runtime")?,
-                output_array(out, capacity, count, "out")?,
-            )
-        };
-        out.fill(&r.rt.slot_mapping_groups())
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer_entered_array(runtime, "runtime", out, capacity, count, |r| {
+            r.rt.slot_mapping_groups()
+        })
+    }
 }
 
 /// The per-request table of layout group `group` on the device: int32

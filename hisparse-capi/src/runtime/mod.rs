@@ -20,10 +20,8 @@ pub use memory::*;
 pub use modes::*;
 pub use step::*;
 
-use crate::error::{
-    Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, output_array, string,
-};
-use crate::exclusive::{Exclusive, Handle, enter};
+use crate::error::{Failure, HsStatus, deref, free_handle, guard, handle, invalid, output, string};
+use crate::exclusive::{Exclusive, Handle, answer_entered_array, enter};
 use crate::layout::HsLayout;
 
 /// The engine runtime (opaque): executes each step's command on a backend. Free with
@@ -433,24 +431,19 @@ pub unsafe extern "C" fn hs_runtime_host_pool_setup(
     capacity: usize,
     count: *mut usize,
 ) -> HsStatus {
-    guard(|| {
-        // SAFETY: forwarded contract.
-        let (r, out) = unsafe {
-            (
-                enter(runtime, "runtime")?,
-                output_array(out, capacity, count, "out")?,
-            )
-        };
-        let text =
-            r.rt.pools()
-                .host
-                .setup()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-        // The report is plain text: no byte of it is NUL.
-        let bytes: Vec<c_char> = text.bytes().chain([0]).map(|b| b as c_char).collect();
-        out.fill(&bytes)
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        answer_entered_array(runtime, "runtime", out, capacity, count, |r| {
+            let text =
+                r.rt.pools()
+                    .host
+                    .setup()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+            // The report is plain text: no byte of it is NUL.
+            text.bytes().chain([0]).map(|b| b as c_char).collect()
+        })
+    }
 }
 
 /// Blocks until the work enqueued on `stream` (NULL: the runtime's compute stream) completed.
