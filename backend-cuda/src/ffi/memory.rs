@@ -63,28 +63,10 @@ impl DevMem {
 
     /// Allocates `len` zeroed bytes (`len == 0` allocates nothing and has a null address).
     pub(crate) fn alloc_zeroed(ctx: &Arc<Context>, len: usize) -> Result<DevMem> {
-        ctx.bind()?;
-        let mut ptr = 0;
+        let mem = Self::alloc_uninit(ctx, len)?;
         if len > 0 {
-            // SAFETY: `ptr` is a valid out-pointer; the context is current.
-            let code = unsafe { sys::cuMemAlloc_v2(&mut ptr, len) };
-            if code != CUresult::CUDA_SUCCESS {
-                return Err(if code == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                    CudaError::OutOfDeviceMemory { bytes: len, code }
-                } else {
-                    CudaError::driver("cuMemAlloc", code)
-                });
-            }
-        }
-        let mem = DevMem {
-            ptr,
-            len,
-            ctx: ctx.clone(),
-            owned: true,
-        };
-        if len > 0 {
-            // SAFETY: `ptr` points to `len` bytes just allocated in this context.
-            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, len) })?;
+            // SAFETY: `mem.ptr` points to `len` bytes just allocated in this context (current).
+            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(mem.ptr, 0, len) })?;
             ctx.synchronize()?;
         }
         Ok(mem)
