@@ -241,20 +241,20 @@ HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
     return before + inc - v;
 }
 
-// The block's sum of every thread's `n` (each below 2^BITS), known to every thread. With a
-// counting barrier (HS_SYNC_COUNT: one instruction on CUDA) it is BITS of them, one per bit of n,
-// with no shared memory, shuffle or atomic; elsewhere (HIP) hs_block_scan1's total (`s_scan` and
-// `phase` as there).
-template <u32 BITS>
-HS_DEVICE u32 hs_block_sum_small(u32 n, u32* s_scan, u32 phase) {
+// The block's sum of every thread's `n` (each at most `max_n`, uniform over the block), known to
+// every thread. With a counting barrier (HS_SYNC_COUNT: one instruction on CUDA) it is one of
+// them per bit of max_n, with no shared memory, shuffle or atomic; elsewhere (HIP)
+// hs_block_scan1's total (`s_scan` and `phase` as there).
+HS_DEVICE u32 hs_block_sum_small(u32 n, u32 max_n, u32* s_scan, u32 phase) {
 #if defined(HS_SYNC_COUNT)
     (void)s_scan;
     (void)phase;
+    const u32 bits = 32u - (u32)HS_CLZ(max_n);
     u32 total = 0;
-#pragma unroll
-    for (u32 b = 0; b < BITS; ++b) total += HS_SYNC_COUNT(((n >> b) & 1u) != 0) << b;
+    for (u32 b = 0; b < bits; ++b) total += HS_SYNC_COUNT(((n >> b) & 1u) != 0) << b;
     return total;
 #else
+    (void)max_n;
     u32 total;
     hs_block_scan1(n, s_scan, phase, total);
     return total;

@@ -7,10 +7,10 @@
 // without counts and compaction: the host spreads a few plain rows over the multiprocessors this
 // way), block (a multiple of 64 up to HS_REMAP_MAX_THREADS; the host uses top_k / 4 threads per
 // tile, one 16-byte vector each, when top_k is a multiple of 4; top_k / 8, two vectors each, with
-// HS_REMAP_PAIR), dynamic shared memory 4 * top_k bytes with HS_REMAP_STAGED, else none. Blocks take token rows grid-stride. `idx_mapping` and
-// `counts` may be null when the matching flag is clear; `stats` (null: none) receives each row's
-// valid entries in word 2 (counted whether or not `counts` is written) and block (0, 0) adds the
-// call to word 3.
+// HS_REMAP_PAIR), dynamic shared memory 4 * top_k bytes with HS_REMAP_STAGED, else none.
+// Blocks take token rows grid-stride. `idx_mapping` and `counts` may be null when the matching
+// flag is clear; `stats` (null: none) receives each row's valid entries in word 2 (counted
+// whether or not `counts` is written) and block (0, 0) adds the call to word 3.
 //
 // Per row the request id and the thread's top-k vector are loaded together (independent), one
 // row ahead: while a block looks up row t, the inputs of its next row are already in flight, so a
@@ -367,9 +367,13 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
     const u32 j = (HS_BID_Y * HS_NTHREADS + HS_TID) * 4u;
     const bool mine = j < half;
     const bool take[4] = {mine, mine, mine, mine};
+    const u32 per_row = PAIR ? 8u : 4u; // a thread's entries of a row
     u32 phase = 0;
-    u32 counted = 0; // thread 0: the block's valid entries, for the stats
+    // The stats: without counts, this thread's valid entries of all its rows, summed once at the
+    // end; with counts, thread 0 adds up the rows' sums.
+    u32 counted = 0, rows = 0;
     for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
+        ++rows;
         const i32 req = HS_LDG(req_id + t);
         const i32* in = topk + (u64)t * top_k;
         i32 v[4], w[4];
@@ -384,19 +388,25 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
             *(uint4*)o = make_uint4((u32)v[0], (u32)v[1], (u32)v[2], (u32)v[3]);
             if (PAIR) *(uint4*)(o + half) = make_uint4((u32)w[0], (u32)w[1], (u32)w[2], (u32)w[3]);
         }
-        if (want_counts || stats != 0) { // uniform
-            const u32 total = hs_block_sum_small<(PAIR ? 4u : 3u)>(n, s_scan, phase++);
+        if (want_counts) { // uniform; one tile per row
+            const u32 total = hs_block_sum_small(n, per_row, s_scan, phase++);
             if (HS_TID == 0) {
-                if (want_counts) counts[t] = (i32)total;
+                counts[t] = (i32)total;
                 counted += total;
             }
+        } else {
+            counted += n;
         }
     }
     // The stats last, off the rows' dependent chain: the block's valid entries in one atomic
     // (one per warp would queue thousands of atomics on one word at large batches), then the call.
-    if (stats != 0 && HS_TID == 0) {
-        if (counted != 0) atomicAdd(stats + 2, counted);
-        if (HS_BID_X == 0 && HS_BID_Y == 0) atomicAdd(stats + 3, 1u);
+    if (stats != 0) { // uniform
+        if (!want_counts) {
+            const u32 most = rows > HS_NONE / per_row ? HS_NONE : rows * per_row;
+            counted = hs_block_sum_small(counted, most, s_scan, phase);
+        }
+        if (HS_TID == 0 && counted != 0) atomicAdd(stats + 2, counted);
+        if (HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);
     }
 }
 

@@ -338,7 +338,7 @@ HS_DEVICE u32 hs_resolve_decode(
         valid += out != -1 ? 1u : 0u;
     }
     // (8): a thread's valid entries are 0 to 2, so two counting barriers sum them on CUDA.
-    const u32 total = hs_block_sum_small<2>(valid, s_scan, 1);
+    const u32 total = hs_block_sum_small(valid, 2u, s_scan, 1);
     if (HS_TID == 0) {
         valid_counts[t] = (i32)total;
         if (stats != 0 && total != 0) atomicAdd(stats + 2, total);
