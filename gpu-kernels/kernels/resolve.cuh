@@ -59,32 +59,62 @@ struct hs_resolve_desc {
 
 HS_DEVICE u32 hs_hash(i32 g, u32 mask) { return ((u32)g * 2654435761u) & mask; }
 
-HS_DEVICE u32 hs_lookup(const hs_wanted* table, u32 mask, i32 g) {
+// A wanted-row table is laid out one of two ways: an array of hs_wanted entries (the general
+// body's, in shared or global memory), or the same fields as four arrays of `cap` entries in the
+// same bytes (the decode path's, in shared memory: a warp's random probes and field reads at a
+// 4-byte stride spread over all 32 banks, where a field of every 16-byte entry falls on the same
+// 8). The probes below are written once over both, through these accessors.
+struct hs_wanted_cols {
+    i32* key;
+    u32* first_entry;
+    u32* first_lru;
+    u32* slot;
+};
+
+HS_DEVICE hs_wanted_cols hs_wanted_cols_at(unsigned char* base, u32 cap) {
+    hs_wanted_cols c;
+    c.key = (i32*)base;
+    c.first_entry = (u32*)(base + 4u * cap);
+    c.first_lru = (u32*)(base + 8u * cap);
+    c.slot = (u32*)(base + 12u * cap);
+    return c;
+}
+
+HS_DEVICE i32* hs_key_at(hs_wanted* t, u32 h) { return &t[h].key; }
+HS_DEVICE i32* hs_key_at(const hs_wanted_cols& t, u32 h) { return &t.key[h]; }
+HS_DEVICE u32* hs_first_entry_at(hs_wanted* t, u32 h) { return &t[h].first_entry; }
+HS_DEVICE u32* hs_first_entry_at(const hs_wanted_cols& t, u32 h) { return &t.first_entry[h]; }
+
+template <class Table>
+HS_DEVICE u32 hs_lookup(const Table& table, u32 mask, i32 g) {
     u32 h = hs_hash(g, mask);
     for (;;) {
-        i32 k = table[h].key;
+        const i32 k = *hs_key_at(table, h);
         if (k == g) return h;
         if (k == HS_EMPTY_KEY) return HS_NONE;
         h = (h + 1) & mask;
     }
 }
 
-// Empties entries [0, n) of a wanted-row table, the block's threads striding over them (no
-// barrier: the caller syncs before the table is used).
-HS_DEVICE void hs_clear_table(hs_wanted* table, u32 n) {
+// Empties entries [0, n) of a wanted-row table (either layout: both are n 16-byte units from
+// `base`), the block's threads striding over them (no barrier: the caller syncs before the table
+// is used).
+static_assert((u32)HS_EMPTY_KEY == HS_NONE, "an empty entry is all ones in either layout");
+HS_DEVICE void hs_clear_table(void* base, u32 n) {
     // One 16-byte store per entry (the table is 16-byte aligned in shared and global memory).
     const uint4 empty = make_uint4((u32)HS_EMPTY_KEY, HS_NONE, HS_NONE, HS_NONE);
-    for (u32 i = HS_TID; i < n; i += HS_NTHREADS) ((uint4*)table)[i] = empty;
+    for (u32 i = HS_TID; i < n; i += HS_NTHREADS) ((uint4*)base)[i] = empty;
 }
 
 // Inserts g with entry ordinal `entry` (the smallest ordinal wins); returns g's slot in the table
 // and whether g was there already (`existed`: another entry names it too).
-HS_DEVICE u32 hs_insert(hs_wanted* table, u32 mask, i32 g, u32 entry, bool& existed) {
+template <class Table>
+HS_DEVICE u32 hs_insert(const Table& table, u32 mask, i32 g, u32 entry, bool& existed) {
     u32 h = hs_hash(g, mask);
     for (;;) {
-        i32 prev = atomicCAS(&table[h].key, HS_EMPTY_KEY, g);
+        const i32 prev = atomicCAS(hs_key_at(table, h), HS_EMPTY_KEY, g);
         if (prev == HS_EMPTY_KEY || prev == g) {
-            atomicMin(&table[h].first_entry, entry);
+            atomicMin(hs_first_entry_at(table, h), entry);
             existed = prev == g;
             return h;
         }

@@ -1,58 +1,3 @@
-// The decode path's wanted-row table: hs_wanted's fields as four arrays of `cap` entries (keys,
-// first entries, first LRU positions, slots), in the same bytes. A warp's probes land on random
-// entries; at a 4-byte stride they spread over all 32 shared-memory banks, where the 16-byte
-// entries of hs_wanted put a field of every entry on the same 8.
-struct hs_wanted_cols {
-    i32* key;
-    u32* first_entry;
-    u32* first_lru;
-    u32* slot;
-};
-
-HS_DEVICE hs_wanted_cols hs_wanted_cols_at(unsigned char* base, u32 cap) {
-    hs_wanted_cols c;
-    c.key = (i32*)base;
-    c.first_entry = (u32*)(base + 4u * cap);
-    c.first_lru = (u32*)(base + 8u * cap);
-    c.slot = (u32*)(base + 12u * cap);
-    return c;
-}
-
-// Empties a table of `cap` entries: every key HS_EMPTY_KEY and every other field HS_NONE, both
-// all ones, as `cap` 16-byte stores over the four arrays (no barrier: the caller syncs before
-// the table is used).
-static_assert((u32)HS_EMPTY_KEY == HS_NONE && HS_NONE == 0xffffffffu, "an empty entry is all ones");
-HS_DEVICE void hs_wanted_cols_clear(const hs_wanted_cols& c, u32 cap) {
-    const uint4 ones = make_uint4(HS_NONE, HS_NONE, HS_NONE, HS_NONE);
-    for (u32 i = HS_TID; i < cap; i += HS_NTHREADS) ((uint4*)c.key)[i] = ones;
-}
-
-// hs_insert over the columns: g's entry (the smallest ordinal wins) and whether g was there.
-HS_DEVICE u32 hs_wanted_cols_insert(const hs_wanted_cols& c, u32 mask, i32 g, u32 entry,
-                                    bool& existed) {
-    u32 h = hs_hash(g, mask);
-    for (;;) {
-        const i32 prev = atomicCAS(&c.key[h], HS_EMPTY_KEY, g);
-        if (prev == HS_EMPTY_KEY || prev == g) {
-            atomicMin(&c.first_entry[h], entry);
-            existed = prev == g;
-            return h;
-        }
-        h = (h + 1) & mask;
-    }
-}
-
-// hs_lookup over the columns.
-HS_DEVICE u32 hs_wanted_cols_lookup(const hs_wanted_cols& c, u32 mask, i32 g) {
-    u32 h = hs_hash(g, mask);
-    for (;;) {
-        const i32 k = c.key[h];
-        if (k == g) return h;
-        if (k == HS_EMPTY_KEY) return HS_NONE;
-        h = (h + 1) & mask;
-    }
-}
-
 // The decode path of the resolver (hs_resolve_rows): a request of exactly one token row whose
 // top-k fits one pass (top_k <= 2 * HS_RESOLVE_THREADS) and whose hot buffer fits one pass
 // (hot_slots <= 4 * HS_RESOLVE_THREADS), in state-row order (idx_mapping null), with its
@@ -152,7 +97,7 @@ HS_DEVICE u32 hs_resolve_decode(
     if (s_hot != 0)
         for (u32 i = HS_TID; i < d.hot_cols; i += HS_NTHREADS)
             s_hot[i] = HS_LDG(hot_table + (u64)r * d.hot_cols + i);
-    hs_wanted_cols_clear(table, cap);
+    hs_clear_table(table.key, cap);
     for (u32 i = HS_TID; i < (N + 31) / 32; i += HS_NTHREADS) s_bits[i] = 0;
     if (HS_TID == 0) {
         s_other_row = 0;
@@ -179,7 +124,7 @@ HS_DEVICE u32 hs_resolve_decode(
         h_entry[q] = HS_NONE;
         if (kind[q] == 2) {
             bool existed;
-            h_entry[q] = hs_wanted_cols_insert(table, mask, val[q], j0 + q, existed);
+            h_entry[q] = hs_insert(table, mask, val[q], j0 + q, existed);
             shared_row |= existed;
             any = true;
         }
@@ -227,7 +172,7 @@ HS_DEVICE u32 hs_resolve_decode(
             h_slot[q] = HS_NONE;
             const i32 c = cached_row[q];
             if (!corrupt && my_slots && c >= 0 && (i64)c < host_rows) {
-                h_slot[q] = hs_wanted_cols_lookup(table, mask, c);
+                h_slot[q] = hs_lookup(table, mask, c);
                 if (h_slot[q] != HS_NONE) atomicMin(&table.first_lru[h_slot[q]], (u32)s_inv[p0 + q]);
             }
         }

@@ -160,9 +160,9 @@ fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), Plan
 /// blocks as it holds, each taking rows grid-stride with the next row's inputs loaded ahead; a
 /// plain remap of fewer rows than the device has room for cuts each row into column tiles
 /// ([`remap_tiles`]); a plain remap of more rows than the device holds at once gives each thread
-/// two vectors ([`remap_pairs`]). A compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4 entries is staged in dynamic
-/// shared memory ([`REMAP_STAGED`]). An empty batch launches nothing, or with stats one block
-/// that counts the call.
+/// two vectors ([`remap_pairs`]). A compaction of rows of at most [`REMAP_STAGE_MAX_BYTES`] / 4
+/// entries is staged in dynamic shared memory ([`REMAP_STAGED`]). An empty batch launches
+/// nothing, or with stats one block that counts the call.
 pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
     if nothing_to_launch(d.num_tokens, a.stats) {
         return Ok(Plan::empty());
