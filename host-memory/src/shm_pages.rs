@@ -115,7 +115,13 @@ pub(crate) fn maps_shared_memory_file(addr: usize) -> bool {
 }
 
 fn is_in_shm_dir(path: &str) -> bool {
-    path.strip_prefix(SHM_DIR)
+    is_below(path, SHM_DIR)
+}
+
+/// Whether `path` names something inside directory `dir` (not `dir` itself, nor `dir` followed
+/// by more letters).
+fn is_below(path: &str, dir: &str) -> bool {
+    path.strip_prefix(dir)
         .is_some_and(|rest| rest.starts_with('/'))
 }
 
@@ -158,11 +164,7 @@ fn huge_option_of_shm(mounts: &str) -> Option<ShmHuge> {
         else {
             continue;
         };
-        let holds = point == "/"
-            || SHM_DIR == point
-            || SHM_DIR
-                .strip_prefix(point)
-                .is_some_and(|rest| rest.starts_with('/'));
+        let holds = point == "/" || SHM_DIR == point || is_below(SHM_DIR, point);
         if holds && best.is_none_or(|(len, _, _)| point.len() >= len) {
             best = Some((point.len(), kind, options));
         }
