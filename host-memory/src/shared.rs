@@ -189,7 +189,8 @@ impl SharedSegment {
             pages: ShmPages::of_host(),
         };
         if len >= HUGE_PAGE && cfg.huge_pages != HugePages::Off {
-            // Advice only: honoured where `shmem_enabled` allows huge pages, same contents.
+            // Advice only: honoured where `/dev/shm`'s mount allows huge pages (`ShmPages`),
+            // same contents.
             let _ = ffi::advise(addr.as_ptr(), len, libc::MADV_HUGEPAGE);
         }
         let node = cfg.node(None);
