@@ -129,6 +129,33 @@ impl Outputs {
         }
     }
 
+    /// The outputs of token rows `rows` (in that order) of these outputs of top-k `k`, each
+    /// followed by [`SLACK`] sentinels: what a call over just those rows must write when no
+    /// other row of their requests is left out.
+    pub(crate) fn rows(&self, rows: &[usize], k: usize) -> Outputs {
+        let per_row = |v: &[i32]| -> Vec<i32> {
+            let mut out: Vec<i32> = rows
+                .iter()
+                .flat_map(|&t| v[t * k..][..k].iter().copied())
+                .collect();
+            out.extend([SENTINEL; SLACK]);
+            out
+        };
+        let per_token = |v: &[i32]| -> Vec<i32> {
+            let mut out: Vec<i32> = rows.iter().map(|&t| v[t]).collect();
+            out.extend([SENTINEL; SLACK]);
+            out
+        };
+        Outputs {
+            indices: per_row(&self.indices),
+            valid: per_token(&self.valid),
+            hits: per_token(&self.hits),
+            misses: per_token(&self.misses),
+            miss_src: per_row(&self.miss_src),
+            miss_dst: per_row(&self.miss_dst),
+        }
+    }
+
     /// Compares every output with `want`, naming `path` on a difference.
     pub(crate) fn expect(&self, path: &str, want: &Outputs) -> CaseResult {
         let name = |what: &str| format!("{path}{what}");

@@ -3,7 +3,9 @@
 //! resolve and the gather of its miss plan) on host copies, the device's `resolve_and_gather` on
 //! one device copy of the hot state and pools, and the device's own `resolve` + `gather_rows`
 //! pair on another; both device paths must give the reference's every output (with the sentinels
-//! past them intact), `slot_host_rows` and LRU rows and every byte of the device pool.
+//! past them intact), `slot_host_rows` and LRU rows and every byte of the device pool. A third
+//! device copy takes each step as two micro-batch calls on two unordered streams
+//! ([`micro_batches`]), which must leave the same.
 //!
 //! Each call is bracketed on its stream by a copy that stages its top-k input before it and
 //! one that copies the device pool after it (rule 1 of the stream rules: in order on one stream), and an event recorded after it must report completion once the stream is
@@ -29,6 +31,8 @@ use crate::util::{
     read_i32, same,
 };
 use crate::{Case, CaseError, CaseResult, SplitMix64};
+
+mod micro_batches;
 
 /// One random sequence of swap-in calls.
 #[derive(Clone, Copy, Debug)]
@@ -631,6 +635,7 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
     let host_pool = pinned_bytes(dev, &w.host_pool)?;
     let mut fused = Twin::new(dev, &w)?;
     let mut pair = Twin::new(dev, &w)?;
+    let mut micro = micro_batches::MicroBatches::new(dev, &w)?;
     let ctx = (sh.pages * sh.rows.block_size) as i32;
     let mut current: Vec<Vec<i32>> = (0..sh.requests)
         .map(|_| (0..sh.top_k).map(|_| rng.i32_in(0, ctx)).collect())
@@ -653,6 +658,10 @@ fn random<D: Device>(dev: &D, seed: u64, sh: Shape) -> CaseResult {
                 twin.step(dev, &host_pool, &w, path, (&req_id, &topk, slot), &want),
             )?;
         }
+        at_step(
+            step,
+            micro.step(dev, &host_pool, &w, (&req_id, &topk, slot), &want),
+        )?;
         let (hits, misses) = seen.add(&w.desc, &w.h, (&req_id, &topk), &want);
         // A cold hot state (every slot_host_rows -1, or request 0's corrupt one reset) hits nothing.
         ensure!(
