@@ -9,10 +9,15 @@ are there (`Alloc`), `build_offload_command()` ends the step. The forward pass w
 layer's new KV rows through the runtime's device slot mapping with one `index_copy_` per layer,
 and every decode step's per-layer calls are prepared once (`Runtime.layer_call`). With
 `--graph` (CUDA) the decode steps' per-layer calls are captured once into a CUDA graph and
-replayed. Every row attention reads is checked against the KV the forward pass wrote.
+replayed. With `--micro-batches N` each index group's call is cut into N micro-batch calls,
+each over its own token rows and state rows (`layer_call(..., state_rows=...)`), run on a side
+stream that forks from and joins the engine's stream through events (in the graph too): how an
+engine lets one micro-batch's swap-in cross the bus while other work runs. Every row attention
+reads is checked against the KV the forward pass wrote.
 
     python examples/engine_loop.py --backend cpu             # numpy arrays
     python examples/engine_loop.py --backend cuda --graph    # PyTorch tensors, a CUDA graph
+    python examples/engine_loop.py --backend cuda --graph --micro-batches 2
 
 Exits non-zero if any row differs or a pool is not empty at the end.
 """
@@ -40,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=int, default=96, help="tokens the engine computes per step")
     p.add_argument("--top-k", type=int, default=32)
     p.add_argument("--gpu-blocks", type=int, default=60)
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="micro-batch calls per index group, on a side stream (1: one call)")
     return p.parse_args(argv)
 
 
@@ -105,6 +112,8 @@ class Scheduler:
 
 
 class Numpy:
+    torch = None
+
     def zeros(self, shape, dtype):
         return np.zeros(shape, dtype=dtype)
 
@@ -198,6 +207,15 @@ class Engine:
         self.topk = ops.zeros((G, R, K), np.int32)
         self.rows = ops.zeros((G, R, K), np.int32)
         self.calls = [rt.layer_call(g, self.topk[g], self.rows[g]) for g in range(G)]
+        # Micro-batches: token rows [a, b) of the arrays each, with their own state rows (a
+        # 16-byte aligned array of their own, -1 = padding) rather than the batch set_batch gives.
+        n = max(1, min(a.micro_batches, R))
+        bounds = [R * i // n for i in range(n + 1)]
+        self.parts = list(zip(bounds, bounds[1:])) if n > 1 else []
+        self.part_state = [ops.zeros(b - a_, np.int32) for a_, b in self.parts]
+        self.part_calls = [[rt.layer_call(g, self.topk[g, a_:b], self.rows[g, a_:b], state_rows=self.part_state[p])
+                            for p, (a_, b) in enumerate(self.parts)] for g in range(G)]
+        self.side = ops.torch.cuda.Stream() if ops.torch is not None and self.parts else None
         self.graph = None
         self.replays = self.verified = 0
         self.rng = np.random.default_rng(7)
@@ -226,10 +244,23 @@ class Engine:
                 sel[g, i, : min(K, n)] = self.rng.choice(n, size=min(K, n), replace=False)
         ops.copy_in(self.topk, sel)
         batch = [x["slot"] for x in decoding]
-        if a.graph:
+        if self.parts:
+            # The micro-batch calls read their own state rows (no set_batch); rows past the
+            # batch are padding.
+            padded = batch + [-1] * (R - len(batch))
+            for (a_, b), state in zip(self.parts, self.part_state):
+                ops.copy_in(state, np.asarray(padded[a_:b], np.int32))
+            if a.graph:
+                if self.graph is None:
+                    self.graph = capture(ops.torch, self.run_parts)
+                self.graph.replay()
+                self.replays += 1
+            else:
+                self.run_parts()
+        elif a.graph:
             self.rt.set_batch(batch, pad_to=R)  # before-replay work: outside the graph
             if self.graph is None:
-                self.graph = capture(ops.torch, self.calls)
+                self.graph = capture(ops.torch, lambda: [call() for call in self.calls])
             self.graph.replay()
             self.replays += 1
         else:
@@ -246,6 +277,26 @@ class Engine:
                     if not (got_rows[g, i][~valid] == -1).all() or not np.array_equal(got[i][valid], want):
                         raise SystemExit(f"layer {layer}, request {x['id']}: attention would read wrong rows")
                     self.verified += int(valid.sum())
+
+    def run_parts(self):
+        """Each group's micro-batch calls on the side stream, after the work queued on the
+        current stream; the current stream's later work waits for each (inline on the CPU)."""
+        torch = self.ops.torch
+        for calls in self.part_calls:
+            if torch is None:
+                for call in calls:
+                    call()
+                continue
+            main = torch.cuda.current_stream()
+            done = []
+            for call in calls:
+                self.side.wait_stream(main)
+                with torch.cuda.stream(self.side):
+                    call()
+                    done.append(torch.cuda.Event())
+                    done[-1].record(self.side)
+            for event in done:  # where an engine would start each micro-batch's attention
+                main.wait_event(event)
 
 
 def main(argv=None):
@@ -298,14 +349,14 @@ def main(argv=None):
     return 0
 
 
-def capture(torch, calls):
-    """Captures one call per index group into a CUDA graph (the runtime's calls go to PyTorch's
-    current stream, the capture stream). Before each replay the engine runs `begin_step` and
-    `set_batch(pad_to=...)` outside the capture, and writes the top-k into the static array."""
+def capture(torch, per_layer_calls):
+    """Captures the per-layer calls ``per_layer_calls()`` makes into a CUDA graph (the runtime's
+    calls go to PyTorch's current stream, the capture stream, or to a side stream joined to it).
+    Before each replay the engine runs `begin_step` and `set_batch(pad_to=...)` (or writes the
+    micro-batches' state rows) outside the capture, and writes the top-k into the static array."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for call in calls:
-            call()
+        per_layer_calls()
     return graph
 
 

@@ -10,6 +10,8 @@
 #                    replayed 20 steps against an eager run (rows and counters), capture refusals,
 #                    the current stream, the two-process test with each worker on the GPU
 #   engine-loop      examples/engine_loop.py --backend cuda --graph (its own scheduler)
+#   engine-loop-micro  the same with two micro-batch calls per group on a side stream, forked
+#                    and joined inside the graph (--micro-batches 2)
 #   flashmla-v3.2    examples/flashmla_decode.py: FlashMLA over HiSparse's rows, bit-identical to
 #   flashmla-v4      an all-resident copy, the decode path in one CUDA graph (V3.2 and V4 rows)
 #   host-overhead    host µs per eager per-layer call, 1-256 requests, beside its GPU time
@@ -56,6 +58,7 @@ run_section graph-capture 40 "$bin/cuda-graph-capture"
 run_section runtime-cuda 120 "$bin/runtime-cuda"
 run_section python 200 sh -c "cd hisparse-py/tests && python3 -m pytest -v -p no:cacheprovider --timeout=90 --timeout-method=thread --ignore=test_layout.py ."
 run_section engine-loop 40 python3 examples/engine_loop.py --backend cuda --graph
+run_section engine-loop-micro 40 python3 examples/engine_loop.py --backend cuda --graph --micro-batches 2
 run_section flashmla-v3.2 60 python3 examples/flashmla_decode.py --format v3.2 --json "$out/flashmla-v3.2.json"
 run_section flashmla-v4 60 python3 examples/flashmla_decode.py --format v4 --json "$out/flashmla-v4.json"
 run_section capi-engine 60 sh -c "cc -std=c11 -Wall -Wextra -Werror -I hisparse-capi/include hisparse-capi/examples/engine.c $bin/libhisparse_capi.a -lpthread -ldl -lm -o /tmp/hs-engine && /tmp/hs-engine cuda"

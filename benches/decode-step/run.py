@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--indexer", choices=["triton", "torch"],
                    help="the indexer's logits: one Triton kernel (default) or PyTorch ops")
     p.add_argument("--standin-bytes", type=int, help="weight bytes per step (0: no stand-in)")
+    p.add_argument("--micro-batches", type=int,
+                   help="micro-batches of the pipelined step (default 2; 1: no pipelined step)")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--timed-steps", type=int)
     p.add_argument("--host-limit-gib", type=float, help="host memory the pools may take")
@@ -73,7 +75,7 @@ def make_config(a) -> config.Config:
                          ("overlaps", a.overlaps), ("layers", a.layers), ("top_k", a.top_k),
                          ("standin_bytes", a.standin_bytes), ("warmup_steps", a.warmup_steps),
                          ("timed_steps", a.timed_steps), ("time_budget", a.time_budget),
-                         ("indexer", a.indexer)):
+                         ("indexer", a.indexer), ("micro_batches", a.micro_batches)):
         if value is not None:
             setattr(cfg, field, value)
     if a.budgets_gib:

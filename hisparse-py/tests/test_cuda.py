@@ -212,9 +212,17 @@ def test_the_engine_loop_example_with_a_graph():
     import pathlib
 
     example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "engine_loop.py"
+    outs = {}
     for args in (["--backend", "cuda"], ["--backend", "cuda", "--graph"]):
-        out = subprocess.run([sys.executable, str(example), *args], capture_output=True, text=True)
-        assert out.returncode == 0, out.stdout + out.stderr
+        for micro in ("1", "2"):
+            run = [*args, "--micro-batches", micro]
+            out = subprocess.run([sys.executable, str(example), *run], capture_output=True, text=True)
+            assert out.returncode == 0, out.stdout + out.stderr
+            outs[tuple(run)] = out.stdout
+    # Micro-batch calls on a side stream (eager, and forked and joined inside the graph): every
+    # row verified and the same hits, misses and steps as one call per group.
+    for args in (("--backend", "cuda"), ("--backend", "cuda", "--graph")):
+        assert outs[args + ("--micro-batches", "2")] == outs[args + ("--micro-batches", "1")]
 
 
 def test_a_runtime_over_a_lent_host_pool_is_released_off_the_callers_thread():

@@ -17,3 +17,13 @@ def test_engine_loop_on_the_cpu_backend():
     out = run("engine_loop.py", "--backend", "cpu")
     assert "rows verified" in out and " 0 rows verified" not in out
     assert " 0 preemptions" not in out, "the example's pool no longer makes the engine preempt"
+
+
+def test_engine_loop_in_micro_batches_on_the_cpu_backend():
+    """The same engine with each group's call cut into micro-batch calls over their own state
+    rows: every row verified, and the same hits and misses as one call per group."""
+    whole = run("engine_loop.py", "--backend", "cpu")
+    for n in ("2", "3"):
+        out = run("engine_loop.py", "--backend", "cpu", "--micro-batches", n)
+        assert "rows verified" in out and " 0 rows verified" not in out
+        assert out == whole, (n, out, whole)

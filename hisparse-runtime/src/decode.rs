@@ -49,7 +49,10 @@ pub struct TopK<'a, B> {
     /// Token rows.
     pub num_tokens: u32,
     /// `i32[num_tokens]` state row of each token row (`-1` = padding), or `None` for the batch
-    /// set by [`Runtime::set_batch`].
+    /// set by [`Runtime::set_batch`]. A call's own state rows make it a micro-batch: calls over
+    /// disjoint requests write what one call over all of them would, so one micro-batch's
+    /// swap-in can cross the bus while other work runs (the rules: the contract's section 7,
+    /// *Micro-batches*).
     pub state_rows: Option<&'a B>,
 }
 

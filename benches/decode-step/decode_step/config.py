@@ -1,7 +1,7 @@
 """What one benchmark run measures: the model geometry and the sweeps."""
 
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 GiB = 1 << 30
 
@@ -54,6 +54,19 @@ class Config:
     seed: int = 1
     #: Stop starting new configurations after this many seconds (None: no limit).
     time_budget: Optional[float] = None
+    #: Micro-batches of HiSparse's pipelined step (1: no pipelined step): each micro-batch's
+    #: swap-in crosses the bus while the next one's indexer and top-k, or the previous one's
+    #: attention, run (``micro_batches``).
+    micro_batches: int = 2
     #: Run the fully-resident HiSparse path (a pool that holds everything, nothing reclaimed)
     #: at batches up to this.
     resident_path_max_batch: int = 8
+
+
+def micro_batches(batch: int, parts: int) -> List[Tuple[int, int]]:
+    """The token rows ``[a, b)`` of each micro-batch of a decode batch of ``batch`` requests (one
+    row each, so every request's rows fall in one micro-batch, as the runtime's calls require):
+    ``parts`` runs of near-equal length, fewer when the batch has fewer requests, never empty."""
+    n = max(1, min(parts, batch))
+    bounds = [round(batch * i / n) for i in range(n + 1)]
+    return list(zip(bounds, bounds[1:]))

@@ -26,9 +26,14 @@ Per context, and per batch ``B`` (fresh requests each time, the same prompts in 
 
 Each arm's decode step is one graph (with and without the stand-in) and, for the breakdown,
 the same work as six graphs in a row (writes, indexer, top-k, per-layer calls, attention,
-stand-in) timed between. A sampled step's attention outputs are compared bit for bit with the
-attention over the rows the synthetic forward wrote (both arms) and HiSparse's with the
-all-resident arm's for the same top-k and queries.
+stand-in) timed between. The *pipelined* step (``pipelined_step``) is the same work with each
+layer's batch cut into micro-batches, so that one micro-batch's per-layer call (and the rows it
+brings over the bus) runs on a side stream while the main stream computes the next one's
+indexer and top-k and the previous one's attention. HiSparse's steps also run with the queries
+held still (top-k overlap 1.0, ``ALL_HIT``): the same step with no miss, which the miss
+transfer's hidden share is measured against. A sampled step's attention outputs are compared
+bit for bit with the attention over the rows the synthetic forward wrote (both arms, the
+pipelined step too) and HiSparse's with the all-resident arm's for the same top-k and queries.
 """
 
 import time
@@ -42,6 +47,11 @@ from .stats import overlap_of
 
 ARMS = ("all_resident", "hisparse")
 SEGMENTS = ("write", "indexer", "topk", "resolve", "attention", "standin")
+#: The overlap target of the all-hit runs: the indexer queries do not drift, so each step's top-k
+#: is the last one's (but for the newest tokens) and every row is already in the hot buffer.
+ALL_HIT = 1.0
+#: The pipelined step's modes, when the kernels can pipeline (``Kernels.can_pipeline``).
+PIPELINED = ("pipelined", "pipelined_no_standin")
 
 
 class BenchError(RuntimeError):
@@ -204,7 +214,8 @@ class Engine:
 
     def run_mode(self, B: int, arm: str, mode: str, overlap: float, graphs) -> Dict:
         """Warm-up and timed steps of one (arm, mode, overlap): ``mode`` is ``step`` (the whole
-        step in one graph), ``step_no_standin`` or ``segments`` (the breakdown)."""
+        step in one graph), ``step_no_standin``, ``segments`` (the breakdown), ``pipelined`` or
+        ``pipelined_no_standin`` (the pipelined step in one graph)."""
         cfg, k = self.cfg, self.kernels
         replay = graphs[mode]
         for _ in range(cfg.warmup_steps):
@@ -287,9 +298,12 @@ class Engine:
         same fully resident state); returns the sampled step's snapshot."""
         cfg, main = self.cfg, self.cfg.overlaps[0]
         graphs = self.capture_graphs(B, "all_resident", main)
-        for mode in ("step", "step_no_standin", "segments"):
+        for mode in ("step", "step_no_standin", "segments") + (PIPELINED if "pipelined" in graphs else ()):
             runs.append(self.run_mode(B, "all_resident", mode, main, graphs))
         stored = self.sampled_check(B, "all_resident", graphs, main)
+        if "pipelined" in graphs:
+            stored["summary"]["pipelined_reference_layers_identical"] = self.pipelined_check(
+                B, "all_resident", graphs, main)
         if B <= cfg.resident_path_max_batch:
             graphs = self.capture_graphs(B, "hisparse", main)
             for mode in ("step", "step_no_standin"):
@@ -304,11 +318,20 @@ class Engine:
         """HiSparse's modes at every overlap target, then the sampled check."""
         cfg, main = self.cfg, self.cfg.overlaps[0]
         graphs = self.capture_graphs(B, "hisparse", main)
+        piped = PIPELINED if "pipelined" in graphs else ()
         for i, overlap in enumerate(cfg.overlaps):
-            modes = ("step", "step_no_standin", "segments") if i == 0 else ("step", "step_no_standin")
+            modes = ("step", "step_no_standin") + (("segments",) if i == 0 else ()) + piped
             for mode in modes:
                 runs.append(self.run_mode(B, "hisparse", mode, overlap, graphs))
-        return self.sampled_check(B, "hisparse", graphs, main, against=against)
+        # The same steps with nothing to swap in: what the misses' transfer is measured against.
+        self.rho[ALL_HIT] = 1.0
+        for mode in ("step",) + piped[:1]:
+            runs.append(self.run_mode(B, "hisparse", mode, ALL_HIT, graphs))
+        check = self.sampled_check(B, "hisparse", graphs, main, against=against)
+        if piped:
+            check["summary"]["pipelined_reference_layers_identical"] = self.pipelined_check(
+                B, "hisparse", graphs, main)
+        return check
 
     def capture_graphs(self, B: int, arm: str, overlap: float) -> Dict:
         """The arm's step graphs, captured inside a step (nothing runs while capturing; the
@@ -332,6 +355,29 @@ class Engine:
                 return outs
             return fn
 
+        def pipelined(standin: bool):
+            def fn():
+                outs = []
+                for g, layers in layers_of:
+                    for l in layers:
+                        k.write(l)
+                    ready = []
+                    for p in range(len(k.parts)):
+                        k.indexer(layers[0], p)
+                        k.topk(g, layers[0], p)
+                        ready.append(k.on_side(lambda p=p: k.resolve(arm, g, p)))
+                    for i, l in enumerate(layers):
+                        parts = []
+                        for p, event in enumerate(ready):
+                            if i == 0:
+                                k.wait(event)
+                            parts.append(k.attention(l, g, p))
+                        outs.append(parts)
+                        if standin:
+                            k.standin(l)
+                return outs
+            return fn
+
         pieces = {
             "write": lambda: [k.write(l) for l in self.layers],
             "indexer": lambda: [k.indexer(layers[0]) for _, layers in layers_of],
@@ -347,6 +393,9 @@ class Engine:
             holder["step"] = k.capture(whole(True))
             holder["step_no_standin"] = k.capture(whole(False))
             holder["pieces"] = {name: k.capture(fn) for name, fn in pieces.items()}
+            if k.can_pipeline():
+                holder["pipelined"] = k.capture(pipelined(True))
+                holder["pipelined_no_standin"] = k.capture(pipelined(False))
             return {"graph": 0.0}
 
         # A step whose device work is the eager pieces after the capture: the captures
@@ -357,13 +406,18 @@ class Engine:
 
         self.decode_step(B, arm, eager_after_capture, overlap, pad=False)
         step, nostandin, segs = holder["step"], holder["step_no_standin"], holder["pieces"]
-        return {
+        graphs = {
             "step": lambda: {"graph": k.timed(step.replay)},
             "step_no_standin": lambda: {"graph": k.timed(nostandin.replay)},
             "segments": lambda: k.timed_sequence([(s, segs[s].replay) for s in SEGMENTS]),
             "outputs": {"step": step, "segments": segs["attention"]},
             "pieces": segs,
         }
+        if "pipelined" in holder:
+            for mode in PIPELINED:
+                graphs[mode] = lambda g=holder[mode]: {"graph": k.timed(g.replay)}
+            graphs["outputs"]["pipelined"] = holder["pipelined"]
+        return graphs
 
     def sampled_check(self, B: int, arm: str, graphs, overlap: float, against=None) -> Dict:
         """One step whose attention outputs are compared bit for bit: with the attention over
@@ -399,6 +453,20 @@ class Engine:
                                  f"all-resident arm's for the same top-k ({len(bad)} layers)")
             summary["all_resident_layers_identical"] = len(self.layers)
         return {"summary": summary, "snapshot": snap}
+
+    def pipelined_check(self, B: int, arm: str, graphs, overlap: float) -> int:
+        """One pipelined step whose attention outputs, micro-batch by micro-batch, are compared
+        bit for bit with the attention over the rows the forward wrote; returns the layers
+        checked."""
+        k = self.kernels
+        rec = self.decode_step(B, arm, graphs["pipelined"], overlap)
+        outs = [k.join(parts) for parts in graphs["outputs"]["pipelined"].outputs()]
+        bad = k.compare_with_reference(k.snapshot(rec["cmd"].scheduled, outs), k.parts)
+        if bad:
+            raise BenchError(f"{arm}, pipelined: attention output of layer {bad[0]} differs from the "
+                             f"attention over the rows the forward wrote ({len(bad)} layers)")
+        return len(self.layers)
+
 
 class ContextBench:
     """One context length: the all-resident engine (a GPU pool as large as the device allows,

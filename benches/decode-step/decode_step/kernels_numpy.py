@@ -3,8 +3,9 @@
 The same pieces as the GPU's (``kernels_torch``), at small shapes: the slot-mapping writes, the
 lightning indexer (float32 scores over the whole context, a stable top-k), HiSparse's per-layer
 calls, and the attention as ``rows.reference_attention`` over the rows the call returned (in
-place of FlashMLA). No graphs: ``capture`` returns the function itself. Timings are host
-seconds and mean nothing; the dry run checks the plumbing and the bit-identity checks.
+place of FlashMLA). No graphs: ``capture`` returns the function itself, and no streams: the
+pipelined step's side-stream work runs in line. Timings are host seconds and mean nothing; the
+dry run checks the plumbing and the bit-identity checks.
 """
 
 import time
@@ -13,6 +14,7 @@ import hisparse
 import numpy as np
 
 from . import rows as R
+from .config import micro_batches
 from .stats import overlap_of
 
 
@@ -105,10 +107,18 @@ class NumpyKernels:
             "all_resident": [self.rt.layer_call(g, self.topk_buf[g], self.rows_buf[g], self.counts[g, :B],
                                                 swap="prefill") for g in range(self.G)],
         }
+        self.parts = micro_batches(B, cfg.micro_batches)
+        self.part_state = [np.zeros(b - a, np.int32) for a, b in self.parts]
+        self.part_counts = [np.zeros((self.G, -(-(b - a) // 4) * 4), np.int32) for a, b in self.parts]
+        self.part_calls = {
+            arm: [[self.rt.layer_call(g, self.topk_buf[g, a:b], self.rows_buf[g, a:b],
+                                      self.part_counts[p][g, :b - a], state_rows=self.part_state[p], swap=swap)
+                   for p, (a, b) in enumerate(self.parts)] for g in range(self.G)]
+            for arm, swap in (("hisparse", "index_group"), ("all_resident", "prefill"))}
         self.standin_x = np.ones((B, self.cfg.standin_width), np.float32)
 
     def unbind(self):
-        self.calls = None
+        self.calls = self.part_calls = None
 
     def set_inputs(self, scheduled, rho):
         """The step's per-row inputs: request, position, state row; the indexer queries drift
@@ -117,6 +127,8 @@ class NumpyKernels:
         self.req[:] = [s["id"] for s in scheduled]
         self.pos[:] = [s["first_token"] for s in scheduled]
         self.state[:] = [s["slot"] for s in scheduled]
+        for (a, b), rows in zip(self.parts, self.part_state):
+            rows[:] = self.state[a:b]
         noise = self.rng.standard_normal(self.q_state.shape).astype(np.float32)
         self.q_state = (rho * self.q_state + np.sqrt(max(1 - rho * rho, 0.0)) * noise).astype(np.float32)
         self.q_idx[:] = self.q_state[order]
@@ -149,23 +161,45 @@ class NumpyKernels:
         positions = np.arange(logits.shape[1])[None, :]
         return np.where(positions <= self.pos[:, None], logits, -np.inf).astype(np.float32)
 
-    def indexer(self, layer):
-        self.scores[layer, :, :] = self._logits(layer, self.q_idx)
+    def indexer(self, layer, part=None):
+        a, b = self.parts[part] if part is not None else (0, self.B)
+        self.scores[layer, a:b, :] = self._logits(layer, self.q_idx)[a:b]
 
     def _select(self, logits):
         order = np.argsort(-logits, axis=-1, kind="stable")[:, : self.K]
         return np.where(np.take_along_axis(logits, order, -1) > -np.inf, order, -1).astype(np.int32)
 
-    def topk(self, g, layer):
-        self.topk_buf[g] = self._select(self.scores[layer])
+    def topk(self, g, layer, part=None):
+        a, b = self.parts[part] if part is not None else (0, self.B)
+        self.topk_buf[g, a:b] = self._select(self.scores[layer, a:b])
 
-    def resolve(self, arm, g):
-        self.calls[arm][g](self.B)
+    def resolve(self, arm, g, part=None):
+        if part is None:
+            self.calls[arm][g](self.B)
+        else:
+            self.part_calls[arm][g][part]()
 
-    def attention(self, layer, g):
+    def attention(self, layer, g, part=None):
+        a, b = self.parts[part] if part is not None else (0, self.B)
         _, view = self.kv_rows[layer]
-        idx = self.rows_buf[g]
-        return R.reference_attention(self.q_attn[layer], view[np.maximum(idx, 0)], idx >= 0, self.sm_scale)
+        idx = self.rows_buf[g, a:b]
+        return R.reference_attention(self.q_attn[layer, a:b], view[np.maximum(idx, 0)], idx >= 0,
+                                     self.sm_scale)
+
+    def can_pipeline(self):
+        """Whether the pipelined step runs: several micro-batches."""
+        return len(self.parts) > 1
+
+    def join(self, outs):
+        """One micro-batch output per part → the batch's."""
+        return tuple(np.concatenate(x) for x in zip(*outs))
+
+    def on_side(self, fn):
+        """No streams on the CPU: ``fn`` runs now."""
+        fn()
+
+    def wait(self, event):
+        """Nothing to wait for on the CPU."""
 
     def standin(self, layer):
         if self.standin_w is not None:
@@ -231,7 +265,9 @@ class NumpyKernels:
     def _layer_order(self):
         return [l for grp in self.layout.index_groups for l in grp["layers"]]
 
-    def compare_with_reference(self, snap):
+    def compare_with_reference(self, snap, parts=None):
+        """Each layer's output against the attention over the rows the forward wrote (row by
+        row: ``parts`` changes nothing here)."""
         bad = []
         group_of = {l: g for g, grp in enumerate(self.layout.index_groups) for l in grp["layers"]}
         for i, layer in enumerate(self._layer_order()):
@@ -263,7 +299,7 @@ class NumpyKernels:
         return bad
 
     def close(self):
-        self.calls = self.rt = None
+        self.calls = self.part_calls = self.rt = None
 
     def memory(self):
         return {"gpu_pool_bytes": int(self.layout.gpu_pool_bytes),

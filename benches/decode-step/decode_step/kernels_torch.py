@@ -9,7 +9,10 @@
   ReLU, the head weights (``bmm``), times each key's scale; positions past the request's length
   masked; then ``torch.topk`` (2048). The first step's inputs check the Triton logits against
   the PyTorch ops' (``check_indexer``);
-* HiSparse's per-layer calls (``layer_call``), recorded by ``torch.cuda.graph``;
+* HiSparse's per-layer calls (``layer_call``), recorded by ``torch.cuda.graph``; in the
+  pipelined step one call per micro-batch (its own state rows), on a side stream of higher
+  priority that forks from and joins the captured stream through events (PyTorch's recipe for
+  several streams in one graph);
 * FlashMLA's sparse fp8 decode (vLLM 0.33's ``_flashmla_C``) over the flat device-pool view;
 * the stand-in: ``torch.mm`` of the batch's hidden states by bfloat16 matrices cycled from a
   ring larger than the L2 cache, ``standin_bytes`` of weights read per step.
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 from . import rows as R
+from .config import micro_batches
 from .stats import overlap_of
 
 _flashmla = None
@@ -124,6 +128,9 @@ class TorchKernels:
         self.gen = torch.Generator(device="cuda")
         self.gen.manual_seed(cfg.seed + 7)
         self.graph_pool = torch.cuda.graph_pool_handle()
+        # The micro-batches' calls run here, ahead of the work queued behind them on the main
+        # stream (the indexer of the next micro-batch, the attention of the previous one).
+        self.side = torch.cuda.Stream(priority=-1)
         self.ring = None
         if cfg.standin_bytes:
             d = cfg.standin_width
@@ -194,6 +201,17 @@ class TorchKernels:
             "all_resident": [self.rt.layer_call(g, self.topk_buf[g], self.rows_buf[g], self.counts[g, :B],
                                                 swap="prefill") for g in range(self.G)],
         }
+        # Micro-batches: each its own (16-byte aligned) state rows and counts, and slices of the
+        # top-k and rows (whole rows of 2048 entries: aligned too).
+        self.parts = micro_batches(B, cfg.micro_batches)
+        self.part_state = [torch.zeros(b - a, dtype=torch.int32, device=dev) for a, b in self.parts]
+        self.part_counts = [torch.zeros((self.G, -(-(b - a) // 4) * 4), dtype=torch.int32, device=dev)
+                            for a, b in self.parts]
+        self.part_calls = {
+            arm: [[self.rt.layer_call(g, self.topk_buf[g, a:b], self.rows_buf[g, a:b],
+                                      self.part_counts[p][g, :b - a], state_rows=self.part_state[p], swap=swap)
+                   for p, (a, b) in enumerate(self.parts)] for g in range(self.G)]
+            for arm, swap in (("hisparse", "index_group"), ("all_resident", "prefill"))}
         self.meta = {}
         if self.ring is not None:
             self.x = torch.randn((B, cfg.standin_width), generator=self.gen, device=dev).to(torch.bfloat16)
@@ -202,13 +220,13 @@ class TorchKernels:
 
     def unbind(self):
         torch.cuda.synchronize()
-        self.calls = self.meta = None
+        self.calls = self.part_calls = self.meta = None
         self.scores = self.q_attn = None
         self.bound = False
 
     def close(self):
         torch.cuda.synchronize()
-        self.calls = None
+        self.calls = self.part_calls = None
         self.rt = None
         self.pool = None
         torch.cuda.empty_cache()
@@ -218,6 +236,8 @@ class TorchKernels:
         self.req.copy_(torch.tensor([s["id"] for s in scheduled]), non_blocking=True)
         self.pos.copy_(torch.tensor([s["first_token"] for s in scheduled]), non_blocking=True)
         self.state.copy_(torch.tensor([s["slot"] for s in scheduled]), non_blocking=True)
+        for (a, b), rows in zip(self.parts, self.part_state):
+            rows.copy_(self.state[a:b])
         noise = torch.randn(self.q_state.shape, generator=self.gen, device="cuda")
         self.q_state.mul_(rho).add_(noise, alpha=float(np.sqrt(max(1 - rho * rho, 0.0))))
         self.q_idx.copy_(self.q_state.index_select(0, order))
@@ -242,12 +262,17 @@ class TorchKernels:
         logits = torch.bmm(self.w_idx, s.transpose(1, 2))[:, 0, :].float() * scale
         return logits.masked_fill(self.positions[None, :] > self.pos[:, None], float("-inf"))
 
-    def _triton_logits(self, layer, out):
+    def _triton_logits(self, layer, out, a=0, b=None):
         _, pages = self.key_pages[layer]
-        self._triton.logits(pages, self.indexer_table, self.state, self.pos, self.q_idx,
-                            self.w_idx[:, 0, :], out, R.INDEXER_DIM)
+        self._triton.logits(pages, self.indexer_table, self.state[a:b], self.pos[a:b], self.q_idx[a:b],
+                            self.w_idx[a:b, 0, :], out, R.INDEXER_DIM)
 
-    def indexer(self, layer):
+    def indexer(self, layer, part=None):
+        """The scores of every request, or of micro-batch ``part``'s (Triton only)."""
+        if part is not None:
+            a, b = self.parts[part]
+            self._triton_logits(layer, self.scores[layer, a:b], a, b)
+            return
         if self.indexer_kind == "torch":
             self.scores[layer].copy_(self._logits(layer, self.q_idx))
             return
@@ -270,19 +295,49 @@ class TorchKernels:
         self.indexer_checked = True
         self.indexer_check = {"layer": layer, "max_abs_error": err, "max_abs_logit": scale}
 
-    def topk(self, g, layer):
-        self.topk_buf[g].copy_(torch.topk(self.scores[layer], self.K, dim=-1, sorted=False).indices)
+    def topk(self, g, layer, part=None):
+        a, b = self.parts[part] if part is not None else (0, self.B)
+        self.topk_buf[g, a:b].copy_(torch.topk(self.scores[layer, a:b], self.K, dim=-1, sorted=False).indices)
 
-    def resolve(self, arm, g):
-        self.calls[arm][g]()
+    def resolve(self, arm, g, part=None):
+        if part is None:
+            self.calls[arm][g]()
+        else:
+            self.part_calls[arm][g][part]()
 
-    def attention(self, layer, g):
-        meta, splits = self.meta.get(layer, (None, None))
-        out, lse, meta, splits = _flashmla(self.q_attn[layer], self.kv4[layer], self.rows_buf[g].unsqueeze(1),
-                                           None, None, meta, splits, None, None, None, R.NOPE,
-                                           self.sm_scale, None, False)
-        self.meta[layer] = (meta, splits)
+    def attention(self, layer, g, part=None):
+        """FlashMLA over the rows of every request, or of micro-batch ``part``'s (its own
+        scheduling metadata, made by the first call outside a capture)."""
+        a, b = self.parts[part] if part is not None else (0, self.B)
+        meta, splits = self.meta.get((layer, part), (None, None))
+        out, lse, meta, splits = _flashmla(self.q_attn[layer, a:b], self.kv4[layer],
+                                           self.rows_buf[g, a:b].unsqueeze(1), None, None, meta, splits,
+                                           None, None, None, R.NOPE, self.sm_scale, None, False)
+        self.meta[(layer, part)] = (meta, splits)
         return out, lse
+
+    def can_pipeline(self):
+        """Whether the pipelined step runs: several micro-batches, and the Triton indexer (the
+        PyTorch ops' indexer scores the whole batch at once)."""
+        return len(self.parts) > 1 and self.indexer_kind == "triton"
+
+    def join(self, outs):
+        """One micro-batch output per part → the batch's (PyTorch tensors, outside a graph)."""
+        return tuple(torch.cat(x) for x in zip(*outs))
+
+    def on_side(self, fn):
+        """Runs ``fn``'s work on the side stream after the work queued so far; returns the
+        event that marks its end (the fork and join of a multi-stream capture)."""
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            fn()
+            done = torch.cuda.Event()
+            done.record(self.side)
+        return done
+
+    def wait(self, event):
+        """The current stream's later work waits for ``event``."""
+        torch.cuda.current_stream().wait_event(event)
 
     def standin(self, layer):
         if self.ring is None:
@@ -304,6 +359,10 @@ class TorchKernels:
             self.resolve(arm, g)
             for l in grp["layers"]:
                 self.attention(l, g)
+                if len(self.parts) > 1:
+                    # Each micro-batch's FlashMLA metadata, made here, outside any capture.
+                    for p in range(len(self.parts)):
+                        self.attention(l, g, p)
                 self.standin(l)
         return {"graph": time.perf_counter() - t}
 
@@ -362,9 +421,11 @@ class TorchKernels:
     def _layer_order(self):
         return [l for grp in self.layout.index_groups for l in grp["layers"]]
 
-    def compare_with_reference(self, snap):
+    def compare_with_reference(self, snap, parts=None):
         """Each layer's output against FlashMLA over the rows the forward wrote, gathered from
-        the row tables at the step's top-k into a compact cache (same page size)."""
+        the row tables at the step's top-k into a compact cache (same page size); one FlashMLA
+        call per micro-batch of ``parts`` (as the pipelined step called it: its split of the
+        work depends on the batch), else one over the batch."""
         bad = []
         group_of = {l: g for g, grp in enumerate(self.layout.index_groups) for l in grp["layers"]}
         req = torch.from_numpy(snap["req"]).cuda()
@@ -378,9 +439,10 @@ class TorchKernels:
             padded[:n] = rows
             idx = torch.arange(n, dtype=torch.int32, device="cuda").view(self.B, self.K)
             idx = torch.where(top >= 0, idx, -1).unsqueeze(1).to(torch.int32)
-            out, lse, _, _ = _flashmla(snap["q_attn"][layer], padded.view(-1, rpp, 1, R.KV_ROW_BYTES), idx,
-                                       None, None, None, None, None, None, None, R.NOPE, self.sm_scale,
-                                       None, False)
+            want = [_flashmla(snap["q_attn"][layer, a:b], padded.view(-1, rpp, 1, R.KV_ROW_BYTES), idx[a:b],
+                              None, None, None, None, None, None, None, R.NOPE, self.sm_scale, None,
+                              False)[:2] for a, b in (parts or [(0, self.B)])]
+            out, lse = self.join(want)
             o, s = snap["outs"][i]
             if not (torch.equal(o, out) and torch.equal(s, lse)):
                 bad.append(layer)

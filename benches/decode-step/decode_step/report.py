@@ -3,6 +3,9 @@
 import json
 from typing import Dict, List, Optional
 
+#: The all-hit runs' overlap target (``driver.ALL_HIT``; not imported: this module runs alone).
+ALL_HIT = 1.0
+
 
 def runs_of(results: Dict):
     """(context, batch, run) for every measured run."""
@@ -22,28 +25,68 @@ def find(results: Dict, context: int, batch: int, arm: str, mode: str = "step",
     return None
 
 
+def best(results: Dict, context: int, batch: int, arm: str, standin: bool = True) -> Optional[Dict]:
+    """The arm's faster step at the main overlap: the one-graph step or the pipelined one."""
+    modes = ("step", "pipelined") if standin else ("step_no_standin", "pipelined_no_standin")
+    runs = [r for r in (find(results, context, batch, arm, m) for m in modes) if r]
+    return min(runs, key=lambda r: r["step_ms"]) if runs else None
+
+
 def tax(results: Dict) -> List[Dict]:
-    """HiSparse's step time over the all-resident arm's at equal batch (main overlap)."""
+    """HiSparse's step time over the all-resident arm's at equal batch (main overlap): the plain
+    steps', the pipelined steps', and each arm's best step's (``tax_best``)."""
     rows = []
     for ctx in results["contexts"]:
         for b in ctx["batches"]:
             c, n = ctx["context"], b["batch"]
             row = {"context": c, "batch": n}
-            for mode in ("step", "step_no_standin"):
+            for mode in ("step", "step_no_standin", "pipelined", "pipelined_no_standin"):
                 ar, hs = find(results, c, n, "all_resident", mode), find(results, c, n, "hisparse", mode)
                 fr = find(results, c, n, "hisparse_fully_resident", mode)
                 if ar and hs:
                     row[f"tax_{mode}"] = hs["step_ms"] / ar["step_ms"]
                 if ar and fr:
                     row[f"fully_resident_{mode}"] = fr["step_ms"] / ar["step_ms"]
+            for standin, key in ((True, "tax_best"), (False, "tax_best_no_standin")):
+                ar, hs = best(results, c, n, "all_resident", standin), best(results, c, n, "hisparse", standin)
+                if ar and hs:
+                    row[key] = hs["step_ms"] / ar["step_ms"]
+                    row[key + "_modes"] = (hs["mode"], ar["mode"])
             if len(row) > 2:
+                rows.append(row)
+    return rows
+
+
+def hidden(results: Dict) -> List[Dict]:
+    """Per batch and HiSparse step mode (``step``, ``pipelined``), how much of the misses' bus
+    time the step hides: its time at the main overlap less the same step's with no miss
+    (``ALL_HIT``), against the bytes it brought in at the same run's bulk H2D rate;
+    ``hidden_share`` = 1 − extra / bus time (1: all hidden; 0: the step grew by the whole
+    transfer; below 0: by more)."""
+    rate = (results.get("ceilings") or {}).get("h2d_gb_s")
+    rows = []
+    for ctx in results["contexts"]:
+        for b in ctx["batches"]:
+            c, n = ctx["context"], b["batch"]
+            for mode in ("step", "pipelined"):
+                miss, hit = find(results, c, n, "hisparse", mode), find(results, c, n, "hisparse", mode, ALL_HIT)
+                if not (miss and hit):
+                    continue
+                row = {"context": c, "batch": n, "mode": mode, "step_ms": miss["step_ms"],
+                       "all_hit_ms": hit["step_ms"], "extra_ms": miss["step_ms"] - hit["step_ms"],
+                       "h2d_bytes": miss["per_step"]["h2d_bytes"],
+                       "all_hit_misses": hit["per_step"]["hot_misses"], "bus_ms": None, "hidden_share": None}
+                if rate and row["h2d_bytes"]:
+                    row["bus_ms"] = row["h2d_bytes"] / (rate * 1e6)
+                    row["hidden_share"] = 1 - row["extra_ms"] / row["bus_ms"]
                 rows.append(row)
     return rows
 
 
 def gain(results: Dict) -> List[Dict]:
     """Per budget and context: the largest batch of each arm (found by allocating), and the
-    tokens/s measured at it (stand-in on and off) where that batch was measured."""
+    tokens/s of its best step (``best``) measured at it (stand-in on and off) where that batch
+    was measured."""
     rows = []
     for cap in results.get("budgets", []):
         c = cap["context"]
@@ -55,9 +98,9 @@ def gain(results: Dict) -> List[Dict]:
                "dense_all_resident_batch": cap["dense_all_resident_requests"],
                "planner_all_on_gpu": cap["planner"]["all_on_gpu_max"],
                "planner_hisparse": cap["planner"]["hisparse_max"]}
-        for mode in ("step", "step_no_standin"):
-            ar = find(results, c, ar_n, "all_resident", mode)
-            hs = find(results, c, hs_n, "hisparse", mode)
+        for mode, standin in (("step", True), ("step_no_standin", False)):
+            ar = best(results, c, ar_n, "all_resident", standin)
+            hs = best(results, c, hs_n, "hisparse", standin)
             row[f"all_resident_tok_s_{mode}"] = ar["tokens_per_s"] if ar else None
             row[f"hisparse_tok_s_{mode}"] = hs["tokens_per_s"] if hs else None
             if ar and hs:
@@ -90,31 +133,49 @@ def markdown(results: Dict) -> str:
             if "skipped" in b:
                 out.append(f"| {ctx['context']} | {b['batch']} | skipped: {b['skipped']} |" + " |" * 14)
                 continue
-            for arm in ("all_resident", "hisparse_fully_resident", "hisparse"):
-                for ov in results["config"]["overlaps"]:
-                    if arm != "hisparse" and ov != main:
-                        continue
-                    s = find(results, ctx["context"], b["batch"], arm, "step", ov)
-                    if s is None:
-                        continue
-                    n = find(results, ctx["context"], b["batch"], arm, "step_no_standin", ov)
-                    g = find(results, ctx["context"], b["batch"], arm, "segments", ov)
-                    seg = g["device_ms"] if g else {}
-                    out.append(
-                        f"| {ctx['context']} | {b['batch']} | {arm} | {ov:.2f} ({_f(s['overlap_measured'], '{:.3f}')}) | "
-                        f"{s['step_ms']:.2f} | {_f(n and n['step_ms'])} | {s['tokens_per_s']:.0f} | "
-                        f"{_f(n and n['tokens_per_s'], '{:.0f}')} | {s['host_ms']:.2f} | "
-                        + " | ".join(_f(seg.get(k)) for k in ("write", "indexer", "topk", "resolve",
-                                                               "attention", "standin"))
-                        + f" | {s['per_step']['h2d_bytes'] / 1e6:.2f} | {s['per_step']['hot_misses']:.0f} |")
-    out += ["", "Tax at equal batch (HiSparse step time / all-resident step time):", "",
-            "| context | batch | with stand-in | without | fully-resident path, with stand-in | without |",
-            "|---|---|---|---|---|---|"]
+            rows = [(arm, ov, step) for arm in ("all_resident", "hisparse_fully_resident", "hisparse")
+                    for step in ("step", "pipelined")
+                    for ov in results["config"]["overlaps"] + [ALL_HIT]
+                    if arm == "hisparse" or ov == main]
+            for arm, ov, step in rows:
+                s = find(results, ctx["context"], b["batch"], arm, step, ov)
+                if s is None:
+                    continue
+                n = find(results, ctx["context"], b["batch"], arm, f"{step}_no_standin", ov)
+                g = find(results, ctx["context"], b["batch"], arm, "segments", ov) if step == "step" else None
+                seg = g["device_ms"] if g else {}
+                label = arm if step == "step" else f"{arm}, pipelined"
+                out.append(
+                    f"| {ctx['context']} | {b['batch']} | {label} | {ov:.2f} ({_f(s['overlap_measured'], '{:.3f}')}) | "
+                    f"{s['step_ms']:.2f} | {_f(n and n['step_ms'])} | {s['tokens_per_s']:.0f} | "
+                    f"{_f(n and n['tokens_per_s'], '{:.0f}')} | {s['host_ms']:.2f} | "
+                    + " | ".join(_f(seg.get(k)) for k in ("write", "indexer", "topk", "resolve",
+                                                           "attention", "standin"))
+                    + f" | {s['per_step']['h2d_bytes'] / 1e6:.2f} | {s['per_step']['hot_misses']:.0f} |")
+    out += ["", "Tax at equal batch (HiSparse step time / all-resident step time; best: each arm's "
+            "faster of its one-graph and pipelined steps):", "",
+            "| context | batch | with stand-in | without | pipelined, with stand-in | without | best, with "
+            "stand-in (HiSparse / all-resident step) | without | fully-resident path, with stand-in | without |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for t in tax(results):
+        modes = t.get("tax_best_modes")
         out.append(f"| {t['context']} | {t['batch']} | {_f(t.get('tax_step'), '{:.3f}')} | "
                    f"{_f(t.get('tax_step_no_standin'), '{:.3f}')} | "
+                   f"{_f(t.get('tax_pipelined'), '{:.3f}')} | "
+                   f"{_f(t.get('tax_pipelined_no_standin'), '{:.3f}')} | "
+                   f"{_f(t.get('tax_best'), '{:.3f}')}" + (f" ({modes[0]} / {modes[1]})" if modes else "") + " | "
+                   f"{_f(t.get('tax_best_no_standin'), '{:.3f}')} | "
                    f"{_f(t.get('fully_resident_step'), '{:.3f}')} | "
                    f"{_f(t.get('fully_resident_step_no_standin'), '{:.3f}')} |")
+    out += ["", "The misses' transfer hidden (HiSparse, stand-in on: the step at the main overlap less "
+            "the same step with no miss, against the bytes brought in at the same run's bulk H2D rate):", "",
+            "| context | batch | step | ms | all-hit ms (its misses) | extra ms | H2D MB | bus ms | hidden |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for h in hidden(results):
+        out.append(f"| {h['context']} | {h['batch']} | {h['mode']} | {h['step_ms']:.2f} | "
+                   f"{h['all_hit_ms']:.2f} ({h['all_hit_misses']:.0f}) | {h['extra_ms']:.2f} | "
+                   f"{h['h2d_bytes'] / 1e6:.2f} | {_f(h['bus_ms'])} | "
+                   f"{_f(h['hidden_share'] and 100 * h['hidden_share'], '{:.0f}%')} |")
     out += ["", "Gain at equal GPU memory (largest batch found by allocating; all-resident: the "
             "larger of HiSparse's layout and a dense cache):", "",
             "| context | KV budget | all-resident batch (HiSparse layout / dense / planner) | HiSparse batch "

@@ -33,6 +33,22 @@ def test_dry_run(tmp_path):
         for ov in (0.9, 0.8, 0.95):
             assert ("hisparse", "step", ov) in arms and ("hisparse", "step_no_standin", ov) in arms
         assert ("hisparse", "segments", 0.9) in arms
+        # The same step with nothing to swap in, beside which the misses' transfer is measured.
+        assert ("hisparse", "step", 1.0) in arms
+        all_hit = [r for r in b["runs"] if r["overlap_target"] == 1.0]
+        assert all_hit and all(r["per_step"]["hot_misses"] == 0 for r in all_hit), all_hit
+        # Beyond one request the step is also pipelined (two micro-batches), checked row for row.
+        if b["batch"] > 1:
+            for ov in (0.9, 0.8, 0.95):
+                assert ("hisparse", "pipelined", ov) in arms and ("hisparse", "pipelined_no_standin", ov) in arms
+            assert ("hisparse", "pipelined", 1.0) in arms
+            assert b["check_hisparse"]["pipelined_reference_layers_identical"] == 3
+            piped = [r for r in b["runs"] if r["arm"] == "hisparse" and r["mode"] == "pipelined"]
+            # One call per micro-batch per index group: twice the one-graph step's.
+            step = [r for r in b["runs"] if r["arm"] == "hisparse" and r["mode"] == "step"]
+            assert piped[0]["per_step"]["resolve_calls"] == 2 * step[0]["per_step"]["resolve_calls"]
+        else:
+            assert not any(r["mode"].startswith("pipelined") for r in b["runs"])
     # Batches the all-resident pool holds whole: both arms ran, HiSparse matched it bit for bit.
     both = [b for b in batches.values() if "check_all_resident" in b]
     assert both, "no batch ran the all-resident arm"
@@ -42,6 +58,8 @@ def test_dry_run(tmp_path):
         assert ar and all(r["per_step"]["resolve_calls"] == 0 and r["per_step"]["hot_misses"] == 0
                           for r in ar)
         assert all(r["per_step"]["prefill_remap_calls"] > 0 for r in ar)
+        if b["batch"] > 1:
+            assert b["check_all_resident"]["pipelined_reference_layers_identical"] == 3
     # Beyond one request the HiSparse pool is tight: rows were swapped in from host.
     assert batches[3]["hisparse_swapped"]
     hs = [r for r in batches[3]["runs"] if r["arm"] == "hisparse"]
@@ -54,9 +72,12 @@ def test_dry_run(tmp_path):
         assert cap["hisparse"]["requests"] > cap["all_resident"]["requests"], cap
     table = (tmp_path / "decode_step.md").read_text()
     assert "Tax at equal batch" in table and "Gain at equal GPU memory" in table
+    assert "The misses' transfer hidden" in table
     assert table == report.markdown(results)
     for row in report.tax(results):
-        assert row["tax_step"] > 0
+        assert row["tax_step"] > 0 and row["tax_best"] > 0
+    modes = {(h["batch"], h["mode"]) for h in report.hidden(results)}
+    assert {(3, "step"), (3, "pipelined")} <= modes, modes
 
 
 def test_plot_from_json(tmp_path):
