@@ -9,7 +9,10 @@
  * (hs_runtime_slot_mapping; on the CPU backend its address is host memory, on a GPU the engine's
  * kernels read it), and every row attention reads through the indices the runtime returns is
  * compared, byte for byte, with what was written. The GPU pool is tight, so pages are reclaimed,
- * rows swapped in from the host pool and requests preempted.
+ * rows swapped in from the host pool and requests preempted. Every other decode step cuts each
+ * per-layer call into two micro-batch calls, each over its own token rows and state rows (what
+ * an engine does to overlap one micro-batch's swap-in with other work; docs/contract.md,
+ * section 7).
  *
  * The scenario runs three times: on pools the runtime allocates, on pools this program allocates
  * and lends (hs_runtime_new_with_pools) — both must give the same counters — and once more with
@@ -219,7 +222,7 @@ static HsCommand *schedule_step(Engine *e) {
 /* What one run saw. */
 typedef struct Outcome {
     HsCounters counters;
-    uint64_t verified, steps, preemptions, refused;
+    uint64_t verified, steps, preemptions, refused, micro_calls;
 } Outcome;
 
 /* Runs the scenario on runtime-owned pools (`lend` 0) or on pools this program allocates and
@@ -353,6 +356,15 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
     CHECK(hs_buffer_alloc(rt, REQUESTS * TOP_K * 4, &topk_buf));
     CHECK(hs_buffer_alloc(rt, REQUESTS * TOP_K * 4, &rows_buf));
     CHECK(hs_buffer_alloc(rt, REQUESTS * 4, &counts_buf));
+    /* The two micro-batches' own arrays: top-k, rows, counts and state rows. */
+    HsBuffer *part_topk[2] = {NULL, NULL}, *part_rows[2] = {NULL, NULL};
+    HsBuffer *part_counts[2] = {NULL, NULL}, *part_state[2] = {NULL, NULL};
+    for (int p = 0; p < 2; p++) {
+        CHECK(hs_buffer_alloc(rt, REQUESTS * TOP_K * 4, &part_topk[p]));
+        CHECK(hs_buffer_alloc(rt, REQUESTS * TOP_K * 4, &part_rows[p]));
+        CHECK(hs_buffer_alloc(rt, REQUESTS * 4, &part_counts[p]));
+        CHECK(hs_buffer_alloc(rt, REQUESTS * 4, &part_state[p]));
+    }
 
     Engine e = {.coord = coord};
     for (uint64_t req = 1; req <= REQUESTS; req++) {
@@ -443,20 +455,45 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
                 topk[i * TOP_K + 1] = topk[i * TOP_K + 2]; /* a duplicate */
             }
             size_t entries = ci.num_scheduled * TOP_K;
-            CHECK(hs_buffer_upload_i32(rt, topk_buf, 0, topk, entries));
-            HsLayerCall call = {
-                .group = g,
-                .swap = HS_SWAP_INDEX_GROUP,
-                .topk = topk_buf,
-                .num_tokens = (uint32_t)ci.num_scheduled,
-                .state_rows = NULL, /* the batch */
-                .rows = rows_buf,
-                .counts = counts_buf,
-                .stream = NULL, /* the runtime's */
-            };
-            CHECK(hs_runtime_decode(rt, &call));
-            CHECK(hs_buffer_download_i32(rt, rows_buf, 0, rows, entries));
-            CHECK(hs_buffer_download_i32(rt, counts_buf, 0, counts, ci.num_scheduled));
+            if (out.steps % 2 == 1 && ci.num_scheduled >= 2) {
+                /* Two micro-batch calls, rows [a, b) each, with their own state rows; one
+                 * stream, in order. */
+                for (size_t p = 0; p < 2; p++) {
+                    size_t a = ci.num_scheduled * p / 2, b = ci.num_scheduled * (p + 1) / 2;
+                    uint32_t n = (uint32_t)(b - a);
+                    CHECK(hs_buffer_upload_i32(rt, part_topk[p], 0, topk + a * TOP_K, n * TOP_K));
+                    CHECK(hs_buffer_upload_i32(rt, part_state[p], 0, slots + a, n));
+                    HsLayerCall call = {
+                        .group = g,
+                        .swap = HS_SWAP_INDEX_GROUP,
+                        .topk = part_topk[p],
+                        .num_tokens = n,
+                        .state_rows = part_state[p],
+                        .rows = part_rows[p],
+                        .counts = part_counts[p],
+                        .stream = NULL,
+                    };
+                    CHECK(hs_runtime_decode(rt, &call));
+                    CHECK(hs_buffer_download_i32(rt, part_rows[p], 0, rows + a * TOP_K, n * TOP_K));
+                    CHECK(hs_buffer_download_i32(rt, part_counts[p], 0, counts + a, n));
+                    out.micro_calls++;
+                }
+            } else {
+                CHECK(hs_buffer_upload_i32(rt, topk_buf, 0, topk, entries));
+                HsLayerCall call = {
+                    .group = g,
+                    .swap = HS_SWAP_INDEX_GROUP,
+                    .topk = topk_buf,
+                    .num_tokens = (uint32_t)ci.num_scheduled,
+                    .state_rows = NULL, /* the batch */
+                    .rows = rows_buf,
+                    .counts = counts_buf,
+                    .stream = NULL, /* the runtime's */
+                };
+                CHECK(hs_runtime_decode(rt, &call));
+                CHECK(hs_buffer_download_i32(rt, rows_buf, 0, rows, entries));
+                CHECK(hs_buffer_download_i32(rt, counts_buf, 0, counts, ci.num_scheduled));
+            }
             for (size_t i = 0; i < ci.num_scheduled; i++) {
                 int32_t valid = 0;
                 for (uint32_t j = 0; j < TOP_K; j++) {
@@ -521,12 +558,14 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
     printf("%s: %s, %s pools, %" PRIu64 " steps: %" PRIu64
            " rows verified byte for byte, 0 mismatched; %" PRIu64 " preemptions, %" PRIu64
            " waits; %" PRIu64 " hot hits, %" PRIu64 " misses, %" PRIu64
-           " pages reclaimed, %" PRIu64 " resolve and %" PRIu64 " remap calls\n",
+           " pages reclaimed, %" PRIu64 " resolve and %" PRIu64 " remap calls (%" PRIu64
+           " of them micro-batch calls)\n",
            backend, builtin ? "built-in policy" : "engine's scheduler",
            lend ? "lent" : "runtime-owned",
            out.steps, out.verified, e.preemptions, e.waits, c->hot_hits, c->hot_misses,
-           c->reclaimed_pages, c->resolve_calls, c->remap_calls);
+           c->reclaimed_pages, c->resolve_calls, c->remap_calls, out.micro_calls);
     EXPECT(out.verified > 3000, "only %" PRIu64 " rows verified", out.verified);
+    EXPECT(out.micro_calls > 0, "no step was cut into micro-batches");
     EXPECT(out.refused == 0, "%" PRIu64 " requests refused", out.refused);
     EXPECT(c->reclaimed_pages > 0 && c->hot_misses > 0 && c->hot_hits > 0,
            "the pool was not tight enough to swap rows in");
@@ -536,6 +575,12 @@ static Outcome run_scenario(const char *backend, int lend, int builtin) {
     hs_buffer_free(topk_buf);
     hs_buffer_free(rows_buf);
     hs_buffer_free(counts_buf);
+    for (int p = 0; p < 2; p++) {
+        hs_buffer_free(part_topk[p]);
+        hs_buffer_free(part_rows[p]);
+        hs_buffer_free(part_counts[p]);
+        hs_buffer_free(part_state[p]);
+    }
     hs_runtime_free(rt); /* before the lent memory: the runtime finishes its work on it first */
     free(device_pool);
     free(host_pool);
