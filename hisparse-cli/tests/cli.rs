@@ -815,6 +815,62 @@ fn simulate_spec_tokens_rolls_back_rejected_drafts() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
 
+/// Each decode step's per-layer calls cut into micro-batches (whole requests, their own state
+/// rows, on a side stream joined back before end_step): every row read matches and the step's
+/// hits, misses, bytes and reclaimed pages are those of one call per group, with more calls.
+#[test]
+fn simulate_micro_batches_read_what_one_call_reads() {
+    let run = |micro: &str| {
+        simulate_json(&[
+            "simulate",
+            "--layers",
+            "4",
+            "--requests",
+            "4",
+            "--context",
+            "8192",
+            "--decode-steps",
+            "8",
+            "--spec-tokens",
+            "1",
+            "--gpu-mem",
+            "60MiB",
+            "--micro-batches",
+            micro,
+            "--json",
+        ])
+    };
+    let whole = run("1");
+    check_run(&whole);
+    for micro in ["2", "3"] {
+        let j = run(micro);
+        check_run(&j);
+        for key in [
+            "verified_rows",
+            "hot_hits",
+            "misses",
+            "h2d_bytes",
+            "reclaimed_pages",
+            "prefill_rows_checked",
+        ] {
+            assert_eq!(j[key], whole[key], "{key} with --micro-batches {micro}");
+        }
+        assert!(
+            j["resolve_calls"].as_u64() > whole["resolve_calls"].as_u64(),
+            "--micro-batches {micro} made no more calls: {} against {}",
+            j["resolve_calls"],
+            whole["resolve_calls"]
+        );
+    }
+    let e = hisparse(&["simulate", "--micro-batches", "0"]);
+    let err = stderr(&e);
+    assert!(
+        !e.status.success() && err.contains("--micro-batches"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
 /// Three drafts per step on DeepSeek V4 (compressed positions, split rows, sliding windows): a
 /// rejection rolls back up to three tokens, and the next step's rows start before the last
 /// row of the step before; every row read, from resident pages and from host, matches.

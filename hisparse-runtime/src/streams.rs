@@ -57,7 +57,11 @@ impl<D: Device> Runtime<D> {
     /// graph that captured them) and [`Runtime::end_step_on`] — should run on one stream: the
     /// runtime orders a per-layer call on another stream after the step's before-forward work
     /// with an event (except while that stream is being captured, where the replay's order is
-    /// the engine's), and orders its own after-forward copies after `end_step_on`'s stream.
+    /// the engine's), and orders its own after-forward copies after `end_step_on`'s stream. The
+    /// exception is micro-batches ([`TopK::state_rows`]): their calls may run on a side stream
+    /// that joins `end_step_on`'s stream before it is called.
+    ///
+    /// [`TopK::state_rows`]: crate::TopK::state_rows
     pub fn adopt_stream(&mut self, stream: D::Stream) -> Result<StreamId, RuntimeError<D::Error>> {
         if self.lent_streams.len() >= MAX_LENT_STREAMS {
             return Err(RuntimeError::Config {

@@ -12,6 +12,7 @@
 pub mod engine;
 pub mod forward;
 pub mod kv;
+pub mod micro;
 pub mod pd;
 pub mod plot;
 pub mod rank;
@@ -68,6 +69,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
     let seed: u64 = args::number("seed", &a.seed)?;
     let overlap = args::decimal_in("overlap", &a.overlap, 0.0, 1.0)?;
     let chunk: u32 = args::positive("chunk", &a.chunk)?;
+    let micro_batches: u32 = args::whole_in("micro-batches", &a.micro_batches, 1, 64)?;
     let mut shared_prefix: u32 = args::number("shared-prefix", &a.shared_prefix)?;
     let workers: u32 = args::whole_in(
         "workers",
@@ -236,6 +238,7 @@ pub fn setup(a: &SimulateArgs) -> CliResult<SimSetup> {
         prefix_on_host: a.prefix_on_host,
         spec_tokens,
         accept_rate,
+        micro_batches,
         quiet: a.json,
     })
 }

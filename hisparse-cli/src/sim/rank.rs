@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::engine::SimSetup;
 use super::forward::{Forward, IndexerKeys, row_owner};
 use super::kv;
+use super::micro::MicroBatches;
 use super::verify::{IndexerVerifier, ReadOut, Verified, Verifier};
 use super::workload::{Pattern, TopKStream, overlap};
 use crate::error::{CliError, CliResult};
@@ -103,6 +104,8 @@ pub struct Rank<D: Device> {
     /// Indexer keys written, imported and checked (`None` without an indexer layer).
     indexer: Option<IndexerVerifier>,
     io: Vec<GroupIo<D>>,
+    /// With `--micro-batches N` (N > 1): the decode calls' micro-batches.
+    micro: Option<MicroBatches<D>>,
     prefill_io: PrefillIo<D>,
     streams: HashMap<(RequestId, usize), (TopKStream, Vec<i32>)>,
     /// The top-k streams of prefill reads (apart from decode's, which measure overlap).
@@ -143,7 +146,7 @@ impl<D: Device> Rank<D> {
         Self::with_runtime(rt, s)
     }
 
-    fn with_runtime(rt: Runtime<D>, s: &SimSetup) -> CliResult<Self> {
+    fn with_runtime(mut rt: Runtime<D>, s: &SimSetup) -> CliResult<Self> {
         let kv = &s.kv;
         let ratio = kv.sparse_compress_ratio.max(1);
         let shared_rows = s.shared_prefix.min(s.context) / ratio;
@@ -179,11 +182,24 @@ impl<D: Device> Rank<D> {
             state_rows: alloc(capacity)?,
             capacity,
         };
+        let micro = if s.micro_batches > 1 {
+            let groups = kv.index_groups.len();
+            Some(MicroBatches::new(
+                &mut rt,
+                s.micro_batches as usize,
+                groups,
+                t,
+                k,
+            )?)
+        } else {
+            None
+        };
         Ok(Rank {
             forward: Forward::new(kv, shared_rows)?,
             verifier: Verifier::new(kv, shared_rows)?,
             indexer: IndexerKeys::new(kv, shared_rows * ratio)?.map(IndexerVerifier::new),
             io,
+            micro,
             prefill_io,
             prefill_streams: HashMap::new(),
             prefill_rows: 0,
@@ -341,31 +357,12 @@ impl<D: Device> Rank<D> {
                     out.extend_from_slice(sel);
                 }
             }
-            for (g, sel) in topk.iter().enumerate() {
-                self.rt
-                    .device()
-                    .upload_i32(&mut self.io[g].topk, 0, sel)
-                    .map_err(|e| CliError::device("uploading top-k", e))?;
-            }
-            let batch: Vec<i32> = decode.iter().map(|r| r.slot as i32).collect();
             let t = Instant::now();
-            self.rt.set_batch(&batch).map_err(rt_err)?;
-            for (g, gio) in self.io.iter_mut().enumerate() {
-                let input = TopK {
-                    positions: &gio.topk,
-                    num_tokens: batch.len() as u32,
-                    state_rows: None,
-                };
-                self.rt
-                    .resolve_index_group(
-                        g,
-                        &input,
-                        Indices {
-                            rows: &mut gio.rows,
-                            counts: None,
-                        },
-                    )
-                    .map_err(rt_err)?;
+            if let Some(micro) = &mut self.micro {
+                let k = self.rt.layout().config.top_k as usize;
+                micro.call(&mut self.rt, decode, &topk, k)?;
+            } else {
+                self.call_whole_batch(decode, &topk)?;
             }
             self.device_seconds += t.elapsed().as_secs_f64();
             let rows: Vec<(u64, u32)> = decode.iter().map(|r| (r.uid, r.seq_len)).collect();
@@ -399,6 +396,11 @@ impl<D: Device> Rank<D> {
         let t = Instant::now();
         for r in &mut reads {
             r.indices.resize(r.topk.len(), 0);
+            if let Some(micro) = &self.micro {
+                let k = self.rt.layout().config.top_k as usize;
+                micro.download(&self.rt, r.group, k, &mut r.indices)?;
+                continue;
+            }
             self.rt
                 .device()
                 .download_i32(&self.io[r.group].rows, 0, &mut r.indices)
@@ -430,6 +432,37 @@ impl<D: Device> Rank<D> {
         step.counters = *self.rt.counters();
         step.verified = self.verifier.verified.clone();
         Ok(step)
+    }
+
+    /// The step's per-layer calls over `decode`'s rows as one call per index group over the
+    /// batch `set_batch` gives: `topk[g]` holds group `g`'s top-k of every row, in row order.
+    fn call_whole_batch(&mut self, decode: &[DecodeRow], topk: &[Vec<i32>]) -> CliResult<()> {
+        for (g, sel) in topk.iter().enumerate() {
+            self.rt
+                .device()
+                .upload_i32(&mut self.io[g].topk, 0, sel)
+                .map_err(|e| CliError::device("uploading top-k", e))?;
+        }
+        let batch: Vec<i32> = decode.iter().map(|r| r.slot as i32).collect();
+        self.rt.set_batch(&batch).map_err(rt_err)?;
+        for (g, gio) in self.io.iter_mut().enumerate() {
+            let input = TopK {
+                positions: &gio.topk,
+                num_tokens: batch.len() as u32,
+                state_rows: None,
+            };
+            self.rt
+                .resolve_index_group(
+                    g,
+                    &input,
+                    Indices {
+                        rows: &mut gio.rows,
+                        counts: None,
+                    },
+                )
+                .map_err(rt_err)?;
+        }
+        Ok(())
     }
 
     /// Enqueues the prefill reads of `cmd`: for every scheduled request that is not decoding

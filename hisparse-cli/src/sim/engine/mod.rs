@@ -93,6 +93,9 @@ pub struct SimSetup {
     pub spec_tokens: u32,
     /// Chance that a draft is accepted (the first rejected one rejects the rest).
     pub accept_rate: f64,
+    /// Micro-batch calls per index group per decode step (0 or 1: one call over the batch).
+    #[serde(default)]
+    pub micro_batches: u32,
     /// Suppress the progress bar.
     pub quiet: bool,
 }
