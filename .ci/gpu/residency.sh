@@ -9,7 +9,9 @@
 #   3. the same with `--import` (every request's prompt KV written into the host blocks the
 #      coordinator names, as a prefill node would, then decoded from host);
 #   4. `--prefix-on-host` (a 4096-token shared prefix whose GPU copies are dropped after the
-#      first request: the others' prefill chunks read it staged back on the GPU).
+#      first request: the others' prefill chunks read it staged back on the GPU);
+#   5. the default workload with `--micro-batches 2` (each decode step's calls as two
+#      micro-batches on a side stream: the same hits and misses as run 1).
 #
 # Every run also verifies prefill reads (each prefill chunk's last token's top-k over its whole
 # context, remapped through the resident tables): prefill_rows_checked / prefill_mismatched.
@@ -41,8 +43,9 @@ section sim-default 50 sh -c "'$bin/hisparse' simulate --backend cuda --json > '
 section sim-shared-prefix 50 sh -c "'$bin/hisparse' simulate --backend cuda --shared-prefix 8192 --json > '$out/sim-shared-prefix.json'"
 section sim-import 50 sh -c "'$bin/hisparse' simulate --backend cuda --import --json > '$out/sim-import.json'"
 section sim-prefix-on-host 50 sh -c "'$bin/hisparse' simulate --backend cuda --prefix-on-host --json > '$out/sim-prefix-on-host.json'"
+section sim-micro-batches 50 sh -c "'$bin/hisparse' simulate --backend cuda --micro-batches 2 --json > '$out/sim-micro-batches.json'"
 
-for f in sim-default sim-shared-prefix sim-import sim-prefix-on-host; do
+for f in sim-default sim-shared-prefix sim-import sim-prefix-on-host sim-micro-batches; do
     if [ ! -s "$out/$f.json" ]; then
         echo "$f: no JSON (see $out/$f.log)"
         overall=1
@@ -65,6 +68,12 @@ ok = s.get("mismatched_rows", 1) == 0 and s.get("verified_rows", 0) > 0
 if name.startswith("sim-prefix-on-host") and not s.get("pages_staged"):
     print("  no page was staged: the prefix-on-host run did not exercise staging")
     ok = False
+if name.startswith("sim-micro-batches"):
+    whole = json.load(open(sys.argv[1].replace("sim-micro-batches", "sim-default")))
+    for key in ("verified_rows", "hot_hits", "misses", "h2d_bytes", "reclaimed_pages"):
+        if s.get(key) != whole.get(key):
+            print(f"  {key}: {s.get(key)} with micro-batches, {whole.get(key)} with one call")
+            ok = False
 sys.exit(0 if ok else 1)
 PY
 done
