@@ -842,9 +842,11 @@ fn simulate_micro_batches_read_what_one_call_reads() {
     };
     let whole = run("1");
     check_run(&whole);
+    assert_eq!(whole["micro_batches"], 1);
     for micro in ["2", "3"] {
         let j = run(micro);
         check_run(&j);
+        assert_eq!(j["micro_batches"].to_string(), micro);
         for key in [
             "verified_rows",
             "hot_hits",

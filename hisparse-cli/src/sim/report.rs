@@ -155,6 +155,9 @@ pub struct SimReport {
     pub preemptions: u64,
     /// Speculative tokens per decode step (0 = none).
     pub spec_tokens: u32,
+    /// Micro-batch calls per index group per decode step (1: one call over the batch).
+    #[serde(default)]
+    pub micro_batches: u32,
     /// Draft tokens computed.
     pub draft_tokens: u64,
     /// Drafts the (simulated) verifier accepted.
@@ -269,8 +272,18 @@ impl SimReport {
             );
         }
         s += &format!(
-            "paths                   {} resolve calls, {} remap calls ({} fully-resident steps)\n",
-            self.resolve_calls, self.remap_calls, self.fully_resident_steps
+            "paths                   {} resolve calls, {} remap calls ({} fully-resident steps){}\n",
+            self.resolve_calls,
+            self.remap_calls,
+            self.fully_resident_steps,
+            if self.micro_batches > 1 {
+                format!(
+                    "; each decode step's calls in up to {} micro-batches",
+                    self.micro_batches
+                )
+            } else {
+                String::new()
+            }
         );
         s += &format!(
             "time per decode step    planning {:.1} µs, device ops {:.1} µs, verification {:.1} µs\n",

@@ -407,6 +407,7 @@ fn initial_report(ranks: &dyn Ranks, s: &SimSetup, workers: u32) -> SimReport {
         host_memory_bytes: NodeHostMemory::of(kv, nranks as u32).per_node,
         device_buffer_size: kv.device_buffer_size,
         spec_tokens: s.spec_tokens,
+        micro_batches: s.micro_batches.max(1),
         all_resident_gpu_bytes: (1 + u64::from(s.requests)
             * kv.gpu_blocks_per_request(final_len).all_on_gpu)
             * kv.bytes_per_block,
