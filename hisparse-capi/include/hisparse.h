@@ -487,9 +487,11 @@ typedef struct HsLayerCall {
   // Token rows of the call.
   uint32_t num_tokens;
   // int32 `[num_tokens]` state row of each token row (-1 = padding), or NULL for the batch
-  // set by `hs_runtime_set_batch` (what a captured graph reads). A call's own state rows
-  // make it a micro-batch: calls over disjoint requests write what one call over all of
-  // them would (the rules: docs/contract.md, section 7, Micro-batches).
+  // set by `hs_runtime_set_batch` (what a captured graph reads). Read on the device, a
+  // call's own state rows are not checked as `hs_runtime_set_batch`'s are: each names a
+  // request scheduled in the step, or is padding (below 0, or at or beyond the runtime's
+  // state rows). They make the call a micro-batch: calls over disjoint requests write what
+  // one call over all of them would (the rules: docs/contract.md, section 7, Micro-batches).
   const struct HsBuffer *state_rows;
   // int32 `[num_tokens][top_k]`: the physical rows of the flat device-pool view (-1 = none).
   struct HsBuffer *rows;

@@ -49,7 +49,11 @@ pub struct TopK<'a, B> {
     /// Token rows.
     pub num_tokens: u32,
     /// `i32[num_tokens]` state row of each token row (`-1` = padding), or `None` for the batch
-    /// set by [`Runtime::set_batch`]. A call's own state rows make it a micro-batch: calls over
+    /// set by [`Runtime::set_batch`]. The rows are read on the device, so unlike `set_batch`'s
+    /// they are not checked on the host: a row below 0 or at or beyond the runtime's state rows
+    /// is padding (outputs `-1`), and every other row must name a request scheduled in the open
+    /// step (another's hot state would be read and updated). A call's own state rows make it a
+    /// micro-batch: calls over
     /// disjoint requests write what one call over all of them would, so one micro-batch's
     /// swap-in can cross the bus while other work runs (the rules: the contract's section 7,
     /// *Micro-batches*).
