@@ -566,7 +566,9 @@ class Runtime:
         stream: Optional[int] = None,
     ) -> LayerCall:
         """A prepared per-layer call: the arrays are read, checked and lent once; each call of
-        the returned object does only the runtime's work."""
+        the returned object does only the runtime's work. ``state_rows`` (int32 ``[T]``, read
+        at each call on the device; -1 or a row beyond the runtime's is padding) replaces the
+        batch ``set_batch`` gives: a micro-batch (the README's *Micro-batches*)."""
     def apply_plan(self, layer: int, *, stream: Optional[int] = None) -> None: ...
     def end_step(self, cmd: Command, *, stream: Optional[int] = None) -> None:
         """After the forward pass: mirrors, spills and indexer backups on the copy stream,
