@@ -146,24 +146,23 @@ class NumpyKernels:
         h = R.row_hash(self.req, layer, self.pos, R.INDEXER_SALT) % len(self.key_table)
         pages[slot // pages.shape[1], slot % pages.shape[1]] = self.key_table[h]
 
-    def _logits(self, layer, q_idx):
+    def _logits(self, layer, q_idx, a=0, b=None):
+        """The logits of rows ``a:b`` of the batch (``q_idx`` holds those rows' queries)."""
+        b = self.B if b is None else b
         _, pages = self.key_pages[layer]
-        table = self.indexer_table[self.state, : self.pages]
-        keys = pages[table].reshape(self.B, -1, R.INDEXER_ROW_BYTES)
+        table = self.indexer_table[self.state[a:b], : self.pages]
+        keys = pages[table].reshape(b - a, -1, R.INDEXER_ROW_BYTES)
         vals, scale = R.decode_keys(keys)
         # Positions past the request's length hold whatever the block held before (masked).
         with np.errstate(over="ignore", invalid="ignore"):
-            return self._masked_logits(q_idx, vals, scale)
-
-    def _masked_logits(self, q_idx, vals, scale):
-        s = np.maximum(np.einsum("bhd,bld->bhl", q_idx, vals), 0.0)
-        logits = np.einsum("bh,bhl->bl", self.w_idx, s) * scale
+            s = np.maximum(np.einsum("bhd,bld->bhl", q_idx, vals), 0.0)
+            logits = np.einsum("bh,bhl->bl", self.w_idx[a:b], s) * scale
         positions = np.arange(logits.shape[1])[None, :]
-        return np.where(positions <= self.pos[:, None], logits, -np.inf).astype(np.float32)
+        return np.where(positions <= self.pos[a:b, None], logits, -np.inf).astype(np.float32)
 
     def indexer(self, layer, part=None):
         a, b = self.parts[part] if part is not None else (0, self.B)
-        self.scores[layer, a:b, :] = self._logits(layer, self.q_idx)[a:b]
+        self.scores[layer, a:b, :] = self._logits(layer, self.q_idx[a:b], a, b)
 
     def _select(self, logits):
         order = np.argsort(-logits, axis=-1, kind="stable")[:, : self.K]
