@@ -136,8 +136,9 @@ pub struct SimulateArgs {
     #[arg(long, allow_negative_numbers = true, default_value = "2048")]
     pub chunk: String,
     /// Cut each decode step's per-layer calls into N micro-batch calls, each over whole
-    /// requests with its own state rows, on a side stream joined back before end_step (how an
-    /// engine overlaps one micro-batch's swap-in with other work); 1 = one call per group.
+    /// requests with its own state rows, on a side stream the runtime orders end_step after
+    /// (how an engine overlaps one micro-batch's swap-in with other work); 1 = one call per
+    /// group.
     #[arg(long, allow_negative_numbers = true, default_value = "1")]
     pub micro_batches: String,
     /// Turn eager row mirroring off: sealed pages go to host as whole-page spills (page backups)

@@ -483,6 +483,43 @@ impl<D: Device> Runtime<D> {
         })
     }
 
+    /// Orders a per-layer resolve about to run on stream `on` (outside a capture) after the
+    /// open step's last one, when that ran on another stream: they share the runtime's
+    /// miss-plan scratch and each group's counters, so on two unordered streams they would
+    /// race. An event, no host synchronisation; nothing when they share a stream. (Captured
+    /// calls are ordered by the engine: a capture only ends once every stream it forked has
+    /// joined.)
+    fn order_resolves(&mut self, on: Option<StreamId>) -> Result<(), RuntimeError<D::Error>> {
+        self.join_resolves(on)?;
+        self.last_resolve_on = Some(on);
+        Ok(())
+    }
+
+    /// Makes stream `on` wait for the open step's last resolve run outside a capture, when that
+    /// ran on another stream ([`Runtime::end_step_on`] joins them so, as the next call does).
+    pub(crate) fn join_resolves(
+        &mut self,
+        on: Option<StreamId>,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        let Some(last) = self.last_resolve_on else {
+            return Ok(());
+        };
+        if last == on {
+            return Ok(());
+        }
+        let event = self
+            .dev
+            .record_event(pick(&self.compute, &self.lent_streams, last)?)
+            .map_err(RuntimeError::device("recording the end of a resolve"))?;
+        self.dev
+            .wait_event(pick(&self.compute, &self.lent_streams, on)?, &event)
+            .map_err(RuntimeError::device(
+                "ordering a resolve after one on another stream",
+            ))?;
+        self.resolve_order.push(event);
+        Ok(())
+    }
+
     fn resolve(
         &mut self,
         group: usize,
@@ -492,6 +529,9 @@ impl<D: Device> Runtime<D> {
         on: Option<StreamId>,
     ) -> Result<(), RuntimeError<D::Error>> {
         let call = self.layer_call(group, topk, on)?;
+        if !call.capturing {
+            self.order_resolves(on)?;
+        }
         let fully_resident = call.fully_resident && !call.capturing;
         let stream = pick(&self.compute, &self.lent_streams, on)?;
         let req_id = call.given.unwrap_or(&self.batch);

@@ -111,6 +111,12 @@ pub struct Runtime<D: Device> {
     /// An event after the open step's before-forward work, recorded when a per-layer call runs
     /// on another stream than `begin_step_on`'s.
     pub(crate) step_begun: Option<D::Event>,
+    /// The stream of the open step's last per-layer resolve that ran outside a capture, once
+    /// one has: a later one on another stream is ordered after it, and `end_step` after the
+    /// last (they share the miss-plan scratch and each group's counters).
+    pub(crate) last_resolve_on: Option<Option<StreamId>>,
+    /// The events of that ordering, kept until the step ends.
+    pub(crate) resolve_order: Vec<D::Event>,
     /// `i32[2 * capacity]` invalidation ranges, grown on demand.
     pub(crate) ranges: D::Buffer,
     pub(crate) ranges_capacity: usize,
@@ -375,6 +381,8 @@ impl<D: Device> Runtime<D> {
             lent_streams: Vec::new(),
             last_step: None,
             step_begun: None,
+            last_resolve_on: None,
+            resolve_order: Vec::new(),
             batch_len: None,
             batch_fully_resident: false,
             row_scheduled: vec![false; rows],

@@ -156,6 +156,8 @@ impl<D: Device> Runtime<D> {
             && (c.steps - 1).is_multiple_of(u64::from(self.cfg.stats_every));
         self.last_step = Some(cmd.step);
         self.step_begun = None;
+        self.last_resolve_on = None;
+        self.resolve_order.clear();
         self.open = Some(OpenStep {
             step: cmd.step,
             stream: on,
@@ -418,6 +420,9 @@ impl<D: Device> Runtime<D> {
             ));
         }
         self.refuse_capture(on, "end_step")?;
+        // Per-layer resolves that ran on another stream finish before the step's end (and so
+        // before the next step's table updates on this stream).
+        self.join_resolves(on)?;
         let span = tracing::debug_span!("hisparse.end_step", step = cmd.step);
         let _enter = span.enter();
         if open.sampled {

@@ -58,8 +58,10 @@ impl<D: Device> Runtime<D> {
     /// runtime orders a per-layer call on another stream after the step's before-forward work
     /// with an event (except while that stream is being captured, where the replay's order is
     /// the engine's), and orders its own after-forward copies after `end_step_on`'s stream. The
-    /// exception is micro-batches ([`TopK::state_rows`]): their calls may run on a side stream
-    /// that joins `end_step_on`'s stream before it is called.
+    /// exception is micro-batches ([`TopK::state_rows`]): their calls may run on a side stream.
+    /// Outside a capture the runtime orders a resolve on another stream than the step's last
+    /// one after it, and `end_step_on` after the last; in a graph the engine joins the side
+    /// stream back.
     ///
     /// [`TopK::state_rows`]: crate::TopK::state_rows
     pub fn adopt_stream(&mut self, stream: D::Stream) -> Result<StreamId, RuntimeError<D::Error>> {

@@ -1,8 +1,8 @@
 //! A decode step's per-layer calls cut into micro-batches (`simulate --micro-batches N`): each
 //! index group's call becomes N calls, each over whole requests with its own state rows
-//! ([`TopK::state_rows`]), on a side stream the rank lends its runtime, joined back to the
-//! compute stream by an event before `end_step` — how an engine lets one micro-batch's swap-in
-//! cross the bus while other work runs (the contract's section 7, *Micro-batches*). Calls over
+//! ([`TopK::state_rows`]), on a side stream the rank lends its runtime, which the runtime orders
+//! `end_step` after — how an engine lets one micro-batch's swap-in cross the bus while other
+//! work runs (the contract's section 7, *Micro-batches*). Calls over
 //! disjoint requests write what one call over all of them writes, so the simulation's reads,
 //! verification and counters are those of one call per group (but for the call counts).
 
@@ -97,8 +97,7 @@ impl<D: Device> MicroBatches<D> {
     }
 
     /// The step's per-layer calls over `decode`'s rows as micro-batches: `topk[g]` holds group
-    /// `g`'s top-k of every row (`top_k` each), in row order. Enqueued on the side stream, which
-    /// the compute stream then waits for.
+    /// `g`'s top-k of every row (`top_k` each), in row order. Enqueued on the side stream.
     pub fn call(
         &mut self,
         rt: &mut Runtime<D>,
@@ -141,17 +140,9 @@ impl<D: Device> MicroBatches<D> {
                 .map_err(|e| CliError::failed(format!("runtime: {e}")))?;
             }
         }
-        // The side stream joins the compute stream, which end_step's copies are ordered after.
-        let done = rt
-            .device()
-            .record_event(
-                rt.stream(Some(self.side))
-                    .map_err(|e| CliError::failed(format!("runtime: {e}")))?,
-            )
-            .map_err(|e| CliError::device("recording the micro-batches' end", e))?;
-        rt.device()
-            .wait_event(rt.compute_stream(), &done)
-            .map_err(|e| CliError::device("joining the micro-batches' stream", e))
+        // No join here: the runtime orders end_step (and any later resolve on another stream)
+        // after the last resolve of the step.
+        Ok(())
     }
 
     /// Group `g`'s row indices of the step's rows, micro-batch by micro-batch, into `out`

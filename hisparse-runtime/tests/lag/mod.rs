@@ -251,13 +251,21 @@ impl Device for LagDevice {
     }
 
     fn wait_event(&self, stream: &LagStream, event: &LagEvent) -> Result<(), CpuError> {
-        // Only the eager stream's events are waited on by lagging streams in these tests, and
-        // they have completed; a lagging stream waiting on another lagging one would need a
-        // dependency, which the runtime never asks for.
-        assert!(
-            event.stream == 0 || event.stream == stream.0,
-            "cross-lagging-stream waits are not modelled"
-        );
+        // The eager stream's events have completed. The eager stream waiting on a lagging one's
+        // event runs that stream's work up to the event first (it cannot wait later); a lagging
+        // stream waiting on another lagging one would need a dependency between queues, which
+        // the runtime never asks for.
+        if event.stream == 0 || event.stream == stream.0 {
+            return Ok(());
+        }
+        assert_eq!(stream.0, 0, "cross-lagging-stream waits are not modelled");
+        let mut qs = self.queues.lock().unwrap();
+        let q = &mut qs[event.stream];
+        while q.ran < event.ticket {
+            let w = q.items.pop_front().expect("an event's work was enqueued");
+            w(&self.cpu)?;
+            q.ran += 1;
+        }
         Ok(())
     }
 
@@ -396,24 +404,38 @@ impl Device for LagDevice {
         desc: &RemapDesc,
         a: RemapArgs<'_, LagBuffer>,
     ) -> Result<(), CpuError> {
-        assert_eq!(stream.0, 0, "the decode path runs on the compute stream");
-        let (req, table, topk) = (lock(a.req_id), lock(a.block_table), lock(a.topk));
-        let map = a.idx_mapping.map(lock);
-        let mut out = lock(a.out);
-        let mut counts = a.counts.map(|c| lock(c));
-        let mut stats = a.stats.map(|s| lock(s));
-        self.cpu.remap(
-            &CpuStream,
-            desc,
-            RemapArgs {
-                req_id: &req,
-                block_table: &table,
-                topk: &topk,
-                idx_mapping: map.as_deref(),
-                out: &mut out,
-                counts: counts.as_deref_mut(),
-                stats: stats.as_deref_mut(),
-            },
+        let desc = *desc;
+        let (req, table, topk, out) = (
+            a.req_id.clone(),
+            a.block_table.clone(),
+            a.topk.clone(),
+            a.out.clone(),
+        );
+        let map = a.idx_mapping.cloned();
+        let counts = a.counts.map(|c| c.clone());
+        let stats = a.stats.map(|s| s.clone());
+        // On a lagging stream (a micro-batch's side stream) the call runs when released, and
+        // its arguments are checked then.
+        self.submit(
+            stream,
+            Box::new(move |cpu| {
+                let map = map.as_ref().map(lock);
+                let mut counts = counts.as_ref().map(lock);
+                let mut stats = stats.as_ref().map(lock);
+                cpu.remap(
+                    &CpuStream,
+                    &desc,
+                    RemapArgs {
+                        req_id: &lock(&req),
+                        block_table: &lock(&table),
+                        topk: &lock(&topk),
+                        idx_mapping: map.as_deref(),
+                        out: &mut lock(&out),
+                        counts: counts.as_deref_mut(),
+                        stats: stats.as_deref_mut(),
+                    },
+                )
+            }),
         )
     }
 
@@ -423,47 +445,59 @@ impl Device for LagDevice {
         desc: &ResolveDesc,
         a: ResolveArgs<'_, LagBuffer>,
     ) -> Result<(), CpuError> {
-        assert_eq!(stream.0, 0, "the decode path runs on the compute stream");
+        assert!(
+            a.idx_mapping.is_none(),
+            "the runtime resolves in state-row order"
+        );
+        let desc = *desc;
         let (req, topk, res, host, hot) = (
-            lock(a.req_id),
-            lock(a.topk),
-            lock(a.resident_table),
-            lock(a.host_table),
-            lock(a.hot_table),
+            a.req_id.clone(),
+            a.topk.clone(),
+            a.resident_table.clone(),
+            a.host_table.clone(),
+            a.hot_table.clone(),
         );
-        let (mut slot_host_rows, mut lru, mut idx, mut valid) = (
-            lock(a.slot_host_rows),
-            lock(a.lru),
-            lock(a.indices),
-            lock(a.valid_counts),
+        let (rows, lru, idx, valid) = (
+            a.slot_host_rows.clone(),
+            a.lru.clone(),
+            a.indices.clone(),
+            a.valid_counts.clone(),
         );
-        let (mut hits, mut misses, mut msrc, mut mdst) = (
-            lock(a.hit_counts),
-            lock(a.miss_counts),
-            lock(a.miss_src),
-            lock(a.miss_dst),
+        let (hits, misses, msrc, mdst) = (
+            a.hit_counts.clone(),
+            a.miss_counts.clone(),
+            a.miss_src.clone(),
+            a.miss_dst.clone(),
         );
-        let mut stats = a.stats.map(|s| lock(s));
-        self.cpu.resolve(
-            &CpuStream,
-            desc,
-            ResolveArgs {
-                req_id: &req,
-                topk: &topk,
-                resident_table: &res,
-                host_table: &host,
-                hot_table: &hot,
-                slot_host_rows: &mut slot_host_rows,
-                lru: &mut lru,
-                indices: &mut idx,
-                valid_counts: &mut valid,
-                hit_counts: &mut hits,
-                miss_counts: &mut misses,
-                miss_src: &mut msrc,
-                miss_dst: &mut mdst,
-                idx_mapping: None,
-                stats: stats.as_deref_mut(),
-            },
+        let stats = a.stats.map(|s| s.clone());
+        // On a lagging stream (a micro-batch's side stream) the call runs when released, and
+        // its arguments are checked then.
+        self.submit(
+            stream,
+            Box::new(move |cpu| {
+                let mut stats = stats.as_ref().map(lock);
+                cpu.resolve(
+                    &CpuStream,
+                    &desc,
+                    ResolveArgs {
+                        req_id: &lock(&req),
+                        topk: &lock(&topk),
+                        resident_table: &lock(&res),
+                        host_table: &lock(&host),
+                        hot_table: &lock(&hot),
+                        slot_host_rows: &mut lock(&rows),
+                        lru: &mut lock(&lru),
+                        indices: &mut lock(&idx),
+                        valid_counts: &mut lock(&valid),
+                        hit_counts: &mut lock(&hits),
+                        miss_counts: &mut lock(&misses),
+                        miss_src: &mut lock(&msrc),
+                        miss_dst: &mut lock(&mdst),
+                        idx_mapping: None,
+                        stats: stats.as_deref_mut(),
+                    },
+                )
+            }),
         )
     }
 
@@ -473,24 +507,33 @@ impl Device for LagDevice {
         desc: &GatherDesc<'_>,
         a: GatherArgs<'_, LagBuffer, LagBuffer>,
     ) -> Result<(), CpuError> {
-        assert_eq!(stream.0, 0, "the decode path runs on the compute stream");
-        let (src, dst, counts, host) = (
-            lock(a.plan_src),
-            lock(a.plan_dst),
-            lock(a.plan_counts),
-            lock(a.host),
+        let (num_tokens, top_k, layers) = (desc.num_tokens, desc.top_k, desc.layers.to_vec());
+        let (src, dst, counts, host, dev) = (
+            a.plan_src.clone(),
+            a.plan_dst.clone(),
+            a.plan_counts.clone(),
+            a.host.clone(),
+            a.device.clone(),
         );
-        let mut dev = lock(a.device);
-        self.cpu.gather_rows(
-            &CpuStream,
-            desc,
-            GatherArgs {
-                plan_src: &src,
-                plan_dst: &dst,
-                plan_counts: &counts,
-                host: &host,
-                device: &mut dev,
-            },
+        self.submit(
+            stream,
+            Box::new(move |cpu| {
+                cpu.gather_rows(
+                    &CpuStream,
+                    &GatherDesc {
+                        num_tokens,
+                        top_k,
+                        layers: &layers,
+                    },
+                    GatherArgs {
+                        plan_src: &lock(&src),
+                        plan_dst: &lock(&dst),
+                        plan_counts: &lock(&counts),
+                        host: &lock(&host),
+                        device: &mut lock(&dev),
+                    },
+                )
+            }),
         )
     }
 

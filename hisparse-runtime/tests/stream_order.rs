@@ -1,0 +1,125 @@
+//! Per-layer resolves on a stream of their own (an engine's micro-batches on a side stream) are
+//! ordered by the runtime where it runs them outside a graph: a later resolve on another stream
+//! waits for the last one (they share the miss-plan scratch and each group's counters), and
+//! `end_step` waits for the last one, so the step's copies and the next step's table updates
+//! come after it. Checked on a device whose side streams lag: work enqueued there runs only when
+//! something waits for it, and the test reads the row buffers directly, without waiting.
+
+mod lag;
+mod scenario;
+
+use hisparse_core::Device;
+use hisparse_runtime::{Indices, LayerCall, Runtime, StreamId, Swap, TopK};
+use lag::{LagBuffer, LagDevice};
+use scenario::{Run, SMALL};
+
+/// The `i32`s of a buffer as they are now (queued work not run).
+fn now(buf: &LagBuffer, n: usize) -> Vec<i32> {
+    buf.bytes().as_slice()[..n * 4]
+        .chunks_exact(4)
+        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Group `g`'s call over `t` token rows of `topk`, out to `rows`, on `on`.
+fn call(
+    rt: &mut Runtime<LagDevice>,
+    g: usize,
+    topk: &LagBuffer,
+    t: u32,
+    rows: &mut LagBuffer,
+    on: Option<StreamId>,
+) {
+    rt.decode(LayerCall {
+        group: g,
+        swap: Swap::IndexGroup,
+        topk: TopK {
+            positions: topk,
+            num_tokens: t,
+            state_rows: None,
+        },
+        out: Indices { rows, counts: None },
+        on,
+    })
+    .unwrap();
+}
+
+#[test]
+fn resolves_on_a_side_stream_are_ordered_before_the_next_resolve_and_the_end_of_the_step() {
+    let shape = SMALL;
+    let mut rt = Runtime::new(
+        LagDevice::default(),
+        scenario::layout(&shape),
+        scenario::runtime_config(shape.requests),
+    )
+    .unwrap();
+    let side_stream = rt.device().create_stream().unwrap();
+    let side = rt.adopt_stream(side_stream).unwrap();
+    // The same steps on the compute stream alone: what every call must read.
+    let mut reference = Runtime::new(
+        LagDevice::default(),
+        scenario::layout(&shape),
+        scenario::runtime_config(shape.requests),
+    )
+    .unwrap();
+    let mut run = Run::new(shape, rt.device());
+    let mut twin = Run::new(shape, reference.device());
+    let groups = run.kv.index_groups.len();
+    assert!(groups >= 2, "the scenario needs two index groups");
+    let n = shape.requests as usize * shape.top_k as usize;
+    let alloc = |rt: &Runtime<LagDevice>| rt.device().alloc(n * 4).unwrap();
+    let (mut topk, mut rows) = (Vec::new(), Vec::new());
+    for _ in 0..groups {
+        topk.push(alloc(&rt));
+        rows.push(alloc(&rt));
+    }
+    let (mut side_calls, mut waited_for) = (0, 0);
+    while !run.done() {
+        let (cmd, batch) = run.begin(&mut rt);
+        let (twin_cmd, _) = twin.begin(&mut reference);
+        let t = batch.len() as u32;
+        let mut want = Vec::new();
+        for g in 0..groups {
+            let sel = run.topk_of(&cmd, g);
+            assert_eq!(sel, twin.topk_of(&twin_cmd, g));
+            twin.resolve(&mut reference, &twin_cmd, g, t);
+            want.push(twin.outputs.last().unwrap().clone());
+            rt.device().upload_i32(&mut topk[g], 0, &sel).unwrap();
+            rt.device()
+                .upload_i32(&mut rows[g], 0, &vec![-7; n])
+                .unwrap();
+        }
+        // Group 0 on the side stream: queued, not run yet.
+        call(&mut rt, 0, &topk[0], t, &mut rows[0], Some(side));
+        side_calls += 1;
+        let queued = now(&rows[0], n) == vec![-7; n];
+        // Group 1 on the compute stream: it waits for group 0's resolve first.
+        call(&mut rt, 1, &topk[1], t, &mut rows[1], None);
+        assert_eq!(
+            now(&rows[0], want[0].len()),
+            want[0],
+            "step {}: group 0",
+            run.step
+        );
+        waited_for += usize::from(queued);
+        // The rest on the side stream again; end_step (on the compute stream) waits for them.
+        for g in 2..groups {
+            call(&mut rt, g, &topk[g], t, &mut rows[g], Some(side));
+        }
+        run.end(&mut rt, &cmd);
+        twin.end(&mut reference, &twin_cmd);
+        for g in 1..groups {
+            assert_eq!(
+                now(&rows[g], want[g].len()),
+                want[g],
+                "step {}: group {g}",
+                run.step
+            );
+        }
+    }
+    assert!(side_calls > 0, "no step resolved");
+    assert!(
+        waited_for > 0,
+        "the side stream never lagged: the ordering was not exercised"
+    );
+}
