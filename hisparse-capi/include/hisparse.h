@@ -1131,7 +1131,8 @@ enum HsStatus hs_runtime_resolve_index_group(struct HsRuntime *runtime, size_t g
 enum HsStatus hs_runtime_resolve_leader(struct HsRuntime *runtime, size_t group, const struct HsBuffer *topk, uint32_t num_tokens, struct HsBuffer *rows, struct HsBuffer *counts, void *stream);
 
 // Swaps in follower layer `layer` with its leader's plan of this step, on `stream` (NULL: the
-// runtime's compute stream), which must be the stream of its leader's call.
+// runtime's compute stream): its leader's call's, or, outside a graph, another stream, which
+// the runtime orders after that call.
 //
 // # Safety
 //

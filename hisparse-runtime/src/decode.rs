@@ -350,8 +350,8 @@ impl<D: Device> Runtime<D> {
         self.apply_plan_on(layer, None)
     }
 
-    /// [`Runtime::apply_plan`] on stream `on` (`None`: the compute stream), which must be the
-    /// stream of its leader's call.
+    /// [`Runtime::apply_plan`] on stream `on` (`None`: the compute stream): the stream of its
+    /// leader's call, or, outside a graph, another one, which the runtime orders after it.
     pub fn apply_plan_on(
         &mut self,
         layer: u32,
@@ -375,7 +375,6 @@ impl<D: Device> Runtime<D> {
                 what: "follower layer",
                 value: layer,
             })?;
-        let stream = pick(&self.compute, &self.lent_streams, on)?;
         let gs = &self.groups[g];
         let call = gs.call.ok_or(RuntimeError::Sequence(
             "apply_plan before its leader's resolve_leader in this step",
@@ -383,9 +382,24 @@ impl<D: Device> Runtime<D> {
         if !call.resolved {
             return Ok(());
         }
-        let (src, dst) = gs.plan.as_ref().ok_or(RuntimeError::Sequence(
-            "apply_plan for a group without followers",
-        ))?;
+        if gs.plan.is_none() {
+            return Err(RuntimeError::Sequence(
+                "apply_plan for a group without followers",
+            ));
+        }
+        let capturing = self
+            .dev
+            .is_capturing(pick(&self.compute, &self.lent_streams, on)?)
+            .map_err(RuntimeError::device(
+                "asking whether a stream is being captured",
+            ))?;
+        if !capturing {
+            // It reads the plan the step's last resolve left: after it, and before the next.
+            self.order_resolves(on)?;
+        }
+        let stream = pick(&self.compute, &self.lent_streams, on)?;
+        let gs = &self.groups[g];
+        let (src, dst) = gs.plan.as_ref().expect("checked above");
         let desc = GatherDesc {
             num_tokens: call.tokens,
             top_k: self.kv.config.top_k,

@@ -222,7 +222,8 @@ pub unsafe extern "C" fn hs_runtime_resolve_leader(
 }
 
 /// Swaps in follower layer `layer` with its leader's plan of this step, on `stream` (NULL: the
-/// runtime's compute stream), which must be the stream of its leader's call.
+/// runtime's compute stream): its leader's call's, or, outside a graph, another stream, which
+/// the runtime orders after that call.
 ///
 /// # Safety
 ///
