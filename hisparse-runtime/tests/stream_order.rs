@@ -2,8 +2,10 @@
 //! ordered by the runtime where it runs them outside a graph: a later resolve on another stream
 //! waits for the last one (they share the miss-plan scratch and each group's counters), and
 //! `end_step` waits for the last one, so the step's copies and the next step's table updates
-//! come after it. Checked on a device whose side streams lag: work enqueued there runs only when
-//! something waits for it, and the test reads the row buffers directly, without waiting.
+//! come after it. And a step cut into micro-batches, each with its own state rows, on either
+//! stream, reads and leaves what the whole-batch step does. Checked on a device whose side
+//! streams lag: work enqueued there runs only when something waits for it, and the test reads
+//! the row buffers directly, without waiting.
 
 mod lag;
 mod scenario;
@@ -11,6 +13,7 @@ mod scenario;
 use hisparse_core::Device;
 use hisparse_runtime::{Indices, LayerCall, Runtime, StreamId, Swap, TopK};
 use lag::{LagBuffer, LagDevice};
+use proptest::prelude::*;
 use scenario::{Run, SMALL};
 
 /// The `i32`s of a buffer as they are now (queued work not run).
@@ -122,4 +125,126 @@ fn resolves_on_a_side_stream_are_ordered_before_the_next_resolve_and_the_end_of_
         waited_for > 0,
         "the side stream never lagged: the ordering was not exercised"
     );
+}
+
+/// One whole run of `shape` whose decode calls are cut, step by step, into micro-batches at the
+/// cuts `rng` draws (every request's row in one micro-batch), each micro-batch's call of each
+/// group with its own state rows on the lagging side stream or the compute stream as drawn;
+/// every call's rows, reassembled in batch order, recorded once the step ended.
+fn drive_in_micro_batches(shape: scenario::Shape, seed: u64) -> scenario::Outcome {
+    // A coin from splitmix64 over the seed.
+    let mut state = seed;
+    let mut coin = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) & 1 == 1
+    };
+    let mut rt = Runtime::new(
+        LagDevice::default(),
+        scenario::layout(&shape),
+        scenario::runtime_config(shape.requests),
+    )
+    .unwrap();
+    let side_stream = rt.device().create_stream().unwrap();
+    let side = rt.adopt_stream(side_stream).unwrap();
+    let mut run = Run::new(shape, rt.device());
+    let groups = run.kv.index_groups.len();
+    let k = shape.top_k as usize;
+    let rows_max = shape.requests as usize;
+    // Per possible micro-batch (at most one per request): per group a top-k and a rows buffer,
+    // and its state rows.
+    let alloc = |rt: &Runtime<LagDevice>, n: usize| rt.device().alloc(n * 4).unwrap();
+    let mut parts: Vec<(Vec<LagBuffer>, Vec<LagBuffer>, LagBuffer)> = (0..rows_max)
+        .map(|_| {
+            (
+                (0..groups).map(|_| alloc(&rt, rows_max * k)).collect(),
+                (0..groups).map(|_| alloc(&rt, rows_max * k)).collect(),
+                alloc(&rt, rows_max),
+            )
+        })
+        .collect();
+    while !run.done() {
+        let (cmd, batch) = run.begin(&mut rt);
+        // Cuts between rows (one row per request here), drawn each step.
+        let mut bounds = vec![0];
+        for i in 1..batch.len() {
+            if coin() {
+                bounds.push(i);
+            }
+        }
+        bounds.push(batch.len());
+        let ranges: Vec<_> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
+        let sels: Vec<Vec<i32>> = (0..groups).map(|g| run.topk_of(&cmd, g)).collect();
+        for (p, r) in ranges.iter().enumerate() {
+            let (topk, _, state) = &mut parts[p];
+            rt.device().upload_i32(state, 0, &batch[r.clone()]).unwrap();
+            for g in 0..groups {
+                rt.device()
+                    .upload_i32(&mut topk[g], 0, &sels[g][r.start * k..r.end * k])
+                    .unwrap();
+            }
+        }
+        for g in 0..groups {
+            for (p, r) in ranges.iter().enumerate() {
+                let on = if coin() { Some(side) } else { None };
+                let (topk, rows, state) = &mut parts[p];
+                rt.decode(LayerCall {
+                    group: g,
+                    swap: Swap::IndexGroup,
+                    topk: TopK {
+                        positions: &topk[g],
+                        num_tokens: r.len() as u32,
+                        state_rows: Some(state),
+                    },
+                    out: Indices {
+                        rows: &mut rows[g],
+                        counts: None,
+                    },
+                    on,
+                })
+                .unwrap();
+            }
+        }
+        run.end(&mut rt, &cmd);
+        for g in 0..groups {
+            let mut out = Vec::with_capacity(batch.len() * k);
+            for (p, r) in ranges.iter().enumerate() {
+                out.extend(now(&parts[p].1[g], r.len() * k));
+            }
+            run.outputs.push(out);
+        }
+    }
+    scenario::finish(run, rt)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Micro-batch steps, their calls on two streams, read and leave exactly what whole-batch
+    /// steps on one stream do: every call's rows, both pools' bytes and every counter but the
+    /// call counts.
+    #[test]
+    fn micro_batch_steps_match_whole_batch_steps(seed in any::<u64>(), together in any::<bool>()) {
+        let shape = scenario::tight(scenario::Shape { requests: 4, together, ..SMALL });
+        let whole = scenario::drive(
+            shape,
+            Runtime::new(
+                LagDevice::default(),
+                scenario::layout(&shape),
+                scenario::runtime_config(shape.requests),
+            )
+            .unwrap(),
+        );
+        let mut micro = drive_in_micro_batches(shape, seed);
+        prop_assert!(micro.counters.resolve_calls + micro.counters.remap_calls
+            >= whole.counters.resolve_calls + whole.counters.remap_calls);
+        micro.counters.resolve_calls = whole.counters.resolve_calls;
+        micro.counters.remap_calls = whole.counters.remap_calls;
+        prop_assert!(whole.counters.hot_misses > 0, "the scenario swapped nothing in");
+        if let Err(e) = scenario::same(&micro, &whole) {
+            return Err(TestCaseError::fail(e));
+        }
+    }
 }
