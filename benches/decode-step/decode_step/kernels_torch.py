@@ -252,15 +252,17 @@ class TorchKernels:
     def write(self, layer):
         self._write(self.req, self.pos, self.B, [layer])
 
-    def _logits(self, layer, q_idx):
+    def _logits(self, layer, q_idx, a=0, b=None):
+        """The PyTorch ops' logits of rows ``a:b`` of the batch (``q_idx``: those rows')."""
+        b = self.B if b is None else b
         _, pages = self.key_pages[layer]
-        table = self.indexer_table.index_select(0, self.state)[:, : self.pages].long()
-        keys = pages[table].reshape(self.B, -1, R.INDEXER_ROW_BYTES)
+        table = self.indexer_table.index_select(0, self.state[a:b])[:, : self.pages].long()
+        keys = pages[table].reshape(b - a, -1, R.INDEXER_ROW_BYTES)
         vals = keys[..., : R.INDEXER_DIM].view(torch.float8_e4m3fn).to(torch.bfloat16)
         scale = keys[..., R.INDEXER_DIM:].contiguous().view(torch.float32)[..., 0]
         s = torch.relu(torch.bmm(vals, q_idx.transpose(1, 2)))  # [B, positions, heads]
-        logits = torch.bmm(self.w_idx, s.transpose(1, 2))[:, 0, :].float() * scale
-        return logits.masked_fill(self.positions[None, :] > self.pos[:, None], float("-inf"))
+        logits = torch.bmm(self.w_idx[a:b], s.transpose(1, 2))[:, 0, :].float() * scale
+        return logits.masked_fill(self.positions[None, :] > self.pos[a:b, None], float("-inf"))
 
     def _triton_logits(self, layer, out, a=0, b=None):
         _, pages = self.key_pages[layer]
@@ -268,15 +270,12 @@ class TorchKernels:
                             self.w_idx[a:b, 0, :], out, R.INDEXER_DIM)
 
     def indexer(self, layer, part=None):
-        """The scores of every request, or of micro-batch ``part``'s (Triton only)."""
-        if part is not None:
-            a, b = self.parts[part]
-            self._triton_logits(layer, self.scores[layer, a:b], a, b)
-            return
+        """The scores of every request, or of micro-batch ``part``'s."""
+        a, b = self.parts[part] if part is not None else (0, self.B)
         if self.indexer_kind == "torch":
-            self.scores[layer].copy_(self._logits(layer, self.q_idx))
+            self.scores[layer, a:b].copy_(self._logits(layer, self.q_idx[a:b], a, b))
             return
-        self._triton_logits(layer, self.scores[layer])
+        self._triton_logits(layer, self.scores[layer, a:b], a, b)
 
     def check_indexer(self, layer):
         """The Triton logits of ``layer`` against the PyTorch ops' (equal up to bfloat16
@@ -317,9 +316,8 @@ class TorchKernels:
         return out, lse
 
     def can_pipeline(self):
-        """Whether the pipelined step runs: several micro-batches, and the Triton indexer (the
-        PyTorch ops' indexer scores the whole batch at once)."""
-        return len(self.parts) > 1 and self.indexer_kind == "triton"
+        """Whether the pipelined step runs: several micro-batches."""
+        return len(self.parts) > 1
 
     def join(self, outs):
         """One micro-batch output per part → the batch's (PyTorch tensors, outside a graph)."""
