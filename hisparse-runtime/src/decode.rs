@@ -53,10 +53,9 @@ pub struct TopK<'a, B> {
     /// they are not checked on the host: a row below 0 or at or beyond the runtime's state rows
     /// is padding (outputs `-1`), and every other row must name a request scheduled in the open
     /// step (another's hot state would be read and updated). A call's own state rows make it a
-    /// micro-batch: calls over
-    /// disjoint requests write what one call over all of them would, so one micro-batch's
-    /// swap-in can cross the bus while other work runs (the rules: the contract's section 7,
-    /// *Micro-batches*).
+    /// micro-batch: calls over disjoint requests write what one call over all of them would, so
+    /// one micro-batch's swap-in can cross the bus while other work runs (the rules: the
+    /// contract's section 7, *Micro-batches*).
     pub state_rows: Option<&'a B>,
 }
 
