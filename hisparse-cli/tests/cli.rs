@@ -816,8 +816,9 @@ fn simulate_spec_tokens_rolls_back_rejected_drafts() {
 }
 
 /// Each decode step's per-layer calls cut into micro-batches (whole requests, their own state
-/// rows, on a side stream the runtime orders end_step after): every row read matches and the step's
-/// hits, misses, bytes and reclaimed pages are those of one call per group, with more calls.
+/// rows, on a side stream the runtime orders end_step after): every row read matches and the
+/// step's hits, misses, bytes and reclaimed pages are those of one call per group, with more
+/// calls.
 #[test]
 fn simulate_micro_batches_read_what_one_call_reads() {
     let run = |micro: &str| {
