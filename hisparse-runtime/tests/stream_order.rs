@@ -10,6 +10,7 @@
 mod lag;
 mod scenario;
 
+use hisparse_conformance::SplitMix64;
 use hisparse_core::Device;
 use hisparse_runtime::{Indices, LayerCall, Runtime, StreamId, Swap, TopK};
 use lag::{LagBuffer, LagDevice};
@@ -22,6 +23,22 @@ fn now(buf: &LagBuffer, n: usize) -> Vec<i32> {
         .chunks_exact(4)
         .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+/// A runtime of `shape` on a lagging device.
+fn lag_runtime(shape: &scenario::Shape) -> Runtime<LagDevice> {
+    Runtime::new(
+        LagDevice::default(),
+        scenario::layout(shape),
+        scenario::runtime_config(shape.requests),
+    )
+    .unwrap()
+}
+
+/// A lagging stream of `rt`'s device, lent to it.
+fn side_stream(rt: &mut Runtime<LagDevice>) -> StreamId {
+    let stream = rt.device().create_stream().unwrap();
+    rt.adopt_stream(stream).unwrap()
 }
 
 /// Group `g`'s call over `t` token rows of `topk`, out to `rows`, on `on`.
@@ -50,21 +67,10 @@ fn call(
 #[test]
 fn resolves_on_a_side_stream_are_ordered_before_the_next_resolve_and_the_end_of_the_step() {
     let shape = SMALL;
-    let mut rt = Runtime::new(
-        LagDevice::default(),
-        scenario::layout(&shape),
-        scenario::runtime_config(shape.requests),
-    )
-    .unwrap();
-    let side_stream = rt.device().create_stream().unwrap();
-    let side = rt.adopt_stream(side_stream).unwrap();
+    let mut rt = lag_runtime(&shape);
+    let side = side_stream(&mut rt);
     // The same steps on the compute stream alone: what every call must read.
-    let mut reference = Runtime::new(
-        LagDevice::default(),
-        scenario::layout(&shape),
-        scenario::runtime_config(shape.requests),
-    )
-    .unwrap();
+    let mut reference = lag_runtime(&shape);
     let mut run = Run::new(shape, rt.device());
     let mut twin = Run::new(shape, reference.device());
     let groups = run.kv.index_groups.len();
@@ -128,27 +134,14 @@ fn resolves_on_a_side_stream_are_ordered_before_the_next_resolve_and_the_end_of_
 }
 
 /// One whole run of `shape` whose decode calls are cut, step by step, into micro-batches at the
-/// cuts `rng` draws (every request's row in one micro-batch), each micro-batch's call of each
+/// cuts drawn from `seed` (every request's row in one micro-batch), each micro-batch's call of each
 /// group with its own state rows on the lagging side stream or the compute stream as drawn;
 /// every call's rows, reassembled in batch order, recorded once the step ended.
 fn drive_in_micro_batches(shape: scenario::Shape, seed: u64) -> scenario::Outcome {
-    // A coin from splitmix64 over the seed.
-    let mut state = seed;
-    let mut coin = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) & 1 == 1
-    };
-    let mut rt = Runtime::new(
-        LagDevice::default(),
-        scenario::layout(&shape),
-        scenario::runtime_config(shape.requests),
-    )
-    .unwrap();
-    let side_stream = rt.device().create_stream().unwrap();
-    let side = rt.adopt_stream(side_stream).unwrap();
+    let mut rng = SplitMix64::new(seed);
+    let mut coin = move || rng.percent(50);
+    let mut rt = lag_runtime(&shape);
+    let side = side_stream(&mut rt);
     let mut run = Run::new(shape, rt.device());
     let groups = run.kv.index_groups.len();
     let k = shape.top_k as usize;
@@ -228,15 +221,7 @@ proptest! {
     #[test]
     fn micro_batch_steps_match_whole_batch_steps(seed in any::<u64>(), together in any::<bool>()) {
         let shape = scenario::tight(scenario::Shape { requests: 4, together, ..SMALL });
-        let whole = scenario::drive(
-            shape,
-            Runtime::new(
-                LagDevice::default(),
-                scenario::layout(&shape),
-                scenario::runtime_config(shape.requests),
-            )
-            .unwrap(),
-        );
+        let whole = scenario::drive(shape, lag_runtime(&shape));
         let mut micro = drive_in_micro_batches(shape, seed);
         prop_assert!(micro.counters.resolve_calls + micro.counters.remap_calls
             >= whole.counters.resolve_calls + whole.counters.remap_calls);
