@@ -70,3 +70,26 @@ def micro_batches(batch: int, parts: int) -> List[Tuple[int, int]]:
     n = max(1, min(parts, batch))
     bounds = [round(batch * i / n) for i in range(n + 1)]
     return list(zip(bounds, bounds[1:]))
+
+
+#: Each arm's per-layer call: HiSparse's resolve and swap-in, the all-resident remap.
+ARM_SWAPS = (("hisparse", "index_group"), ("all_resident", "prefill"))
+
+
+def layer_calls(rt, topk, rows, counts, parts, zeros):
+    """The prepared per-layer calls of a batch, numpy or PyTorch alike: ``calls[arm][g]`` over
+    the whole batch (``topk``, ``rows``: ``[groups, B, top_k]``; ``counts``: ``[groups, >= B]``)
+    and ``part_calls[arm][g][p]`` over micro-batch ``p`` of ``parts`` (``micro_batches``), each
+    with its own state rows and counts (``zeros(shape)`` int32 arrays: lent arrays are 16-byte
+    aligned, which slices at odd rows are not; slices of whole top-k rows are). Returns
+    ``(calls, part_state, part_calls)``: the caller writes ``part_state[p]`` each step."""
+    groups, batch = topk.shape[0], topk.shape[1]
+    calls = {arm: [rt.layer_call(g, topk[g], rows[g], counts[g, :batch], swap=swap) for g in range(groups)]
+             for arm, swap in ARM_SWAPS}
+    part_state = [zeros((b - a,)) for a, b in parts]
+    part_counts = [zeros((groups, -(-(b - a) // 4) * 4)) for a, b in parts]
+    part_calls = {arm: [[rt.layer_call(g, topk[g, a:b], rows[g, a:b], part_counts[p][g, :b - a],
+                                       state_rows=part_state[p], swap=swap)
+                         for p, (a, b) in enumerate(parts)] for g in range(groups)]
+                  for arm, swap in ARM_SWAPS}
+    return calls, part_state, part_calls

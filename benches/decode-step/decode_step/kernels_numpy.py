@@ -14,7 +14,7 @@ import hisparse
 import numpy as np
 
 from . import rows as R
-from .config import micro_batches
+from .config import layer_calls, micro_batches
 from .stats import overlap_of
 
 
@@ -101,20 +101,10 @@ class NumpyKernels:
         self.rows_buf = np.full((self.G, B, self.K), -1, np.int32)
         # Each group's counts 16-byte aligned (lent arrays must be).
         self.counts = np.zeros((self.G, -(-B // 4) * 4), np.int32)
-        self.calls = {
-            "hisparse": [self.rt.layer_call(g, self.topk_buf[g], self.rows_buf[g], self.counts[g, :B])
-                         for g in range(self.G)],
-            "all_resident": [self.rt.layer_call(g, self.topk_buf[g], self.rows_buf[g], self.counts[g, :B],
-                                                swap="prefill") for g in range(self.G)],
-        }
         self.parts = micro_batches(B, cfg.micro_batches)
-        self.part_state = [np.zeros(b - a, np.int32) for a, b in self.parts]
-        self.part_counts = [np.zeros((self.G, -(-(b - a) // 4) * 4), np.int32) for a, b in self.parts]
-        self.part_calls = {
-            arm: [[self.rt.layer_call(g, self.topk_buf[g, a:b], self.rows_buf[g, a:b],
-                                      self.part_counts[p][g, :b - a], state_rows=self.part_state[p], swap=swap)
-                   for p, (a, b) in enumerate(self.parts)] for g in range(self.G)]
-            for arm, swap in (("hisparse", "index_group"), ("all_resident", "prefill"))}
+        self.calls, self.part_state, self.part_calls = layer_calls(
+            self.rt, self.topk_buf, self.rows_buf, self.counts, self.parts,
+            lambda shape: np.zeros(shape, np.int32))
         self.standin_x = np.ones((B, self.cfg.standin_width), np.float32)
 
     def unbind(self):

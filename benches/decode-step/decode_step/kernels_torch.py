@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import rows as R
-from .config import micro_batches
+from .config import layer_calls, micro_batches
 from .stats import overlap_of
 
 _flashmla = None
@@ -195,23 +195,10 @@ class TorchKernels:
         self.topk_buf = torch.full((self.G, B, self.K), -1, dtype=torch.int32, device=dev)
         self.rows_buf = torch.full((self.G, B, self.K), -1, dtype=torch.int32, device=dev)
         self.counts = torch.zeros((self.G, -(-B // 4) * 4), dtype=torch.int32, device=dev)
-        self.calls = {
-            "hisparse": [self.rt.layer_call(g, self.topk_buf[g], self.rows_buf[g], self.counts[g, :B])
-                         for g in range(self.G)],
-            "all_resident": [self.rt.layer_call(g, self.topk_buf[g], self.rows_buf[g], self.counts[g, :B],
-                                                swap="prefill") for g in range(self.G)],
-        }
-        # Micro-batches: each its own (16-byte aligned) state rows and counts, and slices of the
-        # top-k and rows (whole rows of 2048 entries: aligned too).
         self.parts = micro_batches(B, cfg.micro_batches)
-        self.part_state = [torch.zeros(b - a, dtype=torch.int32, device=dev) for a, b in self.parts]
-        self.part_counts = [torch.zeros((self.G, -(-(b - a) // 4) * 4), dtype=torch.int32, device=dev)
-                            for a, b in self.parts]
-        self.part_calls = {
-            arm: [[self.rt.layer_call(g, self.topk_buf[g, a:b], self.rows_buf[g, a:b],
-                                      self.part_counts[p][g, :b - a], state_rows=self.part_state[p], swap=swap)
-                   for p, (a, b) in enumerate(self.parts)] for g in range(self.G)]
-            for arm, swap in (("hisparse", "index_group"), ("all_resident", "prefill"))}
+        self.calls, self.part_state, self.part_calls = layer_calls(
+            self.rt, self.topk_buf, self.rows_buf, self.counts, self.parts,
+            lambda shape: torch.zeros(shape, dtype=torch.int32, device=dev))
         self.meta = {}
         if self.ring is not None:
             self.x = torch.randn((B, cfg.standin_width), generator=self.gen, device=dev).to(torch.bfloat16)
