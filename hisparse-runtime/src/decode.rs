@@ -386,13 +386,7 @@ impl<D: Device> Runtime<D> {
                 "apply_plan for a group without followers",
             ));
         }
-        let capturing = self
-            .dev
-            .is_capturing(pick(&self.compute, &self.lent_streams, on)?)
-            .map_err(RuntimeError::device(
-                "asking whether a stream is being captured",
-            ))?;
-        if !capturing {
+        if !self.capturing(on)? {
             // It reads the plan the step's last resolve left: after it, and before the next.
             self.order_resolves(on)?;
         }
@@ -465,9 +459,7 @@ impl<D: Device> Runtime<D> {
             }
         };
         let stream = pick(&self.compute, &self.lent_streams, on)?;
-        let capturing = self.dev.is_capturing(stream).map_err(RuntimeError::device(
-            "asking whether a stream is being captured",
-        ))?;
+        let capturing = self.capturing(on)?;
         if capturing {
             if let Err(i) = self.captured_tokens.binary_search(&t) {
                 self.captured_tokens.insert(i, t);

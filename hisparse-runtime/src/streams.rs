@@ -82,6 +82,15 @@ impl<D: Device> Runtime<D> {
         Ok(pick(&self.compute, &self.lent_streams, on)?)
     }
 
+    /// Whether stream `on` is being captured into a graph.
+    pub(crate) fn capturing(&self, on: Option<StreamId>) -> Result<bool, RuntimeError<D::Error>> {
+        self.dev
+            .is_capturing(self.stream(on)?)
+            .map_err(RuntimeError::device(
+                "asking whether a stream is being captured",
+            ))
+    }
+
     /// Refuses before-replay work (`call`) on a stream that is being captured into a graph: it
     /// would run only at replay, with this call's arguments frozen into the graph.
     pub(crate) fn refuse_capture(
@@ -89,10 +98,7 @@ impl<D: Device> Runtime<D> {
         on: Option<StreamId>,
         call: &'static str,
     ) -> Result<(), RuntimeError<D::Error>> {
-        let s = self.stream(on)?;
-        if self.dev.is_capturing(s).map_err(RuntimeError::device(
-            "asking whether a stream is being captured",
-        ))? {
+        if self.capturing(on)? {
             return Err(RuntimeError::Capture { call });
         }
         Ok(())
