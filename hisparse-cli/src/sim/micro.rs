@@ -11,7 +11,7 @@ use std::ops::Range;
 use hisparse_core::Device;
 use hisparse_runtime::{Indices, Runtime, StreamId, TopK};
 
-use super::rank::DecodeRow;
+use super::rank::{DecodeRow, rt_err};
 use crate::error::{CliError, CliResult};
 
 /// One micro-batch's own device arrays.
@@ -86,9 +86,7 @@ impl<D: Device> MicroBatches<D> {
             .device()
             .create_stream()
             .map_err(|e| CliError::device("creating the micro-batches' stream", e))?;
-        let side = rt
-            .adopt_stream(stream)
-            .map_err(|e| CliError::failed(format!("runtime: {e}")))?;
+        let side = rt.adopt_stream(stream).map_err(rt_err)?;
         Ok(MicroBatches {
             parts,
             side,
@@ -137,7 +135,7 @@ impl<D: Device> MicroBatches<D> {
                     },
                     on: Some(self.side),
                 })
-                .map_err(|e| CliError::failed(format!("runtime: {e}")))?;
+                .map_err(rt_err)?;
             }
         }
         // No join here: the runtime orders end_step (and any later resolve on another stream)

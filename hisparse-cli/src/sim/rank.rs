@@ -22,7 +22,8 @@ use super::verify::{IndexerVerifier, ReadOut, Verified, Verifier};
 use super::workload::{Pattern, TopKStream, overlap};
 use crate::error::{CliError, CliResult};
 
-fn rt_err(e: impl std::fmt::Display) -> CliError {
+/// A runtime error as the CLI reports it.
+pub(super) fn rt_err(e: impl std::fmt::Display) -> CliError {
     CliError::failed(format!("runtime: {e}"))
 }
 
