@@ -47,6 +47,9 @@ def parse_args(argv=None):
     p.add_argument("--gpu-blocks", type=int, default=60)
     p.add_argument("--micro-batches", type=int, default=1,
                    help="micro-batch calls per index group, on a side stream (1: one call)")
+    p.add_argument("--wait-before-poll", action="store_true",
+                   help="wait for the GPU before each poll, so every copy issued is reported at "
+                        "once and two runs' counters compare (an engine polls without waiting)")
     return p.parse_args(argv)
 
 
@@ -328,6 +331,10 @@ def main(argv=None):
         if decoding:
             engine.decode(decoding)
         rt.end_step(cmd)
+        if a.wait_before_poll and ops.torch is not None:
+            # Which copies a poll finds done depends on timing, and the reclaims and schedule
+            # follow from it; waiting makes the poll see all of them.
+            ops.torch.cuda.synchronize()
         rt.poll_and_report(coord)
         for x in cmd.scheduled:  # sample a token once a request's computed tokens caught up
             rid = x["id"]

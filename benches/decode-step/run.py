@@ -66,11 +66,11 @@ def make_config(a) -> config.Config:
                             standin_width=64, warmup_steps=2, timed_steps=3, prefill_chunk=512,
                             decode_reserve=256, host_limit=16 * MiB, gpu_pool_limit=48 * MiB,
                             kv_table_rows=1 << 10, indexer_table_rows=1 << 12,
-                            resident_path_max_batch=3)
+                            resident_path_max_batch=3, settle_window=2, settle_max_steps=4)
         a.no_largest = True
     elif a.smoke:
         cfg = config.Config(contexts=[32768], batches=[1, 8], budgets=[16 * GiB],
-                            overlaps=[0.9], warmup_steps=2, timed_steps=3)
+                            overlaps=[0.9], warmup_steps=2, timed_steps=3, settle_max_steps=12)
     for field, value in (("contexts", a.contexts), ("batches", a.batches),
                          ("overlaps", a.overlaps), ("layers", a.layers), ("top_k", a.top_k),
                          ("standin_bytes", a.standin_bytes), ("warmup_steps", a.warmup_steps),

@@ -38,6 +38,13 @@ class Config:
     standin_width: int = 7168
     warmup_steps: int = 3
     timed_steps: int = 10
+    #: Before HiSparse's modes at each overlap, whole steps in windows of ``settle_window`` until
+    #: a window misses no fewer than ``1 - settle_tolerance`` of the one before (at most
+    #: ``settle_max_steps``): a batch fresh from prefill, or at a new overlap, misses far more in
+    #: its first few dozen steps than later, and those steps must not land in the first mode timed.
+    settle_window: int = 4
+    settle_tolerance: float = 0.05
+    settle_max_steps: int = 32
     #: Prefill tokens per step (the coordinator's max_batched_tokens).
     prefill_chunk: int = 16384
     #: Tokens each request may grow by while it is measured.

@@ -123,6 +123,12 @@ def markdown(results: Dict) -> str:
         out.append(f"Same-run ceilings: bulk pinned H2D {ceil['h2d_gb_s']:.1f} GB/s, device copy "
                    f"{ceil['d2d_gb_s']:.0f} GB/s (read + write).")
         out.append("")
+    settle = sorted({r["settle_steps"] for _, _, r in runs_of(results) if r.get("settle_steps")})
+    if settle:
+        keep = 1 - results["config"].get("settle_tolerance", 0.05)
+        out.append(f"HiSparse's modes at each overlap timed after {settle[0]}–{settle[-1]} settling steps "
+                   f"(until a window of steps missed at least {keep:.0%} as many rows as the one before).")
+        out.append("")
     out += ["| context | batch | arm | overlap (measured) | step ms (stand-in) | step ms (no stand-in) | "
             "tok/s (stand-in) | tok/s (none) | host ms | writes | indexer | top-k | resolve + swap-in | "
             "attention | stand-in | H2D MB/step | missed rows/step |",
