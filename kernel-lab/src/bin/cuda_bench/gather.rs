@@ -1,5 +1,7 @@
 //! The swap-in gather of random 656 B rows from a 687 MB pinned pool (2048 and 32768 rows, and
-//! 2048 rows × 4 layers in one call), with and without PDL.
+//! 2048 rows × 4 layers in one call), with and without PDL; with `--big-pool-gib N`, the same
+//! rows drawn from an N GiB pool beside the 687 MB one (what the host's and the GPU's address
+//! translation cost when a decode step's misses spread over a pool of many requests).
 
 use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer};
 use hisparse_core::Device;
@@ -20,13 +22,24 @@ struct Plans {
 }
 
 fn plans(b: &Bench, rng: &mut SplitMix64, rows_n: u32, layers_n: u32) -> Res<Plans> {
-    let host_rows = u64::from(HOST_BLOCKS * BS);
+    plans_over(b, rng, rows_n, layers_n, HOST_BLOCKS)
+}
+
+/// [`plans`] over a host pool of `host_blocks` pages.
+fn plans_over(
+    b: &Bench,
+    rng: &mut SplitMix64,
+    rows_n: u32,
+    layers_n: u32,
+    host_blocks: u32,
+) -> Res<Plans> {
+    let host_rows = u64::from(host_blocks) * u64::from(BS);
     // Device pool: every plan writes distinct rows of a pool of rows_n rows per layer.
     let dev_blocks = rows_n.div_ceil(BS) + 1;
     let dstride = PAGE * u64::from(layers_n);
     // Each layer reads its own part of the host pool (no layer's rows come from another's L2
     // lines).
-    let part = HOST_BLOCKS / layers_n;
+    let part = host_blocks / layers_n;
     let layers: Vec<LayerPair> = (0..layers_n)
         .map(|l| LayerPair {
             host: PageLayout::contiguous(u64::from(l * part) * PAGE, PAGE, part, BS, ROW),
@@ -222,5 +235,39 @@ pub(crate) fn cli_gather(b: &mut Bench) -> Res<()> {
         note: format!("{:.1} us per call", ms * 1e3),
         sm_mhz: 0.0,
     });
+    Ok(())
+}
+
+/// Gathers of 2048 and 3,500 random rows (a decode step's misses per layer at 64 requests)
+/// from the 687 MB pool and from one of `gib` GiB, one after the other in the same run.
+pub(crate) fn pool_size_section(b: &mut Bench, gib: u64) -> Res<()> {
+    let small = host_pool(b)?;
+    // Not filled: the bytes are not compared, only the time to bring them in.
+    let big = b.dev.alloc_pinned((gib << 30) as usize)?;
+    let big_blocks = u32::try_from(big.byte_len() / PAGE).map_err(|_| "pool too large")?;
+    let mut rng = SplitMix64::new(0xb16);
+    for rows_n in [2048u32, 3500] {
+        for (host, blocks, what) in [
+            (&small, HOST_BLOCKS, "687 MB".to_string()),
+            (&big, big_blocks, format!("{gib} GiB")),
+        ] {
+            let mut p = plans_over(b, &mut rng, rows_n, 1, blocks)?;
+            let us = graph_us(b, &mut p, host)?;
+            let gbs = f64::from(rows_n) * f64::from(ROW) / us / 1e3;
+            b.push(Row {
+                section: "gather",
+                name: format!("gather {rows_n} x 656 B random rows of a {what} pool"),
+                path: "-".into(),
+                value: gbs,
+                unit: "GB/s",
+                ceiling: b.h2d,
+                ceiling_name: "bulk H2D",
+                target: "-".into(),
+                met: None,
+                note: format!("{us:.1} us per call"),
+                sm_mhz: 0.0,
+            });
+        }
+    }
     Ok(())
 }

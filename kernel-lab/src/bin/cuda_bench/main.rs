@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release -p hisparse-kernel-lab --bin cuda_bench
-//! cuda_bench [--json PATH] [--quick] [--only ceilings,remap,gather,resolve,path,backup,cli]
+//! cuda_bench [--json PATH] [--quick] [--only ceilings,remap,gather,resolve,path,backup,cli] [--big-pool-gib N]
 //! cuda_bench --profile-targets
 //! ```
 //!
@@ -269,6 +269,11 @@ fn run() -> Res<bool> {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .map(|v| v.split(',').map(|x| x.trim().to_owned()).collect());
+    let big_pool_gib: Option<u64> = args
+        .iter()
+        .position(|a| a == "--big-pool-gib")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok());
     let wanted = |section: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == section));
     let dev = CudaDevice::open(0)?;
     dev.prepare()?;
@@ -334,6 +339,9 @@ fn run() -> Res<bool> {
     }
     if wanted("gather") {
         b.section("gather", gather::section);
+        if let Some(gib) = big_pool_gib {
+            b.section("gather by pool size", |b| gather::pool_size_section(b, gib));
+        }
     }
     if wanted("resolve") || wanted("path") {
         let path = wanted("path");
