@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--standin-bytes", type=int, help="weight bytes per step (0: no stand-in)")
     p.add_argument("--micro-batches", type=int,
                    help="micro-batches of the pipelined step (default 2; 1: no pipelined step)")
+    p.add_argument("--pipeline-split", choices=["batch", "swap"],
+                   help="what the pipelined step cuts into micro-batches: every per-layer stage "
+                        "(batch, the default) or only the per-layer call and the attention (swap)")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--timed-steps", type=int)
     p.add_argument("--host-limit-gib", type=float, help="host memory the pools may take")
@@ -75,7 +78,8 @@ def make_config(a) -> config.Config:
                          ("overlaps", a.overlaps), ("layers", a.layers), ("top_k", a.top_k),
                          ("standin_bytes", a.standin_bytes), ("warmup_steps", a.warmup_steps),
                          ("timed_steps", a.timed_steps), ("time_budget", a.time_budget),
-                         ("indexer", a.indexer), ("micro_batches", a.micro_batches)):
+                         ("indexer", a.indexer), ("micro_batches", a.micro_batches),
+                         ("pipeline_split", a.pipeline_split)):
         if value is not None:
             setattr(cfg, field, value)
     if a.budgets_gib:

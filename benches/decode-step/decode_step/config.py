@@ -65,6 +65,13 @@ class Config:
     #: swap-in crosses the bus while the next one's indexer and top-k, or the previous one's
     #: attention, run (``micro_batches``).
     micro_batches: int = 2
+    #: What the pipelined step cuts into micro-batches: ``batch`` (each micro-batch's indexer,
+    #: top-k, per-layer call and attention: its call overlaps the next one's indexer and top-k)
+    #: or ``swap`` (the whole batch's indexer and top-k, then each micro-batch's per-layer call,
+    #: its attention waiting for it: a call overlaps only the previous one's attention, and only
+    #: FlashMLA runs twice per layer). On the H200 ``batch`` cost 4–5 ms a step in launches it
+    #: splits (the indexer's top-k and FlashMLA twice per layer) for what it hid.
+    pipeline_split: str = "batch"
     #: Run the fully-resident HiSparse path (a pool that holds everything, nothing reclaimed)
     #: at batches up to this.
     resident_path_max_batch: int = 8

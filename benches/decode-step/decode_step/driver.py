@@ -29,7 +29,8 @@ the same work as six graphs in a row (writes, indexer, top-k, per-layer calls, a
 stand-in) timed between. The *pipelined* step (``pipelined_step``) is the same work with each
 layer's batch cut into micro-batches, so that one micro-batch's per-layer call (and the rows it
 brings over the bus) runs on a side stream while the main stream computes the next one's
-indexer and top-k and the previous one's attention. HiSparse's steps also run with the queries
+indexer and top-k and the previous one's attention (``pipeline_split`` ``batch``), or only the
+previous one's attention (``swap``: the indexer and top-k over the whole batch). HiSparse's steps also run with the queries
 held still (top-k overlap 1.0, ``ALL_HIT``): the same step with no miss, which the miss
 transfer's hidden share is measured against. A sampled step's attention outputs are compared
 bit for bit with the attention over the rows the synthetic forward wrote (both arms, the
@@ -387,9 +388,13 @@ class Engine:
                     for l in layers:
                         k.write(l)
                     ready = []
+                    if self.cfg.pipeline_split == "swap":
+                        k.indexer(layers[0])
+                        k.topk(g, layers[0])
                     for p in range(len(k.parts)):
-                        k.indexer(layers[0], p)
-                        k.topk(g, layers[0], p)
+                        if self.cfg.pipeline_split == "batch":
+                            k.indexer(layers[0], p)
+                            k.topk(g, layers[0], p)
                         ready.append(k.on_side(lambda p=p: k.resolve(arm, g, p)))
                     for i, l in enumerate(layers):
                         parts = []

@@ -134,6 +134,7 @@ def markdown(results: Dict) -> str:
             "attention | stand-in | H2D MB/step | missed rows/step |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     main = results["config"]["overlaps"][0]
+    split = "split: " + results["config"].get("pipeline_split", "batch")
     for ctx in results["contexts"]:
         for b in ctx["batches"]:
             if "skipped" in b:
@@ -150,7 +151,7 @@ def markdown(results: Dict) -> str:
                 n = find(results, ctx["context"], b["batch"], arm, f"{step}_no_standin", ov)
                 g = find(results, ctx["context"], b["batch"], arm, "segments", ov) if step == "step" else None
                 seg = g["device_ms"] if g else {}
-                label = arm if step == "step" else f"{arm}, pipelined"
+                label = arm if step == "step" else f"{arm}, pipelined ({split})"
                 out.append(
                     f"| {ctx['context']} | {b['batch']} | {label} | {ov:.2f} ({_f(s['overlap_measured'], '{:.3f}')}) | "
                     f"{s['step_ms']:.2f} | {_f(n and n['step_ms'])} | {s['tokens_per_s']:.0f} | "

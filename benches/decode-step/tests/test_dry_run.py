@@ -64,6 +64,8 @@ def test_dry_run(tmp_path):
     assert batches[3]["hisparse_swapped"]
     hs = [r for r in batches[3]["runs"] if r["arm"] == "hisparse"]
     assert sum(r["per_step"]["hot_misses"] for r in hs) > 0
+    # Each overlap's modes were timed after its settling steps (at least one window of them).
+    assert all(r["settle_steps"] >= results["config"]["settle_window"] for r in hs), hs
     # The drift gives the overlap asked for, within a few points at these shapes.
     for r in hs:
         assert abs(r["overlap_measured"] - r["overlap_target"]) < 0.08, r
@@ -95,3 +97,19 @@ def test_plot_from_json(tmp_path):
     paths = report.plot(results, str(tmp_path / "p"))
     for p in paths:
         assert pathlib.Path(p).stat().st_size > 1000
+
+
+def test_dry_run_pipelined_at_the_swap_only(tmp_path):
+    """``--pipeline-split swap``: the whole batch's indexer and top-k, then one per-layer call per
+    micro-batch on the side stream, each micro-batch's attention after its own call."""
+    out = subprocess.run([sys.executable, str(HERE / "run.py"), "--dry-run", "--out", str(tmp_path),
+                          "--batches", "3", "--overlaps", "0.9", "--pipeline-split", "swap"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    results = json.loads((tmp_path / "decode_step.json").read_text())
+    assert results["config"]["pipeline_split"] == "swap"
+    [b] = [b for b in results["contexts"][0]["batches"] if b["batch"] == 3]
+    assert b["check_hisparse"]["pipelined_reference_layers_identical"] == 3
+    runs = {r["mode"]: r for r in b["runs"] if r["arm"] == "hisparse" and r["overlap_target"] == 0.9}
+    assert runs["pipelined"]["per_step"]["resolve_calls"] == 2 * runs["step"]["per_step"]["resolve_calls"]
+    assert "hisparse, pipelined (split: swap)" in (tmp_path / "decode_step.md").read_text()
