@@ -1,0 +1,221 @@
+// Random 656-byte rows read by the GPU from pinned host memory, by pool size and by how the
+// pool was allocated: what address translation costs when a decode step's misses spread over a
+// pool of many requests (one row per 4 KiB page, scattered over tens of GiB).
+//
+//   nvcc -O3 -arch=sm_90 -o sysmem_gather sysmem_gather.cu -lcuda
+//   ./sysmem_gather [big pool GiB, default 48]
+//
+// Kinds: `register` (anonymous memory advised onto transparent huge pages, touched, then
+// cudaHostRegister: the runtime's owned pool), `register-4k` (the same on 4 KiB pages),
+// `hostalloc` (cudaHostAlloc), `vmm` (cuMemCreate on the host NUMA node, 2 MiB granularity or
+// the driver's, mapped for the device). Each reads 2048, 3500 and 16384 random rows per launch,
+// 16 launches of distinct rows timed with events; the bulk pinned copy is the ceiling.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+static const int kRow = 656;
+static const int kVecs = kRow / 16;  // 41
+
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      return false;                                                                  \
+    }                                                                                \
+  } while (0)
+#define CD(x)                                                                 \
+  do {                                                                        \
+    CUresult r_ = (x);                                                        \
+    if (r_ != CUDA_SUCCESS) {                                                 \
+      const char* s_ = nullptr;                                               \
+      cuGetErrorString(r_, &s_);                                              \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");   \
+      return false;                                                           \
+    }                                                                         \
+  } while (0)
+
+// One warp per row: lanes read the row's 41 16-byte vectors and write them to the row's slot.
+__global__ void gather(const uint4* __restrict__ host, const long long* __restrict__ rows, int n,
+                       uint4* __restrict__ out) {
+  int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  int lane = threadIdx.x & 31;
+  if (warp >= n) return;
+  const uint4* src = host + rows[warp] * kVecs;
+  uint4* dst = out + (long long)warp * kVecs;
+  for (int v = lane; v < kVecs; v += 32) dst[v] = src[v];
+}
+
+struct Pool {
+  void* ptr = nullptr;  // host address
+  void* dev = nullptr;  // device address
+  size_t bytes = 0;
+  const char* kind = "";
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle handle = 0;
+};
+
+static bool make_pool(const char* kind, size_t bytes, Pool* p) {
+  p->kind = kind;
+  p->bytes = bytes;
+  if (!std::strcmp(kind, "register") || !std::strcmp(kind, "register-4k")) {
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      std::printf("mmap failed\n");
+      return false;
+    }
+    madvise(m, bytes, !std::strcmp(kind, "register") ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    std::memset(m, 0x5a, bytes);
+    p->ptr = m;
+    CK(cudaHostRegister(m, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    CK(cudaHostGetDevicePointer(&p->dev, m, 0));
+    return true;
+  }
+  if (!std::strcmp(kind, "hostalloc")) {
+    CK(cudaHostAlloc(&p->ptr, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    CK(cudaHostGetDevicePointer(&p->dev, p->ptr, 0));
+    return true;
+  }
+  // vmm: physical host memory of NUMA node 0, mapped into a reserved range for the device.
+  CUmemAllocationProp prop;
+  std::memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  prop.location.id = 0;
+  size_t gran = 0;
+  CD(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  std::printf("vmm granularity %zu B\n", gran);
+  bytes = (bytes + gran - 1) / gran * gran;
+  p->bytes = bytes;
+  CD(cuMemCreate(&p->handle, bytes, &prop, 0));
+  CD(cuMemAddressReserve(&p->va, bytes, gran, 0, 0));
+  CD(cuMemMap(p->va, bytes, 0, p->handle, 0));
+  CUmemAccessDesc access[2];
+  std::memset(access, 0, sizeof access);
+  access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access[0].location.id = 0;
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CD(cuMemSetAccess(p->va, bytes, access, 1));
+  p->dev = reinterpret_cast<void*>(p->va);
+  // Filled from the device (host access is not asked for).
+  CK(cudaMemset(p->dev, 0x5a, bytes));
+  CK(cudaDeviceSynchronize());
+  return true;
+}
+
+static void free_pool(Pool* p) {
+  if (!std::strcmp(p->kind, "register") || !std::strcmp(p->kind, "register-4k")) {
+    cudaHostUnregister(p->ptr);
+    munmap(p->ptr, p->bytes);
+  } else if (!std::strcmp(p->kind, "hostalloc")) {
+    cudaFreeHost(p->ptr);
+  } else {
+    cuMemUnmap(p->va, p->bytes);
+    cuMemAddressFree(p->va, p->bytes);
+    cuMemRelease(p->handle);
+  }
+}
+
+// GB/s of `launches` gathers of `n` distinct random rows each over the pool.
+static bool measure(const Pool& p, int n, double* gbs) {
+  const int launches = 16;
+  long long pool_rows = (long long)(p.bytes / kRow);
+  std::mt19937_64 rng(0x5e1f + n);
+  std::vector<long long> idx((size_t)n * launches);
+  for (auto& x : idx) x = (long long)(rng() % (unsigned long long)pool_rows);
+  long long* d_idx = nullptr;
+  uint4* d_out = nullptr;
+  CK(cudaMalloc(&d_idx, idx.size() * sizeof(long long)));
+  CK(cudaMalloc(&d_out, (size_t)n * kRow));
+  CK(cudaMemcpy(d_idx, idx.data(), idx.size() * sizeof(long long), cudaMemcpyHostToDevice));
+  int threads = 256, blocks = (n * 32 + threads - 1) / threads;
+  const uint4* host = static_cast<const uint4*>(p.dev);
+  gather<<<blocks, threads>>>(host, d_idx, n, d_out);  // warm-up (other rows are read below)
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a));
+  for (int l = 0; l < launches; ++l) gather<<<blocks, threads>>>(host, d_idx + (size_t)l * n, n, d_out);
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaGetLastError());
+  *gbs = (double)n * kRow * launches / (ms * 1e-3) / 1e9;
+  cudaFree(d_idx);
+  cudaFree(d_out);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return true;
+}
+
+static bool bulk_h2d(double* gbs) {
+  size_t bytes = 256u << 20;
+  void *h = nullptr, *d = nullptr;
+  CK(cudaHostAlloc(&h, bytes, cudaHostAllocDefault));
+  CK(cudaMalloc(&d, bytes));
+  CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a));
+  for (int i = 0; i < 4; ++i) CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice));
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  *gbs = 4.0 * bytes / (ms * 1e-3) / 1e9;
+  cudaFreeHost(h);
+  cudaFree(d);
+  return true;
+}
+
+static bool run(size_t big_gib) {
+  CK(cudaSetDevice(0));
+  CK(cudaFree(nullptr));
+  double bulk = 0;
+  if (!bulk_h2d(&bulk)) return false;
+  std::printf("bulk pinned H2D %.2f GB/s\n", bulk);
+  std::printf("| kind | pool | rows per launch | GB/s | share of bulk |\n|---|---|---|---|---|\n");
+  const char* kinds[] = {"register", "register-4k", "hostalloc", "vmm"};
+  size_t sizes[] = {(size_t)687 << 20, big_gib << 30};
+  int ok = 0, failed = 0;
+  for (size_t size : sizes) {
+    for (const char* kind : kinds) {
+      Pool p;
+      if (!make_pool(kind, size, &p)) {
+        std::printf("| %s | %.1f GiB | allocation failed |||\n", kind, size / 1073741824.0);
+        ++failed;
+        continue;
+      }
+      for (int n : {2048, 3500, 16384}) {
+        double gbs = 0;
+        if (!measure(p, n, &gbs)) {
+          ++failed;
+          continue;
+        }
+        std::printf("| %s | %.1f GiB | %d | %.2f | %.3f |\n", kind, p.bytes / 1073741824.0, n, gbs,
+                    gbs / bulk);
+        std::fflush(stdout);
+        ++ok;
+      }
+      free_pool(&p);
+    }
+  }
+  std::printf("%d figures, %d failures\n", ok, failed);
+  return ok > 0 && failed == 0;
+}
+
+int main(int argc, char** argv) {
+  size_t big_gib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 48;
+  return run(big_gib) ? 0 : 1;
+}
