@@ -3,7 +3,9 @@
 // pool of many requests (one row per 4 KiB page, scattered over tens of GiB).
 //
 //   nvcc -O3 -arch=sm_90 -o sysmem_gather sysmem_gather.cu -lcuda
-//   ./sysmem_gather [big pool GiB, default 48]
+//   ./sysmem_gather [big pool GiB, default 48]         every kind, 687 MB and the big pool
+//   ./sysmem_gather --sizes 1,2,4,8,16 [--kinds register,vmm]
+//                                                    where the rate falls, GiB by GiB
 //
 // Kinds: `register` (anonymous memory advised onto transparent huge pages, touched, then
 // cudaHostRegister: the runtime's owned pool), `register-4k` (the same on 4 KiB pages),
@@ -19,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 static const int kRow = 656;
@@ -179,18 +182,33 @@ static bool bulk_h2d(double* gbs) {
   return true;
 }
 
-static bool run(size_t big_gib) {
+// Comma-separated items of `arg`.
+static std::vector<std::string> split(const char* arg) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* c = arg; *c; ++c) {
+    if (*c == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += *c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>& kinds) {
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
   double bulk = 0;
   if (!bulk_h2d(&bulk)) return false;
   std::printf("bulk pinned H2D %.2f GB/s\n", bulk);
   std::printf("| kind | pool | rows per launch | GB/s | share of bulk |\n|---|---|---|---|---|\n");
-  const char* kinds[] = {"register", "register-4k", "hostalloc", "vmm"};
-  size_t sizes[] = {(size_t)687 << 20, big_gib << 30};
   int ok = 0, failed = 0;
   for (size_t size : sizes) {
-    for (const char* kind : kinds) {
+    for (const std::string& name : kinds) {
+      const char* kind = name.c_str();
       Pool p;
       if (!make_pool(kind, size, &p)) {
         std::printf("| %s | %.1f GiB | allocation failed |||\n", kind, size / 1073741824.0);
@@ -216,6 +234,26 @@ static bool run(size_t big_gib) {
 }
 
 int main(int argc, char** argv) {
-  size_t big_gib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 48;
-  return run(big_gib) ? 0 : 1;
+  std::vector<std::string> kinds = {"register", "register-4k", "hostalloc", "vmm"};
+  std::vector<size_t> sizes = {(size_t)687 << 20, (size_t)48 << 30};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--sizes") && i + 1 < argc) {
+      sizes.clear();
+      for (const std::string& g : split(argv[++i])) sizes.push_back((size_t)(std::stod(g) * 1073741824.0));
+    } else if (!std::strcmp(argv[i], "--kinds") && i + 1 < argc) {
+      kinds = split(argv[++i]);
+    } else if (argv[i][0] != '-') {
+      sizes = {(size_t)687 << 20, (size_t)std::strtoull(argv[i], nullptr, 10) << 30};
+    } else {
+      std::printf("usage: sysmem_gather [GiB] [--sizes G,G,...] [--kinds register,register-4k,hostalloc,vmm]\n");
+      return 2;
+    }
+  }
+  for (const std::string& k : kinds) {
+    if (k != "register" && k != "register-4k" && k != "hostalloc" && k != "vmm") {
+      std::printf("unknown kind %s: register, register-4k, hostalloc or vmm\n", k.c_str());
+      return 2;
+    }
+  }
+  return run(sizes, kinds) ? 0 : 1;
 }
