@@ -6,6 +6,9 @@
 //   ./sysmem_gather [big pool GiB, default 48]         every kind, 687 MB and the big pool
 //   ./sysmem_gather --sizes 1,2,4,8,16 [--kinds register,vmm]
 //                                                    where the rate falls, GiB by GiB
+//   ./sysmem_gather --sizes 1.4,48 --grouped 21,53   rows in groups of 53 (one request's misses
+//                                                    of one layer) inside a random 21 MiB window
+//                                                    each (its blocks, allocated side by side)
 //
 // Kinds: `register` (anonymous memory advised onto transparent huge pages, touched, then
 // cudaHostRegister: the runtime's owned pool), `register-4k` (the same on 4 KiB pages),
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -128,12 +132,24 @@ static void free_pool(Pool* p) {
 }
 
 // GB/s of `launches` gathers of `n` distinct random rows each over the pool.
-static bool measure(const Pool& p, int n, double* gbs) {
+// Rows drawn in groups of `group_rows`, each inside a random window of `window` bytes (0: every
+// row anywhere in the pool).
+struct Locality {
+  size_t window = 0;
+  int group_rows = 1;
+};
+
+static bool measure(const Pool& p, int n, const Locality& loc, double* gbs) {
   const int launches = 16;
   long long pool_rows = (long long)(p.bytes / kRow);
   std::mt19937_64 rng(0x5e1f + n);
   std::vector<long long> idx((size_t)n * launches);
-  for (auto& x : idx) x = (long long)(rng() % (unsigned long long)pool_rows);
+  long long window_rows = loc.window ? std::min<long long>(pool_rows, loc.window / kRow) : pool_rows;
+  long long base = 0;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    if (i % loc.group_rows == 0) base = (long long)(rng() % (unsigned long long)(pool_rows - window_rows + 1));
+    idx[i] = base + (long long)(rng() % (unsigned long long)window_rows);
+  }
   long long* d_idx = nullptr;
   uint4* d_out = nullptr;
   CK(cudaMalloc(&d_idx, idx.size() * sizeof(long long)));
@@ -198,12 +214,18 @@ static std::vector<std::string> split(const char* arg) {
   return out;
 }
 
-static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>& kinds) {
+static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>& kinds,
+                const Locality& loc) {
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
   double bulk = 0;
   if (!bulk_h2d(&bulk)) return false;
   std::printf("bulk pinned H2D %.2f GB/s\n", bulk);
+  if (loc.window)
+    std::printf("rows in groups of %d inside a random %.1f MiB window each\n", loc.group_rows,
+                loc.window / 1048576.0);
+  else
+    std::printf("rows anywhere in the pool\n");
   std::printf("| kind | pool | rows per launch | GB/s | share of bulk |\n|---|---|---|---|---|\n");
   int ok = 0, failed = 0;
   for (size_t size : sizes) {
@@ -217,7 +239,7 @@ static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>
       }
       for (int n : {2048, 3500, 16384}) {
         double gbs = 0;
-        if (!measure(p, n, &gbs)) {
+        if (!measure(p, n, loc, &gbs)) {
           ++failed;
           continue;
         }
@@ -236,16 +258,26 @@ static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>
 int main(int argc, char** argv) {
   std::vector<std::string> kinds = {"register", "register-4k", "hostalloc", "vmm"};
   std::vector<size_t> sizes = {(size_t)687 << 20, (size_t)48 << 30};
+  Locality loc;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sizes") && i + 1 < argc) {
       sizes.clear();
       for (const std::string& g : split(argv[++i])) sizes.push_back((size_t)(std::stod(g) * 1073741824.0));
+    } else if (!std::strcmp(argv[i], "--grouped") && i + 1 < argc) {
+      std::vector<std::string> g = split(argv[++i]);
+      if (g.size() != 2 || std::stod(g[0]) <= 0 || std::stoi(g[1]) <= 0) {
+        std::printf("--grouped MIB,ROWS: a window in MiB and the rows drawn inside each\n");
+        return 2;
+      }
+      loc.window = (size_t)(std::stod(g[0]) * 1048576.0);
+      loc.group_rows = std::stoi(g[1]);
     } else if (!std::strcmp(argv[i], "--kinds") && i + 1 < argc) {
       kinds = split(argv[++i]);
     } else if (argv[i][0] != '-') {
       sizes = {(size_t)687 << 20, (size_t)std::strtoull(argv[i], nullptr, 10) << 30};
     } else {
-      std::printf("usage: sysmem_gather [GiB] [--sizes G,G,...] [--kinds register,register-4k,hostalloc,vmm]\n");
+      std::printf("usage: sysmem_gather [GiB] [--sizes G,G,...] [--kinds register,register-4k,hostalloc,vmm] "
+                  "[--grouped MIB,ROWS]\n");
       return 2;
     }
   }
@@ -255,5 +287,5 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return run(sizes, kinds) ? 0 : 1;
+  return run(sizes, kinds, loc) ? 0 : 1;
 }
