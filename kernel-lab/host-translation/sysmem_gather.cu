@@ -2,7 +2,7 @@
 // pool was allocated: what address translation costs when a decode step's misses spread over a
 // pool of many requests (one row per 4 KiB page, scattered over tens of GiB).
 //
-//   nvcc -O3 -arch=sm_90 -o sysmem_gather sysmem_gather.cu -lcuda
+//   nvcc -O3 -arch=sm_90 -o sysmem_gather sysmem_gather.cu
 //   ./sysmem_gather [big pool GiB, default 48]         every kind, 687 MB and the big pool
 //   ./sysmem_gather --sizes 1,2,4,8,16 [--kinds register,vmm]
 //                                                    where the rate falls, GiB by GiB
@@ -28,6 +28,19 @@
 #include <string>
 #include <vector>
 
+// The driver API functions (the `vmm` kind) come from the runtime's entry-point query, so the
+// program links no libcuda stub and builds wherever nvcc does.
+template <class F>
+static F driver_fn(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<F>(fn);
+}
+#define DRIVER(f) static const auto p_##f = driver_fn<decltype(&f)>(#f)
+
 static const int kRow = 656;
 static const int kVecs = kRow / 16;  // 41
 
@@ -44,7 +57,8 @@ static const int kVecs = kRow / 16;  // 41
     CUresult r_ = (x);                                                        \
     if (r_ != CUDA_SUCCESS) {                                                 \
       const char* s_ = nullptr;                                               \
-      cuGetErrorString(r_, &s_);                                              \
+      DRIVER(cuGetErrorString);                                               \
+      if (p_cuGetErrorString) p_cuGetErrorString(r_, &s_);                    \
       std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");   \
       return false;                                                           \
     }                                                                         \
@@ -92,25 +106,35 @@ static bool make_pool(const char* kind, size_t bytes, Pool* p) {
     return true;
   }
   // vmm: physical host memory of NUMA node 0, mapped into a reserved range for the device.
+  DRIVER(cuMemGetAllocationGranularity);
+  DRIVER(cuMemCreate);
+  DRIVER(cuMemAddressReserve);
+  DRIVER(cuMemMap);
+  DRIVER(cuMemSetAccess);
+  if (!p_cuMemGetAllocationGranularity || !p_cuMemCreate || !p_cuMemAddressReserve || !p_cuMemMap ||
+      !p_cuMemSetAccess) {
+    std::printf("the driver lacks the virtual memory management calls\n");
+    return false;
+  }
   CUmemAllocationProp prop;
   std::memset(&prop, 0, sizeof prop);
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
   prop.location.id = 0;
   size_t gran = 0;
-  CD(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  CD(p_cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   std::printf("vmm granularity %zu B\n", gran);
   bytes = (bytes + gran - 1) / gran * gran;
   p->bytes = bytes;
-  CD(cuMemCreate(&p->handle, bytes, &prop, 0));
-  CD(cuMemAddressReserve(&p->va, bytes, gran, 0, 0));
-  CD(cuMemMap(p->va, bytes, 0, p->handle, 0));
+  CD(p_cuMemCreate(&p->handle, bytes, &prop, 0));
+  CD(p_cuMemAddressReserve(&p->va, bytes, gran, 0, 0));
+  CD(p_cuMemMap(p->va, bytes, 0, p->handle, 0));
   CUmemAccessDesc access[2];
   std::memset(access, 0, sizeof access);
   access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access[0].location.id = 0;
   access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CD(cuMemSetAccess(p->va, bytes, access, 1));
+  CD(p_cuMemSetAccess(p->va, bytes, access, 1));
   p->dev = reinterpret_cast<void*>(p->va);
   // Filled from the device (host access is not asked for).
   CK(cudaMemset(p->dev, 0x5a, bytes));
@@ -125,9 +149,12 @@ static void free_pool(Pool* p) {
   } else if (!std::strcmp(p->kind, "hostalloc")) {
     cudaFreeHost(p->ptr);
   } else {
-    cuMemUnmap(p->va, p->bytes);
-    cuMemAddressFree(p->va, p->bytes);
-    cuMemRelease(p->handle);
+    DRIVER(cuMemUnmap);
+    DRIVER(cuMemAddressFree);
+    DRIVER(cuMemRelease);
+    if (p_cuMemUnmap) p_cuMemUnmap(p->va, p->bytes);
+    if (p_cuMemAddressFree) p_cuMemAddressFree(p->va, p->bytes);
+    if (p_cuMemRelease) p_cuMemRelease(p->handle);
   }
 }
 
