@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with gpu-hostreads/ of .ci/gpu/host-reads-build.sh
+# carried: how fast random 656-byte rows cross the bus from pinned host memory as the pool grows
+# (a decode step's misses are such rows, scattered over one layer's host array of every request).
+#
+#   1. sizes: pools of 0.7 to 48 GiB, the runtime's allocation (THP-advised, cudaHostRegister):
+#      where the rate falls;
+#   2. kinds: 0.7 and 48 GiB for each allocation kind (4 KiB pages, cudaHostAlloc, cuMemCreate
+#      on the host node): whether any allocation avoids the fall;
+#   3. grouped: 1.4 and 48 GiB with rows in groups of 53 inside a random 21 MiB window each (one
+#      request's misses of one layer at 32K, were its host blocks side by side): whether keeping a
+#      request's blocks together would bring the rate back.
+#
+# About 3 minutes (the 48 GiB pools take most of it). Tables in $OUT/host-reads/ and on stdout.
+# Exit status 0 only when every part ran and measured.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+bin=${HISPARSE_GPU_BIN:-gpu-hostreads}
+out=${OUT:-/tmp/hisparse-gpu}/host-reads
+mkdir -p "$out"
+if [ ! -x "$bin/sysmem-gather" ]; then
+    echo "missing $bin/sysmem-gather: run .ci/gpu/host-reads-build.sh on the development machine and carry $bin" >&2
+    exit 2
+fi
+[ -f "$bin/MANIFEST" ] && head -n 2 "$bin/MANIFEST"
+echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1); transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
+status=0
+run() {
+    local name=$1 limit=$2
+    shift 2
+    echo "--- $name: sysmem-gather $*"
+    if ! timeout "$limit" "$bin/sysmem-gather" "$@" 2>&1 | tee "$out/$name.md"; then
+        echo "$name FAILED or timed out (limit $limit s)"
+        status=1
+    fi
+}
+run sizes 120 --sizes 0.7,1.4,3,6,12,24,48 --kinds register
+run kinds 120 --sizes 0.7,48 --kinds register-4k,hostalloc,vmm
+run grouped 60 --sizes 1.4,48 --kinds register --grouped 21,53
+exit $status
