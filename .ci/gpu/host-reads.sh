@@ -8,8 +8,9 @@
 #   2. kinds: 0.7 and 48 GiB for each allocation kind (4 KiB pages, cudaHostAlloc, cuMemCreate
 #      on the host node): whether any allocation avoids the fall;
 #   3. grouped: 1.4 and 48 GiB with rows in groups of 53 inside a random 21 MiB window each (one
-#      request's misses of one layer at 32K, were its host blocks side by side): whether keeping a
-#      request's blocks together would bring the rate back.
+#      request's misses of one layer at 32K, its host blocks side by side, as a fresh pool's
+#      in-order free list hands them out): the decode step's case, beside rows anywhere, which a
+#      long-running pool's scattered blocks tend towards.
 #
 # About 3 minutes (the 48 GiB pools take most of it). Tables in $OUT/host-reads/ and on stdout.
 # Exit status 0 only when every part ran and measured.
