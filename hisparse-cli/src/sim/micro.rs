@@ -27,6 +27,8 @@ struct Part<D: Device> {
 pub struct MicroBatches<D: Device> {
     parts: Vec<Part<D>>,
     side: StreamId,
+    /// Entries of a token row's top-k.
+    top_k: usize,
     /// The token rows of each micro-batch of the open step.
     ranges: Vec<Range<usize>>,
 }
@@ -90,19 +92,20 @@ impl<D: Device> MicroBatches<D> {
         Ok(MicroBatches {
             parts,
             side,
+            top_k,
             ranges: Vec::new(),
         })
     }
 
     /// The step's per-layer calls over `decode`'s rows as micro-batches: `topk[g]` holds group
-    /// `g`'s top-k of every row (`top_k` each), in row order. Enqueued on the side stream.
+    /// `g`'s top-k of every row, in row order. Enqueued on the side stream.
     pub fn call(
         &mut self,
         rt: &mut Runtime<D>,
         decode: &[DecodeRow],
         topk: &[Vec<i32>],
-        top_k: usize,
     ) -> CliResult<()> {
+        let top_k = self.top_k;
         self.ranges = split(decode, self.parts.len());
         for (part, range) in self.parts.iter_mut().zip(&self.ranges) {
             let state: Vec<i32> = decode[range.clone()]
@@ -144,14 +147,9 @@ impl<D: Device> MicroBatches<D> {
     }
 
     /// Group `g`'s row indices of the step's rows, micro-batch by micro-batch, into `out`
-    /// (`top_k` per row), once the step's work completed.
-    pub fn download(
-        &self,
-        rt: &Runtime<D>,
-        g: usize,
-        top_k: usize,
-        out: &mut [i32],
-    ) -> CliResult<()> {
+    /// (a top-k's worth per row), once the step's work completed.
+    pub fn download(&self, rt: &Runtime<D>, g: usize, out: &mut [i32]) -> CliResult<()> {
+        let top_k = self.top_k;
         for (part, range) in self.parts.iter().zip(&self.ranges) {
             rt.device()
                 .download_i32(

@@ -360,8 +360,7 @@ impl<D: Device> Rank<D> {
             }
             let t = Instant::now();
             if let Some(micro) = &mut self.micro {
-                let k = self.rt.layout().config.top_k as usize;
-                micro.call(&mut self.rt, decode, &topk, k)?;
+                micro.call(&mut self.rt, decode, &topk)?;
             } else {
                 self.call_whole_batch(decode, &topk)?;
             }
@@ -398,8 +397,7 @@ impl<D: Device> Rank<D> {
         for r in &mut reads {
             r.indices.resize(r.topk.len(), 0);
             if let Some(micro) = &self.micro {
-                let k = self.rt.layout().config.top_k as usize;
-                micro.download(&self.rt, r.group, k, &mut r.indices)?;
+                micro.download(&self.rt, r.group, &mut r.indices)?;
                 continue;
             }
             self.rt
