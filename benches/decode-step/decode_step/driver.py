@@ -381,6 +381,11 @@ class Engine:
                 return outs
             return fn
 
+        if self.cfg.pipeline_split not in ("batch", "swap"):
+            raise BenchError(f"pipeline_split {self.cfg.pipeline_split!r}: batch or swap")
+        # ``swap``: the whole batch's indexer and top-k before the micro-batches' calls.
+        whole_topk = self.cfg.pipeline_split == "swap"
+
         def pipelined(standin: bool):
             def fn():
                 outs = []
@@ -388,11 +393,11 @@ class Engine:
                     for l in layers:
                         k.write(l)
                     ready = []
-                    if self.cfg.pipeline_split == "swap":
+                    if whole_topk:
                         k.indexer(layers[0])
                         k.topk(g, layers[0])
                     for p in range(len(k.parts)):
-                        if self.cfg.pipeline_split == "batch":
+                        if not whole_topk:
                             k.indexer(layers[0], p)
                             k.topk(g, layers[0], p)
                         ready.append(k.on_side(lambda p=p: k.resolve(arm, g, p)))
