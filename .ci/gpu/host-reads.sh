@@ -10,9 +10,13 @@
 #   3. grouped: 1.4 and 48 GiB with rows in groups of 53 inside a random 21 MiB window each (one
 #      request's misses of one layer at 32K, its host blocks side by side, as a fresh pool's
 #      in-order free list hands them out): the decode step's case, beside rows anywhere, which a
-#      long-running pool's scattered blocks tend towards.
+#      long-running pool's scattered blocks tend towards;
+#   4. window: a 48 GiB pool whose every row of the run lies in one random 1 GiB (then 4 GiB)
+#      window: whether the rows' spread or the pool's size sets the rate;
+#   5. rows: 2 and 4 KiB rows (aligned to their size) from 0.7 and 48 GiB: whether a read costs
+#      per row or per 4 KiB page it touches.
 #
-# About 3 minutes (the 48 GiB pools take most of it). Tables in $OUT/host-reads/ and on stdout.
+# About 5 minutes (the 48 GiB pools take most of it). Tables in $OUT/host-reads/ and on stdout.
 # Exit status 0 only when every part ran and measured.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -39,4 +43,8 @@ run() {
 run sizes 120 --sizes 0.7,1.4,3,6,12,24,48 --kinds register
 run kinds 120 --sizes 0.7,48 --kinds register-4k,hostalloc,vmm
 run grouped 60 --sizes 1.4,48 --kinds register --grouped 21,53
+run window 60 --sizes 48 --kinds register --grouped 1024,100000000
+run window-4g 60 --sizes 48 --kinds register --grouped 4096,100000000
+run rows-2k 60 --sizes 0.7,48 --kinds register --row-bytes 2048
+run rows-4k 60 --sizes 0.7,48 --kinds register --row-bytes 4096
 exit $status

@@ -9,6 +9,9 @@
 //   ./sysmem_gather --sizes 1.4,48 --grouped 21,53   rows in groups of 53 (one request's misses
 //                                                    of one layer) inside a random 21 MiB window
 //                                                    each (its blocks, allocated side by side)
+//   ./sysmem_gather --sizes 48 --row-bytes 4096      rows of another size (a multiple of 16; rows
+//                                                    are aligned to their size): whether a read
+//                                                    costs per row or per page it touches
 //
 // Kinds: `register` (anonymous memory advised onto transparent huge pages, touched, then
 // cudaHostRegister: the runtime's owned pool), `register-4k` (the same on 4 KiB pages),
@@ -41,8 +44,8 @@ static F driver_fn(const char* name) {
 }
 #define DRIVER(f) static const auto p_##f = driver_fn<decltype(&f)>(#f)
 
-static const int kRow = 656;
-static const int kVecs = kRow / 16;  // 41
+// Bytes of one row (a V3.2 row by default; --row-bytes changes it).
+static int kRow = 656;
 
 #define CK(x)                                                                        \
   do {                                                                               \
@@ -64,15 +67,16 @@ static const int kVecs = kRow / 16;  // 41
     }                                                                         \
   } while (0)
 
-// One warp per row: lanes read the row's 41 16-byte vectors and write them to the row's slot.
+// One warp per row: lanes read the row's `vecs` 16-byte vectors (41 for a V3.2 row) and write
+// them to the row's slot.
 __global__ void gather(const uint4* __restrict__ host, const long long* __restrict__ rows, int n,
-                       uint4* __restrict__ out) {
+                       int vecs, uint4* __restrict__ out) {
   int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   int lane = threadIdx.x & 31;
   if (warp >= n) return;
-  const uint4* src = host + rows[warp] * kVecs;
-  uint4* dst = out + (long long)warp * kVecs;
-  for (int v = lane; v < kVecs; v += 32) dst[v] = src[v];
+  const uint4* src = host + rows[warp] * vecs;
+  uint4* dst = out + (long long)warp * vecs;
+  for (int v = lane; v < vecs; v += 32) dst[v] = src[v];
 }
 
 struct Pool {
@@ -184,13 +188,14 @@ static bool measure(const Pool& p, int n, const Locality& loc, double* gbs) {
   CK(cudaMemcpy(d_idx, idx.data(), idx.size() * sizeof(long long), cudaMemcpyHostToDevice));
   int threads = 256, blocks = (n * 32 + threads - 1) / threads;
   const uint4* host = static_cast<const uint4*>(p.dev);
-  gather<<<blocks, threads>>>(host, d_idx, n, d_out);  // warm-up (other rows are read below)
+  const int vecs = kRow / 16;
+  gather<<<blocks, threads>>>(host, d_idx, n, vecs, d_out);  // warm-up (other rows are read below)
   CK(cudaDeviceSynchronize());
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   CK(cudaEventRecord(a));
-  for (int l = 0; l < launches; ++l) gather<<<blocks, threads>>>(host, d_idx + (size_t)l * n, n, d_out);
+  for (int l = 0; l < launches; ++l) gather<<<blocks, threads>>>(host, d_idx + (size_t)l * n, n, vecs, d_out);
   CK(cudaEventRecord(b));
   CK(cudaEventSynchronize(b));
   float ms = 0;
@@ -247,7 +252,7 @@ static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>
   CK(cudaFree(nullptr));
   double bulk = 0;
   if (!bulk_h2d(&bulk)) return false;
-  std::printf("bulk pinned H2D %.2f GB/s\n", bulk);
+  std::printf("bulk pinned H2D %.2f GB/s; rows of %d bytes\n", bulk, kRow);
   if (loc.window)
     std::printf("rows in groups of %d inside a random %.1f MiB window each\n", loc.group_rows,
                 loc.window / 1048576.0);
@@ -298,13 +303,19 @@ int main(int argc, char** argv) {
       }
       loc.window = (size_t)(std::stod(g[0]) * 1048576.0);
       loc.group_rows = std::stoi(g[1]);
+    } else if (!std::strcmp(argv[i], "--row-bytes") && i + 1 < argc) {
+      kRow = std::atoi(argv[++i]);
+      if (kRow <= 0 || kRow % 16 != 0 || kRow > (1 << 20)) {
+        std::printf("--row-bytes N: a multiple of 16 from 16 to 1 MiB\n");
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--kinds") && i + 1 < argc) {
       kinds = split(argv[++i]);
     } else if (argv[i][0] != '-') {
       sizes = {(size_t)687 << 20, (size_t)std::strtoull(argv[i], nullptr, 10) << 30};
     } else {
       std::printf("usage: sysmem_gather [GiB] [--sizes G,G,...] [--kinds register,register-4k,hostalloc,vmm] "
-                  "[--grouped MIB,ROWS]\n");
+                  "[--grouped MIB,ROWS] [--row-bytes N]\n");
       return 2;
     }
   }
