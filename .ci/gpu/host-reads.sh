@@ -4,13 +4,15 @@
 # (a decode step's misses are such rows, scattered over one layer's host array of every request).
 #
 #   1. sizes: pools of 0.7 to 48 GiB, the runtime's allocation (THP-advised, cudaHostRegister):
-#      where the rate falls;
-#   2. kinds: 0.7 and 48 GiB for each allocation kind (4 KiB pages, cudaHostAlloc, cuMemCreate
-#      on the host node): whether any allocation avoids the fall;
-#   3. grouped: 1.4 and 48 GiB with rows in groups of 53 inside a random 21 MiB window each (one
+#      where the rate falls (every allocation kind falls alike: `--kinds register-4k,hostalloc,vmm`
+#      measured that once; it is not repeated here);
+#   2. grouped: 1.4 and 48 GiB with rows in groups of 53 inside a random 21 MiB window each (one
 #      request's misses of one layer at 32K, its host blocks side by side, as a fresh pool's
 #      in-order free list hands them out): the decode step's case, beside rows anywhere, which a
-#      long-running pool's scattered blocks tend towards;
+#      long-running pool's scattered blocks tend towards; each with a warp per row and with 256,
+#      1024 and 4096 warps walking the list in order (fewer windows in flight at once);
+#   3. anywhere: the 48 GiB pool's rows anywhere, walked by as few warps: whether fewer rows in
+#      flight alone changes the rate;
 #   4. window: a 48 GiB pool whose every row of the run lies in one random 1 GiB (then 4 GiB)
 #      window: whether the rows' spread or the pool's size sets the rate;
 #   5. rows: 2 and 4 KiB rows (aligned to their size) from 0.7 and 48 GiB: whether a read costs
@@ -40,9 +42,9 @@ run() {
         status=1
     fi
 }
-run sizes 120 --sizes 0.7,1.4,3,6,12,24,48 --kinds register
-run kinds 120 --sizes 0.7,48 --kinds register-4k,hostalloc,vmm
-run grouped 60 --sizes 1.4,48 --kinds register --grouped 21,53
+run sizes 120 --sizes 0.7,3,12,48 --kinds register
+run grouped 90 --sizes 1.4,48 --kinds register --grouped 21,53 --warps 0,256,1024,4096
+run anywhere 60 --sizes 48 --kinds register --warps 256,1024,4096
 run window 60 --sizes 48 --kinds register --grouped 1024,100000000
 run window-4g 60 --sizes 48 --kinds register --grouped 4096,100000000
 run rows-2k 60 --sizes 0.7,48 --kinds register --row-bytes 2048

@@ -9,6 +9,9 @@
 //   ./sysmem_gather --sizes 1.4,48 --grouped 21,53   rows in groups of 53 (one request's misses
 //                                                    of one layer) inside a random 21 MiB window
 //                                                    each (its blocks, allocated side by side)
+//   ./sysmem_gather --sizes 48 --grouped 21,53 --warps 512,2048
+//                                                    the same rows walked in order by 512 (then
+//                                                    2048) warps: fewer windows in flight at once
 //   ./sysmem_gather --sizes 48 --row-bytes 4096      rows of another size (a multiple of 16; rows
 //                                                    are aligned to their size): whether a read
 //                                                    costs per row or per page it touches
@@ -67,16 +70,19 @@ static int kRow = 656;
     }                                                                         \
   } while (0)
 
-// One warp per row: lanes read the row's `vecs` 16-byte vectors (41 for a V3.2 row) and write
-// them to the row's slot.
+// Lanes of a warp read row `rows[r]`'s `vecs` 16-byte vectors (41 for a V3.2 row) and write
+// them to the row's slot; warp w takes rows w, w + W, w + 2W, ... for the launch's W warps (one
+// row each when the launch has a warp per row; fewer warps keep fewer rows, and so fewer of a
+// list's windows, in flight at once).
 __global__ void gather(const uint4* __restrict__ host, const long long* __restrict__ rows, int n,
                        int vecs, uint4* __restrict__ out) {
-  int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  int lane = threadIdx.x & 31;
-  if (warp >= n) return;
-  const uint4* src = host + rows[warp] * vecs;
-  uint4* dst = out + (long long)warp * vecs;
-  for (int v = lane; v < vecs; v += 32) dst[v] = src[v];
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  for (int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < n; r += warps) {
+    const uint4* src = host + rows[r] * vecs;
+    uint4* dst = out + (long long)r * vecs;
+    for (int v = lane; v < vecs; v += 32) dst[v] = src[v];
+  }
 }
 
 struct Pool {
@@ -168,6 +174,7 @@ static void free_pool(Pool* p) {
 struct Locality {
   size_t window = 0;
   int group_rows = 1;
+  int warps = 0;  // warps of each launch (0: one per row)
 };
 
 static bool measure(const Pool& p, int n, const Locality& loc, double* gbs) {
@@ -186,7 +193,9 @@ static bool measure(const Pool& p, int n, const Locality& loc, double* gbs) {
   CK(cudaMalloc(&d_idx, idx.size() * sizeof(long long)));
   CK(cudaMalloc(&d_out, (size_t)n * kRow));
   CK(cudaMemcpy(d_idx, idx.data(), idx.size() * sizeof(long long), cudaMemcpyHostToDevice));
-  int threads = 256, blocks = (n * 32 + threads - 1) / threads;
+  const int threads = 256;
+  const int warps = loc.warps > 0 && loc.warps < n ? loc.warps : n;
+  const int blocks = (warps * 32 + threads - 1) / threads;
   const uint4* host = static_cast<const uint4*>(p.dev);
   const int vecs = kRow / 16;
   gather<<<blocks, threads>>>(host, d_idx, n, vecs, d_out);  // warm-up (other rows are read below)
@@ -247,18 +256,18 @@ static std::vector<std::string> split(const char* arg) {
 }
 
 static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>& kinds,
-                const Locality& loc) {
+                const Locality& base, const std::vector<int>& warp_counts) {
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
   double bulk = 0;
   if (!bulk_h2d(&bulk)) return false;
   std::printf("bulk pinned H2D %.2f GB/s; rows of %d bytes\n", bulk, kRow);
-  if (loc.window)
-    std::printf("rows in groups of %d inside a random %.1f MiB window each\n", loc.group_rows,
-                loc.window / 1048576.0);
+  if (base.window)
+    std::printf("rows in groups of %d inside a random %.1f MiB window each\n", base.group_rows,
+                base.window / 1048576.0);
   else
     std::printf("rows anywhere in the pool\n");
-  std::printf("| kind | pool | rows per launch | GB/s | share of bulk |\n|---|---|---|---|---|\n");
+  std::printf("| kind | pool | rows per launch | warps | GB/s | share of bulk |\n|---|---|---|---|---|---|\n");
   int ok = 0, failed = 0;
   for (size_t size : sizes) {
     for (const std::string& name : kinds) {
@@ -270,15 +279,19 @@ static bool run(const std::vector<size_t>& sizes, const std::vector<std::string>
         continue;
       }
       for (int n : {2048, 3500, 16384}) {
-        double gbs = 0;
-        if (!measure(p, n, loc, &gbs)) {
-          ++failed;
-          continue;
+        for (int w : warp_counts) {
+          Locality loc = base;
+          loc.warps = w;
+          double gbs = 0;
+          if (!measure(p, n, loc, &gbs)) {
+            ++failed;
+            continue;
+          }
+          std::printf("| %s | %.1f GiB | %d | %s | %.2f | %.3f |\n", kind, p.bytes / 1073741824.0, n,
+                      w > 0 && w < n ? std::to_string(w).c_str() : "one per row", gbs, gbs / bulk);
+          std::fflush(stdout);
+          ++ok;
         }
-        std::printf("| %s | %.1f GiB | %d | %.2f | %.3f |\n", kind, p.bytes / 1073741824.0, n, gbs,
-                    gbs / bulk);
-        std::fflush(stdout);
-        ++ok;
       }
       free_pool(&p);
     }
@@ -291,6 +304,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> kinds = {"register", "register-4k", "hostalloc", "vmm"};
   std::vector<size_t> sizes = {(size_t)687 << 20, (size_t)48 << 30};
   Locality loc;
+  std::vector<int> warp_counts = {0};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sizes") && i + 1 < argc) {
       sizes.clear();
@@ -303,6 +317,15 @@ int main(int argc, char** argv) {
       }
       loc.window = (size_t)(std::stod(g[0]) * 1048576.0);
       loc.group_rows = std::stoi(g[1]);
+    } else if (!std::strcmp(argv[i], "--warps") && i + 1 < argc) {
+      warp_counts.clear();
+      for (const std::string& w : split(argv[++i])) {
+        warp_counts.push_back(std::atoi(w.c_str()));
+        if (warp_counts.back() < 0) {
+          std::printf("--warps W,W,...: warps per launch (0: one per row)\n");
+          return 2;
+        }
+      }
     } else if (!std::strcmp(argv[i], "--row-bytes") && i + 1 < argc) {
       kRow = std::atoi(argv[++i]);
       if (kRow <= 0 || kRow % 16 != 0 || kRow > (1 << 20)) {
@@ -315,7 +338,7 @@ int main(int argc, char** argv) {
       sizes = {(size_t)687 << 20, (size_t)std::strtoull(argv[i], nullptr, 10) << 30};
     } else {
       std::printf("usage: sysmem_gather [GiB] [--sizes G,G,...] [--kinds register,register-4k,hostalloc,vmm] "
-                  "[--grouped MIB,ROWS] [--row-bytes N]\n");
+                  "[--grouped MIB,ROWS] [--warps W,W,...] [--row-bytes N]\n");
       return 2;
     }
   }
@@ -325,5 +348,5 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return run(sizes, kinds, loc) ? 0 : 1;
+  return run(sizes, kinds, loc, warp_counts) ? 0 : 1;
 }
