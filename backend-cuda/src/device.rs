@@ -14,7 +14,7 @@ use hisparse_core::ops::{
     SlotMappingArgs, SlotMappingDesc, TableWrite, TableWriteDesc,
 };
 use hisparse_core::{Device, MemoryInfo};
-use hisparse_gpu_kernels::plan::{self, PlanError, Target};
+use hisparse_gpu_kernels::plan::{self, GatherWalk, PlanError, Target};
 use hisparse_host_memory::available_ram;
 
 use crate::capture::Lasting;
@@ -39,6 +39,10 @@ pub struct CudaOptions {
     /// the conformance suite check that mode on a GPU large enough never to need it. Results are
     /// identical; it is slower. Off by default.
     pub resolve_global_state: bool,
+    /// How the swap-in gather walks a miss plan. [`GatherWalk::Auto`] (the default) is the
+    /// production rule ([`plan::gather_in_order`]); the others force one walk, so the suite and
+    /// the benches can run both on any pool. Results are identical.
+    pub gather_walk: GatherWalk,
 }
 
 /// One CUDA device: a retained primary context, kernels compiled with NVRTC on first use
@@ -555,13 +559,14 @@ impl Device for CudaDevice {
             host: args.host.mem.dev_ptr(),
             device: args.device.mem.ptr(),
         };
-        let plan = plan::gather(&self.target, desc, &addrs)?;
+        let plan = plan::gather(&self.target, desc, &addrs, self.options.gather_walk)?;
         self.execute(stream, plan)
     }
 
     /// From [`plan::FUSED_MIN_ROWS`] token rows one `hs_resolve_gather` launch (the inherent
     /// [`CudaDevice::resolve_and_gather`]: each request's misses are copied while other requests
-    /// still resolve); below, `resolve` then `gather_rows`, which is faster there.
+    /// still resolve); below, and over a host pool whose gather walks rows in order
+    /// ([`plan::swap_in_fused`]), `resolve` then `gather_rows`.
     fn resolve_and_gather(
         &self,
         stream: &CudaStream,
@@ -571,7 +576,7 @@ impl Device for CudaDevice {
         host: &CudaHostBuffer,
         device: &mut CudaBuffer,
     ) -> Result<()> {
-        if plan::swap_in_fused(desc) {
+        if plan::swap_in_fused(desc, layers, self.options.gather_walk) {
             // The inherent method of the same name (inherent methods take precedence).
             return CudaDevice::resolve_and_gather(self, stream, desc, args, layers, host, device);
         }

@@ -84,3 +84,5 @@ pub use device::{
     CudaStream, KernelReport,
 };
 pub use error::CudaError;
+/// How the swap-in gather walks a miss plan ([`CudaOptions::gather_walk`]).
+pub use hisparse_gpu_kernels::plan::GatherWalk;

@@ -10,5 +10,6 @@ hisparse_conformance::conformance_main!(|| CudaDevice::open_with(
     0,
     CudaOptions {
         resolve_global_state: true,
+        ..CudaOptions::default()
     }
 ));

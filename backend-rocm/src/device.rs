@@ -14,7 +14,7 @@ use hisparse_core::ops::{
 };
 use hisparse_core::{Device, MemoryInfo};
 use hisparse_gpu_kernels as gk;
-use hisparse_gpu_kernels::plan::{self, Launch, Plan, PlanError, Target};
+use hisparse_gpu_kernels::plan::{self, GatherWalk, Launch, Plan, PlanError, Target};
 
 use crate::capture::Lasting;
 use crate::context::Context;
@@ -679,7 +679,7 @@ impl Device for RocmDevice {
             host: args.host.device_addr(),
             device: args.device.addr(),
         };
-        let plan = plan::gather(&self.target(), desc, &addrs)?;
+        let plan = plan::gather(&self.target(), desc, &addrs, GatherWalk::Auto)?;
         self.execute(stream, plan)
     }
 
@@ -695,7 +695,7 @@ impl Device for RocmDevice {
         host: &RocmHostBuffer,
         device: &mut RocmBuffer,
     ) -> Result<(), RocmError> {
-        if plan::swap_in_fused(desc) {
+        if plan::swap_in_fused(desc, layers, GatherWalk::Auto) {
             // The inherent method of the same name (inherent methods take precedence).
             return RocmDevice::resolve_and_gather(self, stream, desc, args, layers, host, device);
         }

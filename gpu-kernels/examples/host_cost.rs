@@ -66,7 +66,7 @@ fn main() {
         let pool = (1u64 << 16) * page;
         let one = || {
             check(&d, &sizes, &layers, pool, pool).expect("valid call");
-            let mut p = if plan::swap_in_fused(&d) {
+            let mut p = if plan::swap_in_fused(&d, &layers, plan::GatherWalk::Auto) {
                 plan::resolve_gather(&H200, &d, &addrs, &layers, 4 << 20, 8 << 20, false)
             } else {
                 plan::resolve(&H200, &d, &addrs, false)

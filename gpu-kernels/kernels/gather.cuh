@@ -3,12 +3,21 @@
 // ---------------------------------------------------------------------------------------------
 //
 // Launch: grid (G, 1, layers.count) with any G (the host fills the device, or gives every work
-// item its own block), block (HS_GATHER_THREADS). Work item w of layer z is chunk
-// x = w / num_tokens of token row t = w % num_tokens: plan entries [x * HS_GATHER_ROWS, ...) of
-// row t. Blocks take items grid-stride, so the first chunk of every row comes before any second
-// chunk: the work (a row's valid count of entries, typically a tenth of top_k) sits in the first
-// items and the blocks that start first do it. An item beyond its row's count costs one cached
-// load of the count. Otherwise the item's first threads locate its rows into a shared row table,
+// item its own block), block (HS_GATHER_THREADS), and `walk`, how the blocks take the work items.
+// Work item (t, x) of layer z is chunk x of token row t: plan entries [x * HS_GATHER_ROWS, ...)
+// of row t.
+//   * walk 0, every row at once: item w is chunk x = w / num_tokens of row t = w % num_tokens and
+//     blocks take items grid-stride, so the first chunk of every row comes before any second
+//     chunk: the work (a row's valid count of entries, typically a tenth of top_k) sits in the
+//     first items and the blocks that start first do it. An item beyond its row's count costs
+//     one cached load of the count.
+//   * walk k > 0, rows in order: the blocks form G / k groups of k; group g takes rows g,
+//     g + G / k, ... one after another, its k blocks sharing each row's live chunks (block j of
+//     the group takes chunks j, j + k, ...). Only G / k rows are read at once: a request's missed
+//     rows lie in its own host pages, and a host reading random rows from a few such windows keeps
+//     its address translations cached where rows from every request at once do not (H200 host:
+//     0.76x of bulk H2D against 0.42x; plan::gather_walk says when).
+// Otherwise the item's first threads locate its rows into a shared row table,
 // and after a barrier the item's units (hs_row_units) are spread over the whole block, consecutive
 // threads on consecutive units, up to HS_GATHER_UNROLL loads in flight per thread before its
 // stores (the host pool is mapped pinned memory read across the bus, so many loads must be in
@@ -28,77 +37,113 @@
 #define HS_GATHER_BOUNDS HS_BOUNDS(HS_GATHER_THREADS)
 #endif
 
-// The work items of hs_gather_rows for one layer, scale words of W bytes. For W == 16 (every
-// contiguous row and every scale part of 16-byte multiples, the 656-byte decode row among them)
-// hs_row_units and hs_load_unit/hs_store_unit reduce to row_bytes / 16 chunks addressed by
-// hs_chunk: NVRTC gives that instantiation the instruction sequence of the kernel before scale
-// words existed.
+// Work item (t, lo) of hs_gather_rows for one layer, scale words of W bytes: plan entries
+// [lo, min(lo + HS_GATHER_ROWS, n)) of token row t, whose count is n (lo < n; uniform over the
+// block). `first` is false after the block's first item: the previous item's copies must have
+// read the row table before it is rewritten. For W == 16 (every contiguous row and every scale
+// part of 16-byte multiples, the 656-byte decode row among them) hs_row_units and
+// hs_load_unit/hs_store_unit reduce to row_bytes / 16 chunks addressed by hs_chunk: NVRTC gives
+// that instantiation the instruction sequence of the kernel before scale words existed.
+template <u32 W>
+HS_DEVICE void hs_gather_item(const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
+                              const u8* __restrict__ host, u8* __restrict__ device, u32 top_k,
+                              const hs_layer_pair& L, u32 t, u32 lo, u32 n, bool first,
+                              u64* s_src_v, u64* s_src_s, u64* s_dst_v, u64* s_dst_s,
+                              u32* s_flags) {
+    const u32 cpr = hs_row_units<W>(L.host);
+    const u32 vc = L.host.value_bytes >> 4;
+    const u64 prow = (u64)t * top_k;
+    const u32 rows = n - lo < HS_GATHER_ROWS ? n - lo : HS_GATHER_ROWS;
+    i32 ps = -1, pd = -1;
+    if (HS_TID < rows) {
+        ps = HS_LDG(plan_src + prow + lo + HS_TID);
+        pd = HS_LDG(plan_dst + prow + lo + HS_TID);
+    }
+    if (!first) HS_SYNC(); // the previous item's copies have read the row table
+    if (HS_TID < rows) {
+        u32 db, doff, sb, soff;
+        u32 f = 0;
+        if (!hs_locate(L.device, pd, db, doff)) {
+            f = 2;
+        } else {
+            hs_row_parts(L.device, db, doff, s_dst_v[HS_TID], s_dst_s[HS_TID]);
+            if (hs_locate(L.host, ps, sb, soff)) {
+                hs_row_parts(L.host, sb, soff, s_src_v[HS_TID], s_src_s[HS_TID]);
+                f = 1;
+            }
+        }
+        s_flags[HS_TID] = f;
+    }
+    HS_SYNC();
+
+    // The item's units spread over the whole block: consecutive threads take consecutive
+    // units of a row, so a warp's loads cover whole runs of 128-byte lines.
+    const u32 total = rows * cpr;
+    for (u32 base = 0; base < total; base += HS_GATHER_THREADS * HS_GATHER_UNROLL) {
+        uint4 v[HS_GATHER_UNROLL];
+#pragma unroll
+        for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
+            const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
+            v[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (q < total) {
+                const u32 i = q / cpr, c = q % cpr;
+                if (s_flags[i] == 1) v[u] = hs_load_unit<W>(host, s_src_v[i], s_src_s[i], vc, c);
+            }
+        }
+#pragma unroll
+        for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
+            const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
+            if (q < total) {
+                const u32 i = q / cpr, c = q % cpr;
+                if (s_flags[i] != 2) hs_store_unit<W>(device, s_dst_v[i], s_dst_s[i], vc, c, v[u]);
+            }
+        }
+    }
+}
+
+// Entries of token row t the gather copies: its plan count clamped to [0, top_k] (one cached
+// load).
+HS_DEVICE u32 hs_gather_count(const i32* __restrict__ plan_counts, u32 t, u32 top_k) {
+    const i32 cnt = HS_LDG(plan_counts + t);
+    return cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
+}
+
+// The work items of hs_gather_rows for one layer, taken as `walk` says (the launch comment).
 template <u32 W>
 HS_DEVICE void hs_gather_items(const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
                                const i32* __restrict__ plan_counts, const u8* __restrict__ host,
-                               u8* __restrict__ device, u32 num_tokens, u32 top_k,
+                               u8* __restrict__ device, u32 num_tokens, u32 top_k, u32 walk,
                                const hs_layer_pair& L, u64* s_src_v, u64* s_src_s,
                                u64* s_dst_v, u64* s_dst_s, u32* s_flags) {
-    const u32 cpr = hs_row_units<W>(L.host);
-    const u32 vc = L.host.value_bytes >> 4;
-    const u32 chunks = top_k / HS_GATHER_ROWS + (top_k % HS_GATHER_ROWS != 0 ? 1u : 0u);
-    const u64 items = (u64)chunks * num_tokens;
     bool first = true;
-    for (u64 w = HS_BID_X; w < items; w += HS_NBLOCKS_X) {
-        const u32 t = (u32)(w % num_tokens);
-        const u32 lo = (u32)(w / num_tokens) * HS_GATHER_ROWS;
-        const u64 prow = (u64)t * top_k;
-        // Items beyond their row's count (most of them: a row misses a tenth of top_k) cost one
-        // cached load of the count, nothing more.
-        const i32 cnt = HS_LDG(plan_counts + t);
-        const u32 n = cnt < 0 ? 0u : ((u32)cnt > top_k ? top_k : (u32)cnt);
-        if (lo >= n) continue; // uniform over the block
-        const u32 rows = n - lo < HS_GATHER_ROWS ? n - lo : HS_GATHER_ROWS;
-        i32 ps = -1, pd = -1;
-        if (HS_TID < rows) {
-            ps = HS_LDG(plan_src + prow + lo + HS_TID);
-            pd = HS_LDG(plan_dst + prow + lo + HS_TID);
+    if (walk == 0) {
+        const u32 chunks = top_k / HS_GATHER_ROWS + (top_k % HS_GATHER_ROWS != 0 ? 1u : 0u);
+        const u64 items = (u64)chunks * num_tokens;
+        for (u64 w = HS_BID_X; w < items; w += HS_NBLOCKS_X) {
+            const u32 t = (u32)(w % num_tokens);
+            const u32 lo = (u32)(w / num_tokens) * HS_GATHER_ROWS;
+            // Items beyond their row's count (most of them: a row misses a tenth of top_k)
+            // cost one cached load of the count, nothing more.
+            const u32 n = hs_gather_count(plan_counts, t, top_k);
+            if (lo >= n) continue; // uniform over the block
+            hs_gather_item<W>(plan_src, plan_dst, host, device, top_k, L, t, lo, n, first, s_src_v,
+                              s_src_s, s_dst_v, s_dst_s, s_flags);
+            first = false;
         }
-        if (!first) HS_SYNC(); // the previous item's copies have read the row table
-        first = false;
-        if (HS_TID < rows) {
-            u32 db, doff, sb, soff;
-            u32 f = 0;
-            if (!hs_locate(L.device, pd, db, doff)) {
-                f = 2;
-            } else {
-                hs_row_parts(L.device, db, doff, s_dst_v[HS_TID], s_dst_s[HS_TID]);
-                if (hs_locate(L.host, ps, sb, soff)) {
-                    hs_row_parts(L.host, sb, soff, s_src_v[HS_TID], s_src_s[HS_TID]);
-                    f = 1;
-                }
-            }
-            s_flags[HS_TID] = f;
-        }
-        HS_SYNC();
-
-        // The item's units spread over the whole block: consecutive threads take consecutive
-        // units of a row, so a warp's loads cover whole runs of 128-byte lines.
-        const u32 total = rows * cpr;
-        for (u32 base = 0; base < total; base += HS_GATHER_THREADS * HS_GATHER_UNROLL) {
-            uint4 v[HS_GATHER_UNROLL];
-#pragma unroll
-            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
-                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
-                v[u] = make_uint4(0u, 0u, 0u, 0u);
-                if (q < total) {
-                    const u32 i = q / cpr, c = q % cpr;
-                    if (s_flags[i] == 1) v[u] = hs_load_unit<W>(host, s_src_v[i], s_src_s[i], vc, c);
-                }
-            }
-#pragma unroll
-            for (u32 u = 0; u < HS_GATHER_UNROLL; ++u) {
-                const u32 q = base + u * HS_GATHER_THREADS + HS_TID;
-                if (q < total) {
-                    const u32 i = q / cpr, c = q % cpr;
-                    if (s_flags[i] != 2) hs_store_unit<W>(device, s_dst_v[i], s_dst_s[i], vc, c, v[u]);
-                }
-            }
+        return;
+    }
+    // Rows in order: a group of k blocks per row, G / k rows at once (a grid smaller than k is
+    // one group of all its blocks).
+    const u32 k = walk < HS_NBLOCKS_X ? walk : HS_NBLOCKS_X;
+    const u32 groups = HS_NBLOCKS_X / k;
+    const u32 group = HS_BID_X / k, j = HS_BID_X % k;
+    if (group >= groups) return; // the grid's remainder past whole groups
+    for (u32 t = group; t < num_tokens; t += groups) {
+        const u32 n = hs_gather_count(plan_counts, t, top_k);
+        for (u64 lo = (u64)j * HS_GATHER_ROWS; lo < n; lo += (u64)k * HS_GATHER_ROWS) {
+            hs_gather_item<W>(plan_src, plan_dst, host, device, top_k, L, t, (u32)lo, n, first,
+                              s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
+            first = false;
         }
     }
 }
@@ -109,7 +154,7 @@ HS_DEVICE void hs_gather_items(const i32* __restrict__ plan_src, const i32* __re
 HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
     const i32* __restrict__ plan_src, const i32* __restrict__ plan_dst,
     const i32* __restrict__ plan_counts, const u8* __restrict__ host, u8* __restrict__ device,
-    u32 num_tokens, u32 top_k, hs_gather_layers layers) {
+    u32 num_tokens, u32 top_k, hs_gather_layers layers, u32 walk) {
     HS_SHARED u64 s_src_v[HS_GATHER_ROWS], s_src_s[HS_GATHER_ROWS];
     HS_SHARED u64 s_dst_v[HS_GATHER_ROWS], s_dst_s[HS_GATHER_ROWS];
     HS_SHARED u32 s_flags[HS_GATHER_ROWS];
@@ -118,13 +163,13 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
     const hs_layer_pair L = layers.layer[HS_BID_Z];
     // One branch per block: the layer's scale words.
     if (L.host.scale_word == 8)
-        hs_gather_items<8>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L,
+        hs_gather_items<8>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, walk, L,
                            s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
     else if (L.host.scale_word == 4)
-        hs_gather_items<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L,
+        hs_gather_items<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, walk, L,
                            s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
     else
-        hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, L,
+        hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, walk, L,
                             s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
 }
 

@@ -277,7 +277,7 @@ const RESOLVE_PARAMS: &[NamedParam] = params![
 ];
 const GATHER_PARAMS: &[NamedParam] = params![
     plan_src: Ptr, plan_dst: Ptr, plan_counts: Ptr, host: Ptr, device: Ptr, num_tokens: U32,
-    top_k: U32, layers: GatherLayers,
+    top_k: U32, layers: GatherLayers, walk: U32,
 ];
 const COPY_PAGES_PARAMS: &[NamedParam] = params![
     jobs: Ptr, num_layers: U32, pairs: Ptr, num_pairs: U32, src: Ptr, dst: Ptr,

@@ -1080,8 +1080,8 @@ fn check_copies(emu: &Emu, rng: &mut SplitMix64, g: RowGeometry) -> Result<(), S
     let l0 = layers[0];
     // A small device sometimes, so the persistent gather grid is smaller than its work.
     let tgt = target(if rng.percent(50) { 1 } else { 132 }, 48 * 1024);
-    // gather
-    let t = rng.range_inclusive(1, 3) as u32;
+    // gather (more token rows than an in-order walk reads at once, sometimes)
+    let t = rng.range_inclusive(1, 6) as u32;
     let k = rng.range_inclusive(1, 40) as u32;
     let host_rows = i64::from(l0.host.num_blocks * l0.host.block_size);
     let dev_rows = i64::from(l0.device.num_blocks * l0.device.index_stride_rows);
@@ -1124,17 +1124,22 @@ fn check_copies(emu: &Emu, rng: &mut SplitMix64, g: RowGeometry) -> Result<(), S
         },
     )
     .map_err(|e| e.to_string())?;
-    let mut got = dev0.clone();
-    let addrs = plan::GatherAddrs {
-        plan_src: a(&src),
-        plan_dst: a(&dst),
-        plan_counts: a(&counts),
-        host: a(&host),
-        device: am(&mut got),
-    };
-    emu.execute(plan::gather(&tgt, &desc, &addrs).map_err(|e| e.to_string())?);
-    if got != want {
-        return Err(format!("gather differs ({g:?} rows, {nl} layers)"));
+    // Both walks of the plan (every row at once; rows in order, a group of blocks per row).
+    for walk in [plan::GatherWalk::AllRows, plan::GatherWalk::InOrder] {
+        let mut got = dev0.clone();
+        let addrs = plan::GatherAddrs {
+            plan_src: a(&src),
+            plan_dst: a(&dst),
+            plan_counts: a(&counts),
+            host: a(&host),
+            device: am(&mut got),
+        };
+        emu.execute(plan::gather(&tgt, &desc, &addrs, walk).map_err(|e| e.to_string())?);
+        if got != want {
+            return Err(format!(
+                "gather ({walk:?}) differs ({g:?} rows, {nl} layers, {t} token rows)"
+            ));
+        }
     }
     // Page copies both ways, destinations sometimes repeated (the later pair wins: the planner
     // must split the launch).

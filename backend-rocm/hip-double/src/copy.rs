@@ -460,7 +460,7 @@ mod tests {
                 host: host as u64,
                 device: device as u64,
             };
-            let mut p = plan::gather(&TARGET, &desc, &addrs).unwrap();
+            let mut p = plan::gather(&TARGET, &desc, &addrs, plan::GatherWalk::Auto).unwrap();
             if let Some(w) = scale_word {
                 // What the kernels would be told by a planner that ignored the scale part's
                 // width: `struct hs_layout::scale_word` of both layouts of layer 0.
@@ -475,7 +475,9 @@ mod tests {
                         _ => args.u32(u32::from_ne_bytes(b.try_into().unwrap())),
                     };
                 }
-                args.gather_layers(&g);
+                let walk = p.launches[0].args.value(8).unwrap();
+                args.gather_layers(&g)
+                    .u32(u32::from_ne_bytes(walk.try_into().unwrap()));
                 p.launches[0].args = args;
             }
             execute(&mut st, p).unwrap();

@@ -23,10 +23,69 @@ pub struct GatherAddrs {
 /// CUDA: at most 64 registers per thread).
 pub const GATHER_BLOCKS_PER_MULTIPROCESSOR: u64 = 8;
 
+/// How `hs_gather_rows` takes its work items (the kernel's `walk` argument). Every walk copies
+/// the same rows; they differ in which rows are read at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GatherWalk {
+    /// The production rule, [`gather_in_order`]: rows in order when a layer's host pages spread
+    /// beyond [`GATHER_LOCAL_SPAN`], else every row at once.
+    #[default]
+    Auto,
+    /// Every row's first chunk first: all rows in flight at once (the fastest over a host pool
+    /// whose address translations the host keeps cached).
+    AllRows,
+    /// Rows in order, [`GATHER_ROWS_IN_FLIGHT`] at once with [`GATHER_BLOCKS_PER_ROW`] blocks
+    /// each.
+    InOrder,
+}
+
+/// The host span (bytes from a layer's first host page to the end of its last) beyond which
+/// random rows read from every request at once stall on the host's address translation. Measured
+/// on the H200's host (`kernel-lab/host-translation/sysmem_gather.cu`, 656-byte rows): 0.73–0.84×
+/// of bulk H2D from 0.7 GiB, 0.50–0.58× from 3 GiB, 0.35× from 48 GiB; rows inside one 1 GiB
+/// window of the 48 GiB pool 0.60–0.83×, inside 4 GiB 0.47–0.52×.
+pub const GATHER_LOCAL_SPAN: u64 = 1 << 30;
+
+/// Token rows an in-order gather reads at once ([`GatherWalk::InOrder`]). A decode request's
+/// misses of one layer lie in its own host pages (one window of tens of MiB): a few windows at a
+/// time keep the host's translations cached (the H200 host: rows in groups of 53 inside 21 MiB
+/// windows of a 48 GiB pool, walked in order by 256 warps, 0.76× of bulk H2D against 0.42× for
+/// every row at once).
+pub const GATHER_ROWS_IN_FLIGHT: u32 = 4;
+
+/// Blocks that share one token row's chunks in an in-order gather: with
+/// [`GATHER_ROWS_IN_FLIGHT`] rows, 512 rows of the plan in flight.
+pub const GATHER_BLOCKS_PER_ROW: u32 = 8;
+
+/// Bytes from a layer's first host page to the end of its last.
+fn host_span(l: &LayerPair) -> u64 {
+    let h = &l.host;
+    u64::from(h.num_blocks.saturating_sub(1)) * h.block_stride + h.page_bytes()
+}
+
+/// Whether a gather over `layers` walks its rows in order: [`GatherWalk::InOrder`], or
+/// [`GatherWalk::Auto`] with some layer's host pages spread beyond [`GATHER_LOCAL_SPAN`]. The
+/// swap-in of such layers is also the resolve then the in-order gather rather than the fused
+/// launch ([`swap_in_fused`]), whose blocks copy every request's misses at once.
+pub fn gather_in_order(layers: &[LayerPair], walk: GatherWalk) -> bool {
+    match walk {
+        GatherWalk::Auto => layers.iter().any(|l| host_span(l) > GATHER_LOCAL_SPAN),
+        GatherWalk::AllRows => false,
+        GatherWalk::InOrder => true,
+    }
+}
+
 /// `hs_gather_rows`: a persistent grid per chunk of at most [`GATHER_MAX_LAYERS`] layers (grid z),
-/// each block walking work items of [`GATHER_ROWS`] plan entries, first entries of every row
-/// first; the grid holds every item at once when the device can, else fills the device.
-pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, PlanError> {
+/// each block walking work items of [`GATHER_ROWS`] plan entries. Every row at once: first
+/// entries of every row first, the grid holding every item at once when the device can, else
+/// filling the device. Rows in order ([`gather_in_order`]): [`GATHER_ROWS_IN_FLIGHT`] groups of
+/// [`GATHER_BLOCKS_PER_ROW`] blocks per layer (fewer groups for fewer rows).
+pub fn gather(
+    t: &Target,
+    d: &GatherDesc<'_>,
+    a: &GatherAddrs,
+    walk: GatherWalk,
+) -> Result<Plan, PlanError> {
     if d.num_tokens == 0 || d.layers.is_empty() {
         return Ok(Plan::empty());
     }
@@ -35,11 +94,17 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
     check_layers(d.layers)?;
     check_pool("gather host pool address", a.host)?;
     check_pool("gather device pool address", a.device)?;
+    let in_order = gather_in_order(d.layers, walk);
     let mut plan = Plan::empty();
     for chunk in d.layers.chunks(GATHER_MAX_LAYERS) {
-        let resident = u64::from(t.multiprocessors.max(1)) * GATHER_BLOCKS_PER_MULTIPROCESSOR;
-        let per_layer = (resident / chunk.len() as u64).max(1);
-        let grid_x = items.min(per_layer).max(1) as u32;
+        let (grid_x, walk_arg) = if in_order {
+            let rows = d.num_tokens.min(GATHER_ROWS_IN_FLIGHT);
+            (rows * GATHER_BLOCKS_PER_ROW, GATHER_BLOCKS_PER_ROW)
+        } else {
+            let resident = u64::from(t.multiprocessors.max(1)) * GATHER_BLOCKS_PER_MULTIPROCESSOR;
+            let per_layer = (resident / chunk.len() as u64).max(1);
+            (items.min(per_layer).max(1) as u32, 0)
+        };
         let mut args = Args::default();
         args.ptr(a.plan_src)
             .ptr(a.plan_dst)
@@ -48,7 +113,8 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
             .ptr(a.device)
             .u32(d.num_tokens)
             .u32(d.top_k)
-            .gather_layers(&GatherLayers::new(chunk));
+            .gather_layers(&GatherLayers::new(chunk))
+            .u32(walk_arg);
         plan.launches.push(Launch {
             kernel: Kernel::GatherRows,
             grid: [grid_x, 1, chunk.len() as u32],
@@ -69,9 +135,11 @@ pub fn gather(t: &Target, d: &GatherDesc<'_>, a: &GatherAddrs) -> Result<Plan, P
 /// pair; 64 requests 191.3 against 198.8 µs; 256 requests 695.2 against 726.7 µs.
 pub const FUSED_MIN_ROWS: u32 = 64;
 
-/// Whether the production swap-in of `d` is one fused launch ([`FUSED_MIN_ROWS`]).
-pub fn swap_in_fused(d: &ResolveDesc) -> bool {
-    d.num_tokens >= FUSED_MIN_ROWS
+/// Whether the production swap-in of `d` over `layers` is one fused launch: from
+/// [`FUSED_MIN_ROWS`] token rows, unless the gather walks its rows in order
+/// ([`gather_in_order`]; then the resolve and the in-order gather).
+pub fn swap_in_fused(d: &ResolveDesc, layers: &[LayerPair], walk: GatherWalk) -> bool {
+    d.num_tokens >= FUSED_MIN_ROWS && !gather_in_order(layers, walk)
 }
 
 /// A resolve followed by the gather of its miss plan (the swap-in critical path), in one
@@ -124,6 +192,7 @@ pub fn resolve_gather(
                 host,
                 device,
             },
+            GatherWalk::Auto,
         )?;
         plan.launches.extend(more.launches);
     }

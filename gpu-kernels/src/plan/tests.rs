@@ -110,6 +110,7 @@ fn every_launch_matches_its_abi() {
                 layers: &[LayerPair { host: l, device: l }; 20],
             },
             &GatherAddrs::default(),
+            GatherWalk::Auto,
         )
         .unwrap(),
     );
@@ -150,8 +151,21 @@ fn fused_launch_has_the_resolve_grid_and_the_gather_arguments() {
         l.args.matches(&l.kernel.abi()).unwrap();
         (l.grid[0], l.args.has_pending())
     };
-    assert!(!swap_in_fused(&resolve_desc(1, 2048, 4096)));
-    assert!(swap_in_fused(&resolve_desc(64, 2048, 4096)));
+    let auto = GatherWalk::Auto;
+    assert!(!swap_in_fused(&resolve_desc(1, 2048, 4096), &layers, auto));
+    assert!(swap_in_fused(&resolve_desc(64, 2048, 4096), &layers, auto));
+    // A host pool spread beyond GATHER_LOCAL_SPAN, or the in-order walk forced: the pair.
+    let big = PageLayout::contiguous(0, 1 << 20, 2048, 16, 64);
+    let spread = [LayerPair {
+        host: big,
+        device: l,
+    }];
+    assert!(!swap_in_fused(&resolve_desc(64, 2048, 4096), &spread, auto));
+    assert!(!swap_in_fused(
+        &resolve_desc(64, 2048, 4096),
+        &layers,
+        GatherWalk::InOrder
+    ));
     // 64 requests: their tables need the global workspace and its counters.
     assert_eq!(fused(64), (64, true));
     assert_eq!(fused(256), (256, true));
@@ -474,6 +488,7 @@ fn decode_plans_stage_nothing_and_copies_mark_their_layer_table_constant() {
                 device: 128,
                 ..GatherAddrs::default()
             },
+            GatherWalk::Auto,
         )
         .unwrap(),
     ] {
@@ -570,6 +585,7 @@ fn copies_plan_scale_words_and_refuse_what_the_kernels_cannot_address() {
                 layers: &[LayerPair { host: l, device: l }],
             },
             &GatherAddrs::default(),
+            GatherWalk::Auto,
         )
         .unwrap();
         assert_eq!(g.launches.len(), 1);
@@ -637,6 +653,7 @@ fn copies_plan_scale_words_and_refuse_what_the_kernels_cannot_address() {
             device: 8,
             ..GatherAddrs::default()
         },
+        GatherWalk::Auto,
     )
     .unwrap_err();
     assert!(
@@ -683,6 +700,7 @@ fn gather_grid_holds_every_item_or_fills_the_device() {
                 layers: &layer,
             },
             &GatherAddrs::default(),
+            GatherWalk::Auto,
         )
         .unwrap()
         .launches[0]
@@ -698,10 +716,60 @@ fn gather_grid_holds_every_item_or_fills_the_device() {
                 top_k: 8,
                 layers: &layer
             },
-            &GatherAddrs::default()
+            &GatherAddrs::default(),
+            GatherWalk::Auto,
         )
         .unwrap()
         .launches
         .is_empty()
+    );
+}
+
+/// The gather's walk: every row at once fills the device (walk argument 0); rows in order gives
+/// GATHER_BLOCKS_PER_ROW blocks to each of at most GATHER_ROWS_IN_FLIGHT rows (walk argument
+/// GATHER_BLOCKS_PER_ROW); Auto takes rows in order exactly when a layer's host pages spread
+/// beyond GATHER_LOCAL_SPAN.
+#[test]
+fn gather_walks_rows_in_order_over_a_spread_host_pool() {
+    let small = PageLayout::contiguous(0, 1024, 8, 16, 64);
+    // 1025 pages of 1 MiB: 1 MiB past the span; 1024 pages: exactly the span.
+    let wide = PageLayout::contiguous(0, 1 << 20, 1025, 16, 64);
+    let edge = PageLayout::contiguous(0, 1 << 20, 1024, 16, 64);
+    let plan_of = |host: PageLayout, rows: u32, walk: GatherWalk| {
+        let layers = [LayerPair {
+            host,
+            device: small,
+        }];
+        let d = GatherDesc {
+            num_tokens: rows,
+            top_k: 2048,
+            layers: &layers,
+        };
+        let addrs = GatherAddrs {
+            host: 64,
+            device: 128,
+            ..GatherAddrs::default()
+        };
+        let p = gather(&H200, &d, &addrs, walk).unwrap();
+        let l = p.launches[0].clone();
+        l.args.matches(&l.kernel.abi()).unwrap();
+        let walk_arg = u32::from_ne_bytes(l.args.value(8).unwrap().try_into().unwrap());
+        (l.grid[0], walk_arg)
+    };
+    let every =
+        u32::try_from(u64::from(H200.multiprocessors) * GATHER_BLOCKS_PER_MULTIPROCESSOR).unwrap();
+    assert_eq!(plan_of(small, 64, GatherWalk::Auto), (every, 0));
+    assert_eq!(plan_of(edge, 64, GatherWalk::Auto), (every, 0));
+    let in_order = (
+        GATHER_ROWS_IN_FLIGHT * GATHER_BLOCKS_PER_ROW,
+        GATHER_BLOCKS_PER_ROW,
+    );
+    assert_eq!(plan_of(wide, 64, GatherWalk::Auto), in_order);
+    assert_eq!(plan_of(small, 64, GatherWalk::InOrder), in_order);
+    assert_eq!(plan_of(wide, 64, GatherWalk::AllRows), (every, 0));
+    // Fewer rows than GATHER_ROWS_IN_FLIGHT: one group per row.
+    assert_eq!(
+        plan_of(wide, 2, GatherWalk::Auto),
+        (2 * GATHER_BLOCKS_PER_ROW, GATHER_BLOCKS_PER_ROW)
     );
 }

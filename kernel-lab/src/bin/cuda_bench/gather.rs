@@ -292,3 +292,139 @@ fn h2d_row(
         sm_mhz: 0.0,
     }
 }
+
+/// Missed rows per request and layer in [`decode_misses_section`]: a tenth of top-k 2048, what a
+/// decode step at 90% step-to-step overlap misses.
+const DECODE_MISSES: u32 = 205;
+/// Rows of one request's host window in [`decode_misses_section`]: one layer of a 32K context,
+/// its pages side by side (21 MiB).
+const DECODE_WINDOW_ROWS: u32 = 32768;
+
+/// A decode step's swap-in gather of one layer from a pool of `gib` GiB, as the decode step
+/// meets it: 17 and 66 token rows of [`DECODE_MISSES`] missed rows each, every request's rows
+/// inside its own [`DECODE_WINDOW_ROWS`]-row window (its layer array, pages side by side) at a
+/// random place of the pool; each with both walks of the gather (every row at once, rows in
+/// order: `plan::GatherWalk`), whose copies must be identical.
+pub(crate) fn decode_misses_section(b: &mut Bench, gib: u64) -> Res<()> {
+    use hisparse_backend_cuda::{CudaDevice, CudaOptions, GatherWalk};
+    // Not filled: the walks' copies are compared with each other, the rows are not checked.
+    let big = b.dev.alloc_pinned((gib << 30) as usize)?;
+    let blocks = u32::try_from(big.byte_len() / PAGE).map_err(|_| "pool too large")?;
+    let window_blocks = DECODE_WINDOW_ROWS / BS;
+    if blocks < window_blocks * 2 {
+        return Err(format!("a {gib} GiB pool holds fewer than two request windows").into());
+    }
+    let mut rng = SplitMix64::new(0xdec0de);
+    let walks = [
+        ("every row at once", GatherWalk::AllRows),
+        ("rows in order", GatherWalk::InOrder),
+    ];
+    let mut devs = Vec::new();
+    for (_, walk) in walks {
+        let d = CudaDevice::open_with(
+            0,
+            CudaOptions {
+                gather_walk: walk,
+                ..CudaOptions::default()
+            },
+        )?;
+        d.prepare()?;
+        devs.push(d);
+    }
+    for requests in [17u32, 66] {
+        let top_k = 2048u32;
+        let rows_n = requests * DECODE_MISSES;
+        let dev_blocks = rows_n.div_ceil(BS) + 1;
+        let layers = [LayerPair {
+            host: PageLayout::contiguous(0, PAGE, blocks, BS, ROW),
+            device: PageLayout::contiguous(0, PAGE, dev_blocks, BS, ROW),
+        }];
+        let mut pool = b.dev.alloc((PAGE * u64::from(dev_blocks)) as usize)?;
+        // Enough plans that one pass reads far more than L2 holds.
+        let n = (((96u64 << 20) / (u64::from(rows_n) * u64::from(ROW))) as usize).clamp(2, 64);
+        let mut bufs = Vec::new();
+        for _ in 0..n {
+            let mut src = vec![-1i32; (requests * top_k) as usize];
+            let mut dst = vec![-1i32; (requests * top_k) as usize];
+            let mut slots: Vec<i32> = (0..rows_n as i32).collect();
+            rng.shuffle(&mut slots);
+            for r in 0..requests {
+                let first = rng.below(u64::from(blocks - window_blocks)) * u64::from(BS);
+                for m in 0..DECODE_MISSES {
+                    let at = (r * top_k + m) as usize;
+                    src[at] = (first + rng.below(u64::from(DECODE_WINDOW_ROWS))) as i32;
+                    dst[at] = slots[(r * DECODE_MISSES + m) as usize];
+                }
+            }
+            bufs.push((upload(&b.dev, &src)?, upload(&b.dev, &dst)?));
+        }
+        let counts = upload(&b.dev, &vec![DECODE_MISSES as i32; requests as usize])?;
+        let desc = GatherDesc {
+            num_tokens: requests,
+            top_k,
+            layers: &layers,
+        };
+        let mut copies: Vec<Vec<u8>> = Vec::new();
+        for ((what, _), dev) in walks.iter().zip(devs.iter_mut()) {
+            std::mem::swap(&mut b.dev, dev);
+            let measured = (|| -> Res<(f64, Vec<u8>)> {
+                let (src, dst) = &bufs[0];
+                b.dev.gather_rows(
+                    &b.s,
+                    &desc,
+                    GatherArgs {
+                        plan_src: src,
+                        plan_dst: dst,
+                        plan_counts: &counts,
+                        host: &big,
+                        device: &mut pool,
+                    },
+                )?;
+                let mut got = vec![0u8; pool.byte_len() as usize];
+                b.dev.download(&pool, 0, &mut got)?;
+                let reps = if b.quick { 2 } else { 10 };
+                let us = b.graph_us(bufs.len(), reps, &mut |d, s| {
+                    for (src, dst) in bufs.iter() {
+                        d.gather_rows(
+                            s,
+                            &desc,
+                            GatherArgs {
+                                plan_src: src,
+                                plan_dst: dst,
+                                plan_counts: &counts,
+                                host: &big,
+                                device: &mut pool,
+                            },
+                        )?;
+                    }
+                    Ok(())
+                })?;
+                Ok((us, got))
+            })();
+            std::mem::swap(&mut b.dev, dev);
+            let (us, got) = measured?;
+            copies.push(got);
+            let gbs = f64::from(rows_n) * f64::from(ROW) / us / 1e3;
+            let name = format!(
+                "gather {requests} requests x {DECODE_MISSES} rows, each in its own 21 MiB window \
+                 of a {gib} GiB pool, {what}"
+            );
+            let row = h2d_row(
+                b,
+                "gather",
+                name,
+                "-",
+                gbs,
+                false,
+                format!("{us:.1} us per call"),
+            );
+            b.push(row);
+        }
+        if copies.windows(2).any(|w| w[0] != w[1]) {
+            return Err(
+                format!("{requests} requests: the two walks copied different bytes").into(),
+            );
+        }
+    }
+    Ok(())
+}
