@@ -10,6 +10,8 @@
 #   gpu-cuda/cuda-shared                one shared-memory host pool mapped twice (tests/shared.rs)
 #   gpu-cuda/cuda-conformance-resolve-global  the suite with the resolver's global-state mode
 #                                        forced (tests/conformance_resolve_global.rs)
+#   gpu-cuda/cuda-conformance-gather-in-order  the suite with the gather's in-order walk forced
+#                                        (tests/conformance_gather_in_order.rs)
 #   gpu-cuda/cuda-bench                 the kernel lab's cuda_bench (kernel-lab/src/bin/cuda_bench)
 #   gpu-cuda/hisparse                   the CLI with --features cuda (simulate, bench, conformance)
 #   gpu-cuda/MANIFEST                   commit, build date, sizes and sha256 of the binaries
@@ -26,7 +28,8 @@ export CARGO_PROFILE_RELEASE_DEBUG=0
 # shellcheck source=.ci/gpu/cargo-exe.sh
 . .ci/gpu/cargo-exe.sh
 prod=$(cargo test --release -p hisparse-backend-cuda --test conformance --test lent --test fused \
-    --test shared --test conformance_resolve_global --no-run --message-format=json 2>/dev/null)
+    --test shared --test conformance_resolve_global --test conformance_gather_in_order --no-run \
+    --message-format=json 2>/dev/null)
 cargo build --release -p hisparse-kernel-lab --bin cuda_bench
 cargo build --release -p hisparse-cli --features cuda
 conformance=$(exe_of conformance <<<"$prod")
@@ -34,10 +37,12 @@ lent=$(exe_of lent <<<"$prod")
 fused=$(exe_of fused <<<"$prod")
 shared=$(exe_of shared <<<"$prod")
 resolve_global=$(exe_of conformance_resolve_global <<<"$prod")
+gather_in_order=$(exe_of conformance_gather_in_order <<<"$prod")
 target=${CARGO_TARGET_DIR:-target}
 bench=$target/release/cuda_bench
 cli=$target/release/hisparse
-for f in "$conformance" "$lent" "$fused" "$shared" "$resolve_global" "$bench" "$cli"; do
+for f in "$conformance" "$lent" "$fused" "$shared" "$resolve_global" "$gather_in_order" "$bench" \
+    "$cli"; do
     [ -x "$f" ] || { echo "missing executable: '$f'" >&2; exit 1; }
 done
 install -m 755 "$conformance" "$out/cuda-conformance"
@@ -45,9 +50,11 @@ install -m 755 "$lent" "$out/cuda-lent"
 install -m 755 "$fused" "$out/cuda-fused"
 install -m 755 "$shared" "$out/cuda-shared"
 install -m 755 "$resolve_global" "$out/cuda-conformance-resolve-global"
+install -m 755 "$gather_in_order" "$out/cuda-conformance-gather-in-order"
 install -m 755 "$bench" "$out/cuda-bench"
 install -m 755 "$cli" "$out/hisparse"
-bins=(cuda-conformance cuda-lent cuda-fused cuda-shared cuda-conformance-resolve-global cuda-bench hisparse)
+bins=(cuda-conformance cuda-lent cuda-fused cuda-shared cuda-conformance-resolve-global
+    cuda-conformance-gather-in-order cuda-bench hisparse)
 (cd "$out" && strip "${bins[@]}")
 {
     crates=(gpu-kernels backend-cuda kernel-lab hisparse-core hisparse-runtime hisparse-cli conformance Cargo.lock)

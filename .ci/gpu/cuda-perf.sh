@@ -16,7 +16,9 @@
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
 #   4. the resolve cases with the resolver's global-state mode forced
-#      (cuda-conformance-resolve-global, CudaOptions::resolve_global_state);
+#      (cuda-conformance-resolve-global, CudaOptions::resolve_global_state), and the gather and
+#      swap-in cases with the gather's in-order walk forced (cuda-conformance-gather-in-order,
+#      CudaOptions::gather_walk);
 #   5. compute-sanitizer memcheck over the decode-path cases (remap, resolve, gather, pipeline,
 #      tables) and the fused launch; racecheck over remap, every gather case and every resolve scenario, one
 #      process per case or scenario, the 32768-slot one last with whatever time is left.
@@ -48,7 +50,8 @@ sanitizer=$(find_sanitizer)
 
 echo "== CUDA decode path on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 echo "clocks before (sm, max sm, mem, pstate, temperature, power): $(clocks)"
-for f in cuda-bench cuda-conformance cuda-conformance-resolve-global cuda-fused; do
+for f in cuda-bench cuda-conformance cuda-conformance-resolve-global \
+    cuda-conformance-gather-in-order cuda-fused; do
     if [ ! -x "$bin/$f" ]; then
         echo "missing $bin/$f: run .ci/gpu/cuda-build.sh on the development machine and carry $bin" >&2
         exit 2
@@ -136,6 +139,7 @@ else
     overall=1
 fi
 section resolve-global-state 20 "$bin/cuda-conformance-resolve-global" resolve/
+section gather-in-order 30 "$bin/cuda-conformance-gather-in-order" gather
 if [ -n "$sanitizer" ]; then
     for spec in remap:20 resolve:30 gather:15 pipeline:15 tables:10; do
         group=${spec%%:*}
