@@ -63,7 +63,7 @@ done
 
 big_pool=()
 [ "${HISPARSE_BIG_POOL_GIB:-48}" != 0 ] && big_pool=(--big-pool-gib "${HISPARSE_BIG_POOL_GIB:-48}")
-section bench 210 "$bin/cuda-bench" --json "$out/bench.json" "${big_pool[@]}"
+section bench 210 "$bin/cuda-bench" --json "$out/bench.json" ${big_pool[@]+"${big_pool[@]}"}
 echo "clocks after the bench: $(clocks)"
 section conformance 45 "$bin/cuda-conformance"
 section fused 30 "$bin/cuda-fused"
