@@ -34,8 +34,8 @@ pub enum GatherWalk {
     /// Every row's first chunk first: all rows in flight at once (the fastest over a host pool
     /// whose address translations the host keeps cached).
     AllRows,
-    /// Rows in order, [`GATHER_ROWS_IN_FLIGHT`] at once with [`GATHER_BLOCKS_PER_ROW`] blocks
-    /// each.
+    /// Rows in order, [`GATHER_ROWS_IN_FLIGHT`] at once sharing [`GATHER_IN_ORDER_BLOCKS`]
+    /// blocks.
     InOrder,
 }
 
@@ -53,9 +53,18 @@ pub const GATHER_LOCAL_SPAN: u64 = 1 << 30;
 /// every row at once).
 pub const GATHER_ROWS_IN_FLIGHT: u32 = 4;
 
-/// Blocks that share one token row's chunks in an in-order gather: with
-/// [`GATHER_ROWS_IN_FLIGHT`] rows, 512 rows of the plan in flight.
-pub const GATHER_BLOCKS_PER_ROW: u32 = 8;
+/// Blocks of an in-order gather per layer, shared out among the token rows read at once (32
+/// blocks of [`GATHER_ROWS`]-entry items: 512 plan entries in flight, however few rows the
+/// launch has).
+pub const GATHER_IN_ORDER_BLOCKS: u32 = 32;
+
+/// The in-order walk of `num_tokens` token rows: (blocks per row, the grid's x), at most
+/// [`GATHER_ROWS_IN_FLIGHT`] rows at once sharing [`GATHER_IN_ORDER_BLOCKS`] blocks.
+pub fn gather_in_order_grid(num_tokens: u32) -> (u32, u32) {
+    let rows = num_tokens.clamp(1, GATHER_ROWS_IN_FLIGHT);
+    let per_row = GATHER_IN_ORDER_BLOCKS / rows;
+    (per_row, per_row * rows)
+}
 
 /// Bytes from a layer's first host page to the end of its last.
 fn host_span(l: &LayerPair) -> u64 {
@@ -78,8 +87,8 @@ pub fn gather_in_order(layers: &[LayerPair], walk: GatherWalk) -> bool {
 /// `hs_gather_rows`: a persistent grid per chunk of at most [`GATHER_MAX_LAYERS`] layers (grid z),
 /// each block walking work items of [`GATHER_ROWS`] plan entries. Every row at once: first
 /// entries of every row first, the grid holding every item at once when the device can, else
-/// filling the device. Rows in order ([`gather_in_order`]): [`GATHER_ROWS_IN_FLIGHT`] groups of
-/// [`GATHER_BLOCKS_PER_ROW`] blocks per layer (fewer groups for fewer rows).
+/// filling the device. Rows in order ([`gather_in_order`]): [`gather_in_order_grid`], at most
+/// [`GATHER_ROWS_IN_FLIGHT`] groups sharing [`GATHER_IN_ORDER_BLOCKS`] blocks per layer.
 pub fn gather(
     t: &Target,
     d: &GatherDesc<'_>,
@@ -98,8 +107,8 @@ pub fn gather(
     let mut plan = Plan::empty();
     for chunk in d.layers.chunks(GATHER_MAX_LAYERS) {
         let (grid_x, walk_arg) = if in_order {
-            let rows = d.num_tokens.min(GATHER_ROWS_IN_FLIGHT);
-            (rows * GATHER_BLOCKS_PER_ROW, GATHER_BLOCKS_PER_ROW)
+            let (per_row, grid) = gather_in_order_grid(d.num_tokens);
+            (grid, per_row)
         } else {
             let resident = u64::from(t.multiprocessors.max(1)) * GATHER_BLOCKS_PER_MULTIPROCESSOR;
             let per_layer = (resident / chunk.len() as u64).max(1);

@@ -30,9 +30,9 @@ mod tests;
 
 pub use copy::{IndexerBackupAddrs, copy_pages, copy_rows, indexer_backup};
 pub use gather::{
-    FUSED_MIN_ROWS, GATHER_BLOCKS_PER_MULTIPROCESSOR, GATHER_BLOCKS_PER_ROW, GATHER_LOCAL_SPAN,
-    GATHER_ROWS_IN_FLIGHT, GatherAddrs, GatherWalk, gather, gather_in_order, resolve_gather,
-    swap_in_fused,
+    FUSED_MIN_ROWS, GATHER_BLOCKS_PER_MULTIPROCESSOR, GATHER_IN_ORDER_BLOCKS, GATHER_LOCAL_SPAN,
+    GATHER_ROWS_IN_FLIGHT, GatherAddrs, GatherWalk, gather, gather_in_order, gather_in_order_grid,
+    resolve_gather, swap_in_fused,
 };
 pub use remap::{
     REMAP_BLOCKS_PER_MULTIPROCESSOR, REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR, RemapAddrs,

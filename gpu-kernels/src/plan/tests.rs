@@ -725,10 +725,10 @@ fn gather_grid_holds_every_item_or_fills_the_device() {
     );
 }
 
-/// The gather's walk: every row at once fills the device (walk argument 0); rows in order gives
-/// GATHER_BLOCKS_PER_ROW blocks to each of at most GATHER_ROWS_IN_FLIGHT rows (walk argument
-/// GATHER_BLOCKS_PER_ROW); Auto takes rows in order exactly when a layer's host pages spread
-/// beyond GATHER_LOCAL_SPAN.
+/// The gather's walk: every row at once fills the device (walk argument 0); rows in order shares
+/// GATHER_IN_ORDER_BLOCKS blocks among at most GATHER_ROWS_IN_FLIGHT rows (walk argument: blocks
+/// per row); Auto takes rows in order exactly when a layer's host pages spread beyond
+/// GATHER_LOCAL_SPAN.
 #[test]
 fn gather_walks_rows_in_order_over_a_spread_host_pool() {
     let small = PageLayout::contiguous(0, 1024, 8, 16, 64);
@@ -760,16 +760,17 @@ fn gather_walks_rows_in_order_over_a_spread_host_pool() {
         u32::try_from(u64::from(H200.multiprocessors) * GATHER_BLOCKS_PER_MULTIPROCESSOR).unwrap();
     assert_eq!(plan_of(small, 64, GatherWalk::Auto), (every, 0));
     assert_eq!(plan_of(edge, 64, GatherWalk::Auto), (every, 0));
-    let in_order = (
-        GATHER_ROWS_IN_FLIGHT * GATHER_BLOCKS_PER_ROW,
-        GATHER_BLOCKS_PER_ROW,
-    );
+    let per_row = GATHER_IN_ORDER_BLOCKS / GATHER_ROWS_IN_FLIGHT;
+    let in_order = (GATHER_IN_ORDER_BLOCKS, per_row);
     assert_eq!(plan_of(wide, 64, GatherWalk::Auto), in_order);
     assert_eq!(plan_of(small, 64, GatherWalk::InOrder), in_order);
     assert_eq!(plan_of(wide, 64, GatherWalk::AllRows), (every, 0));
-    // Fewer rows than GATHER_ROWS_IN_FLIGHT: one group per row.
+    // Fewer rows than GATHER_ROWS_IN_FLIGHT share the same blocks: one row takes them all, three
+    // take 10 each.
     assert_eq!(
-        plan_of(wide, 2, GatherWalk::Auto),
-        (2 * GATHER_BLOCKS_PER_ROW, GATHER_BLOCKS_PER_ROW)
+        plan_of(wide, 1, GatherWalk::Auto),
+        (GATHER_IN_ORDER_BLOCKS, GATHER_IN_ORDER_BLOCKS)
     );
+    assert_eq!(gather_in_order_grid(3), (10, 30));
+    assert_eq!(gather_in_order_grid(0), gather_in_order_grid(1));
 }
