@@ -16,7 +16,7 @@
 //     the group takes chunks j, j + k, ...). Only G / k rows are read at once: a request's missed
 //     rows lie in its own host pages, and a host reading random rows from a few such windows keeps
 //     its address translations cached where rows from every request at once do not (H200 host:
-//     0.76x of bulk H2D against 0.42x; plan::gather_walk says when).
+//     0.76x of bulk H2D against 0.42x in a microbenchmark; plan::gather_in_order says when).
 // Otherwise the item's first threads locate its rows into a shared row table,
 // and after a barrier the item's units (hs_row_units) are spread over the whole block, consecutive
 // threads on consecutive units, up to HS_GATHER_UNROLL loads in flight per thread before its
@@ -163,14 +163,14 @@ HS_KERNEL HS_GATHER_BOUNDS void hs_gather_rows(
     const hs_layer_pair L = layers.layer[HS_BID_Z];
     // One branch per block: the layer's scale words.
     if (L.host.scale_word == 8)
-        hs_gather_items<8>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, walk, L,
-                           s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
+        hs_gather_items<8>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k,
+                           walk, L, s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
     else if (L.host.scale_word == 4)
-        hs_gather_items<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, walk, L,
-                           s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
+        hs_gather_items<4>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k,
+                           walk, L, s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
     else
-        hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k, walk, L,
-                            s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
+        hs_gather_items<16>(plan_src, plan_dst, plan_counts, host, device, num_tokens, top_k,
+                            walk, L, s_src_v, s_src_s, s_dst_v, s_dst_s, s_flags);
 }
 
 // ---------------------------------------------------------------------------------------------
