@@ -3,9 +3,10 @@
 //! rows drawn from an N GiB pool beside the 687 MB one (what the host's and the GPU's address
 //! translation cost when a decode step's misses spread over a pool of many requests).
 
-use hisparse_backend_cuda::{CudaBuffer, CudaHostBuffer};
+use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaHostBuffer, CudaOptions, GatherWalk};
 use hisparse_core::Device;
 use hisparse_core::ops::{BufferLen, GatherArgs, GatherDesc, LayerPair, PageLayout};
+use hisparse_gpu_kernels::plan::gather_in_order;
 
 use hisparse_conformance::SplitMix64;
 
@@ -18,6 +19,9 @@ struct Plans {
     /// `(sources, destinations)` per plan: distinct destinations, random sources.
     bufs: Vec<(CudaBuffer, CudaBuffer)>,
     counts: CudaBuffer,
+    /// Token rows of each plan (their counts in `counts`).
+    tokens: u32,
+    /// Entries of each token row (the gather's `top_k`).
     rows: u32,
 }
 
@@ -63,6 +67,7 @@ fn plans_over(
         pool,
         bufs,
         counts: upload(&b.dev, &[rows_n as i32])?,
+        tokens: 1,
         rows: rows_n,
     })
 }
@@ -76,7 +81,7 @@ fn run_once(b: &Bench, p: &mut Plans, host: &CudaHostBuffer) -> Res<Vec<u8>> {
     b.dev.gather_rows(
         &b.s,
         &GatherDesc {
-            num_tokens: 1,
+            num_tokens: p.tokens,
             top_k: p.rows,
             layers: &p.layers,
         },
@@ -101,10 +106,11 @@ fn graph_us(b: &mut Bench, p: &mut Plans, host: &CudaHostBuffer) -> Res<f64> {
         pool,
         bufs,
         counts,
+        tokens,
         rows,
     } = p;
     let desc = GatherDesc {
-        num_tokens: 1,
+        num_tokens: *tokens,
         top_k: *rows,
         layers,
     };
@@ -236,7 +242,9 @@ pub(crate) fn cli_gather(b: &mut Bench) -> Res<()> {
 }
 
 /// Gathers of 2048 and 3,500 random rows (a decode step's misses per layer at 64 requests)
-/// from the 687 MB pool and from one of `gib` GiB, one after the other in the same run.
+/// from the 687 MB pool and from one of `gib` GiB, one after the other in the same run, each
+/// with the walk the production rule picks for its pool (`plan::gather_in_order`); then
+/// [`decode_misses`] over the same big pool.
 pub(crate) fn pool_size_section(b: &mut Bench, gib: u64) -> Res<()> {
     let small = host_pool(b)?;
     // Not filled: the bytes are not compared, only the time to bring them in.
@@ -252,11 +260,16 @@ pub(crate) fn pool_size_section(b: &mut Bench, gib: u64) -> Res<()> {
             let us = graph_us(b, &mut p, host)?;
             let gbs = f64::from(rows_n) * f64::from(ROW) / us / 1e3;
             let name = format!("gather {rows_n} x 656 B random rows of a {what} pool");
+            let walk = if gather_in_order(&p.layers, GatherWalk::Auto) {
+                "in order"
+            } else {
+                "all rows"
+            };
             let row = h2d_row(
                 b,
                 "gather",
                 name,
-                "-",
+                walk,
                 gbs,
                 false,
                 format!("{us:.1} us per call"),
@@ -264,7 +277,7 @@ pub(crate) fn pool_size_section(b: &mut Bench, gib: u64) -> Res<()> {
             b.push(row);
         }
     }
-    Ok(())
+    decode_misses(b, &big, gib)
 }
 
 /// A gather's rate beside the bulk H2D ceiling of the same run; `judged`: held to the
@@ -293,22 +306,19 @@ fn h2d_row(
     }
 }
 
-/// Missed rows per request and layer in [`decode_misses_section`]: a tenth of top-k 2048, what a
+/// Missed rows per request and layer in [`decode_misses`]: a tenth of top-k 2048, what a
 /// decode step at 90% step-to-step overlap misses.
 const DECODE_MISSES: u32 = 205;
-/// Rows of one request's host window in [`decode_misses_section`]: one layer of a 32K context,
+/// Rows of one request's host window in [`decode_misses`]: one layer of a 32K context,
 /// its pages side by side (21 MiB).
 const DECODE_WINDOW_ROWS: u32 = 32768;
 
-/// A decode step's swap-in gather of one layer from a pool of `gib` GiB, as the decode step
-/// meets it: 17 and 66 token rows of [`DECODE_MISSES`] missed rows each, every request's rows
-/// inside its own [`DECODE_WINDOW_ROWS`]-row window (its layer array, pages side by side) at a
-/// random place of the pool; each with both walks of the gather (every row at once, rows in
+/// A decode step's swap-in gather of one layer from `big` (a pool of `gib` GiB), as the decode
+/// step meets it: 17 and 66 token rows of [`DECODE_MISSES`] missed rows each, every request's
+/// rows inside its own [`DECODE_WINDOW_ROWS`]-row window (its layer array, pages side by side) at
+/// a random place of the pool; each with both walks of the gather (every row at once, rows in
 /// order: `plan::GatherWalk`), whose copies must be identical.
-pub(crate) fn decode_misses_section(b: &mut Bench, gib: u64) -> Res<()> {
-    use hisparse_backend_cuda::{CudaDevice, CudaOptions, GatherWalk};
-    // Not filled: the walks' copies are compared with each other, the rows are not checked.
-    let big = b.dev.alloc_pinned((gib << 30) as usize)?;
+fn decode_misses(b: &mut Bench, big: &CudaHostBuffer, gib: u64) -> Res<()> {
     let blocks = u32::try_from(big.byte_len() / PAGE).map_err(|_| "pool too large")?;
     let window_blocks = DECODE_WINDOW_ROWS / BS;
     if blocks < window_blocks * 2 {
@@ -335,11 +345,6 @@ pub(crate) fn decode_misses_section(b: &mut Bench, gib: u64) -> Res<()> {
         let top_k = 2048u32;
         let rows_n = requests * DECODE_MISSES;
         let dev_blocks = rows_n.div_ceil(BS) + 1;
-        let layers = [LayerPair {
-            host: PageLayout::contiguous(0, PAGE, blocks, BS, ROW),
-            device: PageLayout::contiguous(0, PAGE, dev_blocks, BS, ROW),
-        }];
-        let mut pool = b.dev.alloc((PAGE * u64::from(dev_blocks)) as usize)?;
         // Enough plans that one pass reads far more than L2 holds.
         let n = (((96u64 << 20) / (u64::from(rows_n) * u64::from(ROW))) as usize).clamp(2, 64);
         let mut bufs = Vec::new();
@@ -358,49 +363,23 @@ pub(crate) fn decode_misses_section(b: &mut Bench, gib: u64) -> Res<()> {
             }
             bufs.push((upload(&b.dev, &src)?, upload(&b.dev, &dst)?));
         }
-        let counts = upload(&b.dev, &vec![DECODE_MISSES as i32; requests as usize])?;
-        let desc = GatherDesc {
-            num_tokens: requests,
-            top_k,
-            layers: &layers,
+        let mut p = Plans {
+            layers: vec![LayerPair {
+                host: PageLayout::contiguous(0, PAGE, blocks, BS, ROW),
+                device: PageLayout::contiguous(0, PAGE, dev_blocks, BS, ROW),
+            }],
+            pool: b.dev.alloc((PAGE * u64::from(dev_blocks)) as usize)?,
+            bufs,
+            counts: upload(&b.dev, &vec![DECODE_MISSES as i32; requests as usize])?,
+            tokens: requests,
+            rows: top_k,
         };
         let mut copies: Vec<Vec<u8>> = Vec::new();
         for ((what, _), dev) in walks.iter().zip(devs.iter_mut()) {
+            // The timed device is the one whose options force this walk.
             std::mem::swap(&mut b.dev, dev);
-            let measured = (|| -> Res<(f64, Vec<u8>)> {
-                let (src, dst) = &bufs[0];
-                b.dev.gather_rows(
-                    &b.s,
-                    &desc,
-                    GatherArgs {
-                        plan_src: src,
-                        plan_dst: dst,
-                        plan_counts: &counts,
-                        host: &big,
-                        device: &mut pool,
-                    },
-                )?;
-                let mut got = vec![0u8; pool.byte_len() as usize];
-                b.dev.download(&pool, 0, &mut got)?;
-                let reps = if b.quick { 2 } else { 10 };
-                let us = b.graph_us(bufs.len(), reps, &mut |d, s| {
-                    for (src, dst) in bufs.iter() {
-                        d.gather_rows(
-                            s,
-                            &desc,
-                            GatherArgs {
-                                plan_src: src,
-                                plan_dst: dst,
-                                plan_counts: &counts,
-                                host: &big,
-                                device: &mut pool,
-                            },
-                        )?;
-                    }
-                    Ok(())
-                })?;
-                Ok((us, got))
-            })();
+            let measured =
+                run_once(b, &mut p, big).and_then(|got| Ok((graph_us(b, &mut p, big)?, got)));
             std::mem::swap(&mut b.dev, dev);
             let (us, got) = measured?;
             copies.push(got);

@@ -341,9 +341,6 @@ fn run() -> Res<bool> {
         b.section("gather", gather::section);
         if let Some(gib) = big_pool_gib {
             b.section("gather by pool size", |b| gather::pool_size_section(b, gib));
-            b.section("decode misses by walk", |b| {
-                gather::decode_misses_section(b, gib)
-            });
         }
     }
     if wanted("resolve") || wanted("path") {
