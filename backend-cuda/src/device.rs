@@ -52,7 +52,8 @@ pub struct CudaDevice {
     pub(crate) ordinal: usize,
     name: String,
     pub(crate) cc: (i32, i32),
-    /// What the launch planners know about the device.
+    /// What the launch planners know about the device; the resolver's occupancy is known once
+    /// the kernels are loaded ([`CudaDevice::resolve_target`]), 0 here.
     pub(crate) target: Target,
     pub(crate) kernels: OnceLock<Kernels>,
     pub(crate) kernels_init: Mutex<()>,
@@ -125,6 +126,7 @@ impl CudaDevice {
                 Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
             )?
             .max(0) as u64,
+            resolve_blocks_per_multiprocessor: 0,
         };
         let ctx = Context::retain(dev)?;
         let name = format!(
@@ -282,7 +284,7 @@ impl CudaDevice {
         )?;
         let addrs = self.resolve_addrs(&args);
         let plan = plan::resolve_gather(
-            &self.target,
+            &self.resolve_target()?,
             desc,
             &addrs,
             layers,
@@ -291,6 +293,14 @@ impl CudaDevice {
             self.options.resolve_global_state,
         )?;
         self.execute(stream, plan)
+    }
+
+    /// The planners' target with the resolver's occupancy, from the loaded kernels.
+    fn resolve_target(&self) -> Result<Target> {
+        Ok(Target {
+            resolve_blocks_per_multiprocessor: self.kernels()?.resolve_blocks_per_multiprocessor,
+            ..self.target
+        })
     }
 
     fn resolve_addrs(&self, args: &ResolveArgs<'_, CudaBuffer>) -> plan::ResolveAddrs {
@@ -537,7 +547,7 @@ impl Device for CudaDevice {
         desc.check(&args.sizes())?;
         let addrs = self.resolve_addrs(&args);
         let plan = plan::resolve(
-            &self.target,
+            &self.resolve_target()?,
             desc,
             &addrs,
             self.options.resolve_global_state,

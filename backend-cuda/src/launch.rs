@@ -34,6 +34,9 @@ pub(crate) struct Kernels {
     /// Dynamic shared memory the resolver functions accept (their attribute is raised to it);
     /// every other function accepts [`DEFAULT_DYNAMIC_SHARED`].
     large_dynamic_shared: u32,
+    /// Resolver blocks one multiprocessor runs at once by registers and threads
+    /// (`Target::resolve_blocks_per_multiprocessor`).
+    pub(crate) resolve_blocks_per_multiprocessor: u32,
 }
 
 /// Dynamic shared memory a CUDA function accepts without opting in.
@@ -126,11 +129,21 @@ impl CudaDevice {
                 func.set_max_dynamic_shared(dynamic)?;
             }
         }
-        let _ = self.kernels.set(Kernels {
+        let mut kernels = Kernels {
             _module: module,
             f,
             large_dynamic_shared: dynamic,
-        });
+            resolve_blocks_per_multiprocessor: 0,
+        };
+        // How many resolver blocks share a multiprocessor decides how the planner splits its
+        // shared memory: ask the driver what the compiled kernels' registers allow.
+        let mut resolve_blocks = u32::MAX;
+        for k in [Kernel::Resolve, Kernel::ResolveGather] {
+            let blocks = kernels.get(k).max_active_blocks(k.abi().block_threads, 0)?;
+            resolve_blocks = resolve_blocks.min(u32::try_from(blocks).unwrap_or(0));
+        }
+        kernels.resolve_blocks_per_multiprocessor = resolve_blocks;
+        let _ = self.kernels.set(kernels);
         self.kernels.get().ok_or_else(|| CudaError::Compile {
             log: "kernel table".into(),
         })

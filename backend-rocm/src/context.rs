@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use crate::error::RocmError;
 use crate::ffi::{HIP_SUCCESS, Handle, Hip, HipStatus, Rtc};
 use crate::kernels::{self, KernelSource};
+use hisparse_gpu_kernels::Kernel;
 
 /// State shared by the device and every object it hands out (buffers free through it).
 pub(crate) struct Context {
@@ -21,6 +22,9 @@ pub(crate) struct Context {
     pub(crate) shared_mem_per_multiprocessor: usize,
     pub(crate) total_global_mem: usize,
     pub(crate) multiprocessors: u32,
+    /// Resolver blocks one compute unit runs at once by registers and threads, from the loaded
+    /// kernels (`Target::resolve_blocks_per_multiprocessor`).
+    pub(crate) resolve_blocks_per_multiprocessor: u32,
     /// PCI address of the device (`domain:bus:device.0`).
     pub(crate) pci_bus_id: String,
     /// Whether the device reaches registered host memory at its host address.
@@ -147,6 +151,7 @@ impl Context {
             },
             total_global_mem: props.total_global_mem,
             multiprocessors: props.multiprocessors,
+            resolve_blocks_per_multiprocessor: 0,
             pci_bus_id: props.pci_bus_id,
             host_pointer_registration: props.host_pointer_registration,
             staging: Mutex::new(Vec::new()),
@@ -168,6 +173,24 @@ impl Context {
                 })?;
             ctx.functions.push(f);
         }
+        // How many resolver blocks share a compute unit decides how the planner splits its
+        // shared memory: ask the runtime what the loaded kernels' registers allow.
+        let mut resolve_blocks = u32::MAX;
+        for k in [Kernel::Resolve, Kernel::ResolveGather] {
+            let f = ctx.function(kernels::index(k));
+            let blocks = ctx
+                .hip
+                .max_active_blocks(f, k.abi().block_threads, 0)
+                .map_err(|s| {
+                    RocmError::hip(
+                        &ctx.hip,
+                        "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor",
+                        s,
+                    )
+                })?;
+            resolve_blocks = resolve_blocks.min(blocks);
+        }
+        ctx.resolve_blocks_per_multiprocessor = resolve_blocks;
         ctx.runtime_version = runtime_version;
         Ok(ctx)
     }

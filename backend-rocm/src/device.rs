@@ -170,6 +170,7 @@ impl RocmDevice {
             multiprocessors: self.ctx.multiprocessors,
             shared_per_block: self.ctx.shared_mem_per_block as u64,
             shared_per_multiprocessor: self.ctx.shared_mem_per_multiprocessor as u64,
+            resolve_blocks_per_multiprocessor: self.ctx.resolve_blocks_per_multiprocessor,
         }
     }
 

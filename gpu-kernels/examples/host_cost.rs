@@ -19,6 +19,7 @@ const H200: Target = Target {
     multiprocessors: 132,
     shared_per_block: 227 * 1024,
     shared_per_multiprocessor: 228 * 1024,
+    resolve_blocks_per_multiprocessor: 1,
 };
 
 fn main() {

@@ -57,12 +57,15 @@ fn am<T>(v: &mut [T]) -> u64 {
 }
 
 /// Devices the planners are asked about: a large one (shared memory of an H200), and small ones
-/// whose limits push the planners onto their other paths (tiny grids, small shared tables).
+/// whose limits push the planners onto their other paths (tiny grids, small shared tables; two
+/// resolver blocks per multiprocessor, so a launch of more rows than multiprocessors splits the
+/// shared memory and its tables shrink further).
 fn target(multiprocessors: u32, shared_per_block: u64) -> Target {
     Target {
         multiprocessors,
         shared_per_block,
         shared_per_multiprocessor: shared_per_block + 1024,
+        resolve_blocks_per_multiprocessor: 2,
     }
 }
 
@@ -70,6 +73,7 @@ const BIG: Target = Target {
     multiprocessors: 132,
     shared_per_block: 227 * 1024,
     shared_per_multiprocessor: 228 * 1024,
+    resolve_blocks_per_multiprocessor: 1,
 };
 
 impl Emu {

@@ -361,6 +361,7 @@ mod tests {
         multiprocessors: 4,
         shared_per_block: 64 * 1024,
         shared_per_multiprocessor: 64 * 1024,
+        resolve_blocks_per_multiprocessor: 2,
     };
 
     /// Runs the planned launches through the double's emulation, the plan's lists staged in

@@ -847,6 +847,34 @@ pub unsafe extern "C" fn hipModuleGetFunction(
     unsafe { put(function, h as *mut c_void) }
 }
 
+/// Threads one compute unit of the double runs at once (CDNA: 2,048 work items a CU).
+const MAX_THREADS_PER_MULTIPROCESSOR: usize = 2048;
+
+/// `hipModuleOccupancyMaxActiveBlocksPerMultiprocessor`, as HIP documents it, on the double's
+/// host-memory device (crate docs). The double has no registers to count: blocks are limited by
+/// the compute unit's threads and, with `dynamic_shared` bytes, its LDS.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
+    blocks: *mut c_int,
+    function: *mut c_void,
+    block_size: c_int,
+    dynamic_shared: usize,
+) -> u32 {
+    if blocks.is_null() || block_size <= 0 || block_size > 1024 {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    if !state().functions.contains_key(&(function as usize)) {
+        return HIP_ERROR_INVALID_HANDLE;
+    }
+    let by_threads = MAX_THREADS_PER_MULTIPROCESSOR / block_size as usize;
+    let by_shared = SHARED_MEM_PER_BLOCK
+        .checked_div(dynamic_shared)
+        .unwrap_or(usize::MAX);
+    let n = by_threads.min(by_shared);
+    // SAFETY: non-null out-pointer (checked).
+    unsafe { put(blocks, n as c_int) }
+}
+
 /// `hipModuleLaunchKernel`, as HIP documents it, on the double's host-memory device (crate docs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipModuleLaunchKernel(

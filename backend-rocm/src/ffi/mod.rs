@@ -228,6 +228,9 @@ fn_table! {
         hipModuleLoadData: fn(*mut Handle, *const c_void) -> HipStatus;
         hipModuleUnload: fn(Handle) -> HipStatus;
         hipModuleGetFunction: fn(*mut Handle, Handle, *const c_char) -> HipStatus;
+        hipModuleOccupancyMaxActiveBlocksPerMultiprocessor: fn(
+            *mut c_int, Handle, c_int, usize
+        ) -> HipStatus;
         hipModuleLaunchKernel: fn(
             Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle,
             *mut *mut c_void, *mut *mut c_void

@@ -1,6 +1,6 @@
 //! Code objects and kernel launches.
 
-use std::ffi::{CStr, c_uint, c_void};
+use std::ffi::{CStr, c_int, c_uint, c_void};
 
 use super::{HIP_SUCCESS, Handle, Hip, HipStatus};
 
@@ -32,6 +32,32 @@ impl Hip {
         // NUL-terminated.
         let s = unsafe { (self.fns.hipModuleGetFunction)(&mut f, module, name.as_ptr()) };
         if s == HIP_SUCCESS { Ok(f) } else { Err(s) }
+    }
+
+    /// `hipModuleOccupancyMaxActiveBlocksPerMultiprocessor`: blocks of `block` threads (and
+    /// `dynamic_shared` bytes) one compute unit runs at once.
+    pub fn max_active_blocks(
+        &self,
+        function: Handle,
+        block: u32,
+        dynamic_shared: usize,
+    ) -> Result<u32, HipStatus> {
+        let mut n: c_int = 0;
+        let block = c_int::try_from(block).unwrap_or(c_int::MAX);
+        // SAFETY: `n` is a valid out-pointer and `function` a live function handle.
+        let s = unsafe {
+            (self.fns.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor)(
+                &mut n,
+                function,
+                block,
+                dynamic_shared,
+            )
+        };
+        if s == HIP_SUCCESS {
+            Ok(u32::try_from(n).unwrap_or(0))
+        } else {
+            Err(s)
+        }
     }
 
     /// `hipModuleLaunchKernel` with a 1-D grid and block.

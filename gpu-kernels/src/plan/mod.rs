@@ -50,6 +50,13 @@ pub struct Target {
     pub shared_per_block: u64,
     /// Shared memory of one multiprocessor (what blocks resident together share).
     pub shared_per_multiprocessor: u64,
+    /// Resolver blocks ([`crate::RESOLVE_THREADS`] threads) one multiprocessor runs at once as
+    /// far as its registers and threads allow, before shared memory: the loaded resolver
+    /// kernels' occupancy (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, HIP's equivalent),
+    /// the smaller of `hs_resolve`'s and `hs_resolve_gather`'s. 0 counts as 1. The resolver
+    /// splits a multiprocessor's shared memory only between blocks that can run there together
+    /// ([`resolve_shape`]).
+    pub resolve_blocks_per_multiprocessor: u32,
 }
 
 /// Blocks per multiprocessor the grid of a grid-stride kernel provides for.

@@ -35,19 +35,24 @@ pub struct ResolveShape {
 /// stays in shared memory when it fits one block's share (else every block takes it from the
 /// workspace: global-state mode, or always when `force_global`); the shared wanted-row table is
 /// the largest power of two that fits what is left, but no larger than the biggest request of
-/// the launch could need (all its rows one request). A block's share is the whole per-block
-/// maximum while there are no more rows than multiprocessors (one block each), else half a
-/// multiprocessor's shared memory (two blocks resident together). Requests whose table does not
-/// fit take it from the workspace.
+/// the launch could need (all its rows one request). A block's share is the per-block maximum,
+/// split between the blocks one multiprocessor runs together: as many as the rows leave for
+/// each multiprocessor (one block per row), no more than the kernel's registers and threads
+/// allow ([`Target::resolve_blocks_per_multiprocessor`]; halving the table for a second block
+/// that cannot run beside the first would only lengthen every probe). Requests whose table does
+/// not fit take it from the workspace.
 pub fn resolve_shape(t: &Target, d: &ResolveDesc, force_global: bool) -> ResolveShape {
     let per_block = t
         .shared_per_block
         .saturating_sub(RESOLVE_STATIC_SHARED_BYTES);
-    let share = if d.num_tokens > t.multiprocessors {
-        per_block.min((t.shared_per_multiprocessor / 2).saturating_sub(RESOLVE_STATIC_SHARED_BYTES))
-    } else {
-        per_block
-    };
+    let together = u64::from(
+        d.num_tokens
+            .div_ceil(t.multiprocessors.max(1))
+            .min(t.resolve_blocks_per_multiprocessor)
+            .max(1),
+    );
+    let share = per_block
+        .min((t.shared_per_multiprocessor / together).saturating_sub(RESOLVE_STATIC_SHARED_BYTES));
     let (n, k) = (d.hot_slots, d.top_k);
     let global_state = force_global || resolve_shared_bytes(n, 0) > share;
     let bytes = |table: u64| {

@@ -12,15 +12,19 @@ use crate::{
     resolve_workspace_entries,
 };
 
+/// The H200 as the CUDA backend sees it: `hs_resolve` compiles to 64 registers a thread, so one
+/// block of 1024 threads fills a multiprocessor's registers.
 const H200: Target = Target {
     multiprocessors: 132,
     shared_per_block: 227 * 1024,
     shared_per_multiprocessor: 228 * 1024,
+    resolve_blocks_per_multiprocessor: 1,
 };
 const MI300: Target = Target {
     multiprocessors: 304,
     shared_per_block: 64 * 1024,
     shared_per_multiprocessor: 64 * 1024,
+    resolve_blocks_per_multiprocessor: 2,
 };
 
 fn resolve_desc(t: u32, k: u32, n: u32) -> ResolveDesc {
@@ -431,9 +435,31 @@ fn resolver_memory_follows_one_rule_on_every_device() {
     // One row: a quarter-full table (twice what it needs), nothing in the workspace.
     let s = resolve_shape(&H200, &resolve_desc(1, 2048, 4096), false);
     assert_eq!((s.shared_table, s.workspace_entries), (8192, 0));
-    // More rows than multiprocessors: two blocks share one.
+    // More rows than multiprocessors, but one block fills a multiprocessor's registers: each
+    // block keeps the whole table (a second wave waits either way).
     let s = resolve_shape(&H200, &resolve_desc(200, 2048, 4096), false);
+    assert_eq!(s.shared_table, 8192);
+    assert_eq!(s.shared_bytes, resolve_shared_bytes(4096, 8192));
+    // A kernel two blocks of which fit a multiprocessor: they split its shared memory, once the
+    // rows give each multiprocessor two.
+    let two = Target {
+        resolve_blocks_per_multiprocessor: 2,
+        ..H200
+    };
+    let s = resolve_shape(&two, &resolve_desc(200, 2048, 4096), false);
     assert!(s.shared_bytes <= 114 * 1024 - RESOLVE_STATIC_SHARED_BYTES);
+    assert_eq!(s.shared_table, 4096);
+    let s = resolve_shape(&two, &resolve_desc(132, 2048, 4096), false);
+    assert_eq!(s.shared_table, 8192);
+    // An occupancy the backend could not learn (0) counts as one block.
+    let unknown = Target {
+        resolve_blocks_per_multiprocessor: 0,
+        ..H200
+    };
+    assert_eq!(
+        resolve_shape(&unknown, &resolve_desc(200, 2048, 4096), false),
+        resolve_shape(&H200, &resolve_desc(200, 2048, 4096), false)
+    );
     // 64 KiB (AMD): state of 32768 slots does not fit, global-state mode.
     let s = resolve_shape(&MI300, &resolve_desc(2, 2048, 32768), false);
     assert!(s.global_state);
