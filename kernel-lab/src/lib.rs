@@ -16,4 +16,6 @@
 //! The device-generic benches (`hisparse bench`, the same figures on every backend) live in
 //! `benches/`.
 
+pub mod module;
 pub mod probes;
+pub mod resolve_cluster;

@@ -5,10 +5,11 @@
 //! primary context (the one the backend retains), so they order with the backend's work and are
 //! captured into its graphs like it.
 
-use std::ffi::{CString, c_void};
+use std::ffi::c_void;
 
-use cudarc::driver::{result, sys};
 use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaStream};
+
+use crate::module::{LabError, LabFunction, LabModule};
 
 /// The probes' source.
 pub const SOURCE: &str = include_str!("../kernels/probes.cu");
@@ -18,41 +19,20 @@ pub const EMPTY: &str = "lab_empty";
 pub const CLOCK_PROBE: &str = "lab_clock_probe";
 
 /// Why a probe could not be compiled, loaded or launched.
-#[derive(Debug)]
-pub struct ProbeError(String);
-
-impl std::fmt::Display for ProbeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "lab probe: {}", self.0)
-    }
-}
-
-impl std::error::Error for ProbeError {}
-
-fn driver(what: &str) -> impl Fn(sys::CUresult) -> ProbeError + '_ {
-    move |e| ProbeError(format!("{what}: {e:?}"))
-}
+pub type ProbeError = LabError;
 
 /// Compiles [`SOURCE`] for the virtual architecture `arch` (e.g. `compute_90`) and returns the
 /// PTX. Needs NVRTC (found as the backend finds it), not a GPU.
 pub fn compile(arch: &str) -> Result<String, ProbeError> {
-    hisparse_backend_cuda::nvrtc::ensure().map_err(|e| ProbeError(e.to_string()))?;
-    let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}")],
-        name: Some("probes.cu".into()),
-        ..Default::default()
-    };
-    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
-        .map(|ptx| ptx.to_src())
-        .map_err(|e| ProbeError(format!("{arch}: {e:?}")))
+    crate::module::compile(SOURCE, "probes.cu", arch)
 }
 
 /// The probes loaded into the primary context of one device.
 pub struct Probes {
-    ctx: sys::CUcontext,
+    module: LabModule,
     multiprocessors: u32,
-    empty: sys::CUfunction,
-    clock: sys::CUfunction,
+    empty: LabFunction,
+    clock: LabFunction,
 }
 
 impl Probes {
@@ -60,58 +40,28 @@ impl Probes {
     /// The module stays loaded for the life of the process (the primary context outlives it).
     pub fn load(dev: &CudaDevice, ordinal: usize) -> Result<Probes, ProbeError> {
         let (major, minor) = dev.compute_capability();
-        let ptx = CString::new(compile(&format!("compute_{major}{minor}"))?)
-            .map_err(|_| ProbeError("PTX contains NUL".into()))?;
-        let ordinal = i32::try_from(ordinal).map_err(|_| ProbeError("ordinal".into()))?;
-        let cu_dev = result::device::get(ordinal).map_err(|e| driver("cuDeviceGet")(e.0))?;
-        // SAFETY: `cu_dev` comes from `cuDeviceGet`; the reference taken on the primary context
-        // is never released, so the context stays alive while the process uses the probes.
-        let ctx = unsafe { result::primary_ctx::retain(cu_dev) }
-            .map_err(|e| driver("cuDevicePrimaryCtxRetain")(e.0))?;
-        // SAFETY: `ctx` is the live primary context retained above.
-        unsafe { result::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent")(e.0))?;
-        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call.
-        let module = unsafe { result::module::load_data(ptx.as_ptr().cast()) }
-            .map_err(|e| driver("cuModuleLoadData")(e.0))?;
-        let function = |name: &str| {
-            let cname = CString::new(name).map_err(|_| ProbeError("symbol".into()))?;
-            // SAFETY: `module` was loaded above and is never unloaded.
-            unsafe { result::module::get_function(module, cname) }
-                .map_err(|e| driver("cuModuleGetFunction")(e.0))
-        };
+        let ptx = compile(&format!("compute_{major}{minor}"))?;
+        let module = LabModule::load(dev, ordinal, &ptx)?;
         Ok(Probes {
-            ctx,
             multiprocessors: dev.multiprocessor_count(),
-            empty: function(EMPTY)?,
-            clock: function(CLOCK_PROBE)?,
+            empty: module.function(EMPTY)?,
+            clock: module.function(CLOCK_PROBE)?,
+            module,
         })
     }
 
     fn launch(
         &self,
-        f: sys::CUfunction,
+        f: LabFunction,
         grid: u32,
         block: u32,
         stream: &CudaStream,
         params: &mut [*mut c_void],
     ) -> Result<(), ProbeError> {
-        // SAFETY: `self.ctx` is the device's primary context, retained for the process.
-        unsafe { result::ctx::set_current(self.ctx) }
-            .map_err(|e| driver("cuCtxSetCurrent")(e.0))?;
         // SAFETY: `f` is a live function of the probes' module; `params` holds one pointer per
         // parameter of `f` (the callers pass exactly its parameter list), each alive for the
-        // call; the stream belongs to the same context and outlives the launch.
-        unsafe {
-            result::launch_kernel(
-                f,
-                (grid, 1, 1),
-                (block, 1, 1),
-                0,
-                stream.raw_handle(),
-                params,
-            )
-        }
-        .map_err(|e| driver("cuLaunchKernel")(e.0))
+        // call, and the buffers they address outlive the launch (the callers' contracts).
+        unsafe { self.module.launch(f, grid, block, 0, stream, params) }
     }
 
     /// Enqueues one launch of the empty kernel (one block of one thread) on `stream`: the floor
@@ -131,7 +81,7 @@ impl Probes {
     ) -> Result<(), ProbeError> {
         use hisparse_core::ops::BufferLen;
         if out.byte_len() < 16 {
-            return Err(ProbeError(
+            return Err(LabError(
                 "the clock probe writes 16 bytes: pass a buffer of at least 16".into(),
             ));
         }

@@ -1,9 +1,10 @@
-//! The lab's probes compile with NVRTC for each architecture the CUDA backend targets. Needs
+//! The lab's probes compile with NVRTC for each architecture the CUDA backend targets, and its
+//! cluster resolver (after the production source) for sm_90, the first with clusters. Needs
 //! NVRTC, not a GPU; without it the check prints `SKIPPED` and succeeds, unless
 //! `HISPARSE_REQUIRE_NVRTC=1` turns the skip into a failure.
 
 use hisparse_conformance::check::{Check, REQUIRE_NVRTC_ENV};
-use hisparse_kernel_lab::probes;
+use hisparse_kernel_lab::{module, probes, resolve_cluster};
 
 const ARCHES: &[&str] = &["compute_80", "compute_90"];
 
@@ -28,6 +29,30 @@ fn main() {
                 println!("FAILED: {e}");
                 failed += 1;
             }
+        }
+    }
+    let source = format!(
+        "{}{}",
+        hisparse_gpu_kernels::CUDA_SOURCE,
+        resolve_cluster::SOURCE
+    );
+    match module::compile(&source, "resolve_cluster.cu", "compute_90") {
+        Ok(ptx) => {
+            for c in resolve_cluster::CLUSTERS {
+                let name = resolve_cluster::symbol(c);
+                if !ptx.contains(&format!(".entry {name}(")) {
+                    println!("FAILED: compute_90: {name} missing from the PTX");
+                    failed += 1;
+                } else if !ptx.contains(&format!(".reqnctapercluster {c}, 1, 1")) {
+                    println!("FAILED: compute_90: {name} is not a kernel of clusters of {c}");
+                    failed += 1;
+                }
+            }
+            println!("ok: the cluster resolver compiled for compute_90");
+        }
+        Err(e) => {
+            println!("FAILED: {e}");
+            failed += 1;
         }
     }
     check.finish(if failed == 0 {

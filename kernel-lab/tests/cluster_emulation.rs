@@ -1,0 +1,434 @@
+//! The cluster resolver (`kernels/resolve_cluster.cu`) executed on the CPU by the kernels'
+//! emulation (`gpu-kernels/emu`: every GPU thread a fiber, the blocks of a cluster one schedule,
+//! block and cluster barriers checked, the order between barriers drawn at random) and compared
+//! bit for bit with the core's reference resolve over walks of three steps: clusters of 2, 4 and
+//! 8 blocks of 32 to 1024 / C threads, decode shapes up to the cluster's one pass (top-k up to
+//! 2 × threads, slots up to 4 × threads), padding rows, `-1` and out-of-range entries, resident
+//! pages, host rows beyond the pool, duplicate entries, and corrupt LRU rows; a launch where a
+//! request has two rows must set the refusal word. Needs a C++20 compiler (as the production
+//! emulation): without one the check prints `SKIPPED` and succeeds, unless
+//! `HISPARSE_REQUIRE_CXX=1`. `HISPARSE_EMU_CASES=n` runs `n` seeds instead of 4.
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::process::Command;
+
+use hisparse_conformance::SplitMix64;
+use hisparse_conformance::check::Check;
+use hisparse_core::ops::resolve::resolve;
+use hisparse_core::ops::{ResolveDesc, ResolveSlices};
+use hisparse_gpu_kernels as gk;
+use hisparse_kernel_lab::resolve_cluster;
+
+type LaunchFn = unsafe extern "C" fn(u32, u32, u32, u32, *mut *mut c_void) -> i32;
+type SharedFn = unsafe extern "C" fn(u32, u32) -> u32;
+
+struct Emu {
+    _lib: libloading::Library,
+    launch: LaunchFn,
+    shared: SharedFn,
+}
+
+const WRAPPER: &str = r#"
+extern "C" int lab_cluster_launch(unsigned rows, unsigned threads, unsigned cluster,
+                                  unsigned smem, void** a) {
+    hs_cpu_run_cluster(rows * cluster, threads, cluster, smem, [a] {
+        lab_resolve_cluster_body(
+            hs_cpu_ptr{*(void**)a[0]}, hs_cpu_ptr{*(void**)a[1]}, hs_cpu_ptr{*(void**)a[2]},
+            hs_cpu_ptr{*(void**)a[3]}, hs_cpu_ptr{*(void**)a[4]}, hs_cpu_ptr{*(void**)a[5]},
+            hs_cpu_ptr{*(void**)a[6]}, hs_cpu_ptr{*(void**)a[7]}, hs_cpu_ptr{*(void**)a[8]},
+            hs_cpu_ptr{*(void**)a[9]}, hs_cpu_ptr{*(void**)a[10]}, hs_cpu_ptr{*(void**)a[11]},
+            hs_cpu_ptr{*(void**)a[12]}, *(u32*)a[13], *(u32*)a[14], *(u32*)a[15], *(u32*)a[16],
+            *(u32*)a[17], *(u32*)a[18], *(u32*)a[19], *(u32*)a[20], *(u32*)a[21],
+            hs_cpu_ptr{*(void**)a[22]}, hs_cpu_ptr{*(void**)a[23]});
+    });
+    return 0;
+}
+extern "C" unsigned lab_cluster_shared(unsigned threads, unsigned per_block) {
+    return lab_cluster_shared_bytes(threads, per_block);
+}
+"#;
+
+fn build() -> Result<Emu, String> {
+    let cxx = std::env::var("CXX")
+        .ok()
+        .into_iter()
+        .chain(["c++", "g++", "clang++"].map(String::from))
+        .find(|c| Command::new(c).arg("--version").output().is_ok())
+        .ok_or("no C++ compiler found ($CXX, c++, g++, clang++)")?;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hisparse-lab-cluster-emulation");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let src = format!(
+        "{}{}{}{}{}",
+        include_str!("../../gpu-kernels/emu/vendor_cpu.h"),
+        gk::COMMON_SOURCE,
+        resolve_cluster::SOURCE,
+        include_str!("../../gpu-kernels/emu/driver.cpp"),
+        WRAPPER
+    );
+    let cpp = dir.join("cluster.cpp");
+    let so = dir.join("libcluster.so");
+    std::fs::write(&cpp, src).map_err(|e| e.to_string())?;
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-fno-strict-aliasing",
+            "-fsanitize=alignment",
+            "-fno-sanitize-recover=alignment",
+            "-Wno-unknown-pragmas",
+            "-o",
+        ])
+        .arg(&so)
+        .arg(&cpp)
+        .output()
+        .map_err(|e| format!("{cxx}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cxx} failed to compile the cluster resolver for the CPU:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // SAFETY: the library was just built from the kernel source and the emulation driver; its
+    // initialisers only construct empty globals.
+    let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| e.to_string())?;
+    // SAFETY: both symbols are defined by WRAPPER with exactly these signatures.
+    let (launch, shared) = unsafe {
+        (
+            lib.get::<LaunchFn>(b"lab_cluster_launch")
+                .map(|f| *f)
+                .map_err(|e| e.to_string())?,
+            lib.get::<SharedFn>(b"lab_cluster_shared")
+                .map(|f| *f)
+                .map_err(|e| e.to_string())?,
+        )
+    };
+    Ok(Emu {
+        _lib: lib,
+        launch,
+        shared,
+    })
+}
+
+/// Everything one resolve reads and writes, as host vectors (the emulated device's memory).
+#[derive(Clone, PartialEq, Debug)]
+struct Outputs {
+    slot_host_rows: Vec<i32>,
+    lru: Vec<u16>,
+    indices: Vec<i32>,
+    valid: Vec<i32>,
+    hits: Vec<i32>,
+    misses: Vec<i32>,
+    src: Vec<i32>,
+    dst: Vec<i32>,
+    stats: Vec<i32>,
+}
+
+/// A random decode-shaped sequence of three resolves, each compared with the reference; returns
+/// the launches run.
+fn check_walk(emu: &Emu, rng: &mut SplitMix64) -> Result<u32, String> {
+    let cluster = resolve_cluster::CLUSTERS[rng.below(3) as usize];
+    let threads = if rng.percent(15) {
+        resolve_cluster::threads(cluster)
+    } else {
+        32 * rng.range_inclusive(1, 2) as u32
+    };
+    let all = threads * cluster;
+    let k = 2 * rng.range_inclusive(1, i64::from(all)) as u32;
+    let n = 4 * rng.range_inclusive(i64::from(k.div_ceil(4)), i64::from(all)) as u32;
+    let bs = [1u32, 2, 3, 4, 8, 16][rng.below(6) as usize];
+    let r = rng.range_inclusive(1, 4) as u32;
+    let pages = (k * 2).div_ceil(bs).max(1) + rng.below(4) as u32;
+    let host_blocks = rng.range_inclusive(1, i64::from(pages) + 4) as u32;
+    let stride = bs + rng.below(3) as u32;
+    let desc = ResolveDesc {
+        num_tokens: 0,
+        top_k: k,
+        num_requests: r,
+        max_pages: pages,
+        block_size: bs,
+        hot_slots: n,
+        attention_block_stride: stride,
+        host_num_blocks: host_blocks,
+        num_state_rows: None,
+        stats_slot: 0,
+    };
+    let resident: Vec<i32> = (0..r * pages)
+        .map(|_| {
+            if rng.percent(10) {
+                rng.range_inclusive(1, 50) as i32
+            } else {
+                0
+            }
+        })
+        .collect();
+    let host: Vec<i32> = (0..r * pages)
+        .map(|_| {
+            if rng.percent(5) {
+                -1
+            } else {
+                rng.range_inclusive(0, i64::from(host_blocks) + 2) as i32
+            }
+        })
+        .collect();
+    let w = desc.hot_table_width();
+    let hot: Vec<i32> = (0..r * w)
+        .map(|_| {
+            if rng.percent(3) {
+                -1
+            } else {
+                rng.range_inclusive(0, 500) as i32
+            }
+        })
+        .collect();
+    let mut slot_host_rows: Vec<i32> = vec![-1; (r * n) as usize];
+    let mut lru: Vec<u16> = (0..r).flat_map(|_| 0..n as u16).collect();
+    // Now and then a state the resolver did not leave: cached rows drawn from a small range (the
+    // same row in several slots: the first LRU position caching it takes the hit), over an LRU
+    // that is a shuffled permutation, or one with slots repeated or beyond the buffer (corrupt:
+    // the row starts over).
+    if rng.percent(40) {
+        for d in slot_host_rows.iter_mut() {
+            *d = rng.range_inclusive(-1, i64::from(host_blocks * bs) + 3) as i32;
+        }
+        for row in lru.chunks_mut(n as usize) {
+            for i in (1..row.len()).rev() {
+                row.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        if rng.percent(50) {
+            for s in lru.iter_mut() {
+                if rng.percent(3) {
+                    *s = rng.range_inclusive(0, i64::from(n) + 2) as u16;
+                }
+            }
+        }
+    }
+    let with_stats = rng.percent(50);
+    let mut want = Outputs {
+        slot_host_rows: slot_host_rows.clone(),
+        lru: lru.clone(),
+        indices: Vec::new(),
+        valid: Vec::new(),
+        hits: Vec::new(),
+        misses: Vec::new(),
+        src: Vec::new(),
+        dst: Vec::new(),
+        stats: vec![0; 4],
+    };
+    let mut got = want.clone();
+    // The previous step's top-k of each request: most of a step's entries repeat it (hits).
+    let mut previous: Vec<Vec<i32>> = vec![Vec::new(); r as usize];
+    let mut launches = 0;
+    for step in 0..3 {
+        // Each request at most once (the kernel's shape), padding rows among them; now and then
+        // a request twice, which the kernel must refuse.
+        let twice = step == 2 && rng.percent(10) && r >= 1;
+        let mut order: Vec<i32> = (0..r as i32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let mut req: Vec<i32> = order
+            .into_iter()
+            .take(rng.range_inclusive(1, i64::from(r)) as usize)
+            .collect();
+        for _ in 0..rng.below(3) {
+            let at = rng.below(req.len() as u64 + 1) as usize;
+            req.insert(at, if rng.percent(50) { -1 } else { r as i32 + 1 });
+        }
+        if twice {
+            let again = req.iter().copied().find(|&x| x >= 0 && x < r as i32);
+            if let Some(x) = again {
+                req.push(x);
+            }
+        }
+        let t = req.len() as u32;
+        let mut topk = Vec::with_capacity((t * k) as usize);
+        for &q in &req {
+            let prev = (q >= 0 && (q as u32) < r).then(|| previous[q as usize].clone());
+            let row: Vec<i32> = (0..k as usize)
+                .map(|j| match &prev {
+                    Some(p) if j < p.len() && rng.percent(85) => p[j],
+                    _ if rng.percent(3) => -1,
+                    _ if rng.percent(2) => (pages * bs + 1) as i32,
+                    _ => rng.range_inclusive(0, i64::from(pages * bs) - 1) as i32,
+                })
+                .collect();
+            if q >= 0 && (q as u32) < r {
+                previous[q as usize] = row.clone();
+            }
+            topk.extend(row);
+        }
+        // A duplicate entry now and then.
+        if k >= 4 && rng.percent(30) {
+            let (a, b) = (rng.below(u64::from(t * k)), rng.below(u64::from(t * k)));
+            topk[b as usize] = topk[a as usize];
+        }
+        let d = ResolveDesc {
+            num_tokens: t,
+            ..desc
+        };
+        let tk = (t * k) as usize;
+        let fresh = |o: &mut Outputs| {
+            o.indices = vec![7; tk];
+            o.src = vec![7; tk];
+            o.dst = vec![7; tk];
+            o.valid = vec![7; t as usize];
+            o.hits = vec![7; t as usize];
+            o.misses = vec![7; t as usize];
+        };
+        fresh(&mut want);
+        fresh(&mut got);
+        let mut ws = want.stats.clone();
+        resolve(
+            &d,
+            ResolveSlices {
+                req_id: &req,
+                topk: &topk,
+                resident_table: &resident,
+                host_table: &host,
+                hot_table: &hot,
+                slot_host_rows: &mut want.slot_host_rows,
+                lru: &mut want.lru,
+                indices: &mut want.indices,
+                valid_counts: &mut want.valid,
+                hit_counts: &mut want.hits,
+                miss_counts: &mut want.misses,
+                miss_src: &mut want.src,
+                miss_dst: &mut want.dst,
+                idx_mapping: None,
+                stats: with_stats.then_some(&mut ws[..]),
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        want.stats = ws;
+        let table = resolve_cluster::table_entries(k, cluster);
+        let smem = resolve_cluster::shared_bytes(threads, table / cluster);
+        // SAFETY: a function of the library built from WRAPPER, pure.
+        let emu_smem = unsafe { (emu.shared)(threads, table / cluster) };
+        if emu_smem != smem {
+            return Err(format!(
+                "the host sizes the shared memory at {smem} bytes, the kernel lays out {emu_smem}"
+            ));
+        }
+        if !resolve_cluster::eligible(&d, threads, cluster) {
+            return Err(format!("a drawn launch is not the kernel's shape: {d:?}"));
+        }
+        let mut refused = 0u32;
+        let mut stats = got.stats.clone();
+        let mut ptrs: Vec<u64> = vec![
+            req.as_ptr() as u64,
+            topk.as_ptr() as u64,
+            resident.as_ptr() as u64,
+            host.as_ptr() as u64,
+            hot.as_ptr() as u64,
+            got.slot_host_rows.as_mut_ptr() as u64,
+            got.lru.as_mut_ptr() as u64,
+            got.indices.as_mut_ptr() as u64,
+            got.valid.as_mut_ptr() as u64,
+            got.hits.as_mut_ptr() as u64,
+            got.misses.as_mut_ptr() as u64,
+            got.src.as_mut_ptr() as u64,
+            got.dst.as_mut_ptr() as u64,
+        ];
+        let mut words = [table, t, k, r, pages, bs, n, stride, host_blocks];
+        ptrs.push(if with_stats {
+            stats.as_mut_ptr() as u64
+        } else {
+            0
+        });
+        ptrs.push(&raw mut refused as u64);
+        let mut params: Vec<*mut c_void> = Vec::new();
+        for p in ptrs.iter_mut().take(13) {
+            params.push((p as *mut u64).cast());
+        }
+        for w in words.iter_mut() {
+            params.push((w as *mut u32).cast());
+        }
+        for p in ptrs.iter_mut().skip(13) {
+            params.push((p as *mut u64).cast());
+        }
+        // SAFETY: `params` holds one pointer per parameter of lab_resolve_cluster_body in its
+        // order, each to a value of its type; every buffer is a host vector of the size the
+        // reference resolve of `d` checked, alive for the call (the emulation is synchronous).
+        let rc = unsafe { (emu.launch)(t, threads, cluster, smem, params.as_mut_ptr()) };
+        if rc != 0 {
+            return Err("the emulated launch failed".into());
+        }
+        got.stats = stats;
+        launches += 1;
+        let ctx = format!(
+            "clusters of {cluster} × {threads} threads, step {step}, {t} rows {req:?}, top-k {k}, {n} slots, block size {bs}"
+        );
+        if twice && req.iter().filter(|&&x| x == *req.last().unwrap()).count() > 1 {
+            if refused != 1 {
+                return Err(format!("{ctx}: a request with two rows was not refused"));
+            }
+            // The refused request's state stayed behind the reference's: the walk ends here.
+            return Ok(launches);
+        }
+        if refused != 0 {
+            return Err(format!("{ctx}: refused a launch of one row per request"));
+        }
+        if got != want {
+            let diff = |name: &str, a: &[i32], b: &[i32]| {
+                a.iter()
+                    .zip(b)
+                    .position(|(x, y)| x != y)
+                    .map(|i| format!("{name}[{i}] = {} (reference {})", a[i], b[i]))
+            };
+            let first = diff("indices", &got.indices, &want.indices)
+                .or_else(|| diff("valid_counts", &got.valid, &want.valid))
+                .or_else(|| diff("hit_counts", &got.hits, &want.hits))
+                .or_else(|| diff("miss_counts", &got.misses, &want.misses))
+                .or_else(|| diff("miss_src", &got.src, &want.src))
+                .or_else(|| diff("miss_dst", &got.dst, &want.dst))
+                .or_else(|| diff("slot_host_rows", &got.slot_host_rows, &want.slot_host_rows))
+                .unwrap_or_else(|| {
+                    if got.lru != want.lru {
+                        "the LRU rows".into()
+                    } else {
+                        format!("stats {:?} (reference {:?})", got.stats, want.stats)
+                    }
+                });
+            return Err(format!("{ctx}: {first} differs"));
+        }
+    }
+    Ok(launches)
+}
+
+fn main() {
+    let check = Check::one("cluster_resolver_matches_reference_on_cpu");
+    let emu = match build() {
+        Ok(e) => e,
+        Err(e) if e.starts_with("no C++ compiler") => check.missing("HISPARSE_REQUIRE_CXX", e),
+        Err(e) => check.finish(Err(e)),
+    };
+    let seeds: u64 = std::env::var("HISPARSE_EMU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let mut failures = Vec::new();
+    let mut launches = 0;
+    for seed in 0..seeds {
+        let mut rng = SplitMix64::new(0xc1a5 ^ seed);
+        for walk in 0..6 {
+            match check_walk(&emu, &mut rng) {
+                Ok(n) => launches += n,
+                Err(e) => failures.push(format!("seed {seed} walk {walk}: {e}")),
+            }
+        }
+    }
+    for f in &failures {
+        println!("FAILED: {f}");
+    }
+    check.finish(if failures.is_empty() {
+        println!("ok: {launches} emulated cluster resolves over {seeds} seeds match the reference");
+        Ok(())
+    } else {
+        Err(format!("{} walks differ", failures.len()))
+    })
+}
