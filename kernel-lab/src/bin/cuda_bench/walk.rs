@@ -12,12 +12,16 @@ use hisparse_core::ops::{
 };
 
 use hisparse_conformance::SplitMix64;
+use hisparse_kernel_lab::resolve_cluster::{self, ClusterAddrs, ClusterResolver};
 
 use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Row, download, host_pool, upload};
 
 const K: u32 = 2048;
 const N: u32 = 4096;
 const CTX: u32 = 32768;
+
+/// A walk's hot state: every request's slot_host_rows row, then its LRU row.
+type HotState = (Vec<i32>, Vec<u16>);
 
 /// One request set's walk: state, inputs of every step, and per-step outputs (kept apart so the
 /// gathers of every step's plan can be replayed alone).
@@ -169,6 +173,51 @@ impl Walk {
         }
     }
 
+    /// Step `step`'s resolve by the lab's cluster resolver in clusters of `cluster` blocks
+    /// (`refused`: its refusal word, one u32).
+    pub(crate) fn resolve_cluster(
+        &mut self,
+        lab: &ClusterResolver,
+        s: &CudaStream,
+        step: usize,
+        cluster: u32,
+        refused: &CudaBuffer,
+    ) -> Result<(), CudaError> {
+        let [ind, valid, hits, misses, src, dst] = &self.outs[step];
+        let a = ClusterAddrs {
+            buffers: [
+                self.req.device_address(),
+                self.topk[step].device_address(),
+                self.resident.device_address(),
+                self.host_table.device_address(),
+                self.hot.device_address(),
+                self.slot_host_rows.device_address(),
+                self.lru.device_address(),
+                ind.device_address(),
+                valid.device_address(),
+                hits.device_address(),
+                misses.device_address(),
+                src.device_address(),
+                dst.device_address(),
+            ],
+            stats: 0,
+            refused: refused.device_address(),
+        };
+        // SAFETY: every buffer is the walk's, sized for the production resolve of `self.desc`
+        // (the same buffers `resolve` passes), and lives as long as the walk, beyond the
+        // launch; `refused` is the caller's live u32.
+        unsafe { lab.launch(s, &self.desc, cluster, &a) }
+            .map_err(|e| CudaError::Unsupported(e.to_string()))
+    }
+
+    /// The hot state (slot_host_rows, then the LRU), downloaded.
+    fn state(&self, d: &CudaDevice) -> Res<HotState> {
+        let rows = download(d, &self.slot_host_rows, (self.r * N) as usize)?;
+        let mut lru = vec![0u16; (self.r * N) as usize];
+        d.download_u16(&self.lru, 0, &mut lru)?;
+        Ok((rows, lru))
+    }
+
     /// Every output of step `step`, downloaded.
     fn outputs(&self, d: &CudaDevice, step: usize) -> Res<Vec<i32>> {
         let r = self.r;
@@ -243,6 +292,50 @@ fn time_walk(
     Ok(total / (reps * steps) as f64)
 }
 
+/// The lab's cluster resolver over the walk: step 0 by `hs_resolve` (filling the hot buffers),
+/// steps 1..=steps by the lab kernel, every step's outputs and the final hot state compared with
+/// the production walk's (`reference`: outputs per step, state at the end), then timed as
+/// [`time_walk`] times the production resolve, the state after the last timed replay compared
+/// again.
+fn cluster_rows(
+    b: &mut Bench,
+    w: &mut Walk,
+    lab: &ClusterResolver,
+    cluster: u32,
+    steps: usize,
+    reps: usize,
+    reference: (&[Vec<i32>], &HotState),
+) -> Res<f64> {
+    let (outputs, state) = reference;
+    let refused = upload(&b.dev, &[0])?;
+    w.reset(&b.dev, &b.s)?;
+    w.resolve(&b.dev, &b.s, 0, None)?;
+    for (step, want) in outputs.iter().enumerate().skip(1) {
+        w.resolve_cluster(lab, &b.s, step, cluster, &refused)?;
+        if w.outputs(&b.dev, step)? != *want {
+            return Err(format!("step {step}'s outputs differ from hs_resolve's").into());
+        }
+    }
+    if w.state(&b.dev)? != *state {
+        return Err("the hot state after the walk differs from hs_resolve's".into());
+    }
+    let wr = &mut *w;
+    let graph = b.dev.capture(&b.s, |_| {
+        for step in 1..=steps {
+            wr.resolve_cluster(lab, &b.s, step, cluster, &refused)?;
+        }
+        Ok(())
+    })?;
+    let us = time_walk(b, w, reps, steps, &graph)?;
+    if w.state(&b.dev)? != *state {
+        return Err("the hot state after the timed replays differs from hs_resolve's".into());
+    }
+    if download(&b.dev, &refused, 1)?[0] != 0 {
+        return Err("the kernel refused a walk of one row per request".into());
+    }
+    Ok(us)
+}
+
 /// A swap-in path measured: the resolve then a gather launch, or the fused launch.
 #[derive(Clone, Copy, PartialEq)]
 enum Path {
@@ -277,7 +370,7 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
         // separate and the fused path leave the pool identical.
         let mut missed_rows = 0u64;
         let mut looked_up = 0u64;
-        let reference = {
+        let (reference, reference_state) = {
             w.reset(&b.dev, &b.s)?;
             let mut all = Vec::new();
             for step in 0..=steps {
@@ -291,7 +384,7 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                     looked_up += m.iter().chain(&h).map(|&x| x as u64).sum::<u64>();
                 }
             }
-            all
+            (all, w.state(&b.dev)?)
         };
         let zero = b.dev.alloc(pool_len)?;
         // The pair's pool, then the fused launch's: identical.
@@ -361,6 +454,47 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 note: format!("{steps} steps in one graph, from empty hot buffers"),
                 sm_mhz: 0.0,
             });
+        }
+        if resolve && let Some(lab) = b.cluster.clone() {
+            for cluster in resolve_cluster::CLUSTERS {
+                let run = cluster_rows(
+                    b,
+                    &mut w,
+                    &lab,
+                    cluster,
+                    steps,
+                    reps,
+                    (&reference, &reference_state),
+                );
+                let us = match run {
+                    Ok(us) => us,
+                    Err(e) => {
+                        println!("resolve {r} req, clusters of {cluster} FAILED: {e}");
+                        b.failures.push(format!(
+                            "cluster resolver, {r} requests, clusters of {cluster}: {e}"
+                        ));
+                        continue;
+                    }
+                };
+                b.push(Row {
+                    section: "resolve",
+                    name: format!("resolve {r} req x 2048, 4096 slots, {miss_pct:.1}% misses"),
+                    path: format!(
+                        "lab: clusters of {cluster} x {} threads",
+                        resolve_cluster::threads(cluster)
+                    ),
+                    value: us,
+                    unit: "us",
+                    ceiling: b.empty_us,
+                    ceiling_name: "empty launch",
+                    target: "-".into(),
+                    met: None,
+                    note: format!(
+                        "{steps} steps in one graph, from empty hot buffers; outputs identical to hs_resolve's"
+                    ),
+                    sm_mhz: 0.0,
+                });
+            }
         }
         if !path {
             continue;
