@@ -11,7 +11,10 @@
 // (C = 2, 4, 8) keeps each thread's work exactly as in hs_resolve_decode (two top-k entries,
 // four LRU positions and four slots in registers from first load to last store) but gives each
 // multiprocessor 1 / C of it; what the blocks share lives in their shared memory, reached
-// through the cluster's distributed shared memory:
+// through the cluster's distributed shared memory. The same body with C = 1 and twice the work
+// per thread (four entries, eight positions and slots: lab_resolve_w512, 512 threads, at most 64
+// registers) lets two requests share a multiprocessor, which hs_resolve's 64 registers for 1024
+// threads forbid: the case of more requests than multiprocessors.
 //   * the wanted-row table (key, first entry, first LRU position, slot), one table of `cap`
 //     entries interleaved over the blocks (entry h in block h % C, at h / C), probed linearly as
 //     one table, so it never fills however the keys hash;
@@ -43,12 +46,12 @@ HS_DEVICE u32 lc_size() {
 }
 // Every thread of every block of the cluster arrives (its earlier writes, shared and
 // distributed, released) before any proceeds (acquiring them).
-HS_DEVICE void lc_sync() {
+HS_DEVICE void lc_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 // The generic address of `p` (this block's shared memory) in block `rank`'s shared memory.
 template <class T>
-HS_DEVICE T* lc_map(T* p, u32 rank) {
+HS_DEVICE T* lc_cluster_map(T* p, u32 rank) {
     u64 out;
     asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((u64)p), "r"(rank));
     return (T*)out;
@@ -56,21 +59,34 @@ HS_DEVICE T* lc_map(T* p, u32 rank) {
 #elif defined(HS_VENDOR_CPU)
 HS_DEVICE u32 lc_rank() { return hs_cpu_cluster_rank(); }
 HS_DEVICE u32 lc_size() { return hs_cpu_cluster_size(); }
-HS_DEVICE void lc_sync() { hs_cpu_cluster_sync(); }
+HS_DEVICE void lc_cluster_sync() { hs_cpu_cluster_sync(); }
 template <class T>
-HS_DEVICE T* lc_map(T* p, u32 rank) {
+HS_DEVICE T* lc_cluster_map(T* p, u32 rank) {
     return (T*)hs_cpu_cluster_map((void*)p, rank);
 }
 #else
 #error "the cluster resolver is built for CUDA or the CPU emulation only"
 #endif
 
+// A barrier of the cluster of C blocks (C = 1: the block's own barrier), and the address of `p`
+// in block `rank` (C = 1: `p` itself, so shared accesses stay shared-memory instructions).
+template <u32 C>
+HS_DEVICE void lc_sync() {
+    if constexpr (C == 1) HS_SYNC();
+    else lc_cluster_sync();
+}
+template <u32 C, class T>
+HS_DEVICE T* lc_map(T* p, u32 rank) {
+    if constexpr (C == 1) return p;
+    else return lc_cluster_map(p, rank);
+}
+
 // Bytes of one block's dynamic shared memory: the hot stage, the block's range of the LRU
-// inverse, partition and bitmap (4 * threads entries), its share of the table's four columns,
-// the scan scratch, the blocks' totals (two words for each of up to 8 blocks) and five words
-// (four flags, the valid count).
-HS_DEVICE u32 lab_cluster_shared_bytes(u32 threads, u32 table_per_block) {
-    const u32 np = 4u * threads;
+// inverse, partition and bitmap (`per_thread` entries a thread), its share of the table's four
+// columns, the scan scratch, the blocks' totals (two words for each of up to 8 blocks) and five
+// words (four flags, the valid count).
+HS_DEVICE u32 lab_cluster_shared_bytes(u32 threads, u32 per_thread, u32 table_per_block) {
+    const u32 np = per_thread * threads;
     return 4u * HS_RESOLVE_HOT_STAGE + 2u * hs_align16(2u * np) + hs_align16(4u * (np / 32u)) +
            4u * hs_align16(4u * table_per_block) + 16u * HS_MAX_WARPS + 64u + 32u;
 }
@@ -85,15 +101,16 @@ struct lc_table {
     u32 cshift; // log2(C)
 };
 
-template <class T>
+template <u32 C, class T>
 HS_DEVICE T* lc_at(const lc_table& tb, T* column, u32 h) {
-    return lc_map(column + (h >> tb.cshift), h & ((1u << tb.cshift) - 1u));
+    return lc_map<C>(column + (h >> tb.cshift), h & ((1u << tb.cshift) - 1u));
 }
 
+template <u32 C>
 HS_DEVICE u32 lc_lookup(const lc_table& tb, i32 g) {
     u32 h = hs_hash(g, tb.mask);
     for (;;) {
-        const i32 k = *lc_at(tb, tb.key, h);
+        const i32 k = *lc_at<C>(tb, tb.key, h);
         if (k == g) return h;
         if (k == HS_EMPTY_KEY) return HS_NONE;
         h = (h + 1u) & tb.mask;
@@ -101,12 +118,13 @@ HS_DEVICE u32 lc_lookup(const lc_table& tb, i32 g) {
 }
 
 // hs_insert on the cluster's table.
+template <u32 C>
 HS_DEVICE u32 lc_insert(const lc_table& tb, i32 g, u32 entry, bool& existed) {
     u32 h = hs_hash(g, tb.mask);
     for (;;) {
-        const i32 prev = atomicCAS(lc_at(tb, tb.key, h), HS_EMPTY_KEY, g);
+        const i32 prev = atomicCAS(lc_at<C>(tb, tb.key, h), HS_EMPTY_KEY, g);
         if (prev == HS_EMPTY_KEY || prev == g) {
-            atomicMin(lc_at(tb, tb.first_entry, h), entry);
+            atomicMin(lc_at<C>(tb, tb.first_entry, h), entry);
             existed = prev == g;
             return h;
         }
@@ -121,9 +139,13 @@ HS_DEVICE u32 lc_insert(const lc_table& tb, i32 g, u32 entry, bool& existed) {
 #define LC_SHARED_ROW 3u
 #define LC_VALID 4u
 
-// Block `c` of the cluster resolving token row `t`. `table_entries`: the whole table (a power of
-// two of at least 2 * top_k and 4 * C entries). The launch's shape was checked by the host
-// (lab_cluster_eligible on the host side): every block of the cluster takes the same path.
+// Block `c` of the cluster of C blocks resolving token row `t`, each thread owning EK top-k
+// entries (even: EK / 2 eight-byte loads) and EN positions and slots (a multiple of 4: EN / 4
+// groups of one eight-byte LRU load and one 16-byte row load). `table_entries`: the whole table
+// (a power of two of at least 2 * top_k and 4 * C entries). The launch's shape was checked by
+// the host (eligible() in src/resolve_cluster.rs): every block of the cluster takes the same
+// path.
+template <u32 C, u32 EK, u32 EN>
 HS_DEVICE void lab_resolve_cluster_body(
     const i32* __restrict__ req_id, const i32* __restrict__ topk,
     const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
@@ -133,11 +155,12 @@ HS_DEVICE void lab_resolve_cluster_body(
     u32 table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages, u32 block_size,
     u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32* __restrict__ stats,
     u32* __restrict__ refused) {
+    static_assert(EK % 2 == 0 && EN % 4 == 0 && (C & (C - 1)) == 0 && C <= 8, "shape");
     HS_DYN_SHARED(sm);
-    const u32 C = lc_size(), c = lc_rank(), T = HS_NTHREADS;
+    const u32 c = C == 1 ? 0u : lc_rank(), T = HS_NTHREADS;
     const u32 t = HS_BID_X / C;
     const u32 K = top_k, N = hot_slots;
-    const u32 np = 4u * T; // positions and slots per block
+    const u32 np = EN * T; // positions and slots per block
     const u32 gi = c * T + HS_TID, gt = C * T;
     if (stats != 0 && t == 0 && c == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
     if (t >= num_tokens) return;
@@ -170,8 +193,9 @@ HS_DEVICE void lab_resolve_cluster_body(
     p += hs_align16(2u * np);
     u32* s_bits = (u32*)p; // slots claimed, then positions not hit, [c * np, (c + 1) * np)
     p += hs_align16(4u * (np / 32u));
-    const u32 per_block = table_entries >> (31u - (u32)HS_CLZ(C));
     lc_table tb;
+    tb.cshift = 31u - (u32)HS_CLZ(C);
+    const u32 per_block = table_entries >> tb.cshift;
     tb.key = (i32*)p;
     p += hs_align16(4u * per_block);
     tb.first_entry = (u32*)p;
@@ -181,36 +205,47 @@ HS_DEVICE void lab_resolve_cluster_body(
     tb.slot = (u32*)p;
     p += hs_align16(4u * per_block);
     tb.mask = table_entries - 1u;
-    tb.cshift = 31u - (u32)HS_CLZ(C);
     u32* s_scan = (u32*)p;
     p += 16u * HS_MAX_WARPS;
     u32* s_totals = (u32*)p; // [2 * b]: block b's hits, [2 * b + 1]: its misses
     p += 64u;
     u32* s_words = (u32*)p; // [LC_*]: block 0's flags and valid count
-    u32* flags0 = lc_map(s_words, 0u);
+    u32* flags0 = lc_map<C>(s_words, 0u);
 
-    // Loads, as hs_resolve_decode issues them: this thread's two entries, its four LRU
-    // positions and its four slots' cached rows, the hot-table row (staged by every block), and
-    // the other token rows' requests.
-    const u32 j0 = 2u * gi, p0 = 4u * gi, lp0 = 4u * HS_TID; // lp0: p0 within the block's range
-    const bool my_entries = j0 < K, my_slots = p0 < N;
-    i32 tok[2] = {-1, -1};
-    if (my_entries) {
-        const u64 pair = HS_LDG((const u64*)(topk + base + j0));
-        tok[0] = (i32)(u32)pair;
-        tok[1] = (i32)(u32)(pair >> 32);
-    }
-    u32 pos_slot[4] = {0, 0, 0, 0};
-    i32 cached_row[4] = {-1, -1, -1, -1};
-    if (my_slots) {
-        const u64 four = *(const u64*)(lru + sbase + p0);
-        const uint4 rows = *(const uint4*)(slot_host_rows + sbase + p0);
+    // Loads, as hs_resolve_decode issues them: this thread's entries, its LRU positions and its
+    // slots' cached rows, the hot-table row (staged by every block), and the other token rows'
+    // requests.
+    const u32 j0 = EK * gi, p0 = EN * gi, lp0 = EN * HS_TID; // lp0: p0 in the block's range
+    i32 tok[EK];
 #pragma unroll
-        for (u32 q = 0; q < 4; ++q) pos_slot[q] = (u32)(four >> (16u * q)) & 0xffffu;
-        cached_row[0] = (i32)rows.x;
-        cached_row[1] = (i32)rows.y;
-        cached_row[2] = (i32)rows.z;
-        cached_row[3] = (i32)rows.w;
+    for (u32 q = 0; q < EK; q += 2) {
+        tok[q] = tok[q + 1] = -1;
+        if (j0 + q < K) { // K is even: both entries of the pair, or neither
+            const u64 pair = HS_LDG((const u64*)(topk + base + j0 + q));
+            tok[q] = (i32)(u32)pair;
+            tok[q + 1] = (i32)(u32)(pair >> 32);
+        }
+    }
+    u32 pos_slot[EN];
+    i32 cached_row[EN];
+#pragma unroll
+    for (u32 q = 0; q < EN; q += 4) {
+        if (p0 + q < N) { // N is a multiple of 4: all four, or none
+            const u64 four = *(const u64*)(lru + sbase + p0 + q);
+            const uint4 rows = *(const uint4*)(slot_host_rows + sbase + p0 + q);
+#pragma unroll
+            for (u32 e = 0; e < 4; ++e) pos_slot[q + e] = (u32)(four >> (16u * e)) & 0xffffu;
+            cached_row[q] = (i32)rows.x;
+            cached_row[q + 1] = (i32)rows.y;
+            cached_row[q + 2] = (i32)rows.z;
+            cached_row[q + 3] = (i32)rows.w;
+        } else {
+#pragma unroll
+            for (u32 e = 0; e < 4; ++e) {
+                pos_slot[q + e] = 0;
+                cached_row[q + e] = -1;
+            }
+        }
     }
     bool other_row = false;
     for (u32 t2 = gi; t2 < num_tokens; t2 += gt)
@@ -226,51 +261,51 @@ HS_DEVICE void lab_resolve_cluster_body(
     }
     for (u32 i = HS_TID; i < np / 32u; i += T) s_bits[i] = 0;
     if (HS_TID < 5u) s_words[HS_TID] = 0;
-    i32 val[2];
-    u32 kind[2];
+    i32 val[EK];
+    u32 kind[EK];
 #pragma unroll
-    for (u32 q = 0; q < 2; ++q) {
+    for (u32 q = 0; q < EK; ++q) {
         val[q] = -1;
-        kind[q] = my_entries ? hs_classify(d, resident_table, host_table, r, r, tok[q], val[q]) : 0u;
+        kind[q] = j0 + q < K ? hs_classify(d, resident_table, host_table, r, r, tok[q], val[q]) : 0u;
     }
-    lc_sync(); // (1) every block's table, bitmap and flags are clear
+    lc_sync<C>(); // (1) every block's table, bitmap and flags are clear
 
     // Insert the wanted host rows; check the LRU is a permutation and invert it (slot sl's
     // bit and inverse live in block sl / np).
-    u32 h_entry[2];
+    u32 h_entry[EK];
     bool any = false, shared_row = false;
 #pragma unroll
-    for (u32 q = 0; q < 2; ++q) {
+    for (u32 q = 0; q < EK; ++q) {
         h_entry[q] = HS_NONE;
         if (kind[q] == 2) {
             bool existed;
-            h_entry[q] = lc_insert(tb, val[q], j0 + q, existed);
+            h_entry[q] = lc_insert<C>(tb, val[q], j0 + q, existed);
             shared_row |= existed;
             any = true;
         }
     }
     bool corrupt_seen = false;
 #pragma unroll
-    for (u32 q = 0; q < 4; ++q) {
-        if (!my_slots) continue;
+    for (u32 q = 0; q < EN; ++q) {
+        if (p0 + q >= N) continue;
         const u32 sl = pos_slot[q];
         if (sl >= N) {
             corrupt_seen = true;
         } else {
             const u32 owner = sl / np, lo = sl % np, bit = 1u << (lo & 31u);
-            if (atomicOr(lc_map(&s_bits[lo >> 5], owner), bit) & bit) corrupt_seen = true;
-            else *lc_map(&s_inv[lo], owner) = (u16)(p0 + q);
+            if (atomicOr(lc_map<C>(&s_bits[lo >> 5], owner), bit) & bit) corrupt_seen = true;
+            else *lc_map<C>(&s_inv[lo], owner) = (u16)(p0 + q);
         }
     }
     if (other_row) flags0[LC_OTHER_ROW] = 1u;
     if (any) flags0[LC_ANY_HOST] = 1u;
     if (corrupt_seen) flags0[LC_CORRUPT] = 1u;
     if (shared_row) flags0[LC_SHARED_ROW] = 1u;
-    lc_sync(); // (2)
+    lc_sync<C>(); // (2)
     const uint4 f = *(const uint4*)flags0;
     if (f.x != 0) { // uniform: several rows of one request, the general body's work
         if (c == 0 && HS_TID == 0) atomicOr(refused, 1u);
-        lc_sync(); // every block has read block 0's flags before block 0 exits
+        lc_sync<C>(); // every block has read block 0's flags before block 0 exits
         return;
     }
     const bool any_host = f.y != 0, corrupt = f.z != 0, dups = f.w != 0;
@@ -280,8 +315,8 @@ HS_DEVICE void lab_resolve_cluster_body(
         const i64 host_rows = (i64)host_num_blocks * (i64)block_size;
         if (corrupt) { // the LRU and slot_host_rows rows start over, nothing hits
 #pragma unroll
-            for (u32 q = 0; q < 4; ++q) {
-                if (!my_slots) continue;
+            for (u32 q = 0; q < EN; ++q) {
+                if (p0 + q >= N) continue;
                 pos_slot[q] = p0 + q;
                 cached_row[q] = -1;
                 slot_host_rows[sbase + p0 + q] = -1;
@@ -289,113 +324,117 @@ HS_DEVICE void lab_resolve_cluster_body(
         }
         // Each cached row in the table: the first LRU position caching it wins the hit. This
         // thread's slots are in this block's range, so their inverse is local.
-        u32 h_slot[4];
+        u32 h_slot[EN];
 #pragma unroll
-        for (u32 q = 0; q < 4; ++q) {
+        for (u32 q = 0; q < EN; ++q) {
             h_slot[q] = HS_NONE;
             const i32 cr = cached_row[q];
-            if (!corrupt && my_slots && cr >= 0 && (i64)cr < host_rows) {
-                h_slot[q] = lc_lookup(tb, cr);
+            if (!corrupt && p0 + q < N && cr >= 0 && (i64)cr < host_rows) {
+                h_slot[q] = lc_lookup<C>(tb, cr);
                 if (h_slot[q] != HS_NONE)
-                    atomicMin(lc_at(tb, tb.first_lru, h_slot[q]), (u32)s_inv[lp0 + q]);
+                    atomicMin(lc_at<C>(tb, tb.first_lru, h_slot[q]), (u32)s_inv[lp0 + q]);
             }
         }
-        lc_sync(); // (3)
+        lc_sync<C>(); // (3)
         // Mark the hits: the winning slot takes the row; its position's bit is cleared.
 #pragma unroll
-        for (u32 q = 0; q < 4; ++q) {
+        for (u32 q = 0; q < EN; ++q) {
             const u32 h = h_slot[q];
             if (h == HS_NONE) continue;
             const u32 at = s_inv[lp0 + q];
-            if (*lc_at(tb, tb.first_lru, h) == at) {
-                *lc_at(tb, tb.slot, h) = p0 + q;
+            if (*lc_at<C>(tb, tb.first_lru, h) == at) {
+                *lc_at<C>(tb, tb.slot, h) = p0 + q;
                 const u32 lo = at % np;
-                atomicAnd(lc_map(&s_bits[lo >> 5], at / np), ~(1u << (lo & 31u)));
+                atomicAnd(lc_map<C>(&s_bits[lo >> 5], at / np), ~(1u << (lo & 31u)));
             }
         }
-        lc_sync(); // (4)
+        lc_sync<C>(); // (4)
         // Number this thread's hit positions and missed first appearances: the block's pair
         // scan, then the blocks before this one.
         u32 nh = 0, nm = 0;
-        bool pos_hit[4];
+        bool pos_hit[EN];
 #pragma unroll
-        for (u32 q = 0; q < 4; ++q) {
+        for (u32 q = 0; q < EN; ++q) {
             const u32 lp = lp0 + q;
-            pos_hit[q] = !corrupt && my_slots && ((s_bits[lp >> 5] >> (lp & 31u)) & 1u) == 0;
+            pos_hit[q] = !corrupt && p0 + q < N && ((s_bits[lp >> 5] >> (lp & 31u)) & 1u) == 0;
             nh += pos_hit[q] ? 1u : 0u;
         }
-        bool first_miss[2];
+        bool first_miss[EK];
 #pragma unroll
-        for (u32 q = 0; q < 2; ++q) {
+        for (u32 q = 0; q < EK; ++q) {
             const u32 h = h_entry[q];
-            first_miss[q] = h != HS_NONE && *lc_at(tb, tb.first_entry, h) == j0 + q &&
-                            *lc_at(tb, tb.slot, h) == HS_NONE;
+            first_miss[q] = h != HS_NONE && *lc_at<C>(tb, tb.first_entry, h) == j0 + q &&
+                            *lc_at<C>(tb, tb.slot, h) == HS_NONE;
             nm += first_miss[q] ? 1u : 0u;
         }
         u32 hr, m, block_hits, block_misses;
         hs_block_scan_pair(nh, nm, s_scan, 0, hr, m, block_hits, block_misses);
-        if (HS_TID < C) {
-            u32* to = lc_map(s_totals, HS_TID);
-            to[2u * c] = block_hits;
-            to[2u * c + 1u] = block_misses;
-        }
-        lc_sync(); // (5)
-        u32 misses = 0;
-        for (u32 b = 0; b < C; ++b) {
-            const u32 bh = s_totals[2u * b], bm = s_totals[2u * b + 1u];
-            if (b < c) {
-                hr += bh;
-                m += bm;
+        u32 misses = block_misses;
+        hits = block_hits;
+        if constexpr (C > 1) {
+            if (HS_TID < C) {
+                u32* to = lc_map<C>(s_totals, HS_TID);
+                to[2u * c] = block_hits;
+                to[2u * c + 1u] = block_misses;
             }
-            hits += bh;
-            misses += bm;
+            lc_sync<C>(); // (5)
+            hits = misses = 0;
+            for (u32 b = 0; b < C; ++b) {
+                const u32 bh = s_totals[2u * b], bm = s_totals[2u * b + 1u];
+                if (b < c) {
+                    hr += bh;
+                    m += bm;
+                }
+                hits += bh;
+                misses += bm;
+            }
         }
         const u32 V = N - hits; // evictable slots
 #pragma unroll
-        for (u32 q = 0; q < 4; ++q) {
+        for (u32 q = 0; q < EN; ++q) {
             const u32 pp = p0 + q;
-            if (!my_slots) continue;
+            if (pp >= N) continue;
             const u32 at = pos_hit[q] ? N - 1u - hr++ : pp - hr;
-            *lc_map(&s_part[at % np], at / np) = (u16)pos_slot[q];
+            *lc_map<C>(&s_part[at % np], at / np) = (u16)pos_slot[q];
         }
-        lc_sync(); // (6)
+        lc_sync<C>(); // (6)
         used = misses < V ? misses : V;
         // The m-th miss takes the m-th evictable slot; entries past the plan read -1.
 #pragma unroll
-        for (u32 q = 0; q < 2; ++q) {
+        for (u32 q = 0; q < EK; ++q) {
             if (first_miss[q]) {
                 if (m < V) {
-                    const u32 sl = *lc_map(&s_part[m % np], m / np);
+                    const u32 sl = *lc_map<C>(&s_part[m % np], m / np);
                     const i32 g = val[q];
                     const i32 src = (i64)g < host_rows ? g : -1;
-                    *lc_at(tb, tb.slot, h_entry[q]) = sl;
+                    *lc_at<C>(tb, tb.slot, h_entry[q]) = sl;
                     slot_host_rows[sbase + sl] = src;
                     miss_src[base + m] = src;
                     miss_dst[base + m] = hs_hot_row_staged(d, s_hot, hot_table, r, sl);
                 }
                 ++m;
             }
-            if (my_entries && j0 + q >= used) {
+            if (j0 + q < K && j0 + q >= used) {
                 miss_src[base + j0 + q] = -1;
                 miss_dst[base + j0 + q] = -1;
             }
         }
         // The new LRU: unused evictables, the miss slots in miss order, the hits in old order.
 #pragma unroll
-        for (u32 q = 0; q < 4; ++q) {
+        for (u32 q = 0; q < EN; ++q) {
             const u32 i = p0 + q;
-            if (!my_slots) continue;
+            if (i >= N) continue;
             u32 at;
             if (i < V - used) at = used + i;
             else if (i < V) at = i - (V - used);
             else at = N - 1u - (i - V);
-            lru[sbase + i] = *lc_map(&s_part[at % np], at / np);
+            lru[sbase + i] = *lc_map<C>(&s_part[at % np], at / np);
         }
-        if (dups) lc_sync(); // (7) a later entry of a missed row reads its slot
+        if (dups) lc_sync<C>(); // (7) a later entry of a missed row reads its slot
     } else {
 #pragma unroll
-        for (u32 q = 0; q < 2; ++q) {
-            if (my_entries) {
+        for (u32 q = 0; q < EK; ++q) {
+            if (j0 + q < K) {
                 miss_src[base + j0 + q] = -1;
                 miss_dst[base + j0 + q] = -1;
             }
@@ -412,13 +451,13 @@ HS_DEVICE void lab_resolve_cluster_body(
     // The row's indices and valid count (each warp's sum added into block 0).
     u32 valid = 0;
 #pragma unroll
-    for (u32 q = 0; q < 2; ++q) {
-        if (!my_entries) continue;
+    for (u32 q = 0; q < EK; ++q) {
+        if (j0 + q >= K) continue;
         i32 out = -1;
         if (kind[q] == 1) {
             out = val[q];
         } else if (kind[q] == 2) {
-            const u32 sl = *lc_at(tb, tb.slot, h_entry[q]);
+            const u32 sl = *lc_at<C>(tb, tb.slot, h_entry[q]);
             if (sl != HS_NONE) out = hs_hot_row_staged(d, s_hot, hot_table, r, sl);
         }
         indices[base + j0 + q] = out;
@@ -426,7 +465,7 @@ HS_DEVICE void lab_resolve_cluster_body(
     }
     const u32 warp_valid = HS_SHFL_U32(hs_warp_inclusive(valid), HS_WARP - 1u);
     if (HS_TID % HS_WARP == 0 && warp_valid != 0) atomicAdd(&flags0[LC_VALID], warp_valid);
-    lc_sync(); // (8) every block's count is in; nothing reads another block's memory after it
+    lc_sync<C>(); // (8) every block's count is in; nothing reads another block's memory after it
     if (c == 0 && HS_TID == 0) {
         const u32 total = s_words[LC_VALID];
         valid_counts[t] = (i32)total;
@@ -435,22 +474,27 @@ HS_DEVICE void lab_resolve_cluster_body(
 }
 
 #if defined(HS_VENDOR_CUDA)
+#define LAB_RESOLVE_PARAMS                                                                        \
+    const i32 *req_id, const i32 *topk, const i32 *resident_table, const i32 *host_table,         \
+        const i32 *hot_table, i32 *slot_host_rows, u16 *lru, i32 *indices, i32 *valid_counts,   \
+        i32 *hit_counts, i32 *miss_counts, i32 *miss_src, i32 *miss_dst, u32 table_entries,      \
+        u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages, u32 block_size,              \
+        u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 *stats, u32 *refused
+#define LAB_RESOLVE_ARGS                                                                          \
+    req_id, topk, resident_table, host_table, hot_table, slot_host_rows, lru, indices,            \
+        valid_counts, hit_counts, miss_counts, miss_src, miss_dst, table_entries, num_tokens,    \
+        top_k, num_requests, max_pages, block_size, hot_slots, attention_block_stride,           \
+        host_num_blocks, stats, refused
 #define LAB_RESOLVE_CLUSTER(C)                                                                    \
     extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024 / C)               \
-        lab_resolve_c##C(                                                                          \
-            const i32* req_id, const i32* topk, const i32* resident_table, const i32* host_table, \
-            const i32* hot_table, i32* slot_host_rows, u16* lru, i32* indices, i32* valid_counts, \
-            i32* hit_counts, i32* miss_counts, i32* miss_src, i32* miss_dst, u32 table_entries,    \
-            u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages, u32 block_size,            \
-            u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32* stats,           \
-            u32* refused) {                                                                        \
-        lab_resolve_cluster_body(req_id, topk, resident_table, host_table, hot_table,             \
-                                 slot_host_rows, lru, indices, valid_counts, hit_counts,          \
-                                 miss_counts, miss_src, miss_dst, table_entries, num_tokens,      \
-                                 top_k, num_requests, max_pages, block_size, hot_slots,           \
-                                 attention_block_stride, host_num_blocks, stats, refused);        \
+        lab_resolve_c##C(LAB_RESOLVE_PARAMS) {                                                    \
+        lab_resolve_cluster_body<C, 2, 4>(LAB_RESOLVE_ARGS);                                      \
     }
 LAB_RESOLVE_CLUSTER(2)
 LAB_RESOLVE_CLUSTER(4)
 LAB_RESOLVE_CLUSTER(8)
+// One block of 512 threads a request, two blocks a multiprocessor.
+extern "C" __global__ void __launch_bounds__(512, 2) lab_resolve_w512(LAB_RESOLVE_PARAMS) {
+    lab_resolve_cluster_body<1, 4, 8>(LAB_RESOLVE_ARGS);
+}
 #endif

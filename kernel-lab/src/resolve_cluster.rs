@@ -1,5 +1,6 @@
-//! The resolver's decode path spread over a thread-block cluster (`kernels/resolve_cluster.cu`,
-//! whose header says why and how): the host side of the experiment. The kernel is compiled after
+//! The resolver's decode path spread over a thread-block cluster, or packed two requests to a
+//! multiprocessor (`kernels/resolve_cluster.cu`, whose header says why and how): the host side
+//! of the experiment. The kernel is compiled after
 //! the production source, whose helpers it shares; the emulation test
 //! (`tests/cluster_emulation.rs`) checks it bit for bit against the core's reference on the CPU,
 //! and `cuda_bench`'s resolve section checks it against `hs_resolve` over the same walk before
@@ -16,57 +17,108 @@ use crate::module::{LabError, LabFunction, LabModule};
 /// The kernel's source (after a vendor prelude and [`gk::COMMON_SOURCE`]).
 pub const SOURCE: &str = include_str!("../kernels/resolve_cluster.cu");
 
-/// The cluster sizes built (`lab_resolve_c{2,4,8}`).
-pub const CLUSTERS: [u32; 3] = [2, 4, 8];
-
-/// Threads of one block of all of a cluster's 1024 (each thread's work as in the production
-/// decode path: two entries, four positions and slots).
-pub const fn threads(cluster: u32) -> u32 {
-    gk::RESOLVE_THREADS / cluster
+/// One kernel of the experiment: `cluster` blocks of `threads` threads a request, each thread
+/// owning `entries` top-k entries and `slots` LRU positions and slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    /// The kernel's symbol.
+    pub symbol: &'static str,
+    /// Blocks of a request's cluster (1: no cluster).
+    pub cluster: u32,
+    /// Threads of one block.
+    pub threads: u32,
+    /// Top-k entries of one thread.
+    pub entries: u32,
+    /// LRU positions (and slots) of one thread.
+    pub slots: u32,
 }
 
-/// The kernel of cluster size `cluster`.
-pub fn symbol(cluster: u32) -> String {
-    format!("lab_resolve_c{cluster}")
+impl Variant {
+    /// How the bench and the reports name it.
+    pub fn label(&self) -> String {
+        if self.cluster == 1 {
+            format!(
+                "lab: one block of {} threads, {} entries a thread",
+                self.threads, self.entries
+            )
+        } else {
+            format!(
+                "lab: clusters of {} x {} threads",
+                self.cluster, self.threads
+            )
+        }
+    }
+
+    /// Entries of the wanted-row table for a top-k of `top_k`: the production decode path's
+    /// quarter-full table ([`gk::resolve_table_goal`] of one row), at least four per block.
+    pub fn table_entries(&self, top_k: u32) -> u32 {
+        (gk::resolve_table_goal(1, top_k) as u32).max(4 * self.cluster)
+    }
+
+    /// Bytes of one block's dynamic shared memory for a top-k of `top_k`
+    /// (`lab_cluster_shared_bytes` of the kernel, which the emulation test compares with this).
+    pub fn shared_bytes(&self, top_k: u32) -> u32 {
+        let align16 = |x: u32| x.div_ceil(16) * 16;
+        let np = self.slots * self.threads;
+        let per_block = self.table_entries(top_k) / self.cluster;
+        4 * gk::RESOLVE_HOT_STAGE
+            + 2 * align16(2 * np)
+            + align16(4 * (np / 32))
+            + 4 * align16(4 * per_block)
+            + 16 * 32
+            + 64
+            + 32
+    }
+
+    /// Whether a launch's shape is the kernel's: one pass of entries and slots over its
+    /// threads, an even top-k, slots a multiple of four that a `u16` numbers, state-row order.
+    /// (That each request has one token row is found on the device: `refused`.)
+    pub fn eligible(&self, d: &ResolveDesc) -> bool {
+        let all = u64::from(self.threads) * u64::from(self.cluster);
+        d.num_state_rows.is_none()
+            && d.top_k > 0
+            && d.top_k.is_multiple_of(2)
+            && u64::from(d.top_k) <= u64::from(self.entries) * all
+            && d.hot_slots > 0
+            && d.hot_slots.is_multiple_of(4)
+            && u64::from(d.hot_slots) <= u64::from(self.slots) * all
+            && d.hot_slots <= 1 << 16
+    }
 }
 
-/// Whether a launch's shape is the kernel's: one pass of entries and slots over the cluster's
-/// `threads × cluster` threads, an even top-k, slots a multiple of four that a `u16` numbers,
-/// state-row order. (That each request has one token row is found on the device: `refused`.)
-pub fn eligible(d: &ResolveDesc, threads: u32, cluster: u32) -> bool {
-    let all = u64::from(threads) * u64::from(cluster);
-    cluster.is_power_of_two()
-        && (1..=8).contains(&cluster)
-        && threads.is_multiple_of(32)
-        && d.num_state_rows.is_none()
-        && d.top_k > 0
-        && d.top_k.is_multiple_of(2)
-        && u64::from(d.top_k) <= 2 * all
-        && d.hot_slots > 0
-        && d.hot_slots.is_multiple_of(4)
-        && u64::from(d.hot_slots) <= 4 * all
-        && d.hot_slots <= 1 << 16
-}
-
-/// Entries of the cluster's wanted-row table for a top-k of `top_k`: the production decode
-/// path's quarter-full table ([`gk::resolve_table_goal`] of one row), at least four per block.
-pub fn table_entries(top_k: u32, cluster: u32) -> u32 {
-    (gk::resolve_table_goal(1, top_k) as u32).max(4 * cluster)
-}
-
-/// Bytes of one block's dynamic shared memory (`lab_cluster_shared_bytes` of the kernel, which
-/// the emulation test compares with this).
-pub fn shared_bytes(threads: u32, table_per_block: u32) -> u32 {
-    let align16 = |x: u32| x.div_ceil(16) * 16;
-    let np = 4 * threads;
-    4 * gk::RESOLVE_HOT_STAGE
-        + 2 * align16(2 * np)
-        + align16(4 * (np / 32))
-        + 4 * align16(4 * table_per_block)
-        + 16 * 32
-        + 64
-        + 32
-}
+/// The kernels built: clusters of 2, 4 and 8 blocks sharing a request's 1024 threads (the
+/// production decode path's work per thread), and one 512-thread block a request with twice
+/// that work per thread (two requests a multiprocessor).
+pub const VARIANTS: [Variant; 4] = [
+    Variant {
+        symbol: "lab_resolve_c2",
+        cluster: 2,
+        threads: 512,
+        entries: 2,
+        slots: 4,
+    },
+    Variant {
+        symbol: "lab_resolve_c4",
+        cluster: 4,
+        threads: 256,
+        entries: 2,
+        slots: 4,
+    },
+    Variant {
+        symbol: "lab_resolve_c8",
+        cluster: 8,
+        threads: 128,
+        entries: 2,
+        slots: 4,
+    },
+    Variant {
+        symbol: "lab_resolve_w512",
+        cluster: 1,
+        threads: 512,
+        entries: 4,
+        slots: 8,
+    },
+];
 
 /// Device addresses of one launch's buffers, in the kernel's parameter order: the production
 /// resolve's thirteen (`req_id` .. `miss_dst`), then `stats` (0: none) and `refused` (one `u32`
@@ -82,10 +134,10 @@ pub struct ClusterAddrs {
     pub refused: u64,
 }
 
-/// The cluster kernels loaded for one device (sm_90 or later).
+/// The experiment's kernels loaded for one device (sm_90 or later).
 pub struct ClusterResolver {
     module: LabModule,
-    functions: Vec<(u32, LabFunction)>,
+    functions: Vec<(Variant, LabFunction)>,
 }
 
 impl ClusterResolver {
@@ -106,16 +158,16 @@ impl ClusterResolver {
         )?;
         let module = LabModule::load(dev, ordinal, &ptx)?;
         let mut functions = Vec::new();
-        for c in CLUSTERS {
-            let f = module.function(&symbol(c))?;
-            let most = shared_bytes(threads(c), table_entries(2 * gk::RESOLVE_THREADS, c) / c);
-            module.allow_dynamic_shared(f, most)?;
-            functions.push((c, f));
+        for v in VARIANTS {
+            let f = module.function(v.symbol)?;
+            // The largest top-k a variant takes sizes its largest table.
+            module.allow_dynamic_shared(f, v.shared_bytes(v.entries * v.threads * v.cluster))?;
+            functions.push((v, f));
         }
         Ok(ClusterResolver { module, functions })
     }
 
-    /// Enqueues the resolve of `d` on `stream` in clusters of `cluster` blocks.
+    /// Enqueues the resolve of `d` on `stream` by kernel `v`.
     ///
     /// # Safety
     /// Every address of `a` is a live device buffer of the size the production resolve of `d`
@@ -124,30 +176,27 @@ impl ClusterResolver {
         &self,
         stream: &CudaStream,
         d: &ResolveDesc,
-        cluster: u32,
+        v: &Variant,
         a: &ClusterAddrs,
     ) -> Result<(), LabError> {
-        let threads = threads(cluster);
-        if !eligible(d, threads, cluster) {
+        if !v.eligible(d) {
             return Err(LabError(format!(
-                "the cluster resolver does not take this launch ({} × top-k {}, {} slots, clusters of {cluster})",
-                d.num_tokens, d.top_k, d.hot_slots
+                "{} does not take this launch ({} × top-k {}, {} slots)",
+                v.symbol, d.num_tokens, d.top_k, d.hot_slots
             )));
         }
         let f = self
             .functions
             .iter()
-            .find(|(c, _)| *c == cluster)
+            .find(|(x, _)| x == v)
             .map(|(_, f)| *f)
-            .ok_or_else(|| LabError(format!("no kernel for clusters of {cluster}")))?;
+            .ok_or_else(|| LabError(format!("{} is not loaded", v.symbol)))?;
         if d.num_tokens == 0 {
             return Ok(());
         }
-        let table = table_entries(d.top_k, cluster);
-        let shared = shared_bytes(threads, table / cluster);
         let mut ptrs = a.buffers;
         let mut words = [
-            table,
+            v.table_entries(d.top_k),
             d.num_tokens,
             d.top_k,
             d.num_requests,
@@ -169,14 +218,15 @@ impl ClusterResolver {
         params.push((&raw mut refused).cast());
         let grid = d
             .num_tokens
-            .checked_mul(cluster)
+            .checked_mul(v.cluster)
             .ok_or_else(|| LabError("grid".into()))?;
-        // SAFETY: `params` holds one pointer per parameter of `lab_resolve_c{cluster}` in its
-        // order (thirteen pointers, nine u32, two pointers), each alive for the call; the
-        // buffers per the caller's contract.
+        let shared = v.shared_bytes(d.top_k);
+        // SAFETY: `params` holds one pointer per parameter of the variant's kernel in its order
+        // (thirteen pointers, nine u32, two pointers), each alive for the call; the buffers per
+        // the caller's contract.
         unsafe {
             self.module
-                .launch(f, grid, threads, shared, stream, &mut params)
+                .launch(f, grid, v.threads, shared, stream, &mut params)
         }
     }
 }

@@ -21,7 +21,7 @@ use hisparse_gpu_kernels as gk;
 use hisparse_kernel_lab::resolve_cluster;
 
 type LaunchFn = unsafe extern "C" fn(u32, u32, u32, u32, *mut *mut c_void) -> i32;
-type SharedFn = unsafe extern "C" fn(u32, u32) -> u32;
+type SharedFn = unsafe extern "C" fn(u32, u32, u32) -> u32;
 
 struct Emu {
     _lib: libloading::Library,
@@ -30,10 +30,10 @@ struct Emu {
 }
 
 const WRAPPER: &str = r#"
-extern "C" int lab_cluster_launch(unsigned rows, unsigned threads, unsigned cluster,
-                                  unsigned smem, void** a) {
-    hs_cpu_run_cluster(rows * cluster, threads, cluster, smem, [a] {
-        lab_resolve_cluster_body(
+template <u32 C, u32 EK, u32 EN>
+static void lab_run(unsigned rows, unsigned threads, unsigned smem, void** a) {
+    hs_cpu_run_cluster(rows * C, threads, C, smem, [a] {
+        lab_resolve_cluster_body<C, EK, EN>(
             hs_cpu_ptr{*(void**)a[0]}, hs_cpu_ptr{*(void**)a[1]}, hs_cpu_ptr{*(void**)a[2]},
             hs_cpu_ptr{*(void**)a[3]}, hs_cpu_ptr{*(void**)a[4]}, hs_cpu_ptr{*(void**)a[5]},
             hs_cpu_ptr{*(void**)a[6]}, hs_cpu_ptr{*(void**)a[7]}, hs_cpu_ptr{*(void**)a[8]},
@@ -42,10 +42,20 @@ extern "C" int lab_cluster_launch(unsigned rows, unsigned threads, unsigned clus
             *(u32*)a[17], *(u32*)a[18], *(u32*)a[19], *(u32*)a[20], *(u32*)a[21],
             hs_cpu_ptr{*(void**)a[22]}, hs_cpu_ptr{*(void**)a[23]});
     });
-    return 0;
 }
-extern "C" unsigned lab_cluster_shared(unsigned threads, unsigned per_block) {
-    return lab_cluster_shared_bytes(threads, per_block);
+// Variant `v` of VARIANTS (src/resolve_cluster.rs), at any block size.
+extern "C" int lab_cluster_launch(unsigned v, unsigned rows, unsigned threads, unsigned smem,
+                                  void** a) {
+    switch (v) {
+    case 0: lab_run<2, 2, 4>(rows, threads, smem, a); return 0;
+    case 1: lab_run<4, 2, 4>(rows, threads, smem, a); return 0;
+    case 2: lab_run<8, 2, 4>(rows, threads, smem, a); return 0;
+    case 3: lab_run<1, 4, 8>(rows, threads, smem, a); return 0;
+    }
+    return 1;
+}
+extern "C" unsigned lab_cluster_shared(unsigned threads, unsigned per_thread, unsigned per_block) {
+    return lab_cluster_shared_bytes(threads, per_thread, per_block);
 }
 "#;
 
@@ -130,15 +140,23 @@ struct Outputs {
 /// A random decode-shaped sequence of three resolves, each compared with the reference; returns
 /// the launches run.
 fn check_walk(emu: &Emu, rng: &mut SplitMix64) -> Result<u32, String> {
-    let cluster = resolve_cluster::CLUSTERS[rng.below(3) as usize];
-    let threads = if rng.percent(15) {
-        resolve_cluster::threads(cluster)
+    let vi = rng.below(resolve_cluster::VARIANTS.len() as u64) as usize;
+    let full = resolve_cluster::VARIANTS[vi];
+    // The variant at its own block size now and then; mostly at 32 or 64 threads a block (the
+    // same code: each thread's share is fixed, the block size a launch parameter), so the
+    // emulation stays quick.
+    let v = if rng.percent(15) {
+        full
     } else {
-        32 * rng.range_inclusive(1, 2) as u32
+        resolve_cluster::Variant {
+            threads: 32 * rng.range_inclusive(1, 2) as u32,
+            ..full
+        }
     };
+    let (cluster, threads) = (v.cluster, v.threads);
     let all = threads * cluster;
-    let k = 2 * rng.range_inclusive(1, i64::from(all)) as u32;
-    let n = 4 * rng.range_inclusive(i64::from(k.div_ceil(4)), i64::from(all)) as u32;
+    let k = 2 * rng.range_inclusive(1, i64::from(all * v.entries / 2)) as u32;
+    let n = 4 * rng.range_inclusive(i64::from(k.div_ceil(4)), i64::from(all * v.slots / 4)) as u32;
     let bs = [1u32, 2, 3, 4, 8, 16][rng.below(6) as usize];
     let r = rng.range_inclusive(1, 4) as u32;
     let pages = (k * 2).div_ceil(bs).max(1) + rng.below(4) as u32;
@@ -305,16 +323,16 @@ fn check_walk(emu: &Emu, rng: &mut SplitMix64) -> Result<u32, String> {
         )
         .map_err(|e| e.to_string())?;
         want.stats = ws;
-        let table = resolve_cluster::table_entries(k, cluster);
-        let smem = resolve_cluster::shared_bytes(threads, table / cluster);
+        let table = v.table_entries(k);
+        let smem = v.shared_bytes(k);
         // SAFETY: a function of the library built from WRAPPER, pure.
-        let emu_smem = unsafe { (emu.shared)(threads, table / cluster) };
+        let emu_smem = unsafe { (emu.shared)(threads, v.slots, table / cluster) };
         if emu_smem != smem {
             return Err(format!(
                 "the host sizes the shared memory at {smem} bytes, the kernel lays out {emu_smem}"
             ));
         }
-        if !resolve_cluster::eligible(&d, threads, cluster) {
+        if !v.eligible(&d) {
             return Err(format!("a drawn launch is not the kernel's shape: {d:?}"));
         }
         let mut refused = 0u32;
@@ -354,14 +372,15 @@ fn check_walk(emu: &Emu, rng: &mut SplitMix64) -> Result<u32, String> {
         // SAFETY: `params` holds one pointer per parameter of lab_resolve_cluster_body in its
         // order, each to a value of its type; every buffer is a host vector of the size the
         // reference resolve of `d` checked, alive for the call (the emulation is synchronous).
-        let rc = unsafe { (emu.launch)(t, threads, cluster, smem, params.as_mut_ptr()) };
+        let rc = unsafe { (emu.launch)(vi as u32, t, threads, smem, params.as_mut_ptr()) };
         if rc != 0 {
             return Err("the emulated launch failed".into());
         }
         got.stats = stats;
         launches += 1;
         let ctx = format!(
-            "clusters of {cluster} × {threads} threads, step {step}, {t} rows {req:?}, top-k {k}, {n} slots, block size {bs}"
+            "{} at {threads} threads a block, step {step}, {t} rows {req:?}, top-k {k}, {n} slots, block size {bs}",
+            v.symbol
         );
         if twice && req.iter().filter(|&&x| x == *req.last().unwrap()).count() > 1 {
             if refused != 1 {

@@ -30,9 +30,9 @@
 //! * resolve, 1, 64 and 256 requests × 2048 top-k, 4096 hot slots, a random walk of the top-k
 //!   sets that replaces about a tenth of each set per step (about 9% misses), 16 steps in one
 //!   graph replayed from the same starting state; beside it, over the same walk, the lab's
-//!   cluster resolver ([`hisparse_kernel_lab::resolve_cluster`], clusters of 2, 4 and 8 blocks;
-//!   sm_90 and later), whose every step's outputs and final hot state must equal `hs_resolve`'s
-//!   before it is timed;
+//!   resolver experiments ([`hisparse_kernel_lab::resolve_cluster`]: clusters of 2, 4 and 8
+//!   blocks a request, and one 512-thread block a request; sm_90 and later), whose every step's
+//!   outputs and final hot state must equal `hs_resolve`'s before they are timed;
 //! * the swap-in critical path: the same walk with each step's resolve followed by the gather of
 //!   its misses as the runtime issues them, and the fused resolve-and-gather launch
 //!   (`CudaDevice::resolve_and_gather`, each block copying its own request's misses), with and

@@ -12,7 +12,7 @@ use hisparse_core::ops::{
 };
 
 use hisparse_conformance::SplitMix64;
-use hisparse_kernel_lab::resolve_cluster::{self, ClusterAddrs, ClusterResolver};
+use hisparse_kernel_lab::resolve_cluster::{self, ClusterAddrs, ClusterResolver, Variant};
 
 use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Row, download, host_pool, upload};
 
@@ -173,14 +173,13 @@ impl Walk {
         }
     }
 
-    /// Step `step`'s resolve by the lab's cluster resolver in clusters of `cluster` blocks
-    /// (`refused`: its refusal word, one u32).
+    /// Step `step`'s resolve by the lab's kernel `v` (`refused`: its refusal word, one u32).
     pub(crate) fn resolve_cluster(
         &mut self,
         lab: &ClusterResolver,
         s: &CudaStream,
         step: usize,
-        cluster: u32,
+        v: &Variant,
         refused: &CudaBuffer,
     ) -> Result<(), CudaError> {
         let [ind, valid, hits, misses, src, dst] = &self.outs[step];
@@ -206,7 +205,7 @@ impl Walk {
         // SAFETY: every buffer is the walk's, sized for the production resolve of `self.desc`
         // (the same buffers `resolve` passes), and lives as long as the walk, beyond the
         // launch; `refused` is the caller's live u32.
-        unsafe { lab.launch(s, &self.desc, cluster, &a) }
+        unsafe { lab.launch(s, &self.desc, v, &a) }
             .map_err(|e| CudaError::Unsupported(e.to_string()))
     }
 
@@ -292,7 +291,7 @@ fn time_walk(
     Ok(total / (reps * steps) as f64)
 }
 
-/// The lab's cluster resolver over the walk: step 0 by `hs_resolve` (filling the hot buffers),
+/// The lab's kernel `v` over the walk: step 0 by `hs_resolve` (filling the hot buffers),
 /// steps 1..=steps by the lab kernel, every step's outputs and the final hot state compared with
 /// the production walk's (`reference`: outputs per step, state at the end), then timed as
 /// [`time_walk`] times the production resolve, the state after the last timed replay compared
@@ -301,7 +300,7 @@ fn cluster_rows(
     b: &mut Bench,
     w: &mut Walk,
     lab: &ClusterResolver,
-    cluster: u32,
+    v: &Variant,
     steps: usize,
     reps: usize,
     reference: (&[Vec<i32>], &HotState),
@@ -311,7 +310,7 @@ fn cluster_rows(
     w.reset(&b.dev, &b.s)?;
     w.resolve(&b.dev, &b.s, 0, None)?;
     for (step, want) in outputs.iter().enumerate().skip(1) {
-        w.resolve_cluster(lab, &b.s, step, cluster, &refused)?;
+        w.resolve_cluster(lab, &b.s, step, v, &refused)?;
         if w.outputs(&b.dev, step)? != *want {
             return Err(format!("step {step}'s outputs differ from hs_resolve's").into());
         }
@@ -322,7 +321,7 @@ fn cluster_rows(
     let wr = &mut *w;
     let graph = b.dev.capture(&b.s, |_| {
         for step in 1..=steps {
-            wr.resolve_cluster(lab, &b.s, step, cluster, &refused)?;
+            wr.resolve_cluster(lab, &b.s, step, v, &refused)?;
         }
         Ok(())
     })?;
@@ -456,12 +455,12 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
             });
         }
         if resolve && let Some(lab) = b.cluster.clone() {
-            for cluster in resolve_cluster::CLUSTERS {
+            for v in resolve_cluster::VARIANTS {
                 let run = cluster_rows(
                     b,
                     &mut w,
                     &lab,
-                    cluster,
+                    &v,
                     steps,
                     reps,
                     (&reference, &reference_state),
@@ -469,20 +468,16 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 let us = match run {
                     Ok(us) => us,
                     Err(e) => {
-                        println!("resolve {r} req, clusters of {cluster} FAILED: {e}");
-                        b.failures.push(format!(
-                            "cluster resolver, {r} requests, clusters of {cluster}: {e}"
-                        ));
+                        println!("resolve {r} req, {} FAILED: {e}", v.symbol);
+                        b.failures
+                            .push(format!("lab resolver {}, {r} requests: {e}", v.symbol));
                         continue;
                     }
                 };
                 b.push(Row {
                     section: "resolve",
                     name: format!("resolve {r} req x 2048, 4096 slots, {miss_pct:.1}% misses"),
-                    path: format!(
-                        "lab: clusters of {cluster} x {} threads",
-                        resolve_cluster::threads(cluster)
-                    ),
+                    path: v.label(),
                     value: us,
                     unit: "us",
                     ceiling: b.empty_us,
