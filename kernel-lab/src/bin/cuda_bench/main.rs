@@ -6,6 +6,7 @@
 //! cargo build --release -p hisparse-kernel-lab --bin cuda_bench
 //! cuda_bench [--json PATH] [--quick] [--only ceilings,remap,gather,resolve,path,backup,cli] [--big-pool-gib N]
 //! cuda_bench --profile-targets
+//! cuda_bench --lab-walk
 //! ```
 //!
 //! Every time is GPU time per call inside a CUDA graph (a graph of many calls, replayed, timed
@@ -71,7 +72,7 @@ use hisparse_kernel_lab::resolve_cluster::ClusterResolver;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
-fn upload(dev: &CudaDevice, v: &[i32]) -> Res<CudaBuffer> {
+pub(crate) fn upload(dev: &CudaDevice, v: &[i32]) -> Res<CudaBuffer> {
     let mut b = dev.alloc(v.len().max(1) * 4)?;
     dev.upload_i32(&mut b, 0, v)?;
     Ok(b)
@@ -330,6 +331,10 @@ fn run() -> Res<bool> {
     b.failures.extend(cluster_failure);
     if args.iter().any(|a| a == "--profile-targets") {
         profile::run(&mut b)?;
+        return Ok(true);
+    }
+    if args.iter().any(|a| a == "--lab-walk") {
+        profile::lab_walk(&mut b)?;
         return Ok(true);
     }
     // The clock of a GPU that may have idled (a probe of 50 us), then after 20 ms of work.

@@ -291,11 +291,68 @@ fn time_walk(
     Ok(total / (reps * steps) as f64)
 }
 
-/// The lab's kernel `v` over the walk: step 0 by `hs_resolve` (filling the hot buffers),
-/// steps 1..=steps by the lab kernel, every step's outputs and the final hot state compared with
-/// the production walk's (`reference`: outputs per step, state at the end), then timed as
-/// [`time_walk`] times the production resolve, the state after the last timed replay compared
-/// again.
+/// The production walk's outputs of every step and its final hot state (from the empty state).
+fn production_walk(b: &Bench, w: &mut Walk) -> Res<(Vec<Vec<i32>>, HotState)> {
+    w.reset(&b.dev, &b.s)?;
+    let mut all = Vec::new();
+    for step in 0..w.outs.len() {
+        w.resolve(&b.dev, &b.s, step, None)?;
+        all.push(w.outputs(&b.dev, step)?);
+    }
+    Ok((all, w.state(&b.dev)?))
+}
+
+/// The lab's kernel `v` over the walk, eagerly: step 0 by `hs_resolve` (filling the hot
+/// buffers), the later steps by `v`; every step's outputs and the final hot state must equal the
+/// production walk's (`reference`: outputs per step, state at the end), and `v` must not refuse.
+fn lab_walk_eager(
+    b: &Bench,
+    w: &mut Walk,
+    lab: &ClusterResolver,
+    v: &Variant,
+    reference: (&[Vec<i32>], &HotState),
+    refused: &CudaBuffer,
+) -> Res<()> {
+    let (outputs, state) = reference;
+    w.reset(&b.dev, &b.s)?;
+    w.resolve(&b.dev, &b.s, 0, None)?;
+    for (step, want) in outputs.iter().enumerate().skip(1) {
+        w.resolve_cluster(lab, &b.s, step, v, refused)?;
+        if w.outputs(&b.dev, step)? != *want {
+            return Err(format!(
+                "{}: step {step}'s outputs differ from hs_resolve's",
+                v.symbol
+            )
+            .into());
+        }
+    }
+    if w.state(&b.dev)? != *state {
+        return Err(format!(
+            "{}: the hot state after the walk differs from hs_resolve's",
+            v.symbol
+        )
+        .into());
+    }
+    if download(&b.dev, refused, 1)?[0] != 0 {
+        return Err(format!("{} refused a walk of one row per request", v.symbol).into());
+    }
+    Ok(())
+}
+
+/// `v` over the whole walk `w` checked against `hs_resolve` over the same walk (`--lab-walk`).
+pub(crate) fn lab_walk_matches(
+    b: &mut Bench,
+    w: &mut Walk,
+    lab: &ClusterResolver,
+    v: &Variant,
+) -> Res<()> {
+    let (outputs, state) = production_walk(b, w)?;
+    let refused = upload(&b.dev, &[0])?;
+    lab_walk_eager(b, w, lab, v, (&outputs, &state), &refused)
+}
+
+/// The lab's kernel `v` over the walk, checked (lab_walk_eager), then timed as [`time_walk`]
+/// times the production resolve, the state after the last timed replay compared again.
 fn cluster_rows(
     b: &mut Bench,
     w: &mut Walk,
@@ -305,19 +362,8 @@ fn cluster_rows(
     reps: usize,
     reference: (&[Vec<i32>], &HotState),
 ) -> Res<f64> {
-    let (outputs, state) = reference;
     let refused = upload(&b.dev, &[0])?;
-    w.reset(&b.dev, &b.s)?;
-    w.resolve(&b.dev, &b.s, 0, None)?;
-    for (step, want) in outputs.iter().enumerate().skip(1) {
-        w.resolve_cluster(lab, &b.s, step, v, &refused)?;
-        if w.outputs(&b.dev, step)? != *want {
-            return Err(format!("step {step}'s outputs differ from hs_resolve's").into());
-        }
-    }
-    if w.state(&b.dev)? != *state {
-        return Err("the hot state after the walk differs from hs_resolve's".into());
-    }
+    lab_walk_eager(b, w, lab, v, reference, &refused)?;
     let wr = &mut *w;
     let graph = b.dev.capture(&b.s, |_| {
         for step in 1..=steps {
@@ -326,7 +372,7 @@ fn cluster_rows(
         Ok(())
     })?;
     let us = time_walk(b, w, reps, steps, &graph)?;
-    if w.state(&b.dev)? != *state {
+    if w.state(&b.dev)? != *reference.1 {
         return Err("the hot state after the timed replays differs from hs_resolve's".into());
     }
     if download(&b.dev, &refused, 1)?[0] != 0 {
@@ -369,22 +415,17 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
         // separate and the fused path leave the pool identical.
         let mut missed_rows = 0u64;
         let mut looked_up = 0u64;
-        let (reference, reference_state) = {
-            w.reset(&b.dev, &b.s)?;
-            let mut all = Vec::new();
-            for step in 0..=steps {
-                w.resolve(&b.dev, &b.s, step, None)?;
-                all.push(w.outputs(&b.dev, step)?);
-                if step > 0 {
-                    let [_, _, hits, misses, _, _] = &w.outs[step];
-                    let m = download(&b.dev, misses, r as usize)?;
-                    let h = download(&b.dev, hits, r as usize)?;
-                    missed_rows += m.iter().map(|&x| x as u64).sum::<u64>();
-                    looked_up += m.iter().chain(&h).map(|&x| x as u64).sum::<u64>();
-                }
-            }
-            (all, w.state(&b.dev)?)
-        };
+        let (reference, reference_state) = production_walk(b, &mut w)?;
+        // Each step's hit and miss counts (outputs() order: indices, valid, hits, misses, ...).
+        let at = (r * K) as usize + r as usize;
+        for out in reference.iter().skip(1) {
+            let (h, m) = (
+                &out[at..at + r as usize],
+                &out[at + r as usize..at + 2 * r as usize],
+            );
+            missed_rows += m.iter().map(|&x| x as u64).sum::<u64>();
+            looked_up += m.iter().chain(h).map(|&x| x as u64).sum::<u64>();
+        }
         let zero = b.dev.alloc(pool_len)?;
         // The pair's pool, then the fused launch's: identical.
         let mut pair_pool: Option<Vec<u8>> = None;
