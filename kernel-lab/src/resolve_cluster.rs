@@ -31,6 +31,10 @@ pub struct Variant {
     pub entries: u32,
     /// LRU positions (and slots) of one thread.
     pub slots: u32,
+    /// The wanted-row table at this many times the production decode path's (a quarter-full
+    /// table for one row): a cluster has the shared memory of several multiprocessors, and a
+    /// probe that leaves the block crosses the cluster.
+    pub table_scale: u32,
 }
 
 impl Variant {
@@ -50,9 +54,10 @@ impl Variant {
     }
 
     /// Entries of the wanted-row table for a top-k of `top_k`: the production decode path's
-    /// quarter-full table ([`gk::resolve_table_goal`] of one row), at least four per block.
+    /// quarter-full table ([`gk::resolve_table_goal`] of one row) times `table_scale`, at least
+    /// four per block.
     pub fn table_entries(&self, top_k: u32) -> u32 {
-        (gk::resolve_table_goal(1, top_k) as u32).max(4 * self.cluster)
+        (gk::resolve_table_goal(1, top_k) as u32 * self.table_scale.max(1)).max(4 * self.cluster)
     }
 
     /// Bytes of one block's dynamic shared memory for a top-k of `top_k`
@@ -86,16 +91,18 @@ impl Variant {
     }
 }
 
-/// The kernels built: clusters of 2, 4 and 8 blocks sharing a request's 1024 threads (the
-/// production decode path's work per thread), and one 512-thread block a request with twice
-/// that work per thread (two requests a multiprocessor).
-pub const VARIANTS: [Variant; 4] = [
+/// The variants measured: clusters of 2, 4 and 8 blocks sharing a request's 1024 threads (the
+/// production decode path's work per thread; clusters of 4 also with a table twice as large),
+/// and one 512-thread block a request with twice that work per thread (two requests a
+/// multiprocessor).
+pub const VARIANTS: [Variant; 5] = [
     Variant {
         symbol: "lab_resolve_c2",
         cluster: 2,
         threads: 512,
         entries: 2,
         slots: 4,
+        table_scale: 1,
     },
     Variant {
         symbol: "lab_resolve_c4",
@@ -103,6 +110,7 @@ pub const VARIANTS: [Variant; 4] = [
         threads: 256,
         entries: 2,
         slots: 4,
+        table_scale: 1,
     },
     Variant {
         symbol: "lab_resolve_c8",
@@ -110,6 +118,7 @@ pub const VARIANTS: [Variant; 4] = [
         threads: 128,
         entries: 2,
         slots: 4,
+        table_scale: 1,
     },
     Variant {
         symbol: "lab_resolve_w512",
@@ -117,6 +126,15 @@ pub const VARIANTS: [Variant; 4] = [
         threads: 512,
         entries: 4,
         slots: 8,
+        table_scale: 1,
+    },
+    Variant {
+        symbol: "lab_resolve_c4",
+        cluster: 4,
+        threads: 256,
+        entries: 2,
+        slots: 4,
+        table_scale: 2,
     },
 ];
 
@@ -160,8 +178,14 @@ impl ClusterResolver {
         let mut functions = Vec::new();
         for v in VARIANTS {
             let f = module.function(v.symbol)?;
-            // The largest top-k a variant takes sizes its largest table.
-            module.allow_dynamic_shared(f, v.shared_bytes(v.entries * v.threads * v.cluster))?;
+            // The largest top-k any variant of this kernel takes sizes its largest table.
+            let most = VARIANTS
+                .iter()
+                .filter(|x| x.symbol == v.symbol)
+                .map(|x| x.shared_bytes(x.entries * x.threads * x.cluster))
+                .max()
+                .unwrap_or(0);
+            module.allow_dynamic_shared(f, most)?;
             functions.push((v, f));
         }
         Ok(ClusterResolver { module, functions })

@@ -1,13 +1,14 @@
-//! The cluster resolver (`kernels/resolve_cluster.cu`) executed on the CPU by the kernels'
-//! emulation (`gpu-kernels/emu`: every GPU thread a fiber, the blocks of a cluster one schedule,
-//! block and cluster barriers checked, the order between barriers drawn at random) and compared
-//! bit for bit with the core's reference resolve over walks of three steps: clusters of 2, 4 and
-//! 8 blocks of 32 to 1024 / C threads, decode shapes up to the cluster's one pass (top-k up to
-//! 2 × threads, slots up to 4 × threads), padding rows, `-1` and out-of-range entries, resident
-//! pages, host rows beyond the pool, duplicate entries, and corrupt LRU rows; a launch where a
-//! request has two rows must set the refusal word. Needs a C++20 compiler (as the production
-//! emulation): without one the check prints `SKIPPED` and succeeds, unless
-//! `HISPARSE_REQUIRE_CXX=1`. `HISPARSE_EMU_CASES=n` runs `n` seeds instead of 4.
+//! The lab's resolver experiments (`kernels/resolve_cluster.cu`, every variant of
+//! `resolve_cluster::VARIANTS`) executed on the CPU by the kernels' emulation (`gpu-kernels/emu`:
+//! every GPU thread a fiber, the blocks of a cluster one schedule, block and cluster barriers
+//! checked, the order between barriers drawn at random) and compared bit for bit with the core's
+//! reference resolve over walks of three steps: each variant at its own block size and at 32 or
+//! 64 threads a block, decode shapes up to its one pass, padding rows, `-1` and out-of-range
+//! entries, resident pages, host rows beyond the pool, duplicate entries, shuffled and corrupt
+//! LRU rows, rows cached in several slots; a launch where a request has two rows must set the
+//! refusal word. Needs a C++20 compiler (as the production emulation): without one the check
+//! prints `SKIPPED` and succeeds, unless `HISPARSE_REQUIRE_CXX=1`. `HISPARSE_EMU_CASES=n` runs
+//! `n` seeds instead of 4.
 
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -43,21 +44,27 @@ static void lab_run(unsigned rows, unsigned threads, unsigned smem, void** a) {
             hs_cpu_ptr{*(void**)a[22]}, hs_cpu_ptr{*(void**)a[23]});
     });
 }
-// Variant `v` of VARIANTS (src/resolve_cluster.rs), at any block size.
-extern "C" int lab_cluster_launch(unsigned v, unsigned rows, unsigned threads, unsigned smem,
-                                  void** a) {
-    switch (v) {
-    case 0: lab_run<2, 2, 4>(rows, threads, smem, a); return 0;
-    case 1: lab_run<4, 2, 4>(rows, threads, smem, a); return 0;
-    case 2: lab_run<8, 2, 4>(rows, threads, smem, a); return 0;
-    case 3: lab_run<1, 4, 8>(rows, threads, smem, a); return 0;
-    }
-    return 1;
-}
 extern "C" unsigned lab_cluster_shared(unsigned threads, unsigned per_thread, unsigned per_block) {
     return lab_cluster_shared_bytes(threads, per_thread, per_block);
 }
 "#;
+
+/// `lab_cluster_launch(v, ...)`: variant `v` of [`resolve_cluster::VARIANTS`] (its cluster size
+/// and work per thread as the kernel's template arguments), at any block size.
+fn dispatch() -> String {
+    let mut s = String::from(
+        "extern \"C\" int lab_cluster_launch(unsigned v, unsigned rows, unsigned threads, \
+         unsigned smem, void** a) {\n  switch (v) {\n",
+    );
+    for (i, v) in resolve_cluster::VARIANTS.iter().enumerate() {
+        s.push_str(&format!(
+            "  case {i}: lab_run<{}, {}, {}>(rows, threads, smem, a); return 0;\n",
+            v.cluster, v.entries, v.slots
+        ));
+    }
+    s.push_str("  }\n  return 1;\n}\n");
+    s
+}
 
 fn build() -> Result<Emu, String> {
     let cxx = std::env::var("CXX")
@@ -75,7 +82,7 @@ fn build() -> Result<Emu, String> {
         resolve_cluster::SOURCE,
         include_str!("../../gpu-kernels/emu/driver.cpp"),
         WRAPPER
-    );
+    ) + &dispatch();
     let cpp = dir.join("cluster.cpp");
     let so = dir.join("libcluster.so");
     std::fs::write(&cpp, src).map_err(|e| e.to_string())?;
