@@ -136,13 +136,16 @@ impl CudaDevice {
             resolve_blocks_per_multiprocessor: 0,
         };
         // How many resolver blocks share a multiprocessor decides how the planner splits its
-        // shared memory: ask the driver what the compiled kernels' registers allow.
-        let mut resolve_blocks = u32::MAX;
-        for k in [Kernel::Resolve, Kernel::ResolveGather] {
-            let blocks = kernels.get(k).max_active_blocks(k.abi().block_threads, 0)?;
-            resolve_blocks = resolve_blocks.min(u32::try_from(blocks).unwrap_or(0));
-        }
-        kernels.resolve_blocks_per_multiprocessor = resolve_blocks;
+        // shared memory: ask the driver what the compiled kernels' registers allow (a query, no
+        // stream work: relaxed like the load, as the first call may come during a capture).
+        kernels.resolve_blocks_per_multiprocessor = ffi::relaxed_capture(|| {
+            let mut blocks = u32::MAX;
+            for k in [Kernel::Resolve, Kernel::ResolveGather] {
+                let n = kernels.get(k).max_active_blocks(k.abi().block_threads, 0)?;
+                blocks = blocks.min(u32::try_from(n).unwrap_or(0));
+            }
+            Ok(blocks)
+        })?;
         let _ = self.kernels.set(kernels);
         self.kernels.get().ok_or_else(|| CudaError::Compile {
             log: "kernel table".into(),
