@@ -14,6 +14,78 @@ use crate::{REQUIRE_DEVICE_ENV, backend_name_of};
 /// checks (the CUDA backend's and the kernel lab's).
 pub const REQUIRE_NVRTC_ENV: &str = "HISPARSE_REQUIRE_NVRTC";
 
+/// Environment variable that turns "no C++ compiler → skipped" into a failure in the checks that
+/// run the kernel source on the CPU (gpu-kernels' and the kernel lab's emulation tests).
+pub const REQUIRE_CXX_ENV: &str = "HISPARSE_REQUIRE_CXX";
+
+/// Why the CPU emulation of the kernel source could not be built ([`build_emulation`]).
+#[derive(Debug)]
+pub enum EmulationBuildError {
+    /// No C++20 compiler: `$CXX`, `c++`, `g++` and `clang++` were tried (a skip unless
+    /// [`REQUIRE_CXX_ENV`] is set).
+    NoCompiler,
+    /// The compiler ran and failed, or the files could not be written: the message says which.
+    Failed(String),
+}
+
+impl std::fmt::Display for EmulationBuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmulationBuildError::NoCompiler => {
+                write!(f, "no C++ compiler found ($CXX, c++, g++, clang++)")
+            }
+            EmulationBuildError::Failed(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// Compiles `source` (the CPU vendor prelude, kernel source, emulation driver and launch
+/// wrappers, in that order) as C++20 into the shared library `dir/lib{name}.so` and returns its
+/// path. Every access is alignment-checked (`-fsanitize=alignment`): a kernel access a GPU would
+/// fault on aborts the emulation as it would fault there.
+pub fn build_emulation(
+    dir: &std::path::Path,
+    name: &str,
+    source: &str,
+) -> Result<std::path::PathBuf, EmulationBuildError> {
+    use std::process::Command;
+    let cxx = std::env::var("CXX")
+        .ok()
+        .into_iter()
+        .chain(["c++", "g++", "clang++"].map(String::from))
+        .find(|c| Command::new(c).arg("--version").output().is_ok())
+        .ok_or(EmulationBuildError::NoCompiler)?;
+    let failed = |e: std::io::Error| EmulationBuildError::Failed(e.to_string());
+    std::fs::create_dir_all(dir).map_err(failed)?;
+    let cpp = dir.join(format!("{name}.cpp"));
+    let so = dir.join(format!("lib{name}.so"));
+    std::fs::write(&cpp, source).map_err(failed)?;
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-fno-strict-aliasing",
+            "-fsanitize=alignment",
+            "-fno-sanitize-recover=alignment",
+            "-Wno-unknown-pragmas",
+            "-o",
+        ])
+        .arg(&so)
+        .arg(&cpp)
+        .output()
+        .map_err(|e| EmulationBuildError::Failed(format!("{cxx}: {e}")))?;
+    if !out.status.success() {
+        return Err(EmulationBuildError::Failed(format!(
+            "{cxx} failed to compile {name} for the CPU:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(so)
+}
+
 /// Whether the environment variable `name` is set to a true value (`1`, `true`, `yes`).
 pub fn flag_set(name: &str) -> bool {
     std::env::var(name)

@@ -269,6 +269,19 @@ unsigned hs_cpu_shfl(unsigned v, unsigned src) {
     return r;
 }
 
+// Makes fibers 0..n fresh, runnable from the kernel body's start on their own stacks.
+static void start_fibers(unsigned n) {
+    for (unsigned t = 0; t < n; ++t) {
+        Fiber& f = g_fibers[t];
+        if (getcontext(&f.ctx) != 0) fail("getcontext failed");
+        f.ctx.uc_stack.ss_sp = stack_of(t);
+        f.ctx.uc_stack.ss_size = STACK_BYTES;
+        f.ctx.uc_link = &g_scheduler;
+        makecontext(&f.ctx, fiber_main, 0);
+        f.at = At::Run;
+    }
+}
+
 // Runs `body` once per thread of every block of the grid, the threads of a block as fibers.
 template <class F>
 static void hs_cpu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem, F body) {
@@ -294,15 +307,7 @@ static void hs_cpu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsig
                 // Poison shared memory: kernels must write before they read.
                 std::memset(dyn.data(), 0xA5, dyn.size());
                 hs_cpu_dyn_smem = dyn.data() + (16 - reinterpret_cast<uintptr_t>(dyn.data()) % 16) % 16;
-                for (unsigned t = 0; t < bx; ++t) {
-                    Fiber& f = g_fibers[t];
-                    if (getcontext(&f.ctx) != 0) fail("getcontext failed");
-                    f.ctx.uc_stack.ss_sp = stack_of(t);
-                    f.ctx.uc_stack.ss_size = STACK_BYTES;
-                    f.ctx.uc_link = &g_scheduler;
-                    makecontext(&f.ctx, fiber_main, 0);
-                    f.at = At::Run;
-                }
+                start_fibers(bx);
                 run_block(bx);
             }
 }
@@ -335,15 +340,7 @@ static void hs_cpu_run_cluster(unsigned gx, unsigned bx, unsigned cluster, unsig
                 dyn[b].data() + (16 - reinterpret_cast<uintptr_t>(dyn[b].data()) % 16) % 16;
         }
         hs_cpu_dyn_smem = g_cluster_smem[0];
-        for (unsigned t = 0; t < total; ++t) {
-            Fiber& f = g_fibers[t];
-            if (getcontext(&f.ctx) != 0) fail("getcontext failed");
-            f.ctx.uc_stack.ss_sp = stack_of(t);
-            f.ctx.uc_stack.ss_size = STACK_BYTES;
-            f.ctx.uc_link = &g_scheduler;
-            makecontext(&f.ctx, fiber_main, 0);
-            f.at = At::Run;
-        }
+        start_fibers(total);
         run_block(total);
     }
     g_cluster = 1;

@@ -18,12 +18,11 @@
 
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::process::Command;
 
 use gk::plan::{self, Plan, Target};
 use gk::{Kernel, Param};
 use hisparse_conformance::SplitMix64;
-use hisparse_conformance::check::Check;
+use hisparse_conformance::check::{Check, EmulationBuildError, REQUIRE_CXX_ENV, build_emulation};
 use hisparse_core::ops::copy::{copy_host_pages, copy_pages, copy_rows, gather_rows};
 use hisparse_core::ops::indexer_backup::indexer_backup;
 use hisparse_core::ops::invalidate::invalidate;
@@ -175,15 +174,7 @@ fn wrappers() -> String {
     s
 }
 
-fn build() -> Result<Emu, String> {
-    let cxx = std::env::var("CXX")
-        .ok()
-        .into_iter()
-        .chain(["c++", "g++", "clang++"].map(String::from))
-        .find(|c| Command::new(c).arg("--version").output().is_ok())
-        .ok_or("no C++ compiler found ($CXX, c++, g++, clang++)")?;
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hisparse-cpu-emulation");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+fn build() -> Result<Emu, EmulationBuildError> {
     let src = format!(
         "{}{}{}{}",
         include_str!("../emu/vendor_cpu.h"),
@@ -191,40 +182,16 @@ fn build() -> Result<Emu, String> {
         include_str!("../emu/driver.cpp"),
         wrappers()
     );
-    let cpp = dir.join("hisparse_cpu.cpp");
-    let so = dir.join("libhisparse_cpu.so");
-    std::fs::write(&cpp, src).map_err(|e| e.to_string())?;
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-shared",
-            "-fPIC",
-            "-pthread",
-            "-fno-strict-aliasing",
-            // A GPU faults on a misaligned access; so does the emulation (`uint4` is 16-byte
-            // aligned in the CPU prelude, as on the GPU): every load and store is checked.
-            "-fsanitize=alignment",
-            "-fno-sanitize-recover=alignment",
-        ])
-        .args(["-Wno-unknown-pragmas", "-o"])
-        .arg(&so)
-        .arg(&cpp)
-        .output()
-        .map_err(|e| format!("{cxx}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cxx} failed to compile the kernel source for the CPU:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hisparse-cpu-emulation");
+    let so = build_emulation(&dir, "hisparse_cpu", &src)?;
+    let failed = |e: libloading::Error| EmulationBuildError::Failed(e.to_string());
     // SAFETY: the library was just built from the kernel source and the emulation driver; its
     // initialisers only construct empty globals.
-    let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| e.to_string())?;
+    let lib = unsafe { libloading::Library::new(&so) }.map_err(failed)?;
     // SAFETY: `hs_cpu_launch` is defined by the generated wrappers with exactly this signature.
     let launch = unsafe { lib.get::<LaunchFn>(b"hs_cpu_launch") }
         .map(|f| *f)
-        .map_err(|e| e.to_string())?;
+        .map_err(failed)?;
     Ok(Emu { _lib: lib, launch })
 }
 
@@ -1409,7 +1376,7 @@ fn main() {
     let check = Check::one("kernels_match_reference_on_cpu");
     let emu = match build() {
         Ok(e) => e,
-        Err(e) if e.starts_with("no C++ compiler") => check.missing("HISPARSE_REQUIRE_CXX", e),
+        Err(e @ EmulationBuildError::NoCompiler) => check.missing(REQUIRE_CXX_ENV, e),
         Err(e) => check.finish(Err(e)),
     };
     let cases: u64 = std::env::var("HISPARSE_EMU_CASES")

@@ -12,10 +12,9 @@
 
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::process::Command;
 
 use hisparse_conformance::SplitMix64;
-use hisparse_conformance::check::Check;
+use hisparse_conformance::check::{Check, EmulationBuildError, REQUIRE_CXX_ENV, build_emulation};
 use hisparse_core::ops::resolve::resolve;
 use hisparse_core::ops::{ResolveDesc, ResolveSlices};
 use hisparse_gpu_kernels as gk;
@@ -66,15 +65,7 @@ fn dispatch() -> String {
     s
 }
 
-fn build() -> Result<Emu, String> {
-    let cxx = std::env::var("CXX")
-        .ok()
-        .into_iter()
-        .chain(["c++", "g++", "clang++"].map(String::from))
-        .find(|c| Command::new(c).arg("--version").output().is_ok())
-        .ok_or("no C++ compiler found ($CXX, c++, g++, clang++)")?;
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hisparse-lab-cluster-emulation");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+fn build() -> Result<Emu, EmulationBuildError> {
     let src = format!(
         "{}{}{}{}{}",
         include_str!("../../gpu-kernels/emu/vendor_cpu.h"),
@@ -83,44 +74,21 @@ fn build() -> Result<Emu, String> {
         include_str!("../../gpu-kernels/emu/driver.cpp"),
         WRAPPER
     ) + &dispatch();
-    let cpp = dir.join("cluster.cpp");
-    let so = dir.join("libcluster.so");
-    std::fs::write(&cpp, src).map_err(|e| e.to_string())?;
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-shared",
-            "-fPIC",
-            "-pthread",
-            "-fno-strict-aliasing",
-            "-fsanitize=alignment",
-            "-fno-sanitize-recover=alignment",
-            "-Wno-unknown-pragmas",
-            "-o",
-        ])
-        .arg(&so)
-        .arg(&cpp)
-        .output()
-        .map_err(|e| format!("{cxx}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cxx} failed to compile the cluster resolver for the CPU:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hisparse-lab-cluster-emulation");
+    let so = build_emulation(&dir, "cluster", &src)?;
+    let failed = |e: libloading::Error| EmulationBuildError::Failed(e.to_string());
     // SAFETY: the library was just built from the kernel source and the emulation driver; its
     // initialisers only construct empty globals.
-    let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| e.to_string())?;
+    let lib = unsafe { libloading::Library::new(&so) }.map_err(failed)?;
     // SAFETY: both symbols are defined by WRAPPER with exactly these signatures.
     let (launch, shared) = unsafe {
         (
             lib.get::<LaunchFn>(b"lab_cluster_launch")
                 .map(|f| *f)
-                .map_err(|e| e.to_string())?,
+                .map_err(failed)?,
             lib.get::<SharedFn>(b"lab_cluster_shared")
                 .map(|f| *f)
-                .map_err(|e| e.to_string())?,
+                .map_err(failed)?,
         )
     };
     Ok(Emu {
@@ -430,7 +398,7 @@ fn main() {
     let check = Check::one("cluster_resolver_matches_reference_on_cpu");
     let emu = match build() {
         Ok(e) => e,
-        Err(e) if e.starts_with("no C++ compiler") => check.missing("HISPARSE_REQUIRE_CXX", e),
+        Err(e @ EmulationBuildError::NoCompiler) => check.missing(REQUIRE_CXX_ENV, e),
         Err(e) => check.finish(Err(e)),
     };
     let seeds: u64 = std::env::var("HISPARSE_EMU_CASES")
