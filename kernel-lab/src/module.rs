@@ -108,6 +108,23 @@ impl LabModule {
         stream: &CudaStream,
         params: &mut [*mut c_void],
     ) -> Result<(), LabError> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.launch_2d(f, (grid, 1), block, shared, stream, params) }
+    }
+
+    /// Enqueues kernel `f` of this module on `stream` over a grid of `(x, y)` blocks.
+    ///
+    /// # Safety
+    /// As [`LabModule::launch`].
+    pub unsafe fn launch_2d(
+        &self,
+        f: LabFunction,
+        grid: (u32, u32),
+        block: u32,
+        shared: u32,
+        stream: &CudaStream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), LabError> {
         // SAFETY: `self.ctx` is the device's primary context, retained for the process.
         unsafe { result::ctx::set_current(self.ctx) }
             .map_err(|e| driver("cuCtxSetCurrent")(e.0))?;
@@ -116,7 +133,7 @@ impl LabModule {
         unsafe {
             result::launch_kernel(
                 f.0,
-                (grid, 1, 1),
+                (grid.0, grid.1, 1),
                 (block, 1, 1),
                 shared,
                 stream.raw_handle(),
