@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the shared kernel source on the CPU with 64-lane wavefronts, as CDNA GPUs (gfx90a, gfx942)
 # execute it (and without a counting barrier, as HIP builds it), and compares every kernel with the core's reference: gpu-kernels' CPU emulation
-# (emu/, tests/cpu_emulation.rs) models 32-lane warps; this copies the committed sources to a
+# (emu/, tests/cpu_emulation/) models 32-lane warps; this copies the committed sources to a
 # temporary workspace, switches the emulated warp to 64 lanes, and runs the same check there.
 # RDNA (gfx1100, gfx1201) runs 32-lane wavefronts, which the unmodified check covers.
 #

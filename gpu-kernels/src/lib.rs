@@ -36,7 +36,7 @@
 //! Testing without a GPU: `emu/vendor_cpu.h` is a third prelude that turns the same source into
 //! C++20 for the CPU (a block's threads as fibers on one OS thread, barriers and warp shuffles
 //! emulated, the threads of each barrier interval run in varying orders), and
-//! `tests/cpu_emulation.rs` compiles it with the system C++ compiler, executes the planners'
+//! `tests/cpu_emulation/` compiles it with the system C++ compiler, executes the planners'
 //! launches through wrappers generated from this ABI table, and compares the results bit for bit
 //! with the core's reference on random inputs (`HISPARSE_REQUIRE_CXX=1` makes a missing compiler
 //! a failure).
