@@ -24,11 +24,15 @@
 // Every block barrier of hs_resolve_decode becomes a cluster barrier (release / acquire); a
 // block's pair scan is followed by an exchange of the blocks' totals.
 //
-// It computes exactly what hs_resolve_decode computes for a decode request (one token row per
-// request, top_k <= 2 * 1024 and even, hot_slots <= 4 * 1024 and a multiple of 4, state-row
-// order) and writes a padding row as hs_resolve does. A row whose request has another row in the
-// launch (the general body's work) is not resolved: the cluster writes nothing of it and sets
-// `*refused`, which the lab's callers check.
+// It computes exactly what hs_resolve computes: a decode request (one token row, top_k <= the
+// cluster's entries and even, hot_slots <= its slots and a multiple of 4, state-row order,
+// aligned rows) takes the cluster path; a padding row is written as hs_resolve writes it; any
+// other row (a request with several rows in the launch, rows an engine lent at odd offsets) is
+// resolved by block 0 of its cluster running the production general body (hs_resolve_body) in
+// global-state mode, on the launch's workspace, the other blocks leaving: what the production
+// decode path hands to the body, it hands over too. `*fallbacks` counts the rows it handed over
+// (the benches expect none on decode walks). Every block of the grid releases the workspace
+// counters (hs_workspace_release_after), as hs_resolve's do.
 //
 // Dynamic shared memory of each block: lab_cluster_shared_bytes(threads, table entries / C).
 
@@ -139,6 +143,32 @@ HS_DEVICE u32 lc_insert(const lc_table& tb, i32 g, u32 entry, bool& existed) {
 #define LC_SHARED_ROW 3u
 #define LC_VALID 4u
 
+// The general body for a row the cluster path does not take, kept out of line: inlined, its
+// registers would be the cluster path's too (64 a thread and spills, against 48-58 without).
+#if defined(HS_VENDOR_CUDA)
+#define LC_OUT_OF_LINE static __device__ __noinline__
+#else
+#define LC_OUT_OF_LINE static
+#endif
+LC_OUT_OF_LINE void lc_general_body(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ slot_host_rows, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
+    u32 smem_table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages,
+    u32 block_size, u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks,
+    u32* __restrict__ stats, u32 t, u32* s_scan, u32* s_words, bool* allocated) {
+    bool a = false;
+    hs_resolve_body(req_id, topk, resident_table, host_table, hot_table, slot_host_rows, lru,
+                    indices, valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace,
+                    workspace_counter, workspace_entries, smem_table_entries, num_tokens, top_k,
+                    num_requests, max_pages, block_size, hot_slots, attention_block_stride,
+                    host_num_blocks, 0, 0, stats, t, s_scan, s_words, a);
+    *allocated = a;
+}
+
 // Block `c` of the cluster of C blocks resolving token row `t`, each thread owning EK top-k
 // entries (even: EK / 2 eight-byte loads) and EN positions and slots (a multiple of 4: EN / 4
 // groups of one eight-byte LRU load and one 16-byte row load). `table_entries`: the whole table
@@ -152,9 +182,10 @@ HS_DEVICE void lab_resolve_cluster_body(
     const i32* __restrict__ hot_table, i32* __restrict__ slot_host_rows, u16* __restrict__ lru,
     i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
     i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
     u32 table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages, u32 block_size,
     u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32* __restrict__ stats,
-    u32* __restrict__ refused) {
+    u32* __restrict__ fallbacks, bool& allocated) {
     static_assert(EK % 2 == 0 && EN % 4 == 0 && (C & (C - 1)) == 0 && C <= 8, "shape");
     HS_DYN_SHARED(sm);
     const u32 c = C == 1 ? 0u : lc_rank(), T = HS_NTHREADS;
@@ -162,6 +193,7 @@ HS_DEVICE void lab_resolve_cluster_body(
     const u32 K = top_k, N = hot_slots;
     const u32 np = EN * T; // positions and slots per block
     const u32 gi = c * T + HS_TID, gt = C * T;
+    allocated = false;
     if (stats != 0 && t == 0 && c == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u); // the call
     if (t >= num_tokens) return;
     const hs_resolve_desc d =
@@ -184,6 +216,9 @@ HS_DEVICE void lab_resolve_cluster_body(
     }
     const u32 r = (u32)req;
     const u64 sbase = (u64)r * N;
+    // The vector loads need aligned rows: buffers an engine lent at odd offsets take the body.
+    const bool aligned =
+        ((u64)topk & 7u) == 0 && ((u64)lru & 7u) == 0 && ((u64)slot_host_rows & 15u) == 0;
 
     // This block's shared memory.
     unsigned char* p = sm + 4u * HS_RESOLVE_HOT_STAGE;
@@ -220,7 +255,7 @@ HS_DEVICE void lab_resolve_cluster_body(
 #pragma unroll
     for (u32 q = 0; q < EK; q += 2) {
         tok[q] = tok[q + 1] = -1;
-        if (j0 + q < K) { // K is even: both entries of the pair, or neither
+        if (aligned && j0 + q < K) { // K is even: both entries of the pair, or neither
             const u64 pair = HS_LDG((const u64*)(topk + base + j0 + q));
             tok[q] = (i32)(u32)pair;
             tok[q + 1] = (i32)(u32)(pair >> 32);
@@ -230,7 +265,7 @@ HS_DEVICE void lab_resolve_cluster_body(
     i32 cached_row[EN];
 #pragma unroll
     for (u32 q = 0; q < EN; q += 4) {
-        if (p0 + q < N) { // N is a multiple of 4: all four, or none
+        if (aligned && p0 + q < N) { // N is a multiple of 4: all four, or none
             const u64 four = *(const u64*)(lru + sbase + p0 + q);
             const uint4 rows = *(const uint4*)(slot_host_rows + sbase + p0 + q);
 #pragma unroll
@@ -247,7 +282,7 @@ HS_DEVICE void lab_resolve_cluster_body(
             }
         }
     }
-    bool other_row = false;
+    bool other_row = !aligned; // uniform: the row goes to the body
     for (u32 t2 = gi; t2 < num_tokens; t2 += gt)
         if (t2 != t && HS_LDG(req_id + t2) == req) other_row = true;
     i32* s_hot = d.hot_cols <= HS_RESOLVE_HOT_STAGE ? (i32*)sm : (i32*)0;
@@ -303,9 +338,24 @@ HS_DEVICE void lab_resolve_cluster_body(
     if (shared_row) flags0[LC_SHARED_ROW] = 1u;
     lc_sync<C>(); // (2)
     const uint4 f = *(const uint4*)flags0;
-    if (f.x != 0) { // uniform: several rows of one request, the general body's work
-        if (c == 0 && HS_TID == 0) atomicOr(refused, 1u);
-        lc_sync<C>(); // every block has read block 0's flags before block 0 exits
+    if (f.x != 0) { // uniform: several rows of one request (or unaligned rows), the body's work
+        lc_sync<C>(); // every block has read block 0's flags before block 0 reuses its memory
+        if (c != 0) return;
+        if (HS_TID == 0) atomicAdd(fallbacks, 1u);
+        // Block 0's whole dynamic shared memory past the hot stage is the body's: its shared
+        // table (a power of two) first, its scan and flag words at the end.
+        const u32 bytes = lab_cluster_shared_bytes(T, EN, per_block);
+        const u32 scratch_bytes = 16u * HS_MAX_WARPS + 16u;
+        u32* b_scan = (u32*)(sm + bytes - scratch_bytes);
+        u32* b_words = b_scan + 4u * HS_MAX_WARPS;
+        const u32 room = (bytes - scratch_bytes - 4u * HS_RESOLVE_HOT_STAGE) / 16u;
+        const u32 cap = room >= 16u ? 1u << (31u - (u32)HS_CLZ(room)) : 0u;
+        lc_general_body(req_id, topk, resident_table, host_table, hot_table, slot_host_rows, lru,
+                        indices, valid_counts, hit_counts, miss_counts, miss_src, miss_dst,
+                        workspace, workspace_counter, workspace_entries,
+                        cap | HS_RESOLVE_GLOBAL_STATE, num_tokens, top_k, num_requests, max_pages,
+                        block_size, hot_slots, attention_block_stride, host_num_blocks, stats, t,
+                        b_scan, b_words, &allocated);
         return;
     }
     const bool any_host = f.y != 0, corrupt = f.z != 0, dups = f.w != 0;
@@ -473,28 +523,51 @@ HS_DEVICE void lab_resolve_cluster_body(
     }
 }
 
+// A kernel's whole work: the body, then every block releases the workspace counters.
+template <u32 C, u32 EK, u32 EN>
+HS_DEVICE void lab_resolve_cluster(
+    const i32* __restrict__ req_id, const i32* __restrict__ topk,
+    const i32* __restrict__ resident_table, const i32* __restrict__ host_table,
+    const i32* __restrict__ hot_table, i32* __restrict__ slot_host_rows, u16* __restrict__ lru,
+    i32* __restrict__ indices, i32* __restrict__ valid_counts, i32* __restrict__ hit_counts,
+    i32* __restrict__ miss_counts, i32* __restrict__ miss_src, i32* __restrict__ miss_dst,
+    hs_wanted* __restrict__ workspace, u32* __restrict__ workspace_counter, u32 workspace_entries,
+    u32 table_entries, u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages, u32 block_size,
+    u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32* __restrict__ stats,
+    u32* __restrict__ fallbacks) {
+    HS_GRID_DEP_WAIT(); // before any global memory access
+    bool allocated;
+    lab_resolve_cluster_body<C, EK, EN>(
+        req_id, topk, resident_table, host_table, hot_table, slot_host_rows, lru, indices,
+        valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter,
+        workspace_entries, table_entries, num_tokens, top_k, num_requests, max_pages, block_size,
+        hot_slots, attention_block_stride, host_num_blocks, stats, fallbacks, allocated);
+    hs_workspace_release_after(workspace_counter, allocated);
+}
+
 #if defined(HS_VENDOR_CUDA)
 #define LAB_RESOLVE_PARAMS                                                                        \
     const i32 *req_id, const i32 *topk, const i32 *resident_table, const i32 *host_table,         \
         const i32 *hot_table, i32 *slot_host_rows, u16 *lru, i32 *indices, i32 *valid_counts,   \
-        i32 *hit_counts, i32 *miss_counts, i32 *miss_src, i32 *miss_dst, u32 table_entries,      \
-        u32 num_tokens, u32 top_k, u32 num_requests, u32 max_pages, u32 block_size,              \
-        u32 hot_slots, u32 attention_block_stride, u32 host_num_blocks, u32 *stats, u32 *refused
+        i32 *hit_counts, i32 *miss_counts, i32 *miss_src, i32 *miss_dst, hs_wanted *workspace,   \
+        u32 *workspace_counter, u32 workspace_entries, u32 table_entries, u32 num_tokens,         \
+        u32 top_k, u32 num_requests, u32 max_pages, u32 block_size, u32 hot_slots,               \
+        u32 attention_block_stride, u32 host_num_blocks, u32 *stats, u32 *fallbacks
 #define LAB_RESOLVE_ARGS                                                                          \
     req_id, topk, resident_table, host_table, hot_table, slot_host_rows, lru, indices,            \
-        valid_counts, hit_counts, miss_counts, miss_src, miss_dst, table_entries, num_tokens,    \
-        top_k, num_requests, max_pages, block_size, hot_slots, attention_block_stride,           \
-        host_num_blocks, stats, refused
+        valid_counts, hit_counts, miss_counts, miss_src, miss_dst, workspace, workspace_counter, \
+        workspace_entries, table_entries, num_tokens, top_k, num_requests, max_pages,            \
+        block_size, hot_slots, attention_block_stride, host_num_blocks, stats, fallbacks
 #define LAB_RESOLVE_CLUSTER(C)                                                                    \
     extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024 / C)               \
         lab_resolve_c##C(LAB_RESOLVE_PARAMS) {                                                    \
-        lab_resolve_cluster_body<C, 2, 4>(LAB_RESOLVE_ARGS);                                      \
+        lab_resolve_cluster<C, 2, 4>(LAB_RESOLVE_ARGS);                                           \
     }
 LAB_RESOLVE_CLUSTER(2)
 LAB_RESOLVE_CLUSTER(4)
 LAB_RESOLVE_CLUSTER(8)
 // One block of 512 threads a request, two blocks a multiprocessor.
 extern "C" __global__ void __launch_bounds__(512, 2) lab_resolve_w512(LAB_RESOLVE_PARAMS) {
-    lab_resolve_cluster_body<1, 4, 8>(LAB_RESOLVE_ARGS);
+    lab_resolve_cluster<1, 4, 8>(LAB_RESOLVE_ARGS);
 }
 #endif

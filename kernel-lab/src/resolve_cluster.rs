@@ -77,7 +77,8 @@ impl Variant {
 
     /// Whether a launch's shape is the kernel's: one pass of entries and slots over its
     /// threads, an even top-k, slots a multiple of four that a `u16` numbers, state-row order.
-    /// (That each request has one token row is found on the device: `refused`.)
+    /// (Rows that are not decode requests are found on the device and handed to the general
+    /// body: `fallbacks`.)
     pub fn eligible(&self, d: &ResolveDesc) -> bool {
         let all = u64::from(self.threads) * u64::from(self.cluster);
         d.num_state_rows.is_none()
@@ -139,17 +140,29 @@ pub const VARIANTS: [Variant; 5] = [
 ];
 
 /// Device addresses of one launch's buffers, in the kernel's parameter order: the production
-/// resolve's thirteen (`req_id` .. `miss_dst`), then `stats` (0: none) and `refused` (one `u32`
-/// the kernel ORs 1 into when it met a request with several rows).
+/// resolve's thirteen (`req_id` .. `miss_dst`), the workspace its fallback takes (the general
+/// body in global-state mode: [`workspace_entries`] 16-byte entries, and four counter words
+/// that are zero before the first launch and that every launch leaves zero), then `stats` (0:
+/// none) and `fallbacks` (one `u32` the kernel adds each row it handed to the body to).
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterAddrs {
     /// `req_id`, `topk`, `resident_table`, `host_table`, `hot_table`, `slot_host_rows`, `lru`,
     /// `indices`, `valid_counts`, `hit_counts`, `miss_counts`, `miss_src`, `miss_dst`.
     pub buffers: [u64; 13],
+    /// The workspace (16-byte entries).
+    pub workspace: u64,
+    /// Its four counter words.
+    pub workspace_counter: u64,
     /// The stats slot's four words, or 0.
     pub stats: u64,
-    /// The refusal word.
-    pub refused: u64,
+    /// The fallback counter.
+    pub fallbacks: u64,
+}
+
+/// Workspace entries a launch of `d` needs for rows the kernel hands to the general body: its
+/// global-state mode with every table in the workspace.
+pub fn workspace_entries(d: &ResolveDesc) -> u64 {
+    gk::resolve_global_workspace_entries(d.num_tokens, d.top_k, d.num_requests, d.hot_slots, true)
 }
 
 /// The experiment's kernels loaded for one device (sm_90 or later).
@@ -195,7 +208,8 @@ impl ClusterResolver {
     ///
     /// # Safety
     /// Every address of `a` is a live device buffer of the size the production resolve of `d`
-    /// needs (`stats`: four words or 0; `refused`: one word), alive until the launch completed.
+    /// needs (the workspace: [`workspace_entries`] of `d`, its counters four zero words;
+    /// `stats`: four words or 0; `fallbacks`: one word), alive until the launch completed.
     pub unsafe fn launch(
         &self,
         stream: &CudaStream,
@@ -219,6 +233,9 @@ impl ClusterResolver {
             return Ok(());
         }
         let mut ptrs = a.buffers;
+        let (mut workspace, mut counter) = (a.workspace, a.workspace_counter);
+        let mut entries = u32::try_from(workspace_entries(d))
+            .map_err(|_| LabError("the fallback's workspace exceeds 2^32 entries".into()))?;
         let mut words = [
             v.table_entries(d.top_k),
             d.num_tokens,
@@ -230,24 +247,27 @@ impl ClusterResolver {
             d.attention_block_stride,
             d.host_num_blocks,
         ];
-        let (mut stats, mut refused) = (a.stats, a.refused);
-        let mut params: Vec<*mut c_void> = Vec::with_capacity(24);
+        let (mut stats, mut fallbacks) = (a.stats, a.fallbacks);
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(27);
         for p in ptrs.iter_mut() {
             params.push((p as *mut u64).cast());
         }
+        params.push((&raw mut workspace).cast());
+        params.push((&raw mut counter).cast());
+        params.push((&raw mut entries).cast());
         for w in words.iter_mut() {
             params.push((w as *mut u32).cast());
         }
         params.push((&raw mut stats).cast());
-        params.push((&raw mut refused).cast());
+        params.push((&raw mut fallbacks).cast());
         let grid = d
             .num_tokens
             .checked_mul(v.cluster)
             .ok_or_else(|| LabError("grid".into()))?;
         let shared = v.shared_bytes(d.top_k);
         // SAFETY: `params` holds one pointer per parameter of the variant's kernel in its order
-        // (thirteen pointers, nine u32, two pointers), each alive for the call; the buffers per
-        // the caller's contract.
+        // (fifteen pointers, ten u32, two pointers), each alive for the call; the buffers per the
+        // caller's contract.
         unsafe {
             self.module
                 .launch(f, grid, v.threads, shared, stream, &mut params)

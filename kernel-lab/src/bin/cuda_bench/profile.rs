@@ -19,7 +19,7 @@ use hisparse_core::Device;
 use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs};
 
 use crate::remap::{K, MODES, RemapInputs};
-use crate::walk::{Walk, lab_walk_matches};
+use crate::walk::{LabScratch, Walk, lab_walk_matches};
 use hisparse_conformance::SplitMix64;
 use hisparse_kernel_lab::remap_wide::WideAddrs;
 use hisparse_kernel_lab::resolve_cluster;
@@ -77,9 +77,9 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
     }
     // The lab's experiments, each on the second step of the 1- and 64-request walks.
     if let Some(lab) = b.cluster.clone() {
-        let refused = crate::upload(&b.dev, &[0])?;
         for r in [1u32, 64] {
             let mut w = Walk::new(b, r, 2, &mut rng)?;
+            let scratch = LabScratch::new(b, &w)?;
             for v in resolve_cluster::VARIANTS {
                 for i in 0..REPEATS {
                     w.reset(&b.dev, &b.s)?;
@@ -89,7 +89,7 @@ pub(crate) fn run(b: &mut Bench) -> Res<()> {
                         v.symbol,
                         i + 1
                     ));
-                    w.resolve_cluster(&lab, &b.s, 1, &v, &refused)?;
+                    w.resolve_cluster(&lab, &b.s, 1, &v, &scratch)?;
                     labels.push(format!("{} {r} req, ~9% misses, call {}", v.symbol, i + 1));
                 }
             }
