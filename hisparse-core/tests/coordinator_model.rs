@@ -386,15 +386,41 @@ fn no_write_overwrites_an_only_copy(
     Ok(())
 }
 
-fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), TestCaseError> {
-    let holders = gpu_holders(sh, c, cmd);
-    let kv = c.layout();
-    let full = if kv.block_size == 64 {
+/// Rows of a full page, as the bitmask of a host block's mirrored rows.
+fn full_page(block_size: u32) -> u64 {
+    if block_size == 64 {
         u64::MAX
     } else {
-        (1u64 << kv.block_size) - 1
-    };
-    let resident_base = 2u32;
+        (1u64 << block_size) - 1
+    }
+}
+
+/// Resident block-table groups start here (a group below is an indexer or regular table).
+const RESIDENT_BASE: u32 = 2;
+
+fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), TestCaseError> {
+    let holders = gpu_holders(sh, c, cmd);
+    apply_tables(sh, c, cmd)?;
+    // Nothing this command writes loses a page's only copy (its tables are applied, its
+    // copies and forward pass not yet).
+    no_write_overwrites_an_only_copy(sh, c, cmd, &holders)?;
+    apply_restores(sh, c, cmd)?;
+    check_reads(sh, c, cmd)?;
+    apply_forward(sh, c, cmd)?;
+    apply_after_forward(sh, c, cmd)
+}
+
+/// The command's table updates: its transfer id, started and released rows, host blocks and
+/// block tables, host copy-on-write, residency (every reclaim checked: durable on host, outside
+/// the active tail) and hot regions.
+fn apply_tables(
+    sh: &mut Shadow,
+    c: &Coordinator,
+    cmd: &OffloadCommand,
+) -> Result<(), TestCaseError> {
+    let kv = c.layout();
+    let full = full_page(kv.block_size);
+    let resident_base = RESIDENT_BASE;
     if let Some(id) = cmd.transfer_id {
         prop_assert_eq!(Some(&(id - 1)), sh.issued.last().or(Some(&0)));
         sh.issued.push(id);
@@ -498,10 +524,16 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
         prop_assert_eq!(a.blocks.len(), kv.hot_blocks_per_request as usize);
         sh.hot[a.slot as usize][b] = a.blocks.clone();
     }
-    // Nothing this command writes loses a page's only copy (its tables are applied, its
-    // copies and forward pass not yet).
-    no_write_overwrites_an_only_copy(sh, c, cmd, &holders)?;
-    // Before the forward: restores (host → device pages) and GPU copy-on-write.
+    Ok(())
+}
+
+/// Before the forward pass: restores (host → device pages) and GPU copy-on-write.
+fn apply_restores(
+    sh: &mut Shadow,
+    c: &Coordinator,
+    cmd: &OffloadCommand,
+) -> Result<(), TestCaseError> {
+    let kv = c.layout();
     let bs = kv.block_size as usize;
     for t in &cmd.restores {
         sh.check_write(true, t.device_block, "a restore")?;
@@ -521,6 +553,18 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
             .unwrap_or_else(|| vec![0; bs]);
         sh.gpu_data.insert(pair.dst, rows);
     }
+    Ok(())
+}
+
+/// What this step reads before its tokens: prefix-hit pages durable on host, and every context
+/// row, from the GPU block its resident entry names or from a durable host block.
+fn check_reads(
+    sh: &mut Shadow,
+    c: &Coordinator,
+    cmd: &OffloadCommand,
+) -> Result<(), TestCaseError> {
+    let kv = c.layout();
+    let full = full_page(kv.block_size);
     // Prefix hits: null resident entries of pages never resident must be durable on host. A
     // prefill chunk has none: its context is on the GPU.
     for s in &cmd.scheduled {
@@ -626,6 +670,18 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
             }
         }
     }
+    Ok(())
+}
+
+/// The forward pass: this step's tokens written into resident rows (tagged), indexer and
+/// regular blocks (checked against copy-on-write sources only); the rows' computed tokens.
+fn apply_forward(
+    sh: &mut Shadow,
+    c: &Coordinator,
+    cmd: &OffloadCommand,
+) -> Result<(), TestCaseError> {
+    let kv = c.layout();
+    let bs = kv.block_size as usize;
     // The forward pass writes this step's tokens: resident rows (tagged), indexer and regular
     // blocks (only checked against copy-on-write sources).
     for s in &cmd.scheduled {
@@ -666,7 +722,19 @@ fn apply(sh: &mut Shadow, c: &Coordinator, cmd: &OffloadCommand) -> Result<(), T
             );
         }
     }
-    // After-forward copies.
+    Ok(())
+}
+
+/// After the forward pass: row mirrors and page spills to host, and the copy-on-write sources
+/// this step's transfer releases.
+fn apply_after_forward(
+    sh: &mut Shadow,
+    c: &Coordinator,
+    cmd: &OffloadCommand,
+) -> Result<(), TestCaseError> {
+    let kv = c.layout();
+    let full = full_page(kv.block_size);
+    let bs = kv.block_size as usize;
     let id = cmd.transfer_id.unwrap_or(0);
     for m in &cmd.row_mirrors {
         prop_assert!(m.span.first_row + m.span.num_rows <= kv.block_size);
