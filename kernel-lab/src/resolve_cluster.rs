@@ -31,33 +31,47 @@ pub struct Variant {
     pub entries: u32,
     /// LRU positions (and slots) of one thread.
     pub slots: u32,
-    /// The wanted-row table at this many times the production decode path's (a quarter-full
-    /// table for one row): a cluster has the shared memory of several multiprocessors, and a
-    /// probe that leaves the block crosses the cluster.
-    pub table_scale: u32,
+    /// The wanted-row table at 2^table_shift times the production decode path's (a quarter-full
+    /// table for one row), never below twice the top-k: larger for a cluster (the shared memory
+    /// of several multiprocessors, and a probe that leaves the block crosses the cluster),
+    /// smaller for two blocks a multiprocessor (both blocks' shared memory in one).
+    pub table_shift: i32,
 }
 
 impl Variant {
     /// How the bench and the reports name it.
     pub fn label(&self) -> String {
+        let table = match self.table_shift {
+            0 => String::new(),
+            s if s > 0 => format!(", table x{}", 1u32 << s),
+            s => format!(", table /{}", 1u32 << -s),
+        };
         if self.cluster == 1 {
             format!(
-                "lab: one block of {} threads, {} entries a thread",
+                "lab: one block of {} threads, {} entries a thread{table}",
                 self.threads, self.entries
             )
         } else {
             format!(
-                "lab: clusters of {} x {} threads",
+                "lab: clusters of {} x {} threads{table}",
                 self.cluster, self.threads
             )
         }
     }
 
     /// Entries of the wanted-row table for a top-k of `top_k`: the production decode path's
-    /// quarter-full table ([`gk::resolve_table_goal`] of one row) times `table_scale`, at least
-    /// four per block.
+    /// quarter-full table ([`gk::resolve_table_goal`] of one row) scaled by `table_shift`, at
+    /// least twice the top-k and four per block.
     pub fn table_entries(&self, top_k: u32) -> u32 {
-        (gk::resolve_table_goal(1, top_k) as u32 * self.table_scale.max(1)).max(4 * self.cluster)
+        let goal = gk::resolve_table_goal(1, top_k) as u32;
+        let scaled = if self.table_shift >= 0 {
+            goal << self.table_shift
+        } else {
+            goal >> -self.table_shift
+        };
+        scaled
+            .max((2 * top_k).next_power_of_two())
+            .max(4 * self.cluster)
     }
 
     /// Bytes of one block's dynamic shared memory for a top-k of `top_k`
@@ -94,8 +108,8 @@ impl Variant {
 
 /// The variants measured: clusters of 2, 4 and 8 blocks sharing a request's 1024 threads (the
 /// production decode path's work per thread; clusters of 4 also with a table twice as large),
-/// and one 512-thread block a request with twice that work per thread (two requests a
-/// multiprocessor).
+/// and one 512-thread block a request with twice that work per thread and half the table (two
+/// requests a multiprocessor: 87 KB of shared memory each at top-k 2048).
 pub const VARIANTS: [Variant; 5] = [
     Variant {
         symbol: "lab_resolve_c2",
@@ -103,7 +117,7 @@ pub const VARIANTS: [Variant; 5] = [
         threads: 512,
         entries: 2,
         slots: 4,
-        table_scale: 1,
+        table_shift: 0,
     },
     Variant {
         symbol: "lab_resolve_c4",
@@ -111,7 +125,7 @@ pub const VARIANTS: [Variant; 5] = [
         threads: 256,
         entries: 2,
         slots: 4,
-        table_scale: 1,
+        table_shift: 0,
     },
     Variant {
         symbol: "lab_resolve_c8",
@@ -119,7 +133,7 @@ pub const VARIANTS: [Variant; 5] = [
         threads: 128,
         entries: 2,
         slots: 4,
-        table_scale: 1,
+        table_shift: 0,
     },
     Variant {
         symbol: "lab_resolve_w512",
@@ -127,7 +141,7 @@ pub const VARIANTS: [Variant; 5] = [
         threads: 512,
         entries: 4,
         slots: 8,
-        table_scale: 1,
+        table_shift: -1,
     },
     Variant {
         symbol: "lab_resolve_c4",
@@ -135,7 +149,7 @@ pub const VARIANTS: [Variant; 5] = [
         threads: 256,
         entries: 2,
         slots: 4,
-        table_scale: 2,
+        table_shift: 1,
     },
 ];
 
