@@ -140,7 +140,7 @@ impl CudaDevice {
         // stream work: relaxed like the load, as the first call may come during a capture).
         kernels.resolve_blocks_per_multiprocessor = ffi::relaxed_capture(|| {
             let mut blocks = u32::MAX;
-            for k in [Kernel::Resolve, Kernel::ResolveGather] {
+            for k in Kernel::RESOLVERS {
                 let n = kernels.get(k).max_active_blocks(k.abi().block_threads, 0)?;
                 blocks = blocks.min(u32::try_from(n).unwrap_or(0));
             }

@@ -176,7 +176,7 @@ impl Context {
         // How many resolver blocks share a compute unit decides how the planner splits its
         // shared memory: ask the runtime what the loaded kernels' registers allow.
         let mut resolve_blocks = u32::MAX;
-        for k in [Kernel::Resolve, Kernel::ResolveGather] {
+        for k in Kernel::RESOLVERS {
             let f = ctx.function(kernels::index(k));
             let blocks = ctx
                 .hip

@@ -336,6 +336,10 @@ impl Kernel {
         Kernel::IndexerBackup,
     ];
 
+    /// The resolver kernels whose occupancy `plan::Target::resolve_blocks_per_multiprocessor`
+    /// is (the smallest of theirs): a backend asks its driver about each when it loads them.
+    pub const RESOLVERS: [Kernel; 2] = [Kernel::Resolve, Kernel::ResolveGather];
+
     /// Symbol, parameters and block size.
     pub const fn abi(self) -> KernelAbi {
         let (name, params, block_threads) = match self {

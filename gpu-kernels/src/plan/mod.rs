@@ -53,7 +53,7 @@ pub struct Target {
     /// Resolver blocks ([`crate::RESOLVE_THREADS`] threads) one multiprocessor runs at once as
     /// far as its registers and threads allow, before shared memory: the loaded resolver
     /// kernels' occupancy (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, HIP's equivalent),
-    /// the smaller of `hs_resolve`'s and `hs_resolve_gather`'s. 0 counts as 1. The resolver
+    /// the smallest over [`Kernel::RESOLVERS`]. 0 counts as 1. The resolver
     /// splits a multiprocessor's shared memory only between blocks that can run there together
     /// ([`resolve_shape`]).
     pub resolve_blocks_per_multiprocessor: u32,
