@@ -13,8 +13,8 @@
 #      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
 #      (remap at 1 and 64 tokens in every mode, the resolver at 1 and 64 requests, the fused
-#      launch at 64 requests, and the kernel lab's experiments: its remap at 1 and 64 tokens,
-#      its resolvers at 1 and 64 requests):
+#      launch at 64 requests (plain remaps of up to 64 tokens are hs_remap_wide), and the
+#      kernel lab's resolvers at 1 and 64 requests):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
 #   4. the resolve cases with the resolver's global-state mode forced
@@ -87,7 +87,7 @@ ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 if [ -n "$ncu_bin" ]; then
     rm -f "$out/ncu.ncu-rep"
     section ncu 100 "$ncu_bin" --target-processes all \
-        --kernel-name regex:'^(hs_(remap|resolve|resolve_gather)|lab_remap_wide|lab_resolve_(c2|c4|c8|w512))$' \
+        --kernel-name regex:'^(hs_(remap|resolve|resolve_gather)|hs_remap_wide|lab_resolve_(c2|c4|c8|w512))$' \
         --cache-control none --clock-control none \
         --section SpeedOfLight --section LaunchStats --section Occupancy \
         --section WarpStateStats --section SchedulerStats \

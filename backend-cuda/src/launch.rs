@@ -64,6 +64,7 @@ const fn waits_for_grid_dependency(k: Kernel) -> bool {
         k,
         Kernel::Remap
             | Kernel::RemapModes
+            | Kernel::RemapWide
             | Kernel::Resolve
             | Kernel::GatherRows
             | Kernel::ResolveGather
@@ -79,6 +80,7 @@ impl CudaDevice {
         let k = self.kernels()?;
         let list: Vec<(&'static str, Function, u32)> = [
             Kernel::Remap,
+            Kernel::RemapWide,
             Kernel::Resolve,
             Kernel::GatherRows,
             Kernel::ResolveGather,

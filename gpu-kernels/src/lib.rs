@@ -106,6 +106,10 @@ pub const REMAP_PAIR: u32 = 32;
 /// Largest dynamic shared memory the planner gives `hs_remap` for a staged compaction (rows of
 /// more than a quarter of this many entries compact in place).
 pub const REMAP_STAGE_MAX_BYTES: u32 = 16 * 1024;
+/// Most threads per block of `hs_remap_wide` ([`Kernel::RemapWide`]).
+pub const REMAP_WIDE_MAX_THREADS: u32 = 256;
+/// Threads per block the planner gives `hs_remap_wide`: vLLM's programs of four warps.
+pub const REMAP_WIDE_THREADS: u32 = 128;
 /// Threads per block of `hs_resolve`.
 pub const RESOLVE_THREADS: u32 = 1024;
 /// Threads per block of `hs_gather_rows`.
@@ -254,6 +258,11 @@ pub enum Kernel {
     /// mapped indexer host cache) are the pools. Rows move in 16-byte chunks where every part
     /// allows, else in 4-byte words (`hisparse_core::ops::indexer_backup`).
     IndexerBackup,
+    /// `hs_remap_wide`: [`Kernel::Remap`]'s parameters for a plain remap (no counts or
+    /// compaction: `counts` unused, `flags` only [`REMAP_HAS_MAP`]) with one top-k entry a
+    /// thread: grid `(ceil(top_k / block), num_tokens)` (`num_tokens` at most 65,535), block at
+    /// most [`REMAP_WIDE_MAX_THREADS`] ([`plan::remap`] picks it for few plain rows).
+    RemapWide,
 }
 
 macro_rules! params {
@@ -321,7 +330,7 @@ const RESOLVE_GATHER_PARAMS: &[NamedParam] = params![
 
 impl Kernel {
     /// Every kernel, in source order.
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::Remap,
         Kernel::Resolve,
         Kernel::GatherRows,
@@ -334,6 +343,7 @@ impl Kernel {
         Kernel::ResolveGather,
         Kernel::RemapModes,
         Kernel::IndexerBackup,
+        Kernel::RemapWide,
     ];
 
     /// The resolver kernels whose occupancy `plan::Target::resolve_blocks_per_multiprocessor`
@@ -357,12 +367,13 @@ impl Kernel {
             Kernel::ResolveGather => ("hs_resolve_gather", RESOLVE_GATHER_PARAMS, RESOLVE_THREADS),
             Kernel::RemapModes => ("hs_remap_modes", REMAP_MODES_PARAMS, REMAP_MAX_THREADS),
             Kernel::IndexerBackup => ("hs_indexer_backup", INDEXER_BACKUP_PARAMS, INDEXER_THREADS),
+            Kernel::RemapWide => ("hs_remap_wide", REMAP_PARAMS, REMAP_WIDE_MAX_THREADS),
         };
         KernelAbi {
             name,
             params,
             block_threads,
-            variable_block: matches!(self, Kernel::Remap | Kernel::RemapModes),
+            variable_block: matches!(self, Kernel::Remap | Kernel::RemapModes | Kernel::RemapWide),
         }
     }
 

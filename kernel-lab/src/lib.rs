@@ -17,13 +17,10 @@
 //!   thread-block cluster, sm_90; a request per 512-thread block), checked on the CPU by
 //!   `tests/cluster_emulation.rs` and timed beside `hs_resolve` by `cuda_bench`; [`module`]
 //!   loads the lab's own kernels into a backend's context.
-//! * [`remap_wide`]: an experiment, the plain remap with one top-k entry per thread, checked and
-//!   timed the same way beside `hs_remap`.
 //!
 //! The device-generic benches (`hisparse bench`, the same figures on every backend) live in
 //! `benches/`.
 
 pub mod module;
 pub mod probes;
-pub mod remap_wide;
 pub mod resolve_cluster;

@@ -1,4 +1,4 @@
-//! The kernel lab's experiments executed on the CPU by the kernels' emulation (`gpu-kernels/emu`:
+//! The kernel lab's resolver experiments executed on the CPU by the kernels' emulation (`gpu-kernels/emu`:
 //! every GPU thread a fiber, the blocks of a cluster one schedule, block and cluster barriers
 //! checked, the order between barriers drawn at random) and compared bit for bit with the core's
 //! reference:
@@ -10,9 +10,6 @@
 //!   shuffled and corrupt LRU rows, rows cached in several slots; requests with several rows
 //!   and top-k buffers at odd offsets, which the kernel hands to the production general body
 //!   (its workspace counters checked back to zero);
-//! * the one-entry-a-thread remap (`kernels/remap_wide.cu`) at both block sizes: padding rows,
-//!   `-1`, entries past the table, negative and huge blocks, block sizes that are not powers of
-//!   two.
 //!
 //! Needs a C++20 compiler (as the production emulation): without one the check prints
 //! `SKIPPED` and succeeds, unless `HISPARSE_REQUIRE_CXX=1`. `HISPARSE_EMU_CASES=n` runs `n`
@@ -23,22 +20,18 @@ use std::path::PathBuf;
 
 use hisparse_conformance::SplitMix64;
 use hisparse_conformance::check::{Check, EmulationBuildError, REQUIRE_CXX_ENV, build_emulation};
-use hisparse_core::ops::remap::remap;
 use hisparse_core::ops::resolve::resolve;
-use hisparse_core::ops::{RemapArgs, RemapDesc};
 use hisparse_core::ops::{ResolveDesc, ResolveSlices};
 use hisparse_gpu_kernels as gk;
-use hisparse_kernel_lab::{remap_wide, resolve_cluster};
+use hisparse_kernel_lab::resolve_cluster;
 
 type LaunchFn = unsafe extern "C" fn(u32, u32, u32, u32, *mut *mut c_void) -> i32;
 type SharedFn = unsafe extern "C" fn(u32, u32, u32) -> u32;
-type RemapFn = unsafe extern "C" fn(u32, u32, u32, *mut *mut c_void) -> i32;
 
 struct Emu {
     _lib: libloading::Library,
     launch: LaunchFn,
     shared: SharedFn,
-    remap: RemapFn,
 }
 
 const WRAPPER: &str = r#"
@@ -55,14 +48,6 @@ static void lab_run(unsigned rows, unsigned threads, unsigned smem, void** a) {
             *(u32*)a[21], *(u32*)a[22], *(u32*)a[23], *(u32*)a[24], hs_cpu_ptr{*(void**)a[25]},
             hs_cpu_ptr{*(void**)a[26]});
     });
-}
-extern "C" int lab_remap_wide_launch(unsigned gx, unsigned gy, unsigned bx, void** a) {
-    hs_cpu_run(gx, gy, 1, bx, 0, [a] {
-        lab_remap_wide(hs_cpu_ptr{*(void**)a[0]}, hs_cpu_ptr{*(void**)a[1]},
-                       hs_cpu_ptr{*(void**)a[2]}, hs_cpu_ptr{*(void**)a[3]}, *(u32*)a[4],
-                       *(u32*)a[5], *(u32*)a[6], *(u32*)a[7], *(u32*)a[8], *(u32*)a[9]);
-    });
-    return 0;
 }
 extern "C" unsigned lab_cluster_shared(unsigned threads, unsigned per_thread, unsigned per_block) {
     return lab_cluster_shared_bytes(threads, per_thread, per_block);
@@ -88,11 +73,10 @@ fn dispatch() -> String {
 
 fn build() -> Result<Emu, EmulationBuildError> {
     let src = format!(
-        "{}{}{}{}{}{}",
+        "{}{}{}{}{}",
         include_str!("../../gpu-kernels/emu/vendor_cpu.h"),
         gk::COMMON_SOURCE,
         resolve_cluster::SOURCE,
-        remap_wide::SOURCE,
         include_str!("../../gpu-kernels/emu/driver.cpp"),
         WRAPPER
     ) + &dispatch();
@@ -103,15 +87,12 @@ fn build() -> Result<Emu, EmulationBuildError> {
     // initialisers only construct empty globals.
     let lib = unsafe { libloading::Library::new(&so) }.map_err(failed)?;
     // SAFETY: both symbols are defined by WRAPPER with exactly these signatures.
-    let (launch, shared, remap) = unsafe {
+    let (launch, shared) = unsafe {
         (
             lib.get::<LaunchFn>(b"lab_cluster_launch")
                 .map(|f| *f)
                 .map_err(failed)?,
             lib.get::<SharedFn>(b"lab_cluster_shared")
-                .map(|f| *f)
-                .map_err(failed)?,
-            lib.get::<RemapFn>(b"lab_remap_wide_launch")
                 .map(|f| *f)
                 .map_err(failed)?,
         )
@@ -120,7 +101,6 @@ fn build() -> Result<Emu, EmulationBuildError> {
         _lib: lib,
         launch,
         shared,
-        remap,
     })
 }
 
@@ -441,86 +421,6 @@ fn check_walk(emu: &Emu, rng: &mut SplitMix64) -> Result<(u32, u32), String> {
     Ok((launches, handed))
 }
 
-/// A random plain remap through the one-entry-a-thread kernel, compared with the reference.
-fn check_remap_wide(emu: &Emu, rng: &mut SplitMix64) -> Result<(), String> {
-    let threads = remap_wide::THREADS[rng.below(remap_wide::THREADS.len() as u64) as usize];
-    let t = rng.range_inclusive(0, 5) as u32;
-    let k = rng.range_inclusive(1, 300) as u32;
-    let bs = [1u32, 3, 16, 64][rng.below(4) as usize];
-    let rows = rng.range_inclusive(1, 4) as u32;
-    let max_blocks = rng.range_inclusive(1, 9) as u32;
-    let d = RemapDesc {
-        num_tokens: t,
-        top_k: k,
-        table_rows: rows,
-        max_blocks,
-        block_size: bs,
-        block_stride_rows: bs + rng.below(3) as u32,
-        idx_mapping_len: None,
-        write_counts: false,
-        compact: false,
-        stats_slot: 0,
-    };
-    let table: Vec<i32> = (0..rows * max_blocks)
-        .map(|_| match rng.below(20) {
-            0 => -1,
-            1 => i32::MAX - rng.below(3) as i32,
-            _ => rng.below(1000) as i32,
-        })
-        .collect();
-    let req: Vec<i32> = (0..t)
-        .map(|_| rng.range_inclusive(-1, i64::from(rows)) as i32)
-        .collect();
-    let topk: Vec<i32> = (0..t * k)
-        .map(|_| rng.range_inclusive(-1, i64::from(max_blocks * bs) + 2) as i32)
-        .collect();
-    let mut want = vec![7; (t * k) as usize];
-    remap(
-        &d,
-        RemapArgs {
-            req_id: &req,
-            block_table: &table,
-            topk: &topk,
-            idx_mapping: None,
-            out: &mut want,
-            counts: None,
-            stats: None,
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    if t == 0 {
-        return Ok(());
-    }
-    let mut got = vec![7; (t * k) as usize];
-    let mut ptrs = [
-        req.as_ptr() as u64,
-        table.as_ptr() as u64,
-        topk.as_ptr() as u64,
-        got.as_mut_ptr() as u64,
-    ];
-    let mut words = [t, k, rows, max_blocks, bs, d.block_stride_rows];
-    let mut params: Vec<*mut c_void> = Vec::new();
-    for p in ptrs.iter_mut() {
-        params.push((p as *mut u64).cast());
-    }
-    for w in words.iter_mut() {
-        params.push((w as *mut u32).cast());
-    }
-    let (gx, gy) = remap_wide::grid(&d, threads);
-    // SAFETY: one pointer per parameter of lab_remap_wide in its order, each to a value of its
-    // type; the buffers are host vectors of the sizes the reference checked, alive for the call.
-    if unsafe { (emu.remap)(gx, gy, threads, params.as_mut_ptr()) } != 0 {
-        return Err("the emulated launch failed".into());
-    }
-    match got.iter().zip(&want).position(|(a, b)| a != b) {
-        None => Ok(()),
-        Some(i) => Err(format!(
-            "lab_remap_wide at {threads} threads, {t} rows x top-k {k}, block size {bs}: out[{i}] = {} (reference {})",
-            got[i], want[i]
-        )),
-    }
-}
-
 fn main() {
     let check = Check::one("lab_kernels_match_reference_on_cpu");
     let emu = match build() {
@@ -545,9 +445,6 @@ fn main() {
                 }
                 Err(e) => failures.push(format!("seed {seed} walk {walk}: {e}")),
             }
-            if let Err(e) = check_remap_wide(&emu, &mut rng) {
-                failures.push(format!("seed {seed} remap {walk}: {e}"));
-            }
         }
     }
     // The fallback must have been taken: otherwise nothing here checked it.
@@ -559,8 +456,7 @@ fn main() {
     }
     check.finish(if failures.is_empty() {
         println!(
-            "ok: {launches} emulated resolves ({handed} rows through the general body) and {} remaps of the lab over {seeds} seeds match the reference",
-            6 * seeds
+            "ok: {launches} emulated resolves of the lab ({handed} rows through the general body) over {seeds} seeds match the reference"
         );
         Ok(())
     } else {

@@ -1,11 +1,11 @@
-//! The lab's probes and its one-entry-a-thread remap compile with NVRTC for each architecture
-//! the CUDA backend targets, and its resolver experiments (after the production source) for
+//! The lab's probes compile with NVRTC for each architecture the CUDA backend targets, and its
+//! resolver experiments (after the production source) for
 //! sm_90, the first with clusters. Needs
 //! NVRTC, not a GPU; without it the check prints `SKIPPED` and succeeds, unless
 //! `HISPARSE_REQUIRE_NVRTC=1` turns the skip into a failure.
 
 use hisparse_conformance::check::{Check, REQUIRE_NVRTC_ENV};
-use hisparse_kernel_lab::{module, probes, remap_wide, resolve_cluster};
+use hisparse_kernel_lab::{module, probes, resolve_cluster};
 
 const ARCHES: &[&str] = &["compute_80", "compute_90"];
 
@@ -58,29 +58,6 @@ fn main() {
         Err(e) => {
             println!("FAILED: {e}");
             failed += 1;
-        }
-    }
-    let source = format!(
-        "{}{}",
-        hisparse_gpu_kernels::CUDA_SOURCE,
-        remap_wide::SOURCE
-    );
-    for arch in ARCHES {
-        match module::compile(&source, "remap_wide.cu", arch) {
-            Ok(ptx) if ptx.contains(&format!(".entry {}(", remap_wide::SYMBOL)) => {
-                println!("ok: the one-entry-a-thread remap compiled for {arch}")
-            }
-            Ok(_) => {
-                println!(
-                    "FAILED: {arch}: {} missing from the PTX",
-                    remap_wide::SYMBOL
-                );
-                failed += 1;
-            }
-            Err(e) => {
-                println!("FAILED: {e}");
-                failed += 1;
-            }
         }
     }
     check.finish(if failed == 0 {

@@ -215,7 +215,8 @@ pub fn run(st: &mut State, l: &Launch) -> Result<(), String> {
     };
     debug_assert!(l.block[0] <= p.abi.block_threads);
     match l.kernel {
-        Kernel::Remap => run_remap(st, l, &p),
+        // The wide remap computes the plain remap (its flags carry no counts or compaction).
+        Kernel::Remap | Kernel::RemapWide => run_remap(st, l, &p),
         Kernel::RemapModes => run_remap_modes(st, l, &p),
         Kernel::Resolve => run_resolve(st, l, &p),
         Kernel::GatherRows => run_gather(st, l, &p),

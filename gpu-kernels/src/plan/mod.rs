@@ -35,8 +35,9 @@ pub use gather::{
     resolve_gather, swap_in_fused,
 };
 pub use remap::{
-    REMAP_BLOCKS_PER_MULTIPROCESSOR, REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR, RemapAddrs,
-    RemapModesAddrs, remap, remap_modes, remap_pairs, remap_threads, remap_tiles,
+    REMAP_BLOCKS_PER_MULTIPROCESSOR, REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR, REMAP_WIDE_MAX_ROWS,
+    RemapAddrs, RemapModesAddrs, remap, remap_modes, remap_pairs, remap_threads, remap_tiles,
+    remap_wide,
 };
 pub use resolve::{ResolveAddrs, ResolveShape, resolve, resolve_shape};
 pub use tables::{SlotMappingAddrs, invalidate, reset_hot_state, slot_mapping, write_table};

@@ -7,7 +7,7 @@ use super::{Launch, Plan, PlanError, Target, limit, nothing_to_launch, stats_slo
 use crate::args::Args;
 use crate::{
     Kernel, REMAP_COMPACT, REMAP_COUNTS, REMAP_HAS_MAP, REMAP_MAX_THREADS, REMAP_PAIR,
-    REMAP_STAGE_MAX_BYTES, REMAP_STAGED,
+    REMAP_STAGE_MAX_BYTES, REMAP_STAGED, REMAP_WIDE_THREADS,
 };
 
 /// Device addresses of a remap's buffers (`idx_mapping`, `counts` and `stats` 0 when absent).
@@ -144,6 +144,17 @@ pub fn remap_pairs(t: &Target, num_tokens: u32, top_k: u32, compact: bool) -> bo
         && u64::from(num_tokens) * threads > room
 }
 
+/// Rows up to which a plain remap takes `hs_remap_wide` (one entry a thread) instead of
+/// `hs_remap`'s lean path: the decode sizes at which vLLM's layout beat it (1 and 64 tokens on
+/// the H200; 256 and 1024 went to `hs_remap`).
+pub const REMAP_WIDE_MAX_ROWS: u32 = 64;
+
+/// Whether the remap `d` takes `hs_remap_wide`: plain rows (no counts or compaction), at least
+/// one and at most [`REMAP_WIDE_MAX_ROWS`].
+pub fn remap_wide(d: &RemapDesc) -> bool {
+    !d.write_counts && !d.compact && (1..=REMAP_WIDE_MAX_ROWS).contains(&d.num_tokens)
+}
+
 /// The buffers both remap kernels take first, in their ABI order.
 fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), PlanError> {
     args.ptr(a.req_id)
@@ -166,6 +177,30 @@ fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), Plan
 pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
     if nothing_to_launch(d.num_tokens, a.stats) {
         return Ok(Plan::empty());
+    }
+    if remap_wide(d) {
+        let mut args = Args::default();
+        remap_args(&mut args, d, a)?;
+        let flags = if d.idx_mapping_len.is_some() {
+            REMAP_HAS_MAP
+        } else {
+            0
+        };
+        args.u32(d.num_tokens)
+            .u32(d.top_k)
+            .u32(d.table_rows)
+            .u32(d.max_blocks)
+            .u32(d.block_size)
+            .u32(d.block_stride_rows)
+            .u32(d.idx_mapping_len.unwrap_or(0))
+            .u32(flags);
+        return Ok(Plan::one(Launch {
+            kernel: Kernel::RemapWide,
+            grid: [d.top_k.div_ceil(REMAP_WIDE_THREADS), d.num_tokens, 1],
+            block: REMAP_WIDE_THREADS,
+            shared: 0,
+            args,
+        }));
     }
     let mut shape = remap_shape(t, d)?;
     if remap_pairs(t, d.num_tokens, d.top_k, d.compact) {

@@ -197,8 +197,10 @@ fn remap_launch(num_tokens: u32, top_k: u32, write_counts: bool, compact: bool) 
         .remove(0)
 }
 
-/// A plain remap of few rows is cut into column tiles until the launch has about two blocks
-/// per multiprocessor; counts and compaction keep one block per row.
+/// A plain remap of few rows ([`REMAP_WIDE_MAX_ROWS`] at most) takes `hs_remap_wide`, one entry
+/// a thread; beyond, while the rows leave the device idle, `hs_remap` cuts each into column tiles
+/// until the launch has about two blocks per multiprocessor; counts and compaction keep one
+/// block per row.
 #[test]
 fn few_plain_remap_rows_are_cut_into_column_tiles() {
     assert_eq!(remap_tiles(&H200, 1, 2048), (8, 64));
@@ -213,7 +215,23 @@ fn few_plain_remap_rows_are_cut_into_column_tiles() {
         let l = remap_launch(1, 2048, write_counts, compact);
         (l.grid, l.block)
     };
-    assert_eq!(shape(false, false), ([1, 8, 1], 64));
+    assert_eq!(shape(false, false), ([16, 1, 1], 128));
+    assert_eq!(
+        remap_launch(1, 2048, false, false).kernel,
+        Kernel::RemapWide
+    );
+    let wide = remap_launch(REMAP_WIDE_MAX_ROWS, 2047, false, false);
+    assert_eq!(
+        (wide.kernel, wide.grid, wide.block),
+        (Kernel::RemapWide, [16, REMAP_WIDE_MAX_ROWS, 1], 128)
+    );
+    let tiled = remap_launch(REMAP_WIDE_MAX_ROWS + 1, 2048, false, false);
+    let (tiles, threads) = remap_tiles(&H200, REMAP_WIDE_MAX_ROWS + 1, 2048);
+    assert_eq!(
+        (tiled.kernel, tiled.grid, tiled.block),
+        (Kernel::Remap, [REMAP_WIDE_MAX_ROWS + 1, tiles, 1], threads)
+    );
+    assert!(tiles > 1);
     assert_eq!(shape(true, false), ([1, 1, 1], 512));
     assert_eq!(shape(false, true), ([1, 1, 1], 512));
     // Every tile count covers the row exactly once.

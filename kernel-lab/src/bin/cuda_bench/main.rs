@@ -20,9 +20,8 @@
 //! * ceilings: bulk pinned host→device and device→host copies (256 MiB), a device-to-device copy
 //!   (1 GiB, bytes read plus written), and an empty kernel inside a graph (the launch floor);
 //! * remap, top-k 2048 over 128K-token block tables, at 1, 64, 256 and 1024 tokens, plain, with
-//!   valid counts, and with counts and compaction (plain rows also by the lab's
-//!   one-entry-a-thread remap, [`hisparse_kernel_lab::remap_wide`], checked first); warm (the
-//!   same inputs every call: L2 holds them) and cold (a 64 MiB device copy before every call evicts them; the copy's own time,
+//!   valid counts, and with counts and compaction (plain rows of up to 64 tokens by
+//!   `hs_remap_wide`, one entry a thread); warm (the same inputs every call: L2 holds them) and cold (a 64 MiB device copy before every call evicts them; the copy's own time,
 //!   measured alone, is subtracted); at 1 token also a row of only invalid
 //!   entries (no block-table lookup: what the lookup's round trip costs);
 //! * swap-in gather of random 656 B rows (2048 and 32768 rows, 2048 rows × 4 layers) from a
@@ -69,7 +68,6 @@ use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaHostBuffer, C
 use hisparse_core::Device;
 use hisparse_core::ops::BufferLen;
 use hisparse_kernel_lab::probes::{self, Probes};
-use hisparse_kernel_lab::remap_wide::WideRemap;
 use hisparse_kernel_lab::resolve_cluster::ClusterResolver;
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -155,8 +153,6 @@ struct Bench {
     /// The lab's cluster resolver (sm_90 and later; `None` where it could not load, said at
     /// start).
     cluster: Option<std::rc::Rc<ClusterResolver>>,
-    /// The lab's one-entry-a-thread remap (`None` where it could not load, said at start).
-    wide: Option<std::rc::Rc<WideRemap>>,
 }
 
 /// Sustained work before every timed run (keeps the GPU's clocks up).
@@ -317,13 +313,6 @@ fn run() -> Res<bool> {
             (None, Some(format!("cluster resolver: {e}")))
         }
     };
-    let (wide, wide_failure) = match WideRemap::load(&dev, 0) {
-        Ok(w) => (Some(std::rc::Rc::new(w)), None),
-        Err(e) => {
-            println!("one-entry-a-thread remap FAILED to load: {e}");
-            (None, Some(format!("lab remap: {e}")))
-        }
-    };
     let mut b = Bench {
         dev,
         s,
@@ -338,10 +327,8 @@ fn run() -> Res<bool> {
         probe,
         clock: Cell::new(0.0),
         cluster,
-        wide,
     };
     b.failures.extend(cluster_failure);
-    b.failures.extend(wide_failure);
     if args.iter().any(|a| a == "--profile-targets") {
         profile::run(&mut b)?;
         return Ok(true);

@@ -2,13 +2,12 @@
 //! times on the stream (no graphs, no timing), in a fixed order that the profiler's records
 //! follow: remap at 1 and 64 tokens (plain, counts, counts + compaction), the resolver at 1 and
 //! 64 requests (a first step that fills the hot buffers, then a step with about 9% misses), and the
-//! fused resolve-and-gather of that second step (each block copying its own request), with the
-//! lab's one-entry-a-thread remap after each size's production remaps; then,
+//! fused resolve-and-gather of that second step (each block copying its own request); then,
 //! where the lab's resolver experiments load (sm_90), each of them on that second step at 1 and
 //! 64 requests (after `hs_resolve`'s filling step). Every launch's label is printed after the
 //! launches (`profile-target N: label`), so `.ci/gpu/cuda-perf.sh` can name Nsight Compute's
 //! records (the N-th record of `hs_remap`, `hs_resolve`, `hs_resolve_gather` and the lab's
-//! `lab_remap_wide` and `lab_resolve_*` together is launch N).
+//! `lab_resolve_*` together is launch N).
 //!
 //! `--lab-walk` measures nothing either: it runs each lab experiment over short walks of 1 and 3
 //! requests and compares every output and the hot state with `hs_resolve`'s (what
@@ -21,7 +20,6 @@ use hisparse_core::ops::{LayerPair, PageLayout, RemapArgs};
 use crate::remap::{K, MODES, RemapInputs};
 use crate::walk::{LabScratch, Walk, lab_walk_matches};
 use hisparse_conformance::SplitMix64;
-use hisparse_kernel_lab::remap_wide::WideAddrs;
 use hisparse_kernel_lab::resolve_cluster;
 
 use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, host_pool};
@@ -125,25 +123,6 @@ fn remaps(b: &mut Bench, rng: &mut SplitMix64, labels: &mut Vec<String>) -> Res<
                     },
                 )?;
                 labels.push(format!("hs_remap {t} tok x 2048, {mode}, call {}", i + 1));
-            }
-        }
-        // The lab's one-entry-a-thread remap on the plain rows, 128 threads a block.
-        if let Some(lab) = b.wide.clone() {
-            let desc = inputs.desc(false, false);
-            let a = WideAddrs {
-                req_id: inputs.req_b.device_address(),
-                block_table: inputs.table_b.device_address(),
-                topk: inputs.topk_b.device_address(),
-                out: out.device_address(),
-            };
-            for i in 0..REPEATS {
-                // SAFETY: the inputs' buffers and `out`, sized for `desc`, outlive the launches
-                // (the stream is synchronised before they drop).
-                unsafe { lab.launch(&b.s, &desc, 128, &a) }?;
-                labels.push(format!(
-                    "lab_remap_wide {t} tok x 2048, plain, call {}",
-                    i + 1
-                ));
             }
         }
     }

@@ -8,8 +8,6 @@ use hisparse_core::ops::{RemapArgs, RemapDesc};
 
 use hisparse_conformance::SplitMix64;
 
-use hisparse_kernel_lab::remap_wide::{self, WideAddrs};
-
 use crate::{Bench, Res, Row, download, upload};
 
 /// A 64 MiB copy (64 MiB read, 64 MiB written) evicts the 60 MB L2 before each cold call.
@@ -248,9 +246,6 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                 }
                 warm
             };
-            if mode == "plain" {
-                lab_rows(b, &inputs, &desc, &want, calls, replays)?;
-            }
             if compact {
                 // Compaction's cost over counts alone (warm).
                 let with = warm_with;
@@ -277,66 +272,6 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                 }
             }
         }
-    }
-    Ok(())
-}
-
-/// The lab's one-entry-a-thread remap ([`hisparse_kernel_lab::remap_wide`]) on the plain remap
-/// `desc` of `inputs`, at each of its block sizes: checked against the reference (`want`), then
-/// timed warm as the production rows are, beside them.
-fn lab_rows(
-    b: &mut Bench,
-    inputs: &RemapInputs,
-    desc: &RemapDesc,
-    want: &[i32],
-    calls: usize,
-    replays: usize,
-) -> Res<()> {
-    let Some(lab) = b.wide.clone() else {
-        return Ok(());
-    };
-    let t = inputs.t;
-    let out = b.dev.alloc((t * K * 4) as usize)?;
-    for threads in remap_wide::THREADS {
-        let a = WideAddrs {
-            req_id: inputs.req_b.device_address(),
-            block_table: inputs.table_b.device_address(),
-            topk: inputs.topk_b.device_address(),
-            out: out.device_address(),
-        };
-        let call = |s: &CudaStream| -> Result<(), CudaError> {
-            // SAFETY: the buffers are the inputs' and `out`, sized for `desc`, alive until the
-            // bench synchronises after the timed replays.
-            unsafe { lab.launch(s, desc, threads, &a) }
-                .map_err(|e| CudaError::Unsupported(e.to_string()))
-        };
-        call(&b.s)?;
-        if download(&b.dev, &out, (t * K) as usize)? != want {
-            b.failures.push(format!(
-                "lab remap at {t} tokens, {threads} threads a block, differs from the reference"
-            ));
-            continue;
-        }
-        let warm = b.graph_us(calls, replays, &mut |_, s| {
-            for _ in 0..calls {
-                call(s)?;
-            }
-            Ok(())
-        })?;
-        let bytes = f64::from(t) * f64::from(K) * 8.0;
-        b.push(Row {
-            section: "remap",
-            name: format!("remap {t} tok x 2048, plain, L2 warm"),
-            path: format!("lab: one entry a thread, {threads} threads a block"),
-            value: warm,
-            unit: "us",
-            ceiling: bytes / b.d2d / 1e3 + b.empty_us,
-            ceiling_name: "empty launch + top-k read and written at D2D",
-            target: "-".into(),
-            met: None,
-            note: format!("{:.0} GB/s top-k in+out", bytes / warm / 1e3),
-            sm_mhz: 0.0,
-        });
     }
     Ok(())
 }
