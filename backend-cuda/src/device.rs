@@ -94,6 +94,22 @@ impl CudaDevice {
         Self::open_with(ordinal, CudaOptions::default())
     }
 
+    /// [`Device::remap`] in the given layout instead of the planner's rule
+    /// ([`plan::remap_layout`]), so a benchmark can time both on the same inputs. Errors as
+    /// `remap`'s; [`plan::RemapLayout::Wide`] refuses counts and compaction.
+    pub fn remap_as(
+        &self,
+        stream: &CudaStream,
+        desc: &RemapDesc,
+        args: RemapArgs<'_, CudaBuffer>,
+        layout: plan::RemapLayout,
+    ) -> Result<()> {
+        desc.check(&args)?;
+        let addrs = remap_addrs(&args);
+        let plan = plan::remap_as(&self.target, desc, &addrs, layout)?;
+        self.execute(stream, plan)
+    }
+
     /// Opens CUDA device `ordinal` configured by `options` (otherwise as [`CudaDevice::open`]).
     pub fn open_with(ordinal: usize, options: CudaOptions) -> Result<CudaDevice> {
         if !ffi::driver_present() {
@@ -511,10 +527,7 @@ impl Device for CudaDevice {
         desc: &RemapDesc,
         args: RemapArgs<'_, CudaBuffer>,
     ) -> Result<()> {
-        desc.check(&args)?;
-        let addrs = remap_addrs(&args);
-        let plan = plan::remap(&self.target, desc, &addrs)?;
-        self.execute(stream, plan)
+        self.remap_as(stream, desc, args, plan::remap_layout(desc))
     }
 
     /// Both modes (decode-context-parallel de-interleave, prefill workspace) run `hs_remap_modes`;

@@ -450,24 +450,25 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
 // hs_remap_wide: the plain remap (no counts or compaction; idx_mapping and stats as hs_remap)
 // with one top-k entry a thread, vLLM's layout: grid (ceil(top_k / blockDim.x), num_tokens),
 // block up to 256 threads. A thread loads its row's request id and its entry together, then its
-// one block-table entry, then stores; stats word 2 gets each warp's valid entries and block
-// (0, 0) adds the call. At decode sizes a warp of hs_remap's lean path runs 228 instructions
-// (docs/PERF.md, "The remap"), a warp here a fraction of that: the layout the planner takes for
-// few plain rows (plan::remap).
+// one block-table entry, then stores; the block's valid entries are summed by one counting
+// barrier and added to stats word 2 by one atomic (one a warp would put thousands of atomics on
+// one word at 64 rows), and block (0, 0) adds the call. At decode sizes a warp of hs_remap's
+// lean path runs 228 instructions (docs/PERF.md, "The remap"), a warp here a fraction of that:
+// the layout the planner takes for few plain rows (plan::remap_layout).
 HS_KERNEL HS_BOUNDS(256) void hs_remap_wide(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
     i32* __restrict__ counts, u32* __restrict__ stats, u32 num_tokens, u32 top_k,
     u32 table_rows, u32 max_blocks, u32 block_size, u32 block_stride_rows, u32 idx_mapping_len,
     u32 flags) {
+    HS_SHARED u32 s_scan[2 * HS_MAX_WARPS]; // the count's scan where no counting barrier exists
     HS_GRID_DEP_WAIT(); // before any global memory access
     (void)counts;
     if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0)
         atomicAdd(stats + 3, 1u); // the call
     const u32 t = HS_BID_Y, j = HS_BID_X * HS_NTHREADS + HS_TID;
-    if (t >= num_tokens) return; // uniform over the block
     u32 valid = 0;
-    if (j < top_k) {
+    if (t < num_tokens && j < top_k) {
         const i32 req = HS_LDG(req_id + t);
         const i32 tok = HS_LDG(topk + (u64)t * top_k + j);
         const i32* bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
@@ -481,9 +482,9 @@ HS_KERNEL HS_BOUNDS(256) void hs_remap_wide(
         out[(u64)t * top_k + j] = row;
         valid = row != -1 ? 1u : 0u;
     }
-    if (stats != 0) {
-        const u32 warp_valid = HS_SHFL_U32(hs_warp_inclusive(valid), HS_WARP - 1u);
-        if (HS_TID % HS_WARP == 0 && warp_valid != 0) atomicAdd(stats + 2, warp_valid);
+    if (stats != 0) { // uniform: every thread reaches the barrier
+        const u32 block_valid = hs_block_sum_small(valid, 1u, s_scan, 0);
+        if (HS_TID == 0 && block_valid != 0) atomicAdd(stats + 2, block_valid);
     }
 }
 

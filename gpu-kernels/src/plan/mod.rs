@@ -36,8 +36,8 @@ pub use gather::{
 };
 pub use remap::{
     REMAP_BLOCKS_PER_MULTIPROCESSOR, REMAP_TILE_BLOCKS_PER_MULTIPROCESSOR, REMAP_WIDE_MAX_ROWS,
-    RemapAddrs, RemapModesAddrs, remap, remap_modes, remap_pairs, remap_threads, remap_tiles,
-    remap_wide,
+    RemapAddrs, RemapLayout, RemapModesAddrs, remap, remap_as, remap_layout, remap_modes,
+    remap_pairs, remap_threads, remap_tiles,
 };
 pub use resolve::{ResolveAddrs, ResolveShape, resolve, resolve_shape};
 pub use tables::{SlotMappingAddrs, invalidate, reset_hot_state, slot_mapping, write_table};

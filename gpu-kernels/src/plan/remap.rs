@@ -149,10 +149,26 @@ pub fn remap_pairs(t: &Target, num_tokens: u32, top_k: u32, compact: bool) -> bo
 /// the H200; 256 and 1024 went to `hs_remap`).
 pub const REMAP_WIDE_MAX_ROWS: u32 = 64;
 
-/// Whether the remap `d` takes `hs_remap_wide`: plain rows (no counts or compaction), at least
-/// one and at most [`REMAP_WIDE_MAX_ROWS`].
-pub fn remap_wide(d: &RemapDesc) -> bool {
-    !d.write_counts && !d.compact && (1..=REMAP_WIDE_MAX_ROWS).contains(&d.num_tokens)
+/// The two layouts of a remap: live alternatives, one chosen per launch by [`remap_layout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemapLayout {
+    /// `hs_remap`: whole 16-byte vectors a thread, column tiles or pairs by the row count, every
+    /// mode (counts, compaction).
+    Vectors,
+    /// `hs_remap_wide`: one top-k entry a thread, grid (ceil(top_k / 128), rows); plain remaps
+    /// only (no counts or compaction).
+    Wide,
+}
+
+/// The layout [`remap`] takes for `d`: [`RemapLayout::Wide`] for plain rows (no counts or
+/// compaction), at least one and at most [`REMAP_WIDE_MAX_ROWS`], else
+/// [`RemapLayout::Vectors`].
+pub fn remap_layout(d: &RemapDesc) -> RemapLayout {
+    if !d.write_counts && !d.compact && (1..=REMAP_WIDE_MAX_ROWS).contains(&d.num_tokens) {
+        RemapLayout::Wide
+    } else {
+        RemapLayout::Vectors
+    }
 }
 
 /// The buffers both remap kernels take first, in their ABI order.
@@ -175,10 +191,34 @@ fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), Plan
 /// entries is staged in dynamic shared memory ([`REMAP_STAGED`]). An empty batch launches
 /// nothing, or with stats one block that counts the call.
 pub fn remap(t: &Target, d: &RemapDesc, a: &RemapAddrs) -> Result<Plan, PlanError> {
+    remap_as(t, d, a, remap_layout(d))
+}
+
+/// [`remap`] in the given layout instead of the rule's (a benchmark times both on the same
+/// inputs; the rule is set from such figures). [`RemapLayout::Wide`] takes plain remaps only:
+/// counts or compaction are a [`PlanError::Geometry`].
+pub fn remap_as(
+    t: &Target,
+    d: &RemapDesc,
+    a: &RemapAddrs,
+    layout: RemapLayout,
+) -> Result<Plan, PlanError> {
     if nothing_to_launch(d.num_tokens, a.stats) {
         return Ok(Plan::empty());
     }
-    if remap_wide(d) {
+    if layout == RemapLayout::Wide {
+        if d.write_counts || d.compact {
+            return Err(PlanError::Geometry {
+                what: "remap layout",
+                value: u64::from(d.write_counts) | u64::from(d.compact) << 1,
+                need: "plain rows (no counts or compaction) for the one-entry-a-thread layout",
+            });
+        }
+        limit(
+            "remap num_tokens (wide layout)",
+            d.num_tokens.into(),
+            65_535,
+        )?;
         let mut args = Args::default();
         remap_args(&mut args, d, a)?;
         let flags = if d.idx_mapping_len.is_some() {

@@ -177,9 +177,9 @@ fn fused_launch_has_the_resolve_grid_and_the_gather_arguments() {
     assert_eq!(fused(1), (1, false));
 }
 
-/// The H200's launch of a remap of `num_tokens` rows of `top_k` entries (64-row blocks).
-fn remap_launch(num_tokens: u32, top_k: u32, write_counts: bool, compact: bool) -> Launch {
-    let d = RemapDesc {
+/// A remap of `num_tokens` rows of `top_k` entries over 64-row blocks.
+fn remap_desc(num_tokens: u32, top_k: u32, write_counts: bool, compact: bool) -> RemapDesc {
+    RemapDesc {
         num_tokens,
         top_k,
         table_rows: 4,
@@ -190,7 +190,12 @@ fn remap_launch(num_tokens: u32, top_k: u32, write_counts: bool, compact: bool) 
         write_counts,
         compact,
         stats_slot: 0,
-    };
+    }
+}
+
+/// The H200's launch of a remap of `num_tokens` rows of `top_k` entries (64-row blocks).
+fn remap_launch(num_tokens: u32, top_k: u32, write_counts: bool, compact: bool) -> Launch {
+    let d = remap_desc(num_tokens, top_k, write_counts, compact);
     remap(&H200, &d, &RemapAddrs::default())
         .unwrap()
         .launches
@@ -234,6 +239,24 @@ fn few_plain_remap_rows_are_cut_into_column_tiles() {
     assert!(tiles > 1);
     assert_eq!(shape(true, false), ([1, 1, 1], 512));
     assert_eq!(shape(false, true), ([1, 1, 1], 512));
+    // Either layout can be forced for a plain remap (a benchmark times both); the wide one
+    // refuses counts and compaction.
+    let desc =
+        |num_tokens, write_counts, compact| remap_desc(num_tokens, 2048, write_counts, compact);
+    let forced = |d: &RemapDesc, layout: RemapLayout| {
+        remap_as(&H200, d, &RemapAddrs::default(), layout).map(|mut p| p.launches.remove(0).kernel)
+    };
+    assert_eq!(
+        forced(&desc(1, false, false), RemapLayout::Vectors),
+        Ok(Kernel::Remap)
+    );
+    assert_eq!(
+        forced(&desc(1024, false, false), RemapLayout::Wide),
+        Ok(Kernel::RemapWide)
+    );
+    assert!(forced(&desc(1, true, false), RemapLayout::Wide).is_err());
+    assert!(forced(&desc(1, false, true), RemapLayout::Wide).is_err());
+    assert!(forced(&desc(65_536, false, false), RemapLayout::Wide).is_err());
     // Every tile count covers the row exactly once.
     for tokens in [1, 3, 17, 64, 200, 300] {
         for k in [1, 4, 64, 100, 2047, 2048, 4096, 8192] {

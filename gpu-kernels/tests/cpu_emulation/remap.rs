@@ -167,6 +167,15 @@ pub(crate) fn check_remap(emu: &Emu, rng: &mut SplitMix64, modes: bool) -> Resul
             return Err("a remap with modes must launch hs_remap_modes".into());
         }
         p
+    } else if !desc.write_counts && !desc.compact && desc.num_tokens > 0 {
+        // A plain remap in the rule's layout or either one forced, so both layouts are checked
+        // at every row count (the rule gives each only some).
+        let layout = match rng.below(3) {
+            0 => plan::remap_layout(&desc),
+            1 => plan::RemapLayout::Vectors,
+            _ => plan::RemapLayout::Wide,
+        };
+        plan::remap_as(&tgt, &desc, &addrs, layout).map_err(|e| e.to_string())?
     } else {
         plan::remap(&tgt, &desc, &addrs).map_err(|e| e.to_string())?
     };

@@ -5,6 +5,7 @@ use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaStream};
 use hisparse_core::Device;
 use hisparse_core::ops::remap::remap as ref_remap;
 use hisparse_core::ops::{RemapArgs, RemapDesc};
+use hisparse_gpu_kernels::plan::{self, RemapLayout};
 
 use hisparse_conformance::SplitMix64;
 
@@ -246,6 +247,9 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                 }
                 warm
             };
+            if mode == "plain" {
+                layout_rows(b, &inputs, &want, calls, replays)?;
+            }
             if compact {
                 // Compaction's cost over counts alone (warm).
                 let with = warm_with;
@@ -272,6 +276,77 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// The plain remap of `inputs` in each layout the planner chooses between
+/// ([`plan::remap_layout`]), with the call counted in a stats slot as the runtime's remap is:
+/// checked against the reference (`want`), then timed warm beside the rule's rows, so the rule's
+/// row count can be set from one run.
+fn layout_rows(
+    b: &mut Bench,
+    inputs: &RemapInputs,
+    want: &[i32],
+    calls: usize,
+    replays: usize,
+) -> Res<()> {
+    let t = inputs.t;
+    let desc = inputs.desc(false, false);
+    let mut out = b.dev.alloc((t * K * 4) as usize)?;
+    let mut stats = b.dev.alloc(64)?;
+    let rule = plan::remap_layout(&desc);
+    for (layout, kernel) in [
+        (RemapLayout::Vectors, "hs_remap"),
+        (RemapLayout::Wide, "hs_remap_wide"),
+    ] {
+        let (req_id, block_table, topk) = (&inputs.req_b, &inputs.table_b, &inputs.topk_b);
+        let call = |d: &CudaDevice,
+                        s: &CudaStream,
+                        out: &mut CudaBuffer,
+                        stats: &mut CudaBuffer|
+         -> Result<(), CudaError> {
+            let args = RemapArgs {
+                req_id,
+                block_table,
+                topk,
+                idx_mapping: None,
+                out,
+                counts: None,
+                stats: Some(stats),
+            };
+            d.remap_as(s, &desc, args, layout)
+        };
+        call(&b.dev, &b.s, &mut out, &mut stats)?;
+        if download(&b.dev, &out, (t * K) as usize)? != want {
+            b.failures.push(format!(
+                "remap at {t} tokens in layout {layout:?} differs from the reference"
+            ));
+            continue;
+        }
+        let warm = b.graph_us(calls, replays, &mut |d, s| {
+            for _ in 0..calls {
+                call(d, s, &mut out, &mut stats)?;
+            }
+            Ok(())
+        })?;
+        let bytes = f64::from(t) * f64::from(K) * 8.0;
+        b.push(Row {
+            section: "remap",
+            name: format!("remap {t} tok x 2048, plain with stats, L2 warm"),
+            path: format!(
+                "{kernel}{}",
+                if layout == rule { " (the rule's)" } else { "" }
+            ),
+            value: warm,
+            unit: "us",
+            ceiling: bytes / b.d2d / 1e3 + b.empty_us,
+            ceiling_name: "empty launch + top-k read and written at D2D",
+            target: "-".into(),
+            met: None,
+            note: format!("{:.0} GB/s top-k in+out", bytes / warm / 1e3),
+            sm_mhz: b.clock.get(),
+        });
     }
     Ok(())
 }
