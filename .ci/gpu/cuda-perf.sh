@@ -12,21 +12,18 @@
 #      resolve-and-gather against the reference, and compute-sanitizer racecheck of the fused launch's two small scenarios
 #      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
-#      (remap at 1 and 64 tokens in every mode, the resolver at 1 and 64 requests, the fused
-#      launch at 64 requests (plain remaps of up to 64 tokens are hs_remap_wide), and the
-#      kernel lab's resolvers at 1 and 64 requests):
+#      (remap at 1 and 64 tokens in every mode (plain remaps of up to 64 tokens are
+#      hs_remap_wide), the resolver at 1 and 64 requests, and the fused launch at 64 requests):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;
 #   4. the resolve cases with the resolver's global-state mode forced
 #      (cuda-conformance-resolve-global, CudaOptions::resolve_global_state), and the gather and
 #      swap-in cases with the gather's in-order walk forced (cuda-conformance-gather-in-order,
 #      CudaOptions::gather_walk);
-#   5. the kernel lab's resolver experiments over short walks against hs_resolve
-#      (`cuda_bench --lab-walk`);
-#   6. compute-sanitizer memcheck over the decode-path cases (remap, resolve, gather, pipeline,
-#      tables) and the fused launch, then memcheck and racecheck of `cuda_bench --lab-walk`;
-#      racecheck over remap, every gather case and every resolve scenario, one
-#      process per case or scenario, the 32768-slot one last with whatever time is left.
+#   5. compute-sanitizer memcheck over the decode-path cases (remap, resolve, gather, pipeline,
+#      tables) and the fused launch; racecheck over remap, every gather case and every resolve
+#      scenario, one process per case or scenario, the 32768-slot one last with whatever time is
+#      left.
 #
 # The whole script runs inside a 400 s budget (HISPARSE_GPU_BUDGET overrides it; each section's
 # limit shrinks to what is left; a section with no time left is reported SKIPPED and listed as
@@ -34,7 +31,7 @@
 # budget drops from the end: with HISPARSE_GPU_BUDGET=200 the bench (about 30-40 s, 90 with the
 # 48 GiB pool), the
 # conformance suite, the fused test, the fused
-# racechecks (about 10 s together) and the ncu step (limit 100 s) run first, and the resolve
+# racechecks (about 10 s together) and the ncu step (limit 75 s) run first, and the resolve
 # racechecks are the first to go. Expected:
 # every racecheck "0 hazards displayed (0 errors, 0 warnings)", the fused speculative scenario
 # included (an LRU naming a slot twice had two threads of one warp write that slot's inverse;
@@ -86,8 +83,8 @@ fi
 ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 if [ -n "$ncu_bin" ]; then
     rm -f "$out/ncu.ncu-rep"
-    section ncu 100 "$ncu_bin" --target-processes all \
-        --kernel-name regex:'^(hs_(remap|resolve|resolve_gather)|hs_remap_wide|lab_resolve_(c2|c4|c8|w512))$' \
+    section ncu 75 "$ncu_bin" --target-processes all \
+        --kernel-name regex:'^hs_(remap|remap_wide|resolve|resolve_gather)$' \
         --cache-control none --clock-control none \
         --section SpeedOfLight --section LaunchStats --section Occupancy \
         --section WarpStateStats --section SchedulerStats \
@@ -148,7 +145,6 @@ else
 fi
 section resolve-global-state 20 "$bin/cuda-conformance-resolve-global" resolve/
 section gather-in-order 30 "$bin/cuda-conformance-gather-in-order" gather
-section lab-walk 20 "$bin/cuda-bench" --lab-walk
 if [ -n "$sanitizer" ]; then
     for spec in remap:20 resolve:30 gather:15 pipeline:15 tables:10; do
         group=${spec%%:*}
@@ -157,11 +153,6 @@ if [ -n "$sanitizer" ]; then
     done
     section memcheck-fused 40 "$sanitizer" --tool memcheck --leak-check no "${common[@]}" \
         "$bin/cuda-fused"
-    # The kernel lab's resolver experiments (not production kernels: after the production
-    # memchecks, before the production racechecks, which take what time is left).
-    section memcheck-lab 40 "$sanitizer" --tool memcheck --leak-check no "${common[@]}" \
-        "$bin/cuda-bench" --lab-walk
-    section racecheck-lab 60 "${race[@]}" "$bin/cuda-bench" --lab-walk
     section racecheck-remap 15 "${race[@]}" "$bin/cuda-conformance" remap/
     # racecheck_each NAME SHARE FILTER...: one racecheck process per conformance filter, SHARE
     # seconds each; with no filter at all the check is NOT RUN and the script fails.

@@ -15,7 +15,7 @@ use crate::{REQUIRE_DEVICE_ENV, backend_name_of};
 pub const REQUIRE_NVRTC_ENV: &str = "HISPARSE_REQUIRE_NVRTC";
 
 /// Environment variable that turns "no C++ compiler → skipped" into a failure in the checks that
-/// run the kernel source on the CPU (gpu-kernels' and the kernel lab's emulation tests).
+/// run the kernel source on the CPU (gpu-kernels' emulation test).
 pub const REQUIRE_CXX_ENV: &str = "HISPARSE_REQUIRE_CXX";
 
 /// Why the CPU emulation of the kernel source could not be built ([`build_emulation`]).

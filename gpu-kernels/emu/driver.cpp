@@ -18,12 +18,6 @@
 //   * a barrier some threads of the block never reach (threads that returned, or are waiting at
 //     another barrier) is a kernel bug: the emulation aborts naming the block and the barrier,
 //     where a GPU would hang or run on undefined.
-// Thread-block clusters (hs_cpu_run_cluster, for kernels that use the hs_cpu_cluster_* calls of
-// vendor_cpu.h): the blocks of one cluster run together, their threads all fibers of one
-// schedule; a block barrier binds its block's threads, a cluster barrier every thread of the
-// cluster, and a block reaches another's dynamic shared memory through hs_cpu_cluster_map.
-// Function-local statics would be one memory for the whole cluster, so such kernels keep all
-// their shared memory dynamic; counting barriers are not emulated there.
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -40,7 +34,7 @@ unsigned char* hs_cpu_dyn_smem;
 namespace {
 
 // Where a fiber is: running (or runnable), parked at a barrier, or returned.
-enum class At { Run, Block, Warp, Cluster, Done };
+enum class At { Run, Block, Warp, Done };
 
 struct Fiber {
     ucontext_t ctx;
@@ -61,12 +55,6 @@ void* g_body;
 // Stacks of the fibers (`g_stack_count` of them, each STACK_BYTES after a guard page).
 unsigned char* g_stacks;
 size_t g_stack_count;
-
-// Threads of one block, and the blocks of the cluster running now (1 outside clusters): fiber
-// i is thread i % g_block of block i / g_block of the cluster, whose first block is
-// `g_cluster_first` (x index) and whose dynamic shared memory is g_cluster_smem[i / g_block].
-unsigned g_block = 1, g_cluster = 1, g_cluster_first;
-std::vector<unsigned char*> g_cluster_smem;
 
 [[noreturn]] void fail(const char* what) {
     std::fprintf(stderr, "hisparse CPU emulation: block (%u, %u, %u): %s\n", hs_cpu_bid.x,
@@ -126,30 +114,24 @@ unsigned next_random(unsigned n) {
 
 // Runs fiber `t` until it parks or returns; a warp barrier its arrival fills opens at once (its
 // warp runs on without waiting for the other warps).
-void step(unsigned t) {
+void step(unsigned t, unsigned bx) {
     g_current = t;
-    const unsigned local = t % g_block;
-    hs_cpu_tid = {local, 0, 0};
-    if (g_cluster > 1) {
-        hs_cpu_bid.x = g_cluster_first + t / g_block;
-        hs_cpu_dyn_smem = g_cluster_smem[t / g_block];
-    }
+    hs_cpu_tid = {t, 0, 0};
     if (swapcontext(&g_scheduler, &g_fibers[t].ctx) != 0) fail("swapcontext failed");
     if (g_fibers[t].at != At::Warp) return;
-    const unsigned w0 = t - local % HS_WARP, first = local - local % HS_WARP;
-    const unsigned n = g_block - first < HS_WARP ? g_block - first : HS_WARP;
+    const unsigned w0 = t - t % HS_WARP, n = bx - w0 < HS_WARP ? bx - w0 : HS_WARP;
     for (unsigned l = 0; l < n; ++l)
         if (g_fibers[w0 + l].at != At::Warp) return;
     for (unsigned l = 0; l < n; ++l) g_fibers[w0 + l].at = At::Run;
 }
 
 // Runs the fibers in `order` (repeatedly) until none can run.
-void run_all(const std::vector<unsigned>& order) {
+void run_all(const std::vector<unsigned>& order, unsigned bx) {
     for (bool ran = true; ran;) {
         ran = false;
         for (unsigned t : order)
             if (g_fibers[t].at == At::Run) {
-                step(t);
+                step(t, bx);
                 ran = true;
             }
     }
@@ -165,61 +147,42 @@ void shuffle(std::vector<unsigned>& v) {
     }
 }
 
-// Runs the fibers of the current block (or cluster: `total` fibers, g_block a block) until
-// every one returned, opening barriers as they fill.
-void run_block(unsigned total) {
-    const unsigned warps_per_block = (g_block + HS_WARP - 1) / HS_WARP;
-    const unsigned warps = warps_per_block * (total / g_block);
-    std::vector<unsigned> order(total), lanes, warp_order(warps);
+// Runs the fibers of the current block until every one returned, opening barriers as they fill.
+void run_block(unsigned bx) {
+    const unsigned warps = (bx + HS_WARP - 1) / HS_WARP;
+    std::vector<unsigned> order(bx), lanes, warp_order(warps);
     for (;;) {
         // This barrier interval's order, drawn at random (a fixed sequence would give an interval
         // the same order in every block of a kernel): threads forward, backward or shuffled, or
         // (half the intervals) one warp after another in shuffled order, each until it waits at
-        // a barrier, as warps drift apart on a GPU.
+        // __syncthreads, as warps drift apart on a GPU.
         const unsigned kind = next_random(6);
         if (kind < 3) {
-            for (unsigned i = 0; i < total; ++i) order[i] = kind == 1 ? total - 1 - i : i;
+            for (unsigned i = 0; i < bx; ++i) order[i] = kind == 1 ? bx - 1 - i : i;
             if (kind == 2) shuffle(order);
-            run_all(order);
+            run_all(order, bx);
         } else {
             for (unsigned w = 0; w < warps; ++w) warp_order[w] = w;
             shuffle(warp_order);
             for (unsigned w : warp_order) {
                 lanes.clear();
-                const unsigned b = w / warps_per_block, first = (w % warps_per_block) * HS_WARP;
-                for (unsigned l = first; l < g_block && l < first + HS_WARP; ++l)
-                    lanes.push_back(b * g_block + l);
-                run_all(lanes);
+                for (unsigned t = w * HS_WARP; t < bx && t < (w + 1) * HS_WARP; ++t)
+                    lanes.push_back(t);
+                run_all(lanes, bx);
             }
         }
-        // No fiber can run: every one returned or waits at a barrier that is not full. A block
-        // barrier opens when its whole block waits there, a cluster barrier when every thread
-        // of the cluster does.
-        unsigned done = 0, at_cluster = 0;
-        bool opened = false;
-        for (unsigned b = 0; b * g_block < total; ++b) {
-            unsigned at_block = 0;
-            for (unsigned l = 0; l < g_block; ++l) {
-                const At at = g_fibers[b * g_block + l].at;
-                done += at == At::Done;
-                at_block += at == At::Block;
-                at_cluster += at == At::Cluster;
-            }
-            if (at_block == g_block) {
-                for (unsigned l = 0; l < g_block; ++l) g_fibers[b * g_block + l].at = At::Run;
-                opened = true;
-            }
+        // No fiber can run: every one returned or waits at a barrier that is not full.
+        unsigned done = 0, at_block = 0;
+        for (const Fiber& f : g_fibers) {
+            done += f.at == At::Done;
+            at_block += f.at == At::Block;
         }
-        if (done == total) return;
-        if (opened) continue;
-        if (at_cluster == total) {
+        if (done == bx) return;
+        if (at_block == bx) {
             for (Fiber& f : g_fibers) f.at = At::Run;
             continue;
         }
-        unsigned at_warp = 0;
-        for (const Fiber& f : g_fibers) at_warp += f.at == At::Warp;
-        if (at_warp > 0) fail("a warp shuffle that lanes of the warp never reach");
-        if (at_cluster > 0) fail("a cluster barrier that threads of the cluster never reach");
+        if (at_block + done < bx) fail("a warp shuffle that lanes of the warp never reach");
         fail("__syncthreads that threads which returned never reach");
     }
 }
@@ -228,20 +191,7 @@ void run_block(unsigned total) {
 
 void hs_cpu_sync() { park(At::Block); }
 
-void hs_cpu_cluster_sync() { park(At::Cluster); }
-
-unsigned hs_cpu_cluster_rank() { return g_current / g_block; }
-
-unsigned hs_cpu_cluster_size() { return g_cluster; }
-
-void* hs_cpu_cluster_map(void* p, unsigned rank) {
-    if (rank >= g_cluster) fail("hs_cpu_cluster_map: no such block in the cluster");
-    const unsigned char* own = hs_cpu_dyn_smem;
-    return g_cluster_smem[rank] + (static_cast<unsigned char*>(p) - own);
-}
-
 unsigned hs_cpu_sync_count(bool p) {
-    if (g_cluster > 1) fail("counting barriers are not emulated in clusters");
     const unsigned k = g_counted[hs_cpu_tid.x]++ & 1u;
     g_count[k] += p ? 1u : 0u;
     if (++g_count_arrived[k] == hs_cpu_bdim.x) g_count[k ^ 1u] = g_count_arrived[k ^ 1u] = 0;
@@ -250,7 +200,7 @@ unsigned hs_cpu_sync_count(bool p) {
 }
 
 unsigned hs_cpu_shfl_up(unsigned v, unsigned d) {
-    const unsigned t = g_current, lane = hs_cpu_tid.x % HS_WARP;
+    const unsigned t = hs_cpu_tid.x, lane = t % HS_WARP;
     g_lanes[t] = v;
     park(At::Warp);
     const unsigned r = lane >= d ? g_lanes[t - d] : v;
@@ -260,7 +210,7 @@ unsigned hs_cpu_shfl_up(unsigned v, unsigned d) {
 }
 
 unsigned hs_cpu_shfl(unsigned v, unsigned src) {
-    const unsigned t = g_current, lane = hs_cpu_tid.x % HS_WARP;
+    const unsigned t = hs_cpu_tid.x, lane = t % HS_WARP;
     g_lanes[t] = v;
     park(At::Warp);
     const unsigned r = g_lanes[t - lane + src % HS_WARP];
@@ -269,27 +219,12 @@ unsigned hs_cpu_shfl(unsigned v, unsigned src) {
     return r;
 }
 
-// Makes fibers 0..n fresh, runnable from the kernel body's start on their own stacks.
-static void start_fibers(unsigned n) {
-    for (unsigned t = 0; t < n; ++t) {
-        Fiber& f = g_fibers[t];
-        if (getcontext(&f.ctx) != 0) fail("getcontext failed");
-        f.ctx.uc_stack.ss_sp = stack_of(t);
-        f.ctx.uc_stack.ss_size = STACK_BYTES;
-        f.ctx.uc_link = &g_scheduler;
-        makecontext(&f.ctx, fiber_main, 0);
-        f.at = At::Run;
-    }
-}
-
 // Runs `body` once per thread of every block of the grid, the threads of a block as fibers.
 template <class F>
 static void hs_cpu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem, F body) {
     std::vector<unsigned char> dyn(smem + 16);
     hs_cpu_gdim = {gx, gy, gz};
     hs_cpu_bdim = {bx, 1, 1};
-    g_block = bx;
-    g_cluster = 1;
     g_lanes.assign(bx, 0);
     g_fibers.assign(bx, Fiber{});
     reserve_stacks(bx);
@@ -307,43 +242,17 @@ static void hs_cpu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsig
                 // Poison shared memory: kernels must write before they read.
                 std::memset(dyn.data(), 0xA5, dyn.size());
                 hs_cpu_dyn_smem = dyn.data() + (16 - reinterpret_cast<uintptr_t>(dyn.data()) % 16) % 16;
-                start_fibers(bx);
+                for (unsigned t = 0; t < bx; ++t) {
+                    Fiber& f = g_fibers[t];
+                    if (getcontext(&f.ctx) != 0) fail("getcontext failed");
+                    f.ctx.uc_stack.ss_sp = stack_of(t);
+                    f.ctx.uc_stack.ss_size = STACK_BYTES;
+                    f.ctx.uc_link = &g_scheduler;
+                    makecontext(&f.ctx, fiber_main, 0);
+                    f.at = At::Run;
+                }
                 run_block(bx);
             }
-}
-
-// Runs `body` once per thread of every block of a one-dimensional grid of `gx` blocks in
-// clusters of `cluster` consecutive blocks: the threads of a cluster's blocks are the fibers of
-// one schedule (run_block), each block with its own poisoned dynamic shared memory.
-template <class F>
-static void hs_cpu_run_cluster(unsigned gx, unsigned bx, unsigned cluster, unsigned smem, F body) {
-    if (cluster == 0 || gx % cluster != 0) fail("the grid is not a whole number of clusters");
-    const unsigned total = bx * cluster;
-    std::vector<std::vector<unsigned char>> dyn(cluster, std::vector<unsigned char>(smem + 16));
-    hs_cpu_gdim = {gx, 1, 1};
-    hs_cpu_bdim = {bx, 1, 1};
-    g_block = bx;
-    g_cluster = cluster;
-    g_cluster_smem.assign(cluster, nullptr);
-    g_lanes.assign(total, 0);
-    g_fibers.assign(total, Fiber{});
-    reserve_stacks(total);
-    g_invoke = [](void* b) { (*static_cast<F*>(b))(); };
-    g_body = &body;
-    for (unsigned first = 0; first < gx; first += cluster) {
-        g_cluster_first = first;
-        hs_cpu_bid = {first, 0, 0};
-        g_rng = 0x9E3779B97F4A7C15ull ^ (first + 1ull) * 0xBF58476D1CE4E5B9ull ^ cluster;
-        for (unsigned b = 0; b < cluster; ++b) {
-            std::memset(dyn[b].data(), 0xA5, dyn[b].size());
-            g_cluster_smem[b] =
-                dyn[b].data() + (16 - reinterpret_cast<uintptr_t>(dyn[b].data()) % 16) % 16;
-        }
-        hs_cpu_dyn_smem = g_cluster_smem[0];
-        start_fibers(total);
-        run_block(total);
-    }
-    g_cluster = 1;
 }
 
 // A device pointer argument: converts to whatever pointer type the kernel declares.

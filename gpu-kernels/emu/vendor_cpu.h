@@ -22,13 +22,6 @@ void hs_cpu_sync();
 unsigned hs_cpu_sync_count(bool p);
 unsigned hs_cpu_shfl_up(unsigned v, unsigned d);
 unsigned hs_cpu_shfl(unsigned v, unsigned src);
-// Thread-block clusters (driver.cpp, hs_cpu_run_cluster): the calling block's rank in its
-// cluster, the cluster's blocks, a barrier of every thread of the cluster, and the address of
-// `p` (in the calling block's dynamic shared memory) in block `rank`'s.
-unsigned hs_cpu_cluster_rank();
-unsigned hs_cpu_cluster_size();
-void hs_cpu_cluster_sync();
-void* hs_cpu_cluster_map(void* p, unsigned rank);
 #define HS_KERNEL extern "C"
 #define HS_BOUNDS(n)
 #define HS_DEVICE static inline

@@ -13,14 +13,11 @@
 //! * `resolve_replay` (binary): times Vulkan resolves on states a run dumped
 //!   (`VulkanOptions::dump_resolve`).
 //!
-//! * [`resolve_cluster`]: experiments with the resolver's decode path (a request over a
-//!   thread-block cluster, sm_90; a request per 512-thread block), checked on the CPU by
-//!   `tests/cluster_emulation.rs` and timed beside `hs_resolve` by `cuda_bench`; [`module`]
-//!   loads the lab's own kernels into a backend's context.
+//! * [`module`]: compiles the lab's own kernels with NVRTC and loads them into a backend's
+//!   context.
 //!
 //! The device-generic benches (`hisparse bench`, the same figures on every backend) live in
 //! `benches/`.
 
 pub mod module;
 pub mod probes;
-pub mod resolve_cluster;

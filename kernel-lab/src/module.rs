@@ -79,20 +79,6 @@ impl LabModule {
             .map_err(|e| driver("cuModuleGetFunction")(e.0))
     }
 
-    /// Lets kernel `f` of this module take up to `bytes` of dynamic shared memory.
-    pub fn allow_dynamic_shared(&self, f: LabFunction, bytes: u32) -> Result<(), LabError> {
-        let bytes = i32::try_from(bytes).map_err(|_| LabError("shared bytes".into()))?;
-        // SAFETY: `f` is a live function (LabFunction's invariant).
-        unsafe {
-            result::function::set_function_attribute(
-                f.0,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes,
-            )
-        }
-        .map_err(|e| driver("cuFuncSetAttribute")(e.0))
-    }
-
     /// Enqueues kernel `f` of this module on `stream`.
     ///
     /// # Safety

@@ -6,7 +6,6 @@
 //! cargo build --release -p hisparse-kernel-lab --bin cuda_bench
 //! cuda_bench [--json PATH] [--quick] [--only ceilings,remap,gather,resolve,path,backup,cli] [--big-pool-gib N]
 //! cuda_bench --profile-targets
-//! cuda_bench --lab-walk
 //! ```
 //!
 //! Every time is GPU time per call inside a CUDA graph (a graph of many calls, replayed, timed
@@ -30,10 +29,7 @@
 //!   bulk host→device;
 //! * resolve, 1, 64 and 256 requests × 2048 top-k, 4096 hot slots, a random walk of the top-k
 //!   sets that replaces about a tenth of each set per step (about 9% misses), 16 steps in one
-//!   graph replayed from the same starting state; beside it, over the same walk, the lab's
-//!   resolver experiments ([`hisparse_kernel_lab::resolve_cluster`]: clusters of 2, 4 and 8
-//!   blocks a request, and one 512-thread block a request; sm_90 and later), whose every step's
-//!   outputs and final hot state must equal `hs_resolve`'s before they are timed;
+//!   graph replayed from the same starting state;
 //! * the swap-in critical path: the same walk with each step's resolve followed by the gather of
 //!   its misses as the runtime issues them, and the fused resolve-and-gather launch
 //!   (`CudaDevice::resolve_and_gather`, each block copying its own request's misses), with and
@@ -68,11 +64,10 @@ use hisparse_backend_cuda::{CudaBuffer, CudaDevice, CudaError, CudaHostBuffer, C
 use hisparse_core::Device;
 use hisparse_core::ops::BufferLen;
 use hisparse_kernel_lab::probes::{self, Probes};
-use hisparse_kernel_lab::resolve_cluster::ClusterResolver;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
-pub(crate) fn upload(dev: &CudaDevice, v: &[i32]) -> Res<CudaBuffer> {
+fn upload(dev: &CudaDevice, v: &[i32]) -> Res<CudaBuffer> {
     let mut b = dev.alloc(v.len().max(1) * 4)?;
     dev.upload_i32(&mut b, 0, v)?;
     Ok(b)
@@ -150,9 +145,6 @@ struct Bench {
     probe: CudaBuffer,
     /// The SM clock the last timed run ran at, MHz.
     clock: Cell<f64>,
-    /// The lab's cluster resolver (sm_90 and later; `None` where it could not load, said at
-    /// start).
-    cluster: Option<std::rc::Rc<ClusterResolver>>,
 }
 
 /// Sustained work before every timed run (keeps the GPU's clocks up).
@@ -300,19 +292,6 @@ fn run() -> Res<bool> {
     }
     let probes = std::rc::Rc::new(Probes::load(&dev, 0)?);
     let probe = dev.alloc(16)?;
-    // The lab's cluster resolver, timed beside hs_resolve in the resolve section: a device
-    // without clusters skips it (said here); one with them that cannot load it fails the run.
-    let (cluster, cluster_failure) = match ClusterResolver::load(&dev, 0) {
-        Ok(c) => (Some(std::rc::Rc::new(c)), None),
-        Err(e) if dev.compute_capability().0 < 9 => {
-            println!("cluster resolver: skipped ({e})");
-            (None, None)
-        }
-        Err(e) => {
-            println!("cluster resolver FAILED to load: {e}");
-            (None, Some(format!("cluster resolver: {e}")))
-        }
-    };
     let mut b = Bench {
         dev,
         s,
@@ -326,15 +305,9 @@ fn run() -> Res<bool> {
         probes,
         probe,
         clock: Cell::new(0.0),
-        cluster,
     };
-    b.failures.extend(cluster_failure);
     if args.iter().any(|a| a == "--profile-targets") {
         profile::run(&mut b)?;
-        return Ok(true);
-    }
-    if args.iter().any(|a| a == "--lab-walk") {
-        profile::lab_walk(&mut b)?;
         return Ok(true);
     }
     // The clock of a GPU that may have idled (a probe of 50 us), then after 20 ms of work.

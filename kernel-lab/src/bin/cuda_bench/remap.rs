@@ -302,9 +302,9 @@ fn layout_rows(
     ] {
         let (req_id, block_table, topk) = (&inputs.req_b, &inputs.table_b, &inputs.topk_b);
         let call = |d: &CudaDevice,
-                        s: &CudaStream,
-                        out: &mut CudaBuffer,
-                        stats: &mut CudaBuffer|
+                    s: &CudaStream,
+                    out: &mut CudaBuffer,
+                    stats: &mut CudaBuffer|
          -> Result<(), CudaError> {
             let args = RemapArgs {
                 req_id,

@@ -12,45 +12,12 @@ use hisparse_core::ops::{
 };
 
 use hisparse_conformance::SplitMix64;
-use hisparse_kernel_lab::resolve_cluster::{self, ClusterAddrs, ClusterResolver, Variant};
 
 use crate::{BS, Bench, HOST_BLOCKS, PAGE, ROW, Res, Row, download, host_pool, upload};
 
 const K: u32 = 2048;
 const N: u32 = 4096;
 const CTX: u32 = 32768;
-
-/// What the lab's resolver launches need beside a walk's buffers: the workspace and counters
-/// of the rows they hand to the general body, and the count of those rows.
-pub(crate) struct LabScratch {
-    workspace: CudaBuffer,
-    counter: CudaBuffer,
-    fallbacks: CudaBuffer,
-}
-
-impl LabScratch {
-    /// Scratch for launches of `w`'s descriptor (the counters and the count zero).
-    pub(crate) fn new(b: &Bench, w: &Walk) -> Res<LabScratch> {
-        let entries = resolve_cluster::workspace_entries(&w.desc);
-        Ok(LabScratch {
-            workspace: b.dev.alloc((entries * 16).max(16) as usize)?,
-            counter: upload(&b.dev, &[0; 4])?,
-            fallbacks: upload(&b.dev, &[0])?,
-        })
-    }
-
-    /// Rows handed to the general body so far, and whether the counters are back to zero.
-    fn fallbacks(&self, b: &Bench) -> Res<u32> {
-        let counter = download(&b.dev, &self.counter, 4)?;
-        if counter[0] != 0 || counter[1] != 0 {
-            return Err(format!("the workspace counters were left at {counter:?}").into());
-        }
-        Ok(download(&b.dev, &self.fallbacks, 1)?[0] as u32)
-    }
-}
-
-/// A walk's hot state: every request's slot_host_rows row, then its LRU row.
-type HotState = (Vec<i32>, Vec<u16>);
 
 /// One request set's walk: state, inputs of every step, and per-step outputs (kept apart so the
 /// gathers of every step's plan can be replayed alone).
@@ -202,52 +169,6 @@ impl Walk {
         }
     }
 
-    /// Step `step`'s resolve by the lab's kernel `v`.
-    pub(crate) fn resolve_cluster(
-        &mut self,
-        lab: &ClusterResolver,
-        s: &CudaStream,
-        step: usize,
-        v: &Variant,
-        scratch: &LabScratch,
-    ) -> Result<(), CudaError> {
-        let [ind, valid, hits, misses, src, dst] = &self.outs[step];
-        let a = ClusterAddrs {
-            buffers: [
-                self.req.device_address(),
-                self.topk[step].device_address(),
-                self.resident.device_address(),
-                self.host_table.device_address(),
-                self.hot.device_address(),
-                self.slot_host_rows.device_address(),
-                self.lru.device_address(),
-                ind.device_address(),
-                valid.device_address(),
-                hits.device_address(),
-                misses.device_address(),
-                src.device_address(),
-                dst.device_address(),
-            ],
-            workspace: scratch.workspace.device_address(),
-            workspace_counter: scratch.counter.device_address(),
-            stats: 0,
-            fallbacks: scratch.fallbacks.device_address(),
-        };
-        // SAFETY: every buffer is the walk's, sized for the production resolve of `self.desc`
-        // (the same buffers `resolve` passes), and lives as long as the walk, beyond the
-        // launch; `scratch` is sized for `self.desc` (LabScratch::new) and outlives it too.
-        unsafe { lab.launch(s, &self.desc, v, &a) }
-            .map_err(|e| CudaError::Unsupported(e.to_string()))
-    }
-
-    /// The hot state (slot_host_rows, then the LRU), downloaded.
-    fn state(&self, d: &CudaDevice) -> Res<HotState> {
-        let rows = download(d, &self.slot_host_rows, (self.r * N) as usize)?;
-        let mut lru = vec![0u16; (self.r * N) as usize];
-        d.download_u16(&self.lru, 0, &mut lru)?;
-        Ok((rows, lru))
-    }
-
     /// Every output of step `step`, downloaded.
     fn outputs(&self, d: &CudaDevice, step: usize) -> Res<Vec<i32>> {
         let r = self.r;
@@ -322,101 +243,6 @@ fn time_walk(
     Ok(total / (reps * steps) as f64)
 }
 
-/// The production walk's outputs of every step and its final hot state (from the empty state).
-fn production_walk(b: &Bench, w: &mut Walk) -> Res<(Vec<Vec<i32>>, HotState)> {
-    w.reset(&b.dev, &b.s)?;
-    let mut all = Vec::new();
-    for step in 0..w.outs.len() {
-        w.resolve(&b.dev, &b.s, step, None)?;
-        all.push(w.outputs(&b.dev, step)?);
-    }
-    Ok((all, w.state(&b.dev)?))
-}
-
-/// The lab's kernel `v` over the walk, eagerly: step 0 by `hs_resolve` (filling the hot
-/// buffers), the later steps by `v`; every step's outputs and the final hot state must equal the
-/// production walk's (`reference`: outputs per step, state at the end), and `v` must not refuse.
-fn lab_walk_eager(
-    b: &Bench,
-    w: &mut Walk,
-    lab: &ClusterResolver,
-    v: &Variant,
-    reference: (&[Vec<i32>], &HotState),
-    scratch: &LabScratch,
-) -> Res<()> {
-    let (outputs, state) = reference;
-    w.reset(&b.dev, &b.s)?;
-    w.resolve(&b.dev, &b.s, 0, None)?;
-    for (step, want) in outputs.iter().enumerate().skip(1) {
-        w.resolve_cluster(lab, &b.s, step, v, scratch)?;
-        if w.outputs(&b.dev, step)? != *want {
-            return Err(format!(
-                "{}: step {step}'s outputs differ from hs_resolve's",
-                v.symbol
-            )
-            .into());
-        }
-    }
-    if w.state(&b.dev)? != *state {
-        return Err(format!(
-            "{}: the hot state after the walk differs from hs_resolve's",
-            v.symbol
-        )
-        .into());
-    }
-    let handed = scratch.fallbacks(b)?;
-    if handed != 0 {
-        return Err(format!(
-            "{} handed {handed} decode rows to the general body",
-            v.symbol
-        )
-        .into());
-    }
-    Ok(())
-}
-
-/// `v` over the whole walk `w` checked against `hs_resolve` over the same walk (`--lab-walk`).
-pub(crate) fn lab_walk_matches(
-    b: &mut Bench,
-    w: &mut Walk,
-    lab: &ClusterResolver,
-    v: &Variant,
-) -> Res<()> {
-    let (outputs, state) = production_walk(b, w)?;
-    let scratch = LabScratch::new(b, w)?;
-    lab_walk_eager(b, w, lab, v, (&outputs, &state), &scratch)
-}
-
-/// The lab's kernel `v` over the walk, checked (lab_walk_eager), then timed as [`time_walk`]
-/// times the production resolve, the state after the last timed replay compared again.
-fn cluster_rows(
-    b: &mut Bench,
-    w: &mut Walk,
-    lab: &ClusterResolver,
-    v: &Variant,
-    steps: usize,
-    reps: usize,
-    reference: (&[Vec<i32>], &HotState),
-) -> Res<f64> {
-    let scratch = LabScratch::new(b, w)?;
-    lab_walk_eager(b, w, lab, v, reference, &scratch)?;
-    let wr = &mut *w;
-    let graph = b.dev.capture(&b.s, |_| {
-        for step in 1..=steps {
-            wr.resolve_cluster(lab, &b.s, step, v, &scratch)?;
-        }
-        Ok(())
-    })?;
-    let us = time_walk(b, w, reps, steps, &graph)?;
-    if w.state(&b.dev)? != *reference.1 {
-        return Err("the hot state after the timed replays differs from hs_resolve's".into());
-    }
-    if scratch.fallbacks(b)? != 0 {
-        return Err("the timed replays handed decode rows to the general body".into());
-    }
-    Ok(us)
-}
-
 /// A swap-in path measured: the resolve then a gather launch, or the fused launch.
 #[derive(Clone, Copy, PartialEq)]
 enum Path {
@@ -451,17 +277,22 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
         // separate and the fused path leave the pool identical.
         let mut missed_rows = 0u64;
         let mut looked_up = 0u64;
-        let (reference, reference_state) = production_walk(b, &mut w)?;
-        // Each step's hit and miss counts (outputs() order: indices, valid, hits, misses, ...).
-        let at = (r * K) as usize + r as usize;
-        for out in reference.iter().skip(1) {
-            let (h, m) = (
-                &out[at..at + r as usize],
-                &out[at + r as usize..at + 2 * r as usize],
-            );
-            missed_rows += m.iter().map(|&x| x as u64).sum::<u64>();
-            looked_up += m.iter().chain(h).map(|&x| x as u64).sum::<u64>();
-        }
+        let reference = {
+            w.reset(&b.dev, &b.s)?;
+            let mut all = Vec::new();
+            for step in 0..=steps {
+                w.resolve(&b.dev, &b.s, step, None)?;
+                all.push(w.outputs(&b.dev, step)?);
+                if step > 0 {
+                    let [_, _, hits, misses, _, _] = &w.outs[step];
+                    let m = download(&b.dev, misses, r as usize)?;
+                    let h = download(&b.dev, hits, r as usize)?;
+                    missed_rows += m.iter().map(|&x| x as u64).sum::<u64>();
+                    looked_up += m.iter().chain(&h).map(|&x| x as u64).sum::<u64>();
+                }
+            }
+            all
+        };
         let zero = b.dev.alloc(pool_len)?;
         // The pair's pool, then the fused launch's: identical.
         let mut pair_pool: Option<Vec<u8>> = None;
@@ -530,43 +361,6 @@ pub(crate) fn section(b: &mut Bench, resolve: bool, path: bool) -> Res<()> {
                 note: format!("{steps} steps in one graph, from empty hot buffers"),
                 sm_mhz: 0.0,
             });
-        }
-        if resolve && let Some(lab) = b.cluster.clone() {
-            for v in resolve_cluster::VARIANTS {
-                let run = cluster_rows(
-                    b,
-                    &mut w,
-                    &lab,
-                    &v,
-                    steps,
-                    reps,
-                    (&reference, &reference_state),
-                );
-                let us = match run {
-                    Ok(us) => us,
-                    Err(e) => {
-                        println!("resolve {r} req, {} FAILED: {e}", v.symbol);
-                        b.failures
-                            .push(format!("lab resolver {}, {r} requests: {e}", v.symbol));
-                        continue;
-                    }
-                };
-                b.push(Row {
-                    section: "resolve",
-                    name: format!("resolve {r} req x 2048, 4096 slots, {miss_pct:.1}% misses"),
-                    path: v.label(),
-                    value: us,
-                    unit: "us",
-                    ceiling: b.empty_us,
-                    ceiling_name: "empty launch",
-                    target: "-".into(),
-                    met: None,
-                    note: format!(
-                        "{steps} steps in one graph, from empty hot buffers; outputs identical to hs_resolve's"
-                    ),
-                    sm_mhz: 0.0,
-                });
-            }
         }
         if !path {
             continue;
