@@ -145,9 +145,12 @@ pub fn remap_pairs(t: &Target, num_tokens: u32, top_k: u32, compact: bool) -> bo
 }
 
 /// Rows up to which a plain remap takes `hs_remap_wide` (one entry a thread) instead of
-/// `hs_remap`'s lean path: the decode sizes at which vLLM's layout beat it (1 and 64 tokens on
-/// the H200; 256 and 1024 went to `hs_remap`).
-pub const REMAP_WIDE_MAX_ROWS: u32 = 64;
+/// `hs_remap`'s vectors. Measured (H100, top-k 2048, L2 warm): one entry a thread took 1.48
+/// against 1.78 µs at 1 token, 2.32 against 2.28 at 64, 5.70 against 2.90 at 256: it wins while
+/// its warps leave the device's issue slots idle and loses once they fill them (64 tokens are
+/// 4,096 warps, about half what 132 multiprocessors hold). 32 lies between the win and the tie;
+/// `cuda_bench` times both layouts at every size (`plan::remap_as`), the figures to move it by.
+pub const REMAP_WIDE_MAX_ROWS: u32 = 32;
 
 /// The two layouts of a remap: live alternatives, one chosen per launch by [`remap_layout`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
