@@ -174,7 +174,19 @@ pub fn remap_layout(d: &RemapDesc) -> RemapLayout {
     }
 }
 
-/// The buffers both remap kernels take first, in their ABI order.
+/// The sizes and flags every remap kernel takes after its buffers, in their ABI order.
+fn remap_sizes(args: &mut Args, d: &RemapDesc, flags: u32) {
+    args.u32(d.num_tokens)
+        .u32(d.top_k)
+        .u32(d.table_rows)
+        .u32(d.max_blocks)
+        .u32(d.block_size)
+        .u32(d.block_stride_rows)
+        .u32(d.idx_mapping_len.unwrap_or(0))
+        .u32(flags);
+}
+
+/// The buffers every remap kernel takes first, in their ABI order.
 fn remap_args(args: &mut Args, d: &RemapDesc, a: &RemapAddrs) -> Result<(), PlanError> {
     args.ptr(a.req_id)
         .ptr(a.block_table)
@@ -229,14 +241,7 @@ pub fn remap_as(
         } else {
             0
         };
-        args.u32(d.num_tokens)
-            .u32(d.top_k)
-            .u32(d.table_rows)
-            .u32(d.max_blocks)
-            .u32(d.block_size)
-            .u32(d.block_stride_rows)
-            .u32(d.idx_mapping_len.unwrap_or(0))
-            .u32(flags);
+        remap_sizes(&mut args, d, flags);
         return Ok(Plan::one(Launch {
             kernel: Kernel::RemapWide,
             grid: [d.top_k.div_ceil(REMAP_WIDE_THREADS), d.num_tokens, 1],
@@ -259,14 +264,7 @@ pub fn remap_as(
     }
     let mut args = Args::default();
     remap_args(&mut args, d, a)?;
-    args.u32(d.num_tokens)
-        .u32(d.top_k)
-        .u32(d.table_rows)
-        .u32(d.max_blocks)
-        .u32(d.block_size)
-        .u32(d.block_stride_rows)
-        .u32(d.idx_mapping_len.unwrap_or(0))
-        .u32(shape.flags);
+    remap_sizes(&mut args, d, shape.flags);
     Ok(Plan::one(Launch {
         kernel: Kernel::Remap,
         grid: shape.grid,
@@ -307,17 +305,9 @@ pub fn remap_modes(t: &Target, d: &RemapModesDesc, a: &RemapModesAddrs) -> Resul
     let dcp = d.dcp.map_or([0, 0, 0], |s| [s.size, s.rank, s.interleave]);
     let mut args = Args::default();
     remap_args(&mut args, r, &a.remap)?;
-    args.ptr(prefill)
-        .ptr(starts)
-        .u32(r.num_tokens)
-        .u32(r.top_k)
-        .u32(r.table_rows)
-        .u32(r.max_blocks)
-        .u32(r.block_size)
-        .u32(r.block_stride_rows)
-        .u32(r.idx_mapping_len.unwrap_or(0))
-        .u32(shape.flags)
-        .u32(prefill_requests)
+    args.ptr(prefill).ptr(starts);
+    remap_sizes(&mut args, r, shape.flags);
+    args.u32(prefill_requests)
         .u32(dcp[0])
         .u32(dcp[1])
         .u32(dcp[2]);
