@@ -7,7 +7,7 @@
 //! | part | holds |
 //! |---|---|
 //! | `common.cuh` | types, the structs mirrored here, row and page arithmetic, memory hints, block scans |
-//! | `remap.cuh` | `hs_remap` (with its decode-size lean path) and `hs_remap_modes` |
+//! | `remap.cuh` | `hs_remap` (with its decode-size lean path), `hs_remap_wide` (one entry a thread, for few plain rows) and `hs_remap_modes` |
 //! | `resolve.cuh` | the resolver's launch contract, hash table, classification, state layout |
 //! | `resolve_general.cuh` | the resolver's general body (several rows, batch-row order, tables in global memory) |
 //! | `resolve_decode.cuh` | the resolver's decode path and the `hs_resolve` kernel |
@@ -261,7 +261,7 @@ pub enum Kernel {
     /// `hs_remap_wide`: [`Kernel::Remap`]'s parameters for a plain remap (no counts or
     /// compaction: `counts` unused, `flags` only [`REMAP_HAS_MAP`]) with one top-k entry a
     /// thread: grid `(ceil(top_k / block), num_tokens)` (`num_tokens` at most 65,535), block at
-    /// most [`REMAP_WIDE_MAX_THREADS`] ([`plan::remap`] picks it for few plain rows).
+    /// most [`REMAP_WIDE_MAX_THREADS`] ([`plan::remap_layout`] picks it for few plain rows).
     RemapWide,
 }
 
