@@ -2,8 +2,10 @@
 //! order; an event waited on by a second stream orders that stream's later work after the
 //! event's; a recorded event completes without the host synchronising.
 //!
-//! The inputs are large enough (a chain of 16 MiB device copies) that a backend running the
-//! second stream's work without waiting for the event reads stale bytes and fails.
+//! The first stream's work is long enough (a chain of 16 MiB device copies; across streams a
+//! chain of [`DELAY_LINKS`] copies before the one the second stream reads) that a backend
+//! running the second stream's work without waiting for the event reads stale bytes and fails,
+//! however fast its device and however late its host submits the second stream's work.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,11 @@ use crate::{Case, CaseResult, SplitMix64};
 
 const CHAIN_BYTES: usize = 16 << 20;
 const CHAIN_LINKS: usize = 6;
+/// Dependent copies the cross-stream case runs on the first stream before the copy the second
+/// stream reads: about 0.4 ms of device time on an H200 (16 MiB read and written per copy at
+/// ~4 TB/s), where six copies (~55 µs) finished before the second stream's copy started even
+/// with its event wait ignored.
+const DELAY_LINKS: usize = 48;
 /// How long `query_event` may keep answering "not yet" for work that is certainly finite.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -68,19 +75,30 @@ fn in_order<D: Device>(dev: &D, seed: u64) -> CaseResult {
 
 /// Stream A runs a chain of copies and records an event; stream B waits for it, then copies the
 /// chain's last buffer. B must see the chain's result, not the zeros the buffer started with.
+/// The chain copies the data back and forth between two buffers [`DELAY_LINKS`] times before it
+/// writes the last buffer, so that buffer holds zeros for most of the chain's time.
 fn cross_stream<D: Device>(dev: &D, seed: u64) -> CaseResult {
     let data = pattern(seed, CHAIN_BYTES);
     let a = dev.create_stream().ctx("create_stream a")?;
     let b = dev.create_stream().ctx("create_stream b")?;
-    let mut bufs = vec![dev_bytes(dev, &data)?];
-    for _ in 0..CHAIN_LINKS {
-        bufs.push(dev.alloc(CHAIN_BYTES).ctx("alloc")?);
-    }
+    let mut pair = [dev_bytes(dev, &data)?, dev.alloc(CHAIN_BYTES).ctx("alloc")?];
+    let mut last = dev.alloc(CHAIN_BYTES).ctx("alloc")?;
     let mut out = dev.alloc(CHAIN_BYTES).ctx("alloc")?;
-    chain(dev, &a, &mut bufs)?;
+    for i in 0..DELAY_LINKS {
+        let (lo, hi) = pair.split_at_mut(1);
+        let (src, dst) = if i % 2 == 0 {
+            (&lo[0], &mut hi[0])
+        } else {
+            (&hi[0], &mut lo[0])
+        };
+        dev.copy_on_device(&a, src, 0, dst, 0, CHAIN_BYTES)
+            .ctx("copy_on_device")?;
+    }
+    dev.copy_on_device(&a, &pair[DELAY_LINKS % 2], 0, &mut last, 0, CHAIN_BYTES)
+        .ctx("copy_on_device")?;
     let done = dev.record_event(&a).ctx("record_event")?;
     dev.wait_event(&b, &done).ctx("wait_event")?;
-    dev.copy_on_device(&b, &bufs[CHAIN_LINKS], 0, &mut out, 0, CHAIN_BYTES)
+    dev.copy_on_device(&b, &last, 0, &mut out, 0, CHAIN_BYTES)
         .ctx("copy_on_device on stream b")?;
     let b_done = dev.record_event(&b).ctx("record_event b")?;
     wait_for(dev, &b_done)?;
