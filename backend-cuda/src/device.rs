@@ -45,6 +45,48 @@ pub struct CudaOptions {
     pub gather_walk: GatherWalk,
 }
 
+/// The environment variable [`CudaDevice::open`] reads the swap-in gather's walk from
+/// ([`CudaOptions::from_env`]): `auto` (the production rule, also when unset), `all-rows` or
+/// `in-order`. Results are identical; an engine or a benchmark compares the walks' speed on its
+/// own pools without a rebuild.
+pub const GATHER_WALK_ENV: &str = "HISPARSE_CUDA_GATHER_WALK";
+
+impl CudaOptions {
+    /// The default options, with [`CudaOptions::gather_walk`] from [`GATHER_WALK_ENV`] when it
+    /// is set. A value it does not take is a [`CudaError::Environment`].
+    pub fn from_env() -> Result<CudaOptions> {
+        let gather_walk = match std::env::var(GATHER_WALK_ENV) {
+            Err(std::env::VarError::NotPresent) => GatherWalk::Auto,
+            Ok(v) => Self::gather_walk_named(&v)?,
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(Self::bad_walk(v.to_string_lossy().into_owned()));
+            }
+        };
+        Ok(CudaOptions {
+            gather_walk,
+            ..CudaOptions::default()
+        })
+    }
+
+    /// The walk [`GATHER_WALK_ENV`] names by `value`.
+    fn gather_walk_named(value: &str) -> Result<GatherWalk> {
+        match value {
+            "" | "auto" => Ok(GatherWalk::Auto),
+            "all-rows" => Ok(GatherWalk::AllRows),
+            "in-order" => Ok(GatherWalk::InOrder),
+            other => Err(Self::bad_walk(other.to_owned())),
+        }
+    }
+
+    fn bad_walk(value: String) -> CudaError {
+        CudaError::Environment {
+            name: GATHER_WALK_ENV,
+            value,
+            expected: "auto, all-rows, in-order",
+        }
+    }
+}
+
 /// One CUDA device: a retained primary context, kernels compiled with NVRTC on first use
 /// (cached per process and architecture), and the staging rings for host-side lists.
 pub struct CudaDevice {
@@ -87,11 +129,12 @@ impl From<PlanError> for CudaError {
 }
 
 impl CudaDevice {
-    /// Opens CUDA device `ordinal`. No driver or no such device gives an error of kind
+    /// Opens CUDA device `ordinal` with [`CudaOptions::from_env`] (the production defaults
+    /// unless [`GATHER_WALK_ENV`] is set). No driver or no such device gives an error of kind
     /// `NotFound`; so does a missing NVRTC ([`CudaError::NoNvrtc`]), since no kernel could run.
     /// Kernels are compiled on first use (or with [`CudaDevice::prepare`]).
     pub fn open(ordinal: usize) -> Result<CudaDevice> {
-        Self::open_with(ordinal, CudaOptions::default())
+        Self::open_with(ordinal, CudaOptions::from_env()?)
     }
 
     /// [`Device::remap`] in the given layout instead of the planner's rule
@@ -746,5 +789,35 @@ mod tests {
         if let Err(e) = CudaDevice::open(usize::MAX / 2) {
             assert_eq!(e.kind(), hisparse_core::ErrorKind::NotFound, "{e}");
         }
+    }
+
+    /// The gather walk's environment values, and a refusal that names the variable and what it
+    /// takes.
+    #[test]
+    fn gather_walk_env_values() {
+        assert_eq!(
+            CudaOptions::gather_walk_named("").unwrap(),
+            GatherWalk::Auto
+        );
+        assert_eq!(
+            CudaOptions::gather_walk_named("auto").unwrap(),
+            GatherWalk::Auto
+        );
+        assert_eq!(
+            CudaOptions::gather_walk_named("all-rows").unwrap(),
+            GatherWalk::AllRows
+        );
+        assert_eq!(
+            CudaOptions::gather_walk_named("in-order").unwrap(),
+            GatherWalk::InOrder
+        );
+        let e = CudaOptions::gather_walk_named("inorder").unwrap_err();
+        assert_eq!(e.kind(), hisparse_core::ErrorKind::InvalidArgument);
+        let text = e.to_string();
+        assert!(
+            text.contains(GATHER_WALK_ENV) && text.contains("\"inorder\""),
+            "{text}"
+        );
+        assert!(text.contains("auto, all-rows, in-order"), "{text}");
     }
 }

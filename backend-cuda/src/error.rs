@@ -80,6 +80,15 @@ pub enum CudaError {
         /// What is wrong with it and what to pass instead.
         problem: String,
     },
+    /// An environment variable the backend reads at open holds a value it does not take.
+    Environment {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// The values it takes.
+        expected: &'static str,
+    },
 }
 
 impl CudaError {
@@ -129,7 +138,7 @@ impl Error for CudaError {
             CudaError::HostPool(e) => e.kind(),
             CudaError::SharedMemory { .. } | CudaError::Unsupported(_) => ErrorKind::Unsupported,
             CudaError::Op(e) => e.kind(),
-            CudaError::Lent { .. } => ErrorKind::InvalidArgument,
+            CudaError::Lent { .. } | CudaError::Environment { .. } => ErrorKind::InvalidArgument,
         }
     }
 }
@@ -182,6 +191,15 @@ impl fmt::Display for CudaError {
             CudaError::Unsupported(what) => write!(f, "unsupported: {what}"),
             CudaError::Op(e) => write!(f, "{e}"),
             CudaError::Lent { what, problem } => write!(f, "cannot use the {what}: {problem}"),
+            CudaError::Environment {
+                name,
+                value,
+                expected,
+            } => write!(
+                f,
+                "environment variable {name}={value:?} is not a value it takes; set it to one of \
+                 {expected}, or unset it"
+            ),
         }
     }
 }

@@ -81,7 +81,7 @@ mod staging;
 pub use cudarc::driver::sys::{CUdeviceptr, CUstream};
 pub use device::{
     CaptureMode, CudaBuffer, CudaDevice, CudaEvent, CudaGraph, CudaHostBuffer, CudaOptions,
-    CudaStream, KernelReport,
+    CudaStream, GATHER_WALK_ENV, KernelReport,
 };
 pub use error::CudaError;
 /// How the swap-in gather walks a miss plan ([`CudaOptions::gather_walk`]).

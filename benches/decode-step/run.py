@@ -52,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--pipeline-split", choices=["batch", "swap"],
                    help="what the pipelined step cuts into micro-batches: every per-layer stage "
                         "(batch, the default) or only the per-layer call and the attention (swap)")
+    p.add_argument("--gather-walk", choices=["auto", "all-rows", "in-order"],
+                   help="the CUDA swap-in gather's walk (HISPARSE_CUDA_GATHER_WALK; default "
+                        "auto, the production rule)")
     p.add_argument("--warmup-steps", type=int)
     p.add_argument("--timed-steps", type=int)
     p.add_argument("--host-limit-gib", type=float, help="host memory the pools may take")
@@ -79,7 +82,7 @@ def make_config(a) -> config.Config:
                          ("standin_bytes", a.standin_bytes), ("warmup_steps", a.warmup_steps),
                          ("timed_steps", a.timed_steps), ("time_budget", a.time_budget),
                          ("indexer", a.indexer), ("micro_batches", a.micro_batches),
-                         ("pipeline_split", a.pipeline_split)):
+                         ("pipeline_split", a.pipeline_split), ("gather_walk", a.gather_walk)):
         if value is not None:
             setattr(cfg, field, value)
     if a.budgets_gib:
@@ -90,6 +93,10 @@ def make_config(a) -> config.Config:
 
 
 def commit() -> str:
+    """The commit measured: the wheel's (HISPARSE_COMMIT, from its MANIFEST) when given, else
+    this checkout's."""
+    if os.environ.get("HISPARSE_COMMIT"):
+        return os.environ["HISPARSE_COMMIT"]
     try:
         c = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=HERE, capture_output=True,
                            text=True, check=True).stdout.strip()
@@ -97,7 +104,7 @@ def commit() -> str:
                                capture_output=True, text=True).stdout.strip()
         return c + (" (with local changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HISPARSE_COMMIT", "unknown")
+        return "unknown"
 
 
 def write(out: pathlib.Path, results) -> None:
@@ -112,6 +119,8 @@ def main(argv=None) -> int:
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     clock = driver.Clock(cfg.time_budget)
+    # The CUDA backend reads the walk when the runtime opens it (every runtime of this process).
+    os.environ["HISPARSE_CUDA_GATHER_WALK"] = cfg.gather_walk
     if a.dry_run:
         from decode_step.kernels_numpy import NumpyKernels as Kernels
         backend, device, ceilings = "cpu", f"{platform.machine()} CPU (dry run: no figures)", {}

@@ -72,6 +72,10 @@ class Config:
     #: FlashMLA runs twice per layer). On the H200 ``batch`` cost 4–5 ms a step in launches it
     #: splits (the indexer's top-k and FlashMLA twice per layer) for what it hid.
     pipeline_split: str = "batch"
+    #: How the CUDA backend's swap-in gather walks the misses: ``auto`` (the production rule,
+    #: in order for host arrays past 1 GiB a layer), ``all-rows`` or ``in-order``; set through
+    #: ``HISPARSE_CUDA_GATHER_WALK`` before the runtime opens, so one run can compare the walks.
+    gather_walk: str = "auto"
     #: Run the fully-resident HiSparse path (a pool that holds everything, nothing reclaimed)
     #: at batches up to this.
     resident_path_max_batch: int = 8

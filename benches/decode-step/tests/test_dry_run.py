@@ -23,6 +23,8 @@ def test_dry_run(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     results = json.loads((tmp_path / "decode_step.json").read_text())
     assert results["meta"]["dry_run"]
+    # The gather walk the run asked the CUDA backend for (the production rule by default).
+    assert results["config"]["gather_walk"] == "auto"
     [ctx] = results["contexts"]
     batches = {b["batch"]: b for b in ctx["batches"]}
     assert set(batches) >= {1, 3}, batches.keys()
