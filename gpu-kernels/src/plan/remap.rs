@@ -145,12 +145,12 @@ pub fn remap_pairs(t: &Target, num_tokens: u32, top_k: u32, compact: bool) -> bo
 }
 
 /// Rows up to which a plain remap takes `hs_remap_wide` (one entry a thread) instead of
-/// `hs_remap`'s vectors. Measured (H100, top-k 2048, L2 warm): one entry a thread took 1.48
-/// against 1.78 µs at 1 token, 2.32 against 2.28 at 64, 5.70 against 2.90 at 256: it wins while
-/// its warps leave the device's issue slots idle and loses once they fill them (64 tokens are
-/// 4,096 warps, about half what 132 multiprocessors hold). 32 lies between the win and the tie;
-/// `cuda_bench` times both layouts at every size (`plan::remap_as`), the figures to move it by.
-pub const REMAP_WIDE_MAX_ROWS: u32 = 32;
+/// `hs_remap`'s vectors. Measured with stats, as the runtime remaps (H200, 2026-12-05,
+/// `cuda_bench`, top-k 2048, L2 warm): 1.66 against 2.01 µs at 1 token, 3.03 against 2.48 at 64
+/// (1,024 blocks each adding to one stats word), 6.70 against 3.10 at 256. Linear between the
+/// two decode sizes the layouts cross near 25 rows; 16 stays on the winning side. `cuda_bench`
+/// times both layouts at every size ([`remap_as`]), the figures to move it by.
+pub const REMAP_WIDE_MAX_ROWS: u32 = 16;
 
 /// The two layouts of a remap: live alternatives, one chosen per launch by [`remap_layout`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
