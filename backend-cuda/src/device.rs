@@ -51,6 +51,15 @@ pub struct CudaOptions {
 /// own pools without a rebuild.
 pub const GATHER_WALK_ENV: &str = "HISPARSE_CUDA_GATHER_WALK";
 
+/// The walks [`GATHER_WALK_ENV`] names, by name.
+const GATHER_WALKS: [(&str, GatherWalk); 3] = [
+    ("auto", GatherWalk::Auto),
+    ("all-rows", GatherWalk::AllRows),
+    ("in-order", GatherWalk::InOrder),
+];
+/// [`GATHER_WALKS`]' names as a refusal lists them (the unit test holds the two together).
+const GATHER_WALK_NAMES: &str = "auto, all-rows, in-order";
+
 impl CudaOptions {
     /// The default options, with [`CudaOptions::gather_walk`] from [`GATHER_WALK_ENV`] when it
     /// is set. A value it does not take is a [`CudaError::Environment`].
@@ -68,21 +77,21 @@ impl CudaOptions {
         })
     }
 
-    /// The walk [`GATHER_WALK_ENV`] names by `value`.
+    /// The walk [`GATHER_WALK_ENV`] names by `value` (empty: `auto`).
     fn gather_walk_named(value: &str) -> Result<GatherWalk> {
-        match value {
-            "" | "auto" => Ok(GatherWalk::Auto),
-            "all-rows" => Ok(GatherWalk::AllRows),
-            "in-order" => Ok(GatherWalk::InOrder),
-            other => Err(Self::bad_walk(other.to_owned())),
-        }
+        let name = if value.is_empty() { "auto" } else { value };
+        GATHER_WALKS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, walk)| walk)
+            .ok_or_else(|| Self::bad_walk(value.to_owned()))
     }
 
     fn bad_walk(value: String) -> CudaError {
         CudaError::Environment {
             name: GATHER_WALK_ENV,
             value,
-            expected: "auto, all-rows, in-order",
+            expected: GATHER_WALK_NAMES,
         }
     }
 }
@@ -799,18 +808,15 @@ mod tests {
             CudaOptions::gather_walk_named("").unwrap(),
             GatherWalk::Auto
         );
-        assert_eq!(
-            CudaOptions::gather_walk_named("auto").unwrap(),
-            GatherWalk::Auto
-        );
-        assert_eq!(
-            CudaOptions::gather_walk_named("all-rows").unwrap(),
-            GatherWalk::AllRows
-        );
-        assert_eq!(
-            CudaOptions::gather_walk_named("in-order").unwrap(),
-            GatherWalk::InOrder
-        );
+        for (name, walk) in GATHER_WALKS {
+            assert_eq!(
+                CudaOptions::gather_walk_named(name).unwrap(),
+                walk,
+                "{name}"
+            );
+        }
+        let names: Vec<&str> = GATHER_WALKS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.join(", "), GATHER_WALK_NAMES);
         let e = CudaOptions::gather_walk_named("inorder").unwrap_err();
         assert_eq!(e.kind(), hisparse_core::ErrorKind::InvalidArgument);
         let text = e.to_string();

@@ -60,10 +60,7 @@ struct RemapShape {
 
 fn remap_shape(t: &Target, d: &RemapDesc) -> Result<RemapShape, PlanError> {
     limit("remap num_tokens", d.num_tokens.into(), i32::MAX as u64)?;
-    let mut flags = 0;
-    if d.idx_mapping_len.is_some() {
-        flags |= REMAP_HAS_MAP;
-    }
+    let mut flags = map_flag(d);
     if d.write_counts {
         flags |= REMAP_COUNTS;
     }
@@ -174,6 +171,19 @@ pub fn remap_layout(d: &RemapDesc) -> RemapLayout {
     }
 }
 
+/// Rows of a grid's y dimension a launch may have (CUDA's and HIP's limit): `hs_remap_wide`'s
+/// token rows.
+const GRID_Y_MAX: u32 = 65_535;
+
+/// The flag every remap kernel reads for an `idx_mapping` ([`REMAP_HAS_MAP`], or none).
+fn map_flag(d: &RemapDesc) -> u32 {
+    if d.idx_mapping_len.is_some() {
+        REMAP_HAS_MAP
+    } else {
+        0
+    }
+}
+
 /// The sizes and flags every remap kernel takes after its buffers, in their ABI order.
 fn remap_sizes(args: &mut Args, d: &RemapDesc, flags: u32) {
     args.u32(d.num_tokens)
@@ -232,16 +242,11 @@ pub fn remap_as(
         limit(
             "remap num_tokens (wide layout)",
             d.num_tokens.into(),
-            65_535,
+            GRID_Y_MAX.into(),
         )?;
         let mut args = Args::default();
         remap_args(&mut args, d, a)?;
-        let flags = if d.idx_mapping_len.is_some() {
-            REMAP_HAS_MAP
-        } else {
-            0
-        };
-        remap_sizes(&mut args, d, flags);
+        remap_sizes(&mut args, d, map_flag(d));
         return Ok(Plan::one(Launch {
             kernel: Kernel::RemapWide,
             grid: [d.top_k.div_ceil(REMAP_WIDE_THREADS), d.num_tokens, 1],
