@@ -277,8 +277,31 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
             }
         }
     }
+    // Between the decode sizes: both layouts only, the rows that place the rule's crossover.
+    for t in REMAP_LAYOUT_ONLY_TOKENS {
+        let inputs = RemapInputs::new(b, &mut rng, t)?;
+        let desc = inputs.desc(false, false);
+        let mut want = vec![0i32; (t * k) as usize];
+        ref_remap(
+            &desc,
+            RemapArgs {
+                req_id: &inputs.req[..],
+                block_table: &inputs.table[..],
+                topk: &inputs.topk[..],
+                idx_mapping: None,
+                out: &mut want[..],
+                counts: None,
+                stats: None,
+            },
+        )?;
+        layout_rows(b, &inputs, &want, calls, replays)?;
+    }
     Ok(())
 }
+
+/// Token rows between the decode sizes at which only the two plain layouts are timed
+/// ([`layout_rows`]): where [`plan::REMAP_WIDE_MAX_ROWS`] is set from.
+const REMAP_LAYOUT_ONLY_TOKENS: [u32; 4] = [8, 16, 24, 32];
 
 /// The plain remap of `inputs` in each layout the planner chooses between
 /// ([`plan::remap_layout`]), with the call counted in a stats slot as the runtime's remap is:
