@@ -21,3 +21,4 @@
 
 pub mod module;
 pub mod probes;
+pub mod remap_lab;

@@ -296,6 +296,149 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
         )?;
         layout_rows(b, &inputs, &want, calls, replays)?;
     }
+    for t in LAB_TOKENS {
+        lab_rows(b, &mut rng, t, calls, replays)?;
+    }
+    Ok(())
+}
+
+/// Token rows at which the lab's stripped remaps ([`hisparse_kernel_lab::remap_lab`]) are timed
+/// beside the production kernels.
+const LAB_TOKENS: [u32; 4] = [1, 16, 64, 256];
+
+/// The lab's stripped remaps at `t` tokens beside the production kernels on the same inputs,
+/// each checked against the reference first, all L2 warm: the production plain layouts with and
+/// without stats, the production counting remap with stats (as the runtime calls it), and each
+/// lab kernel.
+fn lab_rows(b: &mut Bench, rng: &mut SplitMix64, t: u32, calls: usize, replays: usize) -> Res<()> {
+    use hisparse_kernel_lab::remap_lab::{COUNTS, LabRemap, RemapLab, WIDE};
+    let lab = std::rc::Rc::new(RemapLab::load(&b.dev, 0)?);
+    let inputs = RemapInputs::new(b, rng, t)?;
+    let mut want = vec![0i32; (t * K) as usize];
+    let mut want_c = vec![0i32; t as usize];
+    ref_remap(
+        &inputs.desc(true, false),
+        RemapArgs {
+            req_id: &inputs.req[..],
+            block_table: &inputs.table[..],
+            topk: &inputs.topk[..],
+            idx_mapping: None,
+            out: &mut want[..],
+            counts: Some(&mut want_c[..]),
+            stats: None,
+        },
+    )?;
+    let mut out = b.dev.alloc((t * K * 4) as usize)?;
+    let mut counts = b.dev.alloc((t * 4) as usize)?;
+    let mut stats = b.dev.alloc(64)?;
+    let r = LabRemap {
+        req_id: &inputs.req_b,
+        table: &inputs.table_b,
+        topk: &inputs.topk_b,
+        rows: t,
+        top_k: K,
+        table_rows: t,
+        max_blocks: BLOCKS,
+        shift: BLOCK.trailing_zeros(),
+        stride: BLOCK,
+    };
+    // (name, counts written, launch)
+    type Launch<'a> = Box<
+        dyn Fn(
+                &CudaDevice,
+                &CudaStream,
+                &mut CudaBuffer,
+                &mut CudaBuffer,
+                &mut CudaBuffer,
+            ) -> Res<()>
+            + 'a,
+    >;
+    let mut cases: Vec<(String, bool, Launch<'_>)> = Vec::new();
+    for (layout, with_stats, counting) in [
+        (RemapLayout::Wide, false, false),
+        (RemapLayout::Wide, true, false),
+        (RemapLayout::Vectors, true, false),
+        (RemapLayout::Vectors, true, true),
+    ] {
+        let desc = inputs.desc(counting, false);
+        let r = &r;
+        cases.push((
+            format!(
+                "production {layout:?}{}{}",
+                if counting { ", counts" } else { "" },
+                if with_stats { ", stats" } else { "" }
+            ),
+            counting,
+            Box::new(move |d, s, out, counts, stats| {
+                d.remap_as(
+                    s,
+                    &desc,
+                    RemapArgs {
+                        req_id: r.req_id,
+                        block_table: r.table,
+                        topk: r.topk,
+                        idx_mapping: None,
+                        out,
+                        counts: counting.then_some(counts),
+                        stats: with_stats.then_some(stats),
+                    },
+                    layout,
+                )?;
+                Ok(())
+            }),
+        ));
+    }
+    for name in WIDE {
+        let (lab, r) = (lab.clone(), &r);
+        cases.push((
+            name.to_owned(),
+            false,
+            Box::new(move |_, s, out, _, stats| {
+                Ok(lab.launch_wide(name, r, out, Some(stats), s)?)
+            }),
+        ));
+    }
+    for (name, vectors) in COUNTS {
+        let (lab, r) = (lab.clone(), &r);
+        cases.push((
+            name.to_owned(),
+            true,
+            Box::new(move |_, s, out, counts, stats| {
+                Ok(lab.launch_counts(name, vectors, r, out, counts, Some(stats), s)?)
+            }),
+        ));
+    }
+    for (name, counting, launch) in &cases {
+        launch(&b.dev, &b.s, &mut out, &mut counts, &mut stats)?;
+        let got = download(&b.dev, &out, (t * K) as usize)?;
+        let got_c = download(&b.dev, &counts, t as usize)?;
+        if got != want || (*counting && got_c != want_c) {
+            b.failures.push(format!(
+                "remap lab {name} at {t} tokens differs from the reference"
+            ));
+            continue;
+        }
+        let warm = b.graph_us(calls, replays, &mut |d, s| {
+            for _ in 0..calls {
+                launch(d, s, &mut out, &mut counts, &mut stats)
+                    .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+            }
+            Ok(())
+        })?;
+        b.push(Row {
+            section: "remap-lab",
+            name: format!("remap {t} tok x 2048, L2 warm: {name}"),
+            path: "-".into(),
+            value: warm,
+            unit: "us",
+            ceiling: b.empty_us,
+            ceiling_name: "empty launch",
+            target: "-".into(),
+            met: None,
+            note: String::new(),
+            sm_mhz: b.clock.get(),
+        });
+    }
     Ok(())
 }
 
