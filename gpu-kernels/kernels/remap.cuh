@@ -452,9 +452,43 @@ HS_KERNEL HS_REMAP_BOUNDS void hs_remap(
 // block up to 256 threads. A thread loads its row's request id and its entry together, then its
 // one block-table entry, then stores; the block's valid entries are summed by one counting
 // barrier and added to stats word 2 by one atomic (one a warp would put thousands of atomics on
-// one word at 64 rows), and block (0, 0) adds the call. At decode sizes a warp of hs_remap's
-// lean path runs 228 instructions (docs/PERF.md, "The remap"), a warp here a fraction of that:
-// the layout the planner takes for few plain rows (plan::remap_layout).
+// one word at 64 rows), and block (0, 0) adds the call, both after the store, off the chain.
+// One of four instantiations per launch (a power-of-two block size, an idx_mapping), chosen
+// once, so that the thread's chain from its loads to its store has no branch. At decode sizes a
+// warp of hs_remap's lean path runs 228 instructions (docs/PERF.md, "The remap"), a warp here a
+// fraction of that: the layout the planner takes for few plain rows (plan::remap_layout).
+template <bool POW2, bool MAP>
+HS_DEVICE void hs_remap_wide_rows(const i32* __restrict__ req_id,
+                                  const i32* __restrict__ block_table,
+                                  const i32* __restrict__ topk,
+                                  const i32* __restrict__ idx_mapping, i32* __restrict__ out,
+                                  u32* __restrict__ stats, u32 num_tokens, u32 top_k,
+                                  u32 table_rows, u32 max_blocks, u32 block_size,
+                                  u32 block_stride_rows, u32 idx_mapping_len, u32* s_scan) {
+    const u32 t = HS_BID_Y, j = HS_BID_X * HS_NTHREADS + HS_TID;
+    u32 valid = 0;
+    if (t < num_tokens && j < top_k) {
+        const i32 req = HS_LDG(req_id + t);
+        const i32 tok = HS_LDG(topk + (u64)t * top_k + j);
+        const hs_remap_geo g = hs_remap_geo_make(block_size, max_blocks, block_stride_rows);
+        const i32 row_of = hs_remap_row_of<MAP>(req, idx_mapping, table_rows, idx_mapping_len);
+        const i32* bt = row_of >= 0 ? block_table + (u64)row_of * max_blocks : 0;
+        u32 col, off;
+        const bool look = hs_remap_where<POW2>(g, bt, tok, col, off);
+        const i32 blk = look ? HS_LDG(bt + col) : -1;
+        const i32 row = look ? hs_physical_row(blk, g.stride, off) : -1;
+        out[(u64)t * top_k + j] = row;
+        valid = row != -1 ? 1u : 0u;
+    }
+    if (stats != 0) { // uniform: every thread reaches the barrier
+        const u32 block_valid = hs_block_sum_small(valid, 1u, s_scan, 0);
+        if (HS_TID == 0) {
+            if (block_valid != 0) atomicAdd(stats + 2, block_valid);
+            if (HS_BID_X == 0 && HS_BID_Y == 0) atomicAdd(stats + 3, 1u); // the call
+        }
+    }
+}
+
 HS_KERNEL HS_BOUNDS(256) void hs_remap_wide(
     const i32* __restrict__ req_id, const i32* __restrict__ block_table,
     const i32* __restrict__ topk, const i32* __restrict__ idx_mapping, i32* __restrict__ out,
@@ -464,28 +498,16 @@ HS_KERNEL HS_BOUNDS(256) void hs_remap_wide(
     HS_SHARED u32 s_scan[2 * HS_MAX_WARPS]; // the count's scan where no counting barrier exists
     HS_GRID_DEP_WAIT(); // before any global memory access
     (void)counts;
-    if (stats != 0 && HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0)
-        atomicAdd(stats + 3, 1u); // the call
-    const u32 t = HS_BID_Y, j = HS_BID_X * HS_NTHREADS + HS_TID;
-    u32 valid = 0;
-    if (t < num_tokens && j < top_k) {
-        const i32 req = HS_LDG(req_id + t);
-        const i32 tok = HS_LDG(topk + (u64)t * top_k + j);
-        const i32* bt = hs_remap_table_row(req, block_table, idx_mapping, table_rows, max_blocks,
-                                           idx_mapping_len, flags);
-        const hs_remap_geo g = hs_remap_geo_make(block_size, max_blocks, block_stride_rows);
-        u32 col, off;
-        const bool look = g.shift < 32 ? hs_remap_where<true>(g, bt, tok, col, off)
-                                       : hs_remap_where<false>(g, bt, tok, col, off);
-        const i32 blk = look ? HS_LDG(bt + col) : -1;
-        const i32 row = look ? hs_physical_row(blk, g.stride, off) : -1;
-        out[(u64)t * top_k + j] = row;
-        valid = row != -1 ? 1u : 0u;
-    }
-    if (stats != 0) { // uniform: every thread reaches the barrier
-        const u32 block_valid = hs_block_sum_small(valid, 1u, s_scan, 0);
-        if (HS_TID == 0 && block_valid != 0) atomicAdd(stats + 2, block_valid);
-    }
+    const bool pow2 = hs_pow2_shift(block_size) < 32, map = (flags & HS_REMAP_HAS_MAP) != 0;
+#define HS_REMAP_WIDE(P, M)                                                                      \
+    hs_remap_wide_rows<P, M>(req_id, block_table, topk, idx_mapping, out, stats, num_tokens,    \
+                             top_k, table_rows, max_blocks, block_size, block_stride_rows,      \
+                             idx_mapping_len, s_scan)
+    if (pow2 && !map) HS_REMAP_WIDE(true, false);
+    else if (pow2) HS_REMAP_WIDE(true, true);
+    else if (!map) HS_REMAP_WIDE(false, false);
+    else HS_REMAP_WIDE(false, true);
+#undef HS_REMAP_WIDE
 }
 
 // ---------------------------------------------------------------------------------------------
