@@ -58,14 +58,14 @@ if [ -n "$sanitizer" ]; then
     section memcheck-gather-in-order 20 "$sanitizer" --tool memcheck --leak-check no \
         "${common[@]}" "$bin/cuda-conformance-gather-in-order" gather
     race=("$sanitizer" --tool racecheck --racecheck-report hazard "${common[@]}")
-    for spec in remap/:15 gather/:10 tables/:10 resolve/speculative/0:15 \
+    for spec in remap/:15 gather/:30 tables/:10 resolve/speculative/0:15 \
         resolve/speculative-gather/0:15; do
         filter=${spec%%:*}
         name=${filter%/}
         section "racecheck-${name//\//-}" "${spec##*:}" "${race[@]}" "$bin/cuda-conformance" "$filter"
     done
     section racecheck-fused-speculative 20 "${race[@]}" "$bin/cuda-fused" fused/speculative
-    section racecheck-gather-in-order 10 "${race[@]}" "$bin/cuda-conformance-gather-in-order" \
+    section racecheck-gather-in-order 30 "${race[@]}" "$bin/cuda-conformance-gather-in-order" \
         gather/
 else
     echo "compute-sanitizer not found: memcheck and racecheck NOT run" | tee "$out/sanitizer.log"

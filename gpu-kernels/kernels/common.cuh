@@ -241,6 +241,30 @@ HS_DEVICE u32 hs_block_scan1(u32 v, u32* s, u32 phase, u32& total) {
     return before + inc - v;
 }
 
+// The sum of `v` over the lanes of the calling warp, known to every lane: one instruction where
+// the vendor prelude defines HS_WARP_SUM (CUDA), else a warp scan's last lane.
+HS_DEVICE u32 hs_warp_sum(u32 v) {
+#if defined(HS_WARP_SUM)
+    return HS_WARP_SUM(v);
+#else
+    return HS_SHFL_U32(hs_warp_inclusive(v), HS_WARP - 1u);
+#endif
+}
+
+// The block's sum of every thread's `n`, known to every thread, in one barrier: each warp's sum
+// into one shared word, then each warp sums the words. `s` and `phase` as hs_block_scan1's (the
+// same halves, so calls of the two may alternate). For a sum of several bits a thread this is
+// one barrier where hs_block_sum_small's counting barriers are one a bit (the remap's decode
+// path sums its rows' counts this way; docs/PERF.md, "The remap").
+HS_DEVICE u32 hs_block_sum(u32 n, u32* s, u32 phase) {
+    const u32 lane = HS_TID % HS_WARP, warp = HS_TID / HS_WARP, nw = HS_NTHREADS / HS_WARP;
+    u32* t = s + (phase & 1u) * HS_MAX_WARPS;
+    const u32 w = hs_warp_sum(n);
+    if (lane == 0) t[warp] = w;
+    HS_SYNC();
+    return hs_warp_sum(lane < nw ? t[lane] : 0u);
+}
+
 // The block's sum of every thread's `n` (each at most `max_n`, uniform over the block), known to
 // every thread. With a counting barrier (HS_SYNC_COUNT: one instruction on CUDA) it is one of
 // them per bit of max_n, with no shared memory, shuffle or atomic; elsewhere (HIP)

@@ -349,8 +349,8 @@ HS_DEVICE bool hs_remap_lean_fits(u32 flags, u32 top_k) {
 // The decode-size remap (hs_remap_lean_fits): each thread one 16-byte vector of one row (PAIR:
 // two, the vectors at j and j + top_k / 2, their loads in flight together: for launches with more
 // rows than the device holds at once), its request id and vectors loaded together, its table
-// loads together, one store per vector; a row's valid count a counting-barrier sum
-// (hs_block_sum_small: no scan, no shared memory on CUDA), added to the stats by one atomic per
+// loads together, one store per vector; a row's valid count a block sum in one barrier
+// (hs_block_sum: warp sums, one shared word a warp), added to the stats by one atomic per
 // block at the end. The same outputs as hs_remap_rows<false>, in a fraction of its
 // instructions: at decode sizes the kernel's time is its dependent chain, so every instruction
 // before the store counts.
@@ -367,13 +367,11 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
     const u32 j = (HS_BID_Y * HS_NTHREADS + HS_TID) * 4u;
     const bool mine = j < half;
     const bool take[4] = {mine, mine, mine, mine};
-    const u32 per_row = PAIR ? 8u : 4u; // a thread's entries of a row
     u32 phase = 0;
     // The stats: without counts, this thread's valid entries of all its rows, summed once at the
     // end; with counts, thread 0 adds up the rows' sums.
-    u32 counted = 0, rows = 0;
+    u32 counted = 0;
     for (u32 t = HS_BID_X; t < num_tokens; t += HS_NBLOCKS_X) {
-        ++rows;
         const i32 req = HS_LDG(req_id + t);
         const i32* in = topk + (u64)t * top_k;
         i32 v[4], w[4];
@@ -389,7 +387,7 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
             if (PAIR) *(uint4*)(o + half) = make_uint4((u32)w[0], (u32)w[1], (u32)w[2], (u32)w[3]);
         }
         if (want_counts) { // uniform; one tile per row
-            const u32 total = hs_block_sum_small(n, per_row, s_scan, phase++);
+            const u32 total = hs_block_sum(n, s_scan, phase++);
             if (HS_TID == 0) {
                 counts[t] = (i32)total;
                 counted += total;
@@ -402,8 +400,7 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
     // (one per warp would queue thousands of atomics on one word at large batches), then the call.
     if (stats != 0) { // uniform
         if (!want_counts) {
-            const u32 most = rows > HS_NONE / per_row ? HS_NONE : rows * per_row;
-            counted = hs_block_sum_small(counted, most, s_scan, phase);
+            counted = hs_block_sum(counted, s_scan, phase);
         }
         if (HS_TID == 0 && counted != 0) atomicAdd(stats + 2, counted);
         if (HS_BID_X == 0 && HS_BID_Y == 0 && HS_TID == 0) atomicAdd(stats + 3, 1u);

@@ -8,6 +8,9 @@
 #define HS_SYNC() __syncthreads()
 // A block barrier that returns how many threads of the block passed `p` true (one instruction).
 #define HS_SYNC_COUNT(p) ((unsigned)__syncthreads_count((p) ? 1 : 0))
+// The sum of `v` over the lanes of the calling warp, every lane participating (one instruction,
+// sm_80+).
+#define HS_WARP_SUM(v) __reduce_add_sync(0xffffffffu, (unsigned)(v))
 #define HS_TID ((unsigned)threadIdx.x)
 #define HS_NTHREADS ((unsigned)blockDim.x)
 #define HS_BID_X ((unsigned)blockIdx.x)
