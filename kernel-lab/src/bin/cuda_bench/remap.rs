@@ -304,7 +304,7 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
 
 /// Token rows at which the lab's stripped remaps ([`hisparse_kernel_lab::remap_lab`]) are timed
 /// beside the production kernels.
-const LAB_TOKENS: [u32; 4] = [1, 16, 64, 256];
+const LAB_TOKENS: [u32; 6] = [1, 16, 32, 64, 128, 256];
 
 /// The lab's stripped remaps at `t` tokens beside the production kernels on the same inputs,
 /// each checked against the reference first, all L2 warm: the production plain layouts with and
