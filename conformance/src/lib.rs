@@ -183,9 +183,13 @@ impl Report {
     }
 }
 
-/// Whether `name` is selected by `filter` (a substring; `None` selects everything).
+/// Whether `name` is selected by `filter`: a substring, or with a leading `^` a prefix (`^gather/`
+/// selects the gather op's cases, not `resolve_and_gather/...`); `None` selects everything.
 pub fn matches(name: &str, filter: Option<&str>) -> bool {
-    filter.is_none_or(|f| name.contains(f))
+    filter.is_none_or(|f| match f.strip_prefix('^') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name.contains(f),
+    })
 }
 
 /// Runs every case selected by `filter` on `dev`, one line per case on `out`, then the summary
@@ -419,7 +423,7 @@ where
     let select = |n: &str| match (filter, args.exact) {
         (None, _) => true,
         (Some(f), true) => n == f,
-        (Some(f), false) => n.contains(f),
+        (Some(_), false) => matches(n, filter),
     };
     let report = run_opened_selected(open(), &select, &mut out);
     let _ = out.flush();

@@ -325,3 +325,19 @@ fn a_panicking_case_is_a_failure() {
         Err(CaseError::Fail("panicked: boom".into()))
     );
 }
+
+/// A filter selects by substring, or with a leading `^` by prefix (the sanitizer runs select the
+/// gather op's own cases this way, without the resolve-and-gather scenarios).
+#[test]
+fn a_caret_filter_selects_by_prefix() {
+    assert!(matches("gather/fixed/bounds", Some("^gather/")));
+    assert!(!matches(
+        "resolve_and_gather/decode-64x2048/0",
+        Some("^gather/")
+    ));
+    assert!(matches(
+        "resolve_and_gather/decode-64x2048/0",
+        Some("gather/")
+    ));
+    assert!(matches("anything", None));
+}
