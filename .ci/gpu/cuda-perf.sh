@@ -12,7 +12,7 @@
 #      resolve-and-gather against the reference, and compute-sanitizer racecheck of the fused launch's two small scenarios
 #      (speculative rows with a corrupt LRU; split rows);
 #   3. Nsight Compute (ncu) over the decode-size launches of `cuda_bench --profile-targets`
-#      (remap at 1 and 64 tokens in every mode (plain remaps of up to 16 tokens are
+#      (remap at 1 and 64 tokens in every mode (few plain rows are
 #      hs_remap_wide: plan::REMAP_WIDE_MAX_ROWS), the resolver at 1 and 64 requests, and the fused launch at 64 requests):
 #      duration, achieved occupancy, issue-slot use and the four largest stall reasons of each, in
 #      $OUT/cuda-perf/ncu-summary.log and on stdout, every raw metric in ncu-raw.csv;

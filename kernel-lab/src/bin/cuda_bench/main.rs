@@ -19,7 +19,7 @@
 //! * ceilings: bulk pinned host→device and device→host copies (256 MiB), a device-to-device copy
 //!   (1 GiB, bytes read plus written), and an empty kernel inside a graph (the launch floor);
 //! * remap, top-k 2048 over 128K-token block tables, at 1, 64, 256 and 1024 tokens, plain, with
-//!   valid counts, and with counts and compaction (plain rows of up to 16 tokens by
+//!   valid counts, and with counts and compaction (plain rows of up to plan::REMAP_WIDE_MAX_ROWS tokens by
 //!   `hs_remap_wide`, one entry a thread, and both layouts of the plain rows with stats, beside
 //!   each other); warm (the same inputs every call: L2 holds them) and cold (a 64 MiB device copy before every call evicts them; the copy's own time,
 //!   measured alone, is subtracted); at 1 token also a row of only invalid
