@@ -143,8 +143,8 @@ pub fn remap_pairs(t: &Target, num_tokens: u32, top_k: u32, compact: bool) -> bo
 
 /// Rows up to which a plain remap takes `hs_remap_wide` (one entry a thread) instead of
 /// `hs_remap`'s vectors. Measured with stats, as the runtime remaps (`cuda_bench`, top-k 2048,
-/// L2 warm): on the H100 machine (2026-12-05) 1.67 against 2.06 µs at 1 token, 2.03 against
-/// 2.22 at 16, 2.14 against 2.23 at 24, 2.37 against 2.31 at 32, 2.86 against 2.43 at 64; on
+/// L2 warm): on the H100 machine (2026-12-05) 1.67 against 2.06 µs at 1 token, 2.04 against
+/// 2.23 at 16, 2.14 against 2.23 at 24, 2.37 against 2.31 at 32, 2.74 against 2.44 at 64; on
 /// the H200 the two crossed near 25 rows too (linear between 1 and 64). `cuda_bench` times both
 /// layouts at 1–1024 tokens ([`remap_as`]), the figures to move it by.
 pub const REMAP_WIDE_MAX_ROWS: u32 = 24;
