@@ -32,12 +32,9 @@
 #define HS_REMAP_PAIR 32u
 
 #if defined(HS_VENDOR_CUDA)
-// Three blocks of 512 threads per multiprocessor (at most 40 registers each): a launch of up to
-// three rows per multiprocessor runs as one wave (plan::REMAP_BLOCKS_PER_MULTIPROCESSOR). With
-// four (32 registers) ptxas spilled in the paired path and, in the decode path, used the first
-// table load's value before issuing the third and fourth: two round trips to L2 where one
-// suffices.
-#define HS_REMAP_BOUNDS __launch_bounds__(HS_REMAP_MAX_THREADS, 3)
+// Four blocks of 512 threads per multiprocessor (at most 32 registers each): a launch of up to
+// four rows per multiprocessor runs as one wave.
+#define HS_REMAP_BOUNDS __launch_bounds__(HS_REMAP_MAX_THREADS, 4)
 #else
 #define HS_REMAP_BOUNDS HS_BOUNDS(HS_REMAP_MAX_THREADS)
 #endif

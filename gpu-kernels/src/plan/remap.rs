@@ -45,10 +45,9 @@ pub const fn remap_threads(top_k: u32) -> u32 {
     }
 }
 
-/// Blocks of `hs_remap` one multiprocessor holds at once (its launch bounds on CUDA: three
-/// blocks of 512 threads, 40 registers a thread, so that a thread's four table loads are issued
-/// together).
-pub const REMAP_BLOCKS_PER_MULTIPROCESSOR: u32 = 3;
+/// Blocks of `hs_remap` one multiprocessor holds at once (its launch bounds on CUDA: four
+/// blocks of 512 threads).
+pub const REMAP_BLOCKS_PER_MULTIPROCESSOR: u32 = 4;
 
 /// The launch shape `hs_remap` and `hs_remap_modes` share: flags, dynamic shared memory, grid and
 /// block.

@@ -282,24 +282,23 @@ fn many_plain_remap_rows_give_each_thread_two_vectors() {
         let i = params.iter().position(|p| p.name == "flags").unwrap();
         u32::from_ne_bytes(l.args.value(i).unwrap().try_into().unwrap())
     };
-    // 132 multiprocessors hold 396 blocks of 512 threads (792 of 256): 1,024 rows of 2,048 do
-    // not fit.
+    // 132 multiprocessors hold 528 blocks of 512 threads: 1,024 rows of 2,048 do not fit.
     for counts in [false, true] {
         let l = launch(1024, 2048, counts, false);
-        assert_eq!((l.grid, l.block), ([792, 1, 1], 256));
+        assert_eq!((l.grid, l.block), ([1024, 1, 1], 256));
         assert_ne!(flags(&l) & REMAP_PAIR, 0);
         assert_eq!(flags(&l) & REMAP_COUNTS != 0, counts);
     }
     // 1,100 rows: as many blocks of 256 as the device holds at once, rows grid-stride.
-    assert_eq!(launch(1100, 2048, true, false).grid, [792, 1, 1]);
+    assert_eq!(launch(1100, 2048, true, false).grid, [1056, 1, 1]);
     // Rows that fit, compaction, and rows not of whole pairs of vectors keep one vector each.
-    for (t, k, compact) in [(396, 2048, false), (256, 2048, false), (1024, 2048, true)] {
+    for (t, k, compact) in [(528, 2048, false), (256, 2048, false), (1024, 2048, true)] {
         let l = launch(t, k, true, compact);
         assert_eq!(flags(&l) & REMAP_PAIR, 0, "{t} x {k}, compact {compact}");
         assert_eq!(l.block, 512);
     }
     assert_eq!(flags(&launch(4096, 2052, false, false)) & REMAP_PAIR, 0);
-    assert!(remap_pairs(&H200, 397, 2048, false) && !remap_pairs(&H200, 396, 2048, false));
+    assert!(remap_pairs(&H200, 529, 2048, false) && !remap_pairs(&H200, 528, 2048, false));
     // Rows of 8,192 entries: two vectors per thread would need 1,024 threads.
     assert!(!remap_pairs(&H200, 10_000, 8192, false));
 }
