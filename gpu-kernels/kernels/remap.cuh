@@ -68,15 +68,30 @@ HS_DEVICE i32 hs_remap_row_of(i32 req, const i32* idx_mapping, u32 table_rows,
     return req >= 0 && (u32)req < table_rows ? req : -1;
 }
 
-// The block-table row of request `req` as a pointer (null: padding), HS_REMAP_HAS_MAP read from
-// `flags`.
+// Row `row` of the block table as a pointer, or null for a padding row (`row` < 0).
+HS_DEVICE const i32* hs_remap_row_ptr(const i32* block_table, i32 row, u32 max_blocks) {
+    return row >= 0 ? block_table + (u64)row * max_blocks : 0;
+}
+
+// The block-table row of request `req` as a pointer (null: padding), through idx_mapping when
+// MAP.
+template <bool MAP>
+HS_DEVICE const i32* hs_remap_table_row_at(i32 req, const i32* block_table,
+                                           const i32* idx_mapping, u32 table_rows, u32 max_blocks,
+                                           u32 idx_mapping_len) {
+    return hs_remap_row_ptr(block_table,
+                            hs_remap_row_of<MAP>(req, idx_mapping, table_rows, idx_mapping_len),
+                            max_blocks);
+}
+
+// hs_remap_table_row_at with HS_REMAP_HAS_MAP read from `flags`.
 HS_DEVICE const i32* hs_remap_table_row(i32 req, const i32* block_table, const i32* idx_mapping,
                                         u32 table_rows, u32 max_blocks, u32 idx_mapping_len,
                                         u32 flags) {
     const i32 row = (flags & HS_REMAP_HAS_MAP)
                         ? hs_remap_row_of<true>(req, idx_mapping, table_rows, idx_mapping_len)
                         : hs_remap_row_of<false>(req, idx_mapping, table_rows, idx_mapping_len);
-    return row >= 0 ? block_table + (u64)row * max_blocks : 0;
+    return hs_remap_row_ptr(block_table, row, max_blocks);
 }
 
 // Where top-k entry `tok` is found against the table row `bt` (null: padding): its block-table
@@ -377,8 +392,8 @@ HS_DEVICE void hs_remap_lean(const i32* __restrict__ req_id, const i32* __restri
         i32 v[4], w[4];
         hs_remap_entries(in, half, j, true, v);
         if (PAIR) hs_remap_entries(in + half, half, j, true, w);
-        const i32 row = hs_remap_row_of<MAP>(req, idx_mapping, table_rows, idx_mapping_len);
-        const i32* bt = row >= 0 ? block_table + (u64)row * max_blocks : 0;
+        const i32* bt = hs_remap_table_row_at<MAP>(req, block_table, idx_mapping, table_rows,
+                                                   max_blocks, idx_mapping_len);
         u32 n = hs_remap_lookup4<POW2>(g, bt, v, take);
         if (PAIR) n += hs_remap_lookup4<POW2>(g, bt, w, take);
         if (mine) {
@@ -468,8 +483,8 @@ HS_DEVICE void hs_remap_wide_rows(const i32* __restrict__ req_id,
         const i32 req = HS_LDG(req_id + t);
         const i32 tok = HS_LDG(topk + (u64)t * top_k + j);
         const hs_remap_geo g = hs_remap_geo_make(block_size, max_blocks, block_stride_rows);
-        const i32 row_of = hs_remap_row_of<MAP>(req, idx_mapping, table_rows, idx_mapping_len);
-        const i32* bt = row_of >= 0 ? block_table + (u64)row_of * max_blocks : 0;
+        const i32* bt = hs_remap_table_row_at<MAP>(req, block_table, idx_mapping, table_rows,
+                                                   max_blocks, idx_mapping_len);
         u32 col, off;
         const bool look = hs_remap_where<POW2>(g, bt, tok, col, off);
         const i32 blk = look ? HS_LDG(bt + col) : -1;
