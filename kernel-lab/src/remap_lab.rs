@@ -13,6 +13,12 @@ use crate::module::{LabError, LabFunction, LabModule};
 /// The experiments' source.
 pub const SOURCE: &str = include_str!("../kernels/remap_lab.cu");
 
+/// Compiles [`SOURCE`] for the virtual architecture `arch` (e.g. `compute_90`) and returns the
+/// PTX. Needs NVRTC, not a GPU.
+pub fn compile(arch: &str) -> Result<String, LabError> {
+    crate::module::compile(SOURCE, "remap_lab.cu", arch)
+}
+
 /// The plain kernels (one entry a thread, grid `(top_k / 128, rows)` of 128 threads).
 pub const WIDE: [&str; 5] = [
     "lab_wide_nc",
@@ -54,6 +60,27 @@ pub struct LabRemap<'a> {
     pub stride: u32,
 }
 
+impl LabRemap<'_> {
+    /// The sizes every lab kernel takes after its buffers, in their parameter order.
+    fn sizes(&self) -> [u32; 5] {
+        [
+            self.top_k,
+            self.table_rows,
+            self.max_blocks,
+            self.shift,
+            self.stride,
+        ]
+    }
+}
+
+/// A launch's parameter pointers: the device addresses `addrs`, then the sizes `sizes` (every
+/// lab kernel's order). The pointers are valid while both arrays are.
+fn param_ptrs(addrs: &mut [u64], sizes: &mut [u32]) -> Vec<*mut c_void> {
+    let mut params: Vec<*mut c_void> = addrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    params.extend(sizes.iter_mut().map(|p| (p as *mut u32).cast::<c_void>()));
+    params
+}
+
 /// The experiments loaded into the primary context of one device.
 pub struct RemapLab {
     module: LabModule,
@@ -63,8 +90,7 @@ impl RemapLab {
     /// Compiles and loads the experiments for `dev`, CUDA device `ordinal`.
     pub fn load(dev: &CudaDevice, ordinal: usize) -> Result<RemapLab, LabError> {
         let (major, minor) = dev.compute_capability();
-        let ptx =
-            crate::module::compile(SOURCE, "remap_lab.cu", &format!("compute_{major}{minor}"))?;
+        let ptx = compile(&format!("compute_{major}{minor}"))?;
         Ok(RemapLab {
             module: LabModule::load(dev, ordinal, &ptx)?,
         })
@@ -91,9 +117,8 @@ impl RemapLab {
             out.device_address(),
             stats.map_or(0, |s| s.device_address()),
         ];
-        let mut s = [r.top_k, r.table_rows, r.max_blocks, r.shift, r.stride];
-        let mut params: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-        params.extend(s.iter_mut().map(|p| (p as *mut u32).cast::<c_void>()));
+        let mut s = r.sizes();
+        let mut params = param_ptrs(&mut a, &mut s);
         let grid = (r.top_k.div_ceil(WIDE_THREADS), r.rows);
         // SAFETY: `params` holds one pointer per parameter of the lab_wide_* kernels, in order
         // (five device addresses, five u32), each alive for the call; the buffers are the
@@ -127,9 +152,8 @@ impl RemapLab {
             counts.device_address(),
             stats.map_or(0, |s| s.device_address()),
         ];
-        let mut s = [r.top_k, r.table_rows, r.max_blocks, r.shift, r.stride];
-        let mut params: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-        params.extend(s.iter_mut().map(|p| (p as *mut u32).cast::<c_void>()));
+        let mut s = r.sizes();
+        let mut params = param_ptrs(&mut a, &mut s);
         let threads = r.top_k / (4 * vectors);
         // SAFETY: as `launch_wide`, for the lab_counts_* parameter list (six device addresses,
         // five u32).

@@ -6,6 +6,7 @@ use hisparse_core::Device;
 use hisparse_core::ops::remap::remap as ref_remap;
 use hisparse_core::ops::{RemapArgs, RemapDesc};
 use hisparse_gpu_kernels::plan::{self, RemapLayout};
+use hisparse_kernel_lab::remap_lab::{COUNTS, LabRemap, RemapLab, WIDE};
 
 use hisparse_conformance::SplitMix64;
 
@@ -78,6 +79,26 @@ impl RemapInputs {
             req,
             topk,
         })
+    }
+
+    /// The reference remap of these inputs without compaction: the rows, and the valid counts
+    /// when `write_counts` (else zeros).
+    pub(crate) fn reference(&self, write_counts: bool) -> Res<(Vec<i32>, Vec<i32>)> {
+        let mut want = vec![0i32; (self.t * K) as usize];
+        let mut want_c = vec![0i32; self.t as usize];
+        ref_remap(
+            &self.desc(write_counts, false),
+            RemapArgs {
+                req_id: &self.req[..],
+                block_table: &self.table[..],
+                topk: &self.topk[..],
+                idx_mapping: None,
+                out: &mut want[..],
+                counts: write_counts.then_some(&mut want_c[..]),
+                stats: None,
+            },
+        )?;
+        Ok((want, want_c))
     }
 
     /// The remap of these inputs with valid counts and compaction as given.
@@ -280,24 +301,12 @@ pub(crate) fn section(b: &mut Bench) -> Res<()> {
     // Between the decode sizes: both layouts only, the rows that place the rule's crossover.
     for t in REMAP_LAYOUT_ONLY_TOKENS {
         let inputs = RemapInputs::new(b, &mut rng, t)?;
-        let desc = inputs.desc(false, false);
-        let mut want = vec![0i32; (t * k) as usize];
-        ref_remap(
-            &desc,
-            RemapArgs {
-                req_id: &inputs.req[..],
-                block_table: &inputs.table[..],
-                topk: &inputs.topk[..],
-                idx_mapping: None,
-                out: &mut want[..],
-                counts: None,
-                stats: None,
-            },
-        )?;
+        let (want, _) = inputs.reference(false)?;
         layout_rows(b, &inputs, &want, calls, replays)?;
     }
+    let lab = std::rc::Rc::new(RemapLab::load(&b.dev, 0)?);
     for t in LAB_TOKENS {
-        lab_rows(b, &mut rng, t, calls, replays)?;
+        lab_rows(b, &lab, &mut rng, t, calls, replays)?;
     }
     Ok(())
 }
@@ -310,24 +319,16 @@ const LAB_TOKENS: [u32; 6] = [1, 16, 32, 64, 128, 256];
 /// each checked against the reference first, all L2 warm: the production plain layouts with and
 /// without stats, the production counting remap with stats (as the runtime calls it), and each
 /// lab kernel.
-fn lab_rows(b: &mut Bench, rng: &mut SplitMix64, t: u32, calls: usize, replays: usize) -> Res<()> {
-    use hisparse_kernel_lab::remap_lab::{COUNTS, LabRemap, RemapLab, WIDE};
-    let lab = std::rc::Rc::new(RemapLab::load(&b.dev, 0)?);
+fn lab_rows(
+    b: &mut Bench,
+    lab: &std::rc::Rc<RemapLab>,
+    rng: &mut SplitMix64,
+    t: u32,
+    calls: usize,
+    replays: usize,
+) -> Res<()> {
     let inputs = RemapInputs::new(b, rng, t)?;
-    let mut want = vec![0i32; (t * K) as usize];
-    let mut want_c = vec![0i32; t as usize];
-    ref_remap(
-        &inputs.desc(true, false),
-        RemapArgs {
-            req_id: &inputs.req[..],
-            block_table: &inputs.table[..],
-            topk: &inputs.topk[..],
-            idx_mapping: None,
-            out: &mut want[..],
-            counts: Some(&mut want_c[..]),
-            stats: None,
-        },
-    )?;
+    let (want, want_c) = inputs.reference(true)?;
     let mut out = b.dev.alloc((t * K * 4) as usize)?;
     let mut counts = b.dev.alloc((t * 4) as usize)?;
     let mut stats = b.dev.alloc(64)?;
